@@ -1,0 +1,55 @@
+# Tidelog developer commands. `make test` and `make run` build .venv from nothing first.
+#   make test    lint + type check + generated-code check + the whole test suite
+#   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data)
+#   make check   ruff, mypy and the protobuf check only
+#   make bench   the benchmarks (see README for each one's figures)
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all venv check lint format typecheck proto proto-check test run bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+proto: $(STAMP)
+	$(BIN)/python -m proto.generate
+
+proto-check: $(STAMP)
+	$(BIN)/python -m proto.generate --check
+
+check: lint typecheck proto-check
+
+test: check
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+run: $(STAMP)
+	$(BIN)/tidelog serve
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/storage_bench.py
+	$(BIN)/python benchmarks/broker_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,312 @@
+"""The one Tidelog error hierarchy.
+
+Every error that can cross the wire lives here, so that the broker can map it to a gRPC
+status and the client can rebuild the exact class from its stable ``code`` string. The
+module sits in ``storage`` because ``storage`` is the bottom of the dependency graph: the
+broker and the client both already depend on it (the client only on ``storage.records``
+and this module, which import nothing else of ours).
+
+::
+
+    TidelogError(code, retriable)
+    ├── StorageError                      STORAGE_ERROR        (details never reach clients)
+    │   └── LogDirFullError               LOG_DIR_FULL         retriable
+    ├── RequestError                      (the request is at fault; retrying it won't help)
+    │   ├── CorruptRecordError            CORRUPT_MESSAGE
+    │   ├── RecordTooLargeError           MESSAGE_TOO_LARGE
+    │   ├── RequestTooLargeError          REQUEST_TOO_LARGE
+    │   ├── InvalidTopicError             INVALID_TOPIC_EXCEPTION
+    │   ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
+    │   ├── InvalidConfigError            INVALID_CONFIG
+    │   ├── InvalidRequestError           INVALID_REQUEST
+    │   ├── InvalidPartitionsError        INVALID_PARTITIONS
+    │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
+    │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
+    │   ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
+    │   ├── InvalidProducerEpochError     INVALID_PRODUCER_EPOCH
+    │   ├── UnknownProducerIdError        UNKNOWN_PRODUCER_ID
+    │   ├── GroupError                    (consumer-group protocol)
+    │   │   ├── UnknownMemberIdError      UNKNOWN_MEMBER_ID
+    │   │   ├── FencedMemberEpochError    FENCED_MEMBER_EPOCH
+    │   │   ├── StaleMemberEpochError     STALE_MEMBER_EPOCH
+    │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
+    │   │   └── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
+    │   └── NotAuthorizedError            NOT_AUTHORIZED
+    ├── ClientError                       (raised on the client side only)
+    │   ├── BrokerUnavailableError        BROKER_UNAVAILABLE   retriable
+    │   ├── TimeoutError_ → KafkaTimeoutError  REQUEST_TIMED_OUT  retriable
+    │   ├── ClosedError                   CLOSED
+    │   └── BufferExhaustedError          BUFFER_EXHAUSTED     retriable
+    └── InternalError                     INTERNAL             (anything unexpected)
+
+Code strings follow Kafka's error names where Kafka has one, so people who know Kafka can
+read them. ``error_for_code`` turns a code string back into its class.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BrokerUnavailableError",
+    "BufferExhaustedError",
+    "ClientError",
+    "ClosedError",
+    "CorruptRecordError",
+    "FencedMemberEpochError",
+    "GroupError",
+    "GroupIdNotFoundError",
+    "GroupNotEmptyError",
+    "InternalError",
+    "InvalidConfigError",
+    "InvalidPartitionsError",
+    "InvalidProducerEpochError",
+    "InvalidRequestError",
+    "InvalidTopicError",
+    "KafkaTimeoutError",
+    "LogDirFullError",
+    "NotAuthorizedError",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "RecordTooLargeError",
+    "RequestError",
+    "RequestTooLargeError",
+    "StaleMemberEpochError",
+    "StorageError",
+    "TidelogError",
+    "TopicAlreadyExistsError",
+    "UnknownMemberIdError",
+    "UnknownProducerIdError",
+    "UnknownTopicOrPartitionError",
+    "error_for_code",
+]
+
+
+class TidelogError(Exception):
+    """Base of every Tidelog error. ``code`` is stable across versions and processes."""
+
+    code: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
+    retriable: ClassVar[bool] = False
+
+
+# --- storage faults: the broker's own problem; clients see only the code -------------
+
+
+class StorageError(TidelogError):
+    """The broker could not read or write its log directory."""
+
+    code = "KAFKA_STORAGE_ERROR"
+
+
+class LogDirFullError(StorageError):
+    """The disk holding the log directory is full; nothing was appended."""
+
+    code = "LOG_DIR_FULL"
+    retriable = True
+
+
+# --- request errors: the request is at fault ----------------------------------------
+
+
+class RequestError(TidelogError):
+    """The request cannot be served as it stands."""
+
+    code = "INVALID_REQUEST"
+
+
+class CorruptRecordError(RequestError):
+    """Batch bytes are truncated, malformed or fail their CRC-32C check."""
+
+    code = "CORRUPT_MESSAGE"
+
+
+class RecordTooLargeError(RequestError):
+    """A batch is larger than ``max.message.bytes`` / ``message.max.bytes``."""
+
+    code = "MESSAGE_TOO_LARGE"
+
+
+class RequestTooLargeError(RequestError):
+    """The whole request is larger than the broker accepts."""
+
+    code = "REQUEST_TOO_LARGE"
+
+
+class InvalidTopicError(RequestError):
+    """A topic name that does not match ``[A-Za-z0-9._-]{1,249}`` or is ``.``/``..``."""
+
+    code = "INVALID_TOPIC_EXCEPTION"
+
+
+class TopicAlreadyExistsError(RequestError):
+    """A topic of that name exists already."""
+
+    code = "TOPIC_ALREADY_EXISTS"
+
+
+class InvalidConfigError(RequestError):
+    """An unknown configuration key or a value out of range."""
+
+    code = "INVALID_CONFIG"
+
+
+class InvalidRequestError(RequestError):
+    """The request is malformed in a way no other error describes."""
+
+    code = "INVALID_REQUEST"
+
+
+class InvalidPartitionsError(RequestError):
+    """A partition count that is not a positive integer, or a decrease in partitions."""
+
+    code = "INVALID_PARTITIONS"
+
+
+class OffsetOutOfRangeError(RequestError):
+    """An offset below the log start offset or above the log end offset."""
+
+    code = "OFFSET_OUT_OF_RANGE"
+
+
+class UnknownTopicOrPartitionError(RequestError):
+    """No such topic, or no such partition of it. Retriable: it may be being created."""
+
+    code = "UNKNOWN_TOPIC_OR_PARTITION"
+    retriable = True
+
+
+class OutOfOrderSequenceError(RequestError):
+    """An idempotent producer's batch skipped sequence numbers."""
+
+    code = "OUT_OF_ORDER_SEQUENCE_NUMBER"
+
+
+class InvalidProducerEpochError(RequestError):
+    """An idempotent producer's epoch is older than the one the broker knows (fenced)."""
+
+    code = "INVALID_PRODUCER_EPOCH"
+
+
+class UnknownProducerIdError(RequestError):
+    """The producer id was never handed out by this broker."""
+
+    code = "UNKNOWN_PRODUCER_ID"
+
+
+class GroupError(RequestError):
+    """Base of the consumer-group protocol errors."""
+
+    code = "GROUP_ERROR"
+
+
+class UnknownMemberIdError(GroupError):
+    """The member id is not (or no longer) part of the group."""
+
+    code = "UNKNOWN_MEMBER_ID"
+
+
+class FencedMemberEpochError(GroupError):
+    """The member's epoch is behind the coordinator's: it must rejoin."""
+
+    code = "FENCED_MEMBER_EPOCH"
+
+
+class StaleMemberEpochError(GroupError):
+    """An offset commit carried an epoch that no longer owns the partition."""
+
+    code = "STALE_MEMBER_EPOCH"
+
+
+class GroupNotEmptyError(GroupError):
+    """The operation needs a group with no active members."""
+
+    code = "NON_EMPTY_GROUP"
+
+
+class GroupIdNotFoundError(GroupError):
+    """No group of that id exists."""
+
+    code = "GROUP_ID_NOT_FOUND"
+
+
+class NotAuthorizedError(RequestError):
+    """The caller may not do this."""
+
+    code = "NOT_AUTHORIZED"
+
+
+# --- client-side errors ---------------------------------------------------------------
+
+
+class ClientError(TidelogError):
+    """Raised by the client library itself, never sent by a broker."""
+
+    code = "CLIENT_ERROR"
+
+
+class BrokerUnavailableError(ClientError):
+    """The broker could not be reached before the deadline."""
+
+    code = "BROKER_UNAVAILABLE"
+    retriable = True
+
+
+class KafkaTimeoutError(ClientError):
+    """A blocking call ran out of time."""
+
+    code = "REQUEST_TIMED_OUT"
+    retriable = True
+
+
+class ClosedError(ClientError):
+    """The object was closed by its owner; it will not work again."""
+
+    code = "CLOSED"
+
+
+class BufferExhaustedError(ClientError):
+    """The producer's buffer stayed full for ``max_block_ms``."""
+
+    code = "BUFFER_EXHAUSTED"
+    retriable = True
+
+
+class InternalError(TidelogError):
+    """Something unexpected; the broker logs the detail and sends none of it."""
+
+    code = "INTERNAL"
+
+
+def _all_subclasses(cls: type[TidelogError]) -> list[type[TidelogError]]:
+    out: list[type[TidelogError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+# Concrete classes only: an abstract base shares its code with one concrete class
+# (RequestError/InvalidRequestError), and the concrete one must win.
+def _index_by_code() -> dict[str, type[TidelogError]]:
+    by_code: dict[str, type[TidelogError]] = {}
+    classes: list[type[TidelogError]] = [TidelogError, *_all_subclasses(TidelogError)]
+    for cls in classes:
+        if cls.__subclasses__() and cls.code in by_code:
+            continue
+        by_code[cls.code] = cls
+    return by_code
+
+
+_BY_CODE = _index_by_code()
+
+
+def error_for_code(code: str, message: str = "") -> TidelogError:
+    """Return an instance of the error class whose ``code`` is ``code``.
+
+    An unknown code (a newer broker, say) becomes a plain ``TidelogError`` that keeps the
+    code in its message, so nothing is silently lost.
+    """
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return TidelogError(f"[{code}] {message}" if message else code)
+    return cls(message)

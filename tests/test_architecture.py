@@ -1,0 +1,110 @@
+"""Project-wide rules: dependency direction between packages and guarded public surfaces.
+
+The direction (STYLE.md): ``storage`` <- ``broker``; ``storage.records`` <- ``client`` <-
+``spark_sink``; ``proto`` <- ``broker``, ``client``. Checked on the source with ``ast`` so a
+stray import fails here rather than in review.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("storage", "broker", "client", "spark_sink", "proto")
+
+# package -> (top-level names it must never import, storage modules it may import or None=any)
+FORBIDDEN: dict[str, set[str]] = {
+    "storage": {"broker", "client", "spark_sink", "proto", "grpc", "pyspark", "google"},
+    "broker": {"client", "spark_sink", "pyspark"},
+    "client": {"broker", "spark_sink", "pyspark"},
+    "spark_sink": {"broker"},
+    "proto": {"storage", "broker", "client", "spark_sink", "pyspark"},
+}
+# The client sees only the wire format and the shared error tree of storage.
+CLIENT_STORAGE_ALLOWED = {"storage.records", "storage.errors", "storage.varint"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _sources(package: str) -> list[Path]:
+    return [
+        p
+        for p in (ROOT / package).rglob("*.py")
+        if "_pb2" not in p.name  # generated code imports what protoc says
+    ]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_dependency_direction(package: str) -> None:
+    violations = []
+    for path in _sources(package):
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top in FORBIDDEN[package]:
+                violations.append(f"{path.relative_to(ROOT)} imports {name}")
+            if package in ("client", "spark_sink") and top == "storage":
+                if package == "spark_sink" or name not in CLIENT_STORAGE_ALLOWED:
+                    violations.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not violations, "\n".join(violations)
+
+
+def test_packages_exist_with_sources() -> None:
+    for package in PACKAGES:
+        assert (ROOT / package / "__init__.py").is_file(), package
+        assert _sources(package), f"{package} has no Python sources"
+
+
+def _public_modules(package: str) -> list[str]:
+    modules = []
+    for path in _sources(package):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts
+        if any(p.startswith("_") and p != "__init__" for p in parts) or parts[-1] == "__main__":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules.append(".".join(parts))
+    return sorted(modules)
+
+
+@pytest.mark.parametrize(
+    "module_name", [m for p in ("storage",) for m in _public_modules(p)]
+)
+def test_public_modules_declare_all(module_name: str) -> None:
+    """Every public module says what it exports, and every exported name exists."""
+    module = importlib.import_module(module_name)
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{module_name} has no __all__"
+    assert len(exported) == len(set(exported)), f"{module_name}.__all__ has duplicates"
+    missing = [name for name in exported if not hasattr(module, name)]
+    assert not missing, f"{module_name}.__all__ names missing attributes: {missing}"
+
+
+def test_storage_package_surface() -> None:
+    import storage
+
+    assert set(storage.__all__) == {
+        "AppendResult",
+        "Clock",
+        "LogConfig",
+        "LogManager",
+        "LogManagerConfig",
+        "ManualClock",
+        "PartitionLog",
+        "ReadResult",
+        "SystemClock",
+        "TopicMetadata",
+    }
