@@ -1,0 +1,969 @@
+"""The RecordBatch v2 format (magic 2), byte for byte as Kafka's.
+
+The bytes a producer builds are the bytes the log stores and the bytes a consumer decodes.
+The client encodes and decodes records (hot loops); the broker only reads headers,
+validates (framing + CRC-32C), rewrites the base offset / leader epoch / append time, and
+never decodes records on the produce or fetch path; the log cleaner decodes and re-encodes.
+
+Batch (all integers big-endian; "crc" marks the bytes the CRC-32C covers)::
+
+    offset size  field                  crc  notes
+         0    8  baseOffset      int64        first offset; the broker rewrites it
+         8    4  batchLength     int32        bytes after this field: size = 12 + batchLength
+        12    4  partitionLeaderEpoch int32   written by the broker; -1 = none
+        16    1  magic           int8         2; read it before trusting the fields above
+        17    4  crc             uint32       CRC-32C (Castagnoli) of bytes [21, size)
+        21    2  attributes      int16    x   bits 0-2 codec (0 none, 1 gzip, 2 snappy,
+                                              3 lz4, 4 zstd), 3 LogAppendTime,
+                                              4 transactional, 5 control, 6 delete horizon
+        23    4  lastOffsetDelta int32    x   last offset - baseOffset (>= count - 1)
+        27    8  baseTimestamp   int64    x   first record's timestamp, or the delete horizon
+        35    8  maxTimestamp    int64    x   largest timestamp; the append time if bit 3
+        43    8  producerId      int64    x   -1 = none
+        51    2  producerEpoch   int16    x   -1 = none
+        53    4  baseSequence    int32    x   -1 = none
+        57    4  recordsCount    int32    x
+        61    -  records                  x   one LZ4 frame of all records when codec = 3
+
+Record (varint = zigzag LEB128 int32, varlong = int64; see ``storage.varint``)::
+
+    length            varint   bytes of the rest of this record
+    attributes        int8     unused, 0
+    timestampDelta    varlong  timestamp - baseTimestamp
+    offsetDelta       varint   offset - baseOffset; strictly increasing within a batch
+    keyLength, key    varint (-1 = null) + bytes
+    valueLength,value varint (-1 = null, a tombstone) + bytes
+    headersCount      varint
+      headerKeyLength, headerKey      varint + UTF-8 bytes (never null)
+      headerValueLength, headerValue  varint (-1 = null) + bytes
+
+LZ4 is Kafka's frame: independent 64 KiB blocks, no content size, no checksums, i.e.
+``lz4.frame.compress(data, block_linked=False, store_size=False)``, header
+``04 22 4D 18 60 40 82``. Gzip, snappy and zstd batches frame and validate like any other
+(the broker can store them) but cannot be built or decoded here.
+
+Decoding rules, as Kafka's: a record's offset is ``baseOffset + offsetDelta``; its
+timestamp is ``baseTimestamp + timestampDelta`` (wrapped to int64 as Java does), except in
+a LogAppendTime batch, where every record's timestamp is the batch ``maxTimestamp``. In a
+delete-horizon batch the horizon sits in ``baseTimestamp`` and the builder stores deltas
+relative to it, so ``baseTimestamp + delta`` is still each record's own timestamp; we apply
+that rule unchanged. Control batches decode like data batches; callers filter them by
+``BatchHeader.is_control``. Any malformed byte raises ``CorruptRecordError`` saying what
+and at which position, never ``struct.error`` or ``IndexError``.
+
+Everything here is pure and thread-safe except ``BatchBuilder`` (one owner at a time).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import crc32c
+import lz4.frame
+
+from storage.errors import CorruptRecordError
+from storage.varint import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    NONNEGATIVE_VARINTS,
+    decode_varint,
+    decode_varlong,
+    encode_varint,
+    encode_varlong,
+)
+
+__all__ = [
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "MAGIC",
+    "NO_PARTITION_LEADER_EPOCH",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_SEQUENCE",
+    "NO_TIMESTAMP",
+    "BatchBuilder",
+    "BatchHeader",
+    "Compression",
+    "Record",
+    "TimestampType",
+    "decode_batch",
+    "decode_records",
+    "encode_batch",
+    "iter_batch_headers",
+    "read_header",
+    "set_base_offset",
+    "set_log_append_time",
+    "set_partition_leader_epoch",
+    "split_whole_batches",
+    "validate_batch",
+]
+
+MAGIC = 2
+LOG_OVERHEAD = 12  # baseOffset(8) + batchLength(4): what a scan reads to skip a batch
+HEADER_SIZE = 61  # Kafka's RECORD_BATCH_OVERHEAD
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+NO_TIMESTAMP = -1
+
+_INT16_MIN = -(1 << 15)
+_INT16_MAX = (1 << 15) - 1
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+_MAX_BATCH_LENGTH = INT32_MAX
+_CRC_START = 21  # the CRC covers [attributes, end of batch)
+_ATTRIBUTES_OFFSET = 21
+_MAX_TIMESTAMP_OFFSET = 35
+
+_CODEC_MASK = 0x07
+_LOG_APPEND_TIME_FLAG = 0x08
+_TRANSACTIONAL_FLAG = 0x10
+_CONTROL_FLAG = 0x20
+_DELETE_HORIZON_FLAG = 0x40
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")  # the whole 61-byte header
+_FRAMING = struct.Struct(">qiib")  # baseOffset, batchLength, partitionLeaderEpoch, magic
+_CRC_PREFIX = struct.Struct(">qiibI")  # the 21 bytes before the CRC'd part
+_CRC_TAIL = struct.Struct(">hiqqqhii")  # attributes .. recordsCount (40 bytes)
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_INT16 = struct.Struct(">h")
+
+_LZ4_FLG_CONTENT_SIZE = 0x08
+_LZ4_MAX_RATIO = 255  # LZ4 cannot expand input more than ~255x; bounds a claimed size
+_LZ4_BLOCK_BYTES = 64 * 1024
+
+_Buffer = bytes | bytearray | memoryview
+_WritableBuffer = bytearray | memoryview
+
+
+class Compression(enum.IntEnum):
+    """Codec ids of attribute bits 0-2. Only ``NONE`` and ``LZ4`` are built or decoded."""
+
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(enum.IntEnum):
+    """Attribute bit 3: who set the timestamps."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+_SUPPORTED_COMPRESSION = frozenset({Compression.NONE, Compression.LZ4})
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record: absolute offset and timestamp. Immutable, thread-safe."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+# A frozen dataclass's __init__ sets each field through object.__setattr__, which costs
+# about twice what the slot descriptors cost when called directly. The decoder's loop is
+# the consumer's hot path, so it builds Records through the descriptors (same result).
+_new_record = object.__new__
+_set_offset = Record.__dict__["offset"].__set__
+_set_timestamp = Record.__dict__["timestamp_ms"].__set__
+_set_key = Record.__dict__["key"].__set__
+_set_value = Record.__dict__["value"].__set__
+_set_headers = Record.__dict__["headers"].__set__
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The 61-byte batch header, parsed; records are not touched. Immutable, thread-safe."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the whole batch, log overhead included."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        """The codec; ``CorruptRecordError`` for ids 5-7, which no codec has."""
+        codec = self.attributes & _CODEC_MASK
+        if codec > Compression.ZSTD:
+            raise CorruptRecordError(f"unknown compression codec id {codec}")
+        return Compression(codec)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        if self.attributes & _LOG_APPEND_TIME_FLAG:
+            return TimestampType.LOG_APPEND_TIME
+        return TimestampType.CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL_FLAG)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL_FLAG)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & _DELETE_HORIZON_FLAG)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The tombstone delete horizon the cleaner stored, or None."""
+        return self.base_timestamp if self.attributes & _DELETE_HORIZON_FLAG else None
+
+    @property
+    def last_sequence(self) -> int:
+        """``base_sequence + last_offset_delta``, wrapping past int32 max to 0 as Kafka."""
+        base = self.base_sequence
+        if base == NO_SEQUENCE:
+            return NO_SEQUENCE
+        delta = self.last_offset_delta
+        if base > INT32_MAX - delta:  # DefaultRecordBatch.incrementSequence
+            return delta - (INT32_MAX - base) - 1
+        return base + delta
+
+
+# --- framing, validation, in-place rewrites (the broker's path) ----------------------
+
+
+def read_header(buf: _Buffer, position: int = 0, *, whole: bool = True) -> BatchHeader:
+    """Parse the header of the batch at ``position`` (framing only, no CRC check).
+
+    Raises ``CorruptRecordError`` if fewer than ``HEADER_SIZE`` bytes remain, the magic is
+    not 2, ``batchLength`` is below the header's 49 bytes, or (with ``whole``, the default)
+    the batch runs past the end of ``buf``. ``whole=False`` is for a caller that read just
+    the header from a file and checks the length against the file itself.
+    """
+    available = len(buf) - position
+    if position < 0 or available < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"batch at position {position}: {max(available, 0)} bytes left, "
+            f"a header needs {HEADER_SIZE}"
+        )
+    fields = _HEADER.unpack_from(buf, position)
+    if fields[3] != MAGIC:
+        raise CorruptRecordError(f"batch at position {position}: magic {fields[3]}, expected 2")
+    batch_length = fields[1]
+    if batch_length < _MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"batch at position {position}: batchLength {batch_length} is below "
+            f"the minimum {_MIN_BATCH_LENGTH}"
+        )
+    if whole and LOG_OVERHEAD + batch_length > available:
+        raise CorruptRecordError(
+            f"batch at position {position}: batchLength {batch_length} runs past the end "
+            f"of the data ({available} bytes left)"
+        )
+    return BatchHeader(*fields)
+
+
+def validate_batch(buf: _Buffer, position: int = 0) -> BatchHeader:
+    """``read_header`` plus the checks the broker makes before appending a batch.
+
+    Checks the CRC-32C over bytes ``[position + 21, position + size)``, a known codec id,
+    ``records_count >= 0``, ``last_offset_delta >= 0`` and, for a non-empty batch,
+    ``last_offset_delta >= records_count - 1``. Does not decode records. Raises
+    ``CorruptRecordError`` naming the failed check and the position.
+    """
+    header = read_header(buf, position)
+    end = position + header.size_bytes
+    actual = crc32c.crc32c(memoryview(buf)[position + _CRC_START : end])
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"batch at position {position}: CRC-32C mismatch "
+            f"(stored {header.crc:#010x}, computed {actual:#010x})"
+        )
+    if header.attributes & _CODEC_MASK > Compression.ZSTD:
+        raise CorruptRecordError(
+            f"batch at position {position}: unknown compression codec id "
+            f"{header.attributes & _CODEC_MASK}"
+        )
+    count = header.records_count
+    if count < 0 or header.last_offset_delta < 0 or header.last_offset_delta < count - 1:
+        raise CorruptRecordError(
+            f"batch at position {position}: recordsCount {count} does not fit "
+            f"lastOffsetDelta {header.last_offset_delta}"
+        )
+    return header
+
+
+def iter_batch_headers(buf: _Buffer, *, validate: bool = True) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each of the concatenated batches in ``buf``.
+
+    With ``validate`` each batch gets ``validate_batch``, else only ``read_header``. A bad
+    or partial batch (including a cut tail) raises ``CorruptRecordError`` when reached;
+    use ``split_whole_batches`` first to drop a partial tail on purpose.
+    """
+    check = validate_batch if validate else read_header
+    position = 0
+    end = len(buf)
+    while position < end:
+        header = check(buf, position)
+        yield position, header
+        position += header.size_bytes
+
+
+def split_whole_batches(buf: _Buffer) -> int:
+    """Length of the longest prefix of ``buf`` made of whole batches.
+
+    Framing only (length, magic; no CRC): used to cut a read at a batch boundary. Stops at
+    the first batch that is partial or whose framing is bad; never raises for content.
+    """
+    position = 0
+    end = len(buf)
+    unpack = _FRAMING.unpack_from
+    while end - position >= HEADER_SIZE:
+        _, batch_length, _, magic = unpack(buf, position)
+        if magic != MAGIC or batch_length < _MIN_BATCH_LENGTH:
+            break
+        next_position = position + LOG_OVERHEAD + batch_length
+        if next_position > end:
+            break
+        position = next_position
+    return position
+
+
+def set_base_offset(buf: _WritableBuffer, position: int, base_offset: int) -> None:
+    """Rewrite the base offset of the batch at ``position``; the CRC does not cover it.
+
+    Raises ``CorruptRecordError`` if no batch frames at ``position`` and ``ValueError`` if
+    the batch's offsets would not fit in [0, int64 max].
+    """
+    header = read_header(buf, position)
+    if base_offset < 0 or base_offset + header.last_offset_delta > INT64_MAX:
+        raise ValueError(f"base offset {base_offset} is out of range for this batch")
+    _INT64.pack_into(buf, position, base_offset)
+
+
+def set_partition_leader_epoch(buf: _WritableBuffer, position: int, epoch: int) -> None:
+    """Rewrite the partition leader epoch of the batch at ``position`` (not CRC-covered).
+
+    Raises ``CorruptRecordError`` if no batch frames there, ``ValueError`` if ``epoch`` is
+    not an int32.
+    """
+    read_header(buf, position)
+    if not INT32_MIN <= epoch <= INT32_MAX:
+        raise ValueError(f"partition leader epoch {epoch} is not an int32")
+    _INT32.pack_into(buf, position + 12, epoch)
+
+
+def set_log_append_time(buf: _WritableBuffer, position: int, timestamp_ms: int) -> None:
+    """Turn the batch at ``position`` into a LogAppendTime batch stamped ``timestamp_ms``.
+
+    As Kafka's ``setMaxTimestamp``: sets attribute bit 3, writes ``maxTimestamp`` (leaving
+    ``baseTimestamp`` and the record deltas alone) and recomputes the CRC. The new CRC
+    vouches for whatever bytes are there, so validate the batch first. Raises
+    ``CorruptRecordError`` if no batch frames there, ``ValueError`` for a non-int64 time.
+    """
+    header = read_header(buf, position)
+    if not INT64_MIN <= timestamp_ms <= INT64_MAX:
+        raise ValueError(f"timestamp {timestamp_ms} is not an int64")
+    _INT16.pack_into(buf, position + _ATTRIBUTES_OFFSET, header.attributes | _LOG_APPEND_TIME_FLAG)
+    _INT64.pack_into(buf, position + _MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    crc = crc32c.crc32c(memoryview(buf)[position + _CRC_START : position + header.size_bytes])
+    _UINT32.pack_into(buf, position + 17, crc)
+
+
+# --- decoding (the consumer's and the cleaner's path) --------------------------------
+
+
+def decode_batch(
+    buf: _Buffer, position: int = 0, *, validate: bool = True
+) -> tuple[BatchHeader, list[Record]]:
+    """Decode the batch at ``position`` into its header and records.
+
+    Records carry absolute offsets and timestamps (see the module docstring for the
+    LogAppendTime and delete-horizon rules). ``validate=False`` skips the CRC and count
+    checks but decoding stays strict. Raises ``CorruptRecordError`` for any malformed byte
+    (varint overrun, a length past the record's end, a count mismatch, trailing bytes, bad
+    LZ4) and for gzip/snappy/zstd batches ("unsupported compression").
+    """
+    header = validate_batch(buf, position) if validate else read_header(buf, position)
+    return header, _decode_body(buf, position, header)
+
+
+def decode_records(buf: _Buffer) -> Iterator[Record]:
+    """All records of all (validated) batches in ``buf``, in order.
+
+    A partial tail raises ``CorruptRecordError``, as ``iter_batch_headers``; control
+    batches are included.
+    """
+    for position, header in iter_batch_headers(buf, validate=True):
+        yield from _decode_body(buf, position, header)
+
+
+def _decode_body(buf: _Buffer, position: int, header: BatchHeader) -> list[Record]:
+    start = position + HEADER_SIZE
+    end = position + header.size_bytes
+    count = header.records_count
+    if count < 0:
+        raise CorruptRecordError(f"batch at position {position}: negative recordsCount {count}")
+    if header.base_offset + header.last_offset_delta > INT64_MAX:
+        raise CorruptRecordError(f"batch at position {position}: last offset overflows int64")
+    codec = header.attributes & _CODEC_MASK
+    # The records get their own bytes object even when `buf` is bytes: indexing and
+    # slicing bytes is the fastest access Python has, positions in error messages are
+    # then relative to the records data whatever the codec, and the copy costs about 1%
+    # of decoding the records in it.
+    if codec == Compression.NONE:
+        data = bytes(memoryview(buf)[start:end])
+    elif codec == Compression.LZ4:
+        data = _lz4_decompress(memoryview(buf)[start:end], position)
+    else:
+        raise CorruptRecordError(
+            f"batch at position {position}: unsupported compression codec id {codec}"
+        )
+    append_time = header.max_timestamp if header.attributes & _LOG_APPEND_TIME_FLAG else None
+    return _decode_records(
+        data,
+        count,
+        header.base_offset,
+        header.base_timestamp,
+        append_time,
+        header.last_offset_delta,
+        position,
+    )
+
+
+def _lz4_decompress(frame: memoryview, position: int) -> bytes:
+    # A frame may declare its content size (Kafka never writes one, other clients may);
+    # python-lz4 allocates that much up front, so refuse a size LZ4 could never produce.
+    if len(frame) >= 14 and frame[4] & _LZ4_FLG_CONTENT_SIZE:
+        claimed = int.from_bytes(frame[6:14], "little")
+        if claimed > _LZ4_MAX_RATIO * len(frame) + _LZ4_BLOCK_BYTES:
+            raise CorruptRecordError(
+                f"batch at position {position}: LZ4 frame claims {claimed} bytes"
+            )
+    try:
+        data, used = lz4.frame.decompress(frame, return_bytes_read=True)
+    except (RuntimeError, ValueError) as exc:
+        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: {exc}") from None
+    if used != len(frame):
+        raise CorruptRecordError(
+            f"batch at position {position}: {len(frame) - used} bytes after the LZ4 frame"
+        )
+    return bytes(data)
+
+
+def _decode_records(
+    data: bytes,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    append_time: int | None,
+    last_offset_delta: int,
+    batch_position: int,
+) -> list[Record]:
+    # The hot loop. Every varint gets inline 1- and 2-byte paths (lengths up to 8191,
+    # offset deltas up to 8191) and falls back to the strict decoder beyond. Reads may run
+    # past a record's end into the next one: the `pos != record_end` check after each
+    # record catches that; reads past the data raise IndexError, turned into a
+    # CorruptRecordError below.
+    pos = 0
+    end = len(data)
+    records: list[Record] = []
+    append = records.append
+    new, set_offset, set_timestamp = _new_record, _set_offset, _set_timestamp
+    set_key, set_value, set_headers = _set_key, _set_value, _set_headers
+    read_varint, read_varlong = _slow_varint, _slow_varlong
+    cls = Record
+    previous_delta = -1
+    record_start = pos
+    # Java's long arithmetic wraps base + delta; only a delta past the 2-byte paths or a
+    # base within 8192 of the int64 edges can overflow, so the wrap is a rare post-pass.
+    wrap_timestamps = append_time is None and not (
+        INT64_MIN + 8192 <= base_timestamp <= INT64_MAX - 8192
+    )
+    try:
+        for _ in range(count):
+            record_start = pos
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    length = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                else:
+                    length, pos = read_varint(data, pos, batch_position)
+            record_end = pos + length
+            if record_end > end or length < 6:  # 6 = smallest record: six 1-byte fields
+                raise _record_error(
+                    batch_position, record_start, f"length {length} is below 6 or runs past the end"
+                )
+            pos += 1  # attributes: unused
+            b = data[pos]
+            if b < 0x80:
+                timestamp_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    timestamp_delta = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                else:
+                    timestamp_delta, pos = read_varlong(data, pos, batch_position)
+                    wrap_timestamps = append_time is None
+            b = data[pos]
+            if b < 0x80:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    offset_delta = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                else:
+                    offset_delta, pos = read_varint(data, pos, batch_position)
+            if offset_delta <= previous_delta or offset_delta > last_offset_delta:
+                raise _record_error(
+                    batch_position, record_start, f"offset delta {offset_delta} out of order"
+                )
+            previous_delta = offset_delta
+            b = data[pos]
+            if b < 0x80:
+                key_length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    key_length = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                else:
+                    key_length, pos = read_varint(data, pos, batch_position)
+            if key_length >= 0:
+                key: bytes | None = data[pos : pos + key_length]
+                pos += key_length
+            elif key_length == -1:
+                key = None
+            else:
+                raise _record_error(batch_position, record_start, f"key length {key_length}")
+            b = data[pos]
+            if b < 0x80:
+                value_length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                c = data[pos + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    value_length = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                else:
+                    value_length, pos = read_varint(data, pos, batch_position)
+            if value_length >= 0:
+                value: bytes | None = data[pos : pos + value_length]
+                pos += value_length
+            elif value_length == -1:
+                value = None
+            else:
+                raise _record_error(batch_position, record_start, f"value length {value_length}")
+            b = data[pos]
+            if b == 0:
+                headers: tuple[tuple[str, bytes | None], ...] = ()
+                pos += 1
+            else:
+                headers, pos = _decode_headers(data, pos, record_start, record_end, batch_position)
+            if pos != record_end:
+                raise _record_error(
+                    batch_position, record_start, f"fields end at {pos}, length says {record_end}"
+                )
+            timestamp = base_timestamp + timestamp_delta if append_time is None else append_time
+            record = new(cls)
+            set_offset(record, base_offset + offset_delta)
+            set_timestamp(record, timestamp)
+            set_key(record, key)
+            set_value(record, value)
+            set_headers(record, headers)
+            append(record)
+    except IndexError:
+        raise _record_error(batch_position, record_start, "runs past the end") from None
+    if pos != end:
+        raise CorruptRecordError(
+            f"batch at position {batch_position}: {end - pos} bytes left after "
+            f"{count} records (recordsCount too small or trailing garbage)"
+        )
+    if wrap_timestamps:
+        records = [_wrap_timestamp(record) for record in records]
+    return records
+
+
+def _slow_varint(data: bytes, pos: int, batch_position: int) -> tuple[int, int]:
+    try:
+        return decode_varint(data, pos)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(
+            f"batch at position {batch_position}: records data: {exc}"
+        ) from None
+
+
+def _slow_varlong(data: bytes, pos: int, batch_position: int) -> tuple[int, int]:
+    try:
+        return decode_varlong(data, pos)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(
+            f"batch at position {batch_position}: records data: {exc}"
+        ) from None
+
+
+def _decode_headers(
+    data: bytes, pos: int, record_start: int, record_end: int, batch_position: int
+) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    count, pos = _slow_varint(data, pos, batch_position)
+    if count < 0 or count > record_end - pos:  # each header takes at least 2 bytes
+        raise _record_error(batch_position, record_start, f"header count {count}")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        key_length, pos = _slow_varint(data, pos, batch_position)
+        if key_length < 0 or pos + key_length > record_end:
+            raise _record_error(batch_position, record_start, f"header key length {key_length}")
+        try:
+            key = data[pos : pos + key_length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _record_error(batch_position, record_start, "header key not UTF-8") from None
+        pos += key_length
+        value_length, pos = _slow_varint(data, pos, batch_position)
+        if value_length == -1:
+            headers.append((key, None))
+        elif 0 <= value_length <= record_end - pos:
+            headers.append((key, data[pos : pos + value_length]))
+            pos += value_length
+        else:
+            raise _record_error(batch_position, record_start, f"header value length {value_length}")
+    return tuple(headers), pos
+
+
+def _record_error(batch_position: int, record_position: int, what: str) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"batch at position {batch_position}: record at byte {record_position} of the "
+        f"records data: {what}"
+    )
+
+
+def _wrap_timestamp(record: Record) -> Record:
+    timestamp = ((record.timestamp_ms - INT64_MIN) & 0xFFFFFFFFFFFFFFFF) + INT64_MIN
+    if timestamp == record.timestamp_ms:
+        return record
+    return Record(record.offset, timestamp, record.key, record.value, record.headers)
+
+
+# --- building (the producer's and the cleaner's path) --------------------------------
+
+
+class BatchBuilder:
+    """Accumulates records and builds one batch. Not thread-safe.
+
+    Each ``append`` encodes its record straight into one bytearray, relative to the base
+    timestamp (the first record's, unless ``base_timestamp`` is given), so ``build`` is one
+    header pack, one CRC pass and, for LZ4, one compression call.
+    """
+
+    __slots__ = (
+        "_base_offset",
+        "_base_sequence",
+        "_base_timestamp",
+        "_buf",
+        "_compression",
+        "_count",
+        "_is_transactional",
+        "_last_offset_delta",
+        "_max_timestamp",
+        "_partition_leader_epoch",
+        "_producer_epoch",
+        "_producer_id",
+        "_timestamp_type",
+    )
+
+    def __init__(
+        self,
+        *,
+        compression: Compression = Compression.NONE,
+        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+        base_offset: int = 0,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        is_transactional: bool = False,
+        partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+        base_timestamp: int | None = None,
+    ) -> None:
+        """Raises ``ValueError`` for an unsupported codec or an out-of-range field."""
+        compression = Compression(compression)
+        if compression not in _SUPPORTED_COMPRESSION:
+            raise ValueError(f"unsupported compression {compression.name}")
+        _check_range("base_offset", base_offset, 0, INT64_MAX)
+        _check_range("producer_id", producer_id, INT64_MIN, INT64_MAX)
+        _check_range("producer_epoch", producer_epoch, _INT16_MIN, _INT16_MAX)
+        _check_range("base_sequence", base_sequence, INT32_MIN, INT32_MAX)
+        _check_range("partition_leader_epoch", partition_leader_epoch, INT32_MIN, INT32_MAX)
+        if base_timestamp is not None:
+            _check_range("base_timestamp", base_timestamp, INT64_MIN, INT64_MAX)
+        self._compression = compression
+        self._timestamp_type = TimestampType(timestamp_type)
+        self._base_offset = base_offset
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        self._is_transactional = is_transactional
+        self._partition_leader_epoch = partition_leader_epoch
+        self._base_timestamp = base_timestamp
+        self._buf = bytearray()
+        self._count = 0
+        self._last_offset_delta = -1
+        self._max_timestamp = INT64_MIN
+
+    @property
+    def record_count(self) -> int:
+        return self._count
+
+    def append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+        *,
+        offset_delta: int | None = None,
+    ) -> int:
+        """Encode one record; return the offset delta it got.
+
+        The default delta is the previous one + 1 (0 first). An explicit ``offset_delta``
+        must exceed the previous one: the cleaner rebuilds batches whose surviving records
+        keep their offsets. Raises ``ValueError`` for a delta that does not increase or
+        exceed int32, a timestamp outside int64 or a timestamp delta outside int64.
+        """
+        last = self._last_offset_delta
+        if offset_delta is None:
+            delta = last + 1
+        else:
+            delta = offset_delta
+            if delta <= last:
+                raise ValueError(f"offset delta {delta} does not exceed the previous {last}")
+        if delta > 0x7FFFFFFF:
+            raise ValueError(f"offset delta {delta} exceeds int32")
+        if not -0x8000000000000000 <= timestamp_ms <= 0x7FFFFFFFFFFFFFFF:
+            raise ValueError(f"timestamp {timestamp_ms} is not an int64")
+        base = self._base_timestamp
+        if base is None:
+            base = timestamp_ms
+        table = NONNEGATIVE_VARINTS
+        n = timestamp_ms - base
+        timestamp_bytes = table[n] if 0 <= n < 8192 else encode_varlong(n)
+        delta_bytes = table[delta] if delta < 8192 else encode_varint(delta)
+        if key is None:
+            key_bytes = b"\x01"  # varint(-1)
+            key = b""
+        else:
+            n = len(key)
+            key_bytes = table[n] if n < 8192 else encode_varint(n)
+        if value is None:
+            value_bytes = b"\x01"
+            value = b""
+        else:
+            n = len(value)
+            value_bytes = table[n] if n < 8192 else encode_varint(n)
+        header_bytes = _encode_headers(headers) if headers else b"\x00"
+        body = b"".join(
+            (
+                b"\x00",
+                timestamp_bytes,
+                delta_bytes,
+                key_bytes,
+                key,
+                value_bytes,
+                value,
+                header_bytes,
+            )
+        )
+        n = len(body)
+        length_bytes = table[n] if n < 8192 else encode_varint(n)
+        # Nothing above changed the builder, so a ValueError leaves it as it was.
+        buf = self._buf
+        buf += length_bytes
+        buf += body
+        self._base_timestamp = base
+        if timestamp_ms > self._max_timestamp:
+            self._max_timestamp = timestamp_ms
+        self._count += 1
+        self._last_offset_delta = delta
+        return delta
+
+    def estimated_size_bytes(self) -> int:
+        """An upper bound on ``len(build())`` (without a delete horizon), in O(1).
+
+        The exact uncompressed size; for LZ4 plus the frame's worst case (header, end mark
+        and one 4-byte length per block: LZ4 stores a block raw when it does not shrink).
+        """
+        size = HEADER_SIZE + len(self._buf)
+        if self._compression == Compression.LZ4:
+            size += 11 + 4 * (len(self._buf) // _LZ4_BLOCK_BYTES + 1)
+        return size
+
+    def build(
+        self,
+        *,
+        last_offset_delta: int | None = None,
+        delete_horizon_ms: int | None = None,
+        max_timestamp_ms: int | None = None,
+    ) -> bytes:
+        """Return the batch bytes. The builder is left as it was (build is repeatable).
+
+        ``last_offset_delta`` (>= the last record's delta) keeps a batch's original last
+        offset after the cleaner dropped records. ``delete_horizon_ms`` sets attribute bit
+        6 and stores the horizon in ``baseTimestamp``; record deltas are re-encoded against
+        it so every record keeps its timestamp. ``max_timestamp_ms`` (>= every record's
+        timestamp) overrides ``maxTimestamp``, e.g. to keep an emptied batch's.
+
+        An empty builder builds, as Kafka's ``writeEmptyHeader``, an uncompressed batch of
+        0 records with ``baseTimestamp`` -1 (or the horizon), and needs
+        ``last_offset_delta``. Raises ``ValueError`` for an out-of-range argument, an empty
+        builder without ``last_offset_delta`` or a batch past int32 bytes.
+        """
+        count = self._count
+        if last_offset_delta is None:
+            if count == 0:
+                raise ValueError("an empty batch needs last_offset_delta")
+            last_offset_delta = self._last_offset_delta
+        elif not max(self._last_offset_delta, 0) <= last_offset_delta <= INT32_MAX:
+            raise ValueError(f"last_offset_delta {last_offset_delta} is out of range")
+        if self._base_offset + last_offset_delta > INT64_MAX:
+            raise ValueError("the batch's last offset overflows int64")
+        max_timestamp = self._max_timestamp if count else NO_TIMESTAMP
+        if max_timestamp_ms is not None:
+            if count and max_timestamp_ms < max_timestamp:
+                raise ValueError(f"max_timestamp_ms {max_timestamp_ms} is below {max_timestamp}")
+            _check_range("max_timestamp_ms", max_timestamp_ms, INT64_MIN, INT64_MAX)
+            max_timestamp = max_timestamp_ms
+        attributes = self._timestamp_type << 3 | (_TRANSACTIONAL_FLAG * self._is_transactional)
+        records: bytes | bytearray = self._buf
+        base_timestamp = self._base_timestamp if count else NO_TIMESTAMP
+        assert base_timestamp is not None  # set by the first append
+        if delete_horizon_ms is not None:
+            _check_range("delete_horizon_ms", delete_horizon_ms, INT64_MIN, INT64_MAX)
+            attributes |= _DELETE_HORIZON_FLAG
+            if count and delete_horizon_ms != base_timestamp:
+                records = _rebase_timestamps(self._buf, base_timestamp - delete_horizon_ms)
+            base_timestamp = delete_horizon_ms
+        if count and self._compression == Compression.LZ4:
+            attributes |= Compression.LZ4
+            records = lz4.frame.compress(records, block_linked=False, store_size=False)
+        if _MIN_BATCH_LENGTH + len(records) > _MAX_BATCH_LENGTH:
+            raise ValueError(f"a batch of {len(records)} record bytes exceeds int32 length")
+        tail = _CRC_TAIL.pack(
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            self._producer_id,
+            self._producer_epoch,
+            self._base_sequence,
+            count,
+        )
+        crc = crc32c.crc32c(records, crc32c.crc32c(tail))
+        head = _CRC_PREFIX.pack(
+            self._base_offset,
+            _MIN_BATCH_LENGTH + len(records),
+            self._partition_leader_epoch,
+            MAGIC,
+            crc,
+        )
+        return b"".join((head, tail, records))
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    out = bytearray(encode_varint(len(headers)))
+    for key, value in headers:
+        key_bytes = key.encode("utf-8")
+        out += encode_varint(len(key_bytes))
+        out += key_bytes
+        if value is None:
+            out += b"\x01"
+        else:
+            out += encode_varint(len(value))
+            out += value
+    return bytes(out)
+
+
+def _rebase_timestamps(records: bytearray, shift: int) -> bytearray:
+    """Re-encode our own records with every timestamp delta moved by ``shift``."""
+    out = bytearray()
+    pos = 0
+    end = len(records)
+    while pos < end:
+        length, pos = decode_varint(records, pos)
+        record_end = pos + length
+        timestamp_delta, after = decode_varlong(records, pos + 1)
+        moved = timestamp_delta + shift
+        if not INT64_MIN <= moved <= INT64_MAX:
+            raise ValueError("a timestamp is too far from the delete horizon for int64 deltas")
+        body = b"\x00" + encode_varlong(moved) + records[after:record_end]
+        out += encode_varint(len(body))
+        out += body
+        pos = record_end
+    return out
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} {value} is outside [{low}, {high}]")
+
+
+def encode_batch(
+    records: Iterable[tuple[int, bytes | None, bytes | None]],
+    *,
+    compression: Compression = Compression.NONE,
+    base_offset: int = 0,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+) -> bytes:
+    """Build one batch of ``(timestamp_ms, key, value)`` records at consecutive offsets.
+
+    A convenience for tests and tools. Raises ``ValueError`` as ``BatchBuilder`` does,
+    including for no records at all.
+    """
+    builder = BatchBuilder(
+        compression=compression, base_offset=base_offset, timestamp_type=timestamp_type
+    )
+    for timestamp_ms, key, value in records:
+        builder.append(timestamp_ms, key, value)
+    return builder.build()
