@@ -1,0 +1,543 @@
+"""A data directory of partition logs: topics, checkpoints, background work, shutdown.
+
+Layout of the data directory (everything but the partition directories is written with
+``atomic_write``)::
+
+    <data_dir>/
+      topics.json                          topics, partition counts, config overrides
+      recovery-point-offset-checkpoint     per partition: flushed up to here
+      log-start-offset-checkpoint          per partition: log start offset
+      cleaner-offset-checkpoint            per partition: compacted up to here
+      .tidelog_cleanshutdown               present only between a clean close and the next open
+      <topic>-<partition>/                 one PartitionLog each
+
+Opening: if the clean-shutdown marker is there it is deleted at once (a crash while loading
+must count as unclean next time) and recovery is skipped; otherwise every log re-validates
+its unflushed tail. Partition directories of unknown topics (a crash during delete) and
+``*-delete`` directories are removed.
+
+Background work runs on two daemon threads once ``start_background`` is called: a
+scheduler (retention, flushing sealed segments and by ``flush.ms``, unlinking ``.deleted``
+files, checkpoints) and the log cleaner. Each task is also a public method, so tests drive
+them directly with a manual clock. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from storage.checkpoint import (
+    CLEAN_SHUTDOWN_MARKER,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    read_offsets,
+    write_offsets,
+)
+from storage.cleaner import LogCleaner
+from storage.clock import Clock, SystemClock
+from storage.config import LogConfig
+from storage.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    LogDirFullError,
+    StorageError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from storage.files import (
+    TMP_SUFFIX,
+    atomic_write,
+    fsync_dir,
+    parse_partition_dir,
+    partition_dir_name,
+)
+from storage.files import validate_topic_name as _validate_topic_name
+from storage.partition_log import PartitionLog
+
+__all__ = ["Cleaner", "LogManager", "LogManagerConfig", "TopicMetadata"]
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "topics.json"
+MAX_PARTITIONS = 10_000
+_DELETE_DIR_SUFFIX = "-delete"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogManagerConfig:
+    """Broker-level storage settings (Kafka's broker names in the comments)."""
+
+    defaults: LogConfig = field(default_factory=LogConfig)  # log.retention.ms, ...
+    num_partitions: int = 1  # num.partitions
+    retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
+    cleaner_enabled: bool = True  # log.cleaner.enable
+    cleaner_backoff_ms: int = 15_000  # log.cleaner.backoff.ms
+    flush_scheduler_interval_ms: int = 1_000  # log.flush.scheduler.interval.ms
+    flush_offset_checkpoint_interval_ms: int = 60_000  # log.flush.offset.checkpoint.interval.ms
+    file_delete_check_interval_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        if self.num_partitions < 1:
+            raise InvalidConfigError(
+                f"num.partitions must be at least 1, got {self.num_partitions}"
+            )
+        for name in (
+            "retention_check_interval_ms",
+            "cleaner_backoff_ms",
+            "flush_scheduler_interval_ms",
+            "flush_offset_checkpoint_interval_ms",
+            "file_delete_check_interval_ms",
+        ):
+            if getattr(self, name) < 1:
+                raise InvalidConfigError(f"{name} must be at least 1 ms")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    """A topic: its partition count, the config keys set on it, and the effective config."""
+
+    name: str
+    partitions: int
+    overrides: Mapping[str, str]
+    config: LogConfig
+    internal: bool
+
+
+class LogManager:
+    """All partition logs of one data directory. Thread-safe."""
+
+    def __init__(self, data_dir: Path, config: LogManagerConfig, clock: Clock) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._topics: dict[str, TopicMetadata] = {}
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self.cleaner: Cleaner | None = None
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | os.PathLike[str],
+        config: LogManagerConfig | None = None,
+        clock: Clock | None = None,
+    ) -> LogManager:
+        """Open a data directory (creating it), recovering every partition if needed.
+
+        Raises:
+            StorageError: the directory cannot be created, read or written.
+        """
+        path = Path(data_dir).resolve()
+        manager = cls(path, config or LogManagerConfig(), clock or SystemClock())
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            manager._load()
+        except OSError as exc:
+            raise StorageError(f"cannot open data directory {path}: {exc}") from exc
+        if manager.config.cleaner_enabled:
+            manager.cleaner = LogCleaner(path, manager.clock)
+        return manager
+
+    def _load(self) -> None:
+        marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
+        clean = marker.exists()
+        if clean:
+            marker.unlink()
+            fsync_dir(self.data_dir)
+        for entry in os.listdir(self.data_dir):
+            if entry.endswith(TMP_SUFFIX) and (self.data_dir / entry).is_file():
+                # A crash inside atomic_write leaves its temp file; the target is intact.
+                (self.data_dir / entry).unlink()
+        recovery_points = self._read_checkpoint(RECOVERY_POINT_CHECKPOINT)
+        log_starts = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        self._topics = self._read_topics()
+        for entry in os.listdir(self.data_dir):
+            full = self.data_dir / entry
+            if not full.is_dir():
+                continue
+            parsed = parse_partition_dir(entry)
+            if entry.endswith(_DELETE_DIR_SUFFIX) or parsed is None:
+                if entry.endswith(_DELETE_DIR_SUFFIX):
+                    shutil.rmtree(full, ignore_errors=True)
+                continue
+            topic, partition = parsed
+            meta = self._topics.get(topic)
+            if meta is None or partition >= meta.partitions:
+                log.warning("removing %s: it belongs to no known topic", full)
+                self._remove_dir(full)
+        for meta in self._topics.values():
+            for partition in range(meta.partitions):
+                key = (meta.name, partition)
+                self._logs[key] = PartitionLog.open(
+                    self.data_dir / partition_dir_name(meta.name, partition),
+                    meta.name,
+                    partition,
+                    meta.config,
+                    self.clock,
+                    log_start_offset=log_starts.get(key, 0),
+                    recovery_point=recovery_points.get(key, 0),
+                    had_clean_shutdown=clean and key in recovery_points,
+                )
+        log.info(
+            "opened %s: %d topic(s), %d partition(s), %s shutdown",
+            self.data_dir,
+            len(self._topics),
+            len(self._logs),
+            "clean" if clean else "unclean",
+        )
+
+    def _read_checkpoint(self, name: str) -> dict[tuple[str, int], int]:
+        try:
+            return read_offsets(self.data_dir / name)
+        except (ValueError, OSError) as exc:
+            log.warning("ignoring unreadable checkpoint %s: %s", name, exc)
+            return {}
+
+    def _read_topics(self) -> dict[str, TopicMetadata]:
+        path = self.data_dir / TOPICS_FILE
+        try:
+            document = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"unreadable topic metadata {path}: {exc}") from exc
+        topics: dict[str, TopicMetadata] = {}
+        for name, entry in document.get("topics", {}).items():
+            overrides = {str(k): str(v) for k, v in entry.get("config", {}).items()}
+            topics[name] = TopicMetadata(
+                name,
+                int(entry["partitions"]),
+                MappingProxyType(overrides),
+                LogConfig.from_mapping(overrides, self.config.defaults),
+                bool(entry.get("internal", False)),
+            )
+        return topics
+
+    def _write_topics_locked(self) -> None:
+        document = {
+            "version": 1,
+            "topics": {
+                t.name: {
+                    "partitions": t.partitions,
+                    "config": dict(t.overrides),
+                    "internal": t.internal,
+                }
+                for t in self._topics.values()
+            },
+        }
+        atomic_write(self.data_dir / TOPICS_FILE, json.dumps(document, indent=1).encode())
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int | None = None,
+        config: Mapping[str, str] | None = None,
+        *,
+        internal: bool = False,
+    ) -> TopicMetadata:
+        """Create a topic with ``partitions`` partitions (broker default if None).
+
+        Raises:
+            InvalidTopicError, TopicAlreadyExistsError, InvalidConfigError,
+            InvalidPartitionsError, StorageError.
+        """
+        _validate_topic_name(name)
+        count = self.config.num_partitions if partitions is None or partitions == 0 else partitions
+        if (
+            not isinstance(count, int)
+            or isinstance(count, bool)
+            or not 1 <= count <= MAX_PARTITIONS
+        ):
+            raise InvalidPartitionsError(
+                f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions!r}"
+            )
+        overrides = {str(k): str(v) for k, v in (config or {}).items()}
+        log_config = LogConfig.from_mapping(overrides, self.config.defaults)
+        with self._lock:
+            self._check_open()
+            if name in self._topics:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+            meta = TopicMetadata(name, count, MappingProxyType(overrides), log_config, internal)
+            # Metadata first: a crash before the directories exist leaves a topic whose
+            # empty logs are created on the next open; the reverse would leave orphans.
+            self._topics[name] = meta
+            metadata_written = False
+            try:
+                self._write_topics_locked()
+                metadata_written = True
+                for partition in range(count):
+                    self._logs[(name, partition)] = PartitionLog.open(
+                        self.data_dir / partition_dir_name(name, partition),
+                        name,
+                        partition,
+                        log_config,
+                        self.clock,
+                    )
+            except (OSError, StorageError) as exc:
+                # Undo it all: a failed create must not leave a listed topic without logs.
+                self._topics.pop(name, None)
+                for partition in range(count):
+                    created = self._logs.pop((name, partition), None)
+                    if created is not None:
+                        created.delete()
+                try:
+                    if metadata_written:
+                        self._write_topics_locked()
+                except OSError:
+                    # The next open creates the topic's missing logs; harmless.
+                    log.exception("cannot roll back topic %s in %s", name, TOPICS_FILE)
+                if isinstance(exc, StorageError):
+                    raise
+                raise _storage_error(exc, f"cannot create topic {name!r}") from exc
+            log.info("created topic %s with %d partition(s)", name, count)
+            return meta
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and all its data.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        with self._lock:
+            self._check_open()
+            meta = self.topic(name)
+            del self._topics[name]
+            self._write_topics_locked()
+            logs = [self._logs.pop((name, p)) for p in range(meta.partitions)]
+            # Drop the topic's checkpoint entries before anything can re-create it: a new
+            # topic of the same name must not inherit the old log start offset or
+            # recovery point after a crash (the log start would wipe its data).
+            self.write_checkpoints()
+        for partition_log in logs:
+            partition_log.close()
+            self._remove_dir(partition_log.directory)
+        log.info("deleted topic %s", name)
+
+    def _remove_dir(self, directory: Path) -> None:
+        """Rename to ``*.<uuid>-delete`` (atomic, invisible to a reload) then remove."""
+        doomed = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{_DELETE_DIR_SUFFIX}")
+        try:
+            os.replace(directory, doomed)
+            fsync_dir(self.data_dir)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def topics(self) -> list[TopicMetadata]:
+        """Every topic, sorted by name."""
+        with self._lock:
+            return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def topic(self, name: str) -> TopicMetadata:
+        """One topic's metadata. Raises ``UnknownTopicOrPartitionError``."""
+        with self._lock:
+            meta = self._topics.get(name)
+        if meta is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        return meta
+
+    def alter_topic_config(
+        self, name: str, set: Mapping[str, str], delete: Iterable[str] = ()
+    ) -> TopicMetadata:
+        """Set and/or reset (to the broker default) topic config keys.
+
+        Raises:
+            UnknownTopicOrPartitionError, InvalidConfigError.
+        """
+        with self._lock:
+            self._check_open()
+            meta = self.topic(name)
+            overrides = dict(meta.overrides)
+            for key in delete:
+                if key not in LogConfig.known_keys():
+                    raise InvalidConfigError(f"unknown topic config {key!r}")
+                overrides.pop(key, None)
+            overrides.update({str(k): str(v) for k, v in set.items()})
+            log_config = LogConfig.from_mapping(overrides, self.config.defaults)
+            new = TopicMetadata(
+                name, meta.partitions, MappingProxyType(overrides), log_config, meta.internal
+            )
+            self._topics[name] = new
+            self._write_topics_locked()
+            for partition in range(meta.partitions):
+                self._logs[(name, partition)].update_config(log_config)
+            return new
+
+    def get_log(self, topic: str, partition: int) -> PartitionLog:
+        """The log of one partition. Raises ``UnknownTopicOrPartitionError``."""
+        partition_log = self._logs.get((topic, partition))
+        if partition_log is None:
+            if topic in self._topics:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} "
+                    f"(it has {self._topics[topic].partitions})"
+                )
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return partition_log
+
+    def logs(self) -> list[PartitionLog]:
+        """Every partition log (a snapshot)."""
+        with self._lock:
+            return list(self._logs.values())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the log manager is closed")
+
+    # ------------------------------------------------------------------ background tasks
+
+    def run_retention(self) -> int:
+        """One retention pass over every log; returns segments deleted."""
+        deleted = 0
+        for partition_log in self.logs():
+            try:
+                deleted += partition_log.delete_old_segments()
+            except StorageError:
+                log.exception("%s: retention failed", partition_log)
+        return deleted
+
+    def run_flush(self) -> None:
+        """fsync sealed segments and honour ``flush.ms``."""
+        for partition_log in self.logs():
+            try:
+                partition_log.flush_sealed()
+                partition_log.maybe_flush_by_time()
+            except StorageError:
+                log.exception("%s: flush failed", partition_log)
+
+    def run_file_deletes(self) -> int:
+        """Unlink ``.deleted`` files whose delay has passed."""
+        return sum(p.delete_expired_files() for p in self.logs())
+
+    def run_cleaner(self) -> int:
+        """One compaction pass (if a cleaner is attached); returns logs cleaned."""
+        cleaner = self.cleaner
+        if cleaner is None:
+            return 0
+        return cleaner.clean_once(self.logs())
+
+    def write_checkpoints(self) -> None:
+        """Persist every log's recovery point and log start offset."""
+        # Under the manager lock: a snapshot of the logs taken before a topic deletion
+        # must not be written after the deletion's own checkpoint (stale entries would
+        # come back), and two writers would share atomic_write's temp file.
+        with self._lock:
+            logs = list(self._logs.values())
+            try:
+                write_offsets(
+                    self.data_dir / RECOVERY_POINT_CHECKPOINT,
+                    {(p.topic, p.partition): p.recovery_point for p in logs},
+                )
+                write_offsets(
+                    self.data_dir / LOG_START_OFFSET_CHECKPOINT,
+                    {(p.topic, p.partition): p.log_start_offset for p in logs},
+                )
+            except OSError as exc:
+                raise _storage_error(exc, "cannot write offset checkpoints") from exc
+
+    def start_background(self) -> None:
+        """Start the scheduler and cleaner threads (daemon threads; ``close`` stops them)."""
+        with self._lock:
+            if self._threads:
+                return
+            tasks: list[tuple[str, int, Callable[[], object]]] = [
+                ("retention", self.config.retention_check_interval_ms, self.run_retention),
+                ("flush", self.config.flush_scheduler_interval_ms, self.run_flush),
+                ("file-deletes", self.config.file_delete_check_interval_ms, self.run_file_deletes),
+                (
+                    "checkpoints",
+                    self.config.flush_offset_checkpoint_interval_ms,
+                    self.write_checkpoints,
+                ),
+            ]
+            self._threads.append(
+                threading.Thread(
+                    target=self._schedule, args=(tasks,), name="tidelog-scheduler", daemon=True
+                )
+            )
+            if self.config.cleaner_enabled and self.cleaner is not None:
+                cleaner_task = [("cleaner", self.config.cleaner_backoff_ms, self.run_cleaner)]
+                self._threads.append(
+                    threading.Thread(
+                        target=self._schedule,
+                        args=(cleaner_task,),
+                        name="tidelog-cleaner",
+                        daemon=True,
+                    )
+                )
+            for thread in self._threads:
+                thread.start()
+
+    def _schedule(self, tasks: list[tuple[str, int, Callable[[], object]]]) -> None:
+        # Real time on purpose: this thread only paces work; every task reads the injected
+        # clock for its decisions, and tests call the tasks directly.
+        clock = self.clock
+        due = {name: clock.monotonic_ms() + interval for name, interval, _ in tasks}
+        while not self._stop.is_set():
+            now = clock.monotonic_ms()
+            for name, interval, task in tasks:
+                if now >= due[name]:
+                    try:
+                        task()
+                    except Exception:
+                        log.exception("background task %s failed", name)
+                    due[name] = clock.monotonic_ms() + interval
+            wait_ms = max(min(due.values()) - clock.monotonic_ms(), 10)
+            self._stop.wait(min(wait_ms, 1000) / 1000)
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Stop background work, flush and close every log, write checkpoints, then the
+        clean-shutdown marker (last, so that its presence proves everything before it)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        for partition_log in self.logs():
+            partition_log.close()
+        self.write_checkpoints()
+        atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, b'{"version": 0}\n')
+        log.info("closed %s cleanly", self.data_dir)
+
+    def __enter__(self) -> LogManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _storage_error(exc: OSError, what: str) -> StorageError:
+    """``LogDirFullError`` (retriable) for a full disk, else ``StorageError``."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LogDirFullError(f"{what}: no space left on the data directory's disk")
+    return StorageError(f"{what}: {exc}")
+
+
+class Cleaner(Protocol):
+    """What the log manager needs of a log cleaner (``storage.cleaner.LogCleaner``)."""
+
+    def clean_once(self, logs: list[PartitionLog]) -> int:
+        """Compact the logs that need it most; return how many were cleaned."""
+        ...
