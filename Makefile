@@ -45,7 +45,7 @@ test: check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 run: $(STAMP)
-	$(BIN)/tidelog serve
+	$(BIN)/python -m broker
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/storage_bench.py

@@ -1,0 +1,10 @@
+"""``python -m broker``: the broker daemon, same arguments as ``tidelog serve``."""
+
+from __future__ import annotations
+
+import sys
+
+from broker.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""Broker configuration: ``BrokerConfig`` and its parsers, with Kafka's broker setting names.
+
+Settings come from three places, later ones winning: a TOML file (``--config``), then
+``--set KEY=VALUE`` pairs, then the dedicated flags ``--listen`` and ``--data-dir``. All three
+arrive here as one flat mapping of Kafka-style names to values (``from_mapping``); a TOML file
+may write the names as dotted keys (``log.retention.ms = 3600000``, which TOML reads as
+nested tables) or quoted (``"log.retention.ms" = 3600000``), and ``load_toml`` flattens both.
+
+Broker keys (Kafka's names where Kafka has one):
+
+====================================  ===============  =============================================
+key                                   default          meaning
+====================================  ===============  =============================================
+``listeners``                         127.0.0.1:7410   ``HOST:PORT`` or ``PLAINTEXT://HOST:PORT``
+``log.dirs`` (or ``log.dir``)         ./tidelog-data   the data directory (exactly one)
+``num.partitions``                    1                partitions of a topic created without a count
+``message.max.bytes``                 1048588          default ``max.message.bytes`` of every topic
+``socket.request.max.bytes``          104857600        largest gRPC message the broker receives
+``fetch.max.bytes``                   57671680         cap on the bytes of one fetch answer
+``fetch.max.wait.ms``                 30000            cap on a fetch's ``max_wait_ms`` (long poll)
+``num.io.threads``                    64               gRPC worker threads (see ``docs/broker.md``)
+``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
+``producer.id.expiration.ms``         86400000         forget a producer id's epoch after this
+``metrics.port``                      7411             Prometheus HTTP port; 0 any free port, -1 off
+``metrics.host``                      (listen host)    address the metrics endpoint binds
+``log.retention.check.interval.ms``   300000           how often retention runs
+``log.cleaner.enable``                true             run the compaction thread
+``log.cleaner.backoff.ms``            15000            cleaner sleep when there is nothing to do
+``log.flush.scheduler.interval.ms``   1000             how often the flusher checks ``flush.ms``
+``log.flush.offset.checkpoint.interval.ms`` 60000      how often recovery checkpoints are written
+====================================  ===============  =============================================
+
+Topic defaults, each the broker-wide default of the topic key in brackets (see
+``storage/config.py``): ``log.segment.bytes`` [segment.bytes], ``log.roll.ms`` /
+``log.roll.hours`` [segment.ms], ``log.index.size.max.bytes`` [segment.index.bytes],
+``log.index.interval.bytes`` [index.interval.bytes], ``log.retention.ms`` /
+``log.retention.minutes`` / ``log.retention.hours`` [retention.ms] (the finest unit given
+wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.policy``
+[cleanup.policy], ``log.cleaner.delete.retention.ms`` [delete.retention.ms],
+``log.cleaner.min.compaction.lag.ms`` [min.compaction.lag.ms],
+``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio], ``message.max.bytes``
+[max.message.bytes], ``log.message.timestamp.type`` [message.timestamp.type],
+``log.flush.interval.messages`` [flush.messages], ``log.flush.interval.ms`` [flush.ms],
+``log.segment.delete.delay.ms`` [file.delete.delay.ms].
+
+Unknown keys and bad values raise ``InvalidConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from storage.config import LogConfig
+from storage.errors import InvalidConfigError
+from storage.log_manager import LogManagerConfig
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "DEFAULT_LISTEN",
+    "BrokerConfig",
+    "broker_keys",
+    "load_toml",
+    "parse_listen",
+]
+
+DEFAULT_LISTEN = "127.0.0.1:7410"
+DEFAULT_DATA_DIR = "./tidelog-data"
+
+_HOUR_MS = 60 * 60 * 1000
+_MINUTE_MS = 60 * 1000
+
+# Broker key -> topic key of the LogConfig default it sets, for the keys that map 1:1.
+_TOPIC_DEFAULT_KEYS: dict[str, str] = {
+    "log.segment.bytes": "segment.bytes",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.retention.bytes": "retention.bytes",
+    "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "message.max.bytes": "max.message.bytes",
+    "log.message.timestamp.type": "message.timestamp.type",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+}
+# Keys in a time unit other than ms: (broker key, topic key, ms per unit), finest first so
+# that the finest unit given wins (Kafka: log.retention.ms > .minutes > .hours).
+_TIME_UNIT_KEYS: tuple[tuple[str, str, int], ...] = (
+    ("log.retention.ms", "retention.ms", 1),
+    ("log.retention.minutes", "retention.ms", _MINUTE_MS),
+    ("log.retention.hours", "retention.ms", _HOUR_MS),
+    ("log.roll.ms", "segment.ms", 1),
+    ("log.roll.hours", "segment.ms", _HOUR_MS),
+)
+
+
+def _int(key: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidConfigError(f"{key}: expected an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise InvalidConfigError(f"{key}: must be {bound}, got {number}")
+    return number
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _str(key: str, value: object) -> str:
+    if not isinstance(value, str | int) or isinstance(value, bool) or str(value) == "":
+        raise InvalidConfigError(f"{key}: expected a non-empty string, got {value!r}")
+    return str(value)
+
+
+def parse_listen(value: str, key: str = "listeners") -> tuple[str, int]:
+    """Parse ``HOST:PORT``, ``[IPV6]:PORT`` or ``PLAINTEXT://HOST:PORT`` into (host, port).
+
+    Raises:
+        InvalidConfigError: several listeners, another protocol, no port, or a bad port.
+    """
+    text = value.strip()
+    if "," in text:
+        raise InvalidConfigError(f"{key}: only one listener is supported, got {value!r}")
+    if "://" in text:
+        scheme, _, text = text.partition("://")
+        if scheme.upper() != "PLAINTEXT":
+            raise InvalidConfigError(f"{key}: only PLAINTEXT:// is supported, got {value!r}")
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise InvalidConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, _int(key, port_text, 0, 65535)
+
+
+def load_toml(path: str | Path) -> dict[str, object]:
+    """Read a TOML settings file into a flat mapping of dotted keys.
+
+    ``log.retention.ms = 5`` (nested tables to TOML) and ``"log.retention.ms" = 5`` (one
+    quoted key) both become ``{"log.retention.ms": 5}``.
+
+    Raises:
+        InvalidConfigError: the file cannot be read or is not valid TOML, or holds a value
+            that is not a string, integer, float or boolean.
+    """
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except OSError as exc:
+        raise InvalidConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    flat: dict[str, object] = {}
+
+    def walk(prefix: str, table: Mapping[str, Any]) -> None:
+        for name, value in table.items():
+            key = f"{prefix}.{name}" if prefix else name
+            if isinstance(value, dict):
+                walk(key, value)
+            elif isinstance(value, str | int | float | bool):
+                flat[key] = value
+            else:
+                raise InvalidConfigError(
+                    f"{path}: {key} must be a string, number or boolean, got {value!r}"
+                )
+
+    walk("", document)
+    return flat
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerConfig:
+    """Everything the broker daemon obeys. Immutable; build with ``from_mapping``.
+
+    Direct construction validates too and raises ``ValueError`` naming the Kafka key.
+    """
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 7410
+    data_dir: Path = field(default_factory=lambda: Path(DEFAULT_DATA_DIR))
+    num_partitions: int = 1
+    socket_request_max_bytes: int = 104_857_600
+    fetch_max_bytes: int = 57_671_680
+    fetch_max_wait_ms: int = 30_000
+    num_io_threads: int = 64
+    shutdown_grace_ms: int = 5_000
+    producer_id_expiration_ms: int = 86_400_000
+    metrics_port: int = 7411
+    metrics_host: str | None = None
+    retention_check_interval_ms: int = 300_000
+    cleaner_enabled: bool = True
+    cleaner_backoff_ms: int = 15_000
+    flush_scheduler_interval_ms: int = 1_000
+    flush_offset_checkpoint_interval_ms: int = 60_000
+    log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("listeners", 0 <= self.listen_port <= 65535),
+            ("num.partitions", self.num_partitions >= 1),
+            ("socket.request.max.bytes", self.socket_request_max_bytes >= 1024),
+            ("fetch.max.bytes", self.fetch_max_bytes >= 1),
+            ("fetch.max.wait.ms", self.fetch_max_wait_ms >= 0),
+            ("num.io.threads", self.num_io_threads >= 1),
+            ("shutdown.grace.ms", self.shutdown_grace_ms >= 0),
+            ("producer.id.expiration.ms", self.producer_id_expiration_ms >= 1),
+            ("metrics.port", -1 <= self.metrics_port <= 65535),
+            ("log.retention.check.interval.ms", self.retention_check_interval_ms >= 1),
+            ("log.cleaner.backoff.ms", self.cleaner_backoff_ms >= 0),
+            ("log.flush.scheduler.interval.ms", self.flush_scheduler_interval_ms >= 1),
+            (
+                "log.flush.offset.checkpoint.interval.ms",
+                self.flush_offset_checkpoint_interval_ms >= 1,
+            ),
+        ]
+        for key, ok in checks:
+            if not ok:
+                raise ValueError(f"{key}: value out of range")
+        if not self.listen_host:
+            raise ValueError("listeners: empty host")
+
+    # --- derived views ------------------------------------------------------------------
+
+    @property
+    def message_max_bytes(self) -> int:
+        """``message.max.bytes``: the default ``max.message.bytes`` of every topic."""
+        return self.log_defaults.max_message_bytes
+
+    @property
+    def listen_address(self) -> str:
+        """``HOST:PORT`` as gRPC wants it (IPv6 hosts in brackets)."""
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"{host}:{self.listen_port}"
+
+    @property
+    def effective_metrics_host(self) -> str:
+        """The address the metrics endpoint binds: ``metrics.host`` or the listen host."""
+        return self.metrics_host if self.metrics_host is not None else self.listen_host
+
+    def log_manager_config(self) -> LogManagerConfig:
+        """The storage layer's configuration derived from these settings."""
+        return LogManagerConfig(
+            defaults=self.log_defaults,
+            num_partitions=self.num_partitions,
+            retention_check_interval_ms=self.retention_check_interval_ms,
+            cleaner_enabled=self.cleaner_enabled,
+            cleaner_backoff_ms=self.cleaner_backoff_ms,
+            flush_scheduler_interval_ms=self.flush_scheduler_interval_ms,
+            flush_offset_checkpoint_interval_ms=self.flush_offset_checkpoint_interval_ms,
+        )
+
+    # --- parsing ------------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, object]) -> BrokerConfig:
+        """Build a config from Kafka-named settings on top of the embedded defaults.
+
+        Values may be strings (from ``--set``) or TOML scalars.
+
+        Raises:
+            InvalidConfigError: an unknown key (the message lists the known ones) or a bad
+                value (the message names the key).
+        """
+        unknown = sorted(set(settings) - broker_keys())
+        if unknown:
+            known = ", ".join(sorted(broker_keys()))
+            raise InvalidConfigError(
+                f"unknown broker setting {unknown[0]!r}; known settings: {known}"
+            )
+        changes: dict[str, Any] = {}
+        for key, (name, parse) in _BROKER_FIELDS.items():
+            if key in settings:
+                changes[name] = parse(key, settings[key])
+        if "log.dirs" in settings and "log.dir" in settings:
+            raise InvalidConfigError("give log.dirs or log.dir, not both")
+        for key in ("log.dirs", "log.dir"):
+            if key in settings:
+                text = _str(key, settings[key])
+                if "," in text:
+                    raise InvalidConfigError(
+                        f"{key}: exactly one data directory is supported, got {text!r}"
+                    )
+                changes["data_dir"] = Path(text)
+        if "listeners" in settings:
+            host, port = parse_listen(_str("listeners", settings["listeners"]))
+            changes["listen_host"], changes["listen_port"] = host, port
+        changes["log_defaults"] = _log_defaults(settings)
+        try:
+            return dataclasses.replace(cls(), **changes)
+        except ValueError as exc:
+            raise InvalidConfigError(str(exc)) from None
+
+    def to_mapping(self) -> dict[str, str]:
+        """The effective settings as Kafka-named strings (topic defaults included)."""
+        out = {"listeners": self.listen_address, "log.dirs": str(self.data_dir)}
+        for key, (name, _) in _BROKER_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None:  # metrics.host unset: follows the listen host
+                out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        topic_values = self.log_defaults.to_mapping()
+        for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():
+            out[broker_key] = topic_values[topic_key]
+        out["log.retention.ms"] = topic_values["retention.ms"]
+        out["log.roll.ms"] = topic_values["segment.ms"]
+        return dict(sorted(out.items()))
+
+
+def _log_defaults(settings: Mapping[str, object]) -> LogConfig:
+    """Translate the broker's ``log.*`` defaults into a ``LogConfig``."""
+    topic: dict[str, object] = {}
+    for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():
+        if broker_key in settings:
+            topic[topic_key] = settings[broker_key]
+    for broker_key, topic_key, unit_ms in _TIME_UNIT_KEYS:
+        if broker_key in settings and topic_key not in topic:
+            value = _int(broker_key, settings[broker_key], -1)
+            topic[topic_key] = value if value < 0 else value * unit_ms
+    try:
+        return LogConfig.from_mapping(topic)
+    except InvalidConfigError as exc:
+        # Name the broker key the user wrote, not the topic key it became.
+        message = str(exc)
+        for broker_key, topic_key in [
+            *_TOPIC_DEFAULT_KEYS.items(),
+            *((b, t) for b, t, _ in _TIME_UNIT_KEYS),
+        ]:
+            if broker_key in settings and message.startswith(f"{topic_key}:"):
+                message = f"{broker_key}{message[len(topic_key) :]}"
+                break
+        raise InvalidConfigError(message) from None
+
+
+_Parser = Callable[[str, object], Any]
+
+# Broker key -> (BrokerConfig field, parser) for the plain one-to-one keys.
+_BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
+    "num.partitions": ("num_partitions", lambda k, v: _int(k, v, 1)),
+    "socket.request.max.bytes": ("socket_request_max_bytes", lambda k, v: _int(k, v, 1024)),
+    "fetch.max.bytes": ("fetch_max_bytes", lambda k, v: _int(k, v, 1)),
+    "fetch.max.wait.ms": ("fetch_max_wait_ms", lambda k, v: _int(k, v, 0)),
+    "num.io.threads": ("num_io_threads", lambda k, v: _int(k, v, 1, 10_000)),
+    "shutdown.grace.ms": ("shutdown_grace_ms", lambda k, v: _int(k, v, 0)),
+    "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda k, v: _int(k, v, 1)),
+    "metrics.port": ("metrics_port", lambda k, v: _int(k, v, -1, 65535)),
+    "metrics.host": ("metrics_host", _str),
+    "log.retention.check.interval.ms": (
+        "retention_check_interval_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "log.cleaner.enable": ("cleaner_enabled", _bool),
+    "log.cleaner.backoff.ms": ("cleaner_backoff_ms", lambda k, v: _int(k, v, 0)),
+    "log.flush.scheduler.interval.ms": (
+        "flush_scheduler_interval_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "log.flush.offset.checkpoint.interval.ms": (
+        "flush_offset_checkpoint_interval_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+}
+
+
+def broker_keys() -> frozenset[str]:
+    """Every setting name ``BrokerConfig.from_mapping`` accepts."""
+    return frozenset(
+        {
+            "listeners",
+            "log.dirs",
+            "log.dir",
+            *_BROKER_FIELDS,
+            *_TOPIC_DEFAULT_KEYS,
+            *(key for key, _, _ in _TIME_UNIT_KEYS),
+        }
+    )

@@ -1,0 +1,312 @@
+"""The broker's domain: one method per RPC, over plain Python values; no gRPC here.
+
+``BrokerCore`` owns the log manager, the produce and fetch paths, the long-poll waiters,
+the producer-id allocator and the metrics. The gRPC servicer (``broker.service``) converts
+each request into a call of one method here and the result back into protobuf.
+
+Shutdown: ``close`` refuses new operations (``ShuttingDownError``, which the servicer
+answers as ``UNAVAILABLE``), wakes every long poll, waits for the operations in flight to
+finish (so that no append races the closing of the logs), then closes the log manager,
+which flushes, writes checkpoints and the clean-shutdown marker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from broker.config import BrokerConfig
+from broker.errors import ShuttingDownError, partition_error
+from broker.fetch import FetchPath, FetchSpec, PartitionFetched
+from broker.fetch_waiters import FetchWaiters, Waiter
+from broker.metrics import BrokerMetrics, PartitionGauges
+from broker.produce import Acks, PartitionAppend, PartitionProduced, PartitionRecords, ProducePath
+from broker.producer_ids import ProducerIdManager
+from storage.clock import Clock, SystemClock
+from storage.errors import InvalidRequestError
+from storage.log_manager import LogManager, TopicMetadata
+
+__all__ = [
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "BrokerCore",
+    "OffsetAnswer",
+    "OffsetQuery",
+    "PartitionView",
+    "TopicView",
+]
+
+log = logging.getLogger(__name__)
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """One partition as ``DescribeTopic`` shows it."""
+
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    size_bytes: int
+    segments: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """A topic as ``DescribeTopic`` shows it: every effective config, defaults included."""
+
+    name: str
+    internal: bool
+    config: Mapping[str, str]
+    partitions: Sequence[PartitionView]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    """``ListOffsets`` for one partition: -2 earliest, -1 latest, else a timestamp."""
+
+    topic: str
+    partition: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAnswer:
+    """The found offset (-1 if none) and its record's timestamp (-1 for earliest/latest)."""
+
+    topic: str
+    partition: int
+    offset: int = -1
+    timestamp_ms: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+class BrokerCore:
+    """Everything a broker does, minus the network. Thread-safe.
+
+    Build with ``open``; ``close`` once.
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        clock: Clock,
+        logs: LogManager,
+        producer_ids: ProducerIdManager,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._clock = clock
+        self._logs = logs
+        self._producer_ids = producer_ids
+        self._waiters = FetchWaiters()
+        self._produce = ProducePath(logs, self._waiters, metrics)
+        self._fetch = FetchPath(
+            logs,
+            self._waiters,
+            metrics,
+            clock,
+            fetch_max_bytes=config.fetch_max_bytes,
+            fetch_max_wait_ms=config.fetch_max_wait_ms,
+        )
+        self._gate = threading.Condition()
+        self._in_flight = 0
+        self._closing = False
+        self._closed = False
+        metrics.add_partition_collector(self._partition_gauges, self._waiters.waiting)
+
+    @classmethod
+    def open(
+        cls, config: BrokerConfig, clock: Clock | None = None, metrics: BrokerMetrics | None = None
+    ) -> BrokerCore:
+        """Open (recovering) the data directory and start the background storage work.
+
+        Raises:
+            StorageError: the data directory is unusable.
+        """
+        clock = clock or SystemClock()
+        logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
+        try:
+            producer_ids = ProducerIdManager.open(
+                logs.data_dir, clock, config.producer_id_expiration_ms
+            )
+            logs.start_background()
+        except BaseException:
+            logs.close()
+            raise
+        return cls(config, clock, logs, producer_ids, metrics or BrokerMetrics())
+
+    @property
+    def logs(self) -> LogManager:
+        """The log manager (for tests and the benchmark; the servicer never uses it)."""
+        return self._logs
+
+    # --- the shutdown gate ------------------------------------------------------------
+
+    @contextmanager
+    def _operation(self) -> Iterator[None]:
+        """Run one operation unless closing; ``close`` waits for those in flight."""
+        with self._gate:
+            if self._closing:
+                raise ShuttingDownError("the broker is shutting down")
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._gate.notify_all()
+
+    def begin_close(self) -> None:
+        """Refuse new operations and answer waiting long polls now. Idempotent."""
+        with self._gate:
+            self._closing = True
+        self._waiters.close()
+
+    def close(self, timeout_ms: int = 30_000) -> None:
+        """``begin_close``, wait for work in flight, then close the logs. Idempotent.
+
+        Operations still running after ``timeout_ms`` are logged and the logs closed anyway
+        (an fsync stuck that long means the disk is gone).
+        """
+        with self._gate:
+            if self._closed:
+                return
+            self._closed = True
+        self.begin_close()
+        with self._gate:
+            if not self._gate.wait_for(lambda: self._in_flight == 0, timeout_ms / 1000.0):
+                log.error("closing with %d operations still in flight", self._in_flight)
+        self._logs.close()
+
+    # --- topics ---------------------------------------------------------------------------
+
+    def create_topic(
+        self, name: str, partitions: int | None, config: Mapping[str, str]
+    ) -> TopicView:
+        """Create a topic (``partitions`` None or 0: ``num.partitions``)."""
+        with self._operation():
+            meta = self._logs.create_topic(name, partitions or None, config)
+            return self._view(meta)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and its data."""
+        with self._operation():
+            self._logs.delete_topic(name)
+        self.metrics.forget_topic(name)
+
+    def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
+        """Every topic, sorted by name; internal ones only if asked."""
+        with self._operation():
+            return [t for t in self._logs.topics() if include_internal or not t.internal]
+
+    def describe_topic(self, name: str) -> TopicView:
+        """A topic with its partitions' offsets and sizes and its effective config."""
+        with self._operation():
+            return self._view(self._logs.topic(name))
+
+    def alter_topic_config(
+        self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
+    ) -> TopicView:
+        """Set and reset topic config keys; answers the new description."""
+        with self._operation():
+            return self._view(self._logs.alter_topic_config(name, set_keys, delete_keys))
+
+    def _view(self, meta: TopicMetadata) -> TopicView:
+        partitions = []
+        for p in range(meta.partitions):
+            plog = self._logs.get_log(meta.name, p)
+            partitions.append(
+                PartitionView(
+                    p,
+                    plog.log_start_offset,
+                    plog.log_end_offset,
+                    plog.high_watermark,
+                    plog.size_bytes,
+                    plog.segment_count,
+                )
+            )
+        return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)
+
+    # --- data -----------------------------------------------------------------------------
+
+    def produce(
+        self, partitions: Sequence[PartitionRecords], acks: Acks
+    ) -> list[PartitionProduced]:
+        """Append and answer per ``acks`` (unary ``Produce``)."""
+        with self._operation():
+            return self._produce.produce(partitions, acks)
+
+    def append(self, partitions: Sequence[PartitionRecords]) -> list[PartitionAppend]:
+        """Step 1 of a produce (streams pipeline it with ``complete``)."""
+        with self._operation():
+            return self._produce.append(partitions)
+
+    def complete(self, appends: Sequence[PartitionAppend], acks: Acks) -> list[PartitionProduced]:
+        """Step 2 of a produce: durability per ``acks``, then the answers."""
+        with self._operation():
+            return self._produce.complete(appends, acks)
+
+    def fetch(
+        self, spec: FetchSpec, *, waiter: Waiter | None = None, wait_cap_ms: int | None = None
+    ) -> list[PartitionFetched]:
+        """Read, long-polling per ``max_wait_ms``/``min_bytes`` (see ``broker.fetch``)."""
+        with self._operation():
+            return self._fetch.fetch(spec, waiter=waiter, wait_cap_ms=wait_cap_ms)
+
+    def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
+        """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""
+        with self._operation():
+            return [self._list_offset(q) for q in queries]
+
+    def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
+        try:
+            plog = self._logs.get_log(query.topic, query.partition)
+            if query.timestamp_ms == EARLIEST_TIMESTAMP:
+                return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
+            if query.timestamp_ms == LATEST_TIMESTAMP:
+                return OffsetAnswer(query.topic, query.partition, plog.high_watermark)
+            if query.timestamp_ms < 0:
+                raise InvalidRequestError(
+                    f"timestamp_ms must be -2 (earliest), -1 (latest) or >= 0, "
+                    f"got {query.timestamp_ms}"
+                )
+            found = plog.offset_for_timestamp(query.timestamp_ms)
+        except Exception as exc:
+            code, message = partition_error(exc)
+            return OffsetAnswer(
+                query.topic, query.partition, error_code=code, error_message=message
+            )
+        if found is None:
+            return OffsetAnswer(query.topic, query.partition)
+        return OffsetAnswer(query.topic, query.partition, found[0], found[1])
+
+    def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        """A new idempotent producer id (-1, -1) or a bumped epoch for an existing one."""
+        with self._operation():
+            return self._producer_ids.init(producer_id, producer_epoch)
+
+    # --- metrics ----------------------------------------------------------------------------
+
+    def _partition_gauges(self) -> list[PartitionGauges]:
+        return [
+            PartitionGauges(
+                plog.topic,
+                plog.partition,
+                plog.log_start_offset,
+                plog.log_end_offset,
+                plog.high_watermark,
+                plog.size_bytes,
+                plog.segment_count,
+            )
+            for plog in self._logs.logs()
+        ]

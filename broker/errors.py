@@ -1,0 +1,164 @@
+"""The one table from Tidelog errors to gRPC status codes, and the helpers that apply it.
+
+A call that fails as a whole ends with the gRPC status from ``STATUS_BY_ERROR`` and the
+error's stable ``code`` string in the trailing metadata key ``tidelog-error-code``; the client
+rebuilds the exact exception class from it (``storage.errors.error_for_code``). Errors of one
+partition inside an answer carry the same code strings in ``error_code``
+(``partition_error``).
+
+What a client sees of an error:
+
+- request errors (``RequestError`` and below): the code and the error's message, which
+  describes the request, never the broker's internals;
+- storage faults (``StorageError``): the code and a fixed message; the detail goes to the
+  broker's log only;
+- anything else (a bug): ``INTERNAL`` with the code ``INTERNAL`` and no detail; logged with
+  its traceback.
+
+A broker that is shutting down answers new calls ``UNAVAILABLE`` without the metadata key
+(``ShuttingDownError``), exactly what a client sees when the broker is gone, so clients
+treat both the same way (retriable ``BrokerUnavailableError``).
+
+A request larger than ``socket.request.max.bytes`` is refused by gRPC itself before any
+handler runs: ``RESOURCE_EXHAUSTED`` without the metadata key. The client maps that status
+without a code to ``REQUEST_TOO_LARGE``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import NoReturn
+
+import grpc
+
+from storage.errors import (
+    CorruptRecordError,
+    FencedMemberEpochError,
+    GroupError,
+    GroupIdNotFoundError,
+    GroupNotEmptyError,
+    InternalError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidProducerEpochError,
+    InvalidRequestError,
+    InvalidTopicError,
+    LogDirFullError,
+    NotAuthorizedError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    RecordTooLargeError,
+    RequestError,
+    RequestTooLargeError,
+    StaleMemberEpochError,
+    StorageError,
+    TidelogError,
+    TopicAlreadyExistsError,
+    UnknownMemberIdError,
+    UnknownProducerIdError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = [
+    "ERROR_CODE_METADATA_KEY",
+    "STATUS_BY_ERROR",
+    "ShuttingDownError",
+    "WireError",
+    "abort_with",
+    "partition_error",
+    "to_wire",
+]
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_METADATA_KEY = "tidelog-error-code"
+
+_STORAGE_MESSAGE = "the broker could not read or write its log directory"
+_INTERNAL_MESSAGE = "internal broker error"
+
+# The one table. Lookup walks the exception's MRO, so a subclass without its own row gets
+# its parent's status; every concrete class the broker raises has a row so that the table
+# reads as the contract. Client-side classes (ClientError) never come from a broker.
+STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
+    RequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    CorruptRecordError: grpc.StatusCode.INVALID_ARGUMENT,
+    RecordTooLargeError: grpc.StatusCode.INVALID_ARGUMENT,
+    RequestTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InvalidTopicError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    InvalidPartitionsError: grpc.StatusCode.INVALID_ARGUMENT,
+    TopicAlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    UnknownTopicOrPartitionError: grpc.StatusCode.NOT_FOUND,
+    OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
+    OutOfOrderSequenceError: grpc.StatusCode.FAILED_PRECONDITION,
+    InvalidProducerEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownProducerIdError: grpc.StatusCode.FAILED_PRECONDITION,
+    GroupError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownMemberIdError: grpc.StatusCode.NOT_FOUND,
+    FencedMemberEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    StaleMemberEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    GroupNotEmptyError: grpc.StatusCode.FAILED_PRECONDITION,
+    GroupIdNotFoundError: grpc.StatusCode.NOT_FOUND,
+    NotAuthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    StorageError: grpc.StatusCode.INTERNAL,
+    LogDirFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InternalError: grpc.StatusCode.INTERNAL,
+}
+
+
+class ShuttingDownError(Exception):
+    """The broker is stopping and takes no new work. Not a ``TidelogError``: it never
+    travels as a code string, only as the transport-level ``UNAVAILABLE``."""
+
+
+@dataclass(frozen=True, slots=True)
+class WireError:
+    """What the client learns of an error: status, stable code string (None: no code is
+    sent, the status says it all), safe message."""
+
+    status: grpc.StatusCode
+    code: str | None
+    message: str
+
+
+def to_wire(exc: BaseException) -> WireError:
+    """Translate any exception into what may be sent to a client, logging what may not.
+
+    Request errors keep their message; storage faults and unexpected exceptions are logged
+    here (with traceback) and answered with a fixed message.
+    """
+    if isinstance(exc, ShuttingDownError):
+        return WireError(grpc.StatusCode.UNAVAILABLE, None, str(exc))
+    if isinstance(exc, TidelogError):
+        for cls in type(exc).__mro__:
+            status = STATUS_BY_ERROR.get(cls)
+            if status is not None:
+                break
+        else:
+            status = None
+        if isinstance(exc, RequestError) and status is not None:
+            return WireError(status, exc.code, str(exc) or exc.code)
+        if isinstance(exc, StorageError):
+            log.error("storage fault answered as %s", exc.code, exc_info=exc)
+            return WireError(status or grpc.StatusCode.INTERNAL, exc.code, _STORAGE_MESSAGE)
+    log.error("unexpected error answered as INTERNAL", exc_info=exc)
+    return WireError(grpc.StatusCode.INTERNAL, InternalError.code, _INTERNAL_MESSAGE)
+
+
+def partition_error(exc: BaseException) -> tuple[str, str]:
+    """``(error_code, error_message)`` for one partition's result inside an answer."""
+    wire = to_wire(exc)
+    return wire.code or InternalError.code, wire.message
+
+
+def abort_with(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
+    """End the call with the status, code metadata and message for ``exc``.
+
+    ``context.abort`` raises; callers use it in an ``except`` block so it is not caught again.
+    """
+    wire = to_wire(exc)
+    if wire.code is not None:
+        context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, wire.code),))
+    context.abort(wire.status, wire.message)

@@ -1,0 +1,191 @@
+"""Prometheus metrics of one broker, in a registry of its own, and the HTTP endpoint.
+
+Every broker owns a ``CollectorRegistry`` (never the global one), so several in-process
+brokers can coexist in one test process. Names (Prometheus conventions: seconds and
+``_total``; label ``topic`` on the data-path counters):
+
+=====================================  =========  =============================================
+name                                   type       meaning
+=====================================  =========  =============================================
+``tidelog_bytes_in_total``             counter    batch bytes appended, by topic
+``tidelog_records_in_total``           counter    records appended, by topic
+``tidelog_bytes_out_total``            counter    batch bytes answered to fetches, by topic
+``tidelog_records_out_total``          counter    records in those batches, by topic
+``tidelog_produce_errors_total``       counter    partition appends refused, by error code
+``tidelog_requests_total``             counter    RPCs finished, by method and code (OK or the
+                                                  error code)
+``tidelog_request_duration_seconds``   histogram  RPC latency, by method (a stream message
+                                                  counts as one request of its method)
+``tidelog_flush_wait_seconds``         histogram  how long ``acks=all`` waited for fsync
+``tidelog_fetch_waiting``              gauge      long-poll fetches waiting right now
+``tidelog_log_start_offset``           gauge      by topic and partition
+``tidelog_log_end_offset``             gauge      by topic and partition
+``tidelog_high_watermark``             gauge      by topic and partition
+``tidelog_log_size_bytes``             gauge      by topic and partition
+``tidelog_log_segments``               gauge      open segments, by topic and partition
+=====================================  =========  =============================================
+
+The per-partition gauges are read from the log manager at scrape time (a custom collector),
+so a deleted topic disappears from the next scrape instead of leaving stale series.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["BrokerMetrics", "MetricsServer", "PartitionGauges"]
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionGauges:
+    """One partition's numbers at scrape time."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    size_bytes: int
+    segments: int
+
+
+class _PartitionCollector(Collector):
+    """Reads partition gauges at scrape time from a callable the broker provides."""
+
+    def __init__(
+        self, partitions: Callable[[], Iterable[PartitionGauges]], waiting: Callable[[], int]
+    ) -> None:
+        self._partitions = partitions
+        self._waiting = waiting
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["topic", "partition"]
+        families = {
+            "log_start_offset": GaugeMetricFamily(
+                "tidelog_log_start_offset", "First readable offset", labels=labels
+            ),
+            "log_end_offset": GaugeMetricFamily(
+                "tidelog_log_end_offset", "Offset the next record gets", labels=labels
+            ),
+            "high_watermark": GaugeMetricFamily(
+                "tidelog_high_watermark", "Offset below which consumers may read", labels=labels
+            ),
+            "size_bytes": GaugeMetricFamily(
+                "tidelog_log_size_bytes", "Bytes of all segments", labels=labels
+            ),
+            "segments": GaugeMetricFamily("tidelog_log_segments", "Open segments", labels=labels),
+        }
+        try:
+            partitions = list(self._partitions())
+        except Exception:
+            # A scrape must never take the broker down; the endpoint answers what it can.
+            log.exception("metrics: could not read partition state")
+            partitions = []
+        for p in partitions:
+            values = [p.topic, str(p.partition)]
+            families["log_start_offset"].add_metric(values, p.log_start_offset)
+            families["log_end_offset"].add_metric(values, p.log_end_offset)
+            families["high_watermark"].add_metric(values, p.high_watermark)
+            families["size_bytes"].add_metric(values, p.size_bytes)
+            families["segments"].add_metric(values, p.segments)
+        yield from families.values()
+        yield GaugeMetricFamily(
+            "tidelog_fetch_waiting", "Long-poll fetches waiting now", value=self._waiting()
+        )
+
+
+class BrokerMetrics:
+    """The counters and histograms of one broker. Thread-safe (prometheus-client is)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.bytes_in = Counter("tidelog_bytes_in", "Batch bytes appended", ["topic"], registry=r)
+        self.records_in = Counter("tidelog_records_in", "Records appended", ["topic"], registry=r)
+        self.bytes_out = Counter(
+            "tidelog_bytes_out", "Batch bytes answered to fetches", ["topic"], registry=r
+        )
+        self.records_out = Counter(
+            "tidelog_records_out", "Records in batches answered to fetches", ["topic"], registry=r
+        )
+        # By code only: a topic label would let clients mint series with made-up names.
+        self.produce_errors = Counter(
+            "tidelog_produce_errors", "Partition appends refused", ["code"], registry=r
+        )
+        self.requests = Counter("tidelog_requests", "RPCs finished", ["method", "code"], registry=r)
+        self.request_duration = Histogram(
+            "tidelog_request_duration_seconds",
+            "RPC latency",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.flush_wait = Histogram(
+            "tidelog_flush_wait_seconds",
+            "Time acks=all waited for fsync",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def observe_request(self, method: str, code: str, seconds: float) -> None:
+        """Count one finished request and its latency."""
+        self.requests.labels(method, code).inc()
+        self.request_duration.labels(method).observe(seconds)
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop a deleted topic's series so that topic churn does not grow the registry."""
+        for counter in (self.bytes_in, self.records_in, self.bytes_out, self.records_out):
+            try:
+                counter.remove(topic)
+            except KeyError:
+                pass  # never had a sample
+
+    def add_partition_collector(
+        self, partitions: Callable[[], Iterable[PartitionGauges]], waiting: Callable[[], int]
+    ) -> None:
+        """Expose per-partition gauges read at scrape time from ``partitions``."""
+        self.registry.register(_PartitionCollector(partitions, waiting))
+
+
+class MetricsServer:
+    """The HTTP endpoint serving one registry at ``/metrics``. Not thread-safe (one owner)."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    @classmethod
+    def start(cls, registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+        """Serve ``registry`` on ``host:port`` (port 0: any free port) in a daemon thread.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        server, thread = start_http_server(port, addr=host, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+        return cls(server, thread)
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return int(self._server.server_port)
+
+    def stop(self, timeout_ms: int = 5_000) -> None:
+        """Stop serving and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout_ms / 1000.0)

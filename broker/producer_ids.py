@@ -1,0 +1,190 @@
+"""Producer ids and epochs for idempotent producers (``InitProducerId``).
+
+The broker hands every new idempotent producer a ``(producer_id, epoch 0)`` that is never
+handed out again, across restarts, and re-initialising an existing producer bumps its
+epoch so that batches from the old instance are fenced (the partition logs reject a lower
+epoch once a higher one has written; ``storage/producer_state.py``). The per-partition
+sequence check and the de-duplication of retried batches live in ``PartitionLog.append``;
+this module only allocates.
+
+State, one small JSON file in the data directory written with ``atomic_write`` before the
+answer leaves (so an id handed out is never handed out again, whatever the crash)::
+
+    {"version": 1,
+     "next_producer_id": 17,
+     "producers": {"12": [3, 1700000000000], ...}}   # id -> [epoch, last init wall ms]
+
+``producers`` remembers the current epoch of every id initialised or re-initialised within
+``producer.id.expiration.ms``; older entries are dropped at the next write (Kafka's
+``producer.id.expiration.ms`` plays the same part for its producer state). Re-initialising
+an id whose entry expired trusts the epoch the producer sends: the partition logs still
+fence any lower epoch.
+
+Re-initialisation rules (``init``):
+
+- ``(-1, -1)``: a new id, epoch 0.
+- an id never handed out: ``UnknownProducerIdError``.
+- an epoch other than the current one: ``InvalidProducerEpochError`` (another instance
+  re-initialised it since: this one is fenced).
+- the current epoch: epoch + 1; at the int16 ceiling (32767) a fresh id with epoch 0, as
+  Kafka does when an epoch is exhausted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from storage.clock import Clock
+from storage.errors import (
+    InvalidProducerEpochError,
+    InvalidRequestError,
+    StorageError,
+    UnknownProducerIdError,
+)
+from storage.files import atomic_write
+
+__all__ = ["MAX_PRODUCER_EPOCH", "STATE_FILE_NAME", "ProducerIdManager"]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE_NAME = "producer-ids.json"
+MAX_PRODUCER_EPOCH = 32767  # int16, the batch header's producerEpoch field
+_VERSION = 1
+
+
+class ProducerIdManager:
+    """Allocates producer ids and bumps epochs, persisting before answering. Thread-safe.
+
+    Build with ``open``; the constructor only assigns.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        expiration_ms: int,
+        next_producer_id: int,
+        producers: dict[int, tuple[int, int]],
+    ) -> None:
+        self._path = path
+        self._clock = clock
+        self._expiration_ms = expiration_ms
+        self._lock = threading.Lock()
+        self._next_producer_id = next_producer_id
+        self._producers = producers  # id -> (epoch, last init wall ms)
+
+    @classmethod
+    def open(cls, data_dir: Path, clock: Clock, expiration_ms: int) -> ProducerIdManager:
+        """Load the state file from ``data_dir`` (a fresh state if there is none).
+
+        Raises:
+            StorageError: the file exists but cannot be read or parsed. The broker refuses
+                to start rather than hand out ids twice.
+        """
+        path = data_dir / STATE_FILE_NAME
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return cls(path, clock, expiration_ms, 0, {})
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc.strerror}") from exc
+        try:
+            document = json.loads(raw)
+            if document.get("version") != _VERSION:
+                raise ValueError(f"unsupported version {document.get('version')!r}")
+            next_id = int(document["next_producer_id"])
+            producers = {
+                int(pid): (int(entry[0]), int(entry[1]))
+                for pid, entry in dict(document["producers"]).items()
+            }
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise StorageError(f"{path} is damaged: {exc}") from exc
+        if next_id < 0 or any(pid >= next_id or pid < 0 for pid in producers):
+            raise StorageError(f"{path} is inconsistent: ids beyond next_producer_id")
+        log.info("producer ids: next %d, %d remembered epochs", next_id, len(producers))
+        return cls(path, clock, expiration_ms, next_id, producers)
+
+    @property
+    def next_producer_id(self) -> int:
+        """The id the next new producer gets."""
+        with self._lock:
+            return self._next_producer_id
+
+    def init(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        """Answer ``InitProducerId``: a new id (``-1, -1``) or a bumped epoch.
+
+        Returns:
+            ``(producer_id, producer_epoch)``, durable before this returns.
+
+        Raises:
+            InvalidRequestError: only one of the two is -1, or either is below -1.
+            UnknownProducerIdError: ``producer_id`` was never handed out by this broker.
+            InvalidProducerEpochError: ``producer_epoch`` is not the id's current epoch.
+            StorageError: the state could not be written; nothing was handed out.
+        """
+        new = producer_id == -1 and producer_epoch == -1
+        if not new and (producer_id < 0 or not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH):
+            raise InvalidRequestError(
+                "InitProducerId needs producer_id and producer_epoch both -1 (a new producer) "
+                f"or both valid; got producer_id={producer_id}, epoch={producer_epoch}"
+            )
+        with self._lock:
+            now_ms = self._clock.wall_ms()
+            if new:
+                answer = self._allocate_locked(now_ms)
+            else:
+                answer = self._bump_locked(producer_id, producer_epoch, now_ms)
+            return answer
+
+    def _allocate_locked(self, now_ms: int) -> tuple[int, int]:
+        producer_id = self._next_producer_id
+        producers = dict(self._producers)
+        producers[producer_id] = (0, now_ms)
+        self._persist_locked(producer_id + 1, producers, now_ms)
+        log.info("producer id %d allocated (epoch 0)", producer_id)
+        return producer_id, 0
+
+    def _bump_locked(self, producer_id: int, epoch: int, now_ms: int) -> tuple[int, int]:
+        if producer_id >= self._next_producer_id:
+            raise UnknownProducerIdError(f"producer id {producer_id} was never allocated")
+        entry = self._producers.get(producer_id)
+        if entry is not None and self._expired(entry[1], now_ms):
+            entry = None
+        current = entry[0] if entry is not None else epoch
+        if epoch != current:
+            raise InvalidProducerEpochError(
+                f"producer id {producer_id}: epoch {epoch} is not the current epoch {current}; "
+                "another instance re-initialised this producer"
+            )
+        if current >= MAX_PRODUCER_EPOCH:
+            log.info("producer id %d exhausted its epochs; allocating a new id", producer_id)
+            return self._allocate_locked(now_ms)
+        producers = dict(self._producers)
+        producers[producer_id] = (current + 1, now_ms)
+        self._persist_locked(self._next_producer_id, producers, now_ms)
+        log.info("producer id %d re-initialised: epoch %d", producer_id, current + 1)
+        return producer_id, current + 1
+
+    def _expired(self, last_init_ms: int, now_ms: int) -> bool:
+        return now_ms - last_init_ms > self._expiration_ms
+
+    def _persist_locked(
+        self, next_producer_id: int, producers: dict[int, tuple[int, int]], now_ms: int
+    ) -> None:
+        """Write the new state, then adopt it: memory never runs ahead of the disk."""
+        kept = {pid: e for pid, e in producers.items() if not self._expired(e[1], now_ms)}
+        document = {
+            "version": _VERSION,
+            "next_producer_id": next_producer_id,
+            "producers": {str(pid): [e[0], e[1]] for pid, e in sorted(kept.items())},
+        }
+        try:
+            atomic_write(self._path, json.dumps(document).encode())
+        except OSError as exc:
+            raise StorageError(f"cannot write {self._path}: {os.strerror(exc.errno or 0)}") from exc
+        self._next_producer_id = next_producer_id
+        self._producers = kept

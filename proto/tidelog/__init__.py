@@ -1,0 +1,1 @@
+"""The ``tidelog`` protobuf package namespace (see ``proto/tidelog/v1``)."""

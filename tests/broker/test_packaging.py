@@ -1,0 +1,41 @@
+"""Dockerfile and docker-compose.yml: valid, and 0.0.0.0 only inside the container."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compose_file_is_accepted_by_docker_compose() -> None:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+    result = subprocess.run(
+        [binary, "-f", "docker-compose.yml", "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+
+
+def test_compose_service_has_volume_healthcheck_and_loopback_ports() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "tidelog-data:/data" in text
+    assert "healthcheck:" in text
+    assert '"127.0.0.1:7410:7410"' in text  # published on the host's loopback only
+
+
+def test_dockerfile_serves_on_all_interfaces_inside_and_checks_health() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert '"--listen", "0.0.0.0:7410"' in text
+    assert "HEALTHCHECK" in text
+    assert '"broker", "healthcheck"' in text
+    assert 'VOLUME ["/data"]' in text
+    assert "USER tidelog" in text
