@@ -495,11 +495,15 @@ class LogManager:
             now = clock.monotonic_ms()
             for name, interval, task in tasks:
                 if now >= due[name]:
+                    did_work: object = None
                     try:
-                        task()
+                        did_work = task()
                     except Exception:
                         log.exception("background task %s failed", name)
-                    due[name] = clock.monotonic_ms() + interval
+                    # A task that did work (returned a positive count) runs again at
+                    # once; one that found nothing backs off (Kafka's cleaner backoff).
+                    again = isinstance(did_work, int) and did_work > 0
+                    due[name] = clock.monotonic_ms() + (0 if again else interval)
             wait_ms = max(min(due.values()) - clock.monotonic_ms(), 10)
             self._stop.wait(min(wait_ms, 1000) / 1000)
 
