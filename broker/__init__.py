@@ -5,7 +5,8 @@ outside in: ``server`` (process lifecycle: gRPC server, health, reflection, metr
 endpoint, clean shutdown), ``service`` (the thin ``tidelog.v1.Broker`` servicer),
 ``errors`` (the one error-to-status table), ``core`` (one domain method per RPC),
 ``produce`` / ``produce_stream`` / ``fetch`` / ``fetch_waiters`` (the data path),
-``producer_ids`` (idempotent producer ids), ``config`` (``BrokerConfig``), ``metrics``,
+``producer_ids`` (idempotent producer ids), ``groups`` (the consumer-group coordinator
+and the ``__consumer_offsets`` store), ``config`` (``BrokerConfig``), ``metrics``,
 ``malloc``, and ``testing`` (``InProcessBroker``, the public in-process harness).
 
 The package itself exports nothing; import from the modules, e.g.

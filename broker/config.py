@@ -28,7 +28,18 @@ key                                   default          meaning
 ``log.cleaner.backoff.ms``            15000            cleaner sleep when there is nothing to do
 ``log.flush.scheduler.interval.ms``   1000             how often the flusher checks ``flush.ms``
 ``log.flush.offset.checkpoint.interval.ms`` 60000      how often recovery checkpoints are written
+``group.consumer.heartbeat.interval.ms``  5000         heartbeat interval the coordinator dictates
+``group.consumer.session.timeout.ms``     45000        session timeout when none is asked for
+``group.consumer.min.session.timeout.ms`` 45000        smallest session timeout granted
+``group.consumer.max.session.timeout.ms`` 60000        largest session timeout granted
+``offsets.topic.num.partitions``      5                partitions of the offsets topic (at creation)
+``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
+``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
 ====================================  ===============  =============================================
+
+The group settings keep Kafka's names and defaults, except ``offsets.topic.num.partitions``
+(Kafka: 50; one broker needs few). A requested session timeout is clamped to [min, max]; the
+heartbeat interval must be below the minimum session timeout.
 
 Topic defaults, each the broker-wide default of the topic key in brackets (see
 ``storage/config.py``): ``log.segment.bytes`` [segment.bytes], ``log.roll.ms`` /
@@ -55,6 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.groups.coordinator import CoordinatorConfig
+from broker.groups.manager import GroupConfig
+from broker.groups.offset_store import OffsetStoreConfig
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError
 from storage.log_manager import LogManagerConfig
@@ -208,6 +222,13 @@ class BrokerConfig:
     cleaner_backoff_ms: int = 15_000
     flush_scheduler_interval_ms: int = 1_000
     flush_offset_checkpoint_interval_ms: int = 60_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_min_session_timeout_ms: int = 45_000
+    group_consumer_max_session_timeout_ms: int = 60_000
+    offsets_topic_num_partitions: int = 5
+    offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    offset_metadata_max_bytes: int = 4_096
     log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
 
     def __post_init__(self) -> None:
@@ -228,6 +249,27 @@ class BrokerConfig:
                 "log.flush.offset.checkpoint.interval.ms",
                 self.flush_offset_checkpoint_interval_ms >= 1,
             ),
+            (
+                "group.consumer.min.session.timeout.ms",
+                1
+                <= self.group_consumer_min_session_timeout_ms
+                <= self.group_consumer_max_session_timeout_ms,
+            ),
+            (
+                "group.consumer.session.timeout.ms",
+                self.group_consumer_min_session_timeout_ms
+                <= self.group_consumer_session_timeout_ms
+                <= self.group_consumer_max_session_timeout_ms,
+            ),
+            (
+                "group.consumer.heartbeat.interval.ms",
+                1
+                <= self.group_consumer_heartbeat_interval_ms
+                < self.group_consumer_min_session_timeout_ms,
+            ),
+            ("offsets.topic.num.partitions", 1 <= self.offsets_topic_num_partitions <= 1_000),
+            ("offsets.topic.segment.bytes", self.offsets_topic_segment_bytes >= 1024),
+            ("offset.metadata.max.bytes", 0 <= self.offset_metadata_max_bytes <= 0x7FFF),
         ]
         for key, ok in checks:
             if not ok:
@@ -263,6 +305,22 @@ class BrokerConfig:
             cleaner_backoff_ms=self.cleaner_backoff_ms,
             flush_scheduler_interval_ms=self.flush_scheduler_interval_ms,
             flush_offset_checkpoint_interval_ms=self.flush_offset_checkpoint_interval_ms,
+        )
+
+    def group_config(self) -> GroupConfig:
+        """The group coordinator's configuration derived from these settings."""
+        return GroupConfig(
+            coordinator=CoordinatorConfig(
+                heartbeat_interval_ms=self.group_consumer_heartbeat_interval_ms,
+                session_timeout_ms=self.group_consumer_session_timeout_ms,
+                min_session_timeout_ms=self.group_consumer_min_session_timeout_ms,
+                max_session_timeout_ms=self.group_consumer_max_session_timeout_ms,
+            ),
+            offsets=OffsetStoreConfig(
+                num_partitions=self.offsets_topic_num_partitions,
+                segment_bytes=self.offsets_topic_segment_bytes,
+            ),
+            offset_metadata_max_bytes=self.offset_metadata_max_bytes,
         )
 
     # --- parsing ------------------------------------------------------------------------
@@ -373,6 +431,28 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         "flush_offset_checkpoint_interval_ms",
         lambda k, v: _int(k, v, 1),
     ),
+    "group.consumer.heartbeat.interval.ms": (
+        "group_consumer_heartbeat_interval_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "group.consumer.session.timeout.ms": (
+        "group_consumer_session_timeout_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "group.consumer.min.session.timeout.ms": (
+        "group_consumer_min_session_timeout_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "group.consumer.max.session.timeout.ms": (
+        "group_consumer_max_session_timeout_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "offsets.topic.num.partitions": (
+        "offsets_topic_num_partitions",
+        lambda k, v: _int(k, v, 1, 1_000),
+    ),
+    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", lambda k, v: _int(k, v, 1024)),
+    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", lambda k, v: _int(k, v, 0, 0x7FFF)),
 }
 
 

@@ -1,13 +1,19 @@
 """The broker's domain: one method per RPC, over plain Python values; no gRPC here.
 
 ``BrokerCore`` owns the log manager, the produce and fetch paths, the long-poll waiters,
-the producer-id allocator and the metrics. The gRPC servicer (``broker.service``) converts
-each request into a call of one method here and the result back into protobuf.
+the producer-id allocator, the group coordinator (``broker.groups``) and the metrics. The
+gRPC servicer (``broker.service``) converts each request into a call of one method here
+and the result back into protobuf.
+
+Internal topics (``__consumer_offsets``) cannot be deleted: the committed offsets live
+there.
 
 Shutdown: ``close`` refuses new operations (``ShuttingDownError``, which the servicer
 answers as ``UNAVAILABLE``), wakes every long poll, waits for the operations in flight to
-finish (so that no append races the closing of the logs), then closes the log manager,
-which flushes, writes checkpoints and the clean-shutdown marker.
+finish (so that no append races the closing of the logs), stops the group expiry timer,
+then closes the log manager, which flushes, writes checkpoints and the clean-shutdown
+marker. Group membership is not persisted: after a restart members get
+``UNKNOWN_MEMBER_ID`` and rejoin; committed offsets are in the log.
 """
 
 from __future__ import annotations
@@ -22,7 +28,17 @@ from broker.config import BrokerConfig
 from broker.errors import ShuttingDownError, partition_error
 from broker.fetch import FetchPath, FetchSpec, PartitionFetched
 from broker.fetch_waiters import FetchWaiters, Waiter
-from broker.metrics import BrokerMetrics, PartitionGauges
+from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
+from broker.groups.manager import (
+    GroupDescription,
+    GroupListing,
+    GroupManager,
+    OffsetCommitEntry,
+    OffsetResult,
+    ResetTarget,
+    Selection,
+)
+from broker.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
 from broker.produce import Acks, PartitionAppend, PartitionProduced, PartitionRecords, ProducePath
 from broker.producer_ids import ProducerIdManager
 from storage.clock import Clock, SystemClock
@@ -101,13 +117,16 @@ class BrokerCore:
         logs: LogManager,
         producer_ids: ProducerIdManager,
         metrics: BrokerMetrics,
+        groups: GroupManager,
+        waiters: FetchWaiters,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
         self._producer_ids = producer_ids
-        self._waiters = FetchWaiters()
+        self._groups = groups
+        self._waiters = waiters
         self._produce = ProducePath(logs, self._waiters, metrics)
         self._fetch = FetchPath(
             logs,
@@ -122,32 +141,42 @@ class BrokerCore:
         self._closing = False
         self._closed = False
         metrics.add_partition_collector(self._partition_gauges, self._waiters.waiting)
+        metrics.add_group_collector(self._group_lag_gauges, self._group_members)
 
     @classmethod
     def open(
         cls, config: BrokerConfig, clock: Clock | None = None, metrics: BrokerMetrics | None = None
     ) -> BrokerCore:
-        """Open (recovering) the data directory and start the background storage work.
+        """Open (recovering) the data directory, load the committed offsets and start the
+        background work (storage tasks, group session expiry).
 
         Raises:
             StorageError: the data directory is unusable.
         """
         clock = clock or SystemClock()
         logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
+        waiters = FetchWaiters()
         try:
             producer_ids = ProducerIdManager.open(
                 logs.data_dir, clock, config.producer_id_expiration_ms
             )
+            groups = GroupManager.open(logs, clock, config.group_config(), on_append=waiters.notify)
             logs.start_background()
+            groups.start()
         except BaseException:
             logs.close()
             raise
-        return cls(config, clock, logs, producer_ids, metrics or BrokerMetrics())
+        return cls(config, clock, logs, producer_ids, metrics or BrokerMetrics(), groups, waiters)
 
     @property
     def logs(self) -> LogManager:
         """The log manager (for tests and the benchmark; the servicer never uses it)."""
         return self._logs
+
+    @property
+    def groups(self) -> GroupManager:
+        """The group coordinator (for tests; the servicer never uses it)."""
+        return self._groups
 
     # --- the shutdown gate ------------------------------------------------------------
 
@@ -186,6 +215,7 @@ class BrokerCore:
         with self._gate:
             if not self._gate.wait_for(lambda: self._in_flight == 0, timeout_ms / 1000.0):
                 log.error("closing with %d operations still in flight", self._in_flight)
+        self._groups.close()
         self._logs.close()
 
     # --- topics ---------------------------------------------------------------------------
@@ -199,9 +229,17 @@ class BrokerCore:
             return self._view(meta)
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data."""
+        """Delete a topic, its data and every group's committed offsets of it.
+
+        Raises:
+            InvalidRequestError: an internal topic.
+            UnknownTopicOrPartitionError: no such topic.
+        """
         with self._operation():
+            if self._logs.topic(name).internal:
+                raise InvalidRequestError(f"{name} is an internal topic and cannot be deleted")
             self._logs.delete_topic(name)
+            self._groups.forget_topic(name)
         self.metrics.forget_topic(name)
 
     def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
@@ -295,7 +333,61 @@ class BrokerCore:
         with self._operation():
             return self._producer_ids.init(producer_id, producer_epoch)
 
+    # --- consumer groups (broker.groups.manager documents each) ---------------------------
+
+    def consumer_group_heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
+        """Join, heartbeat or leave a group; answers epoch, interval and assignment."""
+        with self._operation():
+            return self._groups.heartbeat(request)
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        entries: Sequence[OffsetCommitEntry],
+    ) -> list[OffsetResult]:
+        """Commit offsets as a member, or as an admin of an empty group (no member id)."""
+        with self._operation():
+            return self._groups.commit_offsets(group_id, member_id, member_epoch, entries)
+
+    def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
+        """Committed offsets of a group (-1 where none)."""
+        with self._operation():
+            return self._groups.fetch_offsets(group_id, selection)
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every group with members or committed offsets."""
+        with self._operation():
+            return self._groups.list_groups()
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """Members, assignment and per-partition lag of a group."""
+        with self._operation():
+            return self._groups.describe_group(group_id)
+
+    def reset_group_offsets(
+        self, group_id: str, selection: Selection | None, target: ResetTarget
+    ) -> list[OffsetResult]:
+        """Move an empty group's committed offsets."""
+        with self._operation():
+            return self._groups.reset_offsets(group_id, selection, target)
+
+    def delete_group(self, group_id: str) -> None:
+        """Delete an empty group's committed offsets."""
+        with self._operation():
+            self._groups.delete_group(group_id)
+
     # --- metrics ----------------------------------------------------------------------------
+
+    def _group_lag_gauges(self) -> list[GroupLagGauges]:
+        return [
+            GroupLagGauges(g.group_id, g.tp.topic, g.tp.partition, g.committed_offset, g.lag)
+            for g in self._groups.lag()
+        ]
+
+    def _group_members(self) -> list[tuple[str, int]]:
+        return [(g.group_id, g.members) for g in self._groups.list_groups()]
 
     def _partition_gauges(self) -> list[PartitionGauges]:
         return [

@@ -23,10 +23,15 @@ name                                   type       meaning
 ``tidelog_high_watermark``             gauge      by topic and partition
 ``tidelog_log_size_bytes``             gauge      by topic and partition
 ``tidelog_log_segments``               gauge      open segments, by topic and partition
+``tidelog_consumer_group_lag``         gauge      log end offset - committed offset (log end
+                                                  - log start when nothing is committed), by
+                                                  group, topic and partition
+``tidelog_consumer_group_committed_offset`` gauge committed offset (-1: none), same labels
+``tidelog_consumer_group_members``     gauge      members, by group
 =====================================  =========  =============================================
 
-The per-partition gauges are read from the log manager at scrape time (a custom collector),
-so a deleted topic disappears from the next scrape instead of leaving stale series.
+The per-partition and per-group gauges are read at scrape time (custom collectors), so a
+deleted topic or group disappears from the next scrape instead of leaving stale series.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["BrokerMetrics", "MetricsServer", "PartitionGauges"]
+__all__ = ["BrokerMetrics", "GroupLagGauges", "MetricsServer", "PartitionGauges"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,56 @@ class PartitionGauges:
     high_watermark: int
     size_bytes: int
     segments: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLagGauges:
+    """One partition of one consumer group at scrape time."""
+
+    group_id: str
+    topic: str
+    partition: int
+    committed_offset: int
+    lag: int
+
+
+class _GroupCollector(Collector):
+    """Reads consumer-group gauges at scrape time from callables the broker provides."""
+
+    def __init__(
+        self,
+        lags: Callable[[], Iterable[GroupLagGauges]],
+        members: Callable[[], Iterable[tuple[str, int]]],
+    ) -> None:
+        self._lags = lags
+        self._members = members
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["group", "topic", "partition"]
+        lag = GaugeMetricFamily(
+            "tidelog_consumer_group_lag", "Log end offset minus committed offset", labels=labels
+        )
+        committed = GaugeMetricFamily(
+            "tidelog_consumer_group_committed_offset",
+            "Committed offset (-1: none)",
+            labels=labels,
+        )
+        members = GaugeMetricFamily(
+            "tidelog_consumer_group_members", "Members of the group", labels=["group"]
+        )
+        try:
+            for g in self._lags():
+                values = [g.group_id, g.topic, str(g.partition)]
+                lag.add_metric(values, g.lag)
+                committed.add_metric(values, g.committed_offset)
+            for group_id, count in self._members():
+                members.add_metric([group_id], count)
+        except Exception:
+            # A scrape must never take the broker down; the endpoint answers what it can.
+            log.exception("metrics: could not read consumer group state")
+        yield lag
+        yield committed
+        yield members
 
 
 class _PartitionCollector(Collector):
@@ -159,6 +214,15 @@ class BrokerMetrics:
     ) -> None:
         """Expose per-partition gauges read at scrape time from ``partitions``."""
         self.registry.register(_PartitionCollector(partitions, waiting))
+
+    def add_group_collector(
+        self,
+        lags: Callable[[], Iterable[GroupLagGauges]],
+        members: Callable[[], Iterable[tuple[str, int]]],
+    ) -> None:
+        """Expose consumer-group lag, committed offsets and member counts read at scrape
+        time from ``lags`` and ``members`` ((group id, member count) pairs)."""
+        self.registry.register(_GroupCollector(lags, members))
 
 
 class MetricsServer:

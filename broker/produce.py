@@ -17,6 +17,8 @@ A produce request is split in two steps so that a stream can pipeline them:
      while the previous one's fsync runs.
 
 A failure is reported per partition; the other partitions of the request are unaffected.
+Internal topics (``__consumer_offsets``) refuse produce requests (``INVALID_TOPIC_EXCEPTION``,
+as Kafka): only the broker writes them.
 The broker never decodes records here; it only counts batch bytes and records.
 """
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from broker.errors import partition_error
 from broker.fetch_waiters import FetchWaiters
 from broker.metrics import BrokerMetrics
-from storage.errors import InvalidRequestError
+from storage.errors import InvalidRequestError, InvalidTopicError
 from storage.log_manager import LogManager
 from storage.partition_log import AppendResult, PartitionLog
 
@@ -117,6 +119,10 @@ class ProducePath:
 
     def _append_one(self, part: PartitionRecords) -> PartitionAppend:
         try:
+            # Internal topics (__consumer_offsets) are written by the broker only; the
+            # prefix test keeps the metadata lookup off the common path.
+            if part.topic.startswith("__") and self._logs.topic(part.topic).internal:
+                raise InvalidTopicError(f"cannot produce to internal topic {part.topic}")
             partition_log = self._logs.get_log(part.topic, part.partition)
             result = partition_log.append(part.records)
         except Exception as exc:

@@ -10,7 +10,8 @@ wait for fsyncs; ``FetchStream`` answers its requests one after the other, each 
 that the end of the call interrupts. Every stream message is counted in the metrics as one
 request of its method.
 
-Consumer-group RPCs answer ``UNIMPLEMENTED`` until the group coordinator lands.
+Consumer groups: the servicer converts topic/partition lists to and from
+``TopicPartition`` sets; the coordinator is ``broker.groups`` (``docs/groups.md``).
 """
 
 # The servicer's method names are the proto's RPC names, which gRPC dispatches on.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,10 +31,20 @@ from broker.core import BrokerCore, OffsetQuery, TopicView
 from broker.errors import abort_with, to_wire
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
 from broker.fetch_waiters import Waiter
+from broker.groups.assignor import TopicPartition
+from broker.groups.coordinator import HeartbeatRequest
+from broker.groups.manager import (
+    GroupDescription,
+    OffsetCommitEntry,
+    OffsetResult,
+    ResetKind,
+    ResetTarget,
+)
 from broker.produce import Acks, PartitionAppend, PartitionProduced, PartitionRecords, parse_acks
 from broker.produce_stream import ProducePipeline
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from storage.errors import InvalidRequestError
 
 __all__ = ["BrokerService"]
 
@@ -243,54 +254,102 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         return self._call("InitProducerId", context, body)
 
-    # --- consumer groups: not in this broker yet -----------------------------------------
-
-    def _unimplemented(self, context: grpc.ServicerContext) -> None:
-        context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "consumer groups are not implemented by this broker"
-        )
+    # --- consumer groups ------------------------------------------------------------------
+    # Errors of a whole call (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, NON_EMPTY_GROUP, ...)
+    # travel as the status and its code string, like every other RPC; the error fields of
+    # ConsumerGroupHeartbeatResponse stay empty. Per-partition errors use CommittedOffset's.
 
     def ConsumerGroupHeartbeat(
         self, request: pb.ConsumerGroupHeartbeatRequest, context: grpc.ServicerContext
     ) -> pb.ConsumerGroupHeartbeatResponse:
-        self._unimplemented(context)
-        return pb.ConsumerGroupHeartbeatResponse()
+        def body() -> pb.ConsumerGroupHeartbeatResponse:
+            answer = self._core.consumer_group_heartbeat(
+                HeartbeatRequest(
+                    group_id=request.group_id,
+                    member_id=request.member_id,
+                    member_epoch=request.member_epoch,
+                    subscribed_topics=frozenset(request.subscribed_topic_names),
+                    owned=_partition_set(request.owned_partitions),
+                    session_timeout_ms=request.session_timeout_ms,
+                    rebalance_timeout_ms=request.rebalance_timeout_ms,
+                    client_id=request.client_id,
+                )
+            )
+            return pb.ConsumerGroupHeartbeatResponse(
+                member_id=answer.member_id,
+                member_epoch=answer.member_epoch,
+                heartbeat_interval_ms=answer.heartbeat_interval_ms,
+                has_assignment=True,
+                assignment=_topic_partitions(answer.assignment),
+            )
+
+        return self._call("ConsumerGroupHeartbeat", context, body)
 
     def OffsetCommit(
         self, request: pb.OffsetCommitRequest, context: grpc.ServicerContext
     ) -> pb.OffsetCommitResponse:
-        self._unimplemented(context)
-        return pb.OffsetCommitResponse()
+        def body() -> pb.OffsetCommitResponse:
+            entries = [
+                OffsetCommitEntry(TopicPartition(o.topic, o.partition), o.offset, o.metadata)
+                for o in request.offsets
+            ]
+            results = self._core.commit_offsets(
+                request.group_id, request.member_id, request.member_epoch, entries
+            )
+            return pb.OffsetCommitResponse(results=_committed_offsets(results))
+
+        return self._call("OffsetCommit", context, body)
 
     def OffsetFetch(
         self, request: pb.OffsetFetchRequest, context: grpc.ServicerContext
     ) -> pb.OffsetFetchResponse:
-        self._unimplemented(context)
-        return pb.OffsetFetchResponse()
+        def body() -> pb.OffsetFetchResponse:
+            results = self._core.fetch_offsets(request.group_id, _selection(request.partitions))
+            return pb.OffsetFetchResponse(offsets=_committed_offsets(results))
+
+        return self._call("OffsetFetch", context, body)
 
     def ListGroups(
         self, request: pb.ListGroupsRequest, context: grpc.ServicerContext
     ) -> pb.ListGroupsResponse:
-        self._unimplemented(context)
-        return pb.ListGroupsResponse()
+        def body() -> pb.ListGroupsResponse:
+            return pb.ListGroupsResponse(
+                groups=[
+                    pb.GroupSummary(group_id=g.group_id, state=g.state, members=g.members)
+                    for g in self._core.list_groups()
+                ]
+            )
+
+        return self._call("ListGroups", context, body)
 
     def DescribeGroup(
         self, request: pb.DescribeGroupRequest, context: grpc.ServicerContext
     ) -> pb.DescribeGroupResponse:
-        self._unimplemented(context)
-        return pb.DescribeGroupResponse()
+        return self._call(
+            "DescribeGroup",
+            context,
+            lambda: _group_description(self._core.describe_group(request.group_id)),
+        )
 
     def ResetGroupOffsets(
         self, request: pb.ResetGroupOffsetsRequest, context: grpc.ServicerContext
     ) -> pb.ResetGroupOffsetsResponse:
-        self._unimplemented(context)
-        return pb.ResetGroupOffsetsResponse()
+        def body() -> pb.ResetGroupOffsetsResponse:
+            results = self._core.reset_group_offsets(
+                request.group_id, _selection(request.partitions), _reset_target(request)
+            )
+            return pb.ResetGroupOffsetsResponse(offsets=_committed_offsets(results))
+
+        return self._call("ResetGroupOffsets", context, body)
 
     def DeleteGroup(
         self, request: pb.DeleteGroupRequest, context: grpc.ServicerContext
     ) -> pb.DeleteGroupResponse:
-        self._unimplemented(context)
-        return pb.DeleteGroupResponse()
+        def body() -> pb.DeleteGroupResponse:
+            self._core.delete_group(request.group_id)
+            return pb.DeleteGroupResponse()
+
+        return self._call("DeleteGroup", context, body)
 
 
 def _bind(
@@ -368,5 +427,83 @@ def _fetch_response(correlation_id: int, answers: Sequence[PartitionFetched]) ->
                 records=a.records,
             )
             for a in answers
+        ],
+    )
+
+
+def _partition_set(topics: Iterable[pb.TopicPartitions]) -> frozenset[TopicPartition]:
+    return frozenset(TopicPartition(t.topic, p) for t in topics for p in t.partitions)
+
+
+def _topic_partitions(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def _selection(topics: Iterable[pb.TopicPartitions]) -> dict[str, list[int]] | None:
+    """topic -> partitions (an empty list: every partition); None when nothing is named."""
+    selection: dict[str, list[int]] = {}
+    for t in topics:
+        selection.setdefault(t.topic, []).extend(t.partitions)
+    return selection or None
+
+
+def _committed_offsets(results: Sequence[OffsetResult]) -> list[pb.CommittedOffset]:
+    return [
+        pb.CommittedOffset(
+            topic=r.tp.topic,
+            partition=r.tp.partition,
+            offset=r.offset,
+            metadata=r.metadata,
+            error_code=r.error_code,
+            error_message=r.error_message,
+        )
+        for r in results
+    ]
+
+
+def _reset_target(request: pb.ResetGroupOffsetsRequest) -> ResetTarget:
+    which = request.WhichOneof("target")
+    if which == "to_earliest":
+        return ResetTarget(ResetKind.EARLIEST)
+    if which == "to_latest":
+        return ResetTarget(ResetKind.LATEST)
+    if which == "to_offset":
+        return ResetTarget(ResetKind.OFFSET, request.to_offset)
+    if which == "to_timestamp_ms":
+        return ResetTarget(ResetKind.TIMESTAMP, request.to_timestamp_ms)
+    raise InvalidRequestError(
+        "a reset needs a target: to_earliest, to_latest, to_offset or to_timestamp_ms"
+    )
+
+
+def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
+    return pb.DescribeGroupResponse(
+        group_id=group.group_id,
+        state=group.state,
+        group_epoch=group.group_epoch,
+        members=[
+            pb.GroupMember(
+                member_id=m.member_id,
+                client_id=m.client_id,
+                member_epoch=m.member_epoch,
+                subscribed_topic_names=sorted(m.subscribed_topics),
+                # What the member holds now, partitions it is still giving up included.
+                assignment=_topic_partitions(m.assigned | m.revoking),
+            )
+            for m in group.members
+        ],
+        partitions=[
+            pb.GroupPartitionLag(
+                topic=p.tp.topic,
+                partition=p.tp.partition,
+                committed_offset=p.committed_offset,
+                log_end_offset=p.log_end_offset,
+                lag=p.lag,
+                member_id=p.member_id,
+            )
+            for p in group.partitions
         ],
     )

@@ -15,6 +15,9 @@ block ends, removing the temporary data directory it made (a directory you pass 
 kept). Settings take Kafka's broker names, as ``--set`` does (``settings={"num.partitions":
 3}``). Metrics are off unless ``metrics=True`` (then on a free port: ``metrics_port``).
 Several instances can run at once: each has its own port, directory and metrics registry.
+``clock=ManualClock()`` runs the broker on a clock the test moves (group session timeouts,
+retention); the same clock object is kept across ``restart``. On a manual clock a long-poll
+fetch that finds nothing waits until data arrives or the call's own deadline passes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import grpc
 from broker.config import BrokerConfig
 from broker.server import BrokerServer
 from proto.tidelog.v1 import broker_pb2_grpc
+from storage.clock import Clock
 
 __all__ = ["InProcessBroker"]
 
@@ -52,6 +56,7 @@ class InProcessBroker:
         settings: broker settings by Kafka name, over the embedded defaults.
         metrics: serve Prometheus metrics on a free port.
         port: the port to listen on; 0 picks a free one.
+        clock: the broker's clock (the system clock if None).
     """
 
     def __init__(
@@ -61,12 +66,14 @@ class InProcessBroker:
         settings: Mapping[str, object] | None = None,
         metrics: bool = False,
         port: int = 0,
+        clock: Clock | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self._settings = dict(settings or {})
         self._metrics = metrics
         self._port = port
+        self._clock = clock
         self._server: BrokerServer | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -86,7 +93,9 @@ class InProcessBroker:
             "log.dirs": str(self._data_dir),
         }
         try:
-            self._server = BrokerServer.start(BrokerConfig.from_mapping(settings))
+            self._server = BrokerServer.start(
+                BrokerConfig.from_mapping(settings), clock=self._clock
+            )
         except BaseException:
             if created:  # a directory made just now for nothing; a restart keeps its data
                 shutil.rmtree(self._data_dir, ignore_errors=True)

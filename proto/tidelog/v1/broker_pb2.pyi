@@ -793,6 +793,11 @@ Global___TopicPartitions: _TypeAlias = TopicPartitions  # noqa: Y015
 
 @_typing.final
 class ConsumerGroupHeartbeatRequest(_message.Message):
+    """Every heartbeat carries the full subscription and the full owned list (no "unchanged"
+    encoding). Errors of the call (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, ...) are the
+    gRPC status with its code string, like every other RPC; docs/groups.md has the protocol.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
@@ -849,15 +854,18 @@ class ConsumerGroupHeartbeatResponse(_message.Message):
     HAS_ASSIGNMENT_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
     error_code: _builtins.str
+    """unused: errors are the call's status"""
     error_message: _builtins.str
     member_id: _builtins.str
     member_epoch: _builtins.int
     heartbeat_interval_ms: _builtins.int
     has_assignment: _builtins.bool
-    """false: keep what you have"""
+    """always true from this broker"""
     @_builtins.property
     def assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
-        """the member's target assignment"""
+        """The complete set the member may own now; it converges on its target over heartbeats
+        (partitions missing from it are revoked; new ones are granted once released).
+        """
 
     def __init__(
         self,

@@ -1,0 +1,538 @@
+"""The group coordinator's state machine (KIP-848 consumer protocol). Pure: no I/O, no
+threads, no clock; every call that needs the time takes ``now_ms``.
+
+One ``GroupCoordinator`` holds every consumer group's membership. Members heartbeat with
+their subscription and the partitions they own; the coordinator answers with a member
+epoch and the partitions the member may own now. It follows Kafka's
+``GroupMetadataManager.consumerGroupHeartbeat`` and ``CurrentAssignmentBuilder``
+(``reference/kafka-internals.md`` 5.3), with three epochs:
+
+* **group epoch**: bumped when a member joins, leaves, expires or changes its
+  subscription, and when the partition counts of the subscribed topics change (a topic is
+  created, deleted or grows);
+* **target epoch**: the group epoch the target assignment was computed for. The target is
+  recomputed (``broker.groups.assignor``) in the same call that bumps the group epoch, so
+  the two are always equal after a call returns;
+* **member epoch**: each member's own, which reaches the target epoch once the member has
+  given up every partition that is no longer in its target.
+
+Reconciliation of one member, on each of its heartbeats (``_reconcile``):
+
+1. partitions it was told to give up (``revoking``) and no longer reports owning are
+   released; revoked partitions that came back into its target are simply kept;
+2. partitions of its assignment that are not in its target are moved to ``revoking``: the
+   answer omits them (revocation by omission) and the member epoch stays put;
+3. while anything is still revoking, nothing is granted;
+4. otherwise the member gets the partitions of its target that no other member holds
+   (assigned or still revoking), and its epoch moves to the target epoch. Partitions
+   still held elsewhere are granted on a later heartbeat, once released.
+
+A revoked partition is released only by a *later* heartbeat that omits it, never by the
+heartbeat that revokes it (Kafka's rule): the member must have seen the answer that takes
+the partition away. Together with "a member consumes only partitions of its latest answer"
+this keeps every partition with at most one member at a time; the invariant
+(``assigned`` and ``revoking`` sets of all members pairwise disjoint) is checked by a
+rule-based state machine test.
+
+Fencing: a heartbeat with an epoch above the member's, or below it and not the member's
+previous epoch with owned partitions all in its assignment (an answer was lost), is
+``FencedMemberEpochError``; an unknown member id with an epoch above 0 is
+``UnknownMemberIdError``. Either way the client drops its partitions and rejoins with
+epoch 0.
+
+Expiry (``expire``): a member whose last heartbeat is ``session_timeout_ms`` old, or that
+has held partitions it was told to revoke for ``rebalance_timeout_ms``, is removed and its
+partitions go to the others. Membership lives only in memory; a group without members is
+forgotten (its committed offsets are the offset store's).
+
+Not thread-safe: ``broker.groups.manager`` serialises calls with a lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from broker.groups.assignor import Assignment, TopicPartition, assign
+from storage.errors import (
+    FencedMemberEpochError,
+    GroupNotEmptyError,
+    InvalidRequestError,
+    StaleMemberEpochError,
+    UnknownMemberIdError,
+)
+
+__all__ = [
+    "DEFAULT_REBALANCE_TIMEOUT_MS",
+    "JOIN_EPOCH",
+    "LEAVE_EPOCH",
+    "CoordinatorConfig",
+    "GroupCoordinator",
+    "GroupState",
+    "GroupView",
+    "HeartbeatAnswer",
+    "HeartbeatRequest",
+    "MemberView",
+    "Removal",
+]
+
+log = logging.getLogger(__name__)
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+# Kafka's client sends max.poll.interval.ms (5 minutes) as the rebalance timeout.
+DEFAULT_REBALANCE_TIMEOUT_MS = 300_000
+MAX_MEMBER_ID_CHARS = 255
+
+
+class GroupState(enum.Enum):
+    """A group's state as ``ListGroups`` and ``DescribeGroup`` show it (derived)."""
+
+    EMPTY = "Empty"
+    STABLE = "Stable"
+    RECONCILING = "Reconciling"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CoordinatorConfig:
+    """Timing the broker dictates (Kafka's ``group.consumer.*`` settings)."""
+
+    heartbeat_interval_ms: int = 5_000
+    session_timeout_ms: int = 45_000
+    min_session_timeout_ms: int = 45_000
+    max_session_timeout_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError("group.consumer.min.session.timeout.ms must be >= 1 and <= max")
+        if not self.min_session_timeout_ms <= self.session_timeout_ms:
+            raise ValueError("group.consumer.session.timeout.ms is below the minimum")
+        if not self.session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError("group.consumer.session.timeout.ms is above the maximum")
+        if not 1 <= self.heartbeat_interval_ms < self.min_session_timeout_ms:
+            raise ValueError(
+                "group.consumer.heartbeat.interval.ms must be >= 1 and below "
+                "group.consumer.min.session.timeout.ms"
+            )
+
+    def session_timeout_for(self, requested_ms: int) -> int:
+        """The session timeout a member gets: the default for 0 or less, else the request
+        clamped to [min, max]."""
+        if requested_ms <= 0:
+            return self.session_timeout_ms
+        return min(max(requested_ms, self.min_session_timeout_ms), self.max_session_timeout_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    """One ``ConsumerGroupHeartbeat``. Every heartbeat carries the full subscription and
+    the full list of owned partitions (there is no "unchanged" encoding)."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    subscribed_topics: frozenset[str]
+    owned: frozenset[TopicPartition]
+    session_timeout_ms: int = 0
+    rebalance_timeout_ms: int = 0
+    client_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAnswer:
+    """What the member learns: its id and epoch, how often to heartbeat, and the complete
+    set of partitions it may own now (empty after leaving)."""
+
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    assignment: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    """A member as ``DescribeGroup`` shows it."""
+
+    member_id: str
+    client_id: str
+    member_epoch: int
+    subscribed_topics: frozenset[str]
+    assigned: Assignment
+    revoking: Assignment
+    target: Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A snapshot of one group's membership."""
+
+    group_id: str
+    state: GroupState
+    group_epoch: int
+    members: tuple[MemberView, ...]
+
+    def owner_of(self, tp: TopicPartition) -> str:
+        """The member holding ``tp`` (assigned or still revoking), "" if none."""
+        for member in self.members:
+            if tp in member.assigned or tp in member.revoking:
+                return member.member_id
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """A member the coordinator removed on its own, and why ("session", "rebalance")."""
+
+    group_id: str
+    member_id: str
+    reason: str
+
+
+@dataclass(slots=True)
+class _Member:
+    member_id: str
+    client_id: str
+    subscribed_topics: frozenset[str]
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    session_deadline_ms: int
+    member_epoch: int = 0
+    previous_member_epoch: int = -1
+    assigned: Assignment = frozenset()
+    revoking: Assignment = frozenset()
+    revocation_deadline_ms: int | None = None
+
+    def holds(self) -> Assignment:
+        return self.assigned | self.revoking
+
+
+@dataclass(slots=True)
+class _Group:
+    group_id: str
+    group_epoch: int = 0
+    target_epoch: int = 0
+    members: dict[str, _Member] = field(default_factory=dict)
+    target: dict[str, Assignment] = field(default_factory=dict)
+    # Partition counts of the subscribed topics the target was computed with.
+    topic_counts: dict[str, int] = field(default_factory=dict)
+
+
+class GroupCoordinator:
+    """Membership and assignment of every consumer group. Not thread-safe.
+
+    Args:
+        config: the broker's heartbeat and session settings.
+        new_member_id: makes ids for joining members (uuid4 hex by default).
+    """
+
+    def __init__(
+        self, config: CoordinatorConfig, new_member_id: Callable[[], str] | None = None
+    ) -> None:
+        self.config = config
+        self._new_member_id = new_member_id or (lambda: uuid.uuid4().hex)
+        self._groups: dict[str, _Group] = {}
+
+    # --- heartbeat ------------------------------------------------------------------------
+
+    def heartbeat(
+        self, request: HeartbeatRequest, now_ms: int, topics: Mapping[str, int]
+    ) -> HeartbeatAnswer:
+        """Join (epoch 0), heartbeat (the member's epoch) or leave (epoch -1).
+
+        Args:
+            request: the heartbeat.
+            now_ms: monotonic time; sets the member's session deadline.
+            topics: partition count of every existing topic.
+
+        Raises:
+            InvalidRequestError: no group id, an epoch below -1, a member id too long, or a
+                heartbeat (epoch > 0) without a member id.
+            UnknownMemberIdError: epoch > 0 and the member is not in the group.
+            FencedMemberEpochError: the epoch does not match the member's (rejoin).
+        """
+        if not request.group_id:
+            raise InvalidRequestError("group_id must not be empty")
+        if request.member_epoch < LEAVE_EPOCH:
+            raise InvalidRequestError(
+                f"member_epoch must be 0 (join), -1 (leave) or the member's epoch, "
+                f"got {request.member_epoch}"
+            )
+        if len(request.member_id) > MAX_MEMBER_ID_CHARS:
+            raise InvalidRequestError(f"member_id longer than {MAX_MEMBER_ID_CHARS} characters")
+        if request.member_epoch == LEAVE_EPOCH:
+            return self._leave(request, topics)
+        if request.member_epoch == JOIN_EPOCH:
+            group, member = self._join(request, now_ms)
+        else:
+            group, member = self._existing(request)
+            member.client_id = request.client_id or member.client_id
+            member.session_timeout_ms = self.config.session_timeout_for(request.session_timeout_ms)
+            member.rebalance_timeout_ms = _rebalance_timeout(request.rebalance_timeout_ms)
+            member.session_deadline_ms = now_ms + member.session_timeout_ms
+            if request.subscribed_topics != member.subscribed_topics:
+                log.info(
+                    "group %s: member %s now subscribes to %s",
+                    group.group_id,
+                    member.member_id,
+                    sorted(request.subscribed_topics),
+                )
+                member.subscribed_topics = request.subscribed_topics
+                group.group_epoch += 1
+        self._refresh_target(group, topics)
+        self._reconcile(group, member, request.owned, now_ms)
+        return HeartbeatAnswer(
+            member.member_id,
+            member.member_epoch,
+            self.config.heartbeat_interval_ms,
+            member.assigned,
+        )
+
+    def _join(self, request: HeartbeatRequest, now_ms: int) -> tuple[_Group, _Member]:
+        group = self._groups.get(request.group_id)
+        if group is None:
+            group = self._groups[request.group_id] = _Group(request.group_id)
+        member_id = request.member_id
+        if member_id and member_id in group.members:
+            # A known member rejoining (after being fenced, say) starts again from nothing:
+            # the client dropped its partitions before rejoining.
+            log.info("group %s: member %s rejoins", group.group_id, member_id)
+            del group.members[member_id]
+            group.target.pop(member_id, None)
+        if not member_id:
+            member_id = self._new_member_id()
+            while member_id in group.members:
+                member_id = self._new_member_id()
+        session_timeout_ms = self.config.session_timeout_for(request.session_timeout_ms)
+        group.members[member_id] = _Member(
+            member_id=member_id,
+            client_id=request.client_id,
+            subscribed_topics=request.subscribed_topics,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=_rebalance_timeout(request.rebalance_timeout_ms),
+            session_deadline_ms=now_ms + session_timeout_ms,
+        )
+        group.group_epoch += 1
+        log.info(
+            "group %s: member %s joined (epoch %d), subscribing to %s",
+            group.group_id,
+            member_id,
+            group.group_epoch,
+            sorted(request.subscribed_topics),
+        )
+        return group, group.members[member_id]
+
+    def _existing(self, request: HeartbeatRequest) -> tuple[_Group, _Member]:
+        if not request.member_id:
+            raise InvalidRequestError("a heartbeat with member_epoch > 0 needs a member_id")
+        group = self._groups.get(request.group_id)
+        member = group.members.get(request.member_id) if group is not None else None
+        if group is None or member is None:
+            raise UnknownMemberIdError(
+                f"member {request.member_id} is not in group {request.group_id}"
+            )
+        epoch = request.member_epoch
+        if epoch == member.member_epoch:
+            return group, member
+        # The answer that moved the member on may have been lost: its previous epoch is
+        # fine as long as it owns nothing it was not given.
+        if (
+            epoch < member.member_epoch
+            and epoch == member.previous_member_epoch
+            and request.owned <= member.assigned
+        ):
+            return group, member
+        raise FencedMemberEpochError(
+            f"member {member.member_id} of group {group.group_id} sent epoch {epoch}, "
+            f"its epoch is {member.member_epoch}: rejoin with epoch 0"
+        )
+
+    def _leave(self, request: HeartbeatRequest, topics: Mapping[str, int]) -> HeartbeatAnswer:
+        group = self._groups.get(request.group_id)
+        # Leaving is idempotent: a member the coordinator no longer knows is gone already.
+        if group is not None and request.member_id in group.members:
+            self._remove(group, request.member_id, topics)
+            log.info("group %s: member %s left", group.group_id, request.member_id)
+        return HeartbeatAnswer(
+            request.member_id, LEAVE_EPOCH, self.config.heartbeat_interval_ms, frozenset()
+        )
+
+    # --- target and reconciliation ---------------------------------------------------------
+
+    def _refresh_target(self, group: _Group, topics: Mapping[str, int]) -> None:
+        """Recompute the target if the group epoch moved or the subscribed topics changed."""
+        subscribed = set().union(*(m.subscribed_topics for m in group.members.values()))
+        counts = {t: topics[t] for t in subscribed if t in topics}
+        if counts != group.topic_counts and group.group_epoch == group.target_epoch:
+            group.group_epoch += 1  # a topic appeared, grew or went away
+        if group.group_epoch == group.target_epoch:
+            return
+        group.target = assign(
+            {m.member_id: m.subscribed_topics for m in group.members.values()},
+            counts,
+            group.target,
+        )
+        group.topic_counts = counts
+        group.target_epoch = group.group_epoch
+        log.debug("group %s: new target assignment at epoch %d", group.group_id, group.group_epoch)
+
+    def _reconcile(
+        self, group: _Group, member: _Member, owned: frozenset[TopicPartition], now_ms: int
+    ) -> None:
+        target = group.target.get(member.member_id, frozenset())
+        # 1. Revocations the member has finished; revoked partitions back in its target.
+        revoking = member.revoking & owned
+        back = revoking & target
+        assigned = member.assigned | back
+        revoking -= back
+        # 2. Revoke what left the target.
+        to_revoke = assigned - target
+        assigned -= to_revoke
+        revoking |= to_revoke
+        member.assigned, member.revoking = assigned, revoking
+        if revoking:
+            # 3. Wait: nothing is granted and the epoch stays until the member lets go.
+            if member.revocation_deadline_ms is None:
+                member.revocation_deadline_ms = now_ms + member.rebalance_timeout_ms
+            return
+        member.revocation_deadline_ms = None
+        # 4. Grant what nobody else holds; the rest follows once released.
+        held_elsewhere: set[TopicPartition] = set()
+        for other in group.members.values():
+            if other is not member:
+                held_elsewhere.update(other.assigned, other.revoking)
+        member.assigned = assigned | (target - assigned - held_elsewhere)
+        if member.member_epoch != group.target_epoch:
+            member.previous_member_epoch = member.member_epoch
+            member.member_epoch = group.target_epoch
+
+    def _remove(self, group: _Group, member_id: str, topics: Mapping[str, int]) -> None:
+        del group.members[member_id]
+        group.target.pop(member_id, None)
+        if not group.members:
+            del self._groups[group.group_id]
+            log.info("group %s is empty", group.group_id)
+            return
+        group.group_epoch += 1
+        self._refresh_target(group, topics)
+
+    # --- expiry -----------------------------------------------------------------------------
+
+    def expire(
+        self, now_ms: int, topics: Mapping[str, int], group_id: str | None = None
+    ) -> list[Removal]:
+        """Remove members past their session deadline, or holding revoked partitions past
+        their rebalance timeout, in every group or only ``group_id``. Returns who was
+        removed and why."""
+        removed: list[Removal] = []
+        if group_id is None:
+            groups = list(self._groups.values())
+        else:
+            groups = [self._groups[group_id]] if group_id in self._groups else []
+        for group in groups:
+            for member in list(group.members.values()):
+                if now_ms >= member.session_deadline_ms:
+                    reason = "session"
+                elif (
+                    member.revocation_deadline_ms is not None
+                    and now_ms >= member.revocation_deadline_ms
+                ):
+                    reason = "rebalance"
+                else:
+                    continue
+                removed.append(Removal(group.group_id, member.member_id, reason))
+                self._remove(group, member.member_id, topics)
+                log.info(
+                    "group %s: member %s removed: %s timeout",
+                    group.group_id,
+                    member.member_id,
+                    reason,
+                )
+        return removed
+
+    def next_deadline_ms(self) -> int | None:
+        """The earliest session or revocation deadline of any member; None if no members."""
+        deadlines = [
+            d
+            for group in self._groups.values()
+            for m in group.members.values()
+            for d in (m.session_deadline_ms, m.revocation_deadline_ms)
+            if d is not None
+        ]
+        return min(deadlines, default=None)
+
+    # --- offsets and admin ------------------------------------------------------------------
+
+    def check_commit(
+        self, group_id: str, member_id: str, member_epoch: int, partitions: Iterable[TopicPartition]
+    ) -> frozenset[TopicPartition]:
+        """Validate an offset commit; return the partitions the member may not commit.
+
+        A member may commit the partitions it holds (assigned or still revoking: it commits
+        them before letting go), with its current epoch. An empty ``member_id`` is an
+        admin or simple commit, allowed only while the group has no members.
+
+        Raises:
+            GroupNotEmptyError: no member id and the group has members.
+            UnknownMemberIdError: the member is not in the group.
+            StaleMemberEpochError: the epoch is not the member's current one.
+        """
+        group = self._groups.get(group_id)
+        if not member_id:
+            if group is not None and group.members:
+                raise GroupNotEmptyError(
+                    f"group {group_id} has members: commit as one of them (member_id)"
+                )
+            return frozenset()
+        member = group.members.get(member_id) if group is not None else None
+        if member is None:
+            raise UnknownMemberIdError(f"member {member_id} is not in group {group_id}")
+        if member_epoch != member.member_epoch:
+            raise StaleMemberEpochError(
+                f"member {member_id} of group {group_id} committed with epoch {member_epoch}, "
+                f"its epoch is {member.member_epoch}"
+            )
+        holds = member.holds()
+        return frozenset(tp for tp in partitions if tp not in holds)
+
+    def require_empty(self, group_id: str) -> None:
+        """Raise ``GroupNotEmptyError`` if the group has members."""
+        group = self._groups.get(group_id)
+        if group is not None and group.members:
+            raise GroupNotEmptyError(
+                f"group {group_id} has {len(group.members)} member(s); stop them first"
+            )
+
+    def group_ids(self) -> list[str]:
+        """Ids of the groups with members."""
+        return sorted(self._groups)
+
+    def view(self, group_id: str) -> GroupView:
+        """A snapshot of the group (an Empty group at epoch 0 if it has no members)."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return GroupView(group_id, GroupState.EMPTY, 0, ())
+        members = tuple(
+            MemberView(
+                m.member_id,
+                m.client_id,
+                m.member_epoch,
+                m.subscribed_topics,
+                m.assigned,
+                m.revoking,
+                group.target.get(m.member_id, frozenset()),
+            )
+            for m in sorted(group.members.values(), key=lambda m: m.member_id)
+        )
+        stable = all(
+            m.member_epoch == group.target_epoch and not m.revoking and m.assigned == m.target
+            for m in members
+        )
+        state = GroupState.STABLE if stable else GroupState.RECONCILING
+        return GroupView(group_id, state, group.group_epoch, members)
+
+
+def _rebalance_timeout(requested_ms: int) -> int:
+    return requested_ms if requested_ms > 0 else DEFAULT_REBALANCE_TIMEOUT_MS

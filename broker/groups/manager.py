@@ -1,0 +1,578 @@
+"""The group coordinator in the broker: the pure state machine and the offset store behind
+one thread-safe facade, plus the session-expiry timer.
+
+``GroupManager`` is what ``BrokerCore`` calls for the group RPCs. It owns:
+
+* a ``GroupCoordinator`` (membership, assignment, fencing; pure), guarded by one lock that
+  is never held across I/O, except by the admin operations below;
+* the ``OffsetStore`` (``__consumer_offsets`` and its cache);
+* a daemon thread that removes members whose session (or rebalance) timeout passed. Real
+  time only paces it; decisions read the injected clock, and every heartbeat also expires
+  its own group's overdue members first, so tests with a manual clock need no thread.
+
+Commits: a member's commit is validated under the coordinator lock (member known, epoch
+current, every partition held), then written outside it, so heartbeats never wait for an
+fsync. A partition can only move to another member after the committing member's next
+heartbeat, which its client sends after the commit returned (on_revoke commits first), so
+the new owner reads the committed offset. Commits without a member id, offset resets and
+group deletion need an empty group, and hold the coordinator lock through the write so
+that no member joins while the offsets change under it.
+
+Lag (``describe_group``, metrics): log end offset (the high watermark) minus the committed
+offset; a partition without a committed offset lags by log end - log start.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from broker.errors import partition_error
+from broker.groups.assignor import TopicPartition
+from broker.groups.coordinator import (
+    CoordinatorConfig,
+    GroupCoordinator,
+    GroupState,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    MemberView,
+    Removal,
+)
+from broker.groups.offset_records import MAX_STRING_BYTES, OffsetValue
+from broker.groups.offset_store import OffsetStore, OffsetStoreConfig
+from storage.clock import Clock
+from storage.errors import (
+    GroupIdNotFoundError,
+    InvalidRequestError,
+    StaleMemberEpochError,
+    UnknownTopicOrPartitionError,
+)
+from storage.log_manager import LogManager
+
+__all__ = [
+    "GroupConfig",
+    "GroupDescription",
+    "GroupLag",
+    "GroupListing",
+    "GroupManager",
+    "OffsetCommitEntry",
+    "OffsetResult",
+    "PartitionLag",
+    "ResetKind",
+    "ResetTarget",
+    "Selection",
+]
+
+log = logging.getLogger(__name__)
+
+# topic -> partitions; an empty list means "every partition" (see each method).
+Selection = Mapping[str, Sequence[int]]
+
+_MAX_EXPIRY_WAIT_MS = 1_000
+_MIN_EXPIRY_WAIT_MS = 10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupConfig:
+    """Everything the group coordinator obeys (built from ``BrokerConfig``)."""
+
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    offsets: OffsetStoreConfig = field(default_factory=OffsetStoreConfig)
+    offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.offset_metadata_max_bytes <= MAX_STRING_BYTES:
+            raise ValueError(f"offset.metadata.max.bytes must be 0..{MAX_STRING_BYTES}")
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitEntry:
+    """One partition of an ``OffsetCommit``: the next offset to read and free metadata."""
+
+    tp: TopicPartition
+    offset: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetResult:
+    """One partition's committed offset (-1: none) or its error (``error_code`` set)."""
+
+    tp: TopicPartition
+    offset: int = -1
+    metadata: str = ""
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    """A group as ``ListGroups`` shows it."""
+
+    group_id: str
+    state: str
+    members: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """One partition of a group: committed offset (-1 none), log end, lag, owner ("")."""
+
+    tp: TopicPartition
+    committed_offset: int
+    log_start_offset: int
+    log_end_offset: int
+    lag: int
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """A group as ``DescribeGroup`` shows it."""
+
+    group_id: str
+    state: str
+    group_epoch: int
+    members: tuple[MemberView, ...]
+    partitions: tuple[PartitionLag, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    """One partition's lag for the metrics."""
+
+    group_id: str
+    tp: TopicPartition
+    committed_offset: int
+    lag: int
+
+
+class ResetKind(enum.Enum):
+    """Where ``reset_offsets`` moves the committed offsets."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    OFFSET = "offset"
+    TIMESTAMP = "timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetTarget:
+    """A reset target; ``value`` is the offset or the timestamp (ms) for those kinds."""
+
+    kind: ResetKind
+    value: int = 0
+
+
+class GroupManager:
+    """The broker's group coordinator and offset store. Thread-safe.
+
+    Build with ``open``; ``start`` the expiry timer; ``close`` once.
+    """
+
+    def __init__(
+        self,
+        config: GroupConfig,
+        coordinator: GroupCoordinator,
+        store: OffsetStore,
+        logs: LogManager,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self._coordinator = coordinator
+        self._store = store
+        self._logs = logs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def open(
+        cls,
+        logs: LogManager,
+        clock: Clock,
+        config: GroupConfig | None = None,
+        *,
+        on_append: Callable[[str, int], None] | None = None,
+    ) -> GroupManager:
+        """Create or load ``__consumer_offsets``; membership starts empty.
+
+        Raises:
+            StorageError: the offsets topic cannot be created or read.
+        """
+        config = config or GroupConfig()
+        store = OffsetStore.open(logs, config.offsets, on_append=on_append)
+        return cls(config, GroupCoordinator(config.coordinator), store, logs, clock)
+
+    @property
+    def store(self) -> OffsetStore:
+        """The offset store (tests, tools)."""
+        return self._store
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the session-expiry timer (a daemon thread). Idempotent."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._expiry_loop, name="tidelog-group-expiry", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the timer. Idempotent. Membership is not persisted: members rejoin."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _expiry_loop(self) -> None:
+        # Real time on purpose: it only paces the checks; ``expire`` reads the clock.
+        cap_ms = max(
+            _MIN_EXPIRY_WAIT_MS,
+            min(_MAX_EXPIRY_WAIT_MS, self.config.coordinator.min_session_timeout_ms // 4),
+        )
+        while not self._stop.is_set():
+            try:
+                self.expire()
+            except Exception:
+                log.exception("group session expiry failed")
+            with self._lock:
+                deadline = self._coordinator.next_deadline_ms()
+            wait_ms = cap_ms
+            if deadline is not None:
+                wait_ms = min(
+                    max(deadline - self._clock.monotonic_ms(), _MIN_EXPIRY_WAIT_MS), cap_ms
+                )
+            self._stop.wait(wait_ms / 1000.0)
+
+    def expire(self) -> list[Removal]:
+        """Remove every member whose session or rebalance timeout has passed (one pass)."""
+        topics = self._topic_counts()
+        with self._lock:
+            return self._coordinator.expire(self._clock.monotonic_ms(), topics)
+
+    # --- membership -------------------------------------------------------------------------
+
+    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
+        """Join, heartbeat or leave (see ``GroupCoordinator.heartbeat`` for the errors).
+
+        The group's overdue members are expired first, so a heartbeat never waits for the
+        timer to hand it the partitions of a dead member.
+        """
+        _check_group_id(request.group_id)
+        topics = self._topic_counts()
+        with self._lock:
+            now_ms = self._clock.monotonic_ms()
+            self._coordinator.expire(now_ms, topics, request.group_id)
+            return self._coordinator.heartbeat(request, now_ms, topics)
+
+    def _topic_counts(self) -> dict[str, int]:
+        return {t.name: t.partitions for t in self._logs.topics()}
+
+    # --- offsets ----------------------------------------------------------------------------
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        entries: Sequence[OffsetCommitEntry],
+    ) -> list[OffsetResult]:
+        """Commit offsets, as a member (``member_id``) or as an admin/simple commit ("").
+
+        Partitions are answered in request order, each with its committed offset or its
+        error: ``UNKNOWN_TOPIC_OR_PARTITION``, ``INVALID_REQUEST`` (negative offset,
+        metadata over ``offset.metadata.max.bytes``), ``STALE_MEMBER_EPOCH`` (the member
+        does not hold the partition). The valid ones are committed durably before this
+        returns.
+
+        Raises:
+            InvalidRequestError: a bad group id.
+            GroupNotEmptyError: no member id and the group has members.
+            UnknownMemberIdError, StaleMemberEpochError: the member is unknown, or its epoch
+                is not current (nothing is committed).
+            StorageError: the write failed (nothing is committed).
+        """
+        _check_group_id(group_id)
+        now_ms = self._clock.wall_ms()
+        errors: dict[int, BaseException] = {}
+        for i, entry in enumerate(entries):
+            error = self._commit_error(entry)
+            if error is not None:
+                errors[i] = error
+        checked = [e.tp for i, e in enumerate(entries) if i not in errors]
+        with self._lock:
+            refused = self._coordinator.check_commit(group_id, member_id, member_epoch, checked)
+            for i, entry in enumerate(entries):
+                if i not in errors and entry.tp in refused:
+                    errors[i] = _not_held(group_id, member_id, entry.tp)
+            values = {
+                e.tp: OffsetValue(e.offset, e.metadata, now_ms)
+                for i, e in enumerate(entries)
+                if i not in errors
+            }
+            if not member_id:
+                self._store.commit(group_id, values)
+        if member_id:
+            self._store.commit(group_id, values)
+        return [
+            _result(entry.tp, errors[i])
+            if i in errors
+            else OffsetResult(entry.tp, entry.offset, entry.metadata)
+            for i, entry in enumerate(entries)
+        ]
+
+    def _commit_error(self, entry: OffsetCommitEntry) -> BaseException | None:
+        try:
+            self._logs.get_log(entry.tp.topic, entry.tp.partition)
+        except UnknownTopicOrPartitionError as exc:
+            return exc
+        if entry.offset < 0:
+            return InvalidRequestError(f"{entry.tp}: a committed offset must be >= 0")
+        limit = self.config.offset_metadata_max_bytes
+        if len(entry.metadata.encode("utf-8")) > limit:
+            return InvalidRequestError(f"{entry.tp}: metadata longer than {limit} bytes")
+        return None
+
+    def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
+        """Committed offsets (-1 for none) of the selected partitions.
+
+        ``selection`` empty or None: every committed partition; a topic with an empty
+        partition list: every committed partition of that topic. An unknown group has no
+        committed offsets (not an error).
+        """
+        _check_group_id(group_id)
+        committed = self._store.offsets(group_id)
+        if not selection:
+            wanted = sorted(committed)
+        else:
+            wanted = []
+            for topic, partitions in selection.items():
+                if partitions:
+                    wanted.extend(TopicPartition(topic, p) for p in partitions)
+                else:
+                    wanted.extend(sorted(tp for tp in committed if tp.topic == topic))
+        results = []
+        for tp in wanted:
+            value = committed.get(tp)
+            if value is None:
+                results.append(OffsetResult(tp))
+            else:
+                results.append(OffsetResult(tp, value.offset, value.metadata))
+        return results
+
+    # --- admin ------------------------------------------------------------------------------
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every group with members or committed offsets, sorted by id."""
+        with self._lock:
+            ids = set(self._coordinator.group_ids())
+            views = {g: self._coordinator.view(g) for g in ids}
+        ids.update(self._store.group_ids())
+        listings = []
+        for group_id in sorted(ids):
+            view = views.get(group_id)
+            if view is None:
+                listings.append(GroupListing(group_id, GroupState.EMPTY.value, 0))
+            else:
+                listings.append(GroupListing(group_id, view.state.value, len(view.members)))
+        return listings
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """Members, assignment, and per partition the committed offset, log end and lag.
+
+        The partitions shown are those with a committed offset and those in a member's
+        assignment or target.
+
+        Raises:
+            GroupIdNotFoundError: the group has neither members nor committed offsets.
+        """
+        _check_group_id(group_id)
+        with self._lock:
+            view = self._coordinator.view(group_id)
+        committed = self._store.offsets(group_id)
+        if not view.members and not committed:
+            raise GroupIdNotFoundError(f"no group {group_id!r}")
+        tps = set(committed)
+        for member in view.members:
+            tps.update(member.assigned, member.revoking, member.target)
+        partitions = []
+        for tp in sorted(tps):
+            value = committed.get(tp)
+            partitions.append(
+                self._lag(tp, value.offset if value is not None else -1, view.owner_of(tp))
+            )
+        return GroupDescription(
+            group_id, view.state.value, view.group_epoch, view.members, tuple(partitions)
+        )
+
+    def _lag(self, tp: TopicPartition, committed: int, owner: str) -> PartitionLag:
+        try:
+            partition_log = self._logs.get_log(tp.topic, tp.partition)
+        except UnknownTopicOrPartitionError:
+            return PartitionLag(tp, committed, -1, -1, -1, owner)
+        # Read the end before the start: retention moves the start up, never past the end.
+        end = partition_log.high_watermark
+        start = partition_log.log_start_offset
+        lag = end - committed if committed >= 0 else end - start
+        return PartitionLag(tp, committed, start, end, lag, owner)
+
+    def reset_offsets(
+        self, group_id: str, selection: Selection | None, target: ResetTarget
+    ) -> list[OffsetResult]:
+        """Move an empty group's committed offsets to ``target``.
+
+        ``selection`` empty or None: every committed partition; a topic with an empty
+        partition list: every partition of that topic. Targets: the log start offset
+        (earliest), the log end offset (latest), an offset (clamped to [log start, log
+        end], as Kafka's tool does), or the first offset with a timestamp at or after the
+        one given (the log end if none). Unknown partitions get a per-partition error.
+
+        Raises:
+            InvalidRequestError: a bad group id, or a negative offset or timestamp.
+            GroupNotEmptyError: the group has members.
+            StorageError: the write failed (nothing changed).
+        """
+        _check_group_id(group_id)
+        if target.kind in (ResetKind.OFFSET, ResetKind.TIMESTAMP) and target.value < 0:
+            raise InvalidRequestError(f"reset to a negative {target.kind.value}: {target.value}")
+        with self._lock:
+            self._coordinator.require_empty(group_id)
+            committed = self._store.offsets(group_id)
+            results: list[OffsetResult] = []
+            for tp in self._reset_partitions(committed, selection):
+                try:
+                    offset = self._reset_offset(tp, target)
+                except UnknownTopicOrPartitionError as exc:
+                    results.append(_result(tp, exc))
+                    continue
+                metadata = committed[tp].metadata if tp in committed else ""
+                results.append(OffsetResult(tp, offset, metadata))
+            now_ms = self._clock.wall_ms()
+            self._store.commit(
+                group_id,
+                {
+                    r.tp: OffsetValue(r.offset, r.metadata, now_ms)
+                    for r in results
+                    if not r.error_code
+                },
+            )
+        log.info(
+            "group %s: offsets reset to %s for %d partition(s)", group_id, target, len(results)
+        )
+        return results
+
+    def _reset_partitions(
+        self, committed: Mapping[TopicPartition, OffsetValue], selection: Selection | None
+    ) -> list[TopicPartition]:
+        if not selection:
+            return sorted(committed)
+        out: list[TopicPartition] = []
+        for topic, partitions in selection.items():
+            if partitions:
+                out.extend(TopicPartition(topic, p) for p in partitions)
+                continue
+            try:
+                count = self._logs.topic(topic).partitions
+            except UnknownTopicOrPartitionError:
+                count = 0
+            # An unknown topic shows up as partition -1 with its error.
+            out.extend(TopicPartition(topic, p) for p in range(count) or [-1])
+        return out
+
+    def _reset_offset(self, tp: TopicPartition, target: ResetTarget) -> int:
+        partition_log = self._logs.get_log(tp.topic, tp.partition)
+        end = partition_log.high_watermark
+        start = partition_log.log_start_offset
+        if target.kind is ResetKind.EARLIEST:
+            return start
+        if target.kind is ResetKind.LATEST:
+            return end
+        if target.kind is ResetKind.OFFSET:
+            return min(max(target.value, start), end)
+        found = partition_log.offset_for_timestamp(target.value)
+        return found[0] if found is not None else end
+
+    def delete_group(self, group_id: str) -> None:
+        """Delete an empty group's committed offsets (tombstones in the offsets topic).
+
+        Raises:
+            GroupNotEmptyError: the group has members.
+            GroupIdNotFoundError: the group has no committed offsets (and no members).
+            StorageError: the write failed (nothing changed).
+        """
+        _check_group_id(group_id)
+        with self._lock:
+            self._coordinator.require_empty(group_id)
+            committed = self._store.offsets(group_id)
+            if not committed:
+                raise GroupIdNotFoundError(f"no group {group_id!r}")
+            self._store.delete(group_id, committed)
+        log.info("group %s deleted (%d committed offset(s))", group_id, len(committed))
+
+    def forget_topic(self, topic: str) -> None:
+        """Delete every group's committed offsets of a deleted topic (as Kafka does), so a
+        new topic of the same name starts without them."""
+        for group_id, partitions in self._store.groups_with_topic(topic).items():
+            self._store.delete(group_id, partitions)
+            log.info("group %s: dropped offsets of deleted topic %s", group_id, topic)
+
+    # --- metrics ----------------------------------------------------------------------------
+
+    def lag(self) -> list[GroupLag]:
+        """Lag of every committed or assigned partition of every group (scrape time)."""
+        with self._lock:
+            views = [self._coordinator.view(g) for g in self._coordinator.group_ids()]
+        out: list[GroupLag] = []
+        seen: set[str] = set()
+        for view in views:
+            seen.add(view.group_id)
+            committed = self._store.offsets(view.group_id)
+            tps = set(committed)
+            for member in view.members:
+                tps.update(member.assigned, member.revoking)
+            out.extend(self._group_lag(view.group_id, tps, committed))
+        for group_id in self._store.group_ids():
+            if group_id not in seen:
+                committed = self._store.offsets(group_id)
+                out.extend(self._group_lag(group_id, set(committed), committed))
+        return out
+
+    def _group_lag(
+        self,
+        group_id: str,
+        tps: set[TopicPartition],
+        committed: Mapping[TopicPartition, OffsetValue],
+    ) -> list[GroupLag]:
+        out = []
+        for tp in sorted(tps):
+            value = committed.get(tp)
+            lag = self._lag(tp, value.offset if value is not None else -1, "")
+            if lag.log_end_offset >= 0:
+                out.append(GroupLag(group_id, tp, lag.committed_offset, lag.lag))
+        return out
+
+
+def _check_group_id(group_id: str) -> None:
+    if not group_id:
+        raise InvalidRequestError("group_id must not be empty")
+    if len(group_id.encode("utf-8")) > MAX_STRING_BYTES:
+        raise InvalidRequestError(f"group_id longer than {MAX_STRING_BYTES} bytes")
+
+
+def _not_held(group_id: str, member_id: str, tp: TopicPartition) -> BaseException:
+    return StaleMemberEpochError(
+        f"member {member_id} of group {group_id} does not own {tp} (it was reassigned)"
+    )
+
+
+def _result(tp: TopicPartition, exc: BaseException) -> OffsetResult:
+    code, message = partition_error(exc)
+    return OffsetResult(tp, error_code=code, error_message=message)

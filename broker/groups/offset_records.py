@@ -1,0 +1,168 @@
+"""The record format of the ``__consumer_offsets`` topic, and which partition a group uses.
+
+One record per committed (group, topic, partition), laid out after Kafka's
+``OffsetCommitKey`` version 1 and ``OffsetCommitValue`` version 3 (non-flexible versions,
+``reference/kafka-internals.md`` 5.1). All integers big-endian; a string is an int16 byte
+length followed by that many UTF-8 bytes::
+
+    key                                   value
+    offset size field                     offset size field
+         0    2 version int16 = 1              0    2 version int16 = 3
+         2    2 group length int16             2    8 offset int64 (next offset to read)
+         4    n group                         10    4 leader epoch int32 (always -1)
+       4+n    2 topic length int16            14    2 metadata length int16
+       6+n    m topic                         16    k metadata
+     6+n+m    4 partition int32             16+k    8 commit timestamp int64 (wall ms)
+
+The key's version doubles as the record type, as in Kafka: 1 is an offset commit; other
+versions (Kafka's group metadata records, say) are not offset commits and readers skip
+them. A *tombstone*, the key with a null value, deletes the committed offset (a deleted
+group, or a deleted topic); compaction keeps only the latest record of each key and later
+drops the tombstones, so the topic stays about as large as the set of live offsets.
+
+A group's records all go to one partition, ``crc32(group id as UTF-8) % partitions`` (a
+stable hash: Python's own ``hash`` of a string changes between processes).
+
+Pure and thread-safe.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from broker.groups.assignor import TopicPartition
+
+__all__ = [
+    "KEY_VERSION",
+    "MAX_STRING_BYTES",
+    "NO_LEADER_EPOCH",
+    "VALUE_VERSION",
+    "OffsetKey",
+    "OffsetValue",
+    "decode_key",
+    "decode_value",
+    "encode_key",
+    "encode_value",
+    "partition_for",
+]
+
+KEY_VERSION = 1
+VALUE_VERSION = 3
+NO_LEADER_EPOCH = -1
+MAX_STRING_BYTES = 0x7FFF  # an int16 length
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_VALUE_HEAD = struct.Struct(">hqi")  # version, offset, leader epoch
+_INT64 = struct.Struct(">q")
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetKey:
+    """The key of an offset commit record."""
+
+    group_id: str
+    tp: TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetValue:
+    """A committed offset: the next offset to read, the client's metadata string and when
+    it was committed (wall-clock ms)."""
+
+    offset: int
+    metadata: str
+    commit_timestamp_ms: int
+    leader_epoch: int = NO_LEADER_EPOCH
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """The ``__consumer_offsets`` partition holding ``group_id``'s offsets."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    return zlib.crc32(group_id.encode("utf-8")) % partitions
+
+
+def _string(text: str, what: str) -> bytes:
+    data = text.encode("utf-8")
+    if len(data) > MAX_STRING_BYTES:
+        raise ValueError(f"{what} is {len(data)} bytes; the most is {MAX_STRING_BYTES}")
+    return _INT16.pack(len(data)) + data
+
+
+def _read_string(data: bytes, position: int, what: str) -> tuple[str, int]:
+    if position + 2 > len(data):
+        raise ValueError(f"offset record truncated before the {what} length")
+    (length,) = _INT16.unpack_from(data, position)
+    start = position + 2
+    if length < 0 or start + length > len(data):
+        raise ValueError(f"offset record has a bad {what} length {length}")
+    try:
+        return data[start : start + length].decode("utf-8"), start + length
+    except UnicodeDecodeError:
+        raise ValueError(f"offset record {what} is not UTF-8") from None
+
+
+def encode_key(group_id: str, tp: TopicPartition) -> bytes:
+    """The record key for ``group_id``'s offset of ``tp``.
+
+    Raises ``ValueError`` for a group id or topic longer than 32767 UTF-8 bytes or a
+    partition outside int32.
+    """
+    if not 0 <= tp.partition <= 0x7FFFFFFF:
+        raise ValueError(f"partition {tp.partition} is not a non-negative int32")
+    return b"".join(
+        (
+            _INT16.pack(KEY_VERSION),
+            _string(group_id, "group id"),
+            _string(tp.topic, "topic"),
+            _INT32.pack(tp.partition),
+        )
+    )
+
+
+def decode_key(data: bytes) -> OffsetKey | None:
+    """The offset key in ``data``; None for a key of another record type (version).
+
+    Raises ``ValueError`` for a truncated or malformed offset commit key.
+    """
+    if len(data) < 2:
+        raise ValueError("offset record key shorter than its version")
+    (version,) = _INT16.unpack_from(data, 0)
+    if version not in (0, KEY_VERSION):  # Kafka writes offset commit keys as 0 or 1
+        return None
+    group_id, position = _read_string(data, 2, "group id")
+    topic, position = _read_string(data, position, "topic")
+    if position + 4 != len(data):
+        raise ValueError("offset record key has a bad length")
+    (partition,) = _INT32.unpack_from(data, position)
+    return OffsetKey(group_id, TopicPartition(topic, partition))
+
+
+def encode_value(value: OffsetValue) -> bytes:
+    """The record value (version 3). Raises ``ValueError`` for out-of-range fields."""
+    if not 0 <= value.offset < 2**63:
+        raise ValueError(f"offset {value.offset} is not a non-negative int64")
+    return b"".join(
+        (
+            _VALUE_HEAD.pack(VALUE_VERSION, value.offset, value.leader_epoch),
+            _string(value.metadata, "metadata"),
+            _INT64.pack(value.commit_timestamp_ms),
+        )
+    )
+
+
+def decode_value(data: bytes) -> OffsetValue:
+    """Decode a version 3 value. Raises ``ValueError`` for another version or bad bytes."""
+    if len(data) < _VALUE_HEAD.size:
+        raise ValueError("offset record value truncated")
+    version, offset, leader_epoch = _VALUE_HEAD.unpack_from(data, 0)
+    if version != VALUE_VERSION:
+        raise ValueError(f"offset record value version {version} is not supported")
+    metadata, position = _read_string(data, _VALUE_HEAD.size, "metadata")
+    if position + 8 != len(data):
+        raise ValueError("offset record value has a bad length")
+    (timestamp_ms,) = _INT64.unpack_from(data, position)
+    return OffsetValue(offset, metadata, timestamp_ms, leader_epoch)

@@ -1,0 +1,294 @@
+"""Committed offsets: the internal compacted topic ``__consumer_offsets`` and its cache.
+
+The log is its own offset store. Every commit is a batch of records (format in
+``broker.groups.offset_records``) appended to the group's partition of
+``__consumer_offsets``; deleting a group's offsets appends tombstones. The topic is created
+on the broker's first start (``internal``, ``cleanup.policy=compact``), so compaction keeps
+the latest record of each (group, topic, partition) and drops old tombstones.
+
+Writes, per offsets partition under its own lock, in this order:
+
+1. append the batch to the partition log;
+2. fsync it (``acks=all``);
+3. only then change the in-memory cache, and return (the caller acknowledges).
+
+A failed append or fsync leaves the cache as it was and raises (``StorageError``); a
+commit whose fsync failed may still reappear after a restart, as with any write whose
+acknowledgement was lost. Holding the partition lock through the fsync keeps the cache in
+log order, so that what a restart reloads is exactly what the cache held.
+
+Loading (``open``): every partition is read from its log start offset to its end through
+``PartitionLog.read`` and ``decode_batch``; later records replace earlier ones and
+tombstones delete. Records that are not offset commits, or cannot be decoded, are logged
+and skipped.
+
+Thread-safe. Reads (``offsets``, ``group_ids``) take only the cache lock and never wait for
+an fsync.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from broker.groups.assignor import TopicPartition
+from broker.groups.offset_records import (
+    OffsetValue,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    partition_for,
+)
+from storage.errors import CorruptRecordError, TopicAlreadyExistsError
+from storage.log_manager import LogManager
+from storage.partition_log import PartitionLog
+from storage.records import BatchBuilder, decode_batch, iter_batch_headers
+
+__all__ = ["OFFSETS_TOPIC", "OffsetStore", "OffsetStoreConfig"]
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+_LOAD_READ_BYTES = 1 << 20
+# A commit of many partitions becomes several batches, each well under max.message.bytes.
+_BATCH_TARGET_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetStoreConfig:
+    """How the offsets topic is created (Kafka's ``offsets.topic.*`` settings). Used only
+    when the topic does not exist yet: an existing topic keeps its partition count, so a
+    group's partition never changes."""
+
+    num_partitions: int = 5
+    segment_bytes: int = 100 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.num_partitions < 1:
+            raise ValueError("offsets.topic.num.partitions must be at least 1")
+
+
+class OffsetStore:
+    """Committed offsets of every group, durable in ``__consumer_offsets``. Thread-safe.
+
+    Build with ``open``.
+    """
+
+    def __init__(
+        self,
+        logs: LogManager,
+        partitions: int,
+        cache: dict[str, dict[TopicPartition, OffsetValue]],
+        on_append: Callable[[str, int], None] | None,
+    ) -> None:
+        self._logs = logs
+        self._partitions = partitions
+        self._cache = cache
+        self._cache_lock = threading.Lock()
+        self._write_locks = [threading.Lock() for _ in range(partitions)]
+        self._on_append = on_append
+
+    @classmethod
+    def open(
+        cls,
+        logs: LogManager,
+        config: OffsetStoreConfig | None = None,
+        *,
+        on_append: Callable[[str, int], None] | None = None,
+    ) -> OffsetStore:
+        """Create ``__consumer_offsets`` if needed and load every committed offset.
+
+        Args:
+            logs: the broker's log manager.
+            config: partitions and segment size for a topic created now.
+            on_append: called with (topic, partition) after each append (wakes fetches
+                of the offsets topic).
+
+        Raises:
+            StorageError: the topic cannot be created or read.
+        """
+        config = config or OffsetStoreConfig()
+        try:
+            meta = logs.create_topic(
+                OFFSETS_TOPIC,
+                config.num_partitions,
+                {"cleanup.policy": "compact", "segment.bytes": str(config.segment_bytes)},
+                internal=True,
+            )
+            log.info("created %s with %d partition(s)", OFFSETS_TOPIC, meta.partitions)
+        except TopicAlreadyExistsError:
+            meta = logs.topic(OFFSETS_TOPIC)
+        cache: dict[str, dict[TopicPartition, OffsetValue]] = {}
+        records = 0
+        for partition in range(meta.partitions):
+            records += _load_partition(logs.get_log(OFFSETS_TOPIC, partition), cache)
+        log.info(
+            "loaded %d committed offset(s) of %d group(s) from %d record(s) of %s",
+            sum(len(offsets) for offsets in cache.values()),
+            len(cache),
+            records,
+            OFFSETS_TOPIC,
+        )
+        return cls(logs, meta.partitions, cache, on_append)
+
+    @property
+    def partitions(self) -> int:
+        """Partitions of ``__consumer_offsets``."""
+        return self._partitions
+
+    def partition_for(self, group_id: str) -> int:
+        """The offsets partition holding ``group_id``."""
+        return partition_for(group_id, self._partitions)
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def offsets(self, group_id: str) -> dict[TopicPartition, OffsetValue]:
+        """The group's committed offsets (a copy; empty for an unknown group)."""
+        with self._cache_lock:
+            return dict(self._cache.get(group_id, {}))
+
+    def group_ids(self) -> list[str]:
+        """Groups with at least one committed offset, sorted."""
+        with self._cache_lock:
+            return sorted(self._cache)
+
+    def groups_with_topic(self, topic: str) -> dict[str, list[TopicPartition]]:
+        """Group -> its committed partitions of ``topic``."""
+        with self._cache_lock:
+            found = {
+                group: sorted(tp for tp in offsets if tp.topic == topic)
+                for group, offsets in self._cache.items()
+            }
+        return {group: tps for group, tps in found.items() if tps}
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def commit(self, group_id: str, offsets: Mapping[TopicPartition, OffsetValue]) -> None:
+        """Store ``offsets`` durably, then make them visible. Nothing to do if empty.
+
+        Raises:
+            ValueError: a group id, topic or metadata too long for the record format.
+            StorageError: the append or fsync failed; nothing became visible.
+        """
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(group_id, tp), encode_value(v)) for tp, v in offsets.items()
+        ]
+        self._write(group_id, records, lambda cached: cached.update(offsets))
+
+    def delete(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """Append tombstones for the group's offsets of ``partitions``, then forget them.
+
+        Raises:
+            StorageError: the append or fsync failed; nothing was forgotten.
+        """
+        doomed = sorted(set(partitions))
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(group_id, tp), None) for tp in doomed
+        ]
+
+        def forget(cached: dict[TopicPartition, OffsetValue]) -> None:
+            for tp in doomed:
+                cached.pop(tp, None)
+
+        self._write(group_id, records, forget)
+
+    def _write(
+        self,
+        group_id: str,
+        records: list[tuple[bytes, bytes | None]],
+        apply: Callable[[dict[TopicPartition, OffsetValue]], None],
+    ) -> None:
+        if not records:
+            return
+        partition = self.partition_for(group_id)
+        partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
+        now_ms = self._logs.clock.wall_ms()
+        with self._write_locks[partition]:
+            result = partition_log.append(_batches(records, now_ms))
+            # flush(n) makes the offsets below n durable.
+            partition_log.flush(result.last_offset + 1)
+            with self._cache_lock:
+                cached = self._cache.setdefault(group_id, {})
+                apply(cached)
+                if not cached:
+                    del self._cache[group_id]
+        if self._on_append is not None:
+            self._on_append(OFFSETS_TOPIC, partition)
+        log.debug(
+            "group %s: wrote %d offset record(s) to %s-%d at %d",
+            group_id,
+            len(records),
+            OFFSETS_TOPIC,
+            partition,
+            result.base_offset,
+        )
+
+
+def _batches(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
+    """Concatenated batches holding ``records``, each about ``_BATCH_TARGET_BYTES`` at most."""
+    out: list[bytes] = []
+    builder = BatchBuilder()
+    for key, value in records:
+        if builder.record_count and builder.estimated_size_bytes() >= _BATCH_TARGET_BYTES:
+            out.append(builder.build())
+            builder = BatchBuilder()
+        builder.append(timestamp_ms, key, value)
+    out.append(builder.build())
+    return b"".join(out)
+
+
+def _load_partition(
+    partition_log: PartitionLog, cache: dict[str, dict[TopicPartition, OffsetValue]]
+) -> int:
+    """Replay one offsets partition into ``cache``; returns the records read."""
+    offset = partition_log.log_start_offset
+    end = partition_log.log_end_offset
+    count = 0
+    while offset < end:
+        data = partition_log.read(offset, _LOAD_READ_BYTES).records
+        if not data:
+            break
+        for position, header in iter_batch_headers(data):
+            try:
+                _, batch_records = decode_batch(data, position)
+            except CorruptRecordError as exc:
+                log.error(
+                    "%s: skipping undecodable batch at %d: %s",
+                    partition_log,
+                    header.base_offset,
+                    exc,
+                )
+                batch_records = []
+            for record in batch_records:
+                if record.offset >= offset:
+                    count += 1
+                    _apply(partition_log, record.offset, record.key, record.value, cache)
+            offset = max(offset, header.next_offset)
+    return count
+
+
+def _apply(
+    partition_log: PartitionLog,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    cache: dict[str, dict[TopicPartition, OffsetValue]],
+) -> None:
+    try:
+        parsed = decode_key(key) if key is not None else None
+        if parsed is None:
+            log.warning("%s: skipping record %d: not an offset commit", partition_log, offset)
+            return
+        if value is None:
+            group = cache.get(parsed.group_id)
+            if group is not None:
+                group.pop(parsed.tp, None)
+                if not group:
+                    del cache[parsed.group_id]
+            return
+        cache.setdefault(parsed.group_id, {})[parsed.tp] = decode_value(value)
+    except ValueError as exc:
+        log.warning("%s: skipping record %d: %s", partition_log, offset, exc)

@@ -1,0 +1,147 @@
+"""The ``__consumer_offsets`` record format and the offset store over a real log manager."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.groups.assignor import TopicPartition
+from broker.groups.offset_records import (
+    OffsetKey,
+    OffsetValue,
+    decode_key,
+    decode_value,
+    encode_key,
+    encode_value,
+    partition_for,
+)
+from broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
+from storage.clock import ManualClock
+from storage.log_manager import LogManager, LogManagerConfig
+from storage.records import BatchBuilder
+
+TP = TopicPartition("events", 3)
+
+
+# --- the record format ------------------------------------------------------------------
+
+
+@given(
+    st.text(min_size=1, max_size=40),
+    st.text(min_size=1, max_size=40),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2**63 - 1),
+    st.text(max_size=50),
+    st.integers(-(2**63), 2**63 - 1),
+)
+def test_keys_and_values_round_trip(
+    group: str, topic: str, partition: int, offset: int, metadata: str, timestamp_ms: int
+) -> None:
+    tp = TopicPartition(topic, partition)
+    assert decode_key(encode_key(group, tp)) == OffsetKey(group, tp)
+    value = OffsetValue(offset, metadata, timestamp_ms)
+    assert decode_value(encode_value(value)) == value
+
+
+def test_the_documented_layout() -> None:
+    key = encode_key("g", TopicPartition("t", 7))
+    assert key == b"\x00\x01" + b"\x00\x01g" + b"\x00\x01t" + b"\x00\x00\x00\x07"
+    value = encode_value(OffsetValue(42, "m", 1_000))
+    assert value == (
+        b"\x00\x03"
+        + (42).to_bytes(8, "big")
+        + b"\xff\xff\xff\xff"
+        + b"\x00\x01m"
+        + (1_000).to_bytes(8, "big")
+    )
+
+
+def test_other_record_types_are_not_offset_commits_and_bad_bytes_raise() -> None:
+    assert decode_key(b"\x00\x02" + b"\x00\x01g") is None  # Kafka's group metadata key
+    key = encode_key("g", TP)
+    for bad in (b"", b"\x00", key[:-1], key + b"x"):
+        with pytest.raises(ValueError, match="offset record"):
+            decode_key(bad)
+    value = encode_value(OffsetValue(1, "", 0))
+    for bad in (value[:5], value + b"x", b"\x00\x04" + value[2:]):
+        with pytest.raises(ValueError, match="offset record"):
+            decode_value(bad)
+    with pytest.raises(ValueError, match="bytes"):
+        encode_key("g" * 40_000, TP)
+
+
+def test_partition_for_is_stable_and_in_range() -> None:
+    assert partition_for("billing", 5) == partition_for("billing", 5)
+    assert {partition_for(f"g{i}", 5) for i in range(100)} == set(range(5))
+    assert partition_for("billing", 1) == 0
+
+
+# --- the store ------------------------------------------------------------------------------
+
+
+def open_logs(path: Path) -> LogManager:
+    return LogManager.open(path, LogManagerConfig(cleaner_enabled=False), ManualClock())
+
+
+def test_created_as_an_internal_compacted_topic(tmp_path: Path) -> None:
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=3))
+        meta = logs.topic(OFFSETS_TOPIC)
+        assert meta.internal
+        assert meta.partitions == store.partitions == 3
+        assert meta.config.cleanup_policy == "compact"
+
+
+def test_commits_survive_a_reopen_and_tombstones_delete(tmp_path: Path) -> None:
+    other = TopicPartition("events", 0)
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs)
+        store.commit("g", {TP: OffsetValue(5, "a", 1)})
+        store.commit("g", {TP: OffsetValue(7, "b", 2), other: OffsetValue(1, "", 2)})
+        store.commit("h", {TP: OffsetValue(9, "", 3)})
+        store.delete("h", [TP])
+        assert store.offsets("g") == {TP: OffsetValue(7, "b", 2), other: OffsetValue(1, "", 2)}
+        assert store.group_ids() == ["g"]
+        written = logs.get_log(OFFSETS_TOPIC, store.partition_for("g")).log_end_offset
+        assert written >= 3
+    # The partition count in use wins over a changed setting.
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=9))
+        assert store.partitions == 5
+        assert store.offsets("g") == {TP: OffsetValue(7, "b", 2), other: OffsetValue(1, "", 2)}
+        assert store.offsets("h") == {}
+        assert store.groups_with_topic("events") == {"g": [other, TP]}
+
+
+def test_every_commit_is_fsynced_before_it_is_visible(tmp_path: Path) -> None:
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs)
+        store.commit("g", {TP: OffsetValue(5, "", 1)})
+        partition_log = logs.get_log(OFFSETS_TOPIC, store.partition_for("g"))
+        assert partition_log.recovery_point == partition_log.log_end_offset
+
+
+def test_a_large_commit_becomes_several_batches(tmp_path: Path) -> None:
+    offsets = {TopicPartition("t" * 200, p): OffsetValue(p, "x" * 500, 1) for p in range(2_000)}
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs)
+        store.commit("g", offsets)
+    with open_logs(tmp_path) as logs:
+        assert OffsetStore.open(logs).offsets("g") == offsets
+
+
+def test_loading_skips_records_that_are_not_offset_commits(tmp_path: Path) -> None:
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        builder = BatchBuilder()
+        builder.append(1, None, b"no key")
+        builder.append(1, b"\x00\x02junk", b"group metadata")
+        builder.append(1, encode_key("g", TP), b"\x00\x09bad value")
+        builder.append(1, b"\x00\x01\xff", b"truncated key")
+        logs.get_log(OFFSETS_TOPIC, 0).append(builder.build())
+        store.commit("g", {TP: OffsetValue(3, "", 1)})
+    with open_logs(tmp_path) as logs:
+        assert OffsetStore.open(logs).offsets("g") == {TP: OffsetValue(3, "", 1)}
