@@ -72,8 +72,11 @@ class _IndexFile:
         """Hand pending entries to the OS (page cache); no fsync."""
         if self._pending:
             fd = self._open()
-            os.write(fd, self._pending)
-            self._pending.clear()
+            # A nearly full disk accepts part of a write: keep the rest pending, so the
+            # file never holds a torn entry followed by misaligned ones.
+            while self._pending:
+                written = os.write(fd, self._pending)
+                del self._pending[:written]
 
     def fsync(self) -> None:
         if self._fd >= 0:
@@ -93,8 +96,10 @@ class _IndexFile:
         self.path = path
 
     def close(self) -> None:
+        # Pending entries go out even if the file was never opened for writing (a fresh
+        # or just rewritten index): close promises the file holds every entry.
+        self.write_pending()
         if self._fd >= 0:
-            self.write_pending()
             os.close(self._fd)
             self._fd = -1
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
@@ -110,6 +111,35 @@ class ProducerStateTable:
                 f"{first}, expected {expected}"
             )
         return None
+
+    def check_all(self, headers: Sequence[BatchHeader]) -> list[BatchMetadata | None]:
+        """``check`` for the batches of one request, in order.
+
+        Each batch is checked as if the new batches before it in the request were already
+        stored, so one request may carry several consecutive batches of a producer.
+        Raises as ``check`` does (for the first offending batch).
+        """
+        scratch = ProducerStateTable()
+        out: list[BatchMetadata | None] = []
+        for header in headers:
+            pid = header.producer_id
+            if pid == NO_PRODUCER_ID or header.base_sequence == NO_SEQUENCE:
+                out.append(None)
+                continue
+            table = scratch if pid in scratch._entries else self
+            found = table.check(header)
+            if found is None:
+                entry = self._entries.get(pid)
+                if pid not in scratch._entries and entry is not None:
+                    scratch._entries[pid] = ProducerEntry(
+                        pid,
+                        entry.epoch,
+                        entry.last_timestamp_ms,
+                        deque(entry.batches, maxlen=BATCHES_KEPT),
+                    )
+                scratch.update(header, 0)
+            out.append(found)
+        return out
 
     def update(self, header: BatchHeader, timestamp_ms: int) -> None:
         """Record a batch that was appended (its header carries the assigned offsets)."""

@@ -149,13 +149,14 @@ class Segment:
         max_message_bytes: int,
         recover: bool,
         suffix: str = "",
+        contiguous_from: int | None = None,
     ) -> tuple[Segment, int]:
         """Open an existing segment; returns it and the number of bytes recovery cut off.
 
         With ``recover`` (an unclean stop), or when an index file is missing or fails its
         sanity check, every batch is validated and the indexes are rebuilt; the log is
         truncated at the first invalid byte. Otherwise only the tail after the last index
-        entry is scanned.
+        entry is scanned. ``contiguous_from``: see ``recover``.
         """
         log_path, index_path, time_path = cls.paths(directory, base_offset, suffix)
         fd = _open_log(log_path, truncate=False)
@@ -198,7 +199,7 @@ class Segment:
             created_ms=created_ms,
         )
         segment.size_bytes = size
-        truncated = segment.recover(max_message_bytes)
+        truncated = segment.recover(max_message_bytes, contiguous_from=contiguous_from)
         return segment, truncated
 
     # ------------------------------------------------------------------ state
@@ -331,12 +332,15 @@ class Segment:
         self.offset_index.fsync()
         self.time_index.fsync()
 
-    def recover(self, max_message_bytes: int) -> int:
+    def recover(self, max_message_bytes: int, *, contiguous_from: int | None = None) -> int:
         """Validate every batch, rebuild both indexes, cut the log at the first bad byte.
 
         Returns the number of bytes removed. A batch is invalid if its framing or CRC is
         bad, it is larger than ``max_message_bytes`` (with slack for the header), or its
-        offsets go backwards.
+        offsets go backwards. With ``contiguous_from`` (a log without compaction, whose
+        offsets have no gaps), a batch that does not start where the one before it ended,
+        from that offset on, is invalid too: its base offset lies outside the CRC, so only
+        this catches damage confined to those 8 bytes.
         """
         self.offset_index.reset()
         self.time_index.reset()
@@ -353,6 +357,15 @@ class Segment:
                 if header.base_offset < self.next_offset:
                     raise CorruptRecordError(
                         f"offset {header.base_offset} at position {batch.position} goes back"
+                    )
+                if (
+                    contiguous_from is not None
+                    and self.next_offset >= contiguous_from
+                    and header.base_offset != self.next_offset
+                ):
+                    raise CorruptRecordError(
+                        f"offset {header.base_offset} at position {batch.position} does not "
+                        f"follow {self.next_offset}"
                     )
                 if header.last_offset - self.base_offset > 2**31 - 1:
                     raise CorruptRecordError("offset does not fit the segment's index")
