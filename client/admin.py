@@ -1,0 +1,348 @@
+"""``AdminClient``: topics, offsets and consumer groups of a broker.
+
+::
+
+    admin = AdminClient("127.0.0.1:7410")
+    admin.create_topic("events", partitions=3, config={"retention.ms": "604800000"})
+    admin.list_topics(); admin.describe_topic("events"); admin.delete_topic("events")
+    admin.list_offsets({TopicPartition("events", 0): "latest"})
+
+Every call is one unary RPC with a deadline (``timeout_ms``, default
+``request_timeout_ms``): a broker that is down gives ``BrokerUnavailableError`` when it
+passes; the broker's refusals come back as their ``TidelogError`` classes
+(``TopicAlreadyExistsError``, ``InvalidConfigError``, ``UnknownTopicOrPartitionError``...).
+Protobuf types stop here: answers are the frozen dataclasses of ``client.types``.
+
+Group calls (``list_groups``, ``describe_group``, ``delete_group``) need a broker with
+the group coordinator; an older one answers ``InvalidRequestError``.
+
+Thread-safe (the channel is); ``close`` when done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from client.config import DEFAULT_BOOTSTRAP, AdminConfig
+from client.transport import Transport
+from client.types import (
+    OffsetAndTimestamp,
+    PartitionDescription,
+    TopicDescription,
+    TopicPartition,
+    TopicSummary,
+)
+from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import error_for_code
+
+__all__ = [
+    "AdminClient",
+    "GroupDescription",
+    "GroupMember",
+    "GroupPartitionLag",
+    "GroupSummary",
+    "OffsetSpec",
+]
+
+OffsetSpec = Literal["earliest", "latest"] | int
+"""What ``list_offsets`` looks for: the log start, the log end, or a timestamp (ms)."""
+
+_SPECIAL_OFFSETS = {"earliest": -2, "latest": -1}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group_id: str
+    state: str
+    members: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    member_id: str
+    client_id: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartitionLag:
+    tp: TopicPartition
+    committed_offset: int | None
+    log_end_offset: int
+    lag: int
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    group_epoch: int
+    members: tuple[GroupMember, ...]
+    partitions: tuple[GroupPartitionLag, ...]
+
+
+class AdminClient:
+    """Administers one broker. Thread-safe.
+
+    Args:
+        bootstrap_servers: ``HOST:PORT`` of the broker.
+        config: a whole ``AdminConfig`` instead of keyword settings.
+        **settings: ``AdminConfig`` fields (``request_timeout_ms``, ``client_id``).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str = DEFAULT_BOOTSTRAP,
+        *,
+        config: AdminConfig | None = None,
+        **settings: object,
+    ) -> None:
+        if config is None:
+            config = AdminConfig.from_mapping({"bootstrap_servers": bootstrap_servers, **settings})
+        elif settings:
+            raise ValueError("pass either config= or keyword settings, not both")
+        self.config = config
+        self._transport = Transport(
+            config.bootstrap_servers,
+            client_id=config.client_id,
+            request_timeout_ms=config.request_timeout_ms,
+            reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+        )
+        self._stub = self._transport.stub
+
+    # --- topics ---------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int | None = None,
+        config: Mapping[str, object] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> TopicDescription:
+        """Create a topic; ``partitions`` None takes the broker's ``num.partitions``.
+
+        Config values may be given as numbers; they travel as text. Raises
+        ``TopicAlreadyExistsError``, ``InvalidTopicError``, ``InvalidConfigError``,
+        ``InvalidPartitionsError``.
+        """
+        if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+            raise ValueError(f"partitions must be a positive int, got {partitions!r}")
+        answer = self._transport.call(
+            self._stub.CreateTopic,
+            pb.CreateTopicRequest(
+                name=name, partitions=partitions or 0, config=_text_config(config)
+            ),
+            what=f"CreateTopic {name}",
+            timeout_ms=timeout_ms,
+        )
+        return _description(answer)
+
+    def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
+        """Delete a topic and its data. ``UnknownTopicOrPartitionError`` if there is none."""
+        self._transport.call(
+            self._stub.DeleteTopic,
+            pb.DeleteTopicRequest(name=name),
+            what=f"DeleteTopic {name}",
+            timeout_ms=timeout_ms,
+        )
+
+    def list_topics(
+        self, *, include_internal: bool = False, timeout_ms: int | None = None
+    ) -> list[TopicSummary]:
+        """Every topic with its partition count, sorted by name."""
+        answer = self._transport.call(
+            self._stub.ListTopics,
+            pb.ListTopicsRequest(include_internal=include_internal),
+            what="ListTopics",
+            timeout_ms=timeout_ms,
+        )
+        return sorted(
+            (TopicSummary(t.name, t.partitions, t.internal) for t in answer.topics),
+            key=lambda t: t.name,
+        )
+
+    def describe_topic(self, name: str, *, timeout_ms: int | None = None) -> TopicDescription:
+        """Partitions (log start and end offsets, size) and every effective config."""
+        answer = self._transport.call(
+            self._stub.DescribeTopic,
+            pb.DescribeTopicRequest(name=name),
+            what=f"DescribeTopic {name}",
+            timeout_ms=timeout_ms,
+        )
+        return _description(answer)
+
+    def alter_topic_config(
+        self,
+        name: str,
+        config: Mapping[str, object] | None = None,
+        delete: Iterable[str] = (),
+        *,
+        timeout_ms: int | None = None,
+    ) -> TopicDescription:
+        """Set ``config`` keys and return ``delete`` keys to the broker's defaults."""
+        answer = self._transport.call(
+            self._stub.AlterTopicConfig,
+            pb.AlterTopicConfigRequest(name=name, set=_text_config(config), delete=list(delete)),
+            what=f"AlterTopicConfig {name}",
+            timeout_ms=timeout_ms,
+        )
+        return _description(answer)
+
+    # --- offsets --------------------------------------------------------------------------
+
+    def list_offsets(
+        self, queries: Mapping[TopicPartition, OffsetSpec], *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Per partition: the log start (``"earliest"``), the log end (``"latest"``), or
+        the first offset whose timestamp is at or after an int timestamp in ms.
+
+        For earliest/latest the timestamp is -1. None where no record is that recent.
+        """
+        partitions = []
+        for tp, spec in queries.items():
+            if isinstance(spec, str):
+                if spec not in _SPECIAL_OFFSETS:
+                    raise ValueError(
+                        f"offset spec must be 'earliest', 'latest' or ms, got {spec!r}"
+                    )
+                timestamp = _SPECIAL_OFFSETS[spec]
+            elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+                timestamp = spec
+            else:
+                raise ValueError(f"offset spec must be 'earliest', 'latest' or ms, got {spec!r}")
+            partitions.append(
+                pb.ListOffsetsPartition(
+                    topic=tp.topic, partition=tp.partition, timestamp_ms=timestamp
+                )
+            )
+        answer = self._transport.call(
+            self._stub.ListOffsets,
+            pb.ListOffsetsRequest(partitions=partitions),
+            what="ListOffsets",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
+        for result in answer.results:
+            tp = TopicPartition(result.topic, result.partition)
+            if result.error_code:
+                raise error_for_code(result.error_code, f"{tp}: {result.error_message}")
+            out[tp] = (
+                None
+                if result.offset < 0
+                else OffsetAndTimestamp(result.offset, result.timestamp_ms)
+            )
+        return out
+
+    # --- consumer groups ------------------------------------------------------------------
+
+    def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupSummary]:
+        """Every consumer group with its state and member count, sorted by id."""
+        answer = self._transport.call(
+            self._stub.ListGroups, pb.ListGroupsRequest(), what="ListGroups", timeout_ms=timeout_ms
+        )
+        return sorted(
+            (GroupSummary(g.group_id, g.state, g.members) for g in answer.groups),
+            key=lambda g: g.group_id,
+        )
+
+    def describe_group(self, group_id: str, *, timeout_ms: int | None = None) -> GroupDescription:
+        """Members, assignment, and per-partition committed offset and lag."""
+        answer = self._transport.call(
+            self._stub.DescribeGroup,
+            pb.DescribeGroupRequest(group_id=group_id),
+            what=f"DescribeGroup {group_id}",
+            timeout_ms=timeout_ms,
+        )
+        return GroupDescription(
+            group_id=answer.group_id,
+            state=answer.state,
+            group_epoch=answer.group_epoch,
+            members=tuple(
+                GroupMember(
+                    member_id=m.member_id,
+                    client_id=m.client_id,
+                    member_epoch=m.member_epoch,
+                    subscribed_topics=tuple(m.subscribed_topic_names),
+                    assignment=tuple(
+                        TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
+                    ),
+                )
+                for m in answer.members
+            ),
+            partitions=tuple(
+                GroupPartitionLag(
+                    tp=TopicPartition(p.topic, p.partition),
+                    committed_offset=None if p.committed_offset < 0 else p.committed_offset,
+                    log_end_offset=p.log_end_offset,
+                    lag=p.lag,
+                    member_id=p.member_id,
+                )
+                for p in answer.partitions
+            ),
+        )
+
+    def delete_group(self, group_id: str, *, timeout_ms: int | None = None) -> None:
+        """Delete an empty group and its committed offsets."""
+        self._transport.call(
+            self._stub.DeleteGroup,
+            pb.DeleteGroupRequest(group_id=group_id),
+            what=f"DeleteGroup {group_id}",
+            timeout_ms=timeout_ms,
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        self._transport.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _text_config(config: Mapping[str, object] | None) -> dict[str, str]:
+    if not config:
+        return {}
+    out = {}
+    for key, value in config.items():
+        if not isinstance(key, str):
+            raise TypeError(f"config keys must be str, got {key!r}")
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _description(answer: pb.TopicDescription) -> TopicDescription:
+    return TopicDescription(
+        name=answer.name,
+        partitions=tuple(
+            PartitionDescription(
+                partition=p.partition,
+                log_start_offset=p.log_start_offset,
+                log_end_offset=p.log_end_offset,
+                high_watermark=p.high_watermark,
+                size_bytes=p.size_bytes,
+                segments=p.segments,
+            )
+            for p in sorted(answer.partitions, key=lambda p: p.partition)
+        ),
+        config=dict(sorted(answer.config.items())),
+        internal=answer.internal,
+    )

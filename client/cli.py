@@ -1,0 +1,619 @@
+"""The ``tidelog`` command line.
+
+::
+
+    tidelog topics create NAME [--partitions N] [--config KEY=VALUE]...
+    tidelog topics list [--internal]
+    tidelog topics describe NAME
+    tidelog topics alter NAME [--set KEY=VALUE]... [--delete KEY]...
+    tidelog topics delete NAME
+    tidelog produce TOPIC [--key-separator SEP] [--partition P] [--acks 0|1|all] ...
+    tidelog consume TOPIC [--from-beginning] [--partition P [--offset N]]
+                          [--max-messages N] [--format FMT] [--timeout-ms MS] [--group G]
+    tidelog groups list | describe GROUP
+    tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
+
+Every command takes ``--bootstrap HOST:PORT`` (default ``$TIDELOG_BOOTSTRAP`` or
+``127.0.0.1:7410``). Tables are aligned for a terminal; records go to stdout, summaries
+and errors to stderr. An error is one line (``tidelog: error: ... [CODE]``), never a
+traceback.
+
+Exit status: 0 success (``consume`` stopped with Ctrl-C included); 1 the broker refused
+the request, could not be reached, or a record was not delivered; 2 bad usage; 130
+interrupted (other commands).
+
+``serve`` belongs to the broker: ``main`` hands it to ``broker.cli.main`` through
+``_run_broker``, a lazy import, so the client never imports the broker package unless
+``tidelog serve`` runs. This is the only client module that writes to the terminal and
+reads the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import importlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from client.admin import AdminClient
+from client.config import DEFAULT_BOOTSTRAP
+from client.consumer import Consumer
+from client.producer import Producer
+from client.types import ConsumerRecord, RecordMetadata, TopicPartition
+from storage.errors import TidelogError
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_DEFAULT_TIMEOUT_MS = 10_000
+_POLL_MS = 500
+_FORMAT_FIELDS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+
+
+class UsageError(Exception):
+    """Bad arguments that argparse cannot see (exit status 2)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (the console script exits with it)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "serve":
+        return _run_broker(args_list[1:])
+    parser = _parser()
+    args = parser.parse_args(args_list)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.ERROR,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return handler(args)
+    except UsageError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    except TidelogError as exc:
+        _error(_describe_error(exc))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        return EXIT_OK
+
+
+def _run_broker(argv: Sequence[str]) -> int:
+    """``tidelog serve``: the broker's own command line, imported only when asked for."""
+    broker_cli: Any = importlib.import_module("broker.cli")
+    status: int = broker_cli.main(["serve", *argv])
+    return status
+
+
+# --- argument parsing ---------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    default_bootstrap = os.environ.get("TIDELOG_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=argparse.SUPPRESS,
+        help=f"broker address (default {default_bootstrap})",
+    )
+    common.add_argument(
+        "--timeout-ms",
+        type=_non_negative_int,
+        default=argparse.SUPPRESS,
+        help="how long to wait for the broker",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+
+    parser = argparse.ArgumentParser(
+        prog="tidelog",
+        description="Manage topics, produce and consume records on a Tidelog broker.",
+        epilog="Exit status: 0 success, 1 error from or reaching the broker, 2 bad usage.",
+    )
+    parser.add_argument("--bootstrap", metavar="HOST:PORT", default=default_bootstrap)
+    parser.add_argument("--timeout-ms", type=_non_negative_int, default=None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    commands.add_parser("serve", help="run the broker daemon (see `tidelog serve --help`)")
+
+    topics = commands.add_parser("topics", help="create, list, describe, alter, delete topics")
+    topics.set_defaults(handler=_help_of(topics))
+    topic_commands = topics.add_subparsers(title="topic commands", metavar="ACTION")
+    create = topic_commands.add_parser("create", parents=[common], help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=_positive_int, help="default: the broker's")
+    create.add_argument(
+        "--config", metavar="KEY=VALUE", action="append", default=[], help="topic setting"
+    )
+    create.set_defaults(handler=_topics_create)
+    listing = topic_commands.add_parser("list", parents=[common], help="list topics")
+    listing.add_argument("--internal", action="store_true", help="include internal topics")
+    listing.set_defaults(handler=_topics_list)
+    describe = topic_commands.add_parser("describe", parents=[common], help="describe a topic")
+    describe.add_argument("name")
+    describe.set_defaults(handler=_topics_describe)
+    alter = topic_commands.add_parser("alter", parents=[common], help="change topic settings")
+    alter.add_argument("name")
+    alter.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+    alter.add_argument("--delete", metavar="KEY", action="append", default=[])
+    alter.set_defaults(handler=_topics_alter)
+    delete = topic_commands.add_parser("delete", parents=[common], help="delete a topic")
+    delete.add_argument("name")
+    delete.set_defaults(handler=_topics_delete)
+
+    produce = commands.add_parser(
+        "produce", parents=[common], help="send lines of stdin as records"
+    )
+    produce.add_argument("topic")
+    produce.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="split each line at the first SEP into key and value",
+    )
+    produce.add_argument("--partition", type=_non_negative_int, help="send to this partition")
+    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    produce.add_argument("--compression", choices=["none", "lz4"], default="none")
+    produce.add_argument("--linger-ms", type=_non_negative_int, default=5)
+    produce.add_argument(
+        "--header", metavar="KEY=VALUE", action="append", default=[], help="header on every record"
+    )
+    produce.set_defaults(handler=_produce)
+
+    consume = commands.add_parser("consume", parents=[common], help="print records of a topic")
+    consume.add_argument("topic")
+    consume.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest record, not new ones"
+    )
+    consume.add_argument("--partition", type=_non_negative_int, help="read only this partition")
+    consume.add_argument(
+        "--offset", help="with --partition: start here (an offset, 'earliest' or 'latest')"
+    )
+    consume.add_argument("--max-messages", type=_positive_int, help="stop after N records")
+    consume.add_argument(
+        "--format",
+        default="{value}",
+        help="output per record, with {topic} {partition} {offset} {timestamp} {key} {value} "
+        "{headers}; \\t and \\n work (default {value})",
+    )
+    consume.add_argument(
+        "--idle-timeout-ms",
+        type=_non_negative_int,
+        help="stop after this long without a record (default: wait forever)",
+    )
+    consume.add_argument("--group", help="consumer group: start from its committed offsets")
+    consume.set_defaults(handler=_consume)
+
+    groups = commands.add_parser("groups", help="consumer groups and their lag")
+    groups.set_defaults(handler=_help_of(groups))
+    group_commands = groups.add_subparsers(title="group commands", metavar="ACTION")
+    group_list = group_commands.add_parser("list", parents=[common], help="list groups")
+    group_list.set_defaults(handler=_groups_list)
+    group_describe = group_commands.add_parser(
+        "describe", parents=[common], help="members and lag of a group"
+    )
+    group_describe.add_argument("group")
+    group_describe.set_defaults(handler=_groups_describe)
+    return parser
+
+
+def _help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    def show_help(args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+
+    return show_help
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{what} must look like KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def _timeout(args: argparse.Namespace) -> int:
+    value: int | None = args.timeout_ms
+    return _DEFAULT_TIMEOUT_MS if value is None else max(value, 1)
+
+
+def _admin(args: argparse.Namespace) -> AdminClient:
+    try:
+        return AdminClient(args.bootstrap, request_timeout_ms=_timeout(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# --- topics -------------------------------------------------------------------------------
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    config = _pairs(args.config, "--config")
+    with _admin(args) as admin:
+        description = admin.create_topic(args.name, args.partitions, config)
+    _info(f'Created topic "{description.name}" with {len(description.partitions)} partition(s).')
+    return EXIT_OK
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        topics = admin.list_topics(include_internal=args.internal)
+    if not topics:
+        _info("No topics.")
+        return EXIT_OK
+    headers = ["TOPIC", "PARTITIONS"] + (["INTERNAL"] if args.internal else [])
+    rows = [
+        [t.name, str(t.partitions)] + (["yes" if t.internal else ""] if args.internal else [])
+        for t in topics
+    ]
+    _print_table(headers, rows, right={1})
+    return EXIT_OK
+
+
+def _topics_describe(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        topic = admin.describe_topic(args.name)
+    total_records = sum(p.log_end_offset - p.log_start_offset for p in topic.partitions)
+    total_bytes = sum(p.size_bytes for p in topic.partitions)
+    print(
+        f"Topic: {topic.name}   Partitions: {len(topic.partitions)}   "
+        f"Records: {total_records}   Size: {_human_bytes(total_bytes)}"
+        + ("   (internal)" if topic.internal else "")
+    )
+    print()
+    rows = [
+        [
+            str(p.partition),
+            str(p.log_start_offset),
+            str(p.log_end_offset),
+            str(p.high_watermark),
+            _human_bytes(p.size_bytes),
+            str(p.segments),
+        ]
+        for p in topic.partitions
+    ]
+    _print_table(
+        ["PARTITION", "LOG START", "LOG END", "HIGH WATERMARK", "SIZE", "SEGMENTS"],
+        rows,
+        right={0, 1, 2, 3, 4, 5},
+    )
+    if topic.config:
+        print()
+        print("Config:")
+        _print_table(None, [[f"  {k}", v] for k, v in topic.config.items()])
+    return EXIT_OK
+
+
+def _topics_alter(args: argparse.Namespace) -> int:
+    updates = _pairs(args.set, "--set")
+    if not updates and not args.delete:
+        raise UsageError("topics alter: give at least one --set KEY=VALUE or --delete KEY")
+    with _admin(args) as admin:
+        admin.alter_topic_config(args.name, updates, args.delete)
+    _info(f'Updated topic "{args.name}".')
+    return EXIT_OK
+
+
+def _topics_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_topic(args.name)
+    _info(f'Deleted topic "{args.name}".')
+    return EXIT_OK
+
+
+# --- produce ------------------------------------------------------------------------------
+
+
+def _produce(args: argparse.Namespace) -> int:
+    separator: str | None = args.key_separator
+    if separator == "":
+        raise UsageError("--key-separator must not be empty")
+    headers = [(k, v.encode()) for k, v in _pairs(args.header, "--header").items()]
+    failures: list[BaseException] = []
+    sent = 0
+
+    def on_delivery(metadata: RecordMetadata | None, error: BaseException | None) -> None:
+        if error is not None:
+            failures.append(error)
+
+    try:
+        producer = Producer(
+            args.bootstrap,
+            acks=args.acks,
+            compression=None if args.compression == "none" else "lz4",
+            linger_ms=args.linger_ms,
+            enable_idempotence=args.acks != "0",
+            max_block_ms=_timeout(args),
+            request_timeout_ms=_timeout(args),
+            delivery_timeout_ms=max(_timeout(args) + args.linger_ms, 2 * _timeout(args)),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        with producer:
+            # Fail fast on a missing topic instead of after max_block_ms per record.
+            producer.partitions_for(args.topic, timeout_ms=_timeout(args))
+            for number, raw in enumerate(_stdin_lines(), start=1):
+                line = raw[:-1] if raw.endswith(b"\n") else raw
+                key: bytes | None = None
+                if separator is not None:
+                    key_part, sep, value_part = line.partition(separator.encode())
+                    if not sep:
+                        raise UsageError(f"line {number} has no key separator {separator!r}")
+                    key, line = key_part, value_part
+                producer.send(
+                    args.topic,
+                    value=line,
+                    key=key,
+                    headers=headers,
+                    partition=args.partition,
+                    callback=on_delivery,
+                )
+                sent += 1
+            producer.flush()
+    except UsageError:
+        _info(f"Stopped: {sent} record(s) before the bad line were sent.")
+        raise
+    if failures:
+        _error(f"{len(failures)} of {sent} record(s) not delivered: {_describe_error(failures[0])}")
+        return EXIT_ERROR
+    _info(f'Produced {sent} record(s) to "{args.topic}".')
+    return EXIT_OK
+
+
+def _stdin_lines() -> Any:
+    return iter(sys.stdin.buffer.readline, b"")
+
+
+# --- consume ------------------------------------------------------------------------------
+
+
+def _consume(args: argparse.Namespace) -> int:
+    template = _decode_escapes(args.format)
+    _check_format(template)
+    if args.offset is not None and args.partition is None:
+        raise UsageError("--offset needs --partition")
+    try:
+        consumer = Consumer(
+            args.bootstrap,
+            group_id=args.group,
+            auto_offset_reset="earliest" if args.from_beginning else "latest",
+            enable_auto_commit=args.group is not None,
+            request_timeout_ms=max(_timeout(args), 1_000),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    count = 0
+    out = sys.stdout
+    try:
+        with consumer:
+            if args.partition is None:
+                consumer.partitions_for_topic(args.topic, timeout_ms=_timeout(args))
+                consumer.subscribe([args.topic])
+            else:
+                tp = TopicPartition(args.topic, args.partition)
+                if args.partition not in consumer.partitions_for_topic(
+                    args.topic, timeout_ms=_timeout(args)
+                ):
+                    raise UsageError(f"topic {args.topic!r} has no partition {args.partition}")
+                consumer.assign([tp])
+                _seek(consumer, tp, args.offset)
+            limit: int | None = args.max_messages
+            idle_ms: int | None = args.idle_timeout_ms
+            last_record = time.monotonic()
+            while limit is None or count < limit:
+                records = consumer.poll(timeout_ms=_POLL_MS)
+                if not records:
+                    if idle_ms is not None and (time.monotonic() - last_record) * 1000 >= idle_ms:
+                        break
+                    continue
+                last_record = time.monotonic()
+                if limit is not None:
+                    records = records[: limit - count]
+                out.write("".join(_format_record(template, r) + "\n" for r in records))
+                out.flush()
+                count += len(records)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            out.flush()
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+    _info(f"Processed a total of {count} message(s).")
+    return EXIT_OK
+
+
+def _seek(consumer: Consumer, tp: TopicPartition, offset: str | None) -> None:
+    if offset is None:
+        return
+    if offset == "earliest":
+        consumer.seek_to_beginning(tp)
+    elif offset == "latest":
+        consumer.seek_to_end(tp)
+    else:
+        try:
+            value = int(offset)
+        except ValueError:
+            raise UsageError(
+                f"--offset must be an offset, 'earliest' or 'latest', got {offset!r}"
+            ) from None
+        if value < 0:
+            raise UsageError(f"--offset must not be negative, got {value}")
+        consumer.seek(tp, value)
+
+
+def _decode_escapes(text: str) -> str:
+    try:
+        return codecs.decode(text, "unicode_escape")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--format: bad escape sequence ({exc.reason})") from None
+
+
+def _check_format(template: str) -> None:
+    sample = dict.fromkeys(_FORMAT_FIELDS, "")
+    try:
+        template.format_map(sample)
+    except (KeyError, IndexError, ValueError) as exc:
+        known = " ".join(f"{{{f}}}" for f in _FORMAT_FIELDS)
+        raise UsageError(
+            f"--format: unknown field or bad template ({exc}); known: {known}"
+        ) from None
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return "null"
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def _format_record(template: str, record: ConsumerRecord) -> str:
+    return template.format_map(
+        {
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "timestamp": record.timestamp_ms,
+            "key": _text(record.key),
+            "value": _text(record.value),
+            "headers": ",".join(f"{k}={_text(v)}" for k, v in record.headers),
+        }
+    )
+
+
+# --- groups -------------------------------------------------------------------------------
+
+
+def _groups_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        groups = admin.list_groups()
+    if not groups:
+        _info("No consumer groups.")
+        return EXIT_OK
+    _print_table(
+        ["GROUP", "STATE", "MEMBERS"],
+        [[g.group_id, g.state, str(g.members)] for g in groups],
+        right={2},
+    )
+    return EXIT_OK
+
+
+def _groups_describe(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        group = admin.describe_group(args.group)
+    print(f"Group: {group.group_id}   State: {group.state}   Members: {len(group.members)}")
+    print()
+    rows = [
+        [
+            p.tp.topic,
+            str(p.tp.partition),
+            "-" if p.committed_offset is None else str(p.committed_offset),
+            str(p.log_end_offset),
+            str(p.lag),
+            p.member_id or "-",
+        ]
+        for p in sorted(group.partitions, key=lambda p: p.tp)
+    ]
+    _print_table(
+        ["TOPIC", "PARTITION", "COMMITTED", "LOG END", "LAG", "MEMBER"], rows, right={1, 2, 3, 4}
+    )
+    return EXIT_OK
+
+
+# --- terminal output ----------------------------------------------------------------------
+
+
+def _print_table(
+    headers: Sequence[str] | None,
+    rows: Sequence[Sequence[str]],
+    *,
+    right: set[int] | None = None,
+    out: TextIO | None = None,
+) -> None:
+    """Columns padded to their widest cell, two spaces apart; ``right`` columns flush right."""
+    stream = out or sys.stdout
+    table = ([list(headers)] if headers else []) + [list(r) for r in rows]
+    if not table:
+        return
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    right = right or set()
+    for row in table:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        stream.write("  ".join(cells).rstrip() + "\n")
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # unreachable; keeps type checkers calm
+
+
+def _describe_error(error: BaseException) -> str:
+    message = str(error).strip() or type(error).__name__
+    code = getattr(error, "code", None)
+    if isinstance(error, TidelogError) and code and code not in message:
+        return f"{message} [{code}]"
+    return message
+
+
+def _info(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _error(message: str) -> None:
+    print(f"tidelog: error: {message}", file=sys.stderr)
+
+
+def _quiet_broken_pipe() -> None:
+    # The reader went away (`tidelog consume ... | head`): stop writing without a traceback.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""The consumer's pure engine: positions, fetch planning, and fetched bytes to records.
+
+Per assigned partition (``PartitionState``) the consumer keeps two offsets:
+
+- ``position``: the next offset the application gets (what ``Consumer.position`` says);
+- ``fetch_position``: where the next fetch starts. It runs ahead of ``position`` by the
+  fetched bytes not yet handed out, so the next fetch is on its way while the
+  application works on this one (prefetch, at most ``max_prefetch`` answers per
+  partition).
+
+``seek`` (and a reset) moves both and bumps the partition's ``epoch``: answers of
+fetches sent before it carry the old epoch and are dropped, as are prefetched bytes.
+
+``CompletedFetch`` holds one partition's fetched bytes and hands out records lazily, one
+batch decoded at a time (``take``): records below the position are skipped (the broker
+returns whole batches, so the first one may start before the fetch offset), control
+batches are skipped, and after a batch the position moves to the batch's next offset,
+which steps over offsets that compaction removed (gaps) and over emptied batches.
+
+Pure and not thread-safe: the consumer guards ``SubscriptionState`` with its lock; a
+``CompletedFetch`` belongs to the thread that polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from client.types import ConsumerRecord, TopicPartition
+from storage.errors import TidelogError
+from storage.records import (
+    Record,
+    decode_batch,
+    iter_batch_headers,
+    read_header,
+    split_whole_batches,
+)
+
+__all__ = [
+    "CompletedFetch",
+    "FetchTarget",
+    "PartitionState",
+    "SubscriptionState",
+    "next_fetch_offset",
+]
+
+_new_record = tuple.__new__
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """What the consumer knows of one assigned partition."""
+
+    position: int | None = None
+    fetch_position: int | None = None
+    reset: str | None = None  # a pending "earliest"/"latest" reset
+    epoch: int = 0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    in_flight: bool = False
+    paused: bool = False
+    retry_at_ms: int = 0
+    buffered: int = 0  # fetched answers not yet handed out (in the consumer's queue)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchTarget:
+    """One partition of a fetch request."""
+
+    tp: TopicPartition
+    fetch_offset: int
+    epoch: int
+
+
+class SubscriptionState:
+    """Assigned partitions and their states, in assignment order. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[TopicPartition, PartitionState] = {}
+        self.subscription: tuple[str, ...] | None = None  # subscribe() topics, if any
+
+    def assign(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Make ``tps`` the assignment; kept partitions keep their state.
+
+        Returns the partitions that were dropped.
+        """
+        wanted = list(dict.fromkeys(tps))
+        dropped = [tp for tp in self.partitions if tp not in set(wanted)]
+        self.partitions = {tp: self.partitions.get(tp) or PartitionState() for tp in wanted}
+        return dropped
+
+    def state(self, tp: TopicPartition) -> PartitionState:
+        """The state of an assigned partition; ``KeyError`` naming it otherwise."""
+        try:
+            return self.partitions[tp]
+        except KeyError:
+            raise KeyError(f"{tp} is not assigned to this consumer") from None
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read ``tp`` from ``offset`` next; prefetched bytes are dropped."""
+        state = self.state(tp)
+        state.position = offset
+        state.fetch_position = offset
+        state.reset = None
+        _invalidate(state)
+
+    def request_reset(self, tp: TopicPartition, strategy: str | None) -> None:
+        """Forget ``tp``'s position; it is looked up again (``strategy`` or the default)."""
+        state = self.state(tp)
+        state.position = None
+        state.fetch_position = None
+        state.reset = strategy
+        _invalidate(state)
+
+    def needs_position(self) -> list[TopicPartition]:
+        return [tp for tp, s in self.partitions.items() if s.position is None]
+
+    def fetch_targets(self, now_ms: int, max_prefetch: int) -> tuple[list[FetchTarget], bool]:
+        """Partitions to fetch now, and whether some were left out for a full buffer."""
+        targets = []
+        capped = False
+        for tp, state in self.partitions.items():
+            if state.fetch_position is None or state.in_flight or state.paused:
+                continue
+            if state.buffered >= max_prefetch:
+                capped = True
+                continue
+            if now_ms < state.retry_at_ms:
+                continue
+            targets.append(FetchTarget(tp, state.fetch_position, state.epoch))
+        return targets, capped
+
+    def next_retry_ms(self) -> int | None:
+        waits = [s.retry_at_ms for s in self.partitions.values() if s.retry_at_ms]
+        return min(waits) if waits else None
+
+
+def _invalidate(state: PartitionState) -> None:
+    state.epoch += 1
+    state.buffered = 0  # what is queued carries the old epoch and is dropped when reached
+    state.retry_at_ms = 0
+
+
+def next_fetch_offset(records: bytes, fetch_offset: int) -> tuple[int, int]:
+    """``(next offset, whole-batch bytes)`` of fetched ``records`` read from ``fetch_offset``.
+
+    The next fetch starts after the last whole batch (a partial tail is never counted);
+    without a whole batch it starts at ``fetch_offset`` again.
+    """
+    whole = split_whole_batches(records)
+    next_offset = fetch_offset
+    for _, header in iter_batch_headers(memoryview(records)[:whole], validate=False):
+        next_offset = max(next_offset, header.next_offset)
+    return next_offset, whole
+
+
+class CompletedFetch:
+    """One partition's answer to one fetch: records handed out lazily. Not thread-safe.
+
+    ``error`` set means the fetch failed (e.g. ``OffsetOutOfRangeError``); it is seen in
+    order, after the answers fetched before it.
+    """
+
+    __slots__ = (
+        "_batch_next_offset",
+        "_check_crcs",
+        "_cursor",
+        "_end",
+        "_pending",
+        "_pending_index",
+        "data",
+        "epoch",
+        "error",
+        "fetch_offset",
+        "next_offset",
+        "tp",
+    )
+
+    def __init__(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        fetch_offset: int,
+        data: bytes,
+        *,
+        next_offset: int | None = None,
+        whole_bytes: int | None = None,
+        check_crcs: bool = True,
+        error: TidelogError | None = None,
+    ) -> None:
+        self.tp = tp
+        self.epoch = epoch
+        self.fetch_offset = fetch_offset
+        self.data = data
+        self.error = error
+        if next_offset is None or whole_bytes is None:
+            next_offset, whole_bytes = next_fetch_offset(data, fetch_offset)
+        self.next_offset = next_offset
+        self._end = whole_bytes
+        self._cursor = 0
+        self._pending: list[Record] = []  # the decoded batch being handed out
+        self._pending_index = 0
+        self._batch_next_offset = fetch_offset
+        self._check_crcs = check_crcs
+
+    @property
+    def exhausted(self) -> bool:
+        return self._cursor >= self._end and self._pending_index >= len(self._pending)
+
+    def take(self, position: int, max_records: int) -> tuple[list[ConsumerRecord], int]:
+        """Up to ``max_records`` records at or after ``position``; returns the new position.
+
+        A batch is decoded whole, but its records become ``ConsumerRecord``s only as they
+        are handed out, so a ``poll`` of 500 builds 500 of them: records the application
+        drops at once then die young instead of being promoted by the garbage collector
+        while the rest of a large batch waits.
+
+        Raises ``CorruptRecordError`` for a batch that does not decode (or fails its CRC
+        with ``check_crcs``).
+        """
+        out: list[ConsumerRecord] = []
+        data = self.data
+        topic, partition = self.tp.topic, self.tp.partition
+        cls = ConsumerRecord
+        while len(out) < max_records:
+            pending = self._pending
+            index = self._pending_index
+            if index < len(pending):
+                stop = min(index + max_records - len(out), len(pending))
+                chunk = pending[index:stop] if index or stop < len(pending) else pending
+                out += [
+                    _new_record(
+                        cls,
+                        (topic, partition, r.offset, r.timestamp_ms, r.key, r.value, r.headers),
+                    )
+                    for r in chunk
+                ]
+                self._pending_index = stop
+                position = chunk[-1].offset + 1
+                if stop >= len(pending):
+                    position = max(position, self._batch_next_offset)
+                    self._pending = []
+                    self._pending_index = 0
+                continue
+            if self._cursor >= self._end:
+                break
+            header = read_header(data, self._cursor)
+            batch_next = header.base_offset + header.last_offset_delta + 1
+            if batch_next <= position:
+                self._cursor += header.batch_length + 12  # wholly before the position
+                continue
+            if header.is_control or header.records_count == 0:
+                self._cursor += header.batch_length + 12
+                position = batch_next  # nothing for the application: step over it
+                continue
+            _, records = decode_batch(data, self._cursor, validate=self._check_crcs)
+            self._cursor += header.batch_length + 12
+            self._batch_next_offset = batch_next
+            if records and records[0].offset < position:
+                records = [r for r in records if r.offset >= position]
+            self._pending = records
+            self._pending_index = 0
+            if not records:
+                position = max(position, batch_next)
+        return out, position

@@ -1,0 +1,265 @@
+"""The one client module that touches gRPC: channel, stubs, deadlines, error mapping.
+
+``Transport`` owns one channel to the broker with:
+
+- reconnect backoff of at most ``reconnect_backoff_max_ms`` (gRPC's default grows to 120 s,
+  far too slow to notice a restarted broker), starting at 100 ms;
+- keepalive pings every 5 minutes on busy connections, the most often a gRPC server with
+  default settings accepts (more often and it closes the connection for "too many
+  pings"); a dead broker is noticed sooner by the request deadlines, and a killed one at
+  once by the closed socket;
+- message size limits: requests up to ``max_send_bytes``, answers of any size the broker
+  sends (it bounds them by ``fetch.max.bytes`` plus one batch).
+
+Every unary call has a deadline. A call the broker could not be reached for is tried
+again until the deadline, so a broker that restarts within it is simply waited for, and
+one that stays down gives ``BrokerUnavailableError`` when it passes, never a hang. (The
+channel's connectivity is not watched: grpcio's watcher thread races ``close`` and dies
+with "Channel closed!".) A failed call becomes the exact ``TidelogError`` the broker
+meant: the code string in trailing metadata ``tidelog-error-code`` goes through
+``error_for_code``; without it the gRPC status decides (``error_from_rpc``).
+
+Streams (``open_stream``) are the data path: a ``BidiStream`` takes requests through
+``send`` (never blocks) and yields answers from ``responses()``; a broken stream raises
+the mapped error from ``responses()``.
+
+Thread-safe: gRPC channels and stubs are; a ``BidiStream`` has one reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from proto.tidelog.v1 import broker_pb2_grpc
+from storage.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    InternalError,
+    InvalidRequestError,
+    KafkaTimeoutError,
+    RequestTooLargeError,
+    TidelogError,
+    error_for_code,
+)
+
+__all__ = [
+    "ERROR_CODE_METADATA_KEY",
+    "BidiStream",
+    "Transport",
+    "error_from_rpc",
+]
+
+log = logging.getLogger(__name__)
+
+ERROR_CODE_METADATA_KEY = "tidelog-error-code"
+
+_KEEPALIVE_TIME_MS = 300_000  # a default gRPC server refuses pings more frequent than this
+_KEEPALIVE_TIMEOUT_MS = 20_000
+_INITIAL_RECONNECT_BACKOFF_MS = 100
+_SEND_MARGIN_BYTES = 64 * 1024  # protobuf framing around the record bytes
+
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
+
+
+def error_from_rpc(exc: grpc.RpcError, address: str, what: str) -> TidelogError:
+    """The ``TidelogError`` a failed call stands for.
+
+    With a ``tidelog-error-code`` in the trailing metadata: that exact class. Without:
+    ``UNAVAILABLE`` is ``BrokerUnavailableError``; ``DEADLINE_EXCEEDED`` is
+    ``KafkaTimeoutError``; ``RESOURCE_EXHAUSTED`` is ``RequestTooLargeError`` (gRPC's
+    own size limit); ``UNIMPLEMENTED`` is ``InvalidRequestError`` (this broker does not
+    serve the call); ``CANCELLED`` is ``ClosedError``; anything else ``InternalError``.
+    """
+    code = None
+    status = None
+    details = ""
+    call: Any = exc  # failed calls are both RpcError and Call (the stubs cannot say so)
+    if hasattr(call, "code") and hasattr(call, "trailing_metadata"):
+        status = call.code()
+        details = call.details() or ""
+        for key, value in call.trailing_metadata() or ():
+            if key == ERROR_CODE_METADATA_KEY:
+                code = value if isinstance(value, str) else value.decode()
+    if code:
+        return error_for_code(code, details)
+    message = f"{what}: {details}" if details else what
+    if status == grpc.StatusCode.UNAVAILABLE:
+        return BrokerUnavailableError(f"broker at {address} is unavailable ({message})")
+    if status == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return KafkaTimeoutError(f"{what}: no answer from {address} before the deadline")
+    if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return RequestTooLargeError(message)
+    if status == grpc.StatusCode.UNIMPLEMENTED:
+        return InvalidRequestError(f"the broker at {address} does not implement {what}")
+    if status == grpc.StatusCode.CANCELLED:
+        return ClosedError(f"{what} was cancelled")
+    return InternalError(message)
+
+
+class _RequestQueue(Generic[RequestT]):
+    """The request iterator gRPC drains for a stream; ``close`` ends it."""
+
+    _END: Any = object()
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def put(self, request: RequestT) -> None:
+        self._queue.put(request)
+
+    def close(self) -> None:
+        self._queue.put(self._END)
+
+    def __iter__(self) -> Iterator[RequestT]:
+        return self
+
+    def __next__(self) -> RequestT:
+        item = self._queue.get()
+        if item is self._END:
+            self._queue.put(self._END)  # later calls end too
+            raise StopIteration
+        return item  # type: ignore[no-any-return]
+
+
+class BidiStream(Generic[RequestT, ResponseT]):
+    """One open bidirectional stream. ``send`` from any thread; one thread reads.
+
+    ``close`` half-closes (the broker answers what it has, then the stream ends);
+    ``cancel`` ends it at once (``responses()`` then raises ``ClosedError``).
+    """
+
+    def __init__(
+        self,
+        method: grpc.StreamStreamMultiCallable[Any, Any],
+        address: str,
+        what: str,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> None:
+        self._requests: _RequestQueue[RequestT] = _RequestQueue()
+        self._address = address
+        self._what = what
+        self._call: Any = method(iter(self._requests), wait_for_ready=True, metadata=metadata)
+
+    def send(self, request: RequestT) -> None:
+        """Queue one request; gRPC sends it in order. Never blocks."""
+        self._requests.put(request)
+
+    def responses(self) -> Iterator[ResponseT]:
+        """The answers, in order; raises the mapped ``TidelogError`` if the stream breaks."""
+        try:
+            yield from self._call
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, self._address, self._what) from None
+        finally:
+            self._requests.close()
+
+    def close(self) -> None:
+        """No more requests: the broker finishes the ones it has and ends the stream."""
+        self._requests.close()
+
+    def cancel(self) -> None:
+        """End the stream now; requests in flight get no answer."""
+        self._requests.close()
+        self._call.cancel()
+
+
+class Transport:
+    """A channel to one broker. Thread-safe; ``close`` once."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        client_id: str,
+        request_timeout_ms: int,
+        reconnect_backoff_max_ms: int = 1_000,
+        max_send_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.address = address
+        self.request_timeout_ms = request_timeout_ms
+        max_backoff = max(reconnect_backoff_max_ms, _INITIAL_RECONNECT_BACKOFF_MS)
+        options = [
+            ("grpc.primary_user_agent", f"tidelog-client/{client_id}"),
+            ("grpc.max_send_message_length", max_send_bytes + _SEND_MARGIN_BYTES),
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.keepalive_time_ms", _KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.initial_reconnect_backoff_ms", _INITIAL_RECONNECT_BACKOFF_MS),
+            ("grpc.min_reconnect_backoff_ms", _INITIAL_RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", max_backoff),
+            # A separate TCP connection per client object: producers and consumers of one
+            # process do not queue behind each other on a shared HTTP/2 connection.
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
+        self._metadata = (("tidelog-client-id", client_id),)
+        self._channel = grpc.insecure_channel(address, options=options)
+        self._max_backoff_ms = max_backoff
+        self.stub = broker_pb2_grpc.BrokerStub(self._channel)
+        self._closed = False
+
+    def call(
+        self,
+        method: Callable[..., ResponseT],
+        request: object,
+        *,
+        what: str,
+        timeout_ms: int | None = None,
+    ) -> ResponseT:
+        """Make one unary call within ``timeout_ms``; raise the mapped ``TidelogError``.
+
+        ``method`` is a stub attribute (``transport.stub.ListTopics``). While the broker
+        cannot be reached (``UNAVAILABLE`` without a code: nothing was served) the call is
+        tried again, backing off up to ``reconnect_backoff_max_ms``, until the timeout,
+        then raises ``BrokerUnavailableError``; a broker that does not answer in time
+        gives ``KafkaTimeoutError``; after ``close``, ``ClosedError``.
+        """
+        timeout = self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
+        deadline = time.monotonic() + timeout / 1000
+        backoff_s = _INITIAL_RECONNECT_BACKOFF_MS / 1000
+        while True:
+            if self._closed:
+                raise ClosedError(f"{what}: the client is closed")
+            remaining = deadline - time.monotonic()
+            try:
+                return method(
+                    request,
+                    timeout=max(remaining, 0.001),
+                    wait_for_ready=False,
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                error = error_from_rpc(exc, self.address, what)
+            except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
+                raise ClosedError(f"{what}: the client is closed") from exc
+            if not isinstance(error, BrokerUnavailableError):
+                raise error
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerUnavailableError(
+                    f"{what}: broker at {self.address} unreachable for {timeout} ms"
+                )
+            time.sleep(min(backoff_s, remaining))
+            backoff_s = min(backoff_s * 2, self._max_backoff_ms / 1000)
+
+    def open_stream(
+        self, method: grpc.StreamStreamMultiCallable[Any, Any], what: str
+    ) -> BidiStream[Any, Any]:
+        """Open a bidirectional stream (``transport.stub.ProduceStream``)."""
+        if self._closed:
+            raise ClosedError(f"{what}: the client is closed")
+        return BidiStream(method, self.address, what, self._metadata)
+
+    def close(self) -> None:
+        """Close the channel; calls in flight end with ``CANCELLED``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._channel.close()

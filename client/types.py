@@ -1,0 +1,104 @@
+"""The value types of the client's public API.
+
+``TopicPartition`` is a frozen, hashable dataclass (DESIGN.md). The types built once per
+record (``RecordMetadata`` for every send, ``ConsumerRecord`` for every record read) are
+``NamedTuple``s, as kafka-python's are: a tuple subclass is the cheapest Python object to
+build with named fields (the consumer builds hundreds of thousands per second), compares
+and hashes by value and unpacks like a tuple. The admin answers are frozen dataclasses.
+
+Everything here is immutable and thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = [
+    "ConsumerRecord",
+    "Header",
+    "OffsetAndTimestamp",
+    "PartitionDescription",
+    "RecordMetadata",
+    "TopicDescription",
+    "TopicPartition",
+    "TopicSummary",
+]
+
+Header = tuple[str, bytes | None]
+"""A record header: a UTF-8 key and a value that may be None, as Kafka's."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    """One partition of one topic. Frozen, hashable, ordered by (topic, partition)."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class RecordMetadata(NamedTuple):
+    """Where a sent record landed: its offset, and its timestamp as the log keeps it.
+
+    ``timestamp_ms`` is the producer's CreateTime, or the broker's append time on a
+    ``LogAppendTime`` topic. With ``acks=0`` the broker tells nothing: ``offset`` is -1.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+class ConsumerRecord(NamedTuple):
+    """One record read from a partition. ``value`` None is a tombstone."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """The answer of ``Consumer.offsets_for_times`` for one partition."""
+
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSummary:
+    """One line of ``AdminClient.list_topics``."""
+
+    name: str
+    partitions: int
+    internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    """One partition of ``AdminClient.describe_topic``: offsets and size on disk."""
+
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    size_bytes: int
+    segments: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """A topic as the broker describes it: partitions, and every effective config."""
+
+    name: str
+    partitions: Sequence[PartitionDescription]
+    config: Mapping[str, str]
+    internal: bool = False

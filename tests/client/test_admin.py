@@ -1,0 +1,130 @@
+"""The admin client against a real in-process broker, and its errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.testing import InProcessBroker
+from client import (
+    AdminClient,
+    BrokerUnavailableError,
+    ClosedError,
+    InvalidConfigError,
+    InvalidTopicError,
+    OffsetAndTimestamp,
+    Producer,
+    TopicAlreadyExistsError,
+    TopicPartition,
+    UnknownTopicOrPartitionError,
+)
+from client.types import TopicSummary
+
+
+def test_create_describe_list_alter_delete(admin: AdminClient) -> None:
+    created = admin.create_topic("admin-topic", 3, {"retention.ms": 3_600_000})
+    assert created.name == "admin-topic"
+    assert [p.partition for p in created.partitions] == [0, 1, 2]
+    assert created.config["retention.ms"] == "3600000"
+    assert TopicSummary("admin-topic", 3, False) in admin.list_topics()
+    described = admin.describe_topic("admin-topic")
+    assert described.partitions[1].log_start_offset == 0
+    assert described.partitions[1].log_end_offset == 0
+    assert described.config["cleanup.policy"] == "delete"  # defaults included
+    altered = admin.alter_topic_config("admin-topic", {"retention.ms": "60000"})
+    assert altered.config["retention.ms"] == "60000"
+    reverted = admin.alter_topic_config("admin-topic", delete=["retention.ms"])
+    assert reverted.config["retention.ms"] != "60000"
+    admin.delete_topic("admin-topic")
+    assert "admin-topic" not in {t.name for t in admin.list_topics()}
+
+
+def test_describe_shows_log_start_and_end_offsets(
+    broker: InProcessBroker, admin: AdminClient
+) -> None:
+    admin.create_topic("admin-offsets", 2)
+    with Producer(broker.address) as producer:
+        for i in range(7):
+            producer.send("admin-offsets", b"x", partition=i % 2)
+    partitions = admin.describe_topic("admin-offsets").partitions
+    assert [(p.log_start_offset, p.log_end_offset) for p in partitions] == [(0, 4), (0, 3)]
+    assert all(p.size_bytes > 0 and p.segments >= 1 for p in partitions)
+
+
+def test_list_offsets(broker: InProcessBroker, admin: AdminClient) -> None:
+    admin.create_topic("admin-list-offsets", 1)
+    with Producer(broker.address) as producer:
+        for i in range(5):
+            producer.send("admin-list-offsets", b"x", timestamp_ms=10_000 + i * 10)
+    tp = TopicPartition("admin-list-offsets", 0)
+    assert admin.list_offsets({tp: "earliest"})[tp] == OffsetAndTimestamp(0, -1)
+    assert admin.list_offsets({tp: "latest"})[tp] == OffsetAndTimestamp(5, -1)
+    assert admin.list_offsets({tp: 10_015}) == {tp: OffsetAndTimestamp(2, 10_020)}
+    assert admin.list_offsets({tp: 99_999}) == {tp: None}
+    with pytest.raises(ValueError, match="offset spec"):
+        admin.list_offsets({tp: "middle"})  # type: ignore[dict-item]
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.list_offsets({TopicPartition("admin-list-offsets", 7): "latest"})
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda a: a.create_topic("dup-topic", 1), TopicAlreadyExistsError),
+        (lambda a: a.create_topic("bad/name", 1), InvalidTopicError),
+        (lambda a: a.create_topic("cfg-topic", 1, {"no.such.key": "1"}), InvalidConfigError),
+        (lambda a: a.create_topic("cfg-topic", 1, {"retention.ms": "soon"}), InvalidConfigError),
+        (lambda a: a.describe_topic("missing-topic"), UnknownTopicOrPartitionError),
+        (lambda a: a.delete_topic("missing-topic"), UnknownTopicOrPartitionError),
+    ],
+)
+def test_broker_refusals_become_their_error_classes(
+    admin: AdminClient, call: object, error: type[Exception]
+) -> None:
+    if "dup-topic" not in {t.name for t in admin.list_topics()}:
+        admin.create_topic("dup-topic", 1)
+    with pytest.raises(error) as caught:
+        call(admin)  # type: ignore[operator]
+    assert caught.value.code == error.code  # type: ignore[attr-defined]
+
+
+def test_bad_arguments_are_value_errors(admin: AdminClient) -> None:
+    with pytest.raises(ValueError, match="partitions"):
+        admin.create_topic("x", 0)
+
+
+def test_a_broker_that_is_down_gives_broker_unavailable_after_the_timeout() -> None:
+    with AdminClient("127.0.0.1:9", request_timeout_ms=300) as admin:
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailableError, match="unreachable"):
+            admin.list_topics()
+        assert 0.25 < time.monotonic() - started < 3
+    with pytest.raises(ClosedError):
+        admin.list_topics()
+
+
+def test_a_restarting_broker_is_waited_for_within_the_timeout() -> None:
+    with (
+        InProcessBroker() as broker,
+        AdminClient(broker.address, request_timeout_ms=10_000) as admin,
+    ):
+        admin.create_topic("survives", 1)
+        broker.restart()
+        assert "survives" in {t.name for t in admin.list_topics()}
+
+
+def test_groups_list_and_describe(broker: InProcessBroker, admin: AdminClient) -> None:
+    from client import Consumer
+
+    admin.create_topic("admin-groups", 1)
+    with Producer(broker.address) as producer:
+        for _ in range(4):
+            producer.send("admin-groups", b"x")
+    tp = TopicPartition("admin-groups", 0)
+    with Consumer(broker.address, group_id="admin-g", enable_auto_commit=False) as consumer:
+        consumer.commit({tp: 1})
+    assert "admin-g" in {g.group_id for g in admin.list_groups()}
+    group = admin.describe_group("admin-g")
+    (lag,) = [p for p in group.partitions if p.tp == tp]
+    assert (lag.committed_offset, lag.log_end_offset, lag.lag) == (1, 4, 3)

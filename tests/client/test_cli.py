@@ -1,0 +1,216 @@
+"""The ``tidelog`` command line, driven as a subprocess against a real broker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.testing import InProcessBroker
+from client import AdminClient, Producer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tidelog(
+    *args: str, stdin: str | None = None, timeout_s: float = 30
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TIDELOG_BOOTSTRAP", None)
+    return subprocess.run(
+        [sys.executable, "-m", "client.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int, text: str) -> None:
+    assert result.returncode == status, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("tidelog: error: "), result.stderr
+    assert text in lines[-1]
+
+
+def test_topics_create_list_describe_delete(broker: InProcessBroker) -> None:
+    address = broker.address
+    created = tidelog(
+        "topics", "create", "cli-topic", "--partitions", "3", "--config", "retention.ms=60000",
+        "--bootstrap", address,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert 'Created topic "cli-topic" with 3 partition(s).' in created.stderr
+
+    listed = tidelog("topics", "list", "--bootstrap", address)
+    assert listed.returncode == 0
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["TOPIC", "PARTITIONS"]
+    assert ["cli-topic", "3"] in [line.split() for line in lines[1:]]
+    # Aligned: every row is as wide as the header (the count is flush right).
+    assert len({len(line) for line in lines}) == 1
+
+    described = tidelog("topics", "describe", "cli-topic", "--bootstrap", address)
+    assert described.returncode == 0
+    assert described.stdout.startswith("Topic: cli-topic   Partitions: 3")
+    assert "PARTITION  LOG START  LOG END  HIGH WATERMARK" in described.stdout
+    assert "retention.ms" in described.stdout
+    assert "60000" in described.stdout
+
+    altered = tidelog(
+        "topics", "alter", "cli-topic", "--set", "retention.ms=120000", "--bootstrap", address
+    )
+    assert altered.returncode == 0, altered.stderr
+
+    deleted = tidelog("topics", "delete", "cli-topic", "--bootstrap", address)
+    assert deleted.returncode == 0
+    assert "cli-topic" not in tidelog("topics", "list", "--bootstrap", address).stdout
+
+
+def test_produce_lines_then_consume_them_with_a_format(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-records", 1)
+    produced = tidelog(
+        "produce", "cli-records", "--key-separator", ":", "--bootstrap", address,
+        stdin="user-1:hello\nuser-2:world\nuser-1:again: with a colon\n",
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    assert 'Produced 3 record(s) to "cli-records".' in produced.stderr
+
+    consumed = tidelog(
+        "consume", "cli-records", "--from-beginning", "--max-messages", "3",
+        "--format", r"{offset}\t{key}\t{value}", "--bootstrap", address,
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout.splitlines() == [
+        "0\tuser-1\thello",
+        "1\tuser-2\tworld",
+        "2\tuser-1\tagain: with a colon",
+    ]
+    assert "Processed a total of 3 message(s)." in consumed.stderr
+
+    from_offset = tidelog(
+        "consume", "cli-records", "--partition", "0", "--offset", "1", "--max-messages", "1",
+        "--format", "{partition}/{offset} {timestamp} {value}", "--bootstrap", address,
+    )  # fmt: skip
+    assert from_offset.returncode == 0, from_offset.stderr
+    partition_offset, timestamp, value = from_offset.stdout.split()
+    assert (partition_offset, value) == ("0/1", "world")
+    assert int(timestamp) > 1_600_000_000_000
+
+
+def test_consume_without_from_beginning_reads_new_records_only(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-new-only", 1)
+    with Producer(address) as producer:
+        producer.send("cli-new-only", b"old")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "client.cli", "consume", "cli-new-only", "--max-messages", "1",
+         "--bootstrap", address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    try:
+        # Keep sending until the consumer (positioned at the end) has seen one.
+        with Producer(address) as producer:
+            for _ in range(100):
+                producer.send("cli-new-only", b"new").result(timeout=10)
+                try:
+                    out, err = process.communicate(timeout=0.2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
+                pytest.fail("the consumer never printed a new record")
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert out.splitlines() == ["new"]
+
+
+def test_consume_stops_when_idle(broker: InProcessBroker) -> None:
+    with AdminClient(broker.address) as admin:
+        admin.create_topic("cli-idle", 2)
+    with Producer(broker.address) as producer:
+        for i in range(4):
+            producer.send("cli-idle", b"%d" % i, partition=i % 2)
+    result = tidelog(
+        "consume", "cli-idle", "--from-beginning", "--idle-timeout-ms", "500",
+        "--bootstrap", broker.address,
+    )  # fmt: skip
+    assert result.returncode == 0
+    assert sorted(result.stdout.split()) == ["0", "1", "2", "3"]
+
+
+def test_errors_are_one_line_with_a_trustworthy_status(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-exists", 1)
+    assert_one_line_error(
+        tidelog("topics", "create", "cli-exists", "--bootstrap", address),
+        1,
+        "already exists [TOPIC_ALREADY_EXISTS]",
+    )
+    assert_one_line_error(
+        tidelog("topics", "describe", "cli-missing", "--bootstrap", address),
+        1,
+        "UNKNOWN_TOPIC_OR_PARTITION",
+    )
+    assert_one_line_error(
+        tidelog("consume", "cli-missing", "--bootstrap", address), 1, "UNKNOWN_TOPIC"
+    )
+    assert_one_line_error(
+        tidelog("produce", "cli-missing", "--bootstrap", address, stdin="x\n"), 1, "UNKNOWN_TOPIC"
+    )
+    assert_one_line_error(
+        tidelog("topics", "create", "x", "--config", "novalue", "--bootstrap", address),
+        2,
+        "KEY=VALUE",
+    )
+    assert_one_line_error(
+        tidelog("consume", "cli-exists", "--offset", "3", "--bootstrap", address),
+        2,
+        "--offset needs --partition",
+    )
+    assert_one_line_error(
+        tidelog("produce", "cli-exists", "--key-separator", ":", "--bootstrap", address,
+                stdin="k:v\nno separator\n"),
+        2,
+        "line 2 has no key separator",
+    )  # fmt: skip
+    usage = tidelog("topics", "create")
+    assert usage.returncode == 2
+    assert "Traceback" not in usage.stderr
+
+
+def test_an_unreachable_broker_fails_after_the_timeout() -> None:
+    result = tidelog("topics", "list", "--bootstrap", "127.0.0.1:9", "--timeout-ms", "300")
+    assert_one_line_error(result, 1, "unreachable")
+    assert "[BROKER_UNAVAILABLE]" in result.stderr
+
+
+def test_serve_is_dispatched_to_the_broker_lazily() -> None:
+    result = tidelog("serve", "--help")
+    assert result.returncode == 0
+    assert "broker" in result.stdout.lower()
+
+
+def test_the_console_script_is_installed() -> None:
+    script = Path(sys.executable).with_name("tidelog")
+    if not script.exists():
+        pytest.skip("the tidelog console script is not installed in this environment")
+    result = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert result.returncode == 0
+    assert "topics" in result.stdout
+    assert "consume" in result.stdout

@@ -1,0 +1,120 @@
+"""``RecordFuture``: a ``concurrent.futures.Future`` that shares its condition."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import pytest
+
+from client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
+from client.types import RecordMetadata
+from storage.errors import KafkaTimeoutError
+
+
+def _metadata(offset: int) -> RecordMetadata:
+    return RecordMetadata("t", 0, offset, 1_000)
+
+
+def _outcome(count: int, base_offset: int = 0) -> BatchOutcome:
+    return BatchOutcome("t", 0, base_offset, -1, [1_000] * count)
+
+
+def test_it_is_a_concurrent_future_that_cannot_be_cancelled() -> None:
+    future = RecordFuture(threading.Condition())
+    assert isinstance(future, concurrent.futures.Future)
+    assert not future.cancel()
+    assert not future.cancelled()
+    assert not future.done()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.result(timeout=0.01)
+
+
+def test_settle_success_and_failure() -> None:
+    condition = threading.Condition()
+    ok = [RecordFuture(condition) for _ in range(3)]
+    failed = [RecordFuture(condition) for _ in range(2)]
+    settle_success(condition, ok, _outcome(3))
+    error = KafkaTimeoutError("expired")
+    settle_failure(condition, failed, error)
+    assert [f.result(0) for f in ok] == [_metadata(0), _metadata(1), _metadata(2)]
+    assert ok[0].exception(0) is None
+    assert failed[1].exception(0) is error
+    with pytest.raises(KafkaTimeoutError):
+        failed[0].result(0)
+
+
+def test_callbacks_run_once_before_and_after_completion() -> None:
+    condition = threading.Condition()
+    future = RecordFuture(condition)
+    seen: list[object] = []
+    future.add_done_callback(lambda f: seen.append(f.result()))
+    settle_success(condition, [future], _outcome(1, base_offset=5))
+    future.add_done_callback(lambda f: seen.append("late"))
+    assert seen == [_metadata(5), "late"]
+
+
+def test_a_failing_callback_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    condition = threading.Condition()
+    future = RecordFuture(condition)
+
+    def bad(_: object) -> None:
+        raise RuntimeError("callback bug")
+
+    future.add_done_callback(bad)
+    settle_success(condition, [future], _outcome(1, base_offset=1))
+    assert "exception calling callback" in caplog.text
+
+
+def test_waiting_on_one_future_ignores_wakeups_for_others() -> None:
+    condition = threading.Condition()
+    waited = RecordFuture(condition)
+    others = [RecordFuture(condition) for _ in range(20)]
+    outcome: list[object] = []
+
+    def wait() -> None:
+        outcome.append(waited.result(timeout=5))
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    for i, other in enumerate(others):  # every settle wakes the waiter, not for its future
+        settle_success(condition, [other], _outcome(1, base_offset=i))
+        time.sleep(0.001)
+    assert thread.is_alive()
+    settle_success(condition, [waited], _outcome(1, base_offset=99))
+    thread.join(5)
+    assert outcome == [_metadata(99)]
+
+
+def test_works_with_wait_and_as_completed() -> None:
+    condition = threading.Condition()
+    futures = [RecordFuture(condition) for _ in range(4)]
+    done, pending = concurrent.futures.wait(futures, timeout=0.01)
+    assert not done
+    assert len(pending) == 4
+    timer = threading.Timer(0.05, lambda: settle_success(condition, futures, _outcome(4)))
+    timer.start()
+    results = sorted(f.result().offset for f in concurrent.futures.as_completed(futures, 5))
+    assert results == [0, 1, 2, 3]
+    done, pending = concurrent.futures.wait(futures, timeout=1)
+    assert len(done) == 4
+    assert not pending
+    timer.join()
+
+
+def test_outcome_metadata_for_acks_zero_and_log_append_time() -> None:
+    condition = threading.Condition()
+    futures = [RecordFuture(condition) for _ in range(2)]
+    settle_success(condition, futures, BatchOutcome("t", 3, -1, -1, [7, 8]))
+    assert [f.result() for f in futures] == [
+        RecordMetadata("t", 3, -1, 7),
+        RecordMetadata("t", 3, -1, 8),
+    ]
+    appended = [RecordFuture(condition) for _ in range(2)]
+    settle_success(condition, appended, BatchOutcome("t", 3, 10, 555, [7, 8]))
+    assert [f.result() for f in appended] == [
+        RecordMetadata("t", 3, 10, 555),
+        RecordMetadata("t", 3, 11, 555),
+    ]
+    assert "RecordMetadata" in repr(appended[1])

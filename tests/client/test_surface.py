@@ -1,0 +1,91 @@
+"""The public surface of the client package and its value types."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+
+import pytest
+
+import client
+from client.types import ConsumerRecord, RecordMetadata, TopicPartition
+
+
+def test_package_exports() -> None:
+    assert set(client.__all__) == {
+        "AdminClient",
+        "Consumer",
+        "Producer",
+        "TopicPartition",
+        "RecordMetadata",
+        "ConsumerRecord",
+        "OffsetAndTimestamp",
+        # the errors applications catch, from the one hierarchy in storage.errors
+        "TidelogError",
+        "ClientError",
+        "RequestError",
+        "BrokerUnavailableError",
+        "KafkaTimeoutError",
+        "ClosedError",
+        "BufferExhaustedError",
+        "CorruptRecordError",
+        "InvalidConfigError",
+        "InvalidPartitionsError",
+        "InvalidRequestError",
+        "InvalidTopicError",
+        "OffsetOutOfRangeError",
+        "OutOfOrderSequenceError",
+        "RecordTooLargeError",
+        "TopicAlreadyExistsError",
+        "UnknownTopicOrPartitionError",
+    }
+    from storage import errors
+
+    for name in client.__all__:
+        if name.endswith("Error"):
+            assert getattr(client, name) is getattr(errors, name)
+
+
+@pytest.mark.parametrize(
+    "module_name",
+    sorted(
+        m.name for m in pkgutil.iter_modules(client.__path__, "client.") if m.name != "client.cli"
+    ),
+)
+def test_modules_declare_all(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    exported = module.__all__
+    assert len(exported) == len(set(exported))
+    assert all(hasattr(module, name) for name in exported)
+
+
+def test_topic_partition_is_frozen_hashable_and_ordered() -> None:
+    tp = TopicPartition("t", 1)
+    assert tp == TopicPartition("t", 1)
+    assert len({tp, TopicPartition("t", 1), TopicPartition("t", 2)}) == 2
+    assert sorted([TopicPartition("t", 2), TopicPartition("s", 9), tp]) == [
+        TopicPartition("s", 9),
+        tp,
+        TopicPartition("t", 2),
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tp.partition = 3  # type: ignore[misc]
+    assert str(tp) == "t-1"
+
+
+def test_record_types_are_named_tuples() -> None:
+    record = ConsumerRecord("t", 0, 5, 1_000, b"k", b"v", (("h", b"x"),))
+    assert record.offset == 5
+    assert record.headers == (("h", b"x"),)
+    topic, partition, offset, timestamp_ms = RecordMetadata("t", 0, 5, 1_000)
+    assert (topic, partition, offset, timestamp_ms) == ("t", 0, 5, 1_000)
+
+
+def test_the_client_does_not_import_the_broker() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, client, client.cli; print('broker' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
