@@ -50,6 +50,7 @@ run: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/storage_bench.py
 	$(BIN)/python benchmarks/broker_bench.py
+	$(BIN)/python benchmarks/client_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
