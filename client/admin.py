@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from client.config import DEFAULT_BOOTSTRAP, AdminConfig
+from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
 from client.transport import Transport
 from client.types import (
     OffsetAndTimestamp,
@@ -103,10 +103,7 @@ class AdminClient:
         config: AdminConfig | None = None,
         **settings: object,
     ) -> None:
-        if config is None:
-            config = AdminConfig.from_mapping({"bootstrap_servers": bootstrap_servers, **settings})
-        elif settings:
-            raise ValueError("pass either config= or keyword settings, not both")
+        config = resolve_config(AdminConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
         self._transport = Transport(
             config.bootstrap_servers,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ __all__ = [
     "ProducerConfig",
     "parse_acks",
     "parse_bootstrap",
+    "resolve_config",
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7410"
@@ -102,6 +103,24 @@ def _from_mapping(cls: type[_ConfigT], settings: Mapping[str, object]) -> _Confi
             raise ValueError(f"unknown {cls.__name__} setting {raw_key!r}; known: {known}")
         values[key] = _coerce(key, hints[key], raw_value)
     return cls(**values)
+
+
+def resolve_config(
+    parse: Callable[[Mapping[str, object]], _ConfigT],
+    bootstrap_servers: str,
+    config: _ConfigT | None,
+    settings: Mapping[str, object],
+) -> _ConfigT:
+    """The facades' one rule: a ready ``config`` or keyword settings, never both.
+
+    Raises:
+        ValueError: both were given, or (from ``parse``) a setting is unknown or bad.
+    """
+    if config is None:
+        return parse({"bootstrap_servers": bootstrap_servers, **settings})
+    if settings:
+        raise ValueError("pass either config= or keyword settings, not both")
+    return config
 
 
 def _coerce(name: str, hint: object, value: object) -> object:

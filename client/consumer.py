@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 
-from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig
+from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
 from client.fetcher import (
     CompletedFetch,
     FetchTarget,
@@ -99,12 +99,7 @@ class Consumer:
         config: ConsumerConfig | None = None,
         **settings: object,
     ) -> None:
-        if config is None:
-            config = ConsumerConfig.from_mapping(
-                {"bootstrap_servers": bootstrap_servers, **settings}
-            )
-        elif settings:
-            raise ValueError("pass either config= or keyword settings, not both")
+        config = resolve_config(ConsumerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
         self._transport = Transport(
             config.bootstrap_servers,

@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
-from client.config import DEFAULT_BOOTSTRAP, ProducerConfig
+from client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
 from client.futures import RecordFuture
 from client.idempotence import SequenceTable
 from client.partitioner import StickyPartitioner, murmur2
@@ -85,12 +85,7 @@ class Producer:
         config: ProducerConfig | None = None,
         **settings: object,
     ) -> None:
-        if config is None:
-            config = ProducerConfig.from_mapping(
-                {"bootstrap_servers": bootstrap_servers, **settings}
-            )
-        elif settings:
-            raise ValueError("pass either config= or keyword settings, not both")
+        config = resolve_config(ProducerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
         self._transport = Transport(
             config.bootstrap_servers,
