@@ -162,32 +162,18 @@ class Segment:
         fd = _open_log(log_path, truncate=False)
         size = os.fstat(fd).st_size
         created_ms = int(os.stat(log_path).st_mtime * 1000)
-        segment: Segment | None = None
-        if not recover and index_path.exists() and time_path.exists():
+        offset_entries = index_max_bytes // OFFSET_ENTRY_BYTES
+        time_entries = index_max_bytes // TIME_ENTRY_BYTES
+        offset_index = OffsetIndex(index_path, base_offset, offset_entries)
+        time_index = TimeIndex(time_path, base_offset, time_entries)
+        trust_indexes = not recover and index_path.exists() and time_path.exists()
+        if trust_indexes:
             try:
-                offset_index = OffsetIndex.open(
-                    index_path, base_offset, index_max_bytes // OFFSET_ENTRY_BYTES, size
-                )
-                time_index = TimeIndex.open(
-                    time_path, base_offset, index_max_bytes // TIME_ENTRY_BYTES, 2**63 - 1
-                )
-                segment = cls(
-                    directory,
-                    base_offset,
-                    fd,
-                    offset_index,
-                    time_index,
-                    suffix=suffix,
-                    index_interval_bytes=index_interval_bytes,
-                    created_ms=created_ms,
-                )
-                segment.size_bytes = size
-                segment._load_tail()
-                return segment, 0
-            except (CorruptIndexError, CorruptRecordError) as exc:
+                offset_index = OffsetIndex.open(index_path, base_offset, offset_entries, size)
+                time_index = TimeIndex.open(time_path, base_offset, time_entries, 2**63 - 1)
+            except CorruptIndexError as exc:
                 log.warning("segment %s: %s; rebuilding its indexes", log_path, exc)
-        offset_index = OffsetIndex(index_path, base_offset, index_max_bytes // OFFSET_ENTRY_BYTES)
-        time_index = TimeIndex(time_path, base_offset, index_max_bytes // TIME_ENTRY_BYTES)
+                trust_indexes = False
         segment = cls(
             directory,
             base_offset,
@@ -199,8 +185,14 @@ class Segment:
             created_ms=created_ms,
         )
         segment.size_bytes = size
-        truncated = segment.recover(max_message_bytes, contiguous_from=contiguous_from)
-        return segment, truncated
+        if trust_indexes:
+            try:
+                segment._load_tail()
+                return segment, 0
+            except (CorruptIndexError, CorruptRecordError) as exc:
+                log.warning("segment %s: %s; rebuilding its indexes", log_path, exc)
+        # recover() resets both indexes before rebuilding them from the log.
+        return segment, segment.recover(max_message_bytes, contiguous_from=contiguous_from)
 
     # ------------------------------------------------------------------ state
 
