@@ -364,11 +364,7 @@ class RecordAccumulator(Generic[H]):
             producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence,
         )
-        append = builder.append
-        for timestamp_ms, key, value, headers in zip(
-            batch.timestamps, batch.keys, batch.values, batch.headers, strict=True
-        ):
-            append(timestamp_ms, key, value, headers)
+        builder.extend(batch.timestamps, batch.keys, batch.values, batch.headers)
         batch.data = builder.build()
         return batch.data
 

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from client.types import ConsumerRecord, TopicPartition
 from storage.errors import TidelogError
 from storage.records import (
-    Record,
-    decode_batch,
+    decode_batch_as,
     iter_batch_headers,
     read_header,
     split_whole_batches,
@@ -43,8 +42,6 @@ __all__ = [
     "SubscriptionState",
     "next_fetch_offset",
 ]
-
-_new_record = tuple.__new__
 
 
 @dataclass(slots=True)
@@ -198,7 +195,7 @@ class CompletedFetch:
         self.next_offset = next_offset
         self._end = whole_bytes
         self._cursor = 0
-        self._pending: list[Record] = []  # the decoded batch being handed out
+        self._pending: list[ConsumerRecord] = []  # the decoded batch being handed out
         self._pending_index = 0
         self._batch_next_offset = fetch_offset
         self._check_crcs = check_crcs
@@ -210,33 +207,26 @@ class CompletedFetch:
     def take(self, position: int, max_records: int) -> tuple[list[ConsumerRecord], int]:
         """Up to ``max_records`` records at or after ``position``; returns the new position.
 
-        A batch is decoded whole, but its records become ``ConsumerRecord``s only as they
-        are handed out, so a ``poll`` of 500 builds 500 of them: records the application
-        drops at once then die young instead of being promoted by the garbage collector
-        while the rest of a large batch waits.
+        A batch is decoded whole, straight into ``ConsumerRecord``s (``decode_batch_as``),
+        and handed out in slices.
 
         Raises ``CorruptRecordError`` for a batch that does not decode (or fails its CRC
         with ``check_crcs``).
         """
         out: list[ConsumerRecord] = []
         data = self.data
-        topic, partition = self.tp.topic, self.tp.partition
-        cls = ConsumerRecord
+        prefix = (self.tp.topic, self.tp.partition)
         while len(out) < max_records:
             pending = self._pending
             index = self._pending_index
             if index < len(pending):
                 stop = min(index + max_records - len(out), len(pending))
-                chunk = pending[index:stop] if index or stop < len(pending) else pending
-                out += [
-                    _new_record(
-                        cls,
-                        (topic, partition, r.offset, r.timestamp_ms, r.key, r.value, r.headers),
-                    )
-                    for r in chunk
-                ]
+                if index or stop < len(pending) or out:
+                    out += pending[index:stop]
+                else:
+                    out = pending  # the whole batch: no copy
                 self._pending_index = stop
-                position = chunk[-1].offset + 1
+                position = pending[stop - 1].offset + 1
                 if stop >= len(pending):
                     position = max(position, self._batch_next_offset)
                     self._pending = []
@@ -253,7 +243,9 @@ class CompletedFetch:
                 self._cursor += header.batch_length + 12
                 position = batch_next  # nothing for the application: step over it
                 continue
-            _, records = decode_batch(data, self._cursor, validate=self._check_crcs)
+            _, records = decode_batch_as(
+                data, self._cursor, ConsumerRecord, prefix, validate=self._check_crcs
+            )
             self._cursor += header.batch_length + 12
             self._batch_next_offset = batch_next
             if records and records[0].offset < position:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import NamedTuple
 
 import crc32c
 import lz4.frame
@@ -28,6 +29,7 @@ from storage.records import (
     Record,
     TimestampType,
     decode_batch,
+    decode_batch_as,
     decode_records,
     encode_batch,
     iter_batch_headers,
@@ -45,6 +47,24 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 T0 = 1_700_000_000_000
 
 FAST = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class Row(NamedTuple):
+    """A consumer-shaped row for ``decode_batch_as``: two prefix fields, then a Record's."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def as_rows(rows: list[Record], topic: str = "t", partition: int = 3) -> list[Row]:
+    return [Row(topic, partition, *record) for record in rows]
+
+
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -396,6 +416,64 @@ def test_build_decode_round_trip(
     assert header.delete_horizon_ms == delete_horizon
     assert header.base_timestamp == (specs[0][0] if delete_horizon is None else delete_horizon)
     assert list(decode_records(batch)) == expected
+    _, rows = decode_batch_as(batch, 0, Row, ("t", 3))
+    assert rows == as_rows(expected)
+    assert {type(row) for row in rows} == {Row}
+
+
+@FAST
+@given(
+    before=st.lists(record_specs, max_size=3),
+    specs=st.lists(record_specs, max_size=25),
+    big=st.booleans(),
+    compression=st.sampled_from([Compression.NONE, Compression.LZ4]),
+)
+def test_extend_builds_the_bytes_of_append_in_a_loop(
+    before: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+    specs: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int]],
+    big: bool,
+    compression: Compression,
+) -> None:
+    if big and specs:  # lengths past the 2-byte varint table
+        timestamp, key, _, headers, gap = specs[0]
+        specs[0] = (timestamp, key, b"x" * 9000, headers, gap)
+    looped = BatchBuilder(compression=compression, producer_id=7, base_sequence=3)
+    extended = BatchBuilder(compression=compression, producer_id=7, base_sequence=3)
+    for timestamp, key, value, headers, _ in before:
+        looped.append(timestamp, key, value, headers)
+        extended.append(timestamp, key, value, headers)
+    for timestamp, key, value, headers, _ in specs:
+        looped.append(timestamp, key, value, headers)
+    extended.extend(
+        [spec[0] for spec in specs],
+        [spec[1] for spec in specs],
+        [spec[2] for spec in specs],
+        [spec[3] for spec in specs],
+    )
+    assert extended.record_count == looped.record_count
+    if looped.record_count:
+        assert extended.build() == looped.build()
+
+
+def test_extend_refuses_bad_columns_and_changes_nothing() -> None:
+    builder = BatchBuilder()
+    builder.append(T0, b"k", b"v")
+    before = builder.build()
+    with pytest.raises(ValueError, match="same length"):
+        builder.extend([T0], [b"k"], [], [()])
+    with pytest.raises(ValueError, match="int64"):
+        builder.extend([T0, INT64_MAX + 1], [None, None], [None, None], [(), ()])
+    with pytest.raises(ValueError, match="int64"):  # a delta past int64: encode_varlong
+        builder.extend([T0 + 1, INT64_MIN], [None, None], [None, None], [(), ()])
+    builder.extend([], [], [], [])
+    assert builder.build() == before
+    assert builder.record_count == 1
+
+
+def test_decode_batch_as_needs_a_two_field_prefix() -> None:
+    batch = encode_batch([(T0, b"a", b"1")])
+    with pytest.raises(ValueError, match="two fields"):
+        decode_batch_as(batch, 0, Row, ("t",))  # type: ignore[arg-type]
 
 
 def test_encode_batch_convenience() -> None:
@@ -719,6 +797,8 @@ def test_malformed_records_are_named(
     validate_batch(batch)  # the framing and the CRC are fine: only the records are bad
     with pytest.raises(CorruptRecordError, match=f"batch at position 0: .*{message}"):
         decode_batch(batch)
+    with pytest.raises(CorruptRecordError, match=f"batch at position 0: .*{message}"):
+        decode_batch_as(batch, 0, Row, ("t", 3))
 
 
 @pytest.mark.parametrize(
@@ -740,6 +820,9 @@ def test_timestamps_wrap_like_java_longs(base_timestamp: int, delta: int, timest
         records_count=1,
     )
     assert decode_batch(batch)[1] == [Record(0, timestamp, None, None)]
+    assert decode_batch_as(batch, 0, Row, ("t", 3))[1] == [
+        Row("t", 3, 0, timestamp, None, None, ())
+    ]
 
 
 @pytest.mark.parametrize(
@@ -879,6 +962,7 @@ def test_public_names() -> None:
             "Record",
             "TimestampType",
             "decode_batch",
+            "decode_batch_as",
             "decode_records",
             "encode_batch",
             "iter_batch_headers",
