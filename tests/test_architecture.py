@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,31 @@ def test_storage_package_surface() -> None:
         "SystemClock",
         "TopicMetadata",
     }
+    assert all(hasattr(storage, name) for name in storage.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        _ = storage.Nothing  # type: ignore[attr-defined]
+
+
+def test_importing_the_client_leaves_the_storage_engine_unloaded() -> None:
+    # In a fresh interpreter: this test process has long loaded everything.
+    code = (
+        "import sys, client; "
+        "print(sorted(m for m in sys.modules if m.startswith(('storage', 'broker'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    loaded = set(ast.literal_eval(out.strip()))
+    assert loaded <= {
+        "storage",
+        "storage.errors",
+        "storage.records",
+        "storage.varint",
+        "storage.batch_builder",
+    }, loaded
