@@ -13,8 +13,10 @@ passes; the broker's refusals come back as their ``TidelogError`` classes
 (``TopicAlreadyExistsError``, ``InvalidConfigError``, ``UnknownTopicOrPartitionError``...).
 Protobuf types stop here: answers are the frozen dataclasses of ``client.types``.
 
-Group calls (``list_groups``, ``describe_group``, ``delete_group``) need a broker with
-the group coordinator; an older one answers ``InvalidRequestError``.
+Group calls (``list_groups``, ``describe_group``, ``reset_group_offsets``,
+``delete_group``) need a broker with the group coordinator; an older one answers
+``InvalidRequestError``. Changing a group's offsets is refused while it has members
+(``GroupNotEmptyError``): stop its consumers first.
 
 Thread-safe (the channel is); ``close`` when done.
 """
@@ -285,8 +287,84 @@ class AdminClient:
             ),
         )
 
+    def reset_group_offsets(
+        self,
+        group_id: str,
+        partitions: str | Iterable[TopicPartition] | None = None,
+        *,
+        to_earliest: bool = False,
+        to_latest: bool = False,
+        to_offset: int | None = None,
+        to_timestamp_ms: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, int]:
+        """Move an empty group's committed offsets; returns the new offset per partition.
+
+        Args:
+            group_id: the group; it must have no members.
+            partitions: a topic name (all of its partitions), some partitions, or None
+                (every partition the group has committed).
+            to_earliest, to_latest, to_offset, to_timestamp_ms: exactly one target: the
+                log start, the log end, an offset (clamped to [log start, log end], as
+                Kafka's tool does), or the first offset with a timestamp at or after the
+                one given in ms (the log end if there is none).
+
+        Raises ``ValueError`` for no target, several, or a negative one;
+        ``GroupNotEmptyError`` while the group has members; a partition's error
+        (``UnknownTopicOrPartitionError``) after the other partitions were moved.
+        """
+        targets = {
+            "to_earliest": to_earliest or None,
+            "to_latest": to_latest or None,
+            "to_offset": to_offset,
+            "to_timestamp_ms": to_timestamp_ms,
+        }
+        chosen = {k: v for k, v in targets.items() if v is not None}
+        if len(chosen) != 1:
+            raise ValueError(
+                "reset_group_offsets takes exactly one of to_earliest, to_latest, to_offset, "
+                f"to_timestamp_ms; got {sorted(chosen) or 'none'}"
+            )
+        for name in ("to_offset", "to_timestamp_ms"):
+            value = chosen.get(name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0
+            ):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        request = pb.ResetGroupOffsetsRequest(group_id=group_id, partitions=_selection(partitions))
+        if to_earliest:
+            request.to_earliest = True
+        elif to_latest:
+            request.to_latest = True
+        elif to_offset is not None:
+            request.to_offset = to_offset
+        else:
+            assert to_timestamp_ms is not None
+            request.to_timestamp_ms = to_timestamp_ms
+        answer = self._transport.call(
+            self._stub.ResetGroupOffsets,
+            request,
+            what=f"ResetGroupOffsets {group_id}",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, int] = {}
+        error: Exception | None = None
+        for entry in answer.offsets:
+            tp = TopicPartition(entry.topic, entry.partition)
+            if entry.error_code:
+                error = error or error_for_code(entry.error_code, f"{tp}: {entry.error_message}")
+            else:
+                out[tp] = entry.offset
+        if error is not None:
+            raise error
+        return dict(sorted(out.items()))
+
     def delete_group(self, group_id: str, *, timeout_ms: int | None = None) -> None:
-        """Delete an empty group and its committed offsets."""
+        """Delete an empty group and its committed offsets.
+
+        Raises ``GroupNotEmptyError`` while it has members, ``GroupIdNotFoundError`` if
+        it has no committed offsets.
+        """
         self._transport.call(
             self._stub.DeleteGroup,
             pb.DeleteGroupRequest(group_id=group_id),
@@ -324,6 +402,22 @@ def _text_config(config: Mapping[str, object] | None) -> dict[str, str]:
         else:
             out[key] = str(value)
     return out
+
+
+def _selection(partitions: str | Iterable[TopicPartition] | None) -> list[pb.TopicPartitions]:
+    """A topic (all partitions: an empty list), partitions by topic, or nothing (all)."""
+    if partitions is None:
+        return []
+    if isinstance(partitions, str):
+        return [pb.TopicPartitions(topic=partitions)]
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        if not isinstance(tp, TopicPartition):
+            raise TypeError(f"expected TopicPartitions or a topic name, got {tp!r}")
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    if not by_topic:
+        raise ValueError("no partitions given (None means every committed partition)")
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
 
 
 def _description(answer: pb.TopicDescription) -> TopicDescription:

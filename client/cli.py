@@ -10,7 +10,9 @@
     tidelog produce TOPIC [--key-separator SEP] [--partition P] [--acks 0|1|all] ...
     tidelog consume TOPIC [--from-beginning] [--partition P [--offset N]]
                           [--max-messages N] [--format FMT] [--timeout-ms MS] [--group G]
-    tidelog groups list | describe GROUP
+    tidelog groups list | describe GROUP | delete GROUP
+    tidelog groups reset-offsets GROUP (--topic T [--partition P]... | --all-topics)
+                   (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO)
     tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
 
 Every command takes ``--bootstrap HOST:PORT`` (default ``$TIDELOG_BOOTSTRAP`` or
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import datetime
 import importlib
 import logging
 import os
@@ -197,7 +200,11 @@ def _parser() -> argparse.ArgumentParser:
         type=_non_negative_int,
         help="stop after this long without a record (default: wait forever)",
     )
-    consume.add_argument("--group", help="consumer group: start from its committed offsets")
+    consume.add_argument(
+        "--group",
+        help="join this consumer group (share the partitions, commit what was printed); "
+        "with --partition: read outside the group, from its committed offset",
+    )
     consume.set_defaults(handler=_consume)
 
     groups = commands.add_parser("groups", help="consumer groups and their lag")
@@ -210,6 +217,41 @@ def _parser() -> argparse.ArgumentParser:
     )
     group_describe.add_argument("group")
     group_describe.set_defaults(handler=_groups_describe)
+    group_delete = group_commands.add_parser(
+        "delete", parents=[common], help="delete an empty group and its committed offsets"
+    )
+    group_delete.add_argument("group")
+    group_delete.set_defaults(handler=_groups_delete)
+    reset = group_commands.add_parser(
+        "reset-offsets",
+        parents=[common],
+        help="move an empty group's committed offsets",
+        description="Move the committed offsets of a group that has no members (stop its "
+        "consumers first). Offsets are clamped to the log; a datetime without a zone is UTC.",
+    )
+    reset.add_argument("group")
+    scope = reset.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--topic", help="the topic whose offsets to move")
+    scope.add_argument(
+        "--all-topics", action="store_true", help="every partition the group has committed"
+    )
+    reset.add_argument(
+        "--partition",
+        type=_non_negative_int,
+        action="append",
+        default=[],
+        help="with --topic: only this partition (repeatable; default all)",
+    )
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true", help="the log start")
+    target.add_argument("--to-latest", action="store_true", help="the log end")
+    target.add_argument("--to-offset", type=_non_negative_int, metavar="N", help="offset N")
+    target.add_argument(
+        "--to-datetime",
+        metavar="ISO",
+        help="the first record at or after this time (e.g. 2026-01-31T12:00:00Z)",
+    )
+    reset.set_defaults(handler=_groups_reset_offsets)
     return parser
 
 
@@ -438,7 +480,10 @@ def _consume(args: argparse.Namespace) -> int:
             idle_ms: int | None = args.idle_timeout_ms
             last_record = time.monotonic()
             while limit is None or count < limit:
-                records = consumer.poll(timeout_ms=_POLL_MS)
+                # Never take more than will be printed: a group commits what poll returned.
+                records = consumer.poll(
+                    timeout_ms=_POLL_MS, max_records=None if limit is None else limit - count
+                )
                 if not records:
                     if idle_ms is not None and (time.monotonic() - last_record) * 1000 >= idle_ms:
                         break
@@ -539,6 +584,21 @@ def _groups_describe(args: argparse.Namespace) -> int:
         group = admin.describe_group(args.group)
     print(f"Group: {group.group_id}   State: {group.state}   Members: {len(group.members)}")
     print()
+    if group.members:
+        _print_table(
+            ["MEMBER", "CLIENT", "EPOCH", "PARTITIONS"],
+            [
+                [
+                    m.member_id,
+                    m.client_id or "-",
+                    str(m.member_epoch),
+                    ",".join(str(tp) for tp in sorted(m.assignment)) or "-",
+                ]
+                for m in group.members
+            ],
+            right={2},
+        )
+        print()
     rows = [
         [
             p.tp.topic,
@@ -554,6 +614,60 @@ def _groups_describe(args: argparse.Namespace) -> int:
         ["TOPIC", "PARTITION", "COMMITTED", "LOG END", "LAG", "MEMBER"], rows, right={1, 2, 3, 4}
     )
     return EXIT_OK
+
+
+def _groups_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_group(args.group)
+    _info(f'Deleted group "{args.group}".')
+    return EXIT_OK
+
+
+def _groups_reset_offsets(args: argparse.Namespace) -> int:
+    if args.partition and args.topic is None:
+        raise UsageError("--partition needs --topic")
+    partitions: str | list[TopicPartition] | None = None
+    if args.topic is not None:
+        partitions = (
+            [TopicPartition(args.topic, p) for p in dict.fromkeys(args.partition)]
+            if args.partition
+            else args.topic
+        )
+    timestamp_ms = None if args.to_datetime is None else _parse_datetime_ms(args.to_datetime)
+    with _admin(args) as admin:
+        moved = admin.reset_group_offsets(
+            args.group,
+            partitions,
+            to_earliest=args.to_earliest,
+            to_latest=args.to_latest,
+            to_offset=args.to_offset,
+            to_timestamp_ms=timestamp_ms,
+        )
+    if not moved:
+        _info(f'Group "{args.group}" has no committed offsets to reset.')
+        return EXIT_OK
+    _print_table(
+        ["TOPIC", "PARTITION", "NEW OFFSET"],
+        [[tp.topic, str(tp.partition), str(offset)] for tp, offset in moved.items()],
+        right={1, 2},
+    )
+    return EXIT_OK
+
+
+def _parse_datetime_ms(text: str) -> int:
+    """ISO 8601 to epoch ms; a time without a zone is UTC."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--to-datetime must be an ISO 8601 time such as 2026-01-31T12:00:00Z, got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    ms = int(moment.timestamp() * 1000)
+    if ms < 0:
+        raise UsageError(f"--to-datetime must not be before 1970, got {text!r}")
+    return ms
 
 
 # --- terminal output ----------------------------------------------------------------------

@@ -252,9 +252,11 @@ class ProducerConfig:
 class ConsumerConfig:
     """Everything a ``Consumer`` obeys.
 
-    - ``group_id``: the consumer group; needed for ``commit``/``committed``. Group
-      membership (partition sharing) arrives with the group coordinator; until then a
-      subscription reads every partition of its topics;
+    - ``group_id``: the consumer group; needed for ``commit``/``committed``. With it,
+      ``subscribe`` joins the group and the partitions are shared among its members
+      (``session_timeout_ms`` without a heartbeat removes a member; the broker sets the
+      heartbeat interval; a member that does not ``poll`` for ``max_poll_interval_ms``
+      gives its partitions up and leaves until its next ``poll``);
     - ``auto_offset_reset``: where to start without a committed offset or after
       ``OFFSET_OUT_OF_RANGE``: ``earliest``, ``latest`` or ``none`` (raise
       ``OffsetOutOfRangeError``);
@@ -279,6 +281,7 @@ class ConsumerConfig:
     max_poll_records: int = 500
     session_timeout_ms: int = 45_000
     heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000  # also sent as the rebalance timeout, as Kafka's
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 100
     metadata_max_age_ms: int = 300_000
@@ -301,6 +304,7 @@ class ConsumerConfig:
                 "max_poll_records": 1,
                 "session_timeout_ms": 1,
                 "heartbeat_interval_ms": 1,
+                "max_poll_interval_ms": 1,
                 "request_timeout_ms": 1,
                 "retry_backoff_ms": 0,
                 "metadata_max_age_ms": 0,

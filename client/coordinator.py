@@ -1,0 +1,307 @@
+"""The consumer's group I/O: the heartbeat thread, and the offset commit and fetch calls.
+
+``ConsumerCoordinator`` is the thin shell around the pure ``GroupMembership``
+(``client.group_member``): one daemon thread sends the heartbeats the membership asks for
+(one in flight at most, each a unary ``ConsumerGroupHeartbeat`` with a deadline), feeds
+it the answers, and queues the resulting ``MemberEvent``\\ s. It never runs application
+code: the ``Consumer`` takes the events in ``poll`` (``take_events``), runs the rebalance
+callbacks on the application's thread, and reports finished revocations back
+(``revocation_done``), which makes the next heartbeat go at once. ``wakeup`` (given by
+the consumer) is called, without this object's lock held, when events arrive, so a
+``poll`` that is waiting for records runs them promptly.
+
+Thread-safe: one lock guards the membership and the event queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from client.group_member import (
+    GroupMembership,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+    MemberEvent,
+    MemberState,
+)
+from client.transport import Transport
+from client.types import TopicPartition
+from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import (
+    ClosedError,
+    FencedMemberEpochError,
+    TidelogError,
+    UnknownMemberIdError,
+)
+
+__all__ = ["ConsumerCoordinator"]
+
+log = logging.getLogger(__name__)
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class ConsumerCoordinator:
+    """Group membership of one consumer: heartbeat thread and event queue. Thread-safe.
+
+    Args:
+        transport: the consumer's connection (shared; this object never closes it).
+        group_id: the group to join.
+        client_id: reported to the broker (``describe_group`` shows it).
+        subscription: the topics.
+        session_timeout_ms, rebalance_timeout_ms: sent with every heartbeat (the broker
+            clamps the session timeout to its bounds).
+        max_poll_interval_ms: leave the group (the partitions are lost) when ``polled``
+            was not called for this long; rejoin at the next ``polled``.
+        request_timeout_ms: the deadline of one heartbeat (at most the session timeout).
+        retry_backoff_ms: the first backoff after a failed heartbeat.
+        wakeup: called (from the heartbeat thread) when events are queued.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        group_id: str,
+        client_id: str,
+        subscription: Iterable[str],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        max_poll_interval_ms: int,
+        request_timeout_ms: int,
+        retry_backoff_ms: int,
+        wakeup: Callable[[], None],
+    ) -> None:
+        self.group_id = group_id
+        self._transport = transport
+        self._client_id = client_id
+        self._session_timeout_ms = session_timeout_ms
+        self._rebalance_timeout_ms = rebalance_timeout_ms
+        self._max_poll_interval_ms = max_poll_interval_ms
+        self._call_timeout_ms = max(min(request_timeout_ms, session_timeout_ms), 1)
+        self._wakeup = wakeup
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._membership = GroupMembership(
+            subscription,
+            session_timeout_ms=session_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            now_ms=_monotonic_ms(),
+            max_poll_interval_ms=max_poll_interval_ms,
+        )
+        self._events: deque[MemberEvent] = deque()
+        self._finished_heartbeats = 0  # answered or failed
+        self._error: TidelogError | None = None  # a heartbeat refused for good, to raise once
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"tidelog-heartbeat-{client_id}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # --- for the application thread -------------------------------------------------------
+
+    def take_events(self) -> list[MemberEvent]:
+        """The events queued since the last call, oldest first."""
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+            return events
+
+    def polled(self) -> None:
+        """The application is polling (it is alive); rejoin if it was away too long."""
+        with self._lock:
+            self._membership.polled(_monotonic_ms())
+            self._changed.notify_all()
+
+    def take_error(self) -> TidelogError | None:
+        """A non-retriable heartbeat error (e.g. ``INVALID_REQUEST``) since the last call.
+
+        The coordinator keeps trying (with backoff) regardless; this only lets ``poll``
+        tell the application once, instead of returning nothing forever.
+        """
+        with self._lock:
+            error, self._error = self._error, None
+            return error
+
+    def revocation_done(self, partitions: Iterable[TopicPartition], generation: int) -> None:
+        """``on_revoke`` ran for ``partitions``: report them released at once."""
+        with self._lock:
+            self._membership.revocation_done(partitions, generation, _monotonic_ms())
+            self._changed.notify_all()
+
+    def set_subscription(self, topics: Iterable[str]) -> None:
+        with self._lock:
+            self._membership.set_subscription(topics, _monotonic_ms())
+            self._changed.notify_all()
+
+    def member(self) -> tuple[str, int]:
+        """``(member_id, member_epoch)`` for a commit (epoch 0 while joining)."""
+        with self._lock:
+            return self._membership.member_id, self._membership.member_epoch
+
+    def owned(self) -> set[TopicPartition]:
+        with self._lock:
+            return set(self._membership.owned)
+
+    def wait_for_heartbeat(self, timeout_ms: int) -> bool:
+        """Send a heartbeat now (after the one in flight) and wait for it to finish.
+
+        Returns False if ``timeout_ms`` passed first or the coordinator stopped.
+        """
+        deadline = _monotonic_ms() + max(timeout_ms, 0)
+        with self._lock:
+            # The one in flight may have left before the change we wait for: wait for two.
+            target = self._finished_heartbeats + (2 if self._membership.in_flight else 1)
+            self._membership.request_heartbeat(_monotonic_ms())
+            self._changed.notify_all()
+            while self._finished_heartbeats < target and not self._stopped:
+                remaining = deadline - _monotonic_ms()
+                if remaining <= 0 or not self._thread.is_alive():
+                    return False
+                self._changed.wait(remaining / 1000)
+            return self._finished_heartbeats >= target
+
+    def leave(self, timeout_ms: int) -> None:
+        """Leave the group (heartbeat with epoch -1) and stop the thread.
+
+        Waits at most ``timeout_ms``; errors are logged (the session expires anyway).
+        Queued events are dropped: the caller revoked what it holds before.
+        """
+        deadline = _monotonic_ms() + max(timeout_ms, 0)
+        with self._lock:
+            self._membership.leave(_monotonic_ms())
+            self._events.clear()
+            self._changed.notify_all()
+            while self._membership.state is not MemberState.LEFT and self._thread.is_alive():
+                remaining = deadline - _monotonic_ms()
+                if remaining <= 0:
+                    log.warning("group %s: no answer to leaving in time", self.group_id)
+                    break
+                self._changed.wait(remaining / 1000)
+        self.stop(max(deadline - _monotonic_ms(), 0))
+
+    def stop(self, timeout_ms: int = 0) -> None:
+        """Stop the heartbeat thread (a heartbeat in flight ends by its deadline)."""
+        with self._lock:
+            self._stopped = True
+            self._changed.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_ms / 1000)
+
+    # --- the heartbeat thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                request = self._next_request()
+                if request is None:
+                    return
+                events = self._send(request)
+                with self._lock:
+                    self._events.extend(events)
+                    self._finished_heartbeats += 1
+                    self._changed.notify_all()
+                if events or self._error is not None:
+                    self._wakeup()
+        except Exception:
+            log.exception("group %s: heartbeat thread failed", self.group_id)
+        finally:
+            with self._lock:
+                self._stopped = True
+                self._changed.notify_all()
+
+    def _next_request(self) -> HeartbeatRequest | None:
+        membership = self._membership
+        while True:
+            with self._lock:
+                if self._stopped or membership.state is MemberState.LEFT:
+                    return None
+                now = _monotonic_ms()
+                events = membership.check_poll_interval(now)
+                if events:
+                    log.warning(
+                        "group %s: not polled for %d ms (max_poll_interval_ms): leaving",
+                        self.group_id,
+                        self._max_poll_interval_ms,
+                    )
+                    self._events.extend(events)
+                else:
+                    request = membership.start_heartbeat(now)
+                    if request is not None:
+                        return request
+                    wake = membership.next_wakeup_ms()
+                    # None: out of the group until the application polls (it notifies).
+                    self._changed.wait(None if wake is None else max(wake - now, 1) / 1000)
+                    continue
+            self._wakeup()
+
+    def _send(self, request: HeartbeatRequest) -> list[MemberEvent]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in request.owned:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        try:
+            answer = self._transport.call(
+                self._transport.stub.ConsumerGroupHeartbeat,
+                pb.ConsumerGroupHeartbeatRequest(
+                    group_id=self.group_id,
+                    member_id=request.member_id,
+                    member_epoch=request.member_epoch,
+                    rebalance_timeout_ms=self._rebalance_timeout_ms,
+                    session_timeout_ms=self._session_timeout_ms,
+                    subscribed_topic_names=request.subscription,
+                    owned_partitions=[
+                        pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+                    ],
+                    client_id=self._client_id,
+                ),
+                what="ConsumerGroupHeartbeat",
+                timeout_ms=self._call_timeout_ms,
+            )
+        except (UnknownMemberIdError, FencedMemberEpochError) as exc:
+            with self._lock:
+                lost = self._membership.owned.copy()
+                events = self._membership.on_fenced(_monotonic_ms())
+            log.warning(
+                "group %s: %s; rejoining (%d partition(s) lost)", self.group_id, exc, len(lost)
+            )
+            return events
+        except ClosedError:
+            with self._lock:
+                self._stopped = True
+            return []
+        except TidelogError as exc:
+            level = logging.INFO if exc.retriable else logging.WARNING
+            log.log(level, "group %s: heartbeat failed: %s", self.group_id, exc)
+            with self._lock:
+                if not exc.retriable:
+                    self._error = exc
+                return self._membership.on_failure(_monotonic_ms())
+        assignment = frozenset(
+            TopicPartition(a.topic, p) for a in answer.assignment for p in a.partitions
+        )
+        with self._lock:
+            events = self._membership.on_answer(
+                HeartbeatAnswer(
+                    answer.member_id,
+                    answer.member_epoch,
+                    answer.heartbeat_interval_ms,
+                    assignment,
+                ),
+                _monotonic_ms(),
+            )
+        for event in events:
+            log.info(
+                "group %s: %s %s",
+                self.group_id,
+                event.kind,
+                ", ".join(str(tp) for tp in event.partitions),
+            )
+        return events
