@@ -3,6 +3,8 @@
 #   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data)
 #   make check   ruff, mypy and the protobuf check only
 #   make bench   the benchmarks (see README for each one's figures)
+#   make bench-peers  Tidelog against NATS JetStream and Redis Streams (docs/benchmarks.md);
+#                installs the bench extra, and nats-server/redis-server with apt-get as root
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
@@ -10,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv check lint format typecheck proto proto-check test run bench clean
+.PHONY: all venv check lint format typecheck proto proto-check test run bench bench-peers clean
 
 all: test
 
@@ -51,6 +53,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/storage_bench.py
 	$(BIN)/python benchmarks/broker_bench.py
 	$(BIN)/python benchmarks/client_bench.py
+
+BENCH_ARGS ?=
+bench-peers: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
