@@ -1,12 +1,17 @@
-# Tidelog broker image: `docker build -t tidelog .` then
-# `docker run -p 127.0.0.1:7410:7410 -v tidelog-data:/data tidelog`.
+# Tidelog images. Two targets:
+#
+# - `broker` (the default, last stage): `docker build -t tidelog .` then
+#   `docker run -p 127.0.0.1:7410:7410 -v tidelog-data:/data tidelog`.
+# - `spark`: the broker's Python packages plus a Java runtime, pyspark and the examples, for
+#   Spark jobs and the demo producer: `docker build --target spark -t tidelog-spark .` then
+#   `docker run --network host tidelog-spark examples/windowed_counts.py`.
 #
 # Inside the container, and only there, the broker listens on 0.0.0.0 (gRPC 7410,
 # Prometheus metrics 7411) so that published ports reach it. Data lives in the /data
 # volume. `docker stop` sends SIGTERM: the broker stops cleanly within shutdown.grace.ms
 # (5 s by default, under Docker's 10 s before SIGKILL); after a SIGKILL the next start
 # recovers and every acks=all record is there.
-FROM python:3.11-slim
+FROM python:3.11-slim AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -14,16 +19,37 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md pyspark_tidelog.py ./
 COPY storage/ storage/
 COPY proto/ proto/
 COPY broker/ broker/
 COPY client/ client/
 COPY spark_sink/ spark_sink/
 RUN pip install . \
-    && useradd --system --uid 10001 --no-create-home tidelog \
+    && useradd --system --uid 10001 --create-home tidelog \
     && mkdir -p /data \
     && chown tidelog /data
+
+# --- Spark jobs: a JRE for the Spark JVM, pyspark/pyarrow/pandas, the examples ---------
+FROM base AS spark
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install ".[spark]" \
+    && mkdir -p /checkpoints \
+    && chown tidelog /checkpoints
+COPY examples/ examples/
+# PySpark's Python workers must run this interpreter (the data source's module is
+# installed in it). Checkpoints go to /checkpoints (a volume in docker-compose.yml).
+ENV PYSPARK_PYTHON=python \
+    CHECKPOINT_DIR=/checkpoints
+USER tidelog
+ENTRYPOINT ["python"]
+CMD ["examples/windowed_counts.py"]
+
+# --- the broker (default target) ---------------------------------------------------------
+FROM base AS broker
 
 USER tidelog
 WORKDIR /data

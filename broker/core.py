@@ -44,6 +44,7 @@ from broker.producer_ids import ProducerIdManager
 from storage.clock import Clock, SystemClock
 from storage.errors import InvalidRequestError
 from storage.log_manager import LogManager, TopicMetadata
+from storage.producer_state import ProducerSummary
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -51,6 +52,7 @@ __all__ = [
     "BrokerCore",
     "OffsetAnswer",
     "OffsetQuery",
+    "PartitionProducers",
     "PartitionView",
     "TopicView",
 ]
@@ -100,6 +102,17 @@ class OffsetAnswer:
     partition: int
     offset: int = -1
     timestamp_ms: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProducers:
+    """One partition's answer to ``describe_producers``: its producers, or an error."""
+
+    topic: str
+    partition: int
+    producers: tuple[ProducerSummary, ...] = ()
     error_code: str = ""
     error_message: str = ""
 
@@ -332,6 +345,33 @@ class BrokerCore:
         """A new idempotent producer id (-1, -1) or a bumped epoch for an existing one."""
         with self._operation():
             return self._producer_ids.init(producer_id, producer_epoch)
+
+    def init_keyed_producer_id(self, key: str) -> tuple[int, int]:
+        """The producer id of ``key`` (stable) and its current epoch, not bumped."""
+        with self._operation():
+            return self._producer_ids.init_keyed(key)
+
+    def describe_producers(
+        self, partitions: Sequence[tuple[str, int]], producer_id: int | None
+    ) -> list[PartitionProducers]:
+        """What each partition's idempotence state remembers (Kafka's DescribeProducers).
+
+        Errors (unknown topic or partition) are per partition.
+        """
+        with self._operation():
+            answers = []
+            for topic, partition in partitions:
+                try:
+                    plog = self._logs.get_log(topic, partition)
+                    found = tuple(plog.producer_state.describe(producer_id))
+                except Exception as exc:
+                    code, message = partition_error(exc)
+                    answers.append(
+                        PartitionProducers(topic, partition, error_code=code, error_message=message)
+                    )
+                    continue
+                answers.append(PartitionProducers(topic, partition, found))
+            return answers
 
     # --- consumer groups (broker.groups.manager documents each) ---------------------------
 

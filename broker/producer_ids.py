@@ -12,7 +12,8 @@ answer leaves (so an id handed out is never handed out again, whatever the crash
 
     {"version": 1,
      "next_producer_id": 17,
-     "producers": {"12": [3, 1700000000000], ...}}   # id -> [epoch, last init wall ms]
+     "producers": {"12": [3, 1700000000000], ...},   # id -> [epoch, last init wall ms]
+     "keys": {"spark:q1:0:0": 12, ...}}              # producer key -> id (optional field)
 
 ``producers`` remembers the current epoch of every id initialised or re-initialised within
 ``producer.id.expiration.ms``; older entries are dropped at the next write (Kafka's
@@ -28,6 +29,13 @@ Re-initialisation rules (``init``):
   re-initialised it since: this one is fenced).
 - the current epoch: epoch + 1; at the int16 ceiling (32767) a fresh id with epoch 0, as
   Kafka does when an epoch is exhausted.
+
+Keyed producers (``init_keyed``): a caller-chosen key maps to one producer id for as long
+as the key is used within ``producer.id.expiration.ms``; every ``init_keyed`` returns the
+same id and its current epoch *without* bumping it, and refreshes the key. This is what an
+effectively-once writer (the Spark sink, ``docs/spark.md``) builds on: a task that restarts
+gets its old identity back and asks the partitions (``DescribeProducers``) how far that
+identity got. Keys expire with their id's entry, so the file stays small.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ log = logging.getLogger(__name__)
 STATE_FILE_NAME = "producer-ids.json"
 MAX_PRODUCER_EPOCH = 32767  # int16, the batch header's producerEpoch field
 _VERSION = 1
+_MAX_KEY_CHARS = 1024
 
 
 class ProducerIdManager:
@@ -69,6 +78,7 @@ class ProducerIdManager:
         expiration_ms: int,
         next_producer_id: int,
         producers: dict[int, tuple[int, int]],
+        keys: dict[str, int] | None = None,
     ) -> None:
         self._path = path
         self._clock = clock
@@ -76,6 +86,7 @@ class ProducerIdManager:
         self._lock = threading.Lock()
         self._next_producer_id = next_producer_id
         self._producers = producers  # id -> (epoch, last init wall ms)
+        self._keys = dict(keys or {})  # producer key -> id; live while the id's entry is
 
     @classmethod
     def open(cls, data_dir: Path, clock: Clock, expiration_ms: int) -> ProducerIdManager:
@@ -101,12 +112,13 @@ class ProducerIdManager:
                 int(pid): (int(entry[0]), int(entry[1]))
                 for pid, entry in dict(document["producers"]).items()
             }
+            keys = {str(key): int(pid) for key, pid in dict(document.get("keys", {})).items()}
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise StorageError(f"{path} is damaged: {exc}") from exc
-        if next_id < 0 or any(pid >= next_id or pid < 0 for pid in producers):
+        if next_id < 0 or any(pid >= next_id or pid < 0 for pid in (*producers, *keys.values())):
             raise StorageError(f"{path} is inconsistent: ids beyond next_producer_id")
         log.info("producer ids: next %d, %d remembered epochs", next_id, len(producers))
-        return cls(path, clock, expiration_ms, next_id, producers)
+        return cls(path, clock, expiration_ms, next_id, producers, keys)
 
     @property
     def next_producer_id(self) -> int:
@@ -140,11 +152,38 @@ class ProducerIdManager:
                 answer = self._bump_locked(producer_id, producer_epoch, now_ms)
             return answer
 
-    def _allocate_locked(self, now_ms: int) -> tuple[int, int]:
+    def init_keyed(self, key: str) -> tuple[int, int]:
+        """Answer a keyed ``InitProducerId``: the key's id and current epoch, never bumped.
+
+        A key seen before (within ``producer.id.expiration.ms`` of its last init) gets its
+        id back; a new key gets a new id with epoch 0. Either way the key's entry is
+        refreshed and durable before this returns.
+
+        Raises:
+            InvalidRequestError: the key is empty or longer than 1,024 characters.
+            StorageError: the state could not be written.
+        """
+        if not key or len(key) > _MAX_KEY_CHARS:
+            raise InvalidRequestError(
+                f"producer_key must be 1 to {_MAX_KEY_CHARS} characters, got {len(key)}"
+            )
+        with self._lock:
+            now_ms = self._clock.wall_ms()
+            producer_id = self._keys.get(key)
+            entry = None if producer_id is None else self._producers.get(producer_id)
+            if producer_id is None or entry is None or self._expired(entry[1], now_ms):
+                producer_id, epoch = self._allocate_locked(now_ms, key)
+                return producer_id, epoch
+            producers = dict(self._producers)
+            producers[producer_id] = (entry[0], now_ms)
+            self._persist_locked(self._next_producer_id, producers, now_ms)
+            return producer_id, entry[0]
+
+    def _allocate_locked(self, now_ms: int, key: str | None = None) -> tuple[int, int]:
         producer_id = self._next_producer_id
         producers = dict(self._producers)
         producers[producer_id] = (0, now_ms)
-        self._persist_locked(producer_id + 1, producers, now_ms)
+        self._persist_locked(producer_id + 1, producers, now_ms, key, producer_id)
         log.info("producer id %d allocated (epoch 0)", producer_id)
         return producer_id, 0
 
@@ -173,18 +212,29 @@ class ProducerIdManager:
         return now_ms - last_init_ms > self._expiration_ms
 
     def _persist_locked(
-        self, next_producer_id: int, producers: dict[int, tuple[int, int]], now_ms: int
+        self,
+        next_producer_id: int,
+        producers: dict[int, tuple[int, int]],
+        now_ms: int,
+        new_key: str | None = None,
+        new_key_id: int = -1,
     ) -> None:
         """Write the new state, then adopt it: memory never runs ahead of the disk."""
         kept = {pid: e for pid, e in producers.items() if not self._expired(e[1], now_ms)}
-        document = {
+        keys = {key: pid for key, pid in self._keys.items() if pid in kept}
+        if new_key is not None:
+            keys[new_key] = new_key_id
+        document: dict[str, object] = {
             "version": _VERSION,
             "next_producer_id": next_producer_id,
             "producers": {str(pid): [e[0], e[1]] for pid, e in sorted(kept.items())},
         }
+        if keys:
+            document["keys"] = dict(sorted(keys.items()))
         try:
             atomic_write(self._path, json.dumps(document).encode())
         except OSError as exc:
             raise StorageError(f"cannot write {self._path}: {os.strerror(exc.errno or 0)}") from exc
         self._next_producer_id = next_producer_id
         self._producers = kept
+        self._keys = keys

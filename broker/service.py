@@ -245,6 +245,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         self, request: pb.InitProducerIdRequest, context: grpc.ServicerContext
     ) -> pb.InitProducerIdResponse:
         def body() -> pb.InitProducerIdResponse:
+            if request.producer_key:
+                if request.HasField("producer_id") or request.HasField("producer_epoch"):
+                    raise InvalidRequestError(
+                        "InitProducerId takes producer_key or producer_id/epoch, not both"
+                    )
+                producer_id, epoch = self._core.init_keyed_producer_id(request.producer_key)
+                return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
             # Absent fields mean a new producer (the proto makes them optional for that).
             producer_id, epoch = self._core.init_producer_id(
                 request.producer_id if request.HasField("producer_id") else -1,
@@ -253,6 +260,37 @@ class BrokerService(pb_grpc.BrokerServicer):
             return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
         return self._call("InitProducerId", context, body)
+
+    def DescribeProducers(
+        self, request: pb.DescribeProducersRequest, context: grpc.ServicerContext
+    ) -> pb.DescribeProducersResponse:
+        def body() -> pb.DescribeProducersResponse:
+            wanted = [(t.topic, p) for t in request.partitions for p in t.partitions]
+            producer_id = request.producer_id if request.HasField("producer_id") else None
+            answers = self._core.describe_producers(wanted, producer_id)
+            return pb.DescribeProducersResponse(
+                partitions=[
+                    pb.DescribeProducersPartition(
+                        topic=a.topic,
+                        partition=a.partition,
+                        error_code=a.error_code,
+                        error_message=a.error_message,
+                        producers=[
+                            pb.ProducerState(
+                                producer_id=p.producer_id,
+                                producer_epoch=p.epoch,
+                                last_sequence=p.last_sequence,
+                                last_timestamp_ms=p.last_timestamp_ms,
+                                last_offset=p.last_offset,
+                            )
+                            for p in a.producers
+                        ],
+                    )
+                    for a in answers
+                ]
+            )
+
+        return self._call("DescribeProducers", context, body)
 
     # --- consumer groups ------------------------------------------------------------------
     # Errors of a whole call (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, NON_EMPTY_GROUP, ...)

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 from storage.records import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader
 
-__all__ = ["BATCHES_KEPT", "BatchMetadata", "ProducerEntry", "ProducerStateTable"]
+__all__ = [
+    "BATCHES_KEPT",
+    "BatchMetadata",
+    "ProducerEntry",
+    "ProducerStateTable",
+    "ProducerSummary",
+]
 
 BATCHES_KEPT = 5
 _SEQUENCE_MODULUS = 2**31
@@ -46,6 +52,17 @@ class BatchMetadata:
     last_sequence: int
     base_offset: int
     last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSummary:
+    """One producer as ``DescribeProducers`` reports it (a copy, safe to hand out)."""
+
+    producer_id: int
+    epoch: int
+    last_sequence: int  # NO_SEQUENCE (-1) when no sequenced batch is remembered
+    last_timestamp_ms: int
+    last_offset: int  # -1 when no batch is remembered
 
 
 @dataclass(slots=True)
@@ -73,6 +90,33 @@ class ProducerStateTable:
 
     def entry(self, producer_id: int) -> ProducerEntry | None:
         return self._entries.get(producer_id)
+
+    def describe(self, producer_id: int | None = None) -> list[ProducerSummary]:
+        """What the table remembers, as values: every producer, or only ``producer_id``.
+
+        Safe to call without the partition lock (``DescribeProducers`` does): the entries
+        are copied with one C-level ``list`` call, which holds the GIL, and each entry's
+        fields are read once; an append racing with it shows up or not, never half.
+        """
+        if producer_id is not None:
+            found = self._entries.get(producer_id)
+            entries = [] if found is None else [found]
+        else:
+            entries = list(self._entries.values())
+        out = []
+        for entry in entries:
+            batches = tuple(entry.batches)
+            last = batches[-1] if batches else None
+            out.append(
+                ProducerSummary(
+                    entry.producer_id,
+                    entry.epoch,
+                    NO_SEQUENCE if last is None else last.last_sequence,
+                    entry.last_timestamp_ms,
+                    -1 if last is None else last.last_offset,
+                )
+            )
+        return out
 
     def check(self, header: BatchHeader) -> BatchMetadata | None:
         """Classify an incoming batch before offsets are assigned.

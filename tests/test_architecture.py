@@ -64,6 +64,18 @@ def test_dependency_direction(package: str) -> None:
     assert not violations, "\n".join(violations)
 
 
+# Top-level modules outside the packages -> the top-level names they may import.
+# ``pyspark_tidelog`` is PySpark's entry point (a ``pyspark_<name>`` module is registered
+# by itself); it only re-exports ``spark_sink``.
+TOP_LEVEL_MODULES: dict[str, set[str]] = {"pyspark_tidelog.py": {"__future__", "spark_sink"}}
+
+
+@pytest.mark.parametrize("module", sorted(TOP_LEVEL_MODULES))
+def test_top_level_modules_import_only_what_they_front(module: str) -> None:
+    tops = {name.split(".")[0] for name in _imports(ROOT / module)}
+    assert tops <= TOP_LEVEL_MODULES[module], f"{module} imports {tops}"
+
+
 def test_packages_exist_with_sources() -> None:
     for package in PACKAGES:
         assert (ROOT / package / "__init__.py").is_file(), package

@@ -715,6 +715,7 @@ class InitProducerIdRequest(_message.Message):
 
     PRODUCER_ID_FIELD_NUMBER: _builtins.int
     PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    PRODUCER_KEY_FIELD_NUMBER: _builtins.int
     producer_id: _builtins.int
     """Set both to re-initialise an existing producer (bumps the epoch, fencing the old one).
     `optional` so that an empty request means a new producer: with plain proto3 fields it
@@ -723,15 +724,23 @@ class InitProducerIdRequest(_message.Message):
     """
     producer_epoch: _builtins.int
     """absent or -1 for a new producer"""
+    producer_key: _builtins.str
+    """A stable producer key (in the spirit of Kafka's transactional.id, without
+    transactions): the same key always gets the same producer id, and its current epoch
+    unbumped, so a writer that restarts can ask DescribeProducers where that id stands and
+    continue its sequences. Not combinable with producer_id/producer_epoch. The key is
+    remembered (durably) until producer.id.expiration.ms after its last InitProducerId.
+    """
     def __init__(
         self,
         *,
         producer_id: _builtins.int | None = ...,
         producer_epoch: _builtins.int | None = ...,
+        producer_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "producer_key", b"producer_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__producer_epoch: _TypeAlias = _typing.Literal["producer_epoch"]  # noqa: Y015
     _WhichOneofArgType__producer_epoch: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch"]  # noqa: Y015
@@ -765,6 +774,122 @@ class InitProducerIdResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___InitProducerIdResponse: _TypeAlias = InitProducerIdResponse  # noqa: Y015
+
+@_typing.final
+class DescribeProducersRequest(_message.Message):
+    """What each partition remembers of its idempotent producers (Kafka's DescribeProducers,
+    KIP-664): the state the partition's sequence check uses, rebuilt from the log and its
+    producer snapshots after a restart.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    """only this producer (absent: every producer)"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        producer_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_producer_id", b"_producer_id", "producer_id", b"producer_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_producer_id", b"_producer_id", "partitions", b"partitions", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__producer_id: _TypeAlias = _typing.Literal["producer_id"]  # noqa: Y015
+    _WhichOneofArgType__producer_id: _TypeAlias = _typing.Literal["_producer_id", b"_producer_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_id) -> _WhichOneofReturnType__producer_id | None: ...
+
+Global___DescribeProducersRequest: _TypeAlias = DescribeProducersRequest  # noqa: Y015
+
+@_typing.final
+class ProducerState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LAST_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    LAST_OFFSET_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    last_sequence: _builtins.int
+    """-1 when no sequenced batch is remembered"""
+    last_timestamp_ms: _builtins.int
+    last_offset: _builtins.int
+    """offset of the last record of its last batch, -1 if none"""
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        last_sequence: _builtins.int = ...,
+        last_timestamp_ms: _builtins.int = ...,
+        last_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_offset", b"last_offset", "last_sequence", b"last_sequence", "last_timestamp_ms", b"last_timestamp_ms", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProducerState: _TypeAlias = ProducerState  # noqa: Y015
+
+@_typing.final
+class DescribeProducersPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    PRODUCERS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    @_builtins.property
+    def producers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducerState]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        producers: _abc.Iterable[Global___ProducerState] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "producers", b"producers", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeProducersPartition: _TypeAlias = DescribeProducersPartition  # noqa: Y015
+
+@_typing.final
+class DescribeProducersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DescribeProducersPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___DescribeProducersPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeProducersResponse: _TypeAlias = DescribeProducersResponse  # noqa: Y015
 
 @_typing.final
 class TopicPartitions(_message.Message):

@@ -89,6 +89,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.DescribeProducers = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeProducers',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+                _registered_method=True)
         self.ConsumerGroupHeartbeat = channel.unary_unary(
                 '/tidelog.v1.Broker/ConsumerGroupHeartbeat',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
@@ -197,6 +202,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeProducers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ConsumerGroupHeartbeat(self, request, context):
         """--- consumer groups (KIP-848 style: the broker computes assignments) ---
         """
@@ -297,6 +308,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'DescribeProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeProducers,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
             ),
             'ConsumerGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.ConsumerGroupHeartbeat,
@@ -631,6 +647,33 @@ class Broker:
             '/tidelog.v1.Broker/InitProducerId',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeProducers',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -58,6 +58,7 @@ class BrokerStub:
     FetchStream: _grpc.StreamStreamMultiCallable[_broker_pb2.FetchRequest, _broker_pb2.FetchResponse]
     ListOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsResponse]
     InitProducerId: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]
+    DescribeProducers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]
     ConsumerGroupHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]
@@ -83,6 +84,7 @@ class BrokerAsyncStub(BrokerStub):
     FetchStream: _aio.StreamStreamMultiCallable[_broker_pb2.FetchRequest, _broker_pb2.FetchResponse]  # type: ignore[assignment]
     ListOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsResponse]  # type: ignore[assignment]
     InitProducerId: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]  # type: ignore[assignment]
+    DescribeProducers: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]  # type: ignore[assignment]
     ConsumerGroupHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]  # type: ignore[assignment]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]  # type: ignore[assignment]
@@ -171,6 +173,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.InitProducerIdRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.InitProducerIdResponse, _abc.Awaitable[_broker_pb2.InitProducerIdResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeProducers(
+        self,
+        request: _broker_pb2.DescribeProducersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeProducersResponse, _abc.Awaitable[_broker_pb2.DescribeProducersResponse]]: ...
 
     @_abc_1.abstractmethod
     def ConsumerGroupHeartbeat(

@@ -1,0 +1,209 @@
+"""Spark benchmark: a streaming read of a topic against ``spark.read.parquet`` of the same rows.
+
+::
+
+    python benchmarks/spark_bench.py [--records 500000] [--partitions 2] [--quick]
+
+One broker process (``python -m broker``, a temporary data directory, 127.0.0.1) and one
+``local[2]`` SparkSession, in the same run:
+
+1. load: ``--records`` records (16-byte unique key, 100-byte value) produced to a topic of
+   ``--partitions`` partitions;
+2. stream: ``spark.readStream.format("tidelog")`` from offset zero into the ``noop`` sink
+   with ``Trigger.AvailableNow``: records per second over the query's wall time (start
+   to termination), and over the batches' own ``triggerExecution`` time;
+3. parquet: the same rows (key, value, topic, partition, offset, timestamp, timestampType,
+   read once with ``spark.read.format("tidelog")``) written to local parquet, then
+   ``spark.read.parquet`` of them into the ``noop`` sink: records per second;
+4. a batch read ``spark.read.format("tidelog")`` into ``noop``, for reference.
+
+Each timed step runs once on a small warm-up topic first (Python workers, JIT). The
+machine is shared and has 2 cores, which the broker, the Spark JVM and its Python workers
+share. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from client import AdminClient, Producer  # noqa: E402
+
+KEY_BYTES = 16
+VALUE_BYTES = 100
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_broker(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    address = f"127.0.0.1:{_free_port()}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "broker", "serve", "--listen", address, "--data-dir", str(data_dir)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with AdminClient(address, request_timeout_ms=1_000) as admin:
+                admin.list_topics()
+            return process, address
+        except Exception:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.2)
+
+
+def _load(address: str, topic: str, records: int, partitions: int) -> float:
+    with AdminClient(address) as admin:
+        admin.create_topic(topic, partitions)
+    value = b"v" * VALUE_BYTES
+    started = time.perf_counter()
+    with Producer(address, acks=1) as producer:
+        for i in range(records):
+            producer.send(
+                topic, value=value, key=i.to_bytes(KEY_BYTES, "big"), partition=i % partitions
+            )
+        producer.flush()
+    return time.perf_counter() - started
+
+
+def _spark() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("tidelog-spark-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _stream(spark: Any, address: str, topic: str, checkpoint: Path) -> tuple[float, float, int]:
+    """Wall seconds, summed triggerExecution seconds, rows read."""
+    df = (
+        spark.readStream.format("tidelog")
+        .option("bootstrap.servers", address)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    started = time.perf_counter()
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.perf_counter() - started
+    progress = query.recentProgress
+    rows = sum(p["numInputRows"] for p in progress)
+    busy = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+    return wall, busy, rows
+
+
+def _batch_read(spark: Any, address: str, topic: str) -> float:
+    started = time.perf_counter()
+    (
+        spark.read.format("tidelog")
+        .option("bootstrap.servers", address)
+        .option("subscribe", topic)
+        .load()
+        .write.format("noop")
+        .mode("overwrite")
+        .save()
+    )
+    return time.perf_counter() - started
+
+
+def _parquet(spark: Any, address: str, topic: str, path: Path) -> float:
+    (
+        spark.read.format("tidelog")
+        .option("bootstrap.servers", address)
+        .option("subscribe", topic)
+        .load()
+        .write.mode("overwrite")
+        .parquet(str(path))
+    )
+    started = time.perf_counter()
+    spark.read.parquet(str(path)).write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="50,000 records")
+    args = parser.parse_args()
+    records = 50_000 if args.quick else args.records
+    work = Path(tempfile.mkdtemp(prefix="tidelog-spark-bench-"))
+    broker, address = _start_broker(work / "data")
+    try:
+        load_s = _load(address, "bench", records, args.partitions)
+        _load(address, "warmup", 10_000, args.partitions)
+        print(f"loaded {records} records in {load_s:.1f} s", flush=True)
+        spark = _spark()
+        _stream(spark, address, "warmup", work / "ck-warmup")
+        _parquet(spark, address, "warmup", work / "warmup.parquet")
+        _batch_read(spark, address, "warmup")
+
+        wall, busy, rows = _stream(spark, address, "bench", work / "ck-bench")
+        assert rows == records, (rows, records)
+        parquet_s = _parquet(spark, address, "bench", work / "bench.parquet")
+        batch_s = _batch_read(spark, address, "bench")
+        result = {
+            "records": records,
+            "partitions": args.partitions,
+            "stream_records_per_s": round(records / wall),
+            "stream_records_per_s_trigger_time": round(records / busy) if busy else None,
+            "stream_wall_s": round(wall, 2),
+            "parquet_records_per_s": round(records / parquet_s),
+            "parquet_s": round(parquet_s, 2),
+            "batch_read_records_per_s": round(records / batch_s),
+            "stream_vs_parquet": round(parquet_s / wall, 3),
+        }
+        print(
+            f"stream  {result['stream_records_per_s']:>10,} records/s  ({wall:.1f} s wall, "
+            f"{busy:.1f} s in triggers)\n"
+            f"parquet {result['parquet_records_per_s']:>10,} records/s  ({parquet_s:.1f} s)\n"
+            f"batch   {result['batch_read_records_per_s']:>10,} records/s  ({batch_s:.1f} s)"
+        )
+        spark.stop()
+        print(json.dumps(result))
+    finally:
+        broker.terminate()
+        broker.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

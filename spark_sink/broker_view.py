@@ -1,0 +1,112 @@
+"""What the driver asks the broker: which partitions a query reads, and their offsets.
+
+``BrokerView`` resolves ``subscribe`` / ``subscribePattern`` / ``assign`` into
+topic-partitions with their log start offset, high watermark (the readable end) and
+timestamp type, and resolves starting timestamps. It runs on the driver only (inside the
+stream reader's planning calls); its ``AdminClient`` opens on first use, never in a
+constructor, and is dropped when the object is pickled.
+
+Not thread-safe (Spark calls a stream reader from one thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from client import UnknownTopicOrPartitionError
+from client.admin import AdminClient
+from client.types import TopicPartition
+from spark_sink.options import ReadOptions
+
+__all__ = ["BrokerView", "PartitionInfo"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition as the broker describes it now."""
+
+    log_start_offset: int
+    high_watermark: int
+    timestamp_type: int  # 0 CreateTime, 1 LogAppendTime (Spark's timestampType column)
+
+
+class BrokerView:
+    """Driver-side lookups for one query. Not thread-safe; ``close`` when done."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self._options = options
+        self._admin: AdminClient | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"options": self._options}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        options = state["options"]
+        assert isinstance(options, ReadOptions)
+        self._options = options
+        self._admin = None
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(
+                self._options.bootstrap_servers,
+                request_timeout_ms=self._options.request_timeout_ms,
+            )
+        return self._admin
+
+    def topics(self) -> list[str]:
+        """The topics the options select, as they exist now (sorted)."""
+        options = self._options
+        if options.assign:
+            return sorted({tp.topic for tp in options.assign})
+        if options.subscribe:
+            return sorted(set(options.subscribe))
+        assert options.subscribe_pattern is not None
+        pattern = re.compile(options.subscribe_pattern)
+        return [t.name for t in self.admin.list_topics() if pattern.fullmatch(t.name)]
+
+    def partitions(self) -> dict[TopicPartition, PartitionInfo]:
+        """Every partition the query reads now, with its offsets.
+
+        A subscribed topic that does not exist (yet, or any more) has no partitions; an
+        assigned partition that does not exist raises ``UnknownTopicOrPartitionError``.
+        """
+        out: dict[TopicPartition, PartitionInfo] = {}
+        for topic in self.topics():
+            try:
+                description = self.admin.describe_topic(topic)
+            except UnknownTopicOrPartitionError:
+                if self._options.assign:
+                    raise
+                log.info("topic %s does not exist (yet): no partitions", topic)
+                continue
+            kind = description.config.get("message.timestamp.type", "CreateTime")
+            timestamp_type = 1 if kind == "LogAppendTime" else 0
+            for p in description.partitions:
+                out[TopicPartition(topic, p.partition)] = PartitionInfo(
+                    p.log_start_offset, p.high_watermark, timestamp_type
+                )
+        if self._options.assign:
+            missing = [tp for tp in self._options.assign if tp not in out]
+            if missing:
+                raise UnknownTopicOrPartitionError(f"assigned partitions do not exist: {missing}")
+            out = {tp: out[tp] for tp in self._options.assign}
+        return out
+
+    def offsets_for_timestamp(
+        self, partitions: Iterable[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """First offset with a timestamp >= ``timestamp_ms`` per partition (None if none)."""
+        found = self.admin.list_offsets(dict.fromkeys(partitions, timestamp_ms))
+        return {tp: (None if answer is None else answer.offset) for tp, answer in found.items()}
+
+    def close(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None

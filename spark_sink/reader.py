@@ -1,0 +1,146 @@
+"""The executor side of reads: one offset range of one partition into Arrow batches.
+
+``read_ranges`` runs inside a Spark task. It opens a ``Consumer`` (no group, nothing
+committed, ``auto_offset_reset="none"`` so that a range below the log start is noticed
+rather than silently reset), assigns the range's partition, seeks to its start and
+yields the records with ``start <= offset < end`` as ``pyarrow.RecordBatch``es in the
+source's schema (``schema.py``). Arrow rather than tuples: Spark takes Arrow batches
+from a Python data source without converting row by row.
+
+Edge cases:
+
+- compaction leaves gaps: the consumer's position moves past a batch's last offset, so
+  a range may hold fewer records than ``end - start``; reading stops at the first record
+  at or past ``end`` or when the position reaches ``end`` (after a batch the position
+  moves to the batch's last offset + 1, which compaction keeps even when it empties the
+  batch);
+- a partition that ends before the range does (log truncated by an unclean stop, topic
+  recreated) is data loss too;
+- retention deleted offsets the range needs (the fetch answers
+  ``OFFSET_OUT_OF_RANGE``): with ``failOnDataLoss`` a ``DataLossError`` naming the
+  partition, the offsets and the option; without, a warning and a skip to the log start
+  (nothing at all if the log start is past the range). A partition the query found
+  after it started (``from_log_start``) starts at the log start without a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+
+from client import Consumer, OffsetOutOfRangeError
+from client.types import ConsumerRecord
+from spark_sink.offsets import OffsetRange
+from spark_sink.options import ReadOptions
+from spark_sink.schema import records_to_arrow
+
+__all__ = ["DataLossError", "read_ranges"]
+
+log = logging.getLogger(__name__)
+
+_ARROW_BATCH_ROWS = 8192
+_POLL_MS = 200
+_HINT = ". Set the option failOnDataLoss to false to skip them and go on."
+
+
+class DataLossError(RuntimeError):
+    """Offsets a query needs are gone (retention), and ``failOnDataLoss`` is true."""
+
+
+def read_ranges(
+    options: ReadOptions,
+    ranges: Sequence[OffsetRange],
+    timestamp_types: Sequence[int],
+) -> Iterator[pa.RecordBatch]:
+    """Yield the records of every range, in order, as Arrow batches.
+
+    Raises ``DataLossError`` (see the module doc), or the client's error when the broker
+    cannot be reached within ``requestTimeoutMs``.
+    """
+    for offset_range, timestamp_type in zip(ranges, timestamp_types, strict=True):
+        if offset_range.size == 0:
+            continue
+        yield from _read_range(options, offset_range, timestamp_type)
+
+
+def _read_range(
+    options: ReadOptions, offset_range: OffsetRange, timestamp_type: int
+) -> Iterator[pa.RecordBatch]:
+    tp, end = offset_range.tp, offset_range.end
+    consumer = Consumer(
+        options.bootstrap_servers,
+        client_id="tidelog-spark-reader",
+        auto_offset_reset="none",
+        enable_auto_commit=False,
+        max_poll_records=_ARROW_BATCH_ROWS,
+        max_partition_fetch_bytes=options.fetch_max_bytes,
+        fetch_max_wait_ms=_POLL_MS,
+        request_timeout_ms=options.request_timeout_ms,
+    )
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, offset_range.start)
+        pending: list[ConsumerRecord] = []
+        idle_since = time.monotonic()
+        while True:
+            try:
+                records = consumer.poll(timeout_ms=_POLL_MS)
+            except OffsetOutOfRangeError:
+                start = _skip_ahead(consumer, options, offset_range)
+                if start >= end:
+                    break
+                consumer.seek(tp, start)
+                continue
+            done = bool(records) and records[-1].offset >= end
+            if done:
+                pending.extend(r for r in records if r.offset < end)
+            else:
+                pending.extend(records)
+            if len(pending) >= _ARROW_BATCH_ROWS:
+                yield records_to_arrow(pending, timestamp_type, options.include_headers)
+                pending = []
+            if done:
+                break
+            if records:
+                idle_since = time.monotonic()
+            position = consumer.position(tp)
+            if position >= end:
+                break
+            highwater = consumer.highwater(tp)
+            if not records and highwater is not None and position >= highwater:
+                # The partition now ends before the range does: its log was truncated
+                # (an unclean broker stop) or the topic recreated.
+                message = f"{tp} ends at {highwater}, before this micro-batch's end {end}"
+                if options.fail_on_data_loss:
+                    raise DataLossError(message + _HINT)
+                log.warning("%s; reading no further (failOnDataLoss=false)", message)
+                break
+            if not records and time.monotonic() - idle_since > options.request_timeout_ms / 1000:
+                raise TimeoutError(
+                    f"{tp}: no records between offsets {position} and {end} arrived within "
+                    f"{options.request_timeout_ms} ms (high watermark {highwater})"
+                )
+        if pending:
+            yield records_to_arrow(pending, timestamp_type, options.include_headers)
+    finally:
+        consumer.close(autocommit=False)
+
+
+def _skip_ahead(consumer: Consumer, options: ReadOptions, offset_range: OffsetRange) -> int:
+    """The log start to continue from, or ``DataLossError`` when that is not allowed."""
+    tp = offset_range.tp
+    log_start = consumer.beginning_offsets([tp])[tp]
+    if offset_range.from_log_start:
+        return log_start
+    message = (
+        f"{tp}: offsets {offset_range.start} to {min(log_start, offset_range.end)} of this "
+        f"micro-batch were deleted (log start offset is now {log_start}), probably by "
+        "retention before the query read them"
+    )
+    if options.fail_on_data_loss:
+        raise DataLossError(message + _HINT)
+    log.warning("%s; skipping to %d (failOnDataLoss=false)", message, log_start)
+    return log_start
