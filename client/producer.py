@@ -207,7 +207,12 @@ class Producer:
             raise ValueError(
                 f"partition {partition!r} is out of range: topic {topic!r} has {count} partitions"
             )
-        with self._lock:
+        lock = self._lock
+        if not lock.acquire(False):
+            # The sender thread holds it: ask it to hand over the GIL when it lets go.
+            self._sender.lock_wanted = True
+            lock.acquire()
+        try:
             if self._closed:
                 raise ClosedError("the producer is closed")
             if partition is None:
@@ -224,6 +229,8 @@ class Producer:
                         tp, timestamp_ms, key, value, record_headers, size, future, now_ms()
                     )
                 )
+        finally:
+            lock.release()
         return future
 
     def _hash_key(self, key: bytes) -> int:
