@@ -130,7 +130,7 @@ class Consumer:
         self._leave_group(self.config.request_timeout_ms)
         with self._lock:
             self._subscriptions.subscription = None
-            self._subscriptions.assign(tps)
+            self._assign_locked(tps)
 
     def subscribe(
         self,
@@ -168,7 +168,7 @@ class Consumer:
         if group_id is not None:
             with self._lock:
                 if self._subscriptions.subscription is None:
-                    self._subscriptions.assign(())  # drop an assign()ed set
+                    self._assign_locked(())  # drop an assign()ed set
                 self._subscriptions.subscription = names
             if self._group is not None:
                 self._group.on_assign, self._group.on_revoke = on_assign, on_revoke
@@ -195,9 +195,7 @@ class Consumer:
             return
         with self._lock:
             self._subscriptions.subscription = names
-            self._subscriptions.assign(
-                tp for tp in self._subscriptions.partitions if tp.topic in names
-            )
+            self._assign_locked(tp for tp in self._subscriptions.partitions if tp.topic in names)
             self._metadata_checked_ms = 0  # resolved by the next poll, as Kafka's
 
     def unsubscribe(self, timeout_ms: int | None = None) -> None:
@@ -209,7 +207,7 @@ class Consumer:
         self._leave_group(self._timeout(timeout_ms))
         with self._lock:
             self._subscriptions.subscription = None
-            self._subscriptions.assign(())
+            self._assign_locked(())
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this consumer reads now."""
@@ -243,7 +241,7 @@ class Consumer:
             if self._subscriptions.subscription == names:
                 current = list(self._subscriptions.partitions)
                 if set(current) != set(wanted):
-                    self._subscriptions.assign(wanted)
+                    self._assign_locked(wanted)
                     log.info("assigned %s", ", ".join(str(tp) for tp in wanted) or "nothing")
 
     def _assignment_for_subscription(
@@ -430,8 +428,14 @@ class Consumer:
         holds (the others are committed), ``UnknownMemberIdError`` after the membership
         was lost, ``GroupNotEmptyError`` for a consumer without membership (``assign``)
         while the group has members, ``InvalidRequestError`` from a broker without groups.
+        Raises ``FencedMemberEpochError`` without sending anything once the heartbeat
+        thread lost the membership (fenced, expired) until ``poll`` has run ``on_lost``:
+        the positions are of partitions that are someone else's now, even if the member
+        already rejoined and got them back.
         """
         group_id = self._require_group("commit")
+        if self._group is not None:
+            self._group.check_not_lost()
         if offsets is None:
             offsets = self._consumed_positions(None)
         for tp, offset in offsets.items():
@@ -456,6 +460,8 @@ class Consumer:
                 raise
             # The epoch moved since we read it: retry once with the next heartbeat's.
             coordinator.wait_for_heartbeat(max(deadline - _monotonic_ms(), 1))
+            if self._group is not None:
+                self._group.check_not_lost()  # moved because the membership was lost
             held = coordinator.owned()
             offsets = {tp: offset for tp, offset in offsets.items() if tp in held}
             if not offsets:
@@ -524,12 +530,18 @@ class Consumer:
             raise ValueError(f"{what}() needs a consumer created with group_id")
         return self.config.group_id
 
-    def _maybe_auto_commit(self, now: int) -> None:
+    def _maybe_auto_commit(self, now: int, timeout_ms: int) -> None:
+        """Commit the positions if the interval passed, waiting at most ``timeout_ms``.
+
+        Called from ``poll`` with what is left of its timeout (at least a short round
+        trip's worth): ``poll`` never blocks for ``request_timeout_ms`` on a broker that
+        is down. A commit that fails is tried again at the next interval.
+        """
         if not self._auto_commit or now < self._next_auto_commit_ms:
             return
         self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
         try:
-            self.commit(timeout_ms=self.config.request_timeout_ms)
+            self.commit(timeout_ms=timeout_ms)
         except InvalidRequestError as exc:
             log.warning("auto-commit turned off: %s", exc)
             self._auto_commit = False
@@ -561,7 +573,7 @@ class Consumer:
 
     def _add_partitions(self, partitions: list[TopicPartition]) -> None:
         with self._lock:  # no position yet: looked up (committed offset) before fetching
-            self._subscriptions.assign([*self._subscriptions.partitions, *partitions])
+            self._assign_locked([*self._subscriptions.partitions, *partitions])
 
     def _drop_partitions(self, partitions: Iterable[TopicPartition]) -> None:
         gone = set(partitions)
@@ -570,19 +582,22 @@ class Consumer:
                 r for r in self._iter_buffer if TopicPartition(r.topic, r.partition) not in gone
             )
         with self._lock:
-            self._subscriptions.assign(
-                tp for tp in self._subscriptions.partitions if tp not in gone
-            )
-            self._fetches.drop_current_of_locked(gone)
+            self._assign_locked(tp for tp in self._subscriptions.partitions if tp not in gone)
+
+    def _assign_locked(self, tps: Iterable[TopicPartition]) -> None:
+        """Make ``tps`` the assignment; what leaves it loses its fetched data (lock held)."""
+        self._fetches.forget_locked(set(self._subscriptions.assign(tps)))
 
     def _held_partitions(self) -> list[TopicPartition]:
         with self._lock:
             return sorted(self._subscriptions.partitions)
 
-    def _commit_positions(self, partitions: Iterable[TopicPartition]) -> None:
+    def _commit_positions(
+        self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
+    ) -> None:
         offsets = self._consumed_positions(partitions)
         try:
-            self.commit(offsets, timeout_ms=self.config.request_timeout_ms)
+            self.commit(offsets, timeout_ms=timeout_ms)
         except TidelogError as exc:
             log.warning("commit of %s failed: %s", ", ".join(map(str, offsets)) or "-", exc)
 
@@ -608,7 +623,7 @@ class Consumer:
             # Lookups get what is left of the timeout, at least a short round trip's worth.
             lookup_ms = min(max(deadline - now, _MIN_LOOKUP_MS), self.config.request_timeout_ms)
             self._run_group_events()
-            self._maybe_auto_commit(now)
+            self._maybe_auto_commit(now, lookup_ms)
             self._refresh_subscription(timeout_ms=lookup_ms)
             if now >= self._position_retry_at:
                 self._update_positions(now + lookup_ms, raise_retriable=False)
@@ -620,7 +635,13 @@ class Consumer:
             if now >= deadline:
                 return []
             with self._lock:
-                if not self._fetches.has_data_locked():
+                # Checked under the lock ``_wakeup`` takes: events queued since this poll
+                # ran them (a callback, a position lookup) either show here or notify
+                # after the wait began; none waits for the timeout.
+                group = self._group
+                if not self._fetches.has_data_locked() and (
+                    group is None or not group.coordinator.has_news()
+                ):
                     self._data_ready.wait(min(deadline - now, self._wait_hint_ms(now)) / 1000)
 
     def _wait_hint_ms(self, now: int) -> int:

@@ -8,7 +8,10 @@ code: the ``Consumer`` takes the events in ``poll`` (``take_events``), runs the 
 callbacks on the application's thread, and reports finished revocations back
 (``revocation_done``), which makes the next heartbeat go at once. ``wakeup`` (given by
 the consumer) is called, without this object's lock held, when events arrive, so a
-``poll`` that is waiting for records runs them promptly.
+``poll`` that is waiting for records runs them promptly (``poll`` checks ``has_news``
+under its own lock before it sleeps, so a wake-up sent while it was busy is not lost).
+It counts the ``lose`` events it queued (``losses``): until the application ran as many,
+the consumer refuses commits.
 
 Thread-safe: one lock guards the membership and the event queue.
 """
@@ -96,6 +99,7 @@ class ConsumerCoordinator:
             max_poll_interval_ms=max_poll_interval_ms,
         )
         self._events: deque[MemberEvent] = deque()
+        self._losses = 0  # "lose" events queued so far (the application counts those it ran)
         self._finished_heartbeats = 0  # answered or failed
         self._error: TidelogError | None = None  # a heartbeat refused for good, to raise once
         self._stopped = False
@@ -114,6 +118,21 @@ class ConsumerCoordinator:
             events = list(self._events)
             self._events.clear()
             return events
+
+    def put_back(self, events: list[MemberEvent]) -> None:
+        """Queue taken events again, ahead of the rest (a step was interrupted)."""
+        with self._lock:
+            self._events.extendleft(reversed(events))
+
+    def has_news(self) -> bool:
+        """Events or an error wait for the application (``poll`` must not sleep)."""
+        with self._lock:
+            return bool(self._events) or self._error is not None
+
+    def losses(self) -> int:
+        """How many ``lose`` events were queued so far (taken or not)."""
+        with self._lock:
+            return self._losses
 
     def polled(self) -> None:
         """The application is polling (it is alive); rejoin if it was away too long."""
@@ -201,12 +220,12 @@ class ConsumerCoordinator:
     def _run(self) -> None:
         try:
             while True:
-                request = self._next_request()
-                if request is None:
+                next_request = self._next_request()
+                if next_request is None:
                     return
-                events = self._send(request)
+                events = self._send(*next_request)
                 with self._lock:
-                    self._events.extend(events)
+                    self._queue_locked(events)
                     self._finished_heartbeats += 1
                     self._changed.notify_all()
                 if events or self._error is not None:
@@ -218,7 +237,8 @@ class ConsumerCoordinator:
                 self._stopped = True
                 self._changed.notify_all()
 
-    def _next_request(self) -> HeartbeatRequest | None:
+    def _next_request(self) -> tuple[HeartbeatRequest, int] | None:
+        """The next heartbeat and its deadline (ms), once due; None to stop."""
         membership = self._membership
         while True:
             with self._lock:
@@ -232,18 +252,26 @@ class ConsumerCoordinator:
                         self.group_id,
                         self._max_poll_interval_ms,
                     )
-                    self._events.extend(events)
+                    self._queue_locked(events)
                 else:
                     request = membership.start_heartbeat(now)
                     if request is not None:
-                        return request
+                        timeout_ms = self._call_timeout_ms
+                        session_deadline = membership.session_deadline_ms()
+                        if session_deadline is not None:  # fail by the broker's expiry
+                            timeout_ms = max(min(timeout_ms, session_deadline - now), 1)
+                        return request, timeout_ms
                     wake = membership.next_wakeup_ms()
                     # None: out of the group until the application polls (it notifies).
                     self._changed.wait(None if wake is None else max(wake - now, 1) / 1000)
                     continue
             self._wakeup()
 
-    def _send(self, request: HeartbeatRequest) -> list[MemberEvent]:
+    def _queue_locked(self, events: list[MemberEvent]) -> None:
+        self._events.extend(events)
+        self._losses += sum(event.kind == "lose" for event in events)
+
+    def _send(self, request: HeartbeatRequest, timeout_ms: int) -> list[MemberEvent]:
         by_topic: dict[str, list[int]] = {}
         for tp in request.owned:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
@@ -263,7 +291,7 @@ class ConsumerCoordinator:
                     client_id=self._client_id,
                 ),
                 what="ConsumerGroupHeartbeat",
-                timeout_ms=self._call_timeout_ms,
+                timeout_ms=timeout_ms,
             )
         except (UnknownMemberIdError, FencedMemberEpochError) as exc:
             with self._lock:

@@ -102,6 +102,24 @@ class FetchSession:
         if self._current is not None and self._current.tp in tps:
             self._current = None
 
+    def forget_locked(self, tps: set[TopicPartition]) -> None:
+        """``tps`` left the assignment: drop everything fetched or being fetched for them.
+
+        Their answers cannot be told apart by epoch alone: a partition assigned again
+        gets a fresh ``PartitionState`` whose epochs start over, so an answer queued in
+        the old assignment could match the new one and be handed out from the old
+        fetch offset, past records the new position has not reached yet (the lock is
+        held).
+        """
+        if not tps:
+            return
+        self.drop_current_of_locked(tps)
+        if any(fetch.tp in tps for fetch in self._completed):
+            self._completed = deque(f for f in self._completed if f.tp not in tps)
+        if self._in_flight is not None:
+            for tp in tps:
+                self._in_flight.pop((tp.topic, tp.partition), None)
+
     def wait_hint_ms(self, now: int) -> int:
         """How long a poll may sleep before the stream needs it (the lock is held)."""
         wait = self.config.fetch_max_wait_ms + self.config.request_timeout_ms
@@ -143,10 +161,20 @@ class FetchSession:
                 position = state.position
                 epoch = state.epoch
             if fetch.error is not None:
+                if out:
+                    # Hand out what was collected; the error is raised by the next poll
+                    # (as Kafka's fetcher does). Raising now would lose these records,
+                    # whose positions already moved: a commit would then skip them.
+                    break
                 self._finish_current(fetch)
                 self._handle_fetch_error(fetch, position)
                 continue
-            records, position = fetch.take(position, max_records - len(out))
+            try:
+                records, position = fetch.take(position, max_records - len(out))
+            except TidelogError:
+                if out:
+                    break  # the same: the undecodable batch is met again next time
+                raise
             with self._lock:
                 state = self._subscriptions.partitions.get(fetch.tp)
                 if state is not None and state.epoch == epoch:

@@ -145,7 +145,10 @@ class GroupMembership:
         self._in_flight = False
         self._due_ms = now_ms
         self._urgent = False  # heartbeat at once after the answer in flight
+        # The session, as the broker counts it, runs from its receipt of the last heartbeat
+        # it answered: from our sending it is the safe side (never later than the broker's).
         self._last_answer_ms = now_ms
+        self._sent_ms = now_ms  # when the heartbeat in flight was sent
         self._max_poll_interval_ms = max_poll_interval_ms
         self._last_poll_ms = now_ms
         self._after_leave = MemberState.LEFT  # IDLE or JOINING when leaving for not polling
@@ -172,6 +175,17 @@ class GroupMembership:
         if due is None or deadline is None:
             return due if deadline is None else deadline
         return min(due, deadline)
+
+    def session_deadline_ms(self) -> int | None:
+        """When the broker may have removed the member for silence; None without a stake.
+
+        The shell bounds each heartbeat's deadline by it, so a heartbeat retried against
+        an unreachable broker fails (and ``on_failure`` loses the partitions) by the time
+        the broker gives them to someone else, not one whole call timeout later.
+        """
+        if not self.owned and self.state is not MemberState.MEMBER:
+            return None
+        return self._last_answer_ms + self._session_timeout_ms
 
     def _poll_deadline_ms(self) -> int | None:
         if self._max_poll_interval_ms is None or self.state not in (
@@ -213,6 +227,7 @@ class GroupMembership:
         if due is None or now_ms < due:
             return None
         self._in_flight = True
+        self._sent_ms = now_ms
         if self.state is MemberState.LEAVING:
             return HeartbeatRequest(self.member_id, LEAVE_EPOCH, self.subscription, ())
         return HeartbeatRequest(
@@ -230,7 +245,7 @@ class GroupMembership:
         urgent = self._finish(now_ms)
         self.answers += 1
         self._failures = 0
-        self._last_answer_ms = now_ms
+        self._last_answer_ms = self._sent_ms
         if self.state is MemberState.LEAVING:
             if answer.member_epoch == LEAVE_EPOCH:
                 self._left(now_ms)
