@@ -27,6 +27,14 @@ Reconciliation of one member, on each of its heartbeats (``_reconcile``):
    (assigned or still revoking), and its epoch moves to the target epoch. Partitions
    still held elsewhere are granted on a later heartbeat, once released.
 
+After a broker restart (membership is in memory only), the members of the previous
+incarnation still consume the partitions they held until their next heartbeat answers
+``UNKNOWN_MEMBER_ID``. A group that existed before the start (it has committed offsets) is
+therefore granted nothing until ``startup_grant_delay_ms`` after the start: by then every
+live member of the old incarnation has heartbeated and dropped its partitions (Kafka
+persists membership instead; its classic protocol has ``group.initial.rebalance.delay.ms``
+for a similar wait). New groups are not held.
+
 A revoked partition is released only by a *later* heartbeat that omits it, never by the
 heartbeat that revokes it (Kafka's rule): the member must have seen the answer that takes
 the partition away. Together with "a member consumes only partitions of its latest answer"
@@ -117,6 +125,15 @@ class CoordinatorConfig:
                 "group.consumer.heartbeat.interval.ms must be >= 1 and below "
                 "group.consumer.min.session.timeout.ms"
             )
+
+    @property
+    def startup_grant_delay_ms(self) -> int:
+        """How long, after a broker start, the groups that existed before get no grants.
+
+        One heartbeat interval, plus as much again up to 1 s for a heartbeat in flight
+        or delayed by the restart itself.
+        """
+        return self.heartbeat_interval_ms + min(self.heartbeat_interval_ms, 1_000)
 
     def session_timeout_for(self, requested_ms: int) -> int:
         """The session timeout a member gets: the default for 0 or less, else the request
@@ -229,11 +246,18 @@ class GroupCoordinator:
     """
 
     def __init__(
-        self, config: CoordinatorConfig, new_member_id: Callable[[], str] | None = None
+        self,
+        config: CoordinatorConfig,
+        new_member_id: Callable[[], str] | None = None,
+        *,
+        held_groups: Iterable[str] = (),
+        hold_until_ms: int = 0,
     ) -> None:
         self.config = config
         self._new_member_id = new_member_id or (lambda: uuid.uuid4().hex)
         self._groups: dict[str, _Group] = {}
+        self._held_groups = frozenset(held_groups)
+        self._hold_until_ms = hold_until_ms
 
     # --- heartbeat ------------------------------------------------------------------------
 
@@ -398,12 +422,17 @@ class GroupCoordinator:
                 member.revocation_deadline_ms = now_ms + member.rebalance_timeout_ms
             return
         member.revocation_deadline_ms = None
-        # 4. Grant what nobody else holds; the rest follows once released.
-        held_elsewhere: set[TopicPartition] = set()
-        for other in group.members.values():
-            if other is not member:
-                held_elsewhere.update(other.assigned, other.revoking)
-        member.assigned = assigned | (target - assigned - held_elsewhere)
+        # 4. Grant what nobody else holds; the rest follows once released. Right after a
+        # restart, members of the old incarnation may still hold anything of a group
+        # that existed before it (see the module docstring).
+        if now_ms < self._hold_until_ms and group.group_id in self._held_groups:
+            member.assigned = assigned
+        else:
+            held_elsewhere: set[TopicPartition] = set()
+            for other in group.members.values():
+                if other is not member:
+                    held_elsewhere.update(other.assigned, other.revoking)
+            member.assigned = assigned | (target - assigned - held_elsewhere)
         if member.member_epoch != group.target_epoch:
             member.previous_member_epoch = member.member_epoch
             member.member_epoch = group.target_epoch

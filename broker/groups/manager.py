@@ -208,7 +208,14 @@ class GroupManager:
         """
         config = config or GroupConfig()
         store = OffsetStore.open(logs, config.offsets, on_append=on_append)
-        return cls(config, GroupCoordinator(config.coordinator), store, logs, clock)
+        # Groups with committed offsets may have members from before this start that do
+        # not know yet they were forgotten: hold their grants for a while.
+        coordinator = GroupCoordinator(
+            config.coordinator,
+            held_groups=store.group_ids(),
+            hold_until_ms=clock.monotonic_ms() + config.coordinator.startup_grant_delay_ms,
+        )
+        return cls(config, coordinator, store, logs, clock)
 
     @property
     def store(self) -> OffsetStore:

@@ -94,6 +94,19 @@ def test_first_member_gets_an_id_epoch_and_everything(coordinator: GroupCoordina
     assert coordinator.view("g").state is GroupState.STABLE
 
 
+def test_groups_from_before_a_restart_are_granted_nothing_until_the_hold_ends() -> None:
+    assert CONFIG.startup_grant_delay_ms == 100  # interval 50, plus as much again
+    assert CoordinatorConfig().startup_grant_delay_ms == 6_000  # 5 s, plus 1 s at most
+    coordinator = GroupCoordinator(CONFIG, counter_ids(), held_groups=["g"], hold_until_ms=1_100)
+    a = beat(coordinator, None, now_ms=1_000)
+    assert a.assignment == frozenset()
+    a = beat(coordinator, a, now_ms=1_099)
+    assert a.assignment == frozenset()
+    assert beat(coordinator, None, group="new", now_ms=1_000).assignment == tps(0, 1, 2, 3)
+    a = beat(coordinator, a, now_ms=1_100)
+    assert a.assignment == tps(0, 1, 2, 3)
+
+
 def test_a_second_member_gets_partitions_only_once_released(coordinator: GroupCoordinator) -> None:
     a = beat(coordinator, None)
     b = beat(coordinator, None)

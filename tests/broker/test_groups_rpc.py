@@ -255,7 +255,7 @@ def test_heartbeat_errors(stub: pb_grpc.BrokerStub) -> None:
 
 
 def test_commits_survive_a_restart_and_members_rejoin(
-    broker: InProcessBroker, stub: pb_grpc.BrokerStub
+    broker: InProcessBroker, stub: pb_grpc.BrokerStub, clock: ManualClock
 ) -> None:
     a = Member(stub, "g", ["t"])
     a.heartbeat()
@@ -276,13 +276,29 @@ def test_commits_survive_a_restart_and_members_rejoin(
             (0, 5, "m"),
             (1, -1, ""),
         ]
-        # Membership is in memory only: the member learns it is unknown and rejoins.
+        # Membership is in memory only. A member joining right after the restart gets
+        # nothing while the old members may still hold partitions; the old member
+        # learns it is unknown and rejoins; after the hold both get their share.
+        b = Member(stub, "g", ["t"])
+        b.heartbeat()
+        assert b.owned == set()
         a.stub = stub
         error = failure(a.heartbeat)
         assert error_code(error) == "UNKNOWN_MEMBER_ID"
         a.epoch, a.owned = 0, set()
-        a.heartbeat()
-        assert a.owned == all_of("t", 4)
+        settle(a, b)
+        assert a.owned == b.owned == set()
+        clock.advance(2 * 50 - 1)  # startup_grant_delay_ms: heartbeat interval x 2
+        settle(a, b)
+        assert a.owned == b.owned == set()
+        clock.advance(1)
+        settle(a, b)
+        assert a.owned | b.owned == all_of("t", 4)
+        assert len(a.owned) == len(b.owned) == 2
+        # A group with no history is not held.
+        c = Member(stub, "fresh", ["t"])
+        c.heartbeat()
+        assert c.owned == all_of("t", 4)
 
 
 def test_a_commit_for_a_partition_the_member_no_longer_owns_is_rejected(
