@@ -105,11 +105,9 @@ class FetchSession:
     def forget_locked(self, tps: set[TopicPartition]) -> None:
         """``tps`` left the assignment: drop everything fetched or being fetched for them.
 
-        Their answers cannot be told apart by epoch alone: a partition assigned again
-        gets a fresh ``PartitionState`` whose epochs start over, so an answer queued in
-        the old assignment could match the new one and be handed out from the old
-        fetch offset, past records the new position has not reached yet (the lock is
-        held).
+        Epochs alone already keep an answer of the old assignment from passing for the
+        new one (``SubscriptionState`` never reuses an epoch); dropping them here also
+        frees their memory and the prefetch slots at once (the lock is held).
         """
         if not tps:
             return

@@ -8,8 +8,10 @@ Per assigned partition (``PartitionState``) the consumer keeps two offsets:
   application works on this one (prefetch, at most ``max_prefetch`` answers per
   partition).
 
-``seek`` (and a reset) moves both and bumps the partition's ``epoch``: answers of
+``seek`` (and a reset) moves both and gives the partition a new ``epoch``: answers of
 fetches sent before it carry the old epoch and are dropped, as are prefetched bytes.
+Epochs come from one counter per consumer, never reused, not even by a partition that
+is assigned again after it left.
 
 ``CompletedFetch`` holds one partition's fetched bytes and hands out records lazily, one
 batch decoded at a time (``take``): records below the position are skipped (the broker
@@ -23,6 +25,7 @@ Pure and not thread-safe: the consumer guards ``SubscriptionState`` with its loc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -75,6 +78,10 @@ class SubscriptionState:
     def __init__(self) -> None:
         self.partitions: dict[TopicPartition, PartitionState] = {}
         self.subscription: tuple[str, ...] | None = None  # subscribe() topics, if any
+        # Epochs come from one counter for every partition state this consumer ever
+        # makes, so a partition assigned again never reuses an epoch of its earlier
+        # state: an answer fetched under the old assignment can never pass for a new one.
+        self._epochs = itertools.count(1)
 
     def assign(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Make ``tps`` the assignment; kept partitions keep their state.
@@ -83,7 +90,9 @@ class SubscriptionState:
         """
         wanted = list(dict.fromkeys(tps))
         dropped = [tp for tp in self.partitions if tp not in set(wanted)]
-        self.partitions = {tp: self.partitions.get(tp) or PartitionState() for tp in wanted}
+        self.partitions = {
+            tp: self.partitions.get(tp) or PartitionState(epoch=next(self._epochs)) for tp in wanted
+        }
         return dropped
 
     def state(self, tp: TopicPartition) -> PartitionState:
@@ -99,7 +108,7 @@ class SubscriptionState:
         state.position = offset
         state.fetch_position = offset
         state.reset = None
-        _invalidate(state)
+        self._invalidate(state)
 
     def request_reset(self, tp: TopicPartition, strategy: str | None) -> None:
         """Forget ``tp``'s position; it is looked up again (``strategy`` or the default)."""
@@ -107,7 +116,12 @@ class SubscriptionState:
         state.position = None
         state.fetch_position = None
         state.reset = strategy
-        _invalidate(state)
+        self._invalidate(state)
+
+    def _invalidate(self, state: PartitionState) -> None:
+        state.epoch = next(self._epochs)
+        state.buffered = 0  # what is queued carries the old epoch and is dropped when reached
+        state.retry_at_ms = 0
 
     def needs_position(self) -> list[TopicPartition]:
         return [tp for tp, s in self.partitions.items() if s.position is None]
@@ -130,12 +144,6 @@ class SubscriptionState:
     def next_retry_ms(self) -> int | None:
         waits = [s.retry_at_ms for s in self.partitions.values() if s.retry_at_ms]
         return min(waits) if waits else None
-
-
-def _invalidate(state: PartitionState) -> None:
-    state.epoch += 1
-    state.buffered = 0  # what is queued carries the old epoch and is dropped when reached
-    state.retry_at_ms = 0
 
 
 def next_fetch_offset(records: bytes, fetch_offset: int) -> tuple[int, int]:

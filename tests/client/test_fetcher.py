@@ -139,7 +139,7 @@ def test_subscription_positions_epochs_and_prefetch() -> None:
     tp_state.buffered = 2
     assert state.fetch_targets(0, 2) == ([], True)
     state.seek(TP, 7)  # drops what was fetched: a new epoch
-    assert tp_state.epoch == epoch + 1
+    assert tp_state.epoch > epoch
     assert tp_state.buffered == 0
     state.request_reset(TP, "earliest")
     assert tp_state.position is None
@@ -148,6 +148,12 @@ def test_subscription_positions_epochs_and_prefetch() -> None:
     assert dropped == [TP]
     with pytest.raises(KeyError, match="not assigned"):
         state.seek(TP, 1)
+    # Assigned again: a fresh state whose epoch no earlier state of it ever had.
+    used = {epoch, tp_state.epoch, state.partitions[other].epoch}
+    state.assign([other, TP])
+    assert state.partitions[TP] is not tp_state
+    assert state.partitions[TP].epoch not in used
+    assert state.partitions[TP].epoch > max(used)
 
 
 def test_paused_and_backed_off_partitions_are_not_fetched() -> None:
