@@ -37,6 +37,7 @@ from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     ClosedError,
     FencedMemberEpochError,
+    InternalError,
     TidelogError,
     UnknownMemberIdError,
 )
@@ -230,8 +231,22 @@ class ConsumerCoordinator:
                     self._changed.notify_all()
                 if events or self._error is not None:
                     self._wakeup()
-        except Exception:
+        except Exception as exc:
             log.exception("group %s: heartbeat thread failed", self.group_id)
+            # Nobody heartbeats for this member any more: its partitions are as good as
+            # lost. Tell the application (on_lost, then the error from poll) rather than
+            # let it read partitions the broker will soon hand to someone else.
+            with self._lock:
+                try:
+                    lost = self._membership.on_fenced(_monotonic_ms())
+                except Exception:
+                    log.exception("group %s: dropping the partitions failed", self.group_id)
+                    lost = []
+                self._queue_locked(lost)
+                self._error = InternalError(
+                    f"the heartbeat thread of group {self.group_id} failed: {exc!r}"
+                )
+            self._wakeup()
         finally:
             with self._lock:
                 self._stopped = True
@@ -301,10 +316,16 @@ class ConsumerCoordinator:
                 "group %s: %s; rejoining (%d partition(s) lost)", self.group_id, exc, len(lost)
             )
             return events
-        except ClosedError:
+        except ClosedError as exc:
             with self._lock:
-                self._stopped = True
-            return []
+                if self._stopped or self._transport.closed:
+                    self._stopped = True
+                    return []
+                # Not our doing: the broker (or a proxy) cancelled the call, e.g. while
+                # shutting down. Stopping here would leave the application reading
+                # partitions nobody heartbeats for; retry like any transient failure.
+                log.info("group %s: heartbeat cancelled: %s", self.group_id, exc)
+                return self._membership.on_failure(_monotonic_ms())
         except TidelogError as exc:
             level = logging.INFO if exc.retriable else logging.WARNING
             log.log(level, "group %s: heartbeat failed: %s", self.group_id, exc)

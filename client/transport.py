@@ -257,6 +257,11 @@ class Transport:
             raise ClosedError(f"{what}: the client is closed")
         return BidiStream(method, self.address, what, self._metadata)
 
+    @property
+    def closed(self) -> bool:
+        """``close`` was called: every call raises ``ClosedError`` from now on."""
+        return self._closed
+
     def close(self) -> None:
         """Close the channel; calls in flight end with ``CANCELLED``. Idempotent."""
         if self._closed:

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,12 @@ from client.config import ConsumerConfig
 from client.coordinator import ConsumerCoordinator
 from client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
 from client.types import ConsumerRecord
-from storage.errors import FencedMemberEpochError, OffsetOutOfRangeError
+from storage.errors import (
+    ClosedError,
+    FencedMemberEpochError,
+    InternalError,
+    OffsetOutOfRangeError,
+)
 
 SESSION_TIMEOUT_MS = 2_000
 GROUP_SETTINGS = {
@@ -739,3 +745,58 @@ def test_the_session_runs_from_sending_the_last_answered_heartbeat() -> None:
     assert m.start_heartbeat(1_040) is not None  # after the backoff (50 ms)
     assert m.on_failure(1_040) == [MemberEvent("lose", (tp,), 0)]
     assert m.session_deadline_ms() is None
+
+
+# --- the heartbeat thread under faults it did not cause ----------------------------------
+
+
+class FaultyHeartbeats:
+    """The consumer's real transport, with its next heartbeats failing as told."""
+
+    def __init__(self, real: Any, failures: list[BaseException]) -> None:
+        self._real = real
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def call(self, method: Any, request: Any, *, what: str, **options: Any) -> Any:
+        if what == "ConsumerGroupHeartbeat" and self.failures:
+            raise self.failures.pop(0)
+        return self._real.call(method, request, what=what, **options)
+
+
+def test_a_heartbeat_cancelled_by_the_other_side_is_retried(
+    group_broker: InProcessBroker,
+) -> None:
+    topic = "cancelled-heartbeat"
+    with AdminClient(group_broker.address) as admin:
+        admin.create_topic(topic, partitions=2)
+    with member(group_broker.address, "g-cancelled") as consumer:
+        # What a broker shutting down does to a call in flight (CANCELLED): the thread
+        # used to take it for the consumer's own close and stop heartbeating for good.
+        consumer._transport = FaultyHeartbeats(  # type: ignore[assignment]
+            consumer._transport, [ClosedError("ConsumerGroupHeartbeat was cancelled")] * 2
+        )
+        consumer.subscribe([topic])
+        poll_until([consumer], lambda: len(consumer.assignment()) == 2)
+        assert coordinator_of(consumer)._thread.is_alive()
+
+
+def test_a_crashed_heartbeat_thread_drops_the_partitions_and_says_so(
+    group_broker: InProcessBroker,
+) -> None:
+    topic = "crashed-heartbeat"
+    with AdminClient(group_broker.address) as admin:
+        admin.create_topic(topic, partitions=2)
+    lost: list[set[TopicPartition]] = []
+    with member(group_broker.address, "g-crashed") as consumer:
+        consumer.subscribe([topic], on_lost=lambda tps: lost.append(set(tps)))
+        poll_until([consumer], lambda: len(consumer.assignment()) == 2)
+        faulty = FaultyHeartbeats(consumer._transport, [RuntimeError("a bug")])
+        coordinator_of(consumer)._transport = faulty  # type: ignore[assignment]
+        wait_for(lambda: not coordinator_of(consumer)._thread.is_alive())
+        with pytest.raises(InternalError, match=r"heartbeat thread .* failed"):
+            poll_until([consumer], lambda: False, timeout_s=5)
+        assert lost == [{TopicPartition(topic, 0), TopicPartition(topic, 1)}]
+        assert consumer.assignment() == set()
