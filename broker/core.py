@@ -6,7 +6,8 @@ gRPC servicer (``broker.service``) converts each request into a call of one meth
 and the result back into protobuf.
 
 Internal topics (``__consumer_offsets``) cannot be deleted: the committed offsets live
-there.
+there; nor grown (``LogManager.create_partitions`` refuses): a group's offsets live in
+partition ``crc32(group) % count``.
 
 Shutdown: ``close`` refuses new operations (``ShuttingDownError``, which the servicer
 answers as ``UNAVAILABLE``), wakes every long poll, waits for the operations in flight to
@@ -52,6 +53,7 @@ __all__ = [
     "BrokerCore",
     "OffsetAnswer",
     "OffsetQuery",
+    "PartitionCountResult",
     "PartitionProducers",
     "PartitionView",
     "TopicView",
@@ -102,6 +104,16 @@ class OffsetAnswer:
     partition: int
     offset: int = -1
     timestamp_ms: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCountResult:
+    """One topic's answer to ``create_partitions``: its count now (-1), or an error."""
+
+    name: str
+    partitions: int = -1
     error_code: str = ""
     error_message: str = ""
 
@@ -271,6 +283,36 @@ class BrokerCore:
         """Set and reset topic config keys; answers the new description."""
         with self._operation():
             return self._view(self._logs.alter_topic_config(name, set_keys, delete_keys))
+
+    def create_partitions(
+        self, counts: Sequence[tuple[str, int]], *, validate_only: bool = False
+    ) -> list[PartitionCountResult]:
+        """Grow each named topic to its new total count (Kafka's CreatePartitions).
+
+        Answered per topic, in request order; a topic named twice is ``INVALID_REQUEST``
+        each time (as Kafka). The errors are ``LogManager.create_partitions``'s. Producers
+        and consumers see the new partitions at their next metadata refresh; the group
+        coordinator bumps the epoch of every group subscribed to a grown topic at the
+        group's next heartbeat (``docs/groups.md``), so the new partitions get owners.
+        """
+        with self._operation():
+            seen: dict[str, int] = {}
+            for name, _ in counts:
+                seen[name] = seen.get(name, 0) + 1
+            answers = []
+            for name, count in counts:
+                try:
+                    if seen[name] > 1:
+                        raise InvalidRequestError(f"topic {name!r} is named more than once")
+                    meta = self._logs.create_partitions(name, count, validate_only=validate_only)
+                except Exception as exc:
+                    code, message = partition_error(exc)
+                    answers.append(
+                        PartitionCountResult(name, error_code=code, error_message=message)
+                    )
+                    continue
+                answers.append(PartitionCountResult(name, meta.partitions))
+            return answers
 
     def _view(self, meta: TopicMetadata) -> TopicView:
         partitions = []

@@ -145,6 +145,28 @@ class BrokerService(pb_grpc.BrokerServicer):
             ),
         )
 
+    def CreatePartitions(
+        self, request: pb.CreatePartitionsRequest, context: grpc.ServicerContext
+    ) -> pb.CreatePartitionsResponse:
+        def body() -> pb.CreatePartitionsResponse:
+            answers = self._core.create_partitions(
+                [(t.name, t.count) for t in request.topics],
+                validate_only=request.validate_only,
+            )
+            return pb.CreatePartitionsResponse(
+                results=[
+                    pb.CreatePartitionsTopicResult(
+                        name=a.name,
+                        error_code=a.error_code,
+                        error_message=a.error_message,
+                        partitions=a.partitions,
+                    )
+                    for a in answers
+                ]
+            )
+
+        return self._call("CreatePartitions", context, body)
+
     # --- produce --------------------------------------------------------------------------
 
     def Produce(

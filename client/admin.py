@@ -5,6 +5,7 @@
     admin = AdminClient("127.0.0.1:7410")
     admin.create_topic("events", partitions=3, config={"retention.ms": "604800000"})
     admin.list_topics(); admin.describe_topic("events"); admin.delete_topic("events")
+    admin.create_partitions("events", 6)     # grow to 6 partitions in total
     admin.list_offsets({TopicPartition("events", 0): "latest"})
 
 Every call is one unary RPC with a deadline (``timeout_ms``, default
@@ -38,7 +39,7 @@ from client.types import (
     TopicSummary,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import error_for_code
+from storage.errors import InternalError, error_for_code
 
 __all__ = [
     "AdminClient",
@@ -193,6 +194,46 @@ class AdminClient:
             timeout_ms=timeout_ms,
         )
         return _description(answer)
+
+    def create_partitions(
+        self,
+        topic: str,
+        total_count: int,
+        *,
+        validate_only: bool = False,
+        timeout_ms: int | None = None,
+    ) -> int:
+        """Grow ``topic`` to ``total_count`` partitions in total; returns the new count.
+
+        Partitions are only ever added: existing ones keep their records and offsets,
+        the new ones start empty. Keys then hash over more partitions, so records of one
+        key written before and after may sit in different partitions (as in Kafka).
+        Producers and consumers pick the new partitions up at their next metadata
+        refresh (``metadata_max_age_ms``); consumer groups rebalance at their next
+        heartbeat. ``validate_only`` checks the request and changes nothing.
+
+        Raises ``ValueError`` for a count below 1; ``UnknownTopicOrPartitionError`` for
+        no such topic; ``InvalidPartitionsError`` when ``total_count`` is not larger than
+        the current count or above the broker's limit; ``InvalidRequestError`` for an
+        internal topic (``__consumer_offsets``).
+        """
+        if not isinstance(total_count, int) or isinstance(total_count, bool) or total_count < 1:
+            raise ValueError(f"total_count must be a positive int, got {total_count!r}")
+        answer = self._transport.call(
+            self._stub.CreatePartitions,
+            pb.CreatePartitionsRequest(
+                topics=[pb.CreatePartitionsTopic(name=topic, count=total_count)],
+                validate_only=validate_only,
+            ),
+            what=f"CreatePartitions {topic}",
+            timeout_ms=timeout_ms,
+        )
+        for result in answer.results:
+            if result.error_code:
+                raise error_for_code(result.error_code, result.error_message)
+            if result.name == topic:
+                return result.partitions
+        raise InternalError(f"the broker's CreatePartitions answer has no result for {topic!r}")
 
     # --- offsets --------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
     tidelog topics create NAME [--partitions N] [--config KEY=VALUE]...
     tidelog topics list [--internal]
     tidelog topics describe NAME
-    tidelog topics alter NAME [--set KEY=VALUE]... [--delete KEY]...
+    tidelog topics alter NAME [--partitions N] [--set KEY=VALUE]... [--delete KEY]...
     tidelog topics delete NAME
     tidelog produce TOPIC [--key-separator SEP] [--partition P] [--acks 0|1|all] ...
     tidelog consume TOPIC [--from-beginning] [--partition P [--offset N]]
@@ -152,8 +152,16 @@ def _parser() -> argparse.ArgumentParser:
     describe = topic_commands.add_parser("describe", parents=[common], help="describe a topic")
     describe.add_argument("name")
     describe.set_defaults(handler=_topics_describe)
-    alter = topic_commands.add_parser("alter", parents=[common], help="change topic settings")
+    alter = topic_commands.add_parser(
+        "alter", parents=[common], help="change topic settings or add partitions"
+    )
     alter.add_argument("name")
+    alter.add_argument(
+        "--partitions",
+        type=_positive_int,
+        metavar="N",
+        help="grow the topic to N partitions in total (partitions are never removed)",
+    )
     alter.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
     alter.add_argument("--delete", metavar="KEY", action="append", default=[])
     alter.set_defaults(handler=_topics_alter)
@@ -364,11 +372,19 @@ def _topics_describe(args: argparse.Namespace) -> int:
 
 def _topics_alter(args: argparse.Namespace) -> int:
     updates = _pairs(args.set, "--set")
-    if not updates and not args.delete:
-        raise UsageError("topics alter: give at least one --set KEY=VALUE or --delete KEY")
+    partitions: int | None = args.partitions
+    if not updates and not args.delete and partitions is None:
+        raise UsageError(
+            "topics alter: give --partitions N, or at least one --set KEY=VALUE or --delete KEY"
+        )
     with _admin(args) as admin:
-        admin.alter_topic_config(args.name, updates, args.delete)
-    _info(f'Updated topic "{args.name}".')
+        # Partitions first: a refused count (the likelier mistake) leaves the config alone.
+        if partitions is not None:
+            count = admin.create_partitions(args.name, partitions)
+            _info(f'Topic "{args.name}" now has {count} partition(s).')
+        if updates or args.delete:
+            admin.alter_topic_config(args.name, updates, args.delete)
+            _info(f'Updated topic "{args.name}".')
     return EXIT_OK
 
 

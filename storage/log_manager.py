@@ -11,6 +11,10 @@ Layout of the data directory (everything but the partition directories is writte
       .tidelog_cleanshutdown               present only between a clean close and the next open
       <topic>-<partition>/                 one PartitionLog each
 
+Topics are created, grown (``create_partitions``: partitions are only ever added) and
+deleted here; ``topics.json`` always changes before the partition directories do, so a
+crash leaves at worst missing (empty) logs that the next open creates.
+
 Opening: if the clean-shutdown marker is there it is deleted at once (a crash while loading
 must count as unclean next time) and recovery is skipped; otherwise every log re-validates
 its unflushed tail. Partition directories of unknown topics (a crash during delete) and
@@ -50,6 +54,7 @@ from storage.config import LogConfig
 from storage.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidRequestError,
     LogDirFullError,
     StorageError,
     TopicAlreadyExistsError,
@@ -229,7 +234,8 @@ class LogManager:
             )
         return topics
 
-    def _write_topics_locked(self) -> None:
+    def _write_topics_locked(self, topics: Mapping[str, TopicMetadata] | None = None) -> None:
+        """Write ``topics`` (default: the current ones) to ``topics.json`` atomically."""
         document = {
             "version": 1,
             "topics": {
@@ -238,7 +244,7 @@ class LogManager:
                     "config": dict(t.overrides),
                     "internal": t.internal,
                 }
-                for t in self._topics.values()
+                for t in (self._topics if topics is None else topics).values()
             },
         }
         atomic_write(self.data_dir / TOPICS_FILE, json.dumps(document, indent=1).encode())
@@ -330,6 +336,86 @@ class LogManager:
             partition_log.close()
             self._remove_dir(partition_log.directory)
         log.info("deleted topic %s", name)
+
+    def create_partitions(
+        self, name: str, count: int, *, validate_only: bool = False
+    ) -> TopicMetadata:
+        """Grow topic ``name`` to ``count`` partitions in total (Kafka's CreatePartitions).
+
+        Existing partitions keep their data and offsets; the new ones start empty, with
+        the topic's config. With ``validate_only`` everything is checked and nothing
+        changes (the answer shows the count the topic would have).
+
+        Crash consistency, as ``create_topic``: ``topics.json`` with the new count is
+        written first (temp file, fsync, rename, fsync the directory), then the new
+        partition directories are created. A crash in between leaves a topic whose
+        missing logs the next open creates empty; no directory ever exists beyond the
+        count on disk (the next open would remove it as an orphan). Readers see the new
+        partitions only once all of them are open: ``topic()`` keeps answering the old
+        count until then.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            InvalidPartitionsError: ``count`` is not an int larger than the current count,
+                or is above ``MAX_PARTITIONS`` (Kafka's INVALID_PARTITIONS).
+            InvalidRequestError: an internal topic (``__consumer_offsets`` maps each group
+                to ``hash % partitions``: growing it would move every group's offsets).
+            StorageError, LogDirFullError: the metadata or a directory could not be
+                written; nothing changed (a failed rollback is logged; the next open then
+                completes the growth with empty logs).
+        """
+        _validate_topic_name(name)
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise InvalidPartitionsError(f"partition count must be an int, got {count!r}")
+        with self._lock:
+            self._check_open()
+            meta = self.topic(name)
+            if meta.internal:
+                raise InvalidRequestError(
+                    f"{name} is an internal topic: its partition count cannot change"
+                )
+            if count <= meta.partitions:
+                raise InvalidPartitionsError(
+                    f"topic {name!r} has {meta.partitions} partition(s); the new count must "
+                    f"be larger (partitions can be added, never removed), got {count}"
+                )
+            if count > MAX_PARTITIONS:
+                raise InvalidPartitionsError(
+                    f"a topic has at most {MAX_PARTITIONS} partitions, got {count}"
+                )
+            grown = TopicMetadata(name, count, meta.overrides, meta.config, meta.internal)
+            if validate_only:
+                return grown
+            added: dict[tuple[str, int], PartitionLog] = {}
+            metadata_written = False
+            try:
+                self._write_topics_locked({**self._topics, name: grown})
+                metadata_written = True
+                for partition in range(meta.partitions, count):
+                    added[(name, partition)] = PartitionLog.open(
+                        self.data_dir / partition_dir_name(name, partition),
+                        name,
+                        partition,
+                        meta.config,
+                        self.clock,
+                    )
+            except (OSError, StorageError) as exc:
+                for created in added.values():
+                    created.delete()
+                try:
+                    if metadata_written:
+                        self._write_topics_locked()
+                except OSError:
+                    # The next open creates the missing logs: the topic has grown after all.
+                    log.exception("cannot roll back the growth of %s in %s", name, TOPICS_FILE)
+                if isinstance(exc, StorageError):
+                    raise
+                raise _storage_error(exc, f"cannot add partitions to {name!r}") from exc
+            # Logs before metadata: whoever sees the new count finds every log.
+            self._logs.update(added)
+            self._topics[name] = grown
+            log.info("topic %s grew from %d to %d partition(s)", name, meta.partitions, count)
+            return grown
 
     def _remove_dir(self, directory: Path) -> None:
         """Rename to ``*.<uuid>-delete`` (atomic, invisible to a reload) then remove."""

@@ -336,6 +336,112 @@ class AlterTopicConfigRequest(_message.Message):
 Global___AlterTopicConfigRequest: _TypeAlias = AlterTopicConfigRequest  # noqa: Y015
 
 @_typing.final
+class CreatePartitionsTopic(_message.Message):
+    """Grow topics to a new total partition count (Kafka's CreatePartitions). Partitions are
+    only ever added: existing ones keep their data and offsets, new ones start empty, so
+    keys hash to different partitions afterwards (as in Kafka). Each topic is answered on
+    its own (error_code empty: done); a topic named twice is INVALID_REQUEST both times.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    count: _builtins.int
+    """the new total, larger than the current count"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsTopic: _TypeAlias = CreatePartitionsTopic  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """check everything, change nothing"""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreatePartitionsTopic]: ...
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___CreatePartitionsTopic] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsRequest: _TypeAlias = CreatePartitionsRequest  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsTopicResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    error_code: _builtins.str
+    """UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS (not larger than now, above the
+    broker's limit), INVALID_REQUEST (internal topic, duplicate), INVALID_TOPIC_EXCEPTION,
+    KAFKA_STORAGE_ERROR / LOG_DIR_FULL (nothing changed).
+    """
+    error_message: _builtins.str
+    partitions: _builtins.int
+    """the count now (the requested one with validate_only), or -1"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        partitions: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "name", b"name", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsTopicResult: _TypeAlias = CreatePartitionsTopicResult  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreatePartitionsTopicResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CreatePartitionsTopicResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsResponse: _TypeAlias = CreatePartitionsResponse  # noqa: Y015
+
+@_typing.final
 class ProducePartitionData(_message.Message):
     """---------------------------------------------------------------------------- produce"""
 

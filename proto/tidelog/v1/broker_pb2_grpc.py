@@ -59,6 +59,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterTopicConfigRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.TopicDescription.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/tidelog.v1.Broker/CreatePartitions',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/tidelog.v1.Broker/Produce',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
@@ -160,6 +165,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AlterTopicConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreatePartitions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -278,6 +289,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.AlterTopicConfig,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterTopicConfigRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.TopicDescription.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
@@ -485,6 +501,33 @@ class Broker:
             '/tidelog.v1.Broker/AlterTopicConfig',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterTopicConfigRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.TopicDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/CreatePartitions',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

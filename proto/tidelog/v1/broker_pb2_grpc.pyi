@@ -51,6 +51,7 @@ class BrokerStub:
     ListTopics: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
+    CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     Produce: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
     """--- data ---"""
     ProduceStream: _grpc.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
@@ -77,6 +78,7 @@ class BrokerAsyncStub(BrokerStub):
     ListTopics: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
+    CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     Produce: _aio.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
     """--- data ---"""
     ProduceStream: _aio.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
@@ -130,6 +132,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.AlterTopicConfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.TopicDescription, _abc.Awaitable[_broker_pb2.TopicDescription]]: ...
+
+    @_abc_1.abstractmethod
+    def CreatePartitions(
+        self,
+        request: _broker_pb2.CreatePartitionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CreatePartitionsResponse, _abc.Awaitable[_broker_pb2.CreatePartitionsResponse]]: ...
 
     @_abc_1.abstractmethod
     def Produce(
