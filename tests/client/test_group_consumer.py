@@ -14,57 +14,16 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.config import ConsumerConfig
+from client import AdminClient, Consumer, TopicPartition
 from client.types import ConsumerRecord
 from storage.errors import GroupNotEmptyError, InvalidRequestError, StaleMemberEpochError
-
-SESSION_TIMEOUT_MS = 2_000
-GROUP_SETTINGS = {
-    "group.consumer.heartbeat.interval.ms": 100,
-    "group.consumer.min.session.timeout.ms": 500,
-    "group.consumer.session.timeout.ms": SESSION_TIMEOUT_MS,
-}
+from tests.client.groups import GROUP_SETTINGS, member, poll_until, produce
 
 
 @pytest.fixture(scope="module")
 def group_broker() -> Iterator[InProcessBroker]:
     with InProcessBroker(settings=GROUP_SETTINGS) as running:
         yield running
-
-
-def member(address: str, group: str, **settings: object) -> Consumer:
-    options: dict[str, object] = {
-        "group_id": group,
-        "auto_offset_reset": "earliest",
-        "session_timeout_ms": SESSION_TIMEOUT_MS,
-        "heartbeat_interval_ms": 100,
-        "request_timeout_ms": 5_000,
-        **settings,
-    }
-    return Consumer(config=ConsumerConfig.from_mapping({"bootstrap_servers": address, **options}))
-
-
-def produce(address: str, topic: str, partitions: int, per_partition: int) -> None:
-    with Producer(address, linger_ms=0) as producer:
-        for i in range(per_partition):
-            for p in range(partitions):
-                producer.send(topic, f"{p}-{i}".encode(), partition=p)
-
-
-def poll_until(
-    consumers: list[Consumer],
-    condition: Callable[[], bool],
-    timeout_s: float = 15,
-    sink: list[ConsumerRecord] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        for consumer in consumers:
-            records = consumer.poll(timeout_ms=20)
-            if sink is not None:
-                sink += records
 
 
 def test_callbacks_run_in_poll_on_the_callers_thread_and_on_revoke_can_commit(

@@ -9,65 +9,20 @@ driven from the test's thread, polling in turn (a ``Consumer`` is used from one 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.config import ConsumerConfig
+from client import AdminClient, TopicPartition
 from client.types import ConsumerRecord
-
-SESSION_TIMEOUT_MS = 2_000
-GROUP_SETTINGS = {
-    "group.consumer.heartbeat.interval.ms": 100,
-    "group.consumer.min.session.timeout.ms": 500,
-    "group.consumer.session.timeout.ms": SESSION_TIMEOUT_MS,
-}
+from tests.client.groups import GROUP_SETTINGS, member, poll_until, produce
 
 
 @pytest.fixture(scope="module")
 def group_broker() -> Iterator[InProcessBroker]:
     with InProcessBroker(settings=GROUP_SETTINGS) as running:
         yield running
-
-
-def member(address: str, group: str) -> Consumer:
-    return Consumer(
-        config=ConsumerConfig.from_mapping(
-            {
-                "bootstrap_servers": address,
-                "group_id": group,
-                "auto_offset_reset": "earliest",
-                "session_timeout_ms": SESSION_TIMEOUT_MS,
-                "heartbeat_interval_ms": 100,
-                "request_timeout_ms": 5_000,
-                "auto_commit_interval_ms": 100,
-            }
-        )
-    )
-
-
-def produce(address: str, topic: str, partitions: range, per_partition: int) -> None:
-    with Producer(address, linger_ms=0) as producer:
-        for i in range(per_partition):
-            for p in partitions:
-                producer.send(topic, f"{p}-{i}".encode(), partition=p)
-        producer.flush(timeout_ms=10_000)
-
-
-def poll_until(
-    consumers: list[Consumer],
-    condition: Callable[[], bool],
-    sink: list[ConsumerRecord],
-    timeout_s: float = 20,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        for consumer in consumers:
-            sink += consumer.poll(timeout_ms=20)
 
 
 def test_two_members_own_all_four_partitions_after_the_topic_grows(
@@ -78,7 +33,7 @@ def test_two_members_own_all_four_partitions_after_the_topic_grows(
     with AdminClient(address) as admin:
         admin.create_topic(topic, 2)
     produce(address, topic, range(2), 5)
-    a, b = member(address, "grow-group"), member(address, "grow-group")
+    a, b = (member(address, "grow-group", auto_commit_interval_ms=100) for _ in range(2))
     seen: list[ConsumerRecord] = []
     try:
         a.subscribe(topic)
@@ -95,13 +50,13 @@ def test_two_members_own_all_four_partitions_after_the_topic_grows(
 
             return done
 
-        poll_until([a, b], split(2, 10), seen)
+        poll_until([a, b], split(2, 10), timeout_s=20, sink=seen)
         assert a.assignment() | b.assignment() == {TopicPartition(topic, p) for p in range(2)}
 
         with AdminClient(address) as admin:
             assert admin.create_partitions(topic, 4) == 4
         produce(address, topic, range(2, 4), 5)
-        poll_until([a, b], split(4, 20), seen)
+        poll_until([a, b], split(4, 20), timeout_s=20, sink=seen)
 
         owned_a, owned_b = a.assignment(), b.assignment()
         assert owned_a | owned_b == {TopicPartition(topic, p) for p in range(4)}

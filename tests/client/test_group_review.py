@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.config import ConsumerConfig
+from client import AdminClient, Consumer, TopicPartition
 from client.coordinator import ConsumerCoordinator
 from client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
 from client.types import ConsumerRecord
@@ -30,13 +29,14 @@ from storage.errors import (
     InternalError,
     OffsetOutOfRangeError,
 )
-
-SESSION_TIMEOUT_MS = 2_000
-GROUP_SETTINGS = {
-    "group.consumer.heartbeat.interval.ms": 100,
-    "group.consumer.min.session.timeout.ms": 500,
-    "group.consumer.session.timeout.ms": SESSION_TIMEOUT_MS,
-}
+from tests.client.groups import (
+    GROUP_SETTINGS,
+    SESSION_TIMEOUT_MS,
+    member,
+    poll_until,
+    produce,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,48 +50,6 @@ def restartable() -> Iterator[InProcessBroker]:
     """A broker of the test's own, which it may stop and restart."""
     with InProcessBroker(settings=GROUP_SETTINGS) as running:
         yield running
-
-
-def member(address: str, group: str, **settings: object) -> Consumer:
-    options: dict[str, object] = {
-        "group_id": group,
-        "auto_offset_reset": "earliest",
-        "session_timeout_ms": SESSION_TIMEOUT_MS,
-        "heartbeat_interval_ms": 100,
-        "request_timeout_ms": 5_000,
-        "fetch_max_wait_ms": 100,
-        **settings,
-    }
-    return Consumer(config=ConsumerConfig.from_mapping({"bootstrap_servers": address, **options}))
-
-
-def produce(address: str, topic: str, partitions: int, per_partition: int) -> None:
-    with Producer(address, linger_ms=0) as producer:
-        for i in range(per_partition):
-            for p in range(partitions):
-                producer.send(topic, f"{p}-{i}".encode(), partition=p)
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def poll_until(
-    consumers: list[Consumer],
-    condition: Callable[[], bool],
-    timeout_s: float = 15,
-    sink: list[ConsumerRecord] | None = None,
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        for consumer in consumers:
-            records = consumer.poll(timeout_ms=20)
-            if sink is not None:
-                sink += records
 
 
 def coordinator_of(consumer: Consumer) -> ConsumerCoordinator:
