@@ -159,7 +159,7 @@ def backlog_summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     the backlog), first, last, min, max and last/first."""
     rates = [point["mb_per_s"] for point in points]
     half = len(rates) // 2
-    return {
+    summary = {
         "steps": len(rates),
         "median_mb_per_s": round(statistics.median(rates), 1),
         "first_half_median_mb_per_s": round(statistics.median(rates[:half] or rates), 1),
@@ -170,6 +170,14 @@ def backlog_summary(points: list[dict[str, Any]]) -> dict[str, Any]:
         "max_mb_per_s": max(rates),
         "last_over_first": round(rates[-1] / rates[0], 2) if rates[0] else None,
     }
+    ratios = [point["over_plain"] for point in points if "over_plain" in point]
+    if len(ratios) == len(rates):  # runs before the plain-file baseline have none
+        summary["over_plain_median"] = round(statistics.median(ratios), 2)
+        summary["over_plain_first_half_median"] = round(
+            statistics.median(ratios[:half] or ratios), 2
+        )
+        summary["over_plain_second_half_median"] = round(statistics.median(ratios[half:]), 2)
+    return summary
 
 
 def _backlog_section(doc: dict[str, Any]) -> list[str]:
@@ -185,10 +193,22 @@ def _backlog_section(doc: dict[str, Any]) -> list[str]:
             f"{point['backlog_bytes_before'] / 1e9:.2f}",
             f"{point['records_per_s']:,}",
             f"{point['mb_per_s']:,.1f}",
+            f"{point['plain_mb_per_s']:,.1f}" if "plain_mb_per_s" in point else "-",
+            f"{point['over_plain']:.2f}" if "over_plain" in point else "-",
             str(point.get("loadavg_1m", "-")),
         ]
         for point in points
     ]
+    baseline = ""
+    if "over_plain_median" in summary:
+        baseline = (
+            " Next to each step, the same bytes appended to a plain file in the same file "
+            "system, 256 KiB writes each followed by fsync (the disk's own rate at that "
+            "point), and Tidelog's rate over it: median "
+            f"{summary['over_plain_median']}, first half "
+            f"{summary['over_plain_first_half_median']}, second half "
+            f"{summary['over_plain_second_half_median']}."
+        )
     return [
         f"### Tidelog append rate as the retained backlog grows ({total_gb:.2f} GB written, "
         f"{_size_label(entry['value_bytes'])} values, acks=all)",
@@ -197,13 +217,20 @@ def _backlog_section(doc: dict[str, Any]) -> list[str]:
         f"first half {summary['first_half_median_mb_per_s']} MB/s, of the second half "
         f"{summary['second_half_median_mb_per_s']} MB/s; first {summary['first_mb_per_s']}, "
         f"last {summary['last_mb_per_s']}, min {summary['min_mb_per_s']}, max "
-        f"{summary['max_mb_per_s']} MB/s. The 1-minute load average of the shared machine "
-        "is shown for each step.",
+        f"{summary['max_mb_per_s']} MB/s.{baseline} The 1-minute load average of the shared "
+        "machine is shown for each step.",
         "",
         *_table(
-            ["backlog before the step, GB", "records/s", "MB/s", "load avg (1 min)"],
+            [
+                "backlog before the step, GB",
+                "records/s",
+                "MB/s",
+                "plain file MB/s",
+                "Tidelog / plain",
+                "load avg (1 min)",
+            ],
             rows,
-            ["---:"] * 4,
+            ["---:"] * 6,
         ),
         "",
     ]
@@ -350,13 +377,27 @@ def charts(doc: dict[str, Any], out_dir: Path) -> list[Path]:
             (p["backlog_bytes_before"] + p["records"] * (16 + backlog[0]["value_bytes"])) / 1e9
             for p in points
         ]
-        ax.plot(xs, [p["mb_per_s"] for p in points], marker="o", label="append rate, each step")
-        median = backlog_summary(points)["median_mb_per_s"]
-        ax.axhline(median, color="gray", linestyle="--", label=f"median {median} MB/s")
+        ax.plot(xs, [p["mb_per_s"] for p in points], marker="o", label="Tidelog append, acks=all")
+        if all("plain_mb_per_s" in p for p in points):
+            ax.plot(
+                xs,
+                [p["plain_mb_per_s"] for p in points],
+                marker="s",
+                linestyle=":",
+                color="gray",
+                label="plain file, 256 KiB writes + fsync (the disk)",
+            )
+            ratio_ax = ax.twinx()
+            ratio_ax.plot(
+                xs, [p["over_plain"] for p in points], color="tab:green", label="Tidelog / plain"
+            )
+            ratio_ax.set_ylim(0, max(1.0, max(p["over_plain"] for p in points) * 1.2))
+            ratio_ax.set_ylabel("Tidelog / plain file", color="tab:green")
+            ratio_ax.legend(fontsize=8, loc="upper right")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left")
         ax.set_xlabel("retained log, GB")
-        ax.set_ylabel("append MB/s (acks=all)")
+        ax.set_ylabel("append MB/s")
         ax.set_title(f"Tidelog append rate as the backlog grows{suffix}")
         ax.grid(alpha=0.3)
         fig.tight_layout()

@@ -16,8 +16,10 @@ while the application decodes). Latency runs use ``linger_ms=0`` and wait for ea
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -264,8 +266,20 @@ def _end_to_end(workload: Workload, address: str) -> dict[str, Any]:
     return latency_figures(samples)
 
 
+# The baseline's write size: the producer's default batch_size, one request a write.
+PLAIN_CHUNK_BYTES = 256 * 1024
+
+
 def _backlog(workload: Workload, address: str) -> dict[str, Any]:
-    """Append ``total_bytes`` in steps of ``step_bytes``; the rate of each step."""
+    """Append ``total_bytes`` in steps of ``step_bytes``; the rate of each step.
+
+    After each step the same bytes are appended to a plain file in the same file system
+    (the system temp directory, where the harness keeps the broker's data too), in
+    ``PLAIN_CHUNK_BYTES`` writes each followed by ``fsync``, as ``acks=all`` syncs each
+    request: the disk's own rate at that point. A virtual disk's write cache can make the
+    first gigabytes much faster than the rest; the ratio of the two rates is what tells
+    whether the log slows down as it grows.
+    """
     import gc
 
     from client import Producer
@@ -277,15 +291,36 @@ def _backlog(workload: Workload, address: str) -> dict[str, Any]:
     steps = max(1, workload.total_bytes // (per_step * record_bytes))
     gc.freeze()
     points: list[dict[str, Any]] = []
-    with Producer(address, acks="all") as producer:
-        producer.partitions_for(workload.stream)
-        for step in range(steps):
-            started, cpu_started = time.perf_counter(), time.process_time()
-            _send_all(producer, workload.stream, step * per_step, per_step, value)
-            seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-            point = throughput_figures(per_step, record_bytes, seconds, cpu_s)
-            point["backlog_bytes_before"] = step * per_step * record_bytes
-            point["loadavg_1m"] = round(os.getloadavg()[0], 2)  # the shared machine's noise
-            points.append(point)
-            print(f"progress {step + 1}/{steps}", file=sys.stderr, flush=True)
-    return {"records_per_step": per_step, "steps": points}
+    plain_dir = tempfile.mkdtemp(prefix="tidelog-bench-plain-")
+    plain_fd = os.open(os.path.join(plain_dir, "plain.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+    chunk = os.urandom(PLAIN_CHUNK_BYTES)
+    try:
+        with Producer(address, acks="all") as producer:
+            producer.partitions_for(workload.stream)
+            for step in range(steps):
+                started, cpu_started = time.perf_counter(), time.process_time()
+                _send_all(producer, workload.stream, step * per_step, per_step, value)
+                seconds = time.perf_counter() - started
+                cpu_s = time.process_time() - cpu_started
+                point = throughput_figures(per_step, record_bytes, seconds, cpu_s)
+                point["backlog_bytes_before"] = step * per_step * record_bytes
+                plain_mb_per_s = _plain_append(plain_fd, chunk, per_step * record_bytes)
+                point["plain_mb_per_s"] = round(plain_mb_per_s, 1)
+                point["over_plain"] = round(point["mb_per_s"] / plain_mb_per_s, 3)
+                point["loadavg_1m"] = round(os.getloadavg()[0], 2)  # the shared machine's noise
+                points.append(point)
+                print(f"progress {step + 1}/{steps}", file=sys.stderr, flush=True)
+    finally:
+        os.close(plain_fd)
+        shutil.rmtree(plain_dir, ignore_errors=True)
+    return {"records_per_step": per_step, "plain_chunk_bytes": PLAIN_CHUNK_BYTES, "steps": points}
+
+
+def _plain_append(fd: int, chunk: bytes, total_bytes: int) -> float:
+    """Append ``total_bytes`` to ``fd`` in ``chunk`` writes, each fsynced; MB/s."""
+    written = 0
+    started = time.perf_counter()
+    while written < total_bytes:
+        written += os.write(fd, chunk[: total_bytes - written])
+        os.fsync(fd)
+    return written / (time.perf_counter() - started) / 1e6
