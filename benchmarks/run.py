@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -448,7 +448,8 @@ def _run_group(
             }
             try:
                 figures = []
-                for workload in _workloads_for(step, settings, tag):
+                for planned in _workloads_for(step, settings, tag):
+                    workload = replace(planned, server_pid=server.process.process.pid)
                     # Write back what earlier runs left dirty in the page cache first, so
                     # their writeback does not land in this run's fsyncs or latencies.
                     os.sync()

@@ -44,6 +44,7 @@ class Workload:
     partitions: int = 1
     step_bytes: int = 0
     total_bytes: int = 0
+    server_pid: int = 0  # backlog: the broker, whose CPU time each step reads
 
 
 def key_for(i: int) -> bytes:

@@ -170,6 +170,14 @@ def backlog_summary(points: list[dict[str, Any]]) -> dict[str, Any]:
         "max_mb_per_s": max(rates),
         "last_over_first": round(rates[-1] / rates[0], 2) if rates[0] else None,
     }
+    costs = [point["server_cpu_s_per_gb"] for point in points if "server_cpu_s_per_gb" in point]
+    if len(costs) == len(rates):
+        summary["server_cpu_s_per_gb_first_half_median"] = round(
+            statistics.median(costs[:half] or costs), 2
+        )
+        summary["server_cpu_s_per_gb_second_half_median"] = round(
+            statistics.median(costs[half:]), 2
+        )
     ratios = [point["over_plain"] for point in points if "over_plain" in point]
     if len(ratios) == len(rates):  # runs before the plain-file baseline have none
         summary["over_plain_median"] = round(statistics.median(ratios), 2)
@@ -195,6 +203,7 @@ def _backlog_section(doc: dict[str, Any]) -> list[str]:
             f"{point['mb_per_s']:,.1f}",
             f"{point['plain_mb_per_s']:,.1f}" if "plain_mb_per_s" in point else "-",
             f"{point['over_plain']:.2f}" if "over_plain" in point else "-",
+            f"{point['server_cpu_s_per_gb']:.2f}" if "server_cpu_s_per_gb" in point else "-",
             str(point.get("loadavg_1m", "-")),
         ]
         for point in points
@@ -208,6 +217,12 @@ def _backlog_section(doc: dict[str, Any]) -> list[str]:
             f"{summary['over_plain_median']}, first half "
             f"{summary['over_plain_first_half_median']}, second half "
             f"{summary['over_plain_second_half_median']}."
+        )
+    if "server_cpu_s_per_gb_first_half_median" in summary:
+        baseline += (
+            " The broker's CPU time per GB appended (its own cost, whatever the disk does): "
+            f"median {summary['server_cpu_s_per_gb_first_half_median']} s over the first "
+            f"half, {summary['server_cpu_s_per_gb_second_half_median']} s over the second."
         )
     return [
         f"### Tidelog append rate as the retained backlog grows ({total_gb:.2f} GB written, "
@@ -227,10 +242,11 @@ def _backlog_section(doc: dict[str, Any]) -> list[str]:
                 "MB/s",
                 "plain file MB/s",
                 "Tidelog / plain",
+                "broker CPU s/GB",
                 "load avg (1 min)",
             ],
             rows,
-            ["---:"] * 6,
+            ["---:"] * 7,
         ),
         "",
     ]
@@ -387,13 +403,18 @@ def charts(doc: dict[str, Any], out_dir: Path) -> list[Path]:
                 color="gray",
                 label="plain file, 256 KiB writes + fsync (the disk)",
             )
-            ratio_ax = ax.twinx()
-            ratio_ax.plot(
-                xs, [p["over_plain"] for p in points], color="tab:green", label="Tidelog / plain"
+        if all("server_cpu_s_per_gb" in p for p in points):
+            cost_ax = ax.twinx()
+            cost_ax.plot(
+                xs,
+                [p["server_cpu_s_per_gb"] for p in points],
+                color="tab:green",
+                marker="^",
+                label="broker CPU s per GB appended",
             )
-            ratio_ax.set_ylim(0, max(1.0, max(p["over_plain"] for p in points) * 1.2))
-            ratio_ax.set_ylabel("Tidelog / plain file", color="tab:green")
-            ratio_ax.legend(fontsize=8, loc="upper right")
+            cost_ax.set_ylim(0, max(p["server_cpu_s_per_gb"] for p in points) * 1.5)
+            cost_ax.set_ylabel("broker CPU s / GB", color="tab:green")
+            cost_ax.legend(fontsize=8, loc="upper right")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8, loc="lower left")
         ax.set_xlabel("retained log, GB")

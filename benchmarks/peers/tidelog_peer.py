@@ -32,6 +32,7 @@ from benchmarks.peers.common import (
     Workload,
     key_for,
     latency_figures,
+    process_cpu_s,
     throughput_figures,
 )
 
@@ -273,6 +274,9 @@ PLAIN_CHUNK_BYTES = 256 * 1024
 def _backlog(workload: Workload, address: str) -> dict[str, Any]:
     """Append ``total_bytes`` in steps of ``step_bytes``; the rate of each step.
 
+    Each step also records the broker's CPU seconds (``server_pid``) per GB appended: the
+    cost of an append, apart from the disk.
+
     After each step the same bytes are appended to a plain file in the same file system
     (the system temp directory, where the harness keeps the broker's data too), in
     ``PLAIN_CHUNK_BYTES`` writes each followed by ``fsync``, as ``acks=all`` syncs each
@@ -299,10 +303,19 @@ def _backlog(workload: Workload, address: str) -> dict[str, Any]:
             producer.partitions_for(workload.stream)
             for step in range(steps):
                 started, cpu_started = time.perf_counter(), time.process_time()
+                server_started = process_cpu_s(workload.server_pid)
                 _send_all(producer, workload.stream, step * per_step, per_step, value)
                 seconds = time.perf_counter() - started
                 cpu_s = time.process_time() - cpu_started
+                server_cpu_s = process_cpu_s(workload.server_pid) - server_started
                 point = throughput_figures(per_step, record_bytes, seconds, cpu_s)
+                if workload.server_pid:
+                    # The broker's own work per byte: flat if appending costs the same
+                    # whatever the log's size, whatever the disk does meanwhile.
+                    point["server_cpu_s"] = round(server_cpu_s, 3)
+                    point["server_cpu_s_per_gb"] = round(
+                        server_cpu_s / (per_step * record_bytes / 1e9), 2
+                    )
                 point["backlog_bytes_before"] = step * per_step * record_bytes
                 plain_mb_per_s = _plain_append(plain_fd, chunk, per_step * record_bytes)
                 point["plain_mb_per_s"] = round(plain_mb_per_s, 1)
