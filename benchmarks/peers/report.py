@@ -412,7 +412,9 @@ def charts(doc: dict[str, Any], out_dir: Path) -> list[Path]:
                 marker="^",
                 label="broker CPU s per GB appended",
             )
-            cost_ax.set_ylim(0, max(p["server_cpu_s_per_gb"] for p in points) * 1.5)
+            # A quick run's steps are too short for the kernel's CPU clock (10 ms): zero.
+            top = max(p["server_cpu_s_per_gb"] for p in points) * 1.5
+            cost_ax.set_ylim(0, top or 1.0)
             cost_ax.set_ylabel("broker CPU s / GB", color="tab:green")
             cost_ax.legend(fontsize=8, loc="upper right")
         ax.set_ylim(bottom=0)
