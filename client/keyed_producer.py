@@ -245,6 +245,19 @@ class KeyedProducer:
         if not wanted:
             return WriteSummary(0, 0)
         next_sequence = self.stored_sequences(wanted, epoch)
+        for tp, rs in wanted.items():
+            if next_sequence[tp] > len(rs):
+                # An earlier attempt stored more than this one has: the input differs
+                # (a non-deterministic query); nothing can be done but say so.
+                log.warning(
+                    "%s: producer %s epoch %d already stored %d records, this attempt has "
+                    "only %d: its input differs from the earlier attempt's",
+                    tp,
+                    self._key,
+                    epoch,
+                    next_sequence[tp],
+                    len(rs),
+                )
         skipped = sum(min(next_sequence[tp], len(rs)) for tp, rs in wanted.items())
         written = 0
         for _ in range(_MAX_ROUNDS):

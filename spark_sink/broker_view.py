@@ -71,18 +71,21 @@ class BrokerView:
         pattern = re.compile(options.subscribe_pattern)
         return [t.name for t in self.admin.list_topics() if pattern.fullmatch(t.name)]
 
-    def partitions(self) -> dict[TopicPartition, PartitionInfo]:
+    def partitions(self, *, strict: bool = True) -> dict[TopicPartition, PartitionInfo]:
         """Every partition the query reads now, with its offsets.
 
         A subscribed topic that does not exist (yet, or any more) has no partitions; an
-        assigned partition that does not exist raises ``UnknownTopicOrPartitionError``.
+        assigned partition that does not exist raises ``UnknownTopicOrPartitionError``
+        when ``strict`` (where a query starts), and is left out otherwise (a running
+        query: the caller treats a partition that vanished as data loss, which
+        ``failOnDataLoss`` decides).
         """
         out: dict[TopicPartition, PartitionInfo] = {}
         for topic in self.topics():
             try:
                 description = self.admin.describe_topic(topic)
             except UnknownTopicOrPartitionError:
-                if self._options.assign:
+                if self._options.assign and strict:
                     raise
                 log.info("topic %s does not exist (yet): no partitions", topic)
                 continue
@@ -94,9 +97,9 @@ class BrokerView:
                 )
         if self._options.assign:
             missing = [tp for tp in self._options.assign if tp not in out]
-            if missing:
+            if missing and strict:
                 raise UnknownTopicOrPartitionError(f"assigned partitions do not exist: {missing}")
-            out = {tp: out[tp] for tp in self._options.assign}
+            out = {tp: out[tp] for tp in self._options.assign if tp in out}
         return out
 
     def offsets_for_timestamp(

@@ -136,33 +136,38 @@ def parse_assign(text: str) -> tuple[TopicPartition, ...]:
 def cap_offsets(start: Offsets, latest: Offsets, max_records: int) -> dict[TopicPartition, int]:
     """Admission control: end offsets that admit at most ``max_records`` in total.
 
-    The cap is spread max-min fairly (water filling): every partition with a backlog gets
-    an equal share, a partition that needs less than its share gives the rest to the
-    others, and the remainder of an uneven division goes one record each to the least
-    served partitions, in (topic, partition) order. So the sum admitted is
-    ``min(max_records, backlog)``, and no partition is starved by a larger one. A
-    partition missing from ``start`` starts at 0 here (the caller maps it to the log
-    start). Pure and deterministic.
+    The cap is spread max-min fairly (water filling): partitions whose backlog is below
+    the fair share get all of it, the others get equal shares of the rest. The remainder
+    of that uneven division (one record each) goes to a window of the unsaturated
+    partitions, in (topic, partition) order, that starts at ``sum of their start offsets
+    % their number``: the window moves as the offsets do, so when the cap is smaller
+    than the number of partitions with a backlog, successive micro-batches serve them in
+    turn instead of always the same ones (no partition starves, however hot the others
+    are). The sum admitted is ``min(max_records, backlog)``. A partition missing from
+    ``start`` starts at 0 here (the caller passes its log start). Pure and deterministic.
     """
     if max_records < 1:
         raise ValueError(f"max_records must be >= 1, got {max_records}")
     backlog = {tp: max(0, latest[tp] - start.get(tp, 0)) for tp in latest}
     grant = dict.fromkeys(backlog, 0)
     remaining = max_records
-    # Smallest backlogs first: each takes all it needs or an equal share of what is left.
+    # Smallest backlogs first: each that fits in an equal share of what is left takes all.
     order = sorted((tp for tp, n in backlog.items() if n > 0), key=lambda tp: (backlog[tp], tp))
     left = len(order)
     for tp in order:
-        grant[tp] = min(backlog[tp], remaining // left)
+        if backlog[tp] > remaining // left:
+            break
+        grant[tp] = backlog[tp]
         remaining -= grant[tp]
         left -= 1
-    # The remainder of the division: one more each to the least served, in tp order.
-    unsaturated = [tp for tp in order if grant[tp] < backlog[tp]]
-    for tp in sorted(unsaturated, key=lambda t: (grant[t], t)):
-        if remaining == 0:
-            break
-        grant[tp] += 1
-        remaining -= 1
+    # The rest: equal shares (each below its backlog), the remainder to a moving window.
+    unsaturated = sorted(tp for tp in order if grant[tp] < backlog[tp])
+    if unsaturated:
+        share, extra = divmod(remaining, len(unsaturated))
+        rotation = sum(start.get(tp, 0) for tp in unsaturated) % len(unsaturated)
+        window = set((unsaturated[rotation:] + unsaturated[:rotation])[:extra])
+        for tp in unsaturated:
+            grant[tp] = share + (1 if tp in window else 0)
     return {tp: (latest[tp] if backlog[tp] == 0 else start.get(tp, 0) + grant[tp]) for tp in latest}
 
 

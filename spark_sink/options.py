@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from client.types import TopicPartition
 from spark_sink.offsets import OffsetSpec, parse_assign, parse_offset_spec
 
-__all__ = ["DEFAULT_BOOTSTRAP", "ReadOptions", "WriteOptions", "epoch_of_batch"]
+__all__ = [
+    "DEFAULT_BOOTSTRAP",
+    "ReadOptions",
+    "WriteOptions",
+    "epoch_of_batch",
+    "include_headers",
+]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7410"
 
@@ -36,6 +42,19 @@ def _bool(name: str, value: str) -> bool:
     if lowered in ("false", "0", "no"):
         return False
     raise ValueError(f"option {name} must be true or false, got {value!r}")
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """The ``includeHeaders`` option (any case), parsed as ``ReadOptions`` parses it.
+
+    ``TidelogDataSource.schema`` needs it before the options are validated; parsing it
+    any other way would give Spark a schema without ``headers`` for ``yes`` or ``1``
+    while the reader sends the column.
+    """
+    for key, value in options.items():
+        if key.lower() == "includeheaders":
+            return _bool("includeHeaders", str(value))
+    return False
 
 
 def _int(name: str, value: str, minimum: int) -> int:

@@ -15,7 +15,11 @@ Edge cases:
   moves to the batch's last offset + 1, which compaction keeps even when it empties the
   batch);
 - a partition that ends before the range does (log truncated by an unclean stop, topic
-  recreated) is data loss too;
+  recreated: the fetch answers ``OFFSET_OUT_OF_RANGE`` *above* the log end, or a poll
+  finds nothing while the log end is at or below the position) is data loss too, and so
+  is a partition that no longer exists (topic deleted while the query ran): without
+  ``failOnDataLoss`` the rest of the range is skipped, never read from elsewhere (no
+  record outside ``[start, end)`` is ever returned);
 - retention deleted offsets the range needs (the fetch answers
   ``OFFSET_OUT_OF_RANGE``): with ``failOnDataLoss`` a ``DataLossError`` naming the
   partition, the offsets and the option; without, a warning and a skip to the log start
@@ -31,8 +35,8 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from client import Consumer, OffsetOutOfRangeError
-from client.types import ConsumerRecord
+from client import Consumer, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from client.types import ConsumerRecord, TopicPartition
 from spark_sink.offsets import OffsetRange
 from spark_sink.options import ReadOptions
 from spark_sink.schema import records_to_arrow
@@ -89,16 +93,14 @@ def _read_range(
             try:
                 records = consumer.poll(timeout_ms=_POLL_MS)
             except OffsetOutOfRangeError:
-                start = _skip_ahead(consumer, options, offset_range)
+                start = _skip_ahead(consumer, options, offset_range, consumer.position(tp))
                 if start >= end:
                     break
                 consumer.seek(tp, start)
                 continue
             done = bool(records) and records[-1].offset >= end
-            if done:
-                pending.extend(r for r in records if r.offset < end)
-            else:
-                pending.extend(records)
+            # Only offsets of the range, whatever the consumer was moved to.
+            pending.extend(r for r in records if offset_range.start <= r.offset < end)
             if len(pending) >= _ARROW_BATCH_ROWS:
                 yield records_to_arrow(pending, timestamp_type, options.include_headers)
                 pending = []
@@ -110,13 +112,19 @@ def _read_range(
             if position >= end:
                 break
             highwater = consumer.highwater(tp)
+            lost = None
             if not records and highwater is not None and position >= highwater:
                 # The partition now ends before the range does: its log was truncated
                 # (an unclean broker stop) or the topic recreated.
-                message = f"{tp} ends at {highwater}, before this micro-batch's end {end}"
+                lost = f"{tp} ends at {highwater}, before this micro-batch's end {end}"
+            elif not records:
+                # Nothing arrived: ask the broker whether the partition still exists and
+                # still reaches the position (a deleted topic's fetches only ever retry).
+                lost = _partition_lost(consumer, tp, position, end)
+            if lost is not None:
                 if options.fail_on_data_loss:
-                    raise DataLossError(message + _HINT)
-                log.warning("%s; reading no further (failOnDataLoss=false)", message)
+                    raise DataLossError(lost + _HINT)
+                log.warning("%s; reading no further (failOnDataLoss=false)", lost)
                 break
             if not records and time.monotonic() - idle_since > options.request_timeout_ms / 1000:
                 raise TimeoutError(
@@ -129,10 +137,42 @@ def _read_range(
         consumer.close(autocommit=False)
 
 
-def _skip_ahead(consumer: Consumer, options: ReadOptions, offset_range: OffsetRange) -> int:
-    """The log start to continue from, or ``DataLossError`` when that is not allowed."""
+def _partition_lost(consumer: Consumer, tp: TopicPartition, position: int, end: int) -> str | None:
+    """Why the rest of the range can never be read, or None if it still may arrive."""
+    try:
+        log_end = consumer.end_offsets([tp])[tp]
+    except UnknownTopicOrPartitionError:
+        return (
+            f"{tp} no longer exists (deleted topic?): offsets {position} to {end} of this "
+            "micro-batch cannot be read"
+        )
+    if log_end <= position:
+        return f"{tp} ends at {log_end}, before this micro-batch's end {end}"
+    return None
+
+
+def _skip_ahead(
+    consumer: Consumer, options: ReadOptions, offset_range: OffsetRange, position: int
+) -> int:
+    """Where to continue after ``OFFSET_OUT_OF_RANGE`` at ``position``.
+
+    Below the log start (retention): the log start, or ``DataLossError`` when that is not
+    allowed. At or above the log end (truncated or recreated log): the range's end (the
+    rest is skipped; reading from the new log start would return records outside the
+    range), or ``DataLossError``.
+    """
     tp = offset_range.tp
     log_start = consumer.beginning_offsets([tp])[tp]
+    if log_start <= position:
+        log_end = consumer.end_offsets([tp])[tp]
+        message = (
+            f"{tp} ends at {log_end}, before offsets {position} to {offset_range.end} of "
+            "this micro-batch (log truncated or topic recreated)"
+        )
+        if options.fail_on_data_loss:
+            raise DataLossError(message + _HINT)
+        log.warning("%s; skipping them (failOnDataLoss=false)", message)
+        return offset_range.end
     if offset_range.from_log_start:
         return log_start
     message = (

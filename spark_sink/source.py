@@ -53,7 +53,7 @@ from spark_sink.offsets import (
     parse_offsets,
     split_ranges,
 )
-from spark_sink.options import ReadOptions, WriteOptions
+from spark_sink.options import ReadOptions, WriteOptions, include_headers
 from spark_sink.reader import DataLossError, read_ranges
 from spark_sink.schema import source_schema
 from spark_sink.writer import TidelogBatchWriter, TidelogStreamWriter
@@ -200,7 +200,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         """Record the high watermarks now: the query reads up to them and stops."""
-        current = self._view.partitions()
+        current = self._view.partitions(strict=False)  # vanished ones: latestOffset decides
         self._available_now = {tp: info.high_watermark for tp, info in current.items()}
         log.info("Trigger.AvailableNow: target offsets %s", offset_dict(self._available_now))
 
@@ -208,7 +208,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self, start: dict[str, dict[str, int]], limit: ReadLimit
     ) -> dict[str, dict[str, int]]:
         begin = parse_offsets(start)
-        current = self._view.partitions()
+        current = self._view.partitions(strict=False)
         latest = {tp: info.high_watermark for tp, info in current.items()}
         if self._available_now is not None:
             # Only what existed when the trigger was prepared (partitions new since are
@@ -234,7 +234,10 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if tp in latest and begin[tp] > latest[tp]:
                 begin[tp] = latest[tp]
         if isinstance(limit, ReadMaxRows):
-            end = cap_offsets(begin, latest, limit.max_rows)
+            # A partition new since the start is read from its log start, not 0: count
+            # its backlog from there, or the cap would admit offsets retention deleted.
+            fresh = {tp: current[tp].log_start_offset for tp in latest if tp not in begin}
+            end = cap_offsets({**fresh, **begin}, latest, limit.max_rows)
         else:
             end = latest
         # Partitions that vanished (failOnDataLoss=false) drop out of the offsets; a
@@ -251,14 +254,14 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]]:  # noqa: N802
         """The partitions' high watermarks now (Spark shows them in the query progress)."""
-        current = self._view.partitions()
+        current = self._view.partitions(strict=False)
         return offset_dict({tp: info.high_watermark for tp, info in current.items()})
 
     def partitions(
         self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
     ) -> Sequence[InputPartition]:
         begin, finish = parse_offsets(start), parse_offsets(end)
-        current = self._view.partitions()
+        current = self._view.partitions(strict=False)  # only for the timestamp types
         return _plan(self._options, begin, finish, current)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -282,15 +285,7 @@ class TidelogDataSource(DataSource):
         return "tidelog"
 
     def schema(self) -> StructType:
-        headers = str(self._option("includeHeaders", "false")).strip().lower() == "true"
-        return source_schema(headers)
-
-    def _option(self, name: str, default: str) -> str:
-        lowered = name.lower()
-        for key, value in self.options.items():
-            if key.lower() == lowered:
-                return str(value)
-        return default
+        return source_schema(include_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TidelogBatchReader(ReadOptions.from_mapping(self.options, streaming=False))

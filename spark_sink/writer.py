@@ -57,6 +57,7 @@ __all__ = [
     "TidelogStreamWriter",
     "canonical_order",
     "check_sink_schema",
+    "stream_identity",
 ]
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,9 @@ def _headers(value: object) -> tuple[Header, ...]:
     out = []
     for item in value:  # type: ignore[attr-defined]
         key, header_value = item[0], item[1]
+        if key is None:
+            # str(None) would write a header named "None"; Kafka's header keys are not null.
+            raise ValueError("a row has a header with a null key; header keys must be strings")
         out.append((str(key), _bytes(header_value)))
     return tuple(out)
 
@@ -212,6 +216,18 @@ def write_rows(
     return TidelogCommitMessage(partition_id, summary.written, summary.skipped)
 
 
+def stream_identity(
+    prefix: str, query_id: str, batch_id: int, partition_id: int
+) -> tuple[str, int]:
+    """``(producer key, epoch)`` of a streaming task: pure, the same in every attempt.
+
+    Epochs are int16, batch ids are not: batch ``b`` writes with epoch ``b % 32767``
+    under the key of generation ``b // 32767`` (``options.epoch_of_batch``).
+    """
+    generation, epoch = epoch_of_batch(batch_id)
+    return f"{prefix}:{query_id}:{generation}:{partition_id}", epoch
+
+
 def _task() -> TaskContext:
     context = TaskContext.get()
     if context is None:
@@ -262,9 +278,10 @@ class TidelogStreamWriter(DataSourceStreamWriter):
                 "the tidelog stream writer found no query id or batch id in the task's "
                 f"local properties ({QUERY_ID_PROPERTY}, {BATCH_ID_PROPERTY})"
             )
-        generation, epoch = epoch_of_batch(int(batch_id))
         partition_id = task.partitionId()
-        key = f"{self._options.producer_key_prefix}:{query_id}:{generation}:{partition_id}"
+        key, epoch = stream_identity(
+            self._options.producer_key_prefix, query_id, int(batch_id), partition_id
+        )
         return write_rows(self._options, iterator, key, epoch, partition_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
