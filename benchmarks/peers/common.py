@@ -110,12 +110,23 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str) -> Non
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system, all threads) a live process has used; 0.0 if unreadable."""
+    user_s, system_s = process_cpu_split_s(pid)
+    return user_s + system_s
+
+
+def process_cpu_split_s(pid: int) -> tuple[float, float]:
+    """``(user, system)`` CPU seconds of a live process, all threads; zeros if unreadable.
+
+    System time is the kernel working for the process: for a broker that writes and
+    fsyncs, the page cache and block layer's share, which depends on the disk.
+    """
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
+        return 0.0, 0.0
     # After the command name: state is field 3, utime field 14, stime field 15 (1-based).
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def directory_bytes(path: Path) -> int:
