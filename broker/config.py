@@ -20,6 +20,8 @@ key                                   default          meaning
 ``fetch.max.wait.ms``                 30000            cap on a fetch's ``max_wait_ms`` (long poll)
 ``num.io.threads``                    64               gRPC worker threads (see ``docs/broker.md``)
 ``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
+``connections.keepalive.time.ms``     30000            ping a connection idle this long (see below)
+``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
 ``producer.id.expiration.ms``         86400000         forget a producer id's epoch after this
 ``metrics.port``                      7411             Prometheus HTTP port; 0 any free port, -1 off
 ``metrics.host``                      (listen host)    address the metrics endpoint binds
@@ -36,6 +38,13 @@ key                                   default          meaning
 ``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
 ``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
 ====================================  ===============  =============================================
+
+The two ``connections.keepalive`` settings have no Kafka equivalent. The broker pings a
+connection that was quiet for the time and closes it if the answer takes longer than the
+timeout, so a client whose host vanished without closing its connection is noticed within
+time + timeout and its calls are cancelled, freeing the worker threads its streams held.
+Clients may ping as often as every 10 s, or every ``connections.keepalive.time.ms`` if
+that is shorter (``broker/server.py``, ``docs/broker.md``).
 
 The group settings keep Kafka's names and defaults, except ``offsets.topic.num.partitions``
 (Kafka: 50; one broker needs few). A requested session timeout is clamped to [min, max]; the
@@ -87,6 +96,7 @@ DEFAULT_DATA_DIR = "./tidelog-data"
 
 _HOUR_MS = 60 * 60 * 1000
 _MINUTE_MS = 60 * 1000
+_GRPC_INT_MAX = 2**31 - 1  # gRPC channel arguments are C ints
 
 # Broker key -> topic key of the LogConfig default it sets, for the keys that map 1:1.
 _TOPIC_DEFAULT_KEYS: dict[str, str] = {
@@ -214,6 +224,8 @@ class BrokerConfig:
     fetch_max_wait_ms: int = 30_000
     num_io_threads: int = 64
     shutdown_grace_ms: int = 5_000
+    connections_keepalive_time_ms: int = 30_000
+    connections_keepalive_timeout_ms: int = 20_000
     producer_id_expiration_ms: int = 86_400_000
     metrics_port: int = 7411
     metrics_host: str | None = None
@@ -240,6 +252,14 @@ class BrokerConfig:
             ("fetch.max.wait.ms", self.fetch_max_wait_ms >= 0),
             ("num.io.threads", self.num_io_threads >= 1),
             ("shutdown.grace.ms", self.shutdown_grace_ms >= 0),
+            (
+                "connections.keepalive.time.ms",
+                1 <= self.connections_keepalive_time_ms <= _GRPC_INT_MAX,
+            ),
+            (
+                "connections.keepalive.timeout.ms",
+                1 <= self.connections_keepalive_timeout_ms <= _GRPC_INT_MAX,
+            ),
             ("producer.id.expiration.ms", self.producer_id_expiration_ms >= 1),
             ("metrics.port", -1 <= self.metrics_port <= 65535),
             ("log.retention.check.interval.ms", self.retention_check_interval_ms >= 1),
@@ -414,6 +434,14 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "fetch.max.wait.ms": ("fetch_max_wait_ms", lambda k, v: _int(k, v, 0)),
     "num.io.threads": ("num_io_threads", lambda k, v: _int(k, v, 1, 10_000)),
     "shutdown.grace.ms": ("shutdown_grace_ms", lambda k, v: _int(k, v, 0)),
+    "connections.keepalive.time.ms": (
+        "connections_keepalive_time_ms",
+        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
+    ),
+    "connections.keepalive.timeout.ms": (
+        "connections_keepalive_timeout_ms",
+        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
+    ),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda k, v: _int(k, v, 1)),
     "metrics.port": ("metrics_port", lambda k, v: _int(k, v, -1, 65535)),
     "metrics.host": ("metrics_host", _str),

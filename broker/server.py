@@ -6,6 +6,16 @@ clean), then starts one synchronous gRPC server (a ``ThreadPoolExecutor`` of
 carrying the ``tidelog.v1.Broker`` service, the standard health service and server
 reflection, and the Prometheus endpoint if ``metrics.port`` is not -1.
 
+Keepalive (``_grpc_options``): a worker thread is held for the whole life of a call, so a
+stream whose client vanished without closing its connection (host crash, cable pulled, a
+NAT that forgot the flow) would hold one for good, and enough of them stop the broker. The
+server therefore pings every connection quiet for ``connections.keepalive.time.ms``, with
+or without calls, and closes it when the ping is not answered within
+``connections.keepalive.timeout.ms``; gRPC then cancels its calls and the handlers return.
+It also accepts the clients' own pings (the Tidelog client sends one every 30 s, calls or
+not) down to ``_MIN_CLIENT_PING_INTERVAL_MS`` apart, instead of gRPC's default of 5
+minutes (more often than that gRPC answers GOAWAY "too_many_pings").
+
 ``stop`` is the clean shutdown, in this order:
 
 1. health reports ``NOT_SERVING`` (load balancers and health checks stop sending work);
@@ -49,6 +59,10 @@ BROKER_SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 _HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _STOP_MARGIN_MS = 5_000  # beyond the grace period, for gRPC's own teardown
 _FORCE_AFTER_MS = 1_000  # a repeated signal sooner than this is the same request
+# Clients may ping this often (or as often as the broker pings, if that is more often):
+# well under the client's 30 s, so timer slack never counts as a strike.
+_MIN_CLIENT_PING_INTERVAL_MS = 10_000
+_MAX_PING_STRIKES = 2  # gRPC's default: the third ping too early closes the connection
 
 
 class ListenError(OSError):
@@ -95,15 +109,7 @@ class BrokerServer:
         executor = ThreadPoolExecutor(
             max_workers=config.num_io_threads, thread_name_prefix="tidelog-grpc"
         )
-        server = grpc.server(
-            executor,
-            options=[
-                ("grpc.max_receive_message_length", config.socket_request_max_bytes),
-                ("grpc.max_send_message_length", -1),
-                # Never share a port with another process: a second broker must fail.
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        server = grpc.server(executor, options=_grpc_options(config))
         health_servicer = health.HealthServicer()
         metrics_server: MetricsServer | None = None
         try:
@@ -189,6 +195,32 @@ class BrokerServer:
                     self._metrics_server.stop()
                 self._stopped.set()
             log.info("stopped")
+
+
+def _grpc_options(config: BrokerConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments for ``config`` (keepalive: module docstring)."""
+    keepalive_ms = config.connections_keepalive_time_ms
+    timeout_ms = config.connections_keepalive_timeout_ms
+    return [
+        ("grpc.max_receive_message_length", config.socket_request_max_bytes),
+        ("grpc.max_send_message_length", -1),
+        # Never share a port with another process: a second broker must fail.
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        # grpcio 1.85 does not arm the keepalive timeout of its own: an unanswered ping is
+        # caught by the general ping timeout (default 1 minute), so that one says it too
+        # (tests/broker/test_keepalive.py fails without it).
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+        # Ping idle connections too, and accept pings on them (gRPC's default refuses a
+        # client's pings on a connection without calls more often than every 2 hours).
+        ("grpc.keepalive_permit_without_calls", 1),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            min(keepalive_ms, _MIN_CLIENT_PING_INTERVAL_MS),
+        ),
+        ("grpc.http2.max_ping_strikes", _MAX_PING_STRIKES),
+    ]
 
 
 def _bind(server: grpc.Server, address: str) -> int:

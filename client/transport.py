@@ -4,10 +4,13 @@
 
 - reconnect backoff of at most ``reconnect_backoff_max_ms`` (gRPC's default grows to 120 s,
   far too slow to notice a restarted broker), starting at 100 ms;
-- keepalive pings every 5 minutes on busy connections, the most often a gRPC server with
-  default settings accepts (more often and it closes the connection for "too many
-  pings"); a dead broker is noticed sooner by the request deadlines, and a killed one at
-  once by the closed socket;
+- keepalive pings every 30 s (``keepalive_time_ms``), with calls in flight or not, and
+  the connection dropped if one has no answer within 20 s: a broker whose host vanished
+  without closing the socket is noticed within 50 s even by a stream that waits (a long
+  poll, an idle ``ProduceStream``) or a connection between calls, and the channel
+  reconnects. A killed broker is noticed at once by the closed socket. The Tidelog broker
+  accepts pings down to 10 s apart; a plain gRPC server accepts one per 5 minutes and
+  would close the connection for "too many pings";
 - message size limits: requests up to ``max_send_bytes``, answers of any size the broker
   sends (it bounds them by ``fetch.max.bytes`` plus one batch).
 
@@ -59,7 +62,8 @@ log = logging.getLogger(__name__)
 
 ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 
-_KEEPALIVE_TIME_MS = 300_000  # a default gRPC server refuses pings more frequent than this
+# Must stay at or above what the broker accepts (10 s, broker/server.py).
+_KEEPALIVE_TIME_MS = 30_000
 _KEEPALIVE_TIMEOUT_MS = 20_000
 _INITIAL_RECONNECT_BACKOFF_MS = 100
 _SEND_MARGIN_BYTES = 64 * 1024  # protobuf framing around the record bytes
@@ -171,7 +175,12 @@ class BidiStream(Generic[RequestT, ResponseT]):
 
 
 class Transport:
-    """A channel to one broker. Thread-safe; ``close`` once."""
+    """A channel to one broker. Thread-safe; ``close`` once.
+
+    ``keepalive_time_ms`` and ``keepalive_timeout_ms`` exist for tests against a broker
+    with short keepalive settings; pinging more often than the broker accepts makes it
+    close the connection. Raises ``ValueError`` if either is below 1.
+    """
 
     def __init__(
         self,
@@ -181,7 +190,14 @@ class Transport:
         request_timeout_ms: int,
         reconnect_backoff_max_ms: int = 1_000,
         max_send_bytes: int = 1024 * 1024,
+        keepalive_time_ms: int = _KEEPALIVE_TIME_MS,
+        keepalive_timeout_ms: int = _KEEPALIVE_TIMEOUT_MS,
     ) -> None:
+        if keepalive_time_ms < 1 or keepalive_timeout_ms < 1:
+            raise ValueError(
+                f"keepalive_time_ms and keepalive_timeout_ms must be >= 1, got"
+                f" {keepalive_time_ms} and {keepalive_timeout_ms}"
+            )
         self.address = address
         self.request_timeout_ms = request_timeout_ms
         max_backoff = max(reconnect_backoff_max_ms, _INITIAL_RECONNECT_BACKOFF_MS)
@@ -189,9 +205,17 @@ class Transport:
             ("grpc.primary_user_agent", f"tidelog-client/{client_id}"),
             ("grpc.max_send_message_length", max_send_bytes + _SEND_MARGIN_BYTES),
             ("grpc.max_receive_message_length", -1),
-            ("grpc.keepalive_time_ms", _KEEPALIVE_TIME_MS),
-            ("grpc.keepalive_timeout_ms", _KEEPALIVE_TIMEOUT_MS),
-            ("grpc.keepalive_permit_without_calls", 0),
+            ("grpc.keepalive_time_ms", keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
+            # grpcio 1.85 does not arm the keepalive timeout of its own: an unanswered
+            # ping is caught by the general ping timeout (default 1 minute).
+            ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
+            # Between calls too: the next call then finds a live connection rather than
+            # waiting out its deadline on a dead one.
+            ("grpc.keepalive_permit_without_calls", 1),
+            # gRPC stops pinging after 2 pings without sending data; a stream that only
+            # waits (long poll, idle ProduceStream) would then go unwatched.
+            ("grpc.http2.max_pings_without_data", 0),
             ("grpc.initial_reconnect_backoff_ms", _INITIAL_RECONNECT_BACKOFF_MS),
             ("grpc.min_reconnect_backoff_ms", _INITIAL_RECONNECT_BACKOFF_MS),
             ("grpc.max_reconnect_backoff_ms", max_backoff),

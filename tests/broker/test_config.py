@@ -94,6 +94,9 @@ def test_unknown_key_is_rejected_naming_it_and_the_known_ones() -> None:
         ({"listeners": "host:99999"}, "listeners"),
         ({"log.dirs": "/a,/b"}, "log.dirs"),
         ({"metrics.port": "-2"}, "metrics.port"),
+        ({"connections.keepalive.time.ms": "0"}, "connections.keepalive.time.ms"),
+        ({"connections.keepalive.timeout.ms": "soon"}, "connections.keepalive.timeout.ms"),
+        ({"connections.keepalive.timeout.ms": 2**31}, "connections.keepalive.timeout.ms"),
     ],
 )
 def test_bad_values_name_the_key(settings: dict[str, object], named: str) -> None:
@@ -104,6 +107,19 @@ def test_bad_values_name_the_key(settings: dict[str, object], named: str) -> Non
 def test_direct_construction_validates() -> None:
     with pytest.raises(ValueError, match=r"num\.io\.threads"):
         BrokerConfig(num_io_threads=0)
+    with pytest.raises(ValueError, match=r"connections\.keepalive\.time\.ms"):
+        BrokerConfig(connections_keepalive_time_ms=0)
+
+
+def test_keepalive_settings() -> None:
+    assert BrokerConfig().connections_keepalive_time_ms == 30_000
+    assert BrokerConfig().connections_keepalive_timeout_ms == 20_000
+    config = BrokerConfig.from_mapping(
+        {"connections.keepalive.time.ms": "60000", "connections.keepalive.timeout.ms": 5000}
+    )
+    assert config.connections_keepalive_time_ms == 60_000
+    assert config.connections_keepalive_timeout_ms == 5_000
+    assert config.to_mapping()["connections.keepalive.time.ms"] == "60000"
 
 
 def test_parse_listen_forms() -> None:
