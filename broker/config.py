@@ -22,7 +22,8 @@ key                                   default          meaning
 ``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
 ``connections.keepalive.time.ms``     30000            ping a connection idle this long (see below)
 ``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
-``producer.id.expiration.ms``         86400000         forget a producer id's epoch after this
+``producer.id.expiration.ms``         86400000         forget an idle producer id (epoch, sequences)
+``producer.id.expiration.check.interval.ms`` 600000    how often idle producers are forgotten
 ``metrics.port``                      7411             Prometheus HTTP port; 0 any free port, -1 off
 ``metrics.host``                      (listen host)    address the metrics endpoint binds
 ``log.retention.check.interval.ms``   300000           how often retention runs
@@ -227,6 +228,7 @@ class BrokerConfig:
     connections_keepalive_time_ms: int = 30_000
     connections_keepalive_timeout_ms: int = 20_000
     producer_id_expiration_ms: int = 86_400_000
+    producer_id_expiration_check_interval_ms: int = 600_000
     metrics_port: int = 7411
     metrics_host: str | None = None
     retention_check_interval_ms: int = 300_000
@@ -261,6 +263,10 @@ class BrokerConfig:
                 1 <= self.connections_keepalive_timeout_ms <= _GRPC_INT_MAX,
             ),
             ("producer.id.expiration.ms", self.producer_id_expiration_ms >= 1),
+            (
+                "producer.id.expiration.check.interval.ms",
+                self.producer_id_expiration_check_interval_ms >= 1,
+            ),
             ("metrics.port", -1 <= self.metrics_port <= 65535),
             ("log.retention.check.interval.ms", self.retention_check_interval_ms >= 1),
             ("log.cleaner.backoff.ms", self.cleaner_backoff_ms >= 0),
@@ -325,6 +331,10 @@ class BrokerConfig:
             cleaner_backoff_ms=self.cleaner_backoff_ms,
             flush_scheduler_interval_ms=self.flush_scheduler_interval_ms,
             flush_offset_checkpoint_interval_ms=self.flush_offset_checkpoint_interval_ms,
+            producer_id_expiration_ms=self.producer_id_expiration_ms,
+            producer_id_expiration_check_interval_ms=(
+                self.producer_id_expiration_check_interval_ms
+            ),
         )
 
     def group_config(self) -> GroupConfig:
@@ -443,6 +453,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
     ),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda k, v: _int(k, v, 1)),
+    "producer.id.expiration.check.interval.ms": (
+        "producer_id_expiration_check_interval_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
     "metrics.port": ("metrics_port", lambda k, v: _int(k, v, -1, 65535)),
     "metrics.host": ("metrics_host", _str),
     "log.retention.check.interval.ms": (

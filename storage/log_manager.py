@@ -91,6 +91,9 @@ class LogManagerConfig:
     flush_scheduler_interval_ms: int = 1_000  # log.flush.scheduler.interval.ms
     flush_offset_checkpoint_interval_ms: int = 60_000  # log.flush.offset.checkpoint.interval.ms
     file_delete_check_interval_ms: int = 1_000
+    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
+    # producer.id.expiration.check.interval.ms
+    producer_id_expiration_check_interval_ms: int = 600_000
 
     def __post_init__(self) -> None:
         if self.num_partitions < 1:
@@ -103,6 +106,8 @@ class LogManagerConfig:
             "flush_scheduler_interval_ms",
             "flush_offset_checkpoint_interval_ms",
             "file_delete_check_interval_ms",
+            "producer_id_expiration_ms",
+            "producer_id_expiration_check_interval_ms",
         ):
             if getattr(self, name) < 1:
                 raise InvalidConfigError(f"{name} must be at least 1 ms")
@@ -509,6 +514,13 @@ class LogManager:
             except StorageError:
                 log.exception("%s: flush failed", partition_log)
 
+    def run_producer_expiration(self) -> int:
+        """Forget producers idle for ``producer_id_expiration_ms`` in every log; how many."""
+        expired = 0
+        for partition_log in self.logs():
+            expired += partition_log.expire_producers(self.config.producer_id_expiration_ms)
+        return expired
+
     def run_file_deletes(self) -> int:
         """Unlink ``.deleted`` files whose delay has passed."""
         return sum(p.delete_expired_files() for p in self.logs())
@@ -541,6 +553,9 @@ class LogManager:
 
     def start_background(self) -> None:
         """Start the scheduler and cleaner threads (daemon threads; ``close`` stops them)."""
+        # Producers that went idle while the broker was down (or came back from the log
+        # tail after an unclean stop) are forgotten now, not an interval later.
+        self._expire_producers_quietly()
         with self._lock:
             if self._threads:
                 return
@@ -548,6 +563,11 @@ class LogManager:
                 ("retention", self.config.retention_check_interval_ms, self.run_retention),
                 ("flush", self.config.flush_scheduler_interval_ms, self.run_flush),
                 ("file-deletes", self.config.file_delete_check_interval_ms, self.run_file_deletes),
+                (
+                    "producer-expiration",
+                    self.config.producer_id_expiration_check_interval_ms,
+                    self._expire_producers_quietly,
+                ),
                 (
                     "checkpoints",
                     self.config.flush_offset_checkpoint_interval_ms,
@@ -571,6 +591,13 @@ class LogManager:
                 )
             for thread in self._threads:
                 thread.start()
+
+    def _expire_producers_quietly(self) -> None:
+        # Returns None, not the count: the scheduler would run a task that "did work"
+        # again at once, and one pass forgets everything that is due.
+        expired = self.run_producer_expiration()
+        if expired:
+            log.info("forgot %d idle producer(s) (producer.id.expiration.ms)", expired)
 
     def _schedule(self, tasks: list[tuple[str, int, Callable[[], object]]]) -> None:
         # Real time on purpose: this thread only paces work; every task reads the injected

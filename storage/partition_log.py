@@ -392,6 +392,16 @@ class PartitionLog:
     def producer_state(self) -> ProducerStateTable:
         return self._producer_state
 
+    def expire_producers(self, expiration_ms: int) -> int:
+        """Forget idle producers: those whose last batch is older than ``expiration_ms``.
+
+        Kafka's ``producer.id.expiration.ms``: without it the table (and every snapshot)
+        grows with each producer that ever wrote here. A late retry of a forgotten
+        producer is then checked as a new producer's first batch. Returns how many.
+        """
+        with self._lock:
+            return self._producer_state.expire(self._clock.wall_ms(), expiration_ms)
+
     def update_config(self, config: LogConfig) -> None:
         """Apply a changed topic configuration to future appends, rolls and retention."""
         with self._lock:

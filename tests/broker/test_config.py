@@ -122,6 +122,18 @@ def test_keepalive_settings() -> None:
     assert config.to_mapping()["connections.keepalive.time.ms"] == "60000"
 
 
+def test_producer_expiration_settings_reach_the_log_manager() -> None:
+    config = BrokerConfig.from_mapping(
+        {"producer.id.expiration.ms": "1000", "producer.id.expiration.check.interval.ms": 50}
+    )
+    storage = config.log_manager_config()
+    assert storage.producer_id_expiration_ms == 1_000
+    assert storage.producer_id_expiration_check_interval_ms == 50
+    assert BrokerConfig().log_manager_config().producer_id_expiration_check_interval_ms == 600_000
+    with pytest.raises(InvalidConfigError, match=r"producer\.id\.expiration\.check\.interval\.ms"):
+        BrokerConfig.from_mapping({"producer.id.expiration.check.interval.ms": 0})
+
+
 def test_parse_listen_forms() -> None:
     assert parse_listen("127.0.0.1:0") == ("127.0.0.1", 0)
     assert parse_listen("PLAINTEXT://[::1]:7410") == ("::1", 7410)

@@ -1,9 +1,17 @@
-"""ProducerStateTable.describe: what DescribeProducers reports for a partition."""
+"""ProducerStateTable.describe (what DescribeProducers reports) and producer expiration."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from storage.clock import ManualClock
+from storage.errors import InvalidConfigError
+from storage.log_manager import LogManager, LogManagerConfig
 from storage.producer_state import ProducerStateTable, ProducerSummary
 from storage.records import BatchBuilder, BatchHeader, read_header
+from tests.storage.conftest import make_batch
 
 
 def _header(
@@ -32,3 +40,38 @@ def test_describe_reports_the_last_batch_of_each_producer() -> None:
     ]
     assert table.describe(9) == [ProducerSummary(9, 0, 0, 1_010, 15)]
     assert table.describe(8) == []
+
+
+def test_idle_producers_are_forgotten_after_the_expiration(tmp_path: Path) -> None:
+    clock = ManualClock()
+    config = LogManagerConfig(producer_id_expiration_ms=60_000)
+    manager = LogManager.open(tmp_path, config, clock)
+    manager.create_topic("t", 1)
+    log = manager.get_log("t", 0)
+    log.append(make_batch([b"a"], producer_id=1, producer_epoch=0, base_sequence=0))
+    clock.advance(30_000)
+    log.append(make_batch([b"b"], producer_id=2, producer_epoch=0, base_sequence=0))
+    clock.advance(30_000)  # producer 1 idle exactly 60 s: not yet
+    assert manager.run_producer_expiration() == 0
+    clock.advance(1)
+    assert manager.run_producer_expiration() == 1
+    assert [s.producer_id for s in log.producer_state.describe()] == [2]
+    # Forgotten for good: the next snapshot (here, a clean restart) no longer has it.
+    manager.close()
+    clock.advance(30_000)
+    manager = LogManager.open(tmp_path, config, clock)
+    log = manager.get_log("t", 0)
+    assert [s.producer_id for s in log.producer_state.describe()] == [2]
+    assert manager.run_producer_expiration() == 1  # producer 2, idle 60 s + 1 ms by now
+    assert log.producer_state.describe() == []
+    # A forgotten producer writes again as a new one: its next batch starts at sequence 0.
+    log.append(make_batch([b"c"], producer_id=1, producer_epoch=0, base_sequence=0))
+    assert [s.producer_id for s in log.producer_state.describe()] == [1]
+    manager.close()
+
+
+def test_the_expiration_settings_are_validated() -> None:
+    with pytest.raises(InvalidConfigError, match="producer_id_expiration_ms"):
+        LogManagerConfig(producer_id_expiration_ms=0)
+    with pytest.raises(InvalidConfigError, match="producer_id_expiration_check_interval_ms"):
+        LogManagerConfig(producer_id_expiration_check_interval_ms=0)
