@@ -425,7 +425,7 @@ def _run_group(
     work.mkdir(parents=True)
     progress.describe(f"{label}: starting")
     try:
-        server = module.Server.start(work)
+        server = module.start(work)
     except Exception as exc:  # a server that cannot start is reported, the rest runs
         for step in group:
             _error(doc, step, f"server did not start: {exc}", progress)

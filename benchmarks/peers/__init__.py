@@ -5,8 +5,8 @@ Each peer module has the same surface, so the harness treats them alike:
 - ``NAME`` (command-line name), ``LABEL`` (for tables), ``BINARIES`` (binary -> Debian
   package the harness may install), ``CONFIGURATION`` (how it is set up, for the report);
 - ``version()``: the server's version string;
-- ``Server.start(work_dir)`` -> a running server with ``address`` and ``data_dir``, and
-  ``stop()`` (the whole process group);
+- ``start(work_dir)`` -> a ``common.RunningServer`` with ``address`` and ``data_dir``,
+  and ``stop()`` (the whole process group);
 - ``run(workload, address)``: one measurement, run inside a worker process
   (``benchmarks.peers.worker``) so no client state, thread or garbage survives between two.
 """

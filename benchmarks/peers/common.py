@@ -191,6 +191,37 @@ class ServerProcess:
             self.process.wait(5)
 
 
+class RunningServer:
+    """A peer's started server: its process group, address and data directory.
+
+    Not thread-safe; ``stop`` stops the whole process group (idempotent).
+    """
+
+    def __init__(self, process: ServerProcess, address: str, data_dir: Path) -> None:
+        self.process = process
+        self.address = address
+        self.data_dir = data_dir
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def start_listening(
+    argv: Sequence[str], log_path: Path, what: str, port: int, data_dir: Path
+) -> RunningServer:
+    """Start ``argv`` and wait until it accepts connections on 127.0.0.1:``port``.
+
+    Raises ``RuntimeError`` with the end of its log if it does not (it is stopped first).
+    """
+    process = ServerProcess.start(argv, log_path, what)
+    try:
+        wait_for_port(port, process.process, what)
+    except RuntimeError as exc:
+        process.stop()
+        raise RuntimeError(f"{exc}\n{process.log_tail()}") from exc
+    return RunningServer(process, f"127.0.0.1:{port}", data_dir)
+
+
 def command_version(argv: Sequence[str]) -> str:
     """First line of a command's ``--version`` style output, or ``unknown``."""
     try:

@@ -30,14 +30,14 @@ from typing import Any
 from benchmarks.peers.common import (
     KEY_BYTES,
     LATENCY_WARMUP,
-    ServerProcess,
+    RunningServer,
     Workload,
     command_version,
     free_port,
     key_for,
     latency_figures,
+    start_listening,
     throughput_figures,
-    wait_for_port,
 )
 
 NAME = "nats"
@@ -67,33 +67,16 @@ def version() -> str:
     return command_version([binary, "--version"]) if binary else "not installed"
 
 
-class Server:
-    """A running nats-server process. Not thread-safe."""
-
-    def __init__(self, process: ServerProcess, address: str, data_dir: Path) -> None:
-        self.process = process
-        self.address = address
-        self.data_dir = data_dir
-
-    @classmethod
-    def start(cls, work: Path) -> Server:
-        binary = shutil.which("nats-server")
-        if binary is None:
-            raise RuntimeError("nats-server is not installed")
-        data_dir = work / "nats-data"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir)]
-        process = ServerProcess.start(argv, work / "nats.log", "nats-server")
-        try:
-            wait_for_port(port, process.process, "nats-server")
-        except RuntimeError as exc:
-            process.stop()
-            raise RuntimeError(f"{exc}\n{process.log_tail()}") from exc
-        return cls(process, f"127.0.0.1:{port}", data_dir)
-
-    def stop(self) -> None:
-        self.process.stop()
+def start(work: Path) -> RunningServer:
+    """Start nats-server on 127.0.0.1 (a free port, data under ``work``); wait until it listens."""
+    binary = shutil.which("nats-server")
+    if binary is None:
+        raise RuntimeError("nats-server is not installed")
+    data_dir = work / "nats-data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir)]
+    return start_listening(argv, work / "nats.log", "nats-server", port, data_dir)
 
 
 # --- workloads ------------------------------------------------------------------------------

@@ -27,14 +27,14 @@ from typing import Any
 from benchmarks.peers.common import (
     KEY_BYTES,
     LATENCY_WARMUP,
-    ServerProcess,
+    RunningServer,
     Workload,
     command_version,
     free_port,
     key_for,
     latency_figures,
+    start_listening,
     throughput_figures,
-    wait_for_port,
 )
 
 NAME = "redis"
@@ -64,37 +64,20 @@ def version() -> str:
     return command_version([binary, "--version"]) if binary else "not installed"
 
 
-class Server:
-    """A running redis-server process. Not thread-safe."""
-
-    def __init__(self, process: ServerProcess, address: str, data_dir: Path) -> None:
-        self.process = process
-        self.address = address
-        self.data_dir = data_dir
-
-    @classmethod
-    def start(cls, work: Path) -> Server:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed")
-        data_dir = work / "redis-data"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        argv = [
-            binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir),
-            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            "--protected-mode", "no", "--daemonize", "no", "--logfile", "",
-        ]  # fmt: skip
-        process = ServerProcess.start(argv, work / "redis.log", "redis-server")
-        try:
-            wait_for_port(port, process.process, "redis-server")
-        except RuntimeError as exc:
-            process.stop()
-            raise RuntimeError(f"{exc}\n{process.log_tail()}") from exc
-        return cls(process, f"127.0.0.1:{port}", data_dir)
-
-    def stop(self) -> None:
-        self.process.stop()
+def start(work: Path) -> RunningServer:
+    """Start redis-server on 127.0.0.1 (a free port, data under ``work``); wait until it listens."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed")
+    data_dir = work / "redis-data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [
+        binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data_dir),
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+        "--protected-mode", "no", "--daemonize", "no", "--logfile", "",
+    ]  # fmt: skip
+    return start_listening(argv, work / "redis.log", "redis-server", port, data_dir)
 
 
 # --- workloads ------------------------------------------------------------------------------

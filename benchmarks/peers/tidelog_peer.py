@@ -28,6 +28,7 @@ from typing import Any
 from benchmarks.peers.common import (
     KEY_BYTES,
     LATENCY_WARMUP,
+    RunningServer,
     ServerProcess,
     Workload,
     key_for,
@@ -103,36 +104,25 @@ def version() -> str:
     return f"tidelog 0.1.0 (git {commit or 'unknown'}, {where})"
 
 
-class Server:
-    """A running broker process. Not thread-safe."""
-
-    def __init__(self, process: ServerProcess, address: str, data_dir: Path) -> None:
-        self.process = process
-        self.address = address
-        self.data_dir = data_dir
-
-    @classmethod
-    def start(cls, work: Path) -> Server:
-        data_dir = work / "tidelog-data"
-        ready = work / "tidelog-ready"
-        argv = [
-            sys.executable, "-m", "broker", "--data-dir", str(data_dir),
-            "--listen", "127.0.0.1:0", "--ready-file", str(ready),
-            "--log-level", "WARNING", "--set", "metrics.port=-1",
-        ]  # fmt: skip
-        process = ServerProcess.start(
-            argv, work / "tidelog.log", "tidelog broker", env=python_env(), cwd=source_root
-        )
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if process.process.poll() is not None or time.monotonic() > deadline:
-                process.stop()
-                raise RuntimeError(f"the Tidelog broker did not start:\n{process.log_tail()}")
-            time.sleep(0.02)
-        return cls(process, ready.read_text().strip(), data_dir)
-
-    def stop(self) -> None:
-        self.process.stop()
+def start(work: Path) -> RunningServer:
+    """Start a broker on 127.0.0.1 (port 0, data under ``work``); wait for its ready file."""
+    data_dir = work / "tidelog-data"
+    ready = work / "tidelog-ready"
+    argv = [
+        sys.executable, "-m", "broker", "--data-dir", str(data_dir),
+        "--listen", "127.0.0.1:0", "--ready-file", str(ready),
+        "--log-level", "WARNING", "--set", "metrics.port=-1",
+    ]  # fmt: skip
+    process = ServerProcess.start(
+        argv, work / "tidelog.log", "tidelog broker", env=python_env(), cwd=source_root
+    )
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if process.process.poll() is not None or time.monotonic() > deadline:
+            process.stop()
+            raise RuntimeError(f"the Tidelog broker did not start:\n{process.log_tail()}")
+        time.sleep(0.02)
+    return RunningServer(process, ready.read_text().strip(), data_dir)
 
 
 # --- workloads (each runs in a worker process of its own) --------------------------------
