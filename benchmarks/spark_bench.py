@@ -15,7 +15,10 @@ One broker process (``python -m broker``, a temporary data directory, 127.0.0.1)
 3. parquet: the same rows (key, value, topic, partition, offset, timestamp, timestampType,
    read once with ``spark.read.format("tidelog")``) written to local parquet, then
    ``spark.read.parquet`` of them into the ``noop`` sink: records per second;
-4. a batch read ``spark.read.format("tidelog")`` into ``noop``, for reference.
+4. a batch read ``spark.read.format("tidelog")`` into ``noop``, for reference;
+5. the source's reader alone, outside Spark: ``spark_sink.reader.read_ranges`` over
+   partition 0 in this process (what one Spark task does, minus Spark): records per
+   second a partition.
 
 Each timed step runs once on a small warm-up topic first (Python workers, JIT). The
 machine is shared and has 2 cores, which the broker, the Spark JVM and its Python workers
@@ -158,6 +161,25 @@ def _parquet(spark: Any, address: str, topic: str, path: Path) -> float:
     return time.perf_counter() - started
 
 
+def _reader_alone(address: str, topic: str) -> tuple[float, int]:
+    """``read_ranges`` over the whole of partition 0: (seconds, rows)."""
+    from client import AdminClient, TopicPartition
+    from spark_sink.offsets import OffsetRange
+    from spark_sink.options import ReadOptions
+    from spark_sink.reader import read_ranges
+
+    with AdminClient(address) as admin:
+        partitions = admin.describe_topic(topic).partitions
+        end = next(p.log_end_offset for p in partitions if p.partition == 0)
+    options = ReadOptions.from_mapping(
+        {"bootstrap.servers": address, "subscribe": topic}, streaming=False
+    )
+    ranges = [OffsetRange(TopicPartition(topic, 0), 0, end)]
+    started = time.perf_counter()
+    rows = sum(batch.num_rows for batch in read_ranges(options, ranges, [0]))
+    return time.perf_counter() - started, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=500_000)
@@ -180,6 +202,8 @@ def main() -> None:
         assert rows == records, (rows, records)
         parquet_s = _parquet(spark, address, "bench", work / "bench.parquet")
         batch_s = _batch_read(spark, address, "bench")
+        _reader_alone(address, "warmup")
+        reader_s, reader_rows = _reader_alone(address, "bench")
         result = {
             "records": records,
             "partitions": args.partitions,
@@ -190,12 +214,15 @@ def main() -> None:
             "parquet_s": round(parquet_s, 2),
             "batch_read_records_per_s": round(records / batch_s),
             "stream_vs_parquet": round(parquet_s / wall, 3),
+            "reader_alone_records_per_s_per_partition": round(reader_rows / reader_s),
         }
         print(
             f"stream  {result['stream_records_per_s']:>10,} records/s  ({wall:.1f} s wall, "
             f"{busy:.1f} s in triggers)\n"
             f"parquet {result['parquet_records_per_s']:>10,} records/s  ({parquet_s:.1f} s)\n"
-            f"batch   {result['batch_read_records_per_s']:>10,} records/s  ({batch_s:.1f} s)"
+            f"batch   {result['batch_read_records_per_s']:>10,} records/s  ({batch_s:.1f} s)\n"
+            f"reader  {result['reader_alone_records_per_s_per_partition']:>10,} records/s "
+            "a partition, outside Spark"
         )
         spark.stop()
         print(json.dumps(result))
