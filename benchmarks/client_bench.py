@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -177,21 +178,40 @@ def role_produce(address: str, topic: str, records: int) -> dict[str, Any]:
     # The million keys are the harness's, not the client's: keep the collector from
     # walking their list on every full collection of the run.
     gc.freeze()
+    gc_seconds = _time_in_gc()
     with Producer(address, acks=1) as producer:
         producer.partitions_for(topic)
         started = time.perf_counter()
         cpu_started = time.process_time()
+        gc_started = gc_seconds()
         send = producer.send
         for key in keys:
             send(topic, value, key)
         producer.flush()
         seconds = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
+        in_gc = gc_seconds() - gc_started
     return {
         "records_per_s": records / seconds,
         "mb_per_s": records * RECORD_BYTES / seconds / 1e6,
         "cpu_us_per_record": cpu / records * 1e6,
+        "gc_share": in_gc / seconds,
     }
+
+
+def _time_in_gc() -> Callable[[], float]:
+    """A reader of the wall seconds spent in the garbage collector from now on."""
+    total = [0.0]
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            total[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(callback)
+    return lambda: total[0]
 
 
 def role_consume(address: str, topic: str, partitions: int, records: int) -> dict[str, Any]:
@@ -352,6 +372,7 @@ def main() -> int:
         "produce_records_per_s": round(produce["records_per_s"]),
         "produce_mb_per_s": round(produce["mb_per_s"], 1),
         "produce_cpu_us_per_record": round(produce["cpu_us_per_record"], 2),
+        "produce_gc_share": round(produce["gc_share"], 3),
         "produce_records_per_s_3p_keyed": round(keyed["records_per_s"]),
         "consume_records_per_s": round(consume["records_per_s"]),
         "consume_mb_per_s": round(consume["mb_per_s"], 1),
