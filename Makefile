@@ -53,6 +53,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/storage_bench.py
 	$(BIN)/python benchmarks/broker_bench.py
 	$(BIN)/python benchmarks/client_bench.py
+	$(BIN)/python benchmarks/codec_bench.py
+	$(BIN)/python benchmarks/latency_stages.py
 
 BENCH_ARGS ?=
 bench-peers: $(STAMP)
