@@ -269,14 +269,14 @@ class RecordAccumulator(Generic[H]):
         self._closing = True
 
     def ready(
-        self, now_ms: int, can_send: Callable[[TopicPartition], bool] | None = None
+        self, now_ms: int, can_send: Callable[[TopicPartition, int], bool] | None = None
     ) -> ReadyCheck:
         """Partitions whose first batch should be sent now.
 
         A batch is due when it is full (or another batch queues behind it), has lingered
         ``linger_ms``, or a flush, close or memory wait is on; a retried batch when its
         backoff is over and its partition has nothing in flight. A partition at its
-        in-flight limit, or refused by ``can_send``, waits.
+        in-flight limit, or refused by ``can_send(tp, batches_in_flight)``, waits.
         """
         hurry = self._flushes > 0 or self._closing or self.waiting_for_memory
         ready: list[TopicPartition] = []
@@ -301,7 +301,7 @@ class RecordAccumulator(Generic[H]):
                 if now_ms < due:
                     next_check = _earlier(next_check, due)
                     continue
-            if can_send is not None and not can_send(tp):
+            if can_send is not None and not can_send(tp, flying):
                 continue
             ready.append(tp)
         return ReadyCheck(ready, next_check)

@@ -95,12 +95,22 @@ class SequenceTable:
 
     # --- sending ------------------------------------------------------------------------
 
-    def can_send(self, tp: TopicPartition) -> bool:
-        """False while ``tp`` starts over, or needs an identity that is not there yet."""
+    def can_send(self, tp: TopicPartition, in_flight: int = 0) -> bool:
+        """Whether ``tp``'s next batch may go out, with ``in_flight`` batches of it flying.
+
+        False while ``tp`` starts over, or needs an identity that is not there yet; and
+        while the first batch of ``tp``'s identity is in flight and none has been
+        acknowledged. The broker accepts a producer id it has never seen at any sequence
+        (its state may have expired), so if that first batch failed retriably while a
+        later one was stored, the later one would be stored first and the first could
+        never follow it. One round trip per partition and identity closes that gap.
+        """
         state = self._partitions.get(tp)
         if state is None:
             return not self.needs_producer_id
-        return state.reset is None
+        if state.reset is not None:
+            return False
+        return in_flight == 0 or state.last_acked != NO_SEQUENCE
 
     def assign(self, tp: TopicPartition, record_count: int) -> tuple[int, int, int]:
         """``(producer_id, epoch, base_sequence)`` for a batch of ``tp`` drained first now.

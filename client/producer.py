@@ -41,7 +41,7 @@ from client.idempotence import SequenceTable
 from client.partitioner import StickyPartitioner, murmur2
 from client.sender import ParkedRecord, Sender, now_ms
 from client.transport import Transport
-from client.types import Header, RecordMetadata
+from client.types import Header, RecordMetadata, TopicPartition
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     BufferExhaustedError,
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _time_ns = time.time_ns
 _KEY_HASH_CACHE_SIZE = 16_384
+_TOPIC_KNOWN = -1  # _park: the count arrived, the record was not parked
 
 
 class DeliveryCallback(Protocol):
@@ -191,8 +192,13 @@ class Producer:
         if tps is None:
             if partition is not None and (partition.__class__ is not int or partition < 0):
                 raise ValueError(f"partition must be a non-negative int, got {partition!r}")
-            self._park(topic, timestamp_ms, key, value, record_headers, partition, size, future)
-            return future
+            tps = self._park(
+                topic, timestamp_ms, key, value, record_headers, partition, size, future
+            )
+            if tps is None:
+                return future
+            # The partition count arrived while send() waited for the lock: append as
+            # usual, never parked behind records that were sent after this one.
         count = len(tps)
         if partition is None:
             if key is not None:
@@ -251,7 +257,16 @@ class Producer:
         partition: int | None,
         size: int,
         future: RecordFuture,
-    ) -> None:
+    ) -> list[TopicPartition] | None:
+        """Hold a record until ``topic``'s partition count is known.
+
+        Returns None once the record is parked, or the topic's partitions if the count
+        became known before the record could be parked: the caller then appends it as any
+        other record. Checked under the lock, on every attempt: the sender places parked
+        records under the same lock that publishes the count, so a record parked after
+        that would be placed only at the next metadata refresh, behind records sent after
+        it (issue 11: one producer's records stored out of order).
+        """
         record = ParkedRecord(
             timestamp_ms,
             key,
@@ -262,13 +277,22 @@ class Producer:
             future,
             now_ms() + self.config.max_block_ms,
         )
+        sender = self._sender
+        known: list[list[TopicPartition]] = []
+
+        def attempt() -> int:
+            tps = self._topic_partitions.get(topic)
+            if tps is not None:
+                known.append(tps)
+                return _TOPIC_KNOWN
+            return NEW_BATCH if sender.park_locked(topic, record) else NO_ROOM
+
         with self._lock:
             if self._closed:
                 raise ClosedError("the producer is closed")
-            if not self._sender.park_locked(topic, record):
-                self._wait_for_memory_locked(
-                    lambda: NEW_BATCH if self._sender.park_locked(topic, record) else NO_ROOM
-                )
+            if attempt() == NO_ROOM:
+                self._wait_for_memory_locked(attempt)
+        return known[0] if known else None
 
     def _wait_for_memory_locked(self, attempt: Any) -> None:
         """Retry ``attempt()`` as memory frees up, for up to ``max_block_ms``."""
