@@ -19,7 +19,9 @@ all: test
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev]'
+	# compat: a path entry for the project root, not an import hook, so that PySpark's
+	# pkgutil.iter_modules() finds pyspark_tidelog (format("tidelog")) from any directory.
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -14,7 +14,6 @@ from tests.spark.conftest import ROOT, consume_all
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
 
 

@@ -28,7 +28,6 @@ from tests.spark.conftest import TopicFactory, consume_all, produce
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
 
 

@@ -15,8 +15,6 @@ from tests.spark.conftest import TopicFactory, consume_all, produce
 
 pytestmark = [
     pytest.mark.spark,
-    # PySpark 4.3 warns about pandas 3 whenever it builds a Python UDF; not our concern.
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
 ]
 
 
