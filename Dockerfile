@@ -61,4 +61,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
 
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["python", "-m", "broker", "serve"]
-CMD ["--listen", "0.0.0.0:7410", "--data-dir", "/data", "--set", "metrics.host=0.0.0.0"]
+CMD ["--listen", "0.0.0.0:7410", "--data-dir", "/data", "--set", "metrics.host=0.0.0.0", "--set", "metrics.port=7411"]

@@ -24,7 +24,7 @@ key                                   default          meaning
 ``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
 ``producer.id.expiration.ms``         86400000         forget an idle producer id (epoch, sequences)
 ``producer.id.expiration.check.interval.ms`` 600000    how often idle producers are forgotten
-``metrics.port``                      7411             Prometheus HTTP port; 0 any free port, -1 off
+``metrics.port``                      listen + 1000    Prometheus HTTP port; 0 any free port, -1 off
 ``metrics.host``                      (listen host)    address the metrics endpoint binds
 ``log.retention.check.interval.ms``   300000           how often retention runs
 ``log.cleaner.enable``                true             run the compaction thread
@@ -153,6 +153,9 @@ def _str(key: str, value: object) -> str:
     return str(value)
 
 
+_METRICS_PORT_OFFSET = 1_000
+
+
 def parse_listen(value: str, key: str = "listeners") -> tuple[str, int]:
     """Parse ``HOST:PORT``, ``[IPV6]:PORT`` or ``PLAINTEXT://HOST:PORT`` into (host, port).
 
@@ -229,7 +232,7 @@ class BrokerConfig:
     connections_keepalive_timeout_ms: int = 20_000
     producer_id_expiration_ms: int = 86_400_000
     producer_id_expiration_check_interval_ms: int = 600_000
-    metrics_port: int = 7411
+    metrics_port: int | None = None  # None: effective_metrics_port derives it
     metrics_host: str | None = None
     retention_check_interval_ms: int = 300_000
     cleaner_enabled: bool = True
@@ -267,7 +270,7 @@ class BrokerConfig:
                 "producer.id.expiration.check.interval.ms",
                 self.producer_id_expiration_check_interval_ms >= 1,
             ),
-            ("metrics.port", -1 <= self.metrics_port <= 65535),
+            ("metrics.port", self.metrics_port is None or -1 <= self.metrics_port <= 65535),
             ("log.retention.check.interval.ms", self.retention_check_interval_ms >= 1),
             ("log.cleaner.backoff.ms", self.cleaner_backoff_ms >= 0),
             ("log.flush.scheduler.interval.ms", self.flush_scheduler_interval_ms >= 1),
@@ -315,6 +318,21 @@ class BrokerConfig:
         """``HOST:PORT`` as gRPC wants it (IPv6 hosts in brackets)."""
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
+
+    @property
+    def effective_metrics_port(self) -> int:
+        """The metrics port: ``metrics.port``, or the listen port plus 1000 when unset.
+
+        Derived rather than fixed so that brokers started side by side with only
+        ``--listen`` and ``--data-dir`` differing (the normal way to try a cluster on one
+        machine) do not fight over one metrics port; +1000 rather than +1 so that
+        brokers on consecutive ports do not take each other's. A broker listening on
+        port 0, or above 64535, gets any free port (logged at start).
+        """
+        if self.metrics_port is not None:
+            return self.metrics_port
+        derived = self.listen_port + _METRICS_PORT_OFFSET
+        return derived if self.listen_port and derived <= 65535 else 0
 
     @property
     def effective_metrics_host(self) -> str:
@@ -399,7 +417,7 @@ class BrokerConfig:
         out = {"listeners": self.listen_address, "log.dirs": str(self.data_dir)}
         for key, (name, _) in _BROKER_FIELDS.items():
             value = getattr(self, name)
-            if value is not None:  # metrics.host unset: follows the listen host
+            if value is not None:  # metrics.host/port unset: follow the listen address
                 out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         topic_values = self.log_defaults.to_mapping()
         for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():

@@ -101,8 +101,8 @@ class BrokerServer:
 
         Raises:
             StorageError: the data directory is unusable.
-            ListenError: the gRPC address cannot be bound.
-            OSError: the metrics address cannot be bound.
+            ListenError: the gRPC or the metrics address cannot be bound (the message
+                names the setting and the address).
         """
         metrics = BrokerMetrics()
         core = BrokerCore.open(config, clock, metrics)
@@ -119,9 +119,10 @@ class BrokerServer:
                 (BROKER_SERVICE_NAME, _HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
             )
             port = _bind(server, config.listen_address)
-            if config.metrics_port >= 0:
-                metrics_server = MetricsServer.start(
-                    metrics.registry, config.effective_metrics_host, config.metrics_port
+            metrics_port = config.effective_metrics_port
+            if metrics_port >= 0:
+                metrics_server = _start_metrics(
+                    metrics, config.effective_metrics_host, metrics_port
                 )
             server.start()
         except BaseException:
@@ -227,10 +228,21 @@ def _bind(server: grpc.Server, address: str) -> int:
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpcio raises on bind failure since 1.5x
-        raise ListenError(f"cannot listen on {address}: {exc}") from None
+        raise ListenError(f"listeners (--listen): cannot listen on {address}: {exc}") from None
     if port == 0:  # older grpcio returned 0 instead
-        raise ListenError(f"cannot listen on {address}")
+        raise ListenError(f"listeners (--listen): cannot listen on {address}")
     return port
+
+
+def _start_metrics(metrics: BrokerMetrics, host: str, port: int) -> MetricsServer:
+    try:
+        return MetricsServer.start(metrics.registry, host, port)
+    except OSError as exc:
+        shown = f"[{host}]" if ":" in host else host
+        raise ListenError(
+            f"metrics.port: cannot serve metrics on {shown}:{port}: {exc.strerror or exc} "
+            "(set metrics.port to a free port, 0 for any, or -1 to turn metrics off)"
+        ) from None
 
 
 def run_until_signalled(server: BrokerServer) -> None:
