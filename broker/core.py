@@ -405,7 +405,7 @@ class BrokerCore:
             for topic, partition in partitions:
                 try:
                     plog = self._logs.get_log(topic, partition)
-                    found = tuple(plog.producer_state.describe(producer_id))
+                    found = tuple(plog.describe_producers(producer_id))
                 except Exception as exc:
                     code, message = partition_error(exc)
                     answers.append(

@@ -58,6 +58,7 @@ from storage.errors import (
     UnknownMemberIdError,
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
+    UnsupportedCompressionTypeError,
 )
 
 __all__ = [
@@ -86,6 +87,7 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     CorruptRecordError: grpc.StatusCode.INVALID_ARGUMENT,
     RecordTooLargeError: grpc.StatusCode.INVALID_ARGUMENT,
     RequestTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    UnsupportedCompressionTypeError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidTopicError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidPartitionsError: grpc.StatusCode.INVALID_ARGUMENT,

@@ -25,7 +25,6 @@ from storage.records import (
     _LZ4_BLOCK_BYTES,
     _MAX_BATCH_LENGTH,
     _MIN_BATCH_LENGTH,
-    _SUPPORTED_COMPRESSION,
     _TRANSACTIONAL_FLAG,
     HEADER_SIZE,
     MAGIC,
@@ -34,6 +33,7 @@ from storage.records import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     NO_TIMESTAMP,
+    SUPPORTED_COMPRESSION,
     Compression,
     TimestampType,
 )
@@ -91,7 +91,7 @@ class BatchBuilder:
     ) -> None:
         """Raises ``ValueError`` for an unsupported codec or an out-of-range field."""
         compression = Compression(compression)
-        if compression not in _SUPPORTED_COMPRESSION:
+        if compression not in SUPPORTED_COMPRESSION:
             raise ValueError(f"unsupported compression {compression.name}")
         _check_range("base_offset", base_offset, 0, INT64_MAX)
         _check_range("producer_id", producer_id, INT64_MIN, INT64_MAX)

@@ -317,13 +317,6 @@ class LogCleaner:
             max_segment_bytes=config.segment_bytes,
             max_index_bytes=config.segment_index_bytes,
         )
-        producer_state = partition_log.producer_state
-
-        def producer_last_offset(producer_id: int) -> int | None:
-            entry = producer_state.entry(producer_id)
-            batches = entry.batches if entry is not None else None
-            return batches[-1].last_offset if batches else None
-
         rules = CleaningRules(
             offset_map=offset_map,
             map_end_offset=map_end,
@@ -331,7 +324,7 @@ class LogCleaner:
             now_ms=now_ms,
             delete_retention_ms=config.delete_retention_ms,
             max_batch_bytes=config.max_message_bytes,
-            producer_last_offset=producer_last_offset,
+            producer_last_offset=partition_log.producer_last_offset,
         )
 
         # 3. Write and fsync one .cleaned segment per group, then swap them all in at once.

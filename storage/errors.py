@@ -15,6 +15,7 @@ and this module, which import nothing else of ours).
     │   ├── CorruptRecordError            CORRUPT_MESSAGE
     │   ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     │   ├── RequestTooLargeError          REQUEST_TOO_LARGE
+    │   ├── UnsupportedCompressionTypeError  UNSUPPORTED_COMPRESSION_TYPE
     │   ├── InvalidTopicError             INVALID_TOPIC_EXCEPTION
     │   ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
     │   ├── InvalidConfigError            INVALID_CONFIG
@@ -78,6 +79,7 @@ __all__ = [
     "UnknownMemberIdError",
     "UnknownProducerIdError",
     "UnknownTopicOrPartitionError",
+    "UnsupportedCompressionTypeError",
     "error_for_code",
 ]
 
@@ -130,6 +132,16 @@ class RequestTooLargeError(RequestError):
     """The whole request is larger than the broker accepts."""
 
     code = "REQUEST_TOO_LARGE"
+
+
+class UnsupportedCompressionTypeError(RequestError):
+    """A batch compressed with a codec this broker does not store (gzip, snappy, zstd).
+
+    Refused at produce time, so the log never holds what the cleaner and consumers
+    cannot read.
+    """
+
+    code = "UNSUPPORTED_COMPRESSION_TYPE"
 
 
 class InvalidTopicError(RequestError):

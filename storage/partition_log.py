@@ -21,7 +21,12 @@ read with ``pread`` outside it. The segment list is copy-on-write, so a snapshot
 valid. Segments removed by retention or compaction keep their file descriptors open until
 ``file.delete.delay.ms`` has passed, so a reader holding an old snapshot can still finish.
 Flushes hold a second lock (``_flush_lock``) and fsync outside ``_lock``: concurrent
-``flush`` callers share one fsync (group commit). Thread-safe.
+``flush`` callers share one fsync (group commit). ``truncate_to`` takes both (in that
+order), and the recovery point changes only under ``_lock``. The idempotence state
+(``ProducerStateTable``, not thread-safe) is reached only through locked methods here.
+Every creation, rename and unlink of segment files is followed by an fsync of the
+directory before the operation returns, so a crash cannot bring back a deleted segment
+or lose a new one. Thread-safe.
 
 On-disk crash safety for compaction swaps follows Kafka (``LocalLog.replaceSegments``):
 ``.cleaned`` files are renamed ``.swap`` in descending offset order, replaced segments are
@@ -52,6 +57,7 @@ from storage.errors import (
     OffsetOutOfRangeError,
     RecordTooLargeError,
     StorageError,
+    UnsupportedCompressionTypeError,
 )
 from storage.files import (
     CLEANED_SUFFIX,
@@ -64,9 +70,10 @@ from storage.files import (
     fsync_dir,
     offset_file_name,
 )
-from storage.producer_state import ProducerStateTable
+from storage.producer_state import ProducerStateTable, ProducerSummary
 from storage.records import (
     NO_TIMESTAMP,
+    SUPPORTED_COMPRESSION,
     BatchHeader,
     iter_batch_headers,
     set_base_offset,
@@ -388,9 +395,25 @@ class PartitionLog:
         """A snapshot of the segments, oldest first (the last one is active)."""
         return self._segments
 
-    @property
-    def producer_state(self) -> ProducerStateTable:
-        return self._producer_state
+    def describe_producers(self, producer_id: int | None = None) -> list[ProducerSummary]:
+        """What the idempotence state remembers: every producer, or only ``producer_id``.
+
+        Copies, read under the lock: the table is not thread-safe, and ``truncate_to``
+        replaces it.
+        """
+        with self._lock:
+            return self._producer_state.describe(producer_id)
+
+    def producer_last_offset(self, producer_id: int) -> int | None:
+        """The last offset stored for ``producer_id``'s newest remembered batch, or None.
+
+        The cleaner keeps that batch (Kafka keeps each producer's last batch) so that a
+        retry is still recognised as a duplicate after compaction.
+        """
+        with self._lock:
+            entry = self._producer_state.entry(producer_id)
+            batches = entry.batches if entry is not None else None
+            return batches[-1].last_offset if batches else None
 
     def expire_producers(self, expiration_ms: int) -> int:
         """Forget idle producers: those whose last batch is older than ``expiration_ms``.
@@ -542,6 +565,8 @@ class PartitionLog:
             now_ms=self._clock.wall_ms(),
         )
         self._set_segments([*self._segments, segment])
+        # The snapshot's atomic write ends with an fsync of this directory, which also
+        # makes the new segment's three files durable: a crash cannot lose them.
         self._write_producer_snapshot_locked(base_offset)
         log.debug("%s: rolled to segment %d", self, base_offset)
         return segment
@@ -642,8 +667,11 @@ class PartitionLog:
                     segment.fsync()
             except OSError as exc:
                 raise _io_error(exc, f"{self}: fsync failed") from exc
-            self._recovery_point = max(self._recovery_point, end)
-            self._last_flush_ms = self._clock.monotonic_ms()
+            with self._lock:
+                # truncate_to takes _flush_lock too, so the log cannot have been cut below
+                # `end` during the fsync; the recovery point moves under _lock only.
+                self._recovery_point = max(self._recovery_point, end)
+                self._last_flush_ms = self._clock.monotonic_ms()
 
     def flush_sealed(self) -> None:
         """fsync segments that stopped being active (Kafka flushes them after a roll)."""
@@ -665,20 +693,31 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> None:
         """Remove every batch whose base offset is >= ``offset`` (batch granularity).
 
-        Used by recovery tools and tests; producer state is rebuilt from what remains.
+        Used by recovery tools and tests (and, with replication, by followers); producer
+        state is rebuilt from what remains. Whole segments past ``offset`` are renamed
+        ``.deleted`` and unlinked after ``file.delete.delay.ms``, as retention does, so a
+        reader holding a snapshot of the segment list can finish. Waits for a flush in
+        progress (``_flush_lock``), so a flush can never move the recovery point past
+        the cut.
         """
-        with self._lock:
-            keep = [s for s in self._segments if s.base_offset < offset or s is self._segments[0]]
-            for segment in self._segments[len(keep) :]:
-                segment.delete_files()
-            keep[-1].truncate_to(offset)
-            self._set_segments(keep)
-            self._recovery_point = min(self._recovery_point, self.log_end_offset)
-            if self.log_end_offset < self._log_start_offset:
-                self._log_start_offset = self.log_end_offset
-            for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
-                if base_offset_from_name(snapshot.name) > self.log_end_offset:
-                    _unlink(snapshot)
+        with self._flush_lock, self._lock:
+            try:
+                keep = [
+                    s for s in self._segments if s.base_offset < offset or s is self._segments[0]
+                ]
+                for segment in self._segments[len(keep) :]:
+                    self._schedule_delete_locked(segment)
+                keep[-1].truncate_to(offset)
+                self._set_segments(keep)
+                self._recovery_point = min(self._recovery_point, self.log_end_offset)
+                if self.log_end_offset < self._log_start_offset:
+                    self._log_start_offset = self.log_end_offset
+                for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
+                    if base_offset_from_name(snapshot.name) > self.log_end_offset:
+                        _unlink(snapshot)
+                fsync_dir(self.directory)
+            except OSError as exc:
+                raise _io_error(exc, f"{self}: truncation failed") from exc
             self._load_producer_state()
 
     # ================================================================== retention
@@ -719,8 +758,15 @@ class PartitionLog:
             doomed = self._segments[:count]
             self._set_segments(self._segments[count:])
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-            for segment in doomed:
-                self._schedule_delete_locked(segment)
+            try:
+                for segment in doomed:
+                    self._schedule_delete_locked(segment)
+                # Durable renames: after a crash a segment is either still in the log
+                # (and retention runs again) or .deleted (and open() removes it), never
+                # back under its name once the log start offset passed it.
+                fsync_dir(self.directory)
+            except OSError as exc:
+                raise _io_error(exc, f"{self}: retention failed") from exc
             log.info(
                 "%s: retention deleted %d segment(s); log start offset now %d",
                 self,
@@ -745,6 +791,8 @@ class PartitionLog:
             ]
         for segment in due:
             segment.delete_files()
+        if due:
+            fsync_dir(self.directory)
         return len(due)
 
     # ================================================================== compaction support
@@ -845,6 +893,12 @@ def _check_produced_batch(batch: BatchPosition, config: LogConfig) -> None:
         )
     if header.is_transactional or header.is_control:
         raise InvalidRequestError("transactional and control batches are not supported")
+    codec = header.compression
+    if codec not in SUPPORTED_COMPRESSION:
+        raise UnsupportedCompressionTypeError(
+            f"batch at position {batch.position} is compressed with {codec.name.lower()}; "
+            "this broker stores uncompressed and lz4 batches only"
+        )
     if header.records_count <= 0:
         raise CorruptRecordError(f"batch at position {batch.position} holds no records")
     if header.last_offset_delta != header.records_count - 1:

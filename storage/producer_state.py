@@ -94,9 +94,8 @@ class ProducerStateTable:
     def describe(self, producer_id: int | None = None) -> list[ProducerSummary]:
         """What the table remembers, as values: every producer, or only ``producer_id``.
 
-        Safe to call without the partition lock (``DescribeProducers`` does): the entries
-        are copied with one C-level ``list`` call, which holds the GIL, and each entry's
-        fields are read once; an append racing with it shows up or not, never half.
+        Like every method here, called under the partition's lock
+        (``PartitionLog.describe_producers``).
         """
         if producer_id is not None:
             found = self._entries.get(producer_id)

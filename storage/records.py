@@ -79,11 +79,13 @@ __all__ = [
     "HEADER_SIZE",
     "LOG_OVERHEAD",
     "MAGIC",
+    "MAX_DECOMPRESSED_BYTES",
     "NO_PARTITION_LEADER_EPOCH",
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
     "NO_SEQUENCE",
     "NO_TIMESTAMP",
+    "SUPPORTED_COMPRESSION",
     "BatchBuilder",
     "BatchHeader",
     "Compression",
@@ -137,6 +139,11 @@ _INT16 = struct.Struct(">h")
 _LZ4_FLG_CONTENT_SIZE = 0x08
 _LZ4_MAX_RATIO = 255  # LZ4 cannot expand input more than ~255x; bounds a claimed size
 _LZ4_BLOCK_BYTES = 64 * 1024
+# The most one batch may decompress to. An LZ4 frame can expand ~255x, so without a cap a
+# hostile 1 MiB batch would make every reader (consumer, cleaner, Spark) allocate ~255 MiB.
+# Producers bound a batch's uncompressed size by max_request_size (1 MiB by default), so a
+# real batch stays far below this.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 _Buffer = bytes | bytearray | memoryview
 _WritableBuffer = bytearray | memoryview
@@ -159,7 +166,8 @@ class TimestampType(enum.IntEnum):
     LOG_APPEND_TIME = 1
 
 
-_SUPPORTED_COMPRESSION = frozenset({Compression.NONE, Compression.LZ4})
+# The codecs this package builds and decodes; the broker refuses the others at produce time.
+SUPPORTED_COMPRESSION = frozenset({Compression.NONE, Compression.LZ4})
 
 
 class Record(NamedTuple):
@@ -494,17 +502,27 @@ def _lz4_decompress(frame: memoryview, position: int) -> bytes:
     # python-lz4 allocates that much up front, so refuse a size LZ4 could never produce.
     if len(frame) >= 14 and frame[4] & _LZ4_FLG_CONTENT_SIZE:
         claimed = int.from_bytes(frame[6:14], "little")
-        if claimed > _LZ4_MAX_RATIO * len(frame) + _LZ4_BLOCK_BYTES:
+        if claimed > min(_LZ4_MAX_RATIO * len(frame) + _LZ4_BLOCK_BYTES, MAX_DECOMPRESSED_BYTES):
             raise CorruptRecordError(
                 f"batch at position {position}: LZ4 frame claims {claimed} bytes"
             )
+    decompressor = lz4.frame.LZ4FrameDecompressor()
     try:
-        data, used = lz4.frame.decompress(frame, return_bytes_read=True)
+        # One byte over the cap tells "too large" from "exactly the cap".
+        data = decompressor.decompress(frame, max_length=MAX_DECOMPRESSED_BYTES + 1)
     except (RuntimeError, ValueError) as exc:
         raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: {exc}") from None
-    if used != len(frame):
+    if len(data) > MAX_DECOMPRESSED_BYTES:
         raise CorruptRecordError(
-            f"batch at position {position}: {len(frame) - used} bytes after the LZ4 frame"
+            f"batch at position {position}: LZ4 frame decompresses to more than "
+            f"{MAX_DECOMPRESSED_BYTES} bytes"
+        )
+    if not decompressor.eof:
+        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: truncated")
+    if decompressor.unused_data:
+        raise CorruptRecordError(
+            f"batch at position {position}: {len(decompressor.unused_data)} bytes after the "
+            "LZ4 frame"
         )
     return bytes(data)
 

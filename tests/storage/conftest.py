@@ -24,12 +24,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import crc32c
+import lz4.frame
 import pytest
 
 from storage.clock import ManualClock
 from storage.config import LogConfig
 from storage.partition_log import PartitionLog
 from storage.records import (
+    HEADER_SIZE,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
@@ -38,6 +41,7 @@ from storage.records import (
     Record,
     TimestampType,
     decode_records,
+    encode_batch,
     split_whole_batches,
 )
 
@@ -271,3 +275,22 @@ def write_until_error(fd: int) -> int | None:
             os.write(fd, b"\0" * 512)
         except OSError as exc:
             return exc.errno
+
+
+def lz4_batch(payload: bytes, records_count: int = 1) -> bytes:
+    """A valid batch frame whose LZ4 body decompresses to ``payload``."""
+    template = bytearray(encode_batch([(T0, None, b"x")], compression=Compression.LZ4))
+    body = lz4.frame.compress(payload, block_linked=False, store_size=False)
+    batch = template[:HEADER_SIZE] + body
+    batch[8:12] = (len(batch) - 12).to_bytes(4, "big")
+    batch[57:61] = records_count.to_bytes(4, "big")
+    batch[17:21] = crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
+    return bytes(batch)
+
+
+def with_codec(batch: bytes, codec: Compression) -> bytes:
+    """``batch`` marked as compressed with ``codec`` (the body is not), CRC fixed."""
+    marked = bytearray(batch)
+    marked[22] |= codec
+    marked[17:21] = crc32c.crc32c(bytes(marked[21:])).to_bytes(4, "big")
+    return bytes(marked)

@@ -701,10 +701,16 @@ def test_clean_once_picks_the_dirtiest_and_sets_broken_logs_aside(
             append(logs["dirty"], clock, [(b"k%d" % (i % 2), b"w")])
     for log in logs.values():
         log.roll()
-    broken = bytearray(encode_batch([(T0, b"k", b"v")]))
-    gzip_batch(broken)
-    logs["broken"].append(bytes(broken))
+    # The broker refuses gzip at produce time; an older broker may have stored one.
+    active = logs["broken"].segments[-1]
+    position = active.size_bytes
+    logs["broken"].append(encode_batch([(T0, b"k", b"v")]))
     logs["broken"].roll()
+    broken = bytearray(active.read_range(position, active.size_bytes))
+    gzip_batch(broken)
+    with open(active.log_path, "r+b") as file:
+        file.seek(position)
+        file.write(broken)
     everything = [*logs.values(), deleted]
 
     dirty_before = read_all(logs["dirty"])

@@ -260,7 +260,11 @@ class PartitionLogMachine(RuleBasedStateMachine):
     def truncate_to(self, offset_choice: int) -> None:
         end = len(self.values)
         offset = self.start + offset_choice % (end - self.start + 1)
+        segments_before = len(self.log.segments)
         self.log.truncate_to(offset)
+        if len(self.log.segments) < segments_before:
+            # Dropped segments wait file.delete.delay.ms as .deleted, as retention's do.
+            self.last_retention_ms = self.clock.monotonic_ms()
         # Batch granularity: batches that start at or after the offset go.
         new_end = next((b for b in self.batch_bases if b >= offset), end)
         self.batch_bases = [b for b in self.batch_bases if b < new_end]

@@ -55,18 +55,18 @@ def test_idle_producers_are_forgotten_after_the_expiration(tmp_path: Path) -> No
     assert manager.run_producer_expiration() == 0
     clock.advance(1)
     assert manager.run_producer_expiration() == 1
-    assert [s.producer_id for s in log.producer_state.describe()] == [2]
+    assert [s.producer_id for s in log.describe_producers()] == [2]
     # Forgotten for good: the next snapshot (here, a clean restart) no longer has it.
     manager.close()
     clock.advance(30_000)
     manager = LogManager.open(tmp_path, config, clock)
     log = manager.get_log("t", 0)
-    assert [s.producer_id for s in log.producer_state.describe()] == [2]
+    assert [s.producer_id for s in log.describe_producers()] == [2]
     assert manager.run_producer_expiration() == 1  # producer 2, idle 60 s + 1 ms by now
-    assert log.producer_state.describe() == []
+    assert log.describe_producers() == []
     # A forgotten producer writes again as a new one: its next batch starts at sequence 0.
     log.append(make_batch([b"c"], producer_id=1, producer_epoch=0, base_sequence=0))
-    assert [s.producer_id for s in log.producer_state.describe()] == [1]
+    assert [s.producer_id for s in log.describe_producers()] == [1]
     manager.close()
 
 

@@ -1,0 +1,58 @@
+"""Batches a producer may send that readers must survive, end to end (issue 11).
+
+The broker does not decode records on the produce path, so a hostile LZ4 batch whose
+frame expands ~255x is stored; every reader then refuses it with ``CorruptRecordError``
+instead of allocating what it claims. Codecs the log cannot read back are refused at
+produce time, and the broker keeps serving.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.testing import InProcessBroker
+from client import Consumer, TopicPartition
+from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from storage.errors import CorruptRecordError
+from storage.records import MAX_DECOMPRESSED_BYTES, Compression
+from tests.broker.conftest import create_topic, make_batch, produce
+from tests.storage.conftest import lz4_batch, with_codec
+
+
+def test_a_consumer_refuses_an_lz4_bomb_and_the_broker_keeps_serving(
+    broker: InProcessBroker,
+) -> None:
+    with broker.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        create_topic(stub, "bomb")
+        assert (
+            produce(stub, "bomb", 0, lz4_batch(bytes(MAX_DECOMPRESSED_BYTES + 1))).error_code == ""
+        )
+        assert produce(stub, "bomb", 0, make_batch([b"after"])).error_code == ""
+    with Consumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("bomb", 0)])
+        with pytest.raises(CorruptRecordError, match="decompresses to more than"):
+            _poll_until_something(consumer)
+        consumer.seek(TopicPartition("bomb", 0), 1)  # skip it, as a user would
+        records = consumer.poll(timeout_ms=5_000)
+        assert [r.value for r in records] == [b"after"]
+
+
+def _poll_until_something(consumer: Consumer) -> None:
+    for _ in range(20):
+        if consumer.poll(timeout_ms=500):
+            return
+
+
+@pytest.mark.parametrize("codec", [Compression.GZIP, Compression.SNAPPY, Compression.ZSTD])
+def test_unreadable_codecs_are_refused_at_produce(
+    broker: InProcessBroker, codec: Compression
+) -> None:
+    topic = f"codec-{codec.name.lower()}"
+    with broker.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        create_topic(stub, topic)
+        result = produce(stub, topic, 0, with_codec(make_batch([b"a"]), codec))
+        assert result.error_code == "UNSUPPORTED_COMPRESSION_TYPE"
+        assert codec.name.lower() in result.error_message
+        assert produce(stub, topic, 0, make_batch([b"b"])).base_offset == 0
