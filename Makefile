@@ -16,7 +16,16 @@ PYTEST_ARGS ?=
 
 all: test
 
+ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
+
 $(STAMP): pyproject.toml
+	@# Cluster tests run a throwaway ZooKeeper from Debian's package on the machine's Java.
+	@if [ ! -f $(ZOOKEEPER_JAR) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends libzookeeper-java >/dev/null) \
+	      || echo "libzookeeper-java could not be installed: the cluster tests will say so"; \
+	  else echo "no $(ZOOKEEPER_JAR): install libzookeeper-java for the cluster tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# compat: a path entry for the project root, not an import hook, so that PySpark's

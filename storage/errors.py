@@ -21,6 +21,7 @@ and this module, which import nothing else of ours).
     │   ├── InvalidConfigError            INVALID_CONFIG
     │   ├── InvalidRequestError           INVALID_REQUEST
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
+    │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
     │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
     │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     │   ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -62,6 +63,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
+    "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTopicError",
     "KafkaTimeoutError",
@@ -172,6 +174,12 @@ class InvalidPartitionsError(RequestError):
     """A partition count that is not a positive integer, or a decrease in partitions."""
 
     code = "INVALID_PARTITIONS"
+
+
+class InvalidReplicationFactorError(RequestError):
+    """A replication factor below 1 or above the number of live brokers."""
+
+    code = "INVALID_REPLICATION_FACTOR"
 
 
 class OffsetOutOfRangeError(RequestError):

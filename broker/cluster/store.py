@@ -1,0 +1,492 @@
+"""The cluster's state in ZooKeeper: the one module that talks to it (kazoo).
+
+Kafka's ZooKeeper-era mechanisms (``reference/replication.md`` sections 2 and 5):
+
+* **Registration.** A broker creates the ephemeral ``/brokers/ids/<id>`` once its logs are
+  recovered; the znode's creation zxid is its broker epoch. A node left by the broker's
+  own previous life (kill -9 and a quick restart: the old session has not expired yet) is
+  waited out until ``timeout_ms``, never treated as ours and never deleted: that is what
+  KAFKA-6584 and KAFKA-14845 got wrong.
+* **Controller election.** In one ZooKeeper transaction a candidate creates the
+  ephemeral ``/controller`` and bumps ``/controller_epoch`` at the version it read. The
+  winner gets a ``ControllerLease`` (its epoch and that znode's version); **every**
+  controller write is a transaction that first checks ``/controller_epoch`` is still at
+  that version, so a deposed controller that has not noticed (paused, partitioned) fails
+  with ``ControllerMovedError`` instead of writing.
+* **Compare-and-set.** Partition state is written at the znode version last read;
+  ``StaleStateError`` means someone else wrote in between: re-read, never apply a diff.
+
+kazoo does not retry by default; reads here go through ``KazooRetry`` (idempotent), writes
+do not (a create or a transaction retried after a lost connection may have happened).
+Callbacks registered with ``watch_*`` run on kazoo's event thread: they must only hand
+the event on (the controller's single event thread re-reads the state).
+
+Thread-safe: kazoo's client is, and this class keeps no other mutable state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.retry import KazooRetry
+
+from broker.cluster.znodes import (
+    ADMIN_DELETE_TOPICS,
+    BROKER_IDS,
+    CLUSTER_ID,
+    CONTROLLER,
+    CONTROLLER_EPOCH,
+    TOPIC_CONFIGS,
+    TOPICS,
+    BrokerRegistration,
+    PartitionState,
+    TopicAssignment,
+    broker_path,
+    decode_broker,
+    decode_controller,
+    decode_epoch,
+    decode_partition_state,
+    decode_topic,
+    decode_topic_config,
+    encode_broker,
+    encode_controller,
+    encode_epoch,
+    encode_partition_state,
+    encode_topic,
+    encode_topic_config,
+    partition_state_path,
+    partitions_path,
+    topic_config_path,
+    topic_path,
+)
+
+__all__ = [
+    "ClusterStore",
+    "ControllerLease",
+    "ControllerMovedError",
+    "StaleStateError",
+    "StoreError",
+    "split_connect_string",
+]
+
+log = logging.getLogger(__name__)
+
+_BASE_PATHS = (BROKER_IDS, TOPICS, TOPIC_CONFIGS, ADMIN_DELETE_TOPICS, "/cluster")
+_REGISTRATION_POLL_S = 0.2
+
+
+class StoreError(Exception):
+    """ZooKeeper could not be reached or refused an operation."""
+
+
+class ControllerMovedError(StoreError):
+    """This broker's controller epoch is no longer the current one: it is not controller."""
+
+
+class StaleStateError(StoreError):
+    """A compare-and-set found another version: re-read and decide again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerLease:
+    """Proof of an election: the epoch won and the ``/controller_epoch`` version it left."""
+
+    broker_id: int
+    epoch: int
+    epoch_version: int
+
+
+def split_connect_string(connect: str) -> tuple[str, str]:
+    """``"h1:p1,h2:p2/chroot"`` -> ``("h1:p1,h2:p2", "/chroot")`` (``""`` if none).
+
+    Raises ``ValueError`` for an empty host list or a chroot that is ``/`` or ends in ``/``.
+    """
+    hosts, slash, chroot = connect.partition("/")
+    if not hosts.strip():
+        raise ValueError(f"zookeeper.connect: no hosts in {connect!r}")
+    if slash:
+        chroot = "/" + chroot
+        if chroot == "/" or chroot.endswith("/"):
+            raise ValueError(f"zookeeper.connect: bad chroot in {connect!r}")
+    return hosts, chroot
+
+
+class ClusterStore:
+    """The cluster's znodes through one kazoo session. Build with ``connect``."""
+
+    def __init__(self, client: KazooClient, retry: KazooRetry) -> None:
+        self._client = client
+        self._retry = retry
+
+    @classmethod
+    def connect(
+        cls, connect: str, *, session_timeout_ms: int = 18_000, connect_timeout_ms: int = 15_000
+    ) -> ClusterStore:
+        """Open a session (creating the chroot and the base paths if needed).
+
+        Raises:
+            StoreError: ZooKeeper did not answer within ``connect_timeout_ms``.
+            ValueError: a malformed connect string.
+        """
+        hosts, chroot = split_connect_string(connect)
+        timeout_s = connect_timeout_ms / 1000
+        if chroot:
+            bootstrap = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000)
+            try:
+                bootstrap.start(timeout=timeout_s)
+                bootstrap.ensure_path(chroot)
+            except Exception as exc:
+                raise StoreError(f"zookeeper.connect {connect}: {exc}") from exc
+            finally:
+                bootstrap.stop()
+                bootstrap.close()
+        client = KazooClient(hosts=hosts + chroot, timeout=session_timeout_ms / 1000)
+        try:
+            client.start(timeout=timeout_s)
+            for path in _BASE_PATHS:
+                client.ensure_path(path)
+        except Exception as exc:
+            client.stop()
+            client.close()
+            raise StoreError(f"zookeeper.connect {connect}: {exc}") from exc
+        retry = KazooRetry(max_tries=3, delay=0.1, max_delay=1.0, ignore_expire=False)
+        return cls(client, retry)
+
+    def close(self) -> None:
+        """End the session: this broker's ephemeral znodes go at once."""
+        self._client.stop()
+        self._client.close()
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._client.connected)
+
+    @property
+    def session_id(self) -> int:
+        session = self._client.client_id
+        return int(session[0]) if session else 0
+
+    def add_state_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener("CONNECTED" | "SUSPENDED" | "LOST")`` on each session change.
+
+        Runs on kazoo's thread and must not call ZooKeeper (kazoo forbids it there).
+        """
+
+        def forward(state: KazooState) -> None:
+            listener(str(state))
+
+        self._client.add_listener(forward)
+
+    # --- the cluster id ---------------------------------------------------------------
+
+    def cluster_id(self) -> str:
+        """The cluster's id, created by the first broker that asks."""
+        candidate = str(uuid.uuid4())
+        try:
+            self._client.create(CLUSTER_ID, candidate.encode())
+            return candidate
+        except NodeExistsError:
+            data, _ = self._read(CLUSTER_ID)
+            return data.decode()
+
+    # --- brokers ---------------------------------------------------------------------
+
+    def register_broker(self, registration: BrokerRegistration, *, timeout_ms: int) -> int:
+        """Create ``/brokers/ids/<id>`` for this session; return the broker epoch (czxid).
+
+        Waits out a node another session holds (this broker's previous life, or a second
+        broker configured with the same id) for up to ``timeout_ms``.
+
+        Raises:
+            StoreError: the id stayed taken, or ZooKeeper failed.
+        """
+        path = broker_path(registration.broker_id)
+        deadline = time.monotonic() + timeout_ms / 1000
+        waited = False
+        while True:
+            try:
+                self._client.create(path, encode_broker(registration), ephemeral=True)
+            except NodeExistsError:
+                try:
+                    _, stat = self._client.get(path)
+                except NoNodeError:
+                    continue  # it just went: try again at once
+                if stat.ephemeralOwner == self.session_id:
+                    return int(stat.czxid)
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"broker id {registration.broker_id} is registered by another "
+                        f"session (a previous life of this broker not yet expired, or "
+                        f"another broker with broker.id={registration.broker_id})"
+                    ) from None
+                if not waited:
+                    log.warning("%s exists from another session; waiting for it to expire", path)
+                    waited = True
+                time.sleep(_REGISTRATION_POLL_S)
+                continue
+            except Exception as exc:
+                raise StoreError(f"registering {path}: {exc}") from exc
+            _, stat = self._read(path)
+            return int(stat.czxid)
+
+    def live_brokers(self) -> dict[int, BrokerRegistration]:
+        """Registered brokers by id (a node that vanishes while read is left out)."""
+        out: dict[int, BrokerRegistration] = {}
+        for child in self._children(BROKER_IDS):
+            try:
+                data, _ = self._read(broker_path(int(child)))
+            except (NoNodeError, ValueError):
+                continue
+            out[int(child)] = decode_broker(int(child), data)
+        return dict(sorted(out.items()))
+
+    # --- the controller --------------------------------------------------------------
+
+    def controller_id(self) -> int | None:
+        """The current controller's broker id, or None while there is none."""
+        try:
+            data, _ = self._read(CONTROLLER)
+        except NoNodeError:
+            return None
+        return decode_controller(data)
+
+    def controller_epoch(self) -> tuple[int, int]:
+        """``(epoch, znode version)`` of ``/controller_epoch``; ``(0, -1)`` before any."""
+        try:
+            data, stat = self._read(CONTROLLER_EPOCH)
+        except NoNodeError:
+            return 0, -1
+        return decode_epoch(data), int(stat.version)
+
+    def try_become_controller(self, broker_id: int, now_ms: int) -> ControllerLease | None:
+        """Run one election round: the lease if this broker won, None if another holds it.
+
+        Raises ``StoreError`` if ZooKeeper failed.
+        """
+        epoch, version = self.controller_epoch()
+        if version < 0:
+            try:
+                self._client.create(CONTROLLER_EPOCH, encode_epoch(0))
+            except NodeExistsError:
+                pass
+            epoch, version = self.controller_epoch()
+        transaction = self._client.transaction()
+        transaction.create(CONTROLLER, encode_controller(broker_id, now_ms), ephemeral=True)
+        transaction.set_data(CONTROLLER_EPOCH, encode_epoch(epoch + 1), version=version)
+        results = self._commit(transaction, "controller election")
+        if any(isinstance(r, Exception) for r in results):
+            return None  # NodeExists (a controller is there) or BadVersion (one just won)
+        return ControllerLease(broker_id, epoch + 1, version + 1)
+
+    def resign(self, lease: ControllerLease) -> None:
+        """Delete ``/controller`` if this session holds it (a clean shutdown)."""
+        try:
+            data, stat = self._read(CONTROLLER)
+        except NoNodeError:
+            return
+        if decode_controller(data) == lease.broker_id and stat.ephemeralOwner == self.session_id:
+            try:
+                self._client.delete(CONTROLLER, version=stat.version)
+            except (NoNodeError, BadVersionError):
+                pass
+
+    # --- topics (controller writes, fenced) ---------------------------------------------
+
+    def create_topic(
+        self,
+        lease: ControllerLease,
+        assignment: TopicAssignment,
+        config: Mapping[str, str],
+        states: Mapping[int, PartitionState],
+    ) -> None:
+        """Create a topic's assignment, config and partition states in one fenced write.
+
+        Raises:
+            ControllerMovedError: ``lease`` is no longer current.
+            StaleStateError: the topic exists.
+        """
+        transaction = self._fenced(lease)
+        name = assignment.name
+        transaction.create(topic_path(name), encode_topic(assignment))
+        transaction.create(partitions_path(name), b"")
+        for partition in assignment.replicas:
+            transaction.create(f"{partitions_path(name)}/{partition}", b"")
+            transaction.create(
+                partition_state_path(name, partition), encode_partition_state(states[partition])
+            )
+        transaction.create(topic_config_path(name), encode_topic_config(config))
+        self._commit_fenced(transaction, f"creating topic {name}", exists_is_stale=True)
+
+    def add_partitions(
+        self,
+        lease: ControllerLease,
+        assignment: TopicAssignment,
+        expected_version: int,
+        states: Mapping[int, PartitionState],
+    ) -> None:
+        """Grow a topic: its new assignment (CAS at ``expected_version``) and new states."""
+        transaction = self._fenced(lease)
+        name = assignment.name
+        transaction.set_data(topic_path(name), encode_topic(assignment), version=expected_version)
+        for partition, state in states.items():
+            transaction.create(f"{partitions_path(name)}/{partition}", b"")
+            transaction.create(partition_state_path(name, partition), encode_partition_state(state))
+        self._commit_fenced(transaction, f"growing topic {name}", exists_is_stale=True)
+
+    def set_topic_config(
+        self, lease: ControllerLease, name: str, config: Mapping[str, str]
+    ) -> None:
+        transaction = self._fenced(lease)
+        transaction.set_data(topic_config_path(name), encode_topic_config(config))
+        self._commit_fenced(transaction, f"configuring topic {name}")
+
+    def delete_topic(self, lease: ControllerLease, name: str) -> None:
+        """Remove a topic's znodes (its assignment, states and config)."""
+        assignment = self.read_topic(name)
+        if assignment is None:
+            return
+        transaction = self._fenced(lease)
+        for partition in assignment.replicas:
+            transaction.delete(partition_state_path(name, partition))
+            transaction.delete(f"{partitions_path(name)}/{partition}")
+        transaction.delete(partitions_path(name))
+        transaction.delete(topic_path(name))
+        transaction.delete(topic_config_path(name))
+        self._commit_fenced(transaction, f"deleting topic {name}")
+
+    def topics(self) -> list[str]:
+        return sorted(self._children(TOPICS))
+
+    def read_topic(self, name: str) -> TopicAssignment | None:
+        assignment = self.read_topic_versioned(name)
+        return None if assignment is None else assignment[0]
+
+    def read_topic_versioned(self, name: str) -> tuple[TopicAssignment, int] | None:
+        try:
+            data, stat = self._read(topic_path(name))
+        except NoNodeError:
+            return None
+        return decode_topic(name, data), int(stat.version)
+
+    def read_topic_config(self, name: str) -> dict[str, str]:
+        try:
+            data, _ = self._read(topic_config_path(name))
+        except NoNodeError:
+            return {}
+        return decode_topic_config(name, data)
+
+    # --- partition state -------------------------------------------------------------
+
+    def read_partition_state(self, topic: str, partition: int) -> tuple[PartitionState, int] | None:
+        """``(state, znode version)``, or None if the partition has no state znode."""
+        path = partition_state_path(topic, partition)
+        try:
+            data, stat = self._read(path)
+        except NoNodeError:
+            return None
+        return decode_partition_state(data, path), int(stat.version)
+
+    def set_partition_state(
+        self,
+        lease: ControllerLease,
+        topic: str,
+        partition: int,
+        state: PartitionState,
+        expected_version: int,
+    ) -> int:
+        """The controller's write (an election): fenced and CAS; returns the new version."""
+        transaction = self._fenced(lease)
+        transaction.set_data(
+            partition_state_path(topic, partition),
+            encode_partition_state(state),
+            version=expected_version,
+        )
+        self._commit_fenced(transaction, f"electing {topic}-{partition}")
+        return expected_version + 1
+
+    def update_isr(
+        self, topic: str, partition: int, state: PartitionState, expected_version: int
+    ) -> int:
+        """A leader's ISR change: CAS on the state znode; returns the new version.
+
+        Raises ``StaleStateError`` if the znode moved on (the caller re-reads: if it is no
+        longer leader at its epoch it stops leading).
+        """
+        path = partition_state_path(topic, partition)
+        try:
+            stat = self._client.set(path, encode_partition_state(state), version=expected_version)
+        except (BadVersionError, NoNodeError) as exc:
+            raise StaleStateError(f"{path} moved on: {exc!r}") from None
+        except Exception as exc:
+            raise StoreError(f"writing {path}: {exc}") from exc
+        return int(stat.version)
+
+    # --- watches ---------------------------------------------------------------------
+
+    def watch_children(self, path: str, callback: Callable[[list[str]], None]) -> None:
+        """``callback(children)`` now and after every change (re-armed by kazoo)."""
+        self._client.ChildrenWatch(path, callback)
+
+    def watch_data(self, path: str, callback: Callable[[bytes | None], None]) -> None:
+        """``callback(data or None)`` now and after every change of ``path``'s data."""
+
+        def forward(data: bytes | None, _stat: object) -> None:
+            callback(data)
+
+        self._client.DataWatch(path, forward)
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def _read(self, path: str) -> tuple[bytes, Any]:
+        try:
+            data, stat = self._retry(self._client.get, path)
+        except NoNodeError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"reading {path}: {exc}") from exc
+        return bytes(data), stat
+
+    def _children(self, path: str) -> list[str]:
+        try:
+            return list(self._retry(self._client.get_children, path))
+        except NoNodeError:
+            return []
+        except Exception as exc:
+            raise StoreError(f"listing {path}: {exc}") from exc
+
+    def _fenced(self, lease: ControllerLease) -> Any:  # kazoo's TransactionRequest
+        transaction = self._client.transaction()
+        transaction.check(CONTROLLER_EPOCH, lease.epoch_version)
+        return transaction
+
+    def _commit(self, transaction: Any, what: str) -> list[object]:
+        try:
+            return list(transaction.commit())
+        except Exception as exc:
+            raise StoreError(f"{what}: {exc}") from exc
+
+    def _commit_fenced(
+        self, transaction: object, what: str, *, exists_is_stale: bool = False
+    ) -> None:
+        results = self._commit(transaction, what)
+        if not any(isinstance(r, Exception) for r in results):
+            return
+        if isinstance(results[0], BadVersionError):
+            raise ControllerMovedError(f"{what}: the controller epoch moved on")
+        failure = next(
+            r
+            for r in results
+            if isinstance(r, Exception) and r.__class__.__name__ != "RolledBackError"
+        )
+        if isinstance(failure, (BadVersionError, NoNodeError)) or (
+            exists_is_stale and isinstance(failure, NodeExistsError)
+        ):
+            raise StaleStateError(f"{what}: {failure!r}")
+        raise StoreError(f"{what}: {failure!r}")

@@ -1,0 +1,262 @@
+"""The cluster's znodes: paths and JSON, all under ``zookeeper.connect``'s chroot.
+
+Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses::
+
+    /cluster/id                                    {"version":1,"id":"<uuid>"}
+    /brokers/ids/<id>              ephemeral       {"version":1,"host":H,"port":P,"ts":ms}
+    /controller                    ephemeral       {"version":1,"brokerid":N,"ts":ms}
+    /controller_epoch                              an integer, as text
+    /brokers/topics/<t>                            {"version":1,"partitions":{"0":[1,2]},
+                                                    "topic_id":"<uuid>"}
+    /brokers/topics/<t>/partitions/<p>/state       {"version":1,"leader":L,"leader_epoch":E,
+                                                    "isr":[..],"controller_epoch":C}
+    /config/topics/<t>                             {"version":1,"config":{...}}
+    /admin/delete_topics/<t>                       empty: the topic is being deleted
+
+An ephemeral broker znode's creation zxid (``czxid``) is the broker's epoch (KIP-380): a
+broker that restarted has a larger one. A partition state znode's version is the
+compare-and-set token of every write to it. Leader -1 means no leader (offline).
+
+Pure: bytes and values in and out; ``ZnodeError`` for a znode that does not parse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ADMIN_DELETE_TOPICS",
+    "BROKER_IDS",
+    "CLUSTER_ID",
+    "CONTROLLER",
+    "CONTROLLER_EPOCH",
+    "NO_LEADER",
+    "TOPICS",
+    "TOPIC_CONFIGS",
+    "BrokerRegistration",
+    "PartitionState",
+    "TopicAssignment",
+    "ZnodeError",
+    "broker_path",
+    "decode_broker",
+    "decode_controller",
+    "decode_epoch",
+    "decode_partition_state",
+    "decode_topic",
+    "decode_topic_config",
+    "encode_broker",
+    "encode_controller",
+    "encode_epoch",
+    "encode_partition_state",
+    "encode_topic",
+    "encode_topic_config",
+    "partition_state_path",
+    "partitions_path",
+    "topic_config_path",
+    "topic_path",
+]
+
+CLUSTER_ID = "/cluster/id"
+BROKER_IDS = "/brokers/ids"
+TOPICS = "/brokers/topics"
+TOPIC_CONFIGS = "/config/topics"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+ADMIN_DELETE_TOPICS = "/admin/delete_topics"
+NO_LEADER = -1
+
+
+class ZnodeError(ValueError):
+    """A znode's content does not parse as what its path holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    """A live broker as ``/brokers/ids/<id>`` announces it."""
+
+    broker_id: int
+    host: str
+    port: int
+    registered_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAssignment:
+    """A topic's replica lists, preferred leader first, and its id."""
+
+    name: str
+    topic_id: str
+    replicas: Mapping[int, tuple[int, ...]]
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """Leader, leader epoch and ISR of one partition, and the controller epoch that wrote them."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+
+def broker_path(broker_id: int) -> str:
+    return f"{BROKER_IDS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def partitions_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}/partitions"
+
+
+def partition_state_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def topic_config_path(topic: str) -> str:
+    return f"{TOPIC_CONFIGS}/{topic}"
+
+
+def _dump(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ZnodeError(f"{what}: not JSON ({exc})") from None
+    if not isinstance(document, dict) or document.get("version") != 1:
+        raise ZnodeError(f"{what}: not a version-1 document: {data[:200]!r}")
+    return document
+
+
+def _int(document: Mapping[str, Any], key: str, what: str) -> int:
+    value = document.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ZnodeError(f"{what}: {key!r} is not an integer: {value!r}")
+    return value
+
+
+def _ints(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise ZnodeError(f"{what}: not a list of integers: {value!r}")
+    return tuple(value)
+
+
+def encode_broker(registration: BrokerRegistration) -> bytes:
+    return _dump(
+        {
+            "version": 1,
+            "host": registration.host,
+            "port": registration.port,
+            "ts": registration.registered_ms,
+        }
+    )
+
+
+def decode_broker(broker_id: int, data: bytes) -> BrokerRegistration:
+    what = broker_path(broker_id)
+    document = _load(data, what)
+    host = document.get("host")
+    if not isinstance(host, str) or not host:
+        raise ZnodeError(f"{what}: no host")
+    return BrokerRegistration(
+        broker_id, host, _int(document, "port", what), _int(document, "ts", what)
+    )
+
+
+def encode_controller(broker_id: int, now_ms: int) -> bytes:
+    return _dump({"version": 1, "brokerid": broker_id, "ts": now_ms})
+
+
+def decode_controller(data: bytes) -> int:
+    """The controller's broker id."""
+    return _int(_load(data, CONTROLLER), "brokerid", CONTROLLER)
+
+
+def encode_epoch(epoch: int) -> bytes:
+    return str(epoch).encode()
+
+
+def decode_epoch(data: bytes) -> int:
+    try:
+        return int(data.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise ZnodeError(f"{CONTROLLER_EPOCH}: not an integer: {data[:50]!r}") from None
+
+
+def encode_topic(assignment: TopicAssignment) -> bytes:
+    return _dump(
+        {
+            "version": 1,
+            "topic_id": assignment.topic_id,
+            "partitions": {str(p): list(r) for p, r in sorted(assignment.replicas.items())},
+        }
+    )
+
+
+def decode_topic(name: str, data: bytes) -> TopicAssignment:
+    what = topic_path(name)
+    document = _load(data, what)
+    partitions = document.get("partitions")
+    topic_id = document.get("topic_id")
+    if not isinstance(partitions, dict) or not isinstance(topic_id, str):
+        raise ZnodeError(f"{what}: no partitions or topic_id")
+    replicas: dict[int, tuple[int, ...]] = {}
+    for key, value in partitions.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            raise ZnodeError(f"{what}: partition {key!r} is not a number") from None
+        replicas[partition] = _ints(value, f"{what} partition {key}")
+    if sorted(replicas) != list(range(len(replicas))):
+        raise ZnodeError(f"{what}: partitions are not 0..{len(replicas) - 1}")
+    return TopicAssignment(name, topic_id, dict(sorted(replicas.items())))
+
+
+def encode_partition_state(state: PartitionState) -> bytes:
+    return _dump(
+        {
+            "version": 1,
+            "leader": state.leader,
+            "leader_epoch": state.leader_epoch,
+            "isr": list(state.isr),
+            "controller_epoch": state.controller_epoch,
+        }
+    )
+
+
+def decode_partition_state(data: bytes, what: str = "partition state") -> PartitionState:
+    document = _load(data, what)
+    return PartitionState(
+        _int(document, "leader", what),
+        _int(document, "leader_epoch", what),
+        _ints(document.get("isr"), what),
+        _int(document, "controller_epoch", what),
+    )
+
+
+def encode_topic_config(config: Mapping[str, str]) -> bytes:
+    return _dump({"version": 1, "config": dict(config)})
+
+
+def decode_topic_config(name: str, data: bytes) -> dict[str, str]:
+    what = topic_config_path(name)
+    config = _load(data, what).get("config")
+    if not isinstance(config, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in config.items()
+    ):
+        raise ZnodeError(f"{what}: config is not a string map")
+    return dict(config)
