@@ -34,6 +34,7 @@ _names = itertools.count()
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")  # the driver side of the same
     path = os.environ.get("PYTHONPATH", "")
     if str(ROOT) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
@@ -50,6 +51,9 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.driver.memory", "1g")
         .config("spark.sql.adaptive.enabled", "false")
+        # Python workers connect back to the JVM within this (15 s by default); on a
+        # shared 2-core machine with other suites running that was seen to time out.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
