@@ -33,6 +33,7 @@ and this module, which import nothing else of ours).
     │   │   ├── StaleMemberEpochError     STALE_MEMBER_EPOCH
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   └── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
+    │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   └── NotAuthorizedError            NOT_AUTHORIZED
     ├── ClientError                       (raised on the client side only)
     │   ├── BrokerUnavailableError        BROKER_UNAVAILABLE   retriable
@@ -69,6 +70,7 @@ __all__ = [
     "KafkaTimeoutError",
     "LogDirFullError",
     "NotAuthorizedError",
+    "NotControllerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "RecordTooLargeError",
@@ -247,6 +249,13 @@ class GroupIdNotFoundError(GroupError):
     """No group of that id exists."""
 
     code = "GROUP_ID_NOT_FOUND"
+
+
+class NotControllerError(RequestError):
+    """A controller operation reached a broker that is not (or no longer) the controller."""
+
+    code = "NOT_CONTROLLER"
+    retriable = True
 
 
 class NotAuthorizedError(RequestError):

@@ -1,0 +1,440 @@
+"""The controller: one broker at a time decides topics, placements and leaders.
+
+Every broker runs a ``Controller``; it acts only while it holds the lease won in
+``ClusterStore.try_become_controller`` (Kafka's ``/controller`` + ``/controller_epoch``).
+Its duties, as Kafka's ZooKeeper-era controller:
+
+* create, grow, configure and delete topics: placement by Kafka's round robin over the
+  live brokers (``assignment``), a fenced write of assignment, config and initial states;
+* keep every partition led: when brokers come and go, elect leaders for partitions whose
+  leader died (``election.elect_offline``; offline with leader -1 when no replica may
+  lead), take dead followers out of ISRs, and elect again when a broker returns;
+* preferred-leader election on demand, and controlled shutdown (move leadership off a
+  broker that is stopping).
+
+Threading, as Kafka's ``ControllerEventManager``: kazoo's watch callbacks and the admin
+calls only put events on a queue; one event thread takes them in order and, for each,
+re-reads what it needs from ZooKeeper and decides again (never applying a diff). A write
+that fails with ``ControllerMovedError`` means another broker is controller now: the
+lease is dropped and the admin call gets ``NotControllerError``. Admin calls wait for
+their event with a timeout.
+
+Thread-safe: state is owned by the event thread; callers only enqueue.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from broker.cluster.assignment import assign_replicas
+from broker.cluster.election import (
+    Elected,
+    elect_for_shutdown,
+    elect_offline,
+    elect_preferred,
+    offline_state,
+    without_dead_followers,
+)
+from broker.cluster.store import (
+    ClusterStore,
+    ControllerLease,
+    ControllerMovedError,
+    StaleStateError,
+    StoreError,
+)
+from broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
+from storage.clock import Clock
+from storage.errors import (
+    BrokerUnavailableError,
+    InvalidPartitionsError,
+    NotControllerError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = ["Controller", "ControllerSettings"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """What the controller needs of the broker's configuration."""
+
+    broker_id: int
+    unclean_leader_election: bool = False
+    admin_timeout_ms: int = 30_000
+
+
+@dataclass(slots=True)
+class _Event:
+    kind: str
+    run: Callable[[], Any] | None = None
+    result: Future[Any] = field(default_factory=Future)
+
+
+class Controller:
+    """Controller duties of one broker. Build, ``start``, ``stop``."""
+
+    def __init__(
+        self,
+        store: ClusterStore,
+        settings: ControllerSettings,
+        clock: Clock,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._events: queue.Queue[_Event] = queue.Queue()
+        self._lease: ControllerLease | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"tidelog-controller-{settings.broker_id}", daemon=True
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the event thread and the watches that feed it."""
+        self._thread.start()
+        self._store.watch_data("/controller", lambda _data: self._post("election"))
+        self._store.watch_children("/brokers/ids", lambda _ids: self._post("brokers"))
+
+    def stop(self, timeout_ms: int = 5_000) -> None:
+        """Resign (if controller) and end the event thread."""
+        self._stopped.set()
+        self._events.put(_Event("stop"))
+        self._thread.join(timeout_ms / 1000)
+
+    @property
+    def is_controller(self) -> bool:
+        return self._lease is not None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this broker controls with, or -1 when it is not the controller."""
+        lease = self._lease
+        return lease.epoch if lease is not None else -1
+
+    # --- admin operations (any thread; run on the event thread) --------------------------
+
+    def create_topic(
+        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+    ) -> TopicAssignment:
+        """Place and create a topic. Raises ``NotControllerError``, ``TopicAlreadyExistsError``,
+        ``InvalidReplicationFactorError``, ``BrokerUnavailableError`` (timeout)."""
+        return self._call(
+            lambda: self._create_topic(name, partitions, replication_factor, dict(config))
+        )
+
+    def delete_topic(self, name: str) -> None:
+        self._call(lambda: self._delete_topic(name))
+
+    def create_partitions(self, name: str, total: int) -> TopicAssignment:
+        return self._call(lambda: self._create_partitions(name, total))
+
+    def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
+        self._call(lambda: self._alter_config(name, dict(config)))
+
+    def elect_preferred_leaders(self) -> int:
+        """Move leadership back to preferred replicas where possible; returns how many moved."""
+        return self._call(self._elect_preferred)
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        """Move leadership off ``broker_id``; returns the partitions it still leads."""
+        return self._call(lambda: self._controlled_shutdown(broker_id))
+
+    def _call(self, operation: Callable[[], _T]) -> _T:
+        event = _Event("call", operation)
+        self._events.put(event)
+        try:
+            return cast(_T, event.result.result(timeout=self._settings.admin_timeout_ms / 1000))
+        except TimeoutError:
+            raise BrokerUnavailableError(
+                f"the controller did not answer within {self._settings.admin_timeout_ms} ms"
+            ) from None
+
+    def _post(self, kind: str) -> None:
+        if not self._stopped.is_set():
+            self._events.put(_Event(kind))
+
+    # --- the event thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._post("election")
+        while True:
+            try:
+                event = self._events.get(timeout=_ELECTION_RETRY_S)
+            except queue.Empty:
+                if self._lease is None:
+                    event = _Event("election")
+                else:
+                    continue
+            if event.kind == "stop":
+                break
+            try:
+                self._handle(event)
+            except BaseException as exc:  # the thread must survive anything
+                if event.kind == "call":
+                    event.result.set_exception(exc)
+                elif isinstance(exc, StoreError):
+                    log.warning("controller: %s failed: %s", event.kind, exc)
+                else:
+                    log.exception("controller: %s failed", event.kind)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                self._store.resign(lease)
+            except StoreError as exc:
+                log.warning("controller: could not resign: %s", exc)
+
+    def _handle(self, event: _Event) -> None:
+        if event.kind == "call":
+            if self._lease is None:
+                self._try_elect()
+            if self._lease is None:
+                raise NotControllerError(
+                    f"broker {self._settings.broker_id} is not the controller"
+                    f" (the controller is {self._store.controller_id()})"
+                )
+            assert event.run is not None
+            try:
+                event.result.set_result(event.run())
+            except ControllerMovedError:
+                self._lease = None
+                raise NotControllerError("the controller moved during the operation") from None
+            return
+        if self._lease is None:
+            self._try_elect()
+            return
+        if event.kind in ("brokers", "election"):
+            self._reconcile()
+
+    def _try_elect(self) -> None:
+        lease = self._store.try_become_controller(self._settings.broker_id, self._clock.wall_ms())
+        if lease is None:
+            return
+        self._lease = lease
+        log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
+        self._reconcile()
+
+    # --- duties --------------------------------------------------------------------------
+
+    def _live(self) -> set[int]:
+        return set(self._store.live_brokers())
+
+    def _write(self, topic: str, partition: int, elected: Elected, version: int) -> None:
+        lease = self._require_lease()
+        if elected.unclean:
+            log.warning(
+                "%s-%d: UNCLEAN election of broker %d: records acknowledged only by the old "
+                "in-sync replicas may be lost",
+                topic,
+                partition,
+                elected.state.leader,
+            )
+        self._store.set_partition_state(lease, topic, partition, elected.state, version)
+        log.info(
+            "%s-%d: leader %d epoch %d isr %s",
+            topic,
+            partition,
+            elected.state.leader,
+            elected.state.leader_epoch,
+            list(elected.state.isr),
+        )
+
+    def _require_lease(self) -> ControllerLease:
+        if self._lease is None:
+            raise NotControllerError(f"broker {self._settings.broker_id} is not the controller")
+        return self._lease
+
+    def _reconcile(self) -> None:
+        """Re-read everything; elect where a leader is gone; drop dead followers."""
+        lease = self._require_lease()
+        live = self._live()
+        try:
+            for topic in self._store.topics():
+                assignment = self._store.read_topic(topic)
+                if assignment is None:
+                    continue
+                unclean = self._unclean_allowed(topic)
+                for partition, replicas in assignment.replicas.items():
+                    self._reconcile_partition(topic, partition, replicas, live, unclean, lease)
+        except ControllerMovedError:
+            log.info("controller epoch %d was superseded", lease.epoch)
+            self._lease = None
+
+    def _reconcile_partition(
+        self,
+        topic: str,
+        partition: int,
+        replicas: tuple[int, ...],
+        live: set[int],
+        unclean: bool,
+        lease: ControllerLease,
+    ) -> None:
+        found = self._store.read_partition_state(topic, partition)
+        if found is None:
+            return
+        state, version = found
+        try:
+            if state.leader == NO_LEADER or state.leader not in live:
+                elected = elect_offline(
+                    replicas, state, live, unclean_allowed=unclean, controller_epoch=lease.epoch
+                )
+                if elected is not None:
+                    self._write(topic, partition, elected, version)
+                elif state.leader != NO_LEADER:
+                    offline = offline_state(state, lease.epoch)
+                    self._store.set_partition_state(lease, topic, partition, offline, version)
+                    log.warning("%s-%d is offline: no live in-sync replica", topic, partition)
+                return
+            shrunk = without_dead_followers(state, live, controller_epoch=lease.epoch)
+            if shrunk is not None:
+                self._write(topic, partition, shrunk, version)
+        except StaleStateError:
+            self._post("brokers")  # someone wrote in between: decide again from a fresh read
+
+    def _unclean_allowed(self, topic: str) -> bool:
+        value = self._store.read_topic_config(topic).get("unclean.leader.election.enable")
+        if value is None:
+            return self._settings.unclean_leader_election
+        return value.lower() == "true"
+
+    def _create_topic(
+        self, name: str, partitions: int, replication_factor: int, config: dict[str, str]
+    ) -> TopicAssignment:
+        lease = self._require_lease()
+        if self._store.read_topic(name) is not None:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+        brokers = sorted(self._live())
+        count = max(len(brokers), 1)
+        placed = assign_replicas(
+            partitions,
+            replication_factor,
+            brokers,
+            start_index=self._rng.randrange(count),
+            replica_shift=self._rng.randrange(count),
+        )
+        assignment = TopicAssignment(
+            name, str(uuid.uuid4()), {p: tuple(r) for p, r in placed.items()}
+        )
+        states = {p: PartitionState(r[0], 0, tuple(r), lease.epoch) for p, r in placed.items()}
+        try:
+            self._store.create_topic(lease, assignment, config, states)
+        except StaleStateError:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists") from None
+        log.info("created topic %s: %s", name, dict(assignment.replicas))
+        return assignment
+
+    def _delete_topic(self, name: str) -> None:
+        lease = self._require_lease()
+        if self._store.read_topic(name) is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        self._store.delete_topic(lease, name)
+        log.info("deleted topic %s", name)
+
+    def _create_partitions(self, name: str, total: int) -> TopicAssignment:
+        lease = self._require_lease()
+        found = self._store.read_topic_versioned(name)
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        assignment, version = found
+        current = assignment.partition_count
+        if total <= current:
+            raise InvalidPartitionsError(
+                f"topic {name!r} has {current} partitions; it can only grow (asked for {total})"
+            )
+        factor = len(assignment.replicas[0])
+        brokers = sorted(self._live())
+        # Kafka continues from the first partition's leader, so growth keeps the pattern.
+        start = (
+            brokers.index(assignment.replicas[0][0]) if assignment.replicas[0][0] in brokers else 0
+        )
+        placed = assign_replicas(
+            total - current,
+            factor,
+            brokers,
+            start_index=start,
+            replica_shift=self._rng.randrange(max(len(brokers), 1)),
+            first_partition=current,
+        )
+        grown = TopicAssignment(
+            name,
+            assignment.topic_id,
+            {**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
+        )
+        states = {p: PartitionState(r[0], 0, tuple(r), lease.epoch) for p, r in placed.items()}
+        try:
+            self._store.add_partitions(lease, grown, version, states)
+        except StaleStateError:
+            raise InvalidPartitionsError(f"topic {name!r} changed meanwhile; retry") from None
+        return grown
+
+    def _alter_config(self, name: str, config: dict[str, str]) -> None:
+        lease = self._require_lease()
+        if self._store.read_topic(name) is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        self._store.set_topic_config(lease, name, config)
+
+    def _elect_preferred(self) -> int:
+        lease = self._require_lease()
+        live = self._live()
+        moved = 0
+        for topic in self._store.topics():
+            assignment = self._store.read_topic(topic)
+            if assignment is None:
+                continue
+            for partition, replicas in assignment.replicas.items():
+                found = self._store.read_partition_state(topic, partition)
+                if found is None:
+                    continue
+                state, version = found
+                elected = elect_preferred(replicas, state, live, controller_epoch=lease.epoch)
+                if elected is not None:
+                    try:
+                        self._write(topic, partition, elected, version)
+                        moved += 1
+                    except StaleStateError:
+                        continue
+        return moved
+
+    def _controlled_shutdown(self, broker_id: int) -> int:
+        lease = self._require_lease()
+        live = self._live()
+        still_leading = 0
+        for topic in self._store.topics():
+            assignment = self._store.read_topic(topic)
+            if assignment is None:
+                continue
+            for partition, replicas in assignment.replicas.items():
+                found = self._store.read_partition_state(topic, partition)
+                if found is None:
+                    continue
+                state, version = found
+                elected = elect_for_shutdown(
+                    replicas, state, live, {broker_id}, controller_epoch=lease.epoch
+                )
+                if elected is not None:
+                    try:
+                        self._write(topic, partition, elected, version)
+                    except StaleStateError:
+                        pass
+                    state = elected.state
+                if state.leader == broker_id:
+                    still_leading += 1
+        return still_leading

@@ -1,0 +1,159 @@
+"""The controller against a real ZooKeeper: brokers are ``ClusterStore`` sessions here.
+
+Each "broker" is a registered session with a ``Controller``; closing a session is a broker
+dying (its ephemeral znodes go at once, as after a session expiry).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from broker.cluster.controller import Controller, ControllerSettings
+from broker.cluster.store import ClusterStore
+from broker.cluster.testing import ZooKeeperServer
+from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
+from storage.clock import SystemClock
+from storage.errors import (
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    NotControllerError,
+    TopicAlreadyExistsError,
+)
+
+_chroots = itertools.count()
+
+
+@dataclass
+class FakeBroker:
+    broker_id: int
+    store: ClusterStore
+    controller: Controller
+
+    dead: bool = False
+
+    def die(self) -> None:
+        if not self.dead:
+            self.dead = True
+            self.controller.stop()
+            self.store.close()
+
+
+@pytest.fixture
+def cluster(zookeeper: ZooKeeperServer) -> Iterator[Callable[[int], FakeBroker]]:
+    connect = f"{zookeeper.connect_string}/controller-{next(_chroots)}"
+    started: list[FakeBroker] = []
+
+    def start(broker_id: int) -> FakeBroker:
+        store = ClusterStore.connect(connect, session_timeout_ms=4_000)
+        store.register_broker(
+            BrokerRegistration(broker_id, "127.0.0.1", 7000 + broker_id), timeout_ms=5_000
+        )
+        controller = Controller(
+            store,
+            ControllerSettings(broker_id, admin_timeout_ms=10_000),
+            SystemClock(),
+            rng=random.Random(1),
+        )
+        controller.start()
+        broker = FakeBroker(broker_id, store, controller)
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        broker.die()
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def controller_of(brokers: list[FakeBroker]) -> FakeBroker:
+    eventually(lambda: sum(b.controller.is_controller for b in brokers) == 1)
+    return next(b for b in brokers if b.controller.is_controller)
+
+
+def state(broker: FakeBroker, topic: str, partition: int) -> PartitionState:
+    found = broker.store.read_partition_state(topic, partition)
+    assert found is not None
+    return found[0]
+
+
+def test_one_controller_spreads_leaders_and_refuses_what_it_cannot(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    other = next(b for b in brokers if b is not controller)
+    with pytest.raises(NotControllerError):
+        other.controller.create_topic("t", 3, 1, {})
+    assignment = controller.controller.create_topic("t", 6, 1, {"retention.ms": "60000"})
+    leaders = [state(controller, "t", p).leader for p in range(6)]
+    assert sorted(set(leaders)) == [1, 2, 3]
+    assert [r[0] for r in assignment.replicas.values()] == leaders
+    with pytest.raises(TopicAlreadyExistsError):
+        controller.controller.create_topic("t", 1, 1, {})
+    with pytest.raises(InvalidReplicationFactorError):
+        controller.controller.create_topic("big", 1, 4, {})
+    grown = controller.controller.create_partitions("t", 9)
+    assert grown.partition_count == 9
+    with pytest.raises(InvalidPartitionsError):
+        controller.controller.create_partitions("t", 9)
+    assert state(controller, "t", 8).leader in (1, 2, 3)
+
+
+def test_a_dead_brokers_partitions_go_offline_and_come_back(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("t", 3, 1, {})
+    victim = next(b for b in brokers if b is not controller)
+    led = [p for p in range(3) if state(controller, "t", p).leader == victim.broker_id]
+    assert led
+    epochs = {p: state(controller, "t", p).leader_epoch for p in led}
+    victim.die()
+    eventually(lambda: all(state(controller, "t", p).leader == NO_LEADER for p in led))
+    back = cluster(victim.broker_id)
+    eventually(lambda: all(state(back, "t", p).leader == victim.broker_id for p in led))
+    assert all(state(back, "t", p).leader_epoch == epochs[p] + 2 for p in led)
+
+
+def test_controller_failover_and_replicated_elections(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    first = controller_of(brokers)
+    first.controller.create_topic("r", 3, 3, {})
+    first_epoch = first.controller.epoch
+    first.die()
+    survivors = [b for b in brokers if b is not first]
+    second = controller_of(survivors)
+    assert second.controller.epoch == first_epoch + 1
+    for partition in range(3):
+        eventually(
+            lambda p=partition: state(second, "r", p).leader in (b.broker_id for b in survivors)
+        )
+        assert first.broker_id not in state(second, "r", partition).isr
+    assert second.controller.elect_preferred_leaders() == 0  # preferred ones may be dead
+
+
+def test_controlled_shutdown_moves_leadership_away(cluster: Callable[[int], FakeBroker]) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("s", 6, 2, {})
+    leaving = next(b for b in brokers if b is not controller)
+    assert controller.controller.controlled_shutdown(leaving.broker_id) == 0
+    for partition in range(6):
+        current = state(controller, "s", partition)
+        assert current.leader != leaving.broker_id
+        assert leaving.broker_id not in current.isr
