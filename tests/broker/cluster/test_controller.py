@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 
 from broker.cluster.controller import Controller, ControllerSettings
+from broker.cluster.metadata import MetadataWatcher
 from broker.cluster.store import ClusterStore
 from broker.cluster.testing import ZooKeeperServer
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
@@ -157,3 +158,32 @@ def test_controlled_shutdown_moves_leadership_away(cluster: Callable[[int], Fake
         current = state(controller, "s", partition)
         assert current.leader != leaving.broker_id
         assert leaving.broker_id not in current.isr
+
+
+def test_every_broker_sees_leaders_change(cluster: Callable[[int], FakeBroker]) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    watcher = MetadataWatcher(brokers[0].store)
+    watcher.start()
+    try:
+        controller.controller.create_topic("m", 3, 2, {"cleanup.policy": "compact"})
+        assert watcher.wait_for(lambda m: "m" in m.topics and len(m.brokers) == 3, 10_000)
+        seen = watcher.snapshot
+        assert seen.controller_id == controller.broker_id
+        assert seen.topics["m"].config == {"cleanup.policy": "compact"}
+        victim = next(b for b in brokers if b is not controller and b is not brokers[0])
+        victim.die()
+        assert watcher.wait_for(
+            lambda m: (
+                victim.broker_id not in m.brokers
+                and all(
+                    s is not None and victim.broker_id not in s.isr and s.leader != victim.broker_id
+                    for s in m.topics["m"].states.values()
+                )
+            ),
+            10_000,
+        )
+        controller.controller.delete_topic("m")
+        assert watcher.wait_for(lambda m: "m" not in m.topics, 10_000)
+    finally:
+        watcher.stop()

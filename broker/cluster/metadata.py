@@ -1,0 +1,187 @@
+"""Every broker's view of the cluster, kept from ZooKeeper watches.
+
+Design choice (issue 13 leaves it open): brokers learn partition state by watching
+ZooKeeper, not from controller pushes (Kafka's LeaderAndIsr/UpdateMetadata). At this
+project's scale (a handful of brokers, hundreds of partitions) a watch per state znode is
+cheap, and there is no push that can be lost or arrive out of order: kazoo re-arms every
+watch and re-reads after a reconnect, and each change here triggers a full re-read of
+the cluster, never a diff (the reference's rule for one-shot watches). What the
+controller pushed in Kafka (leader, epoch, ISR) is exactly what the state znodes hold.
+
+``MetadataWatcher`` keeps an immutable ``ClusterMetadata`` snapshot, replaced whole after
+each re-read; ``listener(snapshot)`` is called on the watcher's own thread after every
+change, in order. Fencing as Kafka: a partition state with an older leader epoch than
+one already seen is ignored (a slow read never moves leadership backwards).
+
+Thread-safe: the snapshot is replaced atomically; reading it needs no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from broker.cluster.store import ClusterStore, StoreError
+from broker.cluster.znodes import (
+    BROKER_IDS,
+    CONTROLLER,
+    NO_LEADER,
+    TOPICS,
+    BrokerRegistration,
+    PartitionState,
+    TopicAssignment,
+    partition_state_path,
+    topic_path,
+)
+
+__all__ = ["ClusterMetadata", "MetadataWatcher", "TopicMetadata"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_S = 1.0  # after a failed re-read, try again this soon
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    """A topic's placement, partition states (None: not written yet) and config."""
+
+    assignment: TopicAssignment
+    states: Mapping[int, PartitionState | None]
+    config: Mapping[str, str]
+
+    def leader(self, partition: int) -> int:
+        state = self.states.get(partition)
+        return NO_LEADER if state is None else state.leader
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetadata:
+    """One consistent-enough view: brokers, controller, topics."""
+
+    brokers: Mapping[int, BrokerRegistration] = field(default_factory=dict)
+    controller_id: int | None = None
+    topics: Mapping[str, TopicMetadata] = field(default_factory=dict)
+
+    def leader(self, topic: str, partition: int) -> int:
+        found = self.topics.get(topic)
+        return NO_LEADER if found is None else found.leader(partition)
+
+
+class MetadataWatcher:
+    """Keeps ``snapshot`` current from ZooKeeper watches. Build, ``start``, ``stop``."""
+
+    def __init__(
+        self, store: ClusterStore, listener: Callable[[ClusterMetadata], None] | None = None
+    ) -> None:
+        self._store = store
+        self._listener = listener
+        self._snapshot = ClusterMetadata()
+        self._wakeups: queue.Queue[str] = queue.Queue()
+        self._watched: set[str] = set()
+        self._watched_lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="tidelog-metadata", daemon=True)
+
+    @property
+    def snapshot(self) -> ClusterMetadata:
+        return self._snapshot
+
+    def start(self) -> None:
+        self._thread.start()
+        self._watch_children(BROKER_IDS)
+        self._watch_children(TOPICS)
+        self._watch_data(CONTROLLER)
+
+    def stop(self, timeout_ms: int = 5_000) -> None:
+        self._wakeups.put("stop")
+        self._thread.join(timeout_ms / 1000)
+
+    def refresh(self) -> None:
+        """Ask for a re-read now (after a session was re-established, say)."""
+        self._wakeups.put("refresh")
+
+    def wait_for(self, check: Callable[[ClusterMetadata], bool], timeout_ms: int) -> bool:
+        """Block until ``check(snapshot)`` holds or ``timeout_ms`` passes; whether it held."""
+        with self._changed:
+            return self._changed.wait_for(lambda: check(self._snapshot), timeout_ms / 1000)
+
+    # --- watches (kazoo's thread: only enqueue) ------------------------------------------
+
+    def _watch_children(self, path: str) -> None:
+        with self._watched_lock:
+            if path in self._watched:
+                return
+            self._watched.add(path)
+        self._store.watch_children(path, lambda _children: self._wakeups.put("refresh"))
+
+    def _watch_data(self, path: str) -> None:
+        with self._watched_lock:
+            if path in self._watched:
+                return
+            self._watched.add(path)
+        self._store.watch_data(path, lambda _data: self._wakeups.put("refresh"))
+
+    # --- the re-read thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        failed = False
+        while True:
+            try:
+                reason = self._wakeups.get(timeout=_RETRY_S if failed else None)
+            except queue.Empty:
+                reason = "retry"
+            if reason == "stop":
+                return
+            while not self._wakeups.empty():  # coalesce a burst of changes into one read
+                if self._wakeups.get_nowait() == "stop":
+                    return
+            try:
+                snapshot = self._read()
+                failed = False
+            except StoreError as exc:
+                log.warning("cluster metadata re-read failed (retrying): %s", exc)
+                failed = True
+                continue
+            self._publish(snapshot)
+
+    def _read(self) -> ClusterMetadata:
+        store = self._store
+        previous = self._snapshot
+        topics: dict[str, TopicMetadata] = {}
+        for name in store.topics():
+            assignment = store.read_topic(name)
+            if assignment is None:
+                continue
+            self._watch_data(topic_path(name))
+            states: dict[int, PartitionState | None] = {}
+            for partition in assignment.replicas:
+                self._watch_data(partition_state_path(name, partition))
+                found = store.read_partition_state(name, partition)
+                state = None if found is None else found[0]
+                old = previous.topics.get(name)
+                same_topic = old is not None and old.assignment.topic_id == assignment.topic_id
+                old_state = old.states.get(partition) if old is not None and same_topic else None
+                if (
+                    state is not None
+                    and old_state is not None
+                    and state.leader_epoch < old_state.leader_epoch
+                ):
+                    state = old_state  # a stale read: never move leadership backwards
+                states[partition] = state
+            topics[name] = TopicMetadata(assignment, states, store.read_topic_config(name))
+        return ClusterMetadata(store.live_brokers(), store.controller_id(), topics)
+
+    def _publish(self, snapshot: ClusterMetadata) -> None:
+        if snapshot == self._snapshot:
+            return
+        with self._changed:
+            self._snapshot = snapshot
+            self._changed.notify_all()
+        if self._listener is not None:
+            try:
+                self._listener(snapshot)
+            except Exception:
+                log.exception("cluster metadata listener failed")
