@@ -408,7 +408,8 @@ def main() -> int:
 
 def compare_models(models: list[str], records: int, rounds: int) -> int:
     """Produce and consume throughput per serving model, side by side in one run."""
-    figures: dict[str, dict[str, list[float]]] = {m: {"produce": [], "consume": []} for m in models}
+    kinds = ("produce", "consume", "produce_cpu", "consume_cpu")
+    figures: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in models}
     for round_number in range(rounds):
         for model in models:
             work = Path(tempfile.mkdtemp(prefix=f"tidelog-models-{model}-"))
@@ -418,24 +419,33 @@ def compare_models(models: list[str], records: int, rounds: int) -> int:
 
                 with AdminClient(address) as admin:
                     admin.create_topic("bench", 1)
+                cpu_before = _cpu_seconds(broker.pid)
                 produce = _run_role("--role", "produce", "--address", address,
                                     "--topic", "bench", "--count", str(records))  # fmt: skip
+                cpu_produced = _cpu_seconds(broker.pid)
                 consume = _run_role("--role", "consume", "--address", address,
                                     "--topic", "bench", "--partitions", "1",
                                     "--count", str(records))  # fmt: skip
+                cpu_consumed = _cpu_seconds(broker.pid)
             finally:
                 stop(broker)
                 shutil.rmtree(work, ignore_errors=True)
             figures[model]["produce"].append(produce["records_per_s"])
             figures[model]["consume"].append(consume["records_per_s"])
+            figures[model]["produce_cpu"].append((cpu_produced - cpu_before) / records * 1e6)
+            figures[model]["consume_cpu"].append((cpu_consumed - cpu_produced) / records * 1e6)
             print(f"round {round_number + 1} {model:>8}: produce "
                   f"{produce['records_per_s']:,.0f} records/s, consume "
-                  f"{consume['records_per_s']:,.0f} records/s")  # fmt: skip
+                  f"{consume['records_per_s']:,.0f} records/s; broker CPU "
+                  f"{figures[model]['produce_cpu'][-1]:.2f} / "
+                  f"{figures[model]['consume_cpu'][-1]:.2f} us/record")  # fmt: skip
     result: dict[str, Any] = {"records": records, "rounds": rounds}
     for model in models:
         for what in ("produce", "consume"):
             median = statistics.median(figures[model][what])
             result[f"{what}_records_per_s_{model}"] = round(median)
+            cpu = statistics.median(figures[model][f"{what}_cpu"])
+            result[f"{what}_broker_cpu_us_per_record_{model}"] = round(cpu, 2)
     first, second = models[0], models[1] if len(models) > 1 else models[0]
     for what in ("produce", "consume"):
         ratio = result[f"{what}_records_per_s_{first}"] / result[f"{what}_records_per_s_{second}"]
@@ -443,6 +453,12 @@ def compare_models(models: list[str], records: int, rounds: int) -> int:
         print(f"{what}: {first} / {second} = {ratio:.3f}")
     print(json.dumps(result))
     return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _report(what: str, figures: dict[str, Any]) -> None:

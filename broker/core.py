@@ -60,6 +60,7 @@ from broker.produce import (
     ProducePath,
 )
 from broker.producer_ids import ProducerIdManager
+from broker.quotas import QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
 from storage.errors import InvalidRequestError
 from storage.log_manager import LogManager, TopicMetadata
@@ -164,8 +165,10 @@ class BrokerCore:
         fetch_purgatory: Purgatory[tuple[str, int]],
         produce_purgatory: Purgatory[tuple[str, int]],
         group_fsync: GroupFsync,
+        quotas: QuotaManager,
     ) -> None:
         self.config = config
+        self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
@@ -218,6 +221,14 @@ class BrokerCore:
             producer_ids = ProducerIdManager.open(
                 logs.data_dir, clock, config.producer_id_expiration_ms
             )
+            quotas = QuotaManager.open(
+                logs.data_dir,
+                QuotaWindow(
+                    samples=config.quota_window_num,
+                    sample_ms=config.quota_window_size_seconds * 1000,
+                ),
+                clock,
+            )
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -243,6 +254,7 @@ class BrokerCore:
             fetch_purgatory,
             produce_purgatory,
             group_fsync,
+            quotas,
         )
 
     @property
@@ -574,6 +586,27 @@ class BrokerCore:
         """Delete an empty group's committed offsets."""
         with self._operation():
             self._groups.delete_group(group_id)
+
+    # --- client quotas (broker.quotas) ------------------------------------------------
+
+    def alter_client_quotas(
+        self, client_id: str, set_values: Mapping[str, float], delete: Sequence[str]
+    ) -> None:
+        """Set and remove quotas of a client id (``<default>``: all without their own).
+
+        Raises:
+            InvalidRequestError: an unknown quota name, a value that is not positive, or
+                an empty client id.
+        """
+        if not client_id:
+            raise InvalidRequestError("a quota needs a client id (or <default>)")
+        with self._operation():
+            self.quotas.alter(client_id, set_values, list(delete))
+
+    def describe_client_quotas(self, client_id: str | None) -> dict[str, dict[str, float]]:
+        """The quotas set, by client id (one, or all if None)."""
+        with self._operation():
+            return self.quotas.describe(client_id)
 
     # --- metrics ----------------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from broker.grpc_async import AsyncListener
 from broker.grpc_threads import ThreadedListener
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
+from broker.quotas import QuotaCollector
 from broker.service import BROKER_SERVICE_NAME
 from storage.clock import Clock
 
@@ -150,6 +151,7 @@ class BrokerServer:
         core = BrokerCore.open(config, clock, metrics)
         admission = Admission(config.limits_config())
         metrics.registry.register(AdmissionCollector(admission, core.parked_operations))
+        metrics.registry.register(QuotaCollector(core.quotas))
         start: Callable[..., Listener] = (
             AsyncListener.start if config.server_io_model == "async" else ThreadedListener.start
         )

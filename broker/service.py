@@ -302,6 +302,28 @@ def _delete_group(
     return pb.DeleteGroupResponse()
 
 
+# --- client quotas ------------------------------------------------------------------------
+
+
+def _alter_client_quotas(
+    core: BrokerCore, request: pb.AlterClientQuotasRequest, context: RequestContext
+) -> pb.AlterClientQuotasResponse:
+    core.alter_client_quotas(request.client_id, dict(request.set), list(request.delete))
+    return pb.AlterClientQuotasResponse()
+
+
+def _describe_client_quotas(
+    core: BrokerCore, request: pb.DescribeClientQuotasRequest, context: RequestContext
+) -> pb.DescribeClientQuotasResponse:
+    found = core.describe_client_quotas(request.client_id or None)
+    return pb.DescribeClientQuotasResponse(
+        entries=[
+            pb.ClientQuotaEntry(client_id=client_id, quotas=values)
+            for client_id, values in found.items()
+        ]
+    )
+
+
 # The unary RPCs that are plain storage work, by RPC name (the data path is elsewhere).
 UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "CreateTopic": _create_topic,
@@ -320,6 +342,8 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeGroup": _describe_group,
     "ResetGroupOffsets": _reset_group_offsets,
     "DeleteGroup": _delete_group,
+    "AlterClientQuotas": _alter_client_quotas,
+    "DescribeClientQuotas": _describe_client_quotas,
 }
 
 
@@ -370,10 +394,11 @@ def produce_parts(request: pb.ProduceRequest) -> list[PartitionRecords]:
 
 
 def produce_response(
-    correlation_id: int, answers: Sequence[PartitionProduced]
+    correlation_id: int, answers: Sequence[PartitionProduced], throttle_time_ms: int = 0
 ) -> pb.ProduceResponse:
     return pb.ProduceResponse(
         correlation_id=correlation_id,
+        throttle_time_ms=throttle_time_ms,
         results=[
             pb.ProducePartitionResult(
                 topic=a.topic,
@@ -390,9 +415,12 @@ def produce_response(
     )
 
 
-def fetch_response(correlation_id: int, answers: Sequence[PartitionFetched]) -> pb.FetchResponse:
+def fetch_response(
+    correlation_id: int, answers: Sequence[PartitionFetched], throttle_time_ms: int = 0
+) -> pb.FetchResponse:
     return pb.FetchResponse(
         correlation_id=correlation_id,
+        throttle_time_ms=throttle_time_ms,
         results=[
             pb.FetchPartitionResult(
                 topic=a.topic,

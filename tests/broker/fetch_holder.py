@@ -44,6 +44,8 @@ async def hold(address: str, topic: str, count: int, lifetime_s: float) -> None:
     ]
     calls = [pb_grpc.BrokerStub(channel).FetchStream() for channel in channels]
     await asyncio.gather(*(call.write(request) for call in calls))  # sent: connected
+    sys.stdout.write("ready\n")  # to the parent process through a pipe
+    sys.stdout.flush()
     loop = asyncio.get_running_loop()
     closed = asyncio.Event()
 
