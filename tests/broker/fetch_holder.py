@@ -17,6 +17,7 @@ meant to stay quiet, and each stream stays parked until the broker's cap. Prints
 from __future__ import annotations
 
 import asyncio
+import resource
 import sys
 import threading
 
@@ -64,6 +65,9 @@ async def hold(address: str, topic: str, count: int, lifetime_s: float) -> None:
 
 
 if __name__ == "__main__":
+    # Each connection is a file descriptor: allow as many as the hard limit does.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     asyncio.run(
         hold(
             sys.argv[1],
