@@ -20,6 +20,7 @@ import asyncio
 import resource
 import sys
 import threading
+from typing import Any
 
 from grpc import aio
 
@@ -27,6 +28,7 @@ from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 POLL_MS = 600_000
+_CHUNK = 100
 
 
 async def hold(address: str, topic: str, count: int, lifetime_s: float) -> None:
@@ -39,12 +41,29 @@ async def hold(address: str, topic: str, count: int, lifetime_s: float) -> None:
         min_bytes=1,
         partitions=[pb.FetchPartition(topic=topic, partition=0, fetch_offset=0)],
     )
-    channels = [
-        aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(count)
-    ]
-    calls = [pb_grpc.BrokerStub(channel).FetchStream() for channel in channels]
-    await asyncio.gather(*(call.write(request) for call in calls))  # sent: connected
+    channels: list[aio.Channel] = []
+    calls: list[Any] = []
+
+    async def connect() -> None:
+        for attempt in range(3):
+            channel = aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+            call = pb_grpc.BrokerStub(channel).FetchStream()
+            try:
+                await call.write(request)  # sent: connected
+            except aio.AioRpcError as exc:
+                # Thousands of connections at once can overflow the listen backlog.
+                await channel.close()
+                if attempt == 2:
+                    raise
+                sys.stderr.write(f"fetch_holder: connecting again after {exc.code()}\n")
+                await asyncio.sleep(0.5)
+                continue
+            channels.append(channel)
+            calls.append(call)
+            return
+
+    for start in range(0, count, _CHUNK):  # a few connections at a time, not all at once
+        await asyncio.gather(*(connect() for _ in range(min(_CHUNK, count - start))))
     sys.stdout.write("ready\n")  # to the parent process through a pipe
     sys.stdout.flush()
     loop = asyncio.get_running_loop()

@@ -310,3 +310,20 @@ def test_one_large_request_is_admitted_when_nothing_else_is_in_flight() -> None:
 )
 def test_peer_host(peer: str, host: str) -> None:
     assert peer_host(peer) == host
+
+
+def test_a_producer_refused_by_a_limit_retries_and_gets_through() -> None:
+    with InProcessBroker(settings={"queued.max.request.bytes": 1_024}) as broker:
+        with AdminClient(broker.address) as admin:
+            admin.create_topic("t", 1)
+        admission = broker.server.admission
+        admission.admit_bytes(1_000)  # other producers' data in flight
+        with Producer(broker.address, acks=1, retry_backoff_ms=50) as producer:
+            future = producer.send("t", b"x" * 100)
+            _eventually(
+                lambda: admission.refusals().get("QUEUED_MAX_REQUEST_BYTES_REACHED", 0) > 0,
+                "the producer was refused",
+            )
+            assert not future.done()  # refused, not failed: the producer retries
+            admission.release_bytes(1_000)
+            assert future.result(timeout=TIMEOUT_S).offset == 0
