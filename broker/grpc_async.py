@@ -147,7 +147,7 @@ class _AsyncService:
         """Run blocking core work on the storage executor, within ``queued.max.requests``;
         returns its result and the throttle time the caller's ``request_percentage``
         quota asks for (0 without one)."""
-        self._admission.admit_request()
+        self._admission.admit_request(caller)
         try:
             result, busy_s = await self._loop.run_in_executor(
                 self._executor, _timed, function, *args
@@ -254,7 +254,7 @@ class _AsyncService:
         admitted = False
         try:
             caller = self._open(context)
-            self._admission.admit_bytes(size)
+            self._admission.admit_bytes(size, caller)
             admitted = True
             future, throttle_ms = await self._produce_one(caller, request, size)
             answers = await future
@@ -304,7 +304,7 @@ class _AsyncService:
                     await slots.acquire()
                     acks = parse_acks(request.acks)
                     size = _produce_bytes(request)
-                    self._admission.admit_bytes(size)
+                    self._admission.admit_bytes(size, caller)
                     in_flight[0] += size
                     # The byte rate is counted here, not after the append, so the mute
                     # below applies before the next request is read.

@@ -115,7 +115,7 @@ class Admission:
                 self._calls_by_peer[context.peer] = 1
                 self._connections_by_host[host] = on_host + 1
                 return
-        raise self._refused(error)
+        raise self._refused(error, context)
 
     def close_call(self, context: RequestContext) -> None:
         """The call counted by ``open_call`` ended."""
@@ -134,8 +134,8 @@ class Admission:
 
     # --- queued requests and bytes ------------------------------------------------------
 
-    def admit_request(self) -> None:
-        """Count one request for the storage executor.
+    def admit_request(self, context: RequestContext | None = None) -> None:
+        """Count one request for the storage executor (``context``: for the log).
 
         Raises:
             QueuedMaxRequestsError: ``queued.max.requests`` are queued or running.
@@ -148,7 +148,8 @@ class Admission:
             QueuedMaxRequestsError(
                 f"queued.max.requests={self.config.queued_max_requests} requests are"
                 " already waiting for the broker"
-            )
+            ),
+            context,
         )
 
     def release_request(self) -> None:
@@ -156,8 +157,8 @@ class Admission:
         with self._lock:
             self._requests -= 1
 
-    def admit_bytes(self, size: int) -> None:
-        """Count ``size`` produce bytes in flight.
+    def admit_bytes(self, size: int, context: RequestContext | None = None) -> None:
+        """Count ``size`` produce bytes in flight (``context``: for the log).
 
         A request larger than the whole limit is admitted when nothing else is in flight,
         so that one large batch is never refused forever.
@@ -174,7 +175,8 @@ class Admission:
             QueuedMaxRequestBytesError(
                 f"queued.max.request.bytes={limit}: the broker holds too much produce data"
                 " in flight"
-            )
+            ),
+            context,
         )
 
     def release_bytes(self, size: int) -> None:
@@ -182,7 +184,7 @@ class Admission:
         with self._lock:
             self._request_bytes -= size
 
-    def _refused(self, error: BrokerBusyError) -> BrokerBusyError:
+    def _refused(self, error: BrokerBusyError, context: RequestContext | None) -> BrokerBusyError:
         now = time.monotonic()
         with self._lock:
             self._refusals[error.code] = self._refusals.get(error.code, 0) + 1
@@ -190,7 +192,8 @@ class Admission:
             if due:
                 self._last_logged[error.code] = now
         if due:
-            log.warning("refused a call: %s (%s)", error.code, error)
+            who = f"{context.peer} (client id {context.client_id!r})" if context else "a client"
+            log.warning("refused a call of %s: %s (%s)", who, error.code, error)
         return error
 
     # --- state --------------------------------------------------------------------------

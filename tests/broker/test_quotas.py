@@ -157,3 +157,18 @@ def test_fetch_answers_report_the_throttle_time() -> None:
         # ~1,100 bytes against 500/s over one window: about 1.2 s to pay back.
         assert held.throttle_time_ms > 0
         assert held.results[0].records == free.results[0].records
+
+
+def test_request_time_counts_against_request_percentage() -> None:
+    settings = {**_SETTINGS, "quota.window.num": 2}
+    with InProcessBroker(settings=settings) as broker:
+        with AdminClient(broker.address) as admin:
+            # A millionth of a thread: any call's storage time is over it.
+            admin.alter_client_quotas("busy", {"request_percentage": 0.0001})
+        quotas = broker.server.core.quotas
+        with AdminClient(broker.address, client_id="other") as other:
+            other.list_topics()
+        assert quotas.throttled_ms()["request_percentage"] == 0
+        with AdminClient(broker.address, client_id="busy") as busy:
+            busy.list_topics()  # answered, late by the throttle time
+        assert quotas.throttled_ms()["request_percentage"] > 0
