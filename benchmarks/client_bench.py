@@ -3,6 +3,7 @@
 ::
 
     python benchmarks/client_bench.py [--records 1000000] [--partitions 1] [--quick]
+    python benchmarks/client_bench.py --models async,threads [--rounds 3] [--records N]
 
 Runs, each in a process of its own against one broker process (``python -m broker``, a
 temporary data directory, 127.0.0.1, metrics off):
@@ -23,6 +24,11 @@ on a three-partition topic is reported as ``produce_records_per_s_3p_keyed``.
 
 The machine is shared and noisy: every figure comes from one run in the same script,
 next to the gRPC floor measured in the same minute. The last line is one JSON object.
+
+``--models async,threads`` compares the broker's serving models (``server.io.model``)
+instead: for each round, a fresh broker of each model in turn runs the produce and the
+consume measurement; it reports each model's median and the ratio of the first model to
+the second (1.0 = the same throughput).
 """
 
 from __future__ import annotations
@@ -83,11 +89,14 @@ def _wait_for_file(path: Path, process: subprocess.Popen[str], what: str) -> str
     return path.read_text().strip()
 
 
-def start_broker(work: Path) -> tuple[subprocess.Popen[str], str]:
+def start_broker(work: Path, model: str | None = None) -> tuple[subprocess.Popen[str], str]:
     ready = work / "broker-ready"
+    ready.unlink(missing_ok=True)
+    extra = ["--set", f"server.io.model={model}"] if model else []
     process = _spawn(
         "-m", "broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "WARNING", "--set", "metrics.port=-1",
+        *extra,
     )  # fmt: skip
     return process, _wait_for_file(ready, process, "the broker")
 
@@ -310,6 +319,8 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--latency-samples", type=int, default=2_000)
     parser.add_argument("--quick", action="store_true", help="100k records, fewer samples")
+    parser.add_argument("--models", help="compare serving models, e.g. async,threads")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --models")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
@@ -323,6 +334,8 @@ def main() -> int:
     if args.quick:
         args.records = 100_000
         args.latency_samples = 300
+    if args.models:
+        return compare_models(args.models.split(","), args.records, args.rounds)
 
     work = Path(tempfile.mkdtemp(prefix="tidelog-client-bench-"))
     broker, address = start_broker(work)
@@ -391,6 +404,61 @@ def main() -> int:
     }
     print(json.dumps(result))
     return 0
+
+
+def compare_models(models: list[str], records: int, rounds: int) -> int:
+    """Produce and consume throughput per serving model, side by side in one run."""
+    kinds = ("produce", "consume", "produce_cpu", "consume_cpu")
+    figures: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in models}
+    for round_number in range(rounds):
+        for model in models:
+            work = Path(tempfile.mkdtemp(prefix=f"tidelog-models-{model}-"))
+            broker, address = start_broker(work, model)
+            try:
+                from client import AdminClient
+
+                with AdminClient(address) as admin:
+                    admin.create_topic("bench", 1)
+                cpu_before = _cpu_seconds(broker.pid)
+                produce = _run_role("--role", "produce", "--address", address,
+                                    "--topic", "bench", "--count", str(records))  # fmt: skip
+                cpu_produced = _cpu_seconds(broker.pid)
+                consume = _run_role("--role", "consume", "--address", address,
+                                    "--topic", "bench", "--partitions", "1",
+                                    "--count", str(records))  # fmt: skip
+                cpu_consumed = _cpu_seconds(broker.pid)
+            finally:
+                stop(broker)
+                shutil.rmtree(work, ignore_errors=True)
+            figures[model]["produce"].append(produce["records_per_s"])
+            figures[model]["consume"].append(consume["records_per_s"])
+            figures[model]["produce_cpu"].append((cpu_produced - cpu_before) / records * 1e6)
+            figures[model]["consume_cpu"].append((cpu_consumed - cpu_produced) / records * 1e6)
+            print(f"round {round_number + 1} {model:>8}: produce "
+                  f"{produce['records_per_s']:,.0f} records/s, consume "
+                  f"{consume['records_per_s']:,.0f} records/s; broker CPU "
+                  f"{figures[model]['produce_cpu'][-1]:.2f} / "
+                  f"{figures[model]['consume_cpu'][-1]:.2f} us/record")  # fmt: skip
+    result: dict[str, Any] = {"records": records, "rounds": rounds}
+    for model in models:
+        for what in ("produce", "consume"):
+            median = statistics.median(figures[model][what])
+            result[f"{what}_records_per_s_{model}"] = round(median)
+            cpu = statistics.median(figures[model][f"{what}_cpu"])
+            result[f"{what}_broker_cpu_us_per_record_{model}"] = round(cpu, 2)
+    first, second = models[0], models[1] if len(models) > 1 else models[0]
+    for what in ("produce", "consume"):
+        ratio = result[f"{what}_records_per_s_{first}"] / result[f"{what}_records_per_s_{second}"]
+        result[f"{what}_ratio_{first}_over_{second}"] = round(ratio, 3)
+        print(f"{what}: {first} / {second} = {ratio:.3f}")
+    print(json.dumps(result))
+    return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _report(what: str, figures: dict[str, Any]) -> None:

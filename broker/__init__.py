@@ -1,10 +1,13 @@
 """Tidelog broker: the networked daemon over the storage engine.
 
 Run it with ``tidelog serve`` or ``python -m broker`` (``broker.cli``). Modules, from the
-outside in: ``server`` (process lifecycle: gRPC server, health, reflection, metrics
-endpoint, clean shutdown), ``service`` (the thin ``tidelog.v1.Broker`` servicer),
-``errors`` (the one error-to-status table), ``core`` (one domain method per RPC),
-``produce`` / ``produce_stream`` / ``fetch`` / ``fetch_waiters`` (the data path),
+outside in: ``server`` (process lifecycle: listener, health, reflection, metrics
+endpoint, clean shutdown), ``grpc_async`` / ``grpc_threads`` (the two gRPC serving
+models), ``service`` (one handler per ``tidelog.v1.Broker`` RPC, shared by both),
+``context`` (who is calling), ``limits`` (refusing instead of stalling), ``errors`` (the
+one error-to-status table), ``core`` (one listener-neutral method per operation),
+``delayed`` (the purgatory of parked operations), ``produce`` / ``produce_stream`` /
+``group_fsync`` / ``fetch`` (the data path),
 ``producer_ids`` (idempotent producer ids), ``groups`` (the consumer-group coordinator
 and the ``__consumer_offsets`` store), ``config`` (``BrokerConfig``), ``metrics``,
 ``malloc``, and ``testing`` (``InProcessBroker``, the public in-process harness).

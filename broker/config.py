@@ -18,7 +18,14 @@ key                                   default          meaning
 ``socket.request.max.bytes``          104857600        largest gRPC message the broker receives
 ``fetch.max.bytes``                   57671680         cap on the bytes of one fetch answer
 ``fetch.max.wait.ms``                 30000            cap on a fetch's ``max_wait_ms`` (long poll)
-``num.io.threads``                    64               gRPC worker threads (see ``docs/broker.md``)
+``num.io.threads``                    64               storage threads (``threads`` model: workers)
+``server.io.model``                   async            ``async`` (grpc.aio) or ``threads`` (legacy)
+``max.connections``                   20000            connections served at once (``limits.py``)
+``max.connections.per.ip``            20000            the same, per remote address
+``queued.max.requests``               500              requests waiting for or on a storage thread
+``queued.max.request.bytes``          268435456        produce bytes received and not yet answered
+``quota.window.num``                  11               samples of a client's quota rate
+``quota.window.size.seconds``         1                the time each sample spans
 ``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
 ``connections.keepalive.time.ms``     30000            ping a connection idle this long (see below)
 ``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
@@ -79,6 +86,7 @@ from typing import Any
 from broker.groups.coordinator import CoordinatorConfig
 from broker.groups.manager import GroupConfig
 from broker.groups.offset_store import OffsetStoreConfig
+from broker.limits import LimitsConfig
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError
 from storage.log_manager import LogManagerConfig
@@ -151,6 +159,13 @@ def _str(key: str, value: object) -> str:
     if not isinstance(value, str | int) or isinstance(value, bool) or str(value) == "":
         raise InvalidConfigError(f"{key}: expected a non-empty string, got {value!r}")
     return str(value)
+
+
+def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    text = _str(key, value).strip().lower()
+    if text not in choices:
+        raise InvalidConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
+    return text
 
 
 _METRICS_PORT_OFFSET = 1_000
@@ -227,6 +242,13 @@ class BrokerConfig:
     fetch_max_bytes: int = 57_671_680
     fetch_max_wait_ms: int = 30_000
     num_io_threads: int = 64
+    server_io_model: str = "async"
+    max_connections: int = 20_000
+    max_connections_per_ip: int = 20_000
+    queued_max_requests: int = 500
+    queued_max_request_bytes: int = 256 * 1024 * 1024
+    quota_window_num: int = 11
+    quota_window_size_seconds: int = 1
     shutdown_grace_ms: int = 5_000
     connections_keepalive_time_ms: int = 30_000
     connections_keepalive_timeout_ms: int = 20_000
@@ -256,6 +278,13 @@ class BrokerConfig:
             ("fetch.max.bytes", self.fetch_max_bytes >= 1),
             ("fetch.max.wait.ms", self.fetch_max_wait_ms >= 0),
             ("num.io.threads", self.num_io_threads >= 1),
+            ("server.io.model", self.server_io_model in ("async", "threads")),
+            ("max.connections", self.max_connections >= 1),
+            ("max.connections.per.ip", self.max_connections_per_ip >= 1),
+            ("queued.max.requests", self.queued_max_requests >= 1),
+            ("queued.max.request.bytes", self.queued_max_request_bytes >= 1),
+            ("quota.window.num", self.quota_window_num >= 2),
+            ("quota.window.size.seconds", self.quota_window_size_seconds >= 1),
             ("shutdown.grace.ms", self.shutdown_grace_ms >= 0),
             (
                 "connections.keepalive.time.ms",
@@ -338,6 +367,15 @@ class BrokerConfig:
     def effective_metrics_host(self) -> str:
         """The address the metrics endpoint binds: ``metrics.host`` or the listen host."""
         return self.metrics_host if self.metrics_host is not None else self.listen_host
+
+    def limits_config(self) -> LimitsConfig:
+        """The serving limits derived from these settings (``broker/limits.py``)."""
+        return LimitsConfig(
+            max_connections=self.max_connections,
+            max_connections_per_ip=self.max_connections_per_ip,
+            queued_max_requests=self.queued_max_requests,
+            queued_max_request_bytes=self.queued_max_request_bytes,
+        )
 
     def log_manager_config(self) -> LogManagerConfig:
         """The storage layer's configuration derived from these settings."""
@@ -461,6 +499,13 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "fetch.max.bytes": ("fetch_max_bytes", lambda k, v: _int(k, v, 1)),
     "fetch.max.wait.ms": ("fetch_max_wait_ms", lambda k, v: _int(k, v, 0)),
     "num.io.threads": ("num_io_threads", lambda k, v: _int(k, v, 1, 10_000)),
+    "server.io.model": ("server_io_model", lambda k, v: _choice(k, v, ("async", "threads"))),
+    "max.connections": ("max_connections", lambda k, v: _int(k, v, 1)),
+    "max.connections.per.ip": ("max_connections_per_ip", lambda k, v: _int(k, v, 1)),
+    "queued.max.requests": ("queued_max_requests", lambda k, v: _int(k, v, 1)),
+    "queued.max.request.bytes": ("queued_max_request_bytes", lambda k, v: _int(k, v, 1)),
+    "quota.window.num": ("quota_window_num", lambda k, v: _int(k, v, 2)),
+    "quota.window.size.seconds": ("quota_window_size_seconds", lambda k, v: _int(k, v, 1)),
     "shutdown.grace.ms": ("shutdown_grace_ms", lambda k, v: _int(k, v, 0)),
     "connections.keepalive.time.ms": (
         "connections_keepalive_time_ms",

@@ -1,18 +1,28 @@
 """The broker's domain: one method per RPC, over plain Python values; no gRPC here.
 
-``BrokerCore`` owns the log manager, the produce and fetch paths, the long-poll waiters,
-the producer-id allocator, the group coordinator (``broker.groups``) and the metrics. The
-gRPC servicer (``broker.service``) converts each request into a call of one method here
-and the result back into protobuf.
+``BrokerCore`` owns the log manager, the produce and fetch paths, the two purgatories of
+delayed operations (``broker.delayed``: parked fetches, ``acks=all`` produces waiting for
+the group fsync), the producer-id allocator, the group coordinator (``broker.groups``)
+and the metrics. It is listener-neutral: plain values in, plain values out, errors as
+``TidelogError`` classes with stable codes that each listener renders once
+(``broker.errors``). The gRPC listener (``broker.service``) converts each request into a
+call of one method here and the result back into protobuf; the Kafka listener and replica
+fetchers will be more callers of the same methods.
+
+Nothing here waits on a client's behalf. A fetch that must wait is parked
+(``start_fetch`` / ``step_fetch``, see ``broker.fetch``) and an ``acks=all`` produce is
+answered through a callback once durable (``complete``): the listener chooses how to
+wait without a thread (an asyncio future) or with one (``fetch``, ``produce``).
 
 Internal topics (``__consumer_offsets``) cannot be deleted: the committed offsets live
 there; nor grown (``LogManager.create_partitions`` refuses): a group's offsets live in
 partition ``crc32(group) % count``.
 
 Shutdown: ``close`` refuses new operations (``ShuttingDownError``, which the servicer
-answers as ``UNAVAILABLE``), wakes every long poll, waits for the operations in flight to
-finish (so that no append races the closing of the logs), stops the group expiry timer,
-then closes the log manager, which flushes, writes checkpoints and the clean-shutdown
+answers as ``UNAVAILABLE``), answers every parked fetch, waits for the operations in
+flight to finish (so that no append races the closing of the logs), lets the group fsync
+answer the produces it was asked for, stops the group expiry timer, then closes the log
+manager, which flushes, writes checkpoints and the clean-shutdown
 marker. Group membership is not persisted: after a restart members get
 ``UNKNOWN_MEMBER_ID`` and rejoin; committed offsets are in the log.
 """
@@ -21,14 +31,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from broker.config import BrokerConfig
+from broker.delayed import Purgatory
 from broker.errors import ShuttingDownError, partition_error
-from broker.fetch import FetchPath, FetchSpec, PartitionFetched
-from broker.fetch_waiters import FetchWaiters, Waiter
+from broker.fetch import FetchPath, FetchSpec, PartitionFetched, PendingFetch
+from broker.group_fsync import GroupFsync
 from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from broker.groups.manager import (
     GroupDescription,
@@ -40,8 +51,16 @@ from broker.groups.manager import (
     Selection,
 )
 from broker.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
-from broker.produce import Acks, PartitionAppend, PartitionProduced, PartitionRecords, ProducePath
+from broker.produce import (
+    Acks,
+    Deliver,
+    PartitionAppend,
+    PartitionProduced,
+    PartitionRecords,
+    ProducePath,
+)
 from broker.producer_ids import ProducerIdManager
+from broker.quotas import QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
 from storage.errors import InvalidRequestError
 from storage.log_manager import LogManager, TopicMetadata
@@ -143,29 +162,37 @@ class BrokerCore:
         producer_ids: ProducerIdManager,
         metrics: BrokerMetrics,
         groups: GroupManager,
-        waiters: FetchWaiters,
+        fetch_purgatory: Purgatory[tuple[str, int]],
+        produce_purgatory: Purgatory[tuple[str, int]],
+        group_fsync: GroupFsync,
+        quotas: QuotaManager,
     ) -> None:
         self.config = config
+        self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
         self._producer_ids = producer_ids
         self._groups = groups
-        self._waiters = waiters
-        self._produce = ProducePath(logs, self._waiters, metrics)
+        self._fetch_purgatory = fetch_purgatory
+        self._produce_purgatory = produce_purgatory
+        self._group_fsync = group_fsync
         self._fetch = FetchPath(
             logs,
-            self._waiters,
+            fetch_purgatory,
             metrics,
             clock,
             fetch_max_bytes=config.fetch_max_bytes,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
         )
+        self._produce = ProducePath(
+            logs, self._fetch.on_append, produce_purgatory, group_fsync, metrics
+        )
         self._gate = threading.Condition()
         self._in_flight = 0
         self._closing = False
         self._closed = False
-        metrics.add_partition_collector(self._partition_gauges, self._waiters.waiting)
+        metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
 
     @classmethod
@@ -180,18 +207,55 @@ class BrokerCore:
         """
         clock = clock or SystemClock()
         logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
-        waiters = FetchWaiters()
+        fetch_purgatory: Purgatory[tuple[str, int]] = Purgatory("fetch", clock)
+        produce_purgatory: Purgatory[tuple[str, int]] = Purgatory("produce", clock)
+
+        def produce_durable(topic: str, partition: int) -> None:
+            produce_purgatory.check_and_complete((topic, partition))
+
+        def appended(topic: str, partition: int) -> None:
+            fetch_purgatory.check_and_complete((topic, partition))
+
+        group_fsync = GroupFsync(produce_durable)
         try:
             producer_ids = ProducerIdManager.open(
                 logs.data_dir, clock, config.producer_id_expiration_ms
             )
-            groups = GroupManager.open(logs, clock, config.group_config(), on_append=waiters.notify)
+            quotas = QuotaManager.open(
+                logs.data_dir,
+                QuotaWindow(
+                    samples=config.quota_window_num,
+                    sample_ms=config.quota_window_size_seconds * 1000,
+                ),
+                clock,
+            )
+            groups = GroupManager.open(
+                logs,
+                clock,
+                config.group_config(),
+                on_append=appended,
+            )
             logs.start_background()
             groups.start()
+            fetch_purgatory.start()
+            group_fsync.start()
         except BaseException:
+            fetch_purgatory.close()
+            group_fsync.close()
             logs.close()
             raise
-        return cls(config, clock, logs, producer_ids, metrics or BrokerMetrics(), groups, waiters)
+        return cls(
+            config,
+            clock,
+            logs,
+            producer_ids,
+            metrics or BrokerMetrics(),
+            groups,
+            fetch_purgatory,
+            produce_purgatory,
+            group_fsync,
+            quotas,
+        )
 
     @property
     def logs(self) -> LogManager:
@@ -224,7 +288,7 @@ class BrokerCore:
         """Refuse new operations and answer waiting long polls now. Idempotent."""
         with self._gate:
             self._closing = True
-        self._waiters.close()
+        self._fetch_purgatory.close()
 
     def close(self, timeout_ms: int = 30_000) -> None:
         """``begin_close``, wait for work in flight, then close the logs. Idempotent.
@@ -240,6 +304,8 @@ class BrokerCore:
         with self._gate:
             if not self._gate.wait_for(lambda: self._in_flight == 0, timeout_ms / 1000.0):
                 log.error("closing with %d operations still in flight", self._in_flight)
+        self._group_fsync.close(timeout_ms)
+        self._produce_purgatory.close()
         self._groups.close()
         self._logs.close()
 
@@ -335,26 +401,87 @@ class BrokerCore:
     def produce(
         self, partitions: Sequence[PartitionRecords], acks: Acks
     ) -> list[PartitionProduced]:
-        """Append and answer per ``acks`` (unary ``Produce``)."""
+        """Append and answer per ``acks``, blocking this thread for ``acks=all``."""
         with self._operation():
-            return self._produce.produce(partitions, acks)
+            appends = self._produce.append(partitions)
+        return self.complete_blocking(appends, acks)
 
     def append(self, partitions: Sequence[PartitionRecords]) -> list[PartitionAppend]:
         """Step 1 of a produce (streams pipeline it with ``complete``)."""
         with self._operation():
             return self._produce.append(partitions)
 
-    def complete(self, appends: Sequence[PartitionAppend], acks: Acks) -> list[PartitionProduced]:
-        """Step 2 of a produce: durability per ``acks``, then the answers."""
-        with self._operation():
-            return self._produce.complete(appends, acks)
+    def complete(self, appends: Sequence[PartitionAppend], acks: Acks, deliver: Deliver) -> None:
+        """Step 2 of a produce: ``deliver`` gets the answers once durable per ``acks``.
 
-    def fetch(
-        self, spec: FetchSpec, *, waiter: Waiter | None = None, wait_cap_ms: int | None = None
-    ) -> list[PartitionFetched]:
-        """Read, long-polling per ``max_wait_ms``/``min_bytes`` (see ``broker.fetch``)."""
+        Never blocks: ``acks=all`` parks a delayed produce that the group fsync completes
+        (``deliver`` then runs on the fsync thread; it must not block either).
+        """
+        self._produce.complete(appends, acks, deliver)
+
+    def complete_blocking(
+        self, appends: Sequence[PartitionAppend], acks: Acks
+    ) -> list[PartitionProduced]:
+        """``complete``, blocking this thread until answered (the threaded listener)."""
+        return self._produce.complete_blocking(appends, acks)
+
+    def start_fetch(
+        self, spec: FetchSpec, *, wake: Callable[[], None], wait_cap_ms: int | None = None
+    ) -> PendingFetch:
+        """Begin a fetch that ``step_fetch`` drives (``broker.fetch`` shows the loop).
+
+        Raises:
+            ShuttingDownError: the broker is stopping.
+            InvalidRequestError: negative limits.
+        """
         with self._operation():
-            return self._fetch.fetch(spec, waiter=waiter, wait_cap_ms=wait_cap_ms)
+            return self._fetch.begin(spec, wake, wait_cap_ms)
+
+    def step_fetch(self, pending: PendingFetch) -> list[PartitionFetched] | None:
+        """Read now: the answers, or None when parked (``pending.wake`` follows).
+
+        A fetch begun before the broker started to stop is answered at once with what it
+        last read, never refused: stopping answers waiting long polls.
+        """
+        with self._gate:
+            closing = self._closing
+            if not closing:
+                self._in_flight += 1
+        if closing:
+            return self._fetch.step(pending, closing=True)
+        try:
+            return self._fetch.step(pending)
+        finally:
+            with self._gate:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._gate.notify_all()
+
+    def cancel_fetch(self, pending: PendingFetch) -> None:
+        """The fetch's call ended: drop its parked operation. Idempotent."""
+        self._fetch.cancel(pending)
+
+    def fetch(self, spec: FetchSpec, *, wait_cap_ms: int | None = None) -> list[PartitionFetched]:
+        """A whole fetch, blocking this thread while it is parked (threaded listener,
+        tests)."""
+        woken = threading.Event()
+        pending = self.start_fetch(spec, wake=woken.set, wait_cap_ms=wait_cap_ms)
+        try:
+            while True:
+                woken.clear()
+                answers = self.step_fetch(pending)
+                if answers is not None:
+                    return answers
+                woken.wait()
+        finally:
+            self.cancel_fetch(pending)
+
+    def parked_operations(self) -> dict[str, int]:
+        """Parked delayed operations by purgatory (for the metrics)."""
+        return {
+            "fetch": self._fetch_purgatory.parked(),
+            "produce": self._produce_purgatory.parked(),
+        }
 
     def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
         """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""
@@ -459,6 +586,27 @@ class BrokerCore:
         """Delete an empty group's committed offsets."""
         with self._operation():
             self._groups.delete_group(group_id)
+
+    # --- client quotas (broker.quotas) ------------------------------------------------
+
+    def alter_client_quotas(
+        self, client_id: str, set_values: Mapping[str, float], delete: Sequence[str]
+    ) -> None:
+        """Set and remove quotas of a client id (``<default>``: all without their own).
+
+        Raises:
+            InvalidRequestError: an unknown quota name, a value that is not positive, or
+                an empty client id.
+        """
+        if not client_id:
+            raise InvalidRequestError("a quota needs a client id (or <default>)")
+        with self._operation():
+            self.quotas.alter(client_id, set_values, list(delete))
+
+    def describe_client_quotas(self, client_id: str | None) -> dict[str, dict[str, float]]:
+        """The quotas set, by client id (one, or all if None)."""
+        with self._operation():
+            return self.quotas.describe(client_id)
 
     # --- metrics ----------------------------------------------------------------------------
 

@@ -19,6 +19,10 @@ A broker that is shutting down answers new calls ``UNAVAILABLE`` without the met
 (``ShuttingDownError``), exactly what a client sees when the broker is gone, so clients
 treat both the same way (retriable ``BrokerUnavailableError``).
 
+A limit reached (``BrokerBusyError``: ``max.connections``, ``max.connections.per.ip``,
+``queued.max.requests``, ``queued.max.request.bytes``) is ``RESOURCE_EXHAUSTED`` with the
+code naming the limit; the client rebuilds the retriable error from it.
+
 A request larger than ``socket.request.max.bytes`` is refused by gRPC itself before any
 handler runs: ``RESOURCE_EXHAUSTED`` without the metadata key. The client maps that status
 without a code to ``REQUEST_TOO_LARGE``.
@@ -33,6 +37,7 @@ from typing import NoReturn
 import grpc
 
 from storage.errors import (
+    BrokerBusyError,
     CorruptRecordError,
     FencedMemberEpochError,
     GroupError,
@@ -46,10 +51,14 @@ from storage.errors import (
     InvalidRequestError,
     InvalidTopicError,
     LogDirFullError,
+    MaxConnectionsError,
+    MaxConnectionsPerIpError,
     NotAuthorizedError,
     NotControllerError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
+    QueuedMaxRequestBytesError,
+    QueuedMaxRequestsError,
     RecordTooLargeError,
     RequestError,
     RequestTooLargeError,
@@ -111,6 +120,11 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     StorageError: grpc.StatusCode.INTERNAL,
     LogDirFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InternalError: grpc.StatusCode.INTERNAL,
+    BrokerBusyError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    MaxConnectionsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    MaxConnectionsPerIpError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    QueuedMaxRequestsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    QueuedMaxRequestBytesError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -144,7 +158,7 @@ def to_wire(exc: BaseException) -> WireError:
                 break
         else:
             status = None
-        if isinstance(exc, RequestError) and status is not None:
+        if isinstance(exc, RequestError | BrokerBusyError) and status is not None:
             return WireError(status, exc.code, str(exc) or exc.code)
         if isinstance(exc, StorageError):
             log.error("storage fault answered as %s", exc.code, exc_info=exc)
@@ -159,12 +173,16 @@ def partition_error(exc: BaseException) -> tuple[str, str]:
     return wire.code or InternalError.code, wire.message
 
 
-def abort_with(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
-    """End the call with the status, code metadata and message for ``exc``.
+def abort_with(
+    context: grpc.ServicerContext, exc: BaseException, wire: WireError | None = None
+) -> NoReturn:
+    """End the call with the status, code metadata and message for ``exc`` (``wire`` if
+    the caller translated it already: ``to_wire`` logs, so translate once).
 
     ``context.abort`` raises; callers use it in an ``except`` block so it is not caught again.
     """
-    wire = to_wire(exc)
+    if wire is None:
+        wire = to_wire(exc)
     if wire.code is not None:
         context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, wire.code),))
     context.abort(wire.status, wire.message)

@@ -1,10 +1,24 @@
-"""The fetch path: read stored batches, long-polling until ``min_bytes`` or ``max_wait_ms``.
+"""The fetch path: read stored batches now, or park the fetch until there is more to read.
 
 A fetch reads every partition it names; if the answer holds at least ``min_bytes`` (or any
-partition failed, or ``max_wait_ms`` or ``min_bytes`` is 0, as in Kafka) it returns at
-once. Otherwise it registers a ``Waiter`` for those partitions and sleeps on it until an
-append to one of them wakes it, the wait runs out, the call ends, or the broker stops; then
-it reads again. Appends wake it through ``FetchWaiters.notify``; nothing polls.
+partition failed, or ``max_wait_ms`` or ``min_bytes`` is 0, as in Kafka) it is answered at
+once. Otherwise it becomes a ``DelayedFetch`` parked in the fetch purgatory
+(``broker.delayed``) under its partitions, and no thread waits for it: an append to one of
+them (``FetchPath.on_append``), its deadline, or the broker stopping completes it, which
+calls the listener's ``wake``; the listener then reads again (``step``), and answers or
+parks once more. A listener drives one fetch like this::
+
+    pending = core.start_fetch(spec, wake=..., wait_cap_ms=...)
+    while (answers := core.step_fetch(pending)) is None:   # None: parked
+        <wait for wake, without holding a thread>
+    ...                                  # and core.cancel_fetch(pending) if the call ends
+
+``BrokerCore.fetch`` does the same for callers that may block (tests, the threaded
+listener).
+
+A parked fetch is satisfied as soon as the log end offset of one of its partitions moved
+away from what the read saw (Kafka's ``DelayedFetch`` compares byte positions; an offset
+is enough here, and the re-read decides whether ``min_bytes`` is reached).
 
 Size limits, as Kafka's: the answer holds at most ``max_bytes`` (capped by the broker's
 ``fetch.max.bytes``) and each partition at most its ``partition_max_bytes`` (1 MiB when 0),
@@ -20,23 +34,26 @@ log start or past the log end, negative offsets included) are answered per parti
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+from broker.delayed import DelayedOperation, Purgatory
 from broker.errors import partition_error
-from broker.fetch_waiters import FetchWaiters, Waiter
 from broker.metrics import BrokerMetrics
 from storage.clock import Clock
 from storage.errors import CorruptRecordError, InvalidRequestError
 from storage.log_manager import LogManager
+from storage.partition_log import PartitionLog
 from storage.records import iter_batch_headers
 
 __all__ = [
     "DEFAULT_PARTITION_MAX_BYTES",
+    "DelayedFetch",
     "FetchPath",
     "FetchSpec",
     "PartitionFetchSpec",
     "PartitionFetched",
+    "PendingFetch",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,13 +105,52 @@ class PartitionFetched:
     error_message: str = ""
 
 
+class DelayedFetch(DelayedOperation):
+    """A fetch parked until one of its partitions' log end offset moves. Thread-safe."""
+
+    __slots__ = ("_seen", "_wake")
+
+    def __init__(
+        self,
+        deadline_ms: int,
+        seen: Sequence[tuple[PartitionLog, int]],
+        wake: Callable[[], None],
+    ) -> None:
+        super().__init__(deadline_ms)
+        self._seen = seen
+        self._wake = wake
+
+    def is_satisfied(self) -> bool:
+        return any(plog.log_end_offset != end for plog, end in self._seen)
+
+    def on_complete(self) -> None:
+        self._wake()
+
+
+@dataclass(slots=True, eq=False)
+class PendingFetch:
+    """One fetch in progress, across its parks. Not thread-safe: one listener drives it.
+
+    ``wake`` is called (from any thread, at most once per park) when the fetch should be
+    read again; it must not block.
+    """
+
+    spec: FetchSpec
+    deadline_ms: int
+    wake: Callable[[], None]
+    keys: tuple[tuple[str, int], ...]
+    operation: DelayedFetch | None = None
+    last_answers: list[PartitionFetched] = field(default_factory=list)
+    cancelled: bool = False
+
+
 class FetchPath:
-    """Reads and long polls. Thread-safe (its parts are)."""
+    """Reads, and parks fetches in the fetch purgatory. Thread-safe (its parts are)."""
 
     def __init__(
         self,
         logs: LogManager,
-        waiters: FetchWaiters,
+        purgatory: Purgatory[tuple[str, int]],
         metrics: BrokerMetrics,
         clock: Clock,
         *,
@@ -102,22 +158,22 @@ class FetchPath:
         fetch_max_wait_ms: int,
     ) -> None:
         self._logs = logs
-        self._waiters = waiters
+        self._purgatory = purgatory
         self._metrics = metrics
         self._clock = clock
         self._fetch_max_bytes = fetch_max_bytes
         self._fetch_max_wait_ms = fetch_max_wait_ms
 
-    def fetch(
-        self, spec: FetchSpec, *, waiter: Waiter | None = None, wait_cap_ms: int | None = None
-    ) -> list[PartitionFetched]:
-        """Answer a fetch, waiting up to ``max_wait_ms`` for ``min_bytes``.
+    def on_append(self, topic: str, partition: int) -> None:
+        """Complete the fetches parked on ``topic``-``partition`` (called after appends)."""
+        self._purgatory.check_and_complete((topic, partition))
 
-        Args:
-            spec: what to read.
-            waiter: a waiter the caller can wake (e.g. when the gRPC call is cancelled);
-                a fresh one if None.
-            wait_cap_ms: cuts the wait short (what is left of the call's own deadline).
+    def begin(
+        self, spec: FetchSpec, wake: Callable[[], None], wait_cap_ms: int | None = None
+    ) -> PendingFetch:
+        """Validate ``spec`` and fix its deadline: ``max_wait_ms``, capped by the broker's
+        ``fetch.max.wait.ms`` and by ``wait_cap_ms`` (what is left of the call's own
+        deadline).
 
         Raises:
             InvalidRequestError: negative limits.
@@ -126,25 +182,52 @@ class FetchPath:
         wait_ms = min(spec.max_wait_ms, self._fetch_max_wait_ms)
         if wait_cap_ms is not None:
             wait_ms = min(wait_ms, wait_cap_ms)
-        deadline = self._clock.monotonic_ms() + wait_ms
-        answers = self._read_all(spec)
-        if self._satisfied(spec, answers) or self._clock.monotonic_ms() >= deadline:
+        keys = tuple(dict.fromkeys((p.topic, p.partition) for p in spec.partitions))
+        return PendingFetch(spec, self._clock.monotonic_ms() + wait_ms, wake, keys)
+
+    def step(
+        self, pending: PendingFetch, *, closing: bool = False
+    ) -> list[PartitionFetched] | None:
+        """Read; answer if satisfied, the deadline passed, the fetch was cancelled or the
+        broker is ``closing``; else park it and return None (``pending.wake`` follows).
+
+        While closing nothing is read: the answer is the last read's (an empty one if
+        none), so no read races the closing of the logs.
+        """
+        if closing:
+            return self._count_out(pending.last_answers or self._empty(pending.spec))
+        answers = self._read_all(pending.spec)
+        pending.last_answers = answers
+        if (
+            pending.cancelled
+            or self._satisfied(pending.spec, answers)
+            or self._clock.monotonic_ms() >= pending.deadline_ms
+        ):
             return self._count_out(answers)
-        keys = {(p.topic, p.partition) for p in spec.partitions}
-        with self._waiters.register(keys, waiter) as registered:
-            while True:
-                # Clear, then read: an append after the read sets the event again.
-                registered.clear()
-                answers = self._read_all(spec)
-                remaining = deadline - self._clock.monotonic_ms()
-                if (
-                    self._satisfied(spec, answers)
-                    or remaining <= 0
-                    or self._waiters.closed
-                    or registered.cancelled
-                ):
-                    return self._count_out(answers)
-                registered.wait(remaining)
+        seen = []
+        for p in pending.spec.partitions:
+            try:
+                plog = self._logs.get_log(p.topic, p.partition)
+            except Exception as exc:  # deleted since the read: the answer said so already
+                log.debug("%s-%d: not watched: %r", p.topic, p.partition, exc)
+                continue
+            seen.append((plog, plog.log_end_offset))
+        # The end offsets are read after the data: an append in between completes the
+        # operation at once, and the next read sees it (never a lost wake-up).
+        operation = DelayedFetch(pending.deadline_ms, seen, pending.wake)
+        pending.operation = operation
+        self._purgatory.try_complete_else_watch(operation, pending.keys)
+        return None
+
+    def cancel(self, pending: PendingFetch) -> None:
+        """The call ended: forget the parked operation, if any. Idempotent."""
+        pending.cancelled = True
+        if pending.operation is not None:
+            self._purgatory.cancel(pending.operation)
+
+    @staticmethod
+    def _empty(spec: FetchSpec) -> list[PartitionFetched]:
+        return [PartitionFetched(p.topic, p.partition) for p in spec.partitions]
 
     @staticmethod
     def _satisfied(spec: FetchSpec, answers: Sequence[PartitionFetched]) -> bool:

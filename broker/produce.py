@@ -5,16 +5,18 @@ A produce request is split in two steps so that a stream can pipeline them:
 1. ``append``: per partition, ``PartitionLog.append`` (which validates framing, CRC, size
    and idempotent-producer sequences and assigns offsets), then wake the fetches waiting on
    that partition. After this the records are readable, and in the page cache.
-2. ``complete``: keep the durability promise of ``acks`` and build the answers:
+2. ``complete``: keep the durability promise of ``acks`` and deliver the answers to the
+   listener's callback:
 
    - ``acks=0``: answers at once and tells nothing (offsets -1, no error), as a Kafka
      producer with ``acks=0`` learns nothing; failures are counted in the metrics and
      logged at debug level;
    - ``acks=1``: answers with the offsets once appended;
-   - ``acks=all`` (-1): fsyncs every partition written up to its last offset first.
-     ``PartitionLog.flush`` groups concurrent callers into one fsync, so producers running
-     in parallel share fsyncs (group commit), and a stream's next request is appended
-     while the previous one's fsync runs.
+   - ``acks=all`` (-1): a ``DelayedProduce`` parked in the produce purgatory
+     (``broker.delayed``) until every partition written is fsynced up to its last
+     offset by the group fsync thread (``broker.group_fsync``): producers running in
+     parallel share fsyncs, a stream's next request is appended while the previous one's
+     fsync runs, and no listener thread waits for the disk.
 
 A failure is reported per partition; the other partitions of the request are unaffected.
 Internal topics (``__consumer_offsets``) refuse produce requests (``INVALID_TOPIC_EXCEPTION``,
@@ -26,19 +28,23 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from broker.delayed import DelayedOperation, Purgatory
 from broker.errors import partition_error
-from broker.fetch_waiters import FetchWaiters
+from broker.group_fsync import DURABLE, PENDING, GroupFsync
 from broker.metrics import BrokerMetrics
-from storage.errors import InvalidRequestError, InvalidTopicError
+from storage.errors import InvalidRequestError, InvalidTopicError, StorageError
 from storage.log_manager import LogManager
 from storage.partition_log import AppendResult, PartitionLog
 
 __all__ = [
     "Acks",
+    "DelayedProduce",
+    "Deliver",
     "PartitionAppend",
     "PartitionProduced",
     "PartitionRecords",
@@ -99,19 +105,102 @@ class PartitionProduced:
     error_message: str = ""
 
 
+Deliver = Callable[[list[PartitionProduced]], None]
+
+
+def _answers(
+    appends: Sequence[PartitionAppend], flush_errors: dict[int, BaseException]
+) -> list[PartitionProduced]:
+    answers = []
+    for append in appends:
+        error = append.error or flush_errors.get(id(append.log))
+        if error is not None:
+            code, message = partition_error(error)
+            answers.append(
+                PartitionProduced(
+                    append.topic, append.partition, error_code=code, error_message=message
+                )
+            )
+            continue
+        assert append.result is not None
+        assert append.log is not None
+        answers.append(
+            PartitionProduced(
+                append.topic,
+                append.partition,
+                base_offset=append.result.base_offset,
+                log_append_time_ms=append.result.log_append_time_ms,
+                log_start_offset=append.log.log_start_offset,
+                duplicate=append.result.duplicate,
+            )
+        )
+    return answers
+
+
+class DelayedProduce(DelayedOperation):
+    """An ``acks=all`` produce parked until its batches are durable. Thread-safe.
+
+    No deadline: an fsync cannot be interrupted, and the group fsync thread answers every
+    request it takes (success or error). A closing purgatory completes it early; the
+    partitions still pending then are answered with the shutdown as a storage fault.
+    """
+
+    __slots__ = ("_appends", "_deliver", "_fsync", "_started", "_targets", "_wait")
+
+    def __init__(
+        self,
+        appends: Sequence[PartitionAppend],
+        targets: dict[int, tuple[PartitionLog, int]],
+        fsync: GroupFsync,
+        deliver: Deliver,
+        wait: Callable[[float], None],
+    ) -> None:
+        super().__init__(None)
+        self._appends = appends
+        self._targets = targets
+        self._fsync = fsync
+        self._deliver = deliver
+        self._wait = wait
+        self._started = time.perf_counter()
+
+    def is_satisfied(self) -> bool:
+        return all(self._fsync.status(plog, end) != PENDING for plog, end in self._targets.values())
+
+    def on_complete(self) -> None:
+        errors: dict[int, BaseException] = {}
+        for key, (plog, end) in self._targets.items():
+            status = self._fsync.status(plog, end)
+            if isinstance(status, BaseException):
+                errors[key] = status
+            elif status != DURABLE:
+                errors[key] = StorageError(f"{plog}: the broker stopped before the fsync")
+        if self._targets:
+            self._wait(time.perf_counter() - self._started)
+        self._deliver(_answers(self._appends, errors))
+
+
 class ProducePath:
     """Appends and durability for produce requests. Thread-safe (its parts are)."""
 
-    def __init__(self, logs: LogManager, waiters: FetchWaiters, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        logs: LogManager,
+        on_append: Callable[[str, int], None],
+        purgatory: Purgatory[tuple[str, int]],
+        fsync: GroupFsync,
+        metrics: BrokerMetrics,
+    ) -> None:
         self._logs = logs
-        self._waiters = waiters
+        self._on_append = on_append
+        self._purgatory = purgatory
+        self._fsync = fsync
         self._metrics = metrics
 
     def produce(
         self, partitions: Sequence[PartitionRecords], acks: Acks
     ) -> list[PartitionProduced]:
-        """Append and complete in one go (the unary ``Produce``)."""
-        return self.complete(self.append(partitions), acks)
+        """Append and complete in one go, blocking this thread until answered (tests)."""
+        return self.complete_blocking(self.append(partitions), acks)
 
     def append(self, partitions: Sequence[PartitionRecords]) -> list[PartitionAppend]:
         """Step 1: append each partition's batches, in request order; never raises."""
@@ -133,47 +222,22 @@ class ProducePath:
         if not result.duplicate:
             self._metrics.bytes_in.labels(part.topic).inc(len(part.records))
             self._metrics.records_in.labels(part.topic).inc(result.record_count)
-            self._waiters.notify(part.topic, part.partition)
+            self._on_append(part.topic, part.partition)
         return PartitionAppend(part.topic, part.partition, result, None, partition_log)
 
-    def complete(self, appends: Sequence[PartitionAppend], acks: Acks) -> list[PartitionProduced]:
-        """Step 2: make the appends as durable as ``acks`` asks and build the answers.
+    def complete(self, appends: Sequence[PartitionAppend], acks: Acks, deliver: Deliver) -> None:
+        """Step 2: deliver the answers once the appends are as durable as ``acks`` asks.
 
-        Blocks for fsyncs with ``acks=all``; an fsync cannot be interrupted, so this has no
-        timeout of its own (one fsync of the unflushed tail per partition, grouped).
+        ``deliver`` runs exactly once: on this thread for ``acks`` 0 and 1 (and for
+        ``acks=all`` when everything is durable already), else on the group fsync thread.
+        It must not block.
         """
         if acks == Acks.NONE:
-            return [PartitionProduced(a.topic, a.partition) for a in appends]
-        flush_errors: dict[int, BaseException] = {}
-        if acks == Acks.ALL:
-            flush_errors = self._flush(appends)
-        answers = []
-        for append in appends:
-            error = append.error or flush_errors.get(id(append.log))
-            if error is not None:
-                code, message = partition_error(error)
-                answers.append(
-                    PartitionProduced(
-                        append.topic, append.partition, error_code=code, error_message=message
-                    )
-                )
-                continue
-            assert append.result is not None
-            assert append.log is not None
-            answers.append(
-                PartitionProduced(
-                    append.topic,
-                    append.partition,
-                    base_offset=append.result.base_offset,
-                    log_append_time_ms=append.result.log_append_time_ms,
-                    log_start_offset=append.log.log_start_offset,
-                    duplicate=append.result.duplicate,
-                )
-            )
-        return answers
-
-    def _flush(self, appends: Sequence[PartitionAppend]) -> dict[int, BaseException]:
-        """fsync each written log up to its last appended offset; errors by ``id(log)``."""
+            deliver([PartitionProduced(a.topic, a.partition) for a in appends])
+            return
+        if acks == Acks.LEADER:
+            deliver(_answers(appends, {}))
+            return
         targets: dict[int, tuple[PartitionLog, int]] = {}
         for append in appends:
             if append.log is None or append.result is None:
@@ -183,13 +247,26 @@ class ProducePath:
             previous = targets.get(id(append.log))
             if previous is None or previous[1] < end:
                 targets[id(append.log)] = (append.log, end)
-        errors: dict[int, BaseException] = {}
-        started = time.perf_counter()
-        for key, (partition_log, end) in targets.items():
-            try:
-                partition_log.flush(end)
-            except Exception as exc:
-                errors[key] = exc
-        if targets:
-            self._metrics.flush_wait.observe(time.perf_counter() - started)
-        return errors
+        operation = DelayedProduce(
+            appends, targets, self._fsync, deliver, self._metrics.flush_wait.observe
+        )
+        keys = [(plog.topic, plog.partition) for plog, _ in targets.values()]
+        if self._purgatory.try_complete_else_watch(operation, keys):
+            return
+        for plog, end in targets.values():
+            self._fsync.request(plog, end)
+
+    def complete_blocking(
+        self, appends: Sequence[PartitionAppend], acks: Acks
+    ) -> list[PartitionProduced]:
+        """``complete``, blocking this thread until the answers are ready."""
+        done = threading.Event()
+        box: list[list[PartitionProduced]] = []
+
+        def deliver(answers: list[PartitionProduced]) -> None:
+            box.append(answers)
+            done.set()
+
+        self.complete(appends, acks, deliver)
+        done.wait()
+        return box[0]

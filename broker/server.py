@@ -1,15 +1,24 @@
 """The broker process's lifecycle: start, serve, stop cleanly.
 
-``BrokerServer.start`` opens the data directory (recovering it if the last stop was not
-clean), then starts one synchronous gRPC server (a ``ThreadPoolExecutor`` of
-``num.io.threads`` workers: measured here to be at least as fast as grpc's asyncio server)
-carrying the ``tidelog.v1.Broker`` service, the standard health service and server
-reflection, and the Prometheus endpoint if ``metrics.port`` is not -1.
+``BrokerServer.start`` raises the process's open-file limit to its hard limit (every
+connection is a file descriptor; the value got is logged), opens the data directory
+(recovering it if the last stop was not clean), then starts one gRPC listener carrying
+the ``tidelog.v1.Broker`` service, the standard health service and server reflection, and
+the Prometheus endpoint if ``metrics.port`` is not -1.
 
-Keepalive (``_grpc_options``): a worker thread is held for the whole life of a call, so a
-stream whose client vanished without closing its connection (host crash, cable pulled, a
-NAT that forgot the flow) would hold one for good, and enough of them stop the broker. The
-server therefore pings every connection quiet for ``connections.keepalive.time.ms``, with
+The listener's serving model is ``server.io.model``:
+
+- ``async`` (the default, ``broker.grpc_async``): ``grpc.aio`` on an event loop thread,
+  storage work on ``num.io.threads`` threads, waiting calls parked without a thread, and
+  the limits of ``broker.limits`` enforced;
+- ``threads`` (``broker.grpc_threads``): the former synchronous server, one worker of
+  ``num.io.threads`` per call for the call's whole life; kept to measure one against the
+  other (``benchmarks/client_bench.py --models``).
+
+Keepalive (``_grpc_options``): a stream whose client vanished without closing its
+connection (host crash, cable pulled, a NAT that forgot the flow) would keep its parked
+operation (and, in the threaded model, a worker thread) for good. The server therefore
+pings every connection quiet for ``connections.keepalive.time.ms``, with
 or without calls, and closes it when the ping is not answered within
 ``connections.keepalive.timeout.ms``; gRPC then cancels its calls and the handlers return.
 It also accepts the clients' own pings (the Tidelog client sends one every 30 s, calls or
@@ -34,29 +43,35 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from types import FrameType
-
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from typing import Any, Protocol
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore
+from broker.grpc_async import AsyncListener
+from broker.grpc_threads import ThreadedListener
+from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
-from broker.service import BrokerService
-from proto.tidelog.v1 import broker_pb2, broker_pb2_grpc
+from broker.quotas import QuotaCollector
+from broker.service import BROKER_SERVICE_NAME
 from storage.clock import Clock
 
-__all__ = ["BROKER_SERVICE_NAME", "BrokerServer", "ListenError", "run_until_signalled"]
+__all__ = [
+    "BROKER_SERVICE_NAME",
+    "BrokerServer",
+    "ListenError",
+    "Listener",
+    "raise_open_file_limit",
+    "run_until_signalled",
+]
 
 log = logging.getLogger(__name__)
 
-BROKER_SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
-_HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _STOP_MARGIN_MS = 5_000  # beyond the grace period, for gRPC's own teardown
 _FORCE_AFTER_MS = 1_000  # a repeated signal sooner than this is the same request
 # Clients may ping this often (or as often as the broker pings, if that is more often):
@@ -69,6 +84,36 @@ class ListenError(OSError):
     """The gRPC listen address could not be bound."""
 
 
+class Listener(Protocol):
+    """One network listener over the core (``AsyncListener``, ``ThreadedListener``; the
+    Kafka listener later)."""
+
+    port: int
+
+    def enter_graceful_shutdown(self) -> None:
+        """Health checks report ``NOT_SERVING`` from now on."""
+        ...
+
+    def stop(self, grace_ms: int, margin_ms: int) -> bool:
+        """Stop accepting, let calls in flight finish within ``grace_ms``; False if it
+        took longer than grace + margin."""
+        ...
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; log and return
+    (soft, hard) as they are now. Each client connection holds a file descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    log.info("open-file limit: %d (hard limit %d)", soft, hard)
+    return soft, hard
+
+
 class BrokerServer:
     """One running broker. Thread-safe: ``stop`` may be called from any thread, repeatedly.
 
@@ -79,18 +124,15 @@ class BrokerServer:
         self,
         config: BrokerConfig,
         core: BrokerCore,
-        server: grpc.Server,
-        executor: ThreadPoolExecutor,
-        health_servicer: health.HealthServicer,
-        port: int,
+        listener: Listener,
+        admission: Admission,
         metrics_server: MetricsServer | None,
     ) -> None:
         self.config = config
         self.core = core
-        self._server = server
-        self._executor = executor
-        self._health = health_servicer
-        self._port = port
+        self.admission = admission
+        self._listener = listener
+        self._port = listener.port
         self._metrics_server = metrics_server
         self._stop_lock = threading.Lock()
         self._stopped = threading.Event()
@@ -104,43 +146,44 @@ class BrokerServer:
             ListenError: the gRPC or the metrics address cannot be bound (the message
                 names the setting and the address).
         """
+        raise_open_file_limit()
         metrics = BrokerMetrics()
         core = BrokerCore.open(config, clock, metrics)
-        executor = ThreadPoolExecutor(
-            max_workers=config.num_io_threads, thread_name_prefix="tidelog-grpc"
+        admission = Admission(config.limits_config())
+        metrics.registry.register(AdmissionCollector(admission, core.parked_operations))
+        metrics.registry.register(QuotaCollector(core.quotas))
+        start: Callable[..., Listener] = (
+            AsyncListener.start if config.server_io_model == "async" else ThreadedListener.start
         )
-        server = grpc.server(executor, options=_grpc_options(config))
-        health_servicer = health.HealthServicer()
         metrics_server: MetricsServer | None = None
+        listener: Listener | None = None
         try:
-            broker_pb2_grpc.add_BrokerServicer_to_server(BrokerService(core), server)
-            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-            reflection.enable_server_reflection(
-                (BROKER_SERVICE_NAME, _HEALTH_SERVICE_NAME, reflection.SERVICE_NAME), server
+            listener = start(
+                core,
+                admission,
+                address=config.listen_address,
+                options=_grpc_options(config),
+                io_threads=config.num_io_threads,
+                bind=_bind,
             )
-            port = _bind(server, config.listen_address)
             metrics_port = config.effective_metrics_port
             if metrics_port >= 0:
                 metrics_server = _start_metrics(
                     metrics, config.effective_metrics_host, metrics_port
                 )
-            server.start()
         except BaseException:
-            server.stop(None)
-            executor.shutdown(wait=False)
-            if metrics_server is not None:
-                metrics_server.stop()
+            if listener is not None:
+                listener.stop(0, _STOP_MARGIN_MS)
             core.close()
             raise
-        for name in ("", BROKER_SERVICE_NAME):
-            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "tidelog broker serving on %s:%d, data in %s",
+            "tidelog broker serving on %s:%d (%s model), data in %s",
             config.listen_host,
-            port,
+            listener.port,
+            config.server_io_model,
             core.logs.data_dir,
         )
-        return cls(config, core, server, executor, health_servicer, port, metrics_server)
+        return cls(config, core, listener, admission, metrics_server)
 
     @property
     def port(self) -> int:
@@ -183,12 +226,10 @@ class BrokerServer:
                 return
             grace = self.config.shutdown_grace_ms if grace_ms is None else grace_ms
             log.info("stopping (grace %d ms)", grace)
-            self._health.enter_graceful_shutdown()
+            self._listener.enter_graceful_shutdown()
             self.core.begin_close()
-            done = self._server.stop(grace / 1000.0)
-            if not done.wait((grace + _STOP_MARGIN_MS) / 1000.0):
+            if not self._listener.stop(grace, _STOP_MARGIN_MS):
                 log.warning("gRPC server did not stop within the grace period")
-            self._executor.shutdown(wait=False)
             try:
                 self.core.close()
             finally:
@@ -224,9 +265,9 @@ def _grpc_options(config: BrokerConfig) -> list[tuple[str, int]]:
     ]
 
 
-def _bind(server: grpc.Server, address: str) -> int:
+def _bind(server: Any, address: str) -> int:
     try:
-        port = server.add_insecure_port(address)
+        port: int = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpcio raises on bind failure since 1.5x
         raise ListenError(f"listeners (--listen): cannot listen on {address}: {exc}") from None
     if port == 0:  # older grpcio returned 0 instead

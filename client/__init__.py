@@ -17,6 +17,7 @@ from client.consumer import Consumer
 from client.producer import Producer
 from client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
 from storage.errors import (
+    BrokerBusyError,
     BrokerUnavailableError,
     BufferExhaustedError,
     ClientError,
@@ -38,6 +39,7 @@ from storage.errors import (
 
 __all__ = [
     "AdminClient",
+    "BrokerBusyError",
     "BrokerUnavailableError",
     "BufferExhaustedError",
     "ClientError",

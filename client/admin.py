@@ -415,6 +415,47 @@ class AdminClient:
 
     # --- lifecycle ------------------------------------------------------------------------
 
+    # --- client quotas --------------------------------------------------------------------
+
+    def alter_client_quotas(
+        self,
+        client_id: str,
+        quotas: Mapping[str, float] | None = None,
+        delete: Iterable[str] = (),
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Set ``quotas`` and remove the ``delete`` ones of a client id (``"<default>"``:
+        every client id without quotas of its own), Kafka's ``AlterClientQuotas``.
+
+        Quotas: ``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second),
+        ``request_percentage`` (percent of one broker storage thread). A client over a
+        quota gets its answers late by the throttle time. Raises ``InvalidRequestError``
+        for an unknown quota name or a value that is not positive.
+        """
+        self._transport.call(
+            self._stub.AlterClientQuotas,
+            pb.AlterClientQuotasRequest(
+                client_id=client_id,
+                set={k: float(v) for k, v in (quotas or {}).items()},
+                delete=list(delete),
+            ),
+            what=f"AlterClientQuotas {client_id}",
+            timeout_ms=timeout_ms,
+        )
+
+    def describe_client_quotas(
+        self, client_id: str | None = None, *, timeout_ms: int | None = None
+    ) -> dict[str, dict[str, float]]:
+        """The quotas set, by client id: one client id's, or every one's if None."""
+        answer = self._transport.call(
+            self._stub.DescribeClientQuotas,
+            pb.DescribeClientQuotasRequest(client_id=client_id or ""),
+            what="DescribeClientQuotas",
+            timeout_ms=timeout_ms,
+        )
+        return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
+
     def close(self) -> None:
         """Close the connection. Idempotent."""
         self._transport.close()

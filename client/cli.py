@@ -13,6 +13,10 @@
     tidelog groups list | describe GROUP | delete GROUP
     tidelog groups reset-offsets GROUP (--topic T [--partition P]... | --all-topics)
                    (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO)
+    tidelog quotas set CLIENT_ID KEY=VALUE...   (producer_byte_rate, consumer_byte_rate,
+                                                 request_percentage; CLIENT_ID <default>)
+    tidelog quotas list [CLIENT_ID]
+    tidelog quotas delete CLIENT_ID [KEY]...     (no KEY: every quota of CLIENT_ID)
     tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
 
 Every command takes ``--bootstrap HOST:PORT`` (default ``$TIDELOG_BOOTSTRAP`` or
@@ -260,7 +264,77 @@ def _parser() -> argparse.ArgumentParser:
         help="the first record at or after this time (e.g. 2026-01-31T12:00:00Z)",
     )
     reset.set_defaults(handler=_groups_reset_offsets)
+
+    quotas = commands.add_parser("quotas", help="client quotas (byte rates, request time)")
+    quotas.set_defaults(handler=_help_of(quotas))
+    quota_commands = quotas.add_subparsers(title="quota commands", metavar="ACTION")
+    quota_set = quota_commands.add_parser(
+        "set",
+        parents=[common],
+        help="set quotas of a client id",
+        description="Set quotas of a client id (<default>: every client id without its "
+        "own): producer_byte_rate, consumer_byte_rate (bytes/s), request_percentage "
+        "(percent of one broker storage thread).",
+    )
+    quota_set.add_argument("client_id", metavar="CLIENT_ID")
+    quota_set.add_argument("quotas", nargs="+", metavar="KEY=VALUE")
+    quota_set.set_defaults(handler=_quotas_set)
+    quota_list = quota_commands.add_parser("list", parents=[common], help="list quotas")
+    quota_list.add_argument("client_id", nargs="?", metavar="CLIENT_ID")
+    quota_list.set_defaults(handler=_quotas_list)
+    quota_delete = quota_commands.add_parser(
+        "delete", parents=[common], help="remove quotas of a client id"
+    )
+    quota_delete.add_argument("client_id", metavar="CLIENT_ID")
+    quota_delete.add_argument("keys", nargs="*", metavar="KEY", help="default: every quota")
+    quota_delete.set_defaults(handler=_quotas_delete)
     return parser
+
+
+_QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_percentage")
+
+
+def _quotas_set(args: argparse.Namespace) -> int:
+    values = {}
+    for key, text in _pairs(args.quotas, "a quota").items():
+        try:
+            values[key] = float(text)
+        except ValueError:
+            raise UsageError(f"quota {key} must be a number, got {text!r}") from None
+    with _admin(args) as admin:
+        admin.alter_client_quotas(args.client_id, values)
+    shown = ", ".join(f"{k}={_number(v)}" for k, v in values.items())
+    _info(f"Set quotas of {args.client_id}: {shown}")
+    return EXIT_OK
+
+
+def _quotas_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        found = admin.describe_client_quotas(args.client_id)
+    if not found:
+        _info("No quotas.")
+        return EXIT_OK
+    _print_table(
+        ["CLIENT_ID", *(k.upper() for k in _QUOTA_KEYS)],
+        [
+            [client_id, *(_number(values[k]) if k in values else "-" for k in _QUOTA_KEYS)]
+            for client_id, values in found.items()
+        ],
+        right={1, 2, 3},
+    )
+    return EXIT_OK
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def _quotas_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        keys = args.keys or list(_QUOTA_KEYS)
+        admin.alter_client_quotas(args.client_id, delete=keys)
+    _info(f"Removed quotas of {args.client_id}: {', '.join(keys)}")
+    return EXIT_OK
 
 
 def _help_of(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

@@ -26,6 +26,10 @@ new stream is opened (it waits for the broker to be reachable). A batch fails wh
 error is not retriable, after ``retries`` retries, or ``delivery_timeout_ms`` after it was
 created.
 
+Quotas: an answer with ``throttle_time_ms`` > 0 (the producer is over a broker quota)
+holds back new requests for that long (Kafka's KIP-219); the broker also stops reading
+the stream meanwhile, so the client's pause only keeps it from queueing requests there.
+
 Thread-safe: all shared state is guarded by the producer's lock.
 """
 
@@ -156,6 +160,8 @@ class Sender:
         self._fatal: BaseException | None = None
         self._producer_id_backoff_until = 0
         self._metadata_backoff_until = 0
+        # A broker quota's throttle (throttle_time_ms): no new request before this.
+        self._throttled_until = 0
         self._thread = threading.Thread(
             target=self._run, name=f"tidelog-producer-{config.client_id}", daemon=True
         )
@@ -424,7 +430,9 @@ class Sender:
                 else:
                     wait_ms = deadline - now
             batches: list[ProducerBatch[RecordFuture]] = []
-            if len(self._requests) < config.max_in_flight_requests_per_connection:
+            if now < self._throttled_until:
+                wait_ms = _min(wait_ms, self._throttled_until - now)
+            elif len(self._requests) < config.max_in_flight_requests_per_connection:
                 can_send = None if sequences is None else sequences.can_send
                 check = accumulator.ready(now, can_send)
                 if check.partitions:
@@ -581,6 +589,9 @@ class Sender:
             if request is None:
                 log.warning("produce answer for unknown request %d", response.correlation_id)
                 return
+            if response.throttle_time_ms > 0:
+                # Over a broker quota: send nothing more for as long (Kafka's KIP-219).
+                self._throttled_until = max(self._throttled_until, now + response.throttle_time_ms)
             for batch in request.batches:
                 result = results.get((batch.tp.topic, batch.tp.partition))
                 if result is None:

@@ -35,6 +35,11 @@ and this module, which import nothing else of ours).
     │   │   └── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   └── NotAuthorizedError            NOT_AUTHORIZED
+    ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
+    │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
+    │   ├── MaxConnectionsPerIpError      MAX_CONNECTIONS_PER_IP_REACHED
+    │   ├── QueuedMaxRequestsError        QUEUED_MAX_REQUESTS_REACHED
+    │   └── QueuedMaxRequestBytesError    QUEUED_MAX_REQUEST_BYTES_REACHED
     ├── ClientError                       (raised on the client side only)
     │   ├── BrokerUnavailableError        BROKER_UNAVAILABLE   retriable
     │   ├── TimeoutError_ → KafkaTimeoutError  REQUEST_TIMED_OUT  retriable
@@ -51,6 +56,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BrokerBusyError",
     "BrokerUnavailableError",
     "BufferExhaustedError",
     "ClientError",
@@ -69,10 +75,14 @@ __all__ = [
     "InvalidTopicError",
     "KafkaTimeoutError",
     "LogDirFullError",
+    "MaxConnectionsError",
+    "MaxConnectionsPerIpError",
     "NotAuthorizedError",
     "NotControllerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "QueuedMaxRequestBytesError",
+    "QueuedMaxRequestsError",
     "RecordTooLargeError",
     "RequestError",
     "RequestTooLargeError",
@@ -262,6 +272,41 @@ class NotAuthorizedError(RequestError):
     """The caller may not do this."""
 
     code = "NOT_AUTHORIZED"
+
+
+# --- limits: the broker is full right now; the same call later may well succeed -------
+
+
+class BrokerBusyError(TidelogError):
+    """A broker limit refused the call at once (gRPC ``RESOURCE_EXHAUSTED``). Retriable:
+    back off and try again, or spread the load. The code names the limit reached."""
+
+    code = "BROKER_BUSY"
+    retriable = True
+
+
+class MaxConnectionsError(BrokerBusyError):
+    """The broker serves ``max.connections`` connections already."""
+
+    code = "MAX_CONNECTIONS_REACHED"
+
+
+class MaxConnectionsPerIpError(BrokerBusyError):
+    """The broker serves ``max.connections.per.ip`` connections from this address."""
+
+    code = "MAX_CONNECTIONS_PER_IP_REACHED"
+
+
+class QueuedMaxRequestsError(BrokerBusyError):
+    """``queued.max.requests`` requests already wait for the broker's storage threads."""
+
+    code = "QUEUED_MAX_REQUESTS_REACHED"
+
+
+class QueuedMaxRequestBytesError(BrokerBusyError):
+    """``queued.max.request.bytes`` of produce data are already in flight in the broker."""
+
+    code = "QUEUED_MAX_REQUEST_BYTES_REACHED"
 
 
 # --- client-side errors ---------------------------------------------------------------

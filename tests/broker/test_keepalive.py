@@ -3,9 +3,11 @@
 A vanished client (host crash, no FIN or RST) is played by ``FreezableProxy``: a TCP proxy
 on 127.0.0.1 that, once frozen, stops moving bytes in both directions but keeps every
 socket open, so the broker sees a connection that is up and silent. Each stream of the
-sync gRPC server holds a worker thread, so the observable is the one that matters: with
-``num.io.threads=2`` held by two frozen streams, a new client gets served again only once
-the broker has cancelled them. The same proxy checks that the client notices a silent
+threaded serving model holds a worker thread, so the observable is the one that matters
+there: with ``num.io.threads=2`` held by two frozen streams, a new client gets served
+again only once the broker has cancelled them. (The asynchronous model holds no thread;
+``tests/broker/test_serving.py`` checks that a vanished client frees its parked
+operations there.) The same proxy checks that the client notices a silent
 broker, and a client pinging at its own pace over a long idle poll must keep its stream
 (no GOAWAY too_many_pings). Each of these fails without the keepalive options.
 """
@@ -126,7 +128,7 @@ def _list_topics(stub: pb_grpc.BrokerStub, timeout_s: float) -> bool:
 def test_streams_of_a_silent_client_are_cancelled_and_free_their_threads(
     proxies: list[FreezableProxy],
 ) -> None:
-    settings = {**_SHORT_KEEPALIVE, "num.io.threads": 2}
+    settings = {**_SHORT_KEEPALIVE, "num.io.threads": 2, "server.io.model": "threads"}
     with InProcessBroker(settings=settings) as broker, broker.channel() as direct:
         direct_stub = pb_grpc.BrokerStub(direct)
         create_topic(direct_stub, "t")

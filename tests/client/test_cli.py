@@ -214,3 +214,29 @@ def test_the_console_script_is_installed() -> None:
     assert result.returncode == 0
     assert "topics" in result.stdout
     assert "consume" in result.stdout
+
+
+def test_quotas_set_list_delete(broker: InProcessBroker) -> None:
+    address = broker.address
+    done = tidelog(
+        "quotas", "set", "etl", "producer_byte_rate=1048576", "request_percentage=50",
+        "--bootstrap", address,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    listed = tidelog("quotas", "list", "--bootstrap", address)
+    assert listed.returncode == 0, listed.stderr
+    lines = [line.split() for line in listed.stdout.splitlines()]
+    assert lines[0] == [
+        "CLIENT_ID",
+        "PRODUCER_BYTE_RATE",
+        "CONSUMER_BYTE_RATE",
+        "REQUEST_PERCENTAGE",
+    ]
+    assert lines[1] == ["etl", "1048576", "-", "50"]
+    assert_one_line_error(
+        tidelog("quotas", "set", "etl", "bogus=1", "--bootstrap", address), 1, "unknown quota"
+    )
+    removed = tidelog("quotas", "delete", "etl", "--bootstrap", address)
+    assert removed.returncode == 0, removed.stderr
+    with AdminClient(address) as admin:
+        assert admin.describe_client_quotas() == {}

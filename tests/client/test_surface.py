@@ -26,6 +26,7 @@ def test_package_exports() -> None:
         "ClientError",
         "RequestError",
         "BrokerUnavailableError",
+        "BrokerBusyError",
         "KafkaTimeoutError",
         "ClosedError",
         "BufferExhaustedError",

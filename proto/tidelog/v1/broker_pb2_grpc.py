@@ -134,6 +134,16 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupResponse.FromString,
                 _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/tidelog.v1.Broker/AlterClientQuotas',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeClientQuotas',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -262,6 +272,19 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterClientQuotas(self, request, context):
+        """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -364,6 +387,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteGroup,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -906,6 +939,60 @@ class Broker:
             '/tidelog.v1.Broker/DeleteGroup',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/AlterClientQuotas',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeClientQuotas',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,9 @@ class BrokerStub:
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]
     ResetGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]
+    AlterClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]
+    """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
+    DescribeClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -95,6 +98,9 @@ class BrokerAsyncStub(BrokerStub):
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]  # type: ignore[assignment]
     ResetGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    AlterClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]  # type: ignore[assignment]
+    """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
+    DescribeClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -239,5 +245,20 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DeleteGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DeleteGroupResponse, _abc.Awaitable[_broker_pb2.DeleteGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AlterClientQuotas(
+        self,
+        request: _broker_pb2.AlterClientQuotasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AlterClientQuotasResponse, _abc.Awaitable[_broker_pb2.AlterClientQuotasResponse]]:
+        """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
+
+    @_abc_1.abstractmethod
+    def DescribeClientQuotas(
+        self,
+        request: _broker_pb2.DescribeClientQuotasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeClientQuotasResponse, _abc.Awaitable[_broker_pb2.DescribeClientQuotasResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
