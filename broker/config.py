@@ -45,6 +45,14 @@ key                                   default          meaning
 ``offsets.topic.num.partitions``      5                partitions of the offsets topic (at creation)
 ``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
 ``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
+``broker.id``                         0                this broker's id (unique in a cluster)
+``zookeeper.connect``                 (none)           ``HOST:PORT[,...][/chroot]``: cluster mode
+``zookeeper.session.timeout.ms``      18000            ZooKeeper session: a dead broker's timeout
+``zookeeper.connection.timeout.ms``   15000            how long to wait for ZooKeeper at start
+``advertised.listeners``              (listen address) ``HOST:PORT`` other brokers and clients use
+``default.replication.factor``        1                replicas of a topic created without a factor
+``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
+``controlled.shutdown.enable``        true             move leadership away before a clean stop
 ====================================  ===============  =============================================
 
 The two ``connections.keepalive`` settings have no Kafka equivalent. The broker pings a
@@ -268,9 +276,19 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = 5
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
     offset_metadata_max_bytes: int = 4_096
+    broker_id: int = 0
+    zookeeper_connect: str | None = None
+    zookeeper_session_timeout_ms: int = 18_000
+    zookeeper_connection_timeout_ms: int = 15_000
+    advertised_listeners: str | None = None
+    default_replication_factor: int = 1
+    unclean_leader_election_enable: bool = False
+    controlled_shutdown_enable: bool = True
     log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
 
     def __post_init__(self) -> None:
+        if self.advertised_listeners:
+            parse_listen(self.advertised_listeners, "advertised.listeners")  # raises if bad
         checks = [
             ("listeners", 0 <= self.listen_port <= 65535),
             ("num.partitions", self.num_partitions >= 1),
@@ -279,6 +297,11 @@ class BrokerConfig:
             ("fetch.max.wait.ms", self.fetch_max_wait_ms >= 0),
             ("num.io.threads", self.num_io_threads >= 1),
             ("server.io.model", self.server_io_model in ("async", "threads")),
+            ("broker.id", 0 <= self.broker_id <= 2**31 - 1),
+            ("zookeeper.session.timeout.ms", self.zookeeper_session_timeout_ms >= 1),
+            ("zookeeper.connection.timeout.ms", self.zookeeper_connection_timeout_ms >= 1),
+            ("default.replication.factor", self.default_replication_factor >= 1),
+            ("zookeeper.connect", self.zookeeper_connect is None or bool(self.zookeeper_connect)),
             ("max.connections", self.max_connections >= 1),
             ("max.connections.per.ip", self.max_connections_per_ip >= 1),
             ("queued.max.requests", self.queued_max_requests >= 1),
@@ -347,6 +370,22 @@ class BrokerConfig:
         """``HOST:PORT`` as gRPC wants it (IPv6 hosts in brackets)."""
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
+
+    def advertised_endpoint(self, bound_port: int) -> tuple[str, int]:
+        """``(host, port)`` other brokers and clients use to reach this one.
+
+        ``advertised.listeners`` if set (its port 0 means the bound port), else the listen
+        address, with a wildcard host (0.0.0.0, ::) advertised as 127.0.0.1: a wildcard is
+        not an address anyone can dial, so a broker on one reachable from elsewhere must
+        set ``advertised.listeners``, as in Kafka.
+        """
+        if self.advertised_listeners:
+            host, port = parse_listen(self.advertised_listeners, "advertised.listeners")
+            return host, port or bound_port
+        host = self.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return host, bound_port
 
     @property
     def effective_metrics_port(self) -> int:
@@ -558,6 +597,17 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     ),
     "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", lambda k, v: _int(k, v, 1024)),
     "offset.metadata.max.bytes": ("offset_metadata_max_bytes", lambda k, v: _int(k, v, 0, 0x7FFF)),
+    "broker.id": ("broker_id", lambda k, v: _int(k, v, 0, 2**31 - 1)),
+    "zookeeper.connect": ("zookeeper_connect", _str),
+    "zookeeper.session.timeout.ms": ("zookeeper_session_timeout_ms", lambda k, v: _int(k, v, 1)),
+    "zookeeper.connection.timeout.ms": (
+        "zookeeper_connection_timeout_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "advertised.listeners": ("advertised_listeners", _str),
+    "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
+    "controlled.shutdown.enable": ("controlled_shutdown_enable", _bool),
 }
 
 

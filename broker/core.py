@@ -50,7 +50,9 @@ from broker.groups.manager import (
     ResetTarget,
     Selection,
 )
+from broker.meta_properties import ensure_meta_properties
 from broker.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
+from broker.placement import ClusterView, LocalPlacement, PartitionPlacement, Placement
 from broker.produce import (
     Acks,
     Deliver,
@@ -70,6 +72,7 @@ __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
     "BrokerCore",
+    "MetadataTopic",
     "OffsetAnswer",
     "OffsetQuery",
     "PartitionCountResult",
@@ -94,6 +97,10 @@ class PartitionView:
     high_watermark: int
     size_bytes: int
     segments: int
+    leader: int = 0
+    leader_epoch: int = 0
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +111,16 @@ class TopicView:
     internal: bool
     config: Mapping[str, str]
     partitions: Sequence[PartitionView]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataTopic:
+    """One topic of a Metadata answer: its partitions' placements, in partition order."""
+
+    name: str
+    error_code: str = ""
+    partitions: tuple[PartitionPlacement, ...] = ()
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +183,10 @@ class BrokerCore:
         produce_purgatory: Purgatory[tuple[str, int]],
         group_fsync: GroupFsync,
         quotas: QuotaManager,
+        placement: Placement,
     ) -> None:
         self.config = config
+        self.placement = placement
         self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
@@ -184,9 +203,15 @@ class BrokerCore:
             clock,
             fetch_max_bytes=config.fetch_max_bytes,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
+            check_leader=self._check_leader,
         )
         self._produce = ProducePath(
-            logs, self._fetch.on_append, produce_purgatory, group_fsync, metrics
+            logs,
+            self._fetch.on_append,
+            produce_purgatory,
+            group_fsync,
+            metrics,
+            check_leader=self._check_leader,
         )
         self._gate = threading.Condition()
         self._in_flight = 0
@@ -229,6 +254,7 @@ class BrokerCore:
                 ),
                 clock,
             )
+            cluster_id = ensure_meta_properties(logs.data_dir, config.broker_id)
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -255,7 +281,11 @@ class BrokerCore:
             produce_purgatory,
             group_fsync,
             quotas,
+            LocalPlacement(config.broker_id, cluster_id),
         )
+
+    def _check_leader(self, topic: str, partition: int) -> None:
+        self.placement.check_leader(topic, partition)
 
     @property
     def logs(self) -> LogManager:
@@ -343,6 +373,35 @@ class BrokerCore:
         with self._operation():
             return self._view(self._logs.topic(name))
 
+    def metadata(
+        self, topics: Sequence[str], include_internal: bool
+    ) -> tuple[ClusterView, list[MetadataTopic]]:
+        """Kafka's Metadata: the cluster and each topic's partition leaders.
+
+        ``topics`` empty: every topic (internal ones only if asked). A topic asked for by
+        name that does not exist comes back with ``UNKNOWN_TOPIC_OR_PARTITION``.
+        """
+        with self._operation():
+            known = self.placement.topics()
+            if known is None:
+                known = {t.name: t.partitions for t in self._logs.topics()}
+            internal = {t.name for t in self._logs.topics() if t.internal}
+            internal.update(name for name in known if name.startswith("__"))
+            names = (
+                list(topics)
+                if topics
+                else [n for n in sorted(known) if include_internal or n not in internal]
+            )
+            answers = []
+            for name in names:
+                count = known.get(name)
+                if count is None:
+                    answers.append(MetadataTopic(name, "UNKNOWN_TOPIC_OR_PARTITION"))
+                    continue
+                placed = [self.placement.partition(name, p) for p in range(count)]
+                answers.append(MetadataTopic(name, "", tuple(placed), name in internal))
+            return self.placement.cluster(), answers
+
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
     ) -> TopicView:
@@ -384,6 +443,7 @@ class BrokerCore:
         partitions = []
         for p in range(meta.partitions):
             plog = self._logs.get_log(meta.name, p)
+            placed = self.placement.partition(meta.name, p)
             partitions.append(
                 PartitionView(
                     p,
@@ -392,6 +452,10 @@ class BrokerCore:
                     plog.high_watermark,
                     plog.size_bytes,
                     plog.segment_count,
+                    placed.leader,
+                    placed.leader_epoch,
+                    placed.replicas,
+                    placed.isr,
                 )
             )
         return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)
@@ -490,6 +554,7 @@ class BrokerCore:
 
     def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
         try:
+            self.placement.check_leader(query.topic, query.partition)
             plog = self._logs.get_log(query.topic, query.partition)
             if query.timestamp_ms == EARLIEST_TIMESTAMP:
                 return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)

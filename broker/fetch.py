@@ -156,8 +156,11 @@ class FetchPath:
         *,
         fetch_max_bytes: int,
         fetch_max_wait_ms: int,
+        check_leader: Callable[[str, int], None] | None = None,
     ) -> None:
         self._logs = logs
+        # Cluster mode: raises unless this broker leads the partition (broker.placement).
+        self._check_leader = check_leader
         self._purgatory = purgatory
         self._metrics = metrics
         self._clock = clock
@@ -243,6 +246,8 @@ class FetchPath:
         for p in spec.partitions:
             budget = min(p.max_bytes or DEFAULT_PARTITION_MAX_BYTES, remaining)
             try:
+                if self._check_leader is not None:
+                    self._check_leader(p.topic, p.partition)
                 partition_log = self._logs.get_log(p.topic, p.partition)
                 if budget <= 0:
                     answers.append(

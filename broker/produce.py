@@ -189,8 +189,11 @@ class ProducePath:
         purgatory: Purgatory[tuple[str, int]],
         fsync: GroupFsync,
         metrics: BrokerMetrics,
+        check_leader: Callable[[str, int], None] | None = None,
     ) -> None:
         self._logs = logs
+        # Cluster mode: raises unless this broker leads the partition (broker.placement).
+        self._check_leader = check_leader
         self._on_append = on_append
         self._purgatory = purgatory
         self._fsync = fsync
@@ -212,6 +215,8 @@ class ProducePath:
             # prefix test keeps the metadata lookup off the common path.
             if part.topic.startswith("__") and self._logs.topic(part.topic).internal:
                 raise InvalidTopicError(f"cannot produce to internal topic {part.topic}")
+            if self._check_leader is not None:
+                self._check_leader(part.topic, part.partition)
             partition_log = self._logs.get_log(part.topic, part.partition)
             result = partition_log.append(part.records)
         except Exception as exc:

@@ -57,6 +57,7 @@ from broker.grpc_async import AsyncListener
 from broker.grpc_threads import ThreadedListener
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
+from broker.placement import LocalPlacement
 from broker.quotas import QuotaCollector
 from broker.service import BROKER_SERVICE_NAME
 from storage.clock import Clock
@@ -176,6 +177,8 @@ class BrokerServer:
                 listener.stop(0, _STOP_MARGIN_MS)
             core.close()
             raise
+        if isinstance(core.placement, LocalPlacement):
+            core.placement.advertise(*config.advertised_endpoint(listener.port))
         log.info(
             "tidelog broker serving on %s:%d (%s model), data in %s",
             config.listen_host,

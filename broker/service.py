@@ -325,6 +325,38 @@ def _describe_client_quotas(
 
 
 # The unary RPCs that are plain storage work, by RPC name (the data path is elsewhere).
+def _metadata(
+    core: BrokerCore, request: pb.MetadataRequest, context: RequestContext
+) -> pb.MetadataResponse:
+    cluster, topics = core.metadata(list(request.topics), request.include_internal)
+    return pb.MetadataResponse(
+        cluster_id=cluster.cluster_id,
+        controller_id=cluster.controller_id,
+        broker_id=cluster.broker_id,
+        brokers=[
+            pb.BrokerEndpoint(id=b.broker_id, host=b.host, port=b.port) for b in cluster.brokers
+        ],
+        topics=[
+            pb.TopicMetadata(
+                name=t.name,
+                error_code=t.error_code,
+                internal=t.internal,
+                partitions=[
+                    pb.PartitionMetadata(
+                        partition=p,
+                        leader=placed.leader,
+                        leader_epoch=placed.leader_epoch,
+                        replicas=placed.replicas,
+                        isr=placed.isr,
+                    )
+                    for p, placed in enumerate(t.partitions)
+                ],
+            )
+            for t in topics
+        ],
+    )
+
+
 UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "CreateTopic": _create_topic,
     "DeleteTopic": _delete_topic,
@@ -344,6 +376,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DeleteGroup": _delete_group,
     "AlterClientQuotas": _alter_client_quotas,
     "DescribeClientQuotas": _describe_client_quotas,
+    "Metadata": _metadata,
 }
 
 
@@ -379,6 +412,10 @@ def _topic_description(view: TopicView) -> pb.TopicDescription:
                 high_watermark=p.high_watermark,
                 size_bytes=p.size_bytes,
                 segments=p.segments,
+                leader=p.leader,
+                leader_epoch=p.leader_epoch,
+                replicas=p.replicas,
+                isr=p.isr,
             )
             for p in view.partitions
         ],

@@ -210,12 +210,23 @@ class PartitionDescription(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     SEGMENTS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ISR_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     log_start_offset: _builtins.int
     log_end_offset: _builtins.int
     high_watermark: _builtins.int
     size_bytes: _builtins.int
     segments: _builtins.int
+    leader: _builtins.int
+    """Placement (single node: the node leads, replicas = isr = [it]); leader -1: offline."""
+    leader_epoch: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -225,10 +236,14 @@ class PartitionDescription(_message.Message):
         high_watermark: _builtins.int = ...,
         size_bytes: _builtins.int = ...,
         segments: _builtins.int = ...,
+        leader: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        isr: _abc.Iterable[_builtins.int] | None = ...,
+        leader_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_watermark", b"high_watermark", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "segments", b"segments", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_watermark", b"high_watermark", "isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "replicas", b"replicas", "segments", b"segments", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1686,3 +1701,160 @@ class DescribeClientQuotasResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeClientQuotasResponse: _TypeAlias = DescribeClientQuotasResponse  # noqa: Y015
+
+@_typing.final
+class MetadataRequest(_message.Message):
+    """---------------------------------------------------------------------------- cluster
+    Kafka's Metadata: any broker answers from its view of the cluster. A client bootstraps
+    from one address, then sends each partition's produce and fetch to its leader, and asks
+    again on NOT_LEADER_OR_FOLLOWER or a lost connection.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    INCLUDE_INTERNAL_FIELD_NUMBER: _builtins.int
+    include_internal: _builtins.bool
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every topic"""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+        include_internal: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_internal", b"include_internal", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetadataRequest: _TypeAlias = MetadataRequest  # noqa: Y015
+
+@_typing.final
+class BrokerEndpoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    host: _builtins.str
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        host: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "id", b"id", "port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BrokerEndpoint: _TypeAlias = BrokerEndpoint  # noqa: Y015
+
+@_typing.final
+class PartitionMetadata(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ISR_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    leader: _builtins.int
+    """-1: no leader (the partition is offline)"""
+    leader_epoch: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """assignment order: the first is the preferred leader"""
+
+    @_builtins.property
+    def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        leader: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        isr: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "partition", b"partition", "replicas", b"replicas"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionMetadata: _TypeAlias = PartitionMetadata  # noqa: Y015
+
+@_typing.final
+class TopicMetadata(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    INTERNAL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    error_code: _builtins.str
+    """UNKNOWN_TOPIC_OR_PARTITION for a topic asked for by name"""
+    internal: _builtins.bool
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionMetadata]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___PartitionMetadata] | None = ...,
+        internal: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "internal", b"internal", "name", b"name", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicMetadata: _TypeAlias = TopicMetadata  # noqa: Y015
+
+@_typing.final
+class MetadataResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    CONTROLLER_ID_FIELD_NUMBER: _builtins.int
+    BROKERS_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    controller_id: _builtins.int
+    """-1 while there is none"""
+    broker_id: _builtins.int
+    """the broker that answered"""
+    @_builtins.property
+    def brokers(self) -> _containers.RepeatedCompositeFieldContainer[Global___BrokerEndpoint]: ...
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicMetadata]: ...
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        controller_id: _builtins.int = ...,
+        brokers: _abc.Iterable[Global___BrokerEndpoint] | None = ...,
+        topics: _abc.Iterable[Global___TopicMetadata] | None = ...,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "brokers", b"brokers", "cluster_id", b"cluster_id", "controller_id", b"controller_id", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MetadataResponse: _TypeAlias = MetadataResponse  # noqa: Y015

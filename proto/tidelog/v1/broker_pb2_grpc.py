@@ -134,6 +134,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupResponse.FromString,
                 _registered_method=True)
+        self.Metadata = channel.unary_unary(
+                '/tidelog.v1.Broker/Metadata',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
+                _registered_method=True)
         self.AlterClientQuotas = channel.unary_unary(
                 '/tidelog.v1.Broker/AlterClientQuotas',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.SerializeToString,
@@ -272,6 +277,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Metadata(self, request, context):
+        """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AlterClientQuotas(self, request, context):
         """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---
         """
@@ -387,6 +399,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteGroup,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupResponse.SerializeToString,
+            ),
+            'Metadata': grpc.unary_unary_rpc_method_handler(
+                    servicer.Metadata,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataResponse.SerializeToString,
             ),
             'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterClientQuotas,
@@ -939,6 +956,33 @@ class Broker:
             '/tidelog.v1.Broker/DeleteGroup',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Metadata(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/Metadata',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,8 @@ class BrokerStub:
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]
     ResetGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]
+    Metadata: _grpc.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]
+    """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
     AlterClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]
     """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
     DescribeClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]
@@ -98,6 +100,8 @@ class BrokerAsyncStub(BrokerStub):
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]  # type: ignore[assignment]
     ResetGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    Metadata: _aio.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]  # type: ignore[assignment]
+    """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
     AlterClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]  # type: ignore[assignment]
     """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
     DescribeClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]  # type: ignore[assignment]
@@ -245,6 +249,14 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DeleteGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DeleteGroupResponse, _abc.Awaitable[_broker_pb2.DeleteGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Metadata(
+        self,
+        request: _broker_pb2.MetadataRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.MetadataResponse, _abc.Awaitable[_broker_pb2.MetadataResponse]]:
+        """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
 
     @_abc_1.abstractmethod
     def AlterClientQuotas(

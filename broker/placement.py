@@ -1,0 +1,107 @@
+"""Where partitions live and who leads them, as the core sees it: one seam, two answers.
+
+``BrokerCore`` asks a ``Placement`` three things: the cluster as a client should see it
+(brokers, controller, cluster id: Kafka's Metadata), each partition's leader, replicas,
+ISR and leader epoch, and, before every produce, fetch and offset lookup, whether this
+broker leads the partition (``check_leader`` raises ``NotLeaderOrFollowerError`` or, for
+a partition without a leader, ``LeaderNotAvailableError``: both retriable, so clients
+refresh their metadata and retry).
+
+* ``LocalPlacement``: a single node (no ``zookeeper.connect``, the embedded default). The
+  node is broker ``broker.id`` (0 by default), controller and leader of every partition at
+  epoch 0, the only replica and ISR member.
+* ``broker.cluster.node.ClusterPlacement``: cluster mode, from the ZooKeeper view.
+
+Both are thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = [
+    "BrokerEndpoint",
+    "ClusterView",
+    "LocalPlacement",
+    "PartitionPlacement",
+    "Placement",
+]
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEndpoint:
+    """Where clients reach a broker."""
+
+    broker_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlacement:
+    """One partition's leadership: leader -1 means none (offline)."""
+
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What Metadata answers besides topics."""
+
+    cluster_id: str
+    broker_id: int
+    controller_id: int
+    brokers: Sequence[BrokerEndpoint] = field(default_factory=tuple)
+
+
+class Placement(Protocol):
+    """Leadership as the core needs it. Implementations are thread-safe."""
+
+    def cluster(self) -> ClusterView:
+        """Brokers, controller and this broker's id."""
+        ...
+
+    def topics(self) -> Mapping[str, int] | None:
+        """The cluster's topics and partition counts, or None: the local log manager's."""
+        ...
+
+    def partition(self, topic: str, partition: int) -> PartitionPlacement:
+        """Leader, epoch, replicas and ISR of a partition the caller knows exists."""
+        ...
+
+    def check_leader(self, topic: str, partition: int) -> None:
+        """Raise unless this broker leads the partition now."""
+        ...
+
+
+class LocalPlacement:
+    """A single node: it leads everything. Thread-safe (immutable but for the endpoint)."""
+
+    def __init__(self, broker_id: int, cluster_id: str) -> None:
+        self._broker_id = broker_id
+        self._cluster_id = cluster_id
+        self._endpoint = BrokerEndpoint(broker_id, "127.0.0.1", 0)
+        self._placement = PartitionPlacement(broker_id, 0, (broker_id,), (broker_id,))
+
+    def advertise(self, host: str, port: int) -> None:
+        """The address clients use (known once the listener is bound)."""
+        self._endpoint = BrokerEndpoint(self._broker_id, host, port)
+
+    def cluster(self) -> ClusterView:
+        return ClusterView(self._cluster_id, self._broker_id, self._broker_id, (self._endpoint,))
+
+    def topics(self) -> Mapping[str, int] | None:
+        return None
+
+    def partition(self, topic: str, partition: int) -> PartitionPlacement:
+        return self._placement
+
+    def check_leader(self, topic: str, partition: int) -> None:
+        return None
