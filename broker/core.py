@@ -50,9 +50,17 @@ from broker.groups.manager import (
     ResetTarget,
     Selection,
 )
+from broker.groups.offset_records import partition_for
+from broker.groups.offset_store import OFFSETS_TOPIC
 from broker.meta_properties import ensure_meta_properties
 from broker.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
-from broker.placement import ClusterView, LocalPlacement, PartitionPlacement, Placement
+from broker.placement import (
+    BrokerEndpoint,
+    ClusterView,
+    LocalPlacement,
+    PartitionPlacement,
+    Placement,
+)
 from broker.produce import (
     Acks,
     Deliver,
@@ -64,7 +72,7 @@ from broker.produce import (
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
-from storage.errors import InvalidRequestError
+from storage.errors import InvalidRequestError, LeaderNotAvailableError
 from storage.log_manager import LogManager, TopicMetadata
 from storage.producer_state import ProducerSummary
 
@@ -401,6 +409,30 @@ class BrokerCore:
                 placed = [self.placement.partition(name, p) for p in range(count)]
                 answers.append(MetadataTopic(name, "", tuple(placed), name in internal))
             return self.placement.cluster(), answers
+
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """The broker coordinating ``group_id``: the leader of its offsets partition.
+
+        Raises:
+            LeaderNotAvailableError: that partition has no leader right now.
+        """
+        with self._operation():
+            known = self.placement.topics()
+            if known is None:
+                count = self._logs.topic(OFFSETS_TOPIC).partitions
+            else:
+                count = known.get(OFFSETS_TOPIC, 0)
+            if count < 1:
+                raise LeaderNotAvailableError(f"{OFFSETS_TOPIC} does not exist yet")
+            partition = partition_for(group_id, count)
+            leader = self.placement.partition(OFFSETS_TOPIC, partition).leader
+            for endpoint in self.placement.cluster().brokers:
+                if endpoint.broker_id == leader:
+                    return endpoint
+            raise LeaderNotAvailableError(
+                f"the coordinator of group {group_id!r} ({OFFSETS_TOPIC}-{partition}) has no "
+                "leader right now"
+            )
 
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]

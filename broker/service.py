@@ -357,6 +357,15 @@ def _metadata(
     )
 
 
+def _find_coordinator(
+    core: BrokerCore, request: pb.FindCoordinatorRequest, context: RequestContext
+) -> pb.FindCoordinatorResponse:
+    endpoint = core.find_coordinator(request.group_id)
+    return pb.FindCoordinatorResponse(
+        coordinator=pb.BrokerEndpoint(id=endpoint.broker_id, host=endpoint.host, port=endpoint.port)
+    )
+
+
 UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "CreateTopic": _create_topic,
     "DeleteTopic": _delete_topic,
@@ -377,6 +386,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "AlterClientQuotas": _alter_client_quotas,
     "DescribeClientQuotas": _describe_client_quotas,
     "Metadata": _metadata,
+    "FindCoordinator": _find_coordinator,
 }
 
 

@@ -34,6 +34,9 @@ and this module, which import nothing else of ours).
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   └── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
+    │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
+    │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
+    │   ├── NotCoordinatorError           NOT_COORDINATOR      retriable
     │   └── NotAuthorizedError            NOT_AUTHORIZED
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
@@ -74,11 +77,14 @@ __all__ = [
     "InvalidRequestError",
     "InvalidTopicError",
     "KafkaTimeoutError",
+    "LeaderNotAvailableError",
     "LogDirFullError",
     "MaxConnectionsError",
     "MaxConnectionsPerIpError",
     "NotAuthorizedError",
     "NotControllerError",
+    "NotCoordinatorError",
+    "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "QueuedMaxRequestBytesError",
@@ -265,6 +271,27 @@ class NotControllerError(RequestError):
     """A controller operation reached a broker that is not (or no longer) the controller."""
 
     code = "NOT_CONTROLLER"
+    retriable = True
+
+
+class NotLeaderOrFollowerError(RequestError):
+    """This broker does not lead the partition: refresh the metadata, go to the leader."""
+
+    code = "NOT_LEADER_OR_FOLLOWER"
+    retriable = True
+
+
+class LeaderNotAvailableError(RequestError):
+    """The partition has no leader right now (offline, or an election is under way)."""
+
+    code = "LEADER_NOT_AVAILABLE"
+    retriable = True
+
+
+class NotCoordinatorError(RequestError):
+    """This broker is not the group's coordinator: find the coordinator again."""
+
+    code = "NOT_COORDINATOR"
     retriable = True
 
 

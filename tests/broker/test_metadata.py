@@ -75,3 +75,11 @@ def test_advertised_endpoints() -> None:
     assert config.advertised_endpoint(7410) == ("broker-1.example", 9000)
     with pytest.raises(InvalidConfigError, match=r"advertised\.listeners"):
         BrokerConfig.from_mapping({"advertised.listeners": "no-port"})
+
+
+def test_a_single_node_coordinates_every_group(broker: InProcessBroker) -> None:
+    with broker.channel() as channel:
+        answer = pb_grpc.BrokerStub(channel).FindCoordinator(
+            pb.FindCoordinatorRequest(group_id="billing"), timeout=TIMEOUT_S
+        )
+    assert (answer.coordinator.id, answer.coordinator.port) == (0, broker.port)

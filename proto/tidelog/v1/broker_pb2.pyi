@@ -1858,3 +1858,47 @@ class MetadataResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MetadataResponse: _TypeAlias = MetadataResponse  # noqa: Y015
+
+@_typing.final
+class FindCoordinatorRequest(_message.Message):
+    """A group's coordinator is the leader of the __consumer_offsets partition that holds its
+    offsets. Group calls sent elsewhere get NOT_COORDINATOR; the client asks again. Without
+    a leader for that partition the call fails with LEADER_NOT_AVAILABLE (retriable).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindCoordinatorRequest: _TypeAlias = FindCoordinatorRequest  # noqa: Y015
+
+@_typing.final
+class FindCoordinatorResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COORDINATOR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def coordinator(self) -> Global___BrokerEndpoint: ...
+    def __init__(
+        self,
+        *,
+        coordinator: Global___BrokerEndpoint | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["coordinator", b"coordinator"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator", b"coordinator"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FindCoordinatorResponse: _TypeAlias = FindCoordinatorResponse  # noqa: Y015

@@ -139,6 +139,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
                 _registered_method=True)
+        self.FindCoordinator = channel.unary_unary(
+                '/tidelog.v1.Broker/FindCoordinator',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.FindCoordinatorResponse.FromString,
+                _registered_method=True)
         self.AlterClientQuotas = channel.unary_unary(
                 '/tidelog.v1.Broker/AlterClientQuotas',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.SerializeToString,
@@ -284,6 +289,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindCoordinator(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AlterClientQuotas(self, request, context):
         """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---
         """
@@ -404,6 +415,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Metadata,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataResponse.SerializeToString,
+            ),
+            'FindCoordinator': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindCoordinator,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.FindCoordinatorRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.FindCoordinatorResponse.SerializeToString,
             ),
             'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterClientQuotas,
@@ -983,6 +999,33 @@ class Broker:
             '/tidelog.v1.Broker/Metadata',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindCoordinator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/FindCoordinator',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.FindCoordinatorResponse.FromString,
             options,
             channel_credentials,
             insecure,

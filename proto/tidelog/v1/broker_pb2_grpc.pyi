@@ -70,6 +70,7 @@ class BrokerStub:
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]
     """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
+    FindCoordinator: _grpc.UnaryUnaryMultiCallable[_broker_pb2.FindCoordinatorRequest, _broker_pb2.FindCoordinatorResponse]
     AlterClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]
     """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
     DescribeClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]
@@ -102,6 +103,7 @@ class BrokerAsyncStub(BrokerStub):
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]  # type: ignore[assignment]
     Metadata: _aio.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]  # type: ignore[assignment]
     """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
+    FindCoordinator: _aio.UnaryUnaryMultiCallable[_broker_pb2.FindCoordinatorRequest, _broker_pb2.FindCoordinatorResponse]  # type: ignore[assignment]
     AlterClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]  # type: ignore[assignment]
     """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
     DescribeClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]  # type: ignore[assignment]
@@ -257,6 +259,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.MetadataResponse, _abc.Awaitable[_broker_pb2.MetadataResponse]]:
         """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
+
+    @_abc_1.abstractmethod
+    def FindCoordinator(
+        self,
+        request: _broker_pb2.FindCoordinatorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.FindCoordinatorResponse, _abc.Awaitable[_broker_pb2.FindCoordinatorResponse]]: ...
 
     @_abc_1.abstractmethod
     def AlterClientQuotas(
