@@ -99,7 +99,12 @@ def _create_topic(
     core: BrokerCore, request: pb.CreateTopicRequest, context: RequestContext
 ) -> pb.TopicDescription:
     return _topic_description(
-        core.create_topic(request.name, request.partitions, dict(request.config))
+        core.create_topic(
+            request.name,
+            request.partitions,
+            dict(request.config),
+            replication_factor=request.replication_factor or None,
+        )
     )
 
 

@@ -94,8 +94,10 @@ class Controller:
         clock: Clock,
         *,
         rng: random.Random | None = None,
+        internal_topics: Mapping[str, tuple[int, Mapping[str, str]]] | None = None,
     ) -> None:
         self._store = store
+        self._internal_topics = dict(internal_topics or {})
         self._settings = settings
         self._clock = clock
         self._rng = rng or random.Random()
@@ -230,7 +232,18 @@ class Controller:
             return
         self._lease = lease
         log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
+        self._ensure_internal_topics()
         self._reconcile()
+
+    def _ensure_internal_topics(self) -> None:
+        """Create the internal topics (the offsets topic) the first time a controller wins."""
+        for name, (partitions, config) in self._internal_topics.items():
+            if self._store.read_topic(name) is not None:
+                continue
+            try:
+                self._create_topic(name, partitions, 1, dict(config))
+            except TopicAlreadyExistsError:
+                continue
 
     # --- duties --------------------------------------------------------------------------
 
