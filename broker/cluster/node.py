@@ -32,6 +32,8 @@ Thread-safe.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -130,6 +132,13 @@ class ClusterNode:
         self._watcher = watcher
         self._controller = controller
         self.placement = placement
+        self._registration: BrokerRegistration | None = None
+        self._session_events: queue.Queue[str] = queue.Queue()
+        self._session_thread = threading.Thread(
+            target=self._run_session_events,
+            name=f"tidelog-zk-session-{config.broker_id}",
+            daemon=True,
+        )
 
     @classmethod
     def start(
@@ -186,10 +195,48 @@ class ClusterNode:
             store.close()
             raise
         node = cls(config, store, watcher, controller, placement)
+        node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
+        store.add_state_listener(node._on_session_state)
+        node._session_thread.start()
         if not watcher.wait_for(lambda m: config.broker_id in m.brokers, _VIEW_WAIT_MS):
             log.warning("broker %d: no cluster view yet; serving anyway", config.broker_id)
         log.info("broker %d joined cluster %s at %s:%d", config.broker_id, cluster_id, host, port)
         return node
+
+    # --- the ZooKeeper session ------------------------------------------------------------
+
+    def _on_session_state(self, state: str) -> None:
+        # kazoo's thread, where no ZooKeeper call may be made: hand it on.
+        self._session_events.put(state)
+
+    def _run_session_events(self) -> None:
+        """After a session expired: stop controlling, then register again on the new one.
+
+        A broker cut off from ZooKeeper longer than its session timeout has been declared
+        dead; its ephemeral registration and (if it was controller) ``/controller`` are
+        gone, and the other brokers have moved on. When kazoo opens a new session, the
+        broker registers again (after a leftover of the old session, if any, expired) and
+        re-reads the cluster, so it serves only what the new view says it leads.
+        """
+        lost = False
+        while True:
+            state = self._session_events.get()
+            if state == "stop":
+                return
+            if state == "LOST":
+                lost = True
+                self._controller.session_lost()
+                log.warning("broker %d: ZooKeeper session lost", self._config.broker_id)
+            elif state == "CONNECTED" and lost and self._registration is not None:
+                try:
+                    self._store.register_broker(
+                        self._registration, timeout_ms=self._config.zookeeper_session_timeout_ms * 2
+                    )
+                    lost = False
+                    log.info("broker %d registered again", self._config.broker_id)
+                except Exception as exc:
+                    log.error("broker %d could not register again: %s", self._config.broker_id, exc)
+                self._watcher.refresh()
 
     def stop(self) -> None:
         """Leave: controlled shutdown if this broker controls, then end the session."""
@@ -200,6 +247,7 @@ class ClusterNode:
                 log.warning("controlled shutdown failed: %s", exc)
         self._controller.stop()
         self._watcher.stop()
+        self._session_events.put("stop")
         self._store.close()
 
     @property

@@ -8,6 +8,7 @@ controller when the controller dies.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 
@@ -52,6 +53,22 @@ def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def create_on_controller(cluster: LocalCluster, via: int, name: str, partitions: int) -> None:
+    """CreateTopic as a client does it: at the controller, again on NOT_CONTROLLER."""
+    deadline = time.monotonic() + 20
+    while True:
+        controller = metadata(cluster, via).controller_id
+        try:
+            stub(cluster, controller).CreateTopic(
+                pb.CreateTopicRequest(name=name, partitions=partitions), timeout=TIMEOUT_S
+            )
+            return
+        except grpc.RpcError as exc:
+            if time.monotonic() > deadline or error_code(exc) not in ("NOT_CONTROLLER", ""):
+                raise
+        time.sleep(0.2)
+
+
 def leaders(cluster: LocalCluster, via: int, topic: str) -> dict[int, int]:
     answer = metadata(cluster, via, topic)
     return {p.partition: p.leader for p in answer.topics[0].partitions}
@@ -88,8 +105,9 @@ def fetch_values(
 
 def test_brokers_register_and_elect_one_controller(cluster: LocalCluster) -> None:
     eventually(lambda: len(metadata(cluster, 1).brokers) == 3)
+    # Each broker's view converges on the same controller.
+    eventually(lambda: len({metadata(cluster, i).controller_id for i in cluster.broker_ids}) == 1)
     answers = [metadata(cluster, i) for i in cluster.broker_ids]
-    assert {a.controller_id for a in answers} == {answers[0].controller_id}
     assert answers[0].controller_id in cluster.broker_ids
     assert len({a.cluster_id for a in answers}) == 1
     assert sorted((b.id, b.port) for b in answers[0].brokers) == sorted(cluster.ports.items())
@@ -152,13 +170,46 @@ def test_another_broker_takes_over_when_the_controller_dies(cluster: LocalCluste
     survivor = next(i for i in cluster.broker_ids if i != controller)
     cluster.kill(controller)
     eventually(lambda: metadata(cluster, survivor).controller_id not in (-1, controller))
-    new_controller = metadata(cluster, survivor).controller_id
-    stub(cluster, new_controller).CreateTopic(
-        pb.CreateTopicRequest(name="after-failover", partitions=2), timeout=TIMEOUT_S
-    )
+    create_on_controller(cluster, survivor, "after-failover", 2)
     cluster.start_broker(controller)
     eventually(lambda: len(metadata(cluster, controller).brokers) == 3)
-    coordinator = stub(cluster, controller).FindCoordinator(
-        pb.FindCoordinatorRequest(group_id="g"), timeout=TIMEOUT_S
+    # LEADER_NOT_AVAILABLE (retriable) while the returning broker's partitions come back.
+    eventually(
+        lambda: (
+            stub(cluster, controller)
+            .FindCoordinator(pb.FindCoordinatorRequest(group_id="g"), timeout=TIMEOUT_S)
+            .coordinator.id
+            in cluster.broker_ids
+        )
     )
-    assert coordinator.coordinator.id in cluster.broker_ids
+
+
+def test_a_paused_controller_cannot_write_after_it_resumes(cluster: LocalCluster) -> None:
+    eventually(lambda: len(metadata(cluster, 1).brokers) == 3)
+    stale = metadata(cluster, 1).controller_id
+    survivor = next(i for i in cluster.broker_ids if i != stale)
+    cluster.kill(stale, signal.SIGSTOP)
+    try:
+        eventually(lambda: metadata(cluster, survivor).controller_id not in (-1, stale))
+    finally:
+        cluster.kill(stale, signal.SIGCONT)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub(cluster, stale).CreateTopic(
+            pb.CreateTopicRequest(name="from-a-zombie", partitions=1), timeout=TIMEOUT_S
+        )
+    assert error_code(refused.value) == "NOT_CONTROLLER"
+    assert metadata(cluster, survivor, "from-a-zombie").topics[0].error_code == (
+        "UNKNOWN_TOPIC_OR_PARTITION"
+    )
+    # It comes back as an ordinary broker on a new session.
+    eventually(lambda: len(metadata(cluster, survivor).brokers) == 3)
+    eventually(lambda: metadata(cluster, stale).controller_id not in (-1, stale))
+
+
+def test_the_cluster_rides_out_a_zookeeper_restart(cluster: LocalCluster) -> None:
+    eventually(lambda: len(metadata(cluster, 1).brokers) == 3)
+    cluster.zookeeper.restart()
+    eventually(lambda: len(metadata(cluster, 1).brokers) == 3)
+    create_on_controller(cluster, 1, "after-zk-restart", 3)
+    for broker_id in cluster.broker_ids:
+        eventually(lambda b=broker_id: -1 not in leaders(cluster, b, "after-zk-restart").values())
