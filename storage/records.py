@@ -66,6 +66,7 @@ import crc32c
 import lz4.frame
 
 from storage.errors import CorruptRecordError
+from storage.native import NATIVE, native
 from storage.varint import (
     INT32_MAX,
     INT32_MIN,
@@ -79,6 +80,7 @@ __all__ = [
     "HEADER_SIZE",
     "LOG_OVERHEAD",
     "MAGIC",
+    "MAX_DECOMPRESSED_BYTES",
     "NO_PARTITION_LEADER_EPOCH",
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
@@ -95,6 +97,7 @@ __all__ = [
     "encode_batch",
     "iter_batch_headers",
     "read_header",
+    "records_data",
     "set_base_offset",
     "set_log_append_time",
     "set_partition_leader_epoch",
@@ -134,9 +137,19 @@ _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT16 = struct.Struct(">h")
 
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
 _LZ4_FLG_CONTENT_SIZE = 0x08
-_LZ4_MAX_RATIO = 255  # LZ4 cannot expand input more than ~255x; bounds a claimed size
+_LZ4_FLG_BLOCK_CHECKSUM = 0x10
+_LZ4_FLG_DICTIONARY_ID = 0x01
+_LZ4_BLOCK_SIZES = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}  # BD bits 4-6
 _LZ4_BLOCK_BYTES = 64 * 1024
+
+MAX_DECOMPRESSED_BYTES = 64 << 20
+"""The most bytes the records of one LZ4 batch may decompress to (64 MiB).
+
+LZ4 expands up to ~255x, so without a cap a small hostile batch could make a consumer
+allocate gigabytes. 64 MiB is 64 times the default ``message.max.bytes`` (1 MiB) and
+``max_request_size``: a batch our producers build stays far below it, uncompressed."""
 
 _Buffer = bytes | bytearray | memoryview
 _WritableBuffer = bytearray | memoryview
@@ -402,7 +415,7 @@ def set_log_append_time(buf: _WritableBuffer, position: int, timestamp_ms: int) 
 
 
 def decode_batch(
-    buf: _Buffer, position: int = 0, *, validate: bool = True
+    buf: _Buffer, position: int = 0, *, validate: bool = True, pure: bool = False
 ) -> tuple[BatchHeader, list[Record]]:
     """Decode the batch at ``position`` into its header and records.
 
@@ -411,9 +424,12 @@ def decode_batch(
     checks but decoding stays strict. Raises ``CorruptRecordError`` for any malformed byte
     (varint overrun, a length past the record's end, a count mismatch, trailing bytes, bad
     LZ4) and for gzip/snappy/zstd batches ("unsupported compression").
+
+    The C extension decodes when it is built (``storage.native``); ``pure=True`` runs the
+    pure-Python decoder, the reference both are tested against.
     """
     header = validate_batch(buf, position) if validate else read_header(buf, position)
-    return header, _decode_body(buf, position, header, Record, None)
+    return header, _decode_body(buf, position, header, Record, None, pure)
 
 
 def decode_batch_as(
@@ -423,6 +439,7 @@ def decode_batch_as(
     prefix: tuple[Any, Any],
     *,
     validate: bool = True,
+    pure: bool = False,
 ) -> tuple[BatchHeader, list[_Row]]:
     """``decode_batch``, building each record as a ``row_type`` that starts with ``prefix``.
 
@@ -430,12 +447,12 @@ def decode_batch_as(
     ``prefix`` (the consumer passes its topic and partition), then offset, timestamp_ms,
     key, value and headers as in ``Record``. The consumer's records are built here
     directly, not copied from ``Record``s: the copy was a quarter of the time a fetched
-    record cost. Errors as ``decode_batch``.
+    record cost. Errors and ``pure`` as ``decode_batch``.
     """
     if len(prefix) != 2:
         raise ValueError(f"prefix must have two fields, not {len(prefix)}")
     header = validate_batch(buf, position) if validate else read_header(buf, position)
-    return header, _decode_body(buf, position, header, row_type, prefix)
+    return header, _decode_body(buf, position, header, row_type, prefix, pure)
 
 
 def decode_records(buf: _Buffer) -> Iterator[Record]:
@@ -445,7 +462,7 @@ def decode_records(buf: _Buffer) -> Iterator[Record]:
     batches are included.
     """
     for position, header in iter_batch_headers(buf, validate=True):
-        yield from _decode_body(buf, position, header, Record, None)
+        yield from _decode_body(buf, position, header, Record, None, False)
 
 
 def _decode_body(
@@ -454,31 +471,32 @@ def _decode_body(
     header: BatchHeader,
     row_type: type[_Row],
     prefix: tuple[Any, Any] | None,
+    pure: bool,
 ) -> list[_Row]:
-    start = position + HEADER_SIZE
-    end = position + header.size_bytes
-    count = header.records_count
-    if count < 0:
-        raise CorruptRecordError(f"batch at position {position}: negative recordsCount {count}")
-    if header.base_offset + header.last_offset_delta > INT64_MAX:
-        raise CorruptRecordError(f"batch at position {position}: last offset overflows int64")
-    codec = header.attributes & _CODEC_MASK
-    # The records get their own bytes object even when `buf` is bytes: indexing and
-    # slicing bytes is the fastest access Python has, positions in error messages are
-    # then relative to the records data whatever the codec, and the copy costs about 1%
-    # of decoding the records in it.
-    if codec == Compression.NONE:
-        data = bytes(memoryview(buf)[start:end])
-    elif codec == Compression.LZ4:
-        data = _lz4_decompress(memoryview(buf)[start:end], position)
-    else:
-        raise CorruptRecordError(
-            f"batch at position {position}: unsupported compression codec id {codec}"
-        )
+    data, start, end = records_data(buf, position, header)
     append_time = header.max_timestamp if header.attributes & _LOG_APPEND_TIME_FLAG else None
+    if NATIVE and not pure:
+        return native.decode_records(
+            data,
+            start,
+            end,
+            header.records_count,
+            header.base_offset,
+            header.base_timestamp,
+            append_time,
+            header.last_offset_delta,
+            position,
+            row_type,
+            prefix,
+        )
+    # The pure loop gets the records as their own bytes object even when `buf` is bytes:
+    # indexing and slicing bytes is the fastest access Python has, and the copy costs
+    # about 1% of decoding the records in it.
+    if start or end != len(data) or data.__class__ is not bytes:
+        data = bytes(memoryview(data)[start:end])
     return _decode_records(
         data,
-        count,
+        header.records_count,
         header.base_offset,
         header.base_timestamp,
         append_time,
@@ -489,15 +507,45 @@ def _decode_body(
     )
 
 
+def records_data(buf: _Buffer, position: int, header: BatchHeader) -> tuple[_Buffer, int, int]:
+    """The records of the batch at ``position`` as ``(data, start, end)``, decompressed.
+
+    For an uncompressed batch ``data`` is ``buf`` itself (no copy) and ``[start, end)`` the
+    records' bytes; for LZ4 it is the decompressed bytes, whole. Checks what every decoder
+    needs first: ``recordsCount >= 0`` and a last offset within int64. Raises
+    ``CorruptRecordError`` for those, for a bad or oversized LZ4 frame (see
+    ``MAX_DECOMPRESSED_BYTES``) and for gzip/snappy/zstd ("unsupported compression").
+    """
+    count = header.records_count
+    if count < 0:
+        raise CorruptRecordError(f"batch at position {position}: negative recordsCount {count}")
+    if header.base_offset + header.last_offset_delta > INT64_MAX:
+        raise CorruptRecordError(f"batch at position {position}: last offset overflows int64")
+    codec = header.attributes & _CODEC_MASK
+    start = position + HEADER_SIZE
+    end = position + header.size_bytes
+    if codec == Compression.NONE:
+        return buf, start, end
+    if codec == Compression.LZ4:
+        data = _lz4_decompress(memoryview(buf)[start:end], position)
+        return data, 0, len(data)
+    raise CorruptRecordError(
+        f"batch at position {position}: unsupported compression codec id {codec}"
+    )
+
+
 def _lz4_decompress(frame: memoryview, position: int) -> bytes:
-    # A frame may declare its content size (Kafka never writes one, other clients may);
-    # python-lz4 allocates that much up front, so refuse a size LZ4 could never produce.
-    if len(frame) >= 14 and frame[4] & _LZ4_FLG_CONTENT_SIZE:
-        claimed = int.from_bytes(frame[6:14], "little")
-        if claimed > _LZ4_MAX_RATIO * len(frame) + _LZ4_BLOCK_BYTES:
-            raise CorruptRecordError(
-                f"batch at position {position}: LZ4 frame claims {claimed} bytes"
-            )
+    # Bound the output before decompressing: python-lz4 grows its buffer to whatever the
+    # frame expands to, and LZ4 expands up to ~255x, so a hostile 4 MiB batch could ask
+    # for a gigabyte. No block decompresses to more than the frame's block size, so
+    # blocks x block size bounds the output; walking the block headers costs one step
+    # per block (64 KiB for Kafka's writers).
+    bound = _lz4_output_bound(frame, position)
+    if bound > MAX_DECOMPRESSED_BYTES:
+        raise CorruptRecordError(
+            f"batch at position {position}: LZ4 frame may decompress to {bound} bytes, "
+            f"over the limit of {MAX_DECOMPRESSED_BYTES}"
+        )
     try:
         data, used = lz4.frame.decompress(frame, return_bytes_read=True)
     except (RuntimeError, ValueError) as exc:
@@ -506,7 +554,52 @@ def _lz4_decompress(frame: memoryview, position: int) -> bytes:
         raise CorruptRecordError(
             f"batch at position {position}: {len(frame) - used} bytes after the LZ4 frame"
         )
+    if len(data) > MAX_DECOMPRESSED_BYTES:  # the bound above makes this unreachable
+        raise CorruptRecordError(f"batch at position {position}: LZ4 frame too large")
     return bytes(data)
+
+
+def _lz4_output_bound(frame: memoryview, position: int) -> int:
+    """An upper bound on the bytes an LZ4 frame decompresses to (blocks x block size).
+
+    Walks the frame header (LZ4 frame format 1.6: magic, FLG, BD, optional content size
+    and dictionary id, header checksum) and the block sizes up to the end mark. A frame
+    whose structure does not walk is a bad frame; lz4 itself then checks the contents.
+    """
+    end = len(frame)
+    if end < 7 or frame[:4] != _LZ4_MAGIC:
+        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: no frame magic")
+    flags, descriptor = frame[4], frame[5]
+    block_bytes = _LZ4_BLOCK_SIZES.get((descriptor >> 4) & 0x07)
+    if block_bytes is None:
+        raise CorruptRecordError(
+            f"batch at position {position}: bad LZ4 frame: block size code {descriptor >> 4}"
+        )
+    pos = 7  # magic, FLG, BD, header checksum
+    if flags & _LZ4_FLG_CONTENT_SIZE:
+        if end < pos + 8:
+            raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: truncated")
+        # python-lz4 allocates a declared content size up front: refuse one over the cap
+        # (Kafka never writes one; other clients may).
+        claimed = int.from_bytes(frame[6:14], "little")
+        if claimed > MAX_DECOMPRESSED_BYTES:
+            raise CorruptRecordError(
+                f"batch at position {position}: LZ4 frame claims {claimed} bytes"
+            )
+        pos += 8
+    if flags & _LZ4_FLG_DICTIONARY_ID:
+        pos += 4
+    block_checksum = 4 if flags & _LZ4_FLG_BLOCK_CHECKSUM else 0
+    blocks = 0
+    while True:
+        if end < pos + 4:
+            raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: truncated")
+        size = int.from_bytes(frame[pos : pos + 4], "little") & 0x7FFFFFFF
+        pos += 4
+        if size == 0:  # the end mark (a content checksum may follow; lz4 checks it)
+            return blocks * block_bytes
+        blocks += 1
+        pos += size + block_checksum
 
 
 def _decode_records(
