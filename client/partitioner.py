@@ -29,6 +29,7 @@ from typing import Any
 from storage.native import NATIVE, native
 
 __all__ = [
+    "NATIVE_MURMUR2",
     "StickyPartitioner",
     "murmur2",
     "murmur2_python",
@@ -115,6 +116,9 @@ def _murmur2_loop(data: bytes) -> int:
 
 murmur2: Callable[[bytes], int] = native.murmur2 if NATIVE else murmur2_python
 """``murmur2_python``'s result, from the C extension when it is built."""
+
+NATIVE_MURMUR2 = NATIVE
+"""Whether ``murmur2`` is the C one (cheap enough that caching its results costs more)."""
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
