@@ -5,6 +5,7 @@
 #   make native  rebuild the optional C extension storage._native in place after an edit
 #                (pip install -e builds it too; without a C compiler both go on without it)
 #   make asan    the codec's fuzz and differential tests against an AddressSanitizer build
+#   make test-pure  the codec's tests with TIDELOG_PURE_PYTHON=1 (part of make test)
 #   make bench   the benchmarks (see README for each one's figures)
 #   make bench-peers  Tidelog against NATS JetStream and Redis Streams (docs/benchmarks.md);
 #                installs the bench extra, and nats-server/redis-server with apt-get as root
@@ -15,7 +16,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv native asan check lint format typecheck proto proto-check test run bench bench-peers clean
+.PHONY: all venv native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers clean
 
 all: test
 
@@ -35,8 +36,10 @@ $(NATIVE_SO): storage/_native.c setup.py $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace || echo "storage._native not built: the pure-Python codec runs"
 
 # AddressSanitizer: a copy of the tree with the extension built -fsanitize=address, and
-# the codec tests (differential, fuzz, corrupt batches) run against it. Leak checking is
-# off: CPython's own allocations at exit would drown the report.
+# the codec tests (differential, fuzz, corrupt batches) run against it. PYTHONMALLOC=malloc
+# puts every object (the bytes the decoder reads included) in its own malloc block, so a
+# read one byte past one is caught, not hidden in a pymalloc arena. Leak checking is off:
+# CPython's own allocations at exit would drown the report.
 ASAN_DIR := build/asan
 ASAN_TESTS ?= tests/storage/test_native.py tests/storage/test_records.py tests/client/test_partitioner.py
 asan: $(STAMP)
@@ -45,7 +48,7 @@ asan: $(STAMP)
 	cp -r storage/*.pyi $(ASAN_DIR)/storage/ 2>/dev/null || true
 	cd $(ASAN_DIR) && CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" \
 		LDFLAGS="-fsanitize=address" ../../$(BIN)/python setup.py --quiet build_ext --inplace
-	cd $(ASAN_DIR) && ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+	cd $(ASAN_DIR) && PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
 		TIDELOG_FUZZ_EXAMPLES=$${TIDELOG_FUZZ_EXAMPLES:-2000} PYTHONPATH=. \
 		../../$(BIN)/python -m pytest -p no:cacheprovider -q $(ASAN_TESTS)
 
@@ -68,8 +71,16 @@ proto-check: $(STAMP)
 
 check: lint typecheck proto-check
 
-test: check
+test: check native
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-pure
+
+# The codec's tests again with the C extension switched off: the fallback a machine
+# without a compiler runs (the rest of the suite is codec-agnostic).
+PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py \
+	tests/client/test_fetcher.py tests/client/test_partitioner.py tests/spark/test_arrow_columns.py
+test-pure: $(STAMP)
+	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
 run: $(STAMP)
 	$(BIN)/python -m broker
