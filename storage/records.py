@@ -39,8 +39,14 @@ Record (varint = zigzag LEB128 int32, varlong = int64; see ``storage.varint``)::
 
 LZ4 is Kafka's frame: independent 64 KiB blocks, no content size, no checksums, i.e.
 ``lz4.frame.compress(data, block_linked=False, store_size=False)``, header
-``04 22 4D 18 60 40 82``. Gzip, snappy and zstd batches frame and validate like any other
-(the broker can store them) but cannot be built or decoded here.
+``04 22 4D 18 60 40 82``. A frame that may decompress to more than
+``MAX_DECOMPRESSED_BYTES`` is refused before it is decompressed. Gzip, snappy and zstd
+batches frame and validate like any other (the broker can store them) but cannot be
+built or decoded here.
+
+The record loops run in C (``storage/_native.c``) when the optional extension is built,
+and in the pure-Python code below otherwise (``storage.native`` chooses); the Python
+code is the reference the C code is tested against (``pure=True`` runs it).
 
 Decoding rules, as Kafka's: a record's offset is ``baseOffset + offsetDelta``; its
 timestamp is ``baseTimestamp + timestampDelta`` (wrapped to int64 as Java does), except in
@@ -63,9 +69,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import crc32c
-import lz4.frame
 
 from storage.errors import CorruptRecordError
+from storage.lz4_frame import MAX_DECOMPRESSED_BYTES, decompress_records
 from storage.native import NATIVE, native
 from storage.varint import (
     INT32_MAX,
@@ -137,19 +143,7 @@ _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT16 = struct.Struct(">h")
 
-_LZ4_MAGIC = b"\x04\x22\x4d\x18"
-_LZ4_FLG_CONTENT_SIZE = 0x08
-_LZ4_FLG_BLOCK_CHECKSUM = 0x10
-_LZ4_FLG_DICTIONARY_ID = 0x01
-_LZ4_BLOCK_SIZES = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}  # BD bits 4-6
-_LZ4_BLOCK_BYTES = 64 * 1024
-
-MAX_DECOMPRESSED_BYTES = 64 << 20
-"""The most bytes the records of one LZ4 batch may decompress to (64 MiB).
-
-LZ4 expands up to ~255x, so without a cap a small hostile batch could make a consumer
-allocate gigabytes. 64 MiB is 64 times the default ``message.max.bytes`` (1 MiB) and
-``max_request_size``: a batch our producers build stays far below it, uncompressed."""
+_LZ4_BLOCK_BYTES = 64 * 1024  # the block size Kafka's writers (and ours) use
 
 _Buffer = bytes | bytearray | memoryview
 _WritableBuffer = bytearray | memoryview
@@ -527,79 +521,11 @@ def records_data(buf: _Buffer, position: int, header: BatchHeader) -> tuple[_Buf
     if codec == Compression.NONE:
         return buf, start, end
     if codec == Compression.LZ4:
-        data = _lz4_decompress(memoryview(buf)[start:end], position)
+        data = decompress_records(memoryview(buf)[start:end], position)
         return data, 0, len(data)
     raise CorruptRecordError(
         f"batch at position {position}: unsupported compression codec id {codec}"
     )
-
-
-def _lz4_decompress(frame: memoryview, position: int) -> bytes:
-    # Bound the output before decompressing: python-lz4 grows its buffer to whatever the
-    # frame expands to, and LZ4 expands up to ~255x, so a hostile 4 MiB batch could ask
-    # for a gigabyte. No block decompresses to more than the frame's block size, so
-    # blocks x block size bounds the output; walking the block headers costs one step
-    # per block (64 KiB for Kafka's writers).
-    bound = _lz4_output_bound(frame, position)
-    if bound > MAX_DECOMPRESSED_BYTES:
-        raise CorruptRecordError(
-            f"batch at position {position}: LZ4 frame may decompress to {bound} bytes, "
-            f"over the limit of {MAX_DECOMPRESSED_BYTES}"
-        )
-    try:
-        data, used = lz4.frame.decompress(frame, return_bytes_read=True)
-    except (RuntimeError, ValueError) as exc:
-        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: {exc}") from None
-    if used != len(frame):
-        raise CorruptRecordError(
-            f"batch at position {position}: {len(frame) - used} bytes after the LZ4 frame"
-        )
-    if len(data) > MAX_DECOMPRESSED_BYTES:  # the bound above makes this unreachable
-        raise CorruptRecordError(f"batch at position {position}: LZ4 frame too large")
-    return bytes(data)
-
-
-def _lz4_output_bound(frame: memoryview, position: int) -> int:
-    """An upper bound on the bytes an LZ4 frame decompresses to (blocks x block size).
-
-    Walks the frame header (LZ4 frame format 1.6: magic, FLG, BD, optional content size
-    and dictionary id, header checksum) and the block sizes up to the end mark. A frame
-    whose structure does not walk is a bad frame; lz4 itself then checks the contents.
-    """
-    end = len(frame)
-    if end < 7 or frame[:4] != _LZ4_MAGIC:
-        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: no frame magic")
-    flags, descriptor = frame[4], frame[5]
-    block_bytes = _LZ4_BLOCK_SIZES.get((descriptor >> 4) & 0x07)
-    if block_bytes is None:
-        raise CorruptRecordError(
-            f"batch at position {position}: bad LZ4 frame: block size code {descriptor >> 4}"
-        )
-    pos = 7  # magic, FLG, BD, header checksum
-    if flags & _LZ4_FLG_CONTENT_SIZE:
-        if end < pos + 8:
-            raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: truncated")
-        # python-lz4 allocates a declared content size up front: refuse one over the cap
-        # (Kafka never writes one; other clients may).
-        claimed = int.from_bytes(frame[6:14], "little")
-        if claimed > MAX_DECOMPRESSED_BYTES:
-            raise CorruptRecordError(
-                f"batch at position {position}: LZ4 frame claims {claimed} bytes"
-            )
-        pos += 8
-    if flags & _LZ4_FLG_DICTIONARY_ID:
-        pos += 4
-    block_checksum = 4 if flags & _LZ4_FLG_BLOCK_CHECKSUM else 0
-    blocks = 0
-    while True:
-        if end < pos + 4:
-            raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: truncated")
-        size = int.from_bytes(frame[pos : pos + 4], "little") & 0x7FFFFFFF
-        pos += 4
-        if size == 0:  # the end mark (a content checksum may follow; lz4 checks it)
-            return blocks * block_bytes
-        blocks += 1
-        pos += size + block_checksum
 
 
 def _decode_records(

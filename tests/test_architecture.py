@@ -157,6 +157,7 @@ def test_importing_the_client_leaves_the_storage_engine_unloaded() -> None:
         "storage.records",
         "storage.varint",
         "storage.batch_builder",
+        "storage.lz4_frame",
         "storage.columns",
         "storage.native",
         "storage._native",
