@@ -118,7 +118,9 @@ def columns_to_arrow(
     count = columns.rows
     buffer = pa.py_buffer
 
-    def binary(validity: bytes, offsets: bytes, data: bytes, rows: int) -> pa.Array:
+    def binary(
+        validity: bytes | bytearray, offsets: bytes | bytearray, data: bytes | bytearray, rows: int
+    ) -> pa.Array:
         return pa.Array.from_buffers(
             pa.binary(), rows, [buffer(validity), buffer(offsets), buffer(data)]
         )

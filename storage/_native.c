@@ -580,7 +580,12 @@ error:
 
 /* --- ColumnBuilder: records into Arrow-layout buffers -------------------------------- */
 
+/* A growable buffer kept in a bytearray, so that finish() hands the memory to Python (and
+   on to Arrow) without a copy: copying the columns out cost more than decoding them
+   (fresh pages to fault in). `data` caches the bytearray's contents pointer; the
+   bytearray's size is the capacity, `length` what is used. */
 typedef struct {
+    PyObject *array;
     char *data;
     Py_ssize_t length;
     Py_ssize_t capacity;
@@ -589,7 +594,7 @@ typedef struct {
 static int
 grow(Growable *g, Py_ssize_t extra)
 {
-    if (extra > PY_SSIZE_T_MAX - g->length) {
+    if (extra > PY_SSIZE_T_MAX / 4 - g->length) {
         PyErr_NoMemory();
         return -1;
     }
@@ -599,14 +604,18 @@ grow(Growable *g, Py_ssize_t extra)
     }
     Py_ssize_t capacity = g->capacity ? g->capacity : 256;
     while (capacity < needed) {
-        capacity = capacity > PY_SSIZE_T_MAX / 2 ? needed : capacity * 2;
+        capacity *= 2;
     }
-    char *data = PyMem_Realloc(g->data, (size_t)capacity);
-    if (data == NULL) {
-        PyErr_NoMemory();
+    if (g->array == NULL) {
+        g->array = PyByteArray_FromStringAndSize(NULL, capacity);
+        if (g->array == NULL) {
+            return -1;
+        }
+    }
+    else if (PyByteArray_Resize(g->array, capacity) < 0) { /* the old contents stay */
         return -1;
     }
-    g->data = data;
+    g->data = PyByteArray_AS_STRING(g->array);
     g->capacity = capacity;
     return 0;
 }
@@ -707,7 +716,7 @@ typedef struct {
 static void
 growable_free(Growable *g)
 {
-    PyMem_Free(g->data);
+    Py_CLEAR(g->array);
     g->data = NULL;
     g->length = g->capacity = 0;
 }
@@ -893,25 +902,36 @@ error:
     return NULL;
 }
 
+/* The buffer as a bytearray of its used length, handed over; the Growable is left empty. */
 static PyObject *
-growable_bytes(const Growable *g)
+growable_bytes(Growable *g)
 {
-    return PyBytes_FromStringAndSize(g->data ? g->data : "", g->length);
+    if (g->array == NULL) {
+        return PyByteArray_FromStringAndSize("", 0);
+    }
+    PyObject *array = g->array;
+    if (PyByteArray_Resize(array, g->length) < 0) { /* shrinking: in place or a realloc */
+        return NULL;
+    }
+    g->array = NULL;
+    g->data = NULL;
+    g->length = g->capacity = 0;
+    return array;
 }
 
 static PyObject *
-offsets_bytes(const Growable *g) /* an empty column still has its one 0 offset */
+offsets_bytes(Growable *g) /* an empty column still has its one 0 offset */
 {
     if (g->length == 0) {
         const int32_t zero = 0;
-        return PyBytes_FromStringAndSize((const char *)&zero, 4);
+        return PyByteArray_FromStringAndSize((const char *)&zero, 4);
     }
     return growable_bytes(g);
 }
 
 PyDoc_STRVAR(finish_doc,
 "finish() -> tuple\n\n"
-"The columns as bytes, and an empty builder: (rows, offsets, timestamps, key validity,\n"
+"The columns as bytearrays (the builder's own memory, no copy), and an empty builder: (rows, offsets, timestamps, key validity,\n"
 "key offsets, key data, value validity, value offsets, value data) and, with headers,\n"
 "(header count, list validity, list offsets, header key offsets, header key data,\n"
 "header value validity, header value offsets, header value data).");

@@ -81,27 +81,34 @@ class ColumnBuilder(Protocol):
     def finish(self) -> tuple[Any, ...]: ...
 
 
+_Bytes = bytes | bytearray
+
+
 @dataclass(frozen=True, slots=True)
 class ColumnBuffers:
-    """The columns of ``rows`` records, as laid out in the module docstring. Immutable."""
+    """The columns of ``rows`` records, as laid out in the module docstring.
+
+    The C builder hands over its own bytearrays (no copy), the pure one bytes; either
+    way they are the caller's now, and nothing else writes to them.
+    """
 
     rows: int
-    offsets: bytes
-    timestamps: bytes
-    key_validity: bytes
-    key_offsets: bytes
-    key_data: bytes
-    value_validity: bytes
-    value_offsets: bytes
-    value_data: bytes
+    offsets: _Bytes
+    timestamps: _Bytes
+    key_validity: _Bytes
+    key_offsets: _Bytes
+    key_data: _Bytes
+    value_validity: _Bytes
+    value_offsets: _Bytes
+    value_data: _Bytes
     header_entries: int = 0
-    header_list_validity: bytes | None = None
-    header_list_offsets: bytes | None = None
-    header_key_offsets: bytes | None = None
-    header_key_data: bytes | None = None
-    header_value_validity: bytes | None = None
-    header_value_offsets: bytes | None = None
-    header_value_data: bytes | None = None
+    header_list_validity: _Bytes | None = None
+    header_list_offsets: _Bytes | None = None
+    header_key_offsets: _Bytes | None = None
+    header_key_data: _Bytes | None = None
+    header_value_validity: _Bytes | None = None
+    header_value_offsets: _Bytes | None = None
+    header_value_data: _Bytes | None = None
 
 
 def new_column_builder(include_headers: bool, *, pure: bool = False) -> ColumnBuilder:
