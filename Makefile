@@ -44,7 +44,7 @@ ASAN_DIR := build/asan
 ASAN_TESTS ?= tests/storage/test_native.py tests/storage/test_records.py tests/client/test_partitioner.py
 asan: $(STAMP)
 	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)
-	git ls-files -z storage tests setup.py pyproject.toml | xargs -0 cp --parents -t $(ASAN_DIR)
+	git ls-files -z storage tests setup.py pyproject.toml README.md | xargs -0 cp --parents -t $(ASAN_DIR)
 	cp -r storage/*.pyi $(ASAN_DIR)/storage/ 2>/dev/null || true
 	cd $(ASAN_DIR) && CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" \
 		LDFLAGS="-fsanitize=address" ../../$(BIN)/python setup.py --quiet build_ext --inplace
