@@ -44,7 +44,7 @@ def produce(address: str, topic: str, partitions: int | range, per_partition: in
                 producer.send(topic, f"{p}-{i}".encode(), partition=p)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 15) -> None:
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -54,7 +54,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 15) -> None:
 def poll_until(
     consumers: list[Consumer],
     condition: Callable[[], bool],
-    timeout_s: float = 15,
+    timeout_s: float = 30,
     sink: list[ConsumerRecord] | None = None,
 ) -> None:
     """Poll each consumer in turn until ``condition``; records go to ``sink`` if given."""
