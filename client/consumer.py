@@ -46,12 +46,15 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 
+from client.cluster import parse_bootstrap_list
 from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
+from client.connection import grpc_connections
 from client.coordinator import ConsumerCoordinator
 from client.fetch_session import FetchSession
 from client.fetcher import SubscriptionState
 from client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
 from client.rebalance import GroupSubscription, PartitionsCallback
+from client.routing import ClusterConnections
 from client.transport import Transport
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from storage.errors import (
@@ -97,11 +100,24 @@ class Consumer:
     ) -> None:
         config = resolve_config(ConsumerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
+        # The data path (fetch stream) still uses one broker, the first of the bootstrap
+        # list; offsets, commits and heartbeats are routed (client.routing).
         self._transport = Transport(
-            config.bootstrap_servers,
+            parse_bootstrap_list(config.bootstrap_servers)[0],
             client_id=config.client_id,
             request_timeout_ms=config.request_timeout_ms,
             reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+        )
+        self._connections = ClusterConnections(
+            config.bootstrap_servers,
+            grpc_connections(
+                client_id=config.client_id,
+                request_timeout_ms=config.request_timeout_ms,
+                reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+                reuse=self._transport,
+            ),
+            request_timeout_ms=config.request_timeout_ms,
+            metadata_max_age_ms=config.metadata_max_age_ms,
         )
         self._lock = threading.Lock()
         self._data_ready = threading.Condition(self._lock)
@@ -177,7 +193,7 @@ class Consumer:
                 return
             config = self.config
             coordinator = ConsumerCoordinator(
-                self._transport,
+                self._connections,
                 group_id=group_id,
                 client_id=config.client_id,
                 subscription=names,
@@ -256,7 +272,7 @@ class Consumer:
             try:
                 wanted += [
                     TopicPartition(topic, p)
-                    for p in partitions_of(self._transport, topic, timeout_ms)
+                    for p in partitions_of(self._connections, topic, timeout_ms)
                 ]
             except UnknownTopicOrPartitionError:
                 missing.add(topic)
@@ -378,7 +394,7 @@ class Consumer:
     def _list_offsets(
         self, queries: Mapping[TopicPartition, int], timeout_ms: int
     ) -> dict[TopicPartition, int]:
-        answers = list_offsets(self._transport, queries, timeout_ms)
+        answers = list_offsets(self._connections, queries, timeout_ms)
         return {tp: offset for tp, (offset, _) in answers.items()}
 
     def beginning_offsets(
@@ -404,7 +420,7 @@ class Consumer:
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or ts < 0:
                 raise ValueError(f"timestamp for {tp} must be a non-negative int, got {ts!r}")
-        answers = list_offsets(self._transport, dict(timestamps), self._timeout(timeout_ms))
+        answers = list_offsets(self._connections, dict(timestamps), self._timeout(timeout_ms))
         return {
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()
@@ -412,7 +428,7 @@ class Consumer:
 
     def partitions_for_topic(self, topic: str, timeout_ms: int | None = None) -> set[int]:
         """The partition numbers of ``topic``. ``UnknownTopicOrPartitionError`` if none."""
-        return set(partitions_of(self._transport, topic, self._timeout(timeout_ms)))
+        return set(partitions_of(self._connections, topic, self._timeout(timeout_ms)))
 
     # --- committed offsets (consumer groups) ------------------------------------------------
 
@@ -448,7 +464,7 @@ class Consumer:
         member_id, member_epoch = ("", -1) if coordinator is None else coordinator.member()
         try:
             failed = commit_offsets(
-                self._transport,
+                self._connections,
                 group_id,
                 offsets,
                 member_id=member_id,
@@ -468,7 +484,7 @@ class Consumer:
                 return
             member_id, member_epoch = coordinator.member()
             failed = commit_offsets(
-                self._transport,
+                self._connections,
                 group_id,
                 offsets,
                 member_id=member_id,
@@ -494,7 +510,7 @@ class Consumer:
         group_id = self.config.group_id
         assert group_id is not None
         try:
-            return fetch_committed(self._transport, group_id, partitions, timeout_ms)
+            return fetch_committed(self._connections, group_id, partitions, timeout_ms)
         except InvalidRequestError as exc:
             if not tolerate_unsupported:
                 raise
@@ -696,6 +712,7 @@ class Consumer:
                 log.warning("commit on close failed: %s", exc)
         self._closed = True
         self._fetches.close()
+        self._connections.close()
         self._transport.close()
 
     def __enter__(self) -> Consumer:

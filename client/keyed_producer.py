@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from client.cluster import parse_bootstrap_list
 from client.transport import Transport
 from client.types import Header, TopicPartition
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -163,7 +164,7 @@ class KeyedProducer:
         self._max_batch_bytes = max_batch_bytes
         self._max_request_bytes = max_request_bytes
         self._transport = Transport(
-            bootstrap_servers,
+            parse_bootstrap_list(bootstrap_servers)[0],
             client_id=client_id,
             request_timeout_ms=request_timeout_ms,
             max_send_bytes=max(max_request_bytes, max_batch_bytes) + 1024 * 1024,

@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
+from client.cluster import parse_bootstrap_list
 from client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
 from client.futures import RecordFuture
 from client.idempotence import SequenceTable
@@ -88,8 +89,10 @@ class Producer:
     ) -> None:
         config = resolve_config(ProducerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
+        # Produce still goes to one broker, the first of the bootstrap list (routing the
+        # data path per leader is the rest of issue 13's client work).
         self._transport = Transport(
-            config.bootstrap_servers,
+            parse_bootstrap_list(config.bootstrap_servers)[0],
             client_id=config.client_id,
             request_timeout_ms=config.request_timeout_ms,
             reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,

@@ -61,9 +61,12 @@ class CreateTopicRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     partitions: _builtins.int
     """0 = the broker's num.partitions"""
+    replication_factor: _builtins.int
+    """0 = the broker's default.replication.factor"""
     @_builtins.property
     def config(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Kafka topic config names"""
@@ -74,10 +77,11 @@ class CreateTopicRequest(_message.Message):
         name: _builtins.str = ...,
         partitions: _builtins.int = ...,
         config: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        replication_factor: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions", "replication_factor", b"replication_factor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
