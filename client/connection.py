@@ -21,13 +21,13 @@ Thread-safe: ``GrpcConnection`` holds no state but its transport, which is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
 from client.group_member import HeartbeatAnswer, HeartbeatRequest
-from client.transport import Transport
+from client.transport import BidiStream, Transport
 from client.types import PartitionDescription, TopicDescription, TopicPartition
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import InternalError, TidelogError, error_for_code
@@ -35,8 +35,17 @@ from storage.errors import InternalError, TidelogError, error_for_code
 __all__ = [
     "Connection",
     "ConnectionFactory",
+    "FetchAnswer",
+    "FetchCall",
+    "FetchResult",
+    "FetchStream",
     "GrpcConnection",
     "ListOffsetsResult",
+    "PartitionProduceResult",
+    "ProduceAnswer",
+    "ProduceCall",
+    "ProduceStream",
+    "ProducerState",
     "grpc_connections",
     "topic_description",
 ]
@@ -49,6 +58,105 @@ class ListOffsetsResult:
     offset: int = -1
     timestamp_ms: int = -1
     error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceCall:
+    """One produce request on a stream: record-batch bytes per partition."""
+
+    correlation_id: int
+    acks: int
+    timeout_ms: int
+    batches: Sequence[tuple[TopicPartition, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProduceResult:
+    """One partition's answer: where its batch landed, or its error."""
+
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    duplicate: bool = False
+    error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceAnswer:
+    """The answer to one ``ProduceCall``, matched by ``correlation_id``."""
+
+    correlation_id: int
+    results: Mapping[TopicPartition, PartitionProduceResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """What a partition remembers of one idempotent producer (``DescribeProducers``)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+
+
+class ProduceStream(Protocol):
+    """An open produce stream to one broker: ``send`` from any thread, one reader.
+
+    ``responses()`` yields the answers in order and raises the ``TidelogError`` that
+    broke the stream; ``close`` half-closes it, ``cancel`` ends it at once.
+    """
+
+    def send(self, call: ProduceCall) -> None: ...
+
+    def responses(self) -> Iterator[ProduceAnswer]: ...
+
+    def close(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FetchCall:
+    """One fetch on a stream: per partition ``(tp, fetch_offset, partition_max_bytes)``.
+
+    The broker answers once ``min_bytes`` are there or ``max_wait_ms`` passed (long poll).
+    """
+
+    correlation_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    partitions: Sequence[tuple[TopicPartition, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """One partition's fetched bytes (whole stored batches), or its error."""
+
+    tp: TopicPartition
+    records: bytes
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAnswer:
+    """The answer to one ``FetchCall``."""
+
+    correlation_id: int
+    results: Sequence[FetchResult]
+
+
+class FetchStream(Protocol):
+    """An open fetch stream to one broker; as ``ProduceStream``."""
+
+    def send(self, call: FetchCall) -> None: ...
+
+    def responses(self) -> Iterator[FetchAnswer]: ...
+
+    def close(self) -> None: ...
+
+    def cancel(self) -> None: ...
 
 
 class Connection(Protocol):
@@ -135,6 +243,30 @@ class Connection(Protocol):
         """Grow ``topic``; returns the new partition count."""
         ...
 
+    def init_producer_id(
+        self, *, producer_key: str = "", timeout_ms: int | None
+    ) -> tuple[int, int]:
+        """An idempotent producer id and its epoch: a new one, or the key's own."""
+        ...
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
+        """What each partition remembers of ``producer_id`` (or the partition's error)."""
+        ...
+
+    def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
+        """One unary produce (the keyed producer's; ``Producer`` uses a stream)."""
+        ...
+
+    def open_produce_stream(self) -> ProduceStream:
+        """A produce stream (it waits for the broker to be reachable; never blocks)."""
+        ...
+
+    def open_fetch_stream(self) -> FetchStream:
+        """A fetch stream (it waits for the broker to be reachable; never blocks)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -149,6 +281,7 @@ def grpc_connections(
     client_id: str,
     request_timeout_ms: int,
     reconnect_backoff_max_ms: int,
+    max_send_bytes: int = 1024 * 1024,
     reuse: Transport | None = None,
 ) -> ConnectionFactory:
     """A factory of ``GrpcConnection``s with these settings.
@@ -166,6 +299,7 @@ def grpc_connections(
                 client_id=client_id,
                 request_timeout_ms=request_timeout_ms,
                 reconnect_backoff_max_ms=reconnect_backoff_max_ms,
+                max_send_bytes=max_send_bytes,
             )
         )
 
@@ -419,8 +553,122 @@ class GrpcConnection:
                 return int(result.partitions)
         raise InternalError(f"the broker's CreatePartitions answer has no result for {topic!r}")
 
+    def init_producer_id(
+        self, *, producer_key: str = "", timeout_ms: int | None
+    ) -> tuple[int, int]:
+        request = (
+            pb.InitProducerIdRequest(producer_key=producer_key)
+            if producer_key
+            else pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+        )
+        answer = self.transport.call(
+            self.transport.stub.InitProducerId,
+            request,
+            what="InitProducerId",
+            timeout_ms=timeout_ms,
+        )
+        return answer.producer_id, answer.producer_epoch
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.DescribeProducers,
+            pb.DescribeProducersRequest(
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                producer_id=producer_id,
+            ),
+            what="DescribeProducers",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, list[ProducerState] | TidelogError] = {}
+        for part in answer.partitions:
+            tp = TopicPartition(part.topic, part.partition)
+            if part.error_code:
+                out[tp] = error_for_code(part.error_code, f"{tp}: {part.error_message}")
+            else:
+                out[tp] = [
+                    ProducerState(s.producer_id, s.producer_epoch, s.last_sequence)
+                    for s in part.producers
+                ]
+        return out
+
+    def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
+        answer = self.transport.call(
+            self.transport.stub.Produce,
+            _produce_request(call),
+            what="Produce",
+            timeout_ms=timeout_ms,
+        )
+        return _produce_answer(answer)
+
+    def open_produce_stream(self) -> ProduceStream:
+        return _GrpcProduceStream(
+            self.transport.open_stream(self.transport.stub.ProduceStream, "ProduceStream")
+        )
+
+    def open_fetch_stream(self) -> FetchStream:
+        return _GrpcFetchStream(
+            self.transport.open_stream(self.transport.stub.FetchStream, "FetchStream")
+        )
+
     def close(self) -> None:
         self.transport.close()
+
+
+def _produce_request(call: ProduceCall) -> pb.ProduceRequest:
+    topics: dict[str, list[pb.ProducePartitionData]] = {}
+    for tp, records in call.batches:
+        topics.setdefault(tp.topic, []).append(
+            pb.ProducePartitionData(partition=tp.partition, records=records)
+        )
+    return pb.ProduceRequest(
+        correlation_id=call.correlation_id,
+        acks=call.acks,
+        timeout_ms=call.timeout_ms,
+        topics=[
+            pb.ProduceTopicData(topic=topic, partitions=parts) for topic, parts in topics.items()
+        ],
+    )
+
+
+def _produce_answer(response: pb.ProduceResponse) -> ProduceAnswer:
+    return ProduceAnswer(
+        response.correlation_id,
+        {
+            TopicPartition(r.topic, r.partition): (
+                PartitionProduceResult(error=error_for_code(r.error_code, r.error_message))
+                if r.error_code
+                else PartitionProduceResult(r.base_offset, r.log_append_time_ms, r.duplicate)
+            )
+            for r in response.results
+        },
+        response.throttle_time_ms,
+    )
+
+
+class _GrpcProduceStream:
+    """``ProduceStream`` over a gRPC ``ProduceStream`` call; converts on the way."""
+
+    def __init__(self, stream: BidiStream[pb.ProduceRequest, pb.ProduceResponse]) -> None:
+        self._stream = stream
+
+    def send(self, call: ProduceCall) -> None:
+        # Building the message copies the record bytes: callers send outside their locks.
+        self._stream.send(_produce_request(call))
+
+    def responses(self) -> Iterator[ProduceAnswer]:
+        for response in self._stream.responses():
+            yield _produce_answer(response)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def cancel(self) -> None:
+        self._stream.cancel()
 
 
 def topic_description(answer: pb.TopicDescription) -> TopicDescription:
@@ -445,3 +693,51 @@ def topic_description(answer: pb.TopicDescription) -> TopicDescription:
         config=dict(sorted(answer.config.items())),
         internal=answer.internal,
     )
+
+
+class _GrpcFetchStream:
+    """``FetchStream`` over a gRPC ``FetchStream`` call; converts on the way."""
+
+    def __init__(self, stream: BidiStream[pb.FetchRequest, pb.FetchResponse]) -> None:
+        self._stream = stream
+
+    def send(self, call: FetchCall) -> None:
+        self._stream.send(
+            pb.FetchRequest(
+                correlation_id=call.correlation_id,
+                max_wait_ms=call.max_wait_ms,
+                min_bytes=call.min_bytes,
+                max_bytes=call.max_bytes,
+                partitions=[
+                    pb.FetchPartition(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        fetch_offset=fetch_offset,
+                        partition_max_bytes=partition_max_bytes,
+                    )
+                    for tp, fetch_offset, partition_max_bytes in call.partitions
+                ],
+            )
+        )
+
+    def responses(self) -> Iterator[FetchAnswer]:
+        for response in self._stream.responses():
+            results = []
+            for r in response.results:
+                tp = TopicPartition(r.topic, r.partition)
+                error = (
+                    error_for_code(r.error_code, f"{tp}: {r.error_message}")
+                    if r.error_code
+                    else None
+                )
+                # r.records: the one copy out of protobuf; the consumer keeps this object.
+                results.append(
+                    FetchResult(tp, r.records, r.high_watermark, r.log_start_offset, error)
+                )
+            yield FetchAnswer(response.correlation_id, results)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def cancel(self) -> None:
+        self._stream.cancel()

@@ -46,16 +46,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 
-from client.cluster import parse_bootstrap_list
 from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
-from client.connection import grpc_connections
+from client.connection import ConnectionFactory, grpc_connections
 from client.coordinator import ConsumerCoordinator
 from client.fetch_session import FetchSession
 from client.fetcher import SubscriptionState
 from client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
 from client.rebalance import GroupSubscription, PartitionsCallback
 from client.routing import ClusterConnections
-from client.transport import Transport
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from storage.errors import (
     ClosedError,
@@ -84,8 +82,10 @@ class Consumer:
     """Reads records from one broker. Not thread-safe; ``close`` when done.
 
     Args:
-        bootstrap_servers: ``HOST:PORT`` of the broker.
+        bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
         config: a whole ``ConsumerConfig`` instead of keyword settings.
+        connection_factory: how to reach a broker (default gRPC); tests pass
+            ``client.testing.InMemoryCluster.connect``.
         **settings: ``ConsumerConfig`` fields (``group_id``, ``auto_offset_reset``, ...).
 
     Raises ``ValueError`` for unknown or invalid settings.
@@ -96,25 +96,20 @@ class Consumer:
         bootstrap_servers: str = DEFAULT_BOOTSTRAP,
         *,
         config: ConsumerConfig | None = None,
+        connection_factory: ConnectionFactory | None = None,
         **settings: object,
     ) -> None:
         config = resolve_config(ConsumerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
-        # The data path (fetch stream) still uses one broker, the first of the bootstrap
-        # list; offsets, commits and heartbeats are routed (client.routing).
-        self._transport = Transport(
-            parse_bootstrap_list(config.bootstrap_servers)[0],
-            client_id=config.client_id,
-            request_timeout_ms=config.request_timeout_ms,
-            reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
-        )
+        # Fetches go to each partition's leader, offsets and commits to the leaders and
+        # the group's coordinator, each following its target when it moves.
         self._connections = ClusterConnections(
             config.bootstrap_servers,
-            grpc_connections(
+            connection_factory
+            or grpc_connections(
                 client_id=config.client_id,
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
-                reuse=self._transport,
             ),
             request_timeout_ms=config.request_timeout_ms,
             metadata_max_age_ms=config.metadata_max_age_ms,
@@ -123,7 +118,7 @@ class Consumer:
         self._data_ready = threading.Condition(self._lock)
         self._subscriptions = SubscriptionState()
         self._fetches = FetchSession(
-            config, self._transport, self._subscriptions, self._lock, self._data_ready
+            config, self._connections, self._subscriptions, self._lock, self._data_ready
         )
         self._metadata_checked_ms = 0
         self._missing_topics: set[str] = set()
@@ -644,7 +639,7 @@ class Consumer:
             if now >= self._position_retry_at:
                 self._update_positions(now + lookup_ms, raise_retriable=False)
             records = self._fetches.collect(max_records)
-            self._fetches.maybe_fetch()
+            self._fetches.maybe_fetch(lookup_ms)
             if records:
                 return records
             now = _monotonic_ms()
@@ -713,7 +708,6 @@ class Consumer:
         self._closed = True
         self._fetches.close()
         self._connections.close()
-        self._transport.close()
 
     def __enter__(self) -> Consumer:
         return self

@@ -299,11 +299,15 @@ class ConsumerCoordinator:
         except (UnknownMemberIdError, FencedMemberEpochError) as exc:
             with self._lock:
                 lost = self._membership.owned.copy()
-                events = self._membership.on_fenced(_monotonic_ms())
+                # Queued with the generation change, under one lock: whoever sees the new
+                # generation sees the "lose" step too (a revocation still queued is then
+                # known to be overtaken, and runs no on_revoke and no commit).
+                self._queue_locked(self._membership.on_fenced(_monotonic_ms()))
             log.warning(
                 "group %s: %s; rejoining (%d partition(s) lost)", self.group_id, exc, len(lost)
             )
-            return events
+            self._wakeup()
+            return []
         except ClosedError as exc:
             with self._lock:
                 if self._stopped or self._connections.closed:

@@ -104,6 +104,8 @@ class ClusterConnections:
         self._cache = MetadataCache(metadata_max_age_ms)  # guarded by _lock
         self._by_address: dict[str, Connection] = {}  # guarded by _lock
         self._coordinators: dict[str, BrokerNode] = {}  # group id -> node; guarded by _lock
+        # broker id -> the address its metadata answer came through; guarded by _lock.
+        self._answered_by: dict[int, str] = {}
         self._closed = False
 
     # --- connections ----------------------------------------------------------------------
@@ -119,6 +121,18 @@ class ClusterConnections:
                 self._by_address[address] = connection
             return connection
 
+    def address_of(self, node: BrokerNode) -> str:
+        """Where to reach ``node``: the address it answered metadata through, if it did,
+        else the address it advertises.
+
+        A broker reached through a proxy, a tunnel or NAT advertises an address the client
+        may not reach; the address that got its answer certainly does. (Kafka's clients
+        always use the advertised one; a single node behind a proxy then works only with
+        ``advertised.listeners`` set to the proxy.)
+        """
+        with self._lock:
+            return self._answered_by.get(node.id, node.address)
+
     def bootstrap_connection(self) -> Connection:
         """A connection for calls any broker answers: the first bootstrap address."""
         return self.connection_to(self.bootstrap[0])
@@ -129,7 +143,7 @@ class ClusterConnections:
         if node is None:
             self.mark_stale()
             raise BrokerUnavailableError(f"broker {broker_id} is not in the cluster's metadata")
-        return self.connection_to(node.address)
+        return self.connection_to(self.address_of(node))
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -153,7 +167,9 @@ class ClusterConnections:
             if current is not None and not self._cache.refresh_due(now):
                 return current
             self._cache.attempted(now)
-            known = [] if current is None else [b.address for b in current.brokers.values()]
+            known = list(self._answered_by.values())
+            if current is not None:
+                known += [self._answered_by.get(b.id, b.address) for b in current.brokers.values()]
         addresses = list(dict.fromkeys([*known, *self.bootstrap]))
         deadline = now + timeout
         error: TidelogError | None = None
@@ -176,6 +192,7 @@ class ClusterConnections:
                 continue
             with self._lock:
                 self._cache.update(answer, self._monotonic_ms())
+                self._answered_by[answer.broker_id] = address
             return answer
         with self._lock:
             current = self._cache.current
@@ -187,6 +204,12 @@ class ClusterConnections:
                 f" within {timeout} ms" + (f" ({error})" if error else "")
             )
         raise error
+
+    def refresh_in_ms(self) -> int:
+        """How long until a metadata refresh may go out (0: now)."""
+        now = self._monotonic_ms()
+        with self._lock:
+            return max(self._cache.next_refresh_ms() - now, 0)
 
     def confirmed(self) -> None:
         """A routed call succeeded: the metadata backoff starts over at 100 ms."""
@@ -206,14 +229,19 @@ class ClusterConnections:
             metadata = self.metadata(timeout_ms=timeout_ms, force=True)
         partition = metadata.partition(tp)
         if partition is None:
-            raise UnknownTopicOrPartitionError(f"{tp} is not in the cluster's metadata")
+            count = metadata.partition_count(tp.topic)
+            if count is None:
+                raise UnknownTopicOrPartitionError(f"{tp}: unknown topic {tp.topic!r}")
+            raise UnknownTopicOrPartitionError(
+                f"{tp}: topic {tp.topic!r} has {count} partition(s), no partition {tp.partition}"
+            )
         node = metadata.leader_for(tp)
         if node is None:
             self.mark_stale()
             raise LeaderNotAvailableError(
                 f"{tp} is offline: no broker leads it (leader {partition.leader})"
             )
-        return self.connection_to(node.address)
+        return self.connection_to(self.address_of(node))
 
     def coordinator(self, group_id: str, timeout_ms: int | None = None) -> Connection:
         """The connection to ``group_id``'s coordinator (found once, then remembered)."""
@@ -223,7 +251,7 @@ class ClusterConnections:
             node = self.bootstrap_or_any().find_coordinator(group_id, timeout_ms=timeout_ms)
             with self._lock:
                 self._coordinators[group_id] = node
-        return self.connection_to(node.address)
+        return self.connection_to(self.address_of(node))
 
     def forget_coordinator(self, group_id: str) -> None:
         """The coordinator moved or is gone: find it again next time."""
@@ -237,7 +265,7 @@ class ClusterConnections:
         if node is None:
             self.mark_stale()
             raise NotControllerError("the cluster has no controller at the moment")
-        return self.connection_to(node.address)
+        return self.connection_to(self.address_of(node))
 
     def bootstrap_or_any(self) -> Connection:
         """A connection to a broker that answered last (any broker answers it)."""
@@ -246,7 +274,7 @@ class ClusterConnections:
         if current is not None:
             node = current.brokers.get(current.broker_id)
             if node is not None:
-                return self.connection_to(node.address)
+                return self.connection_to(self.address_of(node))
         return self.bootstrap_connection()
 
     # --- calls that follow their target ---------------------------------------------------

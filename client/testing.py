@@ -19,8 +19,11 @@ Thread-safe: one lock guards the whole cluster.
 
 from __future__ import annotations
 
+import queue
+import struct
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from client.cluster import (
@@ -30,7 +33,19 @@ from client.cluster import (
     PartitionMetadata,
     TopicMetadata,
 )
-from client.connection import Connection, ListOffsetsResult
+from client.connection import (
+    Connection,
+    FetchAnswer,
+    FetchCall,
+    FetchResult,
+    FetchStream,
+    ListOffsetsResult,
+    PartitionProduceResult,
+    ProduceAnswer,
+    ProduceCall,
+    ProducerState,
+    ProduceStream,
+)
 from client.group_member import HeartbeatAnswer, HeartbeatRequest
 from client.types import PartitionDescription, TopicDescription, TopicPartition
 from storage.errors import (
@@ -42,6 +57,7 @@ from storage.errors import (
     NotControllerError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
     TidelogError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -82,6 +98,12 @@ class InMemoryCluster:
         self._committed: dict[str, dict[TopicPartition, int]] = {}
         self._coordinators: dict[str, int] = {}
         self.calls: list[tuple[int, str]] = []  # (broker id, call) in order, guarded by _lock
+        # tp -> (base offset, batch bytes) of every batch appended, in order
+        self.produced: dict[TopicPartition, list[tuple[int, bytes]]] = {}
+        self._streams: dict[int, list[_InMemoryProduceStream | _InMemoryFetchStream]] = {}
+        self._appended = threading.Condition(self._lock)  # fetches wait here for records
+        self._next_producer_id = 999
+        self._keyed_ids: dict[str, int] = {}
 
     @property
     def bootstrap(self) -> str:
@@ -138,6 +160,9 @@ class InMemoryCluster:
         """The broker stops answering; partitions it led go offline (replication 1)."""
         with self._lock:
             self._alive.discard(broker_id)
+            for stream in self._streams.pop(broker_id, []):
+                stream.break_with(BrokerUnavailableError(f"broker {broker_id} was killed"))
+            self._appended.notify_all()
             if self.controller_id == broker_id:
                 self.controller_id = NO_LEADER
             for topic in self._topics.values():
@@ -179,6 +204,28 @@ class InMemoryCluster:
         if partition.leader != broker_id:
             raise NotLeaderOrFollowerError(f"broker {broker_id} does not lead {tp}")
         return partition
+
+    def _append_locked(
+        self, broker_id: int, call: ProduceCall
+    ) -> dict[TopicPartition, PartitionProduceResult]:
+        """Store each batch of ``call`` that ``broker_id`` leads (one batch per partition)."""
+        results: dict[TopicPartition, PartitionProduceResult] = {}
+        for tp, records in call.batches:
+            try:
+                partition = self._check_leader_locked(broker_id, tp)
+            except TidelogError as exc:
+                results[tp] = PartitionProduceResult(error=exc)
+                continue
+            base = partition.log_end_offset
+            # RecordBatch v2: the base offset is the int64 at byte 0 (outside the CRC),
+            # lastOffsetDelta the int32 at byte 23.
+            stored = bytearray(records)
+            struct.pack_into(">q", stored, 0, base)
+            partition.log_end_offset += struct.unpack_from(">i", records, 23)[0] + 1
+            self.produced.setdefault(tp, []).append((base, bytes(stored)))
+            results[tp] = PartitionProduceResult(base, -1)
+        self._appended.notify_all()
+        return results
 
     def _check_coordinator_locked(self, broker_id: int, group_id: str) -> None:
         if self._coordinators.setdefault(group_id, min(self.nodes)) != broker_id:
@@ -412,5 +459,197 @@ class InMemoryConnection:
                     found.partitions.append(_Partition(leader=leader, replicas=(leader,)))
             return total_count
 
+    def init_producer_id(
+        self, *, producer_key: str = "", timeout_ms: int | None
+    ) -> tuple[int, int]:
+        cluster = self._cluster
+        with cluster._lock:
+            self._enter("init_producer_id")
+            if producer_key and producer_key in cluster._keyed_ids:
+                return cluster._keyed_ids[producer_key], 0
+            cluster._next_producer_id += 1
+            if producer_key:
+                cluster._keyed_ids[producer_key] = cluster._next_producer_id
+            return cluster._next_producer_id, 0
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
+        """From the batches stored: the last sequence of ``producer_id`` per epoch seen last."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("describe_producers")
+            out: dict[TopicPartition, list[ProducerState] | TidelogError] = {}
+            for tp in partitions:
+                try:
+                    cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = exc
+                    continue
+                states: list[ProducerState] = []
+                for _, data in cluster.produced.get(tp, []):
+                    # RecordBatch v2: producer id int64 at 43, epoch int16 at 51, base
+                    # sequence int32 at 53, lastOffsetDelta int32 at 23.
+                    pid, epoch, base = struct.unpack_from(">qhi", data, 43)
+                    if pid == producer_id:
+                        last = base + struct.unpack_from(">i", data, 23)[0]
+                        states = [ProducerState(pid, epoch, last)]
+                out[tp] = states
+            return out
+
+    def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("produce")
+            return ProduceAnswer(call.correlation_id, cluster._append_locked(broker_id, call))
+
+    def open_fetch_stream(self) -> FetchStream:
+        cluster = self._cluster
+        stream = _InMemoryFetchStream(cluster, self._broker_id)
+        with cluster._lock:
+            if self._broker_id is None or self._broker_id not in cluster._alive:
+                stream.break_with(BrokerUnavailableError(f"broker at {self._address} is down"))
+            else:
+                cluster._streams.setdefault(self._broker_id, []).append(stream)
+        return stream
+
+    def open_produce_stream(self) -> ProduceStream:
+        cluster = self._cluster
+        stream = _InMemoryProduceStream(cluster, self._broker_id)
+        with cluster._lock:
+            if self._broker_id is None or self._broker_id not in cluster._alive:
+                stream.break_with(BrokerUnavailableError(f"broker at {self._address} is down"))
+            else:
+                cluster._streams.setdefault(self._broker_id, []).append(stream)
+        return stream
+
     def close(self) -> None:
         self._closed = True
+
+
+_END: object = object()
+
+
+class _InMemoryProduceStream:
+    """Appends on ``send`` (under the cluster's lock) and queues the answer."""
+
+    def __init__(self, cluster: InMemoryCluster, broker_id: int | None) -> None:
+        self._cluster = cluster
+        self._broker_id = broker_id
+        self._answers: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._ended = False
+
+    def break_with(self, error: TidelogError) -> None:
+        """The connection is gone: nothing sent from now on arrives (lock held)."""
+        self._ended = True
+        self._answers.put(error)
+
+    def send(self, call: ProduceCall) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            if self._ended or self._broker_id not in cluster._alive:
+                return  # a broken stream: the reader already got (or gets) its error
+            assert self._broker_id is not None
+            cluster.calls.append((self._broker_id, "produce"))
+            results = cluster._append_locked(self._broker_id, call)
+        self._answers.put(ProduceAnswer(call.correlation_id, results))
+
+    def responses(self) -> Iterator[ProduceAnswer]:
+        while True:
+            item = self._answers.get()
+            if item is _END:
+                return
+            if isinstance(item, TidelogError):
+                raise item
+            assert isinstance(item, ProduceAnswer)
+            yield item
+
+    def close(self) -> None:
+        self._ended = True
+        self._answers.put(_END)
+
+    def cancel(self) -> None:
+        self._ended = True
+        self._answers.put(ClosedError("the produce stream was cancelled"))
+
+
+class _InMemoryFetchStream:
+    """Answers fetches on the reader's thread: a long poll on the cluster's condition."""
+
+    def __init__(self, cluster: InMemoryCluster, broker_id: int | None) -> None:
+        self._cluster = cluster
+        self._broker_id = broker_id
+        self._calls: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._ended = False
+
+    def break_with(self, error: TidelogError) -> None:
+        """The connection is gone (lock held)."""
+        self._ended = True
+        self._calls.put(error)
+
+    def send(self, call: FetchCall) -> None:
+        if not self._ended:
+            self._calls.put(call)
+
+    def responses(self) -> Iterator[FetchAnswer]:
+        while True:
+            item = self._calls.get()
+            if item is _END:
+                return
+            if isinstance(item, TidelogError):
+                raise item
+            assert isinstance(item, FetchCall)
+            answer = self._answer(item)
+            if answer is None:  # broken while waiting: its error is queued
+                continue
+            yield answer
+
+    def _answer(self, call: FetchCall) -> FetchAnswer | None:
+        cluster = self._cluster
+        deadline = time.monotonic() + call.max_wait_ms / 1000
+        with cluster._lock:
+            while True:
+                if self._ended:
+                    return None
+                assert self._broker_id is not None
+                results = [self._result_locked(tp, offset) for tp, offset, _ in call.partitions]
+                remaining = deadline - time.monotonic()
+                if any(r.records or r.error for r in results) or remaining <= 0:
+                    cluster.calls.append((self._broker_id, "fetch"))
+                    return FetchAnswer(call.correlation_id, results)
+                cluster._appended.wait(remaining)
+
+    def _result_locked(self, tp: TopicPartition, fetch_offset: int) -> FetchResult:
+        cluster = self._cluster
+        assert self._broker_id is not None
+        try:
+            partition = cluster._check_leader_locked(self._broker_id, tp)
+        except TidelogError as exc:
+            return FetchResult(tp, b"", error=exc)
+        end = partition.log_end_offset
+        if not partition.log_start_offset <= fetch_offset <= end:
+            return FetchResult(
+                tp,
+                b"",
+                end,
+                partition.log_start_offset,
+                OffsetOutOfRangeError(f"{tp}: offset {fetch_offset} is outside [0, {end}]"),
+            )
+        records = b"".join(
+            data
+            for base, data in cluster.produced.get(tp, [])
+            if base + struct.unpack_from(">i", data, 23)[0] >= fetch_offset
+        )
+        return FetchResult(tp, records, end, partition.log_start_offset)
+
+    def close(self) -> None:
+        self._ended = True
+        self._calls.put(_END)
+        with self._cluster._lock:
+            self._cluster._appended.notify_all()
+
+    def cancel(self) -> None:
+        self._ended = True
+        self._calls.put(ClosedError("the fetch stream was cancelled"))
+        with self._cluster._lock:
+            self._cluster._appended.notify_all()
