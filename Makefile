@@ -2,6 +2,10 @@
 #   make test    lint + type check + generated-code check + the whole test suite
 #   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data)
 #   make check   ruff, mypy and the protobuf check only
+#   make native  rebuild the optional C extension storage._native in place after an edit
+#                (pip install -e builds it too; without a C compiler both go on without it)
+#   make asan    the codec's fuzz and differential tests against an AddressSanitizer build
+#   make test-pure  the codec's tests with TIDELOG_PURE_PYTHON=1 (part of make test)
 #   make bench   the benchmarks (see README for each one's figures)
 #   make bench-peers  Tidelog against NATS JetStream and Redis Streams (docs/benchmarks.md);
 #                installs the bench extra, and nats-server/redis-server with apt-get as root
@@ -12,13 +16,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv check lint format typecheck proto proto-check test run bench bench-peers clean
+.PHONY: all venv native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers clean
 
 all: test
 
 ZOOKEEPER_JAR := /usr/share/java/zookeeper.jar
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@# Cluster tests run a throwaway ZooKeeper from Debian's package on the machine's Java.
 	@if [ ! -f $(ZOOKEEPER_JAR) ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -33,7 +37,31 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP) native
+
+# Rebuilt when the source is newer than the built module. `optional` as in setup.py: a
+# failed build warns and leaves the pure-Python codec in charge.
+NATIVE_SO = $(firstword $(wildcard storage/_native*.so) storage/_native.so)
+native: $(NATIVE_SO)
+$(NATIVE_SO): storage/_native.c setup.py $(STAMP)
+	$(BIN)/python setup.py --quiet build_ext --inplace || echo "storage._native not built: the pure-Python codec runs"
+
+# AddressSanitizer: a copy of the tree with the extension built -fsanitize=address, and
+# the codec tests (differential, fuzz, corrupt batches) run against it. PYTHONMALLOC=malloc
+# puts every object (the bytes the decoder reads included) in its own malloc block, so a
+# read one byte past one is caught, not hidden in a pymalloc arena. Leak checking is off:
+# CPython's own allocations at exit would drown the report.
+ASAN_DIR := build/asan
+ASAN_TESTS ?= tests/storage/test_native.py tests/storage/test_records.py tests/client/test_partitioner.py
+asan: $(STAMP)
+	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)
+	git ls-files -z storage tests setup.py pyproject.toml README.md | xargs -0 cp --parents -t $(ASAN_DIR)
+	cp -r storage/*.pyi $(ASAN_DIR)/storage/ 2>/dev/null || true
+	cd $(ASAN_DIR) && CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" \
+		LDFLAGS="-fsanitize=address" ../../$(BIN)/python setup.py --quiet build_ext --inplace
+	cd $(ASAN_DIR) && PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+		TIDELOG_FUZZ_EXAMPLES=$${TIDELOG_FUZZ_EXAMPLES:-2000} PYTHONPATH=. \
+		../../$(BIN)/python -m pytest -p no:cacheprovider -q $(ASAN_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -54,8 +82,16 @@ proto-check: $(STAMP)
 
 check: lint typecheck proto-check
 
-test: check
+test: check native
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-pure
+
+# The codec's tests again with the C extension switched off: the fallback a machine
+# without a compiler runs (the rest of the suite is codec-agnostic).
+PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py \
+	tests/client/test_fetcher.py tests/client/test_partitioner.py tests/spark/test_arrow_columns.py
+test-pure: $(STAMP)
+	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
 run: $(STAMP)
 	$(BIN)/python -m broker
@@ -73,4 +109,4 @@ bench-peers: $(STAMP)
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info storage/_native*.so

@@ -335,7 +335,9 @@ def main() -> int:
         args.records = 100_000
         args.latency_samples = 300
     if args.models:
-        return compare_models(args.models.split(","), args.records, args.rounds)
+        return compare_models(
+            args.models.split(","), args.records, args.rounds, args.latency_samples
+        )
 
     work = Path(tempfile.mkdtemp(prefix="tidelog-client-bench-"))
     broker, address = start_broker(work)
@@ -406,9 +408,10 @@ def main() -> int:
     return 0
 
 
-def compare_models(models: list[str], records: int, rounds: int) -> int:
-    """Produce and consume throughput per serving model, side by side in one run."""
-    kinds = ("produce", "consume", "produce_cpu", "consume_cpu")
+def compare_models(models: list[str], records: int, rounds: int, samples: int) -> int:
+    """Produce and consume throughput, and acks=1 / acks=all produce latency, per
+    serving model, side by side in one run."""
+    kinds = ("produce", "consume", "produce_cpu", "consume_cpu", "p50_acks1", "p50_acks_all")
     figures: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in models}
     for round_number in range(rounds):
         for model in models:
@@ -427,6 +430,12 @@ def compare_models(models: list[str], records: int, rounds: int) -> int:
                                     "--topic", "bench", "--partitions", "1",
                                     "--count", str(records))  # fmt: skip
                 cpu_consumed = _cpu_seconds(broker.pid)
+                latency = {}
+                for acks in ("1", "all"):
+                    latency[acks] = _run_role(
+                        "--role", "latency", "--address", address, "--topic", "bench",
+                        "--acks", acks, "--count", str(samples),
+                    )  # fmt: skip
             finally:
                 stop(broker)
                 shutil.rmtree(work, ignore_errors=True)
@@ -434,11 +443,15 @@ def compare_models(models: list[str], records: int, rounds: int) -> int:
             figures[model]["consume"].append(consume["records_per_s"])
             figures[model]["produce_cpu"].append((cpu_produced - cpu_before) / records * 1e6)
             figures[model]["consume_cpu"].append((cpu_consumed - cpu_produced) / records * 1e6)
+            figures[model]["p50_acks1"].append(latency["1"]["p50_ms"])
+            figures[model]["p50_acks_all"].append(latency["all"]["p50_ms"])
             print(f"round {round_number + 1} {model:>8}: produce "
                   f"{produce['records_per_s']:,.0f} records/s, consume "
                   f"{consume['records_per_s']:,.0f} records/s; broker CPU "
                   f"{figures[model]['produce_cpu'][-1]:.2f} / "
-                  f"{figures[model]['consume_cpu'][-1]:.2f} us/record")  # fmt: skip
+                  f"{figures[model]['consume_cpu'][-1]:.2f} us/record; p50 acks=1 "
+                  f"{latency['1']['p50_ms']:.3f} ms, acks=all "
+                  f"{latency['all']['p50_ms']:.3f} ms")  # fmt: skip
     result: dict[str, Any] = {"records": records, "rounds": rounds}
     for model in models:
         for what in ("produce", "consume"):
@@ -446,6 +459,9 @@ def compare_models(models: list[str], records: int, rounds: int) -> int:
             result[f"{what}_records_per_s_{model}"] = round(median)
             cpu = statistics.median(figures[model][f"{what}_cpu"])
             result[f"{what}_broker_cpu_us_per_record_{model}"] = round(cpu, 2)
+        for acks in ("acks1", "acks_all"):
+            p50 = statistics.median(figures[model][f"p50_{acks}"])
+            result[f"produce_p50_ms_{acks}_{model}"] = round(p50, 3)
     first, second = models[0], models[1] if len(models) > 1 else models[0]
     for what in ("produce", "consume"):
         ratio = result[f"{what}_records_per_s_{first}"] / result[f"{what}_records_per_s_{second}"]

@@ -18,11 +18,20 @@ One broker process (``python -m broker``, a temporary data directory, 127.0.0.1)
 4. a batch read ``spark.read.format("tidelog")`` into ``noop``, for reference;
 5. the source's reader alone, outside Spark: ``spark_sink.reader.read_ranges`` over
    partition 0 in this process (what one Spark task does, minus Spark): records per
-   second a partition.
+   second a partition;
+6. the ceiling: a Python data source with the same schema yielding pre-built Arrow
+   batches of the same rows (``benchmarks/spark_ceiling.py``: written by the reader to
+   Arrow IPC files beforehand, memory-mapped; no broker, no decoding) read with
+   ``spark.read`` into ``noop``: what Spark's Python data source machinery allows.
+
+The codec in use (the C extension, or the pure-Python one with ``TIDELOG_PURE_PYTHON=1``,
+which the broker and Spark's Python workers inherit) is printed and in the JSON.
 
 Each timed step runs once on a small warm-up topic first (Python workers, JIT). The
 machine is shared and has 2 cores, which the broker, the Spark JVM and its Python workers
-share. The last line is one JSON object.
+share. The last line is one JSON object, with ``stream_records_per_s``,
+``batch_records_per_s``, ``ceiling_records_per_s``, ``parquet_records_per_s`` and the
+ratios ``stream_over_ceiling``, ``batch_over_ceiling``, ``stream_over_parquet``.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from client import AdminClient, Producer  # noqa: E402
+from storage.native import NATIVE  # noqa: E402
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -180,6 +190,41 @@ def _reader_alone(address: str, topic: str) -> tuple[float, int]:
     return time.perf_counter() - started, rows
 
 
+def _ceiling(spark: Any, address: str, topic: str, partitions: int, work: Path) -> float:
+    """Seconds for ``spark.read`` of the ceiling source over ``topic``'s rows."""
+    from benchmarks.spark_ceiling import CeilingDataSource, write_partition_files
+    from client import TopicPartition
+    from spark_sink.offsets import OffsetRange
+    from spark_sink.options import ReadOptions
+    from spark_sink.reader import read_ranges
+
+    options = ReadOptions.from_mapping(
+        {"bootstrap.servers": address, "subscribe": topic}, streaming=False
+    )
+    with AdminClient(address) as admin:
+        ends = {p.partition: p.log_end_offset for p in admin.describe_topic(topic).partitions}
+    directory = work / f"ceiling-{topic}"
+    directory.mkdir()
+    paths = write_partition_files(
+        [
+            read_ranges(options, [OffsetRange(TopicPartition(topic, p), 0, ends[p])], [0])
+            for p in range(partitions)
+        ],
+        directory,
+    )
+    spark.dataSource.register(CeilingDataSource)
+    started = time.perf_counter()
+    (
+        spark.read.format("tidelog_ceiling")
+        .option("paths", ",".join(paths))
+        .load()
+        .write.format("noop")
+        .mode("overwrite")
+        .save()
+    )
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=500_000)
@@ -197,6 +242,7 @@ def main() -> None:
         _stream(spark, address, "warmup", work / "ck-warmup")
         _parquet(spark, address, "warmup", work / "warmup.parquet")
         _batch_read(spark, address, "warmup")
+        _ceiling(spark, address, "warmup", args.partitions, work)
 
         wall, busy, rows = _stream(spark, address, "bench", work / "ck-bench")
         assert rows == records, (rows, records)
@@ -204,10 +250,14 @@ def main() -> None:
         batch_s = _batch_read(spark, address, "bench")
         _reader_alone(address, "warmup")
         reader_s, reader_rows = _reader_alone(address, "bench")
+        ceiling_s = _ceiling(spark, address, "bench", args.partitions, work)
+        stream_rate, batch_rate = records / wall, records / batch_s
+        ceiling_rate, parquet_rate = records / ceiling_s, records / parquet_s
         result = {
             "records": records,
             "partitions": args.partitions,
-            "stream_records_per_s": round(records / wall),
+            "codec": "C" if NATIVE else "pure-Python",
+            "stream_records_per_s": round(stream_rate),
             "stream_records_per_s_trigger_time": round(records / busy) if busy else None,
             "stream_wall_s": round(wall, 2),
             "parquet_records_per_s": round(records / parquet_s),
@@ -215,14 +265,24 @@ def main() -> None:
             "batch_read_records_per_s": round(records / batch_s),
             "stream_vs_parquet": round(parquet_s / wall, 3),
             "reader_alone_records_per_s_per_partition": round(reader_rows / reader_s),
+            "batch_records_per_s": round(batch_rate),
+            "ceiling_records_per_s": round(ceiling_rate),
+            "stream_over_ceiling": round(stream_rate / ceiling_rate, 3),
+            "batch_over_ceiling": round(batch_rate / ceiling_rate, 3),
+            "stream_over_parquet": round(stream_rate / parquet_rate, 3),
         }
         print(
             f"stream  {result['stream_records_per_s']:>10,} records/s  ({wall:.1f} s wall, "
             f"{busy:.1f} s in triggers)\n"
             f"parquet {result['parquet_records_per_s']:>10,} records/s  ({parquet_s:.1f} s)\n"
             f"batch   {result['batch_read_records_per_s']:>10,} records/s  ({batch_s:.1f} s)\n"
+            f"ceiling {result['ceiling_records_per_s']:>10,} records/s  ({ceiling_s:.1f} s: "
+            "pre-built Arrow batches, no broker)\n"
             f"reader  {result['reader_alone_records_per_s_per_partition']:>10,} records/s "
-            "a partition, outside Spark"
+            f"a partition, outside Spark\n"
+            f"codec {result['codec']}: stream/ceiling {result['stream_over_ceiling']}, "
+            f"batch/ceiling {result['batch_over_ceiling']}, "
+            f"stream/parquet {result['stream_over_parquet']}"
         )
         spark.stop()
         print(json.dumps(result))

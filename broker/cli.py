@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from broker.cluster.errors import StoreError
 from broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
 from broker.malloc import tune_malloc
 from broker.server import BrokerServer, ListenError, run_until_signalled
@@ -106,7 +107,7 @@ def serve(argv: Sequence[str]) -> int:
     tune_malloc()
     try:
         server = BrokerServer.start(config)
-    except (StorageError, ListenError, OSError) as exc:
+    except (StorageError, ListenError, OSError, InvalidConfigError, StoreError) as exc:
         sys.stderr.write(f"tidelog serve: cannot start: {exc}\n")
         return 1
     if args.ready_file:

@@ -34,6 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.config import BrokerConfig
 from broker.delayed import Purgatory
@@ -72,7 +73,13 @@ from broker.produce import (
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
-from storage.errors import InvalidRequestError, LeaderNotAvailableError
+from storage.errors import (
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    LeaderNotAvailableError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
+)
 from storage.log_manager import LogManager, TopicMetadata
 from storage.producer_state import ProducerSummary
 
@@ -86,6 +93,7 @@ __all__ = [
     "PartitionCountResult",
     "PartitionProducers",
     "PartitionView",
+    "TopicAdmin",
     "TopicView",
 ]
 
@@ -119,6 +127,23 @@ class TopicView:
     internal: bool
     config: Mapping[str, str]
     partitions: Sequence[PartitionView]
+
+
+class TopicAdmin(Protocol):
+    """Cluster mode's topic administration (``broker.cluster.node.ClusterNode``).
+
+    Each call returns once this broker's own view and local logs show the change.
+    """
+
+    def create_topic(
+        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+    ) -> None: ...
+
+    def delete_topic(self, name: str) -> None: ...
+
+    def create_partitions(self, name: str, total: int) -> None: ...
+
+    def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +220,8 @@ class BrokerCore:
     ) -> None:
         self.config = config
         self.placement = placement
+        # Cluster mode: topic administration goes through the controller (ClusterNode).
+        self.topic_admin: TopicAdmin | None = None
         self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
@@ -262,7 +289,12 @@ class BrokerCore:
                 ),
                 clock,
             )
-            cluster_id = ensure_meta_properties(logs.data_dir, config.broker_id)
+            # Cluster mode: the cluster id comes from ZooKeeper (ClusterNode.start checks it).
+            cluster_id = (
+                ensure_meta_properties(logs.data_dir, config.broker_id)
+                if config.zookeeper_connect is None
+                else ""
+            )
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -294,6 +326,17 @@ class BrokerCore:
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)
+
+    def _check_coordinator(self, group_id: str) -> None:
+        """Raise ``NotCoordinatorError`` unless this broker leads the group's offsets
+        partition (always true on a single node)."""
+        if self.topic_admin is None:
+            return
+        partition = partition_for(group_id, self._logs.topic(OFFSETS_TOPIC).partitions)
+        try:
+            self.placement.check_leader(OFFSETS_TOPIC, partition)
+        except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
+            raise NotCoordinatorError(f"group {group_id!r}: {exc}") from None
 
     @property
     def logs(self) -> LogManager:
@@ -350,12 +393,72 @@ class BrokerCore:
     # --- topics ---------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int | None, config: Mapping[str, str]
+        self,
+        name: str,
+        partitions: int | None,
+        config: Mapping[str, str],
+        *,
+        replication_factor: int | None = None,
     ) -> TopicView:
-        """Create a topic (``partitions`` None or 0: ``num.partitions``)."""
+        """Create a topic (``partitions`` None or 0: ``num.partitions``; replication
+        factor None: ``default.replication.factor``).
+
+        Raises ``InvalidReplicationFactorError`` for a factor a single node cannot keep
+        (more than 1), and in cluster mode ``NotControllerError`` on another broker than
+        the controller (the client retries there).
+        """
+        factor = replication_factor or self.config.default_replication_factor
+        admin = self.topic_admin
+        if admin is None:
+            if factor != 1:
+                raise InvalidReplicationFactorError(
+                    f"replication factor {factor} needs {factor} brokers; this is a single "
+                    "node (start brokers with zookeeper.connect for a cluster)"
+                )
+            with self._operation():
+                meta = self._logs.create_topic(name, partitions or None, config)
+                return self._view(meta)
+        count = partitions or self.config.num_partitions
+        self._logs.validate_new_topic(name, count, config)
+        admin.create_topic(name, count, factor, config)
+        return self.describe_topic(name)
+
+    def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
+        """Cluster mode: make the local logs match the controller's topics.
+
+        Creates missing topics, grows and reconfigures changed ones, deletes local topics
+        the cluster no longer has (internal ones are left alone). Called by the metadata
+        watcher after every change; errors are logged per topic, never raised.
+        """
         with self._operation():
-            meta = self._logs.create_topic(name, partitions or None, config)
-            return self._view(meta)
+            local = {t.name: t for t in self._logs.topics()}
+            for name, (count, config) in topics.items():
+                try:
+                    self._apply_cluster_topic(name, count, config, local.get(name))
+                except Exception:
+                    log.exception("cannot apply the cluster's topic %s locally", name)
+            for name, meta in local.items():
+                if name not in topics and not meta.internal:
+                    try:
+                        self._logs.delete_topic(name)
+                        self._groups.forget_topic(name)
+                    except Exception:
+                        log.exception("cannot delete local topic %s", name)
+                    self.metrics.forget_topic(name)
+
+    def _apply_cluster_topic(
+        self, name: str, count: int, config: Mapping[str, str], meta: TopicMetadata | None
+    ) -> None:
+        if meta is None:
+            self._logs.create_topic(name, count, config)
+            return
+        if meta.internal:
+            return  # created by this broker's group coordinator with the same settings
+        if meta.partitions < count:
+            self._logs.create_partitions(name, count)
+        if dict(meta.overrides) != dict(config):
+            removed = [k for k in meta.overrides if k not in config]
+            self._logs.alter_topic_config(name, config, removed)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic, its data and every group's committed offsets of it.
@@ -364,11 +467,15 @@ class BrokerCore:
             InvalidRequestError: an internal topic.
             UnknownTopicOrPartitionError: no such topic.
         """
+        admin = self.topic_admin
         with self._operation():
             if self._logs.topic(name).internal:
                 raise InvalidRequestError(f"{name} is an internal topic and cannot be deleted")
-            self._logs.delete_topic(name)
-            self._groups.forget_topic(name)
+            if admin is None:
+                self._logs.delete_topic(name)
+                self._groups.forget_topic(name)
+        if admin is not None:
+            admin.delete_topic(name)  # the local logs go when this broker's view shows it
         self.metrics.forget_topic(name)
 
     def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
@@ -438,8 +545,16 @@ class BrokerCore:
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
     ) -> TopicView:
         """Set and reset topic config keys; answers the new description."""
-        with self._operation():
-            return self._view(self._logs.alter_topic_config(name, set_keys, delete_keys))
+        admin = self.topic_admin
+        if admin is None:
+            with self._operation():
+                return self._view(self._logs.alter_topic_config(name, set_keys, delete_keys))
+        meta = self._logs.topic(name)
+        overrides = {k: v for k, v in meta.overrides.items() if k not in set(delete_keys)}
+        overrides.update(set_keys)
+        self._logs.validate_topic_config(overrides)
+        admin.alter_topic_config(name, overrides)
+        return self.describe_topic(name)
 
     def create_partitions(
         self, counts: Sequence[tuple[str, int]], *, validate_only: bool = False
@@ -461,7 +576,13 @@ class BrokerCore:
                 try:
                     if seen[name] > 1:
                         raise InvalidRequestError(f"topic {name!r} is named more than once")
-                    meta = self._logs.create_partitions(name, count, validate_only=validate_only)
+                    meta = self._logs.create_partitions(name, count, validate_only=True)
+                    if not validate_only:
+                        if self.topic_admin is not None:
+                            self.topic_admin.create_partitions(name, count)
+                            meta = self._logs.topic(name)
+                        else:
+                            meta = self._logs.create_partitions(name, count)
                 except Exception as exc:
                     code, message = partition_error(exc)
                     answers.append(
@@ -644,6 +765,7 @@ class BrokerCore:
     def consumer_group_heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
         """Join, heartbeat or leave a group; answers epoch, interval and assignment."""
         with self._operation():
+            self._check_coordinator(request.group_id)
             return self._groups.heartbeat(request)
 
     def commit_offsets(
@@ -655,11 +777,13 @@ class BrokerCore:
     ) -> list[OffsetResult]:
         """Commit offsets as a member, or as an admin of an empty group (no member id)."""
         with self._operation():
+            self._check_coordinator(group_id)
             return self._groups.commit_offsets(group_id, member_id, member_epoch, entries)
 
     def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
         """Committed offsets of a group (-1 where none)."""
         with self._operation():
+            self._check_coordinator(group_id)
             return self._groups.fetch_offsets(group_id, selection)
 
     def list_groups(self) -> list[GroupListing]:
@@ -670,6 +794,7 @@ class BrokerCore:
     def describe_group(self, group_id: str) -> GroupDescription:
         """Members, assignment and per-partition lag of a group."""
         with self._operation():
+            self._check_coordinator(group_id)
             return self._groups.describe_group(group_id)
 
     def reset_group_offsets(
@@ -677,11 +802,13 @@ class BrokerCore:
     ) -> list[OffsetResult]:
         """Move an empty group's committed offsets."""
         with self._operation():
+            self._check_coordinator(group_id)
             return self._groups.reset_offsets(group_id, selection, target)
 
     def delete_group(self, group_id: str) -> None:
         """Delete an empty group's committed offsets."""
         with self._operation():
+            self._check_coordinator(group_id)
             self._groups.delete_group(group_id)
 
     # --- client quotas (broker.quotas) ------------------------------------------------

@@ -59,7 +59,7 @@ from broker.context import RequestContext
 from broker.core import BrokerCore
 from broker.errors import ERROR_CODE_METADATA_KEY, to_wire
 from broker.limits import Admission
-from broker.produce import Acks, PartitionAppend, PartitionProduced, parse_acks
+from broker.produce import Acks, PartitionProduced, parse_acks
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from broker.service import (
     BROKER_SERVICE_NAME,
@@ -185,7 +185,7 @@ class _AsyncService:
 
         def deliver(value: T) -> None:
             if threading.get_ident() == loop_thread:
-                # acks 0/1 answer on the loop's own thread: no wake-up of the loop needed
+                # Delivered on the loop's own thread: no wake-up of the loop needed
                 # (call_soon_threadsafe writes to its self-pipe, a syscall per answer).
                 resolve(value)
                 return
@@ -239,9 +239,13 @@ class _AsyncService:
     ) -> tuple[asyncio.Future[list[PartitionProduced]], int]:
         """Append (on the executor); the future of the answers and the throttle time."""
         acks = parse_acks(request.acks)
-        appends, throttle_ms = await self._run(caller, self._core.append, produce_parts(request))
         answers: asyncio.Future[list[PartitionProduced]] = self._loop.create_future()
-        self._core.complete(appends, acks, self._deliver_to(answers))
+        _, throttle_ms = await self._run(
+            caller,
+            _append_each,
+            self._core,
+            [(request, acks, self._deliver_to(answers))],
+        )
         bytes_throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
         return answers, max(throttle_ms, bytes_throttle_ms)
 
@@ -333,23 +337,26 @@ class _AsyncService:
                 batch = pending.copy()
                 pending.clear()
                 incoming = [item for item in batch if isinstance(item, _Incoming)]
+                futures: list[asyncio.Future[list[PartitionProduced]]] = [
+                    loop.create_future() for _ in incoming
+                ]
                 throttle_ms = 0
-                results: list[list[PartitionAppend]] = []
                 if incoming:
+                    work = [
+                        (item.request, item.acks, self._deliver_to(future))
+                        for item, future in zip(incoming, futures, strict=True)
+                    ]
                     try:
-                        results, throttle_ms = await self._run(
-                            caller, _append_each, self._core, [i.request for i in incoming]
-                        )
+                        _, throttle_ms = await self._run(caller, _append_each, self._core, work)
                     except Exception as exc:
                         await answers.put(exc)
                         return
-                appended = iter(results)
+                pending_futures = iter(futures)
                 for item in batch:
                     if not isinstance(item, _Incoming):
                         await answers.put(item)  # None or the reader's error: the end
                         return
-                    future: asyncio.Future[list[PartitionProduced]] = loop.create_future()
-                    self._core.complete(next(appended), item.acks, self._deliver_to(future))
+                    future = next(pending_futures)
                     # request_percentage: the batch's storage time, counted after it.
                     if throttle_ms:
                         muted_until[0] = max(muted_until[0], loop.time() + throttle_ms / 1e3)
@@ -479,11 +486,15 @@ class _Incoming:
 
 
 def _append_each(
-    core: BrokerCore, requests: list[pb.ProduceRequest]
-) -> list[list[PartitionAppend]]:
-    """Append several requests in one executor job, in order (an append never raises
-    for a partition's fault: each answer carries its own)."""
-    return [core.append(produce_parts(request)) for request in requests]
+    core: BrokerCore,
+    work: list[tuple[pb.ProduceRequest, Acks, Callable[[list[PartitionProduced]], None]]],
+) -> None:
+    """Append several requests in one executor job, in order, and hand each to
+    ``complete`` right there, so an ``acks=all`` fsync is asked for before the event loop
+    even hears of the append. An append never raises for a partition's fault (each answer
+    carries its own); one that raises (shutdown) fails the whole job."""
+    for request, acks, deliver in work:
+        core.complete(core.append(produce_parts(request)), acks, deliver)
 
 
 def _produce_bytes(request: pb.ProduceRequest) -> int:

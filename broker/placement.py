@@ -10,6 +10,9 @@ refresh their metadata and retry).
 * ``LocalPlacement``: a single node (no ``zookeeper.connect``, the embedded default). The
   node is broker ``broker.id`` (0 by default), controller and leader of every partition at
   epoch 0, the only replica and ISR member.
+* ``JoiningPlacement``: cluster mode before the broker has the cluster's view: it leads
+  nothing (``LEADER_NOT_AVAILABLE``, retriable), so nothing is written here that another
+  broker leads.
 * ``broker.cluster.node.ClusterPlacement``: cluster mode, from the ZooKeeper view.
 
 Both are thread-safe.
@@ -21,9 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from storage.errors import LeaderNotAvailableError
+
 __all__ = [
     "BrokerEndpoint",
     "ClusterView",
+    "JoiningPlacement",
     "LocalPlacement",
     "PartitionPlacement",
     "Placement",
@@ -105,3 +111,25 @@ class LocalPlacement:
 
     def check_leader(self, topic: str, partition: int) -> None:
         return None
+
+
+class JoiningPlacement:
+    """Cluster mode until the view arrives: no topics, no leadership. Thread-safe."""
+
+    def __init__(self, broker_id: int) -> None:
+        self._broker_id = broker_id
+
+    def cluster(self) -> ClusterView:
+        return ClusterView("", self._broker_id, NO_LEADER, ())
+
+    def topics(self) -> Mapping[str, int] | None:
+        return {}
+
+    def partition(self, topic: str, partition: int) -> PartitionPlacement:
+        return PartitionPlacement(NO_LEADER, -1, (), ())
+
+    def check_leader(self, topic: str, partition: int) -> None:
+        raise LeaderNotAvailableError(
+            f"broker {self._broker_id} is joining the cluster; {topic}-{partition} is not "
+            "served here yet"
+        )

@@ -49,18 +49,22 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.config import BrokerConfig
 from broker.core import BrokerCore
+from broker.groups.offset_store import OFFSETS_TOPIC
 from broker.grpc_async import AsyncListener
 from broker.grpc_threads import ThreadedListener
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
-from broker.placement import LocalPlacement
+from broker.placement import JoiningPlacement, LocalPlacement
 from broker.quotas import QuotaCollector
 from broker.service import BROKER_SERVICE_NAME
-from storage.clock import Clock
+from storage.clock import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from broker.cluster.node import ClusterNode
 
 __all__ = [
     "BROKER_SERVICE_NAME",
@@ -128,9 +132,11 @@ class BrokerServer:
         listener: Listener,
         admission: Admission,
         metrics_server: MetricsServer | None,
+        node: ClusterNode | None = None,
     ) -> None:
         self.config = config
         self.core = core
+        self.node = node  # cluster mode only
         self.admission = admission
         self._listener = listener
         self._port = listener.port
@@ -156,6 +162,10 @@ class BrokerServer:
         start: Callable[..., Listener] = (
             AsyncListener.start if config.server_io_model == "async" else ThreadedListener.start
         )
+        if config.zookeeper_connect is not None:
+            # Until the cluster's view is in, lead nothing: a client that connects early
+            # must not have a partition another broker leads written here.
+            core.placement = JoiningPlacement(config.broker_id)
         metrics_server: MetricsServer | None = None
         listener: Listener | None = None
         try:
@@ -177,8 +187,20 @@ class BrokerServer:
                 listener.stop(0, _STOP_MARGIN_MS)
             core.close()
             raise
-        if isinstance(core.placement, LocalPlacement):
-            core.placement.advertise(*config.advertised_endpoint(listener.port))
+        endpoint = config.advertised_endpoint(listener.port)
+        node: ClusterNode | None = None
+        if config.zookeeper_connect is None:
+            if isinstance(core.placement, LocalPlacement):
+                core.placement.advertise(*endpoint)
+        else:
+            try:
+                node = _join_cluster(config, core, clock or SystemClock(), endpoint)
+            except BaseException:
+                listener.stop(0, _STOP_MARGIN_MS)
+                if metrics_server is not None:
+                    metrics_server.stop()
+                core.close()
+                raise
         log.info(
             "tidelog broker serving on %s:%d (%s model), data in %s",
             config.listen_host,
@@ -186,7 +208,7 @@ class BrokerServer:
             config.server_io_model,
             core.logs.data_dir,
         )
-        return cls(config, core, listener, admission, metrics_server)
+        return cls(config, core, listener, admission, metrics_server, node)
 
     @property
     def port(self) -> int:
@@ -229,6 +251,13 @@ class BrokerServer:
                 return
             grace = self.config.shutdown_grace_ms if grace_ms is None else grace_ms
             log.info("stopping (grace %d ms)", grace)
+            if self.node is not None:
+                # Leave the cluster first: leadership moves (controlled shutdown) while
+                # this broker still answers, and the registration goes with the session.
+                try:
+                    self.node.stop()
+                except Exception:
+                    log.exception("leaving the cluster failed")
             self._listener.enter_graceful_shutdown()
             self.core.begin_close()
             if not self._listener.stop(grace, _STOP_MARGIN_MS):
@@ -321,3 +350,29 @@ def run_until_signalled(server: BrokerServer) -> None:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _join_cluster(
+    config: BrokerConfig, core: BrokerCore, clock: Clock, endpoint: tuple[str, int]
+) -> ClusterNode:
+    """Cluster mode: register, start the controller candidate, route by the cluster's view.
+
+    Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
+    ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
+    """
+    from broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
+
+    offsets_config = {
+        "cleanup.policy": "compact",
+        "segment.bytes": str(config.offsets_topic_segment_bytes),
+    }
+    node = ClusterNode.start(
+        config,
+        core,
+        clock,
+        endpoint,
+        internal_topics={OFFSETS_TOPIC: (config.offsets_topic_num_partitions, offsets_config)},
+    )
+    core.placement = node.placement
+    core.topic_admin = node
+    return node

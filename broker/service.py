@@ -39,7 +39,7 @@ from broker.groups.manager import (
 )
 from broker.produce import PartitionProduced, PartitionRecords
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InvalidReplicationFactorError, InvalidRequestError
+from storage.errors import InvalidRequestError
 
 __all__ = [
     "BROKER_SERVICE_NAME",
@@ -98,13 +98,13 @@ def wait_cap_ms(time_remaining_s: float | None) -> int | None:
 def _create_topic(
     core: BrokerCore, request: pb.CreateTopicRequest, context: RequestContext
 ) -> pb.TopicDescription:
-    if request.replication_factor > 1:
-        # A single node holds one copy of each partition (0 = the default, 1).
-        raise InvalidReplicationFactorError(
-            f"replication factor {request.replication_factor} is larger than the 1 broker available"
-        )
     return _topic_description(
-        core.create_topic(request.name, request.partitions, dict(request.config))
+        core.create_topic(
+            request.name,
+            request.partitions,
+            dict(request.config),
+            replication_factor=request.replication_factor or None,
+        )
     )
 
 

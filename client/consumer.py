@@ -43,7 +43,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
 from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
@@ -55,6 +55,7 @@ from client.offsets import commit_offsets, fetch_committed, list_offsets, partit
 from client.rebalance import GroupSubscription, PartitionsCallback
 from client.routing import ClusterConnections
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+from storage.columns import ColumnBuilder
 from storage.errors import (
     ClosedError,
     InvalidRequestError,
@@ -628,6 +629,21 @@ class Consumer:
             max_records = self.config.max_poll_records
         elif max_records < 1:
             raise ValueError(f"max_records must be >= 1, got {max_records}")
+        records: list[ConsumerRecord] = []
+
+        def collect() -> int:
+            records.extend(self._fetches.collect(max_records))
+            return len(records)
+
+        self._poll_with(timeout_ms, collect)
+        return records
+
+    def _poll_with(self, timeout_ms: int, collect: Callable[[], int]) -> int:
+        """The loop of ``poll``: run the consumer's chores and ``collect`` until it got some.
+
+        ``collect`` returns how many records it gathered (0: none yet); so does this,
+        after ``timeout_ms`` at the latest.
+        """
         deadline = _monotonic_ms() + max(timeout_ms, 0)
         while True:
             now = _monotonic_ms()
@@ -638,13 +654,13 @@ class Consumer:
             self._refresh_subscription(timeout_ms=lookup_ms)
             if now >= self._position_retry_at:
                 self._update_positions(now + lookup_ms, raise_retriable=False)
-            records = self._fetches.collect(max_records)
+            collected = collect()
             self._fetches.maybe_fetch(lookup_ms)
-            if records:
-                return records
+            if collected:
+                return collected
             now = _monotonic_ms()
             if now >= deadline:
-                return []
+                return 0
             with self._lock:
                 # Checked under the lock ``_wakeup`` takes: events queued since this poll
                 # ran them (a callback, a position lookup) either show here or notify
@@ -654,6 +670,25 @@ class Consumer:
                     group is None or not group.coordinator.has_news()
                 ):
                     self._data_ready.wait(min(deadline - now, self._wait_hint_ms(now)) / 1000)
+
+    def poll_columns(
+        self, builder: ColumnBuilder, timeout_ms: int = 0, max_records: int | None = None
+    ) -> int:
+        """``poll``, with the records decoded straight into ``builder``'s columns.
+
+        For readers that want columns, not objects (the Spark source): no Python object
+        per record. Whole batches go in, so a call may add up to one batch more than
+        ``max_records`` (default ``max_poll_records``). Returns the number of rows added;
+        errors as ``poll``. ``client.columns`` makes builders and reads them out.
+        """
+        self._check_open()
+        if max_records is None:
+            max_records = self.config.max_poll_records
+        elif max_records < 1:
+            raise ValueError(f"max_records must be >= 1, got {max_records}")
+        return self._poll_with(
+            timeout_ms, lambda: self._fetches.collect_columns(builder, max_records)
+        )
 
     def _wait_hint_ms(self, now: int) -> int:
         """How long poll may sleep before it has something to do besides waiting."""

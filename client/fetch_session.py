@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from client.cluster import ClusterMetadata
@@ -46,6 +47,7 @@ from client.fetcher import (
 )
 from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import ConsumerRecord, TopicPartition
+from storage.columns import ColumnBuilder
 from storage.errors import (
     OffsetOutOfRangeError,
     TidelogError,
@@ -167,7 +169,52 @@ class FetchSession:
 
     def collect(self, max_records: int) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
-        while len(out) < max_records:
+
+        def take(fetch: CompletedFetch, position: int, remaining: int) -> tuple[int, int]:
+            records, position = fetch.take(position, remaining)
+            taken.append(records)
+            return len(records), position
+
+        def keep() -> None:
+            out.extend(taken.pop())
+
+        taken: list[list[ConsumerRecord]] = []
+        self._collect(max_records, take, keep, taken.clear)
+        return out
+
+    def collect_columns(self, builder: ColumnBuilder, max_records: int) -> int:
+        """``collect`` into ``builder``'s columns, whole batches; the number of rows added.
+
+        Rows go into the builder as they are decoded: the position checks that drop a
+        ``collect``'s records after a concurrent seek cannot take them back out. The
+        consumer's calls come from one thread (it is not thread-safe), so no seek runs
+        between the decode and the check.
+        """
+        start = builder.rows
+
+        def take(fetch: CompletedFetch, position: int, remaining: int) -> tuple[int, int]:
+            before = builder.rows
+            position = fetch.take_columns(position, builder, remaining)
+            return builder.rows - before, position
+
+        self._collect(max_records, take, lambda: None, lambda: None)
+        return builder.rows - start
+
+    def _collect(
+        self,
+        max_records: int,
+        take: Callable[[CompletedFetch, int, int], tuple[int, int]],
+        keep: Callable[[], None],
+        drop: Callable[[], None],
+    ) -> None:
+        """The loop of ``collect``: ``take`` from each fetch, ``keep`` what is still wanted.
+
+        ``take(fetch, position, remaining)`` returns ``(records taken, new position)``;
+        ``keep`` is called under the lock if the partition's state still matches the
+        fetch, ``drop`` otherwise.
+        """
+        count = 0
+        while count < max_records:
             with self._lock:
                 fetch = self._current
                 if fetch is None:
@@ -185,7 +232,7 @@ class FetchSession:
                 position = state.position
                 epoch = state.epoch
             if fetch.error is not None:
-                if out:
+                if count:
                     # Hand out what was collected; the error is raised by the next poll
                     # (as Kafka's fetcher does). Raising now would lose these records,
                     # whose positions already moved: a commit would then skip them.
@@ -194,9 +241,9 @@ class FetchSession:
                 self._handle_fetch_error(fetch, position)
                 continue
             try:
-                records, position = fetch.take(position, max_records - len(out))
+                taken, position = take(fetch, position, max_records - count)
             except TidelogError:
-                if out:
+                if count:
                     break  # the same: the undecodable batch is met again next time
                 raise
             with self._lock:
@@ -205,10 +252,11 @@ class FetchSession:
                     state.position = position
                     if fetch.exhausted:
                         self._finish_current_locked(fetch, state.epoch)
-                    out += records
+                    keep()
+                    count += taken
                 else:
                     self._current = None
-        return out
+                    drop()
 
     def _finish_current(self, fetch: CompletedFetch) -> None:
         with self._lock:

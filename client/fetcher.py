@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from client.types import ConsumerRecord, TopicPartition
+from storage.columns import ColumnBuilder, decode_batch_into
 from storage.errors import TidelogError
 from storage.records import (
     decode_batch_as,
@@ -173,6 +174,7 @@ class CompletedFetch:
         "_end",
         "_pending",
         "_pending_index",
+        "_pending_position",
         "data",
         "epoch",
         "error",
@@ -205,6 +207,7 @@ class CompletedFetch:
         self._cursor = 0
         self._pending: list[ConsumerRecord] = []  # the decoded batch being handed out
         self._pending_index = 0
+        self._pending_position = 0  # where the batch of _pending starts in data
         self._batch_next_offset = fetch_offset
         self._check_crcs = check_crcs
 
@@ -254,6 +257,7 @@ class CompletedFetch:
             _, records = decode_batch_as(
                 data, self._cursor, ConsumerRecord, prefix, validate=self._check_crcs
             )
+            self._pending_position = self._cursor
             self._cursor += header.batch_length + 12
             self._batch_next_offset = batch_next
             if records and records[0].offset < position:
@@ -263,3 +267,45 @@ class CompletedFetch:
             if not records:
                 position = max(position, batch_next)
         return out, position
+
+    def take_columns(self, position: int, builder: ColumnBuilder, max_records: int) -> int:
+        """``take``, with the records decoded into ``builder``'s columns; the new position.
+
+        Whole batches: the builder may end up past ``max_records`` by up to one batch
+        (``take`` slices; columns are cut by the caller). Records ``take`` decoded but did
+        not hand out yet go first. Raises ``CorruptRecordError`` as ``take`` does for a
+        batch that does not decode, when it is the first one (else the rows before it are
+        handed out and it is met again by the next call); nothing of it is added.
+        """
+        start_rows = builder.rows
+        data = self.data
+        if self._pending_index < len(self._pending):
+            # The rest of the batch `take` was handing out: decoded again, from where the
+            # position is now.
+            decode_batch_into(
+                builder, data, self._pending_position, validate=False, min_offset=position
+            )
+            position = max(position, self._batch_next_offset)
+            self._pending = []
+            self._pending_index = 0
+        while builder.rows - start_rows < max_records and self._cursor < self._end:
+            header = read_header(data, self._cursor)
+            batch_next = header.base_offset + header.last_offset_delta + 1
+            if batch_next <= position:
+                self._cursor += header.batch_length + 12  # wholly before the position
+                continue
+            if header.is_control or header.records_count == 0:
+                self._cursor += header.batch_length + 12
+                position = batch_next  # nothing for the application: step over it
+                continue
+            try:
+                decode_batch_into(
+                    builder, data, self._cursor, validate=self._check_crcs, min_offset=position
+                )
+            except TidelogError:
+                if builder.rows > start_rows:
+                    break  # hand out what came before; the bad batch is met again next time
+                raise
+            self._cursor += header.batch_length + 12
+            position = max(position, batch_next)  # past every record of the batch
+        return position

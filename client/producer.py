@@ -40,7 +40,7 @@ from client.connection import ConnectionFactory, grpc_connections
 from client.futures import RecordFuture
 from client.idempotence import SequenceTable
 from client.offsets import partitions_of
-from client.partitioner import StickyPartitioner, murmur2
+from client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur2
 from client.routing import ClusterConnections
 from client.sender import ParkedRecord, Sender, now_ms
 from client.types import Header, RecordMetadata, TopicPartition
@@ -133,8 +133,9 @@ class Producer:
         self._max_record_bytes = min(config.max_request_size - HEADER_SIZE, config.buffer_memory)
         # The sender's metadata, read here without its lock (dict reads are atomic).
         self._topic_partitions = self._sender.topic_partitions
-        # murmur2 of recent keys: keys repeat in most workloads (user and entity ids), and
-        # a dict hit costs ~0.05 us against ~1.5 us for the hash in pure Python.
+        # murmur2 of recent keys, for the pure-Python hash: keys repeat in most workloads
+        # (user and entity ids), and a dict hit costs ~0.05 us against ~1.5 us for the
+        # hash in pure Python. The C hash (~0.08 us) is called directly.
         self._key_hashes: dict[bytes, int] = {}
         self._closed = False
         self._close_lock = threading.Lock()
@@ -214,6 +215,8 @@ class Producer:
             if key is not None:
                 if count == 1:
                     partition = 0  # what murmur2 would say, without the cost
+                elif NATIVE_MURMUR2:
+                    partition = (murmur2(key) & 0x7FFFFFFF) % count  # C: cheaper than a cache
                 else:
                     hashed = self._key_hashes.get(key)
                     if hashed is None:

@@ -5,7 +5,10 @@ committed, ``auto_offset_reset="none"`` so that a range below the log start is n
 rather than silently reset), assigns the range's partition, seeks to its start and
 yields the records with ``start <= offset < end`` as ``pyarrow.RecordBatch``es in the
 source's schema (``schema.py``). Arrow rather than tuples: Spark takes Arrow batches
-from a Python data source without converting row by row.
+from a Python data source without converting row by row. The consumer decodes the
+fetched batches straight into Arrow-layout columns (``Consumer.poll_columns``) when
+the C extension is built, so no Python object is made per record; without it (no
+compiler, ``TIDELOG_PURE_PYTHON=1``) it polls records and converts them, as before.
 
 Edge cases:
 
@@ -29,23 +32,28 @@ Edge cases:
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import pyarrow as pa
 
 from client import Consumer, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
 from client.types import ConsumerRecord, TopicPartition
 from spark_sink.offsets import OffsetRange
 from spark_sink.options import ReadOptions
-from spark_sink.schema import records_to_arrow
+from spark_sink.schema import columns_to_arrow, records_to_arrow
 
 __all__ = ["DataLossError", "read_ranges"]
 
 log = logging.getLogger(__name__)
 
 _ARROW_BATCH_ROWS = 8192
+# Arrow binary columns have int32 offsets: hand a batch over long before 2 GiB of data.
+_FLUSH_BYTES = 256 << 20
 _POLL_MS = 200
 _HINT = ". Set the option failOnDataLoss to false to skip them and go on."
 
@@ -84,40 +92,40 @@ def _read_range(
         fetch_max_wait_ms=_POLL_MS,
         request_timeout_ms=options.request_timeout_ms,
     )
+    rows = _new_rows(offset_range, timestamp_type, options.include_headers)
     try:
         consumer.assign([tp])
         consumer.seek(tp, offset_range.start)
-        pending: list[ConsumerRecord] = []
         idle_since = time.monotonic()
         while True:
             try:
-                records = consumer.poll(timeout_ms=_POLL_MS)
+                added = rows.poll(consumer)
             except OffsetOutOfRangeError:
                 start = _skip_ahead(consumer, options, offset_range, consumer.position(tp))
                 if start >= end:
                     break
                 consumer.seek(tp, start)
                 continue
-            done = bool(records) and records[-1].offset >= end
-            # Only offsets of the range, whatever the consumer was moved to.
-            pending.extend(r for r in records if offset_range.start <= r.offset < end)
-            if len(pending) >= _ARROW_BATCH_ROWS:
-                yield records_to_arrow(pending, timestamp_type, options.include_headers)
-                pending = []
+            last = rows.last_offset
+            done = added > 0 and last is not None and last >= end
+            if rows.rows >= _ARROW_BATCH_ROWS or rows.data_bytes >= _FLUSH_BYTES:
+                batch = rows.flush()
+                if batch.num_rows:
+                    yield batch
             if done:
                 break
-            if records:
+            if added:
                 idle_since = time.monotonic()
             position = consumer.position(tp)
             if position >= end:
                 break
             highwater = consumer.highwater(tp)
             lost = None
-            if not records and highwater is not None and position >= highwater:
+            if not added and highwater is not None and position >= highwater:
                 # The partition now ends before the range does: its log was truncated
                 # (an unclean broker stop) or the topic recreated.
                 lost = f"{tp} ends at {highwater}, before this micro-batch's end {end}"
-            elif not records:
+            elif not added:
                 # Nothing arrived: ask the broker whether the partition still exists and
                 # still reaches the position (a deleted topic's fetches only ever retry).
                 lost = _partition_lost(consumer, tp, position, end)
@@ -126,15 +134,109 @@ def _read_range(
                     raise DataLossError(lost + _HINT)
                 log.warning("%s; reading no further (failOnDataLoss=false)", lost)
                 break
-            if not records and time.monotonic() - idle_since > options.request_timeout_ms / 1000:
+            if not added and time.monotonic() - idle_since > options.request_timeout_ms / 1000:
                 raise TimeoutError(
                     f"{tp}: no records between offsets {position} and {end} arrived within "
                     f"{options.request_timeout_ms} ms (high watermark {highwater})"
                 )
-        if pending:
-            yield records_to_arrow(pending, timestamp_type, options.include_headers)
+        if rows.rows:
+            batch = rows.flush()
+            if batch.num_rows:
+                yield batch
     finally:
         consumer.close(autocommit=False)
+
+
+class _Rows(Protocol):
+    """What ``_read_range`` gathers between Arrow batches. Not thread-safe."""
+
+    @property
+    def rows(self) -> int: ...
+    @property
+    def data_bytes(self) -> int: ...
+    @property
+    def last_offset(self) -> int | None: ...
+    def poll(self, consumer: Consumer) -> int: ...
+    def flush(self) -> pa.RecordBatch: ...
+
+
+def _new_rows(offset_range: OffsetRange, timestamp_type: int, include_headers: bool) -> _Rows:
+    # Columns when the C builder does the decoding; records otherwise: the pure-Python
+    # column builder is the C one's reference, slower than records + pyarrow.
+    if NATIVE_COLUMNS:
+        return _ColumnRows(offset_range, timestamp_type, include_headers)
+    return _RecordRows(offset_range, timestamp_type, include_headers)
+
+
+class _ColumnRows:
+    """Records decoded straight into Arrow columns: no Python object per record."""
+
+    def __init__(self, offset_range: OffsetRange, timestamp_type: int, include_headers: bool):
+        self._range = offset_range
+        self._timestamp_type = timestamp_type
+        self._include_headers = include_headers
+        self._builder = new_column_builder(include_headers)
+
+    @property
+    def rows(self) -> int:
+        return self._builder.rows
+
+    @property
+    def data_bytes(self) -> int:
+        return self._builder.data_bytes
+
+    @property
+    def last_offset(self) -> int | None:
+        return self._builder.last_offset
+
+    def poll(self, consumer: Consumer) -> int:
+        # The consumer's position starts at the range's start and only moves forward, so
+        # every row is at or past it; rows at or past the end are cut off in `flush`.
+        return consumer.poll_columns(self._builder, timeout_ms=_POLL_MS)
+
+    def flush(self) -> pa.RecordBatch:
+        """The rows so far as one Arrow batch, cut before the first offset past the range."""
+        columns = finish_columns(self._builder)
+        tp = self._range.tp
+        batch = columns_to_arrow(
+            columns, tp.topic, tp.partition, self._timestamp_type, self._include_headers
+        )
+        offsets = memoryview(columns.offsets).cast("q")  # ascending: a partition's offsets
+        keep = bisect.bisect_left(offsets, self._range.end)
+        return batch if keep == columns.rows else batch.slice(0, keep)
+
+
+class _RecordRows:
+    """``ConsumerRecord``s, turned into Arrow batches by ``records_to_arrow``."""
+
+    def __init__(self, offset_range: OffsetRange, timestamp_type: int, include_headers: bool):
+        self._range = offset_range
+        self._timestamp_type = timestamp_type
+        self._include_headers = include_headers
+        self._pending: list[ConsumerRecord] = []
+        self._last_offset: int | None = None
+        self.data_bytes = 0  # batches are cut by rows only, as before the columns
+
+    @property
+    def rows(self) -> int:
+        return len(self._pending)
+
+    @property
+    def last_offset(self) -> int | None:
+        return self._last_offset
+
+    def poll(self, consumer: Consumer) -> int:
+        records = consumer.poll(timeout_ms=_POLL_MS)
+        if records:
+            self._last_offset = records[-1].offset
+        start, end = self._range.start, self._range.end
+        # Only offsets of the range, whatever the consumer was moved to.
+        self._pending.extend(r for r in records if start <= r.offset < end)
+        return len(records)
+
+    def flush(self) -> pa.RecordBatch:
+        pending, self._pending = self._pending, []
+        return records_to_arrow(pending, self._timestamp_type, self._include_headers)
 
 
 def _partition_lost(consumer: Consumer, tp: TopicPartition, position: int, end: int) -> str | None:

@@ -31,9 +31,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from client.columns import ColumnBuffers
 from client.types import ConsumerRecord
 
-__all__ = ["arrow_schema", "records_to_arrow", "source_schema"]
+__all__ = ["arrow_schema", "columns_to_arrow", "records_to_arrow", "source_schema"]
 
 _HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 
@@ -98,3 +99,65 @@ def records_to_arrow(
             )
         )
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+
+
+def columns_to_arrow(
+    columns: ColumnBuffers,
+    topic: str,
+    partition: int,
+    timestamp_type: int,
+    include_headers: bool,
+) -> pa.RecordBatch:
+    """The Arrow batch of decoded columns (``Consumer.poll_columns``), as
+    ``records_to_arrow`` builds it from records: the same schema, the same values.
+
+    The columns' buffers become the arrays' buffers (``pyarrow.Array.from_buffers``, no
+    copy, no Python object per record); only the timestamps are converted, from
+    milliseconds to Spark's microseconds, by a checked cast.
+    """
+    count = columns.rows
+    buffer = pa.py_buffer
+
+    def binary(
+        validity: bytes | bytearray, offsets: bytes | bytearray, data: bytes | bytearray, rows: int
+    ) -> pa.Array:
+        return pa.Array.from_buffers(
+            pa.binary(), rows, [buffer(validity), buffer(offsets), buffer(data)]
+        )
+
+    timestamps_ms = pa.Array.from_buffers(
+        pa.timestamp("ms", tz="UTC"), count, [None, buffer(columns.timestamps)]
+    )
+    arrays: list[pa.Array] = [
+        binary(columns.key_validity, columns.key_offsets, columns.key_data, count),
+        binary(columns.value_validity, columns.value_offsets, columns.value_data, count),
+        pa.repeat(pa.scalar(topic, pa.string()), count),
+        pa.repeat(pa.scalar(partition, pa.int32()), count),
+        pa.Array.from_buffers(pa.int64(), count, [None, buffer(columns.offsets)]),
+        timestamps_ms.cast(pa.timestamp("us", tz="UTC")),
+        pa.repeat(pa.scalar(timestamp_type, pa.int32()), count),
+    ]
+    if include_headers:
+        entries = columns.header_entries
+        assert columns.header_list_offsets is not None  # a builder made with headers
+        keys = pa.Array.from_buffers(
+            pa.string(),
+            entries,
+            [None, buffer(columns.header_key_offsets or b""), buffer(columns.header_key_data)],
+        )
+        values = binary(
+            columns.header_value_validity or b"",
+            columns.header_value_offsets or b"",
+            columns.header_value_data or b"",
+            entries,
+        )
+        headers = pa.StructArray.from_arrays([keys, values], fields=list(_HEADER_TYPE))
+        arrays.append(
+            pa.Array.from_buffers(
+                pa.list_(_HEADER_TYPE),
+                count,
+                [buffer(columns.header_list_validity or b""), buffer(columns.header_list_offsets)],
+                children=[headers],
+            )
+        )
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(include_headers))

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import crc32c
 import lz4.frame
 
+from storage.native import NATIVE, native
 from storage.records import (
     _CRC_PREFIX,
     _CRC_TAIL,
@@ -196,14 +197,18 @@ class BatchBuilder:
         keys: Sequence[bytes | None],
         values: Sequence[bytes | None],
         headers: Sequence[Sequence[tuple[str, bytes | None]]],
+        *,
+        pure: bool = False,
     ) -> None:
         """Append records at the next offset deltas: ``append`` for each in turn, faster.
 
         The producer's path: the four sequences are one batch's columns (record ``i`` is
         ``timestamps[i], keys[i], values[i], headers[i]``). The same bytes as ``append``
-        in a loop, in about 60% of the time: no call per record, and the
-        builder's state is updated once. Raises ``ValueError`` as
-        ``append`` does, or for columns of different lengths; then nothing is appended.
+        in a loop: the C extension's loop when it is built (``storage.native``), else
+        (or with ``pure=True``) the pure-Python one, about 60% of ``append``'s time: no
+        call per record, and the builder's state is updated once. Raises ``ValueError``
+        as ``append`` does, or for columns of different lengths, and ``TypeError`` for a
+        key, value or header of the wrong type; then nothing is appended.
         """
         count = len(timestamps)
         if not len(keys) == len(values) == len(headers) == count:
@@ -219,6 +224,15 @@ class BatchBuilder:
         base = self._base_timestamp
         if base is None:
             base = timestamps[0]
+        if NATIVE and not pure:
+            # Appends to the builder's own buffer, and truncates it back on an error.
+            native.encode_records_into(self._buf, timestamps, keys, values, headers, base, first)
+            self._base_timestamp = base
+            if high > self._max_timestamp:
+                self._max_timestamp = high
+            self._count += count
+            self._last_offset_delta = first + count - 1
+            return
         table = NONNEGATIVE_VARINTS
         out = bytearray()
         delta = first
@@ -352,6 +366,8 @@ class BatchBuilder:
 def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
     out = bytearray(encode_varint(len(headers)))
     for key, value in headers:
+        if not isinstance(key, str):  # as the C encoder: a TypeError, not AttributeError
+            raise TypeError(f"a header key must be a str, not {type(key).__name__}")
         key_bytes = key.encode("utf-8")
         out += encode_varint(len(key_bytes))
         out += key_bytes

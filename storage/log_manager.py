@@ -270,18 +270,7 @@ class LogManager:
             InvalidTopicError, TopicAlreadyExistsError, InvalidConfigError,
             InvalidPartitionsError, StorageError.
         """
-        _validate_topic_name(name)
-        count = self.config.num_partitions if partitions is None or partitions == 0 else partitions
-        if (
-            not isinstance(count, int)
-            or isinstance(count, bool)
-            or not 1 <= count <= MAX_PARTITIONS
-        ):
-            raise InvalidPartitionsError(
-                f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions!r}"
-            )
-        overrides = {str(k): str(v) for k, v in (config or {}).items()}
-        log_config = LogConfig.from_mapping(overrides, self.config.defaults)
+        count, overrides, log_config = self._check_new_topic(name, partitions, config)
         with self._lock:
             self._check_open()
             if name in self._topics:
@@ -320,6 +309,38 @@ class LogManager:
                 raise _storage_error(exc, f"cannot create topic {name!r}") from exc
             log.info("created topic %s with %d partition(s)", name, count)
             return meta
+
+    def validate_new_topic(
+        self, name: str, partitions: int | None, config: Mapping[str, str] | None
+    ) -> None:
+        """Raise what ``create_topic`` would, without creating anything.
+
+        Cluster mode checks a topic here before the controller records it in ZooKeeper.
+        """
+        self._check_new_topic(name, partitions, config)
+        with self._lock:
+            if name in self._topics:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+
+    def validate_topic_config(self, overrides: Mapping[str, str]) -> None:
+        """Raise ``InvalidConfigError`` unless ``overrides`` is a valid topic config."""
+        LogConfig.from_mapping({str(k): str(v) for k, v in overrides.items()}, self.config.defaults)
+
+    def _check_new_topic(
+        self, name: str, partitions: int | None, config: Mapping[str, str] | None
+    ) -> tuple[int, dict[str, str], LogConfig]:
+        _validate_topic_name(name)
+        count = self.config.num_partitions if partitions is None or partitions == 0 else partitions
+        if (
+            not isinstance(count, int)
+            or isinstance(count, bool)
+            or not 1 <= count <= MAX_PARTITIONS
+        ):
+            raise InvalidPartitionsError(
+                f"partitions must be between 1 and {MAX_PARTITIONS}, got {partitions!r}"
+            )
+        overrides = {str(k): str(v) for k, v in (config or {}).items()}
+        return count, overrides, LogConfig.from_mapping(overrides, self.config.defaults)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic and all its data.

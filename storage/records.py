@@ -39,8 +39,14 @@ Record (varint = zigzag LEB128 int32, varlong = int64; see ``storage.varint``)::
 
 LZ4 is Kafka's frame: independent 64 KiB blocks, no content size, no checksums, i.e.
 ``lz4.frame.compress(data, block_linked=False, store_size=False)``, header
-``04 22 4D 18 60 40 82``. Gzip, snappy and zstd batches frame and validate like any other
-(the broker can store them) but cannot be built or decoded here.
+``04 22 4D 18 60 40 82``. A frame that may decompress to more than
+``MAX_DECOMPRESSED_BYTES`` is refused before it is decompressed. Gzip, snappy and zstd
+batches frame and validate like any other (the broker can store them) but cannot be
+built or decoded here.
+
+The record loops run in C (``storage/_native.c``) when the optional extension is built,
+and in the pure-Python code below otherwise (``storage.native`` chooses); the Python
+code is the reference the C code is tested against (``pure=True`` runs it).
 
 Decoding rules, as Kafka's: a record's offset is ``baseOffset + offsetDelta``; its
 timestamp is ``baseTimestamp + timestampDelta`` (wrapped to int64 as Java does), except in
@@ -63,9 +69,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import crc32c
-import lz4.frame
 
 from storage.errors import CorruptRecordError
+from storage.lz4_frame import MAX_DECOMPRESSED_BYTES, decompress_records
+from storage.native import NATIVE, native
 from storage.varint import (
     INT32_MAX,
     INT32_MIN,
@@ -97,6 +104,7 @@ __all__ = [
     "encode_batch",
     "iter_batch_headers",
     "read_header",
+    "records_data",
     "set_base_offset",
     "set_log_append_time",
     "set_partition_leader_epoch",
@@ -136,14 +144,7 @@ _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT16 = struct.Struct(">h")
 
-_LZ4_FLG_CONTENT_SIZE = 0x08
-_LZ4_MAX_RATIO = 255  # LZ4 cannot expand input more than ~255x; bounds a claimed size
-_LZ4_BLOCK_BYTES = 64 * 1024
-# The most one batch may decompress to. An LZ4 frame can expand ~255x, so without a cap a
-# hostile 1 MiB batch would make every reader (consumer, cleaner, Spark) allocate ~255 MiB.
-# Producers bound a batch's uncompressed size by max_request_size (1 MiB by default), so a
-# real batch stays far below this.
-MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+_LZ4_BLOCK_BYTES = 64 * 1024  # the block size Kafka's writers (and ours) use
 
 _Buffer = bytes | bytearray | memoryview
 _WritableBuffer = bytearray | memoryview
@@ -410,7 +411,7 @@ def set_log_append_time(buf: _WritableBuffer, position: int, timestamp_ms: int) 
 
 
 def decode_batch(
-    buf: _Buffer, position: int = 0, *, validate: bool = True
+    buf: _Buffer, position: int = 0, *, validate: bool = True, pure: bool = False
 ) -> tuple[BatchHeader, list[Record]]:
     """Decode the batch at ``position`` into its header and records.
 
@@ -419,9 +420,12 @@ def decode_batch(
     checks but decoding stays strict. Raises ``CorruptRecordError`` for any malformed byte
     (varint overrun, a length past the record's end, a count mismatch, trailing bytes, bad
     LZ4) and for gzip/snappy/zstd batches ("unsupported compression").
+
+    The C extension decodes when it is built (``storage.native``); ``pure=True`` runs the
+    pure-Python decoder, the reference both are tested against.
     """
     header = validate_batch(buf, position) if validate else read_header(buf, position)
-    return header, _decode_body(buf, position, header, Record, None)
+    return header, _decode_body(buf, position, header, Record, None, pure)
 
 
 def decode_batch_as(
@@ -431,6 +435,7 @@ def decode_batch_as(
     prefix: tuple[Any, Any],
     *,
     validate: bool = True,
+    pure: bool = False,
 ) -> tuple[BatchHeader, list[_Row]]:
     """``decode_batch``, building each record as a ``row_type`` that starts with ``prefix``.
 
@@ -438,12 +443,12 @@ def decode_batch_as(
     ``prefix`` (the consumer passes its topic and partition), then offset, timestamp_ms,
     key, value and headers as in ``Record``. The consumer's records are built here
     directly, not copied from ``Record``s: the copy was a quarter of the time a fetched
-    record cost. Errors as ``decode_batch``.
+    record cost. Errors and ``pure`` as ``decode_batch``.
     """
     if len(prefix) != 2:
         raise ValueError(f"prefix must have two fields, not {len(prefix)}")
     header = validate_batch(buf, position) if validate else read_header(buf, position)
-    return header, _decode_body(buf, position, header, row_type, prefix)
+    return header, _decode_body(buf, position, header, row_type, prefix, pure)
 
 
 def decode_records(buf: _Buffer) -> Iterator[Record]:
@@ -453,7 +458,7 @@ def decode_records(buf: _Buffer) -> Iterator[Record]:
     batches are included.
     """
     for position, header in iter_batch_headers(buf, validate=True):
-        yield from _decode_body(buf, position, header, Record, None)
+        yield from _decode_body(buf, position, header, Record, None, False)
 
 
 def _decode_body(
@@ -462,31 +467,32 @@ def _decode_body(
     header: BatchHeader,
     row_type: type[_Row],
     prefix: tuple[Any, Any] | None,
+    pure: bool,
 ) -> list[_Row]:
-    start = position + HEADER_SIZE
-    end = position + header.size_bytes
-    count = header.records_count
-    if count < 0:
-        raise CorruptRecordError(f"batch at position {position}: negative recordsCount {count}")
-    if header.base_offset + header.last_offset_delta > INT64_MAX:
-        raise CorruptRecordError(f"batch at position {position}: last offset overflows int64")
-    codec = header.attributes & _CODEC_MASK
-    # The records get their own bytes object even when `buf` is bytes: indexing and
-    # slicing bytes is the fastest access Python has, positions in error messages are
-    # then relative to the records data whatever the codec, and the copy costs about 1%
-    # of decoding the records in it.
-    if codec == Compression.NONE:
-        data = bytes(memoryview(buf)[start:end])
-    elif codec == Compression.LZ4:
-        data = _lz4_decompress(memoryview(buf)[start:end], position)
-    else:
-        raise CorruptRecordError(
-            f"batch at position {position}: unsupported compression codec id {codec}"
-        )
+    data, start, end = records_data(buf, position, header)
     append_time = header.max_timestamp if header.attributes & _LOG_APPEND_TIME_FLAG else None
+    if NATIVE and not pure:
+        return native.decode_records(
+            data,
+            start,
+            end,
+            header.records_count,
+            header.base_offset,
+            header.base_timestamp,
+            append_time,
+            header.last_offset_delta,
+            position,
+            row_type,
+            prefix,
+        )
+    # The pure loop gets the records as their own bytes object even when `buf` is bytes:
+    # indexing and slicing bytes is the fastest access Python has, and the copy costs
+    # about 1% of decoding the records in it.
+    if start or end != len(data) or data.__class__ is not bytes:
+        data = bytes(memoryview(data)[start:end])
     return _decode_records(
         data,
-        count,
+        header.records_count,
         header.base_offset,
         header.base_timestamp,
         append_time,
@@ -497,34 +503,31 @@ def _decode_body(
     )
 
 
-def _lz4_decompress(frame: memoryview, position: int) -> bytes:
-    # A frame may declare its content size (Kafka never writes one, other clients may);
-    # python-lz4 allocates that much up front, so refuse a size LZ4 could never produce.
-    if len(frame) >= 14 and frame[4] & _LZ4_FLG_CONTENT_SIZE:
-        claimed = int.from_bytes(frame[6:14], "little")
-        if claimed > min(_LZ4_MAX_RATIO * len(frame) + _LZ4_BLOCK_BYTES, MAX_DECOMPRESSED_BYTES):
-            raise CorruptRecordError(
-                f"batch at position {position}: LZ4 frame claims {claimed} bytes"
-            )
-    decompressor = lz4.frame.LZ4FrameDecompressor()
-    try:
-        # One byte over the cap tells "too large" from "exactly the cap".
-        data = decompressor.decompress(frame, max_length=MAX_DECOMPRESSED_BYTES + 1)
-    except (RuntimeError, ValueError) as exc:
-        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: {exc}") from None
-    if len(data) > MAX_DECOMPRESSED_BYTES:
-        raise CorruptRecordError(
-            f"batch at position {position}: LZ4 frame decompresses to more than "
-            f"{MAX_DECOMPRESSED_BYTES} bytes"
-        )
-    if not decompressor.eof:
-        raise CorruptRecordError(f"batch at position {position}: bad LZ4 frame: truncated")
-    if decompressor.unused_data:
-        raise CorruptRecordError(
-            f"batch at position {position}: {len(decompressor.unused_data)} bytes after the "
-            "LZ4 frame"
-        )
-    return bytes(data)
+def records_data(buf: _Buffer, position: int, header: BatchHeader) -> tuple[_Buffer, int, int]:
+    """The records of the batch at ``position`` as ``(data, start, end)``, decompressed.
+
+    For an uncompressed batch ``data`` is ``buf`` itself (no copy) and ``[start, end)`` the
+    records' bytes; for LZ4 it is the decompressed bytes, whole. Checks what every decoder
+    needs first: ``recordsCount >= 0`` and a last offset within int64. Raises
+    ``CorruptRecordError`` for those, for a bad or oversized LZ4 frame (see
+    ``MAX_DECOMPRESSED_BYTES``) and for gzip/snappy/zstd ("unsupported compression").
+    """
+    count = header.records_count
+    if count < 0:
+        raise CorruptRecordError(f"batch at position {position}: negative recordsCount {count}")
+    if header.base_offset + header.last_offset_delta > INT64_MAX:
+        raise CorruptRecordError(f"batch at position {position}: last offset overflows int64")
+    codec = header.attributes & _CODEC_MASK
+    start = position + HEADER_SIZE
+    end = position + header.size_bytes
+    if codec == Compression.NONE:
+        return buf, start, end
+    if codec == Compression.LZ4:
+        data = decompress_records(memoryview(buf)[start:end], position)
+        return data, 0, len(data)
+    raise CorruptRecordError(
+        f"batch at position {position}: unsupported compression codec id {codec}"
+    )
 
 
 def _decode_records(

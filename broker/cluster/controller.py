@@ -94,8 +94,10 @@ class Controller:
         clock: Clock,
         *,
         rng: random.Random | None = None,
+        internal_topics: Mapping[str, tuple[int, Mapping[str, str]]] | None = None,
     ) -> None:
         self._store = store
+        self._internal_topics = dict(internal_topics or {})
         self._settings = settings
         self._clock = clock
         self._rng = rng or random.Random()
@@ -119,6 +121,17 @@ class Controller:
         self._stopped.set()
         self._events.put(_Event("stop"))
         self._thread.join(timeout_ms / 1000)
+
+    def session_lost(self) -> None:
+        """The ZooKeeper session expired: ``/controller`` went with it, so stop acting.
+
+        The lease is dropped without resigning (the node is gone already); the next
+        event tries an election on the new session.
+        """
+        if self._lease is not None:
+            log.warning("controller epoch %d: ZooKeeper session lost", self._lease.epoch)
+        self._lease = None
+        self._post("election")
 
     @property
     def is_controller(self) -> bool:
@@ -205,7 +218,10 @@ class Controller:
     def _handle(self, event: _Event) -> None:
         if event.kind == "call":
             if self._lease is None:
-                self._try_elect()
+                try:
+                    self._try_elect()
+                except StoreError as exc:
+                    raise NotControllerError(f"no controller here: {exc}") from None
             if self._lease is None:
                 raise NotControllerError(
                     f"broker {self._settings.broker_id} is not the controller"
@@ -217,6 +233,10 @@ class Controller:
             except ControllerMovedError:
                 self._lease = None
                 raise NotControllerError("the controller moved during the operation") from None
+            except StoreError as exc:
+                # The session is broken or expiring: this broker cannot act as controller
+                # now (a fenced write could not have happened); the client retries.
+                raise NotControllerError(f"the controller cannot reach ZooKeeper: {exc}") from None
             return
         if self._lease is None:
             self._try_elect()
@@ -230,7 +250,18 @@ class Controller:
             return
         self._lease = lease
         log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
+        self._ensure_internal_topics()
         self._reconcile()
+
+    def _ensure_internal_topics(self) -> None:
+        """Create the internal topics (the offsets topic) the first time a controller wins."""
+        for name, (partitions, config) in self._internal_topics.items():
+            if self._store.read_topic(name) is not None:
+                continue
+            try:
+                self._create_topic(name, partitions, 1, dict(config))
+            except TopicAlreadyExistsError:
+                continue
 
     # --- duties --------------------------------------------------------------------------
 

@@ -177,11 +177,13 @@ class MetadataWatcher:
     def _publish(self, snapshot: ClusterMetadata) -> None:
         if snapshot == self._snapshot:
             return
-        with self._changed:
-            self._snapshot = snapshot
-            self._changed.notify_all()
+        # The listener first: whoever waits for a view (``wait_for``) then finds what the
+        # listener does for it (the local logs of a new topic) already done.
         if self._listener is not None:
             try:
                 self._listener(snapshot)
             except Exception:
                 log.exception("cluster metadata listener failed")
+        with self._changed:
+            self._snapshot = snapshot
+            self._changed.notify_all()

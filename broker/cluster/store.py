@@ -37,6 +37,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
+from broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
 from broker.cluster.znodes import (
     ADMIN_DELETE_TOPICS,
     BROKER_IDS,
@@ -80,18 +81,6 @@ log = logging.getLogger(__name__)
 
 _BASE_PATHS = (BROKER_IDS, TOPICS, TOPIC_CONFIGS, ADMIN_DELETE_TOPICS, "/cluster")
 _REGISTRATION_POLL_S = 0.2
-
-
-class StoreError(Exception):
-    """ZooKeeper could not be reached or refused an operation."""
-
-
-class ControllerMovedError(StoreError):
-    """This broker's controller epoch is no longer the current one: it is not controller."""
-
-
-class StaleStateError(StoreError):
-    """A compare-and-set found another version: re-read and decide again."""
 
 
 @dataclass(frozen=True, slots=True)

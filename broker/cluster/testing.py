@@ -9,6 +9,16 @@
         ...
         zookeeper.restart()                    # same port and data: sessions may survive
 
+``LocalCluster`` adds N real broker processes (``python -m broker``) in cluster mode on
+127.0.0.1 ports, one data directory each, around such a ZooKeeper::
+
+    from broker.cluster.testing import LocalCluster
+
+    with LocalCluster(brokers=3) as cluster:
+        producer = Producer(cluster.bootstrap)      # "127.0.0.1:P1,127.0.0.1:P2,..."
+        cluster.kill(2)                              # SIGKILL; cluster.start_broker(2) again
+        ...
+
 It runs the real server from Debian's ``libzookeeper-java`` on the machine's Java
 (``java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.ZooKeeperServerMain
 zoo.cfg``), listening on ``127.0.0.1`` only, with a short tick (sessions can expire within
@@ -22,29 +32,45 @@ JVM is started in its own process group and killed with it, so nothing outlives 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ZOOKEEPER_JAR", "ZooKeeperServer", "zookeeper_available"]
+__all__ = ["ZOOKEEPER_JAR", "LocalCluster", "ZooKeeperServer", "zookeeper_available"]
 
 log = logging.getLogger(__name__)
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 _START_TIMEOUT_S = 30.0
+_PR_SET_PDEATHSIG = 1
 _STOP_TIMEOUT_S = 10.0
 
 
 def zookeeper_available() -> bool:
     """Whether Debian's ZooKeeper jar and a ``java`` are installed."""
     return ZOOKEEPER_JAR.is_file() and shutil.which("java") is not None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the process that started it dies.
+
+    Servers started for tests must stop by themselves, even when the test run is killed
+    and never reaches its teardown (Linux ``prctl(PR_SET_PDEATHSIG)``).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def _free_port() -> int:
@@ -127,6 +153,7 @@ class ZooKeeperServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log_file.close()
@@ -172,6 +199,158 @@ class ZooKeeperServer:
             self._directory = None
 
     def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class LocalCluster:
+    """ZooKeeper plus ``brokers`` broker processes on 127.0.0.1. Not thread-safe.
+
+    Each broker keeps its port and data directory across ``kill``/``start_broker``, so a
+    restarted broker is the same broker. Broker processes die with this process.
+
+    Args:
+        brokers: how many (ids 1..N).
+        settings: extra broker settings for every broker (``--set KEY=VALUE``).
+        session_timeout_ms: ``zookeeper.session.timeout.ms``: how soon a killed broker is
+            noticed.
+    """
+
+    def __init__(
+        self,
+        brokers: int = 3,
+        *,
+        settings: dict[str, object] | None = None,
+        session_timeout_ms: int = 4_000,
+    ) -> None:
+        self.zookeeper = ZooKeeperServer()
+        self._ids = list(range(1, brokers + 1))
+        self._settings = dict(settings or {})
+        self._session_timeout_ms = session_timeout_ms
+        self._directory: Path | None = None
+        self.ports: dict[int, int] = {}
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def broker_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def address(self, broker_id: int) -> str:
+        return f"127.0.0.1:{self.ports[broker_id]}"
+
+    @property
+    def bootstrap(self) -> str:
+        """Every broker's address, comma-separated (a client's bootstrap list)."""
+        return ",".join(self.address(i) for i in self._ids)
+
+    def start(self) -> LocalCluster:
+        self.zookeeper.start()
+        self._directory = Path(tempfile.mkdtemp(prefix="tidelog-cluster-"))
+        for broker_id in self._ids:
+            self.ports[broker_id] = _free_port()
+        try:
+            for broker_id in self._ids:
+                self.start_broker(broker_id, wait=False)
+            for broker_id in self._ids:
+                self._wait_ready(broker_id)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_broker(self, broker_id: int, *, wait: bool = True) -> None:
+        """Start (or restart) broker ``broker_id`` on its port and data directory."""
+        assert self._directory is not None
+        if broker_id in self._processes and self._processes[broker_id].poll() is None:
+            raise RuntimeError(f"broker {broker_id} is running")
+        ready = self._directory / f"broker-{broker_id}.ready"
+        ready.unlink(missing_ok=True)
+        settings = {
+            "broker.id": broker_id,
+            "zookeeper.connect": f"{self.zookeeper.connect_string}/tidelog",
+            "zookeeper.session.timeout.ms": self._session_timeout_ms,
+            "metrics.port": -1,
+            "shutdown.grace.ms": 1_000,
+            **self._settings,
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "broker",
+            "--listen",
+            self.address(broker_id),
+            "--data-dir",
+            str(self._directory / f"broker-{broker_id}"),
+            "--ready-file",
+            str(ready),
+        ]
+        for key, value in settings.items():
+            command += ["--set", f"{key}={value}"]
+        log_file = open(self._directory / f"broker-{broker_id}.log", "ab")  # noqa: SIM115
+        try:
+            self._processes[broker_id] = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log_file.close()
+        if wait:
+            self._wait_ready(broker_id)
+
+    def _wait_ready(self, broker_id: int) -> None:
+        assert self._directory is not None
+        ready = self._directory / f"broker-{broker_id}.ready"
+        process = self._processes[broker_id]
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not ready.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"broker {broker_id} did not start:\n{self.output(broker_id)[-4000:]}"
+                )
+            time.sleep(0.05)
+
+    def output(self, broker_id: int) -> str:
+        """What broker ``broker_id`` logged so far (all its lives)."""
+        if self._directory is None:
+            return ""
+        path = self._directory / f"broker-{broker_id}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def is_running(self, broker_id: int) -> bool:
+        process = self._processes.get(broker_id)
+        return process is not None and process.poll() is None
+
+    def kill(self, broker_id: int, signum: int = signal.SIGKILL) -> None:
+        """Send ``signum`` to broker ``broker_id`` and, for SIGKILL/SIGTERM, wait for it."""
+        process = self._processes[broker_id]
+        if process.poll() is None:
+            process.send_signal(signum)
+        if signum in (signal.SIGKILL, signal.SIGTERM):
+            process.wait(_STOP_TIMEOUT_S * 2)
+
+    def stop(self) -> None:
+        """Kill every broker and ZooKeeper; remove the directories. Idempotent."""
+        for process in self._processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait(_STOP_TIMEOUT_S)
+        self._processes.clear()
+        self.zookeeper.stop()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            self._directory = None
+
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(

@@ -42,3 +42,13 @@ def test_dockerfile_serves_on_all_interfaces_inside_and_checks_health() -> None:
     assert '"broker", "healthcheck"' in text
     assert 'VOLUME ["/data"]' in text
     assert "USER tidelog" in text
+
+
+def test_compose_runs_zookeeper_and_three_brokers_in_a_cluster() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "image: zookeeper:3.8" in text
+    for broker_id in (1, 2, 3):
+        assert f'"broker.id={broker_id}"' in text
+        assert f'"advertised.listeners=broker-{broker_id}:7410"' in text
+    assert text.count('"zookeeper.connect=zookeeper:2181/tidelog"') == 3
+    assert text.count('"broker-1:7410,broker-2:7410,broker-3:7410"') == 2  # producer, Spark

@@ -17,6 +17,7 @@ from client import (
     Producer,
     TopicPartition,
 )
+from client.columns import finish_columns, new_column_builder
 from client.types import ConsumerRecord
 from tests.client.conftest import TopicFactory
 
@@ -65,6 +66,32 @@ def test_replay_from_offset_zero(broker: InProcessBroker, topic: str) -> None:
         assert consumer.position(tp) == 1_000
         assert consumer.highwater(tp) == 1_000
         assert consumer.assignment() == {tp}
+
+
+def test_poll_columns_reads_what_poll_reads(broker: InProcessBroker, topic: str) -> None:
+    produce(broker.address, topic, 1_000, compression="lz4")
+    tp = TopicPartition(topic, 0)
+    with consumer_for(broker) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 3)
+        expected = poll_until(consumer, 997)
+    builder = new_column_builder(False)
+    with consumer_for(broker, max_poll_records=100) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 3)
+        deadline = time.monotonic() + 10
+        while builder.rows < 997 and time.monotonic() < deadline:
+            before = builder.rows
+            assert consumer.poll_columns(builder, timeout_ms=100) == builder.rows - before
+        assert consumer.position(tp) == 1_000
+        assert consumer.poll_columns(builder, timeout_ms=0) == 0
+        with pytest.raises(ValueError, match="max_records"):
+            consumer.poll_columns(builder, max_records=0)
+    columns = finish_columns(builder)
+    assert list(memoryview(columns.offsets).cast("q")) == [r.offset for r in expected]
+    assert list(memoryview(columns.timestamps).cast("q")) == [r.timestamp_ms for r in expected]
+    assert columns.value_data == b"".join(values(expected))  # type: ignore[arg-type]
+    assert columns.key_data == b"".join(r.key or b"" for r in expected)
 
 
 def test_max_records_and_max_poll_records(broker: InProcessBroker, topic: str) -> None:

@@ -7,8 +7,10 @@ import struct
 import crc32c
 import pytest
 
+from client.columns import ColumnBuilder, finish_columns, new_column_builder
 from client.fetcher import CompletedFetch, SubscriptionState, next_fetch_offset
 from client.types import TopicPartition
+from storage.errors import CorruptRecordError
 from storage.records import BatchBuilder, set_base_offset
 
 TP = TopicPartition("t", 0)
@@ -167,3 +169,56 @@ def test_paused_and_backed_off_partitions_are_not_fetched() -> None:
     assert state.fetch_targets(50, 2)[0] == []
     assert state.next_retry_ms() == 100
     assert len(state.fetch_targets(100, 2)[0]) == 1
+
+
+# --- take_columns: the same records, as columns -------------------------------------------
+
+
+def _column_offsets(builder: ColumnBuilder) -> list[int]:
+    return list(memoryview(finish_columns(builder).offsets).cast("q"))
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["native", "pure"])
+@pytest.mark.parametrize("start", [0, 1, 3, 5, 6, 7])
+def test_take_columns_takes_what_take_would(pure: bool, start: int) -> None:
+    data = (
+        _batch(0, [b"a", b"d"], [0, 3], last_offset_delta=5)  # a compacted batch: 0, 3
+        + _empty_batch(6, 0)
+        + _control_batch(7)
+        + _batch(8, [b"x", b"y"])
+    )
+    expected, expected_position = _fetch(data, start).take(start, 100)
+    builder = new_column_builder(True, pure=pure)
+    fetch = _fetch(data, start)
+    position = fetch.take_columns(start, builder, 100)
+    assert fetch.exhausted
+    assert position == expected_position == 10
+    columns = finish_columns(builder)
+    assert list(memoryview(columns.offsets).cast("q")) == [r.offset for r in expected]
+    assert columns.value_data == b"".join(r.value or b"" for r in expected)
+
+
+def test_take_columns_goes_on_where_take_stopped() -> None:
+    data = _batch(0, [b"a", b"b", b"c"]) + _batch(3, [b"d"])
+    fetch = _fetch(data)
+    records, position = fetch.take(0, 1)
+    assert [r.offset for r in records] == [0]
+    builder = new_column_builder(False)
+    position = fetch.take_columns(position, builder, 1)  # the rest of the batch, whole
+    assert (position, _column_offsets(builder)) == (3, [1, 2])
+    position = fetch.take_columns(position, builder, 10)
+    assert (position, _column_offsets(builder)) == (4, [3])
+    assert fetch.exhausted
+
+
+def test_take_columns_of_a_corrupt_batch_raises_and_adds_nothing() -> None:
+    data = bytearray(_batch(1, [b"abc"]))
+    data[-2] ^= 0xFF
+    builder = new_column_builder(False)
+    fetch = _fetch(_batch(0, [b"ok"]) + bytes(data))
+    assert fetch.take_columns(0, builder, 10) == 1  # the good batch before it
+    assert _column_offsets(builder) == [0]
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        fetch.take_columns(1, builder, 10)
+    assert builder.rows == 0
+    assert not fetch.exhausted

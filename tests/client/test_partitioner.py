@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.partitioner import StickyPartitioner, murmur2, partition_for_key
+from client.partitioner import (
+    StickyPartitioner,
+    murmur2,
+    murmur2_python,
+    partition_for_key,
+    partitions_for_keys,
+)
+from storage.native import NATIVE
 
 # Kafka's own vectors: clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java
 # (testMurmur2), as Java's signed ints.
@@ -29,6 +36,7 @@ def _signed(value: int) -> int:
 @pytest.mark.parametrize(("data", "expected"), KAFKA_VECTORS.items())
 def test_murmur2_matches_kafka_vectors(data: bytes, expected: int) -> None:
     assert _signed(murmur2(data)) == expected
+    assert _signed(murmur2_python(data)) == expected
 
 
 def _reference_murmur2(data: bytes) -> int:
@@ -59,9 +67,32 @@ def _reference_murmur2(data: bytes) -> int:
     return h
 
 
-@given(st.binary(max_size=64))
+@given(st.binary(max_size=96))
 def test_murmur2_matches_the_reference_for_any_bytes(data: bytes) -> None:
-    assert murmur2(data) == _reference_murmur2(data)
+    expected = _reference_murmur2(data)
+    assert murmur2_python(data) == expected
+    assert murmur2(data) == expected
+    assert murmur2(bytearray(data)) == murmur2(memoryview(data)) == expected
+
+
+def test_murmur2_is_the_c_one_when_it_is_built() -> None:
+    assert (murmur2 is not murmur2_python) == NATIVE
+
+
+@given(st.lists(st.binary(max_size=40), max_size=30), st.integers(1, 100))
+def test_partitions_for_keys_is_partition_for_key_of_each(keys: list[bytes], n: int) -> None:
+    expected = [(_reference_murmur2(key) & 0x7FFFFFFF) % n for key in keys]
+    assert partitions_for_keys(keys, n) == expected
+    assert [partition_for_key(key, n) for key in keys] == expected
+
+
+def test_partitions_for_keys_refuses_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="partitions"):
+        partitions_for_keys([b"k"], 0)
+    with pytest.raises(TypeError):
+        partitions_for_keys([b"k", None], 3)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        partitions_for_keys(["text"], 3)  # type: ignore[list-item]
 
 
 def test_partition_for_key_is_kafkas_positive_modulo() -> None:

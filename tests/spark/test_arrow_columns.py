@@ -1,0 +1,109 @@
+"""The reader's Arrow path: columns decoded in C give the batches records would give.
+
+``columns_to_arrow`` over either column builder against ``records_to_arrow`` over the
+same records (hypothesis, no broker), and ``read_ranges`` against the records a consumer
+reads (the session's broker, no Spark job).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.testing import InProcessBroker
+from client import Consumer, TopicPartition
+from client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
+from client.types import ConsumerRecord
+from spark_sink.offsets import OffsetRange
+from spark_sink.options import ReadOptions
+from spark_sink.reader import read_ranges
+from spark_sink.schema import columns_to_arrow, records_to_arrow
+from storage.columns import decode_batch_into
+from storage.records import BatchBuilder, Compression, decode_batch_as
+from tests.spark.conftest import TopicFactory, produce
+
+pytestmark = [pytest.mark.spark]
+
+T0 = 1_700_000_000_000
+records = st.lists(
+    st.tuples(
+        st.integers(0, 2**40),
+        st.none() | st.binary(max_size=20),
+        st.none() | st.binary(max_size=50),
+        st.lists(st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=5)), max_size=3),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records,
+    st.sampled_from([Compression.NONE, Compression.LZ4]),
+    st.booleans(),
+    st.integers(0, 5),
+)
+def test_columns_give_the_arrow_batch_records_give(
+    specs: list[Any], compression: Compression, include_headers: bool, skip: int
+) -> None:
+    builder = BatchBuilder(compression=compression, base_offset=40)
+    for timestamp, key, value, headers in specs:
+        builder.append(timestamp, key, value, headers)
+    batch = builder.build()
+    _, decoded = decode_batch_as(batch, 0, ConsumerRecord, ("t", 3))
+    expected = records_to_arrow(decoded[skip:], 1, include_headers)
+    for pure in (False, True) if NATIVE_COLUMNS else (True,):
+        columns = new_column_builder(include_headers, pure=pure)
+        decode_batch_into(columns, batch, min_offset=40 + skip)
+        arrow = columns_to_arrow(finish_columns(columns), "t", 3, 1, include_headers)
+        arrow.validate(full=True)
+        assert arrow.equals(expected)
+        assert arrow.schema == expected.schema
+
+
+def test_an_empty_builder_gives_an_empty_batch() -> None:
+    for include_headers in (False, True):
+        empty = finish_columns(new_column_builder(include_headers))
+        arrow = columns_to_arrow(empty, "t", 0, 0, include_headers)
+        assert arrow.num_rows == 0
+        assert arrow.equals(records_to_arrow([], 0, include_headers))
+
+
+def test_timestamps_past_what_microseconds_hold_are_refused_not_wrapped() -> None:
+    builder = BatchBuilder()
+    builder.append(2**62, None, b"v")
+    columns = new_column_builder(False)
+    decode_batch_into(columns, builder.build())
+    with pytest.raises(pa.ArrowInvalid):
+        columns_to_arrow(finish_columns(columns), "t", 0, 0, False)
+
+
+@pytest.mark.parametrize("include_headers", [False, True])
+def test_read_ranges_returns_the_records_of_the_range(
+    broker: InProcessBroker, new_topic: TopicFactory, include_headers: bool
+) -> None:
+    topic = new_topic()
+    values = [b"value-%d" % i for i in range(300)]
+    produce(broker.address, topic, values[:120], headers=[("h", b"x"), ("n", None)])
+    produce(broker.address, topic, values[120:], keys=[b"k"] * 180)
+    tp = TopicPartition(topic, 0)
+    with Consumer(broker.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        everything: list[ConsumerRecord] = []
+        while len(everything) < 300:
+            everything += consumer.poll(timeout_ms=1_000)
+    options = ReadOptions(
+        bootstrap_servers=broker.address, subscribe=(topic,), include_headers=include_headers
+    )
+    # Starts and ends inside batches (the producer sends each record alone here, but
+    # the fetch hands back many batches per answer).
+    batches = list(read_ranges(options, [OffsetRange(tp, 7, 251)], [0]))
+    assert batches
+    table = pa.Table.from_batches(batches)
+    expected = records_to_arrow(everything[7:251], 0, include_headers)
+    assert table.equals(pa.Table.from_batches([expected]))
