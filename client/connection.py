@@ -260,11 +260,11 @@ class Connection(Protocol):
         ...
 
     def open_produce_stream(self) -> ProduceStream:
-        """A produce stream (it waits for the broker to be reachable; never blocks)."""
+        """A produce stream (never blocks; fails at once if the broker is unreachable)."""
         ...
 
     def open_fetch_stream(self) -> FetchStream:
-        """A fetch stream (it waits for the broker to be reachable; never blocks)."""
+        """A fetch stream (never blocks; fails at once if the broker is unreachable)."""
         ...
 
     def close(self) -> None: ...
@@ -607,12 +607,16 @@ class GrpcConnection:
 
     def open_produce_stream(self) -> ProduceStream:
         return _GrpcProduceStream(
-            self.transport.open_stream(self.transport.stub.ProduceStream, "ProduceStream")
+            self.transport.open_stream(
+                self.transport.stub.ProduceStream, "ProduceStream", wait_for_ready=False
+            )
         )
 
     def open_fetch_stream(self) -> FetchStream:
         return _GrpcFetchStream(
-            self.transport.open_stream(self.transport.stub.FetchStream, "FetchStream")
+            self.transport.open_stream(
+                self.transport.stub.FetchStream, "FetchStream", wait_for_ready=False
+            )
         )
 
     def close(self) -> None:
