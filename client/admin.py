@@ -14,8 +14,9 @@ passes; the broker's refusals come back as their ``TidelogError`` classes
 (``TopicAlreadyExistsError``, ``InvalidConfigError``, ``UnknownTopicOrPartitionError``...).
 Protobuf types stop here: answers are the frozen dataclasses of ``client.types``.
 
-Group calls (``list_groups``, ``describe_group``, ``reset_group_offsets``,
-``delete_group``) need a broker with the group coordinator; an older one answers
+Group calls (``describe_group``, ``reset_group_offsets``, ``delete_group``) go to the
+group's coordinator (found with ``FindCoordinator``, followed on ``NOT_COORDINATOR``);
+``list_groups`` asks every broker. An older broker without groups answers
 ``InvalidRequestError``. Changing a group's offsets is refused while it has members
 (``GroupNotEmptyError``): stop its consumers first.
 
@@ -27,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from client.cluster import BrokerNode, parse_bootstrap_list
 from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from client.connection import Connection, grpc_connections
+from client.connection import Connection, GrpcConnection, grpc_connections
 from client.offsets import list_offsets
 from client.routing import ClusterConnections
 from client.transport import Transport
@@ -42,7 +43,7 @@ from client.types import (
     TopicSummary,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import error_for_code
+from storage.errors import InvalidRequestError, error_for_code
 
 __all__ = [
     "AdminClient",
@@ -321,21 +322,30 @@ class AdminClient:
 
     def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupSummary]:
         """Every consumer group with its state and member count, sorted by id."""
-        answer = self._transport.call(
-            self._stub.ListGroups, pb.ListGroupsRequest(), what="ListGroups", timeout_ms=timeout_ms
-        )
-        return sorted(
-            (GroupSummary(g.group_id, g.state, g.members) for g in answer.groups),
-            key=lambda g: g.group_id,
-        )
+        # Each broker knows the groups it coordinates: ask every one (a single node: one).
+        metadata = self._connections.metadata(timeout_ms=timeout_ms)
+        found: dict[str, GroupSummary] = {}
+        for node in sorted(metadata.brokers.values(), key=lambda b: b.id):
+            transport = _transport_of(
+                self._connections.connection_to(self._connections.address_of(node))
+            )
+            answer = transport.call(
+                transport.stub.ListGroups,
+                pb.ListGroupsRequest(),
+                what="ListGroups",
+                timeout_ms=timeout_ms,
+            )
+            for g in answer.groups:
+                found.setdefault(g.group_id, GroupSummary(g.group_id, g.state, g.members))
+        return sorted(found.values(), key=lambda g: g.group_id)
 
     def describe_group(self, group_id: str, *, timeout_ms: int | None = None) -> GroupDescription:
         """Members, assignment, and per-partition committed offset and lag."""
-        answer = self._transport.call(
-            self._stub.DescribeGroup,
+        answer = self._on_coordinator(
+            group_id,
+            "DescribeGroup",
             pb.DescribeGroupRequest(group_id=group_id),
-            what=f"DescribeGroup {group_id}",
-            timeout_ms=timeout_ms,
+            timeout_ms,
         )
         return GroupDescription(
             group_id=answer.group_id,
@@ -419,12 +429,7 @@ class AdminClient:
         else:
             assert to_timestamp_ms is not None
             request.to_timestamp_ms = to_timestamp_ms
-        answer = self._transport.call(
-            self._stub.ResetGroupOffsets,
-            request,
-            what=f"ResetGroupOffsets {group_id}",
-            timeout_ms=timeout_ms,
-        )
+        answer = self._on_coordinator(group_id, "ResetGroupOffsets", request, timeout_ms)
         out: dict[TopicPartition, int] = {}
         error: Exception | None = None
         for entry in answer.offsets:
@@ -443,11 +448,32 @@ class AdminClient:
         Raises ``GroupNotEmptyError`` while it has members, ``GroupIdNotFoundError`` if
         it has no committed offsets.
         """
-        self._transport.call(
-            self._stub.DeleteGroup,
-            pb.DeleteGroupRequest(group_id=group_id),
-            what=f"DeleteGroup {group_id}",
+        self._on_coordinator(
+            group_id, "DeleteGroup", pb.DeleteGroupRequest(group_id=group_id), timeout_ms
+        )
+
+    def _on_coordinator(
+        self, group_id: str, method: str, request: object, timeout_ms: int | None
+    ) -> Any:
+        """A group call on the group's coordinator, following it on ``NOT_COORDINATOR``.
+
+        Group administration is not in the ``Connection`` protocol yet: it goes over the
+        coordinator's gRPC transport directly.
+        """
+        what = f"{method} {group_id}"
+
+        def call(connection: Connection, timeout: int) -> Any:
+            transport = _transport_of(connection)
+            return transport.call(
+                getattr(transport.stub, method), request, what=what, timeout_ms=timeout
+            )
+
+        return self._connections.run(
+            self._connections.route_coordinator(group_id),
+            call,
+            what=what,
             timeout_ms=timeout_ms,
+            group_id=group_id,
         )
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -538,3 +564,10 @@ def _selection(partitions: str | Iterable[TopicPartition] | None) -> list[pb.Top
     if not by_topic:
         raise ValueError("no partitions given (None means every committed partition)")
     return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def _transport_of(connection: Connection) -> Transport:
+    """The gRPC transport under ``connection`` (the admin's group calls need it)."""
+    if not isinstance(connection, GrpcConnection):
+        raise InvalidRequestError("group administration needs a gRPC connection")
+    return connection.transport

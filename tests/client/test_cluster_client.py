@@ -117,6 +117,11 @@ def test_a_group_follows_its_coordinator_through_a_restart(cluster: LocalCluster
     with Consumer(one, **settings) as second:
         second.subscribe(["grouped"])
         assert sorted(int(r.value or b"") for r in read(second, 3)) == [30, 31, 32]
+    # Group administration finds the coordinator too, whichever broker it is.
+    with AdminClient(one, request_timeout_ms=20_000) as admin:
+        assert "followers" in {g.group_id for g in admin.list_groups()}
+        lag = {p.tp: p.committed_offset for p in admin.describe_group("followers").partitions}
+        assert lag[TopicPartition("grouped", 0)] is not None
 
 
 def test_a_dead_brokers_partitions_fail_clearly_and_come_back(cluster: LocalCluster) -> None:
