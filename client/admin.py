@@ -14,8 +14,9 @@ passes; the broker's refusals come back as their ``TidelogError`` classes
 (``TopicAlreadyExistsError``, ``InvalidConfigError``, ``UnknownTopicOrPartitionError``...).
 Protobuf types stop here: answers are the frozen dataclasses of ``client.types``.
 
-Group calls (``list_groups``, ``describe_group``, ``reset_group_offsets``,
-``delete_group``) need a broker with the group coordinator; an older one answers
+Group calls (``describe_group``, ``reset_group_offsets``, ``delete_group``) go to the
+group's coordinator (found with ``FindCoordinator``, followed on ``NOT_COORDINATOR``);
+``list_groups`` asks every broker. An older broker without groups answers
 ``InvalidRequestError``. Changing a group's offsets is refused while it has members
 (``GroupNotEmptyError``): stop its consumers first.
 
@@ -24,25 +25,30 @@ Thread-safe (the channel is); ``close`` when done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
+from client.cluster import BrokerNode, parse_bootstrap_list
 from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
+from client.connection import Connection, GrpcConnection, grpc_connections
+from client.offsets import list_offsets
+from client.routing import ClusterConnections
 from client.transport import Transport
 from client.types import (
     OffsetAndTimestamp,
-    PartitionDescription,
     TopicDescription,
     TopicPartition,
     TopicSummary,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InternalError, error_for_code
+from storage.errors import InvalidRequestError, error_for_code
 
 __all__ = [
     "AdminClient",
+    "BrokerNode",
+    "ClusterDescription",
     "GroupDescription",
     "GroupMember",
     "GroupPartitionLag",
@@ -54,6 +60,17 @@ OffsetSpec = Literal["earliest", "latest"] | int
 """What ``list_offsets`` looks for: the log start, the log end, or a timestamp (ms)."""
 
 _SPECIAL_OFFSETS = {"earliest": -2, "latest": -1}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    """``AdminClient.describe_cluster``: the brokers by id and the controller (-1: none)."""
+
+    cluster_id: str
+    controller_id: int
+    brokers: tuple[BrokerNode, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +125,42 @@ class AdminClient:
     ) -> None:
         config = resolve_config(AdminConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
+        # Group and quota calls still go to the first broker of the bootstrap list; topic
+        # calls are routed (controller, leaders) through ``_connections``.
         self._transport = Transport(
-            config.bootstrap_servers,
+            parse_bootstrap_list(config.bootstrap_servers)[0],
             client_id=config.client_id,
             request_timeout_ms=config.request_timeout_ms,
             reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
         )
         self._stub = self._transport.stub
+        self._connections = ClusterConnections(
+            config.bootstrap_servers,
+            grpc_connections(
+                client_id=config.client_id,
+                request_timeout_ms=config.request_timeout_ms,
+                reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+                reuse=self._transport,
+            ),
+            request_timeout_ms=config.request_timeout_ms,
+        )
+
+    # --- the cluster ----------------------------------------------------------------------
+
+    def describe_cluster(self, *, timeout_ms: int | None = None) -> ClusterDescription:
+        """The brokers (id, host, port), sorted by id, and the controller's id (-1: none).
+
+        A single node is a one-broker cluster: broker 0, its own controller.
+        """
+        metadata = self._connections.metadata(timeout_ms=timeout_ms, force=True)
+        return ClusterDescription(
+            cluster_id=metadata.cluster_id,
+            controller_id=metadata.controller_id,
+            brokers=tuple(
+                BrokerNode(b.id, b.host, b.port)
+                for b in sorted(metadata.brokers.values(), key=lambda b: b.id)
+            ),
+        )
 
     # --- topics ---------------------------------------------------------------------------
 
@@ -124,33 +170,41 @@ class AdminClient:
         partitions: int | None = None,
         config: Mapping[str, object] | None = None,
         *,
+        replication_factor: int | None = None,
         timeout_ms: int | None = None,
     ) -> TopicDescription:
-        """Create a topic; ``partitions`` None takes the broker's ``num.partitions``.
+        """Create a topic; ``partitions`` None takes the broker's ``num.partitions``,
+        ``replication_factor`` None its ``default.replication.factor``.
 
+        Sent to the controller (retried there on ``NOT_CONTROLLER`` until the timeout).
         Config values may be given as numbers; they travel as text. Raises
         ``TopicAlreadyExistsError``, ``InvalidTopicError``, ``InvalidConfigError``,
-        ``InvalidPartitionsError``.
+        ``InvalidPartitionsError``, ``InvalidReplicationFactorError`` (more replicas than
+        brokers: a single node keeps 1).
         """
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise ValueError(f"partitions must be a positive int, got {partitions!r}")
-        answer = self._transport.call(
-            self._stub.CreateTopic,
-            pb.CreateTopicRequest(
-                name=name, partitions=partitions or 0, config=_text_config(config)
+        if replication_factor is not None and (
+            not isinstance(replication_factor, int)
+            or isinstance(replication_factor, bool)
+            or replication_factor < 1
+        ):
+            raise ValueError(
+                f"replication_factor must be a positive int, got {replication_factor!r}"
+            )
+        text = _text_config(config)
+        return self._on_controller(
+            lambda c, t: c.create_topic(
+                name, partitions or 0, replication_factor or 0, text, timeout_ms=t
             ),
-            what=f"CreateTopic {name}",
-            timeout_ms=timeout_ms,
+            f"CreateTopic {name}",
+            timeout_ms,
         )
-        return _description(answer)
 
     def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
         """Delete a topic and its data. ``UnknownTopicOrPartitionError`` if there is none."""
-        self._transport.call(
-            self._stub.DeleteTopic,
-            pb.DeleteTopicRequest(name=name),
-            what=f"DeleteTopic {name}",
-            timeout_ms=timeout_ms,
+        self._on_controller(
+            lambda c, t: c.delete_topic(name, timeout_ms=t), f"DeleteTopic {name}", timeout_ms
         )
 
     def list_topics(
@@ -169,14 +223,14 @@ class AdminClient:
         )
 
     def describe_topic(self, name: str, *, timeout_ms: int | None = None) -> TopicDescription:
-        """Partitions (log start and end offsets, size) and every effective config."""
-        answer = self._transport.call(
-            self._stub.DescribeTopic,
-            pb.DescribeTopicRequest(name=name),
+        """Partitions (log start and end offsets, size; leader, replicas, ISR, leader
+        epoch) and every effective config."""
+        return self._connections.run(
+            self._connections.route_any(),
+            lambda c, t: c.describe_topic(name, timeout_ms=t),
             what=f"DescribeTopic {name}",
             timeout_ms=timeout_ms,
         )
-        return _description(answer)
 
     def alter_topic_config(
         self,
@@ -187,13 +241,13 @@ class AdminClient:
         timeout_ms: int | None = None,
     ) -> TopicDescription:
         """Set ``config`` keys and return ``delete`` keys to the broker's defaults."""
-        answer = self._transport.call(
-            self._stub.AlterTopicConfig,
-            pb.AlterTopicConfigRequest(name=name, set=_text_config(config), delete=list(delete)),
-            what=f"AlterTopicConfig {name}",
-            timeout_ms=timeout_ms,
+        text = _text_config(config)
+        keys = list(delete)
+        return self._on_controller(
+            lambda c, t: c.alter_topic_config(name, text, keys, timeout_ms=t),
+            f"AlterTopicConfig {name}",
+            timeout_ms,
         )
-        return _description(answer)
 
     def create_partitions(
         self,
@@ -219,21 +273,21 @@ class AdminClient:
         """
         if not isinstance(total_count, int) or isinstance(total_count, bool) or total_count < 1:
             raise ValueError(f"total_count must be a positive int, got {total_count!r}")
-        answer = self._transport.call(
-            self._stub.CreatePartitions,
-            pb.CreatePartitionsRequest(
-                topics=[pb.CreatePartitionsTopic(name=topic, count=total_count)],
-                validate_only=validate_only,
+        return self._on_controller(
+            lambda c, t: c.create_partitions(
+                topic, total_count, validate_only=validate_only, timeout_ms=t
             ),
-            what=f"CreatePartitions {topic}",
-            timeout_ms=timeout_ms,
+            f"CreatePartitions {topic}",
+            timeout_ms,
         )
-        for result in answer.results:
-            if result.error_code:
-                raise error_for_code(result.error_code, result.error_message)
-            if result.name == topic:
-                return result.partitions
-        raise InternalError(f"the broker's CreatePartitions answer has no result for {topic!r}")
+
+    def _on_controller(
+        self, call: Callable[[Connection, int], T], what: str, timeout_ms: int | None
+    ) -> T:
+        """``call`` on the controller, following it on ``NOT_CONTROLLER``."""
+        return self._connections.run(
+            self._connections.route_controller(), call, what=what, timeout_ms=timeout_ms
+        )
 
     # --- offsets --------------------------------------------------------------------------
 
@@ -245,7 +299,7 @@ class AdminClient:
 
         For earliest/latest the timestamp is -1. None where no record is that recent.
         """
-        partitions = []
+        queries_ms: dict[TopicPartition, int] = {}
         for tp, spec in queries.items():
             if isinstance(spec, str):
                 if spec not in _SPECIAL_OFFSETS:
@@ -257,48 +311,41 @@ class AdminClient:
                 timestamp = spec
             else:
                 raise ValueError(f"offset spec must be 'earliest', 'latest' or ms, got {spec!r}")
-            partitions.append(
-                pb.ListOffsetsPartition(
-                    topic=tp.topic, partition=tp.partition, timestamp_ms=timestamp
-                )
-            )
-        answer = self._transport.call(
-            self._stub.ListOffsets,
-            pb.ListOffsetsRequest(partitions=partitions),
-            what="ListOffsets",
-            timeout_ms=timeout_ms,
-        )
-        out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
-        for result in answer.results:
-            tp = TopicPartition(result.topic, result.partition)
-            if result.error_code:
-                raise error_for_code(result.error_code, f"{tp}: {result.error_message}")
-            out[tp] = (
-                None
-                if result.offset < 0
-                else OffsetAndTimestamp(result.offset, result.timestamp_ms)
-            )
-        return out
+            queries_ms[tp] = timestamp
+        answers = list_offsets(self._connections, queries_ms, timeout_ms)
+        return {
+            tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
+            for tp, (offset, timestamp) in answers.items()
+        }
 
     # --- consumer groups ------------------------------------------------------------------
 
     def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupSummary]:
         """Every consumer group with its state and member count, sorted by id."""
-        answer = self._transport.call(
-            self._stub.ListGroups, pb.ListGroupsRequest(), what="ListGroups", timeout_ms=timeout_ms
-        )
-        return sorted(
-            (GroupSummary(g.group_id, g.state, g.members) for g in answer.groups),
-            key=lambda g: g.group_id,
-        )
+        # Each broker knows the groups it coordinates: ask every one (a single node: one).
+        metadata = self._connections.metadata(timeout_ms=timeout_ms)
+        found: dict[str, GroupSummary] = {}
+        for node in sorted(metadata.brokers.values(), key=lambda b: b.id):
+            transport = _transport_of(
+                self._connections.connection_to(self._connections.address_of(node))
+            )
+            answer = transport.call(
+                transport.stub.ListGroups,
+                pb.ListGroupsRequest(),
+                what="ListGroups",
+                timeout_ms=timeout_ms,
+            )
+            for g in answer.groups:
+                found.setdefault(g.group_id, GroupSummary(g.group_id, g.state, g.members))
+        return sorted(found.values(), key=lambda g: g.group_id)
 
     def describe_group(self, group_id: str, *, timeout_ms: int | None = None) -> GroupDescription:
         """Members, assignment, and per-partition committed offset and lag."""
-        answer = self._transport.call(
-            self._stub.DescribeGroup,
+        answer = self._on_coordinator(
+            group_id,
+            "DescribeGroup",
             pb.DescribeGroupRequest(group_id=group_id),
-            what=f"DescribeGroup {group_id}",
-            timeout_ms=timeout_ms,
+            timeout_ms,
         )
         return GroupDescription(
             group_id=answer.group_id,
@@ -382,12 +429,7 @@ class AdminClient:
         else:
             assert to_timestamp_ms is not None
             request.to_timestamp_ms = to_timestamp_ms
-        answer = self._transport.call(
-            self._stub.ResetGroupOffsets,
-            request,
-            what=f"ResetGroupOffsets {group_id}",
-            timeout_ms=timeout_ms,
-        )
+        answer = self._on_coordinator(group_id, "ResetGroupOffsets", request, timeout_ms)
         out: dict[TopicPartition, int] = {}
         error: Exception | None = None
         for entry in answer.offsets:
@@ -406,11 +448,32 @@ class AdminClient:
         Raises ``GroupNotEmptyError`` while it has members, ``GroupIdNotFoundError`` if
         it has no committed offsets.
         """
-        self._transport.call(
-            self._stub.DeleteGroup,
-            pb.DeleteGroupRequest(group_id=group_id),
-            what=f"DeleteGroup {group_id}",
+        self._on_coordinator(
+            group_id, "DeleteGroup", pb.DeleteGroupRequest(group_id=group_id), timeout_ms
+        )
+
+    def _on_coordinator(
+        self, group_id: str, method: str, request: object, timeout_ms: int | None
+    ) -> Any:
+        """A group call on the group's coordinator, following it on ``NOT_COORDINATOR``.
+
+        Group administration is not in the ``Connection`` protocol yet: it goes over the
+        coordinator's gRPC transport directly.
+        """
+        what = f"{method} {group_id}"
+
+        def call(connection: Connection, timeout: int) -> Any:
+            transport = _transport_of(connection)
+            return transport.call(
+                getattr(transport.stub, method), request, what=what, timeout_ms=timeout
+            )
+
+        return self._connections.run(
+            self._connections.route_coordinator(group_id),
+            call,
+            what=what,
             timeout_ms=timeout_ms,
+            group_id=group_id,
         )
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -458,6 +521,7 @@ class AdminClient:
 
     def close(self) -> None:
         """Close the connection. Idempotent."""
+        self._connections.close()
         self._transport.close()
 
     def __enter__(self) -> AdminClient:
@@ -502,20 +566,8 @@ def _selection(partitions: str | Iterable[TopicPartition] | None) -> list[pb.Top
     return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
 
 
-def _description(answer: pb.TopicDescription) -> TopicDescription:
-    return TopicDescription(
-        name=answer.name,
-        partitions=tuple(
-            PartitionDescription(
-                partition=p.partition,
-                log_start_offset=p.log_start_offset,
-                log_end_offset=p.log_end_offset,
-                high_watermark=p.high_watermark,
-                size_bytes=p.size_bytes,
-                segments=p.segments,
-            )
-            for p in sorted(answer.partitions, key=lambda p: p.partition)
-        ),
-        config=dict(sorted(answer.config.items())),
-        internal=answer.internal,
-    )
+def _transport_of(connection: Connection) -> Transport:
+    """The gRPC transport under ``connection`` (the admin's group calls need it)."""
+    if not isinstance(connection, GrpcConnection):
+        raise InvalidRequestError("group administration needs a gRPC connection")
+    return connection.transport

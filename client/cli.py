@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         "--bootstrap",
         metavar="HOST:PORT",
         default=argparse.SUPPRESS,
-        help=f"broker address (default {default_bootstrap})",
+        help=f"broker addresses, HOST:PORT[,HOST:PORT...] (default {default_bootstrap})",
     )
     common.add_argument(
         "--timeout-ms",
@@ -134,11 +134,24 @@ def _parser() -> argparse.ArgumentParser:
         description="Manage topics, produce and consume records on a Tidelog broker.",
         epilog="Exit status: 0 success, 1 error from or reaching the broker, 2 bad usage.",
     )
-    parser.add_argument("--bootstrap", metavar="HOST:PORT", default=default_bootstrap)
+    parser.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=default_bootstrap,
+        help="broker addresses, HOST:PORT[,HOST:PORT...]: any live broker of the cluster",
+    )
     parser.add_argument("--timeout-ms", type=_non_negative_int, default=None)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     commands.add_parser("serve", help="run the broker daemon (see `tidelog serve --help`)")
+
+    cluster = commands.add_parser("cluster", help="the brokers of the cluster")
+    cluster.set_defaults(handler=_help_of(cluster))
+    cluster_commands = cluster.add_subparsers(title="cluster commands", metavar="ACTION")
+    cluster_describe = cluster_commands.add_parser(
+        "describe", parents=[common], help="brokers and the controller"
+    )
+    cluster_describe.set_defaults(handler=_cluster_describe)
 
     topics = commands.add_parser("topics", help="create, list, describe, alter, delete topics")
     topics.set_defaults(handler=_help_of(topics))
@@ -146,6 +159,12 @@ def _parser() -> argparse.ArgumentParser:
     create = topic_commands.add_parser("create", parents=[common], help="create a topic")
     create.add_argument("name")
     create.add_argument("--partitions", type=_positive_int, help="default: the broker's")
+    create.add_argument(
+        "--replication-factor",
+        type=_positive_int,
+        metavar="N",
+        help="copies of each partition (default: the broker's default.replication.factor)",
+    )
     create.add_argument(
         "--config", metavar="KEY=VALUE", action="append", default=[], help="topic setting"
     )
@@ -384,13 +403,32 @@ def _admin(args: argparse.Namespace) -> AdminClient:
         raise UsageError(str(exc)) from None
 
 
+# --- cluster ------------------------------------------------------------------------------
+
+
+def _cluster_describe(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        cluster = admin.describe_cluster()
+    controller = "none" if cluster.controller_id < 0 else str(cluster.controller_id)
+    print(f"Cluster: {cluster.cluster_id or '-'}   Controller: {controller}")
+    print()
+    rows = [
+        [str(b.id), b.host, str(b.port), "yes" if b.id == cluster.controller_id else ""]
+        for b in cluster.brokers
+    ]
+    _print_table(["BROKER", "HOST", "PORT", "CONTROLLER"], rows, right={0, 2})
+    return EXIT_OK
+
+
 # --- topics -------------------------------------------------------------------------------
 
 
 def _topics_create(args: argparse.Namespace) -> int:
     config = _pairs(args.config, "--config")
     with _admin(args) as admin:
-        description = admin.create_topic(args.name, args.partitions, config)
+        description = admin.create_topic(
+            args.name, args.partitions, config, replication_factor=args.replication_factor
+        )
     _info(f'Created topic "{description.name}" with {len(description.partitions)} partition(s).')
     return EXIT_OK
 
@@ -424,6 +462,10 @@ def _topics_describe(args: argparse.Namespace) -> int:
     rows = [
         [
             str(p.partition),
+            "offline" if p.leader < 0 else str(p.leader),
+            ",".join(map(str, p.replicas)),
+            ",".join(map(str, p.isr)),
+            str(p.leader_epoch),
             str(p.log_start_offset),
             str(p.log_end_offset),
             str(p.high_watermark),
@@ -433,9 +475,20 @@ def _topics_describe(args: argparse.Namespace) -> int:
         for p in topic.partitions
     ]
     _print_table(
-        ["PARTITION", "LOG START", "LOG END", "HIGH WATERMARK", "SIZE", "SEGMENTS"],
+        [
+            "PARTITION",
+            "LEADER",
+            "REPLICAS",
+            "ISR",
+            "EPOCH",
+            "LOG START",
+            "LOG END",
+            "HIGH WATERMARK",
+            "SIZE",
+            "SEGMENTS",
+        ],
         rows,
-        right={0, 1, 2, 3, 4, 5},
+        right={0, 1, 4, 5, 6, 7, 8, 9},
     )
     if topic.config:
         print()

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from client.cluster import parse_bootstrap_list
+
 __all__ = [
     "DEFAULT_BOOTSTRAP",
     "AdminConfig",
@@ -42,18 +44,13 @@ _ALIASES = {
 
 
 def parse_bootstrap(value: str) -> str:
-    """Check a ``HOST:PORT`` address (IPv6 as ``[::1]:PORT``); return it stripped.
+    """Check a bootstrap list ``HOST:PORT[,HOST:PORT...]`` (IPv6 as ``[::1]:PORT``).
 
-    A comma-separated list is accepted for Kafka compatibility; Tidelog has one broker, so
-    the first address is used. Raises ``ValueError`` for anything else.
+    Returns it normalised (blanks dropped, duplicates once): ``"a:1, b:2"`` is
+    ``"a:1,b:2"``. Any one live broker of the list is enough to find the others. Raises
+    ``ValueError`` for anything else.
     """
-    if not isinstance(value, str):
-        raise ValueError(f"bootstrap_servers must be a 'HOST:PORT' string, got {value!r}")
-    first = value.split(",")[0].strip()
-    host, sep, port = first.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"bootstrap_servers: expected HOST:PORT, got {value!r}")
-    return first
+    return ",".join(parse_bootstrap_list(value))
 
 
 def parse_acks(value: int | str) -> int:

@@ -47,12 +47,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
 from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
+from client.connection import ConnectionFactory, grpc_connections
 from client.coordinator import ConsumerCoordinator
 from client.fetch_session import FetchSession
 from client.fetcher import SubscriptionState
 from client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
 from client.rebalance import GroupSubscription, PartitionsCallback
-from client.transport import Transport
+from client.routing import ClusterConnections
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from storage.columns import ColumnBuilder
 from storage.errors import (
@@ -82,8 +83,10 @@ class Consumer:
     """Reads records from one broker. Not thread-safe; ``close`` when done.
 
     Args:
-        bootstrap_servers: ``HOST:PORT`` of the broker.
+        bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
         config: a whole ``ConsumerConfig`` instead of keyword settings.
+        connection_factory: how to reach a broker (default gRPC); tests pass
+            ``client.testing.InMemoryCluster.connect``.
         **settings: ``ConsumerConfig`` fields (``group_id``, ``auto_offset_reset``, ...).
 
     Raises ``ValueError`` for unknown or invalid settings.
@@ -94,21 +97,29 @@ class Consumer:
         bootstrap_servers: str = DEFAULT_BOOTSTRAP,
         *,
         config: ConsumerConfig | None = None,
+        connection_factory: ConnectionFactory | None = None,
         **settings: object,
     ) -> None:
         config = resolve_config(ConsumerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
-        self._transport = Transport(
+        # Fetches go to each partition's leader, offsets and commits to the leaders and
+        # the group's coordinator, each following its target when it moves.
+        self._connections = ClusterConnections(
             config.bootstrap_servers,
-            client_id=config.client_id,
+            connection_factory
+            or grpc_connections(
+                client_id=config.client_id,
+                request_timeout_ms=config.request_timeout_ms,
+                reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+            ),
             request_timeout_ms=config.request_timeout_ms,
-            reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+            metadata_max_age_ms=config.metadata_max_age_ms,
         )
         self._lock = threading.Lock()
         self._data_ready = threading.Condition(self._lock)
         self._subscriptions = SubscriptionState()
         self._fetches = FetchSession(
-            config, self._transport, self._subscriptions, self._lock, self._data_ready
+            config, self._connections, self._subscriptions, self._lock, self._data_ready
         )
         self._metadata_checked_ms = 0
         self._missing_topics: set[str] = set()
@@ -178,7 +189,7 @@ class Consumer:
                 return
             config = self.config
             coordinator = ConsumerCoordinator(
-                self._transport,
+                self._connections,
                 group_id=group_id,
                 client_id=config.client_id,
                 subscription=names,
@@ -257,7 +268,7 @@ class Consumer:
             try:
                 wanted += [
                     TopicPartition(topic, p)
-                    for p in partitions_of(self._transport, topic, timeout_ms)
+                    for p in partitions_of(self._connections, topic, timeout_ms)
                 ]
             except UnknownTopicOrPartitionError:
                 missing.add(topic)
@@ -379,7 +390,7 @@ class Consumer:
     def _list_offsets(
         self, queries: Mapping[TopicPartition, int], timeout_ms: int
     ) -> dict[TopicPartition, int]:
-        answers = list_offsets(self._transport, queries, timeout_ms)
+        answers = list_offsets(self._connections, queries, timeout_ms)
         return {tp: offset for tp, (offset, _) in answers.items()}
 
     def beginning_offsets(
@@ -405,7 +416,7 @@ class Consumer:
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or ts < 0:
                 raise ValueError(f"timestamp for {tp} must be a non-negative int, got {ts!r}")
-        answers = list_offsets(self._transport, dict(timestamps), self._timeout(timeout_ms))
+        answers = list_offsets(self._connections, dict(timestamps), self._timeout(timeout_ms))
         return {
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()
@@ -413,7 +424,7 @@ class Consumer:
 
     def partitions_for_topic(self, topic: str, timeout_ms: int | None = None) -> set[int]:
         """The partition numbers of ``topic``. ``UnknownTopicOrPartitionError`` if none."""
-        return set(partitions_of(self._transport, topic, self._timeout(timeout_ms)))
+        return set(partitions_of(self._connections, topic, self._timeout(timeout_ms)))
 
     # --- committed offsets (consumer groups) ------------------------------------------------
 
@@ -449,7 +460,7 @@ class Consumer:
         member_id, member_epoch = ("", -1) if coordinator is None else coordinator.member()
         try:
             failed = commit_offsets(
-                self._transport,
+                self._connections,
                 group_id,
                 offsets,
                 member_id=member_id,
@@ -469,7 +480,7 @@ class Consumer:
                 return
             member_id, member_epoch = coordinator.member()
             failed = commit_offsets(
-                self._transport,
+                self._connections,
                 group_id,
                 offsets,
                 member_id=member_id,
@@ -495,7 +506,7 @@ class Consumer:
         group_id = self.config.group_id
         assert group_id is not None
         try:
-            return fetch_committed(self._transport, group_id, partitions, timeout_ms)
+            return fetch_committed(self._connections, group_id, partitions, timeout_ms)
         except InvalidRequestError as exc:
             if not tolerate_unsupported:
                 raise
@@ -644,7 +655,7 @@ class Consumer:
             if now >= self._position_retry_at:
                 self._update_positions(now + lookup_ms, raise_retriable=False)
             collected = collect()
-            self._fetches.maybe_fetch()
+            self._fetches.maybe_fetch(lookup_ms)
             if collected:
                 return collected
             now = _monotonic_ms()
@@ -731,7 +742,7 @@ class Consumer:
                 log.warning("commit on close failed: %s", exc)
         self._closed = True
         self._fetches.close()
-        self._transport.close()
+        self._connections.close()
 
     def __enter__(self) -> Consumer:
         return self

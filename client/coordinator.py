@@ -26,14 +26,12 @@ from collections.abc import Callable, Iterable
 
 from client.group_member import (
     GroupMembership,
-    HeartbeatAnswer,
     HeartbeatRequest,
     MemberEvent,
     MemberState,
 )
-from client.transport import Transport
+from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     ClosedError,
     FencedMemberEpochError,
@@ -55,7 +53,8 @@ class ConsumerCoordinator:
     """Group membership of one consumer: heartbeat thread and event queue. Thread-safe.
 
     Args:
-        transport: the consumer's connection (shared; this object never closes it).
+        connections: the consumer's connections (shared; this object never closes them);
+            heartbeats go to the group's coordinator and follow it when it moves.
         group_id: the group to join.
         client_id: reported to the broker (``describe_group`` shows it).
         subscription: the topics.
@@ -70,7 +69,7 @@ class ConsumerCoordinator:
 
     def __init__(
         self,
-        transport: Transport,
+        connections: ClusterConnections,
         *,
         group_id: str,
         client_id: str,
@@ -83,7 +82,7 @@ class ConsumerCoordinator:
         wakeup: Callable[[], None],
     ) -> None:
         self.group_id = group_id
-        self._transport = transport
+        self._connections = connections
         self._client_id = client_id
         self._session_timeout_ms = session_timeout_ms
         self._rebalance_timeout_ms = rebalance_timeout_ms
@@ -287,38 +286,31 @@ class ConsumerCoordinator:
         self._losses += sum(event.kind == "lose" for event in events)
 
     def _send(self, request: HeartbeatRequest, timeout_ms: int) -> list[MemberEvent]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in request.owned:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        connections = self._connections
         try:
-            answer = self._transport.call(
-                self._transport.stub.ConsumerGroupHeartbeat,
-                pb.ConsumerGroupHeartbeatRequest(
-                    group_id=self.group_id,
-                    member_id=request.member_id,
-                    member_epoch=request.member_epoch,
-                    rebalance_timeout_ms=self._rebalance_timeout_ms,
-                    session_timeout_ms=self._session_timeout_ms,
-                    subscribed_topic_names=request.subscription,
-                    owned_partitions=[
-                        pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-                    ],
-                    client_id=self._client_id,
-                ),
-                what="ConsumerGroupHeartbeat",
+            answer = connections.coordinator(self.group_id, timeout_ms).heartbeat(
+                self.group_id,
+                request,
+                client_id=self._client_id,
+                rebalance_timeout_ms=self._rebalance_timeout_ms,
+                session_timeout_ms=self._session_timeout_ms,
                 timeout_ms=timeout_ms,
             )
         except (UnknownMemberIdError, FencedMemberEpochError) as exc:
             with self._lock:
                 lost = self._membership.owned.copy()
-                events = self._membership.on_fenced(_monotonic_ms())
+                # Queued with the generation change, under one lock: whoever sees the new
+                # generation sees the "lose" step too (a revocation still queued is then
+                # known to be overtaken, and runs no on_revoke and no commit).
+                self._queue_locked(self._membership.on_fenced(_monotonic_ms()))
             log.warning(
                 "group %s: %s; rejoining (%d partition(s) lost)", self.group_id, exc, len(lost)
             )
-            return events
+            self._wakeup()
+            return []
         except ClosedError as exc:
             with self._lock:
-                if self._stopped or self._transport.closed:
+                if self._stopped or self._connections.closed:
                     self._stopped = True
                     return []
                 # Not our doing: the broker (or a proxy) cancelled the call, e.g. while
@@ -327,25 +319,19 @@ class ConsumerCoordinator:
                 log.info("group %s: heartbeat cancelled: %s", self.group_id, exc)
                 return self._membership.on_failure(_monotonic_ms())
         except TidelogError as exc:
+            if isinstance(exc, ROUTING_ERRORS):
+                # NOT_COORDINATOR, its broker gone, or its partition without a leader:
+                # find the coordinator again for the next heartbeat (after the backoff).
+                connections.forget_coordinator(self.group_id)
+                connections.mark_stale()
             level = logging.INFO if exc.retriable else logging.WARNING
             log.log(level, "group %s: heartbeat failed: %s", self.group_id, exc)
             with self._lock:
                 if not exc.retriable:
                     self._error = exc
                 return self._membership.on_failure(_monotonic_ms())
-        assignment = frozenset(
-            TopicPartition(a.topic, p) for a in answer.assignment for p in a.partitions
-        )
         with self._lock:
-            events = self._membership.on_answer(
-                HeartbeatAnswer(
-                    answer.member_id,
-                    answer.member_epoch,
-                    answer.heartbeat_interval_ms,
-                    assignment,
-                ),
-                _monotonic_ms(),
-            )
+            events = self._membership.on_answer(answer, _monotonic_ms())
         for event in events:
             log.info(
                 "group %s: %s %s",

@@ -1,7 +1,13 @@
-"""The consumer's data path: the fetch stream, its reader thread, and fetched records.
+"""The consumer's data path: fetch streams, their reader threads, and fetched records.
 
-``FetchSession`` keeps one ``FetchStream`` bidirectional stream with one fetch in flight
-(the broker answers a stream's fetches one after the other, each a long poll). As soon
+``FetchSession`` fetches each partition from its leader: one ``FetchStream`` per broker
+that leads an assigned partition, each with one fetch in flight (the broker answers a
+stream's fetches one after the other, each a long poll). Leaders come from the cluster's
+metadata (``client.routing``); a partition answered ``NOT_LEADER_OR_FOLLOWER`` or
+``LEADER_NOT_AVAILABLE``, or a broken stream, makes the next ``maybe_fetch`` refresh it
+(backing off 100 ms -> 1 s), and the partition is fetched from its new leader. An
+offline partition is simply not fetched until it has a leader again (``poll`` returns
+the other partitions' records). As soon
 as an answer arrives, the reader thread queues the bytes (``CompletedFetch``) and sends
 the next fetch from where they end, so the next answer is on its way while the
 application works on this one; each partition has at most ``_MAX_PREFETCH`` answers
@@ -21,13 +27,17 @@ only touches them under that lock. ``collect`` belongs to the polling thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from client.cluster import ClusterMetadata
 from client.config import ConsumerConfig
+from client.connection import FetchAnswer, FetchCall, FetchResult, FetchStream
 from client.fetcher import (
     CompletedFetch,
     FetchTarget,
@@ -35,15 +45,12 @@ from client.fetcher import (
     SubscriptionState,
     next_fetch_offset,
 )
-from client.transport import BidiStream, Transport
+from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import ConsumerRecord, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
 from storage.columns import ColumnBuilder
 from storage.errors import (
-    KafkaTimeoutError,
     OffsetOutOfRangeError,
     TidelogError,
-    error_for_code,
 )
 
 __all__ = ["FetchSession"]
@@ -58,12 +65,26 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+@dataclass(slots=True)
+class _FetchLink:
+    """The fetch stream to one broker (None while broken: retried at ``retry_at``)."""
+
+    broker_id: int
+    address: str = ""
+    stream: FetchStream | None = None
+    stream_id: int = 0
+    in_flight: dict[TopicPartition, FetchTarget] | None = None
+    sent_ms: int = 0
+    failures: int = 0
+    retry_at: int = 0
+
+
 class FetchSession:
-    """The fetch stream of one consumer and the answers it queued. See the module doc.
+    """The fetch streams of one consumer and the answers they queued. See the module doc.
 
     Args:
         config: the consumer's settings.
-        transport: the consumer's connection.
+        connections: the consumer's connections and cluster metadata.
         subscriptions: the consumer's partition states (guarded by ``lock``).
         lock: the consumer's lock; ``data_ready`` (a condition on it) is notified when
             answers arrive or the stream breaks.
@@ -72,24 +93,22 @@ class FetchSession:
     def __init__(
         self,
         config: ConsumerConfig,
-        transport: Transport,
+        connections: ClusterConnections,
         subscriptions: SubscriptionState,
         lock: threading.Lock,
         data_ready: threading.Condition,
     ) -> None:
         self.config = config
-        self._transport = transport
+        self._connections = connections
         self._subscriptions = subscriptions
         self._lock = lock
         self._data_ready = data_ready
         self._completed: deque[CompletedFetch] = deque()  # arrival order
         self._current: CompletedFetch | None = None  # being handed out by collect
-        self._stream: BidiStream[pb.FetchRequest, pb.FetchResponse] | None = None
-        self._stream_id = 0
-        self._stream_failures = 0
-        self._stream_retry_at = 0
-        self._in_flight: dict[tuple[str, int], FetchTarget] | None = None
-        self._in_flight_sent_ms = 0
+        self._links: dict[int, _FetchLink] = {}  # by broker id
+        self._stream_ids = itertools.count(1)
+        self._metadata: ClusterMetadata | None = None  # leaders, replaced by refreshes
+        self._metadata_wanted = True
         self._correlation_id = 0
         self._closed = False
 
@@ -116,29 +135,36 @@ class FetchSession:
         self.drop_current_of_locked(tps)
         if any(fetch.tp in tps for fetch in self._completed):
             self._completed = deque(f for f in self._completed if f.tp not in tps)
-        if self._in_flight is not None:
-            for tp in tps:
-                self._in_flight.pop((tp.topic, tp.partition), None)
+        for link in self._links.values():
+            if link.in_flight is not None:
+                for tp in tps:
+                    link.in_flight.pop(tp, None)
 
     def wait_hint_ms(self, now: int) -> int:
         """How long a poll may sleep before the stream needs it (the lock is held)."""
         wait = self.config.fetch_max_wait_ms + self.config.request_timeout_ms
-        if self._stream is None:
-            wait = min(wait, max(self._stream_retry_at - now, 1))
-        if self._in_flight is None:
-            retry = self._subscriptions.next_retry_ms()
-            wait = min(wait, max((retry or now + wait) - now, 1))
+        for link in self._links.values():
+            if link.stream is None:
+                wait = min(wait, max(link.retry_at - now, 1))
+        retry = self._subscriptions.next_retry_ms()
+        wait = min(wait, max((retry or now + wait) - now, 1))
+        if self._metadata_wanted:
+            self._connections.mark_stale()
+            wait = min(wait, max(self._connections.refresh_in_ms(), 1))
         return max(wait, 1)
 
     def close(self) -> None:
         """End the stream; answers still on their way are dropped. Idempotent."""
         with self._lock:
             self._closed = True
-            stream, self._stream = self._stream, None
-            self._stream_id += 1
-            self._clear_in_flight_locked()
+            streams = []
+            for link in self._links.values():
+                if link.stream is not None:
+                    streams.append(link.stream)
+                self._clear_in_flight_locked(link)
+            self._links.clear()
             self._data_ready.notify_all()
-        if stream is not None:
+        for stream in streams:
             stream.cancel()
 
     def collect(self, max_records: int) -> list[ConsumerRecord]:
@@ -270,138 +296,183 @@ class FetchSession:
             )
         log.info("%s: offset %d out of range; resetting to %s", fetch.tp, position, strategy)
 
-    # --- the stream -----------------------------------------------------------------------
+    # --- the streams ----------------------------------------------------------------------
 
-    def maybe_fetch(self) -> None:
+    def maybe_fetch(self, lookup_ms: int) -> None:
+        """Send fetches to the leaders with none in flight; refresh leaders if wanted.
+
+        ``lookup_ms``: how long a metadata refresh may take (poll's remaining time).
+        """
+        if self._subscriptions.partitions:
+            # The shared cache answers at once unless it is due; a refresh we asked for
+            # (a moved leader, a broken stream) goes out once its backoff allows.
+            if self._metadata_wanted:
+                self._connections.mark_stale()
+            force = self._metadata_wanted and self._connections.refresh_in_ms() == 0
+            self._refresh_metadata(lookup_ms, force=force)
+        to_cancel: list[FetchStream] = []
         with self._lock:
             now = _monotonic_ms()
-            stream = self._stream
-            if self._in_flight is not None and stream is not None:
-                limit = self.config.fetch_max_wait_ms + self.config.request_timeout_ms
-                if now - self._in_flight_sent_ms > limit:
-                    log.warning("no fetch answer within %d ms: reconnecting", limit)
-                    self._stream_broke_locked(
-                        KafkaTimeoutError("fetch timed out"), now, self._stream_id
+            limit = self.config.fetch_max_wait_ms + self.config.request_timeout_ms
+            for link in list(self._links.values()):
+                stream = link.stream
+                if link.in_flight is not None and stream is not None and now - link.sent_ms > limit:
+                    log.warning(
+                        "no fetch answer from %s within %d ms: reconnecting", link.address, limit
                     )
-                    stream.cancel()
-                return
-            if self._in_flight is not None or self._closed:
-                return
-            self._send_fetch_locked(now, force=True)
+                    self._stream_broke_locked(link, link.stream_id, now)
+                    to_cancel.append(stream)
+            if not self._closed:
+                self._send_fetch_locked(now, force=True)
+        for stream in to_cancel:
+            stream.cancel()
+
+    def _refresh_metadata(self, lookup_ms: int, *, force: bool) -> None:
+        """Take the leaders (outside the lock); on failure keep the old ones and go on."""
+        try:
+            metadata = self._connections.metadata(timeout_ms=lookup_ms, force=force)
+        except TidelogError as exc:
+            log.info("no metadata for fetching yet: %s", exc)
+            return
+        with self._lock:
+            self._metadata = metadata
+            if force:
+                self._metadata_wanted = False
+
+    def _leader_locked(self, tp: TopicPartition) -> int | None:
+        metadata = self._metadata
+        node = None if metadata is None else metadata.leader_for(tp)
+        return None if node is None else node.id
 
     def _send_fetch_locked(self, now: int, *, force: bool) -> None:
-        """Send the next fetch if there is something to fetch (the lock is held)."""
+        """Send a fetch to every leader with something to fetch and nothing in flight."""
         targets, capped = self._subscriptions.fetch_targets(now, _MAX_PREFETCH)
         if not targets or (capped and not force):
             return
-        stream = self._stream
-        if stream is None:
-            if now < self._stream_retry_at:
-                return
-            stream = self._open_stream_locked()
-        self._correlation_id += 1
-        config = self.config
-        request = pb.FetchRequest(
-            correlation_id=self._correlation_id,
-            # With partitions left out for a full buffer, answer at once: a long poll on
-            # the others would hold back the refetch of those for up to max_wait.
-            max_wait_ms=0 if capped else config.fetch_max_wait_ms,
-            min_bytes=config.fetch_min_bytes,
-            max_bytes=config.fetch_max_bytes,
-            partitions=[
-                pb.FetchPartition(
-                    topic=t.tp.topic,
-                    partition=t.tp.partition,
-                    fetch_offset=t.fetch_offset,
-                    partition_max_bytes=config.max_partition_fetch_bytes,
-                )
-                for t in targets
-            ],
-        )
+        by_leader: dict[int, list[FetchTarget]] = {}
         for target in targets:
-            self._subscriptions.partitions[target.tp].in_flight = True
-        self._in_flight = {(t.tp.topic, t.tp.partition): t for t in targets}
-        self._in_flight_sent_ms = now
-        stream.send(request)
+            leader = self._leader_locked(target.tp)
+            if leader is None:
+                self._metadata_wanted = True  # unknown or offline: not fetched meanwhile
+                continue
+            by_leader.setdefault(leader, []).append(target)
+        config = self.config
+        for broker_id, group in by_leader.items():
+            link = self._links.get(broker_id)
+            if link is not None and link.in_flight is not None:
+                continue
+            if link is None or link.stream is None:
+                if link is not None and now < link.retry_at:
+                    continue
+                link = self._open_link_locked(broker_id, link)
+                if link is None or link.stream is None:
+                    continue
+            self._correlation_id += 1
+            call = FetchCall(
+                correlation_id=self._correlation_id,
+                # With partitions left out for a full buffer, answer at once: a long poll
+                # on the others would hold back the refetch of those for up to max_wait.
+                max_wait_ms=0 if capped else config.fetch_max_wait_ms,
+                min_bytes=config.fetch_min_bytes,
+                max_bytes=config.fetch_max_bytes,
+                partitions=[
+                    (t.tp, t.fetch_offset, config.max_partition_fetch_bytes) for t in group
+                ],
+            )
+            for target in group:
+                self._subscriptions.partitions[target.tp].in_flight = True
+            link.in_flight = {t.tp: t for t in group}
+            link.sent_ms = now
+            link.stream.send(call)
 
-    def _open_stream_locked(self) -> BidiStream[pb.FetchRequest, pb.FetchResponse]:
-        stream: BidiStream[pb.FetchRequest, pb.FetchResponse] = self._transport.open_stream(
-            self._transport.stub.FetchStream, "FetchStream"
-        )
-        self._stream = stream
-        self._stream_id += 1
+    def _open_link_locked(self, broker_id: int, link: _FetchLink | None) -> _FetchLink | None:
+        metadata = self._metadata
+        node = None if metadata is None else metadata.brokers.get(broker_id)
+        if node is None:
+            self._metadata_wanted = True
+            return None
+        if link is None:
+            link = _FetchLink(broker_id)
+            self._links[broker_id] = link
+        link.address = self._connections.address_of(node)
+        stream = self._connections.connection_to(link.address).open_fetch_stream()
+        link.stream = stream
+        link.stream_id = next(self._stream_ids)
         threading.Thread(
             target=self._read,
-            args=(stream, self._stream_id),
-            name=f"tidelog-consumer-reader-{self.config.client_id}",
+            args=(link, stream, link.stream_id),
+            name=f"tidelog-consumer-reader-{self.config.client_id}-{broker_id}",
             daemon=True,
         ).start()
-        return stream
+        return link
 
-    def _read(self, stream: BidiStream[pb.FetchRequest, pb.FetchResponse], stream_id: int) -> None:
+    def _read(self, link: _FetchLink, stream: FetchStream, stream_id: int) -> None:
         error: TidelogError | None = None
         try:
-            for response in stream.responses():
-                self._on_response(stream_id, response)
+            for answer in stream.responses():
+                self._on_response(link, stream_id, answer)
         except TidelogError as exc:
             error = exc
         except Exception as exc:
             log.exception("fetch stream reader failed")
             error = TidelogError(repr(exc))
         with self._lock:
-            if stream_id == self._stream_id and self._stream is not None:
+            if stream_id == link.stream_id and link.stream is not None:
                 if not self._closed:
-                    log.info("fetch stream to %s ended: %s", self._transport.address, error)
-                self._stream_broke_locked(error, _monotonic_ms(), stream_id)
+                    log.info("fetch stream to %s ended: %s", link.address, error)
+                self._stream_broke_locked(link, stream_id, _monotonic_ms())
 
-    def _stream_broke_locked(self, error: TidelogError | None, now: int, stream_id: int) -> None:
-        if stream_id != self._stream_id:
+    def _stream_broke_locked(self, link: _FetchLink, stream_id: int, now: int) -> None:
+        if stream_id != link.stream_id:
             return
-        self._stream = None
-        self._stream_id += 1
-        self._clear_in_flight_locked()
-        self._stream_failures += 1
+        link.stream = None
+        link.stream_id = next(self._stream_ids)
+        self._clear_in_flight_locked(link)
+        link.failures += 1
         backoff = min(
-            self.config.retry_backoff_ms * 2 ** min(self._stream_failures - 1, 10),
+            self.config.retry_backoff_ms * 2 ** min(link.failures - 1, 10),
             max(self.config.retry_backoff_ms, _MAX_BACKOFF_MS),
         )
-        self._stream_retry_at = now + backoff
+        link.retry_at = now + backoff
+        # The broker may be gone and its partitions led elsewhere (or offline).
+        self._metadata_wanted = True
+        self._connections.mark_stale()
         self._data_ready.notify_all()
 
-    def _clear_in_flight_locked(self) -> None:
-        if self._in_flight is not None:
-            for target in self._in_flight.values():
+    def _clear_in_flight_locked(self, link: _FetchLink) -> None:
+        if link.in_flight is not None:
+            for target in link.in_flight.values():
                 state = self._subscriptions.partitions.get(target.tp)
                 if state is not None:
                     state.in_flight = False
-        self._in_flight = None
+        link.in_flight = None
 
-    def _on_response(self, stream_id: int, response: pb.FetchResponse) -> None:
-        # Parse outside the lock: reading protobuf bytes and batch headers takes a while.
+    def _on_response(self, link: _FetchLink, stream_id: int, answer: FetchAnswer) -> None:
+        # Parse outside the lock: reading batch headers takes a while.
         results = []
-        for result in response.results:
-            records = result.records  # one copy out of protobuf: keep this object
-            if result.error_code or not records:
-                results.append((result, records, 0, 0))
+        for result in answer.results:
+            records = result.records
+            if result.error is not None or not records:
+                results.append((result, 0, 0))
             else:
                 # The stored bytes carry their own offsets; the fetch offset is applied below.
-                results.append((result, records, *next_fetch_offset(records, 0)))
+                results.append((result, *next_fetch_offset(records, 0)))
         now = _monotonic_ms()
         with self._lock:
-            if stream_id != self._stream_id or self._in_flight is None:
+            if stream_id != link.stream_id or link.in_flight is None:
                 return
-            in_flight = self._in_flight
-            self._clear_in_flight_locked()
-            self._stream_failures = 0
+            in_flight = link.in_flight
+            self._clear_in_flight_locked(link)
+            link.failures = 0
             got_data = False
-            for result, records, next_offset, whole in results:
-                target = in_flight.get((result.topic, result.partition))
+            for result, next_offset, whole in results:
+                target = in_flight.get(result.tp)
                 if target is None:
                     continue
                 state = self._subscriptions.partitions.get(target.tp)
                 if state is None or state.epoch != target.epoch:
                     continue
-                if result.error_code:
+                if result.error is not None:
                     self._on_partition_error(target, state, result, now)
                     got_data = True
                     continue
@@ -415,7 +486,7 @@ class FetchSession:
                         target.tp,
                         target.epoch,
                         target.fetch_offset,
-                        records,
+                        result.records,
                         next_offset=next_offset,
                         whole_bytes=whole,
                         check_crcs=self.config.check_crcs,
@@ -433,10 +504,14 @@ class FetchSession:
         self,
         target: FetchTarget,
         state: PartitionState,
-        result: pb.FetchPartitionResult,
+        result: FetchResult,
         now: int,
     ) -> None:
-        error = error_for_code(result.error_code, f"{target.tp}: {result.error_message}")
+        error = result.error
+        assert error is not None
+        if isinstance(error, ROUTING_ERRORS):
+            # The leader moved or is gone: fetch it from the new one after a refresh.
+            self._metadata_wanted = True
         if result.high_watermark >= 0:
             state.high_watermark = result.high_watermark
         if result.log_start_offset >= 0:

@@ -32,14 +32,19 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from client.transport import Transport
+from client.connection import (
+    Connection,
+    ConnectionFactory,
+    PartitionProduceResult,
+    ProduceCall,
+    grpc_connections,
+)
+from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import Header, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     InvalidRequestError,
     OutOfOrderSequenceError,
     TidelogError,
-    error_for_code,
 )
 from storage.records import BatchBuilder, Compression
 
@@ -126,7 +131,7 @@ class KeyedProducer:
     """Writes records under the stable producer id of ``producer_key``. Not thread-safe.
 
     Args:
-        bootstrap_servers: ``HOST:PORT`` of the broker.
+        bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
         producer_key: the identity; the same key is the same producer id.
         acks: ``"all"`` (fsynced before the answer, the default) or ``1``.
         compression: ``"none"`` or ``"lz4"``.
@@ -149,6 +154,7 @@ class KeyedProducer:
         max_batch_bytes: int = 512 * 1024,
         max_request_bytes: int = 4 * 1024 * 1024,
         client_id: str = "tidelog-keyed-producer",
+        connection_factory: ConnectionFactory | None = None,
     ) -> None:
         if str(acks) not in ("all", "-1", "1"):
             raise ValueError(f"acks must be 'all' or 1 for a keyed producer, got {acks!r}")
@@ -162,11 +168,18 @@ class KeyedProducer:
         self._max_batch_records = max_batch_records
         self._max_batch_bytes = max_batch_bytes
         self._max_request_bytes = max_request_bytes
-        self._transport = Transport(
+        self._request_timeout_ms = request_timeout_ms
+        # Each partition's calls go to its leader (client.routing).
+        self._connections = ClusterConnections(
             bootstrap_servers,
-            client_id=client_id,
+            connection_factory
+            or grpc_connections(
+                client_id=client_id,
+                request_timeout_ms=request_timeout_ms,
+                reconnect_backoff_max_ms=1_000,
+                max_send_bytes=max(max_request_bytes, max_batch_bytes) + 1024 * 1024,
+            ),
             request_timeout_ms=request_timeout_ms,
-            max_send_bytes=max(max_request_bytes, max_batch_bytes) + 1024 * 1024,
         )
         self._producer_id = -1
 
@@ -174,12 +187,11 @@ class KeyedProducer:
     def producer_id(self) -> int:
         """The key's producer id (asks the broker on first use)."""
         if self._producer_id < 0:
-            answer = self._transport.call(
-                self._transport.stub.InitProducerId,
-                pb.InitProducerIdRequest(producer_key=self._key),
+            self._producer_id, _ = self._connections.run(
+                self._connections.route_any(),
+                lambda c, t: c.init_producer_id(producer_key=self._key, timeout_ms=t),
                 what="InitProducerId",
             )
-            self._producer_id = answer.producer_id
             log.debug("producer key %s is producer id %d", self._key, self._producer_id)
         return self._producer_id
 
@@ -196,25 +208,17 @@ class KeyedProducer:
         tps = sorted(set(partitions))
         if not tps:
             return {}
-        by_topic: dict[str, list[int]] = {}
-        for tp in tps:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
-        answer = self._transport.call(
-            self._transport.stub.DescribeProducers,
-            pb.DescribeProducersRequest(
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
-                producer_id=self.producer_id,
-            ),
+        producer_id = self.producer_id
+        answers = self._connections.run_per_leader(
+            dict.fromkeys(tps, None),
+            lambda c, batch, t: c.describe_producers(batch, producer_id, timeout_ms=t),
             what="DescribeProducers",
         )
         out: dict[TopicPartition, int] = {}
-        for part in answer.partitions:
-            tp = TopicPartition(part.topic, part.partition)
-            if part.error_code:
-                raise error_for_code(part.error_code, f"{tp}: {part.error_message}")
+        for tp, states in answers.items():
             next_sequence = 0
-            for state in part.producers:
-                if state.producer_id != self._producer_id:
+            for state in states:
+                if state.producer_id != producer_id:
                     continue
                 if state.producer_epoch > epoch:
                     raise OutOfOrderSequenceError(
@@ -315,36 +319,37 @@ class KeyedProducer:
                     cursor[tp] += 1
             if not request:
                 return stored, bool(raced)
-            by_topic: dict[str, list[pb.ProducePartitionData]] = {}
-            for tp, batches in request.items():
-                by_topic.setdefault(tp.topic, []).append(
-                    pb.ProducePartitionData(partition=tp.partition, records=b"".join(batches))
-                )
-            answer = self._transport.call(
-                self._transport.stub.Produce,
-                pb.ProduceRequest(
-                    acks=self._acks,
-                    timeout_ms=self._transport.request_timeout_ms,
-                    topics=[
-                        pb.ProduceTopicData(topic=t, partitions=p) for t, p in by_topic.items()
-                    ],
-                ),
+            answers = self._connections.run_per_leader(
+                {tp: b"".join(batches) for tp, batches in request.items()},
+                self._produce_to,
                 what="Produce",
             )
-            for result in answer.results:
-                tp = TopicPartition(result.topic, result.partition)
-                if not result.error_code:
+            for tp, result in answers.items():
+                if result.error is None:
                     if not result.duplicate:
                         stored += counts.get(tp, 0)
                     continue
-                error: TidelogError = error_for_code(
-                    result.error_code, f"{tp}: {result.error_message}"
-                )
-                if isinstance(error, OutOfOrderSequenceError):
-                    log.info("%s: producer %s raced another attempt: %s", tp, self._key, error)
+                if isinstance(result.error, OutOfOrderSequenceError):
+                    log.info(
+                        "%s: producer %s raced another attempt: %s", tp, self._key, result.error
+                    )
                     raced.add(tp)
                     continue
-                raise error
+                raise result.error
+
+    def _produce_to(
+        self, connection: Connection, batches: dict[TopicPartition, bytes], timeout_ms: int
+    ) -> dict[TopicPartition, PartitionProduceResult | TidelogError]:
+        """One unary produce to a leader. Errors that mean "ask the new leader" come back
+        as errors (``run_per_leader`` resends those partitions, with the same sequences:
+        the partition stores a batch once); the others stay in the result, for the caller."""
+        call = ProduceCall(0, self._acks, self._request_timeout_ms, list(batches.items()))
+        answer = connection.produce(call, timeout_ms=timeout_ms)
+        out: dict[TopicPartition, PartitionProduceResult | TidelogError] = {}
+        for tp, result in answer.results.items():
+            routing = isinstance(result.error, ROUTING_ERRORS)
+            out[tp] = result.error if routing and result.error is not None else result
+        return out
 
     def _encode(
         self,
@@ -366,8 +371,8 @@ class KeyedProducer:
         return builder.build()
 
     def close(self) -> None:
-        """Close the channel. Idempotent."""
-        self._transport.close()
+        """Close the connections. Idempotent."""
+        self._connections.close()
 
     def __enter__(self) -> KeyedProducer:
         return self

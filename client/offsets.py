@@ -1,12 +1,14 @@
 """The consumer's unary lookups and commits: offsets, partitions, committed offsets.
 
-Thin functions over ``Transport.call`` (each one RPC with a deadline) that turn answers
-into plain values and per-partition error codes into the exact ``TidelogError``:
+Thin functions over ``client.routing.ClusterConnections`` that send each call where it
+belongs and follow it when it moves:
 
-- ``list_offsets``: ``ListOffsets`` (-2 earliest, -1 latest, else a timestamp in ms);
-- ``partitions_of``: the partition numbers of a topic (``DescribeTopic``);
-- ``commit_offsets``/``fetch_committed``: ``OffsetCommit``/``OffsetFetch``, shared by
-  group members (member id and epoch) and consumers without membership (member id "").
+- ``list_offsets``: ``ListOffsets`` to each partition's leader (-2 earliest, -1 latest,
+  else a timestamp in ms); partitions whose leader moved are asked again of the new one;
+- ``partitions_of``: the partition numbers of a topic (``DescribeTopic``, any broker);
+- ``commit_offsets``/``fetch_committed``: ``OffsetCommit``/``OffsetFetch`` to the group's
+  coordinator (found with ``FindCoordinator``, found again on ``NOT_COORDINATOR``), shared
+  by group members (member id and epoch) and consumers without membership (member id "").
 
 Stateless and thread-safe.
 """
@@ -15,46 +17,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from client.transport import Transport
+from client.connection import Connection
+from client.routing import ClusterConnections
 from client.types import TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import TidelogError, error_for_code
+from storage.errors import TidelogError
 
 __all__ = ["commit_offsets", "fetch_committed", "list_offsets", "partitions_of"]
 
 
 def list_offsets(
-    transport: Transport, queries: Mapping[TopicPartition, int], timeout_ms: int | None
+    connections: ClusterConnections,
+    queries: Mapping[TopicPartition, int],
+    timeout_ms: int | None,
 ) -> dict[TopicPartition, tuple[int, int]]:
     """``(offset, timestamp_ms)`` per partition; offset -1 where no record is that recent.
 
-    Raises a partition's error (``UnknownTopicOrPartitionError``...) or the call's.
+    Raises a partition's error (``UnknownTopicOrPartitionError``...; an offline
+    partition's ``LeaderNotAvailableError`` once ``timeout_ms`` passed) or the call's.
     """
-    response = transport.call(
-        transport.stub.ListOffsets,
-        pb.ListOffsetsRequest(
-            partitions=[
-                pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp_ms=ts)
-                for tp, ts in queries.items()
-            ]
-        ),
-        what="ListOffsets",
-        timeout_ms=timeout_ms,
-    )
-    out: dict[TopicPartition, tuple[int, int]] = {}
-    for result in response.results:
-        tp = TopicPartition(result.topic, result.partition)
-        if result.error_code:
-            raise error_for_code(result.error_code, f"{tp}: {result.error_message}")
-        out[tp] = (result.offset, result.timestamp_ms)
-    return out
+
+    def ask(
+        connection: Connection, batch: dict[TopicPartition, int], timeout: int
+    ) -> dict[TopicPartition, tuple[int, int] | TidelogError]:
+        answers = connection.list_offsets(batch, timeout_ms=timeout)
+        return {
+            tp: (r.offset, r.timestamp_ms) if r.error is None else r.error
+            for tp, r in answers.items()
+        }
+
+    return connections.run_per_leader(queries, ask, what="ListOffsets", timeout_ms=timeout_ms)
 
 
-def partitions_of(transport: Transport, topic: str, timeout_ms: int | None) -> list[int]:
+def partitions_of(connections: ClusterConnections, topic: str, timeout_ms: int | None) -> list[int]:
     """The partition numbers of ``topic``; ``UnknownTopicOrPartitionError`` if none."""
-    description = transport.call(
-        transport.stub.DescribeTopic,
-        pb.DescribeTopicRequest(name=topic),
+    description = connections.run(
+        connections.route_any(),
+        lambda connection, timeout: connection.describe_topic(topic, timeout_ms=timeout),
         what=f"DescribeTopic {topic}",
         timeout_ms=timeout_ms,
     )
@@ -62,7 +60,7 @@ def partitions_of(transport: Transport, topic: str, timeout_ms: int | None) -> l
 
 
 def commit_offsets(
-    transport: Transport,
+    connections: ClusterConnections,
     group_id: str,
     offsets: Mapping[TopicPartition, int],
     *,
@@ -70,57 +68,37 @@ def commit_offsets(
     member_epoch: int,
     timeout_ms: int,
 ) -> dict[TopicPartition, TidelogError]:
-    """One ``OffsetCommit``; returns the partitions that failed, with their errors.
+    """One ``OffsetCommit`` to the coordinator; returns the partitions that failed.
 
     Raises the call's error (``StaleMemberEpochError``, ``UnknownMemberIdError``,
     ``GroupNotEmptyError`` for a commit without membership while the group has members,
     ``BrokerUnavailableError``...).
     """
-    response = transport.call(
-        transport.stub.OffsetCommit,
-        pb.OffsetCommitRequest(
-            group_id=group_id,
-            member_id=member_id,
-            member_epoch=member_epoch,
-            offsets=[
-                pb.CommittedOffset(topic=tp.topic, partition=tp.partition, offset=offset)
-                for tp, offset in offsets.items()
-            ],
+    return connections.run(
+        connections.route_coordinator(group_id),
+        lambda connection, timeout: connection.commit_offsets(
+            group_id, offsets, member_id=member_id, member_epoch=member_epoch, timeout_ms=timeout
         ),
-        what="OffsetCommit",
+        what=f"OffsetCommit {group_id}",
         timeout_ms=timeout_ms,
+        group_id=group_id,
     )
-    return {
-        TopicPartition(r.topic, r.partition): error_for_code(
-            r.error_code, f"{r.topic}-{r.partition}: {r.error_message}"
-        )
-        for r in response.results
-        if r.error_code
-    }
 
 
 def fetch_committed(
-    transport: Transport, group_id: str, partitions: Iterable[TopicPartition], timeout_ms: int
+    connections: ClusterConnections,
+    group_id: str,
+    partitions: Iterable[TopicPartition],
+    timeout_ms: int,
 ) -> dict[TopicPartition, int]:
     """The group's committed offsets of ``partitions`` (those without one are left out)."""
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    response = transport.call(
-        transport.stub.OffsetFetch,
-        pb.OffsetFetchRequest(
-            group_id=group_id,
-            partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
+    wanted = list(partitions)
+    return connections.run(
+        connections.route_coordinator(group_id),
+        lambda connection, timeout: connection.fetch_committed(
+            group_id, wanted, timeout_ms=timeout
         ),
-        what="OffsetFetch",
+        what=f"OffsetFetch {group_id}",
         timeout_ms=timeout_ms,
+        group_id=group_id,
     )
-    out: dict[TopicPartition, int] = {}
-    for entry in response.offsets:
-        if entry.error_code:
-            raise error_for_code(
-                entry.error_code, f"{entry.topic}-{entry.partition}: {entry.error_message}"
-            )
-        if entry.offset >= 0:
-            out[TopicPartition(entry.topic, entry.partition)] = entry.offset
-    return out

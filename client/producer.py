@@ -36,13 +36,14 @@ from typing import Any, Protocol
 
 from client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
 from client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
+from client.connection import ConnectionFactory, grpc_connections
 from client.futures import RecordFuture
 from client.idempotence import SequenceTable
+from client.offsets import partitions_of
 from client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur2
+from client.routing import ClusterConnections
 from client.sender import ParkedRecord, Sender, now_ms
-from client.transport import Transport
 from client.types import Header, RecordMetadata, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     BufferExhaustedError,
     ClosedError,
@@ -67,11 +68,13 @@ class DeliveryCallback(Protocol):
 
 
 class Producer:
-    """Sends records to one broker. Thread-safe; use as a context manager or ``close``.
+    """Sends records to each partition's leader. Thread-safe; use as a context manager or ``close``.
 
     Args:
-        bootstrap_servers: ``HOST:PORT`` of the broker.
+        bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
         config: a whole ``ProducerConfig`` instead of keyword settings.
+        connection_factory: how to reach a broker (default gRPC); tests pass
+            ``client.testing.InMemoryCluster.connect``.
         **settings: ``ProducerConfig`` fields (``acks``, ``linger_ms``, ``batch_size``,
             ``compression``, ...), or their Kafka dotted names.
 
@@ -84,16 +87,23 @@ class Producer:
         bootstrap_servers: str = DEFAULT_BOOTSTRAP,
         *,
         config: ProducerConfig | None = None,
+        connection_factory: ConnectionFactory | None = None,
         **settings: object,
     ) -> None:
         config = resolve_config(ProducerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
-        self._transport = Transport(
+        # Each partition's batches go to its leader, one produce stream per broker.
+        self._connections = ClusterConnections(
             config.bootstrap_servers,
-            client_id=config.client_id,
+            connection_factory
+            or grpc_connections(
+                client_id=config.client_id,
+                request_timeout_ms=config.request_timeout_ms,
+                reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+                max_send_bytes=config.max_request_size,
+            ),
             request_timeout_ms=config.request_timeout_ms,
-            reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
-            max_send_bytes=config.max_request_size,
+            metadata_max_age_ms=config.metadata_max_age_ms,
         )
         self._lock = threading.Lock()
         self._futures_condition = threading.Condition()  # an RLock: futures.wait needs one
@@ -111,7 +121,7 @@ class Producer:
         self._partitioner = StickyPartitioner(batch_size)
         self._sender = Sender(
             config,
-            self._transport,
+            self._connections,
             self._accumulator,
             SequenceTable() if config.enable_idempotence else None,
             self._partitioner,
@@ -339,13 +349,7 @@ class Producer:
         count = None if known is None else len(known)
         if count is None:
             wait_ms = self.config.max_block_ms if timeout_ms is None else timeout_ms
-            description = self._transport.call(
-                self._transport.stub.DescribeTopic,
-                pb.DescribeTopicRequest(name=topic),
-                what=f"DescribeTopic {topic}",
-                timeout_ms=wait_ms,
-            )
-            count = len(description.partitions)
+            return set(partitions_of(self._connections, topic, wait_ms))
         return set(range(count))
 
     # --- flush and close --------------------------------------------------------------------
@@ -397,7 +401,7 @@ class Producer:
                 log.warning("producer closed with records undelivered after %s ms", timeout_ms)
                 sender.force_close()
                 sender.join(5.0)
-            self._transport.close()
+            self._connections.close()
 
     def __enter__(self) -> Producer:
         return self

@@ -39,24 +39,26 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from client.accumulator import NO_ROOM, ProducerBatch, RecordAccumulator
+from client.cluster import ClusterMetadata
 from client.config import ProducerConfig
+from client.connection import ProduceAnswer, ProduceCall, ProduceStream
 from client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
 from client.idempotence import Decision, ResetMode, SequenceTable
 from client.partitioner import StickyPartitioner, partition_for_key
-from client.transport import BidiStream, Transport
+from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import Header, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     BrokerUnavailableError,
     ClosedError,
     InternalError,
     KafkaTimeoutError,
+    LeaderNotAvailableError,
     TidelogError,
     UnknownTopicOrPartitionError,
-    error_for_code,
 )
 from storage.records import NO_SEQUENCE
 
@@ -99,6 +101,17 @@ class _Request:
 
 
 @dataclass(slots=True)
+class _Link:
+    """The produce stream to one broker and its requests in flight (oldest first)."""
+
+    broker_id: int
+    address: str
+    stream: ProduceStream
+    stream_id: int
+    requests: dict[int, _Request] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class _Settlements:
     """Futures to settle once the lock is released."""
 
@@ -123,7 +136,7 @@ class Sender:
     def __init__(
         self,
         config: ProducerConfig,
-        transport: Transport,
+        connections: ClusterConnections,
         accumulator: RecordAccumulator[RecordFuture],
         sequences: SequenceTable | None,
         partitioner: StickyPartitioner,
@@ -131,7 +144,7 @@ class Sender:
         futures_condition: threading.Condition,
     ) -> None:
         self._config = config
-        self._transport = transport
+        self._connections = connections
         self._accumulator = accumulator
         self._sequences = sequences
         self._partitioner = partitioner
@@ -150,9 +163,13 @@ class Sender:
         self._next_metadata_refresh_ms = 2**62  # no topic known yet
         self._metadata_errors: dict[str, TidelogError] = {}
         self._parked: dict[str, list[ParkedRecord]] = {}
-        self._stream: BidiStream[pb.ProduceRequest, pb.ProduceResponse] | None = None
-        self._stream_id = 0
-        self._requests: dict[int, _Request] = {}
+        # One produce stream per broker that leads a partition we send to.
+        self._links: dict[int, _Link] = {}
+        self._stream_ids = itertools.count(1)
+        # The routing snapshot (leaders), replaced by each metadata refresh.
+        self._metadata: ClusterMetadata | None = None
+        # A partition waits for a leader, or one moved: refresh (read without the lock).
+        self._metadata_wanted = False
         self._correlation_ids = itertools.count(1)  # next() is atomic under the GIL
         self._reset_errors: dict[TopicPartition, TidelogError] = {}
         self._closing = False
@@ -211,11 +228,15 @@ class Sender:
                     self._accumulator.release(record.size_bytes)
                     settlements.fail([record.future], error)
             self._parked.clear()
-            stream = self._detach_locked(error, settlements)
+            streams = [
+                self._detach_locked(broker_id, error, settlements)
+                for broker_id in list(self._links)
+            ]
             self.wakeup.notify()
             self.memory.notify_all()
-        if stream is not None:
-            stream.cancel()
+        for stream in streams:
+            if stream is not None:
+                stream.cancel()
         self._settle(settlements)
 
     def join(self, timeout_s: float | None) -> bool:
@@ -237,17 +258,17 @@ class Sender:
                 batches, done = self._collect()
                 if done:
                     break
-                if batches:
-                    self._send(batches)
+                for broker_id, broker_batches in batches:
+                    self._send(broker_id, broker_batches)
         except BaseException as exc:  # the thread must not die silently
             log.exception("producer sender thread failed")
             self._fatal = exc
             self.force_close()
         finally:
             with self._lock:
-                stream, self._stream = self._stream, None
-            if stream is not None:
-                stream.close()
+                links, self._links = list(self._links.values()), {}
+            for link in links:
+                link.stream.close()
 
     def _lookups_due(self) -> bool:
         """Whether there may be a producer id or partition counts to fetch.
@@ -260,12 +281,17 @@ class Sender:
         sequences = self._sequences
         return (
             bool(self._parked)
+            or self._metadata_wanted
             or (sequences is not None and sequences.needs_producer_id)
             or now_ms() >= self._next_metadata_refresh_ms
         )
 
     def _idle_locked(self) -> bool:
-        return not self._requests and not self._parked and not self._accumulator.has_incomplete()
+        return (
+            not any(link.requests for link in self._links.values())
+            and not self._parked
+            and not self._accumulator.has_incomplete()
+        )
 
     def _fetch_what_is_missing(self) -> None:
         """Producer id and partition counts: blocking calls, outside the lock."""
@@ -290,58 +316,83 @@ class Sender:
                 for topic, fetched in self._metadata_ms.items()
                 if now - fetched >= max_age and topic not in topics
             ]
+            wanted = self._metadata_wanted or self._metadata is None
         if need_id:
             assert sequences is not None
             self._init_producer_id(sequences)
-        for topic in topics:
-            self._refresh_topic(topic)
+        if topics or wanted:
+            self._refresh_metadata(topics)
 
     def _init_producer_id(self, sequences: SequenceTable) -> None:
         try:
-            answer = self._transport.call(
-                self._transport.stub.InitProducerId,
-                pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1),
-                what="InitProducerId",
+            connection = self._connections.bootstrap_or_any()
+            producer_id, epoch = connection.init_producer_id(
+                timeout_ms=self._config.request_timeout_ms
             )
         except TidelogError as exc:
-            log.warning("no producer id from %s yet: %s", self._transport.address, exc)
+            log.warning("no producer id yet: %s", exc)
+            if isinstance(exc, ROUTING_ERRORS):
+                self._connections.mark_stale()
             with self._lock:
                 self._producer_id_backoff_until = now_ms() + self._config.retry_backoff_ms
             return
         with self._lock:
-            sequences.set_producer_id(answer.producer_id, answer.producer_epoch)
-        log.debug("producer id %d epoch %d", answer.producer_id, answer.producer_epoch)
+            sequences.set_producer_id(producer_id, epoch)
+        log.debug("producer id %d epoch %d", producer_id, epoch)
 
-    def _refresh_topic(self, topic: str) -> None:
+    def _refresh_metadata(self, topics: list[str]) -> None:
+        """Fetch the cluster's metadata (leaders, partition counts), outside the lock.
+
+        ``topics``: those whose partition count is wanted (parked records, max age).
+        The metadata backs off by itself (``ClusterConnections``): asked again and again
+        for a partition without a leader, it answers from its cache in between.
+        """
+        self._metadata_wanted = False
         try:
-            description = self._transport.call(
-                self._transport.stub.DescribeTopic,
-                pb.DescribeTopicRequest(name=topic),
-                what=f"DescribeTopic {topic}",
+            metadata: ClusterMetadata | None = self._connections.metadata(
                 timeout_ms=min(self._config.request_timeout_ms, self._config.max_block_ms or 1),
+                force=True,
             )
             error: TidelogError | None = None
         except TidelogError as exc:
-            error = exc
+            metadata, error = None, exc
         settlements = _Settlements()
         now = now_ms()
         with self._lock:
-            self._metadata_ms[topic] = now
-            self._next_metadata_refresh_ms = (
-                min(self._metadata_ms.values()) + self._config.metadata_max_age_ms
-            )
-            if error is None:
-                count = len(description.partitions)
-                self._metadata_errors.pop(topic, None)
-                known = self.topic_partitions.get(topic)
-                if known is None or len(known) != count:
-                    self.topic_partitions[topic] = [TopicPartition(topic, p) for p in range(count)]
-                self._place_parked_locked(topic, count, settlements)
-            else:
-                self._metadata_errors[topic] = error
-                self._metadata_backoff_until = now + self._config.retry_backoff_ms
-                self._expire_parked_locked(topic, now, error, settlements)
+            if metadata is not None:
+                self._metadata = metadata
+            for topic in topics:
+                self._metadata_ms[topic] = now
+                count = None if metadata is None else metadata.partition_count(topic)
+                if count is not None:
+                    self._metadata_errors.pop(topic, None)
+                    known = self.topic_partitions.get(topic)
+                    if known is None or len(known) != count:
+                        self.topic_partitions[topic] = [
+                            TopicPartition(topic, p) for p in range(count)
+                        ]
+                    self._place_parked_locked(topic, count, settlements)
+                else:
+                    topic_error = error or UnknownTopicOrPartitionError(
+                        f"topic {topic!r} does not exist"
+                    )
+                    self._metadata_errors[topic] = topic_error
+                    self._metadata_backoff_until = now + self._config.retry_backoff_ms
+                    self._expire_parked_locked(topic, now, topic_error, settlements)
+            if self._metadata_ms:
+                self._next_metadata_refresh_ms = (
+                    min(self._metadata_ms.values()) + self._config.metadata_max_age_ms
+                )
+            self.wakeup.notify()
         self._settle(settlements)
+
+    def _leader_locked(self, tp: TopicPartition) -> int | None:
+        """The id of ``tp``'s leader as last seen; None while unknown or offline."""
+        metadata = self._metadata
+        if metadata is None:
+            return None
+        node = metadata.leader_for(tp)
+        return None if node is None else node.id
 
     def _place_parked_locked(self, topic: str, count: int, settlements: _Settlements) -> None:
         records = self._parked.pop(topic, [])
@@ -398,14 +449,17 @@ class Sender:
             del self._parked[topic]
         self.memory.notify_all()
 
-    def _collect(self) -> tuple[list[ProducerBatch[RecordFuture]], bool]:
-        """Under the lock: time out what must, then drain one request's batches.
+    def _collect(
+        self,
+    ) -> tuple[list[tuple[int, list[ProducerBatch[RecordFuture]]]], bool]:
+        """Under the lock: time out what must, then drain one request's batches per leader.
 
-        Returns the batches and whether the thread is done. With nothing to do it waits
-        (in the same critical section) until ``send``, an answer or a timer wakes it.
+        Returns the batches grouped by the broker leading their partitions, and whether
+        the thread is done. With nothing to do it waits (in the same critical section)
+        until ``send``, an answer or a timer wakes it.
         """
         settlements = _Settlements()
-        stream_to_cancel = None
+        streams_to_cancel: list[ProduceStream] = []
         with self._lock:
             if self._forced or (self._closing and self._idle_locked()):
                 return [], True
@@ -418,28 +472,43 @@ class Sender:
             if sequences is not None:
                 self._finish_resets_locked(sequences, settlements)
             wait_ms: int | None = None
-            if self._requests:
-                oldest = next(iter(self._requests.values()))
+            for link in list(self._links.values()):
+                if not link.requests:
+                    continue
+                oldest = next(iter(link.requests.values()))
                 deadline = oldest.sent_ms + config.request_timeout_ms
                 if now >= deadline:
                     error = KafkaTimeoutError(
-                        f"no produce answer from {self._transport.address} within "
+                        f"no produce answer from {link.address} within "
                         f"{config.request_timeout_ms} ms"
                     )
-                    stream_to_cancel = self._detach_locked(error, settlements)
+                    stream = self._detach_locked(link.broker_id, error, settlements)
+                    if stream is not None:
+                        streams_to_cancel.append(stream)
                 else:
-                    wait_ms = deadline - now
-            batches: list[ProducerBatch[RecordFuture]] = []
+                    wait_ms = _min(wait_ms, deadline - now)
+            grouped: dict[int, list[ProducerBatch[RecordFuture]]] = {}
             if now < self._throttled_until:
                 wait_ms = _min(wait_ms, self._throttled_until - now)
-            elif len(self._requests) < config.max_in_flight_requests_per_connection:
-                can_send = None if sequences is None else sequences.can_send
-                check = accumulator.ready(now, can_send)
+            else:
+                leaderless: list[TopicPartition] = []
+                check = accumulator.ready(now, self._can_send_check(leaderless))
                 if check.partitions:
                     assign = None if sequences is None else sequences.assign
-                    batches = accumulator.drain(check.partitions, config.max_request_size, assign)
+                    for batch in accumulator.drain(
+                        check.partitions, config.max_request_size, assign
+                    ):
+                        leader = self._leader_locked(batch.tp)
+                        assert leader is not None  # can_send checked it
+                        grouped.setdefault(leader, []).append(batch)
                 if check.next_check_ms is not None:
                     wait_ms = _min(wait_ms, check.next_check_ms - now)
+                if leaderless:
+                    # Wait for a leader: ask for metadata when its backoff allows.
+                    self._metadata_wanted = True
+            if self._metadata_wanted:
+                self._connections.mark_stale()
+                wait_ms = _min(wait_ms, max(self._connections.refresh_in_ms(), 1))
             expiry = accumulator.next_expiry_ms(config.delivery_timeout_ms)
             if expiry is not None:
                 wait_ms = _min(wait_ms, expiry - now)
@@ -452,22 +521,48 @@ class Sender:
                 wait_ms = _min(wait_ms, max(self._metadata_backoff_until - now, 1))
             if settlements:
                 self.memory.notify_all()
-            elif not batches and stream_to_cancel is None:
+            elif not grouped and not streams_to_cancel:
                 if wait_ms is None or wait_ms > 0:
                     self.wakeup.wait(None if wait_ms is None else wait_ms / 1000)
                 return [], False
         self._yield_gil_if_wanted()
-        if stream_to_cancel is not None:
-            stream_to_cancel.cancel()
+        for stream in streams_to_cancel:
+            stream.cancel()
         self._settle(settlements)
-        return batches, False
+        return list(grouped.items()), False
+
+    def _can_send_check(
+        self, leaderless: list[TopicPartition]
+    ) -> Callable[[TopicPartition, int], bool]:
+        """``ready``'s filter: idempotence allows it, the partition has a leader, and the
+        leader's stream has room (``max_in_flight_requests_per_connection``). Partitions
+        without a known leader are added to ``leaderless`` (the lock is held)."""
+        sequences = self._sequences
+        sequence_check = None if sequences is None else sequences.can_send
+        links = self._links
+        limit = self._config.max_in_flight_requests_per_connection
+
+        def can_send(tp: TopicPartition, flying: int) -> bool:
+            if sequence_check is not None and not sequence_check(tp, flying):
+                return False
+            leader = self._leader_locked(tp)
+            if leader is None:
+                leaderless.append(tp)
+                return False
+            link = links.get(leader)
+            return link is None or len(link.requests) < limit
+
+        return can_send
 
     def _expire_locked(
         self, batch: ProducerBatch[RecordFuture], now: int, settlements: _Settlements
     ) -> None:
         tp = batch.tp
+        offline = ""
+        if self._metadata is not None and self._leader_locked(tp) is None:
+            offline = f"partition {tp} is offline (no leader); "
         error = KafkaTimeoutError(
-            f"{batch.record_count} record(s) for {tp} expired: "
+            f"{batch.record_count} record(s) for {tp} expired: {offline}"
             f"{now - batch.created_ms} ms since the batch was created "
             f"(delivery_timeout_ms={self._config.delivery_timeout_ms})"
         )
@@ -501,106 +596,110 @@ class Sender:
             log.warning("%s starts over with a new producer id (%s)", tp, mode)
             sequences.finish_reset(tp)
 
-    def _send(self, batches: list[ProducerBatch[RecordFuture]]) -> None:
-        """Encode and build the request outside the lock, then write it to the stream."""
+    def _send(self, broker_id: int, batches: list[ProducerBatch[RecordFuture]]) -> None:
+        """Encode outside the lock, then write one request to ``broker_id``'s stream."""
         accumulator = self._accumulator
-        topics: dict[str, list[pb.ProducePartitionData]] = {}
-        for batch in batches:
-            data = accumulator.encode(batch)
-            topics.setdefault(batch.tp.topic, []).append(
-                pb.ProducePartitionData(partition=batch.tp.partition, records=data)
-            )
+        encoded = [(batch.tp, accumulator.encode(batch)) for batch in batches]
         correlation_id = next(self._correlation_ids)
-        # Building the message copies the record bytes: not under the lock.
-        request = pb.ProduceRequest(
-            correlation_id=correlation_id,
-            acks=self._config.acks_value,
-            timeout_ms=self._config.request_timeout_ms,
-            topics=[
-                pb.ProduceTopicData(topic=topic, partitions=parts)
-                for topic, parts in topics.items()
-            ],
+        call = ProduceCall(
+            correlation_id, self._config.acks_value, self._config.request_timeout_ms, encoded
         )
         settlements = _Settlements()
+        stream: ProduceStream | None = None
         with self._lock:
-            stream = self._stream
-            if stream is None and not self._forced:
-                stream = self._open_stream_locked()
-            if stream is None:
-                error = ClosedError("the producer was closed before the record was delivered")
+            link = self._links.get(broker_id)
+            if link is None and not self._forced:
+                link = self._open_link_locked(broker_id)
+            if link is None:
+                now = now_ms()
+                error: TidelogError = (
+                    ClosedError("the producer was closed before the record was delivered")
+                    if self._forced
+                    else LeaderNotAvailableError(f"broker {broker_id} is not in the metadata")
+                )
                 for batch in batches:
-                    self._decide_locked(batch, error, now_ms(), settlements)
+                    self._decide_locked(batch, error, now, settlements)
             else:
-                self._requests[correlation_id] = _Request(correlation_id, batches, now_ms())
-                stream.send(request)
+                # Registered before it is sent, so its answer always finds it.
+                link.requests[correlation_id] = _Request(correlation_id, batches, now_ms())
+                stream = link.stream
+        if stream is not None:
+            # Building the message copies the record bytes: not under the lock. Only this
+            # thread sends, so requests still go out in the order they were registered.
+            stream.send(call)
         self._yield_gil_if_wanted()
         self._settle(settlements)
 
-    def _open_stream_locked(self) -> BidiStream[pb.ProduceRequest, pb.ProduceResponse]:
-        stream: BidiStream[pb.ProduceRequest, pb.ProduceResponse] = self._transport.open_stream(
-            self._transport.stub.ProduceStream, "ProduceStream"
-        )
-        self._stream_id += 1
-        self._stream = stream
+    def _open_link_locked(self, broker_id: int) -> _Link | None:
+        metadata = self._metadata
+        node = None if metadata is None else metadata.brokers.get(broker_id)
+        if node is None:
+            self._metadata_wanted = True
+            return None
+        address = self._connections.address_of(node)
+        stream = self._connections.connection_to(address).open_produce_stream()
+        link = _Link(broker_id, address, stream, next(self._stream_ids))
+        self._links[broker_id] = link
         reader = threading.Thread(
             target=self._read,
-            args=(stream, self._stream_id),
-            name=f"tidelog-producer-reader-{self._config.client_id}",
+            args=(link,),
+            name=f"tidelog-producer-reader-{self._config.client_id}-{broker_id}",
             daemon=True,
         )
         reader.start()
-        return stream
+        return link
 
     # --- the reader thread of one stream ------------------------------------------------
 
-    def _read(
-        self, stream: BidiStream[pb.ProduceRequest, pb.ProduceResponse], stream_id: int
-    ) -> None:
+    def _read(self, link: _Link) -> None:
         error: TidelogError | None = None
         try:
-            for response in stream.responses():
-                self._on_response(stream_id, response)
+            for answer in link.stream.responses():
+                self._on_response(link, answer)
         except TidelogError as exc:
             error = exc
         except Exception as exc:
             log.exception("produce stream reader failed")
             error = InternalError(f"produce stream reader failed: {exc!r}")
         if error is None:
-            error = BrokerUnavailableError(
-                f"the broker at {self._transport.address} ended the produce stream"
-            )
+            error = BrokerUnavailableError(f"the broker at {link.address} ended the produce stream")
         settlements = _Settlements()
         with self._lock:
-            if stream_id != self._stream_id or self._stream is None:
+            if self._links.get(link.broker_id) is not link:
                 return  # already detached (timeout or close): nothing of ours is left
-            if self._requests:
-                log.info("produce stream to %s broke: %s", self._transport.address, error)
-            self._detach_locked(error, settlements)
+            if link.requests:
+                log.info("produce stream to %s broke: %s", link.address, error)
+            self._detach_locked(link.broker_id, error, settlements)
+            # The broker may be gone and its partitions led elsewhere (or offline).
+            self._metadata_wanted = True
+        self._connections.mark_stale()
         self._settle(settlements)
 
-    def _on_response(self, stream_id: int, response: pb.ProduceResponse) -> None:
+    def _on_response(self, link: _Link, answer: ProduceAnswer) -> None:
         settlements = _Settlements()
-        results = {(r.topic, r.partition): r for r in response.results}
+        results = answer.results
         now = now_ms()
         with self._lock:
-            if stream_id != self._stream_id:
+            if self._links.get(link.broker_id) is not link:
                 return
-            request = self._requests.pop(response.correlation_id, None)
+            request = link.requests.pop(answer.correlation_id, None)
             if request is None:
-                log.warning("produce answer for unknown request %d", response.correlation_id)
+                log.warning("produce answer for unknown request %d", answer.correlation_id)
                 return
-            if response.throttle_time_ms > 0:
+            if answer.throttle_time_ms > 0:
                 # Over a broker quota: send nothing more for as long (Kafka's KIP-219).
-                self._throttled_until = max(self._throttled_until, now + response.throttle_time_ms)
+                self._throttled_until = max(self._throttled_until, now + answer.throttle_time_ms)
             for batch in request.batches:
-                result = results.get((batch.tp.topic, batch.tp.partition))
+                result = results.get(batch.tp)
                 if result is None:
                     self._decide_locked(
                         batch, InternalError(f"no answer for {batch.tp}"), now, settlements
                     )
-                elif result.error_code:
-                    error = error_for_code(result.error_code, result.error_message)
-                    self._decide_locked(batch, error, now, settlements)
+                elif result.error is not None:
+                    if isinstance(result.error, ROUTING_ERRORS):
+                        # The leader moved or is gone: route it again after a refresh.
+                        self._metadata_wanted = True
+                    self._decide_locked(batch, result.error, now, settlements)
                 else:
                     if result.duplicate:
                         log.info(
@@ -615,6 +714,9 @@ class Sender:
                     settlements.successes.append(
                         (batch, result.base_offset, result.log_append_time_ms)
                     )
+            if settlements.successes:
+                # Routed right: the next metadata backoff starts over at 100 ms.
+                self._connections.confirmed()
             self.wakeup.notify()
             if self.memory_waiters:
                 self.memory.notify_all()
@@ -669,18 +771,19 @@ class Sender:
             settlements.fail(batch.handles, error)
 
     def _detach_locked(
-        self, error: TidelogError, settlements: _Settlements
-    ) -> BidiStream[pb.ProduceRequest, pb.ProduceResponse] | None:
-        """Forget the current stream; every request in flight on it failed with ``error``."""
-        stream, self._stream = self._stream, None
-        self._stream_id += 1
-        requests, self._requests = self._requests, {}
+        self, broker_id: int, error: TidelogError, settlements: _Settlements
+    ) -> ProduceStream | None:
+        """Forget ``broker_id``'s stream; every request in flight on it failed with ``error``."""
+        link = self._links.pop(broker_id, None)
+        if link is None:
+            return None
         now = now_ms()
-        for request in requests.values():
+        for request in link.requests.values():
             for batch in request.batches:
                 self._decide_locked(batch, error, now, settlements)
+        link.requests.clear()
         self.wakeup.notify()
-        return stream
+        return link.stream
 
     # --- settling futures (outside the lock) ---------------------------------------------
 

@@ -24,7 +24,9 @@ meant: the code string in trailing metadata ``tidelog-error-code`` goes through
 
 Streams (``open_stream``) are the data path: a ``BidiStream`` takes requests through
 ``send`` (never blocks) and yields answers from ``responses()``; a broken stream raises
-the mapped error from ``responses()``.
+the mapped error from ``responses()``. The routed data path opens them fail-fast
+(``wait_for_ready=False``): a broker that is down must show at once, so that its
+partitions are asked for again where they are led now, not wait on a dead address.
 
 Thread-safe: gRPC channels and stubs are; a ``BidiStream`` has one reader.
 """
@@ -145,11 +147,14 @@ class BidiStream(Generic[RequestT, ResponseT]):
         address: str,
         what: str,
         metadata: tuple[tuple[str, str], ...],
+        wait_for_ready: bool = True,
     ) -> None:
         self._requests: _RequestQueue[RequestT] = _RequestQueue()
         self._address = address
         self._what = what
-        self._call: Any = method(iter(self._requests), wait_for_ready=True, metadata=metadata)
+        self._call: Any = method(
+            iter(self._requests), wait_for_ready=wait_for_ready, metadata=metadata
+        )
 
     def send(self, request: RequestT) -> None:
         """Queue one request; gRPC sends it in order. Never blocks."""
@@ -274,12 +279,21 @@ class Transport:
             backoff_s = min(backoff_s * 2, self._max_backoff_ms / 1000)
 
     def open_stream(
-        self, method: grpc.StreamStreamMultiCallable[Any, Any], what: str
+        self,
+        method: grpc.StreamStreamMultiCallable[Any, Any],
+        what: str,
+        *,
+        wait_for_ready: bool = True,
     ) -> BidiStream[Any, Any]:
-        """Open a bidirectional stream (``transport.stub.ProduceStream``)."""
+        """Open a bidirectional stream (``transport.stub.ProduceStream``).
+
+        ``wait_for_ready`` False: if the broker cannot be reached (the channel's connection
+        attempt failed), ``responses()`` raises ``BrokerUnavailableError`` at once instead
+        of waiting for it to come back; a channel still connecting is waited for either way.
+        """
         if self._closed:
             raise ClosedError(f"{what}: the client is closed")
-        return BidiStream(method, self.address, what, self._metadata)
+        return BidiStream(method, self.address, what, self._metadata, wait_for_ready)
 
     @property
     def closed(self) -> bool:

@@ -84,7 +84,14 @@ class TopicSummary:
 
 @dataclass(frozen=True, slots=True)
 class PartitionDescription:
-    """One partition of ``AdminClient.describe_topic``: offsets and size on disk."""
+    """One partition of ``AdminClient.describe_topic``: offsets, size on disk, placement.
+
+    ``leader`` is the id of the broker leading the partition (-1 while it is offline);
+    ``replicas`` the brokers holding it, in assignment order; ``isr`` the in-sync ones;
+    ``leader_epoch`` grows with every leader change. A single node leads everything:
+    leader 0, replicas = isr = (0,). The placement fields default for values built by
+    hand (tests, older brokers that do not send them).
+    """
 
     partition: int
     log_start_offset: int
@@ -92,6 +99,10 @@ class PartitionDescription:
     high_watermark: int
     size_bytes: int
     segments: int
+    leader: int = 0
+    replicas: tuple[int, ...] = (0,)
+    isr: tuple[int, ...] = (0,)
+    leader_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,7 @@ class BrokerView:
         query: the caller treats a partition that vanished as data loss, which
         ``failOnDataLoss`` decides).
         """
-        out: dict[TopicPartition, PartitionInfo] = {}
+        found: dict[TopicPartition, int] = {}  # partition -> timestamp type
         for topic in self.topics():
             try:
                 description = self.admin.describe_topic(topic)
@@ -92,9 +92,20 @@ class BrokerView:
             kind = description.config.get("message.timestamp.type", "CreateTime")
             timestamp_type = 1 if kind == "LogAppendTime" else 0
             for p in description.partitions:
-                out[TopicPartition(topic, p.partition)] = PartitionInfo(
-                    p.log_start_offset, p.high_watermark, timestamp_type
-                )
+                found[TopicPartition(topic, p.partition)] = timestamp_type
+        # Offsets from each partition's leader (ListOffsets is routed there): in a cluster
+        # only the leader knows a partition's log start and high watermark, and a batch's
+        # end must never pass the high watermark the leader reported.
+        earliest = self.admin.list_offsets(dict.fromkeys(found, "earliest"))
+        latest = self.admin.list_offsets(dict.fromkeys(found, "latest"))
+        out: dict[TopicPartition, PartitionInfo] = {}
+        for tp, timestamp_type in found.items():
+            start, end = earliest.get(tp), latest.get(tp)
+            out[tp] = PartitionInfo(
+                -1 if start is None else start.offset,
+                -1 if end is None else end.offset,
+                timestamp_type,
+            )
         if self._options.assign:
             missing = [tp for tp in self._options.assign if tp not in out]
             if missing and strict:

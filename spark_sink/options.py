@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from client.cluster import parse_bootstrap_list
 from client.types import TopicPartition
 from spark_sink.offsets import OffsetSpec, parse_assign, parse_offset_spec
 
@@ -91,13 +92,13 @@ def _bootstrap(options: Mapping[str, str]) -> str:
     given = [options[k] for k in _BOOTSTRAP_KEYS if k in options]
     if len(set(given)) > 1:
         raise ValueError("bootstrap.servers and kafka.bootstrap.servers disagree")
-    address = given[0].strip() if given else DEFAULT_BOOTSTRAP
-    if "," in address:
-        address = address.split(",")[0].strip()  # one broker today; Kafka's list syntax ok
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"option bootstrap.servers must be HOST:PORT, got {address!r}")
-    return address
+    value = given[0] if given else DEFAULT_BOOTSTRAP
+    try:
+        return ",".join(parse_bootstrap_list(value))
+    except ValueError:
+        raise ValueError(
+            f"option bootstrap.servers must be HOST:PORT[,HOST:PORT...], got {value!r}"
+        ) from None
 
 
 _READ_KEYS = frozenset(

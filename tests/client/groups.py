@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from client import Consumer, Producer
 from client.config import ConsumerConfig
+from client.connection import ConnectionFactory
 from client.types import ConsumerRecord
 
 SESSION_TIMEOUT_MS = 2_000
@@ -21,7 +22,12 @@ GROUP_SETTINGS: dict[str, object] = {
 }
 
 
-def member(address: str, group: str, **settings: object) -> Consumer:
+def member(
+    address: str,
+    group: str,
+    connection_factory: ConnectionFactory | None = None,
+    **settings: object,
+) -> Consumer:
     """A group consumer with the tests' timeouts; ``settings`` override them."""
     options: dict[str, object] = {
         "group_id": group,
@@ -32,7 +38,10 @@ def member(address: str, group: str, **settings: object) -> Consumer:
         "fetch_max_wait_ms": 100,
         **settings,
     }
-    return Consumer(config=ConsumerConfig.from_mapping({"bootstrap_servers": address, **options}))
+    return Consumer(
+        config=ConsumerConfig.from_mapping({"bootstrap_servers": address, **options}),
+        connection_factory=connection_factory,
+    )
 
 
 def produce(address: str, topic: str, partitions: int | range, per_partition: int) -> None:

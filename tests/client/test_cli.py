@@ -60,7 +60,11 @@ def test_topics_create_list_describe_delete(broker: InProcessBroker) -> None:
     described = tidelog("topics", "describe", "cli-topic", "--bootstrap", address)
     assert described.returncode == 0
     assert described.stdout.startswith("Topic: cli-topic   Partitions: 3")
-    assert "PARTITION  LOG START  LOG END  HIGH WATERMARK" in described.stdout
+    header = "PARTITION  LEADER  REPLICAS  ISR  EPOCH  LOG START  LOG END  HIGH WATERMARK"
+    assert header in described.stdout
+    rows = [line.split() for line in described.stdout.splitlines()]
+    partition_rows = [row for row in rows if row[:1] in (["0"], ["1"], ["2"])]
+    assert [row[:4] for row in partition_rows] == [[str(p), "0", "0", "0"] for p in range(3)]
     assert "retention.ms" in described.stdout
     assert "60000" in described.stdout
 
@@ -72,6 +76,26 @@ def test_topics_create_list_describe_delete(broker: InProcessBroker) -> None:
     deleted = tidelog("topics", "delete", "cli-topic", "--bootstrap", address)
     assert deleted.returncode == 0
     assert "cli-topic" not in tidelog("topics", "list", "--bootstrap", address).stdout
+
+
+def test_cluster_describe_and_replication_factor(broker: InProcessBroker) -> None:
+    address = broker.address
+    host, port = address.rsplit(":", 1)
+    described = tidelog("cluster", "describe", "--bootstrap", address)
+    assert described.returncode == 0, described.stderr
+    assert "Controller: 0" in described.stdout
+    lines = described.stdout.splitlines()
+    assert lines[2].split() == ["BROKER", "HOST", "PORT", "CONTROLLER"]
+    assert lines[3].split() == ["0", host, port, "yes"]
+
+    created = tidelog(
+        "topics", "create", "cli-rf1", "--replication-factor", "1", "--bootstrap", address
+    )
+    assert created.returncode == 0, created.stderr
+    refused = tidelog(
+        "topics", "create", "cli-rf3", "--replication-factor", "3", "--bootstrap", address
+    )
+    assert_one_line_error(refused, 1, "replication factor 3")
 
 
 def test_produce_lines_then_consume_them_with_a_format(broker: InProcessBroker) -> None:

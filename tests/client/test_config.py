@@ -52,8 +52,8 @@ def test_bad_bootstrap(value: str) -> None:
         parse_bootstrap(value)
 
 
-def test_bootstrap_takes_the_first_of_a_list_and_ipv6() -> None:
-    assert parse_bootstrap("a:1, b:2") == "a:1"
+def test_bootstrap_list_is_normalised_and_ipv6_kept() -> None:
+    assert parse_bootstrap("a:1, b:2") == "a:1,b:2"
     assert parse_bootstrap("[::1]:7410") == "[::1]:7410"
 
 

@@ -14,12 +14,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from broker.testing import InProcessBroker
 from client import AdminClient, Consumer, TopicPartition
+from client.connection import Connection, grpc_connections
 from client.coordinator import ConsumerCoordinator
 from client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
 from client.types import ConsumerRecord
@@ -711,19 +712,31 @@ def test_the_session_runs_from_sending_the_last_answered_heartbeat() -> None:
 
 
 class FaultyHeartbeats:
-    """The consumer's real transport, with its next heartbeats failing as told."""
+    """A connection factory: real gRPC connections whose next heartbeats fail as told
+    (``failures`` may be added to at any time)."""
 
-    def __init__(self, real: Any, failures: list[BaseException]) -> None:
-        self._real = real
+    def __init__(self, failures: list[BaseException]) -> None:
         self.failures = failures
+        self._connect = grpc_connections(
+            client_id="faulty", request_timeout_ms=5_000, reconnect_backoff_max_ms=1_000
+        )
+
+    def __call__(self, address: str) -> Connection:
+        return cast(Connection, _FaultyConnection(self._connect(address), self))
+
+
+class _FaultyConnection:
+    def __init__(self, real: Connection, owner: FaultyHeartbeats) -> None:
+        self._real = real
+        self._owner = owner
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def call(self, method: Any, request: Any, *, what: str, **options: Any) -> Any:
-        if what == "ConsumerGroupHeartbeat" and self.failures:
-            raise self.failures.pop(0)
-        return self._real.call(method, request, what=what, **options)
+    def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        if self._owner.failures:
+            raise self._owner.failures.pop(0)
+        return self._real.heartbeat(*args, **kwargs)
 
 
 def test_a_heartbeat_cancelled_by_the_other_side_is_retried(
@@ -732,12 +745,10 @@ def test_a_heartbeat_cancelled_by_the_other_side_is_retried(
     topic = "cancelled-heartbeat"
     with AdminClient(group_broker.address) as admin:
         admin.create_topic(topic, partitions=2)
-    with member(group_broker.address, "g-cancelled") as consumer:
-        # What a broker shutting down does to a call in flight (CANCELLED): the thread
-        # used to take it for the consumer's own close and stop heartbeating for good.
-        consumer._transport = FaultyHeartbeats(  # type: ignore[assignment]
-            consumer._transport, [ClosedError("ConsumerGroupHeartbeat was cancelled")] * 2
-        )
+    # What a broker shutting down does to a call in flight (CANCELLED): the thread used
+    # to take it for the consumer's own close and stop heartbeating for good.
+    faulty = FaultyHeartbeats([ClosedError("ConsumerGroupHeartbeat was cancelled")] * 2)
+    with member(group_broker.address, "g-cancelled", connection_factory=faulty) as consumer:
         consumer.subscribe([topic])
         poll_until([consumer], lambda: len(consumer.assignment()) == 2)
         assert coordinator_of(consumer)._thread.is_alive()
@@ -750,11 +761,11 @@ def test_a_crashed_heartbeat_thread_drops_the_partitions_and_says_so(
     with AdminClient(group_broker.address) as admin:
         admin.create_topic(topic, partitions=2)
     lost: list[set[TopicPartition]] = []
-    with member(group_broker.address, "g-crashed") as consumer:
+    faulty = FaultyHeartbeats([])
+    with member(group_broker.address, "g-crashed", connection_factory=faulty) as consumer:
         consumer.subscribe([topic], on_lost=lambda tps: lost.append(set(tps)))
         poll_until([consumer], lambda: len(consumer.assignment()) == 2)
-        faulty = FaultyHeartbeats(consumer._transport, [RuntimeError("a bug")])
-        coordinator_of(consumer)._transport = faulty  # type: ignore[assignment]
+        faulty.failures.append(RuntimeError("a bug"))
         wait_for(lambda: not coordinator_of(consumer)._thread.is_alive())
         with pytest.raises(InternalError, match=r"heartbeat thread .* failed"):
             poll_until([consumer], lambda: False, timeout_s=5)

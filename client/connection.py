@@ -1,0 +1,747 @@
+"""The connection layer: what the client says to one broker, in domain values.
+
+``Connection`` is the seam (a ``typing.Protocol``): calls take and return the values of
+``client.types`` and ``client.cluster``, never protobuf. Two implementations:
+
+- ``GrpcConnection`` here: one ``client.transport.Transport`` (the only module that
+  touches grpc) plus the protobuf conversions;
+- ``client.testing.InMemoryCluster``: brokers in memory whose leaders can move, for unit
+  tests of routing without sockets.
+
+Per-partition errors come back as values (``ListOffsetsResult.error``) rather than being
+raised, so the router (``client.routing``) can send just the failed partitions to their
+new leader. A call's own failure is raised as the exact ``TidelogError``.
+
+Calls not yet in the protocol (produce and fetch streams, group heartbeats, group admin
+and quotas) still go through ``GrpcConnection.transport``; moving them here is the rest
+of issue 13's client work (see ``docs/client.md``).
+
+Thread-safe: ``GrpcConnection`` holds no state but its transport, which is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
+from client.group_member import HeartbeatAnswer, HeartbeatRequest
+from client.transport import BidiStream, Transport
+from client.types import PartitionDescription, TopicDescription, TopicPartition
+from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import InternalError, TidelogError, error_for_code
+
+__all__ = [
+    "Connection",
+    "ConnectionFactory",
+    "FetchAnswer",
+    "FetchCall",
+    "FetchResult",
+    "FetchStream",
+    "GrpcConnection",
+    "ListOffsetsResult",
+    "PartitionProduceResult",
+    "ProduceAnswer",
+    "ProduceCall",
+    "ProduceStream",
+    "ProducerState",
+    "grpc_connections",
+    "topic_description",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsResult:
+    """One partition's ``ListOffsets`` answer: offset -1 when no record is that recent."""
+
+    offset: int = -1
+    timestamp_ms: int = -1
+    error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceCall:
+    """One produce request on a stream: record-batch bytes per partition."""
+
+    correlation_id: int
+    acks: int
+    timeout_ms: int
+    batches: Sequence[tuple[TopicPartition, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProduceResult:
+    """One partition's answer: where its batch landed, or its error."""
+
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    duplicate: bool = False
+    error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceAnswer:
+    """The answer to one ``ProduceCall``, matched by ``correlation_id``."""
+
+    correlation_id: int
+    results: Mapping[TopicPartition, PartitionProduceResult]
+    throttle_time_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """What a partition remembers of one idempotent producer (``DescribeProducers``)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+
+
+class ProduceStream(Protocol):
+    """An open produce stream to one broker: ``send`` from any thread, one reader.
+
+    ``responses()`` yields the answers in order and raises the ``TidelogError`` that
+    broke the stream; ``close`` half-closes it, ``cancel`` ends it at once.
+    """
+
+    def send(self, call: ProduceCall) -> None: ...
+
+    def responses(self) -> Iterator[ProduceAnswer]: ...
+
+    def close(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FetchCall:
+    """One fetch on a stream: per partition ``(tp, fetch_offset, partition_max_bytes)``.
+
+    The broker answers once ``min_bytes`` are there or ``max_wait_ms`` passed (long poll).
+    """
+
+    correlation_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    partitions: Sequence[tuple[TopicPartition, int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """One partition's fetched bytes (whole stored batches), or its error."""
+
+    tp: TopicPartition
+    records: bytes
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchAnswer:
+    """The answer to one ``FetchCall``."""
+
+    correlation_id: int
+    results: Sequence[FetchResult]
+
+
+class FetchStream(Protocol):
+    """An open fetch stream to one broker; as ``ProduceStream``."""
+
+    def send(self, call: FetchCall) -> None: ...
+
+    def responses(self) -> Iterator[FetchAnswer]: ...
+
+    def close(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
+class Connection(Protocol):
+    """What a client asks one broker. Every call takes a timeout in ms (None: default)."""
+
+    @property
+    def address(self) -> str: ...
+
+    def metadata(
+        self, topics: Sequence[str] = (), *, include_internal: bool, timeout_ms: int | None
+    ) -> ClusterMetadata:
+        """Brokers, controller and leaders; ``topics`` empty: every topic."""
+        ...
+
+    def find_coordinator(self, group_id: str, *, timeout_ms: int | None) -> BrokerNode:
+        """The broker coordinating ``group_id``."""
+        ...
+
+    def list_offsets(
+        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, ListOffsetsResult]:
+        """Per partition -2 earliest, -1 latest, else a timestamp in ms."""
+        ...
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        member_id: str,
+        member_epoch: int,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError]:
+        """Commit; returns the partitions that failed with their errors."""
+        ...
+
+    def fetch_committed(
+        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int]:
+        """Committed offsets (partitions without one are left out)."""
+        ...
+
+    def heartbeat(
+        self,
+        group_id: str,
+        request: HeartbeatRequest,
+        *,
+        client_id: str,
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        timeout_ms: int | None,
+    ) -> HeartbeatAnswer:
+        """One ``ConsumerGroupHeartbeat`` to the group's coordinator."""
+        ...
+
+    def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription: ...
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        timeout_ms: int | None,
+    ) -> TopicDescription:
+        """``partitions`` 0 and ``replication_factor`` 0: the broker's defaults."""
+        ...
+
+    def delete_topic(self, name: str, *, timeout_ms: int | None) -> None: ...
+
+    def alter_topic_config(
+        self,
+        name: str,
+        set_config: Mapping[str, str],
+        delete: Sequence[str],
+        *,
+        timeout_ms: int | None,
+    ) -> TopicDescription: ...
+
+    def create_partitions(
+        self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
+    ) -> int:
+        """Grow ``topic``; returns the new partition count."""
+        ...
+
+    def init_producer_id(
+        self, *, producer_key: str = "", timeout_ms: int | None
+    ) -> tuple[int, int]:
+        """An idempotent producer id and its epoch: a new one, or the key's own."""
+        ...
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
+        """What each partition remembers of ``producer_id`` (or the partition's error)."""
+        ...
+
+    def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
+        """One unary produce (the keyed producer's; ``Producer`` uses a stream)."""
+        ...
+
+    def open_produce_stream(self) -> ProduceStream:
+        """A produce stream (never blocks; fails at once if the broker is unreachable)."""
+        ...
+
+    def open_fetch_stream(self) -> FetchStream:
+        """A fetch stream (never blocks; fails at once if the broker is unreachable)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ConnectionFactory(Protocol):
+    """Opens a ``Connection`` to one ``HOST:PORT`` (no I/O until the first call)."""
+
+    def __call__(self, address: str) -> Connection: ...
+
+
+def grpc_connections(
+    *,
+    client_id: str,
+    request_timeout_ms: int,
+    reconnect_backoff_max_ms: int,
+    max_send_bytes: int = 1024 * 1024,
+    reuse: Transport | None = None,
+) -> ConnectionFactory:
+    """A factory of ``GrpcConnection``s with these settings.
+
+    ``reuse``: a transport the client already holds; its address gets a connection over
+    it rather than a second channel to the same broker.
+    """
+
+    def connect(address: str) -> Connection:
+        if reuse is not None and reuse.address == address:
+            return GrpcConnection(reuse)
+        return GrpcConnection(
+            Transport(
+                address,
+                client_id=client_id,
+                request_timeout_ms=request_timeout_ms,
+                reconnect_backoff_max_ms=reconnect_backoff_max_ms,
+                max_send_bytes=max_send_bytes,
+            )
+        )
+
+    return connect
+
+
+class GrpcConnection:
+    """A ``Connection`` over gRPC. Thread-safe; ``close`` once.
+
+    Args:
+        transport: the channel to the broker (owned: ``close`` closes it).
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    @property
+    def address(self) -> str:
+        return self.transport.address
+
+    def metadata(
+        self, topics: Sequence[str] = (), *, include_internal: bool, timeout_ms: int | None
+    ) -> ClusterMetadata:
+        answer = self.transport.call(
+            self.transport.stub.Metadata,
+            pb.MetadataRequest(topics=list(topics), include_internal=include_internal),
+            what="Metadata",
+            timeout_ms=timeout_ms,
+        )
+        return ClusterMetadata(
+            cluster_id=answer.cluster_id,
+            controller_id=answer.controller_id,
+            broker_id=answer.broker_id,
+            brokers={b.id: BrokerNode(b.id, b.host, b.port) for b in answer.brokers},
+            topics={
+                t.name: TopicMetadata(
+                    t.name,
+                    tuple(
+                        PartitionMetadata(
+                            p.partition, p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr)
+                        )
+                        for p in sorted(t.partitions, key=lambda p: p.partition)
+                    ),
+                    t.internal,
+                    t.error_code,
+                )
+                for t in answer.topics
+            },
+        )
+
+    def find_coordinator(self, group_id: str, *, timeout_ms: int | None) -> BrokerNode:
+        answer = self.transport.call(
+            self.transport.stub.FindCoordinator,
+            pb.FindCoordinatorRequest(group_id=group_id),
+            what=f"FindCoordinator {group_id}",
+            timeout_ms=timeout_ms,
+        )
+        node = answer.coordinator
+        return BrokerNode(node.id, node.host, node.port)
+
+    def list_offsets(
+        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, ListOffsetsResult]:
+        response = self.transport.call(
+            self.transport.stub.ListOffsets,
+            pb.ListOffsetsRequest(
+                partitions=[
+                    pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp_ms=ts)
+                    for tp, ts in queries.items()
+                ]
+            ),
+            what="ListOffsets",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, ListOffsetsResult] = {}
+        for result in response.results:
+            tp = TopicPartition(result.topic, result.partition)
+            if result.error_code:
+                error = error_for_code(result.error_code, f"{tp}: {result.error_message}")
+                out[tp] = ListOffsetsResult(error=error)
+            else:
+                out[tp] = ListOffsetsResult(result.offset, result.timestamp_ms)
+        return out
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        member_id: str,
+        member_epoch: int,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError]:
+        response = self.transport.call(
+            self.transport.stub.OffsetCommit,
+            pb.OffsetCommitRequest(
+                group_id=group_id,
+                member_id=member_id,
+                member_epoch=member_epoch,
+                offsets=[
+                    pb.CommittedOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                    for tp, offset in offsets.items()
+                ],
+            ),
+            what="OffsetCommit",
+            timeout_ms=timeout_ms,
+        )
+        return {
+            TopicPartition(r.topic, r.partition): error_for_code(
+                r.error_code, f"{r.topic}-{r.partition}: {r.error_message}"
+            )
+            for r in response.results
+            if r.error_code
+        }
+
+    def fetch_committed(
+        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        response = self.transport.call(
+            self.transport.stub.OffsetFetch,
+            pb.OffsetFetchRequest(
+                group_id=group_id,
+                partitions=[
+                    pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+                ],
+            ),
+            what="OffsetFetch",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, int] = {}
+        for entry in response.offsets:
+            if entry.error_code:
+                raise error_for_code(
+                    entry.error_code, f"{entry.topic}-{entry.partition}: {entry.error_message}"
+                )
+            if entry.offset >= 0:
+                out[TopicPartition(entry.topic, entry.partition)] = entry.offset
+        return out
+
+    def heartbeat(
+        self,
+        group_id: str,
+        request: HeartbeatRequest,
+        *,
+        client_id: str,
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        timeout_ms: int | None,
+    ) -> HeartbeatAnswer:
+        by_topic: dict[str, list[int]] = {}
+        for tp in request.owned:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.ConsumerGroupHeartbeat,
+            pb.ConsumerGroupHeartbeatRequest(
+                group_id=group_id,
+                member_id=request.member_id,
+                member_epoch=request.member_epoch,
+                rebalance_timeout_ms=rebalance_timeout_ms,
+                session_timeout_ms=session_timeout_ms,
+                subscribed_topic_names=request.subscription,
+                owned_partitions=[
+                    pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+                ],
+                client_id=client_id,
+            ),
+            what="ConsumerGroupHeartbeat",
+            timeout_ms=timeout_ms,
+        )
+        return HeartbeatAnswer(
+            answer.member_id,
+            answer.member_epoch,
+            answer.heartbeat_interval_ms,
+            frozenset(TopicPartition(a.topic, p) for a in answer.assignment for p in a.partitions),
+        )
+
+    def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription:
+        answer = self.transport.call(
+            self.transport.stub.DescribeTopic,
+            pb.DescribeTopicRequest(name=name),
+            what=f"DescribeTopic {name}",
+            timeout_ms=timeout_ms,
+        )
+        return topic_description(answer)
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        timeout_ms: int | None,
+    ) -> TopicDescription:
+        answer = self.transport.call(
+            self.transport.stub.CreateTopic,
+            pb.CreateTopicRequest(
+                name=name,
+                partitions=partitions,
+                config=dict(config),
+                replication_factor=replication_factor,
+            ),
+            what=f"CreateTopic {name}",
+            timeout_ms=timeout_ms,
+        )
+        return topic_description(answer)
+
+    def delete_topic(self, name: str, *, timeout_ms: int | None) -> None:
+        self.transport.call(
+            self.transport.stub.DeleteTopic,
+            pb.DeleteTopicRequest(name=name),
+            what=f"DeleteTopic {name}",
+            timeout_ms=timeout_ms,
+        )
+
+    def alter_topic_config(
+        self,
+        name: str,
+        set_config: Mapping[str, str],
+        delete: Sequence[str],
+        *,
+        timeout_ms: int | None,
+    ) -> TopicDescription:
+        answer = self.transport.call(
+            self.transport.stub.AlterTopicConfig,
+            pb.AlterTopicConfigRequest(name=name, set=dict(set_config), delete=list(delete)),
+            what=f"AlterTopicConfig {name}",
+            timeout_ms=timeout_ms,
+        )
+        return topic_description(answer)
+
+    def create_partitions(
+        self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
+    ) -> int:
+        answer = self.transport.call(
+            self.transport.stub.CreatePartitions,
+            pb.CreatePartitionsRequest(
+                topics=[pb.CreatePartitionsTopic(name=topic, count=total_count)],
+                validate_only=validate_only,
+            ),
+            what=f"CreatePartitions {topic}",
+            timeout_ms=timeout_ms,
+        )
+        for result in answer.results:
+            if result.error_code:
+                raise error_for_code(result.error_code, result.error_message)
+            if result.name == topic:
+                return int(result.partitions)
+        raise InternalError(f"the broker's CreatePartitions answer has no result for {topic!r}")
+
+    def init_producer_id(
+        self, *, producer_key: str = "", timeout_ms: int | None
+    ) -> tuple[int, int]:
+        request = (
+            pb.InitProducerIdRequest(producer_key=producer_key)
+            if producer_key
+            else pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+        )
+        answer = self.transport.call(
+            self.transport.stub.InitProducerId,
+            request,
+            what="InitProducerId",
+            timeout_ms=timeout_ms,
+        )
+        return answer.producer_id, answer.producer_epoch
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.DescribeProducers,
+            pb.DescribeProducersRequest(
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                producer_id=producer_id,
+            ),
+            what="DescribeProducers",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, list[ProducerState] | TidelogError] = {}
+        for part in answer.partitions:
+            tp = TopicPartition(part.topic, part.partition)
+            if part.error_code:
+                out[tp] = error_for_code(part.error_code, f"{tp}: {part.error_message}")
+            else:
+                out[tp] = [
+                    ProducerState(s.producer_id, s.producer_epoch, s.last_sequence)
+                    for s in part.producers
+                ]
+        return out
+
+    def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
+        answer = self.transport.call(
+            self.transport.stub.Produce,
+            _produce_request(call),
+            what="Produce",
+            timeout_ms=timeout_ms,
+        )
+        return _produce_answer(answer)
+
+    def open_produce_stream(self) -> ProduceStream:
+        return _GrpcProduceStream(
+            self.transport.open_stream(
+                self.transport.stub.ProduceStream, "ProduceStream", wait_for_ready=False
+            )
+        )
+
+    def open_fetch_stream(self) -> FetchStream:
+        return _GrpcFetchStream(
+            self.transport.open_stream(
+                self.transport.stub.FetchStream, "FetchStream", wait_for_ready=False
+            )
+        )
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _produce_request(call: ProduceCall) -> pb.ProduceRequest:
+    topics: dict[str, list[pb.ProducePartitionData]] = {}
+    for tp, records in call.batches:
+        topics.setdefault(tp.topic, []).append(
+            pb.ProducePartitionData(partition=tp.partition, records=records)
+        )
+    return pb.ProduceRequest(
+        correlation_id=call.correlation_id,
+        acks=call.acks,
+        timeout_ms=call.timeout_ms,
+        topics=[
+            pb.ProduceTopicData(topic=topic, partitions=parts) for topic, parts in topics.items()
+        ],
+    )
+
+
+def _produce_answer(response: pb.ProduceResponse) -> ProduceAnswer:
+    return ProduceAnswer(
+        response.correlation_id,
+        {
+            TopicPartition(r.topic, r.partition): (
+                PartitionProduceResult(error=error_for_code(r.error_code, r.error_message))
+                if r.error_code
+                else PartitionProduceResult(r.base_offset, r.log_append_time_ms, r.duplicate)
+            )
+            for r in response.results
+        },
+        response.throttle_time_ms,
+    )
+
+
+class _GrpcProduceStream:
+    """``ProduceStream`` over a gRPC ``ProduceStream`` call; converts on the way."""
+
+    def __init__(self, stream: BidiStream[pb.ProduceRequest, pb.ProduceResponse]) -> None:
+        self._stream = stream
+
+    def send(self, call: ProduceCall) -> None:
+        # Building the message copies the record bytes: callers send outside their locks.
+        self._stream.send(_produce_request(call))
+
+    def responses(self) -> Iterator[ProduceAnswer]:
+        for response in self._stream.responses():
+            yield _produce_answer(response)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+
+def topic_description(answer: pb.TopicDescription) -> TopicDescription:
+    """A ``TopicDescription`` message as the public value."""
+    return TopicDescription(
+        name=answer.name,
+        partitions=tuple(
+            PartitionDescription(
+                partition=p.partition,
+                log_start_offset=p.log_start_offset,
+                log_end_offset=p.log_end_offset,
+                high_watermark=p.high_watermark,
+                size_bytes=p.size_bytes,
+                segments=p.segments,
+                leader=p.leader,
+                replicas=tuple(p.replicas),
+                isr=tuple(p.isr),
+                leader_epoch=p.leader_epoch,
+            )
+            for p in sorted(answer.partitions, key=lambda p: p.partition)
+        ),
+        config=dict(sorted(answer.config.items())),
+        internal=answer.internal,
+    )
+
+
+class _GrpcFetchStream:
+    """``FetchStream`` over a gRPC ``FetchStream`` call; converts on the way."""
+
+    def __init__(self, stream: BidiStream[pb.FetchRequest, pb.FetchResponse]) -> None:
+        self._stream = stream
+
+    def send(self, call: FetchCall) -> None:
+        self._stream.send(
+            pb.FetchRequest(
+                correlation_id=call.correlation_id,
+                max_wait_ms=call.max_wait_ms,
+                min_bytes=call.min_bytes,
+                max_bytes=call.max_bytes,
+                partitions=[
+                    pb.FetchPartition(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        fetch_offset=fetch_offset,
+                        partition_max_bytes=partition_max_bytes,
+                    )
+                    for tp, fetch_offset, partition_max_bytes in call.partitions
+                ],
+            )
+        )
+
+    def responses(self) -> Iterator[FetchAnswer]:
+        for response in self._stream.responses():
+            results = []
+            for r in response.results:
+                tp = TopicPartition(r.topic, r.partition)
+                error = (
+                    error_for_code(r.error_code, f"{tp}: {r.error_message}")
+                    if r.error_code
+                    else None
+                )
+                # r.records: the one copy out of protobuf; the consumer keeps this object.
+                results.append(
+                    FetchResult(tp, r.records, r.high_watermark, r.log_start_offset, error)
+                )
+            yield FetchAnswer(response.correlation_id, results)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def cancel(self) -> None:
+        self._stream.cancel()

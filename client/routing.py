@@ -1,0 +1,418 @@
+"""Routing: which broker each call goes to, and following it when it moves.
+
+``ClusterConnections`` owns one ``Connection`` per broker (opened on first use, by
+``HOST:PORT``), the bootstrap list and a ``client.cluster.MetadataCache``. It answers:
+
+- ``metadata()``: the cluster's metadata, refreshed when due (asked of the brokers it
+  knows, then of the bootstrap list, the first that answers);
+- ``leader(tp)``, ``coordinator(group_id)``, ``controller()``: the connection to use;
+- ``run(route, call)``: make a call through a route and follow the target when it moves.
+  ``NOT_LEADER_OR_FOLLOWER``, ``LEADER_NOT_AVAILABLE``, ``NOT_COORDINATOR``,
+  ``NOT_CONTROLLER`` and an unreachable broker mark the metadata stale (and forget the
+  group's coordinator) and the call is tried again, backing off 100 ms -> 1 s, until its
+  timeout; then the last error is raised, so an offline partition fails clearly with a
+  retriable ``LeaderNotAvailableError`` instead of hanging.
+
+A single node answers ``Metadata`` as a one-broker cluster (broker 0 leads everything),
+so the same code serves it with one connection.
+
+Thread-safe: ``_lock`` guards the cache and the connection tables; calls to brokers are
+made outside it. Time is injected (``monotonic_ms``, ``sleep_ms``) so tests drive the
+backoff with a manual clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+from client.cluster import BrokerNode, ClusterMetadata, MetadataCache, parse_bootstrap_list
+from client.connection import Connection, ConnectionFactory
+from client.types import TopicPartition
+from storage.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    InternalError,
+    KafkaTimeoutError,
+    LeaderNotAvailableError,
+    NotControllerError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = ["ROUTING_ERRORS", "ClusterConnections"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+V = TypeVar("V")
+R = TypeVar("R")
+
+ROUTING_ERRORS: tuple[type[TidelogError], ...] = (
+    NotLeaderOrFollowerError,
+    LeaderNotAvailableError,
+    NotCoordinatorError,
+    NotControllerError,
+    BrokerUnavailableError,
+)
+"""Errors that mean "ask someone else": refresh the metadata and try again."""
+
+_INITIAL_BACKOFF_MS = 100
+_MAX_BACKOFF_MS = 1_000
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _sleep_ms(duration_ms: int) -> None:
+    time.sleep(duration_ms / 1000)
+
+
+class ClusterConnections:
+    """Connections per broker and the metadata that routes calls. Thread-safe.
+
+    Args:
+        bootstrap_servers: ``"h1:p1,h2:p2"``; any one live broker is enough.
+        connect: opens a ``Connection`` to an address (gRPC, or an in-memory fake).
+        request_timeout_ms: the default timeout of a routed call.
+        metadata_max_age_ms: refresh metadata this often even when nothing moved.
+        monotonic_ms, sleep_ms: the clock (tests pass a manual one).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        connect: ConnectionFactory,
+        *,
+        request_timeout_ms: int,
+        metadata_max_age_ms: int = 300_000,
+        monotonic_ms: Callable[[], int] = _monotonic_ms,
+        sleep_ms: Callable[[int], None] = _sleep_ms,
+    ) -> None:
+        self.bootstrap = parse_bootstrap_list(bootstrap_servers)
+        self.request_timeout_ms = request_timeout_ms
+        self._connect = connect
+        self._monotonic_ms = monotonic_ms
+        self._sleep_ms = sleep_ms
+        self._lock = threading.Lock()
+        self._cache = MetadataCache(metadata_max_age_ms)  # guarded by _lock
+        self._by_address: dict[str, Connection] = {}  # guarded by _lock
+        self._coordinators: dict[str, BrokerNode] = {}  # group id -> node; guarded by _lock
+        # broker id -> the address its metadata answer came through; guarded by _lock.
+        self._answered_by: dict[int, str] = {}
+        self._closed = False
+
+    # --- connections ----------------------------------------------------------------------
+
+    def connection_to(self, address: str) -> Connection:
+        """The connection to ``address``, opened on first use."""
+        with self._lock:
+            if self._closed:
+                raise ClosedError("the client is closed")
+            connection = self._by_address.get(address)
+            if connection is None:
+                connection = self._connect(address)
+                self._by_address[address] = connection
+            return connection
+
+    def address_of(self, node: BrokerNode) -> str:
+        """Where to reach ``node``: the address it answered metadata through, if it did,
+        else the address it advertises.
+
+        A broker reached through a proxy, a tunnel or NAT advertises an address the client
+        may not reach; the address that got its answer certainly does. (Kafka's clients
+        always use the advertised one; a single node behind a proxy then works only with
+        ``advertised.listeners`` set to the proxy.)
+        """
+        with self._lock:
+            return self._answered_by.get(node.id, node.address)
+
+    def bootstrap_connection(self) -> Connection:
+        """A connection for calls any broker answers: the first bootstrap address."""
+        return self.connection_to(self.bootstrap[0])
+
+    def broker(self, broker_id: int, timeout_ms: int | None = None) -> Connection:
+        """The connection to broker ``broker_id``; ``BrokerUnavailableError`` if unknown."""
+        node = self.metadata(timeout_ms=timeout_ms).brokers.get(broker_id)
+        if node is None:
+            self.mark_stale()
+            raise BrokerUnavailableError(f"broker {broker_id} is not in the cluster's metadata")
+        return self.connection_to(self.address_of(node))
+
+    # --- metadata -------------------------------------------------------------------------
+
+    def mark_stale(self) -> None:
+        """The metadata is wrong somewhere: the next ``metadata()`` refreshes it."""
+        with self._lock:
+            self._cache.mark_stale()
+
+    def metadata(self, *, timeout_ms: int | None = None, force: bool = False) -> ClusterMetadata:
+        """The cluster's metadata, fetched if due (``force``: unless it is backing off).
+
+        Raises ``BrokerUnavailableError`` when no broker answered (the last error of the
+        last broker tried otherwise).
+        """
+        timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        now = self._monotonic_ms()
+        with self._lock:
+            current = self._cache.current
+            if force:
+                self._cache.mark_stale()
+            if current is not None and not self._cache.refresh_due(now):
+                return current
+            self._cache.attempted(now)
+            known = list(self._answered_by.values())
+            if current is not None:
+                known += [self._answered_by.get(b.id, b.address) for b in current.brokers.values()]
+        addresses = list(dict.fromkeys([*known, *self.bootstrap]))
+        deadline = now + timeout
+        error: TidelogError | None = None
+        for index, address in enumerate(addresses):
+            remaining = deadline - self._monotonic_ms()
+            if remaining <= 0:
+                break
+            # Share what is left among the addresses not tried yet: one dead broker must
+            # not eat the whole timeout while another would answer at once.
+            share = max(remaining // (len(addresses) - index), 1)
+            try:
+                answer = self.connection_to(address).metadata(
+                    include_internal=True, timeout_ms=share
+                )
+            except ClosedError:
+                raise
+            except TidelogError as exc:
+                log.info("no metadata from %s: %s", address, exc)
+                error = exc
+                continue
+            with self._lock:
+                self._cache.update(answer, self._monotonic_ms())
+                self._answered_by[answer.broker_id] = address
+            return answer
+        with self._lock:
+            current = self._cache.current
+        if current is not None and not force:
+            return current  # old, but the best there is; the next call tries again
+        if isinstance(error, (BrokerUnavailableError, KafkaTimeoutError)) or error is None:
+            raise BrokerUnavailableError(
+                f"no broker of {','.join(addresses)} answered a metadata request"
+                f" within {timeout} ms" + (f" ({error})" if error else "")
+            )
+        raise error
+
+    def refresh_in_ms(self) -> int:
+        """How long until a metadata refresh may go out (0: now)."""
+        now = self._monotonic_ms()
+        with self._lock:
+            return max(self._cache.next_refresh_ms() - now, 0)
+
+    def confirmed(self) -> None:
+        """A routed call succeeded: the metadata backoff starts over at 100 ms."""
+        with self._lock:
+            self._cache.confirmed()
+
+    # --- routes ---------------------------------------------------------------------------
+
+    def leader(self, tp: TopicPartition, timeout_ms: int | None = None) -> Connection:
+        """The connection to ``tp``'s leader.
+
+        Raises ``UnknownTopicOrPartitionError`` if the cluster does not know ``tp``,
+        ``LeaderNotAvailableError`` (retriable) if it is offline.
+        """
+        metadata = self.metadata(timeout_ms=timeout_ms)
+        if metadata.partition(tp) is None:
+            metadata = self.metadata(timeout_ms=timeout_ms, force=True)
+        partition = metadata.partition(tp)
+        if partition is None:
+            count = metadata.partition_count(tp.topic)
+            if count is None:
+                raise UnknownTopicOrPartitionError(f"{tp}: unknown topic {tp.topic!r}")
+            raise UnknownTopicOrPartitionError(
+                f"{tp}: topic {tp.topic!r} has {count} partition(s), no partition {tp.partition}"
+            )
+        node = metadata.leader_for(tp)
+        if node is None:
+            self.mark_stale()
+            raise LeaderNotAvailableError(
+                f"{tp} is offline: no broker leads it (leader {partition.leader})"
+            )
+        return self.connection_to(self.address_of(node))
+
+    def coordinator(self, group_id: str, timeout_ms: int | None = None) -> Connection:
+        """The connection to ``group_id``'s coordinator (found once, then remembered)."""
+        with self._lock:
+            node = self._coordinators.get(group_id)
+        if node is None:
+            node = self.bootstrap_or_any().find_coordinator(group_id, timeout_ms=timeout_ms)
+            with self._lock:
+                self._coordinators[group_id] = node
+        return self.connection_to(self.address_of(node))
+
+    def forget_coordinator(self, group_id: str) -> None:
+        """The coordinator moved or is gone: find it again next time."""
+        with self._lock:
+            self._coordinators.pop(group_id, None)
+
+    def controller(self, timeout_ms: int | None = None) -> Connection:
+        """The connection to the controller; ``NotControllerError`` while there is none."""
+        metadata = self.metadata(timeout_ms=timeout_ms)
+        node = metadata.controller
+        if node is None:
+            self.mark_stale()
+            raise NotControllerError("the cluster has no controller at the moment")
+        return self.connection_to(self.address_of(node))
+
+    def bootstrap_or_any(self) -> Connection:
+        """A connection to a broker that answered last (any broker answers it)."""
+        with self._lock:
+            current = self._cache.current
+        if current is not None:
+            node = current.brokers.get(current.broker_id)
+            if node is not None:
+                return self.connection_to(self.address_of(node))
+        return self.bootstrap_connection()
+
+    # --- calls that follow their target ---------------------------------------------------
+
+    def run(
+        self,
+        route: Callable[[int], Connection],
+        call: Callable[[Connection, int], T],
+        *,
+        what: str,
+        timeout_ms: int | None = None,
+        group_id: str | None = None,
+    ) -> T:
+        """``call(route(t), t)`` again until it succeeds or ``timeout_ms`` passes.
+
+        ``t`` is the time left in ms. A routing error (``ROUTING_ERRORS``) marks the
+        metadata stale (and forgets ``group_id``'s coordinator), waits 100 ms doubling
+        to 1 s, and tries again; at the timeout it is raised. Any other error is raised
+        at once.
+        """
+        timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = self._monotonic_ms() + timeout
+        backoff = _INITIAL_BACKOFF_MS
+        while True:
+            remaining = max(deadline - self._monotonic_ms(), 1)
+            try:
+                result = call(route(remaining), remaining)
+            except ROUTING_ERRORS as exc:
+                self.mark_stale()
+                if group_id is not None:
+                    self.forget_coordinator(group_id)
+                remaining = deadline - self._monotonic_ms()
+                if remaining <= 0:
+                    raise
+                log.info("%s: %s; asking again in %d ms", what, exc, min(backoff, remaining))
+                self._sleep_ms(min(backoff, remaining))
+                backoff = min(backoff * 2, _MAX_BACKOFF_MS)
+                continue
+            self.confirmed()
+            return result
+
+    def run_per_leader(
+        self,
+        items: Mapping[TopicPartition, V],
+        call: Callable[
+            [Connection, dict[TopicPartition, V], int], Mapping[TopicPartition, R | TidelogError]
+        ],
+        *,
+        what: str,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, R]:
+        """One ``call`` per leader with its partitions' ``items``, until every one answered.
+
+        ``call`` returns a value per partition, or for a partition that failed its
+        ``TidelogError``. Partitions whose leader moved or is offline (a routing error,
+        theirs or the call's) are sent again to their new leader after a backoff until
+        ``timeout_ms``; then their error is raised. Any other error is raised at once.
+        """
+        timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = self._monotonic_ms() + timeout
+        backoff = _INITIAL_BACKOFF_MS
+        pending = dict(items)
+        out: dict[TopicPartition, R] = {}
+        while True:
+            remaining = max(deadline - self._monotonic_ms(), 1)
+            failed: dict[TopicPartition, TidelogError] = {}
+            by_leader: dict[str, tuple[Connection, dict[TopicPartition, V]]] = {}
+            for tp, item in pending.items():
+                try:
+                    connection = self.leader(tp, remaining)
+                except ROUTING_ERRORS as exc:
+                    failed[tp] = exc
+                    continue
+                by_leader.setdefault(connection.address, (connection, {}))[1][tp] = item
+            for connection, batch in by_leader.values():
+                try:
+                    answers = call(connection, batch, remaining)
+                except ROUTING_ERRORS as exc:
+                    failed.update(dict.fromkeys(batch, exc))
+                    continue
+                for tp in batch:
+                    if tp not in answers:
+                        raise InternalError(f"{what}: the broker did not answer for {tp}")
+                    answer = answers[tp]
+                    if isinstance(answer, ROUTING_ERRORS):
+                        failed[tp] = answer
+                    elif isinstance(answer, TidelogError):
+                        raise answer
+                    else:
+                        out[tp] = answer
+            if not failed:
+                self.confirmed()
+                return out
+            self.mark_stale()
+            pending = {tp: pending[tp] for tp in failed}
+            remaining = deadline - self._monotonic_ms()
+            if remaining <= 0:
+                raise next(iter(failed.values()))
+            log.info(
+                "%s: %d partition(s) to ask again in %d ms (%s)",
+                what,
+                len(failed),
+                min(backoff, remaining),
+                next(iter(failed.values())),
+            )
+            self._sleep_ms(min(backoff, remaining))
+            backoff = min(backoff * 2, _MAX_BACKOFF_MS)
+
+    def route_leader(self, tp: TopicPartition) -> Callable[[int], Connection]:
+        return lambda timeout_ms: self.leader(tp, timeout_ms)
+
+    def route_coordinator(self, group_id: str) -> Callable[[int], Connection]:
+        return lambda timeout_ms: self.coordinator(group_id, timeout_ms)
+
+    def route_controller(self) -> Callable[[int], Connection]:
+        return lambda timeout_ms: self.controller(timeout_ms)
+
+    def route_any(self) -> Callable[[int], Connection]:
+        return lambda timeout_ms: self.bootstrap_or_any()
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close every connection. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            connections = list(self._by_address.values())
+            self._by_address.clear()
+        for connection in connections:
+            connection.close()
+
+    def connections(self) -> Sequence[Connection]:
+        """The connections opened so far (for tests and diagnostics)."""
+        with self._lock:
+            return list(self._by_address.values())

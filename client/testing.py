@@ -1,0 +1,655 @@
+"""An in-memory cluster for unit tests of the client's routing: no sockets, no threads.
+
+``InMemoryCluster`` holds brokers, topics with a leader per partition, log end offsets,
+committed offsets and group coordinators, and answers the ``client.connection.Connection``
+calls the way a real cluster does when things move:
+
+- a partition call sent to a broker that does not lead it: ``NotLeaderOrFollowerError``;
+  to an offline partition (``kill`` its leader): ``LeaderNotAvailableError``;
+- a group call sent to a broker that is not the group's coordinator:
+  ``NotCoordinatorError``;
+- an admin topic call sent to a broker that is not the controller: ``NotControllerError``;
+- any call to a killed broker: ``BrokerUnavailableError``.
+
+Tests move leaders (``move_leader``), coordinators and the controller, kill and revive
+brokers, and read ``calls`` to see which broker answered what.
+
+Thread-safe: one lock guards the whole cluster.
+"""
+
+from __future__ import annotations
+
+import queue
+import struct
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from client.cluster import (
+    NO_LEADER,
+    BrokerNode,
+    ClusterMetadata,
+    PartitionMetadata,
+    TopicMetadata,
+)
+from client.connection import (
+    Connection,
+    FetchAnswer,
+    FetchCall,
+    FetchResult,
+    FetchStream,
+    ListOffsetsResult,
+    PartitionProduceResult,
+    ProduceAnswer,
+    ProduceCall,
+    ProducerState,
+    ProduceStream,
+)
+from client.group_member import HeartbeatAnswer, HeartbeatRequest
+from client.types import PartitionDescription, TopicDescription, TopicPartition
+from storage.errors import (
+    BrokerUnavailableError,
+    ClosedError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    LeaderNotAvailableError,
+    NotControllerError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    TidelogError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = ["InMemoryCluster", "InMemoryConnection"]
+
+
+@dataclass(slots=True)
+class _Partition:
+    leader: int
+    replicas: tuple[int, ...]
+    leader_epoch: int = 0
+    log_start_offset: int = 0
+    log_end_offset: int = 0
+
+
+@dataclass(slots=True)
+class _Topic:
+    partitions: list[_Partition]
+    config: dict[str, str] = field(default_factory=dict)
+
+
+class InMemoryCluster:
+    """Brokers ``0..brokers-1`` at ``mem-<id>:<9000+id>``; broker 0 is the controller.
+
+    Thread-safe. ``connect`` is a ``ConnectionFactory`` for ``ClusterConnections``.
+    """
+
+    def __init__(self, brokers: int = 3) -> None:
+        if brokers < 1:
+            raise ValueError(f"brokers must be >= 1, got {brokers}")
+        self._lock = threading.Lock()
+        self.nodes = {i: BrokerNode(i, f"mem-{i}", 9000 + i) for i in range(brokers)}
+        self._alive = set(self.nodes)
+        self.controller_id = 0
+        self._topics: dict[str, _Topic] = {}
+        self._committed: dict[str, dict[TopicPartition, int]] = {}
+        self._coordinators: dict[str, int] = {}
+        self.calls: list[tuple[int, str]] = []  # (broker id, call) in order, guarded by _lock
+        # tp -> (base offset, batch bytes) of every batch appended, in order
+        self.produced: dict[TopicPartition, list[tuple[int, bytes]]] = {}
+        self._streams: dict[int, list[_InMemoryProduceStream | _InMemoryFetchStream]] = {}
+        self._appended = threading.Condition(self._lock)  # fetches wait here for records
+        self._next_producer_id = 999
+        self._keyed_ids: dict[str, int] = {}
+
+    @property
+    def bootstrap(self) -> str:
+        """Every broker's address, as a bootstrap list."""
+        return ",".join(node.address for node in self.nodes.values())
+
+    def connect(self, address: str) -> Connection:
+        for node in self.nodes.values():
+            if node.address == address:
+                return InMemoryConnection(self, node.id)
+        return InMemoryConnection(self, None, address)
+
+    # --- what tests change ----------------------------------------------------------------
+
+    def add_topic(self, name: str, partitions: int, *, leaders: Sequence[int] = ()) -> None:
+        """A topic whose partition ``p`` is led by ``leaders[p]`` (default round-robin)."""
+        with self._lock:
+            self._add_topic_locked(name, partitions, leaders)
+
+    def _add_topic_locked(self, name: str, partitions: int, leaders: Sequence[int]) -> None:
+        ids = sorted(self.nodes)
+        self._topics[name] = _Topic(
+            [
+                _Partition(
+                    leader=leaders[p] if p < len(leaders) else ids[p % len(ids)],
+                    replicas=(leaders[p] if p < len(leaders) else ids[p % len(ids)],),
+                )
+                for p in range(partitions)
+            ]
+        )
+
+    def append(self, tp: TopicPartition, records: int) -> None:
+        """Grow ``tp``'s log by ``records`` offsets."""
+        with self._lock:
+            self._partition_locked(tp).log_end_offset += records
+
+    def move_leader(self, tp: TopicPartition, broker_id: int) -> None:
+        """``broker_id`` leads ``tp`` from now on (the leader epoch grows)."""
+        with self._lock:
+            partition = self._partition_locked(tp)
+            partition.leader = broker_id
+            partition.replicas = (broker_id,)
+            partition.leader_epoch += 1
+
+    def set_coordinator(self, group_id: str, broker_id: int) -> None:
+        with self._lock:
+            self._coordinators[group_id] = broker_id
+
+    def set_controller(self, broker_id: int) -> None:
+        with self._lock:
+            self.controller_id = broker_id
+
+    def kill(self, broker_id: int) -> None:
+        """The broker stops answering; partitions it led go offline (replication 1)."""
+        with self._lock:
+            self._alive.discard(broker_id)
+            for stream in self._streams.pop(broker_id, []):
+                stream.break_with(BrokerUnavailableError(f"broker {broker_id} was killed"))
+            self._appended.notify_all()
+            if self.controller_id == broker_id:
+                self.controller_id = NO_LEADER
+            for topic in self._topics.values():
+                for partition in topic.partitions:
+                    if partition.leader == broker_id:
+                        partition.leader = NO_LEADER
+
+    def revive(self, broker_id: int) -> None:
+        """The broker answers again and leads the partitions it holds."""
+        with self._lock:
+            self._alive.add(broker_id)
+            for topic in self._topics.values():
+                for partition in topic.partitions:
+                    if partition.leader == NO_LEADER and broker_id in partition.replicas:
+                        partition.leader = broker_id
+                        partition.leader_epoch += 1
+
+    def committed(self, group_id: str) -> dict[TopicPartition, int]:
+        with self._lock:
+            return dict(self._committed.get(group_id, {}))
+
+    def calls_to(self, broker_id: int, call: str | None = None) -> int:
+        """How many calls ``broker_id`` answered (or refused), of kind ``call`` if given."""
+        with self._lock:
+            return sum(1 for b, c in self.calls if b == broker_id and call in (None, c))
+
+    # --- what connections ask (the lock is taken by the caller) ---------------------------
+
+    def _partition_locked(self, tp: TopicPartition) -> _Partition:
+        topic = self._topics.get(tp.topic)
+        if topic is None or not 0 <= tp.partition < len(topic.partitions):
+            raise UnknownTopicOrPartitionError(f"{tp} does not exist")
+        return topic.partitions[tp.partition]
+
+    def _check_leader_locked(self, broker_id: int, tp: TopicPartition) -> _Partition:
+        partition = self._partition_locked(tp)
+        if partition.leader == NO_LEADER:
+            raise LeaderNotAvailableError(f"{tp} has no leader")
+        if partition.leader != broker_id:
+            raise NotLeaderOrFollowerError(f"broker {broker_id} does not lead {tp}")
+        return partition
+
+    def _append_locked(
+        self, broker_id: int, call: ProduceCall
+    ) -> dict[TopicPartition, PartitionProduceResult]:
+        """Store each batch of ``call`` that ``broker_id`` leads (one batch per partition)."""
+        results: dict[TopicPartition, PartitionProduceResult] = {}
+        for tp, records in call.batches:
+            try:
+                partition = self._check_leader_locked(broker_id, tp)
+            except TidelogError as exc:
+                results[tp] = PartitionProduceResult(error=exc)
+                continue
+            base = partition.log_end_offset
+            # RecordBatch v2: the base offset is the int64 at byte 0 (outside the CRC),
+            # lastOffsetDelta the int32 at byte 23.
+            stored = bytearray(records)
+            struct.pack_into(">q", stored, 0, base)
+            partition.log_end_offset += struct.unpack_from(">i", records, 23)[0] + 1
+            self.produced.setdefault(tp, []).append((base, bytes(stored)))
+            results[tp] = PartitionProduceResult(base, -1)
+        self._appended.notify_all()
+        return results
+
+    def _check_coordinator_locked(self, broker_id: int, group_id: str) -> None:
+        if self._coordinators.setdefault(group_id, min(self.nodes)) != broker_id:
+            raise NotCoordinatorError(f"broker {broker_id} does not coordinate {group_id}")
+
+    def _check_controller_locked(self, broker_id: int) -> None:
+        if self.controller_id != broker_id:
+            raise NotControllerError(f"broker {broker_id} is not the controller")
+
+    def _description_locked(self, name: str) -> TopicDescription:
+        topic = self._topics.get(name)
+        if topic is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return TopicDescription(
+            name,
+            tuple(
+                PartitionDescription(
+                    p,
+                    part.log_start_offset,
+                    part.log_end_offset,
+                    part.log_end_offset,
+                    0,
+                    1,
+                    leader=part.leader,
+                    replicas=part.replicas,
+                    isr=part.replicas if part.leader != NO_LEADER else (),
+                    leader_epoch=part.leader_epoch,
+                )
+                for p, part in enumerate(topic.partitions)
+            ),
+            dict(topic.config),
+        )
+
+    def _metadata_locked(self, broker_id: int) -> ClusterMetadata:
+        return ClusterMetadata(
+            cluster_id="in-memory",
+            controller_id=self.controller_id,
+            broker_id=broker_id,
+            brokers={i: n for i, n in self.nodes.items() if i in self._alive},
+            topics={
+                name: TopicMetadata(
+                    name,
+                    tuple(
+                        PartitionMetadata(
+                            p,
+                            part.leader,
+                            part.leader_epoch,
+                            part.replicas,
+                            part.replicas if part.leader != NO_LEADER else (),
+                        )
+                        for p, part in enumerate(topic.partitions)
+                    ),
+                )
+                for name, topic in self._topics.items()
+            },
+        )
+
+
+class InMemoryConnection:
+    """A ``Connection`` to one broker of an ``InMemoryCluster``. Thread-safe."""
+
+    def __init__(self, cluster: InMemoryCluster, broker_id: int | None, address: str = "") -> None:
+        self._cluster = cluster
+        self._broker_id = broker_id
+        self._address = address if broker_id is None else cluster.nodes[broker_id].address
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def _enter(self, call: str) -> int:
+        """Record the call; the broker's id, or raise if it cannot answer (lock held)."""
+        if self._closed:
+            raise ClosedError(f"{call}: the connection is closed")
+        cluster = self._cluster
+        if self._broker_id is None or self._broker_id not in cluster._alive:
+            if self._broker_id is not None:
+                cluster.calls.append((self._broker_id, call))
+            raise BrokerUnavailableError(f"broker at {self._address} is unavailable")
+        cluster.calls.append((self._broker_id, call))
+        return self._broker_id
+
+    def metadata(
+        self, topics: Sequence[str] = (), *, include_internal: bool, timeout_ms: int | None
+    ) -> ClusterMetadata:
+        with self._cluster._lock:
+            return self._cluster._metadata_locked(self._enter("metadata"))
+
+    def find_coordinator(self, group_id: str, *, timeout_ms: int | None) -> BrokerNode:
+        cluster = self._cluster
+        with cluster._lock:
+            self._enter("find_coordinator")
+            broker_id = cluster._coordinators.setdefault(group_id, min(cluster.nodes))
+            if broker_id not in cluster._alive:
+                raise LeaderNotAvailableError(f"the coordinator of {group_id} is offline")
+            return cluster.nodes[broker_id]
+
+    def list_offsets(
+        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, ListOffsetsResult]:
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("list_offsets")
+            out: dict[TopicPartition, ListOffsetsResult] = {}
+            for tp, spec in queries.items():
+                try:
+                    partition = cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = ListOffsetsResult(error=exc)
+                    continue
+                offset = partition.log_start_offset if spec == -2 else partition.log_end_offset
+                out[tp] = ListOffsetsResult(offset, -1)
+            return out
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        member_id: str,
+        member_epoch: int,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError]:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_coordinator_locked(self._enter("commit_offsets"), group_id)
+            cluster._committed.setdefault(group_id, {}).update(offsets)
+            return {}
+
+    def fetch_committed(
+        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int]:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_coordinator_locked(self._enter("fetch_committed"), group_id)
+            committed = cluster._committed.get(group_id, {})
+            return {tp: committed[tp] for tp in partitions if tp in committed}
+
+    def heartbeat(
+        self,
+        group_id: str,
+        request: HeartbeatRequest,
+        *,
+        client_id: str,
+        rebalance_timeout_ms: int,
+        session_timeout_ms: int,
+        timeout_ms: int | None,
+    ) -> HeartbeatAnswer:
+        """A one-member group: the member gets every partition of its topics."""
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_coordinator_locked(self._enter("heartbeat"), group_id)
+            assignment = frozenset(
+                TopicPartition(name, p)
+                for name in request.subscription
+                if name in cluster._topics
+                for p in range(len(cluster._topics[name].partitions))
+            )
+            member_id = request.member_id or f"{client_id}-member"
+            return HeartbeatAnswer(member_id, request.member_epoch + 1, 1_000, assignment)
+
+    def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription:
+        with self._cluster._lock:
+            self._enter("describe_topic")
+            return self._cluster._description_locked(name)
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        timeout_ms: int | None,
+    ) -> TopicDescription:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("create_topic"))
+            if name in cluster._topics:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+            if replication_factor > 1:
+                raise InvalidReplicationFactorError(
+                    f"replication factor {replication_factor}: replicas are not kept here"
+                )
+            cluster._add_topic_locked(name, partitions or 1, ())
+            cluster._topics[name].config.update(config)
+            return cluster._description_locked(name)
+
+    def delete_topic(self, name: str, *, timeout_ms: int | None) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("delete_topic"))
+            if cluster._topics.pop(name, None) is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+    def alter_topic_config(
+        self,
+        name: str,
+        set_config: Mapping[str, str],
+        delete: Sequence[str],
+        *,
+        timeout_ms: int | None,
+    ) -> TopicDescription:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("alter_topic_config"))
+            topic = cluster._topics.get(name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            topic.config.update(set_config)
+            for key in delete:
+                topic.config.pop(key, None)
+            return cluster._description_locked(name)
+
+    def create_partitions(
+        self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
+    ) -> int:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("create_partitions"))
+            found = cluster._topics.get(topic)
+            if found is None:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+            if total_count <= len(found.partitions):
+                raise InvalidPartitionsError(f"{topic} has {len(found.partitions)} partitions")
+            if not validate_only:
+                ids = sorted(i for i in cluster.nodes if i in cluster._alive)
+                for p in range(len(found.partitions), total_count):
+                    leader = ids[p % len(ids)]
+                    found.partitions.append(_Partition(leader=leader, replicas=(leader,)))
+            return total_count
+
+    def init_producer_id(
+        self, *, producer_key: str = "", timeout_ms: int | None
+    ) -> tuple[int, int]:
+        cluster = self._cluster
+        with cluster._lock:
+            self._enter("init_producer_id")
+            if producer_key and producer_key in cluster._keyed_ids:
+                return cluster._keyed_ids[producer_key], 0
+            cluster._next_producer_id += 1
+            if producer_key:
+                cluster._keyed_ids[producer_key] = cluster._next_producer_id
+            return cluster._next_producer_id, 0
+
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
+        """From the batches stored: the last sequence of ``producer_id`` per epoch seen last."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("describe_producers")
+            out: dict[TopicPartition, list[ProducerState] | TidelogError] = {}
+            for tp in partitions:
+                try:
+                    cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = exc
+                    continue
+                states: list[ProducerState] = []
+                for _, data in cluster.produced.get(tp, []):
+                    # RecordBatch v2: producer id int64 at 43, epoch int16 at 51, base
+                    # sequence int32 at 53, lastOffsetDelta int32 at 23.
+                    pid, epoch, base = struct.unpack_from(">qhi", data, 43)
+                    if pid == producer_id:
+                        last = base + struct.unpack_from(">i", data, 23)[0]
+                        states = [ProducerState(pid, epoch, last)]
+                out[tp] = states
+            return out
+
+    def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("produce")
+            return ProduceAnswer(call.correlation_id, cluster._append_locked(broker_id, call))
+
+    def open_fetch_stream(self) -> FetchStream:
+        cluster = self._cluster
+        stream = _InMemoryFetchStream(cluster, self._broker_id)
+        with cluster._lock:
+            if self._broker_id is None or self._broker_id not in cluster._alive:
+                stream.break_with(BrokerUnavailableError(f"broker at {self._address} is down"))
+            else:
+                cluster._streams.setdefault(self._broker_id, []).append(stream)
+        return stream
+
+    def open_produce_stream(self) -> ProduceStream:
+        cluster = self._cluster
+        stream = _InMemoryProduceStream(cluster, self._broker_id)
+        with cluster._lock:
+            if self._broker_id is None or self._broker_id not in cluster._alive:
+                stream.break_with(BrokerUnavailableError(f"broker at {self._address} is down"))
+            else:
+                cluster._streams.setdefault(self._broker_id, []).append(stream)
+        return stream
+
+    def close(self) -> None:
+        self._closed = True
+
+
+_END: object = object()
+
+
+class _InMemoryProduceStream:
+    """Appends on ``send`` (under the cluster's lock) and queues the answer."""
+
+    def __init__(self, cluster: InMemoryCluster, broker_id: int | None) -> None:
+        self._cluster = cluster
+        self._broker_id = broker_id
+        self._answers: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._ended = False
+
+    def break_with(self, error: TidelogError) -> None:
+        """The connection is gone: nothing sent from now on arrives (lock held)."""
+        self._ended = True
+        self._answers.put(error)
+
+    def send(self, call: ProduceCall) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            if self._ended or self._broker_id not in cluster._alive:
+                return  # a broken stream: the reader already got (or gets) its error
+            assert self._broker_id is not None
+            cluster.calls.append((self._broker_id, "produce"))
+            results = cluster._append_locked(self._broker_id, call)
+        self._answers.put(ProduceAnswer(call.correlation_id, results))
+
+    def responses(self) -> Iterator[ProduceAnswer]:
+        while True:
+            item = self._answers.get()
+            if item is _END:
+                return
+            if isinstance(item, TidelogError):
+                raise item
+            assert isinstance(item, ProduceAnswer)
+            yield item
+
+    def close(self) -> None:
+        self._ended = True
+        self._answers.put(_END)
+
+    def cancel(self) -> None:
+        self._ended = True
+        self._answers.put(ClosedError("the produce stream was cancelled"))
+
+
+class _InMemoryFetchStream:
+    """Answers fetches on the reader's thread: a long poll on the cluster's condition."""
+
+    def __init__(self, cluster: InMemoryCluster, broker_id: int | None) -> None:
+        self._cluster = cluster
+        self._broker_id = broker_id
+        self._calls: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._ended = False
+
+    def break_with(self, error: TidelogError) -> None:
+        """The connection is gone (lock held)."""
+        self._ended = True
+        self._calls.put(error)
+
+    def send(self, call: FetchCall) -> None:
+        if not self._ended:
+            self._calls.put(call)
+
+    def responses(self) -> Iterator[FetchAnswer]:
+        while True:
+            item = self._calls.get()
+            if item is _END:
+                return
+            if isinstance(item, TidelogError):
+                raise item
+            assert isinstance(item, FetchCall)
+            answer = self._answer(item)
+            if answer is None:  # broken while waiting: its error is queued
+                continue
+            yield answer
+
+    def _answer(self, call: FetchCall) -> FetchAnswer | None:
+        cluster = self._cluster
+        deadline = time.monotonic() + call.max_wait_ms / 1000
+        with cluster._lock:
+            while True:
+                if self._ended:
+                    return None
+                assert self._broker_id is not None
+                results = [self._result_locked(tp, offset) for tp, offset, _ in call.partitions]
+                remaining = deadline - time.monotonic()
+                if any(r.records or r.error for r in results) or remaining <= 0:
+                    cluster.calls.append((self._broker_id, "fetch"))
+                    return FetchAnswer(call.correlation_id, results)
+                cluster._appended.wait(remaining)
+
+    def _result_locked(self, tp: TopicPartition, fetch_offset: int) -> FetchResult:
+        cluster = self._cluster
+        assert self._broker_id is not None
+        try:
+            partition = cluster._check_leader_locked(self._broker_id, tp)
+        except TidelogError as exc:
+            return FetchResult(tp, b"", error=exc)
+        end = partition.log_end_offset
+        if not partition.log_start_offset <= fetch_offset <= end:
+            return FetchResult(
+                tp,
+                b"",
+                end,
+                partition.log_start_offset,
+                OffsetOutOfRangeError(f"{tp}: offset {fetch_offset} is outside [0, {end}]"),
+            )
+        records = b"".join(
+            data
+            for base, data in cluster.produced.get(tp, [])
+            if base + struct.unpack_from(">i", data, 23)[0] >= fetch_offset
+        )
+        return FetchResult(tp, records, end, partition.log_start_offset)
+
+    def close(self) -> None:
+        self._ended = True
+        self._calls.put(_END)
+        with self._cluster._lock:
+            self._cluster._appended.notify_all()
+
+    def cancel(self) -> None:
+        self._ended = True
+        self._calls.put(ClosedError("the fetch stream was cancelled"))
+        with self._cluster._lock:
+            self._cluster._appended.notify_all()

@@ -1,0 +1,79 @@
+"""The producer against the in-memory cluster: each partition's batches go to its
+leader, follow it when it moves, and fail clearly when the partition is offline."""
+
+from __future__ import annotations
+
+import pytest
+
+from client import Producer
+from client.testing import InMemoryCluster
+from client.types import TopicPartition
+from storage.errors import KafkaTimeoutError
+from storage.records import decode_records
+
+
+def _values(cluster: InMemoryCluster, tp: TopicPartition) -> list[bytes | None]:
+    return [
+        record.value for _, data in cluster.produced.get(tp, []) for record in decode_records(data)
+    ]
+
+
+def _producer(cluster: InMemoryCluster, **settings: object) -> Producer:
+    return Producer(
+        cluster.nodes[0].address,  # one broker named: it tells of the others
+        connection_factory=cluster.connect,
+        linger_ms=0,
+        retry_backoff_ms=10,
+        **settings,
+    )
+
+
+def test_each_partition_goes_to_its_leader() -> None:
+    cluster = InMemoryCluster(3)
+    cluster.add_topic("t", 3)  # partition p led by broker p
+    with _producer(cluster) as producer:
+        futures = [producer.send("t", f"v{p}".encode(), partition=p) for p in range(3)]
+        offsets = [f.result(timeout=10).offset for f in futures]
+    assert offsets == [0, 0, 0]
+    for p in range(3):
+        assert _values(cluster, TopicPartition("t", p)) == [f"v{p}".encode()]
+        assert cluster.calls_to(p, "produce") >= 1
+
+
+def test_a_moved_leader_is_followed_in_order() -> None:
+    cluster = InMemoryCluster(3)
+    cluster.add_topic("t", 1, leaders=[1])
+    tp = TopicPartition("t", 0)
+    with _producer(cluster) as producer:
+        assert producer.send("t", b"a", partition=0).result(timeout=10).offset == 0
+        cluster.move_leader(tp, 2)
+        futures = [producer.send("t", b"%d" % i, partition=0) for i in range(20)]
+        assert [f.result(timeout=10).offset for f in futures] == list(range(1, 21))
+    assert _values(cluster, tp) == [b"a", *(b"%d" % i for i in range(20))]
+    assert cluster.calls_to(2, "produce") >= 1
+
+
+def test_an_offline_partition_fails_with_a_clear_message_not_a_hang() -> None:
+    cluster = InMemoryCluster(2)
+    cluster.add_topic("t", 2)
+    with _producer(cluster, delivery_timeout_ms=600, request_timeout_ms=500) as producer:
+        assert producer.send("t", b"ok", partition=1).result(timeout=10).offset == 0
+        cluster.kill(1)
+        lost = producer.send("t", b"lost", partition=1)
+        kept = producer.send("t", b"kept", partition=0)
+        assert kept.result(timeout=10).offset == 0  # the other partition is unaffected
+        with pytest.raises(KafkaTimeoutError, match="t-1 is offline"):
+            lost.result(timeout=10)
+
+
+def test_a_broker_killed_and_revived_gets_the_retried_batch() -> None:
+    cluster = InMemoryCluster(2)
+    cluster.add_topic("t", 2)
+    tp = TopicPartition("t", 1)
+    with _producer(cluster) as producer:
+        assert producer.send("t", b"before", partition=1).result(timeout=10).offset == 0
+        cluster.kill(1)
+        future = producer.send("t", b"after", partition=1)
+        cluster.revive(1)
+        assert future.result(timeout=10).offset == 1
+    assert _values(cluster, tp) == [b"before", b"after"]
