@@ -32,7 +32,6 @@ JVM is started in its own process group and killed with it, so nothing outlives 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import shutil
@@ -51,7 +50,6 @@ log = logging.getLogger(__name__)
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 _START_TIMEOUT_S = 30.0
-_PR_SET_PDEATHSIG = 1
 _STOP_TIMEOUT_S = 10.0
 
 
@@ -60,17 +58,23 @@ def zookeeper_available() -> bool:
     return ZOOKEEPER_JAR.is_file() and shutil.which("java") is not None
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the process that started it dies.
+# Servers started for tests must stop by themselves, even when the test run is killed and
+# never reaches its teardown: each child runs through this trampoline, which asks Linux to
+# SIGKILL it when its parent dies (prctl PR_SET_PDEATHSIG, kept across exec) and then
+# execs the real command. A trampoline rather than ``preexec_fn``: Python code between
+# fork and exec in a process with threads (grpc's) is unsafe and was seen to crash.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "except OSError:\n"
+    "    pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
 
-    Servers started for tests must stop by themselves, even when the test run is killed
-    and never reaches its teardown (Linux ``prctl(PR_SET_PDEATHSIG)``).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+
+def _dying_with_parent(command: list[str]) -> list[str]:
+    return [sys.executable, "-c", _DIE_WITH_PARENT, *command]
 
 
 def _free_port() -> int:
@@ -139,21 +143,22 @@ class ZooKeeperServer:
         log_file = open(self._directory / "zookeeper.log", "ab")  # noqa: SIM115  # the child's
         try:
             self._process = subprocess.Popen(
-                [
-                    "java",
-                    "-Xmx256m",
-                    "-Dzookeeper.admin.enableServer=false",
-                    f"-Dzookeeper.log.dir={self._directory}",
-                    "-cp",
-                    str(ZOOKEEPER_JAR),
-                    "org.apache.zookeeper.server.ZooKeeperServerMain",
-                    str(self._directory / "zoo.cfg"),
-                ],
+                _dying_with_parent(
+                    [
+                        "java",
+                        "-Xmx256m",
+                        "-Dzookeeper.admin.enableServer=false",
+                        f"-Dzookeeper.log.dir={self._directory}",
+                        "-cp",
+                        str(ZOOKEEPER_JAR),
+                        "org.apache.zookeeper.server.ZooKeeperServerMain",
+                        str(self._directory / "zoo.cfg"),
+                    ]
+                ),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         finally:
             log_file.close()
@@ -296,11 +301,10 @@ class LocalCluster:
         log_file = open(self._directory / f"broker-{broker_id}.log", "ab")  # noqa: SIM115
         try:
             self._processes[broker_id] = subprocess.Popen(
-                command,
+                _dying_with_parent(command),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
             )
         finally:
             log_file.close()
