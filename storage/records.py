@@ -434,6 +434,7 @@ def decode_batch_as(
     row_type: type[_Row],
     prefix: tuple[Any, Any],
     *,
+    times: tuple[int | None, int | None] | None = None,
     validate: bool = True,
     pure: bool = False,
 ) -> tuple[BatchHeader, list[_Row]]:
@@ -444,11 +445,20 @@ def decode_batch_as(
     key, value and headers as in ``Record``. The consumer's records are built here
     directly, not copied from ``Record``s: the copy was a quarter of the time a fetched
     record cost. Errors and ``pure`` as ``decode_batch``.
+
+    ``times``: the batch's ``(sent_ms, received_ms)`` (``storage.batch_times``; each None
+    when unknown). With it ``row_type`` has ten fields: the seven above, then sent,
+    received and the corrected timestamp, ``timestamp + received - sent`` (the record's
+    time on the broker's clock), or the timestamp itself when either is None. One
+    correction for the whole batch: its records were sent in one request. Python ints:
+    hostile times can give a corrected timestamp outside int64, never an error or a wrap.
     """
     if len(prefix) != 2:
         raise ValueError(f"prefix must have two fields, not {len(prefix)}")
+    if times is not None and len(times) != 2:
+        raise ValueError(f"times must have two fields, not {len(times)}")
     header = validate_batch(buf, position) if validate else read_header(buf, position)
-    return header, _decode_body(buf, position, header, row_type, prefix, pure)
+    return header, _decode_body(buf, position, header, row_type, prefix, pure, times)
 
 
 def decode_records(buf: _Buffer) -> Iterator[Record]:
@@ -468,6 +478,7 @@ def _decode_body(
     row_type: type[_Row],
     prefix: tuple[Any, Any] | None,
     pure: bool,
+    times: tuple[int | None, int | None] | None = None,
 ) -> list[_Row]:
     data, start, end = records_data(buf, position, header)
     append_time = header.max_timestamp if header.attributes & _LOG_APPEND_TIME_FLAG else None
@@ -484,6 +495,7 @@ def _decode_body(
             position,
             row_type,
             prefix,
+            times,
         )
     # The pure loop gets the records as their own bytes object even when `buf` is bytes:
     # indexing and slicing bytes is the fastest access Python has, and the copy costs
@@ -500,6 +512,7 @@ def _decode_body(
         position,
         row_type,
         prefix,
+        times,
     )
 
 
@@ -540,6 +553,7 @@ def _decode_records(
     batch_position: int,
     row_type: type[_Row],
     prefix: tuple[Any, Any] | None,
+    times: tuple[int | None, int | None] | None = None,
 ) -> list[_Row]:
     # The hot loop. Every varint gets inline 1- and 2-byte paths (lengths up to 8191,
     # offset deltas up to 8191) and falls back to the strict decoder beyond. Reads may run
@@ -557,6 +571,11 @@ def _decode_records(
     # build a second tuple for every record.
     plain = prefix is None
     first, second = (None, None) if prefix is None else prefix
+    # With times (and a prefix): rows end with sent, received, corrected (see
+    # decode_batch_as); `shift` is None when there is nothing to correct by.
+    timed = times is not None and not plain
+    sent, received = (None, None) if times is None else times
+    shift = None if sent is None or received is None else received - sent
     previous_delta = -1
     record_start = pos
     # Java's long arithmetic wraps base + delta; only a delta past the 2-byte paths or a
@@ -666,6 +685,24 @@ def _decode_records(
             timestamp = base_timestamp + timestamp_delta if append_time is None else append_time
             if plain:
                 append(new(cls, (base_offset + offset_delta, timestamp, key, value, headers)))
+            elif timed:
+                append(
+                    new(
+                        cls,
+                        (
+                            first,
+                            second,
+                            base_offset + offset_delta,
+                            timestamp,
+                            key,
+                            value,
+                            headers,
+                            sent,
+                            received,
+                            timestamp if shift is None else timestamp + shift,
+                        ),
+                    )
+                )
             else:
                 append(
                     new(
@@ -682,7 +719,7 @@ def _decode_records(
         )
     if wrap_timestamps:
         at = 1 if plain else 3  # the timestamp's field
-        records = [_wrap_timestamp(cls, record, at) for record in records]
+        records = [_wrap_timestamp(cls, record, at, timed, shift) for record in records]
     return records
 
 
@@ -738,10 +775,15 @@ def _record_error(batch_position: int, record_position: int, what: str) -> Corru
     )
 
 
-def _wrap_timestamp(row_type: type[_Row], row: _Row, at: int) -> _Row:
+def _wrap_timestamp(
+    row_type: type[_Row], row: _Row, at: int, timed: bool = False, shift: int | None = None
+) -> _Row:
     timestamp = ((row[at] - INT64_MIN) & 0xFFFFFFFFFFFFFFFF) + INT64_MIN
     if timestamp == row[at]:
         return row
+    if timed:  # the corrected timestamp follows the wrapped one
+        corrected = timestamp if shift is None else timestamp + shift
+        return _new_row(row_type, (*row[:at], timestamp, *row[at + 1 : 9], corrected))
     return _new_row(row_type, (*row[:at], timestamp, *row[at + 1 :]))
 
 
