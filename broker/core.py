@@ -615,6 +615,10 @@ class BrokerCore:
 
     # --- data -----------------------------------------------------------------------------
 
+    def wall_ms(self) -> int:
+        """The broker's wall clock (listeners stamp a produce request's received time)."""
+        return self._clock.wall_ms()
+
     def produce(
         self, partitions: Sequence[PartitionRecords], acks: Acks
     ) -> list[PartitionProduced]:

@@ -37,6 +37,7 @@ from broker.delayed import DelayedOperation, Purgatory
 from broker.errors import partition_error
 from broker.group_fsync import DURABLE, PENDING, GroupFsync
 from broker.metrics import BrokerMetrics
+from storage.batch_times import BatchTimes
 from storage.errors import InvalidRequestError, InvalidTopicError, StorageError
 from storage.log_manager import LogManager
 from storage.partition_log import AppendResult, PartitionLog
@@ -73,11 +74,13 @@ def parse_acks(value: int) -> Acks:
 
 @dataclass(frozen=True, slots=True)
 class PartitionRecords:
-    """One partition's part of a produce request: concatenated RecordBatch v2 bytes."""
+    """One partition's part of a produce request: concatenated RecordBatch v2 bytes, and
+    the request's sent/received times, stored for every batch (``storage.batch_times``)."""
 
     topic: str
     partition: int
     records: bytes
+    times: BatchTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +221,7 @@ class ProducePath:
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
             partition_log = self._logs.get_log(part.topic, part.partition)
-            result = partition_log.append(part.records)
+            result = partition_log.append(part.records, part.times)
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()

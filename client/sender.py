@@ -39,6 +39,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from client.accumulator import NO_ROOM, ProducerBatch, RecordAccumulator
@@ -129,7 +130,12 @@ class Sender:
         partitioner: StickyPartitioner,
         lock: threading.Lock,
         futures_condition: threading.Condition,
+        *,
+        wall_clock: Callable[[], int] = now_ms,
     ) -> None:
+        # Stamps each request's send time (the device's clock, which may be wrong: the
+        # broker's received time minus it is how consumers correct record timestamps).
+        self._wall_clock = wall_clock
         self._config = config
         self._transport = transport
         self._accumulator = accumulator
@@ -532,6 +538,9 @@ class Sender:
                     self._decide_locked(batch, error, now_ms(), settlements)
             else:
                 self._requests[correlation_id] = _Request(correlation_id, batches, now_ms())
+                # The send time is stamped as the request goes to the stream, not when its
+                # batches were filled: time spent buffered (offline) is not in-flight time.
+                request.sent_timestamp_ms = self._wall_clock()
                 stream.send(request)
         self._yield_gil_if_wanted()
         self._settle(settlements)

@@ -55,7 +55,18 @@ class RecordMetadata(NamedTuple):
 
 
 class ConsumerRecord(NamedTuple):
-    """One record read from a partition. ``value`` None is a tombstone."""
+    """One record read from a partition. ``value`` None is a tombstone.
+
+    Three times (``DESIGN.md``, "Three timestamps per record"): ``timestamp_ms`` is the
+    record's own (the producer's clock when the event happened, or LogAppendTime);
+    ``sent_timestamp_ms`` the producer's clock when the request carrying its batch was sent
+    and ``received_timestamp_ms`` the broker's clock when that request arrived (None when
+    unknown: older producers, other protocols); ``corrected_timestamp_ms`` =
+    ``timestamp_ms + received - sent``, the event time on the broker's clock, or
+    ``timestamp_ms`` when either is unknown. Sent and received are per batch, so the
+    correction is one number for every record of a batch. The consumer always fills the
+    corrected time; it is None only in a record built by hand without it.
+    """
 
     topic: str
     partition: int
@@ -64,6 +75,9 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: tuple[Header, ...]
+    sent_timestamp_ms: int | None = None
+    received_timestamp_ms: int | None = None
+    corrected_timestamp_ms: int | None = None
 
 
 class OffsetAndTimestamp(NamedTuple):
