@@ -247,6 +247,7 @@ class BrokerCore:
             group_fsync,
             metrics,
             check_leader=self._check_leader,
+            batch_times=config.batch_times_enabled,
         )
         self._gate = threading.Condition()
         self._in_flight = 0

@@ -193,8 +193,12 @@ class ProducePath:
         fsync: GroupFsync,
         metrics: BrokerMetrics,
         check_leader: Callable[[str, int], None] | None = None,
+        *,
+        batch_times: bool = True,
     ) -> None:
         self._logs = logs
+        # False (log.batch.times.enable): store no sent/received times at all.
+        self._batch_times = batch_times
         # Cluster mode: raises unless this broker leads the partition (broker.placement).
         self._check_leader = check_leader
         self._on_append = on_append
@@ -221,7 +225,7 @@ class ProducePath:
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
             partition_log = self._logs.get_log(part.topic, part.partition)
-            result = partition_log.append(part.records, part.times)
+            result = partition_log.append(part.records, part.times if self._batch_times else None)
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()

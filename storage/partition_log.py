@@ -99,7 +99,6 @@ _HEADER_AFTER_BASE_OFFSET = operator.attrgetter(*_HEADER_FIELDS[1:])
 # Recovery must not judge stored batches by today's max.message.bytes: the limit can be
 # lowered after they were accepted. Framing, the file's size and the CRC decide validity.
 _RECOVERY_MAX_BATCH_BYTES = 2**31 - 1
-_NO_TIMES = BatchTimes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +443,7 @@ class PartitionLog:
 
         ``times``: when the request carrying them was sent (producer clock) and received
         (broker clock), kept for every batch in the segment's ``.batchtimes`` sidecar
-        (None: unknown, stored as -1).
+        (None: nothing is stored; readers see unknown times).
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -466,7 +465,7 @@ class PartitionLog:
             if self._closed:
                 raise StorageError(f"{self} is closed")
             try:
-                return self._append_locked(records, batches, config, times or _NO_TIMES)
+                return self._append_locked(records, batches, config, times)
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise _io_error(exc, f"{self}: append failed") from exc
 
@@ -475,7 +474,7 @@ class PartitionLog:
         records: bytes,
         batches: list[BatchPosition],
         config: LogConfig,
-        times: BatchTimes,
+        times: BatchTimes | None,
     ) -> AppendResult:
         state = self._producer_state
         duplicates = state.check_all([b.header for b in batches])

@@ -223,3 +223,18 @@ def test_every_batch_of_a_request_gets_the_request_times(broker: InProcessBroker
     assert [r.corrected_timestamp_ms for r in records] == [
         1_000 * i + received_ms - sent for i in range(1, 4)
     ]
+
+
+def test_a_broker_with_batch_times_off_stores_none(tmp_path: Path) -> None:
+    settings = {"log.batch.times.enable": False}
+    with InProcessBroker(tmp_path / "plain", settings=settings) as plain:
+        _create(plain, "plain")
+        with Producer(plain.address, linger_ms=1) as producer:
+            producer.send("plain", value=b"x", timestamp_ms=5_000).result(timeout=30)
+        (record,) = _read_all(plain, "plain", 1)
+        assert record.sent_timestamp_ms is None
+        assert record.received_timestamp_ms is None
+        assert record.corrected_timestamp_ms == record.timestamp_ms == 5_000
+        assert not any((tmp_path / "plain" / "plain-0").glob("*.batchtimes")) or all(
+            p.stat().st_size == 0 for p in (tmp_path / "plain" / "plain-0").glob("*.batchtimes")
+        )
