@@ -539,10 +539,18 @@ class Segment:
         new_log, new_index, new_time, new_times = self.paths(
             self.directory, self.base_offset, suffix
         )
+        # The sidecar cannot be rebuilt from the log, unlike the indexes. Stripping a suffix
+        # (a compaction swap's last step) renames it first: a crash midway leaves the
+        # .log.swap that makes open() finish the swap, not a final .log whose leftover
+        # .swap files are discarded. Adding one (.deleted, .swap) renames it last: a crash
+        # leaves it beside a live log, not a live sidecar beside a doomed log.
+        if not suffix:
+            self.batch_times.rename(new_times)
         os.replace(self.log_path, new_log)
         self.offset_index.rename(new_index)
         self.time_index.rename(new_time)
-        self.batch_times.rename(new_times)
+        if suffix:
+            self.batch_times.rename(new_times)
         self.suffix = suffix
 
     def close(self) -> None:

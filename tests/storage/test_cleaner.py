@@ -1109,8 +1109,8 @@ def crash_state(swap: Swap, step: str) -> Iterator[tuple[str, bytes]]:
             names = segment_names(base)
             if i > half_new:
                 suffixes.update(dict.fromkeys(names, ".swap"))
-            elif i == half_new:
-                suffixes.update(dict.fromkeys(names[1:], ".swap"))
+            elif i == half_new:  # its .batchtimes stripped first (Segment.rename_suffix)
+                suffixes.update(dict.fromkeys(names[:3], ".swap"))
         yield from new_as(suffixes)
     elif step == "done":
         yield from old_as(dict.fromkeys(old_files, ".deleted"))
