@@ -328,6 +328,8 @@ class KeyedProducer:
                     topics=[
                         pb.ProduceTopicData(topic=t, partitions=p) for t, p in by_topic.items()
                     ],
+                    # The send time of the three timestamps (this host's wall clock).
+                    sent_timestamp_ms=time.time_ns() // 1_000_000,
                 ),
                 what="Produce",
             )

@@ -17,6 +17,7 @@ import pytest
 from broker.testing import InProcessBroker
 from client import Consumer, Producer, TopicPartition
 from client.admin import AdminClient
+from client.keyed_producer import KeyedProducer, ProducerRecord
 from client.types import ConsumerRecord
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
@@ -238,3 +239,19 @@ def test_a_broker_with_batch_times_off_stores_none(tmp_path: Path) -> None:
         assert not any((tmp_path / "plain" / "plain-0").glob("*.batchtimes")) or all(
             p.stat().st_size == 0 for p in (tmp_path / "plain" / "plain-0").glob("*.batchtimes")
         )
+
+
+def test_the_keyed_producer_stamps_its_send_time(broker: InProcessBroker) -> None:
+    _create(broker, "keyed")
+    before = _wall_ms()
+    with KeyedProducer(broker.address, "job:0") as producer:
+        tp = TopicPartition("keyed", 0)
+        assert producer.write_once({tp: [ProducerRecord(b"k", b"v")]}, epoch=0).written == 1
+    after = _wall_ms()
+    (record,) = _read_all(broker, "keyed", 1)
+    assert record.sent_timestamp_ms is not None
+    assert before <= record.sent_timestamp_ms <= after
+    assert record.received_timestamp_ms is not None
+    assert record.corrected_timestamp_ms == (
+        record.timestamp_ms + record.received_timestamp_ms - record.sent_timestamp_ms
+    )
