@@ -64,8 +64,9 @@ class ConsumerRecord(NamedTuple):
     unknown: older producers, other protocols); ``corrected_timestamp_ms`` =
     ``timestamp_ms + received - sent``, the event time on the broker's clock, or
     ``timestamp_ms`` when either is unknown. Sent and received are per batch, so the
-    correction is one number for every record of a batch. The consumer always fills the
-    corrected time; it is None only in a record built by hand without it.
+    correction is one number for every record of a batch. The corrected time is derived
+    on access (a property, not a field: the decoders would otherwise build an int per
+    record, ~12% of decoding); it takes no part in equality, being a function of the rest.
     """
 
     topic: str
@@ -77,7 +78,15 @@ class ConsumerRecord(NamedTuple):
     headers: tuple[Header, ...]
     sent_timestamp_ms: int | None = None
     received_timestamp_ms: int | None = None
-    corrected_timestamp_ms: int | None = None
+
+    @property
+    def corrected_timestamp_ms(self) -> int:
+        """``timestamp_ms + received - sent``; ``timestamp_ms`` when either is unknown."""
+        sent = self.sent_timestamp_ms
+        received = self.received_timestamp_ms
+        if sent is None or received is None:
+            return self.timestamp_ms
+        return self.timestamp_ms + received - sent
 
 
 class OffsetAndTimestamp(NamedTuple):

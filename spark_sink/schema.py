@@ -106,12 +106,7 @@ def records_to_arrow(
     """One Arrow batch of ``records``, column by column. ``use_corrected``: the
     ``timestamp`` column holds the corrected timestamps."""
     count = len(records)
-    corrected = _micros(
-        [
-            r.timestamp_ms if r.corrected_timestamp_ms is None else r.corrected_timestamp_ms
-            for r in records
-        ]
-    )
+    corrected = _micros([r.corrected_timestamp_ms for r in records])
     topic = records[0].topic if records else ""
     partition = records[0].partition if records else 0
     columns: list[pa.Array] = [

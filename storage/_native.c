@@ -482,9 +482,7 @@ PyDoc_STRVAR(decode_records_doc,
 "decode_records(buf, start, end, count, base_offset, base_timestamp, append_time,\n"
 "               last_offset_delta, batch_position, row_type, prefix[, times]) -> list\n\n"
 "The records of buf[start:end] as row_type tuples: storage.records._decode_records.\n"
-"times, with a prefix: (sent_ms, received_ms), each int or None; each row then ends with\n"
-"sent, received and the corrected timestamp (timestamp + received - sent as Python ints,\n"
-"or the timestamp when either is None).");
+"times, with a prefix: (sent_ms, received_ms), each row then ends with these two.");
 
 static PyObject *
 decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -517,10 +515,8 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         first = PyTuple_GET_ITEM(prefix, 0);
         second = PyTuple_GET_ITEM(prefix, 1);
     }
+    /* The batch's (sent, received) times: the same two objects end every row. */
     PyObject *sent = NULL, *received = NULL;
-    PyObject *shift_obj = NULL; /* received - sent as a Python int, when both are known */
-    int small_shift = 0;        /* shift_obj fits in `shift` */
-    long long shift = 0;
     if (nargs == 12 && args[11] != Py_None) {
         if (first == NULL || !PyTuple_Check(args[11]) || PyTuple_GET_SIZE(args[11]) != 2) {
             PyErr_SetString(PyExc_ValueError, "times must be a tuple of two fields, with a prefix");
@@ -528,34 +524,17 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         sent = PyTuple_GET_ITEM(args[11], 0);
         received = PyTuple_GET_ITEM(args[11], 1);
-        if (sent != Py_None && received != Py_None) {
-            /* Python ints, as the pure decoder: no wrap and no overflow error, ever. The
-               int64 fast path below covers every real clock. */
-            shift_obj = PyNumber_Subtract(received, sent);
-            if (shift_obj == NULL) {
-                return NULL;
-            }
-            int overflow = 0;
-            shift = PyLong_AsLongLongAndOverflow(shift_obj, &overflow);
-            if (shift == -1 && PyErr_Occurred()) {
-                Py_DECREF(shift_obj);
-                return NULL;
-            }
-            small_shift = overflow == 0;
-        }
     }
-    const Py_ssize_t width = prefix == Py_None ? 5 : (sent != NULL ? 10 : 7);
+    const Py_ssize_t width = prefix == Py_None ? 5 : (sent != NULL ? 9 : 7);
     Py_buffer view;
     Reader r;
     if (get_records_buffer(args[0], start, end, &view, &r, batch_position) < 0) {
-        Py_XDECREF(shift_obj);
         return NULL;
     }
     /* A hostile count costs nothing up front: the list grows with the records found. */
     PyObject *records = PyList_New(0);
     if (records == NULL) {
         PyBuffer_Release(&view);
-        Py_XDECREF(shift_obj);
         return NULL;
     }
     Py_ssize_t pos = 0;
@@ -570,19 +549,8 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *key = bytes_or_none(r.data, rec.key_position, rec.key_length);
         PyObject *value = bytes_or_none(r.data, rec.value_position, rec.value_length);
         PyObject *headers = build_headers(r.data, &rec);
-        PyObject *corrected = NULL;
-        if (timestamp != NULL && sent != NULL) {
-            long long value_ms = 0;
-            if (shift_obj == NULL) {
-                corrected = Py_NewRef(timestamp);
-            } else if (small_shift && !__builtin_add_overflow(rec.timestamp, shift, &value_ms)) {
-                corrected = PyLong_FromLongLong(value_ms);
-            } else {
-                corrected = PyNumber_Add(timestamp, shift_obj);
-            }
-        }
         PyObject *row = NULL;
-        if (offset && timestamp && key && value && headers && (sent == NULL || corrected)) {
+        if (offset && timestamp && key && value && headers) {
             row = new_row(row_type, width);
         }
         if (row == NULL) {
@@ -591,7 +559,6 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(key);
             Py_XDECREF(value);
             Py_XDECREF(headers);
-            Py_XDECREF(corrected);
             goto error;
         }
         Py_ssize_t at = 0;
@@ -608,7 +575,6 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (sent != NULL) {
             PyTuple_SET_ITEM(row, 7, Py_NewRef(sent));
             PyTuple_SET_ITEM(row, 8, Py_NewRef(received));
-            PyTuple_SET_ITEM(row, 9, corrected);
         }
         const int failed = PyList_Append(records, row);
         Py_DECREF(row);
@@ -620,11 +586,9 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto error;
     }
     PyBuffer_Release(&view);
-    Py_XDECREF(shift_obj);
     return records;
 error:
     PyBuffer_Release(&view);
-    Py_XDECREF(shift_obj);
     Py_DECREF(records);
     return NULL;
 }
