@@ -158,15 +158,6 @@ class BatchTimesFile:
             raise StorageError(f"cannot read {path}: {exc}") from exc
         return cls(path, fd, entries)
 
-    @property
-    def entry_count(self) -> int:
-        return len(self._positions)
-
-    def entries(self) -> list[BatchTimesEntry]:
-        """Every entry, decoded (tests and the cleaner)."""
-        size = os.fstat(self._fd).st_size
-        return valid_prefix(os.pread(self._fd, size, 0), log_size=2**63 - 1, next_offset=2**63 - 1)
-
     def times_by_last_offset(self) -> dict[int, BatchTimes]:
         """Last offset -> times of every entry (the cleaner carries them over)."""
         return {
