@@ -15,7 +15,13 @@ temporary data directory, 127.0.0.1, metrics off):
 3. consume throughput: one consumer process reads them back from offset zero;
 4. produce latency: single records, each waited for, ``acks=1`` and ``acks=all``
    (``linger_ms=0``);
-5. end-to-end latency: from ``send`` to a consumer that is waiting in ``poll``.
+5. end-to-end latency: from ``send`` to a consumer that is waiting in ``poll``;
+6. three timestamps per record: produce and consume throughput against this broker and
+   against a second one with ``log.batch.times.enable=false`` (no sent/received times
+   stored or fetched: the plain baseline), ``--ts-rounds`` interleaved rounds of fresh
+   topics, the median of the rounds' ratios: ``three_ts_over_plain_produce`` and
+   ``three_ts_over_plain_consume`` (1.0 = no cost; the target is >= 0.97), and the bytes
+   the times add per batch (on disk, in a fetch answer) and per produce request.
 
 Keys are unique (``i`` as 16 big-endian bytes). On a one-partition topic (the default)
 the producer skips murmur2, which cannot change the partition; ``--partitions 3`` shows
@@ -89,12 +95,17 @@ def _wait_for_file(path: Path, process: subprocess.Popen[str], what: str) -> str
     return path.read_text().strip()
 
 
-def start_broker(work: Path, model: str | None = None) -> tuple[subprocess.Popen[str], str]:
-    ready = work / "broker-ready"
+def start_broker(
+    work: Path, model: str | None = None, *settings: str, name: str = "broker"
+) -> tuple[subprocess.Popen[str], str]:
+    ready = work / f"{name}-ready"
     ready.unlink(missing_ok=True)
     extra = ["--set", f"server.io.model={model}"] if model else []
+    for setting in settings:
+        extra += ["--set", setting]
+    data = work / ("data" if name == "broker" else f"data-{name}")
     process = _spawn(
-        "-m", "broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
+        "-m", "broker", "--data-dir", str(data), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "WARNING", "--set", "metrics.port=-1",
         *extra,
     )  # fmt: skip
@@ -321,6 +332,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="100k records, fewer samples")
     parser.add_argument("--models", help="compare serving models, e.g. async,threads")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --models")
+    parser.add_argument(
+        "--ts-rounds", type=int, default=3, help="rounds of the three-timestamps comparison"
+    )
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
@@ -334,6 +348,7 @@ def main() -> int:
     if args.quick:
         args.records = 100_000
         args.latency_samples = 300
+        args.ts_rounds = 1
     if args.models:
         return compare_models(
             args.models.split(","), args.records, args.rounds, args.latency_samples
@@ -341,6 +356,9 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="tidelog-client-bench-"))
     broker, address = start_broker(work)
+    plain_broker, plain_address = start_broker(
+        work, None, "log.batch.times.enable=false", name="plain"
+    )
     echo, echo_address = start_echo_server(work)
     try:
         from client import AdminClient
@@ -375,8 +393,12 @@ def main() -> int:
         e2e = _run_role("--role", "end-to-end", "--address", address, "--topic", "e2e",
                         "--count", samples)  # fmt: skip
         print(f"end-to-end: p50 {e2e['p50_ms']:.3f} ms, p99 {e2e['p99_ms']:.3f} ms")
+        three_ts = compare_three_timestamps(
+            {"three_ts": address, "plain": plain_address}, args.records, args.ts_rounds
+        )
     finally:
         stop(echo)
+        stop(plain_broker)
         stop(broker)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -403,9 +425,72 @@ def main() -> int:
         "acks1_p50_over_grpc_roundtrip": round(
             latency["1"]["p50_ms"] / floor["grpc_roundtrip_p50_ms"], 2
         ),
+        **three_ts,
     }
     print(json.dumps(result))
     return 0
+
+
+def compare_three_timestamps(
+    addresses: dict[str, str], records: int, rounds: int
+) -> dict[str, Any]:
+    """Produce and consume throughput with the three timestamps ("three_ts": the broker
+    stores and serves each batch's sent/received times, the consumer builds the corrected
+    time) and without ("plain": ``log.batch.times.enable=false``), interleaved rounds on
+    fresh one-partition topics; the ratios of the medians, and the added bytes."""
+    from client import AdminClient
+    from proto.tidelog.v1 import broker_pb2 as pb
+    from storage.batch_times import ENTRY, WIRE_ENTRY
+
+    figures: dict[str, dict[str, list[float]]] = {
+        name: {"produce": [], "consume": []} for name in addresses
+    }
+    count = str(records)
+    for round_number in range(rounds):
+        # Alternate which goes first: the machine's noise drifts over a run.
+        order = list(addresses) if round_number % 2 == 0 else list(reversed(addresses))
+        for name in order:
+            address = addresses[name]
+            topic = f"ts-{round_number}"
+            with AdminClient(address) as admin:
+                admin.create_topic(topic, 1)
+            produced = _run_role("--role", "produce", "--address", address, "--topic", topic,
+                                 "--count", count)  # fmt: skip
+            consumed = _run_role("--role", "consume", "--address", address, "--topic", topic,
+                                 "--partitions", "1", "--count", count)  # fmt: skip
+            figures[name]["produce"].append(produced["records_per_s"])
+            figures[name]["consume"].append(consumed["records_per_s"])
+            print(f"three timestamps round {round_number + 1} {name:>8}: produce "
+                  f"{produced['records_per_s']:,.0f}/s, consume "
+                  f"{consumed['records_per_s']:,.0f}/s")  # fmt: skip
+    medians = {
+        name: {kind: statistics.median(values) for kind, values in kinds.items()}
+        for name, kinds in figures.items()
+    }
+
+    def paired(kind: str) -> float:
+        stamped, plain = figures["three_ts"][kind], figures["plain"][kind]
+        return statistics.median(a / b for a, b in zip(stamped, plain, strict=True))
+
+    stamped = pb.ProduceRequest(acks=1, sent_timestamp_ms=int(time.time() * 1000))
+    result = {
+        "three_ts_rounds": rounds,
+        "three_ts_produce_records_per_s": round(medians["three_ts"]["produce"]),
+        "plain_produce_records_per_s": round(medians["plain"]["produce"]),
+        "three_ts_consume_records_per_s": round(medians["three_ts"]["consume"]),
+        "plain_consume_records_per_s": round(medians["plain"]["consume"]),
+        # The median of each round's ratio: a round's two runs are minutes apart at most,
+        # so the machine's drift over the run cancels out better than in a ratio of medians.
+        "three_ts_over_plain_produce": round(paired("produce"), 3),
+        "three_ts_over_plain_consume": round(paired("consume"), 3),
+        "three_ts_disk_bytes_per_batch": ENTRY.size,
+        "three_ts_fetch_bytes_per_batch": WIRE_ENTRY.size,
+        "three_ts_produce_bytes_per_request": len(stamped.SerializeToString())
+        - len(pb.ProduceRequest(acks=1).SerializeToString()),
+    }
+    print(f"three timestamps over plain: produce {result['three_ts_over_plain_produce']}, "
+          f"consume {result['three_ts_over_plain_consume']}")  # fmt: skip
+    return result
 
 
 def compare_models(models: list[str], records: int, rounds: int, samples: int) -> int:

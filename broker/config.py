@@ -35,6 +35,10 @@ key                                   default          meaning
 ``metrics.host``                      (listen host)    address the metrics endpoint binds
 ``log.retention.check.interval.ms``   300000           how often retention runs
 ``log.cleaner.enable``                true             run the compaction thread
+``log.batch.times.enable``            true             keep each batch's sent/received times
+                                                       (``storage.batch_times``); false: none
+                                                       are stored (readers get None), for
+                                                       the benchmark's plain baseline
 ``log.cleaner.backoff.ms``            15000            cleaner sleep when there is nothing to do
 ``log.flush.scheduler.interval.ms``   1000             how often the flusher checks ``flush.ms``
 ``log.flush.offset.checkpoint.interval.ms`` 60000      how often recovery checkpoints are written
@@ -266,6 +270,7 @@ class BrokerConfig:
     metrics_host: str | None = None
     retention_check_interval_ms: int = 300_000
     cleaner_enabled: bool = True
+    batch_times_enabled: bool = True
     cleaner_backoff_ms: int = 15_000
     flush_scheduler_interval_ms: int = 1_000
     flush_offset_checkpoint_interval_ms: int = 60_000
@@ -566,6 +571,7 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         lambda k, v: _int(k, v, 1),
     ),
     "log.cleaner.enable": ("cleaner_enabled", _bool),
+    "log.batch.times.enable": ("batch_times_enabled", _bool),
     "log.cleaner.backoff.ms": ("cleaner_backoff_ms", lambda k, v: _int(k, v, 0)),
     "log.flush.scheduler.interval.ms": (
         "flush_scheduler_interval_ms",

@@ -247,6 +247,7 @@ class BrokerCore:
             group_fsync,
             metrics,
             check_leader=self._check_leader,
+            batch_times=config.batch_times_enabled,
         )
         self._gate = threading.Condition()
         self._in_flight = 0
@@ -614,6 +615,10 @@ class BrokerCore:
         return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)
 
     # --- data -----------------------------------------------------------------------------
+
+    def wall_ms(self) -> int:
+        """The broker's wall clock (listeners stamp a produce request's received time)."""
+        return self._clock.wall_ms()
 
     def produce(
         self, partitions: Sequence[PartitionRecords], acks: Acks

@@ -103,6 +103,9 @@ class PartitionFetched:
     log_start_offset: int = -1
     error_code: str = ""
     error_message: str = ""
+    # The sent/received times of the batches in ``records`` (``storage.batch_times`` wire
+    # entries, aligned by last offset).
+    batch_times: bytes = b""
 
 
 class DelayedFetch(DelayedOperation):
@@ -271,12 +274,20 @@ class FetchPath:
             if len(records) > budget and have_data:
                 # Only the first batch of the whole answer may exceed the limits.
                 records = b""
+                times = b""
+            else:
+                times = result.batch_times
             if records:
                 have_data = True
                 remaining -= len(records)
             answers.append(
                 PartitionFetched(
-                    p.topic, p.partition, records, result.high_watermark, result.log_start_offset
+                    p.topic,
+                    p.partition,
+                    records,
+                    result.high_watermark,
+                    result.log_start_offset,
+                    batch_times=times,
                 )
             )
         return answers

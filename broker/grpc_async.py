@@ -238,13 +238,14 @@ class _AsyncService:
         self, caller: RequestContext, request: pb.ProduceRequest, size: int
     ) -> tuple[asyncio.Future[list[PartitionProduced]], int]:
         """Append (on the executor); the future of the answers and the throttle time."""
+        received_ms = self._core.wall_ms()  # the request's received time, on arrival
         acks = parse_acks(request.acks)
         answers: asyncio.Future[list[PartitionProduced]] = self._loop.create_future()
         _, throttle_ms = await self._run(
             caller,
             _append_each,
             self._core,
-            [(request, acks, self._deliver_to(answers))],
+            [(request, received_ms, acks, self._deliver_to(answers))],
         )
         bytes_throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
         return answers, max(throttle_ms, bytes_throttle_ms)
@@ -305,6 +306,7 @@ class _AsyncService:
             end: Exception | None = None
             try:
                 async for request in request_iterator:
+                    received_ms = self._core.wall_ms()  # before any wait for a slot
                     await slots.acquire()
                     acks = parse_acks(request.acks)
                     size = _produce_bytes(request)
@@ -315,7 +317,11 @@ class _AsyncService:
                     throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
                     if throttle_ms:
                         muted_until[0] = max(muted_until[0], loop.time() + throttle_ms / 1e3)
-                    pending.append(_Incoming(request, acks, size, time.perf_counter(), throttle_ms))
+                    pending.append(
+                        _Incoming(
+                            request, acks, size, time.perf_counter(), throttle_ms, received_ms
+                        )
+                    )
                     arrived.set()
                     # Over a quota: read nothing more from this client for the throttle
                     # time (Kafka mutes the channel); the answers go out at once, with
@@ -343,7 +349,7 @@ class _AsyncService:
                 throttle_ms = 0
                 if incoming:
                     work = [
-                        (item.request, item.acks, self._deliver_to(future))
+                        (item.request, item.received_ms, item.acks, self._deliver_to(future))
                         for item, future in zip(incoming, futures, strict=True)
                     ]
                     try:
@@ -483,18 +489,19 @@ class _Incoming:
     size: int
     started: float
     throttle_ms: int  # of the producer byte rate, counted when read
+    received_ms: int  # the broker's wall clock when it was read (its received time)
 
 
 def _append_each(
     core: BrokerCore,
-    work: list[tuple[pb.ProduceRequest, Acks, Callable[[list[PartitionProduced]], None]]],
+    work: list[tuple[pb.ProduceRequest, int, Acks, Callable[[list[PartitionProduced]], None]]],
 ) -> None:
     """Append several requests in one executor job, in order, and hand each to
     ``complete`` right there, so an ``acks=all`` fsync is asked for before the event loop
     even hears of the append. An append never raises for a partition's fault (each answer
     carries its own); one that raises (shutdown) fails the whole job."""
-    for request, acks, deliver in work:
-        core.complete(core.append(produce_parts(request)), acks, deliver)
+    for request, received_ms, acks, deliver in work:
+        core.complete(core.append(produce_parts(request, received_ms)), acks, deliver)
 
 
 def _produce_bytes(request: pb.ProduceRequest) -> int:

@@ -136,8 +136,12 @@ class _ThreadedService:
     def produce(
         self, request: pb.ProduceRequest, context: grpc.ServicerContext
     ) -> pb.ProduceResponse:
+        received_ms = self._core.wall_ms()
+
         def body() -> pb.ProduceResponse:
-            answers = self._core.produce(produce_parts(request), parse_acks(request.acks))
+            answers = self._core.produce(
+                produce_parts(request, received_ms), parse_acks(request.acks)
+            )
             return produce_response(request.correlation_id, answers)
 
         return self._call("Produce", context, body)
@@ -148,7 +152,7 @@ class _ThreadedService:
         def append(request: pb.ProduceRequest) -> _PendingProduce:
             started = time.perf_counter()
             acks = parse_acks(request.acks)
-            appends = self._core.append(produce_parts(request))
+            appends = self._core.append(produce_parts(request, self._core.wall_ms()))
             return _PendingProduce(request.correlation_id, acks, appends, started)
 
         def complete(pending: _PendingProduce) -> pb.ProduceResponse:

@@ -37,6 +37,7 @@ from broker.delayed import DelayedOperation, Purgatory
 from broker.errors import partition_error
 from broker.group_fsync import DURABLE, PENDING, GroupFsync
 from broker.metrics import BrokerMetrics
+from storage.batch_times import BatchTimes
 from storage.errors import InvalidRequestError, InvalidTopicError, StorageError
 from storage.log_manager import LogManager
 from storage.partition_log import AppendResult, PartitionLog
@@ -73,11 +74,13 @@ def parse_acks(value: int) -> Acks:
 
 @dataclass(frozen=True, slots=True)
 class PartitionRecords:
-    """One partition's part of a produce request: concatenated RecordBatch v2 bytes."""
+    """One partition's part of a produce request: concatenated RecordBatch v2 bytes, and
+    the request's sent/received times, stored for every batch (``storage.batch_times``)."""
 
     topic: str
     partition: int
     records: bytes
+    times: BatchTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +193,12 @@ class ProducePath:
         fsync: GroupFsync,
         metrics: BrokerMetrics,
         check_leader: Callable[[str, int], None] | None = None,
+        *,
+        batch_times: bool = True,
     ) -> None:
         self._logs = logs
+        # False (log.batch.times.enable): store no sent/received times at all.
+        self._batch_times = batch_times
         # Cluster mode: raises unless this broker leads the partition (broker.placement).
         self._check_leader = check_leader
         self._on_append = on_append
@@ -218,7 +225,7 @@ class ProducePath:
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
             partition_log = self._logs.get_log(part.topic, part.partition)
-            result = partition_log.append(part.records)
+            result = partition_log.append(part.records, part.times if self._batch_times else None)
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()

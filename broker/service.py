@@ -39,6 +39,7 @@ from broker.groups.manager import (
 )
 from broker.produce import PartitionProduced, PartitionRecords
 from proto.tidelog.v1 import broker_pb2 as pb
+from storage.batch_times import NO_TIME, BatchTimes
 from storage.errors import InvalidRequestError
 
 __all__ = [
@@ -437,9 +438,13 @@ def _topic_description(view: TopicView) -> pb.TopicDescription:
     )
 
 
-def produce_parts(request: pb.ProduceRequest) -> list[PartitionRecords]:
+def produce_parts(request: pb.ProduceRequest, received_ms: int) -> list[PartitionRecords]:
+    """The request's partitions, each with the request's sent time (the producer's clock,
+    -1 when the request has none) and ``received_ms`` (the broker's clock on arrival)."""
+    sent_ms = request.sent_timestamp_ms if request.HasField("sent_timestamp_ms") else NO_TIME
+    times = BatchTimes(sent_ms, received_ms)
     return [
-        PartitionRecords(topic.topic, part.partition, part.records)
+        PartitionRecords(topic.topic, part.partition, part.records, times)
         for topic in request.topics
         for part in topic.partitions
     ]
@@ -482,6 +487,7 @@ def fetch_response(
                 high_watermark=a.high_watermark,
                 log_start_offset=a.log_start_offset,
                 records=a.records,
+                batch_times=a.batch_times,
             )
             for a in answers
         ],

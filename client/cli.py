@@ -65,7 +65,23 @@ EXIT_INTERRUPTED = 130
 
 _DEFAULT_TIMEOUT_MS = 10_000
 _POLL_MS = 500
-_FORMAT_FIELDS = ("topic", "partition", "offset", "timestamp", "key", "value", "headers")
+_FORMAT_FIELDS = (
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "sent_timestamp",
+    "received_timestamp",
+    "corrected_timestamp",
+    "key",
+    "value",
+    "headers",
+)
+# --print-timestamps: the four times of a record before its formatted line.
+_TIMESTAMPS_PREFIX = (
+    "timestamp={timestamp}\tsent={sent_timestamp}\treceived={received_timestamp}\t"
+    "corrected={corrected_timestamp}\t"
+)
 
 
 class UsageError(Exception):
@@ -223,8 +239,16 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument(
         "--format",
         default="{value}",
-        help="output per record, with {topic} {partition} {offset} {timestamp} {key} {value} "
+        help="output per record, with {topic} {partition} {offset} {timestamp} "
+        "{sent_timestamp} {received_timestamp} {corrected_timestamp} {key} {value} "
         "{headers}; \\t and \\n work (default {value})",
+    )
+    consume.add_argument(
+        "--print-timestamps",
+        action="store_true",
+        help="start each line with the record's four times in ms: timestamp (its own), "
+        "sent (producer clock), received (broker clock), corrected (timestamp + received "
+        "- sent); null when unknown",
     )
     consume.add_argument(
         "--idle-timeout-ms",
@@ -592,6 +616,8 @@ def _stdin_lines() -> Any:
 def _consume(args: argparse.Namespace) -> int:
     template = _decode_escapes(args.format)
     _check_format(template)
+    if args.print_timestamps:
+        template = _TIMESTAMPS_PREFIX + template
     if args.offset is not None and args.partition is None:
         raise UsageError("--offset needs --partition")
     try:
@@ -691,6 +717,10 @@ def _text(data: bytes | None) -> str:
     return data.decode("utf-8", errors="backslashreplace")
 
 
+def _ms_or_null(value: int | None) -> str:
+    return "null" if value is None else str(value)
+
+
 def _format_record(template: str, record: ConsumerRecord) -> str:
     return template.format_map(
         {
@@ -698,6 +728,9 @@ def _format_record(template: str, record: ConsumerRecord) -> str:
             "partition": record.partition,
             "offset": record.offset,
             "timestamp": record.timestamp_ms,
+            "sent_timestamp": _ms_or_null(record.sent_timestamp_ms),
+            "received_timestamp": _ms_or_null(record.received_timestamp_ms),
+            "corrected_timestamp": _ms_or_null(record.corrected_timestamp_ms),
             "key": _text(record.key),
             "value": _text(record.value),
             "headers": ",".join(f"{k}={_text(v)}" for k, v in record.headers),

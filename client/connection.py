@@ -68,6 +68,8 @@ class ProduceCall:
     acks: int
     timeout_ms: int
     batches: Sequence[tuple[TopicPartition, bytes]]
+    # The producer's wall clock as the request leaves (three timestamps); None: unknown.
+    sent_timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,9 @@ class FetchResult:
     high_watermark: int = -1
     log_start_offset: int = -1
     error: TidelogError | None = None
+    # Each returned batch's (last offset, sent ms, received ms), packed
+    # (storage.batch_times's wire entries): the three timestamps.
+    batch_times: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,7 +634,7 @@ def _produce_request(call: ProduceCall) -> pb.ProduceRequest:
         topics.setdefault(tp.topic, []).append(
             pb.ProducePartitionData(partition=tp.partition, records=records)
         )
-    return pb.ProduceRequest(
+    request = pb.ProduceRequest(
         correlation_id=call.correlation_id,
         acks=call.acks,
         timeout_ms=call.timeout_ms,
@@ -637,6 +642,9 @@ def _produce_request(call: ProduceCall) -> pb.ProduceRequest:
             pb.ProduceTopicData(topic=topic, partitions=parts) for topic, parts in topics.items()
         ],
     )
+    if call.sent_timestamp_ms is not None:
+        request.sent_timestamp_ms = call.sent_timestamp_ms
+    return request
 
 
 def _produce_answer(response: pb.ProduceResponse) -> ProduceAnswer:
@@ -736,7 +744,9 @@ class _GrpcFetchStream:
                 )
                 # r.records: the one copy out of protobuf; the consumer keeps this object.
                 results.append(
-                    FetchResult(tp, r.records, r.high_watermark, r.log_start_offset, error)
+                    FetchResult(
+                        tp, r.records, r.high_watermark, r.log_start_offset, error, r.batch_times
+                    )
                 )
             yield FetchAnswer(response.correlation_id, results)
 

@@ -672,7 +672,12 @@ class Consumer:
                     self._data_ready.wait(min(deadline - now, self._wait_hint_ms(now)) / 1000)
 
     def poll_columns(
-        self, builder: ColumnBuilder, timeout_ms: int = 0, max_records: int | None = None
+        self,
+        builder: ColumnBuilder,
+        timeout_ms: int = 0,
+        max_records: int | None = None,
+        *,
+        batch_times: list[tuple[int, int | None, int | None]] | None = None,
     ) -> int:
         """``poll``, with the records decoded straight into ``builder``'s columns.
 
@@ -680,6 +685,8 @@ class Consumer:
         per record. Whole batches go in, so a call may add up to one batch more than
         ``max_records`` (default ``max_poll_records``). Returns the number of rows added;
         errors as ``poll``. ``client.columns`` makes builders and reads them out.
+        ``batch_times`` gets ``(rows, sent_ms, received_ms)`` per batch added, in order:
+        the sent and received times of the rows (``ConsumerRecord``'s, per batch).
         """
         self._check_open()
         if max_records is None:
@@ -687,7 +694,7 @@ class Consumer:
         elif max_records < 1:
             raise ValueError(f"max_records must be >= 1, got {max_records}")
         return self._poll_with(
-            timeout_ms, lambda: self._fetches.collect_columns(builder, max_records)
+            timeout_ms, lambda: self._fetches.collect_columns(builder, max_records, batch_times)
         )
 
     def _wait_hint_ms(self, now: int) -> int:

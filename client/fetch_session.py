@@ -182,7 +182,12 @@ class FetchSession:
         self._collect(max_records, take, keep, taken.clear)
         return out
 
-    def collect_columns(self, builder: ColumnBuilder, max_records: int) -> int:
+    def collect_columns(
+        self,
+        builder: ColumnBuilder,
+        max_records: int,
+        batch_times: list[tuple[int, int | None, int | None]] | None = None,
+    ) -> int:
         """``collect`` into ``builder``'s columns, whole batches; the number of rows added.
 
         Rows go into the builder as they are decoded: the position checks that drop a
@@ -194,7 +199,7 @@ class FetchSession:
 
         def take(fetch: CompletedFetch, position: int, remaining: int) -> tuple[int, int]:
             before = builder.rows
-            position = fetch.take_columns(position, builder, remaining)
+            position = fetch.take_columns(position, builder, remaining, batch_times)
             return builder.rows - before, position
 
         self._collect(max_records, take, lambda: None, lambda: None)
@@ -490,6 +495,7 @@ class FetchSession:
                         next_offset=next_offset,
                         whole_bytes=whole,
                         check_crcs=self.config.check_crcs,
+                        batch_times=result.batch_times,
                     )
                 )
                 state.buffered += 1

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from client.types import ConsumerRecord, TopicPartition
+from storage.batch_times import decode_wire
 from storage.columns import ColumnBuilder, decode_batch_into
 from storage.errors import TidelogError
 from storage.records import (
@@ -46,6 +47,9 @@ __all__ = [
     "SubscriptionState",
     "next_fetch_offset",
 ]
+
+# A batch the fetch answer gave no times for: sent and received unknown.
+_UNKNOWN_TIMES: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(slots=True)
@@ -175,6 +179,7 @@ class CompletedFetch:
         "_pending",
         "_pending_index",
         "_pending_position",
+        "_times",
         "data",
         "epoch",
         "error",
@@ -194,8 +199,11 @@ class CompletedFetch:
         whole_bytes: int | None = None,
         check_crcs: bool = True,
         error: TidelogError | None = None,
+        batch_times: bytes = b"",
     ) -> None:
         self.tp = tp
+        # Batch last offset -> (sent_ms, received_ms), from the fetch answer's batch_times.
+        self._times = decode_wire(batch_times) if batch_times else {}
         self.epoch = epoch
         self.fetch_offset = fetch_offset
         self.data = data
@@ -255,7 +263,12 @@ class CompletedFetch:
                 position = batch_next  # nothing for the application: step over it
                 continue
             _, records = decode_batch_as(
-                data, self._cursor, ConsumerRecord, prefix, validate=self._check_crcs
+                data,
+                self._cursor,
+                ConsumerRecord,
+                prefix,
+                times=self._times.get(batch_next - 1, _UNKNOWN_TIMES),
+                validate=self._check_crcs,
             )
             self._pending_position = self._cursor
             self._cursor += header.batch_length + 12
@@ -268,8 +281,18 @@ class CompletedFetch:
                 position = max(position, batch_next)
         return out, position
 
-    def take_columns(self, position: int, builder: ColumnBuilder, max_records: int) -> int:
+    def take_columns(
+        self,
+        position: int,
+        builder: ColumnBuilder,
+        max_records: int,
+        batch_times: list[tuple[int, int | None, int | None]] | None = None,
+    ) -> int:
         """``take``, with the records decoded into ``builder``'s columns; the new position.
+
+        ``batch_times``: gets ``(rows, sent_ms, received_ms)`` for each batch decoded into
+        the builder, in order (the builder's rows, batch by batch, with their batch's
+        times: columns have no per-record object to carry them).
 
         Whole batches: the builder may end up past ``max_records`` by up to one batch
         (``take`` slices; columns are cut by the caller). Records ``take`` decoded but did
@@ -282,9 +305,13 @@ class CompletedFetch:
         if self._pending_index < len(self._pending):
             # The rest of the batch `take` was handing out: decoded again, from where the
             # position is now.
+            before = builder.rows
             decode_batch_into(
                 builder, data, self._pending_position, validate=False, min_offset=position
             )
+            if batch_times is not None:
+                sent, received = self._times.get(self._batch_next_offset - 1, _UNKNOWN_TIMES)
+                batch_times.append((builder.rows - before, sent, received))
             position = max(position, self._batch_next_offset)
             self._pending = []
             self._pending_index = 0
@@ -298,10 +325,14 @@ class CompletedFetch:
                 self._cursor += header.batch_length + 12
                 position = batch_next  # nothing for the application: step over it
                 continue
+            before = builder.rows
             try:
                 decode_batch_into(
                     builder, data, self._cursor, validate=self._check_crcs, min_offset=position
                 )
+                if batch_times is not None:
+                    sent, received = self._times.get(batch_next - 1, _UNKNOWN_TIMES)
+                    batch_times.append((builder.rows - before, sent, received))
             except TidelogError:
                 if builder.rows > start_rows:
                     break  # hand out what came before; the bad batch is met again next time

@@ -343,7 +343,14 @@ class KeyedProducer:
         """One unary produce to a leader. Errors that mean "ask the new leader" come back
         as errors (``run_per_leader`` resends those partitions, with the same sequences:
         the partition stores a batch once); the others stay in the result, for the caller."""
-        call = ProduceCall(0, self._acks, self._request_timeout_ms, list(batches.items()))
+        call = ProduceCall(
+            0,
+            self._acks,
+            self._request_timeout_ms,
+            list(batches.items()),
+            # The send time of the three timestamps (this host's wall clock).
+            sent_timestamp_ms=time.time_ns() // 1_000_000,
+        )
         answer = connection.produce(call, timeout_ms=timeout_ms)
         out: dict[TopicPartition, PartitionProduceResult | TidelogError] = {}
         for tp, result in answer.results.items():

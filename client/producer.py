@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from types import TracebackType
@@ -88,8 +88,13 @@ class Producer:
         *,
         config: ProducerConfig | None = None,
         connection_factory: ConnectionFactory | None = None,
+        wall_clock: Callable[[], int] | None = None,
         **settings: object,
     ) -> None:
+        """``wall_clock``: the producer's wall clock in ms for default record timestamps
+        and each request's send time (tests inject a skewed device clock); the system's
+        by default. Timers (linger, timeouts) always use the system clock."""
+        self._wall_clock = wall_clock
         config = resolve_config(ProducerConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
         # Each partition's batches go to its leader, one produce stream per broker.
@@ -127,6 +132,7 @@ class Producer:
             self._partitioner,
             self._lock,
             self._futures_condition,
+            wall_clock=wall_clock or now_ms,
         )
         # The largest record that can travel alone: a batch header plus the record must
         # fit in one request, and in the buffer.
@@ -193,7 +199,7 @@ class Producer:
             )
         now = _time_ns() // 1_000_000
         if timestamp_ms is None:
-            timestamp_ms = now
+            timestamp_ms = now if self._wall_clock is None else self._wall_clock()
         elif timestamp_ms.__class__ is not int or timestamp_ms < 0:
             raise ValueError(f"timestamp_ms must be a non-negative int, got {timestamp_ms!r}")
         future = self._new_future()

@@ -35,6 +35,7 @@ Thread-safe: all shared state is guarded by the producer's lock.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -142,7 +143,12 @@ class Sender:
         partitioner: StickyPartitioner,
         lock: threading.Lock,
         futures_condition: threading.Condition,
+        *,
+        wall_clock: Callable[[], int] = now_ms,
     ) -> None:
+        # Stamps each request's send time (the device's clock, which may be wrong: the
+        # broker's received time minus it is how consumers correct record timestamps).
+        self._wall_clock = wall_clock
         self._config = config
         self._connections = connections
         self._accumulator = accumulator
@@ -626,7 +632,9 @@ class Sender:
         if stream is not None:
             # Building the message copies the record bytes: not under the lock. Only this
             # thread sends, so requests still go out in the order they were registered.
-            stream.send(call)
+            # The send time is stamped as the request goes to the stream, not when its
+            # batches were filled: time spent buffered (offline) is not in-flight time.
+            stream.send(dataclasses.replace(call, sent_timestamp_ms=self._wall_clock()))
         self._yield_gil_if_wanted()
         self._settle(settlements)
 

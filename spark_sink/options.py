@@ -113,6 +113,7 @@ _READ_KEYS = frozenset(
         "maxoffsetspertrigger",
         "failondataloss",
         "includeheaders",
+        "usecorrectedtimestamp",
         "minpartitions",
         "maxrecordsperpartition",
         "requesttimeoutms",
@@ -147,6 +148,9 @@ class ReadOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    # The timestamp column holds correctedTimestamp (record time on the broker's clock),
+    # so watermarks and windows use it; startingTimestamp still means the record time.
+    use_corrected_timestamp: bool = False
     min_partitions: int = 0
     max_records_per_partition: int = 1_000_000
     request_timeout_ms: int = 30_000
@@ -206,6 +210,9 @@ class ReadOptions:
             ),
             fail_on_data_loss=_bool("failOnDataLoss", o.get("failondataloss", "true")),
             include_headers=_bool("includeHeaders", o.get("includeheaders", "false")),
+            use_corrected_timestamp=_bool(
+                "useCorrectedTimestamp", o.get("usecorrectedtimestamp", "false")
+            ),
             min_partitions=_int("minPartitions", o.get("minpartitions", "0"), 0),
             max_records_per_partition=_int(
                 "maxRecordsPerPartition", o.get("maxrecordsperpartition", "1000000"), 1

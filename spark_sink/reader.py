@@ -92,7 +92,9 @@ def _read_range(
         fetch_max_wait_ms=_POLL_MS,
         request_timeout_ms=options.request_timeout_ms,
     )
-    rows = _new_rows(offset_range, timestamp_type, options.include_headers)
+    rows = _new_rows(
+        offset_range, timestamp_type, options.include_headers, options.use_corrected_timestamp
+    )
     try:
         consumer.assign([tp])
         consumer.seek(tp, offset_range.start)
@@ -160,22 +162,33 @@ class _Rows(Protocol):
     def flush(self) -> pa.RecordBatch: ...
 
 
-def _new_rows(offset_range: OffsetRange, timestamp_type: int, include_headers: bool) -> _Rows:
+def _new_rows(
+    offset_range: OffsetRange, timestamp_type: int, include_headers: bool, use_corrected: bool
+) -> _Rows:
     # Columns when the C builder does the decoding; records otherwise: the pure-Python
     # column builder is the C one's reference, slower than records + pyarrow.
     if NATIVE_COLUMNS:
-        return _ColumnRows(offset_range, timestamp_type, include_headers)
-    return _RecordRows(offset_range, timestamp_type, include_headers)
+        return _ColumnRows(offset_range, timestamp_type, include_headers, use_corrected)
+    return _RecordRows(offset_range, timestamp_type, include_headers, use_corrected)
 
 
 class _ColumnRows:
     """Records decoded straight into Arrow columns: no Python object per record."""
 
-    def __init__(self, offset_range: OffsetRange, timestamp_type: int, include_headers: bool):
+    def __init__(
+        self,
+        offset_range: OffsetRange,
+        timestamp_type: int,
+        include_headers: bool,
+        use_corrected: bool,
+    ):
         self._range = offset_range
         self._timestamp_type = timestamp_type
         self._include_headers = include_headers
+        self._use_corrected = use_corrected
         self._builder = new_column_builder(include_headers)
+        # (rows, sent_ms, received_ms) per batch in the builder, in order.
+        self._batch_times: list[tuple[int, int | None, int | None]] = []
 
     @property
     def rows(self) -> int:
@@ -192,14 +205,23 @@ class _ColumnRows:
     def poll(self, consumer: Consumer) -> int:
         # The consumer's position starts at the range's start and only moves forward, so
         # every row is at or past it; rows at or past the end are cut off in `flush`.
-        return consumer.poll_columns(self._builder, timeout_ms=_POLL_MS)
+        return consumer.poll_columns(
+            self._builder, timeout_ms=_POLL_MS, batch_times=self._batch_times
+        )
 
     def flush(self) -> pa.RecordBatch:
         """The rows so far as one Arrow batch, cut before the first offset past the range."""
         columns = finish_columns(self._builder)
         tp = self._range.tp
+        batch_times, self._batch_times = self._batch_times, []
         batch = columns_to_arrow(
-            columns, tp.topic, tp.partition, self._timestamp_type, self._include_headers
+            columns,
+            tp.topic,
+            tp.partition,
+            self._timestamp_type,
+            self._include_headers,
+            batch_times,
+            self._use_corrected,
         )
         offsets = memoryview(columns.offsets).cast("q")  # ascending: a partition's offsets
         keep = bisect.bisect_left(offsets, self._range.end)
@@ -209,10 +231,17 @@ class _ColumnRows:
 class _RecordRows:
     """``ConsumerRecord``s, turned into Arrow batches by ``records_to_arrow``."""
 
-    def __init__(self, offset_range: OffsetRange, timestamp_type: int, include_headers: bool):
+    def __init__(
+        self,
+        offset_range: OffsetRange,
+        timestamp_type: int,
+        include_headers: bool,
+        use_corrected: bool,
+    ):
         self._range = offset_range
         self._timestamp_type = timestamp_type
         self._include_headers = include_headers
+        self._use_corrected = use_corrected
         self._pending: list[ConsumerRecord] = []
         self._last_offset: int | None = None
         self.data_bytes = 0  # batches are cut by rows only, as before the columns
@@ -236,7 +265,9 @@ class _RecordRows:
 
     def flush(self) -> pa.RecordBatch:
         pending, self._pending = self._pending, []
-        return records_to_arrow(pending, self._timestamp_type, self._include_headers)
+        return records_to_arrow(
+            pending, self._timestamp_type, self._include_headers, self._use_corrected
+        )
 
 
 def _partition_lost(consumer: Consumer, tp: TopicPartition, position: int, end: int) -> str | None:

@@ -8,18 +8,32 @@ column             Spark type                                from
 ``topic``          string
 ``partition``      int
 ``offset``         long
-``timestamp``      timestamp                                 record timestamp (ms, UTC)
+``timestamp``      timestamp                                 record timestamp (ms, UTC);
+                                                             ``correctedTimestamp`` with
+                                                             ``useCorrectedTimestamp``
 ``timestampType``  int                                       0 CreateTime, 1 LogAppendTime
+``sentTimestamp``  timestamp                                 producer clock at send (null
+                                                             if unknown)
+``receivedTimestamp`` timestamp                              broker clock at receipt (null
+                                                             if unknown)
+``correctedTimestamp`` timestamp                             record timestamp + received -
+                                                             sent (the record timestamp if
+                                                             either is unknown)
 ``headers``        array<struct<key: string, value: binary>> only with ``includeHeaders``;
                                                              null when a record has none
 =================  ========================================  =============================
+
+The three times (``DESIGN.md``, "Three timestamps per record") come per batch: the
+correction is one number for every record of a batch.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -37,6 +51,11 @@ from client.types import ConsumerRecord
 __all__ = ["arrow_schema", "columns_to_arrow", "records_to_arrow", "source_schema"]
 
 _HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def _micros(values: Sequence[int | None]) -> pa.Array:
+    return pa.array([None if v is None else v * 1000 for v in values], _TIMESTAMP)
 
 
 def source_schema(include_headers: bool) -> StructType:
@@ -49,6 +68,9 @@ def source_schema(include_headers: bool) -> StructType:
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
         StructField("timestampType", IntegerType()),
+        StructField("sentTimestamp", TimestampType()),
+        StructField("receivedTimestamp", TimestampType()),
+        StructField("correctedTimestamp", TimestampType()),
     ]
     if include_headers:
         header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
@@ -66,6 +88,9 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
         pa.field("offset", pa.int64()),
         pa.field("timestamp", pa.timestamp("us", tz="UTC")),
         pa.field("timestampType", pa.int32()),
+        pa.field("sentTimestamp", _TIMESTAMP),
+        pa.field("receivedTimestamp", _TIMESTAMP),
+        pa.field("correctedTimestamp", _TIMESTAMP),
     ]
     if include_headers:
         fields.append(pa.field("headers", pa.list_(_HEADER_TYPE)))
@@ -73,10 +98,15 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 
 
 def records_to_arrow(
-    records: Sequence[ConsumerRecord], timestamp_type: int, include_headers: bool
+    records: Sequence[ConsumerRecord],
+    timestamp_type: int,
+    include_headers: bool,
+    use_corrected: bool = False,
 ) -> pa.RecordBatch:
-    """One Arrow batch of ``records``, column by column."""
+    """One Arrow batch of ``records``, column by column. ``use_corrected``: the
+    ``timestamp`` column holds the corrected timestamps."""
     count = len(records)
+    corrected = _micros([r.corrected_timestamp_ms for r in records])
     topic = records[0].topic if records else ""
     partition = records[0].partition if records else 0
     columns: list[pa.Array] = [
@@ -85,8 +115,11 @@ def records_to_arrow(
         pa.array([topic] * count, pa.string()),
         pa.array([partition] * count, pa.int32()),
         pa.array([r.offset for r in records], pa.int64()),
-        pa.array([r.timestamp_ms * 1000 for r in records], pa.timestamp("us", tz="UTC")),
+        corrected if use_corrected else _micros([r.timestamp_ms for r in records]),
         pa.array([timestamp_type] * count, pa.int32()),
+        _micros([r.sent_timestamp_ms for r in records]),
+        _micros([r.received_timestamp_ms for r in records]),
+        corrected,
     ]
     if include_headers:
         columns.append(
@@ -107,9 +140,15 @@ def columns_to_arrow(
     partition: int,
     timestamp_type: int,
     include_headers: bool,
+    batch_times: Sequence[tuple[int, int | None, int | None]] = (),
+    use_corrected: bool = False,
 ) -> pa.RecordBatch:
     """The Arrow batch of decoded columns (``Consumer.poll_columns``), as
     ``records_to_arrow`` builds it from records: the same schema, the same values.
+
+    ``batch_times``: ``(rows, sent_ms, received_ms)`` per batch of the rows, in order, as
+    ``Consumer.poll_columns`` reports them (rows not covered have unknown times); the
+    three-timestamps columns are built from them with one vectorised add per column.
 
     The columns' buffers become the arrays' buffers (``pyarrow.Array.from_buffers``, no
     copy, no Python object per record); only the timestamps are converted, from
@@ -128,14 +167,21 @@ def columns_to_arrow(
     timestamps_ms = pa.Array.from_buffers(
         pa.timestamp("ms", tz="UTC"), count, [None, buffer(columns.timestamps)]
     )
+    sent, received, corrected = _time_columns(
+        pa.Array.from_buffers(pa.int64(), count, [None, buffer(columns.timestamps)]),
+        batch_times,
+    )
     arrays: list[pa.Array] = [
         binary(columns.key_validity, columns.key_offsets, columns.key_data, count),
         binary(columns.value_validity, columns.value_offsets, columns.value_data, count),
         pa.repeat(pa.scalar(topic, pa.string()), count),
         pa.repeat(pa.scalar(partition, pa.int32()), count),
         pa.Array.from_buffers(pa.int64(), count, [None, buffer(columns.offsets)]),
-        timestamps_ms.cast(pa.timestamp("us", tz="UTC")),
+        corrected if use_corrected else timestamps_ms.cast(_TIMESTAMP),
         pa.repeat(pa.scalar(timestamp_type, pa.int32()), count),
+        sent,
+        received,
+        corrected,
     ]
     if include_headers:
         entries = columns.header_entries
@@ -161,3 +207,46 @@ def columns_to_arrow(
             )
         )
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(include_headers))
+
+
+def _time_columns(
+    timestamps_ms: pa.Array, batch_times: Sequence[tuple[int, int | None, int | None]]
+) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Sent, received and corrected timestamp columns (Spark's microseconds) for rows whose
+    record timestamps are ``timestamps_ms`` (int64), from per-batch ``batch_times``."""
+    count = len(timestamps_ms)
+    sent: list[int | None] = []
+    received: list[int | None] = []
+    shifts: list[int] = []
+    lengths: list[int] = []
+    covered = 0
+    for rows, sent_ms, received_ms in batch_times:
+        rows = min(rows, count - covered)
+        if rows <= 0:
+            continue
+        sent.append(sent_ms)
+        received.append(received_ms)
+        shifts.append(0 if sent_ms is None or received_ms is None else received_ms - sent_ms)
+        lengths.append(rows)
+        covered += rows
+    if covered < count:  # rows the caller gave no times for
+        sent.append(None)
+        received.append(None)
+        shifts.append(0)
+        lengths.append(count - covered)
+    # Per-batch values, repeated over each batch's rows by a `take` on run indices built
+    # with array repetition: no Python object per row.
+    runs = array("q")
+    for index, rows in enumerate(lengths):
+        runs.extend(array("q", [index]) * rows)
+    indices = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(runs)])
+
+    def spread(values: list[int | None]) -> pa.Array:
+        return pa.array(values, pa.int64()).take(indices)
+
+    corrected = pc.add_checked(timestamps_ms, spread(list(shifts)))
+    return (
+        pc.multiply_checked(spread(sent), 1000).cast(_TIMESTAMP),
+        pc.multiply_checked(spread(received), 1000).cast(_TIMESTAMP),
+        pc.multiply_checked(corrected, 1000).cast(_TIMESTAMP),
+    )

@@ -480,15 +480,16 @@ get_records_buffer(PyObject *buf, Py_ssize_t start, Py_ssize_t end, Py_buffer *v
 
 PyDoc_STRVAR(decode_records_doc,
 "decode_records(buf, start, end, count, base_offset, base_timestamp, append_time,\n"
-"               last_offset_delta, batch_position, row_type, prefix) -> list\n\n"
-"The records of buf[start:end] as row_type tuples: storage.records._decode_records.");
+"               last_offset_delta, batch_position, row_type, prefix[, times]) -> list\n\n"
+"The records of buf[start:end] as row_type tuples: storage.records._decode_records.\n"
+"times, with a prefix: (sent_ms, received_ms), each row then ends with these two.");
 
 static PyObject *
 decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "decode_records takes 11 arguments");
+    if (nargs != 11 && nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "decode_records takes 11 or 12 arguments");
         return NULL;
     }
     const Py_ssize_t start = PyLong_AsSsize_t(args[1]);
@@ -514,7 +515,17 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         first = PyTuple_GET_ITEM(prefix, 0);
         second = PyTuple_GET_ITEM(prefix, 1);
     }
-    const Py_ssize_t width = prefix == Py_None ? 5 : 7;
+    /* The batch's (sent, received) times: the same two objects end every row. */
+    PyObject *sent = NULL, *received = NULL;
+    if (nargs == 12 && args[11] != Py_None) {
+        if (first == NULL || !PyTuple_Check(args[11]) || PyTuple_GET_SIZE(args[11]) != 2) {
+            PyErr_SetString(PyExc_ValueError, "times must be a tuple of two fields, with a prefix");
+            return NULL;
+        }
+        sent = PyTuple_GET_ITEM(args[11], 0);
+        received = PyTuple_GET_ITEM(args[11], 1);
+    }
+    const Py_ssize_t width = prefix == Py_None ? 5 : (sent != NULL ? 9 : 7);
     Py_buffer view;
     Reader r;
     if (get_records_buffer(args[0], start, end, &view, &r, batch_position) < 0) {
@@ -561,6 +572,10 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyTuple_SET_ITEM(row, at + 2, key);
         PyTuple_SET_ITEM(row, at + 3, value);
         PyTuple_SET_ITEM(row, at + 4, headers);
+        if (sent != NULL) {
+            PyTuple_SET_ITEM(row, 7, Py_NewRef(sent));
+            PyTuple_SET_ITEM(row, 8, Py_NewRef(received));
+        }
         const int failed = PyList_Append(records, row);
         Py_DECREF(row);
         if (failed) {

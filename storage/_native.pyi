@@ -18,6 +18,7 @@ def decode_records(
     batch_position: int,
     row_type: type[_Row],
     prefix: tuple[Any, Any] | None,
+    times: tuple[int | None, int | None] | None = None,
     /,
 ) -> list[_Row]: ...
 def encode_records_into(

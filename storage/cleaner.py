@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.batch_times import BatchTimes
 from storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, write_offsets
 from storage.clock import Clock
 from storage.compaction import (
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DEDUPE_BUFFER_BYTES = 128 * 1024 * 1024
 _READ_CHUNK_BYTES = 1024 * 1024  # how much of a segment to read at a time
 _WRITE_CHUNK_BYTES = 1024 * 1024  # how much cleaned output to buffer before appending
+_UNKNOWN_TIMES = BatchTimes()
 
 
 def summarize_segments(segments: Sequence[Segment]) -> list[SegmentSummary]:
@@ -411,22 +413,29 @@ def _write_cleaned_segment(
     try:
         pending = bytearray()
         positions: list[BatchPosition] = []
+        times: list[BatchTimes] = []
         for segment in group:
+            # Each surviving batch keeps its sent/received times (found by its original
+            # last offset; a batch without an entry stays without times).
+            known_times = segment.batch_times.times_by_last_offset()
             for batch in _iter_segment_batches(segment):
                 output = clean_batch(batch, rules)
-                read += read_header(batch).records_count
+                original = read_header(batch)
+                read += original.records_count
                 if output is None:
                     continue
                 header = read_header(output)
                 retained += header.records_count
                 positions.append(BatchPosition(len(pending), header))
+                times.append(known_times.get(original.last_offset, _UNKNOWN_TIMES))
                 pending += output
                 if len(pending) >= _WRITE_CHUNK_BYTES:
-                    cleaned.append(pending, positions)
+                    cleaned.append(pending, positions, times)
                     pending = bytearray()
                     positions = []
+                    times = []
         if pending:
-            cleaned.append(pending, positions)
+            cleaned.append(pending, positions, times)
         cleaned.write_pending()
         cleaned.fsync()
         # Keep the replaced segments' age (Kafka copies the newest one's mtime): retention

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes
 from storage.clock import Clock
 from storage.config import LogConfig
 from storage.errors import (
@@ -118,6 +119,8 @@ class ReadResult:
     records: bytes
     high_watermark: int
     log_start_offset: int
+    # The returned batches' sent/received times, ``storage.batch_times`` wire entries.
+    batch_times: bytes = b""
 
 
 class PartitionLog:
@@ -318,7 +321,7 @@ class PartitionLog:
                     if swap_path.exists():
                         os.replace(swap_path, final)
             fsync_dir(directory)
-        # A crash while stripping .swap from one segment's three files leaves its index
+        # A crash while stripping .swap from one segment's four files leaves its index
         # .swap files behind its final .log; no .log.swap names them, so nothing above
         # does. The log is final and missing indexes are rebuilt, so they can go.
         for name in os.listdir(directory):
@@ -329,7 +332,10 @@ class PartitionLog:
         # Index files without a log are stale.
         known = {offset_file_name(b, "") for b in bases}
         for name in names:
-            if name.endswith((".index", ".timeindex")) and name.split(".", 1)[0] not in known:
+            if (
+                name.endswith((".index", ".timeindex", BATCH_TIMES_SUFFIX))
+                and name.split(".", 1)[0] not in known
+            ):
                 _unlink(directory / name)
         return bases
 
@@ -432,8 +438,12 @@ class PartitionLog:
 
     # ================================================================== append
 
-    def append(self, records: bytes) -> AppendResult:
+    def append(self, records: bytes, times: BatchTimes | None = None) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
+
+        ``times``: when the request carrying them was sent (producer clock) and received
+        (broker clock), kept for every batch in the segment's ``.batchtimes`` sidecar
+        (None: nothing is stored; readers see unknown times).
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -455,12 +465,16 @@ class PartitionLog:
             if self._closed:
                 raise StorageError(f"{self} is closed")
             try:
-                return self._append_locked(records, batches, config)
+                return self._append_locked(records, batches, config, times)
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise _io_error(exc, f"{self}: append failed") from exc
 
     def _append_locked(
-        self, records: bytes, batches: list[BatchPosition], config: LogConfig
+        self,
+        records: bytes,
+        batches: list[BatchPosition],
+        config: LogConfig,
+        times: BatchTimes | None,
     ) -> AppendResult:
         state = self._producer_state
         duplicates = state.check_all([b.header for b in batches])
@@ -504,7 +518,7 @@ class PartitionLog:
             max_timestamp = max(max_timestamp, header.max_timestamp)
         first_offset = assigned[0].header.base_offset
         segment = self._maybe_roll_locked(position, first_offset, offset - 1, max_timestamp, config)
-        segment.append(parts, assigned)
+        segment.append(parts, assigned, times)
         for batch in assigned:
             self._producer_state.update(batch.header, now_ms)
         self._unflushed_records += record_count
@@ -566,7 +580,7 @@ class PartitionLog:
         )
         self._set_segments([*self._segments, segment])
         # The snapshot's atomic write ends with an fsync of this directory, which also
-        # makes the new segment's three files durable: a crash cannot lose them.
+        # makes the new segment's four files durable: a crash cannot lose them.
         self._write_producer_snapshot_locked(base_offset)
         log.debug("%s: rolled to segment %d", self, base_offset)
         return segment
@@ -616,9 +630,9 @@ class PartitionLog:
         for j in range(i, len(segments)):
             segment = segments[j]
             limit = active_size if j == len(segments) - 1 else None
-            data = segment.read(offset, max_bytes, limit)
+            data, times = segment.read_with_times(offset, max_bytes, limit)
             if data:
-                return ReadResult(data, log_end, log_start)
+                return ReadResult(data, log_end, log_start, times)
         return ReadResult(b"", log_end, log_start)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:

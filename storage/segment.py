@@ -1,4 +1,5 @@
-"""One segment: a ``.log`` file of whole record batches plus its two sparse indexes.
+"""One segment: a ``.log`` file of whole record batches, its two sparse indexes, and the
+``.batchtimes`` sidecar (``storage.batch_times``: each batch's sent and received times).
 
 A segment holds the batches whose offsets start at ``base_offset`` (the number in its file
 names) and end before the next segment's base offset. Batches are appended whole; the
@@ -25,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes, BatchTimesEntry, BatchTimesFile
 from storage.errors import CorruptRecordError, LogDirFullError, StorageError
 from storage.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, offset_file_name
 from storage.index import (
@@ -78,6 +80,7 @@ class Segment:
         fd: int,
         offset_index: OffsetIndex,
         time_index: TimeIndex,
+        batch_times: BatchTimesFile,
         *,
         suffix: str = "",
         index_interval_bytes: int,
@@ -88,6 +91,7 @@ class Segment:
         self.suffix = suffix
         self.offset_index = offset_index
         self.time_index = time_index
+        self.batch_times = batch_times
         self.index_interval_bytes = index_interval_bytes
         self.created_ms = created_ms
         self._fd = fd
@@ -101,12 +105,14 @@ class Segment:
     # ------------------------------------------------------------------ factories
 
     @staticmethod
-    def paths(directory: Path, base_offset: int, suffix: str = "") -> tuple[Path, Path, Path]:
-        """The ``.log``, ``.index`` and ``.timeindex`` paths (each with ``suffix`` appended)."""
+    def paths(directory: Path, base_offset: int, suffix: str = "") -> tuple[Path, Path, Path, Path]:
+        """The ``.log``, ``.index``, ``.timeindex`` and ``.batchtimes`` paths (each with
+        ``suffix`` appended)."""
         return (
             directory / (offset_file_name(base_offset, LOG_SUFFIX) + suffix),
             directory / (offset_file_name(base_offset, INDEX_SUFFIX) + suffix),
             directory / (offset_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
+            directory / (offset_file_name(base_offset, BATCH_TIMES_SUFFIX) + suffix),
         )
 
     @classmethod
@@ -121,8 +127,9 @@ class Segment:
         suffix: str = "",
     ) -> Segment:
         """Create an empty segment (truncating any stale files of the same name)."""
-        log_path, index_path, time_path = cls.paths(directory, base_offset, suffix)
+        log_path, index_path, time_path, times_path = cls.paths(directory, base_offset, suffix)
         fd = _open_log(log_path, truncate=True)
+        batch_times = BatchTimesFile.create(times_path)
         offset_index = OffsetIndex(index_path, base_offset, index_max_bytes // OFFSET_ENTRY_BYTES)
         time_index = TimeIndex(time_path, base_offset, index_max_bytes // TIME_ENTRY_BYTES)
         offset_index.reset()
@@ -133,6 +140,7 @@ class Segment:
             fd,
             offset_index,
             time_index,
+            batch_times,
             suffix=suffix,
             index_interval_bytes=index_interval_bytes,
             created_ms=now_ms,
@@ -158,7 +166,7 @@ class Segment:
         truncated at the first invalid byte. Otherwise only the tail after the last index
         entry is scanned. ``contiguous_from``: see ``recover``.
         """
-        log_path, index_path, time_path = cls.paths(directory, base_offset, suffix)
+        log_path, index_path, time_path, times_path = cls.paths(directory, base_offset, suffix)
         fd = _open_log(log_path, truncate=False)
         size = os.fstat(fd).st_size
         created_ms = int(os.stat(log_path).st_mtime * 1000)
@@ -180,19 +188,32 @@ class Segment:
             fd,
             offset_index,
             time_index,
+            # Replaced below, once the log's valid size and next offset are known.
+            BatchTimesFile(times_path, -1, []),
             suffix=suffix,
             index_interval_bytes=index_interval_bytes,
             created_ms=created_ms,
         )
         segment.size_bytes = size
-        if trust_indexes:
-            try:
-                segment._load_tail()
-                return segment, 0
-            except (CorruptIndexError, CorruptRecordError) as exc:
-                log.warning("segment %s: %s; rebuilding its indexes", log_path, exc)
-        # recover() resets both indexes before rebuilding them from the log.
-        return segment, segment.recover(max_message_bytes, contiguous_from=contiguous_from)
+        truncated = 0
+        try:
+            if trust_indexes:
+                try:
+                    segment._load_tail()
+                except (CorruptIndexError, CorruptRecordError) as exc:
+                    log.warning("segment %s: %s; rebuilding its indexes", log_path, exc)
+                    trust_indexes = False
+            if not trust_indexes:
+                # recover() resets both indexes before rebuilding them from the log.
+                truncated = segment.recover(max_message_bytes, contiguous_from=contiguous_from)
+            # Entries past the (recovered) log are cut; a missing file is an empty one.
+            segment.batch_times = BatchTimesFile.open(
+                times_path, log_size=segment.size_bytes, next_offset=segment.next_offset
+            )
+        except BaseException:
+            segment.close()
+            raise
+        return segment, truncated
 
     # ------------------------------------------------------------------ state
 
@@ -265,13 +286,17 @@ class Segment:
         self,
         data: bytes | bytearray | Sequence[bytes | bytearray | memoryview],
         batches: list[BatchPosition],
+        times: BatchTimes | Sequence[BatchTimes] | None = None,
     ) -> None:
         """Append whole, already validated batches with assigned offsets.
 
         ``data`` is the bytes, or a list of consecutive pieces of them (written with one
         ``writev``, so a caller need not copy a large request to patch a few bytes).
-        ``batches`` gives each batch's position within ``data`` and its header. On a failed
-        write the file is cut back to its old size, so no partial batch stays behind.
+        ``batches`` gives each batch's position within ``data`` and its header. ``times``:
+        the sent/received times of every batch (one value for all, or one per batch), written
+        to the ``.batchtimes`` sidecar after the batches; None writes no entries (times
+        unknown). On a failed write the file is cut back to its old size, so no partial
+        batch stays behind; a failed sidecar write leaves the batches without times.
 
         Raises:
             LogDirFullError: the disk is full.
@@ -294,6 +319,17 @@ class Segment:
                 self.first_batch_timestamp_ms = header.max_timestamp
             self._index_batch(start + batch.position, header)
         self.size_bytes = start + written
+        if times is not None:
+            if isinstance(times, BatchTimes):
+                times = [times] * len(batches)
+            self.batch_times.append(
+                [
+                    BatchTimesEntry(
+                        b.header.last_offset, start + b.position, t.sent_ms, t.received_ms
+                    )
+                    for b, t in zip(batches, times, strict=True)
+                ]
+            )
 
     def _index_batch(self, position: int, header: BatchHeader) -> None:
         # Kafka's rule: an entry when more than index.interval.bytes were appended since the
@@ -319,10 +355,12 @@ class Segment:
         self.time_index.write_pending()
 
     def fsync(self) -> None:
-        """Make the log and both indexes durable. Call ``write_pending`` first (under lock)."""
+        """Make the log, both indexes and the batch times durable. Call ``write_pending``
+        first (under lock)."""
         os.fsync(self._fd)
         self.offset_index.fsync()
         self.time_index.fsync()
+        self.batch_times.fsync()
 
     def recover(self, max_message_bytes: int, *, contiguous_from: int | None = None) -> int:
         """Validate every batch, rebuild both indexes, cut the log at the first bad byte.
@@ -395,6 +433,7 @@ class Segment:
         self.size_bytes = position
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        self.batch_times.truncate_to_position(position)
         self._load_tail()  # next offset, max timestamp, index counter from what remains
         return removed
 
@@ -422,10 +461,25 @@ class Segment:
         The first batch is returned whole even when larger than ``max_bytes``, so a reader
         always makes progress. ``max_position`` bounds the read (a size read under lock).
         """
+        return self._read(offset, max_bytes, max_position)[1]
+
+    def read_with_times(
+        self, offset: int, max_bytes: int, max_position: int | None = None
+    ) -> tuple[bytes, bytes]:
+        """``read``, plus the wire entries (``storage.batch_times``) of the batches read."""
+        position, data = self._read(offset, max_bytes, max_position)
+        if not data:
+            return data, b""
+        return data, self.batch_times.wire_entries(position, position + len(data))
+
+    def _read(self, offset: int, max_bytes: int, max_position: int | None) -> tuple[int, bytes]:
         end = self.size_bytes if max_position is None else min(max_position, self.size_bytes)
         position = self.find_position(offset)
         if position is None or position >= end:
-            return b""
+            return 0, b""
+        return position, self._read_at(position, max_bytes, end)
+
+    def _read_at(self, position: int, max_bytes: int, end: int) -> bytes:
         # Large batches: find where the whole batches within max_bytes end from a few
         # headers and read exactly that much. Reading max_bytes and then slicing off a
         # partial tail batch copies the whole answer a second time (a 1 MiB memcpy).
@@ -481,11 +535,22 @@ class Segment:
     # ------------------------------------------------------------------ files
 
     def rename_suffix(self, suffix: str) -> None:
-        """Rename the three files to carry ``suffix`` (``""`` strips it)."""
-        new_log, new_index, new_time = self.paths(self.directory, self.base_offset, suffix)
+        """Rename the four files to carry ``suffix`` (``""`` strips it)."""
+        new_log, new_index, new_time, new_times = self.paths(
+            self.directory, self.base_offset, suffix
+        )
+        # The sidecar cannot be rebuilt from the log, unlike the indexes. Stripping a suffix
+        # (a compaction swap's last step) renames it first: a crash midway leaves the
+        # .log.swap that makes open() finish the swap, not a final .log whose leftover
+        # .swap files are discarded. Adding one (.deleted, .swap) renames it last: a crash
+        # leaves it beside a live log, not a live sidecar beside a doomed log.
+        if not suffix:
+            self.batch_times.rename(new_times)
         os.replace(self.log_path, new_log)
         self.offset_index.rename(new_index)
         self.time_index.rename(new_time)
+        if suffix:
+            self.batch_times.rename(new_times)
         self.suffix = suffix
 
     def close(self) -> None:
@@ -493,15 +558,17 @@ class Segment:
         if self._fd >= 0:
             self.offset_index.close()
             self.time_index.close()
+            self.batch_times.close()
             os.close(self._fd)
             self._fd = -1
 
     def delete_files(self) -> None:
-        """Close and unlink the three files."""
+        """Close and unlink the four files."""
         path = self.log_path
         self.close()
         self.offset_index.delete()
         self.time_index.delete()
+        self.batch_times.delete()
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -35,6 +35,9 @@ CLIENT_STORAGE_ALLOWED = {
     "storage.varint",
     "storage.columns",
     "storage.native",
+    # The fetch answer's batch times: a wire format storage defines next to the sidecar
+    # it is read from, as records.py defines the batches (pure, no file or lock used).
+    "storage.batch_times",
 }
 
 
@@ -159,6 +162,7 @@ def test_importing_the_client_leaves_the_storage_engine_unloaded() -> None:
         "storage.batch_builder",
         "storage.lz4_frame",
         "storage.columns",
+        "storage.batch_times",
         "storage.native",
         "storage._native",
     }, loaded

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,29 @@ def test_produce_lines_then_consume_them_with_a_format(broker: InProcessBroker) 
     partition_offset, timestamp, value = from_offset.stdout.split()
     assert (partition_offset, value) == ("0/1", "world")
     assert int(timestamp) > 1_600_000_000_000
+
+
+def test_consume_prints_the_four_timestamps(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-times", 1)
+    hour_ms = 3_600_000
+    # A device clock two hours fast: its record and send times carry the skew.
+    with Producer(address, wall_clock=lambda: time.time_ns() // 1_000_000 + 2 * hour_ms) as p:
+        p.send("cli-times", value=b"ping").result(timeout=30)
+    consumed = tidelog(
+        "consume", "cli-times", "--from-beginning", "--max-messages", "1",
+        "--print-timestamps", "--bootstrap", address,
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    *times, value = consumed.stdout.rstrip("\n").split("\t")
+    assert value == "ping"
+    fields = dict(t.split("=") for t in times)
+    assert list(fields) == ["timestamp", "sent", "received", "corrected"]
+    timestamp, sent, received, corrected = (int(v) for v in fields.values())
+    assert corrected == timestamp + received - sent
+    assert sent - received > hour_ms  # the device's clock, not the broker's
+    assert abs(corrected - received) < hour_ms
 
 
 def test_consume_without_from_beginning_reads_new_records_only(broker: InProcessBroker) -> None:

@@ -62,7 +62,14 @@ def test_replay_from_offset_zero(broker: InProcessBroker, topic: str) -> None:
         consumer.seek_to_beginning(tp)
         records = poll_until(consumer, 1_000)
         assert [r.offset for r in records] == list(range(1_000))
-        assert records[7] == ConsumerRecord(topic, 0, 7, 1_007, b"key-7", b"value-7", ())
+        seventh = records[7]
+        assert seventh[:7] == (topic, 0, 7, 1_007, b"key-7", b"value-7", ())
+        # This producer stamps its send time; the broker its receive time.
+        assert seventh.sent_timestamp_ms is not None
+        assert seventh.received_timestamp_ms is not None
+        assert seventh.corrected_timestamp_ms == (
+            1_007 + seventh.received_timestamp_ms - seventh.sent_timestamp_ms
+        )
         assert consumer.position(tp) == 1_000
         assert consumer.highwater(tp) == 1_000
         assert consumer.assignment() == {tp}

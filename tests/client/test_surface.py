@@ -78,6 +78,10 @@ def test_topic_partition_is_frozen_hashable_and_ordered() -> None:
 def test_record_types_are_named_tuples() -> None:
     record = ConsumerRecord("t", 0, 5, 1_000, b"k", b"v", (("h", b"x"),))
     assert record.offset == 5
+    assert record[7:] == (None, None)  # sent and received default to unknown
+    assert record.corrected_timestamp_ms == 1_000  # so the corrected time is the record's
+    timed = record._replace(sent_timestamp_ms=10, received_timestamp_ms=25)
+    assert timed.corrected_timestamp_ms == 1_015
     assert record.headers == (("h", b"x"),)
     topic, partition, offset, timestamp_ms = RecordMetadata("t", 0, 5, 1_000)
     assert (topic, partition, offset, timestamp_ms) == ("t", 0, 5, 1_000)

@@ -55,7 +55,7 @@ def test_columns_give_the_arrow_batch_records_give(
     for timestamp, key, value, headers in specs:
         builder.append(timestamp, key, value, headers)
     batch = builder.build()
-    _, decoded = decode_batch_as(batch, 0, ConsumerRecord, ("t", 3))
+    _, decoded = decode_batch_as(batch, 0, ConsumerRecord, ("t", 3), times=(None, None))
     expected = records_to_arrow(decoded[skip:], 1, include_headers)
     for pure in (False, True) if NATIVE_COLUMNS else (True,):
         columns = new_column_builder(include_headers, pure=pure)
@@ -64,6 +64,39 @@ def test_columns_give_the_arrow_batch_records_give(
         arrow.validate(full=True)
         assert arrow.equals(expected)
         assert arrow.schema == expected.schema
+
+
+_MS = st.none() | st.integers(0, 2**42)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(records, _MS, _MS), min_size=1, max_size=4), st.booleans())
+def test_time_columns_from_batch_times_match_the_records(
+    batches: list[Any], use_corrected: bool
+) -> None:
+    builder = new_column_builder(False)
+    decoded: list[ConsumerRecord] = []
+    batch_times: list[tuple[int, int | None, int | None]] = []
+    offset = 0
+    for specs, sent, received in batches:
+        batch_builder = BatchBuilder(base_offset=offset)
+        for timestamp, key, value, _ in specs:
+            batch_builder.append(timestamp, key, value)
+        batch = batch_builder.build()
+        offset += len(specs)
+        _, rows = decode_batch_as(batch, 0, ConsumerRecord, ("t", 3), times=(sent, received))
+        decoded += rows
+        before = builder.rows
+        decode_batch_into(builder, batch)
+        batch_times.append((builder.rows - before, sent, received))
+    expected = records_to_arrow(decoded, 0, False, use_corrected)
+    arrow = columns_to_arrow(finish_columns(builder), "t", 3, 0, False, batch_times, use_corrected)
+    assert arrow.equals(expected)
+    corrected = arrow.column("correctedTimestamp").to_pylist()
+    timestamps = arrow.column("timestamp").to_pylist()
+    assert (corrected == timestamps) == (
+        use_corrected or all(r.corrected_timestamp_ms == r.timestamp_ms for r in decoded)
+    )
 
 
 def test_an_empty_builder_gives_an_empty_batch() -> None:
@@ -83,9 +116,9 @@ def test_timestamps_past_what_microseconds_hold_are_refused_not_wrapped() -> Non
         columns_to_arrow(finish_columns(columns), "t", 0, 0, False)
 
 
-@pytest.mark.parametrize("include_headers", [False, True])
+@pytest.mark.parametrize(("include_headers", "use_corrected"), [(False, False), (True, True)])
 def test_read_ranges_returns_the_records_of_the_range(
-    broker: InProcessBroker, new_topic: TopicFactory, include_headers: bool
+    broker: InProcessBroker, new_topic: TopicFactory, include_headers: bool, use_corrected: bool
 ) -> None:
     topic = new_topic()
     values = [b"value-%d" % i for i in range(300)]
@@ -97,13 +130,17 @@ def test_read_ranges_returns_the_records_of_the_range(
         everything: list[ConsumerRecord] = []
         while len(everything) < 300:
             everything += consumer.poll(timeout_ms=1_000)
+    assert all(r.received_timestamp_ms is not None for r in everything)
     options = ReadOptions(
-        bootstrap_servers=broker.address, subscribe=(topic,), include_headers=include_headers
+        bootstrap_servers=broker.address,
+        subscribe=(topic,),
+        include_headers=include_headers,
+        use_corrected_timestamp=use_corrected,
     )
     # Starts and ends inside batches (the producer sends each record alone here, but
     # the fetch hands back many batches per answer).
     batches = list(read_ranges(options, [OffsetRange(tp, 7, 251)], [0]))
     assert batches
     table = pa.Table.from_batches(batches)
-    expected = records_to_arrow(everything[7:251], 0, include_headers)
+    expected = records_to_arrow(everything[7:251], 0, include_headers, use_corrected)
     assert table.equals(pa.Table.from_batches([expected]))

@@ -52,3 +52,30 @@ def test_demo_producer_and_enrich_join(
             query.stop()
     for name in ("_common", "demo_producer", "enrich_join", "sessionization", "windowed_counts"):
         sys.modules.pop(name, None)
+
+
+def test_device_clocks_counts_by_raw_and_by_corrected_time(
+    spark: Any, broker: InProcessBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    import device_clocks
+
+    try:
+        assert device_clocks.send_events(broker.address, events_per_phone=10) == 60
+        raw, corrected = device_clocks.window_counts(spark, broker.address)
+        assert sum(r["count"] for r in raw) == sum(r["count"] for r in corrected) == 60
+
+        def span_minutes(rows: list[Any]) -> float:
+            starts = [r["start"] for r in rows]
+            return (max(starts) - min(starts)).total_seconds() / 60
+
+        # Raw device times scatter over the phones' skews (six hours apart); corrected
+        # times fall within the five minutes the events happened in (plus window edges).
+        assert span_minutes(raw) >= 6 * 60 - 5
+        assert span_minutes(corrected) <= 6
+        table = device_clocks.side_by_side(raw, corrected)
+        assert "window (raw device time)" in table
+        assert "window (corrected time)" in table
+    finally:
+        for name in ("_common", "device_clocks"):
+            sys.modules.pop(name, None)

@@ -995,7 +995,7 @@ class Swap:
     log_end: int
 
 
-SEGMENT_EXTENSIONS = (".log", ".index", ".timeindex")
+SEGMENT_EXTENSIONS = (".log", ".index", ".timeindex", ".batchtimes")
 
 
 def snapshot_files(directory: Path) -> dict[str, bytes]:
@@ -1043,7 +1043,7 @@ def crash_state(swap: Swap, step: str) -> Iterator[tuple[str, bytes]]:
 
     Steps: ``writing`` (some .cleaned written, the last one cut short), ``cleaned`` (all
     written), ``renaming`` (.cleaned -> .swap, highest first, stopped halfway, one segment
-    in the middle of its three files), ``swapped`` (all .swap, old untouched),
+    in the middle of its four files), ``swapped`` (all .swap, old untouched),
     ``deleting`` (all .swap, old -> .deleted stopped halfway), ``finishing`` (old all
     .deleted, .swap stripped from the lowest ones, one segment halfway), ``done`` (the
     .deleted files not yet unlinked).
@@ -1084,7 +1084,8 @@ def crash_state(swap: Swap, step: str) -> Iterator[tuple[str, bytes]]:
             if i > half_new:
                 suffixes.update(dict.fromkeys(names, ".swap"))
             elif i == half_new:  # log renamed, indexes not yet
-                suffixes.update({names[0]: ".swap", names[1]: ".cleaned", names[2]: ".cleaned"})
+                suffixes.update({names[0]: ".swap"})
+                suffixes.update(dict.fromkeys(names[1:], ".cleaned"))
             else:
                 suffixes.update(dict.fromkeys(names, ".cleaned"))
         yield from new_as(suffixes)
@@ -1108,8 +1109,8 @@ def crash_state(swap: Swap, step: str) -> Iterator[tuple[str, bytes]]:
             names = segment_names(base)
             if i > half_new:
                 suffixes.update(dict.fromkeys(names, ".swap"))
-            elif i == half_new:
-                suffixes.update({names[1]: ".swap", names[2]: ".swap"})
+            elif i == half_new:  # its .batchtimes stripped first (Segment.rename_suffix)
+                suffixes.update(dict.fromkeys(names[:3], ".swap"))
         yield from new_as(suffixes)
     elif step == "done":
         yield from old_as(dict.fromkeys(old_files, ".deleted"))

@@ -484,3 +484,45 @@ def test_without_a_compiler_the_build_warns_and_succeeds(tmp_path: Path) -> None
     assert build.returncode == 0, build.stderr
     assert "storage._native" in build.stdout + build.stderr  # the warning names it
     assert not list((tmp_path / "storage").glob("_native*.so"))
+
+
+class TimedRow(NamedTuple):
+    """``Row`` plus the batch times, as ``client.types.ConsumerRecord``."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    sent_timestamp_ms: int | None
+    received_timestamp_ms: int | None
+
+
+_MS = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**45))
+
+
+@needs_native
+@FUZZ
+@given(damaged_batches(), _MS, _MS)
+def test_native_and_pure_agree_on_the_three_timestamps(
+    case: tuple[bytes, bool], sent: int | None, received: int | None
+) -> None:
+    batch, validate = case
+
+    def decode(pure: bool) -> tuple[str, Any]:
+        return outcome(
+            lambda: decode_batch_as(
+                batch, 0, TimedRow, ("t", 7), times=(sent, received), validate=validate, pure=pure
+            )
+        )
+
+    native, pure = decode(False), decode(True)
+    assert native == pure
+    if native[0] == "ok":
+        for row in native[1][1]:
+            assert type(row) is TimedRow
+            assert (row.sent_timestamp_ms, row.received_timestamp_ms) == (sent, received)
+    else:
+        assert native[1] is CorruptRecordError

@@ -803,7 +803,7 @@ def test_deleted_files_are_unlinked_after_the_delay(log_dir: Path, clock: Manual
     assert doomed == sorted(
         f"{base:020d}{suffix}.deleted"
         for base in (0, 2)
-        for suffix in (".log", ".index", ".timeindex")
+        for suffix in (".log", ".index", ".timeindex", ".batchtimes")
     )
     clock.advance(59_999)
     assert log.delete_expired_files() == 0

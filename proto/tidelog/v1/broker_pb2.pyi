@@ -516,11 +516,16 @@ class ProduceRequest(_message.Message):
     ACKS_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TOPICS_FIELD_NUMBER: _builtins.int
+    SENT_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     """echoed in the answer (streams)"""
     acks: _builtins.int
     """0, 1, or -1 (all: fsynced before the answer)"""
     timeout_ms: _builtins.int
+    sent_timestamp_ms: _builtins.int
+    """The producer's wall clock (ms) as it writes this request to the wire: every batch of
+    the request gets it as its sent time. Unset (older clients): no sent time.
+    """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProduceTopicData]: ...
     def __init__(
@@ -530,12 +535,15 @@ class ProduceRequest(_message.Message):
         acks: _builtins.int = ...,
         timeout_ms: _builtins.int = ...,
         topics: _abc.Iterable[Global___ProduceTopicData] | None = ...,
+        sent_timestamp_ms: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms", "sent_timestamp_ms", b"sent_timestamp_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "correlation_id", b"correlation_id", "timeout_ms", b"timeout_ms", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms", "acks", b"acks", "correlation_id", b"correlation_id", "sent_timestamp_ms", b"sent_timestamp_ms", "timeout_ms", b"timeout_ms", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__sent_timestamp_ms: _TypeAlias = _typing.Literal["sent_timestamp_ms"]  # noqa: Y015
+    _WhichOneofArgType__sent_timestamp_ms: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sent_timestamp_ms) -> _WhichOneofReturnType__sent_timestamp_ms | None: ...
 
 Global___ProduceRequest: _TypeAlias = ProduceRequest  # noqa: Y015
 
@@ -686,6 +694,7 @@ class FetchPartitionResult(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
+    BATCH_TIMES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     error_code: _builtins.str
@@ -694,6 +703,11 @@ class FetchPartitionResult(_message.Message):
     log_start_offset: _builtins.int
     records: _builtins.bytes
     """whole stored batches; the first may start before fetch_offset"""
+    batch_times: _builtins.bytes
+    """The sent and received times of the batches in records: 24-byte entries, each three
+    big-endian int64 (batch last offset, sent_ms, received_ms; -1 = unknown), in offset
+    order. A batch without an entry has unknown times. See storage/batch_times.py.
+    """
     def __init__(
         self,
         *,
@@ -704,10 +718,11 @@ class FetchPartitionResult(_message.Message):
         high_watermark: _builtins.int = ...,
         log_start_offset: _builtins.int = ...,
         records: _builtins.bytes = ...,
+        batch_times: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_times", b"batch_times", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
