@@ -29,7 +29,7 @@ import queue
 import random
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -422,50 +422,46 @@ class Controller:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         self._store.set_topic_config(lease, name, config)
 
-    def _elect_preferred(self) -> int:
-        lease = self._require_lease()
-        live = self._live()
-        moved = 0
+    def _partitions(self) -> Iterator[tuple[str, int, tuple[int, ...], PartitionState, int]]:
+        """Every partition with a state znode: topic, partition, replicas, state, version."""
         for topic in self._store.topics():
             assignment = self._store.read_topic(topic)
             if assignment is None:
                 continue
             for partition, replicas in assignment.replicas.items():
                 found = self._store.read_partition_state(topic, partition)
-                if found is None:
+                if found is not None:
+                    yield topic, partition, replicas, found[0], found[1]
+
+    def _elect_preferred(self) -> int:
+        lease = self._require_lease()
+        live = self._live()
+        moved = 0
+        for topic, partition, replicas, state, version in self._partitions():
+            elected = elect_preferred(replicas, state, live, controller_epoch=lease.epoch)
+            if elected is not None:
+                try:
+                    self._write(topic, partition, elected, version)
+                    moved += 1
+                except StaleStateError:
                     continue
-                state, version = found
-                elected = elect_preferred(replicas, state, live, controller_epoch=lease.epoch)
-                if elected is not None:
-                    try:
-                        self._write(topic, partition, elected, version)
-                        moved += 1
-                    except StaleStateError:
-                        continue
         return moved
 
     def _controlled_shutdown(self, broker_id: int) -> int:
         lease = self._require_lease()
         live = self._live()
         still_leading = 0
-        for topic in self._store.topics():
-            assignment = self._store.read_topic(topic)
-            if assignment is None:
-                continue
-            for partition, replicas in assignment.replicas.items():
-                found = self._store.read_partition_state(topic, partition)
-                if found is None:
-                    continue
-                state, version = found
-                elected = elect_for_shutdown(
-                    replicas, state, live, {broker_id}, controller_epoch=lease.epoch
-                )
-                if elected is not None:
-                    try:
-                        self._write(topic, partition, elected, version)
-                    except StaleStateError:
-                        pass
-                    state = elected.state
-                if state.leader == broker_id:
-                    still_leading += 1
+        for topic, partition, replicas, state, version in self._partitions():
+            elected = elect_for_shutdown(
+                replicas, state, live, {broker_id}, controller_epoch=lease.epoch
+            )
+            leader = state.leader
+            if elected is not None:
+                try:
+                    self._write(topic, partition, elected, version)
+                    leader = elected.state.leader
+                except StaleStateError:
+                    pass
+            if leader == broker_id:
+                still_leading += 1
         return still_leading
