@@ -63,11 +63,10 @@ from broker.produce import Acks, PartitionProduced, parse_acks
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from broker.service import (
     BROKER_SERVICE_NAME,
-    UNARY_HANDLERS,
     UnaryHandler,
     fetch_response,
     fetch_spec,
-    message_types,
+    generic_handler,
     produce_parts,
     produce_response,
     request_context,
@@ -104,35 +103,9 @@ class _AsyncService:
         self._loop = loop
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
-        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-        for name, handler in UNARY_HANDLERS.items():
-            request_type, response_type = message_types(name)
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self._unary(name, handler),
-                request_deserializer=request_type.FromString,
-                response_serializer=response_type.SerializeToString,
-            )
-        handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
-            self.produce,
-            request_deserializer=pb.ProduceRequest.FromString,
-            response_serializer=pb.ProduceResponse.SerializeToString,
+        return generic_handler(
+            self._unary, self.produce, self.fetch, self.produce_stream, self.fetch_stream
         )
-        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
-            self.fetch,
-            request_deserializer=pb.FetchRequest.FromString,
-            response_serializer=pb.FetchResponse.SerializeToString,
-        )
-        handlers["ProduceStream"] = grpc.stream_stream_rpc_method_handler(
-            self.produce_stream,
-            request_deserializer=pb.ProduceRequest.FromString,
-            response_serializer=pb.ProduceResponse.SerializeToString,
-        )
-        handlers["FetchStream"] = grpc.stream_stream_rpc_method_handler(
-            self.fetch_stream,
-            request_deserializer=pb.FetchRequest.FromString,
-            response_serializer=pb.FetchResponse.SerializeToString,
-        )
-        return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)
 
     # --- plumbing -----------------------------------------------------------------------
 

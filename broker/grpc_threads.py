@@ -38,11 +38,10 @@ from broker.produce import Acks, PartitionAppend, parse_acks
 from broker.produce_stream import ProducePipeline
 from broker.service import (
     BROKER_SERVICE_NAME,
-    UNARY_HANDLERS,
     UnaryHandler,
     fetch_response,
     fetch_spec,
-    message_types,
+    generic_handler,
     produce_parts,
     produce_response,
     request_context,
@@ -68,35 +67,9 @@ class _PendingProduce:
 def threaded_handler(core: BrokerCore) -> grpc.GenericRpcHandler:
     """Every RPC of ``tidelog.v1.Broker`` over ``core``, for a synchronous server."""
     service = _ThreadedService(core)
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-    for name, handler in UNARY_HANDLERS.items():
-        request_type, response_type = message_types(name)
-        handlers[name] = grpc.unary_unary_rpc_method_handler(
-            service.unary(name, handler),
-            request_deserializer=request_type.FromString,
-            response_serializer=response_type.SerializeToString,
-        )
-    handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
-        service.produce,
-        request_deserializer=pb.ProduceRequest.FromString,
-        response_serializer=pb.ProduceResponse.SerializeToString,
+    return generic_handler(
+        service.unary, service.produce, service.fetch, service.produce_stream, service.fetch_stream
     )
-    handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(
-        service.fetch,
-        request_deserializer=pb.FetchRequest.FromString,
-        response_serializer=pb.FetchResponse.SerializeToString,
-    )
-    handlers["ProduceStream"] = grpc.stream_stream_rpc_method_handler(
-        service.produce_stream,
-        request_deserializer=pb.ProduceRequest.FromString,
-        response_serializer=pb.ProduceResponse.SerializeToString,
-    )
-    handlers["FetchStream"] = grpc.stream_stream_rpc_method_handler(
-        service.fetch_stream,
-        request_deserializer=pb.FetchRequest.FromString,
-        response_serializer=pb.FetchResponse.SerializeToString,
-    )
-    return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)
 
 
 def _context(context: grpc.ServicerContext) -> RequestContext:

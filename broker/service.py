@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import grpc
+
 from broker.context import RequestContext
 from broker.core import BrokerCore, OffsetQuery, TopicView
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
@@ -49,6 +51,7 @@ __all__ = [
     "UnaryHandler",
     "fetch_response",
     "fetch_spec",
+    "generic_handler",
     "message_types",
     "produce_parts",
     "produce_response",
@@ -570,3 +573,43 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
             for p in group.partitions
         ],
     )
+
+
+def generic_handler(
+    unary: Callable[[str, UnaryHandler], Any],
+    produce: Any,
+    fetch: Any,
+    produce_stream: Any,
+    fetch_stream: Any,
+) -> grpc.GenericRpcHandler:
+    """The ``grpc.GenericRpcHandler`` of ``tidelog.v1.Broker`` for one serving model.
+
+    ``unary(name, handler)`` wraps each table entry as the model runs it; the four
+    data-path methods are the model's own. Both models (``grpc_async``, ``grpc_threads``)
+    build their handler here, so an RPC added to the table is served by both.
+    """
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for name, handler in UNARY_HANDLERS.items():
+        request_type, response_type = message_types(name)
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            unary(name, handler),
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+    for name, method, streaming, request_type, response_type in (
+        ("Produce", produce, False, pb.ProduceRequest, pb.ProduceResponse),
+        ("Fetch", fetch, False, pb.FetchRequest, pb.FetchResponse),
+        ("ProduceStream", produce_stream, True, pb.ProduceRequest, pb.ProduceResponse),
+        ("FetchStream", fetch_stream, True, pb.FetchRequest, pb.FetchResponse),
+    ):
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[name] = make(
+            method,
+            request_deserializer=request_type.FromString,
+            response_serializer=response_type.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)
