@@ -6,6 +6,8 @@
 - ``metadata()``: the cluster's metadata, refreshed when due (asked of the brokers it
   knows, then of the bootstrap list, the first that answers);
 - ``leader(tp)``, ``coordinator(group_id)``, ``controller()``: the connection to use;
+- ``run_on_every_broker(call)``: a call every live broker must answer (listing groups,
+  setting quotas), asked again of the brokers that missed it until its timeout;
 - ``run(route, call)``: make a call through a route and follow the target when it moves.
   ``NOT_LEADER_OR_FOLLOWER``, ``LEADER_NOT_AVAILABLE``, ``NOT_COORDINATOR``,
   ``NOT_CONTROLLER`` and an unreachable broker mark the metadata stale (and forget the
@@ -380,6 +382,54 @@ class ClusterConnections:
                 min(backoff, remaining),
                 next(iter(failed.values())),
             )
+            self._sleep_ms(min(backoff, remaining))
+            backoff = min(backoff * 2, _MAX_BACKOFF_MS)
+
+    def run_on_every_broker(
+        self,
+        call: Callable[[Connection, int], T],
+        *,
+        what: str,
+        timeout_ms: int | None = None,
+    ) -> dict[int, T]:
+        """``call(connection, t)`` on every live broker; the answers by broker id.
+
+        The live brokers are those of the cluster's metadata. A broker that cannot be
+        reached (or answers a routing error) marks the metadata stale; after a backoff
+        (100 ms doubling to 1 s) the brokers of the fresh metadata that have not answered
+        yet are asked, until all have or ``timeout_ms`` passes (then the last error is
+        raised). A broker that left the cluster meanwhile is no longer waited for, and
+        its answer, if it gave one, is dropped. Any other error is raised at once.
+        """
+        timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = self._monotonic_ms() + timeout
+        backoff = _INITIAL_BACKOFF_MS
+        answers: dict[int, T] = {}
+        force = False
+        while True:
+            metadata = self.metadata(
+                timeout_ms=max(deadline - self._monotonic_ms(), 1), force=force
+            )
+            failed: TidelogError | None = None
+            pending = [(i, b) for i, b in sorted(metadata.brokers.items()) if i not in answers]
+            for index, (broker_id, node) in enumerate(pending):
+                # Share what is left among the brokers not asked yet: a dead broker (one
+                # whose ZooKeeper session has not expired yet) must not eat the whole
+                # timeout; it is asked again, or dropped, after a refresh.
+                remaining = max((deadline - self._monotonic_ms()) // (len(pending) - index), 1)
+                try:
+                    answers[broker_id] = call(self.connection_to(self.address_of(node)), remaining)
+                except ROUTING_ERRORS as exc:
+                    log.info("%s: broker %d: %s", what, broker_id, exc)
+                    failed = exc
+            if failed is None:
+                self.confirmed()
+                return {i: answer for i, answer in answers.items() if i in metadata.brokers}
+            self.mark_stale()
+            force = True
+            remaining = deadline - self._monotonic_ms()
+            if remaining <= 0:
+                raise failed
             self._sleep_ms(min(backoff, remaining))
             backoff = min(backoff * 2, _MAX_BACKOFF_MS)
 
