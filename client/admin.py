@@ -14,28 +14,39 @@ passes; the broker's refusals come back as their ``TidelogError`` classes
 (``TopicAlreadyExistsError``, ``InvalidConfigError``, ``UnknownTopicOrPartitionError``...).
 Protobuf types stop here: answers are the frozen dataclasses of ``client.types``.
 
-Group calls (``describe_group``, ``reset_group_offsets``, ``delete_group``) go to the
-group's coordinator (found with ``FindCoordinator``, followed on ``NOT_COORDINATOR``);
-``list_groups`` asks every broker. An older broker without groups answers
+In a cluster (``client.routing``) topic changes go to the controller, offsets to each
+partition's leader, and group calls (``describe_group``, ``list_group_offsets``,
+``alter_group_offsets``, ``reset_group_offsets``, ``delete_group``) to the group's
+coordinator (found with ``FindCoordinator``, followed when it moves), with lag and reset
+targets read from the partitions' leaders (``client.group_admin``). ``list_groups`` and
+the client quota calls go to every live broker. An older broker without groups answers
 ``InvalidRequestError``. Changing a group's offsets is refused while it has members
 (``GroupNotEmptyError``): stop its consumers first.
 
-Thread-safe (the channel is); ``close`` when done.
+Thread-safe (the connections are); ``close`` when done.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
-from client.cluster import BrokerNode, parse_bootstrap_list
+from client import group_admin
+from client.cluster import BrokerNode
 from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from client.connection import Connection, GrpcConnection, grpc_connections
+from client.connection import Connection, grpc_connections, transport_of
+from client.group_admin import (
+    GroupDescription,
+    GroupMember,
+    GroupPartitionLag,
+    GroupSummary,
+    ResetTarget,
+)
 from client.offsets import list_offsets
 from client.routing import ClusterConnections
-from client.transport import Transport
 from client.types import (
     OffsetAndTimestamp,
     TopicDescription,
@@ -43,7 +54,6 @@ from client.types import (
     TopicSummary,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InvalidRequestError, error_for_code
 
 __all__ = [
     "AdminClient",
@@ -55,6 +65,8 @@ __all__ = [
     "GroupSummary",
     "OffsetSpec",
 ]
+
+log = logging.getLogger(__name__)
 
 OffsetSpec = Literal["earliest", "latest"] | int
 """What ``list_offsets`` looks for: the log start, the log end, or a timestamp (ms)."""
@@ -71,40 +83,6 @@ class ClusterDescription:
     cluster_id: str
     controller_id: int
     brokers: tuple[BrokerNode, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    group_id: str
-    state: str
-    members: int
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMember:
-    member_id: str
-    client_id: str
-    member_epoch: int
-    subscribed_topics: tuple[str, ...]
-    assignment: tuple[TopicPartition, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupPartitionLag:
-    tp: TopicPartition
-    committed_offset: int | None
-    log_end_offset: int
-    lag: int
-    member_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
-    group_id: str
-    state: str
-    group_epoch: int
-    members: tuple[GroupMember, ...]
-    partitions: tuple[GroupPartitionLag, ...]
 
 
 class AdminClient:
@@ -125,22 +103,15 @@ class AdminClient:
     ) -> None:
         config = resolve_config(AdminConfig.from_mapping, bootstrap_servers, config, settings)
         self.config = config
-        # Group and quota calls still go to the first broker of the bootstrap list; topic
-        # calls are routed (controller, leaders) through ``_connections``.
-        self._transport = Transport(
-            parse_bootstrap_list(config.bootstrap_servers)[0],
-            client_id=config.client_id,
-            request_timeout_ms=config.request_timeout_ms,
-            reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
-        )
-        self._stub = self._transport.stub
+        # Every call is routed through ``_connections``: topic changes to the controller,
+        # partition lookups to leaders, group calls to the group's coordinator, group
+        # listings and quotas to every live broker.
         self._connections = ClusterConnections(
             config.bootstrap_servers,
             grpc_connections(
                 client_id=config.client_id,
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
-                reuse=self._transport,
             ),
             request_timeout_ms=config.request_timeout_ms,
         )
@@ -211,11 +182,18 @@ class AdminClient:
         self, *, include_internal: bool = False, timeout_ms: int | None = None
     ) -> list[TopicSummary]:
         """Every topic with its partition count, sorted by name."""
-        answer = self._transport.call(
-            self._stub.ListTopics,
-            pb.ListTopicsRequest(include_internal=include_internal),
-            what="ListTopics",
-            timeout_ms=timeout_ms,
+
+        def ask(connection: Connection, timeout: int) -> pb.ListTopicsResponse:
+            transport = transport_of(connection)
+            return transport.call(
+                transport.stub.ListTopics,
+                pb.ListTopicsRequest(include_internal=include_internal),
+                what="ListTopics",
+                timeout_ms=timeout,
+            )
+
+        answer = self._connections.run(
+            self._connections.route_any(), ask, what="ListTopics", timeout_ms=timeout_ms
         )
         return sorted(
             (TopicSummary(t.name, t.partitions, t.internal) for t in answer.topics),
@@ -321,58 +299,57 @@ class AdminClient:
     # --- consumer groups ------------------------------------------------------------------
 
     def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupSummary]:
-        """Every consumer group with its state and member count, sorted by id."""
-        # Each broker knows the groups it coordinates: ask every one (a single node: one).
-        metadata = self._connections.metadata(timeout_ms=timeout_ms)
-        found: dict[str, GroupSummary] = {}
-        for node in sorted(metadata.brokers.values(), key=lambda b: b.id):
-            transport = _transport_of(
-                self._connections.connection_to(self._connections.address_of(node))
-            )
-            answer = transport.call(
-                transport.stub.ListGroups,
-                pb.ListGroupsRequest(),
-                what="ListGroups",
-                timeout_ms=timeout_ms,
-            )
-            for g in answer.groups:
-                found.setdefault(g.group_id, GroupSummary(g.group_id, g.state, g.members))
-        return sorted(found.values(), key=lambda g: g.group_id)
+        """Every consumer group with its state and member count, sorted by id.
+
+        Each broker knows the groups it coordinates: every live broker is asked (a broker
+        that cannot be reached is asked again after a metadata refresh, until the timeout)
+        and the answers merged.
+        """
+        return group_admin.list_groups(self._connections, timeout_ms)
 
     def describe_group(self, group_id: str, *, timeout_ms: int | None = None) -> GroupDescription:
-        """Members, assignment, and per-partition committed offset and lag."""
-        answer = self._on_coordinator(
-            group_id,
-            "DescribeGroup",
-            pb.DescribeGroupRequest(group_id=group_id),
-            timeout_ms,
+        """Members and assignment (from the group's coordinator), and per partition the
+        committed offset, the log end offset and the lag (from the partition's leader).
+
+        Raises ``GroupIdNotFoundError`` for a group with neither members nor committed
+        offsets. A partition without a leader shows log end and lag -1.
+        """
+        return group_admin.describe_group(self._connections, group_id, timeout_ms)
+
+    def list_group_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, int]:
+        """The group's committed offsets, sorted: of ``partitions`` (those without one are
+        left out), or of every partition it has committed (None). Kafka's
+        ``listConsumerGroupOffsets``; an unknown group has none."""
+        return group_admin.list_group_offsets(
+            self._connections, group_id, partitions, self._timeout(timeout_ms)
         )
-        return GroupDescription(
-            group_id=answer.group_id,
-            state=answer.state,
-            group_epoch=answer.group_epoch,
-            members=tuple(
-                GroupMember(
-                    member_id=m.member_id,
-                    client_id=m.client_id,
-                    member_epoch=m.member_epoch,
-                    subscribed_topics=tuple(m.subscribed_topic_names),
-                    assignment=tuple(
-                        TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
-                    ),
-                )
-                for m in answer.members
-            ),
-            partitions=tuple(
-                GroupPartitionLag(
-                    tp=TopicPartition(p.topic, p.partition),
-                    committed_offset=None if p.committed_offset < 0 else p.committed_offset,
-                    log_end_offset=p.log_end_offset,
-                    lag=p.lag,
-                    member_id=p.member_id,
-                )
-                for p in answer.partitions
-            ),
+
+    def alter_group_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Set an empty group's committed offsets (Kafka's ``alterConsumerGroupOffsets``).
+
+        Raises ``ValueError`` for a negative offset; ``GroupNotEmptyError`` while the group
+        has members; the first failed partition's error (``UnknownTopicOrPartitionError``)
+        after the others were committed.
+        """
+        for tp, offset in offsets.items():
+            if not isinstance(tp, TopicPartition):
+                raise TypeError(f"expected TopicPartition keys, got {tp!r}")
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise ValueError(f"offset for {tp} must be a non-negative int, got {offset!r}")
+        group_admin.alter_group_offsets(
+            self._connections, group_id, dict(offsets), self._timeout(timeout_ms)
         )
 
     def reset_group_offsets(
@@ -387,6 +364,9 @@ class AdminClient:
         timeout_ms: int | None = None,
     ) -> dict[TopicPartition, int]:
         """Move an empty group's committed offsets; returns the new offset per partition.
+
+        The targets are looked up at each partition's leader and committed at the group's
+        coordinator (Kafka's ``kafka-consumer-groups --reset-offsets`` works the same way).
 
         Args:
             group_id: the group; it must have no members.
@@ -419,28 +399,26 @@ class AdminClient:
                 not isinstance(value, int) or isinstance(value, bool) or value < 0
             ):
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        request = pb.ResetGroupOffsetsRequest(group_id=group_id, partitions=_selection(partitions))
+        target: ResetTarget
         if to_earliest:
-            request.to_earliest = True
+            target = ("earliest", 0)
         elif to_latest:
-            request.to_latest = True
+            target = ("latest", 0)
         elif to_offset is not None:
-            request.to_offset = to_offset
+            target = ("offset", to_offset)
         else:
             assert to_timestamp_ms is not None
-            request.to_timestamp_ms = to_timestamp_ms
-        answer = self._on_coordinator(group_id, "ResetGroupOffsets", request, timeout_ms)
-        out: dict[TopicPartition, int] = {}
-        error: Exception | None = None
-        for entry in answer.offsets:
-            tp = TopicPartition(entry.topic, entry.partition)
-            if entry.error_code:
-                error = error or error_for_code(entry.error_code, f"{tp}: {entry.error_message}")
-            else:
-                out[tp] = entry.offset
-        if error is not None:
-            raise error
-        return dict(sorted(out.items()))
+            target = ("timestamp", to_timestamp_ms)
+        if partitions is not None and not isinstance(partitions, str):
+            partitions = list(partitions)
+            for tp in partitions:
+                if not isinstance(tp, TopicPartition):
+                    raise TypeError(f"expected TopicPartitions or a topic name, got {tp!r}")
+            if not partitions:
+                raise ValueError("no partitions given (None means every committed partition)")
+        return group_admin.reset_group_offsets(
+            self._connections, group_id, partitions, target, self._timeout(timeout_ms)
+        )
 
     def delete_group(self, group_id: str, *, timeout_ms: int | None = None) -> None:
         """Delete an empty group and its committed offsets.
@@ -448,33 +426,10 @@ class AdminClient:
         Raises ``GroupNotEmptyError`` while it has members, ``GroupIdNotFoundError`` if
         it has no committed offsets.
         """
-        self._on_coordinator(
-            group_id, "DeleteGroup", pb.DeleteGroupRequest(group_id=group_id), timeout_ms
-        )
+        group_admin.delete_group(self._connections, group_id, timeout_ms)
 
-    def _on_coordinator(
-        self, group_id: str, method: str, request: object, timeout_ms: int | None
-    ) -> Any:
-        """A group call on the group's coordinator, following it on ``NOT_COORDINATOR``.
-
-        Group administration is not in the ``Connection`` protocol yet: it goes over the
-        coordinator's gRPC transport directly.
-        """
-        what = f"{method} {group_id}"
-
-        def call(connection: Connection, timeout: int) -> Any:
-            transport = _transport_of(connection)
-            return transport.call(
-                getattr(transport.stub, method), request, what=what, timeout_ms=timeout
-            )
-
-        return self._connections.run(
-            self._connections.route_coordinator(group_id),
-            call,
-            what=what,
-            timeout_ms=timeout_ms,
-            group_id=group_id,
-        )
+    def _timeout(self, timeout_ms: int | None) -> int:
+        return self.config.request_timeout_ms if timeout_ms is None else timeout_ms
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -495,34 +450,72 @@ class AdminClient:
         ``request_percentage`` (percent of one broker storage thread). A client over a
         quota gets its answers late by the throttle time. Raises ``InvalidRequestError``
         for an unknown quota name or a value that is not positive.
+
+        As in Kafka a quota is a limit per broker: each broker throttles the traffic it
+        serves. In a cluster the change is sent to every live broker (asked again until
+        the timeout if one cannot be reached); each keeps it in its data directory. A
+        broker down at the time, or one that joins later, does not get it
+        (``docs/cluster.md``, "Known gaps"): set it again then.
         """
-        self._transport.call(
-            self._stub.AlterClientQuotas,
-            pb.AlterClientQuotasRequest(
-                client_id=client_id,
-                set={k: float(v) for k, v in (quotas or {}).items()},
-                delete=list(delete),
-            ),
-            what=f"AlterClientQuotas {client_id}",
-            timeout_ms=timeout_ms,
+        request = pb.AlterClientQuotasRequest(
+            client_id=client_id,
+            set={k: float(v) for k, v in (quotas or {}).items()},
+            delete=list(delete),
+        )
+
+        def alter(connection: Connection, timeout: int) -> None:
+            transport = transport_of(connection)
+            transport.call(
+                transport.stub.AlterClientQuotas,
+                request,
+                what=f"AlterClientQuotas {client_id}",
+                timeout_ms=timeout,
+            )
+
+        self._connections.run_on_every_broker(
+            alter, what=f"AlterClientQuotas {client_id}", timeout_ms=timeout_ms
         )
 
     def describe_client_quotas(
         self, client_id: str | None = None, *, timeout_ms: int | None = None
     ) -> dict[str, dict[str, float]]:
-        """The quotas set, by client id: one client id's, or every one's if None."""
-        answer = self._transport.call(
-            self._stub.DescribeClientQuotas,
-            pb.DescribeClientQuotasRequest(client_id=client_id or ""),
-            what="DescribeClientQuotas",
-            timeout_ms=timeout_ms,
+        """The quotas set, by client id: one client id's, or every one's if None.
+
+        Every live broker is asked. Where brokers disagree (one missed a change while it
+        was down) the lowest broker id's quotas are shown and a warning is logged naming
+        the client id.
+        """
+        request = pb.DescribeClientQuotasRequest(client_id=client_id or "")
+
+        def describe(connection: Connection, timeout: int) -> dict[str, dict[str, float]]:
+            transport = transport_of(connection)
+            answer = transport.call(
+                transport.stub.DescribeClientQuotas,
+                request,
+                what="DescribeClientQuotas",
+                timeout_ms=timeout,
+            )
+            return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
+
+        answers = self._connections.run_on_every_broker(
+            describe, what="DescribeClientQuotas", timeout_ms=timeout_ms
         )
-        return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
+        merged: dict[str, dict[str, float]] = {}
+        for _, quotas in sorted(answers.items()):
+            for name, values in quotas.items():
+                merged.setdefault(name, values)
+        for name in merged:
+            if any(quotas.get(name) != merged[name] for quotas in answers.values()):
+                log.warning(
+                    "client id %r has different quotas on different brokers: %s",
+                    name,
+                    {broker_id: quotas.get(name, {}) for broker_id, quotas in answers.items()},
+                )
+        return merged
 
     def close(self) -> None:
         """Close the connection. Idempotent."""
         self._connections.close()
-        self._transport.close()
 
     def __enter__(self) -> AdminClient:
         return self
@@ -548,26 +541,3 @@ def _text_config(config: Mapping[str, object] | None) -> dict[str, str]:
         else:
             out[key] = str(value)
     return out
-
-
-def _selection(partitions: str | Iterable[TopicPartition] | None) -> list[pb.TopicPartitions]:
-    """A topic (all partitions: an empty list), partitions by topic, or nothing (all)."""
-    if partitions is None:
-        return []
-    if isinstance(partitions, str):
-        return [pb.TopicPartitions(topic=partitions)]
-    by_topic: dict[str, list[int]] = {}
-    for tp in partitions:
-        if not isinstance(tp, TopicPartition):
-            raise TypeError(f"expected TopicPartitions or a topic name, got {tp!r}")
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    if not by_topic:
-        raise ValueError("no partitions given (None means every committed partition)")
-    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
-
-
-def _transport_of(connection: Connection) -> Transport:
-    """The gRPC transport under ``connection`` (the admin's group calls need it)."""
-    if not isinstance(connection, GrpcConnection):
-        raise InvalidRequestError("group administration needs a gRPC connection")
-    return connection.transport

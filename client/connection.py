@@ -12,9 +12,9 @@ Per-partition errors come back as values (``ListOffsetsResult.error``) rather th
 raised, so the router (``client.routing``) can send just the failed partitions to their
 new leader. A call's own failure is raised as the exact ``TidelogError``.
 
-Calls not yet in the protocol (produce and fetch streams, group heartbeats, group admin
-and quotas) still go through ``GrpcConnection.transport``; moving them here is the rest
-of issue 13's client work (see ``docs/client.md``).
+Calls not yet in the protocol (group administration, ``ListTopics`` and client quotas)
+go through ``transport_of(connection)``, the gRPC transport underneath, after
+``client.routing`` chose the broker; they cannot run over the in-memory implementation.
 
 Thread-safe: ``GrpcConnection`` holds no state but its transport, which is.
 """
@@ -30,7 +30,7 @@ from client.group_member import HeartbeatAnswer, HeartbeatRequest
 from client.transport import BidiStream, Transport
 from client.types import PartitionDescription, TopicDescription, TopicPartition
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InternalError, TidelogError, error_for_code
+from storage.errors import InternalError, InvalidRequestError, TidelogError, error_for_code
 
 __all__ = [
     "Connection",
@@ -48,6 +48,7 @@ __all__ = [
     "ProducerState",
     "grpc_connections",
     "topic_description",
+    "transport_of",
 ]
 
 
@@ -681,6 +682,18 @@ class _GrpcProduceStream:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+def transport_of(connection: Connection) -> Transport:
+    """The gRPC transport under ``connection``, for the calls not in the protocol yet
+    (group administration, quotas, ``ListTopics``).
+
+    Raises ``InvalidRequestError`` for a connection that is not over gRPC (the in-memory
+    one of ``client.testing``).
+    """
+    if not isinstance(connection, GrpcConnection):
+        raise InvalidRequestError(f"this call needs a gRPC connection, not {connection!r}")
+    return connection.transport
 
 
 def topic_description(answer: pb.TopicDescription) -> TopicDescription:

@@ -1,0 +1,365 @@
+"""Consumer-group administration across a cluster: where each call goes, and lag.
+
+Thin functions over ``client.routing.ClusterConnections``, used by ``AdminClient``:
+
+- group-scoped calls (``DescribeGroup``, ``DeleteGroup``, ``OffsetFetch``,
+  ``OffsetCommit``) go to the group's coordinator (``FindCoordinator``) and follow it on
+  ``NOT_COORDINATOR`` or a coordinator without a leader (``LEADER_NOT_AVAILABLE``, this
+  broker's COORDINATOR_NOT_AVAILABLE), within the call's timeout;
+- ``list_groups`` asks every live broker (each knows the groups it coordinates) and
+  merges the answers;
+- log offsets (a partition's log start and end, the first offset at a timestamp) come
+  from each partition's leader, never from the coordinator: in a cluster the coordinator
+  holds no records of the partitions it does not lead. So lag is computed here, as
+  Kafka's ``kafka-consumer-groups`` tool does (committed offsets from the coordinator,
+  log end offsets from the leaders), and an offset reset is resolved here into offsets
+  that an admin commit (``OffsetCommit`` without a member id, refused while the group
+  has members) then writes at the coordinator.
+
+The pure part, ``reset_offset`` (a target plus a partition's log start and end to the
+offset to commit) and ``partition_lag``, takes integers only.
+
+Stateless and thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from client.connection import Connection, transport_of
+from client.offsets import commit_offsets, fetch_committed, list_offsets
+from client.routing import ClusterConnections
+from client.types import TopicPartition
+from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import TidelogError, UnknownTopicOrPartitionError
+
+__all__ = [
+    "GroupDescription",
+    "GroupMember",
+    "GroupPartitionLag",
+    "GroupSummary",
+    "ResetTarget",
+    "alter_group_offsets",
+    "delete_group",
+    "describe_group",
+    "list_group_offsets",
+    "list_groups",
+    "partition_lag",
+    "reset_group_offsets",
+    "reset_offset",
+]
+
+_EARLIEST = -2
+_LATEST = -1
+
+ResetTarget = tuple[Literal["earliest", "latest", "offset", "timestamp"], int]
+"""Where ``reset_group_offsets`` moves a group: ``(kind, value)``; value 0 for the ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """One group of ``list_groups``: its state and member count."""
+
+    group_id: str
+    state: str
+    members: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One member of a described group and the partitions it holds."""
+
+    member_id: str
+    client_id: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartitionLag:
+    """One partition of a described group: committed offset (None: none), log end, lag.
+
+    ``log_end_offset`` and ``lag`` are -1 when the partition's leader could not say (an
+    offline partition, a deleted topic).
+    """
+
+    tp: TopicPartition
+    committed_offset: int | None
+    log_end_offset: int
+    lag: int
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """``describe_group``: state, epoch, members, and per partition the lag."""
+
+    group_id: str
+    state: str
+    group_epoch: int
+    members: tuple[GroupMember, ...]
+    partitions: tuple[GroupPartitionLag, ...]
+
+
+# --- pure -----------------------------------------------------------------------------------
+
+
+def partition_lag(committed: int | None, log_start_offset: int, log_end_offset: int) -> int:
+    """How far a group is behind on a partition: the log end minus the committed offset,
+    or minus the log start when nothing is committed (the whole log is still to read).
+    -1 when the log end is not known."""
+    if log_end_offset < 0:
+        return -1
+    if committed is None:
+        return max(log_end_offset - max(log_start_offset, 0), 0)
+    return log_end_offset - committed
+
+
+def reset_offset(
+    target: ResetTarget, log_start_offset: int, log_end_offset: int, found: int | None
+) -> int:
+    """The offset a reset commits for one partition.
+
+    ``found``: for a timestamp target, the first offset at or after it (None: no record
+    that recent, so the log end). An offset target is clamped to [log start, log end], as
+    Kafka's tool does.
+    """
+    kind, value = target
+    if kind == "earliest":
+        return log_start_offset
+    if kind == "latest":
+        return log_end_offset
+    if kind == "offset":
+        return min(max(value, log_start_offset), log_end_offset)
+    return log_end_offset if found is None else found
+
+
+# --- calls ----------------------------------------------------------------------------------
+
+
+def _on_coordinator(
+    connections: ClusterConnections,
+    group_id: str,
+    method: str,
+    request: object,
+    timeout_ms: int | None,
+) -> Any:
+    """A group call on the group's coordinator, following it when it moves.
+
+    Group administration is not in the ``Connection`` protocol yet: it goes over the
+    coordinator's gRPC transport directly.
+    """
+    what = f"{method} {group_id}"
+
+    def call(connection: Connection, timeout: int) -> Any:
+        transport = transport_of(connection)
+        return transport.call(
+            getattr(transport.stub, method), request, what=what, timeout_ms=timeout
+        )
+
+    return connections.run(
+        connections.route_coordinator(group_id),
+        call,
+        what=what,
+        timeout_ms=timeout_ms,
+        group_id=group_id,
+    )
+
+
+def list_groups(connections: ClusterConnections, timeout_ms: int | None) -> list[GroupSummary]:
+    """Every group of every live broker, sorted by id.
+
+    Each broker lists the groups it coordinates; one listed by two brokers (a broker that
+    coordinated it before a move and still remembers it) is shown with the answer that
+    has members, else the first.
+    """
+
+    def ask(connection: Connection, timeout: int) -> list[GroupSummary]:
+        transport = transport_of(connection)
+        answer = transport.call(
+            transport.stub.ListGroups, pb.ListGroupsRequest(), what="ListGroups", timeout_ms=timeout
+        )
+        return [GroupSummary(g.group_id, g.state, g.members) for g in answer.groups]
+
+    found: dict[str, GroupSummary] = {}
+    answers = connections.run_on_every_broker(ask, what="ListGroups", timeout_ms=timeout_ms)
+    for _, groups in sorted(answers.items()):
+        for group in groups:
+            seen = found.get(group.group_id)
+            if seen is None or (seen.members == 0 and group.members > 0):
+                found[group.group_id] = group
+    return sorted(found.values(), key=lambda g: g.group_id)
+
+
+def describe_group(
+    connections: ClusterConnections, group_id: str, timeout_ms: int | None
+) -> GroupDescription:
+    """Members and assignment from the coordinator; lag against each partition's leader."""
+    answer = _on_coordinator(
+        connections,
+        group_id,
+        "DescribeGroup",
+        pb.DescribeGroupRequest(group_id=group_id),
+        timeout_ms,
+    )
+    described = GroupDescription(
+        group_id=answer.group_id,
+        state=answer.state,
+        group_epoch=answer.group_epoch,
+        members=tuple(
+            GroupMember(
+                member_id=m.member_id,
+                client_id=m.client_id,
+                member_epoch=m.member_epoch,
+                subscribed_topics=tuple(m.subscribed_topic_names),
+                assignment=tuple(
+                    TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
+                ),
+            )
+            for m in answer.members
+        ),
+        partitions=tuple(
+            GroupPartitionLag(
+                tp=TopicPartition(p.topic, p.partition),
+                committed_offset=None if p.committed_offset < 0 else p.committed_offset,
+                log_end_offset=-1,
+                lag=-1,
+                member_id=p.member_id,
+            )
+            for p in answer.partitions
+        ),
+    )
+    led = _led_partitions(connections, [p.tp for p in described.partitions], timeout_ms)
+    ends = _log_offsets(connections, dict.fromkeys(led, _LATEST), timeout_ms)
+    uncommitted = [p.tp for p in described.partitions if p.tp in led and p.committed_offset is None]
+    starts = _log_offsets(connections, dict.fromkeys(uncommitted, _EARLIEST), timeout_ms)
+    partitions = []
+    for p in described.partitions:
+        if p.tp in ends:
+            end = ends[p.tp]
+            lag = partition_lag(p.committed_offset, starts.get(p.tp, 0), end)
+            p = replace(p, log_end_offset=end, lag=lag)
+        partitions.append(p)
+    return replace(described, partitions=tuple(partitions))
+
+
+def delete_group(connections: ClusterConnections, group_id: str, timeout_ms: int | None) -> None:
+    """Delete an empty group and its committed offsets, at its coordinator."""
+    _on_coordinator(
+        connections, group_id, "DeleteGroup", pb.DeleteGroupRequest(group_id=group_id), timeout_ms
+    )
+
+
+def list_group_offsets(
+    connections: ClusterConnections,
+    group_id: str,
+    partitions: Iterable[TopicPartition] | None,
+    timeout_ms: int,
+) -> dict[TopicPartition, int]:
+    """The group's committed offsets (``partitions`` None: every committed partition)."""
+    wanted = [] if partitions is None else list(partitions)
+    if partitions is not None and not wanted:
+        return {}
+    return dict(sorted(fetch_committed(connections, group_id, wanted, timeout_ms).items()))
+
+
+def alter_group_offsets(
+    connections: ClusterConnections,
+    group_id: str,
+    offsets: Mapping[TopicPartition, int],
+    timeout_ms: int,
+) -> None:
+    """Commit ``offsets`` for an empty group (an admin commit at the coordinator).
+
+    Raises ``GroupNotEmptyError`` while the group has members, or the first partition's
+    error (``UnknownTopicOrPartitionError``...) after the others were committed.
+    """
+    if not offsets:
+        return
+    failed = commit_offsets(
+        connections, group_id, offsets, member_id="", member_epoch=-1, timeout_ms=timeout_ms
+    )
+    if failed:
+        raise next(iter(failed.values()))
+
+
+def reset_group_offsets(
+    connections: ClusterConnections,
+    group_id: str,
+    partitions: str | Iterable[TopicPartition] | None,
+    target: ResetTarget,
+    timeout_ms: int,
+) -> dict[TopicPartition, int]:
+    """Move an empty group's committed offsets to ``target``; the new offset per partition.
+
+    ``partitions``: a topic (all its partitions), some partitions, or None (every
+    partition the group has committed). The offsets are resolved at each partition's
+    leader and committed at the coordinator. A partition the cluster does not know is
+    left out and its ``UnknownTopicOrPartitionError`` raised after the others were moved.
+
+    Raises ``GroupNotEmptyError`` while the group has members (nothing moves).
+    """
+    unknown: TidelogError | None = None
+    if partitions is None:
+        chosen = sorted(fetch_committed(connections, group_id, [], timeout_ms))
+    elif isinstance(partitions, str):
+        count = connections.metadata(timeout_ms=timeout_ms, force=True).partition_count(partitions)
+        if count is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {partitions!r}")
+        chosen = [TopicPartition(partitions, p) for p in range(count)]
+    else:
+        wanted = list(dict.fromkeys(partitions))
+        metadata = connections.metadata(timeout_ms=timeout_ms, force=True)
+        chosen = [tp for tp in wanted if metadata.partition(tp) is not None]
+        missing = [tp for tp in wanted if metadata.partition(tp) is None]
+        if missing:
+            unknown = UnknownTopicOrPartitionError(f"{missing[0]}: unknown topic or partition")
+    kind, value = target
+    starts: dict[TopicPartition, int] = {}
+    ends: dict[TopicPartition, int] = {}
+    found: dict[TopicPartition, int] = {}
+    if kind in ("earliest", "offset"):
+        starts = _log_offsets(connections, dict.fromkeys(chosen, _EARLIEST), timeout_ms)
+    if kind in ("latest", "offset", "timestamp"):
+        ends = _log_offsets(connections, dict.fromkeys(chosen, _LATEST), timeout_ms)
+    if kind == "timestamp":
+        found = _log_offsets(connections, dict.fromkeys(chosen, value), timeout_ms)
+    offsets = {
+        tp: reset_offset(
+            target,
+            starts.get(tp, 0),
+            ends.get(tp, 0),
+            found[tp] if found.get(tp, -1) >= 0 else None,
+        )
+        for tp in chosen
+    }
+    alter_group_offsets(connections, group_id, offsets, timeout_ms)
+    if unknown is not None:
+        raise unknown
+    return dict(sorted(offsets.items()))
+
+
+def _led_partitions(
+    connections: ClusterConnections, tps: Iterable[TopicPartition], timeout_ms: int | None
+) -> set[TopicPartition]:
+    """The partitions of ``tps`` that have a leader now (lag is -1 for the others)."""
+    wanted = list(tps)
+    if not wanted:
+        return set()
+    metadata = connections.metadata(timeout_ms=timeout_ms)
+    if any(metadata.leader_for(tp) is None for tp in wanted):
+        metadata = connections.metadata(timeout_ms=timeout_ms, force=True)
+    return {tp for tp in wanted if metadata.leader_for(tp) is not None}
+
+
+def _log_offsets(
+    connections: ClusterConnections, queries: Mapping[TopicPartition, int], timeout_ms: int | None
+) -> dict[TopicPartition, int]:
+    """``ListOffsets`` at each partition's leader: the offset per partition (-1: none)."""
+    if not queries:
+        return {}
+    answers = list_offsets(connections, queries, timeout_ms)
+    return {tp: offset for tp, (offset, _) in answers.items()}
