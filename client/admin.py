@@ -28,9 +28,10 @@ Thread-safe (the connections are); ``close`` when done.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Literal, TypeVar
 
@@ -202,13 +203,63 @@ class AdminClient:
 
     def describe_topic(self, name: str, *, timeout_ms: int | None = None) -> TopicDescription:
         """Partitions (log start and end offsets, size; leader, replicas, ISR, leader
-        epoch) and every effective config."""
-        return self._connections.run(
+        epoch) and every effective config.
+
+        A broker knows the offsets and size only of the partitions it leads: each
+        partition's figures come from its leader (one ``DescribeTopic`` per leading
+        broker). A partition without a leader (offline) shows -1 for its offsets, size
+        and segments.
+        """
+        answered: list[str] = []
+
+        def describe(connection: Connection, timeout: int) -> TopicDescription:
+            description = connection.describe_topic(name, timeout_ms=timeout)
+            answered.append(connection.address)
+            return description
+
+        description = self._connections.run(
             self._connections.route_any(),
-            lambda c, t: c.describe_topic(name, timeout_ms=t),
+            describe,
             what=f"DescribeTopic {name}",
             timeout_ms=timeout_ms,
         )
+        by_leader: dict[int, list[int]] = {}
+        for p in description.partitions:
+            by_leader.setdefault(p.leader, []).append(p.partition)
+        rows = {p.partition: p for p in description.partitions}
+        for leader, partitions in sorted(by_leader.items()):
+            if leader < 0:
+                for partition in partitions:
+                    rows[partition] = replace(
+                        rows[partition],
+                        log_start_offset=-1,
+                        log_end_offset=-1,
+                        high_watermark=-1,
+                        size_bytes=-1,
+                        segments=-1,
+                    )
+                continue
+            connection = self._connections.broker(leader, timeout_ms)
+            if connection.address == answered[-1]:
+                continue
+            led = self._connections.run(
+                functools.partial(self._connections.broker, leader),
+                describe,
+                what=f"DescribeTopic {name} at broker {leader}",
+                timeout_ms=timeout_ms,
+            )
+            figures = {p.partition: p for p in led.partitions}
+            for partition in partitions:
+                if partition in figures:
+                    rows[partition] = replace(
+                        rows[partition],
+                        log_start_offset=figures[partition].log_start_offset,
+                        log_end_offset=figures[partition].log_end_offset,
+                        high_watermark=figures[partition].high_watermark,
+                        size_bytes=figures[partition].size_bytes,
+                        segments=figures[partition].segments,
+                    )
+        return replace(description, partitions=tuple(rows[p] for p in sorted(rows)))
 
     def alter_topic_config(
         self,

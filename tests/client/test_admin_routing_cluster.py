@@ -189,6 +189,19 @@ def test_list_groups_merges_every_brokers_groups(
             assert all(listed[g].state == "Empty" for g in wanted.values())
 
 
+def test_describe_topic_takes_each_partitions_figures_from_its_leader(
+    cluster: LocalCluster, topic: dict[int, int]
+) -> None:
+    for broker_id in cluster.broker_ids:
+        with AdminClient(cluster.address(broker_id), request_timeout_ms=20_000) as admin:
+            partitions = admin.describe_topic(TOPIC).partitions
+        assert {p.partition: p.leader for p in partitions} == topic
+        assert [(p.log_start_offset, p.high_watermark, p.log_end_offset) for p in partitions] == [
+            (0, PER_PARTITION, PER_PARTITION)
+        ] * PARTITIONS
+        assert all(p.size_bytes > 0 and p.segments == 1 for p in partitions)
+
+
 def quotas_of(cluster: LocalCluster, broker_id: int, client_id: str) -> dict[str, float]:
     """The quotas of ``client_id`` as broker ``broker_id`` alone knows them."""
     with AdminClient(cluster.address(broker_id), request_timeout_ms=20_000) as admin:
