@@ -226,6 +226,8 @@ class LocalCluster:
         settings: extra broker settings for every broker (``--set KEY=VALUE``).
         session_timeout_ms: ``zookeeper.session.timeout.ms``: how soon a killed broker is
             noticed.
+        metrics: serve each broker's Prometheus metrics on a port of its own
+            (``metrics_address``), kept across restarts; off by default.
     """
 
     def __init__(
@@ -234,6 +236,7 @@ class LocalCluster:
         *,
         settings: dict[str, object] | None = None,
         session_timeout_ms: int = 4_000,
+        metrics: bool = False,
     ) -> None:
         self.zookeeper = ZooKeeperServer()
         self._ids = list(range(1, brokers + 1))
@@ -241,6 +244,8 @@ class LocalCluster:
         self._session_timeout_ms = session_timeout_ms
         self._directory: Path | None = None
         self.ports: dict[int, int] = {}
+        self._metrics = metrics
+        self.metrics_ports: dict[int, int] = {}
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -249,6 +254,10 @@ class LocalCluster:
 
     def address(self, broker_id: int) -> str:
         return f"127.0.0.1:{self.ports[broker_id]}"
+
+    def metrics_address(self, broker_id: int) -> str:
+        """``HOST:PORT`` of broker ``broker_id``'s metrics (``metrics=True`` only)."""
+        return f"127.0.0.1:{self.metrics_ports[broker_id]}"
 
     @property
     def bootstrap(self) -> str:
@@ -260,6 +269,8 @@ class LocalCluster:
         self._directory = Path(tempfile.mkdtemp(prefix="tidelog-cluster-"))
         for broker_id in self._ids:
             self.ports[broker_id] = _free_port()
+            if self._metrics:
+                self.metrics_ports[broker_id] = _free_port()
         try:
             for broker_id in self._ids:
                 self.start_broker(broker_id, wait=False)
@@ -281,7 +292,7 @@ class LocalCluster:
             "broker.id": broker_id,
             "zookeeper.connect": f"{self.zookeeper.connect_string}/tidelog",
             "zookeeper.session.timeout.ms": self._session_timeout_ms,
-            "metrics.port": -1,
+            "metrics.port": self.metrics_ports.get(broker_id, -1),
             "shutdown.grace.ms": 1_000,
             **self._settings,
         }
