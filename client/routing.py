@@ -413,10 +413,13 @@ class ClusterConnections:
             failed: TidelogError | None = None
             pending = [(i, b) for i, b in sorted(metadata.brokers.items()) if i not in answers]
             for index, (broker_id, node) in enumerate(pending):
-                # Share what is left among the brokers not asked yet: a dead broker (one
-                # whose ZooKeeper session has not expired yet) must not eat the whole
-                # timeout; it is asked again, or dropped, after a refresh.
-                remaining = max((deadline - self._monotonic_ms()) // (len(pending) - index), 1)
+                # Share what is left among the brokers not asked yet plus one more round:
+                # a dead broker (one whose ZooKeeper session has not expired yet; the
+                # transport waits for an unreachable broker until its deadline) must not
+                # eat the whole timeout, even when it is asked last; after a refresh it is
+                # asked again, or dropped if it left the cluster.
+                left = deadline - self._monotonic_ms()
+                remaining = max(left // (len(pending) - index + 1), 1)
                 try:
                     answers[broker_id] = call(self.connection_to(self.address_of(node)), remaining)
                 except ROUTING_ERRORS as exc:
