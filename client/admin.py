@@ -38,23 +38,20 @@ from typing import Literal, TypeVar
 from client import group_admin
 from client.cluster import BrokerNode
 from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from client.connection import Connection, grpc_connections, transport_of
-from client.group_admin import (
+from client.connection import Connection, ConnectionFactory, grpc_connections
+from client.group_admin import ResetTarget
+from client.offsets import list_offsets
+from client.routing import ClusterConnections
+from client.types import (
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
     GroupSummary,
-    ResetTarget,
-)
-from client.offsets import list_offsets
-from client.routing import ClusterConnections
-from client.types import (
     OffsetAndTimestamp,
     TopicDescription,
     TopicPartition,
     TopicSummary,
 )
-from proto.tidelog.v1 import broker_pb2 as pb
 
 __all__ = [
     "AdminClient",
@@ -87,11 +84,13 @@ class ClusterDescription:
 
 
 class AdminClient:
-    """Administers one broker. Thread-safe.
+    """Administers a broker or a cluster. Thread-safe.
 
     Args:
-        bootstrap_servers: ``HOST:PORT`` of the broker.
+        bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
         config: a whole ``AdminConfig`` instead of keyword settings.
+        connection_factory: how to reach a broker (default gRPC); tests pass
+            ``client.testing.InMemoryCluster.connect``.
         **settings: ``AdminConfig`` fields (``request_timeout_ms``, ``client_id``).
     """
 
@@ -100,6 +99,7 @@ class AdminClient:
         bootstrap_servers: str = DEFAULT_BOOTSTRAP,
         *,
         config: AdminConfig | None = None,
+        connection_factory: ConnectionFactory | None = None,
         **settings: object,
     ) -> None:
         config = resolve_config(AdminConfig.from_mapping, bootstrap_servers, config, settings)
@@ -109,7 +109,8 @@ class AdminClient:
         # listings and quotas to every live broker.
         self._connections = ClusterConnections(
             config.bootstrap_servers,
-            grpc_connections(
+            connection_factory
+            or grpc_connections(
                 client_id=config.client_id,
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
@@ -184,22 +185,15 @@ class AdminClient:
     ) -> list[TopicSummary]:
         """Every topic with its partition count, sorted by name."""
 
-        def ask(connection: Connection, timeout: int) -> pb.ListTopicsResponse:
-            transport = transport_of(connection)
-            return transport.call(
-                transport.stub.ListTopics,
-                pb.ListTopicsRequest(include_internal=include_internal),
-                what="ListTopics",
-                timeout_ms=timeout,
-            )
-
-        answer = self._connections.run(
-            self._connections.route_any(), ask, what="ListTopics", timeout_ms=timeout_ms
+        topics = self._connections.run(
+            self._connections.route_any(),
+            lambda connection, timeout: connection.list_topics(
+                include_internal=include_internal, timeout_ms=timeout
+            ),
+            what="ListTopics",
+            timeout_ms=timeout_ms,
         )
-        return sorted(
-            (TopicSummary(t.name, t.partitions, t.internal) for t in answer.topics),
-            key=lambda t: t.name,
-        )
+        return sorted(topics, key=lambda t: t.name)
 
     def describe_topic(self, name: str, *, timeout_ms: int | None = None) -> TopicDescription:
         """Partitions (log start and end offsets, size; leader, replicas, ISR, leader
@@ -508,23 +502,14 @@ class AdminClient:
         broker down at the time, or one that joins later, does not get it
         (``docs/cluster.md``, "Known gaps"): set it again then.
         """
-        request = pb.AlterClientQuotasRequest(
-            client_id=client_id,
-            set={k: float(v) for k, v in (quotas or {}).items()},
-            delete=list(delete),
-        )
-
-        def alter(connection: Connection, timeout: int) -> None:
-            transport = transport_of(connection)
-            transport.call(
-                transport.stub.AlterClientQuotas,
-                request,
-                what=f"AlterClientQuotas {client_id}",
-                timeout_ms=timeout,
-            )
-
+        set_quotas = {k: float(v) for k, v in (quotas or {}).items()}
+        keys = list(delete)
         self._connections.run_on_every_broker(
-            alter, what=f"AlterClientQuotas {client_id}", timeout_ms=timeout_ms
+            lambda connection, timeout: connection.alter_client_quotas(
+                client_id, set_quotas, keys, timeout_ms=timeout
+            ),
+            what=f"AlterClientQuotas {client_id}",
+            timeout_ms=timeout_ms,
         )
 
     def describe_client_quotas(
@@ -536,20 +521,12 @@ class AdminClient:
         was down) the lowest broker id's quotas are shown and a warning is logged naming
         the client id.
         """
-        request = pb.DescribeClientQuotasRequest(client_id=client_id or "")
-
-        def describe(connection: Connection, timeout: int) -> dict[str, dict[str, float]]:
-            transport = transport_of(connection)
-            answer = transport.call(
-                transport.stub.DescribeClientQuotas,
-                request,
-                what="DescribeClientQuotas",
-                timeout_ms=timeout,
-            )
-            return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
-
         answers = self._connections.run_on_every_broker(
-            describe, what="DescribeClientQuotas", timeout_ms=timeout_ms
+            lambda connection, timeout: connection.describe_client_quotas(
+                client_id or "", timeout_ms=timeout
+            ),
+            what="DescribeClientQuotas",
+            timeout_ms=timeout_ms,
         )
         merged: dict[str, dict[str, float]] = {}
         for _, quotas in sorted(answers.items()):

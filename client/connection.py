@@ -12,9 +12,8 @@ Per-partition errors come back as values (``ListOffsetsResult.error``) rather th
 raised, so the router (``client.routing``) can send just the failed partitions to their
 new leader. A call's own failure is raised as the exact ``TidelogError``.
 
-Calls not yet in the protocol (group administration, ``ListTopics`` and client quotas)
-go through ``transport_of(connection)``, the gRPC transport underneath, after
-``client.routing`` chose the broker; they cannot run over the in-memory implementation.
+Every call the client makes is in the protocol: produce and fetch (unary and streams),
+offsets, groups (membership, commits, administration), topics, quotas, metadata.
 
 Thread-safe: ``GrpcConnection`` holds no state but its transport, which is.
 """
@@ -28,9 +27,18 @@ from typing import Protocol
 from client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
 from client.group_member import HeartbeatAnswer, HeartbeatRequest
 from client.transport import BidiStream, Transport
-from client.types import PartitionDescription, TopicDescription, TopicPartition
+from client.types import (
+    GroupDescription,
+    GroupMember,
+    GroupPartitionLag,
+    GroupSummary,
+    PartitionDescription,
+    TopicDescription,
+    TopicPartition,
+    TopicSummary,
+)
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InternalError, InvalidRequestError, TidelogError, error_for_code
+from storage.errors import InternalError, TidelogError, error_for_code
 
 __all__ = [
     "Connection",
@@ -48,7 +56,6 @@ __all__ = [
     "ProducerState",
     "grpc_connections",
     "topic_description",
-    "transport_of",
 ]
 
 
@@ -202,7 +209,8 @@ class Connection(Protocol):
     def fetch_committed(
         self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
     ) -> dict[TopicPartition, int]:
-        """Committed offsets (partitions without one are left out)."""
+        """Committed offsets (partitions without one are left out); ``partitions`` empty:
+        every partition the group has committed."""
         ...
 
     def heartbeat(
@@ -216,6 +224,43 @@ class Connection(Protocol):
         timeout_ms: int | None,
     ) -> HeartbeatAnswer:
         """One ``ConsumerGroupHeartbeat`` to the group's coordinator."""
+        ...
+
+    def list_topics(self, *, include_internal: bool, timeout_ms: int | None) -> list[TopicSummary]:
+        """The topics this broker knows, with their partition counts."""
+        ...
+
+    def list_groups(self, *, timeout_ms: int | None) -> list[GroupSummary]:
+        """The groups this broker coordinates (members or committed offsets)."""
+        ...
+
+    def describe_group(self, group_id: str, *, timeout_ms: int | None) -> GroupDescription:
+        """Members, assignment and committed offsets, as the coordinator sees them.
+
+        ``log_end_offset`` and ``lag`` are the coordinator's own figures: right only for
+        the partitions it leads (``client.group_admin`` takes them from the leaders).
+        """
+        ...
+
+    def delete_group(self, group_id: str, *, timeout_ms: int | None) -> None:
+        """Delete an empty group and its committed offsets."""
+        ...
+
+    def alter_client_quotas(
+        self,
+        client_id: str,
+        set_quotas: Mapping[str, float],
+        delete: Sequence[str],
+        *,
+        timeout_ms: int | None,
+    ) -> None:
+        """Set and remove quotas of a client id on this broker."""
+        ...
+
+    def describe_client_quotas(
+        self, client_id: str, *, timeout_ms: int | None
+    ) -> dict[str, dict[str, float]]:
+        """This broker's quotas by client id (``client_id`` "": every one)."""
         ...
 
     def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription: ...
@@ -485,6 +530,95 @@ class GrpcConnection:
             frozenset(TopicPartition(a.topic, p) for a in answer.assignment for p in a.partitions),
         )
 
+    def list_topics(self, *, include_internal: bool, timeout_ms: int | None) -> list[TopicSummary]:
+        answer = self.transport.call(
+            self.transport.stub.ListTopics,
+            pb.ListTopicsRequest(include_internal=include_internal),
+            what="ListTopics",
+            timeout_ms=timeout_ms,
+        )
+        return [TopicSummary(t.name, t.partitions, t.internal) for t in answer.topics]
+
+    def list_groups(self, *, timeout_ms: int | None) -> list[GroupSummary]:
+        answer = self.transport.call(
+            self.transport.stub.ListGroups,
+            pb.ListGroupsRequest(),
+            what="ListGroups",
+            timeout_ms=timeout_ms,
+        )
+        return [GroupSummary(g.group_id, g.state, g.members) for g in answer.groups]
+
+    def describe_group(self, group_id: str, *, timeout_ms: int | None) -> GroupDescription:
+        answer = self.transport.call(
+            self.transport.stub.DescribeGroup,
+            pb.DescribeGroupRequest(group_id=group_id),
+            what=f"DescribeGroup {group_id}",
+            timeout_ms=timeout_ms,
+        )
+        return GroupDescription(
+            group_id=answer.group_id,
+            state=answer.state,
+            group_epoch=answer.group_epoch,
+            members=tuple(
+                GroupMember(
+                    member_id=m.member_id,
+                    client_id=m.client_id,
+                    member_epoch=m.member_epoch,
+                    subscribed_topics=tuple(m.subscribed_topic_names),
+                    assignment=tuple(
+                        TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
+                    ),
+                )
+                for m in answer.members
+            ),
+            partitions=tuple(
+                GroupPartitionLag(
+                    tp=TopicPartition(p.topic, p.partition),
+                    committed_offset=None if p.committed_offset < 0 else p.committed_offset,
+                    log_end_offset=p.log_end_offset,
+                    lag=p.lag,
+                    member_id=p.member_id,
+                )
+                for p in answer.partitions
+            ),
+        )
+
+    def delete_group(self, group_id: str, *, timeout_ms: int | None) -> None:
+        self.transport.call(
+            self.transport.stub.DeleteGroup,
+            pb.DeleteGroupRequest(group_id=group_id),
+            what=f"DeleteGroup {group_id}",
+            timeout_ms=timeout_ms,
+        )
+
+    def alter_client_quotas(
+        self,
+        client_id: str,
+        set_quotas: Mapping[str, float],
+        delete: Sequence[str],
+        *,
+        timeout_ms: int | None,
+    ) -> None:
+        self.transport.call(
+            self.transport.stub.AlterClientQuotas,
+            pb.AlterClientQuotasRequest(
+                client_id=client_id, set=dict(set_quotas), delete=list(delete)
+            ),
+            what=f"AlterClientQuotas {client_id}",
+            timeout_ms=timeout_ms,
+        )
+
+    def describe_client_quotas(
+        self, client_id: str, *, timeout_ms: int | None
+    ) -> dict[str, dict[str, float]]:
+        answer = self.transport.call(
+            self.transport.stub.DescribeClientQuotas,
+            pb.DescribeClientQuotasRequest(client_id=client_id),
+            what="DescribeClientQuotas",
+            timeout_ms=timeout_ms,
+        )
+        return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
+
     def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription:
         answer = self.transport.call(
             self.transport.stub.DescribeTopic,
@@ -682,18 +816,6 @@ class _GrpcProduceStream:
 
     def cancel(self) -> None:
         self._stream.cancel()
-
-
-def transport_of(connection: Connection) -> Transport:
-    """The gRPC transport under ``connection``, for the calls not in the protocol yet
-    (group administration, quotas, ``ListTopics``).
-
-    Raises ``InvalidRequestError`` for a connection that is not over gRPC (the in-memory
-    one of ``client.testing``).
-    """
-    if not isinstance(connection, GrpcConnection):
-        raise InvalidRequestError(f"this call needs a gRPC connection, not {connection!r}")
-    return connection.transport
 
 
 def topic_description(answer: pb.TopicDescription) -> TopicDescription:

@@ -25,14 +25,19 @@ Stateless and thread-safe.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Literal
 
-from client.connection import Connection, transport_of
+from client.connection import Connection
 from client.offsets import commit_offsets, fetch_committed, list_offsets
 from client.routing import ClusterConnections
-from client.types import TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
+from client.types import (
+    GroupDescription,
+    GroupMember,
+    GroupPartitionLag,
+    GroupSummary,
+    TopicPartition,
+)
 from storage.errors import TidelogError, UnknownTopicOrPartitionError
 
 __all__ = [
@@ -56,52 +61,6 @@ _LATEST = -1
 
 ResetTarget = tuple[Literal["earliest", "latest", "offset", "timestamp"], int]
 """Where ``reset_group_offsets`` moves a group: ``(kind, value)``; value 0 for the ends."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    """One group of ``list_groups``: its state and member count."""
-
-    group_id: str
-    state: str
-    members: int
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMember:
-    """One member of a described group and the partitions it holds."""
-
-    member_id: str
-    client_id: str
-    member_epoch: int
-    subscribed_topics: tuple[str, ...]
-    assignment: tuple[TopicPartition, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupPartitionLag:
-    """One partition of a described group: committed offset (None: none), log end, lag.
-
-    ``log_end_offset`` and ``lag`` are -1 when the partition's leader could not say (an
-    offline partition, a deleted topic).
-    """
-
-    tp: TopicPartition
-    committed_offset: int | None
-    log_end_offset: int
-    lag: int
-    member_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
-    """``describe_group``: state, epoch, members, and per partition the lag."""
-
-    group_id: str
-    state: str
-    group_epoch: int
-    members: tuple[GroupMember, ...]
-    partitions: tuple[GroupPartitionLag, ...]
 
 
 # --- pure -----------------------------------------------------------------------------------
@@ -140,35 +99,6 @@ def reset_offset(
 # --- calls ----------------------------------------------------------------------------------
 
 
-def _on_coordinator(
-    connections: ClusterConnections,
-    group_id: str,
-    method: str,
-    request: object,
-    timeout_ms: int | None,
-) -> Any:
-    """A group call on the group's coordinator, following it when it moves.
-
-    Group administration is not in the ``Connection`` protocol yet: it goes over the
-    coordinator's gRPC transport directly.
-    """
-    what = f"{method} {group_id}"
-
-    def call(connection: Connection, timeout: int) -> Any:
-        transport = transport_of(connection)
-        return transport.call(
-            getattr(transport.stub, method), request, what=what, timeout_ms=timeout
-        )
-
-    return connections.run(
-        connections.route_coordinator(group_id),
-        call,
-        what=what,
-        timeout_ms=timeout_ms,
-        group_id=group_id,
-    )
-
-
 def list_groups(connections: ClusterConnections, timeout_ms: int | None) -> list[GroupSummary]:
     """Every group of every live broker, sorted by id.
 
@@ -178,11 +108,7 @@ def list_groups(connections: ClusterConnections, timeout_ms: int | None) -> list
     """
 
     def ask(connection: Connection, timeout: int) -> list[GroupSummary]:
-        transport = transport_of(connection)
-        answer = transport.call(
-            transport.stub.ListGroups, pb.ListGroupsRequest(), what="ListGroups", timeout_ms=timeout
-        )
-        return [GroupSummary(g.group_id, g.state, g.members) for g in answer.groups]
+        return connection.list_groups(timeout_ms=timeout)
 
     found: dict[str, GroupSummary] = {}
     answers = connections.run_on_every_broker(ask, what="ListGroups", timeout_ms=timeout_ms)
@@ -197,40 +123,17 @@ def list_groups(connections: ClusterConnections, timeout_ms: int | None) -> list
 def describe_group(
     connections: ClusterConnections, group_id: str, timeout_ms: int | None
 ) -> GroupDescription:
-    """Members and assignment from the coordinator; lag against each partition's leader."""
-    answer = _on_coordinator(
-        connections,
-        group_id,
-        "DescribeGroup",
-        pb.DescribeGroupRequest(group_id=group_id),
-        timeout_ms,
-    )
-    described = GroupDescription(
-        group_id=answer.group_id,
-        state=answer.state,
-        group_epoch=answer.group_epoch,
-        members=tuple(
-            GroupMember(
-                member_id=m.member_id,
-                client_id=m.client_id,
-                member_epoch=m.member_epoch,
-                subscribed_topics=tuple(m.subscribed_topic_names),
-                assignment=tuple(
-                    TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
-                ),
-            )
-            for m in answer.members
-        ),
-        partitions=tuple(
-            GroupPartitionLag(
-                tp=TopicPartition(p.topic, p.partition),
-                committed_offset=None if p.committed_offset < 0 else p.committed_offset,
-                log_end_offset=-1,
-                lag=-1,
-                member_id=p.member_id,
-            )
-            for p in answer.partitions
-        ),
+    """Members and assignment from the coordinator; lag against each partition's leader.
+
+    The coordinator's own log end and lag figures are replaced: it holds records only of
+    the partitions it leads. A partition without a leader shows log end and lag -1.
+    """
+    described = connections.run(
+        connections.route_coordinator(group_id),
+        lambda connection, timeout: connection.describe_group(group_id, timeout_ms=timeout),
+        what=f"DescribeGroup {group_id}",
+        timeout_ms=timeout_ms,
+        group_id=group_id,
     )
     led = _led_partitions(connections, [p.tp for p in described.partitions], timeout_ms)
     ends = _log_offsets(connections, dict.fromkeys(led, _LATEST), timeout_ms)
@@ -248,8 +151,12 @@ def describe_group(
 
 def delete_group(connections: ClusterConnections, group_id: str, timeout_ms: int | None) -> None:
     """Delete an empty group and its committed offsets, at its coordinator."""
-    _on_coordinator(
-        connections, group_id, "DeleteGroup", pb.DeleteGroupRequest(group_id=group_id), timeout_ms
+    connections.run(
+        connections.route_coordinator(group_id),
+        lambda connection, timeout: connection.delete_group(group_id, timeout_ms=timeout),
+        what=f"DeleteGroup {group_id}",
+        timeout_ms=timeout_ms,
+        group_id=group_id,
     )
 
 

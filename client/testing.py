@@ -9,7 +9,10 @@ calls the way a real cluster does when things move:
 - a group call sent to a broker that is not the group's coordinator:
   ``NotCoordinatorError``;
 - an admin topic call sent to a broker that is not the controller: ``NotControllerError``;
-- any call to a killed broker: ``BrokerUnavailableError``.
+- any call to a killed broker: ``BrokerUnavailableError``;
+- a coordinator describes a group with its own log ends, 0 for the partitions it does
+  not lead (as a real one's empty local logs do), and each broker keeps its own client
+  quotas (``quotas``).
 
 Tests move leaders (``move_leader``), coordinators and the controller, kill and revive
 brokers, and read ``calls`` to see which broker answered what.
@@ -47,10 +50,19 @@ from client.connection import (
     ProduceStream,
 )
 from client.group_member import HeartbeatAnswer, HeartbeatRequest
-from client.types import PartitionDescription, TopicDescription, TopicPartition
+from client.types import (
+    GroupDescription,
+    GroupPartitionLag,
+    GroupSummary,
+    PartitionDescription,
+    TopicDescription,
+    TopicPartition,
+    TopicSummary,
+)
 from storage.errors import (
     BrokerUnavailableError,
     ClosedError,
+    GroupIdNotFoundError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     LeaderNotAvailableError,
@@ -97,6 +109,8 @@ class InMemoryCluster:
         self._topics: dict[str, _Topic] = {}
         self._committed: dict[str, dict[TopicPartition, int]] = {}
         self._coordinators: dict[str, int] = {}
+        # broker id -> client id -> quota -> value, as each broker keeps them
+        self.quotas: dict[int, dict[str, dict[str, float]]] = {}
         self.calls: list[tuple[int, str]] = []  # (broker id, call) in order, guarded by _lock
         # tp -> (base offset, batch bytes) of every batch appended, in order
         self.produced: dict[TopicPartition, list[tuple[int, bytes]]] = {}
@@ -363,7 +377,8 @@ class InMemoryConnection:
         with cluster._lock:
             cluster._check_coordinator_locked(self._enter("fetch_committed"), group_id)
             committed = cluster._committed.get(group_id, {})
-            return {tp: committed[tp] for tp in partitions if tp in committed}
+            wanted = list(partitions) or list(committed)
+            return {tp: committed[tp] for tp in wanted if tp in committed}
 
     def heartbeat(
         self,
@@ -387,6 +402,78 @@ class InMemoryConnection:
             )
             member_id = request.member_id or f"{client_id}-member"
             return HeartbeatAnswer(member_id, request.member_epoch + 1, 1_000, assignment)
+
+    def list_topics(self, *, include_internal: bool, timeout_ms: int | None) -> list[TopicSummary]:
+        with self._cluster._lock:
+            self._enter("list_topics")
+            return [
+                TopicSummary(name, len(topic.partitions))
+                for name, topic in sorted(self._cluster._topics.items())
+            ]
+
+    def list_groups(self, *, timeout_ms: int | None) -> list[GroupSummary]:
+        """The groups with committed offsets that this broker coordinates (no members)."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("list_groups")
+            return [
+                GroupSummary(group_id, "Empty", 0)
+                for group_id in sorted(cluster._committed)
+                if cluster._coordinators.setdefault(group_id, min(cluster.nodes)) == broker_id
+            ]
+
+    def describe_group(self, group_id: str, *, timeout_ms: int | None) -> GroupDescription:
+        """As a real coordinator: its log end is its own, 0 for partitions it does not lead."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("describe_group")
+            cluster._check_coordinator_locked(broker_id, group_id)
+            committed = cluster._committed.get(group_id)
+            if not committed:
+                raise GroupIdNotFoundError(f"no group {group_id!r}")
+            partitions = []
+            for tp, offset in sorted(committed.items()):
+                partition = cluster._partition_locked(tp)
+                end = partition.log_end_offset if partition.leader == broker_id else 0
+                partitions.append(GroupPartitionLag(tp, offset, end, end - offset, ""))
+            return GroupDescription(group_id, "Empty", 0, (), tuple(partitions))
+
+    def delete_group(self, group_id: str, *, timeout_ms: int | None) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_coordinator_locked(self._enter("delete_group"), group_id)
+            if not cluster._committed.pop(group_id, None):
+                raise GroupIdNotFoundError(f"no group {group_id!r}")
+
+    def alter_client_quotas(
+        self,
+        client_id: str,
+        set_quotas: Mapping[str, float],
+        delete: Sequence[str],
+        *,
+        timeout_ms: int | None,
+    ) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("alter_client_quotas")
+            quotas = cluster.quotas.setdefault(broker_id, {}).setdefault(client_id, {})
+            quotas.update(set_quotas)
+            for key in delete:
+                quotas.pop(key, None)
+            if not quotas:
+                del cluster.quotas[broker_id][client_id]
+
+    def describe_client_quotas(
+        self, client_id: str, *, timeout_ms: int | None
+    ) -> dict[str, dict[str, float]]:
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("describe_client_quotas")
+            return {
+                name: dict(quotas)
+                for name, quotas in cluster.quotas.get(broker_id, {}).items()
+                if not client_id or name == client_id
+            }
 
     def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription:
         with self._cluster._lock:

@@ -17,6 +17,10 @@ from typing import NamedTuple
 
 __all__ = [
     "ConsumerRecord",
+    "GroupDescription",
+    "GroupMember",
+    "GroupPartitionLag",
+    "GroupSummary",
     "Header",
     "OffsetAndTimestamp",
     "PartitionDescription",
@@ -136,3 +140,49 @@ class TopicDescription:
     partitions: Sequence[PartitionDescription]
     config: Mapping[str, str]
     internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """One group of ``list_groups``: its state and member count."""
+
+    group_id: str
+    state: str
+    members: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One member of a described group and the partitions it holds."""
+
+    member_id: str
+    client_id: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartitionLag:
+    """One partition of a described group: committed offset (None: none), log end, lag.
+
+    ``log_end_offset`` and ``lag`` are -1 when the partition's leader could not say (an
+    offline partition, a deleted topic).
+    """
+
+    tp: TopicPartition
+    committed_offset: int | None
+    log_end_offset: int
+    lag: int
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """``describe_group``: state, epoch, members, and per partition the lag."""
+
+    group_id: str
+    state: str
+    group_epoch: int
+    members: tuple[GroupMember, ...]
+    partitions: tuple[GroupPartitionLag, ...]

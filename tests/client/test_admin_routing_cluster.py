@@ -16,8 +16,7 @@ import pytest
 
 from broker.cluster.testing import LocalCluster
 from client import AdminClient, Consumer, Producer, TopicPartition
-from client.connection import grpc_connections, transport_of
-from proto.tidelog.v1 import broker_pb2 as pb
+from client.connection import grpc_connections
 from storage.errors import GroupIdNotFoundError, GroupNotEmptyError, TidelogError
 from tests.client.test_cluster_client import create_spread_topic, eventually, read
 
@@ -156,11 +155,7 @@ def groups_of(cluster: LocalCluster, broker_id: int) -> set[str]:
     )
     connection = connect(cluster.address(broker_id))
     try:
-        transport = transport_of(connection)
-        answer = transport.call(
-            transport.stub.ListGroups, pb.ListGroupsRequest(), what="ListGroups", timeout_ms=10_000
-        )
-        return {g.group_id for g in answer.groups}
+        return {g.group_id for g in connection.list_groups(timeout_ms=10_000)}
     finally:
         connection.close()
 
@@ -204,16 +199,14 @@ def test_describe_topic_takes_each_partitions_figures_from_its_leader(
 
 def quotas_of(cluster: LocalCluster, broker_id: int, client_id: str) -> dict[str, float]:
     """The quotas of ``client_id`` as broker ``broker_id`` alone knows them."""
-    with AdminClient(cluster.address(broker_id), request_timeout_ms=20_000) as admin:
-        # A bare connection: the admin's own describe asks every broker.
-        transport = transport_of(admin._connections.connection_to(cluster.address(broker_id)))
-        answer = transport.call(
-            transport.stub.DescribeClientQuotas,
-            pb.DescribeClientQuotasRequest(client_id=client_id),
-            what="DescribeClientQuotas",
-            timeout_ms=10_000,
-        )
-        return {k: v for e in answer.entries for k, v in e.quotas.items()}
+    connect = grpc_connections(
+        client_id="test", request_timeout_ms=10_000, reconnect_backoff_max_ms=1_000
+    )
+    connection = connect(cluster.address(broker_id))
+    try:
+        return connection.describe_client_quotas(client_id, timeout_ms=10_000).get(client_id, {})
+    finally:
+        connection.close()
 
 
 def test_client_quotas_are_set_on_every_live_broker(cluster: LocalCluster) -> None:
