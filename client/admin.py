@@ -204,6 +204,7 @@ class AdminClient:
         broker). A partition without a leader (offline) shows -1 for its offsets, size
         and segments.
         """
+        left = self._connections.time_left(timeout_ms)
         answered: list[str] = []
 
         def describe(connection: Connection, timeout: int) -> TopicDescription:
@@ -215,7 +216,7 @@ class AdminClient:
             self._connections.route_any(),
             describe,
             what=f"DescribeTopic {name}",
-            timeout_ms=timeout_ms,
+            timeout_ms=left(),
         )
         by_leader: dict[int, list[int]] = {}
         for p in description.partitions:
@@ -233,14 +234,14 @@ class AdminClient:
                         segments=-1,
                     )
                 continue
-            connection = self._connections.broker(leader, timeout_ms)
+            connection = self._connections.broker(leader, left())
             if connection.address == answered[-1]:
                 continue
             led = self._connections.run(
                 functools.partial(self._connections.broker, leader),
                 describe,
                 what=f"DescribeTopic {name} at broker {leader}",
-                timeout_ms=timeout_ms,
+                timeout_ms=left(),
             )
             figures = {p.partition: p for p in led.partitions}
             for partition in partitions:

@@ -4,8 +4,9 @@ Thin functions over ``client.routing.ClusterConnections``, used by ``AdminClient
 
 - group-scoped calls (``DescribeGroup``, ``DeleteGroup``, ``OffsetFetch``,
   ``OffsetCommit``) go to the group's coordinator (``FindCoordinator``) and follow it on
-  ``NOT_COORDINATOR`` or a coordinator without a leader (``LEADER_NOT_AVAILABLE``, this
-  broker's COORDINATOR_NOT_AVAILABLE), within the call's timeout;
+  ``NOT_COORDINATOR`` or a coordinator without a leader (``LEADER_NOT_AVAILABLE``, which
+  Tidelog answers where Kafka says ``COORDINATOR_NOT_AVAILABLE``), within the call's
+  timeout: a call of several steps shares one deadline among them;
 - ``list_groups`` asks every live broker (each knows the groups it coordinates) and
   merges the answers;
 - log offsets (a partition's log start and end, the first offset at a timestamp) come
@@ -24,13 +25,14 @@ Stateless and thread-safe.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Literal
 
 from client.connection import Connection
 from client.offsets import commit_offsets, fetch_committed, list_offsets
-from client.routing import ClusterConnections
+from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import (
     GroupDescription,
     GroupMember,
@@ -55,6 +57,8 @@ __all__ = [
     "reset_group_offsets",
     "reset_offset",
 ]
+
+log = logging.getLogger(__name__)
 
 _EARLIEST = -2
 _LATEST = -1
@@ -126,26 +130,28 @@ def describe_group(
     """Members and assignment from the coordinator; lag against each partition's leader.
 
     The coordinator's own log end and lag figures are replaced: it holds records only of
-    the partitions it leads. A partition without a leader shows log end and lag -1.
+    the partitions it leads. A partition whose leader cannot answer now (offline, its
+    broker unreachable, a leader that moved during the call) shows log end and lag -1
+    rather than holding the whole description up: it is a view, asked again at will.
     """
+    left = connections.time_left(timeout_ms)
     described = connections.run(
         connections.route_coordinator(group_id),
         lambda connection, timeout: connection.describe_group(group_id, timeout_ms=timeout),
         what=f"DescribeGroup {group_id}",
-        timeout_ms=timeout_ms,
+        timeout_ms=left(),
         group_id=group_id,
     )
-    led = _led_partitions(connections, [p.tp for p in described.partitions], timeout_ms)
-    ends = _log_offsets(connections, dict.fromkeys(led, _LATEST), timeout_ms)
-    uncommitted = [p.tp for p in described.partitions if p.tp in led and p.committed_offset is None]
-    starts = _log_offsets(connections, dict.fromkeys(uncommitted, _EARLIEST), timeout_ms)
+    tps = [p.tp for p in described.partitions]
+    ends = _leader_offsets(connections, dict.fromkeys(tps, _LATEST), left())
+    uncommitted = [p.tp for p in described.partitions if p.committed_offset is None]
+    uncommitted = [tp for tp in uncommitted if tp in ends]
+    starts = _leader_offsets(connections, dict.fromkeys(uncommitted, _EARLIEST), left())
     partitions = []
     for p in described.partitions:
-        if p.tp in ends:
-            end = ends[p.tp]
-            lag = partition_lag(p.committed_offset, starts.get(p.tp, 0), end)
-            p = replace(p, log_end_offset=end, lag=lag)
-        partitions.append(p)
+        end = ends.get(p.tp, -1)
+        lag = partition_lag(p.committed_offset, starts.get(p.tp, 0), end)
+        partitions.append(replace(p, log_end_offset=end, lag=lag))
     return replace(described, partitions=tuple(partitions))
 
 
@@ -209,17 +215,18 @@ def reset_group_offsets(
 
     Raises ``GroupNotEmptyError`` while the group has members (nothing moves).
     """
+    left = connections.time_left(timeout_ms)
     unknown: TidelogError | None = None
     if partitions is None:
-        chosen = sorted(fetch_committed(connections, group_id, [], timeout_ms))
+        chosen = sorted(fetch_committed(connections, group_id, [], left()))
     elif isinstance(partitions, str):
-        count = connections.metadata(timeout_ms=timeout_ms, force=True).partition_count(partitions)
+        count = connections.metadata(timeout_ms=left(), force=True).partition_count(partitions)
         if count is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {partitions!r}")
         chosen = [TopicPartition(partitions, p) for p in range(count)]
     else:
         wanted = list(dict.fromkeys(partitions))
-        metadata = connections.metadata(timeout_ms=timeout_ms, force=True)
+        metadata = connections.metadata(timeout_ms=left(), force=True)
         chosen = [tp for tp in wanted if metadata.partition(tp) is not None]
         missing = [tp for tp in wanted if metadata.partition(tp) is None]
         if missing:
@@ -229,11 +236,11 @@ def reset_group_offsets(
     ends: dict[TopicPartition, int] = {}
     found: dict[TopicPartition, int] = {}
     if kind in ("earliest", "offset"):
-        starts = _log_offsets(connections, dict.fromkeys(chosen, _EARLIEST), timeout_ms)
+        starts = _log_offsets(connections, dict.fromkeys(chosen, _EARLIEST), left())
     if kind in ("latest", "offset", "timestamp"):
-        ends = _log_offsets(connections, dict.fromkeys(chosen, _LATEST), timeout_ms)
+        ends = _log_offsets(connections, dict.fromkeys(chosen, _LATEST), left())
     if kind == "timestamp":
-        found = _log_offsets(connections, dict.fromkeys(chosen, value), timeout_ms)
+        found = _log_offsets(connections, dict.fromkeys(chosen, value), left())
     offsets = {
         tp: reset_offset(
             target,
@@ -243,23 +250,43 @@ def reset_group_offsets(
         )
         for tp in chosen
     }
-    alter_group_offsets(connections, group_id, offsets, timeout_ms)
+    alter_group_offsets(connections, group_id, offsets, left())
     if unknown is not None:
         raise unknown
     return dict(sorted(offsets.items()))
 
 
-def _led_partitions(
-    connections: ClusterConnections, tps: Iterable[TopicPartition], timeout_ms: int | None
-) -> set[TopicPartition]:
-    """The partitions of ``tps`` that have a leader now (lag is -1 for the others)."""
-    wanted = list(tps)
-    if not wanted:
-        return set()
-    metadata = connections.metadata(timeout_ms=timeout_ms)
-    if any(metadata.leader_for(tp) is None for tp in wanted):
-        metadata = connections.metadata(timeout_ms=timeout_ms, force=True)
-    return {tp for tp in wanted if metadata.leader_for(tp) is not None}
+def _leader_offsets(
+    connections: ClusterConnections, queries: Mapping[TopicPartition, int], timeout_ms: int
+) -> dict[TopicPartition, int]:
+    """``ListOffsets`` once at each partition's leader (fresh metadata), the time shared
+    among the leaders; a partition whose leader cannot answer is left out."""
+    if not queries:
+        return {}
+    left = connections.time_left(timeout_ms)
+    metadata = connections.metadata(timeout_ms=left(), force=True)
+    by_leader: dict[int, dict[TopicPartition, int]] = {}
+    for tp, query in queries.items():
+        node = metadata.leader_for(tp)
+        if node is not None:
+            by_leader.setdefault(node.id, {})[tp] = query
+    out: dict[TopicPartition, int] = {}
+    for index, (leader, batch) in enumerate(sorted(by_leader.items())):
+        share = max(left() // (len(by_leader) - index), 1)
+        try:
+            answers = connections.broker(leader, share).list_offsets(batch, timeout_ms=share)
+        except ROUTING_ERRORS as exc:
+            log.info("ListOffsets at broker %d: %s; its partitions show -1", leader, exc)
+            connections.mark_stale()
+            continue
+        for tp, answer in answers.items():
+            if answer.error is None:
+                out[tp] = answer.offset
+            elif isinstance(answer.error, ROUTING_ERRORS):
+                connections.mark_stale()
+            else:
+                raise answer.error
+    return out
 
 
 def _log_offsets(

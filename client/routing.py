@@ -147,6 +147,14 @@ class ClusterConnections:
             raise BrokerUnavailableError(f"broker {broker_id} is not in the cluster's metadata")
         return self.connection_to(self.address_of(node))
 
+    def time_left(self, timeout_ms: int | None) -> Callable[[], int]:
+        """A budget for a call made of several steps: a function giving the ms left of
+        ``timeout_ms`` (None: ``request_timeout_ms``) from now, at least 1 (a step started
+        after the deadline gets 1 ms, so it fails at once with its timeout)."""
+        timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = self._monotonic_ms() + timeout
+        return lambda: max(deadline - self._monotonic_ms(), 1)
+
     # --- metadata -------------------------------------------------------------------------
 
     def mark_stale(self) -> None:

@@ -206,3 +206,16 @@ def test_the_admin_client_sets_quotas_on_every_broker_and_follows_coordinators()
         assert [t.name for t in admin.list_topics()] == ["t"]
         admin.delete_group("g")
         assert cluster.committed("g") == {}
+
+
+def test_a_partition_whose_leader_died_shows_lag_minus_one_at_once() -> None:
+    cluster, clock, connections = _group_cluster()
+    connections.metadata()  # still shows broker 2 leading t-2
+    cluster.kill(2)
+    described = describe_group(connections, "g", 5_000)
+    assert [(p.log_end_offset, p.lag) for p in described.partitions] == [
+        (10, 6),
+        (20, 16),
+        (-1, -1),
+    ]
+    assert clock.slept == []  # no waiting for it: a view, asked again at will
