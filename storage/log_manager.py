@@ -573,7 +573,9 @@ class LogManager:
                     self.data_dir / LOG_START_OFFSET_CHECKPOINT,
                     {(p.topic, p.partition): p.log_start_offset for p in logs},
                 )
-                replicated = {(p.topic, p.partition): p.high_watermark for p in logs if p.replicated}
+                replicated = {
+                    (p.topic, p.partition): p.high_watermark for p in logs if p.replicated
+                }
                 if replicated:
                     write_offsets(self.data_dir / REPLICATION_OFFSET_CHECKPOINT, replicated)
             except OSError as exc:

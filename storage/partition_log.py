@@ -60,7 +60,6 @@ from pathlib import Path
 from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes, decode_wire
 from storage.clock import Clock
 from storage.config import LogConfig
-from storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
 from storage.errors import (
     CorruptRecordError,
     InvalidRequestError,
@@ -81,6 +80,7 @@ from storage.files import (
     fsync_dir,
     offset_file_name,
 )
+from storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
 from storage.producer_state import ProducerStateTable, ProducerSummary
 from storage.records import (
     NO_TIMESTAMP,
@@ -653,7 +653,7 @@ class PartitionLog:
                     max_timestamp,
                     self._config,
                 )
-                segment.append(memoryview(records)[first:end], assigned, times)
+                segment.append([memoryview(records)[first:end]], assigned, times)
             except OSError as exc:
                 raise _io_error(exc, f"{self}: follower append failed") from exc
             for batch in assigned:

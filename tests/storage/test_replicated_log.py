@@ -111,12 +111,15 @@ def test_epochs_and_high_watermark_survive_a_reopen(tmp_path: Path, clock: Manua
     plog.set_high_watermark(2)
     plog.close()
     again = open_log(tmp_path / "p", clock, high_watermark=2, had_clean_shutdown=False)
-    assert again.replicated and again.high_watermark == 2
+    assert again.replicated
+    assert again.high_watermark == 2
     assert again.epoch_entries() == [EpochEntry(2, 0)]
     assert open_log(tmp_path / "q", clock, high_watermark=99).high_watermark == 0
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     shared=st.lists(st.integers(1, 4), min_size=0, max_size=4),
     follower_only=st.lists(st.integers(1, 4), min_size=0, max_size=4),
