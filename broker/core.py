@@ -39,7 +39,13 @@ from typing import Protocol
 from broker.config import BrokerConfig
 from broker.delayed import Purgatory
 from broker.errors import ShuttingDownError, partition_error
-from broker.fetch import FetchPath, FetchSpec, PartitionFetched, PendingFetch
+from broker.fetch import (
+    FetchPath,
+    FetchSpec,
+    PartitionFetched,
+    PartitionFetchSpec,
+    PendingFetch,
+)
 from broker.group_fsync import GroupFsync
 from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from broker.groups.manager import (
@@ -69,6 +75,7 @@ from broker.produce import (
     PartitionProduced,
     PartitionRecords,
     ProducePath,
+    ReplicationHooks,
 )
 from broker.producer_ids import ProducerIdManager
 from broker.quotas import QuotaManager, QuotaWindow
@@ -81,6 +88,7 @@ from storage.errors import (
     NotLeaderOrFollowerError,
 )
 from storage.log_manager import LogManager, TopicMetadata
+from storage.partition_log import PartitionLog
 from storage.producer_state import ProducerSummary
 
 __all__ = [
@@ -198,6 +206,18 @@ class PartitionProducers:
     error_message: str = ""
 
 
+class Replication(ReplicationHooks, Protocol):
+    """The replica manager as the core uses it (``broker.cluster.replicas``; cluster mode)."""
+
+    def on_follower_fetch(
+        self, replica_id: int, spec: PartitionFetchSpec, plog: PartitionLog
+    ) -> tuple[int, int] | None: ...
+
+    def check_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None: ...
+
+    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None: ...
+
+
 class BrokerCore:
     """Everything a broker does, minus the network. Thread-safe.
 
@@ -217,6 +237,7 @@ class BrokerCore:
         group_fsync: GroupFsync,
         quotas: QuotaManager,
         placement: Placement,
+        append_hooks: list[Callable[[str, int], None]] | None = None,
     ) -> None:
         self.config = config
         self.placement = placement
@@ -231,6 +252,7 @@ class BrokerCore:
         self._fetch_purgatory = fetch_purgatory
         self._produce_purgatory = produce_purgatory
         self._group_fsync = group_fsync
+        self._append_hooks = append_hooks if append_hooks is not None else []
         self._fetch = FetchPath(
             logs,
             fetch_purgatory,
@@ -248,6 +270,7 @@ class BrokerCore:
             metrics,
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
+            clock=clock,
         )
         self._gate = threading.Condition()
         self._in_flight = 0
@@ -274,8 +297,14 @@ class BrokerCore:
         def produce_durable(topic: str, partition: int) -> None:
             produce_purgatory.check_and_complete((topic, partition))
 
+        # Cluster mode adds the replica manager here (attach_replication): the group
+        # coordinator's appends move the offsets partitions' high watermarks too.
+        append_hooks: list[Callable[[str, int], None]] = []
+
         def appended(topic: str, partition: int) -> None:
             fetch_purgatory.check_and_complete((topic, partition))
+            for hook in append_hooks:
+                hook(topic, partition)
 
         group_fsync = GroupFsync(produce_durable)
         try:
@@ -323,7 +352,31 @@ class BrokerCore:
             group_fsync,
             quotas,
             LocalPlacement(config.broker_id, cluster_id),
+            append_hooks,
         )
+
+    # --- cluster mode: replication ----------------------------------------------------------
+
+    def attach_replication(self, replicas: Replication) -> None:
+        """Cluster mode: route appends, acks and follower reads through the replica
+        manager (``broker.cluster.replicas``)."""
+        self._produce.replication = replicas
+        self._fetch.replica_fetch = replicas.on_follower_fetch
+        self._fetch.check_epoch = replicas.check_epoch
+        self._append_hooks.append(replicas.after_append)
+        self._groups.store.replication = replicas
+
+    def became_leader(self, topic: str, partition: int) -> None:
+        """This broker now leads the partition: an offsets partition's groups are loaded
+        from its replicated log (their coordinator moved here)."""
+        if topic == OFFSETS_TOPIC:
+            self._groups.store.reload_partition(partition)
+
+    def replication_progress(self, topic: str, partition: int) -> None:
+        """A high watermark or ISR moved, or leadership changed: re-check the produces
+        and consumer fetches parked on the partition."""
+        self._produce_purgatory.check_and_complete((topic, partition))
+        self._fetch_purgatory.check_and_complete((topic, partition))
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)
@@ -341,7 +394,7 @@ class BrokerCore:
 
     @property
     def logs(self) -> LogManager:
-        """The log manager (for tests and the benchmark; the servicer never uses it)."""
+        """The log manager (replica fetchers, tests and benchmarks; not the servicer)."""
         return self._logs
 
     @property
@@ -729,6 +782,8 @@ class BrokerCore:
             return OffsetAnswer(
                 query.topic, query.partition, error_code=code, error_message=message
             )
+        if found is not None and found[0] >= plog.high_watermark:
+            found = None  # not replicated yet: consumers cannot read it
         if found is None:
             return OffsetAnswer(query.topic, query.partition)
         return OffsetAnswer(query.topic, query.partition, found[0], found[1])

@@ -39,6 +39,7 @@ import grpc
 from storage.errors import (
     BrokerBusyError,
     CorruptRecordError,
+    FencedLeaderEpochError,
     FencedMemberEpochError,
     GroupError,
     GroupIdNotFoundError,
@@ -50,6 +51,7 @@ from storage.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
+    KafkaTimeoutError,
     LeaderNotAvailableError,
     LogDirFullError,
     MaxConnectionsError,
@@ -57,6 +59,8 @@ from storage.errors import (
     NotAuthorizedError,
     NotControllerError,
     NotCoordinatorError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -69,6 +73,7 @@ from storage.errors import (
     StorageError,
     TidelogError,
     TopicAlreadyExistsError,
+    UnknownLeaderEpochError,
     UnknownMemberIdError,
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
@@ -123,6 +128,13 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     NotLeaderOrFollowerError: grpc.StatusCode.FAILED_PRECONDITION,
     LeaderNotAvailableError: grpc.StatusCode.UNAVAILABLE,
     NotCoordinatorError: grpc.StatusCode.FAILED_PRECONDITION,
+    FencedLeaderEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownLeaderEpochError: grpc.StatusCode.UNAVAILABLE,
+    NotEnoughReplicasError: grpc.StatusCode.UNAVAILABLE,
+    NotEnoughReplicasAfterAppendError: grpc.StatusCode.UNAVAILABLE,
+    # An acks=all produce whose replication outlasted its timeout (Kafka answers the
+    # partition REQUEST_TIMED_OUT; the client's timeout class carries that code).
+    KafkaTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     StorageError: grpc.StatusCode.INTERNAL,
     LogDirFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InternalError: grpc.StatusCode.INTERNAL,
@@ -164,7 +176,7 @@ def to_wire(exc: BaseException) -> WireError:
                 break
         else:
             status = None
-        if isinstance(exc, RequestError | BrokerBusyError) and status is not None:
+        if isinstance(exc, RequestError | BrokerBusyError | KafkaTimeoutError) and status:
             return WireError(status, exc.code, str(exc) or exc.code)
         if isinstance(exc, StorageError):
             log.error("storage fault answered as %s", exc.code, exc_info=exc)

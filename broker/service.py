@@ -406,12 +406,20 @@ def fetch_spec(request: pb.FetchRequest) -> FetchSpec:
     """The plain fetch a ``FetchRequest`` asks for."""
     return FetchSpec(
         partitions=[
-            PartitionFetchSpec(p.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+            PartitionFetchSpec(
+                p.topic,
+                p.partition,
+                p.fetch_offset,
+                p.partition_max_bytes,
+                p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+                p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1,
+            )
             for p in request.partitions
         ],
         max_wait_ms=request.max_wait_ms,
         min_bytes=request.min_bytes,
         max_bytes=request.max_bytes,
+        replica_id=request.replica_id if request.HasField("replica_id") else -1,
     )
 
 
@@ -446,8 +454,16 @@ def produce_parts(request: pb.ProduceRequest, received_ms: int) -> list[Partitio
     -1 when the request has none) and ``received_ms`` (the broker's clock on arrival)."""
     sent_ms = request.sent_timestamp_ms if request.HasField("sent_timestamp_ms") else NO_TIME
     times = BatchTimes(sent_ms, received_ms)
+    acks_all = request.acks == -1
     return [
-        PartitionRecords(topic.topic, part.partition, part.records, times)
+        PartitionRecords(
+            topic.topic,
+            part.partition,
+            part.records,
+            times,
+            acks_all,
+            part.current_leader_epoch if part.HasField("current_leader_epoch") else -1,
+        )
         for topic in request.topics
         for part in topic.partitions
     ]
@@ -491,6 +507,11 @@ def fetch_response(
                 log_start_offset=a.log_start_offset,
                 records=a.records,
                 batch_times=a.batch_times,
+                diverging_epoch=(
+                    None
+                    if a.diverging is None
+                    else pb.EpochEndOffset(epoch=a.diverging[0], end_offset=a.diverging[1])
+                ),
             )
             for a in answers
         ],

@@ -37,6 +37,10 @@ and this module, which import nothing else of ours).
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
     │   ├── NotCoordinatorError           NOT_COORDINATOR      retriable
+    │   ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH  retriable
+    │   ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH retriable
+    │   ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS  retriable
+    │   ├── NotEnoughReplicasAfterAppendError  NOT_ENOUGH_REPLICAS_AFTER_APPEND  retriable
     │   └── NotAuthorizedError            NOT_AUTHORIZED
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
@@ -65,6 +69,7 @@ __all__ = [
     "ClientError",
     "ClosedError",
     "CorruptRecordError",
+    "FencedLeaderEpochError",
     "FencedMemberEpochError",
     "GroupError",
     "GroupIdNotFoundError",
@@ -84,6 +89,8 @@ __all__ = [
     "NotAuthorizedError",
     "NotControllerError",
     "NotCoordinatorError",
+    "NotEnoughReplicasAfterAppendError",
+    "NotEnoughReplicasError",
     "NotLeaderOrFollowerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -96,6 +103,7 @@ __all__ = [
     "StorageError",
     "TidelogError",
     "TopicAlreadyExistsError",
+    "UnknownLeaderEpochError",
     "UnknownMemberIdError",
     "UnknownProducerIdError",
     "UnknownTopicOrPartitionError",
@@ -292,6 +300,39 @@ class NotCoordinatorError(RequestError):
     """This broker is not the group's coordinator: find the coordinator again."""
 
     code = "NOT_COORDINATOR"
+    retriable = True
+
+
+class FencedLeaderEpochError(RequestError):
+    """The request named an older leader epoch than the broker's: the client's metadata
+    is stale. Refresh it and retry."""
+
+    code = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+
+class UnknownLeaderEpochError(RequestError):
+    """The request named a newer leader epoch than the broker knows: the broker has not
+    caught up with the controller yet. Retry."""
+
+    code = "UNKNOWN_LEADER_EPOCH"
+    retriable = True
+
+
+class NotEnoughReplicasError(RequestError):
+    """``acks=all`` and fewer in-sync replicas than ``min.insync.replicas``: nothing was
+    appended."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(RequestError):
+    """``acks=all``: appended on the leader, but the in-sync replicas fell below
+    ``min.insync.replicas`` before it was replicated. A retry may store it again unless the
+    producer is idempotent."""
+
+    code = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
     retriable = True
 
 

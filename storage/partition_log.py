@@ -695,6 +695,19 @@ class PartitionLog:
                 return UNDEFINED_EPOCH, UNDEFINED_EPOCH
             return self._leader_epochs.end_offset_for(epoch, self.log_end_offset)
 
+    def divergence_offset(self, leader_epoch: int, leader_end_offset: int) -> int:
+        """Where a follower cuts its log after its leader answered that the follower's
+        last epoch diverged: ``(leader_epoch, leader_end_offset)`` is the largest epoch the
+        leader has at or below the follower's, and where it ends on the leader (KIP-279).
+        The cut is the smaller of that end and this log's own end of the same epoch; with
+        no common epoch at all (``leader_epoch`` -1), the high watermark."""
+        if leader_epoch < 0:
+            return self.high_watermark
+        own_epoch, own_end = self.end_offset_for_epoch(leader_epoch)
+        if own_epoch == leader_epoch:
+            return min(leader_end_offset, own_end)
+        return min(leader_end_offset, own_end if own_end >= 0 else self.high_watermark)
+
     def track_high_watermark(self, initial: int | None = None) -> int:
         """Start tracking the high watermark (replicated); returns it.
 

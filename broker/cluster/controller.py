@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
+_INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,9 @@ class ControllerSettings:
     broker_id: int
     unclean_leader_election: bool = False
     admin_timeout_ms: int = 30_000
+    # Replicas of the internal topics, capped at the live brokers when they are created
+    # (Kafka's offsets.topic.replication.factor, default 3).
+    internal_replication_factor: int = 3
 
 
 @dataclass(slots=True)
@@ -242,6 +246,7 @@ class Controller:
             self._try_elect()
             return
         if event.kind in ("brokers", "election"):
+            self._ensure_internal_topics()
             self._reconcile()
 
     def _try_elect(self) -> None:
@@ -249,21 +254,41 @@ class Controller:
         if lease is None:
             return
         self._lease = lease
+        self._lease_ms = self._clock.monotonic_ms()
         log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
         self._ensure_internal_topics()
         self._reconcile()
 
     def _ensure_internal_topics(self) -> None:
-        """Create the internal topics (the offsets topic) the first time a controller wins."""
-        for name, (partitions, config) in self._internal_topics.items():
-            if self._store.read_topic(name) is not None:
-                continue
+        """Create the internal topics (the offsets topic) if they are missing.
+
+        With their full replication factor once that many brokers are live; a controller
+        that has waited ``_INTERNAL_TOPIC_GRACE_MS`` for them creates them with the brokers
+        it has (a cluster smaller than the factor still gets its groups working).
+        """
+        missing = [n for n in self._internal_topics if self._store.read_topic(n) is None]
+        if not missing:
+            return
+        live = len(self._live())
+        wanted = self._settings.internal_replication_factor
+        waited = self._clock.monotonic_ms() - self._lease_ms
+        if live < wanted and waited < _INTERNAL_TOPIC_GRACE_MS:
+            delay = (_INTERNAL_TOPIC_GRACE_MS - waited) / 1000 + 0.1
+            timer = threading.Timer(delay, self._post, ("brokers",))
+            timer.daemon = True
+            timer.start()
+            return
+        for name in missing:
+            partitions, config = self._internal_topics[name]
+            factor = max(1, min(wanted, live))
             try:
-                self._create_topic(name, partitions, 1, dict(config))
+                self._create_topic(name, partitions, factor, dict(config))
             except TopicAlreadyExistsError:
                 continue
 
     # --- duties --------------------------------------------------------------------------
+
+    _lease_ms = 0
 
     def _live(self) -> set[int]:
         return set(self._store.live_brokers())

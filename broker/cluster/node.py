@@ -38,9 +38,11 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from broker.cluster.controller import Controller, ControllerSettings
+from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
+from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.store import ClusterStore
-from broker.cluster.znodes import NO_LEADER, BrokerRegistration
+from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
 from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
 from broker.placement import BrokerEndpoint, ClusterView, PartitionPlacement
@@ -52,6 +54,7 @@ from storage.errors import (
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
+from storage.log_manager import LogManager
 
 __all__ = ["ClusterNode", "ClusterPlacement", "LocalTopics"]
 
@@ -62,9 +65,19 @@ _VIEW_WAIT_MS = 10_000  # how long an admin call waits for this broker's view to
 
 
 class LocalTopics(Protocol):
-    """What the node needs of the core to keep local logs in step (``BrokerCore``)."""
+    """What the node needs of the core to keep local logs in step and replicate them
+    (``BrokerCore``)."""
+
+    @property
+    def logs(self) -> LogManager: ...
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None: ...
+
+    def attach_replication(self, replicas: ReplicaManager) -> None: ...
+
+    def replication_progress(self, topic: str, partition: int) -> None: ...
+
+    def became_leader(self, topic: str, partition: int) -> None: ...
 
 
 class ClusterPlacement:
@@ -132,6 +145,7 @@ class ClusterNode:
         self._watcher = watcher
         self._controller = controller
         self.placement = placement
+        self.replicas: ReplicaManager | None = None
         self._registration: BrokerRegistration | None = None
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
@@ -170,6 +184,8 @@ class ClusterNode:
                 timeout_ms=config.zookeeper_session_timeout_ms * 2,
             )
 
+            replicas_box: list[ReplicaManager] = []
+
             def apply(snapshot: ClusterMetadata) -> None:
                 local.apply_cluster_topics(
                     {
@@ -177,14 +193,19 @@ class ClusterNode:
                         for name, t in snapshot.topics.items()
                     }
                 )
+                for replicas in replicas_box:
+                    replicas.apply(snapshot)
 
             watcher = MetadataWatcher(store, apply)
+            replicas = _start_replicas(config, store, watcher, local, clock)
+            replicas_box.append(replicas)
             placement = ClusterPlacement(config.broker_id, cluster_id, watcher)
             controller = Controller(
                 store,
                 ControllerSettings(
                     config.broker_id,
                     unclean_leader_election=config.unclean_leader_election_enable,
+                    internal_replication_factor=config.offsets_topic_replication_factor,
                 ),
                 clock,
                 internal_topics=internal_topics,
@@ -195,6 +216,7 @@ class ClusterNode:
             store.close()
             raise
         node = cls(config, store, watcher, controller, placement)
+        node.replicas = replicas
         node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
@@ -247,6 +269,8 @@ class ClusterNode:
                 log.warning("controlled shutdown failed: %s", exc)
         self._controller.stop()
         self._watcher.stop()
+        if self.replicas is not None:
+            self.replicas.stop()
         self._session_events.put("stop")
         self._store.close()
 
@@ -295,3 +319,62 @@ class ClusterNode:
 
     def elect_preferred_leaders(self) -> int:
         return self._controller_or_raise().elect_preferred_leaders()
+
+
+def _start_replicas(
+    config: BrokerConfig,
+    store: ClusterStore,
+    watcher: MetadataWatcher,
+    local: LocalTopics,
+    clock: Clock,
+) -> ReplicaManager:
+    """The replica manager and its fetchers, attached to the core (not yet fed a view)."""
+
+    def address_of(broker_id: int) -> str | None:
+        found = watcher.snapshot.brokers.get(broker_id)
+        return None if found is None else f"{found.host}:{found.port}"
+
+    def write_isr(
+        topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
+    ) -> bool:
+        # Only while the znode still names this broker leader at this epoch (a leader the
+        # controller replaced must not write), and at the version read (CAS).
+        found = store.read_partition_state(topic, partition)
+        if found is None:
+            return False
+        state, version = found
+        if state.leader != leader or state.leader_epoch != epoch:
+            return False
+        store.update_isr(
+            topic, partition, PartitionState(leader, epoch, isr, state.controller_epoch), version
+        )
+        return True
+
+    fetchers = FetcherPool(
+        config.broker_id,
+        local.logs,
+        address_of,
+        num_fetchers=config.num_replica_fetchers,
+        wait_ms=config.replica_fetch_wait_max_ms,
+        fetch_max_bytes=config.replica_fetch_max_bytes,
+        backoff_ms=config.replica_fetch_backoff_ms,
+    )
+    replicas = ReplicaManager(
+        ReplicaSettings(
+            config.broker_id,
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+            replica_fetch_max_bytes=config.replica_fetch_max_bytes,
+            replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
+            num_replica_fetchers=config.num_replica_fetchers,
+        ),
+        local.logs,
+        clock,
+        write_isr,
+        local.replication_progress,
+        fetchers,
+        on_leader=local.became_leader,
+    )
+    local.attach_replication(replicas)
+    replicas.start()
+    return replicas

@@ -29,7 +29,7 @@ def replicate(leader: PartitionLog, follower: PartitionLog, max_bytes: int = 300
         if epoch >= 0:
             leader_epoch, end = leader.end_offset_for_epoch(epoch)
             if leader_epoch != epoch or end < follower.log_end_offset:
-                follower.truncate_to(divergence_point(follower, leader_epoch, end))
+                follower.truncate_to(follower.divergence_offset(leader_epoch, end))
                 continue
         if follower.log_end_offset >= leader.log_end_offset:
             return
@@ -38,18 +38,6 @@ def replicate(leader: PartitionLog, follower: PartitionLog, max_bytes: int = 300
         follower.append_as_follower(data, read.batch_times)
         follower.set_high_watermark(min(read.high_watermark, follower.log_end_offset))
     raise AssertionError("replication made no progress")
-
-
-def divergence_point(follower: PartitionLog, leader_epoch: int, leader_end: int) -> int:
-    """Where a follower cuts its log after the leader answered ``(epoch, end offset)``
-    (KIP-279): the smaller of the leader's end of that epoch and its own; with no common
-    epoch at all, its high watermark."""
-    if leader_epoch < 0:
-        return follower.high_watermark
-    own_epoch, own_end = follower.end_offset_for_epoch(leader_epoch)
-    if own_epoch != leader_epoch:
-        return min(leader_end, own_end if own_end >= 0 else follower.high_watermark)
-    return min(leader_end, own_end)
 
 
 def log_bytes(log: PartitionLog) -> bytes:
