@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -241,13 +242,40 @@ class ClusterNode:
         re-reads the cluster, so it serves only what the new view says it leads.
         """
         lost = False
+        resigned = False
+        suspended_at: float | None = None
+        timeout_s = self._config.zookeeper_session_timeout_ms / 1000
         while True:
-            state = self._session_events.get()
+            wait = None
+            if suspended_at is not None and not resigned:
+                wait = max(suspended_at + timeout_s - time.monotonic(), 0.0)
+            try:
+                state = self._session_events.get(timeout=wait)
+            except queue.Empty:
+                # Cut off from ZooKeeper for a whole session timeout: the session has
+                # expired on the servers, the controller has moved this broker's
+                # leaderships elsewhere. Stop acting as leader now rather than when
+                # kazoo reconnects and says so (a leader cut off from ZooKeeper but not
+                # from its clients must stop acknowledging writes).
+                resigned = True
+                if self.replicas is not None:
+                    self.replicas.resign_all("cut off from ZooKeeper for a session timeout")
+                continue
             if state == "stop":
                 return
+            if state == "SUSPENDED":
+                suspended_at = suspended_at or time.monotonic()
+                continue
+            if state in ("CONNECTED", "LOST"):
+                suspended_at = None
+            if resigned and state == "CONNECTED":
+                resigned = False
+                self._watcher.refresh(force=True)  # roles again from a fresh view
             if state == "LOST":
                 lost = True
                 self._controller.session_lost()
+                if self.replicas is not None:
+                    self.replicas.resign_all("ZooKeeper session lost")
                 log.warning("broker %d: ZooKeeper session lost", self._config.broker_id)
             elif state == "CONNECTED" and lost and self._registration is not None:
                 try:
@@ -258,7 +286,7 @@ class ClusterNode:
                     log.info("broker %d registered again", self._config.broker_id)
                 except Exception as exc:
                     log.error("broker %d could not register again: %s", self._config.broker_id, exc)
-                self._watcher.refresh()
+                self._watcher.refresh(force=True)
 
     def stop(self) -> None:
         """Leave: controlled shutdown if this broker controls, then end the session."""

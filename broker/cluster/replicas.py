@@ -274,6 +274,26 @@ class ReplicaManager:
         if was_leading:
             self._progress(tp)  # parked acks=all produces answer NOT_LEADER now
 
+    def resign_all(self, reason: str) -> None:
+        """Lead and follow nothing until the next view (the ZooKeeper session is gone or
+        presumed gone). Parked ``acks=all`` produces answer ``NOT_LEADER_OR_FOLLOWER``."""
+        with self._lock:
+            led = list(self._leading)
+            followed = list(self._following)
+            self._leading.clear()
+            self._following.clear()
+        for tp in followed:
+            self._fetchers.remove(tp)
+        if led or followed:
+            log.warning(
+                "resigning %d leadership(s) and %d followership(s): %s",
+                len(led),
+                len(followed),
+                reason,
+            )
+        for tp in led:
+            self._progress(tp)
+
     def leader_epoch(self, topic: str, partition: int) -> int | None:
         """The epoch this broker leads the partition at, or None."""
         with self._lock:

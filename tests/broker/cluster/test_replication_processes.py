@@ -10,13 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 
 from broker.cluster.testing import LocalCluster
 from client import AdminClient, Consumer, Producer, TopicPartition
 from client.types import ConsumerRecord
+from proto.tidelog.v1 import broker_pb2 as pb
+from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.errors import TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.conftest import make_batch
 
 pytestmark = pytest.mark.slow
 
@@ -110,3 +114,49 @@ def test_a_killed_leader_loses_no_acknowledged_record(cluster: LocalCluster) -> 
     # The old leader comes back as a follower and catches up.
     with AdminClient(one, request_timeout_ms=20_000) as admin:
         eventually(lambda: len(admin.describe_topic("survive").partitions[0].isr) == 3, 60)
+
+
+def test_a_leader_cut_off_from_zookeeper_stops_acknowledging(cluster: LocalCluster) -> None:
+    one = cluster.address(1)
+    with AdminClient(one, request_timeout_ms=20_000) as admin:
+        create_replicated(admin, "isolated", 1, **{"min.insync.replicas": "2"})
+        leader = admin.describe_topic("isolated").partitions[0].leader
+    others = [b for b in cluster.broker_ids if b != leader]
+    bootstrap = ",".join(cluster.address(b) for b in others)
+    acknowledged: list[int] = []
+    with Producer(bootstrap, acks="all", linger_ms=2, delivery_timeout_ms=90_000) as producer:
+        for i in range(100):
+            producer.send("isolated", b"%d" % i).result(timeout=30)
+            acknowledged.append(i)
+        cluster.cut_from_zookeeper(leader)
+        cut_at = time.monotonic()
+        futures = {i: producer.send("isolated", b"%d" % i) for i in range(100, 300)}
+        # A session timeout (3 s) and a little later, the old leader has given up its
+        # leadership: even an acks=1 write straight to it is refused.
+        time.sleep(max(0.0, cut_at + 3.0 + 2.0 - time.monotonic()))
+        stub = pb_grpc.BrokerStub(grpc.insecure_channel(cluster.address(leader)))
+        answer = stub.Produce(
+            pb.ProduceRequest(
+                acks=1,
+                timeout_ms=5_000,
+                topics=[
+                    pb.ProduceTopicData(
+                        topic="isolated",
+                        partitions=[
+                            pb.ProducePartitionData(partition=0, records=make_batch([b"x"]))
+                        ],
+                    )
+                ],
+            ),
+            timeout=10,
+        )
+        assert answer.results[0].error_code in ("NOT_LEADER_OR_FOLLOWER", "LEADER_NOT_AVAILABLE")
+        for i, future in futures.items():
+            future.result(timeout=90)
+            acknowledged.append(i)
+    cluster.heal_zookeeper(leader)
+    values = [int(r.value or b"") for r in read_all(bootstrap, "isolated", 1, 300)]
+    assert sorted(set(values)) == acknowledged
+    assert len(values) == len(set(values))
+    with AdminClient(one, request_timeout_ms=20_000) as admin:
+        eventually(lambda: len(admin.describe_topic("isolated").partitions[0].isr) == 3, 60)
