@@ -153,6 +153,8 @@ class TopicAdmin(Protocol):
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None: ...
 
+    def elect_preferred_leaders(self) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class MetadataTopic:
@@ -476,6 +478,15 @@ class BrokerCore:
         self._logs.validate_new_topic(name, count, config)
         admin.create_topic(name, count, factor, config)
         return self.describe_topic(name)
+
+    def elect_preferred_leaders(self) -> int:
+        """Move leaderships back to the preferred replicas (cluster mode; the controller
+        runs it); returns how many moved. ``InvalidRequestError`` on a single node, where
+        the only replica always leads; ``NotControllerError`` on another broker."""
+        admin = self.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no other replica to elect")
+        return admin.elect_preferred_leaders()
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """Cluster mode: make the local logs match the controller's topics.

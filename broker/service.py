@@ -163,6 +163,14 @@ def _create_partitions(
     )
 
 
+def _elect_leaders(
+    core: BrokerCore, request: pb.ElectLeadersRequest, context: RequestContext
+) -> pb.ElectLeadersResponse:
+    if not request.preferred:
+        raise InvalidRequestError("only preferred leader elections can be asked for")
+    return pb.ElectLeadersResponse(moved=core.elect_preferred_leaders())
+
+
 # --- offsets and producer ids -------------------------------------------------------------
 
 
@@ -382,6 +390,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeTopic": _describe_topic,
     "AlterTopicConfig": _alter_topic_config,
     "CreatePartitions": _create_partitions,
+    "ElectLeaders": _elect_leaders,
     "ListOffsets": _list_offsets,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,

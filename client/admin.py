@@ -207,6 +207,14 @@ class AdminClient:
             lambda c, t: c.delete_topic(name, timeout_ms=t), f"DeleteTopic {name}", timeout_ms
         )
 
+    def elect_preferred_leaders(self, *, timeout_ms: int | None = None) -> int:
+        """Move every partition's leadership back to its preferred replica (the first of
+        its replicas) where that replica is alive and in sync; returns how many moved.
+        Sent to the controller. ``InvalidRequestError`` on a single node."""
+        return self._on_controller(
+            lambda c, t: c.elect_preferred_leaders(timeout_ms=t), "ElectLeaders", timeout_ms
+        )
+
     def list_topics(
         self, *, include_internal: bool = False, timeout_ms: int | None = None
     ) -> list[TopicSummary]:

@@ -169,6 +169,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     cluster_describe.set_defaults(handler=_cluster_describe)
 
+    leaders = commands.add_parser("leaders", help="partition leadership (cluster mode)")
+    leaders.set_defaults(handler=_help_of(leaders))
+    leader_commands = leaders.add_subparsers(title="leaders commands", metavar="ACTION")
+    elect = leader_commands.add_parser(
+        "elect", parents=[common], help="move leaderships back to the preferred replicas"
+    )
+    elect.add_argument(
+        "--preferred",
+        action="store_true",
+        required=True,
+        help="elect each partition's preferred replica (the first of its replicas)",
+    )
+    elect.set_defaults(handler=_leaders_elect)
+
     topics = commands.add_parser("topics", help="create, list, describe, alter, delete topics")
     topics.set_defaults(handler=_help_of(topics))
     topic_commands = topics.add_subparsers(title="topic commands", metavar="ACTION")
@@ -189,7 +203,13 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--internal", action="store_true", help="include internal topics")
     listing.set_defaults(handler=_topics_list)
     describe = topic_commands.add_parser("describe", parents=[common], help="describe a topic")
-    describe.add_argument("name")
+    describe.add_argument("name", nargs="?", help="the topic (every topic with a filter)")
+    describe.add_argument(
+        "--under-replicated",
+        action="store_true",
+        help="only partitions whose ISR is smaller than their replica set, of every topic "
+        "unless a name is given",
+    )
     describe.set_defaults(handler=_topics_describe)
     alter = topic_commands.add_parser(
         "alter", parents=[common], help="change topic settings or add partitions"
@@ -472,7 +492,42 @@ def _topics_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _leaders_elect(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        moved = admin.elect_preferred_leaders()
+    _info(f"Preferred leader election: {moved} partition(s) moved.")
+    return EXIT_OK
+
+
+def _under_replicated(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        names = [args.name] if args.name else [t.name for t in admin.list_topics()]
+        topics = [admin.describe_topic(name) for name in names]
+    rows = [
+        [
+            topic.name,
+            str(p.partition),
+            "offline" if p.leader < 0 else str(p.leader),
+            ",".join(map(str, p.replicas)),
+            ",".join(map(str, p.isr)),
+        ]
+        for topic in topics
+        for p in topic.partitions
+        if len(p.isr) < len(p.replicas)
+    ]
+    if not rows:
+        print("No under-replicated partitions.")
+        return EXIT_OK
+    _print_table(["TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR"], rows, right={1, 2})
+    return EXIT_OK
+
+
 def _topics_describe(args: argparse.Namespace) -> int:
+    if args.under_replicated:
+        return _under_replicated(args)
+    if not args.name:
+        _error("topics describe: give a topic name (or --under-replicated)")
+        return EXIT_USAGE
     with _admin(args) as admin:
         topic = admin.describe_topic(args.name)
     total_records = sum(p.log_end_offset - p.log_start_offset for p in topic.partitions)

@@ -233,6 +233,10 @@ class Connection(Protocol):
 
     def delete_topic(self, name: str, *, timeout_ms: int | None) -> None: ...
 
+    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+        """Preferred-leader election on the controller; how many leaderships moved."""
+        ...
+
     def alter_topic_config(
         self,
         name: str,
@@ -522,6 +526,15 @@ class GrpcConnection:
             what=f"DeleteTopic {name}",
             timeout_ms=timeout_ms,
         )
+
+    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+        answer = self.transport.call(
+            self.transport.stub.ElectLeaders,
+            pb.ElectLeadersRequest(preferred=True),
+            what="ElectLeaders",
+            timeout_ms=timeout_ms,
+        )
+        return int(answer.moved)
 
     def alter_topic_config(
         self,

@@ -46,6 +46,7 @@ from broker.cluster.store import ClusterStore
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
 from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
+from broker.metrics import BrokerMetrics
 from broker.placement import BrokerEndpoint, ClusterView, PartitionPlacement
 from storage.clock import Clock
 from storage.errors import (
@@ -79,6 +80,9 @@ class LocalTopics(Protocol):
     def replication_progress(self, topic: str, partition: int) -> None: ...
 
     def became_leader(self, topic: str, partition: int) -> None: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
 
 
 class ClusterPlacement:
@@ -218,6 +222,21 @@ class ClusterNode:
             raise
         node = cls(config, store, watcher, controller, placement)
         node.replicas = replicas
+
+        def counts() -> tuple[int, int, int]:
+            under, led = replicas.counts()
+            offline = 0
+            if controller.is_controller:
+                view = watcher.snapshot
+                offline = sum(
+                    1
+                    for topic in view.topics.values()
+                    for partition in topic.assignment.replicas
+                    if topic.leader(partition) == NO_LEADER
+                )
+            return under, offline, led
+
+        local.metrics.add_replication_collector(counts, replicas.follower_lag)
         node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
@@ -378,6 +397,10 @@ def _start_replicas(
         )
         return True
 
+    def count_isr_change(shrunk: int, expanded: int) -> None:
+        local.metrics.isr_shrinks.inc(shrunk)
+        local.metrics.isr_expands.inc(expanded)
+
     fetchers = FetcherPool(
         config.broker_id,
         local.logs,
@@ -402,6 +425,7 @@ def _start_replicas(
         local.replication_progress,
         fetchers,
         on_leader=local.became_leader,
+        on_isr_change=count_isr_change,
     )
     local.attach_replication(replicas)
     replicas.start()

@@ -105,6 +105,7 @@ class _Leading:
     epoch_start: int
     followers: dict[int, _Progress] = field(default_factory=dict)
     pending_isr: tuple[int, ...] | None = None
+    isr_before: frozenset[int] | None = None
 
 
 class ReplicaManager:
@@ -119,6 +120,7 @@ class ReplicaManager:
         on_progress: Callable[[str, int], None],
         fetchers: FetcherPool,
         on_leader: Callable[[str, int], None] = lambda _t, _p: None,
+        on_isr_change: Callable[[int, int], None] = lambda _shrunk, _expanded: None,
     ) -> None:
         self._settings = settings
         self._logs = logs
@@ -127,6 +129,7 @@ class ReplicaManager:
         self._on_progress = on_progress
         self._fetchers = fetchers
         self._on_leader = on_leader
+        self._on_isr_change = on_isr_change
         self._lock = threading.Lock()
         self._moved = threading.Condition()  # notified whenever a high watermark or ISR moves
         self._leading: dict[TopicPartition, _Leading] = {}
@@ -469,6 +472,8 @@ class ReplicaManager:
                 leading = self._leading.get(tp)
                 change = None if leading is None else leading.pending_isr
                 epoch = -1 if leading is None else leading.epoch
+                if leading is not None:
+                    leading.isr_before = leading.isr
             if leading is None or change is None:
                 continue
             written = False
@@ -488,6 +493,8 @@ class ReplicaManager:
                                     leading.followers[r].caught_up_ms, now
                                 )
             if written:
+                before = leading.isr_before if leading.isr_before is not None else frozenset()
+                self._on_isr_change(len(before - set(change)), len(set(change) - before))
                 log.info("%s-%d: ISR now %s", *tp, list(change))
                 self._maybe_advance(tp)
                 self._progress(tp)
@@ -504,6 +511,12 @@ class ReplicaManager:
             for tp, (_leader, epoch) in self._following.items():
                 out[tp] = ("follower", epoch, ())
             return out
+
+    def counts(self) -> tuple[int, int]:
+        """(under-replicated, led) partitions: led ones whose ISR is below their replicas."""
+        with self._lock:
+            under = sum(1 for lead in self._leading.values() if len(lead.isr) < len(lead.replicas))
+            return under, len(self._leading)
 
     def follower_lag(self) -> dict[tuple[str, int, int], int]:
         """Leader side: ``(topic, partition, follower) -> records behind`` (-1: unknown)."""

@@ -461,6 +461,52 @@ class CreatePartitionsResponse(_message.Message):
 Global___CreatePartitionsResponse: _TypeAlias = CreatePartitionsResponse  # noqa: Y015
 
 @_typing.final
+class ElectLeadersRequest(_message.Message):
+    """Kafka's ElectLeaders (cluster mode, sent to the controller): move each partition's
+    leadership back to its preferred replica (the first of its assignment) where that
+    replica is alive and in sync. Only preferred elections are asked for this way; unclean
+    ones follow unclean.leader.election.enable.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFERRED_FIELD_NUMBER: _builtins.int
+    preferred: _builtins.bool
+    """must be true"""
+    def __init__(
+        self,
+        *,
+        preferred: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["preferred", b"preferred"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
+
+@_typing.final
+class ElectLeadersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOVED_FIELD_NUMBER: _builtins.int
+    moved: _builtins.int
+    """partitions whose leader changed"""
+    def __init__(
+        self,
+        *,
+        moved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
 class ProducePartitionData(_message.Message):
     """---------------------------------------------------------------------------- produce"""
 

@@ -64,6 +64,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsResponse.FromString,
                 _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/tidelog.v1.Broker/ElectLeaders',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/tidelog.v1.Broker/Produce',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
@@ -191,6 +196,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreatePartitions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectLeaders(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -340,6 +351,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.CreatePartitions,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
@@ -594,6 +610,33 @@ class Broker:
             '/tidelog.v1.Broker/CreatePartitions',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ElectLeaders',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,

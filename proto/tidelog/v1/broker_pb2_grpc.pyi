@@ -52,6 +52,7 @@ class BrokerStub:
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
+    ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
     Produce: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
     """--- data ---"""
     ProduceStream: _grpc.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
@@ -85,6 +86,7 @@ class BrokerAsyncStub(BrokerStub):
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
+    ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
     Produce: _aio.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
     """--- data ---"""
     ProduceStream: _aio.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
@@ -151,6 +153,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.CreatePartitionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.CreatePartitionsResponse, _abc.Awaitable[_broker_pb2.CreatePartitionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ElectLeaders(
+        self,
+        request: _broker_pb2.ElectLeadersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ElectLeadersResponse, _abc.Awaitable[_broker_pb2.ElectLeadersResponse]]: ...
 
     @_abc_1.abstractmethod
     def Produce(

@@ -7,6 +7,9 @@ library with one bootstrap broker.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -160,3 +163,62 @@ def test_a_leader_cut_off_from_zookeeper_stops_acknowledging(cluster: LocalClust
     assert len(values) == len(set(values))
     with AdminClient(one, request_timeout_ms=20_000) as admin:
         eventually(lambda: len(admin.describe_topic("isolated").partitions[0].isr) == 3, 60)
+
+
+def tidelog(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_paused_follower_leaves_the_isr_and_preferred_leaders_come_back(
+    cluster: LocalCluster,
+) -> None:
+    one = cluster.address(1)
+    with AdminClient(one, request_timeout_ms=20_000) as admin:
+        create_replicated(admin, "paused", 3)
+        preferred = {p.partition: p.replicas[0] for p in admin.describe_topic("paused").partitions}
+        follower = 3
+        led_by_follower = [p for p, b in preferred.items() if b == follower]
+        cluster.kill(follower, signal.SIGSTOP)
+        try:
+            with Producer(one, acks=1) as producer:
+                for i in range(30):  # give the followers something to fall behind on
+                    producer.send("paused", b"%d" % i, partition=i % 3)
+            # Its partitions elsewhere lose it from the ISR after replica.lag.time.max.ms
+            # (2 s); the ones it led get a new leader after its session timeout (3 s).
+            eventually(
+                lambda: all(
+                    follower not in p.isr for p in admin.describe_topic("paused").partitions
+                ),
+                30,
+            )
+            listing = tidelog("topics", "describe", "--under-replicated", "--bootstrap", one)
+            assert listing.returncode == 0, listing.stderr
+            assert all(f"paused {p} " in " ".join(listing.stdout.split()) + " " for p in range(3))
+        finally:
+            cluster.kill(follower, signal.SIGCONT)
+        # Resumed: its session may have expired (it registers again), it catches up and
+        # rejoins every ISR.
+        eventually(
+            lambda: all(len(p.isr) == 3 for p in admin.describe_topic("paused").partitions), 60
+        )
+        assert tidelog("topics", "describe", "--under-replicated", "--bootstrap", one).stdout.startswith(
+            "No under-replicated"
+        )
+        if led_by_follower:
+            elected = tidelog("leaders", "elect", "--preferred", "--bootstrap", one)
+            assert elected.returncode == 0, elected.stderr
+        eventually(
+            lambda: (
+                {p.partition: p.leader for p in admin.describe_topic("paused").partitions}
+                == preferred
+            ),
+            30,
+        )
+    values = sorted(int(r.value or b"") for r in read_all(one, "paused", 3, 30))
+    assert values == list(range(30))
