@@ -58,6 +58,8 @@ key                                   default          meaning
 ``default.replication.factor``        1                replicas of a topic created without a factor
 ``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
 ``controlled.shutdown.enable``        true             move leadership away before a clean stop
+``auto.leader.rebalance.enable``      true             give leadership back to preferred replicas
+``leader.imbalance.check.interval.seconds`` 300        how often the controller does that
 ``min.insync.replicas``               1                in-sync replicas acks=all needs
 ``num.replica.fetchers``              1                fetcher threads per source broker
 ``replica.fetch.wait.max.ms``         500              a follower's fetch long-poll on the leader
@@ -298,6 +300,8 @@ class BrokerConfig:
     default_replication_factor: int = 1
     unclean_leader_election_enable: bool = False
     controlled_shutdown_enable: bool = True
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
     num_replica_fetchers: int = 1
     replica_fetch_wait_max_ms: int = 500
     replica_fetch_max_bytes: int = 1024 * 1024
@@ -632,6 +636,11 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
     "controlled.shutdown.enable": ("controlled_shutdown_enable", _bool),
+    "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", _bool),
+    "leader.imbalance.check.interval.seconds": (
+        "leader_imbalance_check_interval_seconds",
+        lambda k, v: _int(k, v, 1),
+    ),
     "num.replica.fetchers": ("num_replica_fetchers", lambda k, v: _int(k, v, 1, 64)),
     "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", lambda k, v: _int(k, v, 0)),
     "replica.fetch.max.bytes": ("replica_fetch_max_bytes", lambda k, v: _int(k, v, 1024)),

@@ -79,6 +79,10 @@ class ControllerSettings:
     # Replicas of the internal topics, capped at the live brokers when they are created
     # (Kafka's offsets.topic.replication.factor, default 3).
     internal_replication_factor: int = 3
+    # Kafka's auto.leader.rebalance.enable and leader.imbalance.check.interval.seconds:
+    # every interval, partitions whose preferred replica is alive and in sync but not
+    # leading get it back as leader (0 disables).
+    leader_rebalance_interval_ms: int = 300_000
 
 
 @dataclass(slots=True)
@@ -117,6 +121,12 @@ class Controller:
     def start(self) -> None:
         """Start the event thread and the watches that feed it."""
         self._thread.start()
+        if self._settings.leader_rebalance_interval_ms > 0:
+            threading.Thread(
+                target=self._run_rebalance_timer,
+                name=f"tidelog-leader-rebalance-{self._settings.broker_id}",
+                daemon=True,
+            ).start()
         self._store.watch_data("/controller", lambda _data: self._post("election"))
         self._store.watch_children("/brokers/ids", lambda _ids: self._post("brokers"))
 
@@ -125,6 +135,11 @@ class Controller:
         self._stopped.set()
         self._events.put(_Event("stop"))
         self._thread.join(timeout_ms / 1000)
+
+    def _run_rebalance_timer(self) -> None:
+        interval_s = self._settings.leader_rebalance_interval_ms / 1000
+        while not self._stopped.wait(interval_s):
+            self._post("rebalance")
 
     def session_lost(self) -> None:
         """The ZooKeeper session expired: ``/controller`` went with it, so stop acting.
@@ -248,6 +263,10 @@ class Controller:
         if event.kind in ("brokers", "election"):
             self._ensure_internal_topics()
             self._reconcile()
+        elif event.kind == "rebalance":
+            moved = self._elect_preferred()
+            if moved:
+                log.info("leader rebalance: %d partition(s) back on their preferred replica", moved)
 
     def _try_elect(self) -> None:
         lease = self._store.try_become_controller(self._settings.broker_id, self._clock.wall_ms())

@@ -211,6 +211,11 @@ class ClusterNode:
                     config.broker_id,
                     unclean_leader_election=config.unclean_leader_election_enable,
                     internal_replication_factor=config.offsets_topic_replication_factor,
+                    leader_rebalance_interval_ms=(
+                        config.leader_imbalance_check_interval_seconds * 1000
+                        if config.auto_leader_rebalance_enable
+                        else 0
+                    ),
                 ),
                 clock,
                 internal_topics=internal_topics,
