@@ -155,6 +155,8 @@ class TopicAdmin(Protocol):
 
     def elect_preferred_leaders(self) -> int: ...
 
+    def controlled_shutdown(self, broker_id: int) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class MetadataTopic:
@@ -487,6 +489,13 @@ class BrokerCore:
         if admin is None:
             raise InvalidRequestError("a single node has no other replica to elect")
         return admin.elect_preferred_leaders()
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        """The controller's part of a broker's controlled shutdown (cluster mode)."""
+        admin = self.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no controller to hand leadership to")
+        return admin.controlled_shutdown(broker_id)
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """Cluster mode: make the local logs match the controller's topics.

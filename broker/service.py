@@ -171,6 +171,12 @@ def _elect_leaders(
     return pb.ElectLeadersResponse(moved=core.elect_preferred_leaders())
 
 
+def _controlled_shutdown(
+    core: BrokerCore, request: pb.ControlledShutdownRequest, context: RequestContext
+) -> pb.ControlledShutdownResponse:
+    return pb.ControlledShutdownResponse(moved=core.controlled_shutdown(request.broker_id))
+
+
 # --- offsets and producer ids -------------------------------------------------------------
 
 
@@ -391,6 +397,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "AlterTopicConfig": _alter_topic_config,
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
+    "ControlledShutdown": _controlled_shutdown,
     "ListOffsets": _list_offsets,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,

@@ -38,6 +38,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import grpc
+
 from broker.cluster.controller import Controller, ControllerSettings
 from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
@@ -48,6 +50,8 @@ from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
 from broker.metrics import BrokerMetrics
 from broker.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from proto.tidelog.v1 import broker_pb2 as pb
+from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.clock import Clock
 from storage.errors import (
     BrokerUnavailableError,
@@ -64,6 +68,7 @@ log = logging.getLogger(__name__)
 
 _NO_PLACEMENT = PartitionPlacement(NO_LEADER, -1, (), ())
 _VIEW_WAIT_MS = 10_000  # how long an admin call waits for this broker's view to catch up
+_SHUTDOWN_WAIT_MS = 15_000  # how long a controlled shutdown may take before stopping anyway
 
 
 class LocalTopics(Protocol):
@@ -313,10 +318,18 @@ class ClusterNode:
                 self._watcher.refresh(force=True)
 
     def stop(self) -> None:
-        """Leave: controlled shutdown if this broker controls, then end the session."""
-        if self._config.controlled_shutdown_enable and self._controller.is_controller:
+        """Leave: controlled shutdown, then end the session.
+
+        Controlled shutdown (``controlled.shutdown.enable``) asks the controller (this
+        broker's own, or another over ``ControlledShutdown``) to move this broker's
+        leaderships to other in-sync replicas, then waits until this broker's view shows
+        it leads nothing, so clients move before the broker goes. Bounded by
+        ``_SHUTDOWN_WAIT_MS``; a failure is logged and the broker stops anyway (its
+        session's end makes the controller elect the same way, a little later).
+        """
+        if self._config.controlled_shutdown_enable:
             try:
-                self._controller.controlled_shutdown(self._config.broker_id)
+                self._controlled_shutdown()
             except Exception as exc:
                 log.warning("controlled shutdown failed: %s", exc)
         self._controller.stop()
@@ -325,6 +338,54 @@ class ClusterNode:
             self.replicas.stop()
         self._session_events.put("stop")
         self._store.close()
+
+    def _controlled_shutdown(self) -> None:
+        me = self._config.broker_id
+        deadline = time.monotonic() + _SHUTDOWN_WAIT_MS / 1000
+        while True:
+            try:
+                moved = self._ask_controller_to_move(me, deadline)
+                break
+            except NotControllerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+
+        def leads_nothing(view: ClusterMetadata) -> bool:
+            return all(
+                topic.leader(partition) != me
+                for topic in view.topics.values()
+                for partition in topic.assignment.replicas
+                if len(topic.assignment.replicas[partition]) > 1
+            )
+
+        done = self._watcher.wait_for(leads_nothing, left_ms)
+        log.info(
+            "controlled shutdown: %d leadership(s) moved%s",
+            moved,
+            "" if done else " (this broker's view did not show all of it in time)",
+        )
+
+    def _ask_controller_to_move(self, me: int, deadline: float) -> int:
+        if self._controller.is_controller:
+            return self._controller.controlled_shutdown(me)
+        view = self._watcher.snapshot
+        controller = view.brokers.get(view.controller_id if view.controller_id is not None else -1)
+        if controller is None:
+            raise NotControllerError("no controller to ask")
+        with grpc.insecure_channel(f"{controller.host}:{controller.port}") as channel:
+            try:
+                answer = pb_grpc.BrokerStub(channel).ControlledShutdown(
+                    pb.ControlledShutdownRequest(broker_id=me),
+                    timeout=max(deadline - time.monotonic(), 0.1),
+                )
+            except grpc.RpcError as exc:
+                raise NotControllerError(f"asking broker {controller.broker_id}: {exc}") from None
+        return int(answer.moved)
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        return self._controller_or_raise().controlled_shutdown(broker_id)
 
     @property
     def metadata(self) -> ClusterMetadata:

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -316,7 +317,7 @@ class LocalCluster:
         self,
         brokers: int = 3,
         *,
-        settings: dict[str, object] | None = None,
+        settings: Mapping[str, object] | None = None,
         session_timeout_ms: int = 4_000,
     ) -> None:
         self.zookeeper = ZooKeeperServer()
@@ -349,7 +350,7 @@ class LocalCluster:
             for broker_id in self._ids:
                 self.start_broker(broker_id, wait=False)
             for broker_id in self._ids:
-                self._wait_ready(broker_id)
+                self.wait_ready(broker_id)
         except BaseException:
             self.stop()
             raise
@@ -394,7 +395,7 @@ class LocalCluster:
         finally:
             log_file.close()
         if wait:
-            self._wait_ready(broker_id)
+            self.wait_ready(broker_id)
 
     def _proxy(self, broker_id: int) -> TcpProxy:
         proxy = self._proxies.get(broker_id)
@@ -412,7 +413,8 @@ class LocalCluster:
         """Let broker ``broker_id`` reach ZooKeeper again."""
         self._proxy(broker_id).heal()
 
-    def _wait_ready(self, broker_id: int) -> None:
+    def wait_ready(self, broker_id: int) -> None:
+        """Block until broker ``broker_id`` (started with ``wait=False``) serves."""
         assert self._directory is not None
         ready = self._directory / f"broker-{broker_id}.ready"
         process = self._processes[broker_id]

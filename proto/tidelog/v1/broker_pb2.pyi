@@ -507,6 +507,49 @@ class ElectLeadersResponse(_message.Message):
 Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
 
 @_typing.final
+class ControlledShutdownRequest(_message.Message):
+    """Broker to controller (Kafka's ControlledShutdown): a broker about to stop asks the
+    controller to move its leaderships to other in-sync replicas and drop it from the ISRs.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlledShutdownRequest: _TypeAlias = ControlledShutdownRequest  # noqa: Y015
+
+@_typing.final
+class ControlledShutdownResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOVED_FIELD_NUMBER: _builtins.int
+    moved: _builtins.int
+    """leaderships moved away"""
+    def __init__(
+        self,
+        *,
+        moved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlledShutdownResponse: _TypeAlias = ControlledShutdownResponse  # noqa: Y015
+
+@_typing.final
 class ProducePartitionData(_message.Message):
     """---------------------------------------------------------------------------- produce"""
 

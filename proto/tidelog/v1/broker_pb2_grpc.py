@@ -69,6 +69,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.ControlledShutdown = channel.unary_unary(
+                '/tidelog.v1.Broker/ControlledShutdown',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/tidelog.v1.Broker/Produce',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
@@ -202,6 +207,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ElectLeaders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ControlledShutdown(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -356,6 +367,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'ControlledShutdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlledShutdown,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
@@ -637,6 +653,33 @@ class Broker:
             '/tidelog.v1.Broker/ElectLeaders',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlledShutdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ControlledShutdown',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.FromString,
             options,
             channel_credentials,
             insecure,
