@@ -175,6 +175,7 @@ class OffsetQuery:
     topic: str
     partition: int
     timestamp_ms: int
+    current_leader_epoch: int = -1  # the client's view; -1: not checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -786,6 +787,9 @@ class BrokerCore:
     def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
         try:
             self.placement.check_leader(query.topic, query.partition)
+            check = self._fetch.check_epoch
+            if check is not None:
+                check(query.topic, query.partition, query.current_leader_epoch)
             plog = self._logs.get_log(query.topic, query.partition)
             if query.timestamp_ms == EARLIEST_TIMESTAMP:
                 return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)

@@ -125,7 +125,8 @@ class PartitionFetched:
 # The replica manager's check of one follower read: raises (not leader, fenced epoch) or
 # returns a divergence ``(epoch, end offset)``, or None to read.
 ReplicaFetchHook = Callable[[int, PartitionFetchSpec, PartitionLog], tuple[int, int] | None]
-# The leader-epoch check of a consumer's (or producer's) request: raises when fenced.
+# The replica manager's check of a consumer read (topic, partition, the client's leader
+# epoch or -1): raises when fenced, or while a new leader's high watermark is not known.
 EpochCheck = Callable[[str, int, int], None]
 
 
@@ -286,7 +287,7 @@ class FetchPath:
             try:
                 if self._check_leader is not None:
                     self._check_leader(p.topic, p.partition)
-                if self.check_epoch is not None and p.current_leader_epoch >= 0:
+                if self.check_epoch is not None and not replica:
                     self.check_epoch(p.topic, p.partition, p.current_leader_epoch)
                 partition_log = self._logs.get_log(p.topic, p.partition)
                 if replica:

@@ -183,7 +183,15 @@ def _controlled_shutdown(
 def _list_offsets(
     core: BrokerCore, request: pb.ListOffsetsRequest, context: RequestContext
 ) -> pb.ListOffsetsResponse:
-    queries = [OffsetQuery(p.topic, p.partition, p.timestamp_ms) for p in request.partitions]
+    queries = [
+        OffsetQuery(
+            p.topic,
+            p.partition,
+            p.timestamp_ms,
+            p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+        )
+        for p in request.partitions
+    ]
     return pb.ListOffsetsResponse(
         results=[
             pb.ListOffsetsResult(

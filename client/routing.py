@@ -35,6 +35,7 @@ from client.types import TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
     ClosedError,
+    FencedLeaderEpochError,
     InternalError,
     KafkaTimeoutError,
     LeaderNotAvailableError,
@@ -42,6 +43,7 @@ from storage.errors import (
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     TidelogError,
+    UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
 
@@ -56,6 +58,8 @@ R = TypeVar("R")
 ROUTING_ERRORS: tuple[type[TidelogError], ...] = (
     NotLeaderOrFollowerError,
     LeaderNotAvailableError,
+    FencedLeaderEpochError,
+    UnknownLeaderEpochError,
     NotCoordinatorError,
     NotControllerError,
     BrokerUnavailableError,

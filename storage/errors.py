@@ -23,6 +23,7 @@ and this module, which import nothing else of ours).
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
     │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
+    │   ├── OffsetNotAvailableError       OFFSET_NOT_AVAILABLE retriable
     │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     │   ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
     │   ├── InvalidProducerEpochError     INVALID_PRODUCER_EPOCH
@@ -92,6 +93,7 @@ __all__ = [
     "NotEnoughReplicasAfterAppendError",
     "NotEnoughReplicasError",
     "NotLeaderOrFollowerError",
+    "OffsetNotAvailableError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "QueuedMaxRequestBytesError",
@@ -300,6 +302,15 @@ class NotCoordinatorError(RequestError):
     """This broker is not the group's coordinator: find the coordinator again."""
 
     code = "NOT_COORDINATOR"
+    retriable = True
+
+
+class OffsetNotAvailableError(RequestError):
+    """A new leader has not yet established its high watermark (its followers have not
+    caught up with the log it took over): what consumers may read is not known yet. Not
+    data loss: retry."""
+
+    code = "OFFSET_NOT_AVAILABLE"
     retriable = True
 
 

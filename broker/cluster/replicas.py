@@ -60,6 +60,7 @@ from storage.errors import (
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
@@ -352,11 +353,26 @@ class ReplicaManager:
         return DURABLE
 
     def check_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None:
-        """Fence a consumer's request that names another leader epoch than ours."""
+        """Check a consumer's read or offset lookup: fenced if it names another leader
+        epoch than ours (-1: not named); ``OffsetNotAvailableError`` while this broker, a
+        new leader, has not yet moved its high watermark up to where its log ended when it
+        took over (Kafka answers OFFSET_NOT_AVAILABLE then too). Before that the high
+        watermark may be below one an earlier leader already exposed, and a reader would
+        take the difference for lost records."""
         with self._lock:
             leading = self._leading.get((topic, partition))
-        if leading is not None:
-            _check_epoch(topic, partition, leading.epoch, current_leader_epoch)
+        if leading is None:
+            return
+        _check_epoch(topic, partition, leading.epoch, current_leader_epoch)
+        try:
+            high_watermark = self._logs.get_log(topic, partition).high_watermark
+        except UnknownTopicOrPartitionError:
+            return
+        if high_watermark < leading.epoch_start:
+            raise OffsetNotAvailableError(
+                f"{topic}-{partition}: the new leader's high watermark ({high_watermark}) "
+                f"has not reached {leading.epoch_start} yet; retry"
+            )
 
     # --- the fetch path: follower reads ----------------------------------------------------
 

@@ -108,8 +108,12 @@ def test_a_killed_leader_loses_no_acknowledged_record(cluster: LocalCluster) -> 
         with AdminClient(bootstrap, request_timeout_ms=20_000) as admin:
             new_leader = admin.describe_topic("survive").partitions[0].leader
         assert new_leader not in (leader, -1)
-        values = [int(r.value or b"") for r in read_all(bootstrap, "survive", 1, 400)]
+        records = read_all(bootstrap, "survive", 1, 400)
+        values = [int(r.value or b"") for r in records]
         assert sorted(set(values)) == acknowledged  # nothing acknowledged is lost
+        # The new leader copied the batches' sent and received times with them.
+        assert all(r.received_timestamp_ms is not None for r in records)
+        assert all(r.sent_timestamp_ms is not None for r in records)
         assert values == sorted(values)  # in order
         assert len(values) == len(set(values))  # idempotent: no duplicates
     finally:
