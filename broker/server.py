@@ -59,6 +59,7 @@ from broker.grpc_threads import ThreadedListener
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
 from broker.placement import JoiningPlacement, LocalPlacement
+from broker.producer_ids import UnavailableProducerIds
 from broker.quotas import QuotaCollector
 from broker.service import BROKER_SERVICE_NAME
 from storage.clock import Clock, SystemClock
@@ -166,6 +167,9 @@ class BrokerServer:
             # Until the cluster's view is in, lead nothing: a client that connects early
             # must not have a partition another broker leads written here.
             core.placement = JoiningPlacement(config.broker_id)
+            # Nor hand out producer ids from the local file: they would collide with ids
+            # other brokers draw from ZooKeeper.
+            core.producer_ids = UnavailableProducerIds(config.broker_id)
         metrics_server: MetricsServer | None = None
         listener: Listener | None = None
         try:
@@ -375,4 +379,5 @@ def _join_cluster(
     )
     core.placement = node.placement
     core.topic_admin = node
+    core.producer_ids = node.producer_ids
     return node

@@ -41,6 +41,7 @@ from typing import Protocol
 from broker.cluster.controller import Controller, ControllerSettings
 from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
+from broker.cluster.producer_ids import ZooKeeperProducerIds
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.store import ClusterStore
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
@@ -136,6 +137,8 @@ class ClusterPlacement:
 
 class ClusterNode:
     """This broker's part in the cluster. Build with ``start``; ``stop`` once."""
+
+    producer_ids: ZooKeeperProducerIds  # the core's producer-id source, set by ``start``
 
     def __init__(
         self,
@@ -242,6 +245,13 @@ class ClusterNode:
             return under, offline, led
 
         local.metrics.add_replication_collector(counts, replicas.follower_lag)
+        node.producer_ids = ZooKeeperProducerIds(
+            store,
+            config.broker_id,
+            clock,
+            config.producer_id_expiration_ms,
+            sweep_interval_ms=config.producer_id_expiration_check_interval_ms,
+        )
         node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
