@@ -13,6 +13,8 @@
    controller decided;
 4. start this broker's controller candidate (``controller.Controller``), which creates
    the offsets topic in ZooKeeper when it first wins.
+5. build the producer-id source (``producer_ids.ZooKeeperProducerIds``) that the server
+   swaps into the core, so ids are unique across the cluster.
 
 Topic administration in cluster mode goes through the controller: the core's admin
 calls reach ``ClusterNode`` (the ``TopicAdmin`` seam), which runs them on the local
@@ -172,7 +174,7 @@ class ClusterNode:
         *,
         internal_topics: Mapping[str, tuple[int, Mapping[str, str]]],
     ) -> ClusterNode:
-        """Join the cluster (steps 1-4 above). Raises ``StoreError`` or ``InvalidConfigError``.
+        """Join the cluster (steps 1-5 above). Raises ``StoreError`` or ``InvalidConfigError``.
 
         ``internal_topics`` (the offsets topic) are created in ZooKeeper by the controller
         if missing, with these partition counts and configs.
