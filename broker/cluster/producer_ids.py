@@ -14,7 +14,7 @@ ZooKeeper before its first id is handed out, so a broker that dies mid-block los
 rest of the block (its next life, or any other broker, claims a fresh one) and never hands
 out an id twice. Nothing of this is kept on disk.
 
-**Epoch bumps** (``init(id, epoch)``): ids below the end of the latest claimed block are
+**Epoch bumps** (``init(id, epoch)``): ids up to the end of the latest claimed block are
 known to the cluster (any block, any broker: the last block's end is re-read when an id
 lies past what this broker has seen); others are ``UnknownProducerIdError``. Each broker
 remembers the epochs it handed out for ``producer.id.expiration.ms``; for an id it has no
