@@ -139,3 +139,24 @@ def test_a_keyed_producer_has_one_id_whichever_broker_it_asks(cluster: LocalClus
         summary = second.write_once({tp: records}, epoch=7)
     assert summary.skipped == 3
     assert summary.written == 2
+
+
+def test_a_broker_killed_mid_block_hands_out_no_id_twice(cluster: LocalCluster) -> None:
+    before = [init_producer_id(cluster, broker_id)[0] for broker_id in cluster.broker_ids]
+    cluster.kill(2)  # SIGKILL: broker 2's block is only partly used
+    cluster.start_broker(2)
+    after: list[int] = []
+
+    def ask_broker_2() -> bool:
+        after.append(init_producer_id(cluster, 2)[0])
+        return True
+
+    eventually(ask_broker_2)
+    # Its next life claims a fresh block after every block claimed so far.
+    assert after[0] > max(before)
+    assert after[0] % PRODUCER_ID_BLOCK_SIZE == 0
+    # A key survives the death too: it lives in ZooKeeper, not on the broker.
+    with KeyedProducer(cluster.address(1), "spark:query-1:0:0") as one:
+        expected = one.producer_id
+    with KeyedProducer(cluster.address(2), "spark:query-1:0:0") as two:
+        assert two.producer_id == expected
