@@ -359,12 +359,14 @@ def run_until_signalled(server: BrokerServer) -> None:
 def _join_cluster(
     config: BrokerConfig, core: BrokerCore, clock: Clock, endpoint: tuple[str, int]
 ) -> ClusterNode:
-    """Cluster mode: register, start the controller candidate, route by the cluster's view.
+    """Cluster mode: register, start the controller candidate, route by the cluster's view,
+    draw producer ids from ZooKeeper (``broker.cluster.producer_ids``).
 
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
     """
     from broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
+    from broker.cluster.producer_ids import ZooKeeperProducerIds
 
     offsets_config = {
         "cleanup.policy": "compact",
@@ -379,5 +381,12 @@ def _join_cluster(
     )
     core.placement = node.placement
     core.topic_admin = node
-    core.producer_ids = node.producer_ids
+    # Ids unique across the cluster: blocks and keys in ZooKeeper, on the node's session.
+    core.producer_ids = ZooKeeperProducerIds(
+        node.store,
+        config.broker_id,
+        clock,
+        config.producer_id_expiration_ms,
+        sweep_interval_ms=config.producer_id_expiration_check_interval_ms,
+    )
     return node

@@ -13,8 +13,6 @@
    controller decided;
 4. start this broker's controller candidate (``controller.Controller``), which creates
    the offsets topic in ZooKeeper when it first wins.
-5. build the producer-id source (``producer_ids.ZooKeeperProducerIds``) that the server
-   swaps into the core, so ids are unique across the cluster.
 
 Topic administration in cluster mode goes through the controller: the core's admin
 calls reach ``ClusterNode`` (the ``TopicAdmin`` seam), which runs them on the local
@@ -43,7 +41,6 @@ from typing import Protocol
 from broker.cluster.controller import Controller, ControllerSettings
 from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
-from broker.cluster.producer_ids import ZooKeeperProducerIds
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.store import ClusterStore
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
@@ -140,8 +137,6 @@ class ClusterPlacement:
 class ClusterNode:
     """This broker's part in the cluster. Build with ``start``; ``stop`` once."""
 
-    producer_ids: ZooKeeperProducerIds  # the core's producer-id source, set by ``start``
-
     def __init__(
         self,
         config: BrokerConfig,
@@ -174,7 +169,7 @@ class ClusterNode:
         *,
         internal_topics: Mapping[str, tuple[int, Mapping[str, str]]],
     ) -> ClusterNode:
-        """Join the cluster (steps 1-5 above). Raises ``StoreError`` or ``InvalidConfigError``.
+        """Join the cluster (steps 1-4 above). Raises ``StoreError`` or ``InvalidConfigError``.
 
         ``internal_topics`` (the offsets topic) are created in ZooKeeper by the controller
         if missing, with these partition counts and configs.
@@ -247,13 +242,6 @@ class ClusterNode:
             return under, offline, led
 
         local.metrics.add_replication_collector(counts, replicas.follower_lag)
-        node.producer_ids = ZooKeeperProducerIds(
-            store,
-            config.broker_id,
-            clock,
-            config.producer_id_expiration_ms,
-            sweep_interval_ms=config.producer_id_expiration_check_interval_ms,
-        )
         node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
@@ -341,6 +329,11 @@ class ClusterNode:
     @property
     def metadata(self) -> ClusterMetadata:
         return self._watcher.snapshot
+
+    @property
+    def store(self) -> ClusterStore:
+        """This broker's ZooKeeper session (the server builds the producer-id source on it)."""
+        return self._store
 
     # --- topic administration (the core's TopicAdmin seam) --------------------------------
 
