@@ -77,7 +77,7 @@ from broker.produce import (
     ProducePath,
     ReplicationHooks,
 )
-from broker.producer_ids import ProducerIdManager
+from broker.producer_ids import ProducerIdManager, ProducerIdSource
 from broker.quotas import QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
 from storage.errors import (
@@ -234,7 +234,7 @@ class BrokerCore:
         config: BrokerConfig,
         clock: Clock,
         logs: LogManager,
-        producer_ids: ProducerIdManager,
+        producer_ids: ProducerIdSource,
         metrics: BrokerMetrics,
         groups: GroupManager,
         fetch_purgatory: Purgatory[tuple[str, int]],
@@ -252,7 +252,8 @@ class BrokerCore:
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
-        self._producer_ids = producer_ids
+        # Cluster mode: ids from ZooKeeper (broker.cluster.producer_ids), swapped in on join.
+        self.producer_ids = producer_ids
         self._groups = groups
         self._fetch_purgatory = fetch_purgatory
         self._produce_purgatory = produce_purgatory
@@ -815,12 +816,12 @@ class BrokerCore:
     def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
         """A new idempotent producer id (-1, -1) or a bumped epoch for an existing one."""
         with self._operation():
-            return self._producer_ids.init(producer_id, producer_epoch)
+            return self.producer_ids.init(producer_id, producer_epoch)
 
     def init_keyed_producer_id(self, key: str) -> tuple[int, int]:
         """The producer id of ``key`` (stable) and its current epoch, not bumped."""
         with self._operation():
-            return self._producer_ids.init_keyed(key)
+            return self.producer_ids.init_keyed(key)
 
     def describe_producers(
         self, partitions: Sequence[tuple[str, int]], producer_id: int | None

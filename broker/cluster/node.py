@@ -391,6 +391,11 @@ class ClusterNode:
     def metadata(self) -> ClusterMetadata:
         return self._watcher.snapshot
 
+    @property
+    def store(self) -> ClusterStore:
+        """This broker's ZooKeeper session (the server builds the producer-id source on it)."""
+        return self._store
+
     # --- topic administration (the core's TopicAdmin seam) --------------------------------
 
     def _controller_or_raise(self) -> Controller:
