@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from broker.cluster.testing import LocalCluster  # noqa: E402
 from client import AdminClient, Producer  # noqa: E402
+from storage.errors import TidelogError  # noqa: E402
 
 SESSION_TIMEOUT_MS = 6_000
 PARTITIONS = 6
@@ -73,16 +75,17 @@ def _produce_rate(bootstrap: str, topic: str, records: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _wait(check: object, timeout_s: float = 120) -> None:
+def _wait(check: Callable[[], bool], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
     while True:
         try:
-            if check():  # type: ignore[operator]
+            if check():
                 return
-        except Exception:
-            pass
+        except TidelogError as exc:  # a leader moving, a broker starting: ask again
+            last = exc
         if time.monotonic() > deadline:
-            raise TimeoutError("the cluster did not settle")
+            raise TimeoutError(f"the cluster did not settle ({last!r})")
         time.sleep(0.2)
 
 
@@ -101,7 +104,7 @@ def _failover_ms(cluster: LocalCluster, admin: AdminClient, topic: str) -> float
             try:
                 producer.send(topic, b"probe", partition=0).result(timeout=120)
                 break
-            except Exception:
+            except TidelogError:
                 time.sleep(0.01)
         elapsed = (time.perf_counter() - killed) * 1000
     cluster.start_broker(leader)
@@ -111,25 +114,23 @@ def _failover_ms(cluster: LocalCluster, admin: AdminClient, topic: str) -> float
 
 def measure(records: int, trials: int) -> dict[str, float]:
     settings = {"replica.fetch.backoff.ms": 200, "auto.leader.rebalance.enable": "false"}
-    with LocalCluster(brokers=3, session_timeout_ms=SESSION_TIMEOUT_MS, settings=settings) as cl:
-        with AdminClient(cl.bootstrap, request_timeout_ms=30_000) as admin:
-            _wait(lambda: len(admin.describe_cluster().brokers) == 3)
-            admin.create_topic("rf1", PARTITIONS, replication_factor=1)
-            admin.create_topic(
-                "rf3", PARTITIONS, {"min.insync.replicas": "2"}, replication_factor=3
-            )
-            admin.create_topic("failover", 1, {"min.insync.replicas": "2"}, replication_factor=3)
-            for topic in ("rf1", "rf3", "failover"):
-                _wait(lambda t=topic: _in_sync(admin, t))
-            rates: dict[str, list[float]] = {"rf1": [], "rf3": []}
-            for _round in range(3):
-                for topic in ("rf1", "rf3"):
-                    rates[topic].append(_produce_rate(cl.bootstrap, topic, records))
-                    print(f"{topic}: {rates[topic][-1]:,.0f} records/s", flush=True)
-            failovers = []
-            for trial in range(trials):
-                failovers.append(_failover_ms(cl, admin, "failover"))
-                print(f"failover {trial + 1}: {failovers[-1]:,.0f} ms", flush=True)
+    cluster = LocalCluster(brokers=3, session_timeout_ms=SESSION_TIMEOUT_MS, settings=settings)
+    with cluster as cl, AdminClient(cl.bootstrap, request_timeout_ms=30_000) as admin:
+        _wait(lambda: len(admin.describe_cluster().brokers) == 3)
+        admin.create_topic("rf1", PARTITIONS, replication_factor=1)
+        admin.create_topic("rf3", PARTITIONS, {"min.insync.replicas": "2"}, replication_factor=3)
+        admin.create_topic("failover", 1, {"min.insync.replicas": "2"}, replication_factor=3)
+        for topic in ("rf1", "rf3", "failover"):
+            _wait(lambda t=topic: _in_sync(admin, t))
+        rates: dict[str, list[float]] = {"rf1": [], "rf3": []}
+        for _round in range(3):
+            for topic in ("rf1", "rf3"):
+                rates[topic].append(_produce_rate(cl.bootstrap, topic, records))
+                print(f"{topic}: {rates[topic][-1]:,.0f} records/s", flush=True)
+        failovers = []
+        for trial in range(trials):
+            failovers.append(_failover_ms(cl, admin, "failover"))
+            print(f"failover {trial + 1}: {failovers[-1]:,.0f} ms", flush=True)
     rf1 = statistics.median(rates["rf1"])
     rf3 = statistics.median(rates["rf3"])
     return {
