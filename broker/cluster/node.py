@@ -21,10 +21,12 @@ naming the controller, so the client retries there (Kafka's clients send these r
 to the controller too). A call returns once this broker's own view shows the change, so
 a describe that follows on the same broker sees it.
 
-Simplification (issue 13, replication factor 1): every broker keeps a local log for every
-partition of every topic; only the replicas' logs ever receive data (produce and fetch
-are refused elsewhere by the placement). Hosting only assigned replicas is left for
-replication (issue 14), where the local set follows the assignment.
+Replication (``broker.cluster.replicas``, ``docs/replication.md``): every view also goes
+to the replica manager, which makes this broker leader or follower of the partitions it
+is a replica of; its fetchers copy the leaders' logs.
+
+Every broker keeps a local log for every partition of every topic; only the replicas'
+logs ever receive data (produce and fetch are refused elsewhere by the placement).
 
 Thread-safe.
 """
