@@ -191,18 +191,11 @@ class ReplicaManager:
         with self._lock:
             current = self._leading.get(tp)
             if current is not None and current.epoch == state.leader_epoch:
-                # Same term: ZooKeeper's ISR is the truth (our own writes land there too).
-                if current.isr != frozenset(state.isr) and current.pending_isr is None:
-                    current.isr = frozenset(state.isr)
-                    changed = True
-                else:
-                    changed = False
-            else:
-                changed = True
-        if current is not None and current.epoch == state.leader_epoch:
-            if changed:
-                self._maybe_advance(tp)
-            return
+                # Same term: this leader owns the ISR (the controller bumps the epoch when
+                # it changes it). A view's ISR may be older than our own last write, and
+                # adopting a smaller one would let the high watermark pass a member the
+                # controller may still elect.
+                return
         self._fetchers.remove(tp)
         plog = self._logs.get_log(*tp)
         plog.track_high_watermark()
