@@ -225,3 +225,46 @@ def test_a_paused_follower_leaves_the_isr_and_preferred_leaders_come_back(
         )
     values = sorted(int(r.value or b"") for r in read_all(one, "paused", 3, 30))
     assert values == list(range(30))
+
+
+def test_requests_naming_another_leader_epoch_are_fenced(cluster: LocalCluster) -> None:
+    with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
+        create_replicated(admin, "fenced", 1)
+        first = admin.describe_topic("fenced").partitions[0]
+        # A new leader (so that epoch - 1 is a real, older epoch).
+        cluster.kill(first.leader)
+        try:
+            eventually(lambda: admin.describe_topic("fenced").partitions[0].leader_epoch > 0)
+        finally:
+            cluster.start_broker(first.leader)
+        described = admin.describe_topic("fenced").partitions[0]
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(cluster.address(described.leader)))
+
+    def produce(epoch: int) -> str:
+        part = pb.ProducePartitionData(
+            partition=0, records=make_batch([b"x"]), current_leader_epoch=epoch
+        )
+        request = pb.ProduceRequest(
+            acks=1, topics=[pb.ProduceTopicData(topic="fenced", partitions=[part])]
+        )
+        return str(stub.Produce(request, timeout=10).results[0].error_code)
+
+    def fetch(epoch: int) -> str:
+        part = pb.FetchPartition(
+            topic="fenced", partition=0, fetch_offset=0, current_leader_epoch=epoch
+        )
+        answer = stub.Fetch(pb.FetchRequest(partitions=[part]), timeout=10)
+        return str(answer.results[0].error_code)
+
+    def list_offsets(epoch: int) -> str:
+        part = pb.ListOffsetsPartition(
+            topic="fenced", partition=0, timestamp_ms=-1, current_leader_epoch=epoch
+        )
+        answer = stub.ListOffsets(pb.ListOffsetsRequest(partitions=[part]), timeout=10)
+        return str(answer.results[0].error_code)
+
+    epoch = described.leader_epoch
+    for call in (produce, fetch, list_offsets):
+        assert call(epoch) == ""
+        assert call(epoch - 1) == "FENCED_LEADER_EPOCH"
+        assert call(epoch + 1) == "UNKNOWN_LEADER_EPOCH"
