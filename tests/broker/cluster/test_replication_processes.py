@@ -201,9 +201,15 @@ def test_a_paused_follower_leaves_the_isr_and_preferred_leaders_come_back(
                 ),
                 30,
             )
-            listing = tidelog("topics", "describe", "--under-replicated", "--bootstrap", one)
-            assert listing.returncode == 0, listing.stderr
-            assert all(f"paused {p} " in " ".join(listing.stdout.split()) + " " for p in range(3))
+
+            def listed() -> bool:
+                # Each broker's view catches up on its own: ask until the one asked has.
+                listing = tidelog("topics", "describe", "--under-replicated", "--bootstrap", one)
+                assert listing.returncode == 0, listing.stderr
+                rows = " ".join(listing.stdout.split()) + " "
+                return all(f"paused {p} " in rows for p in range(3))
+
+            eventually(listed, 30)
         finally:
             cluster.kill(follower, signal.SIGCONT)
         # Resumed: its session may have expired (it registers again), it catches up and
@@ -211,8 +217,12 @@ def test_a_paused_follower_leaves_the_isr_and_preferred_leaders_come_back(
         eventually(
             lambda: all(len(p.isr) == 3 for p in admin.describe_topic("paused").partitions), 60
         )
-        healthy = tidelog("topics", "describe", "--under-replicated", "--bootstrap", one)
-        assert healthy.stdout.startswith("No under-replicated")
+        eventually(
+            lambda: tidelog(
+                "topics", "describe", "--under-replicated", "--bootstrap", one
+            ).stdout.startswith("No under-replicated"),
+            30,
+        )
         if led_by_follower:
             elected = tidelog("leaders", "elect", "--preferred", "--bootstrap", one)
             assert elected.returncode == 0, elected.stderr
