@@ -14,11 +14,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from storage.cleaner import summarize_segments
 from storage.clock import ManualClock
+from storage.compaction import plan_cleanable_range
 from storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry
 from storage.partition_log import PartitionLog
 from storage.records import iter_batch_headers, split_whole_batches
-from tests.storage.conftest import make_batch, open_log, values
+from tests.storage.conftest import log_config, make_batch, open_log, values
 
 
 def replicate(leader: PartitionLog, follower: PartitionLog, max_bytes: int = 300) -> None:
@@ -149,3 +151,33 @@ def test_a_diverged_follower_converges_on_the_leader(
     written = sorted({h.partition_leader_epoch for _, h in iter_batch_headers(log_bytes(leader))})
     assert [e.epoch for e in follower.epoch_entries()] == written
     assert set(written) <= {e.epoch for e in leader.epoch_entries()}
+
+
+def test_retention_and_compaction_stop_at_the_high_watermark(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Segments holding offsets at or above the high watermark are neither deleted by
+    retention nor rewritten by the cleaner: a follower may still need (or truncate) them."""
+    config = log_config(segment_bytes=200, retention_bytes=1, cleanup_policy="compact,delete")
+    plog = open_log(tmp_path / "p", clock, config)
+    plog.track_high_watermark()
+    for n in range(12):
+        plog.append(make_batch(values(1, n, size=60), keys=[b"k"]), leader_epoch=0)
+    assert plog.segment_count >= 4
+    plog.set_high_watermark(0)
+    assert plog.delete_old_segments() == 0  # everything is above the high watermark
+    summaries = summarize_segments(list(plog.segments))
+    cleanable = plan_cleanable_range(
+        summaries,
+        checkpoint_offset=None,
+        log_start_offset=0,
+        log_end_offset=plog.log_end_offset,
+        now_ms=clock.wall_ms(),
+        min_compaction_lag_ms=0,
+        high_watermark=plog.high_watermark,
+    )
+    assert cleanable.first_uncleanable_offset == 0
+    second = plog.segments[2].base_offset
+    plog.set_high_watermark(second)
+    assert plog.delete_old_segments() == 2  # the two segments wholly below it
+    assert plog.log_start_offset == second
