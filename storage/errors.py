@@ -42,7 +42,11 @@ and this module, which import nothing else of ours).
     │   ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH retriable
     │   ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS  retriable
     │   ├── NotEnoughReplicasAfterAppendError  NOT_ENOUGH_REPLICAS_AFTER_APPEND  retriable
-    │   └── NotAuthorizedError            NOT_AUTHORIZED
+    │   ├── NotAuthorizedError            NOT_AUTHORIZED
+    │   │   ├── TopicAuthorizationFailedError    TOPIC_AUTHORIZATION_FAILED
+    │   │   ├── GroupAuthorizationFailedError    GROUP_AUTHORIZATION_FAILED
+    │   │   └── ClusterAuthorizationFailedError  CLUSTER_AUTHORIZATION_FAILED
+    │   └── SecurityDisabledError         SECURITY_DISABLED
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
     │   ├── MaxConnectionsPerIpError      MAX_CONNECTIONS_PER_IP_REACHED
@@ -69,9 +73,11 @@ __all__ = [
     "BufferExhaustedError",
     "ClientError",
     "ClosedError",
+    "ClusterAuthorizationFailedError",
     "CorruptRecordError",
     "FencedLeaderEpochError",
     "FencedMemberEpochError",
+    "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
     "GroupNotEmptyError",
@@ -101,10 +107,12 @@ __all__ = [
     "RecordTooLargeError",
     "RequestError",
     "RequestTooLargeError",
+    "SecurityDisabledError",
     "StaleMemberEpochError",
     "StorageError",
     "TidelogError",
     "TopicAlreadyExistsError",
+    "TopicAuthorizationFailedError",
     "UnknownLeaderEpochError",
     "UnknownMemberIdError",
     "UnknownProducerIdError",
@@ -351,6 +359,30 @@ class NotAuthorizedError(RequestError):
     """The caller may not do this."""
 
     code = "NOT_AUTHORIZED"
+
+
+class TopicAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the topic (an ACL denies it or none allows it)."""
+
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the consumer group."""
+
+    code = "GROUP_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the cluster (an administrative call)."""
+
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class SecurityDisabledError(RequestError):
+    """An ACL call on a broker without an authorizer (``authorizer.enabled=false``)."""
+
+    code = "SECURITY_DISABLED"
 
 
 # --- limits: the broker is full right now; the same call later may well succeed -------

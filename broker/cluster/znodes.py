@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import quote
 
 __all__ = [
+    "ACLS",
     "ADMIN_DELETE_TOPICS",
     "BROKER_IDS",
     "CLUSTER_ID",
@@ -90,6 +91,7 @@ CONTROLLER_EPOCH = "/controller_epoch"
 ADMIN_DELETE_TOPICS = "/admin/delete_topics"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 PRODUCER_KEYS = "/tidelog/producer_keys"
+ACLS = "/tidelog/acls"  # every ACL binding, one JSON document (broker.acl_store)
 NO_LEADER = -1
 
 
