@@ -48,6 +48,7 @@ key                                   default          meaning
 ``group.consumer.max.session.timeout.ms`` 60000        largest session timeout granted
 ``offsets.topic.num.partitions``      5                partitions of the offsets topic (at creation)
 ``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
+``offsets.topic.replication.factor``  3                its replicas (at most the brokers)
 ``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
 ``broker.id``                         0                this broker's id (unique in a cluster)
 ``zookeeper.connect``                 (none)           ``HOST:PORT[,...][/chroot]``: cluster mode
@@ -57,6 +58,17 @@ key                                   default          meaning
 ``default.replication.factor``        1                replicas of a topic created without a factor
 ``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
 ``controlled.shutdown.enable``        true             move leadership away before a clean stop
+``authorizer.enabled``                false            check every request against the ACLs
+``super.users``                       (none)           ``User:A;User:B``: allowed everything
+``allow.everyone.if.no.acl.found``    false            allow a resource no ACL names
+``auto.leader.rebalance.enable``      true             give leadership back to preferred replicas
+``leader.imbalance.check.interval.seconds`` 300        how often the controller does that
+``min.insync.replicas``               1                in-sync replicas acks=all needs
+``num.replica.fetchers``              1                fetcher threads per source broker
+``replica.fetch.wait.max.ms``         500              a follower's fetch long-poll on the leader
+``replica.fetch.max.bytes``           1048576          bytes per partition of a follower's fetch
+``replica.fetch.backoff.ms``          1000             pause after a failed follower fetch
+``replica.lag.time.max.ms``           30000            a follower behind this long leaves the ISR
 ====================================  ===============  =============================================
 
 The two ``connections.keepalive`` settings have no Kafka equivalent. The broker pings a
@@ -134,6 +146,7 @@ _TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
+    "min.insync.replicas": "min.insync.replicas",
 }
 # Keys in a time unit other than ms: (broker key, topic key, ms per unit), finest first so
 # that the finest unit given wins (Kafka: log.retention.ms > .minutes > .hours).
@@ -280,6 +293,7 @@ class BrokerConfig:
     group_consumer_max_session_timeout_ms: int = 60_000
     offsets_topic_num_partitions: int = 5
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    offsets_topic_replication_factor: int = 3
     offset_metadata_max_bytes: int = 4_096
     broker_id: int = 0
     zookeeper_connect: str | None = None
@@ -289,6 +303,16 @@ class BrokerConfig:
     default_replication_factor: int = 1
     unclean_leader_election_enable: bool = False
     controlled_shutdown_enable: bool = True
+    authorizer_enabled: bool = False
+    super_users: str | None = None
+    allow_everyone_if_no_acl_found: bool = False
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_check_interval_seconds: int = 300
+    num_replica_fetchers: int = 1
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_max_bytes: int = 1024 * 1024
+    replica_fetch_backoff_ms: int = 1000
+    replica_lag_time_max_ms: int = 30_000
     log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
 
     def __post_init__(self) -> None:
@@ -602,6 +626,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         lambda k, v: _int(k, v, 1, 1_000),
     ),
     "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", lambda k, v: _int(k, v, 1024)),
+    "offsets.topic.replication.factor": (
+        "offsets_topic_replication_factor",
+        lambda k, v: _int(k, v, 1, 32),
+    ),
     "offset.metadata.max.bytes": ("offset_metadata_max_bytes", lambda k, v: _int(k, v, 0, 0x7FFF)),
     "broker.id": ("broker_id", lambda k, v: _int(k, v, 0, 2**31 - 1)),
     "zookeeper.connect": ("zookeeper_connect", _str),
@@ -614,6 +642,19 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
     "controlled.shutdown.enable": ("controlled_shutdown_enable", _bool),
+    "authorizer.enabled": ("authorizer_enabled", _bool),
+    "super.users": ("super_users", _str),
+    "allow.everyone.if.no.acl.found": ("allow_everyone_if_no_acl_found", _bool),
+    "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", _bool),
+    "leader.imbalance.check.interval.seconds": (
+        "leader_imbalance_check_interval_seconds",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "num.replica.fetchers": ("num_replica_fetchers", lambda k, v: _int(k, v, 1, 64)),
+    "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", lambda k, v: _int(k, v, 0)),
+    "replica.fetch.max.bytes": ("replica_fetch_max_bytes", lambda k, v: _int(k, v, 1024)),
+    "replica.fetch.backoff.ms": ("replica_fetch_backoff_ms", lambda k, v: _int(k, v, 0)),
+    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", lambda k, v: _int(k, v, 1)),
 }
 
 

@@ -36,10 +36,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
+from broker.acl import parse_principals
+from broker.acl_store import Acls, LocalAclStore, MemoryAclStore
 from broker.config import BrokerConfig
 from broker.delayed import Purgatory
 from broker.errors import ShuttingDownError, partition_error
-from broker.fetch import FetchPath, FetchSpec, PartitionFetched, PendingFetch
+from broker.fetch import (
+    FetchPath,
+    FetchSpec,
+    PartitionFetched,
+    PartitionFetchSpec,
+    PendingFetch,
+)
 from broker.group_fsync import GroupFsync
 from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from broker.groups.manager import (
@@ -69,8 +77,9 @@ from broker.produce import (
     PartitionProduced,
     PartitionRecords,
     ProducePath,
+    ReplicationHooks,
 )
-from broker.producer_ids import ProducerIdManager
+from broker.producer_ids import ProducerIdManager, ProducerIdSource
 from broker.quotas import QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
 from storage.errors import (
@@ -81,6 +90,7 @@ from storage.errors import (
     NotLeaderOrFollowerError,
 )
 from storage.log_manager import LogManager, TopicMetadata
+from storage.partition_log import PartitionLog
 from storage.producer_state import ProducerSummary
 
 __all__ = [
@@ -145,6 +155,10 @@ class TopicAdmin(Protocol):
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None: ...
 
+    def elect_preferred_leaders(self) -> int: ...
+
+    def controlled_shutdown(self, broker_id: int) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class MetadataTopic:
@@ -163,6 +177,7 @@ class OffsetQuery:
     topic: str
     partition: int
     timestamp_ms: int
+    current_leader_epoch: int = -1  # the client's view; -1: not checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +213,18 @@ class PartitionProducers:
     error_message: str = ""
 
 
+class Replication(ReplicationHooks, Protocol):
+    """The replica manager as the core uses it (``broker.cluster.replicas``; cluster mode)."""
+
+    def on_follower_fetch(
+        self, replica_id: int, spec: PartitionFetchSpec, plog: PartitionLog
+    ) -> tuple[int, int] | None: ...
+
+    def check_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None: ...
+
+    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None: ...
+
+
 class BrokerCore:
     """Everything a broker does, minus the network. Thread-safe.
 
@@ -209,7 +236,7 @@ class BrokerCore:
         config: BrokerConfig,
         clock: Clock,
         logs: LogManager,
-        producer_ids: ProducerIdManager,
+        producer_ids: ProducerIdSource,
         metrics: BrokerMetrics,
         groups: GroupManager,
         fetch_purgatory: Purgatory[tuple[str, int]],
@@ -217,6 +244,8 @@ class BrokerCore:
         group_fsync: GroupFsync,
         quotas: QuotaManager,
         placement: Placement,
+        append_hooks: list[Callable[[str, int], None]] | None = None,
+        acls: Acls | None = None,
     ) -> None:
         self.config = config
         self.placement = placement
@@ -226,11 +255,15 @@ class BrokerCore:
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
-        self._producer_ids = producer_ids
+        # Cluster mode: ids from ZooKeeper (broker.cluster.producer_ids), swapped in on join.
+        self.producer_ids = producer_ids
         self._groups = groups
         self._fetch_purgatory = fetch_purgatory
         self._produce_purgatory = produce_purgatory
         self._group_fsync = group_fsync
+        self._append_hooks = append_hooks if append_hooks is not None else []
+        # Authorization (broker.authorize): disabled unless authorizer.enabled.
+        self.acls = acls or Acls(MemoryAclStore(), enabled=False)
         self._fetch = FetchPath(
             logs,
             fetch_purgatory,
@@ -248,6 +281,7 @@ class BrokerCore:
             metrics,
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
+            clock=clock,
         )
         self._gate = threading.Condition()
         self._in_flight = 0
@@ -274,13 +308,25 @@ class BrokerCore:
         def produce_durable(topic: str, partition: int) -> None:
             produce_purgatory.check_and_complete((topic, partition))
 
+        # Cluster mode adds the replica manager here (attach_replication): the group
+        # coordinator's appends move the offsets partitions' high watermarks too.
+        append_hooks: list[Callable[[str, int], None]] = []
+
         def appended(topic: str, partition: int) -> None:
             fetch_purgatory.check_and_complete((topic, partition))
+            for hook in append_hooks:
+                hook(topic, partition)
 
         group_fsync = GroupFsync(produce_durable)
         try:
             producer_ids = ProducerIdManager.open(
                 logs.data_dir, clock, config.producer_id_expiration_ms
+            )
+            acls = Acls(
+                LocalAclStore.open(logs.data_dir),
+                enabled=config.authorizer_enabled,
+                super_users=parse_principals(config.super_users or ""),
+                allow_if_no_acl=config.allow_everyone_if_no_acl_found,
             )
             quotas = QuotaManager.open(
                 logs.data_dir,
@@ -323,7 +369,32 @@ class BrokerCore:
             group_fsync,
             quotas,
             LocalPlacement(config.broker_id, cluster_id),
+            append_hooks,
+            acls,
         )
+
+    # --- cluster mode: replication ----------------------------------------------------------
+
+    def attach_replication(self, replicas: Replication) -> None:
+        """Cluster mode: route appends, acks and follower reads through the replica
+        manager (``broker.cluster.replicas``)."""
+        self._produce.replication = replicas
+        self._fetch.replica_fetch = replicas.on_follower_fetch
+        self._fetch.check_epoch = replicas.check_epoch
+        self._append_hooks.append(replicas.after_append)
+        self._groups.store.replication = replicas
+
+    def became_leader(self, topic: str, partition: int) -> None:
+        """This broker now leads the partition: an offsets partition's groups are loaded
+        from its replicated log (their coordinator moved here)."""
+        if topic == OFFSETS_TOPIC:
+            self._groups.store.reload_partition(partition)
+
+    def replication_progress(self, topic: str, partition: int) -> None:
+        """A high watermark or ISR moved, or leadership changed: re-check the produces
+        and consumer fetches parked on the partition."""
+        self._produce_purgatory.check_and_complete((topic, partition))
+        self._fetch_purgatory.check_and_complete((topic, partition))
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)
@@ -341,7 +412,7 @@ class BrokerCore:
 
     @property
     def logs(self) -> LogManager:
-        """The log manager (for tests and the benchmark; the servicer never uses it)."""
+        """The log manager (replica fetchers, tests and benchmarks; not the servicer)."""
         return self._logs
 
     @property
@@ -423,6 +494,22 @@ class BrokerCore:
         self._logs.validate_new_topic(name, count, config)
         admin.create_topic(name, count, factor, config)
         return self.describe_topic(name)
+
+    def elect_preferred_leaders(self) -> int:
+        """Move leaderships back to the preferred replicas (cluster mode; the controller
+        runs it); returns how many moved. ``InvalidRequestError`` on a single node, where
+        the only replica always leads; ``NotControllerError`` on another broker."""
+        admin = self.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no other replica to elect")
+        return admin.elect_preferred_leaders()
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        """The controller's part of a broker's controlled shutdown (cluster mode)."""
+        admin = self.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no controller to hand leadership to")
+        return admin.controlled_shutdown(broker_id)
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """Cluster mode: make the local logs match the controller's topics.
@@ -713,6 +800,9 @@ class BrokerCore:
     def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
         try:
             self.placement.check_leader(query.topic, query.partition)
+            check = self._fetch.check_epoch
+            if check is not None:
+                check(query.topic, query.partition, query.current_leader_epoch)
             plog = self._logs.get_log(query.topic, query.partition)
             if query.timestamp_ms == EARLIEST_TIMESTAMP:
                 return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
@@ -729,6 +819,8 @@ class BrokerCore:
             return OffsetAnswer(
                 query.topic, query.partition, error_code=code, error_message=message
             )
+        if found is not None and found[0] >= plog.high_watermark:
+            found = None  # not replicated yet: consumers cannot read it
         if found is None:
             return OffsetAnswer(query.topic, query.partition)
         return OffsetAnswer(query.topic, query.partition, found[0], found[1])
@@ -736,12 +828,12 @@ class BrokerCore:
     def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
         """A new idempotent producer id (-1, -1) or a bumped epoch for an existing one."""
         with self._operation():
-            return self._producer_ids.init(producer_id, producer_epoch)
+            return self.producer_ids.init(producer_id, producer_epoch)
 
     def init_keyed_producer_id(self, key: str) -> tuple[int, int]:
         """The producer id of ``key`` (stable) and its current epoch, not bumped."""
         with self._operation():
-            return self._producer_ids.init_keyed(key)
+            return self.producer_ids.init_keyed(key)
 
     def describe_producers(
         self, partitions: Sequence[tuple[str, int]], producer_id: int | None

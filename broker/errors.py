@@ -38,8 +38,11 @@ import grpc
 
 from storage.errors import (
     BrokerBusyError,
+    ClusterAuthorizationFailedError,
     CorruptRecordError,
+    FencedLeaderEpochError,
     FencedMemberEpochError,
+    GroupAuthorizationFailedError,
     GroupError,
     GroupIdNotFoundError,
     GroupNotEmptyError,
@@ -50,6 +53,7 @@ from storage.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
+    KafkaTimeoutError,
     LeaderNotAvailableError,
     LogDirFullError,
     MaxConnectionsError,
@@ -57,7 +61,10 @@ from storage.errors import (
     NotAuthorizedError,
     NotControllerError,
     NotCoordinatorError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     QueuedMaxRequestBytesError,
@@ -65,10 +72,13 @@ from storage.errors import (
     RecordTooLargeError,
     RequestError,
     RequestTooLargeError,
+    SecurityDisabledError,
     StaleMemberEpochError,
     StorageError,
     TidelogError,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    UnknownLeaderEpochError,
     UnknownMemberIdError,
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
@@ -109,6 +119,7 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     TopicAlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     UnknownTopicOrPartitionError: grpc.StatusCode.NOT_FOUND,
     OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
+    OffsetNotAvailableError: grpc.StatusCode.UNAVAILABLE,
     OutOfOrderSequenceError: grpc.StatusCode.FAILED_PRECONDITION,
     InvalidProducerEpochError: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownProducerIdError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -119,10 +130,21 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     GroupNotEmptyError: grpc.StatusCode.FAILED_PRECONDITION,
     GroupIdNotFoundError: grpc.StatusCode.NOT_FOUND,
     NotAuthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    TopicAuthorizationFailedError: grpc.StatusCode.PERMISSION_DENIED,
+    GroupAuthorizationFailedError: grpc.StatusCode.PERMISSION_DENIED,
+    ClusterAuthorizationFailedError: grpc.StatusCode.PERMISSION_DENIED,
+    SecurityDisabledError: grpc.StatusCode.FAILED_PRECONDITION,
     NotControllerError: grpc.StatusCode.FAILED_PRECONDITION,
     NotLeaderOrFollowerError: grpc.StatusCode.FAILED_PRECONDITION,
     LeaderNotAvailableError: grpc.StatusCode.UNAVAILABLE,
     NotCoordinatorError: grpc.StatusCode.FAILED_PRECONDITION,
+    FencedLeaderEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnknownLeaderEpochError: grpc.StatusCode.UNAVAILABLE,
+    NotEnoughReplicasError: grpc.StatusCode.UNAVAILABLE,
+    NotEnoughReplicasAfterAppendError: grpc.StatusCode.UNAVAILABLE,
+    # An acks=all produce whose replication outlasted its timeout (Kafka answers the
+    # partition REQUEST_TIMED_OUT; the client's timeout class carries that code).
+    KafkaTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     StorageError: grpc.StatusCode.INTERNAL,
     LogDirFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InternalError: grpc.StatusCode.INTERNAL,
@@ -164,7 +186,7 @@ def to_wire(exc: BaseException) -> WireError:
                 break
         else:
             status = None
-        if isinstance(exc, RequestError | BrokerBusyError) and status is not None:
+        if isinstance(exc, RequestError | BrokerBusyError | KafkaTimeoutError) and status:
             return WireError(status, exc.code, str(exc) or exc.code)
         if isinstance(exc, StorageError):
             log.error("storage fault answered as %s", exc.code, exc_info=exc)

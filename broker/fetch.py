@@ -29,6 +29,12 @@ answered). Bytes are returned as stored: the first batch may start before the fe
 
 Per-partition failures (unknown partition, ``OFFSET_OUT_OF_RANGE`` for an offset below the
 log start or past the log end, negative offsets included) are answered per partition.
+
+Replicated partitions (cluster mode, ``docs/replication.md``): a consumer reads below the
+high watermark only, and its parked fetch completes when the high watermark moves; a
+follower (``FetchSpec.replica_id`` >= 0) reads up to the log end offset, and each of its
+reads first goes through ``replica_fetch`` (the replica manager), which records how far
+the follower got and may answer a divergence instead of records.
 """
 
 from __future__ import annotations
@@ -69,16 +75,23 @@ class PartitionFetchSpec:
     partition: int
     fetch_offset: int
     max_bytes: int = 0
+    # -1: not given. The client's view of the leader epoch (fencing), and a follower's
+    # epoch of its last batch (divergence detection).
+    current_leader_epoch: int = -1
+    last_fetched_epoch: int = -1
+    refused: BaseException | None = None  # the authorizer's answer: not read
 
 
 @dataclass(frozen=True, slots=True)
 class FetchSpec:
-    """A whole fetch. ``max_bytes`` 0 means the broker's ``fetch.max.bytes``."""
+    """A whole fetch. ``max_bytes`` 0 means the broker's ``fetch.max.bytes``.
+    ``replica_id`` >= 0: a follower broker's fetch; -1: a consumer's."""
 
     partitions: Sequence[PartitionFetchSpec]
     max_wait_ms: int = 0
     min_bytes: int = 0
     max_bytes: int = 0
+    replica_id: int = -1
 
     def validate(self) -> None:
         """Raise ``InvalidRequestError`` for negative limits."""
@@ -106,25 +119,41 @@ class PartitionFetched:
     # The sent/received times of the batches in ``records`` (``storage.batch_times`` wire
     # entries, aligned by last offset).
     batch_times: bytes = b""
+    # A follower's log diverged: the leader's (epoch, end offset) to truncate by.
+    diverging: tuple[int, int] | None = None
+
+
+# The replica manager's check of one follower read: raises (not leader, fenced epoch) or
+# returns a divergence ``(epoch, end offset)``, or None to read.
+ReplicaFetchHook = Callable[[int, PartitionFetchSpec, PartitionLog], tuple[int, int] | None]
+# The replica manager's check of a consumer read (topic, partition, the client's leader
+# epoch or -1): raises when fenced, or while a new leader's high watermark is not known.
+EpochCheck = Callable[[str, int, int], None]
 
 
 class DelayedFetch(DelayedOperation):
-    """A fetch parked until one of its partitions' log end offset moves. Thread-safe."""
+    """A fetch parked until what it may read of one of its partitions grows: the log end
+    offset for a follower, the high watermark for a consumer. Thread-safe."""
 
-    __slots__ = ("_seen", "_wake")
+    __slots__ = ("_replica", "_seen", "_wake")
 
     def __init__(
         self,
         deadline_ms: int,
         seen: Sequence[tuple[PartitionLog, int]],
         wake: Callable[[], None],
+        *,
+        replica: bool = False,
     ) -> None:
         super().__init__(deadline_ms)
         self._seen = seen
         self._wake = wake
+        self._replica = replica
 
     def is_satisfied(self) -> bool:
-        return any(plog.log_end_offset != end for plog, end in self._seen)
+        if self._replica:
+            return any(plog.log_end_offset != end for plog, end in self._seen)
+        return any(plog.high_watermark != end for plog, end in self._seen)
 
     def on_complete(self) -> None:
         self._wake()
@@ -160,10 +189,14 @@ class FetchPath:
         fetch_max_bytes: int,
         fetch_max_wait_ms: int,
         check_leader: Callable[[str, int], None] | None = None,
+        check_epoch: EpochCheck | None = None,
     ) -> None:
         self._logs = logs
         # Cluster mode: raises unless this broker leads the partition (broker.placement).
         self._check_leader = check_leader
+        self.check_epoch = check_epoch
+        # Cluster mode: the replica manager's view of follower reads (set once it runs).
+        self.replica_fetch: ReplicaFetchHook | None = None
         self._purgatory = purgatory
         self._metrics = metrics
         self._clock = clock
@@ -217,10 +250,13 @@ class FetchPath:
             except Exception as exc:  # deleted since the read: the answer said so already
                 log.debug("%s-%d: not watched: %r", p.topic, p.partition, exc)
                 continue
-            seen.append((plog, plog.log_end_offset))
+            replica = pending.spec.replica_id >= 0
+            seen.append((plog, plog.log_end_offset if replica else plog.high_watermark))
         # The end offsets are read after the data: an append in between completes the
         # operation at once, and the next read sees it (never a lost wake-up).
-        operation = DelayedFetch(pending.deadline_ms, seen, pending.wake)
+        operation = DelayedFetch(
+            pending.deadline_ms, seen, pending.wake, replica=pending.spec.replica_id >= 0
+        )
         pending.operation = operation
         self._purgatory.try_complete_else_watch(operation, pending.keys)
         return None
@@ -246,12 +282,33 @@ class FetchPath:
         remaining = min(spec.max_bytes or self._fetch_max_bytes, self._fetch_max_bytes)
         answers = []
         have_data = False
+        replica = spec.replica_id >= 0
         for p in spec.partitions:
             budget = min(p.max_bytes or DEFAULT_PARTITION_MAX_BYTES, remaining)
             try:
+                if p.refused is not None:
+                    raise p.refused
                 if self._check_leader is not None:
                     self._check_leader(p.topic, p.partition)
+                if self.check_epoch is not None and not replica:
+                    self.check_epoch(p.topic, p.partition, p.current_leader_epoch)
                 partition_log = self._logs.get_log(p.topic, p.partition)
+                if replica:
+                    hook = self.replica_fetch
+                    if hook is None:
+                        raise InvalidRequestError("this broker has no replicas to serve")
+                    diverging = hook(spec.replica_id, p, partition_log)
+                    if diverging is not None:
+                        answers.append(
+                            PartitionFetched(
+                                p.topic,
+                                p.partition,
+                                high_watermark=partition_log.high_watermark,
+                                log_start_offset=partition_log.log_start_offset,
+                                diverging=diverging,
+                            )
+                        )
+                        continue
                 if budget <= 0:
                     answers.append(
                         PartitionFetched(
@@ -263,7 +320,11 @@ class FetchPath:
                         )
                     )
                     continue
-                result = partition_log.read(p.fetch_offset, budget)
+                result = partition_log.read(
+                    p.fetch_offset,
+                    budget,
+                    max_offset=None if replica else partition_log.high_watermark,
+                )
             except Exception as exc:
                 code, message = partition_error(exc)
                 answers.append(

@@ -112,9 +112,8 @@ class _ThreadedService:
         received_ms = self._core.wall_ms()
 
         def body() -> pb.ProduceResponse:
-            answers = self._core.produce(
-                produce_parts(request, received_ms), parse_acks(request.acks)
-            )
+            parts = produce_parts(request, received_ms, _context(context), self._core.acls)
+            answers = self._core.produce(parts, parse_acks(request.acks))
             return produce_response(request.correlation_id, answers)
 
         return self._call("Produce", context, body)
@@ -122,10 +121,13 @@ class _ThreadedService:
     def produce_stream(
         self, request_iterator: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ProduceResponse]:
+        caller = _context(context)
+
         def append(request: pb.ProduceRequest) -> _PendingProduce:
             started = time.perf_counter()
             acks = parse_acks(request.acks)
-            appends = self._core.append(produce_parts(request, self._core.wall_ms()))
+            parts = produce_parts(request, self._core.wall_ms(), caller, self._core.acls)
+            appends = self._core.append(parts)
             return _PendingProduce(request.correlation_id, acks, appends, started)
 
         def complete(pending: _PendingProduce) -> pb.ProduceResponse:
@@ -178,7 +180,7 @@ class _FetchCall:
     def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
         woken = self._woken
         pending = self._core.start_fetch(
-            fetch_spec(request),
+            fetch_spec(request, _context(self._context), self._core.acls),
             wake=woken.set,
             wait_cap_ms=wait_cap_ms(self._context.time_remaining()),
         )

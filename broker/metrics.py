@@ -28,6 +28,16 @@ name                                   type       meaning
                                                   group, topic and partition
 ``tidelog_consumer_group_committed_offset`` gauge committed offset (-1: none), same labels
 ``tidelog_consumer_group_members``     gauge      members, by group
+``tidelog_isr_shrinks_total``          counter    followers this broker (as leader) dropped from
+                                                  an ISR (cluster mode)
+``tidelog_isr_expands_total``          counter    followers it added back
+``tidelog_under_replicated_partitions`` gauge     partitions it leads whose ISR is smaller than
+                                                  their replica set
+``tidelog_offline_partitions``         gauge      partitions without a leader (reported by the
+                                                  controller; 0 on the others)
+``tidelog_leader_partitions``          gauge      partitions this broker leads
+``tidelog_follower_lag_records``       gauge      leader side: how far each follower is behind
+                                                  the log end, by topic, partition, follower
 =====================================  =========  =============================================
 
 The per-partition and per-group gauges are read at scrape time (custom collectors), so a
@@ -38,7 +48,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -163,6 +173,43 @@ class _PartitionCollector(Collector):
         )
 
 
+class _ReplicationCollector(Collector):
+    """Replication gauges read at scrape time (cluster mode)."""
+
+    def __init__(
+        self,
+        counts: Callable[[], tuple[int, int, int]],
+        follower_lag: Callable[[], Mapping[tuple[str, int, int], int]],
+    ) -> None:
+        self._counts = counts
+        self._follower_lag = follower_lag
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            under, offline, led = self._counts()
+            lags = dict(self._follower_lag())
+        except Exception:
+            log.exception("metrics: could not read replication state")
+            return
+        yield GaugeMetricFamily(
+            "tidelog_under_replicated_partitions",
+            "Led partitions whose ISR is smaller than their replicas",
+            value=under,
+        )
+        yield GaugeMetricFamily(
+            "tidelog_offline_partitions", "Partitions without a leader", value=offline
+        )
+        yield GaugeMetricFamily("tidelog_leader_partitions", "Partitions led here", value=led)
+        lag = GaugeMetricFamily(
+            "tidelog_follower_lag_records",
+            "Records a follower is behind the leader's log end",
+            labels=["topic", "partition", "follower"],
+        )
+        for (topic, partition, follower), records in sorted(lags.items()):
+            lag.add_metric([topic, str(partition), str(follower)], records)
+        yield lag
+
+
 class BrokerMetrics:
     """The counters and histograms of one broker. Thread-safe (prometheus-client is)."""
 
@@ -189,6 +236,12 @@ class BrokerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.isr_shrinks = Counter(
+            "tidelog_isr_shrinks", "Followers dropped from an ISR by this leader", registry=r
+        )
+        self.isr_expands = Counter(
+            "tidelog_isr_expands", "Followers added to an ISR by this leader", registry=r
+        )
         self.flush_wait = Histogram(
             "tidelog_flush_wait_seconds",
             "Time acks=all waited for fsync",
@@ -214,6 +267,15 @@ class BrokerMetrics:
     ) -> None:
         """Expose per-partition gauges read at scrape time from ``partitions``."""
         self.registry.register(_PartitionCollector(partitions, waiting))
+
+    def add_replication_collector(
+        self,
+        counts: Callable[[], tuple[int, int, int]],
+        follower_lag: Callable[[], Mapping[tuple[str, int, int], int]],
+    ) -> None:
+        """Cluster mode: ``counts`` gives (under-replicated, offline, led) partitions and
+        ``follower_lag`` each follower's lag in records, read at scrape time."""
+        self.registry.register(_ReplicationCollector(counts, follower_lag))
 
     def add_group_collector(
         self,

@@ -16,7 +16,10 @@ A produce request is split in two steps so that a stream can pipeline them:
      (``broker.delayed``) until every partition written is fsynced up to its last
      offset by the group fsync thread (``broker.group_fsync``): producers running in
      parallel share fsyncs, a stream's next request is appended while the previous one's
-     fsync runs, and no listener thread waits for the disk.
+     fsync runs, and no listener thread waits for the disk. On a replicated partition
+     (cluster mode) it also waits until the high watermark passes the batch, with at
+     least ``min.insync.replicas`` in sync (``ReplicationHooks``, the replica manager),
+     and gives up after ``REPLICATION_WAIT_MS`` (``REQUEST_TIMED_OUT``, retriable).
 
 A failure is reported per partition; the other partitions of the request are unaffected.
 Internal topics (``__consumer_offsets``) refuse produce requests (``INVALID_TOPIC_EXCEPTION``,
@@ -32,17 +35,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.delayed import DelayedOperation, Purgatory
 from broker.errors import partition_error
 from broker.group_fsync import DURABLE, PENDING, GroupFsync
 from broker.metrics import BrokerMetrics
 from storage.batch_times import BatchTimes
-from storage.errors import InvalidRequestError, InvalidTopicError, StorageError
+from storage.clock import Clock, SystemClock
+from storage.errors import InvalidRequestError, InvalidTopicError, KafkaTimeoutError, StorageError
 from storage.log_manager import LogManager
 from storage.partition_log import AppendResult, PartitionLog
 
 __all__ = [
+    "REPLICATION_WAIT_MS",
     "Acks",
     "DelayedProduce",
     "Deliver",
@@ -50,10 +56,37 @@ __all__ = [
     "PartitionProduced",
     "PartitionRecords",
     "ProducePath",
+    "ReplicationHooks",
     "parse_acks",
 ]
 
 log = logging.getLogger(__name__)
+
+# How long an acks=all produce waits for its followers (Kafka's produce request timeout;
+# the producer's own delivery timeout is the bound the user sets).
+REPLICATION_WAIT_MS = 30_000
+
+
+class ReplicationHooks(Protocol):
+    """What the produce path asks the replica manager (cluster mode). Thread-safe."""
+
+    def leader_epoch_for_append(
+        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
+    ) -> int | None:
+        """The epoch to stamp into the batches, or None for a partition that is not
+        replicated. Raises ``NotLeaderOrFollowerError``, ``FencedLeaderEpochError``,
+        ``UnknownLeaderEpochError``, or ``NotEnoughReplicasError`` (``acks_all`` with too
+        few in-sync replicas): nothing is appended then."""
+        ...
+
+    def after_append(self, topic: str, partition: int) -> None:
+        """The leader appended: move the high watermark if the ISR allows it."""
+        ...
+
+    def ack_status(self, plog: PartitionLog, end_offset: int) -> str | BaseException:
+        """``DURABLE`` once the high watermark reached ``end_offset`` with enough in-sync
+        replicas, ``PENDING`` before, or the error to answer with."""
+        ...
 
 
 class Acks(enum.IntEnum):
@@ -81,6 +114,9 @@ class PartitionRecords:
     partition: int
     records: bytes
     times: BatchTimes | None = None
+    acks_all: bool = False
+    current_leader_epoch: int = -1  # the client's view of the leader epoch; -1: unchecked
+    refused: BaseException | None = None  # the authorizer's answer: not written
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +184,7 @@ class DelayedProduce(DelayedOperation):
     partitions still pending then are answered with the shutdown as a storage fault.
     """
 
-    __slots__ = ("_appends", "_deliver", "_fsync", "_started", "_targets", "_wait")
+    __slots__ = ("_appends", "_deliver", "_fsync", "_replication", "_started", "_targets", "_wait")
 
     def __init__(
         self,
@@ -157,24 +193,38 @@ class DelayedProduce(DelayedOperation):
         fsync: GroupFsync,
         deliver: Deliver,
         wait: Callable[[float], None],
+        replication: ReplicationHooks | None = None,
+        deadline_ms: int | None = None,
     ) -> None:
-        super().__init__(None)
+        super().__init__(deadline_ms)
         self._appends = appends
         self._targets = targets
         self._fsync = fsync
+        self._replication = replication
         self._deliver = deliver
         self._wait = wait
         self._started = time.perf_counter()
 
+    def _status(self, plog: PartitionLog, end: int) -> str | BaseException:
+        status = self._fsync.status(plog, end)
+        if status != DURABLE or self._replication is None:
+            return status
+        return self._replication.ack_status(plog, end)
+
     def is_satisfied(self) -> bool:
-        return all(self._fsync.status(plog, end) != PENDING for plog, end in self._targets.values())
+        return all(self._status(plog, end) != PENDING for plog, end in self._targets.values())
 
     def on_complete(self) -> None:
         errors: dict[int, BaseException] = {}
         for key, (plog, end) in self._targets.items():
-            status = self._fsync.status(plog, end)
+            status = self._status(plog, end)
             if isinstance(status, BaseException):
                 errors[key] = status
+            elif status != DURABLE and self._fsync.status(plog, end) == DURABLE:
+                errors[key] = KafkaTimeoutError(
+                    f"{plog.topic}-{plog.partition}: not replicated to the in-sync replicas "
+                    f"within {REPLICATION_WAIT_MS} ms"
+                )
             elif status != DURABLE:
                 errors[key] = StorageError(f"{plog}: the broker stopped before the fsync")
         if self._targets:
@@ -195,8 +245,12 @@ class ProducePath:
         check_leader: Callable[[str, int], None] | None = None,
         *,
         batch_times: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         self._logs = logs
+        self._clock = clock or SystemClock()
+        # Cluster mode: the replica manager (set once the broker joins).
+        self.replication: ReplicationHooks | None = None
         # False (log.batch.times.enable): store no sent/received times at all.
         self._batch_times = batch_times
         # Cluster mode: raises unless this broker leads the partition (broker.placement).
@@ -218,6 +272,8 @@ class ProducePath:
 
     def _append_one(self, part: PartitionRecords) -> PartitionAppend:
         try:
+            if part.refused is not None:
+                raise part.refused
             # Internal topics (__consumer_offsets) are written by the broker only; the
             # prefix test keeps the metadata lookup off the common path.
             if part.topic.startswith("__") and self._logs.topic(part.topic).internal:
@@ -225,7 +281,18 @@ class ProducePath:
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
             partition_log = self._logs.get_log(part.topic, part.partition)
-            result = partition_log.append(part.records, part.times if self._batch_times else None)
+            replication = self.replication
+            epoch = None
+            if replication is not None:
+                epoch = replication.leader_epoch_for_append(
+                    part.topic,
+                    part.partition,
+                    acks_all=part.acks_all,
+                    current_leader_epoch=part.current_leader_epoch,
+                )
+            result = partition_log.append(
+                part.records, part.times if self._batch_times else None, leader_epoch=epoch
+            )
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()
@@ -235,6 +302,8 @@ class ProducePath:
             self._metrics.bytes_in.labels(part.topic).inc(len(part.records))
             self._metrics.records_in.labels(part.topic).inc(result.record_count)
             self._on_append(part.topic, part.partition)
+            if replication is not None:
+                replication.after_append(part.topic, part.partition)
         return PartitionAppend(part.topic, part.partition, result, None, partition_log)
 
     def complete(self, appends: Sequence[PartitionAppend], acks: Acks, deliver: Deliver) -> None:
@@ -259,8 +328,15 @@ class ProducePath:
             previous = targets.get(id(append.log))
             if previous is None or previous[1] < end:
                 targets[id(append.log)] = (append.log, end)
+        replication = self.replication
         operation = DelayedProduce(
-            appends, targets, self._fsync, deliver, self._metrics.flush_wait.observe
+            appends,
+            targets,
+            self._fsync,
+            deliver,
+            self._metrics.flush_wait.observe,
+            replication,
+            None if replication is None else self._clock.monotonic_ms() + REPLICATION_WAIT_MS,
         )
         keys = [(plog.topic, plog.partition) for plog, _ in targets.values()]
         if self._purgatory.try_complete_else_watch(operation, keys):

@@ -36,6 +36,12 @@ same id and its current epoch *without* bumping it, and refreshes the key. This 
 effectively-once writer (the Spark sink, ``docs/spark.md``) builds on: a task that restarts
 gets its old identity back and asks the partitions (``DescribeProducers``) how far that
 identity got. Keys expire with their id's entry, so the file stays small.
+
+The core sees producer ids through ``ProducerIdSource``. ``ProducerIdManager`` (this
+module, the local file) serves a single node; in cluster mode (``zookeeper.connect``)
+the broker swaps in ``broker.cluster.producer_ids.ZooKeeperProducerIds`` once it joined
+the cluster, and ``UnavailableProducerIds`` until then (a local id could collide with one
+another broker hands out).
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Protocol
 
 from storage.clock import Clock
 from storage.errors import (
+    BrokerUnavailableError,
     InvalidProducerEpochError,
     InvalidRequestError,
     StorageError,
@@ -55,7 +63,15 @@ from storage.errors import (
 )
 from storage.files import atomic_write
 
-__all__ = ["MAX_PRODUCER_EPOCH", "STATE_FILE_NAME", "ProducerIdManager"]
+__all__ = [
+    "MAX_PRODUCER_EPOCH",
+    "STATE_FILE_NAME",
+    "ProducerIdManager",
+    "ProducerIdSource",
+    "UnavailableProducerIds",
+    "check_init_request",
+    "check_producer_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +79,55 @@ STATE_FILE_NAME = "producer-ids.json"
 MAX_PRODUCER_EPOCH = 32767  # int16, the batch header's producerEpoch field
 _VERSION = 1
 _MAX_KEY_CHARS = 1024
+
+
+class ProducerIdSource(Protocol):
+    """Where the core gets producer ids from (``InitProducerId``). Thread-safe."""
+
+    def init(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        """A new id (``-1, -1``: epoch 0) or the epoch bumped; see the module docstring."""
+        ...
+
+    def init_keyed(self, key: str) -> tuple[int, int]:
+        """The key's id and current epoch (not bumped); a new id for a new or expired key."""
+        ...
+
+
+def check_init_request(producer_id: int, producer_epoch: int) -> bool:
+    """True for a new producer (``-1, -1``), False for a valid re-initialisation.
+
+    Raises ``InvalidRequestError`` for anything else.
+    """
+    new = producer_id == -1 and producer_epoch == -1
+    if not new and (producer_id < 0 or not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH):
+        raise InvalidRequestError(
+            "InitProducerId needs producer_id and producer_epoch both -1 (a new producer) "
+            f"or both valid; got producer_id={producer_id}, epoch={producer_epoch}"
+        )
+    return new
+
+
+def check_producer_key(key: str) -> None:
+    """Raises ``InvalidRequestError`` unless ``key`` has 1 to 1,024 characters."""
+    if not key or len(key) > _MAX_KEY_CHARS:
+        raise InvalidRequestError(
+            f"producer_key must be 1 to {_MAX_KEY_CHARS} characters, got {len(key)}"
+        )
+
+
+class UnavailableProducerIds:
+    """Cluster mode before the broker joined: no ids yet (retriable). Thread-safe."""
+
+    def __init__(self, broker_id: int) -> None:
+        self._broker_id = broker_id
+
+    def init(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        raise BrokerUnavailableError(
+            f"broker {self._broker_id} is joining the cluster; producer ids are not served yet"
+        )
+
+    def init_keyed(self, key: str) -> tuple[int, int]:
+        return self.init(-1, -1)
 
 
 class ProducerIdManager:
@@ -138,12 +203,7 @@ class ProducerIdManager:
             InvalidProducerEpochError: ``producer_epoch`` is not the id's current epoch.
             StorageError: the state could not be written; nothing was handed out.
         """
-        new = producer_id == -1 and producer_epoch == -1
-        if not new and (producer_id < 0 or not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH):
-            raise InvalidRequestError(
-                "InitProducerId needs producer_id and producer_epoch both -1 (a new producer) "
-                f"or both valid; got producer_id={producer_id}, epoch={producer_epoch}"
-            )
+        new = check_init_request(producer_id, producer_epoch)
         with self._lock:
             now_ms = self._clock.wall_ms()
             if new:
@@ -163,10 +223,7 @@ class ProducerIdManager:
             InvalidRequestError: the key is empty or longer than 1,024 characters.
             StorageError: the state could not be written.
         """
-        if not key or len(key) > _MAX_KEY_CHARS:
-            raise InvalidRequestError(
-                f"producer_key must be 1 to {_MAX_KEY_CHARS} characters, got {len(key)}"
-            )
+        check_producer_key(key)
         with self._lock:
             now_ms = self._clock.wall_ms()
             producer_id = self._keys.get(key)

@@ -59,6 +59,7 @@ from broker.grpc_threads import ThreadedListener
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
 from broker.placement import JoiningPlacement, LocalPlacement
+from broker.producer_ids import UnavailableProducerIds
 from broker.quotas import QuotaCollector
 from broker.service import BROKER_SERVICE_NAME
 from storage.clock import Clock, SystemClock
@@ -166,6 +167,9 @@ class BrokerServer:
             # Until the cluster's view is in, lead nothing: a client that connects early
             # must not have a partition another broker leads written here.
             core.placement = JoiningPlacement(config.broker_id)
+            # Nor hand out producer ids from the local file: they would collide with ids
+            # other brokers draw from ZooKeeper.
+            core.producer_ids = UnavailableProducerIds(config.broker_id)
         metrics_server: MetricsServer | None = None
         listener: Listener | None = None
         try:
@@ -355,12 +359,15 @@ def run_until_signalled(server: BrokerServer) -> None:
 def _join_cluster(
     config: BrokerConfig, core: BrokerCore, clock: Clock, endpoint: tuple[str, int]
 ) -> ClusterNode:
-    """Cluster mode: register, start the controller candidate, route by the cluster's view.
+    """Cluster mode: register, start the controller candidate, route by the cluster's view,
+    draw producer ids from ZooKeeper (``broker.cluster.producer_ids``).
 
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
     """
+    from broker.cluster.acls import ZooKeeperAclStore
     from broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
+    from broker.cluster.producer_ids import ZooKeeperProducerIds
 
     offsets_config = {
         "cleanup.policy": "compact",
@@ -375,4 +382,14 @@ def _join_cluster(
     )
     core.placement = node.placement
     core.topic_admin = node
+    # Ids unique across the cluster: blocks and keys in ZooKeeper, on the node's session.
+    core.producer_ids = ZooKeeperProducerIds(
+        node.store,
+        config.broker_id,
+        clock,
+        config.producer_id_expiration_ms,
+        sweep_interval_ms=config.producer_id_expiration_check_interval_ms,
+    )
+    # ACLs shared by the cluster: one watched document in ZooKeeper.
+    core.acls.use_store(ZooKeeperAclStore.open(node.store))
     return node

@@ -33,12 +33,13 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from client import group_admin
+from client.acls import AclBinding, AclFilter
 from client.cluster import BrokerNode
 from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from client.connection import Connection, ConnectionFactory, grpc_connections
+from client.connection import Connection, ConnectionFactory, GrpcConnection, grpc_connections
 from client.group_admin import ResetTarget
 from client.offsets import list_offsets
 from client.routing import ClusterConnections
@@ -52,6 +53,8 @@ from client.types import (
     TopicPartition,
     TopicSummary,
 )
+from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import InvalidRequestError
 
 __all__ = [
     "AdminClient",
@@ -178,6 +181,56 @@ class AdminClient:
         """Delete a topic and its data. ``UnknownTopicOrPartitionError`` if there is none."""
         self._on_controller(
             lambda c, t: c.delete_topic(name, timeout_ms=t), f"DeleteTopic {name}", timeout_ms
+        )
+
+    def elect_preferred_leaders(self, *, timeout_ms: int | None = None) -> int:
+        """Move every partition's leadership back to its preferred replica (the first of
+        its replicas) where that replica is alive and in sync; returns how many moved.
+        Sent to the controller. ``InvalidRequestError`` on a single node."""
+        return self._on_controller(
+            lambda c, t: c.elect_preferred_leaders(timeout_ms=t), "ElectLeaders", timeout_ms
+        )
+
+    # --- ACLs ----------------------------------------------------------------------------
+
+    def create_acls(self, bindings: Iterable[AclBinding], *, timeout_ms: int | None = None) -> None:
+        """Add ACL bindings (kept if already there). Needs ALTER on the cluster; raises
+        ``SecurityDisabledError`` on a broker without an authorizer, ``InvalidRequestError``
+        for a malformed binding."""
+        request = pb.CreateAclsRequest(acls=[b.to_wire() for b in bindings])
+        self._on_any_grpc("CreateAcls", request, timeout_ms)
+
+    def describe_acls(
+        self, acl_filter: AclFilter | None = None, *, timeout_ms: int | None = None
+    ) -> list[AclBinding]:
+        """The bindings matching ``acl_filter`` (all without one). Needs DESCRIBE on the
+        cluster."""
+        request = (acl_filter or AclFilter()).to_wire()
+        answer = self._on_any_grpc("DescribeAcls", request, timeout_ms)
+        return [AclBinding.from_wire(b) for b in answer.acls]
+
+    def delete_acls(
+        self, acl_filter: AclFilter, *, timeout_ms: int | None = None
+    ) -> list[AclBinding]:
+        """Remove the bindings matching ``acl_filter``; returns them. Needs ALTER on the
+        cluster."""
+        answer = self._on_any_grpc("DeleteAcls", acl_filter.to_wire(), timeout_ms)
+        return [AclBinding.from_wire(b) for b in answer.deleted]
+
+    def _on_any_grpc(self, method: str, request: object, timeout_ms: int | None) -> Any:
+        """A call not in the ``Connection`` protocol yet (ACLs) on any broker (they share
+        the ACLs through ZooKeeper), over the gRPC transport of the connection chosen."""
+
+        def call(connection: Connection, timeout: int) -> Any:
+            if not isinstance(connection, GrpcConnection):
+                raise InvalidRequestError(f"{method} needs a gRPC connection")
+            transport = connection.transport
+            return transport.call(
+                getattr(transport.stub, method), request, what=method, timeout_ms=timeout
+            )
+
+        return self._connections.run(
+            self._connections.route_any(), call, what=method, timeout_ms=timeout_ms
         )
 
     def list_topics(

@@ -21,7 +21,7 @@ Thread-safe: ``GrpcConnection`` holds no state but its transport, which is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
@@ -78,6 +78,9 @@ class ProduceCall:
     batches: Sequence[tuple[TopicPartition, bytes]]
     # The producer's wall clock as the request leaves (three timestamps); None: unknown.
     sent_timestamp_ms: int | None = None
+    # The leader epoch the producer's metadata names per partition (Kafka's
+    # CurrentLeaderEpoch): a broker at another epoch refuses, and the producer refreshes.
+    leader_epochs: Mapping[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +139,8 @@ class FetchCall:
     min_bytes: int
     max_bytes: int
     partitions: Sequence[tuple[TopicPartition, int, int]]
+    # As ``ProduceCall.leader_epochs``: fences a consumer reading with stale metadata.
+    leader_epochs: Mapping[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +283,10 @@ class Connection(Protocol):
         ...
 
     def delete_topic(self, name: str, *, timeout_ms: int | None) -> None: ...
+
+    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+        """Preferred-leader election on the controller; how many leaderships moved."""
+        ...
 
     def alter_topic_config(
         self,
@@ -658,6 +667,15 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
 
+    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+        answer = self.transport.call(
+            self.transport.stub.ElectLeaders,
+            pb.ElectLeadersRequest(preferred=True),
+            what="ElectLeaders",
+            timeout_ms=timeout_ms,
+        )
+        return int(answer.moved)
+
     def alter_topic_config(
         self,
         name: str,
@@ -763,12 +781,25 @@ class GrpcConnection:
         self.transport.close()
 
 
+def _fetch_partition(
+    tp: TopicPartition, offset: int, max_bytes: int, leader_epoch: int | None
+) -> pb.FetchPartition:
+    part = pb.FetchPartition(
+        topic=tp.topic, partition=tp.partition, fetch_offset=offset, partition_max_bytes=max_bytes
+    )
+    if leader_epoch is not None and leader_epoch >= 0:
+        part.current_leader_epoch = leader_epoch
+    return part
+
+
 def _produce_request(call: ProduceCall) -> pb.ProduceRequest:
     topics: dict[str, list[pb.ProducePartitionData]] = {}
     for tp, records in call.batches:
-        topics.setdefault(tp.topic, []).append(
-            pb.ProducePartitionData(partition=tp.partition, records=records)
-        )
+        data = pb.ProducePartitionData(partition=tp.partition, records=records)
+        epoch = call.leader_epochs.get(tp)
+        if epoch is not None and epoch >= 0:
+            data.current_leader_epoch = epoch
+        topics.setdefault(tp.topic, []).append(data)
     request = pb.ProduceRequest(
         correlation_id=call.correlation_id,
         acks=call.acks,
@@ -856,13 +887,8 @@ class _GrpcFetchStream:
                 min_bytes=call.min_bytes,
                 max_bytes=call.max_bytes,
                 partitions=[
-                    pb.FetchPartition(
-                        topic=tp.topic,
-                        partition=tp.partition,
-                        fetch_offset=fetch_offset,
-                        partition_max_bytes=partition_max_bytes,
-                    )
-                    for tp, fetch_offset, partition_max_bytes in call.partitions
+                    _fetch_partition(tp, offset, max_bytes, call.leader_epochs.get(tp))
+                    for tp, offset, max_bytes in call.partitions
                 ],
             )
         )

@@ -383,12 +383,23 @@ class FetchSession:
                 partitions=[
                     (t.tp, t.fetch_offset, config.max_partition_fetch_bytes) for t in group
                 ],
+                leader_epochs=self._leader_epochs_locked(group),
             )
             for target in group:
                 self._subscriptions.partitions[target.tp].in_flight = True
             link.in_flight = {t.tp: t for t in group}
             link.sent_ms = now
             link.stream.send(call)
+
+    def _leader_epochs_locked(self, group: list[FetchTarget]) -> dict[TopicPartition, int]:
+        metadata = self._metadata
+        epochs = {}
+        if metadata is not None:
+            for target in group:
+                found = metadata.partition(target.tp)
+                if found is not None:
+                    epochs[target.tp] = found.leader_epoch
+        return epochs
 
     def _open_link_locked(self, broker_id: int, link: _FetchLink | None) -> _FetchLink | None:
         metadata = self._metadata

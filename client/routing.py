@@ -37,6 +37,7 @@ from client.types import TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
     ClosedError,
+    FencedLeaderEpochError,
     InternalError,
     KafkaTimeoutError,
     LeaderNotAvailableError,
@@ -44,6 +45,7 @@ from storage.errors import (
     NotCoordinatorError,
     NotLeaderOrFollowerError,
     TidelogError,
+    UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
 
@@ -58,6 +60,8 @@ R = TypeVar("R")
 ROUTING_ERRORS: tuple[type[TidelogError], ...] = (
     NotLeaderOrFollowerError,
     LeaderNotAvailableError,
+    FencedLeaderEpochError,
+    UnknownLeaderEpochError,
     NotCoordinatorError,
     NotControllerError,
     BrokerUnavailableError,

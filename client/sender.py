@@ -607,8 +607,19 @@ class Sender:
         accumulator = self._accumulator
         encoded = [(batch.tp, accumulator.encode(batch)) for batch in batches]
         correlation_id = next(self._correlation_ids)
+        metadata = self._metadata
+        epochs = {}
+        if metadata is not None:
+            for batch in batches:
+                found = metadata.partition(batch.tp)
+                if found is not None:
+                    epochs[batch.tp] = found.leader_epoch
         call = ProduceCall(
-            correlation_id, self._config.acks_value, self._config.request_timeout_ms, encoded
+            correlation_id,
+            self._config.acks_value,
+            self._config.request_timeout_ms,
+            encoded,
+            leader_epochs=epochs,
         )
         settlements = _Settlements()
         stream: ProduceStream | None = None

@@ -509,6 +509,12 @@ class InMemoryConnection:
             if cluster._topics.pop(name, None) is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
+    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("elect_preferred_leaders"))
+            return 0  # the in-memory cluster never moves leaders away from the preferred
+
     def alter_topic_config(
         self,
         name: str,

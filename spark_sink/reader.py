@@ -40,7 +40,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from client import Consumer, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from client import Consumer, OffsetOutOfRangeError, TidelogError, UnknownTopicOrPartitionError
 from client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
 from client.types import ConsumerRecord, TopicPartition
 from spark_sink.offsets import OffsetRange
@@ -279,6 +279,11 @@ def _partition_lost(consumer: Consumer, tp: TopicPartition, position: int, end: 
             f"{tp} no longer exists (deleted topic?): offsets {position} to {end} of this "
             "micro-batch cannot be read"
         )
+    except TidelogError as exc:
+        if exc.retriable:  # a leader change (OFFSET_NOT_AVAILABLE, ...): not a loss
+            log.info("%s: cannot tell the log end yet (%s); reading on", tp, exc.code)
+            return None
+        raise
     if log_end <= position:
         return f"{tp} ends at {log_end}, before this micro-batch's end {end}"
     return None

@@ -24,6 +24,7 @@ __all__ = [
     "CLEAN_SHUTDOWN_MARKER",
     "LOG_START_OFFSET_CHECKPOINT",
     "RECOVERY_POINT_CHECKPOINT",
+    "REPLICATION_OFFSET_CHECKPOINT",
     "read_offsets",
     "write_offsets",
 ]
@@ -31,6 +32,8 @@ __all__ = [
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
+# High watermarks of replicated logs (cluster mode); Kafka's name. Absent on a single node.
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 CLEAN_SHUTDOWN_MARKER = ".tidelog_cleanshutdown"
 
 TopicPartitionKey = tuple[str, int]

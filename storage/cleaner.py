@@ -242,6 +242,7 @@ class LogCleaner:
             log_end_offset=log_end,
             now_ms=now_ms,
             min_compaction_lag_ms=partition_log.config.min_compaction_lag_ms,
+            high_watermark=partition_log.high_watermark,
         )
 
     def _clean_locked(self, partition_log: PartitionLog, *, force: bool) -> CleanResult:

@@ -140,13 +140,16 @@ def plan_cleanable_range(
     log_end_offset: int,
     now_ms: int,
     min_compaction_lag_ms: int,
+    high_watermark: int | None = None,
 ) -> CleanableRange:
     """Kafka's ``LogCleanerManager.cleanableOffsets`` plus ``LogToClean``'s byte counts.
 
     ``segments`` are all of the log's segments, oldest first, the active one last.
     ``checkpoint_offset`` (the last round's end, None if there was none) is used as the
     first dirty offset only if it lies in ``[log_start_offset, log_end_offset]``; else the
-    log start offset is. Raises ``ValueError`` for an empty ``segments``.
+    log start offset is. ``high_watermark`` (replicated logs): a segment holding offsets
+    at or above it is not cleaned, so compaction never rewrites what followers may still
+    truncate. Raises ``ValueError`` for an empty ``segments``.
     """
     if not segments:
         raise ValueError("a log has at least one (active) segment")
@@ -155,6 +158,11 @@ def plan_cleanable_range(
     else:
         first_dirty = checkpoint_offset
     first_uncleanable = segments[-1].base_offset  # the active segment is never cleaned
+    if high_watermark is not None:
+        for segment in segments[:-1]:
+            if segment.end_offset > high_watermark:
+                first_uncleanable = min(first_uncleanable, segment.base_offset)
+                break
     if min_compaction_lag_ms > 0:
         newest_cleanable_ms = now_ms - min_compaction_lag_ms
         for segment in segments[:-1]:

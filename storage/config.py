@@ -25,6 +25,8 @@ key                         default                meaning
 ``flush.messages``          -1 (never by count)    fsync after this many records
 ``flush.ms``                -1 (never by time)     fsync when the oldest unflushed data is this old
 ``file.delete.delay.ms``    60000                  keep ``.deleted`` files this long
+``min.insync.replicas``     1                      in-sync replicas ``acks=all`` needs (cluster)
+``unclean.leader.election.enable`` false           elect an out-of-sync replica (cluster)
 ==========================  =====================  ===========================================
 
 Unknown keys and bad values raise ``InvalidConfigError`` naming the key and the reason.
@@ -79,6 +81,15 @@ def _parse_policy(key: str, value: str) -> str:
     return normalised
 
 
+def _parse_bool(key: str, value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
+    return text == "true"
+
+
 def _parse_timestamp_type(key: str, value: str) -> str:
     if value not in TIMESTAMP_TYPES:
         raise InvalidConfigError(f"{key}: must be CreateTime or LogAppendTime, got {value!r}")
@@ -102,6 +113,8 @@ _KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "flush.messages": ("flush_messages", lambda k, v: _parse_int(k, v, -1)),
     "flush.ms": ("flush_ms", lambda k, v: _parse_int(k, v, -1)),
     "file.delete.delay.ms": ("file_delete_delay_ms", lambda k, v: _parse_int(k, v, 0)),
+    "min.insync.replicas": ("min_insync_replicas", lambda k, v: _parse_int(k, v, 1)),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool),
 }
 
 
@@ -124,6 +137,10 @@ class LogConfig:
     flush_messages: int = -1
     flush_ms: int = -1
     file_delete_delay_ms: int = 60_000
+    # Replication (cluster mode): acks=all needs this many in-sync replicas; whether an
+    # out-of-sync replica may be elected (the broker's setting when the topic has none).
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
 
     @classmethod
     def known_keys(cls) -> frozenset[str]:

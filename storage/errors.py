@@ -23,6 +23,7 @@ and this module, which import nothing else of ours).
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
     │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
+    │   ├── OffsetNotAvailableError       OFFSET_NOT_AVAILABLE retriable
     │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     │   ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
     │   ├── InvalidProducerEpochError     INVALID_PRODUCER_EPOCH
@@ -37,7 +38,15 @@ and this module, which import nothing else of ours).
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
     │   ├── NotCoordinatorError           NOT_COORDINATOR      retriable
-    │   └── NotAuthorizedError            NOT_AUTHORIZED
+    │   ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH  retriable
+    │   ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH retriable
+    │   ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS  retriable
+    │   ├── NotEnoughReplicasAfterAppendError  NOT_ENOUGH_REPLICAS_AFTER_APPEND  retriable
+    │   ├── NotAuthorizedError            NOT_AUTHORIZED
+    │   │   ├── TopicAuthorizationFailedError    TOPIC_AUTHORIZATION_FAILED
+    │   │   ├── GroupAuthorizationFailedError    GROUP_AUTHORIZATION_FAILED
+    │   │   └── ClusterAuthorizationFailedError  CLUSTER_AUTHORIZATION_FAILED
+    │   └── SecurityDisabledError         SECURITY_DISABLED
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
     │   ├── MaxConnectionsPerIpError      MAX_CONNECTIONS_PER_IP_REACHED
@@ -64,8 +73,11 @@ __all__ = [
     "BufferExhaustedError",
     "ClientError",
     "ClosedError",
+    "ClusterAuthorizationFailedError",
     "CorruptRecordError",
+    "FencedLeaderEpochError",
     "FencedMemberEpochError",
+    "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
     "GroupNotEmptyError",
@@ -84,7 +96,10 @@ __all__ = [
     "NotAuthorizedError",
     "NotControllerError",
     "NotCoordinatorError",
+    "NotEnoughReplicasAfterAppendError",
+    "NotEnoughReplicasError",
     "NotLeaderOrFollowerError",
+    "OffsetNotAvailableError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "QueuedMaxRequestBytesError",
@@ -92,10 +107,13 @@ __all__ = [
     "RecordTooLargeError",
     "RequestError",
     "RequestTooLargeError",
+    "SecurityDisabledError",
     "StaleMemberEpochError",
     "StorageError",
     "TidelogError",
     "TopicAlreadyExistsError",
+    "TopicAuthorizationFailedError",
+    "UnknownLeaderEpochError",
     "UnknownMemberIdError",
     "UnknownProducerIdError",
     "UnknownTopicOrPartitionError",
@@ -295,10 +313,76 @@ class NotCoordinatorError(RequestError):
     retriable = True
 
 
+class OffsetNotAvailableError(RequestError):
+    """A new leader has not yet established its high watermark (its followers have not
+    caught up with the log it took over): what consumers may read is not known yet. Not
+    data loss: retry."""
+
+    code = "OFFSET_NOT_AVAILABLE"
+    retriable = True
+
+
+class FencedLeaderEpochError(RequestError):
+    """The request named an older leader epoch than the broker's: the client's metadata
+    is stale. Refresh it and retry."""
+
+    code = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+
+class UnknownLeaderEpochError(RequestError):
+    """The request named a newer leader epoch than the broker knows: the broker has not
+    caught up with the controller yet. Retry."""
+
+    code = "UNKNOWN_LEADER_EPOCH"
+    retriable = True
+
+
+class NotEnoughReplicasError(RequestError):
+    """``acks=all`` and fewer in-sync replicas than ``min.insync.replicas``: nothing was
+    appended."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(RequestError):
+    """``acks=all``: appended on the leader, but the in-sync replicas fell below
+    ``min.insync.replicas`` before it was replicated. A retry may store it again unless the
+    producer is idempotent."""
+
+    code = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+    retriable = True
+
+
 class NotAuthorizedError(RequestError):
     """The caller may not do this."""
 
     code = "NOT_AUTHORIZED"
+
+
+class TopicAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the topic (an ACL denies it or none allows it)."""
+
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the consumer group."""
+
+    code = "GROUP_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the cluster (an administrative call)."""
+
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class SecurityDisabledError(RequestError):
+    """An ACL call on a broker without an authorizer (``authorizer.enabled=false``)."""
+
+    code = "SECURITY_DISABLED"
 
 
 # --- limits: the broker is full right now; the same call later may well succeed -------

@@ -8,6 +8,7 @@ Layout of the data directory (everything but the partition directories is writte
       recovery-point-offset-checkpoint     per partition: flushed up to here
       log-start-offset-checkpoint          per partition: log start offset
       cleaner-offset-checkpoint            per partition: compacted up to here
+      replication-offset-checkpoint        per replicated partition: its high watermark
       .tidelog_cleanshutdown               present only between a clean close and the next open
       <topic>-<partition>/                 one PartitionLog each
 
@@ -45,6 +46,7 @@ from storage.checkpoint import (
     CLEAN_SHUTDOWN_MARKER,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
     read_offsets,
     write_offsets,
 )
@@ -176,6 +178,7 @@ class LogManager:
                 (self.data_dir / entry).unlink()
         recovery_points = self._read_checkpoint(RECOVERY_POINT_CHECKPOINT)
         log_starts = self._read_checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        high_watermarks = self._read_checkpoint(REPLICATION_OFFSET_CHECKPOINT)
         self._topics = self._read_topics()
         for entry in os.listdir(self.data_dir):
             full = self.data_dir / entry
@@ -203,6 +206,7 @@ class LogManager:
                     log_start_offset=log_starts.get(key, 0),
                     recovery_point=recovery_points.get(key, 0),
                     had_clean_shutdown=clean and key in recovery_points,
+                    high_watermark=high_watermarks.get(key),
                 )
         log.info(
             "opened %s: %d topic(s), %d partition(s), %s shutdown",
@@ -569,6 +573,11 @@ class LogManager:
                     self.data_dir / LOG_START_OFFSET_CHECKPOINT,
                     {(p.topic, p.partition): p.log_start_offset for p in logs},
                 )
+                replicated = {
+                    (p.topic, p.partition): p.high_watermark for p in logs if p.replicated
+                }
+                if replicated:
+                    write_offsets(self.data_dir / REPLICATION_OFFSET_CHECKPOINT, replicated)
             except OSError as exc:
                 raise _storage_error(exc, "cannot write offset checkpoints") from exc
 

@@ -6,7 +6,16 @@ offset; the last one is *active* and takes appends. It tracks:
 * ``log_start_offset``: the first offset a reader may ask for (rises with retention);
 * ``log_end_offset``: the offset the next appended record gets;
 * ``high_watermark``: what consumers may read. One broker, no replicas: equal to the log
-  end offset (``acks`` decides when a producer hears back, not what readers see);
+  end offset (``acks`` decides when a producer hears back, not what readers see). A
+  replicated log (cluster mode) *tracks* it instead: the leader moves it to the smallest
+  log end offset of the in-sync replicas, a follower to what its leader reports, and
+  consumers read below it only (``read(max_offset=...)``); it is checkpointed by the log
+  manager (``replication-offset-checkpoint``);
+* leader epochs (``storage.leader_epoch``): which leader epoch wrote which offsets, from
+  the batches' ``partitionLeaderEpoch`` fields, checkpointed in ``leader-epoch-checkpoint``.
+  A leader stamps its epoch into every batch it appends (``append(leader_epoch=...)``,
+  outside the CRC); a follower appends the leader's batches unchanged
+  (``append_as_follower``) and truncates where its epochs diverge from the leader's;
 * ``recovery_point``: everything below it is fsynced; recovery after an unclean stop
   re-validates only the segments from the one holding it.
 
@@ -48,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes
+from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes, decode_wire
 from storage.clock import Clock
 from storage.config import LogConfig
 from storage.errors import (
@@ -71,6 +80,7 @@ from storage.files import (
     fsync_dir,
     offset_file_name,
 )
+from storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
 from storage.producer_state import ProducerStateTable, ProducerSummary
 from storage.records import (
     NO_TIMESTAMP,
@@ -91,6 +101,9 @@ SNAPSHOT_SUFFIX = ".snapshot"
 _MAX_RELATIVE_OFFSET = 2**31 - 1
 _SNAPSHOTS_KEPT = 2
 _BASE_OFFSET = struct.Struct(">q")  # a batch's first 8 bytes, outside its CRC
+# partitionLeaderEpoch: after baseOffset (8) and batchLength (4), outside the CRC.
+_EPOCH_AT = 12
+_EPOCH = struct.Struct(">i")
 # Every BatchHeader field but the first (base_offset), to rebuild a header with a new base
 # offset at half the cost of dataclasses.replace (per batch, on the append path).
 _HEADER_FIELDS = [f.name for f in dataclasses.fields(BatchHeader)]
@@ -138,6 +151,8 @@ class PartitionLog:
         log_start_offset: int,
         recovery_point: int,
         producer_state: ProducerStateTable,
+        leader_epochs: LeaderEpochCache | None = None,
+        high_watermark: int | None = None,
     ) -> None:
         self.directory = directory
         self.topic = topic
@@ -149,6 +164,9 @@ class PartitionLog:
         self._log_start_offset = log_start_offset
         self._recovery_point = recovery_point
         self._producer_state = producer_state
+        self._leader_epochs = leader_epochs or LeaderEpochCache()
+        # None: not replicated, the high watermark is the log end offset.
+        self._high_watermark = high_watermark
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending_deletes: list[tuple[int, Segment]] = []
@@ -173,13 +191,16 @@ class PartitionLog:
         log_start_offset: int = 0,
         recovery_point: int = 0,
         had_clean_shutdown: bool = False,
+        high_watermark: int | None = None,
     ) -> PartitionLog:
         """Open (creating if needed) and, after an unclean stop, recover a partition log.
 
         Recovery validates every batch from the segment holding ``recovery_point`` to the
         end, truncates at the first invalid byte and drops every later segment; segments
         whose index files are missing or damaged get them rebuilt. Interrupted compaction
-        swaps are finished or discarded. Raises ``StorageError`` if the directory is unusable.
+        swaps are finished or discarded. ``high_watermark``: a replicated log's checkpointed
+        high watermark (None: not replicated, or not known yet). Raises ``StorageError`` if
+        the directory is unusable.
         """
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -250,6 +271,10 @@ class PartitionLog:
             )
             fsync_dir(directory)
         log_end = segments[-1].next_offset
+        epochs = LeaderEpochCache.read(directory) or LeaderEpochCache()
+        epochs.truncate_from_end(log_end)
+        if high_watermark is not None:
+            high_watermark = min(max(high_watermark, log_start_offset), log_end)
         instance = cls(
             directory,
             topic,
@@ -260,6 +285,8 @@ class PartitionLog:
             log_start_offset=log_start_offset,
             recovery_point=min(recovery_point, log_end) if had_clean_shutdown else 0,
             producer_state=ProducerStateTable(),
+            leader_epochs=epochs,
+            high_watermark=high_watermark,
         )
         instance._load_producer_state()
         if not had_clean_shutdown:
@@ -382,7 +409,13 @@ class PartitionLog:
 
     @property
     def high_watermark(self) -> int:
-        return self._segments[-1].next_offset
+        tracked = self._high_watermark
+        return self._segments[-1].next_offset if tracked is None else tracked
+
+    @property
+    def replicated(self) -> bool:
+        """Whether the high watermark is tracked (cluster mode) rather than the log end."""
+        return self._high_watermark is not None
 
     @property
     def recovery_point(self) -> int:
@@ -438,12 +471,16 @@ class PartitionLog:
 
     # ================================================================== append
 
-    def append(self, records: bytes, times: BatchTimes | None = None) -> AppendResult:
+    def append(
+        self, records: bytes, times: BatchTimes | None = None, *, leader_epoch: int | None = None
+    ) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
 
         ``times``: when the request carrying them was sent (producer clock) and received
         (broker clock), kept for every batch in the segment's ``.batchtimes`` sidecar
-        (None: nothing is stored; readers see unknown times).
+        (None: nothing is stored; readers see unknown times). ``leader_epoch``: a
+        replicated partition's leader stamps its epoch into every batch (None: the
+        producer's value is kept, as on a single node).
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -465,7 +502,7 @@ class PartitionLog:
             if self._closed:
                 raise StorageError(f"{self} is closed")
             try:
-                return self._append_locked(records, batches, config, times)
+                return self._append_locked(records, batches, config, times, leader_epoch)
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise _io_error(exc, f"{self}: append failed") from exc
 
@@ -475,6 +512,7 @@ class PartitionLog:
         batches: list[BatchPosition],
         config: LogConfig,
         times: BatchTimes | None,
+        leader_epoch: int | None,
     ) -> AppendResult:
         state = self._producer_state
         duplicates = state.check_all([b.header for b in batches])
@@ -505,8 +543,19 @@ class PartitionLog:
                 rewritten = bytearray(view[start : start + size])
                 set_base_offset(rewritten, 0, offset)
                 set_log_append_time(rewritten, 0, append_time)
-                parts.append(rewritten)
                 header = dataclasses.replace(header, base_offset=offset, max_timestamp=append_time)
+                if leader_epoch is not None:
+                    _EPOCH.pack_into(rewritten, _EPOCH_AT, leader_epoch)
+                    header = dataclasses.replace(header, partition_leader_epoch=leader_epoch)
+                parts.append(rewritten)
+            elif leader_epoch is not None:
+                parts.append(_BASE_OFFSET.pack(offset))
+                parts.append(view[start + _BASE_OFFSET.size : start + _EPOCH_AT])
+                parts.append(_EPOCH.pack(leader_epoch))
+                parts.append(view[start + _EPOCH_AT + _EPOCH.size : start + size])
+                header = dataclasses.replace(
+                    header, base_offset=offset, partition_leader_epoch=leader_epoch
+                )
             else:
                 parts.append(_BASE_OFFSET.pack(offset))
                 parts.append(view[start + _BASE_OFFSET.size : start + size])
@@ -517,6 +566,8 @@ class PartitionLog:
             record_count += header.records_count
             max_timestamp = max(max_timestamp, header.max_timestamp)
         first_offset = assigned[0].header.base_offset
+        if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
+            self._assign_epoch_locked(leader_epoch, first_offset)
         segment = self._maybe_roll_locked(position, first_offset, offset - 1, max_timestamp, config)
         segment.append(parts, assigned, times)
         for batch in assigned:
@@ -532,6 +583,157 @@ class PartitionLog:
             self._recovery_point = self.log_end_offset
             self._unflushed_records = 0
         return result
+
+    # ================================================================== replication
+
+    def append_as_follower(self, records: bytes, batch_times: bytes = b"") -> int:
+        """Append a leader's batches unchanged (offsets, epochs, CRCs); the new log end.
+
+        ``batch_times``: the fetch answer's sent/received times (``storage.batch_times``
+        wire entries), kept for the batches they name. Batches wholly below the log end
+        offset (a repeated fetch) are skipped; the first new batch must start at or after
+        the log end (compaction may have left a gap on the leader). Sequences are not
+        checked (the leader did), but the idempotence state is updated, so a follower that
+        becomes leader still recognises retried batches. Epochs the batches carry extend
+        the leader-epoch cache.
+
+        Raises:
+            CorruptRecordError: bad framing or CRC, or offsets that go backwards.
+            LogDirFullError, StorageError: the write failed; nothing was stored.
+        """
+        if not records:
+            return self.log_end_offset
+        batches = [
+            BatchPosition(position, header)
+            for position, header in iter_batch_headers(records, validate=True)
+        ]
+        times_by_offset = decode_wire(batch_times) if batch_times else {}
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"{self} is closed")
+            log_end = self.log_end_offset
+            kept = [b for b in batches if b.header.last_offset >= log_end]
+            if not kept:
+                return log_end
+            if kept[0].header.base_offset < log_end:
+                raise CorruptRecordError(
+                    f"{self}: the leader's batch {kept[0].header.base_offset}.."
+                    f"{kept[0].header.last_offset} overlaps the log end {log_end}"
+                )
+            first = kept[0].position
+            previous = log_end - 1
+            assigned = []
+            max_timestamp = NO_TIMESTAMP
+            for batch in kept:
+                header = batch.header
+                if header.base_offset <= previous:
+                    raise CorruptRecordError(f"{self}: the leader's offsets go backwards")
+                previous = header.last_offset
+                assigned.append(BatchPosition(batch.position - first, header))
+                max_timestamp = max(max_timestamp, header.max_timestamp)
+            end = kept[-1].position + kept[-1].header.size_bytes
+            now_ms = self._clock.wall_ms()
+            times = None
+            if times_by_offset:
+                times = [
+                    BatchTimes(*(-1 if t is None else t for t in found))
+                    if (found := times_by_offset.get(b.header.last_offset)) is not None
+                    else BatchTimes()
+                    for b in assigned
+                ]
+            try:
+                for batch in assigned:
+                    epoch = batch.header.partition_leader_epoch
+                    if epoch >= 0 and epoch > self._leader_epochs.latest_epoch:
+                        self._assign_epoch_locked(epoch, batch.header.base_offset)
+                segment = self._maybe_roll_locked(
+                    end - first,
+                    assigned[0].header.base_offset,
+                    assigned[-1].header.last_offset,
+                    max_timestamp,
+                    self._config,
+                )
+                segment.append([memoryview(records)[first:end]], assigned, times)
+            except OSError as exc:
+                raise _io_error(exc, f"{self}: follower append failed") from exc
+            for batch in assigned:
+                self._producer_state.update(batch.header, now_ms)
+                self._unflushed_records += batch.header.records_count
+            return self.log_end_offset
+
+    def _assign_epoch_locked(self, epoch: int, start_offset: int) -> None:
+        if self._leader_epochs.assign(epoch, start_offset):
+            self._leader_epochs.write(self.directory)
+
+    def begin_leader_epoch(self, epoch: int) -> None:
+        """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
+        ``becomeLeader``), so followers asking for the previous epoch learn where it ended
+        even before the new leader writes anything. Raises ``StorageError``."""
+        with self._lock:
+            if epoch > self._leader_epochs.latest_epoch:
+                try:
+                    self._assign_epoch_locked(epoch, self.log_end_offset)
+                except OSError as exc:
+                    raise _io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
+
+    @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in this log (-1 if none)."""
+        with self._lock:
+            return self._leader_epochs.latest_epoch
+
+    def epoch_entries(self) -> list[EpochEntry]:
+        """The leader-epoch cache, oldest first (a copy)."""
+        with self._lock:
+            return self._leader_epochs.entries
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's ``OffsetsForLeaderEpoch``: the largest epoch <= ``epoch`` this log knows
+        and the offset where it ends (``(-1, -1)`` below every known epoch)."""
+        with self._lock:
+            if epoch == UNDEFINED_EPOCH:
+                return UNDEFINED_EPOCH, UNDEFINED_EPOCH
+            return self._leader_epochs.end_offset_for(epoch, self.log_end_offset)
+
+    def divergence_offset(self, leader_epoch: int, leader_end_offset: int) -> int:
+        """Where a follower cuts its log after its leader answered that the follower's
+        last epoch diverged: ``(leader_epoch, leader_end_offset)`` is the largest epoch the
+        leader has at or below the follower's, and where it ends on the leader (KIP-279).
+        The cut is the smaller of that end and this log's own end of the same epoch; with
+        no common epoch at all (``leader_epoch`` -1), the high watermark."""
+        if leader_epoch < 0:
+            return self.high_watermark
+        own_epoch, own_end = self.end_offset_for_epoch(leader_epoch)
+        if own_epoch == leader_epoch:
+            return min(leader_end_offset, own_end)
+        return min(leader_end_offset, own_end if own_end >= 0 else self.high_watermark)
+
+    def track_high_watermark(self, initial: int | None = None) -> int:
+        """Start tracking the high watermark (replicated); returns it.
+
+        It starts at ``initial`` (a checkpoint) or at what is tracked already, else at the
+        log start offset, clamped to ``[log start, log end]``.
+        """
+        with self._lock:
+            current = self._high_watermark
+            start = initial if initial is not None else current
+            if start is None:
+                start = self._log_start_offset
+            self._high_watermark = min(max(start, self._log_start_offset), self.log_end_offset)
+            return self._high_watermark
+
+    def set_high_watermark(self, offset: int) -> bool:
+        """Move a tracked high watermark up to ``offset`` (capped at the log end offset);
+        whether it moved. It never moves down here (only truncation lowers it)."""
+        with self._lock:
+            current = self._high_watermark
+            if current is None:
+                raise StorageError(f"{self}: the high watermark is not tracked")
+            target = min(offset, self.log_end_offset)
+            if target <= current:
+                return False
+            self._high_watermark = target
+            return True
 
     def _maybe_roll_locked(
         self,
@@ -602,12 +804,14 @@ class PartitionLog:
 
     # ================================================================== read
 
-    def read(self, offset: int, max_bytes: int) -> ReadResult:
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` of them.
 
         The first batch is returned whole even if larger than ``max_bytes``. Reading at the
         log end offset returns no bytes. Offsets that compaction removed are skipped: the
-        read starts at the next surviving batch.
+        read starts at the next surviving batch. ``max_offset``: return only batches that
+        start below it (consumers pass the high watermark; an offset between it and the
+        log end reads nothing, as Kafka's fetch does).
 
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
@@ -623,17 +827,29 @@ class PartitionLog:
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: "
                 f"log start {log_start}, log end {log_end}"
             )
+        high_watermark = self.high_watermark
         if offset == log_end:
-            return ReadResult(b"", log_end, log_start)
+            return ReadResult(b"", high_watermark, log_start)
+        stop = len(segments)
+        stop_position: int | None = None
+        if max_offset is not None and max_offset < log_end:
+            if offset >= max_offset:
+                return ReadResult(b"", high_watermark, log_start)
+            stop = max(bisect.bisect_right(bases, max_offset) - 1, 0)
+            found = segments[stop].find_position(max_offset, batch_start=True)
+            stop_position = segments[stop].size_bytes if found is None else found
+            stop += 1
         i = max(bisect.bisect_right(bases, offset) - 1, 0)
         max_bytes = max(max_bytes, 1)
-        for j in range(i, len(segments)):
+        for j in range(i, stop):
             segment = segments[j]
             limit = active_size if j == len(segments) - 1 else None
+            if j == stop - 1 and stop_position is not None:
+                limit = stop_position if limit is None else min(limit, stop_position)
             data, times = segment.read_with_times(offset, max_bytes, limit)
             if data:
-                return ReadResult(data, log_end, log_start, times)
-        return ReadResult(b"", log_end, log_start)
+                return ReadResult(data, high_watermark, log_start, times)
+        return ReadResult(b"", high_watermark, log_start)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """``(offset, timestamp)`` of the first record with a timestamp >= ``timestamp_ms``.
@@ -726,6 +942,12 @@ class PartitionLog:
                 self._recovery_point = min(self._recovery_point, self.log_end_offset)
                 if self.log_end_offset < self._log_start_offset:
                     self._log_start_offset = self.log_end_offset
+                if self._high_watermark is not None:
+                    self._high_watermark = min(self._high_watermark, self.log_end_offset)
+                before = self._leader_epochs.entries
+                self._leader_epochs.truncate_from_end(self.log_end_offset)
+                if self._leader_epochs.entries != before:
+                    self._leader_epochs.write(self.directory)
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     if base_offset_from_name(snapshot.name) > self.log_end_offset:
                         _unlink(snapshot)

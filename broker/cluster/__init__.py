@@ -10,6 +10,8 @@ embedded default). With it, the modules follow Kafka's ZooKeeper-era control pla
 * ``store``: the one module that talks to ZooKeeper (kazoo): broker registration,
   controller election fenced by ``/controller_epoch``, topics and partition state written
   by compare-and-set on the znode version.
+* ``producer_ids``: producer ids for the whole cluster, from blocks claimed in
+  ``/latest_producer_id_block`` and one znode per producer key (``init_keyed``).
 * ``testing``: a throwaway ZooKeeper server for tests, ours and users'.
 
 The package itself exports nothing; import from the modules.

@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
+_INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,13 @@ class ControllerSettings:
     broker_id: int
     unclean_leader_election: bool = False
     admin_timeout_ms: int = 30_000
+    # Replicas of the internal topics, capped at the live brokers when they are created
+    # (Kafka's offsets.topic.replication.factor, default 3).
+    internal_replication_factor: int = 3
+    # Kafka's auto.leader.rebalance.enable and leader.imbalance.check.interval.seconds:
+    # every interval, partitions whose preferred replica is alive and in sync but not
+    # leading get it back as leader (0 disables).
+    leader_rebalance_interval_ms: int = 300_000
 
 
 @dataclass(slots=True)
@@ -113,6 +121,12 @@ class Controller:
     def start(self) -> None:
         """Start the event thread and the watches that feed it."""
         self._thread.start()
+        if self._settings.leader_rebalance_interval_ms > 0:
+            threading.Thread(
+                target=self._run_rebalance_timer,
+                name=f"tidelog-leader-rebalance-{self._settings.broker_id}",
+                daemon=True,
+            ).start()
         self._store.watch_data("/controller", lambda _data: self._post("election"))
         self._store.watch_children("/brokers/ids", lambda _ids: self._post("brokers"))
 
@@ -121,6 +135,11 @@ class Controller:
         self._stopped.set()
         self._events.put(_Event("stop"))
         self._thread.join(timeout_ms / 1000)
+
+    def _run_rebalance_timer(self) -> None:
+        interval_s = self._settings.leader_rebalance_interval_ms / 1000
+        while not self._stopped.wait(interval_s):
+            self._post("rebalance")
 
     def session_lost(self) -> None:
         """The ZooKeeper session expired: ``/controller`` went with it, so stop acting.
@@ -242,28 +261,53 @@ class Controller:
             self._try_elect()
             return
         if event.kind in ("brokers", "election"):
+            self._ensure_internal_topics()
             self._reconcile()
+        elif event.kind == "rebalance":
+            moved = self._elect_preferred()
+            if moved:
+                log.info("leader rebalance: %d partition(s) back on their preferred replica", moved)
 
     def _try_elect(self) -> None:
         lease = self._store.try_become_controller(self._settings.broker_id, self._clock.wall_ms())
         if lease is None:
             return
         self._lease = lease
+        self._lease_ms = self._clock.monotonic_ms()
         log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
         self._ensure_internal_topics()
         self._reconcile()
 
     def _ensure_internal_topics(self) -> None:
-        """Create the internal topics (the offsets topic) the first time a controller wins."""
-        for name, (partitions, config) in self._internal_topics.items():
-            if self._store.read_topic(name) is not None:
-                continue
+        """Create the internal topics (the offsets topic) if they are missing.
+
+        With their full replication factor once that many brokers are live; a controller
+        that has waited ``_INTERNAL_TOPIC_GRACE_MS`` for them creates them with the brokers
+        it has (a cluster smaller than the factor still gets its groups working).
+        """
+        missing = [n for n in self._internal_topics if self._store.read_topic(n) is None]
+        if not missing:
+            return
+        live = len(self._live())
+        wanted = self._settings.internal_replication_factor
+        waited = self._clock.monotonic_ms() - self._lease_ms
+        if live < wanted and waited < _INTERNAL_TOPIC_GRACE_MS:
+            delay = (_INTERNAL_TOPIC_GRACE_MS - waited) / 1000 + 0.1
+            timer = threading.Timer(delay, self._post, ("brokers",))
+            timer.daemon = True
+            timer.start()
+            return
+        for name in missing:
+            partitions, config = self._internal_topics[name]
+            factor = max(1, min(wanted, live))
             try:
-                self._create_topic(name, partitions, 1, dict(config))
+                self._create_topic(name, partitions, factor, dict(config))
             except TopicAlreadyExistsError:
                 continue
 
     # --- duties --------------------------------------------------------------------------
+
+    _lease_ms = 0
 
     def _live(self) -> set[int]:
         return set(self._store.live_brokers())

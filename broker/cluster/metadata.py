@@ -99,9 +99,10 @@ class MetadataWatcher:
         self._wakeups.put("stop")
         self._thread.join(timeout_ms / 1000)
 
-    def refresh(self) -> None:
-        """Ask for a re-read now (after a session was re-established, say)."""
-        self._wakeups.put("refresh")
+    def refresh(self, *, force: bool = False) -> None:
+        """Ask for a re-read now (after a session was re-established, say); ``force``
+        hands the result to the listener even if nothing changed."""
+        self._wakeups.put("force" if force else "refresh")
 
     def wait_for(self, check: Callable[[ClusterMetadata], bool], timeout_ms: int) -> bool:
         """Block until ``check(snapshot)`` holds or ``timeout_ms`` passes; whether it held."""
@@ -128,6 +129,7 @@ class MetadataWatcher:
 
     def _run(self) -> None:
         failed = False
+        pending_force = False
         while True:
             try:
                 reason = self._wakeups.get(timeout=_RETRY_S if failed else None)
@@ -135,17 +137,22 @@ class MetadataWatcher:
                 reason = "retry"
             if reason == "stop":
                 return
+            force = pending_force or reason == "force"
             while not self._wakeups.empty():  # coalesce a burst of changes into one read
-                if self._wakeups.get_nowait() == "stop":
+                reason = self._wakeups.get_nowait()
+                if reason == "stop":
                     return
+                force = force or reason == "force"
             try:
                 snapshot = self._read()
                 failed = False
             except StoreError as exc:
                 log.warning("cluster metadata re-read failed (retrying): %s", exc)
                 failed = True
+                pending_force = force  # the retry still owes the listener a view
                 continue
-            self._publish(snapshot)
+            pending_force = False
+            self._publish(snapshot, force=force)
 
     def _read(self) -> ClusterMetadata:
         store = self._store
@@ -174,8 +181,8 @@ class MetadataWatcher:
             topics[name] = TopicMetadata(assignment, states, store.read_topic_config(name))
         return ClusterMetadata(store.live_brokers(), store.controller_id(), topics)
 
-    def _publish(self, snapshot: ClusterMetadata) -> None:
-        if snapshot == self._snapshot:
+    def _publish(self, snapshot: ClusterMetadata, *, force: bool = False) -> None:
+        if snapshot == self._snapshot and not force:
             return
         # The listener first: whoever waits for a view (``wait_for``) then finds what the
         # listener does for it (the local logs of a new topic) already done.

@@ -21,10 +21,12 @@ naming the controller, so the client retries there (Kafka's clients send these r
 to the controller too). A call returns once this broker's own view shows the change, so
 a describe that follows on the same broker sees it.
 
-Simplification (issue 13, replication factor 1): every broker keeps a local log for every
-partition of every topic; only the replicas' logs ever receive data (produce and fetch
-are refused elsewhere by the placement). Hosting only assigned replicas is left for
-replication (issue 14), where the local set follows the assignment.
+Replication (``broker.cluster.replicas``, ``docs/replication.md``): every view also goes
+to the replica manager, which makes this broker leader or follower of the partitions it
+is a replica of; its fetchers copy the leaders' logs.
+
+Every broker keeps a local log for every partition of every topic; only the replicas'
+logs ever receive data (produce and fetch are refused elsewhere by the placement).
 
 Thread-safe.
 """
@@ -34,16 +36,24 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import grpc
+
 from broker.cluster.controller import Controller, ControllerSettings
+from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
+from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.store import ClusterStore
-from broker.cluster.znodes import NO_LEADER, BrokerRegistration
+from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
 from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
+from broker.metrics import BrokerMetrics
 from broker.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from proto.tidelog.v1 import broker_pb2 as pb
+from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.clock import Clock
 from storage.errors import (
     BrokerUnavailableError,
@@ -52,6 +62,7 @@ from storage.errors import (
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
+from storage.log_manager import LogManager
 
 __all__ = ["ClusterNode", "ClusterPlacement", "LocalTopics"]
 
@@ -59,12 +70,26 @@ log = logging.getLogger(__name__)
 
 _NO_PLACEMENT = PartitionPlacement(NO_LEADER, -1, (), ())
 _VIEW_WAIT_MS = 10_000  # how long an admin call waits for this broker's view to catch up
+_SHUTDOWN_WAIT_MS = 15_000  # how long a controlled shutdown may take before stopping anyway
 
 
 class LocalTopics(Protocol):
-    """What the node needs of the core to keep local logs in step (``BrokerCore``)."""
+    """What the node needs of the core to keep local logs in step and replicate them
+    (``BrokerCore``)."""
+
+    @property
+    def logs(self) -> LogManager: ...
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None: ...
+
+    def attach_replication(self, replicas: ReplicaManager) -> None: ...
+
+    def replication_progress(self, topic: str, partition: int) -> None: ...
+
+    def became_leader(self, topic: str, partition: int) -> None: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
 
 
 class ClusterPlacement:
@@ -132,6 +157,7 @@ class ClusterNode:
         self._watcher = watcher
         self._controller = controller
         self.placement = placement
+        self.replicas: ReplicaManager | None = None
         self._registration: BrokerRegistration | None = None
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
@@ -170,6 +196,8 @@ class ClusterNode:
                 timeout_ms=config.zookeeper_session_timeout_ms * 2,
             )
 
+            replicas_box: list[ReplicaManager] = []
+
             def apply(snapshot: ClusterMetadata) -> None:
                 local.apply_cluster_topics(
                     {
@@ -177,14 +205,24 @@ class ClusterNode:
                         for name, t in snapshot.topics.items()
                     }
                 )
+                for replicas in replicas_box:
+                    replicas.apply(snapshot)
 
             watcher = MetadataWatcher(store, apply)
+            replicas = _start_replicas(config, store, watcher, local, clock)
+            replicas_box.append(replicas)
             placement = ClusterPlacement(config.broker_id, cluster_id, watcher)
             controller = Controller(
                 store,
                 ControllerSettings(
                     config.broker_id,
                     unclean_leader_election=config.unclean_leader_election_enable,
+                    internal_replication_factor=config.offsets_topic_replication_factor,
+                    leader_rebalance_interval_ms=(
+                        config.leader_imbalance_check_interval_seconds * 1000
+                        if config.auto_leader_rebalance_enable
+                        else 0
+                    ),
                 ),
                 clock,
                 internal_topics=internal_topics,
@@ -195,6 +233,22 @@ class ClusterNode:
             store.close()
             raise
         node = cls(config, store, watcher, controller, placement)
+        node.replicas = replicas
+
+        def counts() -> tuple[int, int, int]:
+            under, led = replicas.counts()
+            offline = 0
+            if controller.is_controller:
+                view = watcher.snapshot
+                offline = sum(
+                    1
+                    for topic in view.topics.values()
+                    for partition in topic.assignment.replicas
+                    if topic.leader(partition) == NO_LEADER
+                )
+            return under, offline, led
+
+        local.metrics.add_replication_collector(counts, replicas.follower_lag)
         node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
@@ -219,13 +273,40 @@ class ClusterNode:
         re-reads the cluster, so it serves only what the new view says it leads.
         """
         lost = False
+        resigned = False
+        suspended_at: float | None = None
+        timeout_s = self._config.zookeeper_session_timeout_ms / 1000
         while True:
-            state = self._session_events.get()
+            wait = None
+            if suspended_at is not None and not resigned:
+                wait = max(suspended_at + timeout_s - time.monotonic(), 0.0)
+            try:
+                state = self._session_events.get(timeout=wait)
+            except queue.Empty:
+                # Cut off from ZooKeeper for a whole session timeout: the session has
+                # expired on the servers, the controller has moved this broker's
+                # leaderships elsewhere. Stop acting as leader now rather than when
+                # kazoo reconnects and says so (a leader cut off from ZooKeeper but not
+                # from its clients must stop acknowledging writes).
+                resigned = True
+                if self.replicas is not None:
+                    self.replicas.resign_all("cut off from ZooKeeper for a session timeout")
+                continue
             if state == "stop":
                 return
+            if state == "SUSPENDED":
+                suspended_at = suspended_at or time.monotonic()
+                continue
+            if state in ("CONNECTED", "LOST"):
+                suspended_at = None
+            if resigned and state == "CONNECTED":
+                resigned = False
+                self._watcher.refresh(force=True)  # roles again from a fresh view
             if state == "LOST":
                 lost = True
                 self._controller.session_lost()
+                if self.replicas is not None:
+                    self.replicas.resign_all("ZooKeeper session lost")
                 log.warning("broker %d: ZooKeeper session lost", self._config.broker_id)
             elif state == "CONNECTED" and lost and self._registration is not None:
                 try:
@@ -236,23 +317,86 @@ class ClusterNode:
                     log.info("broker %d registered again", self._config.broker_id)
                 except Exception as exc:
                     log.error("broker %d could not register again: %s", self._config.broker_id, exc)
-                self._watcher.refresh()
+                self._watcher.refresh(force=True)
 
     def stop(self) -> None:
-        """Leave: controlled shutdown if this broker controls, then end the session."""
-        if self._config.controlled_shutdown_enable and self._controller.is_controller:
+        """Leave: controlled shutdown, then end the session.
+
+        Controlled shutdown (``controlled.shutdown.enable``) asks the controller (this
+        broker's own, or another over ``ControlledShutdown``) to move this broker's
+        leaderships to other in-sync replicas, then waits until this broker's view shows
+        it leads nothing, so clients move before the broker goes. Bounded by
+        ``_SHUTDOWN_WAIT_MS``; a failure is logged and the broker stops anyway (its
+        session's end makes the controller elect the same way, a little later).
+        """
+        if self._config.controlled_shutdown_enable:
             try:
-                self._controller.controlled_shutdown(self._config.broker_id)
+                self._controlled_shutdown()
             except Exception as exc:
                 log.warning("controlled shutdown failed: %s", exc)
         self._controller.stop()
         self._watcher.stop()
+        if self.replicas is not None:
+            self.replicas.stop()
         self._session_events.put("stop")
         self._store.close()
+
+    def _controlled_shutdown(self) -> None:
+        me = self._config.broker_id
+        deadline = time.monotonic() + _SHUTDOWN_WAIT_MS / 1000
+        while True:
+            try:
+                moved = self._ask_controller_to_move(me, deadline)
+                break
+            except NotControllerError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+
+        def leads_nothing(view: ClusterMetadata) -> bool:
+            return all(
+                topic.leader(partition) != me
+                for topic in view.topics.values()
+                for partition in topic.assignment.replicas
+                if len(topic.assignment.replicas[partition]) > 1
+            )
+
+        done = self._watcher.wait_for(leads_nothing, left_ms)
+        log.info(
+            "controlled shutdown: %d leadership(s) moved%s",
+            moved,
+            "" if done else " (this broker's view did not show all of it in time)",
+        )
+
+    def _ask_controller_to_move(self, me: int, deadline: float) -> int:
+        if self._controller.is_controller:
+            return self._controller.controlled_shutdown(me)
+        view = self._watcher.snapshot
+        controller = view.brokers.get(view.controller_id if view.controller_id is not None else -1)
+        if controller is None:
+            raise NotControllerError("no controller to ask")
+        with grpc.insecure_channel(f"{controller.host}:{controller.port}") as channel:
+            try:
+                answer = pb_grpc.BrokerStub(channel).ControlledShutdown(
+                    pb.ControlledShutdownRequest(broker_id=me),
+                    timeout=max(deadline - time.monotonic(), 0.1),
+                )
+            except grpc.RpcError as exc:
+                raise NotControllerError(f"asking broker {controller.broker_id}: {exc}") from None
+        return int(answer.moved)
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        return self._controller_or_raise().controlled_shutdown(broker_id)
 
     @property
     def metadata(self) -> ClusterMetadata:
         return self._watcher.snapshot
+
+    @property
+    def store(self) -> ClusterStore:
+        """This broker's ZooKeeper session (the server builds the producer-id source on it)."""
+        return self._store
 
     # --- topic administration (the core's TopicAdmin seam) --------------------------------
 
@@ -295,3 +439,67 @@ class ClusterNode:
 
     def elect_preferred_leaders(self) -> int:
         return self._controller_or_raise().elect_preferred_leaders()
+
+
+def _start_replicas(
+    config: BrokerConfig,
+    store: ClusterStore,
+    watcher: MetadataWatcher,
+    local: LocalTopics,
+    clock: Clock,
+) -> ReplicaManager:
+    """The replica manager and its fetchers, attached to the core (not yet fed a view)."""
+
+    def address_of(broker_id: int) -> str | None:
+        found = watcher.snapshot.brokers.get(broker_id)
+        return None if found is None else f"{found.host}:{found.port}"
+
+    def write_isr(
+        topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
+    ) -> bool:
+        # Only while the znode still names this broker leader at this epoch (a leader the
+        # controller replaced must not write), and at the version read (CAS).
+        found = store.read_partition_state(topic, partition)
+        if found is None:
+            return False
+        state, version = found
+        if state.leader != leader or state.leader_epoch != epoch:
+            return False
+        store.update_isr(
+            topic, partition, PartitionState(leader, epoch, isr, state.controller_epoch), version
+        )
+        return True
+
+    def count_isr_change(shrunk: int, expanded: int) -> None:
+        local.metrics.isr_shrinks.inc(shrunk)
+        local.metrics.isr_expands.inc(expanded)
+
+    fetchers = FetcherPool(
+        config.broker_id,
+        local.logs,
+        address_of,
+        num_fetchers=config.num_replica_fetchers,
+        wait_ms=config.replica_fetch_wait_max_ms,
+        fetch_max_bytes=config.replica_fetch_max_bytes,
+        backoff_ms=config.replica_fetch_backoff_ms,
+    )
+    replicas = ReplicaManager(
+        ReplicaSettings(
+            config.broker_id,
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+            replica_fetch_max_bytes=config.replica_fetch_max_bytes,
+            replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
+            num_replica_fetchers=config.num_replica_fetchers,
+        ),
+        local.logs,
+        clock,
+        write_isr,
+        local.replication_progress,
+        fetchers,
+        on_leader=local.became_leader,
+        on_isr_change=count_isr_change,
+    )
+    local.attach_replication(replicas)
+    replicas.start()
+    return replicas

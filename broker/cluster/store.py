@@ -15,6 +15,9 @@ Kafka's ZooKeeper-era mechanisms (``reference/replication.md`` sections 2 and 5)
   with ``ControllerMovedError`` instead of writing.
 * **Compare-and-set.** Partition state is written at the znode version last read;
   ``StaleStateError`` means someone else wrote in between: re-read, never apply a diff.
+* **Producer ids** (``broker/cluster/producer_ids.py``): a block of ids is claimed by a
+  compare-and-set on ``/latest_producer_id_block`` (Kafka's ``ZkProducerIdManager``);
+  a keyed id's znode is created if absent and refreshed or replaced by compare-and-set.
 
 kazoo does not retry by default; reads here go through ``KazooRetry`` (idempotent), writes
 do not (a create or a transaction retried after a lost connection may have happened).
@@ -44,26 +47,35 @@ from broker.cluster.znodes import (
     CLUSTER_ID,
     CONTROLLER,
     CONTROLLER_EPOCH,
+    PRODUCER_ID_BLOCK,
+    PRODUCER_KEYS,
     TOPIC_CONFIGS,
     TOPICS,
     BrokerRegistration,
+    KeyedProducerId,
     PartitionState,
+    ProducerIdBlock,
     TopicAssignment,
     broker_path,
     decode_broker,
     decode_controller,
     decode_epoch,
     decode_partition_state,
+    decode_producer_id_block,
+    decode_producer_key,
     decode_topic,
     decode_topic_config,
     encode_broker,
     encode_controller,
     encode_epoch,
     encode_partition_state,
+    encode_producer_id_block,
+    encode_producer_key,
     encode_topic,
     encode_topic_config,
     partition_state_path,
     partitions_path,
+    producer_key_path,
     topic_config_path,
     topic_path,
 )
@@ -79,7 +91,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_BASE_PATHS = (BROKER_IDS, TOPICS, TOPIC_CONFIGS, ADMIN_DELETE_TOPICS, "/cluster")
+_BASE_PATHS = (BROKER_IDS, TOPICS, TOPIC_CONFIGS, ADMIN_DELETE_TOPICS, "/cluster", PRODUCER_KEYS)
 _REGISTRATION_POLL_S = 0.2
 
 
@@ -416,6 +428,107 @@ class ClusterStore:
         except Exception as exc:
             raise StoreError(f"writing {path}: {exc}") from exc
         return int(stat.version)
+
+    # --- producer ids (any broker; compare-and-set, never fenced by the controller) -------
+
+    def read_producer_id_block(self) -> tuple[ProducerIdBlock, int] | None:
+        """The last claimed block and its znode version, or None before the first claim."""
+        try:
+            data, stat = self._read(PRODUCER_ID_BLOCK)
+        except NoNodeError:
+            return None
+        return decode_producer_id_block(data), int(stat.version)
+
+    def claim_producer_id_block(self, block: ProducerIdBlock, expected_version: int) -> None:
+        """Write ``block`` as the latest, at ``expected_version`` (-1: the first claim).
+
+        Not retried: after a lost connection the write may have happened, and the caller's
+        next claim (after a re-read) skips the block, which is safe: ids are lost, never
+        handed out twice.
+
+        Raises:
+            StaleStateError: another broker claimed a block since the read.
+            StoreError: ZooKeeper failed.
+        """
+        data = encode_producer_id_block(block)
+        try:
+            if expected_version < 0:
+                self._client.create(PRODUCER_ID_BLOCK, data)
+            else:
+                self._client.set(PRODUCER_ID_BLOCK, data, version=expected_version)
+        except (NodeExistsError, BadVersionError, NoNodeError) as exc:
+            raise StaleStateError(f"{PRODUCER_ID_BLOCK} moved on: {exc!r}") from None
+        except Exception as exc:
+            raise StoreError(f"claiming producer ids {block}: {exc}") from exc
+
+    def producer_key_names(self) -> list[str]:
+        """The children of ``/tidelog/producer_keys`` (``znodes.producer_key_name``)."""
+        return sorted(self._children(PRODUCER_KEYS))
+
+    def read_producer_key(self, name: str) -> tuple[KeyedProducerId, int] | None:
+        """A key's entry and znode version, or None if it has none."""
+        path = producer_key_path(name)
+        try:
+            data, stat = self._read(path)
+        except NoNodeError:
+            return None
+        return decode_producer_key(data, path), int(stat.version)
+
+    def write_producer_key(self, name: str, entry: KeyedProducerId, expected_version: int) -> None:
+        """Create a key's znode (``expected_version`` -1) or replace it by compare-and-set.
+
+        Raises:
+            StaleStateError: the znode exists (create) or moved on or went (replace).
+            StoreError: ZooKeeper failed.
+        """
+        path = producer_key_path(name)
+        data = encode_producer_key(entry)
+        try:
+            if expected_version < 0:
+                self._client.create(path, data)
+            else:
+                self._client.set(path, data, version=expected_version)
+        except (NodeExistsError, BadVersionError, NoNodeError) as exc:
+            raise StaleStateError(f"{path} moved on: {exc!r}") from None
+        except Exception as exc:
+            raise StoreError(f"writing {path}: {exc}") from exc
+
+    def delete_producer_key(self, name: str, expected_version: int) -> bool:
+        """Delete a key's znode if still at ``expected_version``; False if it moved or went.
+
+        Raises ``StoreError`` if ZooKeeper failed.
+        """
+        path = producer_key_path(name)
+        try:
+            self._client.delete(path, version=expected_version)
+        except (BadVersionError, NoNodeError):
+            return False
+        except Exception as exc:
+            raise StoreError(f"deleting {path}: {exc}") from exc
+        return True
+
+    # --- small documents (ACLs) -------------------------------------------------------
+
+    def read_document(self, path: str) -> tuple[bytes, int] | None:
+        """``(data, znode version)`` of ``path``, None if it does not exist."""
+        try:
+            data, stat = self._read(path)
+        except NoNodeError:
+            return None
+        return data, int(stat.version)
+
+    def write_document(self, path: str, data: bytes, expected_version: int) -> None:
+        """Create ``path`` (``expected_version`` -1, parents too) or replace it by
+        compare-and-set. Raises ``StaleStateError`` if someone wrote first."""
+        try:
+            if expected_version < 0:
+                self._client.create(path, data, makepath=True)
+            else:
+                self._client.set(path, data, version=expected_version)
+        except (NodeExistsError, BadVersionError, NoNodeError) as exc:
+            raise StaleStateError(f"{path} moved on: {exc!r}") from None
+        except Exception as exc:
+            raise StoreError(f"writing {path}: {exc}") from exc
 
     # --- watches ---------------------------------------------------------------------
 

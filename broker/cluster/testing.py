@@ -26,6 +26,10 @@ about a second, for failure tests), the Jetty admin server off and no fsync. ``s
 the end of the ``with`` block) ends the process and removes the temporary directory. The
 JVM is started in its own process group and killed with it, so nothing outlives the test.
 
+Each broker reaches ZooKeeper through a ``TcpProxy`` of its own, so a failure test can cut
+one broker off from ZooKeeper while clients still reach it
+(``cluster.cut_from_zookeeper(2)``, ``cluster.heal_zookeeper(2)``).
+
 ``zookeeper_available()`` tells whether the jar and ``java`` are there; ``make`` and
 ``.ci/run`` install the package (``apt-get install libzookeeper-java``).
 """
@@ -40,11 +44,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ZOOKEEPER_JAR", "LocalCluster", "ZooKeeperServer", "zookeeper_available"]
+__all__ = [
+    "ZOOKEEPER_JAR",
+    "LocalCluster",
+    "TcpProxy",
+    "ZooKeeperServer",
+    "zookeeper_available",
+]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +227,79 @@ class ZooKeeperServer:
         self.stop()
 
 
+class TcpProxy:
+    """Forwards 127.0.0.1:``port`` to ``target``; ``cut`` drops every connection and
+    refuses new ones until ``heal``. Threads, one pair per connection; for tests."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._cut = False
+        self._closed = False
+        threading.Thread(target=self._accept, name="tidelog-tcp-proxy", daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            doomed = list(self._sockets)
+            self._sockets.clear()
+        for sock in doomed:
+            _close(sock)
+
+    def heal(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        _close(self._listener)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                refused = self._cut
+            if refused:
+                _close(client)
+                continue
+            try:
+                server = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._sockets.update((client, server))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with self._lock:
+                    self._sockets.discard(sock)
+                _close(sock)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
 class LocalCluster:
     """ZooKeeper plus ``brokers`` broker processes on 127.0.0.1. Not thread-safe.
 
@@ -234,7 +319,7 @@ class LocalCluster:
         self,
         brokers: int = 3,
         *,
-        settings: dict[str, object] | None = None,
+        settings: Mapping[str, object] | None = None,
         session_timeout_ms: int = 4_000,
         metrics: bool = False,
     ) -> None:
@@ -247,6 +332,7 @@ class LocalCluster:
         self._metrics = metrics
         self.metrics_ports: dict[int, int] = {}
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._proxies: dict[int, TcpProxy] = {}
 
     @property
     def broker_ids(self) -> list[int]:
@@ -275,7 +361,7 @@ class LocalCluster:
             for broker_id in self._ids:
                 self.start_broker(broker_id, wait=False)
             for broker_id in self._ids:
-                self._wait_ready(broker_id)
+                self.wait_ready(broker_id)
         except BaseException:
             self.stop()
             raise
@@ -290,7 +376,7 @@ class LocalCluster:
         ready.unlink(missing_ok=True)
         settings = {
             "broker.id": broker_id,
-            "zookeeper.connect": f"{self.zookeeper.connect_string}/tidelog",
+            "zookeeper.connect": f"127.0.0.1:{self._proxy(broker_id).port}/tidelog",
             "zookeeper.session.timeout.ms": self._session_timeout_ms,
             "metrics.port": self.metrics_ports.get(broker_id, -1),
             "shutdown.grace.ms": 1_000,
@@ -320,9 +406,26 @@ class LocalCluster:
         finally:
             log_file.close()
         if wait:
-            self._wait_ready(broker_id)
+            self.wait_ready(broker_id)
 
-    def _wait_ready(self, broker_id: int) -> None:
+    def _proxy(self, broker_id: int) -> TcpProxy:
+        proxy = self._proxies.get(broker_id)
+        if proxy is None:
+            host, port = self.zookeeper.connect_string.rsplit(":", 1)
+            proxy = self._proxies[broker_id] = TcpProxy((host, int(port)))
+        return proxy
+
+    def cut_from_zookeeper(self, broker_id: int) -> None:
+        """Drop broker ``broker_id``'s ZooKeeper connection and refuse new ones (clients
+        and other brokers still reach it)."""
+        self._proxy(broker_id).cut()
+
+    def heal_zookeeper(self, broker_id: int) -> None:
+        """Let broker ``broker_id`` reach ZooKeeper again."""
+        self._proxy(broker_id).heal()
+
+    def wait_ready(self, broker_id: int) -> None:
+        """Block until broker ``broker_id`` (started with ``wait=False``) serves."""
         assert self._directory is not None
         ready = self._directory / f"broker-{broker_id}.ready"
         process = self._processes[broker_id]
@@ -360,6 +463,9 @@ class LocalCluster:
                 process.kill()
             process.wait(_STOP_TIMEOUT_S)
         self._processes.clear()
+        for proxy in self._proxies.values():
+            proxy.close()
+        self._proxies.clear()
         self.zookeeper.stop()
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)

@@ -12,10 +12,21 @@ Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses
                                                     "isr":[..],"controller_epoch":C}
     /config/topics/<t>                             {"version":1,"config":{...}}
     /admin/delete_topics/<t>                       empty: the topic is being deleted
+    /latest_producer_id_block                      {"version":1,"broker":N,"block_start":S,
+                                                    "block_end":E}
+    /tidelog/producer_keys/<quoted key>            {"version":1,"producer_id":P,
+                                                    "producer_epoch":E,"last_used_ms":T}
 
 An ephemeral broker znode's creation zxid (``czxid``) is the broker's epoch (KIP-380): a
 broker that restarted has a larger one. A partition state znode's version is the
 compare-and-set token of every write to it. Leader -1 means no leader (offline).
+
+``/latest_producer_id_block`` is Kafka's (``ProducerIdBlockZNode``): the last block of
+producer ids a broker claimed, both ends inclusive; the next claim starts after
+``block_end``, at the version read. Kafka writes the two ends as strings; both forms are
+read. ``/tidelog/producer_keys`` is Tidelog's own (keyed producer ids, no Kafka
+counterpart): one child per key, named by ``producer_key_name`` (the key percent-encoded,
+so any key of up to 1,024 characters is one valid znode name).
 
 Pure: bytes and values in and out; ``ZnodeError`` for a znode that does not parse.
 """
@@ -26,18 +37,24 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 __all__ = [
+    "ACLS",
     "ADMIN_DELETE_TOPICS",
     "BROKER_IDS",
     "CLUSTER_ID",
     "CONTROLLER",
     "CONTROLLER_EPOCH",
     "NO_LEADER",
+    "PRODUCER_ID_BLOCK",
+    "PRODUCER_KEYS",
     "TOPICS",
     "TOPIC_CONFIGS",
     "BrokerRegistration",
+    "KeyedProducerId",
     "PartitionState",
+    "ProducerIdBlock",
     "TopicAssignment",
     "ZnodeError",
     "broker_path",
@@ -45,16 +62,22 @@ __all__ = [
     "decode_controller",
     "decode_epoch",
     "decode_partition_state",
+    "decode_producer_id_block",
+    "decode_producer_key",
     "decode_topic",
     "decode_topic_config",
     "encode_broker",
     "encode_controller",
     "encode_epoch",
     "encode_partition_state",
+    "encode_producer_id_block",
+    "encode_producer_key",
     "encode_topic",
     "encode_topic_config",
     "partition_state_path",
     "partitions_path",
+    "producer_key_name",
+    "producer_key_path",
     "topic_config_path",
     "topic_path",
 ]
@@ -66,6 +89,9 @@ TOPIC_CONFIGS = "/config/topics"
 CONTROLLER = "/controller"
 CONTROLLER_EPOCH = "/controller_epoch"
 ADMIN_DELETE_TOPICS = "/admin/delete_topics"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
+PRODUCER_KEYS = "/tidelog/producer_keys"
+ACLS = "/tidelog/acls"  # every ACL binding, one JSON document (broker.acl_store)
 NO_LEADER = -1
 
 
@@ -106,6 +132,24 @@ class PartitionState:
     controller_epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerIdBlock:
+    """Producer ids ``block_start..block_end`` (inclusive), claimed by broker ``broker_id``."""
+
+    broker_id: int
+    block_start: int
+    block_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedProducerId:
+    """A producer key's id, the epoch it was given, and when a broker last handed it out."""
+
+    producer_id: int
+    producer_epoch: int
+    last_used_ms: int
+
+
 def broker_path(broker_id: int) -> str:
     return f"{BROKER_IDS}/{broker_id}"
 
@@ -124,6 +168,24 @@ def partition_state_path(topic: str, partition: int) -> str:
 
 def topic_config_path(topic: str) -> str:
     return f"{TOPIC_CONFIGS}/{topic}"
+
+
+def producer_key_name(key: str) -> str:
+    """The child of ``PRODUCER_KEYS`` that holds ``key``: one name per key, reversible.
+
+    Percent-encoding (UTF-8) of everything but letters, digits and ``-_.~:``, so the name
+    has no ``/`` and none of the characters ZooKeeper refuses; ``.`` and ``..`` (reserved
+    names) are encoded too. ``urllib.parse.unquote`` gives the key back.
+    """
+    name = quote(key, safe=":")
+    if name in (".", ".."):
+        name = name.replace(".", "%2E")
+    return name
+
+
+def producer_key_path(name: str) -> str:
+    """The znode of a key's ``producer_key_name``."""
+    return f"{PRODUCER_KEYS}/{name}"
 
 
 def _dump(document: Mapping[str, Any]) -> bytes:
@@ -260,3 +322,54 @@ def decode_topic_config(name: str, data: bytes) -> dict[str, str]:
     ):
         raise ZnodeError(f"{what}: config is not a string map")
     return dict(config)
+
+
+def encode_producer_id_block(block: ProducerIdBlock) -> bytes:
+    return _dump(
+        {
+            "version": 1,
+            "broker": block.broker_id,
+            "block_start": block.block_start,
+            "block_end": block.block_end,
+        }
+    )
+
+
+def _int_or_text(document: Mapping[str, Any], key: str, what: str) -> int:
+    value = document.get(key)
+    if isinstance(value, str) and value.isdigit():  # Kafka writes the ends as strings
+        return int(value)
+    return _int(document, key, what)
+
+
+def decode_producer_id_block(data: bytes) -> ProducerIdBlock:
+    what = PRODUCER_ID_BLOCK
+    document = _load(data, what)
+    block = ProducerIdBlock(
+        _int(document, "broker", what),
+        _int_or_text(document, "block_start", what),
+        _int_or_text(document, "block_end", what),
+    )
+    if not 0 <= block.block_start <= block.block_end:
+        raise ZnodeError(f"{what}: not a block: {block}")
+    return block
+
+
+def encode_producer_key(entry: KeyedProducerId) -> bytes:
+    return _dump(
+        {
+            "version": 1,
+            "producer_id": entry.producer_id,
+            "producer_epoch": entry.producer_epoch,
+            "last_used_ms": entry.last_used_ms,
+        }
+    )
+
+
+def decode_producer_key(data: bytes, what: str = "producer key") -> KeyedProducerId:
+    document = _load(data, what)
+    return KeyedProducerId(
+        _int(document, "producer_id", what),
+        _int(document, "producer_epoch", what),
+        _int(document, "last_used_ms", what),
+    )

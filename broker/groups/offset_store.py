@@ -9,8 +9,13 @@ the latest record of each (group, topic, partition) and drops old tombstones.
 Writes, per offsets partition under its own lock, in this order:
 
 1. append the batch to the partition log;
-2. fsync it (``acks=all``);
+2. fsync it (``acks=all``); in cluster mode also wait until the in-sync replicas have it
+   (the partition's high watermark passed it: ``replication``, the replica manager), so a
+   commit acknowledged survives the coordinator's death;
 3. only then change the in-memory cache, and return (the caller acknowledges).
+
+Cluster mode: only the leader of an offsets partition coordinates its groups; a broker
+that becomes leader reloads the partition (``reload_partition``) from its replicated log.
 
 A failed append or fsync leaves the cache as it was and raises (``StorageError``); a
 commit whose fsync failed may still reappear after a restart, as with any write whose
@@ -32,6 +37,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from broker.groups.assignor import TopicPartition
 from broker.groups.offset_records import (
@@ -55,6 +61,19 @@ OFFSETS_TOPIC = "__consumer_offsets"
 _LOAD_READ_BYTES = 1 << 20
 # A commit of many partitions becomes several batches, each well under max.message.bytes.
 _BATCH_TARGET_BYTES = 256 * 1024
+
+
+_REPLICATION_WAIT_MS = 30_000
+
+
+class OffsetReplication(Protocol):
+    """What a commit asks the replica manager (cluster mode)."""
+
+    def leader_epoch_for_append(
+        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
+    ) -> int | None: ...
+
+    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +109,8 @@ class OffsetStore:
         self._cache_lock = threading.Lock()
         self._write_locks = [threading.Lock() for _ in range(partitions)]
         self._on_append = on_append
+        # Cluster mode: the replica manager (BrokerCore.attach_replication).
+        self.replication: OffsetReplication | None = None
 
     @classmethod
     def open(
@@ -195,6 +216,26 @@ class OffsetStore:
 
         self._write(group_id, records, forget)
 
+    def reload_partition(self, partition: int) -> int:
+        """Replace the cache of the groups stored in ``partition`` with what its log holds
+        (cluster mode: this broker just became the partition's leader). Returns records
+        read. Raises ``StorageError``."""
+        fresh: dict[str, dict[TopicPartition, OffsetValue]] = {}
+        with self._write_locks[partition]:
+            records = _load_partition(self._logs.get_log(OFFSETS_TOPIC, partition), fresh)
+            with self._cache_lock:
+                for group in [g for g in self._cache if self.partition_for(g) == partition]:
+                    del self._cache[group]
+                self._cache.update(fresh)
+        log.info(
+            "%s-%d: reloaded %d group(s) from %d record(s)",
+            OFFSETS_TOPIC,
+            partition,
+            len(fresh),
+            records,
+        )
+        return records
+
     def _write(
         self,
         group_id: str,
@@ -206,10 +247,22 @@ class OffsetStore:
         partition = self.partition_for(group_id)
         partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
         now_ms = self._logs.clock.wall_ms()
+        replication = self.replication
         with self._write_locks[partition]:
-            result = partition_log.append(_batches(records, now_ms))
+            epoch = None
+            if replication is not None:
+                epoch = replication.leader_epoch_for_append(
+                    OFFSETS_TOPIC, partition, acks_all=True, current_leader_epoch=-1
+                )
+            result = partition_log.append(_batches(records, now_ms), leader_epoch=epoch)
             # flush(n) makes the offsets below n durable.
             partition_log.flush(result.last_offset + 1)
+            if replication is not None:
+                if self._on_append is not None:
+                    self._on_append(OFFSETS_TOPIC, partition)  # moves the high watermark
+                replication.wait_replicated(
+                    partition_log, result.last_offset + 1, _REPLICATION_WAIT_MS
+                )
             with self._cache_lock:
                 cached = self._cache.setdefault(group_id, {})
                 apply(cached)

@@ -461,6 +461,253 @@ class CreatePartitionsResponse(_message.Message):
 Global___CreatePartitionsResponse: _TypeAlias = CreatePartitionsResponse  # noqa: Y015
 
 @_typing.final
+class ElectLeadersRequest(_message.Message):
+    """Kafka's ElectLeaders (cluster mode, sent to the controller): move each partition's
+    leadership back to its preferred replica (the first of its assignment) where that
+    replica is alive and in sync. Only preferred elections are asked for this way; unclean
+    ones follow unclean.leader.election.enable.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFERRED_FIELD_NUMBER: _builtins.int
+    preferred: _builtins.bool
+    """must be true"""
+    def __init__(
+        self,
+        *,
+        preferred: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["preferred", b"preferred"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
+
+@_typing.final
+class ElectLeadersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOVED_FIELD_NUMBER: _builtins.int
+    moved: _builtins.int
+    """partitions whose leader changed"""
+    def __init__(
+        self,
+        *,
+        moved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
+class ControlledShutdownRequest(_message.Message):
+    """Broker to controller (Kafka's ControlledShutdown): a broker about to stop asks the
+    controller to move its leaderships to other in-sync replicas and drop it from the ISRs.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlledShutdownRequest: _TypeAlias = ControlledShutdownRequest  # noqa: Y015
+
+@_typing.final
+class ControlledShutdownResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOVED_FIELD_NUMBER: _builtins.int
+    moved: _builtins.int
+    """leaderships moved away"""
+    def __init__(
+        self,
+        *,
+        moved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlledShutdownResponse: _TypeAlias = ControlledShutdownResponse  # noqa: Y015
+
+@_typing.final
+class AclBinding(_message.Message):
+    """---------------------------------------------------------------------------- ACLs
+    Kafka's names as text: resource_type TOPIC, GROUP or CLUSTER (named "kafka-cluster");
+    pattern_type LITERAL or PREFIXED; operation ALL, READ, WRITE, CREATE, DELETE, ALTER,
+    DESCRIBE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE; permission
+    ALLOW or DENY; principal User:NAME or User:*; host an address or *.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    resource_type: _builtins.str
+    resource_name: _builtins.str
+    pattern_type: _builtins.str
+    principal: _builtins.str
+    host: _builtins.str
+    operation: _builtins.str
+    permission: _builtins.str
+    def __init__(
+        self,
+        *,
+        resource_type: _builtins.str = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        permission: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclBinding: _TypeAlias = AclBinding  # noqa: Y015
+
+@_typing.final
+class CreateAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        acls: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acls", b"acls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclsRequest: _TypeAlias = CreateAclsRequest  # noqa: Y015
+
+@_typing.final
+class CreateAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclsResponse: _TypeAlias = CreateAclsResponse  # noqa: Y015
+
+@_typing.final
+class AclFilter(_message.Message):
+    """Empty fields match anything."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    resource_type: _builtins.str
+    resource_name: _builtins.str
+    pattern_type: _builtins.str
+    principal: _builtins.str
+    host: _builtins.str
+    operation: _builtins.str
+    permission: _builtins.str
+    def __init__(
+        self,
+        *,
+        resource_type: _builtins.str = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        permission: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclFilter: _TypeAlias = AclFilter  # noqa: Y015
+
+@_typing.final
+class DescribeAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        acls: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acls", b"acls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeAclsResponse: _TypeAlias = DescribeAclsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deleted(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        deleted: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclsResponse: _TypeAlias = DeleteAclsResponse  # noqa: Y015
+
+@_typing.final
 class ProducePartitionData(_message.Message):
     """---------------------------------------------------------------------------- produce"""
 
@@ -468,20 +715,29 @@ class ProducePartitionData(_message.Message):
 
     PARTITION_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     records: _builtins.bytes
     """one or more RecordBatch v2, concatenated"""
+    current_leader_epoch: _builtins.int
+    """The leader epoch the client's metadata names (Kafka's CurrentLeaderEpoch): a broker
+    at a newer epoch answers FENCED_LEADER_EPOCH, one at an older epoch
+    UNKNOWN_LEADER_EPOCH (both retriable: refresh metadata). Unset: not checked.
+    """
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         records: _builtins.bytes = ...,
+        current_leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch", "partition", b"partition", "records", b"records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
 
 Global___ProducePartitionData: _TypeAlias = ProducePartitionData  # noqa: Y015
 
@@ -628,11 +884,19 @@ class FetchPartition(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     FETCH_OFFSET_FIELD_NUMBER: _builtins.int
     PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     fetch_offset: _builtins.int
     partition_max_bytes: _builtins.int
     """0 = broker default"""
+    current_leader_epoch: _builtins.int
+    """as in ProducePartitionData"""
+    last_fetched_epoch: _builtins.int
+    """Followers: the epoch of the last batch they hold (Kafka's LastFetchedEpoch). The
+    leader answers diverging_epoch instead of records when its log differs there.
+    """
     def __init__(
         self,
         *,
@@ -640,12 +904,21 @@ class FetchPartition(_message.Message):
         partition: _builtins.int = ...,
         fetch_offset: _builtins.int = ...,
         partition_max_bytes: _builtins.int = ...,
+        current_leader_epoch: _builtins.int | None = ...,
+        last_fetched_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "current_leader_epoch", b"current_leader_epoch", "last_fetched_epoch", b"last_fetched_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch_offset", b"fetch_offset", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__last_fetched_epoch: _TypeAlias = _typing.Literal["last_fetched_epoch"]  # noqa: Y015
+    _WhichOneofArgType__last_fetched_epoch: _TypeAlias = _typing.Literal["_last_fetched_epoch", b"_last_fetched_epoch"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_fetched_epoch) -> _WhichOneofReturnType__last_fetched_epoch | None: ...
 
 Global___FetchPartition: _TypeAlias = FetchPartition  # noqa: Y015
 
@@ -658,12 +931,18 @@ class FetchRequest(_message.Message):
     MIN_BYTES_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     max_wait_ms: _builtins.int
     """long poll: wait up to this long for min_bytes"""
     min_bytes: _builtins.int
     max_bytes: _builtins.int
     """0 = broker default; the first batch is always whole"""
+    replica_id: _builtins.int
+    """A follower broker's id (Kafka's ReplicaId): it reads up to the log end offset, not the
+    high watermark, and its fetch offset tells the leader how far it has replicated.
+    Unset for consumers.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
     def __init__(
@@ -674,14 +953,41 @@ class FetchRequest(_message.Message):
         min_bytes: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
         partitions: _abc.Iterable[Global___FetchPartition] | None = ...,
+        replica_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "replica_id", b"replica_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "correlation_id", b"correlation_id", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__replica_id: _TypeAlias = _typing.Literal["replica_id"]  # noqa: Y015
+    _WhichOneofArgType__replica_id: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__replica_id) -> _WhichOneofReturnType__replica_id | None: ...
+
+Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
+
+@_typing.final
+class EpochEndOffset(_message.Message):
+    """Where the leader's log for an epoch ends (Kafka's EpochEndOffset)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    end_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "epoch", b"epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
+Global___EpochEndOffset: _TypeAlias = EpochEndOffset  # noqa: Y015
 
 @_typing.final
 class FetchPartitionResult(_message.Message):
@@ -695,6 +1001,7 @@ class FetchPartitionResult(_message.Message):
     LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     BATCH_TIMES_FIELD_NUMBER: _builtins.int
+    DIVERGING_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     error_code: _builtins.str
@@ -708,6 +1015,12 @@ class FetchPartitionResult(_message.Message):
     big-endian int64 (batch last offset, sent_ms, received_ms; -1 = unknown), in offset
     order. A batch without an entry has unknown times. See storage/batch_times.py.
     """
+    @_builtins.property
+    def diverging_epoch(self) -> Global___EpochEndOffset:
+        """Followers only: the log diverged from the leader's at last_fetched_epoch; truncate to
+        at most end_offset (and to your own end of that epoch) and fetch again.
+        """
+
     def __init__(
         self,
         *,
@@ -719,12 +1032,15 @@ class FetchPartitionResult(_message.Message):
         log_start_offset: _builtins.int = ...,
         records: _builtins.bytes = ...,
         batch_times: _builtins.bytes = ...,
+        diverging_epoch: Global___EpochEndOffset | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "diverging_epoch", b"diverging_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_times", b"batch_times", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "batch_times", b"batch_times", "diverging_epoch", b"diverging_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__diverging_epoch: _TypeAlias = _typing.Literal["diverging_epoch"]  # noqa: Y015
+    _WhichOneofArgType__diverging_epoch: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__diverging_epoch) -> _WhichOneofReturnType__diverging_epoch | None: ...
 
 Global___FetchPartitionResult: _TypeAlias = FetchPartitionResult  # noqa: Y015
 
@@ -764,22 +1080,28 @@ class ListOffsetsPartition(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
     TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     timestamp_ms: _builtins.int
     """-2 earliest, -1 latest, else first offset with timestamp >= it"""
+    current_leader_epoch: _builtins.int
+    """as in ProducePartitionData"""
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         partition: _builtins.int = ...,
         timestamp_ms: _builtins.int = ...,
+        current_leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch", "partition", b"partition", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
 
 Global___ListOffsetsPartition: _TypeAlias = ListOffsetsPartition  # noqa: Y015
 

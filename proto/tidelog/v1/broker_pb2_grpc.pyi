@@ -52,6 +52,12 @@ class BrokerStub:
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
+    ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
+    ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]
+    CreateAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]
+    """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
+    DescribeAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DescribeAclsResponse]
+    DeleteAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DeleteAclsResponse]
     Produce: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
     """--- data ---"""
     ProduceStream: _grpc.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
@@ -85,6 +91,12 @@ class BrokerAsyncStub(BrokerStub):
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
+    ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    ControlledShutdown: _aio.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
+    CreateAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]  # type: ignore[assignment]
+    """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
+    DescribeAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DescribeAclsResponse]  # type: ignore[assignment]
+    DeleteAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DeleteAclsResponse]  # type: ignore[assignment]
     Produce: _aio.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
     """--- data ---"""
     ProduceStream: _aio.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
@@ -151,6 +163,42 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.CreatePartitionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.CreatePartitionsResponse, _abc.Awaitable[_broker_pb2.CreatePartitionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ElectLeaders(
+        self,
+        request: _broker_pb2.ElectLeadersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ElectLeadersResponse, _abc.Awaitable[_broker_pb2.ElectLeadersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ControlledShutdown(
+        self,
+        request: _broker_pb2.ControlledShutdownRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ControlledShutdownResponse, _abc.Awaitable[_broker_pb2.ControlledShutdownResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateAcls(
+        self,
+        request: _broker_pb2.CreateAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CreateAclsResponse, _abc.Awaitable[_broker_pb2.CreateAclsResponse]]:
+        """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
+
+    @_abc_1.abstractmethod
+    def DescribeAcls(
+        self,
+        request: _broker_pb2.AclFilter,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeAclsResponse, _abc.Awaitable[_broker_pb2.DescribeAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcls(
+        self,
+        request: _broker_pb2.AclFilter,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteAclsResponse, _abc.Awaitable[_broker_pb2.DeleteAclsResponse]]: ...
 
     @_abc_1.abstractmethod
     def Produce(

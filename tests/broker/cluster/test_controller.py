@@ -46,18 +46,20 @@ class FakeBroker:
 
 
 @pytest.fixture
-def cluster(zookeeper: ZooKeeperServer) -> Iterator[Callable[[int], FakeBroker]]:
+def cluster(zookeeper: ZooKeeperServer) -> Iterator[Callable[..., FakeBroker]]:
     connect = f"{zookeeper.connect_string}/controller-{next(_chroots)}"
     started: list[FakeBroker] = []
 
-    def start(broker_id: int) -> FakeBroker:
+    def start(broker_id: int, rebalance_ms: int = 0) -> FakeBroker:
         store = ClusterStore.connect(connect, session_timeout_ms=4_000)
         store.register_broker(
             BrokerRegistration(broker_id, "127.0.0.1", 7000 + broker_id), timeout_ms=5_000
         )
         controller = Controller(
             store,
-            ControllerSettings(broker_id, admin_timeout_ms=10_000),
+            ControllerSettings(
+                broker_id, admin_timeout_ms=10_000, leader_rebalance_interval_ms=rebalance_ms
+            ),
             SystemClock(),
             rng=random.Random(1),
         )
@@ -187,3 +189,32 @@ def test_every_broker_sees_leaders_change(cluster: Callable[[int], FakeBroker]) 
         assert watcher.wait_for(lambda m: "m" not in m.topics, 10_000)
     finally:
         watcher.stop()
+
+
+def test_leadership_goes_back_to_preferred_replicas_by_itself(
+    cluster: Callable[..., FakeBroker],
+) -> None:
+    """auto.leader.rebalance.enable: a preferred replica back in the ISR leads again
+    within an interval, without anyone asking."""
+    brokers = [cluster(i, rebalance_ms=300) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("r", 3, 3, {})
+    preferred = {p: state(controller, "r", p).leader for p in range(3)}
+    victim = next(b for b in brokers if b is not controller)
+    led = [p for p, leader in preferred.items() if leader == victim.broker_id]
+    victim.die()
+    eventually(lambda: all(state(controller, "r", p).leader != victim.broker_id for p in led))
+    back = cluster(victim.broker_id, rebalance_ms=300)
+    # As its replica manager would once caught up: the leaders add it back to the ISR.
+    for partition in range(3):
+        found = back.store.read_partition_state("r", partition)
+        assert found is not None
+        current, version = found
+        isr = tuple(sorted({*current.isr, victim.broker_id}))
+        back.store.update_isr(
+            "r",
+            partition,
+            PartitionState(current.leader, current.leader_epoch, isr, current.controller_epoch),
+            version,
+        )
+    eventually(lambda: all(state(back, "r", p).leader == preferred[p] for p in range(3)))

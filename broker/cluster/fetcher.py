@@ -1,0 +1,299 @@
+"""Replica fetchers: followers copy their leaders' logs (Kafka's ``ReplicaFetcherThread``).
+
+A follower fetches from its leader with the ordinary ``Fetch`` RPC, as a replica
+(``replica_id`` = this broker's id): for each partition its log end offset as the fetch
+offset, the epoch of its last batch (``last_fetched_epoch``) and the leader epoch it
+follows (``current_leader_epoch``). The leader parks the fetch until it has something new
+(``replica.fetch.wait.max.ms``), so an idle follower costs one waiting call per fetcher,
+not a poll loop. The answer is applied here, partition by partition:
+
+* records: appended unchanged (``PartitionLog.append_as_follower``: the leader's offsets,
+  epochs and sent/received times), then the follower's high watermark becomes the
+  leader's, capped at its own log end;
+* a divergence ``(epoch, end offset)``: the log is truncated where it stops agreeing with
+  the leader's (``PartitionLog.divergence_offset``) and fetched again;
+* an error (the leader moved, an epoch was fenced, the partition is gone): the partition
+  pauses for ``replica.fetch.backoff.ms``; the metadata watcher gives it a new leader.
+
+``num.replica.fetchers`` threads serve each source broker, a partition always the same
+one. ``remove`` returns only once no answer for that partition is being applied, so once
+a broker becomes leader no late follower append can touch its log. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from proto.tidelog.v1 import broker_pb2 as pb
+from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from storage.errors import TidelogError, UnknownTopicOrPartitionError
+from storage.log_manager import LogManager
+
+__all__ = ["FetchTarget", "FetcherPool"]
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+_RPC_SLACK_S = 10.0  # the fetch call's deadline beyond the long poll
+
+
+@dataclass(frozen=True, slots=True)
+class FetchTarget:
+    """Follow ``topic``-``partition`` from broker ``leader`` at ``leader_epoch``."""
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+
+    @property
+    def key(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+class _Fetcher:
+    """One thread fetching a set of partitions from one leader."""
+
+    def __init__(self, pool: FetcherPool, leader: int, index: int) -> None:
+        self._pool = pool
+        self.leader = leader
+        self._targets: dict[TopicPartition, FetchTarget] = {}
+        self._paused: dict[TopicPartition, float] = {}
+        self._cond = threading.Condition()
+        self.applying = threading.Lock()  # held while an answer is applied
+        self._stopped = False
+        self._channel: grpc.Channel | None = None
+        self._address: str | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"tidelog-replica-fetcher-{leader}-{index}", daemon=True
+        )
+        self._thread.start()
+
+    def add(self, target: FetchTarget) -> None:
+        with self._cond:
+            self._targets[target.key] = target
+            self._paused.pop(target.key, None)
+            self._cond.notify_all()
+
+    def remove(self, key: TopicPartition) -> bool:
+        with self._cond:
+            found = self._targets.pop(key, None) is not None
+            self._paused.pop(key, None)
+        if found:
+            with self.applying:  # wait out an answer being applied right now
+                pass
+        return found
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        channel = self._channel
+        if channel is not None:
+            channel.close()  # cancels a fetch in flight
+        self._thread.join(self._pool.wait_s + _RPC_SLACK_S)
+
+    def _wanted(self) -> list[FetchTarget] | None:
+        """The partitions to fetch now (None: stopped); waits while there are none."""
+        clock = self._pool.clock
+        with self._cond:
+            while not self._stopped:
+                now = clock()
+                ready = [t for k, t in self._targets.items() if self._paused.get(k, 0) <= now]
+                if ready:
+                    return ready
+                pauses = [p - now for p in self._paused.values() if p > now]
+                self._cond.wait(min(pauses) if pauses else None)
+            return None
+
+    def _stub(self) -> pb_grpc.BrokerStub | None:
+        address = self._pool.address_of(self.leader)
+        if address is None:
+            return None
+        if address != self._address or self._channel is None:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = grpc.insecure_channel(
+                address,
+                options=[
+                    ("grpc.max_receive_message_length", 2**31 - 1),
+                    ("grpc.enable_retries", 0),
+                ],
+            )
+            self._address = address
+        return pb_grpc.BrokerStub(self._channel)
+
+    def _run(self) -> None:
+        pool = self._pool
+        while True:
+            targets = self._wanted()
+            if targets is None:
+                return
+            stub = self._stub()
+            if stub is None:
+                self._pause([t.key for t in targets])
+                continue
+            request = self._request(targets)
+            if not request.partitions:
+                self._pause([t.key for t in targets])
+                continue
+            try:
+                response = stub.Fetch(request, timeout=pool.wait_s + _RPC_SLACK_S)
+            except grpc.RpcError as exc:
+                log.debug("fetch from broker %d failed: %s", self.leader, exc)
+                self._pause([t.key for t in targets])
+                continue
+            with self.applying:
+                for result in response.results:
+                    self._apply(result)
+
+    def _request(self, targets: list[FetchTarget]) -> pb.FetchRequest:
+        pool = self._pool
+        partitions = []
+        for target in targets:
+            try:
+                plog = pool.logs.get_log(target.topic, target.partition)
+            except UnknownTopicOrPartitionError:
+                continue
+            part = pb.FetchPartition(
+                topic=target.topic,
+                partition=target.partition,
+                fetch_offset=plog.log_end_offset,
+                partition_max_bytes=pool.fetch_max_bytes,
+                current_leader_epoch=target.leader_epoch,
+            )
+            epoch = plog.latest_epoch
+            if epoch >= 0:
+                part.last_fetched_epoch = epoch
+            partitions.append(part)
+        return pb.FetchRequest(
+            replica_id=pool.broker_id,
+            max_wait_ms=pool.wait_ms,
+            min_bytes=1,
+            max_bytes=max(pool.fetch_max_bytes, 1),
+            partitions=partitions,
+        )
+
+    def _apply(self, result: pb.FetchPartitionResult) -> None:
+        key = (result.topic, result.partition)
+        with self._cond:
+            if key not in self._targets:
+                return  # removed while the fetch was out: no longer ours to write
+        pool = self._pool
+        try:
+            plog = pool.logs.get_log(*key)
+            if result.error_code:
+                log.info(
+                    "%s-%d: leader %d answered %s: %s",
+                    *key,
+                    self.leader,
+                    result.error_code,
+                    result.error_message,
+                )
+                self._pause([key])
+                return
+            if result.HasField("diverging_epoch"):
+                cut = plog.divergence_offset(
+                    result.diverging_epoch.epoch, result.diverging_epoch.end_offset
+                )
+                log.warning(
+                    "%s-%d: log diverged from leader %d at epoch %d; truncating %d -> %d",
+                    *key,
+                    self.leader,
+                    result.diverging_epoch.epoch,
+                    plog.log_end_offset,
+                    cut,
+                )
+                plog.truncate_to(cut)
+                return
+            if result.records:
+                plog.append_as_follower(result.records, result.batch_times)
+            plog.set_high_watermark(min(result.high_watermark, plog.log_end_offset))
+            pool.on_replicated(*key)
+        except TidelogError as exc:
+            log.warning("%s-%d: replicating from broker %d failed: %s", *key, self.leader, exc)
+            self._pause([key])
+        except Exception:
+            log.exception("%s-%d: replicating from broker %d failed", *key, self.leader)
+            self._pause([key])
+
+    def _pause(self, keys: list[TopicPartition]) -> None:
+        until = self._pool.clock() + self._pool.backoff_s
+        with self._cond:
+            for key in keys:
+                if key in self._targets:
+                    self._paused[key] = until
+            self._cond.notify_all()
+
+
+class FetcherPool:
+    """The replica fetcher threads of one broker, created per source broker on demand."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        logs: LogManager,
+        address_of: Callable[[int], str | None],
+        *,
+        num_fetchers: int = 1,
+        wait_ms: int = 500,
+        fetch_max_bytes: int = 1024 * 1024,
+        backoff_ms: int = 1_000,
+        on_replicated: Callable[[str, int], None] = lambda _t, _p: None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self.logs = logs
+        self.address_of = address_of
+        self.wait_ms = wait_ms
+        self.wait_s = wait_ms / 1000
+        self.fetch_max_bytes = fetch_max_bytes
+        self.backoff_s = backoff_ms / 1000
+        self.on_replicated = on_replicated
+        self.clock = clock or time.monotonic
+        self._num = max(num_fetchers, 1)
+        self._lock = threading.Lock()
+        self._fetchers: dict[tuple[int, int], _Fetcher] = {}
+        self._owner: dict[TopicPartition, _Fetcher] = {}
+        self._stopped = False
+
+    def _index(self, key: TopicPartition) -> int:
+        return zlib.crc32(f"{key[0]}-{key[1]}".encode()) % self._num
+
+    def add(self, target: FetchTarget) -> None:
+        """Fetch ``target`` from its leader (moving it off a previous leader's fetcher)."""
+        slot = (target.leader, self._index(target.key))
+        with self._lock:
+            if self._stopped:
+                return
+            previous = self._owner.get(target.key)
+            fetcher = self._fetchers.get(slot)
+            if fetcher is None:
+                fetcher = self._fetchers[slot] = _Fetcher(self, target.leader, slot[1])
+            self._owner[target.key] = fetcher
+        if previous is not None and previous is not fetcher:
+            previous.remove(target.key)
+        fetcher.add(target)
+
+    def remove(self, key: TopicPartition) -> None:
+        """Stop fetching ``key``; returns once no answer for it is being applied."""
+        with self._lock:
+            fetcher = self._owner.pop(key, None)
+        if fetcher is not None:
+            fetcher.remove(key)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            fetchers = list(self._fetchers.values())
+            self._fetchers.clear()
+            self._owner.clear()
+        for fetcher in fetchers:
+            fetcher.stop()

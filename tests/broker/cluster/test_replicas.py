@@ -1,0 +1,199 @@
+"""The replica manager's leader side, step by step, against real logs and a manual clock.
+
+No ZooKeeper and no network: views are built by hand, ISR writes are recorded by a fake
+writer (the ZooKeeper half is tested in the process tests), and the fetcher pool has no
+address to fetch from. What is checked: roles from views, follower progress, the high
+watermark, ISR expand and shrink, ``acks=all`` answers, divergence answers and the
+new-leader ``OFFSET_NOT_AVAILABLE`` window.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.cluster.fetcher import FetcherPool
+from broker.cluster.metadata import ClusterMetadata, TopicMetadata
+from broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
+from broker.fetch import PartitionFetchSpec
+from broker.group_fsync import DURABLE, PENDING
+from storage.clock import ManualClock
+from storage.errors import (
+    FencedLeaderEpochError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
+    UnknownLeaderEpochError,
+)
+from storage.log_manager import LogManager, LogManagerConfig
+from tests.broker.conftest import make_batch
+
+TOPIC = "t"
+ME = 1
+
+
+class IsrWrites:
+    def __init__(self) -> None:
+        self.writes: list[tuple[int, tuple[int, ...]]] = []
+        self.accept = True
+
+    def __call__(
+        self, topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
+    ) -> bool:
+        self.writes.append((epoch, isr))
+        return self.accept
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def logs(tmp_path: Path, clock: ManualClock) -> Iterator[LogManager]:
+    manager = LogManager.open(tmp_path, LogManagerConfig(), clock)
+    manager.create_topic(TOPIC, 1, {"min.insync.replicas": "2"})
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def isr_writes() -> IsrWrites:
+    return IsrWrites()
+
+
+@pytest.fixture
+def replicas(
+    logs: LogManager, clock: ManualClock, isr_writes: IsrWrites
+) -> Iterator[ReplicaManager]:
+    fetchers = FetcherPool(ME, logs, lambda _b: None)
+    manager = ReplicaManager(
+        ReplicaSettings(ME, replica_lag_time_max_ms=1_000),
+        logs,
+        clock,
+        isr_writes,
+        lambda _t, _p: None,
+        fetchers,
+    )
+    manager.start()
+    yield manager
+    manager.stop()
+
+
+def view(leader: int, epoch: int, isr: tuple[int, ...]) -> ClusterMetadata:
+    brokers = {b: BrokerRegistration(b, "127.0.0.1", 1000 + b) for b in (1, 2, 3)}
+    topic = TopicMetadata(
+        TopicAssignment(TOPIC, "id", {0: (1, 2, 3)}),
+        {0: PartitionState(leader, epoch, isr, 1)},
+        {},
+    )
+    return ClusterMetadata(brokers, 1, {TOPIC: topic})
+
+
+def follower_fetch(
+    replicas: ReplicaManager, logs: LogManager, follower: int, offset: int, **kwargs: int
+) -> tuple[int, int] | None:
+    spec = PartitionFetchSpec(TOPIC, 0, offset, **kwargs)
+    return replicas.on_follower_fetch(follower, spec, logs.get_log(TOPIC, 0))
+
+
+def eventually(check: object, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def test_the_high_watermark_is_the_smallest_log_end_in_the_isr(
+    replicas: ReplicaManager, logs: LogManager
+) -> None:
+    replicas.apply(view(ME, 3, (1, 2, 3)))
+    plog = logs.get_log(TOPIC, 0)
+    epoch = replicas.leader_epoch_for_append(TOPIC, 0, acks_all=True, current_leader_epoch=3)
+    assert epoch == 3
+    plog.append(make_batch([b"a", b"b", b"c"]), leader_epoch=epoch)
+    replicas.after_append(TOPIC, 0)
+    assert plog.high_watermark == 0  # no follower has it yet
+    assert replicas.ack_status(plog, 3) == PENDING
+    assert follower_fetch(replicas, logs, 2, 3, last_fetched_epoch=3) is None
+    assert plog.high_watermark == 0  # follower 3 is in the ISR too
+    assert follower_fetch(replicas, logs, 3, 2) is None
+    assert plog.high_watermark == 2
+    assert follower_fetch(replicas, logs, 3, 3) is None
+    assert plog.high_watermark == 3
+    assert replicas.ack_status(plog, 3) == DURABLE
+
+
+def test_requests_with_other_epochs_are_fenced(replicas: ReplicaManager) -> None:
+    replicas.apply(view(ME, 3, (1, 2, 3)))
+    with pytest.raises(FencedLeaderEpochError):
+        replicas.leader_epoch_for_append(TOPIC, 0, acks_all=False, current_leader_epoch=2)
+    with pytest.raises(UnknownLeaderEpochError):
+        replicas.check_epoch(TOPIC, 0, 4)
+    replicas.apply(view(2, 4, (1, 2, 3)))  # now a follower
+    with pytest.raises(NotLeaderOrFollowerError):
+        replicas.leader_epoch_for_append(TOPIC, 0, acks_all=False, current_leader_epoch=-1)
+
+
+def test_isr_shrinks_and_expands_and_acks_all_follows(
+    replicas: ReplicaManager, logs: LogManager, clock: ManualClock, isr_writes: IsrWrites
+) -> None:
+    replicas.apply(view(ME, 1, (1, 2, 3)))
+    plog = logs.get_log(TOPIC, 0)
+    plog.append(make_batch([b"a"]), leader_epoch=1)
+    follower_fetch(replicas, logs, 2, 1)
+    clock.advance(1_500)  # follower 3 never fetched: not caught up for 1.5 s > 1 s
+    follower_fetch(replicas, logs, 2, 1)
+    replicas.check_lagging()
+    eventually(lambda: isr_writes.writes == [(1, (1, 2))])
+    eventually(lambda: plog.high_watermark == 1)  # 3 left the ISR; 1 and 2 have offset 0
+    assert replicas.counts() == (1, 1)  # under-replicated, led
+    # min.insync.replicas = 2: still enough.
+    replicas.leader_epoch_for_append(TOPIC, 0, acks_all=True, current_leader_epoch=-1)
+    clock.advance(1_500)
+    replicas.check_lagging()  # now 2 lags too
+    eventually(lambda: isr_writes.writes[-1] == (1, (1,)))
+    with pytest.raises(NotEnoughReplicasError):
+        replicas.leader_epoch_for_append(TOPIC, 0, acks_all=True, current_leader_epoch=-1)
+    plog.append(make_batch([b"b"]), leader_epoch=1)
+    replicas.after_append(TOPIC, 0)
+    assert isinstance(replicas.ack_status(plog, 2), NotEnoughReplicasAfterAppendError)
+    # Follower 3 catches up (fetches from the log end): it rejoins.
+    follower_fetch(replicas, logs, 3, 2)
+    eventually(lambda: isr_writes.writes[-1] == (1, (1, 3)))
+    assert replicas.ack_status(plog, 2) == DURABLE
+
+
+def test_a_follower_behind_the_leaders_epoch_is_told_where_it_diverged(
+    replicas: ReplicaManager, logs: LogManager
+) -> None:
+    plog = logs.get_log(TOPIC, 0)
+    replicas.apply(view(ME, 2, (1, 2, 3)))
+    plog.append(make_batch([b"a", b"b"]), leader_epoch=2)
+    replicas.apply(view(ME, 5, (1, 2, 3)))  # a new term: epoch 5 starts at offset 2
+    plog.append(make_batch([b"c"]), leader_epoch=5)
+    # The follower wrote offsets 2..3 at epoch 3 (as a leader nobody followed).
+    assert follower_fetch(replicas, logs, 2, 4, last_fetched_epoch=3) == (2, 2)
+    assert follower_fetch(replicas, logs, 2, 2, last_fetched_epoch=2) is None
+
+
+def test_a_new_leader_answers_offset_not_available_until_its_high_watermark_is_known(
+    replicas: ReplicaManager, logs: LogManager
+) -> None:
+    plog = logs.get_log(TOPIC, 0)
+    replicas.apply(view(2, 1, (1, 2, 3)))  # a follower first
+    plog.append_as_follower(b"", b"")
+    leader_log = make_batch([b"a", b"b", b"c"])
+    plog.append(leader_log, leader_epoch=1)  # (as if replicated)
+    plog.set_high_watermark(1)
+    replicas.apply(view(ME, 2, (1, 3)))  # broker 2 died; this one leads from offset 3
+    with pytest.raises(OffsetNotAvailableError):
+        replicas.check_epoch(TOPIC, 0, -1)
+    follower_fetch(replicas, logs, 3, 3, last_fetched_epoch=1)
+    assert plog.high_watermark == 3
+    replicas.check_epoch(TOPIC, 0, -1)  # readable now
