@@ -248,6 +248,9 @@ class Consumer:
             if not exc.retriable:
                 raise
             log.warning("could not look up the partitions of %s: %s", ", ".join(names), exc)
+            # Ask again soon, not a whole metadata.max.age.ms later: nothing is read
+            # until the lookup succeeds.
+            self._metadata_checked_ms = now - interval + _MISSING_TOPIC_RECHECK_MS
             return
         with self._lock:
             if self._subscriptions.subscription == names:
