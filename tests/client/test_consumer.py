@@ -364,3 +364,29 @@ def test_poll_returns_nothing_when_the_broker_is_down_and_recovers(tmp_path: Pat
         produce(address, "t", 2, start=3)
         assert [r.offset for r in poll_until(consumer, 2)] == [3, 4]
     consumer.close()
+
+
+def test_a_subscription_whose_first_lookup_failed_reads_once_the_broker_is_up(
+    tmp_path: Path,
+) -> None:
+    """The partition lookup of a subscription is retried within a poll or two after a
+    failure (a broker not yet up), not a whole ``metadata_max_age_ms`` later."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    with Consumer(address, auto_offset_reset="earliest", request_timeout_ms=1_000) as consumer:
+        consumer.subscribe(["late"])
+        assert consumer.poll(timeout_ms=300) == []  # the lookup fails: no broker yet
+        with InProcessBroker(tmp_path / "data", port=port) as broker:
+            with AdminClient(broker.address) as admin:
+                admin.create_topic("late", 1)
+            with Producer(broker.address) as producer:
+                producer.send("late", b"hello").result(timeout=10)
+            records: list[ConsumerRecord] = []
+            deadline = time.monotonic() + 15
+            while not records and time.monotonic() < deadline:
+                records = consumer.poll(timeout_ms=200)
+    assert [r.value for r in records] == [b"hello"]
