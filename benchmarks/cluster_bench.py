@@ -18,7 +18,10 @@ On a 2-core machine N brokers cannot run N times faster: the client processes an
 brokers share the same two cores, so more brokers mostly add hand-offs. The ratio is
 reported as measured. The last line is one JSON object with
 ``brokers_N_produce_records_per_s`` and ``brokers_N_consume_records_per_s`` for N = 1, 2, 3,
-and ``metadata_refresh_ms_p50``.
+and ``metadata_refresh_ms_p50``; then, unless ``--no-replication``, the keys of
+``benchmarks/replication_bench.py`` (``rf3_over_rf1_produce``, ``failover_p50_ms``,
+``failover_max_ms``: replication factor 3 against 1 with ``acks="all"``, and the time from
+a leader's SIGKILL to the first record its successor acknowledges).
 """
 
 from __future__ import annotations
@@ -107,6 +110,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--quick", action="store_true", help="30,000 records")
+    parser.add_argument(
+        "--no-replication", action="store_true", help="skip benchmarks/replication_bench.py"
+    )
     args = parser.parse_args()
     records = 30_000 if args.quick else args.records
     result: dict[str, float] = {}
@@ -124,6 +130,12 @@ def main() -> None:
     result["brokers_3_over_1_consume"] = round(
         result["brokers_3_consume_records_per_s"] / result["brokers_1_consume_records_per_s"], 3
     )
+    if not args.no_replication:
+        # Replication (issue 14): rf3 over rf1 with acks=all, and failover times.
+        from benchmarks.replication_bench import measure as measure_replication
+
+        quick = args.quick
+        result.update(measure_replication(20_000 if quick else 100_000, 2 if quick else 5))
     print(json.dumps(result))
 
 
