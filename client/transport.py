@@ -68,6 +68,9 @@ ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 _KEEPALIVE_TIME_MS = 30_000
 _KEEPALIVE_TIMEOUT_MS = 20_000
 _INITIAL_RECONNECT_BACKOFF_MS = 100
+# How long one call keeps knocking on a broker that cannot be reached before it says so
+# (the router then asks the cluster who serves the request now, within its own timeout).
+UNAVAILABLE_RETRY_MS = 2_000
 _SEND_MARGIN_BYTES = 64 * 1024  # protobuf framing around the record bytes
 
 RequestT = TypeVar("RequestT")
@@ -246,12 +249,17 @@ class Transport:
 
         ``method`` is a stub attribute (``transport.stub.ListTopics``). While the broker
         cannot be reached (``UNAVAILABLE`` without a code: nothing was served) the call is
-        tried again, backing off up to ``reconnect_backoff_max_ms``, until the timeout,
-        then raises ``BrokerUnavailableError``; a broker that does not answer in time
-        gives ``KafkaTimeoutError``; after ``close``, ``ClosedError``.
+        tried again, backing off up to ``reconnect_backoff_max_ms``, for at most
+        ``UNAVAILABLE_RETRY_MS`` (or the timeout, if shorter), then raises
+        ``BrokerUnavailableError``: the caller (``client.routing``) asks the cluster who
+        serves it now and retries there, within its own timeout, rather than this call
+        spending the whole timeout on a broker that died. A broker that does not answer in
+        time gives ``KafkaTimeoutError``; after ``close``, ``ClosedError``.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
-        deadline = time.monotonic() + timeout / 1000
+        started = time.monotonic()
+        deadline = started + timeout / 1000
+        unavailable_deadline = min(deadline, started + UNAVAILABLE_RETRY_MS / 1000)
         backoff_s = _INITIAL_RECONNECT_BACKOFF_MS / 1000
         while True:
             if self._closed:
@@ -270,10 +278,11 @@ class Transport:
                 raise ClosedError(f"{what}: the client is closed") from exc
             if not isinstance(error, BrokerUnavailableError):
                 raise error
-            remaining = deadline - time.monotonic()
+            remaining = unavailable_deadline - time.monotonic()
             if remaining <= 0:
+                waited = int((time.monotonic() - started) * 1000)
                 raise BrokerUnavailableError(
-                    f"{what}: broker at {self.address} unreachable for {timeout} ms"
+                    f"{what}: broker at {self.address} unreachable for {waited} ms"
                 )
             time.sleep(min(backoff_s, remaining))
             backoff_s = min(backoff_s * 2, self._max_backoff_ms / 1000)
