@@ -374,7 +374,7 @@ class _AsyncService:
         caller: RequestContext,
         request: pb.FetchRequest,
         context: aio.ServicerContext[Any, Any],
-    ) -> pb.FetchResponse:
+    ) -> bytes:
         woken = asyncio.Event()
         pending = self._core.start_fetch(
             fetch_spec(request),
@@ -402,7 +402,7 @@ class _AsyncService:
 
     async def fetch(
         self, request: pb.FetchRequest, context: aio.ServicerContext[Any, Any]
-    ) -> pb.FetchResponse | None:
+    ) -> bytes | None:
         started = time.perf_counter()
         caller: RequestContext | None = None
         try:
@@ -421,7 +421,7 @@ class _AsyncService:
         self,
         request_iterator: AsyncIterator[pb.FetchRequest],
         context: aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[pb.FetchResponse]:
+    ) -> AsyncIterator[bytes]:
         started = time.perf_counter()
         try:
             caller = self._open(context)
