@@ -41,6 +41,7 @@ Errors are rendered once per call, by ``_abort``, through ``broker.errors.to_wir
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -147,28 +148,6 @@ class _AsyncService:
             context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, wire.code),))
         await context.abort(wire.status, wire.message)
 
-    def _deliver_to(self, future: asyncio.Future[T]) -> Callable[[T], None]:
-        """A callback any thread may call once to resolve ``future`` on the loop."""
-        loop = self._loop
-        loop_thread = threading.get_ident()  # built on the loop's thread
-
-        def resolve(value: T) -> None:
-            if not future.done():
-                future.set_result(value)
-
-        def deliver(value: T) -> None:
-            if threading.get_ident() == loop_thread:
-                # Delivered on the loop's own thread: no wake-up of the loop needed
-                # (call_soon_threadsafe writes to its self-pipe, a syscall per answer).
-                resolve(value)
-                return
-            try:
-                loop.call_soon_threadsafe(resolve, value)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                pass
-
-        return deliver
-
     def _waker(self, event: asyncio.Event) -> Callable[[], None]:
         loop = self._loop
 
@@ -212,16 +191,11 @@ class _AsyncService:
     ) -> tuple[asyncio.Future[list[PartitionProduced]], int]:
         """Append (on the executor); the future of the answers and the throttle time."""
         received_ms = self._core.wall_ms()  # the request's received time, on arrival
-        acks = parse_acks(request.acks)
-        answers: asyncio.Future[list[PartitionProduced]] = self._loop.create_future()
-        _, throttle_ms = await self._run(
-            caller,
-            _append_each,
-            self._core,
-            [(request, received_ms, acks, self._deliver_to(answers))],
-        )
+        job = _AppendJob(self._core, self._loop, [(request, received_ms, parse_acks(request.acks))])
+        _, throttle_ms = await self._run(caller, job.run)
+        job.resolve_early()
         bytes_throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
-        return answers, max(throttle_ms, bytes_throttle_ms)
+        return job.futures[0], max(throttle_ms, bytes_throttle_ms)
 
     async def produce(
         self, request: pb.ProduceRequest, context: aio.ServicerContext[Any, Any]
@@ -316,21 +290,20 @@ class _AsyncService:
                 batch = pending.copy()
                 pending.clear()
                 incoming = [item for item in batch if isinstance(item, _Incoming)]
-                futures: list[asyncio.Future[list[PartitionProduced]]] = [
-                    loop.create_future() for _ in incoming
-                ]
+                job = _AppendJob(
+                    self._core,
+                    loop,
+                    [(item.request, item.received_ms, item.acks) for item in incoming],
+                )
                 throttle_ms = 0
                 if incoming:
-                    work = [
-                        (item.request, item.received_ms, item.acks, self._deliver_to(future))
-                        for item, future in zip(incoming, futures, strict=True)
-                    ]
                     try:
-                        _, throttle_ms = await self._run(caller, _append_each, self._core, work)
+                        _, throttle_ms = await self._run(caller, job.run)
                     except Exception as exc:
                         await answers.put(exc)
                         return
-                pending_futures = iter(futures)
+                    job.resolve_early()
+                pending_futures = iter(job.futures)
                 for item in batch:
                     if not isinstance(item, _Incoming):
                         await answers.put(item)  # None or the reader's error: the end
@@ -465,16 +438,73 @@ class _Incoming:
     received_ms: int  # the broker's wall clock when it was read (its received time)
 
 
-def _append_each(
-    core: BrokerCore,
-    work: list[tuple[pb.ProduceRequest, int, Acks, Callable[[list[PartitionProduced]], None]]],
-) -> None:
-    """Append several requests in one executor job, in order, and hand each to
-    ``complete`` right there, so an ``acks=all`` fsync is asked for before the event loop
-    even hears of the append. An append never raises for a partition's fault (each answer
-    carries its own); one that raises (shutdown) fails the whole job."""
-    for request, received_ms, acks, deliver in work:
-        core.complete(core.append(produce_parts(request, received_ms)), acks, deliver)
+class _AppendJob:
+    """Produce requests appended in one executor job, in order, each handed to
+    ``BrokerCore.complete`` right there (so an ``acks=all`` fsync is asked for before the
+    event loop even hears of the append). Built and resolved on the loop; ``run`` on the
+    executor. Thread-safe where it has to be (``_deliver``).
+
+    Answers delivered while the job runs (``acks`` 0 and 1 always, ``acks=all`` when the
+    data was durable already) are kept and set by ``resolve_early`` once the job is back
+    on the loop: no ``call_soon_threadsafe`` (a write to the loop's self-pipe and a wake-up
+    of the loop) per request. Only answers delivered after the job ended (``acks=all``,
+    from the group fsync thread) are handed to the loop one by one.
+
+    An append never raises for a partition's fault (each answer carries its own); one
+    that raises (shutdown) fails the whole job.
+    """
+
+    __slots__ = ("_core", "_early", "_lock", "_loop", "_running", "_work", "futures")
+
+    def __init__(
+        self,
+        core: BrokerCore,
+        loop: asyncio.AbstractEventLoop,
+        work: list[tuple[pb.ProduceRequest, int, Acks]],
+    ) -> None:
+        self._core = core
+        self._loop = loop
+        self._work = work
+        self.futures: list[asyncio.Future[list[PartitionProduced]]] = [
+            loop.create_future() for _ in work
+        ]
+        self._lock = threading.Lock()
+        self._running = True
+        self._early: list[tuple[int, list[PartitionProduced]]] = []
+
+    def run(self) -> None:
+        """Append and complete every request (on the executor)."""
+        core = self._core
+        try:
+            for index, (request, received_ms, acks) in enumerate(self._work):
+                appends = core.append(produce_parts(request, received_ms))
+                core.complete(appends, acks, functools.partial(self._deliver, index))
+        finally:
+            with self._lock:
+                self._running = False
+
+    def _deliver(self, index: int, answers: list[PartitionProduced]) -> None:
+        # Any thread, once per request: the executor's during run, the fsync thread's
+        # during or after it.
+        with self._lock:
+            if self._running:
+                self._early.append((index, answers))
+                return
+        try:
+            self._loop.call_soon_threadsafe(_resolve, self.futures[index], answers)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    def resolve_early(self) -> None:
+        """Set the answers delivered while the job ran (on the loop, after ``run``)."""
+        for index, answers in self._early:
+            _resolve(self.futures[index], answers)
+        self._early.clear()
+
+
+def _resolve(future: asyncio.Future[T], value: T) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _produce_bytes(request: pb.ProduceRequest) -> int:
