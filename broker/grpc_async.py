@@ -59,6 +59,7 @@ from grpc_reflection.v1alpha import reflection
 from broker.context import RequestContext
 from broker.core import BrokerCore
 from broker.errors import ERROR_CODE_METADATA_KEY, to_wire
+from broker.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
 from broker.limits import Admission
 from broker.produce import Acks, PartitionProduced, parse_acks
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
@@ -84,6 +85,16 @@ T = TypeVar("T")
 _HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 _PIPELINE_DEPTH = 8  # unanswered requests a produce stream takes in before it stops reading
 _LOOP_CALL_TIMEOUT_S = 30.0
+# A fetch whose answer holds at most this many bytes is read on the event loop's thread,
+# not on the storage executor. A read takes the partition lock only to snapshot the
+# segment list (never across an append or an fsync) and then copies from the page cache:
+# ~0.1-0.3 ms for 1 MiB here, less than the two thread hand-offs of the executor (each
+# a wake-up, a GIL hand-over and, on a busy machine, a wait for a CPU: measured, a single
+# consumer's throughput fell to 0.55-0.7 of the threaded model's under load). Kafka makes
+# the same choice: its network threads copy fetched bytes from the page cache (sendfile).
+# The cost is the same as Kafka's too: a read of data no longer in the page cache stalls
+# the loop for the disk read. Larger fetches (many partitions) go to the executor.
+_INLINE_READ_MAX_BYTES = 2 * DEFAULT_PARTITION_MAX_BYTES
 
 
 class _AsyncService:
@@ -355,10 +366,16 @@ class _AsyncService:
             wait_cap_ms=wait_cap_ms(context.time_remaining()),
         )
         throttle_ms = 0
+        inline = _answer_bytes_at_most(request) <= _INLINE_READ_MAX_BYTES
         try:
             while True:
                 woken.clear()
-                answers, step_throttle_ms = await self._run(caller, self._core.step_fetch, pending)
+                if inline:
+                    answers, step_throttle_ms = self._step_inline(caller, pending)
+                else:
+                    answers, step_throttle_ms = await self._run(
+                        caller, self._core.step_fetch, pending
+                    )
                 throttle_ms = max(throttle_ms, step_throttle_ms)
                 if answers is not None:
                     break
@@ -372,6 +389,16 @@ class _AsyncService:
             throttle_ms = max(throttle_ms, bytes_throttle_ms)
         await _hold_back(throttle_ms)
         return fetch_response(request.correlation_id, answers, throttle_ms)
+
+    def _step_inline(
+        self, caller: RequestContext, pending: PendingFetch
+    ) -> tuple[list[PartitionFetched] | None, int]:
+        """``step_fetch`` on the loop's own thread: what ``_run`` does, without the two
+        thread hand-offs (see ``_INLINE_READ_MAX_BYTES``)."""
+        started = time.perf_counter()
+        answers = self._core.step_fetch(pending)
+        busy_s = time.perf_counter() - started
+        return answers, self._quotas.record(caller.client_id, REQUEST_PERCENTAGE, busy_s * 100)
 
     async def fetch(
         self, request: pb.FetchRequest, context: aio.ServicerContext[Any, Any]
@@ -411,6 +438,14 @@ class _AsyncService:
             await self._abort(context, "FetchStream", exc, started)
         finally:
             self._admission.close_call(caller)
+
+
+def _answer_bytes_at_most(request: pb.FetchRequest) -> int:
+    """The most record bytes a fetch answer can hold, from the request's own limits (the
+    broker's ``fetch.max.bytes`` only lowers it; a first batch larger than every limit,
+    which is returned whole, is bounded by ``message.max.bytes``)."""
+    total = sum(p.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES for p in request.partitions)
+    return min(total, request.max_bytes) if request.max_bytes > 0 else total
 
 
 def _timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
