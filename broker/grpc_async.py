@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -202,7 +202,12 @@ class _AsyncService:
     ) -> tuple[asyncio.Future[list[PartitionProduced]], int]:
         """Append (on the executor); the future of the answers and the throttle time."""
         received_ms = self._core.wall_ms()  # the request's received time, on arrival
-        job = _AppendJob(self._core, self._loop, [(request, received_ms, parse_acks(request.acks))])
+        job = _AppendJob(
+            self._core,
+            self._loop,
+            [(request, received_ms, parse_acks(request.acks))],
+            [self._loop.create_future()],
+        )
         _, throttle_ms = await self._run(caller, job.run)
         job.resolve_early()
         bytes_throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
@@ -238,27 +243,76 @@ class _AsyncService:
         request_iterator: AsyncIterator[pb.ProduceRequest],
         context: aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[pb.ProduceResponse]:
-        """Three stages, in request order: a reader task takes requests off the stream
-        (at most ``_PIPELINE_DEPTH`` unanswered), an appender task appends every request
-        that arrived while its previous append ran in one executor job (one thread
-        hand-off for several requests under load: measured, the hand-off is most of the
-        broker's cost per small request), and this generator answers each once durable
-        per its ``acks``."""
+        """Two stages, in request order: a reader task takes requests off the stream (at
+        most ``_PIPELINE_DEPTH`` unanswered) and appends them on the storage executor,
+        every request that arrived while the previous append job ran in one job (one
+        thread hand-off for several requests under load: measured, the hand-off is most
+        of the broker's cost per small request); this generator answers each once durable
+        per its ``acks``. The end of a job is a callback on the loop that sets the answers
+        the job delivered and starts the next job, so no task waits for the executor."""
         started = time.perf_counter()
         try:
             caller = self._open(context)
         except Exception as exc:
             await self._abort(context, "ProduceStream", exc, started)
             return
-        slots = asyncio.Semaphore(_PIPELINE_DEPTH)
-        # _Incoming requests, then None (the stream ended) or the error that ended it.
-        pending: list[Any] = []
-        arrived = asyncio.Event()
-        # (_Incoming, answers future, throttle ms) | None | an error, in request order.
-        answers: asyncio.Queue[Any] = asyncio.Queue()
-        in_flight = [0]  # bytes admitted and not yet released
-        muted_until = [0.0]  # loop time before which the stream is not read (quota)
         loop = self._loop
+        slots = asyncio.Semaphore(_PIPELINE_DEPTH)
+        # Every _Incoming in request order, then None (the stream ended) or the error
+        # that ended it.
+        answers: asyncio.Queue[_Incoming | Exception | None] = asyncio.Queue()
+        waiting: list[_Incoming] = []  # read, not yet handed to a job
+        state = _StreamState()
+
+        def start_job() -> None:
+            # On the loop: everything read so far, in one executor job.
+            batch = waiting.copy()
+            waiting.clear()
+            job = _AppendJob(
+                self._core,
+                loop,
+                [(item.request, item.received_ms, item.acks) for item in batch],
+                [item.answer for item in batch],
+            )
+            try:
+                self._admission.admit_request(caller)
+            except Exception as exc:
+                _fail(batch, exc)
+                state.failed = True
+                return
+            try:
+                work = self._executor.submit(_timed, job.run)
+            except RuntimeError as exc:  # the executor is shut down: the broker stops
+                self._admission.release_request()
+                _fail(batch, exc)
+                state.failed = True
+                return
+            state.running = True
+            work.add_done_callback(
+                lambda done: _call_soon_threadsafe(loop, finish_job, done, job, batch)
+            )
+
+        def finish_job(
+            done: Future[tuple[None, float]], job: _AppendJob, batch: list[_Incoming]
+        ) -> None:
+            # On the loop, once the job has run.
+            self._admission.release_request()
+            state.running = False
+            try:
+                _, busy_s = done.result()
+            except Exception as exc:  # shutdown: the stream ends with it
+                _fail(batch, exc)
+                state.failed = True
+                return
+            # request_percentage: the batch's storage time, counted after it.
+            throttle_ms = self._quotas.record(caller.client_id, REQUEST_PERCENTAGE, busy_s * 100)
+            if throttle_ms:
+                state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
+                for item in batch:
+                    item.throttle_ms = max(item.throttle_ms, throttle_ms)
+            job.resolve_early()
+            if waiting and not state.failed:
+                start_job()
 
         async def read() -> None:
             end: Exception | None = None
@@ -269,63 +323,38 @@ class _AsyncService:
                     acks = parse_acks(request.acks)
                     size = _produce_bytes(request)
                     self._admission.admit_bytes(size, caller)
-                    in_flight[0] += size
+                    state.in_flight_bytes += size
                     # The byte rate is counted here, not after the append, so the mute
                     # below applies before the next request is read.
                     throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
                     if throttle_ms:
-                        muted_until[0] = max(muted_until[0], loop.time() + throttle_ms / 1e3)
-                    pending.append(
-                        _Incoming(
-                            request, acks, size, time.perf_counter(), throttle_ms, received_ms
-                        )
+                        state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
+                    item = _Incoming(
+                        request,
+                        acks,
+                        size,
+                        time.perf_counter(),
+                        throttle_ms,
+                        received_ms,
+                        loop.create_future(),
                     )
-                    arrived.set()
+                    answers.put_nowait(item)
+                    waiting.append(item)
+                    if not state.running and not state.failed:
+                        start_job()
                     # Over a quota: read nothing more from this client for the throttle
                     # time (Kafka mutes the channel); the answers go out at once, with
                     # the time in throttle_time_ms.
-                    delay = muted_until[0] - loop.time()
+                    delay = state.muted_until - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 end = exc
-            pending.append(end)
-            arrived.set()
+            answers.put_nowait(end)
 
-        async def append() -> None:
-            while True:
-                await arrived.wait()
-                arrived.clear()
-                batch = pending.copy()
-                pending.clear()
-                incoming = [item for item in batch if isinstance(item, _Incoming)]
-                job = _AppendJob(
-                    self._core,
-                    loop,
-                    [(item.request, item.received_ms, item.acks) for item in incoming],
-                )
-                throttle_ms = 0
-                if incoming:
-                    try:
-                        _, throttle_ms = await self._run(caller, job.run)
-                    except Exception as exc:
-                        await answers.put(exc)
-                        return
-                    job.resolve_early()
-                pending_futures = iter(job.futures)
-                for item in batch:
-                    if not isinstance(item, _Incoming):
-                        await answers.put(item)  # None or the reader's error: the end
-                        return
-                    future = next(pending_futures)
-                    # request_percentage: the batch's storage time, counted after it.
-                    if throttle_ms:
-                        muted_until[0] = max(muted_until[0], loop.time() + throttle_ms / 1e3)
-                    await answers.put((item, future, max(throttle_ms, item.throttle_ms)))
-
-        tasks = [asyncio.create_task(read()), asyncio.create_task(append())]
+        reader = asyncio.create_task(read())
         try:
             while True:
                 entry = await answers.get()
@@ -333,22 +362,20 @@ class _AsyncService:
                     break
                 if isinstance(entry, Exception):
                     raise entry
-                item, future, throttle_ms = entry
                 try:
-                    produced = await future
+                    produced = await entry.answer
                 finally:
-                    self._admission.release_bytes(item.size)
-                    in_flight[0] -= item.size
-                self._observe("ProduceStream", "OK", item.started)
-                yield produce_response(item.request.correlation_id, produced, throttle_ms)
+                    self._admission.release_bytes(entry.size)
+                    state.in_flight_bytes -= entry.size
+                self._observe("ProduceStream", "OK", entry.started)
+                yield produce_response(entry.request.correlation_id, produced, entry.throttle_ms)
                 slots.release()
         except Exception as exc:
             await self._abort(context, "ProduceStream", exc, started)
         finally:
-            for task in tasks:
-                task.cancel()
-            if in_flight[0]:
-                self._admission.release_bytes(in_flight[0])
+            reader.cancel()
+            if state.in_flight_bytes:
+                self._admission.release_bytes(state.in_flight_bytes)
             self._admission.close_call(caller)
 
     # --- fetch --------------------------------------------------------------------------
@@ -461,16 +488,46 @@ async def _hold_back(throttle_ms: int) -> None:
         await asyncio.sleep(throttle_ms / 1000.0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Incoming:
-    """A produce request taken off a stream, admitted, not yet appended."""
+    """A produce request taken off a stream and admitted, until answered. Loop only."""
 
     request: pb.ProduceRequest
     acks: Acks
     size: int
     started: float
-    throttle_ms: int  # of the producer byte rate, counted when read
+    # The producer byte rate's, counted when read; raised to the request_percentage
+    # throttle of its append job when that ends.
+    throttle_ms: int
     received_ms: int  # the broker's wall clock when it was read (its received time)
+    answer: asyncio.Future[list[PartitionProduced]]
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """A produce stream's mutable state. Loop only."""
+
+    running: bool = False  # an append job is on the executor
+    failed: bool = False  # a job failed: the stream ends, nothing more is appended
+    in_flight_bytes: int = 0  # admitted and not yet released
+    muted_until: float = 0.0  # loop time before which the stream is not read (quota)
+
+
+def _fail(batch: list[_Incoming], error: Exception) -> None:
+    """Fail the answers of ``batch``; the stream raises ``error`` at the first of them."""
+    for item in batch:
+        if not item.answer.done():
+            item.answer.set_exception(error)
+            item.answer.exception()  # retrieved: only the first one is awaited
+
+
+def _call_soon_threadsafe(
+    loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any
+) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the loop is closed: nobody waits any more
+        pass
 
 
 class _AppendJob:
@@ -496,13 +553,12 @@ class _AppendJob:
         core: BrokerCore,
         loop: asyncio.AbstractEventLoop,
         work: list[tuple[pb.ProduceRequest, int, Acks]],
+        futures: list[asyncio.Future[list[PartitionProduced]]],
     ) -> None:
         self._core = core
         self._loop = loop
         self._work = work
-        self.futures: list[asyncio.Future[list[PartitionProduced]]] = [
-            loop.create_future() for _ in work
-        ]
+        self.futures = futures
         self._lock = threading.Lock()
         self._running = True
         self._early: list[tuple[int, list[PartitionProduced]]] = []
@@ -525,10 +581,7 @@ class _AppendJob:
             if self._running:
                 self._early.append((index, answers))
                 return
-        try:
-            self._loop.call_soon_threadsafe(_resolve, self.futures[index], answers)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
+        _call_soon_threadsafe(self._loop, _resolve, self.futures[index], answers)
 
     def resolve_early(self) -> None:
         """Set the answers delivered while the job ran (on the loop, after ``run``)."""
