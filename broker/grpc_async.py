@@ -9,7 +9,8 @@ One ``grpc.aio`` server runs on an asyncio event loop in a thread of its own
                                       │    (refused at once: RESOURCE_EXHAUSTED + code)
                                       ▼
                           storage executor (num.io.threads threads, bounded by
-                          queued.max.requests): the blocking core call
+                          queued.max.requests): the blocking core call (a fetch whose
+                          answer holds at most 2 MiB is read on the loop's thread)
                                       │
                    answered ◀─────────┤ or parked in a purgatory (broker.delayed):
                                       │ no thread; an append, the group fsync, the
@@ -23,9 +24,10 @@ reads, admin calls) runs on the executor so that a slow disk never stalls the lo
 ``acks=all`` fsync runs on the group fsync thread (``broker.group_fsync``).
 
 Streams: ``ProduceStream`` appends request N+1 while request N waits for its fsync (a
-reader task, an appender task that appends whatever arrived in one executor job, the
-handler answering in order); ``FetchStream`` answers its
-requests one after the other, each parked as long as it has to. The end of a call
+reader task that hands whatever arrived during the previous append to the executor in one
+job, the job's end a callback on the loop, the handler answering in order);
+``FetchStream`` answers its requests one after the other, each parked as long as it has
+to. The end of a call
 (client gone, cancelled, keepalive failed) cancels the handler's task, whose ``finally``
 cancels its parked operation.
 
