@@ -280,14 +280,14 @@ class _AsyncService:
                 self._admission.admit_request(caller)
             except Exception as exc:
                 _fail(batch, exc)
-                state.failed = True
+                state.ended = True
                 return
             try:
                 work = self._executor.submit(_timed, job.run)
             except RuntimeError as exc:  # the executor is shut down: the broker stops
                 self._admission.release_request()
                 _fail(batch, exc)
-                state.failed = True
+                state.ended = True
                 return
             state.running = True
             work.add_done_callback(
@@ -304,7 +304,7 @@ class _AsyncService:
                 _, busy_s = done.result()
             except Exception as exc:  # shutdown: the stream ends with it
                 _fail(batch, exc)
-                state.failed = True
+                state.ended = True
                 return
             # request_percentage: the batch's storage time, counted after it.
             throttle_ms = self._quotas.record(caller.client_id, REQUEST_PERCENTAGE, busy_s * 100)
@@ -313,7 +313,7 @@ class _AsyncService:
                 for item in batch:
                     item.throttle_ms = max(item.throttle_ms, throttle_ms)
             job.resolve_early()
-            if waiting and not state.failed:
+            if waiting and not state.ended:
                 start_job()
 
         async def read() -> None:
@@ -342,7 +342,7 @@ class _AsyncService:
                     )
                     answers.put_nowait(item)
                     waiting.append(item)
-                    if not state.running and not state.failed:
+                    if not state.running and not state.ended:
                         start_job()
                     # Over a quota: read nothing more from this client for the throttle
                     # time (Kafka mutes the channel); the answers go out at once, with
@@ -375,6 +375,7 @@ class _AsyncService:
         except Exception as exc:
             await self._abort(context, "ProduceStream", exc, started)
         finally:
+            state.ended = True
             reader.cancel()
             if state.in_flight_bytes:
                 self._admission.release_bytes(state.in_flight_bytes)
@@ -510,7 +511,9 @@ class _StreamState:
     """A produce stream's mutable state. Loop only."""
 
     running: bool = False  # an append job is on the executor
-    failed: bool = False  # a job failed: the stream ends, nothing more is appended
+    # A job failed or the handler ended (client gone, cancelled): nothing more is
+    # appended, not even what was read before the end.
+    ended: bool = False
     in_flight_bytes: int = 0  # admitted and not yet released
     muted_until: float = 0.0  # loop time before which the stream is not read (quota)
 
