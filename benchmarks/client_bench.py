@@ -32,9 +32,13 @@ The machine is shared and noisy: every figure comes from one run in the same scr
 next to the gRPC floor measured in the same minute. The last line is one JSON object.
 
 ``--models async,threads`` compares the broker's serving models (``server.io.model``)
-instead: for each round, a fresh broker of each model in turn runs the produce and the
-consume measurement; it reports each model's median and the ratio of the first model to
-the second (1.0 = the same throughput).
+instead, side by side in one run: for each round, a fresh broker of each model in turn
+(the order alternates from round to round, as the machine's load drifts) runs the produce
+and the consume measurement and the acks=1 / acks=all latency. It reports each model's
+medians and, as the figures to judge by, the median of the rounds' paired ratios
+(first model over second; 1.0 = the same throughput): ``async_over_threads_produce``
+and ``async_over_threads_consume`` for ``--models async,threads``. Broker CPU per record
+is read from ``/proc`` (10 ms ticks: coarse for short runs).
 """
 
 from __future__ import annotations
@@ -499,7 +503,9 @@ def compare_models(models: list[str], records: int, rounds: int, samples: int) -
     kinds = ("produce", "consume", "produce_cpu", "consume_cpu", "p50_acks1", "p50_acks_all")
     figures: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in models}
     for round_number in range(rounds):
-        for model in models:
+        # Alternate which goes first: the machine's noise drifts over a run.
+        order = models if round_number % 2 == 0 else list(reversed(models))
+        for model in order:
             work = Path(tempfile.mkdtemp(prefix=f"tidelog-models-{model}-"))
             broker, address = start_broker(work, model)
             try:
@@ -548,10 +554,14 @@ def compare_models(models: list[str], records: int, rounds: int, samples: int) -
             p50 = statistics.median(figures[model][f"p50_{acks}"])
             result[f"produce_p50_ms_{acks}_{model}"] = round(p50, 3)
     first, second = models[0], models[1] if len(models) > 1 else models[0]
-    for what in ("produce", "consume"):
-        ratio = result[f"{what}_records_per_s_{first}"] / result[f"{what}_records_per_s_{second}"]
-        result[f"{what}_ratio_{first}_over_{second}"] = round(ratio, 3)
-        print(f"{what}: {first} / {second} = {ratio:.3f}")
+    for what in ("produce", "consume", "produce_cpu", "consume_cpu"):
+        # The median of each round's ratio: a round's two runs are a minute apart at most,
+        # so the drift of the machine's load cancels out better than in a ratio of medians.
+        ratio = statistics.median(
+            a / b for a, b in zip(figures[first][what], figures[second][what], strict=True)
+        )
+        result[f"{first}_over_{second}_{what}"] = round(ratio, 3)
+        print(f"{what}: {first} / {second} = {ratio:.3f} (median of {rounds} paired rounds)")
     print(json.dumps(result))
     return 0
 

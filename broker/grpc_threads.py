@@ -144,13 +144,13 @@ class _ThreadedService:
             self._observe("ProduceStream", wire.code or wire.status.name, started)
             abort_with(context, exc, wire)
 
-    def fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> pb.FetchResponse:
+    def fetch(self, request: pb.FetchRequest, context: grpc.ServicerContext) -> bytes:
         call = _FetchCall(self._core, context)
         return self._call("Fetch", context, lambda: call.fetch(request))
 
     def fetch_stream(
         self, request_iterator: Iterator[pb.FetchRequest], context: grpc.ServicerContext
-    ) -> Iterator[pb.FetchResponse]:
+    ) -> Iterator[bytes]:
         call = _FetchCall(self._core, context)
         for request in request_iterator:
             yield self._call("FetchStream", context, _bind(call.fetch, request))
@@ -177,7 +177,7 @@ class _FetchCall:
             self._core.cancel_fetch(pending)
         self._woken.set()
 
-    def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+    def fetch(self, request: pb.FetchRequest) -> bytes:
         woken = self._woken
         pending = self._core.start_fetch(
             fetch_spec(request, _context(self._context), self._core.acls),
@@ -203,8 +203,8 @@ class _FetchCall:
 
 
 def _bind(
-    fetch: Callable[[pb.FetchRequest], pb.FetchResponse], request: pb.FetchRequest
-) -> Callable[[], pb.FetchResponse]:
+    fetch: Callable[[pb.FetchRequest], bytes], request: pb.FetchRequest
+) -> Callable[[], bytes]:
     """``fetch`` with its argument bound now (a lambda in a loop would bind late)."""
     return lambda: fetch(request)
 

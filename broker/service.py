@@ -620,29 +620,63 @@ def produce_response(
 
 def fetch_response(
     correlation_id: int, answers: Sequence[PartitionFetched], throttle_time_ms: int = 0
-) -> pb.FetchResponse:
-    return pb.FetchResponse(
-        correlation_id=correlation_id,
-        throttle_time_ms=throttle_time_ms,
-        results=[
-            pb.FetchPartitionResult(
-                topic=a.topic,
-                partition=a.partition,
-                error_code=a.error_code,
-                error_message=a.error_message,
-                high_watermark=a.high_watermark,
-                log_start_offset=a.log_start_offset,
-                records=a.records,
-                batch_times=a.batch_times,
-                diverging_epoch=(
-                    None
-                    if a.diverging is None
-                    else pb.EpochEndOffset(epoch=a.diverging[0], end_offset=a.diverging[1])
-                ),
-            )
-            for a in answers
-        ],
-    )
+) -> bytes:
+    """The serialized ``FetchResponse``, with each partition's stored bytes spliced in.
+
+    Built by hand around the records so that they are copied once (into the joined
+    answer), not four times: ``FetchResponse(results=[FetchPartitionResult(records=...)])``
+    copies them into the result, then serializes and re-parses the result to merge it
+    into the list, then serializes the whole (measured: 5.1 against 2.0 ms for a 1 MiB
+    answer, and 2.0 ms against one copy spliced). Valid protobuf because a message's
+    encoding is the concatenation of its fields' encodings, in any order; the handlers
+    that answer with it are registered without a response serializer
+    (``generic_handler``). ``tests/broker/test_fetch_encoding.py`` checks that it parses to
+    exactly the message the plain constructor builds.
+    """
+    head = pb.FetchResponse(
+        correlation_id=correlation_id, throttle_time_ms=throttle_time_ms
+    ).SerializeToString()
+    parts = [head]
+    for a in answers:
+        fields = pb.FetchPartitionResult(
+            topic=a.topic,
+            partition=a.partition,
+            error_code=a.error_code,
+            error_message=a.error_message,
+            high_watermark=a.high_watermark,
+            log_start_offset=a.log_start_offset,
+            batch_times=a.batch_times,
+            diverging_epoch=(
+                None
+                if a.diverging is None
+                else pb.EpochEndOffset(epoch=a.diverging[0], end_offset=a.diverging[1])
+            ),
+        ).SerializeToString()
+        records = a.records
+        if records:
+            records_key = _length_delimited_key(_RECORDS_FIELD, len(records))
+            size = len(fields) + len(records_key) + len(records)
+            parts += (_length_delimited_key(_RESULTS_FIELD, size), fields, records_key, records)
+        else:
+            parts += (_length_delimited_key(_RESULTS_FIELD, len(fields)), fields)
+    return b"".join(parts)
+
+
+# Field numbers of the two length-delimited fields fetch_response writes by hand.
+_RESULTS_FIELD = pb.FetchResponse.DESCRIPTOR.fields_by_name["results"].number
+_RECORDS_FIELD = pb.FetchPartitionResult.DESCRIPTOR.fields_by_name["records"].number
+
+
+def _length_delimited_key(field_number: int, length: int) -> bytes:
+    """The tag (wire type 2) and the varint length that precede a length-delimited field."""
+    out = bytearray()
+    for number in ((field_number << 3) | 2, length):
+        value = number
+        while value >= 0x80:
+            out.append((value & 0x7F) | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
 
 
 def _partition_set(topics: Iterable[pb.TopicPartitions]) -> frozenset[TopicPartition]:
@@ -761,11 +795,18 @@ def generic_handler(
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )
-    for name, method, streaming, request_type, response_type in (
-        ("Produce", produce, False, pb.ProduceRequest, pb.ProduceResponse),
-        ("Fetch", fetch, False, pb.FetchRequest, pb.FetchResponse),
-        ("ProduceStream", produce_stream, True, pb.ProduceRequest, pb.ProduceResponse),
-        ("FetchStream", fetch_stream, True, pb.FetchRequest, pb.FetchResponse),
+    # Fetch answers are serialized by fetch_response already (records spliced in).
+    for name, method, streaming, request_type, serializer in (
+        ("Produce", produce, False, pb.ProduceRequest, pb.ProduceResponse.SerializeToString),
+        ("Fetch", fetch, False, pb.FetchRequest, None),
+        (
+            "ProduceStream",
+            produce_stream,
+            True,
+            pb.ProduceRequest,
+            pb.ProduceResponse.SerializeToString,
+        ),
+        ("FetchStream", fetch_stream, True, pb.FetchRequest, None),
     ):
         make = (
             grpc.stream_stream_rpc_method_handler
@@ -773,8 +814,6 @@ def generic_handler(
             else grpc.unary_unary_rpc_method_handler
         )
         handlers[name] = make(
-            method,
-            request_deserializer=request_type.FromString,
-            response_serializer=response_type.SerializeToString,
+            method, request_deserializer=request_type.FromString, response_serializer=serializer
         )
     return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)

@@ -198,6 +198,46 @@ def test_queued_max_requests_refuses_with_its_code() -> None:
         assert stub.ListTopics(pb.ListTopicsRequest(), timeout=TIMEOUT_S).topics
 
 
+def test_a_fetch_of_at_most_2_mib_is_read_without_the_storage_executor() -> None:
+    """Reads of one or two partitions' worth are done on the event loop's thread
+    (``grpc_async._INLINE_READ_MAX_BYTES``): they are answered while the executor's queue
+    is full, and a larger fetch still queues for the executor and is refused."""
+    with (
+        InProcessBroker(settings={"queued.max.requests": 1}) as broker,
+        broker.channel() as channel,
+    ):
+        stub = pb_grpc.BrokerStub(channel)
+        create_topic(stub, "t")
+        produce(stub, "t", 0, make_batch([b"a", b"b"]))
+
+        def fetch(partition_max_bytes: int, max_bytes: int = 0) -> pb.FetchResponse:
+            request = pb.FetchRequest(
+                max_bytes=max_bytes,
+                partitions=[
+                    pb.FetchPartition(
+                        topic="t",
+                        partition=0,
+                        fetch_offset=0,
+                        partition_max_bytes=partition_max_bytes,
+                    )
+                ],
+            )
+            answer: pb.FetchResponse = stub.Fetch(request, timeout=TIMEOUT_S)
+            return answer
+
+        admission = broker.server.admission
+        admission.admit_request()  # the executor's one place is taken
+        try:
+            assert fetch(0).results[0].records  # the default 1 MiB per partition
+            assert fetch(64 << 20, max_bytes=2 << 20).results[0].records
+            with pytest.raises(grpc.RpcError) as info:
+                fetch(64 << 20)
+            assert error_code(info.value) == "QUEUED_MAX_REQUESTS_REACHED"
+        finally:
+            admission.release_request()
+        assert fetch(64 << 20).results[0].records
+
+
 def test_queued_max_request_bytes_refuses_produce_data_with_its_code() -> None:
     with (
         InProcessBroker(settings={"queued.max.request.bytes": 1_024}) as broker,
