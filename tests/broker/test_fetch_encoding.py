@@ -25,6 +25,7 @@ _answers = st.lists(
         error_code=st.sampled_from(["", "OFFSET_OUT_OF_RANGE", "UNKNOWN_TOPIC_OR_PARTITION"]),
         error_message=st.text(max_size=30),
         batch_times=st.binary(max_size=48),
+        diverging=st.none() | st.tuples(st.integers(-1, 2**31 - 1), st.integers(-1, 2**62)),
     ),
     max_size=4,
 )
@@ -46,6 +47,11 @@ def _constructed(
                 log_start_offset=a.log_start_offset,
                 records=a.records,
                 batch_times=a.batch_times,
+                diverging_epoch=(
+                    None
+                    if a.diverging is None
+                    else pb.EpochEndOffset(epoch=a.diverging[0], end_offset=a.diverging[1])
+                ),
             )
             for a in answers
         ],
