@@ -399,14 +399,19 @@ class BrokerCore:
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)
 
-    def _check_coordinator(self, group_id: str) -> None:
+    def _check_coordinator(self, group_id: str, *, confirm: bool = False) -> None:
         """Raise ``NotCoordinatorError`` unless this broker leads the group's offsets
-        partition (always true on a single node)."""
+        partition (always true on a single node). ``confirm``: ask ZooKeeper too, not
+        only this broker's view (committed offsets must never be read stale: a consumer
+        resuming from an old one would commit backwards)."""
         if self.topic_admin is None:
             return
         partition = partition_for(group_id, self._logs.topic(OFFSETS_TOPIC).partitions)
         try:
-            self.placement.check_leader(OFFSETS_TOPIC, partition)
+            if confirm:
+                self.placement.confirm_leader(OFFSETS_TOPIC, partition)
+            else:
+                self.placement.check_leader(OFFSETS_TOPIC, partition)
         except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
             raise NotCoordinatorError(f"group {group_id!r}: {exc}") from None
 
@@ -880,7 +885,7 @@ class BrokerCore:
     def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
         """Committed offsets of a group (-1 where none)."""
         with self._operation():
-            self._check_coordinator(group_id)
+            self._check_coordinator(group_id, confirm=True)
             return self._groups.fetch_offsets(group_id, selection)
 
     def list_groups(self) -> list[GroupListing]:

@@ -86,6 +86,12 @@ class Placement(Protocol):
         """Raise unless this broker leads the partition now."""
         ...
 
+    def confirm_leader(self, topic: str, partition: int) -> None:
+        """``check_leader`` against the coordinator itself, not this broker's view (which
+        may lag a leadership change): for reads that must not be stale. Raises as
+        ``check_leader`` does."""
+        ...
+
 
 class LocalPlacement:
     """A single node: it leads everything. Thread-safe (immutable but for the endpoint)."""
@@ -112,6 +118,9 @@ class LocalPlacement:
     def check_leader(self, topic: str, partition: int) -> None:
         return None
 
+    def confirm_leader(self, topic: str, partition: int) -> None:
+        return None
+
 
 class JoiningPlacement:
     """Cluster mode until the view arrives: no topics, no leadership. Thread-safe."""
@@ -133,3 +142,6 @@ class JoiningPlacement:
             f"broker {self._broker_id} is joining the cluster; {topic}-{partition} is not "
             "served here yet"
         )
+
+    def confirm_leader(self, topic: str, partition: int) -> None:
+        self.check_leader(topic, partition)

@@ -46,7 +46,7 @@ from broker.cluster.controller import Controller, ControllerSettings
 from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
-from broker.cluster.store import ClusterStore
+from broker.cluster.store import ClusterStore, StoreError
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
 from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
@@ -95,10 +95,17 @@ class LocalTopics(Protocol):
 class ClusterPlacement:
     """Leadership from the ZooKeeper view. Thread-safe (reads one immutable snapshot)."""
 
-    def __init__(self, broker_id: int, cluster_id: str, watcher: MetadataWatcher) -> None:
+    def __init__(
+        self,
+        broker_id: int,
+        cluster_id: str,
+        watcher: MetadataWatcher,
+        store: ClusterStore | None = None,
+    ) -> None:
         self._broker_id = broker_id
         self._cluster_id = cluster_id
         self._watcher = watcher
+        self._store = store
 
     def cluster(self) -> ClusterView:
         snapshot = self._watcher.snapshot
@@ -139,6 +146,28 @@ class ClusterPlacement:
         raise NotLeaderOrFollowerError(
             f"broker {self._broker_id} does not lead {topic}-{partition}; broker {leader} does"
         )
+
+    def confirm_leader(self, topic: str, partition: int) -> None:
+        """``check_leader``, then the partition's state znode must name this broker leader
+        at the epoch this broker's view has: a broker whose view lags a leadership change
+        (a watch not yet delivered) would otherwise answer from a stale cache."""
+        self.check_leader(topic, partition)
+        if self._store is None:
+            return
+        try:
+            found = self._store.read_partition_state(topic, partition)
+        except StoreError as exc:
+            raise LeaderNotAvailableError(f"cannot confirm {topic}-{partition}: {exc}") from None
+        mine = self.partition(topic, partition)
+        if found is None or found[0].leader != self._broker_id:
+            raise NotLeaderOrFollowerError(
+                f"broker {self._broker_id} no longer leads {topic}-{partition}"
+            )
+        if found[0].leader_epoch != mine.leader_epoch:
+            raise LeaderNotAvailableError(
+                f"{topic}-{partition}: this broker's view is at epoch {mine.leader_epoch}, "
+                f"the coordinator's at {found[0].leader_epoch}; retry"
+            )
 
 
 class ClusterNode:
@@ -211,7 +240,7 @@ class ClusterNode:
             watcher = MetadataWatcher(store, apply)
             replicas = _start_replicas(config, store, watcher, local, clock)
             replicas_box.append(replicas)
-            placement = ClusterPlacement(config.broker_id, cluster_id, watcher)
+            placement = ClusterPlacement(config.broker_id, cluster_id, watcher, store)
             controller = Controller(
                 store,
                 ControllerSettings(
