@@ -70,6 +70,9 @@ from storage.errors import (
     RecordTooLargeError,
     RequestError,
     RequestTooLargeError,
+    ResourceNotFoundError,
+    SaslAuthenticationError,
+    SaslSessionExpiredError,
     StaleMemberEpochError,
     StorageError,
     TidelogError,
@@ -79,6 +82,7 @@ from storage.errors import (
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
     UnsupportedCompressionTypeError,
+    UnsupportedSaslMechanismError,
 )
 
 __all__ = [
@@ -126,6 +130,10 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     GroupNotEmptyError: grpc.StatusCode.FAILED_PRECONDITION,
     GroupIdNotFoundError: grpc.StatusCode.NOT_FOUND,
     NotAuthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    ResourceNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SaslAuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    SaslSessionExpiredError: grpc.StatusCode.UNAUTHENTICATED,
+    UnsupportedSaslMechanismError: grpc.StatusCode.UNAUTHENTICATED,
     NotControllerError: grpc.StatusCode.FAILED_PRECONDITION,
     NotLeaderOrFollowerError: grpc.StatusCode.FAILED_PRECONDITION,
     LeaderNotAvailableError: grpc.StatusCode.UNAVAILABLE,

@@ -38,13 +38,14 @@ from broker.produce import Acks, PartitionAppend, parse_acks
 from broker.produce_stream import ProducePipeline
 from broker.service import (
     BROKER_SERVICE_NAME,
+    UNARY_HANDLERS,
     UnaryHandler,
+    call_context,
     fetch_response,
     fetch_spec,
     generic_handler,
     produce_parts,
     produce_response,
-    request_context,
     wait_cap_ms,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -72,8 +73,8 @@ def threaded_handler(core: BrokerCore) -> grpc.GenericRpcHandler:
     )
 
 
-def _context(context: grpc.ServicerContext) -> RequestContext:
-    return request_context(context.peer(), context.invocation_metadata())
+def _context(core: BrokerCore, context: grpc.ServicerContext, method: str) -> RequestContext:
+    return call_context(core, context, method)
 
 
 class _ThreadedService:
@@ -87,6 +88,8 @@ class _ThreadedService:
         """Run one request: time it, count it, render its error."""
         started = time.perf_counter()
         try:
+            if method not in UNARY_HANDLERS:  # unary handlers authenticate in _context
+                _context(self._core, context, method)
             answer = body()
         except Exception as exc:
             wire = to_wire(exc)
@@ -101,7 +104,9 @@ class _ThreadedService:
     def unary(self, name: str, handler: UnaryHandler) -> Callable[[Any, grpc.ServicerContext], Any]:
         def serve(request: Any, context: grpc.ServicerContext) -> Any:
             return self._call(
-                name, context, lambda: handler(self._core, request, _context(context))
+                name,
+                context,
+                lambda: handler(self._core, request, _context(self._core, context, name)),
             )
 
         return serve
@@ -136,6 +141,7 @@ class _ThreadedService:
         pipeline = ProducePipeline(request_iterator, append, complete, context.is_active)
         started = time.perf_counter()
         try:
+            _context(self._core, context, "ProduceStream")  # authentication (broker.auth)
             yield from pipeline.responses()
         except Exception as exc:
             wire = to_wire(exc)

@@ -40,6 +40,7 @@ from broker.groups.manager import (
     ResetTarget,
 )
 from broker.produce import PartitionProduced, PartitionRecords
+from broker.security_service import SECURITY_HANDLERS
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.batch_times import NO_TIME, BatchTimes
 from storage.errors import InvalidRequestError
@@ -49,6 +50,7 @@ __all__ = [
     "CLIENT_ID_METADATA_KEY",
     "UNARY_HANDLERS",
     "UnaryHandler",
+    "call_context",
     "fetch_response",
     "fetch_spec",
     "generic_handler",
@@ -84,6 +86,19 @@ def request_context(
         if key == CLIENT_ID_METADATA_KEY:
             client_id = value if isinstance(value, str) else value.decode(errors="replace")
     return RequestContext("grpc", peer, client_id)
+
+
+def call_context(core: BrokerCore, context: Any, method: str) -> RequestContext:
+    """The authenticated ``RequestContext`` of a gRPC call in either serving model:
+    ``request_context`` plus the principal ``core.authenticator`` finds (``broker.auth``;
+    raises ``SaslAuthenticationError`` when the listener needs a session and has none)."""
+    metadata = context.invocation_metadata()
+    caller = request_context(context.peer(), metadata)
+    authenticator = core.authenticator
+    if authenticator is None:
+        return caller
+    auth_context = context.auth_context() if authenticator.config.tls else None
+    return authenticator.identify(caller, metadata, auth_context, method)
 
 
 def wait_cap_ms(time_remaining_s: float | None) -> int | None:
@@ -420,6 +435,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeClientQuotas": _describe_client_quotas,
     "Metadata": _metadata,
     "FindCoordinator": _find_coordinator,
+    **SECURITY_HANDLERS,  # Authenticate and the SCRAM user calls (broker.security_service)
 }
 
 
