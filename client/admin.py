@@ -35,6 +35,7 @@ from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
 from client.connection import Connection, GrpcConnection, grpc_connections
 from client.offsets import list_offsets
 from client.routing import ClusterConnections
+from client.security import ClientSecurity, salted_credential
 from client.transport import Transport
 from client.types import (
     OffsetAndTimestamp,
@@ -132,6 +133,7 @@ class AdminClient:
             client_id=config.client_id,
             request_timeout_ms=config.request_timeout_ms,
             reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+            security=ClientSecurity.of(config),
         )
         self._stub = self._transport.stub
         self._connections = ClusterConnections(
@@ -141,6 +143,7 @@ class AdminClient:
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
                 reuse=self._transport,
+                security=ClientSecurity.of(config),
             ),
             request_timeout_ms=config.request_timeout_ms,
         )
@@ -526,6 +529,62 @@ class AdminClient:
             timeout_ms=timeout_ms,
         )
         return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
+
+    # --- SCRAM users (docs/security.md) --------------------------------------------------
+
+    def upsert_user(
+        self,
+        name: str,
+        password: str,
+        mechanism: str = "SCRAM-SHA-256",
+        *,
+        iterations: int = 4096,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Create the user or replace its ``mechanism`` credential.
+
+        The password never leaves this process: a random salt and SaltedPassword
+        (PBKDF2, ``iterations`` >= 4096) are sent, from which the broker keeps StoredKey
+        and ServerKey (Kafka's AlterUserScramCredentials). Raises ``ValueError`` for a
+        bad mechanism or iteration count, ``InvalidRequestError`` for a bad name.
+        """
+        salt, salted = salted_credential(mechanism, password, iterations)
+        self._transport.call(
+            self._stub.UpsertUser,
+            pb.UpsertUserRequest(
+                name=name,
+                mechanism=mechanism,
+                iterations=iterations,
+                salt=salt,
+                salted_password=salted,
+            ),
+            what="UpsertUser",
+            timeout_ms=timeout_ms,
+        )
+
+    def delete_user(
+        self, name: str, mechanism: str | None = None, *, timeout_ms: int | None = None
+    ) -> None:
+        """Delete the user (every mechanism, or only ``mechanism``'s credential).
+
+        Raises ``ResourceNotFoundError`` if there is no such user (or credential).
+        """
+        self._transport.call(
+            self._stub.DeleteUser,
+            pb.DeleteUserRequest(name=name, mechanism=mechanism or ""),
+            what="DeleteUser",
+            timeout_ms=timeout_ms,
+        )
+
+    def list_users(self, *, timeout_ms: int | None = None) -> dict[str, dict[str, int]]:
+        """Every SCRAM user: name -> {mechanism: iterations}. No credential is shown."""
+        answer = self._transport.call(
+            self._stub.ListUsers, pb.ListUsersRequest(), what="ListUsers", timeout_ms=timeout_ms
+        )
+        return {
+            user.name: dict(zip(user.mechanisms, user.iterations, strict=False))
+            for user in answer.users
+        }
 
     def close(self) -> None:
         """Close the connection. Idempotent."""
