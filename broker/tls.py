@@ -101,7 +101,7 @@ class ServerTls:
 
     def _certificate_configuration(self, key: bytes, chain: bytes, ca: bytes | None) -> Any:
         roots = ca if self._config.ssl_client_auth == "required" else None
-        return grpc.ssl_server_certificate_configuration(((key, chain),), root_certificates=roots)
+        return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=roots)
 
     def server_credentials(self) -> grpc.ServerCredentials:
         """Dynamic credentials that pick up ``request_reload`` on the next handshake."""
