@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 from collections.abc import Callable, Sequence
@@ -48,6 +49,7 @@ __all__ = [
     "ClientSecurity",
     "Session",
     "salted_credential",
+    "settings_from_properties",
 ]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -266,3 +268,55 @@ def _login(
         # The broker does not know our credential: it is not the broker we trust.
         raise SaslAuthenticationError("SCRAM: the broker's signature is wrong")
     return final.session_token, final.principal
+
+
+# Kafka tool property names (``--command-config``) -> kafka-python setting names.
+_PROPERTY_NAMES = {
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "ssl.cafile": "ssl_cafile",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certfile": "ssl_certfile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.keyfile": "ssl_keyfile",
+    "ssl.key.location": "ssl_keyfile",
+    "sasl.username": "sasl_plain_username",
+    "sasl.plain.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "sasl.plain.password": "sasl_plain_password",
+}
+_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def settings_from_properties(text: str) -> dict[str, str]:
+    """Kafka tools' ``--command-config`` file (Java properties) -> client settings.
+
+    Takes ``security.protocol``, ``sasl.mechanism``, the ``ssl.*`` file names (Tidelog's
+    ``ssl.cafile``/``ssl.certfile``/``ssl.keyfile`` or librdkafka's ``ssl.ca.location``/
+    ``ssl.certificate.location``/``ssl.key.location``), ``sasl.username``/``sasl.password``
+    and ``sasl.jaas.config`` (its ``username="..."`` and ``password="..."``). ``#`` and
+    ``!`` start comments; ``=`` or ``:`` separate key and value. Raises ``ValueError`` for
+    a key it does not know (Java key stores, ``ssl.truststore.*``, are not supported: give
+    PEM files).
+    """
+    out: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        match = re.match(r"([^=:\s]+)\s*[=:]\s*(.*)$", line)
+        if match is None:
+            raise ValueError(f"line {number}: expected KEY=VALUE, got {raw!r}")
+        key, value = match.group(1), match.group(2).strip()
+        if key == "sasl.jaas.config":
+            options = {k: v.replace('\\"', '"') for k, v in _JAAS_OPTION.findall(value)}
+            if "username" in options:
+                out["sasl_plain_username"] = options["username"]
+            if "password" in options:
+                out["sasl_plain_password"] = options["password"]
+            continue
+        if key not in _PROPERTY_NAMES:
+            known = ", ".join(sorted([*_PROPERTY_NAMES, "sasl.jaas.config"]))
+            raise ValueError(f"line {number}: unknown setting {key!r}; known: {known}")
+        out[_PROPERTY_NAMES[key]] = value
+    return out
