@@ -32,7 +32,7 @@ import hmac
 import re
 import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,12 @@ from storage.errors import SaslAuthenticationError
 __all__ = [
     "MECHANISMS",
     "PROTOCOLS",
+    "SECURITY_PROPERTY_NAMES",
     "SESSION_METADATA_KEY",
     "ClientSecurity",
     "Session",
     "salted_credential",
+    "settings_from_mapping",
     "settings_from_properties",
 ]
 
@@ -308,6 +310,24 @@ def settings_from_properties(text: str) -> dict[str, str]:
         if match is None:
             raise ValueError(f"line {number}: expected KEY=VALUE, got {raw!r}")
         key, value = match.group(1), match.group(2).strip()
+        try:
+            out.update(settings_from_mapping({key: value}))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+    return out
+
+
+SECURITY_PROPERTY_NAMES = frozenset([*_PROPERTY_NAMES, "sasl.jaas.config"])
+
+
+def settings_from_mapping(properties: Mapping[str, str]) -> dict[str, str]:
+    """Kafka-named security properties (``SECURITY_PROPERTY_NAMES``) -> client settings.
+
+    ``sasl.jaas.config`` gives its ``username="..."`` and ``password="..."``. Raises
+    ``ValueError`` for another key.
+    """
+    out: dict[str, str] = {}
+    for key, value in properties.items():
         if key == "sasl.jaas.config":
             options = {k: v.replace('\\"', '"') for k, v in _JAAS_OPTION.findall(value)}
             if "username" in options:
@@ -316,7 +336,7 @@ def settings_from_properties(text: str) -> dict[str, str]:
                 out["sasl_plain_password"] = options["password"]
             continue
         if key not in _PROPERTY_NAMES:
-            known = ", ".join(sorted([*_PROPERTY_NAMES, "sasl.jaas.config"]))
-            raise ValueError(f"line {number}: unknown setting {key!r}; known: {known}")
-        out[_PROPERTY_NAMES[key]] = value
+            known = ", ".join(sorted(SECURITY_PROPERTY_NAMES))
+            raise ValueError(f"unknown setting {key!r}; known: {known}")
+        out[_PROPERTY_NAMES[key]] = value.strip()
     return out
