@@ -471,7 +471,7 @@ def _users_delete(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _security(args: argparse.Namespace) -> dict[str, str]:
+def _security(args: argparse.Namespace) -> dict[str, Any]:
     """The client security settings of ``--command-config`` (none without it)."""
     path: str | None = getattr(args, "command_config", None)
     if not path:

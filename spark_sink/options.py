@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from client.cluster import parse_bootstrap_list
 from client.security import SECURITY_PROPERTY_NAMES, ClientSecurity, settings_from_mapping
@@ -187,7 +188,7 @@ class ReadOptions:
     security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
-    def security_settings(self) -> dict[str, str]:
+    def security_settings(self) -> dict[str, Any]:
         """The client security settings (kafka-python names) for ``Consumer`` & co."""
         return dict(self.security)
 
@@ -300,7 +301,7 @@ class WriteOptions:
     security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
-    def security_settings(self) -> dict[str, str]:
+    def security_settings(self) -> dict[str, Any]:
         """The client security settings (kafka-python names) for the producer & co."""
         return dict(self.security)
 

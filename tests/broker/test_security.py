@@ -92,10 +92,12 @@ def test_tls_produce_and_consume(pki: TestPki, model: str) -> None:
 
 
 def test_plaintext_client_cannot_talk_to_a_tls_listener(pki: TestPki) -> None:
-    with InProcessBroker(settings=pki.broker_settings("SSL")) as broker:
-        with AdminClient(broker.address, request_timeout_ms=1_500) as admin:
-            with pytest.raises(BrokerUnavailableError):
-                admin.list_topics()
+    with (
+        InProcessBroker(settings=pki.broker_settings("SSL")) as broker,
+        AdminClient(broker.address, request_timeout_ms=1_500) as admin,
+        pytest.raises(BrokerUnavailableError),
+    ):
+        admin.list_topics()
 
 
 def test_client_refuses_a_broker_certificate_from_an_unknown_ca(
@@ -141,7 +143,8 @@ def test_mutual_tls_names_the_caller_by_its_certificate_subject(
         with AdminClient(broker.address, request_timeout_ms=10_000, **security) as admin:
             admin.upsert_user("bob", "bob-secret")  # audited with the caller's principal
     upserts = [e for e in _audit_lines(audit_file) if e.get("event") == "user_upserted"]
-    assert upserts and upserts[-1]["user"] == "bob"
+    assert upserts
+    assert upserts[-1]["user"] == "bob"
     assert upserts[-1]["principal"] == "User:CN=alice,O=Tidelog"
     assert "bob-secret" not in audit_file.read_text()
 
@@ -165,9 +168,11 @@ def test_mutual_tls_refuses_missing_untrusted_and_expired_client_certificates(
                 "ssl_keyfile": str(expired_key),
             },
         ):
-            with AdminClient(broker.address, request_timeout_ms=1_500, **security) as admin:
-                with pytest.raises(BrokerUnavailableError):
-                    admin.list_topics()
+            with (
+                AdminClient(broker.address, request_timeout_ms=1_500, **security) as admin,
+                pytest.raises(BrokerUnavailableError),
+            ):
+                admin.list_topics()
         with AdminClient(broker.address, **pki.client_settings("SSL", certificate=True)) as admin:
             assert admin.list_topics() is not None
 
@@ -175,9 +180,11 @@ def test_mutual_tls_refuses_missing_untrusted_and_expired_client_certificates(
 def _served_certificate(port: int, ca: Path) -> bytes:
     context = ssl.create_default_context(cafile=str(ca))
     context.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with context.wrap_socket(raw, server_hostname="localhost") as wrapped:
-            der = wrapped.getpeercert(binary_form=True)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as wrapped,
+    ):
+        der = wrapped.getpeercert(binary_form=True)
     assert der is not None
     return der
 
@@ -210,7 +217,8 @@ def test_certificates_reload_without_dropping_connections(pki: TestPki, tmp_path
             # The connection made before the reload still serves calls.
             call = stub.ListTopics.with_call(pb.ListTopicsRequest(), timeout=TIMEOUT_S)
             assert call[1].code() == grpc.StatusCode.OK
-        assert broker.server.tls is not None and broker.server.tls.reloads == 1
+        assert broker.server.tls is not None
+        assert broker.server.tls.reloads == 1
 
 
 # --- SASL ---------------------------------------------------------------------------------
@@ -227,13 +235,17 @@ def test_scram_over_tls(pki: TestPki, data_dir: Path, mechanism: str) -> None:
 def test_scram_wrong_password(pki: TestPki, data_dir: Path, mechanism: str) -> None:
     with InProcessBroker(data_dir, settings={"security.protocol": "SASL_PLAINTEXT"}) as broker:
         security = sasl(pki, "SASL_PLAINTEXT", mechanism, password="wrong")
-        with AdminClient(broker.address, request_timeout_ms=5_000, **security) as admin:
-            with pytest.raises(SaslAuthenticationError, match="invalid credentials"):
-                admin.list_topics()
+        with (
+            AdminClient(broker.address, request_timeout_ms=5_000, **security) as admin,
+            pytest.raises(SaslAuthenticationError, match="invalid credentials"),
+        ):
+            admin.list_topics()
         unknown = sasl(pki, "SASL_PLAINTEXT", mechanism, user="nobody")
-        with AdminClient(broker.address, request_timeout_ms=5_000, **unknown) as admin:
-            with pytest.raises(SaslAuthenticationError, match="invalid credentials"):
-                admin.list_topics()
+        with (
+            AdminClient(broker.address, request_timeout_ms=5_000, **unknown) as admin,
+            pytest.raises(SaslAuthenticationError, match="invalid credentials"),
+        ):
+            admin.list_topics()
 
 
 def test_plain_over_tls_only(pki: TestPki, data_dir: Path) -> None:
@@ -266,16 +278,21 @@ def test_failed_logins_are_rate_limited_and_logged_without_the_password(
     with InProcessBroker(data_dir, settings=settings) as broker:
         wrong = sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256", password="guess-123")
         for _ in range(3):
-            with AdminClient(broker.address, request_timeout_ms=5_000, **wrong) as admin:
-                with pytest.raises(SaslAuthenticationError, match="invalid credentials"):
-                    admin.list_topics()
-        right = sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")
-        with AdminClient(broker.address, request_timeout_ms=5_000, **right) as admin:
-            with pytest.raises(SaslAuthenticationError, match="too many failed logins"):
+            with (
+                AdminClient(broker.address, request_timeout_ms=5_000, **wrong) as admin,
+                pytest.raises(SaslAuthenticationError, match="invalid credentials"),
+            ):
                 admin.list_topics()
+        right = sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")
+        with (
+            AdminClient(broker.address, request_timeout_ms=5_000, **right) as admin,
+            pytest.raises(SaslAuthenticationError, match="too many failed logins"),
+        ):
+            admin.list_topics()
     failures = [e for e in _audit_lines(audit_file) if e["event"] == "authentication_failed"]
     assert len(failures) == 3
-    assert {f["user"] for f in failures} == {"alice"} and failures[0]["host"] == "127.0.0.1"
+    assert {f["user"] for f in failures} == {"alice"}
+    assert failures[0]["host"] == "127.0.0.1"
     assert all("time" in f and "peer" in f for f in failures)
     assert "guess-123" not in audit_file.read_text()
     assert "guess-123" not in caplog.text
@@ -289,15 +306,16 @@ def test_calls_need_a_session_token_bound_to_their_connection(pki: TestPki, data
                 stub.ListTopics(pb.ListTopicsRequest(), timeout=TIMEOUT_S)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert error_code(refused.value) == "SASL_AUTHENTICATION_FAILED"
+            stream = stub.FetchStream(iter([pb.FetchRequest()]), timeout=TIMEOUT_S)
             with pytest.raises(grpc.RpcError) as streamed:
-                stream = stub.FetchStream(iter([pb.FetchRequest()]), timeout=TIMEOUT_S)
                 list(stream)
             assert streamed.value.code() == grpc.StatusCode.UNAUTHENTICATED
         # A token obtained on one connection is worthless on another.
         with AdminClient(broker.address, **sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")) as admin:
             admin.list_topics()
             session = admin._transport._session
-            assert session is not None and session.token is not None
+            assert session is not None
+            assert session.token is not None
             token = session.token
         with broker.channel() as other:
             with pytest.raises(grpc.RpcError) as stolen:
@@ -334,10 +352,11 @@ def test_users_through_the_admin_client_are_durable(pki: TestPki, data_dir: Path
             assert "carol" not in admin.list_users()
             with pytest.raises(ResourceNotFoundError):
                 admin.delete_user("carol")
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match="iterations"):
                 admin.upsert_user("dave", "pw", iterations=1000)
     stored = (data_dir / CREDENTIALS_FILE).read_text()
-    assert "alice-secret" not in stored and "carol" not in stored
+    assert "alice-secret" not in stored
+    assert "carol" not in stored
     assert (data_dir / CREDENTIALS_FILE).stat().st_mode & 0o077 == 0
 
 

@@ -32,7 +32,7 @@ ssl.ca.location = /etc/ca.pem
         "sasl_plain_password": 'p"w',
         "ssl_cafile": "/etc/ca.pem",
     }
-    with pytest.raises(ValueError, match="unknown setting 'ssl.truststore.location'"):
+    with pytest.raises(ValueError, match=r"unknown setting 'ssl\.truststore\.location'"):
         settings_from_properties("ssl.truststore.location=/x.jks")
 
 

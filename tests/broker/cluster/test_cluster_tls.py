@@ -28,9 +28,11 @@ def test_replication_over_mutual_tls(tmp_path: Path) -> None:
     }
     client = pki.client_settings("SSL", certificate=True)
     with LocalCluster(brokers=2, session_timeout_ms=3_000, settings=settings) as cluster:
-        with AdminClient(cluster.bootstrap, request_timeout_ms=1_500) as plain:
-            with pytest.raises(BrokerUnavailableError):
-                plain.list_topics()
+        with (
+            AdminClient(cluster.bootstrap, request_timeout_ms=1_500) as plain,
+            pytest.raises(BrokerUnavailableError),
+        ):
+            plain.list_topics()
         with AdminClient(cluster.bootstrap, request_timeout_ms=20_000, **client) as admin:
             admin.create_topic("secure", 1, replication_factor=2)
             deadline = time.monotonic() + 60
