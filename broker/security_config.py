@@ -197,7 +197,12 @@ class SecurityConfig:
                     f"metrics.ssl.enable: expected true or false, got {value!r}"
                 )
             changes["metrics_ssl_enable"] = value
-        return cls(**changes)
+        try:
+            return cls(**changes)
+        except InvalidConfigError as exc:
+            if listener_protocol is not None and str(exc).startswith("security.protocol"):
+                raise InvalidConfigError(f"listeners: {listener_protocol}:// {exc}") from None
+            raise
 
     def to_mapping(self) -> dict[str, str]:
         """The settings as Kafka-named strings; the inter-broker password is left out."""
