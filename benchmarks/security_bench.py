@@ -7,7 +7,8 @@
 Two broker processes (``python -m broker``, temporary data directories, 127.0.0.1,
 metrics off) run side by side: one PLAINTEXT, one SASL_SSL with a SCRAM-SHA-512 user
 (certificates from ``broker.testing_tls``, EC P-256, TLS 1.3 as grpc negotiates it). For
-each of ``--rounds`` rounds, in turn on each broker, on a fresh one-partition topic:
+each of ``--rounds`` rounds, in turn on each broker (alternating which goes first), on a
+fresh one-partition topic:
 
 1. produce: one ``Producer`` (``acks=1``, ``batch_size`` and ``max_request_size`` 1 MiB,
    so each request carries 1 MiB of 16 KiB records) sends ``--megabytes`` MiB and flushes;
@@ -155,7 +156,11 @@ def main() -> None:
                 name: {"produce": [], "consume": []} for name in brokers
             }
             for round_number in range(args.rounds):
-                for name, ((_, address), security) in brokers.items():
+                # Alternate which side goes first: the machine's load drifts.
+                order = list(brokers.items())
+                if round_number % 2:
+                    order.reverse()
+                for name, ((_, address), security) in order:
                     topic = f"bench-{round_number}"
                     with AdminClient(address, **security) as admin:
                         admin.create_topic(topic, partitions=1)

@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import signal
 import socket
 import ssl
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -364,3 +369,63 @@ def test_without_security_settings_nothing_changes() -> None:
     with InProcessBroker() as broker:
         assert broker.config.security.protocol == "PLAINTEXT"
         assert round_trip(broker.address) == [b"one", b"two"]
+
+
+def test_sighup_reloads_the_certificates_of_a_broker_process(pki: TestPki, tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(pki.server_cert, live / "server.pem")
+    shutil.copy(pki.server_key, live / "server.key")
+    ready = tmp_path / "ready"
+    settings = {
+        **pki.broker_settings("SSL"),
+        "ssl.certfile": str(live / "server.pem"),
+        "ssl.keyfile": str(live / "server.key"),
+        "metrics.port": "-1",
+    }
+    command = [sys.executable, "-m", "broker", "--listen", "127.0.0.1:0", "--data-dir",
+               str(tmp_path / "data"), "--ready-file", str(ready)]  # fmt: skip
+    for key, value in settings.items():
+        command += ["--set", f"{key}={value}"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert process.poll() is None, "the broker exited"
+            assert time.monotonic() < deadline, "the broker did not start"
+            time.sleep(0.05)
+        address = ready.read_text().strip()
+        port = int(address.rsplit(":", 1)[1])
+        credentials = grpc.ssl_channel_credentials(pki.ca_cert.read_bytes())
+        with grpc.secure_channel(address, credentials) as channel:
+            stub = pb_grpc.BrokerStub(channel)
+            stub.ListTopics(pb.ListTopicsRequest(), timeout=TIMEOUT_S)
+            new_cert, new_key = pki.issue("sighup-server", "/CN=localhost", server=True)
+            shutil.copy(new_cert, live / "server.pem")
+            shutil.copy(new_key, live / "server.key")
+            process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while _served_certificate(port, pki.ca_cert) != _der(new_cert):
+                assert time.monotonic() < deadline, "the new certificate was not served"
+                time.sleep(0.1)
+            stub.ListTopics(pb.ListTopicsRequest(), timeout=TIMEOUT_S)  # same connection
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_metrics_bind_to_loopback_and_may_require_tls(pki: TestPki) -> None:
+    settings = {**pki.broker_settings("SSL"), "metrics.ssl.enable": "true"}
+    with InProcessBroker(settings=settings, metrics=True) as broker:
+        assert broker.config.effective_metrics_host == "127.0.0.1"
+        port = broker.metrics_port
+        assert port is not None
+        context = ssl.create_default_context(cafile=str(pki.ca_cert))
+        with urllib.request.urlopen(
+            f"https://localhost:{port}/metrics", context=context, timeout=TIMEOUT_S
+        ) as answer:
+            assert b"tidelog" in answer.read()
+        # URLError or a connection reset, as the TLS server meets plain HTTP: any OSError.
+        with pytest.raises(OSError):  # noqa: PT011
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=TIMEOUT_S)
