@@ -35,6 +35,7 @@ import secrets
 from dataclasses import dataclass
 
 __all__ = [
+    "MAX_ITERATIONS",
     "MECHANISMS",
     "MIN_ITERATIONS",
     "ScramClient",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 MIN_ITERATIONS = 4096
+# Kafka's bound too: each login costs the broker this many HMACs, so an absurd count set
+# by an admin (or demanded by a rogue server of a client) would be a denial of service.
+MAX_ITERATIONS = 16384
 # Mechanism name -> hashlib name.
 MECHANISMS: dict[str, str] = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 _NONCE_BYTES = 24
@@ -116,8 +120,10 @@ def credential_from_salted(
     """The stored credential from SaltedPassword (what ``UpsertUser`` carries: the
     password itself never travels to the broker). Raises ``ScramError`` for iterations
     below 4096."""
-    if iterations < MIN_ITERATIONS:
-        raise ScramError(f"iterations must be >= {MIN_ITERATIONS}, got {iterations}")
+    if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise ScramError(
+            f"iterations must be between {MIN_ITERATIONS} and {MAX_ITERATIONS}, got {iterations}"
+        )
     hash_name = _hash_name(mechanism)
     client_key = _hmac(hash_name, salted, b"Client Key")
     return ScramCredential(
@@ -287,8 +293,8 @@ class ScramClient:
         if not nonce.startswith(_attributes(self._bare)["r"]):
             raise ScramError("SCRAM: the server's nonce does not extend ours")
         iterations = int(attributes.get("i", "0"))
-        if iterations < MIN_ITERATIONS:
-            raise ScramError(f"SCRAM: the server asks for {iterations} iterations (< 4096)")
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            raise ScramError(f"SCRAM: the server asks for {iterations} iterations")
         salted = salted_password(
             self.mechanism, self._password, _unb64(attributes["s"]), iterations
         )

@@ -49,6 +49,7 @@ __all__ = [
     "SESSION_METADATA_KEY",
     "ClientSecurity",
     "Session",
+    "login",
     "salted_credential",
     "settings_from_mapping",
     "settings_from_properties",
@@ -59,6 +60,7 @@ MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
 SESSION_METADATA_KEY = "tidelog-session-token"
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 _MIN_ITERATIONS = 4096
+_MAX_ITERATIONS = 16384  # Kafka's bound (broker.scram.MAX_ITERATIONS)
 _GS2 = "n,,"
 
 
@@ -173,8 +175,10 @@ def salted_credential(
     """(salt, SaltedPassword) for ``upsert_user``: a random 32-byte salt and PBKDF2."""
     if mechanism not in _HASHES:
         raise ValueError(f"mechanism must be SCRAM-SHA-256 or SCRAM-SHA-512, got {mechanism!r}")
-    if iterations < _MIN_ITERATIONS:
-        raise ValueError(f"iterations must be >= {_MIN_ITERATIONS}, got {iterations}")
+    if not _MIN_ITERATIONS <= iterations <= _MAX_ITERATIONS:
+        raise ValueError(
+            f"iterations must be between {_MIN_ITERATIONS} and {_MAX_ITERATIONS}, got {iterations}"
+        )
     salt = secrets.token_bytes(32)
     return salt, hashlib.pbkdf2_hmac(_HASHES[mechanism], password.encode(), salt, iterations)
 
@@ -211,16 +215,20 @@ class Session:
         with self._lock:
             if self._token is not None:
                 return self._token
-            token, principal = _login(self._security, authenticate)
+            token, principal = login(self._security, authenticate)
             self._token = token
             self.principal = principal
             return token
 
 
-def _login(
+def login(
     security: ClientSecurity,
     authenticate: Callable[[pb.AuthenticateRequest], pb.AuthenticateResponse],
 ) -> tuple[str, str]:
+    """Run the SASL handshake through ``authenticate`` (one ``Authenticate`` call each);
+    (session token, principal). Raises ``SaslAuthenticationError`` if the broker's
+    answers are not valid or its SCRAM signature is wrong (it does not know our
+    credential)."""
     mechanism = security.sasl_mechanism
     user = security.sasl_plain_username or ""
     password = security.sasl_plain_password or ""
@@ -241,7 +249,9 @@ def _login(
     attributes = _attributes(server_first)
     nonce = attributes.get("r", "")
     iterations = int(attributes.get("i", "0") or 0)
-    if not nonce.startswith(_attributes(bare)["r"]) or iterations < _MIN_ITERATIONS:
+    if not nonce.startswith(_attributes(bare)["r"]) or not (
+        _MIN_ITERATIONS <= iterations <= _MAX_ITERATIONS
+    ):
         raise SaslAuthenticationError("SCRAM: the broker's first message is not valid")
     salted = hashlib.pbkdf2_hmac(
         hash_name, password.encode(), base64.b64decode(attributes.get("s", "")), iterations
