@@ -431,3 +431,25 @@ def test_metrics_bind_to_loopback_and_may_require_tls(pki: TestPki) -> None:
         # URLError or a connection reset, as the TLS server meets plain HTTP: any OSError.
         with pytest.raises(OSError):  # noqa: PT011
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=TIMEOUT_S)
+
+
+def test_producer_and_consumer_log_in_again_after_the_broker_restarts(
+    pki: TestPki, data_dir: Path
+) -> None:
+    security = sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")
+    with InProcessBroker(data_dir, settings={"security.protocol": "SASL_PLAINTEXT"}) as broker:
+        with AdminClient(broker.address, **security) as admin:
+            admin.create_topic("restarts", partitions=1)
+        with (
+            Producer(broker.address, request_timeout_ms=10_000, **security) as producer,
+            Consumer(broker.address, auto_offset_reset="earliest", **security) as consumer,
+        ):
+            consumer.assign([TopicPartition("restarts", 0)])
+            producer.send("restarts", b"before").result(timeout=TIMEOUT_S)
+            broker.restart()
+            producer.send("restarts", b"after").result(timeout=30)
+            values: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(values) < 2 and time.monotonic() < deadline:
+                values += [r.value for r in consumer.poll(timeout_ms=500) if r.value]
+        assert values == [b"before", b"after"]
