@@ -4,7 +4,7 @@
 
     python -m broker [serve] [--config FILE.toml] [--data-dir DIR] [--listen HOST:PORT]
                      [--set KEY=VALUE]... [--log-level LEVEL] [--ready-file PATH]
-    python -m broker healthcheck [--address HOST:PORT] [--timeout-ms MS]
+    python -m broker healthcheck [--address HOST:PORT] [--timeout-ms MS] [--cafile CA.pem]
     python -m broker add-user NAME --data-dir DIR [--mechanism M]... [--iterations N]
                      (the password on stdin; ``tidelog users add --data-dir`` calls this)
 
@@ -73,6 +73,9 @@ def _health_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--address", default=DEFAULT_LISTEN, metavar="HOST:PORT")
     parser.add_argument("--timeout-ms", type=int, default=3000)
+    parser.add_argument(
+        "--cafile", metavar="FILE", help="the listener speaks TLS: verify it with this CA"
+    )
     return parser
 
 
@@ -125,7 +128,12 @@ def serve(argv: Sequence[str]) -> int:
 def healthcheck(argv: Sequence[str]) -> int:
     """``healthcheck``: 0 if the broker at ``--address`` reports SERVING, else 1."""
     args = _health_parser().parse_args(list(argv))
-    with grpc.insecure_channel(args.address) as channel:
+    if args.cafile:  # health needs no login, but a TLS listener needs TLS
+        credentials = grpc.ssl_channel_credentials(Path(args.cafile).read_bytes())
+        channel = grpc.secure_channel(args.address, credentials)
+    else:
+        channel = grpc.insecure_channel(args.address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             answer = stub.Check(

@@ -411,6 +411,8 @@ def test_sighup_reloads_the_certificates_of_a_broker_process(pki: TestPki, tmp_p
                 assert time.monotonic() < deadline, "the new certificate was not served"
                 time.sleep(0.1)
             stub.ListTopics(pb.ListTopicsRequest(), timeout=TIMEOUT_S)  # same connection
+        health = [sys.executable, "-m", "broker", "healthcheck", "--address", address]
+        assert subprocess.run([*health, "--cafile", str(pki.ca_cert)], check=False).returncode == 0
         assert process.poll() is None
     finally:
         process.terminate()
