@@ -59,6 +59,9 @@ key                                   default          meaning
 ``default.replication.factor``        1                replicas of a topic created without a factor
 ``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
 ``controlled.shutdown.enable``        true             move leadership away before a clean stop
+``authorizer.enabled``                false            check every request against the ACLs
+``super.users``                       (none)           ``User:A;User:B``: allowed everything
+``allow.everyone.if.no.acl.found``    false            allow a resource no ACL names
 ``auto.leader.rebalance.enable``      true             give leadership back to preferred replicas
 ``leader.imbalance.check.interval.seconds`` 300        how often the controller does that
 ``min.insync.replicas``               1                in-sync replicas acks=all needs
@@ -314,6 +317,9 @@ class BrokerConfig:
     default_replication_factor: int = 1
     unclean_leader_election_enable: bool = False
     controlled_shutdown_enable: bool = True
+    authorizer_enabled: bool = False
+    super_users: str = ""
+    allow_everyone_if_no_acl_found: bool = False
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_seconds: int = 300
     num_replica_fetchers: int = 1
@@ -540,7 +546,7 @@ class BrokerConfig:
         out = {"listeners": self.listen_address, "log.dirs": str(self.data_dir)}
         for key, (name, _) in _BROKER_FIELDS.items():
             value = getattr(self, name)
-            if value is not None:  # metrics.host/port unset: follow the listen address
+            if value is not None and value != "":  # unset: metrics follow the listen address
                 out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         topic_values = self.log_defaults.to_mapping()
         for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():
@@ -661,6 +667,9 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
     "controlled.shutdown.enable": ("controlled_shutdown_enable", _bool),
+    "authorizer.enabled": ("authorizer_enabled", _bool),
+    "super.users": ("super_users", _str),
+    "allow.everyone.if.no.acl.found": ("allow_everyone_if_no_acl_found", _bool),
     "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", _bool),
     "leader.imbalance.check.interval.seconds": (
         "leader_imbalance_check_interval_seconds",

@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from broker.acl import parse_principals
+from broker.acl_store import Acls, LocalAclStore, MemoryAclStore
 from broker.config import BrokerConfig
 from broker.delayed import Purgatory
 from broker.errors import ShuttingDownError, partition_error
@@ -246,6 +248,7 @@ class BrokerCore:
         quotas: QuotaManager,
         placement: Placement,
         append_hooks: list[Callable[[str, int], None]] | None = None,
+        acls: Acls | None = None,
     ) -> None:
         self.config = config
         self.placement = placement
@@ -265,6 +268,8 @@ class BrokerCore:
         self._produce_purgatory = produce_purgatory
         self._group_fsync = group_fsync
         self._append_hooks = append_hooks if append_hooks is not None else []
+        # Authorization (broker.authorize): disabled unless authorizer.enabled.
+        self.acls = acls or Acls(MemoryAclStore(), enabled=False)
         self._fetch = FetchPath(
             logs,
             fetch_purgatory,
@@ -323,6 +328,12 @@ class BrokerCore:
             producer_ids = ProducerIdManager.open(
                 logs.data_dir, clock, config.producer_id_expiration_ms
             )
+            acls = Acls(
+                LocalAclStore.open(logs.data_dir),
+                enabled=config.authorizer_enabled,
+                super_users=parse_principals(config.super_users),
+                allow_if_no_acl=config.allow_everyone_if_no_acl_found,
+            )
             quotas = QuotaManager.open(
                 logs.data_dir,
                 QuotaWindow(
@@ -365,6 +376,7 @@ class BrokerCore:
             quotas,
             LocalPlacement(config.broker_id, cluster_id),
             append_hooks,
+            acls,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------

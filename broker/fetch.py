@@ -79,6 +79,7 @@ class PartitionFetchSpec:
     # epoch of its last batch (divergence detection).
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1
+    refused: BaseException | None = None  # the authorizer's answer: not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +286,8 @@ class FetchPath:
         for p in spec.partitions:
             budget = min(p.max_bytes or DEFAULT_PARTITION_MAX_BYTES, remaining)
             try:
+                if p.refused is not None:
+                    raise p.refused
                 if self._check_leader is not None:
                     self._check_leader(p.topic, p.partition)
                 if self.check_epoch is not None and not replica:

@@ -219,6 +219,7 @@ class _AsyncService:
             _append_each,
             self._core,
             [(request, received_ms, acks, self._deliver_to(answers))],
+            caller,
         )
         bytes_throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
         return answers, max(throttle_ms, bytes_throttle_ms)
@@ -326,7 +327,9 @@ class _AsyncService:
                         for item, future in zip(incoming, futures, strict=True)
                     ]
                     try:
-                        _, throttle_ms = await self._run(caller, _append_each, self._core, work)
+                        _, throttle_ms = await self._run(
+                            caller, _append_each, self._core, work, caller
+                        )
                     except Exception as exc:
                         await answers.put(exc)
                         return
@@ -377,7 +380,7 @@ class _AsyncService:
     ) -> pb.FetchResponse:
         woken = asyncio.Event()
         pending = self._core.start_fetch(
-            fetch_spec(request),
+            fetch_spec(request, caller, self._core.acls),
             wake=self._waker(woken),
             wait_cap_ms=wait_cap_ms(context.time_remaining()),
         )
@@ -468,13 +471,15 @@ class _Incoming:
 def _append_each(
     core: BrokerCore,
     work: list[tuple[pb.ProduceRequest, int, Acks, Callable[[list[PartitionProduced]], None]]],
+    caller: RequestContext | None = None,
 ) -> None:
     """Append several requests in one executor job, in order, and hand each to
     ``complete`` right there, so an ``acks=all`` fsync is asked for before the event loop
     even hears of the append. An append never raises for a partition's fault (each answer
     carries its own); one that raises (shutdown) fails the whole job."""
     for request, received_ms, acks, deliver in work:
-        core.complete(core.append(produce_parts(request, received_ms)), acks, deliver)
+        parts = produce_parts(request, received_ms, caller, core.acls)
+        core.complete(core.append(parts), acks, deliver)
 
 
 def _produce_bytes(request: pb.ProduceRequest) -> int:

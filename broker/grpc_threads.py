@@ -117,9 +117,9 @@ class _ThreadedService:
         received_ms = self._core.wall_ms()
 
         def body() -> pb.ProduceResponse:
-            answers = self._core.produce(
-                produce_parts(request, received_ms), parse_acks(request.acks)
-            )
+            caller = _context(self._core, context, "Produce")
+            parts = produce_parts(request, received_ms, caller, self._core.acls)
+            answers = self._core.produce(parts, parse_acks(request.acks))
             return produce_response(request.correlation_id, answers)
 
         return self._call("Produce", context, body)
@@ -127,10 +127,14 @@ class _ThreadedService:
     def produce_stream(
         self, request_iterator: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ProduceResponse]:
+        caller: RequestContext | None = None  # set (authenticated) before the first read
+
         def append(request: pb.ProduceRequest) -> _PendingProduce:
+            assert caller is not None
             started = time.perf_counter()
             acks = parse_acks(request.acks)
-            appends = self._core.append(produce_parts(request, self._core.wall_ms()))
+            parts = produce_parts(request, self._core.wall_ms(), caller, self._core.acls)
+            appends = self._core.append(parts)
             return _PendingProduce(request.correlation_id, acks, appends, started)
 
         def complete(pending: _PendingProduce) -> pb.ProduceResponse:
@@ -141,7 +145,7 @@ class _ThreadedService:
         pipeline = ProducePipeline(request_iterator, append, complete, context.is_active)
         started = time.perf_counter()
         try:
-            _context(self._core, context, "ProduceStream")  # authentication (broker.auth)
+            caller = _context(self._core, context, "ProduceStream")  # may refuse (broker.auth)
             yield from pipeline.responses()
         except Exception as exc:
             wire = to_wire(exc)
@@ -184,7 +188,7 @@ class _FetchCall:
     def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
         woken = self._woken
         pending = self._core.start_fetch(
-            fetch_spec(request),
+            fetch_spec(request, _context(self._core, self._context, "Fetch"), self._core.acls),
             wake=woken.set,
             wait_cap_ms=wait_cap_ms(self._context.time_remaining()),
         )

@@ -116,6 +116,7 @@ class PartitionRecords:
     times: BatchTimes | None = None
     acks_all: bool = False
     current_leader_epoch: int = -1  # the client's view of the leader epoch; -1: unchecked
+    refused: BaseException | None = None  # the authorizer's answer: not written
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +272,8 @@ class ProducePath:
 
     def _append_one(self, part: PartitionRecords) -> PartitionAppend:
         try:
+            if part.refused is not None:
+                raise part.refused
             # Internal topics (__consumer_offsets) are written by the broker only; the
             # prefix test keeps the metadata lookup off the common path.
             if part.topic.startswith("__") and self._logs.topic(part.topic).internal:

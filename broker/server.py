@@ -427,6 +427,7 @@ def _join_cluster(
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
     """
+    from broker.cluster.acls import ZooKeeperAclStore
     from broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
     from broker.cluster.producer_ids import ZooKeeperProducerIds
 
@@ -451,4 +452,6 @@ def _join_cluster(
         config.producer_id_expiration_ms,
         sweep_interval_ms=config.producer_id_expiration_check_interval_ms,
     )
+    # ACLs shared by the cluster: one watched document in ZooKeeper.
+    core.acls.use_store(ZooKeeperAclStore.open(node.store))
     return node

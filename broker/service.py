@@ -27,6 +27,23 @@ from typing import Any
 
 import grpc
 
+from broker.acl import (
+    AclBinding,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    parse_enum,
+)
+from broker.acl_store import Acls
+from broker.authorize import (
+    authorize_call,
+    filter_metadata,
+    filter_response,
+    replica_gate,
+    topic_gate,
+)
 from broker.context import RequestContext
 from broker.core import BrokerCore, OffsetQuery, TopicView
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
@@ -184,6 +201,69 @@ def _elect_leaders(
     if not request.preferred:
         raise InvalidRequestError("only preferred leader elections can be asked for")
     return pb.ElectLeadersResponse(moved=core.elect_preferred_leaders())
+
+
+def _acl_binding(binding: AclBinding) -> pb.AclBinding:
+    return pb.AclBinding(
+        resource_type=binding.resource_type.value,
+        resource_name=binding.resource_name,
+        pattern_type=binding.pattern_type.value,
+        principal=binding.principal,
+        host=binding.host,
+        operation=binding.operation.value,
+        permission=binding.permission.value,
+    )
+
+
+def _acl_filter(request: pb.AclFilter) -> AclFilter:
+    def pick(kind: Any, value: str, what: str) -> Any:
+        if not value or value.upper() == "ANY":
+            return None
+        return parse_enum(kind, value, what)
+
+    return AclFilter(
+        principal=request.principal or None,
+        host=request.host or None,
+        operation=pick(Operation, request.operation, "operation"),
+        permission=pick(Permission, request.permission, "permission"),
+        resource_type=pick(ResourceType, request.resource_type, "resource type"),
+        resource_name=request.resource_name or None,
+        pattern_type=pick(PatternType, request.pattern_type, "pattern type"),
+    )
+
+
+def _create_acls(
+    core: BrokerCore, request: pb.CreateAclsRequest, context: RequestContext
+) -> pb.CreateAclsResponse:
+    core.acls.create(
+        [
+            AclBinding.parse(
+                principal=a.principal,
+                host=a.host,
+                operation=a.operation,
+                permission=a.permission,
+                resource_type=a.resource_type,
+                resource_name=a.resource_name,
+                pattern_type=a.pattern_type or "LITERAL",
+            )
+            for a in request.acls
+        ]
+    )
+    return pb.CreateAclsResponse()
+
+
+def _describe_acls(
+    core: BrokerCore, request: pb.AclFilter, context: RequestContext
+) -> pb.DescribeAclsResponse:
+    found = core.acls.describe(_acl_filter(request))
+    return pb.DescribeAclsResponse(acls=[_acl_binding(b) for b in found])
+
+
+def _delete_acls(
+    core: BrokerCore, request: pb.AclFilter, context: RequestContext
+) -> pb.DeleteAclsResponse:
+    removed = core.acls.delete(_acl_filter(request))
+    return pb.DeleteAclsResponse(deleted=[_acl_binding(b) for b in removed])
 
 
 def _controlled_shutdown(
@@ -421,6 +501,9 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
     "ControlledShutdown": _controlled_shutdown,
+    "CreateAcls": _create_acls,
+    "DescribeAcls": _describe_acls,
+    "DeleteAcls": _delete_acls,
     "ListOffsets": _list_offsets,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,
@@ -442,8 +525,18 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
 # --- the data path's conversions ----------------------------------------------------------
 
 
-def fetch_spec(request: pb.FetchRequest) -> FetchSpec:
-    """The plain fetch a ``FetchRequest`` asks for."""
+def fetch_spec(
+    request: pb.FetchRequest, context: RequestContext | None = None, acls: Acls | None = None
+) -> FetchSpec:
+    """The plain fetch a ``FetchRequest`` asks for. With ``context`` and an enabled
+    ``acls``, a topic the caller may not READ (a follower: CLUSTER_ACTION) is refused per
+    partition (``PartitionFetchSpec.refused``)."""
+    gate: Callable[[str], BaseException | None] | None
+    if request.HasField("replica_id"):
+        refused = replica_gate(acls, context)
+        gate = None if refused is None else (lambda _topic: refused)
+    else:
+        gate = topic_gate(acls, context, Operation.READ, "Fetch")
     return FetchSpec(
         partitions=[
             PartitionFetchSpec(
@@ -453,6 +546,7 @@ def fetch_spec(request: pb.FetchRequest) -> FetchSpec:
                 p.partition_max_bytes,
                 p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
                 p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1,
+                None if gate is None else gate(p.topic),
             )
             for p in request.partitions
         ],
@@ -489,12 +583,20 @@ def _topic_description(view: TopicView) -> pb.TopicDescription:
     )
 
 
-def produce_parts(request: pb.ProduceRequest, received_ms: int) -> list[PartitionRecords]:
+def produce_parts(
+    request: pb.ProduceRequest,
+    received_ms: int,
+    context: RequestContext | None = None,
+    acls: Acls | None = None,
+) -> list[PartitionRecords]:
     """The request's partitions, each with the request's sent time (the producer's clock,
-    -1 when the request has none) and ``received_ms`` (the broker's clock on arrival)."""
+    -1 when the request has none) and ``received_ms`` (the broker's clock on arrival).
+    With ``context`` and an enabled ``acls``, a topic the caller may not WRITE is refused
+    per partition (``PartitionRecords.refused``)."""
     sent_ms = request.sent_timestamp_ms if request.HasField("sent_timestamp_ms") else NO_TIME
     times = BatchTimes(sent_ms, received_ms)
     acks_all = request.acks == -1
+    gate = topic_gate(acls, context, Operation.WRITE, "Produce")
     return [
         PartitionRecords(
             topic.topic,
@@ -503,6 +605,7 @@ def produce_parts(request: pb.ProduceRequest, received_ms: int) -> list[Partitio
             times,
             acks_all,
             part.current_leader_epoch if part.HasField("current_leader_epoch") else -1,
+            None if gate is None else gate(topic.topic),
         )
         for topic in request.topics
         for part in topic.partitions
@@ -636,6 +739,23 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
     )
 
 
+def _authorized(method: str, handler: UnaryHandler) -> UnaryHandler:
+    """``handler`` behind the ACL checks of ``broker.authorize`` (nothing when the
+    authorizer is disabled)."""
+
+    def run(core: BrokerCore, request: Any, context: RequestContext) -> Any:
+        acls = core.acls
+        if not acls.enabled:
+            return handler(core, request, context)
+        authorize_call(acls, method, request, context)
+        response = handler(core, request, context)
+        if method == "Metadata":
+            return filter_metadata(acls, request, response, context)
+        return filter_response(acls, method, response, context)
+
+    return run
+
+
 def generic_handler(
     unary: Callable[[str, UnaryHandler], Any],
     produce: Any,
@@ -653,7 +773,7 @@ def generic_handler(
     for name, handler in UNARY_HANDLERS.items():
         request_type, response_type = message_types(name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            unary(name, handler),
+            unary(name, _authorized(name, handler)),
             request_deserializer=request_type.FromString,
             response_serializer=response_type.SerializeToString,
         )

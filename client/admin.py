@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from client.acls import AclBinding, AclFilter
 from client.cluster import BrokerNode, parse_bootstrap_list
 from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
 from client.connection import Connection, GrpcConnection, grpc_connections
@@ -217,6 +218,42 @@ class AdminClient:
         return self._on_controller(
             lambda c, t: c.elect_preferred_leaders(timeout_ms=t), "ElectLeaders", timeout_ms
         )
+
+    # --- ACLs ----------------------------------------------------------------------------
+
+    def create_acls(self, bindings: Iterable[AclBinding], *, timeout_ms: int | None = None) -> None:
+        """Add ACL bindings (kept if already there). Needs ALTER on the cluster; raises
+        ``SecurityDisabledError`` on a broker without an authorizer, ``InvalidRequestError``
+        for a malformed binding."""
+        self._transport.call(
+            self._stub.CreateAcls,
+            pb.CreateAclsRequest(acls=[b.to_wire() for b in bindings]),
+            what="CreateAcls",
+            timeout_ms=timeout_ms,
+        )
+
+    def describe_acls(
+        self, acl_filter: AclFilter | None = None, *, timeout_ms: int | None = None
+    ) -> list[AclBinding]:
+        """The bindings matching ``acl_filter`` (all without one). Needs DESCRIBE on the
+        cluster."""
+        answer = self._transport.call(
+            self._stub.DescribeAcls,
+            (acl_filter or AclFilter()).to_wire(),
+            what="DescribeAcls",
+            timeout_ms=timeout_ms,
+        )
+        return [AclBinding.from_wire(b) for b in answer.acls]
+
+    def delete_acls(
+        self, acl_filter: AclFilter, *, timeout_ms: int | None = None
+    ) -> list[AclBinding]:
+        """Remove the bindings matching ``acl_filter``; returns them. Needs ALTER on the
+        cluster."""
+        answer = self._transport.call(
+            self._stub.DeleteAcls, acl_filter.to_wire(), what="DeleteAcls", timeout_ms=timeout_ms
+        )
+        return [AclBinding.from_wire(b) for b in answer.deleted]
 
     def list_topics(
         self, *, include_internal: bool = False, timeout_ms: int | None = None

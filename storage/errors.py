@@ -43,6 +43,10 @@ and this module, which import nothing else of ours).
     │   ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS  retriable
     │   ├── NotEnoughReplicasAfterAppendError  NOT_ENOUGH_REPLICAS_AFTER_APPEND  retriable
     │   ├── NotAuthorizedError            NOT_AUTHORIZED
+    │   │   ├── TopicAuthorizationFailedError    TOPIC_AUTHORIZATION_FAILED
+    │   │   ├── GroupAuthorizationFailedError    GROUP_AUTHORIZATION_FAILED
+    │   │   └── ClusterAuthorizationFailedError  CLUSTER_AUTHORIZATION_FAILED
+    │   ├── SecurityDisabledError         SECURITY_DISABLED
     │   ├── ResourceNotFoundError         RESOURCE_NOT_FOUND (e.g. an unknown SCRAM user)
     │   └── SaslAuthenticationError       SASL_AUTHENTICATION_FAILED (gRPC UNAUTHENTICATED)
     │       ├── SaslSessionExpiredError   SASL_SESSION_EXPIRED       retriable
@@ -73,9 +77,11 @@ __all__ = [
     "BufferExhaustedError",
     "ClientError",
     "ClosedError",
+    "ClusterAuthorizationFailedError",
     "CorruptRecordError",
     "FencedLeaderEpochError",
     "FencedMemberEpochError",
+    "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
     "GroupNotEmptyError",
@@ -108,10 +114,12 @@ __all__ = [
     "ResourceNotFoundError",
     "SaslAuthenticationError",
     "SaslSessionExpiredError",
+    "SecurityDisabledError",
     "StaleMemberEpochError",
     "StorageError",
     "TidelogError",
     "TopicAlreadyExistsError",
+    "TopicAuthorizationFailedError",
     "UnknownLeaderEpochError",
     "UnknownMemberIdError",
     "UnknownProducerIdError",
@@ -389,6 +397,30 @@ class UnsupportedSaslMechanismError(SaslAuthenticationError):
     without TLS)."""
 
     code = "UNSUPPORTED_SASL_MECHANISM"
+
+
+class TopicAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the topic (an ACL denies it or none allows it)."""
+
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the consumer group."""
+
+    code = "GROUP_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(NotAuthorizedError):
+    """The principal may not do this to the cluster (an administrative call)."""
+
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class SecurityDisabledError(RequestError):
+    """An ACL call on a broker without an authorizer (``authorizer.enabled=false``)."""
+
+    code = "SECURITY_DISABLED"
 
 
 # --- limits: the broker is full right now; the same call later may well succeed -------

@@ -545,6 +545,29 @@ class ClusterStore:
             raise StoreError(f"deleting {path}: {exc}") from exc
         return True
 
+    # --- small documents (ACLs) -------------------------------------------------------
+
+    def read_document(self, path: str) -> tuple[bytes, int] | None:
+        """``(data, znode version)`` of ``path``, None if it does not exist."""
+        try:
+            data, stat = self._read(path)
+        except NoNodeError:
+            return None
+        return data, int(stat.version)
+
+    def write_document(self, path: str, data: bytes, expected_version: int) -> None:
+        """Create ``path`` (``expected_version`` -1, parents too) or replace it by
+        compare-and-set. Raises ``StaleStateError`` if someone wrote first."""
+        try:
+            if expected_version < 0:
+                self._client.create(path, data, makepath=True)
+            else:
+                self._client.set(path, data, version=expected_version)
+        except (NodeExistsError, BadVersionError, NoNodeError) as exc:
+            raise StaleStateError(f"{path} moved on: {exc!r}") from None
+        except Exception as exc:
+            raise StoreError(f"writing {path}: {exc}") from exc
+
     # --- watches ---------------------------------------------------------------------
 
     def watch_children(self, path: str, callback: Callable[[list[str]], None]) -> None:

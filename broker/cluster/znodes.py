@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import quote
 
 __all__ = [
+    "ACLS",
     "ADMIN_DELETE_TOPICS",
     "BROKER_IDS",
     "CLUSTER_ID",
@@ -92,6 +93,7 @@ ADMIN_DELETE_TOPICS = "/admin/delete_topics"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 PRODUCER_KEYS = "/tidelog/producer_keys"
 USERS_CONFIG = "/config/users"  # SCRAM credentials, Kafka's layout (broker.users)
+ACLS = "/tidelog/acls"  # every ACL binding, one JSON document (broker.acl_store)
 NO_LEADER = -1
 
 

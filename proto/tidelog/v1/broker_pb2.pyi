@@ -550,6 +550,164 @@ class ControlledShutdownResponse(_message.Message):
 Global___ControlledShutdownResponse: _TypeAlias = ControlledShutdownResponse  # noqa: Y015
 
 @_typing.final
+class AclBinding(_message.Message):
+    """---------------------------------------------------------------------------- ACLs
+    Kafka's names as text: resource_type TOPIC, GROUP or CLUSTER (named "kafka-cluster");
+    pattern_type LITERAL or PREFIXED; operation ALL, READ, WRITE, CREATE, DELETE, ALTER,
+    DESCRIBE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE; permission
+    ALLOW or DENY; principal User:NAME or User:*; host an address or *.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    resource_type: _builtins.str
+    resource_name: _builtins.str
+    pattern_type: _builtins.str
+    principal: _builtins.str
+    host: _builtins.str
+    operation: _builtins.str
+    permission: _builtins.str
+    def __init__(
+        self,
+        *,
+        resource_type: _builtins.str = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        permission: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclBinding: _TypeAlias = AclBinding  # noqa: Y015
+
+@_typing.final
+class CreateAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        acls: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acls", b"acls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclsRequest: _TypeAlias = CreateAclsRequest  # noqa: Y015
+
+@_typing.final
+class CreateAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclsResponse: _TypeAlias = CreateAclsResponse  # noqa: Y015
+
+@_typing.final
+class AclFilter(_message.Message):
+    """Empty fields match anything."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_FIELD_NUMBER: _builtins.int
+    resource_type: _builtins.str
+    resource_name: _builtins.str
+    pattern_type: _builtins.str
+    principal: _builtins.str
+    host: _builtins.str
+    operation: _builtins.str
+    permission: _builtins.str
+    def __init__(
+        self,
+        *,
+        resource_type: _builtins.str = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.str = ...,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        operation: _builtins.str = ...,
+        permission: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "operation", b"operation", "pattern_type", b"pattern_type", "permission", b"permission", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclFilter: _TypeAlias = AclFilter  # noqa: Y015
+
+@_typing.final
+class DescribeAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        acls: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acls", b"acls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeAclsResponse: _TypeAlias = DescribeAclsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deleted(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclBinding]: ...
+    def __init__(
+        self,
+        *,
+        deleted: _abc.Iterable[Global___AclBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclsResponse: _TypeAlias = DeleteAclsResponse  # noqa: Y015
+
+@_typing.final
 class ProducePartitionData(_message.Message):
     """---------------------------------------------------------------------------- produce"""
 

@@ -74,6 +74,21 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/tidelog.v1.Broker/CreateAcls',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeAcls',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AclFilter.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/tidelog.v1.Broker/DeleteAcls',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AclFilter.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
         self.Produce = channel.unary_unary(
                 '/tidelog.v1.Broker/Produce',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
@@ -233,6 +248,25 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ControlledShutdown(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcls(self, request, context):
+        """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -417,6 +451,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ControlledShutdown,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AclFilter.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AclFilter.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteAclsResponse.SerializeToString,
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
@@ -745,6 +794,87 @@ class Broker:
             '/tidelog.v1.Broker/ControlledShutdown',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/CreateAcls',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeAcls',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.AclFilter.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DeleteAcls',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.AclFilter.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

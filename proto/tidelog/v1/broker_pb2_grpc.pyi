@@ -54,6 +54,10 @@ class BrokerStub:
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
     ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]
+    CreateAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]
+    """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
+    DescribeAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DescribeAclsResponse]
+    DeleteAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DeleteAclsResponse]
     Produce: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
     """--- data ---"""
     ProduceStream: _grpc.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]
@@ -94,6 +98,10 @@ class BrokerAsyncStub(BrokerStub):
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
     ControlledShutdown: _aio.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
+    CreateAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]  # type: ignore[assignment]
+    """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
+    DescribeAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DescribeAclsResponse]  # type: ignore[assignment]
+    DeleteAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DeleteAclsResponse]  # type: ignore[assignment]
     Produce: _aio.UnaryUnaryMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
     """--- data ---"""
     ProduceStream: _aio.StreamStreamMultiCallable[_broker_pb2.ProduceRequest, _broker_pb2.ProduceResponse]  # type: ignore[assignment]
@@ -179,6 +187,28 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ControlledShutdownRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ControlledShutdownResponse, _abc.Awaitable[_broker_pb2.ControlledShutdownResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateAcls(
+        self,
+        request: _broker_pb2.CreateAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.CreateAclsResponse, _abc.Awaitable[_broker_pb2.CreateAclsResponse]]:
+        """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
+
+    @_abc_1.abstractmethod
+    def DescribeAcls(
+        self,
+        request: _broker_pb2.AclFilter,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeAclsResponse, _abc.Awaitable[_broker_pb2.DescribeAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcls(
+        self,
+        request: _broker_pb2.AclFilter,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteAclsResponse, _abc.Awaitable[_broker_pb2.DeleteAclsResponse]]: ...
 
     @_abc_1.abstractmethod
     def Produce(

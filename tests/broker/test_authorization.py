@@ -1,0 +1,216 @@
+"""ACLs enforced by a real broker on every RPC, and managed with AdminClient and the CLI.
+
+Without authentication every caller is ``User:ANONYMOUS`` from 127.0.0.1; the bindings
+below are made for that principal and host (the authentication tests use named users).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.acl import AclBinding as BrokerBinding
+from broker.testing import InProcessBroker
+from client import AdminClient, Consumer, Producer, TopicPartition
+from client.acls import CLUSTER, AclBinding, AclFilter
+from proto.tidelog.v1 import broker_pb2 as pb
+from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from storage.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    SecurityDisabledError,
+    TopicAuthorizationFailedError,
+)
+from tests.broker.conftest import error_code, make_batch
+
+ME = "User:ANONYMOUS"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[InProcessBroker]:
+    """A broker that checks ACLs; ``User:ANONYMOUS`` may administer ACLs and create topics."""
+    settings = {"authorizer.enabled": "true"}
+    with InProcessBroker(tmp_path / "data", settings=settings) as broker:
+        # Bootstrap: the very first bindings are written to the data directory's store
+        # directly, as an operator's first `tidelog acls add` with a super user would.
+        broker.server.core.acls.create(
+            [
+                _binding(ME, "ALTER", "CLUSTER", CLUSTER),
+                _binding(ME, "DESCRIBE", "CLUSTER", CLUSTER),
+                _binding(ME, "CREATE", "CLUSTER", CLUSTER),
+                _binding(ME, "IDEMPOTENT_WRITE", "CLUSTER", CLUSTER),
+            ]
+        )
+        yield broker
+
+
+def _binding(principal: str, operation: str, kind: str, name: str) -> BrokerBinding:
+    return BrokerBinding.parse(
+        principal=principal,
+        host="*",
+        operation=operation,
+        permission="ALLOW",
+        resource_type=kind,
+        resource_name=name,
+    )
+
+
+def allow(admin: AdminClient, operation: str, name: str, **kwargs: str) -> None:
+    admin.create_acls([AclBinding(ME, operation, resource_name=name, **kwargs)])
+
+
+def test_read_but_not_write(secured: InProcessBroker) -> None:
+    bootstrap = secured.address
+    with AdminClient(bootstrap) as admin:
+        admin.create_topic("orders", 1)
+        allow(admin, "READ", "orders")
+    with Producer(bootstrap, acks=1) as producer, pytest.raises(TopicAuthorizationFailedError):
+        producer.send("orders", b"x").result(timeout=10)
+    with AdminClient(bootstrap) as admin:
+        allow(admin, "WRITE", "orders")
+    with Producer(bootstrap, acks=1) as producer:
+        producer.send("orders", b"x").result(timeout=10)
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("orders", 0)])
+        records = []
+        for _ in range(50):
+            records += consumer.poll(timeout_ms=100)
+            if records:
+                break
+    assert [r.value for r in records] == [b"x"]
+
+
+def test_fetch_without_read_is_refused_per_partition(secured: InProcessBroker) -> None:
+    with AdminClient(secured.address) as admin:
+        admin.create_topic("secret", 1)
+    with secured.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        answer = stub.Fetch(
+            pb.FetchRequest(
+                partitions=[pb.FetchPartition(topic="secret", partition=0, fetch_offset=0)]
+            ),
+            timeout=10,
+        )
+        assert answer.results[0].error_code == "TOPIC_AUTHORIZATION_FAILED"
+        produced = stub.Produce(
+            pb.ProduceRequest(
+                acks=1,
+                topics=[
+                    pb.ProduceTopicData(
+                        topic="secret",
+                        partitions=[
+                            pb.ProducePartitionData(partition=0, records=make_batch([b"a"]))
+                        ],
+                    )
+                ],
+            ),
+            timeout=10,
+        )
+        assert produced.results[0].error_code == "TOPIC_AUTHORIZATION_FAILED"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.DescribeTopic(pb.DescribeTopicRequest(name="secret"), timeout=10)
+        assert error_code(refused.value) == "TOPIC_AUTHORIZATION_FAILED"
+
+
+def test_prefixed_acls_and_deny_overrides_allow(secured: InProcessBroker) -> None:
+    bootstrap = secured.address
+    with AdminClient(bootstrap) as admin:
+        for name in ("logs-app", "logs-audit", "other"):
+            admin.create_topic(name, 1)
+        allow(admin, "WRITE", "logs-", pattern_type="PREFIXED")
+        allow(admin, "WRITE", "logs-audit", permission="DENY")
+        allow(admin, "DESCRIBE", "logs-", pattern_type="PREFIXED")
+        # Listing shows only what the principal may describe.
+        assert [t.name for t in admin.list_topics()] == ["logs-app", "logs-audit"]
+    with Producer(bootstrap, acks=1) as producer:
+        producer.send("logs-app", b"ok").result(timeout=10)
+        with pytest.raises(TopicAuthorizationFailedError):
+            producer.send("logs-audit", b"no").result(timeout=10)
+
+
+def test_groups_need_group_acls(secured: InProcessBroker) -> None:
+    bootstrap = secured.address
+    with AdminClient(bootstrap) as admin:
+        admin.create_topic("events", 1)
+        allow(admin, "READ", "events")
+    with Consumer(bootstrap, group_id="g1", enable_auto_commit=False) as consumer:
+        consumer.assign([TopicPartition("events", 0)])
+        with pytest.raises(GroupAuthorizationFailedError):
+            consumer.commit({TopicPartition("events", 0): 0})
+    with AdminClient(bootstrap) as admin:
+        admin.create_acls([AclBinding(ME, "READ", resource_type="GROUP", resource_name="g1")])
+    with Consumer(bootstrap, group_id="g1", enable_auto_commit=False) as consumer:
+        consumer.assign([TopicPartition("events", 0)])
+        consumer.commit({TopicPartition("events", 0): 0})
+
+
+def test_admin_calls_need_cluster_acls_and_super_users_pass(tmp_path: Path) -> None:
+    plain = InProcessBroker(tmp_path / "a", settings={"authorizer.enabled": "true"})
+    with plain as broker, AdminClient(broker.address) as admin:
+        with pytest.raises(ClusterAuthorizationFailedError):
+            admin.describe_acls()
+        with pytest.raises(TopicAuthorizationFailedError):
+            admin.create_topic("t", 1)
+    settings = {"authorizer.enabled": "true", "super.users": ME}
+    with (
+        InProcessBroker(tmp_path / "b", settings=settings) as broker,
+        AdminClient(broker.address) as admin,
+    ):
+        admin.create_topic("t", 1)
+        admin.create_acls([AclBinding("User:alice", "READ", resource_name="t")])
+        assert admin.describe_acls(AclFilter(principal="User:alice")) == [
+            AclBinding("User:alice", "READ", resource_name="t")
+        ]
+        assert len(admin.delete_acls(AclFilter(resource_name="t"))) == 1
+        assert admin.describe_acls() == []
+
+
+def test_acls_survive_a_restart_and_the_cli_manages_them(tmp_path: Path) -> None:
+    settings = {"authorizer.enabled": "true", "super.users": ME}
+    data = tmp_path / "data"
+    with InProcessBroker(data, settings=settings) as broker:
+        added = tidelog(
+            "acls", "add", "--allow-principal", "User:alice", "--operation", "READ",
+            "--operation", "WRITE", "--topic", "orders-", "--resource-pattern-type",
+            "prefixed", "--bootstrap", broker.address,
+        )  # fmt: skip
+        assert added.returncode == 0, added.stderr
+    with InProcessBroker(data, settings=settings) as broker:
+        listed = tidelog("acls", "list", "--topic", "orders-", "--bootstrap", broker.address)
+        assert listed.returncode == 0, listed.stderr
+        rows = [" ".join(line.split()) for line in listed.stdout.splitlines()[1:]]
+        assert rows == [
+            "TOPIC orders- PREFIXED User:alice * READ ALLOW",
+            "TOPIC orders- PREFIXED User:alice * WRITE ALLOW",
+        ]
+        removed = tidelog(
+            "acls", "remove", "--allow-principal", "User:alice", "--operation", "WRITE",
+            "--topic", "orders-", "--bootstrap", broker.address,
+        )  # fmt: skip
+        assert removed.returncode == 0, removed.stderr
+        with AdminClient(broker.address) as admin:
+            assert [b.operation for b in admin.describe_acls()] == ["READ"]
+
+
+def test_without_an_authorizer_acl_calls_say_so(broker: InProcessBroker) -> None:
+    with AdminClient(broker.address) as admin:
+        with pytest.raises(SecurityDisabledError):
+            admin.create_acls([AclBinding(ME, "READ", resource_name="t")])
+        admin.create_topic("open", 1)  # and everything else is allowed
+
+
+def tidelog(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "client.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
