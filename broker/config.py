@@ -318,7 +318,7 @@ class BrokerConfig:
     unclean_leader_election_enable: bool = False
     controlled_shutdown_enable: bool = True
     authorizer_enabled: bool = False
-    super_users: str = ""
+    super_users: str | None = None
     allow_everyone_if_no_acl_found: bool = False
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_check_interval_seconds: int = 300

@@ -331,7 +331,7 @@ class BrokerCore:
             acls = Acls(
                 LocalAclStore.open(logs.data_dir),
                 enabled=config.authorizer_enabled,
-                super_users=parse_principals(config.super_users),
+                super_users=parse_principals(config.super_users or ""),
                 allow_if_no_acl=config.allow_everyone_if_no_acl_found,
             )
             quotas = QuotaManager.open(
