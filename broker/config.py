@@ -546,7 +546,7 @@ class BrokerConfig:
         out = {"listeners": self.listen_address, "log.dirs": str(self.data_dir)}
         for key, (name, _) in _BROKER_FIELDS.items():
             value = getattr(self, name)
-            if value is not None and value != "":  # unset: metrics follow the listen address
+            if value is not None:  # metrics.host/port unset: follow the listen address
                 out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         topic_values = self.log_defaults.to_mapping()
         for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():
