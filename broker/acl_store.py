@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from broker.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
+from broker.audit import audit
 from storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
@@ -220,16 +221,21 @@ class Acls:
         if not self.enabled:
             raise SecurityDisabledError("no authorizer is configured (authorizer.enabled=false)")
 
-    def create(self, bindings: Sequence[AclBinding]) -> None:
+    def create(self, bindings: Sequence[AclBinding], principal: str | None = None) -> None:
         self._require_enabled()
         for binding in bindings:
             binding.validate()
         self._store.add(bindings)
+        for binding in bindings:
+            audit({"event": "acl_created", "principal": principal, **binding.to_json()})
 
     def describe(self, acl_filter: AclFilter) -> list[AclBinding]:
         self._require_enabled()
         return [b for b in self._store.bindings() if acl_filter.matches(b)]
 
-    def delete(self, acl_filter: AclFilter) -> list[AclBinding]:
+    def delete(self, acl_filter: AclFilter, principal: str | None = None) -> list[AclBinding]:
         self._require_enabled()
-        return self._store.remove(acl_filter)
+        removed = self._store.remove(acl_filter)
+        for binding in removed:
+            audit({"event": "acl_deleted", "principal": principal, **binding.to_json()})
+        return removed

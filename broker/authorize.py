@@ -35,27 +35,23 @@ DescribeAcls            DESCRIBE on the cluster
 ======================  =====================================================================
 
 A refused call raises the resource type's ``*AuthorizationFailedError`` and is recorded
-in the audit log (``broker.audit`` when present, else this module's logger). With the
+in the audit log (``broker.audit``). With the
 authorizer disabled nothing here costs more than one attribute read.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.acl import CLUSTER_NAME, Operation, ResourceType
 from broker.acl_store import Acls
+from broker.audit import audit
 from broker.context import RequestContext
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import NotAuthorizedError, TopicAuthorizationFailedError
 
 __all__ = ["authorize_call", "filter_response", "topic_gate"]
-
-audit_log = logging.getLogger("tidelog.audit")
 
 _Rule = Callable[["_Check", Any], None]
 
@@ -92,21 +88,17 @@ def audit_denied(
     kind: ResourceType,
     name: str,
 ) -> None:
-    """One JSON line: who was refused what, when, from where."""
-    audit_log.warning(
-        json.dumps(
-            {
-                "event": "denied",
-                "time_ms": int(time.time() * 1000),
-                "principal": principal or "User:ANONYMOUS",
-                "host": host,
-                "rpc": method,
-                "operation": operation.value,
-                "resource_type": kind.value,
-                "resource_name": name,
-            },
-            sort_keys=True,
-        )
+    """One audit line (``broker.audit``): who was refused what, when, from where."""
+    audit(
+        {
+            "event": "authorization_denied",
+            "principal": principal or "User:ANONYMOUS",
+            "host": host,
+            "rpc": method,
+            "operation": operation.value,
+            "resource_type": kind.value,
+            "resource_name": name,
+        }
     )
 
 
@@ -176,6 +168,11 @@ _RULES: dict[str, _Rule] = {
     "CreateAcls": _cluster(Operation.ALTER),
     "DeleteAcls": _cluster(Operation.ALTER),
     "DescribeAcls": _cluster(Operation.DESCRIBE),
+    # SCRAM users, as Kafka's AlterUserScramCredentials / DescribeUserScramCredentials;
+    # Authenticate has no rule: anyone may log in.
+    "UpsertUser": _cluster(Operation.ALTER),
+    "DeleteUser": _cluster(Operation.ALTER),
+    "ListUsers": _cluster(Operation.DESCRIBE),
 }
 
 

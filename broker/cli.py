@@ -4,7 +4,9 @@
 
     python -m broker [serve] [--config FILE.toml] [--data-dir DIR] [--listen HOST:PORT]
                      [--set KEY=VALUE]... [--log-level LEVEL] [--ready-file PATH]
-    python -m broker healthcheck [--address HOST:PORT] [--timeout-ms MS]
+    python -m broker healthcheck [--address HOST:PORT] [--timeout-ms MS] [--cafile CA.pem]
+    python -m broker add-user NAME --data-dir DIR [--mechanism M]... [--iterations N]
+                     (the password on stdin; ``tidelog users add --data-dir`` calls this)
 
 Settings: the embedded defaults, then the TOML file, then each ``--set`` (Kafka's broker
 names, see ``broker.config``), then ``--data-dir`` / ``--listen``. ``--ready-file`` names a
@@ -22,15 +24,19 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from broker.audit import audit
 from broker.cluster.errors import StoreError
 from broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
 from broker.malloc import tune_malloc
+from broker.scram import MIN_ITERATIONS, ScramError, credential_from_password
 from broker.server import BrokerServer, ListenError, run_until_signalled
-from storage.errors import InvalidConfigError, StorageError
+from broker.users import FileUserStore, check_user_name
+from storage.errors import InvalidConfigError, InvalidRequestError, StorageError
 from storage.files import atomic_write
 
 __all__ = ["main"]
@@ -67,6 +73,9 @@ def _health_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--address", default=DEFAULT_LISTEN, metavar="HOST:PORT")
     parser.add_argument("--timeout-ms", type=int, default=3000)
+    parser.add_argument(
+        "--cafile", metavar="FILE", help="the listener speaks TLS: verify it with this CA"
+    )
     return parser
 
 
@@ -119,7 +128,12 @@ def serve(argv: Sequence[str]) -> int:
 def healthcheck(argv: Sequence[str]) -> int:
     """``healthcheck``: 0 if the broker at ``--address`` reports SERVING, else 1."""
     args = _health_parser().parse_args(list(argv))
-    with grpc.insecure_channel(args.address) as channel:
+    if args.cafile:  # health needs no login, but a TLS listener needs TLS
+        credentials = grpc.ssl_channel_credentials(Path(args.cafile).read_bytes())
+        channel = grpc.secure_channel(args.address, credentials)
+    else:
+        channel = grpc.insecure_channel(args.address)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             answer = stub.Check(
@@ -135,11 +149,43 @@ def healthcheck(argv: Sequence[str]) -> int:
     return 0
 
 
+def add_user(argv: Sequence[str]) -> int:
+    """``add-user``: store a SCRAM user in a data directory before the broker starts (the
+    first super user). The password is the first line of stdin; only its salted hashes
+    are written (``broker.users``)."""
+    parser = argparse.ArgumentParser(prog="tidelog users add --data-dir")
+    parser.add_argument("name")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--mechanism", action="append", default=[])
+    parser.add_argument("--iterations", type=int, default=MIN_ITERATIONS)
+    args = parser.parse_args(list(argv))
+    password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        sys.stderr.write("tidelog users add: empty password\n")
+        return 2
+    try:
+        check_user_name(args.name)
+        Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+        store = FileUserStore.open(args.data_dir)
+        for mechanism in args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]:
+            store.upsert(
+                args.name, credential_from_password(mechanism.upper(), password, args.iterations)
+            )
+    except (ScramError, InvalidConfigError, InvalidRequestError, OSError) as exc:
+        sys.stderr.write(f"tidelog users add: {exc}\n")
+        return 2
+    audit({"event": "user_upserted", "user": args.name, "principal": None, "peer": "offline"})
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``[serve] ARGS`` or ``healthcheck ARGS``; returns the exit status."""
+    """Entry point: ``[serve] ARGS``, ``healthcheck ARGS`` or ``add-user ARGS``; returns
+    the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "healthcheck":
         return healthcheck(args[1:])
+    if args and args[0] == "add-user":
+        return add_user(args[1:])
     if args and args[0] == "serve":
         args = args[1:]
     return serve(args)

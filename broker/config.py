@@ -11,7 +11,8 @@ Broker keys (Kafka's names where Kafka has one):
 ====================================  ===============  =============================================
 key                                   default          meaning
 ====================================  ===============  =============================================
-``listeners``                         127.0.0.1:7410   ``HOST:PORT`` or ``PLAINTEXT://HOST:PORT``
+``listeners``                         127.0.0.1:7410   ``HOST:PORT`` or ``PROTOCOL://HOST:PORT``
+                                                       (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
 ``log.dirs`` (or ``log.dir``)         ./tidelog-data   the data directory (exactly one)
 ``num.partitions``                    1                partitions of a topic created without a count
 ``message.max.bytes``                 1048588          default ``max.message.bytes`` of every topic
@@ -32,7 +33,7 @@ key                                   default          meaning
 ``producer.id.expiration.ms``         86400000         forget an idle producer id (epoch, sequences)
 ``producer.id.expiration.check.interval.ms`` 600000    how often idle producers are forgotten
 ``metrics.port``                      listen + 1000    Prometheus HTTP port; 0 any free port, -1 off
-``metrics.host``                      (listen host)    address the metrics endpoint binds
+``metrics.host``                      127.0.0.1        address the metrics endpoint binds
 ``log.retention.check.interval.ms``   300000           how often retention runs
 ``log.cleaner.enable``                true             run the compaction thread
 ``log.batch.times.enable``            true             keep each batch's sent/received times
@@ -95,6 +96,10 @@ wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.pol
 ``log.flush.interval.messages`` [flush.messages], ``log.flush.interval.ms`` [flush.ms],
 ``log.segment.delete.delay.ms`` [file.delete.delay.ms].
 
+Security settings (``security.protocol``, ``ssl.*``, ``sasl.*``, ``audit.log.file``,
+``metrics.ssl.enable``, ``inter.broker.sasl.*``) are ``broker.security_config``'s; the
+config holds them as ``security``.
+
 Unknown keys and bad values raise ``InvalidConfigError`` naming the key.
 """
 
@@ -111,6 +116,7 @@ from broker.groups.coordinator import CoordinatorConfig
 from broker.groups.manager import GroupConfig
 from broker.groups.offset_store import OffsetStoreConfig
 from broker.limits import LimitsConfig
+from broker.security_config import PROTOCOLS, SECURITY_KEYS, SecurityConfig
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError
 from storage.log_manager import LogManagerConfig
@@ -207,14 +213,22 @@ def parse_listen(value: str, key: str = "listeners") -> tuple[str, int]:
         raise InvalidConfigError(f"{key}: only one listener is supported, got {value!r}")
     if "://" in text:
         scheme, _, text = text.partition("://")
-        if scheme.upper() != "PLAINTEXT":
-            raise InvalidConfigError(f"{key}: only PLAINTEXT:// is supported, got {value!r}")
+        if scheme.upper() not in PROTOCOLS:
+            raise InvalidConfigError(
+                f"{key}: the protocol must be one of {', '.join(PROTOCOLS)}, got {value!r}"
+            )
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
         raise InvalidConfigError(f"{key}: expected HOST:PORT, got {value!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, _int(key, port_text, 0, 65535)
+
+
+def listener_protocol(value: str) -> str | None:
+    """The ``PROTOCOL://`` of a listener (upper case), or None if it has none."""
+    scheme, sep, _ = value.strip().partition("://")
+    return scheme.upper() if sep else None
 
 
 def load_toml(path: str | Path) -> dict[str, object]:
@@ -314,6 +328,7 @@ class BrokerConfig:
     replica_fetch_backoff_ms: int = 1000
     replica_lag_time_max_ms: int = 30_000
     log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
+    security: SecurityConfig = field(default_factory=lambda: SecurityConfig())
 
     def __post_init__(self) -> None:
         if self.advertised_listeners:
@@ -433,8 +448,12 @@ class BrokerConfig:
 
     @property
     def effective_metrics_host(self) -> str:
-        """The address the metrics endpoint binds: ``metrics.host`` or the listen host."""
-        return self.metrics_host if self.metrics_host is not None else self.listen_host
+        """The address the metrics endpoint binds: ``metrics.host``, else 127.0.0.1.
+
+        Loopback by default (issue 15): metrics name topics, clients and users, which is
+        nobody else's business; a scraper elsewhere needs ``metrics.host`` set.
+        """
+        return self.metrics_host if self.metrics_host is not None else "127.0.0.1"
 
     def limits_config(self) -> LimitsConfig:
         """The serving limits derived from these settings (``broker/limits.py``)."""
@@ -513,6 +532,10 @@ class BrokerConfig:
             host, port = parse_listen(_str("listeners", settings["listeners"]))
             changes["listen_host"], changes["listen_port"] = host, port
         changes["log_defaults"] = _log_defaults(settings)
+        protocol = None
+        if "listeners" in settings:
+            protocol = listener_protocol(_str("listeners", settings["listeners"]))
+        changes["security"] = SecurityConfig.from_mapping(settings, protocol)
         try:
             return dataclasses.replace(cls(), **changes)
         except ValueError as exc:
@@ -530,6 +553,8 @@ class BrokerConfig:
             out[broker_key] = topic_values[topic_key]
         out["log.retention.ms"] = topic_values["retention.ms"]
         out["log.roll.ms"] = topic_values["segment.ms"]
+        if self.security != SecurityConfig():
+            out.update(self.security.to_mapping())
         return dict(sorted(out.items()))
 
 
@@ -668,5 +693,6 @@ def broker_keys() -> frozenset[str]:
             *_BROKER_FIELDS,
             *_TOPIC_DEFAULT_KEYS,
             *(key for key, _, _ in _TIME_UNIT_KEYS),
+            *SECURITY_KEYS,
         }
     )

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from broker.acl import parse_principals
 from broker.acl_store import Acls, LocalAclStore, MemoryAclStore
@@ -92,6 +92,9 @@ from storage.errors import (
 from storage.log_manager import LogManager, TopicMetadata
 from storage.partition_log import PartitionLog
 from storage.producer_state import ProducerSummary
+
+if TYPE_CHECKING:
+    from broker.auth import Authenticator
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -257,6 +260,9 @@ class BrokerCore:
         self._logs = logs
         # Cluster mode: ids from ZooKeeper (broker.cluster.producer_ids), swapped in on join.
         self.producer_ids = producer_ids
+        # Authentication (broker.auth), set by BrokerServer.start; None: every call is
+        # served unauthenticated (principal None), as before security existed.
+        self.authenticator: Authenticator | None = None
         self._groups = groups
         self._fetch_purgatory = fetch_purgatory
         self._produce_purgatory = produce_purgatory

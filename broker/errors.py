@@ -72,6 +72,9 @@ from storage.errors import (
     RecordTooLargeError,
     RequestError,
     RequestTooLargeError,
+    ResourceNotFoundError,
+    SaslAuthenticationError,
+    SaslSessionExpiredError,
     SecurityDisabledError,
     StaleMemberEpochError,
     StorageError,
@@ -83,6 +86,7 @@ from storage.errors import (
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
     UnsupportedCompressionTypeError,
+    UnsupportedSaslMechanismError,
 )
 
 __all__ = [
@@ -130,6 +134,10 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     GroupNotEmptyError: grpc.StatusCode.FAILED_PRECONDITION,
     GroupIdNotFoundError: grpc.StatusCode.NOT_FOUND,
     NotAuthorizedError: grpc.StatusCode.PERMISSION_DENIED,
+    ResourceNotFoundError: grpc.StatusCode.NOT_FOUND,
+    SaslAuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    SaslSessionExpiredError: grpc.StatusCode.UNAUTHENTICATED,
+    UnsupportedSaslMechanismError: grpc.StatusCode.UNAUTHENTICATED,
     TopicAuthorizationFailedError: grpc.StatusCode.PERMISSION_DENIED,
     GroupAuthorizationFailedError: grpc.StatusCode.PERMISSION_DENIED,
     ClusterAuthorizationFailedError: grpc.StatusCode.PERMISSION_DENIED,

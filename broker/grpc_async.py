@@ -68,12 +68,12 @@ from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCEN
 from broker.service import (
     BROKER_SERVICE_NAME,
     UnaryHandler,
+    call_context,
     fetch_response,
     fetch_spec,
     generic_handler,
     produce_parts,
     produce_response,
-    request_context,
     wait_cap_ms,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -123,8 +123,8 @@ class _AsyncService:
 
     # --- plumbing -----------------------------------------------------------------------
 
-    def _open(self, context: aio.ServicerContext[Any, Any]) -> RequestContext:
-        request = request_context(context.peer(), context.invocation_metadata())
+    def _open(self, context: aio.ServicerContext[Any, Any], method: str) -> RequestContext:
+        request = call_context(self._core, context, method)
         self._admission.open_call(request)
         return request
 
@@ -180,7 +180,7 @@ class _AsyncService:
         async def serve(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
             try:
-                caller = self._open(context)
+                caller = self._open(context, name)
             except Exception as exc:
                 await self._abort(context, name, exc, started)
                 return None
@@ -224,7 +224,7 @@ class _AsyncService:
         caller: RequestContext | None = None
         admitted = False
         try:
-            caller = self._open(context)
+            caller = self._open(context, "Produce")
             self._admission.admit_bytes(size, caller)
             admitted = True
             future, throttle_ms = await self._produce_one(caller, request, size)
@@ -255,7 +255,7 @@ class _AsyncService:
         the job delivered and starts the next job, so no task waits for the executor."""
         started = time.perf_counter()
         try:
-            caller = self._open(context)
+            caller = self._open(context, "ProduceStream")
         except Exception as exc:
             await self._abort(context, "ProduceStream", exc, started)
             return
@@ -438,7 +438,7 @@ class _AsyncService:
         started = time.perf_counter()
         caller: RequestContext | None = None
         try:
-            caller = self._open(context)
+            caller = self._open(context, "Fetch")
             answer = await self._fetch_one(caller, request, context)
         except Exception as exc:
             await self._abort(context, "Fetch", exc, started)
@@ -456,7 +456,7 @@ class _AsyncService:
     ) -> AsyncIterator[bytes]:
         started = time.perf_counter()
         try:
-            caller = self._open(context)
+            caller = self._open(context, "FetchStream")
         except Exception as exc:
             await self._abort(context, "FetchStream", exc, started)
             return

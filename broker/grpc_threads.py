@@ -38,13 +38,14 @@ from broker.produce import Acks, PartitionAppend, parse_acks
 from broker.produce_stream import ProducePipeline
 from broker.service import (
     BROKER_SERVICE_NAME,
+    UNARY_HANDLERS,
     UnaryHandler,
+    call_context,
     fetch_response,
     fetch_spec,
     generic_handler,
     produce_parts,
     produce_response,
-    request_context,
     wait_cap_ms,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -72,8 +73,8 @@ def threaded_handler(core: BrokerCore) -> grpc.GenericRpcHandler:
     )
 
 
-def _context(context: grpc.ServicerContext) -> RequestContext:
-    return request_context(context.peer(), context.invocation_metadata())
+def _context(core: BrokerCore, context: grpc.ServicerContext, method: str) -> RequestContext:
+    return call_context(core, context, method)
 
 
 class _ThreadedService:
@@ -87,6 +88,8 @@ class _ThreadedService:
         """Run one request: time it, count it, render its error."""
         started = time.perf_counter()
         try:
+            if method not in UNARY_HANDLERS:  # unary handlers authenticate in _context
+                _context(self._core, context, method)
             answer = body()
         except Exception as exc:
             wire = to_wire(exc)
@@ -101,7 +104,9 @@ class _ThreadedService:
     def unary(self, name: str, handler: UnaryHandler) -> Callable[[Any, grpc.ServicerContext], Any]:
         def serve(request: Any, context: grpc.ServicerContext) -> Any:
             return self._call(
-                name, context, lambda: handler(self._core, request, _context(context))
+                name,
+                context,
+                lambda: handler(self._core, request, _context(self._core, context, name)),
             )
 
         return serve
@@ -112,7 +117,8 @@ class _ThreadedService:
         received_ms = self._core.wall_ms()
 
         def body() -> pb.ProduceResponse:
-            parts = produce_parts(request, received_ms, _context(context), self._core.acls)
+            caller = _context(self._core, context, "Produce")
+            parts = produce_parts(request, received_ms, caller, self._core.acls)
             answers = self._core.produce(parts, parse_acks(request.acks))
             return produce_response(request.correlation_id, answers)
 
@@ -121,9 +127,10 @@ class _ThreadedService:
     def produce_stream(
         self, request_iterator: Iterator[pb.ProduceRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.ProduceResponse]:
-        caller = _context(context)
+        caller: RequestContext | None = None  # set (authenticated) before the first read
 
         def append(request: pb.ProduceRequest) -> _PendingProduce:
+            assert caller is not None
             started = time.perf_counter()
             acks = parse_acks(request.acks)
             parts = produce_parts(request, self._core.wall_ms(), caller, self._core.acls)
@@ -138,6 +145,7 @@ class _ThreadedService:
         pipeline = ProducePipeline(request_iterator, append, complete, context.is_active)
         started = time.perf_counter()
         try:
+            caller = _context(self._core, context, "ProduceStream")  # may refuse (broker.auth)
             yield from pipeline.responses()
         except Exception as exc:
             wire = to_wire(exc)
@@ -180,7 +188,7 @@ class _FetchCall:
     def fetch(self, request: pb.FetchRequest) -> bytes:
         woken = self._woken
         pending = self._core.start_fetch(
-            fetch_spec(request, _context(self._context), self._core.acls),
+            fetch_spec(request, _context(self._core, self._context, "Fetch"), self._core.acls),
             wake=woken.set,
             wait_cap_ms=wait_cap_ms(self._context.time_remaining()),
         )

@@ -295,14 +295,25 @@ class MetricsServer:
         self._thread = thread
 
     @classmethod
-    def start(cls, registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+    def start(
+        cls,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        *,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+    ) -> MetricsServer:
         """Serve ``registry`` on ``host:port`` (port 0: any free port) in a daemon thread.
 
         Raises:
             OSError: the address cannot be bound.
         """
-        server, thread = start_http_server(port, addr=host, registry=registry)
-        log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+        server, thread = start_http_server(
+            port, addr=host, registry=registry, certfile=certfile, keyfile=keyfile
+        )
+        scheme = "https" if certfile else "http"
+        log.info("metrics on %s://%s:%d/metrics", scheme, host, server.server_port)
         return cls(server, thread)
 
     @property

@@ -36,7 +36,14 @@ minutes (more often than that gRPC answers GOAWAY "too_many_pings").
 
 ``run_until_signalled`` blocks until SIGTERM or SIGINT and then stops; a second signal
 a second or more later exits at once (everything acknowledged with ``acks=all`` is on
-disk already, so the next start recovers it).
+disk already, so the next start recovers it). SIGHUP reloads the TLS certificate files
+(``reload_certificates``): new connections get the new certificate, established ones
+are kept.
+
+Security (``docs/security.md``): with ``security.protocol`` SSL or SASL_SSL the listener
+serves TLS (``broker.tls``); every call goes through ``core.authenticator``
+(``broker.auth``), which SASL_* listeners use to require a session; SCRAM users live in
+the data directory, or in ZooKeeper in cluster mode (``broker.users``).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.audit import configure_file as configure_audit_file
+from broker.auth import Authenticator
 from broker.config import BrokerConfig
 from broker.core import BrokerCore
 from broker.groups.offset_store import OFFSETS_TOPIC
@@ -61,7 +70,10 @@ from broker.metrics import BrokerMetrics, MetricsServer
 from broker.placement import JoiningPlacement, LocalPlacement
 from broker.producer_ids import UnavailableProducerIds
 from broker.quotas import QuotaCollector
+from broker.security_config import SecurityConfig
 from broker.service import BROKER_SERVICE_NAME
+from broker.tls import ServerTls
+from broker.users import FileUserStore, ZooKeeperUserStore
 from storage.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
@@ -134,8 +146,10 @@ class BrokerServer:
         admission: Admission,
         metrics_server: MetricsServer | None,
         node: ClusterNode | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.config = config
+        self.tls = tls  # the listener's reloadable certificates; None without TLS
         self.core = core
         self.node = node  # cluster mode only
         self.admission = admission
@@ -155,8 +169,18 @@ class BrokerServer:
                 names the setting and the address).
         """
         raise_open_file_limit()
+        security = config.security
+        tls = ServerTls.load(security) if security.tls else None  # unreadable files: fail now
+        if security.audit_log_file:
+            configure_audit_file(security.audit_log_file)
         metrics = BrokerMetrics()
         core = BrokerCore.open(config, clock, metrics)
+        try:
+            users = FileUserStore.open(config.data_dir)
+        except BaseException:
+            core.close()
+            raise
+        core.authenticator = Authenticator(security, users, clock or SystemClock())
         admission = Admission(config.limits_config())
         metrics.registry.register(AdmissionCollector(admission, core.parked_operations))
         metrics.registry.register(QuotaCollector(core.quotas))
@@ -179,12 +203,12 @@ class BrokerServer:
                 address=config.listen_address,
                 options=_grpc_options(config),
                 io_threads=config.num_io_threads,
-                bind=_bind,
+                bind=_bind if tls is None else _secure_binder(tls),
             )
             metrics_port = config.effective_metrics_port
             if metrics_port >= 0:
                 metrics_server = _start_metrics(
-                    metrics, config.effective_metrics_host, metrics_port
+                    metrics, config.effective_metrics_host, metrics_port, security
                 )
         except BaseException:
             if listener is not None:
@@ -199,6 +223,8 @@ class BrokerServer:
         else:
             try:
                 node = _join_cluster(config, core, clock or SystemClock(), endpoint)
+                # Users are the cluster's: every broker reads /config/users (broker.users).
+                core.authenticator.users = ZooKeeperUserStore(node.store, users)
             except BaseException:
                 listener.stop(0, _STOP_MARGIN_MS)
                 if metrics_server is not None:
@@ -206,13 +232,14 @@ class BrokerServer:
                 core.close()
                 raise
         log.info(
-            "tidelog broker serving on %s:%d (%s model), data in %s",
+            "tidelog broker serving %s on %s:%d (%s model), data in %s",
+            security.protocol,
             config.listen_host,
             listener.port,
             config.server_io_model,
             core.logs.data_dir,
         )
-        return cls(config, core, listener, admission, metrics_server, node)
+        return cls(config, core, listener, admission, metrics_server, node, tls)
 
     @property
     def port(self) -> int:
@@ -233,6 +260,11 @@ class BrokerServer:
     def metrics_port(self) -> int | None:
         """The bound metrics port, or None when metrics are off."""
         return self._metrics_server.port if self._metrics_server is not None else None
+
+    def reload_certificates(self) -> None:
+        """Read the TLS files again for the next connections (SIGHUP); no-op without TLS."""
+        if self.tls is not None:
+            self.tls.request_reload()
 
     @property
     def stopped(self) -> bool:
@@ -311,8 +343,33 @@ def _bind(server: Any, address: str) -> int:
     return port
 
 
-def _start_metrics(metrics: BrokerMetrics, host: str, port: int) -> MetricsServer:
+def _secure_binder(tls: ServerTls) -> Callable[[Any, str], int]:
+    """``_bind`` for a TLS listener: the same errors, a secure port."""
+
+    def bind(server: Any, address: str) -> int:
+        try:
+            port: int = server.add_secure_port(address, tls.server_credentials())
+        except RuntimeError as exc:
+            raise ListenError(f"listeners (--listen): cannot listen on {address}: {exc}") from None
+        if port == 0:
+            raise ListenError(f"listeners (--listen): cannot listen on {address}")
+        return port
+
+    return bind
+
+
+def _start_metrics(
+    metrics: BrokerMetrics, host: str, port: int, security: SecurityConfig
+) -> MetricsServer:
     try:
+        if security.metrics_ssl_enable:
+            return MetricsServer.start(
+                metrics.registry,
+                host,
+                port,
+                certfile=security.ssl_certfile,
+                keyfile=security.ssl_keyfile,
+            )
         return MetricsServer.start(metrics.registry, host, port)
     except OSError as exc:
         shown = f"[{host}]" if ":" in host else host
@@ -344,7 +401,12 @@ def run_until_signalled(server: BrokerServer) -> None:
         first_ms.append(now_ms)
         received.set()
 
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        log.info("SIGHUP: reloading TLS certificates")
+        server.reload_certificates()
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hangup)
     try:
         # Wait in slices: Event.wait without a timeout is not interrupted by signals on
         # every platform.

@@ -57,6 +57,7 @@ from broker.groups.manager import (
     ResetTarget,
 )
 from broker.produce import PartitionProduced, PartitionRecords
+from broker.security_service import SECURITY_HANDLERS
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.batch_times import NO_TIME, BatchTimes
 from storage.errors import InvalidRequestError
@@ -66,6 +67,7 @@ __all__ = [
     "CLIENT_ID_METADATA_KEY",
     "UNARY_HANDLERS",
     "UnaryHandler",
+    "call_context",
     "fetch_response",
     "fetch_spec",
     "generic_handler",
@@ -101,6 +103,19 @@ def request_context(
         if key == CLIENT_ID_METADATA_KEY:
             client_id = value if isinstance(value, str) else value.decode(errors="replace")
     return RequestContext("grpc", peer, client_id)
+
+
+def call_context(core: BrokerCore, context: Any, method: str) -> RequestContext:
+    """The authenticated ``RequestContext`` of a gRPC call in either serving model:
+    ``request_context`` plus the principal ``core.authenticator`` finds (``broker.auth``;
+    raises ``SaslAuthenticationError`` when the listener needs a session and has none)."""
+    metadata = context.invocation_metadata()
+    caller = request_context(context.peer(), metadata)
+    authenticator = core.authenticator
+    if authenticator is None:
+        return caller
+    auth_context = context.auth_context() if authenticator.config.tls else None
+    return authenticator.identify(caller, metadata, auth_context, method)
 
 
 def wait_cap_ms(time_remaining_s: float | None) -> int | None:
@@ -232,7 +247,8 @@ def _create_acls(
                 pattern_type=a.pattern_type or "LITERAL",
             )
             for a in request.acls
-        ]
+        ],
+        context.principal,
     )
     return pb.CreateAclsResponse()
 
@@ -247,7 +263,7 @@ def _describe_acls(
 def _delete_acls(
     core: BrokerCore, request: pb.AclFilter, context: RequestContext
 ) -> pb.DeleteAclsResponse:
-    removed = core.acls.delete(_acl_filter(request))
+    removed = core.acls.delete(_acl_filter(request), context.principal)
     return pb.DeleteAclsResponse(deleted=[_acl_binding(b) for b in removed])
 
 
@@ -503,6 +519,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeClientQuotas": _describe_client_quotas,
     "Metadata": _metadata,
     "FindCoordinator": _find_coordinator,
+    **SECURITY_HANDLERS,  # Authenticate and the SCRAM user calls (broker.security_service)
 }
 
 

@@ -43,6 +43,7 @@ from client.connection import Connection, ConnectionFactory, GrpcConnection, grp
 from client.group_admin import ResetTarget
 from client.offsets import list_offsets
 from client.routing import ClusterConnections
+from client.security import ClientSecurity, salted_credential
 from client.types import (
     GroupDescription,
     GroupMember,
@@ -117,6 +118,7 @@ class AdminClient:
                 client_id=config.client_id,
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+                security=ClientSecurity.of(config),
             ),
             request_timeout_ms=config.request_timeout_ms,
         )
@@ -218,8 +220,8 @@ class AdminClient:
         return [AclBinding.from_wire(b) for b in answer.deleted]
 
     def _on_any_grpc(self, method: str, request: object, timeout_ms: int | None) -> Any:
-        """A call not in the ``Connection`` protocol yet (ACLs) on any broker (they share
-        the ACLs through ZooKeeper), over the gRPC transport of the connection chosen."""
+        """A call not in the ``Connection`` protocol yet (ACLs, users) on any broker (a
+        cluster shares them through ZooKeeper), over the connection's gRPC transport."""
 
         def call(connection: Connection, timeout: int) -> Any:
             if not isinstance(connection, GrpcConnection):
@@ -594,6 +596,52 @@ class AdminClient:
                     {broker_id: quotas.get(name, {}) for broker_id, quotas in answers.items()},
                 )
         return merged
+
+    # --- SCRAM users (docs/security.md) --------------------------------------------------
+
+    def upsert_user(
+        self,
+        name: str,
+        password: str,
+        mechanism: str = "SCRAM-SHA-256",
+        *,
+        iterations: int = 4096,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Create the user or replace its ``mechanism`` credential.
+
+        The password never leaves this process: a random salt and SaltedPassword
+        (PBKDF2, ``iterations`` >= 4096) are sent, from which the broker keeps StoredKey
+        and ServerKey (Kafka's AlterUserScramCredentials). Raises ``ValueError`` for a
+        bad mechanism or iteration count, ``InvalidRequestError`` for a bad name.
+        """
+        salt, salted = salted_credential(mechanism, password, iterations)
+        request = pb.UpsertUserRequest(
+            name=name,
+            mechanism=mechanism,
+            iterations=iterations,
+            salt=salt,
+            salted_password=salted,
+        )
+        self._on_any_grpc("UpsertUser", request, timeout_ms)
+
+    def delete_user(
+        self, name: str, mechanism: str | None = None, *, timeout_ms: int | None = None
+    ) -> None:
+        """Delete the user (every mechanism, or only ``mechanism``'s credential).
+
+        Raises ``ResourceNotFoundError`` if there is no such user (or credential).
+        """
+        request = pb.DeleteUserRequest(name=name, mechanism=mechanism or "")
+        self._on_any_grpc("DeleteUser", request, timeout_ms)
+
+    def list_users(self, *, timeout_ms: int | None = None) -> dict[str, dict[str, int]]:
+        """Every SCRAM user: name -> {mechanism: iterations}. No credential is shown."""
+        answer = self._on_any_grpc("ListUsers", pb.ListUsersRequest(), timeout_ms)
+        return {
+            user.name: dict(zip(user.mechanisms, user.iterations, strict=False))
+            for user in answer.users
+        }
 
     def close(self) -> None:
         """Close the connection. Idempotent."""

@@ -17,12 +17,19 @@
                                                  request_percentage; CLIENT_ID <default>)
     tidelog quotas list [CLIENT_ID]
     tidelog quotas delete CLIENT_ID [KEY]...     (no KEY: every quota of CLIENT_ID)
+    tidelog users add NAME [--password-file F] [--mechanism M]... [--iterations N]
+                           [--data-dir D]  (D: write into a data directory, broker stopped)
+    tidelog users list
+    tidelog users delete NAME [--mechanism M]
     tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
 
 Every command takes ``--bootstrap HOST:PORT`` (default ``$TIDELOG_BOOTSTRAP`` or
-``127.0.0.1:7410``). Tables are aligned for a terminal; records go to stdout, summaries
-and errors to stderr. An error is one line (``tidelog: error: ... [CODE]``), never a
-traceback.
+``127.0.0.1:7410``) and ``--command-config FILE``: a Kafka tools properties file with the
+security settings (``security.protocol``, ``sasl.mechanism``, ``sasl.jaas.config`` or
+``sasl.username``/``sasl.password``, ``ssl.cafile``/``ssl.certfile``/``ssl.keyfile``;
+``client.security.settings_from_properties``). Tables are aligned for a terminal; records
+go to stdout, summaries and errors to stderr. An error is one line
+(``tidelog: error: ... [CODE]``), never a traceback.
 
 Exit status: 0 success (``consume`` stopped with Ctrl-C included); 1 the broker refused
 the request, could not be reached, or a record was not delivered; 2 bad usage; 130
@@ -39,9 +46,11 @@ from __future__ import annotations
 import argparse
 import codecs
 import datetime
+import getpass
 import importlib
 import logging
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +61,7 @@ from client.admin import AdminClient
 from client.config import DEFAULT_BOOTSTRAP
 from client.consumer import Consumer
 from client.producer import Producer
+from client.security import settings_from_properties
 from client.types import ConsumerRecord, RecordMetadata, TopicPartition
 from storage.errors import TidelogError
 
@@ -145,6 +155,12 @@ def _parser() -> argparse.ArgumentParser:
         help="how long to wait for the broker",
     )
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="properties file of security settings (Kafka tools' format)",
+    )
 
     parser = argparse.ArgumentParser(
         prog="tidelog",
@@ -159,6 +175,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--timeout-ms", type=_non_negative_int, default=None)
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    parser.add_argument(
+        "--command-config",
+        metavar="FILE",
+        default=None,
+        help="properties file of security settings (Kafka tools' format)",
+    )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     commands.add_parser("serve", help="run the broker daemon (see `tidelog serve --help`)")
 
@@ -388,7 +410,116 @@ def _parser() -> argparse.ArgumentParser:
     quota_delete.add_argument("client_id", metavar="CLIENT_ID")
     quota_delete.add_argument("keys", nargs="*", metavar="KEY", help="default: every quota")
     quota_delete.set_defaults(handler=_quotas_delete)
+
+    users = commands.add_parser("users", help="SCRAM users (docs/security.md)")
+    user_commands = users.add_subparsers(metavar="COMMAND")
+    users.set_defaults(handler=_help_of(users))
+    user_add = user_commands.add_parser(
+        "add",
+        parents=[common],
+        help="create a user or change its password",
+        description="Create a SCRAM user or change its password. The password is read "
+        "from --password-file (first line), else asked for on a terminal, else read from "
+        "stdin. With --data-dir the user is written into that data directory (the broker "
+        "stopped): the first super user, before the first start.",
+    )
+    user_add.add_argument("name", metavar="NAME")
+    user_add.add_argument("--password-file", metavar="FILE")
+    user_add.add_argument(
+        "--mechanism",
+        action="append",
+        choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+        help="default: both",
+    )
+    user_add.add_argument("--iterations", type=_positive_int, default=4096)
+    user_add.add_argument("--data-dir", metavar="DIR")
+    user_add.set_defaults(handler=_users_add)
+    user_list = user_commands.add_parser("list", parents=[common], help="list users")
+    user_list.set_defaults(handler=_users_list)
+    user_delete = user_commands.add_parser("delete", parents=[common], help="delete a user")
+    user_delete.add_argument("name", metavar="NAME")
+    user_delete.add_argument("--mechanism", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"))
+    user_delete.set_defaults(handler=_users_delete)
     return parser
+
+
+def _read_password(args: argparse.Namespace) -> str:
+    if args.password_file:
+        try:
+            with open(args.password_file, encoding="utf-8") as file:
+                password = file.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise UsageError(f"cannot read --password-file: {exc.strerror or exc}") from None
+    elif sys.stdin.isatty():
+        password = getpass.getpass(f"Password for {args.name}: ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise UsageError("empty password")
+    return password
+
+
+def _users_add(args: argparse.Namespace) -> int:
+    password = _read_password(args)
+    mechanisms = args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+    if args.data_dir:
+        # Written by the broker package (the client never imports it otherwise), as
+        # ``tidelog serve`` is; the password goes over a pipe, never on a command line.
+        argv = [
+            sys.executable, "-m", "broker", "add-user", args.name, "--data-dir", args.data_dir,
+            "--iterations", str(args.iterations),
+            *(f"--mechanism={m}" for m in mechanisms),
+        ]  # fmt: skip
+        done = subprocess.run(argv, input=password + "\n", text=True, check=False)
+        if done.returncode != 0:
+            return EXIT_USAGE if done.returncode == 2 else EXIT_ERROR
+        _info(f"Stored user {args.name} ({', '.join(mechanisms)}) in {args.data_dir}")
+        return EXIT_OK
+    with _admin(args) as admin:
+        for mechanism in mechanisms:
+            try:
+                admin.upsert_user(args.name, password, mechanism, iterations=args.iterations)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+    _info(f"Stored user {args.name} ({', '.join(mechanisms)})")
+    return EXIT_OK
+
+
+def _users_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        found = admin.list_users()
+    if not found:
+        _info("No users.")
+        return EXIT_OK
+    _print_table(
+        ["NAME", "MECHANISMS"],
+        [
+            [name, ", ".join(f"{m} ({n} iterations)" for m, n in sorted(mechanisms.items()))]
+            for name, mechanisms in sorted(found.items())
+        ],
+    )
+    return EXIT_OK
+
+
+def _users_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_user(args.name, args.mechanism)
+    _info(f"Deleted user {args.name}" + (f" ({args.mechanism})" if args.mechanism else ""))
+    return EXIT_OK
+
+
+def _security(args: argparse.Namespace) -> dict[str, Any]:
+    """The client security settings of ``--command-config`` (none without it)."""
+    path: str | None = getattr(args, "command_config", None)
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as file:
+            return settings_from_properties(file.read())
+    except OSError as exc:
+        raise UsageError(f"cannot read --command-config {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--command-config {path}: {exc}") from None
 
 
 _QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_percentage")
@@ -580,7 +711,7 @@ def _timeout(args: argparse.Namespace) -> int:
 
 def _admin(args: argparse.Namespace) -> AdminClient:
     try:
-        return AdminClient(args.bootstrap, request_timeout_ms=_timeout(args))
+        return AdminClient(args.bootstrap, request_timeout_ms=_timeout(args), **_security(args))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -764,6 +895,7 @@ def _produce(args: argparse.Namespace) -> int:
             max_block_ms=_timeout(args),
             request_timeout_ms=_timeout(args),
             delivery_timeout_ms=max(_timeout(args) + args.linger_ms, 2 * _timeout(args)),
+            **_security(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -820,6 +952,7 @@ def _consume(args: argparse.Namespace) -> int:
             auto_offset_reset="earliest" if args.from_beginning else "latest",
             enable_auto_commit=args.group is not None,
             request_timeout_ms=max(_timeout(args), 1_000),
+            **_security(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

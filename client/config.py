@@ -17,10 +17,11 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from client.cluster import parse_bootstrap_list
+from client.security import check_settings as check_security_settings
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
@@ -40,6 +41,12 @@ _INT32_MAX = 2**31 - 1
 _ALIASES = {
     "compression_type": "compression",
     "max_in_flight_requests": "max_in_flight_requests_per_connection",
+    # Security: the Java clients' and librdkafka's names for the same settings.
+    "ssl_ca_location": "ssl_cafile",
+    "ssl_certificate_location": "ssl_certfile",
+    "ssl_key_location": "ssl_keyfile",
+    "sasl_username": "sasl_plain_username",
+    "sasl_password": "sasl_plain_password",
 }
 
 
@@ -66,6 +73,20 @@ def parse_acks(value: int | str) -> int:
     if isinstance(value, bool) or value not in (0, 1, -1):
         raise ValueError(f"acks must be 0, 1 or 'all', got {value!r}")
     return value
+
+
+def _check_security(config: Any) -> None:
+    """Normalise and validate the security settings (``client.security``)."""
+    object.__setattr__(config, "security_protocol", str(config.security_protocol).upper())
+    object.__setattr__(config, "sasl_mechanism", str(config.sasl_mechanism).upper())
+    check_security_settings(
+        config.security_protocol,
+        config.sasl_mechanism,
+        config.sasl_plain_username,
+        config.sasl_plain_password,
+        config.ssl_certfile,
+        config.ssl_keyfile,
+    )
 
 
 def _check(name: str, ok: bool, requirement: str, value: object) -> None:
@@ -183,9 +204,18 @@ class ProducerConfig:
     max_request_size: int = 1024 * 1024
     metadata_max_age_ms: int = 300_000
     reconnect_backoff_max_ms: int = 1_000
+    # Security (client.security, docs/security.md): kafka-python's names.
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: str = "SCRAM-SHA-512"
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", parse_bootstrap(self.bootstrap_servers))
+        _check_security(self)
         object.__setattr__(self, "acks", parse_acks(self.acks))
         _check_ints(
             self,
@@ -285,9 +315,18 @@ class ConsumerConfig:
     reconnect_backoff_max_ms: int = 1_000
     check_crcs: bool = True
     consumer_timeout_ms: int | None = None  # iteration stops after this long without records
+    # Security (client.security, docs/security.md): kafka-python's names.
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: str = "SCRAM-SHA-512"
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", parse_bootstrap(self.bootstrap_servers))
+        _check_security(self)
         if self.consumer_timeout_ms is not None:
             _check_ints(self, {"consumer_timeout_ms": 0})
         _check_ints(
@@ -347,9 +386,18 @@ class AdminConfig:
     client_id: str = "tidelog-admin"
     request_timeout_ms: int = 30_000
     reconnect_backoff_max_ms: int = 1_000
+    # Security (client.security, docs/security.md): kafka-python's names.
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: str = "SCRAM-SHA-512"
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", parse_bootstrap(self.bootstrap_servers))
+        _check_security(self)
         _check_ints(self, {"request_timeout_ms": 1, "reconnect_backoff_max_ms": 1})
         _check("client_id", isinstance(self.client_id, str), "must be a string", self.client_id)
 

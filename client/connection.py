@@ -26,6 +26,7 @@ from typing import Protocol
 
 from client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
 from client.group_member import HeartbeatAnswer, HeartbeatRequest
+from client.security import ClientSecurity
 from client.transport import BidiStream, Transport
 from client.types import (
     GroupDescription,
@@ -343,6 +344,7 @@ def grpc_connections(
     reconnect_backoff_max_ms: int,
     max_send_bytes: int = 1024 * 1024,
     reuse: Transport | None = None,
+    security: ClientSecurity | None = None,
 ) -> ConnectionFactory:
     """A factory of ``GrpcConnection``s with these settings.
 
@@ -360,6 +362,7 @@ def grpc_connections(
                 request_timeout_ms=request_timeout_ms,
                 reconnect_backoff_max_ms=reconnect_backoff_max_ms,
                 max_send_bytes=max_send_bytes,
+                security=security,
             )
         )
 

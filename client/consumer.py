@@ -54,6 +54,7 @@ from client.fetcher import SubscriptionState
 from client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
 from client.rebalance import GroupSubscription, PartitionsCallback
 from client.routing import ClusterConnections
+from client.security import ClientSecurity
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from storage.columns import ColumnBuilder
 from storage.errors import (
@@ -111,6 +112,7 @@ class Consumer:
                 client_id=config.client_id,
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
+                security=ClientSecurity.of(config),
             ),
             request_timeout_ms=config.request_timeout_ms,
             metadata_max_age_ms=config.metadata_max_age_ms,

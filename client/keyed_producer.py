@@ -40,6 +40,7 @@ from client.connection import (
     grpc_connections,
 )
 from client.routing import ROUTING_ERRORS, ClusterConnections
+from client.security import ClientSecurity
 from client.types import Header, TopicPartition
 from storage.errors import (
     InvalidRequestError,
@@ -155,6 +156,7 @@ class KeyedProducer:
         max_request_bytes: int = 4 * 1024 * 1024,
         client_id: str = "tidelog-keyed-producer",
         connection_factory: ConnectionFactory | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         if str(acks) not in ("all", "-1", "1"):
             raise ValueError(f"acks must be 'all' or 1 for a keyed producer, got {acks!r}")
@@ -178,6 +180,7 @@ class KeyedProducer:
                 request_timeout_ms=request_timeout_ms,
                 reconnect_backoff_max_ms=1_000,
                 max_send_bytes=max(max_request_bytes, max_batch_bytes) + 1024 * 1024,
+                security=security,
             ),
             request_timeout_ms=request_timeout_ms,
         )

@@ -42,6 +42,7 @@ from client.idempotence import SequenceTable
 from client.offsets import partitions_of
 from client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur2
 from client.routing import ClusterConnections
+from client.security import ClientSecurity
 from client.sender import ParkedRecord, Sender, now_ms
 from client.types import Header, RecordMetadata, TopicPartition
 from storage.errors import (
@@ -106,6 +107,7 @@ class Producer:
                 request_timeout_ms=config.request_timeout_ms,
                 reconnect_backoff_max_ms=config.reconnect_backoff_max_ms,
                 max_send_bytes=config.max_request_size,
+                security=ClientSecurity.of(config),
             ),
             request_timeout_ms=config.request_timeout_ms,
             metadata_max_age_ms=config.metadata_max_age_ms,

@@ -28,6 +28,13 @@ the mapped error from ``responses()``. The routed data path opens them fail-fast
 (``wait_for_ready=False``): a broker that is down must show at once, so that its
 partitions are asked for again where they are led now, not wait on a dead address.
 
+Security (``client.security``): the channel is opened by ``ClientSecurity`` (TLS or not);
+with a SASL protocol the transport logs in (``Session``) before its first call and sends
+the session token with every call. A call the broker answers ``SASL_SESSION_EXPIRED``
+(the channel reconnected: tokens are bound to one connection) logs in again and is
+repeated within its deadline; a stream opened with a stale token fails with that
+retriable error and the next stream gets a fresh login.
+
 Thread-safe: gRPC channels and stubs are; a ``BidiStream`` has one reader.
 """
 
@@ -41,6 +48,8 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from client.security import SESSION_METADATA_KEY, ClientSecurity, Session
+from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc
 from storage.errors import (
     BrokerUnavailableError,
@@ -49,6 +58,7 @@ from storage.errors import (
     InvalidRequestError,
     KafkaTimeoutError,
     RequestTooLargeError,
+    SaslSessionExpiredError,
     TidelogError,
     error_for_code,
 )
@@ -151,8 +161,10 @@ class BidiStream(Generic[RequestT, ResponseT]):
         what: str,
         metadata: tuple[tuple[str, str], ...],
         wait_for_ready: bool = True,
+        on_session_expired: Callable[[], None] | None = None,
     ) -> None:
         self._requests: _RequestQueue[RequestT] = _RequestQueue()
+        self._on_session_expired = on_session_expired
         self._address = address
         self._what = what
         self._call: Any = method(
@@ -168,7 +180,10 @@ class BidiStream(Generic[RequestT, ResponseT]):
         try:
             yield from self._call
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, self._address, self._what) from None
+            error = error_from_rpc(exc, self._address, self._what)
+            if isinstance(error, SaslSessionExpiredError) and self._on_session_expired:
+                self._on_session_expired()  # the next stream logs in again
+            raise error from None
         finally:
             self._requests.close()
 
@@ -200,6 +215,7 @@ class Transport:
         max_send_bytes: int = 1024 * 1024,
         keepalive_time_ms: int = _KEEPALIVE_TIME_MS,
         keepalive_timeout_ms: int = _KEEPALIVE_TIMEOUT_MS,
+        security: ClientSecurity | None = None,
     ) -> None:
         if keepalive_time_ms < 1 or keepalive_timeout_ms < 1:
             raise ValueError(
@@ -232,7 +248,9 @@ class Transport:
             ("grpc.use_local_subchannel_pool", 1),
         ]
         self._metadata = (("tidelog-client-id", client_id),)
-        self._channel = grpc.insecure_channel(address, options=options)
+        self.security = security or ClientSecurity()
+        self._session = Session(self.security) if self.security.sasl else None
+        self._channel = self.security.open_channel(address, options)
         self._max_backoff_ms = max_backoff
         self.stub = broker_pb2_grpc.BrokerStub(self._channel)
         self._closed = False
@@ -265,17 +283,26 @@ class Transport:
             if self._closed:
                 raise ClosedError(f"{what}: the client is closed")
             remaining = deadline - time.monotonic()
+            token: str | None = None
             try:
+                token = self._login(deadline, what)
                 return method(
                     request,
                     timeout=max(remaining, 0.001),
                     wait_for_ready=False,
-                    metadata=self._metadata,
+                    metadata=self._with_token(token),
                 )
             except grpc.RpcError as exc:
                 error = error_from_rpc(exc, self.address, what)
+            except BrokerUnavailableError as exc:  # the login could not reach the broker
+                error = exc
             except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
                 raise ClosedError(f"{what}: the client is closed") from exc
+            if isinstance(error, SaslSessionExpiredError) and self._session is not None:
+                # The connection changed under the token: log in on this one, call again.
+                self._session.invalidate(token)
+                if deadline - time.monotonic() > 0:
+                    continue
             if not isinstance(error, BrokerUnavailableError):
                 raise error
             remaining = unavailable_deadline - time.monotonic()
@@ -302,7 +329,44 @@ class Transport:
         """
         if self._closed:
             raise ClosedError(f"{what}: the client is closed")
-        return BidiStream(method, self.address, what, self._metadata, wait_for_ready)
+        token = self._login(time.monotonic() + self.request_timeout_ms / 1000, what)
+        return BidiStream(
+            method,
+            self.address,
+            what,
+            self._with_token(token),
+            wait_for_ready,
+            self.session_expired if self._session is not None else None,
+        )
+
+    def session_expired(self) -> None:
+        """Forget the session token (a stream failed with ``SASL_SESSION_EXPIRED``)."""
+        if self._session is not None:
+            self._session.invalidate(self._session.token)
+
+    def _login(self, deadline: float, what: str) -> str | None:
+        """The session token, logging in first if needed; None without SASL."""
+        if self._session is None:
+            return None
+
+        def authenticate(request: pb.AuthenticateRequest) -> pb.AuthenticateResponse:
+            try:
+                answer: pb.AuthenticateResponse = self.stub.Authenticate(
+                    request,
+                    timeout=max(deadline - time.monotonic(), 0.001),
+                    wait_for_ready=False,
+                    metadata=self._metadata,
+                )
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc, self.address, f"{what}: Authenticate") from None
+            return answer
+
+        return self._session.ensure(authenticate)
+
+    def _with_token(self, token: str | None) -> tuple[tuple[str, str], ...]:
+        if token is None:
+            return self._metadata
+        return (*self._metadata, (SESSION_METADATA_KEY, token))
 
     @property
     def closed(self) -> bool:

@@ -57,6 +57,7 @@ class BrokerView:
             self._admin = AdminClient(
                 self._options.bootstrap_servers,
                 request_timeout_ms=self._options.request_timeout_ms,
+                **self._options.security_settings,
             )
         return self._admin
 

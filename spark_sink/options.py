@@ -7,15 +7,25 @@ regard to case, as Spark does) and reject unknown names and bad values with a
 
 Both classes are plain values: they travel to executors inside the pickled reader or
 writer, and nothing in them opens a connection.
+
+Security (``docs/security.md``): both take Kafka's client property names, with Spark's
+``kafka.`` prefix or without (``kafka.security.protocol``, ``kafka.sasl.mechanism``,
+``kafka.sasl.jaas.config`` or ``kafka.sasl.username``/``kafka.sasl.password``,
+``kafka.ssl.cafile``/``kafka.ssl.certfile``/``kafka.ssl.keyfile``, or librdkafka's
+``ssl.ca.location``...: ``client.security.SECURITY_PROPERTY_NAMES``). They become the
+client's kafka-python settings (``security_settings``), validated when the options are
+built; the password is kept out of ``repr``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from client.cluster import parse_bootstrap_list
+from client.security import SECURITY_PROPERTY_NAMES, ClientSecurity, settings_from_mapping
 from client.types import TopicPartition
 from spark_sink.offsets import OffsetSpec, parse_assign, parse_offset_spec
 
@@ -88,6 +98,25 @@ def _normalise(options: Mapping[str, str], known: frozenset[str], what: str) -> 
     return out
 
 
+_SECURITY_KEYS = frozenset(
+    {*SECURITY_PROPERTY_NAMES, *(f"kafka.{name}" for name in SECURITY_PROPERTY_NAMES)}
+)
+
+
+def _security(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The client security settings among ``options`` (sorted pairs: hashable, picklable)."""
+    given: dict[str, str] = {}
+    for key in sorted(options):
+        if key in _SECURITY_KEYS:
+            name = key.removeprefix("kafka.")
+            if name in given and given[name] != options[key]:
+                raise ValueError(f"options {name} and kafka.{name} disagree")
+            given[name] = options[key]
+    settings = settings_from_mapping(given)
+    ClientSecurity(**settings)  # ValueError naming the setting if they do not fit
+    return tuple(sorted(settings.items()))
+
+
 def _bootstrap(options: Mapping[str, str]) -> str:
     given = [options[k] for k in _BOOTSTRAP_KEYS if k in options]
     if len(set(given)) > 1:
@@ -118,6 +147,7 @@ _READ_KEYS = frozenset(
         "maxrecordsperpartition",
         "requesttimeoutms",
         "fetchmaxbytes",
+        *_SECURITY_KEYS,
     }
 )
 
@@ -155,6 +185,12 @@ class ReadOptions:
     max_records_per_partition: int = 1_000_000
     request_timeout_ms: int = 30_000
     fetch_max_bytes: int = 4 * 1024 * 1024
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def security_settings(self) -> dict[str, Any]:
+        """The client security settings (kafka-python names) for ``Consumer`` & co."""
+        return dict(self.security)
 
     def __post_init__(self) -> None:
         chosen = sum([bool(self.subscribe), self.subscribe_pattern is not None, bool(self.assign)])
@@ -219,6 +255,7 @@ class ReadOptions:
             ),
             request_timeout_ms=_int("requestTimeoutMs", o.get("requesttimeoutms", "30000"), 1),
             fetch_max_bytes=_int("fetchMaxBytes", o.get("fetchmaxbytes", str(4 << 20)), 1024),
+            security=_security(o),
         )
 
 
@@ -233,6 +270,7 @@ _WRITE_KEYS = frozenset(
         "maxbatchbytes",
         "requesttimeoutms",
         "producerkeyprefix",
+        *_SECURITY_KEYS,
     }
 )
 
@@ -260,6 +298,12 @@ class WriteOptions:
     max_batch_bytes: int = 512 * 1024
     request_timeout_ms: int = 30_000
     producer_key_prefix: str = "spark"
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def security_settings(self) -> dict[str, Any]:
+        """The client security settings (kafka-python names) for the producer & co."""
+        return dict(self.security)
 
     def __post_init__(self) -> None:
         if self.acks not in ("all", "1"):
@@ -286,6 +330,7 @@ class WriteOptions:
             max_batch_bytes=_int("maxBatchBytes", o.get("maxbatchbytes", str(512 << 10)), 1024),
             request_timeout_ms=_int("requestTimeoutMs", o.get("requesttimeoutms", "30000"), 1),
             producer_key_prefix=o.get("producerkeyprefix", "spark"),
+            security=_security(o),
         )
 
 

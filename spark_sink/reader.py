@@ -91,6 +91,7 @@ def _read_range(
         max_partition_fetch_bytes=options.fetch_max_bytes,
         fetch_max_wait_ms=_POLL_MS,
         request_timeout_ms=options.request_timeout_ms,
+        **options.security_settings,
     )
     rows = _new_rows(
         offset_range, timestamp_type, options.include_headers, options.use_corrected_timestamp

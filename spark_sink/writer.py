@@ -48,6 +48,7 @@ from pyspark.sql.types import (
 from client.admin import AdminClient
 from client.keyed_producer import KeyedProducer, ProducerRecord
 from client.partitioner import partition_for_key
+from client.security import ClientSecurity
 from client.types import Header, TopicPartition
 from spark_sink.options import WriteOptions, epoch_of_batch
 
@@ -159,6 +160,7 @@ class _PartitionCounts:
                 self._admin = AdminClient(
                     self._options.bootstrap_servers,
                     request_timeout_ms=self._options.request_timeout_ms,
+                    **self._options.security_settings,
                 )
             found = len(self._admin.describe_topic(topic).partitions)
             self._counts[topic] = found
@@ -203,6 +205,7 @@ def write_rows(
         max_batch_records=options.max_batch_records,
         max_batch_bytes=options.max_batch_bytes,
         client_id="tidelog-spark-writer",
+        security=ClientSecurity(**options.security_settings),
     ) as producer:
         summary = producer.write_once(by_tp, epoch)
     if summary.skipped:

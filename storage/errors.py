@@ -46,7 +46,11 @@ and this module, which import nothing else of ours).
     │   │   ├── TopicAuthorizationFailedError    TOPIC_AUTHORIZATION_FAILED
     │   │   ├── GroupAuthorizationFailedError    GROUP_AUTHORIZATION_FAILED
     │   │   └── ClusterAuthorizationFailedError  CLUSTER_AUTHORIZATION_FAILED
-    │   └── SecurityDisabledError         SECURITY_DISABLED
+    │   ├── SecurityDisabledError         SECURITY_DISABLED
+    │   ├── ResourceNotFoundError         RESOURCE_NOT_FOUND (e.g. an unknown SCRAM user)
+    │   └── SaslAuthenticationError       SASL_AUTHENTICATION_FAILED (gRPC UNAUTHENTICATED)
+    │       ├── SaslSessionExpiredError   SASL_SESSION_EXPIRED       retriable
+    │       └── UnsupportedSaslMechanismError UNSUPPORTED_SASL_MECHANISM
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
     │   ├── MaxConnectionsPerIpError      MAX_CONNECTIONS_PER_IP_REACHED
@@ -107,6 +111,9 @@ __all__ = [
     "RecordTooLargeError",
     "RequestError",
     "RequestTooLargeError",
+    "ResourceNotFoundError",
+    "SaslAuthenticationError",
+    "SaslSessionExpiredError",
     "SecurityDisabledError",
     "StaleMemberEpochError",
     "StorageError",
@@ -118,6 +125,7 @@ __all__ = [
     "UnknownProducerIdError",
     "UnknownTopicOrPartitionError",
     "UnsupportedCompressionTypeError",
+    "UnsupportedSaslMechanismError",
     "error_for_code",
 ]
 
@@ -359,6 +367,36 @@ class NotAuthorizedError(RequestError):
     """The caller may not do this."""
 
     code = "NOT_AUTHORIZED"
+
+
+class ResourceNotFoundError(RequestError):
+    """The named resource (a SCRAM user) does not exist."""
+
+    code = "RESOURCE_NOT_FOUND"
+
+
+class SaslAuthenticationError(RequestError):
+    """Authentication failed or is missing: wrong credentials, too many failed logins
+    from this address, a call without a session on a listener that requires one
+    (gRPC ``UNAUTHENTICATED``). The message never says which part was wrong."""
+
+    code = "SASL_AUTHENTICATION_FAILED"
+
+
+class SaslSessionExpiredError(SaslAuthenticationError):
+    """The call's session token is unknown here, expired, or belongs to another
+    connection (the channel reconnected, the broker restarted). Retriable: the client
+    authenticates again on its current connection and repeats the call."""
+
+    code = "SASL_SESSION_EXPIRED"
+    retriable = True
+
+
+class UnsupportedSaslMechanismError(SaslAuthenticationError):
+    """The mechanism is not in the listener's ``sasl.enabled.mechanisms`` (or PLAIN
+    without TLS)."""
+
+    code = "UNSUPPORTED_SASL_MECHANISM"
 
 
 class TopicAuthorizationFailedError(NotAuthorizedError):

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from broker.security_config import SecurityConfig
+from broker.tls import InterBrokerChannels
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.errors import TidelogError, UnknownTopicOrPartitionError
@@ -120,7 +122,7 @@ class _Fetcher:
         if address != self._address or self._channel is None:
             if self._channel is not None:
                 self._channel.close()
-            self._channel = grpc.insecure_channel(
+            self._channel = self._pool.channels.channel(
                 address,
                 options=[
                     ("grpc.max_receive_message_length", 2**31 - 1),
@@ -248,8 +250,11 @@ class FetcherPool:
         backoff_ms: int = 1_000,
         on_replicated: Callable[[str, int], None] = lambda _t, _p: None,
         clock: Callable[[], float] | None = None,
+        channels: InterBrokerChannels | None = None,
     ) -> None:
         self.broker_id = broker_id
+        # How channels to leaders are opened (plaintext, TLS, SASL: broker.tls).
+        self.channels = channels or InterBrokerChannels(SecurityConfig())
         self.logs = logs
         self.address_of = address_of
         self.wait_ms = wait_ms

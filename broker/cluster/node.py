@@ -52,6 +52,7 @@ from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
 from broker.metrics import BrokerMetrics
 from broker.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from broker.tls import InterBrokerChannels
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.clock import Clock
@@ -405,7 +406,8 @@ class ClusterNode:
         controller = view.brokers.get(view.controller_id if view.controller_id is not None else -1)
         if controller is None:
             raise NotControllerError("no controller to ask")
-        with grpc.insecure_channel(f"{controller.host}:{controller.port}") as channel:
+        channels = InterBrokerChannels(self._config.security)
+        with channels.channel(f"{controller.host}:{controller.port}") as channel:
             try:
                 answer = pb_grpc.BrokerStub(channel).ControlledShutdown(
                     pb.ControlledShutdownRequest(broker_id=me),
@@ -511,6 +513,7 @@ def _start_replicas(
         wait_ms=config.replica_fetch_wait_max_ms,
         fetch_max_bytes=config.replica_fetch_max_bytes,
         backoff_ms=config.replica_fetch_backoff_ms,
+        channels=InterBrokerChannels(config.security),
     )
     replicas = ReplicaManager(
         ReplicaSettings(

@@ -51,6 +51,7 @@ from broker.cluster.znodes import (
     PRODUCER_KEYS,
     TOPIC_CONFIGS,
     TOPICS,
+    USERS_CONFIG,
     BrokerRegistration,
     KeyedProducerId,
     PartitionState,
@@ -502,6 +503,43 @@ class ClusterStore:
         try:
             self._client.delete(path, version=expected_version)
         except (BadVersionError, NoNodeError):
+            return False
+        except Exception as exc:
+            raise StoreError(f"deleting {path}: {exc}") from exc
+        return True
+
+    # --- SCRAM users (Kafka's /config/users/<name>, broker.users) ----------------------
+
+    def user_names(self) -> list[str]:
+        """The children of ``/config/users``."""
+        return sorted(self._children(USERS_CONFIG))
+
+    def read_user(self, name: str) -> bytes | None:
+        """A user's znode data (Kafka's JSON), or None if there is none."""
+        try:
+            data, _ = self._read(f"{USERS_CONFIG}/{name}")
+        except NoNodeError:
+            return None
+        return data
+
+    def write_user(self, name: str, data: bytes) -> None:
+        """Create or replace a user's znode. Raises ``StoreError``."""
+        path = f"{USERS_CONFIG}/{name}"
+        try:
+            self._client.ensure_path(USERS_CONFIG)
+            try:
+                self._client.create(path, data)
+            except NodeExistsError:
+                self._client.set(path, data)
+        except Exception as exc:
+            raise StoreError(f"writing {path}: {exc}") from exc
+
+    def delete_user(self, name: str) -> bool:
+        """Delete a user's znode; False if there was none. Raises ``StoreError``."""
+        path = f"{USERS_CONFIG}/{name}"
+        try:
+            self._client.delete(path)
+        except NoNodeError:
             return False
         except Exception as exc:
             raise StoreError(f"deleting {path}: {exc}") from exc

@@ -51,6 +51,7 @@ __all__ = [
     "PRODUCER_KEYS",
     "TOPICS",
     "TOPIC_CONFIGS",
+    "USERS_CONFIG",
     "BrokerRegistration",
     "KeyedProducerId",
     "PartitionState",
@@ -91,6 +92,7 @@ CONTROLLER_EPOCH = "/controller_epoch"
 ADMIN_DELETE_TOPICS = "/admin/delete_topics"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 PRODUCER_KEYS = "/tidelog/producer_keys"
+USERS_CONFIG = "/config/users"  # SCRAM credentials, Kafka's layout (broker.users)
 ACLS = "/tidelog/acls"  # every ACL binding, one JSON document (broker.acl_store)
 NO_LEADER = -1
 

@@ -40,6 +40,9 @@ def test_package_exports() -> None:
         "RecordTooLargeError",
         "TopicAlreadyExistsError",
         "UnknownTopicOrPartitionError",
+        # security (docs/security.md)
+        "SaslAuthenticationError",
+        "ResourceNotFoundError",
     }
     from storage import errors
 

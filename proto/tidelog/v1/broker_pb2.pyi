@@ -2243,3 +2243,230 @@ class FindCoordinatorResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FindCoordinatorResponse: _TypeAlias = FindCoordinatorResponse  # noqa: Y015
+
+@_typing.final
+class AuthenticateRequest(_message.Message):
+    """The SASL handshake (docs/security.md). SCRAM takes two calls: the first carries the
+    client-first message and gets the server-first one and a handshake_id; the second
+    carries that id and the client-final message and gets the server-final one and the
+    session token. PLAIN takes one call. The token is bound to the connection the
+    handshake ran on and goes with every later call as metadata "tidelog-session-token".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MECHANISM_FIELD_NUMBER: _builtins.int
+    AUTH_BYTES_FIELD_NUMBER: _builtins.int
+    HANDSHAKE_ID_FIELD_NUMBER: _builtins.int
+    mechanism: _builtins.str
+    """SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN"""
+    auth_bytes: _builtins.bytes
+    """the SASL message"""
+    handshake_id: _builtins.str
+    """empty on the first call of an exchange"""
+    def __init__(
+        self,
+        *,
+        mechanism: _builtins.str = ...,
+        auth_bytes: _builtins.bytes = ...,
+        handshake_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_bytes", b"auth_bytes", "handshake_id", b"handshake_id", "mechanism", b"mechanism"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthenticateRequest: _TypeAlias = AuthenticateRequest  # noqa: Y015
+
+@_typing.final
+class AuthenticateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AUTH_BYTES_FIELD_NUMBER: _builtins.int
+    HANDSHAKE_ID_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
+    SESSION_TOKEN_FIELD_NUMBER: _builtins.int
+    SESSION_LIFETIME_MS_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    auth_bytes: _builtins.bytes
+    """the server's SASL message"""
+    handshake_id: _builtins.str
+    """set while the exchange goes on"""
+    complete: _builtins.bool
+    """authenticated: session_token is set"""
+    session_token: _builtins.str
+    session_lifetime_ms: _builtins.int
+    principal: _builtins.str
+    """User:NAME"""
+    def __init__(
+        self,
+        *,
+        auth_bytes: _builtins.bytes = ...,
+        handshake_id: _builtins.str = ...,
+        complete: _builtins.bool = ...,
+        session_token: _builtins.str = ...,
+        session_lifetime_ms: _builtins.int = ...,
+        principal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auth_bytes", b"auth_bytes", "complete", b"complete", "handshake_id", b"handshake_id", "principal", b"principal", "session_lifetime_ms", b"session_lifetime_ms", "session_token", b"session_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthenticateResponse: _TypeAlias = AuthenticateResponse  # noqa: Y015
+
+@_typing.final
+class UpsertUserRequest(_message.Message):
+    """SCRAM users. The client salts and hashes the password (SaltedPassword, as Kafka's
+    AlterUserScramCredentials): the password itself never reaches the broker.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MECHANISM_FIELD_NUMBER: _builtins.int
+    ITERATIONS_FIELD_NUMBER: _builtins.int
+    SALT_FIELD_NUMBER: _builtins.int
+    SALTED_PASSWORD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    mechanism: _builtins.str
+    """SCRAM-SHA-256 or SCRAM-SHA-512"""
+    iterations: _builtins.int
+    """>= 4096"""
+    salt: _builtins.bytes
+    salted_password: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        mechanism: _builtins.str = ...,
+        iterations: _builtins.int = ...,
+        salt: _builtins.bytes = ...,
+        salted_password: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iterations", b"iterations", "mechanism", b"mechanism", "name", b"name", "salt", b"salt", "salted_password", b"salted_password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpsertUserRequest: _TypeAlias = UpsertUserRequest  # noqa: Y015
+
+@_typing.final
+class UpsertUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpsertUserResponse: _TypeAlias = UpsertUserResponse  # noqa: Y015
+
+@_typing.final
+class DeleteUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MECHANISM_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    mechanism: _builtins.str
+    """empty: every mechanism of the user"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        mechanism: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mechanism", b"mechanism", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserRequest: _TypeAlias = DeleteUserRequest  # noqa: Y015
+
+@_typing.final
+class DeleteUserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserResponse: _TypeAlias = DeleteUserResponse  # noqa: Y015
+
+@_typing.final
+class ListUsersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersRequest: _TypeAlias = ListUsersRequest  # noqa: Y015
+
+@_typing.final
+class UserCredentials(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MECHANISMS_FIELD_NUMBER: _builtins.int
+    ITERATIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def mechanisms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def iterations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """per mechanism, in the same order"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        mechanisms: _abc.Iterable[_builtins.str] | None = ...,
+        iterations: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iterations", b"iterations", "mechanisms", b"mechanisms", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserCredentials: _TypeAlias = UserCredentials  # noqa: Y015
+
+@_typing.final
+class ListUsersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserCredentials]: ...
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserCredentials] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersResponse: _TypeAlias = ListUsersResponse  # noqa: Y015

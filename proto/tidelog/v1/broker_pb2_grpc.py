@@ -179,6 +179,26 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.FromString,
                 _registered_method=True)
+        self.Authenticate = channel.unary_unary(
+                '/tidelog.v1.Broker/Authenticate',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AuthenticateRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AuthenticateResponse.FromString,
+                _registered_method=True)
+        self.UpsertUser = channel.unary_unary(
+                '/tidelog.v1.Broker/UpsertUser',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.UpsertUserRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.UpsertUserResponse.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/tidelog.v1.Broker/DeleteUser',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteUserResponse.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/tidelog.v1.Broker/ListUsers',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -364,6 +384,31 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Authenticate(self, request, context):
+        """Security (docs/security.md): the SASL handshake and SCRAM users.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpsertUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -511,6 +556,26 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeClientQuotas,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.SerializeToString,
+            ),
+            'Authenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authenticate,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AuthenticateRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.AuthenticateResponse.SerializeToString,
+            ),
+            'UpsertUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpsertUser,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.UpsertUserRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.UpsertUserResponse.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteUserRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteUserResponse.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListUsersRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListUsersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1296,6 +1361,114 @@ class Broker:
             '/tidelog.v1.Broker/DescribeClientQuotas',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/Authenticate',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.AuthenticateRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.AuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpsertUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/UpsertUser',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.UpsertUserRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.UpsertUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DeleteUser',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteUserRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteUserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ListUsers',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.ListUsersRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.ListUsersResponse.FromString,
             options,
             channel_credentials,
             insecure,

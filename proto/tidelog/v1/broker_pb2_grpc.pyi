@@ -80,6 +80,11 @@ class BrokerStub:
     AlterClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]
     """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
     DescribeClientQuotas: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]
+    Authenticate: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AuthenticateRequest, _broker_pb2.AuthenticateResponse]
+    """Security (docs/security.md): the SASL handshake and SCRAM users."""
+    UpsertUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpsertUserRequest, _broker_pb2.UpsertUserResponse]
+    DeleteUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]
+    ListUsers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListUsersRequest, _broker_pb2.ListUsersResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -119,6 +124,11 @@ class BrokerAsyncStub(BrokerStub):
     AlterClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterClientQuotasRequest, _broker_pb2.AlterClientQuotasResponse]  # type: ignore[assignment]
     """--- client quotas (Kafka's AlterClientQuotas / DescribeClientQuotas) ---"""
     DescribeClientQuotas: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeClientQuotasRequest, _broker_pb2.DescribeClientQuotasResponse]  # type: ignore[assignment]
+    Authenticate: _aio.UnaryUnaryMultiCallable[_broker_pb2.AuthenticateRequest, _broker_pb2.AuthenticateResponse]  # type: ignore[assignment]
+    """Security (docs/security.md): the SASL handshake and SCRAM users."""
+    UpsertUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpsertUserRequest, _broker_pb2.UpsertUserResponse]  # type: ignore[assignment]
+    DeleteUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]  # type: ignore[assignment]
+    ListUsers: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListUsersRequest, _broker_pb2.ListUsersResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -329,5 +339,34 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DescribeClientQuotasRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DescribeClientQuotasResponse, _abc.Awaitable[_broker_pb2.DescribeClientQuotasResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Authenticate(
+        self,
+        request: _broker_pb2.AuthenticateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AuthenticateResponse, _abc.Awaitable[_broker_pb2.AuthenticateResponse]]:
+        """Security (docs/security.md): the SASL handshake and SCRAM users."""
+
+    @_abc_1.abstractmethod
+    def UpsertUser(
+        self,
+        request: _broker_pb2.UpsertUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.UpsertUserResponse, _abc.Awaitable[_broker_pb2.UpsertUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteUser(
+        self,
+        request: _broker_pb2.DeleteUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteUserResponse, _abc.Awaitable[_broker_pb2.DeleteUserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListUsers(
+        self,
+        request: _broker_pb2.ListUsersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListUsersResponse, _abc.Awaitable[_broker_pb2.ListUsersResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,83 @@
+"""Authentication feeding authorization: SCRAM users and mutual TLS subjects as ACL
+principals (``broker.auth`` fills ``RequestContext.principal``; ``broker.authorize``
+checks it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.scram import credential_from_password
+from broker.testing import InProcessBroker
+from broker.testing_tls import TestPki
+from broker.users import FileUserStore
+from client import AdminClient, Consumer, Producer, TopicPartition
+from client.acls import AclBinding
+from storage.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def login(user: str, password: str) -> dict[str, str]:
+    return {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_plain_username": user,
+        "sasl_plain_password": password,
+    }
+
+
+def test_scram_users_are_acl_principals(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    users = FileUserStore.open(data_dir)
+    users.upsert("admin", credential_from_password("SCRAM-SHA-256", "admin-secret"))
+    settings = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "authorizer.enabled": "true",
+        "super.users": "User:admin",
+    }
+    with InProcessBroker(data_dir, settings=settings) as broker:
+        admin_login = login("admin", "admin-secret")
+        with AdminClient(broker.address, **admin_login) as admin:
+            admin.upsert_user("alice", "alice-secret", "SCRAM-SHA-256")
+            admin.create_topic("orders", 1)
+            admin.create_acls([AclBinding("User:alice", "READ", resource_name="orders")])
+        with Producer(broker.address, acks=1, **admin_login) as producer:
+            producer.send("orders", b"by admin").result(timeout=10)
+        alice = login("alice", "alice-secret")
+        with Consumer(broker.address, auto_offset_reset="earliest", **alice) as consumer:
+            consumer.assign([TopicPartition("orders", 0)])
+            values: list[bytes] = []
+            for _ in range(20):
+                values += [r.value for r in consumer.poll(timeout_ms=300) if r.value]
+                if values:
+                    break
+        assert values == [b"by admin"]
+        with (
+            Producer(broker.address, acks=1, enable_idempotence=False, **alice) as producer,
+            pytest.raises(TopicAuthorizationFailedError),
+        ):
+            producer.send("orders", b"by alice").result(timeout=10)
+        with (
+            AdminClient(broker.address, **alice) as admin,
+            pytest.raises(ClusterAuthorizationFailedError),
+        ):
+            admin.upsert_user("mallory", "x")
+
+
+def test_certificate_subject_is_the_acl_principal(tmp_path: Path) -> None:
+    pki = TestPki.create(tmp_path / "pki")
+    settings = {
+        **pki.broker_settings("SSL", "required"),
+        "authorizer.enabled": "true",
+        "super.users": "User:CN=alice,O=Tidelog",
+    }
+    client = pki.client_settings("SSL", certificate=True)
+    with (
+        InProcessBroker(settings=settings) as broker,
+        AdminClient(broker.address, **client) as admin,
+    ):
+        admin.create_topic("by-subject", 1)  # a super user by its certificate
+        assert "by-subject" in [t.name for t in admin.list_topics()]
