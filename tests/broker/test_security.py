@@ -27,6 +27,7 @@ from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
 from broker.users import CREDENTIALS_FILE, FileUserStore
 from client import AdminClient, Consumer, Producer, TopicPartition
+from client.connection import GrpcConnection
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.errors import (
@@ -320,7 +321,9 @@ def test_calls_need_a_session_token_bound_to_their_connection(pki: TestPki, data
         # A token obtained on one connection is worthless on another.
         with AdminClient(broker.address, **sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")) as admin:
             admin.list_topics()
-            session = admin._transport._session
+            connection = admin._connections.route_any()(5_000)
+            assert isinstance(connection, GrpcConnection)
+            session = connection.transport._session
             assert session is not None
             assert session.token is not None
             token = session.token
