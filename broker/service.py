@@ -39,6 +39,7 @@ from broker.groups.manager import (
     ResetKind,
     ResetTarget,
 )
+from broker.parse import parsing_handler
 from broker.produce import PartitionProduced, PartitionRecords
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.batch_times import NO_TIME, BatchTimes
@@ -637,8 +638,7 @@ def generic_handler(
     for name, handler in UNARY_HANDLERS.items():
         request_type, response_type = message_types(name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            unary(name, handler),
-            request_deserializer=request_type.FromString,
+            parsing_handler(request_type, unary(name, handler), streaming=False),
             response_serializer=response_type.SerializeToString,
         )
     for name, method, streaming, request_type, response_type in (
@@ -652,9 +652,10 @@ def generic_handler(
             if streaming
             else grpc.unary_unary_rpc_method_handler
         )
+        # Bodies are parsed by broker.parse, not by gRPC: a malformed one is
+        # INVALID_REQUEST, not INTERNAL (see there).
         handlers[name] = make(
-            method,
-            request_deserializer=request_type.FromString,
+            parsing_handler(request_type, method, streaming=streaming),
             response_serializer=response_type.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)
