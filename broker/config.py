@@ -24,6 +24,7 @@ key                                   default          meaning
 ``max.connections.per.ip``            20000            the same, per remote address
 ``queued.max.requests``               500              requests waiting for or on a storage thread
 ``queued.max.request.bytes``          268435456        produce bytes received and not yet answered
+``max.request.partition.size.limit``  20000            entries (partitions, names...) of a request
 ``quota.window.num``                  11               samples of a client's quota rate
 ``quota.window.size.seconds``         1                the time each sample spans
 ``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
@@ -269,6 +270,7 @@ class BrokerConfig:
     max_connections_per_ip: int = 20_000
     queued_max_requests: int = 500
     queued_max_request_bytes: int = 256 * 1024 * 1024
+    max_request_partition_size_limit: int = 20_000
     quota_window_num: int = 11
     quota_window_size_seconds: int = 1
     shutdown_grace_ms: int = 5_000
@@ -329,6 +331,7 @@ class BrokerConfig:
             ("max.connections.per.ip", self.max_connections_per_ip >= 1),
             ("queued.max.requests", self.queued_max_requests >= 1),
             ("queued.max.request.bytes", self.queued_max_request_bytes >= 1),
+            ("max.request.partition.size.limit", self.max_request_partition_size_limit >= 1),
             ("quota.window.num", self.quota_window_num >= 2),
             ("quota.window.size.seconds", self.quota_window_size_seconds >= 1),
             ("shutdown.grace.ms", self.shutdown_grace_ms >= 0),
@@ -566,6 +569,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "max.connections.per.ip": ("max_connections_per_ip", lambda k, v: _int(k, v, 1)),
     "queued.max.requests": ("queued_max_requests", lambda k, v: _int(k, v, 1)),
     "queued.max.request.bytes": ("queued_max_request_bytes", lambda k, v: _int(k, v, 1)),
+    "max.request.partition.size.limit": (
+        "max_request_partition_size_limit",
+        lambda k, v: _int(k, v, 1),
+    ),
     "quota.window.num": ("quota_window_num", lambda k, v: _int(k, v, 2)),
     "quota.window.size.seconds": ("quota_window_size_seconds", lambda k, v: _int(k, v, 1)),
     "shutdown.grace.ms": ("shutdown_grace_ms", lambda k, v: _int(k, v, 0)),

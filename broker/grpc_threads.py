@@ -68,7 +68,12 @@ def threaded_handler(core: BrokerCore) -> grpc.GenericRpcHandler:
     """Every RPC of ``tidelog.v1.Broker`` over ``core``, for a synchronous server."""
     service = _ThreadedService(core)
     return generic_handler(
-        service.unary, service.produce, service.fetch, service.produce_stream, service.fetch_stream
+        service.unary,
+        service.produce,
+        service.fetch,
+        service.produce_stream,
+        service.fetch_stream,
+        max_request_entries=core.config.max_request_partition_size_limit,
     )
 
 

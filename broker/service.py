@@ -39,7 +39,7 @@ from broker.groups.manager import (
     ResetKind,
     ResetTarget,
 )
-from broker.parse import parsing_handler
+from broker.parse import DEFAULT_MAX_ENTRIES, parsing_handler
 from broker.produce import PartitionProduced, PartitionRecords
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.batch_times import NO_TIME, BatchTimes
@@ -627,6 +627,8 @@ def generic_handler(
     fetch: Any,
     produce_stream: Any,
     fetch_stream: Any,
+    *,
+    max_request_entries: int = DEFAULT_MAX_ENTRIES,
 ) -> grpc.GenericRpcHandler:
     """The ``grpc.GenericRpcHandler`` of ``tidelog.v1.Broker`` for one serving model.
 
@@ -638,7 +640,12 @@ def generic_handler(
     for name, handler in UNARY_HANDLERS.items():
         request_type, response_type = message_types(name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            parsing_handler(request_type, unary(name, handler), streaming=False),
+            parsing_handler(
+                request_type,
+                unary(name, handler),
+                streaming=False,
+                max_entries=max_request_entries,
+            ),
             response_serializer=response_type.SerializeToString,
         )
     for name, method, streaming, request_type, response_type in (
@@ -655,7 +662,9 @@ def generic_handler(
         # Bodies are parsed by broker.parse, not by gRPC: a malformed one is
         # INVALID_REQUEST, not INTERNAL (see there).
         handlers[name] = make(
-            parsing_handler(request_type, method, streaming=streaming),
+            parsing_handler(
+                request_type, method, streaming=streaming, max_entries=max_request_entries
+            ),
             response_serializer=response_type.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)

@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from broker.errors import MAX_MESSAGE_CHARS
+from broker.parse import count_entries
 from broker.testing import InProcessBroker
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
@@ -98,3 +99,43 @@ def test_an_error_quoting_a_huge_name_still_reaches_the_client(broker: InProcess
                 "INVALID_TOPIC_EXCEPTION",
             }
             assert len(failure.value.details() or "") <= MAX_MESSAGE_CHARS
+
+
+def test_a_request_with_too_many_entries_is_refused_before_it_is_parsed(
+    broker: InProcessBroker,
+) -> None:
+    """Regression: 4 million partition entries (16 MB on the wire) parsed into ~200 MB and
+    were answered one by one; the fuzz run's broker reached 1 GiB RSS."""
+    with broker.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        many = pb.TopicPartitions(topic="t", partitions=list(range(2_000)))
+        for call, request in (
+            (stub.OffsetFetch, pb.OffsetFetchRequest(group_id="g", partitions=[many] * 2_000)),
+            (
+                stub.Produce,
+                pb.ProduceRequest(
+                    topics=[pb.ProduceTopicData(topic="t", partitions=[pb.ProducePartitionData()])]
+                    * 30_000
+                ),
+            ),
+        ):
+            with pytest.raises(grpc.RpcError) as failure:
+                call(request, timeout=TIMEOUT_S)
+            assert error_code(failure.value) == "INVALID_REQUEST"
+            assert "max.request.partition.size.limit=20000" in (failure.value.details() or "")
+        # Within the limit: answered as usual.
+        answer = stub.OffsetFetch(
+            pb.OffsetFetchRequest(group_id="g", partitions=[many] * 9), timeout=TIMEOUT_S
+        )
+        assert len(answer.offsets) in (0, 18_000)
+
+
+def test_count_entries_counts_nested_and_packed_entries() -> None:
+    request = pb.OffsetFetchRequest(
+        group_id="g", partitions=[pb.TopicPartitions(topic="t", partitions=[1, 300, 70_000])] * 4
+    )
+    raw = request.SerializeToString()
+    assert count_entries(pb.OffsetFetchRequest.DESCRIPTOR, raw, 1_000) == 4 + 4 * 3
+    assert 5 < count_entries(pb.OffsetFetchRequest.DESCRIPTOR, raw, 5) < 16  # stops past it
+    names = pb.MetadataRequest(topics=["a", "b", "c"]).SerializeToString()
+    assert count_entries(pb.MetadataRequest.DESCRIPTOR, names, 1_000) == 3
