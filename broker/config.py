@@ -30,6 +30,8 @@ key                                   default          meaning
 ``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
 ``connections.keepalive.time.ms``     30000            ping a connection idle this long (see below)
 ``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
+``connections.max.idle.ms``           600000           close a connection without a call this long
+``socket.connection.setup.timeout.ms`` 10000           close a connection still not set up by then
 ``producer.id.expiration.ms``         86400000         forget an idle producer id (epoch, sequences)
 ``producer.id.expiration.check.interval.ms`` 600000    how often idle producers are forgotten
 ``metrics.port``                      listen + 1000    Prometheus HTTP port; 0 any free port, -1 off
@@ -276,6 +278,8 @@ class BrokerConfig:
     shutdown_grace_ms: int = 5_000
     connections_keepalive_time_ms: int = 30_000
     connections_keepalive_timeout_ms: int = 20_000
+    connections_max_idle_ms: int = 600_000
+    socket_connection_setup_timeout_ms: int = 10_000
     producer_id_expiration_ms: int = 86_400_000
     producer_id_expiration_check_interval_ms: int = 600_000
     metrics_port: int | None = None  # None: effective_metrics_port derives it
@@ -342,6 +346,11 @@ class BrokerConfig:
             (
                 "connections.keepalive.timeout.ms",
                 1 <= self.connections_keepalive_timeout_ms <= _GRPC_INT_MAX,
+            ),
+            ("connections.max.idle.ms", 1 <= self.connections_max_idle_ms <= _GRPC_INT_MAX),
+            (
+                "socket.connection.setup.timeout.ms",
+                1 <= self.socket_connection_setup_timeout_ms <= _GRPC_INT_MAX,
             ),
             ("producer.id.expiration.ms", self.producer_id_expiration_ms >= 1),
             (
@@ -582,6 +591,14 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     ),
     "connections.keepalive.timeout.ms": (
         "connections_keepalive_timeout_ms",
+        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
+    ),
+    "connections.max.idle.ms": (
+        "connections_max_idle_ms",
+        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
+    ),
+    "socket.connection.setup.timeout.ms": (
+        "socket_connection_setup_timeout_ms",
         lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
     ),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda k, v: _int(k, v, 1)),
