@@ -48,6 +48,7 @@ from broker.service import (
     wait_cap_ms,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import InvalidRequestError
 
 __all__ = ["ThreadedListener", "threaded_handler"]
 
@@ -155,8 +156,11 @@ class _ThreadedService:
         self, request_iterator: Iterator[pb.FetchRequest], context: grpc.ServicerContext
     ) -> Iterator[pb.FetchResponse]:
         call = _FetchCall(self._core, context)
-        for request in request_iterator:
-            yield self._call("FetchStream", context, _bind(call.fetch, request))
+        try:
+            for request in request_iterator:
+                yield self._call("FetchStream", context, _bind(call.fetch, request))
+        except InvalidRequestError as exc:  # a message that does not parse (broker.parse)
+            abort_with(context, exc)
 
 
 class _FetchCall:
