@@ -25,11 +25,14 @@ key                                   default          meaning
 ``max.connections.per.ip``            20000            the same, per remote address
 ``queued.max.requests``               500              requests waiting for or on a storage thread
 ``queued.max.request.bytes``          268435456        produce bytes received and not yet answered
+``max.request.partition.size.limit``  20000            entries (partitions, names...) of a request
 ``quota.window.num``                  11               samples of a client's quota rate
 ``quota.window.size.seconds``         1                the time each sample spans
 ``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
 ``connections.keepalive.time.ms``     30000            ping a connection idle this long (see below)
 ``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
+``connections.max.idle.ms``           600000           close a connection without a call this long
+``socket.connection.setup.timeout.ms`` 10000           close a connection still not set up by then
 ``producer.id.expiration.ms``         86400000         forget an idle producer id (epoch, sequences)
 ``producer.id.expiration.check.interval.ms`` 600000    how often idle producers are forgotten
 ``metrics.port``                      listen + 1000    Prometheus HTTP port; 0 any free port, -1 off
@@ -286,11 +289,14 @@ class BrokerConfig:
     max_connections_per_ip: int = 20_000
     queued_max_requests: int = 500
     queued_max_request_bytes: int = 256 * 1024 * 1024
+    max_request_partition_size_limit: int = 20_000
     quota_window_num: int = 11
     quota_window_size_seconds: int = 1
     shutdown_grace_ms: int = 5_000
     connections_keepalive_time_ms: int = 30_000
     connections_keepalive_timeout_ms: int = 20_000
+    connections_max_idle_ms: int = 600_000
+    socket_connection_setup_timeout_ms: int = 10_000
     producer_id_expiration_ms: int = 86_400_000
     producer_id_expiration_check_interval_ms: int = 600_000
     metrics_port: int | None = None  # None: effective_metrics_port derives it
@@ -350,6 +356,7 @@ class BrokerConfig:
             ("max.connections.per.ip", self.max_connections_per_ip >= 1),
             ("queued.max.requests", self.queued_max_requests >= 1),
             ("queued.max.request.bytes", self.queued_max_request_bytes >= 1),
+            ("max.request.partition.size.limit", self.max_request_partition_size_limit >= 1),
             ("quota.window.num", self.quota_window_num >= 2),
             ("quota.window.size.seconds", self.quota_window_size_seconds >= 1),
             ("shutdown.grace.ms", self.shutdown_grace_ms >= 0),
@@ -360,6 +367,11 @@ class BrokerConfig:
             (
                 "connections.keepalive.timeout.ms",
                 1 <= self.connections_keepalive_timeout_ms <= _GRPC_INT_MAX,
+            ),
+            ("connections.max.idle.ms", 1 <= self.connections_max_idle_ms <= _GRPC_INT_MAX),
+            (
+                "socket.connection.setup.timeout.ms",
+                1 <= self.socket_connection_setup_timeout_ms <= _GRPC_INT_MAX,
             ),
             ("producer.id.expiration.ms", self.producer_id_expiration_ms >= 1),
             (
@@ -597,6 +609,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "max.connections.per.ip": ("max_connections_per_ip", lambda k, v: _int(k, v, 1)),
     "queued.max.requests": ("queued_max_requests", lambda k, v: _int(k, v, 1)),
     "queued.max.request.bytes": ("queued_max_request_bytes", lambda k, v: _int(k, v, 1)),
+    "max.request.partition.size.limit": (
+        "max_request_partition_size_limit",
+        lambda k, v: _int(k, v, 1),
+    ),
     "quota.window.num": ("quota_window_num", lambda k, v: _int(k, v, 2)),
     "quota.window.size.seconds": ("quota_window_size_seconds", lambda k, v: _int(k, v, 1)),
     "shutdown.grace.ms": ("shutdown_grace_ms", lambda k, v: _int(k, v, 0)),
@@ -606,6 +622,14 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     ),
     "connections.keepalive.timeout.ms": (
         "connections_keepalive_timeout_ms",
+        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
+    ),
+    "connections.max.idle.ms": (
+        "connections_max_idle_ms",
+        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
+    ),
+    "socket.connection.setup.timeout.ms": (
+        "socket_connection_setup_timeout_ms",
         lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
     ),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda k, v: _int(k, v, 1)),

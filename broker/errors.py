@@ -31,6 +31,7 @@ without a code to ``REQUEST_TOO_LARGE``.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -91,6 +92,7 @@ from storage.errors import (
 
 __all__ = [
     "ERROR_CODE_METADATA_KEY",
+    "MAX_MESSAGE_CHARS",
     "STATUS_BY_ERROR",
     "ShuttingDownError",
     "WireError",
@@ -104,6 +106,12 @@ log = logging.getLogger(__name__)
 ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 
 _STORAGE_MESSAGE = "the broker could not read or write its log directory"
+# A message quotes the request (a topic name, a config value), and travels as the
+# grpc-message trailer: gRPC refuses trailers over 16 KiB on the client's side, so a
+# request with a 70 KB name would be answered "received metadata size exceeds hard
+# limit" instead of its error. Messages are cut to this many characters.
+MAX_MESSAGE_CHARS = 1_000
+_DISK_FULL_LOG_EVERY_S = 1.0
 _INTERNAL_MESSAGE = "internal broker error"
 
 # The one table. Lookup walks the exception's MRO, so a subclass without its own row gets
@@ -195,12 +203,34 @@ def to_wire(exc: BaseException) -> WireError:
         else:
             status = None
         if isinstance(exc, RequestError | BrokerBusyError | KafkaTimeoutError) and status:
-            return WireError(status, exc.code, str(exc) or exc.code)
+            return WireError(status, exc.code, _bounded(str(exc) or exc.code))
+        if isinstance(exc, LogDirFullError):
+            # Expected while the disk is full, and retried by every producer: a traceback
+            # per refused produce would flood the log (on that same disk, often). One
+            # line at most every second says it.
+            _log_disk_full(exc)
+            return WireError(status or grpc.StatusCode.INTERNAL, exc.code, _STORAGE_MESSAGE)
         if isinstance(exc, StorageError):
             log.error("storage fault answered as %s", exc.code, exc_info=exc)
             return WireError(status or grpc.StatusCode.INTERNAL, exc.code, _STORAGE_MESSAGE)
     log.error("unexpected error answered as INTERNAL", exc_info=exc)
     return WireError(grpc.StatusCode.INTERNAL, InternalError.code, _INTERNAL_MESSAGE)
+
+
+_disk_full_logged_at = [0.0]  # monotonic seconds of the last line (a race logs twice)
+
+
+def _log_disk_full(exc: LogDirFullError) -> None:
+    now = time.monotonic()
+    if now - _disk_full_logged_at[0] >= _DISK_FULL_LOG_EVERY_S:
+        _disk_full_logged_at[0] = now
+        log.error("log directory full, produce refused with LOG_DIR_FULL: %s", exc)
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 30] + f"... ({len(message)} characters)"
 
 
 def partition_error(exc: BaseException) -> tuple[str, str]:

@@ -118,7 +118,12 @@ class _AsyncService:
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         return generic_handler(
-            self._unary, self.produce, self.fetch, self.produce_stream, self.fetch_stream
+            self._unary,
+            self.produce,
+            self.fetch,
+            self.produce_stream,
+            self.fetch_stream,
+            max_request_entries=self._core.config.max_request_partition_size_limit,
         )
 
     # --- plumbing -----------------------------------------------------------------------

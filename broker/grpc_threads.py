@@ -49,6 +49,7 @@ from broker.service import (
     wait_cap_ms,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import InvalidRequestError
 
 __all__ = ["ThreadedListener", "threaded_handler"]
 
@@ -69,7 +70,12 @@ def threaded_handler(core: BrokerCore) -> grpc.GenericRpcHandler:
     """Every RPC of ``tidelog.v1.Broker`` over ``core``, for a synchronous server."""
     service = _ThreadedService(core)
     return generic_handler(
-        service.unary, service.produce, service.fetch, service.produce_stream, service.fetch_stream
+        service.unary,
+        service.produce,
+        service.fetch,
+        service.produce_stream,
+        service.fetch_stream,
+        max_request_entries=core.config.max_request_partition_size_limit,
     )
 
 
@@ -160,8 +166,11 @@ class _ThreadedService:
         self, request_iterator: Iterator[pb.FetchRequest], context: grpc.ServicerContext
     ) -> Iterator[bytes]:
         call = _FetchCall(self._core, context)
-        for request in request_iterator:
-            yield self._call("FetchStream", context, _bind(call.fetch, request))
+        try:
+            for request in request_iterator:
+                yield self._call("FetchStream", context, _bind(call.fetch, request))
+        except InvalidRequestError as exc:  # a message that does not parse (broker.parse)
+            abort_with(context, exc)
 
 
 class _FetchCall:

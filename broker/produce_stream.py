@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from storage.errors import InvalidRequestError
+
 __all__ = ["ProducePipeline"]
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,10 @@ class ProducePipeline(Generic[RequestT, PendingT, ResponseT]):
                     return
                 if not self._put(pending):
                     return
+        except InvalidRequestError as exc:
+            # A message that does not parse (broker.parse): the stream ends with its error.
+            self._put(_Failed(exc))
+            return
         except Exception as exc:
             # The request iterator raises when the call is cancelled or the client breaks
             # the stream; the worker sees the end and gRPC has the status already.

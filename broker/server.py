@@ -330,6 +330,11 @@ def _grpc_options(config: BrokerConfig) -> list[tuple[str, int]]:
             min(keepalive_ms, _MIN_CLIENT_PING_INTERVAL_MS),
         ),
         ("grpc.http2.max_ping_strikes", _MAX_PING_STRIKES),
+        # Hostile input (docs/security.md): a connection that trickles its HTTP/2 preface
+        # (slowloris) or never sends one is closed by the setup timeout (gRPC's default
+        # is 120 s), one that holds no call by the idle time (gRPC's: never).
+        ("grpc.server_handshake_timeout_ms", config.socket_connection_setup_timeout_ms),
+        ("grpc.max_connection_idle_ms", config.connections_max_idle_ms),
     ]
 
 

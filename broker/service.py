@@ -56,6 +56,7 @@ from broker.groups.manager import (
     ResetKind,
     ResetTarget,
 )
+from broker.parse import DEFAULT_MAX_ENTRIES, parsing_handler
 from broker.produce import PartitionProduced, PartitionRecords
 from broker.security_service import SECURITY_HANDLERS
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -797,6 +798,8 @@ def generic_handler(
     fetch: Any,
     produce_stream: Any,
     fetch_stream: Any,
+    *,
+    max_request_entries: int = DEFAULT_MAX_ENTRIES,
 ) -> grpc.GenericRpcHandler:
     """The ``grpc.GenericRpcHandler`` of ``tidelog.v1.Broker`` for one serving model.
 
@@ -808,8 +811,12 @@ def generic_handler(
     for name, handler in UNARY_HANDLERS.items():
         request_type, response_type = message_types(name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            unary(name, _authorized(name, handler)),
-            request_deserializer=request_type.FromString,
+            parsing_handler(
+                request_type,
+                unary(name, _authorized(name, handler)),
+                streaming=False,
+                max_entries=max_request_entries,
+            ),
             response_serializer=response_type.SerializeToString,
         )
     # Fetch answers are serialized by fetch_response already (records spliced in).
@@ -830,7 +837,12 @@ def generic_handler(
             if streaming
             else grpc.unary_unary_rpc_method_handler
         )
+        # Bodies are parsed by broker.parse, not by gRPC: a malformed one is
+        # INVALID_REQUEST, not INTERNAL (see there).
         handlers[name] = make(
-            method, request_deserializer=request_type.FromString, response_serializer=serializer
+            parsing_handler(
+                request_type, method, streaming=streaming, max_entries=max_request_entries
+            ),
+            response_serializer=serializer,
         )
     return grpc.method_handlers_generic_handler(BROKER_SERVICE_NAME, handlers)

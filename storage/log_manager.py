@@ -79,6 +79,7 @@ log = logging.getLogger(__name__)
 TOPICS_FILE = "topics.json"
 MAX_PARTITIONS = 10_000
 _DELETE_DIR_SUFFIX = "-delete"
+_MAX_DIR_NAME_BYTES = 255  # NAME_MAX of Linux file systems
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -448,8 +449,15 @@ class LogManager:
             return grown
 
     def _remove_dir(self, directory: Path) -> None:
-        """Rename to ``*.<uuid>-delete`` (atomic, invisible to a reload) then remove."""
-        doomed = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{_DELETE_DIR_SUFFIX}")
+        """Rename to ``*.<uuid>-delete`` (atomic, invisible to a reload) then remove.
+
+        The name keeps at most ``_MAX_DIR_NAME_BYTES`` bytes, cutting the partition's part
+        (as Kafka's ``logDirNameWithSuffixCappedLength``): a 249-character topic name is
+        valid, and with ``-0`` and the suffix its full name would not fit in a file name.
+        """
+        suffix = f".{uuid.uuid4().hex}{_DELETE_DIR_SUFFIX}"
+        prefix = directory.name[: _MAX_DIR_NAME_BYTES - len(suffix)]  # ASCII: chars = bytes
+        doomed = directory.with_name(prefix + suffix)
         try:
             os.replace(directory, doomed)
             fsync_dir(self.data_dir)

@@ -86,6 +86,7 @@ from storage.records import (
     NO_TIMESTAMP,
     SUPPORTED_COMPRESSION,
     BatchHeader,
+    decode_batch,
     iter_batch_headers,
     set_base_offset,
     set_log_append_time,
@@ -497,7 +498,7 @@ class PartitionLog:
             for position, header in iter_batch_headers(records, validate=True)
         ]
         for batch in batches:
-            _check_produced_batch(batch, config)
+            _check_produced_batch(records, batch, config)
         with self._lock:
             if self._closed:
                 raise StorageError(f"{self} is closed")
@@ -1119,7 +1120,7 @@ class PartitionLog:
             log.warning("%s: could not remove %s", self, self.directory)
 
 
-def _check_produced_batch(batch: BatchPosition, config: LogConfig) -> None:
+def _check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig) -> None:
     """Reject what a producer may not send (before any state changes)."""
     header: BatchHeader = batch.header
     if header.size_bytes > config.max_message_bytes:
@@ -1142,6 +1143,13 @@ def _check_produced_batch(batch: BatchPosition, config: LogConfig) -> None:
             f"batch at position {batch.position}: last offset delta "
             f"{header.last_offset_delta} does not match {header.records_count} records"
         )
+    if config.compact:
+        # The cleaner decodes every record of a compacted log, and one batch it cannot
+        # decode sets the partition aside for good (never compacted again until a
+        # restart): so a compacted topic takes only batches whose records decode. Kafka's
+        # LogValidator decodes the records of compacted topics at produce too. Other
+        # topics keep the rule of storing batches undecoded (readers refuse a bad one).
+        decode_batch(records, batch.position, validate=False)  # CRC checked already
 
 
 def _io_error(exc: OSError, what: str) -> StorageError:
