@@ -227,7 +227,7 @@ def test_client_quotas_are_set_on_every_live_broker(cluster: LocalCluster) -> No
         assert quotas_of(cluster, broker_id, "etl") == {"producer_byte_rate": 1e6}
 
 
-def test_group_calls_wait_for_a_restarted_coordinator_within_their_timeout(
+def test_group_calls_follow_the_coordinator_through_its_death(
     cluster: LocalCluster, topic: dict[int, int]
 ) -> None:
     # Last in the module: it kills and restarts a broker.
@@ -238,17 +238,23 @@ def test_group_calls_wait_for_a_restarted_coordinator_within_their_timeout(
         admin.alter_group_offsets(group_id, {tps()[1]: 2})
         assert admin.list_group_offsets(group_id) == {tps()[1]: 2}
         cluster.kill(coordinator)
-        # While the coordinator is gone the call fails clearly once its timeout passed.
-        started = time.monotonic()
-        with pytest.raises(TidelogError) as failed:
-            admin.describe_group(group_id, timeout_ms=2_000)
-        assert failed.value.retriable
-        assert time.monotonic() - started < 10
-        # Listing asks the brokers that are left once the dead one left the metadata.
-        assert group_id not in {g.group_id for g in admin.list_groups()}
-        cluster.start_broker(coordinator)
-        # Within one call's timeout the admin finds the coordinator back.
-        assert admin.list_group_offsets(group_id) == {tps()[1]: 2}
-        lag = {p.tp: p.lag for p in admin.describe_group(group_id).partitions}
-        assert lag == {tps()[1]: PER_PARTITION - 2}
+        try:
+            # A call with a short timeout fails clearly (retriable) while no broker
+            # coordinates the group, or already finds the new coordinator.
+            started = time.monotonic()
+            outcome: TidelogError | None = None
+            try:
+                admin.describe_group(group_id, timeout_ms=1_000)
+            except TidelogError as exc:
+                outcome = exc
+            assert outcome is None or outcome.retriable
+            assert time.monotonic() - started < 10
+            # The offsets topic is replicated: another broker takes the group over with
+            # its committed offsets, within one call's timeout.
+            assert admin.list_group_offsets(group_id) == {tps()[1]: 2}
+            lag = {p.tp: p.lag for p in admin.describe_group(group_id).partitions}
+            assert lag == {tps()[1]: PER_PARTITION - 2}
+        finally:
+            cluster.start_broker(coordinator)
+        assert group_id in {g.group_id for g in admin.list_groups()}
         admin.delete_group(group_id)
