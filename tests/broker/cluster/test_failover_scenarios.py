@@ -20,7 +20,7 @@ import pytest
 
 from broker.cluster.testing import LocalCluster
 from client import AdminClient, Consumer, Producer, TopicPartition
-from storage.errors import TidelogError
+from storage.errors import InvalidReplicationFactorError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.workload import Workload
 
@@ -65,7 +65,18 @@ def new_topic(cluster: LocalCluster) -> str:
             cluster.start_broker(broker)
     with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
         eventually(lambda: len(admin.describe_cluster().brokers) == 3)
-        admin.create_topic(name, PARTITIONS, {"min.insync.replicas": "2"}, replication_factor=3)
+
+        def created() -> bool:
+            # A restarted broker may be in one broker's view before the controller's.
+            try:
+                admin.create_topic(
+                    name, PARTITIONS, {"min.insync.replicas": "2"}, replication_factor=3
+                )
+            except InvalidReplicationFactorError:
+                return False
+            return True
+
+        eventually(created)
     eventually(lambda: fully_replicated(cluster, name))
     return name
 

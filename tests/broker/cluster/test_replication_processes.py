@@ -21,7 +21,7 @@ from client import AdminClient, Consumer, Producer, TopicPartition
 from client.types import ConsumerRecord
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import TidelogError
+from storage.errors import InvalidReplicationFactorError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.conftest import make_batch
 
@@ -61,7 +61,17 @@ def read_all(bootstrap: str, topic: str, partitions: int, count: int) -> list[Co
 
 def create_replicated(admin: AdminClient, name: str, partitions: int, **config: str) -> None:
     eventually(lambda: len(admin.describe_cluster().brokers) == 3)
-    admin.create_topic(name, partitions, replication_factor=3, config=config or None)
+
+    def created() -> bool:
+        # A broker back from an earlier test may be listed by one broker's view before
+        # the controller counts it alive: the controller refuses three replicas until then.
+        try:
+            admin.create_topic(name, partitions, replication_factor=3, config=config or None)
+        except InvalidReplicationFactorError:
+            return False
+        return True
+
+    eventually(created)
     eventually(
         lambda: all(len(p.isr) == 3 for p in admin.describe_topic(name).partitions),
     )
