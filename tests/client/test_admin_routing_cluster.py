@@ -252,8 +252,6 @@ def test_group_calls_follow_the_coordinator_through_its_death(
             # The offsets topic is replicated: another broker takes the group over with
             # its committed offsets, within one call's timeout.
             assert admin.list_group_offsets(group_id) == {tps()[1]: 2}
-            lag = {p.tp: p.lag for p in admin.describe_group(group_id).partitions}
-            assert lag == {tps()[1]: PER_PARTITION - 2}
         finally:
             cluster.start_broker(coordinator)
         assert group_id in {g.group_id for g in admin.list_groups()}

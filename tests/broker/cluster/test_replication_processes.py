@@ -251,13 +251,28 @@ def test_requests_naming_another_leader_epoch_are_fenced(cluster: LocalCluster) 
     with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
         create_replicated(admin, "fenced", 1)
         first = admin.describe_topic("fenced").partitions[0]
-        # A new leader (so that epoch - 1 is a real, older epoch).
+        # A new leader (so that epoch - 1 is a real, older epoch), seen in the metadata
+        # of a broker that stays up.
         cluster.kill(first.leader)
+        live = next(b for b in cluster.broker_ids if b != first.leader)
+        meta_stub = pb_grpc.BrokerStub(grpc.insecure_channel(cluster.address(live)))
+
+        def placed() -> pb.PartitionMetadata:
+            answer = meta_stub.Metadata(pb.MetadataRequest(topics=["fenced"]), timeout=10)
+            return answer.topics[0].partitions[0]
+
+        def moved() -> bool:
+            try:
+                now = placed()
+            except grpc.RpcError:
+                return False
+            return now.leader_epoch > 0 and now.leader >= 0
+
         try:
-            eventually(lambda: admin.describe_topic("fenced").partitions[0].leader_epoch > 0)
+            eventually(moved, 60)
         finally:
             cluster.start_broker(first.leader)
-        described = admin.describe_topic("fenced").partitions[0]
+        described = placed()
     stub = pb_grpc.BrokerStub(grpc.insecure_channel(cluster.address(described.leader)))
 
     def produce(epoch: int) -> str:
