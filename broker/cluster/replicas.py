@@ -45,7 +45,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.cluster.fetcher import FetcherPool, FetchTarget
@@ -291,16 +291,6 @@ class ReplicaManager:
         for tp in led:
             self._progress(tp)
 
-    def leader_epoch(self, topic: str, partition: int) -> int | None:
-        """The epoch this broker leads the partition at, or None."""
-        with self._lock:
-            leading = self._leading.get((topic, partition))
-            return None if leading is None else leading.epoch
-
-    def is_follower(self, topic: str, partition: int) -> bool:
-        with self._lock:
-            return (topic, partition) in self._following
-
     # --- the produce path (broker.produce.ReplicationHooks) --------------------------------
 
     def leader_epoch_for_append(
@@ -509,17 +499,6 @@ class ReplicaManager:
                 self._progress(tp)
 
     # --- observability ---------------------------------------------------------------------
-
-    def describe(self) -> Mapping[TopicPartition, tuple[str, int, tuple[int, ...]]]:
-        """``(role, epoch, isr)`` per hosted partition (role: leader or follower)."""
-        with self._lock:
-            out: dict[TopicPartition, tuple[str, int, tuple[int, ...]]] = {
-                tp: ("leader", lead.epoch, tuple(sorted(lead.isr)))
-                for tp, lead in self._leading.items()
-            }
-            for tp, (_leader, epoch) in self._following.items():
-                out[tp] = ("follower", epoch, ())
-            return out
 
     def counts(self) -> tuple[int, int]:
         """(under-replicated, led) partitions: led ones whose ISR is below their replicas."""
