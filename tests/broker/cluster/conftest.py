@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cluster.testing import ZooKeeperServer, zookeeper_available
+from broker.cluster.testing import LocalCluster, ZooKeeperServer, zookeeper_available
+
+_LOG_TAIL_CHARS = 6_000
 
 
 def require_zookeeper() -> None:
@@ -28,3 +30,19 @@ def zookeeper() -> Iterator[ZooKeeperServer]:
     require_zookeeper()
     with ZooKeeperServer() as server:
         yield server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a ``LocalCluster`` reports the end of every broker's log:
+    the broker's side of a failure seen only in CI, where the directories are gone after."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    for value in funcargs.values():
+        if isinstance(value, LocalCluster):
+            for broker_id in value.broker_ids:
+                tail = value.output(broker_id)[-_LOG_TAIL_CHARS:]
+                report.sections.append((f"broker {broker_id} log (end)", tail))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -20,6 +20,7 @@ from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.records import decode_records
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.waiting import eventually
 from tests.broker.conftest import error_code, make_batch
 
 pytestmark = pytest.mark.slow
@@ -39,18 +40,6 @@ def stub(cluster: LocalCluster, broker_id: int) -> pb_grpc.BrokerStub:
 
 def metadata(cluster: LocalCluster, broker_id: int, *topics: str) -> pb.MetadataResponse:
     return stub(cluster, broker_id).Metadata(pb.MetadataRequest(topics=topics), timeout=TIMEOUT_S)
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except grpc.RpcError:
-            pass
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def create_on_controller(cluster: LocalCluster, via: int, name: str, partitions: int) -> None:

@@ -8,7 +8,7 @@ refused or dropped as duplicates; and a keyed producer had one id per broker.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -20,8 +20,8 @@ from client.keyed_producer import KeyedProducer, ProducerRecord
 from client.types import ConsumerRecord
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.waiting import eventually
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 10
@@ -32,18 +32,6 @@ def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
     with LocalCluster(brokers=3, session_timeout_ms=3_000) as running:
         yield running
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except (TidelogError, grpc.RpcError):
-            pass
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def init_producer_id(

@@ -7,18 +7,18 @@ a SparkSession: the Spark machinery around it is tested in ``tests/spark``.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
 
 from broker.cluster.testing import LocalCluster
-from client import AdminClient, Producer, TidelogError, TopicPartition
+from client import AdminClient, Producer, TopicPartition
 from spark_sink.offsets import OffsetRange
 from spark_sink.options import ReadOptions
 from spark_sink.reader import read_ranges
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.waiting import eventually
 
 pytestmark = pytest.mark.slow
 COUNT = 6_000
@@ -30,18 +30,6 @@ def cluster() -> Iterator[LocalCluster]:
     settings = {"replica.fetch.backoff.ms": 200}
     with LocalCluster(brokers=3, session_timeout_ms=3_000, settings=settings) as running:
         yield running
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except TidelogError:
-            pass
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def test_a_range_is_read_whole_across_a_leader_kill(cluster: LocalCluster) -> None:
