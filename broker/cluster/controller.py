@@ -40,6 +40,7 @@ from broker.cluster.election import (
     elect_for_shutdown,
     elect_offline,
     elect_preferred,
+    leadership_predates_leader,
     offline_state,
     without_dead_followers,
 )
@@ -340,7 +341,7 @@ class Controller:
     def _reconcile(self) -> None:
         """Re-read everything; elect where a leader is gone; drop dead followers."""
         lease = self._require_lease()
-        live = self._live()
+        broker_epochs = self._store.live_broker_epochs()
         try:
             for topic in self._store.topics():
                 assignment = self._store.read_topic(topic)
@@ -348,7 +349,9 @@ class Controller:
                     continue
                 unclean = self._unclean_allowed(topic)
                 for partition, replicas in assignment.replicas.items():
-                    self._reconcile_partition(topic, partition, replicas, live, unclean, lease)
+                    self._reconcile_partition(
+                        topic, partition, replicas, broker_epochs, unclean, lease
+                    )
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
             self._lease = None
@@ -358,15 +361,32 @@ class Controller:
         topic: str,
         partition: int,
         replicas: tuple[int, ...],
-        live: set[int],
+        broker_epochs: Mapping[int, int],
         unclean: bool,
         lease: ControllerLease,
     ) -> None:
-        found = self._store.read_partition_state(topic, partition)
+        found = self._store.read_partition_state_written(topic, partition)
         if found is None:
             return
-        state, version = found
+        state, version = found.state, found.version
+        live = set(broker_epochs)
         try:
+            if leadership_predates_leader(state, found.written_zxid, broker_epochs):
+                # The leader restarted since this was written: elect again, as for an
+                # offline partition (it is live and may be chosen), at a new epoch.
+                log.info(
+                    "%s-%d: leader %d registered again since epoch %d was granted",
+                    topic,
+                    partition,
+                    state.leader,
+                    state.leader_epoch,
+                )
+                elected = elect_offline(
+                    replicas, state, live, unclean_allowed=unclean, controller_epoch=lease.epoch
+                )
+                if elected is not None:
+                    self._write(topic, partition, elected, version)
+                return
             if state.leader == NO_LEADER or state.leader not in live:
                 elected = elect_offline(
                     replicas, state, live, unclean_allowed=unclean, controller_epoch=lease.epoch

@@ -14,11 +14,21 @@ bumps the leader epoch, so brokers and clients holding the old epoch are fenced.
 * **Controlled shutdown**: the first live ISR member that is not shutting down; the
   shutting-down broker leaves the ISR.
 * **A follower died**: it leaves the ISR (the leader stays; the epoch moves).
+* **A leader from a previous life** (``leadership_predates_leader``): the state names a
+  live leader whose registration (broker epoch: the creation zxid of its
+  ``/brokers/ids/<id>``, KIP-380) is newer than the state's last write. The broker
+  restarted (or its session expired and it registered again) and no controller has
+  granted it anything since: Kafka's controller treats such a "bounced" broker as failed,
+  then started. Here every broker's view shows such a partition without a leader, and
+  the controller elects again as for an offline partition (the restarted broker counts
+  as live and may be chosen), with a new epoch. Without this a broker restarted with all
+  the others could serve as leader, at its old epoch, a log tail that the controller's
+  next election cuts off: a consumer group read an offset commit that later vanished.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.cluster.znodes import NO_LEADER, PartitionState
@@ -28,6 +38,7 @@ __all__ = [
     "elect_for_shutdown",
     "elect_offline",
     "elect_preferred",
+    "leadership_predates_leader",
     "offline_state",
     "without_dead_followers",
 ]
@@ -123,3 +134,15 @@ def without_dead_followers(
     if len(new_isr) == len(state.isr):
         return None
     return Elected(_next(state, state.leader, new_isr, controller_epoch))
+
+
+def leadership_predates_leader(
+    state: PartitionState, written_zxid: int, broker_epochs: Mapping[int, int]
+) -> bool:
+    """True if the state names a live leader that registered after the state was written.
+
+    ``broker_epochs``: live brokers' epochs (registration creation zxids). A leader not
+    live is not "predating" (the ordinary offline case).
+    """
+    epoch = broker_epochs.get(state.leader)
+    return state.leader != NO_LEADER and epoch is not None and epoch > written_zxid

@@ -11,7 +11,10 @@ controller pushed in Kafka (leader, epoch, ISR) is exactly what the state znodes
 ``MetadataWatcher`` keeps an immutable ``ClusterMetadata`` snapshot, replaced whole after
 each re-read; ``listener(snapshot)`` is called on the watcher's own thread after every
 change, in order. Fencing as Kafka: a partition state with an older leader epoch than
-one already seen is ignored (a slow read never moves leadership backwards).
+one already seen is ignored (a slow read never moves leadership backwards). A state that
+names a leader registered after the state was written (the leader restarted since) is
+shown without a leader until the controller elects again
+(``broker.cluster.election.leadership_predates_leader``).
 
 Thread-safe: the snapshot is replaced atomically; reading it needs no lock.
 """
@@ -22,8 +25,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from broker.cluster.election import leadership_predates_leader
 from broker.cluster.store import ClusterStore, StoreError
 from broker.cluster.znodes import (
     BROKER_IDS,
@@ -158,6 +162,10 @@ class MetadataWatcher:
         store = self._store
         previous = self._snapshot
         topics: dict[str, TopicMetadata] = {}
+        # Read before the states: a broker registering after this read has epoch greater
+        # than any state read below, and its leaderships are caught on the next re-read
+        # (its registration is a child change of /brokers/ids: a watch fires).
+        broker_epochs = store.live_broker_epochs()
         for name in store.topics():
             assignment = store.read_topic(name)
             if assignment is None:
@@ -166,8 +174,14 @@ class MetadataWatcher:
             states: dict[int, PartitionState | None] = {}
             for partition in assignment.replicas:
                 self._watch_data(partition_state_path(name, partition))
-                found = store.read_partition_state(name, partition)
-                state = None if found is None else found[0]
+                found = store.read_partition_state_written(name, partition)
+                state = None if found is None else found.state
+                if found is not None and leadership_predates_leader(
+                    found.state, found.written_zxid, broker_epochs
+                ):
+                    # Granted to the leader's previous life: no leader until the
+                    # controller elects again (broker.cluster.election).
+                    state = replace(found.state, leader=NO_LEADER)
                 old = previous.topics.get(name)
                 same_topic = old is not None and old.assignment.topic_id == assignment.topic_id
                 old_state = old.states.get(partition) if old is not None and same_topic else None

@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -86,6 +86,7 @@ __all__ = [
     "ControllerLease",
     "ControllerMovedError",
     "StaleStateError",
+    "StateRead",
     "StoreError",
     "split_connect_string",
 ]
@@ -118,6 +119,14 @@ def split_connect_string(connect: str) -> tuple[str, str]:
         if chroot == "/" or chroot.endswith("/"):
             raise ValueError(f"zookeeper.connect: bad chroot in {connect!r}")
     return hosts, chroot
+
+
+class StateRead(NamedTuple):
+    """A partition state znode as read: its content, version and last write's zxid."""
+
+    state: PartitionState
+    version: int
+    written_zxid: int
 
 
 class ClusterStore:
@@ -237,6 +246,17 @@ class ClusterStore:
                 raise StoreError(f"registering {path}: {exc}") from exc
             _, stat = self._read(path)
             return int(stat.czxid)
+
+    def live_broker_epochs(self) -> dict[int, int]:
+        """Registered brokers' epochs (the creation zxid of each ``/brokers/ids/<id>``)."""
+        out: dict[int, int] = {}
+        for child in self._children(BROKER_IDS):
+            try:
+                _, stat = self._read(broker_path(int(child)))
+            except (NoNodeError, ValueError):
+                continue
+            out[int(child)] = int(stat.czxid)
+        return dict(sorted(out.items()))
 
     def live_brokers(self) -> dict[int, BrokerRegistration]:
         """Registered brokers by id (a node that vanishes while read is left out)."""
@@ -388,12 +408,19 @@ class ClusterStore:
 
     def read_partition_state(self, topic: str, partition: int) -> tuple[PartitionState, int] | None:
         """``(state, znode version)``, or None if the partition has no state znode."""
+        found = self.read_partition_state_written(topic, partition)
+        return None if found is None else (found.state, found.version)
+
+    def read_partition_state_written(self, topic: str, partition: int) -> StateRead | None:
+        """The state with its znode version and the zxid of its last write (compared with
+        a leader's broker epoch: ``broker.cluster.election.leadership_predates_leader``),
+        or None if the partition has no state znode."""
         path = partition_state_path(topic, partition)
         try:
             data, stat = self._read(path)
         except NoNodeError:
             return None
-        return decode_partition_state(data, path), int(stat.version)
+        return StateRead(decode_partition_state(data, path), int(stat.version), int(stat.mzxid))
 
     def set_partition_state(
         self,

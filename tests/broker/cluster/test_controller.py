@@ -35,6 +35,7 @@ class FakeBroker:
     broker_id: int
     store: ClusterStore
     controller: Controller
+    connect: str
 
     dead: bool = False
 
@@ -64,7 +65,7 @@ def cluster(zookeeper: ZooKeeperServer) -> Iterator[Callable[..., FakeBroker]]:
             rng=random.Random(1),
         )
         controller.start()
-        broker = FakeBroker(broker_id, store, controller)
+        broker = FakeBroker(broker_id, store, controller, connect)
         started.append(broker)
         return broker
 
@@ -218,3 +219,45 @@ def test_leadership_goes_back_to_preferred_replicas_by_itself(
             version,
         )
     eventually(lambda: all(state(back, "r", p).leader == preferred[p] for p in range(3)))
+
+
+def test_leaderships_granted_before_the_whole_cluster_restarted_are_granted_again(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    """Every broker stops at once, so no controller sees anyone die and the states still
+    name the old leaders. After the restart no broker may lead on a grant made to its
+    previous life: views show no leader until the controller elects again, at a new epoch
+    (a broker that led again at its old epoch served a log tail the next election cut)."""
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("b", 6, 3, {})
+    before = {p: state(controller, "b", p) for p in range(6)}
+    assert all(s.leader in (1, 2, 3) for s in before.values())
+    for broker in brokers:  # every controller first: nobody reacts to the deaths
+        broker.controller.stop()
+    for broker in brokers:
+        broker.die()
+
+    # The brokers register again, no controller yet: every state predates its leader.
+    store = ClusterStore.connect(brokers[0].connect, session_timeout_ms=4_000)
+    watcher = MetadataWatcher(store)
+    try:
+        store.register_broker(BrokerRegistration(1, "127.0.0.1", 7001), timeout_ms=5_000)
+        watcher.start()
+        assert watcher.wait_for(lambda m: "b" in m.topics and 1 in m.brokers, 10_000)
+        shown = watcher.snapshot.topics["b"].states
+        for p, old in before.items():
+            now = shown[p]
+            assert now is not None
+            assert now.leader_epoch == old.leader_epoch
+            # Broker 1's grants are from its previous life; 2 and 3 are simply not live.
+            assert now.leader == (NO_LEADER if old.leader == 1 else old.leader)
+    finally:
+        watcher.stop()
+        store.close()
+
+    back = [cluster(i) for i in (1, 2, 3)]
+    second = controller_of(back)
+    for p, old in before.items():
+        eventually(lambda p=p, old=old: state(second, "b", p).leader_epoch > old.leader_epoch)
+        assert state(second, "b", p).leader in (1, 2, 3)

@@ -9,6 +9,7 @@ from broker.cluster.election import (
     elect_for_shutdown,
     elect_offline,
     elect_preferred,
+    leadership_predates_leader,
     offline_state,
     without_dead_followers,
 )
@@ -88,3 +89,14 @@ def test_an_elected_leader_is_live_and_clean_unless_flagged(
     assert elected.state.leader in elected.state.isr
     assert set(elected.state.isr) <= live
     assert elected.unclean == (elected.state.leader not in isr)
+
+
+def test_a_leadership_predates_a_leader_that_registered_after_it_was_written() -> None:
+    written = 1_000
+    # Broker 1 registered (zxid 1,200) after the state naming it leader was written.
+    assert leadership_predates_leader(state(1, 1, 2), written, {1: 1_200, 2: 900})
+    # Registered before: a grant to this life.
+    assert not leadership_predates_leader(state(2, 1, 2), written, {1: 1_200, 2: 900})
+    # A leader that is not live is the ordinary offline case, and no leader is none.
+    assert not leadership_predates_leader(state(3, 3), written, {1: 1_200})
+    assert not leadership_predates_leader(state(NO_LEADER, 1), written, {1: 1_200})
