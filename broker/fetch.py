@@ -47,7 +47,7 @@ from broker.delayed import DelayedOperation, Purgatory
 from broker.errors import partition_error
 from broker.metrics import BrokerMetrics
 from storage.clock import Clock
-from storage.errors import CorruptRecordError, InvalidRequestError
+from storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
 from storage.log_manager import LogManager
 from storage.partition_log import PartitionLog
 from storage.records import iter_batch_headers
@@ -285,6 +285,7 @@ class FetchPath:
         replica = spec.replica_id >= 0
         for p in spec.partitions:
             budget = min(p.max_bytes or DEFAULT_PARTITION_MAX_BYTES, remaining)
+            partition_log: PartitionLog | None = None
             try:
                 if p.refused is not None:
                     raise p.refused
@@ -327,8 +328,22 @@ class FetchPath:
                 )
             except Exception as exc:
                 code, message = partition_error(exc)
+                where = (
+                    (partition_log.high_watermark, partition_log.log_start_offset)
+                    if isinstance(exc, OffsetOutOfRangeError) and partition_log is not None
+                    else (-1, -1)
+                )
                 answers.append(
-                    PartitionFetched(p.topic, p.partition, error_code=code, error_message=message)
+                    PartitionFetched(
+                        p.topic,
+                        p.partition,
+                        error_code=code,
+                        error_message=message,
+                        # Where the log is now: a follower below the log start starts
+                        # over there (broker.cluster.fetcher).
+                        high_watermark=where[0],
+                        log_start_offset=where[1],
+                    )
                 )
                 continue
             records = result.records

@@ -274,6 +274,7 @@ class PartitionLog:
         log_end = segments[-1].next_offset
         epochs = LeaderEpochCache.read(directory) or LeaderEpochCache()
         epochs.truncate_from_end(log_end)
+        epochs.truncate_from_start(log_start_offset)
         if high_watermark is not None:
             high_watermark = min(max(high_watermark, log_start_offset), log_end)
         instance = cls(
@@ -957,6 +958,43 @@ class PartitionLog:
                 raise _io_error(exc, f"{self}: truncation failed") from exc
             self._load_producer_state()
 
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop the whole log and start it empty at ``offset`` (Kafka's
+        ``truncateFullyAndStartAt``).
+
+        A follower whose log ends below its leader's log start (retention deleted on the
+        leader what the follower never fetched) cannot continue where it is: nothing it
+        could fetch joins its log. Every segment is scheduled for deletion as
+        ``truncate_to`` does; the new empty segment's base makes ``offset`` the log start,
+        log end, high watermark and recovery point; the epoch cache and producer state are
+        cleared (what the leader sends next rebuilds them).
+        """
+        with self._flush_lock, self._lock:
+            try:
+                for segment in self._segments:
+                    self._schedule_delete_locked(segment)
+                fresh = Segment.create(
+                    self.directory,
+                    offset,
+                    index_interval_bytes=self._config.index_interval_bytes,
+                    index_max_bytes=self._config.segment_index_bytes,
+                    now_ms=self._clock.wall_ms(),
+                )
+                self._set_segments([fresh])
+                self._log_start_offset = offset
+                self._recovery_point = offset
+                if self._high_watermark is not None:
+                    self._high_watermark = offset
+                self._leader_epochs = LeaderEpochCache()
+                self._leader_epochs.write(self.directory)
+                for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
+                    _unlink(snapshot)
+                fsync_dir(self.directory)
+            except OSError as exc:
+                raise _io_error(exc, f"{self}: full truncation failed") from exc
+            self._producer_state = ProducerStateTable()
+        log.warning("%s: truncated fully; the log now starts empty at %d", self, offset)
+
     # ================================================================== retention
 
     def delete_old_segments(self) -> int:
@@ -996,6 +1034,12 @@ class PartitionLog:
             self._set_segments(self._segments[count:])
             self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
             try:
+                # Epochs wholly below the new log start go; the one covering it starts
+                # there (Kafka's truncateFromStart), so leader and follower caches agree.
+                before = self._leader_epochs.entries
+                self._leader_epochs.truncate_from_start(self._log_start_offset)
+                if self._leader_epochs.entries != before:
+                    self._leader_epochs.write(self.directory)
                 for segment in doomed:
                     self._schedule_delete_locked(segment)
                 # Durable renames: after a crash a segment is either still in the log

@@ -12,8 +12,13 @@ not a poll loop. The answer is applied here, partition by partition:
   leader's, capped at its own log end;
 * a divergence ``(epoch, end offset)``: the log is truncated where it stops agreeing with
   the leader's (``PartitionLog.divergence_offset``) and fetched again;
-* an error (the leader moved, an epoch was fenced, the partition is gone): the partition
-  pauses for ``replica.fetch.backoff.ms``; the metadata watcher gives it a new leader.
+* ``OFFSET_OUT_OF_RANGE`` with the leader's log start above this log's end (retention on
+  the leader deleted what this follower never fetched): the log is dropped and starts
+  empty at the leader's log start (``PartitionLog.truncate_fully_and_start_at``), as
+  Kafka's ``truncateFullyAndStartAt``;
+* any other error (the leader moved, an epoch was fenced, the partition is gone): the
+  partition pauses for ``replica.fetch.backoff.ms``; the metadata watcher gives it a new
+  leader.
 
 ``num.replica.fetchers`` threads serve each source broker, a partition always the same
 one. ``remove`` returns only once no answer for that partition is being applied, so once
@@ -191,6 +196,21 @@ class _Fetcher:
         pool = self._pool
         try:
             plog = pool.logs.get_log(*key)
+            if (
+                result.error_code == "OFFSET_OUT_OF_RANGE"
+                and result.log_start_offset > plog.log_end_offset
+            ):
+                # The leader's retention removed what this log would need next: nothing
+                # fetched could ever join it. Start over, empty, at the leader's log start.
+                log.warning(
+                    "%s-%d: log end %d is below leader %d's log start %d; starting over there",
+                    *key,
+                    plog.log_end_offset,
+                    self.leader,
+                    result.log_start_offset,
+                )
+                plog.truncate_fully_and_start_at(result.log_start_offset)
+                return
             if result.error_code:
                 log.info(
                     "%s-%d: leader %d answered %s: %s",

@@ -181,3 +181,38 @@ def test_retention_and_compaction_stop_at_the_high_watermark(
     plog.set_high_watermark(second)
     assert plog.delete_old_segments() == 2  # the two segments wholly below it
     assert plog.log_start_offset == second
+
+
+def test_a_follower_below_the_leaders_log_start_starts_over_there(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Retention on the leader deleted what the follower never fetched: the follower
+    drops its log, starts empty at the leader's log start and ends byte-identical from
+    there, across a reopen (Kafka's truncateFullyAndStartAt)."""
+    config = log_config(segment_bytes=200, retention_bytes=1)
+    leader = open_log(tmp_path / "leader", clock, config)
+    leader.track_high_watermark()
+    follower = open_replica(tmp_path / "follower", clock)
+    leader.begin_leader_epoch(0)
+    for n in range(3):
+        leader.append(make_batch(values(1, n, size=60)), leader_epoch=0)
+    replicate(leader, follower)
+    leader.begin_leader_epoch(1)
+    for n in range(3, 12):
+        leader.append(make_batch(values(1, n, size=60)), leader_epoch=1)
+    leader.set_high_watermark(leader.log_end_offset)
+    assert leader.delete_old_segments() > 0
+    assert leader.log_start_offset > follower.log_end_offset  # out of the follower's reach
+
+    follower.truncate_fully_and_start_at(leader.log_start_offset)
+    assert follower.log_start_offset == follower.log_end_offset == leader.log_start_offset
+    assert follower.high_watermark == leader.log_start_offset
+    assert follower.epoch_entries() == []
+    replicate(leader, follower)
+    assert log_bytes(follower) == log_bytes(leader)
+    assert follower.epoch_entries() == leader.epoch_entries()
+    follower.close()
+    again = open_log(tmp_path / "follower", clock, high_watermark=leader.log_end_offset)
+    assert again.log_start_offset == leader.log_start_offset
+    assert log_bytes(again) == log_bytes(leader)
+    assert again.epoch_entries() == leader.epoch_entries()

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -21,8 +21,9 @@ from client import AdminClient, Consumer, Producer, TopicPartition
 from client.types import ConsumerRecord
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import InvalidReplicationFactorError, TidelogError
+from storage.errors import InvalidReplicationFactorError
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.waiting import eventually
 from tests.broker.conftest import make_batch
 
 pytestmark = pytest.mark.slow
@@ -31,21 +32,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
-    settings = {"replica.lag.time.max.ms": 2_000, "replica.fetch.backoff.ms": 200}
+    settings = {
+        "replica.lag.time.max.ms": 2_000,
+        "replica.fetch.backoff.ms": 200,
+        "log.retention.check.interval.ms": 500,
+    }
     with LocalCluster(brokers=3, session_timeout_ms=3_000, settings=settings) as running:
         yield running
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if check():
-                return
-        except TidelogError:
-            pass
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def read_all(bootstrap: str, topic: str, partitions: int, count: int) -> list[ConsumerRecord]:
@@ -247,6 +240,60 @@ def test_a_paused_follower_leaves_the_isr_and_preferred_leaders_come_back(
     assert values == list(range(30))
 
 
+def test_a_follower_left_below_the_leaders_log_start_starts_over_there(
+    cluster: LocalCluster,
+) -> None:
+    """A paused follower leaves the ISR; retention on the leader then deletes everything
+    it had not fetched. Resumed, it cannot continue its log: it drops it, starts at the
+    leader's log start, catches up and rejoins the ISR; elected later, it serves exactly
+    the leader's records from there on."""
+    with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
+        create_replicated(
+            admin, "behind", 1, **{"segment.bytes": "1024", "retention.bytes": "2048"}
+        )
+        leader = admin.describe_topic("behind").partitions[0].leader
+        follower, other = (b for b in cluster.broker_ids if b != leader)
+        cluster.kill(follower, signal.SIGSTOP)
+        try:
+            with Producer(cluster.address(leader), acks="all", linger_ms=0) as producer:
+                for i in range(200):  # one batch each: many small segments
+                    value = b"%d" % i + b"." * 60
+                    producer.send("behind", value, partition=0).result(timeout=30)
+            # Asked of the leader: a call routed to the stopped broker would wait for
+            # its whole request timeout.
+            with AdminClient(cluster.address(leader), request_timeout_ms=5_000) as direct:
+                eventually(
+                    lambda: direct.describe_topic("behind").partitions[0].log_start_offset > 0,
+                    30,
+                )
+        finally:
+            cluster.kill(follower, signal.SIGCONT)
+        # The leader's answer: the resumed broker's own view is stale for a moment.
+        with AdminClient(cluster.address(leader), request_timeout_ms=5_000) as direct:
+            eventually(lambda: len(direct.describe_topic("behind").partitions[0].isr) == 3, 60)
+            start = direct.describe_topic("behind").partitions[0].log_start_offset
+    # The follower must now hold the records itself: make it the only one left to lead.
+    cluster.kill(leader)
+    cluster.kill(other)
+    try:
+        with AdminClient(cluster.address(follower), request_timeout_ms=20_000) as admin:
+            eventually(lambda: admin.describe_topic("behind").partitions[0].leader == follower, 60)
+            kept = admin.describe_topic("behind").partitions[0]
+        assert kept.log_end_offset == 200
+        assert kept.log_start_offset >= start > 0
+        with Consumer(cluster.address(follower), auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("behind", 0)])
+            records: list[ConsumerRecord] = []
+            deadline = time.monotonic() + 30
+            while (not records or records[-1].offset < 199) and time.monotonic() < deadline:
+                records += consumer.poll(timeout_ms=200)
+        assert [r.offset for r in records] == list(range(kept.log_start_offset, 200))
+        assert all((r.value or b"").split(b".")[0] == b"%d" % r.offset for r in records)
+    finally:
+        cluster.start_broker(leader)
+        cluster.start_broker(other)
+
+
 def test_requests_naming_another_leader_epoch_are_fenced(cluster: LocalCluster) -> None:
     with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
         create_replicated(admin, "fenced", 1)
@@ -257,22 +304,27 @@ def test_requests_naming_another_leader_epoch_are_fenced(cluster: LocalCluster) 
         live = next(b for b in cluster.broker_ids if b != first.leader)
         meta_stub = pb_grpc.BrokerStub(grpc.insecure_channel(cluster.address(live)))
 
-        def placed() -> pb.PartitionMetadata:
-            answer = meta_stub.Metadata(pb.MetadataRequest(topics=["fenced"]), timeout=10)
+        def placed() -> pb.PartitionMetadata | None:
+            """The partition as the live broker sees it now, or None while it knows none."""
+            try:
+                answer = meta_stub.Metadata(pb.MetadataRequest(topics=["fenced"]), timeout=10)
+            except grpc.RpcError:
+                return None
+            if not answer.topics or not answer.topics[0].partitions:
+                return None
             return answer.topics[0].partitions[0]
 
         def moved() -> bool:
-            try:
-                now = placed()
-            except grpc.RpcError:
-                return False
-            return now.leader_epoch > 0 and now.leader >= 0
+            now = placed()
+            return now is not None and now.leader_epoch > 0 and now.leader >= 0
 
         try:
             eventually(moved, 60)
         finally:
             cluster.start_broker(first.leader)
+        eventually(moved, 30)
         described = placed()
+        assert described is not None
     stub = pb_grpc.BrokerStub(grpc.insecure_channel(cluster.address(described.leader)))
 
     def produce(epoch: int) -> str:
