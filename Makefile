@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# compat: a path entry for the project root, not an import hook, so that PySpark's
 	# pkgutil.iter_modules() finds pyspark_tidelog (format("tidelog")) from any directory.
-	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP) native
