@@ -338,6 +338,8 @@ class ClusterView:
                 continue
             user_topics += 0 if description.internal else 1
             for p in description.partitions:
+                # Totals count every partition, the offsets topic's included: its
+                # partitions go offline and under-replicated like any other.
                 partitions += 1
                 named.update(p.replicas)
                 under += len(p.isr) < len(p.replicas)
