@@ -46,7 +46,7 @@ class Series:
 @dataclass(frozen=True, slots=True)
 class _Sample:
     time_ms: int
-    topic_end_offsets: Mapping[str, int]
+    topic_end_offsets: Mapping[str, int] | None  # None: not looked at
     committed_total: int | None
     group_lag: Mapping[str, int]
 
@@ -74,7 +74,8 @@ class History:
         committed_total: int | None = None,
         group_lag: Mapping[str, int] | None = None,
     ) -> None:
-        """Add what was seen at ``now_ms``. Values left None keep the last sample's.
+        """Add what was seen at ``now_ms``; None: not looked at this time (each rate is
+        computed between the samples that have its counter).
 
         ``topic_end_offsets``: per topic, the sum of its partitions' log end offsets
         (offline partitions left out by the caller). ``committed_total``: the sum of
@@ -83,29 +84,31 @@ class History:
         with self._lock:
             last = self._samples[-1] if self._samples else None
             if last is not None and now_ms - last.time_ms < _MIN_STEP_MS:
-                # Too close to the last sample for a rate: only a group's lag is kept
-                # (merged into that sample), so a group page still charts what it shows.
-                if group_lag:
-                    self._samples[-1] = _Sample(
-                        time_ms=last.time_ms,
-                        topic_end_offsets=last.topic_end_offsets,
-                        committed_total=last.committed_total,
-                        group_lag={**last.group_lag, **group_lag},
-                    )
+                # Too close to the last sample to make a rate of: merged into it. A
+                # counter it already has is kept (its steps stay >= _MIN_STEP_MS); one
+                # it lacks is added (one page look records topics, then groups).
+                self._samples[-1] = _Sample(
+                    time_ms=last.time_ms,
+                    topic_end_offsets=(
+                        last.topic_end_offsets
+                        if last.topic_end_offsets is not None
+                        else (dict(topic_end_offsets) if topic_end_offsets is not None else None)
+                    ),
+                    committed_total=(
+                        last.committed_total
+                        if last.committed_total is not None
+                        else committed_total
+                    ),
+                    group_lag={**last.group_lag, **(group_lag or {})},
+                )
                 return
             self._samples.append(
                 _Sample(
                     time_ms=now_ms,
-                    topic_end_offsets=dict(
-                        topic_end_offsets
-                        if topic_end_offsets is not None
-                        else (last.topic_end_offsets if last else {})
+                    topic_end_offsets=(
+                        dict(topic_end_offsets) if topic_end_offsets is not None else None
                     ),
-                    committed_total=(
-                        committed_total
-                        if committed_total is not None
-                        else (last.committed_total if last else None)
-                    ),
+                    committed_total=committed_total,
                     group_lag=dict(group_lag or {}),
                 )
             )
@@ -117,8 +120,22 @@ class History:
             return list(self._samples)
 
     def produce_rate(self) -> Series:
-        """Records appended per second, all topics together."""
-        return Series("produced/s", _rates(self._snapshot(), _total))
+        """Records appended per second, all topics together: per step, the growth of
+        each topic seen at both ends (a topic created or deleted in between is left out
+        of that step rather than counted as a jump)."""
+        points: list[Point] = []
+        looked = [s for s in self._snapshot() if s.topic_end_offsets is not None]
+        for before, after in itertools.pairwise(looked):
+            seconds = (after.time_ms - before.time_ms) / 1000
+            start, end = before.topic_end_offsets, after.topic_end_offsets
+            if start is None or end is None or seconds <= 0:
+                points.append(Point(after.time_ms, None))
+                continue
+            grown = sum(
+                max(0, offset - start[name]) for name, offset in end.items() if name in start
+            )
+            points.append(Point(after.time_ms, grown / seconds))
+        return Series("produced/s", tuple(points))
 
     def consume_rate(self) -> Series:
         """Offsets committed per second, all groups together."""
@@ -126,13 +143,13 @@ class History:
 
     def topic_rates(self) -> dict[str, float]:
         """Per topic, records appended per second over the last two samples that have it."""
-        samples = self._snapshot()
+        samples = [s for s in self._snapshot() if s.topic_end_offsets is not None]
         rates: dict[str, float] = {}
         if len(samples) < 2:
             return rates
         before, after = samples[-2], samples[-1]
         seconds = (after.time_ms - before.time_ms) / 1000
-        if seconds <= 0:
+        if seconds <= 0 or before.topic_end_offsets is None or after.topic_end_offsets is None:
             return rates
         for name, end in after.topic_end_offsets.items():
             previous = before.topic_end_offsets.get(name)
@@ -152,14 +169,11 @@ class History:
         )
 
 
-def _total(sample: _Sample) -> int | None:
-    return sum(sample.topic_end_offsets.values()) if sample.topic_end_offsets else None
-
-
 def _rates(samples: list[_Sample], counter: Callable[[_Sample], int | None]) -> tuple[Point, ...]:
     """Per step between consecutive samples, the counter's growth per second."""
     points: list[Point] = []
-    for before, after in itertools.pairwise(samples):
+    looked = [s for s in samples if counter(s) is not None]
+    for before, after in itertools.pairwise(looked):
         start, end = counter(before), counter(after)
         seconds = (after.time_ms - before.time_ms) / 1000
         if start is None or end is None or seconds <= 0 or end < start:
