@@ -258,10 +258,25 @@ def test_group_lag_grows_and_falls_to_zero_live(
     expect(page.locator("#total-lag")).to_have_text("812")
 
 
-def test_security_page_keyboard_and_a_phone_screen(page: Page, console_url: str) -> None:
+UNLABELLED = """() => Array.from(document.querySelectorAll("input, select, textarea"))
+    .filter((e) => e.type !== "hidden" && !e.labels.length && !e.getAttribute("aria-label"))
+    .map((e) => e.name || e.id)"""
+
+
+def test_labels_keyboard_and_a_phone_screen(
+    page: Page, console_url: str, broker: InProcessBroker
+) -> None:
     page.goto(console_url + "/security")
     expect(page.locator("h1")).to_have_text("Security")
     shot(page, "security")
+    # Every field of every page has a label, and every page one h1.
+    with AdminClient(broker.address) as admin:
+        admin.create_topic("labelled", 1)
+    for path in ("/", "/topics", "/topics/labelled", "/topics/labelled/delete", "/groups",
+                 "/security"):  # fmt: skip
+        page.goto(console_url + path)
+        assert page.evaluate(UNLABELLED) == [], path
+        expect(page.locator("h1")).to_have_count(1)
     # Keyboard: the first Tab reaches the skip link, which moves focus to the content.
     page.goto(console_url + "/topics")
     page.keyboard.press("Tab")

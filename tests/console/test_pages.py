@@ -327,6 +327,17 @@ def test_groups_lag_and_reset_only_when_empty(web: TestClient, admin: AdminClien
     assert latest.status_code == 303
     assert set(admin.list_group_offsets(group).values()) == {5}
     assert stat(web.get(f"/groups/{group}").text, "total-lag") == "0"
+    # To a time: the first record at or after it (time 0: the log start).
+    at_epoch = {"target": "timestamp", "timestamp": "1970-01-01T00:00:00"}
+    confirm = web.get(f"/groups/{group}/reset", params=at_epoch)
+    assert confirm.status_code == 200
+    assert "1970-01-01 00:00:00.000Z" in confirm.text
+    by_time = web.post(
+        f"/groups/{group}/reset",
+        data={"csrf_token": token, "target": "timestamp", "timestamp": "0"},
+    )
+    assert by_time.status_code == 303
+    assert set(admin.list_group_offsets(group).values()) == {0}
     # The lag chart has the samples the pages took.
     chart = web.get(f"/api/charts/groups/{group}").json()
     values = [v for _, v in chart["series"][0]["points"]]
