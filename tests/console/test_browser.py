@@ -317,3 +317,41 @@ def test_pages_work_with_javascript_off(browser: Browser, console_url: str) -> N
         expect(page.locator("#live-toggle")).to_be_hidden()  # shown by the script only
     finally:
         context.close()
+
+
+def test_login_in_the_browser(browser: Browser, tmp_path: Path) -> None:
+    from broker.scram import credential_from_password
+    from broker.users import FileUserStore
+
+    users = FileUserStore.open(tmp_path)
+    users.upsert("root", credential_from_password("SCRAM-SHA-256", "root-secret"))
+    security = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256"}
+    settings = {"security.protocol": "SASL_PLAINTEXT"}
+    with InProcessBroker(tmp_path, settings=settings) as secured:
+        server = _Server(
+            ConsoleConfig(bootstrap_servers=secured.address, port=0, security=security)
+        )
+        url = server.start()
+        context = browser.new_context()
+        context.set_default_timeout(WAIT_MS)
+        try:
+            page = context.new_page()
+            page.goto(url + "/topics")
+            expect(page.locator("h1")).to_have_text("Log in")
+            page.get_by_label("User name").fill("root")
+            page.get_by_label("Password").fill("not-it")
+            page.get_by_role("button", name="Log in").click()
+            expect(page.locator(".flash.error")).to_contain_text("refused")
+            assert "not-it" not in page.url
+            shot(page, "login")
+            page.get_by_label("User name").fill("root")
+            page.get_by_label("Password").fill("root-secret")
+            page.get_by_role("button", name="Log in").click()
+            expect(page.locator("h1")).to_have_text("Topics")  # back where it was going
+            expect(page.locator(".who")).to_contain_text("Signed in as root")
+            assert "root-secret" not in page.url
+            page.get_by_role("button", name="Log out").click()
+            expect(page.locator("h1")).to_have_text("Log in")
+        finally:
+            context.close()
+            server.stop()
