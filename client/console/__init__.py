@@ -60,4 +60,5 @@ def serve(config: ConsoleConfig) -> None:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        ws="none",  # no websockets: nothing to import or warn about
     )

@@ -59,6 +59,7 @@ class _Server:
                 log_level="warning",
                 access_log=False,
                 lifespan="on",
+                ws="none",
             )
         )
         self.thread = threading.Thread(target=self.server.run, name="console", daemon=True)
