@@ -1,6 +1,8 @@
 # Tidelog developer commands. `make test` and `make run` build .venv from nothing first.
 #   make test    lint + type check + generated-code check + the whole test suite
 #   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data)
+#   make console the web console on http://127.0.0.1:7480/ for the broker of `make run`
+#                (CONSOLE_ARGS="--bootstrap HOST:PORT,... --listen HOST:PORT" to change)
 #   make check   ruff, mypy and the protobuf check only
 #   make native  rebuild the optional C extension storage._native in place after an edit
 #                (pip install -e builds it too; without a C compiler both go on without it)
@@ -16,7 +18,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers clean
+.PHONY: all venv console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers clean
 
 all: test
 
@@ -30,11 +32,18 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "libzookeeper-java could not be installed: the cluster tests will say so"; \
 	  else echo "no $(ZOOKEEPER_JAR): install libzookeeper-java for the cluster tests"; fi; \
 	fi
+	@# The web console's browser tests drive Debian's chromium (Playwright, no download).
+	@if ! command -v chromium >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
+	      || echo "chromium could not be installed: the console's browser tests will say so"; \
+	  else echo "no chromium: install it for the console's browser tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# compat: a path entry for the project root, not an import hook, so that PySpark's
 	# pkgutil.iter_modules() finds pyspark_tidelog (format("tidelog")) from any directory.
-	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP) native
@@ -95,6 +104,10 @@ test-pure: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m broker
+
+CONSOLE_ARGS ?= --bootstrap 127.0.0.1:7410 --listen 127.0.0.1:7480
+console: $(STAMP)
+	$(BIN)/tidelog console $(CONSOLE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/storage_bench.py

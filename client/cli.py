@@ -22,6 +22,8 @@
     tidelog users list
     tidelog users delete NAME [--mechanism M]
     tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
+    tidelog console [--listen 127.0.0.1:7480] [--refresh-ms MS]
+                                   (the web console: docs/console.md)
 
 Every command takes ``--bootstrap HOST:PORT`` (default ``$TIDELOG_BOOTSTRAP`` or
 ``127.0.0.1:7410``) and ``--command-config FILE``: a Kafka tools properties file with the
@@ -411,6 +413,23 @@ def _parser() -> argparse.ArgumentParser:
     quota_delete.add_argument("keys", nargs="*", metavar="KEY", help="default: every quota")
     quota_delete.set_defaults(handler=_quotas_delete)
 
+    console = commands.add_parser(
+        "console", parents=[common], help="serve the web console (docs/console.md)"
+    )
+    console.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default="127.0.0.1:7480",
+        help="where to serve it (default 127.0.0.1:7480: this machine only)",
+    )
+    console.add_argument(
+        "--refresh-ms",
+        type=_positive_int,
+        default=5_000,
+        help="how often pages and charts update themselves (default 5000)",
+    )
+    console.set_defaults(handler=_console)
+
     users = commands.add_parser("users", help="SCRAM users (docs/security.md)")
     user_commands = users.add_subparsers(metavar="COMMAND")
     users.set_defaults(handler=_help_of(users))
@@ -505,6 +524,38 @@ def _users_delete(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         admin.delete_user(args.name, args.mechanism)
     _info(f"Deleted user {args.name}" + (f" ({args.mechanism})" if args.mechanism else ""))
+    return EXIT_OK
+
+
+def _console(args: argparse.Namespace) -> int:
+    """``tidelog console``: the web console (``client.console``, the ``console`` extra).
+
+    ``--command-config`` gives the protocol, mechanism and TLS files; a user name and
+    password in it are refused: with SASL every console user logs in with their own."""
+    try:
+        console: Any = importlib.import_module("client.console")
+        importlib.import_module("client.console.app")
+    except ImportError as exc:
+        raise UsageError(
+            f"the console needs the 'console' extra (pip install 'tidelog[console]'): {exc}"
+        ) from None
+    security = _security(args)
+    if "sasl_plain_username" in security or "sasl_plain_password" in security:
+        raise UsageError("console: users log in on the login page; drop the credentials")
+    try:
+        host, port = console.parse_listen(args.listen)
+        config = console.ConsoleConfig(
+            bootstrap_servers=args.bootstrap,
+            host=host,
+            port=port,
+            refresh_ms=args.refresh_ms,
+            request_timeout_ms=args.timeout_ms or 5_000,
+            security=security,
+        )
+    except ValueError as exc:
+        raise UsageError(f"console: {exc}") from None
+    _info(f"Tidelog console on http://{args.listen}/ (cluster {args.bootstrap}); Ctrl-C stops")
+    console.serve(config)
     return EXIT_OK
 
 
