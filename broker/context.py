@@ -34,6 +34,13 @@ class RequestContext:
     principal: str | None = None
 
     @property
+    def user(self) -> str | None:
+        """The principal's name (``User:alice`` -> ``alice``); None without one."""
+        if self.principal is None:
+            return None
+        return self.principal.removeprefix("User:")
+
+    @property
     def host(self) -> str:
         """The peer's address without the port (limits per IP count by it)."""
         return peer_host(self.peer)

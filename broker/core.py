@@ -80,7 +80,7 @@ from broker.produce import (
     ReplicationHooks,
 )
 from broker.producer_ids import ProducerIdManager, ProducerIdSource
-from broker.quotas import QuotaManager, QuotaWindow
+from broker.quotas import QuotaEntity, QuotaManager, QuotaWindow
 from storage.clock import Clock, SystemClock
 from storage.errors import (
     InvalidReplicationFactorError,
@@ -922,23 +922,39 @@ class BrokerCore:
     # --- client quotas (broker.quotas) ------------------------------------------------
 
     def alter_client_quotas(
-        self, client_id: str, set_values: Mapping[str, float], delete: Sequence[str]
+        self,
+        client_id: str,
+        set_values: Mapping[str, float],
+        delete: Sequence[str],
+        *,
+        user: str | None = None,
     ) -> None:
-        """Set and remove quotas of a client id (``<default>``: all without their own).
+        """Set and remove quotas of a client id, a user, or a user with a client id
+        (``<default>`` in either place: all without their own; ``broker.quotas``).
 
         Raises:
             InvalidRequestError: an unknown quota name, a value that is not positive, or
-                an empty client id.
+                neither a user nor a client id.
         """
-        if not client_id:
-            raise InvalidRequestError("a quota needs a client id (or <default>)")
+        if not client_id and not user:
+            raise InvalidRequestError("a quota needs a client id, a user, or both")
+        entity = QuotaEntity(user or None, client_id or None)
         with self._operation():
-            self.quotas.alter(client_id, set_values, list(delete))
+            self.quotas.alter(entity, set_values, list(delete))
 
-    def describe_client_quotas(self, client_id: str | None) -> dict[str, dict[str, float]]:
-        """The quotas set, by client id (one, or all if None)."""
+    def describe_client_quotas(
+        self,
+        client_id: str | None,
+        *,
+        user: str | None = None,
+        include_users: bool = False,
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """The quotas set, by entity: those of ``client_id`` and ``user`` when given;
+        entities with a user part only with ``include_users``."""
         with self._operation():
-            return self.quotas.describe(client_id)
+            return self.quotas.describe_entities(
+                user=user, client_id=client_id, users=include_users or user is not None
+            )
 
     # --- metrics ----------------------------------------------------------------------------
 

@@ -147,7 +147,9 @@ class _AsyncService:
         finally:
             self._admission.release_request()
         # request_percentage: storage-thread time, in percent of one thread per second.
-        return result, self._quotas.record(caller.client_id, REQUEST_PERCENTAGE, busy_s * 100)
+        return result, self._quotas.record(
+            caller.client_id, REQUEST_PERCENTAGE, busy_s * 100, user=caller.user
+        )
 
     def _observe(self, method: str, code: str, started: float) -> None:
         self._metrics.observe_request(method, code, time.perf_counter() - started)
@@ -218,7 +220,9 @@ class _AsyncService:
         )
         _, throttle_ms = await self._run(caller, job.run)
         job.resolve_early()
-        bytes_throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
+        bytes_throttle_ms = self._quotas.record(
+            caller.client_id, PRODUCER_BYTE_RATE, size, user=caller.user
+        )
         return job.futures[0], max(throttle_ms, bytes_throttle_ms)
 
     async def produce(
@@ -314,7 +318,9 @@ class _AsyncService:
                 state.ended = True
                 return
             # request_percentage: the batch's storage time, counted after it.
-            throttle_ms = self._quotas.record(caller.client_id, REQUEST_PERCENTAGE, busy_s * 100)
+            throttle_ms = self._quotas.record(
+                caller.client_id, REQUEST_PERCENTAGE, busy_s * 100, user=caller.user
+            )
             if throttle_ms:
                 state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
                 for item in batch:
@@ -335,7 +341,9 @@ class _AsyncService:
                     state.in_flight_bytes += size
                     # The byte rate is counted here, not after the append, so the mute
                     # below applies before the next request is read.
-                    throttle_ms = self._quotas.record(caller.client_id, PRODUCER_BYTE_RATE, size)
+                    throttle_ms = self._quotas.record(
+                        caller.client_id, PRODUCER_BYTE_RATE, size, user=caller.user
+                    )
                     if throttle_ms:
                         state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
                     item = _Incoming(
@@ -422,7 +430,9 @@ class _AsyncService:
             self._core.cancel_fetch(pending)
         size = sum(len(a.records) for a in answers)
         if size:
-            bytes_throttle_ms = self._quotas.record(caller.client_id, CONSUMER_BYTE_RATE, size)
+            bytes_throttle_ms = self._quotas.record(
+                caller.client_id, CONSUMER_BYTE_RATE, size, user=caller.user
+            )
             throttle_ms = max(throttle_ms, bytes_throttle_ms)
         await _hold_back(throttle_ms)
         return fetch_response(request.correlation_id, answers, throttle_ms)
@@ -435,7 +445,9 @@ class _AsyncService:
         started = time.perf_counter()
         answers = self._core.step_fetch(pending)
         busy_s = time.perf_counter() - started
-        return answers, self._quotas.record(caller.client_id, REQUEST_PERCENTAGE, busy_s * 100)
+        return answers, self._quotas.record(
+            caller.client_id, REQUEST_PERCENTAGE, busy_s * 100, user=caller.user
+        )
 
     async def fetch(
         self, request: pb.FetchRequest, context: aio.ServicerContext[Any, Any]

@@ -1,19 +1,33 @@
-"""Client quotas, Kafka's model: byte rates and request time per client id, by throttling.
+"""Client quotas, Kafka's model: byte rates and request time per user and client id.
 
-Three quotas, Kafka's names, per client id (``<default>`` applies to every client id
-without quotas of its own; per user once authentication exists):
+Three quotas, Kafka's names:
 
 - ``producer_byte_rate``: record bytes produced per second;
 - ``consumer_byte_rate``: record bytes fetched per second;
 - ``request_percentage``: time on the broker's storage threads, in percent of one thread
   per ``quota.window.size.seconds`` (100 = one whole thread).
 
-Measurement (Kafka's ``Rate`` over ``SampledStat``): each client id and quota has
-``quota.window.num`` samples of ``quota.window.size.seconds``; the rate is the sum of the
-live samples over the time they span, counted as at least ``num - 1`` whole windows, so a
-new client's first burst is measured over the full window. A client over its quota is
-throttled for ``(rate - quota) / quota * window``: the time after which its rate is back
-at the quota, at most the whole window span (Kafka's formula and cap).
+Entities (``QuotaEntity``), Kafka's: a user, a client id, or a user and a client id;
+``<default>`` in either place stands for every user (client id) without an entry of its
+own. The user is the authenticated principal's name (``User:alice`` -> ``alice``);
+without authentication it is ``ANONYMOUS``, as Kafka's. For each quota, the first entity
+in Kafka's order that sets that quota applies:
+
+1. user and client id   2. user and ``<default>`` client   3. user
+4. ``<default>`` user and client id   5. ``<default>`` user and ``<default>`` client
+6. ``<default>`` user   7. client id   8. ``<default>`` client
+
+(per quota: a user with only ``consumer_byte_rate`` set still produces under the next
+entity down that sets ``producer_byte_rate``, as Kafka keeps one override table per quota
+type). The clients that match one entity share one meter: a user's quota is shared by all
+its client ids; a default is metered for each user (client id) on its own.
+
+Measurement (Kafka's ``Rate`` over ``SampledStat``): each meter has ``quota.window.num``
+samples of ``quota.window.size.seconds``; the rate is the sum of the live samples over the
+time they span, counted as at least ``num - 1`` whole windows, so a new client's first
+burst is measured over the full window. A client over its quota is throttled for
+``(rate - quota) / quota * window``: the time after which its rate is back at the quota,
+at most the whole window span (Kafka's formula and cap).
 
 Enforcement, by the listener: a produce stream over its quota is not read for the
 throttle time (Kafka mutes the channel; gRPC flow control then holds the client back),
@@ -23,7 +37,8 @@ does not trust the client to honour it: the muting does.
 
 ``RateMeter`` is pure (time comes in as ``now_ms``); ``QuotaManager`` is the thread-safe
 owner of the quotas (persisted in ``quotas.json`` in the data directory, written
-atomically) and of the meters.
+atomically; the file of a broker from before user quotas, client ids only, still loads)
+and of the meters.
 """
 
 from __future__ import annotations
@@ -45,12 +60,14 @@ from storage.errors import InvalidRequestError
 from storage.files import atomic_write
 
 __all__ = [
+    "ANONYMOUS",
     "CONSUMER_BYTE_RATE",
     "DEFAULT_ENTITY",
     "PRODUCER_BYTE_RATE",
     "QUOTA_KEYS",
     "REQUEST_PERCENTAGE",
     "QuotaCollector",
+    "QuotaEntity",
     "QuotaManager",
     "QuotaWindow",
     "RateMeter",
@@ -63,6 +80,7 @@ CONSUMER_BYTE_RATE = "consumer_byte_rate"
 REQUEST_PERCENTAGE = "request_percentage"
 QUOTA_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
 DEFAULT_ENTITY = "<default>"
+ANONYMOUS = "ANONYMOUS"  # the user of a connection without authentication (Kafka's)
 _FILE_NAME = "quotas.json"
 
 
@@ -78,6 +96,46 @@ class QuotaWindow:
             raise ValueError("quota.window.num: must be >= 2")
         if self.sample_ms < 1:
             raise ValueError("quota.window.size.seconds: must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntity:
+    """Who a quota is for: a user, a client id, or both (None: that part not given;
+    ``<default>``: every user or client id without an entry of its own)."""
+
+    user: str | None = None
+    client_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.user is None and self.client_id is None:
+            raise InvalidRequestError("a quota needs a user, a client id, or both")
+
+    def __str__(self) -> str:
+        parts = []
+        if self.user is not None:
+            parts.append(f"user={self.user}")
+        if self.client_id is not None:
+            parts.append(f"client-id={self.client_id}")
+        return ",".join(parts)
+
+    def sort_key(self) -> tuple[str, str]:
+        """Users first, then client ids (for listings)."""
+        return (self.user or "\uffff", self.client_id or "")
+
+
+def _precedence(user: str, client_id: str) -> tuple[QuotaEntity, ...]:
+    """Kafka's order of the entities that may bound ``user`` with ``client_id``."""
+    d = DEFAULT_ENTITY
+    return (
+        QuotaEntity(user, client_id),
+        QuotaEntity(user, d),
+        QuotaEntity(user, None),
+        QuotaEntity(d, client_id),
+        QuotaEntity(d, d),
+        QuotaEntity(d, None),
+        QuotaEntity(None, client_id),
+        QuotaEntity(None, d),
+    )
 
 
 class RateMeter:
@@ -144,7 +202,7 @@ def _validate(values: Mapping[str, float]) -> dict[str, float]:
 
 
 class QuotaManager:
-    """Quotas by client id, their meters and throttle totals. Thread-safe (one lock).
+    """Quotas by entity, their meters and throttle totals. Thread-safe (one lock).
 
     Build with ``open``; the constructor only assigns.
     """
@@ -154,14 +212,15 @@ class QuotaManager:
         path: Path,
         window: QuotaWindow,
         clock: Clock,
-        quotas: dict[str, dict[str, float]],
+        quotas: dict[QuotaEntity, dict[str, float]],
     ) -> None:
         self._path = path
         self._window = window
         self._clock = clock
         self._lock = threading.Lock()  # guards _quotas, _meters, _throttled_ms
         self._quotas = quotas
-        self._meters: dict[tuple[str, str], RateMeter] = {}
+        # (metered user or "", metered client id or "", quota) -> meter
+        self._meters: dict[tuple[str, str, str], RateMeter] = {}
         self._throttled_ms: dict[str, int] = dict.fromkeys(QUOTA_KEYS, 0)
 
     @classmethod
@@ -172,22 +231,33 @@ class QuotaManager:
             OSError, ValueError: the file cannot be read or parsed.
         """
         path = data_dir / _FILE_NAME
-        quotas: dict[str, dict[str, float]] = {}
+        quotas: dict[QuotaEntity, dict[str, float]] = {}
         if path.exists():
             document = json.loads(path.read_text())
-            for entity, values in document.get("client_ids", {}).items():
-                quotas[str(entity)] = {str(k): float(v) for k, v in values.items()}
+            # Before user quotas the file held client ids only.
+            for client_id, values in document.get("client_ids", {}).items():
+                quotas[QuotaEntity(None, str(client_id))] = _floats(values)
+            for entry in document.get("entities", []):
+                entity = QuotaEntity(entry.get("user"), entry.get("client_id"))
+                quotas[entity] = _floats(entry["quotas"])
         return cls(path, window, clock, quotas)
 
     # --- configuration ------------------------------------------------------------------
 
-    def alter(self, client_id: str, set_values: Mapping[str, float], delete: list[str]) -> None:
-        """Set and remove quotas of ``client_id`` (``<default>``: every client id without
-        its own) and persist them.
+    def alter(
+        self, entity: QuotaEntity | str, set_values: Mapping[str, float], delete: list[str]
+    ) -> None:
+        """Set and remove quotas of ``entity`` (a bare string: a client id) and persist
+        them.
 
         Raises:
-            InvalidRequestError: an unknown quota name or a value that is not positive.
+            InvalidRequestError: an empty user or client id, an unknown quota name or a
+                value that is not positive.
         """
+        if isinstance(entity, str):
+            entity = QuotaEntity(None, entity)
+        if entity.user == "" or entity.client_id == "":
+            raise InvalidRequestError("a quota's user or client id must not be empty")
         checked = _validate(set_values)
         for key in delete:
             if key not in QUOTA_KEYS:
@@ -195,50 +265,88 @@ class QuotaManager:
                     f"unknown quota {key!r}; known quotas: {', '.join(QUOTA_KEYS)}"
                 )
         with self._lock:
-            values = dict(self._quotas.get(client_id, {}))
+            values = dict(self._quotas.get(entity, {}))
             for key in delete:
                 values.pop(key, None)
             values.update(checked)
             if values:
-                self._quotas[client_id] = values
+                self._quotas[entity] = values
             else:
-                self._quotas.pop(client_id, None)
-            document = {"client_ids": self._quotas}
+                self._quotas.pop(entity, None)
+            document = {
+                "entities": [
+                    {"user": e.user, "client_id": e.client_id, "quotas": v}
+                    for e, v in sorted(self._quotas.items(), key=lambda item: item[0].sort_key())
+                ]
+            }
             atomic_write(self._path, json.dumps(document, sort_keys=True).encode())
-        log.info("quotas of client id %r: %s", client_id, values or "none")
+        log.info("quotas of %s: %s", entity, values or "none")
 
     def describe(self, client_id: str | None = None) -> dict[str, dict[str, float]]:
-        """The quotas set, by client id (one client id, or all if None)."""
+        """The quotas of client-id entities (no user part), by client id (one, or all if
+        None)."""
+        found = self.describe_entities(client_id=client_id, users=False)
+        return {e.client_id: v for e, v in found.items() if e.client_id is not None}
+
+    def describe_entities(
+        self, *, user: str | None = None, client_id: str | None = None, users: bool = True
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """The quotas set, by entity: those whose user (client id) is ``user``
+        (``client_id``) when given; ``users`` False leaves out entities with a user part."""
         with self._lock:
-            if client_id is not None:
-                found = self._quotas.get(client_id)
-                return {client_id: dict(found)} if found else {}
-            return {entity: dict(values) for entity, values in sorted(self._quotas.items())}
+            out = {}
+            for entity, values in self._quotas.items():
+                if user is not None and entity.user != user:
+                    continue
+                if client_id is not None and entity.client_id != client_id:
+                    continue
+                if not users and entity.user is not None:
+                    continue
+                out[entity] = dict(values)
+            return dict(sorted(out.items(), key=lambda item: item[0].sort_key()))
 
     # --- enforcement --------------------------------------------------------------------
 
-    def record(self, client_id: str, quota: str, value: float) -> int:
-        """Count ``value`` against ``client_id``'s ``quota``; the throttle time in ms
-        (0 when within its quota or without one)."""
+    def record(self, client_id: str, quota: str, value: float, *, user: str | None = None) -> int:
+        """Count ``value`` against the ``quota`` of ``user`` (None: ``ANONYMOUS``) with
+        ``client_id``; the throttle time in ms (0 when within the quota or without one)."""
         with self._lock:
-            values = self._quotas.get(client_id) or self._quotas.get(DEFAULT_ENTITY)
-            bound = values.get(quota) if values else None
-            if bound is None:
+            if not self._quotas:
                 return 0
+            found = self._bound(user or ANONYMOUS, client_id, quota)
+            if found is None:
+                return 0
+            meter_key, bound = found
             now_ms = self._clock.monotonic_ms()
-            key = (client_id, quota)
-            meter = self._meters.get(key)
+            meter = self._meters.get(meter_key)
             if meter is None:
-                meter = self._meters[key] = RateMeter(self._window)
+                meter = self._meters[meter_key] = RateMeter(self._window)
             meter.record(value, now_ms)
             throttle = meter.throttle_ms(bound, now_ms)
             self._throttled_ms[quota] += throttle
             return throttle
 
+    def _bound(
+        self, user: str, client_id: str, quota: str
+    ) -> tuple[tuple[str, str, str], float] | None:
+        for entity in _precedence(user, client_id):
+            values = self._quotas.get(entity)
+            if values is not None and quota in values:
+                # Everyone the entity matches shares one meter: a named or default user
+                # part meters per user, a client part per client id.
+                metered_user = user if entity.user is not None else ""
+                metered_client = client_id if entity.client_id is not None else ""
+                return (metered_user, metered_client, quota), values[quota]
+        return None
+
     def throttled_ms(self) -> dict[str, int]:
         """Total throttle time imposed so far, by quota (for the metrics)."""
         with self._lock:
             return dict(self._throttled_ms)
+
+
+def _floats(values: Mapping[str, object]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in values.items()}  # type: ignore[arg-type]
 
 
 class QuotaCollector(Collector):

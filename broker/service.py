@@ -436,18 +436,26 @@ def _delete_group(
 def _alter_client_quotas(
     core: BrokerCore, request: pb.AlterClientQuotasRequest, context: RequestContext
 ) -> pb.AlterClientQuotasResponse:
-    core.alter_client_quotas(request.client_id, dict(request.set), list(request.delete))
+    core.alter_client_quotas(
+        request.client_id, dict(request.set), list(request.delete), user=request.user or None
+    )
     return pb.AlterClientQuotasResponse()
 
 
 def _describe_client_quotas(
     core: BrokerCore, request: pb.DescribeClientQuotasRequest, context: RequestContext
 ) -> pb.DescribeClientQuotasResponse:
-    found = core.describe_client_quotas(request.client_id or None)
+    found = core.describe_client_quotas(
+        request.client_id or None,
+        user=request.user or None,
+        include_users=request.include_users,
+    )
     return pb.DescribeClientQuotasResponse(
         entries=[
-            pb.ClientQuotaEntry(client_id=client_id, quotas=values)
-            for client_id, values in found.items()
+            pb.ClientQuotaEntry(
+                client_id=entity.client_id or "", user=entity.user or "", quotas=values
+            )
+            for entity, values in found.items()
         ]
     )
 

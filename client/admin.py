@@ -50,6 +50,7 @@ from client.types import (
     GroupPartitionLag,
     GroupSummary,
     OffsetAndTimestamp,
+    QuotaEntity,
     TopicDescription,
     TopicPartition,
     TopicSummary,
@@ -538,19 +539,26 @@ class AdminClient:
 
     def alter_client_quotas(
         self,
-        client_id: str,
+        client_id: str | None = None,
         quotas: Mapping[str, float] | None = None,
         delete: Iterable[str] = (),
         *,
+        user: str | None = None,
         timeout_ms: int | None = None,
     ) -> None:
-        """Set ``quotas`` and remove the ``delete`` ones of a client id (``"<default>"``:
-        every client id without quotas of its own), Kafka's ``AlterClientQuotas``.
+        """Set ``quotas`` and remove the ``delete`` ones of a client id, a user, or a user
+        with a client id (Kafka's ``AlterClientQuotas``; ``"<default>"`` in either place:
+        every client id or user without an entry of its own).
 
         Quotas: ``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second),
         ``request_percentage`` (percent of one broker storage thread). A client over a
-        quota gets its answers late by the throttle time. Raises ``InvalidRequestError``
-        for an unknown quota name or a value that is not positive.
+        quota gets its answers late by the throttle time. For each quota the most
+        specific entity that sets it applies, in Kafka's order (user and client id, user,
+        default user, client id, default client: ``docs/security.md``); the clients one
+        entity matches share its rate (a user's quota binds all its client ids together).
+        The user is the authenticated principal's name; without authentication it is
+        ``ANONYMOUS``. Raises ``InvalidRequestError`` for an unknown quota name, a value
+        that is not positive, or neither a user nor a client id.
 
         As in Kafka a quota is a limit per broker: each broker throttles the traffic it
         serves. In a cluster the change is sent to every live broker (asked again until
@@ -558,44 +566,63 @@ class AdminClient:
         broker down at the time, or one that joins later, does not get it
         (``docs/cluster.md``, "Known gaps"): set it again then.
         """
+        if not client_id and not user:
+            raise InvalidRequestError("a quota needs a client id, a user, or both")
         set_quotas = {k: float(v) for k, v in (quotas or {}).items()}
         keys = list(delete)
+        entity = QuotaEntity(user, client_id)
         self._connections.run_on_every_broker(
             lambda connection, timeout: connection.alter_client_quotas(
-                client_id, set_quotas, keys, timeout_ms=timeout
+                client_id or "", set_quotas, keys, user=user or "", timeout_ms=timeout
             ),
-            what=f"AlterClientQuotas {client_id}",
+            what=f"AlterClientQuotas {entity}",
             timeout_ms=timeout_ms,
         )
 
     def describe_client_quotas(
         self, client_id: str | None = None, *, timeout_ms: int | None = None
     ) -> dict[str, dict[str, float]]:
-        """The quotas set, by client id: one client id's, or every one's if None.
+        """The quotas of client ids (entities without a user), by client id: one client
+        id's, or every one's if None. ``describe_quotas`` lists users' too."""
+        found = self.describe_quotas(client_id=client_id, users=False, timeout_ms=timeout_ms)
+        return {e.client_id: v for e, v in found.items() if e.client_id is not None}
+
+    def describe_quotas(
+        self,
+        *,
+        user: str | None = None,
+        client_id: str | None = None,
+        users: bool = True,
+        timeout_ms: int | None = None,
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """The quotas set, by entity: those of ``user`` and ``client_id`` when given
+        (``"<default>"`` names the default entity); ``users`` False leaves out entities
+        with a user part.
 
         Every live broker is asked. Where brokers disagree (one missed a change while it
         was down) the lowest broker id's quotas are shown and a warning is logged naming
-        the client id.
+        the entity.
         """
         answers = self._connections.run_on_every_broker(
             lambda connection, timeout: connection.describe_client_quotas(
-                client_id or "", timeout_ms=timeout
+                client_id or "", user=user or "", include_users=users, timeout_ms=timeout
             ),
             what="DescribeClientQuotas",
             timeout_ms=timeout_ms,
         )
-        merged: dict[str, dict[str, float]] = {}
+        merged: dict[QuotaEntity, dict[str, float]] = {}
         for _, quotas in sorted(answers.items()):
-            for name, values in quotas.items():
-                merged.setdefault(name, values)
-        for name in merged:
-            if any(quotas.get(name) != merged[name] for quotas in answers.values()):
+            for entity, values in quotas.items():
+                if users or entity.user is None:
+                    merged.setdefault(entity, values)
+        for entity in merged:
+            if any(quotas.get(entity) != merged[entity] for quotas in answers.values()):
                 log.warning(
-                    "client id %r has different quotas on different brokers: %s",
-                    name,
-                    {broker_id: quotas.get(name, {}) for broker_id, quotas in answers.items()},
+                    "%s has different quotas on different brokers: %s",
+                    entity,
+                    {broker_id: quotas.get(entity, {}) for broker_id, quotas in answers.items()},
                 )
-        return merged
+        return dict(sorted(merged.items(), key=lambda item: _entity_order(item[0])))
 
     # --- SCRAM users (docs/security.md) --------------------------------------------------
 
@@ -671,3 +698,8 @@ def _text_config(config: Mapping[str, object] | None) -> dict[str, str]:
         else:
             out[key] = str(value)
     return out
+
+
+def _entity_order(entity: QuotaEntity) -> tuple[int, str, str]:
+    """Users first, then client ids; by name."""
+    return (entity.user is None, entity.user or "", entity.client_id or "")

@@ -34,6 +34,7 @@ from client.types import (
     GroupPartitionLag,
     GroupSummary,
     PartitionDescription,
+    QuotaEntity,
     TopicDescription,
     TopicPartition,
     TopicSummary,
@@ -258,15 +259,23 @@ class Connection(Protocol):
         set_quotas: Mapping[str, float],
         delete: Sequence[str],
         *,
+        user: str = "",
         timeout_ms: int | None,
     ) -> None:
-        """Set and remove quotas of a client id on this broker."""
+        """Set and remove quotas of a client id, a user, or both ("": not given) on this
+        broker."""
         ...
 
     def describe_client_quotas(
-        self, client_id: str, *, timeout_ms: int | None
-    ) -> dict[str, dict[str, float]]:
-        """This broker's quotas by client id (``client_id`` "": every one)."""
+        self,
+        client_id: str,
+        *,
+        user: str = "",
+        include_users: bool = False,
+        timeout_ms: int | None,
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """This broker's quotas by entity (``client_id``, ``user`` "": any); entities with
+        a user part only with ``include_users``."""
         ...
 
     def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription: ...
@@ -609,27 +618,38 @@ class GrpcConnection:
         set_quotas: Mapping[str, float],
         delete: Sequence[str],
         *,
+        user: str = "",
         timeout_ms: int | None,
     ) -> None:
         self.transport.call(
             self.transport.stub.AlterClientQuotas,
             pb.AlterClientQuotasRequest(
-                client_id=client_id, set=dict(set_quotas), delete=list(delete)
+                client_id=client_id, user=user, set=dict(set_quotas), delete=list(delete)
             ),
-            what=f"AlterClientQuotas {client_id}",
+            what=f"AlterClientQuotas {user or ''}/{client_id}",
             timeout_ms=timeout_ms,
         )
 
     def describe_client_quotas(
-        self, client_id: str, *, timeout_ms: int | None
-    ) -> dict[str, dict[str, float]]:
+        self,
+        client_id: str,
+        *,
+        user: str = "",
+        include_users: bool = False,
+        timeout_ms: int | None,
+    ) -> dict[QuotaEntity, dict[str, float]]:
         answer = self.transport.call(
             self.transport.stub.DescribeClientQuotas,
-            pb.DescribeClientQuotasRequest(client_id=client_id),
+            pb.DescribeClientQuotasRequest(
+                client_id=client_id, user=user, include_users=include_users
+            ),
             what="DescribeClientQuotas",
             timeout_ms=timeout_ms,
         )
-        return {entry.client_id: dict(entry.quotas) for entry in answer.entries}
+        return {
+            QuotaEntity(entry.user or None, entry.client_id or None): dict(entry.quotas)
+            for entry in answer.entries
+        }
 
     def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription:
         answer = self.transport.call(

@@ -55,6 +55,7 @@ from client.types import (
     GroupPartitionLag,
     GroupSummary,
     PartitionDescription,
+    QuotaEntity,
     TopicDescription,
     TopicPartition,
     TopicSummary,
@@ -109,8 +110,8 @@ class InMemoryCluster:
         self._topics: dict[str, _Topic] = {}
         self._committed: dict[str, dict[TopicPartition, int]] = {}
         self._coordinators: dict[str, int] = {}
-        # broker id -> client id -> quota -> value, as each broker keeps them
-        self.quotas: dict[int, dict[str, dict[str, float]]] = {}
+        # broker id -> entity -> quota -> value, as each broker keeps them
+        self.quotas: dict[int, dict[QuotaEntity, dict[str, float]]] = {}
         self.calls: list[tuple[int, str]] = []  # (broker id, call) in order, guarded by _lock
         # tp -> (base offset, batch bytes) of every batch appended, in order
         self.produced: dict[TopicPartition, list[tuple[int, bytes]]] = {}
@@ -451,28 +452,37 @@ class InMemoryConnection:
         set_quotas: Mapping[str, float],
         delete: Sequence[str],
         *,
+        user: str = "",
         timeout_ms: int | None,
     ) -> None:
         cluster = self._cluster
+        entity = QuotaEntity(user or None, client_id or None)
         with cluster._lock:
             broker_id = self._enter("alter_client_quotas")
-            quotas = cluster.quotas.setdefault(broker_id, {}).setdefault(client_id, {})
+            quotas = cluster.quotas.setdefault(broker_id, {}).setdefault(entity, {})
             quotas.update(set_quotas)
             for key in delete:
                 quotas.pop(key, None)
             if not quotas:
-                del cluster.quotas[broker_id][client_id]
+                del cluster.quotas[broker_id][entity]
 
     def describe_client_quotas(
-        self, client_id: str, *, timeout_ms: int | None
-    ) -> dict[str, dict[str, float]]:
+        self,
+        client_id: str,
+        *,
+        user: str = "",
+        include_users: bool = False,
+        timeout_ms: int | None,
+    ) -> dict[QuotaEntity, dict[str, float]]:
         cluster = self._cluster
         with cluster._lock:
             broker_id = self._enter("describe_client_quotas")
             return {
-                name: dict(quotas)
-                for name, quotas in cluster.quotas.get(broker_id, {}).items()
-                if not client_id or name == client_id
+                entity: dict(quotas)
+                for entity, quotas in cluster.quotas.get(broker_id, {}).items()
+                if (not client_id or entity.client_id == client_id)
+                and (not user or entity.user == user)
+                and (include_users or user or entity.user is None)
             }
 
     def describe_topic(self, name: str, *, timeout_ms: int | None) -> TopicDescription:

@@ -24,6 +24,7 @@ __all__ = [
     "Header",
     "OffsetAndTimestamp",
     "PartitionDescription",
+    "QuotaEntity",
     "RecordMetadata",
     "TopicDescription",
     "TopicPartition",
@@ -140,6 +141,22 @@ class TopicDescription:
     partitions: Sequence[PartitionDescription]
     config: Mapping[str, str]
     internal: bool = False
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class QuotaEntity:
+    """Who a client quota is for (``AdminClient.describe_quotas``): a user, a client id,
+    or both; None where that part is not given, ``"<default>"`` for every user (client
+    id) without an entry of its own."""
+
+    user: str | None = None
+    client_id: str | None = None
+
+    def __str__(self) -> str:
+        parts = [f"user={self.user}"] if self.user is not None else []
+        if self.client_id is not None:
+            parts.append(f"client-id={self.client_id}")
+        return ",".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import pytest
 from broker.cluster.testing import LocalCluster
 from client import AdminClient, Consumer, Producer, TopicPartition
 from client.connection import grpc_connections
+from client.types import QuotaEntity
 from storage.errors import GroupIdNotFoundError, GroupNotEmptyError, TidelogError
 from tests.client.test_cluster_client import create_spread_topic, eventually, read
 
@@ -204,7 +205,8 @@ def quotas_of(cluster: LocalCluster, broker_id: int, client_id: str) -> dict[str
     )
     connection = connect(cluster.address(broker_id))
     try:
-        return connection.describe_client_quotas(client_id, timeout_ms=10_000).get(client_id, {})
+        found = connection.describe_client_quotas(client_id, timeout_ms=10_000)
+        return found.get(QuotaEntity(None, client_id), {})
     finally:
         connection.close()
 

@@ -12,6 +12,7 @@ import pytest
 
 from broker.testing import InProcessBroker
 from client import AdminClient, Producer
+from client.types import QuotaEntity as ClientQuotaEntity
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -275,12 +276,13 @@ def test_quotas_set_list_delete(broker: InProcessBroker) -> None:
     assert listed.returncode == 0, listed.stderr
     lines = [line.split() for line in listed.stdout.splitlines()]
     assert lines[0] == [
+        "USER",
         "CLIENT_ID",
         "PRODUCER_BYTE_RATE",
         "CONSUMER_BYTE_RATE",
         "REQUEST_PERCENTAGE",
     ]
-    assert lines[1] == ["etl", "1048576", "-", "50"]
+    assert lines[1] == ["-", "etl", "1048576", "-", "50"]
     assert_one_line_error(
         tidelog("quotas", "set", "etl", "bogus=1", "--bootstrap", address), 1, "unknown quota"
     )
@@ -288,3 +290,36 @@ def test_quotas_set_list_delete(broker: InProcessBroker) -> None:
     assert removed.returncode == 0, removed.stderr
     with AdminClient(address) as admin:
         assert admin.describe_client_quotas() == {}
+
+
+def test_quotas_of_users_and_users_with_client_ids(broker: InProcessBroker) -> None:
+    address = broker.address
+    for words in (
+        ["--user", "alice", "producer_byte_rate=1000"],
+        ["app", "consumer_byte_rate=2000", "--user", "<default>"],
+        ["etl", "request_percentage=25"],
+    ):
+        done = tidelog("quotas", "set", *words, "--bootstrap", address)
+        assert done.returncode == 0, done.stderr
+    listed = tidelog("quotas", "list", "--bootstrap", address)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert rows == [
+        ["<default>", "app", "-", "2000", "-"],
+        ["alice", "-", "1000", "-", "-"],
+        ["-", "etl", "-", "-", "25"],
+    ]
+    only = tidelog("quotas", "list", "--user", "alice", "--bootstrap", address)
+    assert [line.split()[0] for line in only.stdout.splitlines()[1:]] == ["alice"]
+    assert_one_line_error(
+        tidelog("quotas", "set", "producer_byte_rate=1", "--bootstrap", address),
+        2,
+        "client id, a user",
+    )
+    removed = tidelog(
+        "quotas", "delete", "--user", "alice", "producer_byte_rate", "--bootstrap", address
+    )
+    assert removed.returncode == 0, removed.stderr
+    with AdminClient(address) as admin:
+        assert ClientQuotaEntity("alice", None) not in admin.describe_quotas()
+        assert ClientQuotaEntity("<default>", "app") in admin.describe_quotas()

@@ -21,7 +21,7 @@ from client.group_admin import (
 )
 from client.routing import ClusterConnections
 from client.testing import InMemoryCluster
-from client.types import TopicPartition
+from client.types import QuotaEntity, TopicPartition
 from storage.errors import BrokerUnavailableError, UnknownTopicOrPartitionError
 from tests.client.test_routing import ManualClock, _connections
 
@@ -196,7 +196,8 @@ def test_the_admin_client_sets_quotas_on_every_broker_and_follows_coordinators()
         cluster.nodes[1].address, connection_factory=cluster.connect, request_timeout_ms=5_000
     ) as admin:
         admin.alter_client_quotas("etl", {"producer_byte_rate": 1e6})
-        assert cluster.quotas == {b: {"etl": {"producer_byte_rate": 1e6}} for b in range(3)}
+        etl = QuotaEntity(None, "etl")
+        assert cluster.quotas == {b: {etl: {"producer_byte_rate": 1e6}} for b in range(3)}
         assert admin.describe_client_quotas() == {"etl": {"producer_byte_rate": 1e6}}
         admin.alter_group_offsets("g", dict.fromkeys(TPS, 3))
         cluster.set_coordinator("g", 2)

@@ -1893,9 +1893,11 @@ Global___DeleteGroupResponse: _TypeAlias = DeleteGroupResponse  # noqa: Y015
 class AlterClientQuotasRequest(_message.Message):
     """---------------------------------------------------------------------------- quotas
 
-    Quotas per client id (the client's `client_id` setting; "<default>" applies to every
-    client id without quotas of its own): producer_byte_rate and consumer_byte_rate in
-    bytes per second, request_percentage in percent of one broker storage thread.
+    Quotas per entity, Kafka's: a user, a client id (the client's `client_id` setting), or
+    both; "<default>" in either place applies to every user (client id) without an entry of
+    its own; "" means that part is not given (neither may be configured empty).
+    producer_byte_rate and consumer_byte_rate in bytes per second, request_percentage in
+    percent of one broker storage thread. Precedence: broker/quotas.py.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1923,7 +1925,9 @@ class AlterClientQuotasRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     SET_FIELD_NUMBER: _builtins.int
     DELETE_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
+    user: _builtins.str
     @_builtins.property
     def set(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     @_builtins.property
@@ -1936,10 +1940,11 @@ class AlterClientQuotasRequest(_message.Message):
         client_id: _builtins.str = ...,
         set: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         delete: _abc.Iterable[_builtins.str] | None = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delete", b"delete", "set", b"set"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "delete", b"delete", "set", b"set", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1965,16 +1970,24 @@ class DescribeClientQuotasRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    INCLUDE_USERS_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
-    """empty: every client id with quotas"""
+    """empty: any client id"""
+    user: _builtins.str
+    """empty: any user"""
+    include_users: _builtins.bool
+    """false (older clients): client-id entities only; true: user entities too"""
     def __init__(
         self,
         *,
         client_id: _builtins.str = ...,
+        user: _builtins.str = ...,
+        include_users: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "include_users", b"include_users", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2006,7 +2019,11 @@ class ClientQuotaEntry(_message.Message):
 
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     QUOTAS_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
     client_id: _builtins.str
+    """empty: an entity without a client id part"""
+    user: _builtins.str
+    """empty: an entity without a user part"""
     @_builtins.property
     def quotas(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
     def __init__(
@@ -2014,10 +2031,11 @@ class ClientQuotaEntry(_message.Message):
         *,
         client_id: _builtins.str = ...,
         quotas: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        user: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "quotas", b"quotas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "quotas", b"quotas", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
