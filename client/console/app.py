@@ -61,7 +61,7 @@ from storage.errors import (
 )
 
 from .config import ConsoleConfig
-from .history import Series
+from .history import History, Series
 from .sessions import COOKIE_NAME, ConsoleSession, SessionStore
 from .view import ClusterView, describe_error, total_lag
 
@@ -322,7 +322,7 @@ class _Console:
             self.config.bootstrap_servers,
             self.config.client_settings(username, password),
             principal=username,
-            history=None,
+            history=History(window_ms=self.config.history_window_ms),
         )
         try:
             view.admin.list_topics()
@@ -770,15 +770,27 @@ def create_app(config: ConsoleConfig) -> Starlette:
     if not config.authentication:
 
         def shared() -> ClusterView:
-            return ClusterView(config.bootstrap_servers, config.client_settings())
+            return ClusterView(
+                config.bootstrap_servers,
+                config.client_settings(),
+                history=History(window_ms=config.history_window_ms),
+            )
 
-    store = SessionStore(shared, idle_ms=config.session_idle_ms)
+    store = SessionStore(
+        shared, idle_ms=config.session_idle_ms, sample_interval_ms=config.sample_interval_ms
+    )
     console = _Console(config, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        store.close()
+        # Background sampling for the charts lives as long as the application: the
+        # shared view's sampler starts now (its first look is made on the sampler's own
+        # thread), a session's at its login; all stop here.
+        await _run(store.start)
+        try:
+            yield
+        finally:
+            await _run(store.close)
 
     routes = [
         Route("/", console.overview, name="overview"),
