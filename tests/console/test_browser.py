@@ -259,6 +259,47 @@ def test_group_lag_grows_and_falls_to_zero_live(
     expect(page.locator("#total-lag")).to_have_text("812")
 
 
+def test_a_group_whose_id_has_slashes_spaces_and_accents(
+    page: Page, console_url: str, broker: InProcessBroker
+) -> None:
+    topic, group = "browser-awkward", "ops/eu west?#1 100% ünïcode ✓"
+    with AdminClient(broker.address) as admin:
+        admin.create_topic(topic, 1)
+    tp = TopicPartition(topic, 0)
+    with Producer(broker.address, acks=1) as producer:
+        for i in range(6):
+            producer.send(topic, value=f"awkward {i}".encode())
+        producer.flush()
+    member = Consumer(
+        broker.address, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    try:
+        member.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while tp not in member.assignment():
+            assert time.monotonic() < deadline, "no assignment"
+            member.poll(timeout_ms=100, max_records=1)
+        member.commit({tp: 2})
+        page.goto(console_url + "/groups")
+        page.get_by_role("link", name=group).click()
+        expect(page.locator("h1")).to_have_text(f"Group {group}")
+        assert "/groups/ops%2Feu%20west%3F%231%20100%25%20" in page.url
+        expect(page.locator("#total-lag")).to_have_text("4")
+        expect(page.locator("#group-members")).to_have_text("1")
+        expect(page.locator(".chart .uplot")).to_have_count(1)  # its chart's JSON too
+    finally:
+        member.close(autocommit=False)
+    # Empty now (the live page follows): reset through the confirmation page.
+    expect(page.locator("#group-members")).to_have_text("0")
+    page.reload()
+    page.get_by_role("button", name="Review the reset…").click()
+    expect(page.locator("h1")).to_have_text(f"Reset group {group}?")
+    page.get_by_role("button", name="Reset offsets").click()
+    expect(page.locator(".flash.ok")).to_have_text(f"Reset 1 partition(s) of group {group}.")
+    expect(page.locator("#total-lag")).to_have_text("6")
+    shot(page, "group-awkward-id")
+
+
 UNLABELLED = """() => Array.from(document.querySelectorAll("input, select, textarea"))
     .filter((e) => e.type !== "hidden" && !e.labels.length && !e.getAttribute("aria-label"))
     .map((e) => e.name || e.id)"""

@@ -161,3 +161,24 @@ def test_a_super_user_may_change_users_and_acls(secured: InProcessBroker) -> Non
         # And the new user could have logged in with its own password, in its own session.
         with console_client(secured.address, security=SECURITY) as other:
             assert log_in(other, user, "erin-secret") == 401  # deleted: refused
+
+
+def test_the_login_returns_to_a_group_page_whose_id_has_a_slash(secured: InProcessBroker) -> None:
+    with console_client(secured.address, security=SECURITY) as web:
+        asked = web.get("/groups/a%2Fb%20c")
+        assert asked.status_code == 303
+        # The address as sent, percent-encoded once more for the query.
+        assert asked.headers["location"] == "/login?next=/groups/a%252Fb%2520c"
+        form = web.get(asked.headers["location"]).text
+        assert 'name="next" value="/groups/a%2Fb%20c"' in form
+        token = csrf_token(web, asked.headers["location"])
+        back = web.post(
+            "/login",
+            data={
+                "csrf_token": token,
+                "username": "root",
+                "password": "root-secret",
+                "next": "/groups/a%2Fb%20c",
+            },
+        )
+        assert back.headers["location"] == "/groups/a%2Fb%20c"
