@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from broker.cluster.testing import LocalCluster, zookeeper_available
 from broker.testing import InProcessBroker
 from client import Consumer, Producer, TopicPartition
 from client.admin import AdminClient
@@ -298,6 +299,78 @@ def test_a_group_whose_id_has_slashes_spaces_and_accents(
     expect(page.locator(".flash.ok")).to_have_text(f"Reset 1 partition(s) of group {group}.")
     expect(page.locator("#total-lag")).to_have_text("6")
     shot(page, "group-awkward-id")
+
+
+@pytest.mark.timeout(60)
+def test_a_cluster_with_a_broker_killed(browser: Browser) -> None:
+    """A real three-broker cluster; one broker SIGKILLed while the overview is open: the
+    page shows it down and partitions offline by itself, and the topic page still works."""
+    if not zookeeper_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI needs libzookeeper-java and java for the cluster tests")
+        pytest.skip("no ZooKeeper (apt-get install libzookeeper-java)")
+    began = time.monotonic()
+    settings = {"replica.lag.time.max.ms": 2_000}
+    with LocalCluster(brokers=3, settings=settings) as cluster:
+        with AdminClient(cluster.bootstrap, request_timeout_ms=15_000) as admin:
+            admin.create_topic("spread", 3, replication_factor=1)
+            admin.create_topic("safe", 2, replication_factor=3)
+            controller = admin.describe_cluster().controller_id
+            leaders = {p.partition: p.leader for p in admin.describe_topic("spread").partitions}
+        victim = next(b for b in cluster.broker_ids if b != controller and b in leaders.values())
+        lost = sorted(p for p, leader in leaders.items() if leader == victim)
+        kept = sorted(p for p, leader in leaders.items() if leader != victim)
+        server = _Server(
+            ConsoleConfig(
+                bootstrap_servers=cluster.bootstrap,
+                port=0,
+                refresh_ms=1_000,
+                request_timeout_ms=3_000,
+            )
+        )
+        url = server.start()
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.set_default_timeout(WAIT_MS)
+        try:
+            page = context.new_page()
+            page.goto(url + "/")
+            for broker_id in cluster.broker_ids:
+                expect(page.locator(f'tr[data-broker="{broker_id}"]')).to_contain_text("up")
+            expect(page.locator("#total-offline")).to_have_text("0")
+            page.evaluate("window.notReloaded = true")
+
+            cluster.kill(victim)
+            # The open page updates itself: the broker down, its partitions offline.
+            expect(page.locator(f'tr[data-broker="{victim}"]')).to_contain_text("down")
+            expect(page.locator("#total-offline")).not_to_have_text("0")
+            for broker_id in cluster.broker_ids:
+                if broker_id != victim:
+                    expect(page.locator(f'tr[data-broker="{broker_id}"]')).to_contain_text("up")
+            assert page.evaluate("window.notReloaded") is True
+            shot(page, "overview-broker-down")
+
+            page.get_by_role("link", name="Topics").click()
+            expect(page.locator('tr[data-topic="spread"]')).to_be_visible()
+            page.get_by_role("link", name="spread", exact=True).click()
+            expect(page.locator("h1")).to_contain_text("spread")
+            for p in lost:
+                expect(page.locator(f'#partitions tr[data-partition="{p}"]')).to_contain_text(
+                    "offline"
+                )
+            for p in kept:
+                row = page.locator(f'#partitions tr[data-partition="{p}"]')
+                expect(row).not_to_contain_text("offline")
+            # Still working: produce to a live partition and find the record.
+            page.get_by_label("Partition", exact=True).last.fill(str(kept[0]))
+            page.get_by_label("Value (UTF-8)").fill("after the kill")
+            page.get_by_role("button", name="Send record").click()
+            expect(page.locator(".flash.ok")).to_contain_text(f"partition {kept[0]}, offset 0")
+            expect(page.locator('#records tr[data-offset="0"]')).to_contain_text("after the kill")
+            shot(page, "topic-broker-down")
+        finally:
+            context.close()
+            server.stop()
+    assert time.monotonic() - began < 60
 
 
 UNLABELLED = """() => Array.from(document.querySelectorAll("input, select, textarea"))
