@@ -66,6 +66,7 @@ from storage.errors import (
 
 from .config import ConsoleConfig
 from .history import History, Series
+from .limits import LoginLimiter
 from .sessions import COOKIE_NAME, ConsoleSession, SessionStore
 from .view import ClusterView, describe_error, total_lag
 
@@ -217,6 +218,9 @@ class _Console:
     def __init__(self, config: ConsoleConfig, store: SessionStore) -> None:
         self.config = config
         self.store = store
+        self.limiter = LoginLimiter(
+            max_failures=config.login_failures_max, window_ms=config.login_failure_window_ms
+        )
         self.templates = _templates()
 
     # --- helpers ----------------------------------------------------------------------
@@ -305,23 +309,39 @@ class _Console:
         username = str(form.get("username", "")).strip()
         password = str(form.get("password", ""))
         next_url = _safe_next(str(form.get("next", "/")))
+        status, headers = 401, {}
         error = None
         if not username or not password:
             error = "Give a user name and a password."
         else:
-            error = await _run(self._log_in, request, username, password)
+            # The console's own limit per browser address, checked before the broker is
+            # asked: the broker counts every console user as one address (``limits.py``).
+            address = request.client.host if request.client else "unknown"
+            attempt = self.limiter.begin(address)
+            if isinstance(attempt, int):
+                seconds = -(-attempt // 1000)
+                log.warning("refused a login: too many failed logins from %s", address)
+                error = f"Too many failed logins from your address. Try again in {seconds} s."
+                status, headers = 429, {"Retry-After": str(seconds)}
+            else:
+                error, refused = await _run(self._log_in, request, username, password)
+                self.limiter.end(attempt, refused=refused)
         if error is not None:
             # The password is neither echoed nor logged; the user name is not logged.
-            return self.render(
+            response = self.render(
                 request,
                 "login.html",
                 {"next": next_url, "error": error},
-                status_code=401,
+                status_code=status,
                 title="Log in",
             )
+            response.headers.update(headers)
+            return response
         return RedirectResponse(next_url, status_code=303)
 
-    def _log_in(self, request: Request, username: str, password: str) -> str | None:
+    def _log_in(self, request: Request, username: str, password: str) -> tuple[str | None, bool]:
+        """Log ``request``'s session in: (an error to show or None, whether the cluster
+        refused the user name and password)."""
         view = ClusterView(
             self.config.bootstrap_servers,
             self.config.client_settings(username, password),
@@ -332,14 +352,14 @@ class _Console:
             view.admin.list_topics()
         except SaslAuthenticationError:
             view.close()
-            return "The cluster refused this user name and password."
+            return "The cluster refused this user name and password.", True
         except NotAuthorizedError:
             pass  # logged in; the pages say what this user may not see
         except TidelogError as exc:
             view.close()
-            return f"The cluster could not be reached: {describe_error(exc)}"
+            return f"The cluster could not be reached: {describe_error(exc)}", False
         self.store.log_in(self.session(request), view, username)
-        return None
+        return None, False
 
     async def logout(self, request: Request) -> Response:
         await self.form(request)
