@@ -99,7 +99,7 @@ def test_one_sampler_per_login_session_stopped_at_logout_and_expiry(tmp_path: Pa
             secured.address,
             security=SECURITY,
             sample_interval_ms=MIN_INTERVAL_MS,
-            session_idle_ms=1_000,
+            session_idle_ms=2_000,
         ) as other,
     ):
         store = _store(web)
@@ -125,7 +125,7 @@ def test_one_sampler_per_login_session_stopped_at_logout_and_expiry(tmp_path: Pa
         # A session left idle is dropped by the housekeeping, request or not.
         log_in(other)
         other_store = _store(other)
-        (idle,) = other_store.samplers()  # idle after 1 s; housekeeping looks every second
+        (idle,) = other_store.samplers()  # idle after 2 s; housekeeping looks every second
         _wait(lambda: not idle.running, "the idle session's sampler to stop", seconds=10)
         assert other_store.samplers() == []
 
