@@ -22,7 +22,7 @@
     tidelog users list
     tidelog users delete NAME [--mechanism M]
     tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
-    tidelog console [--listen 127.0.0.1:7480] [--refresh-ms MS]
+    tidelog console [--listen 127.0.0.1:7480] [--refresh-ms MS] [--sample-ms MS]
                                    (the web console: docs/console.md)
 
 Every command takes ``--bootstrap HOST:PORT`` (default ``$TIDELOG_BOOTSTRAP`` or
@@ -434,6 +434,13 @@ def _parser() -> argparse.ArgumentParser:
         default=5_000,
         help="how often pages and charts update themselves (default 5000)",
     )
+    console.add_argument(
+        "--sample-ms",
+        type=_positive_int,
+        default=5_000,
+        help="how often the console samples the cluster for its charts, page open or "
+        "not (1000 to 60000; default 5000)",
+    )
     console.set_defaults(handler=_console)
 
     users = commands.add_parser("users", help="SCRAM users (docs/security.md)")
@@ -555,6 +562,7 @@ def _console(args: argparse.Namespace) -> int:
             host=host,
             port=port,
             refresh_ms=args.refresh_ms,
+            sample_interval_ms=args.sample_ms,
             request_timeout_ms=args.timeout_ms or 5_000,
             security=security,
         )

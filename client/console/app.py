@@ -22,6 +22,7 @@ Routes::
     GET  /topics/{name}/delete  POST    confirmation, then delete
     GET  /groups   GET /groups/{id}     groups; one group with lag per partition
     GET  /groups/{id}/reset  POST       confirmation, then reset (empty groups only)
+                                        ({id} percent-encoded: it may contain "/")
     GET  /security                      users and ACLs
     POST /security/users  /security/users/delete  /security/acls  /security/acls/delete
     GET  /api/charts/overview  /api/charts/groups/{id}
@@ -32,11 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 import jinja2
 from starlette.applications import Starlette
@@ -54,6 +57,7 @@ from client.types import TopicDescription
 from storage.errors import (
     BrokerUnavailableError,
     GroupIdNotFoundError,
+    InvalidTopicError,
     NotAuthorizedError,
     SaslAuthenticationError,
     TidelogError,
@@ -61,7 +65,8 @@ from storage.errors import (
 )
 
 from .config import ConsoleConfig
-from .history import Series
+from .history import History, Series
+from .limits import LoginLimiter
 from .sessions import COOKIE_NAME, ConsoleSession, SessionStore
 from .view import ClusterView, describe_error, total_lag
 
@@ -213,6 +218,9 @@ class _Console:
     def __init__(self, config: ConsoleConfig, store: SessionStore) -> None:
         self.config = config
         self.store = store
+        self.limiter = LoginLimiter(
+            max_failures=config.login_failures_max, window_ms=config.login_failure_window_ms
+        )
         self.templates = _templates()
 
     # --- helpers ----------------------------------------------------------------------
@@ -301,41 +309,57 @@ class _Console:
         username = str(form.get("username", "")).strip()
         password = str(form.get("password", ""))
         next_url = _safe_next(str(form.get("next", "/")))
+        status, headers = 401, {}
         error = None
         if not username or not password:
             error = "Give a user name and a password."
         else:
-            error = await _run(self._log_in, request, username, password)
+            # The console's own limit per browser address, checked before the broker is
+            # asked: the broker counts every console user as one address (``limits.py``).
+            address = request.client.host if request.client else "unknown"
+            attempt = self.limiter.begin(address)
+            if isinstance(attempt, int):
+                seconds = -(-attempt // 1000)
+                log.warning("refused a login: too many failed logins from %s", address)
+                error = f"Too many failed logins from your address. Try again in {seconds} s."
+                status, headers = 429, {"Retry-After": str(seconds)}
+            else:
+                error, refused = await _run(self._log_in, request, username, password)
+                self.limiter.end(attempt, refused=refused)
         if error is not None:
             # The password is neither echoed nor logged; the user name is not logged.
-            return self.render(
+            response = self.render(
                 request,
                 "login.html",
                 {"next": next_url, "error": error},
-                status_code=401,
+                status_code=status,
                 title="Log in",
             )
+            response.headers.update(headers)
+            return response
         return RedirectResponse(next_url, status_code=303)
 
-    def _log_in(self, request: Request, username: str, password: str) -> str | None:
+    def _log_in(self, request: Request, username: str, password: str) -> tuple[str | None, bool]:
+        """Log ``request``'s session in: (an error to show or None, whether the cluster
+        refused the user name and password)."""
         view = ClusterView(
             self.config.bootstrap_servers,
             self.config.client_settings(username, password),
             principal=username,
-            history=None,
+            history=History(window_ms=self.config.history_window_ms),
         )
         try:
             view.admin.list_topics()
         except SaslAuthenticationError:
             view.close()
-            return "The cluster refused this user name and password."
+            return "The cluster refused this user name and password.", True
         except NotAuthorizedError:
             pass  # logged in; the pages say what this user may not see
         except TidelogError as exc:
             view.close()
-            return f"The cluster could not be reached: {describe_error(exc)}"
+            return f"The cluster could not be reached: {describe_error(exc)}", False
         self.store.log_in(self.session(request), view, username)
-        return None
+        return None, False
 
     async def logout(self, request: Request) -> Response:
         await self.form(request)
@@ -400,7 +424,7 @@ class _Console:
 
     def topic(self, request: Request) -> Response:
         view = self.view(request)
-        name = request.path_params["name"]
+        name = _topic_name(request)
         description = view.topic(name)
         query = request.query_params
         partitions = [p.partition for p in description.partitions]
@@ -454,7 +478,7 @@ class _Console:
     async def produce(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        name = request.path_params["name"]
+        name = _topic_name(request)
         back = f"/topics/{quote(name, safe='')}"
         try:
             partition = _int_or_none(str(form.get("partition", "")), "Partition")
@@ -481,7 +505,7 @@ class _Console:
     async def alter_config(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        name = request.path_params["name"]
+        name = _topic_name(request)
         back = f"/topics/{quote(name, safe='')}"
         try:
             settings = _pairs(str(form.get("set", "")))
@@ -495,7 +519,7 @@ class _Console:
 
     def confirm_delete(self, request: Request) -> Response:
         view = self.view(request)
-        name = request.path_params["name"]
+        name = _topic_name(request)
         description = view.topic(name)
         return self.render(
             request,
@@ -512,7 +536,7 @@ class _Console:
     async def delete_topic(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        name = request.path_params["name"]
+        name = _topic_name(request)
         if form.get("confirm_name") != name:
             return self.redirect(
                 f"/topics/{quote(name, safe='')}/delete",
@@ -532,7 +556,7 @@ class _Console:
 
     def group(self, request: Request) -> Response:
         view = self.view(request)
-        group_id = request.path_params["group_id"]
+        group_id = _group_id(request)
         description = view.group(group_id)
         topics = sorted({p.tp.topic for p in description.partitions})
         return self.render(
@@ -566,7 +590,7 @@ class _Console:
 
     def confirm_reset(self, request: Request) -> Response:
         view = self.view(request)
-        group_id = request.path_params["group_id"]
+        group_id = _group_id(request)
         back = f"/groups/{quote(group_id, safe='')}"
         try:
             reset = self._reset_request(request, request.query_params)
@@ -590,7 +614,7 @@ class _Console:
     async def reset(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        group_id = request.path_params["group_id"]
+        group_id = _group_id(request)
         back = f"/groups/{quote(group_id, safe='')}"
         try:
             reset = self._reset_request(request, form)
@@ -686,8 +710,23 @@ class _Console:
         view = self.session(request).view
         if view is None:
             return JSONResponse({"error": "log in"}, status_code=401)
-        group_id = request.path_params["group_id"]
+        group_id = _group_id(request)
         return JSONResponse({"series": [_series_json(view.history.group_lag(group_id))]})
+
+    def group_get(self, request: Request) -> Response:
+        """``GET /groups/ID`` and ``GET /groups/ID/reset`` (ID percent-encoded)."""
+        action = _group_path(request)[1]
+        if action == "":
+            return self.group(request)
+        if action == "reset":
+            return self.confirm_reset(request)
+        raise HTTPException(404, "No such page.")
+
+    async def group_post(self, request: Request) -> Response:
+        """``POST /groups/ID/reset`` (ID percent-encoded)."""
+        if _group_path(request)[1] == "reset":
+            return await self.reset(request)
+        raise HTTPException(404, "No such page.")
 
     def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -698,6 +737,8 @@ class _Console:
         status = 502
         if isinstance(exc, UnknownTopicOrPartitionError | GroupIdNotFoundError):
             status = 404
+        elif isinstance(exc, InvalidTopicError):
+            status = 400
         elif isinstance(exc, NotAuthorizedError | SaslAuthenticationError):
             status = 403
         elif isinstance(exc, BrokerUnavailableError):
@@ -734,6 +775,44 @@ async def _run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await run_in_threadpool(function, *args, **kwargs)
 
 
+def _group_path(request: Request) -> tuple[str, str]:
+    """(group id, what follows it) of ``/groups/ID[/reset]`` or
+    ``/api/charts/groups/ID``. A group id may hold any character, ``/`` too: links
+    percent-encode it whole (``%2F``), so it is read from the raw, still encoded path,
+    where its ``/`` cannot be told from a separator. 404 when there is none; 400 when
+    its encoding is not UTF-8."""
+    path: str = request.scope["route_prefix"]
+    raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
+    encoded, _, action = raw[len(path) :].decode("latin-1").partition("/")
+    if not encoded:
+        raise HTTPException(404, "No group id in this address.")
+    try:
+        return unquote(encoded, errors="strict"), action
+    except UnicodeDecodeError:
+        raise HTTPException(400, "This group id is not valid UTF-8.") from None
+
+
+def _group_id(request: Request) -> str:
+    return _group_path(request)[0]
+
+
+# Kafka's rule (storage/files.py, which the console does not import: it uses the public
+# client API only): 1 to 249 of [A-Za-z0-9._-], and not "." or "..".
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _topic_name(request: Request) -> str:
+    """The topic of ``/topics/NAME...``; 400 when it is no legal topic name."""
+    name: str = request.path_params["name"]
+    if _TOPIC_NAME.fullmatch(name) is None or name in (".", ".."):
+        raise HTTPException(
+            400,
+            f"{name!r} is not a topic name: topic names are 1 to 249 ASCII letters, "
+            "digits, '.', '_' and '-'.",
+        )
+    return name
+
+
 def _last(series: Series) -> float | None:
     for point in reversed(series.points):
         if point.value is not None:
@@ -750,7 +829,11 @@ def _say(exc: BaseException) -> str:
 
 
 def _here(request: Request) -> str:
-    return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    """The request's path as sent (still percent-encoded: a group id's ``%2F`` stays
+    one) and its query."""
+    raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw.decode("latin-1")
+    return path + (f"?{request.url.query}" if request.url.query else "")
 
 
 def _safe_next(url: str | None) -> str:
@@ -758,6 +841,31 @@ def _safe_next(url: str | None) -> str:
     if not url or not url.startswith("/") or url.startswith("//") or "\\" in url:
         return "/"
     return url
+
+
+def _prefixed(handler: Callable[[Request], Any], prefix: str) -> Callable[[Request], Any]:
+    """``handler`` with the route's fixed prefix in ``scope["route_prefix"]``, for
+    ``_group_path``. Keeps the handler sync or async, as Starlette runs each."""
+    if inspect.iscoroutinefunction(handler):
+
+        async def run_async(request: Request) -> Any:
+            request.scope["route_prefix"] = prefix
+            return await handler(request)
+
+        return run_async
+
+    def run(request: Request) -> Any:
+        request.scope["route_prefix"] = prefix
+        return handler(request)
+
+    return run
+
+
+def _no_such_topic_page(request: Request) -> Response:
+    """``/topics/A/B``: topic names hold no ``/``."""
+    raise HTTPException(
+        404, "No such page: topic names are ASCII letters, digits, '.', '_' and '-' (no '/')."
+    )
 
 
 def create_app(config: ConsoleConfig) -> Starlette:
@@ -770,15 +878,27 @@ def create_app(config: ConsoleConfig) -> Starlette:
     if not config.authentication:
 
         def shared() -> ClusterView:
-            return ClusterView(config.bootstrap_servers, config.client_settings())
+            return ClusterView(
+                config.bootstrap_servers,
+                config.client_settings(),
+                history=History(window_ms=config.history_window_ms),
+            )
 
-    store = SessionStore(shared, idle_ms=config.session_idle_ms)
+    store = SessionStore(
+        shared, idle_ms=config.session_idle_ms, sample_interval_ms=config.sample_interval_ms
+    )
     console = _Console(config, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        store.close()
+        # Background sampling for the charts lives as long as the application: the
+        # shared view's sampler starts now (its first look is made on the sampler's own
+        # thread), a session's at its login; all stop here.
+        await _run(store.start)
+        try:
+            yield
+        finally:
+            await _run(store.close)
 
     routes = [
         Route("/", console.overview, name="overview"),
@@ -792,17 +912,22 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/topics/{name}/delete", console.confirm_delete, methods=["GET"]),
         Route("/topics/{name}/delete", console.delete_topic, methods=["POST"]),
         Route("/topics/{name}", console.topic, methods=["GET"]),
+        Route("/topics/{rest:path}", _no_such_topic_page),
         Route("/groups", console.groups, methods=["GET"]),
-        Route("/groups/{group_id}/reset", console.confirm_reset, methods=["GET"]),
-        Route("/groups/{group_id}/reset", console.reset, methods=["POST"]),
-        Route("/groups/{group_id}", console.group, methods=["GET"]),
+        # A group id may contain "/": these take the rest of the path and read the id
+        # from the raw, percent-encoded one (``_group_path``).
+        Route("/groups/{rest:path}", _prefixed(console.group_get, "/groups/"), methods=["GET"]),
+        Route("/groups/{rest:path}", _prefixed(console.group_post, "/groups/"), methods=["POST"]),
         Route("/security", console.security, methods=["GET"]),
         Route("/security/users", console.add_user, methods=["POST"]),
         Route("/security/users/delete", console.delete_user, methods=["POST"]),
         Route("/security/acls", console.add_acl, methods=["POST"]),
         Route("/security/acls/delete", console.delete_acl, methods=["POST"]),
         Route("/api/charts/overview", console.overview_chart),
-        Route("/api/charts/groups/{group_id}", console.group_chart),
+        Route(
+            "/api/charts/groups/{rest:path}",
+            _prefixed(console.group_chart, "/api/charts/groups/"),
+        ),
         Route("/healthz", console.health),
         Mount("/static", StaticFiles(directory=_PACKAGE / "static"), name="static"),
     ]

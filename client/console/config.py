@@ -40,8 +40,14 @@ class ConsoleConfig:
         request_timeout_ms: the clients' deadline for one call; a page with a broker
             down waits at most about this long.
         history_window_ms: how far back the charts reach.
+        sample_interval_ms: how often the console samples the cluster in the background
+            for the charts (per cluster connection), 1000 to 60000.
         page_size: records per page of the record browser.
         session_idle_ms: a console session unused this long is closed (and its clients).
+        login_failures_max, login_failure_window_ms: failed logins per browser address
+            within the window after which that address is refused for a while (the
+            console's own limit, below the broker's, which counts all console users as
+            one address: ``limits.py``).
         security: client security settings without credentials (see the module).
     """
 
@@ -51,8 +57,11 @@ class ConsoleConfig:
     refresh_ms: int = 5_000
     request_timeout_ms: int = 5_000
     history_window_ms: int = 600_000
+    sample_interval_ms: int = 5_000
     page_size: int = 20
     session_idle_ms: int = 1_800_000
+    login_failures_max: int = 3
+    login_failure_window_ms: int = 60_000
     security: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -60,9 +69,18 @@ class ConsoleConfig:
             raise ValueError("bootstrap_servers is empty")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port out of range: {self.port}")
-        for name in ("refresh_ms", "request_timeout_ms", "history_window_ms", "page_size"):
+        for name in (
+            "refresh_ms",
+            "request_timeout_ms",
+            "history_window_ms",
+            "page_size",
+            "login_failures_max",
+            "login_failure_window_ms",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if not 1_000 <= self.sample_interval_ms <= 60_000:
+            raise ValueError("sample_interval_ms must be between 1000 and 60000")
         if self.session_idle_ms < 1_000:
             raise ValueError("session_idle_ms must be at least 1000")
         unknown = set(self.security) - _SECURITY_KEYS

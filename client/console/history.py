@@ -1,12 +1,13 @@
 """Time series the console charts: produce/consume rates and group lag, from polled values.
 
-The console has no metrics store of its own. Each time it looks at the cluster (a page
-view, a live refresh) it hands ``History`` what it saw, stamped with ``now_ms``: the sum
-of the log end offsets of every topic (records ever appended: its growth is the produce
-rate), the sum of every group's committed offsets (its growth is the consume rate), and
-each group's total lag. ``History`` keeps the samples of the last ``window_ms`` and turns
-counters into rates per second between consecutive samples. A counter that goes down (a
-topic deleted, offsets reset) gives no rate for that step rather than a negative one.
+The console has no metrics store of its own. Each time it looks at the cluster (the
+background ``Sampler``, a page view, a live refresh) it hands ``History`` what it saw,
+stamped with ``now_ms``: the sum of the log end offsets of every topic (records ever
+appended: its growth is the produce rate), the sum of every group's committed offsets
+(its growth is the consume rate), and each group's total lag. ``History`` keeps the
+samples of the last ``window_ms`` and turns counters into rates per second between
+consecutive samples. A counter that goes down (a topic deleted, offsets reset) gives no
+rate for that step rather than a negative one.
 
 Pure and clock-free (the caller passes ``now_ms``); thread-safe: one lock guards the
 samples, since the web server answers requests on several threads.

@@ -12,6 +12,11 @@ of its own, built with that user's credentials: one set of clients per session, 
 with that principal's permissions and no more. Logging out, or leaving a session idle
 for ``idle_ms``, closes its clients.
 
+Background sampling (``start``, called by the application's lifespan): every view then
+samples the cluster every ``sample_interval_ms`` (``ClusterView.start_sampling``): the
+shared one from the start, a session's own from its login until it ends. A housekeeping
+thread drops idle sessions (and stops their samplers) even when no request comes.
+
 Thread-safe: one lock guards the table of sessions; a session's fields are replaced
 whole under it.
 """
@@ -24,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .sampler import Sampler
 from .view import ClusterView
 
 __all__ = ["ConsoleSession", "SessionStore"]
@@ -67,6 +73,7 @@ class SessionStore:
         shared_view: the view every session uses without authentication (None: each
             session logs in and gets its own).
         idle_ms: sessions unused this long are dropped and their views closed.
+        sample_interval_ms: how often each view samples the cluster once ``start`` ran.
     """
 
     def __init__(
@@ -74,23 +81,76 @@ class SessionStore:
         shared_view: Callable[[], ClusterView] | None,
         *,
         idle_ms: int,
+        sample_interval_ms: int = 5_000,
         clock_ms: Callable[[], int] = _monotonic_ms,
     ) -> None:
         self._make_shared = shared_view
         self._shared: ClusterView | None = None
         self._idle_ms = idle_ms
+        self._sample_interval_ms = sample_interval_ms
         self._clock_ms = clock_ms
         self._sessions: dict[str, ConsoleSession] = {}
         self._lock = threading.Lock()
+        self._sampling = False
+        self._housekeeping: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        """Start background sampling (the shared view at once, each session's view at
+        its login) and the housekeeping thread that drops idle sessions. Idempotent."""
+        with self._lock:
+            if self._sampling:
+                return
+            self._sampling = True
+            self._stopped.clear()
+            if self._make_shared is not None and self._shared is None:
+                self._shared = self._make_shared()
+            views = [self._shared] if self._shared is not None else []
+            views += [s.view for s in self._sessions.values() if s.view is not None and s.principal]
+            self._housekeeping = threading.Thread(
+                target=self._keep_house, name="console-sessions", daemon=True
+            )
+            self._housekeeping.start()
+        for view in views:
+            view.start_sampling(self._sample_interval_ms)
+
+    def _keep_house(self) -> None:
+        period_s = max(1.0, min(30.0, self._idle_ms / 4000))
+        while not self._stopped.wait(period_s):
+            self.expire_idle()
+
+    def expire_idle(self) -> int:
+        """Drop the sessions idle longer than ``idle_ms`` and close their own views;
+        how many were dropped."""
+        now = self._clock_ms()
+        with self._lock:
+            expired = [
+                self._sessions.pop(sid)
+                for sid, idle in list(self._sessions.items())
+                if now - idle.last_used_ms > self._idle_ms
+            ]
+        for old in expired:
+            self._close_view(old)
+        return len(expired)
+
+    def samplers(self) -> list[Sampler]:
+        """The running background samplers, one per view that has one."""
+        with self._lock:
+            views = {id(s.view): s.view for s in self._sessions.values() if s.view is not None}
+            if self._shared is not None:
+                views[id(self._shared)] = self._shared
+        return [v.sampler for v in views.values() if v.sampler is not None and v.sampler.running]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
 
     def get_or_create(self, session_id: str | None) -> tuple[ConsoleSession, bool]:
         """The session of a cookie's id, or a new one; and whether it is new."""
+        self.expire_idle()
         now = self._clock_ms()
-        expired = []
+        to_start: ClusterView | None = None
         with self._lock:
-            for sid, idle in list(self._sessions.items()):
-                if now - idle.last_used_ms > self._idle_ms:
-                    expired.append(self._sessions.pop(sid))
             found = self._sessions.get(session_id or "")
             created = found is None
             if found is None:
@@ -105,9 +165,10 @@ class SessionStore:
             if self._make_shared is not None and session.view is None:
                 if self._shared is None:
                     self._shared = self._make_shared()
+                    to_start = self._shared if self._sampling else None
                 session.view = self._shared
-        for old in expired:
-            self._close_view(old)
+        if to_start is not None:
+            to_start.start_sampling(self._sample_interval_ms)
         return session, created
 
     def log_in(self, session: ConsoleSession, view: ClusterView, principal: str) -> None:
@@ -121,6 +182,9 @@ class SessionStore:
             session.session_id = secrets.token_urlsafe(32)
             session.csrf_token = secrets.token_urlsafe(32)
             self._sessions[session.session_id] = session
+            sampling = self._sampling
+        if sampling:
+            view.start_sampling(self._sample_interval_ms)
         if old is not None and previous is not None and previous is not self._shared:
             previous.close()
 
@@ -136,8 +200,14 @@ class SessionStore:
             view.close()
 
     def close(self) -> None:
-        """Close every view. The store stays usable (a new shared view is made)."""
+        """Stop sampling and housekeeping and close every view. The store stays usable
+        (a new shared view is made, without sampling until ``start``)."""
+        self._stopped.set()
+        housekeeping, self._housekeeping = self._housekeeping, None
+        if housekeeping is not None:
+            housekeeping.join(timeout=5)
         with self._lock:
+            self._sampling = False
             sessions = list(self._sessions.values())
             self._sessions.clear()
             shared, self._shared = self._shared, None

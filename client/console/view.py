@@ -43,6 +43,7 @@ from storage.errors import (
 )
 
 from .history import History
+from .sampler import Sampler
 
 __all__ = [
     "BrokerRow",
@@ -216,9 +217,43 @@ class ClusterView:
         self._cache_lock = threading.Lock()
         self._seen_brokers: dict[int, str] = {}
         self._seen_lock = threading.Lock()
+        self._sampler: Sampler | None = None
+        self._sampler_lock = threading.Lock()
+        self._closed = False
+
+    def start_sampling(self, interval_ms: int) -> None:
+        """Sample the cluster every ``interval_ms`` in the background (``Sampler``) until
+        ``close``, so the charts have history while no page is open. Idempotent."""
+        with self._sampler_lock:
+            if self._sampler is None and not self._closed:
+                who = self.principal or "shared"
+                self._sampler = Sampler(
+                    self.sample, interval_ms=interval_ms, name=f"console-sampler-{who}"
+                ).start()
+
+    @property
+    def sampler(self) -> Sampler | None:
+        """The background sampler, once ``start_sampling`` has run (None before)."""
+        return self._sampler
+
+    def sample(self) -> None:
+        """One look for the charts: every topic's log end offsets (the produce rate),
+        every group's committed offsets and lag (the consume rate, the lag charts)."""
+        if self._closed:
+            return
+        self.describe_all(fresh=True)
+        self._sample_groups()
 
     def close(self) -> None:
-        """Close every client of this view. Idempotent."""
+        """Stop the sampler and close every client of this view. Idempotent."""
+        with self._sampler_lock:
+            self._closed = True
+            sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            # A look in progress usually ends at once; one stuck on a dead broker is not
+            # waited for long: the thread is a daemon, and its calls on closed clients
+            # fail quietly (the sampler logs errors after ``stop`` at DEBUG only).
+            sampler.stop(timeout_s=2.0)
         with self._producer_lock:
             if self._producer is not None:
                 self._producer.close()

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from broker.cluster.testing import LocalCluster, zookeeper_available
 from broker.testing import InProcessBroker
 from client import Consumer, Producer, TopicPartition
 from client.admin import AdminClient
@@ -257,6 +258,119 @@ def test_group_lag_grows_and_falls_to_zero_live(
     page.get_by_role("button", name="Reset offsets").click()
     expect(page.locator(".flash.ok")).to_contain_text("Reset 1 partition(s)")
     expect(page.locator("#total-lag")).to_have_text("812")
+
+
+def test_a_group_whose_id_has_slashes_spaces_and_accents(
+    page: Page, console_url: str, broker: InProcessBroker
+) -> None:
+    topic, group = "browser-awkward", "ops/eu west?#1 100% ünïcode ✓"
+    with AdminClient(broker.address) as admin:
+        admin.create_topic(topic, 1)
+    tp = TopicPartition(topic, 0)
+    with Producer(broker.address, acks=1) as producer:
+        for i in range(6):
+            producer.send(topic, value=f"awkward {i}".encode())
+        producer.flush()
+    member = Consumer(
+        broker.address, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    try:
+        member.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while tp not in member.assignment():
+            assert time.monotonic() < deadline, "no assignment"
+            member.poll(timeout_ms=100, max_records=1)
+        member.commit({tp: 2})
+        page.goto(console_url + "/groups")
+        page.get_by_role("link", name=group).click()
+        expect(page.locator("h1")).to_have_text(f"Group {group}")
+        assert "/groups/ops%2Feu%20west%3F%231%20100%25%20" in page.url
+        expect(page.locator("#total-lag")).to_have_text("4")
+        expect(page.locator("#group-members")).to_have_text("1")
+        expect(page.locator(".chart .uplot")).to_have_count(1)  # its chart's JSON too
+    finally:
+        member.close(autocommit=False)
+    # Empty now (the live page follows): reset through the confirmation page.
+    expect(page.locator("#group-members")).to_have_text("0")
+    page.reload()
+    page.get_by_role("button", name="Review the reset…").click()
+    expect(page.locator("h1")).to_have_text(f"Reset group {group}?")
+    page.get_by_role("button", name="Reset offsets").click()
+    expect(page.locator(".flash.ok")).to_have_text(f"Reset 1 partition(s) of group {group}.")
+    expect(page.locator("#total-lag")).to_have_text("6")
+    shot(page, "group-awkward-id")
+
+
+@pytest.mark.timeout(60)
+def test_a_cluster_with_a_broker_killed(browser: Browser) -> None:
+    """A real three-broker cluster; one broker SIGKILLed while the overview is open: the
+    page shows it down and partitions offline by itself, and the topic page still works."""
+    if not zookeeper_available():
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI needs libzookeeper-java and java for the cluster tests")
+        pytest.skip("no ZooKeeper (apt-get install libzookeeper-java)")
+    began = time.monotonic()
+    settings = {"replica.lag.time.max.ms": 2_000}
+    with LocalCluster(brokers=3, settings=settings) as cluster:
+        with AdminClient(cluster.bootstrap, request_timeout_ms=15_000) as admin:
+            admin.create_topic("spread", 3, replication_factor=1)
+            admin.create_topic("safe", 2, replication_factor=3)
+            controller = admin.describe_cluster().controller_id
+            leaders = {p.partition: p.leader for p in admin.describe_topic("spread").partitions}
+        victim = next(b for b in cluster.broker_ids if b != controller and b in leaders.values())
+        lost = sorted(p for p, leader in leaders.items() if leader == victim)
+        kept = sorted(p for p, leader in leaders.items() if leader != victim)
+        server = _Server(
+            ConsoleConfig(
+                bootstrap_servers=cluster.bootstrap,
+                port=0,
+                refresh_ms=1_000,
+                request_timeout_ms=3_000,
+            )
+        )
+        url = server.start()
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.set_default_timeout(WAIT_MS)
+        try:
+            page = context.new_page()
+            page.goto(url + "/")
+            for broker_id in cluster.broker_ids:
+                expect(page.locator(f'tr[data-broker="{broker_id}"]')).to_contain_text("up")
+            expect(page.locator("#total-offline")).to_have_text("0")
+            page.evaluate("window.notReloaded = true")
+
+            cluster.kill(victim)
+            # The open page updates itself: the broker down, its partitions offline.
+            expect(page.locator(f'tr[data-broker="{victim}"]')).to_contain_text("down")
+            expect(page.locator("#total-offline")).not_to_have_text("0")
+            for broker_id in cluster.broker_ids:
+                if broker_id != victim:
+                    expect(page.locator(f'tr[data-broker="{broker_id}"]')).to_contain_text("up")
+            assert page.evaluate("window.notReloaded") is True
+            shot(page, "overview-broker-down")
+
+            page.get_by_role("link", name="Topics").click()
+            expect(page.locator('tr[data-topic="spread"]')).to_be_visible()
+            page.get_by_role("link", name="spread", exact=True).click()
+            expect(page.locator("h1")).to_contain_text("spread")
+            for p in lost:
+                expect(page.locator(f'#partitions tr[data-partition="{p}"]')).to_contain_text(
+                    "offline"
+                )
+            for p in kept:
+                row = page.locator(f'#partitions tr[data-partition="{p}"]')
+                expect(row).not_to_contain_text("offline")
+            # Still working: produce to a live partition and find the record.
+            page.get_by_label("Partition", exact=True).last.fill(str(kept[0]))
+            page.get_by_label("Value (UTF-8)").fill("after the kill")
+            page.get_by_role("button", name="Send record").click()
+            expect(page.locator(".flash.ok")).to_contain_text(f"partition {kept[0]}, offset 0")
+            expect(page.locator('#records tr[data-offset="0"]')).to_contain_text("after the kill")
+            shot(page, "topic-broker-down")
+        finally:
+            context.close()
+            server.stop()
+    assert time.monotonic() - began < 60
 
 
 UNLABELLED = """() => Array.from(document.querySelectorAll("input, select, textarea"))

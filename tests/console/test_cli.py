@@ -33,7 +33,7 @@ def test_serves_the_console_until_interrupted() -> None:
         port = _free_port()
         process = subprocess.Popen(
             [sys.executable, "-m", "client.cli", "console", "--bootstrap", broker.address,
-             "--listen", f"127.0.0.1:{port}", "--refresh-ms", "2000"],
+             "--listen", f"127.0.0.1:{port}", "--refresh-ms", "2000", "--sample-ms", "1000"],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE,
@@ -69,6 +69,9 @@ def test_bad_usage(tmp_path: Path) -> None:
     bad = tidelog("console", "--listen", "nowhere")
     assert bad.returncode == 2
     assert "HOST:PORT" in bad.stderr
+    fast = tidelog("console", "--sample-ms", "100")
+    assert fast.returncode == 2
+    assert "sample_interval_ms must be between 1000 and 60000" in fast.stderr
     config = tmp_path / "client.properties"
     config.write_text(
         "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
