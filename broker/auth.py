@@ -259,7 +259,8 @@ class Authenticator:
             self._sessions[token] = _Session(principal, caller.peer, now_ms + lifetime_ms)
             while len(self._sessions) > _MAX_SESSIONS:
                 self._sessions.popitem(last=False)
-            self._failures.pop(caller.host, None)
+            # A success does not clear the address's failures: one valid account must not
+            # let its holder reset the count between guesses at other users' passwords.
         log.info("authenticated %s from %s", principal, caller.peer)
         return HandshakeStep(
             server_final,

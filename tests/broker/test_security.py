@@ -306,6 +306,28 @@ def test_failed_logins_are_rate_limited_and_logged_without_the_password(
     assert "guess-123" not in caplog.text
 
 
+def test_a_successful_login_does_not_reset_the_failure_count(pki: TestPki, data_dir: Path) -> None:
+    """Someone with one valid account cannot interleave their own logins with guesses at
+    another user's password to stay under the limit."""
+    settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.login.failures.max": 3}
+    right = sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256")
+    wrong = sasl(pki, "SASL_PLAINTEXT", "SCRAM-SHA-256", user="bob", password="guess")
+    with InProcessBroker(data_dir, settings=settings) as broker:
+        for _ in range(3):
+            with AdminClient(broker.address, request_timeout_ms=5_000, **right) as admin:
+                admin.list_topics()
+            with (
+                AdminClient(broker.address, request_timeout_ms=5_000, **wrong) as admin,
+                pytest.raises(SaslAuthenticationError, match="invalid credentials"),
+            ):
+                admin.list_topics()
+        with (
+            AdminClient(broker.address, request_timeout_ms=5_000, **wrong) as admin,
+            pytest.raises(SaslAuthenticationError, match="too many failed logins"),
+        ):
+            admin.list_topics()
+
+
 def test_calls_need_a_session_token_bound_to_their_connection(pki: TestPki, data_dir: Path) -> None:
     with InProcessBroker(data_dir, settings={"security.protocol": "SASL_PLAINTEXT"}) as broker:
         with broker.channel() as channel:
