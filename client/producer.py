@@ -50,6 +50,7 @@ from storage.errors import (
     ClosedError,
     KafkaTimeoutError,
     RecordTooLargeError,
+    TidelogError,
 )
 from storage.records import HEADER_SIZE, Compression
 
@@ -172,13 +173,18 @@ class Producer:
         Raises ``TypeError``/``ValueError`` for bad arguments (a partition out of range
         of a topic whose size is known), ``RecordTooLargeError`` for a record larger
         than ``max_request_size`` or ``buffer_memory``, ``BufferExhaustedError`` if the
-        buffer stayed full for ``max_block_ms``, and ``ClosedError`` after ``close``.
+        buffer stayed full for ``max_block_ms``, ``ClosedError`` after ``close``, and the
+        producer's fatal error once it has one (an idempotent producer refused a producer
+        id for good, e.g. ``ClusterAuthorizationFailedError``: close it).
         The future fails with the error that stopped delivery (``KafkaTimeoutError``
         after ``delivery_timeout_ms``, ``UnknownTopicOrPartitionError`` for a topic that
         did not appear within ``max_block_ms``, or the broker's error).
         """
         if self._closed:
             raise ClosedError("the producer is closed")
+        fatal = self._sender.fatal_error
+        if fatal is not None:
+            raise _fatal_copy(fatal)
         if topic.__class__ is not str or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
         size = RECORD_OVERHEAD_BYTES
@@ -468,3 +474,10 @@ def _delivery_adapter(callback: DeliveryCallback) -> Any:
             callback(None, error)
 
     return on_done
+
+
+def _fatal_copy(error: BaseException) -> BaseException:
+    """A fresh exception of the fatal error's kind for each refused ``send``."""
+    if isinstance(error, TidelogError):
+        return type(error)(f"the producer failed for good and must be closed: {error}")
+    return ClosedError(f"the producer's sender failed and it must be closed: {error!r}")

@@ -219,13 +219,15 @@ class Sender:
             self._accumulator.close()
             self.wakeup.notify()
 
-    def force_close(self) -> None:
-        """Fail everything not yet delivered with ``ClosedError`` and end the threads."""
+    def force_close(self, error: TidelogError | None = None) -> None:
+        """Fail everything not yet delivered with ``error`` (default ``ClosedError``) and
+        end the threads."""
         settlements = _Settlements()
         with self._lock:
             self._closing = True
             self._forced = True
-            error = ClosedError("the producer was closed before the record was delivered")
+            if error is None:
+                error = ClosedError("the producer was closed before the record was delivered")
             for batch in self._accumulator.abort_all():
                 self._accumulator.deallocate(batch)
                 settlements.fail(batch.handles, error)
@@ -336,6 +338,14 @@ class Sender:
                 timeout_ms=self._config.request_timeout_ms
             )
         except TidelogError as exc:
+            if not exc.retriable:
+                # Refused for good (not authorized to write idempotently, an unknown
+                # user...): as Kafka's producer, fatal. Everything pending and every
+                # later send fails with it at once instead of waiting out its timeout.
+                log.error("the broker refused a producer id; the producer fails: %s", exc)
+                self._fatal = exc
+                self.force_close(exc)
+                return
             log.warning("no producer id yet: %s", exc)
             if isinstance(exc, ROUTING_ERRORS):
                 self._connections.mark_stale()

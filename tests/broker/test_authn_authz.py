@@ -4,6 +4,7 @@ checks it)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,42 @@ def test_scram_users_are_acl_principals(tmp_path: Path) -> None:
             pytest.raises(ClusterAuthorizationFailedError),
         ):
             admin.upsert_user("mallory", "x")
+
+
+def test_an_idempotent_producer_refused_a_producer_id_fails_at_once(tmp_path: Path) -> None:
+    """Without WRITE on any topic (nor IDEMPOTENT_WRITE) the broker refuses the producer
+    id: the producer fails its records with ClusterAuthorizationFailedError at once, as
+    Kafka's does, instead of retrying until delivery_timeout_ms; later sends raise it.
+    With WRITE on a topic (KIP-679) the same user produces idempotently."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    FileUserStore.open(data_dir).upsert(
+        "admin", credential_from_password("SCRAM-SHA-256", "admin-secret")
+    )
+    settings = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "authorizer.enabled": "true",
+        "super.users": "User:admin",
+    }
+    with InProcessBroker(data_dir, settings=settings) as broker:
+        admin_login = login("admin", "admin-secret")
+        with AdminClient(broker.address, **admin_login) as admin:
+            admin.upsert_user("alice", "alice-secret", "SCRAM-SHA-256")
+            admin.create_topic("orders", 1)
+            admin.create_acls([AclBinding("User:alice", "READ", resource_name="orders")])
+        alice = login("alice", "alice-secret")
+        started = time.monotonic()
+        with Producer(broker.address, acks="all", delivery_timeout_ms=60_000, **alice) as p:
+            future = p.send("orders", b"refused")
+            with pytest.raises(ClusterAuthorizationFailedError):
+                future.result(timeout=30)
+            assert time.monotonic() - started < 15  # not the 60 s delivery timeout
+            with pytest.raises(ClusterAuthorizationFailedError, match="must be closed"):
+                p.send("orders", b"again")
+        with AdminClient(broker.address, **admin_login) as admin:
+            admin.create_acls([AclBinding("User:alice", "WRITE", resource_name="orders")])
+        with Producer(broker.address, acks="all", **alice) as producer:
+            assert producer.send("orders", b"allowed").result(timeout=30).offset == 0
 
 
 def test_certificate_subject_is_the_acl_principal(tmp_path: Path) -> None:
