@@ -20,6 +20,13 @@ Then the latency of one produce (a 100-byte record, ``linger_ms=0``, ``acks=1``,
 for) ``--latency-samples`` times on each: p50 and the p50 TLS+SCRAM adds. The login is
 done once per client before timing starts (a session lasts as long as its connection).
 
+A ceiling, measured in the same run: grpcio alone (no Tidelog), a server streaming the
+same ``--megabytes`` as 1 MiB messages to a client in this process, over a plaintext and
+a TLS port, alternating, ``--rounds`` times: ``grpc_tls_over_plain_stream`` is the median
+ratio, what grpcio's own TLS leaves of a plaintext stream on this machine. Where it is
+below 0.8, so is any gRPC consumer's (both ends share the machine's cores: the broker
+encrypts and the client decrypts each byte).
+
 The machine is shared and noisy: both sides are measured in the same minute. The last
 line is one JSON object.
 """
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +130,60 @@ def produce_p50_ms(address: str, topic: str, samples: int, security: dict[str, A
     return statistics.median(times)
 
 
+def grpc_stream_ratios(pki: TestPki, megabytes: int, rounds: int) -> list[float]:
+    """TLS over plaintext MB/s of a bare grpcio stream of 1 MiB messages, per round."""
+    import grpc  # only this measurement uses grpc directly
+
+    payload = b"v" * _MIB
+
+    def stream(_request: bytes, _context: object) -> Any:
+        for _ in range(megabytes):
+            yield payload
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Stream",
+        {
+            "Get": grpc.unary_stream_rpc_method_handler(
+                stream, request_deserializer=bytes, response_serializer=bytes
+            )
+        },
+    )
+    options = [
+        ("grpc.max_send_message_length", 4 * _MIB),
+        ("grpc.max_receive_message_length", 4 * _MIB),
+    ]
+    server = grpc.server(ThreadPoolExecutor(2), options=options)
+    server.add_generic_rpc_handlers([handler])
+    plain_port = server.add_insecure_port("127.0.0.1:0")
+    key, cert = pki.server_key.read_bytes(), pki.server_cert.read_bytes()
+    tls_port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
+    server.start()
+
+    def mb_per_s(channel: grpc.Channel) -> float:
+        call = channel.unary_stream("/bench.Stream/Get", response_deserializer=bytes)
+        started = time.perf_counter()
+        size = sum(len(message) for message in call(b"", timeout=120))
+        return size / _MIB / (time.perf_counter() - started)
+
+    ratios = []
+    try:
+        credentials = grpc.ssl_channel_credentials(pki.ca_cert.read_bytes())
+        for _ in range(rounds):
+            with grpc.insecure_channel(f"127.0.0.1:{plain_port}", options=options) as channel:
+                plain = mb_per_s(channel)
+            with grpc.secure_channel(
+                f"localhost:{tls_port}", credentials, options=options
+            ) as channel:
+                tls = mb_per_s(channel)
+            print(
+                f"bare grpc stream: plain {plain:7.1f} MB/s, tls {tls:7.1f} MB/s", file=sys.stderr
+            )
+            ratios.append(tls / plain)
+    finally:
+        server.stop(None)
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--megabytes", type=int, default=128)
@@ -182,6 +244,7 @@ def main() -> None:
             for (process, _), _settings in brokers.values():
                 process.terminate()
                 process.wait(30)
+        ceiling = grpc_stream_ratios(pki, args.megabytes, max(args.rounds, 3))
 
     def ratio(kind: str) -> float:
         return statistics.median(
@@ -201,6 +264,7 @@ def main() -> None:
         "produce_p50_ms_plain": round(latency["plain"], 3),
         "produce_p50_ms_tls": round(latency["tls"], 3),
         "tls_added_p50_ms": round(latency["tls"] - latency["plain"], 3),
+        "grpc_tls_over_plain_stream": round(statistics.median(ceiling), 3),
     }
     print(json.dumps(summary))
 
