@@ -90,11 +90,7 @@ class History:
                 # it lacks is added (one page look records topics, then groups).
                 self._samples[-1] = _Sample(
                     time_ms=last.time_ms,
-                    topic_end_offsets=(
-                        last.topic_end_offsets
-                        if last.topic_end_offsets is not None
-                        else (dict(topic_end_offsets) if topic_end_offsets is not None else None)
-                    ),
+                    topic_end_offsets=_merged(last.topic_end_offsets, topic_end_offsets),
                     committed_total=(
                         last.committed_total
                         if last.committed_total is not None
@@ -168,6 +164,17 @@ class History:
                 if group_id in s.group_lag
             ),
         )
+
+
+def _merged(
+    kept: Mapping[str, int] | None, seen: Mapping[str, int] | None
+) -> dict[str, int] | None:
+    """A sample's per-topic counters merged with a look too close after it: the values it
+    has stay (its steps stay >= _MIN_STEP_MS), topics it lacks (created since) are added,
+    so a topic's first value is not lost and its growth after counts."""
+    if kept is None and seen is None:
+        return None
+    return {**(seen or {}), **(kept or {})}
 
 
 def _rates(samples: list[_Sample], counter: Callable[[_Sample], int | None]) -> tuple[Point, ...]:

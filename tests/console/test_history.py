@@ -47,3 +47,14 @@ def test_a_counter_going_down_gives_no_rate_and_old_samples_leave_the_window() -
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="window_ms"):
         History(window_ms=0)
+
+
+def test_a_topic_first_seen_in_a_merged_look_keeps_its_first_value() -> None:
+    """A look too close after the last sample is merged into it; a topic created in
+    between must keep the value it had then, so its growth afterwards is a rate."""
+    history = History(window_ms=60_000)
+    history.record(0, topic_end_offsets={"old": 5})
+    history.record(100, topic_end_offsets={"old": 5, "new": 0})  # merged: too close
+    history.record(2_000, topic_end_offsets={"old": 5, "new": 50})
+    points = history.produce_rate().points
+    assert [p.value for p in points] == [25.0]

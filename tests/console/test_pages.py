@@ -372,7 +372,7 @@ def test_overview_chart_reports_the_produce_rate(web: TestClient, admin: AdminCl
         rates = [v for _, v in chart["series"][0]["points"] if v]
         if rates or time.monotonic() > deadline:
             break
-    assert rates
+    assert rates, chart
     assert max(rates) > 0
     row = re.search(rf'<tr data-topic="{name}">(.*?)</tr>', web.get("/topics").text, re.S)
     assert row
