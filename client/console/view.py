@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 _DESCRIBE_CACHE_MS = 1_000  # several requests of one page refresh share one look
+_BROWSE_FETCH_WAIT_MS = 20  # the record browser's consumer: no long poll
 
 
 def _now_ms() -> int:
@@ -466,6 +467,9 @@ class ClusterView:
                     client_id="tidelog-console",
                     enable_auto_commit=False,
                     auto_offset_reset="earliest",
+                    # Pages read what is stored; a long poll left parked at the log end
+                    # by the last page would hold the next page's fetch behind it.
+                    fetch_max_wait_ms=_BROWSE_FETCH_WAIT_MS,
                     **self._settings,
                 )
             consumer = self._consumer
