@@ -249,25 +249,27 @@ class ClusterStore:
 
     def live_broker_epochs(self) -> dict[int, int]:
         """Registered brokers' epochs (the creation zxid of each ``/brokers/ids/<id>``)."""
-        out: dict[int, int] = {}
-        for child in self._children(BROKER_IDS):
-            try:
-                _, stat = self._read(broker_path(int(child)))
-            except (NoNodeError, ValueError):
-                continue
-            out[int(child)] = int(stat.czxid)
-        return dict(sorted(out.items()))
+        return {broker_id: int(stat.czxid) for broker_id, _, stat in self._registrations()}
 
     def live_brokers(self) -> dict[int, BrokerRegistration]:
         """Registered brokers by id (a node that vanishes while read is left out)."""
-        out: dict[int, BrokerRegistration] = {}
+        return {
+            broker_id: decode_broker(broker_id, data)
+            for broker_id, data, _ in self._registrations()
+        }
+
+    def _registrations(self) -> list[tuple[int, bytes, Any]]:
+        """(id, data, stat) of every registration znode, by id; one that vanishes while
+        read is left out."""
+        out = []
         for child in self._children(BROKER_IDS):
             try:
-                data, _ = self._read(broker_path(int(child)))
+                broker_id = int(child)
+                data, stat = self._read(broker_path(broker_id))
             except (NoNodeError, ValueError):
                 continue
-            out[int(child)] = decode_broker(int(child), data)
-        return dict(sorted(out.items()))
+            out.append((broker_id, data, stat))
+        return sorted(out, key=lambda found: found[0])
 
     # --- the controller --------------------------------------------------------------
 
