@@ -1,0 +1,254 @@
+"""Kafka request and response bodies, through the ``kio`` codec, as plain values.
+
+Why kio (decided for issue 18, ``docs/kafka.md``): it is generated from Kafka's own JSON
+schemas, typed (frozen dataclasses per API version), parses natively, covers every Kafka
+4.x API (KIP-848's ConsumerGroupHeartbeat included) and depends on little. kafka-python's
+``kafka.protocol`` was the alternative: it also encodes pre-KIP-896 versions, but it is a
+client library's internal API, pulls the whole client in and decodes about 4x slower; it
+serves as the second codec the property tests compare against (``tests/kafka``).
+
+Handlers do not see kio's classes: one class per API *version* would make every handler
+version-specific. Instead:
+
+- ``decode_request`` parses the body with kio and turns it into plain values: dicts for
+  structs, lists for arrays, ``int`` for integers and durations (milliseconds), ``int`` for
+  error codes, ``bytes`` for records and bytes, ``str``, ``bool``, ``uuid.UUID``.
+- ``encode_response`` builds the version's kio response class from such plain values by
+  field name: fields the version does not have are dropped, fields the handler did not
+  give take the schema's default, or zero/empty/null. So one handler answers every version.
+
+kio 0.6.5 raises ``KeyError`` on a tagged field it does not know, where KIP-482 says to
+skip it. The request *header* is parsed by hand here (``parse_header``), so unknown header
+tags are skipped; an unknown tag inside a body makes the request fail to parse, which the
+listener answers by closing the connection (as Kafka does for a request it cannot parse).
+No client in scope sends such tags (they only send tags of the versions they negotiated).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import functools
+import io
+import struct
+import types
+import typing
+import uuid
+from collections.abc import Mapping
+from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+__all__ = [
+    "CodecError",
+    "RequestHeader",
+    "decode_request",
+    "encode_response",
+    "is_flexible",
+    "parse_header",
+    "response_header_bytes",
+]
+
+Plain = dict[str, Any]
+
+
+class CodecError(ValueError):
+    """A request that cannot be parsed (truncated, bad lengths, unknown tags...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A request header (v1, or v2 for flexible versions) and where the body starts."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str
+    body_offset: int
+
+
+def _read_uvarint(data: bytes | memoryview, position: int) -> tuple[int, int]:
+    """An unsigned LEB128 varint at ``position``: (value, next position)."""
+    value = 0
+    shift = 0
+    while True:
+        if position >= len(data):
+            raise CodecError("truncated varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
+        if shift > 28:
+            raise CodecError("varint longer than 5 bytes")
+
+
+def is_flexible(api_key: int, api_version: int) -> bool:
+    """Whether this version uses flexible (KIP-482) encoding; False if kio lacks it."""
+    try:
+        return bool(load_request_schema(api_key, api_version).__flexible__)
+    except Exception:
+        return False
+
+
+def parse_header(frame: bytes | memoryview) -> RequestHeader:
+    """Parse a request header: ``api_key i16, api_version i16, correlation_id i32,
+    client_id nullable i16-length string`` and, for flexible versions (header v2), a tagged
+    field section whose tags are all skipped (none is defined for requests).
+
+    ApiVersions requests of versions this broker does not know are read as header v2 when
+    the version is 3 or more (their header never changes, KIP-511).
+
+    Raises:
+        CodecError: the frame is too short for its header.
+    """
+    if len(frame) < 10:
+        raise CodecError(f"a request header needs at least 10 bytes, got {len(frame)}")
+    api_key, api_version, correlation_id, client_len = struct.unpack_from(">hhih", frame, 0)
+    position = 10
+    client_id = ""
+    if client_len >= 0:
+        end = position + client_len
+        if end > len(frame):
+            raise CodecError("truncated client_id")
+        client_id = bytes(frame[position:end]).decode("utf-8", errors="replace")
+        position = end
+    flexible = is_flexible(api_key, api_version) or (api_key == 18 and api_version >= 3)
+    if flexible:
+        count, position = _read_uvarint(frame, position)
+        for _ in range(count):
+            _tag, position = _read_uvarint(frame, position)
+            size, position = _read_uvarint(frame, position)
+            position += size
+            if position > len(frame):
+                raise CodecError("truncated tagged field in the request header")
+    return RequestHeader(api_key, api_version, correlation_id, client_id, position)
+
+
+def response_header_bytes(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    """Response header v0 (``correlation_id``) or v1 (plus an empty tag section) for
+    flexible versions; ApiVersions always answers with v0 (its schema says so)."""
+    if api_key != 18 and is_flexible(api_key, api_version):
+        return struct.pack(">ib", correlation_id, 0)
+    return struct.pack(">i", correlation_id)
+
+
+def decode_request(api_key: int, api_version: int, frame: bytes, offset: int) -> Plain:
+    """The request body at ``offset`` of ``frame`` as plain values (module docstring).
+
+    Raises:
+        CodecError: kio has no such version, or the body does not parse.
+    """
+    try:
+        schema = load_request_schema(api_key, api_version)
+    except Exception as exc:
+        raise CodecError(f"no schema for api {api_key} v{api_version}: {exc}") from None
+    try:
+        entity, _ = entity_reader(schema)(frame, offset)
+    except Exception as exc:  # kio raises ValueError, KeyError, IndexError... on bad bytes
+        raise CodecError(f"api {api_key} v{api_version} does not parse: {exc!r}") from None
+    plain = to_plain(entity)
+    assert isinstance(plain, dict)
+    return plain
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, body: Plain) -> bytes:
+    """The whole response frame (size prefix, header, body) for plain values ``body``."""
+    schema = load_response_schema(api_key, api_version)
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    out.write(response_header_bytes(api_key, api_version, correlation_id))
+    entity_writer(schema)(out, build(schema, body))
+    data = out.getbuffer()
+    struct.pack_into(">i", data, 0, len(data) - 4)
+    return bytes(data)
+
+
+def to_plain(value: Any) -> Any:
+    """kio values -> plain values (module docstring)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple):
+        return [to_plain(v) for v in value]
+    if isinstance(value, datetime.timedelta):
+        return int(value / datetime.timedelta(milliseconds=1))
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, enum.IntEnum):
+        return int(value)
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _zero(kafka_type: str | None, hint: Any) -> Any:
+    """The value of a field nobody gave: zero, empty or null by type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        return None
+    if origin is tuple:
+        return ()
+    if isinstance(hint, type) and is_dataclass(hint):
+        return build(hint, {})
+    return _coerce(kafka_type, hint, 0 if kafka_type not in ("string", "bytes") else None)
+
+
+def _coerce(kafka_type: str | None, hint: Any, value: Any) -> Any:
+    """A plain value -> what kio's writer expects for the field."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        hint = inner[0] if len(inner) == 1 else hint
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+    if origin is tuple:
+        (item,) = args[:1]
+        return tuple(_coerce(None, item, v) for v in value)
+    if isinstance(hint, type) and is_dataclass(hint):
+        return value if isinstance(value, hint) else build(hint, value)
+    if kafka_type == "timedelta_i32" or kafka_type == "timedelta_i64":
+        return datetime.timedelta(milliseconds=value or 0)
+    if kafka_type == "datetime_i64":
+        return datetime.datetime.fromtimestamp((value or 0) / 1000, tz=datetime.UTC)
+    if kafka_type == "error_code":
+        return ErrorCode(value or 0)
+    if kafka_type == "string":
+        return value if value is not None else ""
+    if kafka_type in ("bytes", "records"):
+        return bytes(value) if value is not None else b""
+    if kafka_type == "bool":
+        return bool(value)
+    if kafka_type == "uuid":
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(int=value or 0)
+    return value
+
+
+def build(cls: type, values: Mapping[str, Any]) -> Any:
+    """kio entity ``cls`` from plain ``values`` by field name (module docstring)."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        kafka_type = f.metadata.get("kafka_type")
+        hint = hints[f.name]
+        if f.name in values:
+            kwargs[f.name] = _coerce(kafka_type, hint, values[f.name])
+        elif _has_default(f):
+            continue
+        else:
+            kwargs[f.name] = _zero(kafka_type, hint)
+    return cls(**kwargs)
+
+
+def _has_default(f: Field[Any]) -> bool:
+    return f.default is not MISSING or f.default_factory is not MISSING
