@@ -116,6 +116,8 @@ class _Group:
     protocol_name: str | None = None
     leader: str = ""
     members: dict[str, Member] = field(default_factory=dict)
+    # Ids handed out with MEMBER_ID_REQUIRED, not joined yet -> when (monotonic s).
+    pending: dict[str, float] = field(default_factory=dict)
     rebalance_deadline_s: float = 0.0
 
 
@@ -168,8 +170,9 @@ class ClassicGroups:
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
             if require_known_member_id:
                 # KIP-394: the client joins again with this id.
+                group.pending[member_id] = time.monotonic()
                 return JoinResult(_MEMBER_ID_REQUIRED, member_id=member_id)
-        elif member_id not in group.members:
+        elif member_id not in group.members and group.pending.pop(member_id, None) is None:
             return JoinResult(_UNKNOWN_MEMBER)
         now = time.monotonic()
         member = group.members.get(member_id)
@@ -385,6 +388,9 @@ class ClassicGroups:
         """Remove members whose session passed, and members that did not rejoin before
         the rebalance timeout."""
         for group in list(self._groups.values()):
+            for pending_id, since_s in list(group.pending.items()):
+                if now_s - since_s > MAX_SESSION_TIMEOUT_MS / 1000:
+                    del group.pending[pending_id]
             for member in list(group.members.values()):
                 rejoining = member.join is not None and not member.join.done()
                 if rejoining:
@@ -395,7 +401,7 @@ class ClassicGroups:
                 )
                 if late or now_s - member.last_heartbeat_s > member.session_timeout_ms / 1000:
                     self._remove(group, member.member_id)
-            if not group.members and group.state == GroupState.EMPTY:
+            if not group.members and not group.pending and group.state == GroupState.EMPTY:
                 del self._groups[group.group_id]
 
     async def _reap_forever(self) -> None:
