@@ -30,6 +30,13 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "libzookeeper-java could not be installed: the cluster tests will say so"; \
 	  else echo "no $(ZOOKEEPER_JAR): install libzookeeper-java for the cluster tests"; fi; \
 	fi
+	@# The Kafka listener's tests (tests/kafka) drive Debian's kcat (librdkafka 2.0.2).
+	@if ! command -v kcat >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends kcat >/dev/null) \
+	      || echo "kcat could not be installed: the Kafka listener tests will say so"; \
+	  else echo "no kcat: install Debian's kcat for the Kafka listener tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# compat: a path entry for the project root, not an import hook, so that PySpark's
