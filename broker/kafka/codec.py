@@ -54,6 +54,8 @@ __all__ = [
 
 Plain = dict[str, Any]
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
 
 class CodecError(ValueError):
     """A request that cannot be parsed (truncated, bad lengths, unknown tags...)."""
@@ -162,7 +164,7 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: P
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     out.write(response_header_bytes(api_key, api_version, correlation_id))
-    entity_writer(schema)(out, build(schema, body))
+    entity_writer(schema)(out, build(schema, body, api_key))
     data = out.getbuffer()
     struct.pack_into(">i", data, 0, len(data) - 4)
     return bytes(data)
@@ -177,7 +179,7 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, datetime.timedelta):
         return int(value / datetime.timedelta(milliseconds=1))
     if isinstance(value, datetime.datetime):
-        return int(value.timestamp() * 1000)
+        return (value - _EPOCH) // datetime.timedelta(milliseconds=1)
     if isinstance(value, enum.IntEnum):
         return int(value)
     return value
@@ -201,7 +203,7 @@ def _zero(kafka_type: str | None, hint: Any) -> Any:
     return _coerce(kafka_type, hint, 0 if kafka_type not in ("string", "bytes") else None)
 
 
-def _coerce(kafka_type: str | None, hint: Any, value: Any) -> Any:
+def _coerce(kafka_type: str | None, hint: Any, value: Any, api_key: int | None = None) -> Any:
     """A plain value -> what kio's writer expects for the field."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -214,13 +216,13 @@ def _coerce(kafka_type: str | None, hint: Any, value: Any) -> Any:
         args = typing.get_args(hint)
     if origin is tuple:
         (item,) = args[:1]
-        return tuple(_coerce(None, item, v) for v in value)
+        return tuple(_coerce(None, item, v, api_key) for v in value)
     if isinstance(hint, type) and is_dataclass(hint):
-        return value if isinstance(value, hint) else build(hint, value)
+        return value if isinstance(value, hint) else build(hint, value, api_key)
     if kafka_type == "timedelta_i32" or kafka_type == "timedelta_i64":
         return datetime.timedelta(milliseconds=value or 0)
     if kafka_type == "datetime_i64":
-        return datetime.datetime.fromtimestamp((value or 0) / 1000, tz=datetime.UTC)
+        return _EPOCH + datetime.timedelta(milliseconds=value or 0)
     if kafka_type == "error_code":
         return ErrorCode(value or 0)
     if kafka_type == "string":
@@ -234,15 +236,54 @@ def _coerce(kafka_type: str | None, hint: Any, value: Any) -> Any:
     return value
 
 
-def build(cls: type, values: Mapping[str, Any]) -> Any:
-    """kio entity ``cls`` from plain ``values`` by field name (module docstring)."""
+@functools.cache
+def _field_names(api_key: int) -> frozenset[str]:
+    """Every field name of every response version of ``api_key``, nested ones included."""
+    names: set[str] = set()
+    version = 0
+    misses = 0
+    while misses < 20:  # kio lacks some low versions (KIP-896 baselines)
+        try:
+            schema = load_response_schema(api_key, version)
+        except Exception:
+            misses += 1
+        else:
+            _collect(schema, names, set())
+        version += 1
+    return frozenset(names)
+
+
+def _collect(cls: type, names: set[str], seen: set[type]) -> None:
+    if cls in seen:
+        return
+    seen.add(cls)
+    for f in fields(cls):
+        names.add(f.name)
+        hint = _hints(cls)[f.name]
+        for candidate in (hint, *typing.get_args(hint)):
+            for inner in (candidate, *typing.get_args(candidate)):
+                if isinstance(inner, type) and is_dataclass(inner):
+                    _collect(inner, names, seen)
+
+
+def build(cls: type, values: Mapping[str, Any], api_key: int | None = None) -> Any:
+    """kio entity ``cls`` from plain ``values`` by field name (module docstring).
+
+    With ``api_key``, a name that no version of that API's response has is a bug in the
+    handler (a typo would otherwise be dropped silently as "not in this version"):
+    ``ValueError``.
+    """
     hints = _hints(cls)
+    if api_key is not None:
+        unknown = set(values) - {f.name for f in fields(cls)} - _field_names(api_key)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: no version has fields {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
     for f in fields(cls):
         kafka_type = f.metadata.get("kafka_type")
         hint = hints[f.name]
         if f.name in values:
-            kwargs[f.name] = _coerce(kafka_type, hint, values[f.name])
+            kwargs[f.name] = _coerce(kafka_type, hint, values[f.name], api_key)
         elif _has_default(f):
             continue
         else:

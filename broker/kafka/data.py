@@ -81,7 +81,7 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
                     "error_code": kafka_code(a.error_code),
                     "error_message": a.error_message or None,
                     "base_offset": a.base_offset,
-                    "log_append_time_ms": a.log_append_time_ms,
+                    "log_append_time": a.log_append_time_ms,
                     "log_start_offset": a.log_start_offset,
                 },
             )
@@ -99,7 +99,7 @@ def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
     by_topic: dict[str, list[Plain]] = {}
     for topic, partition, values in parts:
         by_topic.setdefault(topic, []).append(
-            {"index": partition, "log_append_time_ms": -1, "log_start_offset": -1, **values}
+            {"index": partition, "log_append_time": -1, "log_start_offset": -1, **values}
         )
     return {
         "responses": [
