@@ -59,9 +59,9 @@ key                                   default          meaning
 ``zookeeper.session.timeout.ms``      18000            ZooKeeper session: a dead broker's timeout
 ``zookeeper.connection.timeout.ms``   15000            how long to wait for ZooKeeper at start
 ``advertised.listeners``              (listen address) ``HOST:PORT`` other brokers and clients use
-``kafka.listen``                      (off)            ``HOST:PORT`` of the Kafka wire-protocol listener
-``kafka.advertised.listen``           (kafka.listen)   ``HOST:PORT`` Kafka clients are told (Metadata)
-``auto.create.topics.enable``         false            Kafka Metadata may create a topic it is asked for
+``kafka.listen``                      (off)            ``HOST:PORT`` of the Kafka protocol listener
+``kafka.advertised.listen``           (kafka.listen)   ``HOST:PORT`` Kafka clients dial (Metadata)
+``auto.create.topics.enable``         false            Kafka Metadata may create topics it names
 ``default.replication.factor``        1                replicas of a topic created without a factor
 ``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
 ``controlled.shutdown.enable``        true             move leadership away before a clean stop

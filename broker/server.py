@@ -64,8 +64,8 @@ from broker.config import BrokerConfig, parse_listen
 from broker.core import BrokerCore
 from broker.groups.offset_store import OFFSETS_TOPIC
 from broker.grpc_async import AsyncListener
-from broker.kafka import KafkaListener, ListenerSettings
 from broker.grpc_threads import ThreadedListener
+from broker.kafka import KafkaListener, ListenerSettings
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
 from broker.placement import JoiningPlacement, LocalPlacement
@@ -356,9 +356,7 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
     try:
         return KafkaListener.start(core, settings)
     except OSError as exc:
-        raise ListenError(
-            f"kafka.listen: cannot listen on {config.kafka_listen}: {exc}"
-        ) from None
+        raise ListenError(f"kafka.listen: cannot listen on {config.kafka_listen}: {exc}") from None
 
 
 def _grpc_options(config: BrokerConfig) -> list[tuple[str, int]]:

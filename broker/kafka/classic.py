@@ -160,9 +160,7 @@ class ClassicGroups:
         if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             return JoinResult(_INVALID_SESSION_TIMEOUT)
         group = self._groups.setdefault(group_id, _Group(group_id))
-        if not protocols or (
-            group.members and group.protocol_type not in (None, protocol_type)
-        ):
+        if not protocols or (group.members and group.protocol_type not in (None, protocol_type)):
             return JoinResult(_INCONSISTENT)
         if not self._supports_a_common_protocol(group, member_id, protocols):
             return JoinResult(_INCONSISTENT)
@@ -408,4 +406,3 @@ class ClassicGroups:
         while True:
             await asyncio.sleep(0.2)
             self.expire(time.monotonic())
-

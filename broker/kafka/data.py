@@ -54,9 +54,7 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
     acks = Acks(acks_value)
     times = BatchTimes(NO_TIME, conn.core.wall_ms())
     parts = [
-        PartitionRecords(
-            t["name"], p["index"], bytes(p["records"] or b""), times, acks == Acks.ALL
-        )
+        PartitionRecords(t["name"], p["index"], bytes(p["records"] or b""), times, acks == Acks.ALL)
         for t in topics
         for p in t["partition_data"]
     ]
@@ -90,7 +88,9 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
     )
 
 
-def _settle(future: asyncio.Future[list[PartitionProduced]], answers: list[PartitionProduced]) -> None:
+def _settle(
+    future: asyncio.Future[list[PartitionProduced]], answers: list[PartitionProduced]
+) -> None:
     if not future.done():
         future.set_result(answers)
 
@@ -195,9 +195,7 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
                 "leader_epoch": -1,
             }
         )
-    return {
-        "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]
-    }
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
 
 
 async def init_producer_id(conn: Connection, header: RequestHeader, request: Plain) -> Plain:

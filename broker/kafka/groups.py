@@ -13,8 +13,7 @@ from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
 
-__all__ = ["describe_groups", "heartbeat", "join_group", "leave_group", "list_groups",
-           "sync_group"]
+__all__ = ["describe_groups", "heartbeat", "join_group", "leave_group", "list_groups", "sync_group"]
 
 
 def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
@@ -26,7 +25,7 @@ def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
 
 async def join_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """JoinGroup (v0-7): waits for the rebalance (``ClassicGroups.join``)."""
-    session_timeout_ms = request["session_timeout"]
+    session_timeout_ms = int(request["session_timeout"])
     result = await conn.listener.classic.join(
         request["group_id"],
         request["member_id"],
@@ -34,7 +33,7 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
         conn.context.client_id,
         conn.context.host,
         session_timeout_ms,
-        request.get("rebalance_timeout", session_timeout_ms),
+        int(request.get("rebalance_timeout", session_timeout_ms)),
         request["protocol_type"],
         [(p["name"], bytes(p["metadata"])) for p in request["protocols"]],
         require_known_member_id=header.api_version >= 4,
@@ -104,11 +103,17 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
         return {"error_code": code, "groups": []}
     for g in listed:
         state = "Stable" if g.members else "Empty"
-        groups[g.group_id] = {"group_id": g.group_id, "protocol_type": "consumer",
-                              "group_state": state}
+        groups[g.group_id] = {
+            "group_id": g.group_id,
+            "protocol_type": "consumer",
+            "group_state": state,
+        }
     for group_id, protocol_type, state in conn.listener.classic.list_groups():
-        groups[group_id] = {"group_id": group_id, "protocol_type": protocol_type,
-                            "group_state": state}
+        groups[group_id] = {
+            "group_id": group_id,
+            "protocol_type": protocol_type,
+            "group_state": state,
+        }
     wanted = {s.lower() for s in request.get("states_filter") or []}
     return {
         "error_code": NONE,
@@ -132,12 +137,27 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
             code, _ = kafka_error(exc)
             if code == error_code_for("GROUP_ID_NOT_FOUND"):
                 code = NONE  # Kafka answers an unknown group as Dead, without error
-                answers.append({"error_code": code, "group_id": group_id,
-                                "group_state": "Dead", "protocol_type": "",
-                                "protocol_data": "", "members": []})
+                answers.append(
+                    {
+                        "error_code": code,
+                        "group_id": group_id,
+                        "group_state": "Dead",
+                        "protocol_type": "",
+                        "protocol_data": "",
+                        "members": [],
+                    }
+                )
                 continue
             answers.append({"error_code": code, "group_id": group_id, "members": []})
             continue
-        answers.append({"error_code": NONE, "group_id": group_id, "group_state": "Empty",
-                        "protocol_type": "consumer", "protocol_data": "", "members": []})
+        answers.append(
+            {
+                "error_code": NONE,
+                "group_id": group_id,
+                "group_state": "Empty",
+                "protocol_type": "consumer",
+                "protocol_data": "",
+                "members": [],
+            }
+        )
     return {"groups": answers}

@@ -139,7 +139,7 @@ class KafkaListener:
         Raises:
             OSError: the address cannot be bound.
         """
-        from broker.kafka.handlers import HANDLERS  # noqa: PLC0415 - handlers import us
+        from broker.kafka.handlers import HANDLERS
 
         listener = cls(core, settings, HANDLERS)
         listener._thread.start()

@@ -28,20 +28,28 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
     """FindCoordinator (v0-3): the group's coordinator is this broker's Kafka endpoint."""
     if request.get("key_type", 0) != 0:
         code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-        return {"error_code": code, "error_message": "transactions are not supported",
-                "node_id": -1, "host": "", "port": -1}
+        return {
+            "error_code": code,
+            "error_message": "transactions are not supported",
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
     try:
         endpoint = await conn.run(conn.core.find_coordinator, request["key"])
     except Exception as exc:
         code, message = kafka_error(exc)
-        return {"error_code": code, "error_message": message, "node_id": -1, "host": "",
-                "port": -1}
+        return {"error_code": code, "error_message": message, "node_id": -1, "host": "", "port": -1}
     host, port = conn.advertised
     if endpoint.broker_id != conn.core.config.broker_id:
         # Another broker coordinates it: its Kafka endpoint is not known here (cluster
         # Metadata for the Kafka listener is not built yet, docs/kafka.md).
-        return {"error_code": error_code_for("COORDINATOR_NOT_AVAILABLE"), "node_id": -1,
-                "host": "", "port": -1}
+        return {
+            "error_code": error_code_for("COORDINATOR_NOT_AVAILABLE"),
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
     return {"error_code": NONE, "node_id": endpoint.broker_id, "host": host, "port": port}
 
 

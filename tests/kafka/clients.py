@@ -44,8 +44,9 @@ class Out(NamedTuple):
     partition: int | None = None
 
 
-def produce(family: str, bootstrap: str, address: str, topic: str, records: Sequence[Out],
-            **config: Any) -> list[int]:
+def produce(
+    family: str, bootstrap: str, address: str, topic: str, records: Sequence[Out], **config: Any
+) -> list[int]:
     """Produce ``records`` in order with ``family``; returns each record's partition as the
     client reported it."""
     if family == "kafka-python":
@@ -53,15 +54,17 @@ def produce(family: str, bootstrap: str, address: str, topic: str, records: Sequ
     if family == "confluent-kafka":
         return _produce_confluent(bootstrap, topic, records, **config)
     if family == "aiokafka":
-        return asyncio.run(asyncio.wait_for(
-            _produce_aiokafka(bootstrap, topic, records, **config), TIMEOUT_S))
+        return asyncio.run(
+            asyncio.wait_for(_produce_aiokafka(bootstrap, topic, records, **config), TIMEOUT_S)
+        )
     if family == "tidelog":
         return _produce_tidelog(address, topic, records)
     raise ValueError(family)
 
 
-def consume(family: str, bootstrap: str, address: str, topic: str, partitions: Sequence[int],
-            count: int) -> list[Rec]:
+def consume(
+    family: str, bootstrap: str, address: str, topic: str, partitions: Sequence[int], count: int
+) -> list[Rec]:
     """Read ``count`` records from the beginning of ``partitions`` by assign and seek;
     sorted by (partition, offset). Fails if they do not all arrive within TIMEOUT_S."""
     if family == "kafka-python":
@@ -69,8 +72,9 @@ def consume(family: str, bootstrap: str, address: str, topic: str, partitions: S
     elif family == "confluent-kafka":
         got = _consume_confluent(bootstrap, topic, partitions, count)
     elif family == "aiokafka":
-        got = asyncio.run(asyncio.wait_for(
-            _consume_aiokafka(bootstrap, topic, partitions, count), TIMEOUT_S))
+        got = asyncio.run(
+            asyncio.wait_for(_consume_aiokafka(bootstrap, topic, partitions, count), TIMEOUT_S)
+        )
     elif family == "tidelog":
         got = _consume_tidelog(address, topic, partitions, count)
     else:
@@ -82,13 +86,20 @@ def consume(family: str, bootstrap: str, address: str, topic: str, partitions: S
 # --- kafka-python -------------------------------------------------------------------------
 
 
-def _produce_kafka_python(bootstrap: str, topic: str, records: Sequence[Out],
-                          **config: Any) -> list[int]:
+def _produce_kafka_python(
+    bootstrap: str, topic: str, records: Sequence[Out], **config: Any
+) -> list[int]:
     producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, **config)
     try:
         futures = [
-            producer.send(topic, value=r.value, key=r.key, headers=list(r.headers),
-                          partition=r.partition, timestamp_ms=r.timestamp_ms)
+            producer.send(
+                topic,
+                value=r.value,
+                key=r.key,
+                headers=list(r.headers),
+                partition=r.partition,
+                timestamp_ms=r.timestamp_ms,
+            )
             for r in records
         ]
         producer.flush(TIMEOUT_S)
@@ -97,8 +108,9 @@ def _produce_kafka_python(bootstrap: str, topic: str, records: Sequence[Out],
         producer.close(TIMEOUT_S)
 
 
-def _consume_kafka_python(bootstrap: str, topic: str, partitions: Sequence[int],
-                          count: int) -> list[Rec]:
+def _consume_kafka_python(
+    bootstrap: str, topic: str, partitions: Sequence[int], count: int
+) -> list[Rec]:
     consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     try:
         consumer.assign([kafka.TopicPartition(topic, p) for p in partitions])
@@ -108,8 +120,14 @@ def _consume_kafka_python(bootstrap: str, topic: str, partitions: Sequence[int],
         while len(got) < count and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=500).values():
                 got.extend(
-                    Rec(m.partition, m.offset, m.key, m.value,
-                        tuple((k, v) for k, v in m.headers), m.timestamp)
+                    Rec(
+                        m.partition,
+                        m.offset,
+                        m.key,
+                        m.value,
+                        tuple((k, v) for k, v in m.headers),
+                        m.timestamp,
+                    )
                     for m in batch
                 )
         return got
@@ -120,8 +138,9 @@ def _consume_kafka_python(bootstrap: str, topic: str, partitions: Sequence[int],
 # --- confluent-kafka ----------------------------------------------------------------------
 
 
-def _produce_confluent(bootstrap: str, topic: str, records: Sequence[Out],
-                       **config: Any) -> list[int]:
+def _produce_confluent(
+    bootstrap: str, topic: str, records: Sequence[Out], **config: Any
+) -> list[int]:
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, **config})
     reported: dict[int, int] = {}
     errors: list[Any] = []
@@ -132,11 +151,16 @@ def _produce_confluent(bootstrap: str, topic: str, records: Sequence[Out],
                 errors.append(err)
             else:
                 reported[index] = msg.partition()
+
         return report
 
     for i, r in enumerate(records):
-        kwargs: dict[str, Any] = {"value": r.value, "key": r.key, "headers": list(r.headers),
-                                  "on_delivery": delivered(i)}
+        kwargs: dict[str, Any] = {
+            "value": r.value,
+            "key": r.key,
+            "headers": list(r.headers),
+            "on_delivery": delivered(i),
+        }
         if r.partition is not None:
             kwargs["partition"] = r.partition
         if r.timestamp_ms is not None:
@@ -148,18 +172,23 @@ def _produce_confluent(bootstrap: str, topic: str, records: Sequence[Out],
     return [reported[i] for i in range(len(records))]
 
 
-def _consume_confluent(bootstrap: str, topic: str, partitions: Sequence[int],
-                       count: int) -> list[Rec]:
-    consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": "unused-assign-only",
-        "enable.auto.commit": False,
-    })
+def _consume_confluent(
+    bootstrap: str, topic: str, partitions: Sequence[int], count: int
+) -> list[Rec]:
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "unused-assign-only",
+            "enable.auto.commit": False,
+        }
+    )
     try:
-        consumer.assign([
-            confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
-            for p in partitions
-        ])
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in partitions
+            ]
+        )
         got: list[Rec] = []
         deadline = time.monotonic() + TIMEOUT_S
         while len(got) < count and time.monotonic() < deadline:
@@ -167,8 +196,16 @@ def _consume_confluent(bootstrap: str, topic: str, partitions: Sequence[int],
             if msg is None:
                 continue
             assert msg.error() is None, msg.error()
-            got.append(Rec(msg.partition(), msg.offset(), msg.key(), msg.value(),
-                           tuple(msg.headers() or ()), msg.timestamp()[1]))
+            got.append(
+                Rec(
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.value(),
+                    tuple(msg.headers() or ()),
+                    msg.timestamp()[1],
+                )
+            )
         return got
     finally:
         consumer.close()
@@ -177,14 +214,21 @@ def _consume_confluent(bootstrap: str, topic: str, partitions: Sequence[int],
 # --- aiokafka -----------------------------------------------------------------------------
 
 
-async def _produce_aiokafka(bootstrap: str, topic: str, records: Sequence[Out],
-                            **config: Any) -> list[int]:
+async def _produce_aiokafka(
+    bootstrap: str, topic: str, records: Sequence[Out], **config: Any
+) -> list[int]:
     producer = aiokafka.AIOKafkaProducer(bootstrap_servers=bootstrap, **config)
     await producer.start()
     try:
         futures = [
-            await producer.send(topic, value=r.value, key=r.key, partition=r.partition,
-                                timestamp_ms=r.timestamp_ms, headers=list(r.headers))
+            await producer.send(
+                topic,
+                value=r.value,
+                key=r.key,
+                partition=r.partition,
+                timestamp_ms=r.timestamp_ms,
+                headers=list(r.headers),
+            )
             for r in records
         ]
         return [(await f).partition for f in futures]
@@ -192,8 +236,9 @@ async def _produce_aiokafka(bootstrap: str, topic: str, records: Sequence[Out],
         await producer.stop()
 
 
-async def _consume_aiokafka(bootstrap: str, topic: str, partitions: Sequence[int],
-                            count: int) -> list[Rec]:
+async def _consume_aiokafka(
+    bootstrap: str, topic: str, partitions: Sequence[int], count: int
+) -> list[Rec]:
     consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -217,16 +262,21 @@ async def _consume_aiokafka(bootstrap: str, topic: str, partitions: Sequence[int
 def _produce_tidelog(address: str, topic: str, records: Sequence[Out]) -> list[int]:
     with client.Producer(address, linger_ms=0) as producer:
         futures = [
-            producer.send(topic, value=r.value, key=r.key, headers=list(r.headers),
-                          partition=r.partition, timestamp_ms=r.timestamp_ms)
+            producer.send(
+                topic,
+                value=r.value,
+                key=r.key,
+                headers=list(r.headers),
+                partition=r.partition,
+                timestamp_ms=r.timestamp_ms,
+            )
             for r in records
         ]
         producer.flush(int(TIMEOUT_S * 1000))
         return [f.result(TIMEOUT_S).partition for f in futures]
 
 
-def _consume_tidelog(address: str, topic: str, partitions: Sequence[int],
-                     count: int) -> list[Rec]:
+def _consume_tidelog(address: str, topic: str, partitions: Sequence[int], count: int) -> list[Rec]:
     with client.Consumer(address, enable_auto_commit=False) as consumer:
         tps = [client.TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
@@ -235,9 +285,14 @@ def _consume_tidelog(address: str, topic: str, partitions: Sequence[int],
         deadline = time.monotonic() + TIMEOUT_S
         while len(got) < count and time.monotonic() < deadline:
             got.extend(
-                Rec(m.partition, m.offset, m.key, m.value,
+                Rec(
+                    m.partition,
+                    m.offset,
+                    m.key,
+                    m.value,
                     tuple((k, v if v is not None else b"") for k, v in m.headers),
-                    m.timestamp_ms)
+                    m.timestamp_ms,
+                )
                 for m in consumer.poll(timeout_ms=500)
             )
         return got

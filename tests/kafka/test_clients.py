@@ -21,8 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _create(broker: KafkaBroker, topic: str, partitions: int) -> None:
-    admin = kafka.KafkaAdminClient(bootstrap_servers=broker.bootstrap,
-                                   request_timeout_ms=int(TIMEOUT_S * 1000))
+    admin = kafka.KafkaAdminClient(
+        bootstrap_servers=broker.bootstrap, request_timeout_ms=int(TIMEOUT_S * 1000)
+    )
     try:
         admin.create_topics([kafka.admin.NewTopic(topic, partitions, 1)])
     finally:
@@ -32,11 +33,13 @@ def _create(broker: KafkaBroker, topic: str, partitions: int) -> None:
 def _records(family: str) -> list[Out]:
     now = int(time.time() * 1000)
     return [
-        Out(f"key-{i}".encode() if i % 3 else None,
+        Out(
+            f"key-{i}".encode() if i % 3 else None,
             bytes(range(i, i + 40)) if i != 4 else b"",
             (("h", f"{family}-{i}".encode()), ("bin", b"\0\xff")) if i % 2 else (),
             now - 1000 * i,
-            i % 2)
+            i % 2,
+        )
         for i in range(6)
     ]
 
@@ -56,13 +59,19 @@ def test_records_read_back_identical_by_every_family(
     )
     offsets_seen = None
     for reader in FAMILIES:
-        got = consume(reader, kafka_broker.bootstrap, kafka_broker.address, topic, [0, 1],
-                      len(sent))
+        got = consume(
+            reader, kafka_broker.bootstrap, kafka_broker.address, topic, [0, 1], len(sent)
+        )
         # The empty value and the null key survive as such in every family.
         normalized = sorted(
             (
-                (r.partition, r.key, r.value if r.value is not None else b"", r.headers,
-             r.timestamp_ms)
+                (
+                    r.partition,
+                    r.key,
+                    r.value if r.value is not None else b"",
+                    r.headers,
+                    r.timestamp_ms,
+                )
                 for r in got
             ),
             key=lambda t: t[-1],
@@ -98,8 +107,7 @@ def test_confluent_acks(kafka_broker: KafkaBroker, acks: object) -> None:
     topic = unique("acks")
     _create(kafka_broker, topic, 1)
     sent = [Out(None, b"a%d" % i, partition=0) for i in range(20)]
-    produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, sent,
-            acks=acks)
+    produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, sent, acks=acks)
     got = consume("kafka-python", kafka_broker.bootstrap, kafka_broker.address, topic, [0], 20)
     assert [r.value for r in got] == [r.value for r in sent]
 
@@ -108,10 +116,15 @@ def test_confluent_idempotent_producer(kafka_broker: KafkaBroker) -> None:
     topic = unique("rdk-idem")
     _create(kafka_broker, topic, 1)
     sent = [Out(b"k", b"i%d" % i, partition=0) for i in range(50)]
-    produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, sent,
-            **{"enable.idempotence": True, "linger.ms": 5})
-    got = consume("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, [0],
-                  50)
+    produce(
+        "confluent-kafka",
+        kafka_broker.bootstrap,
+        kafka_broker.address,
+        topic,
+        sent,
+        **{"enable.idempotence": True, "linger.ms": 5},
+    )
+    got = consume("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, [0], 50)
     assert [r.value for r in got] == [r.value for r in sent]
     (answer,) = kafka_broker.broker.server.core.describe_producers([(topic, 0)], None)
     assert len(answer.producers) == 1
@@ -132,12 +145,10 @@ def test_keys_land_in_kafkas_murmur2_partition(
     topic = unique("keys")
     _create(kafka_broker, topic, 5)
     sent = [Out(f"user-{i}".encode(), b"x") for i in range(40)]
-    reported = produce(family, kafka_broker.bootstrap, kafka_broker.address, topic, sent,
-                       **config)
+    reported = produce(family, kafka_broker.bootstrap, kafka_broker.address, topic, sent, **config)
     expected = [partition_for_key(r.key or b"", 5) for r in sent]
     assert reported == expected
-    got = consume("kafka-python", kafka_broker.bootstrap, kafka_broker.address, topic,
-                  range(5), 40)
+    got = consume("kafka-python", kafka_broker.bootstrap, kafka_broker.address, topic, range(5), 40)
     stored = {(r.key, r.partition) for r in got}
     assert stored == {(r.key, p) for r, p in zip(sent, expected, strict=True)}
 
@@ -148,8 +159,7 @@ def test_confluent_default_partitioner_is_honoured(kafka_broker: KafkaBroker) ->
     topic = unique("crc")
     _create(kafka_broker, topic, 4)
     sent = [Out(f"k{i}".encode(), b"v") for i in range(30)]
-    reported = produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address,
-                       topic, sent)
+    reported = produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, sent)
     got = consume("aiokafka", kafka_broker.bootstrap, kafka_broker.address, topic, range(4), 30)
     assert {(r.key, r.partition) for r in got} == {
         (r.key, p) for r, p in zip(sent, reported, strict=True)
@@ -157,8 +167,9 @@ def test_confluent_default_partitioner_is_honoured(kafka_broker: KafkaBroker) ->
 
 
 def test_admin_create_list_delete_with_kafka_python(kafka_broker: KafkaBroker) -> None:
-    admin = kafka.KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap,
-                                   request_timeout_ms=int(TIMEOUT_S * 1000))
+    admin = kafka.KafkaAdminClient(
+        bootstrap_servers=kafka_broker.bootstrap, request_timeout_ms=int(TIMEOUT_S * 1000)
+    )
     topic = unique("admin-kp")
     try:
         admin.create_topics([kafka.admin.NewTopic(topic, 4, 1)])

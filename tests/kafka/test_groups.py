@@ -35,18 +35,27 @@ def _topic(broker: KafkaBroker, partitions: int) -> str:
 
 
 def _fill(broker: KafkaBroker, topic: str, start: int, count: int, partitions: int) -> None:
-    produce("kafka-python", broker.bootstrap, broker.address, topic,
-            [Out(None, b"r%d" % i, partition=i % partitions) for i in range(start,
-                                                                            start + count)])
+    produce(
+        "kafka-python",
+        broker.bootstrap,
+        broker.address,
+        topic,
+        [Out(None, b"r%d" % i, partition=i % partitions) for i in range(start, start + count)],
+    )
 
 
 # --- one client family at a time: consume, commit, close, resume -------------------------
 
 
 def _kafka_python_session(broker: KafkaBroker, topic: str, group: str, want: int) -> list[bytes]:
-    consumer = kafka.KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group,
-                                   auto_offset_reset="earliest", enable_auto_commit=False,
-                                   **FAST_GROUP)
+    consumer = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        **FAST_GROUP,
+    )
     try:
         got: list[bytes] = []
         deadline = time.monotonic() + TIMEOUT_S
@@ -60,10 +69,14 @@ def _kafka_python_session(broker: KafkaBroker, topic: str, group: str, want: int
 
 
 def _confluent_session(broker: KafkaBroker, topic: str, group: str, want: int) -> list[bytes]:
-    consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": broker.bootstrap, "group.id": group,
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    })
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         consumer.subscribe([topic])
         got: list[bytes] = []
@@ -83,8 +96,13 @@ def _confluent_session(broker: KafkaBroker, topic: str, group: str, want: int) -
 def _aiokafka_session(broker: KafkaBroker, topic: str, group: str, want: int) -> list[bytes]:
     async def run() -> list[bytes]:
         consumer = aiokafka.AIOKafkaConsumer(
-            topic, bootstrap_servers=broker.bootstrap, group_id=group,
-            auto_offset_reset="earliest", enable_auto_commit=False, **FAST_GROUP)
+            topic,
+            bootstrap_servers=broker.bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            **FAST_GROUP,
+        )
         await consumer.start()
         try:
             got: list[bytes] = []
@@ -126,10 +144,22 @@ def test_group_consume_commit_and_resume(kafka_broker: KafkaBroker, family: str)
 # --- two members in one group --------------------------------------------------------------
 
 
-def _kafka_python_member(broker: KafkaBroker, topic: str, group: str, total: int,
-                         seen: list[tuple[str, bytes]], name: str, stop: threading.Event) -> None:
-    consumer = kafka.KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group,
-                                   auto_offset_reset="earliest", **FAST_GROUP)
+def _kafka_python_member(
+    broker: KafkaBroker,
+    topic: str,
+    group: str,
+    total: int,
+    seen: list[tuple[str, bytes]],
+    name: str,
+    stop: threading.Event,
+) -> None:
+    consumer = kafka.KafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        **FAST_GROUP,
+    )
     try:
         while not stop.is_set():
             for batch in consumer.poll(timeout_ms=200).values():
@@ -138,13 +168,24 @@ def _kafka_python_member(broker: KafkaBroker, topic: str, group: str, total: int
         consumer.close()
 
 
-def _confluent_member(broker: KafkaBroker, topic: str, group: str, total: int,
-                      seen: list[tuple[str, bytes]], name: str, stop: threading.Event) -> None:
-    consumer = confluent_kafka.Consumer({
-        "bootstrap.servers": broker.bootstrap, "group.id": group,
-        "auto.offset.reset": "earliest", "heartbeat.interval.ms": 300,
-        "session.timeout.ms": 6000,
-    })
+def _confluent_member(
+    broker: KafkaBroker,
+    topic: str,
+    group: str,
+    total: int,
+    seen: list[tuple[str, bytes]],
+    name: str,
+    stop: threading.Event,
+) -> None:
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "heartbeat.interval.ms": 300,
+            "session.timeout.ms": 6000,
+        }
+    )
     try:
         consumer.subscribe([topic])
         while not stop.is_set():
@@ -160,8 +201,11 @@ MEMBERS = {"kafka-python": _kafka_python_member, "confluent-kafka": _confluent_m
 
 @pytest.mark.parametrize(
     ("first", "second"),
-    [("kafka-python", "kafka-python"), ("confluent-kafka", "confluent-kafka"),
-     ("kafka-python", "confluent-kafka")],
+    [
+        ("kafka-python", "kafka-python"),
+        ("confluent-kafka", "confluent-kafka"),
+        ("kafka-python", "confluent-kafka"),
+    ],
 )
 def test_two_members_share_the_partitions(
     kafka_broker: KafkaBroker, first: str, second: str
@@ -171,8 +215,9 @@ def test_two_members_share_the_partitions(
     seen: list[tuple[str, bytes]] = []
     stop = threading.Event()
     threads = [
-        threading.Thread(target=MEMBERS[family],
-                         args=(kafka_broker, topic, group, 0, seen, f"m{i}", stop))
+        threading.Thread(
+            target=MEMBERS[family], args=(kafka_broker, topic, group, 0, seen, f"m{i}", stop)
+        )
         for i, family in enumerate((first, second))
     ]
     for t in threads:

@@ -66,19 +66,33 @@ def test_kcat_consumes_what_others_wrote(kafka_broker: KafkaBroker) -> None:
     produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, sent)
     out = _kcat(kafka_broker, "-C", "-t", topic, "-o", "beginning", "-e", "-f", "%p %o %k %s\n")
     got = sorted(tuple(line.split(" ")) for line in out.splitlines())
-    expected = sorted(
-        (str(i % 2), str(i // 2), f"k{i}", f"v{i}") for i in range(10)
-    )
+    expected = sorted((str(i % 2), str(i // 2), f"k{i}", f"v{i}") for i in range(10))
     assert got == expected
 
 
 def test_kcat_consumes_in_a_group_and_commits(kafka_broker: KafkaBroker) -> None:
     topic = _create(kafka_broker, 2)
     group = unique("kcat-g")
-    produce("kafka-python", kafka_broker.bootstrap, kafka_broker.address, topic,
-            [Out(None, b"g%d" % i, partition=i % 2) for i in range(8)])
-    out = _kcat(kafka_broker, "-G", group, topic, "-o", "beginning", "-e",
-                "-X", "auto.offset.reset=earliest", "-f", "%s\n")
+    produce(
+        "kafka-python",
+        kafka_broker.bootstrap,
+        kafka_broker.address,
+        topic,
+        [Out(None, b"g%d" % i, partition=i % 2) for i in range(8)],
+    )
+    out = _kcat(
+        kafka_broker,
+        "-G",
+        group,
+        topic,
+        "-o",
+        "beginning",
+        "-e",
+        "-X",
+        "auto.offset.reset=earliest",
+        "-f",
+        "%s\n",
+    )
     assert sorted(out.split()) == sorted(f"g{i}" for i in range(8))
     # kcat committed on its way out (auto-commit): the group's offsets are at the end.
     offsets = kafka_broker.broker.server.core.fetch_offsets(group, {topic: [0, 1]})

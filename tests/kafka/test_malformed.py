@@ -159,7 +159,7 @@ def test_pipelined_responses_keep_request_order(kafka_broker: KafkaBroker) -> No
 
 
 def test_produce_acks_0_gets_no_response(kafka_broker: KafkaBroker) -> None:
-    from storage.records import BatchBuilder  # noqa: PLC0415 - the broker's own batches
+    from storage.records import BatchBuilder
 
     topic = unique("acks0")
     kafka_broker.broker.server.core.create_topic(topic, 1, {})
@@ -182,8 +182,9 @@ def test_produce_acks_0_gets_no_response(kafka_broker: KafkaBroker) -> None:
     after = ApiVersionsRequest[0]()
     after.with_header(correlation_id=2, client_id="acks0")
     with _connect(kafka_broker) as sock:
-        sock.sendall(produce.encode(header=True, framed=True) + after.encode(header=True,
-                                                                            framed=True))
+        sock.sendall(
+            produce.encode(header=True, framed=True) + after.encode(header=True, framed=True)
+        )
         body = _read_frame(sock)
     assert body is not None
     # The first answer on the connection is the ApiVersions one: nothing for the produce.
