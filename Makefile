@@ -1,6 +1,7 @@
 # Tidelog developer commands. `make test` and `make run` build .venv from nothing first.
 #   make test    lint + type check + generated-code check + the whole test suite
-#   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data)
+#   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data),
+#                plus the Kafka protocol listener on 127.0.0.1:9092
 #   make check   ruff, mypy and the protobuf check only
 #   make native  rebuild the optional C extension storage._native in place after an edit
 #                (pip install -e builds it too; without a C compiler both go on without it)
@@ -101,7 +102,7 @@ test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
 run: $(STAMP)
-	$(BIN)/python -m broker
+	$(BIN)/python -m broker --set kafka.listen=127.0.0.1:9092
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/storage_bench.py

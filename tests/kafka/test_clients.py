@@ -13,7 +13,9 @@ import kafka
 import kafka.admin
 import pytest
 
+from broker.config import BrokerConfig
 from client.partitioner import partition_for_key
+from storage.errors import InvalidConfigError
 from tests.kafka.clients import FAMILIES, TIMEOUT_S, Out, consume, produce
 from tests.kafka.conftest import KafkaBroker, unique
 
@@ -210,3 +212,47 @@ def test_metadata_does_not_create_topics_unless_enabled(kafka_broker: KafkaBroke
         consumer.close()
     names = [t.name for t in kafka_broker.broker.server.core.list_topics(False)]
     assert topic not in names
+
+
+@pytest.mark.parametrize("family", ["kafka-python", "confluent-kafka", "aiokafka"])
+def test_lz4_batches_are_stored_and_read_back(kafka_broker: KafkaBroker, family: str) -> None:
+    topic = unique(f"lz4-{family}")
+    _create(kafka_broker, topic, 1)
+    option = {"confluent-kafka": {"compression.type": "lz4"}}.get(
+        family, {"compression_type": "lz4"}
+    )
+    sent = [Out(b"k%d" % i, b"compressible " * 20 + b"%d" % i, partition=0) for i in range(30)]
+    produce(family, kafka_broker.bootstrap, kafka_broker.address, topic, sent, **option)
+    for reader in ("tidelog", "confluent-kafka"):
+        got = consume(reader, kafka_broker.bootstrap, kafka_broker.address, topic, [0], 30)
+        assert [(r.key, r.value) for r in got] == [(r.key, r.value) for r in sent]
+    # The batches were stored compressed, as sent (attributes bits 0-2: 3 is lz4).
+    read = kafka_broker.broker.server.core.logs.get_log(topic, 0).read(0, 1 << 20)
+    assert read.records[21 + 1] & 0x07 == 3
+
+
+def test_gzip_is_refused_with_kafkas_error(kafka_broker: KafkaBroker) -> None:
+    # The log stores none and lz4 only (storage.records): a gzip batch is refused with
+    # UNSUPPORTED_COMPRESSION_TYPE, a clean error for the producer, and nothing is stored.
+    topic = unique("gzip")
+    _create(kafka_broker, topic, 1)
+    producer = kafka.KafkaProducer(
+        bootstrap_servers=kafka_broker.bootstrap, compression_type="gzip", retries=0
+    )
+    try:
+        future = producer.send(topic, value=b"x" * 100, partition=0)
+        with pytest.raises(kafka.errors.UnsupportedCompressionTypeError):
+            future.get(TIMEOUT_S)
+    finally:
+        producer.close(TIMEOUT_S)
+    view = kafka_broker.broker.server.core.describe_topic(topic)
+    assert view.partitions[0].log_end_offset == 0
+
+
+def test_kafka_listen_is_refused_with_a_cluster() -> None:
+    with pytest.raises(InvalidConfigError, match="single-node brokers only"):
+        BrokerConfig.from_mapping(
+            {"kafka.listen": "127.0.0.1:0", "zookeeper.connect": "127.0.0.1:2181"}
+        )
+    with pytest.raises(InvalidConfigError, match=r"kafka\.listen"):
+        BrokerConfig.from_mapping({"kafka.listen": "no-port"})
