@@ -19,6 +19,7 @@ import logging
 import uuid
 from typing import Any
 
+from broker.kafka.admin import describe_cluster, describe_configs
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.data import fetch, init_producer_id, list_offsets, produce
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
@@ -246,7 +247,9 @@ HANDLERS: dict[int, Handler] = {
     19: create_topics,
     20: delete_topics,
     22: init_producer_id,
+    32: describe_configs,
     37: create_partitions,
+    60: describe_cluster,
 }
 
 # Handlers must not block the loop: every core call above goes through ``conn.run``.

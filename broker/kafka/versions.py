@@ -39,7 +39,9 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
     22: (0, 4),  # InitProducerId
+    32: (1, 4),  # DescribeConfigs
     37: (0, 3),  # CreatePartitions
+    60: (0, 1),  # DescribeCluster
 }
 
 

@@ -256,3 +256,48 @@ def test_kafka_listen_is_refused_with_a_cluster() -> None:
         )
     with pytest.raises(InvalidConfigError, match=r"kafka\.listen"):
         BrokerConfig.from_mapping({"kafka.listen": "no-port"})
+
+
+def test_describe_configs_and_cluster_with_kafka_python(kafka_broker: KafkaBroker) -> None:
+    topic = unique("cfg")
+    admin = kafka.KafkaAdminClient(
+        bootstrap_servers=kafka_broker.bootstrap, request_timeout_ms=int(TIMEOUT_S * 1000)
+    )
+    try:
+        admin.create_topics(
+            [kafka.admin.NewTopic(topic, 1, 1, topic_configs={"retention.ms": "12345"})]
+        )
+        described = admin.describe_configs(
+            [kafka.admin.ConfigResource("TOPIC", topic)], config_filter="all"
+        )
+        configs = described["topic"][topic]
+        assert configs["retention.ms"]["value"] == "12345"
+        assert configs["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+        assert configs["cleanup.policy"]["value"] == "delete"
+        assert len(configs) > 10  # every effective key, not only the override
+        broker = admin.describe_configs(
+            [kafka.admin.ConfigResource("BROKER", "0")], config_filter="all"
+        )
+        assert broker["broker"]["0"]["num.partitions"]["value"] == "3"
+        cluster = admin.describe_cluster()
+        host, port = kafka_broker.bootstrap.rsplit(":", 1)
+        assert [(b["host"], b["port"]) for b in cluster["brokers"]] == [(host, int(port))]
+        assert cluster["controller_id"] == 0
+    finally:
+        admin.close()
+
+
+def test_describe_configs_with_confluent(kafka_broker: KafkaBroker) -> None:
+    topic = unique("cfg-rdk")
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.create_topics(
+        [confluent_kafka.admin.NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})]
+    )[topic].result(TIMEOUT_S)
+    resource = confluent_kafka.admin.ConfigResource("topic", topic)
+    configs = admin.describe_configs([resource])[resource].result(TIMEOUT_S)
+    assert configs["cleanup.policy"].value == "compact"
+    assert (
+        configs["cleanup.policy"].source
+        == confluent_kafka.admin.ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    )
+    assert configs["retention.ms"].is_default
