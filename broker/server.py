@@ -52,6 +52,7 @@ import logging
 import os
 import resource
 import signal
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -344,6 +345,16 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
         )
     if advertised_host in ("0.0.0.0", "::", ""):
         advertised_host = "127.0.0.1"
+    security = config.security
+    context = None
+    if security.tls:
+        # A context of its own: gRPC's needs ALPN h2, Kafka's protocol uses none.
+        assert security.ssl_certfile is not None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(security.ssl_certfile, security.ssl_keyfile)
+        if security.ssl_client_auth == "required" and security.ssl_cafile:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(security.ssl_cafile)
     settings = ListenerSettings(
         host=host,
         port=port,
@@ -352,6 +363,8 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
         max_frame_bytes=config.socket_request_max_bytes,
         auto_create_topics=config.auto_create_topics_enable,
         io_threads=config.num_io_threads,
+        ssl_context=context,
+        sasl=security.sasl,
     )
     try:
         return KafkaListener.start(core, settings)

@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from broker.acl import Operation, ResourceType
 from broker.core import OffsetQuery
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.kafka.authz import denied, gate, idempotent_write_denied
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
@@ -111,6 +113,7 @@ def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
 
 async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """Fetch (v4-12): see the module docstring."""
+    refuse = gate(conn, "Fetch", Operation.READ)
     spec = FetchSpec(
         partitions=[
             PartitionFetchSpec(
@@ -119,6 +122,7 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
                 p["fetch_offset"],
                 p.get("partition_max_bytes", 0),
                 p.get("current_leader_epoch", -1),
+                refused=refuse(t["topic"]),
             )
             for t in request["topics"]
             for p in t["partitions"]
@@ -183,8 +187,24 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
         for t in request["topics"]
         for p in t["partitions"]
     ]
-    answers = await conn.run(conn.core.list_offsets, queries)
+    refused = {
+        t["name"]: code
+        for t in request["topics"]
+        if (code := denied(conn, "ListOffsets", Operation.DESCRIBE, ResourceType.TOPIC, t["name"]))
+    }
+    answers = await conn.run(conn.core.list_offsets, [q for q in queries if q.topic not in refused])
     by_topic: dict[str, list[Plain]] = {}
+    for q in queries:
+        if q.topic in refused:
+            by_topic.setdefault(q.topic, []).append(
+                {
+                    "partition_index": q.partition,
+                    "error_code": refused[q.topic],
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+            )
     for a in answers:
         by_topic.setdefault(a.topic, []).append(
             {
@@ -210,6 +230,9 @@ async def init_producer_id(conn: Connection, header: RequestHeader, request: Pla
             "producer_id": -1,
             "producer_epoch": -1,
         }
+    refused = idempotent_write_denied(conn)
+    if refused:
+        return {"error_code": refused, "producer_id": -1, "producer_epoch": -1}
     try:
         producer_id, epoch = await conn.run(
             conn.core.init_producer_id,

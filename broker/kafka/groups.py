@@ -9,6 +9,8 @@ when it has no classic members (its KIP-848 members are not shown through this A
 
 from __future__ import annotations
 
+from broker.acl import Operation, ResourceType
+from broker.kafka.authz import denied
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
@@ -26,6 +28,9 @@ def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
 async def join_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """JoinGroup (v0-7): waits for the rebalance (``ClassicGroups.join``)."""
     session_timeout_ms = int(request["session_timeout"])
+    code = denied(conn, "JoinGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    if code:
+        return {"error_code": code, "generation_id": -1, "member_id": request["member_id"]}
     result = await conn.listener.classic.join(
         request["group_id"],
         request["member_id"],
@@ -54,6 +59,9 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
 
 async def sync_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """SyncGroup (v0-5): the leader's assignments out to every member."""
+    code = denied(conn, "SyncGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    if code:
+        return {"error_code": code}
     result = await conn.listener.classic.sync(
         request["group_id"],
         request["member_id"],
@@ -70,6 +78,9 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
 
 async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """Heartbeat (v0-4)."""
+    code = denied(conn, "Heartbeat", Operation.READ, ResourceType.GROUP, request["group_id"])
+    if code:
+        return {"error_code": code}
     code = conn.listener.classic.heartbeat(
         request["group_id"], request["member_id"], request["generation_id"]
     )
@@ -114,6 +125,9 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
             "protocol_type": protocol_type,
             "group_state": state,
         }
+    for group_id in list(groups):
+        if denied(conn, "ListGroups", Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            del groups[group_id]
     wanted = {s.lower() for s in request.get("states_filter") or []}
     return {
         "error_code": NONE,
@@ -127,6 +141,10 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
     """DescribeGroups (v0-5)."""
     answers = []
     for group_id in request["groups"]:
+        code = denied(conn, "DescribeGroups", Operation.DESCRIBE, ResourceType.GROUP, group_id)
+        if code:
+            answers.append({"error_code": code, "group_id": group_id, "members": []})
+            continue
         described = conn.listener.classic.describe(group_id)
         if described is not None:
             answers.append({"error_code": NONE, **described})

@@ -19,7 +19,10 @@ import logging
 import uuid
 from typing import Any
 
+from broker.acl import Operation, ResourceType
+from broker.core import MetadataTopic
 from broker.kafka.admin import describe_cluster, describe_configs
+from broker.kafka.authz import denied
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.data import fetch, init_producer_id, list_offsets, produce
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
@@ -33,6 +36,7 @@ from broker.kafka.groups import (
 )
 from broker.kafka.listener import Connection, Handler
 from broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
+from broker.kafka.sasl import sasl_authenticate, sasl_handshake
 from broker.kafka.versions import ADVERTISED
 from storage.errors import UnknownTopicOrPartitionError
 
@@ -90,6 +94,16 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         cluster, _ = await conn.run(core.metadata, [], False)
         topics = []
     host, port = conn.advertised
+    if conn.core.acls.enabled:
+        # Unnamed topics the caller may not describe are left out; named ones refused.
+        kept = []
+        for t in topics:
+            code = denied(conn, "Metadata", Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+            if not code:
+                kept.append(t)
+            elif not every:
+                kept.append(MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED"))
+        topics = kept
     return {
         "brokers": [{"node_id": cluster.broker_id, "host": host, "port": port, "rack": None}],
         "cluster_id": cluster.cluster_id,
@@ -130,6 +144,12 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
         factor = topic["replication_factor"]
         configs = {c["name"]: c["value"] for c in topic.get("configs", []) if c["value"]}
         result: Plain = {"name": name, "topic_id": _ZERO_UUID}
+        if denied(conn, "CreateTopics", Operation.CREATE, ResourceType.CLUSTER) and (
+            code := denied(conn, "CreateTopics", Operation.CREATE, ResourceType.TOPIC, name)
+        ):
+            result.update(error_code=code)
+            results.append(result)
+            continue
         try:
             if topic.get("assignments"):
                 raise ValueError("manual replica assignments are not supported")
@@ -192,6 +212,10 @@ async def delete_topics(conn: Connection, header: RequestHeader, request: Plain)
                 }
             )
             continue
+        code = denied(conn, "DeleteTopics", Operation.DELETE, ResourceType.TOPIC, name)
+        if code:
+            responses.append({"name": name, "error_code": code})
+            continue
         try:
             await conn.run(conn.core.delete_topic, name)
         except Exception as exc:
@@ -203,8 +227,15 @@ async def delete_topics(conn: Connection, header: RequestHeader, request: Plain)
 
 
 async def create_partitions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """CreatePartitions: grow each topic to its new total count."""
-    counts = [(t["name"], t["count"]) for t in request["topics"]]
+    """CreatePartitions: grow each topic to its new total count (ALTER on each topic)."""
+    results: list[Plain] = []
+    counts = []
+    for t in request["topics"]:
+        code = denied(conn, "CreatePartitions", Operation.ALTER, ResourceType.TOPIC, t["name"])
+        if code:
+            results.append({"name": t["name"], "error_code": code})
+        else:
+            counts.append((t["name"], t["count"]))
     validate_only = bool(request.get("validate_only", False))
     try:
         answers = await conn.run(
@@ -212,21 +243,17 @@ async def create_partitions(conn: Connection, header: RequestHeader, request: Pl
         )
     except UnknownTopicOrPartitionError as exc:
         code, message = kafka_error(exc)
-        return {
-            "results": [
-                {"name": n, "error_code": code, "error_message": message} for n, _ in counts
-            ]
+        results += [{"name": n, "error_code": code, "error_message": message} for n, _ in counts]
+        return {"results": results}
+    results += [
+        {
+            "name": a.name,
+            "error_code": kafka_code(a.error_code),
+            "error_message": a.error_message or None,
         }
-    return {
-        "results": [
-            {
-                "name": a.name,
-                "error_code": kafka_code(a.error_code),
-                "error_message": a.error_message or None,
-            }
-            for a in answers
-        ]
-    }
+        for a in answers
+    ]
+    return {"results": results}
 
 
 HANDLERS: dict[int, Handler] = {
@@ -243,11 +270,13 @@ HANDLERS: dict[int, Handler] = {
     14: sync_group,
     15: describe_groups,
     16: list_groups,
+    17: sasl_handshake,
     18: api_versions,
     19: create_topics,
     20: delete_topics,
     22: init_producer_id,
     32: describe_configs,
+    36: sasl_authenticate,
     37: create_partitions,
     60: describe_cluster,
 }

@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
+import ssl
 import struct
 import threading
 from collections.abc import Awaitable, Callable
@@ -68,6 +70,8 @@ class ListenerSettings:
         max_frame_bytes: the largest request accepted (``socket.request.max.bytes``).
         auto_create_topics: Metadata may create the topics it is asked for.
         io_threads: the pool that runs blocking core calls.
+        ssl_context: TLS for every connection (``security.protocol`` SSL, SASL_SSL).
+        sasl: connections must authenticate first (SASL_PLAINTEXT, SASL_SSL).
     """
 
     host: str
@@ -77,6 +81,8 @@ class ListenerSettings:
     max_frame_bytes: int = 100 * 1024 * 1024
     auto_create_topics: bool = False
     io_threads: int = 4
+    ssl_context: ssl.SSLContext | None = None
+    sasl: bool = False
 
 
 class Connection:
@@ -89,6 +95,13 @@ class Connection:
         self.settings = listener.settings
         self.peer = peer
         self.context = RequestContext("kafka", peer)
+        self.tls = listener.settings.ssl_context is not None
+        # SASL state (broker.kafka.sasl).
+        self.authenticated = not listener.settings.sasl
+        self.sasl_mechanism = ""
+        self.handshake_id = ""
+        self.raw_sasl = False  # after SaslHandshake v0: raw tokens, no Kafka headers
+        self.close_after_response = False  # a failed login: answer, then hang up
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the listener's thread pool (blocking core calls)."""
@@ -159,7 +172,12 @@ class KafkaListener:
         asyncio.set_event_loop(self._loop)
         try:
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._accept, self.settings.host, self.settings.port)
+                asyncio.start_server(
+                    self._accept,
+                    self.settings.host,
+                    self.settings.port,
+                    ssl=self.settings.ssl_context,
+                )
             )
         except BaseException as exc:
             self._start_error = exc
@@ -243,10 +261,21 @@ class KafkaListener:
                 )
                 return
             frame = await reader.readexactly(size)
-            response = await self._respond(connection, frame)
+            if connection.raw_sasl:
+                # Imported here: broker.kafka.sasl imports this module.
+                from broker.kafka.sasl import raw_token
+
+                answer = await raw_token(connection, frame)
+                if answer is None:
+                    return
+                response: bytes | None = struct.pack(">i", len(answer)) + answer
+            else:
+                response = await self._respond(connection, frame)
             if response is not None:
                 writer.write(response)
                 await writer.drain()
+            if connection.close_after_response:
+                return
 
     async def _respond(self, connection: Connection, frame: bytes) -> bytes | None:
         """The response frame for one request frame, None for no response.
@@ -265,6 +294,8 @@ class KafkaListener:
             return encode_response(API_VERSIONS, 0, header.correlation_id, body)
         if not supported(key, version):
             raise _close(connection, f"api {key} v{version} is not advertised")
+        if not connection.authenticated and key not in _BEFORE_AUTHENTICATION:
+            raise _close(connection, f"api {key} before SASL authentication")
         handler = self.handlers.get(key)
         if handler is None:
             raise _close(connection, f"api {key} has no handler")
@@ -273,11 +304,15 @@ class KafkaListener:
         except CodecError as exc:
             raise _close(connection, str(exc)) from None
         if header.client_id != connection.context.client_id:
-            connection.context = RequestContext("kafka", connection.peer, header.client_id)
+            connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
         answer = await handler(connection, header, request)
         if answer is None:
             return None
         return encode_response(key, version, header.correlation_id, answer)
+
+
+# ApiVersions, SaslHandshake, SaslAuthenticate: all a connection may send before SASL.
+_BEFORE_AUTHENTICATION = frozenset({18, 17, 36})
 
 
 def _api_keys() -> list[Plain]:

@@ -15,8 +15,10 @@ Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
 
 from __future__ import annotations
 
+from broker.acl import Operation, ResourceType
 from broker.groups.assignor import TopicPartition
 from broker.groups.manager import OffsetCommitEntry
+from broker.kafka.authz import denied
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
@@ -35,6 +37,9 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
             "host": "",
             "port": -1,
         }
+    code = denied(conn, "FindCoordinator", Operation.DESCRIBE, ResourceType.GROUP, request["key"])
+    if code:
+        return {"error_code": code, "node_id": -1, "host": "", "port": -1}
     try:
         endpoint = await conn.run(conn.core.find_coordinator, request["key"])
     except Exception as exc:
@@ -59,8 +64,12 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
     member_id = request.get("member_id") or ""
     generation = request.get("generation_id_or_member_epoch", -1)
     topics = request["topics"]
-    group_error = 0
-    if member_id or generation >= 0:
+    group_error = denied(conn, "OffsetCommit", Operation.READ, ResourceType.GROUP, group_id)
+    for t in topics:
+        group_error = group_error or denied(
+            conn, "OffsetCommit", Operation.READ, ResourceType.TOPIC, t["name"]
+        )
+    if not group_error and (member_id or generation >= 0):
         group_error = conn.listener.classic.check_commit(group_id, member_id, generation)
     codes: list[int] = []
     if not group_error:
@@ -91,15 +100,22 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
     return {"topics": answer}
 
 
+class _RefusedError(Exception):
+    """Not authorized: answered with the code already known."""
+
+
 async def offset_fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """OffsetFetch (v1-7): committed offsets, -1 where none; ``topics`` null: all."""
     group_id = request["group_id"]
     topics = request.get("topics")
     selection = None if topics is None else {t["name"]: t["partition_indexes"] for t in topics}
+    refused = denied(conn, "OffsetFetch", Operation.DESCRIBE, ResourceType.GROUP, group_id)
     try:
+        if refused:
+            raise _RefusedError
         results = await conn.run(conn.core.fetch_offsets, group_id, selection)
     except Exception as exc:
-        code, _ = kafka_error(exc)
+        code = refused or kafka_error(exc)[0]
         if header.api_version < 2:  # no group-level error field: per partition
             return {
                 "topics": [
