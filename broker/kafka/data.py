@@ -55,8 +55,16 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
         )
     acks = Acks(acks_value)
     times = BatchTimes(NO_TIME, conn.core.wall_ms())
+    refuse = gate(conn, "Produce", Operation.WRITE)
     parts = [
-        PartitionRecords(t["name"], p["index"], bytes(p["records"] or b""), times, acks == Acks.ALL)
+        PartitionRecords(
+            t["name"],
+            p["index"],
+            bytes(p["records"] or b""),
+            times,
+            acks == Acks.ALL,
+            refused=refuse(t["name"]),
+        )
         for t in topics
         for p in t["partition_data"]
     ]

@@ -51,7 +51,7 @@ async def sasl_authenticate(conn: Connection, header: RequestHeader, request: Pl
         "error_code": code,
         "error_message": message,
         "auth_bytes": answer,
-        "session_lifetime_ms": 0,
+        "session_lifetime": 0,
     }
 
 
