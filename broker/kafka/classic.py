@@ -20,7 +20,8 @@ State per group, as in Kafka's ``GroupMetadata``::
   Completing bumps the generation and answers every waiting JoinGroup: the leader gets
   every member's metadata for the chosen protocol (the first of the leader's protocols
   that every member supports).
-- Heartbeats during a rebalance answer ``REBALANCE_IN_PROGRESS``, so members rejoin.
+- Heartbeats while a rebalance is prepared answer ``REBALANCE_IN_PROGRESS``, so members
+  rejoin; while it completes (between JoinGroup and SyncGroup) they answer NONE, as Kafka.
   A member whose session timeout passes without a heartbeat is removed.
 - Committed offsets are the core's (``broker.kafka.offsets``): ``check_commit`` only
   validates the member and generation.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ from dataclasses import dataclass, field
 from broker.kafka.errors import NONE, error_code_for
 
 __all__ = ["ClassicGroups", "GroupState", "JoinResult", "Member", "SyncResult"]
+
+log = logging.getLogger(__name__)
 
 _UNKNOWN_MEMBER = error_code_for("UNKNOWN_MEMBER_ID")
 _ILLEGAL_GENERATION = error_code_for("ILLEGAL_GENERATION")
@@ -241,8 +245,9 @@ class ClassicGroups:
             return _REBALANCING
         if generation_id != group.generation_id:
             return _ILLEGAL_GENERATION
-        if group.state == GroupState.COMPLETING_REBALANCE:
-            return _REBALANCING
+        # CompletingRebalance: the member got its JoinGroup answer and is about to sync;
+        # as in Kafka, a heartbeat then is normal (answering REBALANCE_IN_PROGRESS would
+        # send it back to JoinGroup and restart the rebalance).
         return NONE
 
     def leave(self, group_id: str, member_id: str) -> int:
@@ -260,7 +265,10 @@ class ClassicGroups:
             return _UNKNOWN_MEMBER
         if generation_id != group.generation_id:
             return _ILLEGAL_GENERATION
-        if group.state == GroupState.PREPARING_REBALANCE:
+        # As Kafka: commits of the current generation are accepted while the group
+        # prepares a rebalance (members commit before rejoining: on_revoke), refused
+        # while it completes one (the assignment is being handed out).
+        if group.state == GroupState.COMPLETING_REBALANCE:
             return _REBALANCING
         return NONE
 
@@ -390,14 +398,21 @@ class ClassicGroups:
                 if now_s - since_s > MAX_SESSION_TIMEOUT_MS / 1000:
                     del group.pending[pending_id]
             for member in list(group.members.values()):
-                rejoining = member.join is not None and not member.join.done()
-                if rejoining:
-                    continue  # waiting in JoinGroup: alive
+                waiting = any(w is not None and not w.done() for w in (member.join, member.sync))
+                if waiting:
+                    continue  # in JoinGroup or SyncGroup: its connection is busy there
                 late = (
                     group.state == GroupState.PREPARING_REBALANCE
                     and now_s >= group.rebalance_deadline_s
                 )
-                if late or now_s - member.last_heartbeat_s > member.session_timeout_ms / 1000:
+                silent_s = now_s - member.last_heartbeat_s
+                if late or silent_s > member.session_timeout_ms / 1000:
+                    log.info(
+                        "group %s: member %s removed (%s)",
+                        group.group_id,
+                        member.member_id,
+                        "did not rejoin in time" if late else f"no heartbeat for {silent_s:.1f} s",
+                    )
                     self._remove(group, member.member_id)
             if not group.members and not group.pending and group.state == GroupState.EMPTY:
                 del self._groups[group.group_id]

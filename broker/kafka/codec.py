@@ -35,7 +35,7 @@ import types
 import typing
 import uuid
 from collections.abc import Mapping
-from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
@@ -89,10 +89,21 @@ def _read_uvarint(data: bytes | memoryview, position: int) -> tuple[int, int]:
             raise CodecError("varint longer than 5 bytes")
 
 
+@functools.cache
+def _request_schema(api_key: int, api_version: int) -> Any:
+    return load_request_schema(api_key, api_version)
+
+
+@functools.cache
+def _response_schema(api_key: int, api_version: int) -> Any:
+    return load_response_schema(api_key, api_version)
+
+
+@functools.cache
 def is_flexible(api_key: int, api_version: int) -> bool:
     """Whether this version uses flexible (KIP-482) encoding; False if kio lacks it."""
     try:
-        return bool(load_request_schema(api_key, api_version).__flexible__)
+        return bool(_request_schema(api_key, api_version).__flexible__)
     except Exception:
         return False
 
@@ -146,7 +157,7 @@ def decode_request(api_key: int, api_version: int, frame: bytes, offset: int) ->
         CodecError: kio has no such version, or the body does not parse.
     """
     try:
-        schema = load_request_schema(api_key, api_version)
+        schema = _request_schema(api_key, api_version)
     except Exception as exc:
         raise CodecError(f"no schema for api {api_key} v{api_version}: {exc}") from None
     try:
@@ -160,7 +171,7 @@ def decode_request(api_key: int, api_version: int, frame: bytes, offset: int) ->
 
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Plain) -> bytes:
     """The whole response frame (size prefix, header, body) for plain values ``body``."""
-    schema = load_response_schema(api_key, api_version)
+    schema = _response_schema(api_key, api_version)
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     out.write(response_header_bytes(api_key, api_version, correlation_id))
@@ -190,43 +201,61 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _zero(kafka_type: str | None, hint: Any) -> Any:
-    """The value of a field nobody gave: zero, empty or null by type."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType) and type(None) in args:
-        return None
-    if origin is tuple:
-        return ()
-    if isinstance(hint, type) and is_dataclass(hint):
-        return build(hint, {})
-    return _coerce(kafka_type, hint, 0 if kafka_type not in ("string", "bytes") else None)
+_SCALAR_ZERO: dict[str | None, Any] = {"string": "", "bytes": b"", "records": b""}
 
 
-def _coerce(kafka_type: str | None, hint: Any, value: Any, api_key: int | None = None) -> Any:
-    """A plain value -> what kio's writer expects for the field."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        hint = inner[0] if len(inner) == 1 else hint
-        origin = typing.get_origin(hint)
-        args = typing.get_args(hint)
-    if origin is tuple:
-        (item,) = args[:1]
-        return tuple(_coerce(None, item, v, api_key) for v in value)
-    if isinstance(hint, type) and is_dataclass(hint):
-        return value if isinstance(value, hint) else build(hint, value, api_key)
-    if kafka_type == "timedelta_i32" or kafka_type == "timedelta_i64":
+@dataclass(frozen=True, slots=True)
+class _FieldPlan:
+    """How to turn one field's plain value into kio's (computed once per class)."""
+
+    name: str
+    kafka_type: str | None
+    nullable: bool
+    array: bool
+    struct: type | None  # the struct class (of the field, or of the array's items)
+    has_default: bool
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[_FieldPlan, ...], frozenset[str]]:
+    hints = _hints(cls)
+    plans = []
+    for f in fields(cls):
+        hint = hints[f.name]
+        nullable = False
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            args = typing.get_args(hint)
+            nullable = type(None) in args
+            inner = [a for a in args if a is not type(None)]
+            hint = inner[0] if len(inner) == 1 else hint
+        array = typing.get_origin(hint) is tuple
+        target = typing.get_args(hint)[0] if array else hint
+        struct = target if isinstance(target, type) and is_dataclass(target) else None
+        plans.append(
+            _FieldPlan(
+                f.name,
+                f.metadata.get("kafka_type"),
+                nullable,
+                array,
+                struct,
+                f.default is not MISSING or f.default_factory is not MISSING,
+            )
+        )
+    return tuple(plans), frozenset(p.name for p in plans)
+
+
+def _scalar(kafka_type: str | None, value: Any) -> Any:
+    """A plain scalar -> what kio's writer expects for ``kafka_type``."""
+    if kafka_type is None or kafka_type.startswith(("int", "uint", "float")):
+        return value
+    if kafka_type == "string":
+        return value if value is not None else ""
+    if kafka_type == "error_code":
+        return ErrorCode(value or 0)
+    if kafka_type in ("timedelta_i32", "timedelta_i64"):
         return datetime.timedelta(milliseconds=value or 0)
     if kafka_type == "datetime_i64":
         return _EPOCH + datetime.timedelta(milliseconds=value or 0)
-    if kafka_type == "error_code":
-        return ErrorCode(value or 0)
-    if kafka_type == "string":
-        return value if value is not None else ""
     if kafka_type in ("bytes", "records"):
         return bytes(value) if value is not None else b""
     if kafka_type == "bool":
@@ -234,6 +263,30 @@ def _coerce(kafka_type: str | None, hint: Any, value: Any, api_key: int | None =
     if kafka_type == "uuid":
         return value if isinstance(value, uuid.UUID) else uuid.UUID(int=value or 0)
     return value
+
+
+def _value(plan: _FieldPlan, value: Any, api_key: int | None) -> Any:
+    if value is None and (plan.nullable or plan.array or plan.struct is not None):
+        return _zero(plan)
+    struct = plan.struct
+    if plan.array:
+        if struct is not None:
+            return tuple(v if isinstance(v, struct) else build(struct, v, api_key) for v in value)
+        return tuple(value)
+    if struct is not None:
+        return value if isinstance(value, struct) else build(struct, value, api_key)
+    return _scalar(plan.kafka_type, value)
+
+
+def _zero(plan: _FieldPlan) -> Any:
+    """The value of a field nobody gave: zero, empty or null by type."""
+    if plan.nullable:
+        return None
+    if plan.array:
+        return ()
+    if plan.struct is not None:
+        return build(plan.struct, {})
+    return _scalar(plan.kafka_type, _SCALAR_ZERO.get(plan.kafka_type, 0))
 
 
 @functools.cache
@@ -273,23 +326,15 @@ def build(cls: type, values: Mapping[str, Any], api_key: int | None = None) -> A
     handler (a typo would otherwise be dropped silently as "not in this version"):
     ``ValueError``.
     """
-    hints = _hints(cls)
-    if api_key is not None:
-        unknown = set(values) - {f.name for f in fields(cls)} - _field_names(api_key)
+    plans, names = _plan(cls)
+    if api_key is not None and not names.issuperset(values):
+        unknown = set(values) - names - _field_names(api_key)
         if unknown:
             raise ValueError(f"{cls.__name__}: no version has fields {sorted(unknown)}")
     kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        kafka_type = f.metadata.get("kafka_type")
-        hint = hints[f.name]
-        if f.name in values:
-            kwargs[f.name] = _coerce(kafka_type, hint, values[f.name], api_key)
-        elif _has_default(f):
-            continue
-        else:
-            kwargs[f.name] = _zero(kafka_type, hint)
+    for plan in plans:
+        if plan.name in values:
+            kwargs[plan.name] = _value(plan, values[plan.name], api_key)
+        elif not plan.has_default:
+            kwargs[plan.name] = _zero(plan)
     return cls(**kwargs)
-
-
-def _has_default(f: Field[Any]) -> bool:
-    return f.default is not MISSING or f.default_factory is not MISSING

@@ -231,7 +231,16 @@ def test_two_members_share_the_partitions(
             while time.monotonic() < deadline:
                 described = admin.describe_groups([group])[group]
                 members = list(described["members"])
-                if len(members) == 2 and described["group_state"] == "Stable":
+                held = [
+                    sum(
+                        len(a["partitions"])
+                        for a in (m["member_assignment"] or {}).get("assigned_partitions", [])
+                    )
+                    for m in members
+                ]
+                # Both members hold partitions (a leader that had no metadata for the
+                # topic yet hands out nothing, then rebalances again once it has).
+                if described["group_state"] == "Stable" and held == [2, 2]:
                     break
                 time.sleep(0.2)
         finally:
