@@ -258,6 +258,11 @@ class ClassicGroups:
         self._remove(group, member_id)
         return NONE
 
+    def has_member(self, group_id: str, member_id: str) -> bool:
+        """Whether ``member_id`` is a member of classic group ``group_id``."""
+        group = self._groups.get(group_id)
+        return group is not None and member_id in group.members
+
     def check_commit(self, group_id: str, member_id: str, generation_id: int) -> int:
         """Whether a classic member may commit now: NONE or Kafka's error."""
         group = self._groups.get(group_id)

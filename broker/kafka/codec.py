@@ -45,11 +45,13 @@ from kio.serial import entity_reader, entity_writer
 __all__ = [
     "CodecError",
     "RequestHeader",
+    "build",
     "decode_request",
     "encode_response",
     "is_flexible",
     "parse_header",
     "response_header_bytes",
+    "to_plain",
 ]
 
 Plain = dict[str, Any]

@@ -34,6 +34,7 @@ from broker.kafka.groups import (
     list_groups,
     sync_group,
 )
+from broker.kafka.kip848 import consumer_group_heartbeat, topic_id
 from broker.kafka.listener import Connection, Handler
 from broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
 from broker.kafka.sasl import sasl_authenticate, sasl_handshake
@@ -112,7 +113,7 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
             {
                 "error_code": kafka_code(t.error_code),
                 "name": t.name,
-                "topic_id": _ZERO_UUID,
+                "topic_id": _ZERO_UUID if t.error_code else topic_id(t.name),
                 "is_internal": t.internal,
                 "partitions": [
                     {
@@ -279,6 +280,7 @@ HANDLERS: dict[int, Handler] = {
     36: sasl_authenticate,
     37: create_partitions,
     60: describe_cluster,
+    68: consumer_group_heartbeat,
 }
 
 # Handlers must not block the loop: every core call above goes through ``conn.run``.

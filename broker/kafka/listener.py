@@ -35,7 +35,7 @@ import struct
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.context import RequestContext
 from broker.core import BrokerCore
@@ -49,6 +49,9 @@ from broker.kafka.codec import (
     parse_header,
 )
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
+
+if TYPE_CHECKING:
+    from broker.kafka.kip848 import MemberMemory
 
 __all__ = ["Connection", "Handler", "KafkaListener", "ListenerSettings"]
 
@@ -137,6 +140,8 @@ class KafkaListener:
         self.port = 0
         self.advertised = (settings.advertised_host, settings.advertised_port)
         self.classic = ClassicGroups()  # used on the loop's thread only
+        # KIP-848 members' last subscription and owned partitions (loop's thread only).
+        self.kip848_members: dict[tuple[str, str], MemberMemory] = {}
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._serve, name="kafka-listener", daemon=True)

@@ -59,7 +59,7 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
 
 
 async def offset_commit(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """OffsetCommit (v2-8): per partition, the core's commit; group errors apply to all."""
+    """OffsetCommit (v2-9): per partition, the core's commit; group errors apply to all."""
     group_id = request["group_id"]
     member_id = request.get("member_id") or ""
     generation = request.get("generation_id_or_member_epoch", -1)
@@ -69,8 +69,14 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
         group_error = group_error or denied(
             conn, "OffsetCommit", Operation.READ, ResourceType.TOPIC, t["name"]
         )
-    if not group_error and (member_id or generation >= 0):
-        group_error = conn.listener.classic.check_commit(group_id, member_id, generation)
+    # A KIP-848 member (ConsumerGroupHeartbeat) commits as itself, checked by the core;
+    # a classic member is checked here and written as a simple commit; no member: simple.
+    classic = conn.listener.classic
+    as_member, as_epoch = "", -1
+    if member_id and not classic.has_member(group_id, member_id) and header.api_version >= 9:
+        as_member, as_epoch = member_id, generation
+    elif not group_error and (member_id or generation >= 0):
+        group_error = classic.check_commit(group_id, member_id, generation)
     codes: list[int] = []
     if not group_error:
         entries = [
@@ -83,7 +89,9 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
             for p in t["partitions"]
         ]
         try:
-            results = await conn.run(conn.core.commit_offsets, group_id, "", -1, entries)
+            results = await conn.run(
+                conn.core.commit_offsets, group_id, as_member, as_epoch, entries
+            )
         except Exception as exc:
             group_error, _ = kafka_error(exc)
         else:
@@ -105,9 +113,20 @@ class _RefusedError(Exception):
 
 
 async def offset_fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """OffsetFetch (v1-7): committed offsets, -1 where none; ``topics`` null: all."""
-    group_id = request["group_id"]
-    topics = request.get("topics")
+    """OffsetFetch (v1-9): committed offsets, -1 where none; ``topics`` null: all. v8+
+    asks for several groups at once (KIP-709)."""
+    if "groups" in request:
+        groups = []
+        for group in request["groups"]:
+            answer = await _offsets_of(conn, header, group["group_id"], group.get("topics"))
+            groups.append({"group_id": group["group_id"], **answer})
+        return {"groups": groups}
+    return await _offsets_of(conn, header, request["group_id"], request.get("topics"))
+
+
+async def _offsets_of(
+    conn: Connection, header: RequestHeader, group_id: str, topics: list[Plain] | None
+) -> Plain:
     selection = None if topics is None else {t["name"]: t["partition_indexes"] for t in topics}
     refused = denied(conn, "OffsetFetch", Operation.DESCRIBE, ResourceType.GROUP, group_id)
     try:

@@ -23,7 +23,13 @@ class KafkaBroker:
 
 @pytest.fixture(scope="module")
 def kafka_broker() -> Iterator[KafkaBroker]:
-    with InProcessBroker(settings={"kafka.listen": "127.0.0.1:0", "num.partitions": 3}) as b:
+    settings = {
+        "kafka.listen": "127.0.0.1:0",
+        "num.partitions": 3,
+        # KIP-848 members (Tidelog's and Kafka's) learn new assignments sooner.
+        "group.consumer.heartbeat.interval.ms": 500,
+    }
+    with InProcessBroker(settings=settings) as b:
         port = b.server.kafka_port
         assert port is not None
         yield KafkaBroker(b, f"127.0.0.1:{port}", b.address)

@@ -32,9 +32,9 @@ from hypothesis import HealthCheck, given, settings
 from kafka.protocol.api_message import ApiMessage
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_writer
+from kio.serial import entity_reader, entity_writer
 
-from broker.kafka.codec import build, decode_request, encode_response, parse_header
+from broker.kafka.codec import build, decode_request, encode_response, parse_header, to_plain
 from broker.kafka.handlers import HANDLERS
 from broker.kafka.versions import ADVERTISED
 
@@ -49,12 +49,16 @@ _MODULES = (
 pytestmark = pytest.mark.timeout(300)
 
 # Produce 0-2 are advertised for old librdkafka's sake but not served (kio lacks them).
-VERSIONS = [
+SERVED = [
     (key, version)
     for key, (low, high) in sorted(ADVERTISED.items())
     for version in range(low, high + 1)
     if not (key == 0 and version < 3)
 ]
+# kafka-python has no ConsumerGroupHeartbeat (68, KIP-848): its second codec in
+# tests/kafka is librdkafka itself (test_groups.py's group.protocol=consumer tests); here
+# it is checked as a kio round trip (test_kip848_heartbeat_round_trips).
+VERSIONS = [(key, version) for key, version in SERVED if key != 68]
 
 
 def _kafka_python_classes() -> dict[tuple[int, bool], type]:
@@ -270,6 +274,46 @@ def test_requests_written_by_kio_read_the_same_in_both_codecs(api_key: int, vers
         _same(body, ours, schema, "decode_request")
         theirs = kp_class.decode(frame, header=True)
         _same(body, theirs.to_dict(json=False), schema, f"kafka-python api{api_key}v{version}")
+
+    check()
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_kip848_heartbeat_round_trips(version: int) -> None:
+    request_schema = load_request_schema(68, version)
+    response_schema = load_response_schema(68, version)
+
+    @_settings()
+    @given(request=_plain_strategy(request_schema), response=_plain_strategy(response_schema))
+    def check(request: dict[str, Any], response: dict[str, Any]) -> None:
+        header = request_schema.__header_schema__
+        out = io.BytesIO()
+        entity_writer(header)(
+            out,
+            build(
+                header,
+                {
+                    "request_api_key": 68,
+                    "request_api_version": version,
+                    "correlation_id": 3,
+                    "client_id": "c",
+                },
+            ),
+        )
+        entity_writer(request_schema)(out, build(request_schema, request))
+        frame = out.getvalue()
+        parsed = parse_header(frame)
+        _same(
+            request,
+            decode_request(68, version, frame, parsed.body_offset),
+            request_schema,
+            "decode_request",
+        )
+        encoded = encode_response(68, version, 3, response)
+        assert encoded[4:8] == (3).to_bytes(4, "big")
+        assert encoded[8] == 0  # response header v1: no tagged fields
+        decoded, _ = entity_reader(response_schema)(encoded, 9)
+        _same(response, to_plain(decoded), response_schema, "kio reader")
 
     check()
 
