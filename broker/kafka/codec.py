@@ -19,9 +19,8 @@ version-specific. Instead:
 
 kio 0.6.5 raises ``KeyError`` on a tagged field it does not know, where KIP-482 says to
 skip it. The request *header* is parsed by hand here (``parse_header``), so unknown header
-tags are skipped; an unknown tag inside a body makes the request fail to parse, which the
-listener answers by closing the connection (as Kafka does for a request it cannot parse).
-No client in scope sends such tags (they only send tags of the versions they negotiated).
+tags are skipped; a body with unknown tags is copied without them (``broker.kafka.tags``)
+and parsed again. (Unknown tags nested inside a *known* tagged struct are not reached.)
 """
 
 from __future__ import annotations
@@ -41,6 +40,8 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
+
+from broker.kafka.tags import strip_unknown_tags
 
 __all__ = [
     "CodecError",
@@ -164,7 +165,17 @@ def decode_request(api_key: int, api_version: int, frame: bytes, offset: int) ->
         raise CodecError(f"no schema for api {api_key} v{api_version}: {exc}") from None
     try:
         entity, _ = entity_reader(schema)(frame, offset)
-    except Exception as exc:  # kio raises ValueError, KeyError, IndexError... on bad bytes
+    except KeyError as exc:
+        if "tagged field" not in str(exc):
+            raise CodecError(f"api {api_key} v{api_version} does not parse: {exc!r}") from None
+        # KIP-482: skip the tags this schema does not know (kio raises on them).
+        try:
+            cleaned = strip_unknown_tags(schema, frame, offset)
+            entity, _ = entity_reader(schema)(cleaned, 0)
+        except Exception as again:
+            message = f"api {api_key} v{api_version} does not parse: {again!r}"
+            raise CodecError(message) from None
+    except Exception as exc:  # kio raises ValueError, IndexError... on bad bytes
         raise CodecError(f"api {api_key} v{api_version} does not parse: {exc!r}") from None
     plain = to_plain(entity)
     assert isinstance(plain, dict)

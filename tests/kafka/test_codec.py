@@ -36,6 +36,7 @@ from kio.serial import entity_reader, entity_writer
 
 from broker.kafka.codec import build, decode_request, encode_response, parse_header, to_plain
 from broker.kafka.handlers import HANDLERS
+from broker.kafka.tags import strip_unknown_tags
 from broker.kafka.versions import ADVERTISED
 
 # Imported for their side effect: each module defines (registers) its message classes.
@@ -336,3 +337,28 @@ def test_unknown_header_tags_are_skipped() -> None:
     assert parsed.correlation_id == 7
     assert parsed.client_id == "id"
     assert parsed.body_offset == len(frame)
+
+
+FLEXIBLE = [
+    (key, version) for key, version in SERVED if load_request_schema(key, version).__flexible__
+]
+
+
+@pytest.mark.parametrize(("api_key", "version"), FLEXIBLE)
+def test_unknown_tagged_fields_in_a_body_are_skipped(api_key: int, version: int) -> None:
+    # KIP-482: tags the schema does not know are skipped (kio alone raises on them).
+    schema = load_request_schema(api_key, version)
+
+    @_settings()
+    @given(body=_plain_strategy(schema))
+    def check(body: dict[str, Any]) -> None:
+        out = io.BytesIO()
+        entity_writer(schema)(out, build(schema, body))
+        written = out.getvalue()
+        assert strip_unknown_tags(schema, written, 0) == written  # nothing unknown: as is
+        assert written[-1] == 0  # the top-level tag section is empty (defaults omitted)
+        with_tags = written[:-1] + b"\x02" + b"\x63\x03abc" + b"\x64\x00"  # tags 99, 100
+        assert strip_unknown_tags(schema, with_tags, 0) == written
+        _same(body, decode_request(api_key, version, with_tags, 0), schema, "decode_request")
+
+    check()

@@ -191,3 +191,14 @@ def test_produce_acks_0_gets_no_response(kafka_broker: KafkaBroker) -> None:
     assert struct.unpack_from(">i", body)[0] == 2
     view = kafka_broker.broker.server.core.describe_topic(topic)
     assert view.partitions[0].log_end_offset == 1
+
+
+def test_unknown_tags_in_a_request_body_are_skipped(kafka_broker: KafkaBroker) -> None:
+    # Metadata v12 for all topics (topics null), then a tag section with two unknown tags.
+    body = b"\x00" + b"\x01" + b"\x00" + b"\x02" + b"\x63\x03abc" + b"\x64\x00"
+    with _connect(kafka_broker) as sock:
+        sock.sendall(_frame(_header(3, 12, 8, flexible=True) + body))
+        answer = _read_frame(sock)
+    assert answer is not None
+    assert struct.unpack_from(">i", answer)[0] == 8
+    _still_serving(kafka_broker)
