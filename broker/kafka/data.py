@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from broker.acl import Operation, ResourceType
@@ -73,8 +74,10 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
     answered: asyncio.Future[list[PartitionProduced]] = loop.create_future()
 
     def deliver(answers: list[PartitionProduced]) -> None:
-        # On this thread (acks 0/1) or the group fsync thread (acks=all): never blocks.
-        loop.call_soon_threadsafe(_settle, answered, answers)
+        # On this thread (acks 0/1) or the group fsync thread (acks=all): never blocks,
+        # never raises into the fsync thread (the listener may have stopped meanwhile).
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(_settle, answered, answers)
 
     conn.core.complete(appends, acks, deliver)
     if acks == Acks.NONE:
@@ -159,7 +162,9 @@ async def _fetch(conn: Connection, spec: FetchSpec) -> list[PartitionFetched]:
     woken = asyncio.Event()
 
     def wake() -> None:
-        loop.call_soon_threadsafe(woken.set)
+        # From whichever thread completed the parked fetch (an append, the reaper).
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(woken.set)
 
     pending = core.start_fetch(spec, wake=wake)
     try:
