@@ -29,3 +29,22 @@ def test_the_benchmark_reports_every_figure() -> None:
     ):
         assert results[key] > 0, key
     assert results["kafka_p50_ms"] <= results["kafka_p99_ms"]
+
+
+@pytest.mark.timeout(180)
+def test_the_peer_comparison_runs_the_kafka_listener_peer(tmp_path: Path) -> None:
+    from benchmarks import run as harness  # (ROOT is on sys.path: see the top)
+
+    settings = harness.parse_settings(
+        [
+            "--quick", "--no-install", "--peers", "tidelog-kafka", "--value-sizes", "100",
+            "--records", "2000", "--samples", "20",
+            "--workloads", "produce,consume,latency,end_to_end", "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    doc = harness.run(settings)
+    markdown = (tmp_path / "results.md").read_text()
+    assert "Tidelog (Kafka listener)" in markdown
+    assert not doc.get("errors"), doc.get("errors")
+    measured = {r["workload"] for r in doc["results"] if r["peer"] == "tidelog-kafka"}
+    assert measured == {"produce", "consume", "latency", "end_to_end"}
