@@ -1,6 +1,7 @@
 # Tidelog developer commands. `make test` and `make run` build .venv from nothing first.
 #   make test    lint + type check + generated-code check + the whole test suite
-#   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data)
+#   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data),
+#                plus the Kafka protocol listener on 127.0.0.1:9092
 #   make console the web console on http://127.0.0.1:7480/ for the broker of `make run`
 #                (CONSOLE_ARGS="--bootstrap HOST:PORT,... --listen HOST:PORT" to change)
 #   make check   ruff, mypy and the protobuf check only
@@ -38,6 +39,13 @@ $(STAMP): pyproject.toml setup.py
 	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
 	      || echo "chromium could not be installed: the console's browser tests will say so"; \
 	  else echo "no chromium: install it for the console's browser tests"; fi; \
+	fi
+	@# The Kafka listener's tests (tests/kafka) drive Debian's kcat (librdkafka 2.0.2).
+	@if ! command -v kcat >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends kcat >/dev/null) \
+	      || echo "kcat could not be installed: the Kafka listener tests will say so"; \
+	  else echo "no kcat: install Debian's kcat for the Kafka listener tests"; fi; \
 	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -103,7 +111,7 @@ test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
 run: $(STAMP)
-	$(BIN)/python -m broker
+	$(BIN)/python -m broker --set kafka.listen=127.0.0.1:9092
 
 CONSOLE_ARGS ?= --bootstrap 127.0.0.1:7410 --listen 127.0.0.1:7480
 console: $(STAMP)

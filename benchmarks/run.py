@@ -145,6 +145,8 @@ def machine_info() -> dict[str, Any]:
 def _client_description(name: str) -> str:
     if name == "tidelog":
         return f"client/ (grpcio {_package_version('grpcio')})"
+    if name == "tidelog-kafka":
+        return f"confluent-kafka {_package_version('confluent-kafka')}"
     if name == "nats":
         return f"nats-py {_package_version('nats-py')}"
     if name == "redis":
@@ -155,7 +157,11 @@ def _client_description(name: str) -> str:
 
 
 def _client_missing(name: str) -> str | None:
-    needed = {"nats": ["nats-py"], "redis": ["redis", "hiredis"]}.get(name, [])
+    needed = {
+        "nats": ["nats-py"],
+        "redis": ["redis", "hiredis"],
+        "tidelog-kafka": ["confluent-kafka"],
+    }.get(name, [])
     missing = [pkg for pkg in needed if _package_version(pkg) is None]
     if missing:
         return f"Python package(s) {', '.join(missing)} missing: pip install -e '.[bench]'"

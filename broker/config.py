@@ -59,6 +59,9 @@ key                                   default          meaning
 ``zookeeper.session.timeout.ms``      18000            ZooKeeper session: a dead broker's timeout
 ``zookeeper.connection.timeout.ms``   15000            how long to wait for ZooKeeper at start
 ``advertised.listeners``              (listen address) ``HOST:PORT`` other brokers and clients use
+``kafka.listen``                      (off)            ``HOST:PORT`` of the Kafka protocol listener
+``kafka.advertised.listen``           (kafka.listen)   ``HOST:PORT`` Kafka clients dial (Metadata)
+``auto.create.topics.enable``         false            Kafka Metadata may create topics it names
 ``default.replication.factor``        1                replicas of a topic created without a factor
 ``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
 ``controlled.shutdown.enable``        true             move leadership away before a clean stop
@@ -320,6 +323,9 @@ class BrokerConfig:
     zookeeper_session_timeout_ms: int = 18_000
     zookeeper_connection_timeout_ms: int = 15_000
     advertised_listeners: str | None = None
+    kafka_listen: str | None = None  # None: no Kafka listener (broker/kafka)
+    kafka_advertised_listen: str | None = None
+    auto_create_topics_enable: bool = False
     default_replication_factor: int = 1
     unclean_leader_election_enable: bool = False
     controlled_shutdown_enable: bool = True
@@ -339,6 +345,16 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         if self.advertised_listeners:
             parse_listen(self.advertised_listeners, "advertised.listeners")  # raises if bad
+        if self.kafka_listen:
+            parse_listen(self.kafka_listen, "kafka.listen")
+            if self.zookeeper_connect:
+                # Metadata would name only this broker while others lead partitions.
+                raise ValueError(
+                    "kafka.listen: the Kafka listener serves single-node brokers only for "
+                    "now (no zookeeper.connect; docs/kafka.md)"
+                )
+        if self.kafka_advertised_listen:
+            parse_listen(self.kafka_advertised_listen, "kafka.advertised.listen")
         checks = [
             ("listeners", 0 <= self.listen_port <= 65535),
             ("num.partitions", self.num_partitions >= 1),
@@ -688,6 +704,9 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         lambda k, v: _int(k, v, 1),
     ),
     "advertised.listeners": ("advertised_listeners", _str),
+    "kafka.listen": ("kafka_listen", _str),
+    "kafka.advertised.listen": ("kafka_advertised_listen", _str),
+    "auto.create.topics.enable": ("auto_create_topics_enable", _bool),
     "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
     "controlled.shutdown.enable": ("controlled_shutdown_enable", _bool),

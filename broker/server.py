@@ -52,6 +52,7 @@ import logging
 import os
 import resource
 import signal
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -60,11 +61,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.audit import configure_file as configure_audit_file
 from broker.auth import Authenticator
-from broker.config import BrokerConfig
+from broker.config import BrokerConfig, parse_listen
 from broker.core import BrokerCore
 from broker.groups.offset_store import OFFSETS_TOPIC
 from broker.grpc_async import AsyncListener
 from broker.grpc_threads import ThreadedListener
+from broker.kafka import KafkaListener, ListenerSettings
 from broker.limits import Admission, AdmissionCollector
 from broker.metrics import BrokerMetrics, MetricsServer
 from broker.placement import JoiningPlacement, LocalPlacement
@@ -147,6 +149,7 @@ class BrokerServer:
         metrics_server: MetricsServer | None,
         node: ClusterNode | None = None,
         tls: ServerTls | None = None,
+        kafka: KafkaListener | None = None,
     ) -> None:
         self.config = config
         self.tls = tls  # the listener's reloadable certificates; None without TLS
@@ -154,6 +157,7 @@ class BrokerServer:
         self.node = node  # cluster mode only
         self.admission = admission
         self._listener = listener
+        self.kafka = kafka  # the Kafka wire-protocol listener (kafka.listen); None if off
         self._port = listener.port
         self._metrics_server = metrics_server
         self._stop_lock = threading.Lock()
@@ -231,6 +235,18 @@ class BrokerServer:
                     metrics_server.stop()
                 core.close()
                 raise
+        kafka: KafkaListener | None = None
+        if config.kafka_listen:
+            try:
+                kafka = _start_kafka(config, core)
+            except BaseException:
+                if node is not None:
+                    node.stop()
+                listener.stop(0, _STOP_MARGIN_MS)
+                if metrics_server is not None:
+                    metrics_server.stop()
+                core.close()
+                raise
         log.info(
             "tidelog broker serving %s on %s:%d (%s model), data in %s",
             security.protocol,
@@ -239,7 +255,7 @@ class BrokerServer:
             config.server_io_model,
             core.logs.data_dir,
         )
-        return cls(config, core, listener, admission, metrics_server, node, tls)
+        return cls(config, core, listener, admission, metrics_server, node, tls, kafka)
 
     @property
     def port(self) -> int:
@@ -255,6 +271,11 @@ class BrokerServer:
         elif ":" in host:
             host = f"[{host}]"
         return f"{host}:{self._port}"
+
+    @property
+    def kafka_port(self) -> int | None:
+        """The bound Kafka listener port, or None when ``kafka.listen`` is off."""
+        return self.kafka.port if self.kafka is not None else None
 
     @property
     def metrics_port(self) -> int | None:
@@ -295,6 +316,8 @@ class BrokerServer:
                 except Exception:
                     log.exception("leaving the cluster failed")
             self._listener.enter_graceful_shutdown()
+            if self.kafka is not None:
+                self.kafka.stop()
             self.core.begin_close()
             if not self._listener.stop(grace, _STOP_MARGIN_MS):
                 log.warning("gRPC server did not stop within the grace period")
@@ -305,6 +328,48 @@ class BrokerServer:
                     self._metrics_server.stop()
                 self._stopped.set()
             log.info("stopped")
+
+
+def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
+    """Start the Kafka listener on ``kafka.listen`` (``broker.kafka``).
+
+    Raises:
+        ListenError: the address cannot be bound.
+    """
+    assert config.kafka_listen is not None
+    host, port = parse_listen(config.kafka_listen, "kafka.listen")
+    advertised_host, advertised_port = host, 0
+    if config.kafka_advertised_listen:
+        advertised_host, advertised_port = parse_listen(
+            config.kafka_advertised_listen, "kafka.advertised.listen"
+        )
+    if advertised_host in ("0.0.0.0", "::", ""):
+        advertised_host = "127.0.0.1"
+    security = config.security
+    context = None
+    if security.tls:
+        # A context of its own: gRPC's needs ALPN h2, Kafka's protocol uses none.
+        assert security.ssl_certfile is not None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(security.ssl_certfile, security.ssl_keyfile)
+        if security.ssl_client_auth == "required" and security.ssl_cafile:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(security.ssl_cafile)
+    settings = ListenerSettings(
+        host=host,
+        port=port,
+        advertised_host=advertised_host,
+        advertised_port=advertised_port,
+        max_frame_bytes=config.socket_request_max_bytes,
+        auto_create_topics=config.auto_create_topics_enable,
+        io_threads=config.num_io_threads,
+        ssl_context=context,
+        sasl=security.sasl,
+    )
+    try:
+        return KafkaListener.start(core, settings)
+    except OSError as exc:
+        raise ListenError(f"kafka.listen: cannot listen on {config.kafka_listen}: {exc}") from None
 
 
 def _grpc_options(config: BrokerConfig) -> list[tuple[str, int]]:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from benchmarks.peers import nats_peer, redis_peer, tidelog_peer
+from benchmarks.peers import nats_peer, redis_peer, tidelog_kafka_peer, tidelog_peer
 
 PEERS: dict[str, ModuleType] = {
-    module.NAME: module for module in (tidelog_peer, nats_peer, redis_peer)
+    module.NAME: module for module in (tidelog_peer, tidelog_kafka_peer, nats_peer, redis_peer)
 }
 
 __all__ = ["PEERS"]

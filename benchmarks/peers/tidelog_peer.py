@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,11 @@ def version() -> str:
     return f"tidelog 0.1.0 (git {commit or 'unknown'}, {where})"
 
 
-def start(work: Path) -> RunningServer:
-    """Start a broker on 127.0.0.1 (port 0, data under ``work``); wait for its ready file."""
+def start(work: Path, extra_settings: Sequence[str] = ()) -> RunningServer:
+    """Start a broker on 127.0.0.1 (port 0, data under ``work``); wait for its ready file.
+
+    ``extra_settings``: more ``KEY=VALUE`` broker settings (the Kafka listener peer's).
+    """
     data_dir = work / "tidelog-data"
     ready = work / "tidelog-ready"
     argv = [
@@ -113,6 +117,8 @@ def start(work: Path) -> RunningServer:
         "--listen", "127.0.0.1:0", "--ready-file", str(ready),
         "--log-level", "WARNING", "--set", "metrics.port=-1",
     ]  # fmt: skip
+    for setting in extra_settings:
+        argv += ["--set", setting]
     process = ServerProcess.start(
         argv, work / "tidelog.log", "tidelog broker", env=python_env(), cwd=source_root
     )

@@ -1,0 +1,108 @@
+"""Read-only admin APIs over the core: DescribeConfigs and DescribeCluster.
+
+DescribeConfigs answers a topic with every effective config key (Kafka's tools and test
+suites expect all of them, not only overrides): ``DYNAMIC_TOPIC_CONFIG`` (1) for the
+topic's overrides, ``DEFAULT_CONFIG`` (5) for the rest; a broker (resource type 4) with the
+broker's effective settings as ``STATIC_BROKER_CONFIG`` (4), values of keys that name a
+password or secret hidden (``is_sensitive``). Synonyms and documentation are not given.
+"""
+
+from __future__ import annotations
+
+from broker.acl import Operation, ResourceType
+from broker.kafka.authz import denied
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.errors import NONE, error_code_for, kafka_error
+from broker.kafka.listener import Connection
+from storage.errors import InvalidRequestError
+
+__all__ = ["describe_cluster", "describe_configs"]
+
+TOPIC = 2
+BROKER = 4
+_DYNAMIC_TOPIC_CONFIG = 1
+_STATIC_BROKER_CONFIG = 4
+_DEFAULT_CONFIG = 5
+UNKNOWN_OPERATIONS = -(2**31)
+
+
+def _config(name: str, value: str | None, source: int, sensitive: bool = False) -> Plain:
+    return {
+        "name": name,
+        "value": None if sensitive else value,
+        "read_only": source == _STATIC_BROKER_CONFIG,
+        "config_source": source,
+        "is_sensitive": sensitive,
+        "synonyms": [],
+        "config_type": 0,
+        "documentation": None,
+    }
+
+
+async def describe_configs(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DescribeConfigs (v1-4): topics and this broker."""
+    results = []
+    for resource in request["resources"]:
+        kind = resource["resource_type"]
+        name = resource["resource_name"]
+        wanted = resource.get("configuration_keys")
+        result: Plain = {"resource_type": kind, "resource_name": name, "error_code": NONE}
+        code = (
+            denied(conn, "DescribeConfigs", Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name)
+            if kind == TOPIC
+            else denied(conn, "DescribeConfigs", Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER)
+        )
+        if code:
+            result.update(error_code=code, configs=[])
+            results.append(result)
+            continue
+        try:
+            configs = await conn.run(_configs, conn, kind, name)
+        except Exception as exc:
+            code, message = kafka_error(exc)
+            result.update(error_code=code, error_message=message, configs=[])
+        else:
+            if configs is None:
+                result.update(
+                    error_code=error_code_for("INVALID_REQUEST"),
+                    error_message=f"resource type {kind} is not described here",
+                    configs=[],
+                )
+            else:
+                result["configs"] = [c for c in configs if wanted is None or c["name"] in wanted]
+        results.append(result)
+    return {"results": results}
+
+
+def _configs(conn: Connection, kind: int, name: str) -> list[Plain] | None:
+    core = conn.core
+    if kind == TOPIC:
+        view = core.describe_topic(name)
+        overrides = core.logs.topic(name).overrides
+        return [
+            _config(k, v, _DYNAMIC_TOPIC_CONFIG if k in overrides else _DEFAULT_CONFIG)
+            for k, v in sorted(view.config.items())
+        ]
+    if kind == BROKER:
+        if name not in ("", str(core.config.broker_id)):
+            raise InvalidRequestError(f"broker {name!r} is not this broker")
+        secret = ("password", "secret", "key")
+        return [
+            _config(k, v, _STATIC_BROKER_CONFIG, any(s in k for s in secret))
+            for k, v in sorted(core.config.to_mapping().items())
+        ]
+    return None
+
+
+async def describe_cluster(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DescribeCluster (v0-1): this broker's Kafka endpoint and the controller."""
+    cluster, _ = await conn.run(conn.core.metadata, [], False)
+    host, port = conn.advertised
+    return {
+        "error_code": NONE,
+        "endpoint_type": 1,
+        "cluster_id": cluster.cluster_id,
+        "controller_id": cluster.controller_id,
+        "brokers": [{"broker_id": cluster.broker_id, "host": host, "port": port, "rack": None}],
+        "cluster_authorized_operations": UNKNOWN_OPERATIONS,
+    }

@@ -1,0 +1,258 @@
+"""Kafka's data path over the core: Produce, Fetch, ListOffsets, InitProducerId.
+
+- Produce: the RecordBatch v2 bytes the client sent are appended unchanged
+  (``BrokerCore.append``, on the listener's thread pool), then ``BrokerCore.complete``
+  keeps the ``acks`` promise: 0 answers nothing at all (the listener writes no response),
+  1 once appended, -1 (all) from the produce purgatory once durable, without a thread
+  waiting. Records from this listener carry no sent time (``BatchTimes.sent_ms`` -1) and
+  the broker's received time. A transactional produce is refused with
+  ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: transactions are not served.
+- Fetch: a long poll is parked in the core's fetch purgatory (``start_fetch`` /
+  ``step_fetch``) and woken by an append through ``call_soon_threadsafe``; reads stop at
+  the high watermark. ``read_committed`` is answered with last stable offset = high
+  watermark and no aborted transactions (no transactions exist). Fetch sessions are
+  declined (``session_id`` 0: clients send full fetches).
+- ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 max timestamp is
+  not advertised (v7 is the maximum).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from broker.acl import Operation, ResourceType
+from broker.core import OffsetQuery
+from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.kafka.authz import denied, gate, idempotent_write_denied
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from broker.kafka.listener import Connection
+from broker.produce import Acks, PartitionProduced, PartitionRecords
+from storage.batch_times import NO_TIME, BatchTimes
+
+__all__ = ["fetch", "init_producer_id", "list_offsets", "produce"]
+
+
+async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Plain | None:
+    """Produce (v3+): see the module docstring. None: no response (``acks=0``)."""
+    acks_value = request["acks"]
+    topics = request["topic_data"]
+    refused_code = 0
+    if request.get("transactional_id") is not None:
+        refused_code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+    elif acks_value not in (-1, 0, 1):
+        refused_code = error_code_for("INVALID_REQUIRED_ACKS")
+    if refused_code:
+        if acks_value == 0:
+            return None
+        return _produce_response(
+            [
+                (t["name"], p["index"], {"error_code": refused_code, "base_offset": -1})
+                for t in topics
+                for p in t["partition_data"]
+            ]
+        )
+    acks = Acks(acks_value)
+    times = BatchTimes(NO_TIME, conn.core.wall_ms())
+    refuse = gate(conn, "Produce", Operation.WRITE)
+    parts = [
+        PartitionRecords(
+            t["name"],
+            p["index"],
+            bytes(p["records"] or b""),
+            times,
+            acks == Acks.ALL,
+            refused=refuse(t["name"]),
+        )
+        for t in topics
+        for p in t["partition_data"]
+    ]
+    appends = await conn.run(conn.core.append, parts)
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[list[PartitionProduced]] = loop.create_future()
+
+    def deliver(answers: list[PartitionProduced]) -> None:
+        # On this thread (acks 0/1) or the group fsync thread (acks=all): never blocks,
+        # never raises into the fsync thread (the listener may have stopped meanwhile).
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(_settle, answered, answers)
+
+    conn.core.complete(appends, acks, deliver)
+    if acks == Acks.NONE:
+        return None
+    answers = await answered
+    return _produce_response(
+        [
+            (
+                a.topic,
+                a.partition,
+                {
+                    "error_code": kafka_code(a.error_code),
+                    "error_message": a.error_message or None,
+                    "base_offset": a.base_offset,
+                    "log_append_time": a.log_append_time_ms,
+                    "log_start_offset": a.log_start_offset,
+                },
+            )
+            for a in answers
+        ]
+    )
+
+
+def _settle(
+    future: asyncio.Future[list[PartitionProduced]], answers: list[PartitionProduced]
+) -> None:
+    if not future.done():
+        future.set_result(answers)
+
+
+def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
+    by_topic: dict[str, list[Plain]] = {}
+    for topic, partition, values in parts:
+        by_topic.setdefault(topic, []).append(
+            {"index": partition, "log_append_time": -1, "log_start_offset": -1, **values}
+        )
+    return {
+        "responses": [
+            {"name": topic, "partition_responses": partitions}
+            for topic, partitions in by_topic.items()
+        ]
+    }
+
+
+async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """Fetch (v4-12): see the module docstring."""
+    refuse = gate(conn, "Fetch", Operation.READ)
+    spec = FetchSpec(
+        partitions=[
+            PartitionFetchSpec(
+                t["topic"],
+                p["partition"],
+                p["fetch_offset"],
+                p.get("partition_max_bytes", 0),
+                p.get("current_leader_epoch", -1),
+                refused=refuse(t["topic"]),
+            )
+            for t in request["topics"]
+            for p in t["partitions"]
+        ],
+        max_wait_ms=max(request["max_wait"], 0),
+        min_bytes=max(request["min_bytes"], 0),
+        max_bytes=max(request.get("max_bytes", 0), 0),
+    )
+    answers = await _fetch(conn, spec)
+    by_topic: dict[str, list[Plain]] = {}
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append(_fetched(a))
+    return {
+        "error_code": NONE,
+        "session_id": 0,
+        "responses": [
+            {"topic": topic, "partitions": partitions} for topic, partitions in by_topic.items()
+        ],
+    }
+
+
+async def _fetch(conn: Connection, spec: FetchSpec) -> list[PartitionFetched]:
+    """Read, or park until woken, as often as the core asks; no thread waits."""
+    core = conn.core
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+
+    def wake() -> None:
+        # From whichever thread completed the parked fetch (an append, the reaper).
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(woken.set)
+
+    pending = core.start_fetch(spec, wake=wake)
+    try:
+        while True:
+            woken.clear()
+            answers = await conn.run(core.step_fetch, pending)
+            if answers is not None:
+                return answers
+            await woken.wait()
+    finally:
+        core.cancel_fetch(pending)
+
+
+def _fetched(a: PartitionFetched) -> Plain:
+    return {
+        "partition_index": a.partition,
+        "error_code": kafka_code(a.error_code),
+        "high_watermark": a.high_watermark,
+        "last_stable_offset": a.high_watermark,
+        "log_start_offset": a.log_start_offset,
+        "aborted_transactions": [] if not a.error_code else None,
+        "preferred_read_replica": -1,
+        "records": a.records,
+    }
+
+
+async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """ListOffsets (v1-7): earliest, latest or by timestamp, per partition."""
+    queries = [
+        OffsetQuery(
+            t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
+        )
+        for t in request["topics"]
+        for p in t["partitions"]
+    ]
+    refused = {
+        t["name"]: code
+        for t in request["topics"]
+        if (code := denied(conn, "ListOffsets", Operation.DESCRIBE, ResourceType.TOPIC, t["name"]))
+    }
+    answers = await conn.run(conn.core.list_offsets, [q for q in queries if q.topic not in refused])
+    by_topic: dict[str, list[Plain]] = {}
+    for q in queries:
+        if q.topic in refused:
+            by_topic.setdefault(q.topic, []).append(
+                {
+                    "partition_index": q.partition,
+                    "error_code": refused[q.topic],
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+            )
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append(
+            {
+                "partition_index": a.partition,
+                "error_code": kafka_code(a.error_code),
+                "timestamp": a.timestamp_ms,
+                "offset": a.offset,
+                "leader_epoch": -1,
+            }
+        )
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
+
+
+async def init_producer_id(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """InitProducerId: a new idempotent producer id, or the epoch bumped (KIP-360).
+
+    A ``transactional_id`` gets ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, which clients
+    treat as fatal: transactions are not served.
+    """
+    if request.get("transactional_id") is not None:
+        return {
+            "error_code": error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
+    refused = idempotent_write_denied(conn)
+    if refused:
+        return {"error_code": refused, "producer_id": -1, "producer_epoch": -1}
+    try:
+        producer_id, epoch = await conn.run(
+            conn.core.init_producer_id,
+            request.get("producer_id", -1),
+            request.get("producer_epoch", -1),
+        )
+    except Exception as exc:
+        code, _ = kafka_error(exc)
+        return {"error_code": code, "producer_id": -1, "producer_epoch": -1}
+    return {"error_code": NONE, "producer_id": producer_id, "producer_epoch": epoch}

@@ -1,0 +1,57 @@
+"""Tidelog's error codes rendered as Kafka's numeric error codes, in one table.
+
+The core reports errors as stable strings (``storage.errors``, ``broker.errors``); most
+are Kafka's own names already (``UNKNOWN_TOPIC_OR_PARTITION``, ``NOT_COORDINATOR``...),
+so the number is kio's ``ErrorCode`` of the same name. The few Tidelog-only codes are
+mapped in ``_ALIASES``; anything else is ``UNKNOWN_SERVER_ERROR`` (-1), which clients do
+not retry.
+"""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from broker.errors import partition_error
+
+__all__ = ["NONE", "error_code_for", "kafka_code", "kafka_error"]
+
+NONE = 0
+
+# Tidelog code -> Kafka name, where the names differ.
+_ALIASES = {
+    "LOG_DIR_FULL": "KAFKA_STORAGE_ERROR",
+    "GROUP_ERROR": "UNKNOWN_SERVER_ERROR",
+    "NOT_AUTHORIZED": "CLUSTER_AUTHORIZATION_FAILED",
+    "REQUEST_TOO_LARGE": "MESSAGE_TOO_LARGE",
+    "BROKER_BUSY": "THROTTLING_QUOTA_EXCEEDED",
+    "QUEUED_MAX_REQUESTS_REACHED": "THROTTLING_QUOTA_EXCEEDED",
+    "QUEUED_MAX_REQUEST_BYTES_REACHED": "THROTTLING_QUOTA_EXCEEDED",
+    "MAX_CONNECTIONS_REACHED": "THROTTLING_QUOTA_EXCEEDED",
+    "MAX_CONNECTIONS_PER_IP_REACHED": "THROTTLING_QUOTA_EXCEEDED",
+    "SASL_SESSION_EXPIRED": "SASL_AUTHENTICATION_FAILED",
+    "BROKER_UNAVAILABLE": "BROKER_NOT_AVAILABLE",
+    "CLOSED": "BROKER_NOT_AVAILABLE",
+    "INTERNAL": "UNKNOWN_SERVER_ERROR",
+}
+
+
+def kafka_code(code: str) -> int:
+    """Kafka's number for a Tidelog error code string ("" is 0, no error)."""
+    if not code:
+        return NONE
+    name = _ALIASES.get(code, code).lower()
+    try:
+        return int(ErrorCode[name])
+    except KeyError:
+        return int(ErrorCode.unknown_server_error)
+
+
+def kafka_error(exc: BaseException) -> tuple[int, str]:
+    """(Kafka error number, message) for an exception the core raised."""
+    code, message = partition_error(exc)
+    return kafka_code(code), message
+
+
+def error_code_for(name: str) -> int:
+    """Kafka's number for one of its error names (``"INVALID_REQUEST"``)."""
+    return int(ErrorCode[name.lower()])

@@ -1,0 +1,181 @@
+"""Group handlers: the classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) on
+``broker.kafka.classic``, and ListGroups / DescribeGroups over both kinds of group.
+
+ListGroups lists the classic groups with members and the core's groups (Tidelog's own
+KIP-848 groups and groups with committed offsets only), each once. DescribeGroups answers
+a classic group from its state here; any other group from the core, as an ``Empty`` group
+when it has no classic members (its KIP-848 members are not shown through this API).
+"""
+
+from __future__ import annotations
+
+from broker.acl import Operation, ResourceType
+from broker.kafka.authz import denied
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.errors import NONE, error_code_for, kafka_error
+from broker.kafka.listener import Connection
+
+__all__ = ["describe_groups", "heartbeat", "join_group", "leave_group", "list_groups", "sync_group"]
+
+
+def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
+    given = request.get("protocol_type")
+    if code == NONE and given is not None and actual is not None and given != actual:
+        return error_code_for("INCONSISTENT_GROUP_PROTOCOL")
+    return code
+
+
+async def join_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """JoinGroup (v0-7): waits for the rebalance (``ClassicGroups.join``)."""
+    session_timeout_ms = int(request["session_timeout"])
+    code = denied(conn, "JoinGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    if code:
+        return {"error_code": code, "generation_id": -1, "member_id": request["member_id"]}
+    result = await conn.listener.classic.join(
+        request["group_id"],
+        request["member_id"],
+        request.get("group_instance_id"),
+        conn.context.client_id,
+        conn.context.host,
+        session_timeout_ms,
+        int(request.get("rebalance_timeout", session_timeout_ms)),
+        request["protocol_type"],
+        [(p["name"], bytes(p["metadata"])) for p in request["protocols"]],
+        require_known_member_id=header.api_version >= 4,
+    )
+    return {
+        "error_code": result.error_code,
+        "generation_id": result.generation_id,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name or ("" if header.api_version < 7 else None),
+        "leader": result.leader,
+        "member_id": result.member_id,
+        "members": [
+            {"member_id": m, "group_instance_id": instance, "metadata": metadata}
+            for m, instance, metadata in result.members
+        ],
+    }
+
+
+async def sync_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """SyncGroup (v0-5): the leader's assignments out to every member."""
+    code = denied(conn, "SyncGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    if code:
+        return {"error_code": code}
+    result = await conn.listener.classic.sync(
+        request["group_id"],
+        request["member_id"],
+        request["generation_id"],
+        {a["member_id"]: bytes(a["assignment"]) for a in request.get("assignments", [])},
+    )
+    return {
+        "error_code": _protocol_type_check(request, result.protocol_type, result.error_code),
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name,
+        "assignment": result.assignment,
+    }
+
+
+async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """Heartbeat (v0-4)."""
+    code = denied(conn, "Heartbeat", Operation.READ, ResourceType.GROUP, request["group_id"])
+    if code:
+        return {"error_code": code}
+    code = conn.listener.classic.heartbeat(
+        request["group_id"], request["member_id"], request["generation_id"]
+    )
+    return {"error_code": code}
+
+
+async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+)."""
+    classic = conn.listener.classic
+    group_id = request["group_id"]
+    if "members" not in request:
+        return {"error_code": classic.leave(group_id, request["member_id"])}
+    members = [
+        {
+            "member_id": m["member_id"],
+            "group_instance_id": m.get("group_instance_id"),
+            "error_code": classic.leave(group_id, m["member_id"]),
+        }
+        for m in request["members"]
+    ]
+    return {"error_code": NONE, "members": members}
+
+
+async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """ListGroups (v0-4): classic groups and the core's groups; ``states_filter`` (v4)."""
+    groups: dict[str, Plain] = {}
+    try:
+        listed = await conn.run(conn.core.list_groups)
+    except Exception as exc:
+        code, _ = kafka_error(exc)
+        return {"error_code": code, "groups": []}
+    for g in listed:
+        state = "Stable" if g.members else "Empty"
+        groups[g.group_id] = {
+            "group_id": g.group_id,
+            "protocol_type": "consumer",
+            "group_state": state,
+        }
+    for group_id, protocol_type, state in conn.listener.classic.list_groups():
+        groups[group_id] = {
+            "group_id": group_id,
+            "protocol_type": protocol_type,
+            "group_state": state,
+        }
+    for group_id in list(groups):
+        if denied(conn, "ListGroups", Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            del groups[group_id]
+    wanted = {s.lower() for s in request.get("states_filter") or []}
+    return {
+        "error_code": NONE,
+        "groups": [
+            g for _, g in sorted(groups.items()) if not wanted or g["group_state"].lower() in wanted
+        ],
+    }
+
+
+async def describe_groups(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DescribeGroups (v0-5)."""
+    answers = []
+    for group_id in request["groups"]:
+        code = denied(conn, "DescribeGroups", Operation.DESCRIBE, ResourceType.GROUP, group_id)
+        if code:
+            answers.append({"error_code": code, "group_id": group_id, "members": []})
+            continue
+        described = conn.listener.classic.describe(group_id)
+        if described is not None:
+            answers.append({"error_code": NONE, **described})
+            continue
+        try:
+            await conn.run(conn.core.describe_group, group_id)
+        except Exception as exc:
+            code, _ = kafka_error(exc)
+            if code == error_code_for("GROUP_ID_NOT_FOUND"):
+                code = NONE  # Kafka answers an unknown group as Dead, without error
+                answers.append(
+                    {
+                        "error_code": code,
+                        "group_id": group_id,
+                        "group_state": "Dead",
+                        "protocol_type": "",
+                        "protocol_data": "",
+                        "members": [],
+                    }
+                )
+                continue
+            answers.append({"error_code": code, "group_id": group_id, "members": []})
+            continue
+        answers.append(
+            {
+                "error_code": NONE,
+                "group_id": group_id,
+                "group_state": "Empty",
+                "protocol_type": "consumer",
+                "protocol_data": "",
+                "members": [],
+            }
+        )
+    return {"groups": answers}

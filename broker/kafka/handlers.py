@@ -1,0 +1,287 @@
+"""One handler per Kafka API: a plain request in, a plain response out, over the core.
+
+Every handler converts the request (plain values, ``broker.kafka.codec``) into one call of
+the listener-neutral core (``broker.core.BrokerCore``), the same calls the gRPC listener
+makes, so both listeners see the same log, offsets and topics; then it converts the
+answer, rendering Tidelog's error codes as Kafka's numbers (``broker.kafka.errors``).
+Fields a version lacks are dropped by the codec, so a handler answers all versions.
+
+Data path (Produce, Fetch, ListOffsets, InitProducerId) lives in ``broker.kafka.data``;
+offsets and coordinators in ``broker.kafka.offsets``; this module holds ApiVersions,
+Metadata and topic admin, and ``HANDLERS``, the dispatch table the listener uses (its keys
+are exactly ``versions.ADVERTISED``'s, which a test checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from broker.acl import Operation, ResourceType
+from broker.core import MetadataTopic
+from broker.kafka.admin import describe_cluster, describe_configs
+from broker.kafka.authz import denied
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.data import fetch, init_producer_id, list_offsets, produce
+from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from broker.kafka.groups import (
+    describe_groups,
+    heartbeat,
+    join_group,
+    leave_group,
+    list_groups,
+    sync_group,
+)
+from broker.kafka.kip848 import consumer_group_heartbeat, topic_id
+from broker.kafka.listener import Connection, Handler
+from broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
+from broker.kafka.sasl import sasl_authenticate, sasl_handshake
+from broker.kafka.versions import ADVERTISED
+from storage.errors import UnknownTopicOrPartitionError
+
+__all__ = ["HANDLERS", "UNKNOWN_OPERATIONS"]
+
+log = logging.getLogger(__name__)
+
+# "authorized operations" fields when the client did not ask for them (Kafka's INT32_MIN).
+UNKNOWN_OPERATIONS = -(2**31)
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+async def api_versions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """ApiVersions: every advertised range (``versions.ADVERTISED``)."""
+    return {
+        "error_code": NONE,
+        "api_keys": [
+            {"api_key": key, "min_version": low, "max_version": high}
+            for key, (low, high) in sorted(ADVERTISED.items())
+        ],
+        "finalized_features_epoch": -1,
+    }
+
+
+async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """Metadata: this broker's Kafka endpoint, the controller, topics and leaders.
+
+    ``topics`` null (v1+) or empty (v0) means every topic. With
+    ``auto.create.topics.enable`` and the client's ``allow_auto_topic_creation`` (always
+    true before v4), a missing topic asked for by name is created with the broker's
+    defaults and answered at once.
+    """
+    requested = request.get("topics")
+    names = [t["name"] for t in requested or [] if t.get("name")]
+    if requested is not None and not requested and header.api_version >= 1:
+        names = []
+        every = False
+    else:
+        every = not names
+    core = conn.core
+    if every:
+        cluster, topics = await conn.run(core.metadata, [], False)
+    elif names:
+        cluster, topics = await conn.run(core.metadata, names, False)
+        allow = request.get("allow_auto_topic_creation", True)
+        missing = [t.name for t in topics if t.error_code == "UNKNOWN_TOPIC_OR_PARTITION"]
+        if missing and allow and conn.settings.auto_create_topics:
+            for name in missing:
+                try:
+                    await conn.run(core.create_topic, name, None, {})
+                except Exception as exc:
+                    log.info("auto-creating topic %r failed: %s", name, exc)
+            cluster, topics = await conn.run(core.metadata, names, False)
+    else:
+        cluster, _ = await conn.run(core.metadata, [], False)
+        topics = []
+    host, port = conn.advertised
+    if conn.core.acls.enabled:
+        # Unnamed topics the caller may not describe are left out; named ones refused.
+        kept = []
+        for t in topics:
+            code = denied(conn, "Metadata", Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+            if not code:
+                kept.append(t)
+            elif not every:
+                kept.append(MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED"))
+        topics = kept
+    return {
+        "brokers": [{"node_id": cluster.broker_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": cluster.cluster_id,
+        "controller_id": cluster.controller_id,
+        "topics": [
+            {
+                "error_code": kafka_code(t.error_code),
+                "name": t.name,
+                "topic_id": _ZERO_UUID if t.error_code else topic_id(t.name),
+                "is_internal": t.internal,
+                "partitions": [
+                    {
+                        "error_code": NONE,
+                        "partition_index": index,
+                        "leader_id": p.leader,
+                        "leader_epoch": p.leader_epoch,
+                        "replica_nodes": list(p.replicas),
+                        "isr_nodes": list(p.isr),
+                        "offline_replicas": [],
+                    }
+                    for index, p in enumerate(t.partitions)
+                ],
+                "topic_authorized_operations": UNKNOWN_OPERATIONS,
+            }
+            for t in topics
+        ],
+        "cluster_authorized_operations": UNKNOWN_OPERATIONS,
+    }
+
+
+async def create_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """CreateTopics: each topic created by the core (broker defaults for -1 counts)."""
+    results = []
+    validate_only = bool(request.get("validate_only", False))
+    for topic in request["topics"]:
+        name = topic["name"]
+        count = topic["num_partitions"]
+        factor = topic["replication_factor"]
+        configs = {c["name"]: c["value"] for c in topic.get("configs", []) if c["value"]}
+        result: Plain = {"name": name, "topic_id": _ZERO_UUID}
+        if denied(conn, "CreateTopics", Operation.CREATE, ResourceType.CLUSTER) and (
+            code := denied(conn, "CreateTopics", Operation.CREATE, ResourceType.TOPIC, name)
+        ):
+            result.update(error_code=code)
+            results.append(result)
+            continue
+        try:
+            if topic.get("assignments"):
+                raise ValueError("manual replica assignments are not supported")
+            if validate_only:
+                conn.core.logs.validate_new_topic(
+                    name, count if count > 0 else conn.core.config.num_partitions, configs
+                )
+                view = None
+            else:
+                view = await conn.run(
+                    _create, conn, name, count if count > 0 else None, configs, factor
+                )
+        except ValueError as exc:
+            result.update(error_code=error_code_for("INVALID_REQUEST"), error_message=str(exc))
+        except Exception as exc:
+            code, message = kafka_error(exc)
+            result.update(error_code=code, error_message=message)
+        else:
+            result.update(
+                error_code=NONE,
+                num_partitions=len(view.partitions) if view is not None else count,
+                replication_factor=factor if factor > 0 else 1,
+                configs=[]
+                if view is None
+                else [
+                    {
+                        "name": k,
+                        "value": v,
+                        "read_only": False,
+                        "config_source": 5,
+                        "is_sensitive": False,
+                    }
+                    for k, v in sorted(view.config.items())
+                ],
+            )
+        results.append(result)
+    return {"topics": results}
+
+
+def _create(
+    conn: Connection, name: str, count: int | None, configs: dict[str, str], factor: int
+) -> Any:
+    return conn.core.create_topic(
+        name, count, configs, replication_factor=factor if factor > 0 else None
+    )
+
+
+async def delete_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DeleteTopics: by name (v1-5 ``topic_names``, v6 ``topics``); ids are refused."""
+    names: list[str | None] = list(request.get("topic_names") or [])
+    names += [t.get("name") for t in request.get("topics") or []]
+    responses = []
+    for name in names:
+        if not name:
+            responses.append(
+                {
+                    "name": None,
+                    "error_code": error_code_for("UNKNOWN_TOPIC_ID"),
+                    "error_message": "topics are deleted by name here",
+                }
+            )
+            continue
+        code = denied(conn, "DeleteTopics", Operation.DELETE, ResourceType.TOPIC, name)
+        if code:
+            responses.append({"name": name, "error_code": code})
+            continue
+        try:
+            await conn.run(conn.core.delete_topic, name)
+        except Exception as exc:
+            code, message = kafka_error(exc)
+            responses.append({"name": name, "error_code": code, "error_message": message})
+        else:
+            responses.append({"name": name, "error_code": NONE})
+    return {"responses": responses}
+
+
+async def create_partitions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """CreatePartitions: grow each topic to its new total count (ALTER on each topic)."""
+    results: list[Plain] = []
+    counts = []
+    for t in request["topics"]:
+        code = denied(conn, "CreatePartitions", Operation.ALTER, ResourceType.TOPIC, t["name"])
+        if code:
+            results.append({"name": t["name"], "error_code": code})
+        else:
+            counts.append((t["name"], t["count"]))
+    validate_only = bool(request.get("validate_only", False))
+    try:
+        answers = await conn.run(
+            lambda: conn.core.create_partitions(counts, validate_only=validate_only)
+        )
+    except UnknownTopicOrPartitionError as exc:
+        code, message = kafka_error(exc)
+        results += [{"name": n, "error_code": code, "error_message": message} for n, _ in counts]
+        return {"results": results}
+    results += [
+        {
+            "name": a.name,
+            "error_code": kafka_code(a.error_code),
+            "error_message": a.error_message or None,
+        }
+        for a in answers
+    ]
+    return {"results": results}
+
+
+HANDLERS: dict[int, Handler] = {
+    0: produce,
+    1: fetch,
+    2: list_offsets,
+    3: metadata,
+    8: offset_commit,
+    9: offset_fetch,
+    10: find_coordinator,
+    11: join_group,
+    12: heartbeat,
+    13: leave_group,
+    14: sync_group,
+    15: describe_groups,
+    16: list_groups,
+    17: sasl_handshake,
+    18: api_versions,
+    19: create_topics,
+    20: delete_topics,
+    22: init_producer_id,
+    32: describe_configs,
+    36: sasl_authenticate,
+    37: create_partitions,
+    60: describe_cluster,
+    68: consumer_group_heartbeat,
+}
+
+# Handlers must not block the loop: every core call above goes through ``conn.run``.
+assert all(asyncio.iscoroutinefunction(h) for h in HANDLERS.values())

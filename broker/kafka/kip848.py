@@ -1,0 +1,135 @@
+"""ConsumerGroupHeartbeat (KIP-848) on the core's own group coordinator.
+
+Tidelog's groups are KIP-848 groups already (``broker.groups``: the broker assigns), so a
+Kafka client using the new protocol (confluent-kafka with ``group.protocol=consumer``)
+joins the very groups Tidelog's own consumers join, and ``tidelog groups describe`` shows
+it. Two translations:
+
+- Kafka's heartbeat sends the subscription and the owned partitions only when they
+  changed (null: as last time); the core wants both on every heartbeat. The last ones
+  are kept per member here (``MemberMemory``), dropped when the member leaves or is fenced.
+- Kafka names partitions by topic id. Tidelog topics have no ids of their own: the listener
+  derives one per name (``topic_id``, a UUID v5), which Metadata v10+ reports too. A topic
+  deleted and created again under the same name keeps its id (Kafka's would change).
+
+Regular-expression subscriptions (KIP-848 ``subscribed_topic_regex``) are refused with
+``INVALID_REGULAR_EXPRESSION``; server assignors are the core's (``server_assignor`` is
+ignored).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from broker.acl import Operation, ResourceType
+from broker.groups.assignor import TopicPartition
+from broker.groups.coordinator import HeartbeatRequest
+from broker.kafka.authz import denied
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.errors import NONE, error_code_for, kafka_error
+from broker.kafka.listener import Connection
+
+__all__ = ["MemberMemory", "consumer_group_heartbeat", "topic_id"]
+
+_NAMESPACE = uuid.UUID("5f0c1a4e-6d1b-4a8e-9a57-1d0e7c4b2f11")  # Tidelog topic ids
+_LEAVE_EPOCHS = (-1, -2)
+
+
+def topic_id(name: str) -> uuid.UUID:
+    """The id Kafka clients see for topic ``name`` (stable, never all zero)."""
+    return uuid.uuid5(_NAMESPACE, name)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberMemory:
+    """What a member last said (Kafka heartbeats omit what did not change)."""
+
+    subscribed: frozenset[str]
+    owned: frozenset[TopicPartition]
+
+
+async def consumer_group_heartbeat(
+    conn: Connection, header: RequestHeader, request: Plain
+) -> Plain:
+    """ConsumerGroupHeartbeat (v0-1): join (epoch 0), heartbeat, or leave (-1, -2)."""
+    group_id = request["group_id"]
+    member_id = request.get("member_id") or ""
+    epoch = request["member_epoch"]
+    code = denied(conn, "ConsumerGroupHeartbeat", Operation.READ, ResourceType.GROUP, group_id)
+    if code:
+        return _error(code, None)
+    if request.get("subscribed_topic_regex"):
+        return _error(
+            error_code_for("INVALID_REGULAR_EXPRESSION"),
+            "regular expression subscriptions are not supported; name the topics",
+        )
+    memory = conn.listener.kip848_members
+    key = (group_id, member_id)
+    known = memory.get(key) if epoch != 0 else None
+    names = request.get("subscribed_topic_names")
+    subscribed = frozenset(names) if names is not None else (known.subscribed if known else None)
+    owned_given = request.get("topic_partitions")
+    if owned_given is not None:
+        by_id = await conn.run(_names_by_id, conn)
+        owned = frozenset(
+            TopicPartition(by_id[t["topic_id"]], p)
+            for t in owned_given
+            if t["topic_id"] in by_id
+            for p in t["partitions"]
+        )
+    else:
+        owned = known.owned if known else frozenset()
+    if subscribed is None and epoch not in _LEAVE_EPOCHS:
+        return _error(error_code_for("INVALID_REQUEST"), "the first heartbeat must name the topics")
+    try:
+        answer = await conn.run(
+            conn.core.consumer_group_heartbeat,
+            HeartbeatRequest(
+                group_id=group_id,
+                member_id=member_id,
+                member_epoch=-1 if epoch in _LEAVE_EPOCHS else epoch,
+                subscribed_topics=subscribed or frozenset(),
+                owned=owned,
+                rebalance_timeout_ms=max(request.get("rebalance_timeout", 0), 0),
+                client_id=conn.context.client_id,
+            ),
+        )
+    except Exception as exc:
+        memory.pop(key, None)
+        code, message = kafka_error(exc)
+        return _error(code, message)
+    memory.pop(key, None)
+    if epoch in _LEAVE_EPOCHS:
+        return {"error_code": NONE, "member_id": member_id, "member_epoch": epoch,
+                "heartbeat_interval": 0, "assignment": None}  # fmt: skip
+    memory[(group_id, answer.member_id)] = MemberMemory(subscribed or frozenset(), owned)
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(answer.assignment):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return {
+        "error_code": NONE,
+        "member_id": answer.member_id,
+        "member_epoch": answer.member_epoch,
+        "heartbeat_interval": answer.heartbeat_interval_ms,
+        "assignment": {
+            "topic_partitions": [
+                {"topic_id": topic_id(name), "partitions": partitions}
+                for name, partitions in by_topic.items()
+            ]
+        },
+    }
+
+
+def _names_by_id(conn: Connection) -> dict[uuid.UUID, str]:
+    return {topic_id(t.name): t.name for t in conn.core.list_topics(False)}
+
+
+def _error(code: int, message: str | None) -> Plain:
+    return {
+        "error_code": code,
+        "error_message": message,
+        "member_epoch": -1,
+        "heartbeat_interval": 0,
+        "assignment": None,
+    }

@@ -1,0 +1,332 @@
+"""The Kafka wire-protocol listener: asyncio sockets over the listener-neutral core.
+
+One event loop on its own thread accepts connections (``asyncio.start_server``); each
+connection is one coroutine, no thread per connection. A connection reads a frame
+(``INT32`` size, then header and body), handles it completely, writes the response, and
+only then reads the next frame, as Kafka does (it mutes a socket while a request is in
+flight): responses leave in request order, and the produces of one connection are applied
+in order, which idempotent sequence checks depend on. Clients pipeline requests; they wait
+in the socket buffer meanwhile.
+
+Blocking core calls (appends, admin, group commits) run on a small thread pool, never on
+the loop. Waiting costs no thread: a long-poll Fetch is parked in the core's fetch
+purgatory (``BrokerCore.start_fetch``/``step_fetch``) and woken through
+``call_soon_threadsafe``; an ``acks=all`` produce is delivered by the group fsync thread
+through the same call.
+
+Framing errors close the connection and nothing else: a negative or oversized size
+(``socket.request.max.bytes``), a header that does not parse, an API key or version that
+is not advertised (except ApiVersions, answered with ``UNSUPPORTED_VERSION`` in its v0
+form so the client can retry lower, KIP-511), or a body that does not parse. The broker
+keeps serving every other connection.
+
+Thread-safe: ``start`` and ``stop`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import ssl
+import struct
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from broker.context import RequestContext
+from broker.core import BrokerCore
+from broker.kafka.classic import ClassicGroups
+from broker.kafka.codec import (
+    CodecError,
+    Plain,
+    RequestHeader,
+    decode_request,
+    encode_response,
+    parse_header,
+)
+from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
+
+if TYPE_CHECKING:
+    from broker.kafka.kip848 import MemberMemory
+
+__all__ = ["Connection", "Handler", "KafkaListener", "ListenerSettings"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """What the Kafka listener needs beyond the core.
+
+    Attributes:
+        host, port: where to listen (port 0: any free port).
+        advertised_host, advertised_port: what Metadata tells clients (port 0: the bound
+            port).
+        max_frame_bytes: the largest request accepted (``socket.request.max.bytes``).
+        auto_create_topics: Metadata may create the topics it is asked for.
+        io_threads: the pool that runs blocking core calls.
+        ssl_context: TLS for every connection (``security.protocol`` SSL, SASL_SSL).
+        sasl: connections must authenticate first (SASL_PLAINTEXT, SASL_SSL).
+    """
+
+    host: str
+    port: int
+    advertised_host: str
+    advertised_port: int
+    max_frame_bytes: int = 100 * 1024 * 1024
+    auto_create_topics: bool = False
+    io_threads: int = 4
+    ssl_context: ssl.SSLContext | None = None
+    sasl: bool = False
+
+
+class Connection:
+    """One client connection's state and its access to the core. Used only on the loop's
+    thread (not thread-safe)."""
+
+    def __init__(self, listener: KafkaListener, peer: str) -> None:
+        self.listener = listener
+        self.core = listener.core
+        self.settings = listener.settings
+        self.peer = peer
+        self.context = RequestContext("kafka", peer)
+        self.tls = listener.settings.ssl_context is not None
+        # SASL state (broker.kafka.sasl).
+        self.authenticated = not listener.settings.sasl
+        self.sasl_mechanism = ""
+        self.handshake_id = ""
+        self.raw_sasl = False  # after SaslHandshake v0: raw tokens, no Kafka headers
+        self.close_after_response = False  # a failed login: answer, then hang up
+
+    async def run(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` on the listener's thread pool (blocking core calls)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.listener.executor, call, *args)
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """This broker's Kafka endpoint as clients should dial it."""
+        return self.listener.advertised
+
+
+# A handler answers one request with the response body's plain values, or None for no
+# response at all (Produce with acks=0).
+Handler = Callable[[Connection, RequestHeader, Plain], Awaitable[Plain | None]]
+
+
+class KafkaListener:
+    """The running listener: a loop thread, a server socket, a thread pool."""
+
+    def __init__(
+        self,
+        core: BrokerCore,
+        settings: ListenerSettings,
+        handlers: dict[int, Handler],
+    ) -> None:
+        self.core = core
+        self.settings = settings
+        self.handlers = handlers
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            settings.io_threads, thread_name_prefix="kafka-io"
+        )
+        self.port = 0
+        self.advertised = (settings.advertised_host, settings.advertised_port)
+        self.classic = ClassicGroups()  # used on the loop's thread only
+        # KIP-848 members' last subscription and owned partitions (loop's thread only).
+        self.kip848_members: dict[tuple[str, str], MemberMemory] = {}
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._serve, name="kafka-listener", daemon=True)
+        self._connections: set[asyncio.Task[None]] = set()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._stopped = False
+
+    @classmethod
+    def start(cls, core: BrokerCore, settings: ListenerSettings) -> KafkaListener:
+        """Bind and serve; returns once listening.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        from broker.kafka.handlers import HANDLERS
+
+        listener = cls(core, settings, HANDLERS)
+        listener._thread.start()
+        listener._started.wait()
+        if listener._start_error is not None:
+            listener.executor.shutdown(wait=False)
+            raise listener._start_error
+        log.info(
+            "kafka listener on %s:%d (advertised %s:%d)",
+            settings.host,
+            listener.port,
+            *listener.advertised,
+        )
+        return listener
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(
+                    self._accept,
+                    self.settings.host,
+                    self.settings.port,
+                    ssl=self.settings.ssl_context,
+                )
+            )
+        except BaseException as exc:
+            self._start_error = exc
+            self._started.set()
+            self._loop.close()
+            return
+        self.port = self._server.sockets[0].getsockname()[1]
+        if not self.settings.advertised_port:
+            self.advertised = (self.settings.advertised_host, self.port)
+        self.classic.start_on(self._loop)
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection, stop the loop. Idempotent."""
+        if self._stopped or not self._thread.is_alive():
+            self._stopped = True
+            return
+        self._stopped = True
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        try:
+            future.result(_STOP_TIMEOUT_S)
+        except Exception:
+            log.exception("kafka listener did not stop cleanly")
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(_STOP_TIMEOUT_S)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _shutdown(self) -> None:
+        self.classic.stop()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=_STOP_TIMEOUT_S)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peername = writer.get_extra_info("peername")
+        peer = f"{peername[0]}:{peername[1]}" if peername else "unknown"
+        connection = Connection(self, peer)
+        try:
+            await self._serve_connection(connection, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except asyncio.CancelledError:
+            pass  # the listener stops
+        except Exception:
+            log.exception("kafka connection from %s failed", peer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve_connection(
+        self,
+        connection: Connection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        limit = self.settings.max_frame_bytes
+        while True:
+            try:
+                prefix = await reader.readexactly(4)
+            except asyncio.IncompleteReadError:
+                return  # closed between requests: normal
+            (size,) = struct.unpack(">i", prefix)
+            if size < 10 or size > limit:
+                log.info(
+                    "kafka connection from %s: frame size %d outside [10, %d]: closed",
+                    connection.peer,
+                    size,
+                    limit,
+                )
+                return
+            frame = await reader.readexactly(size)
+            if connection.raw_sasl:
+                # Imported here: broker.kafka.sasl imports this module.
+                from broker.kafka.sasl import raw_token
+
+                answer = await raw_token(connection, frame)
+                if answer is None:
+                    return
+                response: bytes | None = struct.pack(">i", len(answer)) + answer
+            else:
+                response = await self._respond(connection, frame)
+            if response is not None:
+                writer.write(response)
+                await writer.drain()
+            if connection.close_after_response:
+                return
+
+    async def _respond(self, connection: Connection, frame: bytes) -> bytes | None:
+        """The response frame for one request frame, None for no response.
+
+        Raises:
+            ConnectionError: close the connection (reason logged).
+        """
+        try:
+            header = parse_header(frame)
+        except CodecError as exc:
+            raise _close(connection, f"bad request header: {exc}") from None
+        key, version = header.api_key, header.api_version
+        if key == API_VERSIONS and not supported(key, version):
+            # KIP-511: the v0 form with UNSUPPORTED_VERSION and our range for key 18.
+            body = {"error_code": 35, "api_keys": _api_keys()}
+            return encode_response(API_VERSIONS, 0, header.correlation_id, body)
+        if not supported(key, version):
+            raise _close(connection, f"api {key} v{version} is not advertised")
+        if not connection.authenticated and key not in _BEFORE_AUTHENTICATION:
+            raise _close(connection, f"api {key} before SASL authentication")
+        handler = self.handlers.get(key)
+        if handler is None:
+            raise _close(connection, f"api {key} has no handler")
+        try:
+            request = decode_request(key, version, frame, header.body_offset)
+        except CodecError as exc:
+            raise _close(connection, str(exc)) from None
+        if header.client_id != connection.context.client_id:
+            connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
+        answer = await handler(connection, header, request)
+        if answer is None:
+            return None
+        return encode_response(key, version, header.correlation_id, answer)
+
+
+# ApiVersions, SaslHandshake, SaslAuthenticate: all a connection may send before SASL.
+_BEFORE_AUTHENTICATION = frozenset({18, 17, 36})
+
+
+def _api_keys() -> list[Plain]:
+    return [
+        {"api_key": key, "min_version": low, "max_version": high}
+        for key, (low, high) in sorted(ADVERTISED.items())
+    ]
+
+
+def _close(connection: Connection, reason: str) -> ConnectionError:
+    log.info("kafka connection from %s closed: %s", connection.peer, reason)
+    return ConnectionError(reason)

@@ -1,0 +1,166 @@
+"""Coordinators and committed offsets over the core: FindCoordinator, OffsetCommit,
+OffsetFetch.
+
+Committed offsets are the core's (``BrokerCore.commit_offsets`` / ``fetch_offsets``), the
+same ``__consumer_offsets`` the gRPC listener writes and reads, so a group's position is
+the same through both listeners. A commit without a member (``generation_id`` -1, empty
+member id: a consumer using assign) is the core's "simple" commit, accepted while no
+Tidelog (KIP-848) member is in the group. A commit by a classic group member is checked
+against its classic group first (``broker.kafka.classic``: member known, generation
+current) and then written the same way.
+
+Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
+``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, which clients treat as a clean fatal error.
+"""
+
+from __future__ import annotations
+
+from broker.acl import Operation, ResourceType
+from broker.groups.assignor import TopicPartition
+from broker.groups.manager import OffsetCommitEntry
+from broker.kafka.authz import denied
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from broker.kafka.listener import Connection
+
+__all__ = ["find_coordinator", "offset_commit", "offset_fetch"]
+
+
+async def find_coordinator(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """FindCoordinator (v0-3): the group's coordinator is this broker's Kafka endpoint."""
+    if request.get("key_type", 0) != 0:
+        code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+        return {
+            "error_code": code,
+            "error_message": "transactions are not supported",
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+    code = denied(conn, "FindCoordinator", Operation.DESCRIBE, ResourceType.GROUP, request["key"])
+    if code:
+        return {"error_code": code, "node_id": -1, "host": "", "port": -1}
+    try:
+        endpoint = await conn.run(conn.core.find_coordinator, request["key"])
+    except Exception as exc:
+        code, message = kafka_error(exc)
+        return {"error_code": code, "error_message": message, "node_id": -1, "host": "", "port": -1}
+    host, port = conn.advertised
+    if endpoint.broker_id != conn.core.config.broker_id:
+        # Another broker coordinates it: its Kafka endpoint is not known here (cluster
+        # Metadata for the Kafka listener is not built yet, docs/kafka.md).
+        return {
+            "error_code": error_code_for("COORDINATOR_NOT_AVAILABLE"),
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+    return {"error_code": NONE, "node_id": endpoint.broker_id, "host": host, "port": port}
+
+
+async def offset_commit(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """OffsetCommit (v2-9): per partition, the core's commit; group errors apply to all."""
+    group_id = request["group_id"]
+    member_id = request.get("member_id") or ""
+    generation = request.get("generation_id_or_member_epoch", -1)
+    topics = request["topics"]
+    group_error = denied(conn, "OffsetCommit", Operation.READ, ResourceType.GROUP, group_id)
+    for t in topics:
+        group_error = group_error or denied(
+            conn, "OffsetCommit", Operation.READ, ResourceType.TOPIC, t["name"]
+        )
+    # A KIP-848 member (ConsumerGroupHeartbeat) commits as itself, checked by the core;
+    # a classic member is checked here and written as a simple commit; no member: simple.
+    classic = conn.listener.classic
+    as_member, as_epoch = "", -1
+    if member_id and not classic.has_member(group_id, member_id) and header.api_version >= 9:
+        as_member, as_epoch = member_id, generation
+    elif not group_error and (member_id or generation >= 0):
+        group_error = classic.check_commit(group_id, member_id, generation)
+    codes: list[int] = []
+    if not group_error:
+        entries = [
+            OffsetCommitEntry(
+                TopicPartition(t["name"], p["partition_index"]),
+                p["committed_offset"],
+                p.get("committed_metadata") or "",
+            )
+            for t in topics
+            for p in t["partitions"]
+        ]
+        try:
+            results = await conn.run(
+                conn.core.commit_offsets, group_id, as_member, as_epoch, entries
+            )
+        except Exception as exc:
+            group_error, _ = kafka_error(exc)
+        else:
+            codes = [kafka_code(r.error_code) for r in results]
+    answer = []
+    index = 0
+    for t in topics:
+        partitions = []
+        for p in t["partitions"]:
+            code = group_error or codes[index]
+            index += 1
+            partitions.append({"partition_index": p["partition_index"], "error_code": code})
+        answer.append({"name": t["name"], "partitions": partitions})
+    return {"topics": answer}
+
+
+class _RefusedError(Exception):
+    """Not authorized: answered with the code already known."""
+
+
+async def offset_fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """OffsetFetch (v1-9): committed offsets, -1 where none; ``topics`` null: all. v8+
+    asks for several groups at once (KIP-709)."""
+    if "groups" in request:
+        groups = []
+        for group in request["groups"]:
+            answer = await _offsets_of(conn, header, group["group_id"], group.get("topics"))
+            groups.append({"group_id": group["group_id"], **answer})
+        return {"groups": groups}
+    return await _offsets_of(conn, header, request["group_id"], request.get("topics"))
+
+
+async def _offsets_of(
+    conn: Connection, header: RequestHeader, group_id: str, topics: list[Plain] | None
+) -> Plain:
+    selection = None if topics is None else {t["name"]: t["partition_indexes"] for t in topics}
+    refused = denied(conn, "OffsetFetch", Operation.DESCRIBE, ResourceType.GROUP, group_id)
+    try:
+        if refused:
+            raise _RefusedError
+        results = await conn.run(conn.core.fetch_offsets, group_id, selection)
+    except Exception as exc:
+        code = refused or kafka_error(exc)[0]
+        if header.api_version < 2:  # no group-level error field: per partition
+            return {
+                "topics": [
+                    {
+                        "name": t["name"],
+                        "partitions": [
+                            {"partition_index": p, "committed_offset": -1, "error_code": code}
+                            for p in t["partition_indexes"]
+                        ],
+                    }
+                    for t in topics or []
+                ]
+            }
+        return {"topics": [], "error_code": code}
+    by_topic: dict[str, list[Plain]] = {}
+    for r in results:
+        by_topic.setdefault(r.tp.topic, []).append(
+            {
+                "partition_index": r.tp.partition,
+                "committed_offset": r.offset,
+                "committed_leader_epoch": -1,
+                "metadata": r.metadata,
+                "error_code": kafka_code(r.error_code),
+            }
+        )
+    return {
+        "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+        "error_code": NONE,
+    }

@@ -1,0 +1,92 @@
+"""SASL on the Kafka listener: SaslHandshake and SaslAuthenticate over the broker's own
+``Authenticator`` (``broker.auth``), so the same users, mechanisms and failed-login limits
+apply as on the gRPC listener.
+
+With ``security.protocol`` SASL_PLAINTEXT or SASL_SSL, a connection must authenticate
+before anything but ApiVersions, SaslHandshake and SaslAuthenticate (anything else closes
+it, as Kafka does with ``ILLEGAL_SASL_STATE``). The flow (KIP-152):
+
+1. SaslHandshake v1 names the mechanism; the answer lists the enabled ones
+   (``sasl.enabled.mechanisms``), with ``UNSUPPORTED_SASL_MECHANISM`` if it is not one.
+2. SaslAuthenticate carries the mechanism's messages: PLAIN in one round (TLS only, as on
+   the gRPC listener), SCRAM-SHA-256/512 in two. Success sets the connection's principal
+   (``User:NAME``), which the ACL checks (``broker.kafka.authz``) use; a failure answers
+   ``SASL_AUTHENTICATION_FAILED`` and closes the connection.
+3. SaslHandshake v0 (before KIP-152): the tokens then come as raw size-prefixed frames
+   without Kafka headers, answered the same way (``raw_token``).
+
+``session_lifetime_ms`` is 0: no re-authentication (KIP-368) is asked for; the connection
+stays authenticated for its life.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from broker.kafka.codec import Plain, RequestHeader
+from broker.kafka.errors import NONE, error_code_for, kafka_error
+from broker.kafka.listener import Connection
+from storage.errors import UnsupportedSaslMechanismError
+
+__all__ = ["raw_token", "sasl_authenticate", "sasl_handshake"]
+
+
+async def sasl_handshake(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """SaslHandshake (v0-1): choose the mechanism for this connection."""
+    authenticator = conn.core.authenticator
+    enabled = list(authenticator.config.sasl_enabled_mechanisms) if authenticator else []
+    mechanism = str(request["mechanism"]).upper()
+    if authenticator is None or not conn.settings.sasl or mechanism not in enabled:
+        return {"error_code": error_code_for("UNSUPPORTED_SASL_MECHANISM"), "mechanisms": enabled}
+    conn.sasl_mechanism = mechanism
+    conn.handshake_id = ""
+    conn.raw_sasl = header.api_version == 0
+    return {"error_code": NONE, "mechanisms": enabled}
+
+
+async def sasl_authenticate(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """SaslAuthenticate (v0-2): one step of the mechanism's exchange."""
+    answer, code, message = await _step(conn, bytes(request["auth_bytes"]))
+    return {
+        "error_code": code,
+        "error_message": message,
+        "auth_bytes": answer,
+        "session_lifetime": 0,
+    }
+
+
+async def raw_token(conn: Connection, token: bytes) -> bytes | None:
+    """A raw SASL token after SaslHandshake v0: the raw answer, or None to close."""
+    answer, code, _ = await _step(conn, token)
+    return None if code else answer
+
+
+async def _step(conn: Connection, auth_bytes: bytes) -> tuple[bytes, int, str | None]:
+    authenticator = conn.core.authenticator
+    if authenticator is None or not conn.sasl_mechanism:
+        conn.close_after_response = True
+        return b"", error_code_for("ILLEGAL_SASL_STATE"), "SaslHandshake first"
+    try:
+        step = await conn.run(
+            authenticator.authenticate,
+            conn.context,
+            conn.sasl_mechanism,
+            auth_bytes,
+            conn.handshake_id,
+            conn.tls,
+        )
+    except UnsupportedSaslMechanismError as exc:
+        conn.close_after_response = True
+        return b"", error_code_for("UNSUPPORTED_SASL_MECHANISM"), str(exc)
+    except Exception as exc:
+        conn.close_after_response = True
+        code, message = kafka_error(exc)
+        return b"", code, message
+    if step.complete:
+        conn.context = dataclasses.replace(conn.context, principal=step.principal)
+        conn.authenticated = True
+        conn.raw_sasl = False
+        conn.handshake_id = ""
+    else:
+        conn.handshake_id = step.handshake_id
+    return step.auth_bytes, NONE, None

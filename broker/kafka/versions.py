@@ -1,0 +1,54 @@
+"""The API versions the Kafka listener advertises (ApiVersions), one table.
+
+Advertise exactly what is implemented (a client never sends what is not advertised, and
+a request for anything else closes the connection), with ranges wide enough for every
+client in scope (``reference/kafka-protocol.md`` section 2.3):
+
+- the minima satisfy librdkafka <= 2.11.0's single-version feature checks (Debian's
+  kcat links 2.0.2: Produce 3 and Fetch 4 for RecordBatch v2, JoinGroup 0...) and
+  aiokafka's old, non-flexible request classes;
+- Produce advertises 0-2 although only 3+ is implemented: librdkafka <= 2.11.0 turns
+  compression off unless Produce v0 is in range (KAFKA-18659). No client sends v0-2 (they
+  need RecordBatch v2); one that did would see its connection closed;
+- the maxima stay below topic-id versions (Fetch 13, Metadata 13) and below what is not
+  built yet. Transactions (24, 25, 26, 28) are not advertised.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ADVERTISED", "API_VERSIONS", "supported"]
+
+API_VERSIONS = 18
+
+# api key -> (min, max) advertised.
+ADVERTISED: dict[int, tuple[int, int]] = {
+    0: (0, 9),  # Produce (0-2 advertised, not served: see above)
+    1: (4, 12),  # Fetch
+    2: (1, 7),  # ListOffsets
+    3: (0, 12),  # Metadata
+    8: (2, 9),  # OffsetCommit (9: KIP-848 member epochs)
+    9: (1, 9),  # OffsetFetch (8+ is the batched form)
+    10: (0, 3),  # FindCoordinator (4+ is the batched form)
+    11: (0, 7),  # JoinGroup (0 for librdkafka <= 2.11.0, KAFKA-19444)
+    12: (0, 4),  # Heartbeat
+    13: (0, 4),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 5),  # DescribeGroups
+    16: (0, 4),  # ListGroups
+    17: (0, 1),  # SaslHandshake (0: raw tokens follow; librdkafka <= 2.11.0 checks 0)
+    18: (0, 4),  # ApiVersions
+    19: (2, 7),  # CreateTopics
+    20: (1, 6),  # DeleteTopics
+    22: (0, 4),  # InitProducerId
+    32: (1, 4),  # DescribeConfigs
+    36: (0, 2),  # SaslAuthenticate
+    37: (0, 3),  # CreatePartitions
+    60: (0, 1),  # DescribeCluster
+    68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
+}
+
+
+def supported(api_key: int, api_version: int) -> bool:
+    """Whether ``api_version`` of ``api_key`` is inside the advertised range."""
+    found = ADVERTISED.get(api_key)
+    return found is not None and found[0] <= api_version <= found[1]

@@ -1,0 +1,40 @@
+"""A real broker with the Kafka listener on 127.0.0.1 (any free ports, a temp data dir),
+shared by the tests of a module; each test uses its own topics and groups."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from broker.testing import InProcessBroker
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    """The running broker and its two addresses."""
+
+    broker: InProcessBroker
+    bootstrap: str  # the Kafka listener, HOST:PORT
+    address: str  # the gRPC listener (Tidelog's own client), HOST:PORT
+
+
+@pytest.fixture(scope="module")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    settings = {
+        "kafka.listen": "127.0.0.1:0",
+        "num.partitions": 3,
+        # KIP-848 members (Tidelog's and Kafka's) learn new assignments sooner.
+        "group.consumer.heartbeat.interval.ms": 500,
+    }
+    with InProcessBroker(settings=settings) as b:
+        port = b.server.kafka_port
+        assert port is not None
+        yield KafkaBroker(b, f"127.0.0.1:{port}", b.address)
+
+
+def unique(prefix: str) -> str:
+    """A topic or group name no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,123 @@
+"""Long-poll Fetch through the Kafka listener: parked in the core's fetch purgatory, woken
+by an append, holding no thread while it waits."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+
+from tests.kafka.clients import Out, produce
+from tests.kafka.conftest import KafkaBroker, unique
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMEOUT_S = 20.0
+
+
+def _fetch_frame(topic: str, correlation_id: int, max_wait_ms: int) -> bytes:
+    request = FetchRequest[11](
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            FetchRequest.FetchTopic(
+                topic=topic,
+                partitions=[
+                    FetchRequest.FetchTopic.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=0,
+                        log_start_offset=-1,
+                        partition_max_bytes=1 << 20,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+    request.with_header(correlation_id=correlation_id, client_id="long-poll")
+    return bytes(request.encode(header=True, framed=True))
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    data = b""
+    while len(data) < 4:
+        data += sock.recv(4 - len(data))
+    (size,) = struct.unpack(">i", data)
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        assert chunk, "connection closed"
+        body += chunk
+    return body
+
+
+def test_parked_fetches_hold_no_thread_and_wake_on_append(kafka_broker: KafkaBroker) -> None:
+    topic = unique("poll")
+    kafka_broker.broker.server.core.create_topic(topic, 1, {})
+    host, port = kafka_broker.bootstrap.rsplit(":", 1)
+    threads_before = threading.active_count()
+    parked_before = kafka_broker.broker.server.core.parked_operations()["fetch"]
+    sockets = []
+    try:
+        for i in range(40):
+            sock = socket.create_connection((host, int(port)), timeout=TIMEOUT_S)
+            sock.sendall(_fetch_frame(topic, i, max_wait_ms=15_000))
+            sockets.append(sock)
+        # All 40 wait in the purgatory; the process gained no thread per connection (at
+        # most the listener's pool of num.io.threads, which runs the reads).
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            parked = kafka_broker.broker.server.core.parked_operations()["fetch"]
+            if parked - parked_before >= 40:
+                break
+            time.sleep(0.05)
+        assert parked - parked_before >= 40
+        io_threads = kafka_broker.broker.config.num_io_threads
+        assert io_threads < 40
+        assert threading.active_count() <= threads_before + io_threads
+        started = time.monotonic()
+        produce(
+            "kafka-python",
+            kafka_broker.bootstrap,
+            kafka_broker.address,
+            topic,
+            [Out(None, b"wake up", partition=0)],
+        )
+        for i, sock in enumerate(sockets):
+            decoded = FetchResponse[11].decode(_read_response(sock), header=True)
+            assert decoded.header.correlation_id == i
+            (partition,) = decoded.responses[0].partitions
+            assert partition.error_code == 0
+            assert partition.high_watermark == 1
+            assert b"wake up" in bytes(partition.records)
+        # Answered on the append, long before the 15 s wait.
+        assert time.monotonic() - started < 10
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_fetch_with_nothing_to_read_waits_max_wait(kafka_broker: KafkaBroker) -> None:
+    topic = unique("wait")
+    kafka_broker.broker.server.core.create_topic(topic, 1, {})
+    host, port = kafka_broker.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        started = time.monotonic()
+        sock.sendall(_fetch_frame(topic, 1, max_wait_ms=700))
+        decoded = FetchResponse[11].decode(_read_response(sock), header=True)
+        waited = time.monotonic() - started
+    (partition,) = decoded.responses[0].partitions
+    assert partition.error_code == 0
+    assert not partition.records
+    assert 0.6 <= waited < 5
