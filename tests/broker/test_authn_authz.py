@@ -5,6 +5,8 @@ checks it)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,22 +31,31 @@ def login(user: str, password: str) -> dict[str, str]:
     }
 
 
-def test_scram_users_are_acl_principals(tmp_path: Path) -> None:
+@contextmanager
+def alice_may_read_orders(tmp_path: Path) -> Iterator[InProcessBroker]:
+    """A broker with SCRAM and the authorizer on, super user ``admin``, a topic
+    ``orders`` and a user ``alice`` allowed to READ it, nothing more."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    users = FileUserStore.open(data_dir)
-    users.upsert("admin", credential_from_password("SCRAM-SHA-256", "admin-secret"))
+    FileUserStore.open(data_dir).upsert(
+        "admin", credential_from_password("SCRAM-SHA-256", "admin-secret")
+    )
     settings = {
         "security.protocol": "SASL_PLAINTEXT",
         "authorizer.enabled": "true",
         "super.users": "User:admin",
     }
     with InProcessBroker(data_dir, settings=settings) as broker:
-        admin_login = login("admin", "admin-secret")
-        with AdminClient(broker.address, **admin_login) as admin:
+        with AdminClient(broker.address, **login("admin", "admin-secret")) as admin:
             admin.upsert_user("alice", "alice-secret", "SCRAM-SHA-256")
             admin.create_topic("orders", 1)
             admin.create_acls([AclBinding("User:alice", "READ", resource_name="orders")])
+        yield broker
+
+
+def test_scram_users_are_acl_principals(tmp_path: Path) -> None:
+    with alice_may_read_orders(tmp_path) as broker:
+        admin_login = login("admin", "admin-secret")
         with Producer(broker.address, acks=1, **admin_login) as producer:
             producer.send("orders", b"by admin").result(timeout=10)
         alice = login("alice", "alice-secret")
@@ -73,22 +84,8 @@ def test_an_idempotent_producer_refused_a_producer_id_fails_at_once(tmp_path: Pa
     id: the producer fails its records with ClusterAuthorizationFailedError at once, as
     Kafka's does, instead of retrying until delivery_timeout_ms; later sends raise it.
     With WRITE on a topic (KIP-679) the same user produces idempotently."""
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    FileUserStore.open(data_dir).upsert(
-        "admin", credential_from_password("SCRAM-SHA-256", "admin-secret")
-    )
-    settings = {
-        "security.protocol": "SASL_PLAINTEXT",
-        "authorizer.enabled": "true",
-        "super.users": "User:admin",
-    }
-    with InProcessBroker(data_dir, settings=settings) as broker:
+    with alice_may_read_orders(tmp_path) as broker:
         admin_login = login("admin", "admin-secret")
-        with AdminClient(broker.address, **admin_login) as admin:
-            admin.upsert_user("alice", "alice-secret", "SCRAM-SHA-256")
-            admin.create_topic("orders", 1)
-            admin.create_acls([AclBinding("User:alice", "READ", resource_name="orders")])
         alice = login("alice", "alice-secret")
         started = time.monotonic()
         with Producer(broker.address, acks="all", delivery_timeout_ms=60_000, **alice) as p:
