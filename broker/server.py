@@ -352,8 +352,12 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
         assert security.ssl_certfile is not None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(security.ssl_certfile, security.ssl_keyfile)
-        if security.ssl_client_auth == "required" and security.ssl_cafile:
-            context.verify_mode = ssl.CERT_REQUIRED
+        if security.ssl_client_auth in ("required", "requested") and security.ssl_cafile:
+            # Python's ssl can ask for a certificate without requiring one (CERT_OPTIONAL):
+            # ``requested`` is honoured here, unlike on the gRPC listener.
+            context.verify_mode = (
+                ssl.CERT_REQUIRED if security.ssl_client_auth == "required" else ssl.CERT_OPTIONAL
+            )
             context.load_verify_locations(security.ssl_cafile)
     settings = ListenerSettings(
         host=host,

@@ -37,7 +37,12 @@ import grpc
 from broker.security_config import SecurityConfig
 from storage.errors import InvalidConfigError
 
-__all__ = ["InterBrokerChannels", "ServerTls", "principal_from_auth_context"]
+__all__ = [
+    "InterBrokerChannels",
+    "ServerTls",
+    "principal_from_auth_context",
+    "principal_from_peer_certificate",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,47 @@ def principal_from_auth_context(auth_context: Mapping[str, Sequence[bytes]]) -> 
         if text:
             return f"User:CN={text}"
     return None
+
+
+# Python's ``getpeercert()`` long attribute names -> RFC 2253's short ones.
+_RFC2253_NAMES = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+_RFC2253_SPECIAL = ',+"\\<>;'
+
+
+def _rfc2253_value(value: str) -> str:
+    out = "".join(f"\\{c}" if c in _RFC2253_SPECIAL else c for c in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" ") and not out.endswith("\\ "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def principal_from_peer_certificate(certificate: Mapping[str, object] | None) -> str | None:
+    """``User:<subject>`` from a verified peer certificate as Python's ``ssl`` gives it
+    (``SSLSocket.getpeercert()``), in the same RFC 2253 form as grpc's ``x509_subject``
+    (most specific first: ``User:CN=alice,O=Tidelog``), so both listeners name one client
+    certificate alike; None without a certificate."""
+    if not certificate:
+        return None
+    subject = certificate.get("subject")
+    if not isinstance(subject, tuple) or not subject:
+        return None
+    rdns = []
+    for rdn in reversed(subject):
+        parts = [f"{_RFC2253_NAMES.get(name, name)}={_rfc2253_value(value)}" for name, value in rdn]
+        rdns.append("+".join(parts))
+    return "User:" + ",".join(rdns)
 
 
 class ServerTls:

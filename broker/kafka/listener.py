@@ -49,6 +49,7 @@ from broker.kafka.codec import (
     parse_header,
 )
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
+from broker.tls import principal_from_peer_certificate
 
 if TYPE_CHECKING:
     from broker.kafka.kip848 import MemberMemory
@@ -230,6 +231,11 @@ class KafkaListener:
         peername = writer.get_extra_info("peername")
         peer = f"{peername[0]}:{peername[1]}" if peername else "unknown"
         connection = Connection(self, peer)
+        # Mutual TLS: a verified client certificate names the caller (SASL, if the
+        # listener wants it, replaces this with the user who logs in).
+        principal = principal_from_peer_certificate(writer.get_extra_info("peercert"))
+        if principal is not None:
+            connection.context = dataclasses.replace(connection.context, principal=principal)
         try:
             await self._serve_connection(connection, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
