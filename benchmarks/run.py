@@ -636,6 +636,8 @@ def parse_settings(argv: list[str]) -> Settings:
         out_dir=out,
         quick=quick,
         tidelog_acks1=not args.no_tidelog_acks1,
+        # A quick run's workers take seconds: one stuck for minutes is a hang to report.
+        worker_timeout_s=300.0 if quick else 1800.0,
         command="python benchmarks/run.py" + "".join(f" {a}" for a in argv),
     )
 
