@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from client.cluster import ClusterMetadata
 from client.config import ConsumerConfig
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 _MAX_PREFETCH = 2  # answers queued per partition before it is fetched no more
 _MAX_BACKOFF_MS = 1_000
+_READER_JOIN_S = 2.0  # close() waits this long for the stream readers to end
 
 
 def _monotonic_ms() -> int:
@@ -77,6 +78,7 @@ class _FetchLink:
     sent_ms: int = 0
     failures: int = 0
     retry_at: int = 0
+    readers: list[threading.Thread] = field(default_factory=list)
 
 
 class FetchSession:
@@ -158,14 +160,22 @@ class FetchSession:
         with self._lock:
             self._closed = True
             streams = []
+            readers = []
             for link in self._links.values():
                 if link.stream is not None:
                     streams.append(link.stream)
+                readers += link.readers
                 self._clear_in_flight_locked(link)
             self._links.clear()
             self._data_ready.notify_all()
         for stream in streams:
             stream.cancel()
+        # Wait (bounded) for the reader threads to leave grpc: a daemon thread frozen at
+        # interpreter exit while holding a call's lock deadlocks that call's __del__.
+        deadline = time.monotonic() + _READER_JOIN_S
+        for reader in readers:
+            if reader is not threading.current_thread():
+                reader.join(max(0.0, deadline - time.monotonic()))
 
     def collect(self, max_records: int) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
@@ -414,12 +424,14 @@ class FetchSession:
         stream = self._connections.connection_to(link.address).open_fetch_stream()
         link.stream = stream
         link.stream_id = next(self._stream_ids)
-        threading.Thread(
+        reader = threading.Thread(
             target=self._read,
             args=(link, stream, link.stream_id),
             name=f"tidelog-consumer-reader-{self.config.client_id}-{broker_id}",
             daemon=True,
-        ).start()
+        )
+        link.readers = [r for r in link.readers if r.is_alive()] + [reader]
+        reader.start()
         return link
 
     def _read(self, link: _FetchLink, stream: FetchStream, stream_id: int) -> None:

@@ -68,6 +68,7 @@ __all__ = ["ParkedRecord", "Sender"]
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_MS = 1_000
+_READER_JOIN_S = 2.0  # join() waits this long for the stream readers to end
 
 
 def now_ms() -> int:
@@ -181,6 +182,7 @@ class Sender:
         self._closing = False
         self._forced = False
         self._fatal: BaseException | None = None
+        self._readers: list[threading.Thread] = []  # the stream readers started
         self._producer_id_backoff_until = 0
         self._metadata_backoff_until = 0
         # A broker quota's throttle (throttle_time_ms): no new request before this.
@@ -248,9 +250,17 @@ class Sender:
         self._settle(settlements)
 
     def join(self, timeout_s: float | None) -> bool:
-        """Wait for the sender thread to end; True if it did."""
+        """Wait for the sender thread to end, then (bounded) for the stream readers it
+        closed; True if the sender thread ended. A daemon reader frozen at interpreter
+        exit while holding a grpc call's lock would deadlock that call's ``__del__``."""
         self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        if self._thread.is_alive():
+            return False
+        deadline = time.monotonic() + _READER_JOIN_S
+        for reader in list(self._readers):
+            if reader is not threading.current_thread():
+                reader.join(max(0.0, deadline - time.monotonic()))
+        return True
 
     @property
     def fatal_error(self) -> BaseException | None:
@@ -675,6 +685,7 @@ class Sender:
             name=f"tidelog-producer-reader-{self._config.client_id}-{broker_id}",
             daemon=True,
         )
+        self._readers = [r for r in self._readers if r.is_alive()] + [reader]
         reader.start()
         return link
 
