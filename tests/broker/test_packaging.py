@@ -52,3 +52,18 @@ def test_compose_runs_zookeeper_and_three_brokers_in_a_cluster() -> None:
         assert f'"advertised.listeners=broker-{broker_id}:7410"' in text
     assert text.count('"zookeeper.connect=zookeeper:2181/tidelog"') == 3
     assert text.count('"broker-1:7410,broker-2:7410,broker-3:7410"') == 2  # producer, Spark
+
+
+def test_the_ci_script_parses_and_ends_with_the_readmes_test_command() -> None:
+    """CI runs ``.ci/run`` on a clean clone; a shell syntax error there (a merge once put
+    a block inside a comment's backquotes) would fail CI before any test ran."""
+    script = ROOT / ".ci" / "run"
+    parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert parsed.returncode == 0, parsed.stderr
+    assert "make test" in (ROOT / "README.md").read_text()
+    commands = [
+        line.strip()
+        for line in script.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert commands[-1] == "make test"
