@@ -43,7 +43,6 @@ __all__ = [
     "AclStore",
     "Acls",
     "LocalAclStore",
-    "MemoryAclStore",
     "decode_acls",
     "encode_acls",
 ]
@@ -93,6 +92,11 @@ class LocalAclStore:
         self._callbacks: list[Callable[[list[AclBinding]], None]] = []
 
     @classmethod
+    def in_memory(cls) -> LocalAclStore:
+        """A store that keeps nothing on disk (a core built without a data directory's)."""
+        return cls(None, [])
+
+    @classmethod
     def open(cls, data_dir: Path) -> LocalAclStore:
         path = data_dir / ACLS_FILE
         try:
@@ -130,11 +134,6 @@ class LocalAclStore:
         self._bindings = bindings
         for callback in self._callbacks:
             callback(list(bindings))
-
-
-def MemoryAclStore() -> LocalAclStore:  # noqa: N802 (a constructor by another name)
-    """A store that keeps nothing on disk (a core built without a data directory's)."""
-    return LocalAclStore(None, [])
 
 
 _DENIED = {

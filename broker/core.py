@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from broker.acl import parse_principals
-from broker.acl_store import Acls, LocalAclStore, MemoryAclStore
+from broker.acl_store import Acls, LocalAclStore
 from broker.config import BrokerConfig
 from broker.delayed import Purgatory
 from broker.errors import ShuttingDownError, partition_error
@@ -269,7 +269,7 @@ class BrokerCore:
         self._group_fsync = group_fsync
         self._append_hooks = append_hooks if append_hooks is not None else []
         # Authorization (broker.authorize): disabled unless authorizer.enabled.
-        self.acls = acls or Acls(MemoryAclStore(), enabled=False)
+        self.acls = acls or Acls(LocalAclStore.in_memory(), enabled=False)
         self._fetch = FetchPath(
             logs,
             fetch_purgatory,
