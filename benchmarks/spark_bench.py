@@ -31,7 +31,11 @@ Each timed step runs once on a small warm-up topic first (Python workers, JIT). 
 machine is shared and has 2 cores, which the broker, the Spark JVM and its Python workers
 share. The last line is one JSON object, with ``stream_records_per_s``,
 ``batch_records_per_s``, ``ceiling_records_per_s``, ``parquet_records_per_s`` and the
-ratios ``stream_over_ceiling``, ``batch_over_ceiling``, ``stream_over_parquet``.
+ratios ``stream_over_ceiling``, ``batch_over_ceiling``, ``stream_over_parquet``; also
+``stream_startup_s`` (``start()`` to the first trigger: Spark starting a fresh Python
+process for the source's driver side), ``stream_trigger_s`` (summed ``triggerExecution``)
+and ``stream_over_ceiling_trigger_time`` (the stream's rate over its trigger time against
+the ceiling).
 """
 
 from __future__ import annotations
