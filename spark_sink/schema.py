@@ -54,6 +54,22 @@ _HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.bin
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
+# Scalars made from buffers, never from Python values: ``pyarrow.scalar`` (and ``pa.array``
+# of a list, and a Python number passed to a compute function) imports pandas when it is
+# installed, which costs a fresh Spark Python worker a second or more of its first task.
+def _int_scalar(arrow_type: pa.DataType, code: str, value: int) -> pa.Scalar:
+    return pa.Array.from_buffers(arrow_type, 1, [None, pa.py_buffer(array(code, [value]))])[0]
+
+
+def _string_scalar(text: str) -> pa.Scalar:
+    data = text.encode()
+    offsets = pa.py_buffer(array("i", [0, len(data)]))
+    return pa.Array.from_buffers(pa.string(), 1, [None, offsets, pa.py_buffer(data)])[0]
+
+
+_THOUSAND = _int_scalar(pa.int64(), "q", 1000)
+
+
 def _micros(values: Sequence[int | None]) -> pa.Array:
     return pa.array([None if v is None else v * 1000 for v in values], _TIMESTAMP)
 
@@ -174,11 +190,11 @@ def columns_to_arrow(
     arrays: list[pa.Array] = [
         binary(columns.key_validity, columns.key_offsets, columns.key_data, count),
         binary(columns.value_validity, columns.value_offsets, columns.value_data, count),
-        pa.repeat(pa.scalar(topic, pa.string()), count),
-        pa.repeat(pa.scalar(partition, pa.int32()), count),
+        pa.repeat(_string_scalar(topic), count),
+        pa.repeat(_int_scalar(pa.int32(), "i", partition), count),
         pa.Array.from_buffers(pa.int64(), count, [None, buffer(columns.offsets)]),
         corrected if use_corrected else timestamps_ms.cast(_TIMESTAMP),
-        pa.repeat(pa.scalar(timestamp_type, pa.int32()), count),
+        pa.repeat(_int_scalar(pa.int32(), "i", timestamp_type), count),
         sent,
         received,
         corrected,
@@ -213,40 +229,54 @@ def _time_columns(
     timestamps_ms: pa.Array, batch_times: Sequence[tuple[int, int | None, int | None]]
 ) -> tuple[pa.Array, pa.Array, pa.Array]:
     """Sent, received and corrected timestamp columns (Spark's microseconds) for rows whose
-    record timestamps are ``timestamps_ms`` (int64), from per-batch ``batch_times``."""
+    record timestamps are ``timestamps_ms`` (int64), from per-batch ``batch_times``.
+
+    The per-batch values become run-end encoded arrays (one run a batch), decoded by
+    Arrow: no Python object per row, and no ``pyarrow.array`` of a Python list, which
+    imports pandas when it is installed (about a second in a fresh Spark Python worker).
+    """
     count = len(timestamps_ms)
-    sent: list[int | None] = []
-    received: list[int | None] = []
-    shifts: list[int] = []
-    lengths: list[int] = []
+    run_ends = array("i")
+    sent = array("q")
+    received = array("q")
+    shifts = array("q")
+    sent_valid = array("b")
+    received_valid = array("b")
     covered = 0
     for rows, sent_ms, received_ms in batch_times:
         rows = min(rows, count - covered)
         if rows <= 0:
             continue
-        sent.append(sent_ms)
-        received.append(received_ms)
-        shifts.append(0 if sent_ms is None or received_ms is None else received_ms - sent_ms)
-        lengths.append(rows)
         covered += rows
+        run_ends.append(covered)
+        sent.append(sent_ms or 0)
+        received.append(received_ms or 0)
+        sent_valid.append(sent_ms is not None)
+        received_valid.append(received_ms is not None)
+        shifts.append(0 if sent_ms is None or received_ms is None else received_ms - sent_ms)
     if covered < count:  # rows the caller gave no times for
-        sent.append(None)
-        received.append(None)
+        run_ends.append(count)
+        sent.append(0)
+        received.append(0)
+        sent_valid.append(False)
+        received_valid.append(False)
         shifts.append(0)
-        lengths.append(count - covered)
-    # Per-batch values, repeated over each batch's rows by a `take` on run indices built
-    # with array repetition: no Python object per row.
-    runs = array("q")
-    for index, rows in enumerate(lengths):
-        runs.extend(array("q", [index]) * rows)
-    indices = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(runs)])
+    runs = len(run_ends)
+    ends = pa.Array.from_buffers(pa.int32(), runs, [None, pa.py_buffer(run_ends)])
+    run_type = pa.run_end_encoded(pa.int32(), pa.int64())
 
-    def spread(values: list[int | None]) -> pa.Array:
-        return pa.array(values, pa.int64()).take(indices)
+    def spread(values: array[int], valid: array[int] | None = None) -> pa.Array:
+        bitmap = None
+        if valid is not None and not all(valid):  # int8 flags to Arrow's validity bitmap
+            flags = pa.Array.from_buffers(pa.int8(), runs, [None, pa.py_buffer(valid)])
+            bitmap = flags.cast(pa.bool_()).buffers()[1]
+        per_run = pa.Array.from_buffers(pa.int64(), runs, [bitmap, pa.py_buffer(values)])
+        encoded = pa.Array.from_buffers(run_type, count, [None], children=[ends, per_run])
+        return pc.run_end_decode(encoded)
 
-    corrected = pc.add_checked(timestamps_ms, spread(list(shifts)))
+    corrected = pc.add_checked(timestamps_ms, spread(shifts))
     return (
-        pc.multiply_checked(spread(sent), 1000).cast(_TIMESTAMP),
-        pc.multiply_checked(spread(received), 1000).cast(_TIMESTAMP),
-        pc.multiply_checked(corrected, 1000).cast(_TIMESTAMP),
+        pc.multiply_checked(spread(sent, sent_valid), _THOUSAND).cast(_TIMESTAMP),
+        pc.multiply_checked(spread(received, received_valid), _THOUSAND).cast(_TIMESTAMP),
+        pc.multiply_checked(corrected, _THOUSAND).cast(_TIMESTAMP),
     )

@@ -188,6 +188,16 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._options = options
         self._view = BrokerView(options)
         self._available_now: dict[TopicPartition, int] | None = None
+        # What the last `latestOffset` found: Spark asks `reportLatestOffset` and
+        # `partitions` right after it in the same trigger, so they reuse it rather than
+        # ask the broker again (three calls each). Dropped when pickled (`read` needs
+        # none of it).
+        self._last_seen: dict[TopicPartition, PartitionInfo] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_last_seen"] = None
+        return state
 
     def initialOffset(self) -> dict[str, dict[str, int]]:  # noqa: N802
         current = self._view.partitions()
@@ -209,6 +219,7 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ) -> dict[str, dict[str, int]]:
         begin = parse_offsets(start)
         current = self._view.partitions(strict=False)
+        self._last_seen = current
         latest = {tp: info.high_watermark for tp, info in current.items()}
         if self._available_now is not None:
             # Only what existed when the trigger was prepared (partitions new since are
@@ -253,15 +264,22 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.warning("%s (failOnDataLoss=false)", message)
 
     def reportLatestOffset(self) -> dict[str, dict[str, int]]:  # noqa: N802
-        """The partitions' high watermarks now (Spark shows them in the query progress)."""
-        current = self._view.partitions(strict=False)
+        """The partitions' high watermarks (Spark shows them in the query progress): as
+        the trigger's `latestOffset` just found them, else asked now."""
+        current = self._last_seen
+        if current is None:
+            current = self._view.partitions(strict=False)
         return offset_dict({tp: info.high_watermark for tp, info in current.items()})
 
     def partitions(
         self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
     ) -> Sequence[InputPartition]:
         begin, finish = parse_offsets(start), parse_offsets(end)
-        current = self._view.partitions(strict=False)  # only for the timestamp types
+        # Only for the timestamp types: the trigger's `latestOffset` found them, unless
+        # this is a batch planned again from the checkpoint after a restart.
+        current = self._last_seen
+        if current is None or any(tp not in current for tp in finish):
+            current = self._view.partitions(strict=False)
         return _plan(self._options, begin, finish, current)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -7,6 +7,10 @@ reads (the session's broker, no Spark job).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -144,3 +148,34 @@ def test_read_ranges_returns_the_records_of_the_range(
     table = pa.Table.from_batches(batches)
     expected = records_to_arrow(everything[7:251], 0, include_headers, use_corrected)
     assert table.equals(pa.Table.from_batches([expected]))
+
+
+@pytest.mark.skipif(not NATIVE_COLUMNS, reason="the column path needs the C extension")
+def test_reading_never_imports_pandas(broker: InProcessBroker, new_topic: TopicFactory) -> None:
+    """``pa.array`` of a list and ``pa.scalar`` import pandas (when installed): a second or
+    more of a fresh Spark Python worker's first task. The column path uses neither."""
+    topic = new_topic()
+    produce(broker.address, topic, [b"v%d" % i for i in range(50)], headers=[("h", b"x")])
+    script = (
+        "import sys\n"
+        "from client import TopicPartition\n"
+        "from spark_sink.offsets import OffsetRange\n"
+        "from spark_sink.options import ReadOptions\n"
+        "from spark_sink.reader import read_ranges\n"
+        f"options = ReadOptions(bootstrap_servers={broker.address!r}, subscribe=({topic!r},),"
+        " include_headers=True)\n"
+        f"ranges = [OffsetRange(TopicPartition({topic!r}, 0), 0, 50)]\n"
+        "rows = sum(b.num_rows for b in read_ranges(options, ranges, [0]))\n"
+        "print(rows, 'pandas' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["50", "False"], done.stderr

@@ -171,3 +171,46 @@ def test_new_topics_matching_the_pattern_are_picked_up(
     got = sorted((r.topic, r.offset) for r in rows)
     assert [t for t, _ in got].count(f"{prefix}-a") == 5
     assert [t for t, _ in got].count(f"{prefix}-b") == 6
+
+
+def test_a_trigger_asks_the_broker_once(broker: InProcessBroker, new_topic: TopicFactory) -> None:
+    """``reportLatestOffset`` and ``partitions`` reuse what the trigger's ``latestOffset``
+    found (they used to ask the broker again, three calls each); ``partitions`` of a batch
+    planned from the checkpoint (no ``latestOffset`` before it) still asks, and a pickled
+    reader (what tasks get) carries none of it."""
+    import pickle
+
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from client import TopicPartition
+    from spark_sink.offsets import offset_dict
+    from spark_sink.options import ReadOptions
+    from spark_sink.source import TidelogInputPartition, TidelogStreamReader
+
+    topic = new_topic(partitions=2, message_timestamp_type="LogAppendTime")
+    produce(broker.address, topic, [b"v%d" % i for i in range(10)])
+    options = ReadOptions(bootstrap_servers=broker.address, subscribe=(topic,))
+    reader = TidelogStreamReader(options)
+    lookups = 0
+    real = reader._view.partitions
+
+    def counted(**kwargs: bool) -> Any:
+        nonlocal lookups
+        lookups += 1
+        return real(**kwargs)
+
+    reader._view.partitions = counted  # type: ignore[method-assign]
+    try:
+        start = offset_dict({TopicPartition(topic, 0): 0, TopicPartition(topic, 1): 0})
+        replanned = reader.partitions(start, start)  # a restart: nothing seen yet
+        assert lookups == 1
+        assert replanned == []
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert reader.reportLatestOffset() == end
+        pieces = reader.partitions(start, end)
+        assert lookups == 2
+        assert sum(p.offset_range.size for p in pieces) == 10
+        assert all(isinstance(p, TidelogInputPartition) and p.timestamp_type == 1 for p in pieces)
+        assert pickle.loads(pickle.dumps(reader))._last_seen is None
+    finally:
+        reader.stop()
