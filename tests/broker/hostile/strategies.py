@@ -20,6 +20,8 @@ from typing import Any
 
 import crc32c
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -317,7 +319,12 @@ def _message(descriptor: Descriptor, depth: int) -> st.SearchStrategy[Any]:
                     continue
                 chosen_oneof.add(group)
             values[field.name] = draw(_field(field, depth))
-        return cls(**values)
+        try:
+            return cls(**values)
+        except DecodeError:
+            # protobuf's constructor re-parses nested messages: a drawn combination it
+            # cannot build is not a request anyone can send. Draw another.
+            reject()
 
     return build()
 
