@@ -329,7 +329,11 @@ def test_requests_naming_another_leader_epoch_are_fenced(cluster: LocalCluster) 
 
     def produce(epoch: int) -> str:
         part = pb.ProducePartitionData(
-            partition=0, records=make_batch([b"x"]), current_leader_epoch=epoch
+            # Stamped now: make_batch's default time is years old, and this module runs
+            # retention every 500 ms (7 days' time retention would delete the record).
+            partition=0,
+            records=make_batch([b"x"], timestamp_ms=int(time.time() * 1000)),
+            current_leader_epoch=epoch,
         )
         request = pb.ProduceRequest(
             acks=1, topics=[pb.ProduceTopicData(topic="fenced", partitions=[part])]
