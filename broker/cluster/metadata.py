@@ -165,7 +165,7 @@ class MetadataWatcher:
         # Read before the states: a broker registering after this read has epoch greater
         # than any state read below, and its leaderships are caught on the next re-read
         # (its registration is a child change of /brokers/ids: a watch fires).
-        broker_epochs = store.live_broker_epochs()
+        brokers, broker_epochs = store.live_brokers_with_epochs()
         for name in store.topics():
             assignment = store.read_topic(name)
             if assignment is None:
@@ -193,7 +193,7 @@ class MetadataWatcher:
                     state = old_state  # a stale read: never move leadership backwards
                 states[partition] = state
             topics[name] = TopicMetadata(assignment, states, store.read_topic_config(name))
-        return ClusterMetadata(store.live_brokers(), store.controller_id(), topics)
+        return ClusterMetadata(brokers, store.controller_id(), topics)
 
     def _publish(self, snapshot: ClusterMetadata, *, force: bool = False) -> None:
         if snapshot == self._snapshot and not force:

@@ -249,14 +249,19 @@ class ClusterStore:
 
     def live_broker_epochs(self) -> dict[int, int]:
         """Registered brokers' epochs (the creation zxid of each ``/brokers/ids/<id>``)."""
-        return {broker_id: int(stat.czxid) for broker_id, _, stat in self._registrations()}
+        return self.live_brokers_with_epochs()[1]
 
     def live_brokers(self) -> dict[int, BrokerRegistration]:
         """Registered brokers by id (a node that vanishes while read is left out)."""
-        return {
-            broker_id: decode_broker(broker_id, data)
-            for broker_id, data, _ in self._registrations()
-        }
+        return self.live_brokers_with_epochs()[0]
+
+    def live_brokers_with_epochs(self) -> tuple[dict[int, BrokerRegistration], dict[int, int]]:
+        """Both of the above from one read of the registrations."""
+        found = self._registrations()
+        return (
+            {broker_id: decode_broker(broker_id, data) for broker_id, data, _ in found},
+            {broker_id: int(stat.czxid) for broker_id, _, stat in found},
+        )
 
     def _registrations(self) -> list[tuple[int, bytes, Any]]:
         """(id, data, stat) of every registration znode, by id; one that vanishes while
