@@ -371,7 +371,8 @@ class Controller:
         state, version = found.state, found.version
         live = set(broker_epochs)
         try:
-            if leadership_predates_leader(state, found.written_zxid, broker_epochs):
+            bounced = leadership_predates_leader(state, found.written_zxid, broker_epochs)
+            if bounced:
                 # The leader restarted since this was written: elect again, as for an
                 # offline partition (it is live and may be chosen), at a new epoch.
                 log.info(
@@ -381,13 +382,7 @@ class Controller:
                     state.leader,
                     state.leader_epoch,
                 )
-                elected = elect_offline(
-                    replicas, state, live, unclean_allowed=unclean, controller_epoch=lease.epoch
-                )
-                if elected is not None:
-                    self._write(topic, partition, elected, version)
-                return
-            if state.leader == NO_LEADER or state.leader not in live:
+            if bounced or state.leader == NO_LEADER or state.leader not in live:
                 elected = elect_offline(
                     replicas, state, live, unclean_allowed=unclean, controller_epoch=lease.epoch
                 )
