@@ -68,6 +68,7 @@ from broker.grpc_async import AsyncListener
 from broker.grpc_threads import ThreadedListener
 from broker.kafka import KafkaListener, ListenerSettings
 from broker.limits import Admission, AdmissionCollector
+from broker.loop_watchdog import LoopWatchdog
 from broker.metrics import BrokerMetrics, MetricsServer
 from broker.placement import JoiningPlacement, LocalPlacement
 from broker.producer_ids import UnavailableProducerIds
@@ -271,6 +272,11 @@ class BrokerServer:
         elif ":" in host:
             host = f"[{host}]"
         return f"{host}:{self._port}"
+
+    @property
+    def loop_watchdog(self) -> LoopWatchdog | None:
+        """What watches the gRPC listener's event loop (None for the threaded model)."""
+        return getattr(self._listener, "watchdog", None)
 
     @property
     def kafka_port(self) -> int | None:

@@ -158,8 +158,10 @@ class OffsetIndex:
         """Add an entry; offsets and positions must be greater than the last entry's."""
         if self._offsets and (offset <= self._offsets[-1] or position <= self._positions[-1]):
             raise ValueError(f"index entry ({offset}, {position}) does not increase")
-        self._offsets.append(offset)
+        # The lookup key last: a lock-free ``lookup`` that finds the offset finds its
+        # position too.
         self._positions.append(position)
+        self._offsets.append(offset)
         self._file.add(_OFFSET_ENTRY.pack(offset - self.base_offset, position))
 
     def lookup(self, offset: int) -> tuple[int, int]:
@@ -167,7 +169,10 @@ class OffsetIndex:
         i = bisect_right(self._offsets, offset) - 1
         if i < 0:
             return self.base_offset, 0
-        return self._offsets[i], self._positions[i]
+        try:
+            return self._offsets[i], self._positions[i]
+        except IndexError:  # a truncation ran under this lock-free lookup: scan from 0
+            return self.base_offset, 0
 
     def last_entry(self) -> tuple[int, int]:
         """The last entry, or ``(base_offset, 0)`` when empty."""
@@ -263,8 +268,8 @@ class TimeIndex:
             return
         if self._offsets and offset < self._offsets[-1]:
             raise ValueError(f"time index offset {offset} goes backwards")
-        self._timestamps.append(timestamp_ms)
         self._offsets.append(offset)
+        self._timestamps.append(timestamp_ms)  # the lookup key last (see OffsetIndex)
         self._file.add(_TIME_ENTRY.pack(timestamp_ms, offset - self.base_offset))
 
     def lookup_before(self, timestamp_ms: int) -> tuple[int, int] | None:
@@ -276,7 +281,10 @@ class TimeIndex:
         i = bisect_left(self._timestamps, timestamp_ms) - 1
         if i < 0:
             return None
-        return self._timestamps[i], self._offsets[i]
+        try:
+            return self._timestamps[i], self._offsets[i]
+        except IndexError:  # a truncation ran under this lock-free lookup
+            return None
 
     def last_entry(self) -> tuple[int, int] | None:
         if not self._timestamps:

@@ -56,6 +56,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes, decode_wire
 from storage.clock import Clock
@@ -115,6 +116,14 @@ _HEADER_AFTER_BASE_OFFSET = operator.attrgetter(*_HEADER_FIELDS[1:])
 _RECOVERY_MAX_BATCH_BYTES = 2**31 - 1
 
 
+class _ReadView(NamedTuple):
+    """The segment list, its base offsets and the log start, as one immutable value."""
+
+    segments: list[Segment]
+    bases: list[int]
+    log_start_offset: int
+
+
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     """What an append did. ``duplicate``: an idempotent retry answered from the original."""
@@ -163,6 +172,8 @@ class PartitionLog:
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
         self._log_start_offset = log_start_offset
+        # What a reader needs, published as one value (see ``read``).
+        self._view = _ReadView(segments, self._bases, log_start_offset)
         self._recovery_point = recovery_point
         self._producer_state = producer_state
         self._leader_epochs = leader_epochs or LeaderEpochCache()
@@ -799,10 +810,14 @@ class PartitionLog:
             if base_offset_from_name(old.name) < first_base or len(snapshots) > _SNAPSHOTS_KEPT:
                 _unlink(old)
 
-    def _set_segments(self, segments: list[Segment]) -> None:
-        """Copy-on-write replacement of the segment list (readers keep their snapshot)."""
+    def _set_segments(self, segments: list[Segment], log_start_offset: int | None = None) -> None:
+        """Copy-on-write replacement of the segment list and, if given, the log start
+        offset; readers keep their snapshot (``_view``, published last, in one store)."""
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
+        if log_start_offset is not None:
+            self._log_start_offset = log_start_offset
+        self._view = _ReadView(segments, self._bases, self._log_start_offset)
 
     # ================================================================== read
 
@@ -818,12 +833,15 @@ class PartitionLog:
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
         """
-        with self._lock:
-            segments = self._segments
-            bases = self._bases
-            log_start = self._log_start_offset
-            log_end = segments[-1].next_offset
-            active_size = segments[-1].size_bytes
+        # No lock: the partition lock is held across appends, rolls and the directory
+        # fsyncs of retention and cleaning, and a read (on the serving loop's thread for
+        # small fetches) must never wait for a disk. One load of the published view gives
+        # a consistent segment list and log start; the active segment's size is read
+        # before its next offset, and an append publishes its size last
+        # (``Segment.append``), so every byte below ``active_size`` is a whole batch.
+        segments, bases, log_start = self._view
+        active_size = segments[-1].size_bytes
+        log_end = segments[-1].next_offset
         if offset < log_start or offset > log_end:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: "
@@ -940,10 +958,8 @@ class PartitionLog:
                 for segment in self._segments[len(keep) :]:
                     self._schedule_delete_locked(segment)
                 keep[-1].truncate_to(offset)
-                self._set_segments(keep)
+                self._set_segments(keep, min(self._log_start_offset, keep[-1].next_offset))
                 self._recovery_point = min(self._recovery_point, self.log_end_offset)
-                if self.log_end_offset < self._log_start_offset:
-                    self._log_start_offset = self.log_end_offset
                 if self._high_watermark is not None:
                     self._high_watermark = min(self._high_watermark, self.log_end_offset)
                 before = self._leader_epochs.entries
@@ -980,8 +996,7 @@ class PartitionLog:
                     index_max_bytes=self._config.segment_index_bytes,
                     now_ms=self._clock.wall_ms(),
                 )
-                self._set_segments([fresh])
-                self._log_start_offset = offset
+                self._set_segments([fresh], offset)
                 self._recovery_point = offset
                 if self._high_watermark is not None:
                     self._high_watermark = offset
@@ -1031,8 +1046,8 @@ class PartitionLog:
                 except OSError as exc:
                     raise _io_error(exc, f"{self}: roll before retention failed") from exc
             doomed = self._segments[:count]
-            self._set_segments(self._segments[count:])
-            self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+            kept = self._segments[count:]
+            self._set_segments(kept, max(self._log_start_offset, kept[0].base_offset))
             try:
                 # Epochs wholly below the new log start go; the one covering it starts
                 # there (Kafka's truncateFromStart), so leader and follower caches agree.

@@ -12,8 +12,9 @@ the last index entry: at most about ``index.interval.bytes`` of log, so opening 
 segment costs no full scan. ``recover`` rescans the whole file, validating every batch.
 
 Not thread-safe: ``PartitionLog`` holds its lock around every mutating call. Reads
-(``read``, ``find_position``) use ``os.pread`` and may run concurrently with an append
-provided the caller bounds them by a size it read under the lock.
+(``read``, ``find_position``) use ``os.pread`` and may run concurrently with an append,
+without a lock, provided the caller bounds them by a ``size_bytes`` it read first: an
+append sets ``size_bytes`` last, after the batches, their index entries and their times.
 """
 
 from __future__ import annotations
@@ -318,18 +319,22 @@ class Segment:
             if start + batch.position == 0:
                 self.first_batch_timestamp_ms = header.max_timestamp
             self._index_batch(start + batch.position, header)
-        self.size_bytes = start + written
-        if times is not None:
-            if isinstance(times, BatchTimes):
-                times = [times] * len(batches)
-            self.batch_times.append(
-                [
-                    BatchTimesEntry(
-                        b.header.last_offset, start + b.position, t.sent_ms, t.received_ms
-                    )
-                    for b, t in zip(batches, times, strict=True)
-                ]
-            )
+        try:
+            if times is not None:
+                if isinstance(times, BatchTimes):
+                    times = [times] * len(batches)
+                self.batch_times.append(
+                    [
+                        BatchTimesEntry(
+                            b.header.last_offset, start + b.position, t.sent_ms, t.received_ms
+                        )
+                        for b, t in zip(batches, times, strict=True)
+                    ]
+                )
+        finally:
+            # Published last: a lock-free reader bounded by size_bytes finds the batches'
+            # index entries and times already there.
+            self.size_bytes = start + written
 
     def _index_batch(self, position: int, header: BatchHeader) -> None:
         # Kafka's rule: an entry when more than index.interval.bytes were appended since the
@@ -459,7 +464,7 @@ class Segment:
         """Whole batches from the one holding ``offset``, up to ``max_bytes``.
 
         The first batch is returned whole even when larger than ``max_bytes``, so a reader
-        always makes progress. ``max_position`` bounds the read (a size read under lock).
+        always makes progress. ``max_position`` bounds the read (a ``size_bytes`` read earlier).
         """
         return self._read(offset, max_bytes, max_position)[1]
 

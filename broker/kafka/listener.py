@@ -49,6 +49,7 @@ from broker.kafka.codec import (
     parse_header,
 )
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
+from broker.loop_watchdog import LoopWatchdog
 from broker.tls import principal_from_peer_certificate
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class KafkaListener:
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._stopped = False
+        self._watchdog = LoopWatchdog(self._loop, self._thread, "kafka listener")
 
     @classmethod
     def start(cls, core: BrokerCore, settings: ListenerSettings) -> KafkaListener:
@@ -194,6 +196,7 @@ class KafkaListener:
         if not self.settings.advertised_port:
             self.advertised = (self.settings.advertised_host, self.port)
         self.classic.start_on(self._loop)
+        self._watchdog.start()
         self._started.set()
         try:
             self._loop.run_forever()
@@ -211,6 +214,7 @@ class KafkaListener:
             future.result(_STOP_TIMEOUT_S)
         except Exception:
             log.exception("kafka listener did not stop cleanly")
+        self._watchdog.stop()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(_STOP_TIMEOUT_S)
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -81,6 +81,14 @@ class BrokerProcess:
             and not (i > 0 and "ExecuteBatchError raised in core" in lines[i - 1])
         ]
 
+    def stall_reports(self) -> str:
+        """The log's event-loop stall warnings (``broker.loop_watchdog``) with their
+        stacks: what a call that timed out was waiting behind."""
+        lines = self.output().splitlines()
+        return "\n".join(
+            "\n".join(lines[i : i + 40]) for i, line in enumerate(lines) if "has not turned" in line
+        )
+
     def alive(self) -> bool:
         return self.process.poll() is None
 

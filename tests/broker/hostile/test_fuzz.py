@@ -148,9 +148,10 @@ def test_fuzzed_requests_are_answered_and_hurt_nothing(target: BrokerProcess) ->
     )
     print(report)  # noqa: T201 - the run's figures, shown with -s
     assert target.tracebacks() == [], "\n\n".join(target.tracebacks()[:5])
-    assert tally.problems == [], "\n".join(tally.problems[:40])
+    stalls = target.stall_reports()
+    assert tally.problems == [], "\n".join([*tally.problems[:40], stalls])
     assert read_back.problems == [], "\n".join(read_back.problems[:40])
-    assert canary_problems == [], canary_problems
+    assert canary_problems == [], [*canary_problems, stalls]
     assert rss_after - rss_before < RSS_GROWTH_BOUND_BYTES, report
     assert tally.calls >= MIN_CALLS * SCALE, report
 

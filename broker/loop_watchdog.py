@@ -1,0 +1,102 @@
+"""Notice an event loop that stopped turning, and say where it is stuck.
+
+Every listener serves all its connections from one asyncio loop thread, so anything that
+blocks that thread (a lock held across a disk write, a slow page-cache miss, a long
+computation) stalls every client of the listener at once, and from outside that looks
+like a broker that hangs without a word. ``LoopWatchdog`` is a daemon thread that asks the
+loop for a no-op every ``interval_s``; when the loop has not run one for ``stall_s`` it logs
+a warning with the loop thread's current stack (once per stall), and an info line when the
+loop turns again, with how long it was stuck. It costs one wake-up of the loop per
+interval.
+
+The stack is written as plain ``File ..., line ...`` lines, not as a traceback: a stall is
+a performance fault for an operator to read, not an error raised in the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+
+__all__ = ["LoopWatchdog"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 0.5
+DEFAULT_STALL_S = 2.0
+
+
+class LoopWatchdog:
+    """Watches one loop run by ``loop_thread``. Thread-safe; ``stop`` once."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        loop_thread: threading.Thread,
+        name: str,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        stall_s: float = DEFAULT_STALL_S,
+    ) -> None:
+        self._loop = loop
+        self._loop_thread = loop_thread
+        self._name = name
+        self._interval_s = interval_s
+        self._stall_s = stall_s
+        self._last_turn = time.monotonic()
+        self._stopped = threading.Event()
+        self.stalls = 0  # how many stalls were reported (tests, metrics)
+        self.longest_stall_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"{name}-watchdog", daemon=True)
+
+    def start(self) -> LoopWatchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(2 * self._interval_s + 1)
+
+    def _turned(self) -> None:
+        self._last_turn = time.monotonic()
+
+    def _run(self) -> None:
+        stalled_since: float | None = None
+        while not self._stopped.wait(self._interval_s):
+            if self._loop.is_closed():
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._turned)
+            except RuntimeError:  # the loop closed under us
+                return
+            now = time.monotonic()
+            waited = now - self._last_turn
+            if waited <= self._stall_s + self._interval_s:
+                if stalled_since is not None:
+                    stuck = now - stalled_since
+                    self.longest_stall_s = max(self.longest_stall_s, stuck)
+                    log.info("%s: the event loop turns again after %.1f s", self._name, stuck)
+                    stalled_since = None
+                continue
+            if stalled_since is None:
+                stalled_since = self._last_turn
+                self.stalls += 1
+                log.warning(
+                    "%s: the event loop has not turned for %.1f s; every call on it waits."
+                    " The loop thread is at:\n%s",
+                    self._name,
+                    waited,
+                    self._loop_stack(),
+                )
+
+    def _loop_stack(self) -> str:
+        ident = self._loop_thread.ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        if frame is None:
+            return "  (the loop thread is gone)"
+        return "".join(traceback.format_stack(frame)).rstrip()
