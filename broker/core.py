@@ -407,7 +407,8 @@ class BrokerCore:
 
     def _check_coordinator(self, group_id: str, *, confirm: bool = False) -> None:
         """Raise ``NotCoordinatorError`` unless this broker leads the group's offsets
-        partition (always true on a single node). ``confirm``: ask ZooKeeper too, not
+        partition (always true on a single node), ``CoordinatorLoadInProgressError`` while
+        it is still loading that partition's groups. ``confirm``: ask ZooKeeper too, not
         only this broker's view (committed offsets must never be read stale: a consumer
         resuming from an old one would commit backwards)."""
         if self.topic_admin is None:
@@ -420,6 +421,9 @@ class BrokerCore:
                 self.placement.check_leader(OFFSETS_TOPIC, partition)
         except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
             raise NotCoordinatorError(f"group {group_id!r}: {exc}") from None
+        # Leading is not enough: the groups must be loaded at this epoch and what was
+        # loaded replicated (COORDINATOR_LOAD_IN_PROGRESS until then; offset_store).
+        self._groups.store.check_loaded(partition)
 
     @property
     def logs(self) -> LogManager:

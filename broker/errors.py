@@ -40,6 +40,7 @@ import grpc
 from storage.errors import (
     BrokerBusyError,
     ClusterAuthorizationFailedError,
+    CoordinatorLoadInProgressError,
     CorruptRecordError,
     FencedLeaderEpochError,
     FencedMemberEpochError,
@@ -154,6 +155,7 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     NotLeaderOrFollowerError: grpc.StatusCode.FAILED_PRECONDITION,
     LeaderNotAvailableError: grpc.StatusCode.UNAVAILABLE,
     NotCoordinatorError: grpc.StatusCode.FAILED_PRECONDITION,
+    CoordinatorLoadInProgressError: grpc.StatusCode.UNAVAILABLE,
     FencedLeaderEpochError: grpc.StatusCode.FAILED_PRECONDITION,
     UnknownLeaderEpochError: grpc.StatusCode.UNAVAILABLE,
     NotEnoughReplicasError: grpc.StatusCode.UNAVAILABLE,

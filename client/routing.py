@@ -37,6 +37,7 @@ from client.types import TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
     ClosedError,
+    CoordinatorLoadInProgressError,
     FencedLeaderEpochError,
     InternalError,
     KafkaTimeoutError,
@@ -63,6 +64,7 @@ ROUTING_ERRORS: tuple[type[TidelogError], ...] = (
     FencedLeaderEpochError,
     UnknownLeaderEpochError,
     NotCoordinatorError,
+    CoordinatorLoadInProgressError,
     NotControllerError,
     BrokerUnavailableError,
 )

@@ -38,6 +38,7 @@ and this module, which import nothing else of ours).
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
     │   ├── NotCoordinatorError           NOT_COORDINATOR      retriable
+    │   ├── CoordinatorLoadInProgressError  COORDINATOR_LOAD_IN_PROGRESS  retriable
     │   ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH  retriable
     │   ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH retriable
     │   ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS  retriable
@@ -78,6 +79,7 @@ __all__ = [
     "ClientError",
     "ClosedError",
     "ClusterAuthorizationFailedError",
+    "CoordinatorLoadInProgressError",
     "CorruptRecordError",
     "FencedLeaderEpochError",
     "FencedMemberEpochError",
@@ -318,6 +320,14 @@ class NotCoordinatorError(RequestError):
     """This broker is not the group's coordinator: find the coordinator again."""
 
     code = "NOT_COORDINATOR"
+    retriable = True
+
+
+class CoordinatorLoadInProgressError(RequestError):
+    """This broker just became the group's coordinator and is still loading its committed
+    offsets (or waiting for its followers to hold all of them): retry shortly."""
+
+    code = "COORDINATOR_LOAD_IN_PROGRESS"
     retriable = True
 
 

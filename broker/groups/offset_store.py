@@ -16,6 +16,15 @@ Writes, per offsets partition under its own lock, in this order:
 
 Cluster mode: only the leader of an offsets partition coordinates its groups; a broker
 that becomes leader reloads the partition (``reload_partition``) from its replicated log.
+Until that load is done *and* the partition's high watermark has reached the log end it
+loaded, every group call for the partition is answered ``COORDINATOR_LOAD_IN_PROGRESS``
+(``check_loaded``; clients retry). Both halves matter: before the reload the cache holds
+what this broker knew when it last led (older than the log: a consumer resuming from it
+would re-read and commit backwards), and a new leader's log may end with commits the old
+leader appended but never acknowledged; the cache must not show those until the in-sync
+replicas hold them, or a second failover before they are replicated would take them back
+(the committed offset seen going backwards). Kafka's new group coordinator has the same
+rule: it serves only state at or below the high watermark.
 
 A failed append or fsync leaves the cache as it was and raises (``StorageError``); a
 commit whose fsync failed may still reappear after a restart, as with any write whose
@@ -48,7 +57,12 @@ from broker.groups.offset_records import (
     encode_value,
     partition_for,
 )
-from storage.errors import CorruptRecordError, TopicAlreadyExistsError
+from storage.errors import (
+    CoordinatorLoadInProgressError,
+    CorruptRecordError,
+    NotLeaderOrFollowerError,
+    TopicAlreadyExistsError,
+)
 from storage.log_manager import LogManager
 from storage.partition_log import PartitionLog
 from storage.records import BatchBuilder, decode_batch, iter_batch_headers
@@ -111,6 +125,9 @@ class OffsetStore:
         self._on_append = on_append
         # Cluster mode: the replica manager (BrokerCore.attach_replication).
         self.replication: OffsetReplication | None = None
+        # Cluster mode: offsets partition -> (leader epoch the cache was loaded at, the log
+        # end offset then); guarded by _cache_lock. See check_loaded.
+        self._loaded: dict[int, tuple[int, int]] = {}
 
     @classmethod
     def open(
@@ -222,11 +239,15 @@ class OffsetStore:
         read. Raises ``StorageError``."""
         fresh: dict[str, dict[TopicPartition, OffsetValue]] = {}
         with self._write_locks[partition]:
-            records = _load_partition(self._logs.get_log(OFFSETS_TOPIC, partition), fresh)
+            epoch = self._leader_epoch(partition)
+            partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
+            records = _load_partition(partition_log, fresh)
             with self._cache_lock:
                 for group in [g for g in self._cache if self.partition_for(g) == partition]:
                     del self._cache[group]
                 self._cache.update(fresh)
+                if epoch is not None:
+                    self._loaded[partition] = (epoch, partition_log.log_end_offset)
         log.info(
             "%s-%d: reloaded %d group(s) from %d record(s)",
             OFFSETS_TOPIC,
@@ -235,6 +256,39 @@ class OffsetStore:
             records,
         )
         return records
+
+    def check_loaded(self, partition: int) -> None:
+        """Cluster mode: raise ``CoordinatorLoadInProgressError`` unless the cache of
+        ``partition`` was loaded at this broker's current leader epoch and the high
+        watermark has reached what that load read (see the module docstring). A no-op on a
+        single node."""
+        if self.replication is None:
+            return
+        epoch = self._leader_epoch(partition)
+        with self._cache_lock:
+            loaded = self._loaded.get(partition)
+        if epoch is None or loaded is None or loaded[0] != epoch:
+            raise CoordinatorLoadInProgressError(
+                f"{OFFSETS_TOPIC}-{partition}: this broker is still loading its groups"
+            )
+        high_watermark = self._logs.get_log(OFFSETS_TOPIC, partition).high_watermark
+        if high_watermark < loaded[1]:
+            raise CoordinatorLoadInProgressError(
+                f"{OFFSETS_TOPIC}-{partition}: waiting for the in-sync replicas to hold the"
+                f" commits loaded (high watermark {high_watermark}, loaded to {loaded[1]})"
+            )
+
+    def _leader_epoch(self, partition: int) -> int | None:
+        """This broker's leader epoch of the offsets partition; None if it does not lead
+        it (or on a single node)."""
+        if self.replication is None:
+            return None
+        try:
+            return self.replication.leader_epoch_for_append(
+                OFFSETS_TOPIC, partition, acks_all=False, current_leader_epoch=-1
+            )
+        except NotLeaderOrFollowerError:
+            return None
 
     def _write(
         self,

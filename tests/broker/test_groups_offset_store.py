@@ -20,7 +20,9 @@ from broker.groups.offset_records import (
 )
 from broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
 from storage.clock import ManualClock
+from storage.errors import CoordinatorLoadInProgressError, NotLeaderOrFollowerError
 from storage.log_manager import LogManager, LogManagerConfig
+from storage.partition_log import PartitionLog
 from storage.records import BatchBuilder
 
 TP = TopicPartition("events", 3)
@@ -145,3 +147,76 @@ def test_loading_skips_records_that_are_not_offset_commits(tmp_path: Path) -> No
         store.commit("g", {TP: OffsetValue(3, "", 1)})
     with open_logs(tmp_path) as logs:
         assert OffsetStore.open(logs).offsets("g") == {TP: OffsetValue(3, "", 1)}
+
+
+# --- cluster mode: what a new coordinator may show ---------------------------------------
+
+
+class Leadership:
+    """What the store asks the replica manager, with the leadership the test gives it:
+    this broker leads at ``epoch`` (None: it does not lead); its followers copy a commit
+    at once (the high watermark moves to the commit's end)."""
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+
+    def leader_epoch_for_append(
+        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
+    ) -> int | None:
+        if self.epoch is None:
+            raise NotLeaderOrFollowerError(f"not leading {topic}-{partition}")
+        return self.epoch
+
+    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None:
+        plog.set_high_watermark(end_offset)
+
+
+def test_a_new_coordinator_shows_only_loaded_and_replicated_commits(tmp_path: Path) -> None:
+    """A broker that becomes leader of an offsets partition answers
+    COORDINATOR_LOAD_IN_PROGRESS until it reloaded the partition at its new epoch and the
+    high watermark reached what it loaded: its cache from an earlier leadership is stale,
+    and its log's unreplicated tail (the old leader's unacknowledged commits) could still
+    be taken back by another failover."""
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        store.commit("g", {TP: OffsetValue(5, "", 1)})  # when this broker led before
+        partition_log = logs.get_log(OFFSETS_TOPIC, 0)
+        replicated = partition_log.log_end_offset
+        # Copied from the leader since, above the high watermark: commit 9, unacknowledged.
+        builder = BatchBuilder()
+        builder.append(2, encode_key("g", TP), encode_value(OffsetValue(9, "", 2)))
+        partition_log.append(builder.build())
+        partition_log.track_high_watermark(replicated)
+        leadership = Leadership()
+        store.replication = leadership
+
+        with pytest.raises(CoordinatorLoadInProgressError, match="still loading"):
+            store.check_loaded(0)  # not leading (the replica manager has not caught up)
+        leadership.epoch = 4
+        with pytest.raises(CoordinatorLoadInProgressError, match="still loading"):
+            store.check_loaded(0)  # leading, but the cache is the old leadership's
+        assert store.offsets("g")[TP].offset == 5
+
+        store.reload_partition(0)
+        assert store.offsets("g")[TP].offset == 9
+        with pytest.raises(CoordinatorLoadInProgressError, match="high watermark"):
+            store.check_loaded(0)  # commit 9 is loaded but not yet held by the ISR
+        partition_log.set_high_watermark(partition_log.log_end_offset)
+        store.check_loaded(0)
+
+        # A commit at this epoch waits for its own replication; the partition stays open.
+        store.commit("g", {TP: OffsetValue(12, "", 3)})
+        store.check_loaded(0)
+        # Another election: closed again until the reload at the new epoch.
+        leadership.epoch = 5
+        with pytest.raises(CoordinatorLoadInProgressError, match="still loading"):
+            store.check_loaded(0)
+        store.reload_partition(0)
+        store.check_loaded(0)
+        assert store.offsets("g")[TP].offset == 12
+
+
+def test_a_single_node_coordinator_is_always_loaded(tmp_path: Path) -> None:
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        store.check_loaded(0)
