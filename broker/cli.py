@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from broker.audit import audit
 from broker.cluster.errors import StoreError
 from broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
+from broker.loop_watchdog import ProcessStallDump, register_dump_signal
 from broker.malloc import tune_malloc
 from broker.scram import MIN_ITERATIONS, ScramError, credential_from_password
 from broker.server import BrokerServer, ListenError, run_until_signalled
@@ -119,9 +120,14 @@ def serve(argv: Sequence[str]) -> int:
     except (StorageError, ListenError, OSError, InvalidConfigError, StoreError) as exc:
         sys.stderr.write(f"tidelog serve: cannot start: {exc}\n")
         return 1
+    register_dump_signal()
+    stall_dump = ProcessStallDump().start()
     if args.ready_file:
         atomic_write(args.ready_file, f"{server.address}\n".encode())
-    run_until_signalled(server)
+    try:
+        run_until_signalled(server)
+    finally:
+        stall_dump.stop()
     return 0
 
 

@@ -16,13 +16,16 @@ a performance fault for an operator to read, not an error raised in the broker.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
+import signal
 import sys
 import threading
 import time
 import traceback
+from typing import TextIO
 
-__all__ = ["LoopWatchdog"]
+__all__ = ["LoopWatchdog", "ProcessStallDump", "register_dump_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +103,61 @@ class LoopWatchdog:
         if frame is None:
             return "  (the loop thread is gone)"
         return "".join(traceback.format_stack(frame)).rstrip()
+
+
+class ProcessStallDump:
+    """Dump every thread's stack when the whole process stops running Python.
+
+    ``LoopWatchdog`` needs the interpreter to run its own thread; a C call that holds the
+    GIL for seconds (or a process the kernel does not schedule) freezes it with everything
+    else, and when it wakes up the loop has turned too. This one hands the job to
+    ``faulthandler.dump_traceback_later``, whose timer is a C thread that needs no GIL: a
+    daemon thread re-arms it every ``interval_s``; when nothing could re-arm it for
+    ``stall_s``, faulthandler writes all threads' stacks to ``file`` (stderr: the broker's
+    log), and the thread logs how long it was kept from running once it runs again.
+    ``SIGUSR1`` dumps the stacks on demand (``register_dump_signal``). One per process
+    (faulthandler keeps one timer): ``tidelog serve`` starts it, in-process test brokers
+    do not.
+    """
+
+    def __init__(
+        self, *, stall_s: float = 10.0, interval_s: float = 1.0, file: TextIO | None = None
+    ) -> None:
+        self._stall_s = stall_s
+        self._interval_s = interval_s
+        self._file = file if file is not None else sys.stderr
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-dump", daemon=True)
+
+    def start(self) -> ProcessStallDump:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(2 * self._interval_s + 1)
+        faulthandler.cancel_dump_traceback_later()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while True:
+            faulthandler.dump_traceback_later(self._stall_s, file=self._file)
+            if self._stopped.wait(self._interval_s):
+                return
+            now = time.monotonic()
+            late = now - last - self._interval_s
+            if late > self._stall_s / 2:
+                log.warning(
+                    "the broker process ran no Python for %.1f s (a call holding the GIL, or"
+                    " the machine did not schedule it)%s",
+                    late,
+                    "; every thread's stack was dumped above" if late >= self._stall_s else "",
+                )
+            last = now
+
+
+def register_dump_signal(file: TextIO | None = None) -> None:
+    """``kill -USR1 <pid>`` writes every thread's stack to ``file`` (stderr), as a JVM's
+    ``jstack``; works while a thread holds the GIL."""
+    faulthandler.register(signal.SIGUSR1, file=file if file is not None else sys.stderr)

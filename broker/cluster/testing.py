@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -55,6 +56,7 @@ __all__ = [
     "LocalCluster",
     "TcpProxy",
     "ZooKeeperServer",
+    "dying_with_parent",
     "zookeeper_available",
 ]
 
@@ -85,14 +87,41 @@ _DIE_WITH_PARENT = (
 )
 
 
-def _dying_with_parent(command: list[str]) -> list[str]:
+def dying_with_parent(command: list[str]) -> list[str]:
+    """``command`` wrapped so that the kernel SIGKILLs it when the process that started
+    it dies (Linux ``PR_SET_PDEATHSIG``): a killed test run leaves no server behind."""
     return [sys.executable, "-c", _DIE_WITH_PARENT, *command]
 
 
 def _free_port() -> int:
+    """A port free now, below the kernel's ephemeral range when it can be.
+
+    A port the kernel handed out for ``bind(0)`` lies in the ephemeral range, where any
+    outgoing connection (a client, a broker dialing ZooKeeper) may take it before the
+    broker binds it, or while a killed broker is down before its restart on the same port:
+    CI once saw a broker fail to start with "Address already in use". Ports below the
+    range are never given to outgoing connections.
+    """
+    low = _ephemeral_range_start()
+    candidates = list(range(max(1024, low - 16_000), low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _is_serving(port: int) -> bool:
@@ -155,7 +184,7 @@ class ZooKeeperServer:
         log_file = open(self._directory / "zookeeper.log", "ab")  # noqa: SIM115  # the child's
         try:
             self._process = subprocess.Popen(
-                _dying_with_parent(
+                dying_with_parent(
                     [
                         "java",
                         "-Xmx256m",
@@ -398,7 +427,7 @@ class LocalCluster:
         log_file = open(self._directory / f"broker-{broker_id}.log", "ab")  # noqa: SIM115
         try:
             self._processes[broker_id] = subprocess.Popen(
-                _dying_with_parent(command),
+                dying_with_parent(command),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

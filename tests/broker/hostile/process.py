@@ -12,8 +12,15 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from broker.cluster.testing import dying_with_parent
 
 ROOT = Path(__file__).resolve().parents[3]
 START_TIMEOUT_S = 90.0
@@ -52,7 +59,7 @@ class BrokerProcess:
             args += ["--set", f"{key}={value}"]
         with open(log_file, "ab") as log:
             self.process = subprocess.Popen(
-                args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_env()
+                dying_with_parent(args), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_env()
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.ready_file.exists():
@@ -82,12 +89,45 @@ class BrokerProcess:
         ]
 
     def stall_reports(self) -> str:
-        """The log's event-loop stall warnings (``broker.loop_watchdog``) with their
-        stacks: what a call that timed out was waiting behind."""
+        """The log's stall reports (``broker.loop_watchdog``: a loop that stopped turning,
+        a process that ran no Python, faulthandler's stack dumps): what a call that timed
+        out was waiting behind."""
         lines = self.output().splitlines()
+        marks = ("has not turned", "ran no Python", "Thread 0x", "Current thread 0x")
         return "\n".join(
-            "\n".join(lines[i : i + 40]) for i, line in enumerate(lines) if "has not turned" in line
+            "\n".join(lines[i : i + 30])
+            for i, line in enumerate(lines)
+            if any(mark in line for mark in marks)
         )
+
+    def dump_stacks_when_stalled(
+        self, probe_timeout_s: float = 5.0, dumps: int = 3
+    ) -> Callable[[], None]:
+        """Probe the broker's health every second; when a probe gets no answer within
+        ``probe_timeout_s``, send SIGUSR1 (the broker writes every thread's stack to its
+        log), at most ``dumps`` times. Returns the function that stops probing."""
+        stop = threading.Event()
+
+        def probe() -> None:
+            left = dumps
+            with grpc.insecure_channel(self.address) as channel:
+                check = health_pb2_grpc.HealthStub(channel).Check
+                while left and not stop.wait(1.0):
+                    try:
+                        check(health_pb2.HealthCheckRequest(), timeout=probe_timeout_s)
+                    except grpc.RpcError as exc:
+                        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.alive():
+                            self.process.send_signal(signal.SIGUSR1)
+                            left -= 1
+
+        thread = threading.Thread(target=probe, name="stall-probe", daemon=True)
+        thread.start()
+
+        def stop_probing() -> None:
+            stop.set()
+            thread.join(probe_timeout_s + 2)
+
+        return stop_probing
 
     def alive(self) -> bool:
         return self.process.poll() is None

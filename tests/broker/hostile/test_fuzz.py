@@ -126,6 +126,7 @@ def test_fuzzed_requests_are_answered_and_hurt_nothing(target: BrokerProcess) ->
         rss_before = target.rss_bytes()
 
         sender = Sender(tally)
+        stop_probing = target.dump_stacks_when_stalled()
         try:
             _fuzz_produce_batches(stub, sender)
             _fuzz_unary(channel, sender)
@@ -133,6 +134,7 @@ def test_fuzzed_requests_are_answered_and_hurt_nothing(target: BrokerProcess) ->
             _fuzz_garbage(channel, sender)
         finally:
             sender.close()
+            stop_probing()
 
         canary_problems = canary.stop()
         rss_after = target.rss_bytes()

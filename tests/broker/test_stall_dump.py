@@ -1,0 +1,66 @@
+"""A broker process that stops running Python leaves every thread's stack in its log.
+
+``ProcessStallDump`` (``broker.loop_watchdog``) relies on faulthandler's C timer, which
+needs no GIL: a call that holds the GIL for seconds is caught in the act. Run in child
+processes, since faulthandler keeps one timer per process.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.broker.hostile.process import BrokerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_HOG = textwrap.dedent(
+    """
+    import logging, re, sys, time
+    from broker.loop_watchdog import ProcessStallDump
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    dump = ProcessStallDump(stall_s=1.0, interval_s=0.2).start()
+    time.sleep(0.5)
+
+    def hold_the_gil_in_c() -> None:
+        # A catastrophic regular expression: the re engine never releases the GIL.
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            re.match(r"(a+)+$", "a" * 24 + "b")
+
+    hold_the_gil_in_c()
+    time.sleep(0.6)
+    dump.stop()
+    """
+)
+
+
+def test_a_call_holding_the_gil_is_caught_with_every_stack() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _HOG], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "most recent call first" in done.stderr
+    assert "hold_the_gil_in_c" in done.stderr
+    assert "ran no Python for" in done.stderr
+
+
+def test_sigusr1_dumps_a_running_brokers_stacks(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", {})
+    try:
+        broker.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "most recent call first" not in broker.output() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        output = broker.output()
+        assert "most recent call first" in output
+        assert " in run_forever\n" in output  # the listener's event loop thread
+        assert output.count("Thread 0x") >= 3  # the loop, the storage threads...
+        assert broker.alive()
+    finally:
+        assert broker.stop() == 0
