@@ -413,9 +413,15 @@ class ReplicaManager:
             leading = self._leading.get(tp)
             if leading is None:
                 return
+            # The maximal ISR (Kafka's, KIP-497): the written ISR plus a member whose
+            # joining is being written. Once that write lands, the controller may elect
+            # the new member; had the high watermark passed its log end meanwhile, an
+            # acknowledged record would be missing from a leader it may elect. (A member
+            # being dropped is still in ``isr`` until its write lands: the same rule.)
+            members = leading.isr | set(leading.pending_isr or ())
             ends = [
                 leading.followers[r].log_end_offset
-                for r in leading.isr
+                for r in members
                 if r != self._settings.broker_id and r in leading.followers
             ]
         try:

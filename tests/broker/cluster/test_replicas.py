@@ -9,6 +9,7 @@ new-leader ``OFFSET_NOT_AVAILABLE`` window.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,13 +39,20 @@ ME = 1
 
 
 class IsrWrites:
+    """Records ISR writes; ``hold`` (when set) keeps each write in flight until released."""
+
     def __init__(self) -> None:
         self.writes: list[tuple[int, tuple[int, ...]]] = []
         self.accept = True
+        self.hold: threading.Event | None = None
+        self.started = threading.Event()
 
     def __call__(
         self, topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
     ) -> bool:
+        self.started.set()
+        if self.hold is not None:
+            assert self.hold.wait(10), "the test never released the ISR write"
         self.writes.append((epoch, isr))
         return self.accept
 
@@ -197,3 +205,30 @@ def test_a_new_leader_answers_offset_not_available_until_its_high_watermark_is_k
     follower_fetch(replicas, logs, 3, 3, last_fetched_epoch=1)
     assert plog.high_watermark == 3
     replicas.check_epoch(TOPIC, 0, -1)  # readable now
+
+
+def test_the_high_watermark_waits_for_a_member_whose_joining_is_being_written(
+    replicas: ReplicaManager, logs: LogManager, isr_writes: IsrWrites
+) -> None:
+    """Kafka's maximal ISR: once the write lands the controller may elect the new member,
+    so the high watermark must not pass its log end while the write is in flight (else
+    an acknowledged record is missing from a leader the controller may elect)."""
+    replicas.apply(view(ME, 1, (1, 2)))
+    plog = logs.get_log(TOPIC, 0)
+    plog.append(make_batch([b"a"]), leader_epoch=1)
+    follower_fetch(replicas, logs, 2, 1)
+    assert plog.high_watermark == 1
+    isr_writes.hold = threading.Event()
+    follower_fetch(replicas, logs, 3, 1)  # caught up to the high watermark: joins
+    assert isr_writes.started.wait(5)
+    plog.append(make_batch([b"b"]), leader_epoch=1)
+    replicas.after_append(TOPIC, 0)
+    follower_fetch(replicas, logs, 2, 2)
+    assert plog.high_watermark == 1  # 3, joining, has only offset 0
+    assert replicas.ack_status(plog, 2) == PENDING
+    isr_writes.hold.set()
+    eventually(lambda: isr_writes.writes == [(1, (1, 2, 3))])
+    assert plog.high_watermark == 1
+    follower_fetch(replicas, logs, 3, 2)
+    assert plog.high_watermark == 2
+    assert replicas.ack_status(plog, 2) == DURABLE
