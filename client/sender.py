@@ -348,7 +348,10 @@ class Sender:
                 timeout_ms=self._config.request_timeout_ms
             )
         except TidelogError as exc:
-            if not exc.retriable:
+            # A cancelled call (ClosedError) that this producer did not cancel is the
+            # broker or a proxy dropping it (overload, a restart): transient, as any
+            # transport failure. The full-size soak on 2 cores hit it.
+            if not exc.retriable and not isinstance(exc, ClosedError):
                 # Refused for good (not authorized to write idempotently, an unknown
                 # user...): as Kafka's producer, fatal. Everything pending and every
                 # later send fails with it at once instead of waiting out its timeout.

@@ -106,6 +106,8 @@ class InMemoryCluster:
         self._lock = threading.Lock()
         self.nodes = {i: BrokerNode(i, f"mem-{i}", 9000 + i) for i in range(brokers)}
         self._alive = set(self.nodes)
+        # call name -> errors its next calls raise, one each (fail_next).
+        self._failures: dict[str, list[TidelogError]] = {}
         self.controller_id = 0
         self._topics: dict[str, _Topic] = {}
         self._committed: dict[str, dict[TopicPartition, int]] = {}
@@ -170,6 +172,12 @@ class InMemoryCluster:
     def set_controller(self, broker_id: int) -> None:
         with self._lock:
             self.controller_id = broker_id
+
+    def fail_next(self, call: str, error: TidelogError, times: int = 1) -> None:
+        """The next ``times`` calls named ``call`` (``"init_producer_id"``...) raise
+        ``error`` on whichever broker they reach."""
+        with self._lock:
+            self._failures.setdefault(call, []).extend([error] * times)
 
     def kill(self, broker_id: int) -> None:
         """The broker stops answering; partitions it led go offline (replication 1)."""
@@ -322,6 +330,9 @@ class InMemoryConnection:
                 cluster.calls.append((self._broker_id, call))
             raise BrokerUnavailableError(f"broker at {self._address} is unavailable")
         cluster.calls.append((self._broker_id, call))
+        failures = cluster._failures.get(call)
+        if failures:
+            raise failures.pop(0)
         return self._broker_id
 
     def metadata(

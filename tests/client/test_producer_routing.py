@@ -3,12 +3,14 @@ leader, follow it when it moves, and fail clearly when the partition is offline.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from client import Producer
 from client.testing import InMemoryCluster
 from client.types import TopicPartition
-from storage.errors import KafkaTimeoutError
+from storage.errors import ClosedError, ClusterAuthorizationFailedError, KafkaTimeoutError
 from storage.records import decode_records
 
 
@@ -77,3 +79,29 @@ def test_a_broker_killed_and_revived_gets_the_retried_batch() -> None:
         cluster.revive(1)
         assert future.result(timeout=10).offset == 1
     assert _values(cluster, tp) == [b"before", b"after"]
+
+
+def test_a_cancelled_producer_id_request_is_retried_not_fatal() -> None:
+    """A broker (or proxy) that cancels InitProducerId under load or in a restart is a
+    transient failure: the idempotent producer asks again and delivers."""
+    cluster = InMemoryCluster(1)
+    cluster.add_topic("t", 1)
+    cluster.fail_next("init_producer_id", ClosedError("InitProducerId was cancelled"), times=2)
+    with _producer(cluster, enable_idempotence=True) as producer:
+        assert producer.send("t", b"a", partition=0).result(timeout=10).offset == 0
+    assert _values(cluster, TopicPartition("t", 0)) == [b"a"]
+    assert cluster.calls_to(0, "init_producer_id") == 3
+
+
+def test_a_refused_producer_id_fails_the_producer_at_once() -> None:
+    cluster = InMemoryCluster(1)
+    cluster.add_topic("t", 1)
+    cluster.fail_next("init_producer_id", ClusterAuthorizationFailedError("no IDEMPOTENT_WRITE"))
+    producer = _producer(cluster, enable_idempotence=True, delivery_timeout_ms=60_000)
+    with pytest.raises(ClusterAuthorizationFailedError):
+        # At once (the send, or its future if the send came first), never after the
+        # delivery timeout.
+        producer.send("t", b"a", partition=0).result(timeout=10)
+    with contextlib.suppress(ClusterAuthorizationFailedError):
+        producer.close()  # its flush may report the fatal error again
+    assert _values(cluster, TopicPartition("t", 0)) == []
