@@ -31,6 +31,7 @@ from types import TracebackType
 
 import grpc
 
+from broker.cluster.testing import free_port
 from broker.config import BrokerConfig
 from broker.server import BrokerServer
 from proto.tidelog.v1 import broker_pb2_grpc
@@ -85,6 +86,10 @@ class InProcessBroker:
         created = self._data_dir is None
         if self._data_dir is None:
             self._data_dir = Path(tempfile.mkdtemp(prefix="tidelog-test-"))
+        if self._port == 0:
+            # Below the ephemeral range, so that a restart on the same port cannot find
+            # it taken by an outgoing connection (free_port).
+            self._port = free_port()
         settings: dict[str, object] = {
             **_TEST_DEFAULTS,
             "metrics.port": 0 if self._metrics else -1,

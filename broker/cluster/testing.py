@@ -57,6 +57,7 @@ __all__ = [
     "TcpProxy",
     "ZooKeeperServer",
     "dying_with_parent",
+    "free_port",
     "zookeeper_available",
 ]
 
@@ -93,7 +94,7 @@ def dying_with_parent(command: list[str]) -> list[str]:
     return [sys.executable, "-c", _DIE_WITH_PARENT, *command]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A port free now, below the kernel's ephemeral range when it can be.
 
     A port the kernel handed out for ``bind(0)`` lies in the ephemeral range, where any
@@ -163,7 +164,7 @@ class ZooKeeperServer:
             )
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="tidelog-zk-"))
-            self.port = _free_port()
+            self.port = free_port()
             (self._directory / "data").mkdir()
             config = "\n".join(
                 [
@@ -383,9 +384,9 @@ class LocalCluster:
         self.zookeeper.start()
         self._directory = Path(tempfile.mkdtemp(prefix="tidelog-cluster-"))
         for broker_id in self._ids:
-            self.ports[broker_id] = _free_port()
+            self.ports[broker_id] = free_port()
             if self._metrics:
-                self.metrics_ports[broker_id] = _free_port()
+                self.metrics_ports[broker_id] = free_port()
         try:
             for broker_id in self._ids:
                 self.start_broker(broker_id, wait=False)
