@@ -54,8 +54,13 @@ def test_sigusr1_dumps_a_running_brokers_stacks(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", {})
     try:
         broker.process.send_signal(signal.SIGUSR1)
+
+        def dumped(output: str) -> bool:
+            # The dump is written thread by thread: wait for the whole of it.
+            return " in run_forever\n" in output and output.count("Thread 0x") >= 3
+
         deadline = time.monotonic() + 10
-        while "most recent call first" not in broker.output() and time.monotonic() < deadline:
+        while not dumped(broker.output()) and time.monotonic() < deadline:
             time.sleep(0.05)
         output = broker.output()
         assert "most recent call first" in output
