@@ -169,11 +169,9 @@ class PartitionLog:
         self.partition = partition
         self._config = config
         self._clock = clock
-        self._segments = segments
-        self._bases = [s.base_offset for s in segments]
-        self._log_start_offset = log_start_offset
-        # What a reader needs, published as one value (see ``read``).
-        self._view = _ReadView(segments, self._bases, log_start_offset)
+        # The segments, their base offsets and the log start, published as one value so
+        # that a lock-free ``read`` sees them consistent (``_set_segments`` replaces it).
+        self._view = _ReadView(segments, [s.base_offset for s in segments], log_start_offset)
         self._recovery_point = recovery_point
         self._producer_state = producer_state
         self._leader_epochs = leader_epochs or LeaderEpochCache()
@@ -812,12 +810,21 @@ class PartitionLog:
 
     def _set_segments(self, segments: list[Segment], log_start_offset: int | None = None) -> None:
         """Copy-on-write replacement of the segment list and, if given, the log start
-        offset; readers keep their snapshot (``_view``, published last, in one store)."""
-        self._segments = segments
-        self._bases = [s.base_offset for s in segments]
-        if log_start_offset is not None:
-            self._log_start_offset = log_start_offset
-        self._view = _ReadView(segments, self._bases, self._log_start_offset)
+        offset, in one store; readers keep the view they loaded."""
+        start = self._log_start_offset if log_start_offset is None else log_start_offset
+        self._view = _ReadView(segments, [s.base_offset for s in segments], start)
+
+    @property
+    def _segments(self) -> list[Segment]:
+        return self._view.segments
+
+    @property
+    def _bases(self) -> list[int]:
+        return self._view.bases
+
+    @property
+    def _log_start_offset(self) -> int:
+        return self._view.log_start_offset
 
     # ================================================================== read
 
