@@ -243,6 +243,7 @@ class ThreadedListener:
         self._executor = executor
         self._health = health_servicer
         self.port = port
+        self.watchdog = None  # no event loop to watch: a worker thread per call
 
     @classmethod
     def start(

@@ -52,7 +52,7 @@ class LoopWatchdog:
         self._stall_s = stall_s
         self._last_turn = time.monotonic()
         self._stopped = threading.Event()
-        self.stalls = 0  # how many stalls were reported (tests, metrics)
+        self.stalls = 0  # how many stalls were reported
         self.longest_stall_s = 0.0
         self._thread = threading.Thread(target=self._run, name=f"{name}-watchdog", daemon=True)
 

@@ -111,6 +111,11 @@ class Listener(Protocol):
 
     port: int
 
+    @property
+    def watchdog(self) -> LoopWatchdog | None:
+        """What watches its event loop (None: it has none)."""
+        ...
+
     def enter_graceful_shutdown(self) -> None:
         """Health checks report ``NOT_SERVING`` from now on."""
         ...
@@ -276,7 +281,7 @@ class BrokerServer:
     @property
     def loop_watchdog(self) -> LoopWatchdog | None:
         """What watches the gRPC listener's event loop (None for the threaded model)."""
-        return getattr(self._listener, "watchdog", None)
+        return self._listener.watchdog
 
     @property
     def kafka_port(self) -> int | None:
