@@ -37,7 +37,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import grpc
@@ -47,7 +47,7 @@ from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.store import ClusterStore, StoreError
-from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
+from broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint, PartitionState
 from broker.config import BrokerConfig
 from broker.meta_properties import ensure_meta_properties
 from broker.metrics import BrokerMetrics
@@ -205,9 +205,12 @@ class ClusterNode:
         endpoint: tuple[str, int],
         *,
         internal_topics: Mapping[str, tuple[int, Mapping[str, str]]],
+        listeners: Sequence[ListenerEndpoint] = (),
     ) -> ClusterNode:
         """Join the cluster (steps 1-4 above). Raises ``StoreError`` or ``InvalidConfigError``.
 
+        ``endpoint`` is the gRPC listener's advertised address; ``listeners`` the broker's
+        other bound listeners (the Kafka listener), registered beside it (``znodes``).
         ``internal_topics`` (the offsets topic) are created in ZooKeeper by the controller
         if missing, with these partition counts and configs.
         """
@@ -222,7 +225,7 @@ class ClusterNode:
             ensure_meta_properties(config.data_dir, config.broker_id, cluster_id)
             host, port = endpoint
             store.register_broker(
-                BrokerRegistration(config.broker_id, host, port, clock.wall_ms()),
+                BrokerRegistration(config.broker_id, host, port, clock.wall_ms(), tuple(listeners)),
                 timeout_ms=config.zookeeper_session_timeout_ms * 2,
             )
 
@@ -279,7 +282,9 @@ class ClusterNode:
             return under, offline, led
 
         local.metrics.add_replication_collector(counts, replicas.follower_lag)
-        node._registration = BrokerRegistration(config.broker_id, host, port, clock.wall_ms())
+        node._registration = BrokerRegistration(
+            config.broker_id, host, port, clock.wall_ms(), tuple(listeners)
+        )
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
         if not watcher.wait_for(lambda m: config.broker_id in m.brokers, _VIEW_WAIT_MS):

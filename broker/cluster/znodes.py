@@ -3,7 +3,10 @@
 Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses::
 
     /cluster/id                                    {"version":1,"id":"<uuid>"}
-    /brokers/ids/<id>              ephemeral       {"version":1,"host":H,"port":P,"ts":ms}
+    /brokers/ids/<id>              ephemeral       {"version":1,"host":H,"port":P,"ts":ms,
+                                                    "endpoints":["KAFKA://H:P"],
+                                                    "listener_security_protocol_map":
+                                                      {"KAFKA":"SASL_SSL"}}
     /controller                    ephemeral       {"version":1,"brokerid":N,"ts":ms}
     /controller_epoch                              an integer, as text
     /brokers/topics/<t>                            {"version":1,"partitions":{"0":[1,2]},
@@ -16,6 +19,17 @@ Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses
                                                     "block_end":E}
     /tidelog/producer_keys/<quoted key>            {"version":1,"producer_id":P,
                                                     "producer_epoch":E,"last_used_ms":T}
+
+A broker znode's ``host`` and ``port`` are its gRPC listener (the address other brokers
+and Tidelog's clients dial). Its other listeners are Kafka's ``endpoints`` list
+(``NAME://HOST:PORT``, an IPv6 host in brackets) with each name's security protocol in
+``listener_security_protocol_map``, as Kafka registers several listeners per broker. The
+one name Tidelog writes is ``KAFKA``, the Kafka wire-protocol listener
+(``kafka.advertised.listen``), with the broker's ``security.protocol``. Both keys are
+optional: a registration without them (written before the Kafka listener could run in a
+cluster, or by a broker with ``kafka.listen`` off) reads as a broker with no other
+listener. The document stays version 1 so a broker that does not know the keys still reads
+it (Kafka bumps the version; every Tidelog reader refuses versions other than 1).
 
 An ephemeral broker znode's creation zxid (``czxid``) is the broker's epoch (KIP-380): a
 broker that restarted has a larger one. A partition state znode's version is the
@@ -46,6 +60,7 @@ __all__ = [
     "CLUSTER_ID",
     "CONTROLLER",
     "CONTROLLER_EPOCH",
+    "KAFKA_LISTENER",
     "NO_LEADER",
     "PRODUCER_ID_BLOCK",
     "PRODUCER_KEYS",
@@ -54,6 +69,7 @@ __all__ = [
     "USERS_CONFIG",
     "BrokerRegistration",
     "KeyedProducerId",
+    "ListenerEndpoint",
     "PartitionState",
     "ProducerIdBlock",
     "TopicAssignment",
@@ -95,6 +111,8 @@ PRODUCER_KEYS = "/tidelog/producer_keys"
 USERS_CONFIG = "/config/users"  # SCRAM credentials, Kafka's layout (broker.users)
 ACLS = "/tidelog/acls"  # every ACL binding, one JSON document (broker.acl_store)
 NO_LEADER = -1
+KAFKA_LISTENER = "KAFKA"  # the Kafka wire-protocol listener's name in ``endpoints``
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 
 class ZnodeError(ValueError):
@@ -102,13 +120,34 @@ class ZnodeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class ListenerEndpoint:
+    """One of a broker's listeners besides gRPC: its name (``KAFKA``), the address its
+    clients dial and its security protocol (``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT``,
+    ``SASL_SSL``)."""
+
+    name: str
+    host: str
+    port: int
+    security_protocol: str = "PLAINTEXT"
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerRegistration:
-    """A live broker as ``/brokers/ids/<id>`` announces it."""
+    """A live broker as ``/brokers/ids/<id>`` announces it: ``host``/``port`` its gRPC
+    listener, ``endpoints`` its other listeners (none in an older registration)."""
 
     broker_id: int
     host: str
     port: int
     registered_ms: int = 0
+    endpoints: tuple[ListenerEndpoint, ...] = ()
+
+    def endpoint(self, name: str) -> ListenerEndpoint | None:
+        """The listener called ``name`` (``KAFKA_LISTENER``), or None if it has none."""
+        for found in self.endpoints:
+            if found.name == name:
+                return found
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,14 +259,20 @@ def _ints(value: object, what: str) -> tuple[int, ...]:
 
 
 def encode_broker(registration: BrokerRegistration) -> bytes:
-    return _dump(
-        {
-            "version": 1,
-            "host": registration.host,
-            "port": registration.port,
-            "ts": registration.registered_ms,
+    document: dict[str, Any] = {
+        "version": 1,
+        "host": registration.host,
+        "port": registration.port,
+        "ts": registration.registered_ms,
+    }
+    if registration.endpoints:
+        document["endpoints"] = [
+            f"{e.name}://{_bracketed(e.host)}:{e.port}" for e in registration.endpoints
+        ]
+        document["listener_security_protocol_map"] = {
+            e.name: e.security_protocol for e in registration.endpoints
         }
-    )
+    return _dump(document)
 
 
 def decode_broker(broker_id: int, data: bytes) -> BrokerRegistration:
@@ -237,8 +282,40 @@ def decode_broker(broker_id: int, data: bytes) -> BrokerRegistration:
     if not isinstance(host, str) or not host:
         raise ZnodeError(f"{what}: no host")
     return BrokerRegistration(
-        broker_id, host, _int(document, "port", what), _int(document, "ts", what)
+        broker_id,
+        host,
+        _int(document, "port", what),
+        _int(document, "ts", what),
+        _endpoints(document, what),
     )
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _endpoints(document: Mapping[str, Any], what: str) -> tuple[ListenerEndpoint, ...]:
+    """Kafka's ``endpoints`` and ``listener_security_protocol_map``; absent: none.
+
+    A name missing from the map is ``PLAINTEXT`` (Kafka's default map names each protocol
+    after itself, and older registrations had no map)."""
+    listed = document.get("endpoints", [])
+    protocols = document.get("listener_security_protocol_map", {})
+    if not isinstance(listed, list) or not all(isinstance(e, str) for e in listed):
+        raise ZnodeError(f"{what}: endpoints is not a list of strings: {listed!r}")
+    if not isinstance(protocols, dict) or not all(
+        isinstance(v, str) and v in SECURITY_PROTOCOLS for v in protocols.values()
+    ):
+        raise ZnodeError(f"{what}: bad listener_security_protocol_map: {protocols!r}")
+    endpoints = []
+    for text in listed:
+        name, separator, address = text.partition("://")
+        host, colon, port = address.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not separator or not name or not colon or not host or not port.isdigit():
+            raise ZnodeError(f"{what}: endpoint {text!r} is not NAME://HOST:PORT")
+        endpoints.append(ListenerEndpoint(name, host, int(port), protocols.get(name, "PLAINTEXT")))
+    return tuple(endpoints)
 
 
 def encode_controller(broker_id: int, now_ms: int) -> bytes:
