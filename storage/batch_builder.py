@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import crc32c
-import lz4.frame
 
+from storage.compression import compress_records, max_compressed_bytes
 from storage.native import NATIVE, native
 from storage.records import (
     _CRC_PREFIX,
@@ -23,7 +23,6 @@ from storage.records import (
     _DELETE_HORIZON_FLAG,
     _INT16_MAX,
     _INT16_MIN,
-    _LZ4_BLOCK_BYTES,
     _MAX_BATCH_LENGTH,
     _MIN_BATCH_LENGTH,
     _TRANSACTIONAL_FLAG,
@@ -58,7 +57,7 @@ class BatchBuilder:
 
     Each ``append`` encodes its record straight into one bytearray, relative to the base
     timestamp (the first record's, unless ``base_timestamp`` is given), so ``build`` is one
-    header pack, one CRC pass and, for LZ4, one compression call.
+    header pack, one CRC pass and, for a codec, one compression call.
     """
 
     __slots__ = (
@@ -284,13 +283,10 @@ class BatchBuilder:
     def estimated_size_bytes(self) -> int:
         """An upper bound on ``len(build())`` (without a delete horizon), in O(1).
 
-        The exact uncompressed size; for LZ4 plus the frame's worst case (header, end mark
-        and one 4-byte length per block: LZ4 stores a block raw when it does not shrink).
+        The exact uncompressed size, or for a codec its worst case for records that do not
+        shrink (``storage.compression.max_compressed_bytes``).
         """
-        size = HEADER_SIZE + len(self._buf)
-        if self._compression == Compression.LZ4:
-            size += 11 + 4 * (len(self._buf) // _LZ4_BLOCK_BYTES + 1)
-        return size
+        return HEADER_SIZE + max_compressed_bytes(self._compression, len(self._buf))
 
     def build(
         self,
@@ -337,9 +333,10 @@ class BatchBuilder:
             if count and delete_horizon_ms != base_timestamp:
                 records = _rebase_timestamps(self._buf, base_timestamp - delete_horizon_ms)
             base_timestamp = delete_horizon_ms
-        if count and self._compression == Compression.LZ4:
-            attributes |= Compression.LZ4
-            records = lz4.frame.compress(records, block_linked=False, store_size=False)
+        if count and self._compression != Compression.NONE:
+            # An empty batch stays uncompressed, as Kafka's writeEmptyHeader.
+            attributes |= self._compression
+            records = compress_records(self._compression, records)
         if _MIN_BATCH_LENGTH + len(records) > _MAX_BATCH_LENGTH:
             raise ValueError(f"a batch of {len(records)} record bytes exceeds int32 length")
         tail = _CRC_TAIL.pack(

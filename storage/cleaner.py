@@ -17,9 +17,11 @@ Kafka sources are described there). ``LogCleaner`` is the file side, after Kafka
   (Kafka's format, ``storage.checkpoint``), written after each swap, read on first use and
   reset to the log start offset when out of range;
 * a log whose round fails is set aside until restart, as Kafka marks a partition
-  uncleanable, so that one broken log cannot starve the others. Batches with a codec this
-  package cannot decode (gzip, snappy, zstd) fail the round rather than be copied blindly:
-  keeping an older value while its tombstone expires would bring a deleted key back.
+  uncleanable, so that one broken log cannot starve the others. A batch that does not
+  decode (corrupt, or compressed past ``MAX_DECOMPRESSED_BYTES``) fails the round rather
+  than be copied blindly: keeping an older value while its tombstone expires would bring a
+  deleted key back. Every codec decodes; a rebuilt batch keeps its codec
+  (``storage.compaction``).
 """
 
 from __future__ import annotations
@@ -205,8 +207,8 @@ class LogCleaner:
         empty dirty range still rewrites the clean section, which expires tombstones).
 
         Raises:
-            CorruptRecordError: a batch in the range is corrupt or uses a codec this
-                module cannot decode; nothing was changed.
+            CorruptRecordError: a batch in the range is corrupt (or its records
+                decompress past the limit); nothing was changed.
             StorageError, OSError: I/O failed; the log is as it was before the round.
         """
         with self._lock:

@@ -47,9 +47,18 @@ A compacted log is a *clean* prefix (compacted before) and a *dirty* suffix. One
 This module holds the decisions of steps 1-3, on integers, batch bytes and records only;
 ``storage.cleaner.LogCleaner`` reads and writes the files and does step 4. Thread-safe
 (pure functions and immutable values) except ``OffsetMap``, which one round owns.
-``clean_batch`` raises for a batch whose codec it cannot decode (gzip, snappy, zstd), so
-such a round fails rather than copy it blindly: keeping an older value while its
-tombstone expires would bring a deleted key back.
+``clean_batch`` raises for a batch it cannot decode (corrupt, or compressed past
+``MAX_DECOMPRESSED_BYTES``), so such a round fails rather than copy it blindly: keeping an
+older value while its tombstone expires would bring a deleted key back.
+
+**Codecs.** Every codec decodes (``storage.compression``), and a rebuilt batch is
+compressed again with the codec it came in (gzip, snappy, lz4, zstd or none), as Kafka's
+cleaner does (``MemoryRecords.filterTo`` builds with the original batch's compression
+type). Not lz4 or none for all: the topic's readers chose their clients for the codec
+they produce, so a cleaned batch needs nothing a fresh one did not (an old librdkafka or
+kafka-python without lz4 still reads it); and a rebuilt batch stays about the size it
+was, so it still fits ``max.message.bytes``. Snappy is rewritten in xerial framing (what
+Java writes) even if a raw block came in: every client reads it.
 """
 
 from __future__ import annotations
@@ -367,7 +376,7 @@ def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
     topic's limit. The batch is kept unchanged instead, with a warning (Kafka writes it and
     warns); its tombstones then wait for a round that can rebuild it.
 
-    Raises ``CorruptRecordError`` for a bad batch or one whose codec cannot be decoded.
+    Raises ``CorruptRecordError`` for a bad batch (records compressed past the limit too).
     """
     header, records = decode_batch(batch)
     if header.is_control:

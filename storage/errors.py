@@ -183,10 +183,11 @@ class RequestTooLargeError(RequestError):
 
 
 class UnsupportedCompressionTypeError(RequestError):
-    """A batch compressed with a codec this broker does not store (gzip, snappy, zstd).
+    """A batch compressed with a codec this broker does not store.
 
     Refused at produce time, so the log never holds what the cleaner and consumers
-    cannot read.
+    cannot read. Every codec Kafka defines is stored (``storage.compression``); ids 5-7
+    name no codec and are ``CorruptRecordError``s, so this is not raised today.
     """
 
     code = "UNSUPPORTED_COMPRESSION_TYPE"

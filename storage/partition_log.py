@@ -1199,8 +1199,8 @@ def _check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfi
     codec = header.compression
     if codec not in SUPPORTED_COMPRESSION:
         raise UnsupportedCompressionTypeError(
-            f"batch at position {batch.position} is compressed with {codec.name.lower()}; "
-            "this broker stores uncompressed and lz4 batches only"
+            f"batch at position {batch.position} is compressed with {codec.name.lower()}, "
+            "which this broker does not store"
         )
     if header.records_count <= 0:
         raise CorruptRecordError(f"batch at position {batch.position} holds no records")

@@ -23,7 +23,7 @@ Batch (all integers big-endian; "crc" marks the bytes the CRC-32C covers)::
         51    2  producerEpoch   int16    x   -1 = none
         53    4  baseSequence    int32    x   -1 = none
         57    4  recordsCount    int32    x
-        61    -  records                  x   one LZ4 frame of all records when codec = 3
+        61    -  records                  x   compressed as one payload when codec > 0
 
 Record (varint = zigzag LEB128 int32, varlong = int64; see ``storage.varint``)::
 
@@ -37,12 +37,12 @@ Record (varint = zigzag LEB128 int32, varlong = int64; see ``storage.varint``)::
       headerKeyLength, headerKey      varint + UTF-8 bytes (never null)
       headerValueLength, headerValue  varint (-1 = null) + bytes
 
-LZ4 is Kafka's frame: independent 64 KiB blocks, no content size, no checksums, i.e.
-``lz4.frame.compress(data, block_linked=False, store_size=False)``, header
-``04 22 4D 18 60 40 82``. A frame that may decompress to more than
-``MAX_DECOMPRESSED_BYTES`` is refused before it is decompressed. Gzip, snappy and zstd
-batches frame and validate like any other (the broker can store them) but cannot be
-built or decoded here.
+Every codec Kafka defines is built and decoded here: gzip, snappy (xerial framing or a raw
+block), LZ4 (Kafka's frame: independent 64 KiB blocks, header ``04 22 4D 18 60 40 82``) and
+zstd, each payload laid out as ``storage.compression`` draws it. A payload that may
+decompress to more than ``MAX_DECOMPRESSED_BYTES`` is refused (``CorruptRecordError``)
+before it is decompressed, or for gzip, as soon as its output passes the limit. The broker
+frames and validates a compressed batch like any other and stores it as sent.
 
 The record loops run in C (``storage/_native.c``) when the optional extension is built,
 and in the pure-Python code below otherwise (``storage.native`` chooses); the Python
@@ -70,8 +70,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import crc32c
 
+from storage.compression import MAX_DECOMPRESSED_BYTES, Compression, decompress_records
 from storage.errors import CorruptRecordError
-from storage.lz4_frame import MAX_DECOMPRESSED_BYTES, decompress_records
 from storage.native import NATIVE, native
 from storage.varint import (
     INT32_MAX,
@@ -144,20 +144,8 @@ _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT16 = struct.Struct(">h")
 
-_LZ4_BLOCK_BYTES = 64 * 1024  # the block size Kafka's writers (and ours) use
-
 _Buffer = bytes | bytearray | memoryview
 _WritableBuffer = bytearray | memoryview
-
-
-class Compression(enum.IntEnum):
-    """Codec ids of attribute bits 0-2. Only ``NONE`` and ``LZ4`` are built or decoded."""
-
-    NONE = 0
-    GZIP = 1
-    SNAPPY = 2
-    LZ4 = 3
-    ZSTD = 4
 
 
 class TimestampType(enum.IntEnum):
@@ -167,8 +155,9 @@ class TimestampType(enum.IntEnum):
     LOG_APPEND_TIME = 1
 
 
-# The codecs this package builds and decodes; the broker refuses the others at produce time.
-SUPPORTED_COMPRESSION = frozenset({Compression.NONE, Compression.LZ4})
+# The codecs this package builds and decodes: all of Kafka's. Codec ids 5-7 are no codec at
+# all (``validate_batch`` refuses them as corrupt).
+SUPPORTED_COMPRESSION = frozenset(Compression)
 
 
 class Record(NamedTuple):
@@ -419,7 +408,7 @@ def decode_batch(
     LogAppendTime and delete-horizon rules). ``validate=False`` skips the CRC and count
     checks but decoding stays strict. Raises ``CorruptRecordError`` for any malformed byte
     (varint overrun, a length past the record's end, a count mismatch, trailing bytes, bad
-    LZ4) and for gzip/snappy/zstd batches ("unsupported compression").
+    or oversized compressed data: see ``MAX_DECOMPRESSED_BYTES``).
 
     The C extension decodes when it is built (``storage.native``); ``pure=True`` runs the
     pure-Python decoder, the reference both are tested against.
@@ -519,10 +508,11 @@ def records_data(buf: _Buffer, position: int, header: BatchHeader) -> tuple[_Buf
     """The records of the batch at ``position`` as ``(data, start, end)``, decompressed.
 
     For an uncompressed batch ``data`` is ``buf`` itself (no copy) and ``[start, end)`` the
-    records' bytes; for LZ4 it is the decompressed bytes, whole. Checks what every decoder
-    needs first: ``recordsCount >= 0`` and a last offset within int64. Raises
-    ``CorruptRecordError`` for those, for a bad or oversized LZ4 frame (see
-    ``MAX_DECOMPRESSED_BYTES``) and for gzip/snappy/zstd ("unsupported compression").
+    records' bytes; for a compressed batch it is the decompressed bytes, whole (the C
+    decoder and the pure one both start from here, so decompression is one code on both
+    paths). Checks what every decoder needs first: ``recordsCount >= 0`` and a last offset
+    within int64. Raises ``CorruptRecordError`` for those, for bad or oversized compressed
+    data (see ``MAX_DECOMPRESSED_BYTES``) and for codec ids 5-7.
     """
     count = header.records_count
     if count < 0:
@@ -534,12 +524,12 @@ def records_data(buf: _Buffer, position: int, header: BatchHeader) -> tuple[_Buf
     end = position + header.size_bytes
     if codec == Compression.NONE:
         return buf, start, end
-    if codec == Compression.LZ4:
-        data = decompress_records(memoryview(buf)[start:end], position)
-        return data, 0, len(data)
-    raise CorruptRecordError(
-        f"batch at position {position}: unsupported compression codec id {codec}"
-    )
+    if codec > Compression.ZSTD:
+        raise CorruptRecordError(
+            f"batch at position {position}: unknown compression codec id {codec}"
+        )
+    data = decompress_records(Compression(codec), memoryview(buf)[start:end], position)
+    return data, 0, len(data)
 
 
 def _decode_records(

@@ -160,7 +160,7 @@ def test_importing_the_client_leaves_the_storage_engine_unloaded() -> None:
         "storage.records",
         "storage.varint",
         "storage.batch_builder",
-        "storage.lz4_frame",
+        "storage.compression",
         "storage.columns",
         "storage.batch_times",
         "storage.native",

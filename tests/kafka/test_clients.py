@@ -231,24 +231,6 @@ def test_lz4_batches_are_stored_and_read_back(kafka_broker: KafkaBroker, family:
     assert read.records[21 + 1] & 0x07 == 3
 
 
-def test_gzip_is_refused_with_kafkas_error(kafka_broker: KafkaBroker) -> None:
-    # The log stores none and lz4 only (storage.records): a gzip batch is refused with
-    # UNSUPPORTED_COMPRESSION_TYPE, a clean error for the producer, and nothing is stored.
-    topic = unique("gzip")
-    _create(kafka_broker, topic, 1)
-    producer = kafka.KafkaProducer(
-        bootstrap_servers=kafka_broker.bootstrap, compression_type="gzip", retries=0
-    )
-    try:
-        future = producer.send(topic, value=b"x" * 100, partition=0)
-        with pytest.raises(kafka.errors.UnsupportedCompressionTypeError):
-            future.get(TIMEOUT_S)
-    finally:
-        producer.close(TIMEOUT_S)
-    view = kafka_broker.broker.server.core.describe_topic(topic)
-    assert view.partitions[0].log_end_offset == 0
-
-
 def test_kafka_listen_is_refused_with_a_cluster() -> None:
     with pytest.raises(InvalidConfigError, match="single-node brokers only"):
         BrokerConfig.from_mapping(

@@ -456,10 +456,10 @@ def test_clean_batch_keeps_a_batch_that_would_outgrow_the_limit() -> None:
     assert clean_batch(tombstones, rules({}, max_batch_bytes=len(tombstones))) is tombstones
 
 
-def test_clean_batch_rejects_undecodable_codecs() -> None:
+def test_clean_batch_rejects_records_that_do_not_decompress() -> None:
     batch = bytearray(encode_batch([(T0, b"a", b"1")]))
     gzip_batch(batch)
-    with pytest.raises(CorruptRecordError, match="unsupported compression"):
+    with pytest.raises(CorruptRecordError, match="bad gzip data"):
         clean_batch(bytes(batch), rules({}))
 
 
@@ -701,7 +701,7 @@ def test_clean_once_picks_the_dirtiest_and_sets_broken_logs_aside(
             append(logs["dirty"], clock, [(b"k%d" % (i % 2), b"w")])
     for log in logs.values():
         log.roll()
-    # The broker refuses gzip at produce time; an older broker may have stored one.
+    # A batch marked gzip whose records are not (the CRC vouches for it: a bad producer).
     active = logs["broken"].segments[-1]
     position = active.size_bytes
     logs["broken"].append(encode_batch([(T0, b"k", b"v")]))
