@@ -347,12 +347,6 @@ class BrokerConfig:
             parse_listen(self.advertised_listeners, "advertised.listeners")  # raises if bad
         if self.kafka_listen:
             parse_listen(self.kafka_listen, "kafka.listen")
-            if self.zookeeper_connect:
-                # Metadata would name only this broker while others lead partitions.
-                raise ValueError(
-                    "kafka.listen: the Kafka listener serves single-node brokers only for "
-                    "now (no zookeeper.connect; docs/kafka.md)"
-                )
         if self.kafka_advertised_listen:
             parse_listen(self.kafka_advertised_listen, "kafka.advertised.listen")
         checks = [

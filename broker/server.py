@@ -227,32 +227,31 @@ class BrokerServer:
             raise
         endpoint = config.advertised_endpoint(listener.port)
         node: ClusterNode | None = None
-        if config.zookeeper_connect is None:
-            if isinstance(core.placement, LocalPlacement):
-                core.placement.advertise(*endpoint)
-        else:
-            try:
-                node = _join_cluster(config, core, clock or SystemClock(), endpoint)
+        kafka: KafkaListener | None = None
+        try:
+            if config.kafka_listen:
+                # Bound before joining a cluster: the registration carries its endpoint
+                # (Kafka registers a broker once every listener is bound).
+                kafka = _start_kafka(config, core)
+            if config.zookeeper_connect is None:
+                if isinstance(core.placement, LocalPlacement):
+                    core.placement.advertise(*endpoint)
+            else:
+                node = _join_cluster(config, core, clock or SystemClock(), endpoint, kafka)
                 # Users are the cluster's: every broker reads /config/users (broker.users).
                 core.authenticator.users = ZooKeeperUserStore(node.store, users)
-            except BaseException:
-                listener.stop(0, _STOP_MARGIN_MS)
-                if metrics_server is not None:
-                    metrics_server.stop()
-                core.close()
-                raise
-        kafka: KafkaListener | None = None
-        if config.kafka_listen:
-            try:
-                kafka = _start_kafka(config, core)
-            except BaseException:
-                if node is not None:
-                    node.stop()
-                listener.stop(0, _STOP_MARGIN_MS)
-                if metrics_server is not None:
-                    metrics_server.stop()
-                core.close()
-                raise
+                if kafka is not None:
+                    kafka.cluster_brokers = _kafka_brokers(node)
+        except BaseException:
+            if node is not None:
+                node.stop()
+            if kafka is not None:
+                kafka.stop()
+            listener.stop(0, _STOP_MARGIN_MS)
+            if metrics_server is not None:
+                metrics_server.stop()
+            core.close()
+            raise
         log.info(
             "tidelog broker serving %s on %s:%d (%s model), data in %s",
             security.protocol,
@@ -339,6 +338,21 @@ class BrokerServer:
                     self._metrics_server.stop()
                 self._stopped.set()
             log.info("stopped")
+
+
+def _kafka_brokers(node: ClusterNode) -> Callable[[], dict[int, tuple[str, int] | None]]:
+    """The live brokers' Kafka endpoints from ``node``'s watched view (their registrations'
+    ``KAFKA`` listener; None for a broker without one): the Kafka listener's broker list."""
+    from broker.cluster.znodes import KAFKA_LISTENER
+
+    def brokers() -> dict[int, tuple[str, int] | None]:
+        found: dict[int, tuple[str, int] | None] = {}
+        for broker_id, registration in node.metadata.brokers.items():
+            kafka = registration.endpoint(KAFKA_LISTENER)
+            found[broker_id] = None if kafka is None else (kafka.host, kafka.port)
+        return found
+
+    return brokers
 
 
 def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
@@ -504,10 +518,15 @@ def run_until_signalled(server: BrokerServer) -> None:
 
 
 def _join_cluster(
-    config: BrokerConfig, core: BrokerCore, clock: Clock, endpoint: tuple[str, int]
+    config: BrokerConfig,
+    core: BrokerCore,
+    clock: Clock,
+    endpoint: tuple[str, int],
+    kafka: KafkaListener | None = None,
 ) -> ClusterNode:
-    """Cluster mode: register, start the controller candidate, route by the cluster's view,
-    draw producer ids from ZooKeeper (``broker.cluster.producer_ids``).
+    """Cluster mode: register (the gRPC endpoint, and the Kafka listener's if it runs),
+    start the controller candidate, route by the cluster's view, draw producer ids from
+    ZooKeeper (``broker.cluster.producer_ids``).
 
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
@@ -515,6 +534,14 @@ def _join_cluster(
     from broker.cluster.acls import ZooKeeperAclStore
     from broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
     from broker.cluster.producer_ids import ZooKeeperProducerIds
+    from broker.cluster.znodes import KAFKA_LISTENER, ListenerEndpoint
+
+    listeners = []
+    if kafka is not None:
+        kafka_host, kafka_port = kafka.advertised
+        listeners.append(
+            ListenerEndpoint(KAFKA_LISTENER, kafka_host, kafka_port, config.security.protocol)
+        )
 
     offsets_config = {
         "cleanup.policy": "compact",
@@ -526,6 +553,7 @@ def _join_cluster(
         clock,
         endpoint,
         internal_topics={OFFSETS_TOPIC: (config.offsets_topic_num_partitions, offsets_config)},
+        listeners=listeners,
     )
     core.placement = node.placement
     core.topic_admin = node

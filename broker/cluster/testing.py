@@ -19,6 +19,9 @@
         cluster.kill(2)                              # SIGKILL; cluster.start_broker(2) again
         ...
 
+``LocalCluster(kafka=True)`` also gives each broker a Kafka listener
+(``cluster.kafka_bootstrap`` for Kafka's clients).
+
 It runs the real server from Debian's ``libzookeeper-java`` on the machine's Java
 (``java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.ZooKeeperServerMain
 zoo.cfg``), listening on ``127.0.0.1`` only, with a short tick (sessions can expire within
@@ -343,6 +346,9 @@ class LocalCluster:
             noticed.
         metrics: serve each broker's Prometheus metrics on a port of its own
             (``metrics_address``), kept across restarts; off by default.
+        kafka: give each broker a Kafka wire-protocol listener (``kafka.listen``) on a
+            port of its own, kept across restarts (``kafka_address``,
+            ``kafka_bootstrap``); off by default.
     """
 
     def __init__(
@@ -352,6 +358,7 @@ class LocalCluster:
         settings: Mapping[str, object] | None = None,
         session_timeout_ms: int = 4_000,
         metrics: bool = False,
+        kafka: bool = False,
     ) -> None:
         self.zookeeper = ZooKeeperServer()
         self._ids = list(range(1, brokers + 1))
@@ -361,6 +368,8 @@ class LocalCluster:
         self.ports: dict[int, int] = {}
         self._metrics = metrics
         self.metrics_ports: dict[int, int] = {}
+        self._kafka = kafka
+        self.kafka_ports: dict[int, int] = {}
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
         self._proxies: dict[int, TcpProxy] = {}
 
@@ -375,10 +384,20 @@ class LocalCluster:
         """``HOST:PORT`` of broker ``broker_id``'s metrics (``metrics=True`` only)."""
         return f"127.0.0.1:{self.metrics_ports[broker_id]}"
 
+    def kafka_address(self, broker_id: int) -> str:
+        """``HOST:PORT`` of broker ``broker_id``'s Kafka listener (``kafka=True`` only)."""
+        return f"127.0.0.1:{self.kafka_ports[broker_id]}"
+
     @property
     def bootstrap(self) -> str:
         """Every broker's address, comma-separated (a client's bootstrap list)."""
         return ",".join(self.address(i) for i in self._ids)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Every broker's Kafka listener, comma-separated (``bootstrap.servers`` of a Kafka
+        client; ``kafka=True`` only)."""
+        return ",".join(self.kafka_address(i) for i in self._ids)
 
     def start(self) -> LocalCluster:
         self.zookeeper.start()
@@ -387,6 +406,8 @@ class LocalCluster:
             self.ports[broker_id] = free_port()
             if self._metrics:
                 self.metrics_ports[broker_id] = free_port()
+            if self._kafka:
+                self.kafka_ports[broker_id] = free_port()
         try:
             for broker_id in self._ids:
                 self.start_broker(broker_id, wait=False)
@@ -412,6 +433,8 @@ class LocalCluster:
             "shutdown.grace.ms": 1_000,
             **self._settings,
         }
+        if broker_id in self.kafka_ports:
+            settings["kafka.listen"] = self.kafka_address(broker_id)
         command = [
             sys.executable,
             "-m",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from broker.acl import Operation, ResourceType
 from broker.kafka.authz import denied
+from broker.kafka.cluster import broker_entries
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
@@ -95,14 +96,14 @@ def _configs(conn: Connection, kind: int, name: str) -> list[Plain] | None:
 
 
 async def describe_cluster(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """DescribeCluster (v0-1): this broker's Kafka endpoint and the controller."""
+    """DescribeCluster (v0-1): every live broker's Kafka endpoint (those with a Kafka
+    listener, as Metadata lists them) and the controller."""
     cluster, _ = await conn.run(conn.core.metadata, [], False)
-    host, port = conn.advertised
     return {
         "error_code": NONE,
         "endpoint_type": 1,
         "cluster_id": cluster.cluster_id,
         "controller_id": cluster.controller_id,
-        "brokers": [{"broker_id": cluster.broker_id, "host": host, "port": port, "rack": None}],
+        "brokers": broker_entries(conn.kafka_brokers(), "broker_id"),
         "cluster_authorized_operations": UNKNOWN_OPERATIONS,
     }

@@ -23,6 +23,7 @@ from broker.acl import Operation, ResourceType
 from broker.core import MetadataTopic
 from broker.kafka.admin import describe_cluster, describe_configs
 from broker.kafka.authz import denied
+from broker.kafka.cluster import broker_entries, partition_entry
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.data import fetch, init_producer_id, list_offsets, produce
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
@@ -63,12 +64,16 @@ async def api_versions(conn: Connection, header: RequestHeader, request: Plain) 
 
 
 async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """Metadata: this broker's Kafka endpoint, the controller, topics and leaders.
+    """Metadata: every live broker's Kafka endpoint, the controller, topics and leaders.
 
-    ``topics`` null (v1+) or empty (v0) means every topic. With
-    ``auto.create.topics.enable`` and the client's ``allow_auto_topic_creation`` (always
-    true before v4), a missing topic asked for by name is created with the broker's
-    defaults and answered at once.
+    The brokers and partitions follow Kafka's metadata cache (``broker.kafka.cluster``):
+    in cluster mode every live broker with a Kafka listener is listed, a partition without
+    a live leader answers ``LEADER_NOT_AVAILABLE``. ``topics`` null (v1+) or empty (v0)
+    means every topic. With ``auto.create.topics.enable`` and the client's
+    ``allow_auto_topic_creation`` (always true before v4), a missing topic asked for by
+    name is created with the broker's defaults and answered at once (in cluster mode only
+    on the controller: elsewhere the creation gets ``NOT_CONTROLLER`` and the topic stays
+    unknown).
     """
     requested = request.get("topics")
     names = [t["name"] for t in requested or [] if t.get("name")]
@@ -94,7 +99,7 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
     else:
         cluster, _ = await conn.run(core.metadata, [], False)
         topics = []
-    host, port = conn.advertised
+    brokers = conn.kafka_brokers()
     if conn.core.acls.enabled:
         # Unnamed topics the caller may not describe are left out; named ones refused.
         kept = []
@@ -106,7 +111,7 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
                 kept.append(MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED"))
         topics = kept
     return {
-        "brokers": [{"node_id": cluster.broker_id, "host": host, "port": port, "rack": None}],
+        "brokers": broker_entries(brokers),
         "cluster_id": cluster.cluster_id,
         "controller_id": cluster.controller_id,
         "topics": [
@@ -116,15 +121,7 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
                 "topic_id": _ZERO_UUID if t.error_code else topic_id(t.name),
                 "is_internal": t.internal,
                 "partitions": [
-                    {
-                        "error_code": NONE,
-                        "partition_index": index,
-                        "leader_id": p.leader,
-                        "leader_epoch": p.leader_epoch,
-                        "replica_nodes": list(p.replicas),
-                        "isr_nodes": list(p.isr),
-                        "offline_replicas": [],
-                    }
+                    partition_entry(index, p, brokers, header.api_version)
                     for index, p in enumerate(t.partitions)
                 ],
                 "topic_authorized_operations": UNKNOWN_OPERATIONS,

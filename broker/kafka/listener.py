@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from broker.context import RequestContext
 from broker.core import BrokerCore
 from broker.kafka.classic import ClassicGroups
+from broker.kafka.cluster import KafkaBrokers
 from broker.kafka.codec import (
     CodecError,
     Plain,
@@ -118,6 +119,15 @@ class Connection:
         """This broker's Kafka endpoint as clients should dial it."""
         return self.listener.advertised
 
+    def kafka_brokers(self) -> KafkaBrokers:
+        """Every live broker's Kafka endpoint, None for one without a Kafka listener
+        (``broker.kafka.cluster``); a single node: this broker alone. Cheap: one read of
+        the watched cluster view, no I/O."""
+        provider = self.listener.cluster_brokers
+        if provider is None:
+            return {self.core.config.broker_id: self.listener.advertised}
+        return provider()
+
 
 # A handler answers one request with the response body's plain values, or None for no
 # response at all (Produce with acks=0).
@@ -141,6 +151,10 @@ class KafkaListener:
         )
         self.port = 0
         self.advertised = (settings.advertised_host, settings.advertised_port)
+        # Cluster mode: the live brokers' Kafka endpoints from the cluster's view, set by
+        # the server once the broker joined (a reference swap, read on the loop). None: a
+        # single node, or a broker still joining: this broker alone.
+        self.cluster_brokers: Callable[[], KafkaBrokers] | None = None
         self.classic = ClassicGroups()  # used on the loop's thread only
         # KIP-848 members' last subscription and owned partitions (loop's thread only).
         self.kip848_members: dict[tuple[str, str], MemberMemory] = {}

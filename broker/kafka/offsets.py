@@ -19,15 +19,21 @@ from broker.acl import Operation, ResourceType
 from broker.groups.assignor import TopicPartition
 from broker.groups.manager import OffsetCommitEntry
 from broker.kafka.authz import denied
+from broker.kafka.cluster import coordinator_endpoint
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
+from storage.errors import LeaderNotAvailableError
 
 __all__ = ["find_coordinator", "offset_commit", "offset_fetch"]
 
 
 async def find_coordinator(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """FindCoordinator (v0-3): the group's coordinator is this broker's Kafka endpoint."""
+    """FindCoordinator (v0-3): the Kafka endpoint of the group's coordinator, the leader of
+    its ``__consumer_offsets`` partition (the core's placement, as for gRPC clients).
+
+    ``COORDINATOR_NOT_AVAILABLE`` (retried by clients) while that partition has no leader
+    or its leader has no Kafka listener."""
     if request.get("key_type", 0) != 0:
         code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
         return {
@@ -40,22 +46,24 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
     code = denied(conn, "FindCoordinator", Operation.DESCRIBE, ResourceType.GROUP, request["key"])
     if code:
         return {"error_code": code, "node_id": -1, "host": "", "port": -1}
+    unavailable = error_code_for("COORDINATOR_NOT_AVAILABLE")
     try:
-        endpoint = await conn.run(conn.core.find_coordinator, request["key"])
+        coordinator = await conn.run(conn.core.find_coordinator, request["key"])
+    except LeaderNotAvailableError as exc:
+        # Kafka's answer while the offsets partition has no leader.
+        return {"error_code": unavailable, "error_message": str(exc), **_NO_NODE}
     except Exception as exc:
         code, message = kafka_error(exc)
-        return {"error_code": code, "error_message": message, "node_id": -1, "host": "", "port": -1}
-    host, port = conn.advertised
-    if endpoint.broker_id != conn.core.config.broker_id:
-        # Another broker coordinates it: its Kafka endpoint is not known here (cluster
-        # Metadata for the Kafka listener is not built yet, docs/kafka.md).
-        return {
-            "error_code": error_code_for("COORDINATOR_NOT_AVAILABLE"),
-            "node_id": -1,
-            "host": "",
-            "port": -1,
-        }
-    return {"error_code": NONE, "node_id": endpoint.broker_id, "host": host, "port": port}
+        return {"error_code": code, "error_message": message, **_NO_NODE}
+    endpoint = coordinator_endpoint(coordinator.broker_id, conn.kafka_brokers())
+    if endpoint is None:
+        message = f"broker {coordinator.broker_id} coordinates it but has no Kafka listener"
+        return {"error_code": unavailable, "error_message": message, **_NO_NODE}
+    host, port = endpoint
+    return {"error_code": NONE, "node_id": coordinator.broker_id, "host": host, "port": port}
+
+
+_NO_NODE: Plain = {"node_id": -1, "host": "", "port": -1}
 
 
 async def offset_commit(conn: Connection, header: RequestHeader, request: Plain) -> Plain:

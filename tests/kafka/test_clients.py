@@ -231,11 +231,12 @@ def test_lz4_batches_are_stored_and_read_back(kafka_broker: KafkaBroker, family:
     assert read.records[21 + 1] & 0x07 == 3
 
 
-def test_kafka_listen_is_refused_with_a_cluster() -> None:
-    with pytest.raises(InvalidConfigError, match="single-node brokers only"):
-        BrokerConfig.from_mapping(
-            {"kafka.listen": "127.0.0.1:0", "zookeeper.connect": "127.0.0.1:2181"}
-        )
+def test_kafka_listen_is_accepted_with_a_cluster() -> None:
+    # Cluster mode registers the Kafka endpoint (tests/kafka/test_cluster.py).
+    config = BrokerConfig.from_mapping(
+        {"kafka.listen": "127.0.0.1:0", "zookeeper.connect": "127.0.0.1:2181"}
+    )
+    assert config.kafka_listen == "127.0.0.1:0"
     with pytest.raises(InvalidConfigError, match=r"kafka\.listen"):
         BrokerConfig.from_mapping({"kafka.listen": "no-port"})
 

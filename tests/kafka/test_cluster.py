@@ -1,0 +1,286 @@
+"""The Kafka listener in cluster mode: three real broker processes with Kafka listeners on a
+real ZooKeeper (``LocalCluster(kafka=True)``), driven by kafka-python and confluent-kafka.
+
+Every broker's Metadata lists all three brokers' Kafka endpoints and the same leaders,
+replicas, ISR and epochs as the gRPC view; a non-leader answers a produce with
+``NOT_LEADER_OR_FOLLOWER``, a non-controller a CreateTopics with ``NOT_CONTROLLER``; and
+after the leader of a partition is SIGKILLed, an idempotent ``acks=all`` producer and a
+consumer group follow the new leaders with nothing acknowledged lost. The last test kills
+a broker, so it runs last (the module's cluster is not restarted).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import confluent_kafka
+import pytest
+from confluent_kafka.admin import AdminClient as ConfluentAdmin
+from confluent_kafka.admin import NewTopic as ConfluentTopic
+from kafka.admin import KafkaAdminClient
+from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+import client
+from broker.cluster.testing import LocalCluster
+from storage.records import BatchBuilder
+from tests.broker.cluster.conftest import require_zookeeper
+from tests.kafka.conftest import unique
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+TIMEOUT_S = 20.0
+_NOT_LEADER_OR_FOLLOWER = 6
+_NOT_CONTROLLER = 41
+_LEADER_NOT_AVAILABLE = 5
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    require_zookeeper()
+    with LocalCluster(brokers=3, kafka=True, session_timeout_ms=3_000) as running:
+        yield running
+
+
+def eventually(check: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not reached in {timeout_s:.0f} s"
+        time.sleep(0.1)
+
+
+def create_topic(cluster: LocalCluster, name: str, partitions: int, factor: int) -> None:
+    """Through confluent-kafka's admin client (it sends CreateTopics to the controller)."""
+    admin = ConfluentAdmin({"bootstrap.servers": cluster.kafka_bootstrap})
+    topic = ConfluentTopic(name, partitions, factor, config={"min.insync.replicas": "2"})
+    futures = admin.create_topics([topic], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
+    futures[name].result(TIMEOUT_S)
+
+
+def kafka_metadata(cluster: LocalCluster, broker_id: int, topic: str) -> Any:
+    """Metadata v7 (leader epochs) from one broker, on a raw connection."""
+    request = MetadataRequest[7](topics=[MetadataRequest.MetadataRequestTopic(name=topic)])
+    return MetadataResponse[7].decode(_call(cluster, broker_id, request), header=True)
+
+
+def _call(cluster: LocalCluster, broker_id: int, request: Any) -> bytes:
+    """One request on a new connection to ``broker_id``'s Kafka listener; the response
+    frame (header and body)."""
+    request.with_header(correlation_id=1, client_id="test-cluster")
+    frame = request.encode(header=True, framed=True)
+    host, port = cluster.kafka_address(broker_id).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        sock.settimeout(TIMEOUT_S)
+        sock.sendall(frame)
+        size = struct.unpack(">i", _read(sock, 4))[0]
+        return _read(sock, size)
+
+
+def _read(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        assert chunk, "the broker closed the connection"
+        data += chunk
+    return data
+
+
+def test_every_broker_lists_every_broker_with_kafka_python_and_confluent(
+    cluster: LocalCluster,
+) -> None:
+    expected = {
+        (b, "127.0.0.1", int(cluster.kafka_address(b).rsplit(":", 1)[1]))
+        for b in cluster.broker_ids
+    }
+    controller = client.AdminClient(cluster.bootstrap).describe_cluster().controller_id
+    for broker_id in cluster.broker_ids:
+        # Bootstrapped from one broker only: the others come from its Metadata.
+        admin = ConfluentAdmin({"bootstrap.servers": cluster.kafka_address(broker_id)})
+        answer = admin.list_topics(timeout=TIMEOUT_S)
+        assert {(b.id, b.host, b.port) for b in answer.brokers.values()} == expected
+        assert answer.controller_id == controller
+    kafka_python = KafkaAdminClient(
+        bootstrap_servers=cluster.kafka_address(2), request_timeout_ms=int(TIMEOUT_S * 1000)
+    )
+    try:
+        described = kafka_python.describe_cluster()  # DescribeCluster
+    finally:
+        kafka_python.close()
+    assert {(b["broker_id"], b["host"], b["port"]) for b in described["brokers"]} == expected
+    assert described["controller_id"] == controller
+
+
+def test_partitions_answer_the_clusters_leaders_replicas_isr_and_epochs(
+    cluster: LocalCluster,
+) -> None:
+    topic = unique("placed")
+    create_topic(cluster, topic, 3, 3)
+    grpc_admin = client.AdminClient(cluster.bootstrap)
+
+    def grpc_view() -> dict[int, tuple[int, int, list[int], list[int]]]:
+        return {
+            p.partition: (p.leader, p.leader_epoch, list(p.replicas), sorted(p.isr))
+            for p in grpc_admin.describe_topic(topic).partitions
+        }
+
+    eventually(
+        lambda: all(len(isr) == 3 for *_, isr in grpc_view().values()), "every replica in sync"
+    )
+    expected = grpc_view()
+    assert len({leader for leader, *_ in expected.values()}) == 3  # one leader per broker
+    for broker_id in cluster.broker_ids:
+        answer = kafka_metadata(cluster, broker_id, topic)
+        (found,) = answer.topics
+        assert found.error_code == 0
+        got = {
+            p.partition_index: (p.leader_id, p.leader_epoch, p.replica_nodes, sorted(p.isr_nodes))
+            for p in found.partitions
+        }
+        assert got == expected, f"broker {broker_id}"
+        assert all(p.error_code == 0 and not p.offline_replicas for p in found.partitions)
+
+
+def test_non_leader_and_non_controller_answer_kafkas_errors(cluster: LocalCluster) -> None:
+    topic = unique("wrong")
+    create_topic(cluster, topic, 1, 2)
+    (found,) = kafka_metadata(cluster, 1, topic).topics
+    (partition,) = found.partitions
+    outsider = next(b for b in cluster.broker_ids if b != partition.leader_id)
+    builder = BatchBuilder()
+    builder.append(int(time.time() * 1000), None, b"misdirected")
+    produce = ProduceRequest[7](
+        acks=-1,
+        timeout_ms=5_000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(
+                        index=0, records=builder.build()
+                    )
+                ],
+            )
+        ],
+    )
+    answer = ProduceResponse[7].decode(_call(cluster, outsider, produce), header=True)
+    assert answer.responses[0].partition_responses[0].error_code == _NOT_LEADER_OR_FOLLOWER
+
+    controller = client.AdminClient(cluster.bootstrap).describe_cluster().controller_id
+    other = next(b for b in cluster.broker_ids if b != controller)
+    create = CreateTopicsRequest[4](
+        topics=[
+            CreateTopicsRequest.CreatableTopic(
+                name=unique("elsewhere"),
+                num_partitions=1,
+                replication_factor=1,
+                assignments=[],
+                configs=[],
+            )
+        ],
+        timeout_ms=5_000,
+        validate_only=False,
+    )
+    created = CreateTopicsResponse[4].decode(_call(cluster, other, create), header=True)
+    assert created.topics[0].error_code == _NOT_CONTROLLER
+
+
+def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledged(
+    cluster: LocalCluster,
+) -> None:
+    topic = unique("failover")
+    create_topic(cluster, topic, 3, 3)
+    offline_topic = unique("single")  # replication factor 1: offline with its broker
+    create_topic(cluster, offline_topic, 3, 1)
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 2,
+            "message.timeout.ms": 40_000,
+        }
+    )
+    acknowledged: set[bytes] = set()
+    failed: list[Any] = []
+
+    def delivered(err: Any, message: Any) -> None:
+        if err is None:
+            acknowledged.add(message.value())
+        else:
+            failed.append(err)
+
+    def produce(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            producer.produce(topic, value=b"%06d" % i, key=b"%d" % i, on_delivery=delivered)
+            producer.poll(0)
+        assert producer.flush(45) == 0, "records left undelivered"
+
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": cluster.kafka_bootstrap,
+            "group.id": unique("followers"),
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6_000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
+    read: set[bytes] = set()
+
+    def consume_until(wanted: set[bytes], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not wanted <= read and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue  # errors while leaders move are retried by the client
+            read.add(message.value())
+            consumer.commit(message, asynchronous=True)
+        missing = wanted - read
+        assert not missing, f"{len(missing)} acknowledged records never read"
+
+    try:
+        consumer.subscribe([topic])
+        produce(0, 200)
+        assert not failed, failed
+        assert len(acknowledged) == 200
+        consume_until(set(acknowledged), 30)
+
+        (found,) = kafka_metadata(cluster, 1, topic).topics
+        victim = found.partitions[0].leader_id
+        old_epoch = found.partitions[0].leader_epoch
+        cluster.kill(victim, signal.SIGKILL)
+        survivor = next(b for b in cluster.broker_ids if b != victim)
+
+        def moved() -> bool:
+            answer = kafka_metadata(cluster, survivor, topic)
+            partition = answer.topics[0].partitions[0]
+            return (
+                victim not in {b.node_id for b in answer.brokers}
+                and partition.leader_id not in (victim, -1)
+                and partition.leader_epoch > old_epoch
+            )
+
+        eventually(moved, "a new leader elected and the dead broker unlisted")
+        (single,) = kafka_metadata(cluster, survivor, offline_topic).topics
+        dead = [p for p in single.partitions if p.replica_nodes == [victim]]
+        assert dead, single
+        for p in dead:
+            assert (p.error_code, p.leader_id, p.offline_replicas) == (
+                _LEADER_NOT_AVAILABLE,
+                -1,
+                [victim],
+            )
+
+        produce(200, 200)
+        assert not failed, failed
+        assert len(acknowledged) == 400
+        consume_until(set(acknowledged), 40)
+    finally:
+        consumer.close()
+        producer.flush(5)
