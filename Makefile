@@ -69,7 +69,8 @@ $(NATIVE_SO): storage/_native.c setup.py $(STAMP)
 # read one byte past one is caught, not hidden in a pymalloc arena. Leak checking is off:
 # CPython's own allocations at exit would drown the report.
 ASAN_DIR := build/asan
-ASAN_TESTS ?= tests/storage/test_native.py tests/storage/test_records.py tests/client/test_partitioner.py
+ASAN_TESTS ?= tests/storage/test_native.py tests/storage/test_records.py tests/storage/test_codecs.py \
+	tests/client/test_partitioner.py
 asan: $(STAMP)
 	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)
 	git ls-files -z storage tests setup.py pyproject.toml README.md | xargs -0 cp --parents -t $(ASAN_DIR)
@@ -105,7 +106,7 @@ test: check native
 
 # The codec's tests again with the C extension switched off: the fallback a machine
 # without a compiler runs (the rest of the suite is codec-agnostic).
-PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py \
+PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py tests/storage/test_codecs.py \
 	tests/client/test_fetcher.py tests/client/test_partitioner.py tests/spark/test_arrow_columns.py
 test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
