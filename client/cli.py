@@ -264,7 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     produce.add_argument("--partition", type=_non_negative_int, help="send to this partition")
     produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
-    produce.add_argument("--compression", choices=["none", "lz4"], default="none")
+    produce.add_argument(
+        "--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none"
+    )
     produce.add_argument("--linger-ms", type=_non_negative_int, default=5)
     produce.add_argument(
         "--header", metavar="KEY=VALUE", action="append", default=[], help="header on every record"
@@ -978,7 +980,7 @@ def _produce(args: argparse.Namespace) -> int:
         producer = Producer(
             args.bootstrap,
             acks=args.acks,
-            compression=None if args.compression == "none" else "lz4",
+            compression=None if args.compression == "none" else args.compression,
             linger_ms=args.linger_ms,
             enable_idempotence=args.acks != "0",
             max_block_ms=_timeout(args),

@@ -236,8 +236,8 @@ class ProducerConfig:
         )
         _check(
             "compression",
-            self.compression in (None, "lz4", "none"),
-            "must be 'lz4' or None",
+            self.compression in (None, "none", "gzip", "snappy", "lz4", "zstd"),
+            "must be 'gzip', 'snappy', 'lz4', 'zstd' or None",
             self.compression,
         )
         if self.compression == "none":

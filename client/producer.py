@@ -116,7 +116,8 @@ class Producer:
         self._lock = threading.Lock()
         self._futures_condition = threading.Condition()  # an RLock: futures.wait needs one
         self._new_future = RecordFuture.factory(self._futures_condition)
-        compression = Compression.LZ4 if config.compression == "lz4" else Compression.NONE
+        # Kafka's names (compression.type) are the codecs' names in upper case.
+        compression = Compression[(config.compression or "none").upper()]
         batch_size = min(config.batch_size, config.max_request_size - HEADER_SIZE)
         self._accumulator: RecordAccumulator[RecordFuture] = RecordAccumulator(
             batch_size=batch_size,

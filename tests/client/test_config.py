@@ -62,7 +62,7 @@ def test_bootstrap_list_is_normalised_and_ipv6_kept() -> None:
     [
         ({"linger_ms": -1}, "linger_ms"),
         ({"batch_size": 0}, "batch_size"),
-        ({"compression": "gzip"}, "compression"),
+        ({"compression": "brotli"}, "compression"),
         ({"max_in_flight_requests_per_connection": 6}, "<= 5"),
         ({"acks": 0}, "acks=0"),
         ({"delivery_timeout_ms": 100, "request_timeout_ms": 200}, "delivery_timeout_ms"),

@@ -3,9 +3,9 @@
 Each client family produces with each of Kafka's codecs (gzip, snappy, zstd, lz4) through
 the Kafka listener; the log holds the batches compressed as they came (attribute bits
 0-2), and Tidelog's own consumer and another client family read back the same records,
-bit for bit. kcat (librdkafka 2.0.2) produces them too, and a compacted topic of
-compressed batches is cleaned and stays readable, still compressed. A missing codec
-library fails the test: nothing here is skipped.
+bit for bit. kcat (librdkafka 2.0.2) and Tidelog's own producer produce them too, and a
+compacted topic of compressed batches is cleaned and stays readable, still compressed. A
+missing codec library fails the test: nothing here is skipped.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+import client
 from storage.records import Compression, iter_batch_headers
 from tests.kafka.clients import TIMEOUT_S, Out, Rec, consume, produce
 from tests.kafka.conftest import KafkaBroker, unique
@@ -138,4 +139,32 @@ def test_a_compacted_topic_of_compressed_batches_is_cleaned_in_its_codec(
     for family in ("tidelog", "confluent-kafka"):
         got = consume(family, kafka_broker.bootstrap, kafka_broker.address, topic, [0], 5)
         assert [r.offset for r in got] == [35, 36, 37, 38, 39]
+        assert _as_sent(got) == expected
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_tidelogs_producer_compresses_with_kafkas_codecs(
+    kafka_broker: KafkaBroker, codec: str
+) -> None:
+    topic = unique(f"tidelog-{codec}")
+    kafka_broker.broker.server.core.create_topic(topic, 1, {})
+    sent = _records(40)
+    with client.Producer(kafka_broker.address, compression=codec, linger_ms=50) as producer:
+        futures = [
+            producer.send(
+                topic,
+                value=r.value,
+                key=r.key,
+                headers=list(r.headers),
+                partition=0,
+                timestamp_ms=r.timestamp_ms,
+            )
+            for r in sent
+        ]
+        producer.flush(int(TIMEOUT_S * 1000))
+        assert [f.result(TIMEOUT_S).offset for f in futures] == list(range(40))
+    assert _stored_codecs(kafka_broker, topic) == {Compression[codec.upper()]}
+    expected = [(r.key, r.value, r.headers, r.timestamp_ms) for r in sent]
+    for family in ("confluent-kafka", "kafka-python"):
+        got = consume(family, kafka_broker.bootstrap, kafka_broker.address, topic, [0], 40)
         assert _as_sent(got) == expected
