@@ -1,6 +1,13 @@
 """Group handlers: the classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) on
 ``broker.kafka.classic``, and ListGroups / DescribeGroups over both kinds of group.
 
+In cluster mode a classic group lives on its coordinator only (the leader of its
+``__consumer_offsets`` partition, as FindCoordinator answers): JoinGroup, SyncGroup,
+Heartbeat and LeaveGroup reaching another broker answer ``NOT_COORDINATOR`` (and
+``COORDINATOR_NOT_AVAILABLE`` while that partition has no leader), so the members find
+the coordinator again, as Kafka's do. Without it, members that found a new coordinator
+and members still on the old one would form two groups each owning every partition.
+
 ListGroups lists the classic groups with members and the core's groups (Tidelog's own
 KIP-848 groups and groups with committed offsets only), each once. DescribeGroups answers
 a classic group from its state here; any other group from the core, as an ``Empty`` group
@@ -14,6 +21,7 @@ from broker.kafka.authz import denied
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
+from storage.errors import LeaderNotAvailableError
 
 __all__ = ["describe_groups", "heartbeat", "join_group", "leave_group", "list_groups", "sync_group"]
 
@@ -25,10 +33,27 @@ def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
     return code
 
 
+async def _not_coordinator(conn: Connection, group_id: str) -> int:
+    """NONE if this broker coordinates ``group_id`` (always on a single node), else
+    Kafka's code telling the member to find the coordinator again."""
+    if conn.listener.cluster_brokers is None:
+        return NONE
+    try:
+        coordinator = await conn.run(conn.core.find_coordinator, group_id)
+    except LeaderNotAvailableError:
+        return error_code_for("COORDINATOR_NOT_AVAILABLE")
+    except Exception as exc:
+        return kafka_error(exc)[0]
+    if coordinator.broker_id != conn.core.config.broker_id:
+        return error_code_for("NOT_COORDINATOR")
+    return NONE
+
+
 async def join_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """JoinGroup (v0-7): waits for the rebalance (``ClassicGroups.join``)."""
     session_timeout_ms = int(request["session_timeout"])
     code = denied(conn, "JoinGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code, "generation_id": -1, "member_id": request["member_id"]}
     result = await conn.listener.classic.join(
@@ -60,6 +85,7 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
 async def sync_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """SyncGroup (v0-5): the leader's assignments out to every member."""
     code = denied(conn, "SyncGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
     result = await conn.listener.classic.sync(
@@ -79,6 +105,7 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
 async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """Heartbeat (v0-4)."""
     code = denied(conn, "Heartbeat", Operation.READ, ResourceType.GROUP, request["group_id"])
+    code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
     code = conn.listener.classic.heartbeat(
@@ -91,6 +118,9 @@ async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -
     """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+)."""
     classic = conn.listener.classic
     group_id = request["group_id"]
+    code = await _not_coordinator(conn, group_id)
+    if code:
+        return {"error_code": code, "members": []}
     if "members" not in request:
         return {"error_code": classic.leave(group_id, request["member_id"])}
     members = [

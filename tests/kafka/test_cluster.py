@@ -3,7 +3,9 @@ real ZooKeeper (``LocalCluster(kafka=True)``), driven by kafka-python and conflu
 
 Every broker's Metadata lists all three brokers' Kafka endpoints and the same leaders,
 replicas, ISR and epochs as the gRPC view; a non-leader answers a produce with
-``NOT_LEADER_OR_FOLLOWER``, a non-controller a CreateTopics with ``NOT_CONTROLLER``; and
+``NOT_LEADER_OR_FOLLOWER``, a non-controller a CreateTopics with ``NOT_CONTROLLER``;
+every broker names the same group coordinator's Kafka endpoint, and only it serves the
+group; and
 after the leader of a partition is SIGKILLed, an idempotent ``acks=all`` producer and a
 consumer group follow the new leaders with nothing acknowledged lost. The last test kills
 a broker, so it runs last (the module's cluster is not restarted).
@@ -24,7 +26,13 @@ from confluent_kafka.admin import AdminClient as ConfluentAdmin
 from confluent_kafka.admin import NewTopic as ConfluentTopic
 from kafka.admin import KafkaAdminClient
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
-from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
+from kafka.protocol.metadata import (
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 import client
@@ -39,6 +47,8 @@ TIMEOUT_S = 20.0
 _NOT_LEADER_OR_FOLLOWER = 6
 _NOT_CONTROLLER = 41
 _LEADER_NOT_AVAILABLE = 5
+_NOT_COORDINATOR = 16
+_UNKNOWN_MEMBER_ID = 25
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +66,24 @@ def eventually(check: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_
 
 
 def create_topic(cluster: LocalCluster, name: str, partitions: int, factor: int) -> None:
-    """Through confluent-kafka's admin client (it sends CreateTopics to the controller)."""
+    """Through confluent-kafka's admin client (it sends CreateTopics to the controller);
+    returns once every running broker's Metadata shows every partition with a leader (the
+    controller answers once its own view has the topic; the others' views follow)."""
     admin = ConfluentAdmin({"bootstrap.servers": cluster.kafka_bootstrap})
     topic = ConfluentTopic(name, partitions, factor, config={"min.insync.replicas": "2"})
     futures = admin.create_topics([topic], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
     futures[name].result(TIMEOUT_S)
+
+    def everywhere() -> bool:
+        for broker_id in cluster.broker_ids:
+            (found,) = kafka_metadata(cluster, broker_id, name).topics
+            if found.error_code or len(found.partitions) != partitions:
+                return False
+            if any(p.error_code or p.leader_id < 0 for p in found.partitions):
+                return False
+        return True
+
+    eventually(everywhere, f"{name} in every broker's view")
 
 
 def kafka_metadata(cluster: LocalCluster, broker_id: int, topic: str) -> Any:
@@ -190,12 +213,31 @@ def test_non_leader_and_non_controller_answer_kafkas_errors(cluster: LocalCluste
     assert created.topics[0].error_code == _NOT_CONTROLLER
 
 
+def test_every_broker_names_the_coordinators_kafka_endpoint(cluster: LocalCluster) -> None:
+    group = unique("coordinated")
+    found = set()
+    for broker_id in cluster.broker_ids:
+        request = FindCoordinatorRequest[1](key=group, key_type=0)
+        answer = FindCoordinatorResponse[1].decode(_call(cluster, broker_id, request), header=True)
+        assert answer.error_code == 0
+        found.add((answer.node_id, f"{answer.host}:{answer.port}"))
+    ((coordinator, address),) = found  # every broker names the same one
+    assert address == cluster.kafka_address(coordinator)
+    for broker_id in cluster.broker_ids:
+        # A classic group lives on its coordinator only: elsewhere NOT_COORDINATOR.
+        request = HeartbeatRequest[0](group_id=group, generation_id=1, member_id="nobody")
+        answer = HeartbeatResponse[0].decode(_call(cluster, broker_id, request), header=True)
+        expected = _UNKNOWN_MEMBER_ID if broker_id == coordinator else _NOT_COORDINATOR
+        assert answer.error_code == expected, f"broker {broker_id}"
+
+
 def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledged(
     cluster: LocalCluster,
 ) -> None:
     topic = unique("failover")
     create_topic(cluster, topic, 3, 3)
     offline_topic = unique("single")  # replication factor 1: offline with its broker
+    group = unique("followers")
     create_topic(cluster, offline_topic, 3, 1)
     producer = confluent_kafka.Producer(
         {
@@ -224,7 +266,7 @@ def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledge
     consumer = confluent_kafka.Consumer(
         {
             "bootstrap.servers": cluster.kafka_bootstrap,
-            "group.id": unique("followers"),
+            "group.id": group,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "session.timeout.ms": 6_000,
@@ -252,14 +294,18 @@ def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledge
         consume_until(set(acknowledged), 30)
 
         (found,) = kafka_metadata(cluster, 1, topic).topics
-        victim = found.partitions[0].leader_id
-        old_epoch = found.partitions[0].leader_epoch
+        # The victim is the group's coordinator and leads a partition of the topic (the
+        # three leaders are on three brokers): the group moves too.
+        request = FindCoordinatorRequest[1](key=group, key_type=0)
+        victim = FindCoordinatorResponse[1].decode(_call(cluster, 1, request), header=True).node_id
+        (led,) = [p for p in found.partitions if p.leader_id == victim]
+        old_epoch = led.leader_epoch
         cluster.kill(victim, signal.SIGKILL)
         survivor = next(b for b in cluster.broker_ids if b != victim)
 
         def moved() -> bool:
             answer = kafka_metadata(cluster, survivor, topic)
-            partition = answer.topics[0].partitions[0]
+            partition = answer.topics[0].partitions[led.partition_index]
             return (
                 victim not in {b.node_id for b in answer.brokers}
                 and partition.leader_id not in (victim, -1)
