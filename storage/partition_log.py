@@ -63,6 +63,7 @@ from storage.clock import Clock
 from storage.config import LogConfig
 from storage.errors import (
     CorruptRecordError,
+    FencedLeaderEpochError,
     InvalidRequestError,
     LogDirFullError,
     OffsetOutOfRangeError,
@@ -498,6 +499,7 @@ class PartitionLog:
             RecordTooLargeError: a batch larger than ``max.message.bytes``.
             InvalidRequestError: an empty request, or a transactional or control batch.
             OutOfOrderSequenceError, InvalidProducerEpochError: idempotence violations.
+            FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
             LogDirFullError, StorageError: the write failed; nothing was stored.
         """
         if not records:
@@ -525,6 +527,14 @@ class PartitionLog:
         times: BatchTimes | None,
         leader_epoch: int | None,
     ) -> AppendResult:
+        if leader_epoch is not None and leader_epoch < self._leader_epochs.latest_epoch:
+            # The leader moved to a newer epoch between the produce path's check and this
+            # append: stamping the old epoch past the new epoch's start would make the
+            # log contradict its own epoch cache (followers would truncate for ever).
+            raise FencedLeaderEpochError(
+                f"{self}: leader epoch {leader_epoch} is older than this log's "
+                f"{self._leader_epochs.latest_epoch}; nothing appended"
+            )
         state = self._producer_state
         duplicates = state.check_all([b.header for b in batches])
         if all(d is not None for d in duplicates):
@@ -948,7 +958,9 @@ class PartitionLog:
     # ================================================================== truncation
 
     def truncate_to(self, offset: int) -> None:
-        """Remove every batch whose base offset is >= ``offset`` (batch granularity).
+        """Remove every batch holding an offset >= ``offset`` (batch granularity, as
+        Kafka's ``truncateTo``: a batch straddling ``offset`` goes whole, so the log end
+        ends at or below ``offset``).
 
         Used by recovery tools and tests (and, with replication, by followers); producer
         state is rebuilt from what remains. Whole segments past ``offset`` are renamed

@@ -424,20 +424,24 @@ class Segment:
         return truncated
 
     def truncate_to(self, offset: int) -> int:
-        """Remove every batch whose base offset is >= ``offset``; returns bytes removed.
+        """Remove every batch holding an offset >= ``offset``; returns bytes removed.
 
-        Truncation is at batch granularity: a batch that starts below ``offset`` stays.
+        Truncation is at batch granularity, as Kafka's ``LogSegment.truncateTo``: a batch
+        that straddles ``offset`` goes whole, so the segment ends at or below ``offset``
+        (a follower cutting a diverged log must keep nothing at or past the cut).
         """
         if offset >= self.next_offset:
             return 0
-        position = self.find_position(offset, batch_start=True)
-        if position is None:
+        _, start = self.offset_index.lookup(offset)
+        cut = next((b for b in self.iter_batches(start) if b.header.last_offset >= offset), None)
+        if cut is None:
             return 0
+        position = cut.position
         removed = self.size_bytes - position
         os.ftruncate(self._fd, position)
         self.size_bytes = position
-        self.offset_index.truncate_to(offset)
-        self.time_index.truncate_to(offset)
+        self.offset_index.truncate_to(cut.header.base_offset)
+        self.time_index.truncate_to(cut.header.base_offset)
         self.batch_times.truncate_to_position(position)
         self._load_tail()  # next offset, max timestamp, index counter from what remains
         return removed

@@ -265,8 +265,8 @@ class PartitionLogMachine(RuleBasedStateMachine):
         if len(self.log.segments) < segments_before:
             # Dropped segments wait file.delete.delay.ms as .deleted, as retention's do.
             self.last_retention_ms = self.clock.monotonic_ms()
-        # Batch granularity: batches that start at or after the offset go.
-        new_end = next((b for b in self.batch_bases if b >= offset), end)
+        # Batch granularity: every batch holding an offset at or past the cut goes.
+        new_end = end if offset >= end else max(b for b in self.batch_bases if b <= offset)
         self.batch_bases = [b for b in self.batch_bases if b < new_end]
         del self.values[new_end:]
         del self.timestamps[new_end:]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.cleaner import summarize_segments
 from storage.clock import ManualClock
 from storage.compaction import plan_cleanable_range
+from storage.errors import FencedLeaderEpochError
 from storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry
 from storage.partition_log import PartitionLog
 from storage.records import iter_batch_headers, split_whole_batches
@@ -63,6 +65,43 @@ def test_leader_stamps_its_epoch_outside_the_crc(tmp_path: Path, clock: ManualCl
     assert (leader.directory / LEADER_EPOCH_CHECKPOINT).read_text() == "0\n1\n3 0\n"
     assert leader.end_offset_for_epoch(3) == (3, 3)
     assert leader.end_offset_for_epoch(2) == (-1, -1)
+
+
+def test_an_append_stamped_with_an_older_epoch_is_refused(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A produce that read the leader's epoch just before the leader moved to a newer one
+    must not land past the new epoch's start stamped with the old epoch: a follower would
+    learn epoch 0 for an offset the leader's cache gives to epoch 1, and truncate it, fetch
+    it again, and truncate it for ever (seen in a rolling restart)."""
+    leader = open_replica(tmp_path / "leader", clock)
+    leader.append(make_batch(values(2)), leader_epoch=0)
+    leader.begin_leader_epoch(1)
+    with pytest.raises(FencedLeaderEpochError, match="epoch 0 is older"):
+        leader.append(make_batch(values(1)), leader_epoch=0)
+    assert leader.log_end_offset == 2
+    assert leader.epoch_entries() == [EpochEntry(0, 0), EpochEntry(1, 2)]
+    leader.append(make_batch(values(1)), leader_epoch=1)
+    headers = [h for _, h in iter_batch_headers(leader.read(0, 10**6).records)]
+    assert [h.partition_leader_epoch for h in headers] == [0, 1]
+
+
+def test_truncation_inside_a_batch_removes_the_whole_batch(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Kafka's rule: every batch holding an offset at or past the cut goes, so the log
+    ends at or below it (a diverged follower keeps nothing the leader may not have)."""
+    plog = open_replica(tmp_path / "p", clock)
+    plog.append(make_batch(values(3)), leader_epoch=0)  # offsets 0-2
+    plog.append(make_batch(values(3, 3)), leader_epoch=0)  # offsets 3-5
+    plog.truncate_to(4)
+    assert plog.log_end_offset == 3
+    plog.truncate_to(3)
+    assert plog.log_end_offset == 3
+    plog.truncate_to(1)
+    assert plog.log_end_offset == 0
+    plog.append(make_batch(values(2)), leader_epoch=0)
+    assert plog.log_end_offset == 2
 
 
 def test_a_follower_ends_byte_identical(tmp_path: Path, clock: ManualClock) -> None:

@@ -11,6 +11,7 @@ cut off from ZooKeeper is in ``test_replication_processes``.
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import threading
 import time
@@ -28,6 +29,8 @@ from tests.broker.cluster.workload import Workload
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 PARTITIONS = 3
 _topics = itertools.count()
+# The broker log lines a leaderless moment is explained by.
+_LEADERSHIP = re.compile(r"controlled shutdown|offline|ISR|elect|leader at|registered|diverged")
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +162,10 @@ def test_rolling_restart_with_controlled_shutdown(cluster: LocalCluster) -> None
                     with AdminClient(cluster.bootstrap, request_timeout_ms=5_000) as admin:
                         for p in admin.describe_topic(topic).partitions:
                             if p.leader < 0:
-                                offline.append(f"{topic}-{p.partition}")
+                                offline.append(
+                                    f"{topic}-{p.partition} at {time.monotonic():.1f} "
+                                    f"(epoch {p.leader_epoch}, isr {list(p.isr)})"
+                                )
                 except TidelogError:
                     pass
                 time.sleep(0.1)
@@ -177,7 +183,16 @@ def test_rolling_restart_with_controlled_shutdown(cluster: LocalCluster) -> None
 
     counts = run_scenario(cluster, breaking)
     assert counts["acknowledged"] >= 500
-    assert not offline, f"partitions went offline during the rolling restart: {offline[:5]}"
+    assert not offline, (
+        f"partitions went offline during the rolling restart: {offline[:5]}\n"
+        + "\n".join(
+            f"--- broker {broker}:\n"
+            + "\n".join(
+                line for line in cluster.output(broker).splitlines() if _LEADERSHIP.search(line)
+            )[-4000:]
+            for broker in cluster.broker_ids
+        )
+    )
 
 
 def read_partition(bootstrap: str, tp: TopicPartition, count: int) -> list[bytes]:
