@@ -18,6 +18,12 @@ the new owner reads the committed offset. Commits without a member id, offset re
 group deletion need an empty group, and hold the coordinator lock through the write so
 that no member joins while the offsets change under it.
 
+Groups kept elsewhere: the Kafka listener keeps classic-protocol groups (JoinGroup and
+SyncGroup members) on its own loop, but their offsets are here. A listener attaches them
+as ``foreign`` (``ForeignGroups``); ``list_groups`` and ``describe_group`` then show such a
+group's members and assignment beside its committed offsets and lag, as Kafka's
+``kafka-consumer-groups --describe`` shows classic and consumer groups alike.
+
 Lag (``describe_group``, metrics): log end offset (the high watermark) minus the committed
 offset; a partition without a committed offset lags by log end - log start.
 
@@ -31,6 +37,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from broker.errors import partition_error
 from broker.groups.assignor import TopicPartition
@@ -55,6 +62,8 @@ from storage.errors import (
 from storage.log_manager import LogManager
 
 __all__ = [
+    "ForeignGroup",
+    "ForeignGroups",
     "GroupConfig",
     "GroupDescription",
     "GroupLag",
@@ -143,6 +152,29 @@ class GroupDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class ForeignGroup:
+    """A group whose membership another protocol keeps (Kafka's classic groups):
+    its state name, generation and members, as ``describe_group`` shows them."""
+
+    group_id: str
+    state: str
+    generation: int
+    members: tuple[MemberView, ...]
+
+
+class ForeignGroups(Protocol):
+    """Groups with members that another listener keeps. Thread-safe; bounded in time."""
+
+    def foreign_groups(self) -> list[ForeignGroup]:
+        """Every such group that has members."""
+        ...
+
+    def foreign_group(self, group_id: str) -> ForeignGroup | None:
+        """One group, or None when it has no members there."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class GroupLag:
     """One partition's lag for the metrics."""
 
@@ -191,6 +223,8 @@ class GroupManager:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Classic-protocol groups of the Kafka listener (module docstring); None: none.
+        self.foreign: ForeignGroups | None = None
 
     @classmethod
     def open(
@@ -383,14 +417,41 @@ class GroupManager:
             ids = set(self._coordinator.group_ids())
             views = {g: self._coordinator.view(g) for g in ids}
         ids.update(self._store.group_ids())
+        foreign = {g.group_id: g for g in self._foreign_groups()}
+        ids.update(foreign)
         listings = []
         for group_id in sorted(ids):
             view = views.get(group_id)
-            if view is None:
+            other = foreign.get(group_id)
+            if view is not None and view.members:
+                listings.append(GroupListing(group_id, view.state.value, len(view.members)))
+            elif other is not None:
+                listings.append(GroupListing(group_id, other.state, len(other.members)))
+            elif view is None:
                 listings.append(GroupListing(group_id, GroupState.EMPTY.value, 0))
             else:
-                listings.append(GroupListing(group_id, view.state.value, len(view.members)))
+                listings.append(GroupListing(group_id, view.state.value, 0))
         return listings
+
+    def _foreign_groups(self) -> list[ForeignGroup]:
+        foreign = self.foreign
+        if foreign is None:
+            return []
+        try:
+            return foreign.foreign_groups()
+        except Exception as exc:  # a listener stopping or stalled: show what is here
+            log.warning("classic groups could not be listed: %s", exc)
+            return []
+
+    def _foreign_group(self, group_id: str) -> ForeignGroup | None:
+        foreign = self.foreign
+        if foreign is None:
+            return None
+        try:
+            return foreign.foreign_group(group_id)
+        except Exception as exc:
+            log.warning("classic group %r could not be described: %s", group_id, exc)
+            return None
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """Members, assignment, and per partition the committed offset, log end and lag.
@@ -404,21 +465,25 @@ class GroupManager:
         _check_group_id(group_id)
         with self._lock:
             view = self._coordinator.view(group_id)
+        state, epoch, members = view.state.value, view.group_epoch, view.members
+        if not members and (other := self._foreign_group(group_id)) is not None:
+            state, epoch, members = other.state, other.generation, other.members
         committed = self._store.offsets(group_id)
-        if not view.members and not committed:
+        if not members and not committed:
             raise GroupIdNotFoundError(f"no group {group_id!r}")
         tps = set(committed)
-        for member in view.members:
+        owners: dict[TopicPartition, str] = {}
+        for member in members:
             tps.update(member.assigned, member.revoking, member.target)
+            for tp in (*member.assigned, *member.revoking):
+                owners.setdefault(tp, member.member_id)
         partitions = []
         for tp in sorted(tps):
             value = committed.get(tp)
             partitions.append(
-                self._lag(tp, value.offset if value is not None else -1, view.owner_of(tp))
+                self._lag(tp, value.offset if value is not None else -1, owners.get(tp, ""))
             )
-        return GroupDescription(
-            group_id, view.state.value, view.group_epoch, view.members, tuple(partitions)
-        )
+        return GroupDescription(group_id, state, epoch, members, tuple(partitions))
 
     def _lag(self, tp: TopicPartition, committed: int, owner: str) -> PartitionLag:
         try:

@@ -29,22 +29,43 @@ State per group, as in Kafka's ``GroupMetadata``::
 Membership lives in memory, as Tidelog's own group membership does: after a restart
 members get ``UNKNOWN_MEMBER_ID`` and rejoin; committed offsets are in the log.
 
-Not thread-safe: everything runs on the Kafka listener's event loop thread.
+Not thread-safe: everything runs on the Kafka listener's event loop thread. Other threads
+see the groups through ``ClassicGroupsOnLoop`` (``tidelog groups list/describe`` over
+gRPC, the console), which asks the loop for a snapshot, bounded in time: members with
+their client ids and, for ``protocol_type`` "consumer", the subscription and assignment
+decoded from Kafka's ConsumerProtocol bytes (as Kafka's ``kafka-consumer-groups`` does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment
+from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSubscription
+from kio.serial import entity_reader
+
+from broker.groups.assignor import TopicPartition
+from broker.groups.coordinator import MemberView
+from broker.groups.manager import ForeignGroup
 from broker.kafka.errors import NONE, error_code_for
 
-__all__ = ["ClassicGroups", "GroupState", "JoinResult", "Member", "SyncResult"]
+__all__ = [
+    "ClassicGroups",
+    "ClassicGroupsOnLoop",
+    "GroupState",
+    "JoinResult",
+    "Member",
+    "SyncResult",
+]
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +331,40 @@ class ClassicGroups:
             ],
         }
 
+    def snapshot(self, group_id: str | None = None) -> list[ForeignGroup]:
+        """Groups with members (one, with ``group_id``) as ``describe_group`` shows them."""
+        if group_id is not None:
+            found = self._groups.get(group_id)
+            groups = [] if found is None else [found]
+        else:
+            groups = list(self._groups.values())
+        return [
+            ForeignGroup(
+                g.group_id,
+                g.state.value,
+                g.generation_id,
+                tuple(self._member_view(g, m) for m in g.members.values()),
+            )
+            for g in groups
+            if g.members
+        ]
+
+    def _member_view(self, group: _Group, member: Member) -> MemberView:
+        topics: frozenset[str] = frozenset()
+        assigned: frozenset[TopicPartition] = frozenset()
+        if group.protocol_type == "consumer":
+            topics = _subscribed_topics(self._metadata(member, group.protocol_name))
+            assigned = _assigned_partitions(member.assignment)
+        return MemberView(
+            member_id=member.member_id,
+            client_id=member.client_id,
+            member_epoch=group.generation_id,
+            subscribed_topics=topics,
+            assigned=assigned,
+            revoking=frozenset(),
+            target=assigned,
+        )
+
     # --- the state machine ----------------------------------------------------------------
 
     @staticmethod
@@ -426,3 +481,77 @@ class ClassicGroups:
         while True:
             await asyncio.sleep(0.2)
             self.expire(time.monotonic())
+
+
+_T = TypeVar("_T")
+
+# How long another thread waits for the listener's loop to answer a snapshot.
+_SNAPSHOT_TIMEOUT_S = 5.0
+_read_subscription = entity_reader(ConsumerProtocolSubscription)
+_read_assignment = entity_reader(ConsumerProtocolAssignment)
+
+
+def _subscribed_topics(metadata: bytes) -> frozenset[str]:
+    """The topics of a ConsumerProtocolSubscription (an int16 version, then v0's fields,
+    which later versions only extend); empty if it does not parse."""
+    try:
+        subscription, _ = _read_subscription(metadata, 2)
+        return frozenset(str(t) for t in subscription.topics)
+    except Exception:
+        return frozenset()
+
+
+def _assigned_partitions(assignment: bytes) -> frozenset[TopicPartition]:
+    """The partitions of a ConsumerProtocolAssignment; empty if it does not parse."""
+    if len(assignment) < 2:
+        return frozenset()
+    try:
+        decoded, _ = _read_assignment(assignment, 2)
+        return frozenset(
+            TopicPartition(str(t.topic), int(p))
+            for t in decoded.assigned_partitions
+            for p in t.partitions
+        )
+    except Exception:
+        return frozenset()
+
+
+class ClassicGroupsOnLoop:
+    """``ClassicGroups`` for other threads (``broker.groups.manager.ForeignGroups``): each
+    call runs on the listener's loop and waits at most ``_SNAPSHOT_TIMEOUT_S``.
+
+    Raises ``TimeoutError`` when the loop does not answer in time and ``RuntimeError``
+    once it is closed; the group manager then shows what it has without these groups.
+    """
+
+    def __init__(self, groups: ClassicGroups, loop: asyncio.AbstractEventLoop) -> None:
+        self._groups = groups
+        self._loop = loop
+
+    def foreign_groups(self) -> list[ForeignGroup]:
+        return self._on_loop(self._groups.snapshot)
+
+    def foreign_group(self, group_id: str) -> ForeignGroup | None:
+        found = self._on_loop(lambda: self._groups.snapshot(group_id))
+        return found[0] if found else None
+
+    def _on_loop(self, call: Callable[[], _T]) -> _T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            return call()
+        answer: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                answer.set_result(call())
+            except BaseException as exc:
+                answer.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(run)
+        try:
+            return answer.result(_SNAPSHOT_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError("the Kafka listener's loop did not answer in time") from None

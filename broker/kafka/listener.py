@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.context import RequestContext
 from broker.core import BrokerCore
-from broker.kafka.classic import ClassicGroups
+from broker.kafka.classic import ClassicGroups, ClassicGroupsOnLoop
 from broker.kafka.cluster import KafkaBrokers
 from broker.kafka.codec import (
     CodecError,
@@ -182,6 +182,8 @@ class KafkaListener:
         if listener._start_error is not None:
             listener.executor.shutdown(wait=False)
             raise listener._start_error
+        # Classic groups in `tidelog groups list/describe` beside Tidelog's own.
+        core.groups.foreign = ClassicGroupsOnLoop(listener.classic, listener._loop)
         log.info(
             "kafka listener on %s:%d (advertised %s:%d)",
             settings.host,
@@ -223,6 +225,7 @@ class KafkaListener:
             self._stopped = True
             return
         self._stopped = True
+        self.core.groups.foreign = None
         future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         try:
             future.result(_STOP_TIMEOUT_S)
