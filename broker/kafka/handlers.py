@@ -168,6 +168,7 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
         else:
             result.update(
                 error_code=NONE,
+                topic_id=topic_id(name) if view is not None else _ZERO_UUID,
                 num_partitions=len(view.partitions) if view is not None else count,
                 replication_factor=factor if factor > 0 else 1,
                 configs=[]
