@@ -5,10 +5,10 @@ Every broker's Metadata lists all three brokers' Kafka endpoints and the same le
 replicas, ISR and epochs as the gRPC view; a non-leader answers a produce with
 ``NOT_LEADER_OR_FOLLOWER``, a non-controller a CreateTopics with ``NOT_CONTROLLER``;
 every broker names the same group coordinator's Kafka endpoint, and only it serves the
-group; and
-after the leader of a partition is SIGKILLed, an idempotent ``acks=all`` producer and a
-consumer group follow the new leaders with nothing acknowledged lost. The last test kills
-a broker, so it runs last (the module's cluster is not restarted).
+group; and after the group's coordinator, which also leads a partition, is SIGKILLed, an
+idempotent ``acks=all`` producer and the consumer group follow the new leaders with
+nothing acknowledged lost. That test kills a broker, so it runs last (the module's
+cluster is not restarted). Every wait is bounded; the module takes 15-30 s.
 """
 
 from __future__ import annotations
