@@ -587,8 +587,12 @@ class BrokerCore:
             return [t for t in self._logs.topics() if include_internal or not t.internal]
 
     def describe_topic(self, name: str) -> TopicView:
-        """A topic with its partitions' offsets and sizes and its effective config."""
+        """A topic with its partitions' offsets and sizes and its effective config.
+
+        Raises ``LeaderNotAvailableError`` while a broker is joining its cluster.
+        """
         with self._operation():
+            self.placement.check_joined()
             return self._view(self._logs.topic(name))
 
     def metadata(

@@ -12,7 +12,8 @@ refresh their metadata and retry).
   epoch 0, the only replica and ISR member.
 * ``JoiningPlacement``: cluster mode before the broker has the cluster's view: it leads
   nothing (``LEADER_NOT_AVAILABLE``, retriable), so nothing is written here that another
-  broker leads.
+  broker leads, and it describes no topic (``check_joined``): a restarting broker would
+  otherwise show every partition without a leader, as if offline.
 * ``broker.cluster.node.ClusterPlacement``: cluster mode, from the ZooKeeper view.
 
 Both are thread-safe.
@@ -92,6 +93,11 @@ class Placement(Protocol):
         ``check_leader`` does."""
         ...
 
+    def check_joined(self) -> None:
+        """Raise ``LeaderNotAvailableError`` (retriable) while this broker has no view of
+        the cluster yet: its answers about leaders would say "none" for every partition."""
+        ...
+
 
 class LocalPlacement:
     """A single node: it leads everything. Thread-safe (immutable but for the endpoint)."""
@@ -121,6 +127,9 @@ class LocalPlacement:
     def confirm_leader(self, topic: str, partition: int) -> None:
         return None
 
+    def check_joined(self) -> None:
+        return None
+
 
 class JoiningPlacement:
     """Cluster mode until the view arrives: no topics, no leadership. Thread-safe."""
@@ -145,3 +154,9 @@ class JoiningPlacement:
 
     def confirm_leader(self, topic: str, partition: int) -> None:
         self.check_leader(topic, partition)
+
+    def check_joined(self) -> None:
+        raise LeaderNotAvailableError(
+            f"broker {self._broker_id} is joining the cluster and does not know its "
+            "partitions' leaders yet; ask again"
+        )

@@ -170,6 +170,9 @@ class ClusterPlacement:
                 f"the coordinator's at {found[0].leader_epoch}; retry"
             )
 
+    def check_joined(self) -> None:
+        return None  # this placement exists once the broker has the cluster's view
+
 
 class ClusterNode:
     """This broker's part in the cluster. Build with ``start``; ``stop`` once."""
