@@ -232,7 +232,7 @@ class BrokerServer:
             if config.kafka_listen:
                 # Bound before joining a cluster: the registration carries its endpoint
                 # (Kafka registers a broker once every listener is bound).
-                kafka = _start_kafka(config, core)
+                kafka = _start_kafka(config, core, admission)
             if config.zookeeper_connect is None:
                 if isinstance(core.placement, LocalPlacement):
                     core.placement.advertise(*endpoint)
@@ -355,7 +355,7 @@ def _kafka_brokers(node: ClusterNode) -> Callable[[], dict[int, tuple[str, int] 
     return brokers
 
 
-def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
+def _start_kafka(config: BrokerConfig, core: BrokerCore, admission: Admission) -> KafkaListener:
     """Start the Kafka listener on ``kafka.listen`` (``broker.kafka``).
 
     Raises:
@@ -396,7 +396,7 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore) -> KafkaListener:
         sasl=security.sasl,
     )
     try:
-        return KafkaListener.start(core, settings)
+        return KafkaListener.start(core, settings, admission)
     except OSError as exc:
         raise ListenError(f"kafka.listen: cannot listen on {config.kafka_listen}: {exc}") from None
 

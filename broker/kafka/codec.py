@@ -302,6 +302,12 @@ def _zero(plan: _FieldPlan) -> Any:
     return _scalar(plan.kafka_type, _SCALAR_ZERO.get(plan.kafka_type, 0))
 
 
+def response_has_field(api_key: int, name: str) -> bool:
+    """Whether some version of ``api_key``'s response has a field ``name`` (a version
+    without it drops it when encoding)."""
+    return name in _field_names(api_key)
+
+
 @functools.cache
 def _field_names(api_key: int) -> frozenset[str]:
     """Every field name of every response version of ``api_key``, nested ones included."""

@@ -30,6 +30,7 @@ from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
 from broker.produce import Acks, PartitionProduced, PartitionRecords
+from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from storage.batch_times import NO_TIME, BatchTimes
 
 __all__ = ["fetch", "init_producer_id", "list_offsets", "produce"]
@@ -69,6 +70,8 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
         for t in topics
         for p in t["partition_data"]
     ]
+    # Metered before the append, so the mute after this answer covers these bytes.
+    conn.record_quota(PRODUCER_BYTE_RATE, sum(len(p.records) for p in parts))
     appends = await conn.run(conn.core.append, parts)
     loop = asyncio.get_running_loop()
     answered: asyncio.Future[list[PartitionProduced]] = loop.create_future()
@@ -143,6 +146,7 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
         max_bytes=max(request.get("max_bytes", 0), 0),
     )
     answers = await _fetch(conn, spec)
+    conn.record_quota(CONSUMER_BYTE_RATE, sum(len(a.records or b"") for a in answers))
     by_topic: dict[str, list[Plain]] = {}
     for a in answers:
         by_topic.setdefault(a.topic, []).append(_fetched(a))

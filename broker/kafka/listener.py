@@ -14,6 +14,18 @@ purgatory (``BrokerCore.start_fetch``/``step_fetch``) and woken through
 ``call_soon_threadsafe``; an ``acks=all`` produce is delivered by the group fsync thread
 through the same call.
 
+Limits and quotas, as on the gRPC listener (``broker.limits``, ``broker.quotas``):
+``max.connections`` and ``max.connections.per.ip`` count this listener's connections with
+the gRPC listener's (one ``Admission``); a connection past a limit is closed at once, as
+Kafka closes it. Quotas are metered per user and client id (the request header's):
+``producer_byte_rate`` on produced record bytes, ``consumer_byte_rate`` on fetched ones,
+``request_percentage`` on the time blocking calls spend on the thread pool. A request
+over a quota is answered at once with its throttle time (KIP-219), and then the
+connection is muted for that long: nothing more is read from it, so a client that
+ignores the hint is held back all the same. ``queued.max.requests`` and
+``queued.max.request.bytes`` are not counted here: a connection has one request in
+flight, so what it holds is bounded by ``socket.request.max.bytes``.
+
 Framing errors close the connection and nothing else: a negative or oversized size
 (``socket.request.max.bytes``), a header that does not parse, an API key or version that
 is not advertised (except ApiVersions, answered with ``UNSUPPORTED_VERSION`` in its v0
@@ -33,6 +45,7 @@ import logging
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -48,10 +61,14 @@ from broker.kafka.codec import (
     decode_request,
     encode_response,
     parse_header,
+    response_has_field,
 )
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
+from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
+from broker.quotas import REQUEST_PERCENTAGE
 from broker.tls import principal_from_peer_certificate
+from storage.errors import BrokerBusyError
 
 if TYPE_CHECKING:
     from broker.kafka.kip848 import MemberMemory
@@ -108,11 +125,23 @@ class Connection:
         self.handshake_id = ""
         self.raw_sasl = False  # after SaslHandshake v0: raw tokens, no Kafka headers
         self.close_after_response = False  # a failed login: answer, then hang up
+        # The request being handled: the longest throttle a quota asked for (ms).
+        self.throttle_ms = 0
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
-        """``call(*args)`` on the listener's thread pool (blocking core calls)."""
+        """``call(*args)`` on the listener's thread pool (blocking core calls); its time
+        there counts against the caller's ``request_percentage`` quota."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.listener.executor, call, *args)
+        result, busy_s = await loop.run_in_executor(self.listener.executor, _timed, call, *args)
+        self.record_quota(REQUEST_PERCENTAGE, busy_s * 100)
+        return result
+
+    def record_quota(self, quota: str, value: float) -> None:
+        """Meter ``value`` against the caller's ``quota``; a throttle it asks for holds
+        the connection back after this request's answer."""
+        context = self.context
+        throttle_ms = self.core.quotas.record(context.client_id, quota, value, user=context.user)
+        self.throttle_ms = max(self.throttle_ms, throttle_ms)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -155,6 +184,8 @@ class KafkaListener:
         # the server once the broker joined (a reference swap, read on the loop). None: a
         # single node, or a broker still joining: this broker alone.
         self.cluster_brokers: Callable[[], KafkaBrokers] | None = None
+        # The connection limits shared with the gRPC listener (None: no limits).
+        self.admission: Admission | None = None
         self.classic = ClassicGroups()  # used on the loop's thread only
         # KIP-848 members' last subscription and owned partitions (loop's thread only).
         self.kip848_members: dict[tuple[str, str], MemberMemory] = {}
@@ -168,8 +199,11 @@ class KafkaListener:
         self._watchdog = LoopWatchdog(self._loop, self._thread, "kafka listener")
 
     @classmethod
-    def start(cls, core: BrokerCore, settings: ListenerSettings) -> KafkaListener:
-        """Bind and serve; returns once listening.
+    def start(
+        cls, core: BrokerCore, settings: ListenerSettings, admission: Admission | None = None
+    ) -> KafkaListener:
+        """Bind and serve; returns once listening. ``admission``: the connection limits
+        (the server's, shared with the gRPC listener).
 
         Raises:
             OSError: the address cannot be bound.
@@ -177,6 +211,7 @@ class KafkaListener:
         from broker.kafka.handlers import HANDLERS
 
         listener = cls(core, settings, HANDLERS)
+        listener.admission = admission
         listener._thread.start()
         listener._started.wait()
         if listener._start_error is not None:
@@ -249,23 +284,30 @@ class KafkaListener:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        peername = writer.get_extra_info("peername")
-        peer = f"{peername[0]}:{peername[1]}" if peername else "unknown"
-        connection = Connection(self, peer)
+        connection = Connection(self, _peer_name(writer.get_extra_info("peername")))
         # Mutual TLS: a verified client certificate names the caller (SASL, if the
         # listener wants it, replaces this with the user who logs in).
         principal = principal_from_peer_certificate(writer.get_extra_info("peercert"))
         if principal is not None:
             connection.context = dataclasses.replace(connection.context, principal=principal)
+        admission = self.admission
+        counted = False
         try:
+            if admission is not None:
+                admission.open_call(connection.context)  # logs a refusal, once a second
+                counted = True
             await self._serve_connection(connection, reader, writer)
+        except BrokerBusyError:
+            pass  # max.connections(.per.ip): closed at once, as Kafka does
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
         except asyncio.CancelledError:
             pass  # the listener stops
         except Exception:
-            log.exception("kafka connection from %s failed", peer)
+            log.exception("kafka connection from %s failed", connection.peer)
         finally:
+            if counted and admission is not None:
+                admission.close_call(connection.context)
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
@@ -308,6 +350,9 @@ class KafkaListener:
                 await writer.drain()
             if connection.close_after_response:
                 return
+            if connection.throttle_ms > 0:
+                # Muted for the throttle time (KIP-219), answer or not (acks=0).
+                await asyncio.sleep(connection.throttle_ms / 1000)
 
     async def _respond(self, connection: Connection, frame: bytes) -> bytes | None:
         """The response frame for one request frame, None for no response.
@@ -337,9 +382,12 @@ class KafkaListener:
             raise _close(connection, str(exc)) from None
         if header.client_id != connection.context.client_id:
             connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
+        connection.throttle_ms = 0
         answer = await handler(connection, header, request)
         if answer is None:
             return None
+        if connection.throttle_ms > 0 and response_has_field(key, "throttle_time"):
+            answer["throttle_time"] = connection.throttle_ms
         return encode_response(key, version, header.correlation_id, answer)
 
 
@@ -352,6 +400,22 @@ def _api_keys() -> list[Plain]:
         {"api_key": key, "min_version": low, "max_version": high}
         for key, (low, high) in sorted(ADVERTISED.items())
     ]
+
+
+def _timed(call: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``call(*args)`` and the seconds it took (on the pool's thread)."""
+    started = time.perf_counter()
+    result = call(*args)
+    return result, time.perf_counter() - started
+
+
+def _peer_name(peername: Any) -> str:
+    """A socket's peer as the gRPC listener names one (``ipv4:1.2.3.4:5``,
+    ``ipv6:[::1]:5``), the form ``RequestContext.host`` and the limits per IP read."""
+    if not peername:
+        return "unknown"
+    host, port = peername[0], peername[1]
+    return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
 
 
 def _close(connection: Connection, reason: str) -> ConnectionError:

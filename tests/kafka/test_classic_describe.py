@@ -62,6 +62,14 @@ def test_a_classic_group_shows_its_members_and_assignment(
         assert {p.member_id for p in described.partitions} == {member.member_id}
         assert (listed[group].state, listed[group].members) == ("Stable", 1)
 
+        # Kafka's own DescribeGroups names the member's address (not its port).
+        kafka_admin = kafka.KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+        try:
+            (seen,) = kafka_admin.describe_groups([group])[group]["members"]
+        finally:
+            kafka_admin.close()
+        assert (seen["client_id"], seen["client_host"]) == ("classic-member", "127.0.0.1")
+
         status = main(["groups", "describe", group, "--bootstrap", kafka_broker.address])
         rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()]
         assert status == 0
