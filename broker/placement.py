@@ -13,7 +13,10 @@ refresh their metadata and retry).
 * ``JoiningPlacement``: cluster mode before the broker has the cluster's view: it leads
   nothing (``LEADER_NOT_AVAILABLE``, retriable), so nothing is written here that another
   broker leads, and it describes no topic (``check_joined``): a restarting broker would
-  otherwise show every partition without a leader, as if offline.
+  otherwise show every partition without a leader, as if offline. Its companion
+  ``JoiningTopicAdmin`` refuses topic administration; together they keep the core from
+  taking a joining broker for a single node (which would coordinate groups from its own
+  log's unreplicated tail: committed offsets seen going backwards after a restart).
 * ``broker.cluster.node.ClusterPlacement``: cluster mode, from the ZooKeeper view.
 
 Both are thread-safe.
@@ -25,12 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from storage.errors import LeaderNotAvailableError
+from storage.errors import LeaderNotAvailableError, NotControllerError
 
 __all__ = [
     "BrokerEndpoint",
     "ClusterView",
     "JoiningPlacement",
+    "JoiningTopicAdmin",
     "LocalPlacement",
     "PartitionPlacement",
     "Placement",
@@ -160,3 +164,38 @@ class JoiningPlacement:
             f"broker {self._broker_id} is joining the cluster and does not know its "
             "partitions' leaders yet; ask again"
         )
+
+
+class JoiningTopicAdmin:
+    """Cluster mode's topic administration until the broker has joined: every call is
+    refused with ``NotControllerError`` (retriable: clients ask the controller they find
+    in another broker's metadata). Without it the core would take a joining broker for a
+    single node and create topics, or coordinate groups, on its own. Thread-safe."""
+
+    def __init__(self, broker_id: int) -> None:
+        self._broker_id = broker_id
+
+    def _refuse(self) -> NotControllerError:
+        return NotControllerError(
+            f"broker {self._broker_id} is joining the cluster; ask the controller"
+        )
+
+    def create_topic(
+        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+    ) -> None:
+        raise self._refuse()
+
+    def delete_topic(self, name: str) -> None:
+        raise self._refuse()
+
+    def create_partitions(self, name: str, total: int) -> None:
+        raise self._refuse()
+
+    def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
+        raise self._refuse()
+
+    def elect_preferred_leaders(self) -> int:
+        raise self._refuse()
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        raise self._refuse()

@@ -70,7 +70,7 @@ from broker.kafka import KafkaListener, ListenerSettings
 from broker.limits import Admission, AdmissionCollector
 from broker.loop_watchdog import LoopWatchdog
 from broker.metrics import BrokerMetrics, MetricsServer
-from broker.placement import JoiningPlacement, LocalPlacement
+from broker.placement import JoiningPlacement, JoiningTopicAdmin, LocalPlacement
 from broker.producer_ids import UnavailableProducerIds
 from broker.quotas import QuotaCollector
 from broker.security_config import SecurityConfig
@@ -201,6 +201,8 @@ class BrokerServer:
             # Until the cluster's view is in, lead nothing: a client that connects early
             # must not have a partition another broker leads written here.
             core.placement = JoiningPlacement(config.broker_id)
+            # Nor coordinate groups or administer topics as if it were a single node.
+            core.topic_admin = JoiningTopicAdmin(config.broker_id)
             # Nor hand out producer ids from the local file: they would collide with ids
             # other brokers draw from ZooKeeper.
             core.producer_ids = UnavailableProducerIds(config.broker_id)

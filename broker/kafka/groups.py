@@ -36,8 +36,8 @@ def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
 async def _not_coordinator(conn: Connection, group_id: str) -> int:
     """NONE if this broker coordinates ``group_id`` (always on a single node), else
     Kafka's code telling the member to find the coordinator again."""
-    if conn.listener.cluster_brokers is None:
-        return NONE
+    if conn.core.config.zookeeper_connect is None:
+        return NONE  # a single node (a joining broker is not one: it coordinates nothing)
     try:
         coordinator = await conn.run(conn.core.find_coordinator, group_id)
     except LeaderNotAvailableError:
