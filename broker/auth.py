@@ -208,7 +208,8 @@ class Authenticator:
     def _scram_first(
         self, caller: RequestContext, mechanism: str, auth_bytes: bytes
     ) -> HandshakeStep:
-        server = ScramServer(mechanism, self._fake_key)
+        # Kafka's listener takes librdkafka's repeated nonce, as Kafka 3.9 did (scram.py).
+        server = ScramServer(mechanism, self._fake_key, lenient_nonce=caller.listener == "kafka")
         try:
             user = ScramServer.parse_user(auth_bytes)
             server_first = server.first(auth_bytes, self.users.get(user, mechanism))

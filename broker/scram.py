@@ -206,9 +206,15 @@ class ScramServer:
     ``final(client_final) -> server_final`` or raises ``ScramError`` on a wrong proof.
     """
 
-    def __init__(self, mechanism: str, fake_key: bytes) -> None:
+    def __init__(self, mechanism: str, fake_key: bytes, *, lenient_nonce: bool = False) -> None:
         self._hash = _hash_name(mechanism)
         self.mechanism = mechanism
+        # librdkafka before 2.6.1 (Debian's kcat) sends the client nonce twice in its
+        # client-final message (confluentinc/librdkafka#4895). Kafka 3.8.1-3.9 accepted a
+        # nonce that ends with the expected one; the Kafka listener does the same (the
+        # server's part must still be there and the proof is still checked over the
+        # message as sent), the gRPC listener keeps RFC 5802's exact match.
+        self._lenient_nonce = lenient_nonce
         self._fake_key = fake_key  # per broker: fake salts must not reveal unknown users
         self.user: str | None = None
         self._credential: ScramCredential | None = None
@@ -252,7 +258,10 @@ class ScramServer:
         attributes = _attributes(without_proof)
         if attributes.get("c") != _b64(_GS2_HEADER.encode()):
             raise ScramError("SCRAM: channel binding mismatch")
-        if not hmac.compare_digest(attributes.get("r", "").encode(), self._nonce.encode()):
+        nonce = attributes.get("r", "")
+        if self._lenient_nonce and len(nonce) > len(self._nonce):
+            nonce = nonce[-len(self._nonce) :]
+        if not hmac.compare_digest(nonce.encode(), self._nonce.encode()):
             raise ScramError("SCRAM: nonce mismatch")
         proof = _unb64(proof_part)
         auth_message = f"{self._auth_prefix},{without_proof}".encode()

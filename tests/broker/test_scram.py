@@ -108,3 +108,42 @@ def test_plain_and_iteration_bounds() -> None:
     for iterations in (4095, 16385):
         with pytest.raises(ScramError, match="iterations"):
             credential_from_password("SCRAM-SHA-256", "pw", iterations)
+
+
+def _librdkafka_final(client_first: bytes, server_first: bytes, password: str) -> bytes:
+    """The client-final message librdkafka < 2.6.1 sends: the client nonce twice
+    (confluentinc/librdkafka#4895), the proof over that very message."""
+    bare = client_first.decode()[len("n,,") :]
+    attributes = dict(part.split("=", 1) for part in server_first.decode().split(","))
+    client_nonce = dict(part.split("=", 1) for part in bare.split(","))["r"]
+    salted = hashlib.pbkdf2_hmac(
+        "sha256", password.encode(), base64.b64decode(attributes["s"]), int(attributes["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    without_proof = f"c=biws,r={client_nonce}{attributes['r']}"
+    auth_message = f"{bare},{server_first.decode()},{without_proof}".encode()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), auth_message, "sha256").digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+def test_a_repeated_client_nonce_is_taken_only_where_lenient() -> None:
+    credential = credential_from_password("SCRAM-SHA-256", "pw")
+    for lenient in (True, False):
+        client = ScramClient("SCRAM-SHA-256", "kcat", "pw")
+        server = ScramServer("SCRAM-SHA-256", FAKE_KEY, lenient_nonce=lenient)
+        server_first = server.first(client.first(), credential)
+        final = _librdkafka_final(client.first(), server_first, "pw")
+        if lenient:
+            assert server.final(final).startswith(b"v=")  # the Kafka listener (Kafka 3.9)
+        else:
+            with pytest.raises(ScramError, match="nonce mismatch"):  # the gRPC listener
+                server.final(final)
+    # Lenient or not, the server's part of the nonce must be there.
+    client = ScramClient("SCRAM-SHA-256", "kcat", "pw")
+    server = ScramServer("SCRAM-SHA-256", FAKE_KEY, lenient_nonce=True)
+    server_first = server.first(client.first(), credential)
+    nonce = server_first.split(b",")[0][2:]
+    forged = server_first.replace(nonce, nonce[:-1] + (b"A" if nonce[-1:] != b"A" else b"B"))
+    with pytest.raises(ScramError, match="nonce mismatch"):
+        server.final(_librdkafka_final(client.first(), forged, "pw"))

@@ -59,7 +59,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
         "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN",
         "authorizer.enabled": "true",
         "kafka.listen": "127.0.0.1:0",
-        # The kcat SCRAM test fails logins on purpose: keep 127.0.0.1 from being locked out.
+        # Some tests fail logins on purpose: keep 127.0.0.1 from being locked out.
         "sasl.login.failures.max": "1000",
     }
     with InProcessBroker(data, settings=settings) as broker:
@@ -194,16 +194,30 @@ def test_kcat_over_sasl_ssl_with_plain(secure: SecureBroker) -> None:
     assert value.encode() in _read_all(secure, "SCRAM-SHA-256")
 
 
-def test_debians_kcat_scram_is_refused_as_kafka_4_refuses_it(secure: SecureBroker) -> None:
-    # librdkafka < 2.6.1 repeats the client nonce in its client-final message
-    # (confluentinc/librdkafka#4895); RFC 5802 and Kafka 4 refuse it, and so does Tidelog's
-    # SCRAM (broker/scram.py, shared with the gRPC listener). Debian's kcat links 2.0.2:
-    # it logs in with PLAIN over TLS instead (above).
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_debians_kcat_logs_in_with_scram(secure: SecureBroker, mechanism: str) -> None:
+    # librdkafka < 2.6.1 (Debian's kcat links 2.0.2) repeats the client nonce in its
+    # client-final message (confluentinc/librdkafka#4895); the Kafka listener takes a nonce
+    # that ends with the expected one, as Kafka 3.8.1-3.9 did (broker/scram.py).
     kcat = shutil.which("kcat")
     assert kcat is not None, "kcat is not installed: apt-get install kcat (make venv does)"
+    value = unique(f"kcat-{mechanism}")
+    subprocess.run(
+        [kcat, "-b", secure.bootstrap, *_kcat_options(secure, mechanism), "-P", "-t", TOPIC,
+         "-p", "0"],
+        input=value + "\n", text=True, check=True, timeout=TIMEOUT_S, capture_output=True,
+    )  # fmt: skip
+    assert value.encode() in _read_all(secure, mechanism)
+
+
+def test_kcat_with_a_wrong_scram_password_is_refused(secure: SecureBroker) -> None:
+    kcat = shutil.which("kcat")
+    assert kcat is not None, "kcat is not installed: apt-get install kcat (make venv does)"
+    options = [
+        o.replace("alice-secret", "not-alice") for o in _kcat_options(secure, "SCRAM-SHA-256")
+    ]
     done = subprocess.run(
-        [kcat, "-b", secure.bootstrap, *_kcat_options(secure, "SCRAM-SHA-256"), "-L",
-         "-m", "5"],
+        [kcat, "-b", secure.bootstrap, *options, "-L", "-m", "5"],
         text=True, check=False, timeout=TIMEOUT_S, capture_output=True,
     )  # fmt: skip
     assert done.returncode != 0
