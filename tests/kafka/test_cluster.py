@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,12 +32,12 @@ from kafka.protocol.metadata import (
     MetadataRequest,
     MetadataResponse,
 )
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.protocol.producer import ProduceResponse
 
 import client
 from broker.cluster.testing import LocalCluster
-from storage.records import BatchBuilder
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.kafka import raw
 from tests.kafka.conftest import unique
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -95,23 +94,12 @@ def kafka_metadata(cluster: LocalCluster, broker_id: int, topic: str) -> Any:
 def _call(cluster: LocalCluster, broker_id: int, request: Any) -> bytes:
     """One request on a new connection to ``broker_id``'s Kafka listener; the response
     frame (header and body)."""
-    request.with_header(correlation_id=1, client_id="test-cluster")
-    frame = request.encode(header=True, framed=True)
     host, port = cluster.kafka_address(broker_id).rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
         sock.settimeout(TIMEOUT_S)
-        sock.sendall(frame)
-        size = struct.unpack(">i", _read(sock, 4))[0]
-        return _read(sock, size)
-
-
-def _read(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        assert chunk, "the broker closed the connection"
-        data += chunk
-    return data
+        answer = raw.call(sock, request, "test-cluster")
+    assert answer is not None, "the broker closed the connection"
+    return answer
 
 
 def test_every_broker_lists_every_broker_with_kafka_python_and_confluent(
@@ -175,22 +163,7 @@ def test_non_leader_and_non_controller_answer_kafkas_errors(cluster: LocalCluste
     (found,) = kafka_metadata(cluster, 1, topic).topics
     (partition,) = found.partitions
     outsider = next(b for b in cluster.broker_ids if b != partition.leader_id)
-    builder = BatchBuilder()
-    builder.append(int(time.time() * 1000), None, b"misdirected")
-    produce = ProduceRequest[7](
-        acks=-1,
-        timeout_ms=5_000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name=topic,
-                partition_data=[
-                    ProduceRequest.TopicProduceData.PartitionProduceData(
-                        index=0, records=builder.build()
-                    )
-                ],
-            )
-        ],
-    )
+    produce = raw.produce_request(topic, b"misdirected")
     answer = ProduceResponse[7].decode(_call(cluster, outsider, produce), header=True)
     assert answer.responses[0].partition_responses[0].error_code == _NOT_LEADER_OR_FOLLOWER
 

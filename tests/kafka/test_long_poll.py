@@ -4,15 +4,15 @@ by an append, holding no thread while it waits."""
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 
 import pytest
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import FetchResponse
 
 from tests.kafka.clients import Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tests.kafka.raw import fetch_request, frame, read_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -20,46 +20,13 @@ TIMEOUT_S = 20.0
 
 
 def _fetch_frame(topic: str, correlation_id: int, max_wait_ms: int) -> bytes:
-    request = FetchRequest[11](
-        replica_id=-1,
-        max_wait_ms=max_wait_ms,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            FetchRequest.FetchTopic(
-                topic=topic,
-                partitions=[
-                    FetchRequest.FetchTopic.FetchPartition(
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=0,
-                        log_start_offset=-1,
-                        partition_max_bytes=1 << 20,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
-    request.with_header(correlation_id=correlation_id, client_id="long-poll")
-    return bytes(request.encode(header=True, framed=True))
+    return frame(fetch_request(topic, max_wait_ms=max_wait_ms), "long-poll", correlation_id)
 
 
 def _read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while len(data) < 4:
-        data += sock.recv(4 - len(data))
-    (size,) = struct.unpack(">i", data)
-    body = b""
-    while len(body) < size:
-        chunk = sock.recv(size - len(body))
-        assert chunk, "connection closed"
-        body += chunk
-    return body
+    found = read_frame(sock)
+    assert found is not None, "connection closed"
+    return found
 
 
 def test_parked_fetches_hold_no_thread_and_wake_on_append(kafka_broker: KafkaBroker) -> None:

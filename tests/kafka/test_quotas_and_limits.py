@@ -7,21 +7,19 @@ on sockets, so what the broker answers is seen as sent."""
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.protocol.producer import ProduceResponse
 
 from broker.testing import InProcessBroker
 from client import AdminClient, Producer
 from storage.errors import MaxConnectionsPerIpError
-from storage.records import BatchBuilder
 from tests.kafka.conftest import unique
+from tests.kafka.raw import call, fetch_request, produce_request
 
 pytestmark = pytest.mark.timeout(120)
 TIMEOUT_S = 20
@@ -46,32 +44,9 @@ def _connect(broker: InProcessBroker) -> socket.socket:
     return sock
 
 
-def _read(sock: socket.socket, count: int) -> bytes | None:
-    data = b""
-    while len(data) < count:
-        try:
-            chunk = sock.recv(count - len(data))
-        except ConnectionResetError:
-            return None
-        if not chunk:
-            return None
-        data += chunk
-    return data
-
-
-def _call(sock: socket.socket, request: Any, client_id: str) -> bytes | None:
-    """One request on ``sock``; the response frame, or None if the broker hung up."""
-    request.with_header(correlation_id=1, client_id=client_id)
-    sock.sendall(request.encode(header=True, framed=True))
-    prefix = _read(sock, 4)
-    if prefix is None:
-        return None
-    return _read(sock, struct.unpack(">i", prefix)[0])
-
-
 def _api_versions(sock: socket.socket) -> bool:
     """Whether the broker answered ApiVersions on ``sock`` (False: it hung up)."""
-    frame = _call(sock, ApiVersionsRequest[0](), "limits")
+    frame = call(sock, ApiVersionsRequest[0](), "limits")
     return frame is not None and ApiVersionsResponse[0].decode(frame, header=True).error_code == 0
 
 
@@ -100,25 +75,6 @@ def test_a_connection_past_max_connections_per_ip_is_closed_at_once(
         time.sleep(0.1)
 
 
-def _produce(topic: str, payload: bytes) -> Any:
-    builder = BatchBuilder()
-    builder.append(int(time.time() * 1000), None, payload)
-    return ProduceRequest[7](
-        acks=1,
-        timeout_ms=5_000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name=topic,
-                partition_data=[
-                    ProduceRequest.TopicProduceData.PartitionProduceData(
-                        index=0, records=builder.build()
-                    )
-                ],
-            )
-        ],
-    )
-
-
 def test_a_producer_over_its_byte_rate_is_told_to_wait(limited: InProcessBroker) -> None:
     topic = unique("quota-in")
     with AdminClient(limited.address) as admin:
@@ -127,7 +83,7 @@ def test_a_producer_over_its_byte_rate_is_told_to_wait(limited: InProcessBroker)
     throttles: dict[str, int] = {}
     for client_id in ("free-producer", "slow-producer"):
         with _connect(limited) as sock:
-            frame = _call(sock, _produce(topic, b"x" * 220_000), client_id)
+            frame = call(sock, produce_request(topic, b"x" * 220_000, acks=1), client_id)
             assert frame is not None
             answer = ProduceResponse[7].decode(frame, header=True)
             (partition,) = answer.responses[0].partition_responses
@@ -149,35 +105,11 @@ def test_a_consumer_over_its_byte_rate_is_told_to_wait(limited: InProcessBroker)
         for _ in range(4):
             producer.send(topic, b"y" * 60_000, partition=0)
         producer.flush(TIMEOUT_S * 1000)
-    fetch = FetchRequest[11](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=1,
-        max_bytes=10_000_000,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            FetchRequest.FetchTopic(
-                topic=topic,
-                partitions=[
-                    FetchRequest.FetchTopic.FetchPartition(
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=0,
-                        log_start_offset=-1,
-                        partition_max_bytes=10_000_000,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
+    fetch = fetch_request(topic, max_bytes=10_000_000)
     throttles: dict[str, int] = {}
     with _connect(limited) as sock:
         for client_id in ("free-consumer", "slow-consumer"):
-            frame = _call(sock, fetch, client_id)
+            frame = call(sock, fetch, client_id)
             assert frame is not None
             answer = FetchResponse[11].decode(frame, header=True)
             (partition,) = answer.responses[0].partitions

@@ -1,0 +1,97 @@
+"""Kafka requests on raw sockets, for tests that must see what the listener answers as
+sent (kafka-python's protocol classes build and decode the frames)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Any
+
+from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.producer import ProduceRequest
+
+from storage.records import BatchBuilder
+
+
+def fetch_request(topic: str, *, max_wait_ms: int = 0, max_bytes: int = 1 << 20) -> Any:
+    """Fetch v11 of partition 0 of ``topic`` from offset 0."""
+    return FetchRequest[11](
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[
+            FetchRequest.FetchTopic(
+                topic=topic,
+                partitions=[
+                    FetchRequest.FetchTopic.FetchPartition(
+                        partition=0,
+                        current_leader_epoch=-1,
+                        fetch_offset=0,
+                        log_start_offset=-1,
+                        partition_max_bytes=max_bytes,
+                    )
+                ],
+            )
+        ],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+
+
+def produce_request(topic: str, value: bytes, *, acks: int = -1) -> Any:
+    """Produce v7 of one record (``value``, no key) to partition 0 of ``topic``."""
+    builder = BatchBuilder()
+    builder.append(int(time.time() * 1000), None, value)
+    return ProduceRequest[7](
+        acks=acks,
+        timeout_ms=5_000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(
+                        index=0, records=builder.build()
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def frame(request: Any, client_id: str, correlation_id: int = 1) -> bytes:
+    """``request`` framed with its header."""
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(request.encode(header=True, framed=True))
+
+
+def read_exactly(sock: socket.socket, count: int) -> bytes | None:
+    """``count`` bytes from ``sock``, or None if the peer hung up first."""
+    data = b""
+    while len(data) < count:
+        try:
+            chunk = sock.recv(count - len(data))
+        except ConnectionResetError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def read_frame(sock: socket.socket) -> bytes | None:
+    """One response frame (header and body) from ``sock``; None if the peer hung up."""
+    prefix = read_exactly(sock, 4)
+    if prefix is None:
+        return None
+    return read_exactly(sock, struct.unpack(">i", prefix)[0])
+
+
+def call(sock: socket.socket, request: Any, client_id: str) -> bytes | None:
+    """One request on ``sock``; its response frame, or None if the broker hung up."""
+    sock.sendall(frame(request, client_id))
+    return read_frame(sock)
