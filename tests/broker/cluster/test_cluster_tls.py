@@ -15,7 +15,7 @@ from broker.scram import credential_from_password
 from broker.testing_tls import TestPki
 from broker.users import ZooKeeperUserStore
 from client import AdminClient, Consumer, Producer, TopicPartition
-from storage.errors import BrokerUnavailableError, TidelogError
+from storage.errors import BrokerUnavailableError, KafkaTimeoutError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -33,7 +33,9 @@ def test_replication_over_mutual_tls(tmp_path: Path) -> None:
     with LocalCluster(brokers=2, session_timeout_ms=3_000, settings=settings) as cluster:
         with (
             AdminClient(cluster.bootstrap, request_timeout_ms=1_500) as plain,
-            pytest.raises(BrokerUnavailableError),
+            # No answer for a plaintext client: refused at the handshake, or (on a loaded
+            # machine, as once in CI) still unanswered when its deadline passed.
+            pytest.raises((BrokerUnavailableError, KafkaTimeoutError)),
         ):
             plain.list_topics()
         with AdminClient(cluster.bootstrap, request_timeout_ms=20_000, **client) as admin:
