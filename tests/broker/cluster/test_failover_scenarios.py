@@ -119,12 +119,6 @@ def test_sigkill_of_the_controller_under_load(cluster: LocalCluster) -> None:
     assert counts["acknowledged"] >= 500
 
 
-@pytest.mark.xfail(
-    reason="known bug, issue 14 stays open: after every broker restarted at once a group's "
-    "committed offset was still seen going backwards in CI (67 -> 63) after the "
-    "previous-life leadership fix; not reproduced locally",
-    strict=False,
-)
 def test_all_brokers_restarted_at_once(cluster: LocalCluster) -> None:
     """Every broker SIGKILLed, then all started together: no controller saw them die, so
     each must wait for the new controller's grant (a new epoch) before leading; nothing
@@ -142,12 +136,6 @@ def test_all_brokers_restarted_at_once(cluster: LocalCluster) -> None:
     assert counts["acknowledged"] >= 500
 
 
-@pytest.mark.xfail(
-    reason="known bug, issue 14 stays open: in CI a partition was seen without a leader "
-    "during the rolling restart (and in session 4 the ISR did not refill within 90 s); "
-    "passes locally; suspect: views showing no leader for a restarted broker's old grants",
-    strict=False,
-)
 def test_rolling_restart_with_controlled_shutdown(cluster: LocalCluster) -> None:
     """SIGTERM each broker in turn (controlled shutdown moves its leaderships first): no
     partition is ever offline, and nothing is lost."""
