@@ -41,7 +41,10 @@ CONFIGURATION = {
     "server": "as Tidelog, plus kafka.listen (the Kafka wire-protocol listener)",
     "durability": "acks=all: as Tidelog (fsynced up to the request's last offset)",
     "produce": "confluent-kafka Producer(acks=all, linger.ms=5), produce() then flush()",
-    "consume": f"confluent-kafka Consumer, assign from offset 0, consume({READ_BATCH}), no group",
+    "consume": (
+        f"confluent-kafka Consumer, assign from offset 0, consume({READ_BATCH}), no group, "
+        "fetch.queue.backoff.ms=10"
+    ),
     "latency": "confluent-kafka Producer(acks=all, linger.ms=0); produce() + flush() per record",
     "end_to_end": "acks=all producer; a confluent-kafka Consumer waiting in poll()",
 }
@@ -120,7 +123,16 @@ def _consume(workload: Workload, address: str) -> dict[str, Any]:
     import confluent_kafka
 
     consumer = confluent_kafka.Consumer(
-        {"bootstrap.servers": address, "group.id": "bench", "enable.auto.commit": False}
+        {
+            "bootstrap.servers": address,
+            "group.id": "bench",
+            "enable.auto.commit": False,
+            # librdkafka stops fetching for fetch.queue.backoff.ms (1 s by default) each
+            # time its local queue holds queued.min.messages: with a broker faster than
+            # the Python loop draining the queue, a third of the run was that pause
+            # (its debug log: "Fetch backoff for 1000ms: Local: Queue full").
+            "fetch.queue.backoff.ms": 10,
+        }
     )
     try:
         consumer.assign([confluent_kafka.TopicPartition(workload.stream, 0, 0)])
