@@ -238,8 +238,9 @@ class FetchPath:
         # The end offsets are taken before the data is read: an append after this point
         # moves them, so the parked operation completes at once (or this read already
         # holds its records). Taken after the read, an append between the two was
-        # counted as seen without being read, and the fetch slept to its deadline (the
-        # 500 ms end-to-end p99.9 of the peer benchmark).
+        # counted as seen without being read, and the fetch slept to its deadline. (An
+        # append publishes its end offset after its bytes, ``Segment.append``, so an end
+        # taken here is never ahead of what the read can reach.)
         seen = self._ends(pending.spec)
         answers = self._read_all(pending.spec)
         pending.last_answers = answers

@@ -333,8 +333,13 @@ class Segment:
                 )
         finally:
             # Published last: a lock-free reader bounded by size_bytes finds the batches'
-            # index entries and times already there.
+            # index entries and times already there; and the next offset (a single node's
+            # high watermark) only after the bytes, so no reader sees a new end before it
+            # can read up to it (a fetch that did parked as if it had read the records, and
+            # slept to its deadline: a 500 ms end-to-end p99.9).
             self.size_bytes = start + written
+            if batches:
+                self.next_offset = batches[-1].header.next_offset
 
     def _index_batch(self, position: int, header: BatchHeader) -> None:
         # Kafka's rule: an entry when more than index.interval.bytes were appended since the
@@ -347,7 +352,6 @@ class Segment:
             self.time_index.maybe_append(self.max_timestamp_ms, header.base_offset)
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += header.size_bytes
-        self.next_offset = header.next_offset
 
     @property
     def index_is_full(self) -> bool:
@@ -407,6 +411,7 @@ class Segment:
                 if batch.position == 0:
                     self.first_batch_timestamp_ms = header.max_timestamp
                 self._index_batch(batch.position, header)
+                self.next_offset = header.next_offset
                 valid_end = batch.position + header.size_bytes
         except CorruptRecordError as exc:
             log.warning(

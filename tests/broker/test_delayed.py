@@ -193,7 +193,7 @@ def test_an_append_between_the_read_and_the_park_still_wakes_the_fetch(
     """An append that lands after the fetch read (nothing) and before it parks: its
     wake-up finds no watcher, so the park itself must see the log grew. (The end offsets
     used to be taken after the read, counting such a record as seen: the fetch slept to
-    its deadline, the 500 ms end-to-end p99.9 of the peer benchmark.)"""
+    its deadline.)"""
     fetch_path = core._fetch
     read_all = fetch_path._read_all
 

@@ -121,3 +121,28 @@ def test_concurrent_reads_see_whole_appends_with_their_times(
     assert problems == []
     assert log.log_end_offset == 3 * batches
     assert log.segment_count > 10
+
+
+def test_the_end_offset_moves_only_once_the_records_can_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single node's high watermark is the log end: a reader that saw a new end before
+    the bytes up to it were readable parked its fetch as if it had read them, and slept to
+    its deadline (a 500 ms end-to-end p99.9). Seen from inside an append (its batch-times
+    step, after the bytes are written and before the size is published), the end is
+    still the old one."""
+    plog = open_log(tmp_path, ManualClock())
+    plog.append(make_batch([b"first"]), BatchTimes(1, 2))
+    segment = plog.segments[-1]
+    seen: list[tuple[int, bytes]] = []
+    real_append = segment.batch_times.append
+
+    def look_then_append(entries: list) -> None:  # type: ignore[type-arg]
+        seen.append((plog.high_watermark, plog.read(1, 1 << 20).records))
+        real_append(entries)
+
+    monkeypatch.setattr(segment.batch_times, "append", look_then_append)
+    plog.append(make_batch([b"second"]), BatchTimes(3, 4))
+    assert seen == [(1, b"")]  # mid-append: neither the end nor the bytes yet
+    assert plog.high_watermark == 2
+    assert plog.read(1, 1 << 20).records  # once published, both
