@@ -61,7 +61,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.groups.assignor import Assignment, TopicPartition, assign
@@ -85,6 +85,7 @@ __all__ = [
     "HeartbeatRequest",
     "MemberView",
     "Removal",
+    "owner_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -191,12 +192,13 @@ class GroupView:
     group_epoch: int
     members: tuple[MemberView, ...]
 
-    def owner_of(self, tp: TopicPartition) -> str:
-        """The member holding ``tp`` (assigned or still revoking), "" if none."""
-        for member in self.members:
-            if tp in member.assigned or tp in member.revoking:
-                return member.member_id
-        return ""
+
+def owner_of(members: Sequence[MemberView], tp: TopicPartition) -> str:
+    """The member holding ``tp`` (assigned or still revoking), "" if none."""
+    for member in members:
+        if tp in member.assigned or tp in member.revoking:
+            return member.member_id
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

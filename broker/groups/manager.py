@@ -49,6 +49,7 @@ from broker.groups.coordinator import (
     HeartbeatRequest,
     MemberView,
     Removal,
+    owner_of,
 )
 from broker.groups.offset_records import MAX_STRING_BYTES, OffsetValue
 from broker.groups.offset_store import OffsetStore, OffsetStoreConfig
@@ -472,16 +473,13 @@ class GroupManager:
         if not members and not committed:
             raise GroupIdNotFoundError(f"no group {group_id!r}")
         tps = set(committed)
-        owners: dict[TopicPartition, str] = {}
         for member in members:
             tps.update(member.assigned, member.revoking, member.target)
-            for tp in (*member.assigned, *member.revoking):
-                owners.setdefault(tp, member.member_id)
         partitions = []
         for tp in sorted(tps):
             value = committed.get(tp)
             partitions.append(
-                self._lag(tp, value.offset if value is not None else -1, owners.get(tp, ""))
+                self._lag(tp, value.offset if value is not None else -1, owner_of(members, tp))
             )
         return GroupDescription(group_id, state, epoch, members, tuple(partitions))
 
