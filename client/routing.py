@@ -308,17 +308,26 @@ class ClusterConnections:
 
         ``t`` is the time left in ms. A routing error (``ROUTING_ERRORS``) marks the
         metadata stale (and forgets ``group_id``'s coordinator), waits 100 ms doubling
-        to 1 s, and tries again; at the timeout it is raised. Any other error is raised
-        at once.
+        to 1 s, and tries again; at the timeout it is raised (also when the deadline
+        cuts the attempt after it short: a ``KafkaTimeoutError`` then stands only for a
+        call that never got an answer). Any other error is raised at once.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
         deadline = self._monotonic_ms() + timeout
         backoff = _INITIAL_BACKOFF_MS
+        refused: TidelogError | None = None
         while True:
             remaining = max(deadline - self._monotonic_ms(), 1)
             try:
                 result = call(route(remaining), remaining)
+            except KafkaTimeoutError as exc:
+                # The deadline cut a retry short: what kept the call from succeeding is
+                # the refusal before it, not the last attempt's want of time.
+                if refused is None or self._monotonic_ms() < deadline:
+                    raise
+                raise refused from exc
             except ROUTING_ERRORS as exc:
+                refused = exc
                 self.mark_stale()
                 if group_id is not None:
                     self.forget_coordinator(group_id)

@@ -21,7 +21,7 @@ def test_a_joining_broker_describes_no_topic_until_it_has_the_view() -> None:
         core.placement = JoiningPlacement(0)
         try:
             with pytest.raises(LeaderNotAvailableError, match="joining the cluster"):
-                admin.describe_topic("joining", timeout_ms=600)
+                admin.describe_topic("joining", timeout_ms=2_000)
         finally:
             core.placement = joined
         described = admin.describe_topic("joining", timeout_ms=10_000)
@@ -45,9 +45,9 @@ def test_a_joining_broker_coordinates_no_group_and_administers_no_topic() -> Non
             core.topic_admin = JoiningTopicAdmin(0)
             try:
                 with pytest.raises((NotCoordinatorError, LeaderNotAvailableError)):
-                    consumer.committed(tp, timeout_ms=600)
+                    consumer.committed(tp, timeout_ms=2_000)
                 with pytest.raises(NotControllerError):
-                    admin.create_topic("made-while-joining", 1, timeout_ms=600)
+                    admin.create_topic("made-while-joining", 1, timeout_ms=2_000)
                 # Asked directly (a client with stale metadata), the core refuses too.
                 with pytest.raises(NotControllerError, match="joining the cluster"):
                     core.create_topic("made-while-joining", 1, {})

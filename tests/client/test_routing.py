@@ -12,7 +12,9 @@ from client.types import TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
     InvalidReplicationFactorError,
+    KafkaTimeoutError,
     LeaderNotAvailableError,
+    NotCoordinatorError,
     UnknownTopicOrPartitionError,
 )
 
@@ -171,3 +173,34 @@ def test_admin_calls_follow_the_controller() -> None:
     assert cluster.calls_to(2, "create_topic") == 1
     with pytest.raises(InvalidReplicationFactorError):
         create("c", 3)
+
+
+def test_a_deadline_cutting_a_retry_short_raises_the_refusal_before_it() -> None:
+    """Retrying a refused call until the timeout, the last attempt is often cut off by the
+    deadline (a loaded machine): the caller learns why the call failed (the coordinator
+    refused), not merely that the last attempt ran out of time."""
+    cluster = InMemoryCluster(1)
+    clock = ManualClock()
+    connections = _connections(cluster, clock)
+    attempts: list[int] = []
+
+    def call(connection: object, timeout: int) -> None:
+        attempts.append(timeout)
+        if len(attempts) == 1:
+            raise NotCoordinatorError("broker 0 is not the coordinator of g")
+        clock.now_ms += timeout  # no answer before the deadline
+        raise KafkaTimeoutError("OffsetFetch g: no answer before the deadline")
+
+    route = connections.route_any()
+    with pytest.raises(NotCoordinatorError, match="not the coordinator") as raised:
+        connections.run(route, call, what="OffsetFetch g", timeout_ms=600, group_id="g")
+    assert isinstance(raised.value.__cause__, KafkaTimeoutError)
+    assert attempts == [600, 500]
+    # Without an earlier refusal, running out of time is the whole story.
+
+    def silent(connection: object, timeout: int) -> None:
+        clock.now_ms += timeout
+        raise KafkaTimeoutError("OffsetFetch g: no answer before the deadline")
+
+    with pytest.raises(KafkaTimeoutError):
+        connections.run(route, silent, what="OffsetFetch g", timeout_ms=600, group_id="g")
