@@ -240,6 +240,30 @@ def _ceiling(spark: Any, address: str, topic: str, partitions: int, work: Path) 
     return time.perf_counter() - started
 
 
+def _stream_ceiling(
+    spark: Any, topic: str, work: Path, checkpoint: Path
+) -> tuple[float, float, int]:
+    """Wall seconds, seconds before the first trigger and rows of ``spark.readStream`` of the
+    ceiling source over the files ``_ceiling`` wrote for ``topic``: Spark's streaming
+    machinery with nothing of Tidelog's in it."""
+    paths = sorted(str(p) for p in (work / f"ceiling-{topic}").glob("partition-*.arrow"))
+    df = spark.readStream.format("tidelog_ceiling").option("paths", ",".join(paths)).load()
+    started = time.perf_counter()
+    started_at = time.time()
+    query = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    wall = time.perf_counter() - started
+    progress = query.recentProgress
+    rows = sum(p["numInputRows"] for p in progress)
+    first = datetime.fromisoformat(progress[0]["timestamp"].replace("Z", "+00:00")).timestamp()
+    return wall, max(first - started_at, 0.0), rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=500_000)
@@ -258,6 +282,7 @@ def main() -> None:
         _parquet(spark, address, "warmup", work / "warmup.parquet")
         _batch_read(spark, address, "warmup")
         _ceiling(spark, address, "warmup", args.partitions, work)
+        _stream_ceiling(spark, "warmup", work, work / "ck-ceiling-warmup")
 
         wall, busy, rows, startup = _stream(spark, address, "bench", work / "ck-bench")
         assert rows == records, (rows, records)
@@ -266,6 +291,11 @@ def main() -> None:
         _reader_alone(address, "warmup")
         reader_s, reader_rows = _reader_alone(address, "bench")
         ceiling_s = _ceiling(spark, address, "bench", args.partitions, work)
+        stream_ceiling_s, stream_ceiling_startup, ceiling_rows = _stream_ceiling(
+            spark, "bench", work, work / "ck-ceiling-bench"
+        )
+        assert ceiling_rows == records, (ceiling_rows, records)
+        stream_ceiling_rate = records / stream_ceiling_s
         stream_rate, batch_rate = records / wall, records / batch_s
         ceiling_rate, parquet_rate = records / ceiling_s, records / parquet_s
         result = {
@@ -290,6 +320,10 @@ def main() -> None:
             "stream_over_ceiling_trigger_time": round(records / busy / ceiling_rate, 3)
             if busy
             else None,
+            "stream_ceiling_records_per_s": round(stream_ceiling_rate),
+            "stream_ceiling_startup_s": round(stream_ceiling_startup, 2),
+            "stream_ceiling_over_ceiling": round(stream_ceiling_rate / ceiling_rate, 3),
+            "stream_over_stream_ceiling": round(stream_rate / stream_ceiling_rate, 3),
         }
         print(
             f"stream  {result['stream_records_per_s']:>10,} records/s  ({wall:.1f} s wall, "
@@ -298,6 +332,9 @@ def main() -> None:
             f"batch   {result['batch_read_records_per_s']:>10,} records/s  ({batch_s:.1f} s)\n"
             f"ceiling {result['ceiling_records_per_s']:>10,} records/s  ({ceiling_s:.1f} s: "
             "pre-built Arrow batches, no broker)\n"
+            f"stream ceiling {result['stream_ceiling_records_per_s']:>10,} records/s  "
+            f"({stream_ceiling_s:.1f} s; {stream_ceiling_startup:.1f} s before the first "
+            "trigger: the same batches through readStream)\n"
             f"reader  {result['reader_alone_records_per_s_per_partition']:>10,} records/s "
             f"a partition, outside Spark\n"
             f"codec {result['codec']}: stream/ceiling {result['stream_over_ceiling']}, "

@@ -5,6 +5,12 @@ yields pre-built Arrow batches of the same rows: no broker, no fetching, no deco
 ``write_partition_files`` writes each partition's rows, as the real reader returns them,
 to an Arrow IPC file; the source's ``read`` memory-maps a file and yields its batches.
 Its rate is the most a source that hands Spark Arrow batches can reach on this machine.
+
+The same source read with ``spark.readStream`` (``Trigger.AvailableNow``, one
+micro-batch of every row: offsets are row counts per file) is the streaming ceiling: what
+Spark's Python *streaming* data source machinery allows (a Python process for the
+driver side, the offset log and commit log written per trigger), which no streaming
+source can beat, however fast it decodes.
 """
 
 from __future__ import annotations
@@ -13,7 +19,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 from pyspark.sql.types import StructType
 
 from spark_sink.schema import arrow_schema, source_schema
@@ -51,6 +63,9 @@ class CeilingDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return _CeilingReader(self.options["paths"].split(","))
 
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        return _CeilingStreamReader(self.options["paths"].split(","))
+
 
 class _CeilingReader(DataSourceReader):
     def __init__(self, paths: list[str]) -> None:
@@ -64,3 +79,39 @@ class _CeilingReader(DataSourceReader):
         reader = pa.ipc.open_file(pa.memory_map(partition.value))
         for index in range(reader.num_record_batches):
             yield reader.get_batch(index)
+
+
+class _CeilingStreamReader(DataSourceStreamReader):
+    """Offsets ``{"0": rows, "1": rows...}``: every file is there from the start, so the
+    first trigger reads all of it and the next finds nothing new."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self._paths = paths
+
+    def initialOffset(self) -> dict[str, int]:  # noqa: N802
+        return {str(index): 0 for index in range(len(self._paths))}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
+        rows = {}
+        for index, path in enumerate(self._paths):
+            reader = pa.ipc.open_file(pa.memory_map(path))
+            rows[str(index)] = sum(
+                reader.get_batch(b).num_rows for b in range(reader.num_record_batches)
+            )
+        return rows
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return [
+            InputPartition(path)
+            for index, path in enumerate(self._paths)
+            if end[str(index)] > start[str(index)]
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _CeilingReader([]).read(partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Nothing to keep: the files do not change."""
