@@ -323,9 +323,13 @@ def _workloads_for(step: Step, settings: Settings, tag: str) -> list[Workload]:
     stream = f"bench-{step.kind.replace('_', '-')}-{step.value_bytes}-{step.acks}-{tag}"
     if step.kind in ("produce", "consume"):
         stream = f"bench-throughput-{step.value_bytes}-{step.acks}-{tag}"
-        return [
+        planned = [
             Workload(step.kind, stream, step.value_bytes, records=settings.records, acks=step.acks)
         ]
+        if step.kind == "consume" and step.peer == "tidelog":
+            # The same records over a bare FetchStream right after: the transport's ceiling.
+            planned.append(replace(planned[0], kind="consume_bare"))
+        return planned
     if step.kind in ("latency", "end_to_end"):
         return [
             Workload(step.kind, stream, step.value_bytes, samples=settings.samples, acks=step.acks)
@@ -475,6 +479,8 @@ def _run_group(
             else:
                 if step.kind == "partitions":
                     entry["figures"] = {"produce": figures[0], "consume": figures[1]}
+                elif len(figures) == 2:  # Tidelog's consume, then the bare FetchStream
+                    entry["figures"] = {**figures[0], "bare_fetch_stream": figures[1]}
                 elif step.kind == "backlog":
                     entry["figures"] = figures[0]
                     entry["figures"]["data_dir_bytes"] = directory_bytes(server.data_dir)
@@ -530,7 +536,11 @@ def _error(doc: dict[str, Any], step: Step, message: str, progress: Progress) ->
 def _one_line(label: str, step: Step, figures: dict[str, Any]) -> str:
     head = f"{label:18} {step.kind:10} {step.value_bytes:>5} B"
     if step.kind in ("produce", "consume"):
-        return f"{head}: {figures['records_per_s']:>9,} records/s {figures['mb_per_s']:>7.1f} MB/s"
+        line = f"{head}: {figures['records_per_s']:>9,} records/s {figures['mb_per_s']:>7.1f} MB/s"
+        bare = figures.get("bare_fetch_stream")
+        if bare:
+            line += f" (bare FetchStream {bare['mb_per_s']:.1f} MB/s)"
+        return line
     if step.kind in ("latency", "end_to_end"):
         return (
             f"{head}: p50 {figures['p50_ms']:.3f} p99 {figures['p99_ms']:.3f} "

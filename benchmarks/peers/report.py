@@ -66,6 +66,39 @@ def _throughput_table(doc: dict[str, Any], kind: str) -> list[str]:
     return _table(header, rows, ["---"] + ["---:"] * (len(header) - 1))
 
 
+def _bare_fetch_lines(doc: dict[str, Any]) -> list[str]:
+    """Tidelog's consume beside a bare ``FetchStream`` of the same records (same run)."""
+    rows = []
+    for entry in _find(doc, peer="tidelog", workload="consume"):
+        bare = entry["figures"].get("bare_fetch_stream")
+        if not bare:
+            continue
+        figures = entry["figures"]
+        rows.append(
+            [
+                _size_label(entry["value_bytes"]),
+                f"{figures['mb_per_s']:,.1f}",
+                f"{bare['mb_per_s']:,.1f}",
+                f"{bare['wire_mb_per_s']:,.1f}",
+                f"{figures['mb_per_s'] / bare['mb_per_s']:.2f}",
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "Tidelog's consumer against a bare `FetchStream` of the same records right after it "
+        "(the generated stub alone, one fetch at a time, nothing decoded): the transport's "
+        "ceiling for this client.",
+        "",
+        *_table(
+            ["value", "consumer MB/s", "bare FetchStream MB/s", "its wire MB/s", "ratio"],
+            rows,
+            ["---", "---:", "---:", "---:", "---:"],
+        ),
+        "",
+    ]
+
+
 def _latency_table(doc: dict[str, Any], kind: str) -> list[str]:
     sizes = doc["settings"]["value_sizes"]
     header = ["peer"]
@@ -306,6 +339,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for kind in ("produce", "consume"):
         if _find(doc, workload=kind):
             lines += [f"### {WORKLOAD_TITLES[kind]}", "", *_throughput_table(doc, kind), ""]
+    lines += _bare_fetch_lines(doc)
     for kind in ("latency", "end_to_end"):
         if _find(doc, workload=kind):
             lines += [f"### {WORKLOAD_TITLES[kind]}", "", *_latency_table(doc, kind), ""]

@@ -16,6 +16,7 @@ while the application decodes). Latency runs use ``linger_ms=0`` and wait for ea
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -150,6 +151,8 @@ def run(workload: Workload, address: str) -> dict[str, Any]:
         return _produce(workload, address)
     if workload.kind == "consume":
         return _consume(workload, address)
+    if workload.kind == "consume_bare":
+        return _consume_bare(workload, address)
     if workload.kind == "latency":
         return _latency(workload, address)
     if workload.kind == "end_to_end":
@@ -203,6 +206,73 @@ def _consume(workload: Workload, address: str) -> dict[str, Any]:
         seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     figures = throughput_figures(got, KEY_BYTES + workload.value_bytes, seconds, cpu_s)
     figures["payload_bytes"] = payload
+    return figures
+
+
+def _consume_bare(workload: Workload, address: str) -> dict[str, Any]:
+    """The same records over a bare ``FetchStream``: what grpcio carries here, no client.
+
+    The stub alone, with the consumer's fetch sizes (1 MiB a partition): one fetch at a
+    time (the next offset is in the answer), the answer's bytes counted and never
+    decoded; only the last batch's header is read, to know where to fetch next. The
+    consumer's rate over this one, in the same run, is how much of the transport's
+    ceiling the client leaves unused.
+    """
+    import grpc
+
+    from proto.tidelog.v1 import broker_pb2 as pb
+    from proto.tidelog.v1 import broker_pb2_grpc
+    from storage.records import iter_batch_headers
+
+    requests: queue.SimpleQueue[pb.FetchRequest | None] = queue.SimpleQueue()
+
+    def outgoing() -> Any:
+        while (request := requests.get()) is not None:
+            yield request
+
+    def fetch(offset: int, correlation_id: int) -> pb.FetchRequest:
+        return pb.FetchRequest(
+            correlation_id=correlation_id,
+            max_wait_ms=500,
+            min_bytes=1,
+            max_bytes=52_428_800,
+            partitions=[
+                pb.FetchPartition(
+                    topic=workload.stream,
+                    partition=0,
+                    fetch_offset=offset,
+                    partition_max_bytes=1_048_576,
+                )
+            ],
+        )
+
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        answers = stub.FetchStream(outgoing())
+        offset, fetches, wire_bytes = 0, 0, 0
+        started, cpu_started = time.perf_counter(), time.process_time()
+        requests.put(fetch(offset, fetches))
+        for answer in answers:
+            records = answer.results[0].records
+            if answer.results[0].error_code:
+                raise RuntimeError(f"bare fetch failed: {answer.results[0].error_code}")
+            wire_bytes += len(records)
+            last = None
+            for _, header in iter_batch_headers(records, validate=False):
+                last = header
+            if last is not None:
+                offset = last.next_offset
+            fetches += 1
+            if offset >= workload.records:
+                break
+            requests.put(fetch(offset, fetches))
+        seconds, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+        requests.put(None)
+        answers.cancel()
+    figures = throughput_figures(offset, KEY_BYTES + workload.value_bytes, seconds, cpu_s)
+    figures["fetches"] = fetches
+    figures["wire_mb_per_s"] = round(wire_bytes / seconds / 1e6, 1)
     return figures
 
 

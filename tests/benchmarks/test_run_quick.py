@@ -69,6 +69,12 @@ def test_results_json_has_every_workload(results: tuple[dict[str, object], Path]
             assert figures["records"] == 2000
             assert figures["records_per_s"] > 0
             assert figures["server_cpu_s"] >= 0
+            if entry["workload"] == "consume":
+                # The bare FetchStream reached the end of the same records.
+                bare = figures["bare_fetch_stream"]
+                assert bare["records"] == 2000
+                assert bare["fetches"] >= 1
+                assert bare["wire_mb_per_s"] >= bare["mb_per_s"] > 0
         elif entry["workload"] in ("latency", "end_to_end"):
             assert figures["samples"] == 30
             assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["p999_ms"]
@@ -96,6 +102,7 @@ def test_markdown_and_charts(results: tuple[dict[str, object], Path]) -> None:
     ):
         assert heading in text, heading
     assert "| Tidelog acks=1 |" in text
+    assert "bare `FetchStream`" in text
     try:
         import matplotlib  # noqa: F401
     except ImportError:
