@@ -43,7 +43,14 @@ from broker.group_fsync import DURABLE, PENDING, GroupFsync
 from broker.metrics import BrokerMetrics
 from storage.batch_times import BatchTimes
 from storage.clock import Clock, SystemClock
-from storage.errors import InvalidRequestError, InvalidTopicError, KafkaTimeoutError, StorageError
+from storage.errors import (
+    FencedLeaderEpochError,
+    InvalidRequestError,
+    InvalidTopicError,
+    KafkaTimeoutError,
+    NotLeaderOrFollowerError,
+    StorageError,
+)
 from storage.log_manager import LogManager
 from storage.partition_log import AppendResult, PartitionLog
 
@@ -290,9 +297,21 @@ class ProducePath:
                     acks_all=part.acks_all,
                     current_leader_epoch=part.current_leader_epoch,
                 )
-            result = partition_log.append(
-                part.records, part.times if self._batch_times else None, leader_epoch=epoch
-            )
+            try:
+                result = partition_log.append(
+                    part.records, part.times if self._batch_times else None, leader_epoch=epoch
+                )
+            except FencedLeaderEpochError as exc:
+                # This broker's leadership moved to a newer epoch between the check above
+                # and the append (the controller bumped it: an ISR change, a re-election),
+                # and the log refused the stale stamp; nothing was appended. Not the
+                # client's stale epoch (checked above): "not the leader (of that epoch)",
+                # which every client retries; a Kafka producer treats FENCED_LEADER_EPOCH
+                # on produce as final, since Kafka's produce never answers it.
+                raise NotLeaderOrFollowerError(
+                    f"{part.topic}-{part.partition}: the leader epoch moved during the "
+                    "append; nothing appended, retry"
+                ) from exc
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()

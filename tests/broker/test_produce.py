@@ -208,3 +208,40 @@ def test_multi_batch_request_in_one_partition(stub: pb_grpc.BrokerStub) -> None:
     result = produce(stub, "t", 0, records)
     assert (result.error_code, result.base_offset) == ("", 0)
     assert _values(stub, "t") == [b"a", b"b", b"c"]
+
+
+class _StaleLeadership:
+    """The replica manager as a produce can find it mid-election: it still answers the
+    epoch it led at while the log has already begun the next one (``Replicas._lead``
+    records the new epoch in the log, then in its own table)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def leader_epoch_for_append(
+        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
+    ) -> int:
+        return self.epoch
+
+    def after_append(self, topic: str, partition: int) -> None:
+        pass
+
+
+def test_an_epoch_bump_during_the_append_answers_not_leader_and_appends_nothing(
+    broker: InProcessBroker, stub: pb_grpc.BrokerStub
+) -> None:
+    """Kafka's produce never answers FENCED_LEADER_EPOCH, and librdkafka fails a record
+    for good on it (seen in the Kafka listener's cluster test after a broker was killed):
+    the race answers NOT_LEADER_OR_FOLLOWER, which every client retries."""
+    create_topic(stub, "bumped")
+    assert produce(stub, "bumped", 0, make_batch([b"before"])).error_code == ""
+    core = broker.server.core
+    core.logs.get_log("bumped", 0).begin_leader_epoch(4)
+    core._produce.replication = _StaleLeadership(3)  # type: ignore[assignment]
+    try:
+        refused = produce(stub, "bumped", 0, make_batch([b"stale stamp"]))
+    finally:
+        core._produce.replication = None
+    assert refused.error_code == "NOT_LEADER_OR_FOLLOWER", refused
+    assert "leader epoch moved" in refused.error_message
+    assert _values(stub, "bumped") == [b"before"]
