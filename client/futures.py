@@ -10,6 +10,9 @@ object:
   lock round with one ``notify_all`` (``settle_success``/``settle_failure``); callbacks
   run after, outside the lock;
 - the waiter and callback lists are made on first use (most records never have either);
+- what settling writes lives in slots: settling allocates nothing per record (an
+  instance dictionary per future doubled both the settle's cost and the objects the
+  collector tracks per record in flight);
 - the result is the batch's ``BatchOutcome`` plus the record's index, and the
   ``RecordMetadata`` tuple is built when ``result()`` asks for it, so a fire-and-forget
   ``send`` never builds one.
@@ -43,6 +46,7 @@ from client.types import RecordMetadata
 __all__ = ["BatchOutcome", "RecordFuture", "settle_failure", "settle_success"]
 
 _new_metadata = tuple.__new__
+_getattr = getattr
 
 
 class BatchOutcome:
@@ -80,16 +84,20 @@ class BatchOutcome:
 class RecordFuture(Future[RecordMetadata]):
     """The future of one sent record; resolves to its ``RecordMetadata``.
 
-    Every field starts as a class attribute and becomes an instance attribute when first
-    set, so a new future is an empty object: ``factory`` makes them without running any
-    ``__init__`` at all.
+    A new future is an empty object: ``factory`` makes them without running any
+    ``__init__`` at all. What settling writes (state, outcome, index, error) lives in
+    slots, so settling a batch allocates nothing per record: an instance dictionary per
+    future (made by the first attribute set) cost as much as the rest of the settle and
+    was one more object per record for the garbage collector to track. An unset slot
+    reads as its stock default through the properties below (``_state`` is ``PENDING``
+    until settled). The waiter and callback lists start as class attributes (None) and
+    become instance attributes when first attached, as most records never have either.
     """
 
+    __slots__ = ("_index", "_settled_error", "_settled_result", "_settled_state")
+
     _condition: threading.Condition
-    _state = PENDING
-    _result: Any = None  # the batch's BatchOutcome once stored
-    _exception: BaseException | None = None
-    _index = 0
+    _index: int
     _waiter_list: list[Any] | None = None
     _callback_list: list[Callable[[Future[RecordMetadata]], object]] | None = None
 
@@ -98,6 +106,32 @@ class RecordFuture(Future[RecordMetadata]):
         # lists per record.
         self._condition = condition
 
+    # The stock implementation reads and writes these three; unset, they are its defaults.
+    @property
+    def _state(self) -> str:
+        return _getattr(self, "_settled_state", PENDING)
+
+    @_state.setter
+    def _state(self, value: str) -> None:
+        self._settled_state = value
+
+    @property
+    def _result(self) -> Any:
+        """The batch's ``BatchOutcome`` once stored, else None."""
+        return _getattr(self, "_settled_result", None)
+
+    @_result.setter
+    def _result(self, value: Any) -> None:
+        self._settled_result = value
+
+    @property
+    def _exception(self) -> BaseException | None:
+        return _getattr(self, "_settled_error", None)
+
+    @_exception.setter
+    def _exception(self, value: BaseException | None) -> None:
+        self._settled_error = value
+
     @classmethod
     def factory(cls, condition: threading.Condition) -> Callable[[], RecordFuture]:
         """A maker of futures sharing ``condition``, as cheap as making an empty object.
@@ -105,7 +139,11 @@ class RecordFuture(Future[RecordMetadata]):
         It makes instances of a subclass (one per producer) whose class holds the
         condition, so nothing has to be set per future.
         """
-        shared = type(cls.__name__, (cls,), {"_condition": condition, "__module__": __name__})
+        shared = type(
+            cls.__name__,
+            (cls,),
+            {"_condition": condition, "__module__": __name__, "__slots__": ()},
+        )
         return partial(object.__new__, shared)
 
     # The stock implementation appends to these; they exist once something is attached.
@@ -184,9 +222,9 @@ def settle_success(
     """Complete ``futures`` (one batch, in record order) with ``outcome``: one lock round."""
     with condition:
         for index, future in enumerate(futures):
-            future._result = outcome
+            future._settled_result = outcome
             future._index = index
-            future._state = FINISHED
+            future._settled_state = FINISHED
             if future._waiter_list:
                 for waiter in future._waiter_list:
                     waiter.add_result(future)
@@ -202,8 +240,8 @@ def settle_failure(
     """Fail every future in ``futures`` with ``error``."""
     with condition:
         for future in futures:
-            future._exception = error
-            future._state = FINISHED
+            future._settled_error = error
+            future._settled_state = FINISHED
             if future._waiter_list:
                 for waiter in future._waiter_list:
                     waiter.add_exception(future)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import threading
 import time
 
@@ -118,3 +119,29 @@ def test_outcome_metadata_for_acks_zero_and_log_append_time() -> None:
         RecordMetadata("t", 3, 11, 555),
     ]
     assert "RecordMetadata" in repr(appended[1])
+
+
+def test_settling_a_batch_allocates_nothing_per_record() -> None:
+    """A future made by the factory is one object, and settling writes its slots: no
+    instance dictionary per record for the collector to track (the producer settles
+    hundreds of thousands a second). A waiter or callback still gets its list."""
+    condition = threading.Condition()
+    make = RecordFuture.factory(condition)
+    futures = [make() for _ in range(1_000)]
+    watched = futures[7]
+    seen: list[RecordMetadata] = []
+    watched.add_done_callback(lambda f: seen.append(f.result()))
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        settle_success(condition, futures, _outcome(1_000, base_offset=10))
+        grown = len(gc.get_objects()) - before
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert grown < 100, grown
+    assert [f.result(0).offset for f in futures[:3]] == [10, 11, 12]
+    assert all(f.done() for f in futures)
+    assert seen == [_metadata(17)]
+    assert concurrent.futures.wait(futures, timeout=0).not_done == set()
