@@ -181,7 +181,10 @@ class Sender:
         self._reset_errors: dict[TopicPartition, TidelogError] = {}
         self._closing = False
         self._forced = False
-        self._fatal: BaseException | None = None
+        # The producer's fatal error once it has one (the sender thread failed, or an
+        # idempotent producer's id was refused for good). A plain attribute: ``send``
+        # reads it for every record.
+        self.fatal_error: BaseException | None = None
         self._readers: list[threading.Thread] = []  # the stream readers started
         self._producer_id_backoff_until = 0
         self._metadata_backoff_until = 0
@@ -262,10 +265,6 @@ class Sender:
                 reader.join(max(0.0, deadline - time.monotonic()))
         return True
 
-    @property
-    def fatal_error(self) -> BaseException | None:
-        return self._fatal
-
     # --- the sender thread ---------------------------------------------------------------
 
     def _run(self) -> None:
@@ -280,7 +279,7 @@ class Sender:
                     self._send(broker_id, broker_batches)
         except BaseException as exc:  # the thread must not die silently
             log.exception("producer sender thread failed")
-            self._fatal = exc
+            self.fatal_error = exc
             self.force_close()
         finally:
             with self._lock:
@@ -356,7 +355,7 @@ class Sender:
                 # user...): as Kafka's producer, fatal. Everything pending and every
                 # later send fails with it at once instead of waiting out its timeout.
                 log.error("the broker refused a producer id; the producer fails: %s", exc)
-                self._fatal = exc
+                self.fatal_error = exc
                 self.force_close(exc)
                 return
             log.warning("no producer id yet: %s", exc)
