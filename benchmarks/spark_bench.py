@@ -22,7 +22,10 @@ One broker process (``python -m broker``, a temporary data directory, 127.0.0.1)
 6. the ceiling: a Python data source with the same schema yielding pre-built Arrow
    batches of the same rows (``benchmarks/spark_ceiling.py``: written by the reader to
    Arrow IPC files beforehand, memory-mapped; no broker, no decoding) read with
-   ``spark.read`` into ``noop``: what Spark's Python data source machinery allows.
+   ``spark.read`` into ``noop``: what Spark's Python data source machinery allows;
+7. the streaming ceiling: the same source with ``spark.readStream`` and
+   ``Trigger.AvailableNow`` (what Spark's Python streaming machinery allows, with
+   nothing of Tidelog's in it).
 
 The codec in use (the C extension, or the pure-Python one with ``TIDELOG_PURE_PYTHON=1``,
 which the broker and Spark's Python workers inherit) is printed and in the JSON.
@@ -33,9 +36,10 @@ share. The last line is one JSON object, with ``stream_records_per_s``,
 ``batch_records_per_s``, ``ceiling_records_per_s``, ``parquet_records_per_s`` and the
 ratios ``stream_over_ceiling``, ``batch_over_ceiling``, ``stream_over_parquet``; also
 ``stream_startup_s`` (``start()`` to the first trigger: Spark starting a fresh Python
-process for the source's driver side), ``stream_trigger_s`` (summed ``triggerExecution``)
-and ``stream_over_ceiling_trigger_time`` (the stream's rate over its trigger time against
-the ceiling).
+process for the source's driver side), ``stream_trigger_s`` (summed ``triggerExecution``),
+``stream_over_ceiling_trigger_time`` (the stream's rate over its trigger time against
+the ceiling), ``stream_ceiling_records_per_s``, ``stream_ceiling_over_ceiling`` and
+``stream_over_stream_ceiling``.
 """
 
 from __future__ import annotations
@@ -124,19 +128,10 @@ def _spark() -> Any:
     return spark
 
 
-def _stream(
-    spark: Any, address: str, topic: str, checkpoint: Path
-) -> tuple[float, float, int, float]:
-    """Wall seconds, summed triggerExecution seconds, rows read, and the seconds from
-    ``start()`` to the first trigger (the query's start-up: Spark launches a fresh Python
-    process for the source's driver side, which imports pyspark and the source)."""
-    df = (
-        spark.readStream.format("tidelog")
-        .option("bootstrap.servers", address)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .load()
-    )
+def _available_now(df: Any, checkpoint: Path) -> tuple[float, float, int, float]:
+    """Run ``df`` into the ``noop`` sink with ``Trigger.AvailableNow``: wall seconds,
+    summed ``triggerExecution`` seconds, rows read, and the seconds from ``start()`` to
+    the first trigger."""
     started = time.perf_counter()
     started_at = time.time()
     query = (
@@ -156,6 +151,22 @@ def _stream(
         else started_at
     )
     return wall, busy, rows, max(first - started_at, 0.0)
+
+
+def _stream(
+    spark: Any, address: str, topic: str, checkpoint: Path
+) -> tuple[float, float, int, float]:
+    """Wall seconds, summed triggerExecution seconds, rows read, and the seconds from
+    ``start()`` to the first trigger (the query's start-up: Spark launches a fresh Python
+    process for the source's driver side, which imports pyspark and the source)."""
+    df = (
+        spark.readStream.format("tidelog")
+        .option("bootstrap.servers", address)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    return _available_now(df, checkpoint)
 
 
 def _batch_read(spark: Any, address: str, topic: str) -> float:
@@ -248,20 +259,8 @@ def _stream_ceiling(
     machinery with nothing of Tidelog's in it."""
     paths = sorted(str(p) for p in (work / f"ceiling-{topic}").glob("partition-*.arrow"))
     df = spark.readStream.format("tidelog_ceiling").option("paths", ",".join(paths)).load()
-    started = time.perf_counter()
-    started_at = time.time()
-    query = (
-        df.writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    wall = time.perf_counter() - started
-    progress = query.recentProgress
-    rows = sum(p["numInputRows"] for p in progress)
-    first = datetime.fromisoformat(progress[0]["timestamp"].replace("Z", "+00:00")).timestamp()
-    return wall, max(first - started_at, 0.0), rows
+    wall, _busy, rows, startup = _available_now(df, checkpoint)
+    return wall, startup, rows
 
 
 def main() -> None:
