@@ -246,6 +246,11 @@ class _Console:
         title: str = "",
     ) -> HTMLResponse:
         session = self.session(request)
+        # A live refresh (console.js re-fetching the page for its data-live regions) shows
+        # no flash and leaves them for the next page load: the old page's timer can fire
+        # between a form's redirect and the page it leads to, and took the message away
+        # (seen in the browser test: a produce answered "Sent" that never showed).
+        live = request.headers.get("x-console-live") == "1"
         page = self.templates.get_template(template).render(
             {
                 "request_path": request.url.path,
@@ -253,7 +258,7 @@ class _Console:
                 "principal": session.principal,
                 "authentication": self.config.authentication,
                 "refresh_ms": self.config.refresh_ms,
-                "flashes": session.take_flashes(),
+                "flashes": [] if live else session.take_flashes(),
                 "title": title,
                 "bootstrap": self.config.bootstrap_servers,
                 **context,

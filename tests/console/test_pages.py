@@ -73,8 +73,14 @@ def test_create_topic_with_csrf_then_sort_and_filter(web: TestClient, admin: Adm
     described = admin.describe_topic(name)
     assert len(described.partitions) == 4
     assert described.config["retention.ms"] == "3600000"
+    # A live refresh landing before the redirect's page (the old page's timer) leaves
+    # the message for that page.
+    refreshed = web.get(answer.headers["location"], headers={"X-Console-Live": "1"})
+    assert refreshed.status_code == 200
+    assert f"Created topic {name}." not in refreshed.text
     shown = web.get(answer.headers["location"])
     assert f"Created topic {name}." in shown.text
+    assert f"Created topic {name}." not in web.get(answer.headers["location"]).text
     # The table: filtered by name, sorted by partitions descending (links work without JS).
     other = unique("created-small")
     admin.create_topic(other, 1)
