@@ -49,6 +49,18 @@ _new_metadata = tuple.__new__
 _getattr = getattr
 
 
+def _slot_or(slot: str, default: Any) -> Any:
+    """A property over ``slot`` that reads ``default`` while the slot is unset."""
+
+    def read(future: Any) -> Any:
+        return _getattr(future, slot, default)
+
+    def write(future: Any, value: Any) -> None:
+        setattr(future, slot, value)
+
+    return property(read, write)
+
+
 class BatchOutcome:
     """Where a batch landed: enough to build each of its records' ``RecordMetadata``.
 
@@ -98,6 +110,9 @@ class RecordFuture(Future[RecordMetadata]):
 
     _condition: threading.Condition
     _index: int
+    _settled_state: str
+    _settled_result: BatchOutcome
+    _settled_error: BaseException
     _waiter_list: list[Any] | None = None
     _callback_list: list[Callable[[Future[RecordMetadata]], object]] | None = None
 
@@ -106,31 +121,11 @@ class RecordFuture(Future[RecordMetadata]):
         # lists per record.
         self._condition = condition
 
-    # The stock implementation reads and writes these three; unset, they are its defaults.
-    @property
-    def _state(self) -> str:
-        return _getattr(self, "_settled_state", PENDING)
-
-    @_state.setter
-    def _state(self, value: str) -> None:
-        self._settled_state = value
-
-    @property
-    def _result(self) -> Any:
-        """The batch's ``BatchOutcome`` once stored, else None."""
-        return _getattr(self, "_settled_result", None)
-
-    @_result.setter
-    def _result(self, value: Any) -> None:
-        self._settled_result = value
-
-    @property
-    def _exception(self) -> BaseException | None:
-        return _getattr(self, "_settled_error", None)
-
-    @_exception.setter
-    def _exception(self, value: BaseException | None) -> None:
-        self._settled_error = value
+    # The stock implementation reads and writes these three; unset, they are its defaults
+    # (``_result`` is the batch's ``BatchOutcome`` once stored).
+    _state: str = _slot_or("_settled_state", PENDING)
+    _result: Any = _slot_or("_settled_result", None)
+    _exception: BaseException | None = _slot_or("_settled_error", None)
 
     @classmethod
     def factory(cls, condition: threading.Condition) -> Callable[[], RecordFuture]:
