@@ -75,10 +75,15 @@ class _CeilingReader(DataSourceReader):
         return [InputPartition(path) for path in self._paths]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        # Memory-mapped: the batches are the file's pages, nothing is copied or built.
-        reader = pa.ipc.open_file(pa.memory_map(partition.value))
-        for index in range(reader.num_record_batches):
-            yield reader.get_batch(index)
+        return _batches(partition.value)
+
+
+def _batches(path: str) -> Iterator[pa.RecordBatch]:
+    """The batches of one partition file, memory-mapped: the batches are the file's
+    pages, nothing is copied or built."""
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    for index in range(reader.num_record_batches):
+        yield reader.get_batch(index)
 
 
 class _CeilingStreamReader(DataSourceStreamReader):
@@ -95,13 +100,10 @@ class _CeilingStreamReader(DataSourceStreamReader):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:  # noqa: N802
-        rows = {}
-        for index, path in enumerate(self._paths):
-            reader = pa.ipc.open_file(pa.memory_map(path))
-            rows[str(index)] = sum(
-                reader.get_batch(b).num_rows for b in range(reader.num_record_batches)
-            )
-        return rows
+        return {
+            str(index): sum(batch.num_rows for batch in _batches(path))
+            for index, path in enumerate(self._paths)
+        }
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return [
@@ -111,7 +113,7 @@ class _CeilingStreamReader(DataSourceStreamReader):
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _CeilingReader([]).read(partition)
+        return _batches(partition.value)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to keep: the files do not change."""
