@@ -2,16 +2,19 @@
 
 ::
 
-    from client import AdminClient, Consumer, Producer, TopicPartition
+    from client import AclBinding, AdminClient, Consumer, Producer, TopicPartition
 
 Modelled on kafka-python. The error classes are ``storage.errors``' (one hierarchy for
 the broker and the client, rebuilt from the broker's stable code strings); the ones an
-application catches are re-exported here. ``client.types`` holds the admin answer types,
-``client.config`` the configuration dataclasses.
+application catches are re-exported here, the authorization ones included, as are the
+access-control values ``AclBinding`` and ``AclFilter`` that ``AdminClient.create_acls``,
+``describe_acls`` and ``delete_acls`` take (DESIGN.md's contract). ``client.types`` holds
+the admin answer types, ``client.config`` the configuration dataclasses.
 """
 
 from __future__ import annotations
 
+from client.acls import AclBinding, AclFilter
 from client.admin import AdminClient
 from client.consumer import Consumer
 from client.producer import Producer
@@ -22,7 +25,9 @@ from storage.errors import (
     BufferExhaustedError,
     ClientError,
     ClosedError,
+    ClusterAuthorizationFailedError,
     CorruptRecordError,
+    GroupAuthorizationFailedError,
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,
@@ -36,19 +41,24 @@ from storage.errors import (
     SaslAuthenticationError,
     TidelogError,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 
 __all__ = [
+    "AclBinding",
+    "AclFilter",
     "AdminClient",
     "BrokerBusyError",
     "BrokerUnavailableError",
     "BufferExhaustedError",
     "ClientError",
     "ClosedError",
+    "ClusterAuthorizationFailedError",
     "Consumer",
     "ConsumerRecord",
     "CorruptRecordError",
+    "GroupAuthorizationFailedError",
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidRequestError",
@@ -65,6 +75,7 @@ __all__ = [
     "SaslAuthenticationError",
     "TidelogError",
     "TopicAlreadyExistsError",
+    "TopicAuthorizationFailedError",
     "TopicPartition",
     "UnknownTopicOrPartitionError",
 ]

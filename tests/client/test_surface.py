@@ -40,15 +40,32 @@ def test_package_exports() -> None:
         "RecordTooLargeError",
         "TopicAlreadyExistsError",
         "UnknownTopicOrPartitionError",
-        # security (docs/security.md)
+        # security (docs/security.md; DESIGN.md: AclBinding importable from client)
         "SaslAuthenticationError",
         "ResourceNotFoundError",
+        "TopicAuthorizationFailedError",
+        "GroupAuthorizationFailedError",
+        "ClusterAuthorizationFailedError",
+        "AclBinding",
+        "AclFilter",
     }
     from storage import errors
 
     for name in client.__all__:
         if name.endswith("Error"):
             assert getattr(client, name) is getattr(errors, name)
+
+
+def test_acl_values_import_from_client_as_the_contract_says() -> None:
+    """DESIGN.md: ``create_acls([AclBinding(...)])`` with ``AclBinding`` importable from
+    ``client``; the same classes as ``client.acls``', with the contract's defaults."""
+    from client import AclBinding, AclFilter, acls
+
+    assert AclBinding is acls.AclBinding
+    assert AclFilter is acls.AclFilter
+    binding = AclBinding("User:alice", "READ", "TOPIC", "orders")
+    assert (binding.pattern_type, binding.permission, binding.host) == ("LITERAL", "ALLOW", "*")
+    assert AclFilter().principal is None
 
 
 @pytest.mark.parametrize(
