@@ -48,7 +48,12 @@ log = logging.getLogger(__name__)
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tidelog serve",
-        description="Run the Tidelog broker daemon.",
+        description=(
+            "Run the Tidelog broker daemon. Security: the listener's scheme decides, as in "
+            "Kafka: security.protocol (or listeners=SCHEME://HOST:PORT) picks PLAINTEXT, SSL, "
+            "SASL_PLAINTEXT or SASL_SSL; ssl.* settings are ignored without SSL/SASL_SSL and "
+            "sasl.* without SASL_*, each with a warning at start (docs/security.md)."
+        ),
         epilog="`python -m broker healthcheck --help` for the health probe.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML file of broker settings")

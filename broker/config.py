@@ -477,6 +477,27 @@ class BrokerConfig:
         """
         return self.metrics_host if self.metrics_host is not None else "127.0.0.1"
 
+    def ignored_settings(self) -> tuple[str, ...]:
+        """Warnings for settings given that the listener's protocol leaves without effect.
+
+        The listener's scheme decides (Kafka's convention): ``ssl.*`` without TLS and
+        ``sasl.*`` without SASL are ignored (``SecurityConfig.ignored_settings``). The
+        authorizer is never ignored, but a listener that authenticates no one (PLAINTEXT,
+        or SSL without client certificates) makes every caller ``User:ANONYMOUS``, which is
+        rarely what ``authorizer.enabled=true`` meant, so that is said too. ``BrokerServer``
+        logs each as a warning at start.
+        """
+        messages = list(self.security.ignored_settings())
+        security = self.security
+        anonymous = not security.sasl and not (security.tls and security.ssl_client_auth != "none")
+        if self.authorizer_enabled and anonymous:
+            messages.append(
+                f"authorizer.enabled=true on a {security.protocol} listener that authenticates "
+                "no one: every client is User:ANONYMOUS; set security.protocol=SASL_SSL (or "
+                "listeners=SASL_SSL://HOST:PORT) to authorize users by name"
+            )
+        return tuple(messages)
+
     def limits_config(self) -> LimitsConfig:
         """The serving limits derived from these settings (``broker/limits.py``)."""
         return LimitsConfig(

@@ -27,13 +27,19 @@ key                                  default               meaning
 ``audit.log.file``                   (none)                also append audit lines here
 ===================================  ====================  =====================================
 
+The listener's scheme decides, as in Kafka: ``ssl.*`` settings mean nothing on a PLAINTEXT
+listener and ``sasl.*`` settings nothing without a SASL scheme. They are accepted (a config
+file can be shared between listeners) but never silently: ``ignored_settings`` names each
+one given that the protocol does not use, and the setting that would turn it on, and the
+broker logs it as a warning at start.
+
 Pure and immutable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage.errors import InvalidConfigError
@@ -87,6 +93,9 @@ class SecurityConfig:
     inter_broker_sasl_password: str | None = None
     metrics_ssl_enable: bool = False
     audit_log_file: str | None = None
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """The Kafka-named keys this config was built from (``from_mapping``): what the user
+    set, as against the defaults, for ``ignored_settings``."""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -134,6 +143,31 @@ class SecurityConfig:
         """Every call needs a session from the ``Authenticate`` handshake (SASL_*)."""
         return self.protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
+    def ignored_settings(self) -> tuple[str, ...]:
+        """One message per given setting this protocol does not use, in key order.
+
+        Each names the setting, the protocol in force and what would turn it on. Empty
+        when nothing given is ignored.
+        """
+        turn_on = "set security.protocol (or a listeners=SCHEME://HOST:PORT scheme) to"
+        messages = []
+        for key in sorted(self.given):
+            if key.startswith("ssl.") and not self.tls:
+                if key in ("ssl.certfile", "ssl.keyfile") and self.metrics_ssl_enable:
+                    continue  # the metrics endpoint's certificate
+                messages.append(
+                    f"{key} is ignored: the listener is {self.protocol}, not TLS; "
+                    f"{turn_on} SSL or SASL_SSL to use it"
+                )
+            elif (key.startswith("sasl.") or key.startswith("inter.broker.sasl.")) and (
+                not self.sasl
+            ):
+                messages.append(
+                    f"{key} is ignored: the listener is {self.protocol}, which authenticates "
+                    f"no one with SASL; {turn_on} SASL_SSL or SASL_PLAINTEXT to use it"
+                )
+        return tuple(messages)
+
     @classmethod
     def from_mapping(
         cls, settings: Mapping[str, object], listener_protocol: str | None = None
@@ -143,7 +177,7 @@ class SecurityConfig:
         ``listener_protocol``: the scheme of ``listeners`` if it had one; it must agree
         with ``security.protocol`` when both are given.
         """
-        changes: dict[str, Any] = {}
+        changes: dict[str, Any] = {"given": frozenset(SECURITY_KEYS & set(settings))}
         protocol = listener_protocol
         if "security.protocol" in settings:
             given = _text("security.protocol", settings["security.protocol"]).upper()

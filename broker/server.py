@@ -254,6 +254,8 @@ class BrokerServer:
                 metrics_server.stop()
             core.close()
             raise
+        for message in config.ignored_settings():
+            log.warning("%s", message)
         log.info(
             "tidelog broker serving %s on %s:%d (%s model), data in %s",
             security.protocol,

@@ -17,6 +17,7 @@ import pytest
 
 from broker.cli import main
 from broker.testing import InProcessBroker
+from broker.testing_tls import TestPki
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.checkpoint import CLEAN_SHUTDOWN_MARKER
 from storage.records import decode_records
@@ -175,6 +176,45 @@ def test_healthcheck_command(broker: InProcessBroker, capsys: pytest.CaptureFixt
     broker.stop()
     assert main(["healthcheck", "--address", address, "--timeout-ms", "500"]) == 1
     assert "unhealthy" in capsys.readouterr().err
+
+
+def test_ignored_security_settings_are_warned_about_at_start(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """Certificates, SASL mechanisms and the authorizer given without a TLS or SASL scheme:
+    the broker serves PLAINTEXT as Kafka would, and says so for each setting."""
+    pki = TestPki.create(tmp_path / "pki")
+    daemon = Daemon(
+        tmp_path / "data",
+        "--set",
+        f"ssl.certfile={pki.server_cert}",
+        "--set",
+        f"ssl.keyfile={pki.server_key}",
+        "--set",
+        "sasl.enabled.mechanisms=SCRAM-SHA-512",
+        "--set",
+        "authorizer.enabled=true",
+    )
+    daemons.append(daemon)
+    output = daemon.output()
+    assert "serving PLAINTEXT" in output
+    warnings = [line for line in output.splitlines() if " WARNING " in line]
+    for key in ("ssl.certfile", "ssl.keyfile", "sasl.enabled.mechanisms", "authorizer.enabled"):
+        assert any(key in line for line in warnings), (key, output)
+    assert all("security.protocol" in line for line in warnings if "is ignored" in line)
+
+
+def test_serve_help_says_the_listener_scheme_decides() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "broker", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=30,
+        check=True,
+    ).stdout.decode()
+    head = " ".join(out.split("options:")[0].split())
+    assert "security.protocol" in head
+    assert "ignored" in head
 
 
 def test_python_m_broker_help_lists_the_flags() -> None:

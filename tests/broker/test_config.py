@@ -208,3 +208,54 @@ def test_to_mapping_round_trips() -> None:
     assert "metrics.host" not in mapping  # unset: follows the listen host
     assert config.effective_metrics_host == "127.0.0.1"
     assert BrokerConfig.from_mapping(mapping) == config
+
+
+def test_security_settings_the_listener_does_not_use_are_named() -> None:
+    """The listener's scheme decides (Kafka's convention); what it leaves unused is said."""
+    config = BrokerConfig.from_mapping(
+        {
+            "ssl.certfile": "server.pem",
+            "ssl.keyfile": "server.key",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",  # the default, given
+            "authorizer.enabled": "true",
+        }
+    )
+    assert config.security.protocol == "PLAINTEXT"
+    messages = config.ignored_settings()
+    for key in ("ssl.certfile", "ssl.keyfile", "sasl.enabled.mechanisms"):
+        (message,) = [m for m in messages if m.startswith(f"{key} is ignored")]
+        assert "PLAINTEXT" in message
+        assert "security.protocol" in message
+    (authorizer,) = [m for m in messages if m.startswith("authorizer.enabled")]
+    assert "User:ANONYMOUS" in authorizer
+    assert "SASL_SSL" in authorizer
+    assert len(messages) == 4
+
+
+def test_nothing_is_said_when_the_listener_uses_every_setting() -> None:
+    assert BrokerConfig.from_mapping({}).ignored_settings() == ()
+    sasl_ssl = BrokerConfig.from_mapping(
+        {
+            "listeners": "SASL_SSL://127.0.0.1:0",
+            "ssl.certfile": "server.pem",
+            "ssl.keyfile": "server.key",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "authorizer.enabled": "true",
+        }
+    )
+    assert sasl_ssl.ignored_settings() == ()
+    # SSL: the certificate is used, SASL's settings are not; the metrics endpoint's TLS
+    # uses the certificate even on a PLAINTEXT listener.
+    ssl = BrokerConfig.from_mapping(
+        {
+            "security.protocol": "SSL",
+            "ssl.certfile": "server.pem",
+            "ssl.keyfile": "server.key",
+            "sasl.session.lifetime.ms": "1000",
+        }
+    )
+    assert [m.split(" ", 1)[0] for m in ssl.ignored_settings()] == ["sasl.session.lifetime.ms"]
+    metrics = BrokerConfig.from_mapping(
+        {"ssl.certfile": "s.pem", "ssl.keyfile": "s.key", "metrics.ssl.enable": "true"}
+    )
+    assert metrics.ignored_settings() == ()
