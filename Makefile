@@ -47,11 +47,19 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "kcat could not be installed: the Kafka listener tests will say so"; \
 	  else echo "no kcat: install Debian's kcat for the Kafka listener tests"; fi; \
 	fi
+	@# The network-partition tests (tests/faults) cut brokers off in network namespaces with nft.
+	@if ! command -v nft >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends nftables >/dev/null) \
+	      || echo "nftables could not be installed: the network-partition tests will say so"; \
+	  else echo "no nft: install Debian's nftables for the network-partition tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# compat: a path entry for the project root, not an import hook, so that PySpark's
-	# pkgutil.iter_modules() finds pyspark_tidelog (format("tidelog")) from any directory.
-	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console]' --config-settings editable_mode=compat
+	# The plain editable install users type: pyproject.toml's package-dir makes it a path
+	# entry for the project root, not an import hook, so PySpark's pkgutil.iter_modules()
+	# finds pyspark_tidelog (format("tidelog")) from any directory.
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console]'
 	touch $(STAMP)
 
 venv: $(STAMP) native

@@ -3,16 +3,21 @@
 PySpark registers a ``pyspark_<name>`` module it finds with ``pkgutil.iter_modules()``. A
 setuptools editable install in its default mode is an import hook that function does not
 see, so the README's install found the source only when the job ran from the project root
-(issue 11). ``make`` installs in ``compat`` mode (a path entry); this runs a real Spark job
-in a subprocess whose working directory is a temporary folder, with no ``PYTHONPATH``, as a
-user's job would run.
+(issue 11), and a plain ``pip install -e .`` never (issue 25). ``pyproject.toml`` declares
+the flat layout simple (``package-dir``), so every editable mode writes a path entry; this
+runs a real Spark job in a subprocess whose working directory is a temporary folder, with
+no ``PYTHONPATH``, as a user's job would run, and checks each mode's install as PySpark's
+lookup sees it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -80,3 +85,75 @@ def test_a_regular_install_puts_the_entry_module_where_pkgutil_finds_it(tmp_path
     )
     assert "'pyspark_tidelog'" in found.stdout
     assert (target / "spark_sink" / "source.py").is_file()
+
+
+# What PySpark's data-source lookup (pyspark.sql.worker.lookup_data_sources) does, run with
+# the test venv's packages on the path but none of its .pth files (its own editable install
+# of this checkout would hide the one under test), and the install under test as a site
+# directory, as a venv's site-packages is.
+_LOOKUP = """
+import importlib, pkgutil, site, sys
+sys.path.append(sys.argv[1])
+site.addsitedir(sys.argv[2])
+names = [m.name for m in pkgutil.iter_modules() if m.name.startswith("pyspark_")]
+print("FOUND", names)
+module = importlib.import_module("pyspark_tidelog")
+print("NAME", module.DefaultSource.name(), "FILE", module.__file__)
+"""
+
+
+# setuptools' PEP 660 hook, as pip calls it for `pip install -e`; pip itself is not run,
+# because it would first uninstall the test venv's own install of the same distribution.
+_BUILD_EDITABLE = """
+import sys
+from setuptools import build_meta
+settings = {"editable_mode": sys.argv[2]} if sys.argv[2] else None
+print(build_meta.build_editable(sys.argv[1], settings))
+"""
+
+
+@pytest.mark.parametrize("mode", ["", "compat", "strict"])
+def test_every_editable_install_mode_lets_spark_find_the_source(tmp_path: Path, mode: str) -> None:
+    """``pip install -e .`` (setuptools' default mode, an import hook unless the layout is
+    declared simple), ``compat`` and ``strict``: PySpark must find
+    ``pyspark_tidelog`` with ``pkgutil.iter_modules()`` in each. Built from a copy of the
+    tree, so the checkout's extension is never rewritten under a running test, and
+    unpacked into a site directory of its own, as pip installs an editable wheel."""
+    root = Path(__file__).resolve().parents[2]
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "pyspark_tidelog.py"):
+        shutil.copy2(root / name, project / name)
+    for package in ("storage", "broker", "client", "spark_sink", "proto"):
+        shutil.copytree(
+            root / package,
+            project / package,
+            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+        )
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    built = subprocess.run(
+        [sys.executable, "-c", _BUILD_EDITABLE, str(wheels), mode],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    site_dir = tmp_path / "site"
+    with zipfile.ZipFile(wheels / built.stdout.strip().splitlines()[-1]) as wheel:
+        wheel.extractall(site_dir)
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", _LOOKUP, sysconfig.get_paths()["purelib"], str(site_dir)],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "FOUND ['pyspark_tidelog']" in found.stdout, found.stdout
+    assert "NAME tidelog" in found.stdout
+    assert str(tmp_path) in found.stdout.split("FILE", 1)[1]
