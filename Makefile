@@ -54,6 +54,13 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "nftables could not be installed: the network-partition tests will say so"; \
 	  else echo "no nft: install Debian's nftables for the network-partition tests"; fi; \
 	fi
+	@# The lost-unsynced-writes tests (tests/faults/test_lossyfs.py) mount FUSE with fuse3.
+	@if ! command -v fusermount3 >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends fuse3 >/dev/null) \
+	      || echo "fuse3 could not be installed: the lost-unsynced-writes tests will say so"; \
+	  else echo "no fusermount3: install Debian's fuse3 for the lost-unsynced-writes tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The plain editable install users type: pyproject.toml's package-dir makes it a path
