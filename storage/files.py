@@ -37,6 +37,7 @@ __all__ = [
     "atomic_write",
     "base_offset_from_name",
     "fsync_dir",
+    "make_dir_durable",
     "offset_file_name",
     "parse_partition_dir",
     "partition_dir_name",
@@ -114,6 +115,31 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dir_durable(path: str | os.PathLike[str]) -> bool:
+    """Create the directory ``path`` and its missing parents so that their names survive a
+    crash; returns whether any was created (False: it existed already).
+
+    A directory's name is an entry in its parent, durable only once the parent is fsynced
+    (POSIX; ext4 often commits it with a later fsync of a file inside, but nothing
+    promises that). Without this a partition created just before an ``acks=all`` produce
+    kept its fsynced segment but lost the directory holding it at a power cut (issue #29's
+    lossy filesystem found it). Each created level's parent is fsynced, top down, before
+    the function returns. A concurrent creator of the same directory is harmless.
+    """
+    target = Path(path)
+    missing: list[Path] = []
+    probe = target
+    while not probe.is_dir():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for directory in reversed(missing):
+        directory.mkdir(exist_ok=True)
+        fsync_dir(directory.parent)
+    return bool(missing)
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:

@@ -66,6 +66,7 @@ from storage.files import (
     TMP_SUFFIX,
     atomic_write,
     fsync_dir,
+    make_dir_durable,
     parse_partition_dir,
     partition_dir_name,
 )
@@ -159,7 +160,7 @@ class LogManager:
         path = Path(data_dir).resolve()
         manager = cls(path, config or LogManagerConfig(), clock or SystemClock())
         try:
-            path.mkdir(parents=True, exist_ok=True)
+            make_dir_durable(path)
             manager._load()
         except OSError as exc:
             raise StorageError(f"cannot open data directory {path}: {exc}") from exc

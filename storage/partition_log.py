@@ -80,6 +80,7 @@ from storage.files import (
     atomic_write,
     base_offset_from_name,
     fsync_dir,
+    make_dir_durable,
     offset_file_name,
 )
 from storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
@@ -214,7 +215,7 @@ class PartitionLog:
         the directory is unusable.
         """
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dir_durable(directory)  # its name, not only its files, before any ack
             bases = cls._clean_directory(directory, config)
         except OSError as exc:
             raise StorageError(f"cannot open log directory {directory}: {exc}") from exc

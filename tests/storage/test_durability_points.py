@@ -21,6 +21,7 @@ from storage.clock import ManualClock
 from storage.compaction import CleaningRules, OffsetMap, clean_batch
 from storage.config import LogConfig
 from storage.errors import CorruptRecordError
+from storage.log_manager import LogManager
 from storage.partition_log import PartitionLog
 from storage.records import (
     HEADER_SIZE,
@@ -55,7 +56,7 @@ class Journal:
 def journal(monkeypatch: pytest.MonkeyPatch) -> Journal:
     recorded = Journal()
     real_open, real_replace, real_rename = os.open, os.replace, os.rename
-    real_unlink, real_fsync = os.unlink, os.fsync
+    real_unlink, real_fsync, real_mkdir = os.unlink, os.fsync, os.mkdir
 
     def parent(path: Any) -> str:
         return str(Path(os.fsdecode(path)).absolute().parent)
@@ -79,6 +80,10 @@ def journal(monkeypatch: pytest.MonkeyPatch) -> Journal:
         real_unlink(path, *args, **kwargs)
         recorded.events.append(("change", parent(path)))
 
+    def spy_mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        real_mkdir(path, *args, **kwargs)
+        recorded.events.append(("change", parent(path)))
+
     def spy_fsync(fd: int) -> None:
         real_fsync(fd)
         target = os.readlink(f"/proc/self/fd/{fd}")
@@ -90,6 +95,7 @@ def journal(monkeypatch: pytest.MonkeyPatch) -> Journal:
     monkeypatch.setattr(os, "rename", spy_move(real_rename))
     monkeypatch.setattr(os, "unlink", spy_unlink)
     monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "mkdir", spy_mkdir)
     return recorded
 
 
@@ -114,6 +120,24 @@ def test_roll_makes_the_new_segment_files_durable(tmp_path: Path, journal: Journ
     assert journal.changes(log.directory) >= 3  # .log, .index, .timeindex (and a snapshot)
     assert journal.unsynced(log.directory) == 0
     log.close()
+
+
+def test_new_partition_and_data_directories_are_durable(tmp_path: Path, journal: Journal) -> None:
+    """A partition directory's name lives in the data directory: created for a topic or
+    for added partitions, it is fsynced into it before the call returns (before any
+    produce could be acknowledged); so is a new data directory in its parent (a power
+    cut otherwise kept the fsynced segments and lost the directory holding them)."""
+    data_dir = tmp_path / "deep" / "data"
+    manager = LogManager.open(data_dir, clock=ManualClock())
+    assert journal.changes(tmp_path) == 1
+    assert journal.unsynced(tmp_path) == 0
+    assert journal.unsynced(tmp_path / "deep") == 0
+    journal.events.clear()
+    manager.create_topic("fresh", 2)
+    manager.create_partitions("fresh", 3)
+    assert journal.changes(data_dir) >= 3  # the three partition directories (and topics.json)
+    assert journal.unsynced(data_dir) == 0
+    manager.close()
 
 
 def test_retention_renames_and_unlinks_are_durable(tmp_path: Path, journal: Journal) -> None:
