@@ -28,7 +28,6 @@ Thread-safe (the connections are); ``close`` when done.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -50,13 +49,19 @@ from client.types import (
     GroupPartitionLag,
     GroupSummary,
     OffsetAndTimestamp,
+    PartitionDescription,
     QuotaEntity,
     TopicDescription,
     TopicPartition,
     TopicSummary,
 )
 from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InvalidRequestError
+from storage.errors import (
+    InvalidRequestError,
+    NotLeaderOrFollowerError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
 
 __all__ = [
     "AdminClient",
@@ -256,9 +261,10 @@ class AdminClient:
         epoch) and every effective config.
 
         A broker knows the offsets and size only of the partitions it leads: each
-        partition's figures come from its leader (one ``DescribeTopic`` per leading
-        broker). A partition without a leader (offline) shows -1 for its offsets, size
-        and segments.
+        partition's row comes from its leader (one ``DescribeTopic`` per leading broker,
+        routed as ``list_offsets`` is: a leader that died or moved is followed to the
+        broker leading the partition now). A partition without a leader (offline) shows
+        -1 for its offsets, size and segments.
         """
         left = self._connections.time_left(timeout_ms)
         answered: list[str] = []
@@ -274,42 +280,51 @@ class AdminClient:
             what=f"DescribeTopic {name}",
             timeout_ms=left(),
         )
-        by_leader: dict[int, list[int]] = {}
-        for p in description.partitions:
-            by_leader.setdefault(p.leader, []).append(p.partition)
         rows = {p.partition: p for p in description.partitions}
-        for leader, partitions in sorted(by_leader.items()):
-            if leader < 0:
-                for partition in partitions:
-                    rows[partition] = replace(
-                        rows[partition],
-                        log_start_offset=-1,
-                        log_end_offset=-1,
-                        high_watermark=-1,
-                        size_bytes=-1,
-                        segments=-1,
+        metadata = self._connections.metadata(timeout_ms=left())
+        elsewhere: dict[TopicPartition, int] = {}
+        for p in description.partitions:
+            if p.leader < 0:
+                rows[p.partition] = replace(
+                    p,
+                    log_start_offset=-1,
+                    log_end_offset=-1,
+                    high_watermark=-1,
+                    size_bytes=-1,
+                    segments=-1,
+                )
+                continue
+            node = metadata.brokers.get(p.leader)
+            if node is None or self._connections.address_of(node) != answered[-1]:
+                elsewhere[TopicPartition(name, p.partition)] = p.partition
+
+        def from_leader(
+            connection: Connection, batch: dict[TopicPartition, int], timeout: int
+        ) -> dict[TopicPartition, PartitionDescription | TidelogError]:
+            """The rows of ``batch`` this broker leads, as it says; the others are refused
+            as ``NOT_LEADER_OR_FOLLOWER`` (asked again after a metadata refresh)."""
+            found = {p.partition: p for p in describe(connection, timeout).partitions}
+            current = self._connections.metadata(timeout_ms=timeout)
+            out: dict[TopicPartition, PartitionDescription | TidelogError] = {}
+            for tp, partition in batch.items():
+                row = found.get(partition)
+                node = None if row is None else current.brokers.get(row.leader)
+                if row is None:
+                    out[tp] = UnknownTopicOrPartitionError(f"{tp}: no such partition")
+                elif node is None or self._connections.address_of(node) != connection.address:
+                    out[tp] = NotLeaderOrFollowerError(
+                        f"{tp}: the broker at {connection.address} does not lead it"
                     )
-                continue
-            connection = self._connections.broker(leader, left())
-            if connection.address == answered[-1]:
-                continue
-            led = self._connections.run(
-                functools.partial(self._connections.broker, leader),
-                describe,
-                what=f"DescribeTopic {name} at broker {leader}",
-                timeout_ms=left(),
+                else:
+                    out[tp] = row
+            return out
+
+        if elsewhere:
+            led = self._connections.run_per_leader(
+                elsewhere, from_leader, what=f"DescribeTopic {name}", timeout_ms=left()
             )
-            figures = {p.partition: p for p in led.partitions}
-            for partition in partitions:
-                if partition in figures:
-                    rows[partition] = replace(
-                        rows[partition],
-                        log_start_offset=figures[partition].log_start_offset,
-                        log_end_offset=figures[partition].log_end_offset,
-                        high_watermark=figures[partition].high_watermark,
-                        size_bytes=figures[partition].size_bytes,
-                        segments=figures[partition].segments,
-                    )
+            for tp, row in led.items():
+                rows[tp.partition] = row
         return replace(description, partitions=tuple(rows[p] for p in sorted(rows)))
 
     def alter_topic_config(

@@ -10,7 +10,14 @@ Pure values and a pure engine, no I/O:
   (``NOT_LEADER_OR_FOLLOWER``, ``LEADER_NOT_AVAILABLE``, a lost connection); refreshes
   forced one after another back off 100 ms, 200 ms, ... up to 1 s (Kafka's
   ``retry.backoff.ms`` with KIP-580's exponential backoff), so a partition without a
-  leader does not turn the client into a metadata storm.
+  leader does not turn the client into a metadata storm;
+- ``BrokerAvoidance``: which broker to ask first for metadata or for a call any broker
+  answers. A broker whose connection failed is avoided for a backoff growing 1 s, 2 s, ...
+  up to 10 s (Kafka's ``reconnect.backoff.ms``); a broker whose answer proved wrong (a
+  metadata answer without the leader, or one that routed a call to a broker that refused
+  it with ``NOT_LEADER_OR_FOLLOWER``) is asked after the others, the one suspected longest
+  ago first, so successive refreshes rotate through the known brokers instead of asking a
+  broker cut off from the cluster again and again (issue #33).
 
 Not thread-safe: the owner (``client.routing.ClusterConnections``) holds its lock around
 every call. Times are ``now_ms`` from the owner's monotonic clock.
@@ -18,13 +25,14 @@ every call. Times are ``now_ms`` from the owner's monotonic clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from client.types import TopicPartition
 
 __all__ = [
     "NO_LEADER",
+    "BrokerAvoidance",
     "BrokerNode",
     "ClusterMetadata",
     "MetadataCache",
@@ -39,6 +47,8 @@ NO_LEADER = -1
 
 _INITIAL_BACKOFF_MS = 100
 _MAX_BACKOFF_MS = 1_000
+_INITIAL_UNREACHABLE_BACKOFF_MS = 1_000
+_MAX_UNREACHABLE_BACKOFF_MS = 10_000
 
 
 def parse_bootstrap_list(value: object) -> tuple[str, ...]:
@@ -204,3 +214,76 @@ class MetadataCache:
     def confirmed(self) -> None:
         """A call routed by the cache succeeded: the next forced refresh starts at 100 ms."""
         self._forced_attempts = 0
+
+
+class BrokerAvoidance:
+    """Which of the known brokers to ask first. Not thread-safe.
+
+    Brokers are named by address. ``order`` keeps the caller's order (its preference)
+    for the brokers in good standing and moves the others to the end: first the suspected
+    ones, the one suspected longest ago first; last the unreachable ones still in their
+    backoff, the one whose backoff ends first first. Nobody is ever dropped: with every
+    broker avoided, the least bad one is still asked.
+
+    An unreachable broker's backoff starts at 1 s and doubles with each failure in a row
+    up to 10 s; once it has passed, the broker is in good standing again (its next failure
+    backs off longer); an answer from it forgets its failures. Suspicion lasts until the
+    broker's answer is used successfully (``trusted``).
+    """
+
+    def __init__(
+        self,
+        *,
+        initial_backoff_ms: int = _INITIAL_UNREACHABLE_BACKOFF_MS,
+        max_backoff_ms: int = _MAX_UNREACHABLE_BACKOFF_MS,
+    ) -> None:
+        if initial_backoff_ms < 1 or max_backoff_ms < initial_backoff_ms:
+            raise ValueError(
+                "expected 1 <= initial_backoff_ms <= max_backoff_ms, got"
+                f" {initial_backoff_ms} and {max_backoff_ms}"
+            )
+        self._initial_backoff_ms = initial_backoff_ms
+        self._max_backoff_ms = max_backoff_ms
+        self._failures: dict[str, tuple[int, int]] = {}  # address -> (in a row, until ms)
+        self._suspected: dict[str, int] = {}  # address -> when (a sequence number)
+        self._sequence = 0
+
+    def unreachable(self, address: str, now_ms: int) -> None:
+        """A connection to ``address`` failed: avoid it for a growing backoff."""
+        count = self._failures.get(address, (0, 0))[0] + 1
+        backoff = min(self._initial_backoff_ms << min(count - 1, 16), self._max_backoff_ms)
+        self._failures[address] = (count, now_ms + backoff)
+
+    def reachable(self, address: str) -> None:
+        """``address`` answered: forget its connection failures."""
+        self._failures.pop(address, None)
+
+    def suspect(self, address: str) -> None:
+        """``address`` gave an answer that proved wrong: ask the others first."""
+        self._sequence += 1
+        self._suspected[address] = self._sequence
+
+    def trusted(self, address: str) -> None:
+        """An answer of ``address`` was used successfully: it is in good standing."""
+        self._suspected.pop(address, None)
+
+    def backing_off(self, address: str, now_ms: int) -> bool:
+        """Whether ``address`` failed to connect and its backoff has not passed."""
+        failure = self._failures.get(address)
+        return failure is not None and now_ms < failure[1]
+
+    def order(self, addresses: Iterable[str], now_ms: int) -> list[str]:
+        """``addresses`` (duplicates dropped) in the order to try them (see the class)."""
+        good: list[str] = []
+        suspected: list[str] = []
+        waiting: list[str] = []
+        for address in dict.fromkeys(addresses):
+            if self.backing_off(address, now_ms):
+                waiting.append(address)
+            elif address in self._suspected:
+                suspected.append(address)
+            else:
+                good.append(address)
+        suspected.sort(key=lambda a: self._suspected[a])
+        waiting.sort(key=lambda a: self._failures[a][1])
+        return good + suspected + waiting

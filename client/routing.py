@@ -4,8 +4,10 @@
 ``HOST:PORT``), the bootstrap list and a ``client.cluster.MetadataCache``. It answers:
 
 - ``metadata()``: the cluster's metadata, refreshed when due (asked of the brokers it
-  knows, then of the bootstrap list, the first that answers);
-- ``leader(tp)``, ``coordinator(group_id)``, ``controller()``: the connection to use;
+  knows, then of the bootstrap list, the first that answers; brokers that failed are
+  asked last, see below);
+- ``leader(tp)``, ``coordinator(group_id)``, ``controller()``, ``any_broker()``: the
+  connection to use;
 - ``run_on_every_broker(call)``: a call every live broker must answer (listing groups,
   setting quotas), asked again of the brokers that missed it until its timeout;
 - ``run(route, call)``: make a call through a route and follow the target when it moves.
@@ -13,7 +15,22 @@
   ``NOT_CONTROLLER`` and an unreachable broker mark the metadata stale (and forget the
   group's coordinator) and the call is tried again, backing off 100 ms -> 1 s, until its
   timeout; then the last error is raised, so an offline partition fails clearly with a
-  retriable ``LeaderNotAvailableError`` instead of hanging.
+  retriable ``LeaderNotAvailableError`` instead of hanging. The error raised then says
+  how long the call was tried and what its first failure was.
+
+Which broker to ask (``client.cluster.BrokerAvoidance``): a broker whose connection
+failed is avoided, for calls any broker answers and for metadata, while its backoff
+(1 s doubling to 10 s) runs; after a routing error (``NOT_LEADER_OR_FOLLOWER``, a
+metadata answer without a leader, ...) the broker whose metadata routed the call and the
+broker that refused it are suspected, so the next refresh is asked of another broker,
+rotating through the known brokers and the bootstrap list (issue #33): a broker cut off
+from the cluster (its ZooKeeper session lost) is not asked again and again, and a dead
+bootstrap broker does not keep every administrative call waiting (issue #25). Kafka's
+clients pick the least loaded node for metadata, which has the same effect.
+
+A metadata refresh that no broker answers says for how long no broker has answered
+(since the first failed refresh, not the last slice of the caller's deadline) and the
+first failure's cause.
 
 A single node answers ``Metadata`` as a one-broker cluster (broker 0 leads everything),
 so the same code serves it with one connection.
@@ -25,13 +42,20 @@ backoff with a manual clock.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from client.cluster import BrokerNode, ClusterMetadata, MetadataCache, parse_bootstrap_list
+from client.cluster import (
+    BrokerAvoidance,
+    BrokerNode,
+    ClusterMetadata,
+    MetadataCache,
+    parse_bootstrap_list,
+)
 from client.connection import Connection, ConnectionFactory
 from client.types import TopicPartition
 from storage.errors import (
@@ -70,6 +94,15 @@ ROUTING_ERRORS: tuple[type[TidelogError], ...] = (
 )
 """Errors that mean "ask someone else": refresh the metadata and try again."""
 
+# Refusals that say the refusing broker's view, or the view of the broker whose metadata
+# routed the call, is wrong: both are asked for metadata after the others next time.
+_SUSPECT_ERRORS: tuple[type[TidelogError], ...] = (
+    NotLeaderOrFollowerError,
+    LeaderNotAvailableError,
+    UnknownLeaderEpochError,
+    NotControllerError,
+)
+
 _INITIAL_BACKOFF_MS = 100
 _MAX_BACKOFF_MS = 1_000
 
@@ -80,6 +113,30 @@ def _monotonic_ms() -> int:
 
 def _sleep_ms(duration_ms: int) -> None:
     time.sleep(duration_ms / 1000)
+
+
+def _causes(first: TidelogError | None, last: TidelogError | None) -> str:
+    """`` (first error: ...; last error: ...)`` for a message; the last only if it differs."""
+    if first is None:
+        return "" if last is None else f" ({last})"
+    if last is None or str(last) == str(first):
+        return f" (first error: {first})"
+    return f" (first error: {first}; last error: {last})"
+
+
+def _gave_up(what: str, waited_ms: int, first: TidelogError, last: TidelogError) -> TidelogError:
+    """A copy of ``last`` (same class and attributes: callers catch by class) whose message
+    names the whole time the call was tried and the first cause."""
+    message = f"{what}: gave up after {waited_ms} ms"
+    # The same error again, or one that names its own first cause already (a metadata
+    # refresh that no broker answered): said once.
+    if str(first) in str(last) or "(first error: " in str(last):
+        message = f"{message}: {last}"
+    else:
+        message = f"{message}; first error: {first}; last error: {last}"
+    error = copy.copy(last)
+    error.args = (message,)
+    return error
 
 
 class ClusterConnections:
@@ -114,6 +171,12 @@ class ClusterConnections:
         self._coordinators: dict[str, BrokerNode] = {}  # group id -> node; guarded by _lock
         # broker id -> the address its metadata answer came through; guarded by _lock.
         self._answered_by: dict[int, str] = {}
+        self._avoidance = BrokerAvoidance()  # guarded by _lock
+        self._metadata_from: str | None = None  # the last metadata answer's; guarded by _lock
+        # Since when no metadata refresh got an answer, and why the first failed (None:
+        # the last one was answered); guarded by _lock.
+        self._unanswered_since_ms: int | None = None
+        self._first_unanswered: TidelogError | None = None
         self._closed = False
 
     # --- connections ----------------------------------------------------------------------
@@ -142,8 +205,30 @@ class ClusterConnections:
             return self._answered_by.get(node.id, node.address)
 
     def bootstrap_connection(self) -> Connection:
-        """A connection for calls any broker answers: the first bootstrap address."""
+        """A connection to the first bootstrap address."""
         return self.connection_to(self.bootstrap[0])
+
+    def report_failure(self, address: str | None, error: TidelogError) -> None:
+        """A call to ``address`` (None: no broker was reached) failed with ``error``.
+
+        An unreachable broker backs off; a broker refusing with a routing error (its view
+        or the caller's is wrong) is asked for metadata after the others. Other errors
+        change nothing. The caller still marks the metadata stale (``mark_stale``).
+        """
+        if address is None:
+            return
+        now = self._monotonic_ms()
+        with self._lock:
+            if isinstance(error, BrokerUnavailableError):
+                self._avoidance.unreachable(address, now)
+            elif isinstance(error, _SUSPECT_ERRORS):
+                self._avoidance.suspect(address)
+
+    def report_success(self, address: str) -> None:
+        """``address`` answered a call: it is reachable and in good standing."""
+        with self._lock:
+            self._avoidance.reachable(address)
+            self._avoidance.trusted(address)
 
     def broker(self, broker_id: int, timeout_ms: int | None = None) -> Connection:
         """The connection to broker ``broker_id``; ``BrokerUnavailableError`` if unknown."""
@@ -164,15 +249,22 @@ class ClusterConnections:
     # --- metadata -------------------------------------------------------------------------
 
     def mark_stale(self) -> None:
-        """The metadata is wrong somewhere: the next ``metadata()`` refreshes it."""
+        """The metadata is wrong somewhere: the next ``metadata()`` refreshes it, asking
+        another broker than the one whose answer this was first."""
         with self._lock:
             self._cache.mark_stale()
+            if self._metadata_from is not None:
+                self._avoidance.suspect(self._metadata_from)
 
     def metadata(self, *, timeout_ms: int | None = None, force: bool = False) -> ClusterMetadata:
         """The cluster's metadata, fetched if due (``force``: unless it is backing off).
 
-        Raises ``BrokerUnavailableError`` when no broker answered (the last error of the
-        last broker tried otherwise).
+        The brokers are asked in ``BrokerAvoidance`` order: the one that answered last,
+        the others it knows, the bootstrap list; unreachable and suspected ones last.
+
+        Raises ``BrokerUnavailableError`` when no broker answered, naming how long no
+        refresh has been answered and the first cause (the last error of the last broker
+        tried otherwise).
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
         now = self._monotonic_ms()
@@ -183,12 +275,14 @@ class ClusterConnections:
             if current is not None and not self._cache.refresh_due(now):
                 return current
             self._cache.attempted(now)
-            known = list(self._answered_by.values())
+            known = [] if self._metadata_from is None else [self._metadata_from]
+            known += self._answered_by.values()
             if current is not None:
                 known += [self._answered_by.get(b.id, b.address) for b in current.brokers.values()]
-        addresses = list(dict.fromkeys([*known, *self.bootstrap]))
+            addresses = self._avoidance.order([*known, *self.bootstrap], now)
         deadline = now + timeout
         error: TidelogError | None = None
+        first_error: TidelogError | None = None
         for index, address in enumerate(addresses):
             remaining = deadline - self._monotonic_ms()
             if remaining <= 0:
@@ -205,19 +299,34 @@ class ClusterConnections:
             except TidelogError as exc:
                 log.info("no metadata from %s: %s", address, exc)
                 error = exc
+                first_error = first_error or exc
+                self.report_failure(address, exc)
                 continue
             with self._lock:
                 self._cache.update(answer, self._monotonic_ms())
                 self._answered_by[answer.broker_id] = address
+                self._metadata_from = address
+                self._avoidance.reachable(address)
+                self._unanswered_since_ms = None
+                self._first_unanswered = None
             return answer
         with self._lock:
             current = self._cache.current
+            # The caller may ask again and again with what is left of its own deadline:
+            # the error names the whole time without an answer and the first cause, not
+            # this attempt's slice (issue #25).
+            if self._unanswered_since_ms is None:
+                self._unanswered_since_ms = now
+                self._first_unanswered = first_error
+            since_ms = self._unanswered_since_ms
+            first = self._first_unanswered or first_error
         if current is not None and not force:
             return current  # old, but the best there is; the next call tries again
         if isinstance(error, (BrokerUnavailableError, KafkaTimeoutError)) or error is None:
+            waited = self._monotonic_ms() - since_ms
             raise BrokerUnavailableError(
                 f"no broker of {','.join(addresses)} answered a metadata request"
-                f" within {timeout} ms" + (f" ({error})" if error else "")
+                f" for {waited} ms" + _causes(first, error)
             )
         raise error
 
@@ -228,9 +337,12 @@ class ClusterConnections:
             return max(self._cache.next_refresh_ms() - now, 0)
 
     def confirmed(self) -> None:
-        """A routed call succeeded: the metadata backoff starts over at 100 ms."""
+        """A routed call succeeded: the metadata backoff starts over at 100 ms, and the
+        broker whose metadata routed it is in good standing."""
         with self._lock:
             self._cache.confirmed()
+            if self._metadata_from is not None:
+                self._avoidance.trusted(self._metadata_from)
 
     # --- routes ---------------------------------------------------------------------------
 
@@ -264,7 +376,12 @@ class ClusterConnections:
         with self._lock:
             node = self._coordinators.get(group_id)
         if node is None:
-            node = self.bootstrap_or_any().find_coordinator(group_id, timeout_ms=timeout_ms)
+            connection = self.any_broker(timeout_ms)
+            try:
+                node = connection.find_coordinator(group_id, timeout_ms=timeout_ms)
+            except TidelogError as exc:
+                self.report_failure(connection.address, exc)
+                raise
             with self._lock:
                 self._coordinators[group_id] = node
         return self.connection_to(self.address_of(node))
@@ -284,14 +401,28 @@ class ClusterConnections:
         return self.connection_to(self.address_of(node))
 
     def bootstrap_or_any(self) -> Connection:
-        """A connection to a broker that answered last (any broker answers it)."""
+        """A connection for a call any broker answers, from the metadata at hand: the
+        broker that answered it last, else another broker it lists, else a bootstrap
+        address; a broker that failed to connect or is suspected comes last."""
+        now = self._monotonic_ms()
         with self._lock:
             current = self._cache.current
-        if current is not None:
-            node = current.brokers.get(current.broker_id)
-            if node is not None:
-                return self.connection_to(self.address_of(node))
-        return self.bootstrap_connection()
+            candidates: list[str] = []
+            if current is not None:
+                node = current.brokers.get(current.broker_id)
+                if node is not None:
+                    candidates.append(self._answered_by.get(node.id, node.address))
+                candidates += [
+                    self._answered_by.get(b.id, b.address) for b in current.brokers.values()
+                ]
+            address = self._avoidance.order([*candidates, *self.bootstrap], now)[0]
+        return self.connection_to(address)
+
+    def any_broker(self, timeout_ms: int | None = None) -> Connection:
+        """As ``bootstrap_or_any``, with the metadata refreshed first when it is due (stale
+        after a failure): a dead broker's place is taken by a live one it names."""
+        self.metadata(timeout_ms=timeout_ms)
+        return self.bootstrap_or_any()
 
     # --- calls that follow their target ---------------------------------------------------
 
@@ -310,34 +441,44 @@ class ClusterConnections:
         metadata stale (and forgets ``group_id``'s coordinator), waits 100 ms doubling
         to 1 s, and tries again; at the timeout it is raised (also when the deadline
         cuts the attempt after it short: a ``KafkaTimeoutError`` then stands only for a
-        call that never got an answer). Any other error is raised at once.
+        call that never got an answer), its message naming the whole time tried and the
+        first error. Any other error is raised at once. The broker that failed is
+        reported (``report_failure``): unreachable, it backs off; refusing, it is asked
+        for metadata after the others.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = self._monotonic_ms() + timeout
+        started = self._monotonic_ms()
+        deadline = started + timeout
         backoff = _INITIAL_BACKOFF_MS
         refused: TidelogError | None = None
+        first: TidelogError | None = None
         while True:
             remaining = max(deadline - self._monotonic_ms(), 1)
+            connection: Connection | None = None
             try:
-                result = call(route(remaining), remaining)
+                connection = route(remaining)
+                result = call(connection, remaining)
             except KafkaTimeoutError as exc:
                 # The deadline cut a retry short: what kept the call from succeeding is
                 # the refusal before it, not the last attempt's want of time.
-                if refused is None or self._monotonic_ms() < deadline:
+                if refused is None or first is None or self._monotonic_ms() < deadline:
                     raise
-                raise refused from exc
+                raise _gave_up(what, self._monotonic_ms() - started, first, refused) from exc
             except ROUTING_ERRORS as exc:
                 refused = exc
+                first = first or exc
+                self.report_failure(None if connection is None else connection.address, exc)
                 self.mark_stale()
                 if group_id is not None:
                     self.forget_coordinator(group_id)
                 remaining = deadline - self._monotonic_ms()
                 if remaining <= 0:
-                    raise
+                    raise _gave_up(what, self._monotonic_ms() - started, first, exc) from exc
                 log.info("%s: %s; asking again in %d ms", what, exc, min(backoff, remaining))
                 self._sleep_ms(min(backoff, remaining))
                 backoff = min(backoff * 2, _MAX_BACKOFF_MS)
                 continue
+            self.report_success(connection.address)
             self.confirmed()
             return result
 
@@ -359,10 +500,12 @@ class ClusterConnections:
         ``timeout_ms``; then their error is raised. Any other error is raised at once.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = self._monotonic_ms() + timeout
+        started = self._monotonic_ms()
+        deadline = started + timeout
         backoff = _INITIAL_BACKOFF_MS
         pending = dict(items)
         out: dict[TopicPartition, R] = {}
+        first: TidelogError | None = None
         while True:
             remaining = max(deadline - self._monotonic_ms(), 1)
             failed: dict[TopicPartition, TidelogError] = {}
@@ -378,6 +521,7 @@ class ClusterConnections:
                 try:
                     answers = call(connection, batch, remaining)
                 except ROUTING_ERRORS as exc:
+                    self.report_failure(connection.address, exc)
                     failed.update(dict.fromkeys(batch, exc))
                     continue
                 for tp in batch:
@@ -385,6 +529,7 @@ class ClusterConnections:
                         raise InternalError(f"{what}: the broker did not answer for {tp}")
                     answer = answers[tp]
                     if isinstance(answer, ROUTING_ERRORS):
+                        self.report_failure(connection.address, answer)
                         failed[tp] = answer
                     elif isinstance(answer, TidelogError):
                         raise answer
@@ -395,9 +540,11 @@ class ClusterConnections:
                 return out
             self.mark_stale()
             pending = {tp: pending[tp] for tp in failed}
+            last = next(iter(failed.values()))
+            first = first or last
             remaining = deadline - self._monotonic_ms()
             if remaining <= 0:
-                raise next(iter(failed.values()))
+                raise _gave_up(what, self._monotonic_ms() - started, first, last) from last
             log.info(
                 "%s: %d partition(s) to ask again in %d ms (%s)",
                 what,
@@ -425,10 +572,12 @@ class ClusterConnections:
         its answer, if it gave one, is dropped. Any other error is raised at once.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
-        deadline = self._monotonic_ms() + timeout
+        started = self._monotonic_ms()
+        deadline = started + timeout
         backoff = _INITIAL_BACKOFF_MS
         answers: dict[int, T] = {}
         force = False
+        first: TidelogError | None = None
         while True:
             metadata = self.metadata(
                 timeout_ms=max(deadline - self._monotonic_ms(), 1), force=force
@@ -443,11 +592,14 @@ class ClusterConnections:
                 # asked again, or dropped if it left the cluster.
                 left = deadline - self._monotonic_ms()
                 remaining = max(left // (len(pending) - index + 1), 1)
+                address = self.address_of(node)
                 try:
-                    answers[broker_id] = call(self.connection_to(self.address_of(node)), remaining)
+                    answers[broker_id] = call(self.connection_to(address), remaining)
                 except ROUTING_ERRORS as exc:
                     log.info("%s: broker %d: %s", what, broker_id, exc)
+                    self.report_failure(address, exc)
                     failed = exc
+                    first = first or exc
             if failed is None:
                 self.confirmed()
                 return {i: answer for i, answer in answers.items() if i in metadata.brokers}
@@ -455,7 +607,8 @@ class ClusterConnections:
             force = True
             remaining = deadline - self._monotonic_ms()
             if remaining <= 0:
-                raise failed
+                assert first is not None
+                raise _gave_up(what, self._monotonic_ms() - started, first, failed) from failed
             self._sleep_ms(min(backoff, remaining))
             backoff = min(backoff * 2, _MAX_BACKOFF_MS)
 
@@ -469,7 +622,7 @@ class ClusterConnections:
         return lambda timeout_ms: self.controller(timeout_ms)
 
     def route_any(self) -> Callable[[int], Connection]:
-        return lambda timeout_ms: self.bootstrap_or_any()
+        return lambda timeout_ms: self.any_broker(timeout_ms)
 
     # --- life cycle -----------------------------------------------------------------------
 

@@ -20,7 +20,11 @@ one that stays down gives ``BrokerUnavailableError`` when it passes, never a han
 channel's connectivity is not watched: grpcio's watcher thread races ``close`` and dies
 with "Channel closed!".) A failed call becomes the exact ``TidelogError`` the broker
 meant: the code string in trailing metadata ``tidelog-error-code`` goes through
-``error_for_code``; without it the gRPC status decides (``error_from_rpc``).
+``error_for_code``; without it the gRPC status decides (``error_from_rpc``). A broker
+that could not be reached is described in words where gRPC's details allow
+(``describe_unavailable``): a TLS client against a plaintext listener, a plaintext client
+against a TLS listener, a refused connection; the error raised when the call gives up
+names the whole time it waited and the first failure's cause.
 
 Streams (``open_stream``) are the data path: a ``BidiStream`` takes requests through
 ``send`` (never blocks) and yields answers from ``responses()``; a broken stream raises
@@ -67,6 +71,7 @@ __all__ = [
     "ERROR_CODE_METADATA_KEY",
     "BidiStream",
     "Transport",
+    "describe_unavailable",
     "error_from_rpc",
 ]
 
@@ -87,7 +92,37 @@ RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")
 
 
-def error_from_rpc(exc: grpc.RpcError, address: str, what: str) -> TidelogError:
+def describe_unavailable(details: str, *, tls: bool | None = None) -> str:
+    """Why a broker could not be reached, from gRPC's ``details`` of an ``UNAVAILABLE``.
+
+    ``tls``: whether the client connects with TLS (None: unknown). A TLS handshake
+    answered by something that is not TLS (OpenSSL's ``WRONG_VERSION_NUMBER``) is a TLS
+    client at a plaintext listener; a plaintext client whose connection is closed before
+    any answer is most often at a TLS listener (the broker drops the HTTP/2 preface it
+    cannot read), though a broker dying at that moment looks the same, so it is worded
+    as a question. Other details are returned as they are ("" as "no details").
+    """
+    lowered = details.lower()
+    if "handshake" in lowered and "wrong_version_number" in lowered:
+        return (
+            "the broker did not answer the TLS handshake (OpenSSL: WRONG_VERSION_NUMBER);"
+            " is its listener TLS?"
+        )
+    if "handshake" in lowered:
+        return f"the TLS handshake failed ({details})"
+    if tls is False and ("socket closed" in lowered or "connection reset" in lowered):
+        return (
+            "the broker closed the connection without answering; is its listener TLS?"
+            " This client connects without TLS (security_protocol PLAINTEXT)"
+        )
+    if "connection refused" in lowered:
+        return "connection refused: is a broker listening there?"
+    return details or "no details"
+
+
+def error_from_rpc(
+    exc: grpc.RpcError, address: str, what: str, *, tls: bool | None = None
+) -> TidelogError:
     """The ``TidelogError`` a failed call stands for.
 
     With a ``tidelog-error-code`` in the trailing metadata: that exact class. Without:
@@ -95,6 +130,8 @@ def error_from_rpc(exc: grpc.RpcError, address: str, what: str) -> TidelogError:
     ``KafkaTimeoutError``; ``RESOURCE_EXHAUSTED`` is ``RequestTooLargeError`` (gRPC's
     own size limit); ``UNIMPLEMENTED`` is ``InvalidRequestError`` (this broker does not
     serve the call); ``CANCELLED`` is ``ClosedError``; anything else ``InternalError``.
+    ``tls`` (whether the client uses TLS) sharpens an ``UNAVAILABLE``'s words
+    (``describe_unavailable``).
     """
     code = None
     status = None
@@ -110,7 +147,8 @@ def error_from_rpc(exc: grpc.RpcError, address: str, what: str) -> TidelogError:
         return error_for_code(code, details)
     message = f"{what}: {details}" if details else what
     if status == grpc.StatusCode.UNAVAILABLE:
-        return BrokerUnavailableError(f"broker at {address} is unavailable ({message})")
+        cause = describe_unavailable(details, tls=tls)
+        return BrokerUnavailableError(f"{what}: broker at {address} is unavailable: {cause}")
     if status == grpc.StatusCode.DEADLINE_EXCEEDED:
         return KafkaTimeoutError(f"{what}: no answer from {address} before the deadline")
     if status == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -120,6 +158,12 @@ def error_from_rpc(exc: grpc.RpcError, address: str, what: str) -> TidelogError:
     if status == grpc.StatusCode.CANCELLED:
         return ClosedError(f"{what} was cancelled")
     return InternalError(message)
+
+
+def _details(exc: grpc.RpcError) -> str:
+    """gRPC's details of a failed call ("" if it has none)."""
+    call: Any = exc
+    return (call.details() or "") if hasattr(call, "details") else ""
 
 
 class _RequestQueue(Generic[RequestT]):
@@ -271,14 +315,17 @@ class Transport:
         ``UNAVAILABLE_RETRY_MS`` (or the timeout, if shorter), then raises
         ``BrokerUnavailableError``: the caller (``client.routing``) asks the cluster who
         serves it now and retries there, within its own timeout, rather than this call
-        spending the whole timeout on a broker that died. A broker that does not answer in
-        time gives ``KafkaTimeoutError``; after ``close``, ``ClosedError``.
+        spending the whole timeout on a broker that died. That error names the time
+        waited and the first failure's cause (a TLS mismatch, a refused connection). A
+        broker that does not answer in time gives ``KafkaTimeoutError``; after ``close``,
+        ``ClosedError``.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
         started = time.monotonic()
         deadline = started + timeout / 1000
         unavailable_deadline = min(deadline, started + UNAVAILABLE_RETRY_MS / 1000)
         backoff_s = _INITIAL_RECONNECT_BACKOFF_MS / 1000
+        first_cause: str | None = None  # why the broker could not be reached, first time
         while True:
             if self._closed:
                 raise ClosedError(f"{what}: the client is closed")
@@ -293,9 +340,12 @@ class Transport:
                     metadata=self._with_token(token),
                 )
             except grpc.RpcError as exc:
-                error = error_from_rpc(exc, self.address, what)
+                error = error_from_rpc(exc, self.address, what, tls=self.security.tls)
+                if first_cause is None and isinstance(error, BrokerUnavailableError):
+                    first_cause = describe_unavailable(_details(exc), tls=self.security.tls)
             except BrokerUnavailableError as exc:  # the login could not reach the broker
                 error = exc
+                first_cause = first_cause or str(exc)
             except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!"
                 raise ClosedError(f"{what}: the client is closed") from exc
             if isinstance(error, SaslSessionExpiredError) and self._session is not None:
@@ -309,7 +359,8 @@ class Transport:
             if remaining <= 0:
                 waited = int((time.monotonic() - started) * 1000)
                 raise BrokerUnavailableError(
-                    f"{what}: broker at {self.address} unreachable for {waited} ms"
+                    f"{what}: broker at {self.address} unreachable for {waited} ms: "
+                    + (first_cause or "no details")
                 )
             time.sleep(min(backoff_s, remaining))
             backoff_s = min(backoff_s * 2, self._max_backoff_ms / 1000)
