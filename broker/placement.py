@@ -64,12 +64,14 @@ class PartitionPlacement:
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """What Metadata answers besides topics."""
+    """What Metadata answers besides topics. ``cut_off``: this broker has lost touch with
+    the cluster's coordinator and vouches for no role (``broker.cluster.session``)."""
 
     cluster_id: str
     broker_id: int
     controller_id: int
     brokers: Sequence[BrokerEndpoint] = field(default_factory=tuple)
+    cut_off: bool = False
 
 
 class Placement(Protocol):

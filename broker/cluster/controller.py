@@ -44,6 +44,7 @@ from broker.cluster.election import (
     offline_state,
     without_dead_followers,
 )
+from broker.cluster.session import SessionFence
 from broker.cluster.store import (
     ClusterStore,
     ControllerLease,
@@ -104,8 +105,10 @@ class Controller:
         *,
         rng: random.Random | None = None,
         internal_topics: Mapping[str, tuple[int, Mapping[str, str]]] | None = None,
+        fence: SessionFence | None = None,
     ) -> None:
         self._store = store
+        self._fence = fence or SessionFence()
         self._internal_topics = dict(internal_topics or {})
         self._settings = settings
         self._clock = clock
@@ -153,9 +156,16 @@ class Controller:
         self._lease = None
         self._post("election")
 
+    def session_restored(self) -> None:
+        """Back on ZooKeeper after being cut off (``SessionFence`` lifted): decide again
+        from a fresh read, as on any change (with the lease if the session survived)."""
+        self._post("election")
+
     @property
     def is_controller(self) -> bool:
-        return self._lease is not None
+        """Holding the lease and not cut off from ZooKeeper (issue #33: a controller that
+        cannot reach ZooKeeper cannot write, so it does not act as one)."""
+        return self._lease is not None and not self._fence.cut_off
 
     @property
     def epoch(self) -> int:
@@ -192,6 +202,11 @@ class Controller:
         return self._call(lambda: self._controlled_shutdown(broker_id))
 
     def _call(self, operation: Callable[[], _T]) -> _T:
+        reason = self._fence.reason
+        if reason is not None:  # at once: the event thread may be stuck on ZooKeeper
+            raise NotControllerError(
+                f"broker {self._settings.broker_id} cannot act as controller: {reason}"
+            )
         event = _Event("call", operation)
         self._events.put(event)
         try:
@@ -236,6 +251,15 @@ class Controller:
                 log.warning("controller: could not resign: %s", exc)
 
     def _handle(self, event: _Event) -> None:
+        reason = self._fence.reason
+        if reason is not None:
+            # Cut off: every ZooKeeper call would fail or hang; ``session_restored`` posts
+            # an election once back, which re-reads everything.
+            if event.kind == "call":
+                raise NotControllerError(
+                    f"broker {self._settings.broker_id} cannot act as controller: {reason}"
+                )
+            return
         if event.kind == "call":
             if self._lease is None:
                 try:

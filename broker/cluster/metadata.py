@@ -87,6 +87,10 @@ class MetadataWatcher:
         self._watched: set[str] = set()
         self._watched_lock = threading.Lock()
         self._changed = threading.Condition()
+        # Under _changed, for ``refresh_and_wait``: re-reads started so far, and the
+        # number of the last one whose result was published.
+        self._reads_started = 0
+        self._read_published = 0
         self._thread = threading.Thread(target=self._run, name="tidelog-metadata", daemon=True)
 
     @property
@@ -107,6 +111,16 @@ class MetadataWatcher:
         """Ask for a re-read now (after a session was re-established, say); ``force``
         hands the result to the listener even if nothing changed."""
         self._wakeups.put("force" if force else "refresh")
+
+    def refresh_and_wait(self, timeout_ms: int) -> bool:
+        """``refresh(force=True)``, then block until a re-read that started after this
+        call was published (the listener has run on it) or ``timeout_ms`` passed;
+        whether it was."""
+        with self._changed:
+            started = self._reads_started  # a re-read under way now may predate the call
+        self.refresh(force=True)
+        with self._changed:
+            return self._changed.wait_for(lambda: self._read_published > started, timeout_ms / 1000)
 
     def wait_for(self, check: Callable[[ClusterMetadata], bool], timeout_ms: int) -> bool:
         """Block until ``check(snapshot)`` holds or ``timeout_ms`` passes; whether it held."""
@@ -147,6 +161,9 @@ class MetadataWatcher:
                 if reason == "stop":
                     return
                 force = force or reason == "force"
+            with self._changed:
+                self._reads_started += 1
+                read = self._reads_started
             try:
                 snapshot = self._read()
                 failed = False
@@ -156,7 +173,7 @@ class MetadataWatcher:
                 pending_force = force  # the retry still owes the listener a view
                 continue
             pending_force = False
-            self._publish(snapshot, force=force)
+            self._publish(snapshot, force=force, read=read)
 
     def _read(self) -> ClusterMetadata:
         store = self._store
@@ -195,8 +212,11 @@ class MetadataWatcher:
             topics[name] = TopicMetadata(assignment, states, store.read_topic_config(name))
         return ClusterMetadata(brokers, store.controller_id(), topics)
 
-    def _publish(self, snapshot: ClusterMetadata, *, force: bool = False) -> None:
+    def _publish(self, snapshot: ClusterMetadata, *, force: bool = False, read: int = 0) -> None:
         if snapshot == self._snapshot and not force:
+            with self._changed:
+                self._read_published = max(self._read_published, read)
+                self._changed.notify_all()
             return
         # The listener first: whoever waits for a view (``wait_for``) then finds what the
         # listener does for it (the local logs of a new topic) already done.
@@ -207,4 +227,5 @@ class MetadataWatcher:
                 log.exception("cluster metadata listener failed")
         with self._changed:
             self._snapshot = snapshot
+            self._read_published = max(self._read_published, read)
             self._changed.notify_all()

@@ -28,6 +28,13 @@ is a replica of; its fetchers copy the leaders' logs.
 Every broker keeps a local log for every partition of every topic; only the replicas'
 logs ever receive data (produce and fetch are refused elsewhere by the placement).
 
+Cut off from ZooKeeper (issue #33, ``broker.cluster.session``): once its session may
+have expired, the broker vouches for no role (one ``SessionFence`` shared by the
+placement, the controller and the session thread): Metadata shows no leader for the
+partitions it led and no controller, their produces and fetches get
+``NOT_LEADER_OR_FOLLOWER``, admin calls ``NOT_CONTROLLER``, until it is back on
+ZooKeeper and has re-read the cluster.
+
 Thread-safe.
 """
 
@@ -46,6 +53,7 @@ from broker.cluster.controller import Controller, ControllerSettings
 from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from broker.cluster.session import SessionFence, step_down_delay_ms
 from broker.cluster.store import ClusterStore, StoreError
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint, PartitionState
 from broker.config import BrokerConfig
@@ -102,19 +110,29 @@ class ClusterPlacement:
         cluster_id: str,
         watcher: MetadataWatcher,
         store: ClusterStore | None = None,
+        fence: SessionFence | None = None,
     ) -> None:
         self._broker_id = broker_id
         self._cluster_id = cluster_id
         self._watcher = watcher
         self._store = store
+        self._fence = fence or SessionFence()
 
     def cluster(self) -> ClusterView:
+        """Cut off from ZooKeeper (``broker.cluster.session``), the controller is -1 (this
+        broker cannot tell who it is; clients take it as a sign to ask another broker),
+        and the brokers are still listed, so a client learns where else to ask."""
         snapshot = self._watcher.snapshot
+        controller = snapshot.controller_id if snapshot.controller_id is not None else NO_LEADER
+        cut_off = self._fence.cut_off
+        if cut_off:
+            controller = NO_LEADER
         return ClusterView(
             self._cluster_id,
             self._broker_id,
-            snapshot.controller_id if snapshot.controller_id is not None else NO_LEADER,
+            controller,
             tuple(BrokerEndpoint(b.broker_id, b.host, b.port) for b in snapshot.brokers.values()),
+            cut_off,
         )
 
     def topics(self) -> Mapping[str, int]:
@@ -130,6 +148,11 @@ class ClusterPlacement:
         replicas = found.assignment.replicas[partition]
         if state is None:
             return PartitionPlacement(NO_LEADER, -1, replicas, ())
+        if state.leader == self._broker_id and self._fence.cut_off:
+            # Issue #33: cut off from ZooKeeper, this broker cannot vouch for its own
+            # leadership (another may have been elected): no leader, LEADER_NOT_AVAILABLE.
+            # Others' leaderships stay as last seen: elected by others, the best guess.
+            return PartitionPlacement(NO_LEADER, state.leader_epoch, replicas, state.isr)
         return PartitionPlacement(state.leader, state.leader_epoch, replicas, state.isr)
 
     def check_leader(self, topic: str, partition: int) -> None:
@@ -138,6 +161,13 @@ class ClusterPlacement:
             raise UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
         leader = found.leader(partition)
         if leader == self._broker_id:
+            reason = self._fence.reason
+            if reason is not None:
+                # No new-leader hint: cut off, this broker does not know who leads now.
+                raise NotLeaderOrFollowerError(
+                    f"broker {self._broker_id} no longer vouches for leading "
+                    f"{topic}-{partition}: {reason}; ask another broker"
+                )
             return
         if leader == NO_LEADER:
             raise LeaderNotAvailableError(
@@ -184,12 +214,14 @@ class ClusterNode:
         watcher: MetadataWatcher,
         controller: Controller,
         placement: ClusterPlacement,
+        fence: SessionFence,
     ) -> None:
         self._config = config
         self._store = store
         self._watcher = watcher
         self._controller = controller
         self.placement = placement
+        self._fence = fence
         self.replicas: ReplicaManager | None = None
         self._registration: BrokerRegistration | None = None
         self._session_events: queue.Queue[str] = queue.Queue()
@@ -247,7 +279,8 @@ class ClusterNode:
             watcher = MetadataWatcher(store, apply)
             replicas = _start_replicas(config, store, watcher, local, clock)
             replicas_box.append(replicas)
-            placement = ClusterPlacement(config.broker_id, cluster_id, watcher, store)
+            fence = SessionFence()
+            placement = ClusterPlacement(config.broker_id, cluster_id, watcher, store, fence)
             controller = Controller(
                 store,
                 ControllerSettings(
@@ -262,13 +295,14 @@ class ClusterNode:
                 ),
                 clock,
                 internal_topics=internal_topics,
+                fence=fence,
             )
             watcher.start()
             controller.start()
         except BaseException:
             store.close()
             raise
-        node = cls(config, store, watcher, controller, placement)
+        node = cls(config, store, watcher, controller, placement, fence)
         node.replicas = replicas
 
         def counts() -> tuple[int, int, int]:
@@ -302,49 +336,43 @@ class ClusterNode:
         self._session_events.put(state)
 
     def _run_session_events(self) -> None:
-        """After a session expired: stop controlling, then register again on the new one.
+        """Step down when cut off from ZooKeeper; after a session expired, register again.
 
-        A broker cut off from ZooKeeper longer than its session timeout has been declared
-        dead; its ephemeral registration and (if it was controller) ``/controller`` are
-        gone, and the other brokers have moved on. When kazoo opens a new session, the
-        broker registers again (after a leftover of the old session, if any, expired) and
-        re-reads the cluster, so it serves only what the new view says it leads.
+        Cut off (kazoo's ``SUSPENDED``) for ``step_down_delay_ms`` (a third of the session
+        timeout: by then the servers may have expired the session, ``broker.cluster.
+        session``), the broker stops vouching for any role at once (issue #33): the
+        placement answers Metadata with no leader for the partitions it led and
+        ``NOT_LEADER_OR_FOLLOWER`` to their produces and fetches, the controller refuses
+        admin calls, the replica manager resigns (parked ``acks=all`` produces fail).
+        When kazoo is back on the same session, the broker re-reads the cluster and
+        vouches again. When the session expired (``LOST``), its ephemeral registration
+        and (if it was controller) ``/controller`` are gone and the other brokers have
+        moved on: on the new session the broker registers again (after a leftover of the
+        old session, if any, expired), re-reads the cluster, and only then vouches again,
+        for what the new view says it leads.
         """
         lost = False
-        resigned = False
         suspended_at: float | None = None
-        timeout_s = self._config.zookeeper_session_timeout_ms / 1000
+        delay_s = step_down_delay_ms(self._config.zookeeper_session_timeout_ms) / 1000
         while True:
             wait = None
-            if suspended_at is not None and not resigned:
-                wait = max(suspended_at + timeout_s - time.monotonic(), 0.0)
+            if suspended_at is not None and not self._fence.cut_off:
+                wait = max(suspended_at + delay_s - time.monotonic(), 0.0)
             try:
                 state = self._session_events.get(timeout=wait)
             except queue.Empty:
-                # Cut off from ZooKeeper for a whole session timeout: the session has
-                # expired on the servers, the controller has moved this broker's
-                # leaderships elsewhere. Stop acting as leader now rather than when
-                # kazoo reconnects and says so (a leader cut off from ZooKeeper but not
-                # from its clients must stop acknowledging writes).
-                resigned = True
-                if self.replicas is not None:
-                    self.replicas.resign_all("cut off from ZooKeeper for a session timeout")
+                self._step_down("cut off from ZooKeeper past a third of the session timeout")
                 continue
             if state == "stop":
                 return
             if state == "SUSPENDED":
                 suspended_at = suspended_at or time.monotonic()
                 continue
-            if state in ("CONNECTED", "LOST"):
-                suspended_at = None
-            if resigned and state == "CONNECTED":
-                resigned = False
-                self._watcher.refresh(force=True)  # roles again from a fresh view
+            suspended_at = None
             if state == "LOST":
                 lost = True
                 self._controller.session_lost()
-                if self.replicas is not None:
-                    self.replicas.resign_all("ZooKeeper session lost")
+                self._step_down("ZooKeeper session lost")
                 log.warning("broker %d: ZooKeeper session lost", self._config.broker_id)
             elif state == "CONNECTED" and lost and self._registration is not None:
                 try:
@@ -355,7 +383,29 @@ class ClusterNode:
                     log.info("broker %d registered again", self._config.broker_id)
                 except Exception as exc:
                     log.error("broker %d could not register again: %s", self._config.broker_id, exc)
-                self._watcher.refresh(force=True)
+                self._vouch_again()
+            elif state == "CONNECTED" and self._fence.cut_off:
+                self._vouch_again()
+
+    def _step_down(self, reason: str) -> None:
+        if not self._fence.cut(reason):
+            return
+        log.warning("broker %d steps down: %s", self._config.broker_id, reason)
+        if self.replicas is not None:
+            self.replicas.resign_all(reason)
+
+    def _vouch_again(self) -> None:
+        """Roles again, from a view read on the session as it is now (not the stale one
+        the placement holds): the replica manager takes them from that view first, then
+        the placement and the controller answer again."""
+        if not self._watcher.refresh_and_wait(self._config.zookeeper_session_timeout_ms):
+            log.warning(
+                "broker %d: no fresh cluster view after reconnecting; vouching again anyway",
+                self._config.broker_id,
+            )
+        if self._fence.restore():
+            log.info("broker %d vouches for its roles again", self._config.broker_id)
+            self._controller.session_restored()
 
     def stop(self) -> None:
         """Leave: controlled shutdown, then end the session.
@@ -440,6 +490,12 @@ class ClusterNode:
     # --- topic administration (the core's TopicAdmin seam) --------------------------------
 
     def _controller_or_raise(self) -> Controller:
+        reason = self._fence.reason
+        if reason is not None:
+            raise NotControllerError(
+                f"broker {self._config.broker_id} cannot act as controller: {reason}; "
+                "send topic administration to another broker's controller"
+            )
         if not self._controller.is_controller:
             controller_id = self._watcher.snapshot.controller_id
             raise NotControllerError(

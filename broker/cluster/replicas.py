@@ -31,10 +31,12 @@ Kafka's ``ReplicaManager`` and ``Partition`` in the ZooKeeper era
   ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``; refused before the append with
   ``NOT_ENOUGH_REPLICAS`` when the ISR is already too small.
 
-A leader cut off from ZooKeeper keeps its role until its session expires and the view says
-otherwise; but it can no longer change the ISR, so once its followers stop fetching (they
-follow the new leader) its high watermark cannot pass what they had, and ``acks=all``
-writes it takes time out instead of being acknowledged. That is Kafka's guarantee too.
+A leader cut off from ZooKeeper cannot change the ISR, so once its followers stop fetching
+(they follow the new leader) its high watermark cannot pass what they had, and ``acks=all``
+writes it takes are never acknowledged: Kafka's guarantee too. Unlike Kafka's, it does not
+keep its role until it hears that its session expired: the node resigns everything
+(``resign_all``) once the session may have expired (``broker.cluster.session``), so its
+parked produces fail at once and its clients move on (issue #33).
 
 Thread-safe: one lock over the role tables; storage calls and callbacks run outside it.
 """

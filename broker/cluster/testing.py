@@ -50,12 +50,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 __all__ = [
     "ZOOKEEPER_JAR",
+    "BrokerNetwork",
     "LocalCluster",
     "TcpProxy",
     "ZooKeeperServer",
@@ -128,10 +130,10 @@ def _ephemeral_range_start() -> int:
         return 32_768
 
 
-def _is_serving(port: int) -> bool:
+def _is_serving(port: int, host: str = "127.0.0.1") -> bool:
     """ZooKeeper's ``srvr`` four-letter command answers once the server serves."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as connection:
+        with socket.create_connection((host, port), timeout=1.0) as connection:
             connection.sendall(b"srvr")
             return b"Zookeeper version" in connection.recv(4096)
     except OSError:
@@ -144,19 +146,32 @@ class ZooKeeperServer:
     Args:
         tick_ms: ZooKeeper's ``tickTime``; sessions may be as short as two ticks.
         max_session_timeout_ms: the largest session timeout a client may ask for.
+        host, port: where it listens: ``127.0.0.1`` and a free port by default; a network
+            namespace's address and a fixed port for partition tests (``tests/faults``).
+        wrap: turns the server's command into the one to run (``ip netns exec NS ...``).
     """
 
-    def __init__(self, *, tick_ms: int = 500, max_session_timeout_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        *,
+        tick_ms: int = 500,
+        max_session_timeout_ms: int = 30_000,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
         self._tick_ms = tick_ms
         self._max_session_timeout_ms = max_session_timeout_ms
         self._directory: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        self.host = host
+        self.port = port
+        self._wrap = wrap or (lambda command: command)
 
     @property
     def connect_string(self) -> str:
-        """``127.0.0.1:PORT``: the value for ``zookeeper.connect``."""
-        return f"127.0.0.1:{self.port}"
+        """``HOST:PORT``: the value for ``zookeeper.connect``."""
+        return f"{self.host}:{self.port}"
 
     def start(self) -> ZooKeeperServer:
         """Start the server and wait until it answers. Raises ``RuntimeError`` if it cannot."""
@@ -167,14 +182,14 @@ class ZooKeeperServer:
             )
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="tidelog-zk-"))
-            self.port = free_port()
+            self.port = self.port or free_port()
             (self._directory / "data").mkdir()
             config = "\n".join(
                 [
                     f"tickTime={self._tick_ms}",
                     f"dataDir={self._directory / 'data'}",
                     f"clientPort={self.port}",
-                    "clientPortAddress=127.0.0.1",
+                    f"clientPortAddress={self.host}",
                     "maxClientCnxns=0",
                     f"minSessionTimeout={2 * self._tick_ms}",
                     f"maxSessionTimeout={self._max_session_timeout_ms}",
@@ -188,17 +203,19 @@ class ZooKeeperServer:
         log_file = open(self._directory / "zookeeper.log", "ab")  # noqa: SIM115  # the child's
         try:
             self._process = subprocess.Popen(
-                dying_with_parent(
-                    [
-                        "java",
-                        "-Xmx256m",
-                        "-Dzookeeper.admin.enableServer=false",
-                        f"-Dzookeeper.log.dir={self._directory}",
-                        "-cp",
-                        str(ZOOKEEPER_JAR),
-                        "org.apache.zookeeper.server.ZooKeeperServerMain",
-                        str(self._directory / "zoo.cfg"),
-                    ]
+                self._wrap(
+                    dying_with_parent(
+                        [
+                            "java",
+                            "-Xmx256m",
+                            "-Dzookeeper.admin.enableServer=false",
+                            f"-Dzookeeper.log.dir={self._directory}",
+                            "-cp",
+                            str(ZOOKEEPER_JAR),
+                            "org.apache.zookeeper.server.ZooKeeperServerMain",
+                            str(self._directory / "zoo.cfg"),
+                        ]
+                    )
                 ),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -208,7 +225,7 @@ class ZooKeeperServer:
         finally:
             log_file.close()
         deadline = time.monotonic() + _START_TIMEOUT_S
-        while not _is_serving(self.port):
+        while not _is_serving(self.port, self.host):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 output = self.output()
                 self.stop()
@@ -333,6 +350,24 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
+class BrokerNetwork(Protocol):
+    """Where ``LocalCluster``'s brokers run when not on 127.0.0.1: each at an address of
+    its own (a network namespace, ``tests/faults/netns.py``), reached directly by clients
+    and by ZooKeeper's address (no ``TcpProxy``: the network itself is cut)."""
+
+    def host(self, broker_id: int) -> str:
+        """The address broker ``broker_id`` listens on and advertises."""
+        ...
+
+    def wrap(self, broker_id: int, command: list[str]) -> list[str]:
+        """The command that runs ``command`` where broker ``broker_id`` lives."""
+        ...
+
+
+# Fixed ports of a broker on its own address (``BrokerNetwork``): nothing else binds there.
+_NETWORK_PORT, _NETWORK_KAFKA_PORT, _NETWORK_METRICS_PORT = 7410, 9092, 7480
+
+
 class LocalCluster:
     """ZooKeeper plus ``brokers`` broker processes on 127.0.0.1. Not thread-safe.
 
@@ -349,6 +384,11 @@ class LocalCluster:
         kafka: give each broker a Kafka wire-protocol listener (``kafka.listen``) on a
             port of its own, kept across restarts (``kafka_address``,
             ``kafka_bootstrap``); off by default.
+        zookeeper: the ZooKeeper to use (started and stopped with the cluster); a new
+            one on 127.0.0.1 by default.
+        network: run each broker at an address of its own (``BrokerNetwork``), on fixed
+            ports, connected to ``zookeeper`` directly; 127.0.0.1 behind proxies by
+            default.
     """
 
     def __init__(
@@ -359,8 +399,11 @@ class LocalCluster:
         session_timeout_ms: int = 4_000,
         metrics: bool = False,
         kafka: bool = False,
+        zookeeper: ZooKeeperServer | None = None,
+        network: BrokerNetwork | None = None,
     ) -> None:
-        self.zookeeper = ZooKeeperServer()
+        self.zookeeper = zookeeper or ZooKeeperServer()
+        self._network = network
         self._ids = list(range(1, brokers + 1))
         self._settings = dict(settings or {})
         self._session_timeout_ms = session_timeout_ms
@@ -377,16 +420,20 @@ class LocalCluster:
     def broker_ids(self) -> list[int]:
         return list(self._ids)
 
+    def host(self, broker_id: int) -> str:
+        """The address broker ``broker_id`` listens on."""
+        return "127.0.0.1" if self._network is None else self._network.host(broker_id)
+
     def address(self, broker_id: int) -> str:
-        return f"127.0.0.1:{self.ports[broker_id]}"
+        return f"{self.host(broker_id)}:{self.ports[broker_id]}"
 
     def metrics_address(self, broker_id: int) -> str:
         """``HOST:PORT`` of broker ``broker_id``'s metrics (``metrics=True`` only)."""
-        return f"127.0.0.1:{self.metrics_ports[broker_id]}"
+        return f"{self.host(broker_id)}:{self.metrics_ports[broker_id]}"
 
     def kafka_address(self, broker_id: int) -> str:
         """``HOST:PORT`` of broker ``broker_id``'s Kafka listener (``kafka=True`` only)."""
-        return f"127.0.0.1:{self.kafka_ports[broker_id]}"
+        return f"{self.host(broker_id)}:{self.kafka_ports[broker_id]}"
 
     @property
     def bootstrap(self) -> str:
@@ -402,12 +449,14 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         self.zookeeper.start()
         self._directory = Path(tempfile.mkdtemp(prefix="tidelog-cluster-"))
+        on_own_address = self._network is not None
         for broker_id in self._ids:
-            self.ports[broker_id] = free_port()
+            self.ports[broker_id] = _NETWORK_PORT if on_own_address else free_port()
             if self._metrics:
-                self.metrics_ports[broker_id] = free_port()
+                port = _NETWORK_METRICS_PORT if on_own_address else free_port()
+                self.metrics_ports[broker_id] = port
             if self._kafka:
-                self.kafka_ports[broker_id] = free_port()
+                self.kafka_ports[broker_id] = _NETWORK_KAFKA_PORT if on_own_address else free_port()
         try:
             for broker_id in self._ids:
                 self.start_broker(broker_id, wait=False)
@@ -427,7 +476,7 @@ class LocalCluster:
         ready.unlink(missing_ok=True)
         settings = {
             "broker.id": broker_id,
-            "zookeeper.connect": f"127.0.0.1:{self._proxy(broker_id).port}/tidelog",
+            "zookeeper.connect": f"{self._zookeeper_address(broker_id)}/tidelog",
             "zookeeper.session.timeout.ms": self._session_timeout_ms,
             "metrics.port": self.metrics_ports.get(broker_id, -1),
             "shutdown.grace.ms": 1_000,
@@ -450,8 +499,12 @@ class LocalCluster:
             command += ["--set", f"{key}={value}"]
         log_file = open(self._directory / f"broker-{broker_id}.log", "ab")  # noqa: SIM115
         try:
+            if self._network is not None:
+                command = self._network.wrap(broker_id, dying_with_parent(command))
+            else:
+                command = dying_with_parent(command)
             self._processes[broker_id] = subprocess.Popen(
-                dying_with_parent(command),
+                command,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -460,6 +513,11 @@ class LocalCluster:
             log_file.close()
         if wait:
             self.wait_ready(broker_id)
+
+    def _zookeeper_address(self, broker_id: int) -> str:
+        if self._network is not None:
+            return self.zookeeper.connect_string
+        return f"127.0.0.1:{self._proxy(broker_id).port}"
 
     def _proxy(self, broker_id: int) -> TcpProxy:
         proxy = self._proxies.get(broker_id)

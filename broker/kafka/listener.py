@@ -365,6 +365,16 @@ class KafkaListener:
         except CodecError as exc:
             raise _close(connection, f"bad request header: {exc}") from None
         key, version = header.api_key, header.api_version
+        if self.core.placement.cluster().cut_off and not connection.close_after_response:
+            # Issue #33: cut off from ZooKeeper, this broker vouches for no leader: it
+            # answers (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE), then hangs up.
+            # librdkafka asks only brokers it is connected to for metadata: kept
+            # connected, it asked this one again and again for the whole cut.
+            log.info(
+                "kafka connection from %s: cut off from ZooKeeper, closing after this answer",
+                connection.peer,
+            )
+            connection.close_after_response = True
         if key == API_VERSIONS and not supported(key, version):
             # KIP-511: the v0 form with UNSUPPORTED_VERSION and our range for key 18.
             body = {"error_code": 35, "api_keys": _api_keys()}
