@@ -9,6 +9,7 @@ Produce(Stream)         WRITE on each topic (refused partitions answer
                         TOPIC_AUTHORIZATION_FAILED, the others are written)
 Fetch(Stream)           READ on each topic, per partition; a follower's fetch CLUSTER_ACTION
 ListOffsets             DESCRIBE on each topic named
+OffsetForLeaderEpoch    DESCRIBE on each topic named (Kafka's rule for a consumer)
 Metadata, ListTopics    DESCRIBE on a topic to see it (others are left out; one asked for
                         by name answers TOPIC_AUTHORIZATION_FAILED)
 CreateTopic             CREATE on the cluster or on the topic
@@ -152,6 +153,9 @@ _RULES: dict[str, _Rule] = {
     "AlterTopicConfig": lambda c, r: c.need(Operation.ALTER_CONFIGS, ResourceType.TOPIC, r.name),
     "CreatePartitions": lambda c, r: c.topics(Operation.ALTER, (t.name for t in r.topics)),
     "ListOffsets": lambda c, r: c.topics(Operation.DESCRIBE, (p.topic for p in r.partitions)),
+    "OffsetForLeaderEpoch": lambda c, r: c.topics(
+        Operation.DESCRIBE, (p.topic for p in r.partitions)
+    ),
     "InitProducerId": _init_producer_id,
     "DescribeProducers": lambda c, r: c.topics(Operation.READ, (t.topic for t in r.partitions)),
     "ConsumerGroupHeartbeat": _group(Operation.READ),
@@ -213,8 +217,11 @@ def filter_response(acls: Acls, method: str, response: Any, context: RequestCont
 def filter_metadata(
     acls: Acls, request: pb.MetadataRequest, response: pb.MetadataResponse, context: RequestContext
 ) -> pb.MetadataResponse:
-    """Metadata: unnamed topics the caller may not describe are left out; named ones
-    answer TOPIC_AUTHORIZATION_FAILED without partitions."""
+    """Metadata: unnamed topics the caller may not describe are left out, silently (a
+    listing is not a request to see them); named ones answer TOPIC_AUTHORIZATION_FAILED
+    without partitions, whether they exist or not (so nothing leaks: the core's
+    UNKNOWN_TOPIC_OR_PARTITION or INVALID_TOPIC_EXCEPTION is replaced too), and each
+    such refusal is audited as a refused DescribeTopic is."""
     if not acls.enabled:
         return response
     check = _Check(acls, "Metadata", context)
@@ -224,6 +231,14 @@ def filter_metadata(
         if check.allowed(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
             kept.append(topic)
         elif topic.name in named:
+            audit_denied(
+                "Metadata",
+                check.principal,
+                check.host,
+                Operation.DESCRIBE,
+                ResourceType.TOPIC,
+                topic.name,
+            )
             kept.append(
                 pb.TopicMetadata(name=topic.name, error_code=TopicAuthorizationFailedError.code)
             )

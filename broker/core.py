@@ -85,10 +85,13 @@ from storage.clock import Clock, SystemClock
 from storage.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
+    InvalidTopicError,
     LeaderNotAvailableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
+    UnknownTopicOrPartitionError,
 )
+from storage.files import validate_topic_name
 from storage.log_manager import LogManager, TopicMetadata
 from storage.partition_log import PartitionLog
 from storage.producer_state import ProducerSummary
@@ -100,6 +103,8 @@ __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
     "BrokerCore",
+    "EpochEndAnswer",
+    "EpochQuery",
     "MetadataTopic",
     "OffsetAnswer",
     "OffsetQuery",
@@ -173,6 +178,16 @@ class MetadataTopic:
     internal: bool = False
 
 
+def _missing_topic_code(name: str) -> str:
+    """The error of a topic asked for by name that is not there: unknown (it may yet be
+    created, so clients retry), or invalid (it never can be, so they fail at once)."""
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError:
+        return InvalidTopicError.code
+    return UnknownTopicOrPartitionError.code
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetQuery:
     """``ListOffsets`` for one partition: -2 earliest, -1 latest, else a timestamp."""
@@ -191,6 +206,30 @@ class OffsetAnswer:
     partition: int
     offset: int = -1
     timestamp_ms: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochQuery:
+    """``OffsetForLeaderEpoch`` for one partition: where does ``leader_epoch`` end?"""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int = -1  # the client's view; -1: not checked
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEndAnswer:
+    """The largest epoch <= the one asked for that the leader's log knows, and the offset
+    where it ends (the next epoch's start, or the log end offset); both -1 when the epoch
+    asked for is below every known one (Kafka's UNDEFINED_EPOCH_OFFSET)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int = -1
+    end_offset: int = -1
     error_code: str = ""
     error_message: str = ""
 
@@ -589,8 +628,12 @@ class BrokerCore:
     def describe_topic(self, name: str) -> TopicView:
         """A topic with its partitions' offsets and sizes and its effective config.
 
-        Raises ``LeaderNotAvailableError`` while a broker is joining its cluster.
+        Raises ``InvalidTopicError`` for a name no topic can have (Kafka's
+        ``INVALID_TOPIC_EXCEPTION``, not "unknown": no retry can help),
+        ``UnknownTopicOrPartitionError`` for no such topic, ``LeaderNotAvailableError``
+        while a broker is joining its cluster.
         """
+        validate_topic_name(name)
         with self._operation():
             self.placement.check_joined()
             return self._view(self._logs.topic(name))
@@ -601,7 +644,10 @@ class BrokerCore:
         """Kafka's Metadata: the cluster and each topic's partition leaders.
 
         ``topics`` empty: every topic (internal ones only if asked). A topic asked for by
-        name that does not exist comes back with ``UNKNOWN_TOPIC_OR_PARTITION``.
+        name that does not exist comes back with ``UNKNOWN_TOPIC_OR_PARTITION``, one whose
+        name no topic can have (``storage.files.validate_topic_name``) with
+        ``INVALID_TOPIC_EXCEPTION``, as Kafka's: clients fail it at once instead of waiting
+        for it to be created. Authorization is the listeners' (it answers first).
         """
         with self._operation():
             known = self.placement.topics()
@@ -618,7 +664,7 @@ class BrokerCore:
             for name in names:
                 count = known.get(name)
                 if count is None:
-                    answers.append(MetadataTopic(name, "UNKNOWN_TOPIC_OR_PARTITION"))
+                    answers.append(MetadataTopic(name, _missing_topic_code(name)))
                     continue
                 placed = [self.placement.partition(name, p) for p in range(count)]
                 answers.append(MetadataTopic(name, "", tuple(placed), name in internal))
@@ -843,6 +889,38 @@ class BrokerCore:
         if found is None:
             return OffsetAnswer(query.topic, query.partition)
         return OffsetAnswer(query.topic, query.partition, found[0], found[1])
+
+    def offsets_for_leader_epochs(self, queries: Sequence[EpochQuery]) -> list[EpochEndAnswer]:
+        """Kafka's OffsetForLeaderEpoch (KIP-101, KIP-320), as a consumer asks it: per
+        partition, on its leader only (``NOT_LEADER_OR_FOLLOWER`` elsewhere), after the
+        ``current_leader_epoch`` check (``FENCED_LEADER_EPOCH``/``UNKNOWN_LEADER_EPOCH``),
+        ``PartitionLog.end_offset_for_epoch``. The latest epoch ends at the log end
+        offset, as in Kafka (a consumer's position never passes the high watermark, so
+        the difference cannot make it miss a truncation). Errors are per partition."""
+        with self._operation():
+            return [self._offset_for_leader_epoch(q) for q in queries]
+
+    def _offset_for_leader_epoch(self, query: EpochQuery) -> EpochEndAnswer:
+        try:
+            self.placement.check_leader(query.topic, query.partition)
+            check = self._fetch.check_epoch
+            if check is not None:
+                check(query.topic, query.partition, query.current_leader_epoch)
+            plog = self._logs.get_log(query.topic, query.partition)
+            if query.leader_epoch >= 0 and plog.latest_epoch < 0:
+                # A log no leader ever stamped (single-node mode keeps each batch's epoch
+                # field as its producer wrote it): no leader change ever cut it, so the
+                # epoch asked for ends at the log end, not "unknown" (which a consumer
+                # would take for a truncation).
+                epoch, end_offset = query.leader_epoch, plog.log_end_offset
+            else:
+                epoch, end_offset = plog.end_offset_for_epoch(query.leader_epoch)
+        except Exception as exc:
+            code, message = partition_error(exc)
+            return EpochEndAnswer(
+                query.topic, query.partition, error_code=code, error_message=message
+            )
+        return EpochEndAnswer(query.topic, query.partition, epoch, end_offset)
 
     def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
         """A new idempotent producer id (-1, -1) or a bumped epoch for an existing one."""

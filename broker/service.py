@@ -45,7 +45,7 @@ from broker.authorize import (
     topic_gate,
 )
 from broker.context import RequestContext
-from broker.core import BrokerCore, OffsetQuery, TopicView
+from broker.core import BrokerCore, EpochQuery, OffsetQuery, TopicView
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
 from broker.groups.assignor import TopicPartition
 from broker.groups.coordinator import HeartbeatRequest
@@ -381,7 +381,12 @@ def _offset_commit(
     core: BrokerCore, request: pb.OffsetCommitRequest, context: RequestContext
 ) -> pb.OffsetCommitResponse:
     entries = [
-        OffsetCommitEntry(TopicPartition(o.topic, o.partition), o.offset, o.metadata)
+        OffsetCommitEntry(
+            TopicPartition(o.topic, o.partition),
+            o.offset,
+            o.metadata,
+            o.leader_epoch if o.HasField("leader_epoch") else -1,
+        )
         for o in request.offsets
     ]
     results = core.commit_offsets(
@@ -493,6 +498,33 @@ def _metadata(
     )
 
 
+def _offset_for_leader_epoch(
+    core: BrokerCore, request: pb.OffsetForLeaderEpochRequest, context: RequestContext
+) -> pb.OffsetForLeaderEpochResponse:
+    queries = [
+        EpochQuery(
+            p.topic,
+            p.partition,
+            p.leader_epoch,
+            p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+        )
+        for p in request.partitions
+    ]
+    return pb.OffsetForLeaderEpochResponse(
+        results=[
+            pb.OffsetForLeaderEpochResult(
+                topic=a.topic,
+                partition=a.partition,
+                error_code=a.error_code,
+                error_message=a.error_message,
+                leader_epoch=a.leader_epoch,
+                end_offset=a.end_offset,
+            )
+            for a in core.offsets_for_leader_epochs(queries)
+        ]
+    )
+
+
 def _find_coordinator(
     core: BrokerCore, request: pb.FindCoordinatorRequest, context: RequestContext
 ) -> pb.FindCoordinatorResponse:
@@ -515,6 +547,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeAcls": _describe_acls,
     "DeleteAcls": _delete_acls,
     "ListOffsets": _list_offsets,
+    "OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,
     "ConsumerGroupHeartbeat": _consumer_group_heartbeat,
@@ -733,6 +766,7 @@ def _committed_offsets(results: Sequence[OffsetResult]) -> list[pb.CommittedOffs
             metadata=r.metadata,
             error_code=r.error_code,
             error_message=r.error_message,
+            leader_epoch=r.leader_epoch,
         )
         for r in results
     ]

@@ -43,8 +43,10 @@ from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import InternalError, TidelogError, error_for_code
 
 __all__ = [
+    "CommittedOffset",
     "Connection",
     "ConnectionFactory",
+    "EpochEndResult",
     "FetchAnswer",
     "FetchCall",
     "FetchResult",
@@ -67,6 +69,25 @@ class ListOffsetsResult:
 
     offset: int = -1
     timestamp_ms: int = -1
+    error: TidelogError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A group's committed offset (the next to read) and the leader epoch of the last
+    record consumed before it (KIP-320; -1: unknown, not validated on resume)."""
+
+    offset: int
+    leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEndResult:
+    """One partition's ``OffsetForLeaderEpoch`` answer: the largest epoch <= the one
+    asked for that the leader knows and where it ends; both -1 when it knows none."""
+
+    leader_epoch: int = -1
+    end_offset: int = -1
     error: TidelogError | None = None
 
 
@@ -209,8 +230,10 @@ class Connection(Protocol):
         member_id: str,
         member_epoch: int,
         timeout_ms: int | None,
+        leader_epochs: Mapping[TopicPartition, int] | None = None,
     ) -> dict[TopicPartition, TidelogError]:
-        """Commit; returns the partitions that failed with their errors."""
+        """Commit; returns the partitions that failed with their errors.
+        ``leader_epochs``: the committed leader epoch of some partitions (KIP-320)."""
         ...
 
     def fetch_committed(
@@ -218,6 +241,19 @@ class Connection(Protocol):
     ) -> dict[TopicPartition, int]:
         """Committed offsets (partitions without one are left out); ``partitions`` empty:
         every partition the group has committed."""
+        ...
+
+    def fetch_committed_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        """``fetch_committed`` with each offset's committed leader epoch."""
+        ...
+
+    def offsets_for_leader_epochs(
+        self, queries: Mapping[TopicPartition, tuple[int, int]], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, EpochEndResult]:
+        """``OffsetForLeaderEpoch`` at the leader: per partition ``(leader epoch to look
+        up, current leader epoch from the metadata or -1)``."""
         ...
 
     def heartbeat(
@@ -464,7 +500,9 @@ class GrpcConnection:
         member_id: str,
         member_epoch: int,
         timeout_ms: int | None,
+        leader_epochs: Mapping[TopicPartition, int] | None = None,
     ) -> dict[TopicPartition, TidelogError]:
+        epochs = leader_epochs or {}
         response = self.transport.call(
             self.transport.stub.OffsetCommit,
             pb.OffsetCommitRequest(
@@ -472,7 +510,12 @@ class GrpcConnection:
                 member_id=member_id,
                 member_epoch=member_epoch,
                 offsets=[
-                    pb.CommittedOffset(topic=tp.topic, partition=tp.partition, offset=offset)
+                    pb.CommittedOffset(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=offset,
+                        leader_epoch=epochs.get(tp, -1),
+                    )
                     for tp, offset in offsets.items()
                 ],
             ),
@@ -490,6 +533,41 @@ class GrpcConnection:
     def fetch_committed(
         self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
     ) -> dict[TopicPartition, int]:
+        found = self.fetch_committed_offsets(group_id, partitions, timeout_ms=timeout_ms)
+        return {tp: committed.offset for tp, committed in found.items()}
+
+    def offsets_for_leader_epochs(
+        self, queries: Mapping[TopicPartition, tuple[int, int]], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, EpochEndResult]:
+        response = self.transport.call(
+            self.transport.stub.OffsetForLeaderEpoch,
+            pb.OffsetForLeaderEpochRequest(
+                partitions=[
+                    pb.OffsetForLeaderEpochPartition(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        leader_epoch=epoch,
+                        current_leader_epoch=current if current >= 0 else None,
+                    )
+                    for tp, (epoch, current) in queries.items()
+                ]
+            ),
+            what="OffsetForLeaderEpoch",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, EpochEndResult] = {}
+        for result in response.results:
+            tp = TopicPartition(result.topic, result.partition)
+            if result.error_code:
+                error = error_for_code(result.error_code, f"{tp}: {result.error_message}")
+                out[tp] = EpochEndResult(error=error)
+            else:
+                out[tp] = EpochEndResult(result.leader_epoch, result.end_offset)
+        return out
+
+    def fetch_committed_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, CommittedOffset]:
         by_topic: dict[str, list[int]] = {}
         for tp in partitions:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
@@ -504,14 +582,18 @@ class GrpcConnection:
             what="OffsetFetch",
             timeout_ms=timeout_ms,
         )
-        out: dict[TopicPartition, int] = {}
+        out: dict[TopicPartition, CommittedOffset] = {}
         for entry in response.offsets:
             if entry.error_code:
                 raise error_for_code(
                     entry.error_code, f"{entry.topic}-{entry.partition}: {entry.error_message}"
                 )
             if entry.offset >= 0:
-                out[TopicPartition(entry.topic, entry.partition)] = entry.offset
+                # A broker from before KIP-320 support sends no epoch: unknown (-1).
+                epoch = entry.leader_epoch if entry.HasField("leader_epoch") else -1
+                out[TopicPartition(entry.topic, entry.partition)] = CommittedOffset(
+                    entry.offset, epoch
+                )
         return out
 
     def heartbeat(

@@ -20,6 +20,16 @@ committed offset (with ``group_id``), else ``auto_offset_reset`` (ListOffsets ea
 latest; ``none`` raises ``OffsetOutOfRangeError``). ``OFFSET_OUT_OF_RANGE`` from a fetch
 resets the same way. ``seek_to_beginning``/``seek_to_end`` are resolved lazily.
 
+Leader epochs (KIP-320, as Kafka's consumer): a commit stores, with each position, the
+leader epoch of the batch the last consumed record came from. A position taken from a
+committed offset with an epoch, or held when the partition gets a new leader, is
+validated before it is fetched: ``OffsetForLeaderEpoch`` asks the leader where that
+epoch ends (``client.fetcher.check_position``). If the log was truncated under the
+position, the consumer goes back to the first offset that may differ (or, if the leader
+cannot tell, resets by ``auto_offset_reset``); with ``auto_offset_reset='none'``,
+``poll``/``position`` raise ``LogTruncationError`` (its ``divergent_offsets`` say where
+to ``seek``) until the application seeks.
+
 Groups (``docs/groups.md``): ``group_id`` enables ``commit``/``committed`` and
 auto-commit. ``subscribe`` with a ``group_id`` joins the group: ``client.coordinator``
 heartbeats on its own thread (``client.group_member`` decides what to say and what to do
@@ -47,19 +57,27 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
 from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
-from client.connection import ConnectionFactory, grpc_connections
+from client.connection import CommittedOffset, ConnectionFactory, grpc_connections
 from client.coordinator import ConsumerCoordinator
 from client.fetch_session import FetchSession
-from client.fetcher import SubscriptionState
-from client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
+from client.fetcher import SubscriptionState, check_position
+from client.offsets import (
+    commit_offsets,
+    fetch_committed_offsets,
+    list_offsets,
+    offsets_for_leader_epochs,
+    partitions_of,
+)
 from client.rebalance import GroupSubscription, PartitionsCallback
 from client.routing import ClusterConnections
 from client.security import ClientSecurity
+from client.topic_errors import first_refusal, topic_errors
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from storage.columns import ColumnBuilder
 from storage.errors import (
     ClosedError,
     InvalidRequestError,
+    LogTruncationError,
     OffsetOutOfRangeError,
     StaleMemberEpochError,
     TidelogError,
@@ -126,6 +144,7 @@ class Consumer:
         self._metadata_checked_ms = 0
         self._missing_topics: set[str] = set()
         self._position_retry_at = 0
+        self._refusal_check_at = 0  # when to look again for assigned topics refused
         self._next_auto_commit_ms = _monotonic_ms() + config.auto_commit_interval_ms
         self._auto_commit = config.enable_auto_commit and config.group_id is not None
         self._iter_buffer: deque[ConsumerRecord] = deque()
@@ -318,10 +337,14 @@ class Consumer:
         deadline = self._deadline(timeout_ms)
         while True:
             with self._lock:
-                position = self._subscriptions.state(partition).position
-            if position is not None:
+                state = self._subscriptions.state(partition)
+                position, checking = state.position, state.awaiting_validation
+            if position is not None and not checking:
                 return position
-            self._update_positions(deadline, raise_retriable=True)
+            if position is None:
+                self._update_positions(deadline, raise_retriable=True)
+            else:
+                self._validate_positions(deadline, raise_retriable=True)
 
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark the last fetch of ``partition`` saw, None before one."""
@@ -356,7 +379,7 @@ class Consumer:
             return
         timeout_ms = max(deadline_ms - _monotonic_ms(), 1)
         try:
-            committed: dict[TopicPartition, int] = {}
+            committed: dict[TopicPartition, CommittedOffset] = {}
             undecided = [tp for tp, (reset, _) in needs.items() if reset is None]
             if self.config.group_id is not None and undecided:
                 committed = self._fetch_committed(undecided, timeout_ms, tolerate_unsupported=True)
@@ -376,6 +399,8 @@ class Consumer:
                 else {}
             )
         except TidelogError as exc:
+            if isinstance(exc, UnknownTopicOrPartitionError):
+                self._check_assigned_topics(_monotonic_ms(), timeout_ms)
             if raise_retriable or not exc.retriable:
                 raise
             log.info("could not look up positions yet: %s", exc)
@@ -386,11 +411,129 @@ class Consumer:
                 state = self._subscriptions.partitions.get(tp)
                 if state is None or state.epoch != epoch or state.position is not None:
                     continue  # reassigned or sought meanwhile
-                offset = committed.get(tp) if tp in committed else found.get(tp)
+                if tp in committed:
+                    # With its committed leader epoch, checked before it is fetched.
+                    at = committed[tp]
+                    self._subscriptions.seek(tp, at.offset, at.leader_epoch, validate=True)
+                    log.debug("position of %s set to %s", tp, at)
+                    continue
+                offset = found.get(tp)
                 if offset is None:
                     continue
                 self._subscriptions.seek(tp, offset)
                 log.debug("position of %s set to %d", tp, offset)
+
+    def _validate_positions(self, deadline_ms: int, *, raise_retriable: bool) -> None:
+        """Check the positions awaiting validation against their leaders (KIP-320).
+
+        Valid ones are fetched again; a truncated one moves back to the first offset that
+        may differ (unknown: reset by ``auto_offset_reset``), or with ``'none'`` raises
+        ``LogTruncationError`` and stays awaiting validation until the application seeks.
+        """
+        with self._lock:
+            wanted = self._subscriptions.needs_validation()
+            versions = {tp: self._subscriptions.partitions[tp].epoch for tp in wanted}
+        if not wanted:
+            return
+        try:
+            answers = offsets_for_leader_epochs(
+                self._connections,
+                {tp: (epoch, -1) for tp, (_, epoch) in wanted.items()},
+                max(deadline_ms - _monotonic_ms(), 1),
+            )
+        except InvalidRequestError as exc:
+            # A broker from before OffsetForLeaderEpoch (UNIMPLEMENTED): the positions
+            # cannot be checked, so they are read on, as Kafka's consumer does with a
+            # broker that lacks the API.
+            log.warning("cannot validate positions (%s): reading on unchecked", exc)
+            with self._lock:
+                for tp in wanted:
+                    state = self._subscriptions.partitions.get(tp)
+                    if state is not None and state.epoch == versions[tp]:
+                        self._subscriptions.validated(tp)
+            return
+        except TidelogError as exc:
+            if raise_retriable or not exc.retriable:
+                raise
+            log.info("could not validate positions yet: %s", exc)
+            self._position_retry_at = _monotonic_ms() + self.config.retry_backoff_ms
+            return
+        strategy = self.config.auto_offset_reset
+        truncated: dict[TopicPartition, int | None] = {}
+        with self._lock:
+            for tp, answer in answers.items():
+                state = self._subscriptions.partitions.get(tp)
+                if state is None or state.epoch != versions[tp] or not state.awaiting_validation:
+                    continue  # reassigned, sought or validated meanwhile
+                position, _ = wanted[tp]
+                found = check_position(position, answer.leader_epoch, answer.end_offset)
+                if found is None:
+                    self._subscriptions.validated(tp)
+                elif strategy == "none":
+                    truncated[tp] = found.divergent_offset
+                elif found.divergent_offset is not None:
+                    log.warning(
+                        "%s: the log was truncated under offset %d; reading on from %d",
+                        tp,
+                        position,
+                        found.divergent_offset,
+                    )
+                    self._subscriptions.seek(tp, found.divergent_offset, found.divergent_epoch)
+                else:
+                    log.warning(
+                        "%s: the log was truncated under offset %d at an unknown offset; "
+                        "resetting to %s",
+                        tp,
+                        position,
+                        strategy,
+                    )
+                    self._subscriptions.request_reset(tp, strategy)
+        if truncated:
+            described = ", ".join(
+                f"{tp} at {wanted[tp][0]} (first divergent offset {offset})"
+                for tp, offset in sorted(truncated.items())
+            )
+            raise LogTruncationError(
+                f"the log was truncated under the position of {described} and "
+                "auto_offset_reset is 'none'; seek to go on",
+                dict(truncated),
+            )
+
+    def _check_assigned_topics(self, now: int, timeout_ms: int) -> None:
+        """Raise ``_raise_refused_topics``'s error for an assigned topic missing from the
+        metadata (its partitions are never fetched: no leader is known). Looked at every
+        ``_MISSING_TOPIC_RECHECK_MS`` (the cached metadata answers; a topic missing from
+        it costs one Metadata request by name each time)."""
+        if now < self._refusal_check_at:
+            return
+        self._refusal_check_at = now + _MISSING_TOPIC_RECHECK_MS
+        with self._lock:
+            topics = {tp.topic for tp in self._subscriptions.partitions}
+        if not topics:
+            return
+        try:
+            metadata = self._connections.metadata(timeout_ms=timeout_ms)
+        except TidelogError:
+            return  # the fetch path logs it and tries again
+        missing = {t for t in topics if metadata.partition_count(t) is None}
+        if missing:
+            self._raise_refused_topics(missing, timeout_ms)
+
+    def _raise_refused_topics(self, topics: set[str], timeout_ms: int) -> None:
+        """Raise why an assigned topic is missing from the metadata when no retry can
+        cure it: ``TopicAuthorizationFailedError`` (the principal may not describe it;
+        a listing of every topic leaves such topics out) or ``InvalidTopicError`` (an
+        illegal name), as Kafka's consumer raises them from ``poll``. A topic that just
+        does not exist (yet), or a lookup that fails, is left to the usual retries."""
+        try:
+            metadata = self._connections.metadata(timeout_ms=timeout_ms)
+            missing = sorted(t for t in topics if metadata.partition_count(t) is None)
+            refusal = first_refusal(topic_errors(self._connections, missing, timeout_ms=timeout_ms))
+        except TidelogError as exc:  # the caller goes on with the error it had
+            log.info("could not ask why %s are missing: %s", ", ".join(sorted(topics)), exc)
+            return
+        if refusal is not None:
+            raise refusal
 
     def _list_offsets(
         self, queries: Mapping[TopicPartition, int], timeout_ms: int
@@ -460,6 +603,7 @@ class Consumer:
                 raise ValueError(f"commit offset for {tp} must be a non-negative int")
         if not offsets:
             return
+        epochs = self._leader_epochs_of(offsets)
         deadline = self._deadline(timeout_ms)
         coordinator = None if self._group is None else self._group.coordinator
         member_id, member_epoch = ("", -1) if coordinator is None else coordinator.member()
@@ -471,6 +615,7 @@ class Consumer:
                 member_id=member_id,
                 member_epoch=member_epoch,
                 timeout_ms=max(deadline - _monotonic_ms(), 1),
+                leader_epochs=epochs,
             )
         except StaleMemberEpochError:
             if coordinator is None:
@@ -491,6 +636,7 @@ class Consumer:
                 member_id=member_id,
                 member_epoch=member_epoch,
                 timeout_ms=max(deadline - _monotonic_ms(), 1),
+                leader_epochs=epochs,
             )
         if failed:
             raise next(iter(failed.values()))
@@ -499,7 +645,20 @@ class Consumer:
         """The group's committed offset for ``partition``, None if it has none."""
         self._require_group("committed")
         found = self._fetch_committed([partition], self._timeout(timeout_ms))
-        return found.get(partition)
+        return found[partition].offset if partition in found else None
+
+    def _leader_epochs_of(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The committed leader epoch for each of ``offsets`` (KIP-320): the epoch of the
+        batch the record before it came from, known when the offset is the partition's
+        position (the last record ``poll`` handed out); others commit without one."""
+        with self._lock:
+            states = self._subscriptions.partitions
+            out: dict[TopicPartition, int] = {}
+            for tp, offset in offsets.items():
+                state = states.get(tp)
+                if state is not None and state.position == offset and state.position_epoch >= 0:
+                    out[tp] = state.position_epoch
+            return out
 
     def _fetch_committed(
         self,
@@ -507,11 +666,11 @@ class Consumer:
         timeout_ms: int,
         *,
         tolerate_unsupported: bool = False,
-    ) -> dict[TopicPartition, int]:
+    ) -> dict[TopicPartition, CommittedOffset]:
         group_id = self.config.group_id
         assert group_id is not None
         try:
-            return fetch_committed(self._connections, group_id, partitions, timeout_ms)
+            return fetch_committed_offsets(self._connections, group_id, partitions, timeout_ms)
         except InvalidRequestError as exc:
             if not tolerate_unsupported:
                 raise
@@ -626,8 +785,11 @@ class Consumer:
         At most ``max_records`` (default ``max_poll_records``), in offset order per
         partition. Returns an empty list when none arrived in time (a broker that is down
         included). Raises ``OffsetOutOfRangeError`` when a position is outside the log and
-        ``auto_offset_reset`` is ``none``, ``CorruptRecordError`` for bytes that do not
-        decode, ``ClosedError`` after ``close``.
+        ``auto_offset_reset`` is ``none`` (its subclass ``LogTruncationError`` when the log
+        was truncated under a position, see the module docstring), ``CorruptRecordError``
+        for bytes that do not decode, ``TopicAuthorizationFailedError`` for an assigned or
+        subscribed topic the principal may not describe, ``InvalidTopicError`` for an
+        illegal topic name, ``ClosedError`` after ``close``.
         """
         self._check_open()
         if max_records is None:
@@ -657,8 +819,10 @@ class Consumer:
             self._run_group_events()
             self._maybe_auto_commit(now, lookup_ms)
             self._refresh_subscription(timeout_ms=lookup_ms)
+            self._check_assigned_topics(now, lookup_ms)
             if now >= self._position_retry_at:
                 self._update_positions(now + lookup_ms, raise_retriable=False)
+                self._validate_positions(now + lookup_ms, raise_retriable=False)
             collected = collect()
             self._fetches.maybe_fetch(lookup_ms)
             if collected:
@@ -705,7 +869,7 @@ class Consumer:
     def _wait_hint_ms(self, now: int) -> int:
         """How long poll may sleep before it has something to do besides waiting."""
         wait = self._fetches.wait_hint_ms(now)
-        if self._subscriptions.needs_position():
+        if self._subscriptions.needs_position() or self._subscriptions.needs_validation():
             wait = min(wait, max(self._position_retry_at - now, 1))
         if self._auto_commit:
             wait = min(wait, max(self._next_auto_commit_ms - now, 1))

@@ -19,7 +19,10 @@ the stream it is; decoding, not transport, bounds the consumer.
 A broken stream is reopened after a backoff (``retry_backoff_ms`` doubling up to 1 s);
 a fetch without an answer within ``fetch_max_wait_ms + request_timeout_ms`` breaks it.
 Answers of fetches sent before a seek, reset or reassignment carry an old partition
-epoch and are dropped (``client.fetcher``).
+epoch and are dropped (``client.fetcher``). A metadata refresh that shows a partition at a
+newer leader epoch puts its position under validation (KIP-320, ``client.fetcher``;
+``Consumer`` asks OffsetForLeaderEpoch) and it is not fetched until then; each handed-out
+record's batch epoch becomes the position's epoch.
 
 Thread-safety: shares the consumer's lock and ``SubscriptionState``; the reader thread
 only touches them under that lock. ``collect`` belongs to the polling thread.
@@ -265,6 +268,8 @@ class FetchSession:
                 state = self._subscriptions.partitions.get(fetch.tp)
                 if state is not None and state.epoch == epoch:
                     state.position = position
+                    if fetch.last_epoch is not None:
+                        state.position_epoch = fetch.last_epoch
                     if fetch.exhausted:
                         self._finish_current_locked(fetch, state.epoch)
                     keep()
@@ -353,6 +358,16 @@ class FetchSession:
             self._metadata = metadata
             if force:
                 self._metadata_wanted = False
+            # A new leader may hold a shorter log (KIP-320): positions are checked
+            # against it (``Consumer`` validates them) before they are fetched again.
+            for tp in list(self._subscriptions.partitions):
+                found = metadata.partition(tp)
+                if found is not None and self._subscriptions.leader_changed(tp, found.leader_epoch):
+                    log.info(
+                        "%s: new leader at epoch %d; validating the position",
+                        tp,
+                        found.leader_epoch,
+                    )
 
     def _leader_locked(self, tp: TopicPartition) -> int | None:
         metadata = self._metadata

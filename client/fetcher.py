@@ -11,7 +11,19 @@ Per assigned partition (``PartitionState``) the consumer keeps two offsets:
 ``seek`` (and a reset) moves both and gives the partition a new ``epoch``: answers of
 fetches sent before it carry the old epoch and are dropped, as are prefetched bytes.
 Epochs come from one counter per consumer, never reused, not even by a partition that
-is assigned again after it left.
+is assigned again after it left. (This ``epoch`` is the consumer's own; the *leader*
+epochs below are the broker's.)
+
+Leader epochs (KIP-320): ``position_epoch`` is the leader epoch of the batch the record
+before ``position`` came from (-1: unknown), what a commit stores as the committed
+leader epoch. A position that comes with a leader epoch from somewhere else (a
+committed offset), or whose partition got a new leader, is *awaiting validation*: it is
+not fetched until the leader's ``OffsetForLeaderEpoch`` answer for ``position_epoch``
+shows the log still holds it (``check_position``). The rule is Kafka's
+(``SubscriptionState.maybeCompleteValidation``): the epoch ends at or after the position:
+valid; it ends before the position: the log was truncated under it, and the first
+offset that may differ is that end; no common epoch at all (-1): truncated, where
+unknown.
 
 ``CompletedFetch`` holds one partition's fetched bytes and hands out records lazily, one
 batch decoded at a time (``take``): records below the position are skipped (the broker
@@ -45,6 +57,8 @@ __all__ = [
     "FetchTarget",
     "PartitionState",
     "SubscriptionState",
+    "Truncation",
+    "check_position",
     "next_fetch_offset",
 ]
 
@@ -66,6 +80,9 @@ class PartitionState:
     paused: bool = False
     retry_at_ms: int = 0
     buffered: int = 0  # fetched answers not yet handed out (in the consumer's queue)
+    position_epoch: int = -1  # leader epoch of the record before ``position``; -1 unknown
+    awaiting_validation: bool = False  # not fetched until OffsetForLeaderEpoch agrees
+    leader_epoch: int = -1  # the leader epoch the metadata named last; -1 not seen yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +124,54 @@ class SubscriptionState:
         except KeyError:
             raise KeyError(f"{tp} is not assigned to this consumer") from None
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        """Read ``tp`` from ``offset`` next; prefetched bytes are dropped."""
+    def seek(
+        self, tp: TopicPartition, offset: int, leader_epoch: int = -1, *, validate: bool = False
+    ) -> None:
+        """Read ``tp`` from ``offset`` next; prefetched bytes are dropped.
+
+        ``leader_epoch``: the leader epoch of the record before ``offset`` (a committed
+        offset's, or where a truncation was found), -1 if unknown. ``validate``: check
+        the position with ``OffsetForLeaderEpoch`` before fetching (only with an epoch).
+        """
         state = self.state(tp)
         state.position = offset
         state.fetch_position = offset
         state.reset = None
+        state.position_epoch = leader_epoch
+        state.awaiting_validation = validate and leader_epoch >= 0
         self._invalidate(state)
+
+    def leader_changed(self, tp: TopicPartition, leader_epoch: int) -> bool:
+        """The metadata names ``leader_epoch`` as ``tp``'s leader epoch now. A newer one
+        than before means a new leader, whose log may be shorter: a position with a known
+        epoch then awaits validation (prefetched bytes are dropped, the position kept).
+        Returns whether it does. Unassigned partitions are ignored."""
+        state = self.partitions.get(tp)
+        if state is None or leader_epoch < 0:
+            return False
+        previous, state.leader_epoch = state.leader_epoch, leader_epoch
+        if previous < 0 or leader_epoch <= previous:
+            return False
+        if state.position is None or state.position_epoch < 0 or state.awaiting_validation:
+            return False
+        state.awaiting_validation = True
+        state.fetch_position = state.position
+        self._invalidate(state)
+        return True
+
+    def needs_validation(self) -> dict[TopicPartition, tuple[int, int]]:
+        """Positions awaiting validation: ``(position, position_epoch)`` per partition."""
+        return {
+            tp: (s.position, s.position_epoch)
+            for tp, s in self.partitions.items()
+            if s.awaiting_validation and s.position is not None
+        }
+
+    def validated(self, tp: TopicPartition) -> None:
+        """The leader agreed with ``tp``'s position: fetch it again."""
+        state = self.state(tp)
+        state.awaiting_validation = False
+        state.retry_at_ms = 0
 
     def request_reset(self, tp: TopicPartition, strategy: str | None) -> None:
         """Forget ``tp``'s position; it is looked up again (``strategy`` or the default)."""
@@ -121,6 +179,8 @@ class SubscriptionState:
         state.position = None
         state.fetch_position = None
         state.reset = strategy
+        state.position_epoch = -1
+        state.awaiting_validation = False
         self._invalidate(state)
 
     def _invalidate(self, state: PartitionState) -> None:
@@ -136,7 +196,12 @@ class SubscriptionState:
         targets = []
         capped = False
         for tp, state in self.partitions.items():
-            if state.fetch_position is None or state.in_flight or state.paused:
+            if (
+                state.fetch_position is None
+                or state.in_flight
+                or state.paused
+                or state.awaiting_validation
+            ):
                 continue
             if state.buffered >= max_prefetch:
                 capped = True
@@ -149,6 +214,28 @@ class SubscriptionState:
     def next_retry_ms(self) -> int | None:
         waits = [s.retry_at_ms for s in self.partitions.values() if s.retry_at_ms]
         return min(waits) if waits else None
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """The leader's log no longer holds a position: ``divergent_offset`` is the first
+    offset that may differ (None: unknown, no common leader epoch), written at
+    ``divergent_epoch`` (-1 with it)."""
+
+    position: int
+    divergent_offset: int | None
+    divergent_epoch: int = -1
+
+
+def check_position(position: int, end_epoch: int, end_offset: int) -> Truncation | None:
+    """Judge ``position`` against the leader's ``OffsetForLeaderEpoch`` answer for the
+    position's leader epoch: ``(end_epoch, end_offset)`` is the largest epoch <= it that
+    the leader knows and where that epoch ends. None: the position is valid."""
+    if end_offset < 0 or end_epoch < 0:
+        return Truncation(position, None)
+    if end_offset < position:
+        return Truncation(position, end_offset, end_epoch)
+    return None
 
 
 def next_fetch_offset(records: bytes, fetch_offset: int) -> tuple[int, int]:
@@ -177,6 +264,7 @@ class CompletedFetch:
         "_cursor",
         "_end",
         "_pending",
+        "_pending_epoch",
         "_pending_index",
         "_pending_position",
         "_times",
@@ -184,6 +272,7 @@ class CompletedFetch:
         "epoch",
         "error",
         "fetch_offset",
+        "last_epoch",
         "next_offset",
         "tp",
     )
@@ -218,6 +307,10 @@ class CompletedFetch:
         self._pending_position = 0  # where the batch of _pending starts in data
         self._batch_next_offset = fetch_offset
         self._check_crcs = check_crcs
+        self._pending_epoch = -1  # the leader epoch of the batch of _pending
+        # The leader epoch of the batch of the last record handed out (None: none yet):
+        # the consumer's ``position_epoch`` after it.
+        self.last_epoch: int | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -245,6 +338,7 @@ class CompletedFetch:
                 else:
                     out = pending  # the whole batch: no copy
                 self._pending_index = stop
+                self.last_epoch = self._pending_epoch
                 position = pending[stop - 1].offset + 1
                 if stop >= len(pending):
                     position = max(position, self._batch_next_offset)
@@ -271,6 +365,7 @@ class CompletedFetch:
                 validate=self._check_crcs,
             )
             self._pending_position = self._cursor
+            self._pending_epoch = header.partition_leader_epoch
             self._cursor += header.batch_length + 12
             self._batch_next_offset = batch_next
             if records and records[0].offset < position:
@@ -315,6 +410,8 @@ class CompletedFetch:
             position = max(position, self._batch_next_offset)
             self._pending = []
             self._pending_index = 0
+            if builder.rows > before:
+                self.last_epoch = self._pending_epoch
         while builder.rows - start_rows < max_records and self._cursor < self._end:
             header = read_header(data, self._cursor)
             batch_next = header.base_offset + header.last_offset_delta + 1
@@ -338,5 +435,7 @@ class CompletedFetch:
                     break  # hand out what came before; the bad batch is met again next time
                 raise
             self._cursor += header.batch_length + 12
+            if builder.rows > before:
+                self.last_epoch = header.partition_leader_epoch
             position = max(position, batch_next)  # past every record of the batch
         return position

@@ -8,7 +8,10 @@ belongs and follow it when it moves:
 - ``partitions_of``: the partition numbers of a topic (``DescribeTopic``, any broker);
 - ``commit_offsets``/``fetch_committed``: ``OffsetCommit``/``OffsetFetch`` to the group's
   coordinator (found with ``FindCoordinator``, found again on ``NOT_COORDINATOR``), shared
-  by group members (member id and epoch) and consumers without membership (member id "").
+  by group members (member id and epoch) and consumers without membership (member id "");
+  ``fetch_committed_offsets`` also returns each offset's committed leader epoch;
+- ``offsets_for_leader_epochs``: ``OffsetForLeaderEpoch`` to each partition's leader, as
+  ``list_offsets`` (the consumer's position validation, KIP-320).
 
 Stateless and thread-safe.
 """
@@ -17,12 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from client.connection import Connection
+from client.connection import CommittedOffset, Connection, EpochEndResult
 from client.routing import ClusterConnections
 from client.types import TopicPartition
 from storage.errors import TidelogError
 
-__all__ = ["commit_offsets", "fetch_committed", "list_offsets", "partitions_of"]
+__all__ = [
+    "commit_offsets",
+    "fetch_committed",
+    "fetch_committed_offsets",
+    "list_offsets",
+    "offsets_for_leader_epochs",
+    "partitions_of",
+]
 
 
 def list_offsets(
@@ -48,6 +58,25 @@ def list_offsets(
     return connections.run_per_leader(queries, ask, what="ListOffsets", timeout_ms=timeout_ms)
 
 
+def offsets_for_leader_epochs(
+    connections: ClusterConnections,
+    queries: Mapping[TopicPartition, tuple[int, int]],
+    timeout_ms: int | None,
+) -> dict[TopicPartition, EpochEndResult]:
+    """Per partition ``(leader epoch, current leader epoch or -1)``: where that epoch ends
+    on the leader (``EpochEndResult``). Raises as ``list_offsets``."""
+
+    def ask(
+        connection: Connection, batch: dict[TopicPartition, tuple[int, int]], timeout: int
+    ) -> dict[TopicPartition, EpochEndResult | TidelogError]:
+        answers = connection.offsets_for_leader_epochs(batch, timeout_ms=timeout)
+        return {tp: r if r.error is None else r.error for tp, r in answers.items()}
+
+    return connections.run_per_leader(
+        queries, ask, what="OffsetForLeaderEpoch", timeout_ms=timeout_ms
+    )
+
+
 def partitions_of(connections: ClusterConnections, topic: str, timeout_ms: int | None) -> list[int]:
     """The partition numbers of ``topic``; ``UnknownTopicOrPartitionError`` if none."""
     description = connections.run(
@@ -67,8 +96,10 @@ def commit_offsets(
     member_id: str,
     member_epoch: int,
     timeout_ms: int,
+    leader_epochs: Mapping[TopicPartition, int] | None = None,
 ) -> dict[TopicPartition, TidelogError]:
     """One ``OffsetCommit`` to the coordinator; returns the partitions that failed.
+    ``leader_epochs``: the committed leader epoch of some partitions (KIP-320).
 
     Raises the call's error (``StaleMemberEpochError``, ``UnknownMemberIdError``,
     ``GroupNotEmptyError`` for a commit without membership while the group has members,
@@ -77,7 +108,12 @@ def commit_offsets(
     return connections.run(
         connections.route_coordinator(group_id),
         lambda connection, timeout: connection.commit_offsets(
-            group_id, offsets, member_id=member_id, member_epoch=member_epoch, timeout_ms=timeout
+            group_id,
+            offsets,
+            member_id=member_id,
+            member_epoch=member_epoch,
+            timeout_ms=timeout,
+            leader_epochs=leader_epochs,
         ),
         what=f"OffsetCommit {group_id}",
         timeout_ms=timeout_ms,
@@ -96,6 +132,25 @@ def fetch_committed(
     return connections.run(
         connections.route_coordinator(group_id),
         lambda connection, timeout: connection.fetch_committed(
+            group_id, wanted, timeout_ms=timeout
+        ),
+        what=f"OffsetFetch {group_id}",
+        timeout_ms=timeout_ms,
+        group_id=group_id,
+    )
+
+
+def fetch_committed_offsets(
+    connections: ClusterConnections,
+    group_id: str,
+    partitions: Iterable[TopicPartition],
+    timeout_ms: int,
+) -> dict[TopicPartition, CommittedOffset]:
+    """``fetch_committed`` with each offset's committed leader epoch (-1: unknown)."""
+    wanted = list(partitions)
+    return connections.run(
+        connections.route_coordinator(group_id),
+        lambda connection, timeout: connection.fetch_committed_offsets(
             group_id, wanted, timeout_ms=timeout
         ),
         what=f"OffsetFetch {group_id}",

@@ -179,7 +179,9 @@ class Producer:
         id for good, e.g. ``ClusterAuthorizationFailedError``: close it).
         The future fails with the error that stopped delivery (``KafkaTimeoutError``
         after ``delivery_timeout_ms``, ``UnknownTopicOrPartitionError`` for a topic that
-        did not appear within ``max_block_ms``, or the broker's error).
+        did not appear within ``max_block_ms``; at once ``TopicAuthorizationFailedError``
+        for a topic the principal may not describe and ``InvalidTopicError`` for an
+        illegal name, as Kafka's producer; or the broker's error).
         """
         if self._closed:
             raise ClosedError("the producer is closed")

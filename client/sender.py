@@ -51,6 +51,7 @@ from client.futures import BatchOutcome, RecordFuture, settle_failure, settle_su
 from client.idempotence import Decision, ResetMode, SequenceTable
 from client.partitioner import StickyPartitioner, partition_for_key
 from client.routing import ROUTING_ERRORS, ClusterConnections
+from client.topic_errors import topic_errors
 from client.types import Header, TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
@@ -374,16 +375,28 @@ class Sender:
         ``topics``: those whose partition count is wanted (parked records, max age).
         The metadata backs off by itself (``ClusterConnections``): asked again and again
         for a partition without a leader, it answers from its cache in between.
+
+        A topic missing from the listing is asked for by name (``client.topic_errors``):
+        one the principal may not describe (``TopicAuthorizationFailedError``) or with an
+        illegal name (``InvalidTopicError``) fails its parked records at once, as Kafka's
+        producer does; an unknown one is waited for until ``max_block_ms``.
         """
         self._metadata_wanted = False
+        timeout_ms = min(self._config.request_timeout_ms, self._config.max_block_ms or 1)
         try:
             metadata: ClusterMetadata | None = self._connections.metadata(
-                timeout_ms=min(self._config.request_timeout_ms, self._config.max_block_ms or 1),
-                force=True,
+                timeout_ms=timeout_ms, force=True
             )
             error: TidelogError | None = None
         except TidelogError as exc:
             metadata, error = None, exc
+        named: dict[str, TidelogError] = {}
+        if metadata is not None:
+            missing = [topic for topic in topics if metadata.partition_count(topic) is None]
+            try:
+                named = topic_errors(self._connections, missing, timeout_ms=timeout_ms)
+            except TidelogError as exc:  # they stay unknown: retried as before
+                log.info("could not ask for %s by name: %s", ", ".join(missing), exc)
         settlements = _Settlements()
         now = now_ms()
         with self._lock:
@@ -401,12 +414,17 @@ class Sender:
                         ]
                     self._place_parked_locked(topic, count, settlements)
                 else:
-                    topic_error = error or UnknownTopicOrPartitionError(
-                        f"topic {topic!r} does not exist"
+                    topic_error = (
+                        error
+                        or named.get(topic)
+                        or UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
                     )
                     self._metadata_errors[topic] = topic_error
                     self._metadata_backoff_until = now + self._config.retry_backoff_ms
-                    self._expire_parked_locked(topic, now, topic_error, settlements)
+                    # Refused or illegal: no wait can help, fail what waits now.
+                    self._expire_parked_locked(
+                        topic, now, topic_error, settlements, every=not topic_error.retriable
+                    )
             if self._metadata_ms:
                 self._next_metadata_refresh_ms = (
                     min(self._metadata_ms.values()) + self._config.metadata_max_age_ms
@@ -459,14 +477,22 @@ class Sender:
             self.wakeup.notify()
 
     def _expire_parked_locked(
-        self, topic: str, now: int, error: TidelogError, settlements: _Settlements
+        self,
+        topic: str,
+        now: int,
+        error: TidelogError,
+        settlements: _Settlements,
+        *,
+        every: bool = False,
     ) -> None:
+        """Fail with ``error`` the parked records of ``topic`` whose ``max_block_ms``
+        deadline passed (``every``: all of them, for an error no wait can cure)."""
         records = self._parked.get(topic)
         if not records:
             return
         kept = []
         for record in records:
-            if now >= record.deadline_ms:
+            if every or now >= record.deadline_ms:
                 self._accumulator.release(record.size_bytes)
                 settlements.fail([record.future], _metadata_timeout(topic, error))
             else:

@@ -12,7 +12,10 @@ calls the way a real cluster does when things move:
 - any call to a killed broker: ``BrokerUnavailableError``;
 - a coordinator describes a group with its own log ends, 0 for the partitions it does
   not lead (as a real one's empty local logs do), and each broker keeps its own client
-  quotas (``quotas``).
+  quotas (``quotas``);
+- a leader stamps its leader epoch into the batches it stores and answers
+  ``OffsetForLeaderEpoch`` from its epoch history; ``truncate`` plays an unclean leader
+  election that cuts the log under the consumers (KIP-320).
 
 Tests move leaders (``move_leader``), coordinators and the controller, kill and revive
 brokers, and read ``calls`` to see which broker answered what.
@@ -37,7 +40,9 @@ from client.cluster import (
     TopicMetadata,
 )
 from client.connection import (
+    CommittedOffset,
     Connection,
+    EpochEndResult,
     FetchAnswer,
     FetchCall,
     FetchResult,
@@ -63,6 +68,7 @@ from client.types import (
 from storage.errors import (
     BrokerUnavailableError,
     ClosedError,
+    FencedLeaderEpochError,
     GroupIdNotFoundError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
@@ -86,6 +92,22 @@ class _Partition:
     leader_epoch: int = 0
     log_start_offset: int = 0
     log_end_offset: int = 0
+    # (leader epoch, its start offset), both increasing: the leader-epoch cache.
+    epoch_starts: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
+
+    def new_leader_epoch(self) -> None:
+        """The next leader starts writing at the log end (Kafka's ``becomeLeader``)."""
+        self.leader_epoch += 1
+        self.epoch_starts.append((self.leader_epoch, self.log_end_offset))
+
+    def end_offset_for(self, epoch: int) -> tuple[int, int]:
+        """As ``storage.leader_epoch.LeaderEpochCache.end_offset_for``."""
+        known = [e for e in self.epoch_starts if e[0] <= epoch]
+        if epoch < 0 or not known:
+            return -1, -1
+        found = known[-1][0]
+        later = [start for e, start in self.epoch_starts if e > found]
+        return found, later[0] if later else self.log_end_offset
 
 
 @dataclass(slots=True)
@@ -111,6 +133,7 @@ class InMemoryCluster:
         self.controller_id = 0
         self._topics: dict[str, _Topic] = {}
         self._committed: dict[str, dict[TopicPartition, int]] = {}
+        self._committed_epochs: dict[str, dict[TopicPartition, int]] = {}
         self._coordinators: dict[str, int] = {}
         # broker id -> entity -> quota -> value, as each broker keeps them
         self.quotas: dict[int, dict[QuotaEntity, dict[str, float]]] = {}
@@ -163,7 +186,21 @@ class InMemoryCluster:
             partition = self._partition_locked(tp)
             partition.leader = broker_id
             partition.replicas = (broker_id,)
-            partition.leader_epoch += 1
+            partition.new_leader_epoch()
+
+    def truncate(self, tp: TopicPartition, end_offset: int) -> None:
+        """An unclean leader election: the new leader's log (same broker here) ends at
+        ``end_offset``, a batch boundary; the records after it are gone, and the new
+        leader epoch starts there. Consumers past it must notice (OffsetForLeaderEpoch)."""
+        with self._lock:
+            partition = self._partition_locked(tp)
+            kept = [(b, d) for b, d in self.produced.get(tp, []) if b < end_offset]
+            if kept and kept[-1][0] + struct.unpack_from(">i", kept[-1][1], 23)[0] >= end_offset:
+                raise ValueError(f"{end_offset} is not a batch boundary of {tp}")
+            self.produced[tp] = kept
+            partition.log_end_offset = end_offset
+            partition.epoch_starts = [e for e in partition.epoch_starts if e[1] < end_offset]
+            partition.new_leader_epoch()
 
     def set_coordinator(self, group_id: str, broker_id: int) -> None:
         with self._lock:
@@ -201,7 +238,7 @@ class InMemoryCluster:
                 for partition in topic.partitions:
                     if partition.leader == NO_LEADER and broker_id in partition.replicas:
                         partition.leader = broker_id
-                        partition.leader_epoch += 1
+                        partition.new_leader_epoch()
 
     def committed(self, group_id: str) -> dict[TopicPartition, int]:
         with self._lock:
@@ -244,6 +281,8 @@ class InMemoryCluster:
             # lastOffsetDelta the int32 at byte 23.
             stored = bytearray(records)
             struct.pack_into(">q", stored, 0, base)
+            # partitionLeaderEpoch, the int32 at byte 12 (outside the CRC): the leader's.
+            struct.pack_into(">i", stored, 12, partition.leader_epoch)
             partition.log_end_offset += struct.unpack_from(">i", records, 23)[0] + 1
             self.produced.setdefault(tp, []).append((base, bytes(stored)))
             results[tp] = PartitionProduceResult(base, -1)
@@ -375,12 +414,41 @@ class InMemoryConnection:
         member_id: str,
         member_epoch: int,
         timeout_ms: int | None,
+        leader_epochs: Mapping[TopicPartition, int] | None = None,
     ) -> dict[TopicPartition, TidelogError]:
         cluster = self._cluster
         with cluster._lock:
             cluster._check_coordinator_locked(self._enter("commit_offsets"), group_id)
             cluster._committed.setdefault(group_id, {}).update(offsets)
+            epochs = leader_epochs or {}
+            cluster._committed_epochs.setdefault(group_id, {}).update(
+                {tp: epochs.get(tp, -1) for tp in offsets}
+            )
             return {}
+
+    def fetch_committed_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        found = self.fetch_committed(group_id, partitions, timeout_ms=timeout_ms)
+        with self._cluster._lock:
+            epochs = self._cluster._committed_epochs.get(group_id, {})
+            return {tp: CommittedOffset(offset, epochs.get(tp, -1)) for tp, offset in found.items()}
+
+    def offsets_for_leader_epochs(
+        self, queries: Mapping[TopicPartition, tuple[int, int]], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, EpochEndResult]:
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("offsets_for_leader_epochs")
+            out: dict[TopicPartition, EpochEndResult] = {}
+            for tp, (epoch, _) in queries.items():
+                try:
+                    partition = cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = EpochEndResult(error=exc)
+                    continue
+                out[tp] = EpochEndResult(*partition.end_offset_for(epoch))
+            return out
 
     def fetch_committed(
         self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
@@ -454,6 +522,7 @@ class InMemoryConnection:
         cluster = self._cluster
         with cluster._lock:
             cluster._check_coordinator_locked(self._enter("delete_group"), group_id)
+            cluster._committed_epochs.pop(group_id, None)
             if not cluster._committed.pop(group_id, None):
                 raise GroupIdNotFoundError(f"no group {group_id!r}")
 
@@ -726,18 +795,28 @@ class _InMemoryFetchStream:
                 if self._ended:
                     return None
                 assert self._broker_id is not None
-                results = [self._result_locked(tp, offset) for tp, offset, _ in call.partitions]
+                results = [
+                    self._result_locked(tp, offset, call.leader_epochs.get(tp, -1))
+                    for tp, offset, _ in call.partitions
+                ]
                 remaining = deadline - time.monotonic()
                 if any(r.records or r.error for r in results) or remaining <= 0:
                     cluster.calls.append((self._broker_id, "fetch"))
                     return FetchAnswer(call.correlation_id, results)
                 cluster._appended.wait(remaining)
 
-    def _result_locked(self, tp: TopicPartition, fetch_offset: int) -> FetchResult:
+    def _result_locked(
+        self, tp: TopicPartition, fetch_offset: int, leader_epoch: int
+    ) -> FetchResult:
         cluster = self._cluster
         assert self._broker_id is not None
         try:
             partition = cluster._check_leader_locked(self._broker_id, tp)
+            if 0 <= leader_epoch < partition.leader_epoch:
+                # As a real leader: a fetch naming an older leader epoch is fenced.
+                raise FencedLeaderEpochError(
+                    f"{tp}: leader epoch {leader_epoch} is older than {partition.leader_epoch}"
+                )
         except TidelogError as exc:
             return FetchResult(tp, b"", error=exc)
         end = partition.log_end_offset

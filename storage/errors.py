@@ -23,6 +23,7 @@ and this module, which import nothing else of ours).
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
     │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
+    │   │   └── LogTruncationError        LOG_TRUNCATION (raised by the consumer only)
     │   ├── OffsetNotAvailableError       OFFSET_NOT_AVAILABLE retriable
     │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     │   ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -70,7 +71,8 @@ read them. ``error_for_code`` turns a code string back into its class.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 __all__ = [
     "BrokerBusyError",
@@ -97,6 +99,7 @@ __all__ = [
     "KafkaTimeoutError",
     "LeaderNotAvailableError",
     "LogDirFullError",
+    "LogTruncationError",
     "MaxConnectionsError",
     "MaxConnectionsPerIpError",
     "NotAuthorizedError",
@@ -233,6 +236,27 @@ class OffsetOutOfRangeError(RequestError):
     """An offset below the log start offset or above the log end offset."""
 
     code = "OFFSET_OUT_OF_RANGE"
+
+
+class LogTruncationError(OffsetOutOfRangeError):
+    """The log was truncated under the consumer's position (KIP-320; Kafka's
+    ``LogTruncationException``): a leader change cut records the consumer had already
+    read, so reading on from its position would skip what replaced them.
+
+    Raised by the consumer (never sent by a broker) when it validates a position with
+    OffsetForLeaderEpoch and has no ``auto_offset_reset`` policy (``'none'``).
+    ``divergent_offsets`` maps each truncated partition to the first offset that may
+    differ (where to ``seek`` to read the new records), None where the leader could not
+    tell (no common leader epoch). A subclass of ``OffsetOutOfRangeError``, as in Kafka.
+    """
+
+    code = "LOG_TRUNCATION"
+
+    def __init__(
+        self, message: str = "", divergent_offsets: Mapping[Any, int | None] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.divergent_offsets: dict[Any, int | None] = dict(divergent_offsets or {})
 
 
 class UnknownTopicOrPartitionError(RequestError):

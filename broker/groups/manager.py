@@ -51,7 +51,7 @@ from broker.groups.coordinator import (
     Removal,
     owner_of,
 )
-from broker.groups.offset_records import MAX_STRING_BYTES, OffsetValue
+from broker.groups.offset_records import MAX_STRING_BYTES, NO_LEADER_EPOCH, OffsetValue
 from broker.groups.offset_store import OffsetStore, OffsetStoreConfig
 from storage.clock import Clock
 from storage.errors import (
@@ -102,22 +102,27 @@ class GroupConfig:
 
 @dataclass(frozen=True, slots=True)
 class OffsetCommitEntry:
-    """One partition of an ``OffsetCommit``: the next offset to read and free metadata."""
+    """One partition of an ``OffsetCommit``: the next offset to read, free metadata and
+    the leader epoch of the last record consumed (KIP-320's ``committed_leader_epoch``;
+    -1 or any negative value: unknown, stored as -1)."""
 
     tp: TopicPartition
     offset: int
     metadata: str = ""
+    leader_epoch: int = NO_LEADER_EPOCH
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetResult:
-    """One partition's committed offset (-1: none) or its error (``error_code`` set)."""
+    """One partition's committed offset (-1: none) with its leader epoch (-1: none or
+    unknown), or its error (``error_code`` set)."""
 
     tp: TopicPartition
     offset: int = -1
     metadata: str = ""
     error_code: str = ""
     error_message: str = ""
+    leader_epoch: int = NO_LEADER_EPOCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,7 +361,7 @@ class GroupManager:
                 if i not in errors and entry.tp in refused:
                     errors[i] = _not_held(group_id, member_id, entry.tp)
             values = {
-                e.tp: OffsetValue(e.offset, e.metadata, now_ms)
+                e.tp: OffsetValue(e.offset, e.metadata, now_ms, _epoch(e.leader_epoch))
                 for i, e in enumerate(entries)
                 if i not in errors
             }
@@ -367,7 +372,9 @@ class GroupManager:
         return [
             _result(entry.tp, errors[i])
             if i in errors
-            else OffsetResult(entry.tp, entry.offset, entry.metadata)
+            else OffsetResult(
+                entry.tp, entry.offset, entry.metadata, leader_epoch=_epoch(entry.leader_epoch)
+            )
             for i, entry in enumerate(entries)
         ]
 
@@ -407,7 +414,9 @@ class GroupManager:
             if value is None:
                 results.append(OffsetResult(tp))
             else:
-                results.append(OffsetResult(tp, value.offset, value.metadata))
+                results.append(
+                    OffsetResult(tp, value.offset, value.metadata, leader_epoch=value.leader_epoch)
+                )
         return results
 
     # --- admin ------------------------------------------------------------------------------
@@ -635,6 +644,11 @@ def _check_group_id(group_id: str) -> None:
         raise InvalidRequestError("group_id must not be empty")
     if len(group_id.encode("utf-8")) > MAX_STRING_BYTES:
         raise InvalidRequestError(f"group_id longer than {MAX_STRING_BYTES} bytes")
+
+
+def _epoch(leader_epoch: int) -> int:
+    """A committed leader epoch as stored: Kafka treats any negative epoch as none."""
+    return leader_epoch if 0 <= leader_epoch <= 0x7FFFFFFF else NO_LEADER_EPOCH
 
 
 def _not_held(group_id: str, member_id: str, tp: TopicPartition) -> BaseException:

@@ -9,10 +9,21 @@ length followed by that many UTF-8 bytes::
     offset size field                     offset size field
          0    2 version int16 = 1              0    2 version int16 = 3
          2    2 group length int16             2    8 offset int64 (next offset to read)
-         4    n group                         10    4 leader epoch int32 (always -1)
+         4    n group                         10    4 leader epoch int32 (-1: none)
        4+n    2 topic length int16            14    2 metadata length int16
        6+n    m topic                         16    k metadata
      6+n+m    4 partition int32             16+k    8 commit timestamp int64 (wall ms)
+
+The leader epoch is the committer's ``committed_leader_epoch`` (KIP-320): the epoch of the
+leader that wrote the last record the consumer read, which a consumer resuming from this
+offset uses to detect a truncated log (OffsetForLeaderEpoch). Tidelog always wrote value
+version 3, but until issue #25 with the epoch forced to -1; such records read back as "no
+epoch", which is what they are. Values are written as version 3 only; the older versions
+Kafka wrote are also read, as Kafka reads them (no leader epoch in any of them)::
+
+    version 0 and 2: offset int64, metadata string, commit timestamp int64
+    version 1:       offset int64, metadata string, commit timestamp int64,
+                     expire timestamp int64 (ignored: Kafka 2.1 dropped per-offset expiry)
 
 The key's version doubles as the record type, as in Kafka: 1 is an offset commit; other
 versions (Kafka's group metadata records, say) are not offset commits and readers skip
@@ -69,8 +80,9 @@ class OffsetKey:
 
 @dataclass(frozen=True, slots=True)
 class OffsetValue:
-    """A committed offset: the next offset to read, the client's metadata string and when
-    it was committed (wall-clock ms)."""
+    """A committed offset: the next offset to read, the client's metadata string, when it
+    was committed (wall-clock ms) and the leader epoch of the last record the committer
+    consumed (``NO_LEADER_EPOCH``: unknown)."""
 
     offset: int
     metadata: str
@@ -145,6 +157,8 @@ def encode_value(value: OffsetValue) -> bytes:
     """The record value (version 3). Raises ``ValueError`` for out-of-range fields."""
     if not 0 <= value.offset < 2**63:
         raise ValueError(f"offset {value.offset} is not a non-negative int64")
+    if not NO_LEADER_EPOCH <= value.leader_epoch <= 0x7FFFFFFF:
+        raise ValueError(f"leader epoch {value.leader_epoch} is not -1 or a non-negative int32")
     return b"".join(
         (
             _VALUE_HEAD.pack(VALUE_VERSION, value.offset, value.leader_epoch),
@@ -155,14 +169,27 @@ def encode_value(value: OffsetValue) -> bytes:
 
 
 def decode_value(data: bytes) -> OffsetValue:
-    """Decode a version 3 value. Raises ``ValueError`` for another version or bad bytes."""
-    if len(data) < _VALUE_HEAD.size:
+    """Decode a value of version 0 to 3 (see the module; versions 0-2 have no leader
+    epoch and read as ``NO_LEADER_EPOCH``). Raises ``ValueError`` for another version or
+    bad bytes."""
+    if len(data) < 2:
         raise ValueError("offset record value truncated")
-    version, offset, leader_epoch = _VALUE_HEAD.unpack_from(data, 0)
-    if version != VALUE_VERSION:
+    (version,) = _INT16.unpack_from(data, 0)
+    if version == VALUE_VERSION:
+        if len(data) < _VALUE_HEAD.size:
+            raise ValueError("offset record value truncated")
+        _, offset, leader_epoch = _VALUE_HEAD.unpack_from(data, 0)
+        position = _VALUE_HEAD.size
+    elif version in (0, 1, 2):
+        if len(data) < 10:
+            raise ValueError("offset record value truncated")
+        (offset,) = _INT64.unpack_from(data, 2)
+        leader_epoch, position = NO_LEADER_EPOCH, 10
+    else:
         raise ValueError(f"offset record value version {version} is not supported")
-    metadata, position = _read_string(data, _VALUE_HEAD.size, "metadata")
-    if position + 8 != len(data):
+    metadata, position = _read_string(data, position, "metadata")
+    trailing = 16 if version == 1 else 8  # version 1 also has an expire timestamp
+    if position + trailing != len(data):
         raise ValueError("offset record value has a bad length")
     (timestamp_ms,) = _INT64.unpack_from(data, position)
-    return OffsetValue(offset, metadata, timestamp_ms, leader_epoch)
+    return OffsetValue(offset, metadata, timestamp_ms, max(leader_epoch, NO_LEADER_EPOCH))

@@ -1,4 +1,5 @@
-"""Kafka's data path over the core: Produce, Fetch, ListOffsets, InitProducerId.
+"""Kafka's data path over the core: Produce, Fetch, ListOffsets, OffsetForLeaderEpoch,
+InitProducerId.
 
 - Produce: the RecordBatch v2 bytes the client sent are appended unchanged
   (``BrokerCore.append``, on the listener's thread pool), then ``BrokerCore.complete``
@@ -14,6 +15,10 @@
   declined (``session_id`` 0: clients send full fetches).
 - ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 max timestamp is
   not advertised (v7 is the maximum).
+- OffsetForLeaderEpoch (v2-4): where an epoch ends on the leader
+  (``BrokerCore.offsets_for_leader_epochs``), which consumers use to detect a truncated
+  log (KIP-320). Kafka's rule: DESCRIBE on the topic for a consumer, CLUSTER_ACTION for a
+  follower (``replica_id`` >= 0, v3+).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import contextlib
 from collections.abc import Sequence
 
 from broker.acl import Operation, ResourceType
-from broker.core import OffsetQuery
+from broker.core import EpochQuery, OffsetQuery
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
 from broker.kafka.authz import denied, gate, idempotent_write_denied
 from broker.kafka.codec import Plain, RequestHeader
@@ -33,7 +38,7 @@ from broker.produce import Acks, PartitionProduced, PartitionRecords
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from storage.batch_times import NO_TIME, BatchTimes
 
-__all__ = ["fetch", "init_producer_id", "list_offsets", "produce"]
+__all__ = ["fetch", "init_producer_id", "list_offsets", "offset_for_leader_epoch", "produce"]
 
 
 async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Plain | None:
@@ -233,6 +238,53 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
             }
         )
     return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
+
+
+async def offset_for_leader_epoch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """OffsetForLeaderEpoch (v2-4): per partition, the largest epoch <= the one asked for
+    and where it ends on this leader; see the module docstring."""
+    follower = request.get("replica_id", -1) >= 0
+    refused: dict[str, int] = {}
+    cluster_refused = 0
+    if follower:
+        cluster_refused = denied(
+            conn, "OffsetForLeaderEpoch", Operation.CLUSTER_ACTION, ResourceType.CLUSTER
+        )
+    for t in request["topics"]:
+        code = cluster_refused or denied(
+            conn, "OffsetForLeaderEpoch", Operation.DESCRIBE, ResourceType.TOPIC, t["topic"]
+        )
+        if code:
+            refused[t["topic"]] = code
+    queries = [
+        EpochQuery(t["topic"], p["partition"], p["leader_epoch"], p["current_leader_epoch"])
+        for t in request["topics"]
+        if t["topic"] not in refused
+        for p in t["partitions"]
+    ]
+    answers = await conn.run(conn.core.offsets_for_leader_epochs, queries)
+    by_topic: dict[str, list[Plain]] = {}
+    for t in request["topics"]:
+        if t["topic"] in refused:
+            by_topic[t["topic"]] = [
+                {
+                    "partition": p["partition"],
+                    "error_code": refused[t["topic"]],
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                for p in t["partitions"]
+            ]
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append(
+            {
+                "partition": a.partition,
+                "error_code": kafka_code(a.error_code),
+                "leader_epoch": a.leader_epoch,
+                "end_offset": a.end_offset,
+            }
+        )
+    return {"topics": [{"topic": name, "partitions": parts} for name, parts in by_topic.items()]}
 
 
 async def init_producer_id(conn: Connection, header: RequestHeader, request: Plain) -> Plain:

@@ -19,13 +19,19 @@ import logging
 import uuid
 from typing import Any
 
-from broker.acl import Operation, ResourceType
+from broker.acl import CLUSTER_NAME, Operation, ResourceType
 from broker.core import MetadataTopic
 from broker.kafka.admin import describe_cluster, describe_configs
 from broker.kafka.authz import denied
 from broker.kafka.cluster import broker_entries, partition_entry
 from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.data import fetch, init_producer_id, list_offsets, produce
+from broker.kafka.data import (
+    fetch,
+    init_producer_id,
+    list_offsets,
+    offset_for_leader_epoch,
+    produce,
+)
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.groups import (
     describe_groups,
@@ -73,7 +79,11 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
     ``allow_auto_topic_creation`` (always true before v4), a missing topic asked for by
     name is created with the broker's defaults and answered at once (in cluster mode only
     on the controller: elsewhere the creation gets ``NOT_CONTROLLER`` and the topic stays
-    unknown).
+    unknown); an illegal name answers ``INVALID_TOPIC_EXCEPTION`` and is never created.
+    With the authorizer on, as Kafka's: a listing leaves out the topics the caller may
+    not DESCRIBE; a named one it may not describe answers ``TOPIC_AUTHORIZATION_FAILED``
+    whether it exists or not (audited, and never auto-created), as does a missing one it
+    may not CREATE (on the cluster or the topic) when it would be auto-created.
     """
     requested = request.get("topics")
     names = [t["name"] for t in requested or [] if t.get("name")]
@@ -83,14 +93,41 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
     else:
         every = not names
     core = conn.core
+    refused: set[str] = set()
     if every:
         cluster, topics = await conn.run(core.metadata, [], False)
+        if core.acls.enabled:
+            # A listing leaves out, silently, what the caller may not describe.
+            topics = [
+                t for t in topics if _may(conn, Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+            ]
     elif names:
         cluster, topics = await conn.run(core.metadata, names, False)
+        # Authorization answers first, for every named topic alike (existing, unknown or
+        # illegal), so nothing leaks; each refusal is audited (``authz.denied``).
+        refused = {
+            t.name
+            for t in topics
+            if denied(conn, "Metadata", Operation.DESCRIBE, ResourceType.TOPIC, t.name)
+        }
         allow = request.get("allow_auto_topic_creation", True)
-        missing = [t.name for t in topics if t.error_code == "UNKNOWN_TOPIC_OR_PARTITION"]
+        missing = [
+            t.name
+            for t in topics
+            if t.error_code == "UNKNOWN_TOPIC_OR_PARTITION" and t.name not in refused
+        ]
         if missing and allow and conn.settings.auto_create_topics:
+            # As Kafka: creating needs CREATE on the cluster or on the topic (only the
+            # topic's refusal is audited: the cluster's is not final).
+            if not _may(conn, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
+                refused.update(
+                    name
+                    for name in missing
+                    if denied(conn, "Metadata", Operation.CREATE, ResourceType.TOPIC, name)
+                )
             for name in missing:
+                if name in refused:
+                    continue
                 try:
                     await conn.run(core.create_topic, name, None, {})
                 except Exception as exc:
@@ -100,16 +137,10 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         cluster, _ = await conn.run(core.metadata, [], False)
         topics = []
     brokers = conn.kafka_brokers()
-    if conn.core.acls.enabled:
-        # Unnamed topics the caller may not describe are left out; named ones refused.
-        kept = []
-        for t in topics:
-            code = denied(conn, "Metadata", Operation.DESCRIBE, ResourceType.TOPIC, t.name)
-            if not code:
-                kept.append(t)
-            elif not every:
-                kept.append(MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED"))
-        topics = kept
+    topics = [
+        MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED") if t.name in refused else t
+        for t in topics
+    ]
     return {
         "brokers": broker_entries(brokers),
         "cluster_id": cluster.cluster_id,
@@ -130,6 +161,12 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         ],
         "cluster_authorized_operations": UNKNOWN_OPERATIONS,
     }
+
+
+def _may(conn: Connection, operation: Operation, kind: ResourceType, name: str) -> bool:
+    """Whether the caller may; not audited (a listing's filter, a first of two checks)."""
+    context = conn.context
+    return conn.core.acls.allowed(context.principal, context.host, operation, kind, name)
 
 
 async def create_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
@@ -274,6 +311,7 @@ HANDLERS: dict[int, Handler] = {
     19: create_topics,
     20: delete_topics,
     22: init_producer_id,
+    23: offset_for_leader_epoch,
     32: describe_configs,
     36: sasl_authenticate,
     37: create_partitions,

@@ -92,6 +92,7 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
                 TopicPartition(t["name"], p["partition_index"]),
                 p["committed_offset"],
                 p.get("committed_metadata") or "",
+                p.get("committed_leader_epoch", -1),  # v6+ (KIP-320)
             )
             for t in topics
             for p in t["partitions"]
@@ -163,7 +164,7 @@ async def _offsets_of(
             {
                 "partition_index": r.tp.partition,
                 "committed_offset": r.offset,
-                "committed_leader_epoch": -1,
+                "committed_leader_epoch": r.leader_epoch,  # v5+ (KIP-320)
                 "metadata": r.metadata,
                 "error_code": kafka_code(r.error_code),
             }

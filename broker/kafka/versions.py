@@ -40,6 +40,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
     22: (0, 4),  # InitProducerId
+    23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions

@@ -36,6 +36,7 @@ def test_package_exports() -> None:
         "InvalidRequestError",
         "InvalidTopicError",
         "OffsetOutOfRangeError",
+        "LogTruncationError",  # KIP-320: the consumer's truncation detection
         "OutOfOrderSequenceError",
         "RecordTooLargeError",
         "TopicAlreadyExistsError",

@@ -8,7 +8,12 @@ import struct
 import time
 from typing import Any
 
-from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.consumer import (
+    FetchRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetForLeaderEpochRequest,
+)
 from kafka.protocol.producer import ProduceRequest
 
 from storage.records import BatchBuilder
@@ -57,6 +62,67 @@ def produce_request(topic: str, value: bytes, *, acks: int = -1) -> Any:
                     ProduceRequest.TopicProduceData.PartitionProduceData(
                         index=0, records=builder.build()
                     )
+                ],
+            )
+        ],
+    )
+
+
+def offset_commit_request(
+    group: str, topic: str, offsets: dict[int, tuple[int, int]], *, version: int = 8
+) -> Any:
+    """OffsetCommit ``version`` (6+) of ``partition -> (offset, committed leader epoch)``,
+    as a consumer outside any group (generation -1, no member id), metadata "m"."""
+    request_class = OffsetCommitRequest[version]
+    return request_class(
+        group_id=group,
+        generation_id_or_member_epoch=-1,
+        member_id="",
+        group_instance_id=None,
+        topics=[
+            request_class.OffsetCommitRequestTopic(
+                name=topic,
+                partitions=[
+                    request_class.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                        partition_index=partition,
+                        committed_offset=offset,
+                        committed_leader_epoch=epoch,
+                        committed_metadata="m",
+                    )
+                    for partition, (offset, epoch) in offsets.items()
+                ],
+            )
+        ],
+    )
+
+
+def offset_fetch_request(group: str, topic: str, partitions: list[int], *, version: int) -> Any:
+    """OffsetFetch ``version`` (5-7: one group, not the batched v8+ form)."""
+    request_class = OffsetFetchRequest[version]
+    return request_class(
+        group_id=group,
+        topics=[request_class.OffsetFetchRequestTopic(name=topic, partition_indexes=partitions)],
+        require_stable=False,
+    )
+
+
+def offset_for_leader_epoch_request(
+    topic: str, epochs: dict[int, int], *, version: int = 4, current_leader_epoch: int = -1
+) -> Any:
+    """OffsetForLeaderEpoch ``version`` (3+), as a consumer, of ``partition -> epoch``."""
+    request_class = OffsetForLeaderEpochRequest[version]
+    return request_class(
+        replica_id=-1,
+        topics=[
+            request_class.OffsetForLeaderTopic(
+                topic=topic,
+                partitions=[
+                    request_class.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                        partition=partition,
+                        current_leader_epoch=current_leader_epoch,
+                        leader_epoch=epoch,
+                    )
+                    for partition, epoch in epochs.items()
                 ],
             )
         ],

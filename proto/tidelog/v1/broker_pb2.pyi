@@ -1126,6 +1126,120 @@ class ListOffsetsRequest(_message.Message):
 Global___ListOffsetsRequest: _TypeAlias = ListOffsetsRequest  # noqa: Y015
 
 @_typing.final
+class OffsetForLeaderEpochPartition(_message.Message):
+    """Kafka's OffsetForLeaderEpoch (KIP-101, KIP-320): where the leader's log for an epoch
+    ends. A consumer asks for the epoch of the last record it read; an end offset below its
+    position (or a smaller epoch) means the log was truncated under it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """the epoch to look up"""
+    current_leader_epoch: _builtins.int
+    """as in ProducePartitionData"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        current_leader_epoch: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "current_leader_epoch", b"current_leader_epoch", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
+
+Global___OffsetForLeaderEpochPartition: _TypeAlias = OffsetForLeaderEpochPartition  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochRequest: _TypeAlias = OffsetForLeaderEpochRequest  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    leader_epoch: _builtins.int
+    """The largest epoch <= the one asked for that the leader knows, and where it ends (the
+    start of the next epoch, or the log end offset); both -1 below every known epoch.
+    """
+    end_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        leader_epoch: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "error_code", b"error_code", "error_message", b"error_message", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochResult: _TypeAlias = OffsetForLeaderEpochResult  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___OffsetForLeaderEpochResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochResponse: _TypeAlias = OffsetForLeaderEpochResponse  # noqa: Y015
+
+@_typing.final
 class ListOffsetsResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1493,6 +1607,7 @@ class CommittedOffset(_message.Message):
     METADATA_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     offset: _builtins.int
@@ -1500,6 +1615,11 @@ class CommittedOffset(_message.Message):
     metadata: _builtins.str
     error_code: _builtins.str
     error_message: _builtins.str
+    leader_epoch: _builtins.int
+    """The leader epoch of the last record consumed before this offset (KIP-320's
+    committed_leader_epoch): a consumer resuming here checks it with OffsetForLeaderEpoch
+    to detect a truncated log. Unset or -1: unknown.
+    """
     def __init__(
         self,
         *,
@@ -1509,12 +1629,15 @@ class CommittedOffset(_message.Message):
         metadata: _builtins.str = ...,
         error_code: _builtins.str = ...,
         error_message: _builtins.str = ...,
+        leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "metadata", b"metadata", "offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "error_code", b"error_code", "error_message", b"error_message", "leader_epoch", b"leader_epoch", "metadata", b"metadata", "offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__leader_epoch: _TypeAlias = _typing.Literal["leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__leader_epoch: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_epoch) -> _WhichOneofReturnType__leader_epoch | None: ...
 
 Global___CommittedOffset: _TypeAlias = CommittedOffset  # noqa: Y015
 

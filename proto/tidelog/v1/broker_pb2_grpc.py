@@ -114,6 +114,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListOffsetsRequest.SerializeToString,
                 response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListOffsetsResponse.FromString,
                 _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/tidelog.v1.Broker/OffsetForLeaderEpoch',
+                request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/tidelog.v1.Broker/InitProducerId',
                 request_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
@@ -298,6 +303,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetForLeaderEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -491,6 +502,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListOffsets,
                     request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListOffsetsRequest.FromString,
                     response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.ListOffsetsResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=proto_dot_tidelog_dot_v1_dot_broker__pb2.OffsetForLeaderEpochResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
@@ -1010,6 +1026,33 @@ class Broker:
             '/tidelog.v1.Broker/ListOffsets',
             proto_dot_tidelog_dot_v1_dot_broker__pb2.ListOffsetsRequest.SerializeToString,
             proto_dot_tidelog_dot_v1_dot_broker__pb2.ListOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/OffsetForLeaderEpoch',
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            proto_dot_tidelog_dot_v1_dot_broker__pb2.OffsetForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,

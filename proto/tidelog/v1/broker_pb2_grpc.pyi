@@ -64,6 +64,7 @@ class BrokerStub:
     Fetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.FetchRequest, _broker_pb2.FetchResponse]
     FetchStream: _grpc.StreamStreamMultiCallable[_broker_pb2.FetchRequest, _broker_pb2.FetchResponse]
     ListOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsResponse]
+    OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
     InitProducerId: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]
     DescribeProducers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]
     ConsumerGroupHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]
@@ -108,6 +109,7 @@ class BrokerAsyncStub(BrokerStub):
     Fetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.FetchRequest, _broker_pb2.FetchResponse]  # type: ignore[assignment]
     FetchStream: _aio.StreamStreamMultiCallable[_broker_pb2.FetchRequest, _broker_pb2.FetchResponse]  # type: ignore[assignment]
     ListOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListOffsetsRequest, _broker_pb2.ListOffsetsResponse]  # type: ignore[assignment]
+    OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
     InitProducerId: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]  # type: ignore[assignment]
     DescribeProducers: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]  # type: ignore[assignment]
     ConsumerGroupHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]  # type: ignore[assignment]
@@ -245,6 +247,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListOffsetsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListOffsetsResponse, _abc.Awaitable[_broker_pb2.ListOffsetsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def OffsetForLeaderEpoch(
+        self,
+        request: _broker_pb2.OffsetForLeaderEpochRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.OffsetForLeaderEpochResponse, _abc.Awaitable[_broker_pb2.OffsetForLeaderEpochResponse]]: ...
 
     @_abc_1.abstractmethod
     def InitProducerId(
