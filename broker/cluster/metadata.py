@@ -3,7 +3,8 @@
 Design choice (issue 13 leaves it open): brokers learn partition state by watching
 ZooKeeper, not from controller pushes (Kafka's LeaderAndIsr/UpdateMetadata). At this
 project's scale (a handful of brokers, hundreds of partitions) a watch per state znode is
-cheap, and there is no push that can be lost or arrive out of order: kazoo re-arms every
+cheap (each topic's assignment and config znodes and each partition's state znode are
+watched), and there is no push that can be lost or arrive out of order: kazoo re-arms every
 watch and re-reads after a reconnect, and each change here triggers a full re-read of
 the cluster, never a diff (the reference's rule for one-shot watches). What the
 controller pushed in Kafka (leader, epoch, ISR) is exactly what the state znodes hold.
@@ -38,6 +39,7 @@ from broker.cluster.znodes import (
     PartitionState,
     TopicAssignment,
     partition_state_path,
+    topic_config_path,
     topic_path,
 )
 
@@ -188,6 +190,10 @@ class MetadataWatcher:
             if assignment is None:
                 continue
             self._watch_data(topic_path(name))
+            # The config is a znode of its own (/config/topics/NAME): unwatched, an altered
+            # config reached no broker's view (the controller's included) until some other
+            # change forced a re-read.
+            self._watch_data(topic_config_path(name))
             states: dict[int, PartitionState | None] = {}
             for partition in assignment.replicas:
                 self._watch_data(partition_state_path(name, partition))

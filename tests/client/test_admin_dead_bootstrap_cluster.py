@@ -23,7 +23,6 @@ from client import AdminClient, Producer, TopicPartition
 from client.acls import AclFilter
 from storage.errors import (
     BrokerUnavailableError,
-    InternalError,
     KafkaTimeoutError,
     ResourceNotFoundError,
     SecurityDisabledError,
@@ -198,21 +197,9 @@ def test_every_public_call_is_exercised(admin: AdminClient) -> None:
     assert set(calls(admin)) == public == set(CALL_NAMES)
 
 
-# A broker-side fault, not routing: after the controller fails over, the new controller
-# writes the config but its own view (broker/cluster/node.py ``_await``) may not show it
-# within 10 s, and the BrokerUnavailableError it raises is answered as INTERNAL. The
-# client reached the new controller promptly; only that answer is excused here.
-BROKER_VIEW_FAULT = pytest.mark.xfail(
-    raises=InternalError, strict=False, reason="new controller's view lags (broker side)"
-)
-
-
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=BROKER_VIEW_FAULT) if n == "alter_topic_config" else n
-        for n in CALL_NAMES
-    ],
+    CALL_NAMES,
 )
 def test_call_reaches_a_live_broker_promptly(clients: dict[str, AdminClient], name: str) -> None:
     elapsed, result = timed(calls(clients[name])[name])

@@ -192,6 +192,30 @@ def test_every_broker_sees_leaders_change(cluster: Callable[[int], FakeBroker]) 
         watcher.stop()
 
 
+def test_every_broker_sees_a_topic_config_change_and_nothing_else(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    """An altered config is a change of its own znode: every broker's view shows it
+    without another change to force a re-read (before, none did, and the controller's
+    AlterTopicConfig waited 10 s for its own view and answered INTERNAL)."""
+    brokers = [cluster(i) for i in (1, 2)]
+    controller = controller_of(brokers)
+    watcher = MetadataWatcher(brokers[0].store)
+    watcher.start()
+    try:
+        controller.controller.create_topic("c", 2, 2, {"retention.ms": "1000"})
+        assert watcher.wait_for(
+            lambda m: "c" in m.topics and all(s is not None for s in m.topics["c"].states.values()),
+            10_000,
+        )
+        controller.controller.alter_topic_config("c", {"retention.ms": "2000"})
+        assert watcher.wait_for(lambda m: m.topics["c"].config == {"retention.ms": "2000"}, 5_000)
+        controller.controller.alter_topic_config("c", {})
+        assert watcher.wait_for(lambda m: m.topics["c"].config == {}, 5_000)
+    finally:
+        watcher.stop()
+
+
 def test_leadership_goes_back_to_preferred_replicas_by_itself(
     cluster: Callable[..., FakeBroker],
 ) -> None:
