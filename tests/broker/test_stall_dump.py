@@ -23,15 +23,26 @@ _HOG = textwrap.dedent(
     import logging, re, sys, time
     from broker.loop_watchdog import ProcessStallDump
 
+    # A catastrophic regular expression: the re engine never releases the GIL during one
+    # match, and each extra "a" doubles its time. One match must outlast the stall
+    # threshold (1 s) by itself: between matches the GIL is released and the watchdog's
+    # heartbeat runs, so a loop of short matches is no stall (on a fast machine 24 "a"s
+    # took 0.57 s and the dump never fired). Calibrated here, before the watchdog starts.
+    size = 18
+    while True:
+        started = time.monotonic()
+        re.match(r"(a+)+$", "a" * size + "b")
+        if time.monotonic() - started >= 0.8:  # the next size takes >= 1.6 s
+            size += 1
+            break
+        size += 1
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     dump = ProcessStallDump(stall_s=1.0, interval_s=0.2).start()
     time.sleep(0.5)
 
     def hold_the_gil_in_c() -> None:
-        # A catastrophic regular expression: the re engine never releases the GIL.
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            re.match(r"(a+)+$", "a" * 24 + "b")
+        re.match(r"(a+)+$", "a" * size + "b")
 
     hold_the_gil_in_c()
     time.sleep(0.6)
