@@ -69,12 +69,16 @@ def test_acl_values_import_from_client_as_the_contract_says() -> None:
     assert AclFilter().principal is None
 
 
-@pytest.mark.parametrize(
-    "module_name",
-    sorted(
-        m.name for m in pkgutil.iter_modules(client.__path__, "client.") if m.name != "client.cli"
-    ),
-)
+def _client_modules() -> list[str]:
+    """Every module of ``client`` and of its command line package ``client.cli``."""
+    import client.cli
+
+    names = {m.name for m in pkgutil.iter_modules(client.__path__, "client.")}
+    names.update(m.name for m in pkgutil.iter_modules(client.cli.__path__, "client.cli."))
+    return sorted(names)
+
+
+@pytest.mark.parametrize("module_name", _client_modules())
 def test_modules_declare_all(module_name: str) -> None:
     module = importlib.import_module(module_name)
     exported = module.__all__

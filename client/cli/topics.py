@@ -1,0 +1,210 @@
+"""``tidelog topics``: create, list, describe, alter and delete topics.
+
+::
+
+    tidelog topics create NAME [--partitions N] [--replication-factor N] [--config KEY=VALUE]...
+    tidelog topics list [--internal]
+    tidelog topics describe NAME | --under-replicated [NAME]
+    tidelog topics alter NAME [--partitions N] [--set KEY=VALUE]... [--delete KEY]...
+    tidelog topics delete NAME
+
+Tables go to stdout, one-line summaries to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from client.cli.common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    Subcommands,
+    UsageError,
+    admin_client,
+    help_of,
+    human_bytes,
+    parse_pairs,
+    positive_int,
+    print_error,
+    print_info,
+    print_table,
+)
+
+__all__ = ["register"]
+
+
+def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
+    """Add ``topics`` and its actions to ``commands``; ``common`` is every action's parent."""
+    topics = commands.add_parser("topics", help="create, list, describe, alter, delete topics")
+    topics.set_defaults(handler=help_of(topics))
+    topic_commands = topics.add_subparsers(title="topic commands", metavar="ACTION")
+    create = topic_commands.add_parser("create", parents=[common], help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=positive_int, help="default: the broker's")
+    create.add_argument(
+        "--replication-factor",
+        type=positive_int,
+        metavar="N",
+        help="copies of each partition (default: the broker's default.replication.factor)",
+    )
+    create.add_argument(
+        "--config", metavar="KEY=VALUE", action="append", default=[], help="topic setting"
+    )
+    create.set_defaults(handler=_topics_create)
+    listing = topic_commands.add_parser("list", parents=[common], help="list topics")
+    listing.add_argument("--internal", action="store_true", help="include internal topics")
+    listing.set_defaults(handler=_topics_list)
+    describe = topic_commands.add_parser("describe", parents=[common], help="describe a topic")
+    describe.add_argument("name", nargs="?", help="the topic (every topic with a filter)")
+    describe.add_argument(
+        "--under-replicated",
+        action="store_true",
+        help="only partitions whose ISR is smaller than their replica set, of every topic "
+        "unless a name is given",
+    )
+    describe.set_defaults(handler=_topics_describe)
+    alter = topic_commands.add_parser(
+        "alter", parents=[common], help="change topic settings or add partitions"
+    )
+    alter.add_argument("name")
+    alter.add_argument(
+        "--partitions",
+        type=positive_int,
+        metavar="N",
+        help="grow the topic to N partitions in total (partitions are never removed)",
+    )
+    alter.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+    alter.add_argument("--delete", metavar="KEY", action="append", default=[])
+    alter.set_defaults(handler=_topics_alter)
+    delete = topic_commands.add_parser("delete", parents=[common], help="delete a topic")
+    delete.add_argument("name")
+    delete.set_defaults(handler=_topics_delete)
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    config = parse_pairs(args.config, "--config")
+    with admin_client(args) as admin:
+        description = admin.create_topic(
+            args.name, args.partitions, config, replication_factor=args.replication_factor
+        )
+    print_info(
+        f'Created topic "{description.name}" with {len(description.partitions)} partition(s).'
+    )
+    return EXIT_OK
+
+
+def _topics_list(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        topics = admin.list_topics(include_internal=args.internal)
+    if not topics:
+        print_info("No topics.")
+        return EXIT_OK
+    headers = ["TOPIC", "PARTITIONS"] + (["INTERNAL"] if args.internal else [])
+    rows = [
+        [t.name, str(t.partitions)] + (["yes" if t.internal else ""] if args.internal else [])
+        for t in topics
+    ]
+    print_table(headers, rows, right={1})
+    return EXIT_OK
+
+
+def _under_replicated(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        names = [args.name] if args.name else [t.name for t in admin.list_topics()]
+        topics = [admin.describe_topic(name) for name in names]
+    rows = [
+        [
+            topic.name,
+            str(p.partition),
+            "offline" if p.leader < 0 else str(p.leader),
+            ",".join(map(str, p.replicas)),
+            ",".join(map(str, p.isr)),
+        ]
+        for topic in topics
+        for p in topic.partitions
+        if len(p.isr) < len(p.replicas)
+    ]
+    if not rows:
+        print("No under-replicated partitions.")
+        return EXIT_OK
+    print_table(["TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR"], rows, right={1, 2})
+    return EXIT_OK
+
+
+def _topics_describe(args: argparse.Namespace) -> int:
+    if args.under_replicated:
+        return _under_replicated(args)
+    if not args.name:
+        print_error("topics describe: give a topic name (or --under-replicated)")
+        return EXIT_USAGE
+    with admin_client(args) as admin:
+        topic = admin.describe_topic(args.name)
+    total_records = sum(p.log_end_offset - p.log_start_offset for p in topic.partitions)
+    total_bytes = sum(p.size_bytes for p in topic.partitions)
+    print(
+        f"Topic: {topic.name}   Partitions: {len(topic.partitions)}   "
+        f"Records: {total_records}   Size: {human_bytes(total_bytes)}"
+        + ("   (internal)" if topic.internal else "")
+    )
+    print()
+    rows = [
+        [
+            str(p.partition),
+            "offline" if p.leader < 0 else str(p.leader),
+            ",".join(map(str, p.replicas)),
+            ",".join(map(str, p.isr)),
+            str(p.leader_epoch),
+            str(p.log_start_offset),
+            str(p.log_end_offset),
+            str(p.high_watermark),
+            human_bytes(p.size_bytes),
+            str(p.segments),
+        ]
+        for p in topic.partitions
+    ]
+    print_table(
+        [
+            "PARTITION",
+            "LEADER",
+            "REPLICAS",
+            "ISR",
+            "EPOCH",
+            "LOG START",
+            "LOG END",
+            "HIGH WATERMARK",
+            "SIZE",
+            "SEGMENTS",
+        ],
+        rows,
+        right={0, 1, 4, 5, 6, 7, 8, 9},
+    )
+    if topic.config:
+        print()
+        print("Config:")
+        print_table(None, [[f"  {k}", v] for k, v in topic.config.items()])
+    return EXIT_OK
+
+
+def _topics_alter(args: argparse.Namespace) -> int:
+    updates = parse_pairs(args.set, "--set")
+    partitions: int | None = args.partitions
+    if not updates and not args.delete and partitions is None:
+        raise UsageError(
+            "topics alter: give --partitions N, or at least one --set KEY=VALUE or --delete KEY"
+        )
+    with admin_client(args) as admin:
+        # Partitions first: a refused count (the likelier mistake) leaves the config alone.
+        if partitions is not None:
+            count = admin.create_partitions(args.name, partitions)
+            print_info(f'Topic "{args.name}" now has {count} partition(s).')
+        if updates or args.delete:
+            admin.alter_topic_config(args.name, updates, args.delete)
+            print_info(f'Updated topic "{args.name}".')
+    return EXIT_OK
+
+
+def _topics_delete(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        admin.delete_topic(args.name)
+    print_info(f'Deleted topic "{args.name}".')
+    return EXIT_OK
