@@ -3,7 +3,6 @@
 ::
 
     python benchmarks/client_bench.py [--records 1000000] [--partitions 1] [--quick]
-    python benchmarks/client_bench.py --models async,threads [--rounds 3] [--records N]
 
 Runs, each in a process of its own against one broker process (``python -m broker``, a
 temporary data directory, 127.0.0.1, metrics off):
@@ -30,15 +29,6 @@ on a three-partition topic is reported as ``produce_records_per_s_3p_keyed``.
 
 The machine is shared and noisy: every figure comes from one run in the same script,
 next to the gRPC floor measured in the same minute. The last line is one JSON object.
-
-``--models async,threads`` compares the broker's serving models (``server.io.model``)
-instead, side by side in one run: for each round, a fresh broker of each model in turn
-(the order alternates from round to round, as the machine's load drifts) runs the produce
-and the consume measurement and the acks=1 / acks=all latency. It reports each model's
-medians and, as the figures to judge by, the median of the rounds' paired ratios
-(first model over second; 1.0 = the same throughput): ``async_over_threads_produce``
-and ``async_over_threads_consume`` for ``--models async,threads``. Broker CPU per record
-is read from ``/proc`` (10 ms ticks: coarse for short runs).
 """
 
 from __future__ import annotations
@@ -100,11 +90,11 @@ def _wait_for_file(path: Path, process: subprocess.Popen[str], what: str) -> str
 
 
 def start_broker(
-    work: Path, model: str | None = None, *settings: str, name: str = "broker"
+    work: Path, *settings: str, name: str = "broker"
 ) -> tuple[subprocess.Popen[str], str]:
     ready = work / f"{name}-ready"
     ready.unlink(missing_ok=True)
-    extra = ["--set", f"server.io.model={model}"] if model else []
+    extra: list[str] = []
     for setting in settings:
         extra += ["--set", setting]
     data = work / ("data" if name == "broker" else f"data-{name}")
@@ -334,8 +324,6 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--latency-samples", type=int, default=2_000)
     parser.add_argument("--quick", action="store_true", help="100k records, fewer samples")
-    parser.add_argument("--models", help="compare serving models, e.g. async,threads")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of --models")
     parser.add_argument(
         "--ts-rounds", type=int, default=3, help="rounds of the three-timestamps comparison"
     )
@@ -353,16 +341,10 @@ def main() -> int:
         args.records = 100_000
         args.latency_samples = 300
         args.ts_rounds = 1
-    if args.models:
-        return compare_models(
-            args.models.split(","), args.records, args.rounds, args.latency_samples
-        )
 
     work = Path(tempfile.mkdtemp(prefix="tidelog-client-bench-"))
     broker, address = start_broker(work)
-    plain_broker, plain_address = start_broker(
-        work, None, "log.batch.times.enable=false", name="plain"
-    )
+    plain_broker, plain_address = start_broker(work, "log.batch.times.enable=false", name="plain")
     echo, echo_address = start_echo_server(work)
     try:
         from client import AdminClient
@@ -495,81 +477,6 @@ def compare_three_timestamps(
     print(f"three timestamps over plain: produce {result['three_ts_over_plain_produce']}, "
           f"consume {result['three_ts_over_plain_consume']}")  # fmt: skip
     return result
-
-
-def compare_models(models: list[str], records: int, rounds: int, samples: int) -> int:
-    """Produce and consume throughput, and acks=1 / acks=all produce latency, per
-    serving model, side by side in one run."""
-    kinds = ("produce", "consume", "produce_cpu", "consume_cpu", "p50_acks1", "p50_acks_all")
-    figures: dict[str, dict[str, list[float]]] = {m: {k: [] for k in kinds} for m in models}
-    for round_number in range(rounds):
-        # Alternate which goes first: the machine's noise drifts over a run.
-        order = models if round_number % 2 == 0 else list(reversed(models))
-        for model in order:
-            work = Path(tempfile.mkdtemp(prefix=f"tidelog-models-{model}-"))
-            broker, address = start_broker(work, model)
-            try:
-                from client import AdminClient
-
-                with AdminClient(address) as admin:
-                    admin.create_topic("bench", 1)
-                cpu_before = _cpu_seconds(broker.pid)
-                produce = _run_role("--role", "produce", "--address", address,
-                                    "--topic", "bench", "--count", str(records))  # fmt: skip
-                cpu_produced = _cpu_seconds(broker.pid)
-                consume = _run_role("--role", "consume", "--address", address,
-                                    "--topic", "bench", "--partitions", "1",
-                                    "--count", str(records))  # fmt: skip
-                cpu_consumed = _cpu_seconds(broker.pid)
-                latency = {}
-                for acks in ("1", "all"):
-                    latency[acks] = _run_role(
-                        "--role", "latency", "--address", address, "--topic", "bench",
-                        "--acks", acks, "--count", str(samples),
-                    )  # fmt: skip
-            finally:
-                stop(broker)
-                shutil.rmtree(work, ignore_errors=True)
-            figures[model]["produce"].append(produce["records_per_s"])
-            figures[model]["consume"].append(consume["records_per_s"])
-            figures[model]["produce_cpu"].append((cpu_produced - cpu_before) / records * 1e6)
-            figures[model]["consume_cpu"].append((cpu_consumed - cpu_produced) / records * 1e6)
-            figures[model]["p50_acks1"].append(latency["1"]["p50_ms"])
-            figures[model]["p50_acks_all"].append(latency["all"]["p50_ms"])
-            print(f"round {round_number + 1} {model:>8}: produce "
-                  f"{produce['records_per_s']:,.0f} records/s, consume "
-                  f"{consume['records_per_s']:,.0f} records/s; broker CPU "
-                  f"{figures[model]['produce_cpu'][-1]:.2f} / "
-                  f"{figures[model]['consume_cpu'][-1]:.2f} us/record; p50 acks=1 "
-                  f"{latency['1']['p50_ms']:.3f} ms, acks=all "
-                  f"{latency['all']['p50_ms']:.3f} ms")  # fmt: skip
-    result: dict[str, Any] = {"records": records, "rounds": rounds}
-    for model in models:
-        for what in ("produce", "consume"):
-            median = statistics.median(figures[model][what])
-            result[f"{what}_records_per_s_{model}"] = round(median)
-            cpu = statistics.median(figures[model][f"{what}_cpu"])
-            result[f"{what}_broker_cpu_us_per_record_{model}"] = round(cpu, 2)
-        for acks in ("acks1", "acks_all"):
-            p50 = statistics.median(figures[model][f"p50_{acks}"])
-            result[f"produce_p50_ms_{acks}_{model}"] = round(p50, 3)
-    first, second = models[0], models[1] if len(models) > 1 else models[0]
-    for what in ("produce", "consume", "produce_cpu", "consume_cpu"):
-        # The median of each round's ratio: a round's two runs are a minute apart at most,
-        # so the drift of the machine's load cancels out better than in a ratio of medians.
-        ratio = statistics.median(
-            a / b for a, b in zip(figures[first][what], figures[second][what], strict=True)
-        )
-        result[f"{first}_over_{second}_{what}"] = round(ratio, 3)
-        print(f"{what}: {first} / {second} = {ratio:.3f} (median of {rounds} paired rounds)")
-    print(json.dumps(result))
-    return 0
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _report(what: str, figures: dict[str, Any]) -> None:

@@ -2,8 +2,8 @@
 
 ::
 
-    python benchmarks/connections_bench.py [--levels 0,100,1000,5000] [--model async]
-                                           [--samples 2000] [--records 100000] [--quick]
+    python benchmarks/connections_bench.py [--levels 0,100,1000,5000] [--samples 2000]
+                                           [--records 100000] [--quick]
 
 One broker process (``python -m broker``, a temporary data directory, 127.0.0.1 only,
 ``fetch.max.wait.ms`` 10 minutes so idle polls stay parked for the whole run). For each
@@ -97,7 +97,6 @@ def _role(*args: str) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", default="0,100,1000,5000")
-    parser.add_argument("--model", default="async", choices=("async", "threads"))
     parser.add_argument("--samples", type=int, default=2_000)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--lifetime-s", type=float, default=900.0)
@@ -114,7 +113,7 @@ def main() -> int:
         "-m", "broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "WARNING",
         "--set", f"metrics.port={metrics_port}", "--set", "metrics.host=127.0.0.1",
-        "--set", "fetch.max.wait.ms=600000", "--set", f"server.io.model={args.model}",
+        "--set", "fetch.max.wait.ms=600000",
     )  # fmt: skip
     holders: list[subprocess.Popen[str]] = []
     rows: list[dict[str, Any]] = []
@@ -192,7 +191,6 @@ def main() -> int:
     if chart is not None:
         print(f"chart: {chart.relative_to(ROOT)}")
     result = {
-        "model": args.model,
         "idle_connections": top["connections"],
         "p99_ms_idle": idle["p99_ms"],
         "p99_ms_at_5000": top["p99_ms"],

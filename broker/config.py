@@ -19,8 +19,7 @@ key                                   default          meaning
 ``socket.request.max.bytes``          104857600        largest gRPC message the broker receives
 ``fetch.max.bytes``                   57671680         cap on the bytes of one fetch answer
 ``fetch.max.wait.ms``                 30000            cap on a fetch's ``max_wait_ms`` (long poll)
-``num.io.threads``                    64               storage threads (``threads`` model: workers)
-``server.io.model``                   async            ``async`` (grpc.aio) or ``threads`` (legacy)
+``num.io.threads``                    64               storage threads (the listener's executor)
 ``max.connections``                   20000            connections served at once (``limits.py``)
 ``max.connections.per.ip``            20000            the same, per remote address
 ``queued.max.requests``               500              requests waiting for or on a storage thread
@@ -81,7 +80,8 @@ key                                   default          meaning
 The two ``connections.keepalive`` settings have no Kafka equivalent. The broker pings a
 connection that was quiet for the time and closes it if the answer takes longer than the
 timeout, so a client whose host vanished without closing its connection is noticed within
-time + timeout and its calls are cancelled, freeing the worker threads its streams held.
+time + timeout and its calls are cancelled, freeing their parked operations and the
+connection's place in ``max.connections``.
 Clients may ping as often as every 10 s, or every ``connections.keepalive.time.ms`` if
 that is shorter (``broker/server.py``, ``docs/broker.md``).
 
@@ -106,7 +106,13 @@ Security settings (``security.protocol``, ``ssl.*``, ``sasl.*``, ``audit.log.fil
 ``metrics.ssl.enable``, ``inter.broker.sasl.*``) are ``broker.security_config``'s; the
 config holds them as ``security``.
 
-Unknown keys and bad values raise ``InvalidConfigError`` naming the key.
+Unknown keys and bad values raise ``InvalidConfigError`` naming the key. So does a removed
+key (``_REMOVED_KEYS``), whatever its value, with a message that says why it went: a
+setting that no longer does anything must not be accepted silently, and an unknown-key
+error listing every setting would not tell the user what happened to theirs.
+``server.io.model`` was removed (issue #26): the threaded serving model is gone and the
+asynchronous one (``grpc.aio``, ``broker.grpc_async``) is the only one, so even
+``server.io.model=async`` is refused; delete the line.
 """
 
 from __future__ import annotations
@@ -198,13 +204,6 @@ def _str(key: str, value: object) -> str:
     return str(value)
 
 
-def _choice(key: str, value: object, choices: tuple[str, ...]) -> str:
-    text = _str(key, value).strip().lower()
-    if text not in choices:
-        raise InvalidConfigError(f"{key}: expected one of {', '.join(choices)}, got {value!r}")
-    return text
-
-
 _METRICS_PORT_OFFSET = 1_000
 
 
@@ -287,7 +286,6 @@ class BrokerConfig:
     fetch_max_bytes: int = 57_671_680
     fetch_max_wait_ms: int = 30_000
     num_io_threads: int = 64
-    server_io_model: str = "async"
     max_connections: int = 20_000
     max_connections_per_ip: int = 20_000
     queued_max_requests: int = 500
@@ -356,7 +354,6 @@ class BrokerConfig:
             ("fetch.max.bytes", self.fetch_max_bytes >= 1),
             ("fetch.max.wait.ms", self.fetch_max_wait_ms >= 0),
             ("num.io.threads", self.num_io_threads >= 1),
-            ("server.io.model", self.server_io_model in ("async", "threads")),
             ("broker.id", 0 <= self.broker_id <= 2**31 - 1),
             ("zookeeper.session.timeout.ms", self.zookeeper_session_timeout_ms >= 1),
             ("zookeeper.connection.timeout.ms", self.zookeeper_connection_timeout_ms >= 1),
@@ -548,9 +545,14 @@ class BrokerConfig:
         Values may be strings (from ``--set``) or TOML scalars.
 
         Raises:
-            InvalidConfigError: an unknown key (the message lists the known ones) or a bad
-                value (the message names the key).
+            InvalidConfigError: an unknown key (the message lists the known ones), a
+                removed key (the message says what replaced it) or a bad value (the message
+                names the key).
         """
+        removed = sorted(set(settings) & _REMOVED_KEYS.keys())
+        if removed:
+            key = removed[0]
+            raise InvalidConfigError(f"broker setting {key!r} was removed: {_REMOVED_KEYS[key]}")
         unknown = sorted(set(settings) - broker_keys())
         if unknown:
             known = ", ".join(sorted(broker_keys()))
@@ -628,6 +630,15 @@ def _log_defaults(settings: Mapping[str, object]) -> LogConfig:
 
 _Parser = Callable[[str, object], Any]
 
+# Keys that were settings once -> why they went and what to do instead. Refused whatever
+# their value (see the module docstring).
+_REMOVED_KEYS: dict[str, str] = {
+    "server.io.model": (
+        "the threaded serving model was retired (issue #26) and the asyncio model "
+        "(grpc.aio) is the only one; delete the setting"
+    ),
+}
+
 # Broker key -> (BrokerConfig field, parser) for the plain one-to-one keys.
 _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "num.partitions": ("num_partitions", lambda k, v: _int(k, v, 1)),
@@ -635,7 +646,6 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "fetch.max.bytes": ("fetch_max_bytes", lambda k, v: _int(k, v, 1)),
     "fetch.max.wait.ms": ("fetch_max_wait_ms", lambda k, v: _int(k, v, 0)),
     "num.io.threads": ("num_io_threads", lambda k, v: _int(k, v, 1, 10_000)),
-    "server.io.model": ("server_io_model", lambda k, v: _choice(k, v, ("async", "threads"))),
     "max.connections": ("max_connections", lambda k, v: _int(k, v, 1)),
     "max.connections.per.ip": ("max_connections_per_ip", lambda k, v: _int(k, v, 1)),
     "queued.max.requests": ("queued_max_requests", lambda k, v: _int(k, v, 1)),

@@ -796,7 +796,7 @@ class BrokerCore:
     def complete_blocking(
         self, appends: Sequence[PartitionAppend], acks: Acks
     ) -> list[PartitionProduced]:
-        """``complete``, blocking this thread until answered (the threaded listener)."""
+        """``complete``, blocking this thread until answered (``produce``, tests)."""
         return self._produce.complete_blocking(appends, acks)
 
     def start_fetch(
@@ -834,21 +834,6 @@ class BrokerCore:
     def cancel_fetch(self, pending: PendingFetch) -> None:
         """The fetch's call ended: drop its parked operation. Idempotent."""
         self._fetch.cancel(pending)
-
-    def fetch(self, spec: FetchSpec, *, wait_cap_ms: int | None = None) -> list[PartitionFetched]:
-        """A whole fetch, blocking this thread while it is parked (threaded listener,
-        tests)."""
-        woken = threading.Event()
-        pending = self.start_fetch(spec, wake=woken.set, wait_cap_ms=wait_cap_ms)
-        try:
-            while True:
-                woken.clear()
-                answers = self.step_fetch(pending)
-                if answers is not None:
-                    return answers
-                woken.wait()
-        finally:
-            self.cancel_fetch(pending)
 
     def parked_operations(self) -> dict[str, int]:
         """Parked delayed operations by purgatory (for the metrics)."""

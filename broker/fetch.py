@@ -13,9 +13,6 @@ parks once more. A listener drives one fetch like this::
         <wait for wake, without holding a thread>
     ...                                  # and core.cancel_fetch(pending) if the call ends
 
-``BrokerCore.fetch`` does the same for callers that may block (tests, the threaded
-listener).
-
 A parked fetch is satisfied as soon as the log end offset of one of its partitions moved
 away from what the read saw (Kafka's ``DelayedFetch`` compares byte positions; an offset
 is enough here, and the re-read decides whether ``min_bytes`` is reached).

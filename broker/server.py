@@ -6,18 +6,16 @@ connection is a file descriptor; the value got is logged), opens the data direct
 the ``tidelog.v1.Broker`` service, the standard health service and server reflection, and
 the Prometheus endpoint if ``metrics.port`` is not -1.
 
-The listener's serving model is ``server.io.model``:
-
-- ``async`` (the default, ``broker.grpc_async``): ``grpc.aio`` on an event loop thread,
-  storage work on ``num.io.threads`` threads, waiting calls parked without a thread, and
-  the limits of ``broker.limits`` enforced;
-- ``threads`` (``broker.grpc_threads``): the former synchronous server, one worker of
-  ``num.io.threads`` per call for the call's whole life; kept to measure one against the
-  other (``benchmarks/client_bench.py --models``).
+The gRPC listener is ``broker.grpc_async.AsyncListener``: ``grpc.aio`` on an event loop
+thread, storage work on ``num.io.threads`` threads, waiting calls parked without a
+thread, and the limits of ``broker.limits`` enforced. It is the only serving model: the
+threaded one (``server.io.model=threads``, a worker per call for the call's whole life)
+was retired in issue #26, with the measurement that decided it in ``docs/broker.md``
+("One serving model"); the setting is refused by ``broker.config``.
 
 Keepalive (``_grpc_options``): a stream whose client vanished without closing its
 connection (host crash, cable pulled, a NAT that forgot the flow) would keep its parked
-operation (and, in the threaded model, a worker thread) for good. The server therefore
+operation and its place in ``max.connections`` for good. The server therefore
 pings every connection quiet for ``connections.keepalive.time.ms``, with
 or without calls, and closes it when the ping is not answered within
 ``connections.keepalive.timeout.ms``; gRPC then cancels its calls and the handlers return.
@@ -65,7 +63,6 @@ from broker.config import BrokerConfig, parse_listen
 from broker.core import BrokerCore
 from broker.groups.offset_store import OFFSETS_TOPIC
 from broker.grpc_async import AsyncListener
-from broker.grpc_threads import ThreadedListener
 from broker.kafka import KafkaListener, ListenerSettings
 from broker.limits import Admission, AdmissionCollector
 from broker.loop_watchdog import LoopWatchdog
@@ -106,8 +103,7 @@ class ListenError(OSError):
 
 
 class Listener(Protocol):
-    """One network listener over the core (``AsyncListener``, ``ThreadedListener``; the
-    Kafka listener later)."""
+    """One network listener over the core (``AsyncListener``; the Kafka listener later)."""
 
     port: int
 
@@ -194,9 +190,6 @@ class BrokerServer:
         admission = Admission(config.limits_config())
         metrics.registry.register(AdmissionCollector(admission, core.parked_operations))
         metrics.registry.register(QuotaCollector(core.quotas))
-        start: Callable[..., Listener] = (
-            AsyncListener.start if config.server_io_model == "async" else ThreadedListener.start
-        )
         if config.zookeeper_connect is not None:
             # Until the cluster's view is in, lead nothing: a client that connects early
             # must not have a partition another broker leads written here.
@@ -209,7 +202,7 @@ class BrokerServer:
         metrics_server: MetricsServer | None = None
         listener: Listener | None = None
         try:
-            listener = start(
+            listener = AsyncListener.start(
                 core,
                 admission,
                 address=config.listen_address,
@@ -257,11 +250,10 @@ class BrokerServer:
         for message in config.ignored_settings():
             log.warning("%s", message)
         log.info(
-            "tidelog broker serving %s on %s:%d (%s model), data in %s",
+            "tidelog broker serving %s on %s:%d, data in %s",
             security.protocol,
             config.listen_host,
             listener.port,
-            config.server_io_model,
             core.logs.data_dir,
         )
         return cls(config, core, listener, admission, metrics_server, node, tls, kafka)
@@ -283,7 +275,7 @@ class BrokerServer:
 
     @property
     def loop_watchdog(self) -> LoopWatchdog | None:
-        """What watches the gRPC listener's event loop (None for the threaded model)."""
+        """What watches the gRPC listener's event loop (None: a listener without one)."""
         return self._listener.watchdog
 
     @property

@@ -3,13 +3,13 @@
 Each unary RPC of ``tidelog.v1.Broker`` is a plain function ``(core, request, context) ->
 response``: it converts the request into plain values, calls one ``BrokerCore`` method and
 converts the answer back. It blocks (storage work) and raises ``TidelogError``s; it knows
-nothing of gRPC's servicer contexts, so the same table serves both serving models
-(``broker.grpc_async``, the default, and ``broker.grpc_threads``), and errors are rendered
-once, by the model's wrapper, through ``broker.errors``. Protobuf types stop here; record
-bytes pass through untouched in both directions.
+nothing of gRPC's servicer contexts; the serving model (``broker.grpc_async``) runs it on
+its executor, and errors are rendered once, by the model's wrapper, through
+``broker.errors``. Protobuf types stop here; record bytes pass through untouched in both
+directions.
 
 The data path (``Produce``, ``ProduceStream``, ``Fetch``, ``FetchStream``) parks work in the
-core's purgatories, so each serving model drives it itself; the conversions it needs are
+core's purgatories, so the serving model drives it itself; the conversions it needs are
 here (``fetch_spec``, ``fetch_response``, ``produce_parts``, ``produce_response``).
 
 Consumer groups: the handlers convert topic/partition lists to and from
@@ -846,8 +846,8 @@ def generic_handler(
     """The ``grpc.GenericRpcHandler`` of ``tidelog.v1.Broker`` for one serving model.
 
     ``unary(name, handler)`` wraps each table entry as the model runs it; the four
-    data-path methods are the model's own. Both models (``grpc_async``, ``grpc_threads``)
-    build their handler here, so an RPC added to the table is served by both.
+    data-path methods are the model's own. The model (``grpc_async``) builds its handler
+    here, so an RPC added to the table is served without touching it.
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for name, handler in UNARY_HANDLERS.items():

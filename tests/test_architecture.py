@@ -86,6 +86,23 @@ def test_top_level_modules_import_only_what_they_front(module: str) -> None:
     assert tops <= TOP_LEVEL_MODULES[module], f"{module} imports {tops}"
 
 
+def test_the_broker_has_one_grpc_serving_model() -> None:
+    """Issue #26 retired the threaded model (a synchronous ``grpc.server``): a second
+    serving model would need every rule of the request pipeline written twice. The broker
+    serves gRPC through ``grpc.aio`` only (``broker.grpc_async``)."""
+    offenders = []
+    for path in _sources("broker"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "server"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "grpc"
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, f"synchronous grpc.server in the broker: {offenders}"
+
+
 def test_packages_exist_with_sources() -> None:
     for package in PACKAGES:
         assert (ROOT / package / "__init__.py").is_file(), package

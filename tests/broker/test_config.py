@@ -78,6 +78,18 @@ def test_unknown_key_is_rejected_naming_it_and_the_known_ones() -> None:
         BrokerConfig.from_mapping({"retention.ms": 1})  # a topic key, not a broker key
 
 
+@pytest.mark.parametrize("value", ["threads", "async"])
+def test_the_removed_serving_model_setting_is_refused_saying_why(value: str) -> None:
+    # Issue #26: the threaded model is gone; even the old default is refused, so that no
+    # config file keeps a setting that does nothing.
+    with pytest.raises(
+        InvalidConfigError,
+        match=r"'server\.io\.model' was removed: .*asyncio model \(grpc\.aio\) is the only one",
+    ):
+        BrokerConfig.from_mapping({"server.io.model": value})
+    assert "server.io.model" not in broker_keys()
+
+
 @pytest.mark.parametrize(
     ("settings", "named"),
     [

@@ -2,14 +2,13 @@
 
 A vanished client (host crash, no FIN or RST) is played by ``FreezableProxy``: a TCP proxy
 on 127.0.0.1 that, once frozen, stops moving bytes in both directions but keeps every
-socket open, so the broker sees a connection that is up and silent. Each stream of the
-threaded serving model holds a worker thread, so the observable is the one that matters
-there: with ``num.io.threads=2`` held by two frozen streams, a new client gets served
-again only once the broker has cancelled them. (The asynchronous model holds no thread;
-``tests/broker/test_serving.py`` checks that a vanished client frees its parked
-operations there.) The same proxy checks that the client notices a silent
-broker, and a client pinging at its own pace over a long idle poll must keep its stream
-(no GOAWAY too_many_pings). Each of these fails without the keepalive options.
+socket open, so the broker sees a connection that is up and silent. A stream holds no
+thread, but a parked operation and the connection's place in ``max.connections``: two
+frozen streams (a parked long poll and an idle produce stream) must give both back once
+the broker has cancelled them (``tests/broker/test_serving.py`` checks the same for a
+lone parked fetch). The same proxy checks that the client notices a silent broker, and a
+client pinging at its own pace over a long idle poll must keep its stream (no GOAWAY
+too_many_pings). Each of these fails without the keepalive options.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
@@ -113,23 +112,24 @@ def proxies() -> Iterator[list[FreezableProxy]]:
         proxy.close()
 
 
-def _list_topics(stub: pb_grpc.BrokerStub, timeout_s: float) -> bool:
-    """Whether a new call got served (a worker thread was free) within ``timeout_s``."""
-    try:
-        stub.ListTopics(pb.ListTopicsRequest(), timeout=timeout_s)
-    except grpc.RpcError as exc:
-        status = exc.code()
-    else:
-        return True
-    assert status == grpc.StatusCode.DEADLINE_EXCEEDED
-    return False
+def _parked_fetches(broker: InProcessBroker) -> int:
+    return broker.server.core.parked_operations()["fetch"]
 
 
-def test_streams_of_a_silent_client_are_cancelled_and_free_their_threads(
+def _within(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``condition`` (the broker's own counters) holds within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_streams_of_a_silent_client_are_cancelled_and_free_what_they_held(
     proxies: list[FreezableProxy],
 ) -> None:
-    settings = {**_SHORT_KEEPALIVE, "num.io.threads": 2, "server.io.model": "threads"}
-    with InProcessBroker(settings=settings) as broker, broker.channel() as direct:
+    with InProcessBroker(settings=_SHORT_KEEPALIVE) as broker, broker.channel() as direct:
         direct_stub = pb_grpc.BrokerStub(direct)
         create_topic(direct_stub, "t")
         proxy = FreezableProxy(broker.port)
@@ -153,7 +153,7 @@ def test_streams_of_a_silent_client_are_cancelled_and_free_their_threads(
             produce_answers = remote_stub.ProduceStream(iter(produces.get, None))
             produces.put(produce_request("t", 0, make_batch([b"v"]), correlation_id=7))
             assert next(produce_answers).correlation_id == 7
-            # The answer woke the long poll; wait for the next poll to start waiting.
+            # The answer woke the long poll; park the next one.
             answer = next(fetch_answers)
             assert answer.correlation_id == 2
             fetches.put(
@@ -164,15 +164,18 @@ def test_streams_of_a_silent_client_are_cancelled_and_free_their_threads(
                     partitions=[pb.FetchPartition(topic="t", partition=0, fetch_offset=1)],
                 )
             )
-            # Both worker threads are held: a new client waits.
-            assert not _list_topics(direct_stub, 0.5)
+            assert _within(lambda: _parked_fetches(broker) == 1, 5.0), "the poll never parked"
+            assert broker.server.admission.connections == 1  # the proxied one
 
             proxy.freeze()
-            started = time.monotonic()
-            # 300 ms quiet + 1 s unanswered ping, then the calls end; the produce
-            # stream's handler notices within its 0.5 s poll.
-            assert _list_topics(direct_stub, 5.0), "the frozen streams still hold the threads"
-            assert time.monotonic() - started < 5.0
+            # 300 ms quiet + 1 s unanswered ping, then the calls end: the parked fetch and
+            # the connection's place are given back (with no keepalive, after 30 s).
+            assert _within(lambda: _parked_fetches(broker) == 0, 5.0), "the poll still parked"
+            assert _within(lambda: broker.server.admission.connections == 0, 5.0), (
+                "the frozen connection still counts"
+            )
+            # The broker still serves a new client.
+            direct_stub.ListTopics(pb.ListTopicsRequest(), timeout=5.0)
             fetch_answers.cancel()
             produce_answers.cancel()
             fetches.put(None)  # ends the request iterators

@@ -50,13 +50,9 @@ def test_a_malformed_unary_body_is_an_invalid_request(
         assert "not a valid" in (failure.value.details() or "")
 
 
-@pytest.mark.parametrize("model", ["async", "threads"])
 @pytest.mark.parametrize("method", ["ProduceStream", "FetchStream"])
-def test_a_malformed_message_ends_a_stream_with_an_invalid_request(method: str, model: str) -> None:
-    with (
-        InProcessBroker(settings={"server.io.model": model}) as broker,
-        broker.channel() as channel,
-    ):
+def test_a_malformed_message_ends_a_stream_with_an_invalid_request(method: str) -> None:
+    with InProcessBroker() as broker, broker.channel() as channel:
         stub = pb_grpc.BrokerStub(channel)
         create_topic(stub, "t")
         good = (

@@ -90,10 +90,8 @@ def round_trip(address: str, **security: str) -> list[bytes]:
 # --- TLS ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["async", "threads"])
-def test_tls_produce_and_consume(pki: TestPki, model: str) -> None:
-    settings = {**pki.broker_settings("SSL"), "server.io.model": model}
-    with InProcessBroker(settings=settings) as broker:
+def test_tls_produce_and_consume(pki: TestPki) -> None:
+    with InProcessBroker(settings=pki.broker_settings("SSL")) as broker:
         assert round_trip(broker.address, **pki.client_settings("SSL")) == [b"one", b"two"]
 
 
@@ -230,11 +228,9 @@ def test_certificates_reload_without_dropping_connections(pki: TestPki, tmp_path
 # --- SASL ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["async", "threads"])
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
-def test_scram_over_tls(pki: TestPki, data_dir: Path, mechanism: str, model: str) -> None:
-    settings = {**pki.broker_settings("SASL_SSL"), "server.io.model": model}
-    with InProcessBroker(data_dir, settings=settings) as broker:
+def test_scram_over_tls(pki: TestPki, data_dir: Path, mechanism: str) -> None:
+    with InProcessBroker(data_dir, settings=pki.broker_settings("SASL_SSL")) as broker:
         values = round_trip(broker.address, **sasl(pki, "SASL_SSL", mechanism))
     assert values == [b"one", b"two"]
 

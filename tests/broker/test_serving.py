@@ -274,12 +274,8 @@ def test_the_serving_metrics_are_exported() -> None:
             assert name in text
 
 
-@pytest.mark.parametrize("model", ["async", "threads"])
-def test_both_serving_models_serve_the_data_path(model: str) -> None:
-    with (
-        InProcessBroker(settings={"server.io.model": model}) as broker,
-        broker.channel() as channel,
-    ):
+def test_the_data_path_is_served_with_acks_all() -> None:
+    with InProcessBroker() as broker, broker.channel() as channel:
         stub = pb_grpc.BrokerStub(channel)
         create_topic(stub, "t")
         assert produce(stub, "t", 0, make_batch([b"a"]), acks=-1).base_offset == 0

@@ -220,8 +220,8 @@ def test_no_threads_left_after_close(group_broker: InProcessBroker) -> None:
 
     def leaked() -> list[str]:
         new = set(threading.enumerate()) - before
-        # The broker's own pools (the threaded model's workers, the async model's storage
-        # threads) start lazily and outlive a client.
+        # The broker's own threads (the listener's event loop and storage threads) start
+        # lazily and outlive a client.
         return sorted(t.name for t in new if not t.name.startswith(("tidelog-grpc", "tidelog-io")))
 
     deadline = time.monotonic() + 3

@@ -1,11 +1,10 @@
-"""What one request costs the broker, per serving model: raw gRPC, no Tidelog client.
+"""What one request costs the broker: raw gRPC, no Tidelog client.
 
 ::
 
-    python benchmarks/serving_models_bench.py [--rounds 3] [--produce 400] [--fetch 300]
+    python benchmarks/request_cost_bench.py [--rounds 3] [--produce 400] [--fetch 300]
 
-For each round, a fresh broker of each model (``server.io.model`` async, then threads;
-the order alternates from round to round) on 127.0.0.1, metrics off:
+For each round, a fresh broker on 127.0.0.1, metrics off:
 
 1. produce: one ``ProduceStream`` sends ``--produce`` requests of one 1,000-record batch
    (16-byte keys, 100-byte values, about 120 KB; ``acks=1``), 5 in flight, as the
@@ -14,10 +13,13 @@ the order alternates from round to round) on 127.0.0.1, metrics off:
    what was produced, one request at a time, as a consumer does.
 
 The broker's CPU (user + system, from ``/proc``, 10 ms ticks) and the wall time are
-divided by the requests. Without a Tidelog client the client's own cost is small and the
-same for both models, so the figures are the broker's. The last line is one JSON object
-with each model's medians and ``async_over_threads_{produce,fetch}_{cpu,wall}``, the
-median of the rounds' paired ratios.
+divided by the requests. Without a Tidelog client the client's own cost is small, so the
+figures are the broker's. The last line is one JSON object with the medians of the
+rounds. The machine is shared and noisy: to judge a change, run this on both trees in
+turn, a few times each, and compare medians, not single rounds.
+
+Until issue #26 this was ``serving_models_bench.py`` and compared the threaded serving
+model with the asynchronous one (the figures are in ``docs/broker.md``, "Serving model").
 """
 
 from __future__ import annotations
@@ -48,12 +50,12 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start_broker(work: Path, model: str) -> tuple[subprocess.Popen[str], str]:
+def _start_broker(work: Path) -> tuple[subprocess.Popen[str], str]:
     ready = work / "ready"
     process = subprocess.Popen(
         [sys.executable, "-m", "broker", "--data-dir", str(work / "data"),
          "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
-         "--set", "metrics.port=-1", "--set", f"server.io.model={model}"],
+         "--set", "metrics.port=-1"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
@@ -64,7 +66,7 @@ def _start_broker(work: Path, model: str) -> tuple[subprocess.Popen[str], str]:
     return process, ready.read_text().strip()
 
 
-def measure(model: str, produce_requests: int, fetch_requests: int) -> dict[str, float]:
+def measure(produce_requests: int, fetch_requests: int) -> dict[str, float]:
     import grpc
 
     from proto.tidelog.v1 import broker_pb2 as pb
@@ -74,8 +76,8 @@ def measure(model: str, produce_requests: int, fetch_requests: int) -> dict[str,
     batch = encode_batch(
         [(1, i.to_bytes(16, "big"), os.urandom(100)) for i in range(_RECORDS_PER_BATCH)]
     )
-    work = Path(tempfile.mkdtemp(prefix=f"tidelog-serving-{model}-"))
-    broker, address = _start_broker(work, model)
+    work = Path(tempfile.mkdtemp(prefix="tidelog-request-cost-"))
+    broker, address = _start_broker(work)
     options = [("grpc.max_receive_message_length", -1), ("grpc.use_local_subchannel_pool", 1)]
     try:
         with grpc.insecure_channel(address, options=options) as channel:
@@ -152,25 +154,15 @@ def main() -> int:
     parser.add_argument("--produce", type=int, default=400)
     parser.add_argument("--fetch", type=int, default=300)
     args = parser.parse_args()
-    models = ["async", "threads"]
-    figures: dict[str, list[dict[str, float]]] = {model: [] for model in models}
+    figures: list[dict[str, float]] = []
     for round_number in range(args.rounds):
-        for model in models if round_number % 2 == 0 else list(reversed(models)):
-            found = measure(model, args.produce, args.fetch)
-            figures[model].append(found)
-            print(f"round {round_number + 1} {model:>8}: "
-                  + ", ".join(f"{key} {value:,.0f}" for key, value in found.items()))  # fmt: skip
+        found = measure(args.produce, args.fetch)
+        figures.append(found)
+        print(f"round {round_number + 1}: "
+              + ", ".join(f"{key} {value:,.0f}" for key, value in found.items()))  # fmt: skip
     result: dict[str, Any] = {"rounds": args.rounds}
-    for model in models:
-        for key in figures[model][0]:
-            result[f"{key}_{model}"] = round(statistics.median(f[key] for f in figures[model]))
-    for key in ("produce_cpu", "produce_wall", "fetch_cpu", "fetch_wall"):
-        ratio = statistics.median(
-            a[f"{key}_us"] / b[f"{key}_us"]
-            for a, b in zip(figures["async"], figures["threads"], strict=True)
-        )
-        result[f"async_over_threads_{key}"] = round(ratio, 3)
-        print(f"{key}: async / threads = {ratio:.3f}")
+    for key in figures[0]:
+        result[key] = round(statistics.median(f[key] for f in figures))
     print(json.dumps(result))
     return 0
 
