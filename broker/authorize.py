@@ -1,43 +1,48 @@
-"""What each RPC needs the caller to be allowed, checked against the ACLs (``broker.acl``).
+"""What each gRPC call needs the caller to be allowed: each RPC maps to a neutral operation
+of ``broker.operations`` and the resources its request names; that module's one policy
+table decides (the same for the Kafka listener) and writes the audit lines. The
+mapping, RPC by RPC:
 
-Kafka's mapping of requests to operations, resource by resource:
+======================  ==========================  ========================================
+RPC                     operation                   resources
+======================  ==========================  ========================================
+Produce(Stream)         produce                     each topic (refused partitions answer
+                                                    TOPIC_AUTHORIZATION_FAILED, the others
+                                                    are written)
+Fetch(Stream)           fetch                       each topic, per partition; a follower's
+                                                    fetch: the cluster
+ListOffsets             list_offsets                each topic named
+OffsetForLeaderEpoch    offset_for_leader_epoch     each topic named
+Metadata, ListTopics    metadata                    a listing (filtered silently); a topic
+                                                    named answers TOPIC_AUTHORIZATION_FAILED
+DescribeTopic           metadata                    the topic
+CreateTopic             create_topics               the topic (or CREATE on the cluster)
+DeleteTopic             delete_topics               the topic
+AlterTopicConfig        alter_configs               the topic
+CreatePartitions        create_partitions           each topic
+InitProducerId          init_producer_id            the cluster (or WRITE on some topic)
+DescribeProducers       describe_producers          each topic
+ConsumerGroupHeartbeat  consumer_group_heartbeat    the group
+OffsetCommit            offset_commit               the group, then each topic
+OffsetFetch             offset_fetch                the group, then each topic named
+FindCoordinator         find_coordinator            the group
+ListGroups              list_groups                 a listing (filtered silently)
+DescribeGroup           describe_groups             the group
+ResetGroupOffsets       reset_group_offsets         the group, then each topic named
+DeleteGroup             delete_groups               the group
+AlterClientQuotas       alter_client_quotas         the cluster
+DescribeClientQuotas    describe_client_quotas      the cluster
+ElectLeaders            elect_leaders               the cluster
+ControlledShutdown      controlled_shutdown         the cluster
+CreateAcls, DeleteAcls  create_acls, delete_acls    the cluster
+DescribeAcls            describe_acls               the cluster
+UpsertUser, DeleteUser  alter_users                 the cluster
+ListUsers               describe_users              the cluster
+Authenticate            authenticate                none: anyone may log in
+======================  ==========================  ========================================
 
-======================  =====================================================================
-RPC                     needs
-======================  =====================================================================
-Produce(Stream)         WRITE on each topic (refused partitions answer
-                        TOPIC_AUTHORIZATION_FAILED, the others are written)
-Fetch(Stream)           READ on each topic, per partition; a follower's fetch CLUSTER_ACTION
-ListOffsets             DESCRIBE on each topic named
-OffsetForLeaderEpoch    DESCRIBE on each topic named (Kafka's rule for a consumer)
-Metadata, ListTopics    DESCRIBE on a topic to see it (others are left out; one asked for
-                        by name answers TOPIC_AUTHORIZATION_FAILED)
-CreateTopic             CREATE on the cluster or on the topic
-DeleteTopic             DELETE on the topic
-DescribeTopic           DESCRIBE on the topic
-AlterTopicConfig        ALTER_CONFIGS on the topic
-CreatePartitions        ALTER on each topic
-InitProducerId          IDEMPOTENT_WRITE on the cluster, or WRITE on some topic
-DescribeProducers       READ on each topic
-ConsumerGroupHeartbeat  READ on the group
-OffsetCommit            READ on the group and on each topic
-OffsetFetch             DESCRIBE on the group (and on each topic named)
-FindCoordinator         DESCRIBE on the group
-ListGroups              DESCRIBE on a group to see it
-DescribeGroup           DESCRIBE on the group
-ResetGroupOffsets       READ on the group and on each topic named
-DeleteGroup             DELETE on the group
-AlterClientQuotas       ALTER_CONFIGS on the cluster
-DescribeClientQuotas    DESCRIBE_CONFIGS on the cluster
-ElectLeaders            ALTER on the cluster
-ControlledShutdown      CLUSTER_ACTION on the cluster
-CreateAcls, DeleteAcls  ALTER on the cluster
-DescribeAcls            DESCRIBE on the cluster
-======================  =====================================================================
-
-A refused call raises the resource type's ``*AuthorizationFailedError`` and is recorded
-in the audit log (``broker.audit``). With the
-authorizer disabled nothing here costs more than one attribute read.
+A refused unary call raises the first refused resource's ``*AuthorizationFailedError``.
+With the authorizer disabled nothing here costs more than one attribute read.
 """
 
 from __future__ import annotations
@@ -45,138 +50,79 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.acl import CLUSTER_NAME, Operation, ResourceType
+from broker.acl import Operation
 from broker.acl_store import Acls
-from broker.audit import audit
 from broker.context import RequestContext
+from broker.operations import (
+    GRPC_METHOD_OPERATIONS,
+    Resource,
+    authorize,
+    cluster,
+    first_refusal,
+    group,
+    topic,
+    visible,
+)
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import NotAuthorizedError, TopicAuthorizationFailedError
 
-__all__ = ["authorize_call", "filter_response", "topic_gate"]
+__all__ = [
+    "authorize_call",
+    "filter_metadata",
+    "filter_response",
+    "replica_gate",
+    "topic_gate",
+]
 
-_Rule = Callable[["_Check", Any], None]
-
-
-class _Check:
-    """One call's principal and host against the ACLs; raising and auditing denials."""
-
-    def __init__(self, acls: Acls, method: str, context: RequestContext) -> None:
-        self.acls = acls
-        self.method = method
-        self.principal = context.principal
-        self.host = context.host
-
-    def allowed(self, operation: Operation, kind: ResourceType, name: str) -> bool:
-        return self.acls.allowed(self.principal, self.host, operation, kind, name)
-
-    def need(self, operation: Operation, kind: ResourceType, name: str = CLUSTER_NAME) -> None:
-        try:
-            self.acls.check(self.principal, self.host, operation, kind, name)
-        except NotAuthorizedError as exc:
-            audit_denied(self.method, self.principal, self.host, operation, kind, name)
-            raise exc from None
-
-    def topics(self, operation: Operation, names: Iterable[str]) -> None:
-        for name in dict.fromkeys(names):
-            self.need(operation, ResourceType.TOPIC, name)
+_Resources = Callable[[Any], list[Resource]]
 
 
-def audit_denied(
-    method: str,
-    principal: str | None,
-    host: str,
-    operation: Operation,
-    kind: ResourceType,
-    name: str,
-) -> None:
-    """One audit line (``broker.audit``): who was refused what, when, from where."""
-    audit(
-        {
-            "event": "authorization_denied",
-            "principal": principal or "User:ANONYMOUS",
-            "host": host,
-            "rpc": method,
-            "operation": operation.value,
-            "resource_type": kind.value,
-            "resource_name": name,
-        }
-    )
+def _topics(names: Iterable[str]) -> list[Resource]:
+    return [topic(name) for name in names]
 
 
-def _init_producer_id(check: _Check, request: pb.InitProducerIdRequest) -> None:
-    if check.allowed(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME):
-        return
-    if check.acls.allowed_any(check.principal, check.host, Operation.WRITE, ResourceType.TOPIC):
-        return
-    check.need(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER)
+def _group_and_topics(request: Any, names: Iterable[str]) -> list[Resource]:
+    return [group(request.group_id), *_topics(names)]
 
 
-def _create_topic(check: _Check, request: pb.CreateTopicRequest) -> None:
-    if check.allowed(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
-        return
-    check.need(Operation.CREATE, ResourceType.TOPIC, request.name)
-
-
-def _group(operation: Operation) -> _Rule:
-    def rule(check: _Check, request: Any) -> None:
-        check.need(operation, ResourceType.GROUP, request.group_id)
-
-    return rule
-
-
-def _cluster(operation: Operation) -> _Rule:
-    def rule(check: _Check, request: Any) -> None:
-        check.need(operation, ResourceType.CLUSTER)
-
-    return rule
-
-
-def _offset_commit(check: _Check, request: pb.OffsetCommitRequest) -> None:
-    check.need(Operation.READ, ResourceType.GROUP, request.group_id)
-    check.topics(Operation.READ, (o.topic for o in request.offsets))
-
-
-def _offset_fetch(check: _Check, request: pb.OffsetFetchRequest) -> None:
-    check.need(Operation.DESCRIBE, ResourceType.GROUP, request.group_id)
-    check.topics(Operation.DESCRIBE, (t.topic for t in request.partitions))
-
-
-def _reset_group_offsets(check: _Check, request: pb.ResetGroupOffsetsRequest) -> None:
-    check.need(Operation.READ, ResourceType.GROUP, request.group_id)
-    check.topics(Operation.READ, (t.topic for t in request.partitions))
-
-
-_RULES: dict[str, _Rule] = {
-    "CreateTopic": _create_topic,
-    "DeleteTopic": lambda c, r: c.need(Operation.DELETE, ResourceType.TOPIC, r.name),
-    "DescribeTopic": lambda c, r: c.need(Operation.DESCRIBE, ResourceType.TOPIC, r.name),
-    "AlterTopicConfig": lambda c, r: c.need(Operation.ALTER_CONFIGS, ResourceType.TOPIC, r.name),
-    "CreatePartitions": lambda c, r: c.topics(Operation.ALTER, (t.name for t in r.topics)),
-    "ListOffsets": lambda c, r: c.topics(Operation.DESCRIBE, (p.topic for p in r.partitions)),
-    "OffsetForLeaderEpoch": lambda c, r: c.topics(
-        Operation.DESCRIBE, (p.topic for p in r.partitions)
-    ),
-    "InitProducerId": _init_producer_id,
-    "DescribeProducers": lambda c, r: c.topics(Operation.READ, (t.topic for t in r.partitions)),
-    "ConsumerGroupHeartbeat": _group(Operation.READ),
-    "OffsetCommit": _offset_commit,
-    "OffsetFetch": _offset_fetch,
-    "FindCoordinator": _group(Operation.DESCRIBE),
-    "DescribeGroup": _group(Operation.DESCRIBE),
-    "ResetGroupOffsets": _reset_group_offsets,
-    "DeleteGroup": _group(Operation.DELETE),
-    "AlterClientQuotas": _cluster(Operation.ALTER_CONFIGS),
-    "DescribeClientQuotas": _cluster(Operation.DESCRIBE_CONFIGS),
-    "ElectLeaders": _cluster(Operation.ALTER),
-    "ControlledShutdown": _cluster(Operation.CLUSTER_ACTION),
-    "CreateAcls": _cluster(Operation.ALTER),
-    "DeleteAcls": _cluster(Operation.ALTER),
-    "DescribeAcls": _cluster(Operation.DESCRIBE),
-    # SCRAM users, as Kafka's AlterUserScramCredentials / DescribeUserScramCredentials;
-    # Authenticate has no rule: anyone may log in.
-    "UpsertUser": _cluster(Operation.ALTER),
-    "DeleteUser": _cluster(Operation.ALTER),
-    "ListUsers": _cluster(Operation.DESCRIBE),
+# RPC -> the resources its request names (the operation: GRPC_METHOD_OPERATIONS).
+_RESOURCES: dict[str, _Resources] = {
+    "CreateTopic": lambda r: [topic(r.name)],
+    "DeleteTopic": lambda r: [topic(r.name)],
+    "DescribeTopic": lambda r: [topic(r.name)],
+    "AlterTopicConfig": lambda r: [topic(r.name)],
+    "CreatePartitions": lambda r: _topics(t.name for t in r.topics),
+    "ListOffsets": lambda r: _topics(p.topic for p in r.partitions),
+    "OffsetForLeaderEpoch": lambda r: _topics(p.topic for p in r.partitions),
+    "InitProducerId": lambda r: [cluster()],
+    "DescribeProducers": lambda r: _topics(t.topic for t in r.partitions),
+    "ConsumerGroupHeartbeat": lambda r: [group(r.group_id)],
+    "OffsetCommit": lambda r: _group_and_topics(r, (o.topic for o in r.offsets)),
+    "OffsetFetch": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
+    "FindCoordinator": lambda r: [group(r.group_id)],
+    "DescribeGroup": lambda r: [group(r.group_id)],
+    "ResetGroupOffsets": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
+    "DeleteGroup": lambda r: [group(r.group_id)],
+    "AlterClientQuotas": lambda r: [cluster()],
+    "DescribeClientQuotas": lambda r: [cluster()],
+    "ElectLeaders": lambda r: [cluster()],
+    "ControlledShutdown": lambda r: [cluster()],
+    "CreateAcls": lambda r: [cluster()],
+    "DeleteAcls": lambda r: [cluster()],
+    "DescribeAcls": lambda r: [cluster()],
+    "UpsertUser": lambda r: [cluster()],
+    "DeleteUser": lambda r: [cluster()],
+    "ListUsers": lambda r: [cluster()],
+    # Listings are filtered (filter_response, filter_metadata); the data path decides per
+    # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
+    "ListTopics": lambda r: [],
+    "ListGroups": lambda r: [],
+    "Metadata": lambda r: [],
+    "Produce": lambda r: [],
+    "ProduceStream": lambda r: [],
+    "Fetch": lambda r: [],
+    "FetchStream": lambda r: [],
+    "Authenticate": lambda r: [],
 }
 
 
@@ -184,31 +130,33 @@ def authorize_call(acls: Acls, method: str, request: Any, context: RequestContex
     """Raise unless the caller may make this unary call (the table in the module)."""
     if not acls.enabled:
         return
-    rule = _RULES.get(method)
-    if rule is not None:
-        rule(_Check(acls, method, context), request)
+    extract = _RESOURCES.get(method)
+    resources = extract(request) if extract is not None else []
+    if resources:
+        operation = GRPC_METHOD_OPERATIONS[method]
+        first_refusal(authorize(acls, context, method, operation, resources, whole=True))
 
 
 def filter_response(acls: Acls, method: str, response: Any, context: RequestContext) -> Any:
-    """Leave out of a listing what the caller may not describe (Metadata, ListTopics,
-    ListGroups); a topic asked for by name answers TOPIC_AUTHORIZATION_FAILED."""
+    """Leave out of a listing what the caller may not describe (ListTopics, ListGroups,
+    OffsetFetch's committed partitions), silently."""
     if not acls.enabled:
         return response
-    check = _Check(acls, method, context)
     if method == "ListTopics":
-        kept = [
-            t
-            for t in response.topics
-            if check.allowed(Operation.DESCRIBE, ResourceType.TOPIC, t.name)
-        ]
+        names = set(visible(acls, context, "metadata", [t.name for t in response.topics]))
+        kept = [t for t in response.topics if t.name in names]
         del response.topics[:]
         response.topics.extend(kept)
+    elif method == "OffsetFetch":
+        # Every committed partition: leave out the topics the caller may not describe
+        # (named ones were refused before the call, as Kafka refuses them).
+        topics = set(visible(acls, context, "offset_fetch", [o.topic for o in response.offsets]))
+        kept_offsets = [o for o in response.offsets if o.topic in topics]
+        del response.offsets[:]
+        response.offsets.extend(kept_offsets)
     elif method == "ListGroups":
-        kept = [
-            g
-            for g in response.groups
-            if check.allowed(Operation.DESCRIBE, ResourceType.GROUP, g.group_id)
-        ]
+        ids = set(visible(acls, context, "list_groups", [g.group_id for g in response.groups]))
+        kept = [g for g in response.groups if g.group_id in ids]
         del response.groups[:]
         response.groups.extend(kept)
     return response
@@ -221,26 +169,19 @@ def filter_metadata(
     listing is not a request to see them); named ones answer TOPIC_AUTHORIZATION_FAILED
     without partitions, whether they exist or not (so nothing leaks: the core's
     UNKNOWN_TOPIC_OR_PARTITION or INVALID_TOPIC_EXCEPTION is replaced too), and each
-    such refusal is audited as a refused DescribeTopic is."""
+    such refusal is audited (``broker.operations.authorize``)."""
     if not acls.enabled:
         return response
-    check = _Check(acls, "Metadata", context)
-    named = set(request.topics)
+    named = [t.name for t in response.topics if t.name in set(request.topics)]
+    decisions = authorize(acls, context, "Metadata", "metadata", _topics(named))
+    shown = set(visible(acls, context, "metadata", [t.name for t in response.topics]))
     kept = []
-    for topic in response.topics:
-        if check.allowed(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
-            kept.append(topic)
-        elif topic.name in named:
-            audit_denied(
-                "Metadata",
-                check.principal,
-                check.host,
-                Operation.DESCRIBE,
-                ResourceType.TOPIC,
-                topic.name,
-            )
+    for t in response.topics:
+        if t.name in shown:
+            kept.append(t)
+        elif decisions.get(topic(t.name)) is not None:
             kept.append(
-                pb.TopicMetadata(name=topic.name, error_code=TopicAuthorizationFailedError.code)
+                pb.TopicMetadata(name=t.name, error_code=TopicAuthorizationFailedError.code)
             )
     del response.topics[:]
     response.topics.extend(kept)
@@ -251,20 +192,19 @@ def topic_gate(
     acls: Acls | None, context: RequestContext | None, operation: Operation, method: str
 ) -> Callable[[str], NotAuthorizedError | None] | None:
     """For the data path: a function telling, per topic, the error that refuses it (None
-    when allowed); None when nothing is checked (no authorizer)."""
+    when allowed; decided and audited once per topic); None when nothing is checked (no
+    authorizer). ``operation``: WRITE (produce) or READ (fetch); ``method``: the
+    listener's name for the request, for the audit line."""
     if acls is None or context is None or not acls.enabled:
         return None
-    check = _Check(acls, method, context)
+    neutral = "produce" if operation is Operation.WRITE else "fetch"
     decided: dict[str, NotAuthorizedError | None] = {}
 
-    def gate(topic: str) -> NotAuthorizedError | None:
-        if topic not in decided:
-            try:
-                check.need(operation, ResourceType.TOPIC, topic)
-                decided[topic] = None
-            except NotAuthorizedError as exc:
-                decided[topic] = exc
-        return decided[topic]
+    def gate(name: str) -> NotAuthorizedError | None:
+        if name not in decided:
+            resource = topic(name)
+            decided[name] = authorize(acls, context, method, neutral, [resource])[resource]
+        return decided[name]
 
     return gate
 
@@ -273,8 +213,4 @@ def replica_gate(acls: Acls | None, context: RequestContext | None) -> NotAuthor
     """A follower's fetch needs CLUSTER_ACTION on the cluster."""
     if acls is None or context is None or not acls.enabled:
         return None
-    try:
-        _Check(acls, "Fetch", context).need(Operation.CLUSTER_ACTION, ResourceType.CLUSTER)
-    except NotAuthorizedError as exc:
-        return exc
-    return None
+    return authorize(acls, context, "Fetch", "fetch", [cluster()])[cluster()]

@@ -64,6 +64,7 @@ from broker.errors import ERROR_CODE_METADATA_KEY, to_wire
 from broker.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
 from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
+from broker.operations import GRPC_METHOD_OPERATIONS, observe, record_quota
 from broker.produce import Acks, PartitionProduced, parse_acks
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from broker.service import (
@@ -149,12 +150,14 @@ class _AsyncService:
         finally:
             self._admission.release_request()
         # request_percentage: storage-thread time, in percent of one thread per second.
-        return result, self._quotas.record(
-            caller.client_id, REQUEST_PERCENTAGE, busy_s * 100, user=caller.user
-        )
+        return result, record_quota(self._quotas, caller, REQUEST_PERCENTAGE, busy_s * 100)
 
     def _observe(self, method: str, code: str, started: float) -> None:
-        self._metrics.observe_request(method, code, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._metrics.observe_request(method, code, seconds)
+        # Every method has an operation (tests/broker/test_pipeline_parity.py).
+        operation = GRPC_METHOD_OPERATIONS.get(method, method)
+        observe(self._metrics, "grpc", operation, code, seconds)
 
     async def _abort(
         self,
@@ -222,9 +225,7 @@ class _AsyncService:
         )
         _, throttle_ms = await self._run(caller, job.run)
         job.resolve_early()
-        bytes_throttle_ms = self._quotas.record(
-            caller.client_id, PRODUCER_BYTE_RATE, size, user=caller.user
-        )
+        bytes_throttle_ms = record_quota(self._quotas, caller, PRODUCER_BYTE_RATE, size)
         return job.futures[0], max(throttle_ms, bytes_throttle_ms)
 
     async def produce(
@@ -320,9 +321,7 @@ class _AsyncService:
                 state.ended = True
                 return
             # request_percentage: the batch's storage time, counted after it.
-            throttle_ms = self._quotas.record(
-                caller.client_id, REQUEST_PERCENTAGE, busy_s * 100, user=caller.user
-            )
+            throttle_ms = record_quota(self._quotas, caller, REQUEST_PERCENTAGE, busy_s * 100)
             if throttle_ms:
                 state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
                 for item in batch:
@@ -343,9 +342,7 @@ class _AsyncService:
                     state.in_flight_bytes += size
                     # The byte rate is counted here, not after the append, so the mute
                     # below applies before the next request is read.
-                    throttle_ms = self._quotas.record(
-                        caller.client_id, PRODUCER_BYTE_RATE, size, user=caller.user
-                    )
+                    throttle_ms = record_quota(self._quotas, caller, PRODUCER_BYTE_RATE, size)
                     if throttle_ms:
                         state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
                     item = _Incoming(
@@ -432,9 +429,7 @@ class _AsyncService:
             self._core.cancel_fetch(pending)
         size = sum(len(a.records) for a in answers)
         if size:
-            bytes_throttle_ms = self._quotas.record(
-                caller.client_id, CONSUMER_BYTE_RATE, size, user=caller.user
-            )
+            bytes_throttle_ms = record_quota(self._quotas, caller, CONSUMER_BYTE_RATE, size)
             throttle_ms = max(throttle_ms, bytes_throttle_ms)
         await _hold_back(throttle_ms)
         return fetch_response(request.correlation_id, answers, throttle_ms)
@@ -447,9 +442,7 @@ class _AsyncService:
         started = time.perf_counter()
         answers = self._core.step_fetch(pending)
         busy_s = time.perf_counter() - started
-        return answers, self._quotas.record(
-            caller.client_id, REQUEST_PERCENTAGE, busy_s * 100, user=caller.user
-        )
+        return answers, record_quota(self._quotas, caller, REQUEST_PERCENTAGE, busy_s * 100)
 
     async def fetch(
         self, request: pb.FetchRequest, context: aio.ServicerContext[Any, Any]

@@ -152,6 +152,15 @@ class Admission:
             context,
         )
 
+    def try_admit_request(self) -> bool:
+        """``admit_request`` without the refusal: False (not counted, not logged) when
+        full. For a listener that waits instead of refusing (the Kafka listener)."""
+        with self._lock:
+            if self._requests < self.config.queued_max_requests:
+                self._requests += 1
+                return True
+        return False
+
     def release_request(self) -> None:
         """The request counted by ``admit_request`` finished."""
         with self._lock:
@@ -178,6 +187,16 @@ class Admission:
             ),
             context,
         )
+
+    def try_admit_bytes(self, size: int) -> bool:
+        """``admit_bytes`` without the refusal: False (not counted, not logged) when the
+        bytes do not fit now."""
+        with self._lock:
+            limit = self.config.queued_max_request_bytes
+            if self._request_bytes + size <= limit or self._request_bytes == 0:
+                self._request_bytes += size
+                return True
+        return False
 
     def release_bytes(self, size: int) -> None:
         """Bytes counted by ``admit_bytes`` were answered (or dropped)."""

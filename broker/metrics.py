@@ -16,6 +16,11 @@ name                                   type       meaning
                                                   error code)
 ``tidelog_request_duration_seconds``   histogram  RPC latency, by method (a stream message
                                                   counts as one request of its method)
+``tidelog_operations_total``          counter    requests of every listener finished, by
+                                                  neutral operation (``broker.operations``),
+                                                  listener (grpc, kafka) and outcome (OK or
+                                                  the error code that failed the request)
+``tidelog_operation_duration_seconds`` histogram  their latency, by operation and listener
 ``tidelog_flush_wait_seconds``         histogram  how long ``acks=all`` waited for fsync
 ``tidelog_fetch_waiting``              gauge      long-poll fetches waiting right now
 ``tidelog_log_start_offset``           gauge      by topic and partition
@@ -229,6 +234,19 @@ class BrokerMetrics:
             "tidelog_produce_errors", "Partition appends refused", ["code"], registry=r
         )
         self.requests = Counter("tidelog_requests", "RPCs finished", ["method", "code"], registry=r)
+        self.operations = Counter(
+            "tidelog_operations",
+            "Requests finished, by neutral operation, listener and outcome",
+            ["operation", "listener", "outcome"],
+            registry=r,
+        )
+        self.operation_duration = Histogram(
+            "tidelog_operation_duration_seconds",
+            "Request latency, by neutral operation and listener",
+            ["operation", "listener"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.request_duration = Histogram(
             "tidelog_request_duration_seconds",
             "RPC latency",
@@ -253,6 +271,13 @@ class BrokerMetrics:
         """Count one finished request and its latency."""
         self.requests.labels(method, code).inc()
         self.request_duration.labels(method).observe(seconds)
+
+    def observe_operation(
+        self, listener: str, operation: str, outcome: str, seconds: float
+    ) -> None:
+        """Count one finished request of any listener (``broker.operations.observe``)."""
+        self.operations.labels(operation, listener, outcome).inc()
+        self.operation_duration.labels(operation, listener).observe(seconds)
 
     def forget_topic(self, topic: str) -> None:
         """Drop a deleted topic's series so that topic churn does not grow the registry."""

@@ -326,6 +326,19 @@ class QuotaManager:
             self._throttled_ms[quota] += throttle
             return throttle
 
+    def metered(self, user: str | None, client_id: str, quota: str) -> float:
+        """What ``record`` has counted against the meter that ``user`` and ``client_id``
+        share for ``quota``, over the live window (0 without a quota: nothing is
+        metered then). For operators' tools and tests."""
+        with self._lock:
+            found = self._bound(user or ANONYMOUS, client_id, quota)
+            if found is None:
+                return 0.0
+            meter = self._meters.get(found[0])
+            if meter is None:
+                return 0.0
+            return meter.measure(self._clock.monotonic_ms())[0]
+
     def _bound(
         self, user: str, client_id: str, quota: str
     ) -> tuple[tuple[str, str, str], float] | None:

@@ -9,12 +9,13 @@ password or secret hidden (``is_sensitive``). Synonyms and documentation are not
 
 from __future__ import annotations
 
-from broker.acl import Operation, ResourceType
 from broker.kafka.authz import denied
 from broker.kafka.cluster import broker_entries
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
+from broker.operations import cluster as the_cluster
+from broker.operations import topic
 from storage.errors import InvalidRequestError
 
 __all__ = ["describe_cluster", "describe_configs"]
@@ -48,11 +49,7 @@ async def describe_configs(conn: Connection, header: RequestHeader, request: Pla
         name = resource["resource_name"]
         wanted = resource.get("configuration_keys")
         result: Plain = {"resource_type": kind, "resource_name": name, "error_code": NONE}
-        code = (
-            denied(conn, "DescribeConfigs", Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name)
-            if kind == TOPIC
-            else denied(conn, "DescribeConfigs", Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER)
-        )
+        code = denied(conn, topic(name) if kind == TOPIC else the_cluster())
         if code:
             result.update(error_code=code, configs=[])
             results.append(result)

@@ -1,71 +1,81 @@
-"""ACL checks on the Kafka listener: the same ACLs and principals as the gRPC listener
-(``broker.acl_store.Acls``, ``broker.authorize``), with Kafka's error numbers.
+"""ACL checks on the Kafka listener: the request being handled is a neutral operation
+(``broker.operations.KAFKA_APIS``, by api key), decided by the one policy table
+(``broker.operations.authorize``) with the same ACLs, principals and audit lines as the
+gRPC listener, and answered with Kafka's error numbers.
 
-What each Kafka API needs follows Kafka (and ``broker.authorize``'s table): Produce WRITE
-on each topic, Fetch READ, ListOffsets and Metadata DESCRIBE (Metadata leaves out the
-topics the caller may not describe, and answers a named one with
-``TOPIC_AUTHORIZATION_FAILED``), CreateTopics CREATE on the cluster or the topic,
-DeleteTopics DELETE, CreatePartitions ALTER, DescribeConfigs DESCRIBE_CONFIGS,
-InitProducerId IDEMPOTENT_WRITE on the cluster or WRITE on some topic, the group APIs
-READ on the group (FindCoordinator, OffsetFetch, DescribeGroups and ListGroups DESCRIBE),
-OffsetCommit READ on the group and each topic. A refusal is audited like the gRPC
-listener's (``broker.authorize.audit_denied``).
+Handlers name only the resources (``topic(...)``, ``group(...)``, ``cluster()``); what
+each needs is the table's business, never the handler's. Listings (Metadata without
+names, ListGroups) are filtered with ``visible``: silently, no audit line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
-from broker.acl import CLUSTER_NAME, Operation, ResourceType
-from broker.authorize import audit_denied, topic_gate
 from broker.kafka.errors import error_code_for
 from broker.kafka.listener import Connection
+from broker.operations import KAFKA_APIS, Resource, authorize, topic
+from broker.operations import visible as visible_names
 from storage.errors import NotAuthorizedError
 
-__all__ = ["denied", "gate", "idempotent_write_denied"]
-
-_CODES = {
-    ResourceType.TOPIC: "TOPIC_AUTHORIZATION_FAILED",
-    ResourceType.GROUP: "GROUP_AUTHORIZATION_FAILED",
-    ResourceType.CLUSTER: "CLUSTER_AUTHORIZATION_FAILED",
-}
+__all__ = ["denied", "gate", "refusals", "visible"]
 
 
-def denied(
-    conn: Connection, api: str, operation: Operation, kind: ResourceType, name: str = CLUSTER_NAME
-) -> int:
-    """0 if the connection's principal may, else Kafka's authorization error (audited)."""
+def _request(conn: Connection, operation: str | None) -> tuple[str, str]:
+    """The audit line's api name and the operation of the request being handled."""
+    api, neutral = KAFKA_APIS[conn.api_key]
+    return api, operation or neutral
+
+
+def refusals(
+    conn: Connection,
+    resources: Iterable[Resource],
+    *,
+    operation: str | None = None,
+    whole: bool = False,
+) -> dict[Resource, int]:
+    """Per resource, 0 if the caller may, else Kafka's authorization error code (each
+    refusal audited once). ``operation``: another operation than the request's own (a
+    Metadata request's auto-creation is ``create_topics``); ``whole``: see
+    ``broker.operations.authorize``."""
+    api, neutral = _request(conn, operation)
+    decisions = authorize(conn.core.acls, conn.context, api, neutral, resources, whole=whole)
+    return {
+        resource: 0 if error is None else error_code_for(error.code)
+        for resource, error in decisions.items()
+    }
+
+
+def denied(conn: Connection, resource: Resource, *, operation: str | None = None) -> int:
+    """0 if the caller may act on ``resource`` in this request, else Kafka's error code
+    (audited)."""
+    return refusals(conn, [resource], operation=operation)[resource]
+
+
+def visible(conn: Connection, names: Sequence[str]) -> list[str]:
+    """The entries of this request's listing the caller may see (silently filtered)."""
+    _, neutral = _request(conn, None)
+    return visible_names(conn.core.acls, conn.context, neutral, names)
+
+
+def gate(conn: Connection) -> Callable[[str], NotAuthorizedError | None]:
+    """Per topic, the error that refuses it on the data path (None: allowed), for the
+    request being handled (Produce, Fetch); decided and audited once per topic."""
     acls = conn.core.acls
     if not acls.enabled:
-        return 0
+        return _allowed
+    api, neutral = _request(conn, None)
     context = conn.context
-    if acls.allowed(context.principal, context.host, operation, kind, name):
-        return 0
-    audit_denied(api, context.principal, context.host, operation, kind, name)
-    return error_code_for(_CODES.get(kind, "CLUSTER_AUTHORIZATION_FAILED"))
+    decided: dict[str, NotAuthorizedError | None] = {}
 
+    def refuse(name: str) -> NotAuthorizedError | None:
+        if name not in decided:
+            resource = topic(name)
+            decided[name] = authorize(acls, context, api, neutral, [resource])[resource]
+        return decided[name]
 
-def gate(
-    conn: Connection, api: str, operation: Operation
-) -> Callable[[str], NotAuthorizedError | None]:
-    """Per topic, the error that refuses it on the data path (None: allowed)."""
-    found = topic_gate(conn.core.acls, conn.context, operation, api)
-    return found if found is not None else _allowed
+    return refuse
 
 
 def _allowed(topic: str) -> None:
     return None
-
-
-def idempotent_write_denied(conn: Connection) -> int:
-    """InitProducerId: IDEMPOTENT_WRITE on the cluster, or WRITE on some topic."""
-    acls = conn.core.acls
-    context = conn.context
-    if not acls.enabled:
-        return 0
-    principal, host = context.principal, context.host
-    if acls.allowed(
-        principal, host, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME
-    ) or acls.allowed_any(principal, host, Operation.WRITE, ResourceType.TOPIC):
-        return 0
-    return denied(conn, "InitProducerId", Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER)

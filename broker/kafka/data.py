@@ -27,13 +27,13 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from broker.acl import Operation, ResourceType
 from broker.core import EpochQuery, OffsetQuery
 from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from broker.kafka.authz import denied, gate, idempotent_write_denied
+from broker.kafka.authz import denied, gate, refusals
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
+from broker.operations import cluster, topic
 from broker.produce import Acks, PartitionProduced, PartitionRecords
 from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from storage.batch_times import NO_TIME, BatchTimes
@@ -62,7 +62,7 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
         )
     acks = Acks(acks_value)
     times = BatchTimes(NO_TIME, conn.core.wall_ms())
-    refuse = gate(conn, "Produce", Operation.WRITE)
+    refuse = gate(conn)
     parts = [
         PartitionRecords(
             t["name"],
@@ -75,8 +75,20 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
         for t in topics
         for p in t["partition_data"]
     ]
+    size = sum(len(p.records) for p in parts)
     # Metered before the append, so the mute after this answer covers these bytes.
-    conn.record_quota(PRODUCER_BYTE_RATE, sum(len(p.records) for p in parts))
+    conn.record_quota(PRODUCER_BYTE_RATE, size)
+    # queued.max.request.bytes: held from before the append until the answer.
+    await conn.admit_bytes(size)
+    try:
+        return await _append_and_answer(conn, parts, acks)
+    finally:
+        conn.release_bytes(size)
+
+
+async def _append_and_answer(
+    conn: Connection, parts: list[PartitionRecords], acks: Acks
+) -> Plain | None:
     appends = await conn.run(conn.core.append, parts)
     loop = asyncio.get_running_loop()
     answered: asyncio.Future[list[PartitionProduced]] = loop.create_future()
@@ -118,21 +130,21 @@ def _settle(
 
 def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
     by_topic: dict[str, list[Plain]] = {}
-    for topic, partition, values in parts:
-        by_topic.setdefault(topic, []).append(
+    for name, partition, values in parts:
+        by_topic.setdefault(name, []).append(
             {"index": partition, "log_append_time": -1, "log_start_offset": -1, **values}
         )
     return {
         "responses": [
-            {"name": topic, "partition_responses": partitions}
-            for topic, partitions in by_topic.items()
+            {"name": name, "partition_responses": partitions}
+            for name, partitions in by_topic.items()
         ]
     }
 
 
 async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """Fetch (v4-12): see the module docstring."""
-    refuse = gate(conn, "Fetch", Operation.READ)
+    refuse = gate(conn)
     spec = FetchSpec(
         partitions=[
             PartitionFetchSpec(
@@ -209,11 +221,8 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
         for t in request["topics"]
         for p in t["partitions"]
     ]
-    refused = {
-        t["name"]: code
-        for t in request["topics"]
-        if (code := denied(conn, "ListOffsets", Operation.DESCRIBE, ResourceType.TOPIC, t["name"]))
-    }
+    decided = refusals(conn, [topic(t["name"]) for t in request["topics"]])
+    refused = {resource.name: code for resource, code in decided.items() if code}
     answers = await conn.run(conn.core.list_offsets, [q for q in queries if q.topic not in refused])
     by_topic: dict[str, list[Plain]] = {}
     for q in queries:
@@ -245,17 +254,13 @@ async def offset_for_leader_epoch(conn: Connection, header: RequestHeader, reque
     and where it ends on this leader; see the module docstring."""
     follower = request.get("replica_id", -1) >= 0
     refused: dict[str, int] = {}
-    cluster_refused = 0
-    if follower:
-        cluster_refused = denied(
-            conn, "OffsetForLeaderEpoch", Operation.CLUSTER_ACTION, ResourceType.CLUSTER
-        )
-    for t in request["topics"]:
-        code = cluster_refused or denied(
-            conn, "OffsetForLeaderEpoch", Operation.DESCRIBE, ResourceType.TOPIC, t["topic"]
-        )
-        if code:
-            refused[t["topic"]] = code
+    # A follower's CLUSTER_ACTION on the cluster refuses every topic; else DESCRIBE each.
+    cluster_refused = denied(conn, cluster()) if follower else 0
+    if cluster_refused:
+        refused = {t["topic"]: cluster_refused for t in request["topics"]}
+    else:
+        decided = refusals(conn, [topic(t["topic"]) for t in request["topics"]])
+        refused = {resource.name: code for resource, code in decided.items() if code}
     queries = [
         EpochQuery(t["topic"], p["partition"], p["leader_epoch"], p["current_leader_epoch"])
         for t in request["topics"]
@@ -299,7 +304,8 @@ async def init_producer_id(conn: Connection, header: RequestHeader, request: Pla
             "producer_id": -1,
             "producer_epoch": -1,
         }
-    refused = idempotent_write_denied(conn)
+    # IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic (the policy table).
+    refused = denied(conn, cluster())
     if refused:
         return {"error_code": refused, "producer_id": -1, "producer_epoch": -1}
     try:

@@ -13,7 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.errors import partition_error
 
-__all__ = ["NONE", "error_code_for", "kafka_code", "kafka_error"]
+__all__ = ["NONE", "error_code_for", "error_name", "kafka_code", "kafka_error"]
 
 NONE = 0
 
@@ -55,3 +55,14 @@ def kafka_error(exc: BaseException) -> tuple[int, str]:
 def error_code_for(name: str) -> int:
     """Kafka's number for one of its error names (``"INVALID_REQUEST"``)."""
     return int(ErrorCode[name.lower()])
+
+
+def error_name(number: int) -> str:
+    """Kafka's name of an error number (``29`` -> ``"TOPIC_AUTHORIZATION_FAILED"``); ``OK``
+    for 0, ``UNKNOWN_SERVER_ERROR`` for a number Kafka does not define."""
+    if number == NONE:
+        return "OK"
+    try:
+        return ErrorCode(number).name.upper()
+    except ValueError:
+        return "UNKNOWN_SERVER_ERROR"

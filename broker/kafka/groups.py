@@ -16,11 +16,11 @@ when it has no classic members (its KIP-848 members are not shown through this A
 
 from __future__ import annotations
 
-from broker.acl import Operation, ResourceType
-from broker.kafka.authz import denied
+from broker.kafka.authz import denied, visible
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
+from broker.operations import group
 from storage.errors import LeaderNotAvailableError
 
 __all__ = ["describe_groups", "heartbeat", "join_group", "leave_group", "list_groups", "sync_group"]
@@ -52,7 +52,7 @@ async def _not_coordinator(conn: Connection, group_id: str) -> int:
 async def join_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """JoinGroup (v0-7): waits for the rebalance (``ClassicGroups.join``)."""
     session_timeout_ms = int(request["session_timeout"])
-    code = denied(conn, "JoinGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    code = denied(conn, group(request["group_id"]))
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code, "generation_id": -1, "member_id": request["member_id"]}
@@ -84,7 +84,7 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
 
 async def sync_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """SyncGroup (v0-5): the leader's assignments out to every member."""
-    code = denied(conn, "SyncGroup", Operation.READ, ResourceType.GROUP, request["group_id"])
+    code = denied(conn, group(request["group_id"]))
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
@@ -104,7 +104,7 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
 
 async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """Heartbeat (v0-4)."""
-    code = denied(conn, "Heartbeat", Operation.READ, ResourceType.GROUP, request["group_id"])
+    code = denied(conn, group(request["group_id"]))
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
@@ -155,9 +155,10 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
             "protocol_type": protocol_type,
             "group_state": state,
         }
-    for group_id in list(groups):
-        if denied(conn, "ListGroups", Operation.DESCRIBE, ResourceType.GROUP, group_id):
-            del groups[group_id]
+    # A listing: DESCRIBE on the cluster shows every group, else each group the caller
+    # may describe; the others are left out silently, as Kafka does (no audit line).
+    shown = set(visible(conn, list(groups)))
+    groups = {group_id: g for group_id, g in groups.items() if group_id in shown}
     wanted = {s.lower() for s in request.get("states_filter") or []}
     return {
         "error_code": NONE,
@@ -171,7 +172,7 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
     """DescribeGroups (v0-5)."""
     answers = []
     for group_id in request["groups"]:
-        code = denied(conn, "DescribeGroups", Operation.DESCRIBE, ResourceType.GROUP, group_id)
+        code = denied(conn, group(group_id))
         if code:
             answers.append({"error_code": code, "group_id": group_id, "members": []})
             continue

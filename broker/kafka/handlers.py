@@ -19,10 +19,10 @@ import logging
 import uuid
 from typing import Any
 
-from broker.acl import CLUSTER_NAME, Operation, ResourceType
+from broker import operations
 from broker.core import MetadataTopic
 from broker.kafka.admin import describe_cluster, describe_configs
-from broker.kafka.authz import denied
+from broker.kafka.authz import denied, refusals, visible
 from broker.kafka.cluster import broker_entries, partition_entry
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.data import (
@@ -98,18 +98,14 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         cluster, topics = await conn.run(core.metadata, [], False)
         if core.acls.enabled:
             # A listing leaves out, silently, what the caller may not describe.
-            topics = [
-                t for t in topics if _may(conn, Operation.DESCRIBE, ResourceType.TOPIC, t.name)
-            ]
+            shown = set(visible(conn, [t.name for t in topics]))
+            topics = [t for t in topics if t.name in shown]
     elif names:
         cluster, topics = await conn.run(core.metadata, names, False)
         # Authorization answers first, for every named topic alike (existing, unknown or
-        # illegal), so nothing leaks; each refusal is audited (``authz.denied``).
-        refused = {
-            t.name
-            for t in topics
-            if denied(conn, "Metadata", Operation.DESCRIBE, ResourceType.TOPIC, t.name)
-        }
+        # illegal), so nothing leaks; each refusal is audited (``authz.refusals``).
+        decided = refusals(conn, [operations.topic(t.name) for t in topics])
+        refused = {resource.name for resource, code in decided.items() if code}
         allow = request.get("allow_auto_topic_creation", True)
         missing = [
             t.name
@@ -119,12 +115,10 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         if missing and allow and conn.settings.auto_create_topics:
             # As Kafka: creating needs CREATE on the cluster or on the topic (only the
             # topic's refusal is audited: the cluster's is not final).
-            if not _may(conn, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME):
-                refused.update(
-                    name
-                    for name in missing
-                    if denied(conn, "Metadata", Operation.CREATE, ResourceType.TOPIC, name)
-                )
+            creatable = refusals(
+                conn, [operations.topic(name) for name in missing], operation="create_topics"
+            )
+            refused.update(resource.name for resource, code in creatable.items() if code)
             for name in missing:
                 if name in refused:
                     continue
@@ -163,12 +157,6 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
     }
 
 
-def _may(conn: Connection, operation: Operation, kind: ResourceType, name: str) -> bool:
-    """Whether the caller may; not audited (a listing's filter, a first of two checks)."""
-    context = conn.context
-    return conn.core.acls.allowed(context.principal, context.host, operation, kind, name)
-
-
 async def create_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """CreateTopics: each topic created by the core (broker defaults for -1 counts)."""
     results = []
@@ -179,9 +167,9 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
         factor = topic["replication_factor"]
         configs = {c["name"]: c["value"] for c in topic.get("configs", []) if c["value"]}
         result: Plain = {"name": name, "topic_id": _ZERO_UUID}
-        if denied(conn, "CreateTopics", Operation.CREATE, ResourceType.CLUSTER) and (
-            code := denied(conn, "CreateTopics", Operation.CREATE, ResourceType.TOPIC, name)
-        ):
+        # CREATE on the cluster, or else on the topic: only the topic's refusal is
+        # audited (the policy table's ``or_on_cluster``).
+        if code := denied(conn, operations.topic(name)):
             result.update(error_code=code)
             results.append(result)
             continue
@@ -248,7 +236,7 @@ async def delete_topics(conn: Connection, header: RequestHeader, request: Plain)
                 }
             )
             continue
-        code = denied(conn, "DeleteTopics", Operation.DELETE, ResourceType.TOPIC, name)
+        code = denied(conn, operations.topic(name))
         if code:
             responses.append({"name": name, "error_code": code})
             continue
@@ -267,7 +255,7 @@ async def create_partitions(conn: Connection, header: RequestHeader, request: Pl
     results: list[Plain] = []
     counts = []
     for t in request["topics"]:
-        code = denied(conn, "CreatePartitions", Operation.ALTER, ResourceType.TOPIC, t["name"])
+        code = denied(conn, operations.topic(t["name"]))
         if code:
             results.append({"name": t["name"], "error_code": code})
         else:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from broker.acl import Operation, ResourceType
 from broker.groups.assignor import TopicPartition
 from broker.groups.coordinator import HeartbeatRequest
 from broker.kafka.authz import denied
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
+from broker.operations import group
 
 __all__ = ["MemberMemory", "consumer_group_heartbeat", "topic_id"]
 
@@ -56,7 +56,7 @@ async def consumer_group_heartbeat(
     group_id = request["group_id"]
     member_id = request.get("member_id") or ""
     epoch = request["member_epoch"]
-    code = denied(conn, "ConsumerGroupHeartbeat", Operation.READ, ResourceType.GROUP, group_id)
+    code = denied(conn, group(group_id))
     if code:
         return _error(code, None)
     if request.get("subscribed_topic_regex"):

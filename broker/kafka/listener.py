@@ -22,9 +22,17 @@ Kafka closes it. Quotas are metered per user and client id (the request header's
 ``request_percentage`` on the time blocking calls spend on the thread pool. A request
 over a quota is answered at once with its throttle time (KIP-219), and then the
 connection is muted for that long: nothing more is read from it, so a client that
-ignores the hint is held back all the same. ``queued.max.requests`` and
-``queued.max.request.bytes`` are not counted here: a connection has one request in
-flight, so what it holds is bounded by ``socket.request.max.bytes``.
+ignores the hint is held back all the same. ``queued.max.requests`` (blocking calls on
+the thread pool) and ``queued.max.request.bytes`` (produced bytes until answered) are
+counted with the gRPC listener's (the same ``Admission``); where the gRPC listener
+refuses a call past them, this one waits, as Kafka's network threads wait on a full
+request queue: the connection is not read meanwhile.
+
+The request pipeline (``broker.operations``): each api key is a neutral operation
+(``KAFKA_APIS``); handlers ask its policy for each resource (``broker.kafka.authz``),
+quotas are metered through ``operations.record_quota`` and every answered request is
+counted once, here, by ``operations.observe`` (listener ``kafka``; outcome ``OK`` or the
+response's top-level error name, or the exception's code when the connection closes).
 
 Framing errors close the connection and nothing else: a negative or oversized size
 (``socket.request.max.bytes``), a header that does not parse, an API key or version that
@@ -63,9 +71,11 @@ from broker.kafka.codec import (
     parse_header,
     response_has_field,
 )
+from broker.kafka.errors import error_name
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
+from broker.operations import KAFKA_API_OPERATIONS, observe, record_quota
 from broker.quotas import REQUEST_PERCENTAGE
 from broker.tls import principal_from_peer_certificate
 from storage.errors import BrokerBusyError
@@ -125,22 +135,47 @@ class Connection:
         self.handshake_id = ""
         self.raw_sasl = False  # after SaslHandshake v0: raw tokens, no Kafka headers
         self.close_after_response = False  # a failed login: answer, then hang up
-        # The request being handled: the longest throttle a quota asked for (ms).
+        # The request being handled: its api key (its operation: KAFKA_APIS) and the
+        # longest throttle a quota asked for (ms).
+        self.api_key = -1
         self.throttle_ms = 0
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the listener's thread pool (blocking core calls); its time
         there counts against the caller's ``request_percentage`` quota."""
         loop = asyncio.get_running_loop()
-        result, busy_s = await loop.run_in_executor(self.listener.executor, _timed, call, *args)
+        admission = self.listener.admission
+        if admission is not None:
+            await _wait_for(admission.try_admit_request, admission.admit_request, self.context)
+        try:
+            result, busy_s = await loop.run_in_executor(self.listener.executor, _timed, call, *args)
+        finally:
+            if admission is not None:
+                admission.release_request()
         self.record_quota(REQUEST_PERCENTAGE, busy_s * 100)
         return result
+
+    async def admit_bytes(self, size: int) -> None:
+        """Count ``size`` produced bytes against ``queued.max.request.bytes`` (waiting
+        until they fit); the caller releases them with ``release_bytes`` once answered."""
+        admission = self.listener.admission
+        if admission is not None:
+            await _wait_for(
+                lambda: admission.try_admit_bytes(size),
+                lambda context: admission.admit_bytes(size, context),
+                self.context,
+            )
+
+    def release_bytes(self, size: int) -> None:
+        """The bytes counted by ``admit_bytes`` were answered (or dropped)."""
+        admission = self.listener.admission
+        if admission is not None:
+            admission.release_bytes(size)
 
     def record_quota(self, quota: str, value: float) -> None:
         """Meter ``value`` against the caller's ``quota``; a throttle it asks for holds
         the connection back after this request's answer."""
-        context = self.context
-        throttle_ms = self.core.quotas.record(context.client_id, quota, value, user=context.user)
+        throttle_ms = record_quota(self.core.quotas, self.context, quota, value)
         self.throttle_ms = max(self.throttle_ms, throttle_ms)
 
     @property
@@ -393,7 +428,18 @@ class KafkaListener:
         if header.client_id != connection.context.client_id:
             connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
         connection.throttle_ms = 0
-        answer = await handler(connection, header, request)
+        connection.api_key = key
+        started = time.perf_counter()
+        operation = KAFKA_API_OPERATIONS[key]
+        try:
+            answer = await handler(connection, header, request)
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            outcome = code if isinstance(code, str) else "INTERNAL"
+            observe(self.core.metrics, "kafka", operation, outcome, time.perf_counter() - started)
+            raise
+        outcome = "OK" if answer is None else error_name(int(answer.get("error_code") or 0))
+        observe(self.core.metrics, "kafka", operation, outcome, time.perf_counter() - started)
         if answer is None:
             return None
         if connection.throttle_ms > 0 and response_has_field(key, "throttle_time"):
@@ -410,6 +456,29 @@ def _api_keys() -> list[Plain]:
         {"api_key": key, "min_version": low, "max_version": high}
         for key, (low, high) in sorted(ADVERTISED.items())
     ]
+
+
+_ADMIT_RETRY_FIRST_S = 0.001
+_ADMIT_RETRY_MAX_S = 0.05
+
+
+async def _wait_for(
+    fits: Callable[[], bool],
+    admit: Callable[[RequestContext], None],
+    context: RequestContext,
+) -> None:
+    """Wait until an ``Admission`` counter admits (``fits``), as Kafka's network thread
+    waits on a full request queue. The first refusal is counted and logged (``admit``
+    raises it); the retries are not, so one wait is one refusal in the metrics."""
+    try:
+        admit(context)
+        return
+    except BrokerBusyError:
+        pass
+    delay_s = _ADMIT_RETRY_FIRST_S
+    while not fits():
+        await asyncio.sleep(delay_s)
+        delay_s = min(delay_s * 2, _ADMIT_RETRY_MAX_S)
 
 
 def _timed(call: Callable[..., T], *args: Any) -> tuple[T, float]:

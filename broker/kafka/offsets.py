@@ -15,14 +15,14 @@ Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
 
 from __future__ import annotations
 
-from broker.acl import Operation, ResourceType
 from broker.groups.assignor import TopicPartition
 from broker.groups.manager import OffsetCommitEntry
-from broker.kafka.authz import denied
+from broker.kafka.authz import denied, refusals, visible
 from broker.kafka.cluster import coordinator_endpoint
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
+from broker.operations import group, topic
 from storage.errors import LeaderNotAvailableError
 
 __all__ = ["find_coordinator", "offset_commit", "offset_fetch"]
@@ -43,7 +43,7 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
             "host": "",
             "port": -1,
         }
-    code = denied(conn, "FindCoordinator", Operation.DESCRIBE, ResourceType.GROUP, request["key"])
+    code = denied(conn, group(request["key"]))
     if code:
         return {"error_code": code, "node_id": -1, "host": "", "port": -1}
     unavailable = error_code_for("COORDINATOR_NOT_AVAILABLE")
@@ -72,11 +72,9 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
     member_id = request.get("member_id") or ""
     generation = request.get("generation_id_or_member_epoch", -1)
     topics = request["topics"]
-    group_error = denied(conn, "OffsetCommit", Operation.READ, ResourceType.GROUP, group_id)
-    for t in topics:
-        group_error = group_error or denied(
-            conn, "OffsetCommit", Operation.READ, ResourceType.TOPIC, t["name"]
-        )
+    # READ on the group, then on each topic; the first refusal answers every partition.
+    decided = refusals(conn, [group(group_id), *(topic(t["name"]) for t in topics)], whole=True)
+    group_error = next((code for code in decided.values() if code), 0)
     # A KIP-848 member (ConsumerGroupHeartbeat) commits as itself, checked by the core;
     # a classic member is checked here and written as a simple commit; no member: simple.
     classic = conn.listener.classic
@@ -126,9 +124,9 @@ async def offset_fetch(conn: Connection, header: RequestHeader, request: Plain) 
     asks for several groups at once (KIP-709)."""
     if "groups" in request:
         groups = []
-        for group in request["groups"]:
-            answer = await _offsets_of(conn, header, group["group_id"], group.get("topics"))
-            groups.append({"group_id": group["group_id"], **answer})
+        for entry in request["groups"]:
+            answer = await _offsets_of(conn, header, entry["group_id"], entry.get("topics"))
+            groups.append({"group_id": entry["group_id"], **answer})
         return {"groups": groups}
     return await _offsets_of(conn, header, request["group_id"], request.get("topics"))
 
@@ -137,11 +135,25 @@ async def _offsets_of(
     conn: Connection, header: RequestHeader, group_id: str, topics: list[Plain] | None
 ) -> Plain:
     selection = None if topics is None else {t["name"]: t["partition_indexes"] for t in topics}
-    refused = denied(conn, "OffsetFetch", Operation.DESCRIBE, ResourceType.GROUP, group_id)
+    refused = denied(conn, group(group_id))
+    # As Kafka: a named topic the caller may not describe answers
+    # TOPIC_AUTHORIZATION_FAILED per partition (audited); with every committed partition
+    # asked for, such topics are left out silently.
+    hidden: dict[str, int] = {}
+    if not refused and selection is not None:
+        decided = refusals(conn, [topic(name) for name in selection])
+        hidden = {resource.name: code for resource, code in decided.items() if code}
+        selection = {name: parts for name, parts in selection.items() if name not in hidden}
     try:
         if refused:
             raise _RefusedError
-        results = await conn.run(conn.core.fetch_offsets, group_id, selection)
+        if selection is not None and not selection and hidden:
+            results = []  # every named topic refused: nothing to ask the core
+        else:
+            results = await conn.run(conn.core.fetch_offsets, group_id, selection)
+        if topics is None:
+            shown = set(visible(conn, sorted({r.tp.topic for r in results})))
+            results = [r for r in results if r.tp.topic in shown]
     except Exception as exc:
         code = refused or kafka_error(exc)[0]
         if header.api_version < 2:  # no group-level error field: per partition
@@ -159,6 +171,18 @@ async def _offsets_of(
             }
         return {"topics": [], "error_code": code}
     by_topic: dict[str, list[Plain]] = {}
+    for t in topics or []:
+        if t["name"] in hidden:
+            by_topic[t["name"]] = [
+                {
+                    "partition_index": p,
+                    "committed_offset": -1,
+                    "committed_leader_epoch": -1,
+                    "metadata": "",
+                    "error_code": hidden[t["name"]],
+                }
+                for p in t["partition_indexes"]
+            ]
     for r in results:
         by_topic.setdefault(r.tp.topic, []).append(
             {

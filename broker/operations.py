@@ -1,0 +1,390 @@
+"""The neutral request pipeline's vocabulary: operations, their policy, and the steps every
+listener takes through it (issue #26).
+
+Each request a listener decodes becomes one *operation* named here, whatever the wire:
+gRPC's ``CreateTopic`` and Kafka's CreateTopics (api key 19) are both ``create_topics``.
+``OPERATIONS`` is the one policy table, keyed by operation name: which ACL operation each
+resource kind the request names needs, and Kafka's exceptions to "every resource
+separately" (``broker.acl`` has the ACLs themselves). Then each listener calls, in order:
+
+- ``authorize(acls, context, listener, rpc, operation, resources)``: one decision per
+  explicit resource; one audit line per refusal (``broker.audit``), none per allowed one;
+- ``visible(...)``: the entries of a listing the caller may see, filtered silently (a
+  listing is not a request to see what it leaves out: no audit line);
+- ``record_quota(quotas, context, quota, value)``: the one place a listener meters a
+  quota (``broker.quotas``);
+- ``observe(metrics, listener, operation, outcome, seconds)``: the one place a finished
+  request is counted (``tidelog_operations_total`` and its latency histogram, labelled by
+  operation, listener and outcome).
+
+The rules follow Kafka's ``AclAuthorizer`` use in ``KafkaApis``:
+
+=========================  =================================================================
+operation                  needs
+=========================  =================================================================
+produce                    WRITE on each topic (refused partitions only are refused)
+fetch                      READ on each topic; a follower's CLUSTER_ACTION on the cluster
+list_offsets               DESCRIBE on each topic
+offset_for_leader_epoch    DESCRIBE on each topic; a follower's CLUSTER_ACTION
+metadata                   DESCRIBE on each named topic (TOPIC_AUTHORIZATION_FAILED); a
+                           listing leaves the others out silently
+create_topics              CREATE on the cluster, or else on the topic
+delete_topics              DELETE on each topic
+create_partitions          ALTER on each topic
+describe_configs           DESCRIBE_CONFIGS on each topic or on the cluster (a broker)
+alter_configs              ALTER_CONFIGS on each topic or on the cluster
+init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
+describe_producers         READ on each topic
+find_coordinator           DESCRIBE on the group
+join_group, sync_group,    READ on the group
+heartbeat, leave_group,
+consumer_group_heartbeat
+offset_commit              READ on the group and on each topic
+offset_fetch               DESCRIBE on the group and on each named topic; every committed
+                           partition: topics the caller may not describe left out silently
+reset_group_offsets        READ on the group and on each topic
+list_groups                DESCRIBE on the cluster, or else each group filtered silently
+describe_groups            DESCRIBE on each group
+delete_groups              DELETE on each group
+describe_client_quotas     DESCRIBE_CONFIGS on the cluster
+alter_client_quotas        ALTER_CONFIGS on the cluster
+elect_leaders              ALTER on the cluster
+controlled_shutdown        CLUSTER_ACTION on the cluster
+describe_acls              DESCRIBE on the cluster
+create_acls, delete_acls   ALTER on the cluster
+describe_users             DESCRIBE on the cluster (DescribeUserScramCredentials)
+alter_users                ALTER on the cluster (AlterUserScramCredentials)
+api_versions, sasl_*,      nothing: anyone may ask (authentication has its own audit lines)
+authenticate,
+describe_cluster
+=========================  =================================================================
+
+Where each listener's requests map: ``KAFKA_API_OPERATIONS`` (api key -> operation) and
+``GRPC_METHOD_OPERATIONS`` (method -> operation); a test fails when an advertised API or
+a service method has no entry (``tests/broker/test_pipeline_parity.py``).
+
+Thread-safe: the tables are read-only; the functions hold no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from broker.acl import CLUSTER_NAME, Operation, ResourceType
+from broker.acl_store import Acls
+from broker.audit import audit
+from broker.context import RequestContext
+from broker.metrics import BrokerMetrics
+from broker.quotas import QuotaManager
+from storage.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    NotAuthorizedError,
+    TopicAuthorizationFailedError,
+)
+
+__all__ = [
+    "GRPC_METHOD_OPERATIONS",
+    "KAFKA_APIS",
+    "KAFKA_API_OPERATIONS",
+    "OPERATIONS",
+    "Policy",
+    "Resource",
+    "authorize",
+    "cluster",
+    "first_refusal",
+    "group",
+    "observe",
+    "record_quota",
+    "topic",
+    "visible",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One resource a request names: a topic, a group, or the cluster."""
+
+    kind: ResourceType
+    name: str
+
+
+def topic(name: str) -> Resource:
+    return Resource(ResourceType.TOPIC, name)
+
+
+def group(name: str) -> Resource:
+    return Resource(ResourceType.GROUP, name)
+
+
+def cluster() -> Resource:
+    return Resource(ResourceType.CLUSTER, CLUSTER_NAME)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What one operation needs.
+
+    Attributes:
+        needs: per resource kind the request may name, the ACL operation it needs.
+        or_on_cluster: a topic resource is also allowed by this ACL operation on the
+            cluster (CreateTopics: CREATE on the cluster, or else on the topic). The
+            cluster's refusal is not final, so it is never audited.
+        or_on_any_topic: a cluster resource is also allowed by this ACL operation on some
+            topic (InitProducerId: IDEMPOTENT_WRITE, or else WRITE on some topic).
+        lists: the resource kind a listing of this operation filters silently.
+        listing_on_cluster: DESCRIBE on the cluster shows every entry of the listing
+            (ListGroups).
+    """
+
+    needs: Mapping[ResourceType, Operation] = field(default_factory=dict)
+    or_on_cluster: Operation | None = None
+    or_on_any_topic: Operation | None = None
+    lists: ResourceType | None = None
+    listing_on_cluster: bool = False
+
+
+_T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+_PUBLIC = Policy()
+
+OPERATIONS: Mapping[str, Policy] = {
+    "produce": Policy({_T: Operation.WRITE}),
+    "fetch": Policy({_T: Operation.READ, _C: Operation.CLUSTER_ACTION}),
+    "list_offsets": Policy({_T: Operation.DESCRIBE}),
+    "offset_for_leader_epoch": Policy({_T: Operation.DESCRIBE, _C: Operation.CLUSTER_ACTION}),
+    "metadata": Policy({_T: Operation.DESCRIBE}, lists=_T),
+    "create_topics": Policy({_T: Operation.CREATE}, or_on_cluster=Operation.CREATE),
+    "delete_topics": Policy({_T: Operation.DELETE}),
+    "create_partitions": Policy({_T: Operation.ALTER}),
+    "describe_configs": Policy({_T: Operation.DESCRIBE_CONFIGS, _C: Operation.DESCRIBE_CONFIGS}),
+    "alter_configs": Policy({_T: Operation.ALTER_CONFIGS, _C: Operation.ALTER_CONFIGS}),
+    "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
+    "describe_producers": Policy({_T: Operation.READ}),
+    "find_coordinator": Policy({_G: Operation.DESCRIBE}),
+    "join_group": Policy({_G: Operation.READ}),
+    "sync_group": Policy({_G: Operation.READ}),
+    "heartbeat": Policy({_G: Operation.READ}),
+    "leave_group": Policy({_G: Operation.READ}),
+    "consumer_group_heartbeat": Policy({_G: Operation.READ}),
+    "offset_commit": Policy({_G: Operation.READ, _T: Operation.READ}),
+    "offset_fetch": Policy({_G: Operation.DESCRIBE, _T: Operation.DESCRIBE}, lists=_T),
+    "reset_group_offsets": Policy({_G: Operation.READ, _T: Operation.READ}),
+    "list_groups": Policy(lists=_G, listing_on_cluster=True),
+    "describe_groups": Policy({_G: Operation.DESCRIBE}),
+    "delete_groups": Policy({_G: Operation.DELETE}),
+    "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
+    "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
+    "elect_leaders": Policy({_C: Operation.ALTER}),
+    "controlled_shutdown": Policy({_C: Operation.CLUSTER_ACTION}),
+    "describe_acls": Policy({_C: Operation.DESCRIBE}),
+    "create_acls": Policy({_C: Operation.ALTER}),
+    "delete_acls": Policy({_C: Operation.ALTER}),
+    "describe_users": Policy({_C: Operation.DESCRIBE}),
+    "alter_users": Policy({_C: Operation.ALTER}),
+    "api_versions": _PUBLIC,
+    "sasl_handshake": _PUBLIC,
+    "sasl_authenticate": _PUBLIC,
+    "authenticate": _PUBLIC,
+    "describe_cluster": _PUBLIC,
+}
+
+# Every api key the Kafka listener advertises (``broker.kafka.versions.ADVERTISED``): its
+# Kafka name (the audit line's ``rpc``) and its operation.
+KAFKA_APIS: Mapping[int, tuple[str, str]] = {
+    0: ("Produce", "produce"),
+    1: ("Fetch", "fetch"),
+    2: ("ListOffsets", "list_offsets"),
+    3: ("Metadata", "metadata"),
+    8: ("OffsetCommit", "offset_commit"),
+    9: ("OffsetFetch", "offset_fetch"),
+    10: ("FindCoordinator", "find_coordinator"),
+    11: ("JoinGroup", "join_group"),
+    12: ("Heartbeat", "heartbeat"),
+    13: ("LeaveGroup", "leave_group"),
+    14: ("SyncGroup", "sync_group"),
+    15: ("DescribeGroups", "describe_groups"),
+    16: ("ListGroups", "list_groups"),
+    17: ("SaslHandshake", "sasl_handshake"),
+    18: ("ApiVersions", "api_versions"),
+    19: ("CreateTopics", "create_topics"),
+    20: ("DeleteTopics", "delete_topics"),
+    22: ("InitProducerId", "init_producer_id"),
+    23: ("OffsetForLeaderEpoch", "offset_for_leader_epoch"),
+    32: ("DescribeConfigs", "describe_configs"),
+    36: ("SaslAuthenticate", "sasl_authenticate"),
+    37: ("CreatePartitions", "create_partitions"),
+    60: ("DescribeCluster", "describe_cluster"),
+    68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
+}
+KAFKA_API_OPERATIONS: Mapping[int, str] = {key: op for key, (_, op) in KAFKA_APIS.items()}
+
+# Every method of ``tidelog.v1.Broker`` (the gRPC listener).
+GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
+    "CreateTopic": "create_topics",
+    "DeleteTopic": "delete_topics",
+    "ListTopics": "metadata",
+    "DescribeTopic": "metadata",
+    "AlterTopicConfig": "alter_configs",
+    "CreatePartitions": "create_partitions",
+    "ElectLeaders": "elect_leaders",
+    "ControlledShutdown": "controlled_shutdown",
+    "CreateAcls": "create_acls",
+    "DescribeAcls": "describe_acls",
+    "DeleteAcls": "delete_acls",
+    "Produce": "produce",
+    "ProduceStream": "produce",
+    "Fetch": "fetch",
+    "FetchStream": "fetch",
+    "ListOffsets": "list_offsets",
+    "OffsetForLeaderEpoch": "offset_for_leader_epoch",
+    "InitProducerId": "init_producer_id",
+    "DescribeProducers": "describe_producers",
+    "ConsumerGroupHeartbeat": "consumer_group_heartbeat",
+    "OffsetCommit": "offset_commit",
+    "OffsetFetch": "offset_fetch",
+    "ListGroups": "list_groups",
+    "DescribeGroup": "describe_groups",
+    "ResetGroupOffsets": "reset_group_offsets",
+    "DeleteGroup": "delete_groups",
+    "Metadata": "metadata",
+    "FindCoordinator": "find_coordinator",
+    "AlterClientQuotas": "alter_client_quotas",
+    "DescribeClientQuotas": "describe_client_quotas",
+    "Authenticate": "authenticate",
+    "UpsertUser": "alter_users",
+    "DeleteUser": "alter_users",
+    "ListUsers": "describe_users",
+}
+
+_ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {
+    ResourceType.TOPIC: TopicAuthorizationFailedError,
+    ResourceType.GROUP: GroupAuthorizationFailedError,
+    ResourceType.CLUSTER: ClusterAuthorizationFailedError,
+}
+
+
+def authorize(
+    acls: Acls,
+    context: RequestContext,
+    rpc: str,
+    operation: str,
+    resources: Iterable[Resource],
+    *,
+    whole: bool = False,
+) -> dict[Resource, NotAuthorizedError | None]:
+    """Decide, per explicit resource of one request, whether the caller may (the policy
+    of ``operation`` in ``OPERATIONS``); each refusal is audited once, the allowed ones
+    not at all.
+
+    Args:
+        acls: the broker's ACLs; with the authorizer off everything is allowed and
+            nothing is looked up.
+        context: the caller (principal, host) and the listener (``context.listener``).
+        rpc: the listener's own name for the request (``CreateTopic``, ``CreateTopics``),
+            kept in the audit line.
+        operation: a key of ``OPERATIONS``.
+        resources: what the request names; duplicates are decided (and audited) once.
+        whole: the request is refused as a whole by its first refused resource (a gRPC
+            unary call; Kafka's group APIs by their group): the resources after it are
+            neither decided nor audited (they answer None).
+
+    Returns:
+        resource -> None (allowed) or the error that refuses it (Kafka's
+        ``*_AUTHORIZATION_FAILED`` for its kind), in the order first named.
+
+    Raises:
+        KeyError: ``operation`` is not in the table (a listener bug).
+        ValueError: the operation does not apply to a resource of that kind.
+    """
+    policy = OPERATIONS[operation]
+    named = list(dict.fromkeys(resources))
+    decisions: dict[Resource, NotAuthorizedError | None] = dict.fromkeys(named)
+    if not acls.enabled:
+        return decisions
+    principal, host = context.principal, context.host
+    for resource in named:
+        needed = policy.needs.get(resource.kind)
+        if needed is None:
+            raise ValueError(f"{operation} names no {resource.kind.value} resource")
+        if acls.allowed(principal, host, needed, resource.kind, resource.name):
+            continue
+        if (
+            resource.kind == ResourceType.TOPIC
+            and policy.or_on_cluster is not None
+            and acls.allowed(principal, host, policy.or_on_cluster, _C, CLUSTER_NAME)
+        ):
+            continue
+        if (
+            resource.kind == ResourceType.CLUSTER
+            and policy.or_on_any_topic is not None
+            and acls.allowed_any(principal, host, policy.or_on_any_topic, _T)
+        ):
+            continue
+        _audit_denied(context, rpc, operation, needed, resource)
+        # The message Acls.check has always given.
+        what = "the cluster" if resource.kind is _C else repr(resource.name)
+        decisions[resource] = _ERRORS[resource.kind](
+            f"{principal or 'User:ANONYMOUS'} may not {needed.value} "
+            f"{resource.kind.value.lower()} {what}"
+        )
+        if whole:
+            break
+    return decisions
+
+
+def first_refusal(decisions: Mapping[Resource, NotAuthorizedError | None]) -> None:
+    """Raise the first refusal among ``decisions`` (a request refused as a whole)."""
+    for error in decisions.values():
+        if error is not None:
+            raise error
+
+
+def visible(acls: Acls, context: RequestContext, operation: str, names: Sequence[str]) -> list[str]:
+    """The entries of a listing (``operation``'s ``lists`` kind) the caller may see, in
+    order; the others are left out silently: no audit line, no error."""
+    policy = OPERATIONS[operation]
+    kind = policy.lists
+    if kind is None:
+        raise ValueError(f"{operation} is not a listing")
+    if not acls.enabled:
+        return list(names)
+    principal, host = context.principal, context.host
+    if policy.listing_on_cluster and acls.allowed(
+        principal, host, Operation.DESCRIBE, _C, CLUSTER_NAME
+    ):
+        return list(names)
+    return [n for n in names if acls.allowed(principal, host, Operation.DESCRIBE, kind, n)]
+
+
+def _audit_denied(
+    context: RequestContext, rpc: str, operation: str, needed: Operation, resource: Resource
+) -> None:
+    audit(
+        {
+            "event": "authorization_denied",
+            "principal": context.principal or "User:ANONYMOUS",
+            "host": context.host,
+            "listener": context.listener,
+            "rpc": rpc,
+            "request": operation,
+            "operation": needed.value,
+            "resource_type": resource.kind.value,
+            "resource_name": resource.name,
+        }
+    )
+
+
+def record_quota(quotas: QuotaManager, context: RequestContext, quota: str, value: float) -> int:
+    """Meter ``value`` against the caller's ``quota`` (user and client id); the throttle
+    time in ms it asks for (0: none). The one call both listeners make."""
+    return quotas.record(context.client_id, quota, value, user=context.user)
+
+
+def observe(
+    metrics: BrokerMetrics, listener: str, operation: str, outcome: str, seconds: float
+) -> None:
+    """Count one finished request: ``outcome`` is ``OK`` or the error code that failed it
+    as a whole (a refused partition inside an answered request is ``OK``: its audit line
+    tells)."""
+    metrics.observe_operation(listener, operation, outcome, seconds)

@@ -1,0 +1,661 @@
+"""One request pipeline for every listener (issue #26): the operation tables cover every
+API either listener serves, and the same operation done through the gRPC listener and
+the Kafka listener of one broker (TLS, SCRAM, the authorizer on) gives the same
+authorization decision, the same audit lines (normalised for the listener), the same
+request-metric samples and the same quota accounting.
+
+The Kafka side speaks the wire protocol on a raw TLS socket (SCRAM-SHA-256 done here),
+so that no client library adds requests of its own; the gRPC side uses the client's
+``Transport`` (one Authenticate call, then exactly the calls made here).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import functools
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import ssl
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
+from kafka.protocol.consumer import FetchResponse, OffsetCommitResponse
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer import ProduceResponse
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
+
+from broker.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from broker.audit import AUDIT_LOGGER_NAME
+from broker.authorize import _RESOURCES
+from broker.kafka.errors import error_name
+from broker.kafka.handlers import HANDLERS
+from broker.kafka.versions import ADVERTISED
+from broker.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
+from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity
+from broker.scram import credential_from_password
+from broker.testing import InProcessBroker
+from broker.testing_tls import TestPki
+from broker.users import FileUserStore
+from client.security import ClientSecurity
+from client.transport import Transport
+from proto.tidelog.v1 import broker_pb2 as pb
+from storage.errors import TidelogError
+from storage.records import BatchBuilder
+from tests.kafka.raw import fetch_request, offset_commit_request, read_frame
+
+pytestmark = pytest.mark.timeout(120)
+
+LISTENERS = ("grpc", "kafka")
+USER = "alice"
+PASSWORD = "alice-secret"
+MECHANISM = "SCRAM-SHA-256"
+
+
+# --- the tables cover every API ------------------------------------------------------
+
+
+def test_every_advertised_kafka_api_has_an_operation_and_a_policy() -> None:
+    assert set(KAFKA_APIS) == set(ADVERTISED), "an advertised api key without an operation"
+    assert set(HANDLERS) <= set(KAFKA_APIS)
+    for key, (_, operation) in KAFKA_APIS.items():
+        assert operation in OPERATIONS, f"api {key}: {operation} has no policy entry"
+
+
+def test_every_grpc_method_has_an_operation_a_policy_and_its_resources() -> None:
+    methods = set(pb.DESCRIPTOR.services_by_name["Broker"].methods_by_name)
+    assert set(GRPC_METHOD_OPERATIONS) == methods, "a gRPC method without an operation"
+    assert set(_RESOURCES) == methods, "a gRPC method without its resources"
+    for method, operation in GRPC_METHOD_OPERATIONS.items():
+        assert operation in OPERATIONS, f"{method}: {operation} has no policy entry"
+
+
+def test_every_operation_is_reached_from_some_listener() -> None:
+    reached = set(GRPC_METHOD_OPERATIONS.values()) | {op for _, op in KAFKA_APIS.values()}
+    assert reached == set(OPERATIONS)
+
+
+def test_no_authorization_decision_is_written_outside_the_policy_table() -> None:
+    """An ACL check written inline in a handler means the pipeline was bypassed (STYLE.md):
+    only ``broker.operations`` asks the ACLs (``Acls.allowed``, ``allowed_any``,
+    ``check``) or writes an ``authorization_denied`` audit line."""
+    broker = Path(__file__).resolve().parents[2] / "broker"
+    allowed_here = {broker / "operations.py", broker / "acl_store.py"}
+    offenders = []
+    for path in sorted(broker.rglob("*.py")):
+        if path in allowed_here:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            inline_check = (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("allowed", "allowed_any", "check")
+                and ast.unparse(node.value).endswith("acls")
+            )
+            denial = isinstance(node, ast.Constant) and node.value == "authorization_denied"
+            if inline_check or denial:
+                offenders.append(f"{path.relative_to(broker.parent)}:{getattr(node, 'lineno', 0)}")
+    assert not offenders, f"authorization decided outside broker.operations: {offenders}"
+
+
+# --- the same operations through both listeners --------------------------------------
+
+
+@dataclass(frozen=True)
+class Secure:
+    broker: InProcessBroker
+    pki: TestPki
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
+    root = tmp_path_factory.mktemp("parity")
+    pki = TestPki.create(root / "pki")
+    data = root / "data"
+    data.mkdir()
+    users = FileUserStore.open(data)
+    users.upsert(USER, credential_from_password(MECHANISM, PASSWORD))
+    settings = {
+        **pki.broker_settings("SASL_SSL"),
+        "sasl.enabled.mechanisms": MECHANISM,
+        "authorizer.enabled": "true",
+        "kafka.listen": "127.0.0.1:0",
+    }
+    with InProcessBroker(data, settings=settings) as broker:
+        core = broker.server.core
+
+        def allow(operation: Operation, kind: ResourceType, name: str) -> None:
+            core.acls.create(
+                [
+                    AclBinding(
+                        f"User:{USER}",
+                        "*",
+                        operation,
+                        Permission.ALLOW,
+                        kind,
+                        name,
+                        PatternType.PREFIXED,
+                    )
+                ]
+            )
+
+        # alice may do everything on "ok-" topics and groups, but has no cluster ACL (a
+        # CreateTopics allowed by the topic alone); "ro-" topics she may only read.
+        for operation in (
+            Operation.WRITE,
+            Operation.READ,
+            Operation.DESCRIBE,
+            Operation.CREATE,
+            Operation.DELETE,
+        ):
+            allow(operation, ResourceType.TOPIC, "ok-")
+        allow(Operation.READ, ResourceType.TOPIC, "ro-")
+        allow(Operation.DESCRIBE, ResourceType.TOPIC, "ro-")
+        allow(Operation.READ, ResourceType.GROUP, "ok-")
+        allow(Operation.DESCRIBE, ResourceType.GROUP, "ok-")
+        for listener in LISTENERS:
+            core.create_topic(f"ok-{listener}-data", 1, {})
+            core.create_topic(f"ro-{listener}", 1, {})
+            core.create_topic(f"hidden-{listener}", 1, {})
+            # Quotas far above anything here: the meters count, nothing is throttled.
+            core.quotas.alter(
+                QuotaEntity(USER, f"parity-{listener}"),
+                {PRODUCER_BYTE_RATE: 1e15, CONSUMER_BYTE_RATE: 1e15},
+                [],
+            )
+        yield Secure(broker, pki)
+
+
+class _KafkaSession:
+    """A raw Kafka connection over TLS, logged in with SCRAM-SHA-256."""
+
+    def __init__(self, secure: Secure, client_id: str) -> None:
+        context = ssl.create_default_context(cafile=str(secure.pki.ca_cert))
+        raw = socket.create_connection(("127.0.0.1", secure.broker.server.kafka_port), 10)
+        self.sock = context.wrap_socket(raw, server_hostname="localhost")
+        self.client_id = client_id
+        self.correlation_id = 0
+        handshake = self.call(SaslHandshakeRequest[1](mechanism=MECHANISM), SaslHandshakeResponse)
+        assert handshake.error_code == 0
+        self._scram()
+
+    def call(self, request: Any, response_class: Any) -> Any:
+        self.correlation_id += 1
+        request.with_header(correlation_id=self.correlation_id, client_id=self.client_id)
+        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
+        answer = read_frame(self.sock)
+        assert answer is not None, "the broker hung up"
+        return response_class[request.version].decode(answer, header=True)
+
+    def _scram(self) -> None:
+        nonce = base64.b64encode(os.urandom(18)).decode()
+        first_bare = f"n={USER},r={nonce}"
+        server_first = self._authenticate(f"n,,{first_bare}".encode()).decode()
+        fields = dict(item.split("=", 1) for item in server_first.split(","))
+        salted = hashlib.pbkdf2_hmac(
+            "sha256", PASSWORD.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+        )
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        stored_key = hashlib.sha256(client_key).digest()
+        without_proof = f"c=biws,r={fields['r']}"
+        message = f"{first_bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(stored_key, message, "sha256")
+        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+        self._authenticate(f"{without_proof},p={proof.decode()}".encode())
+
+    def _authenticate(self, token: bytes) -> bytes:
+        answer = self.call(SaslAuthenticateRequest[1](auth_bytes=token), SaslAuthenticateResponse)
+        assert answer.error_code == 0, answer.error_message
+        return bytes(answer.auth_bytes)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _grpc(secure: Secure) -> Transport:
+    security = ClientSecurity(
+        security_protocol="SASL_SSL",
+        ssl_cafile=str(secure.pki.ca_cert),
+        sasl_mechanism=MECHANISM,
+        sasl_plain_username=USER,
+        sasl_plain_password=PASSWORD,
+    )
+    return Transport(
+        secure.broker.address,
+        client_id="parity-grpc",
+        request_timeout_ms=10_000,
+        security=security,
+    )
+
+
+class _AuditLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(json.loads(record.getMessage()))
+
+
+@dataclass
+class Observed:
+    """What one operation through one listener left behind."""
+
+    decision: list[str]
+    audit: list[dict[str, Any]]
+    metrics: dict[tuple[str, str], float]
+
+
+def _operation_samples(secure: Secure, listener: str) -> dict[tuple[str, str], float]:
+    registry = secure.broker.server.core.metrics.registry
+    out: dict[tuple[str, str], float] = {}
+    for family in registry.collect():
+        if family.name != "tidelog_operations":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["listener"] == listener:
+                out[(sample.labels["operation"], sample.labels["outcome"])] = sample.value
+    return out
+
+
+def _normalised(line: dict[str, Any], listener: str) -> dict[str, Any]:
+    kept = {k: v for k, v in line.items() if k not in ("time", "host", "rpc", "listener")}
+    if kept.get("resource_type") != "CLUSTER" and isinstance(kept.get("resource_name"), str):
+        kept["resource_name"] = kept["resource_name"].replace(listener, "L")
+    return kept
+
+
+def _observe(secure: Secure, listener: str, action: Callable[[], list[str]]) -> Observed:
+    handler = _AuditLines()
+    audit_log = logging.getLogger(AUDIT_LOGGER_NAME)
+    old_level = audit_log.level
+    audit_log.setLevel(logging.INFO)
+    audit_log.addHandler(handler)
+    before = _operation_samples(secure, listener)
+    try:
+        decision = action()
+    finally:
+        audit_log.removeHandler(handler)
+        audit_log.setLevel(old_level)
+    after = _operation_samples(secure, listener)
+    delta = {
+        key: value - before.get(key, 0.0)
+        for key, value in after.items()
+        if value != before.get(key, 0.0) and key[0] != "authenticate"
+    }
+    lines = [_normalised(line, listener) for line in handler.lines]
+    for line in handler.lines:
+        assert line["listener"] == listener
+    return Observed(decision, lines, delta)
+
+
+def _batch(value: bytes) -> bytes:
+    builder = BatchBuilder()
+    builder.append(1_700_000_000_000, None, value)
+    return builder.build()
+
+
+def _either(name: str) -> str:
+    """A name with either listener's part as ``L`` (each side sees both sides' groups)."""
+    return name.replace("grpc", "L").replace("kafka", "L")
+
+
+RECORDS = _batch(b"the same bytes through both listeners")
+
+
+class _Grpc:
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    def _code(self, method: str, request: Any) -> tuple[str, Any]:
+        stub = getattr(self.transport.stub, method)
+        try:
+            return "OK", self.transport.call(stub, request, what=method)
+        except TidelogError as exc:
+            return exc.code, None
+
+    def create_topic(self, name: str) -> list[str]:
+        return [self._code("CreateTopic", pb.CreateTopicRequest(name=name, partitions=1))[0]]
+
+    def delete_topic(self, name: str) -> list[str]:
+        return [self._code("DeleteTopic", pb.DeleteTopicRequest(name=name))[0]]
+
+    def produce(self, name: str) -> list[str]:
+        request = pb.ProduceRequest(
+            acks=-1,
+            timeout_ms=5_000,
+            topics=[
+                pb.ProduceTopicData(
+                    topic=name, partitions=[pb.ProducePartitionData(partition=0, records=RECORDS)]
+                )
+            ],
+        )
+        code, answer = self._code("Produce", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)]
+
+    def fetch(self, name: str) -> list[str]:
+        request = pb.FetchRequest(
+            max_wait_ms=0,
+            min_bytes=1,
+            partitions=[pb.FetchPartition(topic=name, partition=0, fetch_offset=0)],
+        )
+        code, answer = self._code("Fetch", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)]
+
+    def metadata(self, name: str) -> list[str]:
+        code, answer = self._code("Metadata", pb.MetadataRequest(topics=[name]))
+        return [code, *(t.error_code or "OK" for t in answer.topics)]
+
+    def commit(self, group: str, name: str) -> list[str]:
+        request = pb.OffsetCommitRequest(
+            group_id=group, offsets=[pb.CommittedOffset(topic=name, partition=0, offset=1)]
+        )
+        code, answer = self._code("OffsetCommit", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)]
+
+    def list_groups(self) -> list[str]:
+        code, answer = self._code("ListGroups", pb.ListGroupsRequest())
+        return [code, *sorted(_either(g.group_id) for g in answer.groups)]
+
+    def describe_group(self, group: str) -> list[str]:
+        return [self._code("DescribeGroup", pb.DescribeGroupRequest(group_id=group))[0]]
+
+
+class _Kafka:
+    def __init__(self, session: _KafkaSession) -> None:
+        self.session = session
+
+    def create_topic(self, name: str) -> list[str]:
+        request = CreateTopicsRequest[5](
+            topics=[
+                CreateTopicsRequest[5].CreatableTopic(
+                    name=name, num_partitions=1, replication_factor=-1, assignments=[], configs=[]
+                )
+            ],
+            timeout_ms=10_000,
+            validate_only=False,
+        )
+        answer = self.session.call(request, CreateTopicsResponse)
+        return [error_name(t.error_code) for t in answer.topics]
+
+    def delete_topic(self, name: str) -> list[str]:
+        request = DeleteTopicsRequest[4](topic_names=[name], timeout_ms=10_000)
+        answer = self.session.call(request, DeleteTopicsResponse)
+        return [error_name(r.error_code) for r in answer.responses]
+
+    def produce(self, name: str) -> list[str]:
+        from kafka.protocol.producer import ProduceRequest
+
+        request = ProduceRequest[7](
+            acks=-1,
+            timeout_ms=5_000,
+            topic_data=[
+                ProduceRequest.TopicProduceData(
+                    name=name,
+                    partition_data=[
+                        ProduceRequest.TopicProduceData.PartitionProduceData(
+                            index=0, records=RECORDS
+                        )
+                    ],
+                )
+            ],
+        )
+        answer = self.session.call(request, ProduceResponse)
+        return [
+            "OK",
+            *(error_name(p.error_code) for t in answer.responses for p in t.partition_responses),
+        ]
+
+    def fetch(self, name: str) -> list[str]:
+        answer = self.session.call(fetch_request(name), FetchResponse)
+        return [
+            error_name(answer.error_code),
+            *(error_name(p.error_code) for t in answer.responses for p in t.partitions),
+        ]
+
+    def metadata(self, name: str) -> list[str]:
+        request = MetadataRequest[9](
+            topics=[MetadataRequest[9].MetadataRequestTopic(name=name)],
+            allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        )
+        answer = self.session.call(request, MetadataResponse)
+        return ["OK", *(error_name(t.error_code) for t in answer.topics)]
+
+    def commit(self, group: str, name: str) -> list[str]:
+        answer = self.session.call(
+            offset_commit_request(group, name, {0: (1, -1)}), OffsetCommitResponse
+        )
+        return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
+
+    def list_groups(self) -> list[str]:
+        answer = self.session.call(ListGroupsRequest[4](states_filter=[]), ListGroupsResponse)
+        return [
+            error_name(answer.error_code),
+            *sorted(_either(g.group_id) for g in answer.groups),
+        ]
+
+    def describe_group(self, group: str) -> list[str]:
+        request = DescribeGroupsRequest[5](groups=[group], include_authorized_operations=False)
+        answer = self.session.call(request, DescribeGroupsResponse)
+        return [error_name(g.error_code) for g in answer.groups]
+
+
+@pytest.fixture(scope="module")
+def both(secure: Secure) -> Iterator[dict[str, Any]]:
+    transport = _grpc(secure)
+    session = _KafkaSession(secure, "parity-kafka")
+    try:
+        yield {"grpc": _Grpc(transport), "kafka": _Kafka(session)}
+    finally:
+        transport.close()
+        session.close()
+
+
+# (name, the call on a listener's driver given the listener's name, expected decision,
+# expected audit lines (normalised), the operation and outcome counted)
+_Action = Callable[[Any, str], list[str]]
+SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
+    (
+        "create a topic allowed on the topic only (Kafka wrote a false cluster denial)",
+        lambda d, lst: d.create_topic(f"ok-{lst}-created"),
+        ["OK"],
+        0,
+        ("create_topics", "OK"),
+    ),
+    (
+        "produce",
+        lambda d, lst: d.produce(f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("produce", "OK"),
+    ),
+    (
+        "fetch",
+        lambda d, lst: d.fetch(f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("fetch", "OK"),
+    ),
+    (
+        "commit offsets",
+        lambda d, lst: d.commit(f"ok-{lst}-group", f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("offset_commit", "OK"),
+    ),
+    (
+        "list groups: the hidden one left out silently",
+        lambda d, lst: d.list_groups(),
+        ["OK", "ok-L-group", "ok-L-group"],
+        0,
+        ("list_groups", "OK"),
+    ),
+    (
+        "describe a group",
+        lambda d, lst: d.describe_group(f"ok-{lst}-group"),
+        ["OK"],
+        0,
+        ("describe_groups", "OK"),
+    ),
+    (
+        "delete a topic",
+        lambda d, lst: d.delete_topic(f"ok-{lst}-created"),
+        ["OK"],
+        0,
+        ("delete_topics", "OK"),
+    ),
+    (
+        "a refused write",
+        lambda d, lst: d.produce(f"ro-{lst}"),
+        ["OK", "TOPIC_AUTHORIZATION_FAILED"],
+        1,
+        ("produce", "OK"),
+    ),
+    (
+        "a refused describe",
+        lambda d, lst: d.metadata(f"hidden-{lst}"),
+        ["OK", "TOPIC_AUTHORIZATION_FAILED"],
+        1,
+        ("metadata", "OK"),
+    ),
+]
+
+
+def test_the_same_operations_through_both_listeners_leave_the_same_trace(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    core = secure.broker.server.core
+    # A group alice may not describe, on each side (committed with no authorizer in the way).
+    from broker.groups.assignor import TopicPartition
+    from broker.groups.manager import OffsetCommitEntry
+
+    for listener in LISTENERS:
+        core.commit_offsets(
+            f"hidden-{listener}-group",
+            "",
+            -1,
+            [OffsetCommitEntry(TopicPartition(f"hidden-{listener}", 0), 0, "", -1)],
+        )
+    failures = []
+    for name, action, decision, audit_lines, counted in SCENARIOS:
+        seen = {
+            listener: _observe(
+                secure, listener, functools.partial(action, both[listener], listener)
+            )
+            for listener in LISTENERS
+        }
+        grpc, kafka = seen["grpc"], seen["kafka"]
+        for listener, observed in seen.items():
+            if observed.decision != decision:
+                failures.append(f"{name}: {listener} decided {observed.decision}")
+            if len(observed.audit) != audit_lines:
+                failures.append(f"{name}: {listener} audited {observed.audit}")
+            if observed.metrics != {counted: 1.0}:
+                failures.append(f"{name}: {listener} counted {observed.metrics}")
+        if grpc.audit != kafka.audit:
+            failures.append(f"{name}: audit lines differ: {grpc.audit} != {kafka.audit}")
+    assert not failures, "\n".join(failures)
+    # The same bytes metered against the same quotas, per listener's client id.
+    quotas = core.quotas
+    for quota in (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE):
+        metered = {lst: quotas.metered(USER, f"parity-{lst}", quota) for lst in LISTENERS}
+        assert metered["grpc"] == metered["kafka"] > 0, (quota, metered)
+
+
+def test_offset_fetch_refuses_named_topics_and_hides_the_rest_on_both_listeners(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """OffsetFetch, as Kafka: a named topic the caller may not describe is refused (one
+    audit line); every committed partition leaves such topics out silently. (The Kafka
+    listener used to answer both; gRPC refuses the named one with the whole call, Kafka
+    per partition: the decision and the audit line agree.)"""
+    from kafka.protocol.consumer import OffsetFetchRequest, OffsetFetchResponse
+
+    from broker.groups.assignor import TopicPartition
+    from broker.groups.manager import OffsetCommitEntry
+
+    core = secure.broker.server.core
+    for listener in LISTENERS:
+        core.commit_offsets(
+            f"ok-{listener}-mixed",
+            "",
+            -1,
+            [
+                OffsetCommitEntry(TopicPartition(f"ok-{listener}-data", 0), 1, "", -1),
+                OffsetCommitEntry(TopicPartition(f"hidden-{listener}", 0), 1, "", -1),
+            ],
+        )
+    grpc: _Grpc = both["grpc"]
+    kafka: _Kafka = both["kafka"]
+
+    def grpc_named() -> list[str]:
+        request = pb.OffsetFetchRequest(
+            group_id="ok-grpc-mixed",
+            partitions=[pb.TopicPartitions(topic="hidden-grpc", partitions=[0])],
+        )
+        return [grpc._code("OffsetFetch", request)[0]]
+
+    def kafka_named() -> list[str]:
+        request = OffsetFetchRequest[7](
+            group_id="ok-kafka-mixed",
+            topics=[
+                OffsetFetchRequest[7].OffsetFetchRequestTopic(
+                    name="hidden-kafka", partition_indexes=[0]
+                )
+            ],
+            require_stable=False,
+        )
+        answer = kafka.session.call(request, OffsetFetchResponse)
+        return [error_name(p.error_code) for t in answer.topics for p in t.partitions]
+
+    named = {
+        "grpc": _observe(secure, "grpc", grpc_named),
+        "kafka": _observe(secure, "kafka", kafka_named),
+    }
+    for observed in named.values():
+        assert observed.decision == ["TOPIC_AUTHORIZATION_FAILED"]
+        assert len(observed.audit) == 1
+    assert named["grpc"].audit == named["kafka"].audit
+
+    def grpc_all() -> list[str]:
+        code, answer = grpc._code("OffsetFetch", pb.OffsetFetchRequest(group_id="ok-grpc-mixed"))
+        return [code, *sorted(_either(o.topic) for o in answer.offsets)]
+
+    def kafka_all() -> list[str]:
+        request = OffsetFetchRequest[7](
+            group_id="ok-kafka-mixed", topics=None, require_stable=False
+        )
+        answer = kafka.session.call(request, OffsetFetchResponse)
+        return [error_name(answer.error_code), *sorted(_either(t.name) for t in answer.topics)]
+
+    listing = {
+        "grpc": _observe(secure, "grpc", grpc_all),
+        "kafka": _observe(secure, "kafka", kafka_all),
+    }
+    for observed in listing.values():
+        assert observed.decision == ["OK", "ok-L-data"]
+        assert observed.audit == []
+        assert observed.metrics == {("offset_fetch", "OK"): 1.0}
