@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from broker.auth import SESSION_METADATA_KEY
-from broker.errors import ERROR_CODE_METADATA_KEY
+from broker.grpc_errors import ERROR_CODE_METADATA_KEY
 from broker.scram import ScramClient, ScramError
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

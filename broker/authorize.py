@@ -41,7 +41,8 @@ ListUsers               describe_users              the cluster
 Authenticate            authenticate                none: anyone may log in
 ======================  ==========================  ========================================
 
-A refused unary call raises the first refused resource's ``*AuthorizationFailedError``.
+A refused unary call is refused by the request pipeline (``broker.pipeline``, resources from
+``resources_of``) with the first refused resource's ``*AuthorizationFailedError``.
 With the authorizer disabled nothing here costs more than one attribute read.
 """
 
@@ -54,11 +55,9 @@ from broker.acl import Operation
 from broker.acl_store import Acls
 from broker.context import RequestContext
 from broker.operations import (
-    GRPC_METHOD_OPERATIONS,
     Resource,
     authorize,
     cluster,
-    first_refusal,
     group,
     topic,
     visible,
@@ -67,10 +66,10 @@ from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import NotAuthorizedError, TopicAuthorizationFailedError
 
 __all__ = [
-    "authorize_call",
     "filter_metadata",
     "filter_response",
     "replica_gate",
+    "resources_of",
     "topic_gate",
 ]
 
@@ -126,15 +125,11 @@ _RESOURCES: dict[str, _Resources] = {
 }
 
 
-def authorize_call(acls: Acls, method: str, request: Any, context: RequestContext) -> None:
-    """Raise unless the caller may make this unary call (the table in the module)."""
-    if not acls.enabled:
-        return
+def resources_of(method: str, request: Any) -> list[Resource]:
+    """The resources a unary call's request names (the table in the module): what the
+    request pipeline (``broker.pipeline``) authorizes before the core call."""
     extract = _RESOURCES.get(method)
-    resources = extract(request) if extract is not None else []
-    if resources:
-        operation = GRPC_METHOD_OPERATIONS[method]
-        first_refusal(authorize(acls, context, method, operation, resources, whole=True))
+    return extract(request) if extract is not None else []
 
 
 def filter_response(acls: Acls, method: str, response: Any, context: RequestContext) -> Any:

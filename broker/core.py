@@ -34,10 +34,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from broker.acl import parse_principals
 from broker.acl_store import Acls, LocalAclStore
+from broker.auth import Authenticator
 from broker.config import BrokerConfig
 from broker.delayed import Purgatory
 from broker.errors import ShuttingDownError, partition_error
@@ -61,6 +62,7 @@ from broker.groups.manager import (
 )
 from broker.groups.offset_records import partition_for
 from broker.groups.offset_store import OFFSETS_TOPIC
+from broker.membership import Membership, TopicAdmin
 from broker.meta_properties import ensure_meta_properties
 from broker.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
 from broker.placement import (
@@ -81,6 +83,7 @@ from broker.produce import (
 )
 from broker.producer_ids import ProducerIdManager, ProducerIdSource
 from broker.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from broker.users import FileUserStore
 from storage.clock import Clock, SystemClock
 from storage.errors import (
     InvalidReplicationFactorError,
@@ -95,9 +98,6 @@ from storage.files import validate_topic_name
 from storage.log_manager import LogManager, TopicMetadata
 from storage.partition_log import PartitionLog
 from storage.producer_state import ProducerSummary
-
-if TYPE_CHECKING:
-    from broker.auth import Authenticator
 
 __all__ = [
     "EARLIEST_TIMESTAMP",
@@ -145,27 +145,6 @@ class TopicView:
     internal: bool
     config: Mapping[str, str]
     partitions: Sequence[PartitionView]
-
-
-class TopicAdmin(Protocol):
-    """Cluster mode's topic administration (``broker.cluster.node.ClusterNode``).
-
-    Each call returns once this broker's own view and local logs show the change.
-    """
-
-    def create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
-    ) -> None: ...
-
-    def delete_topic(self, name: str) -> None: ...
-
-    def create_partitions(self, name: str, total: int) -> None: ...
-
-    def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None: ...
-
-    def elect_preferred_leaders(self) -> int: ...
-
-    def controlled_shutdown(self, broker_id: int) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,30 +257,28 @@ class BrokerCore:
         config: BrokerConfig,
         clock: Clock,
         logs: LogManager,
-        producer_ids: ProducerIdSource,
+        membership: Membership,
         metrics: BrokerMetrics,
         groups: GroupManager,
         fetch_purgatory: Purgatory[tuple[str, int]],
         produce_purgatory: Purgatory[tuple[str, int]],
         group_fsync: GroupFsync,
         quotas: QuotaManager,
-        placement: Placement,
+        authenticator: Authenticator | None,
         append_hooks: list[Callable[[str, int], None]] | None = None,
         acls: Acls | None = None,
     ) -> None:
         self.config = config
-        self.placement = placement
-        # Cluster mode: topic administration goes through the controller (ClusterNode).
-        self.topic_admin: TopicAdmin | None = None
+        # Placement, topic administration and producer ids: the broker's role, which
+        # changes (joining -> joined) inside this one object (broker.membership).
+        self.membership = membership
         self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
-        # Cluster mode: ids from ZooKeeper (broker.cluster.producer_ids), swapped in on join.
-        self.producer_ids = producer_ids
-        # Authentication (broker.auth), set by BrokerServer.start; None: every call is
-        # served unauthenticated (principal None), as before security existed.
-        self.authenticator: Authenticator | None = None
+        # Authentication (broker.auth): every listener asks it for each call's principal.
+        # None (a core built without ``open``): every call is served unauthenticated.
+        self.authenticator = authenticator
         self._groups = groups
         self._fetch_purgatory = fetch_purgatory
         self._produce_purgatory = produce_purgatory
@@ -337,13 +314,23 @@ class BrokerCore:
 
     @classmethod
     def open(
-        cls, config: BrokerConfig, clock: Clock | None = None, metrics: BrokerMetrics | None = None
+        cls,
+        config: BrokerConfig,
+        clock: Clock | None = None,
+        metrics: BrokerMetrics | None = None,
+        membership: Membership | None = None,
     ) -> BrokerCore:
         """Open (recovering) the data directory, load the committed offsets and start the
         background work (storage tasks, group session expiry).
 
+        ``membership``: the broker's role (``broker.membership``); None: a single node's,
+        built here (it leads everything, producer ids from the data directory). A cluster
+        broker passes ``Membership.joining`` and the assembly (``broker.assembly``) makes
+        it join once the node has the cluster's view.
+
         Raises:
             StorageError: the data directory is unusable.
+            InvalidConfigError: the SCRAM credentials file is unreadable.
         """
         clock = clock or SystemClock()
         logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
@@ -364,9 +351,7 @@ class BrokerCore:
 
         group_fsync = GroupFsync(produce_durable)
         try:
-            producer_ids = ProducerIdManager.open(
-                logs.data_dir, clock, config.producer_id_expiration_ms
-            )
+            users = FileUserStore.open(logs.data_dir)
             acls = Acls(
                 LocalAclStore.open(logs.data_dir),
                 enabled=config.authorizer_enabled,
@@ -381,12 +366,19 @@ class BrokerCore:
                 ),
                 clock,
             )
-            # Cluster mode: the cluster id comes from ZooKeeper (ClusterNode.start checks it).
-            cluster_id = (
-                ensure_meta_properties(logs.data_dir, config.broker_id)
-                if config.zookeeper_connect is None
-                else ""
-            )
+            if membership is None:
+                # Cluster mode: the cluster id comes from ZooKeeper (ClusterNode.start
+                # checks it).
+                cluster_id = (
+                    ensure_meta_properties(logs.data_dir, config.broker_id)
+                    if config.zookeeper_connect is None
+                    else ""
+                )
+                membership = Membership.single_node(
+                    LocalPlacement(config.broker_id, cluster_id),
+                    ProducerIdManager.open(logs.data_dir, clock, config.producer_id_expiration_ms),
+                )
+            authenticator = Authenticator(config.security, membership.users(users), clock)
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -406,14 +398,14 @@ class BrokerCore:
             config,
             clock,
             logs,
-            producer_ids,
+            membership,
             metrics or BrokerMetrics(),
             groups,
             fetch_purgatory,
             produce_purgatory,
             group_fsync,
             quotas,
-            LocalPlacement(config.broker_id, cluster_id),
+            authenticator,
             append_hooks,
             acls,
         )
@@ -440,6 +432,23 @@ class BrokerCore:
         and consumer fetches parked on the partition."""
         self._produce_purgatory.check_and_complete((topic, partition))
         self._fetch_purgatory.check_and_complete((topic, partition))
+
+    @property
+    def placement(self) -> Placement:
+        """Where partitions live and who leads them, as the role says now."""
+        return self.membership.placement
+
+    @property
+    def topic_admin(self) -> TopicAdmin | None:
+        """Cluster mode's topic administration (the controller, through the node); None
+        on a single node, which administers its own topics."""
+        return self.membership.topic_admin
+
+    @property
+    def producer_ids(self) -> ProducerIdSource:
+        """Where ``InitProducerId`` draws ids: the data directory's file on a single node,
+        ZooKeeper once a cluster broker joined (``broker.cluster.producer_ids``)."""
+        return self.membership.producer_ids
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)

@@ -15,7 +15,7 @@ One ``grpc.aio`` server runs on an asyncio event loop in a thread of its own
                    answered ◀─────────┤ or parked in a purgatory (broker.delayed):
                                       │ no thread; an append, the group fsync, the
                                       │ timer or the end of the call completes it,
-                                      ▼ and ``call_soon_threadsafe`` resumes the handler
+                                      ▼ and the ``LoopBridge`` resumes the handler
                                    response
 
 A waiting call is a suspended coroutine and a few hundred bytes of parked operation, so
@@ -37,7 +37,12 @@ a quota is held back for the throttle time, reported as ``throttle_time_ms`` in 
 and fetch answers: a produce stream is not read for as long (Kafka mutes the channel),
 a fetch or unary answer is delayed by it.
 
-Errors are rendered once per call, by ``_abort``, through ``broker.errors.to_wire``.
+Every call runs through the listener's ``RequestPipeline`` (``broker.pipeline``): a unary
+call through ``serve`` (authorize on the policy table, the core call on the executor,
+metrics, classification); the data path through the driver's ``run``/``run_inline`` (the
+core call and its quota), ``finish``/``fail`` (metrics, classification) and its
+``LoopBridge`` (the one hand-off back to the loop), keeping its own batching. Errors are
+classified once per call by the driver and rendered by ``_render`` (``broker.grpc_errors``).
 """
 
 from __future__ import annotations
@@ -58,15 +63,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from broker.authorize import resources_of
 from broker.context import RequestContext
 from broker.core import BrokerCore
-from broker.errors import ERROR_CODE_METADATA_KEY, to_wire
+from broker.errors import Outcome
 from broker.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
+from broker.grpc_errors import ERROR_CODE_METADATA_KEY, render
 from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
-from broker.operations import GRPC_METHOD_OPERATIONS, observe, record_quota
+from broker.operations import GRPC_METHOD_OPERATIONS, record_quota
+from broker.pipeline import LoopBridge, RequestPipeline, resolve
 from broker.produce import Acks, PartitionProduced, parse_acks
-from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
+from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from broker.service import (
     BROKER_SERVICE_NAME,
     UnaryHandler,
@@ -113,11 +121,21 @@ class _AsyncService:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self._core = core
-        self._metrics = core.metrics
         self._quotas = core.quotas
         self._admission = admission
         self._executor = executor
         self._loop = loop
+        self._pipeline = RequestPipeline(
+            listener="grpc",
+            acls=core.acls,
+            quotas=core.quotas,
+            metrics=core.metrics,
+            admission=admission,
+            executor=executor,
+            loop=loop,
+            rpc_metrics=True,  # the older tidelog_requests_total, for existing dashboards
+        )
+        self._bridge = self._pipeline.bridge
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         return generic_handler(
@@ -139,25 +157,15 @@ class _AsyncService:
     async def _run(
         self, caller: RequestContext, function: Callable[..., T], *args: Any
     ) -> tuple[T, int]:
-        """Run blocking core work on the storage executor, within ``queued.max.requests``;
-        returns its result and the throttle time the caller's ``request_percentage``
-        quota asks for (0 without one)."""
-        self._admission.admit_request(caller)
-        try:
-            result, busy_s = await self._loop.run_in_executor(
-                self._executor, _timed, function, *args
-            )
-        finally:
-            self._admission.release_request()
-        # request_percentage: storage-thread time, in percent of one thread per second.
-        return result, record_quota(self._quotas, caller, REQUEST_PERCENTAGE, busy_s * 100)
+        """The pipeline's core step: ``function(*args)`` on the storage executor within
+        ``queued.max.requests`` (refused past it); its result and the
+        ``request_percentage`` throttle time."""
+        return await self._pipeline.run(caller, function, *args)
 
     def _observe(self, method: str, code: str, started: float) -> None:
-        seconds = time.perf_counter() - started
-        self._metrics.observe_request(method, code, seconds)
         # Every method has an operation (tests/broker/test_pipeline_parity.py).
         operation = GRPC_METHOD_OPERATIONS.get(method, method)
-        observe(self._metrics, "grpc", operation, code, seconds)
+        self._pipeline.finish(method, operation, code, started)
 
     async def _abort(
         self,
@@ -166,29 +174,17 @@ class _AsyncService:
         exc: BaseException,
         started: float,
     ) -> None:
-        """Render ``exc`` once: metrics, status, code metadata, safe message."""
-        wire = to_wire(exc)
-        self._observe(method, wire.code or wire.status.name, started)
-        if wire.code is not None:
-            context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, wire.code),))
-        await context.abort(wire.status, wire.message)
-
-    def _waker(self, event: asyncio.Event) -> Callable[[], None]:
-        loop = self._loop
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:
-                pass
-
-        return wake
+        """Classify and count ``exc`` once (the pipeline), then render it."""
+        operation = GRPC_METHOD_OPERATIONS.get(method, method)
+        await _render(context, self._pipeline.fail(method, operation, exc, started))
 
     # --- unary --------------------------------------------------------------------------
 
     def _unary(
         self, name: str, handler: UnaryHandler
     ) -> Callable[[Any, aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+        operation = GRPC_METHOD_OPERATIONS[name]
+
         async def serve(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
             try:
@@ -197,17 +193,27 @@ class _AsyncService:
                 await self._abort(context, name, exc, started)
                 return None
             try:
-                answer, throttle_ms = await self._run(caller, handler, self._core, request, caller)
-                await _hold_back(throttle_ms)
-            except Exception as exc:
-                await self._abort(context, name, exc, started)
-                return None
+                result = await self._pipeline.serve(
+                    caller,
+                    name,
+                    operation,
+                    lambda: self._call(caller, handler, request),
+                    resources=lambda: resources_of(name, request),
+                )
             finally:
                 self._admission.close_call(caller)
-            self._observe(name, "OK", started)
-            return answer
+            if result.error is not None:
+                await _render(context, result.error)
+                return None
+            return result.value
 
         return serve
+
+    async def _call(self, caller: RequestContext, handler: UnaryHandler, request: Any) -> Any:
+        """A unary call's core step: the handler on the executor, then its throttle."""
+        answer, throttle_ms = await self._run(caller, handler, self._core, request, caller)
+        await _hold_back(throttle_ms)
+        return answer
 
     # --- produce ------------------------------------------------------------------------
 
@@ -218,7 +224,7 @@ class _AsyncService:
         received_ms = self._core.wall_ms()  # the request's received time, on arrival
         job = _AppendJob(
             self._core,
-            self._loop,
+            self._bridge,
             [(request, received_ms, parse_acks(request.acks))],
             [self._loop.create_future()],
             caller,
@@ -232,25 +238,36 @@ class _AsyncService:
         self, request: pb.ProduceRequest, context: aio.ServicerContext[Any, Any]
     ) -> pb.ProduceResponse | None:
         started = time.perf_counter()
-        size = _produce_bytes(request)
-        caller: RequestContext | None = None
-        admitted = False
         try:
             caller = self._open(context, "Produce")
-            self._admission.admit_bytes(size, caller)
-            admitted = True
-            future, throttle_ms = await self._produce_one(caller, request, size)
-            answers = await future
-            await _hold_back(throttle_ms)
         except Exception as exc:
             await self._abort(context, "Produce", exc, started)
             return None
+        try:
+            served = await self._pipeline.serve(
+                caller, "Produce", "produce", lambda: self._produce_call(caller, request)
+            )
         finally:
-            if admitted:
-                self._admission.release_bytes(size)
-            if caller is not None:
-                self._admission.close_call(caller)
-        self._observe("Produce", "OK", started)
+            self._admission.close_call(caller)
+        if served.error is not None:
+            await _render(context, served.error)
+            return None
+        return served.value
+
+    async def _produce_call(
+        self, caller: RequestContext, request: pb.ProduceRequest
+    ) -> pb.ProduceResponse:
+        """A unary produce's core step: queued bytes, the append, the answer once durable
+        per its acks, the throttle. Partitions the caller may not WRITE are refused in the
+        answer (``produce_parts``), so the pipeline gets no resources to refuse."""
+        size = _produce_bytes(request)
+        self._admission.admit_bytes(size, caller)
+        try:
+            future, throttle_ms = await self._produce_one(caller, request, size)
+            answers = await future
+            await _hold_back(throttle_ms)
+        finally:
+            self._admission.release_bytes(size)
         return produce_response(request.correlation_id, answers, throttle_ms)
 
     async def produce_stream(
@@ -272,6 +289,7 @@ class _AsyncService:
             await self._abort(context, "ProduceStream", exc, started)
             return
         loop = self._loop
+        bridge = self._bridge
         slots = asyncio.Semaphore(_PIPELINE_DEPTH)
         # Every _Incoming in request order, then None (the stream ended) or the error
         # that ended it.
@@ -285,7 +303,7 @@ class _AsyncService:
             waiting.clear()
             job = _AppendJob(
                 self._core,
-                loop,
+                bridge,
                 [(item.request, item.received_ms, item.acks) for item in batch],
                 [item.answer for item in batch],
                 caller,
@@ -304,9 +322,7 @@ class _AsyncService:
                 state.ended = True
                 return
             state.running = True
-            work.add_done_callback(
-                lambda done: _call_soon_threadsafe(loop, finish_job, done, job, batch)
-            )
+            work.add_done_callback(lambda done: bridge.post(finish_job, done, job, batch))
 
         def finish_job(
             done: Future[tuple[None, float]], job: _AppendJob, batch: list[_Incoming]
@@ -321,7 +337,7 @@ class _AsyncService:
                 state.ended = True
                 return
             # request_percentage: the batch's storage time, counted after it.
-            throttle_ms = record_quota(self._quotas, caller, REQUEST_PERCENTAGE, busy_s * 100)
+            throttle_ms = self._pipeline.meter_busy(caller, busy_s)
             if throttle_ms:
                 state.muted_until = max(state.muted_until, loop.time() + throttle_ms / 1e3)
                 for item in batch:
@@ -406,7 +422,7 @@ class _AsyncService:
         woken = asyncio.Event()
         pending = self._core.start_fetch(
             fetch_spec(request, caller, self._core.acls),
-            wake=self._waker(woken),
+            wake=self._bridge.waker(woken),
             wait_cap_ms=wait_cap_ms(context.time_remaining()),
         )
         throttle_ms = 0
@@ -439,27 +455,27 @@ class _AsyncService:
     ) -> tuple[list[PartitionFetched] | None, int]:
         """``step_fetch`` on the loop's own thread: what ``_run`` does, without the two
         thread hand-offs (see ``_INLINE_READ_MAX_BYTES``)."""
-        started = time.perf_counter()
-        answers = self._core.step_fetch(pending)
-        busy_s = time.perf_counter() - started
-        return answers, record_quota(self._quotas, caller, REQUEST_PERCENTAGE, busy_s * 100)
+        return self._pipeline.run_inline(caller, self._core.step_fetch, pending)
 
     async def fetch(
         self, request: pb.FetchRequest, context: aio.ServicerContext[Any, Any]
     ) -> bytes | None:
         started = time.perf_counter()
-        caller: RequestContext | None = None
         try:
             caller = self._open(context, "Fetch")
-            answer = await self._fetch_one(caller, request, context)
         except Exception as exc:
             await self._abort(context, "Fetch", exc, started)
             return None
+        try:
+            served = await self._pipeline.serve(
+                caller, "Fetch", "fetch", lambda: self._fetch_one(caller, request, context)
+            )
         finally:
-            if caller is not None:
-                self._admission.close_call(caller)
-        self._observe("Fetch", "OK", started)
-        return answer
+            self._admission.close_call(caller)
+        if served.error is not None:
+            await _render(context, served.error)
+            return None
+        return served.value
 
     async def fetch_stream(
         self,
@@ -472,16 +488,27 @@ class _AsyncService:
         except Exception as exc:
             await self._abort(context, "FetchStream", exc, started)
             return
+        error: Outcome | None = None
         try:
             async for request in request_iterator:
                 started = time.perf_counter()
-                answer = await self._fetch_one(caller, request, context)
-                self._observe("FetchStream", "OK", started)
-                yield answer
-        except Exception as exc:
-            await self._abort(context, "FetchStream", exc, started)
+                served = await self._pipeline.serve(
+                    caller,
+                    "FetchStream",
+                    "fetch",
+                    functools.partial(self._fetch_one, caller, request, context),
+                )
+                if served.error is not None:
+                    error = served.error
+                    break
+                assert served.value is not None
+                yield served.value
+        except Exception as exc:  # the stream itself (a body that does not parse)
+            error = self._pipeline.fail("FetchStream", "fetch", exc, started)
         finally:
             self._admission.close_call(caller)
+        if error is not None:  # rendered outside the try: abort raises
+            await _render(context, error)
 
 
 def _answer_bytes_at_most(request: pb.FetchRequest) -> int:
@@ -497,6 +524,14 @@ def _timed(function: Callable[..., T], *args: Any) -> tuple[T, float]:
     started = time.perf_counter()
     result = function(*args)
     return result, time.perf_counter() - started
+
+
+async def _render(context: aio.ServicerContext[Any, Any], outcome: Outcome) -> None:
+    """End the call with a classified error: status, code metadata, safe message."""
+    wire = render(outcome)
+    if wire.code is not None:
+        context.set_trailing_metadata(((ERROR_CODE_METADATA_KEY, wire.code),))
+    await context.abort(wire.status, wire.message)
 
 
 async def _hold_back(throttle_ms: int) -> None:
@@ -540,15 +575,6 @@ def _fail(batch: list[_Incoming], error: Exception) -> None:
             item.answer.exception()  # retrieved: only the first one is awaited
 
 
-def _call_soon_threadsafe(
-    loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any
-) -> None:
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-    except RuntimeError:  # the loop is closed: nobody waits any more
-        pass
-
-
 class _AppendJob:
     """Produce requests appended in one executor job, in order, each handed to
     ``BrokerCore.complete`` right there (so an ``acks=all`` fsync is asked for before the
@@ -557,7 +583,7 @@ class _AppendJob:
 
     Answers delivered while the job runs (``acks`` 0 and 1 always, ``acks=all`` when the
     data was durable already) are kept and set by ``resolve_early`` once the job is back
-    on the loop: no ``call_soon_threadsafe`` (a write to the loop's self-pipe and a wake-up
+    on the loop: no ``LoopBridge.post`` (a write to the loop's self-pipe and a wake-up
     of the loop) per request. Only answers delivered after the job ended (``acks=all``,
     from the group fsync thread) are handed to the loop one by one.
 
@@ -565,19 +591,19 @@ class _AppendJob:
     that raises (shutdown) fails the whole job.
     """
 
-    __slots__ = ("_caller", "_core", "_early", "_lock", "_loop", "_running", "_work", "futures")
+    __slots__ = ("_bridge", "_caller", "_core", "_early", "_lock", "_running", "_work", "futures")
 
     def __init__(
         self,
         core: BrokerCore,
-        loop: asyncio.AbstractEventLoop,
+        bridge: LoopBridge,
         work: list[tuple[pb.ProduceRequest, int, Acks]],
         futures: list[asyncio.Future[list[PartitionProduced]]],
         caller: RequestContext | None = None,
     ) -> None:
         self._core = core
         self._caller = caller  # whose requests (the authorizer's WRITE check)
-        self._loop = loop
+        self._bridge = bridge
         self._work = work
         self.futures = futures
         self._lock = threading.Lock()
@@ -603,18 +629,13 @@ class _AppendJob:
             if self._running:
                 self._early.append((index, answers))
                 return
-        _call_soon_threadsafe(self._loop, _resolve, self.futures[index], answers)
+        self._bridge.post(resolve, self.futures[index], answers)
 
     def resolve_early(self) -> None:
         """Set the answers delivered while the job ran (on the loop, after ``run``)."""
         for index, answers in self._early:
-            _resolve(self.futures[index], answers)
+            resolve(self.futures[index], answers)
         self._early.clear()
-
-
-def _resolve(future: asyncio.Future[T], value: T) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 def _produce_bytes(request: pb.ProduceRequest) -> int:

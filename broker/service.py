@@ -4,9 +4,10 @@ Each unary RPC of ``tidelog.v1.Broker`` is a plain function ``(core, request, co
 response``: it converts the request into plain values, calls one ``BrokerCore`` method and
 converts the answer back. It blocks (storage work) and raises ``TidelogError``s; it knows
 nothing of gRPC's servicer contexts; the serving model (``broker.grpc_async``) runs it on
-its executor, and errors are rendered once, by the model's wrapper, through
-``broker.errors``. Protobuf types stop here; record bytes pass through untouched in both
-directions.
+its executor through the request pipeline (``broker.pipeline``: authorization on the
+policy table, metrics, classification), and errors are rendered once, by the model's
+wrapper, through ``broker.grpc_errors``. Protobuf types stop here; record bytes pass
+through untouched in both directions.
 
 The data path (``Produce``, ``ProduceStream``, ``Fetch``, ``FetchStream``) parks work in the
 core's purgatories, so the serving model drives it itself; the conversions it needs are
@@ -38,7 +39,6 @@ from broker.acl import (
 )
 from broker.acl_store import Acls
 from broker.authorize import (
-    authorize_call,
     filter_metadata,
     filter_response,
     replica_gate,
@@ -818,14 +818,15 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
 
 
 def _authorized(method: str, handler: UnaryHandler) -> UnaryHandler:
-    """``handler`` behind the ACL checks of ``broker.authorize`` (nothing when the
-    authorizer is disabled)."""
+    """``handler`` with its listing filtered by ``broker.authorize`` (what the caller may
+    not describe is left out, silently; nothing when the authorizer is disabled). The
+    request itself was authorized by the request pipeline before the call
+    (``broker.pipeline``, resources from ``broker.authorize.resources_of``)."""
 
     def run(core: BrokerCore, request: Any, context: RequestContext) -> Any:
         acls = core.acls
         if not acls.enabled:
             return handler(core, request, context)
-        authorize_call(acls, method, request, context)
         response = handler(core, request, context)
         if method == "Metadata":
             return filter_metadata(acls, request, response, context)

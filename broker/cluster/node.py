@@ -215,6 +215,8 @@ class ClusterNode:
         controller: Controller,
         placement: ClusterPlacement,
         fence: SessionFence,
+        replicas: ReplicaManager | None = None,
+        registration: BrokerRegistration | None = None,
     ) -> None:
         self._config = config
         self._store = store
@@ -222,8 +224,9 @@ class ClusterNode:
         self._controller = controller
         self.placement = placement
         self._fence = fence
-        self.replicas: ReplicaManager | None = None
-        self._registration: BrokerRegistration | None = None
+        self.replicas = replicas
+        # What to register again after a lost session (None: never registered).
+        self._registration = registration
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
             target=self._run_session_events,
@@ -302,8 +305,10 @@ class ClusterNode:
         except BaseException:
             store.close()
             raise
-        node = cls(config, store, watcher, controller, placement, fence)
-        node.replicas = replicas
+        registration = BrokerRegistration(
+            config.broker_id, host, port, clock.wall_ms(), tuple(listeners)
+        )
+        node = cls(config, store, watcher, controller, placement, fence, replicas, registration)
 
         def counts() -> tuple[int, int, int]:
             under, led = replicas.counts()
@@ -319,9 +324,6 @@ class ClusterNode:
             return under, offline, led
 
         local.metrics.add_replication_collector(counts, replicas.follower_lag)
-        node._registration = BrokerRegistration(
-            config.broker_id, host, port, clock.wall_ms(), tuple(listeners)
-        )
         store.add_state_listener(node._on_session_state)
         node._session_thread.start()
         if not watcher.wait_for(lambda m: config.broker_id in m.brokers, _VIEW_WAIT_MS):

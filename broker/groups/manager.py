@@ -18,11 +18,14 @@ the new owner reads the committed offset. Commits without a member id, offset re
 group deletion need an empty group, and hold the coordinator lock through the write so
 that no member joins while the offsets change under it.
 
-Groups kept elsewhere: the Kafka listener keeps classic-protocol groups (JoinGroup and
-SyncGroup members) on its own loop, but their offsets are here. A listener attaches them
-as ``foreign`` (``ForeignGroups``); ``list_groups`` and ``describe_group`` then show such a
-group's members and assignment beside its committed offsets and lag, as Kafka's
-``kafka-consumer-groups --describe`` shows classic and consumer groups alike.
+Both group protocols live here: Kafka's classic protocol (JoinGroup/SyncGroup members,
+``broker.groups.classic``) is ``classic``, a ``ClassicGroups`` beside the KIP-848
+coordinator, with its own lock (never held together with the coordinator's). Its offsets
+are in the same store; ``list_groups`` and ``describe_group`` show a classic group's
+members and assignment beside its committed offsets and lag, as Kafka's
+``kafka-consumer-groups --describe`` shows classic and consumer groups alike. The expiry
+thread also expires classic members (at least every ``_CLASSIC_EXPIRY_WAIT_MS`` while
+classic groups exist, the pace the Kafka listener's reaper had).
 
 Lag (``describe_group``, metrics): log end offset (the high watermark) minus the committed
 offset; a partition without a committed offset lags by log end - log start.
@@ -37,10 +40,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from broker.errors import partition_error
 from broker.groups.assignor import TopicPartition
+from broker.groups.classic import ClassicGroups
 from broker.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
@@ -63,8 +66,6 @@ from storage.errors import (
 from storage.log_manager import LogManager
 
 __all__ = [
-    "ForeignGroup",
-    "ForeignGroups",
     "GroupConfig",
     "GroupDescription",
     "GroupLag",
@@ -85,6 +86,8 @@ Selection = Mapping[str, Sequence[int]]
 
 _MAX_EXPIRY_WAIT_MS = 1_000
 _MIN_EXPIRY_WAIT_MS = 10
+# While classic groups exist: their expiry has no deadline index, so poll (as before).
+_CLASSIC_EXPIRY_WAIT_MS = 200
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,29 +161,6 @@ class GroupDescription:
 
 
 @dataclass(frozen=True, slots=True)
-class ForeignGroup:
-    """A group whose membership another protocol keeps (Kafka's classic groups):
-    its state name, generation and members, as ``describe_group`` shows them."""
-
-    group_id: str
-    state: str
-    generation: int
-    members: tuple[MemberView, ...]
-
-
-class ForeignGroups(Protocol):
-    """Groups with members that another listener keeps. Thread-safe; bounded in time."""
-
-    def foreign_groups(self) -> list[ForeignGroup]:
-        """Every such group that has members."""
-        ...
-
-    def foreign_group(self, group_id: str) -> ForeignGroup | None:
-        """One group, or None when it has no members there."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
 class GroupLag:
     """One partition's lag for the metrics."""
 
@@ -229,8 +209,8 @@ class GroupManager:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # Classic-protocol groups of the Kafka listener (module docstring); None: none.
-        self.foreign: ForeignGroups | None = None
+        # Kafka's classic-protocol groups (module docstring); their own lock.
+        self.classic = ClassicGroups(clock)
 
     @classmethod
     def open(
@@ -293,14 +273,18 @@ class GroupManager:
             with self._lock:
                 deadline = self._coordinator.next_deadline_ms()
             wait_ms = cap_ms
+            if self.classic.has_groups():
+                wait_ms = min(wait_ms, _CLASSIC_EXPIRY_WAIT_MS)
             if deadline is not None:
                 wait_ms = min(
-                    max(deadline - self._clock.monotonic_ms(), _MIN_EXPIRY_WAIT_MS), cap_ms
+                    max(deadline - self._clock.monotonic_ms(), _MIN_EXPIRY_WAIT_MS), wait_ms
                 )
             self._stop.wait(wait_ms / 1000.0)
 
     def expire(self) -> list[Removal]:
-        """Remove every member whose session or rebalance timeout has passed (one pass)."""
+        """Remove every member whose session or rebalance timeout has passed (one pass),
+        classic members too; returns the KIP-848 removals."""
+        self.classic.expire()
         topics = self._topic_counts()
         with self._lock:
             return self._coordinator.expire(self._clock.monotonic_ms(), topics)
@@ -427,12 +411,12 @@ class GroupManager:
             ids = set(self._coordinator.group_ids())
             views = {g: self._coordinator.view(g) for g in ids}
         ids.update(self._store.group_ids())
-        foreign = {g.group_id: g for g in self._foreign_groups()}
-        ids.update(foreign)
+        classic = {g.group_id: g for g in self.classic.snapshot()}
+        ids.update(classic)
         listings = []
         for group_id in sorted(ids):
             view = views.get(group_id)
-            other = foreign.get(group_id)
+            other = classic.get(group_id)
             if view is not None and view.members:
                 listings.append(GroupListing(group_id, view.state.value, len(view.members)))
             elif other is not None:
@@ -442,26 +426,6 @@ class GroupManager:
             else:
                 listings.append(GroupListing(group_id, view.state.value, 0))
         return listings
-
-    def _foreign_groups(self) -> list[ForeignGroup]:
-        foreign = self.foreign
-        if foreign is None:
-            return []
-        try:
-            return foreign.foreign_groups()
-        except Exception as exc:  # a listener stopping or stalled: show what is here
-            log.warning("classic groups could not be listed: %s", exc)
-            return []
-
-    def _foreign_group(self, group_id: str) -> ForeignGroup | None:
-        foreign = self.foreign
-        if foreign is None:
-            return None
-        try:
-            return foreign.foreign_group(group_id)
-        except Exception as exc:
-            log.warning("classic group %r could not be described: %s", group_id, exc)
-            return None
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """Members, assignment, and per partition the committed offset, log end and lag.
@@ -476,8 +440,9 @@ class GroupManager:
         with self._lock:
             view = self._coordinator.view(group_id)
         state, epoch, members = view.state.value, view.group_epoch, view.members
-        if not members and (other := self._foreign_group(group_id)) is not None:
-            state, epoch, members = other.state, other.generation, other.members
+        if not members:
+            for other in self.classic.snapshot(group_id):
+                state, epoch, members = other.state, other.generation, other.members
         committed = self._store.offsets(group_id)
         if not members and not committed:
             raise GroupIdNotFoundError(f"no group {group_id!r}")

@@ -9,7 +9,7 @@ InitProducerId.
   the broker's received time. A transactional produce is refused with
   ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: transactions are not served.
 - Fetch: a long poll is parked in the core's fetch purgatory (``start_fetch`` /
-  ``step_fetch``) and woken by an append through ``call_soon_threadsafe``; reads stop at
+  ``step_fetch``) and woken by an append through the pipeline's ``LoopBridge``; reads stop at
   the high watermark. ``read_committed`` is answered with last stable offset = high
   watermark and no aborted transactions (no transactions exist). Fetch sessions are
   declined (``session_id`` 0: clients send full fetches).
@@ -24,7 +24,6 @@ InitProducerId.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 
 from broker.core import EpochQuery, OffsetQuery
@@ -90,16 +89,12 @@ async def _append_and_answer(
     conn: Connection, parts: list[PartitionRecords], acks: Acks
 ) -> Plain | None:
     appends = await conn.run(conn.core.append, parts)
-    loop = asyncio.get_running_loop()
-    answered: asyncio.Future[list[PartitionProduced]] = loop.create_future()
-
-    def deliver(answers: list[PartitionProduced]) -> None:
-        # On this thread (acks 0/1) or the group fsync thread (acks=all): never blocks,
-        # never raises into the fsync thread (the listener may have stopped meanwhile).
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(_settle, answered, answers)
-
-    conn.core.complete(appends, acks, deliver)
+    bridge = conn.listener.pipeline.bridge
+    answered: asyncio.Future[list[PartitionProduced]] = bridge.loop.create_future()
+    # Delivered on this thread (acks 0/1) or the group fsync thread (acks=all), through
+    # the pipeline's one bridge back to the loop: never blocks, never raises into the
+    # fsync thread (the listener may have stopped meanwhile).
+    conn.core.complete(appends, acks, bridge.resolver(answered))
     if acks == Acks.NONE:
         return None
     answers = await answered
@@ -119,13 +114,6 @@ async def _append_and_answer(
             for a in answers
         ]
     )
-
-
-def _settle(
-    future: asyncio.Future[list[PartitionProduced]], answers: list[PartitionProduced]
-) -> None:
-    if not future.done():
-        future.set_result(answers)
 
 
 def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
@@ -179,15 +167,10 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
 async def _fetch(conn: Connection, spec: FetchSpec) -> list[PartitionFetched]:
     """Read, or park until woken, as often as the core asks; no thread waits."""
     core = conn.core
-    loop = asyncio.get_running_loop()
     woken = asyncio.Event()
-
-    def wake() -> None:
-        # From whichever thread completed the parked fetch (an append, the reaper).
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-            loop.call_soon_threadsafe(woken.set)
-
-    pending = core.start_fetch(spec, wake=wake)
+    # Woken from whichever thread completed the parked fetch (an append, the reaper),
+    # through the pipeline's one bridge back to the loop.
+    pending = core.start_fetch(spec, wake=conn.listener.pipeline.bridge.waker(woken))
     try:
         while True:
             woken.clear()

@@ -1,4 +1,6 @@
-"""Tidelog's error codes rendered as Kafka's numeric error codes, in one table.
+"""Tidelog's error codes rendered as Kafka's numeric error codes, in one table: the Kafka
+listener's half of the error contract (``broker.errors.classify`` decides the code and the
+safe message, listener-neutrally; ``broker.grpc_errors`` is the gRPC listener's half).
 
 The core reports errors as stable strings (``storage.errors``, ``broker.errors``); most
 are Kafka's own names already (``UNKNOWN_TOPIC_OR_PARTITION``, ``NOT_COORDINATOR``...),
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from broker.errors import partition_error
+from broker.errors import Outcome, classify
+from storage.errors import InternalError
 
-__all__ = ["NONE", "error_code_for", "error_name", "kafka_code", "kafka_error"]
+__all__ = ["NONE", "error_code_for", "error_name", "kafka_code", "kafka_error", "render"]
 
 NONE = 0
 
@@ -46,10 +49,15 @@ def kafka_code(code: str) -> int:
         return int(ErrorCode.unknown_server_error)
 
 
+def render(outcome: Outcome) -> tuple[int, str]:
+    """(Kafka error number, message) for a classified error (no code: the broker stops,
+    ``INTERNAL``'s number, as before the classification was neutral)."""
+    return kafka_code(outcome.code or InternalError.code), outcome.message
+
+
 def kafka_error(exc: BaseException) -> tuple[int, str]:
     """(Kafka error number, message) for an exception the core raised."""
-    code, message = partition_error(exc)
-    return kafka_code(code), message
+    return render(classify(exc))
 
 
 def error_code_for(name: str) -> int:

@@ -1,5 +1,8 @@
-"""Group handlers: the classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) on
-``broker.kafka.classic``, and ListGroups / DescribeGroups over both kinds of group.
+"""Group handlers: the classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) over
+the core's ``broker.groups.classic`` (``core.groups.classic``), and ListGroups /
+DescribeGroups over both kinds of group. Each handler decodes, makes one call, and encodes;
+JoinGroup and SyncGroup await the parked request's future (``asyncio.wrap_future``), so a
+closed connection cancels it, which the classic coordinator reads as "not waiting".
 
 In cluster mode a classic group lives on its coordinator only (the leader of its
 ``__consumer_offsets`` partition, as FindCoordinator answers): JoinGroup, SyncGroup,
@@ -16,6 +19,9 @@ when it has no classic members (its KIP-848 members are not shown through this A
 
 from __future__ import annotations
 
+import asyncio
+
+from broker.groups.classic import ClassicError, JoinRequest
 from broker.kafka.authz import denied, visible
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
@@ -23,7 +29,21 @@ from broker.kafka.listener import Connection
 from broker.operations import group
 from storage.errors import LeaderNotAvailableError
 
-__all__ = ["describe_groups", "heartbeat", "join_group", "leave_group", "list_groups", "sync_group"]
+__all__ = [
+    "classic_error_code",
+    "describe_groups",
+    "heartbeat",
+    "join_group",
+    "leave_group",
+    "list_groups",
+    "sync_group",
+]
+
+
+def classic_error_code(error: ClassicError) -> int:
+    """Kafka's number for a classic-protocol outcome (``ClassicError`` is named after
+    Kafka's errors)."""
+    return NONE if error is ClassicError.NONE else error_code_for(error.value)
 
 
 def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
@@ -56,20 +76,23 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code, "generation_id": -1, "member_id": request["member_id"]}
-    result = await conn.listener.classic.join(
-        request["group_id"],
-        request["member_id"],
-        request.get("group_instance_id"),
-        conn.context.client_id,
-        conn.context.host,
-        session_timeout_ms,
-        int(request.get("rebalance_timeout", session_timeout_ms)),
-        request["protocol_type"],
-        [(p["name"], bytes(p["metadata"])) for p in request["protocols"]],
-        require_known_member_id=header.api_version >= 4,
+    joined = conn.core.groups.classic.join(
+        JoinRequest(
+            group_id=request["group_id"],
+            member_id=request["member_id"],
+            group_instance_id=request.get("group_instance_id"),
+            client_id=conn.context.client_id,
+            client_host=conn.context.host,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=int(request.get("rebalance_timeout", session_timeout_ms)),
+            protocol_type=request["protocol_type"],
+            protocols=tuple((p["name"], bytes(p["metadata"])) for p in request["protocols"]),
+            require_known_member_id=header.api_version >= 4,
+        )
     )
+    result = await asyncio.wrap_future(joined)
     return {
-        "error_code": result.error_code,
+        "error_code": classic_error_code(result.error),
         "generation_id": result.generation_id,
         "protocol_type": result.protocol_type,
         "protocol_name": result.protocol_name or ("" if header.api_version < 7 else None),
@@ -88,14 +111,16 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
-    result = await conn.listener.classic.sync(
+    synced = conn.core.groups.classic.sync(
         request["group_id"],
         request["member_id"],
         request["generation_id"],
         {a["member_id"]: bytes(a["assignment"]) for a in request.get("assignments", [])},
     )
+    result = await asyncio.wrap_future(synced)
+    code = classic_error_code(result.error)
     return {
-        "error_code": _protocol_type_check(request, result.protocol_type, result.error_code),
+        "error_code": _protocol_type_check(request, result.protocol_type, code),
         "protocol_type": result.protocol_type,
         "protocol_name": result.protocol_name,
         "assignment": result.assignment,
@@ -108,26 +133,26 @@ async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> 
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
-    code = conn.listener.classic.heartbeat(
+    error = conn.core.groups.classic.heartbeat(
         request["group_id"], request["member_id"], request["generation_id"]
     )
-    return {"error_code": code}
+    return {"error_code": classic_error_code(error)}
 
 
 async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+)."""
-    classic = conn.listener.classic
+    classic = conn.core.groups.classic
     group_id = request["group_id"]
     code = await _not_coordinator(conn, group_id)
     if code:
         return {"error_code": code, "members": []}
     if "members" not in request:
-        return {"error_code": classic.leave(group_id, request["member_id"])}
+        return {"error_code": classic_error_code(classic.leave(group_id, request["member_id"]))}
     members = [
         {
             "member_id": m["member_id"],
             "group_instance_id": m.get("group_instance_id"),
-            "error_code": classic.leave(group_id, m["member_id"]),
+            "error_code": classic_error_code(classic.leave(group_id, m["member_id"])),
         }
         for m in request["members"]
     ]
@@ -149,7 +174,7 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
             "protocol_type": "consumer",
             "group_state": state,
         }
-    for group_id, protocol_type, state in conn.listener.classic.list_groups():
+    for group_id, protocol_type, state in conn.core.groups.classic.list_groups():
         groups[group_id] = {
             "group_id": group_id,
             "protocol_type": protocol_type,
@@ -176,9 +201,28 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
         if code:
             answers.append({"error_code": code, "group_id": group_id, "members": []})
             continue
-        described = conn.listener.classic.describe(group_id)
+        described = conn.core.groups.classic.describe(group_id)
         if described is not None:
-            answers.append({"error_code": NONE, **described})
+            answers.append(
+                {
+                    "error_code": NONE,
+                    "group_id": described.group_id,
+                    "group_state": described.group_state,
+                    "protocol_type": described.protocol_type,
+                    "protocol_data": described.protocol_data,
+                    "members": [
+                        {
+                            "member_id": m.member_id,
+                            "group_instance_id": m.group_instance_id,
+                            "client_id": m.client_id,
+                            "client_host": m.client_host,
+                            "member_metadata": m.member_metadata,
+                            "member_assignment": m.member_assignment,
+                        }
+                        for m in described.members
+                    ],
+                }
+            )
             continue
         try:
             await conn.run(conn.core.describe_group, group_id)

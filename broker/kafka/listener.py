@@ -53,14 +53,12 @@ import logging
 import ssl
 import struct
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.context import RequestContext
 from broker.core import BrokerCore
-from broker.kafka.classic import ClassicGroups, ClassicGroupsOnLoop
 from broker.kafka.cluster import KafkaBrokers
 from broker.kafka.codec import (
     CodecError,
@@ -75,8 +73,8 @@ from broker.kafka.errors import error_name
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
-from broker.operations import KAFKA_API_OPERATIONS, observe, record_quota
-from broker.quotas import REQUEST_PERCENTAGE
+from broker.operations import KAFKA_APIS, record_quota
+from broker.pipeline import RequestPipeline
 from broker.tls import principal_from_peer_certificate
 from storage.errors import BrokerBusyError
 
@@ -143,16 +141,9 @@ class Connection:
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the listener's thread pool (blocking core calls); its time
         there counts against the caller's ``request_percentage`` quota."""
-        loop = asyncio.get_running_loop()
-        admission = self.listener.admission
-        if admission is not None:
-            await _wait_for(admission.try_admit_request, admission.admit_request, self.context)
-        try:
-            result, busy_s = await loop.run_in_executor(self.listener.executor, _timed, call, *args)
-        finally:
-            if admission is not None:
-                admission.release_request()
-        self.record_quota(REQUEST_PERCENTAGE, busy_s * 100)
+        # The pipeline's core step (waits past queued.max.requests, as Kafka does).
+        result, throttle_ms = await self.listener.pipeline.run(self.context, call, *args)
+        self.throttle_ms = max(self.throttle_ms, throttle_ms)
         return result
 
     async def admit_bytes(self, size: int) -> None:
@@ -206,6 +197,7 @@ class KafkaListener:
         core: BrokerCore,
         settings: ListenerSettings,
         handlers: dict[int, Handler],
+        admission: Admission | None = None,
     ) -> None:
         self.core = core
         self.settings = settings
@@ -220,11 +212,23 @@ class KafkaListener:
         # single node, or a broker still joining: this broker alone.
         self.cluster_brokers: Callable[[], KafkaBrokers] | None = None
         # The connection limits shared with the gRPC listener (None: no limits).
-        self.admission: Admission | None = None
-        self.classic = ClassicGroups()  # used on the loop's thread only
+        self.admission = admission
         # KIP-848 members' last subscription and owned partitions (loop's thread only).
         self.kip848_members: dict[tuple[str, str], MemberMemory] = {}
         self._loop = asyncio.new_event_loop()
+        # Every request's steps (broker.pipeline): Kafka waits past queued.max.requests
+        # and closes the connection on an error a handler did not put in its answer.
+        self.pipeline = RequestPipeline(
+            listener="kafka",
+            acls=core.acls,
+            quotas=core.quotas,
+            metrics=core.metrics,
+            admission=admission,
+            executor=self.executor,
+            loop=self._loop,
+            wait_when_full=True,
+            closes_on_error=True,
+        )
         self._server: asyncio.Server | None = None
         self._thread = threading.Thread(target=self._serve, name="kafka-listener", daemon=True)
         self._connections: set[asyncio.Task[None]] = set()
@@ -245,15 +249,12 @@ class KafkaListener:
         """
         from broker.kafka.handlers import HANDLERS
 
-        listener = cls(core, settings, HANDLERS)
-        listener.admission = admission
+        listener = cls(core, settings, HANDLERS, admission)
         listener._thread.start()
         listener._started.wait()
         if listener._start_error is not None:
             listener.executor.shutdown(wait=False)
             raise listener._start_error
-        # Classic groups in `tidelog groups list/describe` beside Tidelog's own.
-        core.groups.foreign = ClassicGroupsOnLoop(listener.classic, listener._loop)
         log.info(
             "kafka listener on %s:%d (advertised %s:%d)",
             settings.host,
@@ -281,7 +282,6 @@ class KafkaListener:
         self.port = self._server.sockets[0].getsockname()[1]
         if not self.settings.advertised_port:
             self.advertised = (self.settings.advertised_host, self.port)
-        self.classic.start_on(self._loop)
         self._watchdog.start()
         self._started.set()
         try:
@@ -295,7 +295,6 @@ class KafkaListener:
             self._stopped = True
             return
         self._stopped = True
-        self.core.groups.foreign = None
         future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         try:
             future.result(_STOP_TIMEOUT_S)
@@ -307,7 +306,6 @@ class KafkaListener:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _shutdown(self) -> None:
-        self.classic.stop()
         if self._server is not None:
             self._server.close()
         for task in list(self._connections):
@@ -429,22 +427,27 @@ class KafkaListener:
             connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
         connection.throttle_ms = 0
         connection.api_key = key
-        started = time.perf_counter()
-        operation = KAFKA_API_OPERATIONS[key]
-        try:
-            answer = await handler(connection, header, request)
-        except Exception as exc:
-            code = getattr(exc, "code", None)
-            outcome = code if isinstance(code, str) else "INTERNAL"
-            observe(self.core.metrics, "kafka", operation, outcome, time.perf_counter() - started)
-            raise
-        outcome = "OK" if answer is None else error_name(int(answer.get("error_code") or 0))
-        observe(self.core.metrics, "kafka", operation, outcome, time.perf_counter() - started)
+        rpc, operation = KAFKA_APIS[key]
+        # Handlers authorize per resource (Kafka answers each refusal in place), so the
+        # pipeline gets no resources to refuse the request as a whole.
+        served = await self.pipeline.serve(
+            connection.context,
+            rpc,
+            operation,
+            lambda: handler(connection, header, request),
+            outcome_of=_outcome,
+        )
+        answer = served.value
         if answer is None:
             return None
         if connection.throttle_ms > 0 and response_has_field(key, "throttle_time"):
             answer["throttle_time"] = connection.throttle_ms
         return encode_response(key, version, header.correlation_id, answer)
+
+
+def _outcome(answer: Plain | None) -> str:
+    """An answered request's outcome: its top-level error's name (no answer: ``OK``)."""
+    return "OK" if answer is None else error_name(int(answer.get("error_code") or 0))
 
 
 # ApiVersions, SaslHandshake, SaslAuthenticate: all a connection may send before SASL.
@@ -479,13 +482,6 @@ async def _wait_for(
     while not fits():
         await asyncio.sleep(delay_s)
         delay_s = min(delay_s * 2, _ADMIT_RETRY_MAX_S)
-
-
-def _timed(call: Callable[..., T], *args: Any) -> tuple[T, float]:
-    """``call(*args)`` and the seconds it took (on the pool's thread)."""
-    started = time.perf_counter()
-    result = call(*args)
-    return result, time.perf_counter() - started
 
 
 def _peer_name(peername: Any) -> str:

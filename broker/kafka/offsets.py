@@ -6,7 +6,7 @@ same ``__consumer_offsets`` the gRPC listener writes and reads, so a group's pos
 the same through both listeners. A commit without a member (``generation_id`` -1, empty
 member id: a consumer using assign) is the core's "simple" commit, accepted while no
 Tidelog (KIP-848) member is in the group. A commit by a classic group member is checked
-against its classic group first (``broker.kafka.classic``: member known, generation
+against its classic group first (``broker.groups.classic``: member known, generation
 current) and then written the same way.
 
 Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
@@ -21,6 +21,7 @@ from broker.kafka.authz import denied, refusals, visible
 from broker.kafka.cluster import coordinator_endpoint
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from broker.kafka.groups import classic_error_code
 from broker.kafka.listener import Connection
 from broker.operations import group, topic
 from storage.errors import LeaderNotAvailableError
@@ -77,12 +78,12 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
     group_error = next((code for code in decided.values() if code), 0)
     # A KIP-848 member (ConsumerGroupHeartbeat) commits as itself, checked by the core;
     # a classic member is checked here and written as a simple commit; no member: simple.
-    classic = conn.listener.classic
+    classic = conn.core.groups.classic
     as_member, as_epoch = "", -1
     if member_id and not classic.has_member(group_id, member_id) and header.api_version >= 9:
         as_member, as_epoch = member_id, generation
     elif not group_error and (member_id or generation >= 0):
-        group_error = classic.check_commit(group_id, member_id, generation)
+        group_error = classic_error_code(classic.check_commit(group_id, member_id, generation))
     codes: list[int] = []
     if not group_error:
         entries = [

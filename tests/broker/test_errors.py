@@ -7,7 +7,8 @@ import logging
 import grpc
 import pytest
 
-from broker.errors import STATUS_BY_ERROR, ShuttingDownError, partition_error, to_wire
+from broker.errors import ShuttingDownError, classify, partition_error
+from broker.grpc_errors import STATUS_BY_CODE, STATUS_BY_ERROR, to_wire
 from storage import errors
 from storage.errors import ClientError, TidelogError
 
@@ -74,3 +75,17 @@ def test_shutting_down_is_unavailable_without_a_code() -> None:
     wire = to_wire(ShuttingDownError("stopping"))
     assert wire.status == grpc.StatusCode.UNAVAILABLE
     assert wire.code is None
+
+
+def test_a_code_has_one_status_so_the_grpc_table_reads_by_code() -> None:
+    # Rows may share a code (RequestError and InvalidRequestError), never with two statuses.
+    for cls, status in STATUS_BY_ERROR.items():
+        assert STATUS_BY_CODE[cls.code] == status, cls.__name__
+
+
+def test_the_classification_is_wire_free() -> None:
+    outcome = classify(errors.OffsetOutOfRangeError("offset 9 is past the end 3"))
+    assert (outcome.code, outcome.message) == ("OFFSET_OUT_OF_RANGE", "offset 9 is past the end 3")
+    assert outcome.retriable == errors.OffsetOutOfRangeError.retriable
+    assert classify(ShuttingDownError("stopping")).code is None
+    assert classify(KeyError("x")).code == "INTERNAL"

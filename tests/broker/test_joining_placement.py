@@ -1,57 +1,121 @@
-"""A broker still joining its cluster (``JoiningPlacement``, ``JoiningTopicAdmin``) is not a
-single node: it describes no topic (it would show every partition without a leader, as
-if offline: seen in a rolling restart), coordinates no group and administers no topic.
-It answers retriable errors, which clients retry, and serves once it has joined."""
+"""A broker still joining its cluster (``Membership.joining``: ``JoiningPlacement``,
+``JoiningTopicAdmin``, ``UnavailableProducerIds``) is not a single node: it describes no
+topic (it would show every partition without a leader, as if offline: seen in a rolling
+restart), coordinates no group, administers no topic and hands out no producer id. It
+answers retriable errors, which clients retry, and serves once its membership joined."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
 import pytest
 
-from broker.placement import JoiningPlacement, JoiningTopicAdmin
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, TopicPartition
-from storage.errors import LeaderNotAvailableError, NotControllerError, NotCoordinatorError
+from broker.config import BrokerConfig
+from broker.core import BrokerCore
+from broker.groups.assignor import TopicPartition
+from broker.groups.manager import OffsetCommitEntry
+from broker.membership import Membership
+from broker.placement import LocalPlacement
+from storage.errors import (
+    BrokerUnavailableError,
+    LeaderNotAvailableError,
+    NotControllerError,
+    NotCoordinatorError,
+)
 
 
-def test_a_joining_broker_describes_no_topic_until_it_has_the_view() -> None:
-    with InProcessBroker() as broker, AdminClient(broker.address) as admin:
-        admin.create_topic("joining", 2)
-        core = broker.server.core
-        joined = core.placement
-        core.placement = JoiningPlacement(0)
-        try:
-            with pytest.raises(LeaderNotAvailableError, match="joining the cluster"):
-                admin.describe_topic("joining", timeout_ms=2_000)
-        finally:
-            core.placement = joined
-        described = admin.describe_topic("joining", timeout_ms=10_000)
-        assert [p.leader for p in described.partitions] == [0, 0]
+class _Admin:
+    """A joined broker's topic administration, recording the calls."""
+
+    def __init__(self, core: list[BrokerCore]) -> None:
+        self._core = core
+        self.created: list[str] = []
+
+    def create_topic(
+        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+    ) -> None:
+        self.created.append(name)
+        self._core[0].logs.create_topic(name, partitions, config)
+
+    def delete_topic(self, name: str) -> None:
+        raise NotImplementedError
+
+    def create_partitions(self, name: str, total: int) -> None:
+        raise NotImplementedError
+
+    def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
+        raise NotImplementedError
+
+    def elect_preferred_leaders(self) -> int:
+        return 0
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        return 0
 
 
-def test_a_joining_broker_coordinates_no_group_and_administers_no_topic() -> None:
+class _ProducerIds:
+    def init(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        return 5, 0
+
+    def init_keyed(self, key: str) -> tuple[int, int]:
+        return 6, 0
+
+
+@pytest.fixture
+def joining(tmp_path: Path) -> Iterator[tuple[BrokerCore, Membership]]:
+    membership = Membership.joining(0)
+    core = BrokerCore.open(BrokerConfig(data_dir=tmp_path), membership=membership)
+    try:
+        yield core, membership
+    finally:
+        core.close()
+
+
+def test_a_joining_broker_describes_no_topic_until_it_has_the_view(
+    joining: tuple[BrokerCore, Membership],
+) -> None:
+    core, membership = joining
+    core.logs.create_topic("joining", 2, {})
+    with pytest.raises(LeaderNotAvailableError, match="joining the cluster"):
+        core.describe_topic("joining")
+    membership.join(LocalPlacement(0, "c"), _Admin([core]), _ProducerIds(), None)
+    described = core.describe_topic("joining")
+    assert [p.leader for p in described.partitions] == [0, 0]
+
+
+def test_a_joining_broker_coordinates_no_group_and_administers_no_topic(
+    joining: tuple[BrokerCore, Membership],
+) -> None:
     """While joining, the core must not take the broker for a single node: its offsets
     cache holds its whole local log, whose tail may never have been replicated (a
     restarted coordinator once answered a commit the new coordinator never had, and the
     group's committed offset was seen going backwards)."""
-    tp = TopicPartition("joining-groups", 0)
-    with InProcessBroker() as broker, AdminClient(broker.address) as admin:
-        admin.create_topic(tp.topic, 1)
-        with Consumer(broker.address, group_id="joining-g") as consumer:
-            consumer.commit({tp: 7})
-            assert consumer.committed(tp) == 7
-            core = broker.server.core
-            joined_placement, joined_admin = core.placement, core.topic_admin
-            core.placement = JoiningPlacement(0)
-            core.topic_admin = JoiningTopicAdmin(0)
-            try:
-                with pytest.raises((NotCoordinatorError, LeaderNotAvailableError)):
-                    consumer.committed(tp, timeout_ms=2_000)
-                with pytest.raises(NotControllerError):
-                    admin.create_topic("made-while-joining", 1, timeout_ms=2_000)
-                # Asked directly (a client with stale metadata), the core refuses too.
-                with pytest.raises(NotControllerError, match="joining the cluster"):
-                    core.create_topic("made-while-joining", 1, {})
-            finally:
-                core.placement, core.topic_admin = joined_placement, joined_admin
-            assert consumer.committed(tp, timeout_ms=10_000) == 7
-        assert "made-while-joining" not in {t.name for t in admin.list_topics()}
+    core, membership = joining
+    with pytest.raises((NotCoordinatorError, LeaderNotAvailableError)):
+        core.fetch_offsets("joining-g", None)
+    with pytest.raises((NotCoordinatorError, LeaderNotAvailableError)):
+        core.commit_offsets("joining-g", "", -1, [OffsetCommitEntry(TopicPartition("t", 0), 7)])
+    with pytest.raises(NotControllerError, match="joining the cluster"):
+        core.create_topic("made-while-joining", 1, {})
+    with pytest.raises(BrokerUnavailableError, match="joining the cluster"):
+        core.init_producer_id(-1, -1)
+    assert "made-while-joining" not in {t.name for t in core.list_topics(include_internal=False)}
+
+    admin = _Admin([core])
+    membership.join(LocalPlacement(0, "c"), admin, _ProducerIds(), None)
+    assert core.init_producer_id(-1, -1) == (5, 0)
+    core.create_topic("made-after-joining", 1, {})
+    assert admin.created == ["made-after-joining"]
+    with pytest.raises(ValueError, match="already joined"):
+        membership.join(LocalPlacement(0, "c"), admin, _ProducerIds(), None)
+
+
+def test_a_single_node_never_joins(tmp_path: Path) -> None:
+    core = BrokerCore.open(BrokerConfig(data_dir=tmp_path))
+    try:
+        assert core.topic_admin is None
+        with pytest.raises(ValueError, match="already joined"):
+            core.membership.join(LocalPlacement(0, "c"), _Admin([core]), _ProducerIds(), None)
+    finally:
+        core.close()

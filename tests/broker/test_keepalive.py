@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
+from broker.assembly import grpc_options as _grpc_options
 from broker.config import BrokerConfig
-from broker.server import _grpc_options
 from broker.testing import InProcessBroker
 from client.transport import Transport
 from proto.tidelog.v1 import broker_pb2 as pb

@@ -1,0 +1,583 @@
+"""Kafka's classic consumer group protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup),
+listener-neutral: the state machine behind ``GroupManager.classic``.
+
+Tidelog's own groups are KIP-848 groups (``broker.groups.coordinator``: the broker
+assigns). Kafka clients (kafka-python, aiokafka, kcat, confluent-kafka by default) speak
+the classic protocol: the broker only gathers members and hands the leader everyone's
+subscription; the leader computes the assignment (range, roundrobin, sticky: opaque bytes
+here) and hands it back in SyncGroup, which the broker distributes. The Kafka adapter
+(``broker.kafka.groups``) decodes the requests, calls ``ClassicGroups`` and encodes the
+answers; nothing here knows the Kafka codec or a listener's event loop.
+
+State per group, as in Kafka's ``GroupMetadata``::
+
+    Empty --join--> PreparingRebalance --all known members joined, or the rebalance
+      ^                 ^       |            timeout removed the rest--> CompletingRebalance
+      |                 |       |                                          | leader's Sync
+      +--last leaves----+--join, leave, session expiry-- Stable <----------+
+
+- A first JoinGroup without a member id gets a new id and ``MEMBER_ID_REQUIRED`` (v4+,
+  KIP-394) and joins again with it; before v4 it joins at once.
+- The rebalance completes once every member known when it began has joined again; a
+  member that has not by the rebalance timeout (the largest any member gave) is removed.
+  Completing bumps the generation and answers every waiting JoinGroup: the leader gets
+  every member's metadata for the chosen protocol (the first of the leader's protocols
+  that every member supports).
+- Heartbeats while a rebalance is prepared answer ``REBALANCE_IN_PROGRESS``, so members
+  rejoin; while it completes (between JoinGroup and SyncGroup) they answer NONE, as Kafka.
+  A member whose session timeout passes without a heartbeat is removed.
+- Committed offsets are the offset store's: ``check_commit`` only validates the member
+  and generation.
+
+Parked requests: a JoinGroup waiting for the rebalance and a SyncGroup waiting for the
+leader's assignment are parked as a ``concurrent.futures.Future`` per member, completed
+here by whichever call moves the group on (another member's join, the leader's sync, a
+leave, the expiry pass). The caller waits on it its own way (the Kafka adapter:
+``asyncio.wrap_future``). A purgatory (``broker.delayed``) is not used: these waits are
+keyed by member and completed by state changes of the group, never by a deadline of their
+own (the rebalance timeout removes the late members instead, which completes the others).
+A caller that gives up (its connection closed) cancels its future; a cancelled future
+counts as "not waiting", exactly as before the move.
+
+Errors are ``ClassicError`` values named after Kafka's error names, which the Kafka
+adapter maps to its numbers.
+
+Membership lives in memory, as KIP-848 membership does: after a restart members get
+``UNKNOWN_MEMBER_ID`` and rejoin; committed offsets are in the log.
+
+Thread-safe: one lock (``ClassicGroups._lock``) guards every classic group. It is held
+only for in-memory steps, never across I/O or a wait, and never together with the
+KIP-848 coordinator's lock (the manager takes them one after the other), so the two
+cannot deadlock. Parked futures are completed under it: their callbacks only schedule
+the waiter on its own loop (``call_soon_threadsafe``) and never call back in here. Callers
+are the listener's loop (requests), the manager's expiry thread (``expire``) and admin
+threads (``snapshot``, ``list_groups``, ``describe``). Time is the injected clock's.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from broker.groups.assignor import TopicPartition
+from broker.groups.consumer_protocol import assigned_partitions, subscribed_topics
+from broker.groups.coordinator import MemberView
+from storage.clock import Clock
+
+__all__ = [
+    "MAX_SESSION_TIMEOUT_MS",
+    "MIN_SESSION_TIMEOUT_MS",
+    "ClassicError",
+    "ClassicGroupDescription",
+    "ClassicGroupSnapshot",
+    "ClassicGroups",
+    "ClassicMemberDescription",
+    "GroupState",
+    "JoinRequest",
+    "JoinResult",
+    "SyncResult",
+]
+
+log = logging.getLogger(__name__)
+
+# Kafka's group.min/max.session.timeout.ms defaults.
+MIN_SESSION_TIMEOUT_MS = 6_000
+MAX_SESSION_TIMEOUT_MS = 1_800_000
+
+
+class ClassicError(enum.Enum):
+    """A classic-protocol outcome, by Kafka's error name (``NONE``: success)."""
+
+    NONE = "NONE"
+    UNKNOWN_MEMBER_ID = "UNKNOWN_MEMBER_ID"
+    ILLEGAL_GENERATION = "ILLEGAL_GENERATION"
+    REBALANCE_IN_PROGRESS = "REBALANCE_IN_PROGRESS"
+    INCONSISTENT_GROUP_PROTOCOL = "INCONSISTENT_GROUP_PROTOCOL"
+    MEMBER_ID_REQUIRED = "MEMBER_ID_REQUIRED"
+    INVALID_GROUP_ID = "INVALID_GROUP_ID"
+    INVALID_SESSION_TIMEOUT = "INVALID_SESSION_TIMEOUT"
+
+
+_NONE = ClassicError.NONE
+_UNKNOWN_MEMBER = ClassicError.UNKNOWN_MEMBER_ID
+_ILLEGAL_GENERATION = ClassicError.ILLEGAL_GENERATION
+_REBALANCING = ClassicError.REBALANCE_IN_PROGRESS
+_INCONSISTENT = ClassicError.INCONSISTENT_GROUP_PROTOCOL
+
+
+class GroupState(enum.Enum):
+    """Kafka's classic group states (the names DescribeGroups reports)."""
+
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinRequest:
+    """A JoinGroup, decoded. ``require_known_member_id``: KIP-394 (JoinGroup v4+)."""
+
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    require_known_member_id: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    """What a JoinGroup is answered with."""
+
+    error: ClassicError
+    generation_id: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    member_id: str = ""
+    members: tuple[tuple[str, str | None, bytes], ...] = ()  # leader only
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    """What a SyncGroup is answered with."""
+
+    error: ClassicError
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    assignment: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicMemberDescription:
+    """One member as DescribeGroups shows it (metadata of the chosen protocol)."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    member_metadata: bytes
+    member_assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicGroupDescription:
+    """A classic group as DescribeGroups shows it."""
+
+    group_id: str
+    group_state: str
+    protocol_type: str
+    protocol_data: str
+    members: tuple[ClassicMemberDescription, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicGroupSnapshot:
+    """A classic group as ``GroupManager.describe_group`` shows it: state name,
+    generation and members (topics and partitions decoded for "consumer" groups)."""
+
+    group_id: str
+    state: str
+    generation: int
+    members: tuple[MemberView, ...]
+
+
+@dataclass(slots=True, eq=False)
+class _Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    last_heartbeat_ms: int
+    assignment: bytes = b""
+    join: concurrent.futures.Future[JoinResult] | None = None
+    sync: concurrent.futures.Future[SyncResult] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation_id: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: dict[str, _Member] = field(default_factory=dict)
+    # Ids handed out with MEMBER_ID_REQUIRED, not joined yet -> when (monotonic ms).
+    pending: dict[str, int] = field(default_factory=dict)
+    rebalance_deadline_ms: int = 0
+
+
+_T = TypeVar("_T")
+
+
+def _done(value: _T) -> concurrent.futures.Future[_T]:
+    future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def _waiting(future: concurrent.futures.Future[_T] | None) -> bool:
+    return future is not None and not future.done()
+
+
+def _settle(future: concurrent.futures.Future[_T] | None, value: _T) -> None:
+    """Complete a parked request unless it is done or its waiter gave up (cancelled,
+    possibly from another thread between a check and this call)."""
+    if future is None:
+        return
+    try:
+        future.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+class ClassicGroups:
+    """Every classic group of this broker (see the module docstring). Thread-safe."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._groups: dict[str, _Group] = {}
+
+    # --- the protocol -------------------------------------------------------------------
+
+    def join(self, request: JoinRequest) -> concurrent.futures.Future[JoinResult]:
+        """JoinGroup: a future completed when the rebalance completes (module docstring),
+        or at once with an error."""
+        if not request.group_id:
+            return _done(JoinResult(ClassicError.INVALID_GROUP_ID))
+        session_timeout_ms = request.session_timeout_ms
+        if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
+            return _done(JoinResult(ClassicError.INVALID_SESSION_TIMEOUT))
+        protocols = request.protocols
+        with self._lock:
+            group = self._groups.setdefault(request.group_id, _Group(request.group_id))
+            if not protocols or (
+                group.members and group.protocol_type not in (None, request.protocol_type)
+            ):
+                return _done(JoinResult(_INCONSISTENT))
+            member_id = request.member_id
+            if not self._supports_a_common_protocol(group, member_id, protocols):
+                return _done(JoinResult(_INCONSISTENT))
+            now_ms = self._clock.monotonic_ms()
+            if not member_id:
+                member_id = f"{request.client_id or 'member'}-{uuid.uuid4()}"
+                if request.require_known_member_id:
+                    # KIP-394: the client joins again with this id.
+                    group.pending[member_id] = now_ms
+                    return _done(JoinResult(ClassicError.MEMBER_ID_REQUIRED, member_id=member_id))
+            elif member_id not in group.members and group.pending.pop(member_id, None) is None:
+                return _done(JoinResult(_UNKNOWN_MEMBER))
+            member = group.members.get(member_id)
+            if member is None:
+                member = _Member(
+                    member_id,
+                    request.group_instance_id,
+                    request.client_id,
+                    request.client_host,
+                    session_timeout_ms,
+                    request.rebalance_timeout_ms,
+                    request.protocol_type,
+                    protocols,
+                    now_ms,
+                )
+                group.members[member_id] = member
+            else:
+                member.protocols = protocols
+                member.session_timeout_ms = session_timeout_ms
+                member.rebalance_timeout_ms = request.rebalance_timeout_ms
+                member.last_heartbeat_ms = now_ms
+            if group.protocol_type is None:
+                group.protocol_type = request.protocol_type
+            if _waiting(member.join):
+                _settle(member.join, JoinResult(_REBALANCING))  # superseded by this join
+            joined: concurrent.futures.Future[JoinResult] = concurrent.futures.Future()
+            member.join = joined
+            self._prepare_rebalance_locked(group)
+            self._maybe_complete_join_locked(group)
+            return joined
+
+    def sync(
+        self, group_id: str, member_id: str, generation_id: int, assignments: dict[str, bytes]
+    ) -> concurrent.futures.Future[SyncResult]:
+        """SyncGroup: the leader's assignments are stored and handed to every member; a
+        future completed then (at once when the group is stable or on an error)."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or member_id not in group.members:
+                return _done(SyncResult(_UNKNOWN_MEMBER))
+            if generation_id != group.generation_id:
+                return _done(SyncResult(_ILLEGAL_GENERATION))
+            member = group.members[member_id]
+            member.last_heartbeat_ms = self._clock.monotonic_ms()
+            if group.state == GroupState.PREPARING_REBALANCE:
+                return _done(SyncResult(_REBALANCING))
+            if group.state == GroupState.STABLE:
+                return _done(self._sync_result(group, member))
+            # Completing the rebalance: the leader's answer completes everyone's.
+            synced: concurrent.futures.Future[SyncResult] = concurrent.futures.Future()
+            member.sync = synced
+            if member_id == group.leader:
+                for m in group.members.values():
+                    m.assignment = assignments.get(m.member_id, b"")
+                group.state = GroupState.STABLE
+                for m in group.members.values():
+                    if _waiting(m.sync):
+                        _settle(m.sync, self._sync_result(group, m))
+            return synced
+
+    def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> ClassicError:
+        """Heartbeat: NONE, or the error telling the member to rejoin."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or member_id not in group.members:
+                return _UNKNOWN_MEMBER
+            group.members[member_id].last_heartbeat_ms = self._clock.monotonic_ms()
+            if group.state == GroupState.PREPARING_REBALANCE:
+                return _REBALANCING
+            if generation_id != group.generation_id:
+                return _ILLEGAL_GENERATION
+            # CompletingRebalance: the member got its JoinGroup answer and is about to
+            # sync; as in Kafka, a heartbeat then is normal (answering
+            # REBALANCE_IN_PROGRESS would send it back to JoinGroup and restart the
+            # rebalance).
+            return _NONE
+
+    def leave(self, group_id: str, member_id: str) -> ClassicError:
+        """LeaveGroup of one member: removed; the others rebalance."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or member_id not in group.members:
+                return _UNKNOWN_MEMBER
+            self._remove_locked(group, member_id)
+            return _NONE
+
+    def has_member(self, group_id: str, member_id: str) -> bool:
+        """Whether ``member_id`` is a member of classic group ``group_id``."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            return group is not None and member_id in group.members
+
+    def check_commit(self, group_id: str, member_id: str, generation_id: int) -> ClassicError:
+        """Whether a classic member may commit now: NONE or Kafka's error."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or member_id not in group.members:
+                return _UNKNOWN_MEMBER
+            if generation_id != group.generation_id:
+                return _ILLEGAL_GENERATION
+            # As Kafka: commits of the current generation are accepted while the group
+            # prepares a rebalance (members commit before rejoining: on_revoke), refused
+            # while it completes one (the assignment is being handed out).
+            if group.state == GroupState.COMPLETING_REBALANCE:
+                return _REBALANCING
+            return _NONE
+
+    # --- views ----------------------------------------------------------------------------
+
+    def list_groups(self) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every classic group with members."""
+        with self._lock:
+            return [
+                (g.group_id, g.protocol_type or "", g.state.value)
+                for g in self._groups.values()
+                if g.members
+            ]
+
+    def describe(self, group_id: str) -> ClassicGroupDescription | None:
+        """A group as DescribeGroups shows it, or None if it has no members here."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or not group.members:
+                return None
+            return ClassicGroupDescription(
+                group.group_id,
+                group.state.value,
+                group.protocol_type or "",
+                group.protocol_name or "",
+                tuple(
+                    ClassicMemberDescription(
+                        m.member_id,
+                        m.group_instance_id,
+                        m.client_id,
+                        m.client_host,
+                        self._metadata(m, group.protocol_name),
+                        m.assignment,
+                    )
+                    for m in group.members.values()
+                ),
+            )
+
+    def snapshot(self, group_id: str | None = None) -> list[ClassicGroupSnapshot]:
+        """Groups with members (one, with ``group_id``) as ``describe_group`` shows them."""
+        with self._lock:
+            if group_id is not None:
+                found = self._groups.get(group_id)
+                groups = [] if found is None else [found]
+            else:
+                groups = list(self._groups.values())
+            return [
+                ClassicGroupSnapshot(
+                    g.group_id,
+                    g.state.value,
+                    g.generation_id,
+                    tuple(self._member_view(g, m) for m in g.members.values()),
+                )
+                for g in groups
+                if g.members
+            ]
+
+    def has_groups(self) -> bool:
+        """Whether any classic group (or handed-out member id) is kept, so expiry matters."""
+        with self._lock:
+            return bool(self._groups)
+
+    def _member_view(self, group: _Group, member: _Member) -> MemberView:
+        topics: frozenset[str] = frozenset()
+        assigned: frozenset[TopicPartition] = frozenset()
+        if group.protocol_type == "consumer":
+            topics = subscribed_topics(self._metadata(member, group.protocol_name))
+            assigned = assigned_partitions(member.assignment)
+        return MemberView(
+            member_id=member.member_id,
+            client_id=member.client_id,
+            member_epoch=group.generation_id,
+            subscribed_topics=topics,
+            assigned=assigned,
+            revoking=frozenset(),
+            target=assigned,
+        )
+
+    # --- the state machine (callers hold the lock) -----------------------------------------
+
+    @staticmethod
+    def _supports_a_common_protocol(
+        group: _Group, member_id: str, protocols: tuple[tuple[str, bytes], ...]
+    ) -> bool:
+        names = {name for name, _ in protocols}
+        for other in group.members.values():
+            if other.member_id != member_id:
+                names &= {name for name, _ in other.protocols}
+        return bool(names)
+
+    def _prepare_rebalance_locked(self, group: _Group) -> None:
+        if group.state == GroupState.PREPARING_REBALANCE:
+            return
+        if group.state == GroupState.COMPLETING_REBALANCE:
+            for m in group.members.values():
+                if _waiting(m.sync):
+                    _settle(m.sync, SyncResult(_REBALANCING))
+        group.state = GroupState.PREPARING_REBALANCE
+        timeout_ms = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
+        group.rebalance_deadline_ms = self._clock.monotonic_ms() + timeout_ms
+
+    def _maybe_complete_join_locked(self, group: _Group) -> None:
+        if group.state != GroupState.PREPARING_REBALANCE:
+            return
+        if any(not _waiting(m.join) for m in group.members.values()):
+            return  # someone has not rejoined yet
+        if not group.members:
+            group.state = GroupState.EMPTY
+            group.protocol_type = group.protocol_name = None
+            group.leader = ""
+            return
+        group.generation_id += 1
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        leader = group.members[group.leader]
+        common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
+        group.protocol_name = next(name for name, _ in leader.protocols if name in common)
+        group.state = GroupState.COMPLETING_REBALANCE
+        everyone = tuple(
+            (m.member_id, m.group_instance_id, self._metadata(m, group.protocol_name))
+            for m in group.members.values()
+        )
+        now_ms = self._clock.monotonic_ms()
+        for m in group.members.values():
+            m.last_heartbeat_ms = now_ms
+            _settle(
+                m.join,
+                JoinResult(
+                    _NONE,
+                    group.generation_id,
+                    group.protocol_type,
+                    group.protocol_name,
+                    group.leader,
+                    m.member_id,
+                    everyone if m.member_id == group.leader else (),
+                ),
+            )
+
+    @staticmethod
+    def _metadata(member: _Member, protocol_name: str | None) -> bytes:
+        for name, metadata in member.protocols:
+            if name == protocol_name:
+                return metadata
+        return b""
+
+    @staticmethod
+    def _sync_result(group: _Group, member: _Member) -> SyncResult:
+        return SyncResult(_NONE, group.protocol_type, group.protocol_name, member.assignment)
+
+    def _remove_locked(self, group: _Group, member_id: str) -> None:
+        member = group.members.pop(member_id)
+        if _waiting(member.join):
+            _settle(member.join, JoinResult(_UNKNOWN_MEMBER))
+        if _waiting(member.sync):
+            _settle(member.sync, SyncResult(_UNKNOWN_MEMBER))
+        if group.leader == member_id:
+            group.leader = ""
+        if not group.members:
+            group.state = GroupState.EMPTY
+            group.protocol_type = group.protocol_name = None
+            return
+        self._prepare_rebalance_locked(group)
+        self._maybe_complete_join_locked(group)
+
+    # --- expiry ---------------------------------------------------------------------------
+
+    def expire(self) -> None:
+        """Remove members whose session passed, and members that did not rejoin before
+        the rebalance timeout (one pass; the group manager's expiry thread paces it)."""
+        with self._lock:
+            now_ms = self._clock.monotonic_ms()
+            for group in list(self._groups.values()):
+                self._expire_locked(group, now_ms)
+
+    def _expire_locked(self, group: _Group, now_ms: int) -> None:
+        for pending_id, since_ms in list(group.pending.items()):
+            if now_ms - since_ms > MAX_SESSION_TIMEOUT_MS:
+                del group.pending[pending_id]
+        for member in list(group.members.values()):
+            if _waiting(member.join) or _waiting(member.sync):
+                continue  # in JoinGroup or SyncGroup: its connection is busy there
+            late = (
+                group.state == GroupState.PREPARING_REBALANCE
+                and now_ms >= group.rebalance_deadline_ms
+            )
+            silent_ms = now_ms - member.last_heartbeat_ms
+            if late or silent_ms > member.session_timeout_ms:
+                log.info(
+                    "group %s: member %s removed (%s)",
+                    group.group_id,
+                    member.member_id,
+                    "did not rejoin in time" if late else f"no heartbeat for {silent_ms} ms",
+                )
+                self._remove_locked(group, member.member_id)
+        if not group.members and not group.pending and group.state == GroupState.EMPTY:
+            del self._groups[group.group_id]
