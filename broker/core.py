@@ -851,6 +851,16 @@ class BrokerCore:
             "produce": self._produce_purgatory.parked(),
         }
 
+    def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> PartitionLog:
+        """The partition's log, here only if this broker leads it and the caller's
+        ``current_leader_epoch`` (-1: not checked) is this leader's; raises the routing or
+        fencing error otherwise (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``...)."""
+        self.placement.check_leader(topic, partition)
+        check = self._fetch.check_epoch
+        if check is not None:
+            check(topic, partition, current_leader_epoch)
+        return self._logs.get_log(topic, partition)
+
     def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
         """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""
         with self._operation():
@@ -858,11 +868,7 @@ class BrokerCore:
 
     def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
         try:
-            self.placement.check_leader(query.topic, query.partition)
-            check = self._fetch.check_epoch
-            if check is not None:
-                check(query.topic, query.partition, query.current_leader_epoch)
-            plog = self._logs.get_log(query.topic, query.partition)
+            plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
             if query.timestamp_ms == EARLIEST_TIMESTAMP:
                 return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
             if query.timestamp_ms == LATEST_TIMESTAMP:
@@ -896,11 +902,7 @@ class BrokerCore:
 
     def _offset_for_leader_epoch(self, query: EpochQuery) -> EpochEndAnswer:
         try:
-            self.placement.check_leader(query.topic, query.partition)
-            check = self._fetch.check_epoch
-            if check is not None:
-                check(query.topic, query.partition, query.current_leader_epoch)
-            plog = self._logs.get_log(query.topic, query.partition)
+            plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
             if query.leader_epoch >= 0 and plog.latest_epoch < 0:
                 # A log no leader ever stamped (single-node mode keeps each batch's epoch
                 # field as its producer wrote it): no leader change ever cut it, so the

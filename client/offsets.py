@@ -128,16 +128,8 @@ def fetch_committed(
     timeout_ms: int,
 ) -> dict[TopicPartition, int]:
     """The group's committed offsets of ``partitions`` (those without one are left out)."""
-    wanted = list(partitions)
-    return connections.run(
-        connections.route_coordinator(group_id),
-        lambda connection, timeout: connection.fetch_committed(
-            group_id, wanted, timeout_ms=timeout
-        ),
-        what=f"OffsetFetch {group_id}",
-        timeout_ms=timeout_ms,
-        group_id=group_id,
-    )
+    found = fetch_committed_offsets(connections, group_id, partitions, timeout_ms)
+    return {tp: committed.offset for tp, committed in found.items()}
 
 
 def fetch_committed_offsets(
