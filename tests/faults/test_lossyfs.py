@@ -27,18 +27,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 
 from client import AdminClient, Consumer, Producer, RecordMetadata, TopicPartition
 from client.producer import DeliveryCallback
 from storage.files import atomic_write, fsync_dir
-from tests.faults.lossyfs import ROOT, LossyFs, missing
+from tests.broker.hostile.process import BrokerProcess
+from tests.faults.lossyfs import LossyFs, missing
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 20.0
 TOPIC = "lossy"
 PARTITIONS = 2
 PRODUCE_S = 1.5
@@ -208,54 +208,10 @@ def test_a_killed_writer_loses_nothing_without_a_crash(fs: LossyFs) -> None:
 # --- a broker on it --------------------------------------------------------------------------
 
 
-class Daemon:
-    """``python -m broker`` on 127.0.0.1:0 (as ``tests/broker/test_cli.py``'s)."""
-
-    def __init__(self, data_dir: Path, log_file: Path, *settings: str) -> None:
-        self.ready_file = log_file.with_suffix(".ready")
-        self.ready_file.unlink(missing_ok=True)
-        self.log_file = log_file
-        with open(log_file, "ab") as output:
-            self.process = self._spawn(data_dir, output, settings)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.ready_file.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"broker did not start:\n{self.output()}")
-            time.sleep(0.05)
-        self.address = self.ready_file.read_text().strip()
-
-    def _spawn(
-        self, data_dir: Path, output: BinaryIO, settings: tuple[str, ...]
-    ) -> subprocess.Popen[bytes]:
-        extra = [item for setting in settings for item in ("--set", setting)]
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "broker",
-                "--listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                str(data_dir),
-                "--ready-file",
-                str(self.ready_file),
-                "--set",
-                "metrics.port=-1",
-                *extra,
-            ],
-            cwd=ROOT,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-
-    def output(self) -> str:
-        return self.log_file.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
+def _start_broker(data_dir: Path, log_file: Path, *settings: str) -> BrokerProcess:
+    """``python -m broker`` over ``data_dir`` (the hostile tests' ``BrokerProcess``, which
+    also dies with this process); ``settings`` as ``KEY=VALUE``."""
+    return BrokerProcess(data_dir, log_file, dict(s.split("=", 1) for s in settings))
 
 
 def _provision(fs: LossyFs) -> Path:
@@ -273,7 +229,9 @@ class Produced:
     seconds: float
 
 
-def _produce_until_killed(daemon: Daemon, acks: str | int, **producer_settings: object) -> Produced:
+def _produce_until_killed(
+    daemon: BrokerProcess, acks: str | int, **producer_settings: object
+) -> Produced:
     """Produce to both partitions, a flush every FLUSH_EVERY records, and SIGKILL the
     broker after PRODUCE_S while records are in flight; the values acknowledged."""
     with AdminClient(daemon.address) as admin:
@@ -356,13 +314,13 @@ def _power_cut(
     """Produce on lossyfs, SIGKILL the broker, crash the file system, restart, read."""
     data_dir = _provision(fs)
     log_file = tmp_path / "broker.log"
-    daemon = Daemon(data_dir, log_file, *settings)
-    restarted: Daemon | None = None
+    daemon = _start_broker(data_dir, log_file, *settings)
+    restarted: BrokerProcess | None = None
     try:
         produced = _produce_until_killed(daemon, acks, **producer_settings)
         stats = fs.stats()
         report = fs.crash()
-        restarted = Daemon(data_dir, log_file, *settings)
+        restarted = _start_broker(data_dir, log_file, *settings)
         stored = _read_all(restarted.address)
     finally:
         daemon.kill()
@@ -465,8 +423,8 @@ def test_a_record_acknowledged_right_after_its_topic_was_created_survives_a_powe
     """
     data_dir = _provision(fs)
     log_file = tmp_path / "broker.log"
-    daemon = Daemon(data_dir, log_file)
-    restarted: Daemon | None = None
+    daemon = _start_broker(data_dir, log_file)
+    restarted: BrokerProcess | None = None
     try:
         with AdminClient(daemon.address) as admin:
             admin.create_topic(TOPIC, PARTITIONS)
@@ -480,7 +438,7 @@ def test_a_record_acknowledged_right_after_its_topic_was_created_survives_a_powe
         pending = fs.stats()["pending"]
         daemon.kill()
         report = fs.crash()
-        restarted = Daemon(data_dir, log_file)
+        restarted = _start_broker(data_dir, log_file)
         stored = _read_all(restarted.address)
     finally:
         daemon.kill()
