@@ -14,8 +14,11 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from broker.cluster.testing import LocalCluster
 
 _LIMIT_BYTES = int(os.environ.get("TIDELOG_TEST_RSS_LIMIT_MB", "8192")) * 1024 * 1024
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -69,3 +72,23 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     _current["test"] = item.nodeid
     yield
     _current["test"] = "(between tests)"
+
+
+_LOG_TAIL_CHARS = 6_000
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a ``LocalCluster`` fixture reports the tail of each broker's
+    log (all its lives) beside the traceback: a failure seen only in CI under load then
+    says what the brokers were doing, not just what the client saw."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    if call.excinfo is None or report.when != "call":
+        return
+    funcargs = getattr(item, "funcargs", {})
+    for name, value in funcargs.items():
+        if isinstance(value, LocalCluster):
+            for broker_id in value.broker_ids:
+                tail = value.output(broker_id)[-_LOG_TAIL_CHARS:]
+                report.sections.append((f"{name}: broker {broker_id} log (tail)", tail))

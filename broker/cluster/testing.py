@@ -55,6 +55,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
+import grpc
+
+from proto.tidelog.v1 import broker_pb2, broker_pb2_grpc
+
 __all__ = [
     "ZOOKEEPER_JAR",
     "BrokerNetwork",
@@ -462,10 +466,45 @@ class LocalCluster:
                 self.start_broker(broker_id, wait=False)
             for broker_id in self._ids:
                 self.wait_ready(broker_id)
+            if self._settings.get("security.protocol", "PLAINTEXT") == "PLAINTEXT":
+                self.wait_converged()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_converged(self, timeout_s: float = _START_TIMEOUT_S) -> None:
+        """Block until every running broker's metadata lists every running broker and
+        names a controller (plaintext listeners only).
+
+        A broker serves once it has registered; the others learn of it from a ZooKeeper
+        watch and a re-read of the cluster metadata, which on a loaded machine can take
+        seconds (as in Kafka, where UpdateMetadata reaches brokers one by one). ``start``
+        waits for this, so a test's first Metadata sees the whole cluster; a test that
+        restarts a broker calls it when it wants the same.
+        """
+        running = {i for i in self._ids if self.is_running(i)}
+        deadline = time.monotonic() + timeout_s
+        for broker_id in sorted(running):
+            with grpc.insecure_channel(self.address(broker_id)) as channel:
+                stub = broker_pb2_grpc.BrokerStub(channel)
+                while True:
+                    seen: set[int] = set()
+                    controller = -1
+                    try:
+                        answer = stub.Metadata(broker_pb2.MetadataRequest(), timeout=2.0)
+                        seen = {b.id for b in answer.brokers}
+                        controller = answer.controller_id
+                    except grpc.RpcError:
+                        pass
+                    if seen == running and controller in running:
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"broker {broker_id} sees brokers {sorted(seen)} and controller "
+                            f"{controller}, not {sorted(running)}, after {timeout_s:.0f} s"
+                        )
+                    time.sleep(0.05)
 
     def start_broker(self, broker_id: int, *, wait: bool = True) -> None:
         """Start (or restart) broker ``broker_id`` on its port and data directory."""
