@@ -47,9 +47,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.scram import credential_from_password  # noqa: E402
+from broker.core.scram import credential_from_password  # noqa: E402
+from broker.core.users import FileUserStore  # noqa: E402
 from broker.testing_tls import TestPki  # noqa: E402
-from broker.users import FileUserStore  # noqa: E402
 from client import AdminClient, Consumer, Producer, TopicPartition  # noqa: E402
 
 _MIB = 1024 * 1024

@@ -6,9 +6,9 @@ broker (``BrokerParts``) and start it serving; ``broker.server.BrokerServer`` th
 its lifecycle (stop, signals). Each collaborator is handed to the constructor of what
 uses it; nothing is assigned onto an object after it was built (issue #26; the rule is
 checked by ``tests/test_architecture.py``). What changes while a broker runs is the
-state of one object made for it: ``broker.membership.Membership`` moves a cluster broker
+state of one object made for it: ``broker.core.membership.Membership`` moves a cluster broker
 from *joining* (lead nothing, administer nothing, no producer ids) to *joined* once
-``ClusterNode.start`` has the cluster's view, and the ACL holder (``broker.acl_store.
+``ClusterNode.start`` has the cluster's view, and the ACL holder (``broker.core.acl_store.
 Acls.use_store``) moves to ZooKeeper's ACLs at the same point.
 
 The order, in both modes:
@@ -17,7 +17,7 @@ The order, in both modes:
 2. the core opens the data directory (``BrokerCore.open``; recovering it if the last
    stop was not clean) with the mode's membership;
 3. the admission limits and the metrics collectors;
-4. the gRPC listener (``broker.grpc_async.AsyncListener``), then the metrics endpoint;
+4. the gRPC listener (``broker.grpc.listener.AsyncListener``), then the metrics endpoint;
 5. the Kafka listener (``kafka.listen``), bound before a cluster broker registers: its
    registration carries that endpoint (Kafka registers a broker once every listener is
    bound);
@@ -36,17 +36,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.audit import configure_file as configure_audit_file
 from broker.config import BrokerConfig, parse_listen
-from broker.core import BrokerCore
+from broker.core.audit import configure_file as configure_audit_file
+from broker.core.facade import BrokerCore
+from broker.core.limits import Admission, AdmissionCollector
+from broker.core.membership import Membership
+from broker.core.metrics import BrokerMetrics, MetricsServer
+from broker.core.quotas import QuotaCollector
 from broker.groups.offset_store import OFFSETS_TOPIC
-from broker.grpc_async import AsyncListener
+from broker.grpc.listener import AsyncListener
 from broker.kafka import KafkaListener, ListenerSettings
-from broker.limits import Admission, AdmissionCollector
 from broker.loop_watchdog import LoopWatchdog
-from broker.membership import Membership
-from broker.metrics import BrokerMetrics, MetricsServer
-from broker.quotas import QuotaCollector
 from broker.security_config import SecurityConfig
 from broker.tls import ServerTls
 from storage.clock import Clock, SystemClock
@@ -111,7 +111,7 @@ class BrokerParts:
 
 def assemble_single_node(config: BrokerConfig, clock: Clock | None = None) -> BrokerParts:
     """A broker without ``zookeeper.connect``: it leads every partition of its own data
-    directory (``broker.placement.LocalPlacement``).
+    directory (``broker.core.placement.LocalPlacement``).
 
     Raises:
         StorageError: the data directory is unusable.
@@ -394,7 +394,7 @@ def _join_cluster(
     """Cluster mode: register (the gRPC endpoint, and the Kafka listener's if it runs),
     start the controller candidate, route by the cluster's view, draw producer ids from
     ZooKeeper (``broker.cluster.producer_ids``) and users from ZooKeeper's
-    ``/config/users`` (``broker.users``): ``membership`` joins.
+    ``/config/users`` (``broker.core.users``): ``membership`` joins.
 
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).

@@ -29,14 +29,14 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from broker.audit import audit
 from broker.cluster.errors import StoreError
 from broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
+from broker.core.audit import audit
+from broker.core.scram import MIN_ITERATIONS, ScramError, credential_from_password
+from broker.core.users import FileUserStore, check_user_name
 from broker.loop_watchdog import ProcessStallDump, register_dump_signal
 from broker.malloc import tune_malloc
-from broker.scram import MIN_ITERATIONS, ScramError, credential_from_password
 from broker.server import BrokerServer, ListenError, run_until_signalled
-from broker.users import FileUserStore, check_user_name
 from storage.errors import InvalidConfigError, InvalidRequestError, StorageError
 from storage.files import atomic_write
 
@@ -163,7 +163,7 @@ def healthcheck(argv: Sequence[str]) -> int:
 def add_user(argv: Sequence[str]) -> int:
     """``add-user``: store a SCRAM user in a data directory before the broker starts (the
     first super user). The password is the first line of stdin; only its salted hashes
-    are written (``broker.users``)."""
+    are written (``broker.core.users``)."""
     parser = argparse.ArgumentParser(prog="tidelog users add --data-dir")
     parser.add_argument("name")
     parser.add_argument("--data-dir", required=True)

@@ -111,7 +111,7 @@ key (``_REMOVED_KEYS``), whatever its value, with a message that says why it wen
 setting that no longer does anything must not be accepted silently, and an unknown-key
 error listing every setting would not tell the user what happened to theirs.
 ``server.io.model`` was removed (issue #26): the threaded serving model is gone and the
-asynchronous one (``grpc.aio``, ``broker.grpc_async``) is the only one, so even
+asynchronous one (``grpc.aio``, ``broker.grpc.listener``) is the only one, so even
 ``server.io.model=async`` is refused; delete the line.
 """
 
@@ -124,10 +124,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.core.limits import LimitsConfig
 from broker.groups.coordinator import CoordinatorConfig
 from broker.groups.manager import GroupConfig
 from broker.groups.offset_store import OffsetStoreConfig
-from broker.limits import LimitsConfig
 from broker.security_config import PROTOCOLS, SECURITY_KEYS, SecurityConfig
 from storage.config import LogConfig
 from storage.errors import InvalidConfigError
@@ -496,7 +496,7 @@ class BrokerConfig:
         return tuple(messages)
 
     def limits_config(self) -> LimitsConfig:
-        """The serving limits derived from these settings (``broker/limits.py``)."""
+        """The serving limits derived from these settings (``broker/core/limits.py``)."""
         return LimitsConfig(
             max_connections=self.max_connections,
             max_connections_per_ip=self.max_connections_per_ip,

@@ -6,9 +6,9 @@ connection is a file descriptor; the value got is logged), opens the data direct
 the ``tidelog.v1.Broker`` service, the standard health service and server reflection, and
 the Prometheus endpoint if ``metrics.port`` is not -1.
 
-The gRPC listener is ``broker.grpc_async.AsyncListener``: ``grpc.aio`` on an event loop
+The gRPC listener is ``broker.grpc.listener.AsyncListener``: ``grpc.aio`` on an event loop
 thread, storage work on ``num.io.threads`` threads, waiting calls parked without a
-thread, and the limits of ``broker.limits`` enforced. It is the only serving model: the
+thread, and the limits of ``broker.core.limits`` enforced. It is the only serving model: the
 threaded one (``server.io.model=threads``, a worker per call for the call's whole life)
 was retired in issue #26, with the measurement that decided it in ``docs/broker.md``
 ("One serving model"); the setting is refused by ``broker.config``.
@@ -40,8 +40,8 @@ are kept.
 
 Security (``docs/security.md``): with ``security.protocol`` SSL or SASL_SSL the listener
 serves TLS (``broker.tls``); every call goes through ``core.authenticator``
-(``broker.auth``), which SASL_* listeners use to require a session; SCRAM users live in
-the data directory, or in ZooKeeper in cluster mode (``broker.users``).
+(``broker.core.auth``), which SASL_* listeners use to require a session; SCRAM users live in
+the data directory, or in ZooKeeper in cluster mode (``broker.core.users``).
 
 How the parts are built and wired, per mode, is ``broker.assembly``; this module owns
 the running broker's lifecycle.
@@ -67,12 +67,12 @@ from broker.assembly import (
     assemble_single_node,
 )
 from broker.config import BrokerConfig
-from broker.core import BrokerCore
+from broker.core.facade import BrokerCore
+from broker.core.limits import Admission
+from broker.core.metrics import MetricsServer
+from broker.grpc.service import BROKER_SERVICE_NAME
 from broker.kafka import KafkaListener
-from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
-from broker.metrics import MetricsServer
-from broker.service import BROKER_SERVICE_NAME
 from broker.tls import ServerTls
 from storage.clock import Clock
 

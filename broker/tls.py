@@ -18,7 +18,7 @@ With a client certificate, ``principal_from_auth_context`` names the caller
 ``InterBrokerChannels`` is the one place brokers open channels to each other (replica
 fetchers, ControlledShutdown): plaintext, or TLS trusting ``ssl.cafile`` and presenting
 the broker's own certificate (mutual TLS), and for SASL_* a session from the
-``Authenticate`` handshake as ``inter.broker.sasl.username`` (``broker.auth_client``).
+``Authenticate`` handshake as ``inter.broker.sasl.username`` (``broker.grpc.auth_client``).
 
 Thread-safe: ``ServerTls`` guards its state with ``_lock``; grpc calls ``_fetch`` from its
 own threads.
@@ -219,7 +219,7 @@ class InterBrokerChannels:
             channel = grpc.secure_channel(address, self._credentials, options=list(options))
         config = self._config
         if config.sasl and config.inter_broker_sasl_username and config.inter_broker_sasl_password:
-            from broker.auth_client import SessionInterceptor
+            from broker.grpc.auth_client import SessionInterceptor
 
             return grpc.intercept_channel(
                 channel,

@@ -19,7 +19,7 @@ The SCRAM client side is RFC 5802 / RFC 7677 with hashlib/hmac; the password nev
 leaves this process (SCRAM sends a proof; ``salted_credential`` sends SaltedPassword for
 ``AdminClient.upsert_user``, as Kafka's AlterUserScramCredentials). ``client`` may not
 import ``broker``, so this is the client library's own copy of the exchange
-(``broker.scram`` is the broker's). The password is kept out of ``repr``.
+(``broker.core.scram`` is the broker's). The password is kept out of ``repr``.
 
 Thread-safe: ``ClientSecurity`` is immutable; ``Session`` guards its token with a lock.
 """
@@ -60,7 +60,7 @@ MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
 SESSION_METADATA_KEY = "tidelog-session-token"
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 _MIN_ITERATIONS = 4096
-_MAX_ITERATIONS = 16384  # Kafka's bound (broker.scram.MAX_ITERATIONS)
+_MAX_ITERATIONS = 16384  # Kafka's bound (broker.core.scram.MAX_ITERATIONS)
 _GS2 = "n,,"
 
 

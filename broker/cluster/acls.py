@@ -1,6 +1,6 @@
 """ACL bindings in ZooKeeper (cluster mode): one document every broker watches.
 
-The document is ``broker.acl_store``'s format in the znode ``/tidelog/acls``. A change is
+The document is ``broker.core.acl_store``'s format in the znode ``/tidelog/acls``. A change is
 read-modify-write by compare-and-set on the znode version, retried on a race, so two
 brokers adding bindings at once both land. Every broker watches the znode and rebuilds its
 ``Authorizer`` from each new version, so a binding added through any broker applies on
@@ -13,10 +13,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from broker.acl import AclBinding, AclFilter
-from broker.acl_store import decode_acls, encode_acls
 from broker.cluster.store import ClusterStore, StaleStateError
 from broker.cluster.znodes import ACLS
+from broker.core.acl import AclBinding, AclFilter
+from broker.core.acl_store import decode_acls, encode_acls
 
 __all__ = ["ZooKeeperAclStore"]
 
@@ -26,7 +26,7 @@ _ATTEMPTS = 20
 
 
 class ZooKeeperAclStore:
-    """``broker.acl_store.AclStore`` on ZooKeeper."""
+    """``broker.core.acl_store.AclStore`` on ZooKeeper."""
 
     def __init__(self, store: ClusterStore) -> None:
         self._store = store

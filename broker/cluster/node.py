@@ -57,9 +57,9 @@ from broker.cluster.session import SessionFence, step_down_delay_ms
 from broker.cluster.store import ClusterStore, StoreError
 from broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint, PartitionState
 from broker.config import BrokerConfig
-from broker.meta_properties import ensure_meta_properties
-from broker.metrics import BrokerMetrics
-from broker.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from broker.core.meta_properties import ensure_meta_properties
+from broker.core.metrics import BrokerMetrics
+from broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
 from broker.tls import InterBrokerChannels
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

@@ -1,7 +1,7 @@
 """Producer ids for a cluster, drawn from ZooKeeper (Kafka's ``ZkProducerIdManager``).
 
 In cluster mode every broker answers ``InitProducerId`` through this class instead of
-the data directory's counter (``broker/producer_ids.py``), so that an id is never handed
+the data directory's counter (``broker/core/producer_ids.py``), so that an id is never handed
 out twice across the cluster, whichever broker a producer asks and whichever broker dies
 when.
 
@@ -62,7 +62,7 @@ from broker.cluster.znodes import (
     ZnodeError,
     producer_key_name,
 )
-from broker.producer_ids import MAX_PRODUCER_EPOCH, check_init_request, check_producer_key
+from broker.core.producer_ids import MAX_PRODUCER_EPOCH, check_init_request, check_producer_key
 from storage.clock import Clock
 from storage.errors import (
     BrokerUnavailableError,

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from broker.cluster.fetcher import FetcherPool, FetchTarget
 from broker.cluster.metadata import ClusterMetadata
 from broker.cluster.znodes import NO_LEADER, PartitionState
-from broker.fetch import PartitionFetchSpec
-from broker.group_fsync import DURABLE, PENDING
+from broker.core.fetch import PartitionFetchSpec
+from broker.core.group_fsync import DURABLE, PENDING
 from storage.clock import Clock
 from storage.errors import (
     FencedLeaderEpochError,
@@ -293,7 +293,7 @@ class ReplicaManager:
         for tp in led:
             self._progress(tp)
 
-    # --- the produce path (broker.produce.ReplicationHooks) --------------------------------
+    # --- the produce path (broker.core.produce.ReplicationHooks) --------------------------------
 
     def leader_epoch_for_append(
         self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
@@ -364,7 +364,7 @@ class ReplicaManager:
     def on_follower_fetch(
         self, replica_id: int, spec: PartitionFetchSpec, plog: PartitionLog
     ) -> tuple[int, int] | None:
-        """Check and record one follower read (``broker.fetch.ReplicaFetchHook``)."""
+        """Check and record one follower read (``broker.core.fetch.ReplicaFetchHook``)."""
         tp = (spec.topic, spec.partition)
         with self._lock:
             leading = self._leading.get(tp)

@@ -542,7 +542,7 @@ class ClusterStore:
             raise StoreError(f"deleting {path}: {exc}") from exc
         return True
 
-    # --- SCRAM users (Kafka's /config/users/<name>, broker.users) ----------------------
+    # --- SCRAM users (Kafka's /config/users/<name>, broker.core.users) ----------------------
 
     def user_names(self) -> list[str]:
         """The children of ``/config/users``."""

@@ -33,7 +33,7 @@ Parked requests: a JoinGroup waiting for the rebalance and a SyncGroup waiting f
 leader's assignment are parked as a ``concurrent.futures.Future`` per member, completed
 here by whichever call moves the group on (another member's join, the leader's sync, a
 leave, the expiry pass). The caller waits on it its own way (the Kafka adapter:
-``asyncio.wrap_future``). A purgatory (``broker.delayed``) is not used: these waits are
+``asyncio.wrap_future``). A purgatory (``broker.core.delayed``) is not used: these waits are
 keyed by member and completed by state changes of the group, never by a deadline of their
 own (the rebalance timeout removes the late members instead, which completes the others).
 A caller that gives up (its connection closed) cancels its future; a cancelled future

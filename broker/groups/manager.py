@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.errors import partition_error
+from broker.core.errors import partition_error
 from broker.groups.assignor import TopicPartition
 from broker.groups.classic import ClassicGroups
 from broker.groups.coordinator import (

@@ -2,7 +2,7 @@
 
 ``KafkaListener`` (``listener``) serves Kafka clients on asyncio sockets; ``codec`` turns
 frames into plain values through kio; ``handlers``, ``data``, ``offsets`` and ``groups``
-answer each API over ``broker.core.BrokerCore``; ``versions`` is the
+answer each API over ``broker.core.facade.BrokerCore``; ``versions`` is the
 advertised table; ``errors`` maps Tidelog's error codes to Kafka's numbers.
 ``docs/kafka.md`` says what is supported.
 """

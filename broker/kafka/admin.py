@@ -9,13 +9,13 @@ password or secret hidden (``is_sensitive``). Synonyms and documentation are not
 
 from __future__ import annotations
 
+from broker.core.operations import cluster as the_cluster
+from broker.core.operations import topic
 from broker.kafka.authz import denied
 from broker.kafka.cluster import broker_entries
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
-from broker.operations import cluster as the_cluster
-from broker.operations import topic
 from storage.errors import InvalidRequestError
 
 __all__ = ["describe_cluster", "describe_configs"]

@@ -1,6 +1,6 @@
 """ACL checks on the Kafka listener: the request being handled is a neutral operation
-(``broker.operations.KAFKA_APIS``, by api key), decided by the one policy table
-(``broker.operations.authorize``) with the same ACLs, principals and audit lines as the
+(``broker.core.operations.KAFKA_APIS``, by api key), decided by the one policy table
+(``broker.core.operations.authorize``) with the same ACLs, principals and audit lines as the
 gRPC listener, and answered with Kafka's error numbers.
 
 Handlers name only the resources (``topic(...)``, ``group(...)``, ``cluster()``); what
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from broker.core.operations import KAFKA_APIS, Resource, authorize, topic
+from broker.core.operations import visible as visible_names
 from broker.kafka.errors import error_code_for
 from broker.kafka.listener import Connection
-from broker.operations import KAFKA_APIS, Resource, authorize, topic
-from broker.operations import visible as visible_names
 from storage.errors import NotAuthorizedError
 
 __all__ = ["denied", "gate", "refusals", "visible"]
@@ -37,7 +37,7 @@ def refusals(
     """Per resource, 0 if the caller may, else Kafka's authorization error code (each
     refusal audited once). ``operation``: another operation than the request's own (a
     Metadata request's auto-creation is ``create_topics``); ``whole``: see
-    ``broker.operations.authorize``."""
+    ``broker.core.operations.authorize``."""
     api, neutral = _request(conn, operation)
     decisions = authorize(conn.core.acls, conn.context, api, neutral, resources, whole=whole)
     return {

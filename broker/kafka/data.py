@@ -26,15 +26,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from broker.core import EpochQuery, OffsetQuery
-from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.facade import EpochQuery, OffsetQuery
+from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.operations import cluster, topic
+from broker.core.produce import Acks, PartitionProduced, PartitionRecords
+from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from broker.kafka.authz import denied, gate, refusals
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.listener import Connection
-from broker.operations import cluster, topic
-from broker.produce import Acks, PartitionProduced, PartitionRecords
-from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from storage.batch_times import NO_TIME, BatchTimes
 
 __all__ = ["fetch", "init_producer_id", "list_offsets", "offset_for_leader_epoch", "produce"]

@@ -1,8 +1,8 @@
 """Tidelog's error codes rendered as Kafka's numeric error codes, in one table: the Kafka
-listener's half of the error contract (``broker.errors.classify`` decides the code and the
-safe message, listener-neutrally; ``broker.grpc_errors`` is the gRPC listener's half).
+listener's half of the error contract (``broker.core.errors.classify`` decides the code and the
+safe message, listener-neutrally; ``broker.grpc.errors`` is the gRPC listener's half).
 
-The core reports errors as stable strings (``storage.errors``, ``broker.errors``); most
+The core reports errors as stable strings (``storage.errors``, ``broker.core.errors``); most
 are Kafka's own names already (``UNKNOWN_TOPIC_OR_PARTITION``, ``NOT_COORDINATOR``...),
 so the number is kio's ``ErrorCode`` of the same name. The few Tidelog-only codes are
 mapped in ``_ALIASES``; anything else is ``UNKNOWN_SERVER_ERROR`` (-1), which clients do
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from broker.errors import Outcome, classify
+from broker.core.errors import Outcome, classify
 from storage.errors import InternalError
 
 __all__ = ["NONE", "error_code_for", "error_name", "kafka_code", "kafka_error", "render"]

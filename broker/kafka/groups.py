@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 
+from broker.core.operations import group
 from broker.groups.classic import ClassicError, JoinRequest
 from broker.kafka.authz import denied, visible
 from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_error
 from broker.kafka.listener import Connection
-from broker.operations import group
 from storage.errors import LeaderNotAvailableError
 
 __all__ = [

@@ -1,7 +1,7 @@
 """One handler per Kafka API: a plain request in, a plain response out, over the core.
 
 Every handler converts the request (plain values, ``broker.kafka.codec``) into one call of
-the listener-neutral core (``broker.core.BrokerCore``), the same calls the gRPC listener
+the listener-neutral core (``broker.core.facade.BrokerCore``), the same calls the gRPC listener
 makes, so both listeners see the same log, offsets and topics; then it converts the
 answer, rendering Tidelog's error codes as Kafka's numbers (``broker.kafka.errors``).
 Fields a version lacks are dropped by the codec, so a handler answers all versions.
@@ -19,8 +19,8 @@ import logging
 import uuid
 from typing import Any
 
-from broker import operations
-from broker.core import MetadataTopic
+from broker.core import operations
+from broker.core.facade import MetadataTopic
 from broker.kafka.admin import describe_cluster, describe_configs
 from broker.kafka.authz import denied, refusals, visible
 from broker.kafka.cluster import broker_entries, partition_entry

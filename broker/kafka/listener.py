@@ -14,7 +14,7 @@ purgatory (``BrokerCore.start_fetch``/``step_fetch``) and woken through
 ``call_soon_threadsafe``; an ``acks=all`` produce is delivered by the group fsync thread
 through the same call.
 
-Limits and quotas, as on the gRPC listener (``broker.limits``, ``broker.quotas``):
+Limits and quotas, as on the gRPC listener (``broker.core.limits``, ``broker.core.quotas``):
 ``max.connections`` and ``max.connections.per.ip`` count this listener's connections with
 the gRPC listener's (one ``Admission``); a connection past a limit is closed at once, as
 Kafka closes it. Quotas are metered per user and client id (the request header's):
@@ -28,7 +28,7 @@ counted with the gRPC listener's (the same ``Admission``); where the gRPC listen
 refuses a call past them, this one waits, as Kafka's network threads wait on a full
 request queue: the connection is not read meanwhile.
 
-The request pipeline (``broker.operations``): each api key is a neutral operation
+The request pipeline (``broker.core.operations``): each api key is a neutral operation
 (``KAFKA_APIS``); handlers ask its policy for each resource (``broker.kafka.authz``),
 quotas are metered through ``operations.record_quota`` and every answered request is
 counted once, here, by ``operations.observe`` (listener ``kafka``; outcome ``OK`` or the
@@ -57,8 +57,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker.context import RequestContext
-from broker.core import BrokerCore
+from broker.core.context import RequestContext
+from broker.core.facade import BrokerCore
+from broker.core.limits import Admission
+from broker.core.operations import KAFKA_APIS, record_quota
+from broker.core.pipeline import RequestPipeline
 from broker.kafka.cluster import KafkaBrokers
 from broker.kafka.codec import (
     CodecError,
@@ -71,10 +74,7 @@ from broker.kafka.codec import (
 )
 from broker.kafka.errors import error_name
 from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
-from broker.limits import Admission
 from broker.loop_watchdog import LoopWatchdog
-from broker.operations import KAFKA_APIS, record_quota
-from broker.pipeline import RequestPipeline
 from broker.tls import principal_from_peer_certificate
 from storage.errors import BrokerBusyError
 
@@ -216,7 +216,7 @@ class KafkaListener:
         # KIP-848 members' last subscription and owned partitions (loop's thread only).
         self.kip848_members: dict[tuple[str, str], MemberMemory] = {}
         self._loop = asyncio.new_event_loop()
-        # Every request's steps (broker.pipeline): Kafka waits past queued.max.requests
+        # Every request's steps (broker.core.pipeline): Kafka waits past queued.max.requests
         # and closes the connection on an error a handler did not put in its answer.
         self.pipeline = RequestPipeline(
             listener="kafka",

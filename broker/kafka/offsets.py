@@ -15,6 +15,7 @@ Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
 
 from __future__ import annotations
 
+from broker.core.operations import group, topic
 from broker.groups.assignor import TopicPartition
 from broker.groups.manager import OffsetCommitEntry
 from broker.kafka.authz import denied, refusals, visible
@@ -23,7 +24,6 @@ from broker.kafka.codec import Plain, RequestHeader
 from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from broker.kafka.groups import classic_error_code
 from broker.kafka.listener import Connection
-from broker.operations import group, topic
 from storage.errors import LeaderNotAvailableError
 
 __all__ = ["find_coordinator", "offset_commit", "offset_fetch"]

@@ -1,5 +1,5 @@
 """SASL on the Kafka listener: SaslHandshake and SaslAuthenticate over the broker's own
-``Authenticator`` (``broker.auth``), so the same users, mechanisms and failed-login limits
+``Authenticator`` (``broker.core.auth``), so the same users, mechanisms and failed-login limits
 apply as on the gRPC listener.
 
 With ``security.protocol`` SASL_PLAINTEXT or SASL_SSL, a connection must authenticate

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 import pytest
 
-from broker.grpc_errors import ERROR_CODE_METADATA_KEY
+from broker.grpc.errors import ERROR_CODE_METADATA_KEY
 from broker.testing import InProcessBroker
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

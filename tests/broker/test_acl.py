@@ -1,4 +1,4 @@
-"""Kafka's ACL decision rule (``broker.acl``): examples from Kafka's documentation and
+"""Kafka's ACL decision rule (``broker.core.acl``): examples from Kafka's documentation and
 properties that must hold for any set of bindings."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.acl import (
+from broker.core.acl import (
     AclBinding,
     AclFilter,
     Authorizer,

@@ -1,5 +1,5 @@
 """Authentication feeding authorization: SCRAM users and mutual TLS subjects as ACL
-principals (``broker.auth`` fills ``RequestContext.principal``; ``broker.authorize``
+principals (``broker.core.auth`` fills ``RequestContext.principal``; ``broker.grpc.authorize``
 checks it)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import FileUserStore
 from client import AdminClient, Consumer, Producer, TopicPartition
 from client.acls import AclBinding
 from storage.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError

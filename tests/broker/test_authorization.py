@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.acl import AclBinding as BrokerBinding
+from broker.core.acl import AclBinding as BrokerBinding
 from broker.testing import InProcessBroker
 from client import AdminClient, Consumer, Producer, TopicPartition
 from client.acls import CLUSTER, AclBinding, AclFilter

@@ -1,4 +1,4 @@
-"""The purgatory (``broker.delayed``) and the core's parked fetches and produces.
+"""The purgatory (``broker.core.delayed``) and the core's parked fetches and produces.
 
 Unit tests: a manual clock, real temporary directories for the core, no sockets, and
 nothing sleeps to wait for a deadline (the reaper is not started; ``expire_due`` is).
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore
-from broker.delayed import DelayedOperation, Purgatory
-from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from broker.produce import Acks, PartitionProduced, PartitionRecords
+from broker.core.delayed import DelayedOperation, Purgatory
+from broker.core.facade import BrokerCore
+from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.produce import Acks, PartitionProduced, PartitionRecords
 from storage.clock import ManualClock
 from tests.broker.conftest import make_batch
 

@@ -1,4 +1,4 @@
-"""``broker.service.fetch_response`` splices the stored bytes into a hand-built
+"""``broker.grpc.service.fetch_response`` splices the stored bytes into a hand-built
 ``FetchResponse``: it must parse to exactly the message the protobuf constructor builds."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.fetch import PartitionFetched
-from broker.service import fetch_response
+from broker.core.fetch import PartitionFetched
+from broker.grpc.service import fetch_response
 from proto.tidelog.v1 import broker_pb2 as pb
 
 _answers = st.lists(

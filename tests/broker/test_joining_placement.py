@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from broker.core import BrokerCore
+from broker.core.facade import BrokerCore
+from broker.core.membership import Membership
+from broker.core.placement import LocalPlacement
 from broker.groups.assignor import TopicPartition
 from broker.groups.manager import OffsetCommitEntry
-from broker.membership import Membership
-from broker.placement import LocalPlacement
 from storage.errors import (
     BrokerUnavailableError,
     LeaderNotAvailableError,

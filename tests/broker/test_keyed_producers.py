@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.producer_ids import STATE_FILE_NAME, ProducerIdManager
+from broker.core.producer_ids import STATE_FILE_NAME, ProducerIdManager
 from broker.testing import InProcessBroker
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.producer_ids import ProducerIdManager
+from broker.core.producer_ids import ProducerIdManager
 from broker.testing import InProcessBroker
 from client import AdminClient, Consumer, TopicPartition
 from client.keyed_producer import KeyedProducer, ProducerRecord

@@ -4,11 +4,11 @@ Regressions (issue 15, found by ``tests/broker/hostile/test_fuzz.py``):
 
 - gRPC parsed request bodies itself and answered a malformed one (invalid UTF-8 in a
   ``string``, truncated wire data) ``INTERNAL`` "Exception deserializing request!"
-  without a code, logging a traceback each time; ``broker.parse`` now answers
+  without a code, logging a traceback each time; ``broker.grpc.parse`` now answers
   ``INVALID_REQUEST``, unary and streaming alike.
 - An error message quoting a 70 KB topic name exceeded the client's 16 KiB trailer limit,
   so the client saw "received metadata size exceeds hard limit" instead of the error;
-  messages are now cut (``broker.errors.MAX_MESSAGE_CHARS``).
+  messages are now cut (``broker.core.errors.MAX_MESSAGE_CHARS``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from broker.errors import MAX_MESSAGE_CHARS
-from broker.parse import count_entries
+from broker.core.errors import MAX_MESSAGE_CHARS
+from broker.grpc.parse import count_entries
 from broker.testing import InProcessBroker
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

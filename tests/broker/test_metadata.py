@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import BrokerConfig
-from broker.meta_properties import META_PROPERTIES, ensure_meta_properties
+from broker.core.meta_properties import META_PROPERTIES, ensure_meta_properties
 from broker.testing import InProcessBroker
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

@@ -1,4 +1,4 @@
-"""The one policy table (``broker.operations``) on its own: no socket, no listener. What
+"""The one policy table (``broker.core.operations``) on its own: no socket, no listener. What
 each operation needs, Kafka's two "or else" rules, whole-request refusals, and the audit
 contract: one line per refused explicit resource, none for an allowed one or for an entry
 a listing leaves out."""
@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.acl_store import Acls, LocalAclStore
-from broker.audit import AUDIT_LOGGER_NAME
-from broker.context import RequestContext
-from broker.operations import authorize, cluster, group, topic, visible
+from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from broker.core.acl_store import Acls, LocalAclStore
+from broker.core.audit import AUDIT_LOGGER_NAME
+from broker.core.context import RequestContext
+from broker.core.operations import authorize, cluster, group, topic, visible
 from storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,

@@ -1,11 +1,11 @@
-"""The request pipeline's one bridge back to a listener's loop (``broker.pipeline``)."""
+"""The request pipeline's one bridge back to a listener's loop (``broker.core.pipeline``)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from broker.pipeline import LoopBridge
+from broker.core.pipeline import LoopBridge
 
 
 def test_a_result_from_another_thread_reaches_the_loop_once() -> None:

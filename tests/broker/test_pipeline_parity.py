@@ -47,18 +47,18 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from broker.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.audit import AUDIT_LOGGER_NAME
-from broker.authorize import _RESOURCES
+from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from broker.core.audit import AUDIT_LOGGER_NAME
+from broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
+from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
+from broker.grpc.authorize import _RESOURCES
 from broker.kafka.errors import error_name
 from broker.kafka.handlers import HANDLERS
 from broker.kafka.versions import ADVERTISED
-from broker.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
-from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity
-from broker.scram import credential_from_password
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import FileUserStore
 from client.security import ClientSecurity
 from client.transport import Transport
 from proto.tidelog.v1 import broker_pb2 as pb
@@ -99,10 +99,10 @@ def test_every_operation_is_reached_from_some_listener() -> None:
 
 def test_no_authorization_decision_is_written_outside_the_policy_table() -> None:
     """An ACL check written inline in a handler means the pipeline was bypassed (STYLE.md):
-    only ``broker.operations`` asks the ACLs (``Acls.allowed``, ``allowed_any``,
+    only ``broker.core.operations`` asks the ACLs (``Acls.allowed``, ``allowed_any``,
     ``check``) or writes an ``authorization_denied`` audit line."""
     broker = Path(__file__).resolve().parents[2] / "broker"
-    allowed_here = {broker / "operations.py", broker / "acl_store.py"}
+    allowed_here = {broker / "core" / "operations.py", broker / "core" / "acl_store.py"}
     offenders = []
     for path in sorted(broker.rglob("*.py")):
         if path in allowed_here:
@@ -116,7 +116,7 @@ def test_no_authorization_decision_is_written_outside_the_policy_table() -> None
             denial = isinstance(node, ast.Constant) and node.value == "authorization_denied"
             if inline_check or denial:
                 offenders.append(f"{path.relative_to(broker.parent)}:{getattr(node, 'lineno', 0)}")
-    assert not offenders, f"authorization decided outside broker.operations: {offenders}"
+    assert not offenders, f"authorization decided outside broker.core.operations: {offenders}"
 
 
 # --- the same operations through both listeners --------------------------------------

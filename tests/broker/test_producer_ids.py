@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.producer_ids import MAX_PRODUCER_EPOCH, STATE_FILE_NAME, ProducerIdManager
+from broker.core.producer_ids import MAX_PRODUCER_EPOCH, STATE_FILE_NAME, ProducerIdManager
 from storage.clock import ManualClock
 from storage.errors import (
     InvalidProducerEpochError,

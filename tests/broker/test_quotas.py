@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.quotas import (
+from broker.core.quotas import (
     CONSUMER_BYTE_RATE,
     DEFAULT_ENTITY,
     PRODUCER_BYTE_RATE,
@@ -17,9 +17,9 @@ from broker.quotas import (
     QuotaWindow,
     RateMeter,
 )
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
-from broker.users import FileUserStore
 from client import AdminClient, InvalidRequestError, Producer
 from client.types import QuotaEntity as ClientQuotaEntity
 from proto.tidelog.v1 import broker_pb2 as pb

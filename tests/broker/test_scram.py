@@ -1,4 +1,4 @@
-"""SCRAM and PLAIN on bytes (``broker.scram``), against RFC 7677's example and the client
+"""SCRAM and PLAIN on bytes (``broker.core.scram``), against RFC 7677's example and the client
 library's own implementation (``client.security``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import hmac
 
 import pytest
 
-from broker.scram import (
+from broker.core.scram import (
     ScramClient,
     ScramCredential,
     ScramError,

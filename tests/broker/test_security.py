@@ -21,11 +21,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.auth import SESSION_METADATA_KEY
-from broker.scram import credential_from_password
+from broker.core.auth import SESSION_METADATA_KEY
+from broker.core.scram import credential_from_password
+from broker.core.users import CREDENTIALS_FILE, FileUserStore
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import CREDENTIALS_FILE, FileUserStore
 from client import AdminClient, Consumer, Producer, TopicPartition
 from client.connection import GrpcConnection
 from proto.tidelog.v1 import broker_pb2 as pb

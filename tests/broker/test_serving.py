@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.context import RequestContext, peer_host
-from broker.limits import Admission, LimitsConfig
+from broker.core.context import RequestContext, peer_host
+from broker.core.limits import Admission, LimitsConfig
 from broker.testing import InProcessBroker
 from client import AdminClient, Producer
 from proto.tidelog.v1 import broker_pb2 as pb

@@ -435,8 +435,8 @@ def test_pages_work_with_javascript_off(browser: Browser, console_url: str) -> N
 
 
 def test_login_in_the_browser(browser: Browser, tmp_path: Path) -> None:
-    from broker.scram import credential_from_password
-    from broker.users import FileUserStore
+    from broker.core.scram import credential_from_password
+    from broker.core.users import FileUserStore
 
     users = FileUserStore.open(tmp_path)
     users.upsert("root", credential_from_password("SCRAM-SHA-256", "root-secret"))

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
-from broker.users import FileUserStore
 from client.acls import AclBinding
 from client.admin import AdminClient
 from client.console import ConsoleConfig, create_app

@@ -13,9 +13,9 @@ from urllib.parse import quote
 import pytest
 from starlette.testclient import TestClient
 
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
-from broker.users import FileUserStore
 from client import Consumer, Producer, TopicPartition
 from client.admin import AdminClient
 from client.console.sampler import MAX_INTERVAL_MS, MIN_INTERVAL_MS, Sampler

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import FileUserStore
 from tests.console.conftest import console_client, csrf_token
 
 pytestmark = pytest.mark.timeout(120)

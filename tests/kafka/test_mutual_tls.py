@@ -16,7 +16,7 @@ import kafka
 import kafka.errors
 import pytest
 
-from broker.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
 

@@ -24,11 +24,11 @@ import kafka.errors
 import pytest
 
 import client
-from broker.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.scram import credential_from_password
+from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import FileUserStore
 from tests.kafka.conftest import unique
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,7 +198,7 @@ def test_kcat_over_sasl_ssl_with_plain(secure: SecureBroker) -> None:
 def test_debians_kcat_logs_in_with_scram(secure: SecureBroker, mechanism: str) -> None:
     # librdkafka < 2.6.1 (Debian's kcat links 2.0.2) repeats the client nonce in its
     # client-final message (confluentinc/librdkafka#4895); the Kafka listener takes a nonce
-    # that ends with the expected one, as Kafka 3.8.1-3.9 did (broker/scram.py).
+    # that ends with the expected one, as Kafka 3.8.1-3.9 did (broker/core/scram.py).
     kcat = shutil.which("kcat")
     assert kcat is not None, "kcat is not installed: apt-get install kcat (make venv does)"
     value = unique(f"kcat-{mechanism}")

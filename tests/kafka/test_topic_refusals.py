@@ -22,11 +22,11 @@ import confluent_kafka.admin
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
-from broker.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.scram import credential_from_password
+from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import FileUserStore
 from tests.kafka import raw
 from tests.kafka.conftest import unique
 

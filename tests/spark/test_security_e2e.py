@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import FileUserStore
 from broker.testing import InProcessBroker
 from broker.testing_tls import TestPki
-from broker.users import FileUserStore
 from client import AdminClient
 
 pytestmark = [pytest.mark.spark]

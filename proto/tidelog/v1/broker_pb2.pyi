@@ -2020,7 +2020,7 @@ class AlterClientQuotasRequest(_message.Message):
     both; "<default>" in either place applies to every user (client id) without an entry of
     its own; "" means that part is not given (neither may be configured empty).
     producer_byte_rate and consumer_byte_rate in bytes per second, request_percentage in
-    percent of one broker storage thread. Precedence: broker/quotas.py.
+    percent of one broker storage thread. Precedence: broker/core/quotas.py.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -11,9 +11,9 @@ import pytest
 
 from broker.cluster.store import ClusterStore
 from broker.cluster.testing import LocalCluster
-from broker.scram import credential_from_password
+from broker.core.scram import credential_from_password
+from broker.core.users import ZooKeeperUserStore
 from broker.testing_tls import TestPki
-from broker.users import ZooKeeperUserStore
 from client import AdminClient, Consumer, Producer, TopicPartition
 from storage.errors import BrokerUnavailableError, KafkaTimeoutError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper

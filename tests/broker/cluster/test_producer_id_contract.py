@@ -14,7 +14,7 @@ import pytest
 
 from broker.cluster.producer_ids import ZooKeeperProducerIds
 from broker.cluster.store import ClusterStore
-from broker.producer_ids import (
+from broker.core.producer_ids import (
     ProducerIdManager,
     ProducerIdSource,
     UnavailableProducerIds,

@@ -22,7 +22,7 @@ from broker.cluster.znodes import (
     encode_producer_id_block,
     producer_key_name,
 )
-from broker.producer_ids import MAX_PRODUCER_EPOCH
+from broker.core.producer_ids import MAX_PRODUCER_EPOCH
 from storage.clock import ManualClock
 from storage.errors import (
     InvalidProducerEpochError,

@@ -20,8 +20,8 @@ from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, TopicMetadata
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
-from broker.fetch import PartitionFetchSpec
-from broker.group_fsync import DURABLE, PENDING
+from broker.core.fetch import PartitionFetchSpec
+from broker.core.group_fsync import DURABLE, PENDING
 from storage.clock import ManualClock
 from storage.errors import (
     FencedLeaderEpochError,

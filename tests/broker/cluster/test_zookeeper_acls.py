@@ -6,11 +6,11 @@ import itertools
 import threading
 import time
 
-from broker.acl import AclBinding, AclFilter, Operation, ResourceType
-from broker.acl_store import Acls
 from broker.cluster.acls import ZooKeeperAclStore
 from broker.cluster.store import ClusterStore
 from broker.cluster.testing import ZooKeeperServer
+from broker.core.acl import AclBinding, AclFilter, Operation, ResourceType
+from broker.core.acl_store import Acls
 
 _chroots = itertools.count()
 

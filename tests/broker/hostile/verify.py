@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from broker.grpc_errors import ERROR_CODE_METADATA_KEY
+from broker.grpc.errors import ERROR_CODE_METADATA_KEY
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.errors import CorruptRecordError

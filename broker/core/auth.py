@@ -41,12 +41,12 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from broker.audit import audit
-from broker.context import RequestContext
-from broker.scram import ScramError, ScramServer, parse_plain, verify_password
+from broker.core.audit import audit
+from broker.core.context import RequestContext
+from broker.core.scram import ScramError, ScramServer, parse_plain, verify_password
+from broker.core.users import UserStore
 from broker.security_config import SecurityConfig
 from broker.tls import principal_from_auth_context
-from broker.users import UserStore
 from storage.clock import Clock
 from storage.errors import (
     SaslAuthenticationError,

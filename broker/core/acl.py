@@ -23,7 +23,7 @@ every name, as ``*``), a PREFIXED one every name that starts with it. An unauthe
 caller is ``User:ANONYMOUS``.
 
 Pure and immutable: ``Authorizer`` is rebuilt from the stored bindings on every change
-(``broker.acl_store``). Thread-safe.
+(``broker.core.acl_store``). Thread-safe.
 """
 
 from __future__ import annotations

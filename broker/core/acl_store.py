@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from broker.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
-from broker.audit import audit
+from broker.core.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
+from broker.core.audit import audit
 from storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,

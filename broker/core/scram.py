@@ -1,7 +1,7 @@
 """SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, RFC 7677) and PLAIN, on bytes and strings only.
 
-Pure: no socket, file, clock or thread. ``broker.auth`` drives these state machines over
-the ``Authenticate`` RPC; ``broker.users`` stores what ``ScramCredential`` holds.
+Pure: no socket, file, clock or thread. ``broker.core.auth`` drives these state machines over
+the ``Authenticate`` RPC; ``broker.core.users`` stores what ``ScramCredential`` holds.
 
 The stored credential is Kafka's (``ScramCredential``): salt, iterations (>= 4096),
 StoredKey = H(HMAC(SaltedPassword, "Client Key")) and ServerKey = HMAC(SaltedPassword,
@@ -23,7 +23,7 @@ proof then fails like a wrong password. Every comparison of secrets is constant-
 
 PLAIN (RFC 4616, ``\\0USER\\0PASSWORD``) is verified against the same stored credential:
 the password is salted and hashed with the stored salt and iterations and compared with
-StoredKey; it is accepted over TLS only (``broker.auth`` enforces that).
+StoredKey; it is accepted over TLS only (``broker.core.auth`` enforces that).
 """
 
 from __future__ import annotations

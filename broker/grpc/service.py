@@ -3,10 +3,10 @@
 Each unary RPC of ``tidelog.v1.Broker`` is a plain function ``(core, request, context) ->
 response``: it converts the request into plain values, calls one ``BrokerCore`` method and
 converts the answer back. It blocks (storage work) and raises ``TidelogError``s; it knows
-nothing of gRPC's servicer contexts; the serving model (``broker.grpc_async``) runs it on
-its executor through the request pipeline (``broker.pipeline``: authorization on the
+nothing of gRPC's servicer contexts; the serving model (``broker.grpc.listener``) runs it on
+its executor through the request pipeline (``broker.core.pipeline``: authorization on the
 policy table, metrics, classification), and errors are rendered once, by the model's
-wrapper, through ``broker.grpc_errors``. Protobuf types stop here; record bytes pass
+wrapper, through ``broker.grpc.errors``. Protobuf types stop here; record bytes pass
 through untouched in both directions.
 
 The data path (``Produce``, ``ProduceStream``, ``Fetch``, ``FetchStream``) parks work in the
@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from broker.acl import (
+from broker.core.acl import (
     AclBinding,
     AclFilter,
     Operation,
@@ -37,16 +37,11 @@ from broker.acl import (
     ResourceType,
     parse_enum,
 )
-from broker.acl_store import Acls
-from broker.authorize import (
-    filter_metadata,
-    filter_response,
-    replica_gate,
-    topic_gate,
-)
-from broker.context import RequestContext
-from broker.core import BrokerCore, EpochQuery, OffsetQuery, TopicView
-from broker.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.acl_store import Acls
+from broker.core.context import RequestContext
+from broker.core.facade import BrokerCore, EpochQuery, OffsetQuery, TopicView
+from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.produce import PartitionProduced, PartitionRecords
 from broker.groups.assignor import TopicPartition
 from broker.groups.coordinator import HeartbeatRequest
 from broker.groups.manager import (
@@ -56,9 +51,14 @@ from broker.groups.manager import (
     ResetKind,
     ResetTarget,
 )
-from broker.parse import DEFAULT_MAX_ENTRIES, parsing_handler
-from broker.produce import PartitionProduced, PartitionRecords
-from broker.security_service import SECURITY_HANDLERS
+from broker.grpc.authorize import (
+    filter_metadata,
+    filter_response,
+    replica_gate,
+    topic_gate,
+)
+from broker.grpc.parse import DEFAULT_MAX_ENTRIES, parsing_handler
+from broker.grpc.security_service import SECURITY_HANDLERS
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.batch_times import NO_TIME, BatchTimes
 from storage.errors import InvalidRequestError
@@ -108,7 +108,7 @@ def request_context(
 
 def call_context(core: BrokerCore, context: Any, method: str) -> RequestContext:
     """The authenticated ``RequestContext`` of a gRPC call in either serving model:
-    ``request_context`` plus the principal ``core.authenticator`` finds (``broker.auth``;
+    ``request_context`` plus the principal ``core.authenticator`` finds (``broker.core.auth``;
     raises ``SaslAuthenticationError`` when the listener needs a session and has none)."""
     metadata = context.invocation_metadata()
     caller = request_context(context.peer(), metadata)
@@ -561,7 +561,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeClientQuotas": _describe_client_quotas,
     "Metadata": _metadata,
     "FindCoordinator": _find_coordinator,
-    **SECURITY_HANDLERS,  # Authenticate and the SCRAM user calls (broker.security_service)
+    **SECURITY_HANDLERS,  # Authenticate and the SCRAM user calls (broker.grpc.security_service)
 }
 
 
@@ -818,10 +818,10 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
 
 
 def _authorized(method: str, handler: UnaryHandler) -> UnaryHandler:
-    """``handler`` with its listing filtered by ``broker.authorize`` (what the caller may
+    """``handler`` with its listing filtered by ``broker.grpc.authorize`` (what the caller may
     not describe is left out, silently; nothing when the authorizer is disabled). The
     request itself was authorized by the request pipeline before the call
-    (``broker.pipeline``, resources from ``broker.authorize.resources_of``)."""
+    (``broker.core.pipeline``, resources from ``broker.grpc.authorize.resources_of``)."""
 
     def run(core: BrokerCore, request: Any, context: RequestContext) -> Any:
         acls = core.acls
@@ -880,7 +880,7 @@ def generic_handler(
             if streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        # Bodies are parsed by broker.parse, not by gRPC: a malformed one is
+        # Bodies are parsed by broker.grpc.parse, not by gRPC: a malformed one is
         # INVALID_REQUEST, not INTERNAL (see there).
         handlers[name] = make(
             parsing_handler(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from broker.context import RequestContext
+from broker.core.context import RequestContext
 from storage.errors import (
     BrokerBusyError,
     MaxConnectionsError,

@@ -1,4 +1,4 @@
-"""SCRAM users: where the stored credentials live (``broker.scram.ScramCredential``).
+"""SCRAM users: where the stored credentials live (``broker.core.scram.ScramCredential``).
 
 Two stores behind one protocol, ``UserStore``:
 
@@ -16,7 +16,7 @@ Both keep Kafka's JSON, per user::
      "config": {"SCRAM-SHA-256": "salt=..,stored_key=..,server_key=..,iterations=4096"}}
 
 (the file holds ``{"version": 1, "users": {NAME: <that config>}}``). No password, nor
-anything a client could log in with, is ever stored (``broker.scram``).
+anything a client could log in with, is ever stored (``broker.core.scram``).
 
 Thread-safe: each store owns a lock (``FileUserStore._lock`` guards its map and file).
 """
@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from broker.scram import MECHANISMS, ScramCredential, ScramError
+from broker.core.scram import MECHANISMS, ScramCredential, ScramError
 from storage.errors import InvalidConfigError, InvalidRequestError
 from storage.files import atomic_write
 

@@ -13,8 +13,8 @@ A produce request is split in two steps so that a stream can pipeline them:
      logged at debug level;
    - ``acks=1``: answers with the offsets once appended;
    - ``acks=all`` (-1): a ``DelayedProduce`` parked in the produce purgatory
-     (``broker.delayed``) until every partition written is fsynced up to its last
-     offset by the group fsync thread (``broker.group_fsync``): producers running in
+     (``broker.core.delayed``) until every partition written is fsynced up to its last
+     offset by the group fsync thread (``broker.core.group_fsync``): producers running in
      parallel share fsyncs, a stream's next request is appended while the previous one's
      fsync runs, and no listener thread waits for the disk. On a replicated partition
      (cluster mode) it also waits until the high watermark passes the batch, with at
@@ -37,10 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.delayed import DelayedOperation, Purgatory
-from broker.errors import partition_error
-from broker.group_fsync import DURABLE, PENDING, GroupFsync
-from broker.metrics import BrokerMetrics
+from broker.core.delayed import DelayedOperation, Purgatory
+from broker.core.errors import partition_error
+from broker.core.group_fsync import DURABLE, PENDING, GroupFsync
+from broker.core.metrics import BrokerMetrics
 from storage.batch_times import BatchTimes
 from storage.clock import Clock, SystemClock
 from storage.errors import (
@@ -260,7 +260,7 @@ class ProducePath:
         self.replication: ReplicationHooks | None = None
         # False (log.batch.times.enable): store no sent/received times at all.
         self._batch_times = batch_times
-        # Cluster mode: raises unless this broker leads the partition (broker.placement).
+        # Cluster mode: raises unless this broker leads the partition (broker.core.placement).
         self._check_leader = check_leader
         self._on_append = on_append
         self._purgatory = purgatory

@@ -1,5 +1,5 @@
 """What each gRPC call needs the caller to be allowed: each RPC maps to a neutral operation
-of ``broker.operations`` and the resources its request names; that module's one policy
+of ``broker.core.operations`` and the resources its request names; that module's one policy
 table decides (the same for the Kafka listener) and writes the audit lines. The
 mapping, RPC by RPC:
 
@@ -41,7 +41,7 @@ ListUsers               describe_users              the cluster
 Authenticate            authenticate                none: anyone may log in
 ======================  ==========================  ========================================
 
-A refused unary call is refused by the request pipeline (``broker.pipeline``, resources from
+A refused unary call is refused by the request pipeline (``broker.core.pipeline``, resources from
 ``resources_of``) with the first refused resource's ``*AuthorizationFailedError``.
 With the authorizer disabled nothing here costs more than one attribute read.
 """
@@ -51,10 +51,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.acl import Operation
-from broker.acl_store import Acls
-from broker.context import RequestContext
-from broker.operations import (
+from broker.core.acl import Operation
+from broker.core.acl_store import Acls
+from broker.core.context import RequestContext
+from broker.core.operations import (
     Resource,
     authorize,
     cluster,
@@ -127,7 +127,7 @@ _RESOURCES: dict[str, _Resources] = {
 
 def resources_of(method: str, request: Any) -> list[Resource]:
     """The resources a unary call's request names (the table in the module): what the
-    request pipeline (``broker.pipeline``) authorizes before the core call."""
+    request pipeline (``broker.core.pipeline``) authorizes before the core call."""
     extract = _RESOURCES.get(method)
     return extract(request) if extract is not None else []
 
@@ -164,7 +164,7 @@ def filter_metadata(
     listing is not a request to see them); named ones answer TOPIC_AUTHORIZATION_FAILED
     without partitions, whether they exist or not (so nothing leaks: the core's
     UNKNOWN_TOPIC_OR_PARTITION or INVALID_TOPIC_EXCEPTION is replaced too), and each
-    such refusal is audited (``broker.operations.authorize``)."""
+    such refusal is audited (``broker.core.operations.authorize``)."""
     if not acls.enabled:
         return response
     named = [t.name for t in response.topics if t.name in set(request.topics)]

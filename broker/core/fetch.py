@@ -3,7 +3,7 @@
 A fetch reads every partition it names; if the answer holds at least ``min_bytes`` (or any
 partition failed, or ``max_wait_ms`` or ``min_bytes`` is 0, as in Kafka) it is answered at
 once. Otherwise it becomes a ``DelayedFetch`` parked in the fetch purgatory
-(``broker.delayed``) under its partitions, and no thread waits for it: an append to one of
+(``broker.core.delayed``) under its partitions, and no thread waits for it: an append to one of
 them (``FetchPath.on_append``), its deadline, or the broker stopping completes it, which
 calls the listener's ``wake``; the listener then reads again (``step``), and answers or
 parks once more. A listener drives one fetch like this::
@@ -40,9 +40,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.delayed import DelayedOperation, Purgatory
-from broker.errors import partition_error
-from broker.metrics import BrokerMetrics
+from broker.core.delayed import DelayedOperation, Purgatory
+from broker.core.errors import partition_error
+from broker.core.metrics import BrokerMetrics
 from storage.clock import Clock
 from storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
 from storage.log_manager import LogManager
@@ -189,7 +189,7 @@ class FetchPath:
         check_epoch: EpochCheck | None = None,
     ) -> None:
         self._logs = logs
-        # Cluster mode: raises unless this broker leads the partition (broker.placement).
+        # Cluster mode: raises unless this broker leads the partition (broker.core.placement).
         self._check_leader = check_leader
         self.check_epoch = check_epoch
         # Cluster mode: the replica manager's view of follower reads (set once it runs).

@@ -1,16 +1,16 @@
 """The broker's domain: one method per RPC, over plain Python values; no gRPC here.
 
 ``BrokerCore`` owns the log manager, the produce and fetch paths, the two purgatories of
-delayed operations (``broker.delayed``: parked fetches, ``acks=all`` produces waiting for
+delayed operations (``broker.core.delayed``: parked fetches, ``acks=all`` produces waiting for
 the group fsync), the producer-id allocator, the group coordinator (``broker.groups``)
 and the metrics. It is listener-neutral: plain values in, plain values out, errors as
 ``TidelogError`` classes with stable codes that each listener renders once
-(``broker.errors``). The gRPC listener (``broker.service``) converts each request into a
+(``broker.core.errors``). The gRPC listener (``broker.grpc.service``) converts each request into a
 call of one method here and the result back into protobuf; the Kafka listener and replica
 fetchers will be more callers of the same methods.
 
 Nothing here waits on a client's behalf. A fetch that must wait is parked
-(``start_fetch`` / ``step_fetch``, see ``broker.fetch``) and an ``acks=all`` produce is
+(``start_fetch`` / ``step_fetch``, see ``broker.core.fetch``) and an ``acks=all`` produce is
 answered through a callback once durable (``complete``): the listener chooses how to
 wait without a thread (an asyncio future) or with one (``fetch``, ``produce``).
 
@@ -36,20 +36,42 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.acl import parse_principals
-from broker.acl_store import Acls, LocalAclStore
-from broker.auth import Authenticator
 from broker.config import BrokerConfig
-from broker.delayed import Purgatory
-from broker.errors import ShuttingDownError, partition_error
-from broker.fetch import (
+from broker.core.acl import parse_principals
+from broker.core.acl_store import Acls, LocalAclStore
+from broker.core.auth import Authenticator
+from broker.core.delayed import Purgatory
+from broker.core.errors import ShuttingDownError, partition_error
+from broker.core.fetch import (
     FetchPath,
     FetchSpec,
     PartitionFetched,
     PartitionFetchSpec,
     PendingFetch,
 )
-from broker.group_fsync import GroupFsync
+from broker.core.group_fsync import GroupFsync
+from broker.core.membership import Membership, TopicAdmin
+from broker.core.meta_properties import ensure_meta_properties
+from broker.core.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
+from broker.core.placement import (
+    BrokerEndpoint,
+    ClusterView,
+    LocalPlacement,
+    PartitionPlacement,
+    Placement,
+)
+from broker.core.produce import (
+    Acks,
+    Deliver,
+    PartitionAppend,
+    PartitionProduced,
+    PartitionRecords,
+    ProducePath,
+    ReplicationHooks,
+)
+from broker.core.producer_ids import ProducerIdManager, ProducerIdSource
+from broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from broker.core.users import FileUserStore
 from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from broker.groups.manager import (
     GroupDescription,
@@ -62,28 +84,6 @@ from broker.groups.manager import (
 )
 from broker.groups.offset_records import partition_for
 from broker.groups.offset_store import OFFSETS_TOPIC
-from broker.membership import Membership, TopicAdmin
-from broker.meta_properties import ensure_meta_properties
-from broker.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
-from broker.placement import (
-    BrokerEndpoint,
-    ClusterView,
-    LocalPlacement,
-    PartitionPlacement,
-    Placement,
-)
-from broker.produce import (
-    Acks,
-    Deliver,
-    PartitionAppend,
-    PartitionProduced,
-    PartitionRecords,
-    ProducePath,
-    ReplicationHooks,
-)
-from broker.producer_ids import ProducerIdManager, ProducerIdSource
-from broker.quotas import QuotaEntity, QuotaManager, QuotaWindow
-from broker.users import FileUserStore
 from storage.clock import Clock, SystemClock
 from storage.errors import (
     InvalidReplicationFactorError,
@@ -270,13 +270,13 @@ class BrokerCore:
     ) -> None:
         self.config = config
         # Placement, topic administration and producer ids: the broker's role, which
-        # changes (joining -> joined) inside this one object (broker.membership).
+        # changes (joining -> joined) inside this one object (broker.core.membership).
         self.membership = membership
         self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
         self._logs = logs
-        # Authentication (broker.auth): every listener asks it for each call's principal.
+        # Authentication (broker.core.auth): every listener asks it for each call's principal.
         # None (a core built without ``open``): every call is served unauthenticated.
         self.authenticator = authenticator
         self._groups = groups
@@ -284,7 +284,7 @@ class BrokerCore:
         self._produce_purgatory = produce_purgatory
         self._group_fsync = group_fsync
         self._append_hooks = append_hooks if append_hooks is not None else []
-        # Authorization (broker.authorize): disabled unless authorizer.enabled.
+        # Authorization (broker.grpc.authorize): disabled unless authorizer.enabled.
         self.acls = acls or Acls(LocalAclStore.in_memory(), enabled=False)
         self._fetch = FetchPath(
             logs,
@@ -323,7 +323,7 @@ class BrokerCore:
         """Open (recovering) the data directory, load the committed offsets and start the
         background work (storage tasks, group session expiry).
 
-        ``membership``: the broker's role (``broker.membership``); None: a single node's,
+        ``membership``: the broker's role (``broker.core.membership``); None: a single node's,
         built here (it leads everything, producer ids from the data directory). A cluster
         broker passes ``Membership.joining`` and the assembly (``broker.assembly``) makes
         it join once the node has the cluster's view.
@@ -811,7 +811,7 @@ class BrokerCore:
     def start_fetch(
         self, spec: FetchSpec, *, wake: Callable[[], None], wait_cap_ms: int | None = None
     ) -> PendingFetch:
-        """Begin a fetch that ``step_fetch`` drives (``broker.fetch`` shows the loop).
+        """Begin a fetch that ``step_fetch`` drives (``broker.core.fetch`` shows the loop).
 
         Raises:
             ShuttingDownError: the broker is stopping.
@@ -1001,7 +1001,7 @@ class BrokerCore:
             self._check_coordinator(group_id)
             self._groups.delete_group(group_id)
 
-    # --- client quotas (broker.quotas) ------------------------------------------------
+    # --- client quotas (broker.core.quotas) ------------------------------------------------
 
     def alter_client_quotas(
         self,
@@ -1012,7 +1012,7 @@ class BrokerCore:
         user: str | None = None,
     ) -> None:
         """Set and remove quotas of a client id, a user, or a user with a client id
-        (``<default>`` in either place: all without their own; ``broker.quotas``).
+        (``<default>`` in either place: all without their own; ``broker.core.quotas``).
 
         Raises:
             InvalidRequestError: an unknown quota name, a value that is not positive, or

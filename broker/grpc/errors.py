@@ -4,7 +4,7 @@ status codes, and the trailing metadata that carries the code string.
 A call that fails as a whole ends with the gRPC status from ``STATUS_BY_ERROR`` and the
 error's stable ``code`` string in the trailing metadata key ``tidelog-error-code``; the client
 rebuilds the exact exception class from it (``storage.errors.error_for_code``). Which code
-and message a client may see is decided by the listener-neutral ``broker.errors.classify``;
+and message a client may see is decided by the listener-neutral ``broker.core.errors.classify``;
 this module only renders that ``Outcome`` in gRPC's terms.
 
 A broker that is shutting down answers new calls ``UNAVAILABLE`` without the metadata key
@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import grpc
 
-from broker.errors import Outcome, classify
+from broker.core.errors import Outcome, classify
 from storage.errors import (
     BrokerBusyError,
     ClusterAuthorizationFailedError,
@@ -182,7 +182,7 @@ def render(outcome: Outcome) -> WireError:
 
 
 def to_wire(exc: BaseException) -> WireError:
-    """Classify (``broker.errors.classify``: logs what may not be sent) and render."""
+    """Classify (``broker.core.errors.classify``: logs what may not be sent) and render."""
     return render(classify(exc))
 
 

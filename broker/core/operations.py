@@ -5,14 +5,14 @@ Each request a listener decodes becomes one *operation* named here, whatever the
 gRPC's ``CreateTopic`` and Kafka's CreateTopics (api key 19) are both ``create_topics``.
 ``OPERATIONS`` is the one policy table, keyed by operation name: which ACL operation each
 resource kind the request names needs, and Kafka's exceptions to "every resource
-separately" (``broker.acl`` has the ACLs themselves). Then each listener calls, in order:
+separately" (``broker.core.acl`` has the ACLs themselves). Then each listener calls, in order:
 
 - ``authorize(acls, context, listener, rpc, operation, resources)``: one decision per
-  explicit resource; one audit line per refusal (``broker.audit``), none per allowed one;
+  explicit resource; one audit line per refusal (``broker.core.audit``), none per allowed one;
 - ``visible(...)``: the entries of a listing the caller may see, filtered silently (a
   listing is not a request to see what it leaves out: no audit line);
 - ``record_quota(quotas, context, quota, value)``: the one place a listener meters a
-  quota (``broker.quotas``);
+  quota (``broker.core.quotas``);
 - ``observe(metrics, listener, operation, outcome, seconds)``: the one place a finished
   request is counted (``tidelog_operations_total`` and its latency histogram, labelled by
   operation, listener and outcome).
@@ -71,12 +71,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.acl import CLUSTER_NAME, Operation, ResourceType
-from broker.acl_store import Acls
-from broker.audit import audit
-from broker.context import RequestContext
-from broker.metrics import BrokerMetrics
-from broker.quotas import QuotaManager
+from broker.core.acl import CLUSTER_NAME, Operation, ResourceType
+from broker.core.acl_store import Acls
+from broker.core.audit import audit
+from broker.core.context import RequestContext
+from broker.core.metrics import BrokerMetrics
+from broker.core.quotas import QuotaManager
 from storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,

@@ -1,7 +1,7 @@
 """The broker's own SASL login, for calls to other brokers under SASL_PLAINTEXT/SASL_SSL.
 
 ``SessionInterceptor`` wraps an inter-broker channel (``broker.tls.InterBrokerChannels``):
-before the first call it runs the ``Authenticate`` handshake (``broker.scram.ScramClient``,
+before the first call it runs the ``Authenticate`` handshake (``broker.core.scram.ScramClient``,
 or PLAIN) on the raw channel as ``inter.broker.sasl.username`` and adds the session token
 to every call's metadata. A call answered ``SASL_SESSION_EXPIRED`` (the channel
 reconnected; tokens are bound to one connection) drops the token so the next call logs in
@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from broker.auth import SESSION_METADATA_KEY
-from broker.grpc_errors import ERROR_CODE_METADATA_KEY
-from broker.scram import ScramClient, ScramError
+from broker.core.auth import SESSION_METADATA_KEY
+from broker.core.scram import ScramClient, ScramError
+from broker.grpc.errors import ERROR_CODE_METADATA_KEY
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 

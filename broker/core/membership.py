@@ -26,16 +26,16 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from broker.placement import JoiningPlacement, JoiningTopicAdmin, LocalPlacement, Placement
-from broker.producer_ids import ProducerIdSource, UnavailableProducerIds
-from broker.users import UserStore, ZooKeeperUserStore
+from broker.core.placement import JoiningPlacement, JoiningTopicAdmin, LocalPlacement, Placement
+from broker.core.producer_ids import ProducerIdSource, UnavailableProducerIds
+from broker.core.users import UserStore, ZooKeeperUserStore
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from broker.cluster.store import ClusterStore
-    from broker.scram import ScramCredential
-    from broker.users import FileUserStore
+    from broker.core.scram import ScramCredential
+    from broker.core.users import FileUserStore
 
 __all__ = ["Membership", "Role", "TopicAdmin"]
 
@@ -142,7 +142,7 @@ class Membership:
     def users(self, local: FileUserStore) -> UserStore:
         """The SCRAM users as this membership sees them: ``local`` (the data directory's
         file) until the broker joined a cluster, ZooKeeper's with ``local`` as fallback
-        after (``broker.users``)."""
+        after (``broker.core.users``)."""
         return _MembershipUsers(self, local)
 
 

@@ -12,7 +12,7 @@ One ``grpc.aio`` server runs on an asyncio event loop in a thread of its own
                           queued.max.requests): the blocking core call (a fetch whose
                           answer holds at most 2 MiB is read on the loop's thread)
                                       │
-                   answered ◀─────────┤ or parked in a purgatory (broker.delayed):
+                   answered ◀─────────┤ or parked in a purgatory (broker.core.delayed):
                                       │ no thread; an append, the group fsync, the
                                       │ timer or the end of the call completes it,
                                       ▼ and the ``LoopBridge`` resumes the handler
@@ -21,7 +21,7 @@ One ``grpc.aio`` server runs on an asyncio event loop in a thread of its own
 A waiting call is a suspended coroutine and a few hundred bytes of parked operation, so
 thousands of clients can hold a long poll or an idle stream each. Storage work (appends,
 reads, admin calls) runs on the executor so that a slow disk never stalls the loop; the
-``acks=all`` fsync runs on the group fsync thread (``broker.group_fsync``).
+``acks=all`` fsync runs on the group fsync thread (``broker.core.group_fsync``).
 
 Streams: ``ProduceStream`` appends request N+1 while request N waits for its fsync (a
 reader task that hands whatever arrived during the previous append to the executor in one
@@ -31,18 +31,18 @@ to. The end of a call
 (client gone, cancelled, keepalive failed) cancels the handler's task, whose ``finally``
 cancels its parked operation.
 
-Quotas (``broker.quotas``): storage time is counted against the caller's
+Quotas (``broker.core.quotas``): storage time is counted against the caller's
 ``request_percentage``, produced and fetched bytes against its byte rates; a caller over
 a quota is held back for the throttle time, reported as ``throttle_time_ms`` in produce
 and fetch answers: a produce stream is not read for as long (Kafka mutes the channel),
 a fetch or unary answer is delayed by it.
 
-Every call runs through the listener's ``RequestPipeline`` (``broker.pipeline``): a unary
+Every call runs through the listener's ``RequestPipeline`` (``broker.core.pipeline``): a unary
 call through ``serve`` (authorize on the policy table, the core call on the executor,
 metrics, classification); the data path through the driver's ``run``/``run_inline`` (the
 core call and its quota), ``finish``/``fail`` (metrics, classification) and its
 ``LoopBridge`` (the one hand-off back to the loop), keeping its own batching. Errors are
-classified once per call by the driver and rendered by ``_render`` (``broker.grpc_errors``).
+classified once per call by the driver and rendered by ``_render`` (``broker.grpc.errors``).
 """
 
 from __future__ import annotations
@@ -63,19 +63,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from broker.authorize import resources_of
-from broker.context import RequestContext
-from broker.core import BrokerCore
-from broker.errors import Outcome
-from broker.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
-from broker.grpc_errors import ERROR_CODE_METADATA_KEY, render
-from broker.limits import Admission
-from broker.loop_watchdog import LoopWatchdog
-from broker.operations import GRPC_METHOD_OPERATIONS, record_quota
-from broker.pipeline import LoopBridge, RequestPipeline, resolve
-from broker.produce import Acks, PartitionProduced, parse_acks
-from broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
-from broker.service import (
+from broker.core.context import RequestContext
+from broker.core.errors import Outcome
+from broker.core.facade import BrokerCore
+from broker.core.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
+from broker.core.limits import Admission
+from broker.core.operations import GRPC_METHOD_OPERATIONS, record_quota
+from broker.core.pipeline import LoopBridge, RequestPipeline, resolve
+from broker.core.produce import Acks, PartitionProduced, parse_acks
+from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from broker.grpc.authorize import resources_of
+from broker.grpc.errors import ERROR_CODE_METADATA_KEY, render
+from broker.grpc.service import (
     BROKER_SERVICE_NAME,
     UnaryHandler,
     call_context,
@@ -86,6 +85,7 @@ from broker.service import (
     produce_response,
     wait_cap_ms,
 )
+from broker.loop_watchdog import LoopWatchdog
 from proto.tidelog.v1 import broker_pb2 as pb
 
 __all__ = ["AsyncListener"]

@@ -1,11 +1,11 @@
 """The gRPC handlers of the security RPCs: ``Authenticate`` and the SCRAM user calls.
 
 Plain functions ``(core, request, context) -> response`` like the rest of
-``broker.service``'s table (which includes ``SECURITY_HANDLERS``): convert, call
-``core.authenticator`` (``broker.auth``) or its user store (``broker.users``), convert back.
-User changes are written to the audit log (``broker.audit``) with who made them and from
-where; a credential never appears in a log or an answer (``ListUsers`` gives names,
-mechanisms and iteration counts only).
+``broker.grpc.service``'s table (which includes ``SECURITY_HANDLERS``): convert, call
+``core.authenticator`` (``broker.core.auth``) or its user store (``broker.core.users``),
+convert back. User changes are written to the audit log (``broker.core.audit``) with who
+made them and from where; a credential never appears in a log or an answer
+(``ListUsers`` gives names, mechanisms and iteration counts only).
 
 Who may change users is the authorizer's business (``ALTER`` on the cluster); these
 handlers only do the work.
@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.audit import audit
-from broker.auth import Authenticator
-from broker.context import RequestContext
-from broker.core import BrokerCore
-from broker.scram import MECHANISMS, ScramError, credential_from_salted
-from broker.users import check_user_name
+from broker.core.audit import audit
+from broker.core.auth import Authenticator
+from broker.core.context import RequestContext
+from broker.core.facade import BrokerCore
+from broker.core.scram import MECHANISMS, ScramError, credential_from_salted
+from broker.core.users import check_user_name
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import InvalidRequestError, ResourceNotFoundError
 

@@ -1,7 +1,7 @@
 """The request pipeline's driver: one object per listener runs every request through the
 same steps, so a listener keeps only its transport, its codec and its rendering (#26).
 
-A listener decodes a request into a neutral operation (``broker.operations``), the
+A listener decodes a request into a neutral operation (``broker.core.operations``), the
 resources it names and a core call, and hands them to ``RequestPipeline.serve``, which
 runs::
 
@@ -14,12 +14,12 @@ runs::
     quota       operations.record_quota (request_percentage in ``run``; byte rates by
                 the data path, which knows the sizes)
     metrics     operations.observe (tidelog_operations_total, one sample per request)
-    audit       written by authorize (refusals) and broker.audit (authentication)
-    classify    broker.errors.classify: (code, retriable, safe message)
+    audit       written by authorize (refusals) and broker.core.audit (authentication)
+    classify    broker.core.errors.classify: (code, retriable, safe message)
 
 and hands back an ``Answer``: the core call's value, the throttle time the quotas asked
 for, or the classified error. The listener encodes it (protobuf and a gRPC status via
-``broker.grpc_errors``; a Kafka frame with ``broker.kafka.errors``' numbers).
+``broker.grpc.errors``; a Kafka frame with ``broker.kafka.errors``' numbers).
 
 Where the listeners differ, it is a setting of the driver, not a second copy of a step:
 
@@ -51,13 +51,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from broker.acl_store import Acls
-from broker.context import RequestContext
-from broker.errors import Outcome, classify
-from broker.limits import Admission
-from broker.metrics import BrokerMetrics
-from broker.operations import Resource, authorize, first_refusal, observe, record_quota
-from broker.quotas import REQUEST_PERCENTAGE, QuotaManager
+from broker.core.acl_store import Acls
+from broker.core.context import RequestContext
+from broker.core.errors import Outcome, classify
+from broker.core.limits import Admission
+from broker.core.metrics import BrokerMetrics
+from broker.core.operations import Resource, authorize, first_refusal, observe, record_quota
+from broker.core.quotas import REQUEST_PERCENTAGE, QuotaManager
 from storage.errors import BrokerBusyError
 
 __all__ = ["Answer", "LoopBridge", "RequestPipeline"]

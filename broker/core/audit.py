@@ -1,7 +1,7 @@
 """The audit log: one JSON line per security event (who, what, when, from where).
 
 ``audit(event)`` is the one entry point, for every listener and every security
-component: authentication failures and user changes (``broker.auth``, ``broker.service``),
+component: authentication failures and user changes (``broker.core.auth``, ``broker.grpc.service``),
 and authorization denials and ACL changes (the authorizer). Each event is a flat dict; the
 function adds ``time`` (ISO 8601, UTC, milliseconds) when the event has none, and writes
 it as one JSON line (keys sorted) to the ``tidelog.audit`` logger at INFO. Events never

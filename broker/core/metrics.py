@@ -17,7 +17,7 @@ name                                   type       meaning
 ``tidelog_request_duration_seconds``   histogram  RPC latency, by method (a stream message
                                                   counts as one request of its method)
 ``tidelog_operations_total``          counter    requests of every listener finished, by
-                                                  neutral operation (``broker.operations``),
+                                                  neutral operation (``broker.core.operations``),
                                                   listener (grpc, kafka) and outcome (OK or
                                                   the error code that failed the request)
 ``tidelog_operation_duration_seconds`` histogram  their latency, by operation and listener
@@ -275,7 +275,7 @@ class BrokerMetrics:
     def observe_operation(
         self, listener: str, operation: str, outcome: str, seconds: float
     ) -> None:
-        """Count one finished request of any listener (``broker.operations.observe``)."""
+        """Count one finished request of any listener (``broker.core.operations.observe``)."""
         self.operations.labels(operation, listener, outcome).inc()
         self.operation_duration.labels(operation, listener).observe(seconds)
 

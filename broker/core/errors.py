@@ -4,7 +4,7 @@ half of the error contract (the renderings live with their listeners).
 ``classify(exc)`` turns any exception into an ``Outcome``: the stable code string of
 ``storage.errors``' hierarchy, whether a client may retry, and the message it may see.
 The gRPC listener renders it as a status plus the code in trailing metadata
-(``broker.grpc_errors``); the Kafka listener as Kafka's numeric error code
+(``broker.grpc.errors``); the Kafka listener as Kafka's numeric error code
 (``broker.kafka.errors``). Errors of one partition inside an answer carry the same code
 strings in ``error_code`` (``partition_error``).
 
