@@ -1,39 +1,37 @@
-"""The broker's domain: one method per RPC, over plain Python values; no gRPC here.
+"""The broker's domain behind one facade: ``BrokerCore``, one method per operation, over
+plain Python values; no wire type here.
 
-``BrokerCore`` owns the log manager, the produce and fetch paths, the two purgatories of
-delayed operations (``broker.core.delayed``: parked fetches, ``acks=all`` produces waiting for
-the group fsync), the producer-id allocator, the group coordinator (``broker.groups``)
-and the metrics. It is listener-neutral: plain values in, plain values out, errors as
-``TidelogError`` classes with stable codes that each listener renders once
-(``broker.core.errors``). The gRPC listener (``broker.grpc.service``) converts each request into a
-call of one method here and the result back into protobuf; the Kafka listener and replica
-fetchers will be more callers of the same methods.
+``BrokerCore`` builds and owns the log manager, the produce and fetch paths
+(``broker.core.produce``, ``broker.core.fetch``), the two purgatories of delayed
+operations (``broker.core.delayed``: parked fetches, ``acks=all`` produces waiting for the
+group fsync), the group coordinator (``broker.groups``), the quotas and the metrics; the
+broker's role (placement, topic administration, producer ids) is its
+``broker.core.membership``. The operations are grouped by concept in services the
+facade delegates to: topics (``broker.core.topics``), offsets and producers
+(``broker.core.offsets``), groups (``broker.groups.manager``). It is listener-neutral:
+errors are ``TidelogError`` classes with stable codes that each listener renders once
+(``broker.core.errors``). The gRPC listener (``broker.grpc.service``) and the Kafka
+listener (``broker.kafka``) call the same methods through the request pipeline
+(``broker.core.pipeline``).
 
 Nothing here waits on a client's behalf. A fetch that must wait is parked
 (``start_fetch`` / ``step_fetch``, see ``broker.core.fetch``) and an ``acks=all`` produce is
 answered through a callback once durable (``complete``): the listener chooses how to
 wait without a thread (an asyncio future) or with one (``fetch``, ``produce``).
 
-Internal topics (``__consumer_offsets``) cannot be deleted: the committed offsets live
-there; nor grown (``LogManager.create_partitions`` refuses): a group's offsets live in
-partition ``crc32(group) % count``.
-
-Shutdown: ``close`` refuses new operations (``ShuttingDownError``, which the servicer
-answers as ``UNAVAILABLE``), answers every parked fetch, waits for the operations in
-flight to finish (so that no append races the closing of the logs), lets the group fsync
-answer the produces it was asked for, stops the group expiry timer, then closes the log
-manager, which flushes, writes checkpoints and the clean-shutdown
-marker. Group membership is not persisted: after a restart members get
-``UNKNOWN_MEMBER_ID`` and rejoin; committed offsets are in the log.
+Shutdown (``broker.core.gate``): ``close`` refuses new operations (``ShuttingDownError``,
+which the listeners answer as unavailable), answers every parked fetch, waits for the
+operations in flight to finish (so that no append races the closing of the logs), lets
+the group fsync answer the produces it was asked for, stops the group expiry timer, then
+closes the log manager, which flushes, writes checkpoints and the clean-shutdown marker.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from broker.config import BrokerConfig
@@ -41,7 +39,6 @@ from broker.core.acl import parse_principals
 from broker.core.acl_store import Acls, LocalAclStore
 from broker.core.auth import Authenticator
 from broker.core.delayed import Purgatory
-from broker.core.errors import ShuttingDownError, partition_error
 from broker.core.fetch import (
     FetchPath,
     FetchSpec,
@@ -49,15 +46,23 @@ from broker.core.fetch import (
     PartitionFetchSpec,
     PendingFetch,
 )
+from broker.core.gate import OperationGate
 from broker.core.group_fsync import GroupFsync
 from broker.core.membership import Membership, TopicAdmin
 from broker.core.meta_properties import ensure_meta_properties
 from broker.core.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
+from broker.core.offsets import (
+    EpochEndAnswer,
+    EpochQuery,
+    OffsetAnswer,
+    OffsetQuery,
+    Offsets,
+    PartitionProducers,
+)
 from broker.core.placement import (
     BrokerEndpoint,
     ClusterView,
     LocalPlacement,
-    PartitionPlacement,
     Placement,
 )
 from broker.core.produce import (
@@ -71,6 +76,7 @@ from broker.core.produce import (
 )
 from broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from broker.core.topics import MetadataTopic, PartitionCountResult, Topics, TopicView
 from broker.core.users import FileUserStore
 from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from broker.groups.manager import (
@@ -86,152 +92,17 @@ from broker.groups.offset_records import partition_for
 from broker.groups.offset_store import OFFSETS_TOPIC
 from storage.clock import Clock, SystemClock
 from storage.errors import (
-    InvalidReplicationFactorError,
     InvalidRequestError,
-    InvalidTopicError,
     LeaderNotAvailableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
-    UnknownTopicOrPartitionError,
 )
-from storage.files import validate_topic_name
 from storage.log_manager import LogManager, TopicMetadata
 from storage.partition_log import PartitionLog
-from storage.producer_state import ProducerSummary
 
-__all__ = [
-    "EARLIEST_TIMESTAMP",
-    "LATEST_TIMESTAMP",
-    "BrokerCore",
-    "EpochEndAnswer",
-    "EpochQuery",
-    "MetadataTopic",
-    "OffsetAnswer",
-    "OffsetQuery",
-    "PartitionCountResult",
-    "PartitionProducers",
-    "PartitionView",
-    "TopicAdmin",
-    "TopicView",
-]
+__all__ = ["BrokerCore", "Replication", "TopicAdmin"]
 
 log = logging.getLogger(__name__)
-
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionView:
-    """One partition as ``DescribeTopic`` shows it."""
-
-    partition: int
-    log_start_offset: int
-    log_end_offset: int
-    high_watermark: int
-    size_bytes: int
-    segments: int
-    leader: int = 0
-    leader_epoch: int = 0
-    replicas: tuple[int, ...] = ()
-    isr: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class TopicView:
-    """A topic as ``DescribeTopic`` shows it: every effective config, defaults included."""
-
-    name: str
-    internal: bool
-    config: Mapping[str, str]
-    partitions: Sequence[PartitionView]
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataTopic:
-    """One topic of a Metadata answer: its partitions' placements, in partition order."""
-
-    name: str
-    error_code: str = ""
-    partitions: tuple[PartitionPlacement, ...] = ()
-    internal: bool = False
-
-
-def _missing_topic_code(name: str) -> str:
-    """The error of a topic asked for by name that is not there: unknown (it may yet be
-    created, so clients retry), or invalid (it never can be, so they fail at once)."""
-    try:
-        validate_topic_name(name)
-    except InvalidTopicError:
-        return InvalidTopicError.code
-    return UnknownTopicOrPartitionError.code
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetQuery:
-    """``ListOffsets`` for one partition: -2 earliest, -1 latest, else a timestamp."""
-
-    topic: str
-    partition: int
-    timestamp_ms: int
-    current_leader_epoch: int = -1  # the client's view; -1: not checked
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetAnswer:
-    """The found offset (-1 if none) and its record's timestamp (-1 for earliest/latest)."""
-
-    topic: str
-    partition: int
-    offset: int = -1
-    timestamp_ms: int = -1
-    error_code: str = ""
-    error_message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class EpochQuery:
-    """``OffsetForLeaderEpoch`` for one partition: where does ``leader_epoch`` end?"""
-
-    topic: str
-    partition: int
-    leader_epoch: int
-    current_leader_epoch: int = -1  # the client's view; -1: not checked
-
-
-@dataclass(frozen=True, slots=True)
-class EpochEndAnswer:
-    """The largest epoch <= the one asked for that the leader's log knows, and the offset
-    where it ends (the next epoch's start, or the log end offset); both -1 when the epoch
-    asked for is below every known one (Kafka's UNDEFINED_EPOCH_OFFSET)."""
-
-    topic: str
-    partition: int
-    leader_epoch: int = -1
-    end_offset: int = -1
-    error_code: str = ""
-    error_message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionCountResult:
-    """One topic's answer to ``create_partitions``: its count now (-1), or an error."""
-
-    name: str
-    partitions: int = -1
-    error_code: str = ""
-    error_message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionProducers:
-    """One partition's answer to ``describe_producers``: its producers, or an error."""
-
-    topic: str
-    partition: int
-    producers: tuple[ProducerSummary, ...] = ()
-    error_code: str = ""
-    error_message: str = ""
 
 
 class Replication(ReplicationHooks, Protocol):
@@ -305,10 +176,12 @@ class BrokerCore:
             batch_times=config.batch_times_enabled,
             clock=clock,
         )
-        self._gate = threading.Condition()
-        self._in_flight = 0
-        self._closing = False
-        self._closed = False
+        self._gate = OperationGate()
+        self._closed = threading.Event()
+        self._close_lock = threading.Lock()
+        # The operations, by concept; the methods below delegate to them.
+        self.topics = Topics(config, logs, membership, groups, metrics, self._gate)
+        self.offsets = Offsets(logs, membership, self._fetch, self._gate)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
 
@@ -485,25 +358,13 @@ class BrokerCore:
 
     # --- the shutdown gate ------------------------------------------------------------
 
-    @contextmanager
-    def _operation(self) -> Iterator[None]:
+    def _operation(self) -> AbstractContextManager[None]:
         """Run one operation unless closing; ``close`` waits for those in flight."""
-        with self._gate:
-            if self._closing:
-                raise ShuttingDownError("the broker is shutting down")
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._gate.notify_all()
+        return self._gate.operation()
 
     def begin_close(self) -> None:
         """Refuse new operations and answer waiting long polls now. Idempotent."""
-        with self._gate:
-            self._closing = True
+        self._gate.begin_close()
         self._fetch_purgatory.close()
 
     def close(self, timeout_ms: int = 30_000) -> None:
@@ -512,20 +373,21 @@ class BrokerCore:
         Operations still running after ``timeout_ms`` are logged and the logs closed anyway
         (an fsync stuck that long means the disk is gone).
         """
-        with self._gate:
-            if self._closed:
+        with self._close_lock:
+            if self._closed.is_set():
                 return
-            self._closed = True
+            self._closed.set()
         self.begin_close()
-        with self._gate:
-            if not self._gate.wait_for(lambda: self._in_flight == 0, timeout_ms / 1000.0):
-                log.error("closing with %d operations still in flight", self._in_flight)
+        if not self._gate.wait_idle(timeout_ms / 1000.0):
+            log.error("closing with %d operations still in flight", self._gate.in_flight)
         self._group_fsync.close(timeout_ms)
         self._produce_purgatory.close()
         self._groups.close()
         self._logs.close()
 
     # --- topics ---------------------------------------------------------------------------
+
+    # --- topics (broker.core.topics) -------------------------------------------------------
 
     def create_topic(
         self,
@@ -535,245 +397,56 @@ class BrokerCore:
         *,
         replication_factor: int | None = None,
     ) -> TopicView:
-        """Create a topic (``partitions`` None or 0: ``num.partitions``; replication
-        factor None: ``default.replication.factor``).
-
-        Raises ``InvalidReplicationFactorError`` for a factor a single node cannot keep
-        (more than 1), and in cluster mode ``NotControllerError`` on another broker than
-        the controller (the client retries there).
-        """
-        factor = replication_factor or self.config.default_replication_factor
-        admin = self.topic_admin
-        if admin is None:
-            if factor != 1:
-                raise InvalidReplicationFactorError(
-                    f"replication factor {factor} needs {factor} brokers; this is a single "
-                    "node (start brokers with zookeeper.connect for a cluster)"
-                )
-            with self._operation():
-                meta = self._logs.create_topic(name, partitions or None, config)
-                return self._view(meta)
-        count = partitions or self.config.num_partitions
-        self._logs.validate_new_topic(name, count, config)
-        admin.create_topic(name, count, factor, config)
-        return self.describe_topic(name)
+        """``Topics.create_topic``."""
+        return self.topics.create_topic(
+            name, partitions, config, replication_factor=replication_factor
+        )
 
     def elect_preferred_leaders(self) -> int:
-        """Move leaderships back to the preferred replicas (cluster mode; the controller
-        runs it); returns how many moved. ``InvalidRequestError`` on a single node, where
-        the only replica always leads; ``NotControllerError`` on another broker."""
-        admin = self.topic_admin
-        if admin is None:
-            raise InvalidRequestError("a single node has no other replica to elect")
-        return admin.elect_preferred_leaders()
+        """``Topics.elect_preferred_leaders``."""
+        return self.topics.elect_preferred_leaders()
 
     def controlled_shutdown(self, broker_id: int) -> int:
-        """The controller's part of a broker's controlled shutdown (cluster mode)."""
-        admin = self.topic_admin
-        if admin is None:
-            raise InvalidRequestError("a single node has no controller to hand leadership to")
-        return admin.controlled_shutdown(broker_id)
+        """``Topics.controlled_shutdown``."""
+        return self.topics.controlled_shutdown(broker_id)
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
-        """Cluster mode: make the local logs match the controller's topics.
-
-        Creates missing topics, grows and reconfigures changed ones, deletes local topics
-        the cluster no longer has (internal ones are left alone). Called by the metadata
-        watcher after every change; errors are logged per topic, never raised.
-        """
-        with self._operation():
-            local = {t.name: t for t in self._logs.topics()}
-            for name, (count, config) in topics.items():
-                try:
-                    self._apply_cluster_topic(name, count, config, local.get(name))
-                except Exception:
-                    log.exception("cannot apply the cluster's topic %s locally", name)
-            for name, meta in local.items():
-                if name not in topics and not meta.internal:
-                    try:
-                        self._logs.delete_topic(name)
-                        self._groups.forget_topic(name)
-                    except Exception:
-                        log.exception("cannot delete local topic %s", name)
-                    self.metrics.forget_topic(name)
-
-    def _apply_cluster_topic(
-        self, name: str, count: int, config: Mapping[str, str], meta: TopicMetadata | None
-    ) -> None:
-        if meta is None:
-            self._logs.create_topic(name, count, config)
-            return
-        if meta.internal:
-            return  # created by this broker's group coordinator with the same settings
-        if meta.partitions < count:
-            self._logs.create_partitions(name, count)
-        if dict(meta.overrides) != dict(config):
-            removed = [k for k in meta.overrides if k not in config]
-            self._logs.alter_topic_config(name, config, removed)
+        """``Topics.apply_cluster_topics``."""
+        self.topics.apply_cluster_topics(topics)
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic, its data and every group's committed offsets of it.
-
-        Raises:
-            InvalidRequestError: an internal topic.
-            UnknownTopicOrPartitionError: no such topic.
-        """
-        admin = self.topic_admin
-        with self._operation():
-            if self._logs.topic(name).internal:
-                raise InvalidRequestError(f"{name} is an internal topic and cannot be deleted")
-            if admin is None:
-                self._logs.delete_topic(name)
-                self._groups.forget_topic(name)
-        if admin is not None:
-            admin.delete_topic(name)  # the local logs go when this broker's view shows it
-        self.metrics.forget_topic(name)
+        """``Topics.delete_topic``."""
+        self.topics.delete_topic(name)
 
     def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
-        """Every topic, sorted by name; internal ones only if asked."""
-        with self._operation():
-            return [t for t in self._logs.topics() if include_internal or not t.internal]
+        """``Topics.list_topics``."""
+        return self.topics.list_topics(include_internal)
 
     def describe_topic(self, name: str) -> TopicView:
-        """A topic with its partitions' offsets and sizes and its effective config.
-
-        Raises ``InvalidTopicError`` for a name no topic can have (Kafka's
-        ``INVALID_TOPIC_EXCEPTION``, not "unknown": no retry can help),
-        ``UnknownTopicOrPartitionError`` for no such topic, ``LeaderNotAvailableError``
-        while a broker is joining its cluster.
-        """
-        validate_topic_name(name)
-        with self._operation():
-            self.placement.check_joined()
-            return self._view(self._logs.topic(name))
+        """``Topics.describe_topic``."""
+        return self.topics.describe_topic(name)
 
     def metadata(
         self, topics: Sequence[str], include_internal: bool
     ) -> tuple[ClusterView, list[MetadataTopic]]:
-        """Kafka's Metadata: the cluster and each topic's partition leaders.
-
-        ``topics`` empty: every topic (internal ones only if asked). A topic asked for by
-        name that does not exist comes back with ``UNKNOWN_TOPIC_OR_PARTITION``, one whose
-        name no topic can have (``storage.files.validate_topic_name``) with
-        ``INVALID_TOPIC_EXCEPTION``, as Kafka's: clients fail it at once instead of waiting
-        for it to be created. Authorization is the listeners' (it answers first).
-        """
-        with self._operation():
-            known = self.placement.topics()
-            if known is None:
-                known = {t.name: t.partitions for t in self._logs.topics()}
-            internal = {t.name for t in self._logs.topics() if t.internal}
-            internal.update(name for name in known if name.startswith("__"))
-            names = (
-                list(topics)
-                if topics
-                else [n for n in sorted(known) if include_internal or n not in internal]
-            )
-            answers = []
-            for name in names:
-                count = known.get(name)
-                if count is None:
-                    answers.append(MetadataTopic(name, _missing_topic_code(name)))
-                    continue
-                placed = [self.placement.partition(name, p) for p in range(count)]
-                answers.append(MetadataTopic(name, "", tuple(placed), name in internal))
-            return self.placement.cluster(), answers
+        """``Topics.metadata``."""
+        return self.topics.metadata(topics, include_internal)
 
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
-        """The broker coordinating ``group_id``: the leader of its offsets partition.
-
-        Raises:
-            LeaderNotAvailableError: that partition has no leader right now.
-        """
-        with self._operation():
-            known = self.placement.topics()
-            if known is None:
-                count = self._logs.topic(OFFSETS_TOPIC).partitions
-            else:
-                count = known.get(OFFSETS_TOPIC, 0)
-            if count < 1:
-                raise LeaderNotAvailableError(f"{OFFSETS_TOPIC} does not exist yet")
-            partition = partition_for(group_id, count)
-            leader = self.placement.partition(OFFSETS_TOPIC, partition).leader
-            for endpoint in self.placement.cluster().brokers:
-                if endpoint.broker_id == leader:
-                    return endpoint
-            raise LeaderNotAvailableError(
-                f"the coordinator of group {group_id!r} ({OFFSETS_TOPIC}-{partition}) has no "
-                "leader right now"
-            )
+        """``Topics.find_coordinator``."""
+        return self.topics.find_coordinator(group_id)
 
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
     ) -> TopicView:
-        """Set and reset topic config keys; answers the new description."""
-        admin = self.topic_admin
-        if admin is None:
-            with self._operation():
-                return self._view(self._logs.alter_topic_config(name, set_keys, delete_keys))
-        meta = self._logs.topic(name)
-        overrides = {k: v for k, v in meta.overrides.items() if k not in set(delete_keys)}
-        overrides.update(set_keys)
-        self._logs.validate_topic_config(overrides)
-        admin.alter_topic_config(name, overrides)
-        return self.describe_topic(name)
+        """``Topics.alter_topic_config``."""
+        return self.topics.alter_topic_config(name, set_keys, delete_keys)
 
     def create_partitions(
         self, counts: Sequence[tuple[str, int]], *, validate_only: bool = False
     ) -> list[PartitionCountResult]:
-        """Grow each named topic to its new total count (Kafka's CreatePartitions).
-
-        Answered per topic, in request order; a topic named twice is ``INVALID_REQUEST``
-        each time (as Kafka). The errors are ``LogManager.create_partitions``'s. Producers
-        and consumers see the new partitions at their next metadata refresh; the group
-        coordinator bumps the epoch of every group subscribed to a grown topic at the
-        group's next heartbeat (``docs/groups.md``), so the new partitions get owners.
-        """
-        with self._operation():
-            seen: dict[str, int] = {}
-            for name, _ in counts:
-                seen[name] = seen.get(name, 0) + 1
-            answers = []
-            for name, count in counts:
-                try:
-                    if seen[name] > 1:
-                        raise InvalidRequestError(f"topic {name!r} is named more than once")
-                    meta = self._logs.create_partitions(name, count, validate_only=True)
-                    if not validate_only:
-                        if self.topic_admin is not None:
-                            self.topic_admin.create_partitions(name, count)
-                            meta = self._logs.topic(name)
-                        else:
-                            meta = self._logs.create_partitions(name, count)
-                except Exception as exc:
-                    code, message = partition_error(exc)
-                    answers.append(
-                        PartitionCountResult(name, error_code=code, error_message=message)
-                    )
-                    continue
-                answers.append(PartitionCountResult(name, meta.partitions))
-            return answers
-
-    def _view(self, meta: TopicMetadata) -> TopicView:
-        partitions = []
-        for p in range(meta.partitions):
-            plog = self._logs.get_log(meta.name, p)
-            placed = self.placement.partition(meta.name, p)
-            partitions.append(
-                PartitionView(
-                    p,
-                    plog.log_start_offset,
-                    plog.log_end_offset,
-                    plog.high_watermark,
-                    plog.size_bytes,
-                    plog.segment_count,
-                    placed.leader,
-                    placed.leader_epoch,
-                    placed.replicas,
-                    placed.isr,
-                )
-            )
-        return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)
+        """``Topics.create_partitions``."""
+        return self.topics.create_partitions(counts, validate_only=validate_only)
 
     # --- data -----------------------------------------------------------------------------
 
@@ -826,19 +499,12 @@ class BrokerCore:
         A fetch begun before the broker started to stop is answered at once with what it
         last read, never refused: stopping answers waiting long polls.
         """
-        with self._gate:
-            closing = self._closing
-            if not closing:
-                self._in_flight += 1
-        if closing:
+        if not self._gate.try_enter():
             return self._fetch.step(pending, closing=True)
         try:
             return self._fetch.step(pending)
         finally:
-            with self._gate:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._gate.notify_all()
+            self._gate.leave()
 
     def cancel_fetch(self, pending: PendingFetch) -> None:
         """The fetch's call ended: drop its parked operation. Idempotent."""
@@ -851,72 +517,13 @@ class BrokerCore:
             "produce": self._produce_purgatory.parked(),
         }
 
-    def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> PartitionLog:
-        """The partition's log, here only if this broker leads it and the caller's
-        ``current_leader_epoch`` (-1: not checked) is this leader's; raises the routing or
-        fencing error otherwise (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``...)."""
-        self.placement.check_leader(topic, partition)
-        check = self._fetch.check_epoch
-        if check is not None:
-            check(topic, partition, current_leader_epoch)
-        return self._logs.get_log(topic, partition)
-
     def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
-        """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""
-        with self._operation():
-            return [self._list_offset(q) for q in queries]
-
-    def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
-        try:
-            plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
-            if query.timestamp_ms == EARLIEST_TIMESTAMP:
-                return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
-            if query.timestamp_ms == LATEST_TIMESTAMP:
-                return OffsetAnswer(query.topic, query.partition, plog.high_watermark)
-            if query.timestamp_ms < 0:
-                raise InvalidRequestError(
-                    f"timestamp_ms must be -2 (earliest), -1 (latest) or >= 0, "
-                    f"got {query.timestamp_ms}"
-                )
-            found = plog.offset_for_timestamp(query.timestamp_ms)
-        except Exception as exc:
-            code, message = partition_error(exc)
-            return OffsetAnswer(
-                query.topic, query.partition, error_code=code, error_message=message
-            )
-        if found is not None and found[0] >= plog.high_watermark:
-            found = None  # not replicated yet: consumers cannot read it
-        if found is None:
-            return OffsetAnswer(query.topic, query.partition)
-        return OffsetAnswer(query.topic, query.partition, found[0], found[1])
+        """``Offsets.list_offsets``."""
+        return self.offsets.list_offsets(queries)
 
     def offsets_for_leader_epochs(self, queries: Sequence[EpochQuery]) -> list[EpochEndAnswer]:
-        """Kafka's OffsetForLeaderEpoch (KIP-101, KIP-320), as a consumer asks it: per
-        partition, on its leader only (``NOT_LEADER_OR_FOLLOWER`` elsewhere), after the
-        ``current_leader_epoch`` check (``FENCED_LEADER_EPOCH``/``UNKNOWN_LEADER_EPOCH``),
-        ``PartitionLog.end_offset_for_epoch``. The latest epoch ends at the log end
-        offset, as in Kafka (a consumer's position never passes the high watermark, so
-        the difference cannot make it miss a truncation). Errors are per partition."""
-        with self._operation():
-            return [self._offset_for_leader_epoch(q) for q in queries]
-
-    def _offset_for_leader_epoch(self, query: EpochQuery) -> EpochEndAnswer:
-        try:
-            plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
-            if query.leader_epoch >= 0 and plog.latest_epoch < 0:
-                # A log no leader ever stamped (single-node mode keeps each batch's epoch
-                # field as its producer wrote it): no leader change ever cut it, so the
-                # epoch asked for ends at the log end, not "unknown" (which a consumer
-                # would take for a truncation).
-                epoch, end_offset = query.leader_epoch, plog.log_end_offset
-            else:
-                epoch, end_offset = plog.end_offset_for_epoch(query.leader_epoch)
-        except Exception as exc:
-            code, message = partition_error(exc)
-            return EpochEndAnswer(
-                query.topic, query.partition, error_code=code, error_message=message
-            )
-        return EpochEndAnswer(query.topic, query.partition, epoch, end_offset)
+        """``Offsets.offsets_for_leader_epochs``."""
+        return self.offsets.offsets_for_leader_epochs(queries)
 
     def init_producer_id(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
         """A new idempotent producer id (-1, -1) or a bumped epoch for an existing one."""
@@ -931,24 +538,8 @@ class BrokerCore:
     def describe_producers(
         self, partitions: Sequence[tuple[str, int]], producer_id: int | None
     ) -> list[PartitionProducers]:
-        """What each partition's idempotence state remembers (Kafka's DescribeProducers).
-
-        Errors (unknown topic or partition) are per partition.
-        """
-        with self._operation():
-            answers = []
-            for topic, partition in partitions:
-                try:
-                    plog = self._logs.get_log(topic, partition)
-                    found = tuple(plog.describe_producers(producer_id))
-                except Exception as exc:
-                    code, message = partition_error(exc)
-                    answers.append(
-                        PartitionProducers(topic, partition, error_code=code, error_message=message)
-                    )
-                    continue
-                answers.append(PartitionProducers(topic, partition, found))
-            return answers
+        """``Offsets.describe_producers``."""
+        return self.offsets.describe_producers(partitions, producer_id)
 
     # --- consumer groups (broker.groups.manager documents each) ---------------------------
 

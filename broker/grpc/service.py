@@ -39,9 +39,11 @@ from broker.core.acl import (
 )
 from broker.core.acl_store import Acls
 from broker.core.context import RequestContext
-from broker.core.facade import BrokerCore, EpochQuery, OffsetQuery, TopicView
+from broker.core.facade import BrokerCore
 from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.offsets import EpochQuery, OffsetQuery
 from broker.core.produce import PartitionProduced, PartitionRecords
+from broker.core.topics import TopicView
 from broker.groups.assignor import TopicPartition
 from broker.groups.coordinator import HeartbeatRequest
 from broker.groups.manager import (

@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from broker.core.facade import EpochQuery, OffsetQuery
 from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from broker.core.offsets import EpochQuery, OffsetQuery
 from broker.core.operations import cluster, topic
 from broker.core.produce import Acks, PartitionProduced, PartitionRecords
 from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE

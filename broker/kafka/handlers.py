@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from broker.core import operations
-from broker.core.facade import MetadataTopic
+from broker.core.topics import MetadataTopic
 from broker.kafka.admin import describe_cluster, describe_configs
 from broker.kafka.authz import denied, refusals, visible
 from broker.kafka.cluster import broker_entries, partition_entry

@@ -1,0 +1,195 @@
+"""Offsets and producers of partitions: Kafka's ListOffsets, OffsetForLeaderEpoch and
+DescribeProducers (``BrokerCore`` delegates here).
+
+ListOffsets and OffsetForLeaderEpoch are answered by the partition's leader only, after
+the caller's ``current_leader_epoch`` check (KIP-320: ``FENCED_LEADER_EPOCH`` or
+``UNKNOWN_LEADER_EPOCH``), the same check the fetch path makes (``broker.core.fetch``).
+Latest is the high watermark: what consumers can read. Errors are per partition.
+Thread-safe; every call runs inside the core's shutdown gate (``broker.core.gate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from broker.core.errors import partition_error
+from broker.core.fetch import FetchPath
+from broker.core.gate import OperationGate
+from broker.core.membership import Membership
+from storage.errors import InvalidRequestError
+from storage.log_manager import LogManager
+from storage.partition_log import PartitionLog
+from storage.producer_state import ProducerSummary
+
+__all__ = [
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "EpochEndAnswer",
+    "EpochQuery",
+    "OffsetAnswer",
+    "OffsetQuery",
+    "Offsets",
+    "PartitionProducers",
+]
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    """``ListOffsets`` for one partition: -2 earliest, -1 latest, else a timestamp."""
+
+    topic: str
+    partition: int
+    timestamp_ms: int
+    current_leader_epoch: int = -1  # the client's view; -1: not checked
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAnswer:
+    """The found offset (-1 if none) and its record's timestamp (-1 for earliest/latest)."""
+
+    topic: str
+    partition: int
+    offset: int = -1
+    timestamp_ms: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochQuery:
+    """``OffsetForLeaderEpoch`` for one partition: where does ``leader_epoch`` end?"""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    current_leader_epoch: int = -1  # the client's view; -1: not checked
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEndAnswer:
+    """The largest epoch <= the one asked for that the leader's log knows, and the offset
+    where it ends (the next epoch's start, or the log end offset); both -1 when the epoch
+    asked for is below every known one (Kafka's UNDEFINED_EPOCH_OFFSET)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int = -1
+    end_offset: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProducers:
+    """One partition's answer to ``describe_producers``: its producers, or an error."""
+
+    topic: str
+    partition: int
+    producers: tuple[ProducerSummary, ...] = ()
+    error_code: str = ""
+    error_message: str = ""
+
+
+class Offsets:
+    """The offset and producer lookups of one broker. Thread-safe."""
+
+    def __init__(
+        self, logs: LogManager, membership: Membership, fetch: FetchPath, gate: OperationGate
+    ) -> None:
+        self._logs = logs
+        self._membership = membership
+        self._fetch = fetch
+        self._gate = gate
+
+    def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> PartitionLog:
+        """The partition's log, here only if this broker leads it and the caller's
+        ``current_leader_epoch`` (-1: not checked) is this leader's; raises the routing or
+        fencing error otherwise (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``...)."""
+        self._membership.placement.check_leader(topic, partition)
+        check = self._fetch.check_epoch  # set in cluster mode
+        if check is not None:
+            check(topic, partition, current_leader_epoch)
+        return self._logs.get_log(topic, partition)
+
+    def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
+        """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""
+        with self._gate.operation():
+            return [self._list_offset(q) for q in queries]
+
+    def _list_offset(self, query: OffsetQuery) -> OffsetAnswer:
+        try:
+            plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
+            if query.timestamp_ms == EARLIEST_TIMESTAMP:
+                return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
+            if query.timestamp_ms == LATEST_TIMESTAMP:
+                return OffsetAnswer(query.topic, query.partition, plog.high_watermark)
+            if query.timestamp_ms < 0:
+                raise InvalidRequestError(
+                    f"timestamp_ms must be -2 (earliest), -1 (latest) or >= 0, "
+                    f"got {query.timestamp_ms}"
+                )
+            found = plog.offset_for_timestamp(query.timestamp_ms)
+        except Exception as exc:
+            code, message = partition_error(exc)
+            return OffsetAnswer(
+                query.topic, query.partition, error_code=code, error_message=message
+            )
+        if found is not None and found[0] >= plog.high_watermark:
+            found = None  # not replicated yet: consumers cannot read it
+        if found is None:
+            return OffsetAnswer(query.topic, query.partition)
+        return OffsetAnswer(query.topic, query.partition, found[0], found[1])
+
+    def offsets_for_leader_epochs(self, queries: Sequence[EpochQuery]) -> list[EpochEndAnswer]:
+        """Kafka's OffsetForLeaderEpoch (KIP-101, KIP-320), as a consumer asks it: per
+        partition, on its leader only (``NOT_LEADER_OR_FOLLOWER`` elsewhere), after the
+        ``current_leader_epoch`` check (``FENCED_LEADER_EPOCH``/``UNKNOWN_LEADER_EPOCH``),
+        ``PartitionLog.end_offset_for_epoch``. The latest epoch ends at the log end
+        offset, as in Kafka (a consumer's position never passes the high watermark, so
+        the difference cannot make it miss a truncation). Errors are per partition."""
+        with self._gate.operation():
+            return [self._offset_for_leader_epoch(q) for q in queries]
+
+    def _offset_for_leader_epoch(self, query: EpochQuery) -> EpochEndAnswer:
+        try:
+            plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
+            if query.leader_epoch >= 0 and plog.latest_epoch < 0:
+                # A log no leader ever stamped (single-node mode keeps each batch's epoch
+                # field as its producer wrote it): no leader change ever cut it, so the
+                # epoch asked for ends at the log end, not "unknown" (which a consumer
+                # would take for a truncation).
+                epoch, end_offset = query.leader_epoch, plog.log_end_offset
+            else:
+                epoch, end_offset = plog.end_offset_for_epoch(query.leader_epoch)
+        except Exception as exc:
+            code, message = partition_error(exc)
+            return EpochEndAnswer(
+                query.topic, query.partition, error_code=code, error_message=message
+            )
+        return EpochEndAnswer(query.topic, query.partition, epoch, end_offset)
+
+    def describe_producers(
+        self, partitions: Sequence[tuple[str, int]], producer_id: int | None
+    ) -> list[PartitionProducers]:
+        """What each partition's idempotence state remembers (Kafka's DescribeProducers).
+
+        Errors (unknown topic or partition) are per partition.
+        """
+        with self._gate.operation():
+            answers = []
+            for topic, partition in partitions:
+                try:
+                    plog = self._logs.get_log(topic, partition)
+                    found = tuple(plog.describe_producers(producer_id))
+                except Exception as exc:
+                    code, message = partition_error(exc)
+                    answers.append(
+                        PartitionProducers(topic, partition, error_code=code, error_message=message)
+                    )
+                    continue
+                answers.append(PartitionProducers(topic, partition, found))
+            return answers

@@ -1,0 +1,374 @@
+"""Topics: create, delete, describe, configure and grow them; Kafka's Metadata and
+FindCoordinator answers (``BrokerCore`` delegates here).
+
+On a single node the local ``LogManager`` is the truth and is changed here. In cluster
+mode topic changes go to the controller (``Membership.topic_admin``, through the node):
+the local logs follow when this broker's view of the cluster shows the change
+(``apply_cluster_topics``, called by the metadata watcher). Leadership and placement are
+the membership's ``placement`` (``broker.core.placement``).
+
+Internal topics (``__consumer_offsets``) cannot be deleted: the committed offsets live
+there; nor grown (``LogManager.create_partitions`` refuses): a group's offsets live in
+partition ``crc32(group) % count``. Thread-safe; every call runs inside the core's
+shutdown gate (``broker.core.gate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from broker.config import BrokerConfig
+from broker.core.errors import partition_error
+from broker.core.gate import OperationGate
+from broker.core.membership import Membership
+from broker.core.metrics import BrokerMetrics
+from broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from broker.groups.manager import GroupManager
+from broker.groups.offset_records import partition_for
+from broker.groups.offset_store import OFFSETS_TOPIC
+from storage.errors import (
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidTopicError,
+    LeaderNotAvailableError,
+    UnknownTopicOrPartitionError,
+)
+from storage.files import validate_topic_name
+from storage.log_manager import LogManager, TopicMetadata
+
+__all__ = [
+    "MetadataTopic",
+    "PartitionCountResult",
+    "PartitionView",
+    "TopicView",
+    "Topics",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """One partition as ``DescribeTopic`` shows it."""
+
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    size_bytes: int
+    segments: int
+    leader: int = 0
+    leader_epoch: int = 0
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """A topic as ``DescribeTopic`` shows it: every effective config, defaults included."""
+
+    name: str
+    internal: bool
+    config: Mapping[str, str]
+    partitions: Sequence[PartitionView]
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataTopic:
+    """One topic of a Metadata answer: its partitions' placements, in partition order."""
+
+    name: str
+    error_code: str = ""
+    partitions: tuple[PartitionPlacement, ...] = ()
+    internal: bool = False
+
+
+def _missing_topic_code(name: str) -> str:
+    """The error of a topic asked for by name that is not there: unknown (it may yet be
+    created, so clients retry), or invalid (it never can be, so they fail at once)."""
+    try:
+        validate_topic_name(name)
+    except InvalidTopicError:
+        return InvalidTopicError.code
+    return UnknownTopicOrPartitionError.code
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCountResult:
+    """One topic's answer to ``create_partitions``: its count now (-1), or an error."""
+
+    name: str
+    partitions: int = -1
+    error_code: str = ""
+    error_message: str = ""
+
+
+class Topics:
+    """The topic operations of one broker. Thread-safe."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        logs: LogManager,
+        membership: Membership,
+        groups: GroupManager,
+        metrics: BrokerMetrics,
+        gate: OperationGate,
+    ) -> None:
+        self._config = config
+        self._logs = logs
+        self._membership = membership
+        self._groups = groups
+        self._metrics = metrics
+        self._gate = gate
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int | None,
+        config: Mapping[str, str],
+        *,
+        replication_factor: int | None = None,
+    ) -> TopicView:
+        """Create a topic (``partitions`` None or 0: ``num.partitions``; replication
+        factor None: ``default.replication.factor``).
+
+        Raises ``InvalidReplicationFactorError`` for a factor a single node cannot keep
+        (more than 1), and in cluster mode ``NotControllerError`` on another broker than
+        the controller (the client retries there).
+        """
+        factor = replication_factor or self._config.default_replication_factor
+        admin = self._membership.topic_admin
+        if admin is None:
+            if factor != 1:
+                raise InvalidReplicationFactorError(
+                    f"replication factor {factor} needs {factor} brokers; this is a single "
+                    "node (start brokers with zookeeper.connect for a cluster)"
+                )
+            with self._gate.operation():
+                meta = self._logs.create_topic(name, partitions or None, config)
+                return self.view(meta)
+        count = partitions or self._config.num_partitions
+        self._logs.validate_new_topic(name, count, config)
+        admin.create_topic(name, count, factor, config)
+        return self.describe_topic(name)
+
+    def elect_preferred_leaders(self) -> int:
+        """Move leaderships back to the preferred replicas (cluster mode; the controller
+        runs it); returns how many moved. ``InvalidRequestError`` on a single node, where
+        the only replica always leads; ``NotControllerError`` on another broker."""
+        admin = self._membership.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no other replica to elect")
+        return admin.elect_preferred_leaders()
+
+    def controlled_shutdown(self, broker_id: int) -> int:
+        """The controller's part of a broker's controlled shutdown (cluster mode)."""
+        admin = self._membership.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no controller to hand leadership to")
+        return admin.controlled_shutdown(broker_id)
+
+    def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
+        """Cluster mode: make the local logs match the controller's topics.
+
+        Creates missing topics, grows and reconfigures changed ones, deletes local topics
+        the cluster no longer has (internal ones are left alone). Called by the metadata
+        watcher after every change; errors are logged per topic, never raised.
+        """
+        with self._gate.operation():
+            local = {t.name: t for t in self._logs.topics()}
+            for name, (count, config) in topics.items():
+                try:
+                    self._apply_cluster_topic(name, count, config, local.get(name))
+                except Exception:
+                    log.exception("cannot apply the cluster's topic %s locally", name)
+            for name, meta in local.items():
+                if name not in topics and not meta.internal:
+                    try:
+                        self._logs.delete_topic(name)
+                        self._groups.forget_topic(name)
+                    except Exception:
+                        log.exception("cannot delete local topic %s", name)
+                    self._metrics.forget_topic(name)
+
+    def _apply_cluster_topic(
+        self, name: str, count: int, config: Mapping[str, str], meta: TopicMetadata | None
+    ) -> None:
+        if meta is None:
+            self._logs.create_topic(name, count, config)
+            return
+        if meta.internal:
+            return  # created by this broker's group coordinator with the same settings
+        if meta.partitions < count:
+            self._logs.create_partitions(name, count)
+        if dict(meta.overrides) != dict(config):
+            removed = [k for k in meta.overrides if k not in config]
+            self._logs.alter_topic_config(name, config, removed)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic, its data and every group's committed offsets of it.
+
+        Raises:
+            InvalidRequestError: an internal topic.
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        admin = self._membership.topic_admin
+        with self._gate.operation():
+            if self._logs.topic(name).internal:
+                raise InvalidRequestError(f"{name} is an internal topic and cannot be deleted")
+            if admin is None:
+                self._logs.delete_topic(name)
+                self._groups.forget_topic(name)
+        if admin is not None:
+            admin.delete_topic(name)  # the local logs go when this broker's view shows it
+        self._metrics.forget_topic(name)
+
+    def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
+        """Every topic, sorted by name; internal ones only if asked."""
+        with self._gate.operation():
+            return [t for t in self._logs.topics() if include_internal or not t.internal]
+
+    def describe_topic(self, name: str) -> TopicView:
+        """A topic with its partitions' offsets and sizes and its effective config.
+
+        Raises ``InvalidTopicError`` for a name no topic can have (Kafka's
+        ``INVALID_TOPIC_EXCEPTION``, not "unknown": no retry can help),
+        ``UnknownTopicOrPartitionError`` for no such topic, ``LeaderNotAvailableError``
+        while a broker is joining its cluster.
+        """
+        validate_topic_name(name)
+        with self._gate.operation():
+            self._membership.placement.check_joined()
+            return self.view(self._logs.topic(name))
+
+    def metadata(
+        self, topics: Sequence[str], include_internal: bool
+    ) -> tuple[ClusterView, list[MetadataTopic]]:
+        """Kafka's Metadata: the cluster and each topic's partition leaders.
+
+        ``topics`` empty: every topic (internal ones only if asked). A topic asked for by
+        name that does not exist comes back with ``UNKNOWN_TOPIC_OR_PARTITION``, one whose
+        name no topic can have (``storage.files.validate_topic_name``) with
+        ``INVALID_TOPIC_EXCEPTION``, as Kafka's: clients fail it at once instead of waiting
+        for it to be created. Authorization is the listeners' (it answers first).
+        """
+        with self._gate.operation():
+            known = self._membership.placement.topics()
+            if known is None:
+                known = {t.name: t.partitions for t in self._logs.topics()}
+            internal = {t.name for t in self._logs.topics() if t.internal}
+            internal.update(name for name in known if name.startswith("__"))
+            names = (
+                list(topics)
+                if topics
+                else [n for n in sorted(known) if include_internal or n not in internal]
+            )
+            answers = []
+            for name in names:
+                count = known.get(name)
+                if count is None:
+                    answers.append(MetadataTopic(name, _missing_topic_code(name)))
+                    continue
+                placed = [self._membership.placement.partition(name, p) for p in range(count)]
+                answers.append(MetadataTopic(name, "", tuple(placed), name in internal))
+            return self._membership.placement.cluster(), answers
+
+    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+        """The broker coordinating ``group_id``: the leader of its offsets partition.
+
+        Raises:
+            LeaderNotAvailableError: that partition has no leader right now.
+        """
+        with self._gate.operation():
+            known = self._membership.placement.topics()
+            if known is None:
+                count = self._logs.topic(OFFSETS_TOPIC).partitions
+            else:
+                count = known.get(OFFSETS_TOPIC, 0)
+            if count < 1:
+                raise LeaderNotAvailableError(f"{OFFSETS_TOPIC} does not exist yet")
+            partition = partition_for(group_id, count)
+            leader = self._membership.placement.partition(OFFSETS_TOPIC, partition).leader
+            for endpoint in self._membership.placement.cluster().brokers:
+                if endpoint.broker_id == leader:
+                    return endpoint
+            raise LeaderNotAvailableError(
+                f"the coordinator of group {group_id!r} ({OFFSETS_TOPIC}-{partition}) has no "
+                "leader right now"
+            )
+
+    def alter_topic_config(
+        self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
+    ) -> TopicView:
+        """Set and reset topic config keys; answers the new description."""
+        admin = self._membership.topic_admin
+        if admin is None:
+            with self._gate.operation():
+                return self.view(self._logs.alter_topic_config(name, set_keys, delete_keys))
+        meta = self._logs.topic(name)
+        overrides = {k: v for k, v in meta.overrides.items() if k not in set(delete_keys)}
+        overrides.update(set_keys)
+        self._logs.validate_topic_config(overrides)
+        admin.alter_topic_config(name, overrides)
+        return self.describe_topic(name)
+
+    def create_partitions(
+        self, counts: Sequence[tuple[str, int]], *, validate_only: bool = False
+    ) -> list[PartitionCountResult]:
+        """Grow each named topic to its new total count (Kafka's CreatePartitions).
+
+        Answered per topic, in request order; a topic named twice is ``INVALID_REQUEST``
+        each time (as Kafka). The errors are ``LogManager.create_partitions``'s. Producers
+        and consumers see the new partitions at their next metadata refresh; the group
+        coordinator bumps the epoch of every group subscribed to a grown topic at the
+        group's next heartbeat (``docs/groups.md``), so the new partitions get owners.
+        """
+        with self._gate.operation():
+            seen: dict[str, int] = {}
+            for name, _ in counts:
+                seen[name] = seen.get(name, 0) + 1
+            answers = []
+            for name, count in counts:
+                try:
+                    if seen[name] > 1:
+                        raise InvalidRequestError(f"topic {name!r} is named more than once")
+                    meta = self._logs.create_partitions(name, count, validate_only=True)
+                    if not validate_only:
+                        if self._membership.topic_admin is not None:
+                            self._membership.topic_admin.create_partitions(name, count)
+                            meta = self._logs.topic(name)
+                        else:
+                            meta = self._logs.create_partitions(name, count)
+                except Exception as exc:
+                    code, message = partition_error(exc)
+                    answers.append(
+                        PartitionCountResult(name, error_code=code, error_message=message)
+                    )
+                    continue
+                answers.append(PartitionCountResult(name, meta.partitions))
+            return answers
+
+    def view(self, meta: TopicMetadata) -> TopicView:
+        """``meta`` as ``DescribeTopic`` shows it: offsets, sizes, placement, config."""
+        partitions = []
+        for p in range(meta.partitions):
+            plog = self._logs.get_log(meta.name, p)
+            placed = self._membership.placement.partition(meta.name, p)
+            partitions.append(
+                PartitionView(
+                    p,
+                    plog.log_start_offset,
+                    plog.log_end_offset,
+                    plog.high_watermark,
+                    plog.size_bytes,
+                    plog.segment_count,
+                    placed.leader,
+                    placed.leader_epoch,
+                    placed.replicas,
+                    placed.isr,
+                )
+            )
+        return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)
