@@ -17,14 +17,13 @@ from __future__ import annotations
 from client.acls import AclBinding, AclFilter
 from client.admin import AdminClient
 from client.consumer import Consumer
+from client.errors import BufferExhaustedError, ClosedError, LogTruncationError
 from client.producer import Producer
 from client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
 from storage.errors import (
     BrokerBusyError,
     BrokerUnavailableError,
-    BufferExhaustedError,
     ClientError,
-    ClosedError,
     ClusterAuthorizationFailedError,
     CorruptRecordError,
     GroupAuthorizationFailedError,
@@ -33,7 +32,6 @@ from storage.errors import (
     InvalidRequestError,
     InvalidTopicError,
     KafkaTimeoutError,
-    LogTruncationError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RecordTooLargeError,

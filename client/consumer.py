@@ -59,6 +59,7 @@ from types import TracebackType
 from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
 from client.connection import CommittedOffset, ConnectionFactory, grpc_connections
 from client.coordinator import ConsumerCoordinator
+from client.errors import ClosedError, LogTruncationError
 from client.fetch_session import FetchSession
 from client.fetcher import SubscriptionState, check_position
 from client.offsets import (
@@ -75,9 +76,7 @@ from client.topic_errors import first_refusal, topic_errors
 from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from storage.columns import ColumnBuilder
 from storage.errors import (
-    ClosedError,
     InvalidRequestError,
-    LogTruncationError,
     OffsetOutOfRangeError,
     StaleMemberEpochError,
     TidelogError,

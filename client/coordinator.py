@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from client.errors import ClosedError
 from client.group_member import (
     GroupMembership,
     HeartbeatRequest,
@@ -33,7 +34,6 @@ from client.group_member import (
 from client.routing import ROUTING_ERRORS, ClusterConnections
 from client.types import TopicPartition
 from storage.errors import (
-    ClosedError,
     FencedMemberEpochError,
     InternalError,
     TidelogError,

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
 from client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
 from client.connection import ConnectionFactory, grpc_connections
+from client.errors import BufferExhaustedError, ClosedError
 from client.futures import RecordFuture
 from client.idempotence import SequenceTable
 from client.offsets import partitions_of
@@ -46,8 +47,6 @@ from client.security import ClientSecurity
 from client.sender import ParkedRecord, Sender, now_ms
 from client.types import Header, RecordMetadata, TopicPartition
 from storage.errors import (
-    BufferExhaustedError,
-    ClosedError,
     KafkaTimeoutError,
     RecordTooLargeError,
     TidelogError,

@@ -57,10 +57,10 @@ from client.cluster import (
     parse_bootstrap_list,
 )
 from client.connection import Connection, ConnectionFactory
+from client.errors import ClosedError
 from client.types import TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
-    ClosedError,
     CoordinatorLoadInProgressError,
     FencedLeaderEpochError,
     InternalError,

@@ -47,6 +47,7 @@ from client.accumulator import NO_ROOM, ProducerBatch, RecordAccumulator
 from client.cluster import ClusterMetadata
 from client.config import ProducerConfig
 from client.connection import ProduceAnswer, ProduceCall, ProduceStream
+from client.errors import ClosedError
 from client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
 from client.idempotence import Decision, ResetMode, SequenceTable
 from client.partitioner import StickyPartitioner, partition_for_key
@@ -55,7 +56,6 @@ from client.topic_errors import topic_errors
 from client.types import Header, TopicPartition
 from storage.errors import (
     BrokerUnavailableError,
-    ClosedError,
     InternalError,
     KafkaTimeoutError,
     LeaderNotAvailableError,

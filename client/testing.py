@@ -54,6 +54,7 @@ from client.connection import (
     ProducerState,
     ProduceStream,
 )
+from client.errors import ClosedError
 from client.group_member import HeartbeatAnswer, HeartbeatRequest
 from client.types import (
     GroupDescription,
@@ -67,7 +68,6 @@ from client.types import (
 )
 from storage.errors import (
     BrokerUnavailableError,
-    ClosedError,
     FencedLeaderEpochError,
     GroupIdNotFoundError,
     InvalidPartitionsError,

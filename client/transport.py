@@ -52,12 +52,12 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from client.errors import ClosedError
 from client.security import SESSION_METADATA_KEY, ClientSecurity, Session
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc
 from storage.errors import (
     BrokerUnavailableError,
-    ClosedError,
     InternalError,
     InvalidRequestError,
     KafkaTimeoutError,

@@ -23,7 +23,6 @@ and this module, which import nothing else of ours).
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
     │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
-    │   │   └── LogTruncationError        LOG_TRUNCATION (raised by the consumer only)
     │   ├── OffsetNotAvailableError       OFFSET_NOT_AVAILABLE retriable
     │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     │   ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -58,28 +57,30 @@ and this module, which import nothing else of ours).
     │   ├── MaxConnectionsPerIpError      MAX_CONNECTIONS_PER_IP_REACHED
     │   ├── QueuedMaxRequestsError        QUEUED_MAX_REQUESTS_REACHED
     │   └── QueuedMaxRequestBytesError    QUEUED_MAX_REQUEST_BYTES_REACHED
-    ├── ClientError                       (raised on the client side only)
+    ├── ClientError                       (a call that got no answer)
     │   ├── BrokerUnavailableError        BROKER_UNAVAILABLE   retriable
-    │   ├── TimeoutError_ → KafkaTimeoutError  REQUEST_TIMED_OUT  retriable
-    │   ├── ClosedError                   CLOSED
-    │   └── BufferExhaustedError          BUFFER_EXHAUSTED     retriable
+    │   └── KafkaTimeoutError             REQUEST_TIMED_OUT    retriable
     └── InternalError                     INTERNAL             (anything unexpected)
 
 Code strings follow Kafka's error names where Kafka has one, so people who know Kafka can
 read them. ``error_for_code`` turns a code string back into its class.
+
+What is here is the protocol's vocabulary, which both sides speak (Kafka's
+``org.apache.kafka.common.errors``): the errors a broker answers with, and the two a
+caller meets when no answer comes (``BrokerUnavailableError``, ``KafkaTimeoutError``,
+raised by the client library and by a broker calling another broker). Errors that only the
+client library raises and no broker ever sends live in ``client.errors``
+(``ClosedError``, ``BufferExhaustedError``, ``LogTruncationError``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 __all__ = [
     "BrokerBusyError",
     "BrokerUnavailableError",
-    "BufferExhaustedError",
     "ClientError",
-    "ClosedError",
     "ClusterAuthorizationFailedError",
     "CoordinatorLoadInProgressError",
     "CorruptRecordError",
@@ -99,7 +100,6 @@ __all__ = [
     "KafkaTimeoutError",
     "LeaderNotAvailableError",
     "LogDirFullError",
-    "LogTruncationError",
     "MaxConnectionsError",
     "MaxConnectionsPerIpError",
     "NotAuthorizedError",
@@ -236,27 +236,6 @@ class OffsetOutOfRangeError(RequestError):
     """An offset below the log start offset or above the log end offset."""
 
     code = "OFFSET_OUT_OF_RANGE"
-
-
-class LogTruncationError(OffsetOutOfRangeError):
-    """The log was truncated under the consumer's position (KIP-320; Kafka's
-    ``LogTruncationException``): a leader change cut records the consumer had already
-    read, so reading on from its position would skip what replaced them.
-
-    Raised by the consumer (never sent by a broker) when it validates a position with
-    OffsetForLeaderEpoch and has no ``auto_offset_reset`` policy (``'none'``).
-    ``divergent_offsets`` maps each truncated partition to the first offset that may
-    differ (where to ``seek`` to read the new records), None where the leader could not
-    tell (no common leader epoch). A subclass of ``OffsetOutOfRangeError``, as in Kafka.
-    """
-
-    code = "LOG_TRUNCATION"
-
-    def __init__(
-        self, message: str = "", divergent_offsets: Mapping[Any, int | None] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.divergent_offsets: dict[Any, int | None] = dict(divergent_offsets or {})
 
 
 class UnknownTopicOrPartitionError(RequestError):
@@ -493,11 +472,12 @@ class QueuedMaxRequestBytesError(BrokerBusyError):
     code = "QUEUED_MAX_REQUEST_BYTES_REACHED"
 
 
-# --- client-side errors ---------------------------------------------------------------
+# --- errors of a call without an answer ------------------------------------------------
 
 
 class ClientError(TidelogError):
-    """Raised by the client library itself, never sent by a broker."""
+    """A call that got no answer: raised by the caller itself (the client library, or a
+    broker calling another), never sent by a broker."""
 
     code = "CLIENT_ERROR"
 
@@ -513,19 +493,6 @@ class KafkaTimeoutError(ClientError):
     """A blocking call ran out of time."""
 
     code = "REQUEST_TIMED_OUT"
-    retriable = True
-
-
-class ClosedError(ClientError):
-    """The object was closed by its owner; it will not work again."""
-
-    code = "CLOSED"
-
-
-class BufferExhaustedError(ClientError):
-    """The producer's buffer stayed full for ``max_block_ms``."""
-
-    code = "BUFFER_EXHAUSTED"
     retriable = True
 
 

@@ -50,7 +50,6 @@ from storage.errors import (
     KafkaTimeoutError,
     LeaderNotAvailableError,
     LogDirFullError,
-    LogTruncationError,
     MaxConnectionsError,
     MaxConnectionsPerIpError,
     NotAuthorizedError,
@@ -113,7 +112,6 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     TopicAlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
     UnknownTopicOrPartitionError: grpc.StatusCode.NOT_FOUND,
     OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
-    LogTruncationError: grpc.StatusCode.OUT_OF_RANGE,  # consumer-side only; for completeness
     OffsetNotAvailableError: grpc.StatusCode.UNAVAILABLE,
     OutOfOrderSequenceError: grpc.StatusCode.FAILED_PRECONDITION,
     InvalidProducerEpochError: grpc.StatusCode.FAILED_PRECONDITION,

@@ -10,7 +10,10 @@ import pytest
 from broker.core.errors import ShuttingDownError, classify, partition_error
 from broker.grpc.errors import STATUS_BY_CODE, STATUS_BY_ERROR, to_wire
 from storage import errors
-from storage.errors import ClientError, TidelogError
+from storage.errors import (
+    ClientError,
+    TidelogError,
+)
 
 
 def _concrete_broker_side_errors() -> list[type[TidelogError]]:
@@ -67,7 +70,7 @@ def test_unexpected_exceptions_become_internal_without_detail(
 
 
 def test_a_client_side_error_raised_in_the_broker_is_a_bug() -> None:
-    wire = to_wire(errors.ClosedError("closed"))
+    wire = to_wire(errors.ClientError("no answer"))
     assert (wire.status, wire.code) == (grpc.StatusCode.INTERNAL, "INTERNAL")
 
 

@@ -22,10 +22,10 @@ from broker.testing import InProcessBroker
 from client import AdminClient, Consumer, TopicPartition
 from client.connection import Connection, grpc_connections
 from client.coordinator import ConsumerCoordinator
+from client.errors import ClosedError
 from client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
 from client.types import ConsumerRecord
 from storage.errors import (
-    ClosedError,
     FencedMemberEpochError,
     InternalError,
     OffsetOutOfRangeError,

@@ -15,13 +15,17 @@ import pytest
 
 from broker.testing import InProcessBroker
 from client import Consumer, Producer
+from client.errors import LogTruncationError
 from client.fetcher import CompletedFetch, Truncation, check_position
 from client.testing import InMemoryCluster
 from client.types import ConsumerRecord, TopicPartition
 from proto.tidelog.v1 import broker_pb2 as pb
 from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from storage.columns import new_column_builder
-from storage.errors import InvalidRequestError, LogTruncationError, OffsetOutOfRangeError
+from storage.errors import (
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+)
 from storage.records import BatchBuilder
 from tests.broker.conftest import TIMEOUT_S, create_topic, produce
 

@@ -8,9 +8,13 @@ import contextlib
 import pytest
 
 from client import Producer
+from client.errors import ClosedError
 from client.testing import InMemoryCluster
 from client.types import TopicPartition
-from storage.errors import ClosedError, ClusterAuthorizationFailedError, KafkaTimeoutError
+from storage.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaTimeoutError,
+)
 from storage.records import decode_records
 
 

@@ -21,7 +21,8 @@ def test_package_exports() -> None:
         "RecordMetadata",
         "ConsumerRecord",
         "OffsetAndTimestamp",
-        # the errors applications catch, from the one hierarchy in storage.errors
+        # the errors applications catch: the protocol's (storage.errors) and the client's
+        # own (client.errors), one TidelogError hierarchy
         "TidelogError",
         "ClientError",
         "RequestError",
@@ -50,11 +51,16 @@ def test_package_exports() -> None:
         "AclBinding",
         "AclFilter",
     }
+    from client import errors as client_errors
     from storage import errors
 
     for name in client.__all__:
         if name.endswith("Error"):
-            assert getattr(client, name) is getattr(errors, name)
+            defined = getattr(client_errors, name, None) or getattr(errors, name)
+            assert getattr(client, name) is defined
+            assert issubclass(defined, errors.TidelogError)
+    # Each class is defined once: the client's own are not also in the protocol's module.
+    assert not set(client_errors.__all__) & set(errors.__all__)
 
 
 def test_acl_values_import_from_client_as_the_contract_says() -> None:

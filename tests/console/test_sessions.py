@@ -8,7 +8,7 @@ import pytest
 from broker.testing import InProcessBroker
 from client.console.sessions import SessionStore
 from client.console.view import ClusterView
-from storage.errors import ClosedError
+from client.errors import ClosedError
 
 
 def test_sessions_tokens_logins_and_expiry(broker: InProcessBroker) -> None:

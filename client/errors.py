@@ -1,0 +1,50 @@
+"""The errors only the client library raises: no broker ever sends them, so they are not
+part of the protocol's vocabulary (``storage.errors``, which both sides share) and
+``error_for_code`` does not know them. All are ``TidelogError`` subclasses: one
+``except TidelogError`` still catches everything the client raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from client.types import TopicPartition
+from storage.errors import ClientError, OffsetOutOfRangeError
+
+__all__ = ["BufferExhaustedError", "ClosedError", "LogTruncationError"]
+
+
+class ClosedError(ClientError):
+    """The object was closed by its owner; it will not work again."""
+
+    code = "CLOSED"
+
+
+class BufferExhaustedError(ClientError):
+    """The producer's buffer stayed full for ``max_block_ms``."""
+
+    code = "BUFFER_EXHAUSTED"
+    retriable = True
+
+
+class LogTruncationError(OffsetOutOfRangeError):
+    """The log was truncated under the consumer's position (KIP-320; Kafka's
+    ``LogTruncationException``): a leader change cut records the consumer had already
+    read, so reading on from its position would skip what replaced them.
+
+    Raised by the consumer (never sent by a broker) when it validates a position with
+    OffsetForLeaderEpoch and has no ``auto_offset_reset`` policy (``'none'``).
+    ``divergent_offsets`` maps each truncated partition to the first offset that may
+    differ (where to ``seek`` to read the new records), None where the leader could not
+    tell (no common leader epoch). A subclass of ``OffsetOutOfRangeError``, as in Kafka.
+    """
+
+    code = "LOG_TRUNCATION"
+
+    def __init__(
+        self,
+        message: str = "",
+        divergent_offsets: Mapping[TopicPartition, int | None] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.divergent_offsets: dict[TopicPartition, int | None] = dict(divergent_offsets or {})
