@@ -1,7 +1,8 @@
 """The value types of the client's public API.
 
-``TopicPartition`` is a frozen, hashable dataclass (DESIGN.md). The types built once per
-record (``RecordMetadata`` for every send, ``ConsumerRecord`` for every record read) are
+``TopicPartition`` is a frozen, hashable dataclass (DESIGN.md), defined once for every
+layer in ``storage.types`` and re-exported here. The types built once per record
+(``RecordMetadata`` for every send, ``ConsumerRecord`` for every record read) are
 ``NamedTuple``s, as kafka-python's are: a tuple subclass is the cheapest Python object to
 build with named fields (the consumer builds hundreds of thousands per second), compares
 and hashes by value and unpacks like a tuple. The admin answers are frozen dataclasses.
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from storage.types import TopicPartition
 
 __all__ = [
     "ConsumerRecord",
@@ -33,17 +36,6 @@ __all__ = [
 
 Header = tuple[str, bytes | None]
 """A record header: a UTF-8 key and a value that may be None, as Kafka's."""
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class TopicPartition:
-    """One partition of one topic. Frozen, hashable, ordered by (topic, partition)."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 class RecordMetadata(NamedTuple):

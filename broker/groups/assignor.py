@@ -35,22 +35,12 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from storage.types import TopicPartition
 
 __all__ = ["Assignment", "TopicPartition", "assign", "partitions_of"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class TopicPartition:
-    """One partition of one topic. Immutable, hashable, ordered by (topic, partition)."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 Assignment = frozenset[TopicPartition]
