@@ -106,26 +106,39 @@ class LoopWatchdog:
 
 
 class ProcessStallDump:
-    """Dump every thread's stack when the whole process stops running Python.
+    """Report when the whole process stops running Python.
 
     ``LoopWatchdog`` needs the interpreter to run its own thread; a C call that holds the
-    GIL for seconds (or a process the kernel does not schedule) freezes it with everything
-    else, and when it wakes up the loop has turned too. This one hands the job to
-    ``faulthandler.dump_traceback_later``, whose timer is a C thread that needs no GIL: a
-    daemon thread re-arms it every ``interval_s``; when nothing could re-arm it for
-    ``stall_s``, faulthandler writes all threads' stacks to ``file`` (stderr: the broker's
-    log), and the thread logs how long it was kept from running once it runs again.
-    ``SIGUSR1`` dumps the stacks on demand (``register_dump_signal``). One per process
-    (faulthandler keeps one timer): ``tidelog serve`` starts it, in-process test brokers
-    do not.
+    GIL for seconds (or a process the kernel does not schedule: a paused VM, SIGSTOP)
+    freezes it with everything else. A daemon thread here wakes every ``interval_s``; when
+    it wakes ``stall_s / 2`` or more late, it logs how long the process ran no Python and,
+    past ``stall_s``, writes every thread's stack to ``file`` (stderr: the broker's log)
+    with the GIL held, which is safe: the other threads are stopped between bytecodes.
+    Those stacks show where each thread went on, not the call that held the GIL.
+
+    ``c_timer=True`` catches that call in the act: it keeps faulthandler's
+    ``dump_traceback_later`` armed, a C thread that needs no GIL and dumps after
+    ``stall_s``. It is off by default because it is not safe for a process that was not
+    scheduled: the timer fires the moment the process runs again, and walks the other
+    threads' frames while they run; a cluster broker resumed after SIGSTOP died of
+    SIGSEGV in about one pause in five (issue #29's pause fault, and CI). Use it to
+    diagnose a GIL hog on a process nobody pauses. ``SIGUSR1`` dumps the stacks on
+    demand either way (``register_dump_signal``). One per process (faulthandler keeps one
+    timer): ``tidelog serve`` starts it, in-process test brokers do not.
     """
 
     def __init__(
-        self, *, stall_s: float = 10.0, interval_s: float = 1.0, file: TextIO | None = None
+        self,
+        *,
+        stall_s: float = 10.0,
+        interval_s: float = 1.0,
+        file: TextIO | None = None,
+        c_timer: bool = False,
     ) -> None:
         self._stall_s = stall_s
         self._interval_s = interval_s
         self._file = file if file is not None else sys.stderr
+        self._c_timer = c_timer
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stall-dump", daemon=True)
 
@@ -137,23 +150,34 @@ class ProcessStallDump:
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(2 * self._interval_s + 1)
-        faulthandler.cancel_dump_traceback_later()
+        if self._c_timer:
+            faulthandler.cancel_dump_traceback_later()
 
     def _run(self) -> None:
         last = time.monotonic()
         while True:
-            faulthandler.dump_traceback_later(self._stall_s, file=self._file)
+            if self._c_timer:
+                faulthandler.dump_traceback_later(self._stall_s, file=self._file)
             if self._stopped.wait(self._interval_s):
                 return
             now = time.monotonic()
             late = now - last - self._interval_s
             if late > self._stall_s / 2:
+                dump = late >= self._stall_s
                 log.warning(
                     "the broker process ran no Python for %.1f s (a call holding the GIL, or"
                     " the machine did not schedule it)%s",
                     late,
-                    "; every thread's stack was dumped above" if late >= self._stall_s else "",
+                    (
+                        "; every thread's stack was dumped above (the C timer)"
+                        if dump and self._c_timer
+                        else "; every thread's stack, as they went on, follows"
+                        if dump
+                        else ""
+                    ),
                 )
+                if dump and not self._c_timer:
+                    faulthandler.dump_traceback(file=self._file, all_threads=True)
             last = now
 
 

@@ -1,8 +1,10 @@
 """A broker process that stops running Python leaves every thread's stack in its log.
 
-``ProcessStallDump`` (``broker.loop_watchdog``) relies on faulthandler's C timer, which
-needs no GIL: a call that holds the GIL for seconds is caught in the act. Run in child
-processes, since faulthandler keeps one timer per process.
+``ProcessStallDump`` (``broker.loop_watchdog``): by default a thread notices afterwards
+that the process ran no Python and dumps every stack with the GIL held (safe, also for a
+process that was paused); with ``c_timer`` faulthandler's C timer, which needs no GIL,
+catches a call that holds the GIL in the act. Run in child processes, since faulthandler
+keeps one timer per process.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _HOG = textwrap.dedent(
         size += 1
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    dump = ProcessStallDump(stall_s=1.0, interval_s=0.2).start()
+    dump = ProcessStallDump(stall_s=1.0, interval_s=0.2, c_timer=True).start()
     time.sleep(0.5)
 
     def hold_the_gil_in_c() -> None:
@@ -59,6 +61,57 @@ def test_a_call_holding_the_gil_is_caught_with_every_stack() -> None:
     assert "most recent call first" in done.stderr
     assert "hold_the_gil_in_c" in done.stderr
     assert "ran no Python for" in done.stderr
+
+
+_PAUSED = textwrap.dedent(
+    """
+    import logging, sys, threading, time
+    from broker.loop_watchdog import ProcessStallDump
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+
+    def busy() -> None:  # threads that run the moment the process is resumed
+        while True:
+            sum(range(1000))
+            time.sleep(0.001)
+
+    for _ in range(6):
+        threading.Thread(target=busy, daemon=True).start()
+    dump = ProcessStallDump(stall_s=1.0, interval_s=0.1).start()
+    print("ready", flush=True)
+    time.sleep(30)
+    """
+)
+
+
+def test_a_paused_process_is_reported_and_survives_its_resumption() -> None:
+    """Issue #29: with faulthandler's C timer armed, a cluster broker resumed after a
+    SIGSTOP longer than the timer died of SIGSEGV (the timer walked the threads' frames
+    while they ran again). The default reports the pause after the fact, stacks included,
+    and the process lives on, pause after pause."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        for _ in range(5):
+            child.send_signal(signal.SIGSTOP)
+            time.sleep(1.5)
+            child.send_signal(signal.SIGCONT)
+            time.sleep(0.5)
+        assert child.poll() is None, f"died with {child.returncode} after a pause"
+    finally:
+        child.kill()
+        _, stderr = child.communicate(timeout=10)
+    assert stderr.count("ran no Python for") >= 5
+    assert "every thread's stack, as they went on, follows" in stderr
+    assert " in busy\n" in stderr  # the dump names the threads' functions
+    assert "Timeout (" not in stderr  # faulthandler's C timer never fired
 
 
 def test_sigusr1_dumps_a_running_brokers_stacks(tmp_path: Path) -> None:
