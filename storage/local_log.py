@@ -286,14 +286,22 @@ class LocalLog:
 
     def truncate_to_locked(self, offset: int) -> None:
         """Cut the log at ``offset`` (batch granularity): whole segments past it are
-        scheduled for deletion, the last kept one is truncated, the recovery point is
-        capped. The first segment always stays. No directory fsync (the caller's).
+        scheduled for deletion, the last kept one is truncated and fsynced, the recovery
+        point is capped. The first segment always stays. No directory fsync (the
+        caller's: it makes the deletions durable).
+
+        The cut is made durable before this returns: a follower that truncated a diverged
+        tail records its new leader's epoch at the cut next (``LeaderEpochCache``, whose
+        checkpoint is fsynced), and a power loss that undid the cut but kept that record
+        would bring the old tail back under the new epoch, where no leader's
+        OffsetForLeaderEpoch answer would find it again (issue #29, seed 202).
         Raises ``OSError``."""
         segments = self._view.segments
         keep = [s for s in segments if s.base_offset < offset or s is segments[0]]
         for segment in segments[len(keep) :]:
             self.schedule_delete_locked(segment)
-        keep[-1].truncate_to(offset)
+        if keep[-1].truncate_to(offset):
+            keep[-1].fsync()
         self.set_segments_locked(keep, min(self.log_start_offset, keep[-1].next_offset))
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
 

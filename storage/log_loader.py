@@ -18,6 +18,11 @@ Recovery, in order:
    files are rebuilt by ``Segment.open``.
 3. An empty (or wholly cut) log gets one empty segment at the log start offset.
 4. The leader-epoch checkpoint is read and cut to ``[log start, log end)`` in memory.
+   After an unclean stop, the epochs past the recovery point are taken from the batches
+   themselves (each replicated batch carries the epoch of the leader that wrote it): the
+   checkpoint is fsynced when an epoch begins, the batches it describes may not have
+   been, and a log that lost them (or got back an older tail a lost truncation had cut)
+   must not claim an epoch its batches do not hold.
 
 Crash consistency: every rename finishing a swap happens before one fsync of the
 directory; a new empty segment is followed by an fsync of the directory before the log is
@@ -184,7 +189,11 @@ def load_log(
         )
         fsync_dir(directory)
     log_end = segments[-1].next_offset
-    epochs = LeaderEpochCache.read(directory) or LeaderEpochCache()
+    epochs = LeaderEpochCache.read(directory)
+    if epochs is None:
+        epochs = LeaderEpochCache()
+    elif not had_clean_shutdown:
+        _epochs_from_batches(epochs, segments, recovery_point)
     epochs.truncate_from_end(log_end)
     epochs.truncate_from_start(log_start_offset)
     if high_watermark is not None:
@@ -271,6 +280,22 @@ def clean_directory(directory: Path, config: LogConfig) -> list[int]:
         ):
             unlink_if_exists(directory / name)
     return bases
+
+
+def _epochs_from_batches(
+    epochs: LeaderEpochCache, segments: list[Segment], recovery_point: int
+) -> None:
+    """Replace the epochs starting at or past ``recovery_point`` (not known durable) with
+    those the batch headers after it name."""
+    epochs.truncate_from_end(recovery_point)
+    for segment in segments:
+        if segment.next_offset <= recovery_point:
+            continue
+        for batch in segment.iter_batches():
+            header = batch.header
+            if header.last_offset < recovery_point or header.partition_leader_epoch < 0:
+                continue
+            epochs.assign(header.partition_leader_epoch, header.base_offset)
 
 
 def rebuild_producer_state(

@@ -647,7 +647,7 @@ class PartitionLog:
         """
         with self._flush_lock, self._lock:
             try:
-                # Renames, the cut, the new view and recovery point; no fsync yet.
+                # Renames, the cut (fsynced), the new view and recovery point.
                 self._local.truncate_to_locked(offset)
                 if self._high_watermark is not None:
                     self._high_watermark = min(self._high_watermark, self.log_end_offset)

@@ -33,7 +33,11 @@ import pytest
 
 from client import AdminClient, Consumer, Producer, RecordMetadata, TopicPartition
 from client.producer import DeliveryCallback
+from storage.clock import SystemClock
+from storage.config import LogConfig
 from storage.files import atomic_write, fsync_dir
+from storage.partition_log import PartitionLog
+from storage.records import iter_batch_headers
 from tests.broker.hostile.process import BrokerProcess
 from tests.faults.lossyfs import LossyFs, missing
 
@@ -449,3 +453,73 @@ def test_a_record_acknowledged_right_after_its_topic_was_created_survives_a_powe
         f"acknowledged records lost: {len(stored)} of 10 read back; before the crash "
         f"{pending} was not durable; the crash undid {report}"
     )
+
+
+# --- a follower's truncation ------------------------------------------------------------------
+
+# Run in a process of its own, so that a SIGKILL ends it before the crash (as the broker).
+_DIVERGED_FOLLOWER = """
+import sys, time
+from pathlib import Path
+from storage.clock import SystemClock
+from storage.config import LogConfig
+from storage.partition_log import PartitionLog
+from tests.storage.conftest import make_batch, values
+
+plog = PartitionLog.open(Path(sys.argv[1]), "t", 0, LogConfig(), SystemClock())
+plog.track_high_watermark()
+plog.begin_leader_epoch(4)
+for n in range(10):
+    plog.append(make_batch(values(1, n)), leader_epoch=4)  # 0-9, epoch 4, a batch each
+plog.flush(10)  # durable, the recovery point at 10
+plog.truncate_to(5)  # a follower cutting the tail that diverged from its new leader
+plog.begin_leader_epoch(5)  # the new leader's epoch recorded at the cut: fsynced
+plog.append(make_batch(values(3, 100)), leader_epoch=5)  # 5-7, never flushed
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_followers_truncation_is_durable_before_its_new_epoch(fs: LossyFs) -> None:
+    """Issue #29, seed 202: a follower cut its diverged epoch-4 tail and recorded epoch 5
+    at the cut (the epoch checkpoint is fsynced); the cut itself was not made durable, so
+    a power loss brought the epoch-4 tail back under epoch 5, where no leader's answer
+    found the divergence again: the follower kept records no leader had, became leader
+    later, and acknowledged records were lost. Now the cut is fsynced before the new
+    epoch can be recorded: after the power loss every batch in the log is of the epoch
+    the log's epoch cache gives its offset, even with the recovery point from before the
+    cut (the recovery-point checkpoint is only written now and then)."""
+    directory = _provision(fs) / "t-0"
+    root = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen(
+        [sys.executable, "-c", _DIVERGED_FOLLOWER, str(directory)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ready"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+    fs.crash()
+    plog = PartitionLog.open(
+        directory, "t", 0, LogConfig(), SystemClock(), recovery_point=10, had_clean_shutdown=False
+    )
+    try:
+        headers = [h for _, h in iter_batch_headers(plog.read(0, 10**9).records)]
+        assert [h.base_offset for h in headers][:5] == [0, 1, 2, 3, 4], "the durable prefix"
+        entries = plog.epoch_entries()
+        for header in headers:
+            said = [e.epoch for e in entries if e.start_offset <= header.base_offset][-1:]
+            assert said == [header.partition_leader_epoch], (
+                f"offset {header.base_offset}: written at epoch "
+                f"{header.partition_leader_epoch}, the log says {plog.epoch_entries()}"
+            )
+        assert plog.log_end_offset <= 8
+    finally:
+        plog.close()

@@ -255,3 +255,31 @@ def test_a_follower_below_the_leaders_log_start_starts_over_there(
     assert again.log_start_offset == leader.log_start_offset
     assert log_bytes(again) == log_bytes(leader)
     assert again.epoch_entries() == leader.epoch_entries()
+
+
+def test_after_an_unclean_stop_the_epochs_past_the_recovery_point_are_the_batches(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Issue #29 (seed 202): a follower truncated its diverged epoch-4 tail and recorded
+    its new leader's epoch 5 at the cut; the checkpoint is fsynced when an epoch begins,
+    the cut and the new batches were not, and a power loss brought the epoch-4 tail back
+    under the checkpoint's epoch 5. Reopened, the log must not claim epoch 5 for batches
+    epoch 4 wrote: OffsetForLeaderEpoch(4) must end the epoch where the log does, so that
+    the leader's answer finds the divergence again."""
+    plog = open_replica(tmp_path / "p", clock)
+    plog.begin_leader_epoch(3)
+    plog.append(make_batch(values(5)), leader_epoch=3)  # 0-4, durable
+    plog.flush(5)
+    plog.begin_leader_epoch(4)
+    plog.append(make_batch(values(5, 100)), leader_epoch=4)  # 5-9, never flushed
+    plog.close()
+    # What the power loss left: the old tail, and the checkpoint naming epoch 5 at 5.
+    (tmp_path / "p" / LEADER_EPOCH_CHECKPOINT).write_text("0\n3\n3 0\n4 5\n5 5\n")
+    again = open_log(tmp_path / "p", clock, recovery_point=5, had_clean_shutdown=False)
+    assert again.epoch_entries() == [EpochEntry(3, 0), EpochEntry(4, 5)]
+    assert again.end_offset_for_epoch(4) == (4, 10)
+    # Below the recovery point the checkpoint stands; after a clean stop it is trusted.
+    again.close()
+    (tmp_path / "p" / LEADER_EPOCH_CHECKPOINT).write_text("0\n2\n3 0\n4 5\n")
+    clean = open_log(tmp_path / "p", clock, recovery_point=10, had_clean_shutdown=True)
+    assert clean.epoch_entries() == [EpochEntry(3, 0), EpochEntry(4, 5)]
