@@ -9,7 +9,8 @@ Layout of the data directory (everything but the partition directories is writte
       log-start-offset-checkpoint          per partition: log start offset
       cleaner-offset-checkpoint            per partition: compacted up to here
       replication-offset-checkpoint        per replicated partition: its high watermark
-      .tidelog_cleanshutdown               present only between a clean close and the next open
+      .tidelog_cleanshutdown               present only between a clean close and the next
+                                           open: {"version": 0, "broker_epoch": E}
       <topic>-<partition>/                 one PartitionLog each
 
 Topics are created, grown (``create_partitions``: partitions are only ever added) and
@@ -18,7 +19,12 @@ crash leaves at worst missing (empty) logs that the next open creates.
 
 Opening: if the clean-shutdown marker is there it is deleted at once (a crash while loading
 must count as unclean next time) and recovery is skipped; otherwise every log re-validates
-its unflushed tail. Partition directories of unknown topics (a crash during delete) and
+its unflushed tail. The marker also carries the broker epoch of the last cluster
+registration (``record_broker_epoch``; Kafka's ``.kafka_cleanshutdown``, KIP-966): after an
+open, ``previous_broker_epoch`` is that epoch, 0 for a clean stop that recorded none
+(single-node mode, an older marker), -1 if the last stop was not clean; a cluster broker
+reports it when it registers, and its controller does not count on the log tails of a
+broker that says -1. Partition directories of unknown topics (a crash during delete) and
 ``*-delete`` directories are removed.
 
 Background work runs on two daemon threads once ``start_background`` is called: a
@@ -142,6 +148,8 @@ class LogManager:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self.cleaner: Cleaner | None = None
+        self._previous_broker_epoch = -1  # set by _load from the clean-shutdown marker
+        self._broker_epoch = 0  # written into the marker at close (record_broker_epoch)
 
     # ------------------------------------------------------------------ opening
 
@@ -172,6 +180,7 @@ class LogManager:
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         clean = marker.exists()
         if clean:
+            self._previous_broker_epoch = _marker_broker_epoch(marker)
             marker.unlink()
             fsync_dir(self.data_dir)
         for entry in os.listdir(self.data_dir):
@@ -661,6 +670,17 @@ class LogManager:
 
     # ------------------------------------------------------------------ closing
 
+    @property
+    def previous_broker_epoch(self) -> int:
+        """What the clean-shutdown marker found at open said: the broker epoch recorded
+        at the last clean close, 0 if it recorded none, -1 if there was no marker (the
+        last stop was not clean, or this directory is new)."""
+        return self._previous_broker_epoch
+
+    def record_broker_epoch(self, broker_epoch: int) -> None:
+        """The broker epoch to write into the clean-shutdown marker at ``close``."""
+        self._broker_epoch = broker_epoch
+
     def close(self) -> None:
         """Stop background work, flush and close every log, write checkpoints, then the
         clean-shutdown marker (last, so that its presence proves everything before it)."""
@@ -674,7 +694,8 @@ class LogManager:
         for partition_log in self.logs():
             partition_log.close()
         self.write_checkpoints()
-        atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, b'{"version": 0}\n')
+        marker = {"version": 0, "broker_epoch": self._broker_epoch}
+        atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, json.dumps(marker).encode() + b"\n")
         log.info("closed %s cleanly", self.data_dir)
 
     def __enter__(self) -> LogManager:
@@ -682,6 +703,17 @@ class LogManager:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _marker_broker_epoch(marker: Path) -> int:
+    """The broker epoch in a clean-shutdown marker; 0 if it has none (an older marker, or
+    one that does not parse: the marker's presence alone says the stop was clean)."""
+    try:
+        document = json.loads(marker.read_bytes())
+    except (OSError, ValueError):
+        return 0
+    epoch = document.get("broker_epoch") if isinstance(document, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 else 0
 
 
 def _storage_error(exc: OSError, what: str) -> StorageError:

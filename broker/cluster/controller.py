@@ -7,8 +7,13 @@ Its duties, as Kafka's ZooKeeper-era controller:
 * create, grow, configure and delete topics: placement by Kafka's round robin over the
   live brokers (``assignment``), a fenced write of assignment, config and initial states;
 * keep every partition led: when brokers come and go, elect leaders for partitions whose
-  leader died (``election.elect_offline``; offline with leader -1 when no replica may
+  leader died (``election.reconcile``; offline with leader -1 when no replica may
   lead), take dead followers out of ISRs, and elect again when a broker returns;
+* eligible leader replicas (KIP-966, ``election``'s docstring): keep the ELR and last
+  known ELR with every ISR change it makes; take a broker that registered after an
+  unclean shutdown (``previous_broker_epoch`` -1) out of every ISR and ELR it was in
+  before, once (the state records the registrations read, ``brokers_zxid``); elect from
+  the ELR when no ISR member is live; empty the ELR when ``min.insync.replicas`` changes;
 * preferred-leader election on demand, and controlled shutdown (move leadership off a
   broker that is stopping).
 
@@ -31,24 +36,25 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from broker.cluster.assignment import assign_replicas
 from broker.cluster.election import (
     Elected,
+    crashed_replicas,
     elect_for_shutdown,
-    elect_offline,
     elect_preferred,
     leadership_predates_leader,
-    offline_state,
-    without_dead_followers,
+    reconcile,
+    with_elr,
 )
 from broker.cluster.session import SessionFence
 from broker.cluster.store import (
     ClusterStore,
     ControllerLease,
     ControllerMovedError,
+    LiveBrokers,
     StaleStateError,
     StoreError,
 )
@@ -85,6 +91,9 @@ class ControllerSettings:
     # every interval, partitions whose preferred replica is alive and in sync but not
     # leading get it back as leader (0 disables).
     leader_rebalance_interval_ms: int = 300_000
+    # The broker default of min.insync.replicas, for topics that do not set it: the ELR
+    # rules (KIP-966, ``broker.cluster.election``) depend on it.
+    min_insync_replicas: int = 1
 
 
 @dataclass(slots=True)
@@ -347,14 +356,38 @@ class Controller:
                 partition,
                 elected.state.leader,
             )
+        if elected.last_known_leader:
+            log.warning(
+                "%s-%d: no in-sync or eligible replica left (all restarted uncleanly): "
+                "electing the last known leader %d, which may have lost records too",
+                topic,
+                partition,
+                elected.state.leader,
+            )
         self._store.set_partition_state(lease, topic, partition, elected.state, version)
+        state = elected.state
+        if state.leader == NO_LEADER:
+            log.warning(
+                "%s-%d is offline (epoch %d): no live in-sync or eligible replica; isr %s "
+                "elr %s last known elr %s",
+                topic,
+                partition,
+                state.leader_epoch,
+                list(state.isr),
+                list(state.elr),
+                list(state.last_known_elr),
+            )
+            return
         log.info(
-            "%s-%d: leader %d epoch %d isr %s",
+            "%s-%d: leader %d epoch %d isr %s%s",
             topic,
             partition,
-            elected.state.leader,
-            elected.state.leader_epoch,
-            list(elected.state.isr),
+            state.leader,
+            state.leader_epoch,
+            list(state.isr),
+            f" elr {list(state.elr)} last known elr {list(state.last_known_elr)}"
+            if state.elr or state.last_known_elr
+            else "",
         )
 
     def _require_lease(self) -> ControllerLease:
@@ -363,19 +396,18 @@ class Controller:
         return self._lease
 
     def _reconcile(self) -> None:
-        """Re-read everything; elect where a leader is gone; drop dead followers."""
+        """Re-read everything; elect where a leader is gone; drop dead followers and
+        replicas that restarted uncleanly (``election.reconcile``)."""
         lease = self._require_lease()
-        broker_epochs = self._store.live_broker_epochs()
+        brokers = self._store.live_brokers_view()
         try:
             for topic in self._store.topics():
                 assignment = self._store.read_topic(topic)
                 if assignment is None:
                     continue
-                unclean = self._unclean_allowed(topic)
+                config = self._store.read_topic_config(topic)
                 for partition, replicas in assignment.replicas.items():
-                    self._reconcile_partition(
-                        topic, partition, replicas, broker_epochs, unclean, lease
-                    )
+                    self._reconcile_partition(topic, partition, replicas, brokers, config, lease)
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
             self._lease = None
@@ -385,17 +417,16 @@ class Controller:
         topic: str,
         partition: int,
         replicas: tuple[int, ...],
-        broker_epochs: Mapping[int, int],
-        unclean: bool,
+        brokers: LiveBrokers,
+        config: Mapping[str, str],
         lease: ControllerLease,
     ) -> None:
         found = self._store.read_partition_state_written(topic, partition)
         if found is None:
             return
         state, version = found.state, found.version
-        live = set(broker_epochs)
         try:
-            bounced = leadership_predates_leader(state, found.written_zxid, broker_epochs)
+            bounced = leadership_predates_leader(state, found.written_zxid, brokers.epochs)
             if bounced:
                 # The leader restarted since this was written: elect again, as for an
                 # offline partition (it is live and may be chosen), at a new epoch.
@@ -406,25 +437,42 @@ class Controller:
                     state.leader,
                     state.leader_epoch,
                 )
-            if bounced or state.leader == NO_LEADER or state.leader not in live:
-                elected = elect_offline(
-                    replicas, state, live, unclean_allowed=unclean, controller_epoch=lease.epoch
+            crashed = crashed_replicas(
+                replicas, state, found.written_zxid, brokers.epochs, brokers.uncleanly_restarted
+            )
+            if crashed:
+                log.warning(
+                    "%s-%d: broker(s) %s restarted after an unclean shutdown (they may have "
+                    "lost unsynced records): out of the ISR and the ELR",
+                    topic,
+                    partition,
+                    sorted(crashed),
                 )
-                if elected is not None:
-                    self._write(topic, partition, elected, version)
-                elif state.leader != NO_LEADER:
-                    offline = offline_state(state, lease.epoch)
-                    self._store.set_partition_state(lease, topic, partition, offline, version)
-                    log.warning("%s-%d is offline: no live in-sync replica", topic, partition)
-                return
-            shrunk = without_dead_followers(state, live, controller_epoch=lease.epoch)
-            if shrunk is not None:
-                self._write(topic, partition, shrunk, version)
+            elected = reconcile(
+                replicas,
+                state,
+                set(brokers.epochs),
+                crashed=crashed,
+                leader_bounced=bounced,
+                min_isr=self._min_isr(config),
+                unclean_allowed=self._unclean_allowed(config),
+                controller_epoch=lease.epoch,
+                brokers_zxid=brokers.brokers_zxid,
+            )
+            if elected is not None:
+                self._write(topic, partition, elected, version)
         except StaleStateError:
             self._post("brokers")  # someone wrote in between: decide again from a fresh read
 
-    def _unclean_allowed(self, topic: str) -> bool:
-        value = self._store.read_topic_config(topic).get("unclean.leader.election.enable")
+    def _min_isr(self, config: Mapping[str, str]) -> int:
+        value = config.get("min.insync.replicas")
+        try:
+            return int(value) if value is not None else self._settings.min_insync_replicas
+        except ValueError:
+            return self._settings.min_insync_replicas
+
+    def _unclean_allowed(self, config: Mapping[str, str]) -> bool:
+        value = config.get("unclean.leader.election.enable")
         if value is None:
             return self._settings.unclean_leader_election
         return value.lower() == "true"
@@ -435,7 +483,8 @@ class Controller:
         lease = self._require_lease()
         if self._store.read_topic(name) is not None:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-        brokers = sorted(self._live())
+        view = self._store.live_brokers_view()
+        brokers = sorted(view.epochs)
         count = max(len(brokers), 1)
         placed = assign_replicas(
             partitions,
@@ -447,7 +496,10 @@ class Controller:
         assignment = TopicAssignment(
             name, str(uuid.uuid4()), {p: tuple(r) for p, r in placed.items()}
         )
-        states = {p: PartitionState(r[0], 0, tuple(r), lease.epoch) for p, r in placed.items()}
+        states = {
+            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
+            for p, r in placed.items()
+        }
         try:
             self._store.create_topic(lease, assignment, config, states)
         except StaleStateError:
@@ -474,7 +526,8 @@ class Controller:
                 f"topic {name!r} has {current} partitions; it can only grow (asked for {total})"
             )
         factor = len(assignment.replicas[0])
-        brokers = sorted(self._live())
+        view = self._store.live_brokers_view()
+        brokers = sorted(view.epochs)
         # Kafka continues from the first partition's leader, so growth keeps the pattern.
         start = (
             brokers.index(assignment.replicas[0][0]) if assignment.replicas[0][0] in brokers else 0
@@ -492,7 +545,10 @@ class Controller:
             assignment.topic_id,
             {**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
         )
-        states = {p: PartitionState(r[0], 0, tuple(r), lease.epoch) for p, r in placed.items()}
+        states = {
+            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
+            for p, r in placed.items()
+        }
         try:
             self._store.add_partitions(lease, grown, version, states)
         except StaleStateError:
@@ -501,30 +557,65 @@ class Controller:
 
     def _alter_config(self, name: str, config: dict[str, str]) -> None:
         lease = self._require_lease()
-        if self._store.read_topic(name) is None:
+        assignment = self._store.read_topic(name)
+        if assignment is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        before = self._min_isr(self._store.read_topic_config(name))
         self._store.set_topic_config(lease, name, config)
+        if self._min_isr(config) != before:
+            self._clear_elr(name, assignment, lease)
 
-    def _partitions(self) -> Iterator[tuple[str, int, tuple[int, ...], PartitionState, int]]:
-        """Every partition with a state znode: topic, partition, replicas, state, version."""
+    def _clear_elr(self, name: str, assignment: TopicAssignment, lease: ControllerLease) -> None:
+        """KIP-966: a change of ``min.insync.replicas`` empties every ELR and last known
+        ELR of the topic (they were chosen by the old value). No epoch bump: the ISR and
+        the leader stay."""
+        for partition in assignment.replicas:
+            found = self._store.read_partition_state(name, partition)
+            if found is None or not (found[0].elr or found[0].last_known_elr):
+                continue
+            cleared = replace(found[0], elr=(), last_known_elr=(), controller_epoch=lease.epoch)
+            try:
+                self._store.set_partition_state(lease, name, partition, cleared, found[1])
+            except StaleStateError:
+                self._post("brokers")
+                continue
+            log.info("%s-%d: min.insync.replicas changed: ELR cleared", name, partition)
+
+    def _partitions(self) -> Iterator[_Partition]:
+        """Every partition with a state znode, with what its elections need: the live
+        brokers less those that restarted uncleanly since the state was last reconciled
+        (``election.crashed_replicas``: ``_reconcile`` handles them first; until then they
+        are not candidates), and the topic's ``min.insync.replicas``."""
+        brokers = self._store.live_brokers_view()
         for topic in self._store.topics():
             assignment = self._store.read_topic(topic)
             if assignment is None:
                 continue
+            min_isr = self._min_isr(self._store.read_topic_config(topic))
             for partition, replicas in assignment.replicas.items():
-                found = self._store.read_partition_state(topic, partition)
-                if found is not None:
-                    yield topic, partition, replicas, found[0], found[1]
+                found = self._store.read_partition_state_written(topic, partition)
+                if found is None:
+                    continue
+                crashed = crashed_replicas(
+                    replicas,
+                    found.state,
+                    found.written_zxid,
+                    brokers.epochs,
+                    brokers.uncleanly_restarted,
+                )
+                live = set(brokers.epochs) - crashed
+                yield _Partition(
+                    topic, partition, replicas, found.state, found.version, live, min_isr
+                )
 
     def _elect_preferred(self) -> int:
         lease = self._require_lease()
-        live = self._live()
         moved = 0
-        for topic, partition, replicas, state, version in self._partitions():
-            elected = elect_preferred(replicas, state, live, controller_epoch=lease.epoch)
+        for p in self._partitions():
+            elected = elect_preferred(p.replicas, p.state, p.live, controller_epoch=lease.epoch)
             if elected is not None:
                 try:
-                    self._write(topic, partition, elected, version)
+                    self._write(p.topic, p.partition, p.with_elr(elected), p.version)
                     moved += 1
                 except StaleStateError:
                     continue
@@ -532,19 +623,35 @@ class Controller:
 
     def _controlled_shutdown(self, broker_id: int) -> int:
         lease = self._require_lease()
-        live = self._live()
         still_leading = 0
-        for topic, partition, replicas, state, version in self._partitions():
+        for p in self._partitions():
             elected = elect_for_shutdown(
-                replicas, state, live, {broker_id}, controller_epoch=lease.epoch
+                p.replicas, p.state, p.live, {broker_id}, controller_epoch=lease.epoch
             )
-            leader = state.leader
+            leader = p.state.leader
             if elected is not None:
                 try:
-                    self._write(topic, partition, elected, version)
+                    self._write(p.topic, p.partition, p.with_elr(elected), p.version)
                     leader = elected.state.leader
                 except StaleStateError:
                     pass
             if leader == broker_id:
                 still_leading += 1
         return still_leading
+
+
+@dataclass(frozen=True, slots=True)
+class _Partition:
+    """One partition as ``Controller._partitions`` reads it."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    state: PartitionState
+    version: int
+    live: set[int]
+    min_isr: int
+
+    def with_elr(self, elected: Elected) -> Elected:
+        """``elected`` with KIP-966's ELR bookkeeping for its ISR change."""
+        return replace(elected, state=with_elr(self.state, elected.state, self.min_isr))

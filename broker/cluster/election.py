@@ -24,68 +24,92 @@ bumps the leader epoch, so brokers and clients holding the old epoch are fenced.
   as live and may be chosen), with a new epoch. Without this a broker restarted with all
   the others could serve as leader, at its old epoch, a log tail that the controller's
   next election cuts off: a consumer group read an offset commit that later vanished.
+
+**Eligible leader replicas** (Kafka's KIP-966, adapted to ZooKeeper; ``docs/replication.md``
+"Last replica standing"). The problem: RF 3, ``min.insync.replicas`` 2, the ISR shrinks to
+one broker, that broker loses its unsynced tail in an unclean shutdown, comes back as the
+only ISR member, is elected, and every other replica truncates to its shorter log: a
+local loss became a global one. The rules that close it:
+
+1. *Strict min ISR* (``broker.cluster.replicas``): the high watermark advances only while
+   the ISR has at least ``min.insync.replicas`` members. So a replica that leaves the ISR
+   while it is below that size holds every committed record, for good.
+2. *ELR* (``with_elr``, applied to every ISR change, the leader's and the controller's):
+   while the new ISR is smaller than ``min.insync.replicas``, the old ISR and ELR members
+   not in the new ISR become the ELR (dead ones included: that is the point); replicas
+   that restarted uncleanly are left out and go to ``last_known_elr``. Once the ISR is at
+   ``min.insync.replicas`` again both lists are emptied; the controller also empties
+   them when ``min.insync.replicas`` changes. An ELR-only change (the controller moving a
+   replica to ``last_known_elr``) keeps the leader epoch: the leader does not act on the
+   ELR, and re-reads the state before each ISR write of its own.
+3. *Unclean-shutdown detection*: a broker reports in its registration the broker epoch its
+   clean-shutdown marker held, or -1 (``znodes.BrokerRegistration.shut_down_cleanly``).
+   ``crashed_replicas``: a replica whose registration says -1 and was created after the
+   registrations the state's last controller write took into account
+   (``PartitionState.brokers_zxid``) has memberships from before a crash: the
+   controller (``reconcile``) takes it out of the ISR (a bumped epoch) and the ELR (into
+   ``last_known_elr``), and records the registrations it saw, so each restart is handled
+   once per partition. Kafka removes it from the ELR only; here it leaves the ISR too,
+   because ZooKeeper mode keeps a dead last ISR member in the ISR (below) where KRaft
+   moves it to the ELR, and that member is exactly the one that may have lost its tail.
+4. *Election order* for a partition without a live leader (``reconcile``): a live ISR
+   member; else a live ELR member (new ISR: just it); else, only if the ISR and the ELR
+   are both empty (every eligible replica restarted uncleanly), the last known leader if
+   live (KIP-966's "balanced recovery": it may have lost records, but so may every other
+   replica; logged as such); else an unclean election if
+   ``unclean.leader.election.enable``; else offline, remembering the last known leader.
+
+The controller decides with ``reconcile``, which applies these rules together with the
+offline election and the dead-follower rule above; preferred and controlled-shutdown
+elections get ``with_elr`` applied to their result.
+
+The result: the partition survives ``min.insync.replicas`` - 1 unclean shutdowns without
+losing an acknowledged record, or stays offline until an ELR replica returns. Unlike
+KRaft, a dead last ISR member stays in the ISR while the partition is offline (Kafka's
+ZooKeeper rule); a live ELR member is elected when no ISR member is
+live, which is KRaft's "ELR only when the ISR is empty" with dead members counted out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from broker.cluster.znodes import NO_LEADER, PartitionState
 
 __all__ = [
     "Elected",
+    "crashed_replicas",
     "elect_for_shutdown",
-    "elect_offline",
     "elect_preferred",
     "leadership_predates_leader",
-    "offline_state",
-    "without_dead_followers",
+    "reconcile",
+    "with_elr",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class Elected:
-    """A new partition state and whether it came from an unclean election."""
+    """A new partition state and whether it came from an unclean election, or from
+    KIP-966's last-known-leader rule (ISR and ELR empty: may have lost records too)."""
 
     state: PartitionState
     unclean: bool = False
+    last_known_leader: bool = False
 
 
 def _next(
     state: PartitionState, leader: int, isr: Sequence[int], controller_epoch: int
 ) -> PartitionState:
-    return PartitionState(leader, state.leader_epoch + 1, tuple(isr), controller_epoch)
-
-
-def elect_offline(
-    replicas: Sequence[int],
-    state: PartitionState,
-    live: Collection[int],
-    *,
-    unclean_allowed: bool,
-    controller_epoch: int,
-) -> Elected | None:
-    """A leader for a partition whose leader is not alive (or that has none).
-
-    Returns None when no replica may lead: the partition stays (or goes) offline, with
-    leader -1 written by the caller via ``offline_state``.
-    """
-    isr = set(state.isr)
-    for replica in replicas:
-        if replica in live and replica in isr:
-            new_isr = [r for r in state.isr if r in live]
-            return Elected(_next(state, replica, new_isr, controller_epoch))
-    if unclean_allowed:
-        for replica in replicas:
-            if replica in live:
-                return Elected(_next(state, replica, [replica], controller_epoch), unclean=True)
-    return None
-
-
-def offline_state(state: PartitionState, controller_epoch: int) -> PartitionState:
-    """No leader: Kafka keeps the ISR as it was so a clean election can still happen later."""
-    return PartitionState(NO_LEADER, state.leader_epoch + 1, state.isr, controller_epoch)
+    # ELR fields carried as they are: the controller applies ``with_elr`` to the result.
+    return replace(
+        state,
+        leader=leader,
+        leader_epoch=state.leader_epoch + 1,
+        isr=tuple(isr),
+        controller_epoch=controller_epoch,
+        last_known_leader=NO_LEADER,
+    )
 
 
 def elect_preferred(
@@ -124,18 +148,6 @@ def elect_for_shutdown(
     return None
 
 
-def without_dead_followers(
-    state: PartitionState, live: Collection[int], *, controller_epoch: int
-) -> Elected | None:
-    """The same leader with dead followers out of the ISR, or None if none died."""
-    if state.leader == NO_LEADER or state.leader not in live:
-        return None
-    new_isr = [r for r in state.isr if r in live]
-    if len(new_isr) == len(state.isr):
-        return None
-    return Elected(_next(state, state.leader, new_isr, controller_epoch))
-
-
 def leadership_predates_leader(
     state: PartitionState, written_zxid: int, broker_epochs: Mapping[int, int]
 ) -> bool:
@@ -146,3 +158,153 @@ def leadership_predates_leader(
     """
     epoch = broker_epochs.get(state.leader)
     return state.leader != NO_LEADER and epoch is not None and epoch > written_zxid
+
+
+# --- KIP-966: eligible leader replicas ---------------------------------------------------
+
+
+def _unique_sorted(members: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted(set(members)))
+
+
+def with_elr(
+    before: PartitionState,
+    after: PartitionState,
+    min_isr: int,
+    crashed: Collection[int] = (),
+) -> PartitionState:
+    """``after`` (an ISR change of ``before``) with KIP-966's ELR bookkeeping.
+
+    ``after.isr`` at least ``min_isr`` long: ELR and last known ELR empty. Else the ELR is
+    every member of ``before``'s ISR and ELR not in the new ISR and not in ``crashed``
+    (replicas that restarted uncleanly), and the last known ELR keeps its members plus
+    those crashed ones, minus the new ISR and ELR (Kafka's ``maybePopulateTargetElr``).
+    Sorted by broker id. Other fields are ``after``'s.
+    """
+    if len(after.isr) >= min_isr:
+        return replace(after, elr=(), last_known_elr=())
+    isr = set(after.isr)
+    left_out = set(crashed)
+    candidates = {*before.isr, *before.elr}
+    elr = _unique_sorted(r for r in candidates if r not in isr and r not in left_out)
+    last_known = _unique_sorted(
+        r
+        for r in (*before.last_known_elr, *candidates)
+        if r not in isr and r not in elr and (r in left_out or r in before.last_known_elr)
+    )
+    return replace(after, elr=elr, last_known_elr=last_known)
+
+
+def crashed_replicas(
+    replicas: Sequence[int],
+    state: PartitionState,
+    written_zxid: int,
+    broker_epochs: Mapping[int, int],
+    unclean: Collection[int],
+) -> set[int]:
+    """Replicas of the partition that restarted uncleanly since the state's last
+    controller write took the registrations into account.
+
+    ``unclean``: live brokers whose registration reports an unclean last stop;
+    ``broker_epochs``: live brokers' epochs. The state's ``brokers_zxid`` is the bound
+    (``written_zxid``, the znode's last write, for a state that has none).
+    """
+    seen = state.brokers_zxid or written_zxid
+    return {r for r in replicas if r in unclean and broker_epochs.get(r, -1) > seen}
+
+
+def reconcile(
+    replicas: Sequence[int],
+    state: PartitionState,
+    live: Collection[int],
+    *,
+    crashed: Collection[int] = (),
+    leader_bounced: bool = False,
+    min_isr: int = 1,
+    unclean_allowed: bool = False,
+    controller_epoch: int,
+    brokers_zxid: int = 0,
+) -> Elected | None:
+    """The controller's decision for one partition on a change of brokers (or None: no
+    write needed). The module docstring's rules, in order:
+
+    * ``crashed`` replicas (``crashed_replicas``) leave the ISR and the ELR; the write
+      records ``brokers_zxid`` (the registrations read) even if nothing else changes,
+      so each unclean restart is handled once;
+    * a partition whose leader is dead, bounced (``leadership_predates_leader``),
+      crashed or missing gets a leader by the election order, or goes (stays) offline
+      with its last known leader remembered;
+    * otherwise dead followers leave the ISR.
+
+    Every change of leader or ISR bumps the leader epoch; a change of ELR, last known
+    ELR or ``brokers_zxid`` alone does not.
+    """
+    live = set(live)
+    crashed = set(crashed)
+    isr = [r for r in state.isr if r not in crashed]
+    elr = [r for r in state.elr if r not in crashed]
+    seen = max(brokers_zxid, state.brokers_zxid)
+    last_known = state.leader if state.leader != NO_LEADER else state.last_known_leader
+
+    def bumped(leader: int, new_isr: Sequence[int]) -> PartitionState:
+        after = PartitionState(
+            leader,
+            state.leader_epoch + 1,
+            tuple(new_isr),
+            controller_epoch,
+            state.elr,
+            state.last_known_elr,
+            NO_LEADER if leader != NO_LEADER else last_known,
+            seen,
+        )
+        return with_elr(state, after, min_isr, crashed)
+
+    def fresh(leader: int) -> PartitionState:
+        # Last known leader or unclean: the log of ``leader`` is the truth from now on.
+        return PartitionState(
+            leader, state.leader_epoch + 1, (leader,), controller_epoch, (), (), NO_LEADER, seen
+        )
+
+    leader_gone = (
+        state.leader == NO_LEADER
+        or state.leader not in live
+        or leader_bounced
+        or state.leader in crashed
+    )
+    if leader_gone:
+        for replica in replicas:
+            if replica in live and replica in isr:
+                return Elected(bumped(replica, [r for r in isr if r in live]))
+        for replica in replicas:
+            if replica in live and replica in elr:
+                return Elected(bumped(replica, [replica]))
+        if not isr and not elr and last_known in live:
+            return Elected(fresh(last_known), last_known_leader=True)
+        if unclean_allowed:
+            for replica in replicas:
+                if replica in live:
+                    return Elected(fresh(replica), unclean=True)
+        if state.leader == NO_LEADER and not crashed:
+            return None  # offline already, nothing new
+        if state.leader == NO_LEADER and tuple(isr) == state.isr:
+            # Still offline, the ISR unchanged: the ELR change alone (same epoch).
+            return Elected(_same_epoch(state, min_isr, crashed, controller_epoch, seen))
+        return Elected(bumped(NO_LEADER, isr))
+    new_isr = [r for r in isr if r in live]
+    if tuple(new_isr) != state.isr:
+        return Elected(bumped(state.leader, new_isr))
+    if crashed:
+        return Elected(_same_epoch(state, min_isr, crashed, controller_epoch, seen))
+    return None
+
+
+def _same_epoch(
+    state: PartitionState,
+    min_isr: int,
+    crashed: Collection[int],
+    controller_epoch: int,
+    brokers_zxid: int,
+) -> PartitionState:
+    """The ISR unchanged, crashed replicas out of the ELR, the registrations recorded."""
+    after = replace(state, controller_epoch=controller_epoch, brokers_zxid=brokers_zxid)
+    return with_elr(state, after, min_isr, crashed)

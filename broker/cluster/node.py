@@ -45,17 +45,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import grpc
 
 from broker.cluster.controller import Controller, ControllerSettings
+from broker.cluster.election import with_elr
 from broker.cluster.fetcher import FetcherPool
 from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.session import SessionFence, step_down_delay_ms
 from broker.cluster.store import ClusterStore, StoreError
-from broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint, PartitionState
+from broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint
 from broker.config import BrokerConfig
 from broker.core.meta_properties import ensure_meta_properties
 from broker.core.metrics import BrokerMetrics
@@ -217,6 +219,7 @@ class ClusterNode:
         fence: SessionFence,
         replicas: ReplicaManager | None = None,
         registration: BrokerRegistration | None = None,
+        local: LocalTopics | None = None,
     ) -> None:
         self._config = config
         self._store = store
@@ -227,6 +230,7 @@ class ClusterNode:
         self.replicas = replicas
         # What to register again after a lost session (None: never registered).
         self._registration = registration
+        self._local = local  # its logs' clean-shutdown marker gets each new broker epoch
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
             target=self._run_session_events,
@@ -262,10 +266,21 @@ class ClusterNode:
             cluster_id = store.cluster_id()
             ensure_meta_properties(config.data_dir, config.broker_id, cluster_id)
             host, port = endpoint
-            store.register_broker(
-                BrokerRegistration(config.broker_id, host, port, clock.wall_ms(), tuple(listeners)),
+            # KIP-966: report what the clean-shutdown marker said (-1: not clean, this
+            # broker may have lost unsynced records), and write this registration's epoch
+            # into the next marker.
+            broker_epoch = store.register_broker(
+                BrokerRegistration(
+                    config.broker_id,
+                    host,
+                    port,
+                    clock.wall_ms(),
+                    tuple(listeners),
+                    local.logs.previous_broker_epoch,
+                ),
                 timeout_ms=config.zookeeper_session_timeout_ms * 2,
             )
+            local.logs.record_broker_epoch(broker_epoch)
 
             replicas_box: list[ReplicaManager] = []
 
@@ -295,6 +310,7 @@ class ClusterNode:
                         if config.auto_leader_rebalance_enable
                         else 0
                     ),
+                    min_insync_replicas=config.log_defaults.min_insync_replicas,
                 ),
                 clock,
                 internal_topics=internal_topics,
@@ -305,10 +321,14 @@ class ClusterNode:
         except BaseException:
             store.close()
             raise
+        # Registered again after a lost session, the process (and its log) did not stop:
+        # a clean "previous life" whose epoch is the one just registered.
         registration = BrokerRegistration(
-            config.broker_id, host, port, clock.wall_ms(), tuple(listeners)
+            config.broker_id, host, port, clock.wall_ms(), tuple(listeners), broker_epoch
         )
-        node = cls(config, store, watcher, controller, placement, fence, replicas, registration)
+        node = cls(
+            config, store, watcher, controller, placement, fence, replicas, registration, local
+        )
 
         def counts() -> tuple[int, int, int]:
             under, led = replicas.counts()
@@ -378,9 +398,12 @@ class ClusterNode:
                 log.warning("broker %d: ZooKeeper session lost", self._config.broker_id)
             elif state == "CONNECTED" and lost and self._registration is not None:
                 try:
-                    self._store.register_broker(
+                    epoch = self._store.register_broker(
                         self._registration, timeout_ms=self._config.zookeeper_session_timeout_ms * 2
                     )
+                    if self._local is not None:
+                        self._local.logs.record_broker_epoch(epoch)
+                    self._registration = replace(self._registration, previous_broker_epoch=epoch)
                     lost = False
                     log.info("broker %d registered again", self._config.broker_id)
                 except Exception as exc:
@@ -556,15 +579,19 @@ def _start_replicas(
     ) -> bool:
         # Only while the znode still names this broker leader at this epoch (a leader the
         # controller replaced must not write), and at the version read (CAS).
-        found = store.read_partition_state(topic, partition)
+        found = store.read_partition_state_written(topic, partition)
         if found is None:
             return False
-        state, version = found
+        state, version = found.state, found.version
         if state.leader != leader or state.leader_epoch != epoch:
             return False
-        store.update_isr(
-            topic, partition, PartitionState(leader, epoch, isr, state.controller_epoch), version
-        )
+        # KIP-966: the ELR follows the ISR change (``election.with_elr``). The
+        # registrations bound is carried, never advanced: only the controller, which
+        # handles unclean restarts, may say it has seen a registration (a state from
+        # before the bound existed gets its last write's zxid, what it meant then).
+        min_isr = local.logs.get_log(topic, partition).config.min_insync_replicas
+        after = replace(state, isr=isr, brokers_zxid=state.brokers_zxid or found.written_zxid)
+        store.update_isr(topic, partition, with_elr(state, after, min_isr), version)
         return True
 
     def count_isr_change(shrunk: int, expanded: int) -> None:

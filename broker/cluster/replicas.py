@@ -19,7 +19,15 @@ Kafka's ``ReplicaManager`` and ``Partition`` in the ZooKeeper era
   leader had then.
 * **High watermark** = the smallest log end offset among the ISR (the leader's own
   included); it only moves up. A move completes parked consumer fetches and ``acks=all``
-  produces (``on_progress``).
+  produces (``on_progress``). **Strict min ISR** (KIP-966, as Kafka 4.x): it moves only
+  while the written ISR has at least ``min.insync.replicas`` members. Below that,
+  ``acks=all`` produces are refused (``NOT_ENOUGH_REPLICAS``) or wait, ``acks=1`` (and
+  ``acks=0``) produces are still appended and answered, but consumers do not see them
+  (nor anything else past the high watermark) until the ISR is large enough again; a
+  leader elected below min ISR answers consumers ``OFFSET_NOT_AVAILABLE`` until then
+  (``check_epoch``). The replicas that left the ISR meanwhile (the ELR,
+  ``broker.cluster.election``) therefore hold every record a consumer saw or an
+  ``acks=all`` producer was told of.
 * **ISR.** A follower joins the ISR once its log end offset reaches the high watermark and
   the start of the current leader epoch; an ISR member not caught up for
   ``replica.lag.time.max.ms`` is removed. The leader writes each change to the partition's
@@ -27,9 +35,14 @@ Kafka's ``ReplicaManager`` and ``Partition`` in the ZooKeeper era
   names it leader at its epoch (so a deposed leader cannot write), on one thread of its
   own so no request waits for ZooKeeper. The new ISR takes effect locally once written.
 * **acks=all** (``ack_status``): answered once the high watermark passed the batch; with
-  fewer in-sync replicas than ``min.insync.replicas`` by then,
-  ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``; refused before the append with
-  ``NOT_ENOUGH_REPLICAS`` when the ISR is already too small.
+  fewer in-sync replicas than ``min.insync.replicas`` at any point before that answer,
+  ``NOT_ENOUGH_REPLICAS_AFTER_APPEND`` at once (the high watermark would not move:
+  Kafka 4.x lets such a produce wait for its timeout instead); refused before the append
+  with ``NOT_ENOUGH_REPLICAS`` when the ISR is already too small.
+* **ELR.** The leader's ISR writes (``IsrWriter``, ``broker.cluster.node``) also keep the
+  state's eligible leader replicas (``election.with_elr``). A state change at the same
+  leader epoch (the controller moving a replica from the ELR to the last known ELR, or
+  emptying both) changes nothing here: ``apply`` ignores a view at the epoch it leads.
 
 A leader cut off from ZooKeeper cannot change the ISR, so once its followers stop fetching
 (they follow the new leader) its high watermark cannot pass what they had, and ``acks=all``
@@ -328,13 +341,16 @@ class ReplicaManager:
                 f"broker {self._settings.broker_id} stopped leading {tp[0]}-{tp[1]} before "
                 "the write was replicated; it may or may not be stored"
             )
-        if plog.high_watermark < end_offset:
-            return PENDING
+        # Below min ISR first: the high watermark stays there (strict min ISR), so waiting
+        # would only end in a timeout; the answer is the one a leader gave before strict
+        # min ISR, when the high watermark passed the batch with too few replicas.
         if isr_size < plog.config.min_insync_replicas:
             return NotEnoughReplicasAfterAppendError(
                 f"{tp[0]}-{tp[1]}: appended, but only {isr_size} in-sync replica(s) remain; "
                 f"min.insync.replicas is {plog.config.min_insync_replicas}"
             )
+        if plog.high_watermark < end_offset:
+            return PENDING
         return DURABLE
 
     def check_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None:
@@ -421,6 +437,7 @@ class ReplicaManager:
             # acknowledged record would be missing from a leader it may elect. (A member
             # being dropped is still in ``isr`` until its write lands: the same rule.)
             members = leading.isr | set(leading.pending_isr or ())
+            isr_size = len(leading.isr)
             ends = [
                 leading.followers[r].log_end_offset
                 for r in members
@@ -429,6 +446,12 @@ class ReplicaManager:
         try:
             plog = self._logs.get_log(*tp)
         except UnknownTopicOrPartitionError:
+            return
+        if isr_size < plog.config.min_insync_replicas:
+            # Strict min ISR (KIP-966): below min.insync.replicas the high watermark stays,
+            # so every replica that left the ISR meanwhile (the ELR) holds every committed
+            # record. The written ISR counts, not the maximal one: a member still being
+            # added is not yet one the controller may elect.
             return
         target = min([plog.log_end_offset, *ends])
         if target >= 0 and plog.set_high_watermark(target):

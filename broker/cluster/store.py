@@ -3,10 +3,12 @@
 Kafka's ZooKeeper-era mechanisms (``reference/replication.md`` sections 2 and 5):
 
 * **Registration.** A broker creates the ephemeral ``/brokers/ids/<id>`` once its logs are
-  recovered; the znode's creation zxid is its broker epoch. A node left by the broker's
-  own previous life (kill -9 and a quick restart: the old session has not expired yet) is
-  waited out until ``timeout_ms``, never treated as ours and never deleted: that is what
-  KAFKA-6584 and KAFKA-14845 got wrong.
+  recovered; the znode's creation zxid is its broker epoch, and its data reports whether
+  its last stop was clean (``previous_broker_epoch``, KIP-966; ``live_brokers_view``
+  reads them with a zxid that bounds them, for ``broker.cluster.election``). A node left
+  by the broker's own previous life (kill -9 and a quick restart: the old session has not
+  expired yet) is waited out until ``timeout_ms``, never treated as ours and never
+  deleted: that is what KAFKA-6584 and KAFKA-14845 got wrong.
 * **Controller election.** In one ZooKeeper transaction a candidate creates the
   ephemeral ``/controller`` and bumps ``/controller_epoch`` at the version it read. The
   winner gets a ``ControllerLease`` (its epoch and that znode's version); **every**
@@ -85,6 +87,7 @@ __all__ = [
     "ClusterStore",
     "ControllerLease",
     "ControllerMovedError",
+    "LiveBrokers",
     "StaleStateError",
     "StateRead",
     "StoreError",
@@ -119,6 +122,21 @@ def split_connect_string(connect: str) -> tuple[str, str]:
         if chroot == "/" or chroot.endswith("/"):
             raise ValueError(f"zookeeper.connect: bad chroot in {connect!r}")
     return hosts, chroot
+
+
+class LiveBrokers(NamedTuple):
+    """One read of the registrations: each live broker's, its epoch (the znode's
+    creation zxid), and a zxid that bounds them (``PartitionState.brokers_zxid``): every
+    live registration created at or before it is among these."""
+
+    registrations: dict[int, BrokerRegistration]
+    epochs: dict[int, int]
+    brokers_zxid: int
+
+    @property
+    def uncleanly_restarted(self) -> set[int]:
+        """Live brokers whose registration reports an unclean last stop (KIP-966)."""
+        return {b for b, r in self.registrations.items() if not r.shut_down_cleanly}
 
 
 class StateRead(NamedTuple):
@@ -262,6 +280,22 @@ class ClusterStore:
             {broker_id: decode_broker(broker_id, data) for broker_id, data, _ in found},
             {broker_id: int(stat.czxid) for broker_id, _, stat in found},
         )
+
+    def live_brokers_view(self) -> LiveBrokers:
+        """The registrations with their epochs and the zxid that bounds them.
+
+        ``/brokers/ids``'s child zxid is read first: a registration created before that
+        read is listed after it (unless it went: dead, not needed), one created after it
+        has a larger czxid than the bound, so the bound (the larger of it and the largest
+        czxid listed) never claims a registration that was not read.
+        """
+        try:
+            stat = self._retry(self._client.exists, BROKER_IDS)
+        except Exception as exc:
+            raise StoreError(f"reading {BROKER_IDS}: {exc}") from exc
+        bound = int(stat.pzxid) if stat is not None else 0
+        registrations, epochs = self.live_brokers_with_epochs()
+        return LiveBrokers(registrations, epochs, max([bound, *epochs.values()]))
 
     def _registrations(self) -> list[tuple[int, bytes, Any]]:
         """(id, data, stat) of every registration znode, by id; one that vanishes while

@@ -6,13 +6,17 @@ Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses
     /brokers/ids/<id>              ephemeral       {"version":1,"host":H,"port":P,"ts":ms,
                                                     "endpoints":["KAFKA://H:P"],
                                                     "listener_security_protocol_map":
-                                                      {"KAFKA":"SASL_SSL"}}
+                                                      {"KAFKA":"SASL_SSL"},
+                                                    "previous_broker_epoch":E}
     /controller                    ephemeral       {"version":1,"brokerid":N,"ts":ms}
     /controller_epoch                              an integer, as text
     /brokers/topics/<t>                            {"version":1,"partitions":{"0":[1,2]},
                                                     "topic_id":"<uuid>"}
     /brokers/topics/<t>/partitions/<p>/state       {"version":1,"leader":L,"leader_epoch":E,
-                                                    "isr":[..],"controller_epoch":C}
+                                                    "isr":[..],"controller_epoch":C,
+                                                    "elr":[..],"last_known_elr":[..],
+                                                    "last_known_leader":L,
+                                                    "brokers_zxid":Z}
     /config/topics/<t>                             {"version":1,"config":{...}}
     /admin/delete_topics/<t>                       empty: the topic is being deleted
     /latest_producer_id_block                      {"version":1,"broker":N,"block_start":S,
@@ -34,6 +38,19 @@ it (Kafka bumps the version; every Tidelog reader refuses versions other than 1)
 An ephemeral broker znode's creation zxid (``czxid``) is the broker's epoch (KIP-380): a
 broker that restarted has a larger one. A partition state znode's version is the
 compare-and-set token of every write to it. Leader -1 means no leader (offline).
+
+Eligible leader replicas (KIP-966, ``broker.cluster.election``): a registration's
+``previous_broker_epoch`` is the broker epoch its clean-shutdown marker held (KIP-966's
+``PreviousBrokerEpoch``), -1 if the marker was missing (the last stop was not clean: the
+broker may have lost its unsynced tail), 0 for a clean stop that recorded no epoch; a
+registration without the key (an older broker) counts as clean, as before. A state's
+``elr`` and ``last_known_elr`` are KIP-966's EligibleLeaderReplicas and LastKnownElr,
+``last_known_leader`` the leader it had when it went offline (-1: none recorded), and
+``brokers_zxid`` the ``/brokers/ids`` child zxid (``pzxid``) of the registrations the
+controller had read when it wrote the state: every registration created after it is one
+the writer did not know of. All four keys are optional and written only when not empty
+(or -1, or 0), so a state without them reads as before (empty, -1, 0) and a state a
+broker without ELR writes stays readable by one with it, and the other way round.
 
 ``/latest_producer_id_block`` is Kafka's (``ProducerIdBlockZNode``): the last block of
 producer ids a broker claimed, both ends inclusive; the next claim starts after
@@ -141,6 +158,14 @@ class BrokerRegistration:
     port: int
     registered_ms: int = 0
     endpoints: tuple[ListenerEndpoint, ...] = ()
+    # KIP-966's PreviousBrokerEpoch: -1 after an unclean stop; None: not reported.
+    previous_broker_epoch: int | None = None
+
+    @property
+    def shut_down_cleanly(self) -> bool:
+        """False only if the broker reported that its last stop was not clean (its
+        clean-shutdown marker was missing): it may have lost writes it never fsynced."""
+        return self.previous_broker_epoch != -1
 
     def endpoint(self, name: str) -> ListenerEndpoint | None:
         """The listener called ``name`` (``KAFKA_LISTENER``), or None if it has none."""
@@ -165,12 +190,23 @@ class TopicAssignment:
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """Leader, leader epoch and ISR of one partition, and the controller epoch that wrote them."""
+    """Leader, leader epoch and ISR of one partition, and the controller epoch that wrote them.
+
+    With KIP-966's fields (``broker.cluster.election``): ``elr`` the eligible leader
+    replicas (out of the ISR, but holding every committed record), ``last_known_elr``
+    the ones that lost that standing by an unclean shutdown, ``last_known_leader`` the
+    leader before the partition went offline (-1: none), ``brokers_zxid`` the
+    registrations the controller knew of when it wrote this (0: not recorded).
+    """
 
     leader: int
     leader_epoch: int
     isr: tuple[int, ...]
     controller_epoch: int
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
+    last_known_leader: int = NO_LEADER
+    brokers_zxid: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +308,8 @@ def encode_broker(registration: BrokerRegistration) -> bytes:
         document["listener_security_protocol_map"] = {
             e.name: e.security_protocol for e in registration.endpoints
         }
+    if registration.previous_broker_epoch is not None:
+        document["previous_broker_epoch"] = registration.previous_broker_epoch
     return _dump(document)
 
 
@@ -287,6 +325,9 @@ def decode_broker(broker_id: int, data: bytes) -> BrokerRegistration:
         _int(document, "port", what),
         _int(document, "ts", what),
         _endpoints(document, what),
+        _int(document, "previous_broker_epoch", what)
+        if "previous_broker_epoch" in document
+        else None,
     )
 
 
@@ -368,15 +409,24 @@ def decode_topic(name: str, data: bytes) -> TopicAssignment:
 
 
 def encode_partition_state(state: PartitionState) -> bytes:
-    return _dump(
-        {
-            "version": 1,
-            "leader": state.leader,
-            "leader_epoch": state.leader_epoch,
-            "isr": list(state.isr),
-            "controller_epoch": state.controller_epoch,
-        }
-    )
+    document: dict[str, Any] = {
+        "version": 1,
+        "leader": state.leader,
+        "leader_epoch": state.leader_epoch,
+        "isr": list(state.isr),
+        "controller_epoch": state.controller_epoch,
+    }
+    # KIP-966's keys only when set: a state without them is byte for byte what a broker
+    # without ELR writes.
+    if state.elr:
+        document["elr"] = list(state.elr)
+    if state.last_known_elr:
+        document["last_known_elr"] = list(state.last_known_elr)
+    if state.last_known_leader != NO_LEADER:
+        document["last_known_leader"] = state.last_known_leader
+    if state.brokers_zxid:
+        document["brokers_zxid"] = state.brokers_zxid
+    return _dump(document)
 
 
 def decode_partition_state(data: bytes, what: str = "partition state") -> PartitionState:
@@ -386,6 +436,10 @@ def decode_partition_state(data: bytes, what: str = "partition state") -> Partit
         _int(document, "leader_epoch", what),
         _ints(document.get("isr"), what),
         _int(document, "controller_epoch", what),
+        _ints(document.get("elr", []), what),
+        _ints(document.get("last_known_elr", []), what),
+        _int(document, "last_known_leader", what) if "last_known_leader" in document else NO_LEADER,
+        _int(document, "brokers_zxid", what) if "brokers_zxid" in document else 0,
     )
 
 

@@ -7,11 +7,9 @@ from hypothesis import strategies as st
 
 from broker.cluster.election import (
     elect_for_shutdown,
-    elect_offline,
     elect_preferred,
     leadership_predates_leader,
-    offline_state,
-    without_dead_followers,
+    reconcile,
 )
 from broker.cluster.znodes import NO_LEADER, PartitionState
 
@@ -23,24 +21,23 @@ def state(leader: int, *isr: int, epoch: int = 4) -> PartitionState:
 
 
 def test_offline_election_takes_the_first_live_isr_member_in_assignment_order() -> None:
-    elected = elect_offline(
-        REPLICAS, state(1, 1, 3, 2), {2, 3}, unclean_allowed=False, controller_epoch=8
-    )
+    elected = reconcile(REPLICAS, state(1, 1, 3, 2), {2, 3}, controller_epoch=8)
     assert elected is not None
     assert elected.state == PartitionState(2, 5, (3, 2), 8)
     assert not elected.unclean
 
 
 def test_no_clean_candidate_means_offline_unless_unclean_is_allowed() -> None:
-    assert (
-        elect_offline(REPLICAS, state(1, 1), {2, 3}, unclean_allowed=False, controller_epoch=8)
-        is None
-    )
-    unclean = elect_offline(REPLICAS, state(1, 1), {3, 2}, unclean_allowed=True, controller_epoch=8)
+    offline = reconcile(REPLICAS, state(1, 1), {2, 3}, controller_epoch=8)
+    assert offline is not None
+    # The dead last ISR member stays in the ISR (ZooKeeper mode), remembered as the last
+    # known leader.
+    assert offline.state == PartitionState(NO_LEADER, 5, (1,), 8, last_known_leader=1)
+    assert reconcile(REPLICAS, offline.state, {2, 3}, controller_epoch=8) is None  # still
+    unclean = reconcile(REPLICAS, state(1, 1), {3, 2}, unclean_allowed=True, controller_epoch=8)
     assert unclean is not None
     assert unclean.unclean
     assert unclean.state == PartitionState(2, 5, (2,), 8)
-    assert offline_state(state(1, 1), 8) == PartitionState(NO_LEADER, 5, (1,), 8)
 
 
 def test_preferred_election() -> None:
@@ -64,10 +61,10 @@ def test_controlled_shutdown_moves_leadership_and_membership() -> None:
 
 
 def test_a_dead_follower_leaves_the_isr() -> None:
-    shrunk = without_dead_followers(state(1, 1, 2, 3), {1, 2}, controller_epoch=8)
+    shrunk = reconcile(REPLICAS, state(1, 1, 2, 3), {1, 2}, controller_epoch=8)
     assert shrunk is not None
     assert shrunk.state == PartitionState(1, 5, (1, 2), 8)
-    assert without_dead_followers(state(1, 1, 2), {1, 2}, controller_epoch=8) is None
+    assert reconcile(REPLICAS, state(1, 1, 2), {1, 2}, controller_epoch=8) is None
 
 
 @given(
@@ -79,8 +76,11 @@ def test_an_elected_leader_is_live_and_clean_unless_flagged(
     isr: list[int], live: set[int], unclean: bool
 ) -> None:
     before = state(isr[0], *isr)
-    elected = elect_offline(REPLICAS, before, live, unclean_allowed=unclean, controller_epoch=8)
-    if elected is None:
+    if isr[0] in live:
+        live = live - {isr[0]}  # the leader is gone: an election
+    elected = reconcile(REPLICAS, before, live, unclean_allowed=unclean, controller_epoch=8)
+    assert elected is not None
+    if elected.state.leader == NO_LEADER:
         assert not (live & set(isr))
         assert not (unclean and live)
         return
