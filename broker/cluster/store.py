@@ -91,6 +91,7 @@ __all__ = [
     "StaleStateError",
     "StateRead",
     "StoreError",
+    "reconnect_retry",
     "split_connect_string",
 ]
 
@@ -147,6 +148,17 @@ class StateRead(NamedTuple):
     written_zxid: int
 
 
+def reconnect_retry(session_timeout_ms: int) -> KazooRetry:
+    """How kazoo reconnects after a lost connection: forever, 100 ms doubling up to a third
+    of the session timeout (at most 1 s). Kazoo's default doubles up to an hour: after
+    ZooKeeper was away for a few minutes a broker would wait that long before trying
+    again, its session long expired, fenced and unable to serve."""
+    cap_s = min(session_timeout_ms / 3000, 1.0)
+    return KazooRetry(
+        max_tries=-1, delay=min(0.1, cap_s), backoff=2, max_jitter=0.1, max_delay=cap_s
+    )
+
+
 class ClusterStore:
     """The cluster's znodes through one kazoo session. Build with ``connect``."""
 
@@ -176,7 +188,11 @@ class ClusterStore:
             finally:
                 bootstrap.stop()
                 bootstrap.close()
-        client = KazooClient(hosts=hosts + chroot, timeout=session_timeout_ms / 1000)
+        client = KazooClient(
+            hosts=hosts + chroot,
+            timeout=session_timeout_ms / 1000,
+            connection_retry=reconnect_retry(session_timeout_ms),
+        )
         try:
             client.start(timeout=timeout_s)
             for path in _BASE_PATHS:
