@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from storage.errors import (
     BrokerBusyError,
+    BrokerUnavailableError,
     InternalError,
     KafkaTimeoutError,
     LogDirFullError,
@@ -91,7 +92,11 @@ def classify(exc: BaseException) -> Outcome:
     """
     if isinstance(exc, ShuttingDownError):
         return Outcome(None, True, str(exc))
-    if isinstance(exc, RequestError | BrokerBusyError | KafkaTimeoutError):
+    # BrokerUnavailableError raised here: a broker's own dependency (ZooKeeper, the
+    # controller, its view of the cluster) is not there yet; retriable, as Kafka's
+    # answers in those states are (issue #29: answered INTERNAL, a producer asking for
+    # its id from a broker still joining failed for good).
+    if isinstance(exc, RequestError | BrokerBusyError | KafkaTimeoutError | BrokerUnavailableError):
         return Outcome(exc.code, exc.retriable, _bounded(str(exc) or exc.code))
     if isinstance(exc, LogDirFullError):
         # Expected while the disk is full, and retried by every producer: a traceback

@@ -31,6 +31,7 @@ import grpc
 from broker.core.errors import Outcome, classify
 from storage.errors import (
     BrokerBusyError,
+    BrokerUnavailableError,
     ClusterAuthorizationFailedError,
     CoordinatorLoadInProgressError,
     CorruptRecordError,
@@ -97,7 +98,8 @@ ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 
 # The one table. Lookup walks the exception's MRO, so a subclass without its own row gets
 # its parent's status; every concrete class the broker raises has a row so that the table
-# reads as the contract. Client-side classes (ClientError) never come from a broker.
+# reads as the contract. Of the ClientError classes a broker raises only two, for calls
+# of its own that got no answer: KafkaTimeoutError and BrokerUnavailableError.
 STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     RequestError: grpc.StatusCode.INVALID_ARGUMENT,
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -143,6 +145,8 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     # An acks=all produce whose replication outlasted its timeout (Kafka answers the
     # partition REQUEST_TIMED_OUT; the client's timeout class carries that code).
     KafkaTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # A dependency of this broker (ZooKeeper, the controller) is not there yet: retriable.
+    BrokerUnavailableError: grpc.StatusCode.UNAVAILABLE,
     StorageError: grpc.StatusCode.INTERNAL,
     LogDirFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InternalError: grpc.StatusCode.INTERNAL,

@@ -74,6 +74,18 @@ def test_a_client_side_error_raised_in_the_broker_is_a_bug() -> None:
     assert (wire.status, wire.code) == (grpc.StatusCode.INTERNAL, "INTERNAL")
 
 
+def test_a_dependency_of_the_broker_not_there_yet_is_retriable() -> None:
+    """Issue #29: a broker still joining its cluster (or without ZooKeeper) raises
+    BrokerUnavailableError; answered INTERNAL, a producer asking it for an id failed for
+    good. It is retriable, and the client rebuilds the same retriable class."""
+    outcome = classify(errors.BrokerUnavailableError("broker 1 is joining the cluster"))
+    assert (outcome.code, outcome.retriable) == ("BROKER_UNAVAILABLE", True)
+    wire = to_wire(errors.BrokerUnavailableError("broker 1 is joining the cluster"))
+    assert (wire.status, wire.code) == (grpc.StatusCode.UNAVAILABLE, "BROKER_UNAVAILABLE")
+    rebuilt = errors.error_for_code("BROKER_UNAVAILABLE")
+    assert type(rebuilt) is errors.BrokerUnavailableError and rebuilt.retriable
+
+
 def test_shutting_down_is_unavailable_without_a_code() -> None:
     wire = to_wire(ShuttingDownError("stopping"))
     assert wire.status == grpc.StatusCode.UNAVAILABLE
