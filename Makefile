@@ -19,7 +19,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers clean
+.PHONY: all venv console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers faults clean
 
 all: test
 
@@ -144,6 +144,13 @@ BENCH_ARGS ?=
 bench-peers: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+
+# The long fault run (issue #29, docs/reliability.md; needs root): DURATION seconds of a
+# seeded schedule of partitions, pauses, kills and power losses against three brokers,
+# then the history checker. `make faults DURATION=1800 SEED=7`.
+faults: $(STAMP)
+	$(BIN)/python -m tests.faults.run --duration $(or $(DURATION),1800) $(if $(SEED),--seed $(SEED)) --brokers $(or $(BROKERS),3) --lossy --out $(or $(OUT),faults-out/$(or $(SEED),latest))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info storage/_native*.so

@@ -12,14 +12,19 @@ A process runs in a node with ``wrap(node, command)`` (``ip netns exec``). ``cut
 peers)`` drops every packet between ``node`` and ``peers`` in both directions with an
 nftables table in ``node``'s namespace (a silent blackhole, as a real partition: no
 reset), while the root namespace's clients still reach it; ``heal(node)`` deletes the
-table. ``close`` removes the namespaces (their veth ends go with them) and the bridge,
-whatever happened before; the ``with`` block calls it.
+table. ``cut(..., inbound=False)`` or ``cut(..., outbound=False)`` makes a one-way
+partition (only the other direction's packets are dropped). ``slow(node, ...)`` puts a
+``tc netem`` queue (delay, jitter, loss, reordering) on ``node``'s interface, for all its
+traffic, clients' included, or where the kernel has no netem a ``tbf`` rate limit and
+random loss with nftables; ``unslow(node)`` removes it. ``close`` removes the
+namespaces (their veth ends go with them) and the bridge, whatever happened before; the
+``with`` block calls it.
 
 ``BrokerNodes`` adapts a network to ``broker.cluster.testing.BrokerNetwork``, so a
 ``LocalCluster`` runs its brokers in it (node ``b<id>``).
 
-``missing()`` names what this host lacks (root, ``ip``, ``nft``); the tests fail on it in
-CI and skip elsewhere. Not thread-safe (one owner).
+``missing()`` names what this host lacks (root, ``ip``, ``nft``, ``tc``); the tests fail
+on it in CI and skip elsewhere. Not thread-safe (one owner).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = ["BrokerNodes", "NamespaceNetwork", "missing"]
 log = logging.getLogger(__name__)
 
 _CUT_TABLE = "tidelog_cut"
+_LOSS_TABLE = "tidelog_loss"
 _COMMAND_TIMEOUT_S = 20.0
 
 
@@ -43,7 +49,7 @@ def missing() -> str | None:
     """What stops namespace tests here, or None when they can run."""
     if os.geteuid() != 0:
         return "network namespace tests need root (CAP_NET_ADMIN)"
-    for tool, package in (("ip", "iproute2"), ("nft", "nftables")):
+    for tool, package in (("ip", "iproute2"), ("nft", "nftables"), ("tc", "iproute2")):
         if shutil.which(tool) is None:
             return f"no {tool}: apt-get install {package} (`make venv` does it as root)"
     return None
@@ -113,7 +119,7 @@ class NamespaceNetwork:
 
     def _add_node(self, node: str) -> None:
         namespace = self.namespace(node)
-        outer, inner = f"tl{self._tag}{node}h", f"tl{self._tag}{node}n"
+        outer, inner = f"tl{self._tag}{node}h", self.interface(node)
         _run(["ip", "netns", "add", namespace])
         self._created.append(namespace)
         _run(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
@@ -125,21 +131,115 @@ class NamespaceNetwork:
         _run([*inside, "ip", "link", "set", inner, "up"])
         _run([*inside, "ip", "link", "set", "lo", "up"])
 
-    def cut(self, node: str, peers: Iterable[str]) -> None:
-        """Drop all traffic between ``node`` and ``peers`` (both ways), leaving the
-        clients' address and everyone else alone. Replaces an earlier cut of ``node``."""
-        addresses = ", ".join(self.address(peer) for peer in peers)
+    def interface(self, node: str) -> str:
+        """The name of ``node``'s interface inside its namespace (its veth's inner end)."""
+        return f"tl{self._tag}{node}n"
+
+    def cut(
+        self, node: str, peers: Iterable[str], *, inbound: bool = True, outbound: bool = True
+    ) -> None:
+        """Drop traffic between ``node`` and ``peers``, leaving the clients' address and
+        everyone else alone. Replaces an earlier cut of ``node``.
+
+        Both ways by default; ``inbound=False`` keeps what ``peers`` send to ``node``
+        (only ``node``'s packets to them are dropped), ``outbound=False`` the reverse: a
+        one-way partition. Over TCP a one-way cut still stalls connections (their acks
+        cannot come back), but new connections fail differently and UDP-like probes get
+        through one way; it is the shape Jepsen calls an asymmetric grudge.
+        """
+        if not (inbound or outbound):
+            raise ValueError("a cut drops at least one direction")
+        peer_list = list(peers)
+        if not peer_list:
+            raise ValueError("a cut needs at least one peer")
+        addresses = ", ".join(self.address(peer) for peer in peer_list)
         self.heal(node)
-        rules = (
-            f"table inet {_CUT_TABLE} {{\n"
-            f"  chain input {{ type filter hook input priority 0; policy accept;\n"
-            f"    ip saddr {{ {addresses} }} drop\n  }}\n"
-            f"  chain output {{ type filter hook output priority 0; policy accept;\n"
-            f"    ip daddr {{ {addresses} }} drop\n  }}\n"
-            "}\n"
-        )
+        chains = []
+        if inbound:
+            chains.append(
+                f"  chain input {{ type filter hook input priority 0; policy accept;\n"
+                f"    ip saddr {{ {addresses} }} drop\n  }}\n"
+            )
+        if outbound:
+            chains.append(
+                f"  chain output {{ type filter hook output priority 0; policy accept;\n"
+                f"    ip daddr {{ {addresses} }} drop\n  }}\n"
+            )
+        rules = f"table inet {_CUT_TABLE} {{\n{''.join(chains)}}}\n"
         _run(["ip", "netns", "exec", self.namespace(node), "nft", "-f", "-"], stdin=rules)
-        log.info("cut %s from %s", node, addresses)
+        log.info(
+            "cut %s from %s (%s)",
+            node,
+            addresses,
+            "both ways" if inbound and outbound else "inbound" if inbound else "outbound",
+        )
+
+    def slow(
+        self,
+        node: str,
+        *,
+        delay_ms: int = 50,
+        jitter_ms: int = 10,
+        loss_percent: int = 0,
+        reorder_percent: int = 0,
+        fallback_rate_kbit: int = 1_000,
+    ) -> str:
+        """Make ``node``'s link slow and lossy, for every packet it sends (to peers,
+        ZooKeeper and clients); return what was applied.
+
+        With the kernel's ``sch_netem``: ``tc qdisc ... netem delay D J distribution
+        normal loss L% 25% reorder R% 50%``. Kernels without it (the CI's Firecracker
+        kernel has no netem, fq, sfq or prio, but has tbf and htb): a ``tbf`` rate limit
+        of ``fallback_rate_kbit`` (queueing delay under load, no jitter or reordering)
+        and, for loss, an nftables rule dropping ``loss_percent`` of outgoing packets at
+        random (``numgen random``). ``unslow`` removes either.
+        """
+        self.unslow(node)
+        device = self.interface(node)
+        netem = ["delay", f"{delay_ms}ms", f"{jitter_ms}ms", "distribution", "normal"]
+        if loss_percent:
+            netem += ["loss", f"{loss_percent}%", "25%"]
+        if reorder_percent:
+            netem += ["reorder", f"{reorder_percent}%", "50%"]
+        tc = self.wrap(node, ["tc", "qdisc", "replace", "dev", device, "root"])
+        try:
+            _run([*tc, "netem", *netem])
+            applied = "netem " + " ".join(netem)
+        except RuntimeError as error:
+            if "unknown" not in str(error):
+                raise
+            _run(
+                [
+                    *tc,
+                    "tbf",
+                    "rate",
+                    f"{fallback_rate_kbit}kbit",
+                    "burst",
+                    "16kbit",
+                    "latency",
+                    f"{max(delay_ms, 50)}ms",
+                ]
+            )
+            applied = f"tbf rate {fallback_rate_kbit}kbit (no sch_netem in this kernel)"
+            if loss_percent:
+                rules = (
+                    f"table inet {_LOSS_TABLE} {{\n"
+                    "  chain output { type filter hook output priority 0; policy accept;\n"
+                    f"    numgen random mod 100 < {loss_percent} drop\n  }}\n"
+                    "}\n"
+                )
+                _run(self.wrap(node, ["nft", "-f", "-"]), stdin=rules)
+                applied += f", nft drops {loss_percent}% of outgoing packets"
+        log.info("slow %s: %s", node, applied)
+        return applied
+
+    def unslow(self, node: str) -> None:
+        """Undo ``slow(node, ...)``; nothing if there was none."""
+        _run(
+            self.wrap(node, ["tc", "qdisc", "del", "dev", self.interface(node), "root"]),
+            check=False,
+        )
+        _run(self.wrap(node, ["nft", "delete", "table", "inet", _LOSS_TABLE]), check=False)
 
     def heal(self, node: str) -> None:
         """Undo ``cut(node, ...)``; nothing if there was none."""
