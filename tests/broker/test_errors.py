@@ -83,7 +83,8 @@ def test_a_dependency_of_the_broker_not_there_yet_is_retriable() -> None:
     wire = to_wire(errors.BrokerUnavailableError("broker 1 is joining the cluster"))
     assert (wire.status, wire.code) == (grpc.StatusCode.UNAVAILABLE, "BROKER_UNAVAILABLE")
     rebuilt = errors.error_for_code("BROKER_UNAVAILABLE")
-    assert type(rebuilt) is errors.BrokerUnavailableError and rebuilt.retriable
+    assert type(rebuilt) is errors.BrokerUnavailableError
+    assert rebuilt.retriable
 
 
 def test_shutting_down_is_unavailable_without_a_code() -> None:

@@ -135,9 +135,7 @@ def test_a_short_run_of_every_fault_kind_is_valid(tmp_path: Path) -> None:
     """Every kind once, the power loss on the lossy file system included."""
     _require(missing() or lossyfs_missing())
     lines: list[str] = []
-    result = run(
-        CI_DURATION_S, SEED, brokers=3, out=tmp_path / "run", lossy=True, say=lines.append
-    )
+    result = run(CI_DURATION_S, SEED, brokers=3, out=tmp_path / "run", lossy=True, say=lines.append)
     text = "\n".join(lines)
     log.info("fault run:\n%s", text)
     assert result.schedule.kinds() == frozenset(FAULT_KINDS)
