@@ -149,7 +149,8 @@ class ReplicaManager:
         self._lock = threading.Lock()
         self._moved = threading.Condition()  # notified whenever a high watermark or ISR moves
         self._leading: dict[TopicPartition, _Leading] = {}
-        self._following: dict[TopicPartition, tuple[int, int]] = {}  # -> (leader, epoch)
+        # -> (leader, epoch, whether it was live: fetching)
+        self._following: dict[TopicPartition, tuple[int, int, bool]] = {}
         self._isr_changes: queue.Queue[TopicPartition | None] = queue.Queue()
         self._stopped = threading.Event()
         self._isr_thread = threading.Thread(
@@ -268,14 +269,21 @@ class ReplicaManager:
                 self._moved.wait(min(remaining, 1.0))
 
     def _follow(self, tp: TopicPartition, state: PartitionState, view: ClusterMetadata) -> None:
+        # The leader's liveness is part of what is followed: a view that named the leader
+        # before this broker's view had its registration (a cluster starting, a leader
+        # re-registering) must not leave the partition unfetched at that epoch forever.
+        # It did: the followers never fetched, the high watermark never moved, and every
+        # acks=all write to the partition (a group's offset commit) timed out (CI).
+        live = state.leader != NO_LEADER and state.leader in view.brokers
+        followed = (state.leader, state.leader_epoch, live)
         with self._lock:
             was_leading = self._leading.pop(tp, None) is not None
-            if self._following.get(tp) == (state.leader, state.leader_epoch) and not was_leading:
+            if self._following.get(tp) == followed and not was_leading:
                 return
-            self._following[tp] = (state.leader, state.leader_epoch)
+            self._following[tp] = followed
         plog = self._logs.get_log(*tp)
         plog.track_high_watermark()
-        if state.leader == NO_LEADER or state.leader not in view.brokers:
+        if not live:
             self._fetchers.remove(tp)
             log.info("%s-%d: no live leader (epoch %d); not fetching", *tp, state.leader_epoch)
         else:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.fetcher import FetcherPool
+from broker.cluster.fetcher import FetcherPool, FetchTarget
 from broker.cluster.metadata import ClusterMetadata, TopicMetadata
 from broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
@@ -232,3 +232,52 @@ def test_the_high_watermark_waits_for_a_member_whose_joining_is_being_written(
     follower_fetch(replicas, logs, 3, 2)
     assert plog.high_watermark == 2
     assert replicas.ack_status(plog, 2) == DURABLE
+
+
+class RecordingFetchers(FetcherPool):
+    """The real pool, noting which partitions it was told to fetch."""
+
+    def __init__(self, logs: LogManager) -> None:
+        super().__init__(ME, logs, lambda _b: None)
+        self.fetching: dict[tuple[str, int], int] = {}  # -> leader
+
+    def add(self, target: FetchTarget) -> None:
+        super().add(target)
+        self.fetching[target.key] = target.leader
+
+    def remove(self, key: tuple[str, int]) -> None:
+        super().remove(key)
+        self.fetching.pop(key, None)
+
+
+def test_a_follower_starts_fetching_once_its_leader_shows_up_in_the_view(
+    logs: LogManager, clock: ManualClock, isr_writes: IsrWrites
+) -> None:
+    """CI: a view named broker 3 leader (epoch 0) before this broker's view had broker 3's
+    registration; the follower did not fetch then, and a later view with broker 3 live,
+    the same leader and epoch, changed nothing: it never fetched, the high watermark
+    never moved, and a group's offset commit (acks=all) timed out."""
+    fetchers = RecordingFetchers(logs)
+    manager = ReplicaManager(
+        ReplicaSettings(ME, replica_lag_time_max_ms=1_000),
+        logs,
+        clock,
+        isr_writes,
+        lambda _t, _p: None,
+        fetchers,
+    )
+    manager.start()
+    try:
+        complete = view(3, 0, (1, 2, 3))
+        early = ClusterMetadata(
+            {b: r for b, r in complete.brokers.items() if b != 3}, 1, complete.topics
+        )
+        manager.apply(early)
+        assert (TOPIC, 0) not in fetchers.fetching  # no live leader to fetch from
+        manager.apply(complete)
+        assert fetchers.fetching.get((TOPIC, 0)) == 3
+        manager.apply(early)  # the leader's registration went (its session expired)
+        assert (TOPIC, 0) not in fetchers.fetching
+    finally:
+        manager.stop()
+        fetchers.stop()
