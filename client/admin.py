@@ -58,6 +58,7 @@ from client.types import (
 from proto.tidelog.v1 import broker_pb2 as pb
 from storage.errors import (
     InvalidRequestError,
+    LeaderNotAvailableError,
     NotLeaderOrFollowerError,
     TidelogError,
     UnknownTopicOrPartitionError,
@@ -302,8 +303,16 @@ class AdminClient:
             connection: Connection, batch: dict[TopicPartition, int], timeout: int
         ) -> dict[TopicPartition, PartitionDescription | TidelogError]:
             """The rows of ``batch`` this broker leads, as it says; the others are refused
-            as ``NOT_LEADER_OR_FOLLOWER`` (asked again after a metadata refresh)."""
-            found = {p.partition: p for p in describe(connection, timeout).partitions}
+            as ``NOT_LEADER_OR_FOLLOWER`` (asked again after a metadata refresh). A leader
+            that does not know the topic yet (a broker found it, so this one's view is
+            behind: a topic just created) is asked again too (CI)."""
+            try:
+                found = {p.partition: p for p in describe(connection, timeout).partitions}
+            except UnknownTopicOrPartitionError as exc:
+                behind = LeaderNotAvailableError(
+                    f"{name}: the broker at {connection.address} does not know it yet ({exc})"
+                )
+                return dict.fromkeys(batch, behind)
             current = self._connections.metadata(timeout_ms=timeout)
             out: dict[TopicPartition, PartitionDescription | TidelogError] = {}
             for tp, partition in batch.items():

@@ -128,8 +128,9 @@ class InMemoryCluster:
         self._lock = threading.Lock()
         self.nodes = {i: BrokerNode(i, f"mem-{i}", 9000 + i) for i in range(brokers)}
         self._alive = set(self.nodes)
-        # call name -> errors its next calls raise, one each (fail_next).
-        self._failures: dict[str, list[TidelogError]] = {}
+        # (call name, broker id or None: any) -> errors its next calls raise, one each
+        # (fail_next).
+        self._failures: dict[tuple[str, int | None], list[TidelogError]] = {}
         self.controller_id = 0
         self._topics: dict[str, _Topic] = {}
         self._committed: dict[str, dict[TopicPartition, int]] = {}
@@ -210,11 +211,13 @@ class InMemoryCluster:
         with self._lock:
             self.controller_id = broker_id
 
-    def fail_next(self, call: str, error: TidelogError, times: int = 1) -> None:
+    def fail_next(
+        self, call: str, error: TidelogError, times: int = 1, *, broker_id: int | None = None
+    ) -> None:
         """The next ``times`` calls named ``call`` (``"init_producer_id"``...) raise
-        ``error`` on whichever broker they reach."""
+        ``error`` on whichever broker they reach (``broker_id``: only on that one)."""
         with self._lock:
-            self._failures.setdefault(call, []).extend([error] * times)
+            self._failures.setdefault((call, broker_id), []).extend([error] * times)
 
     def kill(self, broker_id: int) -> None:
         """The broker stops answering; partitions it led go offline (replication 1)."""
@@ -369,9 +372,10 @@ class InMemoryConnection:
                 cluster.calls.append((self._broker_id, call))
             raise BrokerUnavailableError(f"broker at {self._address} is unavailable")
         cluster.calls.append((self._broker_id, call))
-        failures = cluster._failures.get(call)
-        if failures:
-            raise failures.pop(0)
+        for key in ((call, self._broker_id), (call, None)):
+            failures = cluster._failures.get(key)
+            if failures:
+                raise failures.pop(0)
         return self._broker_id
 
     def metadata(

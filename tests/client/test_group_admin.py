@@ -220,3 +220,20 @@ def test_a_partition_whose_leader_died_shows_lag_minus_one_at_once() -> None:
         (-1, -1),
     ]
     assert clock.slept == []  # no waiting for it: a view, asked again at will
+
+
+def test_a_leader_that_does_not_know_a_new_topic_yet_is_asked_again() -> None:
+    """CI: a topic just created, described at once: a broker knew it, but the leader of
+    some of its partitions had not applied it yet and answered UNKNOWN_TOPIC_OR_PARTITION,
+    which failed the whole describe. That leader's view is behind: ask it again."""
+    cluster = InMemoryCluster(3)
+    cluster.add_topic("t", 3, leaders=[0, 1, 2])
+    cluster.fail_next(
+        "describe_topic", UnknownTopicOrPartitionError("unknown topic 't'"), broker_id=1
+    )
+    with AdminClient(
+        cluster.nodes[0].address, connection_factory=cluster.connect, request_timeout_ms=5_000
+    ) as admin:
+        described = admin.describe_topic("t")
+    assert [p.leader for p in described.partitions] == [0, 1, 2]
+    assert cluster.calls_to(1, "describe_topic") == 2  # refused once, then answered
