@@ -25,6 +25,7 @@ COPY proto/ proto/
 COPY broker/ broker/
 COPY client/ client/
 COPY spark_sink/ spark_sink/
+COPY tidelog/ tidelog/
 # gcc builds the optional C codec (storage/_native.c) and leaves again; without it the
 # image would run the pure-Python codec, several times slower.
 RUN apt-get update \
@@ -32,7 +33,7 @@ RUN apt-get update \
     && pip install . \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/* \
-    && (cd / && python -c "import storage._native") \
+    && (cd / && python -c "import tidelog.storage._native") \
     && useradd --system --uid 10001 --create-home tidelog \
     && mkdir -p /data \
     && chown tidelog /data
@@ -64,8 +65,8 @@ VOLUME ["/data"]
 EXPOSE 7410 7411
 
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "broker", "healthcheck", "--address", "127.0.0.1:7410"]
+    CMD ["python", "-m", "tidelog.broker", "healthcheck", "--address", "127.0.0.1:7410"]
 
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["python", "-m", "broker", "serve"]
+ENTRYPOINT ["python", "-m", "tidelog.broker", "serve"]
 CMD ["--listen", "0.0.0.0:7410", "--data-dir", "/data", "--set", "metrics.host=0.0.0.0", "--set", "metrics.port=7411"]

@@ -108,10 +108,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 proto: $(STAMP)
-	$(BIN)/python -m proto.generate
+	$(BIN)/python -m tidelog.proto.generate
 
 proto-check: $(STAMP)
-	$(BIN)/python -m proto.generate --check
+	$(BIN)/python -m tidelog.proto.generate --check
 
 check: lint typecheck proto-check
 
@@ -127,7 +127,7 @@ test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
 run: $(STAMP)
-	$(BIN)/python -m broker --set kafka.listen=127.0.0.1:9092
+	$(BIN)/python -m tidelog.broker --set kafka.listen=127.0.0.1:9092
 
 CONSOLE_ARGS ?= --bootstrap 127.0.0.1:7410 --listen 127.0.0.1:7480
 console: $(STAMP)

@@ -6,7 +6,7 @@ data source, so with this module importable (installed, or on ``PYTHONPATH`` for
 and the executors) ``spark.read.format("tidelog")`` works with no registration at all. The
 explicit form, for a module that is not importable by that name, is one line::
 
-    from spark_sink import TidelogDataSource
+    from tidelog.spark_sink import TidelogDataSource
     spark.dataSource.register(TidelogDataSource)
 
 The implementation is the ``spark_sink`` package (``docs/spark.md``).
@@ -14,7 +14,7 @@ The implementation is the ``spark_sink`` package (``docs/spark.md``).
 
 from __future__ import annotations
 
-from spark_sink.source import TidelogDataSource
+from tidelog.spark_sink.source import TidelogDataSource
 
 __all__ = ["DefaultSource", "TidelogDataSource"]
 

@@ -11,7 +11,7 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "storage._native",
+            "tidelog.storage._native",
             sources=["storage/_native.c"],
             extra_compile_args=[
                 "-O2",

@@ -39,11 +39,11 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.malloc import tune_malloc  # noqa: E402  (path set up above)
-from proto.tidelog.v1 import broker_pb2 as pb  # noqa: E402
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc  # noqa: E402
-from storage.log_manager import LogManager, LogManagerConfig  # noqa: E402
-from storage.records import BatchBuilder, iter_batch_headers  # noqa: E402
+from tidelog.broker.malloc import tune_malloc  # noqa: E402  (path set up above)
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb  # noqa: E402
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc  # noqa: E402
+from tidelog.storage.log_manager import LogManager, LogManagerConfig  # noqa: E402
+from tidelog.storage.records import BatchBuilder, iter_batch_headers  # noqa: E402
 
 FETCH_BYTES = 4 * 1024 * 1024
 
@@ -168,7 +168,7 @@ class Daemon:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "tidelog.broker",
                 "--listen",
                 "127.0.0.1:0",
                 "--data-dir",

@@ -99,7 +99,7 @@ def start_broker(
         extra += ["--set", setting]
     data = work / ("data" if name == "broker" else f"data-{name}")
     process = _spawn(
-        "-m", "broker", "--data-dir", str(data), "--listen", "127.0.0.1:0",
+        "-m", "tidelog.broker", "--data-dir", str(data), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "WARNING", "--set", "metrics.port=-1",
         *extra,
     )  # fmt: skip
@@ -185,7 +185,7 @@ def _keys(count: int) -> list[bytes]:
 
 
 def role_produce(address: str, topic: str, records: int) -> dict[str, Any]:
-    from client import Producer
+    from tidelog.client import Producer
 
     keys = _keys(records)
     value = os.urandom(VALUE_BYTES)
@@ -229,7 +229,7 @@ def _time_in_gc() -> Callable[[], float]:
 
 
 def role_consume(address: str, topic: str, partitions: int, records: int) -> dict[str, Any]:
-    from client import Consumer, TopicPartition
+    from tidelog.client import Consumer, TopicPartition
 
     with Consumer(address, auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
@@ -256,7 +256,7 @@ def role_consume(address: str, topic: str, partitions: int, records: int) -> dic
 
 
 def role_latency(address: str, topic: str, acks: str, count: int) -> dict[str, Any]:
-    from client import Producer
+    from tidelog.client import Producer
 
     value = os.urandom(VALUE_BYTES)
     key = os.urandom(KEY_BYTES)
@@ -272,7 +272,7 @@ def role_latency(address: str, topic: str, acks: str, count: int) -> dict[str, A
 
 
 def role_end_to_end(address: str, topic: str, count: int) -> dict[str, Any]:
-    from client import Consumer, Producer, TopicPartition
+    from tidelog.client import Consumer, Producer, TopicPartition
 
     arrived: dict[int, float] = {}
     seen = threading.Condition()
@@ -347,7 +347,7 @@ def main() -> int:
     plain_broker, plain_address = start_broker(work, "log.batch.times.enable=false", name="plain")
     echo, echo_address = start_echo_server(work)
     try:
-        from client import AdminClient
+        from tidelog.client import AdminClient
 
         with AdminClient(address) as admin:
             admin.create_topic("bench", args.partitions)
@@ -424,9 +424,9 @@ def compare_three_timestamps(
     stores and serves each batch's sent/received times, the consumer builds the corrected
     time) and without ("plain": ``log.batch.times.enable=false``), interleaved rounds on
     fresh one-partition topics; the ratios of the medians, and the added bytes."""
-    from client import AdminClient
-    from proto.tidelog.v1 import broker_pb2 as pb
-    from storage.batch_times import ENTRY, WIRE_ENTRY
+    from tidelog.client import AdminClient
+    from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+    from tidelog.storage.batch_times import ENTRY, WIRE_ENTRY
 
     figures: dict[str, dict[str, list[float]]] = {
         name: {"produce": [], "consume": []} for name in addresses

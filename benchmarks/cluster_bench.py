@@ -41,7 +41,7 @@ VALUE_BYTES = 100
 
 _PRODUCE = """
 import sys, time
-from client import Producer
+from tidelog.client import Producer
 bootstrap, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 value = b"v" * {value}
 with Producer(bootstrap, acks=1) as producer:
@@ -54,7 +54,7 @@ with Producer(bootstrap, acks=1) as producer:
 
 _CONSUME = """
 import sys, time
-from client import AdminClient, Consumer, TopicPartition
+from tidelog.client import AdminClient, Consumer, TopicPartition
 bootstrap, topic, count, partitions = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
     consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
@@ -81,10 +81,10 @@ def _run(script: str, *args: str) -> float:
 def _measure(brokers: int, records: int, partitions: int) -> tuple[float, float, float | None]:
     import grpc
 
-    from broker.cluster.testing import LocalCluster
-    from client import AdminClient
-    from proto.tidelog.v1 import broker_pb2 as pb
-    from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+    from tidelog.broker.cluster.testing import LocalCluster
+    from tidelog.client import AdminClient
+    from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+    from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
     with LocalCluster(brokers=brokers) as cluster:
         topic = f"bench-{brokers}"

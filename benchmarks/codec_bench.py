@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client.fetcher import CompletedFetch  # noqa: E402
-from client.partitioner import murmur2, murmur2_python  # noqa: E402
-from client.types import ConsumerRecord, TopicPartition  # noqa: E402
-from storage.columns import decode_batch_into, finish_columns, new_column_builder  # noqa: E402
-from storage.native import NATIVE  # noqa: E402
-from storage.records import (  # noqa: E402
+from tidelog.client.fetcher import CompletedFetch  # noqa: E402
+from tidelog.client.partitioner import murmur2, murmur2_python  # noqa: E402
+from tidelog.client.types import ConsumerRecord, TopicPartition  # noqa: E402
+from tidelog.storage.columns import decode_batch_into, finish_columns, new_column_builder  # noqa: E402
+from tidelog.storage.native import NATIVE  # noqa: E402
+from tidelog.storage.records import (  # noqa: E402
     BatchBuilder,
     decode_batch,
     decode_batch_as,

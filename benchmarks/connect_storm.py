@@ -68,8 +68,8 @@ async def _bare_server() -> None:
 async def _clients(address: str, count: int, chunk: int, hold_s: float) -> dict[str, Any]:
     from grpc import aio
 
-    from proto.tidelog.v1 import broker_pb2 as pb
-    from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+    from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+    from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
     request = pb.FetchRequest(
         max_wait_ms=600_000,
@@ -119,7 +119,7 @@ def _start_server(kind: str, work: Path) -> tuple[subprocess.Popen[str], str]:
         return process, process.stdout.readline().strip()
     ready = work / "ready"
     process = _spawn(
-        "-m", "broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
+        "-m", "tidelog.broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "WARNING", "--set", "metrics.port=-1",
         "--set", "fetch.max.wait.ms=600000",
     )  # fmt: skip
@@ -129,7 +129,7 @@ def _start_server(kind: str, work: Path) -> tuple[subprocess.Popen[str], str]:
             raise RuntimeError("the broker did not start")
         time.sleep(0.05)
     address = ready.read_text().strip()
-    from client import AdminClient
+    from tidelog.client import AdminClient
 
     with AdminClient(address) as admin:
         admin.create_topic("quiet", 1)

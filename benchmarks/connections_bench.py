@@ -110,7 +110,7 @@ def main() -> int:
     metrics_port = _free_port()
     ready = work / "ready"
     broker = _spawn(
-        "-m", "broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
+        "-m", "tidelog.broker", "--data-dir", str(work / "data"), "--listen", "127.0.0.1:0",
         "--ready-file", str(ready), "--log-level", "WARNING",
         "--set", f"metrics.port={metrics_port}", "--set", "metrics.host=127.0.0.1",
         "--set", "fetch.max.wait.ms=600000",
@@ -124,7 +124,7 @@ def main() -> int:
                 raise RuntimeError("the broker did not start")
             time.sleep(0.05)
         address = ready.read_text().strip()
-        from client import AdminClient
+        from tidelog.client import AdminClient
 
         with AdminClient(address) as admin:
             admin.create_topic("quiet", 1)

@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.testing import InProcessBroker  # noqa: E402
-from client import AdminClient, Consumer, Producer  # noqa: E402
+from tidelog.broker.testing import InProcessBroker  # noqa: E402
+from tidelog.client import AdminClient, Consumer, Producer  # noqa: E402
 
 _STARLETTE_APP = """
 import sys, uvicorn
@@ -158,7 +158,7 @@ def console_pages(topics: int, requests: int) -> dict[str, dict[str, float]]:
             c.commit()
         port = free_port()
         command = [
-            sys.executable, "-m", "client.cli", "console", "--bootstrap", broker.address,
+            sys.executable, "-m", "tidelog.client.cli", "console", "--bootstrap", broker.address,
             "--listen", f"127.0.0.1:{port}",
         ]  # fmt: skip
         process = subprocess.Popen(command, cwd=ROOT)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import confluent_kafka  # noqa: E402 - after the path entry above
 
-import client  # noqa: E402
+from tidelog import client  # noqa: E402
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -62,7 +62,7 @@ def start_broker(work: Path) -> tuple[subprocess.Popen[str], str, str]:
     kafka_port = _free_port()
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "broker", "--data-dir", str(work / "data"),
+            sys.executable, "-m", "tidelog.broker", "--data-dir", str(work / "data"),
             "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
             "--set", "metrics.port=-1", "--set", f"kafka.listen=127.0.0.1:{kafka_port}",
         ],

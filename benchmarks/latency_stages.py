@@ -37,7 +37,7 @@ STAGES = ("drained", "written", "answered", "settled", "returned")
 
 
 def _instrument(marks: dict[str, float]) -> None:
-    from client.sender import Sender
+    from tidelog.client.sender import Sender
 
     collect, send, on_response = Sender._collect, Sender._send, Sender._on_response
 
@@ -70,7 +70,7 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=3_000)
     parser.add_argument("--acks", default="1")
     args = parser.parse_args()
-    from client import AdminClient, Producer
+    from tidelog.client import AdminClient, Producer
 
     marks: dict[str, float] = {}
     _instrument(marks)

@@ -42,16 +42,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.cluster.testing import LocalCluster  # noqa: E402
-from client import AdminClient, Producer  # noqa: E402
-from storage.errors import TidelogError  # noqa: E402
+from tidelog.broker.cluster.testing import LocalCluster  # noqa: E402
+from tidelog.client import AdminClient, Producer  # noqa: E402
+from tidelog.storage.errors import TidelogError  # noqa: E402
 
 SESSION_TIMEOUT_MS = 6_000
 PARTITIONS = 6
 
 _PRODUCE = """
 import sys, time
-from client import Producer
+from tidelog.client import Producer
 bootstrap, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 value = b"v" * 100
 with Producer(bootstrap, acks="all") as producer:

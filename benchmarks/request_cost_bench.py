@@ -53,7 +53,7 @@ def _cpu_seconds(pid: int) -> float:
 def _start_broker(work: Path) -> tuple[subprocess.Popen[str], str]:
     ready = work / "ready"
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--data-dir", str(work / "data"),
+        [sys.executable, "-m", "tidelog.broker", "--data-dir", str(work / "data"),
          "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
          "--set", "metrics.port=-1"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
@@ -69,9 +69,9 @@ def _start_broker(work: Path) -> tuple[subprocess.Popen[str], str]:
 def measure(produce_requests: int, fetch_requests: int) -> dict[str, float]:
     import grpc
 
-    from proto.tidelog.v1 import broker_pb2 as pb
-    from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-    from storage.records import encode_batch
+    from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+    from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+    from tidelog.storage.records import encode_batch
 
     batch = encode_batch(
         [(1, i.to_bytes(16, "big"), os.urandom(100)) for i in range(_RECORDS_PER_BATCH)]

@@ -628,8 +628,11 @@ def parse_settings(argv: list[str]) -> Settings:
     step = args.backlog_step_bytes or (backlog // 8 if quick else 250_000_000)
     out = args.out or (ROOT / "benchmarks" / "results" / ("quick" if quick else ""))
     if args.tidelog_root is not None:
-        if not (args.tidelog_root / "client" / "__init__.py").exists():
-            parser.error(f"--tidelog-root {args.tidelog_root}: no client/ package there")
+        if not (args.tidelog_root / "tidelog" / "__init__.py").exists():
+            # Without it `tidelog` would come from this checkout: a silent self-comparison.
+            # A tree from before the installed name (issue #26) needs tidelog/ added: the
+            # five links and an empty __init__.py (docs/benchmarks.md).
+            parser.error(f"--tidelog-root {args.tidelog_root}: no tidelog/ package there")
         tidelog_peer.source_root = args.tidelog_root.resolve()
     return Settings(
         peers=args.peers,

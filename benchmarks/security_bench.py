@@ -47,10 +47,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.core.scram import credential_from_password  # noqa: E402
-from broker.core.users import FileUserStore  # noqa: E402
-from broker.testing_tls import TestPki  # noqa: E402
-from client import AdminClient, Consumer, Producer, TopicPartition  # noqa: E402
+from tidelog.broker.core.scram import credential_from_password  # noqa: E402
+from tidelog.broker.core.users import FileUserStore  # noqa: E402
+from tidelog.broker.testing_tls import TestPki  # noqa: E402
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition  # noqa: E402
 
 _MIB = 1024 * 1024
 _RECORD_BYTES = 16 * 1024
@@ -60,7 +60,7 @@ _PASSWORD = "bench-secret"
 def start_broker(directory: Path, settings: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     ready = directory / "ready"
     command = [
-        sys.executable, "-m", "broker", "--listen", "127.0.0.1:0",
+        sys.executable, "-m", "tidelog.broker", "--listen", "127.0.0.1:0",
         "--data-dir", str(directory / "data"), "--ready-file", str(ready),
         "--set", "metrics.port=-1", "--log-level", "WARNING",
     ]  # fmt: skip

@@ -60,8 +60,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from client import AdminClient, Producer  # noqa: E402
-from storage.native import NATIVE  # noqa: E402
+from tidelog.client import AdminClient, Producer  # noqa: E402
+from tidelog.storage.native import NATIVE  # noqa: E402
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -76,7 +76,16 @@ def _free_port() -> int:
 def _start_broker(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     address = f"127.0.0.1:{_free_port()}"
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--listen", address, "--data-dir", str(data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "tidelog.broker",
+            "serve",
+            "--listen",
+            address,
+            "--data-dir",
+            str(data_dir),
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
@@ -199,10 +208,10 @@ def _parquet(spark: Any, address: str, topic: str, path: Path) -> float:
 
 def _reader_alone(address: str, topic: str) -> tuple[float, int]:
     """``read_ranges`` over the whole of partition 0: (seconds, rows)."""
-    from client import AdminClient, TopicPartition
-    from spark_sink.offsets import OffsetRange
-    from spark_sink.options import ReadOptions
-    from spark_sink.reader import read_ranges
+    from tidelog.client import AdminClient, TopicPartition
+    from tidelog.spark_sink.offsets import OffsetRange
+    from tidelog.spark_sink.options import ReadOptions
+    from tidelog.spark_sink.reader import read_ranges
 
     with AdminClient(address) as admin:
         partitions = admin.describe_topic(topic).partitions
@@ -219,10 +228,10 @@ def _reader_alone(address: str, topic: str) -> tuple[float, int]:
 def _ceiling(spark: Any, address: str, topic: str, partitions: int, work: Path) -> float:
     """Seconds for ``spark.read`` of the ceiling source over ``topic``'s rows."""
     from benchmarks.spark_ceiling import CeilingDataSource, write_partition_files
-    from client import TopicPartition
-    from spark_sink.offsets import OffsetRange
-    from spark_sink.options import ReadOptions
-    from spark_sink.reader import read_ranges
+    from tidelog.client import TopicPartition
+    from tidelog.spark_sink.offsets import OffsetRange
+    from tidelog.spark_sink.options import ReadOptions
+    from tidelog.spark_sink.reader import read_ranges
 
     options = ReadOptions.from_mapping(
         {"bootstrap.servers": address, "subscribe": topic}, streaming=False

@@ -28,7 +28,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
 from pyspark.sql.types import StructType
 
-from spark_sink.schema import arrow_schema, source_schema
+from tidelog.spark_sink.schema import arrow_schema, source_schema
 
 __all__ = ["CeilingDataSource", "write_partition_files"]
 

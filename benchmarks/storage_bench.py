@@ -37,10 +37,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage.clock import SystemClock
-from storage.config import LogConfig
-from storage.partition_log import PartitionLog
-from storage.records import BatchBuilder
+from tidelog.storage.clock import SystemClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import BatchBuilder
 
 RECORD_BYTES = 100
 DISTINCT_BATCHES = 8  # cycle through a few, so no side gets one hot buffer

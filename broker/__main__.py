@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from broker.cli import main
+from tidelog.broker.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,23 +36,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.config import BrokerConfig, parse_listen
-from broker.core.audit import configure_file as configure_audit_file
-from broker.core.facade import BrokerCore
-from broker.core.limits import Admission, AdmissionCollector
-from broker.core.membership import Membership
-from broker.core.metrics import BrokerMetrics, MetricsServer
-from broker.core.quotas import QuotaCollector
-from broker.groups.offset_store import OFFSETS_TOPIC
-from broker.grpc.listener import AsyncListener
-from broker.kafka import KafkaListener, ListenerSettings
-from broker.loop_watchdog import LoopWatchdog
-from broker.security_config import SecurityConfig
-from broker.tls import ServerTls
-from storage.clock import Clock, SystemClock
+from tidelog.broker.config import BrokerConfig, parse_listen
+from tidelog.broker.core.audit import configure_file as configure_audit_file
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.limits import Admission, AdmissionCollector
+from tidelog.broker.core.membership import Membership
+from tidelog.broker.core.metrics import BrokerMetrics, MetricsServer
+from tidelog.broker.core.quotas import QuotaCollector
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.grpc.listener import AsyncListener
+from tidelog.broker.kafka import KafkaListener, ListenerSettings
+from tidelog.broker.loop_watchdog import LoopWatchdog
+from tidelog.broker.security_config import SecurityConfig
+from tidelog.broker.tls import ServerTls
+from tidelog.storage.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
-    from broker.cluster.node import ClusterNode
+    from tidelog.broker.cluster.node import ClusterNode
 
 __all__ = [
     "BrokerParts",
@@ -247,7 +247,7 @@ class _Serving:
 def _kafka_brokers(node: ClusterNode) -> Callable[[], dict[int, tuple[str, int] | None]]:
     """The live brokers' Kafka endpoints from ``node``'s watched view (their registrations'
     ``KAFKA`` listener; None for a broker without one): the Kafka listener's broker list."""
-    from broker.cluster.znodes import KAFKA_LISTENER
+    from tidelog.broker.cluster.znodes import KAFKA_LISTENER
 
     def brokers() -> dict[int, tuple[str, int] | None]:
         found: dict[int, tuple[str, int] | None] = {}
@@ -399,10 +399,10 @@ def _join_cluster(
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
     """
-    from broker.cluster.acls import ZooKeeperAclStore
-    from broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
-    from broker.cluster.producer_ids import ZooKeeperProducerIds
-    from broker.cluster.znodes import KAFKA_LISTENER, ListenerEndpoint
+    from tidelog.broker.cluster.acls import ZooKeeperAclStore
+    from tidelog.broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
+    from tidelog.broker.cluster.producer_ids import ZooKeeperProducerIds
+    from tidelog.broker.cluster.znodes import KAFKA_LISTENER, ListenerEndpoint
 
     listeners = []
     if kafka is not None:

@@ -29,16 +29,16 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from broker.cluster.errors import StoreError
-from broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
-from broker.core.audit import audit
-from broker.core.scram import MIN_ITERATIONS, ScramError, credential_from_password
-from broker.core.users import FileUserStore, check_user_name
-from broker.loop_watchdog import ProcessStallDump, register_dump_signal
-from broker.malloc import tune_malloc
-from broker.server import BrokerServer, ListenError, run_until_signalled
-from storage.errors import InvalidConfigError, InvalidRequestError, StorageError
-from storage.files import atomic_write
+from tidelog.broker.cluster.errors import StoreError
+from tidelog.broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
+from tidelog.broker.core.audit import audit
+from tidelog.broker.core.scram import MIN_ITERATIONS, ScramError, credential_from_password
+from tidelog.broker.core.users import FileUserStore, check_user_name
+from tidelog.broker.loop_watchdog import ProcessStallDump, register_dump_signal
+from tidelog.broker.malloc import tune_malloc
+from tidelog.broker.server import BrokerServer, ListenError, run_until_signalled
+from tidelog.storage.errors import InvalidConfigError, InvalidRequestError, StorageError
+from tidelog.storage.files import atomic_write
 
 __all__ = ["main"]
 

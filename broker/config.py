@@ -124,14 +124,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.core.limits import LimitsConfig
-from broker.groups.coordinator import CoordinatorConfig
-from broker.groups.manager import GroupConfig
-from broker.groups.offset_store import OffsetStoreConfig
-from broker.security_config import PROTOCOLS, SECURITY_KEYS, SecurityConfig
-from storage.config import LogConfig
-from storage.errors import InvalidConfigError
-from storage.log_manager import LogManagerConfig
+from tidelog.broker.core.limits import LimitsConfig
+from tidelog.broker.groups.coordinator import CoordinatorConfig
+from tidelog.broker.groups.manager import GroupConfig
+from tidelog.broker.groups.offset_store import OffsetStoreConfig
+from tidelog.broker.security_config import PROTOCOLS, SECURITY_KEYS, SecurityConfig
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import InvalidConfigError
+from tidelog.storage.log_manager import LogManagerConfig
 
 __all__ = [
     "DEFAULT_DATA_DIR",

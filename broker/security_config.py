@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from storage.errors import InvalidConfigError
+from tidelog.storage.errors import InvalidConfigError
 
 __all__ = [
     "CLIENT_AUTH_CHOICES",

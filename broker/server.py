@@ -58,7 +58,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from broker.assembly import (
+from tidelog.broker.assembly import (
     STOP_MARGIN_MS,
     BrokerParts,
     Listener,
@@ -66,18 +66,18 @@ from broker.assembly import (
     assemble_cluster,
     assemble_single_node,
 )
-from broker.config import BrokerConfig
-from broker.core.facade import BrokerCore
-from broker.core.limits import Admission
-from broker.core.metrics import MetricsServer
-from broker.grpc.service import BROKER_SERVICE_NAME
-from broker.kafka import KafkaListener
-from broker.loop_watchdog import LoopWatchdog
-from broker.tls import ServerTls
-from storage.clock import Clock
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.limits import Admission
+from tidelog.broker.core.metrics import MetricsServer
+from tidelog.broker.grpc.service import BROKER_SERVICE_NAME
+from tidelog.broker.kafka import KafkaListener
+from tidelog.broker.loop_watchdog import LoopWatchdog
+from tidelog.broker.tls import ServerTls
+from tidelog.storage.clock import Clock
 
 if TYPE_CHECKING:
-    from broker.cluster.node import ClusterNode
+    from tidelog.broker.cluster.node import ClusterNode
 
 __all__ = [
     "BROKER_SERVICE_NAME",

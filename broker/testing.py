@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.testing import InProcessBroker
+    from tidelog.broker.testing import InProcessBroker
 
     with InProcessBroker() as broker:          # 127.0.0.1, a free port, a temporary dir
         producer = Producer(broker.address)
@@ -31,11 +31,11 @@ from types import TracebackType
 
 import grpc
 
-from broker.cluster.testing import free_port
-from broker.config import BrokerConfig
-from broker.server import BrokerServer
-from proto.tidelog.v1 import broker_pb2_grpc
-from storage.clock import Clock
+from tidelog.broker.cluster.testing import free_port
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.server import BrokerServer
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc
+from tidelog.storage.clock import Clock
 
 __all__ = ["InProcessBroker"]
 

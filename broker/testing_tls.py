@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.testing_tls import TestPki
+    from tidelog.broker.testing_tls import TestPki
 
     pki = TestPki.create(tmp_path)                 # a CA, a server certificate for
     settings = pki.broker_settings("SASL_SSL")     # localhost/127.0.0.1, a client one

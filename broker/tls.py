@@ -34,8 +34,8 @@ from typing import Any
 
 import grpc
 
-from broker.security_config import SecurityConfig
-from storage.errors import InvalidConfigError
+from tidelog.broker.security_config import SecurityConfig
+from tidelog.storage.errors import InvalidConfigError
 
 __all__ = [
     "InterBrokerChannels",
@@ -219,7 +219,7 @@ class InterBrokerChannels:
             channel = grpc.secure_channel(address, self._credentials, options=list(options))
         config = self._config
         if config.sasl and config.inter_broker_sasl_username and config.inter_broker_sasl_password:
-            from broker.grpc.auth_client import SessionInterceptor
+            from tidelog.broker.grpc.auth_client import SessionInterceptor
 
             return grpc.intercept_channel(
                 channel,

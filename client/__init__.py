@@ -2,7 +2,7 @@
 
 ::
 
-    from client import AclBinding, AdminClient, Consumer, Producer, TopicPartition
+    from tidelog.client import AclBinding, AdminClient, Consumer, Producer, TopicPartition
 
 Modelled on kafka-python. The error classes are ``storage.errors``' (one hierarchy for
 the broker and the client, rebuilt from the broker's stable code strings); the ones an
@@ -14,13 +14,13 @@ the admin answer types, ``client.config`` the configuration dataclasses.
 
 from __future__ import annotations
 
-from client.acls import AclBinding, AclFilter
-from client.admin import AdminClient
-from client.consumer import Consumer
-from client.errors import BufferExhaustedError, ClosedError, LogTruncationError
-from client.producer import Producer
-from client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
-from storage.errors import (
+from tidelog.client.acls import AclBinding, AclFilter
+from tidelog.client.admin import AdminClient
+from tidelog.client.consumer import Consumer
+from tidelog.client.errors import BufferExhaustedError, ClosedError, LogTruncationError
+from tidelog.client.producer import Producer
+from tidelog.client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
+from tidelog.storage.errors import (
     BrokerBusyError,
     BrokerUnavailableError,
     ClientError,

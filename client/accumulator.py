@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from client.types import Header, TopicPartition
-from storage.records import (
+from tidelog.client.types import Header, TopicPartition
+from tidelog.storage.records import (
     HEADER_SIZE,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,

@@ -34,16 +34,21 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from client import group_admin
-from client.acls import AclBinding, AclFilter
-from client.cluster import BrokerNode
-from client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from client.connection import Connection, ConnectionFactory, GrpcConnection, grpc_connections
-from client.group_admin import ResetTarget
-from client.offsets import list_offsets
-from client.routing import ClusterConnections
-from client.security import ClientSecurity, salted_credential
-from client.types import (
+from tidelog.client import group_admin
+from tidelog.client.acls import AclBinding, AclFilter
+from tidelog.client.cluster import BrokerNode
+from tidelog.client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
+from tidelog.client.connection import (
+    Connection,
+    ConnectionFactory,
+    GrpcConnection,
+    grpc_connections,
+)
+from tidelog.client.group_admin import ResetTarget
+from tidelog.client.offsets import list_offsets
+from tidelog.client.routing import ClusterConnections
+from tidelog.client.security import ClientSecurity, salted_credential
+from tidelog.client.types import (
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
@@ -55,8 +60,8 @@ from client.types import (
     TopicPartition,
     TopicSummary,
 )
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import (
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import (
     InvalidRequestError,
     LeaderNotAvailableError,
     NotLeaderOrFollowerError,

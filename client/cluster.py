@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from client.types import TopicPartition
+from tidelog.client.types import TopicPartition
 
 __all__ = [
     "NO_LEADER",

@@ -10,8 +10,8 @@ columns (the Spark source) need nothing below the client: make a builder with
 
 from __future__ import annotations
 
-from storage.columns import ColumnBuffers, ColumnBuilder, finish_columns, new_column_builder
-from storage.native import NATIVE as NATIVE_COLUMNS
+from tidelog.storage.columns import ColumnBuffers, ColumnBuilder, finish_columns, new_column_builder
+from tidelog.storage.native import NATIVE as NATIVE_COLUMNS
 
 __all__ = [
     "NATIVE_COLUMNS",

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from client.cluster import parse_bootstrap_list
-from client.security import check_settings as check_security_settings
+from tidelog.client.cluster import parse_bootstrap_list
+from tidelog.client.security import check_settings as check_security_settings
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",

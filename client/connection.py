@@ -24,11 +24,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
-from client.group_member import HeartbeatAnswer, HeartbeatRequest
-from client.security import ClientSecurity
-from client.transport import BidiStream, Transport
-from client.types import (
+from tidelog.client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
+from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
+from tidelog.client.security import ClientSecurity
+from tidelog.client.transport import BidiStream, Transport
+from tidelog.client.types import (
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
@@ -39,8 +39,8 @@ from client.types import (
     TopicPartition,
     TopicSummary,
 )
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InternalError, TidelogError, error_for_code
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import InternalError, TidelogError, error_for_code
 
 __all__ = [
     "CommittedOffset",

@@ -56,26 +56,26 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
-from client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
-from client.connection import CommittedOffset, ConnectionFactory, grpc_connections
-from client.coordinator import ConsumerCoordinator
-from client.errors import ClosedError, LogTruncationError
-from client.fetch_session import FetchSession
-from client.fetcher import SubscriptionState, check_position
-from client.offsets import (
+from tidelog.client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
+from tidelog.client.connection import CommittedOffset, ConnectionFactory, grpc_connections
+from tidelog.client.coordinator import ConsumerCoordinator
+from tidelog.client.errors import ClosedError, LogTruncationError
+from tidelog.client.fetch_session import FetchSession
+from tidelog.client.fetcher import SubscriptionState, check_position
+from tidelog.client.offsets import (
     commit_offsets,
     fetch_committed_offsets,
     list_offsets,
     offsets_for_leader_epochs,
     partitions_of,
 )
-from client.rebalance import GroupSubscription, PartitionsCallback
-from client.routing import ClusterConnections
-from client.security import ClientSecurity
-from client.topic_errors import first_refusal, topic_errors
-from client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
-from storage.columns import ColumnBuilder
-from storage.errors import (
+from tidelog.client.rebalance import GroupSubscription, PartitionsCallback
+from tidelog.client.routing import ClusterConnections
+from tidelog.client.security import ClientSecurity
+from tidelog.client.topic_errors import first_refusal, topic_errors
+from tidelog.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+from tidelog.storage.columns import ColumnBuilder
+from tidelog.storage.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
     StaleMemberEpochError,

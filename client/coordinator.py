@@ -24,16 +24,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from client.errors import ClosedError
-from client.group_member import (
+from tidelog.client.errors import ClosedError
+from tidelog.client.group_member import (
     GroupMembership,
     HeartbeatRequest,
     MemberEvent,
     MemberState,
 )
-from client.routing import ROUTING_ERRORS, ClusterConnections
-from client.types import TopicPartition
-from storage.errors import (
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import (
     FencedMemberEpochError,
     InternalError,
     TidelogError,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from client.types import TopicPartition
-from storage.errors import ClientError, OffsetOutOfRangeError
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import ClientError, OffsetOutOfRangeError
 
 __all__ = ["BufferExhaustedError", "ClosedError", "LogTruncationError"]
 

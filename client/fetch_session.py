@@ -38,20 +38,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from client.cluster import ClusterMetadata
-from client.config import ConsumerConfig
-from client.connection import FetchAnswer, FetchCall, FetchResult, FetchStream
-from client.fetcher import (
+from tidelog.client.cluster import ClusterMetadata
+from tidelog.client.config import ConsumerConfig
+from tidelog.client.connection import FetchAnswer, FetchCall, FetchResult, FetchStream
+from tidelog.client.fetcher import (
     CompletedFetch,
     FetchTarget,
     PartitionState,
     SubscriptionState,
     next_fetch_offset,
 )
-from client.routing import ROUTING_ERRORS, ClusterConnections
-from client.types import ConsumerRecord, TopicPartition
-from storage.columns import ColumnBuilder
-from storage.errors import (
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.types import ConsumerRecord, TopicPartition
+from tidelog.storage.columns import ColumnBuilder
+from tidelog.storage.errors import (
     OffsetOutOfRangeError,
     TidelogError,
 )

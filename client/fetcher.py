@@ -41,11 +41,11 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client.types import ConsumerRecord, TopicPartition
-from storage.batch_times import decode_wire
-from storage.columns import ColumnBuilder, decode_batch_into
-from storage.errors import TidelogError
-from storage.records import (
+from tidelog.client.types import ConsumerRecord, TopicPartition
+from tidelog.storage.batch_times import decode_wire
+from tidelog.storage.columns import ColumnBuilder, decode_batch_into
+from tidelog.storage.errors import TidelogError
+from tidelog.storage.records import (
     decode_batch_as,
     iter_batch_headers,
     read_header,

@@ -41,7 +41,7 @@ from concurrent.futures._base import FINISHED, PENDING
 from functools import partial
 from typing import Any
 
-from client.types import RecordMetadata
+from tidelog.client.types import RecordMetadata
 
 __all__ = ["BatchOutcome", "RecordFuture", "settle_failure", "settle_success"]
 

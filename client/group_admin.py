@@ -30,17 +30,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Literal
 
-from client.connection import Connection
-from client.offsets import commit_offsets, fetch_committed, list_offsets
-from client.routing import ROUTING_ERRORS, ClusterConnections
-from client.types import (
+from tidelog.client.connection import Connection
+from tidelog.client.offsets import commit_offsets, fetch_committed, list_offsets
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.types import (
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
     GroupSummary,
     TopicPartition,
 )
-from storage.errors import TidelogError, UnknownTopicOrPartitionError
+from tidelog.storage.errors import TidelogError, UnknownTopicOrPartitionError
 
 __all__ = [
     "GroupDescription",

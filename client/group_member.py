@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from client.types import TopicPartition
+from tidelog.client.types import TopicPartition
 
 __all__ = [
     "GroupMembership",

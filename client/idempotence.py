@@ -31,8 +31,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from client.types import TopicPartition
-from storage.errors import OutOfOrderSequenceError, TidelogError
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import OutOfOrderSequenceError, TidelogError
 
 __all__ = ["Decision", "ResetMode", "SequenceTable"]
 

@@ -32,22 +32,22 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from client.connection import (
+from tidelog.client.connection import (
     Connection,
     ConnectionFactory,
     PartitionProduceResult,
     ProduceCall,
     grpc_connections,
 )
-from client.routing import ROUTING_ERRORS, ClusterConnections
-from client.security import ClientSecurity
-from client.types import Header, TopicPartition
-from storage.errors import (
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.security import ClientSecurity
+from tidelog.client.types import Header, TopicPartition
+from tidelog.storage.errors import (
     InvalidRequestError,
     OutOfOrderSequenceError,
     TidelogError,
 )
-from storage.records import BatchBuilder, Compression
+from tidelog.storage.records import BatchBuilder, Compression
 
 __all__ = [
     "MAX_EPOCH",

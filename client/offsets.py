@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from client.connection import CommittedOffset, Connection, EpochEndResult
-from client.routing import ClusterConnections
-from client.types import TopicPartition
-from storage.errors import TidelogError
+from tidelog.client.connection import CommittedOffset, Connection, EpochEndResult
+from tidelog.client.routing import ClusterConnections
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import TidelogError
 
 __all__ = [
     "commit_offsets",

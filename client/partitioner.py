@@ -26,7 +26,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from storage.native import NATIVE, native
+from tidelog.storage.native import NATIVE, native
 
 __all__ = [
     "NATIVE_MURMUR2",

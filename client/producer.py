@@ -34,24 +34,24 @@ from concurrent.futures import wait as wait_futures
 from types import TracebackType
 from typing import Any, Protocol
 
-from client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
-from client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
-from client.connection import ConnectionFactory, grpc_connections
-from client.errors import BufferExhaustedError, ClosedError
-from client.futures import RecordFuture
-from client.idempotence import SequenceTable
-from client.offsets import partitions_of
-from client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur2
-from client.routing import ClusterConnections
-from client.security import ClientSecurity
-from client.sender import ParkedRecord, Sender, now_ms
-from client.types import Header, RecordMetadata, TopicPartition
-from storage.errors import (
+from tidelog.client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
+from tidelog.client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
+from tidelog.client.connection import ConnectionFactory, grpc_connections
+from tidelog.client.errors import BufferExhaustedError, ClosedError
+from tidelog.client.futures import RecordFuture
+from tidelog.client.idempotence import SequenceTable
+from tidelog.client.offsets import partitions_of
+from tidelog.client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur2
+from tidelog.client.routing import ClusterConnections
+from tidelog.client.security import ClientSecurity
+from tidelog.client.sender import ParkedRecord, Sender, now_ms
+from tidelog.client.types import Header, RecordMetadata, TopicPartition
+from tidelog.storage.errors import (
     KafkaTimeoutError,
     RecordTooLargeError,
     TidelogError,
 )
-from storage.records import HEADER_SIZE, Compression
+from tidelog.storage.records import HEADER_SIZE, Compression
 
 __all__ = ["DeliveryCallback", "Producer"]
 

@@ -39,10 +39,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from client.coordinator import ConsumerCoordinator
-from client.group_member import MemberEvent
-from client.types import TopicPartition
-from storage.errors import FencedMemberEpochError
+from tidelog.client.coordinator import ConsumerCoordinator
+from tidelog.client.group_member import MemberEvent
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import FencedMemberEpochError
 
 __all__ = ["ConsumerHooks", "GroupSubscription", "PartitionsCallback"]
 

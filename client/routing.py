@@ -49,17 +49,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from client.cluster import (
+from tidelog.client.cluster import (
     BrokerAvoidance,
     BrokerNode,
     ClusterMetadata,
     MetadataCache,
     parse_bootstrap_list,
 )
-from client.connection import Connection, ConnectionFactory
-from client.errors import ClosedError
-from client.types import TopicPartition
-from storage.errors import (
+from tidelog.client.connection import Connection, ConnectionFactory
+from tidelog.client.errors import ClosedError
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     CoordinatorLoadInProgressError,
     FencedLeaderEpochError,

@@ -39,8 +39,8 @@ from typing import Any
 
 import grpc
 
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import SaslAuthenticationError
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import SaslAuthenticationError
 
 __all__ = [
     "MECHANISMS",

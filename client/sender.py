@@ -43,18 +43,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from client.accumulator import NO_ROOM, ProducerBatch, RecordAccumulator
-from client.cluster import ClusterMetadata
-from client.config import ProducerConfig
-from client.connection import ProduceAnswer, ProduceCall, ProduceStream
-from client.errors import ClosedError
-from client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
-from client.idempotence import Decision, ResetMode, SequenceTable
-from client.partitioner import StickyPartitioner, partition_for_key
-from client.routing import ROUTING_ERRORS, ClusterConnections
-from client.topic_errors import topic_errors
-from client.types import Header, TopicPartition
-from storage.errors import (
+from tidelog.client.accumulator import NO_ROOM, ProducerBatch, RecordAccumulator
+from tidelog.client.cluster import ClusterMetadata
+from tidelog.client.config import ProducerConfig
+from tidelog.client.connection import ProduceAnswer, ProduceCall, ProduceStream
+from tidelog.client.errors import ClosedError
+from tidelog.client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
+from tidelog.client.idempotence import Decision, ResetMode, SequenceTable
+from tidelog.client.partitioner import StickyPartitioner, partition_for_key
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.topic_errors import topic_errors
+from tidelog.client.types import Header, TopicPartition
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InternalError,
     KafkaTimeoutError,
@@ -62,7 +62,7 @@ from storage.errors import (
     TidelogError,
     UnknownTopicOrPartitionError,
 )
-from storage.records import NO_SEQUENCE
+from tidelog.storage.records import NO_SEQUENCE
 
 __all__ = ["ParkedRecord", "Sender"]
 

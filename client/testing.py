@@ -32,14 +32,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from client.cluster import (
+from tidelog.client.cluster import (
     NO_LEADER,
     BrokerNode,
     ClusterMetadata,
     PartitionMetadata,
     TopicMetadata,
 )
-from client.connection import (
+from tidelog.client.connection import (
     CommittedOffset,
     Connection,
     EpochEndResult,
@@ -54,9 +54,9 @@ from client.connection import (
     ProducerState,
     ProduceStream,
 )
-from client.errors import ClosedError
-from client.group_member import HeartbeatAnswer, HeartbeatRequest
-from client.types import (
+from tidelog.client.errors import ClosedError
+from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
+from tidelog.client.types import (
     GroupDescription,
     GroupPartitionLag,
     GroupSummary,
@@ -66,7 +66,7 @@ from client.types import (
     TopicPartition,
     TopicSummary,
 )
-from storage.errors import (
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     FencedLeaderEpochError,
     GroupIdNotFoundError,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from client.routing import ClusterConnections
-from storage.errors import (
+from tidelog.client.routing import ClusterConnections
+from tidelog.storage.errors import (
     InvalidTopicError,
     TidelogError,
     TopicAuthorizationFailedError,

@@ -52,11 +52,11 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
-from client.errors import ClosedError
-from client.security import SESSION_METADATA_KEY, ClientSecurity, Session
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc
-from storage.errors import (
+from tidelog.client.errors import ClosedError
+from tidelog.client.security import SESSION_METADATA_KEY, ClientSecurity, Session
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InternalError,
     InvalidRequestError,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from storage.types import TopicPartition
+from tidelog.storage.types import TopicPartition
 
 __all__ = [
     "ConsumerRecord",

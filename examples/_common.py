@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from client import AdminClient, TopicAlreadyExistsError  # noqa: E402
+from tidelog import AdminClient, TopicAlreadyExistsError  # noqa: E402
 
 
 def parser(description: str) -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ import time
 
 from _common import ensure_topics, parser
 
-from client import Producer
+from tidelog import Producer
 
 COUNTRIES = ["NL", "DE", "FR", "BR", "JP", "US"]
 PLANS = ["free", "pro", "team"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from _common import ensure_topics, parser, spark_session
 
-from client import Producer
+from tidelog import Producer
 
 TOPIC = "device-events"
 MINUTE_MS = 60_000

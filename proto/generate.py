@@ -1,13 +1,14 @@
 """Generate (or check) the committed Python code for ``proto/tidelog/v1/broker.proto``.
 
-``python -m proto.generate`` rewrites the four generated modules next to the ``.proto``:
+``python -m tidelog.proto.generate`` rewrites the four generated modules next to the ``.proto``:
 ``broker_pb2.py`` (messages), ``broker_pb2_grpc.py`` (stub and servicer), and their
-``.pyi`` type stubs from mypy-protobuf. ``python -m proto.generate --check`` generates into
+``.pyi`` type stubs from mypy-protobuf. ``python -m tidelog.proto.generate --check`` generates into
 a temporary directory and exits with status 1, naming the files, when anything differs
 from what is committed.
 
-protoc runs from the repository root with ``-I .`` so that the generated imports read
-``from proto.tidelog.v1 import broker_pb2``. The output depends on the versions of
+protoc runs from the repository root with ``-I .`` on the path through ``tidelog/proto`` (the
+link to ``proto/``) so that the generated imports read ``from tidelog.proto.tidelog.v1 import
+broker_pb2``, the installed name. The output depends on the versions of
 grpcio-tools (protoc and the grpc plugin) and mypy-protobuf, so those are pinned in the
 project's development dependencies.
 """
@@ -25,12 +26,12 @@ from pathlib import Path
 __all__ = ["GENERATED_FILES", "PROTO_FILE", "REPO_ROOT", "check", "generate", "main"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROTO_FILE = Path("proto/tidelog/v1/broker.proto")
+PROTO_FILE = Path("tidelog/proto/tidelog/v1/broker.proto")
 GENERATED_FILES = (
-    Path("proto/tidelog/v1/broker_pb2.py"),
-    Path("proto/tidelog/v1/broker_pb2.pyi"),
-    Path("proto/tidelog/v1/broker_pb2_grpc.py"),
-    Path("proto/tidelog/v1/broker_pb2_grpc.pyi"),
+    Path("tidelog/proto/tidelog/v1/broker_pb2.py"),
+    Path("tidelog/proto/tidelog/v1/broker_pb2.pyi"),
+    Path("tidelog/proto/tidelog/v1/broker_pb2_grpc.py"),
+    Path("tidelog/proto/tidelog/v1/broker_pb2_grpc.pyi"),
 )
 
 
@@ -98,7 +99,7 @@ def check(committed_root: Path = REPO_ROOT) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: generate, or with ``--check`` compare; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m proto.generate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tidelog.proto.generate", description=__doc__)
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if the committed files are stale"
     )
@@ -106,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         differ = check()
         for rel in differ:
-            sys.stderr.write(f"stale generated file: {rel} (run python -m proto.generate)\n")
+            sys.stderr.write(
+                f"stale generated file: {rel} (run python -m tidelog.proto.generate)\n"
+            )
         return 1 if differ else 0
     generate(REPO_ROOT)
     return 0

@@ -2,7 +2,7 @@
 
 ::
 
-    from spark_sink import TidelogDataSource
+    from tidelog.spark_sink import TidelogDataSource
     spark.dataSource.register(TidelogDataSource)   # or nothing: pyspark_tidelog does it
     df = spark.readStream.format("tidelog").option("subscribe", "events").load()
 
@@ -13,8 +13,8 @@ control, range splitting), ``schema`` (columns and Arrow conversion), ``broker_v
 ``source`` (the Spark classes). ``docs/spark.md`` documents options and design.
 """
 
-from spark_sink.options import ReadOptions, WriteOptions
-from spark_sink.reader import DataLossError
-from spark_sink.source import TidelogDataSource
+from tidelog.spark_sink.options import ReadOptions, WriteOptions
+from tidelog.spark_sink.reader import DataLossError
+from tidelog.spark_sink.source import TidelogDataSource
 
 __all__ = ["DataLossError", "ReadOptions", "TidelogDataSource", "WriteOptions"]

@@ -16,10 +16,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from client import UnknownTopicOrPartitionError
-from client.admin import AdminClient
-from client.types import TopicPartition
-from spark_sink.options import ReadOptions
+from tidelog.client import UnknownTopicOrPartitionError
+from tidelog.client.admin import AdminClient
+from tidelog.client.types import TopicPartition
+from tidelog.spark_sink.options import ReadOptions
 
 __all__ = ["BrokerView", "PartitionInfo"]
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from client.types import TopicPartition
+from tidelog.client.types import TopicPartition
 
 __all__ = [
     "EARLIEST",

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.cluster import parse_bootstrap_list
-from client.security import SECURITY_PROPERTY_NAMES, ClientSecurity, settings_from_mapping
-from client.types import TopicPartition
-from spark_sink.offsets import OffsetSpec, parse_assign, parse_offset_spec
+from tidelog.client.cluster import parse_bootstrap_list
+from tidelog.client.security import SECURITY_PROPERTY_NAMES, ClientSecurity, settings_from_mapping
+from tidelog.client.types import TopicPartition
+from tidelog.spark_sink.offsets import OffsetSpec, parse_assign, parse_offset_spec
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",

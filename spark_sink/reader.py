@@ -40,12 +40,17 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from client import Consumer, OffsetOutOfRangeError, TidelogError, UnknownTopicOrPartitionError
-from client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
-from client.types import ConsumerRecord, TopicPartition
-from spark_sink.offsets import OffsetRange
-from spark_sink.options import ReadOptions
-from spark_sink.schema import columns_to_arrow, records_to_arrow
+from tidelog.client import (
+    Consumer,
+    OffsetOutOfRangeError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
+from tidelog.client.types import ConsumerRecord, TopicPartition
+from tidelog.spark_sink.offsets import OffsetRange
+from tidelog.spark_sink.options import ReadOptions
+from tidelog.spark_sink.schema import columns_to_arrow, records_to_arrow
 
 __all__ = ["DataLossError", "read_ranges"]
 

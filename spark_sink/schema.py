@@ -45,8 +45,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client.columns import ColumnBuffers
-from client.types import ConsumerRecord
+from tidelog.client.columns import ColumnBuffers
+from tidelog.client.types import ConsumerRecord
 
 __all__ = ["arrow_schema", "columns_to_arrow", "records_to_arrow", "source_schema"]
 

@@ -41,9 +41,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client.types import TopicPartition
-from spark_sink.broker_view import BrokerView, PartitionInfo
-from spark_sink.offsets import (
+from tidelog.client.types import TopicPartition
+from tidelog.spark_sink.broker_view import BrokerView, PartitionInfo
+from tidelog.spark_sink.offsets import (
     EARLIEST,
     LATEST,
     OffsetRange,
@@ -53,10 +53,10 @@ from spark_sink.offsets import (
     parse_offsets,
     split_ranges,
 )
-from spark_sink.options import ReadOptions, WriteOptions, include_headers
-from spark_sink.reader import DataLossError, read_ranges
-from spark_sink.schema import source_schema
-from spark_sink.writer import TidelogBatchWriter, TidelogStreamWriter
+from tidelog.spark_sink.options import ReadOptions, WriteOptions, include_headers
+from tidelog.spark_sink.reader import DataLossError, read_ranges
+from tidelog.spark_sink.schema import source_schema
+from tidelog.spark_sink.writer import TidelogBatchWriter, TidelogStreamWriter
 
 __all__ = [
     "TidelogBatchReader",

@@ -45,12 +45,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from client.admin import AdminClient
-from client.keyed_producer import KeyedProducer, ProducerRecord
-from client.partitioner import partition_for_key
-from client.security import ClientSecurity
-from client.types import Header, TopicPartition
-from spark_sink.options import WriteOptions, epoch_of_batch
+from tidelog.client.admin import AdminClient
+from tidelog.client.keyed_producer import KeyedProducer, ProducerRecord
+from tidelog.client.partitioner import partition_for_key
+from tidelog.client.security import ClientSecurity
+from tidelog.client.types import Header, TopicPartition
+from tidelog.spark_sink.options import WriteOptions, epoch_of_batch
 
 __all__ = [
     "TidelogBatchWriter",

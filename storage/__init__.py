@@ -19,10 +19,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from storage.clock import Clock, ManualClock, SystemClock
-    from storage.config import LogConfig
-    from storage.log_manager import LogManager, LogManagerConfig, TopicMetadata
-    from storage.partition_log import AppendResult, PartitionLog, ReadResult
+    from tidelog.storage.clock import Clock, ManualClock, SystemClock
+    from tidelog.storage.config import LogConfig
+    from tidelog.storage.log_manager import LogManager, LogManagerConfig, TopicMetadata
+    from tidelog.storage.partition_log import AppendResult, PartitionLog, ReadResult
 
 __all__ = [
     "AppendResult",
@@ -38,16 +38,16 @@ __all__ = [
 ]
 
 _HOMES = {
-    "AppendResult": "storage.partition_log",
-    "Clock": "storage.clock",
-    "LogConfig": "storage.config",
-    "LogManager": "storage.log_manager",
-    "LogManagerConfig": "storage.log_manager",
-    "ManualClock": "storage.clock",
-    "PartitionLog": "storage.partition_log",
-    "ReadResult": "storage.partition_log",
-    "SystemClock": "storage.clock",
-    "TopicMetadata": "storage.log_manager",
+    "AppendResult": "tidelog.storage.partition_log",
+    "Clock": "tidelog.storage.clock",
+    "LogConfig": "tidelog.storage.config",
+    "LogManager": "tidelog.storage.log_manager",
+    "LogManagerConfig": "tidelog.storage.log_manager",
+    "ManualClock": "tidelog.storage.clock",
+    "PartitionLog": "tidelog.storage.partition_log",
+    "ReadResult": "tidelog.storage.partition_log",
+    "SystemClock": "tidelog.storage.clock",
+    "TopicMetadata": "tidelog.storage.log_manager",
 }
 
 

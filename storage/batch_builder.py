@@ -15,9 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import crc32c
 
-from storage.compression import compress_records, max_compressed_bytes
-from storage.native import NATIVE, native
-from storage.records import (
+from tidelog.storage.compression import compress_records, max_compressed_bytes
+from tidelog.storage.native import NATIVE, native
+from tidelog.storage.records import (
     _CRC_PREFIX,
     _CRC_TAIL,
     _DELETE_HORIZON_FLAG,
@@ -37,7 +37,7 @@ from storage.records import (
     Compression,
     TimestampType,
 )
-from storage.varint import (
+from tidelog.storage.varint import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,

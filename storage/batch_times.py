@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import LogDirFullError, StorageError
+from tidelog.storage.errors import LogDirFullError, StorageError
 
 __all__ = [
     "BATCH_TIMES_SUFFIX",

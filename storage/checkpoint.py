@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from storage.files import atomic_write
+from tidelog.storage.files import atomic_write
 
 __all__ = [
     "CLEANER_OFFSET_CHECKPOINT",

@@ -33,10 +33,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.batch_times import BatchTimes
-from storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, write_offsets
-from storage.clock import Clock
-from storage.compaction import (
+from tidelog.storage.batch_times import BatchTimes
+from tidelog.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, write_offsets
+from tidelog.storage.clock import Clock
+from tidelog.storage.compaction import (
     OFFSET_MAP_ENTRY_BYTES,
     CleanableRange,
     CleaningRules,
@@ -48,17 +48,17 @@ from storage.compaction import (
     group_segments,
     plan_cleanable_range,
 )
-from storage.errors import CorruptRecordError, StorageError
-from storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES
-from storage.partition_log import PartitionLog
-from storage.records import (
+from tidelog.storage.errors import CorruptRecordError, StorageError
+from tidelog.storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import (
     NO_TIMESTAMP,
     decode_batch,
     iter_batch_headers,
     read_header,
     split_whole_batches,
 )
-from storage.segment import BatchPosition, Segment
+from tidelog.storage.segment import BatchPosition, Segment
 
 __all__ = ["DEFAULT_DEDUPE_BUFFER_BYTES", "CleanResult", "LogCleaner", "summarize_segments"]
 

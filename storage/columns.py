@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from storage.native import NATIVE, native
-from storage.records import (
+from tidelog.storage.native import NATIVE, native
+from tidelog.storage.records import (
     _LOG_APPEND_TIME_FLAG,
     BatchHeader,
     Record,

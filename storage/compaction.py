@@ -68,7 +68,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from storage.records import (
+from tidelog.storage.records import (
     NO_PRODUCER_ID,
     BatchBuilder,
     BatchHeader,

@@ -45,7 +45,7 @@ import zlib
 import cramjam
 import lz4.frame
 
-from storage.errors import CorruptRecordError
+from tidelog.storage.errors import CorruptRecordError
 
 __all__ = [
     "MAX_DECOMPRESSED_BYTES",

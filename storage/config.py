@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from storage.errors import InvalidConfigError
+from tidelog.storage.errors import InvalidConfigError
 
 __all__ = ["CLEANUP_POLICIES", "TIMESTAMP_TYPES", "LogConfig"]
 

@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from storage.errors import InvalidTopicError
+from tidelog.storage.errors import InvalidTopicError
 
 __all__ = [
     "CLEANED_SUFFIX",

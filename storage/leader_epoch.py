@@ -32,7 +32,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.files import atomic_write
+from tidelog.storage.files import atomic_write
 
 __all__ = [
     "LEADER_EPOCH_CHECKPOINT",

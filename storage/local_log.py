@@ -48,13 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from storage.clock import Clock
-from storage.config import LogConfig
-from storage.errors import LogDirFullError, OffsetOutOfRangeError, StorageError
-from storage.files import DELETED_SUFFIX, SWAP_SUFFIX, fsync_dir
-from storage.records import NO_TIMESTAMP
-from storage.retention import SegmentInfo, plan_retention
-from storage.segment import Segment
+from tidelog.storage.clock import Clock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import LogDirFullError, OffsetOutOfRangeError, StorageError
+from tidelog.storage.files import DELETED_SUFFIX, SWAP_SUFFIX, fsync_dir
+from tidelog.storage.records import NO_TIMESTAMP
+from tidelog.storage.retention import SegmentInfo, plan_retention
+from tidelog.storage.segment import Segment
 
 __all__ = ["LocalLog", "ReadResult", "ReadView", "io_error", "unlink_if_exists"]
 

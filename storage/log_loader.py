@@ -44,11 +44,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.batch_times import BATCH_TIMES_SUFFIX
-from storage.clock import Clock
-from storage.config import LogConfig
-from storage.errors import StorageError
-from storage.files import (
+from tidelog.storage.batch_times import BATCH_TIMES_SUFFIX
+from tidelog.storage.clock import Clock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import StorageError
+from tidelog.storage.files import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     LOG_SUFFIX,
@@ -59,10 +59,10 @@ from storage.files import (
     make_dir_durable,
     offset_file_name,
 )
-from storage.leader_epoch import LeaderEpochCache
-from storage.local_log import unlink_if_exists
-from storage.producer_state import ProducerStateTable
-from storage.segment import Segment
+from tidelog.storage.leader_epoch import LeaderEpochCache
+from tidelog.storage.local_log import unlink_if_exists
+from tidelog.storage.producer_state import ProducerStateTable
+from tidelog.storage.segment import Segment
 
 __all__ = [
     "SNAPSHOT_SUFFIX",

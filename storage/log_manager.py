@@ -48,7 +48,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
-from storage.checkpoint import (
+from tidelog.storage.checkpoint import (
     CLEAN_SHUTDOWN_MARKER,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
@@ -56,10 +56,10 @@ from storage.checkpoint import (
     read_offsets,
     write_offsets,
 )
-from storage.cleaner import LogCleaner
-from storage.clock import Clock, SystemClock
-from storage.config import LogConfig
-from storage.errors import (
+from tidelog.storage.cleaner import LogCleaner
+from tidelog.storage.clock import Clock, SystemClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,
@@ -68,7 +68,7 @@ from storage.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from storage.files import (
+from tidelog.storage.files import (
     TMP_SUFFIX,
     atomic_write,
     fsync_dir,
@@ -76,8 +76,8 @@ from storage.files import (
     parse_partition_dir,
     partition_dir_name,
 )
-from storage.files import validate_topic_name as _validate_topic_name
-from storage.partition_log import PartitionLog
+from tidelog.storage.files import validate_topic_name as _validate_topic_name
+from tidelog.storage.partition_log import PartitionLog
 
 __all__ = ["Cleaner", "LogManager", "LogManagerConfig", "TopicMetadata"]
 

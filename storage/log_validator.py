@@ -26,15 +26,15 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.batch_times import BatchTimes
-from storage.config import LogConfig
-from storage.errors import (
+from tidelog.storage.batch_times import BatchTimes
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import (
     CorruptRecordError,
     InvalidRequestError,
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
 )
-from storage.records import (
+from tidelog.storage.records import (
     NO_TIMESTAMP,
     SUPPORTED_COMPRESSION,
     BatchHeader,
@@ -42,7 +42,7 @@ from storage.records import (
     set_base_offset,
     set_log_append_time,
 )
-from storage.segment import BatchPosition
+from tidelog.storage.segment import BatchPosition
 
 __all__ = [
     "AssignedBatches",

@@ -26,13 +26,13 @@ PURE_REASON: str | None = None
 # ``native`` is typed as the extension module (its stub, ``_native.pyi``) though it is None
 # on the pure path: callers test ``NATIVE`` first, and mypy then checks every call.
 if TYPE_CHECKING:
-    from storage import _native as native
+    from tidelog.storage import _native as native
 elif os.environ.get("TIDELOG_PURE_PYTHON", "") not in ("", "0"):
     PURE_REASON = "TIDELOG_PURE_PYTHON is set"
     native = None
 else:
     try:
-        from storage import _native as native
+        from tidelog.storage import _native as native
     except ImportError as exc:  # not built: no compiler when the package was installed
         PURE_REASON = f"the C extension storage._native is not built ({exc})"
         native = None

@@ -61,29 +61,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.batch_times import BatchTimes, decode_wire
-from storage.clock import Clock
-from storage.config import LogConfig
-from storage.errors import FencedLeaderEpochError, InvalidRequestError, StorageError
-from storage.files import (
+from tidelog.storage.batch_times import BatchTimes, decode_wire
+from tidelog.storage.clock import Clock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import FencedLeaderEpochError, InvalidRequestError, StorageError
+from tidelog.storage.files import (
     CLEANED_SUFFIX,
     atomic_write,
     base_offset_from_name,
     fsync_dir,
     offset_file_name,
 )
-from storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
-from storage.local_log import LocalLog, ReadResult, io_error, unlink_if_exists
-from storage.log_loader import SNAPSHOT_SUFFIX, load_log, rebuild_producer_state
-from storage.log_validator import (
+from tidelog.storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
+from tidelog.storage.local_log import LocalLog, ReadResult, io_error, unlink_if_exists
+from tidelog.storage.log_loader import SNAPSHOT_SUFFIX, load_log, rebuild_producer_state
+from tidelog.storage.log_validator import (
     assign_offsets,
     check_produced_batch,
     follower_batch_times,
     place_follower_batches,
 )
-from storage.producer_state import ProducerStateTable, ProducerSummary
-from storage.records import iter_batch_headers
-from storage.segment import BatchPosition, Segment
+from tidelog.storage.producer_state import ProducerStateTable, ProducerSummary
+from tidelog.storage.records import iter_batch_headers
+from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
 # split (issue #26); they stay importable from here.

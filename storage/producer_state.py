@@ -29,8 +29,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
-from storage.records import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader
+from tidelog.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from tidelog.storage.records import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader
 
 __all__ = [
     "BATCHES_KEPT",

@@ -70,10 +70,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import crc32c
 
-from storage.compression import MAX_DECOMPRESSED_BYTES, Compression, decompress_records
-from storage.errors import CorruptRecordError
-from storage.native import NATIVE, native
-from storage.varint import (
+from tidelog.storage.compression import MAX_DECOMPRESSED_BYTES, Compression, decompress_records
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.native import NATIVE, native
+from tidelog.storage.varint import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
@@ -770,4 +770,4 @@ def _wrap_timestamp(row_type: type[_Row], row: _Row, at: int) -> _Row:
 
 # The encoder lives in its own module for size; it is part of this format and exported
 # from here. Imported last: it uses the constants above.
-from storage.batch_builder import BatchBuilder, encode_batch  # noqa: E402
+from tidelog.storage.batch_builder import BatchBuilder, encode_batch  # noqa: E402

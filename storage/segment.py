@@ -27,17 +27,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.batch_times import BATCH_TIMES_SUFFIX, BatchTimes, BatchTimesEntry, BatchTimesFile
-from storage.errors import CorruptRecordError, LogDirFullError, StorageError
-from storage.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, offset_file_name
-from storage.index import (
+from tidelog.storage.batch_times import (
+    BATCH_TIMES_SUFFIX,
+    BatchTimes,
+    BatchTimesEntry,
+    BatchTimesFile,
+)
+from tidelog.storage.errors import CorruptRecordError, LogDirFullError, StorageError
+from tidelog.storage.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, offset_file_name
+from tidelog.storage.index import (
     OFFSET_ENTRY_BYTES,
     TIME_ENTRY_BYTES,
     CorruptIndexError,
     OffsetIndex,
     TimeIndex,
 )
-from storage.records import (
+from tidelog.storage.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,

@@ -23,7 +23,7 @@ times cheaper than running the encoder.
 
 from __future__ import annotations
 
-from storage.errors import CorruptRecordError
+from tidelog.storage.errors import CorruptRecordError
 
 __all__ = [
     "INT32_MAX",

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.testing import LocalCluster
+from tidelog.broker.cluster.testing import LocalCluster
 
 _LIMIT_BYTES = int(os.environ.get("TIDELOG_TEST_RSS_LIMIT_MB", "8192")) * 1024 * 1024
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")

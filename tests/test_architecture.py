@@ -2,7 +2,9 @@
 
 The direction (STYLE.md): ``storage`` <- ``broker``; ``storage.records`` <- ``client`` <-
 ``spark_sink``; ``proto`` <- ``broker``, ``client``. Checked on the source with ``ast`` so a
-stray import fails here rather than in review.
+stray import fails here rather than in review. The layers are installed as
+``tidelog.<layer>`` (``tidelog/__init__.py``); the rules below name them without the
+prefix, and the bare names are never imported at all.
 """
 
 from __future__ import annotations
@@ -42,7 +44,12 @@ CLIENT_STORAGE_ALLOWED = {
 }
 
 
-def _imports(path: Path) -> set[str]:
+def _layer(name: str) -> str:
+    """``tidelog.storage.records`` as ``storage.records``: the rules speak of layers."""
+    return name.removeprefix("tidelog.")
+
+
+def _raw_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -50,7 +57,32 @@ def _imports(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+            if node.module == "tidelog":  # from tidelog import client
+                names.update(f"tidelog.{alias.name}" for alias in node.names)
     return names
+
+
+def _imports(path: Path) -> set[str]:
+    return {_layer(name) for name in _raw_imports(path)}
+
+
+def _bare_layer_names(names: set[str]) -> list[str]:
+    return sorted(n for n in names if n.split(".")[0] in PACKAGES)
+
+
+def test_no_module_imports_a_layer_by_its_bare_name() -> None:
+    """``import client`` would load ``client/`` a second time beside ``tidelog.client`` (a
+    checkout has both on ``sys.path``): two sets of classes, and ``except`` clauses that
+    miss. Everything imports ``tidelog.<layer>``."""
+    roots = [*PACKAGES, "tests", "benchmarks", "examples"]
+    paths = [p for root in roots for p in _sources(root)]
+    paths += [ROOT / name for name in TOP_LEVEL_MODULES] + [ROOT / "tidelog" / "__init__.py"]
+    violations = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in paths
+        for name in _bare_layer_names(_raw_imports(path) | _string_imports(path, raw=True))
+    ]
+    assert not violations, "\n".join(violations)
 
 
 def _sources(package: str) -> list[Path]:
@@ -58,6 +90,7 @@ def _sources(package: str) -> list[Path]:
         p
         for p in (ROOT / package).rglob("*.py")
         if "_pb2" not in p.name  # generated code imports what protoc says
+        and ".venv" not in p.parts
     ]
 
 
@@ -128,7 +161,7 @@ def _public_modules(package: str) -> list[str]:
 )
 def test_public_modules_declare_all(module_name: str) -> None:
     """Every public module says what it exports, and every exported name exists."""
-    module = importlib.import_module(module_name)
+    module = importlib.import_module(f"tidelog.{module_name}")
     exported = getattr(module, "__all__", None)
     assert exported is not None, f"{module_name} has no __all__"
     assert len(exported) == len(set(exported)), f"{module_name}.__all__ has duplicates"
@@ -137,7 +170,7 @@ def test_public_modules_declare_all(module_name: str) -> None:
 
 
 def test_storage_package_surface() -> None:
-    import storage
+    from tidelog import storage
 
     assert set(storage.__all__) == {
         "AppendResult",
@@ -159,8 +192,9 @@ def test_storage_package_surface() -> None:
 def test_importing_the_client_leaves_the_storage_engine_unloaded() -> None:
     # In a fresh interpreter: this test process has long loaded everything.
     code = (
-        "import sys, client; "
-        "print(sorted(m for m in sys.modules if m.startswith(('storage', 'broker'))))"
+        "import sys, tidelog.client; "
+        "print(sorted(m.removeprefix('tidelog.') for m in sys.modules "
+        "if m.startswith(('tidelog.storage', 'tidelog.broker'))))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -235,9 +269,10 @@ def test_the_domain_imports_no_wire_type() -> None:
     assert not violations, "\n".join(violations)
 
 
-def _string_imports(path: Path) -> set[str]:
+def _string_imports(path: Path, *, raw: bool = False) -> set[str]:
     """Modules named by ``importlib.import_module("...")`` or ``__import__("...")`` with a
-    literal name: an import all the same, which the ``import`` statements' rules must see."""
+    literal name: an import all the same, which the ``import`` statements' rules must see
+    (by layer, or ``raw`` as written)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if not isinstance(node, ast.Call) or not node.args:
@@ -256,7 +291,7 @@ def _string_imports(path: Path) -> set[str]:
             and isinstance(first, ast.Constant)
             and isinstance(first.value, str)
         ):
-            names.add(first.value)
+            names.add(first.value if raw else _layer(first.value))
     return names
 
 

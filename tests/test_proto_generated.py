@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from proto import generate
+from tidelog.proto import generate
 
 
 def test_generated_code_matches_proto() -> None:
-    assert generate.check() == [], "run: python -m proto.generate"
+    assert generate.check() == [], "run: python -m tidelog.proto.generate"
 
 
 def test_check_notices_a_stale_file(tmp_path: Path) -> None:
@@ -24,5 +24,5 @@ def test_check_notices_a_stale_file(tmp_path: Path) -> None:
 
 
 def test_generated_imports_are_package_relative() -> None:
-    grpc_module = (generate.REPO_ROOT / "proto/tidelog/v1/broker_pb2_grpc.py").read_text()
-    assert "from proto.tidelog.v1 import broker_pb2" in grpc_module
+    grpc_module = (generate.REPO_ROOT / "tidelog/proto/tidelog/v1/broker_pb2_grpc.py").read_text()
+    assert "from tidelog.proto.tidelog.v1 import broker_pb2" in grpc_module

@@ -114,7 +114,7 @@ def start(work: Path, extra_settings: Sequence[str] = ()) -> RunningServer:
     data_dir = work / "tidelog-data"
     ready = work / "tidelog-ready"
     argv = [
-        sys.executable, "-m", "broker", "--data-dir", str(data_dir),
+        sys.executable, "-m", "tidelog.broker", "--data-dir", str(data_dir),
         "--listen", "127.0.0.1:0", "--ready-file", str(ready),
         "--log-level", "WARNING", "--set", "metrics.port=-1",
     ]  # fmt: skip
@@ -136,7 +136,7 @@ def start(work: Path, extra_settings: Sequence[str] = ()) -> RunningServer:
 
 
 def _create_topic(address: str, topic: str, partitions: int) -> None:
-    from client import AdminClient, TopicAlreadyExistsError
+    from tidelog.client import AdminClient, TopicAlreadyExistsError
 
     with AdminClient(address) as admin:
         try:
@@ -172,7 +172,7 @@ def _send_all(producer: Any, topic: str, start: int, count: int, value: bytes) -
 def _produce(workload: Workload, address: str) -> dict[str, Any]:
     import gc
 
-    from client import Producer
+    from tidelog.client import Producer
 
     _create_topic(address, workload.stream, workload.partitions)
     value = os.urandom(workload.value_bytes)
@@ -186,7 +186,7 @@ def _produce(workload: Workload, address: str) -> dict[str, Any]:
 
 
 def _consume(workload: Workload, address: str) -> dict[str, Any]:
-    from client import Consumer, TopicPartition
+    from tidelog.client import Consumer, TopicPartition
 
     with Consumer(address, auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition(workload.stream, p) for p in range(workload.partitions)])
@@ -220,9 +220,9 @@ def _consume_bare(workload: Workload, address: str) -> dict[str, Any]:
     """
     import grpc
 
-    from proto.tidelog.v1 import broker_pb2 as pb
-    from proto.tidelog.v1 import broker_pb2_grpc
-    from storage.records import iter_batch_headers
+    from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+    from tidelog.proto.tidelog.v1 import broker_pb2_grpc
+    from tidelog.storage.records import iter_batch_headers
 
     requests: queue.SimpleQueue[pb.FetchRequest | None] = queue.SimpleQueue()
 
@@ -277,7 +277,7 @@ def _consume_bare(workload: Workload, address: str) -> dict[str, Any]:
 
 
 def _latency(workload: Workload, address: str) -> dict[str, Any]:
-    from client import Producer
+    from tidelog.client import Producer
 
     _create_topic(address, workload.stream, 1)
     value = os.urandom(workload.value_bytes)
@@ -292,7 +292,7 @@ def _latency(workload: Workload, address: str) -> dict[str, Any]:
 
 
 def _end_to_end(workload: Workload, address: str) -> dict[str, Any]:
-    from client import Consumer, Producer, TopicPartition
+    from tidelog.client import Consumer, Producer, TopicPartition
 
     _create_topic(address, workload.stream, 1)
     tp = TopicPartition(workload.stream, 0)
@@ -352,7 +352,7 @@ def _backlog(workload: Workload, address: str) -> dict[str, Any]:
     """
     import gc
 
-    from client import Producer
+    from tidelog.client import Producer
 
     _create_topic(address, workload.stream, 1)
     value = os.urandom(workload.value_bytes)

@@ -13,10 +13,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from broker.cluster.store import ClusterStore, StaleStateError
-from broker.cluster.znodes import ACLS
-from broker.core.acl import AclBinding, AclFilter
-from broker.core.acl_store import decode_acls, encode_acls
+from tidelog.broker.cluster.store import ClusterStore, StaleStateError
+from tidelog.broker.cluster.znodes import ACLS
+from tidelog.broker.core.acl import AclBinding, AclFilter
+from tidelog.broker.core.acl_store import decode_acls, encode_acls
 
 __all__ = ["ZooKeeperAclStore"]
 

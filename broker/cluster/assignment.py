@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from storage.errors import InvalidReplicationFactorError
+from tidelog.storage.errors import InvalidReplicationFactorError
 
 __all__ = ["assign_replicas"]
 

@@ -39,8 +39,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from broker.cluster.assignment import assign_replicas
-from broker.cluster.election import (
+from tidelog.broker.cluster.assignment import assign_replicas
+from tidelog.broker.cluster.election import (
     Elected,
     crashed_replicas,
     elect_for_shutdown,
@@ -49,8 +49,8 @@ from broker.cluster.election import (
     reconcile,
     with_elr,
 )
-from broker.cluster.session import SessionFence
-from broker.cluster.store import (
+from tidelog.broker.cluster.session import SessionFence
+from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerLease,
     ControllerMovedError,
@@ -58,9 +58,9 @@ from broker.cluster.store import (
     StaleStateError,
     StoreError,
 )
-from broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InvalidPartitionsError,
     NotControllerError,

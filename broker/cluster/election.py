@@ -75,7 +75,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from broker.cluster.znodes import NO_LEADER, PartitionState
+from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
 
 __all__ = [
     "Elected",

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from broker.security_config import SecurityConfig
-from broker.tls import InterBrokerChannels
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import TidelogError, UnknownTopicOrPartitionError
-from storage.log_manager import LogManager
+from tidelog.broker.security_config import SecurityConfig
+from tidelog.broker.tls import InterBrokerChannels
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import TidelogError, UnknownTopicOrPartitionError
+from tidelog.storage.log_manager import LogManager
 
 __all__ = ["FetchTarget", "FetcherPool"]
 

@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from broker.cluster.election import leadership_predates_leader
-from broker.cluster.store import ClusterStore, StoreError
-from broker.cluster.znodes import (
+from tidelog.broker.cluster.election import leadership_predates_leader
+from tidelog.broker.cluster.store import ClusterStore, StoreError
+from tidelog.broker.cluster.znodes import (
     BROKER_IDS,
     CONTROLLER,
     NO_LEADER,

@@ -50,30 +50,30 @@ from typing import Protocol
 
 import grpc
 
-from broker.cluster.controller import Controller, ControllerSettings
-from broker.cluster.election import with_elr
-from broker.cluster.fetcher import FetcherPool
-from broker.cluster.metadata import ClusterMetadata, MetadataWatcher
-from broker.cluster.replicas import ReplicaManager, ReplicaSettings
-from broker.cluster.session import SessionFence, step_down_delay_ms
-from broker.cluster.store import ClusterStore, StoreError
-from broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint
-from broker.config import BrokerConfig
-from broker.core.meta_properties import ensure_meta_properties
-from broker.core.metrics import BrokerMetrics
-from broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
-from broker.tls import InterBrokerChannels
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.broker.cluster.controller import Controller, ControllerSettings
+from tidelog.broker.cluster.election import with_elr
+from tidelog.broker.cluster.fetcher import FetcherPool
+from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
+from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
+from tidelog.broker.cluster.store import ClusterStore, StoreError
+from tidelog.broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.meta_properties import ensure_meta_properties
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from tidelog.broker.tls import InterBrokerChannels
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     LeaderNotAvailableError,
     NotControllerError,
     NotLeaderOrFollowerError,
     UnknownTopicOrPartitionError,
 )
-from storage.log_manager import LogManager
+from tidelog.storage.log_manager import LogManager
 
 __all__ = ["ClusterNode", "ClusterPlacement", "LocalTopics"]
 

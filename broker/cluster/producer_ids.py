@@ -54,17 +54,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from broker.cluster.errors import StaleStateError, StoreError
-from broker.cluster.store import ClusterStore
-from broker.cluster.znodes import (
+from tidelog.broker.cluster.errors import StaleStateError, StoreError
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.znodes import (
     KeyedProducerId,
     ProducerIdBlock,
     ZnodeError,
     producer_key_name,
 )
-from broker.core.producer_ids import MAX_PRODUCER_EPOCH, check_init_request, check_producer_key
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.broker.core.producer_ids import (
+    MAX_PRODUCER_EPOCH,
+    check_init_request,
+    check_producer_key,
+)
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InvalidProducerEpochError,
     StorageError,

@@ -63,13 +63,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.cluster.fetcher import FetcherPool, FetchTarget
-from broker.cluster.metadata import ClusterMetadata
-from broker.cluster.znodes import NO_LEADER, PartitionState
-from broker.core.fetch import PartitionFetchSpec
-from broker.core.group_fsync import DURABLE, PENDING
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
+from tidelog.broker.cluster.metadata import ClusterMetadata
+from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
+from tidelog.broker.core.fetch import PartitionFetchSpec
+from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     FencedLeaderEpochError,
     KafkaTimeoutError,
     NotEnoughReplicasAfterAppendError,
@@ -79,8 +79,8 @@ from storage.errors import (
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
-from storage.log_manager import LogManager
-from storage.partition_log import PartitionLog
+from tidelog.storage.log_manager import LogManager
+from tidelog.storage.partition_log import PartitionLog
 
 __all__ = ["IsrWriter", "ReplicaManager", "ReplicaSettings"]
 

@@ -42,8 +42,8 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
-from broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
-from broker.cluster.znodes import (
+from tidelog.broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
+from tidelog.broker.cluster.znodes import (
     ADMIN_DELETE_TOPICS,
     BROKER_IDS,
     CLUSTER_ID,

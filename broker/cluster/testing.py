@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.cluster.testing import ZooKeeperServer
+    from tidelog.broker.cluster.testing import ZooKeeperServer
 
     with ZooKeeperServer() as zookeeper:      # 127.0.0.1, a free port, a temporary dir
         connect = zookeeper.connect_string     # "127.0.0.1:PORT", for zookeeper.connect
@@ -12,7 +12,7 @@
 ``LocalCluster`` adds N real broker processes (``python -m broker``) in cluster mode on
 127.0.0.1 ports, one data directory each, around such a ZooKeeper::
 
-    from broker.cluster.testing import LocalCluster
+    from tidelog.broker.cluster.testing import LocalCluster
 
     with LocalCluster(brokers=3) as cluster:
         producer = Producer(cluster.bootstrap)      # "127.0.0.1:P1,127.0.0.1:P2,..."
@@ -57,7 +57,7 @@ from typing import Protocol
 
 import grpc
 
-from proto.tidelog.v1 import broker_pb2, broker_pb2_grpc
+from tidelog.proto.tidelog.v1 import broker_pb2, broker_pb2_grpc
 
 __all__ = [
     "ZOOKEEPER_JAR",
@@ -526,7 +526,7 @@ class LocalCluster:
         command = [
             sys.executable,
             "-m",
-            "broker",
+            "tidelog.broker",
             "--listen",
             self.address(broker_id),
             "--data-dir",

@@ -32,7 +32,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from storage.errors import InvalidRequestError
+from tidelog.storage.errors import InvalidRequestError
 
 __all__ = [
     "ANONYMOUS",

@@ -27,16 +27,16 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from broker.core.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
-from broker.core.audit import audit
-from storage.errors import (
+from tidelog.broker.core.acl import AclBinding, AclFilter, Authorizer, Operation, ResourceType
+from tidelog.broker.core.audit import audit
+from tidelog.storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     SecurityDisabledError,
     StorageError,
     TopicAuthorizationFailedError,
 )
-from storage.files import atomic_write
+from tidelog.storage.files import atomic_write
 
 __all__ = [
     "ACLS_FILE",

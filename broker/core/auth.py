@@ -41,14 +41,14 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from broker.core.audit import audit
-from broker.core.context import RequestContext
-from broker.core.scram import ScramError, ScramServer, parse_plain, verify_password
-from broker.core.users import UserStore
-from broker.security_config import SecurityConfig
-from broker.tls import principal_from_auth_context
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.broker.core.audit import audit
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.scram import ScramError, ScramServer, parse_plain, verify_password
+from tidelog.broker.core.users import UserStore
+from tidelog.broker.security_config import SecurityConfig
+from tidelog.broker.tls import principal_from_auth_context
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     SaslAuthenticationError,
     SaslSessionExpiredError,
     UnsupportedSaslMechanismError,

@@ -41,7 +41,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
-from storage.clock import Clock
+from tidelog.storage.clock import Clock
 
 __all__ = ["DelayedOperation", "Purgatory"]
 

@@ -32,7 +32,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from storage.errors import (
+from tidelog.storage.errors import (
     BrokerBusyError,
     BrokerUnavailableError,
     InternalError,

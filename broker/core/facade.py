@@ -34,24 +34,24 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from broker.config import BrokerConfig
-from broker.core.acl import parse_principals
-from broker.core.acl_store import Acls, LocalAclStore
-from broker.core.auth import Authenticator
-from broker.core.delayed import Purgatory
-from broker.core.fetch import (
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.acl import parse_principals
+from tidelog.broker.core.acl_store import Acls, LocalAclStore
+from tidelog.broker.core.auth import Authenticator
+from tidelog.broker.core.delayed import Purgatory
+from tidelog.broker.core.fetch import (
     FetchPath,
     FetchSpec,
     PartitionFetched,
     PartitionFetchSpec,
     PendingFetch,
 )
-from broker.core.gate import OperationGate
-from broker.core.group_fsync import GroupFsync
-from broker.core.membership import Membership, TopicAdmin
-from broker.core.meta_properties import ensure_meta_properties
-from broker.core.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
-from broker.core.offsets import (
+from tidelog.broker.core.gate import OperationGate
+from tidelog.broker.core.group_fsync import GroupFsync
+from tidelog.broker.core.membership import Membership, TopicAdmin
+from tidelog.broker.core.meta_properties import ensure_meta_properties
+from tidelog.broker.core.metrics import BrokerMetrics, GroupLagGauges, PartitionGauges
+from tidelog.broker.core.offsets import (
     EpochEndAnswer,
     EpochQuery,
     OffsetAnswer,
@@ -59,13 +59,13 @@ from broker.core.offsets import (
     Offsets,
     PartitionProducers,
 )
-from broker.core.placement import (
+from tidelog.broker.core.placement import (
     BrokerEndpoint,
     ClusterView,
     LocalPlacement,
     Placement,
 )
-from broker.core.produce import (
+from tidelog.broker.core.produce import (
     Acks,
     Deliver,
     PartitionAppend,
@@ -74,12 +74,12 @@ from broker.core.produce import (
     ProducePath,
     ReplicationHooks,
 )
-from broker.core.producer_ids import ProducerIdManager, ProducerIdSource
-from broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
-from broker.core.topics import MetadataTopic, PartitionCountResult, Topics, TopicView
-from broker.core.users import FileUserStore
-from broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
-from broker.groups.manager import (
+from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
+from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from tidelog.broker.core.topics import MetadataTopic, PartitionCountResult, Topics, TopicView
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
+from tidelog.broker.groups.manager import (
     GroupDescription,
     GroupListing,
     GroupManager,
@@ -88,17 +88,17 @@ from broker.groups.manager import (
     ResetTarget,
     Selection,
 )
-from broker.groups.offset_records import partition_for
-from broker.groups.offset_store import OFFSETS_TOPIC
-from storage.clock import Clock, SystemClock
-from storage.errors import (
+from tidelog.broker.groups.offset_records import partition_for
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.storage.clock import Clock, SystemClock
+from tidelog.storage.errors import (
     InvalidRequestError,
     LeaderNotAvailableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
 )
-from storage.log_manager import LogManager, TopicMetadata
-from storage.partition_log import PartitionLog
+from tidelog.storage.log_manager import LogManager, TopicMetadata
+from tidelog.storage.partition_log import PartitionLog
 
 __all__ = ["BrokerCore", "Replication", "TopicAdmin"]
 

@@ -40,14 +40,14 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.core.delayed import DelayedOperation, Purgatory
-from broker.core.errors import partition_error
-from broker.core.metrics import BrokerMetrics
-from storage.clock import Clock
-from storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
-from storage.log_manager import LogManager
-from storage.partition_log import PartitionLog
-from storage.records import iter_batch_headers
+from tidelog.broker.core.delayed import DelayedOperation, Purgatory
+from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
+from tidelog.storage.log_manager import LogManager
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import iter_batch_headers
 
 __all__ = [
     "DEFAULT_PARTITION_MAX_BYTES",

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from broker.core.errors import ShuttingDownError
+from tidelog.broker.core.errors import ShuttingDownError
 
 __all__ = ["OperationGate"]
 

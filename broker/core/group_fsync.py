@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from storage.partition_log import PartitionLog
+from tidelog.storage.partition_log import PartitionLog
 
 __all__ = ["DURABLE", "PENDING", "GroupFsync"]
 

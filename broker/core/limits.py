@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from broker.core.context import RequestContext
-from storage.errors import (
+from tidelog.broker.core.context import RequestContext
+from tidelog.storage.errors import (
     BrokerBusyError,
     MaxConnectionsError,
     MaxConnectionsPerIpError,

@@ -26,16 +26,21 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from broker.core.placement import JoiningPlacement, JoiningTopicAdmin, LocalPlacement, Placement
-from broker.core.producer_ids import ProducerIdSource, UnavailableProducerIds
-from broker.core.users import UserStore, ZooKeeperUserStore
+from tidelog.broker.core.placement import (
+    JoiningPlacement,
+    JoiningTopicAdmin,
+    LocalPlacement,
+    Placement,
+)
+from tidelog.broker.core.producer_ids import ProducerIdSource, UnavailableProducerIds
+from tidelog.broker.core.users import UserStore, ZooKeeperUserStore
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from broker.cluster.store import ClusterStore
-    from broker.core.scram import ScramCredential
-    from broker.core.users import FileUserStore
+    from tidelog.broker.cluster.store import ClusterStore
+    from tidelog.broker.core.scram import ScramCredential
+    from tidelog.broker.core.users import FileUserStore
 
 __all__ = ["Membership", "Role", "TopicAdmin"]
 

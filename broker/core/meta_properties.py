@@ -17,8 +17,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from storage.errors import InvalidConfigError
-from storage.files import atomic_write
+from tidelog.storage.errors import InvalidConfigError
+from tidelog.storage.files import atomic_write
 
 __all__ = ["META_PROPERTIES", "ensure_meta_properties"]
 

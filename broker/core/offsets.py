@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from broker.core.errors import partition_error
-from broker.core.fetch import FetchPath
-from broker.core.gate import OperationGate
-from broker.core.membership import Membership
-from storage.errors import InvalidRequestError
-from storage.log_manager import LogManager
-from storage.partition_log import PartitionLog
-from storage.producer_state import ProducerSummary
+from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.fetch import FetchPath
+from tidelog.broker.core.gate import OperationGate
+from tidelog.broker.core.membership import Membership
+from tidelog.storage.errors import InvalidRequestError
+from tidelog.storage.log_manager import LogManager
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.producer_state import ProducerSummary
 
 __all__ = [
     "EARLIEST_TIMESTAMP",

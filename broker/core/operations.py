@@ -71,13 +71,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.core.acl import CLUSTER_NAME, Operation, ResourceType
-from broker.core.acl_store import Acls
-from broker.core.audit import audit
-from broker.core.context import RequestContext
-from broker.core.metrics import BrokerMetrics
-from broker.core.quotas import QuotaManager
-from storage.errors import (
+from tidelog.broker.core.acl import CLUSTER_NAME, Operation, ResourceType
+from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.audit import audit
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.quotas import QuotaManager
+from tidelog.storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     NotAuthorizedError,

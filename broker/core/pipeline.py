@@ -51,14 +51,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from broker.core.acl_store import Acls
-from broker.core.context import RequestContext
-from broker.core.errors import Outcome, classify
-from broker.core.limits import Admission
-from broker.core.metrics import BrokerMetrics
-from broker.core.operations import Resource, authorize, first_refusal, observe, record_quota
-from broker.core.quotas import REQUEST_PERCENTAGE, QuotaManager
-from storage.errors import BrokerBusyError
+from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.errors import Outcome, classify
+from tidelog.broker.core.limits import Admission
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.operations import Resource, authorize, first_refusal, observe, record_quota
+from tidelog.broker.core.quotas import REQUEST_PERCENTAGE, QuotaManager
+from tidelog.storage.errors import BrokerBusyError
 
 __all__ = ["Answer", "LoopBridge", "RequestPipeline"]
 

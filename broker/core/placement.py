@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from storage.errors import LeaderNotAvailableError, NotControllerError
+from tidelog.storage.errors import LeaderNotAvailableError, NotControllerError
 
 __all__ = [
     "BrokerEndpoint",

@@ -37,13 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.core.delayed import DelayedOperation, Purgatory
-from broker.core.errors import partition_error
-from broker.core.group_fsync import DURABLE, PENDING, GroupFsync
-from broker.core.metrics import BrokerMetrics
-from storage.batch_times import BatchTimes
-from storage.clock import Clock, SystemClock
-from storage.errors import (
+from tidelog.broker.core.delayed import DelayedOperation, Purgatory
+from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.group_fsync import DURABLE, PENDING, GroupFsync
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.storage.batch_times import BatchTimes
+from tidelog.storage.clock import Clock, SystemClock
+from tidelog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
     InvalidTopicError,
@@ -51,8 +51,8 @@ from storage.errors import (
     NotLeaderOrFollowerError,
     StorageError,
 )
-from storage.log_manager import LogManager
-from storage.partition_log import AppendResult, PartitionLog
+from tidelog.storage.log_manager import LogManager
+from tidelog.storage.partition_log import AppendResult, PartitionLog
 
 __all__ = [
     "REPLICATION_WAIT_MS",

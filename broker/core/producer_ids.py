@@ -53,15 +53,15 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InvalidProducerEpochError,
     InvalidRequestError,
     StorageError,
     UnknownProducerIdError,
 )
-from storage.files import atomic_write
+from tidelog.storage.files import atomic_write
 
 __all__ = [
     "MAX_PRODUCER_EPOCH",

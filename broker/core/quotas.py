@@ -55,9 +55,9 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from storage.clock import Clock
-from storage.errors import InvalidRequestError
-from storage.files import atomic_write
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import InvalidRequestError
+from tidelog.storage.files import atomic_write
 
 __all__ = [
     "ANONYMOUS",

@@ -19,24 +19,24 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.config import BrokerConfig
-from broker.core.errors import partition_error
-from broker.core.gate import OperationGate
-from broker.core.membership import Membership
-from broker.core.metrics import BrokerMetrics
-from broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
-from broker.groups.manager import GroupManager
-from broker.groups.offset_records import partition_for
-from broker.groups.offset_store import OFFSETS_TOPIC
-from storage.errors import (
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.gate import OperationGate
+from tidelog.broker.core.membership import Membership
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from tidelog.broker.groups.manager import GroupManager
+from tidelog.broker.groups.offset_records import partition_for
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.storage.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidTopicError,
     LeaderNotAvailableError,
     UnknownTopicOrPartitionError,
 )
-from storage.files import validate_topic_name
-from storage.log_manager import LogManager, TopicMetadata
+from tidelog.storage.files import validate_topic_name
+from tidelog.storage.log_manager import LogManager, TopicMetadata
 
 __all__ = [
     "MetadataTopic",

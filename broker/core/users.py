@@ -30,12 +30,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from broker.core.scram import MECHANISMS, ScramCredential, ScramError
-from storage.errors import InvalidConfigError, InvalidRequestError
-from storage.files import atomic_write
+from tidelog.broker.core.scram import MECHANISMS, ScramCredential, ScramError
+from tidelog.storage.errors import InvalidConfigError, InvalidRequestError
+from tidelog.storage.files import atomic_write
 
 if TYPE_CHECKING:
-    from broker.cluster.store import ClusterStore
+    from tidelog.broker.cluster.store import ClusterStore
 
 __all__ = [
     "CREDENTIALS_FILE",

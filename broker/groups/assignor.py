@@ -36,7 +36,7 @@ import bisect
 import logging
 from collections.abc import Mapping
 
-from storage.types import TopicPartition
+from tidelog.storage.types import TopicPartition
 
 __all__ = ["Assignment", "TopicPartition", "assign", "partitions_of"]
 

@@ -64,10 +64,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from broker.groups.assignor import TopicPartition
-from broker.groups.consumer_protocol import assigned_partitions, subscribed_topics
-from broker.groups.coordinator import MemberView
-from storage.clock import Clock
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.consumer_protocol import assigned_partitions, subscribed_topics
+from tidelog.broker.groups.coordinator import MemberView
+from tidelog.storage.clock import Clock
 
 __all__ = [
     "MAX_SESSION_TIMEOUT_MS",

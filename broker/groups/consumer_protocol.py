@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 
-from broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.assignor import TopicPartition
 
 __all__ = ["assigned_partitions", "subscribed_topics"]
 

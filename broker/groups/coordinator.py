@@ -64,8 +64,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.groups.assignor import Assignment, TopicPartition, assign
-from storage.errors import (
+from tidelog.broker.groups.assignor import Assignment, TopicPartition, assign
+from tidelog.storage.errors import (
     FencedMemberEpochError,
     GroupNotEmptyError,
     InvalidRequestError,

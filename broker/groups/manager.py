@@ -41,10 +41,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.core.errors import partition_error
-from broker.groups.assignor import TopicPartition
-from broker.groups.classic import ClassicGroups
-from broker.groups.coordinator import (
+from tidelog.broker.core.errors import partition_error
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.classic import ClassicGroups
+from tidelog.broker.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     GroupState,
@@ -54,16 +54,16 @@ from broker.groups.coordinator import (
     Removal,
     owner_of,
 )
-from broker.groups.offset_records import MAX_STRING_BYTES, NO_LEADER_EPOCH, OffsetValue
-from broker.groups.offset_store import OffsetStore, OffsetStoreConfig
-from storage.clock import Clock
-from storage.errors import (
+from tidelog.broker.groups.offset_records import MAX_STRING_BYTES, NO_LEADER_EPOCH, OffsetValue
+from tidelog.broker.groups.offset_store import OffsetStore, OffsetStoreConfig
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
     GroupIdNotFoundError,
     InvalidRequestError,
     StaleMemberEpochError,
     UnknownTopicOrPartitionError,
 )
-from storage.log_manager import LogManager
+from tidelog.storage.log_manager import LogManager
 
 __all__ = [
     "GroupConfig",

@@ -43,7 +43,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.assignor import TopicPartition
 
 __all__ = [
     "KEY_VERSION",

@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker.groups.assignor import TopicPartition
-from broker.groups.offset_records import (
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.offset_records import (
     OffsetValue,
     decode_key,
     decode_value,
@@ -57,15 +57,15 @@ from broker.groups.offset_records import (
     encode_value,
     partition_for,
 )
-from storage.errors import (
+from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
     CorruptRecordError,
     NotLeaderOrFollowerError,
     TopicAlreadyExistsError,
 )
-from storage.log_manager import LogManager
-from storage.partition_log import PartitionLog
-from storage.records import BatchBuilder, decode_batch, iter_batch_headers
+from tidelog.storage.log_manager import LogManager
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import BatchBuilder, decode_batch, iter_batch_headers
 
 __all__ = ["OFFSETS_TOPIC", "OffsetStore", "OffsetStoreConfig"]
 

@@ -19,11 +19,11 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from broker.core.auth import SESSION_METADATA_KEY
-from broker.core.scram import ScramClient, ScramError
-from broker.grpc.errors import ERROR_CODE_METADATA_KEY
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.broker.core.auth import SESSION_METADATA_KEY
+from tidelog.broker.core.scram import ScramClient, ScramError
+from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 __all__ = ["SessionInterceptor"]
 

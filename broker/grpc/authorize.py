@@ -51,10 +51,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.core.acl import Operation
-from broker.core.acl_store import Acls
-from broker.core.context import RequestContext
-from broker.core.operations import (
+from tidelog.broker.core.acl import Operation
+from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.operations import (
     Resource,
     authorize,
     cluster,
@@ -62,8 +62,8 @@ from broker.core.operations import (
     topic,
     visible,
 )
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import NotAuthorizedError, TopicAuthorizationFailedError
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import NotAuthorizedError, TopicAuthorizationFailedError
 
 __all__ = [
     "filter_metadata",

@@ -28,8 +28,8 @@ from typing import NoReturn
 
 import grpc
 
-from broker.core.errors import Outcome, classify
-from storage.errors import (
+from tidelog.broker.core.errors import Outcome, classify
+from tidelog.storage.errors import (
     BrokerBusyError,
     BrokerUnavailableError,
     ClusterAuthorizationFailedError,

@@ -63,18 +63,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from broker.core.context import RequestContext
-from broker.core.errors import Outcome
-from broker.core.facade import BrokerCore
-from broker.core.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
-from broker.core.limits import Admission
-from broker.core.operations import GRPC_METHOD_OPERATIONS, record_quota
-from broker.core.pipeline import LoopBridge, RequestPipeline, resolve
-from broker.core.produce import Acks, PartitionProduced, parse_acks
-from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
-from broker.grpc.authorize import resources_of
-from broker.grpc.errors import ERROR_CODE_METADATA_KEY, render
-from broker.grpc.service import (
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.errors import Outcome
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
+from tidelog.broker.core.limits import Admission
+from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, record_quota
+from tidelog.broker.core.pipeline import LoopBridge, RequestPipeline, resolve
+from tidelog.broker.core.produce import Acks, PartitionProduced, parse_acks
+from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from tidelog.broker.grpc.authorize import resources_of
+from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY, render
+from tidelog.broker.grpc.service import (
     BROKER_SERVICE_NAME,
     UnaryHandler,
     call_context,
@@ -85,8 +85,8 @@ from broker.grpc.service import (
     produce_response,
     wait_cap_ms,
 )
-from broker.loop_watchdog import LoopWatchdog
-from proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.broker.loop_watchdog import LoopWatchdog
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
 __all__ = ["AsyncListener"]
 

@@ -33,8 +33,8 @@ import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from broker.grpc.errors import ERROR_CODE_METADATA_KEY, abort_with, to_wire
-from storage.errors import InvalidRequestError
+from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY, abort_with, to_wire
+from tidelog.storage.errors import InvalidRequestError
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "count_entries", "parse_request", "parsing_handler"]
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.core.audit import audit
-from broker.core.auth import Authenticator
-from broker.core.context import RequestContext
-from broker.core.facade import BrokerCore
-from broker.core.scram import MECHANISMS, ScramError, credential_from_salted
-from broker.core.users import check_user_name
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import InvalidRequestError, ResourceNotFoundError
+from tidelog.broker.core.audit import audit
+from tidelog.broker.core.auth import Authenticator
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.scram import MECHANISMS, ScramError, credential_from_salted
+from tidelog.broker.core.users import check_user_name
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import InvalidRequestError, ResourceNotFoundError
 
 __all__ = ["SECURITY_HANDLERS"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from broker.core.acl import (
+from tidelog.broker.core.acl import (
     AclBinding,
     AclFilter,
     Operation,
@@ -37,33 +37,33 @@ from broker.core.acl import (
     ResourceType,
     parse_enum,
 )
-from broker.core.acl_store import Acls
-from broker.core.context import RequestContext
-from broker.core.facade import BrokerCore
-from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from broker.core.offsets import EpochQuery, OffsetQuery
-from broker.core.produce import PartitionProduced, PartitionRecords
-from broker.core.topics import TopicView
-from broker.groups.assignor import TopicPartition
-from broker.groups.coordinator import HeartbeatRequest
-from broker.groups.manager import (
+from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
+from tidelog.broker.core.produce import PartitionProduced, PartitionRecords
+from tidelog.broker.core.topics import TopicView
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.coordinator import HeartbeatRequest
+from tidelog.broker.groups.manager import (
     GroupDescription,
     OffsetCommitEntry,
     OffsetResult,
     ResetKind,
     ResetTarget,
 )
-from broker.grpc.authorize import (
+from tidelog.broker.grpc.authorize import (
     filter_metadata,
     filter_response,
     replica_gate,
     topic_gate,
 )
-from broker.grpc.parse import DEFAULT_MAX_ENTRIES, parsing_handler
-from broker.grpc.security_service import SECURITY_HANDLERS
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.batch_times import NO_TIME, BatchTimes
-from storage.errors import InvalidRequestError
+from tidelog.broker.grpc.parse import DEFAULT_MAX_ENTRIES, parsing_handler
+from tidelog.broker.grpc.security_service import SECURITY_HANDLERS
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.batch_times import NO_TIME, BatchTimes
+from tidelog.storage.errors import InvalidRequestError
 
 __all__ = [
     "BROKER_SERVICE_NAME",

@@ -7,6 +7,6 @@ advertised table; ``errors`` maps Tidelog's error codes to Kafka's numbers.
 ``docs/kafka.md`` says what is supported.
 """
 
-from broker.kafka.listener import KafkaListener, ListenerSettings
+from tidelog.broker.kafka.listener import KafkaListener, ListenerSettings
 
 __all__ = ["KafkaListener", "ListenerSettings"]

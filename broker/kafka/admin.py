@@ -9,14 +9,14 @@ password or secret hidden (``is_sensitive``). Synonyms and documentation are not
 
 from __future__ import annotations
 
-from broker.core.operations import cluster as the_cluster
-from broker.core.operations import topic
-from broker.kafka.authz import denied
-from broker.kafka.cluster import broker_entries
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.errors import NONE, error_code_for, kafka_error
-from broker.kafka.listener import Connection
-from storage.errors import InvalidRequestError
+from tidelog.broker.core.operations import cluster as the_cluster
+from tidelog.broker.core.operations import topic
+from tidelog.broker.kafka.authz import denied
+from tidelog.broker.kafka.cluster import broker_entries
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
+from tidelog.broker.kafka.listener import Connection
+from tidelog.storage.errors import InvalidRequestError
 
 __all__ = ["describe_cluster", "describe_configs"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from broker.core.operations import KAFKA_APIS, Resource, authorize, topic
-from broker.core.operations import visible as visible_names
-from broker.kafka.errors import error_code_for
-from broker.kafka.listener import Connection
-from storage.errors import NotAuthorizedError
+from tidelog.broker.core.operations import KAFKA_APIS, Resource, authorize, topic
+from tidelog.broker.core.operations import visible as visible_names
+from tidelog.broker.kafka.errors import error_code_for
+from tidelog.broker.kafka.listener import Connection
+from tidelog.storage.errors import NotAuthorizedError
 
 __all__ = ["denied", "gate", "refusals", "visible"]
 

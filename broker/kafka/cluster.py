@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.core.placement import NO_LEADER, PartitionPlacement
-from broker.kafka.codec import Plain
-from broker.kafka.errors import NONE, error_code_for
+from tidelog.broker.core.placement import NO_LEADER, PartitionPlacement
+from tidelog.broker.kafka.codec import Plain
+from tidelog.broker.kafka.errors import NONE, error_code_for
 
 __all__ = ["KafkaBrokers", "broker_entries", "coordinator_endpoint", "partition_entry"]
 

@@ -41,7 +41,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from broker.kafka.tags import strip_unknown_tags
+from tidelog.broker.kafka.tags import strip_unknown_tags
 
 __all__ = [
     "CodecError",

@@ -26,16 +26,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from broker.core.offsets import EpochQuery, OffsetQuery
-from broker.core.operations import cluster, topic
-from broker.core.produce import Acks, PartitionProduced, PartitionRecords
-from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
-from broker.kafka.authz import denied, gate, refusals
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
-from broker.kafka.listener import Connection
-from storage.batch_times import NO_TIME, BatchTimes
+from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
+from tidelog.broker.core.operations import cluster, topic
+from tidelog.broker.core.produce import Acks, PartitionProduced, PartitionRecords
+from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from tidelog.broker.kafka.authz import denied, gate, refusals
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from tidelog.broker.kafka.listener import Connection
+from tidelog.storage.batch_times import NO_TIME, BatchTimes
 
 __all__ = ["fetch", "init_producer_id", "list_offsets", "offset_for_leader_epoch", "produce"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from kio.schema.errors import ErrorCode
 
-from broker.core.errors import Outcome, classify
-from storage.errors import InternalError
+from tidelog.broker.core.errors import Outcome, classify
+from tidelog.storage.errors import InternalError
 
 __all__ = ["NONE", "error_code_for", "error_name", "kafka_code", "kafka_error", "render"]
 

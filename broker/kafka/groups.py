@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.core.operations import group
-from broker.groups.classic import ClassicError, JoinRequest
-from broker.kafka.authz import denied, visible
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.errors import NONE, error_code_for, kafka_error
-from broker.kafka.listener import Connection
-from storage.errors import LeaderNotAvailableError
+from tidelog.broker.core.operations import group
+from tidelog.broker.groups.classic import ClassicError, JoinRequest
+from tidelog.broker.kafka.authz import denied, visible
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
+from tidelog.broker.kafka.listener import Connection
+from tidelog.storage.errors import LeaderNotAvailableError
 
 __all__ = [
     "classic_error_code",

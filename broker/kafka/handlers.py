@@ -19,21 +19,21 @@ import logging
 import uuid
 from typing import Any
 
-from broker.core import operations
-from broker.core.topics import MetadataTopic
-from broker.kafka.admin import describe_cluster, describe_configs
-from broker.kafka.authz import denied, refusals, visible
-from broker.kafka.cluster import broker_entries, partition_entry
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.data import (
+from tidelog.broker.core import operations
+from tidelog.broker.core.topics import MetadataTopic
+from tidelog.broker.kafka.admin import describe_cluster, describe_configs
+from tidelog.broker.kafka.authz import denied, refusals, visible
+from tidelog.broker.kafka.cluster import broker_entries, partition_entry
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.data import (
     fetch,
     init_producer_id,
     list_offsets,
     offset_for_leader_epoch,
     produce,
 )
-from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
-from broker.kafka.groups import (
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from tidelog.broker.kafka.groups import (
     describe_groups,
     heartbeat,
     join_group,
@@ -41,12 +41,12 @@ from broker.kafka.groups import (
     list_groups,
     sync_group,
 )
-from broker.kafka.kip848 import consumer_group_heartbeat, topic_id
-from broker.kafka.listener import Connection, Handler
-from broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
-from broker.kafka.sasl import sasl_authenticate, sasl_handshake
-from broker.kafka.versions import ADVERTISED
-from storage.errors import UnknownTopicOrPartitionError
+from tidelog.broker.kafka.kip848 import consumer_group_heartbeat, topic_id
+from tidelog.broker.kafka.listener import Connection, Handler
+from tidelog.broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
+from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
+from tidelog.broker.kafka.versions import ADVERTISED
+from tidelog.storage.errors import UnknownTopicOrPartitionError
 
 __all__ = ["HANDLERS", "UNKNOWN_OPERATIONS"]
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from broker.core.operations import group
-from broker.groups.assignor import TopicPartition
-from broker.groups.coordinator import HeartbeatRequest
-from broker.kafka.authz import denied
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.errors import NONE, error_code_for, kafka_error
-from broker.kafka.listener import Connection
+from tidelog.broker.core.operations import group
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.coordinator import HeartbeatRequest
+from tidelog.broker.kafka.authz import denied
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
+from tidelog.broker.kafka.listener import Connection
 
 __all__ = ["MemberMemory", "consumer_group_heartbeat", "topic_id"]
 

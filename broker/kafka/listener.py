@@ -57,13 +57,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker.core.context import RequestContext
-from broker.core.facade import BrokerCore
-from broker.core.limits import Admission
-from broker.core.operations import KAFKA_APIS, record_quota
-from broker.core.pipeline import RequestPipeline
-from broker.kafka.cluster import KafkaBrokers
-from broker.kafka.codec import (
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.limits import Admission
+from tidelog.broker.core.operations import KAFKA_APIS, record_quota
+from tidelog.broker.core.pipeline import RequestPipeline
+from tidelog.broker.kafka.cluster import KafkaBrokers
+from tidelog.broker.kafka.codec import (
     CodecError,
     Plain,
     RequestHeader,
@@ -72,14 +72,14 @@ from broker.kafka.codec import (
     parse_header,
     response_has_field,
 )
-from broker.kafka.errors import error_name
-from broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
-from broker.loop_watchdog import LoopWatchdog
-from broker.tls import principal_from_peer_certificate
-from storage.errors import BrokerBusyError
+from tidelog.broker.kafka.errors import error_name
+from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
+from tidelog.broker.loop_watchdog import LoopWatchdog
+from tidelog.broker.tls import principal_from_peer_certificate
+from tidelog.storage.errors import BrokerBusyError
 
 if TYPE_CHECKING:
-    from broker.kafka.kip848 import MemberMemory
+    from tidelog.broker.kafka.kip848 import MemberMemory
 
 __all__ = ["Connection", "Handler", "KafkaListener", "ListenerSettings"]
 
@@ -247,7 +247,7 @@ class KafkaListener:
         Raises:
             OSError: the address cannot be bound.
         """
-        from broker.kafka.handlers import HANDLERS
+        from tidelog.broker.kafka.handlers import HANDLERS
 
         listener = cls(core, settings, HANDLERS, admission)
         listener._thread.start()
@@ -370,7 +370,7 @@ class KafkaListener:
             frame = await reader.readexactly(size)
             if connection.raw_sasl:
                 # Imported here: broker.kafka.sasl imports this module.
-                from broker.kafka.sasl import raw_token
+                from tidelog.broker.kafka.sasl import raw_token
 
                 answer = await raw_token(connection, frame)
                 if answer is None:

@@ -15,16 +15,16 @@ Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
 
 from __future__ import annotations
 
-from broker.core.operations import group, topic
-from broker.groups.assignor import TopicPartition
-from broker.groups.manager import OffsetCommitEntry
-from broker.kafka.authz import denied, refusals, visible
-from broker.kafka.cluster import coordinator_endpoint
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
-from broker.kafka.groups import classic_error_code
-from broker.kafka.listener import Connection
-from storage.errors import LeaderNotAvailableError
+from tidelog.broker.core.operations import group, topic
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.manager import OffsetCommitEntry
+from tidelog.broker.kafka.authz import denied, refusals, visible
+from tidelog.broker.kafka.cluster import coordinator_endpoint
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from tidelog.broker.kafka.groups import classic_error_code
+from tidelog.broker.kafka.listener import Connection
+from tidelog.storage.errors import LeaderNotAvailableError
 
 __all__ = ["find_coordinator", "offset_commit", "offset_fetch"]
 

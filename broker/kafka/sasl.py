@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from broker.kafka.codec import Plain, RequestHeader
-from broker.kafka.errors import NONE, error_code_for, kafka_error
-from broker.kafka.listener import Connection
-from storage.errors import UnsupportedSaslMechanismError
+from tidelog.broker.kafka.codec import Plain, RequestHeader
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
+from tidelog.broker.kafka.listener import Connection
+from tidelog.storage.errors import UnsupportedSaslMechanismError
 
 __all__ = ["raw_token", "sasl_authenticate", "sasl_handshake"]
 

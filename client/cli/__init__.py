@@ -49,6 +49,6 @@ writes to the terminal and reads the environment. ``python -m client.cli`` runs 
 
 from __future__ import annotations
 
-from client.cli.program import main
+from tidelog.client.cli.program import main
 
 __all__ = ["main"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from client.cli.program import main
+from tidelog.client.cli.program import main
 
 __all__: list[str] = []
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from client.acls import CLUSTER, AclBinding, AclFilter
-from client.cli.common import (
+from tidelog.client.acls import CLUSTER, AclBinding, AclFilter
+from tidelog.client.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     Subcommands,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_OK,
     Subcommands,
     admin_client,

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO, TypeAlias
 
-from client.admin import AdminClient
-from client.security import settings_from_properties
-from storage.errors import TidelogError
+from tidelog.client.admin import AdminClient
+from tidelog.client.security import settings_from_properties
+from tidelog.storage.errors import TidelogError
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",

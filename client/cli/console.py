@@ -15,7 +15,7 @@ import argparse
 import importlib
 from typing import Any
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_OK,
     Subcommands,
     UsageError,
@@ -60,8 +60,8 @@ def _console(args: argparse.Namespace) -> int:
     ``--command-config`` gives the protocol, mechanism and TLS files; a user name and
     password in it are refused: with SASL every console user logs in with their own."""
     try:
-        console: Any = importlib.import_module("client.console")
-        importlib.import_module("client.console.app")
+        console: Any = importlib.import_module("tidelog.client.console")
+        importlib.import_module("tidelog.client.console.app")
     except ImportError as exc:
         raise UsageError(
             f"the console needs the 'console' extra (pip install 'tidelog[console]'): {exc}"

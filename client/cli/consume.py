@@ -19,7 +19,7 @@ import codecs
 import sys
 import time
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_OK,
     Subcommands,
     UsageError,
@@ -30,8 +30,8 @@ from client.cli.common import (
     security_settings,
     timeout_ms,
 )
-from client.consumer import Consumer
-from client.types import ConsumerRecord, TopicPartition
+from tidelog.client.consumer import Consumer
+from tidelog.client.types import ConsumerRecord, TopicPartition
 
 __all__ = ["register"]
 

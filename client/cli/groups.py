@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_OK,
     Subcommands,
     UsageError,
@@ -26,7 +26,7 @@ from client.cli.common import (
     print_info,
     print_table,
 )
-from client.types import TopicPartition
+from tidelog.client.types import TopicPartition
 
 __all__ = ["register"]
 

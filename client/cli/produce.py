@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     Subcommands,
@@ -30,8 +30,8 @@ from client.cli.common import (
     security_settings,
     timeout_ms,
 )
-from client.producer import Producer
-from client.types import RecordMetadata
+from tidelog.client.producer import Producer
+from tidelog.client.types import RecordMetadata
 
 __all__ = ["register"]
 

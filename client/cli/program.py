@@ -21,8 +21,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from client.cli import acls, cluster, console, consume, groups, produce, quotas, topics, users
-from client.cli.common import (
+from tidelog.client.cli import (
+    acls,
+    cluster,
+    console,
+    consume,
+    groups,
+    produce,
+    quotas,
+    topics,
+    users,
+)
+from tidelog.client.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -35,8 +45,8 @@ from client.cli.common import (
     print_error,
     quiet_broken_pipe,
 )
-from client.config import DEFAULT_BOOTSTRAP
-from storage.errors import TidelogError
+from tidelog.client.config import DEFAULT_BOOTSTRAP
+from tidelog.storage.errors import TidelogError
 
 __all__ = ["main"]
 
@@ -83,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_broker(argv: Sequence[str]) -> int:
     """``tidelog serve``: the broker's own command line, imported only when asked for."""
-    broker_cli: Any = importlib.import_module("broker.cli")
+    broker_cli: Any = importlib.import_module("tidelog.broker.cli")
     status: int = broker_cli.main(["serve", *argv])
     return status
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     Subcommands,

@@ -20,7 +20,7 @@ import getpass
 import subprocess
 import sys
 
-from client.cli.common import (
+from tidelog.client.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
@@ -92,7 +92,8 @@ def _users_add(args: argparse.Namespace) -> int:
         # Written by the broker package (the client never imports it otherwise), as
         # ``tidelog serve`` is; the password goes over a pipe, never on a command line.
         argv = [
-            sys.executable, "-m", "broker", "add-user", args.name, "--data-dir", args.data_dir,
+            sys.executable, "-m", "tidelog.broker", "add-user", args.name,
+            "--data-dir", args.data_dir,
             "--iterations", str(args.iterations),
             *(f"--mechanism={m}" for m in mechanisms),
         ]  # fmt: skip

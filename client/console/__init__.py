@@ -4,7 +4,7 @@
 
     tidelog console --bootstrap 127.0.0.1:7410 --listen 127.0.0.1:7480
 
-    from client.console import ConsoleConfig, create_app, serve
+    from tidelog.client.console import ConsoleConfig, create_app, serve
     serve(ConsoleConfig(bootstrap_servers="127.0.0.1:7410"))      # blocks until Ctrl-C
 
 It talks to the cluster only through the public client API (``AdminClient``,
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from client.console.config import DEFAULT_LISTEN, ConsoleConfig, parse_listen
+from tidelog.client.console.config import DEFAULT_LISTEN, ConsoleConfig, parse_listen
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -40,7 +40,7 @@ __all__ = ["DEFAULT_LISTEN", "ConsoleConfig", "create_app", "parse_listen", "ser
 def create_app(config: ConsoleConfig) -> Starlette:
     """The console as an ASGI application (see ``client.console.app.create_app``);
     imported lazily so ``ConsoleConfig`` needs no web framework."""
-    from client.console.app import create_app as create
+    from tidelog.client.console.app import create_app as create
 
     return create(config)
 
@@ -51,7 +51,7 @@ def serve(config: ConsoleConfig) -> None:
     a console's users need not be logged either."""
     import uvicorn
 
-    from client.console.app import create_app as create
+    from tidelog.client.console.app import create_app as create
 
     uvicorn.run(
         create(config),

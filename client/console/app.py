@@ -52,9 +52,9 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from client.acls import AclBinding, AclFilter
-from client.types import TopicDescription
-from storage.errors import (
+from tidelog.client.acls import AclBinding, AclFilter
+from tidelog.client.types import TopicDescription
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     GroupIdNotFoundError,
     InvalidTopicError,

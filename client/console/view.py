@@ -25,18 +25,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.acls import AclBinding, AclFilter
-from client.admin import AdminClient
-from client.consumer import Consumer
-from client.producer import Producer
-from client.types import (
+from tidelog.client.acls import AclBinding, AclFilter
+from tidelog.client.admin import AdminClient
+from tidelog.client.consumer import Consumer
+from tidelog.client.producer import Producer
+from tidelog.client.types import (
     ConsumerRecord,
     GroupDescription,
     GroupSummary,
     TopicDescription,
     TopicPartition,
 )
-from storage.errors import (
+from tidelog.storage.errors import (
     NotAuthorizedError,
     SecurityDisabledError,
     TidelogError,

@@ -11,11 +11,11 @@ from collections.abc import Iterator, Sequence
 import grpc
 import pytest
 
-from broker.grpc.errors import ERROR_CODE_METADATA_KEY
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import BatchBuilder
+from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import BatchBuilder
 
 TIMEOUT_S = 10.0
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from grpc import aio
 
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 POLL_MS = 600_000
 _CHUNK = 100

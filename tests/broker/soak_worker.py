@@ -30,7 +30,7 @@ import threading
 import time
 from collections import Counter
 
-from client import Consumer, Producer, TidelogError
+from tidelog.client import Consumer, Producer, TidelogError
 
 
 def _say(**fields: object) -> None:

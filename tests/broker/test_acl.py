@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.core.acl import (
+from tidelog.broker.core.acl import (
     AclBinding,
     AclFilter,
     Authorizer,
@@ -17,7 +17,7 @@ from broker.core.acl import (
     ResourceType,
     parse_principals,
 )
-from storage.errors import InvalidRequestError
+from tidelog.storage.errors import InvalidRequestError
 
 TOPIC = ResourceType.TOPIC
 

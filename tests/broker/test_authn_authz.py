@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.acls import AclBinding
-from storage.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.acls import AclBinding
+from tidelog.storage.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
 pytestmark = pytest.mark.timeout(120)
 

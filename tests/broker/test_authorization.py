@@ -14,19 +14,19 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.core.acl import AclBinding as BrokerBinding
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.acls import CLUSTER, AclBinding, AclFilter
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import (
+from tests.broker.conftest import error_code, make_batch
+from tidelog.broker.core.acl import AclBinding as BrokerBinding
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.acls import CLUSTER, AclBinding, AclFilter
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     SecurityDisabledError,
     TopicAuthorizationFailedError,
 )
-from tests.broker.conftest import error_code, make_batch
 
 ME = "User:ANONYMOUS"
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +207,7 @@ def test_without_an_authorizer_acl_calls_say_so(broker: InProcessBroker) -> None
 
 def tidelog(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args],
+        [sys.executable, "-m", "tidelog.client.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

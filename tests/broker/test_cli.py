@@ -15,13 +15,13 @@ from typing import BinaryIO
 import grpc
 import pytest
 
-from broker.cli import main
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.checkpoint import CLEAN_SHUTDOWN_MARKER
-from storage.records import decode_records
 from tests.broker.conftest import create_topic, fetch, make_batch, produce
+from tidelog.broker.cli import main
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.checkpoint import CLEAN_SHUTDOWN_MARKER
+from tidelog.storage.records import decode_records
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -52,7 +52,7 @@ class Daemon:
             [
                 sys.executable,
                 "-m",
-                "broker",
+                "tidelog.broker",
                 "--listen",
                 "127.0.0.1:0",
                 "--data-dir",
@@ -206,7 +206,7 @@ def test_ignored_security_settings_are_warned_about_at_start(
 
 def test_serve_help_says_the_listener_scheme_decides() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "broker", "--help"],
+        [sys.executable, "-m", "tidelog.broker", "--help"],
         cwd=ROOT,
         capture_output=True,
         timeout=30,
@@ -219,7 +219,7 @@ def test_serve_help_says_the_listener_scheme_decides() -> None:
 
 def test_python_m_broker_help_lists_the_flags() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "broker", "--help"],
+        [sys.executable, "-m", "tidelog.broker", "--help"],
         cwd=ROOT,
         capture_output=True,
         timeout=30,

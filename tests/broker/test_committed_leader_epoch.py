@@ -15,22 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from broker.groups.assignor import TopicPartition
-from broker.groups.offset_records import (
+from tests.broker.conftest import TIMEOUT_S, create_topic, make_batch, produce
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.offset_records import (
     NO_LEADER_EPOCH,
     OffsetValue,
     decode_value,
     encode_key,
     encode_value,
 )
-from broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.clock import ManualClock
-from storage.log_manager import LogManager, LogManagerConfig
-from storage.records import BatchBuilder
-from tests.broker.conftest import TIMEOUT_S, create_topic, make_batch, produce
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.records import BatchBuilder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import config_from_args
-from broker.config import BrokerConfig, broker_keys, load_toml, parse_listen
-from storage.errors import InvalidConfigError
+from tidelog.broker.cli import config_from_args
+from tidelog.broker.config import BrokerConfig, broker_keys, load_toml, parse_listen
+from tidelog.storage.errors import InvalidConfigError
 
 HOUR_MS = 3_600_000
 

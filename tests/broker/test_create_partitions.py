@@ -9,13 +9,13 @@ import urllib.request
 import grpc
 import pytest
 
-from broker.groups.offset_store import OFFSETS_TOPIC
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.log_manager import MAX_PARTITIONS
 from tests.broker.conftest import TIMEOUT_S, create_topic, fetch, make_batch, produce
 from tests.broker.test_groups_rpc import Member, all_of, settle
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.log_manager import MAX_PARTITIONS
 
 
 def grow(

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.core.delayed import DelayedOperation, Purgatory
-from broker.core.facade import BrokerCore
-from broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from broker.core.produce import Acks, PartitionProduced, PartitionRecords
-from storage.clock import ManualClock
 from tests.broker.conftest import make_batch
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.delayed import DelayedOperation, Purgatory
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from tidelog.broker.core.produce import Acks, PartitionProduced, PartitionRecords
+from tidelog.storage.clock import ManualClock
 
 
 class Flag(DelayedOperation):

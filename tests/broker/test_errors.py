@@ -7,10 +7,10 @@ import logging
 import grpc
 import pytest
 
-from broker.core.errors import ShuttingDownError, classify, partition_error
-from broker.grpc.errors import STATUS_BY_CODE, STATUS_BY_ERROR, to_wire
-from storage import errors
-from storage.errors import (
+from tidelog.broker.core.errors import ShuttingDownError, classify, partition_error
+from tidelog.broker.grpc.errors import STATUS_BY_CODE, STATUS_BY_ERROR, to_wire
+from tidelog.storage import errors
+from tidelog.storage.errors import (
     ClientError,
     TidelogError,
 )
@@ -48,7 +48,7 @@ def test_request_errors_keep_their_message() -> None:
 
 
 def test_storage_faults_hide_their_details(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="broker.core.errors"):
+    with caplog.at_level(logging.ERROR, logger="tidelog.broker.core.errors"):
         wire = to_wire(errors.StorageError("/secret/path/00000.log: EIO"))
     assert wire.code == "KAFKA_STORAGE_ERROR"
     assert "/secret" not in wire.message
@@ -61,7 +61,7 @@ def test_storage_faults_hide_their_details(caplog: pytest.LogCaptureFixture) -> 
 def test_unexpected_exceptions_become_internal_without_detail(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="broker.core.errors"):
+    with caplog.at_level(logging.ERROR, logger="tidelog.broker.core.errors"):
         wire = to_wire(KeyError("internal-state-name"))
     assert (wire.status, wire.code) == (grpc.StatusCode.INTERNAL, "INTERNAL")
     assert "internal-state-name" not in wire.message

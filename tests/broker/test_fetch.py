@@ -8,11 +8,11 @@ import time
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import decode_records, iter_batch_headers
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, fetch, make_batch, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import decode_records, iter_batch_headers
 
 
 def test_fetch_answers_stored_bytes_and_offsets(stub: pb_grpc.BrokerStub) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.fetch import PartitionFetched
-from broker.grpc.service import fetch_response
-from proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.broker.core.fetch import PartitionFetched
+from tidelog.broker.grpc.service import fetch_response
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
 _answers = st.lists(
     st.builds(

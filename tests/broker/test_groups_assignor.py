@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.groups.assignor import Assignment, TopicPartition, assign, partitions_of
+from tidelog.broker.groups.assignor import Assignment, TopicPartition, assign, partitions_of
 
 TOPICS = ["a", "b", "c"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import BrokerConfig
-from storage.errors import InvalidConfigError
+from tidelog.broker.config import BrokerConfig
+from tidelog.storage.errors import InvalidConfigError
 
 
 def test_defaults_are_kafkas() -> None:

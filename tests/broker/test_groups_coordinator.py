@@ -10,15 +10,15 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.groups.assignor import TopicPartition
-from broker.groups.coordinator import (
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     GroupState,
     HeartbeatAnswer,
     HeartbeatRequest,
 )
-from storage.errors import (
+from tidelog.storage.errors import (
     FencedMemberEpochError,
     GroupNotEmptyError,
     InvalidRequestError,

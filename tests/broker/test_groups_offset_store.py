@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.groups.assignor import TopicPartition
-from broker.groups.offset_records import (
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.offset_records import (
     OffsetKey,
     OffsetValue,
     decode_key,
@@ -18,12 +18,12 @@ from broker.groups.offset_records import (
     encode_value,
     partition_for,
 )
-from broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
-from storage.clock import ManualClock
-from storage.errors import CoordinatorLoadInProgressError, NotLeaderOrFollowerError
-from storage.log_manager import LogManager, LogManagerConfig
-from storage.partition_log import PartitionLog
-from storage.records import BatchBuilder
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import CoordinatorLoadInProgressError, NotLeaderOrFollowerError
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import BatchBuilder
 
 TP = TopicPartition("events", 3)
 

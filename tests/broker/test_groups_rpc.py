@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from broker.groups.offset_store import OFFSETS_TOPIC
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.clock import ManualClock
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, make_batch, produce
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.clock import ManualClock
 
 SESSION_MS = 1_000
 SETTINGS: dict[str, object] = {

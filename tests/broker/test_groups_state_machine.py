@@ -28,14 +28,14 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.groups.assignor import TopicPartition, partitions_of
-from broker.groups.coordinator import (
+from tidelog.broker.groups.assignor import TopicPartition, partitions_of
+from tidelog.broker.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     GroupState,
     HeartbeatRequest,
 )
-from storage.errors import FencedMemberEpochError, UnknownMemberIdError
+from tidelog.storage.errors import FencedMemberEpochError, UnknownMemberIdError
 
 GROUP = "g"
 SESSION_MS = 500

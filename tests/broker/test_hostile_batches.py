@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import Consumer, TopicPartition
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import CorruptRecordError
-from storage.records import MAX_DECOMPRESSED_BYTES, BatchBuilder, Compression
 from tests.broker.conftest import create_topic, make_batch, produce
 from tests.storage.conftest import lz4_batch, with_codec
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, TopicPartition
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.records import MAX_DECOMPRESSED_BYTES, BatchBuilder, Compression
 
 
 def test_a_consumer_refuses_an_lz4_bomb_and_the_broker_keeps_serving(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import decode_records
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, fetch, make_batch, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import decode_records
 
 
 def _init(stub: pb_grpc.BrokerStub, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.core.facade import BrokerCore
-from broker.core.membership import Membership
-from broker.core.placement import LocalPlacement
-from broker.groups.assignor import TopicPartition
-from broker.groups.manager import OffsetCommitEntry
-from storage.errors import (
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.membership import Membership
+from tidelog.broker.core.placement import LocalPlacement
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.manager import OffsetCommitEntry
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     LeaderNotAvailableError,
     NotControllerError,

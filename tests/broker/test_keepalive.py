@@ -23,14 +23,14 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
-from broker.assembly import grpc_options as _grpc_options
-from broker.config import BrokerConfig
-from broker.testing import InProcessBroker
-from client.transport import Transport
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import BrokerUnavailableError
 from tests.broker.conftest import create_topic, make_batch, produce_request
+from tidelog.broker.assembly import grpc_options as _grpc_options
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client.transport import Transport
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import BrokerUnavailableError
 
 _SHORT_KEEPALIVE = {
     "connections.keepalive.time.ms": 300,

@@ -8,13 +8,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.core.producer_ids import STATE_FILE_NAME, ProducerIdManager
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.clock import ManualClock
-from storage.errors import InvalidRequestError
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, make_batch, produce
+from tidelog.broker.core.producer_ids import STATE_FILE_NAME, ProducerIdManager
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import InvalidRequestError
 
 DAY_MS = 86_400_000
 

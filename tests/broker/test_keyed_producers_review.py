@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.core.producer_ids import ProducerIdManager
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, TopicPartition
-from client.keyed_producer import KeyedProducer, ProducerRecord
-from storage.clock import ManualClock
+from tidelog.broker.core.producer_ids import ProducerIdManager
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, TopicPartition
+from tidelog.client.keyed_producer import KeyedProducer, ProducerRecord
+from tidelog.storage.clock import ManualClock
 
 DAY_MS = 86_400_000
 

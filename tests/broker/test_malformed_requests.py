@@ -16,12 +16,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from broker.core.errors import MAX_MESSAGE_CHARS
-from broker.grpc.parse import count_entries
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, make_batch, produce
+from tidelog.broker.core.errors import MAX_MESSAGE_CHARS
+from tidelog.broker.grpc.parse import count_entries
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 SERVICE = "/tidelog.v1.Broker/"
 INVALID_UTF8_NAME = b"\x0a\x03\xff\xfe\xfd"  # field 1 (name / topic...) = 3 invalid bytes

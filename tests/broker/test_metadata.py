@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.core.meta_properties import META_PROPERTIES, ensure_meta_properties
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import InvalidConfigError
 from tests.broker.conftest import TIMEOUT_S, create_topic
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.meta_properties import META_PROPERTIES, ensure_meta_properties
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import InvalidConfigError
 
 
 def test_a_single_node_answers_metadata_as_the_whole_cluster(broker: InProcessBroker) -> None:

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.core.acl_store import Acls, LocalAclStore
-from broker.core.audit import AUDIT_LOGGER_NAME
-from broker.core.context import RequestContext
-from broker.core.operations import authorize, cluster, group, topic, visible
-from storage.errors import (
+from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from tidelog.broker.core.acl_store import Acls, LocalAclStore
+from tidelog.broker.core.audit import AUDIT_LOGGER_NAME
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.operations import authorize, cluster, group, topic, visible
+from tidelog.storage.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     TopicAuthorizationFailedError,

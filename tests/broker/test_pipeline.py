@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from broker.core.pipeline import LoopBridge
+from tidelog.broker.core.pipeline import LoopBridge
 
 
 def test_a_result_from_another_thread_reaches_the_loop_once() -> None:

@@ -47,24 +47,24 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.core.audit import AUDIT_LOGGER_NAME
-from broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
-from broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.grpc.authorize import _RESOURCES
-from broker.kafka.errors import error_name
-from broker.kafka.handlers import HANDLERS
-from broker.kafka.versions import ADVERTISED
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from client.security import ClientSecurity
-from client.transport import Transport
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import TidelogError
-from storage.records import BatchBuilder
 from tests.kafka.raw import fetch_request, offset_commit_request, read_frame
+from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from tidelog.broker.core.audit import AUDIT_LOGGER_NAME
+from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
+from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.grpc.authorize import _RESOURCES
+from tidelog.broker.kafka.errors import error_name
+from tidelog.broker.kafka.handlers import HANDLERS
+from tidelog.broker.kafka.versions import ADVERTISED
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client.security import ClientSecurity
+from tidelog.client.transport import Transport
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import TidelogError
+from tidelog.storage.records import BatchBuilder
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -549,8 +549,8 @@ def test_the_same_operations_through_both_listeners_leave_the_same_trace(
 ) -> None:
     core = secure.broker.server.core
     # A group alice may not describe, on each side (committed with no authorizer in the way).
-    from broker.groups.assignor import TopicPartition
-    from broker.groups.manager import OffsetCommitEntry
+    from tidelog.broker.groups.assignor import TopicPartition
+    from tidelog.broker.groups.manager import OffsetCommitEntry
 
     for listener in LISTENERS:
         core.commit_offsets(
@@ -594,8 +594,8 @@ def test_offset_fetch_refuses_named_topics_and_hides_the_rest_on_both_listeners(
     per partition: the decision and the audit line agree.)"""
     from kafka.protocol.consumer import OffsetFetchRequest, OffsetFetchResponse
 
-    from broker.groups.assignor import TopicPartition
-    from broker.groups.manager import OffsetCommitEntry
+    from tidelog.broker.groups.assignor import TopicPartition
+    from tidelog.broker.groups.manager import OffsetCommitEntry
 
     core = secure.broker.server.core
     for listener in LISTENERS:

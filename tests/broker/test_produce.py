@@ -7,10 +7,6 @@ import threading
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import decode_records
 from tests.broker.conftest import (
     TIMEOUT_S,
     create_topic,
@@ -19,6 +15,10 @@ from tests.broker.conftest import (
     make_batch,
     produce,
 )
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import decode_records
 
 
 def _values(stub: pb_grpc.BrokerStub, topic: str, partition: int = 0) -> list[bytes | None]:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import decode_records
 from tests.broker.conftest import (
     TIMEOUT_S,
     create_topic,
@@ -16,6 +13,9 @@ from tests.broker.conftest import (
     make_batch,
     produce_request,
 )
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import decode_records
 
 
 @pytest.mark.parametrize("acks", [0, 1, -1])

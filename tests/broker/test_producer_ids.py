@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.core.producer_ids import MAX_PRODUCER_EPOCH, STATE_FILE_NAME, ProducerIdManager
-from storage.clock import ManualClock
-from storage.errors import (
+from tidelog.broker.core.producer_ids import MAX_PRODUCER_EPOCH, STATE_FILE_NAME, ProducerIdManager
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
     InvalidProducerEpochError,
     InvalidRequestError,
     StorageError,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.core.quotas import (
+from tests.broker.conftest import TIMEOUT_S, create_topic, make_batch, produce
+from tidelog.broker.core.quotas import (
     CONSUMER_BYTE_RATE,
     DEFAULT_ENTITY,
     PRODUCER_BYTE_RATE,
@@ -17,15 +18,14 @@ from broker.core.quotas import (
     QuotaWindow,
     RateMeter,
 )
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from client import AdminClient, InvalidRequestError, Producer
-from client.types import QuotaEntity as ClientQuotaEntity
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.clock import ManualClock
-from tests.broker.conftest import TIMEOUT_S, create_topic, make_batch, produce
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, InvalidRequestError, Producer
+from tidelog.client.types import QuotaEntity as ClientQuotaEntity
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.clock import ManualClock
 
 WINDOW = QuotaWindow(samples=3, sample_ms=1_000)
 

@@ -9,7 +9,7 @@ import hmac
 
 import pytest
 
-from broker.core.scram import (
+from tidelog.broker.core.scram import (
     ScramClient,
     ScramCredential,
     ScramError,
@@ -18,9 +18,9 @@ from broker.core.scram import (
     parse_plain,
     verify_password,
 )
-from client.security import ClientSecurity, login
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.errors import SaslAuthenticationError
+from tidelog.client.security import ClientSecurity, login
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import SaslAuthenticationError
 
 FAKE_KEY = b"k" * 32
 

@@ -21,22 +21,22 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.core.auth import SESSION_METADATA_KEY
-from broker.core.scram import credential_from_password
-from broker.core.users import CREDENTIALS_FILE, FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.connection import GrpcConnection
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import (
+from tests.broker.conftest import error_code
+from tidelog.broker.core.auth import SESSION_METADATA_KEY
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import CREDENTIALS_FILE, FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.connection import GrpcConnection
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     ResourceNotFoundError,
     SaslAuthenticationError,
     UnsupportedSaslMechanismError,
 )
-from tests.broker.conftest import error_code
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -406,7 +406,7 @@ def test_sighup_reloads_the_certificates_of_a_broker_process(pki: TestPki, tmp_p
         "ssl.keyfile": str(live / "server.key"),
         "metrics.port": "-1",
     }
-    command = [sys.executable, "-m", "broker", "--listen", "127.0.0.1:0", "--data-dir",
+    command = [sys.executable, "-m", "tidelog.broker", "--listen", "127.0.0.1:0", "--data-dir",
                str(tmp_path / "data"), "--ready-file", str(ready)]  # fmt: skip
     for key, value in settings.items():
         command += ["--set", f"{key}={value}"]
@@ -432,7 +432,7 @@ def test_sighup_reloads_the_certificates_of_a_broker_process(pki: TestPki, tmp_p
                 assert time.monotonic() < deadline, "the new certificate was not served"
                 time.sleep(0.1)
             stub.ListTopics(pb.ListTopicsRequest(), timeout=TIMEOUT_S)  # same connection
-        health = [sys.executable, "-m", "broker", "healthcheck", "--address", address]
+        health = [sys.executable, "-m", "tidelog.broker", "healthcheck", "--address", address]
         assert subprocess.run([*health, "--cafile", str(pki.ca_cert)], check=False).returncode == 0
         assert process.poll() is None
     finally:

@@ -14,12 +14,12 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from broker.server import BROKER_SERVICE_NAME, ListenError
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.checkpoint import CLEAN_SHUTDOWN_MARKER
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, fetch, make_batch, produce
+from tidelog.broker.server import BROKER_SERVICE_NAME, ListenError
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.checkpoint import CLEAN_SHUTDOWN_MARKER
 
 
 def test_health_reports_serving_then_not_serving() -> None:

@@ -18,21 +18,21 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.core.context import RequestContext, peer_host
-from broker.core.limits import Admission, LimitsConfig
-from broker.testing import InProcessBroker
-from client import AdminClient, Producer
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import (
+from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, make_batch, produce
+from tests.broker.test_keepalive import FreezableProxy
+from tidelog.broker.core.context import RequestContext, peer_host
+from tidelog.broker.core.limits import Admission, LimitsConfig
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Producer
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import (
     BrokerBusyError,
     MaxConnectionsError,
     MaxConnectionsPerIpError,
     QueuedMaxRequestBytesError,
     QueuedMaxRequestsError,
 )
-from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, make_batch, produce
-from tests.broker.test_keepalive import FreezableProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]

@@ -40,7 +40,16 @@ def _free_port_pair() -> int:
 
 def _serve(data_dir: Path, listen: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "broker", "--listen", listen, "--data-dir", str(data_dir), *extra],
+        [
+            sys.executable,
+            "-m",
+            "tidelog.broker",
+            "--listen",
+            listen,
+            "--data-dir",
+            str(data_dir),
+            *extra,
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.conftest import TIMEOUT_S, create_topic, fetch, make_batch, produce_request
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 STUCK_S = 30.0  # how long a blocked fsync waits at most for the test to release it
 ANSWER_S = 5.0  # a call that waits for the stuck fsync would take STUCK_S
@@ -99,7 +99,7 @@ def test_a_loop_that_stops_turning_is_reported_with_its_stack(
         held.set()
         time.sleep(3.5)
 
-    with caplog.at_level(logging.INFO, logger="broker.loop_watchdog"):
+    with caplog.at_level(logging.INFO, logger="tidelog.broker.loop_watchdog"):
         loop.call_soon_threadsafe(hold_the_loop_for_a_while)
         assert held.wait(TIMEOUT_S)
         # A call made during the stall is answered after it, within its deadline.

@@ -50,7 +50,7 @@ from typing import Any
 
 import pytest
 
-from client import AdminClient, Consumer, TopicPartition
+from tidelog.client import AdminClient, Consumer, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def broker_process() -> Iterator[tuple[subprocess.Popen[str], str, int]]:
     ready = work / "ready"
     metrics_port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker", "--data-dir", str(work / "data"),
+        [sys.executable, "-m", "tidelog.broker", "--data-dir", str(work / "data"),
          "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
          "--set", f"metrics.port={metrics_port}", "--set", "metrics.host=127.0.0.1",
          "--set", "fetch.max.wait.ms=600000",

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _HOG = textwrap.dedent(
     """
     import logging, re, sys, time
-    from broker.loop_watchdog import ProcessStallDump
+    from tidelog.broker.loop_watchdog import ProcessStallDump
 
     # A catastrophic regular expression: the re engine never releases the GIL during one
     # match, and each extra "a" doubles its time. One match must outlast the stall
@@ -66,7 +66,7 @@ def test_a_call_holding_the_gil_is_caught_with_every_stack() -> None:
 _PAUSED = textwrap.dedent(
     """
     import logging, sys, threading, time
-    from broker.loop_watchdog import ProcessStallDump
+    from tidelog.broker.loop_watchdog import ProcessStallDump
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 

@@ -7,10 +7,12 @@ import pkgutil
 
 import pytest
 
-import broker
+from tidelog import broker
 
 MODULES = sorted(
-    f"broker.{m.name}" for m in pkgutil.iter_modules(broker.__path__) if m.name != "__main__"
+    f"tidelog.broker.{m.name}"
+    for m in pkgutil.iter_modules(broker.__path__)
+    if m.name != "__main__"
 )
 
 
@@ -25,8 +27,8 @@ def test_module_declares_all(name: str) -> None:
 
 
 def test_the_public_harness_and_entry_points() -> None:
-    from broker.cli import main
-    from broker.testing import InProcessBroker
+    from tidelog.broker.cli import main
+    from tidelog.broker.testing import InProcessBroker
 
     assert callable(main)
     assert InProcessBroker.__doc__

@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, make_batch, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 
 def test_create_list_describe_alter_delete(stub: pb_grpc.BrokerStub) -> None:

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client.admin import AdminClient
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client.admin import AdminClient
 
 _names = itertools.count()
 

@@ -21,8 +21,8 @@ import queue
 import sys
 import threading
 
-from client import Consumer, TopicPartition
-from client.consumer import PartitionsCallback
+from tidelog.client import Consumer, TopicPartition
+from tidelog.client.consumer import PartitionsCallback
 
 
 def _say(**fields: object) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from client import Consumer, Producer
-from client.config import ConsumerConfig
-from client.connection import ConnectionFactory
-from client.types import ConsumerRecord
+from tidelog.client import Consumer, Producer
+from tidelog.client.config import ConsumerConfig
+from tidelog.client.connection import ConnectionFactory
+from tidelog.client.types import ConsumerRecord
 
 SESSION_TIMEOUT_MS = 2_000
 GROUP_SETTINGS: dict[str, object] = {

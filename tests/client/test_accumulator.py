@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from client.accumulator import (
+from tidelog.client.accumulator import (
     APPENDED,
     NEW_BATCH,
     NO_ROOM,
     RecordAccumulator,
     estimate_record_size,
 )
-from client.idempotence import SequenceTable
-from client.types import TopicPartition
-from storage.records import Compression, decode_batch
+from tidelog.client.idempotence import SequenceTable
+from tidelog.client.types import TopicPartition
+from tidelog.storage.records import Compression, decode_batch
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import (
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import (
     AdminClient,
     BrokerUnavailableError,
     ClosedError,
@@ -19,7 +19,7 @@ from client import (
     TopicPartition,
     UnknownTopicOrPartitionError,
 )
-from client.types import TopicSummary
+from tidelog.client.types import TopicSummary
 
 
 def test_create_describe_list_alter_delete(admin: AdminClient) -> None:
@@ -115,7 +115,7 @@ def test_a_restarting_broker_is_waited_for_within_the_timeout() -> None:
 
 
 def test_groups_list_and_describe(broker: InProcessBroker, admin: AdminClient) -> None:
-    from client import Consumer
+    from tidelog.client import Consumer
 
     admin.create_topic("admin-groups", 1)
     with Producer(broker.address) as producer:

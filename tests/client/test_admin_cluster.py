@@ -6,11 +6,11 @@ import socket
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.admin import ClusterDescription
-from client.cluster import BrokerNode
-from storage.errors import InvalidReplicationFactorError
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.admin import ClusterDescription
+from tidelog.client.cluster import BrokerNode
+from tidelog.storage.errors import InvalidReplicationFactorError
 
 
 def _dead_address() -> str:

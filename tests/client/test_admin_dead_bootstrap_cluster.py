@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Producer, TopicPartition
-from client.acls import AclFilter
-from storage.errors import (
+from tests.client.test_cluster_client import eventually
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Producer, TopicPartition
+from tidelog.client.acls import AclFilter
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     KafkaTimeoutError,
     ResourceNotFoundError,
     SecurityDisabledError,
     TidelogError,
 )
-from tests.client.test_cluster_client import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.connection import grpc_connections
-from client.types import QuotaEntity
-from storage.errors import GroupIdNotFoundError, GroupNotEmptyError, TidelogError
 from tests.client.test_cluster_client import create_spread_topic, eventually, read
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.connection import grpc_connections
+from tidelog.client.types import QuotaEntity
+from tidelog.storage.errors import GroupIdNotFoundError, GroupNotEmptyError, TidelogError
 
 pytestmark = pytest.mark.slow
 

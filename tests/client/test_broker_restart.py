@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from client import AdminClient, Consumer, OutOfOrderSequenceError, Producer, TopicPartition
-from client.types import ConsumerRecord
-from storage.records import iter_batch_headers
+from tidelog.client import AdminClient, Consumer, OutOfOrderSequenceError, Producer, TopicPartition
+from tidelog.client.types import ConsumerRecord
+from tidelog.storage.records import iter_batch_headers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ class BrokerProcess:
         ready.unlink(missing_ok=True)
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "broker", "--data-dir", str(self.data_dir),
+                sys.executable, "-m", "tidelog.broker", "--data-dir", str(self.data_dir),
                 "--listen", f"127.0.0.1:{self.port}", "--ready-file", str(ready),
                 "--log-level", "WARNING", "--set", "metrics.port=-1",
             ],

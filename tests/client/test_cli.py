@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Producer
-from client.types import QuotaEntity as ClientQuotaEntity
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Producer
+from tidelog.client.types import QuotaEntity as ClientQuotaEntity
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def tidelog(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TIDELOG_BOOTSTRAP", None)
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args],
+        [sys.executable, "-m", "tidelog.client.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -164,8 +164,8 @@ def test_consume_without_from_beginning_reads_new_records_only(broker: InProcess
         producer.send("cli-new-only", b"old")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "consume", "cli-new-only", "--max-messages", "1",
-         "--bootstrap", address],
+        [sys.executable, "-m", "tidelog.client.cli", "consume", "cli-new-only",
+         "--max-messages", "1", "--bootstrap", address],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
     )  # fmt: skip
     try:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient
-from client.security import settings_from_properties
 from tests.client.test_cli import tidelog
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient
+from tidelog.client.security import settings_from_properties
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.types import ConsumerRecord
-from storage.errors import KafkaTimeoutError, LeaderNotAvailableError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.types import ConsumerRecord
+from tidelog.storage.errors import KafkaTimeoutError, LeaderNotAvailableError, TidelogError
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.cluster import (
+from tidelog.client.cluster import (
     NO_LEADER,
     BrokerNode,
     ClusterMetadata,
@@ -13,7 +13,7 @@ from client.cluster import (
     TopicMetadata,
     parse_bootstrap_list,
 )
-from client.types import TopicPartition
+from tidelog.client.types import TopicPartition
 
 
 def test_bootstrap_list_keeps_order_and_drops_blanks_and_duplicates() -> None:

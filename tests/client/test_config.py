@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from client.config import (
+from tidelog.client.config import (
     AdminConfig,
     ConsumerConfig,
     ProducerConfig,

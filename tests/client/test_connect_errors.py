@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from client import AdminClient
-from client.transport import describe_unavailable
-from storage.errors import BrokerUnavailableError
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client import AdminClient
+from tidelog.client.transport import describe_unavailable
+from tidelog.storage.errors import BrokerUnavailableError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import (
+from tests.client.conftest import TopicFactory
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import (
     AdminClient,
     Consumer,
     OffsetAndTimestamp,
@@ -17,9 +18,8 @@ from client import (
     Producer,
     TopicPartition,
 )
-from client.columns import finish_columns, new_column_builder
-from client.types import ConsumerRecord
-from tests.client.conftest import TopicFactory
+from tidelog.client.columns import finish_columns, new_column_builder
+from tidelog.client.types import ConsumerRecord
 
 
 def produce(address: str, topic: str, count: int, *, start: int = 0, **settings: object) -> None:

@@ -3,9 +3,9 @@ and followed when the leader moves; an offline partition does not stop the other
 
 from __future__ import annotations
 
-from client import Consumer, Producer
-from client.testing import InMemoryCluster
-from client.types import ConsumerRecord, TopicPartition
+from tidelog.client import Consumer, Producer
+from tidelog.client.testing import InMemoryCluster
+from tidelog.client.types import ConsumerRecord, TopicPartition
 
 
 def _produce(cluster: InMemoryCluster, tp: TopicPartition, values: list[bytes]) -> None:

@@ -8,17 +8,17 @@ import time
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.partitioner import partition_for_key
-from storage.errors import (
+from tests.client.conftest import TopicFactory
+from tests.client.test_cli import assert_one_line_error, tidelog
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.partitioner import partition_for_key
+from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidRequestError,
     InvalidTopicError,
     UnknownTopicOrPartitionError,
 )
-from tests.client.conftest import TopicFactory
-from tests.client.test_cli import assert_one_line_error, tidelog
 
 METADATA_MAX_AGE_MS = 100
 

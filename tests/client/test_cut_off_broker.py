@@ -5,10 +5,10 @@ and again. Against the in-memory cluster."""
 
 from __future__ import annotations
 
-from client import Consumer, Producer
-from client.testing import InMemoryCluster
-from client.types import ConsumerRecord, TopicPartition
 from tests.client.test_routing import leaderless, metadata_askers, with_stale_views
+from tidelog.client import Consumer, Producer
+from tidelog.client.testing import InMemoryCluster
+from tidelog.client.types import ConsumerRecord, TopicPartition
 
 
 def test_a_producer_leaves_a_cut_off_broker_for_one_that_knows_the_leader() -> None:

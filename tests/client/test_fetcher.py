@@ -7,11 +7,11 @@ import struct
 import crc32c
 import pytest
 
-from client.columns import ColumnBuilder, finish_columns, new_column_builder
-from client.fetcher import CompletedFetch, SubscriptionState, next_fetch_offset
-from client.types import TopicPartition
-from storage.errors import CorruptRecordError
-from storage.records import BatchBuilder, set_base_offset
+from tidelog.client.columns import ColumnBuilder, finish_columns, new_column_builder
+from tidelog.client.fetcher import CompletedFetch, SubscriptionState, next_fetch_offset
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.records import BatchBuilder, set_base_offset
 
 TP = TopicPartition("t", 0)
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
-from client.types import RecordMetadata
-from storage.errors import KafkaTimeoutError
+from tidelog.client.futures import BatchOutcome, RecordFuture, settle_failure, settle_success
+from tidelog.client.types import RecordMetadata
+from tidelog.storage.errors import KafkaTimeoutError
 
 
 def _metadata(offset: int) -> RecordMetadata:

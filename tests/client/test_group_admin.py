@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from client.admin import AdminClient
-from client.connection import Connection
-from client.group_admin import (
+from tests.client.test_routing import ManualClock, _connections
+from tidelog.client.admin import AdminClient
+from tidelog.client.connection import Connection
+from tidelog.client.group_admin import (
     alter_group_offsets,
     delete_group,
     describe_group,
@@ -19,11 +20,10 @@ from client.group_admin import (
     reset_group_offsets,
     reset_offset,
 )
-from client.routing import ClusterConnections
-from client.testing import InMemoryCluster
-from client.types import QuotaEntity, TopicPartition
-from storage.errors import BrokerUnavailableError, UnknownTopicOrPartitionError
-from tests.client.test_routing import ManualClock, _connections
+from tidelog.client.routing import ClusterConnections
+from tidelog.client.testing import InMemoryCluster
+from tidelog.client.types import QuotaEntity, TopicPartition
+from tidelog.storage.errors import BrokerUnavailableError, UnknownTopicOrPartitionError
 
 
 def test_lag_counts_from_the_committed_offset_or_the_log_start() -> None:

@@ -15,11 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.cli import main
-from client.types import ConsumerRecord
-from storage.errors import GroupIdNotFoundError, GroupNotEmptyError, UnknownTopicOrPartitionError
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.cli import main
+from tidelog.client.types import ConsumerRecord
+from tidelog.storage.errors import (
+    GroupIdNotFoundError,
+    GroupNotEmptyError,
+    UnknownTopicOrPartitionError,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_SETTINGS = {
@@ -209,8 +213,8 @@ def test_consume_with_a_group_joins_it_and_commits_what_it_printed(
 
         def consume(*extra: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [sys.executable, "-m", "client.cli", "consume", "cli-consume", "--group", "cc",
-                 "--from-beginning", "--bootstrap", address, *extra],
+                [sys.executable, "-m", "tidelog.client.cli", "consume", "cli-consume",
+                 "--group", "cc", "--from-beginning", "--bootstrap", address, *extra],
                 capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
             )  # fmt: skip

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, TopicPartition
-from client.types import ConsumerRecord
-from storage.errors import GroupNotEmptyError, InvalidRequestError, StaleMemberEpochError
 from tests.client.groups import GROUP_SETTINGS, member, poll_until, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, TopicPartition
+from tidelog.client.types import ConsumerRecord
+from tidelog.storage.errors import GroupNotEmptyError, InvalidRequestError, StaleMemberEpochError
 
 
 @pytest.fixture(scope="module")

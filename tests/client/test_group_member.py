@@ -14,14 +14,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from client.group_member import (
+from tidelog.client.group_member import (
     GroupMembership,
     HeartbeatAnswer,
     HeartbeatRequest,
     MemberEvent,
     MemberState,
 )
-from client.types import TopicPartition
+from tidelog.client.types import TopicPartition
 
 T0, T1, T2, T3 = (TopicPartition("t", p) for p in range(4))
 SESSION_MS = 1_000

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, TopicPartition
-from client.types import ConsumerRecord
 from tests.client.groups import GROUP_SETTINGS, member, poll_until, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, TopicPartition
+from tidelog.client.types import ConsumerRecord
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Producer
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Producer
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION_TIMEOUT_MS = 3_000

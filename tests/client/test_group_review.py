@@ -18,18 +18,6 @@ from typing import Any, cast
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, TopicPartition
-from client.connection import Connection, grpc_connections
-from client.coordinator import ConsumerCoordinator
-from client.errors import ClosedError
-from client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
-from client.types import ConsumerRecord
-from storage.errors import (
-    FencedMemberEpochError,
-    InternalError,
-    OffsetOutOfRangeError,
-)
 from tests.client.groups import (
     GROUP_SETTINGS,
     SESSION_TIMEOUT_MS,
@@ -37,6 +25,18 @@ from tests.client.groups import (
     poll_until,
     produce,
     wait_for,
+)
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, TopicPartition
+from tidelog.client.connection import Connection, grpc_connections
+from tidelog.client.coordinator import ConsumerCoordinator
+from tidelog.client.errors import ClosedError
+from tidelog.client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
+from tidelog.client.types import ConsumerRecord
+from tidelog.storage.errors import (
+    FencedMemberEpochError,
+    InternalError,
+    OffsetOutOfRangeError,
 )
 
 

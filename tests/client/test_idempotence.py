@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from client.idempotence import Decision, ResetMode, SequenceTable
-from client.types import TopicPartition
-from storage.errors import (
+from tidelog.client.idempotence import Decision, ResetMode, SequenceTable
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     OutOfOrderSequenceError,
     RecordTooLargeError,

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import Consumer, Producer, TopicPartition
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer, TopicPartition
 
 
 class CuttingProxy:

@@ -7,10 +7,10 @@ import threading
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.testing import InProcessBroker
-from client import Consumer, TopicPartition
-from client.admin import AdminClient
-from client.keyed_producer import KeyedProducer, ProducerRecord, plan_batches
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, TopicPartition
+from tidelog.client.admin import AdminClient
+from tidelog.client.keyed_producer import KeyedProducer, ProducerRecord, plan_batches
 
 
 def _values(broker: InProcessBroker, tp: TopicPartition, end: int) -> list[bytes | None]:

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, BrokerUnavailableError, TopicPartition
-from client.keyed_producer import KeyedProducer, ProducerRecord
-from storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, BrokerUnavailableError, TopicPartition
+from tidelog.client.keyed_producer import KeyedProducer, ProducerRecord
+from tidelog.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
 
 def test_a_straggler_of_an_earlier_epoch_is_fenced() -> None:
@@ -51,7 +51,7 @@ def test_a_rerun_with_fewer_records_than_stored_says_so(caplog: pytest.LogCaptur
         rows = [ProducerRecord(None, b"%d" % i) for i in range(5)]
         with KeyedProducer(broker.address, "task") as producer:
             assert producer.write_once({tp: rows}, epoch=0).written == 5
-            with caplog.at_level("WARNING", logger="client.keyed_producer"):
+            with caplog.at_level("WARNING", logger="tidelog.client.keyed_producer"):
                 summary = producer.write_once({tp: rows[:3]}, epoch=0)
         assert (summary.written, summary.skipped) == (0, 3)
         assert "input differs" in caplog.text

@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import Consumer, Producer
-from client.errors import LogTruncationError
-from client.fetcher import CompletedFetch, Truncation, check_position
-from client.testing import InMemoryCluster
-from client.types import ConsumerRecord, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.columns import new_column_builder
-from storage.errors import (
+from tests.broker.conftest import TIMEOUT_S, create_topic, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer
+from tidelog.client.errors import LogTruncationError
+from tidelog.client.fetcher import CompletedFetch, Truncation, check_position
+from tidelog.client.testing import InMemoryCluster
+from tidelog.client.types import ConsumerRecord, TopicPartition
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.columns import new_column_builder
+from tidelog.storage.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
 )
-from storage.records import BatchBuilder
-from tests.broker.conftest import TIMEOUT_S, create_topic, produce
+from tidelog.storage.records import BatchBuilder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.partitioner import (
+from tidelog.client.partitioner import (
     StickyPartitioner,
     murmur2,
     murmur2_python,
     partition_for_key,
     partitions_for_keys,
 )
-from storage.native import NATIVE
+from tidelog.storage.native import NATIVE
 
 # Kafka's own vectors: clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java
 # (testMurmur2), as Java's signed ints.

@@ -9,8 +9,9 @@ from collections import defaultdict
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import (
+from tests.client.conftest import TopicFactory
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import (
     AdminClient,
     BrokerUnavailableError,
     BufferExhaustedError,
@@ -23,9 +24,8 @@ from client import (
     TopicPartition,
     UnknownTopicOrPartitionError,
 )
-from client.partitioner import partition_for_key
-from client.types import ConsumerRecord
-from tests.client.conftest import TopicFactory
+from tidelog.client.partitioner import partition_for_key
+from tidelog.client.types import ConsumerRecord
 
 
 def read_all(address: str, topic: str, partitions: int, expected: int) -> list[ConsumerRecord]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import Consumer, Producer, TopicPartition
 from tests.client.conftest import TopicFactory
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer, TopicPartition
 
 RUNS = 6
 RECORDS = 20_000

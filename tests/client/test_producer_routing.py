@@ -7,15 +7,15 @@ import contextlib
 
 import pytest
 
-from client import Producer
-from client.errors import ClosedError
-from client.testing import InMemoryCluster
-from client.types import TopicPartition
-from storage.errors import (
+from tidelog.client import Producer
+from tidelog.client.errors import ClosedError
+from tidelog.client.testing import InMemoryCluster
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import (
     ClusterAuthorizationFailedError,
     KafkaTimeoutError,
 )
-from storage.records import decode_records
+from tidelog.storage.records import decode_records
 
 
 def _values(cluster: InMemoryCluster, tp: TopicPartition) -> list[bytes | None]:

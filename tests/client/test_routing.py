@@ -10,13 +10,13 @@ from typing import Any, cast
 
 import pytest
 
-from client.cluster import NO_LEADER, BrokerAvoidance, ClusterMetadata
-from client.connection import Connection, ConnectionFactory
-from client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
-from client.routing import ClusterConnections
-from client.testing import InMemoryCluster
-from client.types import TopicPartition
-from storage.errors import (
+from tidelog.client.cluster import NO_LEADER, BrokerAvoidance, ClusterMetadata
+from tidelog.client.connection import Connection, ConnectionFactory
+from tidelog.client.offsets import commit_offsets, fetch_committed, list_offsets, partitions_of
+from tidelog.client.routing import ClusterConnections
+from tidelog.client.testing import InMemoryCluster
+from tidelog.client.types import TopicPartition
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InvalidReplicationFactorError,
     KafkaTimeoutError,

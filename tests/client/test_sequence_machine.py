@@ -32,14 +32,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from client.accumulator import ProducerBatch, RecordAccumulator
-from client.idempotence import Decision, SequenceTable
-from client.types import TopicPartition
-from storage.clock import ManualClock
-from storage.config import LogConfig
-from storage.errors import BrokerUnavailableError, LogDirFullError, TidelogError
-from storage.partition_log import PartitionLog
-from storage.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
+from tidelog.client.accumulator import ProducerBatch, RecordAccumulator
+from tidelog.client.idempotence import Decision, SequenceTable
+from tidelog.client.types import TopicPartition
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import BrokerUnavailableError, LogDirFullError, TidelogError
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
 
 TPS = [TopicPartition("t", 0), TopicPartition("t", 1)]
 MAX_IN_FLIGHT = 5

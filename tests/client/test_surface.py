@@ -8,8 +8,8 @@ import pkgutil
 
 import pytest
 
-import client
-from client.types import ConsumerRecord, RecordMetadata, TopicPartition
+from tidelog import client
+from tidelog.client.types import ConsumerRecord, RecordMetadata, TopicPartition
 
 
 def test_package_exports() -> None:
@@ -51,8 +51,8 @@ def test_package_exports() -> None:
         "AclBinding",
         "AclFilter",
     }
-    from client import errors as client_errors
-    from storage import errors
+    from tidelog.client import errors as client_errors
+    from tidelog.storage import errors
 
     for name in client.__all__:
         if name.endswith("Error"):
@@ -66,7 +66,7 @@ def test_package_exports() -> None:
 def test_acl_values_import_from_client_as_the_contract_says() -> None:
     """DESIGN.md: ``create_acls([AclBinding(...)])`` with ``AclBinding`` importable from
     ``client``; the same classes as ``client.acls``', with the contract's defaults."""
-    from client import AclBinding, AclFilter, acls
+    from tidelog.client import AclBinding, AclFilter, acls
 
     assert AclBinding is acls.AclBinding
     assert AclFilter is acls.AclFilter
@@ -77,10 +77,10 @@ def test_acl_values_import_from_client_as_the_contract_says() -> None:
 
 def _client_modules() -> list[str]:
     """Every module of ``client`` and of its command line package ``client.cli``."""
-    import client.cli
+    from tidelog.client import cli
 
-    names = {m.name for m in pkgutil.iter_modules(client.__path__, "client.")}
-    names.update(m.name for m in pkgutil.iter_modules(client.cli.__path__, "client.cli."))
+    names = {m.name for m in pkgutil.iter_modules(client.__path__, "tidelog.client.")}
+    names.update(m.name for m in pkgutil.iter_modules(cli.__path__, "tidelog.client.cli."))
     return sorted(names)
 
 

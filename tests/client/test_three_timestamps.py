@@ -14,16 +14,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.testing import InProcessBroker
-from client import Consumer, Producer, TopicPartition
-from client.admin import AdminClient
-from client.keyed_producer import KeyedProducer, ProducerRecord
-from client.types import ConsumerRecord
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.cleaner import LogCleaner
-from storage.clock import SystemClock
-from storage.records import encode_batch
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer, TopicPartition
+from tidelog.client.admin import AdminClient
+from tidelog.client.keyed_producer import KeyedProducer, ProducerRecord
+from tidelog.client.types import ConsumerRecord
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.cleaner import LogCleaner
+from tidelog.storage.clock import SystemClock
+from tidelog.storage.records import encode_batch
 
 HOUR_MS = 3_600_000
 
@@ -133,7 +133,7 @@ _FAST_CLOCK_PRODUCER = textwrap.dedent(
     # time.time: gRPC turns timeouts into absolute deadlines with it for its C core, which
     # reads the real clock, so shifting only the Python side would expire every call.
     time.time_ns = lambda: real() + SKEW_NS
-    from client import Producer
+    from tidelog.client import Producer
     with Producer(sys.argv[1], linger_ms=5) as producer:
         futures = [producer.send(sys.argv[2], value=b"p%d" % i) for i in range(10)]
         for future in futures:

@@ -20,15 +20,15 @@ from typing import Any
 
 import pytest
 
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.acls import AclBinding
-from client.connection import grpc_connections
-from client.security import ClientSecurity
-from storage.errors import (
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.acls import AclBinding
+from tidelog.client.connection import grpc_connections
+from tidelog.client.security import ClientSecurity
+from tidelog.storage.errors import (
     InvalidTopicError,
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,

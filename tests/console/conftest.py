@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from broker.testing import InProcessBroker
-from client.admin import AdminClient
-from client.console import ConsoleConfig, create_app
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client.admin import AdminClient
+from tidelog.client.console import ConsoleConfig, create_app
 
 _names = itertools.count()
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -13,12 +13,12 @@ CONSOLE = ROOT / "client" / "console"
 # itself, and its web stack.
 ALLOWED_PROJECT = {
     "client",
-    "client.admin",
-    "client.acls",
-    "client.consumer",
-    "client.producer",
-    "client.types",
-    "storage.errors",
+    "tidelog.client.admin",
+    "tidelog.client.acls",
+    "tidelog.client.consumer",
+    "tidelog.client.producer",
+    "tidelog.client.types",
+    "tidelog.storage.errors",
 }
 ALLOWED_THIRD_PARTY = {"starlette", "jinja2", "uvicorn"}
 PROJECT_TOPS = {"client", "storage", "broker", "proto", "spark_sink", "grpc", "google"}
@@ -41,7 +41,7 @@ def test_the_console_imports_only_the_public_client_api() -> None:
     for path in sources:
         for name in _imports(path):
             top = name.split(".")[0]
-            if name.startswith("client.console"):
+            if name.startswith("tidelog.client.console"):
                 continue
             if top in PROJECT_TOPS and name not in ALLOWED_PROJECT:
                 violations.append(f"{path.relative_to(ROOT)} imports {name}")

@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from broker.cluster.testing import LocalCluster, zookeeper_available
-from broker.testing import InProcessBroker
-from client import Consumer, Producer, TopicPartition
-from client.admin import AdminClient
-from client.console import ConsoleConfig, create_app
+from tidelog.broker.cluster.testing import LocalCluster, zookeeper_available
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer, TopicPartition
+from tidelog.client.admin import AdminClient
+from tidelog.client.console import ConsoleConfig, create_app
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -435,8 +435,8 @@ def test_pages_work_with_javascript_off(browser: Browser, console_url: str) -> N
 
 
 def test_login_in_the_browser(browser: Browser, tmp_path: Path) -> None:
-    from broker.core.scram import credential_from_password
-    from broker.core.users import FileUserStore
+    from tidelog.broker.core.scram import credential_from_password
+    from tidelog.broker.core.users import FileUserStore
 
     users = FileUserStore.open(tmp_path)
     users.upsert("root", credential_from_password("SCRAM-SHA-256", "root-secret"))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import InProcessBroker
 from tests.client.test_cli import tidelog
+from tidelog.broker.testing import InProcessBroker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,7 +32,7 @@ def test_serves_the_console_until_interrupted() -> None:
     with InProcessBroker() as broker:
         port = _free_port()
         process = subprocess.Popen(
-            [sys.executable, "-m", "client.cli", "console", "--bootstrap", broker.address,
+            [sys.executable, "-m", "tidelog.client.cli", "console", "--bootstrap", broker.address,
              "--listen", f"127.0.0.1:{port}", "--refresh-ms", "2000", "--sample-ms", "1000"],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cluster.testing import LocalCluster, zookeeper_available
-from client.admin import AdminClient
 from tests.console.conftest import console_client, csrf_token
+from tidelog.broker.cluster.testing import LocalCluster, zookeeper_available
+from tidelog.client.admin import AdminClient
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from client.console.history import History
+from tidelog.client.console.history import History
 
 
 def values(series: object) -> list[float | None]:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from client.acls import AclBinding
-from client.admin import AdminClient
-from client.console import ConsoleConfig, create_app
-from client.console.limits import Attempt, LoginLimiter
 from tests.console.conftest import console_client, csrf_token, unique
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client.acls import AclBinding
+from tidelog.client.admin import AdminClient
+from tidelog.client.console import ConsoleConfig, create_app
+from tidelog.client.console.limits import Attempt, LoginLimiter
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,9 +12,9 @@ from urllib.parse import quote
 import pytest
 from starlette.testclient import TestClient
 
-from client import Consumer, Producer, TopicPartition
-from client.admin import AdminClient
 from tests.console.conftest import csrf_token, unique
+from tidelog.client import Consumer, Producer, TopicPartition
+from tidelog.client.admin import AdminClient
 
 pytestmark = pytest.mark.timeout(120)
 

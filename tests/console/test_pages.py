@@ -10,11 +10,11 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
-from broker.testing import InProcessBroker
-from client import Consumer, Producer, TopicPartition
-from client.admin import AdminClient
-from storage.errors import UnknownTopicOrPartitionError
 from tests.console.conftest import csrf_token, unique
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer, TopicPartition
+from tidelog.client.admin import AdminClient
+from tidelog.storage.errors import UnknownTopicOrPartitionError
 
 pytestmark = pytest.mark.timeout(120)
 

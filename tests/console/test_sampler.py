@@ -13,14 +13,14 @@ from urllib.parse import quote
 import pytest
 from starlette.testclient import TestClient
 
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from client import Consumer, Producer, TopicPartition
-from client.admin import AdminClient
-from client.console.sampler import MAX_INTERVAL_MS, MIN_INTERVAL_MS, Sampler
-from client.console.sessions import SessionStore
 from tests.console.conftest import console_client, csrf_token, unique
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, Producer, TopicPartition
+from tidelog.client.admin import AdminClient
+from tidelog.client.console.sampler import MAX_INTERVAL_MS, MIN_INTERVAL_MS, Sampler
+from tidelog.client.console.sessions import SessionStore
 
 pytestmark = pytest.mark.timeout(120)
 

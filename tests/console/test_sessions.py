@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client.console.sessions import SessionStore
-from client.console.view import ClusterView
-from client.errors import ClosedError
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client.console.sessions import SessionStore
+from tidelog.client.console.view import ClusterView
+from tidelog.client.errors import ClosedError
 
 
 def test_sessions_tokens_logins_and_expiry(broker: InProcessBroker) -> None:

@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
 from tests.console.conftest import console_client, csrf_token
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,7 +65,7 @@ def test_console_logs_in_over_tls_with_the_ca_of_command_config(
     )
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "client.cli", "console", "--bootstrap", tls_broker.address,
+        [sys.executable, "-m", "tidelog.client.cli", "console", "--bootstrap", tls_broker.address,
          "--listen", f"127.0.0.1:{port}", "--command-config", str(properties)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

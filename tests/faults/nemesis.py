@@ -54,12 +54,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from broker.cluster.testing import LocalCluster, zookeeper_available
-from client import AdminClient
 from tests.faults import netns
 from tests.faults.lossyfs import LossyFs
 from tests.faults.netns import NamespaceNetwork
 from tests.faults.schedule import Step
+from tidelog.broker.cluster.testing import LocalCluster, zookeeper_available
+from tidelog.client import AdminClient
 
 __all__ = ["Fault", "LossyBroker", "Nemesis", "missing"]
 

@@ -41,8 +41,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.cluster.testing import LocalCluster, ZooKeeperServer
-from client import AdminClient
 from tests.faults import history as history_module
 from tests.faults.checker import Report, check
 from tests.faults.history import Note, Recorder
@@ -52,6 +50,8 @@ from tests.faults.nemesis import LossyBroker, Nemesis, missing, move_data_dir_on
 from tests.faults.netns import BrokerNodes, NamespaceNetwork
 from tests.faults.schedule import BASE_KINDS, FAULT_KINDS, Schedule, make_schedule
 from tests.faults.workloads import AppendWorkload, QueueWorkload, final_read
+from tidelog.broker.cluster.testing import LocalCluster, ZooKeeperServer
+from tidelog.client import AdminClient
 
 __all__ = ["RunResult", "main", "run"]
 

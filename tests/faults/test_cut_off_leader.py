@@ -39,13 +39,13 @@ import confluent_kafka
 import grpc
 import pytest
 
-from broker.cluster.testing import LocalCluster, ZooKeeperServer, zookeeper_available
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.types import RecordMetadata
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.cluster.waiting import eventually
 from tests.faults.netns import BrokerNodes, NamespaceNetwork, missing
+from tidelog.broker.cluster.testing import LocalCluster, ZooKeeperServer, zookeeper_available
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.types import RecordMetadata
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

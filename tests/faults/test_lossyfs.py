@@ -31,15 +31,15 @@ from typing import Any
 
 import pytest
 
-from client import AdminClient, Consumer, Producer, RecordMetadata, TopicPartition
-from client.producer import DeliveryCallback
-from storage.clock import SystemClock
-from storage.config import LogConfig
-from storage.files import atomic_write, fsync_dir
-from storage.partition_log import PartitionLog
-from storage.records import iter_batch_headers
 from tests.broker.hostile.process import BrokerProcess
 from tests.faults.lossyfs import LossyFs, missing
+from tidelog.client import AdminClient, Consumer, Producer, RecordMetadata, TopicPartition
+from tidelog.client.producer import DeliveryCallback
+from tidelog.storage.clock import SystemClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.files import atomic_write, fsync_dir
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import iter_batch_headers
 
 log = logging.getLogger(__name__)
 
@@ -461,9 +461,9 @@ def test_a_record_acknowledged_right_after_its_topic_was_created_survives_a_powe
 _DIVERGED_FOLLOWER = """
 import sys, time
 from pathlib import Path
-from storage.clock import SystemClock
-from storage.config import LogConfig
-from storage.partition_log import PartitionLog
+from tidelog.storage.clock import SystemClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.partition_log import PartitionLog
 from tests.storage.conftest import make_batch, values
 
 plog = PartitionLog.open(Path(sys.argv[1]), "t", 0, LogConfig(), SystemClock())

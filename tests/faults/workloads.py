@@ -43,7 +43,8 @@ from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 
-from client import (
+from tests.faults.history import Commit, FinalRead, Poll, Recorder, Seek, Send
+from tidelog.client import (
     BufferExhaustedError,
     ClosedError,
     Consumer,
@@ -54,7 +55,6 @@ from client import (
     TidelogError,
     TopicPartition,
 )
-from tests.faults.history import Commit, FinalRead, Poll, Recorder, Seek, Send
 
 __all__ = ["AppendWorkload", "ClientTimeouts", "QueueWorkload", "final_read"]
 

@@ -17,7 +17,7 @@ import aiokafka
 import confluent_kafka
 import kafka
 
-import client
+from tidelog import client
 
 TIMEOUT_S = 20.0
 FAMILIES = ("kafka-python", "confluent-kafka", "aiokafka", "tidelog")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from broker.testing import InProcessBroker
+from tidelog.broker.testing import InProcessBroker
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from kafka.protocol.consumer import (
 )
 from kafka.protocol.producer import ProduceRequest
 
-from storage.records import BatchBuilder
+from tidelog.storage.records import BatchBuilder
 
 
 def fetch_request(topic: str, *, max_wait_ms: int = 0, max_bytes: int = 1 << 20) -> Any:

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 from kafka.protocol.producer import ProduceResponse
 
-from broker.testing import InProcessBroker
-from storage.errors import QueuedMaxRequestBytesError, QueuedMaxRequestsError
 from tests.kafka.conftest import unique
 from tests.kafka.raw import frame, produce_request, read_frame
+from tidelog.broker.testing import InProcessBroker
+from tidelog.storage.errors import QueuedMaxRequestBytesError, QueuedMaxRequestsError
 
 pytestmark = pytest.mark.timeout(60)
 

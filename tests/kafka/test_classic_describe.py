@@ -10,10 +10,10 @@ import time
 import kafka
 import pytest
 
-from client import AdminClient
-from client.cli import main
 from tests.kafka.clients import TIMEOUT_S, Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog.client import AdminClient
+from tidelog.client.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,11 +13,11 @@ import kafka
 import kafka.admin
 import pytest
 
-from broker.config import BrokerConfig
-from client.partitioner import partition_for_key
-from storage.errors import InvalidConfigError
 from tests.kafka.clients import FAMILIES, TIMEOUT_S, Out, consume, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog.broker.config import BrokerConfig
+from tidelog.client.partitioner import partition_for_key
+from tidelog.storage.errors import InvalidConfigError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -34,11 +34,11 @@ from kafka.protocol.metadata import (
 )
 from kafka.protocol.producer import ProduceResponse
 
-import client
-from broker.cluster.testing import LocalCluster
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.kafka import raw
 from tests.kafka.conftest import unique
+from tidelog import client
+from tidelog.broker.cluster.testing import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

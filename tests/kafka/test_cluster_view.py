@@ -4,8 +4,8 @@ no broker."""
 
 from __future__ import annotations
 
-from broker.core.placement import PartitionPlacement
-from broker.kafka.cluster import broker_entries, coordinator_endpoint, partition_entry
+from tidelog.broker.core.placement import PartitionPlacement
+from tidelog.broker.kafka.cluster import broker_entries, coordinator_endpoint, partition_entry
 
 # Brokers 1 and 2 live with Kafka listeners, 3 live without one; 4 is not live.
 BROKERS = {1: ("10.0.0.1", 9092), 2: ("10.0.0.2", 9093), 3: None}

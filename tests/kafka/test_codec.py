@@ -34,10 +34,16 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from broker.kafka.codec import build, decode_request, encode_response, parse_header, to_plain
-from broker.kafka.handlers import HANDLERS
-from broker.kafka.tags import strip_unknown_tags
-from broker.kafka.versions import ADVERTISED
+from tidelog.broker.kafka.codec import (
+    build,
+    decode_request,
+    encode_response,
+    parse_header,
+    to_plain,
+)
+from tidelog.broker.kafka.handlers import HANDLERS
+from tidelog.broker.kafka.tags import strip_unknown_tags
+from tidelog.broker.kafka.versions import ADVERTISED
 
 # Imported for their side effect: each module defines (registers) its message classes.
 _MODULES = (

@@ -21,11 +21,11 @@ from kafka.protocol.consumer import (
 from kafka.structs import OffsetAndMetadata
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.kafka import raw
 from tests.kafka.clients import TIMEOUT_S, Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,10 +15,10 @@ import subprocess
 
 import pytest
 
-import client
-from storage.records import Compression, iter_batch_headers
 from tests.kafka.clients import TIMEOUT_S, Out, Rec, consume, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog import client
+from tidelog.storage.records import Compression, iter_batch_headers
 
 pytestmark = pytest.mark.timeout(120)
 

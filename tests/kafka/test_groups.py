@@ -15,10 +15,10 @@ import kafka
 import kafka.admin
 import pytest
 
-import client
-from storage.errors import GroupIdNotFoundError
 from tests.kafka.clients import TIMEOUT_S, Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog import client
+from tidelog.storage.errors import GroupIdNotFoundError
 
 pytestmark = pytest.mark.timeout(120)
 

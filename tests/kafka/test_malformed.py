@@ -159,7 +159,7 @@ def test_pipelined_responses_keep_request_order(kafka_broker: KafkaBroker) -> No
 
 
 def test_produce_acks_0_gets_no_response(kafka_broker: KafkaBroker) -> None:
-    from storage.records import BatchBuilder
+    from tidelog.storage.records import BatchBuilder
 
     topic = unique("acks0")
     kafka_broker.broker.server.core.create_topic(topic, 1, {})

@@ -16,9 +16,9 @@ import kafka
 import kafka.errors
 import pytest
 
-from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
+from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
 
 pytestmark = pytest.mark.timeout(120)
 

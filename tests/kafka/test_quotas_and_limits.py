@@ -15,11 +15,11 @@ from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer import ProduceResponse
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Producer
-from storage.errors import MaxConnectionsPerIpError
 from tests.kafka.conftest import unique
 from tests.kafka.raw import call, fetch_request, produce_request
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Producer
+from tidelog.storage.errors import MaxConnectionsPerIpError
 
 pytestmark = pytest.mark.timeout(120)
 TIMEOUT_S = 20

@@ -23,13 +23,13 @@ import kafka
 import kafka.errors
 import pytest
 
-import client
-from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
 from tests.kafka.conftest import unique
+from tidelog import client
+from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import kafka
 import pytest
 
-from broker.testing import InProcessBroker
 from tests.kafka.conftest import unique
+from tidelog.broker.testing import InProcessBroker
 
 pytestmark = pytest.mark.timeout(60)
 

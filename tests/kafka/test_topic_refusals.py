@@ -22,13 +22,13 @@ import confluent_kafka.admin
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
-from broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
 from tests.kafka import raw
 from tests.kafka.conftest import unique
+from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,7 +72,7 @@ def test_raw_metadata_answers_illegal_names_invalid_topic_and_creates_nothing(
 ) -> None:
     legal = unique("legal")
     names = [ILLEGAL, "a" * 250, "..", legal]
-    with caplog.at_level(logging.INFO, logger="broker.kafka.handlers"):
+    with caplog.at_level(logging.INFO, logger="tidelog.broker.kafka.handlers"):
         answered = _metadata(
             auto_create,
             7,

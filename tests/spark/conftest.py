@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
 
 pyspark = pytest.importorskip("pyspark")
 

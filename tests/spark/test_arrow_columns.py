@@ -18,17 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.testing import InProcessBroker
-from client import Consumer, TopicPartition
-from client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
-from client.types import ConsumerRecord
-from spark_sink.offsets import OffsetRange
-from spark_sink.options import ReadOptions
-from spark_sink.reader import read_ranges
-from spark_sink.schema import columns_to_arrow, records_to_arrow
-from storage.columns import decode_batch_into
-from storage.records import BatchBuilder, Compression, decode_batch_as
 from tests.spark.conftest import TopicFactory, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import Consumer, TopicPartition
+from tidelog.client.columns import NATIVE_COLUMNS, finish_columns, new_column_builder
+from tidelog.client.types import ConsumerRecord
+from tidelog.spark_sink.offsets import OffsetRange
+from tidelog.spark_sink.options import ReadOptions
+from tidelog.spark_sink.reader import read_ranges
+from tidelog.spark_sink.schema import columns_to_arrow, records_to_arrow
+from tidelog.storage.columns import decode_batch_into
+from tidelog.storage.records import BatchBuilder, Compression, decode_batch_as
 
 pytestmark = [pytest.mark.spark]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.spark_ceiling import CeilingDataSource, write_partition_files
-from broker.testing import InProcessBroker
-from client import TopicPartition
-from spark_sink.offsets import OffsetRange
-from spark_sink.options import ReadOptions
-from spark_sink.reader import read_ranges
 from tests.spark.conftest import TopicFactory, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import TopicPartition
+from tidelog.spark_sink.offsets import OffsetRange
+from tidelog.spark_sink.options import ReadOptions
+from tidelog.spark_sink.reader import read_ranges
 
 
 def _ceiling_files(broker: InProcessBroker, topic: str, ends: list[int], tmp_path: Path) -> str:

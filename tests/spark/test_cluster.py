@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Producer
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.client.test_cluster_client import create_spread_topic
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Producer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
 from tests.spark.conftest import ROOT, consume_all
+from tidelog.broker.testing import InProcessBroker
 
 pytestmark = [
     pytest.mark.spark,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient
 from tests.spark.conftest import TopicFactory, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient
 
 pytestmark = [
     pytest.mark.spark,

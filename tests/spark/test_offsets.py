@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.types import TopicPartition
-from spark_sink.offsets import (
+from tidelog.client.types import TopicPartition
+from tidelog.spark_sink.offsets import (
     OffsetRange,
     cap_offsets,
     from_json,
@@ -21,7 +21,7 @@ from spark_sink.offsets import (
     split_ranges,
     to_json,
 )
-from spark_sink.options import ReadOptions, WriteOptions, epoch_of_batch
+from tidelog.spark_sink.options import ReadOptions, WriteOptions, epoch_of_batch
 
 topics = st.sampled_from(["a", "b", "events", "t.1", "z-z"])
 tps = st.builds(TopicPartition, topics, st.integers(0, 40))
@@ -157,7 +157,7 @@ def test_write_options_and_batch_epochs() -> None:
 
 def test_package_surface() -> None:
     import pyspark_tidelog
-    import spark_sink
+    from tidelog import spark_sink
 
     assert set(spark_sink.__all__) == {
         "DataLossError",

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from spark_sink.options import ReadOptions, WriteOptions
+from tidelog.spark_sink.options import ReadOptions, WriteOptions
 
 
 def test_kafka_prefixed_and_plain_security_options() -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient
 from tests.spark.conftest import TopicFactory, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient
 
 pytestmark = [
     pytest.mark.spark,
@@ -91,7 +91,7 @@ def test_offsets_timestamps_assign_and_split_partitions(
 
 
 def test_explicit_registration_and_bad_options(spark: Any, broker: InProcessBroker) -> None:
-    from spark_sink import TidelogDataSource
+    from tidelog.spark_sink import TidelogDataSource
 
     spark.dataSource.register(TidelogDataSource)  # the one-line form; harmless twice
     with pytest.raises(Exception, match="exactly one of the options"):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.testing import InProcessBroker
 from tests.spark.conftest import TopicFactory, produce
+from tidelog.broker.testing import InProcessBroker
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -84,7 +84,31 @@ def test_a_regular_install_puts_the_entry_module_where_pkgutil_finds_it(tmp_path
         timeout=60,
     )
     assert "'pyspark_tidelog'" in found.stdout
-    assert (target / "spark_sink" / "source.py").is_file()
+    # One name in site-packages (issue #26): the layers are real folders under tidelog/,
+    # none of the generic names (client, storage, ...) at the top.
+    source = target / "tidelog" / "spark_sink" / "source.py"
+    assert source.is_file()
+    assert not source.parent.is_symlink()
+    top = {p.name for p in target.iterdir()}
+    assert not top & {"broker", "client", "storage", "proto", "spark_sink"}, top
+    code = (
+        "import tidelog; from tidelog import Producer, TopicPartition; "
+        "print(tidelog.__file__, Producer.__module__, TopicPartition.__module__)"
+    )
+    short = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert short.stdout.split() == [
+        str(target / "tidelog" / "__init__.py"),
+        "tidelog.client.producer",
+        "tidelog.storage.types",
+    ]
 
 
 # What PySpark's data-source lookup (pyspark.sql.worker.lookup_data_sources) does, run with
@@ -130,6 +154,10 @@ def test_every_editable_install_mode_lets_spark_find_the_source(tmp_path: Path, 
             project / package,
             ignore=shutil.ignore_patterns("*.so", "__pycache__"),
         )
+    # The installed name: links to the five folders (tidelog/__init__.py).
+    shutil.copytree(
+        root / "tidelog", project / "tidelog", symlinks=True, ignore=shutil.ignore_patterns("*.pyc")
+    )
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     built = subprocess.run(

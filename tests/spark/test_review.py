@@ -18,13 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.testing import InProcessBroker
-from client import AdminClient, TidelogError, TopicPartition, UnknownTopicOrPartitionError
-from client.keyed_producer import MAX_EPOCH
-from spark_sink.offsets import OffsetRange, cap_offsets, offset_dict, parse_offset_spec
-from spark_sink.options import ReadOptions, WriteOptions
-from spark_sink.reader import DataLossError, read_ranges
 from tests.spark.conftest import TopicFactory, consume_all, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, TidelogError, TopicPartition, UnknownTopicOrPartitionError
+from tidelog.client.keyed_producer import MAX_EPOCH
+from tidelog.spark_sink.offsets import OffsetRange, cap_offsets, offset_dict, parse_offset_spec
+from tidelog.spark_sink.options import ReadOptions, WriteOptions
+from tidelog.spark_sink.reader import DataLossError, read_ranges
 
 pytestmark = [
     pytest.mark.spark,
@@ -93,8 +93,8 @@ def test_a_broker_that_is_down_fails_reads_and_writes_within_the_timeout() -> No
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     from pyspark.sql import Row
 
-    from spark_sink.broker_view import BrokerView
-    from spark_sink.writer import write_rows
+    from tidelog.spark_sink.broker_view import BrokerView
+    from tidelog.spark_sink.writer import write_rows
 
     read = ReadOptions(bootstrap_servers=address, subscribe=("t",), request_timeout_ms=1_500)
     write = WriteOptions(bootstrap_servers=address, topic="t", request_timeout_ms=1_500)
@@ -196,7 +196,7 @@ def test_a_new_partition_is_capped_from_its_log_start(
     offsets that no longer exist (micro-batches that read nothing)."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from spark_sink.source import TidelogInputPartition, TidelogStreamReader
+    from tidelog.spark_sink.source import TidelogInputPartition, TidelogStreamReader
 
     prefix = f"review-cap-{time.monotonic_ns()}"
     options = ReadOptions(
@@ -235,7 +235,7 @@ def test_a_header_with_a_null_key_is_refused(
     """It used to be written as a header named "None"."""
     from pyspark.sql import Row
 
-    from spark_sink.writer import write_rows
+    from tidelog.spark_sink.writer import write_rows
 
     topic = new_topic()
     options = WriteOptions(bootstrap_servers=broker.address, topic=topic)
@@ -250,7 +250,7 @@ def test_a_partition_out_of_range_writes_nothing_and_a_retry_works(
 ) -> None:
     from pyspark.sql import Row
 
-    from spark_sink.writer import write_rows
+    from tidelog.spark_sink.writer import write_rows
 
     topic = new_topic(partitions=2)
     options = WriteOptions(bootstrap_servers=broker.address, topic=topic)
@@ -269,7 +269,7 @@ def test_a_partition_out_of_range_writes_nothing_and_a_retry_works(
 
 
 def test_the_stream_identity_rolls_over_to_a_new_key_at_batch_32767() -> None:
-    from spark_sink.writer import stream_identity
+    from tidelog.spark_sink.writer import stream_identity
 
     assert stream_identity("spark", "q", 0, 3) == ("spark:q:0:3", 0)
     assert stream_identity("spark", "q", 32766, 3) == ("spark:q:0:3", 32766)
@@ -291,7 +291,7 @@ def test_the_stream_identity_rolls_over_to_a_new_key_at_batch_32767() -> None:
 def test_include_headers_spelled_as_the_options_accept_it_gives_the_headers_column() -> None:
     """ReadOptions takes true/1/yes; the schema used to know only "true", so Spark got
     seven columns and the reader sent eight."""
-    from spark_sink.source import TidelogDataSource
+    from tidelog.spark_sink.source import TidelogDataSource
 
     for spelling in ("true", " TRUE ", "1", "yes"):
         source = TidelogDataSource({"subscribe": "t", "IncludeHeaders": spelling})
@@ -309,7 +309,7 @@ def test_an_assigned_topic_deleted_under_a_query_follows_fail_on_data_loss(
     latestOffset whatever failOnDataLoss said."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from spark_sink.source import TidelogStreamReader
+    from tidelog.spark_sink.source import TidelogStreamReader
 
     topic = new_topic()
     produce(broker.address, topic, [b"a"])
@@ -339,7 +339,7 @@ def test_an_assigned_topic_deleted_under_a_query_follows_fail_on_data_loss(
 def test_offsets_json_for_partitions_the_query_does_not_read_is_refused(
     broker: InProcessBroker, new_topic: TopicFactory
 ) -> None:
-    from spark_sink.source import TidelogBatchReader
+    from tidelog.spark_sink.source import TidelogBatchReader
 
     topic = new_topic()
     produce(broker.address, topic, [b"a", b"b"])
@@ -422,7 +422,7 @@ def test_available_now_stops_at_the_end_recorded_at_start_while_producers_write(
 ) -> None:
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from spark_sink.source import TidelogInputPartition, TidelogStreamReader
+    from tidelog.spark_sink.source import TidelogInputPartition, TidelogStreamReader
 
     topic = new_topic(partitions=2)
     produce(broker.address, topic, [b"a%d" % i for i in range(30)], partition=0)

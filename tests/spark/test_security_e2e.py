@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from broker.core.scram import credential_from_password
-from broker.core.users import FileUserStore
-from broker.testing import InProcessBroker
-from broker.testing_tls import TestPki
-from client import AdminClient
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client import AdminClient
 
 pytestmark = [pytest.mark.spark]
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
-from client import AdminClient
 from tests.spark.conftest import TopicFactory, produce
+from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient
 
 pytestmark = [
     pytest.mark.spark,
@@ -182,10 +182,10 @@ def test_a_trigger_asks_the_broker_once(broker: InProcessBroker, new_topic: Topi
 
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from client import TopicPartition
-    from spark_sink.offsets import offset_dict
-    from spark_sink.options import ReadOptions
-    from spark_sink.source import TidelogInputPartition, TidelogStreamReader
+    from tidelog.client import TopicPartition
+    from tidelog.spark_sink.offsets import offset_dict
+    from tidelog.spark_sink.options import ReadOptions
+    from tidelog.spark_sink.source import TidelogInputPartition, TidelogStreamReader
 
     topic = new_topic(partitions=2, message_timestamp_type="LogAppendTime")
     produce(broker.address, topic, [b"v%d" % i for i in range(10)])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.testing import InProcessBroker
 from tests.spark.conftest import TopicFactory, consume_all, produce
+from tidelog.broker.testing import InProcessBroker
 
 pytestmark = [
     pytest.mark.spark,
@@ -133,7 +133,7 @@ def test_failed_micro_batch_rerun_writes_each_record_once(
         if value == b"b150" and not marker.exists():
             marker.write_text("failed")
             # Fail only once the other task has written all its 300 records (15 batches).
-            from client import AdminClient
+            from tidelog.client import AdminClient
 
             deadline = time.monotonic() + 60
             with AdminClient(address) as check:

@@ -15,9 +15,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from client.keyed_producer import ProducerRecord
-from spark_sink.options import WriteOptions
-from spark_sink.writer import canonical_order, check_sink_schema
+from tidelog.client.keyed_producer import ProducerRecord
+from tidelog.spark_sink.options import WriteOptions
+from tidelog.spark_sink.writer import canonical_order, check_sink_schema
 
 HEADERS = ArrayType(
     StructType([StructField("key", StringType()), StructField("value", BinaryType())])

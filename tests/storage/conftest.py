@@ -28,10 +28,10 @@ import crc32c
 import lz4.frame
 import pytest
 
-from storage.clock import ManualClock
-from storage.config import LogConfig
-from storage.partition_log import PartitionLog
-from storage.records import (
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import (
     HEADER_SIZE,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,

@@ -8,7 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.batch_times import (
+from tests.storage.conftest import T0, crash, scratch_dir
+from tidelog.storage.batch_times import (
     ENTRY,
     WIRE_ENTRY,
     BatchTimes,
@@ -17,12 +18,11 @@ from storage.batch_times import (
     encode_entries,
     valid_prefix,
 )
-from storage.cleaner import LogCleaner
-from storage.clock import ManualClock
-from storage.config import LogConfig
-from storage.partition_log import PartitionLog
-from storage.records import encode_batch, iter_batch_headers
-from tests.storage.conftest import T0, crash, scratch_dir
+from tidelog.storage.cleaner import LogCleaner
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.config import LogConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import encode_batch, iter_batch_headers
 
 FAST = settings(
     max_examples=60,

@@ -23,10 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, write_offsets
-from storage.cleaner import LogCleaner
-from storage.clock import ManualClock
-from storage.compaction import (
+from tidelog.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, write_offsets
+from tidelog.storage.cleaner import LogCleaner
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.compaction import (
     OFFSET_MAP_ENTRY_BYTES,
     CleanableRange,
     CleaningRules,
@@ -39,11 +39,11 @@ from storage.compaction import (
     plan_cleanable_range,
     should_retain_record,
 )
-from storage.config import LogConfig
-from storage.errors import CorruptRecordError
-from storage.log_manager import LogManager, LogManagerConfig
-from storage.partition_log import PartitionLog
-from storage.records import (
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import (
     BatchBuilder,
     BatchHeader,
     Compression,
@@ -55,7 +55,7 @@ from storage.records import (
     read_header,
     validate_batch,
 )
-from storage.segment import Segment
+from tidelog.storage.segment import Segment
 
 T0 = 1_700_000_000_000
 RETENTION_MS = 1_000  # delete.retention.ms in most tests

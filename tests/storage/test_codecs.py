@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from storage import native as native_choice
-from storage.columns import decode_batch_into, finish_columns, new_column_builder
-from storage.compression import compress_records, decompress_records, max_compressed_bytes
-from storage.errors import CorruptRecordError
-from storage.records import (
+from tidelog.storage import native as native_choice
+from tidelog.storage.columns import decode_batch_into, finish_columns, new_column_builder
+from tidelog.storage.compression import compress_records, decompress_records, max_compressed_bytes
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.records import (
     HEADER_SIZE,
     MAX_DECOMPRESSED_BYTES,
     BatchBuilder,

@@ -14,9 +14,9 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from storage.clock import ManualClock
-from storage.errors import CorruptRecordError
 from tests.storage.conftest import log_config, make_batch, open_log, read_values
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import CorruptRecordError
 
 
 def _lying_header_count() -> bytes:

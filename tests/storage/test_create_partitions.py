@@ -15,16 +15,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from storage.clock import ManualClock
-from storage.errors import (
+from tests.storage.conftest import T0, crash, make_batch, read_values
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidRequestError,
     InvalidTopicError,
     StorageError,
     UnknownTopicOrPartitionError,
 )
-from storage.log_manager import MAX_PARTITIONS, TOPICS_FILE, LogManager
-from tests.storage.conftest import T0, crash, make_batch, read_values
+from tidelog.storage.log_manager import MAX_PARTITIONS, TOPICS_FILE, LogManager
 
 
 def _counts_on_disk(data: Path) -> dict[str, int]:

@@ -16,21 +16,21 @@ from typing import Any
 
 import pytest
 
-from storage.cleaner import LogCleaner
-from storage.clock import ManualClock
-from storage.compaction import CleaningRules, OffsetMap, clean_batch
-from storage.config import LogConfig
-from storage.errors import CorruptRecordError
-from storage.log_manager import LogManager
-from storage.partition_log import PartitionLog
-from storage.records import (
+from tests.storage.conftest import T0, lz4_batch, make_batch, open_log, read_values, with_codec
+from tidelog.storage.cleaner import LogCleaner
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.compaction import CleaningRules, OffsetMap, clean_batch
+from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.log_manager import LogManager
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import (
     HEADER_SIZE,
     MAX_DECOMPRESSED_BYTES,
     Compression,
     decode_batch,
     encode_batch,
 )
-from tests.storage.conftest import T0, lz4_batch, make_batch, open_log, read_values, with_codec
 
 
 class Journal:

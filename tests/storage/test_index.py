@@ -17,8 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.clock import ManualClock
-from storage.index import CorruptIndexError, OffsetIndex, TimeIndex
 from tests.storage.conftest import (
     T0,
     fill_disk_completely,
@@ -30,6 +28,8 @@ from tests.storage.conftest import (
     segment_files,
     values,
 )
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.index import CorruptIndexError, OffsetIndex, TimeIndex
 
 PROPERTY = settings(
     max_examples=100,

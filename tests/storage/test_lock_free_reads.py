@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from storage.batch_times import BatchTimes, decode_wire
-from storage.clock import ManualClock
-from storage.records import iter_batch_headers
 from tests.storage.conftest import log_config, make_batch, open_log
+from tidelog.storage.batch_times import BatchTimes, decode_wire
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.records import iter_batch_headers
 
 WAIT_S = 10.0
 

@@ -30,10 +30,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from storage.clock import ManualClock
-from storage.errors import OffsetOutOfRangeError
-from storage.partition_log import PartitionLog
-from storage.records import decode_records, split_whole_batches
 from tests.storage.conftest import (
     T0,
     crash,
@@ -44,6 +40,10 @@ from tests.storage.conftest import (
     reopen_clean,
     reopen_unclean,
 )
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import OffsetOutOfRangeError
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import decode_records, split_whole_batches
 
 RETENTION_MS = 10_000
 DELETE_DELAY_MS = 1_000

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.clock import ManualClock
-from storage.log_manager import LogManager
 from tests.storage.conftest import make_batch, read_values
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.log_manager import LogManager
 
 LONGEST = "t" * 249
 

@@ -26,10 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import native as native_choice
-from storage.columns import decode_batch_into, finish_columns, new_column_builder
-from storage.errors import CorruptRecordError
-from storage.records import (
+from tests.storage.test_records import MALFORMED_RECORDS, kafka_batch, one_record_batch
+from tidelog.storage import native as native_choice
+from tidelog.storage.columns import decode_batch_into, finish_columns, new_column_builder
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.records import (
     HEADER_SIZE,
     MAX_DECOMPRESSED_BYTES,
     BatchBuilder,
@@ -39,7 +40,6 @@ from storage.records import (
     decode_batch,
     decode_batch_as,
 )
-from tests.storage.test_records import MALFORMED_RECORDS, kafka_batch, one_record_batch
 
 NATIVE = native_choice.NATIVE
 needs_native = pytest.mark.skipif(not NATIVE, reason=str(native_choice.PURE_REASON))
@@ -163,8 +163,8 @@ def test_native_and_pure_agree_on_arbitrary_records_data(
     data: bytes, count: int, last_offset_delta: int, append_time: bool
 ) -> None:
     # Straight at the record parsers: no header, no CRC in the way.
-    from storage import _native
-    from storage.records import _decode_records
+    from tidelog.storage import _native
+    from tidelog.storage.records import _decode_records
 
     args = (count, 5, T0, T0 + 9 if append_time else None, last_offset_delta, 0)
     native = outcome(lambda: _native.decode_records(data, 0, len(data), *args, Record, None))
@@ -240,8 +240,8 @@ small = st.integers(-3, 9) | st.integers(INT64_MIN, INT64_MAX)
 @FUZZ
 @given(records_data())
 def test_native_and_pure_agree_on_structured_records_data(case: tuple[bytes, int, int]) -> None:
-    from storage import _native
-    from storage.records import _decode_records
+    from tidelog.storage import _native
+    from tidelog.storage.records import _decode_records
 
     data, count, last_offset_delta = case
     for base_timestamp, append_time in ((INT64_MAX - 3, None), (T0, T0 + 5)):

@@ -13,27 +13,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from storage.clock import ManualClock
-from storage.errors import (
-    CorruptRecordError,
-    InvalidProducerEpochError,
-    InvalidRequestError,
-    OffsetOutOfRangeError,
-    OutOfOrderSequenceError,
-    RecordTooLargeError,
-    StorageError,
-)
-from storage.log_manager import LogManager, LogManagerConfig
-from storage.partition_log import PartitionLog
-from storage.records import (
-    HEADER_SIZE,
-    BatchBuilder,
-    Compression,
-    TimestampType,
-    decode_records,
-    iter_batch_headers,
-    validate_batch,
-)
 from tests.storage.conftest import (
     T0,
     crash,
@@ -47,6 +26,27 @@ from tests.storage.conftest import (
     scratch_dir,
     segment_files,
     values,
+)
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
+    CorruptRecordError,
+    InvalidProducerEpochError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    RecordTooLargeError,
+    StorageError,
+)
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import (
+    HEADER_SIZE,
+    BatchBuilder,
+    Compression,
+    TimestampType,
+    decode_records,
+    iter_batch_headers,
+    validate_batch,
 )
 
 PROPERTY = settings(

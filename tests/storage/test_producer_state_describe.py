@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from storage.clock import ManualClock
-from storage.errors import InvalidConfigError
-from storage.log_manager import LogManager, LogManagerConfig
-from storage.producer_state import ProducerStateTable, ProducerSummary
-from storage.records import BatchBuilder, BatchHeader, read_header
 from tests.storage.conftest import make_batch
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import InvalidConfigError
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.producer_state import ProducerStateTable, ProducerSummary
+from tidelog.storage.records import BatchBuilder, BatchHeader, read_header
 
 
 def _header(

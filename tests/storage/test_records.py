@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import records, varint
-from storage.errors import CorruptRecordError
-from storage.records import (
+from tidelog.storage import records, varint
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     NO_SEQUENCE,
@@ -40,7 +40,7 @@ from storage.records import (
     split_whole_batches,
     validate_batch,
 )
-from storage.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
+from tidelog.storage.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -20,21 +20,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.checkpoint import CLEAN_SHUTDOWN_MARKER
-from storage.clock import ManualClock
-from storage.errors import (
-    InvalidConfigError,
-    InvalidPartitionsError,
-    InvalidTopicError,
-    LogDirFullError,
-    RecordTooLargeError,
-    StorageError,
-    TopicAlreadyExistsError,
-    UnknownTopicOrPartitionError,
-)
-from storage.log_manager import LogManager, LogManagerConfig
-from storage.partition_log import PartitionLog
-from storage.records import encode_batch, read_header
 from tests.storage.conftest import (
     T0,
     crash,
@@ -49,6 +34,21 @@ from tests.storage.conftest import (
     segment_files,
     values,
 )
+from tidelog.storage.checkpoint import CLEAN_SHUTDOWN_MARKER
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidTopicError,
+    LogDirFullError,
+    RecordTooLargeError,
+    StorageError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import encode_batch, read_header
 
 RECOVERY = settings(
     max_examples=80,

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.cleaner import summarize_segments
-from storage.clock import ManualClock
-from storage.compaction import plan_cleanable_range
-from storage.errors import FencedLeaderEpochError
-from storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry
-from storage.partition_log import PartitionLog
-from storage.records import iter_batch_headers, split_whole_batches
 from tests.storage.conftest import log_config, make_batch, open_log, values
+from tidelog.storage.cleaner import summarize_segments
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.compaction import plan_cleanable_range
+from tidelog.storage.errors import FencedLeaderEpochError
+from tidelog.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import iter_batch_headers, split_whole_batches
 
 
 def replicate(leader: PartitionLog, follower: PartitionLog, max_bytes: int = 300) -> None:

@@ -19,7 +19,7 @@ message on an open stream costs a fraction of that).
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from proto.tidelog.v1 import broker_pb2 as _broker_pb2
+from tidelog.proto.tidelog.v1 import broker_pb2 as _broker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

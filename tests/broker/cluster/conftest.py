@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cluster.testing import LocalCluster, ZooKeeperServer, zookeeper_available
+from tidelog.broker.cluster.testing import LocalCluster, ZooKeeperServer, zookeeper_available
 
 _LOG_TAIL_CHARS = 6_000
 

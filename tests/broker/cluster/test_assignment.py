@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.cluster.assignment import assign_replicas
-from storage.errors import InvalidReplicationFactorError
+from tidelog.broker.cluster.assignment import assign_replicas
+from tidelog.storage.errors import InvalidReplicationFactorError
 
 
 def test_kafkas_example_five_brokers_ten_partitions() -> None:

@@ -15,13 +15,13 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import decode_records
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.broker.conftest import error_code, make_batch
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import decode_records
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 10

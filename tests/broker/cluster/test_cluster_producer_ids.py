@@ -13,15 +13,15 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from broker.cluster.producer_ids import PRODUCER_ID_BLOCK_SIZE
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.keyed_producer import KeyedProducer, ProducerRecord
-from client.types import ConsumerRecord
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tidelog.broker.cluster.producer_ids import PRODUCER_ID_BLOCK_SIZE
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.keyed_producer import KeyedProducer, ProducerRecord
+from tidelog.client.types import ConsumerRecord
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 10

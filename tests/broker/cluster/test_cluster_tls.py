@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.store import ClusterStore
-from broker.cluster.testing import LocalCluster
-from broker.core.scram import credential_from_password
-from broker.core.users import ZooKeeperUserStore
-from broker.testing_tls import TestPki
-from client import AdminClient, Consumer, Producer, TopicPartition
-from storage.errors import BrokerUnavailableError, KafkaTimeoutError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import ZooKeeperUserStore
+from tidelog.broker.testing_tls import TestPki
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.storage.errors import BrokerUnavailableError, KafkaTimeoutError, TidelogError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Consumer, LogTruncationError, Producer, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Consumer, LogTruncationError, Producer, TopicPartition
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TIMEOUT_S = 10

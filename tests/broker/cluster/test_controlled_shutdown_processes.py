@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from broker.cluster.controller import Controller, ControllerSettings
-from broker.cluster.metadata import MetadataWatcher
-from broker.cluster.store import ClusterStore
-from broker.cluster.testing import ZooKeeperServer
-from broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
-from storage.clock import SystemClock
-from storage.errors import (
+from tidelog.broker.cluster.controller import Controller, ControllerSettings
+from tidelog.broker.cluster.metadata import MetadataWatcher
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.testing import ZooKeeperServer
+from tidelog.broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
+from tidelog.storage.clock import SystemClock
+from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     NotControllerError,

@@ -14,15 +14,15 @@ from typing import Any, cast
 
 import pytest
 
-from broker.cluster.controller import Controller, ControllerSettings
-from broker.cluster.metadata import ClusterMetadata, MetadataWatcher, TopicMetadata
-from broker.cluster.node import ClusterNode, ClusterPlacement
-from broker.cluster.session import SessionFence, step_down_delay_ms
-from broker.cluster.store import ClusterStore
-from broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
-from broker.config import BrokerConfig
-from storage.clock import SystemClock
-from storage.errors import NotControllerError, NotLeaderOrFollowerError
+from tidelog.broker.cluster.controller import Controller, ControllerSettings
+from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher, TopicMetadata
+from tidelog.broker.cluster.node import ClusterNode, ClusterPlacement
+from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog.broker.config import BrokerConfig
+from tidelog.storage.clock import SystemClock
+from tidelog.storage.errors import NotControllerError, NotLeaderOrFollowerError
 
 ME, OTHER = 1, 2
 

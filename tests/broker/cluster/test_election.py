@@ -5,13 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.cluster.election import (
+from tidelog.broker.cluster.election import (
     elect_for_shutdown,
     elect_preferred,
     leadership_predates_leader,
     reconcile,
 )
-from broker.cluster.znodes import NO_LEADER, PartitionState
+from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
 
 REPLICAS = (1, 2, 3)
 

@@ -19,11 +19,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.cluster.election import crashed_replicas, reconcile, with_elr
-from broker.cluster.fetcher import FetcherPool
-from broker.cluster.metadata import ClusterMetadata, TopicMetadata
-from broker.cluster.replicas import ReplicaManager, ReplicaSettings
-from broker.cluster.znodes import (
+from tests.broker.conftest import make_batch
+from tidelog.broker.cluster.election import crashed_replicas, reconcile, with_elr
+from tidelog.broker.cluster.fetcher import FetcherPool
+from tidelog.broker.cluster.metadata import ClusterMetadata, TopicMetadata
+from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from tidelog.broker.cluster.znodes import (
     NO_LEADER,
     BrokerRegistration,
     PartitionState,
@@ -33,11 +34,10 @@ from broker.cluster.znodes import (
     encode_broker,
     encode_partition_state,
 )
-from broker.core.fetch import PartitionFetchSpec
-from storage.checkpoint import CLEAN_SHUTDOWN_MARKER
-from storage.clock import ManualClock
-from storage.log_manager import LogManager, LogManagerConfig
-from tests.broker.conftest import make_batch
+from tidelog.broker.core.fetch import PartitionFetchSpec
+from tidelog.storage.checkpoint import CLEAN_SHUTDOWN_MARKER
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.store import ClusterStore
-from broker.cluster.testing import LocalCluster
-from broker.cluster.znodes import NO_LEADER, PartitionState
-from client import AdminClient, Consumer, Producer, TopicPartition
-from storage.errors import NotEnoughReplicasError
-from storage.files import fsync_dir
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.faults.lossyfs import LossyFs, missing
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.storage.errors import NotEnoughReplicasError
+from tidelog.storage.files import fsync_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

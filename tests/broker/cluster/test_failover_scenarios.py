@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Consumer, Producer, TopicPartition
-from storage.errors import InvalidReplicationFactorError, TidelogError
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.broker.cluster.workload import Workload
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.storage.errors import InvalidReplicationFactorError, TidelogError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 PARTITIONS = 3

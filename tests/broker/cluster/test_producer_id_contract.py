@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.producer_ids import ZooKeeperProducerIds
-from broker.cluster.store import ClusterStore
-from broker.core.producer_ids import (
+from tidelog.broker.cluster.producer_ids import ZooKeeperProducerIds
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.core.producer_ids import (
     ProducerIdManager,
     ProducerIdSource,
     UnavailableProducerIds,
 )
-from storage.clock import ManualClock
-from storage.errors import (
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
     BrokerUnavailableError,
     InvalidProducerEpochError,
     InvalidRequestError,

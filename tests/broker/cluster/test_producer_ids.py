@@ -12,19 +12,19 @@ from urllib.parse import unquote
 
 import pytest
 
-from broker.cluster.producer_ids import PRODUCER_ID_BLOCK_SIZE, ZooKeeperProducerIds
-from broker.cluster.store import ClusterStore
-from broker.cluster.testing import ZooKeeperServer
-from broker.cluster.znodes import (
+from tidelog.broker.cluster.producer_ids import PRODUCER_ID_BLOCK_SIZE, ZooKeeperProducerIds
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.testing import ZooKeeperServer
+from tidelog.broker.cluster.znodes import (
     ProducerIdBlock,
     ZnodeError,
     decode_producer_id_block,
     encode_producer_id_block,
     producer_key_name,
 )
-from broker.core.producer_ids import MAX_PRODUCER_EPOCH
-from storage.clock import ManualClock
-from storage.errors import (
+from tidelog.broker.core.producer_ids import MAX_PRODUCER_EPOCH
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
     InvalidProducerEpochError,
     InvalidRequestError,
     UnknownProducerIdError,

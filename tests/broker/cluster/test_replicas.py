@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.fetcher import FetcherPool, FetchTarget
-from broker.cluster.metadata import ClusterMetadata, TopicMetadata
-from broker.cluster.replicas import ReplicaManager, ReplicaSettings
-from broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
-from broker.core.fetch import PartitionFetchSpec
-from broker.core.group_fsync import DURABLE, PENDING
-from storage.clock import ManualClock
-from storage.errors import (
+from tests.broker.conftest import make_batch
+from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
+from tidelog.broker.cluster.metadata import ClusterMetadata, TopicMetadata
+from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog.broker.core.fetch import PartitionFetchSpec
+from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
     FencedLeaderEpochError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
@@ -31,8 +32,7 @@ from storage.errors import (
     OffsetNotAvailableError,
     UnknownLeaderEpochError,
 )
-from storage.log_manager import LogManager, LogManagerConfig
-from tests.broker.conftest import make_batch
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
 
 TOPIC = "t"
 ME = 1

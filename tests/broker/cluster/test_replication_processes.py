@@ -16,15 +16,15 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Consumer, Producer, TopicPartition
-from client.types import ConsumerRecord
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import InvalidReplicationFactorError
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.broker.conftest import make_batch
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.types import ConsumerRecord
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import InvalidReplicationFactorError
 
 pytestmark = pytest.mark.slow
 
@@ -174,7 +174,7 @@ def test_a_leader_cut_off_from_zookeeper_stops_acknowledging(cluster: LocalClust
 
 def tidelog(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "client.cli", *args],
+        [sys.executable, "-m", "tidelog.client.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

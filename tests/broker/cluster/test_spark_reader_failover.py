@@ -12,13 +12,13 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from broker.cluster.testing import LocalCluster
-from client import AdminClient, Producer, TopicPartition
-from spark_sink.offsets import OffsetRange
-from spark_sink.options import ReadOptions
-from spark_sink.reader import read_ranges
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.client import AdminClient, Producer, TopicPartition
+from tidelog.spark_sink.offsets import OffsetRange
+from tidelog.spark_sink.options import ReadOptions
+from tidelog.spark_sink.reader import read_ranges
 
 pytestmark = pytest.mark.slow
 COUNT = 6_000

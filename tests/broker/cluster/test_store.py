@@ -8,15 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.cluster.store import (
+from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerMovedError,
     StaleStateError,
     StoreError,
     split_connect_string,
 )
-from broker.cluster.testing import ZooKeeperServer
-from broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog.broker.cluster.testing import ZooKeeperServer
+from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
 
 _chroots = itertools.count()
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from broker.cluster.store import ClusterStore, reconnect_retry
-from broker.cluster.testing import ZooKeeperServer
 from tests.broker.cluster.conftest import require_zookeeper
+from tidelog.broker.cluster.store import ClusterStore, reconnect_retry
+from tidelog.broker.cluster.testing import ZooKeeperServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

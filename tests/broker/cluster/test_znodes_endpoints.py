@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.cluster.znodes import (
+from tidelog.broker.cluster.znodes import (
     KAFKA_LISTENER,
     BrokerRegistration,
     ListenerEndpoint,

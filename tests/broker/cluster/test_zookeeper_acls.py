@@ -6,11 +6,11 @@ import itertools
 import threading
 import time
 
-from broker.cluster.acls import ZooKeeperAclStore
-from broker.cluster.store import ClusterStore
-from broker.cluster.testing import ZooKeeperServer
-from broker.core.acl import AclBinding, AclFilter, Operation, ResourceType
-from broker.core.acl_store import Acls
+from tidelog.broker.cluster.acls import ZooKeeperAclStore
+from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.testing import ZooKeeperServer
+from tidelog.broker.core.acl import AclBinding, AclFilter, Operation, ResourceType
+from tidelog.broker.core.acl_store import Acls
 
 _chroots = itertools.count()
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import grpc
 
-from storage.errors import TidelogError
+from tidelog.storage.errors import TidelogError
 
 
 def eventually(

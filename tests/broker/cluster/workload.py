@@ -29,8 +29,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from client import AdminClient, Consumer, Producer, TopicPartition
-from storage.errors import TidelogError
+from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.storage.errors import TidelogError
 
 __all__ = ["KEYS", "Workload"]
 

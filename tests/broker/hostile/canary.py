@@ -12,9 +12,9 @@ import time
 
 import grpc
 
-from client import Consumer, Producer, TopicPartition
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.client import Consumer, Producer, TopicPartition
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 CANARY_TOPIC = "canary"
 

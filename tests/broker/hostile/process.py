@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from broker.cluster.testing import dying_with_parent
+from tidelog.broker.cluster.testing import dying_with_parent
 
 ROOT = Path(__file__).resolve().parents[3]
 START_TIMEOUT_S = 90.0
@@ -45,7 +45,7 @@ class BrokerProcess:
         args = [
             sys.executable,
             "-m",
-            "broker",
+            "tidelog.broker",
             "--listen",
             "127.0.0.1:0",
             "--data-dir",

@@ -24,8 +24,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from proto.tidelog.v1 import broker_pb2 as pb
-from storage.records import BatchBuilder, Compression
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.records import BatchBuilder, Compression
 
 __all__ = ["KNOWN_TOPICS", "PROTECTED", "batches", "garbage", "names", "requests"]
 

@@ -23,12 +23,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.hostile import http2
 from tests.broker.hostile.canary import Canary
 from tests.broker.hostile.process import BrokerProcess
 from tests.storage.conftest import make_batch
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(300)
 

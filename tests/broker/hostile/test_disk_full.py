@@ -22,11 +22,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.records import BatchBuilder, decode_batch, iter_batch_headers
 from tests.broker.hostile.process import BrokerProcess
 from tests.storage.conftest import mount_tmpfs
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.records import BatchBuilder, decode_batch, iter_batch_headers
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -34,13 +34,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from broker.malloc import TRIM_THRESHOLD_BYTES
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tests.broker.hostile.canary import CANARY_TOPIC, Canary
 from tests.broker.hostile.process import BrokerProcess
 from tests.broker.hostile.strategies import KNOWN_TOPICS, batches, garbage, requests
 from tests.broker.hostile.verify import Sender, Tally, check_call, mutations, read_everything
+from tidelog.broker.malloc import TRIM_THRESHOLD_BYTES
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -12,11 +12,11 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from broker.grpc.errors import ERROR_CODE_METADATA_KEY
-from proto.tidelog.v1 import broker_pb2 as pb
-from proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
-from storage.errors import CorruptRecordError
-from storage.records import decode_batch, iter_batch_headers
+from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import CorruptRecordError
+from tidelog.storage.records import decode_batch, iter_batch_headers
 
 # Codes a hostile request must never provoke: each means the broker failed, not the request.
 FAULT_CODES = frozenset(
