@@ -350,8 +350,6 @@ COLLABORATORS = {"core", "authenticator", "placement", "membership", "node", "re
 # Known leftovers, each an issue #26 item in another part's hands; an entry that no longer
 # matches is fine (the rule only ever narrows this list).
 LATE_WIRING_LEFT = {
-    # The Kafka listener's broker list: bound before registration, read after joining.
-    ("broker/assembly.py", "served.kafka.cluster_brokers"),
     # The replica manager needs the core's callbacks and the core needs the replica
     # manager: docs/architecture.md, "The Partition object" (the next step).
     ("broker/cluster/node.py", "local.attach_replication"),
