@@ -43,10 +43,15 @@ def metadata(cluster: LocalCluster, broker_id: int, *topics: str) -> pb.Metadata
 
 
 def create_on_controller(cluster: LocalCluster, via: int, name: str, partitions: int) -> None:
-    """CreateTopic as a client does it: at the controller, again on NOT_CONTROLLER."""
+    """CreateTopic as a client does it: at the controller, again on NOT_CONTROLLER or
+    while no controller is known (-1: an election, or ``via`` cut off from ZooKeeper)."""
     deadline = time.monotonic() + 20
     while True:
         controller = metadata(cluster, via).controller_id
+        if controller == -1:
+            assert time.monotonic() < deadline, "no controller known"
+            time.sleep(0.2)
+            continue
         try:
             stub(cluster, controller).CreateTopic(
                 pb.CreateTopicRequest(name=name, partitions=partitions), timeout=TIMEOUT_S
