@@ -341,9 +341,6 @@ COLLABORATORS = {"core", "authenticator", "placement", "membership", "node", "re
 LATE_WIRING_LEFT = {
     # The Kafka listener's broker list: bound before registration, read after joining.
     ("broker/assembly.py", "served.kafka.cluster_brokers"),
-    # The replica manager needs the core's callbacks and the core needs the replica
-    # manager: docs/architecture.md, "The Partition object" (the next step).
-    ("broker/cluster/node.py", "local.attach_replication"),
 }
 
 
