@@ -153,10 +153,6 @@ def assemble_cluster(config: BrokerConfig, clock: Clock | None = None) -> Broker
     try:
         endpoint = config.advertised_endpoint(served.listener.port)
         node = _join_cluster(config, served.core, membership, clock, endpoint, served.kafka)
-        if served.kafka is not None:
-            # The Kafka listener's broker list (owned by broker.kafka.listener; its
-            # constructor cannot take it yet: the registration needs the bound listener).
-            served.kafka.cluster_brokers = _kafka_brokers(node)
     except BaseException:
         if node is not None:
             node.stop()
@@ -247,21 +243,6 @@ class _Serving:
             self.tls,
             self.kafka,
         )
-
-
-def _kafka_brokers(node: ClusterNode) -> Callable[[], dict[int, tuple[str, int] | None]]:
-    """The live brokers' Kafka endpoints from ``node``'s watched view (their registrations'
-    ``KAFKA`` listener; None for a broker without one): the Kafka listener's broker list."""
-    from tidelog.broker.cluster.znodes import KAFKA_LISTENER
-
-    def brokers() -> dict[int, tuple[str, int] | None]:
-        found: dict[int, tuple[str, int] | None] = {}
-        for broker_id, registration in node.metadata.brokers.items():
-            kafka = registration.endpoint(KAFKA_LISTENER)
-            found[broker_id] = None if kafka is None else (kafka.host, kafka.port)
-        return found
-
-    return brokers
 
 
 def _start_kafka(config: BrokerConfig, core: BrokerCore, admission: Admission) -> KafkaListener:

@@ -1038,7 +1038,7 @@ static PyGetSetDef column_builder_getset[] = {
 
 static PyTypeObject ColumnBuilderType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "storage._native.ColumnBuilder",
+    .tp_name = "tidelog.storage._native.ColumnBuilder",
     .tp_doc = PyDoc_STR("Records into Arrow-layout column buffers. Not thread-safe."),
     .tp_basicsize = sizeof(ColumnBuilder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1501,7 +1501,7 @@ static PyMethodDef native_methods[] = {
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "storage._native",
+    .m_name = "tidelog.storage._native",
     .m_doc = "The record codec's hot loops in C; storage.records is the reference.",
     .m_size = -1,
     .m_methods = native_methods,
@@ -1510,7 +1510,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    PyObject *errors = PyImport_ImportModule("storage.errors");
+    PyObject *errors = PyImport_ImportModule("tidelog.storage.errors");
     if (errors == NULL) {
         return NULL;
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,16 @@ def test_dependency_direction(package: str) -> None:
             if storage_reach and (package == "spark_sink" or name not in CLIENT_STORAGE_ALLOWED):
                 violations.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not violations, "\n".join(violations)
+
+
+def test_the_c_extension_names_its_modules_by_the_installed_name() -> None:
+    """The codec's C source imports the error classes and names itself by string; a bare
+    ``storage.errors`` there loaded a second copy of the module, and a corrupt batch
+    raised a ``CorruptRecordError`` no ``except`` clause caught (answered INTERNAL)."""
+    source = (ROOT / "storage" / "_native.c").read_text()
+    named = re.findall(r'(?:PyImport_ImportModule\(|m_name = |tp_name = )"([\w.]+)"', source)
+    assert named, "no module names found in storage/_native.c"
+    assert [n for n in named if not n.startswith("tidelog.")] == []
 
 
 # Top-level modules outside the packages -> the top-level names they may import.
@@ -336,12 +347,9 @@ def test_string_import_detection_sees_both_spellings(tmp_path: Path) -> None:
 # through constructors instead. Assignments to one's own attributes (``self.x = ...``)
 # and to objects not named here (an ``ssl`` context's options) are not this rule's.
 COLLABORATORS = {"core", "authenticator", "placement", "membership", "node", "replicas", "kafka"}
-# Known leftovers, each an issue #26 item in another part's hands; an entry that no longer
-# matches is fine (the rule only ever narrows this list).
-LATE_WIRING_LEFT = {
-    # The Kafka listener's broker list: bound before registration, read after joining.
-    ("broker/assembly.py", "served.kafka.cluster_brokers"),
-}
+# Known leftovers (the rule only ever narrows this list): none since issue #26's
+# Partition registry and the Kafka listener's brokers from the placement.
+LATE_WIRING_LEFT: set[tuple[str, str]] = set()
 
 
 def _dotted(node: ast.expr) -> list[str] | None:

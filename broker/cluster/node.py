@@ -57,7 +57,12 @@ from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
 from tidelog.broker.cluster.store import ClusterStore, StoreError
-from tidelog.broker.cluster.znodes import NO_LEADER, BrokerRegistration, ListenerEndpoint
+from tidelog.broker.cluster.znodes import (
+    KAFKA_LISTENER,
+    NO_LEADER,
+    BrokerRegistration,
+    ListenerEndpoint,
+)
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.meta_properties import ensure_meta_properties
 from tidelog.broker.core.metrics import BrokerMetrics
@@ -135,7 +140,10 @@ class ClusterPlacement:
             self._cluster_id,
             self._broker_id,
             controller,
-            tuple(BrokerEndpoint(b.broker_id, b.host, b.port) for b in snapshot.brokers.values()),
+            tuple(
+                BrokerEndpoint(b.broker_id, b.host, b.port, _kafka_endpoint(b))
+                for b in snapshot.brokers.values()
+            ),
             cut_off,
         )
 
@@ -634,3 +642,9 @@ def _start_replicas(
     )
     replicas.start()
     return replicas
+
+
+def _kafka_endpoint(registration: BrokerRegistration) -> tuple[str, int] | None:
+    """A registered broker's Kafka listener (``KAFKA_LISTENER``), None without one."""
+    kafka = registration.endpoint(KAFKA_LISTENER)
+    return None if kafka is None else (kafka.host, kafka.port)

@@ -45,11 +45,14 @@ NO_LEADER = -1
 
 @dataclass(frozen=True, slots=True)
 class BrokerEndpoint:
-    """Where clients reach a broker."""
+    """Where clients reach a broker: its gRPC endpoint, and its Kafka listener's
+    (``kafka``: ``(host, port)``; None when it has none or, on a single node, when the
+    Kafka listener answers with its own)."""
 
     broker_id: int
     host: str
     port: int
+    kafka: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

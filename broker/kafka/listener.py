@@ -176,12 +176,16 @@ class Connection:
 
     def kafka_brokers(self) -> KafkaBrokers:
         """Every live broker's Kafka endpoint, None for one without a Kafka listener
-        (``broker.kafka.cluster``); a single node: this broker alone. Cheap: one read of
-        the watched cluster view, no I/O."""
-        provider = self.listener.cluster_brokers
-        if provider is None:
-            return {self.core.config.broker_id: self.listener.advertised}
-        return provider()
+        (``broker.kafka.cluster``), from the placement's cluster view (cheap: no I/O); a
+        single node, or a cluster broker still joining (no brokers in its view): this
+        broker alone."""
+        me = self.core.config.broker_id
+        if self.core.config.zookeeper_connect is None:
+            return {me: self.listener.advertised}
+        brokers = self.core.placement.cluster().brokers
+        if not brokers:
+            return {me: self.listener.advertised}
+        return {b.broker_id: b.kafka for b in brokers}
 
 
 # A handler answers one request with the response body's plain values, or None for no
@@ -207,10 +211,6 @@ class KafkaListener:
         )
         self.port = 0
         self.advertised = (settings.advertised_host, settings.advertised_port)
-        # Cluster mode: the live brokers' Kafka endpoints from the cluster's view, set by
-        # the server once the broker joined (a reference swap, read on the loop). None: a
-        # single node, or a broker still joining: this broker alone.
-        self.cluster_brokers: Callable[[], KafkaBrokers] | None = None
         # The connection limits shared with the gRPC listener (None: no limits).
         self.admission = admission
         # KIP-848 members' last subscription and owned partitions (loop's thread only).

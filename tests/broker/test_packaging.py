@@ -39,7 +39,7 @@ def test_dockerfile_serves_on_all_interfaces_inside_and_checks_health() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert '"--listen", "0.0.0.0:7410"' in text
     assert "HEALTHCHECK" in text
-    assert '"broker", "healthcheck"' in text
+    assert '"tidelog.broker", "healthcheck"' in text
     assert 'VOLUME ["/data"]' in text
     assert "USER tidelog" in text
 

@@ -84,7 +84,7 @@ def broker_process(tmp_path: Path) -> BrokerProcess:
 def test_kill_and_restart_under_a_running_producer_stores_each_record_once(
     broker_process: BrokerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="client")
+    caplog.set_level(logging.INFO, logger="tidelog.client")
     address = broker_process.address
     with AdminClient(address, request_timeout_ms=10_000) as admin:
         admin.create_topic("restart", 2)
@@ -162,7 +162,7 @@ def test_a_broker_that_lost_acknowledged_records_fails_the_next_batch_clearly(
     producer fails that batch with ``OutOfOrderSequenceError`` (it cannot know what was
     lost) rather than silently rewriting sequences, then starts the partition over under
     a new producer id, so later records go through."""
-    caplog.set_level(logging.INFO, logger="client")
+    caplog.set_level(logging.INFO, logger="tidelog.client")
     address = broker_process.address
     with AdminClient(address, request_timeout_ms=10_000) as admin:
         admin.create_topic("lossy", 1)

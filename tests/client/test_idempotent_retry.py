@@ -86,7 +86,7 @@ def proxy(broker: InProcessBroker) -> CuttingProxy:
 def test_a_lost_answer_is_retried_and_stored_once(
     broker: InProcessBroker, proxy: CuttingProxy, topic: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="client")
+    caplog.set_level(logging.INFO, logger="tidelog.client")
     with Producer(f"127.0.0.1:{proxy.port}", linger_ms=0, acks=1, retry_backoff_ms=20) as producer:
         assert producer.send(topic, b"first").result(timeout=10).offset == 0
         proxy.cut_next_answer()
