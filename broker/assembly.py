@@ -14,8 +14,11 @@ Acls.use_store``) moves to ZooKeeper's ACLs at the same point.
 The order, in both modes:
 
 1. the TLS files are read (unreadable files: fail now) and the audit log opened;
-2. the core opens the data directory (``BrokerCore.open``; recovering it if the last
-   stop was not clean) with the mode's membership;
+2. the data directory is opened (recovering it if the last stop was not clean) and the
+   broker's partitions built over it (``broker.core.facade.open_partitions``: the
+   ``PartitionRegistry``, replicated in cluster mode, telling the purgatories of every
+   move); the core is built on them (``BrokerCore.open``) with the mode's membership. A
+   cluster broker's replica manager gets the same registry in step 6;
 3. the admission limits and the metrics collectors;
 4. the gRPC listener (``broker.grpc.listener.AsyncListener``), then the metrics endpoint;
 5. the Kafka listener (``kafka.listen``), bound before a cluster broker registers: its
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tidelog.broker.config import BrokerConfig, parse_listen
 from tidelog.broker.core.audit import configure_file as configure_audit_file
-from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.facade import BrokerCore, open_partitions
 from tidelog.broker.core.limits import Admission, AdmissionCollector
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.metrics import BrokerMetrics, MetricsServer
@@ -186,7 +189,9 @@ class _Serving:
         if security.audit_log_file:
             configure_audit_file(security.audit_log_file)
         metrics = BrokerMetrics()
-        core = BrokerCore.open(config, clock, metrics, membership)
+        partitions, delayed = open_partitions(config, clock)
+        # The core closes the log manager if it fails to open.
+        core = BrokerCore.open(config, clock, metrics, membership, partitions, delayed)
         admission = Admission(config.limits_config())
         metrics.registry.register(AdmissionCollector(admission, core.parked_operations))
         metrics.registry.register(QuotaCollector(core.quotas))

@@ -347,13 +347,9 @@ def test_string_import_detection_sees_both_spellings(tmp_path: Path) -> None:
 # through constructors instead. Assignments to one's own attributes (``self.x = ...``)
 # and to objects not named here (an ``ssl`` context's options) are not this rule's.
 COLLABORATORS = {"core", "authenticator", "placement", "membership", "node", "replicas", "kafka"}
-# Known leftovers, each an issue #26 item in another part's hands; an entry that no longer
-# matches is fine (the rule only ever narrows this list).
-LATE_WIRING_LEFT = {
-    # The replica manager needs the core's callbacks and the core needs the replica
-    # manager: docs/architecture.md, "The Partition object" (the next step).
-    ("broker/cluster/node.py", "local.attach_replication"),
-}
+# Known leftovers (the rule only ever narrows this list): none since issue #26's
+# Partition registry and the Kafka listener's brokers from the placement.
+LATE_WIRING_LEFT: set[tuple[str, str]] = set()
 
 
 def _dotted(node: ast.expr) -> list[str] | None:

@@ -66,6 +66,7 @@ from tidelog.broker.cluster.znodes import (
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.meta_properties import ensure_meta_properties
 from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
@@ -96,11 +97,12 @@ class LocalTopics(Protocol):
     @property
     def logs(self) -> LogManager: ...
 
+    @property
+    def partitions(self) -> PartitionRegistry:
+        """The core's partitions (replicated), which the replica manager shares."""
+        ...
+
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None: ...
-
-    def attach_replication(self, replicas: ReplicaManager) -> None: ...
-
-    def replication_progress(self, topic: str, partition: int) -> None: ...
 
     def became_leader(self, topic: str, partition: int) -> None: ...
 
@@ -581,7 +583,8 @@ def _start_replicas(
     local: LocalTopics,
     clock: Clock,
 ) -> ReplicaManager:
-    """The replica manager and its fetchers, attached to the core (not yet fed a view)."""
+    """The replica manager and its fetchers over the core's partitions (not yet fed a
+    view)."""
 
     def address_of(broker_id: int) -> str | None:
         found = watcher.snapshot.brokers.get(broker_id)
@@ -630,15 +633,13 @@ def _start_replicas(
             replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
             num_replica_fetchers=config.num_replica_fetchers,
         ),
-        local.logs,
+        local.partitions,
         clock,
         write_isr,
-        local.replication_progress,
         fetchers,
         on_leader=local.became_leader,
         on_isr_change=count_isr_change,
     )
-    local.attach_replication(replicas)
     replicas.start()
     return replicas
 

@@ -43,7 +43,7 @@ from typing import Any, Generic, TypeVar
 
 from tidelog.storage.clock import Clock
 
-__all__ = ["DelayedOperation", "Purgatory"]
+__all__ = ["DelayedOperation", "DelayedOperations", "Purgatory"]
 
 log = logging.getLogger(__name__)
 
@@ -295,3 +295,20 @@ class Purgatory(Generic[K]):
             self._unwatch(operation)
         if reaper is not None and reaper is not threading.current_thread():
             reaper.join(5.0)
+
+
+class DelayedOperations:
+    """The broker's two purgatories of partition-keyed operations: parked fetches and
+    ``acks=all`` produces (Kafka's ``DelayedOperations``, which a ``Partition`` asks to
+    re-check what is parked on it). Built before the partition registry, whose listener
+    ``check_and_complete_all`` is; the core starts and closes them. Thread-safe."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.fetch: Purgatory[tuple[str, int]] = Purgatory("fetch", clock)
+        self.produce: Purgatory[tuple[str, int]] = Purgatory("produce", clock)
+
+    def check_and_complete_all(self, topic: str, partition: int) -> None:
+        """A high watermark, ISR or leadership moved: re-check the produces and the
+        consumer fetches parked on the partition."""
+        self.produce.check_and_complete((topic, partition))
+        self.fetch.check_and_complete((topic, partition))

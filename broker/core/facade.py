@@ -32,18 +32,16 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Protocol
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
 from tidelog.broker.core.acl_store import Acls, LocalAclStore
 from tidelog.broker.core.auth import Authenticator
-from tidelog.broker.core.delayed import Purgatory
+from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.fetch import (
     FetchPath,
     FetchSpec,
     PartitionFetched,
-    PartitionFetchSpec,
     PendingFetch,
 )
 from tidelog.broker.core.gate import OperationGate
@@ -59,6 +57,7 @@ from tidelog.broker.core.offsets import (
     Offsets,
     PartitionProducers,
 )
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.placement import (
     BrokerEndpoint,
     ClusterView,
@@ -72,7 +71,6 @@ from tidelog.broker.core.produce import (
     PartitionProduced,
     PartitionRecords,
     ProducePath,
-    ReplicationHooks,
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
@@ -98,23 +96,10 @@ from tidelog.storage.errors import (
     NotLeaderOrFollowerError,
 )
 from tidelog.storage.log_manager import LogManager, TopicMetadata
-from tidelog.storage.partition_log import PartitionLog
 
-__all__ = ["BrokerCore", "Replication", "TopicAdmin"]
+__all__ = ["BrokerCore", "TopicAdmin", "open_partitions"]
 
 log = logging.getLogger(__name__)
-
-
-class Replication(ReplicationHooks, Protocol):
-    """The replica manager as the core uses it (``broker.cluster.replicas``; cluster mode)."""
-
-    def on_follower_fetch(
-        self, replica_id: int, spec: PartitionFetchSpec, plog: PartitionLog
-    ) -> tuple[int, int] | None: ...
-
-    def check_epoch(self, topic: str, partition: int, current_leader_epoch: int) -> None: ...
-
-    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None: ...
 
 
 class BrokerCore:
@@ -127,16 +112,14 @@ class BrokerCore:
         self,
         config: BrokerConfig,
         clock: Clock,
-        logs: LogManager,
+        partitions: PartitionRegistry,
         membership: Membership,
         metrics: BrokerMetrics,
         groups: GroupManager,
-        fetch_purgatory: Purgatory[tuple[str, int]],
-        produce_purgatory: Purgatory[tuple[str, int]],
+        delayed: DelayedOperations,
         group_fsync: GroupFsync,
         quotas: QuotaManager,
         authenticator: Authenticator | None,
-        append_hooks: list[Callable[[str, int], None]] | None = None,
         acls: Acls | None = None,
     ) -> None:
         self.config = config
@@ -146,19 +129,23 @@ class BrokerCore:
         self.quotas = quotas
         self.metrics = metrics
         self._clock = clock
+        # Every hosted partition (broker.core.partitions), shared with the replica manager
+        # in cluster mode.
+        self._partitions = partitions
+        logs = partitions.logs
         self._logs = logs
         # Authentication (broker.core.auth): every listener asks it for each call's principal.
         # None (a core built without ``open``): every call is served unauthenticated.
         self.authenticator = authenticator
         self._groups = groups
+        fetch_purgatory = delayed.fetch
         self._fetch_purgatory = fetch_purgatory
-        self._produce_purgatory = produce_purgatory
+        self._produce_purgatory = delayed.produce
         self._group_fsync = group_fsync
-        self._append_hooks = append_hooks if append_hooks is not None else []
         # Authorization (broker.grpc.authorize): disabled unless authorizer.enabled.
         self.acls = acls or Acls(LocalAclStore.in_memory(), enabled=False)
         self._fetch = FetchPath(
-            logs,
+            partitions,
             fetch_purgatory,
             metrics,
             clock,
@@ -167,9 +154,9 @@ class BrokerCore:
             check_leader=self._check_leader,
         )
         self._produce = ProducePath(
-            logs,
+            partitions,
             self._fetch.on_append,
-            produce_purgatory,
+            delayed.produce,
             group_fsync,
             metrics,
             check_leader=self._check_leader,
@@ -181,7 +168,7 @@ class BrokerCore:
         self._close_lock = threading.Lock()
         # The operations, by concept; the methods below delegate to them.
         self.topics = Topics(config, logs, membership, groups, metrics, self._gate)
-        self.offsets = Offsets(logs, membership, self._fetch, self._gate)
+        self.offsets = Offsets(partitions, membership, self._gate)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
 
@@ -192,6 +179,8 @@ class BrokerCore:
         clock: Clock | None = None,
         metrics: BrokerMetrics | None = None,
         membership: Membership | None = None,
+        partitions: PartitionRegistry | None = None,
+        delayed: DelayedOperations | None = None,
     ) -> BrokerCore:
         """Open (recovering) the data directory, load the committed offsets and start the
         background work (storage tasks, group session expiry).
@@ -201,26 +190,29 @@ class BrokerCore:
         broker passes ``Membership.joining`` and the assembly (``broker.assembly``) makes
         it join once the node has the cluster's view.
 
+        ``partitions`` and ``delayed``: the partition registry over the opened data
+        directory and the purgatories it tells of progress (``open_partitions``), built
+        by the assembly before the core; both or neither (None: built here the same
+        way). The log manager is the core's to close either way.
+
         Raises:
             StorageError: the data directory is unusable.
             InvalidConfigError: the SCRAM credentials file is unreadable.
         """
         clock = clock or SystemClock()
-        logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
-        fetch_purgatory: Purgatory[tuple[str, int]] = Purgatory("fetch", clock)
-        produce_purgatory: Purgatory[tuple[str, int]] = Purgatory("produce", clock)
+        if partitions is None or delayed is None:
+            if partitions is not None or delayed is not None:
+                raise ValueError("BrokerCore.open: pass both partitions and delayed, or neither")
+            partitions, delayed = open_partitions(config, clock)
+        logs = partitions.logs
+        fetch_purgatory = delayed.fetch
+        produce_purgatory = delayed.produce
 
         def produce_durable(topic: str, partition: int) -> None:
             produce_purgatory.check_and_complete((topic, partition))
 
-        # Cluster mode adds the replica manager here (attach_replication): the group
-        # coordinator's appends move the offsets partitions' high watermarks too.
-        append_hooks: list[Callable[[str, int], None]] = []
-
         def appended(topic: str, partition: int) -> None:
             fetch_purgatory.check_and_complete((topic, partition))
-            for hook in append_hooks:
-                hook(topic, partition)
 
         group_fsync = GroupFsync(produce_durable)
         try:
@@ -257,6 +249,7 @@ class BrokerCore:
                 clock,
                 config.group_config(),
                 on_append=appended,
+                registry=partitions,
             )
             logs.start_background()
             groups.start()
@@ -270,41 +263,24 @@ class BrokerCore:
         return cls(
             config,
             clock,
-            logs,
+            partitions,
             membership,
             metrics or BrokerMetrics(),
             groups,
-            fetch_purgatory,
-            produce_purgatory,
+            delayed,
             group_fsync,
             quotas,
             authenticator,
-            append_hooks,
             acls,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
-
-    def attach_replication(self, replicas: Replication) -> None:
-        """Cluster mode: route appends, acks and follower reads through the replica
-        manager (``broker.cluster.replicas``)."""
-        self._produce.replication = replicas
-        self._fetch.replica_fetch = replicas.on_follower_fetch
-        self._fetch.check_epoch = replicas.check_epoch
-        self._append_hooks.append(replicas.after_append)
-        self._groups.store.replication = replicas
 
     def became_leader(self, topic: str, partition: int) -> None:
         """This broker now leads the partition: an offsets partition's groups are loaded
         from its replicated log (their coordinator moved here)."""
         if topic == OFFSETS_TOPIC:
             self._groups.store.reload_partition(partition)
-
-    def replication_progress(self, topic: str, partition: int) -> None:
-        """A high watermark or ISR moved, or leadership changed: re-check the produces
-        and consumer fetches parked on the partition."""
-        self._produce_purgatory.check_and_complete((topic, partition))
-        self._fetch_purgatory.check_and_complete((topic, partition))
 
     @property
     def placement(self) -> Placement:
@@ -345,6 +321,11 @@ class BrokerCore:
         # Leading is not enough: the groups must be loaded at this epoch and what was
         # loaded replicated (COORDINATOR_LOAD_IN_PROGRESS until then; offset_store).
         self._groups.store.check_loaded(partition)
+
+    @property
+    def partitions(self) -> PartitionRegistry:
+        """Every hosted partition: the registry the replica manager shares (cluster mode)."""
+        return self._partitions
 
     @property
     def logs(self) -> LogManager:
@@ -653,3 +634,26 @@ class BrokerCore:
             )
             for plog in self._logs.logs()
         ]
+
+
+def open_partitions(
+    config: BrokerConfig, clock: Clock
+) -> tuple[PartitionRegistry, DelayedOperations]:
+    """Open (recovering) the data directory and build the broker's partitions over it,
+    telling the purgatories of every move: what ``BrokerCore.open`` takes, built before it
+    (``broker.assembly``). Replicated in cluster mode (``zookeeper.connect``): partitions
+    then have no role until the replica manager gives them one.
+
+    Raises:
+        StorageError: the data directory is unusable.
+    """
+    logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
+    delayed = DelayedOperations(clock)
+    registry = PartitionRegistry(
+        logs,
+        config.broker_id,
+        clock,
+        replicated=config.zookeeper_connect is not None,
+        listeners=(delayed.check_and_complete_all,),
+    )
+    return registry, delayed

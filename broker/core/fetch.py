@@ -27,11 +27,14 @@ answered). Bytes are returned as stored: the first batch may start before the fe
 Per-partition failures (unknown partition, ``OFFSET_OUT_OF_RANGE`` for an offset below the
 log start or past the log end, negative offsets included) are answered per partition.
 
-Replicated partitions (cluster mode, ``docs/replication.md``): a consumer reads below the
-high watermark only, and its parked fetch completes when the high watermark moves; a
-follower (``FetchSpec.replica_id`` >= 0) reads up to the log end offset, and each of its
-reads first goes through ``replica_fetch`` (the replica manager), which records how far
-the follower got and may answer a divergence instead of records.
+Each partition is read through its ``Partition`` (``broker.core.partition``, from the
+registry the core was built with). Replicated partitions (cluster mode,
+``docs/replication.md``): a consumer reads below the high watermark only, after
+``Partition.check_epoch`` (fencing, a new leader's unknown high watermark), and its parked
+fetch completes when the high watermark moves; a follower (``FetchSpec.replica_id`` >= 0)
+reads up to the log end offset, and each of its reads first goes through
+``Partition.on_follower_fetch``, which records how far the follower got (moving the ISR
+and the high watermark) and may answer a divergence instead of records.
 """
 
 from __future__ import annotations
@@ -43,9 +46,9 @@ from dataclasses import dataclass, field
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
-from tidelog.storage.log_manager import LogManager
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import iter_batch_headers
 
@@ -120,14 +123,6 @@ class PartitionFetched:
     diverging: tuple[int, int] | None = None
 
 
-# The replica manager's check of one follower read: raises (not leader, fenced epoch) or
-# returns a divergence ``(epoch, end offset)``, or None to read.
-ReplicaFetchHook = Callable[[int, PartitionFetchSpec, PartitionLog], tuple[int, int] | None]
-# The replica manager's check of a consumer read (topic, partition, the client's leader
-# epoch or -1): raises when fenced, or while a new leader's high watermark is not known.
-EpochCheck = Callable[[str, int, int], None]
-
-
 class DelayedFetch(DelayedOperation):
     """A fetch parked until what it may read of one of its partitions grows: the log end
     offset for a follower, the high watermark for a consumer. Thread-safe."""
@@ -178,7 +173,7 @@ class FetchPath:
 
     def __init__(
         self,
-        logs: LogManager,
+        partitions: PartitionRegistry,
         purgatory: Purgatory[tuple[str, int]],
         metrics: BrokerMetrics,
         clock: Clock,
@@ -186,14 +181,11 @@ class FetchPath:
         fetch_max_bytes: int,
         fetch_max_wait_ms: int,
         check_leader: Callable[[str, int], None] | None = None,
-        check_epoch: EpochCheck | None = None,
     ) -> None:
-        self._logs = logs
+        self._partitions = partitions
+        self._logs = partitions.logs
         # Cluster mode: raises unless this broker leads the partition (broker.core.placement).
         self._check_leader = check_leader
-        self.check_epoch = check_epoch
-        # Cluster mode: the replica manager's view of follower reads (set once it runs).
-        self.replica_fetch: ReplicaFetchHook | None = None
         self._purgatory = purgatory
         self._metrics = metrics
         self._clock = clock
@@ -298,14 +290,17 @@ class FetchPath:
                     raise p.refused
                 if self._check_leader is not None:
                     self._check_leader(p.topic, p.partition)
-                if self.check_epoch is not None and not replica:
-                    self.check_epoch(p.topic, p.partition, p.current_leader_epoch)
-                partition_log = self._logs.get_log(p.topic, p.partition)
+                partition = self._partitions.get(p.topic, p.partition)
+                if not replica:
+                    partition.check_epoch(p.current_leader_epoch)
+                partition_log = partition.log
                 if replica:
-                    hook = self.replica_fetch
-                    if hook is None:
-                        raise InvalidRequestError("this broker has no replicas to serve")
-                    diverging = hook(spec.replica_id, p, partition_log)
+                    diverging = partition.on_follower_fetch(
+                        spec.replica_id,
+                        p.fetch_offset,
+                        p.current_leader_epoch,
+                        p.last_fetched_epoch,
+                    )
                     if diverging is not None:
                         answers.append(
                             PartitionFetched(

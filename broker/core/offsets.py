@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidelog.broker.core.errors import partition_error
-from tidelog.broker.core.fetch import FetchPath
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.membership import Membership
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.errors import InvalidRequestError
-from tidelog.storage.log_manager import LogManager
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.producer_state import ProducerSummary
 
@@ -98,11 +97,11 @@ class Offsets:
     """The offset and producer lookups of one broker. Thread-safe."""
 
     def __init__(
-        self, logs: LogManager, membership: Membership, fetch: FetchPath, gate: OperationGate
+        self, partitions: PartitionRegistry, membership: Membership, gate: OperationGate
     ) -> None:
-        self._logs = logs
+        self._partitions = partitions
+        self._logs = partitions.logs
         self._membership = membership
-        self._fetch = fetch
         self._gate = gate
 
     def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> PartitionLog:
@@ -110,10 +109,9 @@ class Offsets:
         ``current_leader_epoch`` (-1: not checked) is this leader's; raises the routing or
         fencing error otherwise (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``...)."""
         self._membership.placement.check_leader(topic, partition)
-        check = self._fetch.check_epoch  # set in cluster mode
-        if check is not None:
-            check(topic, partition, current_leader_epoch)
-        return self._logs.get_log(topic, partition)
+        found = self._partitions.get(topic, partition)
+        found.check_epoch(current_leader_epoch)
+        return found.log
 
     def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
         """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""

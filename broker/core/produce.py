@@ -18,8 +18,13 @@ A produce request is split in two steps so that a stream can pipeline them:
      parallel share fsyncs, a stream's next request is appended while the previous one's
      fsync runs, and no listener thread waits for the disk. On a replicated partition
      (cluster mode) it also waits until the high watermark passes the batch, with at
-     least ``min.insync.replicas`` in sync (``ReplicationHooks``, the replica manager),
-     and gives up after ``REPLICATION_WAIT_MS`` (``REQUEST_TIMED_OUT``, retriable).
+     least ``min.insync.replicas`` in sync (``Partition.ack_status``), and gives up after
+     ``REPLICATION_WAIT_MS`` (``REQUEST_TIMED_OUT``, retriable).
+
+Each partition is appended through its ``Partition`` (``broker.core.partition``:
+``append_as_leader`` checks the role, the client's leader epoch and
+``min.insync.replicas``, stamps the leader epoch and moves the high watermark), the same
+call on a single node, whose partitions are unreplicated leaders, and in cluster mode.
 
 A failure is reported per partition; the other partitions of the request are unaffected.
 Internal topics (``__consumer_offsets``) refuse produce requests (``INVALID_TOPIC_EXCEPTION``,
@@ -35,23 +40,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.group_fsync import DURABLE, PENDING, GroupFsync
 from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.partition import Partition
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
-    FencedLeaderEpochError,
     InvalidRequestError,
     InvalidTopicError,
     KafkaTimeoutError,
-    NotLeaderOrFollowerError,
     StorageError,
 )
-from tidelog.storage.log_manager import LogManager
 from tidelog.storage.partition_log import AppendResult, PartitionLog
 
 __all__ = [
@@ -63,7 +66,6 @@ __all__ = [
     "PartitionProduced",
     "PartitionRecords",
     "ProducePath",
-    "ReplicationHooks",
     "parse_acks",
 ]
 
@@ -72,28 +74,6 @@ log = logging.getLogger(__name__)
 # How long an acks=all produce waits for its followers (Kafka's produce request timeout;
 # the producer's own delivery timeout is the bound the user sets).
 REPLICATION_WAIT_MS = 30_000
-
-
-class ReplicationHooks(Protocol):
-    """What the produce path asks the replica manager (cluster mode). Thread-safe."""
-
-    def leader_epoch_for_append(
-        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
-    ) -> int | None:
-        """The epoch to stamp into the batches, or None for a partition that is not
-        replicated. Raises ``NotLeaderOrFollowerError``, ``FencedLeaderEpochError``,
-        ``UnknownLeaderEpochError``, or ``NotEnoughReplicasError`` (``acks_all`` with too
-        few in-sync replicas): nothing is appended then."""
-        ...
-
-    def after_append(self, topic: str, partition: int) -> None:
-        """The leader appended: move the high watermark if the ISR allows it."""
-        ...
-
-    def ack_status(self, plog: PartitionLog, end_offset: int) -> str | BaseException:
-        """``DURABLE`` once the high watermark reached ``end_offset`` with enough in-sync
-        replicas, ``PENDING`` before, or the error to answer with."""
-        ...
 
 
 class Acks(enum.IntEnum):
@@ -134,7 +114,12 @@ class PartitionAppend:
     partition: int
     result: AppendResult | None
     error: BaseException | None
-    log: PartitionLog | None
+    target: Partition | None  # the partition appended to
+
+    @property
+    def log(self) -> PartitionLog | None:
+        """The log appended to."""
+        return None if self.target is None else self.target.log
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +144,7 @@ def _answers(
 ) -> list[PartitionProduced]:
     answers = []
     for append in appends:
-        error = append.error or flush_errors.get(id(append.log))
+        error = append.error or flush_errors.get(id(append.target))
         if error is not None:
             code, message = partition_error(error)
             answers.append(
@@ -169,14 +154,14 @@ def _answers(
             )
             continue
         assert append.result is not None
-        assert append.log is not None
+        assert append.target is not None
         answers.append(
             PartitionProduced(
                 append.topic,
                 append.partition,
                 base_offset=append.result.base_offset,
                 log_append_time_ms=append.result.log_append_time_ms,
-                log_start_offset=append.log.log_start_offset,
+                log_start_offset=append.target.log.log_start_offset,
                 duplicate=append.result.duplicate,
             )
         )
@@ -191,40 +176,41 @@ class DelayedProduce(DelayedOperation):
     partitions still pending then are answered with the shutdown as a storage fault.
     """
 
-    __slots__ = ("_appends", "_deliver", "_fsync", "_replication", "_started", "_targets", "_wait")
+    __slots__ = ("_appends", "_deliver", "_fsync", "_started", "_targets", "_wait")
 
     def __init__(
         self,
         appends: Sequence[PartitionAppend],
-        targets: dict[int, tuple[PartitionLog, int]],
+        targets: dict[int, tuple[Partition, int]],
         fsync: GroupFsync,
         deliver: Deliver,
         wait: Callable[[float], None],
-        replication: ReplicationHooks | None = None,
         deadline_ms: int | None = None,
     ) -> None:
         super().__init__(deadline_ms)
         self._appends = appends
         self._targets = targets
         self._fsync = fsync
-        self._replication = replication
         self._deliver = deliver
         self._wait = wait
         self._started = time.perf_counter()
 
-    def _status(self, plog: PartitionLog, end: int) -> str | BaseException:
-        status = self._fsync.status(plog, end)
-        if status != DURABLE or self._replication is None:
+    def _status(self, partition: Partition, end: int) -> str | BaseException:
+        status = self._fsync.status(partition.log, end)
+        if status != DURABLE:
             return status
-        return self._replication.ack_status(plog, end)
+        return partition.ack_status(end)
 
     def is_satisfied(self) -> bool:
-        return all(self._status(plog, end) != PENDING for plog, end in self._targets.values())
+        return all(
+            self._status(partition, end) != PENDING for partition, end in self._targets.values()
+        )
 
     def on_complete(self) -> None:
         errors: dict[int, BaseException] = {}
-        for key, (plog, end) in self._targets.items():
-            status = self._status(plog, end)
+        for key, (partition, end) in self._targets.items():
+            plog = partition.log
+            status = self._status(partition, end)
             if isinstance(status, BaseException):
                 errors[key] = status
             elif status != DURABLE and self._fsync.status(plog, end) == DURABLE:
@@ -244,7 +230,7 @@ class ProducePath:
 
     def __init__(
         self,
-        logs: LogManager,
+        partitions: PartitionRegistry,
         on_append: Callable[[str, int], None],
         purgatory: Purgatory[tuple[str, int]],
         fsync: GroupFsync,
@@ -254,10 +240,9 @@ class ProducePath:
         batch_times: bool = True,
         clock: Clock | None = None,
     ) -> None:
-        self._logs = logs
+        self._partitions = partitions
+        self._logs = partitions.logs
         self._clock = clock or SystemClock()
-        # Cluster mode: the replica manager (set once the broker joins).
-        self.replication: ReplicationHooks | None = None
         # False (log.batch.times.enable): store no sent/received times at all.
         self._batch_times = batch_times
         # Cluster mode: raises unless this broker leads the partition (broker.core.placement).
@@ -287,31 +272,13 @@ class ProducePath:
                 raise InvalidTopicError(f"cannot produce to internal topic {part.topic}")
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
-            partition_log = self._logs.get_log(part.topic, part.partition)
-            replication = self.replication
-            epoch = None
-            if replication is not None:
-                epoch = replication.leader_epoch_for_append(
-                    part.topic,
-                    part.partition,
-                    acks_all=part.acks_all,
-                    current_leader_epoch=part.current_leader_epoch,
-                )
-            try:
-                result = partition_log.append(
-                    part.records, part.times if self._batch_times else None, leader_epoch=epoch
-                )
-            except FencedLeaderEpochError as exc:
-                # This broker's leadership moved to a newer epoch between the check above
-                # and the append (the controller bumped it: an ISR change, a re-election),
-                # and the log refused the stale stamp; nothing was appended. Not the
-                # client's stale epoch (checked above): "not the leader (of that epoch)",
-                # which every client retries; a Kafka producer treats FENCED_LEADER_EPOCH
-                # on produce as final, since Kafka's produce never answers it.
-                raise NotLeaderOrFollowerError(
-                    f"{part.topic}-{part.partition}: the leader epoch moved during the "
-                    "append; nothing appended, retry"
-                ) from exc
+            target = self._partitions.get(part.topic, part.partition)
+            result = target.append_as_leader(
+                part.records,
+                part.times if self._batch_times else None,
+                acks_all=part.acks_all,
+                current_leader_epoch=part.current_leader_epoch,
+            )
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()
@@ -321,9 +288,7 @@ class ProducePath:
             self._metrics.bytes_in.labels(part.topic).inc(len(part.records))
             self._metrics.records_in.labels(part.topic).inc(result.record_count)
             self._on_append(part.topic, part.partition)
-            if replication is not None:
-                replication.after_append(part.topic, part.partition)
-        return PartitionAppend(part.topic, part.partition, result, None, partition_log)
+        return PartitionAppend(part.topic, part.partition, result, None, target)
 
     def complete(self, appends: Sequence[PartitionAppend], acks: Acks, deliver: Deliver) -> None:
         """Step 2: deliver the answers once the appends are as durable as ``acks`` asks.
@@ -338,30 +303,31 @@ class ProducePath:
         if acks == Acks.LEADER:
             deliver(_answers(appends, {}))
             return
-        targets: dict[int, tuple[PartitionLog, int]] = {}
+        targets: dict[int, tuple[Partition, int]] = {}
+        replicated = False
         for append in appends:
-            if append.log is None or append.result is None:
+            if append.target is None or append.result is None:
                 continue
             # flush(n) makes offsets below n durable: last_offset + 1 covers the batch.
             end = append.result.last_offset + 1
-            previous = targets.get(id(append.log))
+            previous = targets.get(id(append.target))
             if previous is None or previous[1] < end:
-                targets[id(append.log)] = (append.log, end)
-        replication = self.replication
+                targets[id(append.target)] = (append.target, end)
+            replicated = replicated or append.target.replicated
+        # Only waiting for followers can time out; an fsync is never interrupted.
         operation = DelayedProduce(
             appends,
             targets,
             self._fsync,
             deliver,
             self._metrics.flush_wait.observe,
-            replication,
-            None if replication is None else self._clock.monotonic_ms() + REPLICATION_WAIT_MS,
+            self._clock.monotonic_ms() + REPLICATION_WAIT_MS if replicated else None,
         )
-        keys = [(plog.topic, plog.partition) for plog, _ in targets.values()]
+        keys = [(p.topic, p.partition) for p, _ in targets.values()]
         if self._purgatory.try_complete_else_watch(operation, keys):
             return
-        for plog, end in targets.values():
-            self._fsync.request(plog, end)
+        for p, end in targets.values():
+            self._fsync.request(p.log, end)
 
     def complete_blocking(
         self, appends: Sequence[PartitionAppend], acks: Acks

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.classic import ClassicGroups
 from tidelog.broker.groups.coordinator import (
@@ -220,14 +221,16 @@ class GroupManager:
         config: GroupConfig | None = None,
         *,
         on_append: Callable[[str, int], None] | None = None,
+        registry: PartitionRegistry | None = None,
     ) -> GroupManager:
-        """Create or load ``__consumer_offsets``; membership starts empty.
+        """Create or load ``__consumer_offsets``; membership starts empty. ``registry``:
+        the broker's partitions over ``logs`` (None: a single node's, ``OffsetStore.open``).
 
         Raises:
             StorageError: the offsets topic cannot be created or read.
         """
         config = config or GroupConfig()
-        store = OffsetStore.open(logs, config.offsets, on_append=on_append)
+        store = OffsetStore.open(logs, config.offsets, on_append=on_append, registry=registry)
         # Groups with committed offsets may have members from before this start that do
         # not know yet they were forgotten: hold their grants for a while.
         coordinator = GroupCoordinator(

@@ -10,8 +10,8 @@ Writes, per offsets partition under its own lock, in this order:
 
 1. append the batch to the partition log;
 2. fsync it (``acks=all``); in cluster mode also wait until the in-sync replicas have it
-   (the partition's high watermark passed it: ``replication``, the replica manager), so a
-   commit acknowledged survives the coordinator's death;
+   (the partition's high watermark passed it: ``Partition.wait_replicated``), so a commit
+   acknowledged survives the coordinator's death;
 3. only then change the in-memory cache, and return (the caller acknowledges).
 
 Cluster mode: only the leader of an offsets partition coordinates its groups; a broker
@@ -25,6 +25,11 @@ leader appended but never acknowledged; the cache must not show those until the 
 replicas hold them, or a second failover before they are replicated would take them back
 (the committed offset seen going backwards). Kafka's new group coordinator has the same
 rule: it serves only state at or below the high watermark.
+
+The append goes through the offsets partition's ``Partition`` (``append_as_leader``, from
+the registry the broker was built with): in cluster mode it is refused unless this broker
+leads the partition, and stamped with its leader epoch; on a single node the partition is
+an unreplicated leader and nothing is checked.
 
 A failed append or fsync leaves the cache as it was and raises (``StorageError``); a
 commit whose fsync failed may still reappear after a restart, as with any write whose
@@ -46,8 +51,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
     OffsetValue,
@@ -60,7 +65,6 @@ from tidelog.broker.groups.offset_records import (
 from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
     CorruptRecordError,
-    NotLeaderOrFollowerError,
     TopicAlreadyExistsError,
 )
 from tidelog.storage.log_manager import LogManager
@@ -78,16 +82,6 @@ _BATCH_TARGET_BYTES = 256 * 1024
 
 
 _REPLICATION_WAIT_MS = 30_000
-
-
-class OffsetReplication(Protocol):
-    """What a commit asks the replica manager (cluster mode)."""
-
-    def leader_epoch_for_append(
-        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
-    ) -> int | None: ...
-
-    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +110,7 @@ class OffsetStore:
         partitions: int,
         cache: dict[str, dict[TopicPartition, OffsetValue]],
         on_append: Callable[[str, int], None] | None,
+        registry: PartitionRegistry,
     ) -> None:
         self._logs = logs
         self._partitions = partitions
@@ -123,8 +118,9 @@ class OffsetStore:
         self._cache_lock = threading.Lock()
         self._write_locks = [threading.Lock() for _ in range(partitions)]
         self._on_append = on_append
-        # Cluster mode: the replica manager (BrokerCore.attach_replication).
-        self.replication: OffsetReplication | None = None
+        # The broker's partitions (replicated in cluster mode: roles from the replica
+        # manager).
+        self._registry = registry
         # Cluster mode: offsets partition -> (leader epoch the cache was loaded at, the log
         # end offset then); guarded by _cache_lock. See check_loaded.
         self._loaded: dict[int, tuple[int, int]] = {}
@@ -136,6 +132,7 @@ class OffsetStore:
         config: OffsetStoreConfig | None = None,
         *,
         on_append: Callable[[str, int], None] | None = None,
+        registry: PartitionRegistry | None = None,
     ) -> OffsetStore:
         """Create ``__consumer_offsets`` if needed and load every committed offset.
 
@@ -144,6 +141,8 @@ class OffsetStore:
             config: partitions and segment size for a topic created now.
             on_append: called with (topic, partition) after each append (wakes fetches
                 of the offsets topic).
+            registry: the broker's partitions over ``logs``; None: a single node's,
+                made here (unreplicated: every partition leads).
 
         Raises:
             StorageError: the topic cannot be created or read.
@@ -170,7 +169,9 @@ class OffsetStore:
             records,
             OFFSETS_TOPIC,
         )
-        return cls(logs, meta.partitions, cache, on_append)
+        if registry is None:
+            registry = PartitionRegistry(logs, 0, logs.clock, replicated=False)
+        return cls(logs, meta.partitions, cache, on_append, registry)
 
     @property
     def partitions(self) -> int:
@@ -262,7 +263,7 @@ class OffsetStore:
         ``partition`` was loaded at this broker's current leader epoch and the high
         watermark has reached what that load read (see the module docstring). A no-op on a
         single node."""
-        if self.replication is None:
+        if not self._registry.replicated:
             return
         epoch = self._leader_epoch(partition)
         with self._cache_lock:
@@ -281,14 +282,7 @@ class OffsetStore:
     def _leader_epoch(self, partition: int) -> int | None:
         """This broker's leader epoch of the offsets partition; None if it does not lead
         it (or on a single node)."""
-        if self.replication is None:
-            return None
-        try:
-            return self.replication.leader_epoch_for_append(
-                OFFSETS_TOPIC, partition, acks_all=False, current_leader_epoch=-1
-            )
-        except NotLeaderOrFollowerError:
-            return None
+        return self._registry.get(OFFSETS_TOPIC, partition).leader_epoch
 
     def _write(
         self,
@@ -299,24 +293,19 @@ class OffsetStore:
         if not records:
             return
         partition = self.partition_for(group_id)
-        partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
+        target = self._registry.get(OFFSETS_TOPIC, partition)
+        partition_log = target.log
         now_ms = self._logs.clock.wall_ms()
-        replication = self.replication
         with self._write_locks[partition]:
-            epoch = None
-            if replication is not None:
-                epoch = replication.leader_epoch_for_append(
-                    OFFSETS_TOPIC, partition, acks_all=True, current_leader_epoch=-1
-                )
-            result = partition_log.append(_batches(records, now_ms), leader_epoch=epoch)
+            # Cluster mode: refused unless leading; stamped with the leader epoch; the
+            # high watermark moves if the ISR allows.
+            result = target.append_as_leader(_batches(records, now_ms), acks_all=True)
             # flush(n) makes the offsets below n durable.
             partition_log.flush(result.last_offset + 1)
-            if replication is not None:
+            if target.replicated:
                 if self._on_append is not None:
-                    self._on_append(OFFSETS_TOPIC, partition)  # moves the high watermark
-                replication.wait_replicated(
-                    partition_log, result.last_offset + 1, _REPLICATION_WAIT_MS
-                )
+                    self._on_append(OFFSETS_TOPIC, partition)  # wakes followers' fetches
+                target.wait_replicated(result.last_offset + 1, _REPLICATION_WAIT_MS)
             with self._cache_lock:
                 cached = self._cache.setdefault(group_id, {})
                 apply(cached)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
     OffsetKey,
@@ -20,9 +21,8 @@ from tidelog.broker.groups.offset_records import (
 )
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
 from tidelog.storage.clock import ManualClock
-from tidelog.storage.errors import CoordinatorLoadInProgressError, NotLeaderOrFollowerError
+from tidelog.storage.errors import CoordinatorLoadInProgressError
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
-from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import BatchBuilder
 
 TP = TopicPartition("events", 3)
@@ -152,47 +152,33 @@ def test_loading_skips_records_that_are_not_offset_commits(tmp_path: Path) -> No
 # --- cluster mode: what a new coordinator may show ---------------------------------------
 
 
-class Leadership:
-    """What the store asks the replica manager, with the leadership the test gives it:
-    this broker leads at ``epoch`` (None: it does not lead); its followers copy a commit
-    at once (the high watermark moves to the commit's end)."""
-
-    def __init__(self) -> None:
-        self.epoch: int | None = None
-
-    def leader_epoch_for_append(
-        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
-    ) -> int | None:
-        if self.epoch is None:
-            raise NotLeaderOrFollowerError(f"not leading {topic}-{partition}")
-        return self.epoch
-
-    def wait_replicated(self, plog: PartitionLog, end_offset: int, timeout_ms: int) -> None:
-        plog.set_high_watermark(end_offset)
-
-
 def test_a_new_coordinator_shows_only_loaded_and_replicated_commits(tmp_path: Path) -> None:
     """A broker that becomes leader of an offsets partition answers
     COORDINATOR_LOAD_IN_PROGRESS until it reloaded the partition at its new epoch and the
     high watermark reached what it loaded: its cache from an earlier leadership is stale,
     and its log's unreplicated tail (the old leader's unacknowledged commits) could still
-    be taken back by another failover."""
+    be taken back by another failover.
+
+    The leadership is a real replicated partition of the store's registry, alone in its
+    ISR: a commit at its epoch is replicated (the high watermark passes it) at once."""
     with open_logs(tmp_path) as logs:
-        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        registry = PartitionRegistry(logs, 1, ManualClock(), replicated=True)
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1), registry=registry)
+        leadership = registry.get(OFFSETS_TOPIC, 0)
+        leadership.make_leader(3, (1, 2), (1,))
         store.commit("g", {TP: OffsetValue(5, "", 1)})  # when this broker led before
         partition_log = logs.get_log(OFFSETS_TOPIC, 0)
         replicated = partition_log.log_end_offset
+        leadership.make_follower(2, 3)
         # Copied from the leader since, above the high watermark: commit 9, unacknowledged.
         builder = BatchBuilder()
         builder.append(2, encode_key("g", TP), encode_value(OffsetValue(9, "", 2)))
         partition_log.append(builder.build())
         partition_log.track_high_watermark(replicated)
-        leadership = Leadership()
-        store.replication = leadership
 
         with pytest.raises(CoordinatorLoadInProgressError, match="still loading"):
             store.check_loaded(0)  # not leading (the replica manager has not caught up)
-        leadership.epoch = 4
+        leadership.make_leader(4, (1, 2), (1,))
         with pytest.raises(CoordinatorLoadInProgressError, match="still loading"):
             store.check_loaded(0)  # leading, but the cache is the old leadership's
         assert store.offsets("g")[TP].offset == 5
@@ -208,7 +194,7 @@ def test_a_new_coordinator_shows_only_loaded_and_replicated_commits(tmp_path: Pa
         store.commit("g", {TP: OffsetValue(12, "", 3)})
         store.check_loaded(0)
         # Another election: closed again until the reload at the new epoch.
-        leadership.epoch = 5
+        leadership.make_leader(5, (1, 2), (1,))
         with pytest.raises(CoordinatorLoadInProgressError, match="still loading"):
             store.check_loaded(0)
         store.reload_partition(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,9 +16,16 @@ from tests.broker.conftest import (
     make_batch,
     produce,
 )
+from tidelog.broker.core.delayed import Purgatory
+from tidelog.broker.core.group_fsync import GroupFsync
+from tidelog.broker.core.metrics import BrokerMetrics
+from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.produce import Acks, PartitionRecords, ProducePath
 from tidelog.broker.testing import InProcessBroker
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
 from tidelog.storage.records import decode_records
 
 
@@ -210,38 +218,41 @@ def test_multi_batch_request_in_one_partition(stub: pb_grpc.BrokerStub) -> None:
     assert _values(stub, "t") == [b"a", b"b", b"c"]
 
 
-class _StaleLeadership:
-    """The replica manager as a produce can find it mid-election: it still answers the
-    epoch it led at while the log has already begun the next one (``Replicas._lead``
-    records the new epoch in the log, then in its own table)."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def leader_epoch_for_append(
-        self, topic: str, partition: int, *, acks_all: bool, current_leader_epoch: int
-    ) -> int:
-        return self.epoch
-
-    def after_append(self, topic: str, partition: int) -> None:
-        pass
-
-
 def test_an_epoch_bump_during_the_append_answers_not_leader_and_appends_nothing(
-    broker: InProcessBroker, stub: pb_grpc.BrokerStub
+    tmp_path: Path,
 ) -> None:
     """Kafka's produce never answers FENCED_LEADER_EPOCH, and librdkafka fails a record
     for good on it (seen in the Kafka listener's cluster test after a broker was killed):
-    the race answers NOT_LEADER_OR_FOLLOWER, which every client retries."""
-    create_topic(stub, "bumped")
-    assert produce(stub, "bumped", 0, make_batch([b"before"])).error_code == ""
-    core = broker.server.core
-    core.logs.get_log("bumped", 0).begin_leader_epoch(4)
-    core._produce.replication = _StaleLeadership(3)  # type: ignore[assignment]
+    the race answers NOT_LEADER_OR_FOLLOWER, which every client retries.
+
+    The race: a produce read the role (leader at epoch 3), then a new leadership at epoch
+    4 began in the log before its append. A replicated partition of the produce path's own
+    registry is set up as the append finds it: leading at 3, the log at 4."""
+    clock = ManualClock()
+    logs = LogManager.open(tmp_path, LogManagerConfig(), clock)
     try:
-        refused = produce(stub, "bumped", 0, make_batch([b"stale stamp"]))
+        logs.create_topic("bumped", 1, {})
+        partitions = PartitionRegistry(logs, 1, clock, replicated=True)
+        path = ProducePath(
+            partitions,
+            lambda _t, _p: None,
+            Purgatory("produce", clock),
+            GroupFsync(lambda _t, _p: None),
+            BrokerMetrics(),
+            clock=clock,
+        )
+        partitions.get("bumped", 0).make_leader(3, (1,), (1,))
+        [before] = path.produce(
+            [PartitionRecords("bumped", 0, make_batch([b"before"]))], Acks.LEADER
+        )
+        assert before.error_code == ""
+        logs.get_log("bumped", 0).begin_leader_epoch(4)
+        [refused] = path.produce(
+            [PartitionRecords("bumped", 0, make_batch([b"stale stamp"]))], Acks.LEADER
+        )
+        assert refused.error_code == "NOT_LEADER_OR_FOLLOWER", refused
+        assert "leader epoch moved" in refused.error_message
+        stored = logs.get_log("bumped", 0).read(0, 1 << 20).records
+        assert [r.value for r in decode_records(stored)] == [b"before"]
     finally:
-        core._produce.replication = None
-    assert refused.error_code == "NOT_LEADER_OR_FOLLOWER", refused
-    assert "leader epoch moved" in refused.error_message
-    assert _values(stub, "bumped") == [b"before"]
+        logs.close()

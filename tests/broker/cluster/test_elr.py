@@ -35,6 +35,7 @@ from tidelog.broker.cluster.znodes import (
     encode_partition_state,
 )
 from tidelog.broker.core.fetch import PartitionFetchSpec
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.checkpoint import CLEAN_SHUTDOWN_MARKER
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
@@ -305,10 +306,9 @@ def _view(isr: tuple[int, ...]) -> ClusterMetadata:
 def test_the_high_watermark_stays_while_the_isr_is_below_min_isr(logs: LogManager) -> None:
     replicas = ReplicaManager(
         ReplicaSettings(1),
-        logs,
+        PartitionRegistry(logs, 1, ManualClock(), replicated=True),
         ManualClock(),
         _Writes(),
-        lambda _t, _p: None,
         FetcherPool(1, logs, lambda _b: None),
     )
     plog = logs.get_log("t", 0)
@@ -324,10 +324,9 @@ def test_the_high_watermark_stays_while_the_isr_is_below_min_isr(logs: LogManage
 def test_with_enough_in_sync_replicas_the_high_watermark_moves(logs: LogManager) -> None:
     replicas = ReplicaManager(
         ReplicaSettings(1),
-        logs,
+        PartitionRegistry(logs, 1, ManualClock(), replicated=True),
         ManualClock(),
         _Writes(),
-        lambda _t, _p: None,
         FetcherPool(1, logs, lambda _b: None),
     )
     plog = logs.get_log("t", 0)

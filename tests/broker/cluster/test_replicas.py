@@ -23,6 +23,7 @@ from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog.broker.core.fetch import PartitionFetchSpec
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import (
     FencedLeaderEpochError,
@@ -82,10 +83,9 @@ def replicas(
     fetchers = FetcherPool(ME, logs, lambda _b: None)
     manager = ReplicaManager(
         ReplicaSettings(ME, replica_lag_time_max_ms=1_000),
-        logs,
+        PartitionRegistry(logs, ME, clock, replicated=True),
         clock,
         isr_writes,
-        lambda _t, _p: None,
         fetchers,
     )
     manager.start()
@@ -260,10 +260,9 @@ def test_a_follower_starts_fetching_once_its_leader_shows_up_in_the_view(
     fetchers = RecordingFetchers(logs)
     manager = ReplicaManager(
         ReplicaSettings(ME, replica_lag_time_max_ms=1_000),
-        logs,
+        PartitionRegistry(logs, ME, clock, replicated=True),
         clock,
         isr_writes,
-        lambda _t, _p: None,
         fetchers,
     )
     manager.start()

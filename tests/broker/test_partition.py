@@ -1,0 +1,328 @@
+"""``Partition`` on its own: roles and epochs, the append window, ISR and high watermark.
+
+Real ``PartitionLog``s in temporary directories and a manual clock; no replica manager,
+no network. ISR writes are done by hand (``begin_isr_write`` / ``finish_isr_write``), as
+the replica manager's ISR thread does them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tests.broker.conftest import make_batch
+from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.broker.core.partition import Partition
+from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import (
+    FencedLeaderEpochError,
+    InvalidRequestError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    UnknownLeaderEpochError,
+)
+from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.records import iter_batch_headers
+
+TOPIC = "t"
+ME = 1
+REPLICAS = (1, 2, 3)
+
+
+def _open(directory: Path, clock: ManualClock, min_isr: int = 2) -> LogManager:
+    logs = LogManager.open(directory, LogManagerConfig(), clock)
+    logs.create_topic(TOPIC, 1, {"min.insync.replicas": str(min_isr)})
+    return logs
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def logs(tmp_path: Path, clock: ManualClock) -> Iterator[LogManager]:
+    manager = _open(tmp_path, clock)
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def partition(logs: LogManager, clock: ManualClock) -> Partition:
+    return PartitionRegistry(logs, ME, clock, replicated=True).get(TOPIC, 0)
+
+
+def _batch_epochs(partition: Partition) -> list[int]:
+    data = partition.log.read(partition.log.log_start_offset, 1 << 30).records
+    return [h.partition_leader_epoch for _, h in iter_batch_headers(data)]
+
+
+def test_a_single_node_partition_leads_unreplicated(logs: LogManager, clock: ManualClock) -> None:
+    single = PartitionRegistry(logs, ME, clock, replicated=False).get(TOPIC, 0)
+    result = single.append_as_leader(make_batch([b"a"]), acks_all=True, current_leader_epoch=7)
+    assert result.base_offset == 0
+    assert _batch_epochs(single) == [-1]  # the producer's value, as before: no stamp
+    assert single.log.high_watermark == 1  # not tracked: the log end
+    assert single.ack_status(1) == DURABLE  # min.insync.replicas 2 is not checked
+    single.check_epoch(7)
+    with pytest.raises(InvalidRequestError):
+        single.on_follower_fetch(2, 0)
+    with pytest.raises(ValueError, match="unreplicated"):
+        single.make_leader(1, REPLICAS, REPLICAS)
+
+
+def test_roles_epochs_and_fencing(partition: Partition) -> None:
+    with pytest.raises(NotLeaderOrFollowerError):
+        partition.append_as_leader(make_batch([b"a"]), acks_all=False)
+    assert partition.make_leader(3, REPLICAS, REPLICAS)
+    assert not partition.make_leader(3, REPLICAS, (1,))  # same term: nothing changes
+    assert partition.log.latest_epoch == 3
+    partition.append_as_leader(make_batch([b"a"]), acks_all=False, current_leader_epoch=3)
+    with pytest.raises(FencedLeaderEpochError):
+        partition.append_as_leader(make_batch([b"b"]), acks_all=False, current_leader_epoch=2)
+    with pytest.raises(UnknownLeaderEpochError):
+        partition.check_epoch(4)
+    assert partition.make_follower(2, 4)  # it led
+    assert not partition.make_follower(2, 4)
+    with pytest.raises(NotLeaderOrFollowerError):
+        partition.append_as_leader(make_batch([b"c"]), acks_all=False)
+    assert isinstance(partition.ack_status(1), NotLeaderOrFollowerError)
+    assert not partition.resign()
+    assert _batch_epochs(partition) == [3]
+
+
+def test_a_produce_that_sees_the_new_epoch_is_never_refused(partition: Partition) -> None:
+    """The window ``make_leader`` closes: the epoch recorded in the log, the role not yet
+    set. A producer that learned the new epoch (here: from the log itself, as early as
+    anyone can) and produces with it is accepted; produces racing with an unchecked
+    epoch are accepted or answered NOT_LEADER_OR_FOLLOWER, and nothing is stored under
+    an epoch older than one the log already began."""
+    partition.make_leader(0, REPLICAS, (1,))
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def racing_producer() -> None:
+        while not done.is_set():
+            try:
+                partition.append_as_leader(make_batch([b"r"]), acks_all=False)
+            except NotLeaderOrFollowerError:
+                pass
+            except BaseException as exc:  # anything else is a failure
+                failures.append(exc)
+
+    def observing_producer(epoch: int) -> None:
+        while partition.log.latest_epoch < epoch:
+            pass
+        try:
+            partition.append_as_leader(
+                make_batch([b"o"]), acks_all=False, current_leader_epoch=epoch
+            )
+        except BaseException as exc:
+            failures.append(exc)
+
+    racer = threading.Thread(target=racing_producer)
+    racer.start()
+    try:
+        for epoch in range(1, 60):
+            observer = threading.Thread(target=observing_producer, args=(epoch,))
+            observer.start()
+            assert partition.make_leader(epoch, REPLICAS, (1,))
+            # Once make_leader returned, a produce at the new epoch is accepted.
+            result = partition.append_as_leader(
+                make_batch([b"n"]), acks_all=False, current_leader_epoch=epoch
+            )
+            assert not result.duplicate
+            observer.join(10)
+            assert not observer.is_alive()
+    finally:
+        done.set()
+        racer.join(10)
+    assert failures == []
+    epochs = _batch_epochs(partition)
+    assert epochs == sorted(epochs)  # never an old epoch after a newer one
+    assert epochs[-1] == 59
+
+
+def test_follower_progress_moves_the_isr_and_the_high_watermark(
+    partition: Partition, clock: ManualClock
+) -> None:
+    partition.make_leader(1, REPLICAS, (1, 2))
+    partition.append_as_leader(make_batch([b"a", b"b"]), acks_all=True)
+    assert partition.log.high_watermark == 0
+    assert partition.ack_status(2) == PENDING
+    assert partition.on_follower_fetch(2, 2, last_fetched_epoch=1) is None
+    assert partition.log.high_watermark == 2
+    assert partition.ack_status(2) == DURABLE
+    # Follower 3 caught up to the high watermark: proposed for the ISR.
+    assert partition.on_follower_fetch(3, 2) is None
+    change = partition.begin_isr_write()
+    assert change is not None
+    assert change.isr == (1, 2, 3)
+    assert partition.finish_isr_write(change, written=True) == (0, 1)
+    assert partition.replication_state() == (True, False)
+    # 3 stops fetching: dropped after the lag time; below min ISR (2) acks=all refuses.
+    clock.advance(2_000)
+    partition.on_follower_fetch(2, 2)
+    assert partition.maybe_shrink_isr(clock.monotonic_ms(), 1_000)
+    change = partition.begin_isr_write()
+    assert change is not None
+    assert change.isr == (1, 2)
+    assert partition.finish_isr_write(change, written=True) == (1, 0)
+    clock.advance(2_000)
+    assert partition.maybe_shrink_isr(clock.monotonic_ms(), 1_000)
+    change = partition.begin_isr_write()
+    assert change is not None
+    assert change.isr == (1,)
+    assert partition.finish_isr_write(change, written=False) is None  # not written: kept
+    assert partition.replication_state() == (True, True)
+    assert partition.maybe_shrink_isr(clock.monotonic_ms(), 1_000)
+    change = partition.begin_isr_write()
+    assert change is not None
+    partition.finish_isr_write(change, written=True)
+    with pytest.raises(NotEnoughReplicasError):
+        partition.append_as_leader(make_batch([b"c"]), acks_all=True)
+    partition.append_as_leader(make_batch([b"c"]), acks_all=False)
+    assert isinstance(partition.ack_status(3), NotEnoughReplicasAfterAppendError)
+    assert partition.log.high_watermark == 2  # strict min ISR: it stays
+
+
+def test_a_diverging_follower_is_told_where_its_epoch_ended(partition: Partition) -> None:
+    partition.make_leader(2, REPLICAS, REPLICAS)
+    partition.append_as_leader(make_batch([b"a", b"b"]), acks_all=False)
+    partition.make_leader(5, REPLICAS, REPLICAS)
+    partition.append_as_leader(make_batch([b"c"]), acks_all=False)
+    assert partition.on_follower_fetch(2, 4, last_fetched_epoch=3) == (2, 2)
+    assert partition.on_follower_fetch(2, 2, last_fetched_epoch=2) is None
+
+
+def test_wait_replicated_returns_once_the_followers_have_it(partition: Partition) -> None:
+    partition.make_leader(1, REPLICAS, (1, 2))
+    partition.append_as_leader(make_batch([b"a"]), acks_all=True)
+    waiter = threading.Thread(target=partition.wait_replicated, args=(1, 10_000))
+    waiter.start()
+    partition.on_follower_fetch(2, 1)
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert partition.log.high_watermark == 1
+
+
+class PartitionMachine(RuleBasedStateMachine):
+    """A replicated partition against a model: the ISR, each follower's log end, the
+    high watermark. Invariants: the high watermark never passes the log end or the log
+    end of a written ISR member, never goes down, and moves only while the written ISR
+    has ``min.insync.replicas`` (2) members; ``acks=all`` is ``DURABLE`` only below the
+    high watermark with enough in-sync replicas; batch epochs never go down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = Path(tempfile.mkdtemp())
+        self.clock = ManualClock()
+        self.logs = _open(self.directory, self.clock)
+        self.partition = PartitionRegistry(self.logs, ME, self.clock, replicated=True).get(TOPIC, 0)
+        self.epoch = -1
+        self.leading = False
+        self.isr: set[int] = set()
+        self.ends: dict[int, int] = {}
+        self.high_watermark = 0
+
+    def teardown(self) -> None:
+        self.logs.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    @initialize(isr=st.sets(st.sampled_from((2, 3))))
+    def lead(self, isr: set[int]) -> None:
+        self.elect(isr)
+
+    def elect(self, isr: set[int]) -> None:
+        self.epoch += 1
+        self.isr = {ME, *isr}
+        assert self.partition.make_leader(self.epoch, REPLICAS, tuple(sorted(self.isr)))
+        self.leading = True
+        self.ends = {}
+
+    @rule(isr=st.sets(st.sampled_from((2, 3))))
+    def new_term(self, isr: set[int]) -> None:
+        self.elect(isr)
+
+    @rule()
+    def follow(self) -> None:
+        self.epoch += 1
+        self.partition.make_follower(2, self.epoch)
+        self.leading = False
+
+    @precondition(lambda self: self.leading)
+    @rule(records=st.integers(1, 3), acks_all=st.booleans())
+    def append(self, records: int, acks_all: bool) -> None:
+        try:
+            result = self.partition.append_as_leader(
+                make_batch([b"x"] * records), acks_all=acks_all
+            )
+        except NotEnoughReplicasError:
+            assert acks_all
+            assert len(self.isr) < 2
+            return
+        status = self.partition.ack_status(result.last_offset + 1)
+        if status == DURABLE:
+            assert len(self.isr) >= 2
+            assert self.partition.log.high_watermark > result.last_offset
+
+    @precondition(lambda self: self.leading)
+    @rule(follower=st.sampled_from((2, 3)), data=st.data())
+    def follower_fetch(self, follower: int, data: st.DataObject) -> None:
+        end = self.partition.log.log_end_offset
+        offset = data.draw(st.integers(max(self.ends.get(follower, 0), 0), end))
+        assert self.partition.on_follower_fetch(follower, offset) is None
+        self.ends[follower] = offset
+
+    @precondition(lambda self: self.leading)
+    @rule(written=st.booleans())
+    def write_isr(self, written: bool) -> None:
+        change = self.partition.begin_isr_write()
+        if change is None:
+            return
+        self.partition.finish_isr_write(change, written)
+        if written:
+            self.isr = set(change.isr)
+
+    @precondition(lambda self: self.leading)
+    @rule()
+    def lag(self) -> None:
+        self.clock.advance(2_000)
+        self.partition.maybe_shrink_isr(self.clock.monotonic_ms(), 1_000)
+
+    @invariant()
+    def the_high_watermark_is_safe(self) -> None:
+        plog = self.partition.log
+        high_watermark = plog.high_watermark
+        assert high_watermark <= plog.log_end_offset
+        assert high_watermark >= self.high_watermark
+        if self.leading and high_watermark > self.high_watermark:
+            assert len(self.isr) >= 2
+            for member in self.isr - {ME}:
+                # Every written ISR member fetched this term, and has it.
+                assert high_watermark <= self.ends[member]
+        self.high_watermark = high_watermark
+
+    @invariant()
+    def epochs_never_go_down(self) -> None:
+        epochs = _batch_epochs(self.partition)
+        assert epochs == sorted(epochs)
+
+
+PartitionMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_partition_state_machine = PartitionMachine.TestCase
