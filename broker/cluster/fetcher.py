@@ -5,24 +5,27 @@ A follower fetches from its leader with the ordinary ``Fetch`` RPC, as a replica
 offset, the epoch of its last batch (``last_fetched_epoch``) and the leader epoch it
 follows (``current_leader_epoch``). The leader parks the fetch until it has something new
 (``replica.fetch.wait.max.ms``), so an idle follower costs one waiting call per fetcher,
-not a poll loop. The answer is applied here, partition by partition:
+not a poll loop. The answer is applied here, partition by partition, through the
+partition's ``Partition`` (``broker.core.partition``), which refuses each write unless
+this broker still follows that leader at that epoch:
 
-* records: appended unchanged (``PartitionLog.append_as_follower``: the leader's offsets,
+* records: appended unchanged (``Partition.append_as_follower``: the leader's offsets,
   epochs and sent/received times), then the follower's high watermark becomes the
   leader's, capped at its own log end;
 * a divergence ``(epoch, end offset)``: the log is truncated where it stops agreeing with
-  the leader's (``PartitionLog.divergence_offset``) and fetched again;
+  the leader's (``Partition.truncate_diverged``) and fetched again;
 * ``OFFSET_OUT_OF_RANGE`` with the leader's log start above this log's end (retention on
   the leader deleted what this follower never fetched): the log is dropped and starts
-  empty at the leader's log start (``PartitionLog.truncate_fully_and_start_at``), as
-  Kafka's ``truncateFullyAndStartAt``;
+  empty at the leader's log start (``Partition.start_over_at``), as Kafka's
+  ``truncateFullyAndStartAt``;
 * any other error (the leader moved, an epoch was fenced, the partition is gone): the
   partition pauses for ``replica.fetch.backoff.ms``; the metadata watcher gives it a new
   leader.
 
 ``num.replica.fetchers`` threads serve each source broker, a partition always the same
-one. ``remove`` returns only once no answer for that partition is being applied, so once
-a broker becomes leader no late follower append can touch its log. Thread-safe.
+one. ``remove`` returns only once no answer for that partition is being applied, and the
+partition's role check refuses a late one besides: once a broker becomes leader no
+follower append can touch its log. Thread-safe.
 """
 
 from __future__ import annotations
@@ -36,12 +39,12 @@ from dataclasses import dataclass
 
 import grpc
 
+from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.security_config import SecurityConfig
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tidelog.storage.errors import TidelogError, UnknownTopicOrPartitionError
-from tidelog.storage.log_manager import LogManager
 
 __all__ = ["FetchTarget", "FetcherPool"]
 
@@ -166,7 +169,7 @@ class _Fetcher:
         partitions = []
         for target in targets:
             try:
-                plog = pool.logs.get_log(target.topic, target.partition)
+                plog = pool.partitions.get(target.topic, target.partition).log
             except UnknownTopicOrPartitionError:
                 continue
             part = pb.FetchPartition(
@@ -191,25 +194,30 @@ class _Fetcher:
     def _apply(self, result: pb.FetchPartitionResult) -> None:
         key = (result.topic, result.partition)
         with self._cond:
-            if key not in self._targets:
-                return  # removed while the fetch was out: no longer ours to write
+            target = self._targets.get(key)
+        if target is None:
+            return  # removed while the fetch was out: no longer ours to write
+        # Every write goes through the Partition, which refuses it unless this broker still
+        # follows this leader at this epoch (broker.core.partition).
+        leader, epoch = self.leader, target.leader_epoch
         pool = self._pool
         try:
-            plog = pool.logs.get_log(*key)
+            partition = pool.partitions.get(*key)
             if (
                 result.error_code == "OFFSET_OUT_OF_RANGE"
-                and result.log_start_offset > plog.log_end_offset
+                and result.log_start_offset > partition.log.log_end_offset
             ):
                 # The leader's retention removed what this log would need next: nothing
                 # fetched could ever join it. Start over, empty, at the leader's log start.
-                log.warning(
-                    "%s-%d: log end %d is below leader %d's log start %d; starting over there",
-                    *key,
-                    plog.log_end_offset,
-                    self.leader,
-                    result.log_start_offset,
-                )
-                plog.truncate_fully_and_start_at(result.log_start_offset)
+                end = partition.start_over_at(leader, epoch, result.log_start_offset)
+                if end is not None:
+                    log.warning(
+                        "%s-%d: log end %d is below leader %d's log start %d; started over there",
+                        *key,
+                        end,
+                        leader,
+                        result.log_start_offset,
+                    )
                 return
             if result.error_code:
                 log.info(
@@ -222,23 +230,23 @@ class _Fetcher:
                 self._pause([key])
                 return
             if result.HasField("diverging_epoch"):
-                cut = plog.divergence_offset(
-                    result.diverging_epoch.epoch, result.diverging_epoch.end_offset
+                diverging = result.diverging_epoch
+                cut = partition.truncate_diverged(
+                    leader, epoch, diverging.epoch, diverging.end_offset
                 )
-                log.warning(
-                    "%s-%d: log diverged from leader %d at epoch %d; truncating %d -> %d",
-                    *key,
-                    self.leader,
-                    result.diverging_epoch.epoch,
-                    plog.log_end_offset,
-                    cut,
-                )
-                plog.truncate_to(cut)
+                if cut is not None:
+                    log.warning(
+                        "%s-%d: log diverged from leader %d at epoch %d; truncated %d -> %d",
+                        *key,
+                        leader,
+                        diverging.epoch,
+                        *cut,
+                    )
                 return
-            if result.records:
-                plog.append_as_follower(result.records, result.batch_times)
-            plog.set_high_watermark(min(result.high_watermark, plog.log_end_offset))
-            pool.on_replicated(*key)
+            if partition.append_as_follower(
+                leader, epoch, result.records, result.batch_times, result.high_watermark
+            ):
+                pool.on_replicated(*key)
         except TidelogError as exc:
             log.warning("%s-%d: replicating from broker %d failed: %s", *key, self.leader, exc)
             self._pause([key])
@@ -261,7 +269,7 @@ class FetcherPool:
     def __init__(
         self,
         broker_id: int,
-        logs: LogManager,
+        partitions: PartitionRegistry,
         address_of: Callable[[int], str | None],
         *,
         num_fetchers: int = 1,
@@ -275,7 +283,7 @@ class FetcherPool:
         self.broker_id = broker_id
         # How channels to leaders are opened (plaintext, TLS, SASL: broker.tls).
         self.channels = channels or InterBrokerChannels(SecurityConfig())
-        self.logs = logs
+        self.partitions = partitions
         self.address_of = address_of
         self.wait_ms = wait_ms
         self.wait_s = wait_ms / 1000

@@ -616,7 +616,7 @@ def _start_replicas(
 
     fetchers = FetcherPool(
         config.broker_id,
-        local.logs,
+        local.partitions,
         address_of,
         num_fetchers=config.num_replica_fetchers,
         wait_ms=config.replica_fetch_wait_max_ms,

@@ -6,7 +6,9 @@ and what this broker is for it:
 * **leader** at a leader epoch, with the replicas, the ISR, each follower's progress and
   the start offset of the epoch (``make_leader``);
 * **follower** of a leader at an epoch (``make_follower``); its fetcher, which copies the
-  leader's log, is the replica manager's (``broker.cluster.replicas``);
+  leader's log, is the replica manager's (``broker.cluster.replicas``), and writes only
+  through this object (``append_as_follower``, ``truncate_diverged``, ``start_over_at``),
+  each refused unless the role is still that leader at that epoch;
 * **none** (``resign``, or not yet told).
 
 The role changes under one lock (``_lock``, Kafka's ``leaderIsrUpdateLock``), and so do
@@ -19,8 +21,9 @@ read the old role just before is refused by the log's own check of the epoch it 
 (``FencedLeaderEpochError``, answered ``NOT_LEADER_OR_FOLLOWER``, which clients retry),
 never stored under the old epoch past the new one's start.
 
-A plain lock, held briefly, not Kafka's read-write lock: nothing slow runs under it. The
-append itself runs outside it (the log has its own lock), as the replica manager's did
+A plain lock, held briefly, not Kafka's read-write lock: nothing slow runs under it on a
+leader (a follower's fetched batches are written under it: no producer appends there). The
+leader's append itself runs outside it (the log has its own lock), as the replica manager's did
 before this object existed: holding a lock across an append would serialise the CRC
 checks of concurrent producers for no safety gain, since the log refuses a stale stamp.
 An append racing ``make_follower`` may land in the log of a broker that just stopped
@@ -352,6 +355,55 @@ class Partition:
                         f"{self.topic}-{self.partition}: not replicated within {timeout_ms} ms"
                     )
                 self._moved.wait(min(remaining, 1.0))
+
+    # --- follower: the fetcher's writes ---------------------------------------------------
+
+    def append_as_follower(
+        self, leader: int, epoch: int, records: bytes, batch_times: bytes, high_watermark: int
+    ) -> bool:
+        """Append what ``leader`` sent at ``epoch`` (the leader's offsets and epochs kept)
+        and move the high watermark to the leader's, capped at this log's end; False, and
+        nothing written, unless this broker still follows ``leader`` at ``epoch``.
+
+        Under the partition's lock, as Kafka appends a follower's records under
+        ``leaderIsrUpdateLock``: no fetched batch lands after ``make_leader`` or
+        ``make_follower`` of another epoch has returned. The lock is this partition's
+        alone and nothing leads it meanwhile, so no producer waits on it.
+        """
+        with self._lock:
+            if self._role != Follower(leader, epoch):
+                return False
+            log = self.log
+            if records:
+                log.append_as_follower(records, batch_times)
+            log.set_high_watermark(min(high_watermark, log.log_end_offset))
+            return True
+
+    def truncate_diverged(
+        self, leader: int, epoch: int, diverging_epoch: int, diverging_end_offset: int
+    ) -> tuple[int, int] | None:
+        """The leader answered that this log diverged (KIP-279/KIP-320): cut it where
+        ``diverging_epoch`` ends on the leader; ``(log end before, cut)``, or None (and
+        nothing cut) unless this broker still follows ``leader`` at ``epoch``."""
+        with self._lock:
+            if self._role != Follower(leader, epoch):
+                return None
+            log = self.log
+            end = log.log_end_offset
+            cut = log.divergence_offset(diverging_epoch, diverging_end_offset)
+            log.truncate_to(cut)
+            return end, cut
+
+    def start_over_at(self, leader: int, epoch: int, leader_log_start: int) -> int | None:
+        """The leader's retention removed what this log needs next: empty it and start at
+        the leader's log start; the log end before, or None (nothing changed) unless this
+        broker still follows ``leader`` at ``epoch``."""
+        with self._lock:
+            if self._role != Follower(leader, epoch):
+                return None
+            end = self.log.log_end_offset
+            self.log.truncate_fully_and_start_at(leader_log_start)
+            return end
 
     # --- fetch ---------------------------------------------------------------------------
 

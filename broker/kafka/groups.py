@@ -140,10 +140,12 @@ async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> 
 
 
 async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+)."""
+    """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+); READ on the group, as
+    Kafka's ``handleLeaveGroupRequest`` asks, before anything else is answered."""
     classic = conn.core.groups.classic
     group_id = request["group_id"]
-    code = await _not_coordinator(conn, group_id)
+    code = denied(conn, group(group_id))
+    code = code or await _not_coordinator(conn, group_id)
     if code:
         return {"error_code": code, "members": []}
     if "members" not in request:

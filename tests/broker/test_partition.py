@@ -326,3 +326,56 @@ PartitionMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_partition_state_machine = PartitionMachine.TestCase
+
+
+# --- the follower side: every fetched write checks the role -----------------------------------
+
+
+def _leader_bytes(directory: Path, clock: ManualClock, epoch: int, values: list[bytes]) -> bytes:
+    """The bytes a leader at ``epoch`` serves for ``values`` (offsets and epoch stamped)."""
+    logs = _open(directory, clock)
+    try:
+        leader = PartitionRegistry(logs, 2, clock, replicated=True).get(TOPIC, 0)
+        leader.make_leader(epoch, REPLICAS, REPLICAS)
+        for value in values:
+            leader.append_as_leader(make_batch([value]), acks_all=False, current_leader_epoch=-1)
+        return leader.log.read(0, 1 << 30).records
+    finally:
+        logs.close()
+
+
+def test_a_follower_writes_only_for_the_leader_and_epoch_it_follows(
+    partition: Partition, tmp_path: Path, clock: ManualClock
+) -> None:
+    fetched = _leader_bytes(tmp_path / "leader", clock, 3, [b"a", b"b"])
+    # Not a follower yet (no role): nothing is written.
+    assert not partition.append_as_follower(2, 3, fetched, b"", 2)
+    assert partition.log.log_end_offset == 0
+    partition.make_follower(2, 3)
+    # An answer from another leader, or from the same one at an older epoch: refused.
+    assert not partition.append_as_follower(3, 3, fetched, b"", 2)
+    assert not partition.append_as_follower(2, 2, fetched, b"", 2)
+    assert partition.truncate_diverged(2, 2, 1, 0) is None
+    assert partition.start_over_at(2, 2, 100) is None
+    assert partition.log.log_end_offset == 0
+    assert partition.append_as_follower(2, 3, fetched, b"", 1)
+    assert partition.log.log_end_offset == 2
+    assert partition.log.high_watermark == 1  # the leader's, capped at this log's end
+    assert _batch_epochs(partition) == [3, 3]  # the leader's stamps, unchanged
+    # The leader says the log diverged after offset 1 (epoch 3 ends there on it).
+    assert partition.truncate_diverged(2, 3, 3, 1) == (2, 1)
+    assert partition.log.log_end_offset == 1
+
+
+def test_no_fetched_write_lands_once_this_broker_leads(
+    partition: Partition, tmp_path: Path, clock: ManualClock
+) -> None:
+    """A fetch answer applied after ``make_leader`` (a fetcher not yet removed) is refused:
+    the new leader's log is its own from the moment it leads."""
+    fetched = _leader_bytes(tmp_path / "leader", clock, 3, [b"late"])
+    partition.make_follower(2, 3)
+    partition.make_leader(4, REPLICAS, (1,))
+    assert not partition.append_as_follower(2, 3, fetched, b"", 1)
+    assert partition.start_over_at(2, 3, 50) is None
+    assert partition.log.log_end_offset == 0
+    assert partition.log.log_start_offset == 0

@@ -659,3 +659,23 @@ def test_offset_fetch_refuses_named_topics_and_hides_the_rest_on_both_listeners(
         assert observed.decision == ["OK", "ok-L-data"]
         assert observed.audit == []
         assert observed.metrics == {("offset_fetch", "OK"): 1.0}
+
+
+def test_kafka_leave_group_needs_read_on_the_group(secure: Secure, both: dict[str, Any]) -> None:
+    """LeaveGroup, as Kafka: READ on the group first (the policy table's rule; the handler
+    did not ask it, and a member of another principal's group could be removed). Refused
+    once, audited once; an allowed group gets past the check (no such member there)."""
+    from kafka.protocol.consumer import LeaveGroupRequest, LeaveGroupResponse
+
+    kafka: _Kafka = both["kafka"]
+
+    def leave(group_id: str) -> list[str]:
+        request = LeaveGroupRequest[1](group_id=group_id, member_id="someone")
+        return [error_name(kafka.session.call(request, LeaveGroupResponse).error_code)]
+
+    refused = _observe(secure, "kafka", lambda: leave("hidden-leave"))
+    assert refused.decision == ["GROUP_AUTHORIZATION_FAILED"]
+    assert [line["operation"] for line in refused.audit] == ["READ"]
+    allowed = _observe(secure, "kafka", lambda: leave("ok-leave"))
+    assert allowed.decision == ["UNKNOWN_MEMBER_ID"]
+    assert allowed.audit == []

@@ -304,12 +304,13 @@ def _view(isr: tuple[int, ...]) -> ClusterMetadata:
 
 
 def test_the_high_watermark_stays_while_the_isr_is_below_min_isr(logs: LogManager) -> None:
+    partitions = PartitionRegistry(logs, 1, ManualClock(), replicated=True)
     replicas = ReplicaManager(
         ReplicaSettings(1),
-        PartitionRegistry(logs, 1, ManualClock(), replicated=True),
+        partitions,
         ManualClock(),
         _Writes(),
-        FetcherPool(1, logs, lambda _b: None),
+        FetcherPool(1, partitions, lambda _b: None),
     )
     plog = logs.get_log("t", 0)
     replicas.apply(_view((1,)))
@@ -322,12 +323,13 @@ def test_the_high_watermark_stays_while_the_isr_is_below_min_isr(logs: LogManage
 
 
 def test_with_enough_in_sync_replicas_the_high_watermark_moves(logs: LogManager) -> None:
+    partitions = PartitionRegistry(logs, 1, ManualClock(), replicated=True)
     replicas = ReplicaManager(
         ReplicaSettings(1),
-        PartitionRegistry(logs, 1, ManualClock(), replicated=True),
+        partitions,
         ManualClock(),
         _Writes(),
-        FetcherPool(1, logs, lambda _b: None),
+        FetcherPool(1, partitions, lambda _b: None),
     )
     plog = logs.get_log("t", 0)
     replicas.apply(_view((1, 2)))

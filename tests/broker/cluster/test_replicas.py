@@ -80,10 +80,11 @@ def isr_writes() -> IsrWrites:
 def replicas(
     logs: LogManager, clock: ManualClock, isr_writes: IsrWrites
 ) -> Iterator[ReplicaManager]:
-    fetchers = FetcherPool(ME, logs, lambda _b: None)
+    partitions = PartitionRegistry(logs, ME, clock, replicated=True)
+    fetchers = FetcherPool(ME, partitions, lambda _b: None)
     manager = ReplicaManager(
         ReplicaSettings(ME, replica_lag_time_max_ms=1_000),
-        PartitionRegistry(logs, ME, clock, replicated=True),
+        partitions,
         clock,
         isr_writes,
         fetchers,
