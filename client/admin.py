@@ -82,10 +82,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OffsetSpec = Literal["earliest", "latest"] | int
+OffsetSpec = Literal["earliest", "latest", "max_timestamp"] | int
 """What ``list_offsets`` looks for: the log start, the log end, or a timestamp (ms)."""
 
-_SPECIAL_OFFSETS = {"earliest": -2, "latest": -1}
+_SPECIAL_OFFSETS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 
 T = TypeVar("T")
 
@@ -403,23 +403,29 @@ class AdminClient:
     def list_offsets(
         self, queries: Mapping[TopicPartition, OffsetSpec], *, timeout_ms: int | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
-        """Per partition: the log start (``"earliest"``), the log end (``"latest"``), or
-        the first offset whose timestamp is at or after an int timestamp in ms.
+        """Per partition: the log start (``"earliest"``), the log end (``"latest"``), the
+        record with the largest timestamp (``"max_timestamp"``, the first of several that
+        share it; KIP-734), or the first offset whose timestamp is at or after an int
+        timestamp in ms.
 
-        For earliest/latest the timestamp is -1. None where no record is that recent.
+        For earliest/latest the timestamp is -1. None where no record is that recent (or,
+        for max_timestamp, where the partition holds no record).
         """
         queries_ms: dict[TopicPartition, int] = {}
         for tp, spec in queries.items():
             if isinstance(spec, str):
                 if spec not in _SPECIAL_OFFSETS:
                     raise ValueError(
-                        f"offset spec must be 'earliest', 'latest' or ms, got {spec!r}"
+                        "offset spec must be 'earliest', 'latest', 'max_timestamp' or ms, "
+                        f"got {spec!r}"
                     )
                 timestamp = _SPECIAL_OFFSETS[spec]
             elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
                 timestamp = spec
             else:
-                raise ValueError(f"offset spec must be 'earliest', 'latest' or ms, got {spec!r}")
+                raise ValueError(
+                    f"offset spec must be 'earliest', 'latest', 'max_timestamp' or ms, got {spec!r}"
+                )
             queries_ms[tp] = timestamp
         answers = list_offsets(self._connections, queries_ms, timeout_ms)
         return {

@@ -267,6 +267,33 @@ class LocalLog:
                 return found
         return None
 
+    @staticmethod
+    def max_timestamp(view: ReadView, end_offset: int) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the record with the largest timestamp between the log
+        start of ``view`` and ``end_offset`` (exclusive; a high watermark), the first such
+        record where several share it (Kafka's ListOffsets -3, KIP-734), or None when that
+        range holds no record. No lock.
+
+        Segments are searched from the largest ``max_timestamp_ms`` down, which usually
+        decodes one segment only; a segment's maximum may belong to a record past
+        ``end_offset``, so each is searched, not trusted, and the search stops at the first
+        segment whose maximum is below the best found."""
+        log_start = view.log_start_offset
+        candidates = [
+            s
+            for s in view.segments
+            if s.next_offset > log_start and s.base_offset < end_offset and s.size_bytes
+        ]
+        candidates.sort(key=lambda s: (-s.max_timestamp_ms, s.base_offset))
+        best: tuple[int, int] | None = None  # (timestamp, offset)
+        for segment in candidates:
+            if best is not None and segment.max_timestamp_ms < best[0]:
+                break
+            found = segment.max_timestamp(log_start, end_offset)
+            if found is not None and (best is None or (found[1], -found[0]) > (best[0], -best[1])):
+                best = (found[1], found[0])
+        return None if best is None else (best[1], best[0])
+
     # ================================================================== flush
 
     def dirty_segments_locked(self) -> list[Segment]:

@@ -580,6 +580,13 @@ class PartitionLog:
             view = self._local.view
         return LocalLog.offset_for_timestamp(view, timestamp_ms)
 
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the first record with the largest timestamp below the
+        high watermark (Kafka's ListOffsets -3, KIP-734), or None when there is none."""
+        with self._lock:
+            view = self._local.view
+        return LocalLog.max_timestamp(view, self.high_watermark)
+
     # ================================================================== flush
 
     def flush(self, up_to_offset: int | None = None) -> None:

@@ -551,6 +551,30 @@ class Segment:
                     return record.offset, record.timestamp_ms
         return None
 
+    def max_timestamp(self, min_offset: int, end_offset: int) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the first record with this segment's largest timestamp
+        among the records at ``min_offset`` <= offset < ``end_offset``, or None."""
+        position = self.find_position(min_offset)
+        if position is None:
+            return None
+        best: tuple[int, int] | None = None  # (offset, timestamp)
+        for batch in self.iter_batches(position):
+            header = batch.header
+            if header.base_offset >= end_offset:
+                break
+            if header.last_offset < min_offset or (
+                best is not None and header.max_timestamp <= best[1]
+            ):
+                continue
+            data = os.pread(self._fd, header.size_bytes, batch.position)
+            _, records = decode_batch(data, 0)
+            for record in records:
+                if min_offset <= record.offset < end_offset and (
+                    best is None or record.timestamp_ms > best[1]
+                ):
+                    best = (record.offset, record.timestamp_ms)
+        return best
+
     # ------------------------------------------------------------------ files
 
     def rename_suffix(self, suffix: str) -> None:

@@ -24,6 +24,7 @@ from tidelog.storage.producer_state import ProducerSummary
 __all__ = [
     "EARLIEST_TIMESTAMP",
     "LATEST_TIMESTAMP",
+    "MAX_TIMESTAMP",
     "EpochEndAnswer",
     "EpochQuery",
     "OffsetAnswer",
@@ -34,11 +35,13 @@ __all__ = [
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3  # the record with the largest timestamp (KIP-734)
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetQuery:
-    """``ListOffsets`` for one partition: -2 earliest, -1 latest, else a timestamp."""
+    """``ListOffsets`` for one partition: -2 earliest, -1 latest, -3 the largest
+    timestamp, else a timestamp."""
 
     topic: str
     partition: int
@@ -114,7 +117,8 @@ class Offsets:
         return found.log
 
     def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
-        """Earliest (-2), latest (-1), or first offset with a timestamp >= the one given."""
+        """Earliest (-2), latest (-1), the record with the largest timestamp (-3, KIP-734),
+        or the first offset with a timestamp >= the one given."""
         with self._gate.operation():
             return [self._list_offset(q) for q in queries]
 
@@ -125,12 +129,15 @@ class Offsets:
                 return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
             if query.timestamp_ms == LATEST_TIMESTAMP:
                 return OffsetAnswer(query.topic, query.partition, plog.high_watermark)
-            if query.timestamp_ms < 0:
+            if query.timestamp_ms == MAX_TIMESTAMP:
+                found = plog.max_timestamp()  # below the high watermark already
+            elif query.timestamp_ms < 0:
                 raise InvalidRequestError(
-                    f"timestamp_ms must be -2 (earliest), -1 (latest) or >= 0, "
-                    f"got {query.timestamp_ms}"
+                    f"timestamp_ms must be -3 (max timestamp), -2 (earliest), -1 (latest) "
+                    f"or >= 0, got {query.timestamp_ms}"
                 )
-            found = plog.offset_for_timestamp(query.timestamp_ms)
+            else:
+                found = plog.offset_for_timestamp(query.timestamp_ms)
         except Exception as exc:
             code, message = partition_error(exc)
             return OffsetAnswer(

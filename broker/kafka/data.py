@@ -13,8 +13,9 @@ InitProducerId.
   the high watermark. ``read_committed`` is answered with last stable offset = high
   watermark and no aborted transactions (no transactions exist). Fetch sessions are
   declined (``session_id`` 0: clients send full fetches).
-- ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 max timestamp is
-  not advertised (v7 is the maximum).
+- ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 the record with
+  the largest timestamp below the high watermark (v7, KIP-734; the first of several
+  sharing it, as Kafka).
 - OffsetForLeaderEpoch (v2-4): where an epoch ends on the leader
   (``BrokerCore.offsets_for_leader_epochs``), which consumers use to detect a truncated
   log (KIP-320). Kafka's rule: DESCRIBE on the topic for a consumer, CLUSTER_ACTION for a

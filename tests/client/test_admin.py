@@ -64,8 +64,28 @@ def test_list_offsets(broker: InProcessBroker, admin: AdminClient) -> None:
     assert admin.list_offsets({tp: 99_999}) == {tp: None}
     with pytest.raises(ValueError, match="offset spec"):
         admin.list_offsets({tp: "middle"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="offset spec"):
+        admin.list_offsets({tp: -3})
     with pytest.raises(UnknownTopicOrPartitionError):
         admin.list_offsets({TopicPartition("admin-list-offsets", 7): "latest"})
+
+
+def test_list_offsets_max_timestamp(broker: InProcessBroker, admin: AdminClient) -> None:
+    """KIP-734: the record with the largest timestamp, the first of two that share it,
+    whatever the order of the timestamps in the log; None for an empty partition."""
+    admin.create_topic("admin-max-timestamp", 2)
+    tp, empty = TopicPartition("admin-max-timestamp", 0), TopicPartition("admin-max-timestamp", 1)
+    assert admin.list_offsets({tp: "max_timestamp", empty: "max_timestamp"}) == {
+        tp: None,
+        empty: None,
+    }
+    with Producer(broker.address, linger_ms=0) as producer:
+        for ts in (5_000, 9_000, 7_000, 9_000, 1_000):
+            producer.send("admin-max-timestamp", b"x", partition=0, timestamp_ms=ts).result(10)
+    assert admin.list_offsets({tp: "max_timestamp", empty: "max_timestamp"}) == {
+        tp: OffsetAndTimestamp(1, 9_000),
+        empty: None,
+    }
 
 
 @pytest.mark.parametrize(

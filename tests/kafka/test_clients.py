@@ -202,6 +202,31 @@ def test_admin_create_list_delete_with_confluent(kafka_broker: KafkaBroker) -> N
     assert topic not in admin.list_topics(timeout=TIMEOUT_S).topics
 
 
+def test_list_offsets_by_spec_with_confluent(kafka_broker: KafkaBroker) -> None:
+    """AdminClient.list_offsets: earliest, latest, a timestamp, and max_timestamp
+    (ListOffsets v7's -3, KIP-734: the first record with the largest timestamp)."""
+    topic = unique("offsets-rdk")
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.create_topics([confluent_kafka.admin.NewTopic(topic, 1, 1)])[topic].result(TIMEOUT_S)
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "linger.ms": 0}
+    )
+    for ts in (5_000, 9_000, 7_000, 9_000, 1_000):
+        producer.produce(topic, b"x", partition=0, timestamp=ts)
+        producer.flush(TIMEOUT_S)  # one batch each: the timestamps are the records' own
+    tp = confluent_kafka.TopicPartition(topic, 0)
+    spec = confluent_kafka.admin.OffsetSpec
+
+    def ask(offset_spec: object) -> tuple[int, int]:
+        found = admin.list_offsets({tp: offset_spec})[tp].result(TIMEOUT_S)
+        return found.offset, found.timestamp
+
+    assert ask(spec.earliest())[0] == 0
+    assert ask(spec.latest())[0] == 5
+    assert ask(spec.for_timestamp(6_000)) == (1, 9_000)
+    assert ask(spec.max_timestamp()) == (1, 9_000)
+
+
 def test_metadata_does_not_create_topics_unless_enabled(kafka_broker: KafkaBroker) -> None:
     topic = unique("nocreate")
     consumer = kafka.KafkaConsumer(bootstrap_servers=kafka_broker.bootstrap)

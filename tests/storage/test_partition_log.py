@@ -325,7 +325,7 @@ def timestamped_batches(draw: st.DrawFn) -> list[list[int]]:
     index_interval=st.integers(1, 400),
     data=st.data(),
 )
-def test_offset_for_timestamp_matches_a_scan(
+def test_offset_for_timestamp_and_max_timestamp_match_a_scan(
     tmp_path: Path,
     batches: list[list[int]],
     segment_bytes: int,
@@ -360,6 +360,20 @@ def test_offset_for_timestamp_matches_a_scan(
         targets = {T0 - 51, T0 + 51, *timestamps, *(t + 1 for t in timestamps)}
         for target in sorted(targets):
             assert log.offset_for_timestamp(target) == expected(target), target
+
+        def expected_max(end: int) -> tuple[int, int] | None:
+            held = range(log_start, end)
+            if not held:
+                return None
+            top = max(timestamps[o] for o in held)
+            return next((o, top) for o in held if timestamps[o] == top)
+
+        # ListOffsets -3 (KIP-734): the first record with the largest timestamp, never
+        # one at or past the high watermark (a replicated log's is drawn below its end).
+        assert log.max_timestamp() == expected_max(len(timestamps))
+        high_watermark = data.draw(st.integers(0, len(timestamps)))
+        log.track_high_watermark(high_watermark)
+        assert log.max_timestamp() == expected_max(max(high_watermark, log_start))
         log.close()
 
 

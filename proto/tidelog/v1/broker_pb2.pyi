@@ -1084,7 +1084,7 @@ class ListOffsetsPartition(_message.Message):
     topic: _builtins.str
     partition: _builtins.int
     timestamp_ms: _builtins.int
-    """-2 earliest, -1 latest, else first offset with timestamp >= it"""
+    """-3 max timestamp, -2 earliest, -1 latest, else first offset with timestamp >= it"""
     current_leader_epoch: _builtins.int
     """as in ProducePartitionData"""
     def __init__(
