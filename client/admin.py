@@ -42,6 +42,7 @@ from tidelog.client.connection import (
     Connection,
     ConnectionFactory,
     GrpcConnection,
+    ProducerState,
     grpc_connections,
 )
 from tidelog.client.group_admin import ResetTarget
@@ -78,12 +79,14 @@ __all__ = [
     "GroupPartitionLag",
     "GroupSummary",
     "OffsetSpec",
+    "ProducerState",
 ]
 
 log = logging.getLogger(__name__)
 
 OffsetSpec = Literal["earliest", "latest", "max_timestamp"] | int
-"""What ``list_offsets`` looks for: the log start, the log end, or a timestamp (ms)."""
+"""What ``list_offsets`` looks for: the log start, the log end, the largest timestamp, or
+a timestamp (ms)."""
 
 _SPECIAL_OFFSETS = {"earliest": -2, "latest": -1, "max_timestamp": -3}
 
@@ -432,6 +435,28 @@ class AdminClient:
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()
         }
+
+    def describe_producers(
+        self,
+        partitions: Iterable[TopicPartition],
+        *,
+        producer_id: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, list[ProducerState]]:
+        """What each partition's leader remembers of its idempotent producers (Kafka's
+        DescribeProducers, KIP-664), or of ``producer_id`` only.
+
+        Raises a partition's error (``UnknownTopicOrPartitionError``, ...) or the call's.
+        """
+        wanted = dict.fromkeys(sorted(set(partitions)), None)
+        if not wanted:
+            return {}
+        return self._connections.run_per_leader(
+            wanted,
+            lambda c, batch, t: c.describe_producers(batch, producer_id, timeout_ms=t),
+            what="DescribeProducers",
+            timeout_ms=timeout_ms,
+        )
 
     # --- consumer groups ------------------------------------------------------------------
 

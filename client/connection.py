@@ -127,11 +127,15 @@ class ProduceAnswer:
 
 @dataclass(frozen=True, slots=True)
 class ProducerState:
-    """What a partition remembers of one idempotent producer (``DescribeProducers``)."""
+    """What a partition remembers of one idempotent producer (``DescribeProducers``):
+    its epoch, the sequence of its last record (-1: none remembered), the broker's time of
+    its last append and the offset of its last record (-1 where not known)."""
 
     producer_id: int
     producer_epoch: int
     last_sequence: int
+    last_timestamp_ms: int = -1
+    last_offset: int = -1
 
 
 class ProduceStream(Protocol):
@@ -356,9 +360,14 @@ class Connection(Protocol):
         ...
 
     def describe_producers(
-        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+        self,
+        partitions: Iterable[TopicPartition],
+        producer_id: int | None,
+        *,
+        timeout_ms: int | None,
     ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
-        """What each partition remembers of ``producer_id`` (or the partition's error)."""
+        """What each partition remembers of ``producer_id`` (None: of every producer), or
+        the partition's error."""
         ...
 
     def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
@@ -833,7 +842,11 @@ class GrpcConnection:
         return answer.producer_id, answer.producer_epoch
 
     def describe_producers(
-        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+        self,
+        partitions: Iterable[TopicPartition],
+        producer_id: int | None,
+        *,
+        timeout_ms: int | None,
     ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
         by_topic: dict[str, list[int]] = {}
         for tp in partitions:
@@ -842,7 +855,7 @@ class GrpcConnection:
             self.transport.stub.DescribeProducers,
             pb.DescribeProducersRequest(
                 partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
-                producer_id=producer_id,
+                producer_id=producer_id,  # None: the field absent, every producer
             ),
             what="DescribeProducers",
             timeout_ms=timeout_ms,
@@ -854,7 +867,13 @@ class GrpcConnection:
                 out[tp] = error_for_code(part.error_code, f"{tp}: {part.error_message}")
             else:
                 out[tp] = [
-                    ProducerState(s.producer_id, s.producer_epoch, s.last_sequence)
+                    ProducerState(
+                        s.producer_id,
+                        s.producer_epoch,
+                        s.last_sequence,
+                        s.last_timestamp_ms,
+                        s.last_offset,
+                    )
                     for s in part.producers
                 ]
         return out

@@ -660,9 +660,14 @@ class InMemoryConnection:
             return cluster._next_producer_id, 0
 
     def describe_producers(
-        self, partitions: Iterable[TopicPartition], producer_id: int, *, timeout_ms: int | None
+        self,
+        partitions: Iterable[TopicPartition],
+        producer_id: int | None,
+        *,
+        timeout_ms: int | None,
     ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
-        """From the batches stored: the last sequence of ``producer_id`` per epoch seen last."""
+        """From the batches stored: the last sequence of ``producer_id`` (None: the last
+        producer that wrote) per epoch seen last."""
         cluster = self._cluster
         with cluster._lock:
             broker_id = self._enter("describe_producers")
@@ -678,7 +683,7 @@ class InMemoryConnection:
                     # RecordBatch v2: producer id int64 at 43, epoch int16 at 51, base
                     # sequence int32 at 53, lastOffsetDelta int32 at 23.
                     pid, epoch, base = struct.unpack_from(">qhi", data, 43)
-                    if pid == producer_id:
+                    if producer_id is None or pid == producer_id:
                         last = base + struct.unpack_from(">i", data, 23)[0]
                         states = [ProducerState(pid, epoch, last)]
                 out[tp] = states

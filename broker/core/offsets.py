@@ -180,15 +180,16 @@ class Offsets:
     def describe_producers(
         self, partitions: Sequence[tuple[str, int]], producer_id: int | None
     ) -> list[PartitionProducers]:
-        """What each partition's idempotence state remembers (Kafka's DescribeProducers).
+        """What each partition's idempotence state remembers (Kafka's DescribeProducers),
+        on its leader only (a follower's may be behind: ``NOT_LEADER_OR_FOLLOWER``).
 
-        Errors (unknown topic or partition) are per partition.
+        Errors (unknown topic or partition, not the leader) are per partition.
         """
         with self._gate.operation():
             answers = []
             for topic, partition in partitions:
                 try:
-                    plog = self._logs.get_log(topic, partition)
+                    plog = self._leader_log(topic, partition, -1)
                     found = tuple(plog.describe_producers(producer_id))
                 except Exception as exc:
                     code, message = partition_error(exc)

@@ -215,6 +215,7 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     36: ("SaslAuthenticate", "sasl_authenticate"),
     37: ("CreatePartitions", "create_partitions"),
     60: ("DescribeCluster", "describe_cluster"),
+    61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
 }
 KAFKA_API_OPERATIONS: Mapping[int, str] = {key: op for key, (_, op) in KAFKA_APIS.items()}

@@ -16,6 +16,10 @@ InitProducerId.
 - ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 the record with
   the largest timestamp below the high watermark (v7, KIP-734; the first of several
   sharing it, as Kafka).
+- DescribeProducers (v0, KIP-664): what each partition's leader remembers of its
+  idempotent producers (``BrokerCore.describe_producers``, the gRPC call's); READ on
+  each topic; ``NOT_LEADER_OR_FOLLOWER`` on a follower. ``coordinator_epoch`` and
+  ``current_txn_start_offset`` are -1: no transactions.
 - OffsetForLeaderEpoch (v2-4): where an epoch ends on the leader
   (``BrokerCore.offsets_for_leader_epochs``), which consumers use to detect a truncated
   log (KIP-320). Kafka's rule: DESCRIBE on the topic for a consumer, CLUSTER_ACTION for a
@@ -302,3 +306,49 @@ async def init_producer_id(conn: Connection, header: RequestHeader, request: Pla
         code, _ = kafka_error(exc)
         return {"error_code": code, "producer_id": -1, "producer_epoch": -1}
     return {"error_code": NONE, "producer_id": producer_id, "producer_epoch": epoch}
+
+
+async def describe_producers(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DescribeProducers (v0): per partition, its leader's idempotent producers; see the
+    module docstring."""
+    decided = refusals(conn, [topic(t["name"]) for t in request["topics"]])
+    refused = {resource.name: code for resource, code in decided.items() if code}
+    wanted = [
+        (t["name"], p)
+        for t in request["topics"]
+        if t["name"] not in refused
+        for p in t["partition_indexes"]
+    ]
+    answers = await conn.run(conn.core.describe_producers, wanted, None) if wanted else []
+    by_topic: dict[str, list[Plain]] = {}
+    for t in request["topics"]:
+        if t["name"] in refused:
+            by_topic.setdefault(t["name"], []).extend(
+                {
+                    "partition_index": p,
+                    "error_code": refused[t["name"]],
+                    "error_message": None,
+                    "active_producers": [],
+                }
+                for p in t["partition_indexes"]
+            )
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append(
+            {
+                "partition_index": a.partition,
+                "error_code": kafka_code(a.error_code),
+                "error_message": a.error_message or None,
+                "active_producers": [
+                    {
+                        "producer_id": p.producer_id,
+                        "producer_epoch": p.epoch,
+                        "last_sequence": p.last_sequence,
+                        "last_timestamp": p.last_timestamp_ms,
+                        "coordinator_epoch": -1,
+                        "current_txn_start_offset": -1,
+                    }
+                    for p in a.producers
+                ],
+            }
+        )
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}

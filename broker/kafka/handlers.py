@@ -26,6 +26,7 @@ from tidelog.broker.kafka.authz import denied, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.data import (
+    describe_producers,
     fetch,
     init_producer_id,
     list_offsets,
@@ -304,6 +305,7 @@ HANDLERS: dict[int, Handler] = {
     36: sasl_authenticate,
     37: create_partitions,
     60: describe_cluster,
+    61: describe_producers,
     68: consumer_group_heartbeat,
 }
 

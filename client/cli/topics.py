@@ -7,6 +7,7 @@
     tidelog topics describe NAME | --under-replicated [NAME]
     tidelog topics alter NAME [--partitions N] [--set KEY=VALUE]... [--delete KEY]...
     tidelog topics delete NAME
+    tidelog topics producers NAME [--partition P]...
 
 Tables go to stdout, one-line summaries to stderr.
 """
@@ -29,6 +30,7 @@ from tidelog.client.cli.common import (
     print_info,
     print_table,
 )
+from tidelog.client.types import TopicPartition
 
 __all__ = ["register"]
 
@@ -79,6 +81,21 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     delete = topic_commands.add_parser("delete", parents=[common], help="delete a topic")
     delete.add_argument("name")
     delete.set_defaults(handler=_topics_delete)
+    producers = topic_commands.add_parser(
+        "producers",
+        parents=[common],
+        help="the idempotent producers each partition's leader remembers (DescribeProducers)",
+    )
+    producers.add_argument("name")
+    producers.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="only this partition (repeatable; default: every partition)",
+    )
+    producers.set_defaults(handler=_topics_producers)
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -207,4 +224,33 @@ def _topics_delete(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         admin.delete_topic(args.name)
     print_info(f'Deleted topic "{args.name}".')
+    return EXIT_OK
+
+
+def _topics_producers(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        partitions = args.partition or [
+            p.partition for p in admin.describe_topic(args.name).partitions
+        ]
+        found = admin.describe_producers(TopicPartition(args.name, p) for p in partitions)
+    rows = [
+        [
+            str(tp.partition),
+            str(state.producer_id),
+            str(state.producer_epoch),
+            str(state.last_sequence),
+            str(state.last_offset),
+            str(state.last_timestamp_ms),
+        ]
+        for tp, states in sorted(found.items())
+        for state in states
+    ]
+    if not rows:
+        print_info(f'No producers remembered by "{args.name}".')
+        return EXIT_OK
+    print_table(
+        ["PARTITION", "PRODUCER ID", "EPOCH", "LAST SEQUENCE", "LAST OFFSET", "LAST APPEND MS"],
+        rows,
+        right={0, 1, 2, 3, 4, 5},
+    )
     return EXIT_OK

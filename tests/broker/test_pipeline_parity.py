@@ -34,6 +34,8 @@ from kafka.protocol.admin import (
     DeleteTopicsResponse,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
     ListGroupsRequest,
     ListGroupsResponse,
 )
@@ -374,6 +376,13 @@ class _Grpc:
         code, answer = self._code("OffsetCommit", request)
         return [code, *(r.error_code or "OK" for r in answer.results)]
 
+    def describe_producers(self, name: str) -> list[str]:
+        request = pb.DescribeProducersRequest(
+            partitions=[pb.TopicPartitions(topic=name, partitions=[0])]
+        )
+        code, answer = self._code("DescribeProducers", request)
+        return [code, *(p.error_code or "OK" for p in answer.partitions)] if answer else [code]
+
     def list_groups(self) -> list[str]:
         code, answer = self._code("ListGroups", pb.ListGroupsRequest())
         return [code, *sorted(_either(g.group_id) for g in answer.groups)]
@@ -450,6 +459,13 @@ class _Kafka:
         )
         return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
 
+    def describe_producers(self, name: str) -> list[str]:
+        request = DescribeProducersRequest[0](
+            topics=[DescribeProducersRequest[0].TopicRequest(name=name, partition_indexes=[0])]
+        )
+        answer = self.session.call(request, DescribeProducersResponse)
+        return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
+
     def list_groups(self) -> list[str]:
         answer = self.session.call(ListGroupsRequest[4](states_filter=[]), ListGroupsResponse)
         return [
@@ -512,6 +528,13 @@ SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
         ["OK", "ok-L-group", "ok-L-group"],
         0,
         ("list_groups", "OK"),
+    ),
+    (
+        "describe producers",
+        lambda d, lst: d.describe_producers(f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("describe_producers", "OK"),
     ),
     (
         "describe a group",
@@ -679,3 +702,10 @@ def test_kafka_leave_group_needs_read_on_the_group(secure: Secure, both: dict[st
     allowed = _observe(secure, "kafka", lambda: leave("ok-leave"))
     assert allowed.decision == ["UNKNOWN_MEMBER_ID"]
     assert allowed.audit == []
+
+
+def test_describe_producers_needs_read_on_the_topic(both: dict[str, Any]) -> None:
+    """Kafka answers the refusal per partition, gRPC refuses the call (its resources are
+    authorized as a whole, as every gRPC method's)."""
+    assert both["kafka"].describe_producers("hidden-kafka") == ["OK", "TOPIC_AUTHORIZATION_FAILED"]
+    assert both["grpc"].describe_producers("hidden-grpc") == ["TOPIC_AUTHORIZATION_FAILED"]

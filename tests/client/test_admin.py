@@ -88,6 +88,23 @@ def test_list_offsets_max_timestamp(broker: InProcessBroker, admin: AdminClient)
     }
 
 
+def test_describe_producers(broker: InProcessBroker, admin: AdminClient) -> None:
+    admin.create_topic("admin-producers", 2)
+    with Producer(broker.address, linger_ms=0) as producer:
+        for i in range(3):
+            producer.send("admin-producers", b"v%d" % i, partition=0).result(10)
+    written, idle = TopicPartition("admin-producers", 0), TopicPartition("admin-producers", 1)
+    found = admin.describe_producers([written, idle])
+    assert found[idle] == []
+    (state,) = found[written]
+    assert (state.producer_epoch, state.last_sequence, state.last_offset) == (0, 2, 2)
+    assert state.last_timestamp_ms > 0
+    assert admin.describe_producers([written], producer_id=state.producer_id + 1) == {written: []}
+    assert admin.describe_producers([]) == {}
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.describe_producers([TopicPartition("admin-producers", 9)])
+
+
 @pytest.mark.parametrize(
     ("call", "error"),
     [

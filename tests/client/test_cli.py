@@ -100,6 +100,29 @@ def test_cluster_describe_and_replication_factor(broker: InProcessBroker) -> Non
     assert_one_line_error(refused, 1, "replication factor 3")
 
 
+def test_topics_producers_lists_what_each_leader_remembers(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-producers", 2)
+    with Producer(address, linger_ms=0) as producer:
+        for i in range(3):
+            producer.send("cli-producers", b"v%d" % i, partition=1).result(10)
+    listed = tidelog("topics", "producers", "cli-producers", "--bootstrap", address)
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:4] == ["PARTITION", "PRODUCER", "ID", "EPOCH"]
+    partition, producer_id, epoch, last_sequence, last_offset, _ = row.split()
+    assert (partition, epoch, last_sequence, last_offset) == ("1", "0", "2", "2")
+    assert int(producer_id) >= 0
+    only_zero = tidelog(
+        "topics", "producers", "cli-producers", "--partition", "0", "--bootstrap", address
+    )
+    assert only_zero.returncode == 0, only_zero.stderr
+    assert "No producers" in only_zero.stderr
+    missing = tidelog("topics", "producers", "cli-no-such-topic", "--bootstrap", address)
+    assert_one_line_error(missing, 1, "cli-no-such-topic")
+
+
 def test_produce_lines_then_consume_them_with_a_format(broker: InProcessBroker) -> None:
     address = broker.address
     with AdminClient(address) as admin:
