@@ -59,6 +59,13 @@ authenticate,
 describe_cluster
 =========================  =================================================================
 
+What a caller may do with one resource, asked for by a Kafka client (KIP-430:
+Metadata's and DescribeCluster's ``include_*_authorized_operations``, DescribeGroups'
+``include_authorized_operations``), is ``authorized_operations``: each operation Kafka
+supports on that kind of resource, decided as a request's would be (an ALLOW of READ also
+allows DESCRIBE...), with no audit line (Kafka does not log these either); with the
+authorizer off, every one.
+
 Where each listener's requests map: ``KAFKA_API_OPERATIONS`` (api key -> operation) and
 ``GRPC_METHOD_OPERATIONS`` (method -> operation); a test fails when an advertised API or
 a service method has no entry (``tests/broker/test_pipeline_parity.py``).
@@ -92,6 +99,7 @@ __all__ = [
     "Policy",
     "Resource",
     "authorize",
+    "authorized_operations",
     "cluster",
     "first_refusal",
     "group",
@@ -332,6 +340,46 @@ def authorize(
         if whole:
             break
     return decisions
+
+
+# The operations Kafka supports per resource kind (its ``AclEntry.supportedOperations``,
+# less the delegation-token ones Tidelog has no resource for).
+_SUPPORTED: Mapping[ResourceType, tuple[Operation, ...]] = {
+    ResourceType.TOPIC: (
+        Operation.READ,
+        Operation.WRITE,
+        Operation.CREATE,
+        Operation.DELETE,
+        Operation.ALTER,
+        Operation.DESCRIBE,
+        Operation.DESCRIBE_CONFIGS,
+        Operation.ALTER_CONFIGS,
+    ),
+    ResourceType.GROUP: (Operation.READ, Operation.DELETE, Operation.DESCRIBE),
+    ResourceType.CLUSTER: (
+        Operation.CREATE,
+        Operation.ALTER,
+        Operation.DESCRIBE,
+        Operation.CLUSTER_ACTION,
+        Operation.DESCRIBE_CONFIGS,
+        Operation.ALTER_CONFIGS,
+        Operation.IDEMPOTENT_WRITE,
+    ),
+}
+
+
+def authorized_operations(
+    acls: Acls, context: RequestContext, resource: Resource
+) -> frozenset[Operation]:
+    """The operations the caller may perform on ``resource`` (KIP-430), of those Kafka
+    supports on its kind; not audited. Every one with the authorizer off."""
+    supported = _SUPPORTED[resource.kind]
+    if not acls.enabled:
+        return frozenset(supported)
+    principal, host = context.principal, context.host
+    return frozenset(
+        op for op in supported if acls.allowed(principal, host, op, resource.kind, resource.name)
+    )
 
 
 def first_refusal(decisions: Mapping[Resource, NotAuthorizedError | None]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tidelog.broker.core.operations import cluster as the_cluster
 from tidelog.broker.core.operations import topic
-from tidelog.broker.kafka.authz import denied
+from tidelog.broker.kafka.authz import denied, operations_bits
 from tidelog.broker.kafka.cluster import broker_entries
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
@@ -25,7 +25,6 @@ BROKER = 4
 _DYNAMIC_TOPIC_CONFIG = 1
 _STATIC_BROKER_CONFIG = 4
 _DEFAULT_CONFIG = 5
-UNKNOWN_OPERATIONS = -(2**31)
 
 
 def _config(name: str, value: str | None, source: int, sensitive: bool = False) -> Plain:
@@ -94,7 +93,8 @@ def _configs(conn: Connection, kind: int, name: str) -> list[Plain] | None:
 
 async def describe_cluster(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """DescribeCluster (v0-1): every live broker's Kafka endpoint (those with a Kafka
-    listener, as Metadata lists them) and the controller."""
+    listener, as Metadata lists them), the controller, and the caller's authorized
+    operations on the cluster when asked (KIP-430)."""
     cluster, _ = await conn.run(conn.core.metadata, [], False)
     return {
         "error_code": NONE,
@@ -102,5 +102,9 @@ async def describe_cluster(conn: Connection, header: RequestHeader, request: Pla
         "cluster_id": cluster.cluster_id,
         "controller_id": cluster.controller_id,
         "brokers": broker_entries(conn.kafka_brokers(), "broker_id"),
-        "cluster_authorized_operations": UNKNOWN_OPERATIONS,
+        "cluster_authorized_operations": operations_bits(
+            conn,
+            the_cluster(),
+            bool(request.get("include_cluster_authorized_operations")),
+        ),
     }

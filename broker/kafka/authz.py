@@ -12,13 +12,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from tidelog.broker.core.operations import KAFKA_APIS, Resource, authorize, topic
+from tidelog.broker.core.acl import Operation
+from tidelog.broker.core.operations import (
+    KAFKA_APIS,
+    Resource,
+    authorize,
+    authorized_operations,
+    topic,
+)
 from tidelog.broker.core.operations import visible as visible_names
 from tidelog.broker.kafka.errors import error_code_for
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import NotAuthorizedError
 
-__all__ = ["denied", "gate", "refusals", "visible"]
+__all__ = ["UNKNOWN_OPERATIONS", "denied", "gate", "operations_bits", "refusals", "visible"]
+
+# Kafka's "not asked for" value of an ``*_authorized_operations`` field (KIP-430).
+UNKNOWN_OPERATIONS = -(2**31)
+
+# Kafka's AclOperation codes: bit ``code`` of an ``*_authorized_operations`` field.
+_CODES: dict[Operation, int] = {
+    Operation.READ: 3,
+    Operation.WRITE: 4,
+    Operation.CREATE: 5,
+    Operation.DELETE: 6,
+    Operation.ALTER: 7,
+    Operation.DESCRIBE: 8,
+    Operation.CLUSTER_ACTION: 9,
+    Operation.DESCRIBE_CONFIGS: 10,
+    Operation.ALTER_CONFIGS: 11,
+    Operation.IDEMPOTENT_WRITE: 12,
+}
 
 
 def _request(conn: Connection, operation: str | None) -> tuple[str, str]:
@@ -79,3 +103,12 @@ def gate(conn: Connection) -> Callable[[str], NotAuthorizedError | None]:
 
 def _allowed(topic: str) -> None:
     return None
+
+
+def operations_bits(conn: Connection, resource: Resource, asked: bool) -> int:
+    """KIP-430: the caller's authorized operations on ``resource`` as Kafka's bit field
+    (bit = Kafka's AclOperation code), or ``UNKNOWN_OPERATIONS`` when not ``asked``."""
+    if not asked:
+        return UNKNOWN_OPERATIONS
+    allowed = authorized_operations(conn.core.acls, conn.context, resource)
+    return sum(1 << _CODES[op] for op in allowed)

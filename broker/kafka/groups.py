@@ -23,7 +23,7 @@ import asyncio
 
 from tidelog.broker.core.operations import group
 from tidelog.broker.groups.classic import ClassicError, JoinRequest
-from tidelog.broker.kafka.authz import denied, visible
+from tidelog.broker.kafka.authz import denied, operations_bits, visible
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
 from tidelog.broker.kafka.listener import Connection
@@ -196,7 +196,8 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
 
 
 async def describe_groups(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """DescribeGroups (v0-5)."""
+    """DescribeGroups (v0-5); with ``include_authorized_operations`` (v3+) each described
+    group carries the caller's authorized operations on it (KIP-430)."""
     answers = []
     for group_id in request["groups"]:
         code = denied(conn, group(group_id))
@@ -255,4 +256,10 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
                 "members": [],
             }
         )
+    asked = bool(request.get("include_authorized_operations"))
+    for answer in answers:
+        if answer["error_code"] == NONE:
+            answer["authorized_operations"] = operations_bits(
+                conn, group(answer["group_id"]), asked
+            )
     return {"groups": answers}

@@ -22,7 +22,7 @@ from typing import Any
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
 from tidelog.broker.kafka.admin import describe_cluster, describe_configs
-from tidelog.broker.kafka.authz import denied, refusals, visible
+from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.data import (
@@ -49,12 +49,10 @@ from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
 
-__all__ = ["HANDLERS", "UNKNOWN_OPERATIONS"]
+__all__ = ["HANDLERS"]
 
 log = logging.getLogger(__name__)
 
-# "authorized operations" fields when the client did not ask for them (Kafka's INT32_MIN).
-UNKNOWN_OPERATIONS = -(2**31)
 _ZERO_UUID = uuid.UUID(int=0)
 
 
@@ -84,7 +82,9 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
     With the authorizer on, as Kafka's: a listing leaves out the topics the caller may
     not DESCRIBE; a named one it may not describe answers ``TOPIC_AUTHORIZATION_FAILED``
     whether it exists or not (audited, and never auto-created), as does a missing one it
-    may not CREATE (on the cluster or the topic) when it would be auto-created.
+    may not CREATE (on the cluster or the topic) when it would be auto-created. The
+    caller's authorized operations (KIP-430) on each topic it may describe and on the
+    cluster when asked (v8+; ``broker.kafka.authz.operations_bits``).
     """
     requested = request.get("topics")
     names = [t["name"] for t in requested or [] if t.get("name")]
@@ -132,6 +132,7 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         cluster, _ = await conn.run(core.metadata, [], False)
         topics = []
     brokers = conn.kafka_brokers()
+    topic_operations = bool(request.get("include_topic_authorized_operations"))
     topics = [
         MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED") if t.name in refused else t
         for t in topics
@@ -150,11 +151,19 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
                     partition_entry(index, p, brokers, header.api_version)
                     for index, p in enumerate(t.partitions)
                 ],
-                "topic_authorized_operations": UNKNOWN_OPERATIONS,
+                "topic_authorized_operations": operations_bits(
+                    conn,
+                    operations.topic(t.name),
+                    topic_operations and t.error_code != "TOPIC_AUTHORIZATION_FAILED",
+                ),
             }
             for t in topics
         ],
-        "cluster_authorized_operations": UNKNOWN_OPERATIONS,
+        "cluster_authorized_operations": operations_bits(
+            conn,
+            operations.cluster(),
+            bool(request.get("include_cluster_authorized_operations")),
+        ),
     }
 
 

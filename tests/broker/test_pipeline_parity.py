@@ -709,3 +709,36 @@ def test_describe_producers_needs_read_on_the_topic(both: dict[str, Any]) -> Non
     authorized as a whole, as every gRPC method's)."""
     assert both["kafka"].describe_producers("hidden-kafka") == ["OK", "TOPIC_AUTHORIZATION_FAILED"]
     assert both["grpc"].describe_producers("hidden-grpc") == ["TOPIC_AUTHORIZATION_FAILED"]
+
+
+READ, WRITE, CREATE, DELETE, DESCRIBE = 3, 4, 5, 6, 8  # Kafka's AclOperation codes
+
+
+def test_authorized_operations_follow_the_acls(secure: Secure, both: dict[str, Any]) -> None:
+    """KIP-430 with the authorizer on: what alice's ACLs allow on each topic, none on the
+    cluster (no cluster ACL), no audit line (they are not requests to do anything)."""
+    session = both["kafka"].session
+    request = MetadataRequest[9](
+        topics=[
+            MetadataRequest[9].MetadataRequestTopic(name=name)
+            for name in ("ok-kafka-data", "ro-kafka", "hidden-kafka")
+        ],
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=True,
+        include_topic_authorized_operations=True,
+    )
+    answer = session.call(request, MetadataResponse)
+    by_name = {t.name: (t.error_code, t.authorized_operations) for t in answer.topics}
+    # kafka-python decodes the bit field as the set of Kafka's AclOperation codes.
+    assert by_name["ok-kafka-data"] == (0, {READ, WRITE, CREATE, DELETE, DESCRIBE})
+    assert by_name["ro-kafka"] == (0, {READ, DESCRIBE})
+    assert by_name["hidden-kafka"] == (29, None)  # refused: Kafka's "unknown" (INT32_MIN)
+    assert answer.authorized_operations == set()  # asked for, and none allowed
+
+    both["kafka"].commit("ok-kafka-ops-group", "ok-kafka-data")  # the group exists
+    described = session.call(
+        DescribeGroupsRequest[5](groups=["ok-kafka-ops-group"], include_authorized_operations=True),
+        DescribeGroupsResponse,
+    )
+    (group,) = described.groups
+    assert (group.error_code, group.authorized_operations) == (0, {READ, DESCRIBE})
