@@ -202,10 +202,35 @@ class AdminClient:
 
     def elect_preferred_leaders(self, *, timeout_ms: int | None = None) -> int:
         """Move every partition's leadership back to its preferred replica (the first of
-        its replicas) where that replica is alive and in sync; returns how many moved.
-        Sent to the controller. ``InvalidRequestError`` on a single node."""
+        its replicas) where that replica is alive and in sync; returns how many moved
+        (0 on a single node). Sent to the controller."""
+        results = self.elect_leaders("preferred", timeout_ms=timeout_ms)
+        return sum(1 for error in results.values() if error is None)
+
+    def elect_leaders(
+        self,
+        election_type: Literal["preferred", "unclean"] = "preferred",
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Kafka's ElectLeaders (KIP-460), sent to the controller: ``"preferred"`` makes
+        each partition's first replica its leader where it is alive and in sync;
+        ``"unclean"`` makes any live replica the leader of a partition that has none,
+        even one missing acknowledged records, whatever ``unclean.leader.election.enable``
+        says. Per partition None (elected) or the reason it was not:
+        ``ElectionNotNeededError``, ``PreferredLeaderNotAvailableError``,
+        ``EligibleLeadersNotAvailableError``, ``UnknownTopicOrPartitionError``.
+        ``partitions`` None: every partition, and only those that needed an election
+        are answered."""
+        if election_type not in ("preferred", "unclean"):
+            raise ValueError(
+                f"election_type must be 'preferred' or 'unclean', got {election_type!r}"
+            )
+        wanted = None if partitions is None else sorted(set(partitions))
+        unclean = election_type == "unclean"
         return self._on_controller(
-            lambda c, t: c.elect_preferred_leaders(timeout_ms=t), "ElectLeaders", timeout_ms
+            lambda c, t: c.elect_leaders(unclean, wanted, timeout_ms=t), "ElectLeaders", timeout_ms
         )
 
     # --- ACLs ----------------------------------------------------------------------------

@@ -334,8 +334,16 @@ class Connection(Protocol):
 
     def delete_topic(self, name: str, *, timeout_ms: int | None) -> None: ...
 
-    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
-        """Preferred-leader election on the controller; how many leaderships moved."""
+    def elect_leaders(
+        self,
+        unclean: bool,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Kafka's ElectLeaders on the controller, preferred or ``unclean``: per partition
+        None (elected) or why not (``ElectionNotNeededError``...). ``partitions`` None:
+        every partition; the answer names only those that needed an election."""
         ...
 
     def alter_topic_config(
@@ -781,14 +789,34 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
 
-    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+    def elect_leaders(
+        self,
+        unclean: bool,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ElectLeaders,
-            pb.ElectLeadersRequest(preferred=True),
+            pb.ElectLeadersRequest(
+                preferred=not unclean,
+                unclean=unclean,
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
             what="ElectLeaders",
             timeout_ms=timeout_ms,
         )
-        return int(answer.moved)
+        return {
+            TopicPartition(r.topic, r.partition): (
+                error_for_code(r.error_code, f"{r.topic}-{r.partition}: {r.error_code}")
+                if r.error_code
+                else None
+            )
+            for r in answer.results
+        }
 
     def alter_topic_config(
         self,

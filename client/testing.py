@@ -68,6 +68,7 @@ from tidelog.client.types import (
 )
 from tidelog.storage.errors import (
     BrokerUnavailableError,
+    ElectionNotNeededError,
     FencedLeaderEpochError,
     GroupIdNotFoundError,
     InvalidPartitionsError,
@@ -603,11 +604,21 @@ class InMemoryConnection:
             if cluster._topics.pop(name, None) is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
-    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+    def elect_leaders(
+        self,
+        unclean: bool,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
         cluster = self._cluster
         with cluster._lock:
-            cluster._check_controller_locked(self._enter("elect_preferred_leaders"))
-            return 0  # the in-memory cluster never moves leaders away from the preferred
+            cluster._check_controller_locked(self._enter("elect_leaders"))
+            # The in-memory cluster never moves leaders away from the preferred replica.
+            return {
+                tp: ElectionNotNeededError(f"{tp}: its leader is the preferred replica")
+                for tp in partitions or ()
+            }
 
     def alter_topic_config(
         self,

@@ -84,6 +84,8 @@ __all__ = [
     "ClusterAuthorizationFailedError",
     "CoordinatorLoadInProgressError",
     "CorruptRecordError",
+    "ElectionNotNeededError",
+    "EligibleLeadersNotAvailableError",
     "FencedLeaderEpochError",
     "FencedMemberEpochError",
     "GroupAuthorizationFailedError",
@@ -111,6 +113,7 @@ __all__ = [
     "OffsetNotAvailableError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "PreferredLeaderNotAvailableError",
     "QueuedMaxRequestBytesError",
     "QueuedMaxRequestsError",
     "RecordTooLargeError",
@@ -303,6 +306,28 @@ class NotControllerError(RequestError):
     """A controller operation reached a broker that is not (or no longer) the controller."""
 
     code = "NOT_CONTROLLER"
+    retriable = True
+
+
+class ElectionNotNeededError(RequestError):
+    """ElectLeaders: the partition already has the leader asked for (its preferred
+    replica, or, for an unclean election, a live one)."""
+
+    code = "ELECTION_NOT_NEEDED"
+
+
+class PreferredLeaderNotAvailableError(RequestError):
+    """ElectLeaders: the preferred replica is dead or out of the ISR; it cannot lead now."""
+
+    code = "PREFERRED_LEADER_NOT_AVAILABLE"
+    retriable = True
+
+
+class EligibleLeadersNotAvailableError(RequestError):
+    """ElectLeaders: no live replica can lead the partition (an unclean election with
+    every replica down)."""
+
+    code = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
     retriable = True
 
 

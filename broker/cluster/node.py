@@ -572,8 +572,10 @@ class ClusterNode:
             f"configuring {name}",
         )
 
-    def elect_preferred_leaders(self) -> int:
-        return self._controller_or_raise().elect_preferred_leaders()
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        return self._controller_or_raise().elect_leaders(unclean, partitions)
 
 
 def _start_replicas(

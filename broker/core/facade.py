@@ -387,6 +387,12 @@ class BrokerCore:
         """``Topics.elect_preferred_leaders``."""
         return self.topics.elect_preferred_leaders()
 
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        """``Topics.elect_leaders``."""
+        return self.topics.elect_leaders(unclean, partitions)
+
     def controlled_shutdown(self, broker_id: int) -> int:
         """``Topics.controlled_shutdown``."""
         return self.topics.controlled_shutdown(broker_id)

@@ -222,6 +222,7 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     32: ("DescribeConfigs", "describe_configs"),
     36: ("SaslAuthenticate", "sasl_authenticate"),
     37: ("CreatePartitions", "create_partitions"),
+    43: ("ElectLeaders", "elect_leaders"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),

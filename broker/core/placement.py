@@ -199,7 +199,9 @@ class JoiningTopicAdmin:
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         raise self._refuse()
 
-    def elect_preferred_leaders(self) -> int:
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
         raise self._refuse()
 
     def controlled_shutdown(self, broker_id: int) -> int:

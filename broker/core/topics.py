@@ -155,14 +155,35 @@ class Topics:
         admin.create_topic(name, count, factor, config)
         return self.describe_topic(name)
 
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        """Kafka's ElectLeaders (KIP-460; the controller runs it,
+        ``broker.cluster.controller.Controller.elect_leaders``): per partition "" or
+        Kafka's error name. On a single node, where the only replica always leads: every
+        named partition of a known topic needs no election (``ELECTION_NOT_NEEDED``), an
+        unknown one is ``UNKNOWN_TOPIC_OR_PARTITION``, and "every partition" is nothing.
+        ``NotControllerError`` on a cluster broker that is not the controller."""
+        admin = self._membership.topic_admin
+        if admin is not None:
+            return admin.elect_leaders(unclean, partitions)
+        counts = {t.name: t.partitions for t in self._logs.topics()}
+        return {
+            (topic, partition): (
+                "ELECTION_NOT_NEEDED"
+                if 0 <= partition < counts.get(topic, 0)
+                else "UNKNOWN_TOPIC_OR_PARTITION"
+            )
+            for topic, partition in partitions or ()
+        }
+
     def elect_preferred_leaders(self) -> int:
         """Move leaderships back to the preferred replicas (cluster mode; the controller
         runs it); returns how many moved. ``InvalidRequestError`` on a single node, where
         the only replica always leads; ``NotControllerError`` on another broker."""
-        admin = self._membership.topic_admin
-        if admin is None:
+        if self._membership.topic_admin is None:
             raise InvalidRequestError("a single node has no other replica to elect")
-        return admin.elect_preferred_leaders()
+        return sum(1 for code in self.elect_leaders(False, None).values() if not code)
 
     def controlled_shutdown(self, broker_id: int) -> int:
         """The controller's part of a broker's controlled shutdown (cluster mode)."""

@@ -201,9 +201,17 @@ def _create_partitions(
 def _elect_leaders(
     core: BrokerCore, request: pb.ElectLeadersRequest, context: RequestContext
 ) -> pb.ElectLeadersResponse:
-    if not request.preferred:
-        raise InvalidRequestError("only preferred leader elections can be asked for")
-    return pb.ElectLeadersResponse(moved=core.elect_preferred_leaders())
+    if request.preferred == request.unclean:
+        raise InvalidRequestError("ask for exactly one of a preferred or an unclean election")
+    wanted = [(t.topic, p) for t in request.partitions for p in t.partitions] or None
+    results = core.elect_leaders(request.unclean, wanted)
+    return pb.ElectLeadersResponse(
+        moved=sum(1 for code in results.values() if not code),
+        results=[
+            pb.ElectionResult(topic=topic, partition=partition, error_code=code)
+            for (topic, partition), code in results.items()
+        ],
+    )
 
 
 def _acl_binding(binding: AclBinding) -> pb.AclBinding:

@@ -1,10 +1,18 @@
-"""Read-only admin APIs over the core: DescribeConfigs and DescribeCluster.
+"""Admin APIs over the core: DescribeConfigs, DescribeCluster and ElectLeaders.
 
 DescribeConfigs answers a topic with every effective config key (Kafka's tools and test
 suites expect all of them, not only overrides): ``DYNAMIC_TOPIC_CONFIG`` (1) for the
 topic's overrides, ``DEFAULT_CONFIG`` (5) for the rest; a broker (resource type 4) with the
 broker's effective settings as ``STATIC_BROKER_CONFIG`` (4), values of keys that name a
 password or secret hidden (``is_sensitive``). Synonyms and documentation are not given.
+
+ElectLeaders (v0-2, KIP-460): preferred (``election_type`` 0, v0's only kind) or unclean
+(1) elections on the controller (``BrokerCore.elect_leaders``), ALTER on the cluster.
+Per partition ``ELECTION_NOT_NEEDED``, ``PREFERRED_LEADER_NOT_AVAILABLE``,
+``ELIGIBLE_LEADERS_NOT_AVAILABLE``, ``UNKNOWN_TOPIC_OR_PARTITION``; ``topic_partitions``
+null asks for every partition and the answer lists only those that needed an election. A
+broker that is not the controller answers ``NOT_CONTROLLER`` (for each named partition
+and, v1+, as the top-level error): Kafka's clients send ElectLeaders to the controller.
 """
 
 from __future__ import annotations
@@ -14,11 +22,11 @@ from tidelog.broker.core.operations import topic
 from tidelog.broker.kafka.authz import denied, operations_bits
 from tidelog.broker.kafka.cluster import broker_entries
 from tidelog.broker.kafka.codec import Plain, RequestHeader
-from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import InvalidRequestError
 
-__all__ = ["describe_cluster", "describe_configs"]
+__all__ = ["describe_cluster", "describe_configs", "elect_leaders"]
 
 TOPIC = 2
 BROKER = 4
@@ -108,3 +116,45 @@ async def describe_cluster(conn: Connection, header: RequestHeader, request: Pla
             bool(request.get("include_cluster_authorized_operations")),
         ),
     }
+
+
+_PREFERRED, _UNCLEAN = 0, 1
+
+
+async def elect_leaders(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """ElectLeaders (v0-2): see the module docstring."""
+    election_type = request.get("election_type", _PREFERRED)
+    named = request.get("topic_partitions")
+    wanted = (
+        None
+        if named is None
+        else [(t["topic"], p) for t in named for p in dict.fromkeys(t["partitions"])]
+    )
+
+    def answer(top: int, results: dict[tuple[str, int], tuple[int, str | None]]) -> Plain:
+        by_topic: dict[str, list[Plain]] = {}
+        for (name, partition), (code, message) in results.items():
+            by_topic.setdefault(name, []).append(
+                {"partition_id": partition, "error_code": code, "error_message": message}
+            )
+        return {
+            "error_code": top,
+            "replica_election_results": [
+                {"topic": name, "partition_result": parts} for name, parts in by_topic.items()
+            ],
+        }
+
+    def every(code: int, message: str | None) -> Plain:
+        return answer(code, dict.fromkeys(wanted or (), (code, message)))
+
+    if election_type not in (_PREFERRED, _UNCLEAN):
+        return every(error_code_for("INVALID_REQUEST"), f"unknown election type {election_type}")
+    refused = denied(conn, the_cluster())
+    if refused:
+        return every(refused, None)
+    try:
+        results = await conn.run(conn.core.elect_leaders, election_type == _UNCLEAN, wanted)
+    except Exception as exc:
+        code, message = kafka_error(exc)
+        return every(code, message)
+    return answer(NONE, {key: (kafka_code(code), code or None) for key, code in results.items()})

@@ -21,7 +21,7 @@ from typing import Any
 
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
-from tidelog.broker.kafka.admin import describe_cluster, describe_configs
+from tidelog.broker.kafka.admin import describe_cluster, describe_configs, elect_leaders
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
@@ -313,6 +313,7 @@ HANDLERS: dict[int, Handler] = {
     32: describe_configs,
     36: sasl_authenticate,
     37: create_partitions,
+    43: elect_leaders,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,

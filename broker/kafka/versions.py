@@ -44,6 +44,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     32: (1, 4),  # DescribeConfigs
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
+    43: (0, 2),  # ElectLeaders (KIP-460: preferred and unclean)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)

@@ -3,21 +3,26 @@
 ::
 
     tidelog cluster describe            brokers and the controller
-    tidelog leaders elect --preferred   move leaderships back to the preferred replicas
+    tidelog leaders elect (--preferred | --unclean) [--topic T [--partition P]...]
+                                        Kafka's ElectLeaders (kafka-leader-election)
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 from tidelog.client.cli.common import (
+    EXIT_ERROR,
     EXIT_OK,
     Subcommands,
+    UsageError,
     admin_client,
     help_of,
     print_info,
     print_table,
 )
+from tidelog.client.types import TopicPartition
 
 __all__ = ["register"]
 
@@ -36,13 +41,28 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     leaders.set_defaults(handler=help_of(leaders))
     leader_commands = leaders.add_subparsers(title="leaders commands", metavar="ACTION")
     elect = leader_commands.add_parser(
-        "elect", parents=[common], help="move leaderships back to the preferred replicas"
+        "elect", parents=[common], help="elect partition leaders (preferred or unclean)"
     )
-    elect.add_argument(
+    kind = elect.add_mutually_exclusive_group(required=True)
+    kind.add_argument(
         "--preferred",
         action="store_true",
-        required=True,
         help="elect each partition's preferred replica (the first of its replicas)",
+    )
+    kind.add_argument(
+        "--unclean",
+        action="store_true",
+        help="elect any live replica of a partition without a leader, even one missing "
+        "acknowledged records",
+    )
+    elect.add_argument("--topic", help="only this topic's partitions (default: every partition)")
+    elect.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="with --topic: only this partition (repeatable)",
     )
     elect.set_defaults(handler=_leaders_elect)
 
@@ -62,7 +82,24 @@ def _cluster_describe(args: argparse.Namespace) -> int:
 
 
 def _leaders_elect(args: argparse.Namespace) -> int:
+    if args.partition and not args.topic:
+        raise UsageError("leaders elect: --partition needs --topic")
+    kind: Literal["preferred", "unclean"] = "unclean" if args.unclean else "preferred"
     with admin_client(args) as admin:
-        moved = admin.elect_preferred_leaders()
-    print_info(f"Preferred leader election: {moved} partition(s) moved.")
-    return EXIT_OK
+        partitions = None
+        if args.topic:
+            numbers = args.partition or [
+                p.partition for p in admin.describe_topic(args.topic).partitions
+            ]
+            partitions = [TopicPartition(args.topic, p) for p in numbers]
+        results = admin.elect_leaders(kind, partitions)
+    rows = [
+        [tp.topic, str(tp.partition), "elected" if error is None else error.code]
+        for tp, error in sorted(results.items())
+    ]
+    if rows:
+        print_table(["TOPIC", "PARTITION", "RESULT"], rows, right={1})
+    moved = sum(1 for error in results.values() if error is None)
+    print_info(f"{kind.capitalize()} leader election: {moved} partition(s) moved.")
+    failed = [e for e in results.values() if e is not None and e.code != "ELECTION_NOT_NEEDED"]
+    return EXIT_ERROR if failed else EXIT_OK

@@ -466,41 +466,81 @@ class ElectLeadersRequest(_message.Message):
     leadership back to its preferred replica (the first of its assignment) where that
     replica is alive and in sync. Only preferred elections are asked for this way; unclean
     ones follow unclean.leader.election.enable.
+    Kafka's ElectLeaders (KIP-460), on the controller. Exactly one of preferred and unclean.
+    No partitions: every partition (and the results leave out those that needed no election).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PREFERRED_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_FIELD_NUMBER: _builtins.int
     preferred: _builtins.bool
-    """must be true"""
+    """the first replica of the assignment, where it can lead and does not"""
+    unclean: _builtins.bool
+    """any live replica of a partition without a leader"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
     def __init__(
         self,
         *,
         preferred: _builtins.bool = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        unclean: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["preferred", b"preferred"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "preferred", b"preferred", "unclean", b"unclean"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
 
 @_typing.final
+class ElectionResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    """"" elected; ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE,"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectionResult: _TypeAlias = ElectionResult  # noqa: Y015
+
+@_typing.final
 class ElectLeadersResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MOVED_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
     moved: _builtins.int
     """partitions whose leader changed"""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ElectionResult]: ...
     def __init__(
         self,
         *,
         moved: _builtins.int = ...,
+        results: _abc.Iterable[Global___ElectionResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
