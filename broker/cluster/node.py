@@ -164,8 +164,17 @@ class ClusterPlacement:
             # Issue #33: cut off from ZooKeeper, this broker cannot vouch for its own
             # leadership (another may have been elected): no leader, LEADER_NOT_AVAILABLE.
             # Others' leaderships stay as last seen: elected by others, the best guess.
-            return PartitionPlacement(NO_LEADER, state.leader_epoch, replicas, state.isr)
-        return PartitionPlacement(state.leader, state.leader_epoch, replicas, state.isr)
+            return PartitionPlacement(
+                NO_LEADER,
+                state.leader_epoch,
+                replicas,
+                state.isr,
+                state.elr,
+                state.last_known_elr,
+            )
+        return PartitionPlacement(
+            state.leader, state.leader_epoch, replicas, state.isr, state.elr, state.last_known_elr
+        )
 
     def check_leader(self, topic: str, partition: int) -> None:
         found = self._watcher.snapshot.topics.get(topic)
