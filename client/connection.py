@@ -1017,6 +1017,8 @@ def topic_description(answer: pb.TopicDescription) -> TopicDescription:
                 replicas=tuple(p.replicas),
                 isr=tuple(p.isr),
                 leader_epoch=p.leader_epoch,
+                elr=tuple(p.elr),
+                last_known_elr=tuple(p.last_known_elr),
             )
             for p in sorted(answer.partitions, key=lambda p: p.partition)
         ),

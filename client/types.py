@@ -108,9 +108,13 @@ class PartitionDescription:
 
     ``leader`` is the id of the broker leading the partition (-1 while it is offline);
     ``replicas`` the brokers holding it, in assignment order; ``isr`` the in-sync ones;
-    ``leader_epoch`` grows with every leader change. A single node leads everything:
-    leader 0, replicas = isr = (0,). The placement fields default for values built by
-    hand (tests, older brokers that do not send them).
+    ``leader_epoch`` grows with every leader change. ``elr`` (cluster mode, KIP-966) the
+    eligible leader replicas: replicas that left the ISR while it was below
+    ``min.insync.replicas`` and still hold every committed record, so they may lead when
+    no ISR member is live; ``last_known_elr`` the ones that left the ELR because they
+    restarted after an unclean shutdown. A single node leads everything: leader 0,
+    replicas = isr = (0,), no ELR. The placement fields default for values built by hand
+    (tests, older brokers that do not send them).
     """
 
     partition: int
@@ -123,6 +127,8 @@ class PartitionDescription:
     replicas: tuple[int, ...] = (0,)
     isr: tuple[int, ...] = (0,)
     leader_epoch: int = 0
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

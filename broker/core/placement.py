@@ -57,12 +57,16 @@ class BrokerEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class PartitionPlacement:
-    """One partition's leadership: leader -1 means none (offline)."""
+    """One partition's leadership: leader -1 means none (offline). ``elr`` and
+    ``last_known_elr``: KIP-966's eligible leader replicas and last known ELR
+    (``broker.cluster.election``), kept in cluster mode only; empty on a single node."""
 
     leader: int
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ class PartitionView:
     leader_epoch: int = 0
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +392,8 @@ class Topics:
                     placed.leader_epoch,
                     placed.replicas,
                     placed.isr,
+                    placed.elr,
+                    placed.last_known_elr,
                 )
             )
         return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)

@@ -630,6 +630,8 @@ def _topic_description(view: TopicView) -> pb.TopicDescription:
                 leader_epoch=p.leader_epoch,
                 replicas=p.replicas,
                 isr=p.isr,
+                elr=p.elr,
+                last_known_elr=p.last_known_elr,
             )
             for p in view.partitions
         ],

@@ -135,7 +135,9 @@ def _under_replicated(args: argparse.Namespace) -> int:
             str(p.partition),
             "offline" if p.leader < 0 else str(p.leader),
             ",".join(map(str, p.replicas)),
-            ",".join(map(str, p.isr)),
+            _brokers(p.isr),
+            _brokers(p.elr),
+            _brokers(p.last_known_elr),
         ]
         for topic in topics
         for p in topic.partitions
@@ -144,8 +146,18 @@ def _under_replicated(args: argparse.Namespace) -> int:
     if not rows:
         print("No under-replicated partitions.")
         return EXIT_OK
-    print_table(["TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR"], rows, right={1, 2})
+    print_table(
+        ["TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "ELR", "LAST KNOWN ELR"],
+        rows,
+        right={1, 2},
+    )
     return EXIT_OK
+
+
+def _brokers(ids: tuple[int, ...]) -> str:
+    """Broker ids as one cell: ``1,3``, or ``-`` for none (a blank cell would shift the
+    columns of anyone splitting the line on white space)."""
+    return ",".join(map(str, ids)) if ids else "-"
 
 
 def _topics_describe(args: argparse.Namespace) -> int:
@@ -169,7 +181,9 @@ def _topics_describe(args: argparse.Namespace) -> int:
             str(p.partition),
             "offline" if p.leader < 0 else str(p.leader),
             ",".join(map(str, p.replicas)),
-            ",".join(map(str, p.isr)),
+            _brokers(p.isr),
+            _brokers(p.elr),
+            _brokers(p.last_known_elr),
             str(p.leader_epoch),
             str(p.log_start_offset),
             str(p.log_end_offset),
@@ -185,6 +199,8 @@ def _topics_describe(args: argparse.Namespace) -> int:
             "LEADER",
             "REPLICAS",
             "ISR",
+            "ELR",
+            "LAST KNOWN ELR",
             "EPOCH",
             "LOG START",
             "LOG END",
@@ -193,7 +209,7 @@ def _topics_describe(args: argparse.Namespace) -> int:
             "SEGMENTS",
         ],
         rows,
-        right={0, 1, 4, 5, 6, 7, 8, 9},
+        right={0, 1, 6, 7, 8, 9, 10, 11},
     )
     if topic.config:
         print()

@@ -31,6 +31,8 @@ def test_create_describe_list_alter_delete(admin: AdminClient) -> None:
     described = admin.describe_topic("admin-topic")
     assert described.partitions[1].log_start_offset == 0
     assert described.partitions[1].log_end_offset == 0
+    # KIP-966's eligible leader replicas are cluster mode's; a single node has none.
+    assert all(p.elr == () and p.last_known_elr == () for p in described.partitions)
     assert described.config["cleanup.policy"] == "delete"  # defaults included
     altered = admin.alter_topic_config("admin-topic", {"retention.ms": "60000"})
     assert altered.config["retention.ms"] == "60000"

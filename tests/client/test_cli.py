@@ -62,11 +62,17 @@ def test_topics_create_list_describe_delete(broker: InProcessBroker) -> None:
     described = tidelog("topics", "describe", "cli-topic", "--bootstrap", address)
     assert described.returncode == 0
     assert described.stdout.startswith("Topic: cli-topic   Partitions: 3")
-    header = "PARTITION  LEADER  REPLICAS  ISR  EPOCH  LOG START  LOG END  HIGH WATERMARK"
+    header = (
+        "PARTITION  LEADER  REPLICAS  ISR  ELR  LAST KNOWN ELR  EPOCH  LOG START  LOG END  "
+        "HIGH WATERMARK"
+    )
     assert header in described.stdout
     rows = [line.split() for line in described.stdout.splitlines()]
     partition_rows = [row for row in rows if row[:1] in (["0"], ["1"], ["2"])]
-    assert [row[:4] for row in partition_rows] == [[str(p), "0", "0", "0"] for p in range(3)]
+    # A single node keeps no eligible leader replicas (KIP-966 is cluster mode's): "-".
+    assert [row[:7] for row in partition_rows] == [
+        [str(p), "0", "0", "0", "-", "-", "0"] for p in range(3)
+    ]
     assert "retention.ms" in described.stdout
     assert "60000" in described.stdout
 
