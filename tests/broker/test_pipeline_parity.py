@@ -773,3 +773,33 @@ def test_group_deletion_needs_delete_on_the_group_and_read_on_each_topic(
     assert allowed.decision == ["OK", "OK"]
     assert allowed.audit == []
     assert [r.tp.topic for r in core.fetch_offsets("del-grpc-g", None)] == ["hidden-kafka"]
+
+
+def test_batched_find_coordinator_refuses_each_key_on_its_own(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """FindCoordinator v4 (KIP-699): one answer per key in request order; a group the
+    caller may not describe is refused alone (one audit line), the others answered."""
+    from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
+
+    kafka: _Kafka = both["kafka"]
+
+    def find(*keys: str, key_type: int = 0) -> list[str]:
+        request = FindCoordinatorRequest[4](key_type=key_type, coordinator_keys=list(keys))
+        answer = kafka.session.call(request, FindCoordinatorResponse)
+        assert [c.key for c in answer.coordinators] == list(keys)
+        port = secure.broker.server.kafka_port
+        return [
+            f"{error_name(c.error_code)}:{c.node_id}:{c.port == port}" for c in answer.coordinators
+        ]
+
+    observed = _observe(secure, "kafka", lambda: find("ok-a", "hidden-b", "ok-c"))
+    assert observed.decision == [
+        "OK:0:True",
+        "GROUP_AUTHORIZATION_FAILED:-1:False",
+        "OK:0:True",
+    ]
+    assert [(a["operation"], a["resource_name"]) for a in observed.audit] == [
+        ("DESCRIBE", "hidden-b")
+    ]
+    assert find("tx", key_type=1) == ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED:-1:False"]
