@@ -274,6 +274,8 @@ async def delete_groups(conn: Connection, header: RequestHeader, request: Plain)
     results = []
     for group_id in ids:
         code = decided[group(group_id)]
+        if not code and not group_id:
+            code = error_code_for("INVALID_GROUP_ID")  # as Kafka's validateGroupStatus
         if not code:
             try:
                 await conn.run(conn.core.delete_group, group_id)

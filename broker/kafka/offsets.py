@@ -232,7 +232,9 @@ async def offset_delete(conn: Connection, header: RequestHeader, request: Plain)
     """
     group_id = request["group_id"]
     topics = request.get("topics") or []
-    code = denied(conn, group(group_id))
+    code = denied(conn, group(group_id)) or (
+        NONE if group_id else error_code_for("INVALID_GROUP_ID")
+    )
     if code:
         return {"error_code": code, "topics": []}
     decided = refusals(conn, [topic(t["name"]) for t in topics])

@@ -123,12 +123,14 @@ def test_kafka_python_delete_groups(kafka_broker: KafkaBroker) -> None:
     try:
         with _classic_member(kafka_broker, topic, busy):
             answers = admin.delete_groups([empty, busy, unknown])
+        answers.update(admin.delete_groups([""], group_coordinator_id=0))
     finally:
         admin.close()
     assert answers == {
         empty: "OK",
         busy: "NonEmptyGroupError",
         unknown: "GroupIdNotFoundError",
+        "": "InvalidGroupIdError",
     }
     assert _committed(kafka_broker, empty) == {}
 
@@ -176,5 +178,7 @@ def test_kafka_python_delete_group_offsets(kafka_broker: KafkaBroker, member: st
         assert TopicPartition(consumed, 0) not in _committed(kafka_broker, group)
         with pytest.raises(kafka.errors.GroupIdNotFoundError):
             admin.delete_group_offsets(unique("unknown"), [kafka.TopicPartition(other, 1)])
+        with pytest.raises(kafka.errors.InvalidGroupIdError):
+            admin.delete_group_offsets("", [kafka.TopicPartition(other, 1)], group_coordinator_id=0)
     finally:
         admin.close()
