@@ -16,12 +16,15 @@ Protobuf types stop here: answers are the frozen dataclasses of ``client.types``
 
 In a cluster (``client.routing``) topic changes go to the controller, offsets to each
 partition's leader, and group calls (``describe_group``, ``list_group_offsets``,
-``alter_group_offsets``, ``reset_group_offsets``, ``delete_group``) to the group's
+``alter_group_offsets``, ``reset_group_offsets``, ``delete_group``, ``delete_offsets``)
+to the group's
 coordinator (found with ``FindCoordinator``, followed when it moves), with lag and reset
 targets read from the partitions' leaders (``client.group_admin``). ``list_groups`` and
 the client quota calls go to every live broker. An older broker without groups answers
 ``InvalidRequestError``. Changing a group's offsets is refused while it has members
-(``GroupNotEmptyError``): stop its consumers first.
+(``GroupNotEmptyError``): stop its consumers first. Deleting some of them
+(``delete_offsets``) is refused only for topics a live member subscribes to
+(``GroupSubscribedToTopicError``).
 
 Thread-safe (the connections are); ``close`` when done.
 """
@@ -614,6 +617,38 @@ class AdminClient:
         it has no committed offsets.
         """
         group_admin.delete_group(self._connections, group_id, timeout_ms)
+
+    def delete_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Delete some of a group's committed offsets (Kafka's
+        ``deleteConsumerGroupOffsets``, KIP-496). The group may have members, as long as
+        none subscribes to the topic of a partition given; a partition without a
+        committed offset is not an error.
+
+        Raises ``ValueError`` for no partitions, ``TypeError`` for anything but
+        ``TopicPartition``s; ``GroupIdNotFoundError`` for a group with neither members nor
+        committed offsets; the first failed partition's error, after the others were
+        deleted: ``GroupSubscribedToTopicError`` (a live member subscribes to its topic),
+        ``UnknownTopicOrPartitionError``.
+        """
+        wanted = list(dict.fromkeys(partitions))
+        for tp in wanted:
+            if not isinstance(tp, TopicPartition):
+                raise TypeError(f"expected TopicPartitions, got {tp!r}")
+        if not wanted:
+            raise ValueError("no partitions given")
+        answers = group_admin.delete_offsets(
+            self._connections, group_id, wanted, self._timeout(timeout_ms)
+        )
+        for tp in wanted:
+            error = answers.get(tp)
+            if error is not None:
+                raise error
 
     def _timeout(self, timeout_ms: int | None) -> int:
         return self.config.request_timeout_ms if timeout_ms is None else timeout_ms

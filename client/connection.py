@@ -293,6 +293,14 @@ class Connection(Protocol):
         """Delete an empty group and its committed offsets."""
         ...
 
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Delete some of a group's committed offsets (Kafka's OffsetDelete): per partition
+        None (deleted, or none was committed) or its error
+        (``GroupSubscribedToTopicError``, ``UnknownTopicOrPartitionError``)."""
+        ...
+
     def alter_client_quotas(
         self,
         client_id: str,
@@ -710,6 +718,31 @@ class GrpcConnection:
             what=f"DeleteGroup {group_id}",
             timeout_ms=timeout_ms,
         )
+
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.OffsetDelete,
+            pb.OffsetDeleteRequest(
+                group_id=group_id,
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
+            what=f"OffsetDelete {group_id}",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, TidelogError | None] = {}
+        for result in answer.results:
+            tp = TopicPartition(result.topic, result.partition)
+            out[tp] = (
+                error_for_code(result.error_code, f"{tp}: {result.error_message}")
+                if result.error_code
+                else None
+            )
+        return out
 
     def alter_client_quotas(
         self,

@@ -531,6 +531,27 @@ class InMemoryConnection:
             if not cluster._committed.pop(group_id, None):
                 raise GroupIdNotFoundError(f"no group {group_id!r}")
 
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """As a real coordinator, without members: unknown partitions are refused."""
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_coordinator_locked(self._enter("delete_offsets"), group_id)
+            committed = cluster._committed.get(group_id)
+            if not committed:
+                raise GroupIdNotFoundError(f"no group {group_id!r}")
+            out: dict[TopicPartition, TidelogError | None] = {}
+            for tp in partitions:
+                topic = cluster._topics.get(tp.topic)
+                if topic is None or not 0 <= tp.partition < len(topic.partitions):
+                    out[tp] = UnknownTopicOrPartitionError(f"{tp}: unknown topic or partition")
+                    continue
+                committed.pop(tp, None)
+                cluster._committed_epochs.get(group_id, {}).pop(tp, None)
+                out[tp] = None
+            return out
+
     def alter_client_quotas(
         self,
         client_id: str,

@@ -33,7 +33,8 @@ and this module, which import nothing else of ours).
     │   │   ├── FencedMemberEpochError    FENCED_MEMBER_EPOCH
     │   │   ├── StaleMemberEpochError     STALE_MEMBER_EPOCH
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
-    │   │   └── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
+    │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
+    │   │   └── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
@@ -92,6 +93,7 @@ __all__ = [
     "GroupError",
     "GroupIdNotFoundError",
     "GroupNotEmptyError",
+    "GroupSubscribedToTopicError",
     "InternalError",
     "InvalidConfigError",
     "InvalidPartitionsError",
@@ -300,6 +302,13 @@ class GroupIdNotFoundError(GroupError):
     """No group of that id exists."""
 
     code = "GROUP_ID_NOT_FOUND"
+
+
+class GroupSubscribedToTopicError(GroupError):
+    """A group's committed offset cannot be deleted while a live member subscribes to its
+    topic (Kafka's OffsetDelete, KIP-496)."""
+
+    code = "GROUP_SUBSCRIBED_TO_TOPIC"
 
 
 class NotControllerError(RequestError):

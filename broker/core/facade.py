@@ -96,6 +96,7 @@ from tidelog.storage.errors import (
     NotLeaderOrFollowerError,
 )
 from tidelog.storage.log_manager import LogManager, TopicMetadata
+from tidelog.storage.types import TopicPartition
 
 __all__ = ["BrokerCore", "TopicAdmin", "open_partitions"]
 
@@ -578,6 +579,14 @@ class BrokerCore:
         with self._operation():
             self._check_coordinator(group_id)
             self._groups.delete_group(group_id)
+
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> list[OffsetResult]:
+        """Delete some of a group's committed offsets (OffsetDelete, KIP-496)."""
+        with self._operation():
+            self._check_coordinator(group_id)
+            return self._groups.delete_offsets(group_id, partitions)
 
     # --- client quotas (broker.core.quotas) ------------------------------------------------
 

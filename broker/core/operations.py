@@ -46,6 +46,7 @@ reset_group_offsets        READ on the group and on each topic
 list_groups                DESCRIBE on the cluster, or else each group filtered silently
 describe_groups            DESCRIBE on each group
 delete_groups              DELETE on each group
+offset_delete              DELETE on the group, READ on each topic (refused per topic)
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
@@ -181,6 +182,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "list_groups": Policy(lists=_G, listing_on_cluster=True),
     "describe_groups": Policy({_G: Operation.DESCRIBE}),
     "delete_groups": Policy({_G: Operation.DELETE}),
+    "offset_delete": Policy({_G: Operation.DELETE, _T: Operation.READ}),
     "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
     "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
     "elect_leaders": Policy({_C: Operation.ALTER}),
@@ -222,7 +224,9 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     32: ("DescribeConfigs", "describe_configs"),
     36: ("SaslAuthenticate", "sasl_authenticate"),
     37: ("CreatePartitions", "create_partitions"),
+    42: ("DeleteGroups", "delete_groups"),
     43: ("ElectLeaders", "elect_leaders"),
+    47: ("OffsetDelete", "offset_delete"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
@@ -257,6 +261,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "DescribeGroup": "describe_groups",
     "ResetGroupOffsets": "reset_group_offsets",
     "DeleteGroup": "delete_groups",
+    "OffsetDelete": "offset_delete",
     "Metadata": "metadata",
     "FindCoordinator": "find_coordinator",
     "AlterClientQuotas": "alter_client_quotas",

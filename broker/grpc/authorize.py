@@ -30,6 +30,7 @@ ListGroups              list_groups                 a listing (filtered silently
 DescribeGroup           describe_groups             the group
 ResetGroupOffsets       reset_group_offsets         the group, then each topic named
 DeleteGroup             delete_groups               the group
+OffsetDelete            offset_delete               the group, then each topic named
 AlterClientQuotas       alter_client_quotas         the cluster
 DescribeClientQuotas    describe_client_quotas      the cluster
 ElectLeaders            elect_leaders               the cluster
@@ -102,6 +103,7 @@ _RESOURCES: dict[str, _Resources] = {
     "DescribeGroup": lambda r: [group(r.group_id)],
     "ResetGroupOffsets": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
     "DeleteGroup": lambda r: [group(r.group_id)],
+    "OffsetDelete": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
     "AlterClientQuotas": lambda r: [cluster()],
     "DescribeClientQuotas": lambda r: [cluster()],
     "ElectLeaders": lambda r: [cluster()],

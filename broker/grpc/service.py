@@ -445,6 +445,24 @@ def _delete_group(
     return pb.DeleteGroupResponse()
 
 
+def _offset_delete(
+    core: BrokerCore, request: pb.OffsetDeleteRequest, context: RequestContext
+) -> pb.OffsetDeleteResponse:
+    partitions = [TopicPartition(t.topic, p) for t in request.partitions for p in t.partitions]
+    results = core.delete_offsets(request.group_id, partitions)
+    return pb.OffsetDeleteResponse(
+        results=[
+            pb.OffsetDeleteResult(
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+                error_code=r.error_code,
+                error_message=r.error_message,
+            )
+            for r in results
+        ]
+    )
+
+
 # --- client quotas ------------------------------------------------------------------------
 
 
@@ -567,6 +585,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeGroup": _describe_group,
     "ResetGroupOffsets": _reset_group_offsets,
     "DeleteGroup": _delete_group,
+    "OffsetDelete": _offset_delete,
     "AlterClientQuotas": _alter_client_quotas,
     "DescribeClientQuotas": _describe_client_quotas,
     "Metadata": _metadata,

@@ -35,6 +35,7 @@ from tidelog.broker.kafka.data import (
 )
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.groups import (
+    delete_groups,
     describe_groups,
     heartbeat,
     join_group,
@@ -44,7 +45,12 @@ from tidelog.broker.kafka.groups import (
 )
 from tidelog.broker.kafka.kip848 import consumer_group_heartbeat, topic_id
 from tidelog.broker.kafka.listener import Connection, Handler
-from tidelog.broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
+from tidelog.broker.kafka.offsets import (
+    find_coordinator,
+    offset_commit,
+    offset_delete,
+    offset_fetch,
+)
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
@@ -313,7 +319,9 @@ HANDLERS: dict[int, Handler] = {
     32: describe_configs,
     36: sasl_authenticate,
     37: create_partitions,
+    42: delete_groups,
     43: elect_leaders,
+    47: offset_delete,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,

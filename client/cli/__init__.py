@@ -11,7 +11,7 @@
     tidelog produce TOPIC [--key-separator SEP] [--partition P] [--acks 0|1|all] ...
     tidelog consume TOPIC [--from-beginning] [--partition P [--offset N]]
                           [--max-messages N] [--format FMT] [--timeout-ms MS] [--group G]
-    tidelog groups list | describe GROUP | delete GROUP
+    tidelog groups list | describe GROUP | delete GROUP | delete-offsets GROUP --topic T
     tidelog groups reset-offsets GROUP (--topic T [--partition P]... | --all-topics)
                    (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO)
     tidelog quotas set [CLIENT_ID] KEY=VALUE... [--user USER]   (producer_byte_rate,

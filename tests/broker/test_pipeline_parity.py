@@ -176,6 +176,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         allow(Operation.DESCRIBE, ResourceType.TOPIC, "ro-")
         allow(Operation.READ, ResourceType.GROUP, "ok-")
         allow(Operation.DESCRIBE, ResourceType.GROUP, "ok-")
+        # "del-" groups she may delete (DeleteGroups, OffsetDelete), and only that.
+        allow(Operation.DELETE, ResourceType.GROUP, "del-")
         for listener in LISTENERS:
             core.create_topic(f"ok-{listener}-data", 1, {})
             core.create_topic(f"ro-{listener}", 1, {})
@@ -742,3 +744,125 @@ def test_authorized_operations_follow_the_acls(secure: Secure, both: dict[str, A
     )
     (group,) = described.groups
     assert (group.error_code, group.authorized_operations) == (0, {READ, DESCRIBE})
+
+
+def test_group_deletion_needs_delete_on_the_group_and_read_on_each_topic(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """DeleteGroups and OffsetDelete, as Kafka's ``KafkaApis``: DELETE on each group
+    (DeleteGroups answers per group; OffsetDelete refuses the whole request), then
+    OffsetDelete asks READ on each topic and refuses a topic per partition. gRPC's
+    OffsetDelete refuses as a whole, with the same decisions and audit lines."""
+    from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse
+    from kafka.protocol.consumer import OffsetDeleteRequest, OffsetDeleteResponse
+
+    from tidelog.broker.groups.assignor import TopicPartition
+    from tidelog.broker.groups.manager import OffsetCommitEntry
+
+    core = secure.broker.server.core
+    kafka: _Kafka = both["kafka"]
+    grpc: _Grpc = both["grpc"]
+    for group in ("del-kafka-g", "del-grpc-g", "ok-kafka-nodelete"):
+        core.commit_offsets(
+            group,
+            "",
+            -1,
+            [
+                OffsetCommitEntry(TopicPartition("ok-kafka-data", 0), 1),
+                OffsetCommitEntry(TopicPartition("hidden-kafka", 0), 1),
+            ],
+        )
+
+    def delete_groups(*groups: str) -> list[str]:
+        request = DeleteGroupsRequest[2](groups_names=list(groups))
+        answer = kafka.session.call(request, DeleteGroupsResponse)
+        return [error_name(r.error_code) for r in answer.results]
+
+    def offset_delete(group: str, *topics: str) -> list[str]:
+        request = OffsetDeleteRequest[0](
+            group_id=group,
+            topics=[
+                OffsetDeleteRequest.OffsetDeleteRequestTopic(
+                    name=name,
+                    partitions=[
+                        OffsetDeleteRequest.OffsetDeleteRequestTopic.OffsetDeleteRequestPartition(
+                            partition_index=0
+                        )
+                    ],
+                )
+                for name in topics
+            ],
+        )
+        answer = kafka.session.call(request, OffsetDeleteResponse)
+        return [
+            error_name(answer.error_code),
+            *(error_name(p.error_code) for t in answer.topics for p in t.partitions),
+        ]
+
+    refused = _observe(
+        secure, "kafka", lambda: delete_groups("ok-kafka-nodelete", "del-kafka-unknown")
+    )
+    assert refused.decision == ["GROUP_AUTHORIZATION_FAILED", "GROUP_ID_NOT_FOUND"]
+    assert [(a["operation"], a["resource_name"]) for a in refused.audit] == [
+        ("DELETE", "ok-L-nodelete")
+    ]
+    refused = _observe(secure, "kafka", lambda: offset_delete("ok-kafka-nodelete", "ok-kafka-data"))
+    assert refused.decision == ["GROUP_AUTHORIZATION_FAILED"]
+    assert [a["operation"] for a in refused.audit] == ["DELETE"]
+    partly = _observe(
+        secure, "kafka", lambda: offset_delete("del-kafka-g", "ok-kafka-data", "hidden-kafka")
+    )
+    assert partly.decision == ["OK", "OK", "TOPIC_AUTHORIZATION_FAILED"]
+    assert [(a["operation"], a["resource_name"]) for a in partly.audit] == [("READ", "hidden-L")]
+    committed = core.fetch_offsets("del-kafka-g", None)
+    assert [(r.tp.topic, r.offset) for r in committed] == [("hidden-kafka", 1)]
+    assert core.fetch_offsets("ok-kafka-nodelete", None)[0].offset == 1  # untouched
+
+    def grpc_offset_delete(group: str, *topics: str) -> list[str]:
+        request = pb.OffsetDeleteRequest(
+            group_id=group, partitions=[pb.TopicPartitions(topic=t, partitions=[0]) for t in topics]
+        )
+        code, answer = grpc._code("OffsetDelete", request)
+        return [code, *(r.error_code or "OK" for r in (answer.results if answer else []))]
+
+    whole = _observe(secure, "grpc", lambda: grpc_offset_delete("del-grpc-g", "hidden-kafka"))
+    assert whole.decision == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert [a["operation"] for a in whole.audit] == ["READ"]
+    whole = _observe(
+        secure, "grpc", lambda: grpc_offset_delete("ok-kafka-nodelete", "ok-kafka-data")
+    )
+    assert whole.decision == ["GROUP_AUTHORIZATION_FAILED"]
+    allowed = _observe(secure, "grpc", lambda: grpc_offset_delete("del-grpc-g", "ok-kafka-data"))
+    assert allowed.decision == ["OK", "OK"]
+    assert allowed.audit == []
+    assert [r.tp.topic for r in core.fetch_offsets("del-grpc-g", None)] == ["hidden-kafka"]
+
+
+def test_batched_find_coordinator_refuses_each_key_on_its_own(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """FindCoordinator v4 (KIP-699): one answer per key in request order; a group the
+    caller may not describe is refused alone (one audit line), the others answered."""
+    from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
+
+    kafka: _Kafka = both["kafka"]
+
+    def find(*keys: str, key_type: int = 0) -> list[str]:
+        request = FindCoordinatorRequest[4](key_type=key_type, coordinator_keys=list(keys))
+        answer = kafka.session.call(request, FindCoordinatorResponse)
+        assert [c.key for c in answer.coordinators] == list(keys)
+        port = secure.broker.server.kafka_port
+        return [
+            f"{error_name(c.error_code)}:{c.node_id}:{c.port == port}" for c in answer.coordinators
+        ]
+
+    observed = _observe(secure, "kafka", lambda: find("ok-a", "hidden-b", "ok-c"))
+    assert observed.decision == [
+        "OK:0:True",
+        "GROUP_AUTHORIZATION_FAILED:-1:False",
+        "OK:0:True",
+    ]
+    assert [(a["operation"], a["resource_name"]) for a in observed.audit] == [
+        ("DESCRIBE", "hidden-b")
+    ]
+    assert find("tx", key_type=1) == ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED:-1:False"]

@@ -75,6 +75,7 @@ class BrokerStub:
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]
     ResetGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]
+    OffsetDelete: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetDeleteRequest, _broker_pb2.OffsetDeleteResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]
     """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
     FindCoordinator: _grpc.UnaryUnaryMultiCallable[_broker_pb2.FindCoordinatorRequest, _broker_pb2.FindCoordinatorResponse]
@@ -120,6 +121,7 @@ class BrokerAsyncStub(BrokerStub):
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]  # type: ignore[assignment]
     ResetGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    OffsetDelete: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetDeleteRequest, _broker_pb2.OffsetDeleteResponse]  # type: ignore[assignment]
     Metadata: _aio.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]  # type: ignore[assignment]
     """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
     FindCoordinator: _aio.UnaryUnaryMultiCallable[_broker_pb2.FindCoordinatorRequest, _broker_pb2.FindCoordinatorResponse]  # type: ignore[assignment]
@@ -318,6 +320,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DeleteGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DeleteGroupResponse, _abc.Awaitable[_broker_pb2.DeleteGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def OffsetDelete(
+        self,
+        request: _broker_pb2.OffsetDeleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.OffsetDeleteResponse, _abc.Awaitable[_broker_pb2.OffsetDeleteResponse]]: ...
 
     @_abc_1.abstractmethod
     def Metadata(
