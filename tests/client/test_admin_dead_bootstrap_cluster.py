@@ -39,6 +39,7 @@ TIMEOUT_MS = 30_000  # request_timeout_ms's default
 # Well under the timeout: finding the dead broker (one transport attempt, 2 s), the
 # controller's ZooKeeper session expiring (3 s) and the new leaders being elected.
 PROMPT_S = 12.0
+DEAD_BROKER_ATTEMPT_S = 2.0  # one transport attempt at a broker that does not answer
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +151,7 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
         "alter_group_offsets": lambda: admin.alter_group_offsets(GROUP, {tps[0]: 6}),
         "reset_group_offsets": lambda: admin.reset_group_offsets(GROUP, TOPIC, to_earliest=True),
         "delete_group": lambda: delete_group(admin, "short-lived", tps[1]),
+        "delete_offsets": lambda: admin.delete_offsets(GROUP, [tps[2]]),
         "alter_client_quotas": lambda: admin.alter_client_quotas(
             "reporting", {"producer_byte_rate": 1_048_576}
         ),
@@ -184,6 +186,7 @@ CALL_NAMES = [
     "alter_group_offsets",
     "reset_group_offsets",
     "delete_group",
+    "delete_offsets",
     "alter_client_quotas",
     "describe_client_quotas",
     "describe_quotas",
@@ -221,7 +224,10 @@ def test_call_reaches_a_live_broker_promptly(clients: dict[str, AdminClient], na
     except TidelogError:
         pass
     elapsed = time.monotonic() - started
-    assert elapsed < 1.0, f"{name} took {elapsed:.1f} s the second time"
+    # Asking the dead broker first would cost its transport attempt alone (2 s); the
+    # calls themselves take well under that, even on a loaded machine (1.1 s was seen for
+    # a create and delete of a two-replica topic with helpers' suites beside it).
+    assert elapsed < DEAD_BROKER_ATTEMPT_S, f"{name} took {elapsed:.1f} s the second time"
 
 
 def test_describe_topic_sees_live_leaders_and_its_figures(
