@@ -57,6 +57,7 @@ from tidelog.client.types import (
     GroupMember,
     GroupPartitionLag,
     GroupSummary,
+    LogDirDescription,
     OffsetAndTimestamp,
     PartitionDescription,
     QuotaEntity,
@@ -157,6 +158,38 @@ class AdminClient:
                 for b in sorted(metadata.brokers.values(), key=lambda b: b.id)
             ),
         )
+
+    def describe_log_dirs(
+        self,
+        broker_ids: Iterable[int] | None = None,
+        topics: Iterable[str] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[int, LogDirDescription]:
+        """Each broker's log directory (Kafka's DescribeLogDirs; a Tidelog broker has
+        one): the file system's size and free space and the partition copies it holds,
+        by broker id. ``broker_ids`` None: every live broker; ``topics`` None: every
+        topic's copies. ``KafkaStorageError`` for a directory that cannot be read."""
+        wanted_brokers = None if broker_ids is None else set(broker_ids)
+        partitions: list[TopicPartition] | None = None
+        if topics is not None:
+            partitions = [
+                TopicPartition(name, p.partition)
+                for name in dict.fromkeys(topics)
+                for p in self.describe_topic(name, timeout_ms=timeout_ms).partitions
+            ]
+
+        def ask(connection: Connection, timeout: int) -> LogDirDescription:
+            return connection.describe_log_dirs(partitions, timeout_ms=timeout)
+
+        answers = self._connections.run_on_every_broker(
+            ask, what="DescribeLogDirs", timeout_ms=timeout_ms
+        )
+        return {
+            broker_id: found
+            for broker_id, found in sorted(answers.items())
+            if wanted_brokers is None or broker_id in wanted_brokers
+        }
 
     # --- topics ---------------------------------------------------------------------------
 

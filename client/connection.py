@@ -33,6 +33,8 @@ from tidelog.client.types import (
     GroupMember,
     GroupPartitionLag,
     GroupSummary,
+    LogDirDescription,
+    LogDirReplica,
     PartitionDescription,
     QuotaEntity,
     TopicDescription,
@@ -373,6 +375,13 @@ class Connection(Protocol):
         self, *, producer_key: str = "", timeout_ms: int | None
     ) -> tuple[int, int]:
         """An idempotent producer id and its epoch: a new one, or the key's own."""
+        ...
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> LogDirDescription:
+        """This broker's log directory with the copies it holds of ``partitions`` (None:
+        of every partition); raises the directory's error (``KafkaStorageError``)."""
         ...
 
     def describe_producers(
@@ -901,6 +910,32 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
         return answer.producer_id, answer.producer_epoch
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> LogDirDescription:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.DescribeLogDirs,
+            pb.DescribeLogDirsRequest(
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()]
+            ),
+            what="DescribeLogDirs",
+            timeout_ms=timeout_ms,
+        )
+        if answer.error_code:
+            raise error_for_code(answer.error_code, answer.error_message)
+        return LogDirDescription(
+            answer.path,
+            answer.total_bytes,
+            answer.usable_bytes,
+            {
+                TopicPartition(p.topic, p.partition): LogDirReplica(p.size_bytes, p.offset_lag)
+                for p in answer.partitions
+            },
+        )
 
     def describe_producers(
         self,

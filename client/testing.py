@@ -60,6 +60,8 @@ from tidelog.client.types import (
     GroupDescription,
     GroupPartitionLag,
     GroupSummary,
+    LogDirDescription,
+    LogDirReplica,
     PartitionDescription,
     QuotaEntity,
     TopicDescription,
@@ -690,6 +692,24 @@ class InMemoryConnection:
             if producer_key:
                 cluster._keyed_ids[producer_key] = cluster._next_producer_id
             return cluster._next_producer_id, 0
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> LogDirDescription:
+        """The copies this broker holds (it is among the replicas), sized by the bytes
+        produced to them; lag 0: the in-memory cluster's replicas never fall behind."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("describe_log_dirs")
+            wanted = None if partitions is None else set(partitions)
+            replicas: dict[TopicPartition, LogDirReplica] = {}
+            for name, topic in cluster._topics.items():
+                for index, placed in enumerate(topic.partitions):
+                    tp = TopicPartition(name, index)
+                    if broker_id in placed.replicas and (wanted is None or tp in wanted):
+                        size = sum(len(data) for _, data in cluster.produced.get(tp, []))
+                        replicas[tp] = LogDirReplica(size, 0)
+            return LogDirDescription(f"memory://{broker_id}", 0, 0, replicas)
 
     def describe_producers(
         self,

@@ -25,6 +25,8 @@ __all__ = [
     "GroupPartitionLag",
     "GroupSummary",
     "Header",
+    "LogDirDescription",
+    "LogDirReplica",
     "OffsetAndTimestamp",
     "PartitionDescription",
     "QuotaEntity",
@@ -139,6 +141,26 @@ class TopicDescription:
     partitions: Sequence[PartitionDescription]
     config: Mapping[str, str]
     internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirReplica:
+    """One partition's copy in a broker's log directory: its size on disk and how far its
+    log end is behind the partition's high watermark (0: not behind)."""
+
+    size_bytes: int
+    offset_lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """A broker's log directory (Kafka's DescribeLogDirs): its path, the file system's
+    size and free space, and the partition copies it holds."""
+
+    path: str
+    total_bytes: int
+    usable_bytes: int
+    replicas: Mapping[TopicPartition, LogDirReplica]
 
 
 @dataclass(frozen=True, slots=True, order=True)

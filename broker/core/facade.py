@@ -74,7 +74,13 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
-from tidelog.broker.core.topics import MetadataTopic, PartitionCountResult, Topics, TopicView
+from tidelog.broker.core.topics import (
+    LogDirView,
+    MetadataTopic,
+    PartitionCountResult,
+    Topics,
+    TopicView,
+)
 from tidelog.broker.core.users import FileUserStore
 from tidelog.broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from tidelog.broker.groups.manager import (
@@ -413,6 +419,10 @@ class BrokerCore:
     def describe_topic(self, name: str) -> TopicView:
         """``Topics.describe_topic``."""
         return self.topics.describe_topic(name)
+
+    def describe_log_dirs(self, partitions: Sequence[tuple[str, int]] | None) -> LogDirView:
+        """``Topics.describe_log_dirs``."""
+        return self.topics.describe_log_dirs(partitions)
 
     def metadata(
         self, topics: Sequence[str], include_internal: bool

@@ -16,6 +16,7 @@ shutdown gate (``broker.core.gate``).
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ from tidelog.storage.files import validate_topic_name
 from tidelog.storage.log_manager import LogManager, TopicMetadata
 
 __all__ = [
+    "LogDirPartition",
+    "LogDirView",
     "MetadataTopic",
     "PartitionCountResult",
     "PartitionView",
@@ -75,6 +78,30 @@ class TopicView:
     internal: bool
     config: Mapping[str, str]
     partitions: Sequence[PartitionView]
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirPartition:
+    """One partition's copy in a log directory (Kafka's DescribeLogDirs): its size on
+    disk and how far its log end is behind the high watermark (0 when not behind)."""
+
+    topic: str
+    partition: int
+    size_bytes: int
+    offset_lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirView:
+    """This broker's log directory (it has one) as Kafka's DescribeLogDirs shows it: the
+    file system's size and free space, and the partitions asked for that are here."""
+
+    path: str
+    total_bytes: int
+    usable_bytes: int
+    partitions: Sequence[LogDirPartition]
+    error_code: str = ""
+    error_message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +400,38 @@ class Topics:
                     continue
                 answers.append(PartitionCountResult(name, meta.partitions))
             return answers
+
+    def describe_log_dirs(self, partitions: Sequence[tuple[str, int]] | None) -> LogDirView:
+        """Kafka's DescribeLogDirs on this broker: its one data directory, with the
+        partitions asked for (None: every partition here, internal ones included) that
+        have a copy here; others are left out, as Kafka does. A file system that cannot
+        be read answers ``KAFKA_STORAGE_ERROR`` in the view, not an exception."""
+        directory = self._logs.data_dir
+        with self._gate.operation():
+            try:
+                usage = shutil.disk_usage(directory)
+            except OSError as exc:
+                return LogDirView(
+                    str(directory), -1, -1, (), "KAFKA_STORAGE_ERROR", f"{directory}: {exc}"
+                )
+            counts = {t.name: t.partitions for t in self._logs.topics()}
+            wanted = (
+                [(name, p) for name, count in sorted(counts.items()) for p in range(count)]
+                if partitions is None
+                else [(t, p) for t, p in dict.fromkeys(partitions) if 0 <= p < counts.get(t, 0)]
+            )
+            found = []
+            for topic, partition in wanted:
+                plog = self._logs.get_log(topic, partition)
+                found.append(
+                    LogDirPartition(
+                        topic,
+                        partition,
+                        plog.size_bytes,
+                        max(plog.high_watermark - plog.log_end_offset, 0),
+                    )
+                )
+            return LogDirView(str(directory), usage.total, usage.free, found)
 
     def view(self, meta: TopicMetadata) -> TopicView:
         """``meta`` as ``DescribeTopic`` shows it: offsets, sizes, placement, config."""

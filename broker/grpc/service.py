@@ -214,6 +214,29 @@ def _elect_leaders(
     )
 
 
+def _describe_log_dirs(
+    core: BrokerCore, request: pb.DescribeLogDirsRequest, context: RequestContext
+) -> pb.DescribeLogDirsResponse:
+    wanted = [(t.topic, p) for t in request.partitions for p in t.partitions] or None
+    found = core.describe_log_dirs(wanted)
+    return pb.DescribeLogDirsResponse(
+        path=found.path,
+        total_bytes=found.total_bytes,
+        usable_bytes=found.usable_bytes,
+        partitions=[
+            pb.LogDirPartition(
+                topic=p.topic,
+                partition=p.partition,
+                size_bytes=p.size_bytes,
+                offset_lag=p.offset_lag,
+            )
+            for p in found.partitions
+        ],
+        error_code=found.error_code,
+        error_message=found.error_message,
+    )
+
+
 def _acl_binding(binding: AclBinding) -> pb.AclBinding:
     return pb.AclBinding(
         resource_type=binding.resource_type.value,
@@ -570,6 +593,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "AlterTopicConfig": _alter_topic_config,
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
+    "DescribeLogDirs": _describe_log_dirs,
     "ControlledShutdown": _controlled_shutdown,
     "CreateAcls": _create_acls,
     "DescribeAcls": _describe_acls,

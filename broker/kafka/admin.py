@@ -1,10 +1,17 @@
-"""Admin APIs over the core: DescribeConfigs, DescribeCluster and ElectLeaders.
+"""Admin APIs over the core: DescribeConfigs, DescribeCluster, DescribeLogDirs and
+ElectLeaders.
 
 DescribeConfigs answers a topic with every effective config key (Kafka's tools and test
 suites expect all of them, not only overrides): ``DYNAMIC_TOPIC_CONFIG`` (1) for the
 topic's overrides, ``DEFAULT_CONFIG`` (5) for the rest; a broker (resource type 4) with the
 broker's effective settings as ``STATIC_BROKER_CONFIG`` (4), values of keys that name a
 password or secret hidden (``is_sensitive``). Synonyms and documentation are not given.
+
+DescribeLogDirs (v1-4): this broker's one data directory (``BrokerCore.describe_log_dirs``),
+with each partition asked for (``topics`` null: every one) that has a copy here, its size
+and how far its log end is behind the high watermark; the file system's total and usable
+bytes (v4). DESCRIBE on the cluster: refused, the answer lists no directory and (v3+)
+carries ``CLUSTER_AUTHORIZATION_FAILED``, as Kafka's.
 
 ElectLeaders (v0-2, KIP-460): preferred (``election_type`` 0, v0's only kind) or unclean
 (1) elections on the controller (``BrokerCore.elect_leaders``), ALTER on the cluster.
@@ -26,7 +33,7 @@ from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import InvalidRequestError
 
-__all__ = ["describe_cluster", "describe_configs", "elect_leaders"]
+__all__ = ["describe_cluster", "describe_configs", "describe_log_dirs", "elect_leaders"]
 
 TOPIC = 2
 BROKER = 4
@@ -158,3 +165,35 @@ async def elect_leaders(conn: Connection, header: RequestHeader, request: Plain)
         code, message = kafka_error(exc)
         return every(code, message)
     return answer(NONE, {key: (kafka_code(code), code or None) for key, code in results.items()})
+
+
+async def describe_log_dirs(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DescribeLogDirs (v1-4): see the module docstring."""
+    refused = denied(conn, the_cluster())
+    if refused:
+        return {"error_code": refused, "results": []}
+    named = request.get("topics")
+    wanted = None if named is None else [(t["topic"], p) for t in named for p in t["partitions"]]
+    found = await conn.run(conn.core.describe_log_dirs, wanted)
+    by_topic: dict[str, list[Plain]] = {}
+    for p in found.partitions:
+        by_topic.setdefault(p.topic, []).append(
+            {
+                "partition_index": p.partition,
+                "partition_size": p.size_bytes,
+                "offset_lag": p.offset_lag,
+                "is_future_key": False,
+            }
+        )
+    return {
+        "error_code": NONE,
+        "results": [
+            {
+                "error_code": kafka_code(found.error_code),
+                "log_dir": found.path,
+                "topics": [{"name": n, "partitions": parts} for n, parts in by_topic.items()],
+                "total_bytes": found.total_bytes,
+                "usable_bytes": found.usable_bytes,
+            }
+        ],
+    }

@@ -21,7 +21,12 @@ from typing import Any
 
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
-from tidelog.broker.kafka.admin import describe_cluster, describe_configs, elect_leaders
+from tidelog.broker.kafka.admin import (
+    describe_cluster,
+    describe_configs,
+    describe_log_dirs,
+    elect_leaders,
+)
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
@@ -317,6 +322,7 @@ HANDLERS: dict[int, Handler] = {
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,
+    35: describe_log_dirs,
     36: sasl_authenticate,
     37: create_partitions,
     42: delete_groups,

@@ -42,6 +42,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     22: (0, 4),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs
+    35: (1, 4),  # DescribeLogDirs (one directory per broker)
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups

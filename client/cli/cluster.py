@@ -3,6 +3,8 @@
 ::
 
     tidelog cluster describe            brokers and the controller
+    tidelog cluster log-dirs [--broker ID]... [--topic T]...
+                                        each broker's log directory (DescribeLogDirs)
     tidelog leaders elect (--preferred | --unclean) [--topic T [--partition P]...]
                                         Kafka's ElectLeaders (kafka-leader-election)
 """
@@ -19,6 +21,7 @@ from tidelog.client.cli.common import (
     UsageError,
     admin_client,
     help_of,
+    human_bytes,
     print_info,
     print_table,
 )
@@ -36,6 +39,18 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         "describe", parents=[common], help="brokers and the controller"
     )
     cluster_describe.set_defaults(handler=_cluster_describe)
+    log_dirs = cluster_commands.add_parser(
+        "log-dirs",
+        parents=[common],
+        help="each broker's log directory: free space and the partition copies in it",
+    )
+    log_dirs.add_argument(
+        "--broker", type=int, action="append", metavar="ID", help="only this broker (repeatable)"
+    )
+    log_dirs.add_argument(
+        "--topic", action="append", metavar="T", help="only this topic's copies (repeatable)"
+    )
+    log_dirs.set_defaults(handler=_cluster_log_dirs)
 
     leaders = commands.add_parser("leaders", help="partition leadership (cluster mode)")
     leaders.set_defaults(handler=help_of(leaders))
@@ -78,6 +93,39 @@ def _cluster_describe(args: argparse.Namespace) -> int:
         for b in cluster.brokers
     ]
     print_table(["BROKER", "HOST", "PORT", "CONTROLLER"], rows, right={0, 2})
+    return EXIT_OK
+
+
+def _cluster_log_dirs(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        found = admin.describe_log_dirs(args.broker, args.topic)
+    rows = [
+        [
+            str(broker_id),
+            d.path,
+            human_bytes(d.usable_bytes),
+            human_bytes(d.total_bytes),
+            tp.topic,
+            str(tp.partition),
+            human_bytes(replica.size_bytes),
+            str(replica.offset_lag),
+        ]
+        for broker_id, d in found.items()
+        for tp, replica in sorted(d.replicas.items())
+    ]
+    empty = [b for b, d in found.items() if not d.replicas]
+    if rows:
+        print_table(
+            ["BROKER", "LOG DIR", "FREE", "TOTAL", "TOPIC", "PARTITION", "SIZE", "LAG"],
+            rows,
+            right={0, 2, 3, 5, 6, 7},
+        )
+    for broker_id in empty:
+        d = found[broker_id]
+        print_info(
+            f"Broker {broker_id}: {d.path}, {human_bytes(d.usable_bytes)} free of "
+            f"{human_bytes(d.total_bytes)}, no partition copies asked for."
+        )
     return EXIT_OK
 
 

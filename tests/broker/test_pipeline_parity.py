@@ -34,6 +34,8 @@ from kafka.protocol.admin import (
     DeleteTopicsResponse,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     DescribeProducersRequest,
     DescribeProducersResponse,
     ListGroupsRequest,
@@ -378,6 +380,9 @@ class _Grpc:
         code, answer = self._code("OffsetCommit", request)
         return [code, *(r.error_code or "OK" for r in answer.results)]
 
+    def describe_log_dirs(self) -> list[str]:
+        return [self._code("DescribeLogDirs", pb.DescribeLogDirsRequest())[0]]
+
     def describe_producers(self, name: str) -> list[str]:
         request = pb.DescribeProducersRequest(
             partitions=[pb.TopicPartitions(topic=name, partitions=[0])]
@@ -461,6 +466,10 @@ class _Kafka:
         )
         return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
 
+    def describe_log_dirs(self) -> list[str]:
+        answer = self.session.call(DescribeLogDirsRequest[4](topics=None), DescribeLogDirsResponse)
+        return [error_name(answer.error_code), *(error_name(r.error_code) for r in answer.results)]
+
     def describe_producers(self, name: str) -> list[str]:
         request = DescribeProducersRequest[0](
             topics=[DescribeProducersRequest[0].TopicRequest(name=name, partition_indexes=[0])]
@@ -530,6 +539,13 @@ SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
         ["OK", "ok-L-group", "ok-L-group"],
         0,
         ("list_groups", "OK"),
+    ),
+    (
+        "describe log dirs without DESCRIBE on the cluster",
+        lambda d, lst: d.describe_log_dirs(),
+        ["CLUSTER_AUTHORIZATION_FAILED"],
+        1,
+        ("describe_log_dirs", "CLUSTER_AUTHORIZATION_FAILED"),
     ),
     (
         "describe producers",

@@ -136,6 +136,7 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
     return {
         "describe_topic": lambda: admin.describe_topic(TOPIC),
         "describe_cluster": lambda: admin.describe_cluster(),
+        "describe_log_dirs": lambda: admin.describe_log_dirs(),
         "list_topics": lambda: admin.list_topics(),
         "create_topic": lambda: admin.create_topic("created", 1, replication_factor=2),
         "delete_topic": lambda: delete_topic(admin, "doomed"),
@@ -171,6 +172,7 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
 CALL_NAMES = [
     "describe_topic",
     "describe_cluster",
+    "describe_log_dirs",
     "list_topics",
     "create_topic",
     "delete_topic",

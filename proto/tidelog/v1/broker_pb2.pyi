@@ -560,6 +560,97 @@ class ElectLeadersResponse(_message.Message):
 Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
 
 @_typing.final
+class DescribeLogDirsRequest(_message.Message):
+    """Kafka's DescribeLogDirs, answered by the broker asked: its one data directory, with the
+    partitions asked for (none: every partition) that have a copy there.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeLogDirsRequest: _TypeAlias = DescribeLogDirsRequest  # noqa: Y015
+
+@_typing.final
+class LogDirPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    OFFSET_LAG_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    size_bytes: _builtins.int
+    offset_lag: _builtins.int
+    """how far the log end is behind the high watermark (0: not behind)"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+        offset_lag: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset_lag", b"offset_lag", "partition", b"partition", "size_bytes", b"size_bytes", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogDirPartition: _TypeAlias = LogDirPartition  # noqa: Y015
+
+@_typing.final
+class DescribeLogDirsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    USABLE_BYTES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    total_bytes: _builtins.int
+    """the file system's size"""
+    usable_bytes: _builtins.int
+    """and its free space"""
+    error_code: _builtins.str
+    """KAFKA_STORAGE_ERROR when the directory cannot be read"""
+    error_message: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogDirPartition]: ...
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        total_bytes: _builtins.int = ...,
+        usable_bytes: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___LogDirPartition] | None = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partitions", b"partitions", "path", b"path", "total_bytes", b"total_bytes", "usable_bytes", b"usable_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeLogDirsResponse: _TypeAlias = DescribeLogDirsResponse  # noqa: Y015
+
+@_typing.final
 class ControlledShutdownRequest(_message.Message):
     """Broker to controller (Kafka's ControlledShutdown): a broker about to stop asks the
     controller to move its leaderships to other in-sync replicas and drop it from the ISRs.

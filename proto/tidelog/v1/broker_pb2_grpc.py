@@ -69,6 +69,11 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeLogDirs',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
         self.ControlledShutdown = channel.unary_unary(
                 '/tidelog.v1.Broker/ControlledShutdown',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
@@ -252,6 +257,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ElectLeaders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeLogDirs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -468,6 +479,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
             'ControlledShutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.ControlledShutdown,
@@ -799,6 +815,33 @@ class Broker:
             '/tidelog.v1.Broker/ElectLeaders',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeLogDirs',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,7 @@ class BrokerStub:
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
+    DescribeLogDirs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]
     ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]
     CreateAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]
     """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
@@ -99,6 +100,7 @@ class BrokerAsyncStub(BrokerStub):
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    DescribeLogDirs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]  # type: ignore[assignment]
     ControlledShutdown: _aio.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
     CreateAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]  # type: ignore[assignment]
     """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
@@ -184,6 +186,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ElectLeadersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ElectLeadersResponse, _abc.Awaitable[_broker_pb2.ElectLeadersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeLogDirs(
+        self,
+        request: _broker_pb2.DescribeLogDirsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeLogDirsResponse, _abc.Awaitable[_broker_pb2.DescribeLogDirsResponse]]: ...
 
     @_abc_1.abstractmethod
     def ControlledShutdown(
