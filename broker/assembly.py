@@ -284,6 +284,8 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore, admission: Admission) -
         io_threads=config.num_io_threads,
         ssl_context=context,
         sasl=security.sasl,
+        fetch_session_slots=config.max_incremental_fetch_session_cache_slots,
+        fetch_session_eviction_ms=config.min_incremental_fetch_session_eviction_ms,
     )
     try:
         return KafkaListener.start(core, settings, admission)
