@@ -54,6 +54,8 @@ key                                   default          meaning
 ``offsets.topic.replication.factor``  3                its replicas (at most the brokers)
 ``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
 ``broker.id``                         0                this broker's id (unique in a cluster)
+``broker.rack``                       (none)           rack (replicas spread over racks)
+``follower.replication.throttled.rate`` 0              bytes/s an adding replica fetches (0: any)
 ``zookeeper.connect``                 (none)           ``HOST:PORT[,...][/chroot]``: cluster mode
 ``zookeeper.session.timeout.ms``      18000            ZooKeeper session: a dead broker's timeout
 ``zookeeper.connection.timeout.ms``   15000            how long to wait for ZooKeeper at start
@@ -319,6 +321,10 @@ class BrokerConfig:
     offsets_topic_replication_factor: int = 3
     offset_metadata_max_bytes: int = 4_096
     broker_id: int = 0
+    broker_rack: str | None = None  # None: no rack (Kafka's broker.rack)
+    # Bytes per second this broker fetches as an adding replica of a reassignment (0:
+    # unthrottled; Kafka's default is unlimited too). broker.cluster.fetcher.
+    follower_replication_throttled_rate: int = 0
     zookeeper_connect: str | None = None
     zookeeper_session_timeout_ms: int = 18_000
     zookeeper_connection_timeout_ms: int = 15_000
@@ -363,6 +369,7 @@ class BrokerConfig:
             ("zookeeper.connection.timeout.ms", self.zookeeper_connection_timeout_ms >= 1),
             ("default.replication.factor", self.default_replication_factor >= 1),
             ("zookeeper.connect", self.zookeeper_connect is None or bool(self.zookeeper_connect)),
+            ("broker.rack", self.broker_rack is None or bool(self.broker_rack.strip())),
             ("max.connections", self.max_connections >= 1),
             ("max.connections.per.ip", self.max_connections_per_ip >= 1),
             ("queued.max.requests", self.queued_max_requests >= 1),
@@ -726,6 +733,11 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     ),
     "offset.metadata.max.bytes": ("offset_metadata_max_bytes", lambda k, v: _int(k, v, 0, 0x7FFF)),
     "broker.id": ("broker_id", lambda k, v: _int(k, v, 0, 2**31 - 1)),
+    "broker.rack": ("broker_rack", _str),
+    "follower.replication.throttled.rate": (
+        "follower_replication_throttled_rate",
+        lambda k, v: _int(k, v, 0),
+    ),
     "zookeeper.connect": ("zookeeper_connect", _str),
     "zookeeper.session.timeout.ms": ("zookeeper_session_timeout_ms", lambda k, v: _int(k, v, 1)),
     "zookeeper.connection.timeout.ms": (

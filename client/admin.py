@@ -32,7 +32,7 @@ Thread-safe (the connections are); ``close`` when done.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -60,6 +60,7 @@ from tidelog.client.types import (
     LogDirDescription,
     OffsetAndTimestamp,
     PartitionDescription,
+    PartitionReassignment,
     QuotaEntity,
     TopicDescription,
     TopicPartition,
@@ -154,7 +155,7 @@ class AdminClient:
             cluster_id=metadata.cluster_id,
             controller_id=metadata.controller_id,
             brokers=tuple(
-                BrokerNode(b.id, b.host, b.port)
+                BrokerNode(b.id, b.host, b.port, b.rack)
                 for b in sorted(metadata.brokers.values(), key=lambda b: b.id)
             ),
         )
@@ -267,6 +268,50 @@ class AdminClient:
         unclean = election_type == "unclean"
         return self._on_controller(
             lambda c, t: c.elect_leaders(unclean, wanted, timeout_ms=t), "ElectLeaders", timeout_ms
+        )
+
+    # --- reassignment --------------------------------------------------------------------
+
+    def alter_partition_reassignments(
+        self,
+        targets: Mapping[TopicPartition, Sequence[int] | None],
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Kafka's AlterPartitionReassignments (KIP-455), sent to the controller: move each
+        partition to its target replicas (the first becomes the preferred leader), or
+        (None) cancel its reassignment. Per partition None (started or cancelled: the move
+        itself completes in the background, ``list_partition_reassignments`` shows it
+        until then) or why not: ``InvalidReplicaAssignmentError`` (empty, a broker twice,
+        a broker not live), ``NoReassignmentInProgressError``,
+        ``UnknownTopicOrPartitionError``."""
+        wanted: dict[TopicPartition, Sequence[int] | None] = {}
+        for tp, target in targets.items():
+            if target is not None and not all(
+                isinstance(r, int) and not isinstance(r, bool) for r in target
+            ):
+                raise TypeError(f"{tp}: replicas must be broker ids (int), got {target!r}")
+            wanted[tp] = None if target is None else tuple(target)
+        return self._on_controller(
+            lambda c, t: c.alter_partition_reassignments(wanted, timeout_ms=t),
+            "AlterPartitionReassignments",
+            timeout_ms,
+        )
+
+    def list_partition_reassignments(
+        self,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """Kafka's ListPartitionReassignments, sent to the controller: the partitions (of
+        ``partitions``; None: all) being reassigned, with their replicas (the union of
+        the old and target ones), adding and removing replicas."""
+        wanted = None if partitions is None else sorted(set(partitions))
+        return self._on_controller(
+            lambda c, t: c.list_partition_reassignments(wanted, timeout_ms=t),
+            "ListPartitionReassignments",
+            timeout_ms,
         )
 
     # --- ACLs ----------------------------------------------------------------------------

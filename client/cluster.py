@@ -87,6 +87,7 @@ class BrokerNode:
     id: int
     host: str
     port: int
+    rack: str | None = None  # the broker's ``broker.rack``
 
     @property
     def address(self) -> str:

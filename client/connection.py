@@ -36,6 +36,7 @@ from tidelog.client.types import (
     LogDirDescription,
     LogDirReplica,
     PartitionDescription,
+    PartitionReassignment,
     QuotaEntity,
     TopicDescription,
     TopicPartition,
@@ -356,6 +357,22 @@ class Connection(Protocol):
         every partition; the answer names only those that needed an election."""
         ...
 
+    def alter_partition_reassignments(
+        self,
+        targets: Mapping[TopicPartition, Sequence[int] | None],
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Kafka's AlterPartitionReassignments on the controller: per partition None
+        (started, or cancelled for a None target) or why not."""
+        ...
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """Kafka's ListPartitionReassignments on the controller (None: every partition)."""
+        ...
+
     def alter_topic_config(
         self,
         name: str,
@@ -475,7 +492,9 @@ class GrpcConnection:
             cluster_id=answer.cluster_id,
             controller_id=answer.controller_id,
             broker_id=answer.broker_id,
-            brokers={b.id: BrokerNode(b.id, b.host, b.port) for b in answer.brokers},
+            brokers={
+                b.id: BrokerNode(b.id, b.host, b.port, b.rack or None) for b in answer.brokers
+            },
             topics={
                 t.name: TopicMetadata(
                     t.name,
@@ -858,6 +877,58 @@ class GrpcConnection:
                 else None
             )
             for r in answer.results
+        }
+
+    def alter_partition_reassignments(
+        self,
+        targets: Mapping[TopicPartition, Sequence[int] | None],
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        answer = self.transport.call(
+            self.transport.stub.AlterPartitionReassignments,
+            pb.AlterPartitionReassignmentsRequest(
+                partitions=[
+                    pb.ReassignmentTarget(
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        replicas=list(target or ()),
+                        cancel=target is None,
+                    )
+                    for tp, target in targets.items()
+                ]
+            ),
+            what="AlterPartitionReassignments",
+            timeout_ms=timeout_ms,
+        )
+        return {
+            TopicPartition(r.topic, r.partition): (
+                error_for_code(r.error_code, f"{r.topic}-{r.partition}: {r.error_code}")
+                if r.error_code
+                else None
+            )
+            for r in answer.results
+        }
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.ListPartitionReassignments,
+            pb.ListPartitionReassignmentsRequest(
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()]
+            ),
+            what="ListPartitionReassignments",
+            timeout_ms=timeout_ms,
+        )
+        return {
+            TopicPartition(r.topic, r.partition): PartitionReassignment(
+                tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
+            )
+            for r in answer.reassignments
         }
 
     def alter_topic_config(

@@ -63,6 +63,7 @@ from tidelog.client.types import (
     LogDirDescription,
     LogDirReplica,
     PartitionDescription,
+    PartitionReassignment,
     QuotaEntity,
     TopicDescription,
     TopicPartition,
@@ -74,8 +75,10 @@ from tidelog.storage.errors import (
     FencedLeaderEpochError,
     GroupIdNotFoundError,
     InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     LeaderNotAvailableError,
+    NoReassignmentInProgressError,
     NotControllerError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
@@ -642,6 +645,34 @@ class InMemoryConnection:
                 tp: ElectionNotNeededError(f"{tp}: its leader is the preferred replica")
                 for tp in partitions or ()
             }
+
+    def alter_partition_reassignments(
+        self,
+        targets: Mapping[TopicPartition, Sequence[int] | None],
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("alter_partition_reassignments"))
+            # The in-memory cluster keeps no replica lists to move: every partition is
+            # where it is, and nothing is ever being moved.
+            return {
+                tp: (
+                    NoReassignmentInProgressError(f"{tp}: no reassignment in progress")
+                    if target is None
+                    else InvalidReplicaAssignmentError(f"{tp}: the in-memory cluster cannot move")
+                )
+                for tp, target in targets.items()
+            }
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("list_partition_reassignments"))
+            return {}
 
     def alter_topic_config(
         self,

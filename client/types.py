@@ -29,6 +29,7 @@ __all__ = [
     "LogDirReplica",
     "OffsetAndTimestamp",
     "PartitionDescription",
+    "PartitionReassignment",
     "QuotaEntity",
     "RecordMetadata",
     "TopicDescription",
@@ -141,6 +142,21 @@ class TopicDescription:
     partitions: Sequence[PartitionDescription]
     config: Mapping[str, str]
     internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A partition being reassigned (Kafka's ListPartitionReassignments): ``replicas`` is
+    the union of the ones it had and the target ones, the target first."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """The replicas the partition ends with."""
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
 
 
 @dataclass(frozen=True, slots=True)

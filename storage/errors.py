@@ -22,6 +22,8 @@ and this module, which import nothing else of ours).
     │   ├── InvalidRequestError           INVALID_REQUEST
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
+    │   ├── InvalidReplicaAssignmentError  INVALID_REPLICA_ASSIGNMENT
+    │   ├── NoReassignmentInProgressError  NO_REASSIGNMENT_IN_PROGRESS
     │   ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
     │   ├── OffsetNotAvailableError       OFFSET_NOT_AVAILABLE retriable
     │   ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
@@ -98,6 +100,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
+    "InvalidReplicaAssignmentError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTopicError",
@@ -106,6 +109,7 @@ __all__ = [
     "LogDirFullError",
     "MaxConnectionsError",
     "MaxConnectionsPerIpError",
+    "NoReassignmentInProgressError",
     "NotAuthorizedError",
     "NotControllerError",
     "NotCoordinatorError",
@@ -235,6 +239,19 @@ class InvalidReplicationFactorError(RequestError):
     """A replication factor below 1 or above the number of live brokers."""
 
     code = "INVALID_REPLICATION_FACTOR"
+
+
+class InvalidReplicaAssignmentError(RequestError):
+    """A reassignment's target replicas are empty, repeat a broker or name one that is not
+    live (KIP-455)."""
+
+    code = "INVALID_REPLICA_ASSIGNMENT"
+
+
+class NoReassignmentInProgressError(RequestError):
+    """A reassignment was cancelled for a partition that is not being reassigned."""
+
+    code = "NO_REASSIGNMENT_IN_PROGRESS"
 
 
 class OffsetOutOfRangeError(RequestError):

@@ -15,7 +15,12 @@ Its duties, as Kafka's ZooKeeper-era controller:
   before, once (the state records the registrations read, ``brokers_zxid``); elect from
   the ELR when no ISR member is live; empty the ELR when ``min.insync.replicas`` changes;
 * preferred-leader election on demand, and controlled shutdown (move leadership off a
-  broker that is stopping).
+  broker that is stopping);
+* partition reassignment (KIP-455, ``broker.cluster.reassignment``): start, complete and
+  cancel, with the state in the topic znodes, so a new controller resumes where the
+  old one stopped. While any is in progress a timer posts ``reassign`` events
+  (``_REASSIGN_CHECK_S``): the controller does not watch every state znode for the ISR
+  changes that let a reassignment complete, it re-reads the moving partitions' states.
 
 Threading, as Kafka's ``ControllerEventManager``: kazoo's watch callbacks and the admin
 calls only put events on a queue; one event thread takes them in order and, for each,
@@ -49,6 +54,7 @@ from tidelog.broker.cluster.election import (
     reconcile,
     with_elr,
 )
+from tidelog.broker.cluster.reassignment import Move, cancel, complete, invalid_target, start
 from tidelog.broker.cluster.session import SessionFence
 from tidelog.broker.cluster.store import (
     ClusterStore,
@@ -68,13 +74,18 @@ from tidelog.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 
-__all__ = ["Controller", "ControllerSettings"]
+__all__ = ["Controller", "ControllerSettings", "Reassignments"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
+_REASSIGN_CHECK_S = 0.25  # while a reassignment is in progress, re-read its ISRs this often
+_REASSIGN_ATTEMPTS = 3  # a topic's reassignment write retried after a concurrent ISR write
+
+# (topic, partition) -> (replicas, adding, removing), ListPartitionReassignments' answer.
+Reassignments = dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,8 @@ class Controller:
         self._rng = rng or random.Random()
         self._events: queue.Queue[_Event] = queue.Queue()
         self._lease: ControllerLease | None = None
+        # Whether a reassignment may be in progress (the event thread's; read by the timer).
+        self._reassigning = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"tidelog-controller-{settings.broker_id}", daemon=True
@@ -140,6 +153,11 @@ class Controller:
                 name=f"tidelog-leader-rebalance-{self._settings.broker_id}",
                 daemon=True,
             ).start()
+        threading.Thread(
+            target=self._run_reassign_timer,
+            name=f"tidelog-reassign-{self._settings.broker_id}",
+            daemon=True,
+        ).start()
         self._store.watch_data("/controller", lambda _data: self._post("election"))
         self._store.watch_children("/brokers/ids", lambda _ids: self._post("brokers"))
 
@@ -153,6 +171,11 @@ class Controller:
         interval_s = self._settings.leader_rebalance_interval_ms / 1000
         while not self._stopped.wait(interval_s):
             self._post("rebalance")
+
+    def _run_reassign_timer(self) -> None:
+        while not self._stopped.wait(_REASSIGN_CHECK_S):
+            if self._reassigning and self._lease is not None:
+                self._post("reassign")
 
     def session_lost(self) -> None:
         """The ZooKeeper session expired: ``/controller`` went with it, so stop acting.
@@ -217,6 +240,25 @@ class Controller:
     def elect_preferred_leaders(self) -> int:
         """Move leadership back to preferred replicas where possible; returns how many moved."""
         return sum(1 for code in self.elect_leaders(False, None).values() if not code)
+
+    def alter_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> dict[tuple[str, int], str]:
+        """Kafka's AlterPartitionReassignments (KIP-455): move each partition to its target
+        replicas, or (None) cancel its reassignment. Per partition "" (started or
+        cancelled; the move completes in the background) or Kafka's error name:
+        ``INVALID_REPLICA_ASSIGNMENT``, ``NO_REASSIGNMENT_IN_PROGRESS``,
+        ``UNKNOWN_TOPIC_OR_PARTITION``, ``REQUEST_TIMED_OUT`` (written in between too often;
+        ask again)."""
+        wanted = {key: None if t is None else tuple(t) for key, t in targets.items()}
+        return self._call(lambda: self._alter_reassignments(wanted))
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None
+    ) -> Reassignments:
+        """The partitions being reassigned among ``partitions`` (None: all), each with its
+        replicas (the union), adding and removing replicas."""
+        return self._call(lambda: self._list_reassignments(partitions))
 
     def controlled_shutdown(self, broker_id: int) -> int:
         """Move leadership off ``broker_id``; returns the partitions it still leads."""
@@ -309,6 +351,9 @@ class Controller:
         if event.kind in ("brokers", "election"):
             self._ensure_internal_topics()
             self._reconcile()
+            self._progress_reassignments()
+        elif event.kind == "reassign":
+            self._progress_reassignments()
         elif event.kind == "rebalance":
             moved = sum(1 for code in self._elect_leaders(False, None).values() if not code)
             if moved:
@@ -323,6 +368,8 @@ class Controller:
         log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
         self._ensure_internal_topics()
         self._reconcile()
+        # A reassignment the previous controller started resumes from ZooKeeper.
+        self._progress_reassignments()
 
     def _ensure_internal_topics(self) -> None:
         """Create the internal topics (the offsets topic) if they are missing.
@@ -504,6 +551,7 @@ class Controller:
             brokers,
             start_index=self._rng.randrange(count),
             replica_shift=self._rng.randrange(count),
+            racks={b: r.rack for b, r in view.registrations.items()},
         )
         assignment = TopicAssignment(
             name, str(uuid.uuid4()), {p: tuple(r) for p, r in placed.items()}
@@ -551,11 +599,11 @@ class Controller:
             start_index=start,
             replica_shift=self._rng.randrange(max(len(brokers), 1)),
             first_partition=current,
+            racks={b: r.rack for b, r in view.registrations.items()},
         )
-        grown = TopicAssignment(
-            name,
-            assignment.topic_id,
-            {**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
+        grown = replace(  # keeps the lists of partitions being reassigned
+            assignment,
+            replicas={**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
         )
         states = {
             p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
@@ -671,6 +719,183 @@ class Controller:
         if elected is None:
             return "PREFERRED_LEADER_NOT_AVAILABLE", None
         return "", p.with_elr(elected)
+
+    # --- reassignment (``broker.cluster.reassignment``) -------------------------------------
+
+    def _alter_reassignments(
+        self, wanted: Mapping[tuple[str, int], tuple[int, ...] | None]
+    ) -> dict[tuple[str, int], str]:
+        self._require_lease()
+        by_topic: dict[str, dict[int, tuple[int, ...] | None]] = {}
+        for (topic, partition), target in wanted.items():
+            by_topic.setdefault(topic, {})[partition] = target
+        out: dict[tuple[str, int], str] = {}
+        for topic, targets in by_topic.items():
+            for attempt in range(_REASSIGN_ATTEMPTS):
+                try:
+                    out.update(self._alter_topic_reassignments(topic, targets))
+                    break
+                except StaleStateError:
+                    if attempt == _REASSIGN_ATTEMPTS - 1:
+                        out.update(
+                            dict.fromkeys(((topic, p) for p in targets), "REQUEST_TIMED_OUT")
+                        )
+        self._reassigning = True
+        self._post("reassign")
+        return out
+
+    def _alter_topic_reassignments(
+        self, topic: str, targets: Mapping[int, tuple[int, ...] | None]
+    ) -> dict[tuple[str, int], str]:
+        lease = self._require_lease()
+        found = self._store.read_topic_versioned(topic)
+        if found is None:
+            return {(topic, p): "UNKNOWN_TOPIC_OR_PARTITION" for p in targets}
+        assignment, version = found
+        live = self._live()
+        out: dict[tuple[str, int], str] = {}
+        moves: dict[int, tuple[Move, int]] = {}
+        for partition, target in targets.items():
+            key = (topic, partition)
+            read = (
+                self._store.read_partition_state(topic, partition)
+                if partition in assignment.replicas
+                else None
+            )
+            if read is None:
+                out[key] = "UNKNOWN_TOPIC_OR_PARTITION"
+                continue
+            state, state_version = read
+            replicas = assignment.replicas[partition]
+            if target is None:
+                if not assignment.reassigning(partition):
+                    out[key] = "NO_REASSIGNMENT_IN_PROGRESS"
+                    continue
+                move = cancel(
+                    replicas, assignment.adding.get(partition, ()), state, live, lease.epoch
+                )
+            else:
+                reason = invalid_target(target, live)
+                if reason is not None:
+                    log.info("%s-%d: reassignment refused: %s", topic, partition, reason)
+                    out[key] = "INVALID_REPLICA_ASSIGNMENT"
+                    continue
+                original = assignment.original(partition)
+                if tuple(target) == replicas and not assignment.reassigning(partition):
+                    out[key] = ""  # already there: nothing to move (Kafka answers success)
+                    continue
+                move = start(original, replicas, target, state, live, lease.epoch)
+            moves[partition] = (move, state_version)
+            out[key] = ""
+        if moves:
+            self._write_moves(assignment, version, moves)
+        return out
+
+    def _write_moves(
+        self, assignment: TopicAssignment, version: int, moves: Mapping[int, tuple[Move, int]]
+    ) -> None:
+        lease = self._require_lease()
+        adding = dict(assignment.adding)
+        removing = dict(assignment.removing)
+        replicas = dict(assignment.replicas)
+        for partition, (move, _) in moves.items():
+            replicas[partition] = move.replicas
+            adding.pop(partition, None)
+            removing.pop(partition, None)
+            if move.adding or move.removing:
+                adding[partition] = move.adding
+                removing[partition] = move.removing
+        changed = replace(assignment, replicas=replicas, adding=adding, removing=removing)
+        self._store.write_reassignment(
+            lease,
+            changed,
+            version,
+            {p: (move.state, state_version) for p, (move, state_version) in moves.items()},
+        )
+        for partition, (move, _) in moves.items():
+            state = move.state
+            if move.adding or move.removing:
+                log.info(
+                    "%s-%d: reassigning: replicas %s (adding %s, removing %s), leader %d epoch %d",
+                    assignment.name,
+                    partition,
+                    list(move.replicas),
+                    list(move.adding),
+                    list(move.removing),
+                    state.leader,
+                    state.leader_epoch,
+                )
+            else:
+                log.info(
+                    "%s-%d: reassignment done: replicas %s, leader %d epoch %d isr %s",
+                    assignment.name,
+                    partition,
+                    list(move.replicas),
+                    state.leader,
+                    state.leader_epoch,
+                    list(state.isr),
+                )
+
+    def _progress_reassignments(self) -> None:
+        """Complete every reassignment whose target replicas are all in the ISR."""
+        if self._lease is None:
+            return
+        live = self._live()
+        pending = False
+        try:
+            for topic in self._store.topics():
+                found = self._store.read_topic_versioned(topic)
+                if found is None:
+                    continue
+                assignment, version = found
+                moving = [p for p in assignment.replicas if assignment.reassigning(p)]
+                if not moving:
+                    continue
+                moves: dict[int, tuple[Move, int]] = {}
+                for partition in moving:
+                    read = self._store.read_partition_state(topic, partition)
+                    if read is None:
+                        continue
+                    move = complete(
+                        assignment.replicas[partition],
+                        assignment.removing.get(partition, ()),
+                        read[0],
+                        live,
+                        self._require_lease().epoch,
+                    )
+                    if move is None:
+                        pending = True
+                    else:
+                        moves[partition] = (move, read[1])
+                if moves:
+                    try:
+                        self._write_moves(assignment, version, moves)
+                    except StaleStateError:
+                        pending = True  # an ISR write in between: next time
+        except ControllerMovedError:
+            log.info("controller epoch was superseded during a reassignment step")
+            self._lease = None
+        self._reassigning = pending
+
+    def _list_reassignments(self, wanted: Sequence[tuple[str, int]] | None) -> Reassignments:
+        self._require_lease()
+        names = self._store.topics() if wanted is None else sorted({t for t, _ in wanted})
+        keys = None if wanted is None else set(wanted)
+        out: Reassignments = {}
+        for topic in names:
+            assignment = self._store.read_topic(topic)
+            if assignment is None:
+                continue
+            for partition, replicas in assignment.replicas.items():
+                if keys is not None and (topic, partition) not in keys:
+                    continue
+                if assignment.reassigning(partition):
+                    out[(topic, partition)] = (
+                        replicas,
+                        assignment.adding.get(partition, ()),
+                        assignment.removing.get(partition, ()),
+                    )
+        return out
 
     def _controlled_shutdown(self, broker_id: int) -> int:
         lease = self._require_lease()

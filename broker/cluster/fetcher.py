@@ -22,6 +22,14 @@ this broker still follows that leader at that epoch:
   partition pauses for ``replica.fetch.backoff.ms``; the metadata watcher gives it a new
   leader.
 
+**Throttle** (``follower.replication.throttled.rate``, bytes per second, 0: none): the
+partitions this broker is catching up on as an *adding* replica of a reassignment
+(``FetchTarget.throttled``; Kafka throttles the replicas its reassignment tool lists in
+``follower.replication.throttled.replicas``) share one budget per fetcher thread: each
+append of N bytes to such a partition pushes the time before they may be fetched again
+by N / rate, and each is asked for at most a quarter of a second's worth per fetch
+(at least one batch comes anyway). Other partitions are never slowed down.
+
 ``num.replica.fetchers`` threads serve each source broker, a partition always the same
 one. ``remove`` returns only once no answer for that partition is being applied, and the
 partition's role check refuses a late one besides: once a broker becomes leader no
@@ -62,6 +70,7 @@ class FetchTarget:
     partition: int
     leader: int
     leader_epoch: int
+    throttled: bool = False  # an adding replica of a reassignment: the follower throttle
 
     @property
     def key(self) -> TopicPartition:
@@ -76,6 +85,7 @@ class _Fetcher:
         self.leader = leader
         self._targets: dict[TopicPartition, FetchTarget] = {}
         self._paused: dict[TopicPartition, float] = {}
+        self._throttled_until = 0.0  # throttled partitions wait until then (pool.clock)
         self._cond = threading.Condition()
         self.applying = threading.Lock()  # held while an answer is applied
         self._stopped = False
@@ -116,10 +126,17 @@ class _Fetcher:
         with self._cond:
             while not self._stopped:
                 now = clock()
-                ready = [t for k, t in self._targets.items() if self._paused.get(k, 0) <= now]
+                throttled_until = self._throttled_until
+                ready = [
+                    t
+                    for k, t in self._targets.items()
+                    if self._paused.get(k, 0) <= now and not (t.throttled and throttled_until > now)
+                ]
                 if ready:
                     return ready
                 pauses = [p - now for p in self._paused.values() if p > now]
+                if throttled_until > now and any(t.throttled for t in self._targets.values()):
+                    pauses.append(throttled_until - now)
                 self._cond.wait(min(pauses) if pauses else None)
             return None
 
@@ -172,11 +189,14 @@ class _Fetcher:
                 plog = pool.partitions.get(target.topic, target.partition).log
             except UnknownTopicOrPartitionError:
                 continue
+            max_bytes = pool.fetch_max_bytes
+            if target.throttled and pool.throttle_rate_bytes > 0:
+                max_bytes = max(min(max_bytes, pool.throttle_rate_bytes // 4), 1)
             part = pb.FetchPartition(
                 topic=target.topic,
                 partition=target.partition,
                 fetch_offset=plog.log_end_offset,
-                partition_max_bytes=pool.fetch_max_bytes,
+                partition_max_bytes=max_bytes,
                 current_leader_epoch=target.leader_epoch,
             )
             epoch = plog.latest_epoch
@@ -247,6 +267,10 @@ class _Fetcher:
                 leader, epoch, result.records, result.batch_times, result.high_watermark
             ):
                 pool.on_replicated(*key)
+                if target.throttled and pool.throttle_rate_bytes > 0 and result.records:
+                    delay = len(result.records) / pool.throttle_rate_bytes
+                    with self._cond:
+                        self._throttled_until = max(self._throttled_until, pool.clock()) + delay
         except TidelogError as exc:
             log.warning("%s-%d: replicating from broker %d failed: %s", *key, self.leader, exc)
             self._pause([key])
@@ -279,6 +303,7 @@ class FetcherPool:
         on_replicated: Callable[[str, int], None] = lambda _t, _p: None,
         clock: Callable[[], float] | None = None,
         channels: InterBrokerChannels | None = None,
+        throttle_rate_bytes: int = 0,
     ) -> None:
         self.broker_id = broker_id
         # How channels to leaders are opened (plaintext, TLS, SASL: broker.tls).
@@ -290,6 +315,7 @@ class FetcherPool:
         self.fetch_max_bytes = fetch_max_bytes
         self.backoff_s = backoff_ms / 1000
         self.on_replicated = on_replicated
+        self.throttle_rate_bytes = throttle_rate_bytes  # follower.replication.throttled.rate
         self.clock = clock or time.monotonic
         self._num = max(num_fetchers, 1)
         self._lock = threading.Lock()

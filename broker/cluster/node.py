@@ -50,7 +50,7 @@ from typing import Protocol
 
 import grpc
 
-from tidelog.broker.cluster.controller import Controller, ControllerSettings
+from tidelog.broker.cluster.controller import Controller, ControllerSettings, Reassignments
 from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
@@ -141,7 +141,7 @@ class ClusterPlacement:
             self._broker_id,
             controller,
             tuple(
-                BrokerEndpoint(b.broker_id, b.host, b.port, _kafka_endpoint(b))
+                BrokerEndpoint(b.broker_id, b.host, b.port, _kafka_endpoint(b), b.rack)
                 for b in snapshot.brokers.values()
             ),
             cut_off,
@@ -296,6 +296,7 @@ class ClusterNode:
                     clock.wall_ms(),
                     tuple(listeners),
                     local.logs.previous_broker_epoch,
+                    config.broker_rack,
                 ),
                 timeout_ms=config.zookeeper_session_timeout_ms * 2,
             )
@@ -343,7 +344,13 @@ class ClusterNode:
         # Registered again after a lost session, the process (and its log) did not stop:
         # a clean "previous life" whose epoch is the one just registered.
         registration = BrokerRegistration(
-            config.broker_id, host, port, clock.wall_ms(), tuple(listeners), broker_epoch
+            config.broker_id,
+            host,
+            port,
+            clock.wall_ms(),
+            tuple(listeners),
+            broker_epoch,
+            config.broker_rack,
         )
         node = cls(
             config, store, watcher, controller, placement, fence, replicas, registration, local
@@ -599,6 +606,16 @@ class ClusterNode:
     ) -> dict[tuple[str, int], str]:
         return self._controller_or_raise().elect_leaders(unclean, partitions)
 
+    def alter_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> dict[tuple[str, int], str]:
+        return self._controller_or_raise().alter_partition_reassignments(targets)
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None
+    ) -> Reassignments:
+        return self._controller_or_raise().list_partition_reassignments(partitions)
+
 
 def _start_replicas(
     config: BrokerConfig,
@@ -647,6 +664,7 @@ def _start_replicas(
         fetch_max_bytes=config.replica_fetch_max_bytes,
         backoff_ms=config.replica_fetch_backoff_ms,
         channels=InterBrokerChannels(config.security),
+        throttle_rate_bytes=config.follower_replication_throttled_rate,
     )
     replicas = ReplicaManager(
         ReplicaSettings(

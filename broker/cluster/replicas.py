@@ -15,7 +15,10 @@ to ZooKeeper. What follows is the behaviour of the two together:
   partition's one lock, so no produce sees the new epoch in the log without the role) or
   follower (``Partition.make_follower``, and hand the partition to the replica fetcher of
   its leader, ``broker.cluster.fetcher``) of every partition it is a replica of, and
-  neither of the others (``Partition.resign``).
+  neither of the others (``Partition.resign``). A partition whose topic is still there
+  but whose replicas no longer include this broker (a reassignment moved it away) also
+  has its records deleted (``Partition.delete_replica_data``, Kafka's StopReplica with
+  delete), also when it was removed while this broker was down (at its first view).
 * **Leader: follower progress.** Each follower fetch (``Partition.on_follower_fetch``,
   called by the fetch path before it reads) names the follower's log end offset (its
   fetch offset) and the epoch of its last batch. If that epoch's end on the leader is
@@ -127,8 +130,9 @@ class ReplicaManager:
         self._on_leader = on_leader
         self._on_isr_change = on_isr_change
         self._lock = threading.Lock()
-        # What the fetchers were told: -> (leader, epoch, whether it was live: fetching)
-        self._following: dict[TopicPartition, tuple[int, int, bool]] = {}
+        # What the fetchers were told: -> (leader, epoch, whether it was live: fetching,
+        # whether throttled: an adding replica of a reassignment)
+        self._following: dict[TopicPartition, tuple[int, int, bool, bool]] = {}
         self._stopped = threading.Event()
         self._isr_thread = threading.Thread(
             target=self._run_isr_changes, name="tidelog-isr", daemon=True
@@ -183,6 +187,31 @@ class ReplicaManager:
         for hosted in self._partitions.partitions():
             if (hosted.topic, hosted.partition) not in wanted:
                 hosted.resign()
+        self._delete_former_replicas(view, wanted)
+
+    def _delete_former_replicas(
+        self, view: ClusterMetadata, wanted: dict[TopicPartition, PartitionState]
+    ) -> None:
+        """Delete the records of every local log whose partition is assigned to other
+        brokers only (a reassignment moved it away, maybe while this broker was down)."""
+        logs = self._partitions.logs
+        me = self._settings.broker_id
+        for name, topic in view.topics.items():
+            for partition, replicas in topic.assignment.replicas.items():
+                if me in replicas or (name, partition) in wanted:
+                    continue
+                try:
+                    plog = logs.get_log(name, partition)
+                    if plog.log_end_offset == 0 and plog.log_start_offset == 0:
+                        continue
+                    if self._partitions.get(name, partition).delete_replica_data():
+                        log.info(
+                            "%s-%d: no longer a replica here; its log was deleted", name, partition
+                        )
+                except Exception:
+                    log.exception(
+                        "%s-%d: cannot delete the log of a former replica", name, partition
+                    )
 
     def _lead(self, tp: TopicPartition, state: PartitionState, replicas: tuple[int, ...]) -> None:
         partition = self._partitions.get(*tp)
@@ -216,7 +245,9 @@ class ReplicaManager:
         # It did: the followers never fetched, the high watermark never moved, and every
         # acks=all write to the partition (a group's offset commit) timed out (CI).
         live = state.leader != NO_LEADER and state.leader in view.brokers
-        followed = (state.leader, state.leader_epoch, live)
+        # An adding replica of a reassignment fetches under the follower throttle.
+        throttled = self._settings.broker_id in view.topics[tp[0]].assignment.adding.get(tp[1], ())
+        followed = (state.leader, state.leader_epoch, live, throttled)
         partition = self._partitions.get(*tp)
         # Parked acks=all produces answer NOT_LEADER now if it led (Partition's progress).
         was_leading = partition.make_follower(state.leader, state.leader_epoch)
@@ -228,7 +259,9 @@ class ReplicaManager:
             self._fetchers.remove(tp)
             log.info("%s-%d: no live leader (epoch %d); not fetching", *tp, state.leader_epoch)
         else:
-            self._fetchers.add(FetchTarget(tp[0], tp[1], state.leader, state.leader_epoch))
+            self._fetchers.add(
+                FetchTarget(tp[0], tp[1], state.leader, state.leader_epoch, throttled)
+            )
             log.info(
                 "%s-%d: follower of broker %d at epoch %d", *tp, state.leader, state.leader_epoch
             )

@@ -419,6 +419,33 @@ class ClusterStore:
             transaction.create(partition_state_path(name, partition), encode_partition_state(state))
         self._commit_fenced(transaction, f"growing topic {name}", exists_is_stale=True)
 
+    def write_reassignment(
+        self,
+        lease: ControllerLease,
+        assignment: TopicAssignment,
+        expected_version: int,
+        states: Mapping[int, tuple[PartitionState, int]],
+    ) -> None:
+        """A reassignment step (``broker.cluster.reassignment``): the topic's assignment
+        (with its ``adding``/``removing`` lists) at ``expected_version`` and the changed
+        partition states, each at the version read, in one fenced transaction: no broker
+        ever reads a replica list without the state (leader epoch) that goes with it.
+
+        Raises:
+            ControllerMovedError: ``lease`` is no longer current.
+            StaleStateError: the topic or a state moved on since read.
+        """
+        transaction = self._fenced(lease)
+        name = assignment.name
+        transaction.set_data(topic_path(name), encode_topic(assignment), version=expected_version)
+        for partition, (state, version) in states.items():
+            transaction.set_data(
+                partition_state_path(name, partition),
+                encode_partition_state(state),
+                version=version,
+            )
+        self._commit_fenced(transaction, f"reassigning partitions of {name}")
+
     def set_topic_config(
         self, lease: ControllerLease, name: str, config: Mapping[str, str]
     ) -> None:

@@ -381,6 +381,8 @@ class LocalCluster:
     Args:
         brokers: how many (ids 1..N).
         settings: extra broker settings for every broker (``--set KEY=VALUE``).
+        broker_settings: settings of single brokers by id (``broker.rack``...), over
+            ``settings``.
         session_timeout_ms: ``zookeeper.session.timeout.ms``: how soon a killed broker is
             noticed.
         metrics: serve each broker's Prometheus metrics on a port of its own
@@ -405,8 +407,10 @@ class LocalCluster:
         kafka: bool = False,
         zookeeper: ZooKeeperServer | None = None,
         network: BrokerNetwork | None = None,
+        broker_settings: Mapping[int, Mapping[str, object]] | None = None,
     ) -> None:
         self.zookeeper = zookeeper or ZooKeeperServer()
+        self._broker_settings = {b: dict(s) for b, s in (broker_settings or {}).items()}
         self._network = network
         self._ids = list(range(1, brokers + 1))
         self._settings = dict(settings or {})
@@ -520,6 +524,7 @@ class LocalCluster:
             "metrics.port": self.metrics_ports.get(broker_id, -1),
             "shutdown.grace.ms": 1_000,
             **self._settings,
+            **self._broker_settings.get(broker_id, {}),
         }
         if broker_id in self.kafka_ports:
             settings["kafka.listen"] = self.kafka_address(broker_id)
@@ -530,7 +535,7 @@ class LocalCluster:
             "--listen",
             self.address(broker_id),
             "--data-dir",
-            str(self._directory / f"broker-{broker_id}"),
+            str(self.data_dir(broker_id)),
             "--ready-file",
             str(ready),
         ]
@@ -552,6 +557,11 @@ class LocalCluster:
             log_file.close()
         if wait:
             self.wait_ready(broker_id)
+
+    def data_dir(self, broker_id: int) -> Path:
+        """Broker ``broker_id``'s data directory (kept across restarts)."""
+        assert self._directory is not None
+        return self._directory / f"broker-{broker_id}"
 
     def _zookeeper_address(self, broker_id: int) -> str:
         if self._network is not None:

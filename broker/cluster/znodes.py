@@ -11,7 +11,9 @@ Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses
     /controller                    ephemeral       {"version":1,"brokerid":N,"ts":ms}
     /controller_epoch                              an integer, as text
     /brokers/topics/<t>                            {"version":1,"partitions":{"0":[1,2]},
-                                                    "topic_id":"<uuid>"}
+                                                    "topic_id":"<uuid>",
+                                                    "adding_replicas":{"0":[3]},
+                                                    "removing_replicas":{"0":[1]}}
     /brokers/topics/<t>/partitions/<p>/state       {"version":1,"leader":L,"leader_epoch":E,
                                                     "isr":[..],"controller_epoch":C,
                                                     "elr":[..],"last_known_elr":[..],
@@ -52,6 +54,16 @@ the writer did not know of. All four keys are optional and written only when not
 (or -1, or 0), so a state without them reads as before (empty, -1, 0) and a state a
 broker without ELR writes stays readable by one with it, and the other way round.
 
+A topic's ``adding_replicas`` and ``removing_replicas`` (KIP-455's keys in Kafka's
+ZooKeeper layout) name the partitions being reassigned (``broker.cluster.reassignment``):
+while one is, its ``partitions`` entry is the union of the replicas it had and the target
+ones; the target is that union less ``removing_replicas``, what it had is the union less
+``adding_replicas``. Kafka writes them in a version-2 document; Tidelog keeps version 1 (its
+readers refuse other versions) and writes the keys only while a reassignment is in
+progress, so a topic that is not being reassigned reads byte for byte as before.
+
+A broker registration's ``rack`` is Kafka's key (``broker.rack``), absent when unset.
+
 ``/latest_producer_id_block`` is Kafka's (``ProducerIdBlockZNode``): the last block of
 producer ids a broker claimed, both ends inclusive; the next claim starts after
 ``block_end``, at the version read. Kafka writes the two ends as strings; both forms are
@@ -66,7 +78,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -160,6 +172,7 @@ class BrokerRegistration:
     endpoints: tuple[ListenerEndpoint, ...] = ()
     # KIP-966's PreviousBrokerEpoch: -1 after an unclean stop; None: not reported.
     previous_broker_epoch: int | None = None
+    rack: str | None = None  # ``broker.rack``
 
     @property
     def shut_down_cleanly(self) -> bool:
@@ -182,10 +195,28 @@ class TopicAssignment:
     name: str
     topic_id: str
     replicas: Mapping[int, tuple[int, ...]]
+    # KIP-455: partitions being reassigned (``replicas`` is then the union of the old and
+    # the target replicas); empty when none is.
+    adding: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    removing: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def partition_count(self) -> int:
         return len(self.replicas)
+
+    def target(self, partition: int) -> tuple[int, ...]:
+        """The replicas ``partition`` ends with: its replicas less those being removed."""
+        removing = self.removing.get(partition, ())
+        return tuple(r for r in self.replicas[partition] if r not in removing)
+
+    def original(self, partition: int) -> tuple[int, ...]:
+        """The replicas ``partition`` had before its reassignment (a cancel returns to
+        them): its replicas less those being added."""
+        adding = self.adding.get(partition, ())
+        return tuple(r for r in self.replicas[partition] if r not in adding)
+
+    def reassigning(self, partition: int) -> bool:
+        return bool(self.adding.get(partition) or self.removing.get(partition))
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +341,8 @@ def encode_broker(registration: BrokerRegistration) -> bytes:
         }
     if registration.previous_broker_epoch is not None:
         document["previous_broker_epoch"] = registration.previous_broker_epoch
+    if registration.rack is not None:
+        document["rack"] = registration.rack
     return _dump(document)
 
 
@@ -328,7 +361,15 @@ def decode_broker(broker_id: int, data: bytes) -> BrokerRegistration:
         _int(document, "previous_broker_epoch", what)
         if "previous_broker_epoch" in document
         else None,
+        _rack(document, what),
     )
+
+
+def _rack(document: Mapping[str, Any], what: str) -> str | None:
+    rack = document.get("rack")
+    if rack is not None and not isinstance(rack, str):
+        raise ZnodeError(f"{what}: rack is not a string: {rack!r}")
+    return rack
 
 
 def _bracketed(host: str) -> str:
@@ -380,13 +421,32 @@ def decode_epoch(data: bytes) -> int:
 
 
 def encode_topic(assignment: TopicAssignment) -> bytes:
-    return _dump(
-        {
-            "version": 1,
-            "topic_id": assignment.topic_id,
-            "partitions": {str(p): list(r) for p, r in sorted(assignment.replicas.items())},
-        }
-    )
+    document: dict[str, Any] = {
+        "version": 1,
+        "topic_id": assignment.topic_id,
+        "partitions": {str(p): list(r) for p, r in sorted(assignment.replicas.items())},
+    }
+    for key, lists in (
+        ("adding_replicas", assignment.adding),
+        ("removing_replicas", assignment.removing),
+    ):
+        kept = {str(p): list(r) for p, r in sorted(lists.items()) if r}
+        if kept:
+            document[key] = kept
+    return _dump(document)
+
+
+def _partition_lists(value: object, what: str) -> dict[int, tuple[int, ...]]:
+    if not isinstance(value, dict):
+        raise ZnodeError(f"{what}: not a map of partitions: {value!r}")
+    out: dict[int, tuple[int, ...]] = {}
+    for key, replicas in value.items():
+        try:
+            partition = int(key)
+        except ValueError:
+            raise ZnodeError(f"{what}: partition {key!r} is not a number") from None
+        out[partition] = _ints(replicas, f"{what} partition {key}")
+    return out
 
 
 def decode_topic(name: str, data: bytes) -> TopicAssignment:
@@ -405,7 +465,9 @@ def decode_topic(name: str, data: bytes) -> TopicAssignment:
         replicas[partition] = _ints(value, f"{what} partition {key}")
     if sorted(replicas) != list(range(len(replicas))):
         raise ZnodeError(f"{what}: partitions are not 0..{len(replicas) - 1}")
-    return TopicAssignment(name, topic_id, dict(sorted(replicas.items())))
+    adding = _partition_lists(document.get("adding_replicas", {}), f"{what} adding_replicas")
+    removing = _partition_lists(document.get("removing_replicas", {}), f"{what} removing_replicas")
+    return TopicAssignment(name, topic_id, dict(sorted(replicas.items())), adding, removing)
 
 
 def encode_partition_state(state: PartitionState) -> bytes:

@@ -400,6 +400,18 @@ class BrokerCore:
         """``Topics.elect_leaders``."""
         return self.topics.elect_leaders(unclean, partitions)
 
+    def alter_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> dict[tuple[str, int], str]:
+        """``Topics.alter_partition_reassignments``."""
+        return self.topics.alter_partition_reassignments(targets)
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """``Topics.list_partition_reassignments``."""
+        return self.topics.list_partition_reassignments(partitions)
+
     def controlled_shutdown(self, broker_id: int) -> int:
         """``Topics.controlled_shutdown``."""
         return self.topics.controlled_shutdown(broker_id)

@@ -66,6 +66,14 @@ class TopicAdmin(Protocol):
         self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
     ) -> dict[tuple[str, int], str]: ...
 
+    def alter_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> dict[tuple[str, int], str]: ...
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]: ...
+
     def controlled_shutdown(self, broker_id: int) -> int: ...
 
 

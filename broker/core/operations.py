@@ -51,6 +51,10 @@ offset_delete              DELETE on the group, READ on each topic (refused per 
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
+alter_partition_           ALTER on the cluster
+reassignments
+list_partition_            DESCRIBE on the cluster
+reassignments
 controlled_shutdown        CLUSTER_ACTION on the cluster
 describe_acls              DESCRIBE on the cluster
 create_acls, delete_acls   ALTER on the cluster
@@ -188,6 +192,8 @@ OPERATIONS: Mapping[str, Policy] = {
     "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
     "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
     "elect_leaders": Policy({_C: Operation.ALTER}),
+    "alter_partition_reassignments": Policy({_C: Operation.ALTER}),
+    "list_partition_reassignments": Policy({_C: Operation.DESCRIBE}),
     "controlled_shutdown": Policy({_C: Operation.CLUSTER_ACTION}),
     "describe_acls": Policy({_C: Operation.DESCRIBE}),
     "create_acls": Policy({_C: Operation.ALTER}),
@@ -229,6 +235,8 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     37: ("CreatePartitions", "create_partitions"),
     42: ("DeleteGroups", "delete_groups"),
     43: ("ElectLeaders", "elect_leaders"),
+    45: ("AlterPartitionReassignments", "alter_partition_reassignments"),
+    46: ("ListPartitionReassignments", "list_partition_reassignments"),
     47: ("OffsetDelete", "offset_delete"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
@@ -245,6 +253,8 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "AlterTopicConfig": "alter_configs",
     "CreatePartitions": "create_partitions",
     "ElectLeaders": "elect_leaders",
+    "AlterPartitionReassignments": "alter_partition_reassignments",
+    "ListPartitionReassignments": "list_partition_reassignments",
     "ControlledShutdown": "controlled_shutdown",
     "CreateAcls": "create_acls",
     "DescribeAcls": "describe_acls",

@@ -237,6 +237,23 @@ class Partition:
             self.notify_progress()
         return was_leading
 
+    def delete_replica_data(self) -> bool:
+        """This broker is no longer a replica (a reassignment moved the partition away):
+        drop the log's records (Kafka's StopReplica with ``delete``), leaving an empty log
+        at offset 0 so a later reassignment back starts as any new replica. Only while
+        neither leading nor following (``resign`` first), under the one lock, so no
+        fetched batch can land after it; whether anything was deleted."""
+        if not self.replicated:
+            return False
+        with self._lock:
+            if self._role is not None:
+                return False
+            plog = self.log
+            if plog.log_end_offset == 0 and plog.log_start_offset == 0:
+                return False
+            plog.truncate_fully_and_start_at(0)
+        return True
+
     def _check_replicated(self) -> None:
         if not self.replicated:
             raise ValueError(f"{self.topic}-{self.partition}: an unreplicated partition leads")

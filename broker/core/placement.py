@@ -53,6 +53,7 @@ class BrokerEndpoint:
     host: str
     port: int
     kafka: tuple[str, int] | None = None
+    rack: str | None = None  # ``broker.rack``
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +207,16 @@ class JoiningTopicAdmin:
     def elect_leaders(
         self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
     ) -> dict[tuple[str, int], str]:
+        raise self._refuse()
+
+    def alter_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> dict[tuple[str, int], str]:
+        raise self._refuse()
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
         raise self._refuse()
 
     def controlled_shutdown(self, broker_id: int) -> int:

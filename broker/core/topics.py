@@ -206,6 +206,41 @@ class Topics:
             for topic, partition in partitions or ()
         }
 
+    def alter_partition_reassignments(
+        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
+    ) -> dict[tuple[str, int], str]:
+        """Kafka's AlterPartitionReassignments (KIP-455; the controller runs it,
+        ``broker.cluster.controller.Controller.alter_partition_reassignments``): per
+        partition "" or Kafka's error name. On a single node, the only target a partition
+        can have is this broker, which it has already: "" for it, otherwise
+        ``INVALID_REPLICA_ASSIGNMENT``; a cancel is ``NO_REASSIGNMENT_IN_PROGRESS``.
+        ``NotControllerError`` on a cluster broker that is not the controller."""
+        admin = self._membership.topic_admin
+        if admin is not None:
+            return admin.alter_partition_reassignments(targets)
+        counts = {t.name: t.partitions for t in self._logs.topics()}
+        out: dict[tuple[str, int], str] = {}
+        for (topic, partition), target in targets.items():
+            if not 0 <= partition < counts.get(topic, 0):
+                out[(topic, partition)] = "UNKNOWN_TOPIC_OR_PARTITION"
+            elif target is None:
+                out[(topic, partition)] = "NO_REASSIGNMENT_IN_PROGRESS"
+            elif tuple(target) == (self._config.broker_id,):
+                out[(topic, partition)] = ""
+            else:
+                out[(topic, partition)] = "INVALID_REPLICA_ASSIGNMENT"
+        return out
+
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """The partitions being reassigned (``partitions`` None: all), each with its
+        replicas, adding and removing replicas; none on a single node."""
+        admin = self._membership.topic_admin
+        if admin is not None:
+            return admin.list_partition_reassignments(partitions)
+        return {}
+
     def elect_preferred_leaders(self) -> int:
         """Move leaderships back to the preferred replicas (cluster mode; the controller
         runs it); returns how many moved. ``InvalidRequestError`` on a single node, where

@@ -34,6 +34,8 @@ OffsetDelete            offset_delete               the group, then each topic n
 AlterClientQuotas       alter_client_quotas         the cluster
 DescribeClientQuotas    describe_client_quotas      the cluster
 ElectLeaders            elect_leaders               the cluster
+AlterPartitionReass...  alter_partition_reassignments  the cluster
+ListPartitionReass...   list_partition_reassignments   the cluster
 DescribeLogDirs         describe_log_dirs           the cluster
 ControlledShutdown      controlled_shutdown         the cluster
 CreateAcls, DeleteAcls  create_acls, delete_acls    the cluster
@@ -108,6 +110,8 @@ _RESOURCES: dict[str, _Resources] = {
     "AlterClientQuotas": lambda r: [cluster()],
     "DescribeClientQuotas": lambda r: [cluster()],
     "ElectLeaders": lambda r: [cluster()],
+    "AlterPartitionReassignments": lambda r: [cluster()],
+    "ListPartitionReassignments": lambda r: [cluster()],
     "DescribeLogDirs": lambda r: [cluster()],
     "ControlledShutdown": lambda r: [cluster()],
     "CreateAcls": lambda r: [cluster()],

@@ -237,6 +237,40 @@ def _describe_log_dirs(
     )
 
 
+def _alter_partition_reassignments(
+    core: BrokerCore, request: pb.AlterPartitionReassignmentsRequest, context: RequestContext
+) -> pb.AlterPartitionReassignmentsResponse:
+    wanted = {
+        (t.topic, t.partition): None if t.cancel else list(t.replicas) for t in request.partitions
+    }
+    results = core.alter_partition_reassignments(wanted)
+    return pb.AlterPartitionReassignmentsResponse(
+        results=[
+            pb.ReassignmentResult(topic=topic, partition=partition, error_code=code)
+            for (topic, partition), code in results.items()
+        ]
+    )
+
+
+def _list_partition_reassignments(
+    core: BrokerCore, request: pb.ListPartitionReassignmentsRequest, context: RequestContext
+) -> pb.ListPartitionReassignmentsResponse:
+    wanted = [(t.topic, p) for t in request.partitions for p in t.partitions] or None
+    found = core.list_partition_reassignments(wanted)
+    return pb.ListPartitionReassignmentsResponse(
+        reassignments=[
+            pb.OngoingReassignment(
+                topic=topic,
+                partition=partition,
+                replicas=list(replicas),
+                adding_replicas=list(adding),
+                removing_replicas=list(removing),
+            )
+            for (topic, partition), (replicas, adding, removing) in sorted(found.items())
+        ]
+    )
+
+
 def _acl_binding(binding: AclBinding) -> pb.AclBinding:
     return pb.AclBinding(
         resource_type=binding.resource_type.value,
@@ -526,7 +560,8 @@ def _metadata(
         controller_id=cluster.controller_id,
         broker_id=cluster.broker_id,
         brokers=[
-            pb.BrokerEndpoint(id=b.broker_id, host=b.host, port=b.port) for b in cluster.brokers
+            pb.BrokerEndpoint(id=b.broker_id, host=b.host, port=b.port, rack=b.rack or "")
+            for b in cluster.brokers
         ],
         topics=[
             pb.TopicMetadata(
@@ -593,6 +628,8 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "AlterTopicConfig": _alter_topic_config,
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
+    "AlterPartitionReassignments": _alter_partition_reassignments,
+    "ListPartitionReassignments": _list_partition_reassignments,
     "DescribeLogDirs": _describe_log_dirs,
     "ControlledShutdown": _controlled_shutdown,
     "CreateAcls": _create_acls,

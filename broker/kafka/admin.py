@@ -116,7 +116,7 @@ async def describe_cluster(conn: Connection, header: RequestHeader, request: Pla
         "endpoint_type": 1,
         "cluster_id": cluster.cluster_id,
         "controller_id": cluster.controller_id,
-        "brokers": broker_entries(conn.kafka_brokers(), "broker_id"),
+        "brokers": broker_entries(conn.kafka_brokers(), "broker_id", conn.kafka_racks()),
         "cluster_authorized_operations": operations_bits(
             conn,
             the_cluster(),

@@ -37,11 +37,21 @@ _LISTENER_NOT_FOUND = error_code_for("LISTENER_NOT_FOUND")
 _FIRST_LISTENER_NOT_FOUND_VERSION = 6  # Metadata; older versions cannot carry the code
 
 
-def broker_entries(brokers: KafkaBrokers, id_field: str = "node_id") -> list[Plain]:
+def broker_entries(
+    brokers: KafkaBrokers,
+    id_field: str = "node_id",
+    racks: Mapping[int, str | None] | None = None,
+) -> list[Plain]:
     """The brokers with a Kafka endpoint, by id: Metadata's ``brokers`` (``node_id``) or
-    DescribeCluster's (``broker_id``). Rack is never set."""
+    DescribeCluster's (``broker_id``), each with its ``broker.rack`` (null: none)."""
+    racks = racks or {}
     return [
-        {id_field: broker_id, "host": endpoint[0], "port": endpoint[1], "rack": None}
+        {
+            id_field: broker_id,
+            "host": endpoint[0],
+            "port": endpoint[1],
+            "rack": racks.get(broker_id),
+        }
         for broker_id, endpoint in sorted(brokers.items())
         if endpoint is not None
     ]

@@ -56,6 +56,10 @@ from tidelog.broker.kafka.offsets import (
     offset_delete,
     offset_fetch,
 )
+from tidelog.broker.kafka.reassign import (
+    alter_partition_reassignments,
+    list_partition_reassignments,
+)
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
@@ -149,7 +153,7 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         for t in topics
     ]
     return {
-        "brokers": broker_entries(brokers),
+        "brokers": broker_entries(brokers, racks=conn.kafka_racks()),
         "cluster_id": cluster.cluster_id,
         "controller_id": cluster.controller_id,
         "topics": [
@@ -327,6 +331,8 @@ HANDLERS: dict[int, Handler] = {
     37: create_partitions,
     42: delete_groups,
     43: elect_leaders,
+    45: alter_partition_reassignments,
+    46: list_partition_reassignments,
     47: offset_delete,
     60: describe_cluster,
     61: describe_producers,

@@ -193,6 +193,14 @@ class Connection:
             return {me: self.listener.advertised}
         return {b.broker_id: b.kafka for b in brokers}
 
+    def kafka_racks(self) -> dict[int, str | None]:
+        """Every live broker's ``broker.rack`` (None: not set), as ``kafka_brokers``."""
+        me = self.core.config.broker_id
+        brokers = self.core.placement.cluster().brokers
+        if self.core.config.zookeeper_connect is None or not brokers:
+            return {me: self.core.config.broker_rack}
+        return {b.broker_id: b.rack for b in brokers}
+
 
 # A handler answers one request with the response body's plain values, or None for no
 # response at all (Produce with acks=0).

@@ -47,6 +47,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     43: (0, 2),  # ElectLeaders (KIP-460: preferred and unclean)
+    45: (0, 1),  # AlterPartitionReassignments (KIP-455; v1: allow_replication_factor_change)
+    46: (0, 0),  # ListPartitionReassignments (KIP-455)
     47: (0, 0),  # OffsetDelete (KIP-496)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)

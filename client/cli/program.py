@@ -29,6 +29,7 @@ from tidelog.client.cli import (
     groups,
     produce,
     quotas,
+    reassign,
     topics,
     users,
 )
@@ -53,8 +54,20 @@ __all__ = ["main"]
 log = logging.getLogger(__name__)
 
 # Registered in this order, which is the order ``tidelog --help`` lists them in
-# (``cluster`` registers ``cluster`` and ``leaders``).
-_COMMAND_GROUPS = (cluster, topics, produce, consume, groups, acls, quotas, console, users)
+# (``cluster`` registers ``cluster`` and ``leaders``, ``reassign`` ``reassign`` and
+# ``brokers``).
+_COMMAND_GROUPS = (
+    cluster,
+    reassign,
+    topics,
+    produce,
+    consume,
+    groups,
+    acls,
+    quotas,
+    console,
+    users,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -560,6 +560,184 @@ class ElectLeadersResponse(_message.Message):
 Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
 
 @_typing.final
+class ReassignmentTarget(_message.Message):
+    """Kafka's AlterPartitionReassignments (KIP-455), on the controller: move each partition to
+    its target replicas (the first is the preferred leader), or cancel its reassignment.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    cancel: _builtins.bool
+    """replicas ignored: back to the replicas it had before"""
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "partition", b"partition", "replicas", b"replicas", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignmentTarget: _TypeAlias = ReassignmentTarget  # noqa: Y015
+
+@_typing.final
+class AlterPartitionReassignmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReassignmentTarget]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___ReassignmentTarget] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionReassignmentsRequest: _TypeAlias = AlterPartitionReassignmentsRequest  # noqa: Y015
+
+@_typing.final
+class ReassignmentResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    """"" started (or cancelled); INVALID_REPLICA_ASSIGNMENT,"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignmentResult: _TypeAlias = ReassignmentResult  # noqa: Y015
+
+@_typing.final
+class AlterPartitionReassignmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReassignmentResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReassignmentResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionReassignmentsResponse: _TypeAlias = AlterPartitionReassignmentsResponse  # noqa: Y015
+
+@_typing.final
+class ListPartitionReassignmentsRequest(_message.Message):
+    """Kafka's ListPartitionReassignments: the partitions being moved. No partitions: all."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPartitionReassignmentsRequest: _TypeAlias = ListPartitionReassignmentsRequest  # noqa: Y015
+
+@_typing.final
+class OngoingReassignment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ADDING_REPLICAS_FIELD_NUMBER: _builtins.int
+    REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the union of the old and the target replicas"""
+
+    @_builtins.property
+    def adding_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def removing_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        adding_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OngoingReassignment: _TypeAlias = OngoingReassignment  # noqa: Y015
+
+@_typing.final
+class ListPartitionReassignmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reassignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___OngoingReassignment]: ...
+    def __init__(
+        self,
+        *,
+        reassignments: _abc.Iterable[Global___OngoingReassignment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reassignments", b"reassignments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPartitionReassignmentsResponse: _TypeAlias = ListPartitionReassignmentsResponse  # noqa: Y015
+
+@_typing.final
 class DescribeLogDirsRequest(_message.Message):
     """Kafka's DescribeLogDirs, answered by the broker asked: its one data directory, with the
     partitions asked for (none: every partition) that have a copy there.
@@ -2447,19 +2625,23 @@ class BrokerEndpoint(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     HOST_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
+    RACK_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     host: _builtins.str
     port: _builtins.int
+    rack: _builtins.str
+    """broker.rack; "" when not set"""
     def __init__(
         self,
         *,
         id: _builtins.int = ...,
         host: _builtins.str = ...,
         port: _builtins.int = ...,
+        rack: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "id", b"id", "port", b"port"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "id", b"id", "port", b"port", "rack", b"rack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -69,6 +69,16 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/tidelog.v1.Broker/AlterPartitionReassignments',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/tidelog.v1.Broker/ListPartitionReassignments',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
         self.DescribeLogDirs = channel.unary_unary(
                 '/tidelog.v1.Broker/DescribeLogDirs',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
@@ -257,6 +267,18 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ElectLeaders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterPartitionReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -479,6 +501,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.SerializeToString,
             ),
             'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeLogDirs,
@@ -815,6 +847,60 @@ class Broker:
             '/tidelog.v1.Broker/ElectLeaders',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/AlterPartitionReassignments',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ListPartitionReassignments',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

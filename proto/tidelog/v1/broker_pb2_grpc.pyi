@@ -53,6 +53,8 @@ class BrokerStub:
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
+    AlterPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterPartitionReassignmentsRequest, _broker_pb2.AlterPartitionReassignmentsResponse]
+    ListPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListPartitionReassignmentsRequest, _broker_pb2.ListPartitionReassignmentsResponse]
     DescribeLogDirs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]
     ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]
     CreateAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]
@@ -100,6 +102,8 @@ class BrokerAsyncStub(BrokerStub):
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    AlterPartitionReassignments: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterPartitionReassignmentsRequest, _broker_pb2.AlterPartitionReassignmentsResponse]  # type: ignore[assignment]
+    ListPartitionReassignments: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListPartitionReassignmentsRequest, _broker_pb2.ListPartitionReassignmentsResponse]  # type: ignore[assignment]
     DescribeLogDirs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]  # type: ignore[assignment]
     ControlledShutdown: _aio.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
     CreateAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]  # type: ignore[assignment]
@@ -186,6 +190,20 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ElectLeadersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ElectLeadersResponse, _abc.Awaitable[_broker_pb2.ElectLeadersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AlterPartitionReassignments(
+        self,
+        request: _broker_pb2.AlterPartitionReassignmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AlterPartitionReassignmentsResponse, _abc.Awaitable[_broker_pb2.AlterPartitionReassignmentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPartitionReassignments(
+        self,
+        request: _broker_pb2.ListPartitionReassignmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListPartitionReassignmentsResponse, _abc.Awaitable[_broker_pb2.ListPartitionReassignmentsResponse]]: ...
 
     @_abc_1.abstractmethod
     def DescribeLogDirs(
