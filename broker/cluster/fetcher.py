@@ -25,10 +25,12 @@ this broker still follows that leader at that epoch:
 **Throttle** (``follower.replication.throttled.rate``, bytes per second, 0: none): the
 partitions this broker is catching up on as an *adding* replica of a reassignment
 (``FetchTarget.throttled``; Kafka throttles the replicas its reassignment tool lists in
-``follower.replication.throttled.replicas``) share one budget per fetcher thread: each
-append of N bytes to such a partition pushes the time before they may be fetched again
-by N / rate, and each is asked for at most a quarter of a second's worth per fetch
-(at least one batch comes anyway). Other partitions are never slowed down.
+``follower.replication.throttled.replicas``) share one budget per fetcher thread, a
+token bucket: each append of N bytes to such a partition costs N / rate seconds, with up
+to one second of credit, and once the cost runs ahead of the clock they wait until it
+does not; each is asked for at most a quarter of a second's worth per fetch (at least
+one batch comes anyway). A follower replicating less than the rate never waits, so it
+can reach the log end and join the ISR. Other partitions are never slowed down.
 
 ``num.replica.fetchers`` threads serve each source broker, a partition always the same
 one. ``remove`` returns only once no answer for that partition is being applied, and the
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 _RPC_SLACK_S = 10.0  # the fetch call's deadline beyond the long poll
+_THROTTLE_BURST_S = 1.0  # the follower throttle lets this much of its rate through at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +273,11 @@ class _Fetcher:
                 if target.throttled and pool.throttle_rate_bytes > 0 and result.records:
                     delay = len(result.records) / pool.throttle_rate_bytes
                     with self._cond:
-                        self._throttled_until = max(self._throttled_until, pool.clock()) + delay
+                        # Up to _THROTTLE_BURST_S of credit: a follower fetching below
+                        # the rate never waits (a pause after every fetch would keep it
+                        # behind a partition still written to, out of the ISR for good).
+                        floor = pool.clock() - _THROTTLE_BURST_S
+                        self._throttled_until = max(self._throttled_until, floor) + delay
         except TidelogError as exc:
             log.warning("%s-%d: replicating from broker %d failed: %s", *key, self.leader, exc)
             self._pause([key])

@@ -217,7 +217,11 @@ class ReplicaManager:
         partition = self._partitions.get(*tp)
         if partition.leader_epoch == state.leader_epoch:
             # Same term: this leader owns the ISR (the controller bumps the epoch when it
-            # changes it); ``make_leader`` checks again under the partition's lock.
+            # changes it); ``make_leader`` checks again under the partition's lock. The
+            # replica list may still arrive after the epoch (a reassignment's topic znode
+            # read after its state): take it.
+            if partition.update_replicas(state.leader_epoch, replicas):
+                log.info("%s-%d: replicas now %s", *tp, list(replicas))
             return
         self._fetchers.remove(tp)
         if not partition.make_leader(state.leader_epoch, replicas, state.isr):

@@ -208,6 +208,27 @@ class Partition:
             )
         return True
 
+    def update_replicas(self, epoch: int, replicas: tuple[int, ...]) -> bool:
+        """Leading at ``epoch``, take ``replicas`` as the replica list if it differs (a
+        reassignment changed it: the metadata watcher may deliver a partition's new leader
+        epoch before the topic's new replica list, which the leader must not miss, or an
+        adding replica's fetches are refused for good). New followers start with no
+        progress; removed ones are forgotten (the controller takes them out of the ISR).
+        Whether anything changed."""
+        self._check_replicated()
+        with self._lock:
+            role = self._role
+            if not isinstance(role, _Leading) or role.epoch != epoch or role.replicas == replicas:
+                return False
+            role.replicas = replicas
+            for r in replicas:
+                if r != self.broker_id and r not in role.followers:
+                    role.followers[r] = _Progress()
+            for r in list(role.followers):
+                if r not in replicas:
+                    del role.followers[r]
+        return True
+
     def make_follower(self, leader: int, epoch: int) -> bool:
         """Follow ``leader`` at ``epoch`` (the high watermark is tracked from now on);
         whether this broker led it until now (its parked ``acks=all`` produces are told

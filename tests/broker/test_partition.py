@@ -30,6 +30,7 @@ from tidelog.storage.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     UnknownLeaderEpochError,
+    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
 from tidelog.storage.records import iter_batch_headers
@@ -379,3 +380,30 @@ def test_no_fetched_write_lands_once_this_broker_leads(
     assert partition.start_over_at(2, 3, 50) is None
     assert partition.log.log_end_offset == 0
     assert partition.log.log_start_offset == 0
+
+
+def test_a_leader_takes_a_new_replica_list_at_the_same_epoch(partition: Partition) -> None:
+    """A reassignment's new replica list may reach the leader after its new epoch (two
+    znodes read apart): the adding replica's fetches must be served from then on."""
+    partition.make_leader(1, (1, 2), (1, 2))
+    with pytest.raises(UnknownTopicOrPartitionError):
+        partition.on_follower_fetch(3, 0, 1)
+    assert partition.update_replicas(1, (1, 2, 3))
+    assert partition.on_follower_fetch(3, 0, 1) is None
+    assert not partition.update_replicas(1, (1, 2, 3))  # nothing new
+    assert not partition.update_replicas(2, (1, 3))  # another epoch: not this term's
+    assert partition.update_replicas(1, (1, 3))
+    with pytest.raises(UnknownTopicOrPartitionError):
+        partition.on_follower_fetch(2, 0, 1)
+
+
+def test_a_former_replica_deletes_its_records_only_once_resigned(
+    partition: Partition,
+) -> None:
+    partition.make_leader(1, (1, 2), (1,))
+    partition.log.append(make_batch([b"a", b"b", b"c"]))
+    assert not partition.delete_replica_data()  # still leading: refused
+    partition.resign()
+    assert partition.delete_replica_data()
+    assert (partition.log.log_start_offset, partition.log.log_end_offset) == (0, 0)
+    assert not partition.delete_replica_data()  # nothing left
