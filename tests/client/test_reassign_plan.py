@@ -89,7 +89,7 @@ def test_a_broker_added_gets_its_share_and_nothing_else_moves() -> None:
     current = {TopicPartition("t", p): r for p, r in enumerate([(1, 2), (2, 3), (3, 1)] * 2)}
     moves = plan(current, [1, 2, 3, 4])
     load = Counter(r for replicas in {**current, **moves}.values() for r in replicas)
-    assert load[4] == 3 and sorted(load.values()) == [3, 3, 3, 3]
+    assert sorted(load.values()) == [3, 3, 3, 3]
     assert len(moves) == 3  # one replica per moved partition
     for tp, replicas in moves.items():
         assert len(set(replicas) & set(current[tp])) == 1
@@ -119,5 +119,5 @@ def test_kafka_reassignment_json_round_trips() -> None:
     )
     assert plan_from_json(kafka_file) == {TopicPartition("a", 0): (2,)}
     for bad in ("nope", "{}", '{"partitions":[{"topic":"a"}]}', '{"partitions":[1]}'):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="plan"):
             plan_from_json(bad)
