@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidelog.broker.cluster.assignment import assign_replicas
+from tidelog.broker.cluster.assignment import assign_replicas, rack_alternated, rack_of
 from tidelog.storage.errors import InvalidReplicationFactorError
 
 
@@ -59,3 +59,39 @@ def test_replicas_are_distinct_and_leaders_even(
     replicas_per_broker = Counter(b for r in placed.values() for b in r)
     if partitions and partitions % len(brokers) == 0:
         assert len(set(replicas_per_broker.values())) == 1  # every broker holds as many
+
+
+@given(
+    racks=st.dictionaries(
+        st.integers(0, 30), st.sampled_from(["a", "b", "c", None]), min_size=1, max_size=8
+    ),
+    partitions=st.integers(0, 30),
+    data=st.data(),
+)
+def test_rack_aware_placement_spreads_every_partition_over_racks(
+    racks: dict[int, str | None], partitions: int, data: st.DataObject
+) -> None:
+    brokers = sorted(racks)
+    factor = data.draw(st.integers(1, len(brokers)))
+    placed = assign_replicas(
+        partitions,
+        factor,
+        brokers,
+        start_index=data.draw(st.integers(0, 100)),
+        replica_shift=data.draw(st.integers(0, 100)),
+        racks=racks,
+    )
+    rack_count = len({rack_of(b, racks) for b in brokers})
+    assert sorted(placed) == list(range(partitions))
+    for replicas in placed.values():
+        assert len(set(replicas)) == factor
+        assert set(replicas) <= set(brokers)
+        assert len({rack_of(r, racks) for r in replicas}) == min(factor, rack_count)
+
+
+def test_leaders_alternate_between_racks() -> None:
+    racks = {1: "a", 2: "a", 3: "b", 4: "b"}
+    assert rack_alternated([1, 2, 3, 4], racks) == [1, 3, 2, 4]
+    placed = assign_replicas(4, 2, [1, 2, 3, 4], start_index=0, replica_shift=0, racks=racks)
+    assert [r[0] for r in placed.values()] == [1, 3, 2, 4]
+    assert all({racks[r] for r in replicas} == {"a", "b"} for replicas in placed.values())
