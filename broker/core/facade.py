@@ -247,7 +247,7 @@ class BrokerCore:
                     else ""
                 )
                 membership = Membership.single_node(
-                    LocalPlacement(config.broker_id, cluster_id),
+                    LocalPlacement(config.broker_id, cluster_id, config.broker_rack),
                     ProducerIdManager.open(logs.data_dir, clock, config.producer_id_expiration_ms),
                 )
             authenticator = Authenticator(config.security, membership.users(users), clock)

@@ -116,15 +116,16 @@ class Placement(Protocol):
 class LocalPlacement:
     """A single node: it leads everything. Thread-safe (immutable but for the endpoint)."""
 
-    def __init__(self, broker_id: int, cluster_id: str) -> None:
+    def __init__(self, broker_id: int, cluster_id: str, rack: str | None = None) -> None:
         self._broker_id = broker_id
         self._cluster_id = cluster_id
-        self._endpoint = BrokerEndpoint(broker_id, "127.0.0.1", 0)
+        self._rack = rack
+        self._endpoint = BrokerEndpoint(broker_id, "127.0.0.1", 0, rack=rack)
         self._placement = PartitionPlacement(broker_id, 0, (broker_id,), (broker_id,))
 
     def advertise(self, host: str, port: int) -> None:
         """The address clients use (known once the listener is bound)."""
-        self._endpoint = BrokerEndpoint(self._broker_id, host, port)
+        self._endpoint = BrokerEndpoint(self._broker_id, host, port, rack=self._rack)
 
     def cluster(self) -> ClusterView:
         return ClusterView(self._cluster_id, self._broker_id, self._broker_id, (self._endpoint,))

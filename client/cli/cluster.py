@@ -92,7 +92,12 @@ def _cluster_describe(args: argparse.Namespace) -> int:
         [str(b.id), b.host, str(b.port), "yes" if b.id == cluster.controller_id else ""]
         for b in cluster.brokers
     ]
-    print_table(["BROKER", "HOST", "PORT", "CONTROLLER"], rows, right={0, 2})
+    headers = ["BROKER", "HOST", "PORT", "CONTROLLER"]
+    if any(b.rack for b in cluster.brokers):  # broker.rack: a column only when set
+        headers.insert(3, "RACK")
+        for row, b in zip(rows, cluster.brokers, strict=True):
+            row.insert(3, b.rack or "-")
+    print_table(headers, rows, right={0, 2})
     return EXIT_OK
 
 

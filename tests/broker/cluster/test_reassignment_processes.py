@@ -116,6 +116,11 @@ def test_racks_are_reported_and_spread(cluster: LocalCluster) -> None:
     finally:
         kafka_admin.close()
     assert {b["broker_id"]: b["rack"] for b in brokers} == RACKS
+    shown = tidelog(cluster, "cluster", "describe")
+    assert shown.returncode == 0, shown.stderr
+    table = shown.stdout.splitlines()[2:]
+    assert table[0].split() == ["BROKER", "HOST", "PORT", "RACK", "CONTROLLER"]
+    assert {int(line.split()[0]): line.split()[3] for line in table[1:]} == RACKS
     topic = new_topic(cluster, partitions=4)
     with admin(cluster) as client:
         for p in client.describe_topic(topic).partitions:
