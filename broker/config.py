@@ -56,6 +56,7 @@ key                                   default          meaning
 ``broker.id``                         0                this broker's id (unique in a cluster)
 ``broker.rack``                       (none)           rack (replicas spread over racks)
 ``follower.replication.throttled.rate`` 0              bytes/s an adding replica fetches (0: any)
+``leader.replication.throttled.rate`` 0                bytes/s a leader serves adding replicas
 ``zookeeper.connect``                 (none)           ``HOST:PORT[,...][/chroot]``: cluster mode
 ``zookeeper.session.timeout.ms``      18000            ZooKeeper session: a dead broker's timeout
 ``zookeeper.connection.timeout.ms``   15000            how long to wait for ZooKeeper at start
@@ -325,6 +326,9 @@ class BrokerConfig:
     # Bytes per second this broker fetches as an adding replica of a reassignment (0:
     # unthrottled; Kafka's default is unlimited too). broker.cluster.fetcher.
     follower_replication_throttled_rate: int = 0
+    # Bytes per second a leader serves its partitions' adding replicas, all together (0:
+    # unthrottled). broker.core.throttle.
+    leader_replication_throttled_rate: int = 0
     zookeeper_connect: str | None = None
     zookeeper_session_timeout_ms: int = 18_000
     zookeeper_connection_timeout_ms: int = 15_000
@@ -736,6 +740,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "broker.rack": ("broker_rack", _str),
     "follower.replication.throttled.rate": (
         "follower_replication_throttled_rate",
+        lambda k, v: _int(k, v, 0),
+    ),
+    "leader.replication.throttled.rate": (
+        "leader_replication_throttled_rate",
         lambda k, v: _int(k, v, 0),
     ),
     "zookeeper.connect": ("zookeeper_connect", _str),

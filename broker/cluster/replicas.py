@@ -173,7 +173,8 @@ class ReplicaManager:
             replicas = view.topics[tp[0]].assignment.replicas[tp[1]]
             try:
                 if state.leader == me:
-                    self._lead(tp, state, replicas)
+                    adding = view.topics[tp[0]].assignment.adding.get(tp[1], ())
+                    self._lead(tp, state, replicas, adding)
                 else:
                     self._follow(tp, state, view)
             except Exception:
@@ -213,18 +214,24 @@ class ReplicaManager:
                         "%s-%d: cannot delete the log of a former replica", name, partition
                     )
 
-    def _lead(self, tp: TopicPartition, state: PartitionState, replicas: tuple[int, ...]) -> None:
+    def _lead(
+        self,
+        tp: TopicPartition,
+        state: PartitionState,
+        replicas: tuple[int, ...],
+        adding: tuple[int, ...] = (),
+    ) -> None:
         partition = self._partitions.get(*tp)
         if partition.leader_epoch == state.leader_epoch:
             # Same term: this leader owns the ISR (the controller bumps the epoch when it
             # changes it); ``make_leader`` checks again under the partition's lock. The
             # replica list may still arrive after the epoch (a reassignment's topic znode
             # read after its state): take it.
-            if partition.update_replicas(state.leader_epoch, replicas):
+            if partition.update_replicas(state.leader_epoch, replicas, adding):
                 log.info("%s-%d: replicas now %s", *tp, list(replicas))
             return
         self._fetchers.remove(tp)
-        if not partition.make_leader(state.leader_epoch, replicas, state.isr):
+        if not partition.make_leader(state.leader_epoch, replicas, state.isr, adding):
             return
         with self._lock:
             self._following.pop(tp, None)

@@ -74,6 +74,7 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.broker.core.topics import (
     LogDirView,
     MetadataTopic,
@@ -159,6 +160,11 @@ class BrokerCore:
             fetch_max_bytes=config.fetch_max_bytes,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
             check_leader=self._check_leader,
+            throttle=(
+                ReplicationThrottle(config.leader_replication_throttled_rate, clock)
+                if config.leader_replication_throttled_rate > 0
+                else None
+            ),
         )
         self._produce = ProducePath(
             partitions,

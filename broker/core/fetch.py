@@ -47,6 +47,7 @@ from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
 from tidelog.storage.partition_log import PartitionLog
@@ -181,8 +182,11 @@ class FetchPath:
         fetch_max_bytes: int,
         fetch_max_wait_ms: int,
         check_leader: Callable[[str, int], None] | None = None,
+        throttle: ReplicationThrottle | None = None,
     ) -> None:
         self._partitions = partitions
+        # leader.replication.throttled.rate: reads of a reassignment's adding replicas.
+        self._throttle = throttle
         self._logs = partitions.logs
         # Cluster mode: raises unless this broker leads the partition (broker.core.placement).
         self._check_leader = check_leader
@@ -312,6 +316,14 @@ class FetchPath:
                             )
                         )
                         continue
+                throttled = (
+                    replica
+                    and self._throttle is not None
+                    and partition.throttled_follower(spec.replica_id)
+                )
+                if throttled and budget > 0:
+                    assert self._throttle is not None
+                    budget = self._throttle.grant(budget)
                 if budget <= 0:
                     answers.append(
                         PartitionFetched(
@@ -328,6 +340,9 @@ class FetchPath:
                     budget,
                     max_offset=None if replica else partition_log.high_watermark,
                 )
+                if throttled:
+                    assert self._throttle is not None
+                    self._throttle.charge(len(result.records))
             except Exception as exc:
                 code, message = partition_error(exc)
                 where = (

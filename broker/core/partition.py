@@ -115,6 +115,8 @@ class _Leading:
     followers: dict[int, _Progress] = field(default_factory=dict)
     pending_isr: tuple[int, ...] | None = None
     isr_before: frozenset[int] | None = None
+    # A reassignment's adding replicas: their reads go through the leader's throttle.
+    adding: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +177,13 @@ class Partition:
     def is_leader(self) -> bool:
         return isinstance(self._role, _Leading)
 
-    def make_leader(self, epoch: int, replicas: tuple[int, ...], isr: tuple[int, ...]) -> bool:
+    def make_leader(
+        self,
+        epoch: int,
+        replicas: tuple[int, ...],
+        isr: tuple[int, ...],
+        adding: tuple[int, ...] = (),
+    ) -> bool:
         """Lead at ``epoch``: record it at the log end and take the role, under the one
         lock. False (nothing done) if already leading at ``epoch``: the same term, whose
         ISR this leader owns (a view's ISR may be older than its own last write, and
@@ -205,10 +213,13 @@ class Partition:
                     for r in replicas
                     if r != self.broker_id
                 },
+                adding=frozenset(adding),
             )
         return True
 
-    def update_replicas(self, epoch: int, replicas: tuple[int, ...]) -> bool:
+    def update_replicas(
+        self, epoch: int, replicas: tuple[int, ...], adding: tuple[int, ...] = ()
+    ) -> bool:
         """Leading at ``epoch``, take ``replicas`` as the replica list if it differs (a
         reassignment changed it: the metadata watcher may deliver a partition's new leader
         epoch before the topic's new replica list, which the leader must not miss, or an
@@ -218,9 +229,12 @@ class Partition:
         self._check_replicated()
         with self._lock:
             role = self._role
-            if not isinstance(role, _Leading) or role.epoch != epoch or role.replicas == replicas:
+            if not isinstance(role, _Leading) or role.epoch != epoch:
+                return False
+            if role.replicas == replicas and role.adding == frozenset(adding):
                 return False
             role.replicas = replicas
+            role.adding = frozenset(adding)
             for r in replicas:
                 if r != self.broker_id and r not in role.followers:
                     role.followers[r] = _Progress()
@@ -228,6 +242,12 @@ class Partition:
                 if r not in replicas:
                     del role.followers[r]
         return True
+
+    def throttled_follower(self, replica_id: int) -> bool:
+        """Whether ``replica_id`` is an adding replica of a reassignment of this partition,
+        which this broker leads (its reads go through ``leader.replication.throttled.rate``)."""
+        role = self._role
+        return isinstance(role, _Leading) and replica_id in role.adding
 
     def make_follower(self, leader: int, epoch: int) -> bool:
         """Follow ``leader`` at ``epoch`` (the high watermark is tracked from now on);

@@ -4,8 +4,9 @@
   (``workload``): every acknowledged record is read back after, in order, none twice,
   and the old replicas' copies are deleted;
 * the controller is killed while a reassignment is in progress (the adding replicas are
-  throttled by ``follower.replication.throttled.rate``, so it lasts): the next controller
-  finishes it from what ZooKeeper holds;
+  throttled by ``follower.replication.throttled.rate`` and the leader's
+  ``leader.replication.throttled.rate``, so it lasts): the next controller finishes it
+  from what ZooKeeper holds;
 * kafka-python's ``alter_partition_reassignments`` / ``list_partition_reassignments``
   against the Kafka listener, with Kafka's errors (confluent-kafka's Python AdminClient has
   no such methods); racks in Metadata (kafka-python's ``describe_cluster``), in Tidelog's
@@ -57,6 +58,7 @@ def cluster() -> Iterator[LocalCluster]:
         "offsets.topic.replication.factor": 2,
         "auto.leader.rebalance.enable": "false",
         "follower.replication.throttled.rate": THROTTLE_BYTES,
+        "leader.replication.throttled.rate": THROTTLE_BYTES,
     }
     with LocalCluster(
         brokers=4,
