@@ -144,6 +144,11 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
         "create_partitions": lambda: admin.create_partitions(GROWN, 4),
         "elect_preferred_leaders": lambda: admin.elect_preferred_leaders(),
         "elect_leaders": lambda: admin.elect_leaders("preferred", tps[:1]),
+        # A cancel of nothing: answered per partition (NO_REASSIGNMENT_IN_PROGRESS).
+        "alter_partition_reassignments": lambda: admin.alter_partition_reassignments(
+            {tps[0]: None}
+        ),
+        "list_partition_reassignments": lambda: admin.list_partition_reassignments(),
         "list_offsets": lambda: admin.list_offsets(dict.fromkeys(tps, "latest")),
         "describe_producers": lambda: admin.describe_producers(tps),
         "list_groups": lambda: admin.list_groups(),
@@ -180,6 +185,8 @@ CALL_NAMES = [
     "create_partitions",
     "elect_preferred_leaders",
     "elect_leaders",
+    "alter_partition_reassignments",
+    "list_partition_reassignments",
     "list_offsets",
     "describe_producers",
     "list_groups",
