@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 from kafka.protocol.admin import (
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DeleteTopicsRequest,
@@ -40,6 +42,8 @@ from kafka.protocol.admin import (
     DescribeProducersResponse,
     ListGroupsRequest,
     ListGroupsResponse,
+    ListPartitionReassignmentsRequest,
+    ListPartitionReassignmentsResponse,
 )
 from kafka.protocol.consumer import FetchResponse, OffsetCommitResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
@@ -383,6 +387,15 @@ class _Grpc:
     def describe_log_dirs(self) -> list[str]:
         return [self._code("DescribeLogDirs", pb.DescribeLogDirsRequest())[0]]
 
+    def alter_reassignments(self, name: str) -> list[str]:
+        target = pb.ReassignmentTarget(topic=name, partition=0, cancel=True)
+        request = pb.AlterPartitionReassignmentsRequest(partitions=[target])
+        return [self._code("AlterPartitionReassignments", request)[0]]
+
+    def list_reassignments(self) -> list[str]:
+        request = pb.ListPartitionReassignmentsRequest()
+        return [self._code("ListPartitionReassignments", request)[0]]
+
     def describe_producers(self, name: str) -> list[str]:
         request = pb.DescribeProducersRequest(
             partitions=[pb.TopicPartitions(topic=name, partitions=[0])]
@@ -469,6 +482,20 @@ class _Kafka:
     def describe_log_dirs(self) -> list[str]:
         answer = self.session.call(DescribeLogDirsRequest[4](topics=None), DescribeLogDirsResponse)
         return [error_name(answer.error_code), *(error_name(r.error_code) for r in answer.results)]
+
+    def alter_reassignments(self, name: str) -> list[str]:
+        topic = AlterPartitionReassignmentsRequest[0].ReassignableTopic
+        request = AlterPartitionReassignmentsRequest[0](
+            timeout_ms=10_000,
+            topics=[topic(name=name, partitions=[topic.ReassignablePartition(partition_index=0)])],
+        )
+        answer = self.session.call(request, AlterPartitionReassignmentsResponse)
+        return [error_name(answer.error_code)]
+
+    def list_reassignments(self) -> list[str]:
+        request = ListPartitionReassignmentsRequest[0](timeout_ms=10_000, topics=None)
+        answer = self.session.call(request, ListPartitionReassignmentsResponse)
+        return [error_name(answer.error_code)]
 
     def describe_producers(self, name: str) -> list[str]:
         request = DescribeProducersRequest[0](
@@ -882,3 +909,40 @@ def test_batched_find_coordinator_refuses_each_key_on_its_own(
         ("DESCRIBE", "hidden-b")
     ]
     assert find("tx", key_type=1) == ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED:-1:False"]
+
+
+# Reassignment (issue #27): a test of their own, so that the quota meters the main test
+# compares keep their timing (they measure over a live window).
+REASSIGNMENT_SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
+    (
+        "alter partition reassignments without ALTER on the cluster",
+        lambda d, lst: d.alter_reassignments(f"ok-{lst}-data"),
+        ["CLUSTER_AUTHORIZATION_FAILED"],
+        1,
+        ("alter_partition_reassignments", "CLUSTER_AUTHORIZATION_FAILED"),
+    ),
+    (
+        "list partition reassignments without DESCRIBE on the cluster",
+        lambda d, lst: d.list_reassignments(),
+        ["CLUSTER_AUTHORIZATION_FAILED"],
+        1,
+        ("list_partition_reassignments", "CLUSTER_AUTHORIZATION_FAILED"),
+    ),
+]
+
+
+def test_reassignments_are_refused_the_same_way_on_both_listeners(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    for name, action, decision, audit_lines, counted in REASSIGNMENT_SCENARIOS:
+        seen = {
+            listener: _observe(
+                secure, listener, functools.partial(action, both[listener], listener)
+            )
+            for listener in LISTENERS
+        }
+        for listener, observed in seen.items():
+            assert observed.decision == decision, (name, listener, observed.decision)
+            assert len(observed.audit) == audit_lines, (name, listener, observed.audit)
+            assert observed.metrics == {counted: 1.0}, (name, listener, observed.metrics)
+        assert seen["grpc"].audit == seen["kafka"].audit, name
