@@ -167,3 +167,21 @@ def test_groups_list_and_describe(broker: InProcessBroker, admin: AdminClient) -
     group = admin.describe_group("admin-g")
     (lag,) = [p for p in group.partitions if p.tp == tp]
     assert (lag.committed_offset, lag.log_end_offset, lag.lag) == (1, 4, 3)
+
+
+def test_reassignment_on_a_single_node(admin: AdminClient) -> None:
+    """A single node has one place for a replica, itself: moving there is done already,
+    anything else is an invalid assignment, and nothing is ever being moved."""
+    from tidelog.storage.errors import InvalidReplicaAssignmentError, NoReassignmentInProgressError
+
+    admin.create_topic("single-moves", 1)
+    here, there = TopicPartition("single-moves", 0), TopicPartition("single-moves", 5)
+    assert admin.alter_partition_reassignments({here: [0]}) == {here: None}
+    answers = admin.alter_partition_reassignments({here: [1]})
+    assert isinstance(answers[here], InvalidReplicaAssignmentError)
+    answers = admin.alter_partition_reassignments({here: None, there: [0]})
+    assert isinstance(answers[here], NoReassignmentInProgressError)
+    assert isinstance(answers[there], UnknownTopicOrPartitionError)
+    assert admin.list_partition_reassignments() == {}
+    with pytest.raises(TypeError, match="broker ids"):
+        admin.alter_partition_reassignments({here: ["0"]})  # type: ignore[list-item]
