@@ -12,13 +12,9 @@ so that no client library adds requests of its own; the gRPC side uses the clien
 from __future__ import annotations
 
 import ast
-import base64
 import functools
-import hashlib
-import hmac
 import json
 import logging
-import os
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -44,14 +40,8 @@ from kafka.protocol.admin import (
 from kafka.protocol.consumer import FetchResponse, OffsetCommitResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
-from kafka.protocol.sasl import (
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-)
 
-from tests.kafka.raw import fetch_request, offset_commit_request, read_frame
+from tests.kafka.raw import SaslSession, fetch_request, offset_commit_request
 from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from tidelog.broker.core.audit import AUDIT_LOGGER_NAME
 from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
@@ -193,50 +183,15 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         yield Secure(broker, pki)
 
 
-class _KafkaSession:
+class _KafkaSession(SaslSession):
     """A raw Kafka connection over TLS, logged in with SCRAM-SHA-256."""
 
     def __init__(self, secure: Secure, client_id: str) -> None:
         context = ssl.create_default_context(cafile=str(secure.pki.ca_cert))
         raw = socket.create_connection(("127.0.0.1", secure.broker.server.kafka_port), 10)
-        self.sock = context.wrap_socket(raw, server_hostname="localhost")
-        self.client_id = client_id
-        self.correlation_id = 0
-        handshake = self.call(SaslHandshakeRequest[1](mechanism=MECHANISM), SaslHandshakeResponse)
-        assert handshake.error_code == 0
-        self._scram()
-
-    def call(self, request: Any, response_class: Any) -> Any:
-        self.correlation_id += 1
-        request.with_header(correlation_id=self.correlation_id, client_id=self.client_id)
-        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
-        answer = read_frame(self.sock)
-        assert answer is not None, "the broker hung up"
-        return response_class[request.version].decode(answer, header=True)
-
-    def _scram(self) -> None:
-        nonce = base64.b64encode(os.urandom(18)).decode()
-        first_bare = f"n={USER},r={nonce}"
-        server_first = self._authenticate(f"n,,{first_bare}".encode()).decode()
-        fields = dict(item.split("=", 1) for item in server_first.split(","))
-        salted = hashlib.pbkdf2_hmac(
-            "sha256", PASSWORD.encode(), base64.b64decode(fields["s"]), int(fields["i"])
-        )
-        client_key = hmac.digest(salted, b"Client Key", "sha256")
-        stored_key = hashlib.sha256(client_key).digest()
-        without_proof = f"c=biws,r={fields['r']}"
-        message = f"{first_bare},{server_first},{without_proof}".encode()
-        signature = hmac.digest(stored_key, message, "sha256")
-        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
-        self._authenticate(f"{without_proof},p={proof.decode()}".encode())
-
-    def _authenticate(self, token: bytes) -> bytes:
-        answer = self.call(SaslAuthenticateRequest[1](auth_bytes=token), SaslAuthenticateResponse)
+        super().__init__(context.wrap_socket(raw, server_hostname="localhost"), client_id)
+        answer = self.login(USER, PASSWORD, MECHANISM)
         assert answer.error_code == 0, answer.error_message
-        return bytes(answer.auth_bytes)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _grpc(secure: Secure) -> Transport:
