@@ -592,6 +592,7 @@ def fetch_spec(
                 p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
                 p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1,
                 None if gate is None else gate(p.topic),
+                p.log_start_offset if p.HasField("log_start_offset") else -1,
             )
             for p in request.partitions
         ],
