@@ -35,6 +35,7 @@ describe_configs           DESCRIBE_CONFIGS on each topic or on the cluster (a b
 alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 describe_producers         READ on each topic
+delete_records             DELETE on each topic (DeleteRecords, KIP-107)
 find_coordinator           DESCRIBE on the group
 join_group, sync_group,    READ on the group
 heartbeat, leave_group,
@@ -169,6 +170,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "alter_configs": Policy({_T: Operation.ALTER_CONFIGS, _C: Operation.ALTER_CONFIGS}),
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
+    "delete_records": Policy({_T: Operation.DELETE}),
     "find_coordinator": Policy({_G: Operation.DESCRIBE}),
     "join_group": Policy({_G: Operation.READ}),
     "sync_group": Policy({_G: Operation.READ}),
@@ -217,6 +219,7 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     18: ("ApiVersions", "api_versions"),
     19: ("CreateTopics", "create_topics"),
     20: ("DeleteTopics", "delete_topics"),
+    21: ("DeleteRecords", "delete_records"),
     22: ("InitProducerId", "init_producer_id"),
     23: ("OffsetForLeaderEpoch", "offset_for_leader_epoch"),
     32: ("DescribeConfigs", "describe_configs"),
@@ -249,6 +252,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "OffsetForLeaderEpoch": "offset_for_leader_epoch",
     "InitProducerId": "init_producer_id",
     "DescribeProducers": "describe_producers",
+    "DeleteRecords": "delete_records",
     "ConsumerGroupHeartbeat": "consumer_group_heartbeat",
     "OffsetCommit": "offset_commit",
     "OffsetFetch": "offset_fetch",

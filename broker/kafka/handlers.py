@@ -21,7 +21,7 @@ from typing import Any
 
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
-from tidelog.broker.kafka.admin import describe_cluster, describe_configs
+from tidelog.broker.kafka.admin import delete_records, describe_cluster, describe_configs
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
@@ -308,6 +308,7 @@ HANDLERS: dict[int, Handler] = {
     18: api_versions,
     19: create_topics,
     20: delete_topics,
+    21: delete_records,
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,
