@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import confluent_kafka
+import confluent_kafka.admin
 import grpc
 import pytest
 
@@ -30,7 +32,9 @@ TOPIC = "trimmed"
 def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
     settings = {"replica.lag.time.max.ms": 5_000, "replica.fetch.backoff.ms": 200}
-    with LocalCluster(brokers=3, session_timeout_ms=3_000, settings=settings) as running:
+    with LocalCluster(
+        brokers=3, session_timeout_ms=3_000, settings=settings, kafka=True
+    ) as running:
         yield running
 
 
@@ -102,3 +106,23 @@ def test_every_replica_moves_and_keeps_its_log_start(cluster: LocalCluster) -> N
         assert admin.delete_records({tp: 60}) == {tp: 60}  # ISR: the two live replicas
         cluster.start_broker(leader)
         eventually(lambda: checkpointed_start(cluster, leader) == 60)
+
+
+def test_a_kafka_client_deletes_records_at_each_leader(cluster: LocalCluster) -> None:
+    """confluent-kafka's AdminClient through the Kafka listeners: each partition's
+    request goes to its leader (the client routes by Metadata), answered once its ISR
+    followed."""
+    with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
+        create_replicated(admin, "kafka-trimmed", 3)
+    with Producer(cluster.bootstrap, acks="all", linger_ms=2) as producer:
+        for i in range(60):
+            producer.send("kafka-trimmed", b"%d" % i, partition=i % 3).result(timeout=30)
+    kafka_admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    wanted = [confluent_kafka.TopicPartition("kafka-trimmed", p, 5 + p) for p in range(3)]
+    futures = kafka_admin.delete_records(wanted, operation_timeout=20)
+    lows = {tp.partition: f.result(30).low_watermark for tp, f in futures.items()}
+    assert lows == {0: 5, 1: 6, 2: 7}
+    with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
+        tps = [TopicPartition("kafka-trimmed", p) for p in range(3)]
+        starts = admin.list_offsets(dict.fromkeys(tps, "earliest"))
+        assert {tp.partition: found.offset for tp, found in starts.items() if found} == lows
