@@ -497,6 +497,40 @@ class AdminClient:
             for tp, (offset, timestamp) in answers.items()
         }
 
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """Delete every record below an offset, per partition (Kafka's DeleteRecords,
+        KIP-107): each partition's log start offset moves there on every in-sync
+        replica, reads below it answer ``OffsetOutOfRangeError``, ``list_offsets``
+        earliest answers it, and the segments wholly below it are removed by the next
+        retention pass. ``-1`` stands for the high watermark (everything readable now).
+
+        Returns each partition's low watermark (its replicas' smallest log start; the
+        offset asked for, or the current log start where that is already higher).
+
+        Raises ``ValueError`` for an offset below -1, ``TypeError`` for one that is not an
+        int; then a partition's error (``OffsetOutOfRangeError`` for an offset above the
+        high watermark, ``UnknownTopicOrPartitionError``, ``KafkaTimeoutError`` when a
+        follower did not follow within ``timeout_ms``, whose leader moved all the same)
+        or the call's (``TopicAuthorizationFailedError``: DELETE on the topic is needed).
+        """
+        for tp, offset in offsets.items():
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise TypeError(f"{tp}: the offset must be an int, got {offset!r}")
+            if offset < -1:
+                raise ValueError(
+                    f"{tp}: the offset must be >= 0, or -1 for the high watermark; got {offset}"
+                )
+        if not offsets:
+            return {}
+        return self._connections.run_per_leader(
+            dict(offsets),
+            lambda c, batch, t: c.delete_records(batch, timeout_ms=t),
+            what="DeleteRecords",
+            timeout_ms=timeout_ms,
+        )
+
     def describe_producers(
         self,
         partitions: Iterable[TopicPartition],

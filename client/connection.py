@@ -395,6 +395,13 @@ class Connection(Protocol):
         the partition's error."""
         ...
 
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """``DeleteRecords`` at the leader: per partition, delete every record below its
+        offset (-1: the high watermark); the low watermark, or the partition's error."""
+        ...
+
     def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
         """One unary produce (the keyed producer's; ``Producer`` uses a stream)."""
         ...
@@ -936,6 +943,33 @@ class GrpcConnection:
                 for p in answer.partitions
             },
         )
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        timeout = self.transport.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
+        response = self.transport.call(
+            self.transport.stub.DeleteRecords,
+            pb.DeleteRecordsRequest(
+                partitions=[
+                    pb.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=o)
+                    for tp, o in offsets.items()
+                ],
+                # The broker's wait ends before the call's deadline, so a follower that
+                # is slow to follow answers REQUEST_TIMED_OUT, not DEADLINE_EXCEEDED.
+                timeout_ms=max(timeout - min(timeout // 5, 2_000), 1),
+            ),
+            what="DeleteRecords",
+            timeout_ms=timeout,
+        )
+        out: dict[TopicPartition, int | TidelogError] = {}
+        for result in response.results:
+            tp = TopicPartition(result.topic, result.partition)
+            if result.error_code:
+                out[tp] = error_for_code(result.error_code, f"{tp}: {result.error_message}")
+            else:
+                out[tp] = result.low_watermark
+        return out
 
     def describe_producers(
         self,

@@ -711,6 +711,28 @@ class InMemoryConnection:
                         replicas[tp] = LogDirReplica(size, 0)
             return LogDirDescription(f"memory://{broker_id}", 0, 0, replicas)
 
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """Moves the fake's log start (every replica at once); -1 is the log end."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("delete_records")
+            out: dict[TopicPartition, int | TidelogError] = {}
+            for tp, offset in offsets.items():
+                try:
+                    partition = cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = exc
+                    continue
+                target = partition.log_end_offset if offset == -1 else offset
+                if not 0 <= target <= partition.log_end_offset:
+                    out[tp] = OffsetOutOfRangeError(f"{tp}: cannot delete below {offset}")
+                    continue
+                partition.log_start_offset = max(partition.log_start_offset, target)
+                out[tp] = partition.log_start_offset
+            return out
+
     def describe_producers(
         self,
         partitions: Iterable[TopicPartition],

@@ -599,6 +599,21 @@ class LogManager:
             except OSError as exc:
                 raise _storage_error(exc, "cannot write offset checkpoints") from exc
 
+    def checkpoint_log_start_offsets(self) -> None:
+        """Write ``log-start-offset-checkpoint`` now (atomically, fsynced), so that a log
+        start offset moved by DeleteRecords survives a crash before it is answered
+        (retention's moves need not wait: a restart finds them again from the first
+        segment's base offset). Raises ``StorageError``."""
+        with self._lock:  # see write_checkpoints: one writer, no stale entries
+            logs = list(self._logs.values())
+            try:
+                write_offsets(
+                    self.data_dir / LOG_START_OFFSET_CHECKPOINT,
+                    {(p.topic, p.partition): p.log_start_offset for p in logs},
+                )
+            except OSError as exc:
+                raise _storage_error(exc, "cannot write the log start offsets") from exc
+
     def start_background(self) -> None:
         """Start the scheduler and cleaner threads (daemon threads; ``close`` stops them)."""
         # Producers that went idle while the broker was down (or came back from the log

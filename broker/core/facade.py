@@ -56,6 +56,8 @@ from tidelog.broker.core.offsets import (
     OffsetQuery,
     Offsets,
     PartitionProducers,
+    RecordsDeleted,
+    RecordsToDelete,
 )
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.placement import (
@@ -538,6 +540,12 @@ class BrokerCore:
     ) -> list[PartitionProducers]:
         """``Offsets.describe_producers``."""
         return self.offsets.describe_producers(partitions, producer_id)
+
+    def delete_records(
+        self, requests: Sequence[RecordsToDelete], timeout_ms: int
+    ) -> list[RecordsDeleted]:
+        """``Offsets.delete_records`` (DeleteRecords, KIP-107)."""
+        return self.offsets.delete_records(requests, timeout_ms)
 
     # --- consumer groups (broker.groups.manager documents each) ---------------------------
 

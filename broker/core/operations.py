@@ -36,6 +36,7 @@ alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 describe_producers         READ on each topic
 describe_log_dirs          DESCRIBE on the cluster
+delete_records             DELETE on each topic (DeleteRecords, KIP-107)
 find_coordinator           DESCRIBE on the group
 join_group, sync_group,    READ on the group
 heartbeat, leave_group,
@@ -172,6 +173,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
     "describe_log_dirs": Policy({_C: Operation.DESCRIBE}),
+    "delete_records": Policy({_T: Operation.DELETE}),
     "find_coordinator": Policy({_G: Operation.DESCRIBE}),
     "join_group": Policy({_G: Operation.READ}),
     "sync_group": Policy({_G: Operation.READ}),
@@ -221,6 +223,7 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     18: ("ApiVersions", "api_versions"),
     19: ("CreateTopics", "create_topics"),
     20: ("DeleteTopics", "delete_topics"),
+    21: ("DeleteRecords", "delete_records"),
     22: ("InitProducerId", "init_producer_id"),
     23: ("OffsetForLeaderEpoch", "offset_for_leader_epoch"),
     32: ("DescribeConfigs", "describe_configs"),
@@ -258,6 +261,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "InitProducerId": "init_producer_id",
     "DescribeProducers": "describe_producers",
     "DescribeLogDirs": "describe_log_dirs",
+    "DeleteRecords": "delete_records",
     "ConsumerGroupHeartbeat": "consumer_group_heartbeat",
     "OffsetCommit": "offset_commit",
     "OffsetFetch": "offset_fetch",

@@ -22,6 +22,7 @@ AlterTopicConfig        alter_configs               the topic
 CreatePartitions        create_partitions           each topic
 InitProducerId          init_producer_id            the cluster (or WRITE on some topic)
 DescribeProducers       describe_producers          each topic
+DeleteRecords           delete_records              each topic
 ConsumerGroupHeartbeat  consumer_group_heartbeat    the group
 OffsetCommit            offset_commit               the group, then each topic
 OffsetFetch             offset_fetch                the group, then each topic named
@@ -97,6 +98,7 @@ _RESOURCES: dict[str, _Resources] = {
     "OffsetForLeaderEpoch": lambda r: _topics(p.topic for p in r.partitions),
     "InitProducerId": lambda r: [cluster()],
     "DescribeProducers": lambda r: _topics(t.topic for t in r.partitions),
+    "DeleteRecords": lambda r: _topics(p.topic for p in r.partitions),
     "ConsumerGroupHeartbeat": lambda r: [group(r.group_id)],
     "OffsetCommit": lambda r: _group_and_topics(r, (o.topic for o in r.offsets)),
     "OffsetFetch": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),

@@ -41,7 +41,7 @@ from tidelog.broker.core.acl_store import Acls
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
+from tidelog.broker.core.offsets import EpochQuery, OffsetQuery, RecordsToDelete
 from tidelog.broker.core.produce import PartitionProduced, PartitionRecords
 from tidelog.broker.core.topics import TopicView
 from tidelog.broker.groups.assignor import TopicPartition
@@ -383,6 +383,28 @@ def _describe_producers(
     )
 
 
+DEFAULT_DELETE_RECORDS_TIMEOUT_MS = 30_000  # a request's timeout_ms 0
+
+
+def _delete_records(
+    core: BrokerCore, request: pb.DeleteRecordsRequest, context: RequestContext
+) -> pb.DeleteRecordsResponse:
+    wanted = [RecordsToDelete(p.topic, p.partition, p.offset) for p in request.partitions]
+    timeout_ms = request.timeout_ms or DEFAULT_DELETE_RECORDS_TIMEOUT_MS
+    return pb.DeleteRecordsResponse(
+        results=[
+            pb.DeleteRecordsResult(
+                topic=a.topic,
+                partition=a.partition,
+                low_watermark=a.low_watermark,
+                error_code=a.error_code,
+                error_message=a.error_message,
+            )
+            for a in core.delete_records(wanted, timeout_ms)
+        ]
+    )
+
+
 # --- consumer groups ----------------------------------------------------------------------
 
 
@@ -602,6 +624,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,
+    "DeleteRecords": _delete_records,
     "ConsumerGroupHeartbeat": _consumer_group_heartbeat,
     "OffsetCommit": _offset_commit,
     "OffsetFetch": _offset_fetch,
@@ -643,6 +666,7 @@ def fetch_spec(
                 p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
                 p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1,
                 None if gate is None else gate(p.topic),
+                p.log_start_offset if p.HasField("log_start_offset") else -1,
             )
             for p in request.partitions
         ],

@@ -1,5 +1,5 @@
-"""Admin APIs over the core: DescribeConfigs, DescribeCluster, DescribeLogDirs and
-ElectLeaders.
+"""Admin APIs over the core: DescribeConfigs, DescribeCluster, DescribeLogDirs,
+ElectLeaders and DeleteRecords.
 
 DescribeConfigs answers a topic with every effective config key (Kafka's tools and test
 suites expect all of them, not only overrides): ``DYNAMIC_TOPIC_CONFIG`` (1) for the
@@ -20,20 +20,34 @@ Per partition ``ELECTION_NOT_NEEDED``, ``PREFERRED_LEADER_NOT_AVAILABLE``,
 null asks for every partition and the answer lists only those that needed an election. A
 broker that is not the controller answers ``NOT_CONTROLLER`` (for each named partition
 and, v1+, as the top-level error): Kafka's clients send ElectLeaders to the controller.
+
+DeleteRecords (v0-2, KIP-107): DELETE on each topic (a refused topic answers
+``TOPIC_AUTHORIZATION_FAILED`` per partition, the others are served), then the core's
+``delete_records``, the gRPC call's: per partition the low watermark, or
+``OFFSET_OUT_OF_RANGE`` (above the high watermark, below -1), ``UNKNOWN_TOPIC_OR_PARTITION``,
+``NOT_LEADER_OR_FOLLOWER``, ``REQUEST_TIMED_OUT`` (the followers did not follow within the
+request's ``timeout_ms``).
 """
 
 from __future__ import annotations
 
+from tidelog.broker.core.offsets import RecordsToDelete
 from tidelog.broker.core.operations import cluster as the_cluster
 from tidelog.broker.core.operations import topic
-from tidelog.broker.kafka.authz import denied, operations_bits
+from tidelog.broker.kafka.authz import denied, operations_bits, refusals
 from tidelog.broker.kafka.cluster import broker_entries
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import InvalidRequestError
 
-__all__ = ["describe_cluster", "describe_configs", "describe_log_dirs", "elect_leaders"]
+__all__ = [
+    "delete_records",
+    "describe_cluster",
+    "describe_configs",
+    "describe_log_dirs",
+    "elect_leaders",
+]
 
 TOPIC = 2
 BROKER = 4
@@ -197,3 +211,37 @@ async def describe_log_dirs(conn: Connection, header: RequestHeader, request: Pl
             }
         ],
     }
+
+
+async def delete_records(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DeleteRecords (v0-2): see the module docstring."""
+    decided = refusals(conn, [topic(t["name"]) for t in request["topics"]])
+    refused = {resource.name: code for resource, code in decided.items() if code}
+    wanted = [
+        RecordsToDelete(t["name"], p["partition_index"], p["offset"])
+        for t in request["topics"]
+        if t["name"] not in refused
+        for p in t["partitions"]
+    ]
+    timeout_ms = max(request["timeout"], 0)
+    answers = await conn.run(conn.core.delete_records, wanted, timeout_ms) if wanted else []
+    by_topic: dict[str, list[Plain]] = {}
+    for t in request["topics"]:
+        if t["name"] in refused:
+            by_topic.setdefault(t["name"], []).extend(
+                {
+                    "partition_index": p["partition_index"],
+                    "low_watermark": -1,
+                    "error_code": refused[t["name"]],
+                }
+                for p in t["partitions"]
+            )
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append(
+            {
+                "partition_index": a.partition,
+                "low_watermark": a.low_watermark,
+                "error_code": kafka_code(a.error_code),
+            }
+        )
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}

@@ -22,6 +22,7 @@ from typing import Any
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
 from tidelog.broker.kafka.admin import (
+    delete_records,
     describe_cluster,
     describe_configs,
     describe_log_dirs,
@@ -319,6 +320,7 @@ HANDLERS: dict[int, Handler] = {
     18: api_versions,
     19: create_topics,
     20: delete_topics,
+    21: delete_records,
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,

@@ -26,6 +26,8 @@ import pytest
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
     DescribeGroupsRequest,
@@ -345,6 +347,13 @@ class _Grpc:
         code, answer = self._code("DescribeProducers", request)
         return [code, *(p.error_code or "OK" for p in answer.partitions)] if answer else [code]
 
+    def delete_records(self, name: str) -> list[str]:
+        request = pb.DeleteRecordsRequest(
+            partitions=[pb.DeleteRecordsPartition(topic=name, partition=0, offset=0)]
+        )
+        code, answer = self._code("DeleteRecords", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)] if answer else [code]
+
     def list_groups(self) -> list[str]:
         code, answer = self._code("ListGroups", pb.ListGroupsRequest())
         return [code, *sorted(_either(g.group_id) for g in answer.groups)]
@@ -432,6 +441,20 @@ class _Kafka:
         answer = self.session.call(request, DescribeProducersResponse)
         return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
 
+    def delete_records(self, name: str) -> list[str]:
+        entry = DeleteRecordsRequest[0].DeleteRecordsTopic
+        request = DeleteRecordsRequest[0](
+            topics=[
+                entry(
+                    name=name,
+                    partitions=[entry.DeleteRecordsPartition(partition_index=0, offset=0)],
+                )
+            ],
+            timeout_ms=5_000,
+        )
+        answer = self.session.call(request, DeleteRecordsResponse)
+        return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
+
     def list_groups(self) -> list[str]:
         answer = self.session.call(ListGroupsRequest[4](states_filter=[]), ListGroupsResponse)
         return [
@@ -508,6 +531,13 @@ SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
         ["OK", "OK"],
         0,
         ("describe_producers", "OK"),
+    ),
+    (
+        "delete records",
+        lambda d, lst: d.delete_records(f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("delete_records", "OK"),
     ),
     (
         "describe a group",
@@ -837,3 +867,14 @@ def test_batched_find_coordinator_refuses_each_key_on_its_own(
         ("DESCRIBE", "hidden-b")
     ]
     assert find("tx", key_type=1) == ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED:-1:False"]
+
+
+def test_delete_records_needs_delete_on_the_topic(secure: Secure, both: dict[str, Any]) -> None:
+    """Kafka answers the refusal per partition, gRPC refuses the call; one audit line
+    each, the same decision logged."""
+    kafka = _observe(secure, "kafka", lambda: both["kafka"].delete_records("hidden-kafka"))
+    assert kafka.decision == ["OK", "TOPIC_AUTHORIZATION_FAILED"]
+    grpc = _observe(secure, "grpc", lambda: both["grpc"].delete_records("hidden-grpc"))
+    assert grpc.decision == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert kafka.audit == grpc.audit
+    assert len(kafka.audit) == 1

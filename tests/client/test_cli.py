@@ -129,6 +129,44 @@ def test_topics_producers_lists_what_each_leader_remembers(broker: InProcessBrok
     assert_one_line_error(missing, 1, "cli-no-such-topic")
 
 
+def test_topics_delete_records(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-delete-records", 2)
+    with Producer(address, linger_ms=0) as producer:
+        for i in range(6):
+            producer.send("cli-delete-records", b"v%d" % i, partition=i % 2).result(10)
+    before = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--before", "2", "--partition", "0",
+        "--bootstrap", address,
+    )  # fmt: skip
+    assert before.returncode == 0, before.stderr
+    assert [line.split() for line in before.stdout.splitlines()] == [
+        ["PARTITION", "LOW", "WATERMARK"],
+        ["0", "2"],
+    ]
+    everything = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--all", "--bootstrap", address
+    )
+    assert everything.returncode == 0, everything.stderr
+    assert [line.split() for line in everything.stdout.splitlines()][1:] == [["0", "3"], ["1", "3"]]
+    with AdminClient(address) as admin:
+        starts = [p.log_start_offset for p in admin.describe_topic("cli-delete-records").partitions]
+    assert starts == [3, 3]
+    above = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--before", "99", "--bootstrap", address
+    )
+    assert_one_line_error(above, 1, "high watermark")
+    missing = tidelog("topics", "delete-records", "cli-no-such", "--all", "--bootstrap", address)
+    assert_one_line_error(missing, 1, "cli-no-such")
+    negative = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--before", "-1", "--bootstrap", address
+    )
+    assert negative.returncode == 2, negative.stderr
+    neither = tidelog("topics", "delete-records", "cli-delete-records", "--bootstrap", address)
+    assert neither.returncode == 2, neither.stderr
+
+
 def test_produce_lines_then_consume_them_with_a_format(broker: InProcessBroker) -> None:
     address = broker.address
     with AdminClient(address) as admin:

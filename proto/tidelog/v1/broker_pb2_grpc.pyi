@@ -68,6 +68,7 @@ class BrokerStub:
     OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
     InitProducerId: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]
     DescribeProducers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]
+    DeleteRecords: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteRecordsRequest, _broker_pb2.DeleteRecordsResponse]
     ConsumerGroupHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]
@@ -115,6 +116,7 @@ class BrokerAsyncStub(BrokerStub):
     OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
     InitProducerId: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]  # type: ignore[assignment]
     DescribeProducers: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]  # type: ignore[assignment]
+    DeleteRecords: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteRecordsRequest, _broker_pb2.DeleteRecordsResponse]  # type: ignore[assignment]
     ConsumerGroupHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]  # type: ignore[assignment]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]  # type: ignore[assignment]
@@ -279,6 +281,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DescribeProducersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DescribeProducersResponse, _abc.Awaitable[_broker_pb2.DescribeProducersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteRecords(
+        self,
+        request: _broker_pb2.DeleteRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteRecordsResponse, _abc.Awaitable[_broker_pb2.DeleteRecordsResponse]]: ...
 
     @_abc_1.abstractmethod
     def ConsumerGroupHeartbeat(
