@@ -21,7 +21,12 @@ from typing import Any
 
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
-from tidelog.broker.kafka.admin import describe_cluster, describe_configs
+from tidelog.broker.kafka.admin import (
+    alter_configs,
+    describe_cluster,
+    describe_configs,
+    incremental_alter_configs,
+)
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
@@ -311,8 +316,10 @@ HANDLERS: dict[int, Handler] = {
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,
+    33: alter_configs,
     36: sasl_authenticate,
     37: create_partitions,
+    44: incremental_alter_configs,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,

@@ -42,8 +42,10 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     22: (0, 4),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
+    44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
