@@ -145,7 +145,8 @@ def test_describe_and_alter_a_topic_with_sources_and_synonyms(broker: InProcessB
         assert entries["segment.ms"].value == "3600000"
         assert entries["cleanup.policy"].value == "compact,delete"
         log_config = broker.server.core.logs.get_log("cfg", 0).config
-        assert log_config.segment_ms == 3_600_000 and log_config.compact
+        assert log_config.segment_ms == 3_600_000
+        assert log_config.compact
         # validate_only checks and changes nothing.
         admin.incremental_alter_configs(
             resource, [AlterConfigOp("segment.ms", "set", "1")], validate_only=True
