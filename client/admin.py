@@ -53,6 +53,9 @@ from tidelog.client.offsets import list_offsets
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity, salted_credential
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
@@ -421,6 +424,66 @@ class AdminClient:
             f"AlterTopicConfig {name}",
             timeout_ms,
         )
+
+    def describe_configs(
+        self,
+        resource: ConfigResource,
+        keys: Iterable[str] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[str, ConfigEntry]:
+        """Every config key of a topic or a broker (``ConfigResource.topic(name)``,
+        ``ConfigResource.broker(id)``, ``ConfigResource.broker()`` for the cluster-wide
+        dynamic defaults), or only ``keys``, by name: effective value, where it comes
+        from (``source``) and every synonym, most specific first (``docs/configs.md``).
+
+        A broker's configs are asked of that broker; a topic's of any broker.
+        """
+        wanted = list(keys or ())
+        return {
+            e.name: e
+            for e in self._connections.run(
+                self._config_route(resource, alter=False),
+                lambda c, t: c.describe_configs(resource, wanted, timeout_ms=t),
+                what=f"DescribeConfigs {resource.type} {resource.name!r}",
+                timeout_ms=timeout_ms,
+            )
+        }
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Iterable[AlterConfigOp],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Change a topic's or a broker's dynamic configs, key by key (Kafka's
+        IncrementalAlterConfigs): ``AlterConfigOp("retention.ms", "set", "60000")``,
+        ``AlterConfigOp("retention.ms", "delete")``, ``AlterConfigOp("cleanup.policy",
+        "append", "compact")``. All or nothing per call; ``validate_only`` checks without
+        changing. A broker accepts only the keys it can apply live (``docs/configs.md``);
+        others raise ``InvalidConfigError``.
+        """
+        ops = list(changes)
+        self._connections.run(
+            self._config_route(resource, alter=True),
+            lambda c, t: c.incremental_alter_configs(
+                resource, ops, validate_only=validate_only, timeout_ms=t
+            ),
+            what=f"IncrementalAlterConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+
+    def _config_route(
+        self, resource: ConfigResource, *, alter: bool
+    ) -> Callable[[int], Connection]:
+        if resource.type == "broker" and resource.name:
+            broker_id = int(resource.name)
+            return lambda t: self._connections.broker(broker_id, t)
+        if resource.type == "topic" and alter:
+            return self._connections.route_controller()  # topic changes: the controller's
+        return self._connections.route_any()
 
     def create_partitions(
         self,

@@ -29,6 +29,10 @@ from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
 from tidelog.client.security import ClientSecurity
 from tidelog.client.transport import BidiStream, Transport
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSynonym,
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
@@ -369,6 +373,23 @@ class Connection(Protocol):
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
     ) -> int:
         """Grow ``topic``; returns the new partition count."""
+        ...
+
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        """Every config of ``resource`` (or only ``keys``), with sources and synonyms."""
+        ...
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        """Apply ``changes`` to ``resource``'s dynamic configs."""
         ...
 
     def init_producer_id(
@@ -883,6 +904,60 @@ class GrpcConnection:
         )
         return topic_description(answer)
 
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        answer = self.transport.call(
+            self.transport.stub.DescribeConfigs,
+            pb.DescribeConfigsRequest(resource=_config_resource(resource), keys=list(keys)),
+            what=f"DescribeConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+        return [
+            ConfigEntry(
+                name=e.name,
+                value=e.value if e.HasField("value") else None,
+                source=_source_name(e.source),
+                read_only=e.read_only,
+                sensitive=e.sensitive,
+                type=e.type,
+                documentation=e.documentation,
+                synonyms=tuple(
+                    ConfigSynonym(
+                        s.name, s.value if s.HasField("value") else None, _source_name(s.source)
+                    )
+                    for s in e.synonyms
+                ),
+            )
+            for e in answer.entries
+        ]
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        self.transport.call(
+            self.transport.stub.IncrementalAlterConfigs,
+            pb.IncrementalAlterConfigsRequest(
+                resource=_config_resource(resource),
+                alterations=[
+                    pb.ConfigAlteration(
+                        name=c.name,
+                        operation=pb.ConfigOperation.Value(f"CONFIG_OPERATION_{c.op.upper()}"),
+                        value=c.value or "",
+                    )
+                    for c in changes
+                ],
+                validate_only=validate_only,
+            ),
+            what=f"IncrementalAlterConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+
     def create_partitions(
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
     ) -> int:
@@ -1101,6 +1176,19 @@ class _GrpcProduceStream:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+def _config_resource(resource: ConfigResource) -> pb.ConfigResource:
+    kind = (
+        pb.CONFIG_RESOURCE_TYPE_TOPIC
+        if resource.type == "topic"
+        else pb.CONFIG_RESOURCE_TYPE_BROKER
+    )
+    return pb.ConfigResource(type=kind, name=resource.name)
+
+
+def _source_name(source: int) -> str:
+    return pb.ConfigSource.Name(source).removeprefix("CONFIG_SOURCE_")  # type: ignore[arg-type]
 
 
 def topic_description(answer: pb.TopicDescription) -> TopicDescription:

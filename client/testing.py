@@ -57,6 +57,9 @@ from tidelog.client.connection import (
 from tidelog.client.errors import ClosedError
 from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
     GroupDescription,
     GroupPartitionLag,
     GroupSummary,
@@ -75,6 +78,7 @@ from tidelog.storage.errors import (
     GroupIdNotFoundError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     LeaderNotAvailableError,
     NotControllerError,
     NotCoordinatorError,
@@ -661,6 +665,51 @@ class InMemoryConnection:
             for key in delete:
                 topic.config.pop(key, None)
             return cluster._description_locked(name)
+
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        # The in-memory cluster keeps only topic overrides: those, as dynamic topic
+        # configs (no defaults, no broker configs).
+        cluster = self._cluster
+        with cluster._lock:
+            self._enter("describe_configs")
+            if resource.type != "topic":
+                raise InvalidRequestError("the in-memory cluster has no broker configs")
+            topic = cluster._topics.get(resource.name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {resource.name!r} does not exist")
+            return [
+                ConfigEntry(k, v, "DYNAMIC_TOPIC_CONFIG", False, False, "STRING", "")
+                for k, v in sorted(topic.config.items())
+                if not keys or k in keys
+            ]
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("incremental_alter_configs"))
+            if resource.type != "topic":
+                raise InvalidRequestError("the in-memory cluster has no broker configs")
+            topic = cluster._topics.get(resource.name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {resource.name!r} does not exist")
+            if validate_only:
+                return
+            for change in changes:
+                if change.op == "delete":
+                    topic.config.pop(change.name, None)
+                elif change.op == "set" and change.value is not None:
+                    topic.config[change.name] = change.value
+                else:
+                    raise InvalidRequestError("the in-memory cluster only sets and deletes")
 
     def create_partitions(
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None

@@ -13,12 +13,14 @@ and this module, which import nothing else of ours).
     │   └── LogDirFullError               LOG_DIR_FULL         retriable
     ├── RequestError                      (the request is at fault; retrying it won't help)
     │   ├── CorruptRecordError            CORRUPT_MESSAGE
+    │   ├── InvalidRecordError            INVALID_RECORD (e.g. a key-less record, compacted topic)
     │   ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     │   ├── RequestTooLargeError          REQUEST_TOO_LARGE
     │   ├── UnsupportedCompressionTypeError  UNSUPPORTED_COMPRESSION_TYPE
     │   ├── InvalidTopicError             INVALID_TOPIC_EXCEPTION
     │   ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
     │   ├── InvalidConfigError            INVALID_CONFIG
+    │   ├── PolicyViolationError          POLICY_VIOLATION
     │   ├── InvalidRequestError           INVALID_REQUEST
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
@@ -98,6 +100,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
+    "InvalidRecordError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTopicError",
@@ -115,6 +118,7 @@ __all__ = [
     "OffsetNotAvailableError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "PolicyViolationError",
     "PreferredLeaderNotAvailableError",
     "QueuedMaxRequestBytesError",
     "QueuedMaxRequestsError",
@@ -178,6 +182,13 @@ class CorruptRecordError(RequestError):
     code = "CORRUPT_MESSAGE"
 
 
+class InvalidRecordError(RequestError):
+    """A well-formed record the topic does not accept (Kafka's ``InvalidRecordException``):
+    a record without a key sent to a compacted topic."""
+
+    code = "INVALID_RECORD"
+
+
 class RecordTooLargeError(RequestError):
     """A batch is larger than ``max.message.bytes`` / ``message.max.bytes``."""
 
@@ -217,6 +228,13 @@ class InvalidConfigError(RequestError):
     """An unknown configuration key or a value out of range."""
 
     code = "INVALID_CONFIG"
+
+
+class PolicyViolationError(RequestError):
+    """A valid request a broker policy refuses (Kafka's ``PolicyViolationException``):
+    ``min.insync.replicas`` above a topic's replication factor."""
+
+    code = "POLICY_VIOLATION"
 
 
 class InvalidRequestError(RequestError):

@@ -35,6 +35,7 @@ them directly with a manual clock. Thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -514,6 +515,25 @@ class LogManager:
             for partition in range(meta.partitions):
                 self._logs[(name, partition)].update_config(log_config)
             return new
+
+    def set_defaults(self, defaults: LogConfig) -> None:
+        """Make ``defaults`` the broker-level topic defaults (a dynamic broker config
+        changed): every topic's effective config is rebuilt from its overrides over them
+        and applied to its logs at once. Nothing is written: ``topics.json`` holds only
+        overrides, and the defaults' own store is the caller's.
+        """
+        with self._lock:
+            self._check_open()
+            self.config = dataclasses.replace(self.config, defaults=defaults)
+            for name, meta in list(self._topics.items()):
+                log_config = LogConfig.from_mapping(meta.overrides, defaults)
+                self._topics[name] = TopicMetadata(
+                    name, meta.partitions, meta.overrides, log_config, meta.internal
+                )
+                for partition in range(meta.partitions):
+                    partition_log = self._logs.get((name, partition))
+                    if partition_log is not None:
+                        partition_log.update_config(log_config)
 
     def get_log(self, topic: str, partition: int) -> PartitionLog:
         """The log of one partition. Raises ``UnknownTopicOrPartitionError``."""

@@ -37,6 +37,14 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
 from tidelog.broker.core.acl_store import Acls, LocalAclStore
 from tidelog.broker.core.auth import Authenticator
+from tidelog.broker.core.config_keys import ConfigEntry
+from tidelog.broker.core.configs import (
+    BrokerConfigStore,
+    ConfigChange,
+    Configs,
+    LocalBrokerConfigStore,
+    ResourceKind,
+)
 from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.fetch import (
     FetchPath,
@@ -130,6 +138,7 @@ class BrokerCore:
         quotas: QuotaManager,
         authenticator: Authenticator | None,
         acls: Acls | None = None,
+        broker_configs: BrokerConfigStore | None = None,
     ) -> None:
         self.config = config
         # Placement, topic administration and producer ids: the broker's role, which
@@ -177,6 +186,15 @@ class BrokerCore:
         self._close_lock = threading.Lock()
         # The operations, by concept; the methods below delegate to them.
         self.topics = Topics(config, logs, membership, groups, metrics, self._gate)
+        # Dynamic configs (broker.core.configs): a single node's broker-configs.json, or
+        # ZooKeeper's /config/brokers once a cluster broker joined (``use_store``).
+        self.configs = Configs(
+            config,
+            logs,
+            self.topics,
+            membership,
+            broker_configs or LocalBrokerConfigStore.in_memory(),
+        )
         self.offsets = Offsets(partitions, membership, self._gate)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
@@ -253,6 +271,11 @@ class BrokerCore:
                     ProducerIdManager.open(logs.data_dir, clock, config.producer_id_expiration_ms),
                 )
             authenticator = Authenticator(config.security, membership.users(users), clock)
+            broker_configs = (
+                LocalBrokerConfigStore.open(logs.data_dir)
+                if config.zookeeper_connect is None
+                else LocalBrokerConfigStore.in_memory()
+            )
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -281,6 +304,7 @@ class BrokerCore:
             quotas,
             authenticator,
             acls,
+            broker_configs,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -435,6 +459,27 @@ class BrokerCore:
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """``Topics.find_coordinator``."""
         return self.topics.find_coordinator(group_id)
+
+    def describe_configs(
+        self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
+    ) -> list[ConfigEntry]:
+        """``Configs.describe``."""
+        with self._gate.operation():
+            return self.configs.describe(kind, name, keys)
+
+    def alter_configs(
+        self,
+        kind: ResourceKind,
+        name: str,
+        changes: Sequence[ConfigChange],
+        *,
+        incremental: bool,
+        validate_only: bool = False,
+    ) -> None:
+        """``Configs.alter``."""
+        self.configs.alter(
+            kind, name, changes, incremental=incremental, validate_only=validate_only
+        )
 
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]

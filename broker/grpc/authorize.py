@@ -19,6 +19,8 @@ DescribeTopic           metadata                    the topic
 CreateTopic             create_topics               the topic (or CREATE on the cluster)
 DeleteTopic             delete_topics               the topic
 AlterTopicConfig        alter_configs               the topic
+DescribeConfigs         describe_configs            the topic, or the cluster (a broker)
+IncrementalAlterConfigs alter_configs               the topic, or the cluster (a broker)
 CreatePartitions        create_partitions           each topic
 InitProducerId          init_producer_id            the cluster (or WRITE on some topic)
 DescribeProducers       describe_producers          each topic
@@ -83,6 +85,12 @@ def _topics(names: Iterable[str]) -> list[Resource]:
     return [topic(name) for name in names]
 
 
+def _config_resource(resource: Any) -> Resource:
+    # A broker resource (type 4, Kafka's BROKER) is the cluster's; anything else names a
+    # topic (an unknown type is refused by the handler after this check).
+    return cluster() if resource.type == 4 else topic(resource.name)
+
+
 def _group_and_topics(request: Any, names: Iterable[str]) -> list[Resource]:
     return [group(request.group_id), *_topics(names)]
 
@@ -93,6 +101,8 @@ _RESOURCES: dict[str, _Resources] = {
     "DeleteTopic": lambda r: [topic(r.name)],
     "DescribeTopic": lambda r: [topic(r.name)],
     "AlterTopicConfig": lambda r: [topic(r.name)],
+    "DescribeConfigs": lambda r: [_config_resource(r.resource)],
+    "IncrementalAlterConfigs": lambda r: [_config_resource(r.resource)],
     "CreatePartitions": lambda r: _topics(t.name for t in r.topics),
     "ListOffsets": lambda r: _topics(p.topic for p in r.partitions),
     "OffsetForLeaderEpoch": lambda r: _topics(p.topic for p in r.partitions),

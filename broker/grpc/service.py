@@ -38,6 +38,7 @@ from tidelog.broker.core.acl import (
     parse_enum,
 )
 from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
@@ -177,6 +178,68 @@ def _alter_topic_config(
     return _topic_description(
         core.alter_topic_config(request.name, dict(request.set), list(request.delete))
     )
+
+
+def _config_kind(resource: pb.ConfigResource) -> ResourceKind:
+    try:
+        return ResourceKind(resource.type)
+    except ValueError:
+        raise InvalidRequestError(
+            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC or CONFIG_RESOURCE_TYPE_BROKER"
+        ) from None
+
+
+def _describe_configs(
+    core: BrokerCore, request: pb.DescribeConfigsRequest, context: RequestContext
+) -> pb.DescribeConfigsResponse:
+    entries = core.describe_configs(
+        _config_kind(request.resource), request.resource.name, list(request.keys) or None
+    )
+    return pb.DescribeConfigsResponse(
+        entries=[
+            pb.ConfigEntry(
+                name=e.name,
+                value=e.value,
+                source=pb.ConfigSource.Value(f"CONFIG_SOURCE_{e.source.name}"),
+                read_only=e.read_only,
+                sensitive=e.sensitive,
+                type=e.config_type.name,
+                documentation=e.documentation,
+                synonyms=[
+                    pb.ConfigSynonym(
+                        name=s.name,
+                        value=None if e.sensitive else s.value,
+                        source=pb.ConfigSource.Value(f"CONFIG_SOURCE_{s.source.name}"),
+                    )
+                    for s in e.synonyms
+                ],
+            )
+            for e in entries
+        ]
+    )
+
+
+def _incremental_alter_configs(
+    core: BrokerCore, request: pb.IncrementalAlterConfigsRequest, context: RequestContext
+) -> pb.IncrementalAlterConfigsResponse:
+    if any(a.operation not in AlterOp._value2member_map_ for a in request.alterations):
+        raise InvalidRequestError("unknown config operation (SET, DELETE, APPEND, SUBTRACT)")
+    changes = [
+        ConfigChange(
+            a.name,
+            AlterOp(a.operation),
+            None if a.operation == pb.CONFIG_OPERATION_DELETE else a.value,
+        )
+        for a in request.alterations
+    ]
+    core.alter_configs(
+        _config_kind(request.resource),
+        request.resource.name,
+        changes,
+        incremental=True,
+        validate_only=request.validate_only,
+    )
+    return pb.IncrementalAlterConfigsResponse()
 
 
 def _create_partitions(
@@ -613,6 +676,8 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "ListTopics": _list_topics,
     "DescribeTopic": _describe_topic,
     "AlterTopicConfig": _alter_topic_config,
+    "DescribeConfigs": _describe_configs,
+    "IncrementalAlterConfigs": _incremental_alter_configs,
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
     "DescribeLogDirs": _describe_log_dirs,

@@ -22,11 +22,13 @@ from typing import Any
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
 from tidelog.broker.kafka.admin import (
+    alter_configs,
     delete_records,
     describe_cluster,
     describe_configs,
     describe_log_dirs,
     elect_leaders,
+    incremental_alter_configs,
 )
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
@@ -324,11 +326,13 @@ HANDLERS: dict[int, Handler] = {
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,
+    33: alter_configs,
     35: describe_log_dirs,
     36: sasl_authenticate,
     37: create_partitions,
     42: delete_groups,
     43: elect_leaders,
+    44: incremental_alter_configs,
     47: offset_delete,
     60: describe_cluster,
     61: describe_producers,

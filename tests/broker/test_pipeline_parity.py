@@ -878,3 +878,98 @@ def test_delete_records_needs_delete_on_the_topic(secure: Secure, both: dict[str
     assert grpc.decision == ["TOPIC_AUTHORIZATION_FAILED"]
     assert kafka.audit == grpc.audit
     assert len(kafka.audit) == 1
+
+
+def test_configs_need_alter_configs_and_describe_configs(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """IncrementalAlterConfigs / DescribeConfigs (#27) on both listeners: ALTER_CONFIGS
+    or DESCRIBE_CONFIGS on the topic, or on the cluster for a broker; each refusal audited
+    once. Kafka answers per resource, gRPC refuses the call."""
+    from kafka.protocol.admin import (
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+    )
+
+    core = secure.broker.server.core
+    for operation in (Operation.ALTER_CONFIGS, Operation.DESCRIBE_CONFIGS):
+        core.acls.create(
+            [
+                AclBinding(
+                    f"User:{USER}", "*", operation, Permission.ALLOW, ResourceType.TOPIC,
+                    "cfg-", PatternType.PREFIXED,
+                )
+            ]
+        )  # fmt: skip
+    for listener in LISTENERS:
+        core.create_topic(f"cfg-{listener}", 1, {})
+    kafka: _Kafka = both["kafka"]
+    grpc: _Grpc = both["grpc"]
+    alter_class = IncrementalAlterConfigsRequest[1]
+
+    def kafka_alter(kind: int, name: str) -> list[str]:
+        request = alter_class(
+            resources=[
+                alter_class.AlterConfigsResource(
+                    resource_type=kind,
+                    resource_name=name,
+                    configs=[
+                        alter_class.AlterConfigsResource.AlterableConfig(
+                            name="retention.ms" if kind == 2 else "log.retention.ms",
+                            config_operation=0,
+                            value="60000",
+                        )
+                    ],
+                )
+            ],
+            validate_only=False,
+        )
+        answer = kafka.session.call(request, IncrementalAlterConfigsResponse)
+        return [error_name(r.error_code) for r in answer.responses]
+
+    def kafka_describe(kind: int, name: str) -> list[str]:
+        describe_class = DescribeConfigsRequest[2]
+        request = describe_class(
+            resources=[
+                describe_class.DescribeConfigsResource(
+                    resource_type=kind, resource_name=name, configuration_keys=None
+                )
+            ],
+            include_synonyms=True,
+        )
+        answer = kafka.session.call(request, DescribeConfigsResponse)
+        return [error_name(r.error_code) for r in answer.results]
+
+    def grpc_alter(kind: int, name: str) -> list[str]:
+        request = pb.IncrementalAlterConfigsRequest(
+            resource=pb.ConfigResource(type=kind, name=name),  # type: ignore[arg-type]
+            alterations=[
+                pb.ConfigAlteration(
+                    name="retention.ms" if kind == 2 else "log.retention.ms", value="60000"
+                )
+            ],
+        )
+        return [grpc._code("IncrementalAlterConfigs", request)[0]]
+
+    def grpc_describe(kind: int, name: str) -> list[str]:
+        request = pb.DescribeConfigsRequest(resource=pb.ConfigResource(type=kind, name=name))  # type: ignore[arg-type]
+        return [grpc._code("DescribeConfigs", request)[0]]
+
+    calls = {"grpc": (grpc_alter, grpc_describe), "kafka": (kafka_alter, kafka_describe)}
+    for listener, (alter, describe) in calls.items():
+        allowed = _observe(secure, listener, lambda: alter(2, f"cfg-{listener}"))  # noqa: B023
+        assert (allowed.decision, allowed.audit) == (["OK"], [])
+        assert core.logs.get_log(f"cfg-{listener}", 0).config.retention_ms == 60_000
+        assert describe(2, f"cfg-{listener}") == ["OK"]
+        refused = _observe(secure, listener, lambda: alter(2, f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["TOPIC_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        refused = _observe(secure, listener, lambda: describe(2, f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["TOPIC_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["DESCRIBE_CONFIGS"]
+        refused = _observe(secure, listener, lambda: alter(4, ""))  # noqa: B023
+        assert refused.decision == ["CLUSTER_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        assert describe(4, "0") == ["CLUSTER_AUTHORIZATION_FAILED"]

@@ -390,3 +390,57 @@ def test_quotas_of_users_and_users_with_client_ids(broker: InProcessBroker) -> N
     with AdminClient(address) as admin:
         assert ClientQuotaEntity("alice", None) not in admin.describe_quotas()
         assert ClientQuotaEntity("<default>", "app") in admin.describe_quotas()
+
+
+def test_configs_describe_and_alter(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address, request_timeout_ms=10_000) as admin:
+        admin.create_topic("cli-configs", 1)
+    altered = tidelog(
+        "configs", "alter", "--topic", "cli-configs", "--set", "retention.ms=60000",
+        "--append", "cleanup.policy=compact", "--bootstrap", address,
+    )  # fmt: skip
+    assert altered.returncode == 0, altered.stderr
+    assert "Changed 2 config key(s) of topic cli-configs" in altered.stderr
+    described = tidelog(
+        "configs", "describe", "--topic", "cli-configs", "retention.ms", "cleanup.policy",
+        "--synonyms", "--bootstrap", address,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    rows = [line.split() for line in described.stdout.splitlines()]
+    assert rows[0][:4] == ["KEY", "VALUE", "SOURCE", "SYNONYMS"]
+    assert rows[1][:3] == ["cleanup.policy", "compact,delete", "DYNAMIC_TOPIC_CONFIG"]
+    assert rows[2][:3] == ["retention.ms", "60000", "DYNAMIC_TOPIC_CONFIG"]
+    assert "log.retention.ms=604800000 (DEFAULT_CONFIG)" in described.stdout
+    defaults = tidelog(
+        "configs", "alter", "--broker-defaults", "--set", "log.retention.bytes=1048576",
+        "--bootstrap", address,
+    )  # fmt: skip
+    assert defaults.returncode == 0, defaults.stderr
+    shown = tidelog("configs", "describe", "--broker-defaults", "--bootstrap", address)
+    assert ["log.retention.bytes", "1048576", "DYNAMIC_DEFAULT_BROKER_CONFIG"] in [
+        line.split() for line in shown.stdout.splitlines()
+    ]
+    assert tidelog(
+        "configs", "alter", "--broker-defaults", "--delete", "log.retention.bytes",
+        "--bootstrap", address,
+    ).returncode == 0  # fmt: skip
+    assert_one_line_error(
+        tidelog(
+            "configs",
+            "alter",
+            "--broker",
+            "0",
+            "--set",
+            "num.partitions=3",
+            "--bootstrap",
+            address,
+        ),
+        1,
+        "cannot be changed while the broker runs",
+    )
+    assert_one_line_error(
+        tidelog("configs", "alter", "--topic", "cli-configs", "--bootstrap", address),
+        2,
+        "give at least one",
+    )

@@ -732,7 +732,9 @@ def _fill_segments(log: PartitionLog, clock: ManualClock, count: int, per_segmen
     for k in range(count):
         for _ in range(per_segment):
             start = log.log_end_offset
-            log.append(make_batch(values(1, start), timestamp_ms=T0 + k * 1000))
+            # Keyed: a compacted log refuses key-less records (#27).
+            batch = make_batch(values(1, start), timestamp_ms=T0 + k * 1000, keys=[b"k%d" % start])
+            log.append(batch)
         if k < count - 1:
             log.roll()
     clock.advance(T0 + (count - 1) * 1000 - clock.wall_ms())

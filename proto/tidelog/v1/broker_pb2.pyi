@@ -21,6 +21,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -31,6 +32,72 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ConfigResourceType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigResourceTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigResourceType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_RESOURCE_TYPE_UNSPECIFIED: _ConfigResourceType.ValueType  # 0
+    CONFIG_RESOURCE_TYPE_TOPIC: _ConfigResourceType.ValueType  # 2
+    CONFIG_RESOURCE_TYPE_BROKER: _ConfigResourceType.ValueType  # 4
+    """name: a broker id, or "" for the cluster default"""
+
+class ConfigResourceType(_ConfigResourceType, metaclass=_ConfigResourceTypeEnumTypeWrapper):
+    """Configs (docs/configs.md). Kafka's numbers: resource types, sources and operations."""
+
+CONFIG_RESOURCE_TYPE_UNSPECIFIED: ConfigResourceType.ValueType  # 0
+CONFIG_RESOURCE_TYPE_TOPIC: ConfigResourceType.ValueType  # 2
+CONFIG_RESOURCE_TYPE_BROKER: ConfigResourceType.ValueType  # 4
+"""name: a broker id, or "" for the cluster default"""
+Global___ConfigResourceType: _TypeAlias = ConfigResourceType  # noqa: Y015
+
+class _ConfigSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_SOURCE_UNKNOWN: _ConfigSource.ValueType  # 0
+    CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: _ConfigSource.ValueType  # 1
+    CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: _ConfigSource.ValueType  # 2
+    CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: _ConfigSource.ValueType  # 3
+    CONFIG_SOURCE_STATIC_BROKER_CONFIG: _ConfigSource.ValueType  # 4
+    CONFIG_SOURCE_DEFAULT_CONFIG: _ConfigSource.ValueType  # 5
+
+class ConfigSource(_ConfigSource, metaclass=_ConfigSourceEnumTypeWrapper): ...
+
+CONFIG_SOURCE_UNKNOWN: ConfigSource.ValueType  # 0
+CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: ConfigSource.ValueType  # 1
+CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: ConfigSource.ValueType  # 2
+CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: ConfigSource.ValueType  # 3
+CONFIG_SOURCE_STATIC_BROKER_CONFIG: ConfigSource.ValueType  # 4
+CONFIG_SOURCE_DEFAULT_CONFIG: ConfigSource.ValueType  # 5
+Global___ConfigSource: _TypeAlias = ConfigSource  # noqa: Y015
+
+class _ConfigOperation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigOperation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_OPERATION_SET: _ConfigOperation.ValueType  # 0
+    CONFIG_OPERATION_DELETE: _ConfigOperation.ValueType  # 1
+    CONFIG_OPERATION_APPEND: _ConfigOperation.ValueType  # 2
+    """list-valued keys (cleanup.policy)"""
+    CONFIG_OPERATION_SUBTRACT: _ConfigOperation.ValueType  # 3
+    """list-valued keys"""
+
+class ConfigOperation(_ConfigOperation, metaclass=_ConfigOperationEnumTypeWrapper): ...
+
+CONFIG_OPERATION_SET: ConfigOperation.ValueType  # 0
+CONFIG_OPERATION_DELETE: ConfigOperation.ValueType  # 1
+CONFIG_OPERATION_APPEND: ConfigOperation.ValueType  # 2
+"""list-valued keys (cleanup.policy)"""
+CONFIG_OPERATION_SUBTRACT: ConfigOperation.ValueType  # 3
+"""list-valued keys"""
+Global___ConfigOperation: _TypeAlias = ConfigOperation  # noqa: Y015
 
 @_typing.final
 class CreateTopicRequest(_message.Message):
@@ -366,6 +433,217 @@ class AlterTopicConfigRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AlterTopicConfigRequest: _TypeAlias = AlterTopicConfigRequest  # noqa: Y015
+
+@_typing.final
+class ConfigResource(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    type: Global___ConfigResourceType.ValueType
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        type: Global___ConfigResourceType.ValueType = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigResource: _TypeAlias = ConfigResource  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def resource(self) -> Global___ConfigResource: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every key"""
+
+    def __init__(
+        self,
+        *,
+        resource: Global___ConfigResource | None = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsRequest: _TypeAlias = DescribeConfigsRequest  # noqa: Y015
+
+@_typing.final
+class ConfigSynonym(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    source: Global___ConfigSource.ValueType
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str | None = ...,
+        source: Global___ConfigSource.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "name", b"name", "source", b"source", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___ConfigSynonym: _TypeAlias = ConfigSynonym  # noqa: Y015
+
+@_typing.final
+class ConfigEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    SENSITIVE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    DOCUMENTATION_FIELD_NUMBER: _builtins.int
+    SYNONYMS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    """unset: sensitive"""
+    source: Global___ConfigSource.ValueType
+    read_only: _builtins.bool
+    sensitive: _builtins.bool
+    type: _builtins.str
+    """Kafka's config type name: LONG, INT, STRING, LIST, BOOLEAN, DOUBLE"""
+    documentation: _builtins.str
+    @_builtins.property
+    def synonyms(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigSynonym]:
+        """most specific first, the value's own source first"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str | None = ...,
+        source: Global___ConfigSource.ValueType = ...,
+        read_only: _builtins.bool = ...,
+        sensitive: _builtins.bool = ...,
+        type: _builtins.str = ...,
+        documentation: _builtins.str = ...,
+        synonyms: _abc.Iterable[Global___ConfigSynonym] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "documentation", b"documentation", "name", b"name", "read_only", b"read_only", "sensitive", b"sensitive", "source", b"source", "synonyms", b"synonyms", "type", b"type", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___ConfigEntry: _TypeAlias = ConfigEntry  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___ConfigEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsResponse: _TypeAlias = DescribeConfigsResponse  # noqa: Y015
+
+@_typing.final
+class ConfigAlteration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    operation: Global___ConfigOperation.ValueType
+    value: _builtins.str
+    """ignored for DELETE"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        operation: Global___ConfigOperation.ValueType = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "operation", b"operation", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigAlteration: _TypeAlias = ConfigAlteration  # noqa: Y015
+
+@_typing.final
+class IncrementalAlterConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ALTERATIONS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """check everything, change nothing"""
+    @_builtins.property
+    def resource(self) -> Global___ConfigResource: ...
+    @_builtins.property
+    def alterations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigAlteration]: ...
+    def __init__(
+        self,
+        *,
+        resource: Global___ConfigResource | None = ...,
+        alterations: _abc.Iterable[Global___ConfigAlteration] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncrementalAlterConfigsRequest: _TypeAlias = IncrementalAlterConfigsRequest  # noqa: Y015
+
+@_typing.final
+class IncrementalAlterConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncrementalAlterConfigsResponse: _TypeAlias = IncrementalAlterConfigsResponse  # noqa: Y015
 
 @_typing.final
 class CreatePartitionsTopic(_message.Message):

@@ -51,6 +51,11 @@ class BrokerStub:
     ListTopics: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
+    DescribeConfigs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeConfigsRequest, _broker_pb2.DescribeConfigsResponse]
+    """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+    broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+    """
+    IncrementalAlterConfigs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.IncrementalAlterConfigsRequest, _broker_pb2.IncrementalAlterConfigsResponse]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
     DescribeLogDirs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]
@@ -99,6 +104,11 @@ class BrokerAsyncStub(BrokerStub):
     ListTopics: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
+    DescribeConfigs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeConfigsRequest, _broker_pb2.DescribeConfigsResponse]  # type: ignore[assignment]
+    """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+    broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+    """
+    IncrementalAlterConfigs: _aio.UnaryUnaryMultiCallable[_broker_pb2.IncrementalAlterConfigsRequest, _broker_pb2.IncrementalAlterConfigsResponse]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
     DescribeLogDirs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]  # type: ignore[assignment]
@@ -174,6 +184,23 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.AlterTopicConfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.TopicDescription, _abc.Awaitable[_broker_pb2.TopicDescription]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeConfigs(
+        self,
+        request: _broker_pb2.DescribeConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeConfigsResponse, _abc.Awaitable[_broker_pb2.DescribeConfigsResponse]]:
+        """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+        broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+        """
+
+    @_abc_1.abstractmethod
+    def IncrementalAlterConfigs(
+        self,
+        request: _broker_pb2.IncrementalAlterConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.IncrementalAlterConfigsResponse, _abc.Awaitable[_broker_pb2.IncrementalAlterConfigsResponse]]: ...
 
     @_abc_1.abstractmethod
     def CreatePartitions(
