@@ -438,6 +438,15 @@ class Connection(Protocol):
     def close(self) -> None: ...
 
 
+def _topic_partitions(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    """``partitions`` grouped by topic, as the requests name them (topics in first-seen
+    order)."""
+    grouped: dict[str, list[int]] = {}
+    for tp in partitions:
+        grouped.setdefault(tp.topic, []).append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in grouped.items()]
+
+
 class ConnectionFactory(Protocol):
     """Opens a ``Connection`` to one ``HOST:PORT`` (no I/O until the first call)."""
 
@@ -630,16 +639,11 @@ class GrpcConnection:
     def fetch_committed_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
     ) -> dict[TopicPartition, CommittedOffset]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         response = self.transport.call(
             self.transport.stub.OffsetFetch,
             pb.OffsetFetchRequest(
                 group_id=group_id,
-                partitions=[
-                    pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-                ],
+                partitions=_topic_partitions(partitions),
             ),
             what="OffsetFetch",
             timeout_ms=timeout_ms,
@@ -668,9 +672,6 @@ class GrpcConnection:
         session_timeout_ms: int,
         timeout_ms: int | None,
     ) -> HeartbeatAnswer:
-        by_topic: dict[str, list[int]] = {}
-        for tp in request.owned:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ConsumerGroupHeartbeat,
             pb.ConsumerGroupHeartbeatRequest(
@@ -680,9 +681,7 @@ class GrpcConnection:
                 rebalance_timeout_ms=rebalance_timeout_ms,
                 session_timeout_ms=session_timeout_ms,
                 subscribed_topic_names=request.subscription,
-                owned_partitions=[
-                    pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-                ],
+                owned_partitions=_topic_partitions(request.owned),
                 client_id=client_id,
             ),
             what="ConsumerGroupHeartbeat",
@@ -759,14 +758,11 @@ class GrpcConnection:
     def delete_offsets(
         self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
     ) -> dict[TopicPartition, TidelogError | None]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.OffsetDelete,
             pb.OffsetDeleteRequest(
                 group_id=group_id,
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                partitions=_topic_partitions(partitions),
             ),
             what=f"OffsetDelete {group_id}",
             timeout_ms=timeout_ms,
@@ -866,15 +862,12 @@ class GrpcConnection:
         *,
         timeout_ms: int | None,
     ) -> dict[TopicPartition, TidelogError | None]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions or ():
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ElectLeaders,
             pb.ElectLeadersRequest(
                 preferred=not unclean,
                 unclean=unclean,
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                partitions=_topic_partitions(partitions or ()),
             ),
             what="ElectLeaders",
             timeout_ms=timeout_ms,
@@ -996,14 +989,9 @@ class GrpcConnection:
     def describe_log_dirs(
         self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
     ) -> LogDirDescription:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions or ():
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.DescribeLogDirs,
-            pb.DescribeLogDirsRequest(
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()]
-            ),
+            pb.DescribeLogDirsRequest(partitions=_topic_partitions(partitions or ())),
             what="DescribeLogDirs",
             timeout_ms=timeout_ms,
         )
@@ -1053,13 +1041,10 @@ class GrpcConnection:
         *,
         timeout_ms: int | None,
     ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.DescribeProducers,
             pb.DescribeProducersRequest(
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                partitions=_topic_partitions(partitions),
                 producer_id=producer_id,  # None: the field absent, every producer
             ),
             what="DescribeProducers",
