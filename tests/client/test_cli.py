@@ -10,28 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import ROOT, tidelog
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Producer
 from tidelog.client.types import QuotaEntity as ClientQuotaEntity
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def tidelog(
-    *args: str, stdin: str | None = None, timeout_s: float = 30
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TIDELOG_BOOTSTRAP", None)
-    return subprocess.run(
-        [sys.executable, "-m", "tidelog.client.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int, text: str) -> None:
