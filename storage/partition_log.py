@@ -438,8 +438,18 @@ class PartitionLog:
             return self.log_end_offset
 
     def _assign_epoch_locked(self, epoch: int, start_offset: int) -> None:
+        """Record ``epoch`` from ``start_offset`` and write the checkpoint; when the write
+        fails (``OSError``) the cache is put back as it was, so it never holds an epoch
+        its checkpoint lacks: the batches of that epoch appended later would otherwise
+        be unknown to the cache after a clean restart, which trusts the checkpoint
+        (issue #29, disk-full)."""
+        before = self._leader_epochs.entries
         if self._leader_epochs.assign(epoch, start_offset):
-            self._leader_epochs.write(self.directory)
+            try:
+                self._leader_epochs.write(self.directory)
+            except OSError:
+                self._leader_epochs = LeaderEpochCache(before)
+                raise
 
     def begin_leader_epoch(self, epoch: int) -> None:
         """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
@@ -541,7 +551,15 @@ class PartitionLog:
             return self._local.active_segment
         # The snapshot's atomic write ends with an fsync of this directory, which also
         # makes the new segment's four files durable: a crash cannot lose them.
-        self._write_producer_snapshot_locked(base_offset)
+        try:
+            self._write_producer_snapshot_locked(base_offset)
+        except OSError as exc:
+            # A full disk: the roll stands (the segment is published and may already
+            # take this append), a snapshot only spares recovery replaying the headers.
+            # The new files' names must still be durable before anything in them is
+            # acknowledged; an fsync of the directory needs no space.
+            log.warning("%s: producer snapshot at %d not written: %s", self, base_offset, exc)
+            fsync_dir(self.directory)
         log.debug("%s: rolled to segment %d", self, base_offset)
         return segment
 
@@ -663,6 +681,9 @@ class PartitionLog:
             try:
                 # Renames, the cut (fsynced), the new view and recovery point.
                 self._local.truncate_to_locked(offset)
+            except OSError as exc:
+                raise io_error(exc, f"{self}: truncation failed") from exc
+            try:
                 if self._high_watermark is not None:
                     self._high_watermark = min(self._high_watermark, self.log_end_offset)
                 before = self._leader_epochs.entries
@@ -675,7 +696,13 @@ class PartitionLog:
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: truncation failed") from exc
-            self._load_producer_state()
+            finally:
+                # The log is cut whatever failed after it (a full disk refusing the
+                # epoch checkpoint): the idempotence state must not remember batches
+                # that are gone, or their retries would be answered as duplicates
+                # and never stored. A stale checkpoint entry past the log end is cut
+                # when the log is next opened (``log_loader``).
+                self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop the whole log and start it empty at ``offset`` (Kafka's
@@ -695,13 +722,15 @@ class PartitionLog:
                 if self._high_watermark is not None:
                     self._high_watermark = offset
                 self._leader_epochs = LeaderEpochCache()
-                self._leader_epochs.write(self.directory)
+                self._producer_state = ProducerStateTable()
+                # Snapshots first: they need no space to go, and a checkpoint write that
+                # fails on a full disk must not leave one to reload the old state from.
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     unlink_if_exists(snapshot)
+                self._leader_epochs.write(self.directory)
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: full truncation failed") from exc
-            self._producer_state = ProducerStateTable()
         log.warning("%s: truncated fully; the log now starts empty at %d", self, offset)
 
     # ================================================================== retention
@@ -727,12 +756,15 @@ class PartitionLog:
             try:
                 # Epochs wholly below the new log start go; the one covering it starts
                 # there (Kafka's truncateFromStart), so leader and follower caches agree.
+                # The segments first: they left the view already, and a checkpoint
+                # write refused by a full disk must not leave them open and undeleted
+                # (a stale checkpoint entry below the log start is cut on open).
+                for segment in doomed:
+                    local.schedule_delete_locked(segment)
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_start(local.log_start_offset)
                 if self._leader_epochs.entries != before:
                     self._leader_epochs.write(self.directory)
-                for segment in doomed:
-                    local.schedule_delete_locked(segment)
                 # Durable renames: after a crash a segment is either still in the log
                 # (and retention runs again) or .deleted (and open() removes it), never
                 # back under its name once the log start offset passed it.
