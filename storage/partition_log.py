@@ -147,6 +147,9 @@ class PartitionLog:
         )
         self._producer_state = producer_state
         self._leader_epochs = leader_epochs or LeaderEpochCache()
+        # The checkpoint says more than the cache: a write after a truncation failed
+        # (a full disk). Written again before the next append, epoch or close.
+        self._epochs_stale = False
         # None: not replicated, the high watermark is the log end offset.
         self._high_watermark = high_watermark
         self._lock = threading.Lock()
@@ -330,6 +333,7 @@ class PartitionLog:
             if self._closed:
                 raise StorageError(f"{self} is closed")
             try:
+                self._rewrite_stale_epochs_locked()
                 return self._append_locked(records, batches, config, times, leader_epoch)
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise io_error(exc, f"{self}: append failed") from exc
@@ -418,6 +422,7 @@ class PartitionLog:
             now_ms = self._clock.wall_ms()
             times = follower_batch_times(times_by_offset, assigned)
             try:
+                self._rewrite_stale_epochs_locked()
                 for batch in assigned:
                     epoch = batch.header.partition_leader_epoch
                     if epoch >= 0 and epoch > self._leader_epochs.latest_epoch:
@@ -450,17 +455,37 @@ class PartitionLog:
             except OSError:
                 self._leader_epochs = LeaderEpochCache(before)
                 raise
+            self._epochs_stale = False
+
+    def _write_epochs_locked(self) -> None:
+        """Write the leader-epoch checkpoint after the cache lost entries (truncation,
+        retention, a moved log start). When the write fails (``OSError``, raised) the
+        checkpoint still holds them: it is marked stale and written again before the
+        next append, epoch or close (``_rewrite_stale_epochs_locked``), so a clean
+        restart, which trusts it, never reads an epoch the log no longer holds; an
+        unclean one takes the epochs past its recovery point from the batches anyway."""
+        try:
+            self._leader_epochs.write(self.directory)
+        except OSError:
+            self._epochs_stale = True
+            raise
+        self._epochs_stale = False
+
+    def _rewrite_stale_epochs_locked(self) -> None:
+        if self._epochs_stale:
+            self._write_epochs_locked()
 
     def begin_leader_epoch(self, epoch: int) -> None:
         """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
         ``becomeLeader``), so followers asking for the previous epoch learn where it ended
         even before the new leader writes anything. Raises ``StorageError``."""
         with self._lock:
-            if epoch > self._leader_epochs.latest_epoch:
-                try:
+            try:
+                self._rewrite_stale_epochs_locked()
+                if epoch > self._leader_epochs.latest_epoch:
                     self._assign_epoch_locked(epoch, self.log_end_offset)
-                except OSError as exc:
-                    raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
+            except OSError as exc:
+                raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
 
     @property
     def latest_epoch(self) -> int:
@@ -689,7 +714,7 @@ class PartitionLog:
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_end(self.log_end_offset)
                 if self._leader_epochs.entries != before:
-                    self._leader_epochs.write(self.directory)
+                    self._write_epochs_locked()
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     if base_offset_from_name(snapshot.name) > self.log_end_offset:
                         unlink_if_exists(snapshot)
@@ -727,7 +752,7 @@ class PartitionLog:
                 # fails on a full disk must not leave one to reload the old state from.
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     unlink_if_exists(snapshot)
-                self._leader_epochs.write(self.directory)
+                self._write_epochs_locked()
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: full truncation failed") from exc
@@ -764,7 +789,7 @@ class PartitionLog:
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_start(local.log_start_offset)
                 if self._leader_epochs.entries != before:
-                    self._leader_epochs.write(self.directory)
+                    self._write_epochs_locked()
                 # Durable renames: after a crash a segment is either still in the log
                 # (and retention runs again) or .deleted (and open() removes it), never
                 # back under its name once the log start offset passed it.
@@ -816,7 +841,7 @@ class PartitionLog:
             self._leader_epochs.truncate_from_start(offset)
             if self._leader_epochs.entries != before:
                 try:
-                    self._leader_epochs.write(self.directory)
+                    self._write_epochs_locked()
                 except OSError as exc:
                     raise io_error(exc, f"{self}: writing the leader epochs failed") from exc
         log.info("%s: log start offset moved to %d", self, offset)
@@ -864,6 +889,9 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             try:
+                # A stale one that cannot be written fails the close: no clean-shutdown
+                # marker, so the next open takes the epochs from the batches.
+                self._rewrite_stale_epochs_locked()
                 self._write_producer_snapshot_locked(self.log_end_offset)
                 self._local.close_locked()
             except OSError as exc:

@@ -192,3 +192,24 @@ def test_a_truncation_whose_epoch_checkpoint_hits_a_full_disk_forgets_the_cut_ba
     log = reopen_clean(log, clock)
     assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0), (3, 1)]
     log.close()
+
+
+def test_an_epoch_checkpoint_left_stale_by_a_full_disk_is_written_before_the_next_append(
+    full_disk: tuple[Path, list[Path]],
+) -> None:
+    tmpfs, fillers = full_disk
+    clock = ManualClock(wall_ms=T0)
+    log = open_log(tmpfs / "events-0", clock)
+    log.append(idempotent_batch(0), leader_epoch=1)
+    log.append(idempotent_batch(1), leader_epoch=2)
+    fillers += fill_disk_completely(tmpfs)
+    with pytest.raises(LogDirFullError):
+        log.truncate_to(1)  # the checkpoint still names epoch 2 from offset 1
+    for filler in fillers:
+        filler.unlink()
+    # Epoch 1 again (a follower fetching its leader's older epoch): no epoch begins,
+    # so only the stale mark makes the checkpoint right again.
+    log.append(idempotent_batch(1), leader_epoch=1)
+    log = reopen_clean(log, clock)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_entries()] == [(1, 0)]
+    log.close()
