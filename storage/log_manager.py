@@ -694,6 +694,10 @@ class LogManager:
                     did_work: object = None
                     try:
                         did_work = task()
+                    except LogDirFullError as exc:
+                        # Expected while the disk is full, retried next interval: one
+                        # line, no traceback (written to that full disk, often).
+                        log.warning("background task %s failed: %s", name, exc)
                     except Exception:
                         log.exception("background task %s failed", name)
                     # A task that did work (returned a positive count) runs again at

@@ -147,6 +147,9 @@ class PartitionLog:
         )
         self._producer_state = producer_state
         self._leader_epochs = leader_epochs or LeaderEpochCache()
+        # The checkpoint says more than the cache: a write after a truncation failed
+        # (a full disk). Written again before the next append, epoch or close.
+        self._epochs_stale = False
         # None: not replicated, the high watermark is the log end offset.
         self._high_watermark = high_watermark
         self._lock = threading.Lock()
@@ -330,6 +333,7 @@ class PartitionLog:
             if self._closed:
                 raise StorageError(f"{self} is closed")
             try:
+                self._rewrite_stale_epochs_locked()
                 return self._append_locked(records, batches, config, times, leader_epoch)
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise io_error(exc, f"{self}: append failed") from exc
@@ -418,6 +422,7 @@ class PartitionLog:
             now_ms = self._clock.wall_ms()
             times = follower_batch_times(times_by_offset, assigned)
             try:
+                self._rewrite_stale_epochs_locked()
                 for batch in assigned:
                     epoch = batch.header.partition_leader_epoch
                     if epoch >= 0 and epoch > self._leader_epochs.latest_epoch:
@@ -438,19 +443,49 @@ class PartitionLog:
             return self.log_end_offset
 
     def _assign_epoch_locked(self, epoch: int, start_offset: int) -> None:
+        """Record ``epoch`` from ``start_offset`` and write the checkpoint; when the write
+        fails (``OSError``) the cache is put back as it was, so it never holds an epoch
+        its checkpoint lacks: the batches of that epoch appended later would otherwise
+        be unknown to the cache after a clean restart, which trusts the checkpoint
+        (issue #29, disk-full)."""
+        before = self._leader_epochs.entries
         if self._leader_epochs.assign(epoch, start_offset):
+            try:
+                self._leader_epochs.write(self.directory)
+            except OSError:
+                self._leader_epochs = LeaderEpochCache(before)
+                raise
+            self._epochs_stale = False
+
+    def _write_epochs_locked(self) -> None:
+        """Write the leader-epoch checkpoint after the cache lost entries (truncation,
+        retention, a moved log start). When the write fails (``OSError``, raised) the
+        checkpoint still holds them: it is marked stale and written again before the
+        next append, epoch or close (``_rewrite_stale_epochs_locked``), so a clean
+        restart, which trusts it, never reads an epoch the log no longer holds; an
+        unclean one takes the epochs past its recovery point from the batches anyway."""
+        try:
             self._leader_epochs.write(self.directory)
+        except OSError:
+            self._epochs_stale = True
+            raise
+        self._epochs_stale = False
+
+    def _rewrite_stale_epochs_locked(self) -> None:
+        if self._epochs_stale:
+            self._write_epochs_locked()
 
     def begin_leader_epoch(self, epoch: int) -> None:
         """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
         ``becomeLeader``), so followers asking for the previous epoch learn where it ended
         even before the new leader writes anything. Raises ``StorageError``."""
         with self._lock:
-            if epoch > self._leader_epochs.latest_epoch:
-                try:
+            try:
+                self._rewrite_stale_epochs_locked()
+                if epoch > self._leader_epochs.latest_epoch:
                     self._assign_epoch_locked(epoch, self.log_end_offset)
-                except OSError as exc:
-                    raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
+            except OSError as exc:
+                raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
 
     @property
     def latest_epoch(self) -> int:
@@ -541,7 +576,15 @@ class PartitionLog:
             return self._local.active_segment
         # The snapshot's atomic write ends with an fsync of this directory, which also
         # makes the new segment's four files durable: a crash cannot lose them.
-        self._write_producer_snapshot_locked(base_offset)
+        try:
+            self._write_producer_snapshot_locked(base_offset)
+        except OSError as exc:
+            # A full disk: the roll stands (the segment is published and may already
+            # take this append), a snapshot only spares recovery replaying the headers.
+            # The new files' names must still be durable before anything in them is
+            # acknowledged; an fsync of the directory needs no space.
+            log.warning("%s: producer snapshot at %d not written: %s", self, base_offset, exc)
+            fsync_dir(self.directory)
         log.debug("%s: rolled to segment %d", self, base_offset)
         return segment
 
@@ -663,19 +706,28 @@ class PartitionLog:
             try:
                 # Renames, the cut (fsynced), the new view and recovery point.
                 self._local.truncate_to_locked(offset)
+            except OSError as exc:
+                raise io_error(exc, f"{self}: truncation failed") from exc
+            try:
                 if self._high_watermark is not None:
                     self._high_watermark = min(self._high_watermark, self.log_end_offset)
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_end(self.log_end_offset)
                 if self._leader_epochs.entries != before:
-                    self._leader_epochs.write(self.directory)
+                    self._write_epochs_locked()
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     if base_offset_from_name(snapshot.name) > self.log_end_offset:
                         unlink_if_exists(snapshot)
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: truncation failed") from exc
-            self._load_producer_state()
+            finally:
+                # The log is cut whatever failed after it (a full disk refusing the
+                # epoch checkpoint): the idempotence state must not remember batches
+                # that are gone, or their retries would be answered as duplicates
+                # and never stored. A stale checkpoint entry past the log end is cut
+                # when the log is next opened (``log_loader``).
+                self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop the whole log and start it empty at ``offset`` (Kafka's
@@ -695,13 +747,15 @@ class PartitionLog:
                 if self._high_watermark is not None:
                     self._high_watermark = offset
                 self._leader_epochs = LeaderEpochCache()
-                self._leader_epochs.write(self.directory)
+                self._producer_state = ProducerStateTable()
+                # Snapshots first: they need no space to go, and a checkpoint write that
+                # fails on a full disk must not leave one to reload the old state from.
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     unlink_if_exists(snapshot)
+                self._write_epochs_locked()
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: full truncation failed") from exc
-            self._producer_state = ProducerStateTable()
         log.warning("%s: truncated fully; the log now starts empty at %d", self, offset)
 
     # ================================================================== retention
@@ -727,12 +781,15 @@ class PartitionLog:
             try:
                 # Epochs wholly below the new log start go; the one covering it starts
                 # there (Kafka's truncateFromStart), so leader and follower caches agree.
+                # The segments first: they left the view already, and a checkpoint
+                # write refused by a full disk must not leave them open and undeleted
+                # (a stale checkpoint entry below the log start is cut on open).
+                for segment in doomed:
+                    local.schedule_delete_locked(segment)
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_start(local.log_start_offset)
                 if self._leader_epochs.entries != before:
-                    self._leader_epochs.write(self.directory)
-                for segment in doomed:
-                    local.schedule_delete_locked(segment)
+                    self._write_epochs_locked()
                 # Durable renames: after a crash a segment is either still in the log
                 # (and retention runs again) or .deleted (and open() removes it), never
                 # back under its name once the log start offset passed it.
@@ -784,7 +841,7 @@ class PartitionLog:
             self._leader_epochs.truncate_from_start(offset)
             if self._leader_epochs.entries != before:
                 try:
-                    self._leader_epochs.write(self.directory)
+                    self._write_epochs_locked()
                 except OSError as exc:
                     raise io_error(exc, f"{self}: writing the leader epochs failed") from exc
         log.info("%s: log start offset moved to %d", self, offset)
@@ -832,6 +889,9 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             try:
+                # A stale one that cannot be written fails the close: no clean-shutdown
+                # marker, so the next open takes the epochs from the batches.
+                self._rewrite_stale_epochs_locked()
                 self._write_producer_snapshot_locked(self.log_end_offset)
                 self._local.close_locked()
             except OSError as exc:

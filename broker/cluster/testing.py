@@ -393,6 +393,10 @@ class LocalCluster:
         network: run each broker at an address of its own (``BrokerNetwork``), on fixed
             ports, connected to ``zookeeper`` directly; 127.0.0.1 behind proxies by
             default.
+        data_dirs: a data directory of the test's choosing per broker id (a small file
+            system a fault test fills, say); it is created if missing and never removed
+            by ``stop``. Brokers not named get one under the cluster's temporary
+            directory, as by default.
     """
 
     def __init__(
@@ -405,8 +409,13 @@ class LocalCluster:
         kafka: bool = False,
         zookeeper: ZooKeeperServer | None = None,
         network: BrokerNetwork | None = None,
+        data_dirs: Mapping[int, Path] | None = None,
     ) -> None:
         self.zookeeper = zookeeper or ZooKeeperServer()
+        self._data_dirs = dict(data_dirs or {})
+        unknown = set(self._data_dirs) - set(range(1, brokers + 1))
+        if unknown:
+            raise ValueError(f"data_dirs names brokers that do not exist: {sorted(unknown)}")
         self._network = network
         self._ids = list(range(1, brokers + 1))
         self._settings = dict(settings or {})
@@ -439,11 +448,6 @@ class LocalCluster:
         """``HOST:PORT`` of broker ``broker_id``'s Kafka listener (``kafka=True`` only)."""
         return f"{self.host(broker_id)}:{self.kafka_ports[broker_id]}"
 
-    def data_dir(self, broker_id: int) -> Path:
-        """Broker ``broker_id``'s data directory (kept across restarts)."""
-        assert self._directory is not None, "the cluster is not started"
-        return self._directory / f"broker-{broker_id}"
-
     @property
     def bootstrap(self) -> str:
         """Every broker's address, comma-separated (a client's bootstrap list)."""
@@ -454,6 +458,15 @@ class LocalCluster:
         """Every broker's Kafka listener, comma-separated (``bootstrap.servers`` of a Kafka
         client; ``kafka=True`` only)."""
         return ",".join(self.kafka_address(i) for i in self._ids)
+
+    def data_dir(self, broker_id: int) -> Path:
+        """Broker ``broker_id``'s data directory (``data_dirs``, or the cluster's own),
+        kept across restarts."""
+        chosen = self._data_dirs.get(broker_id)
+        if chosen is not None:
+            return chosen
+        assert self._directory is not None, "the cluster is not started"
+        return self._directory / f"broker-{broker_id}"
 
     def start(self) -> LocalCluster:
         self.zookeeper.start()
