@@ -14,6 +14,7 @@ assignment and revocation its client reports.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,20 @@ import kafka
 import kafka.admin
 import kafka.errors
 import pytest
+from kafka.protocol.admin.groups import DescribeGroupsRequest, DescribeGroupsResponse
+from kafka.protocol.consumer import OffsetCommitResponse
+from kafka.protocol.consumer.group import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 
+from tests.kafka import raw
 from tests.kafka.clients import TIMEOUT_S, Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
 from tidelog.broker.testing import InProcessBroker
@@ -32,6 +46,7 @@ from tidelog.broker.testing import InProcessBroker
 pytestmark = pytest.mark.timeout(180)
 
 FAMILIES = ("confluent-kafka", "kafka-python")
+FENCED = 82  # FENCED_INSTANCE_ID
 SESSION_MS = 20_000  # a restart fits well inside it, even on a loaded machine
 
 
@@ -307,3 +322,95 @@ def test_members_starting_together_get_one_assignment(family: str) -> None:
         finally:
             for m in started:
                 m.stop()
+
+
+# --- the wire, request by request --------------------------------------------------------
+
+
+def _raw(sock: socket.socket, request: Any, response_class: Any) -> Any:
+    answer = raw.call(sock, request, "test-static")
+    assert answer is not None, "the broker hung up"
+    return response_class[request.version].decode(answer, header=True)
+
+
+def _raw_join(sock: socket.socket, group: str, instance_id: str, member_id: str = "") -> Any:
+    request = JoinGroupRequest[5](
+        group_id=group,
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        member_id=member_id,
+        group_instance_id=instance_id,
+        protocol_type="consumer",
+        protocols=[JoinGroupRequest[5].JoinGroupRequestProtocol(name="range", metadata=b"m")],
+    )
+    return _raw(sock, request, JoinGroupResponse)
+
+
+def test_the_wire_answers_static_members_as_kafka(kafka_broker: KafkaBroker) -> None:
+    group = unique("wire")
+    host, port = kafka_broker.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        sock.settimeout(TIMEOUT_S)
+        first = _raw_join(sock, group, "w")
+        assert first.error_code == 0
+        assert first.member_id
+        sync = SyncGroupRequest[3](
+            group_id=group,
+            generation_id=first.generation_id,
+            member_id=first.member_id,
+            group_instance_id="w",
+            assignments=[
+                SyncGroupRequest[3].SyncGroupRequestAssignment(
+                    member_id=first.member_id, assignment=b"a"
+                )
+            ],
+        )
+        assert _raw(sock, sync, SyncGroupResponse).assignment == b"a"
+        second = _raw_join(sock, group, "w")  # the same instance, restarted
+        assert (second.error_code, second.generation_id) == (0, first.generation_id)
+        assert second.member_id != first.member_id
+        assert second.leader == first.member_id
+
+        def heartbeat(member_id: str) -> int:
+            request = HeartbeatRequest[3](
+                group_id=group,
+                generation_id=first.generation_id,
+                member_id=member_id,
+                group_instance_id="w",
+            )
+            return int(_raw(sock, request, HeartbeatResponse).error_code)
+
+        assert (heartbeat(first.member_id), heartbeat(second.member_id)) == (FENCED, 0)
+        assert _raw_join(sock, group, "w", first.member_id).error_code == FENCED
+        topic = _topic(kafka_broker.bootstrap, 1)
+        commit = raw.offset_commit_request(group, topic, {0: (1, -1)}, version=7)
+        commit.generation_id_or_member_epoch = first.generation_id
+        commit.member_id = first.member_id
+        commit.group_instance_id = "w"
+        answer = _raw(sock, commit, OffsetCommitResponse)
+        assert [p.error_code for t in answer.topics for p in t.partitions] == [FENCED]
+        commit.member_id = second.member_id
+        answer = _raw(sock, commit, OffsetCommitResponse)
+        assert [p.error_code for t in answer.topics for p in t.partitions] == [0]
+        described = _raw(
+            sock,
+            DescribeGroupsRequest[4](groups=[group], include_authorized_operations=False),
+            DescribeGroupsResponse,
+        )
+        (members,) = [g.members for g in described.groups]
+        assert [(m.member_id, m.group_instance_id) for m in members] == [(second.member_id, "w")]
+        identity = LeaveGroupRequest[3].MemberIdentity
+        leave = LeaveGroupRequest[3](
+            group_id=group,
+            members=[
+                identity(member_id="", group_instance_id="w"),
+                identity(member_id="", group_instance_id="nobody"),
+            ],
+        )
+        left = _raw(sock, leave, LeaveGroupResponse)
+        assert left.error_code == 0
+        assert [(m.group_instance_id, m.error_code) for m in left.members] == [
+            ("w", 0),
+            ("nobody", 25),  # UNKNOWN_MEMBER_ID
+        ]
+        assert heartbeat(second.member_id) == 25
