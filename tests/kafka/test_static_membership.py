@@ -46,6 +46,8 @@ from tidelog.broker.testing import InProcessBroker
 pytestmark = pytest.mark.timeout(180)
 
 FAMILIES = ("confluent-kafka", "kafka-python")
+# confluent-kafka with group.protocol=consumer: a KIP-848 member of the core's groups.
+KIP848 = "confluent-kafka-kip848"
 FENCED = 82  # FENCED_INSTANCE_ID
 SESSION_MS = 20_000  # a restart fits well inside it, even on a loaded machine
 
@@ -89,7 +91,7 @@ class Member:
 
     def _run(self) -> None:
         try:
-            if self.family == "confluent-kafka":
+            if self.family.startswith("confluent-kafka"):
                 self._run_confluent(*self._args)
             else:
                 self._run_kafka_python(*self._args)
@@ -108,6 +110,10 @@ class Member:
         }
         if instance_id is not None:
             config["group.instance.id"] = instance_id
+        if self.family == KIP848:
+            # The broker dictates heartbeats and sessions (group.consumer.* settings).
+            del config["heartbeat.interval.ms"], config["session.timeout.ms"]
+            config["group.protocol"] = "consumer"
 
         def on_error(error: confluent_kafka.KafkaError) -> None:
             if error.fatal():  # librdkafka reports fencing here, then as _FATAL in poll
@@ -207,6 +213,15 @@ def _classic_members(broker: InProcessBroker, group: str) -> dict[str | None, st
     )
 
 
+def _kip848_members(broker: InProcessBroker, group: str) -> dict[str | None, str]:
+    """instance id -> member id of a KIP-848 group, as the coordinator has them."""
+    return {m.instance_id: m.member_id for m in broker.server.core.describe_group(group).members}
+
+
+def _kip848_stable(broker: InProcessBroker, group: str) -> bool:
+    return bool(broker.server.core.describe_group(group).state == "Stable")
+
+
 @pytest.fixture
 def members() -> Iterator[list[Member]]:
     started: list[Member] = []
@@ -223,7 +238,7 @@ def _settled(ms: list[Member], per_member: int) -> bool:
     ) == per_member * len(ms)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, KIP848])
 def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
     kafka_broker: KafkaBroker, family: str, members: list[Member]
 ) -> None:
@@ -235,16 +250,27 @@ def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
     first = _fill(kafka_broker, topic, "before", 60, 6)
     _wait("every record read", lambda: first <= {v for m in members for v in m.values})
     stayed = members[:2]
+    if family == KIP848:
+        _wait("the group stable", lambda: _kip848_stable(kafka_broker.broker, group))
     history = [list(m.events) for m in stayed]
     old = members[2]
     old_partitions = old.held
-    ids_before = _classic_members(kafka_broker.broker, group)
-    old.stop()  # a static member closes without LeaveGroup
+    ids_before = (
+        _kip848_members(kafka_broker.broker, group)
+        if family == KIP848
+        else _classic_members(kafka_broker.broker, group)
+    )
+    old.stop()  # a static member closes without LeaveGroup (KIP-848: leaves with epoch -2)
+    time.sleep(2.0)  # away for several heartbeats of the others
     restarted = Member(family, kafka_broker.bootstrap, topic, group, "s2")
     members.append(restarted)
     _wait("the restarted member's assignment", lambda: bool(restarted.held))
     assert restarted.held == old_partitions
-    ids_after = _classic_members(kafka_broker.broker, group)
+    if family == KIP848:
+        _wait("the group stable", lambda: _kip848_stable(kafka_broker.broker, group))
+        ids_after = _kip848_members(kafka_broker.broker, group)
+    else:
+        ids_after = _classic_members(kafka_broker.broker, group)
     assert ids_after["s2"] != ids_before["s2"]  # a new member id for the same instance
     assert {k: v for k, v in ids_after.items() if k != "s2"} == {
         k: v for k, v in ids_before.items() if k != "s2"
