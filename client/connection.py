@@ -631,6 +631,7 @@ class GrpcConnection:
                     pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
                 ],
                 client_id=client_id,
+                group_instance_id=request.instance_id,
             ),
             what="ConsumerGroupHeartbeat",
             timeout_ms=timeout_ms,

@@ -368,6 +368,9 @@ def _consumer_group_heartbeat(
             session_timeout_ms=request.session_timeout_ms,
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             client_id=request.client_id,
+            instance_id=(
+                request.group_instance_id if request.HasField("group_instance_id") else None
+            ),
         )
     )
     return pb.ConsumerGroupHeartbeatResponse(
