@@ -15,6 +15,7 @@ from tests.client.groups import GROUP_SETTINGS, member, poll_until, produce
 from tidelog.broker.groups.coordinator import HeartbeatRequest
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Consumer, TopicPartition
+from tidelog.client.config import ConsumerConfig
 from tidelog.client.group_member import (
     LEAVE_STATIC_EPOCH,
     GroupMembership,
@@ -186,3 +187,12 @@ def test_fenced_instance_surfaces_from_poll(broker: InProcessBroker) -> None:
         poll_until([old], lambda: False, timeout_s=10)
     assert old_events[-1][0] == "lost"
     old.close()
+
+
+def test_group_instance_id_needs_a_group_and_a_name() -> None:
+    with pytest.raises(ValueError, match="group_instance_id"):
+        ConsumerConfig(group_instance_id="i")
+    with pytest.raises(ValueError, match="group_instance_id"):
+        ConsumerConfig(group_id="g", group_instance_id="")
+    config = ConsumerConfig.from_mapping({"group.id": "g", "group.instance.id": "i"})
+    assert config.group_instance_id == "i"
