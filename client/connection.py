@@ -681,6 +681,7 @@ class GrpcConnection:
                     assignment=tuple(
                         TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
                     ),
+                    instance_id=(m.group_instance_id if m.HasField("group_instance_id") else None),
                 )
                 for m in answer.members
             ),

@@ -633,6 +633,7 @@ class ClassicGroups:
             assigned=assigned,
             revoking=frozenset(),
             target=assigned,
+            instance_id=member.group_instance_id,
         )
 
     # --- the state machine (callers hold the lock) -----------------------------------------

@@ -805,6 +805,7 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
                 subscribed_topic_names=sorted(m.subscribed_topics),
                 # What the member holds now, partitions it is still giving up included.
                 assignment=_topic_partitions(m.assigned | m.revoking),
+                group_instance_id=m.instance_id,
             )
             for m in group.members
         ],

@@ -15,6 +15,7 @@ from tests.client.groups import GROUP_SETTINGS, member, poll_until, produce
 from tidelog.broker.groups.coordinator import HeartbeatRequest
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Consumer, TopicPartition
+from tidelog.client.cli import main
 from tidelog.client.config import ConsumerConfig
 from tidelog.client.group_member import (
     LEAVE_STATIC_EPOCH,
@@ -64,7 +65,9 @@ def _held(events: Events) -> set[int]:
     return held
 
 
-def test_a_restarted_static_consumer_gets_its_partitions_back(broker: InProcessBroker) -> None:
+def test_a_restarted_static_consumer_gets_its_partitions_back(
+    broker: InProcessBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
     with AdminClient(broker.address) as admin:
         if "static" not in {t.name for t in admin.list_topics()}:
             admin.create_topic("static", 6)
@@ -91,6 +94,13 @@ def test_a_restarted_static_consumer_gets_its_partitions_back(broker: InProcessB
     assert events["b"] == before["b"]
     described = broker.server.core.describe_group("g-restart")
     assert sorted(m.instance_id or "" for m in described.members) == ["a", "b", "c"]
+    with AdminClient(broker.address) as admin:
+        shown = admin.describe_group("g-restart")
+    assert sorted(m.instance_id or "" for m in shown.members) == ["a", "b", "c"]
+    assert main(["groups", "describe", "g-restart", "--bootstrap", broker.address]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert rows[1][:3] == ["MEMBER", "INSTANCE", "CLIENT"]
+    assert sorted(row[1] for row in rows[2:5]) == ["a", "b", "c"]
     for consumer in consumers.values():
         consumer.close()
 

@@ -42,6 +42,7 @@ from tests.kafka import raw
 from tests.kafka.clients import TIMEOUT_S, Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
 from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -275,6 +276,9 @@ def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
     assert {k: v for k, v in ids_after.items() if k != "s2"} == {
         k: v for k, v in ids_before.items() if k != "s2"
     }
+    with AdminClient(kafka_broker.address) as admin:  # Tidelog's view shows them too
+        shown = admin.describe_group(group)
+    assert sorted(m.instance_id or "" for m in shown.members) == ["s0", "s1", "s2"]
     second = _fill(kafka_broker, topic, "after", 60, 6)
     readers = [*stayed, restarted]
     _wait("the records produced after", lambda: second <= {v for m in readers for v in m.values})

@@ -1834,9 +1834,12 @@ class GroupMember(_message.Message):
     MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
     SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     client_id: _builtins.str
     member_epoch: _builtins.int
+    group_instance_id: _builtins.str
+    """a static member's (KIP-345); unset: dynamic"""
     @_builtins.property
     def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -1849,12 +1852,15 @@ class GroupMember(_message.Message):
         member_epoch: _builtins.int = ...,
         subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
         assignment: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        group_instance_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "group_instance_id", b"group_instance_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "client_id", b"client_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "assignment", b"assignment", "client_id", b"client_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__group_instance_id: _TypeAlias = _typing.Literal["group_instance_id"]  # noqa: Y015
+    _WhichOneofArgType__group_instance_id: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_instance_id) -> _WhichOneofReturnType__group_instance_id | None: ...
 
 Global___GroupMember: _TypeAlias = GroupMember  # noqa: Y015
 
