@@ -62,6 +62,8 @@ key                                   default          meaning
 ``advertised.listeners``              (listen address) ``HOST:PORT`` other brokers and clients use
 ``kafka.listen``                      (off)            ``HOST:PORT`` of the Kafka protocol listener
 ``kafka.advertised.listen``           (kafka.listen)   ``HOST:PORT`` Kafka clients dial (Metadata)
+``max.incremental.fetch.session.cache.slots`` 1000     Kafka fetch sessions kept (KIP-227; 0: none)
+``min.incremental.fetch.session.eviction.ms`` 120000   idle time before a session may be evicted
 ``auto.create.topics.enable``         false            Kafka Metadata may create topics it names
 ``default.replication.factor``        1                replicas of a topic created without a factor
 ``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
@@ -326,6 +328,8 @@ class BrokerConfig:
     advertised_listeners: str | None = None
     kafka_listen: str | None = None  # None: no Kafka listener (broker/kafka)
     kafka_advertised_listen: str | None = None
+    max_incremental_fetch_session_cache_slots: int = 1_000
+    min_incremental_fetch_session_eviction_ms: int = 120_000
     auto_create_topics_enable: bool = False
     default_replication_factor: int = 1
     unclean_leader_election_enable: bool = False
@@ -740,6 +744,14 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "advertised.listeners": ("advertised_listeners", _str),
     "kafka.listen": ("kafka_listen", _str),
     "kafka.advertised.listen": ("kafka_advertised_listen", _str),
+    "max.incremental.fetch.session.cache.slots": (
+        "max_incremental_fetch_session_cache_slots",
+        lambda k, v: _int(k, v, 0),
+    ),
+    "min.incremental.fetch.session.eviction.ms": (
+        "min_incremental_fetch_session_eviction_ms",
+        lambda k, v: _int(k, v, 0),
+    ),
     "auto.create.topics.enable": ("auto_create_topics_enable", _bool),
     "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),

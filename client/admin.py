@@ -16,12 +16,15 @@ Protobuf types stop here: answers are the frozen dataclasses of ``client.types``
 
 In a cluster (``client.routing``) topic changes go to the controller, offsets to each
 partition's leader, and group calls (``describe_group``, ``list_group_offsets``,
-``alter_group_offsets``, ``reset_group_offsets``, ``delete_group``) to the group's
+``alter_group_offsets``, ``reset_group_offsets``, ``delete_group``, ``delete_offsets``)
+to the group's
 coordinator (found with ``FindCoordinator``, followed when it moves), with lag and reset
 targets read from the partitions' leaders (``client.group_admin``). ``list_groups`` and
 the client quota calls go to every live broker. An older broker without groups answers
 ``InvalidRequestError``. Changing a group's offsets is refused while it has members
-(``GroupNotEmptyError``): stop its consumers first.
+(``GroupNotEmptyError``): stop its consumers first. Deleting some of them
+(``delete_offsets``) is refused only for topics a live member subscribes to
+(``GroupSubscribedToTopicError``).
 
 Thread-safe (the connections are); ``close`` when done.
 """
@@ -50,10 +53,14 @@ from tidelog.client.offsets import list_offsets
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity, salted_credential
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
     GroupSummary,
+    LogDirDescription,
     OffsetAndTimestamp,
     PartitionDescription,
     QuotaEntity,
@@ -155,6 +162,38 @@ class AdminClient:
             ),
         )
 
+    def describe_log_dirs(
+        self,
+        broker_ids: Iterable[int] | None = None,
+        topics: Iterable[str] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[int, LogDirDescription]:
+        """Each broker's log directory (Kafka's DescribeLogDirs; a Tidelog broker has
+        one): the file system's size and free space and the partition copies it holds,
+        by broker id. ``broker_ids`` None: every live broker; ``topics`` None: every
+        topic's copies. ``KafkaStorageError`` for a directory that cannot be read."""
+        wanted_brokers = None if broker_ids is None else set(broker_ids)
+        partitions: list[TopicPartition] | None = None
+        if topics is not None:
+            partitions = [
+                TopicPartition(name, p.partition)
+                for name in dict.fromkeys(topics)
+                for p in self.describe_topic(name, timeout_ms=timeout_ms).partitions
+            ]
+
+        def ask(connection: Connection, timeout: int) -> LogDirDescription:
+            return connection.describe_log_dirs(partitions, timeout_ms=timeout)
+
+        answers = self._connections.run_on_every_broker(
+            ask, what="DescribeLogDirs", timeout_ms=timeout_ms
+        )
+        return {
+            broker_id: found
+            for broker_id, found in sorted(answers.items())
+            if wanted_brokers is None or broker_id in wanted_brokers
+        }
+
     # --- topics ---------------------------------------------------------------------------
 
     def create_topic(
@@ -202,10 +241,35 @@ class AdminClient:
 
     def elect_preferred_leaders(self, *, timeout_ms: int | None = None) -> int:
         """Move every partition's leadership back to its preferred replica (the first of
-        its replicas) where that replica is alive and in sync; returns how many moved.
-        Sent to the controller. ``InvalidRequestError`` on a single node."""
+        its replicas) where that replica is alive and in sync; returns how many moved
+        (0 on a single node). Sent to the controller."""
+        results = self.elect_leaders("preferred", timeout_ms=timeout_ms)
+        return sum(1 for error in results.values() if error is None)
+
+    def elect_leaders(
+        self,
+        election_type: Literal["preferred", "unclean"] = "preferred",
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Kafka's ElectLeaders (KIP-460), sent to the controller: ``"preferred"`` makes
+        each partition's first replica its leader where it is alive and in sync;
+        ``"unclean"`` makes any live replica the leader of a partition that has none,
+        even one missing acknowledged records, whatever ``unclean.leader.election.enable``
+        says. Per partition None (elected) or the reason it was not:
+        ``ElectionNotNeededError``, ``PreferredLeaderNotAvailableError``,
+        ``EligibleLeadersNotAvailableError``, ``UnknownTopicOrPartitionError``.
+        ``partitions`` None: every partition, and only those that needed an election
+        are answered."""
+        if election_type not in ("preferred", "unclean"):
+            raise ValueError(
+                f"election_type must be 'preferred' or 'unclean', got {election_type!r}"
+            )
+        wanted = None if partitions is None else sorted(set(partitions))
+        unclean = election_type == "unclean"
         return self._on_controller(
-            lambda c, t: c.elect_preferred_leaders(timeout_ms=t), "ElectLeaders", timeout_ms
+            lambda c, t: c.elect_leaders(unclean, wanted, timeout_ms=t), "ElectLeaders", timeout_ms
         )
 
     # --- ACLs ----------------------------------------------------------------------------
@@ -361,6 +425,66 @@ class AdminClient:
             timeout_ms,
         )
 
+    def describe_configs(
+        self,
+        resource: ConfigResource,
+        keys: Iterable[str] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[str, ConfigEntry]:
+        """Every config key of a topic or a broker (``ConfigResource.topic(name)``,
+        ``ConfigResource.broker(id)``, ``ConfigResource.broker()`` for the cluster-wide
+        dynamic defaults), or only ``keys``, by name: effective value, where it comes
+        from (``source``) and every synonym, most specific first (``docs/configs.md``).
+
+        A broker's configs are asked of that broker; a topic's of any broker.
+        """
+        wanted = list(keys or ())
+        return {
+            e.name: e
+            for e in self._connections.run(
+                self._config_route(resource, alter=False),
+                lambda c, t: c.describe_configs(resource, wanted, timeout_ms=t),
+                what=f"DescribeConfigs {resource.type} {resource.name!r}",
+                timeout_ms=timeout_ms,
+            )
+        }
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Iterable[AlterConfigOp],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Change a topic's or a broker's dynamic configs, key by key (Kafka's
+        IncrementalAlterConfigs): ``AlterConfigOp("retention.ms", "set", "60000")``,
+        ``AlterConfigOp("retention.ms", "delete")``, ``AlterConfigOp("cleanup.policy",
+        "append", "compact")``. All or nothing per call; ``validate_only`` checks without
+        changing. A broker accepts only the keys it can apply live (``docs/configs.md``);
+        others raise ``InvalidConfigError``.
+        """
+        ops = list(changes)
+        self._connections.run(
+            self._config_route(resource, alter=True),
+            lambda c, t: c.incremental_alter_configs(
+                resource, ops, validate_only=validate_only, timeout_ms=t
+            ),
+            what=f"IncrementalAlterConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+
+    def _config_route(
+        self, resource: ConfigResource, *, alter: bool
+    ) -> Callable[[int], Connection]:
+        if resource.type == "broker" and resource.name:
+            broker_id = int(resource.name)
+            return lambda t: self._connections.broker(broker_id, t)
+        if resource.type == "topic" and alter:
+            return self._connections.route_controller()  # topic changes: the controller's
+        return self._connections.route_any()
+
     def create_partitions(
         self,
         topic: str,
@@ -435,6 +559,40 @@ class AdminClient:
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()
         }
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """Delete every record below an offset, per partition (Kafka's DeleteRecords,
+        KIP-107): each partition's log start offset moves there on every in-sync
+        replica, reads below it answer ``OffsetOutOfRangeError``, ``list_offsets``
+        earliest answers it, and the segments wholly below it are removed by the next
+        retention pass. ``-1`` stands for the high watermark (everything readable now).
+
+        Returns each partition's low watermark (its replicas' smallest log start; the
+        offset asked for, or the current log start where that is already higher).
+
+        Raises ``ValueError`` for an offset below -1, ``TypeError`` for one that is not an
+        int; then a partition's error (``OffsetOutOfRangeError`` for an offset above the
+        high watermark, ``UnknownTopicOrPartitionError``, ``KafkaTimeoutError`` when a
+        follower did not follow within ``timeout_ms``, whose leader moved all the same)
+        or the call's (``TopicAuthorizationFailedError``: DELETE on the topic is needed).
+        """
+        for tp, offset in offsets.items():
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise TypeError(f"{tp}: the offset must be an int, got {offset!r}")
+            if offset < -1:
+                raise ValueError(
+                    f"{tp}: the offset must be >= 0, or -1 for the high watermark; got {offset}"
+                )
+        if not offsets:
+            return {}
+        return self._connections.run_per_leader(
+            dict(offsets),
+            lambda c, batch, t: c.delete_records(batch, timeout_ms=t),
+            what="DeleteRecords",
+            timeout_ms=timeout_ms,
+        )
 
     def describe_producers(
         self,
@@ -589,6 +747,38 @@ class AdminClient:
         it has no committed offsets.
         """
         group_admin.delete_group(self._connections, group_id, timeout_ms)
+
+    def delete_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Delete some of a group's committed offsets (Kafka's
+        ``deleteConsumerGroupOffsets``, KIP-496). The group may have members, as long as
+        none subscribes to the topic of a partition given; a partition without a
+        committed offset is not an error.
+
+        Raises ``ValueError`` for no partitions, ``TypeError`` for anything but
+        ``TopicPartition``s; ``GroupIdNotFoundError`` for a group with neither members nor
+        committed offsets; the first failed partition's error, after the others were
+        deleted: ``GroupSubscribedToTopicError`` (a live member subscribes to its topic),
+        ``UnknownTopicOrPartitionError``.
+        """
+        wanted = list(dict.fromkeys(partitions))
+        for tp in wanted:
+            if not isinstance(tp, TopicPartition):
+                raise TypeError(f"expected TopicPartitions, got {tp!r}")
+        if not wanted:
+            raise ValueError("no partitions given")
+        answers = group_admin.delete_offsets(
+            self._connections, group_id, wanted, self._timeout(timeout_ms)
+        )
+        for tp in wanted:
+            error = answers.get(tp)
+            if error is not None:
+                raise error
 
     def _timeout(self, timeout_ms: int | None) -> int:
         return self.config.request_timeout_ms if timeout_ms is None else timeout_ms

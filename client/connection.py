@@ -29,10 +29,16 @@ from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
 from tidelog.client.security import ClientSecurity
 from tidelog.client.transport import BidiStream, Transport
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSynonym,
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
     GroupSummary,
+    LogDirDescription,
+    LogDirReplica,
     PartitionDescription,
     QuotaEntity,
     TopicDescription,
@@ -293,6 +299,14 @@ class Connection(Protocol):
         """Delete an empty group and its committed offsets."""
         ...
 
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Delete some of a group's committed offsets (Kafka's OffsetDelete): per partition
+        None (deleted, or none was committed) or its error
+        (``GroupSubscribedToTopicError``, ``UnknownTopicOrPartitionError``)."""
+        ...
+
     def alter_client_quotas(
         self,
         client_id: str,
@@ -334,8 +348,16 @@ class Connection(Protocol):
 
     def delete_topic(self, name: str, *, timeout_ms: int | None) -> None: ...
 
-    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
-        """Preferred-leader election on the controller; how many leaderships moved."""
+    def elect_leaders(
+        self,
+        unclean: bool,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Kafka's ElectLeaders on the controller, preferred or ``unclean``: per partition
+        None (elected) or why not (``ElectionNotNeededError``...). ``partitions`` None:
+        every partition; the answer names only those that needed an election."""
         ...
 
     def alter_topic_config(
@@ -353,10 +375,34 @@ class Connection(Protocol):
         """Grow ``topic``; returns the new partition count."""
         ...
 
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        """Every config of ``resource`` (or only ``keys``), with sources and synonyms."""
+        ...
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        """Apply ``changes`` to ``resource``'s dynamic configs."""
+        ...
+
     def init_producer_id(
         self, *, producer_key: str = "", timeout_ms: int | None
     ) -> tuple[int, int]:
         """An idempotent producer id and its epoch: a new one, or the key's own."""
+        ...
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> LogDirDescription:
+        """This broker's log directory with the copies it holds of ``partitions`` (None:
+        of every partition); raises the directory's error (``KafkaStorageError``)."""
         ...
 
     def describe_producers(
@@ -368,6 +414,13 @@ class Connection(Protocol):
     ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
         """What each partition remembers of ``producer_id`` (None: of every producer), or
         the partition's error."""
+        ...
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """``DeleteRecords`` at the leader: per partition, delete every record below its
+        offset (-1: the high watermark); the low watermark, or the partition's error."""
         ...
 
     def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
@@ -705,6 +758,31 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
 
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.OffsetDelete,
+            pb.OffsetDeleteRequest(
+                group_id=group_id,
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
+            what=f"OffsetDelete {group_id}",
+            timeout_ms=timeout_ms,
+        )
+        out: dict[TopicPartition, TidelogError | None] = {}
+        for result in answer.results:
+            tp = TopicPartition(result.topic, result.partition)
+            out[tp] = (
+                error_for_code(result.error_code, f"{tp}: {result.error_message}")
+                if result.error_code
+                else None
+            )
+        return out
+
     def alter_client_quotas(
         self,
         client_id: str,
@@ -783,14 +861,34 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
 
-    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+    def elect_leaders(
+        self,
+        unclean: bool,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ElectLeaders,
-            pb.ElectLeadersRequest(preferred=True),
+            pb.ElectLeadersRequest(
+                preferred=not unclean,
+                unclean=unclean,
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+            ),
             what="ElectLeaders",
             timeout_ms=timeout_ms,
         )
-        return int(answer.moved)
+        return {
+            TopicPartition(r.topic, r.partition): (
+                error_for_code(r.error_code, f"{r.topic}-{r.partition}: {r.error_code}")
+                if r.error_code
+                else None
+            )
+            for r in answer.results
+        }
 
     def alter_topic_config(
         self,
@@ -807,6 +905,60 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
         return topic_description(answer)
+
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        answer = self.transport.call(
+            self.transport.stub.DescribeConfigs,
+            pb.DescribeConfigsRequest(resource=_config_resource(resource), keys=list(keys)),
+            what=f"DescribeConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+        return [
+            ConfigEntry(
+                name=e.name,
+                value=e.value if e.HasField("value") else None,
+                source=_source_name(e.source),
+                read_only=e.read_only,
+                sensitive=e.sensitive,
+                type=e.type,
+                documentation=e.documentation,
+                synonyms=tuple(
+                    ConfigSynonym(
+                        s.name, s.value if s.HasField("value") else None, _source_name(s.source)
+                    )
+                    for s in e.synonyms
+                ),
+            )
+            for e in answer.entries
+        ]
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        self.transport.call(
+            self.transport.stub.IncrementalAlterConfigs,
+            pb.IncrementalAlterConfigsRequest(
+                resource=_config_resource(resource),
+                alterations=[
+                    pb.ConfigAlteration(
+                        name=c.name,
+                        operation=pb.ConfigOperation.Value(f"CONFIG_OPERATION_{c.op.upper()}"),
+                        value=c.value or "",
+                    )
+                    for c in changes
+                ],
+                validate_only=validate_only,
+            ),
+            what=f"IncrementalAlterConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
 
     def create_partitions(
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
@@ -842,6 +994,59 @@ class GrpcConnection:
             timeout_ms=timeout_ms,
         )
         return answer.producer_id, answer.producer_epoch
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> LogDirDescription:
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        answer = self.transport.call(
+            self.transport.stub.DescribeLogDirs,
+            pb.DescribeLogDirsRequest(
+                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()]
+            ),
+            what="DescribeLogDirs",
+            timeout_ms=timeout_ms,
+        )
+        if answer.error_code:
+            raise error_for_code(answer.error_code, answer.error_message)
+        return LogDirDescription(
+            answer.path,
+            answer.total_bytes,
+            answer.usable_bytes,
+            {
+                TopicPartition(p.topic, p.partition): LogDirReplica(p.size_bytes, p.offset_lag)
+                for p in answer.partitions
+            },
+        )
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        timeout = self.transport.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
+        response = self.transport.call(
+            self.transport.stub.DeleteRecords,
+            pb.DeleteRecordsRequest(
+                partitions=[
+                    pb.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=o)
+                    for tp, o in offsets.items()
+                ],
+                # The broker's wait ends before the call's deadline, so a follower that
+                # is slow to follow answers REQUEST_TIMED_OUT, not DEADLINE_EXCEEDED.
+                timeout_ms=max(timeout - min(timeout // 5, 2_000), 1),
+            ),
+            what="DeleteRecords",
+            timeout_ms=timeout,
+        )
+        out: dict[TopicPartition, int | TidelogError] = {}
+        for result in response.results:
+            tp = TopicPartition(result.topic, result.partition)
+            if result.error_code:
+                out[tp] = error_for_code(result.error_code, f"{tp}: {result.error_message}")
+            else:
+                out[tp] = result.low_watermark
+        return out
 
     def describe_producers(
         self,
@@ -975,6 +1180,19 @@ class _GrpcProduceStream:
         self._stream.cancel()
 
 
+def _config_resource(resource: ConfigResource) -> pb.ConfigResource:
+    kind = (
+        pb.CONFIG_RESOURCE_TYPE_TOPIC
+        if resource.type == "topic"
+        else pb.CONFIG_RESOURCE_TYPE_BROKER
+    )
+    return pb.ConfigResource(type=kind, name=resource.name)
+
+
+def _source_name(source: int) -> str:
+    return pb.ConfigSource.Name(source).removeprefix("CONFIG_SOURCE_")  # type: ignore[arg-type]
+
+
 def topic_description(answer: pb.TopicDescription) -> TopicDescription:
     """A ``TopicDescription`` message as the public value."""
     return TopicDescription(
@@ -991,6 +1209,8 @@ def topic_description(answer: pb.TopicDescription) -> TopicDescription:
                 replicas=tuple(p.replicas),
                 isr=tuple(p.isr),
                 leader_epoch=p.leader_epoch,
+                elr=tuple(p.elr),
+                last_known_elr=tuple(p.last_known_elr),
             )
             for p in sorted(answer.partitions, key=lambda p: p.partition)
         ),

@@ -26,7 +26,7 @@ Stateless and thread-safe.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -161,6 +161,25 @@ def delete_group(connections: ClusterConnections, group_id: str, timeout_ms: int
         connections.route_coordinator(group_id),
         lambda connection, timeout: connection.delete_group(group_id, timeout_ms=timeout),
         what=f"DeleteGroup {group_id}",
+        timeout_ms=timeout_ms,
+        group_id=group_id,
+    )
+
+
+def delete_offsets(
+    connections: ClusterConnections,
+    group_id: str,
+    partitions: Sequence[TopicPartition],
+    timeout_ms: int | None,
+) -> dict[TopicPartition, TidelogError | None]:
+    """Delete some of a group's committed offsets, at its coordinator (OffsetDelete):
+    per partition None or its error."""
+    return connections.run(
+        connections.route_coordinator(group_id),
+        lambda connection, timeout: connection.delete_offsets(
+            group_id, partitions, timeout_ms=timeout
+        ),
+        what=f"OffsetDelete {group_id}",
         timeout_ms=timeout_ms,
         group_id=group_id,
     )

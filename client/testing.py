@@ -57,9 +57,14 @@ from tidelog.client.connection import (
 from tidelog.client.errors import ClosedError
 from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
     GroupDescription,
     GroupPartitionLag,
     GroupSummary,
+    LogDirDescription,
+    LogDirReplica,
     PartitionDescription,
     QuotaEntity,
     TopicDescription,
@@ -68,10 +73,12 @@ from tidelog.client.types import (
 )
 from tidelog.storage.errors import (
     BrokerUnavailableError,
+    ElectionNotNeededError,
     FencedLeaderEpochError,
     GroupIdNotFoundError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     LeaderNotAvailableError,
     NotControllerError,
     NotCoordinatorError,
@@ -530,6 +537,27 @@ class InMemoryConnection:
             if not cluster._committed.pop(group_id, None):
                 raise GroupIdNotFoundError(f"no group {group_id!r}")
 
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """As a real coordinator, without members: unknown partitions are refused."""
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_coordinator_locked(self._enter("delete_offsets"), group_id)
+            committed = cluster._committed.get(group_id)
+            if not committed:
+                raise GroupIdNotFoundError(f"no group {group_id!r}")
+            out: dict[TopicPartition, TidelogError | None] = {}
+            for tp in partitions:
+                topic = cluster._topics.get(tp.topic)
+                if topic is None or not 0 <= tp.partition < len(topic.partitions):
+                    out[tp] = UnknownTopicOrPartitionError(f"{tp}: unknown topic or partition")
+                    continue
+                committed.pop(tp, None)
+                cluster._committed_epochs.get(group_id, {}).pop(tp, None)
+                out[tp] = None
+            return out
+
     def alter_client_quotas(
         self,
         client_id: str,
@@ -603,11 +631,21 @@ class InMemoryConnection:
             if cluster._topics.pop(name, None) is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
-    def elect_preferred_leaders(self, *, timeout_ms: int | None) -> int:
+    def elect_leaders(
+        self,
+        unclean: bool,
+        partitions: Iterable[TopicPartition] | None,
+        *,
+        timeout_ms: int | None,
+    ) -> dict[TopicPartition, TidelogError | None]:
         cluster = self._cluster
         with cluster._lock:
-            cluster._check_controller_locked(self._enter("elect_preferred_leaders"))
-            return 0  # the in-memory cluster never moves leaders away from the preferred
+            cluster._check_controller_locked(self._enter("elect_leaders"))
+            # The in-memory cluster never moves leaders away from the preferred replica.
+            return {
+                tp: ElectionNotNeededError(f"{tp}: its leader is the preferred replica")
+                for tp in partitions or ()
+            }
 
     def alter_topic_config(
         self,
@@ -627,6 +665,51 @@ class InMemoryConnection:
             for key in delete:
                 topic.config.pop(key, None)
             return cluster._description_locked(name)
+
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        # The in-memory cluster keeps only topic overrides: those, as dynamic topic
+        # configs (no defaults, no broker configs).
+        cluster = self._cluster
+        with cluster._lock:
+            self._enter("describe_configs")
+            if resource.type != "topic":
+                raise InvalidRequestError("the in-memory cluster has no broker configs")
+            topic = cluster._topics.get(resource.name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {resource.name!r} does not exist")
+            return [
+                ConfigEntry(k, v, "DYNAMIC_TOPIC_CONFIG", False, False, "STRING", "")
+                for k, v in sorted(topic.config.items())
+                if not keys or k in keys
+            ]
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("incremental_alter_configs"))
+            if resource.type != "topic":
+                raise InvalidRequestError("the in-memory cluster has no broker configs")
+            topic = cluster._topics.get(resource.name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {resource.name!r} does not exist")
+            if validate_only:
+                return
+            for change in changes:
+                if change.op == "delete":
+                    topic.config.pop(change.name, None)
+                elif change.op == "set" and change.value is not None:
+                    topic.config[change.name] = change.value
+                else:
+                    raise InvalidRequestError("the in-memory cluster only sets and deletes")
 
     def create_partitions(
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
@@ -658,6 +741,46 @@ class InMemoryConnection:
             if producer_key:
                 cluster._keyed_ids[producer_key] = cluster._next_producer_id
             return cluster._next_producer_id, 0
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
+    ) -> LogDirDescription:
+        """The copies this broker holds (it is among the replicas), sized by the bytes
+        produced to them; lag 0: the in-memory cluster's replicas never fall behind."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("describe_log_dirs")
+            wanted = None if partitions is None else set(partitions)
+            replicas: dict[TopicPartition, LogDirReplica] = {}
+            for name, topic in cluster._topics.items():
+                for index, placed in enumerate(topic.partitions):
+                    tp = TopicPartition(name, index)
+                    if broker_id in placed.replicas and (wanted is None or tp in wanted):
+                        size = sum(len(data) for _, data in cluster.produced.get(tp, []))
+                        replicas[tp] = LogDirReplica(size, 0)
+            return LogDirDescription(f"memory://{broker_id}", 0, 0, replicas)
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """Moves the fake's log start (every replica at once); -1 is the log end."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("delete_records")
+            out: dict[TopicPartition, int | TidelogError] = {}
+            for tp, offset in offsets.items():
+                try:
+                    partition = cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = exc
+                    continue
+                target = partition.log_end_offset if offset == -1 else offset
+                if not 0 <= target <= partition.log_end_offset:
+                    out[tp] = OffsetOutOfRangeError(f"{tp}: cannot delete below {offset}")
+                    continue
+                partition.log_start_offset = max(partition.log_start_offset, target)
+                out[tp] = partition.log_start_offset
+            return out
 
     def describe_producers(
         self,

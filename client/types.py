@@ -19,12 +19,18 @@ from typing import NamedTuple
 from tidelog.storage.types import TopicPartition
 
 __all__ = [
+    "AlterConfigOp",
+    "ConfigEntry",
+    "ConfigResource",
+    "ConfigSynonym",
     "ConsumerRecord",
     "GroupDescription",
     "GroupMember",
     "GroupPartitionLag",
     "GroupSummary",
     "Header",
+    "LogDirDescription",
+    "LogDirReplica",
     "OffsetAndTimestamp",
     "PartitionDescription",
     "QuotaEntity",
@@ -108,9 +114,13 @@ class PartitionDescription:
 
     ``leader`` is the id of the broker leading the partition (-1 while it is offline);
     ``replicas`` the brokers holding it, in assignment order; ``isr`` the in-sync ones;
-    ``leader_epoch`` grows with every leader change. A single node leads everything:
-    leader 0, replicas = isr = (0,). The placement fields default for values built by
-    hand (tests, older brokers that do not send them).
+    ``leader_epoch`` grows with every leader change. ``elr`` (cluster mode, KIP-966) the
+    eligible leader replicas: replicas that left the ISR while it was below
+    ``min.insync.replicas`` and still hold every committed record, so they may lead when
+    no ISR member is live; ``last_known_elr`` the ones that left the ELR because they
+    restarted after an unclean shutdown. A single node leads everything: leader 0,
+    replicas = isr = (0,), no ELR. The placement fields default for values built by hand
+    (tests, older brokers that do not send them).
     """
 
     partition: int
@@ -123,6 +133,8 @@ class PartitionDescription:
     replicas: tuple[int, ...] = (0,)
     isr: tuple[int, ...] = (0,)
     leader_epoch: int = 0
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +145,88 @@ class TopicDescription:
     partitions: Sequence[PartitionDescription]
     config: Mapping[str, str]
     internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirReplica:
+    """One partition's copy in a broker's log directory: its size on disk and how far its
+    log end is behind the partition's high watermark (0: not behind)."""
+
+    size_bytes: int
+    offset_lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """A broker's log directory (Kafka's DescribeLogDirs): its path, the file system's
+    size and free space, and the partition copies it holds."""
+
+    path: str
+    total_bytes: int
+    usable_bytes: int
+    replicas: Mapping[TopicPartition, LogDirReplica]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResource:
+    """What configs belong to: a topic, a broker (``name`` its id as text), or every
+    broker (type ``"broker"``, name ``""``: the cluster-wide dynamic default)."""
+
+    type: str  # "topic" or "broker"
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.type not in ("topic", "broker"):
+            raise ValueError(f"ConfigResource type must be 'topic' or 'broker', not {self.type!r}")
+
+    @classmethod
+    def topic(cls, name: str) -> ConfigResource:
+        return cls("topic", name)
+
+    @classmethod
+    def broker(cls, broker_id: int | None = None) -> ConfigResource:
+        """One broker's configs, or (None) the cluster-wide broker default."""
+        return cls("broker", "" if broker_id is None else str(broker_id))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSynonym:
+    """One place a config's value could come from, most specific first."""
+
+    name: str
+    value: str | None
+    source: str  # DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, ..., DEFAULT_CONFIG
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config key as the broker describes it (Kafka's DescribeConfigs entry)."""
+
+    name: str
+    value: str | None  # None: sensitive
+    source: str  # where ``value`` comes from (``ConfigSynonym.source``'s names)
+    read_only: bool
+    sensitive: bool
+    type: str  # LONG, INT, STRING, LIST, BOOLEAN, DOUBLE
+    documentation: str
+    synonyms: tuple[ConfigSynonym, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigOp:
+    """One change of ``AdminClient.incremental_alter_configs``: ``op`` is ``"set"``,
+    ``"delete"`` (back to the default), ``"append"`` or ``"subtract"`` (list-valued keys
+    such as ``cleanup.policy``)."""
+
+    name: str
+    op: str
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in ("set", "delete", "append", "subtract"):
+            raise ValueError(
+                f"AlterConfigOp op must be set, delete, append or subtract: {self.op!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -29,7 +29,9 @@ key                         default                meaning
 ``unclean.leader.election.enable`` false           elect an out-of-sync replica (cluster)
 ==========================  =====================  ===========================================
 
-Unknown keys and bad values raise ``InvalidConfigError`` naming the key and the reason.
+Unknown keys and bad values raise ``InvalidConfigError`` naming the key and the reason;
+Kafka's tiered-storage keys (``local.retention.ms``, ``local.retention.bytes``,
+``remote.storage.enable``...) are refused by name with the reason (``RESERVED_KEYS``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from typing import Any
 
 from tidelog.storage.errors import InvalidConfigError
 
-__all__ = ["CLEANUP_POLICIES", "TIMESTAMP_TYPES", "LogConfig"]
+__all__ = ["CLEANUP_POLICIES", "RESERVED_KEYS", "TIMESTAMP_TYPES", "LogConfig"]
 
 CLEANUP_POLICIES = frozenset({"delete", "compact", "compact,delete"})
 TIMESTAMP_TYPES = frozenset({"CreateTime", "LogAppendTime"})
@@ -118,6 +120,25 @@ _KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
 }
 
 
+# Kafka's tiered-storage keys (KIP-405). Tidelog keeps every segment on local disk, so
+# these would promise a split between local and remote retention that does not exist;
+# they are refused by name rather than as unknown keys, so the message says why.
+_TIERED = (
+    "tiered storage (KIP-405) is not supported: every segment stays on local disk, "
+    "so retention.ms / retention.bytes are the only retention"
+)
+RESERVED_KEYS: dict[str, str] = dict.fromkeys(
+    (
+        "local.retention.ms",
+        "local.retention.bytes",
+        "remote.storage.enable",
+        "remote.log.copy.disable",
+        "remote.log.delete.on.disable",
+    ),
+    _TIERED,
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogConfig:
     """The configuration one partition log obeys. Immutable; build with ``from_mapping``."""
@@ -160,6 +181,8 @@ class LogConfig:
         changes: dict[str, Any] = {}
         for key, value in overrides.items():
             entry = _KEYS.get(key)
+            if key in RESERVED_KEYS:
+                raise InvalidConfigError(f"{key}: {RESERVED_KEYS[key]}")
             if entry is None:
                 known = ", ".join(sorted(_KEYS))
                 raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}")
@@ -171,7 +194,9 @@ class LogConfig:
         """Every key with its effective value as a string (Kafka's textual forms)."""
         out: dict[str, str] = {}
         for key, (field, _) in sorted(_KEYS.items()):
-            out[key] = str(getattr(self, field))
+            value = getattr(self, field)
+            # Kafka's textual booleans are lower case ("false"), as its tools print them.
+            out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
 
     @property

@@ -13,12 +13,14 @@ and this module, which import nothing else of ours).
     │   └── LogDirFullError               LOG_DIR_FULL         retriable
     ├── RequestError                      (the request is at fault; retrying it won't help)
     │   ├── CorruptRecordError            CORRUPT_MESSAGE
+    │   ├── InvalidRecordError            INVALID_RECORD (e.g. a key-less record, compacted topic)
     │   ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     │   ├── RequestTooLargeError          REQUEST_TOO_LARGE
     │   ├── UnsupportedCompressionTypeError  UNSUPPORTED_COMPRESSION_TYPE
     │   ├── InvalidTopicError             INVALID_TOPIC_EXCEPTION
     │   ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
     │   ├── InvalidConfigError            INVALID_CONFIG
+    │   ├── PolicyViolationError          POLICY_VIOLATION
     │   ├── InvalidRequestError           INVALID_REQUEST
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
@@ -35,7 +37,8 @@ and this module, which import nothing else of ours).
     │   │   ├── FencedInstanceIdError     FENCED_INSTANCE_ID (a newer static incarnation)
     │   │   ├── UnreleasedInstanceIdError UNRELEASED_INSTANCE_ID (a static member still in use)
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
-    │   │   └── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
+    │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
+    │   │   └── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
@@ -86,16 +89,20 @@ __all__ = [
     "ClusterAuthorizationFailedError",
     "CoordinatorLoadInProgressError",
     "CorruptRecordError",
+    "ElectionNotNeededError",
+    "EligibleLeadersNotAvailableError",
     "FencedLeaderEpochError",
     "FencedMemberEpochError",
     "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
     "GroupNotEmptyError",
+    "GroupSubscribedToTopicError",
     "InternalError",
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
+    "InvalidRecordError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTopicError",
@@ -113,6 +120,8 @@ __all__ = [
     "OffsetNotAvailableError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "PolicyViolationError",
+    "PreferredLeaderNotAvailableError",
     "QueuedMaxRequestBytesError",
     "QueuedMaxRequestsError",
     "RecordTooLargeError",
@@ -175,6 +184,13 @@ class CorruptRecordError(RequestError):
     code = "CORRUPT_MESSAGE"
 
 
+class InvalidRecordError(RequestError):
+    """A well-formed record the topic does not accept (Kafka's ``InvalidRecordException``):
+    a record without a key sent to a compacted topic."""
+
+    code = "INVALID_RECORD"
+
+
 class RecordTooLargeError(RequestError):
     """A batch is larger than ``max.message.bytes`` / ``message.max.bytes``."""
 
@@ -214,6 +230,13 @@ class InvalidConfigError(RequestError):
     """An unknown configuration key or a value out of range."""
 
     code = "INVALID_CONFIG"
+
+
+class PolicyViolationError(RequestError):
+    """A valid request a broker policy refuses (Kafka's ``PolicyViolationException``):
+    ``min.insync.replicas`` above a topic's replication factor."""
+
+    code = "POLICY_VIOLATION"
 
 
 class InvalidRequestError(RequestError):
@@ -315,10 +338,39 @@ class GroupIdNotFoundError(GroupError):
     code = "GROUP_ID_NOT_FOUND"
 
 
+class GroupSubscribedToTopicError(GroupError):
+    """A group's committed offset cannot be deleted while a live member subscribes to its
+    topic (Kafka's OffsetDelete, KIP-496)."""
+
+    code = "GROUP_SUBSCRIBED_TO_TOPIC"
+
+
 class NotControllerError(RequestError):
     """A controller operation reached a broker that is not (or no longer) the controller."""
 
     code = "NOT_CONTROLLER"
+    retriable = True
+
+
+class ElectionNotNeededError(RequestError):
+    """ElectLeaders: the partition already has the leader asked for (its preferred
+    replica, or, for an unclean election, a live one)."""
+
+    code = "ELECTION_NOT_NEEDED"
+
+
+class PreferredLeaderNotAvailableError(RequestError):
+    """ElectLeaders: the preferred replica is dead or out of the ISR; it cannot lead now."""
+
+    code = "PREFERRED_LEADER_NOT_AVAILABLE"
+    retriable = True
+
+
+class EligibleLeadersNotAvailableError(RequestError):
+    """ElectLeaders: no live replica can lead the partition (an unclean election with
+    every replica down)."""
+
+    code = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
     retriable = True
 
 

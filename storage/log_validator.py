@@ -5,7 +5,7 @@ under its partition lock, with the log end offset and the time it read.
 
 * ``check_produced_batch``: what a producer may not send (size, transactional or control
   batches, unsupported codecs, inconsistent counts; for compacted topics, records that do
-  not decode), checked before any state changes.
+  not decode or have no key), checked before any state changes.
 * ``assign_offsets``: a leader's append. Each batch gets its base offset written into its
   first 8 bytes (outside the CRC), the leader's epoch if given (also outside the CRC), and
   for LogAppendTime topics the broker's time (inside the CRC: those batches are copied and
@@ -30,6 +30,7 @@ from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.config import LogConfig
 from tidelog.storage.errors import (
     CorruptRecordError,
+    InvalidRecordError,
     InvalidRequestError,
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
@@ -129,7 +130,17 @@ def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig
         # restart): so a compacted topic takes only batches whose records decode. Kafka's
         # LogValidator decodes the records of compacted topics at produce too. Other
         # topics keep the rule of storing batches undecoded (readers refuse a bad one).
-        decode_batch(records, batch.position, validate=False)  # CRC checked already
+        _, decoded = decode_batch(records, batch.position, validate=False)  # CRC checked
+        # Kafka's rule: a compacted topic keeps the latest value *per key*, so a record
+        # without a key has no place in it (the cleaner would drop it silently). Checked
+        # on the live config, so a topic made compact refuses key-less records from then.
+        for record in decoded:
+            if record.key is None:
+                raise InvalidRecordError(
+                    f"batch at position {batch.position}: record at offset delta "
+                    f"{record.offset - header.base_offset} has no key; a compacted topic "
+                    "(cleanup.policy=compact) only accepts keyed records"
+                )
 
 
 def assign_offsets(

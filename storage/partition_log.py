@@ -7,7 +7,9 @@ segments and their file work (roll, read routing, truncation, retention's remova
 compaction swaps, log start/end offsets, recovery point). This module owns what sits above
 the segments and the lock that serialises them:
 
-* ``log_start_offset``: the first offset a reader may ask for (rises with retention);
+* ``log_start_offset``: the first offset a reader may ask for (rises with retention, and
+  with ``increase_log_start_offset``: DeleteRecords, or a follower learning its leader's;
+  the segments wholly below it then go at the next retention pass);
 * ``log_end_offset``: the offset the next appended record gets;
 * ``high_watermark``: what consumers may read. One broker, no replicas: equal to the log
   end offset (``acks`` decides when a producer hears back, not what readers see). A
@@ -64,7 +66,12 @@ from pathlib import Path
 from tidelog.storage.batch_times import BatchTimes, decode_wire
 from tidelog.storage.clock import Clock
 from tidelog.storage.config import LogConfig
-from tidelog.storage.errors import FencedLeaderEpochError, InvalidRequestError, StorageError
+from tidelog.storage.errors import (
+    FencedLeaderEpochError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
 from tidelog.storage.files import (
     CLEANED_SUFFIX,
     atomic_write,
@@ -739,6 +746,49 @@ class PartitionLog:
                 local.log_start_offset,
             )
             return count
+
+    def increase_log_start_offset(self, offset: int) -> bool:
+        """Move the log start offset up to ``offset`` (Kafka's
+        ``maybeIncrementLogStartOffset``, for DeleteRecords, KIP-107, and for a follower
+        that learns its leader's); whether it moved. An offset at or below the current
+        log start changes nothing.
+
+        Readers see it at once (one store of the published view): a read below it is
+        ``OFFSET_OUT_OF_RANGE`` and ListOffsets earliest answers it. It may fall inside
+        a batch, as Kafka's: that batch is still served whole, its records below the new
+        start skipped by the consumer. No file is touched but the leader-epoch checkpoint
+        (the epoch covering the new start now starts there, as retention does); the
+        segments wholly below it go at the next retention pass (``storage.retention``:
+        "below the log start"). Durability is the caller's: the log manager's
+        ``log-start-offset-checkpoint`` (``LogManager.checkpoint_log_start_offsets``);
+        until it is written a crash brings back the old start.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is above the high watermark (the log end on
+                an unreplicated log): only what readers could see may be deleted.
+            StorageError: the leader-epoch checkpoint cannot be written (the log start
+                has moved already).
+        """
+        with self._lock:
+            local = self._local
+            if offset <= local.log_start_offset:
+                return False
+            high_watermark = self.high_watermark
+            if offset > high_watermark:
+                raise OffsetOutOfRangeError(
+                    f"{self}: cannot move the log start offset to {offset}, above the "
+                    f"high watermark {high_watermark}"
+                )
+            local.set_segments_locked(local.segments, offset)
+            before = self._leader_epochs.entries
+            self._leader_epochs.truncate_from_start(offset)
+            if self._leader_epochs.entries != before:
+                try:
+                    self._leader_epochs.write(self.directory)
+                except OSError as exc:
+                    raise io_error(exc, f"{self}: writing the leader epochs failed") from exc
+        log.info("%s: log start offset moved to %d", self, offset)
+        return True
 
     def delete_expired_files(self, *, force: bool = False) -> int:
         """Unlink ``.deleted`` segments whose delay has passed (all of them with ``force``)."""

@@ -34,7 +34,7 @@ import queue
 import random
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
@@ -202,9 +202,21 @@ class Controller:
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         self._call(lambda: self._alter_config(name, dict(config)))
 
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        """Kafka's ElectLeaders (KIP-460) for ``partitions`` (None: every partition): the
+        preferred replica where it can lead and does not, or (``unclean``) any live replica
+        of a partition with no leader, whatever the topic's
+        ``unclean.leader.election.enable``. Per partition "" (elected) or Kafka's error
+        name: ``ELECTION_NOT_NEEDED``, ``PREFERRED_LEADER_NOT_AVAILABLE``,
+        ``ELIGIBLE_LEADERS_NOT_AVAILABLE``, ``UNKNOWN_TOPIC_OR_PARTITION``. Asked for every
+        partition, those that needed no election are left out, as Kafka does."""
+        return self._call(lambda: self._elect_leaders(unclean, partitions))
+
     def elect_preferred_leaders(self) -> int:
         """Move leadership back to preferred replicas where possible; returns how many moved."""
-        return self._call(self._elect_preferred)
+        return sum(1 for code in self.elect_leaders(False, None).values() if not code)
 
     def controlled_shutdown(self, broker_id: int) -> int:
         """Move leadership off ``broker_id``; returns the partitions it still leads."""
@@ -298,7 +310,7 @@ class Controller:
             self._ensure_internal_topics()
             self._reconcile()
         elif event.kind == "rebalance":
-            moved = self._elect_preferred()
+            moved = sum(1 for code in self._elect_leaders(False, None).values() if not code)
             if moved:
                 log.info("leader rebalance: %d partition(s) back on their preferred replica", moved)
 
@@ -608,18 +620,57 @@ class Controller:
                     topic, partition, replicas, found.state, found.version, live, min_isr
                 )
 
-    def _elect_preferred(self) -> int:
+    def _elect_leaders(
+        self, unclean: bool, wanted: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
         lease = self._require_lease()
-        moved = 0
-        for p in self._partitions():
-            elected = elect_preferred(p.replicas, p.state, p.live, controller_epoch=lease.epoch)
+        found = {(p.topic, p.partition): p for p in self._partitions()}
+        keys = list(found) if wanted is None else list(dict.fromkeys(wanted))
+        out: dict[tuple[str, int], str] = {}
+        for key in keys:
+            p = found.get(key)
+            if p is None:
+                out[key] = "UNKNOWN_TOPIC_OR_PARTITION"
+                continue
+            code, elected = self._election_for(p, unclean, lease)
             if elected is not None:
                 try:
-                    self._write(p.topic, p.partition, p.with_elr(elected), p.version)
-                    moved += 1
+                    self._write(p.topic, p.partition, elected, p.version)
                 except StaleStateError:
-                    continue
-        return moved
+                    # Written in between (a broker came or went): the next reconcile
+                    # decides from a fresh read; the caller may ask again.
+                    self._post("brokers")
+                    code = "NOT_CONTROLLER" if self._lease is None else "REQUEST_TIMED_OUT"
+            if wanted is None and code == "ELECTION_NOT_NEEDED":
+                continue
+            out[key] = code
+        return out
+
+    @staticmethod
+    def _election_for(
+        p: _Partition, unclean: bool, lease: ControllerLease
+    ) -> tuple[str, Elected | None]:
+        """(Kafka's error name or "", the state to write) for one partition."""
+        if unclean:
+            if p.state.leader != NO_LEADER and p.state.leader in p.live:
+                return "ELECTION_NOT_NEEDED", None
+            elected = reconcile(
+                p.replicas,
+                p.state,
+                p.live,
+                min_isr=p.min_isr,
+                unclean_allowed=True,
+                controller_epoch=lease.epoch,
+            )
+            if elected is None or elected.state.leader == NO_LEADER:
+                return "ELIGIBLE_LEADERS_NOT_AVAILABLE", None
+            return "", elected
+        if p.state.leader == p.replicas[0]:
+            return "ELECTION_NOT_NEEDED", None
+        elected = elect_preferred(p.replicas, p.state, p.live, controller_epoch=lease.epoch)
+        if elected is None:
+            return "PREFERRED_LEADER_NOT_AVAILABLE", None
+        return "", p.with_elr(elected)
 
     def _controlled_shutdown(self, broker_id: int) -> int:
         lease = self._require_lease()

@@ -164,8 +164,17 @@ class ClusterPlacement:
             # Issue #33: cut off from ZooKeeper, this broker cannot vouch for its own
             # leadership (another may have been elected): no leader, LEADER_NOT_AVAILABLE.
             # Others' leaderships stay as last seen: elected by others, the best guess.
-            return PartitionPlacement(NO_LEADER, state.leader_epoch, replicas, state.isr)
-        return PartitionPlacement(state.leader, state.leader_epoch, replicas, state.isr)
+            return PartitionPlacement(
+                NO_LEADER,
+                state.leader_epoch,
+                replicas,
+                state.isr,
+                state.elr,
+                state.last_known_elr,
+            )
+        return PartitionPlacement(
+            state.leader, state.leader_epoch, replicas, state.isr, state.elr, state.last_known_elr
+        )
 
     def check_leader(self, topic: str, partition: int) -> None:
         found = self._watcher.snapshot.topics.get(topic)
@@ -443,7 +452,7 @@ class ClusterNode:
             self._controller.session_restored()
 
     def stop(self) -> None:
-        """Leave: controlled shutdown, then end the session.
+        """Leave: controlled shutdown, resign what is left, then end the session.
 
         Controlled shutdown (``controlled.shutdown.enable``) asks the controller (this
         broker's own, or another over ``ControlledShutdown``) to move this broker's
@@ -451,6 +460,18 @@ class ClusterNode:
         it leads nothing, so clients move before the broker goes. Bounded by
         ``_SHUTDOWN_WAIT_MS``; a failure is logged and the broker stops anyway (its
         session's end makes the controller elect the same way, a little later).
+
+        Then the broker resigns every role it still has, once no new view can hand one
+        back (the watcher stopped): a leadership the controller did not move (an ISR of
+        this broker alone, the controller unreachable or slow, controlled shutdown off)
+        would otherwise keep its parked ``acks=all`` produces and group offset commits
+        waiting on followers until their own timeouts, and the stop with them: the gRPC
+        grace period for a produce, ``core.close``'s 30 s bound for a commit ("closing
+        with 1 operations still in flight", bug 2 of ``docs/reliability.md``). Resigned,
+        they answer ``NOT_LEADER_OR_FOLLOWER`` at once: retriable, and no claim that the
+        records were written (they may or may not survive, as with any lost leader), as
+        Kafka's broker answers them when its controlled shutdown makes it a follower.
+        New produces meet the same answer until the core refuses everything.
         """
         if self._config.controlled_shutdown_enable:
             try:
@@ -460,6 +481,7 @@ class ClusterNode:
         self._controller.stop()
         self._watcher.stop()
         if self.replicas is not None:
+            self.replicas.resign_all("the broker is stopping")
             self.replicas.stop()
         self._session_events.put("stop")
         self._store.close()
@@ -572,8 +594,10 @@ class ClusterNode:
             f"configuring {name}",
         )
 
-    def elect_preferred_leaders(self) -> int:
-        return self._controller_or_raise().elect_preferred_leaders()
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        return self._controller_or_raise().elect_leaders(unclean, partitions)
 
 
 def _start_replicas(

@@ -439,6 +439,11 @@ class LocalCluster:
         """``HOST:PORT`` of broker ``broker_id``'s Kafka listener (``kafka=True`` only)."""
         return f"{self.host(broker_id)}:{self.kafka_ports[broker_id]}"
 
+    def data_dir(self, broker_id: int) -> Path:
+        """Broker ``broker_id``'s data directory (kept across restarts)."""
+        assert self._directory is not None, "the cluster is not started"
+        return self._directory / f"broker-{broker_id}"
+
     @property
     def bootstrap(self) -> str:
         """Every broker's address, comma-separated (a client's bootstrap list)."""
@@ -532,7 +537,7 @@ class LocalCluster:
             "--listen",
             self.address(broker_id),
             "--data-dir",
-            str(self._directory / f"broker-{broker_id}"),
+            str(self.data_dir(broker_id)),
             "--ready-file",
             str(ready),
         ]

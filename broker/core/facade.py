@@ -37,6 +37,14 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
 from tidelog.broker.core.acl_store import Acls, LocalAclStore
 from tidelog.broker.core.auth import Authenticator
+from tidelog.broker.core.config_keys import ConfigEntry
+from tidelog.broker.core.configs import (
+    BrokerConfigStore,
+    ConfigChange,
+    Configs,
+    LocalBrokerConfigStore,
+    ResourceKind,
+)
 from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.fetch import (
     FetchPath,
@@ -56,6 +64,8 @@ from tidelog.broker.core.offsets import (
     OffsetQuery,
     Offsets,
     PartitionProducers,
+    RecordsDeleted,
+    RecordsToDelete,
 )
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.placement import (
@@ -74,7 +84,13 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
-from tidelog.broker.core.topics import MetadataTopic, PartitionCountResult, Topics, TopicView
+from tidelog.broker.core.topics import (
+    LogDirView,
+    MetadataTopic,
+    PartitionCountResult,
+    Topics,
+    TopicView,
+)
 from tidelog.broker.core.users import FileUserStore
 from tidelog.broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
 from tidelog.broker.groups.manager import (
@@ -96,6 +112,7 @@ from tidelog.storage.errors import (
     NotLeaderOrFollowerError,
 )
 from tidelog.storage.log_manager import LogManager, TopicMetadata
+from tidelog.storage.types import TopicPartition
 
 __all__ = ["BrokerCore", "TopicAdmin", "open_partitions"]
 
@@ -121,6 +138,7 @@ class BrokerCore:
         quotas: QuotaManager,
         authenticator: Authenticator | None,
         acls: Acls | None = None,
+        broker_configs: BrokerConfigStore | None = None,
     ) -> None:
         self.config = config
         # Placement, topic administration and producer ids: the broker's role, which
@@ -168,6 +186,15 @@ class BrokerCore:
         self._close_lock = threading.Lock()
         # The operations, by concept; the methods below delegate to them.
         self.topics = Topics(config, logs, membership, groups, metrics, self._gate)
+        # Dynamic configs (broker.core.configs): a single node's broker-configs.json, or
+        # ZooKeeper's /config/brokers once a cluster broker joined (``use_store``).
+        self.configs = Configs(
+            config,
+            logs,
+            self.topics,
+            membership,
+            broker_configs or LocalBrokerConfigStore.in_memory(),
+        )
         self.offsets = Offsets(partitions, membership, self._gate)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
@@ -244,6 +271,11 @@ class BrokerCore:
                     ProducerIdManager.open(logs.data_dir, clock, config.producer_id_expiration_ms),
                 )
             authenticator = Authenticator(config.security, membership.users(users), clock)
+            broker_configs = (
+                LocalBrokerConfigStore.open(logs.data_dir)
+                if config.zookeeper_connect is None
+                else LocalBrokerConfigStore.in_memory()
+            )
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -272,6 +304,7 @@ class BrokerCore:
             quotas,
             authenticator,
             acls,
+            broker_configs,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -387,6 +420,12 @@ class BrokerCore:
         """``Topics.elect_preferred_leaders``."""
         return self.topics.elect_preferred_leaders()
 
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        """``Topics.elect_leaders``."""
+        return self.topics.elect_leaders(unclean, partitions)
+
     def controlled_shutdown(self, broker_id: int) -> int:
         """``Topics.controlled_shutdown``."""
         return self.topics.controlled_shutdown(broker_id)
@@ -407,6 +446,10 @@ class BrokerCore:
         """``Topics.describe_topic``."""
         return self.topics.describe_topic(name)
 
+    def describe_log_dirs(self, partitions: Sequence[tuple[str, int]] | None) -> LogDirView:
+        """``Topics.describe_log_dirs``."""
+        return self.topics.describe_log_dirs(partitions)
+
     def metadata(
         self, topics: Sequence[str], include_internal: bool
     ) -> tuple[ClusterView, list[MetadataTopic]]:
@@ -416,6 +459,27 @@ class BrokerCore:
     def find_coordinator(self, group_id: str) -> BrokerEndpoint:
         """``Topics.find_coordinator``."""
         return self.topics.find_coordinator(group_id)
+
+    def describe_configs(
+        self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
+    ) -> list[ConfigEntry]:
+        """``Configs.describe``."""
+        with self._gate.operation():
+            return self.configs.describe(kind, name, keys)
+
+    def alter_configs(
+        self,
+        kind: ResourceKind,
+        name: str,
+        changes: Sequence[ConfigChange],
+        *,
+        incremental: bool,
+        validate_only: bool = False,
+    ) -> None:
+        """``Configs.alter``."""
+        self.configs.alter(
+            kind, name, changes, incremental=incremental, validate_only=validate_only
+        )
 
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
@@ -522,6 +586,12 @@ class BrokerCore:
         """``Offsets.describe_producers``."""
         return self.offsets.describe_producers(partitions, producer_id)
 
+    def delete_records(
+        self, requests: Sequence[RecordsToDelete], timeout_ms: int
+    ) -> list[RecordsDeleted]:
+        """``Offsets.delete_records`` (DeleteRecords, KIP-107)."""
+        return self.offsets.delete_records(requests, timeout_ms)
+
     # --- consumer groups (broker.groups.manager documents each) ---------------------------
 
     def consumer_group_heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
@@ -572,6 +642,14 @@ class BrokerCore:
         with self._operation():
             self._check_coordinator(group_id)
             self._groups.delete_group(group_id)
+
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> list[OffsetResult]:
+        """Delete some of a group's committed offsets (OffsetDelete, KIP-496)."""
+        with self._operation():
+            self._check_coordinator(group_id)
+            return self._groups.delete_offsets(group_id, partitions)
 
     # --- client quotas (broker.core.quotas) ------------------------------------------------
 

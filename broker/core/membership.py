@@ -23,6 +23,7 @@ read) and replaced whole under ``_lock``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -61,7 +62,9 @@ class TopicAdmin(Protocol):
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None: ...
 
-    def elect_preferred_leaders(self) -> int: ...
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]: ...
 
     def controlled_shutdown(self, broker_id: int) -> int: ...
 

@@ -35,6 +35,8 @@ describe_configs           DESCRIBE_CONFIGS on each topic or on the cluster (a b
 alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 describe_producers         READ on each topic
+describe_log_dirs          DESCRIBE on the cluster
+delete_records             DELETE on each topic (DeleteRecords, KIP-107)
 find_coordinator           DESCRIBE on the group
 join_group, sync_group,    READ on the group
 heartbeat, leave_group,
@@ -46,6 +48,7 @@ reset_group_offsets        READ on the group and on each topic
 list_groups                DESCRIBE on the cluster, or else each group filtered silently
 describe_groups            DESCRIBE on each group
 delete_groups              DELETE on each group
+offset_delete              DELETE on the group, READ on each topic (refused per topic)
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
@@ -169,6 +172,8 @@ OPERATIONS: Mapping[str, Policy] = {
     "alter_configs": Policy({_T: Operation.ALTER_CONFIGS, _C: Operation.ALTER_CONFIGS}),
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
+    "describe_log_dirs": Policy({_C: Operation.DESCRIBE}),
+    "delete_records": Policy({_T: Operation.DELETE}),
     "find_coordinator": Policy({_G: Operation.DESCRIBE}),
     "join_group": Policy({_G: Operation.READ}),
     "sync_group": Policy({_G: Operation.READ}),
@@ -181,6 +186,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "list_groups": Policy(lists=_G, listing_on_cluster=True),
     "describe_groups": Policy({_G: Operation.DESCRIBE}),
     "delete_groups": Policy({_G: Operation.DELETE}),
+    "offset_delete": Policy({_G: Operation.DELETE, _T: Operation.READ}),
     "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
     "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
     "elect_leaders": Policy({_C: Operation.ALTER}),
@@ -217,11 +223,18 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     18: ("ApiVersions", "api_versions"),
     19: ("CreateTopics", "create_topics"),
     20: ("DeleteTopics", "delete_topics"),
+    21: ("DeleteRecords", "delete_records"),
     22: ("InitProducerId", "init_producer_id"),
     23: ("OffsetForLeaderEpoch", "offset_for_leader_epoch"),
     32: ("DescribeConfigs", "describe_configs"),
+    33: ("AlterConfigs", "alter_configs"),
+    35: ("DescribeLogDirs", "describe_log_dirs"),
     36: ("SaslAuthenticate", "sasl_authenticate"),
     37: ("CreatePartitions", "create_partitions"),
+    42: ("DeleteGroups", "delete_groups"),
+    43: ("ElectLeaders", "elect_leaders"),
+    44: ("IncrementalAlterConfigs", "alter_configs"),
+    47: ("OffsetDelete", "offset_delete"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
@@ -235,6 +248,8 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "ListTopics": "metadata",
     "DescribeTopic": "metadata",
     "AlterTopicConfig": "alter_configs",
+    "DescribeConfigs": "describe_configs",
+    "IncrementalAlterConfigs": "alter_configs",
     "CreatePartitions": "create_partitions",
     "ElectLeaders": "elect_leaders",
     "ControlledShutdown": "controlled_shutdown",
@@ -249,6 +264,8 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "OffsetForLeaderEpoch": "offset_for_leader_epoch",
     "InitProducerId": "init_producer_id",
     "DescribeProducers": "describe_producers",
+    "DescribeLogDirs": "describe_log_dirs",
+    "DeleteRecords": "delete_records",
     "ConsumerGroupHeartbeat": "consumer_group_heartbeat",
     "OffsetCommit": "offset_commit",
     "OffsetFetch": "offset_fetch",
@@ -256,6 +273,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "DescribeGroup": "describe_groups",
     "ResetGroupOffsets": "reset_group_offsets",
     "DeleteGroup": "delete_groups",
+    "OffsetDelete": "offset_delete",
     "Metadata": "metadata",
     "FindCoordinator": "find_coordinator",
     "AlterClientQuotas": "alter_client_quotas",

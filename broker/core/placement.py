@@ -57,12 +57,16 @@ class BrokerEndpoint:
 
 @dataclass(frozen=True, slots=True)
 class PartitionPlacement:
-    """One partition's leadership: leader -1 means none (offline)."""
+    """One partition's leadership: leader -1 means none (offline). ``elr`` and
+    ``last_known_elr``: KIP-966's eligible leader replicas and last known ELR
+    (``broker.cluster.election``), kept in cluster mode only; empty on a single node."""
 
     leader: int
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +203,9 @@ class JoiningTopicAdmin:
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         raise self._refuse()
 
-    def elect_preferred_leaders(self) -> int:
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
         raise self._refuse()
 
     def controlled_shutdown(self, broker_id: int) -> int:

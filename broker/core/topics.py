@@ -16,10 +16,12 @@ shutdown gate (``broker.core.gate``).
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.config_keys import check_replication_policy
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.membership import Membership
@@ -39,6 +41,8 @@ from tidelog.storage.files import validate_topic_name
 from tidelog.storage.log_manager import LogManager, TopicMetadata
 
 __all__ = [
+    "LogDirPartition",
+    "LogDirView",
     "MetadataTopic",
     "PartitionCountResult",
     "PartitionView",
@@ -63,6 +67,8 @@ class PartitionView:
     leader_epoch: int = 0
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,30 @@ class TopicView:
     internal: bool
     config: Mapping[str, str]
     partitions: Sequence[PartitionView]
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirPartition:
+    """One partition's copy in a log directory (Kafka's DescribeLogDirs): its size on
+    disk and how far its log end is behind the high watermark (0 when not behind)."""
+
+    topic: str
+    partition: int
+    size_bytes: int
+    offset_lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirView:
+    """This broker's log directory (it has one) as Kafka's DescribeLogDirs shows it: the
+    file system's size and free space, and the partitions asked for that are here."""
+
+    path: str
+    total_bytes: int
+    usable_bytes: int
+    partitions: Sequence[LogDirPartition]
+    error_code: str = ""
+    error_message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,17 +166,20 @@ class Topics:
         factor None: ``default.replication.factor``).
 
         Raises ``InvalidReplicationFactorError`` for a factor a single node cannot keep
-        (more than 1), and in cluster mode ``NotControllerError`` on another broker than
+        (more than 1), ``PolicyViolationError`` for a ``min.insync.replicas`` above the
+        factor, and in cluster mode ``NotControllerError`` on another broker than
         the controller (the client retries there).
         """
         factor = replication_factor or self._config.default_replication_factor
         admin = self._membership.topic_admin
+        if admin is None and factor != 1:
+            raise InvalidReplicationFactorError(
+                f"replication factor {factor} needs {factor} brokers; this is a single "
+                "node (start brokers with zookeeper.connect for a cluster)"
+            )
+        # A topic's own min.insync.replicas above its factor: POLICY_VIOLATION.
+        check_replication_policy(config, factor, name)
         if admin is None:
-            if factor != 1:
-                raise InvalidReplicationFactorError(
-                    f"replication factor {factor} needs {factor} brokers; this is a single "
-                    "node (start brokers with zookeeper.connect for a cluster)"
-                )
             with self._gate.operation():
                 meta = self._logs.create_topic(name, partitions or None, config)
                 return self.view(meta)
@@ -155,14 +188,35 @@ class Topics:
         admin.create_topic(name, count, factor, config)
         return self.describe_topic(name)
 
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        """Kafka's ElectLeaders (KIP-460; the controller runs it,
+        ``broker.cluster.controller.Controller.elect_leaders``): per partition "" or
+        Kafka's error name. On a single node, where the only replica always leads: every
+        named partition of a known topic needs no election (``ELECTION_NOT_NEEDED``), an
+        unknown one is ``UNKNOWN_TOPIC_OR_PARTITION``, and "every partition" is nothing.
+        ``NotControllerError`` on a cluster broker that is not the controller."""
+        admin = self._membership.topic_admin
+        if admin is not None:
+            return admin.elect_leaders(unclean, partitions)
+        counts = {t.name: t.partitions for t in self._logs.topics()}
+        return {
+            (topic, partition): (
+                "ELECTION_NOT_NEEDED"
+                if 0 <= partition < counts.get(topic, 0)
+                else "UNKNOWN_TOPIC_OR_PARTITION"
+            )
+            for topic, partition in partitions or ()
+        }
+
     def elect_preferred_leaders(self) -> int:
         """Move leaderships back to the preferred replicas (cluster mode; the controller
         runs it); returns how many moved. ``InvalidRequestError`` on a single node, where
         the only replica always leads; ``NotControllerError`` on another broker."""
-        admin = self._membership.topic_admin
-        if admin is None:
+        if self._membership.topic_admin is None:
             raise InvalidRequestError("a single node has no other replica to elect")
-        return admin.elect_preferred_leaders()
+        return sum(1 for code in self.elect_leaders(False, None).values() if not code)
 
     def controlled_shutdown(self, broker_id: int) -> int:
         """The controller's part of a broker's controlled shutdown (cluster mode)."""
@@ -243,6 +297,14 @@ class Topics:
         with self._gate.operation():
             self._membership.placement.check_joined()
             return self.view(self._logs.topic(name))
+
+    def topic_metadata(self, name: str) -> TopicMetadata:
+        """A topic's partition count, overrides and effective config; raises as
+        ``describe_topic``."""
+        validate_topic_name(name)
+        with self._gate.operation():
+            self._membership.placement.check_joined()
+            return self._logs.topic(name)
 
     def metadata(
         self, topics: Sequence[str], include_internal: bool
@@ -351,6 +413,38 @@ class Topics:
                 answers.append(PartitionCountResult(name, meta.partitions))
             return answers
 
+    def describe_log_dirs(self, partitions: Sequence[tuple[str, int]] | None) -> LogDirView:
+        """Kafka's DescribeLogDirs on this broker: its one data directory, with the
+        partitions asked for (None: every partition here, internal ones included) that
+        have a copy here; others are left out, as Kafka does. A file system that cannot
+        be read answers ``KAFKA_STORAGE_ERROR`` in the view, not an exception."""
+        directory = self._logs.data_dir
+        with self._gate.operation():
+            try:
+                usage = shutil.disk_usage(directory)
+            except OSError as exc:
+                return LogDirView(
+                    str(directory), -1, -1, (), "KAFKA_STORAGE_ERROR", f"{directory}: {exc}"
+                )
+            counts = {t.name: t.partitions for t in self._logs.topics()}
+            wanted = (
+                [(name, p) for name, count in sorted(counts.items()) for p in range(count)]
+                if partitions is None
+                else [(t, p) for t, p in dict.fromkeys(partitions) if 0 <= p < counts.get(t, 0)]
+            )
+            found = []
+            for topic, partition in wanted:
+                plog = self._logs.get_log(topic, partition)
+                found.append(
+                    LogDirPartition(
+                        topic,
+                        partition,
+                        plog.size_bytes,
+                        max(plog.high_watermark - plog.log_end_offset, 0),
+                    )
+                )
+            return LogDirView(str(directory), usage.total, usage.free, found)
+
     def view(self, meta: TopicMetadata) -> TopicView:
         """``meta`` as ``DescribeTopic`` shows it: offsets, sizes, placement, config."""
         partitions = []
@@ -369,6 +463,8 @@ class Topics:
                     placed.leader_epoch,
                     placed.replicas,
                     placed.isr,
+                    placed.elr,
+                    placed.last_known_elr,
                 )
             )
         return TopicView(meta.name, meta.internal, meta.config.to_mapping(), partitions)

@@ -85,9 +85,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tidelog.broker.groups.assignor import TopicPartition
-from tidelog.broker.groups.consumer_protocol import assigned_partitions, subscribed_topics
+from tidelog.broker.groups.consumer_protocol import (
+    assigned_partitions,
+    parse_subscribed_topics,
+    subscribed_topics,
+)
 from tidelog.broker.groups.coordinator import MemberView
 from tidelog.storage.clock import Clock
+from tidelog.storage.errors import GroupNotEmptyError
 
 __all__ = [
     "DEFAULT_INITIAL_REBALANCE_DELAY_MS",
@@ -98,6 +103,7 @@ __all__ = [
     "ClassicGroupSnapshot",
     "ClassicGroups",
     "ClassicMemberDescription",
+    "ClassicSubscriptions",
     "GroupState",
     "JoinRequest",
     "JoinResult",
@@ -216,6 +222,22 @@ class ClassicGroupSnapshot:
     state: str
     generation: int
     members: tuple[MemberView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicSubscriptions:
+    """A classic group's live members as OffsetDelete (KIP-496) sees them: how many, their
+    protocol type, and the topics they subscribe to (None: some member's subscription
+    does not parse, or the group's type is not "consumer": every topic, to be safe, as
+    Kafka's ``GroupMetadata.isSubscribedToTopic``)."""
+
+    members: int
+    protocol_type: str
+    topics: frozenset[str] | None
+
+    def subscribes_to(self, topic: str) -> bool:
+        """Whether a live member may be consuming ``topic``."""
+        return self.members > 0 and (self.topics is None or topic in self.topics)
 
 
 @dataclass(slots=True, eq=False)
@@ -613,6 +635,55 @@ class ClassicGroups:
                 for g in groups
                 if g.members
             ]
+
+    def subscriptions(self, group_id: str) -> ClassicSubscriptions | None:
+        """The group's live members and their subscribed topics (``ClassicSubscriptions``),
+        or None if no classic group of that id is known here. A member's topics are read
+        from the metadata of the chosen protocol, or of every protocol it offered while
+        the first rebalance has chosen none."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                return None
+            topics: set[str] | None = set()
+            if group.members and group.protocol_type != "consumer":
+                topics = None
+            for member in group.members.values():
+                if topics is None:
+                    break
+                offered = (
+                    [self._metadata(member, group.protocol_name)]
+                    if group.protocol_name is not None
+                    else [metadata for _, metadata in member.protocols]
+                )
+                for metadata in offered:
+                    parsed = parse_subscribed_topics(metadata)
+                    if parsed is None:
+                        topics = None
+                        break
+                    topics.update(parsed)
+            return ClassicSubscriptions(
+                len(group.members),
+                group.protocol_type or "",
+                None if topics is None else frozenset(topics),
+            )
+
+    def delete(self, group_id: str) -> bool:
+        """Forget an empty classic group (DeleteGroups); True if one was known here.
+
+        Raises:
+            GroupNotEmptyError: the group has members (nothing changes).
+        """
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                return False
+            if group.members:
+                raise GroupNotEmptyError(
+                    f"group {group_id} has {len(group.members)} member(s); stop them first"
+                )
+            del self._groups[group_id]
+            return True
 
     def has_groups(self) -> bool:
         """Whether any classic group (or handed-out member id) is kept, so expiry matters."""

@@ -23,7 +23,7 @@ import struct
 
 from tidelog.broker.groups.assignor import TopicPartition
 
-__all__ = ["assigned_partitions", "subscribed_topics"]
+__all__ = ["assigned_partitions", "parse_subscribed_topics", "subscribed_topics"]
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -72,12 +72,18 @@ class _Reader:
 
 def subscribed_topics(metadata: bytes) -> frozenset[str]:
     """The topics of a ConsumerProtocolSubscription; empty if it does not parse."""
+    return parse_subscribed_topics(metadata) or frozenset()
+
+
+def parse_subscribed_topics(metadata: bytes) -> frozenset[str] | None:
+    """The topics of a ConsumerProtocolSubscription; None if it does not parse (callers
+    that must be safe, as OffsetDelete, read None as "every topic")."""
     try:
         reader = _Reader(metadata, 2)  # after the version
         topics = frozenset(reader.string() for _ in range(reader.count()))
         reader.nullable_bytes()
     except (_TruncatedError, UnicodeDecodeError):
-        return frozenset()
+        return None
     return topics
 
 

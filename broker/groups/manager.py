@@ -16,7 +16,12 @@ fsync. A partition can only move to another member after the committing member's
 heartbeat, which its client sends after the commit returned (on_revoke commits first), so
 the new owner reads the committed offset. Commits without a member id, offset resets and
 group deletion need an empty group, and hold the coordinator lock through the write so
-that no member joins while the offsets change under it.
+that no member joins while the offsets change under it. Deleting some offsets
+(OffsetDelete, KIP-496) needs no empty group, only that no live member subscribes to the
+partition's topic (``GROUP_SUBSCRIBED_TO_TOPIC`` otherwise): a KIP-848 member can only
+commit a partition it holds, hence of a topic it subscribes to, and a member's
+subscription changes only through a heartbeat its client sends after its commits
+returned, so a commit and the tombstones that delete it never cross.
 
 Both group protocols live here: Kafka's classic protocol (JoinGroup/SyncGroup members,
 ``broker.groups.classic``) is ``classic``, a ``ClassicGroups`` beside the KIP-848
@@ -60,6 +65,8 @@ from tidelog.broker.groups.offset_store import OffsetStore, OffsetStoreConfig
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     GroupIdNotFoundError,
+    GroupNotEmptyError,
+    GroupSubscribedToTopicError,
     InvalidRequestError,
     StaleMemberEpochError,
     UnknownTopicOrPartitionError,
@@ -555,21 +562,107 @@ class GroupManager:
         return found[0] if found is not None else end
 
     def delete_group(self, group_id: str) -> None:
-        """Delete an empty group's committed offsets (tombstones in the offsets topic).
+        """Delete an empty group: its committed offsets (tombstones in the offsets topic)
+        and an empty classic group's entry (Kafka's DeleteGroups).
+
+        A group with members of either protocol is refused. A classic member that joins
+        while the group is deleted finds it as if it had joined just after: its own
+        commits are simple commits, written under the coordinator lock held here, so none
+        is lost between the check and the tombstones.
 
         Raises:
-            GroupNotEmptyError: the group has members.
-            GroupIdNotFoundError: the group has no committed offsets (and no members).
+            GroupNotEmptyError: the group has members (KIP-848 or classic).
+            GroupIdNotFoundError: the group has no committed offsets, no members and no
+                classic entry here.
             StorageError: the write failed (nothing changed).
         """
         _check_group_id(group_id)
+        classic = self.classic.subscriptions(group_id)
+        if classic is not None and classic.members:
+            raise GroupNotEmptyError(
+                f"group {group_id} has {classic.members} member(s); stop them first"
+            )
         with self._lock:
             self._coordinator.require_empty(group_id)
             committed = self._store.offsets(group_id)
-            if not committed:
+            if not committed and classic is None:
                 raise GroupIdNotFoundError(f"no group {group_id!r}")
-            self._store.delete(group_id, committed)
+            if committed:
+                self._store.delete(group_id, committed)
+        try:
+            self.classic.delete(group_id)
+        except GroupNotEmptyError:
+            pass  # a member joined meanwhile: it keeps its (new) group, without offsets
         log.info("group %s deleted (%d committed offset(s))", group_id, len(committed))
+
+    def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> list[OffsetResult]:
+        """Delete some of a group's committed offsets (Kafka's OffsetDelete, KIP-496).
+
+        Each partition is answered in request order (a repeated one once): no error
+        (deleted with a tombstone in the offsets topic, or nothing was committed),
+        ``UNKNOWN_TOPIC_OR_PARTITION``, or ``GROUP_SUBSCRIBED_TO_TOPIC`` while a live
+        member subscribes to its topic (a KIP-848 member's subscribed topic names; a
+        classic member's from its protocol metadata, every topic when that does not
+        parse). The tombstones are durable before this returns, so the deletion survives
+        a restart and a coordinator move (``OffsetStore``).
+
+        Raises:
+            InvalidRequestError: a bad group id.
+            GroupIdNotFoundError: the group has neither members nor committed offsets.
+            GroupNotEmptyError: a classic group with members that is not a "consumer"
+                group (Kafka cannot tell what it consumes).
+            StorageError: the write failed (nothing was deleted).
+        """
+        _check_group_id(group_id)
+        classic = self.classic.subscriptions(group_id)
+        if classic is not None and classic.members and classic.protocol_type != "consumer":
+            raise GroupNotEmptyError(
+                f"group {group_id} has {classic.members} member(s) of protocol type "
+                f"{classic.protocol_type!r}; stop them first"
+            )
+        results: list[OffsetResult] = []
+        # Under the coordinator lock: no KIP-848 member subscribes, and no simple or
+        # classic commit lands, between the check and the tombstones.
+        with self._lock:
+            view = self._coordinator.view(group_id)
+            committed = self._store.offsets(group_id)
+            if not view.members and classic is None and not committed:
+                raise GroupIdNotFoundError(f"no group {group_id!r}")
+            subscribed = frozenset().union(*(m.subscribed_topics for m in view.members))
+            doomed: list[TopicPartition] = []
+            for tp in dict.fromkeys(partitions):
+                error = self._partition_error(tp)
+                if error is None and (
+                    tp.topic in subscribed
+                    or (classic is not None and classic.subscribes_to(tp.topic))
+                ):
+                    error = GroupSubscribedToTopicError(
+                        f"group {group_id} has a live member subscribed to {tp.topic}"
+                    )
+                if error is not None:
+                    results.append(_result(tp, error))
+                    continue
+                if tp in committed:
+                    doomed.append(tp)
+                results.append(OffsetResult(tp))
+            if doomed:
+                self._store.delete(group_id, doomed)
+        log.info("group %s: deleted %d committed offset(s)", group_id, len(doomed))
+        return results
+
+    def _partition_error(self, tp: TopicPartition) -> BaseException | None:
+        """``UnknownTopicOrPartitionError`` unless ``tp`` is in the topic table."""
+        try:
+            count = self._logs.topic(tp.topic).partitions
+        except UnknownTopicOrPartitionError as exc:
+            return exc
+        if not 0 <= tp.partition < count:
+            return UnknownTopicOrPartitionError(
+                f"topic {tp.topic!r} has no partition {tp.partition} (it has {count})"
+            )
+        return None
 
     def forget_topic(self, topic: str) -> None:
         """Delete every group's committed offsets of a deleted topic (as Kafka does), so a

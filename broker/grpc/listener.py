@@ -29,7 +29,14 @@ job, the job's end a callback on the loop, the handler answering in order);
 ``FetchStream`` answers its requests one after the other, each parked as long as it has
 to. The end of a call
 (client gone, cancelled, keepalive failed) cancels the handler's task, whose ``finally``
-cancels its parked operation.
+cancels its parked operation. When the broker stops (``AsyncListener.stop``), every
+produce stream reads no more requests, answers those it read (an ``acks=all`` one once
+durable, or ``NOT_LEADER_OR_FOLLOWER`` from a leadership the stop resigned) and ends
+``UNAVAILABLE`` (retriable: the client sends what was unanswered elsewhere): a producer's
+stream stays open between sends, and an open one held grpc's stop for the whole
+``shutdown.grace.ms`` (issue #29). A fetch stream waiting for its client's next request
+still does (left for later: its parked fetches are answered at once by the core's
+``begin_close``, and the next request is refused).
 
 Quotas (``broker.core.quotas``): storage time is counted against the caller's
 ``request_percentage``, produced and fetched bytes against its byte rates; a caller over
@@ -64,7 +71,7 @@ from grpc_health.v1._async import HealthServicer as AsyncHealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from tidelog.broker.core.context import RequestContext
-from tidelog.broker.core.errors import Outcome
+from tidelog.broker.core.errors import Outcome, ShuttingDownError
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
 from tidelog.broker.core.limits import Admission
@@ -136,6 +143,16 @@ class _AsyncService:
             rpc_metrics=True,  # the older tidelog_requests_total, for existing dashboards
         )
         self._bridge = self._pipeline.bridge
+        # What ends each open produce stream when the broker stops (``end_streams``).
+        self._stream_enders: set[Callable[[], None]] = set()
+        self._closing = False
+
+    def end_streams(self) -> None:
+        """The broker is stopping: every open produce stream reads no more requests,
+        answers what it read and ends ``UNAVAILABLE``; one opened later ends at once."""
+        self._closing = True
+        for end in list(self._stream_enders):
+            end()
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         return generic_handler(
@@ -387,6 +404,17 @@ class _AsyncService:
             answers.put_nowait(end)
 
         reader = asyncio.create_task(read())
+
+        def end_on_close() -> None:
+            # A request read but not yet queued is dropped unanswered: nothing of it was
+            # appended, and the stream's error fails it on the client (retriable).
+            if not reader.done():
+                reader.cancel()
+                answers.put_nowait(ShuttingDownError("the broker is shutting down"))
+
+        self._stream_enders.add(end_on_close)
+        if self._closing:
+            end_on_close()
         try:
             while True:
                 entry = await answers.get()
@@ -405,6 +433,7 @@ class _AsyncService:
         except Exception as exc:
             await self._abort(context, "ProduceStream", exc, started)
         finally:
+            self._stream_enders.discard(end_on_close)
             state.ended = True
             reader.cancel()
             if state.in_flight_bytes:
@@ -657,10 +686,12 @@ class AsyncListener:
         health: AsyncHealthServicer,
         executor: ThreadPoolExecutor,
         port: int,
+        service: _AsyncService,
     ) -> None:
         self._loop = loop
         self._thread = thread
         self._server = server
+        self._service = service
         self._health = health
         self._executor = executor
         self.port = port
@@ -687,7 +718,7 @@ class AsyncListener:
         thread.start()
         executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="tidelog-io")
 
-        async def build() -> tuple[aio.Server, AsyncHealthServicer, int]:
+        async def build() -> tuple[aio.Server, AsyncHealthServicer, int, _AsyncService]:
             server = aio.server(options=options)
             service = _AsyncService(core, admission, executor, loop)
             server.add_generic_rpc_handlers((service.generic_handler(),))
@@ -704,10 +735,10 @@ class AsyncListener:
                 raise
             for name in ("", BROKER_SERVICE_NAME):
                 await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-            return server, health, port
+            return server, health, port, service
 
         try:
-            server, health, port = asyncio.run_coroutine_threadsafe(build(), loop).result(
+            server, health, port, service = asyncio.run_coroutine_threadsafe(build(), loop).result(
                 _LOOP_CALL_TIMEOUT_S
             )
         except BaseException:
@@ -715,7 +746,7 @@ class AsyncListener:
             thread.join(5)
             executor.shutdown(wait=False)
             raise
-        return cls(loop, thread, server, health, executor, port)
+        return cls(loop, thread, server, health, executor, port, service)
 
     def enter_graceful_shutdown(self) -> None:
         """Health reports ``NOT_SERVING`` from now on."""
@@ -726,9 +757,17 @@ class AsyncListener:
     def stop(self, grace_ms: int, margin_ms: int) -> bool:
         """Stop accepting calls, give those in flight ``grace_ms``, then stop the loop.
 
+        Open produce streams end first (``_AsyncService.end_streams``): an idle one would
+        hold the stop for the whole grace period.
+
         Returns False if the server did not stop within grace + margin.
         """
-        future = asyncio.run_coroutine_threadsafe(self._server.stop(grace_ms / 1000.0), self._loop)
+
+        async def stop() -> None:
+            self._service.end_streams()
+            await self._server.stop(grace_ms / 1000.0)
+
+        future = asyncio.run_coroutine_threadsafe(stop(), self._loop)
         try:
             future.result((grace_ms + margin_ms) / 1000.0)
             stopped = True

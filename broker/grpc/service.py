@@ -38,10 +38,11 @@ from tidelog.broker.core.acl import (
     parse_enum,
 )
 from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
+from tidelog.broker.core.offsets import EpochQuery, OffsetQuery, RecordsToDelete
 from tidelog.broker.core.produce import PartitionProduced, PartitionRecords
 from tidelog.broker.core.topics import TopicView
 from tidelog.broker.groups.assignor import TopicPartition
@@ -179,6 +180,68 @@ def _alter_topic_config(
     )
 
 
+def _config_kind(resource: pb.ConfigResource) -> ResourceKind:
+    try:
+        return ResourceKind(resource.type)
+    except ValueError:
+        raise InvalidRequestError(
+            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC or CONFIG_RESOURCE_TYPE_BROKER"
+        ) from None
+
+
+def _describe_configs(
+    core: BrokerCore, request: pb.DescribeConfigsRequest, context: RequestContext
+) -> pb.DescribeConfigsResponse:
+    entries = core.describe_configs(
+        _config_kind(request.resource), request.resource.name, list(request.keys) or None
+    )
+    return pb.DescribeConfigsResponse(
+        entries=[
+            pb.ConfigEntry(
+                name=e.name,
+                value=e.value,
+                source=pb.ConfigSource.Value(f"CONFIG_SOURCE_{e.source.name}"),
+                read_only=e.read_only,
+                sensitive=e.sensitive,
+                type=e.config_type.name,
+                documentation=e.documentation,
+                synonyms=[
+                    pb.ConfigSynonym(
+                        name=s.name,
+                        value=None if e.sensitive else s.value,
+                        source=pb.ConfigSource.Value(f"CONFIG_SOURCE_{s.source.name}"),
+                    )
+                    for s in e.synonyms
+                ],
+            )
+            for e in entries
+        ]
+    )
+
+
+def _incremental_alter_configs(
+    core: BrokerCore, request: pb.IncrementalAlterConfigsRequest, context: RequestContext
+) -> pb.IncrementalAlterConfigsResponse:
+    if any(a.operation not in AlterOp._value2member_map_ for a in request.alterations):
+        raise InvalidRequestError("unknown config operation (SET, DELETE, APPEND, SUBTRACT)")
+    changes = [
+        ConfigChange(
+            a.name,
+            AlterOp(a.operation),
+            None if a.operation == pb.CONFIG_OPERATION_DELETE else a.value,
+        )
+        for a in request.alterations
+    ]
+    core.alter_configs(
+        _config_kind(request.resource),
+        request.resource.name,
+        changes,
+        incremental=True,
+        validate_only=request.validate_only,
+    )
+    return pb.IncrementalAlterConfigsResponse()
+
+
 def _create_partitions(
     core: BrokerCore, request: pb.CreatePartitionsRequest, context: RequestContext
 ) -> pb.CreatePartitionsResponse:
@@ -201,9 +264,40 @@ def _create_partitions(
 def _elect_leaders(
     core: BrokerCore, request: pb.ElectLeadersRequest, context: RequestContext
 ) -> pb.ElectLeadersResponse:
-    if not request.preferred:
-        raise InvalidRequestError("only preferred leader elections can be asked for")
-    return pb.ElectLeadersResponse(moved=core.elect_preferred_leaders())
+    if request.preferred == request.unclean:
+        raise InvalidRequestError("ask for exactly one of a preferred or an unclean election")
+    wanted = [(t.topic, p) for t in request.partitions for p in t.partitions] or None
+    results = core.elect_leaders(request.unclean, wanted)
+    return pb.ElectLeadersResponse(
+        moved=sum(1 for code in results.values() if not code),
+        results=[
+            pb.ElectionResult(topic=topic, partition=partition, error_code=code)
+            for (topic, partition), code in results.items()
+        ],
+    )
+
+
+def _describe_log_dirs(
+    core: BrokerCore, request: pb.DescribeLogDirsRequest, context: RequestContext
+) -> pb.DescribeLogDirsResponse:
+    wanted = [(t.topic, p) for t in request.partitions for p in t.partitions] or None
+    found = core.describe_log_dirs(wanted)
+    return pb.DescribeLogDirsResponse(
+        path=found.path,
+        total_bytes=found.total_bytes,
+        usable_bytes=found.usable_bytes,
+        partitions=[
+            pb.LogDirPartition(
+                topic=p.topic,
+                partition=p.partition,
+                size_bytes=p.size_bytes,
+                offset_lag=p.offset_lag,
+            )
+            for p in found.partitions
+        ],
+        error_code=found.error_code,
+        error_message=found.error_message,
+    )
 
 
 def _acl_binding(binding: AclBinding) -> pb.AclBinding:
@@ -352,6 +446,28 @@ def _describe_producers(
     )
 
 
+DEFAULT_DELETE_RECORDS_TIMEOUT_MS = 30_000  # a request's timeout_ms 0
+
+
+def _delete_records(
+    core: BrokerCore, request: pb.DeleteRecordsRequest, context: RequestContext
+) -> pb.DeleteRecordsResponse:
+    wanted = [RecordsToDelete(p.topic, p.partition, p.offset) for p in request.partitions]
+    timeout_ms = request.timeout_ms or DEFAULT_DELETE_RECORDS_TIMEOUT_MS
+    return pb.DeleteRecordsResponse(
+        results=[
+            pb.DeleteRecordsResult(
+                topic=a.topic,
+                partition=a.partition,
+                low_watermark=a.low_watermark,
+                error_code=a.error_code,
+                error_message=a.error_message,
+            )
+            for a in core.delete_records(wanted, timeout_ms)
+        ]
+    )
+
+
 # --- consumer groups ----------------------------------------------------------------------
 
 
@@ -438,6 +554,24 @@ def _delete_group(
 ) -> pb.DeleteGroupResponse:
     core.delete_group(request.group_id)
     return pb.DeleteGroupResponse()
+
+
+def _offset_delete(
+    core: BrokerCore, request: pb.OffsetDeleteRequest, context: RequestContext
+) -> pb.OffsetDeleteResponse:
+    partitions = [TopicPartition(t.topic, p) for t in request.partitions for p in t.partitions]
+    results = core.delete_offsets(request.group_id, partitions)
+    return pb.OffsetDeleteResponse(
+        results=[
+            pb.OffsetDeleteResult(
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+                error_code=r.error_code,
+                error_message=r.error_message,
+            )
+            for r in results
+        ]
+    )
 
 
 # --- client quotas ------------------------------------------------------------------------
@@ -545,8 +679,11 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "ListTopics": _list_topics,
     "DescribeTopic": _describe_topic,
     "AlterTopicConfig": _alter_topic_config,
+    "DescribeConfigs": _describe_configs,
+    "IncrementalAlterConfigs": _incremental_alter_configs,
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
+    "DescribeLogDirs": _describe_log_dirs,
     "ControlledShutdown": _controlled_shutdown,
     "CreateAcls": _create_acls,
     "DescribeAcls": _describe_acls,
@@ -555,6 +692,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,
+    "DeleteRecords": _delete_records,
     "ConsumerGroupHeartbeat": _consumer_group_heartbeat,
     "OffsetCommit": _offset_commit,
     "OffsetFetch": _offset_fetch,
@@ -562,6 +700,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "DescribeGroup": _describe_group,
     "ResetGroupOffsets": _reset_group_offsets,
     "DeleteGroup": _delete_group,
+    "OffsetDelete": _offset_delete,
     "AlterClientQuotas": _alter_client_quotas,
     "DescribeClientQuotas": _describe_client_quotas,
     "Metadata": _metadata,
@@ -595,6 +734,7 @@ def fetch_spec(
                 p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
                 p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1,
                 None if gate is None else gate(p.topic),
+                p.log_start_offset if p.HasField("log_start_offset") else -1,
             )
             for p in request.partitions
         ],
@@ -625,6 +765,8 @@ def _topic_description(view: TopicView) -> pb.TopicDescription:
                 leader_epoch=p.leader_epoch,
                 replicas=p.replicas,
                 isr=p.isr,
+                elr=p.elr,
+                last_known_elr=p.last_known_elr,
             )
             for p in view.partitions
         ],

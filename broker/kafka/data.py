@@ -11,8 +11,10 @@ InitProducerId.
 - Fetch: a long poll is parked in the core's fetch purgatory (``start_fetch`` /
   ``step_fetch``) and woken by an append through the pipeline's ``LoopBridge``; reads stop at
   the high watermark. ``read_committed`` is answered with last stable offset = high
-  watermark and no aborted transactions (no transactions exist). Fetch sessions are
-  declined (``session_id`` 0: clients send full fetches).
+  watermark and no aborted transactions (no transactions exist). v7+ keeps incremental
+  fetch sessions (KIP-227, ``broker.kafka.fetch_sessions``): an incremental fetch reads
+  every partition of its session at the offsets last sent and is answered with those
+  that have records, an error, or a high watermark or log start offset that moved.
 - ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 the record with
   the largest timestamp below the high watermark (v7, KIP-734; the first of several
   sharing it, as Kafka).
@@ -39,6 +41,13 @@ from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from tidelog.broker.kafka.authz import denied, gate, refusals
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from tidelog.broker.kafka.fetch_sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    FetchSession,
+    SessionError,
+    Update,
+)
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.batch_times import NO_TIME, BatchTimes
 
@@ -138,18 +147,39 @@ def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
 async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """Fetch (v4-12): see the module docstring."""
     refuse = gate(conn)
+    updates = [
+        Update(
+            (t["topic"], p["partition"]),
+            p["fetch_offset"],
+            p.get("partition_max_bytes", 0),
+            p.get("current_leader_epoch", -1),
+        )
+        for t in request["topics"]
+        for p in t["partitions"]
+    ]
+    try:
+        session, incremental = _session_of(conn, header, request, updates)
+    except SessionError as exc:
+        return {"error_code": error_code_for(exc.code), "session_id": 0, "responses": []}
+    wanted = (
+        [
+            Update(key, c.fetch_offset, c.max_bytes, c.current_leader_epoch)
+            for key, c in session.partitions.items()
+        ]
+        if session is not None
+        else updates
+    )
     spec = FetchSpec(
         partitions=[
             PartitionFetchSpec(
-                t["topic"],
-                p["partition"],
-                p["fetch_offset"],
-                p.get("partition_max_bytes", 0),
-                p.get("current_leader_epoch", -1),
-                refused=refuse(t["topic"]),
+                u.key[0],
+                u.key[1],
+                u.fetch_offset,
+                u.max_bytes,
+                u.current_leader_epoch,
+                refused=refuse(u.key[0]),
             )
-            for t in request["topics"]
-            for p in t["partitions"]
+            for u in wanted
         ],
         max_wait_ms=max(request["max_wait"], 0),
         min_bytes=max(request["min_bytes"], 0),
@@ -159,14 +189,43 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
     conn.record_quota(CONSUMER_BYTE_RATE, sum(len(a.records or b"") for a in answers))
     by_topic: dict[str, list[Plain]] = {}
     for a in answers:
+        if session is not None:
+            cached = session.partitions.get((a.topic, a.partition))
+            moved = cached is None or cached.changed(a.high_watermark, a.log_start_offset)
+            if incremental and not (moved or a.records or a.error_code):
+                continue  # nothing new: left out of an incremental answer
         by_topic.setdefault(a.topic, []).append(_fetched(a))
     return {
         "error_code": NONE,
-        "session_id": 0,
+        "session_id": session.session_id if session is not None else 0,
         "responses": [
             {"topic": topic, "partitions": partitions} for topic, partitions in by_topic.items()
         ],
     }
+
+
+def _session_of(
+    conn: Connection, header: RequestHeader, request: Plain, updates: list[Update]
+) -> tuple[FetchSession | None, bool]:
+    """The fetch's session (None: a full fetch without one) and whether the fetch is
+    incremental; raises ``SessionError`` for a session it may not use."""
+    if header.api_version < 7:
+        return None, False
+    cache = conn.listener.fetch_sessions
+    session_id = request.get("session_id", 0)
+    epoch = request.get("session_epoch", FINAL_EPOCH)
+    if epoch == FINAL_EPOCH:
+        if session_id:
+            cache.close(session_id)
+        return None, False
+    if epoch == INITIAL_EPOCH:
+        if session_id:
+            cache.close(session_id)
+        return cache.create(updates), False
+    forgotten = [
+        (t["topic"], p) for t in request.get("forgotten_topics_data") or () for p in t["partitions"]
+    ]
+    return cache.continue_session(session_id, epoch, updates, forgotten), True
 
 
 async def _fetch(conn: Connection, spec: FetchSpec) -> list[PartitionFetched]:

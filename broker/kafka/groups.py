@@ -11,6 +11,9 @@ Heartbeat and LeaveGroup reaching another broker answer ``NOT_COORDINATOR`` (and
 the coordinator again, as Kafka's do. Without it, members that found a new coordinator
 and members still on the old one would form two groups each owning every partition.
 
+DeleteGroups deletes a group with neither classic nor KIP-848 members, and its committed
+offsets, one result per group.
+
 ListGroups lists the classic groups with members and the core's groups (Tidelog's own
 KIP-848 groups and groups with committed offsets only), each once. DescribeGroups answers
 a classic group from its state here; any other group from the core, as an ``Empty`` group
@@ -23,7 +26,7 @@ import asyncio
 
 from tidelog.broker.core.operations import group
 from tidelog.broker.groups.classic import ClassicError, JoinRequest
-from tidelog.broker.kafka.authz import denied, operations_bits, visible
+from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
 from tidelog.broker.kafka.listener import Connection
@@ -31,6 +34,7 @@ from tidelog.storage.errors import LeaderNotAvailableError
 
 __all__ = [
     "classic_error_code",
+    "delete_groups",
     "describe_groups",
     "heartbeat",
     "join_group",
@@ -270,3 +274,26 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
                 conn, group(answer["group_id"]), asked
             )
     return {"groups": answers}
+
+
+async def delete_groups(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DeleteGroups (v0-2): one result per group, in request order, as Kafka answers it:
+    ``GROUP_AUTHORIZATION_FAILED`` without DELETE on the group, ``NOT_COORDINATOR`` on a
+    broker that does not coordinate it, ``NON_EMPTY_GROUP`` while it has members (classic
+    or KIP-848), ``GROUP_ID_NOT_FOUND`` for a group unknown here; else it is deleted with
+    its committed offsets (``GroupManager.delete_group``, the gRPC ``DeleteGroup``'s call).
+    """
+    ids = list(dict.fromkeys(request.get("groups_names") or []))
+    decided = refusals(conn, [group(group_id) for group_id in ids])
+    results = []
+    for group_id in ids:
+        code = decided[group(group_id)]
+        if not code and not group_id:
+            code = error_code_for("INVALID_GROUP_ID")  # as Kafka's validateGroupStatus
+        if not code:
+            try:
+                await conn.run(conn.core.delete_group, group_id)
+            except Exception as exc:
+                code, _ = kafka_error(exc)
+        results.append({"group_id": group_id, "error_code": code})
+    return {"results": results}

@@ -21,7 +21,15 @@ from typing import Any
 
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
-from tidelog.broker.kafka.admin import describe_cluster, describe_configs
+from tidelog.broker.kafka.admin import (
+    alter_configs,
+    delete_records,
+    describe_cluster,
+    describe_configs,
+    describe_log_dirs,
+    elect_leaders,
+    incremental_alter_configs,
+)
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
 from tidelog.broker.kafka.codec import Plain, RequestHeader
@@ -35,6 +43,7 @@ from tidelog.broker.kafka.data import (
 )
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.groups import (
+    delete_groups,
     describe_groups,
     heartbeat,
     join_group,
@@ -44,7 +53,12 @@ from tidelog.broker.kafka.groups import (
 )
 from tidelog.broker.kafka.kip848 import consumer_group_heartbeat, topic_id
 from tidelog.broker.kafka.listener import Connection, Handler
-from tidelog.broker.kafka.offsets import find_coordinator, offset_commit, offset_fetch
+from tidelog.broker.kafka.offsets import (
+    find_coordinator,
+    offset_commit,
+    offset_delete,
+    offset_fetch,
+)
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
@@ -308,11 +322,18 @@ HANDLERS: dict[int, Handler] = {
     18: api_versions,
     19: create_topics,
     20: delete_topics,
+    21: delete_records,
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,
+    33: alter_configs,
+    35: describe_log_dirs,
     36: sasl_authenticate,
     37: create_partitions,
+    42: delete_groups,
+    43: elect_leaders,
+    44: incremental_alter_configs,
+    47: offset_delete,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,

@@ -53,6 +53,7 @@ import logging
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -73,6 +74,7 @@ from tidelog.broker.kafka.codec import (
     response_has_field,
 )
 from tidelog.broker.kafka.errors import error_name
+from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
 from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.broker.tls import principal_from_peer_certificate
@@ -103,6 +105,8 @@ class ListenerSettings:
         io_threads: the pool that runs blocking core calls.
         ssl_context: TLS for every connection (``security.protocol`` SSL, SASL_SSL).
         sasl: connections must authenticate first (SASL_PLAINTEXT, SASL_SSL).
+        fetch_session_slots, fetch_session_eviction_ms: the fetch session cache
+            (``broker.kafka.fetch_sessions``).
     """
 
     host: str
@@ -114,6 +118,8 @@ class ListenerSettings:
     io_threads: int = 4
     ssl_context: ssl.SSLContext | None = None
     sasl: bool = False
+    fetch_session_slots: int = 1_000
+    fetch_session_eviction_ms: int = 120_000
 
 
 class Connection:
@@ -132,6 +138,8 @@ class Connection:
         self.sasl_mechanism = ""
         self.handshake_id = ""
         self.raw_sasl = False  # after SaslHandshake v0: raw tokens, no Kafka headers
+        # KIP-368: when the authenticated session ends (time.monotonic(); None: never).
+        self.session_expires_at: float | None = None
         self.close_after_response = False  # a failed login: answer, then hang up
         # The request being handled: its api key (its operation: KAFKA_APIS) and the
         # longest throttle a quota asked for (ms).
@@ -215,6 +223,12 @@ class KafkaListener:
         self.admission = admission
         # KIP-848 members' last subscription and owned partitions (loop's thread only).
         self.kip848_members: dict[tuple[str, str], MemberMemory] = {}
+        # KIP-227 incremental fetch sessions (loop's thread only).
+        self.fetch_sessions = FetchSessionCache(
+            settings.fetch_session_slots,
+            settings.fetch_session_eviction_ms,
+            lambda: int(time.monotonic() * 1000),
+        )
         self._loop = asyncio.new_event_loop()
         # Every request's steps (broker.core.pipeline): Kafka waits past queued.max.requests
         # and closes the connection on an error a handler did not put in its answer.
@@ -416,6 +430,12 @@ class KafkaListener:
             raise _close(connection, f"api {key} v{version} is not advertised")
         if not connection.authenticated and key not in _BEFORE_AUTHENTICATION:
             raise _close(connection, f"api {key} before SASL authentication")
+        expires = connection.session_expires_at
+        if expires is not None and key not in _BEFORE_AUTHENTICATION and time.monotonic() > expires:
+            # KIP-368: the client did not re-authenticate in time; Kafka closes too.
+            raise _close(
+                connection, f"api {key} after the SASL session expired (no re-authentication)"
+            )
         handler = self.handlers.get(key)
         if handler is None:
             raise _close(connection, f"api {key} has no handler")

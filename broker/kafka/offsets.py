@@ -1,5 +1,5 @@
 """Coordinators and committed offsets over the core: FindCoordinator, OffsetCommit,
-OffsetFetch.
+OffsetFetch, OffsetDelete.
 
 Committed offsets are the core's (``BrokerCore.commit_offsets`` / ``fetch_offsets``), the
 same ``__consumer_offsets`` the gRPC listener writes and reads, so a group's position is
@@ -26,30 +26,43 @@ from tidelog.broker.kafka.groups import classic_error_code
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import LeaderNotAvailableError
 
-__all__ = ["find_coordinator", "offset_commit", "offset_fetch"]
+__all__ = ["find_coordinator", "offset_commit", "offset_delete", "offset_fetch"]
 
 
 async def find_coordinator(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """FindCoordinator (v0-3): the Kafka endpoint of the group's coordinator, the leader of
-    its ``__consumer_offsets`` partition (the core's placement, as for gRPC clients).
+    """FindCoordinator: the Kafka endpoint of a group's coordinator, the leader of its
+    ``__consumer_offsets`` partition (the core's placement, as for gRPC clients). v0-3 ask
+    for one ``key``; v4+ (KIP-699) for several ``coordinator_keys`` at once, answered one
+    ``coordinators`` entry per key in request order, each with its own error, as Kafka's
+    ``KafkaApis.handleFindCoordinatorRequest`` answers them (a refused or unknown key does
+    not fail the others).
 
     ``COORDINATOR_NOT_AVAILABLE`` (retried by clients) while that partition has no leader
     or its leader has no Kafka listener."""
-    if request.get("key_type", 0) != 0:
+    key_type = request.get("key_type", 0)
+    if header.api_version < 4:
+        return await _coordinator_of(conn, key_type, request["key"])
+    coordinators = []
+    for key in request.get("coordinator_keys") or []:
+        coordinators.append({"key": key, **await _coordinator_of(conn, key_type, key)})
+    return {"coordinators": coordinators}
+
+
+async def _coordinator_of(conn: Connection, key_type: int, key: str) -> Plain:
+    """One key's answer: error code and message, node id, host and port."""
+    if key_type != 0:
         code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-        return {
-            "error_code": code,
-            "error_message": "transactions are not supported",
-            "node_id": -1,
-            "host": "",
-            "port": -1,
-        }
-    code = denied(conn, group(request["key"]))
+        message = "transactions are not supported"
+        if key_type != 1:
+            code = error_code_for("INVALID_REQUEST")
+            message = f"coordinator key type {key_type} is not supported (0: group)"
+        return {"error_code": code, "error_message": message, **_NO_NODE}
+    code = denied(conn, group(key))
     if code:
-        return {"error_code": code, "node_id": -1, "host": "", "port": -1}
+        return {"error_code": code, "error_message": None, **_NO_NODE}
     unavailable = error_code_for("COORDINATOR_NOT_AVAILABLE")
     try:
-        coordinator = await conn.run(conn.core.find_coordinator, request["key"])
+        coordinator = await conn.run(conn.core.find_coordinator, key)
     except LeaderNotAvailableError as exc:
         # Kafka's answer while the offsets partition has no leader.
         return {"error_code": unavailable, "error_message": str(exc), **_NO_NODE}
@@ -61,7 +74,13 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
         message = f"broker {coordinator.broker_id} coordinates it but has no Kafka listener"
         return {"error_code": unavailable, "error_message": message, **_NO_NODE}
     host, port = endpoint
-    return {"error_code": NONE, "node_id": coordinator.broker_id, "host": host, "port": port}
+    return {
+        "error_code": NONE,
+        "error_message": None,
+        "node_id": coordinator.broker_id,
+        "host": host,
+        "port": port,
+    }
 
 
 _NO_NODE: Plain = {"node_id": -1, "host": "", "port": -1}
@@ -208,3 +227,54 @@ async def _offsets_of(
         "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
         "error_code": NONE,
     }
+
+
+async def offset_delete(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """OffsetDelete (v0, KIP-496): delete a group's committed offsets of some partitions.
+
+    As Kafka's ``handleOffsetDeleteRequest``: DELETE on the group or the whole request is
+    answered ``GROUP_AUTHORIZATION_FAILED``; a topic the caller may not READ answers
+    ``TOPIC_AUTHORIZATION_FAILED`` for each of its partitions; the others go to the core
+    (``GroupManager.delete_offsets``), whose per-partition errors are
+    ``UNKNOWN_TOPIC_OR_PARTITION`` and ``GROUP_SUBSCRIBED_TO_TOPIC``. A group-level error
+    (``GROUP_ID_NOT_FOUND``, ``NON_EMPTY_GROUP``, ``NOT_COORDINATOR``...) is the top-level
+    ``error_code``, with only the refused topics listed, as Kafka merges them.
+    """
+    group_id = request["group_id"]
+    topics = request.get("topics") or []
+    code = denied(conn, group(group_id)) or (
+        NONE if group_id else error_code_for("INVALID_GROUP_ID")
+    )
+    if code:
+        return {"error_code": code, "topics": []}
+    decided = refusals(conn, [topic(t["name"]) for t in topics])
+    refused = {resource.name: code for resource, code in decided.items() if code}
+    wanted = [
+        TopicPartition(t["name"], p["partition_index"])
+        for t in topics
+        if t["name"] not in refused
+        for p in t["partitions"]
+    ]
+    codes: dict[TopicPartition, int] = {}
+    group_error = NONE
+    try:
+        results = await conn.run(conn.core.delete_offsets, group_id, wanted)
+    except Exception as exc:
+        group_error, _ = kafka_error(exc)
+    else:
+        codes = {r.tp: kafka_code(r.error_code) for r in results}
+    answer = []
+    for t in topics:
+        name = t["name"]
+        if name not in refused and group_error:
+            continue
+        partitions = [
+            {
+                "partition_index": p["partition_index"],
+                "error_code": refused.get(name)
+                or codes.get(TopicPartition(name, p["partition_index"]), NONE),
+            }
+            for p in t["partitions"]
+        ]
+        answer.append({"name": name, "partitions": partitions})
+    return {"error_code": group_error, "topics": answer}

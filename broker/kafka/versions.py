@@ -28,7 +28,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     3: (0, 12),  # Metadata
     8: (2, 9),  # OffsetCommit (9: KIP-848 member epochs)
     9: (1, 9),  # OffsetFetch (8+ is the batched form)
-    10: (0, 3),  # FindCoordinator (4+ is the batched form)
+    10: (0, 4),  # FindCoordinator (4+: batched coordinator_keys, KIP-699)
     11: (0, 7),  # JoinGroup (0 for librdkafka <= 2.11.0, KAFKA-19444)
     12: (0, 4),  # Heartbeat
     13: (0, 4),  # LeaveGroup
@@ -39,11 +39,18 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
+    21: (0, 2),  # DeleteRecords (KIP-107)
     22: (0, 4),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
+    35: (1, 4),  # DescribeLogDirs (one directory per broker)
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
+    43: (0, 2),  # ElectLeaders (KIP-460: preferred and unclean)
+    44: (0, 1),  # IncrementalAlterConfigs
+    47: (0, 0),  # OffsetDelete (KIP-496)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)

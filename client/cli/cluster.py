@@ -3,21 +3,29 @@
 ::
 
     tidelog cluster describe            brokers and the controller
-    tidelog leaders elect --preferred   move leaderships back to the preferred replicas
+    tidelog cluster log-dirs [--broker ID]... [--topic T]...
+                                        each broker's log directory (DescribeLogDirs)
+    tidelog leaders elect (--preferred | --unclean) [--topic T [--partition P]...]
+                                        Kafka's ElectLeaders (kafka-leader-election)
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 from tidelog.client.cli.common import (
+    EXIT_ERROR,
     EXIT_OK,
     Subcommands,
+    UsageError,
     admin_client,
     help_of,
+    human_bytes,
     print_info,
     print_table,
 )
+from tidelog.client.types import TopicPartition
 
 __all__ = ["register"]
 
@@ -31,18 +39,45 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         "describe", parents=[common], help="brokers and the controller"
     )
     cluster_describe.set_defaults(handler=_cluster_describe)
+    log_dirs = cluster_commands.add_parser(
+        "log-dirs",
+        parents=[common],
+        help="each broker's log directory: free space and the partition copies in it",
+    )
+    log_dirs.add_argument(
+        "--broker", type=int, action="append", metavar="ID", help="only this broker (repeatable)"
+    )
+    log_dirs.add_argument(
+        "--topic", action="append", metavar="T", help="only this topic's copies (repeatable)"
+    )
+    log_dirs.set_defaults(handler=_cluster_log_dirs)
 
     leaders = commands.add_parser("leaders", help="partition leadership (cluster mode)")
     leaders.set_defaults(handler=help_of(leaders))
     leader_commands = leaders.add_subparsers(title="leaders commands", metavar="ACTION")
     elect = leader_commands.add_parser(
-        "elect", parents=[common], help="move leaderships back to the preferred replicas"
+        "elect", parents=[common], help="elect partition leaders (preferred or unclean)"
     )
-    elect.add_argument(
+    kind = elect.add_mutually_exclusive_group(required=True)
+    kind.add_argument(
         "--preferred",
         action="store_true",
-        required=True,
         help="elect each partition's preferred replica (the first of its replicas)",
+    )
+    kind.add_argument(
+        "--unclean",
+        action="store_true",
+        help="elect any live replica of a partition without a leader, even one missing "
+        "acknowledged records",
+    )
+    elect.add_argument("--topic", help="only this topic's partitions (default: every partition)")
+    elect.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="with --topic: only this partition (repeatable)",
     )
     elect.set_defaults(handler=_leaders_elect)
 
@@ -61,8 +96,58 @@ def _cluster_describe(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _leaders_elect(args: argparse.Namespace) -> int:
+def _cluster_log_dirs(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
-        moved = admin.elect_preferred_leaders()
-    print_info(f"Preferred leader election: {moved} partition(s) moved.")
+        found = admin.describe_log_dirs(args.broker, args.topic)
+    rows = [
+        [
+            str(broker_id),
+            d.path,
+            human_bytes(d.usable_bytes),
+            human_bytes(d.total_bytes),
+            tp.topic,
+            str(tp.partition),
+            human_bytes(replica.size_bytes),
+            str(replica.offset_lag),
+        ]
+        for broker_id, d in found.items()
+        for tp, replica in sorted(d.replicas.items())
+    ]
+    empty = [b for b, d in found.items() if not d.replicas]
+    if rows:
+        print_table(
+            ["BROKER", "LOG DIR", "FREE", "TOTAL", "TOPIC", "PARTITION", "SIZE", "LAG"],
+            rows,
+            right={0, 2, 3, 5, 6, 7},
+        )
+    for broker_id in empty:
+        d = found[broker_id]
+        print_info(
+            f"Broker {broker_id}: {d.path}, {human_bytes(d.usable_bytes)} free of "
+            f"{human_bytes(d.total_bytes)}, no partition copies asked for."
+        )
     return EXIT_OK
+
+
+def _leaders_elect(args: argparse.Namespace) -> int:
+    if args.partition and not args.topic:
+        raise UsageError("leaders elect: --partition needs --topic")
+    kind: Literal["preferred", "unclean"] = "unclean" if args.unclean else "preferred"
+    with admin_client(args) as admin:
+        partitions = None
+        if args.topic:
+            numbers = args.partition or [
+                p.partition for p in admin.describe_topic(args.topic).partitions
+            ]
+            partitions = [TopicPartition(args.topic, p) for p in numbers]
+        results = admin.elect_leaders(kind, partitions)
+    rows = [
+        [tp.topic, str(tp.partition), "elected" if error is None else error.code]
+        for tp, error in sorted(results.items())
+    ]
+    if rows:
+        print_table(["TOPIC", "PARTITION", "RESULT"], rows, right={1})
+    moved = sum(1 for error in results.values() if error is None)
+    print_info(f"{kind.capitalize()} leader election: {moved} partition(s) moved.")
+    failed = [e for e in results.values() if e is not None and e.code != "ELECTION_NOT_NEEDED"]
+    return EXIT_ERROR if failed else EXIT_OK

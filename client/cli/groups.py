@@ -5,6 +5,7 @@
     tidelog groups list
     tidelog groups describe GROUP
     tidelog groups delete GROUP
+    tidelog groups delete-offsets GROUP --topic T [--partition P]...
     tidelog groups reset-offsets GROUP (--topic T [--partition P]... | --all-topics)
                    (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO)
 
@@ -48,6 +49,24 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     )
     group_delete.add_argument("group")
     group_delete.set_defaults(handler=_groups_delete)
+    delete_offsets = group_commands.add_parser(
+        "delete-offsets",
+        parents=[common],
+        help="delete a group's committed offsets of a topic",
+        description="Delete a group's committed offsets of one topic (all its partitions, "
+        "or those given). The group may keep running, as long as none of its members "
+        "subscribes to the topic (Kafka's OffsetDelete).",
+    )
+    delete_offsets.add_argument("group")
+    delete_offsets.add_argument("--topic", required=True, help="the topic")
+    delete_offsets.add_argument(
+        "--partition",
+        type=non_negative_int,
+        action="append",
+        default=[],
+        help="only this partition (repeatable; default all)",
+    )
+    delete_offsets.set_defaults(handler=_groups_delete_offsets)
     reset = group_commands.add_parser(
         "reset-offsets",
         parents=[common],
@@ -138,6 +157,19 @@ def _groups_delete(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         admin.delete_group(args.group)
     print_info(f'Deleted group "{args.group}".')
+    return EXIT_OK
+
+
+def _groups_delete_offsets(args: argparse.Namespace) -> int:
+    with admin_client(args) as admin:
+        partitions = list(dict.fromkeys(args.partition))
+        if not partitions:
+            partitions = list(range(len(admin.describe_topic(args.topic).partitions)))
+        admin.delete_offsets(args.group, [TopicPartition(args.topic, p) for p in partitions])
+    listed = ",".join(str(p) for p in partitions)
+    print_info(
+        f'Deleted the committed offsets of group "{args.group}" for {args.topic} [{listed}].'
+    )
     return EXIT_OK
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from tidelog.client.cli import (
     acls,
     cluster,
+    configs,
     console,
     consume,
     groups,
@@ -54,7 +55,18 @@ log = logging.getLogger(__name__)
 
 # Registered in this order, which is the order ``tidelog --help`` lists them in
 # (``cluster`` registers ``cluster`` and ``leaders``).
-_COMMAND_GROUPS = (cluster, topics, produce, consume, groups, acls, quotas, console, users)
+_COMMAND_GROUPS = (
+    cluster,
+    topics,
+    configs,
+    produce,
+    consume,
+    groups,
+    acls,
+    quotas,
+    console,
+    users,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

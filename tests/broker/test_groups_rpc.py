@@ -463,3 +463,113 @@ def test_the_offsets_topic_is_internal_and_follows_topic_deletion(stub: pb_grpc.
     commit(stub, "g", {("t", 0): 3})
     stub.DeleteTopic(pb.DeleteTopicRequest(name="t"), timeout=TIMEOUT_S)
     assert fetch_offsets(stub, "g") == {}
+
+
+# --- deleting some offsets (OffsetDelete, KIP-496) -------------------------------------------
+
+
+def offset_delete(
+    stub: pb_grpc.BrokerStub, group_id: str, partitions: list[tuple[str, int]]
+) -> dict[tuple[str, int], str]:
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append(partition)
+    answer = stub.OffsetDelete(
+        pb.OffsetDeleteRequest(
+            group_id=group_id,
+            partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        ),
+        timeout=TIMEOUT_S,
+    )
+    return {(r.topic, r.partition): r.error_code or "OK" for r in answer.results}
+
+
+def test_offset_delete_spares_subscribed_topics_and_survives_a_restart(
+    broker: InProcessBroker, stub: pb_grpc.BrokerStub
+) -> None:
+    create_topic(stub, "u", partitions=2)
+    commit(stub, "g", {("u", 0): 5, ("u", 1): 6})
+    a = Member(stub, "g", ["t"])
+    settle(a)
+    assert [r.error_code for r in a.commit({("t", 0): 2})] == [""]
+    assert offset_delete(stub, "g", [("t", 0), ("u", 0), ("u", 9)]) == {
+        ("t", 0): "GROUP_SUBSCRIBED_TO_TOPIC",
+        ("u", 0): "OK",
+        ("u", 9): "UNKNOWN_TOPIC_OR_PARTITION",
+    }
+    assert fetch_offsets(stub, "g") == {("t", 0): 2, ("u", 1): 6}
+    broker.restart()  # the tombstone is in the offsets log
+    with broker.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        assert fetch_offsets(stub, "g") == {("t", 0): 2, ("u", 1): 6}
+        # Its member forgotten with the restart, the group's own topic may go too.
+        assert offset_delete(stub, "g", [("t", 0)]) == {("t", 0): "OK"}
+        assert fetch_offsets(stub, "g") == {("u", 1): 6}
+        error = failure(lambda: offset_delete(stub, "nobody", [("u", 1)]))
+        assert (error.code(), error_code(error)) == (
+            grpc.StatusCode.NOT_FOUND,
+            "GROUP_ID_NOT_FOUND",
+        )
+
+
+def _subscription(*topics: str) -> bytes:
+    """Kafka's ConsumerProtocolSubscription v0 of ``topics`` (no user data)."""
+    out = b"\x00\x00" + len(topics).to_bytes(4, "big")
+    for name in topics:
+        out += len(name).to_bytes(2, "big") + name.encode()
+    return out + b"\xff\xff\xff\xff"
+
+
+def _classic_join(
+    broker: InProcessBroker, group_id: str, protocol_type: str, metadata: bytes
+) -> str:
+    from tidelog.broker.groups.classic import ClassicError, JoinRequest
+
+    joined = broker.server.core.groups.classic.join(
+        JoinRequest(
+            group_id=group_id,
+            member_id="",
+            group_instance_id=None,
+            client_id="classic",
+            client_host="127.0.0.1",
+            session_timeout_ms=10_000,
+            rebalance_timeout_ms=10_000,
+            protocol_type=protocol_type,
+            protocols=(("range", metadata),),
+            require_known_member_id=False,
+        )
+    ).result(timeout=TIMEOUT_S)
+    assert joined.error is ClassicError.NONE
+    return joined.member_id
+
+
+def test_classic_members_keep_their_topics_and_their_group(
+    broker: InProcessBroker, stub: pb_grpc.BrokerStub
+) -> None:
+    """A classic member's subscription is read from its protocol metadata; one that does
+    not parse counts as every topic, and a group of another protocol type than "consumer"
+    is refused as a whole, as Kafka's ``GroupMetadata`` does. DeleteGroup refuses a group
+    with classic members (it used to delete their offsets)."""
+    create_topic(stub, "u", partitions=1)
+    for group_id in ("c", "odd", "connect"):
+        commit(stub, group_id, {("t", 0): 1, ("u", 0): 1})
+    member = _classic_join(broker, "c", "consumer", _subscription("t"))
+    _classic_join(broker, "odd", "consumer", b"\x00")
+    _classic_join(broker, "connect", "connect", b"worker")
+    assert offset_delete(stub, "c", [("t", 0), ("u", 0)]) == {
+        ("t", 0): "GROUP_SUBSCRIBED_TO_TOPIC",
+        ("u", 0): "OK",
+    }
+    assert offset_delete(stub, "odd", [("u", 0)]) == {("u", 0): "GROUP_SUBSCRIBED_TO_TOPIC"}
+    error = failure(lambda: offset_delete(stub, "connect", [("u", 0)]))
+    assert error_code(error) == "NON_EMPTY_GROUP"
+    error = failure(
+        lambda: stub.DeleteGroup(pb.DeleteGroupRequest(group_id="c"), timeout=TIMEOUT_S)
+    )
+    assert error_code(error) == "NON_EMPTY_GROUP"
+    assert fetch_offsets(stub, "c") == {("t", 0): 1}
+    classic = broker.server.core.groups.classic
+    assert classic.leave("c", member).value == "NONE"
+    stub.DeleteGroup(pb.DeleteGroupRequest(group_id="c"), timeout=TIMEOUT_S)
+    assert fetch_offsets(stub, "c") == {}
+    assert classic.subscriptions("c") is None

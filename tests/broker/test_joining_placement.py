@@ -6,7 +6,7 @@ answers retriable errors, which clients retry, and serves once its membership jo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -47,8 +47,10 @@ class _Admin:
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         raise NotImplementedError
 
-    def elect_preferred_leaders(self) -> int:
-        return 0
+    def elect_leaders(
+        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], str]:
+        return {}
 
     def controlled_shutdown(self, broker_id: int) -> int:
         return 0

@@ -12,13 +12,9 @@ so that no client library adds requests of its own; the gRPC side uses the clien
 from __future__ import annotations
 
 import ast
-import base64
 import functools
-import hashlib
-import hmac
 import json
 import logging
-import os
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -30,10 +26,14 @@ import pytest
 from kafka.protocol.admin import (
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
     DescribeProducersRequest,
     DescribeProducersResponse,
     ListGroupsRequest,
@@ -42,14 +42,8 @@ from kafka.protocol.admin import (
 from kafka.protocol.consumer import FetchResponse, OffsetCommitResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
-from kafka.protocol.sasl import (
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-)
 
-from tests.kafka.raw import fetch_request, offset_commit_request, read_frame
+from tests.kafka.raw import SaslSession, fetch_request, offset_commit_request
 from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from tidelog.broker.core.audit import AUDIT_LOGGER_NAME
 from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
@@ -176,6 +170,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         allow(Operation.DESCRIBE, ResourceType.TOPIC, "ro-")
         allow(Operation.READ, ResourceType.GROUP, "ok-")
         allow(Operation.DESCRIBE, ResourceType.GROUP, "ok-")
+        # "del-" groups she may delete (DeleteGroups, OffsetDelete), and only that.
+        allow(Operation.DELETE, ResourceType.GROUP, "del-")
         for listener in LISTENERS:
             core.create_topic(f"ok-{listener}-data", 1, {})
             core.create_topic(f"ro-{listener}", 1, {})
@@ -189,50 +185,15 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         yield Secure(broker, pki)
 
 
-class _KafkaSession:
+class _KafkaSession(SaslSession):
     """A raw Kafka connection over TLS, logged in with SCRAM-SHA-256."""
 
     def __init__(self, secure: Secure, client_id: str) -> None:
         context = ssl.create_default_context(cafile=str(secure.pki.ca_cert))
         raw = socket.create_connection(("127.0.0.1", secure.broker.server.kafka_port), 10)
-        self.sock = context.wrap_socket(raw, server_hostname="localhost")
-        self.client_id = client_id
-        self.correlation_id = 0
-        handshake = self.call(SaslHandshakeRequest[1](mechanism=MECHANISM), SaslHandshakeResponse)
-        assert handshake.error_code == 0
-        self._scram()
-
-    def call(self, request: Any, response_class: Any) -> Any:
-        self.correlation_id += 1
-        request.with_header(correlation_id=self.correlation_id, client_id=self.client_id)
-        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
-        answer = read_frame(self.sock)
-        assert answer is not None, "the broker hung up"
-        return response_class[request.version].decode(answer, header=True)
-
-    def _scram(self) -> None:
-        nonce = base64.b64encode(os.urandom(18)).decode()
-        first_bare = f"n={USER},r={nonce}"
-        server_first = self._authenticate(f"n,,{first_bare}".encode()).decode()
-        fields = dict(item.split("=", 1) for item in server_first.split(","))
-        salted = hashlib.pbkdf2_hmac(
-            "sha256", PASSWORD.encode(), base64.b64decode(fields["s"]), int(fields["i"])
-        )
-        client_key = hmac.digest(salted, b"Client Key", "sha256")
-        stored_key = hashlib.sha256(client_key).digest()
-        without_proof = f"c=biws,r={fields['r']}"
-        message = f"{first_bare},{server_first},{without_proof}".encode()
-        signature = hmac.digest(stored_key, message, "sha256")
-        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
-        self._authenticate(f"{without_proof},p={proof.decode()}".encode())
-
-    def _authenticate(self, token: bytes) -> bytes:
-        answer = self.call(SaslAuthenticateRequest[1](auth_bytes=token), SaslAuthenticateResponse)
+        super().__init__(context.wrap_socket(raw, server_hostname="localhost"), client_id)
+        answer = self.login(USER, PASSWORD, MECHANISM)
         assert answer.error_code == 0, answer.error_message
-        return bytes(answer.auth_bytes)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _grpc(secure: Secure) -> Transport:
@@ -376,12 +337,22 @@ class _Grpc:
         code, answer = self._code("OffsetCommit", request)
         return [code, *(r.error_code or "OK" for r in answer.results)]
 
+    def describe_log_dirs(self) -> list[str]:
+        return [self._code("DescribeLogDirs", pb.DescribeLogDirsRequest())[0]]
+
     def describe_producers(self, name: str) -> list[str]:
         request = pb.DescribeProducersRequest(
             partitions=[pb.TopicPartitions(topic=name, partitions=[0])]
         )
         code, answer = self._code("DescribeProducers", request)
         return [code, *(p.error_code or "OK" for p in answer.partitions)] if answer else [code]
+
+    def delete_records(self, name: str) -> list[str]:
+        request = pb.DeleteRecordsRequest(
+            partitions=[pb.DeleteRecordsPartition(topic=name, partition=0, offset=0)]
+        )
+        code, answer = self._code("DeleteRecords", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)] if answer else [code]
 
     def list_groups(self) -> list[str]:
         code, answer = self._code("ListGroups", pb.ListGroupsRequest())
@@ -459,11 +430,29 @@ class _Kafka:
         )
         return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
 
+    def describe_log_dirs(self) -> list[str]:
+        answer = self.session.call(DescribeLogDirsRequest[4](topics=None), DescribeLogDirsResponse)
+        return [error_name(answer.error_code), *(error_name(r.error_code) for r in answer.results)]
+
     def describe_producers(self, name: str) -> list[str]:
         request = DescribeProducersRequest[0](
             topics=[DescribeProducersRequest[0].TopicRequest(name=name, partition_indexes=[0])]
         )
         answer = self.session.call(request, DescribeProducersResponse)
+        return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
+
+    def delete_records(self, name: str) -> list[str]:
+        entry = DeleteRecordsRequest[0].DeleteRecordsTopic
+        request = DeleteRecordsRequest[0](
+            topics=[
+                entry(
+                    name=name,
+                    partitions=[entry.DeleteRecordsPartition(partition_index=0, offset=0)],
+                )
+            ],
+            timeout_ms=5_000,
+        )
+        answer = self.session.call(request, DeleteRecordsResponse)
         return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
 
     def list_groups(self) -> list[str]:
@@ -530,11 +519,25 @@ SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
         ("list_groups", "OK"),
     ),
     (
+        "describe log dirs without DESCRIBE on the cluster",
+        lambda d, lst: d.describe_log_dirs(),
+        ["CLUSTER_AUTHORIZATION_FAILED"],
+        1,
+        ("describe_log_dirs", "CLUSTER_AUTHORIZATION_FAILED"),
+    ),
+    (
         "describe producers",
         lambda d, lst: d.describe_producers(f"ok-{lst}-data"),
         ["OK", "OK"],
         0,
         ("describe_producers", "OK"),
+    ),
+    (
+        "delete records",
+        lambda d, lst: d.delete_records(f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("delete_records", "OK"),
     ),
     (
         "describe a group",
@@ -742,3 +745,231 @@ def test_authorized_operations_follow_the_acls(secure: Secure, both: dict[str, A
     )
     (group,) = described.groups
     assert (group.error_code, group.authorized_operations) == (0, {READ, DESCRIBE})
+
+
+def test_group_deletion_needs_delete_on_the_group_and_read_on_each_topic(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """DeleteGroups and OffsetDelete, as Kafka's ``KafkaApis``: DELETE on each group
+    (DeleteGroups answers per group; OffsetDelete refuses the whole request), then
+    OffsetDelete asks READ on each topic and refuses a topic per partition. gRPC's
+    OffsetDelete refuses as a whole, with the same decisions and audit lines."""
+    from kafka.protocol.admin import DeleteGroupsRequest, DeleteGroupsResponse
+    from kafka.protocol.consumer import OffsetDeleteRequest, OffsetDeleteResponse
+
+    from tidelog.broker.groups.assignor import TopicPartition
+    from tidelog.broker.groups.manager import OffsetCommitEntry
+
+    core = secure.broker.server.core
+    kafka: _Kafka = both["kafka"]
+    grpc: _Grpc = both["grpc"]
+    for group in ("del-kafka-g", "del-grpc-g", "ok-kafka-nodelete"):
+        core.commit_offsets(
+            group,
+            "",
+            -1,
+            [
+                OffsetCommitEntry(TopicPartition("ok-kafka-data", 0), 1),
+                OffsetCommitEntry(TopicPartition("hidden-kafka", 0), 1),
+            ],
+        )
+
+    def delete_groups(*groups: str) -> list[str]:
+        request = DeleteGroupsRequest[2](groups_names=list(groups))
+        answer = kafka.session.call(request, DeleteGroupsResponse)
+        return [error_name(r.error_code) for r in answer.results]
+
+    def offset_delete(group: str, *topics: str) -> list[str]:
+        request = OffsetDeleteRequest[0](
+            group_id=group,
+            topics=[
+                OffsetDeleteRequest.OffsetDeleteRequestTopic(
+                    name=name,
+                    partitions=[
+                        OffsetDeleteRequest.OffsetDeleteRequestTopic.OffsetDeleteRequestPartition(
+                            partition_index=0
+                        )
+                    ],
+                )
+                for name in topics
+            ],
+        )
+        answer = kafka.session.call(request, OffsetDeleteResponse)
+        return [
+            error_name(answer.error_code),
+            *(error_name(p.error_code) for t in answer.topics for p in t.partitions),
+        ]
+
+    refused = _observe(
+        secure, "kafka", lambda: delete_groups("ok-kafka-nodelete", "del-kafka-unknown")
+    )
+    assert refused.decision == ["GROUP_AUTHORIZATION_FAILED", "GROUP_ID_NOT_FOUND"]
+    assert [(a["operation"], a["resource_name"]) for a in refused.audit] == [
+        ("DELETE", "ok-L-nodelete")
+    ]
+    refused = _observe(secure, "kafka", lambda: offset_delete("ok-kafka-nodelete", "ok-kafka-data"))
+    assert refused.decision == ["GROUP_AUTHORIZATION_FAILED"]
+    assert [a["operation"] for a in refused.audit] == ["DELETE"]
+    partly = _observe(
+        secure, "kafka", lambda: offset_delete("del-kafka-g", "ok-kafka-data", "hidden-kafka")
+    )
+    assert partly.decision == ["OK", "OK", "TOPIC_AUTHORIZATION_FAILED"]
+    assert [(a["operation"], a["resource_name"]) for a in partly.audit] == [("READ", "hidden-L")]
+    committed = core.fetch_offsets("del-kafka-g", None)
+    assert [(r.tp.topic, r.offset) for r in committed] == [("hidden-kafka", 1)]
+    assert core.fetch_offsets("ok-kafka-nodelete", None)[0].offset == 1  # untouched
+
+    def grpc_offset_delete(group: str, *topics: str) -> list[str]:
+        request = pb.OffsetDeleteRequest(
+            group_id=group, partitions=[pb.TopicPartitions(topic=t, partitions=[0]) for t in topics]
+        )
+        code, answer = grpc._code("OffsetDelete", request)
+        return [code, *(r.error_code or "OK" for r in (answer.results if answer else []))]
+
+    whole = _observe(secure, "grpc", lambda: grpc_offset_delete("del-grpc-g", "hidden-kafka"))
+    assert whole.decision == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert [a["operation"] for a in whole.audit] == ["READ"]
+    whole = _observe(
+        secure, "grpc", lambda: grpc_offset_delete("ok-kafka-nodelete", "ok-kafka-data")
+    )
+    assert whole.decision == ["GROUP_AUTHORIZATION_FAILED"]
+    allowed = _observe(secure, "grpc", lambda: grpc_offset_delete("del-grpc-g", "ok-kafka-data"))
+    assert allowed.decision == ["OK", "OK"]
+    assert allowed.audit == []
+    assert [r.tp.topic for r in core.fetch_offsets("del-grpc-g", None)] == ["hidden-kafka"]
+
+
+def test_batched_find_coordinator_refuses_each_key_on_its_own(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """FindCoordinator v4 (KIP-699): one answer per key in request order; a group the
+    caller may not describe is refused alone (one audit line), the others answered."""
+    from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
+
+    kafka: _Kafka = both["kafka"]
+
+    def find(*keys: str, key_type: int = 0) -> list[str]:
+        request = FindCoordinatorRequest[4](key_type=key_type, coordinator_keys=list(keys))
+        answer = kafka.session.call(request, FindCoordinatorResponse)
+        assert [c.key for c in answer.coordinators] == list(keys)
+        port = secure.broker.server.kafka_port
+        return [
+            f"{error_name(c.error_code)}:{c.node_id}:{c.port == port}" for c in answer.coordinators
+        ]
+
+    observed = _observe(secure, "kafka", lambda: find("ok-a", "hidden-b", "ok-c"))
+    assert observed.decision == [
+        "OK:0:True",
+        "GROUP_AUTHORIZATION_FAILED:-1:False",
+        "OK:0:True",
+    ]
+    assert [(a["operation"], a["resource_name"]) for a in observed.audit] == [
+        ("DESCRIBE", "hidden-b")
+    ]
+    assert find("tx", key_type=1) == ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED:-1:False"]
+
+
+def test_delete_records_needs_delete_on_the_topic(secure: Secure, both: dict[str, Any]) -> None:
+    """Kafka answers the refusal per partition, gRPC refuses the call; one audit line
+    each, the same decision logged."""
+    kafka = _observe(secure, "kafka", lambda: both["kafka"].delete_records("hidden-kafka"))
+    assert kafka.decision == ["OK", "TOPIC_AUTHORIZATION_FAILED"]
+    grpc = _observe(secure, "grpc", lambda: both["grpc"].delete_records("hidden-grpc"))
+    assert grpc.decision == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert kafka.audit == grpc.audit
+    assert len(kafka.audit) == 1
+
+
+def test_configs_need_alter_configs_and_describe_configs(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """IncrementalAlterConfigs / DescribeConfigs (#27) on both listeners: ALTER_CONFIGS
+    or DESCRIBE_CONFIGS on the topic, or on the cluster for a broker; each refusal audited
+    once. Kafka answers per resource, gRPC refuses the call."""
+    from kafka.protocol.admin import (
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+    )
+
+    core = secure.broker.server.core
+    for operation in (Operation.ALTER_CONFIGS, Operation.DESCRIBE_CONFIGS):
+        core.acls.create(
+            [
+                AclBinding(
+                    f"User:{USER}", "*", operation, Permission.ALLOW, ResourceType.TOPIC,
+                    "cfg-", PatternType.PREFIXED,
+                )
+            ]
+        )  # fmt: skip
+    for listener in LISTENERS:
+        core.create_topic(f"cfg-{listener}", 1, {})
+    kafka: _Kafka = both["kafka"]
+    grpc: _Grpc = both["grpc"]
+    alter_class = IncrementalAlterConfigsRequest[1]
+
+    def kafka_alter(kind: int, name: str) -> list[str]:
+        request = alter_class(
+            resources=[
+                alter_class.AlterConfigsResource(
+                    resource_type=kind,
+                    resource_name=name,
+                    configs=[
+                        alter_class.AlterConfigsResource.AlterableConfig(
+                            name="retention.ms" if kind == 2 else "log.retention.ms",
+                            config_operation=0,
+                            value="60000",
+                        )
+                    ],
+                )
+            ],
+            validate_only=False,
+        )
+        answer = kafka.session.call(request, IncrementalAlterConfigsResponse)
+        return [error_name(r.error_code) for r in answer.responses]
+
+    def kafka_describe(kind: int, name: str) -> list[str]:
+        describe_class = DescribeConfigsRequest[2]
+        request = describe_class(
+            resources=[
+                describe_class.DescribeConfigsResource(
+                    resource_type=kind, resource_name=name, configuration_keys=None
+                )
+            ],
+            include_synonyms=True,
+        )
+        answer = kafka.session.call(request, DescribeConfigsResponse)
+        return [error_name(r.error_code) for r in answer.results]
+
+    def grpc_alter(kind: int, name: str) -> list[str]:
+        request = pb.IncrementalAlterConfigsRequest(
+            resource=pb.ConfigResource(type=kind, name=name),  # type: ignore[arg-type]
+            alterations=[
+                pb.ConfigAlteration(
+                    name="retention.ms" if kind == 2 else "log.retention.ms", value="60000"
+                )
+            ],
+        )
+        return [grpc._code("IncrementalAlterConfigs", request)[0]]
+
+    def grpc_describe(kind: int, name: str) -> list[str]:
+        request = pb.DescribeConfigsRequest(resource=pb.ConfigResource(type=kind, name=name))  # type: ignore[arg-type]
+        return [grpc._code("DescribeConfigs", request)[0]]
+
+    calls = {"grpc": (grpc_alter, grpc_describe), "kafka": (kafka_alter, kafka_describe)}
+    for listener, (alter, describe) in calls.items():
+        allowed = _observe(secure, listener, lambda: alter(2, f"cfg-{listener}"))  # noqa: B023
+        assert (allowed.decision, allowed.audit) == (["OK"], [])
+        assert core.logs.get_log(f"cfg-{listener}", 0).config.retention_ms == 60_000
+        assert describe(2, f"cfg-{listener}") == ["OK"]
+        refused = _observe(secure, listener, lambda: alter(2, f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["TOPIC_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        refused = _observe(secure, listener, lambda: describe(2, f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["TOPIC_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["DESCRIBE_CONFIGS"]
+        refused = _observe(secure, listener, lambda: alter(4, ""))  # noqa: B023
+        assert refused.decision == ["CLUSTER_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        assert describe(4, "0") == ["CLUSTER_AUTHORIZATION_FAILED"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from tests.broker.conftest import TIMEOUT_S, create_topic, error_code, fetch, make_batch, produce
 from tidelog.broker.server import BROKER_SERVICE_NAME, ListenError
 from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, Producer
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tidelog.storage.checkpoint import CLEAN_SHUTDOWN_MARKER
@@ -134,3 +136,23 @@ def test_a_given_data_dir_is_kept_and_reopened(tmp_path: Path) -> None:
     with InProcessBroker(tmp_path) as broker, broker.channel() as channel:
         stub = pb_grpc.BrokerStub(channel)
         assert fetch(stub, "t", 0, 0).high_watermark == 1
+
+
+def test_an_open_produce_stream_does_not_hold_a_graceful_stop() -> None:
+    """A producer keeps its stream open between sends; the stop ends it (``UNAVAILABLE``,
+    after answering what it read) instead of waiting for it for the whole grace period
+    (issue #29, bug 2 of ``docs/reliability.md``)."""
+    grace_ms = 20_000
+    broker = InProcessBroker().start()
+    try:
+        with AdminClient(broker.address) as admin:
+            admin.create_topic("open-stream", 1)
+        with Producer(broker.address, linger_ms=0, retries=0) as producer:
+            producer.send("open-stream", b"sent", partition=0).result(TIMEOUT_S)  # stream open
+            started = time.monotonic()
+            broker.stop(grace_ms)
+            took_ms = (time.monotonic() - started) * 1000
+            producer.flush(5_000)  # nothing left to send: the stream's end fails nothing
+        assert took_ms < grace_ms / 4, f"the stop took {took_ms:.0f} ms"
+    finally:
+        broker.stop()

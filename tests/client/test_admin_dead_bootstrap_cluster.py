@@ -22,6 +22,7 @@ from tests.client.test_cluster_client import eventually
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, Producer, TopicPartition
 from tidelog.client.acls import AclFilter
+from tidelog.client.types import AlterConfigOp, ConfigResource
 from tidelog.storage.errors import (
     BrokerUnavailableError,
     KafkaTimeoutError,
@@ -39,6 +40,7 @@ TIMEOUT_MS = 30_000  # request_timeout_ms's default
 # Well under the timeout: finding the dead broker (one transport attempt, 2 s), the
 # controller's ZooKeeper session expiring (3 s) and the new leaders being elected.
 PROMPT_S = 12.0
+DEAD_BROKER_ATTEMPT_S = 2.0  # one transport attempt at a broker that does not answer
 
 
 @pytest.fixture(scope="module")
@@ -135,19 +137,28 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
     return {
         "describe_topic": lambda: admin.describe_topic(TOPIC),
         "describe_cluster": lambda: admin.describe_cluster(),
+        "describe_log_dirs": lambda: admin.describe_log_dirs(),
         "list_topics": lambda: admin.list_topics(),
         "create_topic": lambda: admin.create_topic("created", 1, replication_factor=2),
         "delete_topic": lambda: delete_topic(admin, "doomed"),
         "alter_topic_config": lambda: admin.alter_topic_config(TOPIC, {"retention.ms": 3_600_000}),
+        "describe_configs": lambda: admin.describe_configs(ConfigResource.topic(TOPIC)),
+        "incremental_alter_configs": lambda: admin.incremental_alter_configs(
+            ConfigResource.topic(TOPIC), [AlterConfigOp("retention.ms", "set", "7200000")]
+        ),
         "create_partitions": lambda: admin.create_partitions(GROWN, 4),
         "elect_preferred_leaders": lambda: admin.elect_preferred_leaders(),
+        "elect_leaders": lambda: admin.elect_leaders("preferred", tps[:1]),
         "list_offsets": lambda: admin.list_offsets(dict.fromkeys(tps, "latest")),
+        "describe_producers": lambda: admin.describe_producers(tps),
+        "delete_records": lambda: admin.delete_records({tps[2]: 0}),
         "list_groups": lambda: admin.list_groups(),
         "describe_group": lambda: admin.describe_group(GROUP),
         "list_group_offsets": lambda: admin.list_group_offsets(GROUP),
         "alter_group_offsets": lambda: admin.alter_group_offsets(GROUP, {tps[0]: 6}),
         "reset_group_offsets": lambda: admin.reset_group_offsets(GROUP, TOPIC, to_earliest=True),
         "delete_group": lambda: delete_group(admin, "short-lived", tps[1]),
+        "delete_offsets": lambda: admin.delete_offsets(GROUP, [tps[2]]),
         "alter_client_quotas": lambda: admin.alter_client_quotas(
             "reporting", {"producer_byte_rate": 1_048_576}
         ),
@@ -167,19 +178,26 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
 CALL_NAMES = [
     "describe_topic",
     "describe_cluster",
+    "describe_log_dirs",
     "list_topics",
     "create_topic",
     "delete_topic",
     "alter_topic_config",
+    "describe_configs",
+    "incremental_alter_configs",
     "create_partitions",
     "elect_preferred_leaders",
+    "elect_leaders",
     "list_offsets",
+    "describe_producers",
+    "delete_records",
     "list_groups",
     "describe_group",
     "list_group_offsets",
     "alter_group_offsets",
     "reset_group_offsets",
     "delete_group",
+    "delete_offsets",
     "alter_client_quotas",
     "describe_client_quotas",
     "describe_quotas",
@@ -217,7 +235,10 @@ def test_call_reaches_a_live_broker_promptly(clients: dict[str, AdminClient], na
     except TidelogError:
         pass
     elapsed = time.monotonic() - started
-    assert elapsed < 1.0, f"{name} took {elapsed:.1f} s the second time"
+    # Asking the dead broker first would cost its transport attempt alone (2 s); the
+    # calls themselves take well under that, even on a loaded machine (1.1 s was seen for
+    # a create and delete of a two-replica topic with helpers' suites beside it).
+    assert elapsed < DEAD_BROKER_ATTEMPT_S, f"{name} took {elapsed:.1f} s the second time"
 
 
 def test_describe_topic_sees_live_leaders_and_its_figures(

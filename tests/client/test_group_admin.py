@@ -13,6 +13,7 @@ from tidelog.client.connection import Connection
 from tidelog.client.group_admin import (
     alter_group_offsets,
     delete_group,
+    delete_offsets,
     describe_group,
     list_group_offsets,
     list_groups,
@@ -153,6 +154,10 @@ def test_group_calls_follow_a_coordinator_that_moved() -> None:
     cluster.set_coordinator("g", 1)
     assert {p.lag for p in describe_group(connections, "g", None).partitions} == {0}
     assert [g.group_id for g in list_groups(connections, None)] == ["g"]
+    cluster.set_coordinator("g", 0)
+    assert delete_offsets(connections, "g", [TPS[0]], None) == {TPS[0]: None}
+    assert cluster.committed("g") == {TPS[1]: 20, TPS[2]: 30}
+    assert cluster.calls_to(0, "delete_offsets") == 1
     delete_group(connections, "g", None)
     assert cluster.committed("g") == {}
 

@@ -22,6 +22,7 @@ from tidelog.client.types import ConsumerRecord
 from tidelog.storage.errors import (
     GroupIdNotFoundError,
     GroupNotEmptyError,
+    GroupSubscribedToTopicError,
     UnknownTopicOrPartitionError,
 )
 
@@ -199,6 +200,64 @@ def test_groups_commands(group_broker: InProcessBroker, capsys: pytest.CaptureFi
         status, _, err = cli(capsys, "groups", "describe", "cli-g", "--bootstrap", address)
         assert status == 1
         assert "[GROUP_ID_NOT_FOUND]" in err
+
+
+def test_delete_offsets_with_the_admin_client_and_the_command_line(
+    group_broker: InProcessBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = group_broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("del-read", 2)
+        admin.create_topic("del-other", 2)
+        consumer = Consumer(address, group_id="del-g", client_id="del-member")
+        consumer.subscribe("del-read")
+        deadline = time.monotonic() + 10
+        while len(consumer.assignment()) < 2:
+            assert time.monotonic() < deadline
+            consumer.poll(20)
+        consumer.commit({TopicPartition("del-read", 0): 0, TopicPartition("del-read", 1): 0})
+        admin.alter_group_offsets("del-other-g", {TopicPartition("del-other", 0): 0})
+        try:
+            # The member reads del-read: its offsets stay; del-other's may go meanwhile.
+            with pytest.raises(GroupSubscribedToTopicError, match="del-read"):
+                admin.delete_offsets("del-g", [TopicPartition("del-read", 0)])
+            status, _, err = cli(
+                capsys, "groups", "delete-offsets", "del-g", "--topic", "del-read",
+                "--bootstrap", address,
+            )  # fmt: skip
+            assert status == 1
+            assert "[GROUP_SUBSCRIBED_TO_TOPIC]" in err
+            with pytest.raises(UnknownTopicOrPartitionError):
+                admin.delete_offsets("del-g", [TopicPartition("del-read", 9)])
+            with pytest.raises(ValueError, match="no partitions"):
+                admin.delete_offsets("del-g", [])
+            with pytest.raises(TypeError):
+                admin.delete_offsets("del-g", [("del-read", 0)])  # type: ignore[list-item]
+        finally:
+            consumer.close(autocommit=False)
+        status, _, err = cli(
+            capsys, "groups", "delete-offsets", "del-g", "--topic", "del-read",
+            "--partition", "1", "--bootstrap", address,
+        )  # fmt: skip
+        assert (status, err.strip()) == (
+            0,
+            'Deleted the committed offsets of group "del-g" for del-read [1].',
+        )
+        assert admin.list_group_offsets("del-g") == {TopicPartition("del-read", 0): 0}
+        status, _, err = cli(
+            capsys, "groups", "delete-offsets", "del-g", "--topic", "del-read",
+            "--bootstrap", address,
+        )  # fmt: skip
+        assert status == 0
+        assert admin.list_group_offsets("del-g") == {}
+        with pytest.raises(GroupIdNotFoundError):
+            admin.delete_offsets("del-nobody", [TopicPartition("del-read", 0)])
+        status, _, err = cli(
+            capsys, "groups", "delete-offsets", "del-g", "--topic", "no-such-topic",
+            "--bootstrap", address,
+        )  # fmt: skip
+        assert status == 1
+        assert "[UNKNOWN_TOPIC_OR_PARTITION]" in err
 
 
 def test_consume_with_a_group_joins_it_and_commits_what_it_printed(

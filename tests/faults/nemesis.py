@@ -18,9 +18,11 @@ zk-cut             the target (the controller or a leader) cut from ZooKeeper on
                    and clients still reach it
 peers-cut          the reverse: the target cut from the other brokers, ZooKeeper and clients
                    still reach it
-netem              ``tc netem`` delay/jitter/loss/reordering on the target's interface (all
-                   its traffic, clients' included); without ``sch_netem`` in the kernel a
-                   ``tbf`` rate limit plus random loss (``netns.NamespaceNetwork.slow``)
+netem              delay/jitter/loss/reordering of everything the target sends (clients'
+                   traffic included): ``tc netem`` where the kernel has it, else the
+                   NFQUEUE ``delayer`` (seeded by the step's pick), else a ``tbf`` rate
+                   limit plus random loss (``netns.NamespaceNetwork.slow``); the report
+                   says which, and at heal what the delayer accepted, dropped, reordered
 kill               SIGKILL; heal restarts it (same port, same data)
 pause              SIGSTOP; heal sends SIGCONT
 restart            SIGTERM (a graceful shutdown, waited for up to ``GRACEFUL_STOP_S``, then
@@ -69,6 +71,7 @@ ZOOKEEPER = "zk"
 _ADMIN_TIMEOUT_MS = 5_000
 _RESTART_ATTEMPTS = 3
 GRACEFUL_STOP_S = 30.0
+_DELAYER_GRACE_S = 60.0
 
 
 def missing() -> str | None:
@@ -91,8 +94,8 @@ class Fault(Protocol):
         """Apply the fault; return what was done, for the report."""
         ...
 
-    def heal(self) -> None:
-        """Undo it (idempotent)."""
+    def heal(self) -> str | None:
+        """Undo it (idempotent); return a line for the report, if there is one."""
         ...
 
 
@@ -153,8 +156,9 @@ class Nemesis:
         """The ``Fault`` for ``step`` (its target resolved when it starts)."""
         return _StepFault(self, step)
 
-    def apply(self, step: Step, target: int) -> tuple[str, Callable[[], None]]:
-        """Start ``step`` on ``target``: the report line and the heal."""
+    def apply(self, step: Step, target: int) -> tuple[str, Callable[[], object]]:
+        """Start ``step`` on ``target``: the report line and the heal (whose result, a
+        string, is a line for the report too)."""
         kind = step.kind
         brokers = [node(b) for b in self.others(target, step)]
         me = node(target)
@@ -200,6 +204,9 @@ class Nemesis:
                 jitter_ms=int(step.param("jitter_ms", "10")),
                 loss_percent=int(step.param("loss_percent", "0")),
                 reorder_percent=int(step.param("reorder_percent", "0")),
+                seed=step.pick,
+                # The delayer ends itself if the heal never comes (a harness crash).
+                deadline_s=step.duration_s + _DELAYER_GRACE_S,
             )
             return f"slow link on {me}: {applied}", lambda: self.network.unslow(me)
         if kind == "kill":
@@ -316,17 +323,17 @@ class Nemesis:
 class _StepFault:
     nemesis: Nemesis
     step: Step
-    _heal: Callable[[], None] | None = None
+    _heal: Callable[[], object] | None = None
 
     def start(self) -> str:
         target = self.nemesis.target(self.step)
         text, self._heal = self.nemesis.apply(self.step, target)
         return text
 
-    def heal(self) -> None:
+    def heal(self) -> str | None:
         heal, self._heal = self._heal, None
-        if heal is not None:
-            heal()
+        said = heal() if heal is not None else None
+        return said if isinstance(said, str) and said else None
 
 
 def move_data_dir_onto(cluster: LocalCluster, broker_id: int, fs: LossyFs) -> None:

@@ -3,6 +3,7 @@
 ::
 
     python -m tests.faults.run --duration 300 --seed 7 [--brokers 3] [--out DIR] [--lossy]
+        [--kinds netem,kill]
 
 Starts ZooKeeper and ``--brokers`` brokers, each in a network namespace of its own
 (``netns``), the clients in the root namespace; creates two topics of three partitions,
@@ -24,7 +25,8 @@ not complete, a workload thread died, the host lacks root, ``ip``, ``nft``, ``tc
 ZooKeeper).
 
 ``--lossy`` puts broker 1's data directory on the lossy file system (``lossyfs``) and adds
-``power-loss`` to the fault kinds. ``run(...)`` is the same thing for tests. The
+``power-loss`` to the fault kinds; ``--kinds`` draws the schedule from the kinds named
+only (``--kinds netem`` for slow links alone). ``run(...)`` is the same thing for tests. The
 namespaces, the mount and every process are removed whatever happens (``with`` blocks;
 children also die with this process).
 """
@@ -88,9 +90,15 @@ class RunResult:
         return 0 if self.report.valid else 1
 
 
-def schedule_for(seed: int, duration_s: float, *, lossy: bool = False) -> Schedule:
-    """The schedule a run of ``duration_s`` with ``seed`` follows."""
-    kinds = FAULT_KINDS if lossy else BASE_KINDS
+def schedule_for(
+    seed: int, duration_s: float, *, lossy: bool = False, kinds: Sequence[str] | None = None
+) -> Schedule:
+    """The schedule a run of ``duration_s`` with ``seed`` follows: of ``kinds`` when
+    given, else of every kind the run can apply."""
+    if kinds is None:
+        kinds = FAULT_KINDS if lossy else BASE_KINDS
+    elif "power-loss" in kinds and not lossy:
+        raise ValueError("power-loss needs --lossy")
     if duration_s < SHORT_RUN_S:
         return make_schedule(
             seed, duration_s, kinds=kinds, fault_s=SHORT_FAULT_S, gap_s=SHORT_GAP_S
@@ -105,6 +113,7 @@ def run(
     brokers: int = 3,
     out: Path | None = None,
     lossy: bool = False,
+    kinds: Sequence[str] | None = None,
     say: Callable[[str], object] = print,
 ) -> RunResult:
     """One run (module docstring); ``say`` gets every line of the report as it comes.
@@ -115,7 +124,7 @@ def run(
         raise RuntimeError(reason)
     if brokers < 3:
         raise ValueError("the harness needs at least three brokers")
-    schedule = schedule_for(seed, duration_s, lossy=lossy)
+    schedule = schedule_for(seed, duration_s, lossy=lossy, kinds=kinds)
     out = out or Path(tempfile.mkdtemp(prefix=f"tidelog-faults-{seed}-"))
     out.mkdir(parents=True, exist_ok=True)
     result = RunResult(schedule, None, out)
@@ -233,12 +242,15 @@ def _follow(
         say(event)
         _note(recorder, event)
         time.sleep(max(0.0, began + step.end_s - time.monotonic()))
+        said = None
         try:
-            fault.heal()
+            said = fault.heal()
         except Exception as error:
             result.harness_errors.append(f"could not heal {step.kind}: {error!r}")
             nemesis.heal_all()
         event = f"{time.monotonic() - began:7.1f}s healed {step.kind}"
+        if said:
+            event += f" ({said})"
         result.events.append(event)
         _note(recorder, event)
     time.sleep(max(0.0, began + schedule.duration_s - time.monotonic()))
@@ -311,14 +323,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--lossy", action="store_true", help="add power-loss (lossyfs)")
+    parser.add_argument(
+        "--kinds",
+        default=None,
+        help=f"comma-separated fault kinds to draw from (default: all); of {FAULT_KINDS}",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     try:
-        result = run(args.duration, seed, brokers=args.brokers, out=args.out, lossy=args.lossy)
-    except RuntimeError as error:
+        kinds = args.kinds.split(",") if args.kinds else None
+        result = run(
+            args.duration, seed, brokers=args.brokers, out=args.out, lossy=args.lossy, kinds=kinds
+        )
+    except (RuntimeError, ValueError) as error:
         print(f"cannot run: {error}", file=sys.stderr)  # noqa: T201  # the command line
         return 2
     return result.exit_status

@@ -23,8 +23,14 @@ import confluent_kafka
 import pytest
 from confluent_kafka.admin import AdminClient as ConfluentAdmin
 from confluent_kafka.admin import NewTopic as ConfluentTopic
+from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
-from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+)
 from kafka.protocol.consumer import HeartbeatRequest, HeartbeatResponse
 from kafka.protocol.metadata import (
     FindCoordinatorRequest,
@@ -48,6 +54,7 @@ _NOT_CONTROLLER = 41
 _LEADER_NOT_AVAILABLE = 5
 _NOT_COORDINATOR = 16
 _UNKNOWN_MEMBER_ID = 25
+_GROUP_ID_NOT_FOUND = 69
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +62,11 @@ def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
     with LocalCluster(brokers=3, kafka=True, session_timeout_ms=3_000) as running:
         yield running
+
+
+def survivor_of(cluster: LocalCluster, victim: int) -> int:
+    """A broker other than ``victim``."""
+    return next(b for b in cluster.broker_ids if b != victim)
 
 
 def eventually(check: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
@@ -69,7 +81,9 @@ def create_topic(cluster: LocalCluster, name: str, partitions: int, factor: int)
     returns once every running broker's Metadata shows every partition with a leader (the
     controller answers once its own view has the topic; the others' views follow)."""
     admin = ConfluentAdmin({"bootstrap.servers": cluster.kafka_bootstrap})
-    topic = ConfluentTopic(name, partitions, factor, config={"min.insync.replicas": "2"})
+    # min.insync.replicas above the replication factor is refused (POLICY_VIOLATION).
+    config = {"min.insync.replicas": str(min(2, factor))}
+    topic = ConfluentTopic(name, partitions, factor, config=config)
     futures = admin.create_topics([topic], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
     futures[name].result(TIMEOUT_S)
 
@@ -204,6 +218,32 @@ def test_every_broker_names_the_coordinators_kafka_endpoint(cluster: LocalCluste
         assert answer.error_code == expected, f"broker {broker_id}"
 
 
+def _coordinators(cluster: LocalCluster, broker_id: int, groups: list[str]) -> dict[str, int]:
+    """Batched FindCoordinator v4 (KIP-699) asked of ``broker_id``: group -> node id."""
+    request = FindCoordinatorRequest[4](key_type=0, coordinator_keys=groups)
+    answer = FindCoordinatorResponse[4].decode(_call(cluster, broker_id, request), header=True)
+    assert [c.key for c in answer.coordinators] == groups
+    for c in answer.coordinators:
+        assert c.error_code == 0, c
+        assert f"{c.host}:{c.port}" == cluster.kafka_address(c.node_id)
+    return {c.key: c.node_id for c in answer.coordinators}
+
+
+def test_batched_find_coordinator_and_group_deletion_at_the_coordinator_only(
+    cluster: LocalCluster,
+) -> None:
+    groups = [unique("batched") for _ in range(6)]
+    answers = [_coordinators(cluster, b, groups) for b in cluster.broker_ids]
+    assert all(a == answers[0] for a in answers)  # every broker names the same ones
+    group = groups[0]
+    coordinator = answers[0][group]
+    for broker_id in cluster.broker_ids:
+        request = DeleteGroupsRequest[2](groups_names=[group])
+        answer = DeleteGroupsResponse[2].decode(_call(cluster, broker_id, request), header=True)
+        expected = _GROUP_ID_NOT_FOUND if broker_id == coordinator else _NOT_COORDINATOR
+        assert [r.error_code for r in answer.results] == [expected], f"broker {broker_id}"
+
+
 def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledged(
     cluster: LocalCluster,
 ) -> None:
@@ -273,6 +313,22 @@ def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledge
         victim = FindCoordinatorResponse[1].decode(_call(cluster, 1, request), header=True).node_id
         (led,) = [p for p in found.partitions if p.leader_id == victim]
         old_epoch = led.leader_epoch
+        # Another group the victim coordinates: an offset deleted there (OffsetDelete,
+        # KIP-496) must stay deleted when the coordinator moves (a replicated tombstone).
+        candidates = [unique("tombstoned") for _ in range(40)]  # one is the victim's
+        coordinated = _coordinators(cluster, survivor_of(cluster, victim), candidates)
+        doomed = next(g for g in candidates if coordinated[g] == victim)
+        tps = [client.TopicPartition(topic, p) for p in range(3)]
+        with client.AdminClient(cluster.bootstrap) as admin:
+            admin.alter_group_offsets(doomed, dict.fromkeys(tps, 7))
+        kafka_admin = KafkaAdminClient(
+            bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=int(TIMEOUT_S * 1000)
+        )
+        try:
+            deleted = kafka_admin.delete_group_offsets(doomed, [KafkaTopicPartition(topic, 0)])
+        finally:
+            kafka_admin.close()
+        assert {tp.partition: error.errno for tp, error in deleted.items()} == {0: 0}
         cluster.kill(victim, signal.SIGKILL)
         survivor = next(b for b in cluster.broker_ids if b != victim)
 
@@ -300,6 +356,9 @@ def test_producer_and_group_follow_a_sigkilled_leader_losing_nothing_acknowledge
         assert not failed, failed
         assert len(acknowledged) == 400
         consume_until(set(acknowledged), 40)
+        # The group moved to a survivor with its offsets; the deleted one stays deleted.
+        with client.AdminClient(cluster.address(survivor)) as admin:
+            assert admin.list_group_offsets(doomed) == {tps[1]: 7, tps[2]: 7}
     finally:
         consumer.close()
         producer.flush(5)

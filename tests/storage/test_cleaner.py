@@ -10,6 +10,7 @@ swap and reopen it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import struct
@@ -88,9 +89,22 @@ def append(
     *,
     timestamp_ms: int | None = None,
 ) -> int:
-    """Append one batch of ``(key, value)`` records; returns its base offset."""
+    """Append one batch of ``(key, value)`` records; returns its base offset.
+
+    A compacted log refuses key-less records (#27); they reach one only from before it
+    was made compact (a live ``cleanup.policy`` change), so such a batch is appended as
+    the log was then, and the cleaner still meets them.
+    """
     ts = clock.wall_ms() if timestamp_ms is None else timestamp_ms
-    return log.append(encode_batch([(ts, k, v) for k, v in records])).base_offset
+    batch = encode_batch([(ts, k, v) for k, v in records])
+    config = log.config
+    if not (config.compact and any(k is None for k, _ in records)):
+        return log.append(batch).base_offset
+    log.update_config(dataclasses.replace(config, cleanup_policy="delete"))
+    try:
+        return log.append(batch).base_offset
+    finally:
+        log.update_config(config)
 
 
 def read_batches(log: PartitionLog) -> list[tuple[BatchHeader, list[Record]]]:

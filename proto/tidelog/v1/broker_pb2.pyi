@@ -21,6 +21,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -31,6 +32,72 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ConfigResourceType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigResourceTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigResourceType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_RESOURCE_TYPE_UNSPECIFIED: _ConfigResourceType.ValueType  # 0
+    CONFIG_RESOURCE_TYPE_TOPIC: _ConfigResourceType.ValueType  # 2
+    CONFIG_RESOURCE_TYPE_BROKER: _ConfigResourceType.ValueType  # 4
+    """name: a broker id, or "" for the cluster default"""
+
+class ConfigResourceType(_ConfigResourceType, metaclass=_ConfigResourceTypeEnumTypeWrapper):
+    """Configs (docs/configs.md). Kafka's numbers: resource types, sources and operations."""
+
+CONFIG_RESOURCE_TYPE_UNSPECIFIED: ConfigResourceType.ValueType  # 0
+CONFIG_RESOURCE_TYPE_TOPIC: ConfigResourceType.ValueType  # 2
+CONFIG_RESOURCE_TYPE_BROKER: ConfigResourceType.ValueType  # 4
+"""name: a broker id, or "" for the cluster default"""
+Global___ConfigResourceType: _TypeAlias = ConfigResourceType  # noqa: Y015
+
+class _ConfigSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_SOURCE_UNKNOWN: _ConfigSource.ValueType  # 0
+    CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: _ConfigSource.ValueType  # 1
+    CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: _ConfigSource.ValueType  # 2
+    CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: _ConfigSource.ValueType  # 3
+    CONFIG_SOURCE_STATIC_BROKER_CONFIG: _ConfigSource.ValueType  # 4
+    CONFIG_SOURCE_DEFAULT_CONFIG: _ConfigSource.ValueType  # 5
+
+class ConfigSource(_ConfigSource, metaclass=_ConfigSourceEnumTypeWrapper): ...
+
+CONFIG_SOURCE_UNKNOWN: ConfigSource.ValueType  # 0
+CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: ConfigSource.ValueType  # 1
+CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: ConfigSource.ValueType  # 2
+CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: ConfigSource.ValueType  # 3
+CONFIG_SOURCE_STATIC_BROKER_CONFIG: ConfigSource.ValueType  # 4
+CONFIG_SOURCE_DEFAULT_CONFIG: ConfigSource.ValueType  # 5
+Global___ConfigSource: _TypeAlias = ConfigSource  # noqa: Y015
+
+class _ConfigOperation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigOperation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_OPERATION_SET: _ConfigOperation.ValueType  # 0
+    CONFIG_OPERATION_DELETE: _ConfigOperation.ValueType  # 1
+    CONFIG_OPERATION_APPEND: _ConfigOperation.ValueType  # 2
+    """list-valued keys (cleanup.policy)"""
+    CONFIG_OPERATION_SUBTRACT: _ConfigOperation.ValueType  # 3
+    """list-valued keys"""
+
+class ConfigOperation(_ConfigOperation, metaclass=_ConfigOperationEnumTypeWrapper): ...
+
+CONFIG_OPERATION_SET: ConfigOperation.ValueType  # 0
+CONFIG_OPERATION_DELETE: ConfigOperation.ValueType  # 1
+CONFIG_OPERATION_APPEND: ConfigOperation.ValueType  # 2
+"""list-valued keys (cleanup.policy)"""
+CONFIG_OPERATION_SUBTRACT: ConfigOperation.ValueType  # 3
+"""list-valued keys"""
+Global___ConfigOperation: _TypeAlias = ConfigOperation  # noqa: Y015
 
 @_typing.final
 class CreateTopicRequest(_message.Message):
@@ -218,6 +285,8 @@ class PartitionDescription(_message.Message):
     REPLICAS_FIELD_NUMBER: _builtins.int
     ISR_FIELD_NUMBER: _builtins.int
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    ELR_FIELD_NUMBER: _builtins.int
+    LAST_KNOWN_ELR_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     log_start_offset: _builtins.int
     log_end_offset: _builtins.int
@@ -231,6 +300,15 @@ class PartitionDescription(_message.Message):
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def elr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """KIP-966 (cluster mode): eligible leader replicas, out of the ISR while it is below
+        min.insync.replicas but holding every committed record, and the last known ELR
+        (replicas that left the ELR after an unclean shutdown). Empty on a single node.
+        """
+
+    @_builtins.property
+    def last_known_elr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -244,10 +322,12 @@ class PartitionDescription(_message.Message):
         replicas: _abc.Iterable[_builtins.int] | None = ...,
         isr: _abc.Iterable[_builtins.int] | None = ...,
         leader_epoch: _builtins.int = ...,
+        elr: _abc.Iterable[_builtins.int] | None = ...,
+        last_known_elr: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_watermark", b"high_watermark", "isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "replicas", b"replicas", "segments", b"segments", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elr", b"elr", "high_watermark", b"high_watermark", "isr", b"isr", "last_known_elr", b"last_known_elr", "leader", b"leader", "leader_epoch", b"leader_epoch", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "replicas", b"replicas", "segments", b"segments", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -353,6 +433,217 @@ class AlterTopicConfigRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AlterTopicConfigRequest: _TypeAlias = AlterTopicConfigRequest  # noqa: Y015
+
+@_typing.final
+class ConfigResource(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    type: Global___ConfigResourceType.ValueType
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        type: Global___ConfigResourceType.ValueType = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigResource: _TypeAlias = ConfigResource  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def resource(self) -> Global___ConfigResource: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every key"""
+
+    def __init__(
+        self,
+        *,
+        resource: Global___ConfigResource | None = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsRequest: _TypeAlias = DescribeConfigsRequest  # noqa: Y015
+
+@_typing.final
+class ConfigSynonym(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    source: Global___ConfigSource.ValueType
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str | None = ...,
+        source: Global___ConfigSource.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "name", b"name", "source", b"source", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___ConfigSynonym: _TypeAlias = ConfigSynonym  # noqa: Y015
+
+@_typing.final
+class ConfigEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    SENSITIVE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    DOCUMENTATION_FIELD_NUMBER: _builtins.int
+    SYNONYMS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    """unset: sensitive"""
+    source: Global___ConfigSource.ValueType
+    read_only: _builtins.bool
+    sensitive: _builtins.bool
+    type: _builtins.str
+    """Kafka's config type name: LONG, INT, STRING, LIST, BOOLEAN, DOUBLE"""
+    documentation: _builtins.str
+    @_builtins.property
+    def synonyms(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigSynonym]:
+        """most specific first, the value's own source first"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str | None = ...,
+        source: Global___ConfigSource.ValueType = ...,
+        read_only: _builtins.bool = ...,
+        sensitive: _builtins.bool = ...,
+        type: _builtins.str = ...,
+        documentation: _builtins.str = ...,
+        synonyms: _abc.Iterable[Global___ConfigSynonym] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "documentation", b"documentation", "name", b"name", "read_only", b"read_only", "sensitive", b"sensitive", "source", b"source", "synonyms", b"synonyms", "type", b"type", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___ConfigEntry: _TypeAlias = ConfigEntry  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___ConfigEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsResponse: _TypeAlias = DescribeConfigsResponse  # noqa: Y015
+
+@_typing.final
+class ConfigAlteration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    operation: Global___ConfigOperation.ValueType
+    value: _builtins.str
+    """ignored for DELETE"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        operation: Global___ConfigOperation.ValueType = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "operation", b"operation", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigAlteration: _TypeAlias = ConfigAlteration  # noqa: Y015
+
+@_typing.final
+class IncrementalAlterConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ALTERATIONS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """check everything, change nothing"""
+    @_builtins.property
+    def resource(self) -> Global___ConfigResource: ...
+    @_builtins.property
+    def alterations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigAlteration]: ...
+    def __init__(
+        self,
+        *,
+        resource: Global___ConfigResource | None = ...,
+        alterations: _abc.Iterable[Global___ConfigAlteration] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncrementalAlterConfigsRequest: _TypeAlias = IncrementalAlterConfigsRequest  # noqa: Y015
+
+@_typing.final
+class IncrementalAlterConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncrementalAlterConfigsResponse: _TypeAlias = IncrementalAlterConfigsResponse  # noqa: Y015
 
 @_typing.final
 class CreatePartitionsTopic(_message.Message):
@@ -466,45 +757,176 @@ class ElectLeadersRequest(_message.Message):
     leadership back to its preferred replica (the first of its assignment) where that
     replica is alive and in sync. Only preferred elections are asked for this way; unclean
     ones follow unclean.leader.election.enable.
+    Kafka's ElectLeaders (KIP-460), on the controller. Exactly one of preferred and unclean.
+    No partitions: every partition (and the results leave out those that needed no election).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PREFERRED_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_FIELD_NUMBER: _builtins.int
     preferred: _builtins.bool
-    """must be true"""
+    """the first replica of the assignment, where it can lead and does not"""
+    unclean: _builtins.bool
+    """any live replica of a partition without a leader"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
     def __init__(
         self,
         *,
         preferred: _builtins.bool = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        unclean: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["preferred", b"preferred"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "preferred", b"preferred", "unclean", b"unclean"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
 
 @_typing.final
+class ElectionResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    """"" elected; ELECTION_NOT_NEEDED, PREFERRED_LEADER_NOT_AVAILABLE,"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectionResult: _TypeAlias = ElectionResult  # noqa: Y015
+
+@_typing.final
 class ElectLeadersResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MOVED_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
     moved: _builtins.int
     """partitions whose leader changed"""
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ElectionResult]: ...
     def __init__(
         self,
         *,
         moved: _builtins.int = ...,
+        results: _abc.Iterable[Global___ElectionResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved", b"moved", "results", b"results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
+class DescribeLogDirsRequest(_message.Message):
+    """Kafka's DescribeLogDirs, answered by the broker asked: its one data directory, with the
+    partitions asked for (none: every partition) that have a copy there.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeLogDirsRequest: _TypeAlias = DescribeLogDirsRequest  # noqa: Y015
+
+@_typing.final
+class LogDirPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    OFFSET_LAG_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    size_bytes: _builtins.int
+    offset_lag: _builtins.int
+    """how far the log end is behind the high watermark (0: not behind)"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+        offset_lag: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset_lag", b"offset_lag", "partition", b"partition", "size_bytes", b"size_bytes", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LogDirPartition: _TypeAlias = LogDirPartition  # noqa: Y015
+
+@_typing.final
+class DescribeLogDirsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    USABLE_BYTES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    total_bytes: _builtins.int
+    """the file system's size"""
+    usable_bytes: _builtins.int
+    """and its free space"""
+    error_code: _builtins.str
+    """KAFKA_STORAGE_ERROR when the directory cannot be read"""
+    error_message: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___LogDirPartition]: ...
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        total_bytes: _builtins.int = ...,
+        usable_bytes: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___LogDirPartition] | None = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partitions", b"partitions", "path", b"path", "total_bytes", b"total_bytes", "usable_bytes", b"usable_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeLogDirsResponse: _TypeAlias = DescribeLogDirsResponse  # noqa: Y015
 
 @_typing.final
 class ControlledShutdownRequest(_message.Message):
@@ -886,6 +1308,7 @@ class FetchPartition(_message.Message):
     PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
+    LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     fetch_offset: _builtins.int
@@ -897,6 +1320,10 @@ class FetchPartition(_message.Message):
     """Followers: the epoch of the last batch they hold (Kafka's LastFetchedEpoch). The
     leader answers diverging_epoch instead of records when its log differs there.
     """
+    log_start_offset: _builtins.int
+    """Followers: their log start offset (Kafka's LogStartOffset), which the leader's
+    DeleteRecords waits for.
+    """
     def __init__(
         self,
         *,
@@ -906,19 +1333,24 @@ class FetchPartition(_message.Message):
         partition_max_bytes: _builtins.int = ...,
         current_leader_epoch: _builtins.int | None = ...,
         last_fetched_epoch: _builtins.int | None = ...,
+        log_start_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "current_leader_epoch", b"current_leader_epoch", "last_fetched_epoch", b"last_fetched_epoch"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "_log_start_offset", b"_log_start_offset", "current_leader_epoch", b"current_leader_epoch", "last_fetched_epoch", b"last_fetched_epoch", "log_start_offset", b"log_start_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "_log_start_offset", b"_log_start_offset", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "log_start_offset", b"log_start_offset", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
     _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
     _WhichOneofReturnType__last_fetched_epoch: _TypeAlias = _typing.Literal["last_fetched_epoch"]  # noqa: Y015
     _WhichOneofArgType__last_fetched_epoch: _TypeAlias = _typing.Literal["_last_fetched_epoch", b"_last_fetched_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__log_start_offset: _TypeAlias = _typing.Literal["log_start_offset"]  # noqa: Y015
+    _WhichOneofArgType__log_start_offset: _TypeAlias = _typing.Literal["_log_start_offset", b"_log_start_offset"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_fetched_epoch) -> _WhichOneofReturnType__last_fetched_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__log_start_offset) -> _WhichOneofReturnType__log_start_offset | None: ...
 
 Global___FetchPartition: _TypeAlias = FetchPartition  # noqa: Y015
 
@@ -1478,6 +1910,116 @@ class DescribeProducersResponse(_message.Message):
 Global___DescribeProducersResponse: _TypeAlias = DescribeProducersResponse  # noqa: Y015
 
 @_typing.final
+class DeleteRecordsPartition(_message.Message):
+    """Delete every record below an offset (Kafka's DeleteRecords, KIP-107): the partition's
+    leader moves its log start offset there; reads below it answer OFFSET_OUT_OF_RANGE.
+    Answered once every in-sync replica's log start reached it (REQUEST_TIMED_OUT after
+    timeout_ms: the leader's has moved, the followers' follow). Errors are per partition:
+    OFFSET_OUT_OF_RANGE (above the high watermark, or below -1), UNKNOWN_TOPIC_OR_PARTITION,
+    NOT_LEADER_OR_FOLLOWER. DELETE on each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    offset: _builtins.int
+    """the new log start offset; -1: the high watermark"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsPartition: _TypeAlias = DeleteRecordsPartition  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    timeout_ms: _builtins.int
+    """0 = 30,000"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___DeleteRecordsPartition] | None = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsRequest: _TypeAlias = DeleteRecordsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LOW_WATERMARK_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    low_watermark: _builtins.int
+    """the smallest log start of the in-sync replicas; -1 on error"""
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        low_watermark: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "low_watermark", b"low_watermark", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsResult: _TypeAlias = DeleteRecordsResult  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___DeleteRecordsResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsResponse: _TypeAlias = DeleteRecordsResponse  # noqa: Y015
+
+@_typing.final
 class TopicPartitions(_message.Message):
     """---------------------------------------------------------------------------- groups"""
 
@@ -2026,6 +2568,87 @@ class DeleteGroupResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteGroupResponse: _TypeAlias = DeleteGroupResponse  # noqa: Y015
+
+@_typing.final
+class OffsetDeleteRequest(_message.Message):
+    """Kafka's OffsetDelete (KIP-496): delete some of a group's committed offsets. The group
+    may have members; a partition whose topic a live member subscribes to is refused with
+    error_code GROUP_SUBSCRIBED_TO_TOPIC, an unknown one with UNKNOWN_TOPIC_OR_PARTITION;
+    "" means deleted (or nothing was committed). Whole-call errors: GROUP_ID_NOT_FOUND,
+    NON_EMPTY_GROUP (a classic group of another protocol type than "consumer"),
+    NOT_COORDINATOR. Needs DELETE on the group and READ on each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
+        """each topic with its partitions (not empty)"""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetDeleteRequest: _TypeAlias = OffsetDeleteRequest  # noqa: Y015
+
+@_typing.final
+class OffsetDeleteResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetDeleteResult: _TypeAlias = OffsetDeleteResult  # noqa: Y015
+
+@_typing.final
+class OffsetDeleteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetDeleteResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___OffsetDeleteResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetDeleteResponse: _TypeAlias = OffsetDeleteResponse  # noqa: Y015
 
 @_typing.final
 class AlterClientQuotasRequest(_message.Message):

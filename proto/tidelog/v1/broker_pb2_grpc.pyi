@@ -51,8 +51,14 @@ class BrokerStub:
     ListTopics: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
+    DescribeConfigs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeConfigsRequest, _broker_pb2.DescribeConfigsResponse]
+    """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+    broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+    """
+    IncrementalAlterConfigs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.IncrementalAlterConfigsRequest, _broker_pb2.IncrementalAlterConfigsResponse]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
+    DescribeLogDirs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]
     ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]
     CreateAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]
     """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
@@ -67,6 +73,7 @@ class BrokerStub:
     OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
     InitProducerId: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]
     DescribeProducers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]
+    DeleteRecords: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteRecordsRequest, _broker_pb2.DeleteRecordsResponse]
     ConsumerGroupHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]
@@ -75,6 +82,7 @@ class BrokerStub:
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]
     ResetGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]
     DeleteGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]
+    OffsetDelete: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetDeleteRequest, _broker_pb2.OffsetDeleteResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]
     """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
     FindCoordinator: _grpc.UnaryUnaryMultiCallable[_broker_pb2.FindCoordinatorRequest, _broker_pb2.FindCoordinatorResponse]
@@ -96,8 +104,14 @@ class BrokerAsyncStub(BrokerStub):
     ListTopics: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
+    DescribeConfigs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeConfigsRequest, _broker_pb2.DescribeConfigsResponse]  # type: ignore[assignment]
+    """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+    broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+    """
+    IncrementalAlterConfigs: _aio.UnaryUnaryMultiCallable[_broker_pb2.IncrementalAlterConfigsRequest, _broker_pb2.IncrementalAlterConfigsResponse]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    DescribeLogDirs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]  # type: ignore[assignment]
     ControlledShutdown: _aio.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
     CreateAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]  # type: ignore[assignment]
     """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
@@ -112,6 +126,7 @@ class BrokerAsyncStub(BrokerStub):
     OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
     InitProducerId: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]  # type: ignore[assignment]
     DescribeProducers: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]  # type: ignore[assignment]
+    DeleteRecords: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteRecordsRequest, _broker_pb2.DeleteRecordsResponse]  # type: ignore[assignment]
     ConsumerGroupHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]  # type: ignore[assignment]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]  # type: ignore[assignment]
@@ -120,6 +135,7 @@ class BrokerAsyncStub(BrokerStub):
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeGroupRequest, _broker_pb2.DescribeGroupResponse]  # type: ignore[assignment]
     ResetGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.ResetGroupOffsetsRequest, _broker_pb2.ResetGroupOffsetsResponse]  # type: ignore[assignment]
     DeleteGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteGroupRequest, _broker_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    OffsetDelete: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetDeleteRequest, _broker_pb2.OffsetDeleteResponse]  # type: ignore[assignment]
     Metadata: _aio.UnaryUnaryMultiCallable[_broker_pb2.MetadataRequest, _broker_pb2.MetadataResponse]  # type: ignore[assignment]
     """--- cluster (Kafka's Metadata): brokers, controller, each partition's leader ---"""
     FindCoordinator: _aio.UnaryUnaryMultiCallable[_broker_pb2.FindCoordinatorRequest, _broker_pb2.FindCoordinatorResponse]  # type: ignore[assignment]
@@ -170,6 +186,23 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.TopicDescription, _abc.Awaitable[_broker_pb2.TopicDescription]]: ...
 
     @_abc_1.abstractmethod
+    def DescribeConfigs(
+        self,
+        request: _broker_pb2.DescribeConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeConfigsResponse, _abc.Awaitable[_broker_pb2.DescribeConfigsResponse]]:
+        """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+        broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+        """
+
+    @_abc_1.abstractmethod
+    def IncrementalAlterConfigs(
+        self,
+        request: _broker_pb2.IncrementalAlterConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.IncrementalAlterConfigsResponse, _abc.Awaitable[_broker_pb2.IncrementalAlterConfigsResponse]]: ...
+
+    @_abc_1.abstractmethod
     def CreatePartitions(
         self,
         request: _broker_pb2.CreatePartitionsRequest,
@@ -182,6 +215,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ElectLeadersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ElectLeadersResponse, _abc.Awaitable[_broker_pb2.ElectLeadersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeLogDirs(
+        self,
+        request: _broker_pb2.DescribeLogDirsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeLogDirsResponse, _abc.Awaitable[_broker_pb2.DescribeLogDirsResponse]]: ...
 
     @_abc_1.abstractmethod
     def ControlledShutdown(
@@ -270,6 +310,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.DescribeProducersResponse, _abc.Awaitable[_broker_pb2.DescribeProducersResponse]]: ...
 
     @_abc_1.abstractmethod
+    def DeleteRecords(
+        self,
+        request: _broker_pb2.DeleteRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteRecordsResponse, _abc.Awaitable[_broker_pb2.DeleteRecordsResponse]]: ...
+
+    @_abc_1.abstractmethod
     def ConsumerGroupHeartbeat(
         self,
         request: _broker_pb2.ConsumerGroupHeartbeatRequest,
@@ -318,6 +365,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DeleteGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DeleteGroupResponse, _abc.Awaitable[_broker_pb2.DeleteGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def OffsetDelete(
+        self,
+        request: _broker_pb2.OffsetDeleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.OffsetDeleteResponse, _abc.Awaitable[_broker_pb2.OffsetDeleteResponse]]: ...
 
     @_abc_1.abstractmethod
     def Metadata(

@@ -13,6 +13,11 @@ record is lost. With ``lossy`` the killed broker's data directory is on the loss
 system (``tests/faults/lossyfs.py``) and is crashed with it, so it really loses its
 unsynced tail; without, the election rules are checked alone.
 
+(c) The same states as clients see them (issue #29): ``AdminClient.describe_topic`` and
+``tidelog topics describe`` show a replica stopped cleanly below min ISR in the ELR, and
+the last replica standing, once back from an unclean stop, out of the ISR and ELR and in
+the last known ELR.
+
 States are read from ZooKeeper with ``ClusterStore``.
 """
 
@@ -21,6 +26,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +40,7 @@ from tidelog.broker.cluster.store import ClusterStore
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.types import PartitionDescription
 from tidelog.storage.errors import NotEnoughReplicasError
 from tidelog.storage.files import fsync_dir
 
@@ -221,6 +229,83 @@ def test_the_last_replica_standing_does_not_lead_after_an_unclean_shutdown(
         assert not lost, f"{len(lost)} acknowledged records lost: {lost[:5]}"
         assert len(stored) == len(acknowledged)
         cluster.kill(y)  # off the lossy file system before it unmounts
+
+
+def described(cluster: LocalCluster, topic: str) -> PartitionDescription:
+    """Partition 0 as ``DescribeTopic`` answers it (whichever live broker answers)."""
+    with AdminClient(cluster.bootstrap, request_timeout_ms=10_000) as admin:
+        return admin.describe_topic(topic).partitions[0]
+
+
+def describe_rows(address: str, *args: str) -> list[list[str]]:
+    """``tidelog topics describe ARGS`` asked of ``address``: its lines, split on white
+    space."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tidelog.client.cli", "topics", "describe", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TIDELOG_BOOTSTRAP": address},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return [line.split() for line in result.stdout.splitlines()]
+
+
+def test_describe_shows_the_elr_and_the_last_known_elr(
+    cluster: LocalCluster, store: ClusterStore
+) -> None:
+    first = create(cluster, store, "shown")
+    x = first.leader  # stops cleanly below min ISR: eligible
+    y, z = (r for r in first.isr if r != x)  # y: the last replica standing
+    assert described(cluster, "shown").elr == ()
+    produce(cluster, "shown", [b"one", b"two"], "all")
+
+    cluster.kill(z, signal.SIGTERM)  # the ISR at min ISR 2: nobody eligible yet
+    wait_for(lambda: set(described(cluster, "shown").isr) == {x, y}, "ISR x, y described")
+    assert described(cluster, "shown").elr == ()
+    cluster.kill(x, signal.SIGTERM)  # below min ISR: x, stopped cleanly, is eligible
+    wait_for(
+        lambda: (described(cluster, "shown").leader, described(cluster, "shown").elr) == (y, (x,)),
+        "y leads with x in the ELR, described",
+    )
+    alone = described(cluster, "shown")
+    assert alone.isr == (y,)
+    assert alone.last_known_elr == ()
+    replicas = ",".join(map(str, alone.replicas))
+    header, row = describe_rows(cluster.address(y), "shown")[2:4]
+    assert header[:7] == ["PARTITION", "LEADER", "REPLICAS", "ISR", "ELR", "LAST", "KNOWN"]
+    assert row[:6] == ["0", str(y), replicas, str(y), str(x), "-"]
+    listed = describe_rows(cluster.address(y), "--under-replicated")
+    assert listed[0] == [
+        "TOPIC",
+        "PARTITION",
+        "LEADER",
+        "REPLICAS",
+        "ISR",
+        "ELR",
+        "LAST",
+        "KNOWN",
+        "ELR",
+    ]
+    assert [r[1:] for r in listed if r[:1] == ["shown"]] == [
+        ["0", str(y), replicas, str(y), str(x), "-"]
+    ]
+
+    cluster.kill(y)  # SIGKILL: y restarts without a clean-shutdown marker
+    cluster.start_broker(y)
+    wait_for(
+        lambda: described(cluster, "shown").last_known_elr == (y,),
+        "y out of the ISR, into the last known ELR, described",
+    )
+    offline = described(cluster, "shown")
+    assert offline.leader == NO_LEADER
+    assert offline.isr == ()
+    assert offline.elr == (x,)  # still the one eligible replica
+    rows = describe_rows(cluster.address(y), "shown")  # y: the one broker up
+    assert [r[:6] for r in rows if r[:1] == ["0"]] == [
+        ["0", "offline", replicas, "-", str(x), str(y)]
+    ]
 
 
 class _nothing:  # noqa: N801 (a context manager that stands for "no file system")
