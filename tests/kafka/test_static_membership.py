@@ -223,6 +223,21 @@ def _kip848_stable(broker: InProcessBroker, group: str) -> bool:
     return bool(broker.server.core.describe_group(group).state == "Stable")
 
 
+def _quiet(ms: list[Member], quiet_s: float = 1.5) -> None:
+    """Wait until no member's client reported anything for ``quiet_s`` and each holds
+    its share: the joins of members started one after the other may still be settling
+    (kafka-python's leader rejoins when it learns more metadata)."""
+    deadline = time.monotonic() + 40.0
+    last = [len(m.events) for m in ms]
+    since = time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the group never settled"
+        time.sleep(0.1)
+        now = [len(m.events) for m in ms]
+        if now != last or not _settled(ms, len(ms[0].held) or 1):
+            last, since = now, time.monotonic()
+
+
 @pytest.fixture
 def members() -> Iterator[list[Member]]:
     started: list[Member] = []
@@ -253,6 +268,7 @@ def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
     stayed = members[:2]
     if family == KIP848:
         _wait("the group stable", lambda: _kip848_stable(kafka_broker.broker, group))
+    _quiet(members)
     history = [list(m.events) for m in stayed]
     old = members[2]
     old_partitions = old.held
