@@ -683,6 +683,7 @@ class GrpcConnection:
                 subscribed_topic_names=request.subscription,
                 owned_partitions=_topic_partitions(request.owned),
                 client_id=client_id,
+                group_instance_id=request.instance_id,
             ),
             what="ConsumerGroupHeartbeat",
             timeout_ms=timeout_ms,
@@ -732,6 +733,7 @@ class GrpcConnection:
                     assignment=tuple(
                         TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
                     ),
+                    instance_id=(m.group_instance_id if m.HasField("group_instance_id") else None),
                 )
                 for m in answer.members
             ),

@@ -263,6 +263,7 @@ class GroupMember:
     member_epoch: int
     subscribed_topics: tuple[str, ...]
     assignment: tuple[TopicPartition, ...]
+    instance_id: str | None = None  # a static member's group.instance.id (KIP-345)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,8 @@ and this module, which import nothing else of ours).
     │   │   ├── UnknownMemberIdError      UNKNOWN_MEMBER_ID
     │   │   ├── FencedMemberEpochError    FENCED_MEMBER_EPOCH
     │   │   ├── StaleMemberEpochError     STALE_MEMBER_EPOCH
+    │   │   ├── FencedInstanceIdError     FENCED_INSTANCE_ID (a newer static incarnation)
+    │   │   ├── UnreleasedInstanceIdError UNRELEASED_INSTANCE_ID (a static member still in use)
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   │   └── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
@@ -308,6 +310,20 @@ class StaleMemberEpochError(GroupError):
     """An offset commit carried an epoch that no longer owns the partition."""
 
     code = "STALE_MEMBER_EPOCH"
+
+
+class FencedInstanceIdError(GroupError):
+    """A static member's instance id now belongs to another member id (a newer incarnation
+    of the same consumer joined): this one must stop, not rejoin."""
+
+    code = "FENCED_INSTANCE_ID"
+
+
+class UnreleasedInstanceIdError(GroupError):
+    """A static member joined with an instance id that a live member still uses (it has
+    not left with epoch -2): retry once the other has left, or pick another id."""
+
+    code = "UNRELEASED_INSTANCE_ID"
 
 
 class GroupNotEmptyError(GroupError):

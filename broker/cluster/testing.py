@@ -537,6 +537,8 @@ class LocalCluster:
             "zookeeper.session.timeout.ms": self._session_timeout_ms,
             "metrics.port": self.metrics_ports.get(broker_id, -1),
             "shutdown.grace.ms": 1_000,
+            # As InProcessBroker: a classic group's first rebalance does not wait.
+            "group.initial.rebalance.delay.ms": 0,
             **self._settings,
         }
         if broker_id in self.kafka_ports:

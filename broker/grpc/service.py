@@ -484,6 +484,9 @@ def _consumer_group_heartbeat(
             session_timeout_ms=request.session_timeout_ms,
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             client_id=request.client_id,
+            instance_id=(
+                request.group_instance_id if request.HasField("group_instance_id") else None
+            ),
         )
     )
     return pb.ConsumerGroupHeartbeatResponse(
@@ -944,6 +947,7 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
                 subscribed_topic_names=sorted(m.subscribed_topics),
                 # What the member holds now, partitions it is still giving up included.
                 assignment=_topic_partitions(m.assigned | m.revoking),
+                group_instance_id=m.instance_id,
             )
             for m in group.members
         ],

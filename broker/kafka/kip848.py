@@ -12,6 +12,12 @@ it. Two translations:
   derives one per name (``topic_id``, a UUID v5), which Metadata v10+ reports too. A topic
   deleted and created again under the same name keeps its id (Kafka's would change).
 
+Static members (``instance_id``, KIP-848's form of KIP-345) are the core's: a member
+leaving with epoch -2 keeps its partitions for its session, and a new member id joining
+with the same instance id takes them over without moving anyone else's; a join while the
+instance is still live is ``UNRELEASED_INSTANCE_ID``, and a heartbeat of an incarnation
+that was replaced is ``FENCED_INSTANCE_ID``.
+
 Regular-expression subscriptions (KIP-848 ``subscribed_topic_regex``) are refused with
 ``INVALID_REGULAR_EXPRESSION``; server assignors are the core's (``server_assignor`` is
 ignored).
@@ -88,11 +94,12 @@ async def consumer_group_heartbeat(
             HeartbeatRequest(
                 group_id=group_id,
                 member_id=member_id,
-                member_epoch=-1 if epoch in _LEAVE_EPOCHS else epoch,
+                member_epoch=epoch,
                 subscribed_topics=subscribed or frozenset(),
                 owned=owned,
                 rebalance_timeout_ms=max(request.get("rebalance_timeout", 0), 0),
                 client_id=conn.context.client_id,
+                instance_id=request.get("instance_id"),
             ),
         )
     except Exception as exc:

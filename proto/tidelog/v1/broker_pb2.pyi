@@ -2061,6 +2061,7 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
     OWNED_PARTITIONS_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     member_id: _builtins.str
     """empty to join; the coordinator assigns one"""
@@ -2069,6 +2070,11 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     rebalance_timeout_ms: _builtins.int
     session_timeout_ms: _builtins.int
     client_id: _builtins.str
+    group_instance_id: _builtins.str
+    """A static member's instance id (Kafka's group.instance.id, KIP-345): with it,
+    member_epoch -2 leaves for now and the next join with the same id takes the
+    member's partitions over without a rebalance.
+    """
     @_builtins.property
     def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2086,12 +2092,15 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
         subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
         owned_partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
         client_id: _builtins.str = ...,
+        group_instance_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "group_instance_id", b"group_instance_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "group_id", b"group_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "owned_partitions", b"owned_partitions", "rebalance_timeout_ms", b"rebalance_timeout_ms", "session_timeout_ms", b"session_timeout_ms", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "client_id", b"client_id", "group_id", b"group_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "owned_partitions", b"owned_partitions", "rebalance_timeout_ms", b"rebalance_timeout_ms", "session_timeout_ms", b"session_timeout_ms", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__group_instance_id: _TypeAlias = _typing.Literal["group_instance_id"]  # noqa: Y015
+    _WhichOneofArgType__group_instance_id: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_instance_id) -> _WhichOneofReturnType__group_instance_id | None: ...
 
 Global___ConsumerGroupHeartbeatRequest: _TypeAlias = ConsumerGroupHeartbeatRequest  # noqa: Y015
 
@@ -2367,9 +2376,12 @@ class GroupMember(_message.Message):
     MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
     SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     client_id: _builtins.str
     member_epoch: _builtins.int
+    group_instance_id: _builtins.str
+    """a static member's (KIP-345); unset: dynamic"""
     @_builtins.property
     def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2382,12 +2394,15 @@ class GroupMember(_message.Message):
         member_epoch: _builtins.int = ...,
         subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
         assignment: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        group_instance_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "group_instance_id", b"group_instance_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "client_id", b"client_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "assignment", b"assignment", "client_id", b"client_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__group_instance_id: _TypeAlias = _typing.Literal["group_instance_id"]  # noqa: Y015
+    _WhichOneofArgType__group_instance_id: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_instance_id) -> _WhichOneofReturnType__group_instance_id | None: ...
 
 Global___GroupMember: _TypeAlias = GroupMember  # noqa: Y015
 
