@@ -92,7 +92,7 @@ from tidelog.broker.core.topics import (
     TopicView,
 )
 from tidelog.broker.core.users import FileUserStore
-from tidelog.broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
+from tidelog.broker.groups.coordinator import GroupView, HeartbeatAnswer, HeartbeatRequest
 from tidelog.broker.groups.manager import (
     GroupDescription,
     GroupListing,
@@ -628,6 +628,13 @@ class BrokerCore:
         with self._operation():
             self._check_coordinator(group_id)
             return self._groups.describe_group(group_id)
+
+    def describe_consumer_group(self, group_id: str) -> GroupView:
+        """A KIP-848 group as Kafka's ConsumerGroupDescribe shows it
+        (``GroupManager.describe_consumer_group``), on its coordinator."""
+        with self._operation():
+            self._check_coordinator(group_id)
+            return self._groups.describe_consumer_group(group_id)
 
     def reset_group_offsets(
         self, group_id: str, selection: Selection | None, target: ResetTarget

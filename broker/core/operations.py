@@ -238,6 +238,7 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
+    69: ("ConsumerGroupDescribe", "describe_groups"),
 }
 KAFKA_API_OPERATIONS: Mapping[int, str] = {key: op for key, (_, op) in KAFKA_APIS.items()}
 

@@ -207,6 +207,7 @@ class GroupView:
     state: GroupState
     group_epoch: int
     members: tuple[MemberView, ...]
+    assignment_epoch: int = 0  # the epoch of the target assignment
 
 
 def owner_of(members: Sequence[MemberView], tp: TopicPartition) -> str:
@@ -654,7 +655,11 @@ class GroupCoordinator:
             for m in members
         )
         state = GroupState.STABLE if stable else GroupState.RECONCILING
-        return GroupView(group_id, state, group.group_epoch, members)
+        return GroupView(group_id, state, group.group_epoch, members, group.target_epoch)
+
+    def has_group(self, group_id: str) -> bool:
+        """Whether ``group_id`` is a group with members here."""
+        return group_id in self._groups
 
 
 def _check_instance(group: _Group, request: HeartbeatRequest) -> None:

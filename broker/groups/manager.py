@@ -54,6 +54,7 @@ from tidelog.broker.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     GroupState,
+    GroupView,
     HeartbeatAnswer,
     HeartbeatRequest,
     MemberView,
@@ -443,6 +444,20 @@ class GroupManager:
             else:
                 listings.append(GroupListing(group_id, view.state.value, 0))
         return listings
+
+    def describe_consumer_group(self, group_id: str) -> GroupView:
+        """A KIP-848 group's membership as Kafka's ConsumerGroupDescribe shows it.
+
+        Raises:
+            GroupIdNotFoundError: no KIP-848 group of that id has members here (a classic
+                group, a group known by its committed offsets only, or none), as Kafka
+                answers for a group that is not a consumer group.
+        """
+        _check_group_id(group_id)
+        with self._lock:
+            if not self._coordinator.has_group(group_id):
+                raise GroupIdNotFoundError(f"{group_id!r} is not a consumer group with members")
+            return self._coordinator.view(group_id)
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """Members, assignment, and per partition the committed offset, log end and lag.

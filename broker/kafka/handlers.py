@@ -51,7 +51,7 @@ from tidelog.broker.kafka.groups import (
     list_groups,
     sync_group,
 )
-from tidelog.broker.kafka.kip848 import consumer_group_heartbeat, topic_id
+from tidelog.broker.kafka.kip848 import consumer_group_describe, consumer_group_heartbeat, topic_id
 from tidelog.broker.kafka.listener import Connection, Handler
 from tidelog.broker.kafka.offsets import (
     find_coordinator,
@@ -337,6 +337,7 @@ HANDLERS: dict[int, Handler] = {
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,
+    69: consumer_group_describe,
 }
 
 # Handlers must not block the loop: every core call above goes through ``conn.run``.

@@ -54,6 +54,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
+    69: (0, 0),  # ConsumerGroupDescribe (KIP-848)
 }
 
 
