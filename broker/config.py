@@ -103,6 +103,7 @@ wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.pol
 ``log.cleaner.min.compaction.lag.ms`` [min.compaction.lag.ms],
 ``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio], ``message.max.bytes``
 [max.message.bytes], ``log.message.timestamp.type`` [message.timestamp.type],
+``compression.type`` [compression.type],
 ``log.flush.interval.messages`` [flush.messages], ``log.flush.interval.ms`` [flush.ms],
 ``log.segment.delete.delay.ms`` [file.delete.delay.ms].
 
@@ -165,6 +166,7 @@ _TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "message.max.bytes": "max.message.bytes",
     "log.message.timestamp.type": "message.timestamp.type",
+    "compression.type": "compression.type",
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",

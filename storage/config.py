@@ -22,6 +22,9 @@ key                         default                meaning
 ``min.cleanable.dirty.ratio`` 0.5                  compact when the dirty share exceeds it
 ``max.message.bytes``       1 MiB + 12             largest batch accepted
 ``message.timestamp.type``  ``CreateTime``         or ``LogAppendTime``
+``compression.type``        ``producer``           store batches as sent, or recompress them
+                                                   (``uncompressed``, ``gzip``, ``snappy``,
+                                                   ``lz4``, ``zstd``)
 ``flush.messages``          -1 (never by count)    fsync after this many records
 ``flush.ms``                -1 (never by time)     fsync when the oldest unflushed data is this old
 ``file.delete.delay.ms``    60000                  keep ``.deleted`` files this long
@@ -43,10 +46,17 @@ from typing import Any
 
 from tidelog.storage.errors import InvalidConfigError
 
-__all__ = ["CLEANUP_POLICIES", "RESERVED_KEYS", "TIMESTAMP_TYPES", "LogConfig"]
+__all__ = [
+    "CLEANUP_POLICIES",
+    "COMPRESSION_TYPES",
+    "RESERVED_KEYS",
+    "TIMESTAMP_TYPES",
+    "LogConfig",
+]
 
 CLEANUP_POLICIES = frozenset({"delete", "compact", "compact,delete"})
 TIMESTAMP_TYPES = frozenset({"CreateTime", "LogAppendTime"})
+COMPRESSION_TYPES = frozenset({"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"})
 
 _DAY_MS = 24 * 60 * 60 * 1000
 
@@ -92,6 +102,13 @@ def _parse_bool(key: str, value: str | bool) -> bool:
     return text == "true"
 
 
+def _parse_compression_type(key: str, value: str) -> str:
+    if value not in COMPRESSION_TYPES:
+        known = ", ".join(sorted(COMPRESSION_TYPES))
+        raise InvalidConfigError(f"{key}: must be one of {known}, got {value!r}")
+    return str(value)
+
+
 def _parse_timestamp_type(key: str, value: str) -> str:
     if value not in TIMESTAMP_TYPES:
         raise InvalidConfigError(f"{key}: must be CreateTime or LogAppendTime, got {value!r}")
@@ -112,6 +129,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _parse_ratio),
     "max.message.bytes": ("max_message_bytes", lambda k, v: _parse_int(k, v, 0)),
     "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type),
+    "compression.type": ("compression_type", _parse_compression_type),
     "flush.messages": ("flush_messages", lambda k, v: _parse_int(k, v, -1)),
     "flush.ms": ("flush_ms", lambda k, v: _parse_int(k, v, -1)),
     "file.delete.delay.ms": ("file_delete_delay_ms", lambda k, v: _parse_int(k, v, 0)),
@@ -155,6 +173,7 @@ class LogConfig:
     min_cleanable_dirty_ratio: float = 0.5
     max_message_bytes: int = 1024 * 1024 + 12
     message_timestamp_type: str = "CreateTime"
+    compression_type: str = "producer"
     flush_messages: int = -1
     flush_ms: int = -1
     file_delete_delay_ms: int = 60_000

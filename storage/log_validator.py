@@ -6,6 +6,10 @@ under its partition lock, with the log end offset and the time it read.
 * ``check_produced_batch``: what a producer may not send (size, transactional or control
   batches, unsupported codecs, inconsistent counts; for compacted topics, records that do
   not decode or have no key), checked before any state changes.
+* ``recompress``: a topic whose ``compression.type`` names a codec stores every produced
+  batch in it (Kafka's ``LogValidator``): a batch in another codec is rebuilt, its
+  records, offsets deltas, timestamps and producer fields kept, its CRC recomputed;
+  ``producer`` keeps batches as sent.
 * ``assign_offsets``: a leader's append. Each batch gets its base offset written into its
   first 8 bytes (outside the CRC), the leader's epoch if given (also outside the CRC), and
   for LogAppendTime topics the broker's time (inside the CRC: those batches are copied and
@@ -26,7 +30,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tidelog.storage.batch_builder import BatchBuilder
 from tidelog.storage.batch_times import BatchTimes
+from tidelog.storage.compression import Compression
 from tidelog.storage.config import LogConfig
 from tidelog.storage.errors import (
     CorruptRecordError,
@@ -40,6 +46,7 @@ from tidelog.storage.records import (
     SUPPORTED_COMPRESSION,
     BatchHeader,
     decode_batch,
+    iter_batch_headers,
     set_base_offset,
     set_log_append_time,
 )
@@ -52,6 +59,7 @@ __all__ = [
     "check_produced_batch",
     "follower_batch_times",
     "place_follower_batches",
+    "recompress",
 ]
 
 _BASE_OFFSET = struct.Struct(">q")  # a batch's first 8 bytes, outside its CRC
@@ -141,6 +149,75 @@ def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig
                     f"{record.offset - header.base_offset} has no key; a compacted topic "
                     "(cleanup.policy=compact) only accepts keyed records"
                 )
+
+
+_CODECS = {
+    "uncompressed": Compression.NONE,
+    "gzip": Compression.GZIP,
+    "snappy": Compression.SNAPPY,
+    "lz4": Compression.LZ4,
+    "zstd": Compression.ZSTD,
+}
+
+
+def recompress(
+    records: bytes, batches: list[BatchPosition], config: LogConfig
+) -> tuple[bytes, list[BatchPosition]]:
+    """``records`` with every batch in the topic's ``compression.type`` (unchanged when it
+    is ``producer`` or every batch is in that codec already), and the batches' positions
+    in the result. Call after ``check_produced_batch``.
+
+    Raises:
+        RecordTooLargeError: a rebuilt batch is larger than ``max.message.bytes``.
+        CorruptRecordError: records that do not decode.
+    """
+    target = _CODECS.get(config.compression_type)
+    if target is None or all(b.header.compression == target for b in batches):
+        return records, batches
+    pieces: list[bytes] = []
+    for batch in batches:
+        header = batch.header
+        data = records[batch.position : batch.position + header.size_bytes]
+        if header.compression != target:
+            data = _rebuilt(data, target)
+            if len(data) > config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch at position {batch.position} is {len(data)} bytes in "
+                    f"{config.compression_type} (compression.type); the limit "
+                    f"(max.message.bytes) is {config.max_message_bytes}"
+                )
+        pieces.append(data)
+    joined = b"".join(pieces)
+    return joined, [
+        BatchPosition(position, header)
+        for position, header in iter_batch_headers(joined, validate=False)
+    ]
+
+
+def _rebuilt(batch: bytes, codec: Compression) -> bytes:
+    header, decoded = decode_batch(batch, 0, validate=False)  # the CRC was checked
+    builder = BatchBuilder(
+        compression=codec,
+        timestamp_type=header.timestamp_type,
+        base_offset=header.base_offset,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        is_transactional=header.is_transactional,
+        partition_leader_epoch=header.partition_leader_epoch,
+        base_timestamp=header.base_timestamp,
+    )
+    for record in decoded:
+        builder.append(
+            record.timestamp_ms,
+            record.key,
+            record.value,
+            record.headers,
+            offset_delta=record.offset - header.base_offset,
+        )
+    return builder.build(
+        last_offset_delta=header.last_offset_delta, max_timestamp_ms=header.max_timestamp
+    )
 
 
 def assign_offsets(

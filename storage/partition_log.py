@@ -87,6 +87,7 @@ from tidelog.storage.log_validator import (
     check_produced_batch,
     follower_batch_times,
     place_follower_batches,
+    recompress,
 )
 from tidelog.storage.producer_state import ProducerStateTable, ProducerSummary
 from tidelog.storage.records import iter_batch_headers
@@ -329,6 +330,7 @@ class PartitionLog:
         ]
         for batch in batches:
             check_produced_batch(records, batch, config)
+        records, batches = recompress(records, batches, config)
         with self._lock:
             if self._closed:
                 raise StorageError(f"{self} is closed")

@@ -145,6 +145,12 @@ TOPIC_KEYS: dict[str, KeyInfo] = {
     "index.interval.bytes": KeyInfo(
         _I, "bytes of log between two offset index entries", "log.index.interval.bytes"
     ),
+    "compression.type": KeyInfo(
+        _S,
+        "producer (store batches as sent) or the codec to store them in: uncompressed, "
+        "gzip, snappy, lz4, zstd (the broker recompresses other batches)",
+        "compression.type",
+    ),
     "max.message.bytes": KeyInfo(
         _I, "the largest record batch the topic accepts", "message.max.bytes"
     ),
