@@ -103,7 +103,8 @@ wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.pol
 ``log.cleaner.min.compaction.lag.ms`` [min.compaction.lag.ms],
 ``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio], ``message.max.bytes``
 [max.message.bytes], ``log.message.timestamp.type`` [message.timestamp.type],
-``compression.type`` [compression.type],
+``compression.type`` [compression.type], ``log.message.timestamp.before.max.ms`` /
+``log.message.timestamp.after.max.ms`` [message.timestamp.before/after.max.ms],
 ``log.flush.interval.messages`` [flush.messages], ``log.flush.interval.ms`` [flush.ms],
 ``log.segment.delete.delay.ms`` [file.delete.delay.ms].
 
@@ -166,6 +167,8 @@ _TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "message.max.bytes": "max.message.bytes",
     "log.message.timestamp.type": "message.timestamp.type",
+    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
+    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
     "compression.type": "compression.type",
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",

@@ -22,6 +22,9 @@ key                         default                meaning
 ``min.cleanable.dirty.ratio`` 0.5                  compact when the dirty share exceeds it
 ``max.message.bytes``       1 MiB + 12             largest batch accepted
 ``message.timestamp.type``  ``CreateTime``         or ``LogAppendTime``
+``message.timestamp.before.max.ms`` unbounded      a CreateTime this far behind the broker's
+                                                   clock is refused (INVALID_TIMESTAMP)
+``message.timestamp.after.max.ms``  unbounded      and this far ahead of it (KIP-937)
 ``compression.type``        ``producer``           store batches as sent, or recompress them
                                                    (``uncompressed``, ``gzip``, ``snappy``,
                                                    ``lz4``, ``zstd``)
@@ -51,6 +54,7 @@ __all__ = [
     "COMPRESSION_TYPES",
     "RESERVED_KEYS",
     "TIMESTAMP_TYPES",
+    "UNBOUNDED_MS",
     "LogConfig",
 ]
 
@@ -59,6 +63,7 @@ TIMESTAMP_TYPES = frozenset({"CreateTime", "LogAppendTime"})
 COMPRESSION_TYPES = frozenset({"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"})
 
 _DAY_MS = 24 * 60 * 60 * 1000
+UNBOUNDED_MS = 2**63 - 1  # Kafka's Long.MAX_VALUE: no bound
 
 
 def _parse_int(key: str, value: str | int, minimum: int) -> int:
@@ -129,6 +134,14 @@ _KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _parse_ratio),
     "max.message.bytes": ("max_message_bytes", lambda k, v: _parse_int(k, v, 0)),
     "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type),
+    "message.timestamp.before.max.ms": (
+        "message_timestamp_before_max_ms",
+        lambda k, v: _parse_int(k, v, 0),
+    ),
+    "message.timestamp.after.max.ms": (
+        "message_timestamp_after_max_ms",
+        lambda k, v: _parse_int(k, v, 0),
+    ),
     "compression.type": ("compression_type", _parse_compression_type),
     "flush.messages": ("flush_messages", lambda k, v: _parse_int(k, v, -1)),
     "flush.ms": ("flush_ms", lambda k, v: _parse_int(k, v, -1)),
@@ -173,6 +186,8 @@ class LogConfig:
     min_cleanable_dirty_ratio: float = 0.5
     max_message_bytes: int = 1024 * 1024 + 12
     message_timestamp_type: str = "CreateTime"
+    message_timestamp_before_max_ms: int = UNBOUNDED_MS
+    message_timestamp_after_max_ms: int = UNBOUNDED_MS
     compression_type: str = "producer"
     flush_messages: int = -1
     flush_ms: int = -1

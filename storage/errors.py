@@ -14,6 +14,7 @@ and this module, which import nothing else of ours).
     ├── RequestError                      (the request is at fault; retrying it won't help)
     │   ├── CorruptRecordError            CORRUPT_MESSAGE
     │   ├── InvalidRecordError            INVALID_RECORD (e.g. a key-less record, compacted topic)
+    │   ├── InvalidTimestampError         INVALID_TIMESTAMP (message.timestamp.before/after.max.ms)
     │   ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     │   ├── RequestTooLargeError          REQUEST_TOO_LARGE
     │   ├── UnsupportedCompressionTypeError  UNSUPPORTED_COMPRESSION_TYPE
@@ -105,6 +106,7 @@ __all__ = [
     "InvalidRecordError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
+    "InvalidTimestampError",
     "InvalidTopicError",
     "KafkaTimeoutError",
     "LeaderNotAvailableError",
@@ -189,6 +191,13 @@ class InvalidRecordError(RequestError):
     a record without a key sent to a compacted topic."""
 
     code = "INVALID_RECORD"
+
+
+class InvalidTimestampError(RequestError):
+    """A record's CreateTime is further from the broker's clock than the topic allows
+    (``message.timestamp.before.max.ms`` / ``message.timestamp.after.max.ms``, KIP-937)."""
+
+    code = "INVALID_TIMESTAMP"
 
 
 class RecordTooLargeError(RequestError):

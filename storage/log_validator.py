@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from tidelog.storage.batch_builder import BatchBuilder
 from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.compression import Compression
-from tidelog.storage.config import LogConfig
+from tidelog.storage.config import UNBOUNDED_MS, LogConfig
 from tidelog.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
     InvalidRequestError,
+    InvalidTimestampError,
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
 )
@@ -101,7 +102,9 @@ class FollowerBatches:
     max_timestamp: int
 
 
-def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig) -> None:
+def check_produced_batch(
+    records: bytes, batch: BatchPosition, config: LogConfig, now_ms: int
+) -> None:
     """Reject what a producer may not send (before any state changes).
 
     Raises:
@@ -110,6 +113,9 @@ def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig
         UnsupportedCompressionTypeError: a codec this broker does not store.
         CorruptRecordError: no records, a count that disagrees with the last offset
             delta, or (compacted topics) records that do not decode.
+        InvalidTimestampError: a CreateTime record outside ``now_ms`` minus
+            ``message.timestamp.before.max.ms`` to ``now_ms`` plus
+            ``message.timestamp.after.max.ms``.
     """
     header: BatchHeader = batch.header
     if header.size_bytes > config.max_message_bytes:
@@ -132,6 +138,7 @@ def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig
             f"batch at position {batch.position}: last offset delta "
             f"{header.last_offset_delta} does not match {header.records_count} records"
         )
+    _check_timestamps(records, batch, config, now_ms)
     if config.compact:
         # The cleaner decodes every record of a compacted log, and one batch it cannot
         # decode sets the partition aside for good (never compacted again until a
@@ -218,6 +225,32 @@ def _rebuilt(batch: bytes, codec: Compression) -> bytes:
     return builder.build(
         last_offset_delta=header.last_offset_delta, max_timestamp_ms=header.max_timestamp
     )
+
+
+def _check_timestamps(records: bytes, batch: BatchPosition, config: LogConfig, now_ms: int) -> None:
+    """KIP-937's bounds on CreateTime records (skipped for LogAppendTime topics, whose
+    records take the broker's time, and for records without a timestamp). The header's
+    max timestamp decides the upper bound; the lower one decodes the records, only when
+    it is set."""
+    header = batch.header
+    if config.log_append_time:
+        return
+    before, after = config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms
+    if after < UNBOUNDED_MS and header.max_timestamp > now_ms + after:
+        raise InvalidTimestampError(
+            f"batch at position {batch.position}: timestamp {header.max_timestamp} is more "
+            f"than message.timestamp.after.max.ms ({after}) after the broker's time {now_ms}"
+        )
+    if before >= UNBOUNDED_MS:
+        return
+    _, decoded = decode_batch(records, batch.position, validate=False)  # CRC checked
+    for record in decoded:
+        if record.timestamp_ms != NO_TIMESTAMP and record.timestamp_ms < now_ms - before:
+            raise InvalidTimestampError(
+                f"batch at position {batch.position}: timestamp {record.timestamp_ms} of the "
+                f"record at offset delta {record.offset - header.base_offset} is more than "
+                f"message.timestamp.before.max.ms ({before}) before the broker's time {now_ms}"
+            )
 
 
 def assign_offsets(

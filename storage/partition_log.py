@@ -328,8 +328,9 @@ class PartitionLog:
             BatchPosition(position, header)
             for position, header in iter_batch_headers(records, validate=True)
         ]
+        now_ms = self._clock.wall_ms()
         for batch in batches:
-            check_produced_batch(records, batch, config)
+            check_produced_batch(records, batch, config, now_ms)
         records, batches = recompress(records, batches, config)
         with self._lock:
             if self._closed:

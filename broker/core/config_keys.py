@@ -151,6 +151,16 @@ TOPIC_KEYS: dict[str, KeyInfo] = {
         "gzip, snappy, lz4, zstd (the broker recompresses other batches)",
         "compression.type",
     ),
+    "message.timestamp.before.max.ms": KeyInfo(
+        _L,
+        "refuse a CreateTime record this far behind the broker's clock (KIP-937)",
+        "log.message.timestamp.before.max.ms",
+    ),
+    "message.timestamp.after.max.ms": KeyInfo(
+        _L,
+        "refuse a CreateTime record this far ahead of the broker's clock (KIP-937)",
+        "log.message.timestamp.after.max.ms",
+    ),
     "max.message.bytes": KeyInfo(
         _I, "the largest record batch the topic accepts", "message.max.bytes"
     ),

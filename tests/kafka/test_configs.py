@@ -261,3 +261,24 @@ def test_the_cluster_wide_default_and_another_broker_raw(kafka_broker: KafkaBrok
 def _address(kafka_broker: KafkaBroker) -> tuple[str, int]:
     host, port = kafka_broker.bootstrap.rsplit(":", 1)
     return host, int(port)
+
+
+def test_timestamps_out_of_the_topics_bounds_fail_with_invalid_timestamp(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """KIP-937's topic keys through a Kafka producer: a record far in the past fails its
+    delivery with INVALID_TIMESTAMP (not retried), a current one is stored."""
+    topic = unique("ts-bounds")
+    kafka_broker.broker.server.core.create_topic(
+        topic, 1, {"message.timestamp.before.max.ms": "60000"}
+    )
+    producer = confluent_kafka.Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    outcomes: list[Any] = []
+    producer.produce(topic, b"ancient", timestamp=1, on_delivery=lambda e, m: outcomes.append(e))
+    assert producer.flush(20) == 0  # a batch of its own: a refusal fails the whole batch
+    producer.produce(topic, b"now", on_delivery=lambda e, m: outcomes.append(e))
+    assert producer.flush(20) == 0
+    assert [e.code() if e else None for e in outcomes] == [
+        confluent_kafka.KafkaError.INVALID_TIMESTAMP,
+        None,
+    ]
