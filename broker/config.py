@@ -101,7 +101,8 @@ Topic defaults, each the broker-wide default of the topic key in brackets (see
 wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.policy``
 [cleanup.policy], ``log.cleaner.delete.retention.ms`` [delete.retention.ms],
 ``log.cleaner.min.compaction.lag.ms`` [min.compaction.lag.ms],
-``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio], ``message.max.bytes``
+``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio],
+``log.cleaner.max.compaction.lag.ms`` [max.compaction.lag.ms], ``message.max.bytes``
 [max.message.bytes], ``log.message.timestamp.type`` [message.timestamp.type],
 ``compression.type`` [compression.type], ``log.message.timestamp.before.max.ms`` /
 ``log.message.timestamp.after.max.ms`` [message.timestamp.before/after.max.ms],
@@ -165,6 +166,7 @@ _TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.delete.retention.ms": "delete.retention.ms",
     "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
     "message.max.bytes": "max.message.bytes",
     "log.message.timestamp.type": "message.timestamp.type",
     "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",

@@ -20,6 +20,8 @@ key                         default                meaning
 ``delete.retention.ms``     1 day                  how long tombstones survive compaction
 ``min.compaction.lag.ms``   0                      records younger than this stay uncompacted
 ``min.cleanable.dirty.ratio`` 0.5                  compact when the dirty share exceeds it
+``max.compaction.lag.ms``   unbounded              compact a log whose oldest dirty record is
+                                                   this old, whatever its dirty share (KIP-354)
 ``max.message.bytes``       1 MiB + 12             largest batch accepted
 ``message.timestamp.type``  ``CreateTime``         or ``LogAppendTime``
 ``message.timestamp.before.max.ms`` unbounded      a CreateTime this far behind the broker's
@@ -132,6 +134,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "delete.retention.ms": ("delete_retention_ms", lambda k, v: _parse_int(k, v, 0)),
     "min.compaction.lag.ms": ("min_compaction_lag_ms", lambda k, v: _parse_int(k, v, 0)),
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _parse_ratio),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", lambda k, v: _parse_int(k, v, 1)),
     "max.message.bytes": ("max_message_bytes", lambda k, v: _parse_int(k, v, 0)),
     "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type),
     "message.timestamp.before.max.ms": (
@@ -184,6 +187,7 @@ class LogConfig:
     delete_retention_ms: int = _DAY_MS
     min_compaction_lag_ms: int = 0
     min_cleanable_dirty_ratio: float = 0.5
+    max_compaction_lag_ms: int = UNBOUNDED_MS
     max_message_bytes: int = 1024 * 1024 + 12
     message_timestamp_type: str = "CreateTime"
     message_timestamp_before_max_ms: int = UNBOUNDED_MS

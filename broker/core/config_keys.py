@@ -172,6 +172,12 @@ TOPIC_KEYS: dict[str, KeyInfo] = {
     "min.cleanable.dirty.ratio": KeyInfo(
         _D, "compact once this share of the log is uncompacted", "log.cleaner.min.cleanable.ratio"
     ),
+    "max.compaction.lag.ms": KeyInfo(
+        _L,
+        "compact a log whose oldest uncompacted record is this old, whatever its dirty "
+        "ratio (KIP-354)",
+        "log.cleaner.max.compaction.lag.ms",
+    ),
     "min.compaction.lag.ms": KeyInfo(
         _L, "records younger than this are not compacted", "log.cleaner.min.compaction.lag.ms"
     ),
