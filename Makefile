@@ -54,6 +54,13 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "nftables could not be installed: the network-partition tests will say so"; \
 	  else echo "no nft: install Debian's nftables for the network-partition tests"; fi; \
 	fi
+	@# The slow-link tests (tests/faults/test_delayer.py) need iptables' NFQUEUE target.
+	@if ! command -v iptables >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends iptables >/dev/null) \
+	      || echo "iptables could not be installed: the slow-link tests will say so"; \
+	  else echo "no iptables: install Debian's iptables for the slow-link tests"; fi; \
+	fi
 	@# The lost-unsynced-writes tests (tests/faults/test_lossyfs.py) mount FUSE with fuse3.
 	@if ! command -v fusermount3 >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

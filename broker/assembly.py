@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tidelog.broker.config import BrokerConfig, parse_listen
 from tidelog.broker.core.audit import configure_file as configure_audit_file
+from tidelog.broker.core.configs import DEFAULT_ENTITY
 from tidelog.broker.core.facade import BrokerCore, open_partitions
 from tidelog.broker.core.limits import Admission, AdmissionCollector
 from tidelog.broker.core.membership import Membership
@@ -388,6 +389,7 @@ def _join_cluster(
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
     """
     from tidelog.broker.cluster.acls import ZooKeeperAclStore
+    from tidelog.broker.cluster.broker_configs import ZooKeeperBrokerConfigStore
     from tidelog.broker.cluster.node import ClusterNode  # kazoo is needed in cluster mode only
     from tidelog.broker.cluster.producer_ids import ZooKeeperProducerIds
     from tidelog.broker.cluster.znodes import KAFKA_LISTENER, ListenerEndpoint
@@ -422,4 +424,8 @@ def _join_cluster(
     membership.join(node.placement, node, producer_ids, node.store)
     # ACLs shared by the cluster: one watched document in ZooKeeper.
     core.acls.use_store(ZooKeeperAclStore.open(node.store))
+    # Dynamic broker configs: /config/brokers/<default> and /config/brokers/<id>, watched.
+    core.configs.use_store(
+        ZooKeeperBrokerConfigStore.open(node.store, (DEFAULT_ENTITY, str(config.broker_id)))
+    )
     return node

@@ -49,6 +49,8 @@ key                                   default          meaning
 ``group.consumer.session.timeout.ms``     45000        session timeout when none is asked for
 ``group.consumer.min.session.timeout.ms`` 45000        smallest session timeout granted
 ``group.consumer.max.session.timeout.ms`` 60000        largest session timeout granted
+``group.initial.rebalance.delay.ms``  3000             a new classic group's first rebalance
+                                                       waits this long for more members
 ``offsets.topic.num.partitions``      5                partitions of the offsets topic (at creation)
 ``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
 ``offsets.topic.replication.factor``  3                its replicas (at most the brokers)
@@ -102,8 +104,11 @@ Topic defaults, each the broker-wide default of the topic key in brackets (see
 wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.policy``
 [cleanup.policy], ``log.cleaner.delete.retention.ms`` [delete.retention.ms],
 ``log.cleaner.min.compaction.lag.ms`` [min.compaction.lag.ms],
-``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio], ``message.max.bytes``
+``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio],
+``log.cleaner.max.compaction.lag.ms`` [max.compaction.lag.ms], ``message.max.bytes``
 [max.message.bytes], ``log.message.timestamp.type`` [message.timestamp.type],
+``compression.type`` [compression.type], ``log.message.timestamp.before.max.ms`` /
+``log.message.timestamp.after.max.ms`` [message.timestamp.before/after.max.ms],
 ``log.flush.interval.messages`` [flush.messages], ``log.flush.interval.ms`` [flush.ms],
 ``log.segment.delete.delay.ms`` [file.delete.delay.ms].
 
@@ -164,8 +169,12 @@ _TOPIC_DEFAULT_KEYS: dict[str, str] = {
     "log.cleaner.delete.retention.ms": "delete.retention.ms",
     "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
     "message.max.bytes": "max.message.bytes",
     "log.message.timestamp.type": "message.timestamp.type",
+    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
+    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
+    "compression.type": "compression.type",
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
@@ -317,6 +326,7 @@ class BrokerConfig:
     group_consumer_session_timeout_ms: int = 45_000
     group_consumer_min_session_timeout_ms: int = 45_000
     group_consumer_max_session_timeout_ms: int = 60_000
+    group_initial_rebalance_delay_ms: int = 3_000
     offsets_topic_num_partitions: int = 5
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
     offsets_topic_replication_factor: int = 3
@@ -426,6 +436,7 @@ class BrokerConfig:
                 <= self.group_consumer_heartbeat_interval_ms
                 < self.group_consumer_min_session_timeout_ms,
             ),
+            ("group.initial.rebalance.delay.ms", self.group_initial_rebalance_delay_ms >= 0),
             ("offsets.topic.num.partitions", 1 <= self.offsets_topic_num_partitions <= 1_000),
             ("offsets.topic.segment.bytes", self.offsets_topic_segment_bytes >= 1024),
             ("offset.metadata.max.bytes", 0 <= self.offset_metadata_max_bytes <= 0x7FFF),
@@ -549,6 +560,7 @@ class BrokerConfig:
                 segment_bytes=self.offsets_topic_segment_bytes,
             ),
             offset_metadata_max_bytes=self.offset_metadata_max_bytes,
+            initial_rebalance_delay_ms=self.group_initial_rebalance_delay_ms,
         )
 
     # --- parsing ------------------------------------------------------------------------
@@ -725,6 +737,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
     "group.consumer.max.session.timeout.ms": (
         "group_consumer_max_session_timeout_ms",
         lambda k, v: _int(k, v, 1),
+    ),
+    "group.initial.rebalance.delay.ms": (
+        "group_initial_rebalance_delay_ms",
+        lambda k, v: _int(k, v, 0),
     ),
     "offsets.topic.num.partitions": (
         "offsets_topic_num_partitions",

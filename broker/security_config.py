@@ -18,6 +18,7 @@ key                                  default               meaning
 ``sasl.enabled.mechanisms``          SCRAM-SHA-256,        comma-separated; PLAIN only with
                                      SCRAM-SHA-512         SASL_SSL
 ``sasl.session.lifetime.ms``         86400000              a session token's life
+``connections.max.reauth.ms``        0                     KIP-368: sessions end this soon (0: off)
 ``sasl.login.failures.max``          5                     failed logins per address per window
 ``sasl.login.failure.window.ms``     60000                 that window
 ``inter.broker.sasl.mechanism``      SCRAM-SHA-512         how brokers log in to each other
@@ -64,6 +65,7 @@ SECURITY_KEYS = frozenset(
         "ssl.client.auth",
         "sasl.enabled.mechanisms",
         "sasl.session.lifetime.ms",
+        "connections.max.reauth.ms",
         "sasl.login.failures.max",
         "sasl.login.failure.window.ms",
         "inter.broker.sasl.mechanism",
@@ -86,6 +88,10 @@ class SecurityConfig:
     ssl_client_auth: str = "none"
     sasl_enabled_mechanisms: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512")
     sasl_session_lifetime_ms: int = 86_400_000
+    connections_max_reauth_ms: int = 0
+    """KIP-368: an authenticated session lasts at most this long (0: as long as
+    ``sasl.session.lifetime.ms`` on gRPC, the connection's life on the Kafka listener);
+    clients re-authenticate on their live connection before it ends."""
     sasl_login_failures_max: int = 5
     sasl_login_failure_window_ms: int = 60_000
     inter_broker_sasl_mechanism: str = "SCRAM-SHA-512"
@@ -127,6 +133,7 @@ class SecurityConfig:
             raise InvalidConfigError("metrics.ssl.enable needs ssl.certfile and ssl.keyfile")
         for name, value, minimum in (
             ("sasl.session.lifetime.ms", self.sasl_session_lifetime_ms, 1),
+            ("connections.max.reauth.ms", self.connections_max_reauth_ms, 0),
             ("sasl.login.failures.max", self.sasl_login_failures_max, 1),
             ("sasl.login.failure.window.ms", self.sasl_login_failure_window_ms, 1),
         ):
@@ -213,6 +220,7 @@ class SecurityConfig:
             ).upper()
         for key, name in (
             ("sasl.session.lifetime.ms", "sasl_session_lifetime_ms"),
+            ("connections.max.reauth.ms", "connections_max_reauth_ms"),
             ("sasl.login.failures.max", "sasl_login_failures_max"),
             ("sasl.login.failure.window.ms", "sasl_login_failure_window_ms"),
         ):
@@ -245,6 +253,7 @@ class SecurityConfig:
             "ssl.client.auth": self.ssl_client_auth,
             "sasl.enabled.mechanisms": ",".join(self.sasl_enabled_mechanisms),
             "sasl.session.lifetime.ms": str(self.sasl_session_lifetime_ms),
+            "connections.max.reauth.ms": str(self.connections_max_reauth_ms),
             "sasl.login.failures.max": str(self.sasl_login_failures_max),
             "sasl.login.failure.window.ms": str(self.sasl_login_failure_window_ms),
             "inter.broker.sasl.mechanism": self.inter_broker_sasl_mechanism,

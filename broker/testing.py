@@ -41,10 +41,13 @@ __all__ = ["InProcessBroker"]
 
 log = logging.getLogger(__name__)
 
-# Faster shutdowns than the daemon's default; a test can override any of these.
+# Faster shutdowns than the daemon's default; a test can override any of these. A classic
+# group's first rebalance does not wait for more members (Kafka's own test harnesses set
+# group.initial.rebalance.delay.ms to 0 too; the daemon keeps Kafka's 3 s).
 _TEST_DEFAULTS: dict[str, object] = {
     "shutdown.grace.ms": 1_000,
     "num.io.threads": 32,
+    "group.initial.rebalance.delay.ms": 0,
 }
 
 

@@ -53,6 +53,9 @@ from tidelog.client.offsets import list_offsets
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity, salted_credential
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
@@ -467,6 +470,66 @@ class AdminClient:
             timeout_ms,
         )
 
+    def describe_configs(
+        self,
+        resource: ConfigResource,
+        keys: Iterable[str] | None = None,
+        *,
+        timeout_ms: int | None = None,
+    ) -> dict[str, ConfigEntry]:
+        """Every config key of a topic or a broker (``ConfigResource.topic(name)``,
+        ``ConfigResource.broker(id)``, ``ConfigResource.broker()`` for the cluster-wide
+        dynamic defaults), or only ``keys``, by name: effective value, where it comes
+        from (``source``) and every synonym, most specific first (``docs/configs.md``).
+
+        A broker's configs are asked of that broker; a topic's of any broker.
+        """
+        wanted = list(keys or ())
+        return {
+            e.name: e
+            for e in self._connections.run(
+                self._config_route(resource, alter=False),
+                lambda c, t: c.describe_configs(resource, wanted, timeout_ms=t),
+                what=f"DescribeConfigs {resource.type} {resource.name!r}",
+                timeout_ms=timeout_ms,
+            )
+        }
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Iterable[AlterConfigOp],
+        *,
+        validate_only: bool = False,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Change a topic's or a broker's dynamic configs, key by key (Kafka's
+        IncrementalAlterConfigs): ``AlterConfigOp("retention.ms", "set", "60000")``,
+        ``AlterConfigOp("retention.ms", "delete")``, ``AlterConfigOp("cleanup.policy",
+        "append", "compact")``. All or nothing per call; ``validate_only`` checks without
+        changing. A broker accepts only the keys it can apply live (``docs/configs.md``);
+        others raise ``InvalidConfigError``.
+        """
+        ops = list(changes)
+        self._connections.run(
+            self._config_route(resource, alter=True),
+            lambda c, t: c.incremental_alter_configs(
+                resource, ops, validate_only=validate_only, timeout_ms=t
+            ),
+            what=f"IncrementalAlterConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+
+    def _config_route(
+        self, resource: ConfigResource, *, alter: bool
+    ) -> Callable[[int], Connection]:
+        if resource.type == "broker" and resource.name:
+            broker_id = int(resource.name)
+            return lambda t: self._connections.broker(broker_id, t)
+        if resource.type == "topic" and alter:
+            return self._connections.route_controller()  # topic changes: the controller's
+        return self._connections.route_any()
+
     def create_partitions(
         self,
         topic: str,
@@ -541,6 +604,40 @@ class AdminClient:
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()
         }
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """Delete every record below an offset, per partition (Kafka's DeleteRecords,
+        KIP-107): each partition's log start offset moves there on every in-sync
+        replica, reads below it answer ``OffsetOutOfRangeError``, ``list_offsets``
+        earliest answers it, and the segments wholly below it are removed by the next
+        retention pass. ``-1`` stands for the high watermark (everything readable now).
+
+        Returns each partition's low watermark (its replicas' smallest log start; the
+        offset asked for, or the current log start where that is already higher).
+
+        Raises ``ValueError`` for an offset below -1, ``TypeError`` for one that is not an
+        int; then a partition's error (``OffsetOutOfRangeError`` for an offset above the
+        high watermark, ``UnknownTopicOrPartitionError``, ``KafkaTimeoutError`` when a
+        follower did not follow within ``timeout_ms``, whose leader moved all the same)
+        or the call's (``TopicAuthorizationFailedError``: DELETE on the topic is needed).
+        """
+        for tp, offset in offsets.items():
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise TypeError(f"{tp}: the offset must be an int, got {offset!r}")
+            if offset < -1:
+                raise ValueError(
+                    f"{tp}: the offset must be >= 0, or -1 for the high watermark; got {offset}"
+                )
+        if not offsets:
+            return {}
+        return self._connections.run_per_leader(
+            dict(offsets),
+            lambda c, batch, t: c.delete_records(batch, timeout_ms=t),
+            what="DeleteRecords",
+            timeout_ms=timeout_ms,
+        )
 
     def describe_producers(
         self,

@@ -292,12 +292,17 @@ class ConsumerConfig:
     - ``max_poll_records``: the most records one ``poll`` returns;
     - ``check_crcs``: verify each batch's CRC-32C on receipt;
     - ``consumer_timeout_ms``: iterating the consumer stops (``StopIteration``) after this
-      long without a record; None iterates forever.
+      long without a record; None iterates forever;
+    - ``group_instance_id``: a static member (Kafka's ``group.instance.id``, KIP-345):
+      ``close`` keeps its partitions for ``session_timeout_ms`` and a consumer started
+      again with the same id gets them back without a rebalance of the others; a second
+      live consumer with the same id fences the first (``FencedInstanceIdError``).
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
     client_id: str = "tidelog-consumer"
     group_id: str | None = None
+    group_instance_id: str | None = None
     auto_offset_reset: str = "latest"
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5_000
@@ -358,6 +363,17 @@ class ConsumerConfig:
             self.group_id is None or (isinstance(self.group_id, str) and self.group_id != ""),
             "must be a non-empty string or None",
             self.group_id,
+        )
+        _check(
+            "group_instance_id",
+            self.group_instance_id is None
+            or (
+                isinstance(self.group_instance_id, str)
+                and self.group_instance_id != ""
+                and self.group_id is not None
+            ),
+            "must be a non-empty string, and needs a group_id",
+            self.group_instance_id,
         )
         _check("client_id", isinstance(self.client_id, str), "must be a string", self.client_id)
         for name in ("enable_auto_commit", "check_crcs"):

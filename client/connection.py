@@ -29,6 +29,10 @@ from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
 from tidelog.client.security import ClientSecurity
 from tidelog.client.transport import BidiStream, Transport
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSynonym,
     GroupDescription,
     GroupMember,
     GroupPartitionLag,
@@ -388,6 +392,23 @@ class Connection(Protocol):
         """Grow ``topic``; returns the new partition count."""
         ...
 
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        """Every config of ``resource`` (or only ``keys``), with sources and synonyms."""
+        ...
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        """Apply ``changes`` to ``resource``'s dynamic configs."""
+        ...
+
     def init_producer_id(
         self, *, producer_key: str = "", timeout_ms: int | None
     ) -> tuple[int, int]:
@@ -412,6 +433,13 @@ class Connection(Protocol):
         the partition's error."""
         ...
 
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """``DeleteRecords`` at the leader: per partition, delete every record below its
+        offset (-1: the high watermark); the low watermark, or the partition's error."""
+        ...
+
     def produce(self, call: ProduceCall, *, timeout_ms: int | None) -> ProduceAnswer:
         """One unary produce (the keyed producer's; ``Producer`` uses a stream)."""
         ...
@@ -425,6 +453,15 @@ class Connection(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def _topic_partitions(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    """``partitions`` grouped by topic, as the requests name them (topics in first-seen
+    order)."""
+    grouped: dict[str, list[int]] = {}
+    for tp in partitions:
+        grouped.setdefault(tp.topic, []).append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in grouped.items()]
 
 
 class ConnectionFactory(Protocol):
@@ -621,16 +658,11 @@ class GrpcConnection:
     def fetch_committed_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
     ) -> dict[TopicPartition, CommittedOffset]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         response = self.transport.call(
             self.transport.stub.OffsetFetch,
             pb.OffsetFetchRequest(
                 group_id=group_id,
-                partitions=[
-                    pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-                ],
+                partitions=_topic_partitions(partitions),
             ),
             what="OffsetFetch",
             timeout_ms=timeout_ms,
@@ -659,9 +691,6 @@ class GrpcConnection:
         session_timeout_ms: int,
         timeout_ms: int | None,
     ) -> HeartbeatAnswer:
-        by_topic: dict[str, list[int]] = {}
-        for tp in request.owned:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ConsumerGroupHeartbeat,
             pb.ConsumerGroupHeartbeatRequest(
@@ -671,10 +700,9 @@ class GrpcConnection:
                 rebalance_timeout_ms=rebalance_timeout_ms,
                 session_timeout_ms=session_timeout_ms,
                 subscribed_topic_names=request.subscription,
-                owned_partitions=[
-                    pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-                ],
+                owned_partitions=_topic_partitions(request.owned),
                 client_id=client_id,
+                group_instance_id=request.instance_id,
             ),
             what="ConsumerGroupHeartbeat",
             timeout_ms=timeout_ms,
@@ -724,6 +752,7 @@ class GrpcConnection:
                     assignment=tuple(
                         TopicPartition(a.topic, p) for a in m.assignment for p in a.partitions
                     ),
+                    instance_id=(m.group_instance_id if m.HasField("group_instance_id") else None),
                 )
                 for m in answer.members
             ),
@@ -750,14 +779,11 @@ class GrpcConnection:
     def delete_offsets(
         self, group_id: str, partitions: Sequence[TopicPartition], *, timeout_ms: int | None
     ) -> dict[TopicPartition, TidelogError | None]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.OffsetDelete,
             pb.OffsetDeleteRequest(
                 group_id=group_id,
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                partitions=_topic_partitions(partitions),
             ),
             what=f"OffsetDelete {group_id}",
             timeout_ms=timeout_ms,
@@ -857,15 +883,12 @@ class GrpcConnection:
         *,
         timeout_ms: int | None,
     ) -> dict[TopicPartition, TidelogError | None]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions or ():
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ElectLeaders,
             pb.ElectLeadersRequest(
                 preferred=not unclean,
                 unclean=unclean,
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                partitions=_topic_partitions(partitions or ()),
             ),
             what="ElectLeaders",
             timeout_ms=timeout_ms,
@@ -947,6 +970,60 @@ class GrpcConnection:
         )
         return topic_description(answer)
 
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        answer = self.transport.call(
+            self.transport.stub.DescribeConfigs,
+            pb.DescribeConfigsRequest(resource=_config_resource(resource), keys=list(keys)),
+            what=f"DescribeConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+        return [
+            ConfigEntry(
+                name=e.name,
+                value=e.value if e.HasField("value") else None,
+                source=_source_name(e.source),
+                read_only=e.read_only,
+                sensitive=e.sensitive,
+                type=e.type,
+                documentation=e.documentation,
+                synonyms=tuple(
+                    ConfigSynonym(
+                        s.name, s.value if s.HasField("value") else None, _source_name(s.source)
+                    )
+                    for s in e.synonyms
+                ),
+            )
+            for e in answer.entries
+        ]
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        self.transport.call(
+            self.transport.stub.IncrementalAlterConfigs,
+            pb.IncrementalAlterConfigsRequest(
+                resource=_config_resource(resource),
+                alterations=[
+                    pb.ConfigAlteration(
+                        name=c.name,
+                        operation=pb.ConfigOperation.Value(f"CONFIG_OPERATION_{c.op.upper()}"),
+                        value=c.value or "",
+                    )
+                    for c in changes
+                ],
+                validate_only=validate_only,
+            ),
+            what=f"IncrementalAlterConfigs {resource.type} {resource.name!r}",
+            timeout_ms=timeout_ms,
+        )
+
     def create_partitions(
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
     ) -> int:
@@ -985,14 +1062,9 @@ class GrpcConnection:
     def describe_log_dirs(
         self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
     ) -> LogDirDescription:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions or ():
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.DescribeLogDirs,
-            pb.DescribeLogDirsRequest(
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()]
-            ),
+            pb.DescribeLogDirsRequest(partitions=_topic_partitions(partitions or ())),
             what="DescribeLogDirs",
             timeout_ms=timeout_ms,
         )
@@ -1008,6 +1080,33 @@ class GrpcConnection:
             },
         )
 
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        timeout = self.transport.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
+        response = self.transport.call(
+            self.transport.stub.DeleteRecords,
+            pb.DeleteRecordsRequest(
+                partitions=[
+                    pb.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=o)
+                    for tp, o in offsets.items()
+                ],
+                # The broker's wait ends before the call's deadline, so a follower that
+                # is slow to follow answers REQUEST_TIMED_OUT, not DEADLINE_EXCEEDED.
+                timeout_ms=max(timeout - min(timeout // 5, 2_000), 1),
+            ),
+            what="DeleteRecords",
+            timeout_ms=timeout,
+        )
+        out: dict[TopicPartition, int | TidelogError] = {}
+        for result in response.results:
+            tp = TopicPartition(result.topic, result.partition)
+            if result.error_code:
+                out[tp] = error_for_code(result.error_code, f"{tp}: {result.error_message}")
+            else:
+                out[tp] = result.low_watermark
+        return out
+
     def describe_producers(
         self,
         partitions: Iterable[TopicPartition],
@@ -1015,13 +1114,10 @@ class GrpcConnection:
         *,
         timeout_ms: int | None,
     ) -> dict[TopicPartition, list[ProducerState] | TidelogError]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.DescribeProducers,
             pb.DescribeProducersRequest(
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()],
+                partitions=_topic_partitions(partitions),
                 producer_id=producer_id,  # None: the field absent, every producer
             ),
             what="DescribeProducers",
@@ -1138,6 +1234,19 @@ class _GrpcProduceStream:
 
     def cancel(self) -> None:
         self._stream.cancel()
+
+
+def _config_resource(resource: ConfigResource) -> pb.ConfigResource:
+    kind = (
+        pb.CONFIG_RESOURCE_TYPE_TOPIC
+        if resource.type == "topic"
+        else pb.CONFIG_RESOURCE_TYPE_BROKER
+    )
+    return pb.ConfigResource(type=kind, name=resource.name)
+
+
+def _source_name(source: int) -> str:
+    return pb.ConfigSource.Name(source).removeprefix("CONFIG_SOURCE_")  # type: ignore[arg-type]
 
 
 def topic_description(answer: pb.TopicDescription) -> TopicDescription:

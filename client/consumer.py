@@ -219,6 +219,7 @@ class Consumer:
                 request_timeout_ms=config.request_timeout_ms,
                 retry_backoff_ms=config.retry_backoff_ms,
                 wakeup=self._wakeup,
+                group_instance_id=config.group_instance_id,
             )
             self._group = GroupSubscription(
                 coordinator, on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost

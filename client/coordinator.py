@@ -34,10 +34,12 @@ from tidelog.client.group_member import (
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
 from tidelog.client.types import TopicPartition
 from tidelog.storage.errors import (
+    FencedInstanceIdError,
     FencedMemberEpochError,
     InternalError,
     TidelogError,
     UnknownMemberIdError,
+    UnreleasedInstanceIdError,
 )
 
 __all__ = ["ConsumerCoordinator"]
@@ -65,6 +67,7 @@ class ConsumerCoordinator:
         request_timeout_ms: the deadline of one heartbeat (at most the session timeout).
         retry_backoff_ms: the first backoff after a failed heartbeat.
         wakeup: called (from the heartbeat thread) when events are queued.
+        group_instance_id: a static member's instance id (``client.group_member``).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class ConsumerCoordinator:
         request_timeout_ms: int,
         retry_backoff_ms: int,
         wakeup: Callable[[], None],
+        group_instance_id: str | None = None,
     ) -> None:
         self.group_id = group_id
         self._connections = connections
@@ -97,6 +101,7 @@ class ConsumerCoordinator:
             retry_backoff_ms=retry_backoff_ms,
             now_ms=_monotonic_ms(),
             max_poll_interval_ms=max_poll_interval_ms,
+            instance_id=group_instance_id,
         )
         self._events: deque[MemberEvent] = deque()
         self._losses = 0  # "lose" events queued so far (the application counts those it ran)
@@ -308,6 +313,21 @@ class ConsumerCoordinator:
             )
             self._wakeup()
             return []
+        except FencedInstanceIdError as exc:
+            # Another consumer runs with our instance id: it has the partitions now. Stop
+            # for good and tell the application (on_lost, then the error from poll).
+            with self._lock:
+                self._queue_locked(self._membership.on_instance_fenced(_monotonic_ms()))
+                self._error = exc
+            log.error("group %s: %s; stopped", self.group_id, exc)
+            self._wakeup()
+            return []
+        except UnreleasedInstanceIdError as exc:
+            # Our previous incarnation did not leave (it crashed): its session ends soon
+            # and the broker frees the instance id. Retry until then.
+            log.info("group %s: %s; retrying", self.group_id, exc)
+            with self._lock:
+                return self._membership.on_failure(_monotonic_ms())
         except ClosedError as exc:
             with self._lock:
                 if self._stopped or self._connections.closed:

@@ -31,6 +31,14 @@ members, and the application may be stuck, so nothing is committed) and leaves t
 group, then rejoins at its next ``poll``. Without this, a hung application would keep
 its partitions, heartbeating, for ever.
 
+Static membership (``instance_id``, Kafka's ``group.instance.id``): the member names its
+instance in every heartbeat, and ``leave`` (closing) sends epoch -2 rather than -1, so
+the broker keeps its partitions for its session and the next consumer started with the
+same instance id takes them over without a rebalance of the others. Leaving for not
+polling stays epoch -1: a stuck application's partitions must go to the others.
+``on_instance_fenced`` (another live consumer took the instance id) loses everything and
+stops for good.
+
 Heartbeat pacing: one in flight at most (``start_heartbeat`` .. ``on_answer`` /
 ``on_fenced`` / ``on_failure``); the next is due ``heartbeat_interval_ms`` (the broker's
 number) after an answer, or at once after a revocation is done, the subscription changes,
@@ -59,6 +67,7 @@ __all__ = [
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
+LEAVE_STATIC_EPOCH = -2  # a static member leaving for now (closing); see the docstring
 _MAX_RETRY_BACKOFF_MS = 1_000
 
 
@@ -78,6 +87,7 @@ class HeartbeatRequest:
     member_epoch: int
     subscription: tuple[str, ...]
     owned: tuple[TopicPartition, ...]  # sorted
+    instance_id: str | None = None  # a static member's group.instance.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +128,7 @@ class GroupMembership:
         max_poll_interval_ms: leave (and lose the partitions) when the application has
             not polled for this long; None never does.
         member_id: an id to join with ("" lets the broker choose one).
+        instance_id: a static member's instance id (None: a dynamic member).
     """
 
     def __init__(
@@ -129,8 +140,10 @@ class GroupMembership:
         now_ms: int,
         member_id: str = "",
         max_poll_interval_ms: int | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.subscription = tuple(dict.fromkeys(subscription))
+        self.instance_id = instance_id
         self.member_id = member_id
         self.member_epoch = JOIN_EPOCH
         self.state = MemberState.JOINING
@@ -229,9 +242,16 @@ class GroupMembership:
         self._in_flight = True
         self._sent_ms = now_ms
         if self.state is MemberState.LEAVING:
-            return HeartbeatRequest(self.member_id, LEAVE_EPOCH, self.subscription, ())
+            # Closing, a static member leaves for now; leaving for not polling, for good.
+            for_now = self.instance_id is not None and self._after_leave is MemberState.LEFT
+            epoch = LEAVE_STATIC_EPOCH if for_now else LEAVE_EPOCH
+            return HeartbeatRequest(self.member_id, epoch, self.subscription, (), self.instance_id)
         return HeartbeatRequest(
-            self.member_id, self.member_epoch, self.subscription, _sorted(self.owned)
+            self.member_id,
+            self.member_epoch,
+            self.subscription,
+            _sorted(self.owned),
+            self.instance_id,
         )
 
     def on_answer(self, answer: HeartbeatAnswer, now_ms: int) -> list[MemberEvent]:
@@ -247,7 +267,7 @@ class GroupMembership:
         self._failures = 0
         self._last_answer_ms = self._sent_ms
         if self.state is MemberState.LEAVING:
-            if answer.member_epoch == LEAVE_EPOCH:
+            if answer.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
                 self._left(now_ms)
             else:  # answers a heartbeat sent before leave(): leave as the member it made
                 self.member_id = answer.member_id or self.member_id
@@ -287,6 +307,16 @@ class GroupMembership:
         self._last_answer_ms = now_ms  # a fresh session starts with the rejoin
         self._due_ms = now_ms
         return self._lose_all()
+
+    def on_instance_fenced(self, now_ms: int) -> list[MemberEvent]:
+        """``FENCED_INSTANCE_ID``: another consumer joined with this instance id. Lose
+        everything and stop (no rejoin: the two would fence each other in turn)."""
+        self._finish(now_ms)
+        events = self._lose_all() if self.state is not MemberState.LEFT else []
+        self.owned.clear()
+        self.revoking.clear()
+        self.state = self._after_leave = MemberState.LEFT
+        return events
 
     def on_failure(self, now_ms: int) -> list[MemberEvent]:
         """No answer (broker unreachable, timeout, other error): retry after a backoff.

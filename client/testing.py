@@ -57,6 +57,9 @@ from tidelog.client.connection import (
 from tidelog.client.errors import ClosedError
 from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
 from tidelog.client.types import (
+    AlterConfigOp,
+    ConfigEntry,
+    ConfigResource,
     GroupDescription,
     GroupPartitionLag,
     GroupSummary,
@@ -77,6 +80,7 @@ from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     LeaderNotAvailableError,
     NoReassignmentInProgressError,
     NotControllerError,
@@ -693,6 +697,51 @@ class InMemoryConnection:
                 topic.config.pop(key, None)
             return cluster._description_locked(name)
 
+    def describe_configs(
+        self, resource: ConfigResource, keys: Sequence[str], *, timeout_ms: int | None
+    ) -> list[ConfigEntry]:
+        # The in-memory cluster keeps only topic overrides: those, as dynamic topic
+        # configs (no defaults, no broker configs).
+        cluster = self._cluster
+        with cluster._lock:
+            self._enter("describe_configs")
+            if resource.type != "topic":
+                raise InvalidRequestError("the in-memory cluster has no broker configs")
+            topic = cluster._topics.get(resource.name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {resource.name!r} does not exist")
+            return [
+                ConfigEntry(k, v, "DYNAMIC_TOPIC_CONFIG", False, False, "STRING", "")
+                for k, v in sorted(topic.config.items())
+                if not keys or k in keys
+            ]
+
+    def incremental_alter_configs(
+        self,
+        resource: ConfigResource,
+        changes: Sequence[AlterConfigOp],
+        *,
+        validate_only: bool,
+        timeout_ms: int | None,
+    ) -> None:
+        cluster = self._cluster
+        with cluster._lock:
+            cluster._check_controller_locked(self._enter("incremental_alter_configs"))
+            if resource.type != "topic":
+                raise InvalidRequestError("the in-memory cluster has no broker configs")
+            topic = cluster._topics.get(resource.name)
+            if topic is None:
+                raise UnknownTopicOrPartitionError(f"topic {resource.name!r} does not exist")
+            if validate_only:
+                return
+            for change in changes:
+                if change.op == "delete":
+                    topic.config.pop(change.name, None)
+                elif change.op == "set" and change.value is not None:
+                    topic.config[change.name] = change.value
+                else:
+                    raise InvalidRequestError("the in-memory cluster only sets and deletes")
+
     def create_partitions(
         self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
     ) -> int:
@@ -741,6 +790,28 @@ class InMemoryConnection:
                         size = sum(len(data) for _, data in cluster.produced.get(tp, []))
                         replicas[tp] = LogDirReplica(size, 0)
             return LogDirDescription(f"memory://{broker_id}", 0, 0, replicas)
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout_ms: int | None
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """Moves the fake's log start (every replica at once); -1 is the log end."""
+        cluster = self._cluster
+        with cluster._lock:
+            broker_id = self._enter("delete_records")
+            out: dict[TopicPartition, int | TidelogError] = {}
+            for tp, offset in offsets.items():
+                try:
+                    partition = cluster._check_leader_locked(broker_id, tp)
+                except TidelogError as exc:
+                    out[tp] = exc
+                    continue
+                target = partition.log_end_offset if offset == -1 else offset
+                if not 0 <= target <= partition.log_end_offset:
+                    out[tp] = OffsetOutOfRangeError(f"{tp}: cannot delete below {offset}")
+                    continue
+                partition.log_start_offset = max(partition.log_start_offset, target)
+                out[tp] = partition.log_start_offset
+            return out
 
     def describe_producers(
         self,

@@ -19,6 +19,10 @@ from typing import NamedTuple
 from tidelog.storage.types import TopicPartition
 
 __all__ = [
+    "AlterConfigOp",
+    "ConfigEntry",
+    "ConfigResource",
+    "ConfigSynonym",
     "ConsumerRecord",
     "GroupDescription",
     "GroupMember",
@@ -179,6 +183,68 @@ class LogDirDescription:
     replicas: Mapping[TopicPartition, LogDirReplica]
 
 
+@dataclass(frozen=True, slots=True)
+class ConfigResource:
+    """What configs belong to: a topic, a broker (``name`` its id as text), or every
+    broker (type ``"broker"``, name ``""``: the cluster-wide dynamic default)."""
+
+    type: str  # "topic" or "broker"
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.type not in ("topic", "broker"):
+            raise ValueError(f"ConfigResource type must be 'topic' or 'broker', not {self.type!r}")
+
+    @classmethod
+    def topic(cls, name: str) -> ConfigResource:
+        return cls("topic", name)
+
+    @classmethod
+    def broker(cls, broker_id: int | None = None) -> ConfigResource:
+        """One broker's configs, or (None) the cluster-wide broker default."""
+        return cls("broker", "" if broker_id is None else str(broker_id))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSynonym:
+    """One place a config's value could come from, most specific first."""
+
+    name: str
+    value: str | None
+    source: str  # DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, ..., DEFAULT_CONFIG
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config key as the broker describes it (Kafka's DescribeConfigs entry)."""
+
+    name: str
+    value: str | None  # None: sensitive
+    source: str  # where ``value`` comes from (``ConfigSynonym.source``'s names)
+    read_only: bool
+    sensitive: bool
+    type: str  # LONG, INT, STRING, LIST, BOOLEAN, DOUBLE
+    documentation: str
+    synonyms: tuple[ConfigSynonym, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigOp:
+    """One change of ``AdminClient.incremental_alter_configs``: ``op`` is ``"set"``,
+    ``"delete"`` (back to the default), ``"append"`` or ``"subtract"`` (list-valued keys
+    such as ``cleanup.policy``)."""
+
+    name: str
+    op: str
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in ("set", "delete", "append", "subtract"):
+            raise ValueError(
+                f"AlterConfigOp op must be set, delete, append or subtract: {self.op!r}"
+            )
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class QuotaEntity:
     """Who a client quota is for (``AdminClient.describe_quotas``): a user, a client id,
@@ -213,6 +279,7 @@ class GroupMember:
     member_epoch: int
     subscribed_topics: tuple[str, ...]
     assignment: tuple[TopicPartition, ...]
+    instance_id: str | None = None  # a static member's group.instance.id (KIP-345)
 
 
 @dataclass(frozen=True, slots=True)

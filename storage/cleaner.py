@@ -45,9 +45,11 @@ from tidelog.storage.compaction import (
     add_batch_to_offset_map,
     choose_log_to_clean,
     clean_batch,
+    compaction_delay_ms,
     group_segments,
     plan_cleanable_range,
 )
+from tidelog.storage.config import UNBOUNDED_MS
 from tidelog.storage.errors import CorruptRecordError, StorageError
 from tidelog.storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES
 from tidelog.storage.partition_log import PartitionLog
@@ -88,6 +90,7 @@ def summarize_segments(segments: Sequence[Segment]) -> list[SegmentSummary]:
                 max_timestamp_ms=segment.max_timestamp_ms,
                 offset_index_bytes=len(segment.offset_index) * OFFSET_ENTRY_BYTES,
                 time_index_bytes=len(segment.time_index) * TIME_ENTRY_BYTES,
+                first_batch_timestamp_ms=segment.first_batch_timestamp_ms,
             )
         )
     return summaries
@@ -170,7 +173,7 @@ class LogCleaner:
                 self._write_offsets_locked()
             now_ms = self._clock.wall_ms()
             eligible: list[PartitionLog] = []
-            candidates: list[tuple[CleanableRange, float]] = []
+            candidates: list[tuple[CleanableRange, float, bool]] = []
             # Forget logs set aside that are gone (a deleted and re-created topic starts anew).
             self._uncleanable = {
                 tp: p for tp, p in self._uncleanable.items() if any(p is q for q in logs)
@@ -184,7 +187,13 @@ class LogCleaner:
                     continue  # deleted while we looked
                 cleanable = self._plan(partition_log, segments, now_ms)
                 eligible.append(partition_log)
-                candidates.append((cleanable, partition_log.config.min_cleanable_dirty_ratio))
+                candidates.append(
+                    (
+                        cleanable,
+                        partition_log.config.min_cleanable_dirty_ratio,
+                        self._must_clean(partition_log, segments, cleanable, now_ms),
+                    )
+                )
             chosen = choose_log_to_clean(candidates)
             if chosen is None:
                 return 0
@@ -247,6 +256,22 @@ class LogCleaner:
             high_watermark=partition_log.high_watermark,
         )
 
+    @staticmethod
+    def _must_clean(
+        partition_log: PartitionLog,
+        segments: list[Segment],
+        cleanable: CleanableRange,
+        now_ms: int,
+    ) -> bool:
+        """Whether ``max.compaction.lag.ms`` has passed for the log's oldest dirty record."""
+        lag = partition_log.config.max_compaction_lag_ms
+        if lag >= UNBOUNDED_MS:
+            return False
+        delay = compaction_delay_ms(
+            summarize_segments(segments), cleanable.first_dirty_offset, now_ms, lag
+        )
+        return delay > 0
+
     def _clean_locked(self, partition_log: PartitionLog, *, force: bool) -> CleanResult:
         config = partition_log.config
         now_ms = self._clock.wall_ms()
@@ -268,7 +293,10 @@ class LogCleaner:
         if not force and not (
             config.compact
             and cleanable.cleanable_bytes > 0
-            and cleanable.dirty_ratio > config.min_cleanable_dirty_ratio
+            and (
+                cleanable.dirty_ratio > config.min_cleanable_dirty_ratio
+                or self._must_clean(partition_log, segments, cleanable, now_ms)
+            )
         ):
             return skipped
 

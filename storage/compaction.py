@@ -117,6 +117,7 @@ class SegmentSummary:
     max_timestamp_ms: int
     offset_index_bytes: int = 0
     time_index_bytes: int = 0
+    first_batch_timestamp_ms: int = -1  # its first batch's max timestamp (-1: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,17 +189,45 @@ def plan_cleanable_range(
     return CleanableRange(first_dirty, first_uncleanable, clean_bytes, cleanable_bytes)
 
 
-def choose_log_to_clean(candidates: Sequence[tuple[CleanableRange, float]]) -> int | None:
-    """Index of the dirtiest eligible ``(range, min_cleanable_dirty_ratio)``, or None.
+def compaction_delay_ms(
+    segments: Sequence[SegmentSummary],
+    first_dirty_offset: int,
+    now_ms: int,
+    max_compaction_lag_ms: int,
+) -> int:
+    """How long past ``max.compaction.lag.ms`` the log's oldest dirty record is (Kafka's
+    ``LogCleanerManager.maxCompactionDelay``, KIP-354): above 0, the log must be cleaned
+    whatever its dirty ratio. The oldest dirty record's time is the earliest first-batch
+    timestamp of the dirty segments before the active one (those without a timestamp
+    are passed over)."""
+    times = [
+        s.first_batch_timestamp_ms
+        for s in segments[:-1]
+        if s.end_offset > first_dirty_offset and s.first_batch_timestamp_ms > 0
+    ]
+    if not times:
+        return 0
+    clean_until = now_ms - max(max_compaction_lag_ms, 0)
+    earliest = min(times)
+    return clean_until - earliest if earliest < clean_until else 0
 
-    Eligible: some cleanable bytes and a dirty ratio strictly above the log's minimum
-    (``grabFilthiestCompactedLog``). Ties go to the first candidate.
+
+def choose_log_to_clean(
+    candidates: Sequence[tuple[CleanableRange, float, bool]],
+) -> int | None:
+    """Index of the dirtiest eligible ``(range, min_cleanable_dirty_ratio, must_clean)``,
+    or None.
+
+    Eligible: some cleanable bytes, and a dirty ratio strictly above the log's minimum or
+    ``must_clean`` (its ``compaction_delay_ms`` is above 0); Kafka's
+    ``grabFilthiestCompactedLog``. Ties go to the first candidate.
     """
     best: int | None = None
     best_ratio = -1.0
-    for i, (cleanable, min_ratio) in enumerate(candidates):
+    for i, (cleanable, min_ratio, must_clean) in enumerate(candidates):
         ratio = cleanable.dirty_ratio
-        if cleanable.cleanable_bytes > 0 and ratio > min_ratio and ratio > best_ratio:
+        eligible = cleanable.cleanable_bytes > 0 and (ratio > min_ratio or must_clean)
+        if eligible and ratio > best_ratio:
             best, best_ratio = i, ratio
     return best
 

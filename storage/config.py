@@ -20,8 +20,16 @@ key                         default                meaning
 ``delete.retention.ms``     1 day                  how long tombstones survive compaction
 ``min.compaction.lag.ms``   0                      records younger than this stay uncompacted
 ``min.cleanable.dirty.ratio`` 0.5                  compact when the dirty share exceeds it
+``max.compaction.lag.ms``   unbounded              compact a log whose oldest dirty record is
+                                                   this old, whatever its dirty share (KIP-354)
 ``max.message.bytes``       1 MiB + 12             largest batch accepted
 ``message.timestamp.type``  ``CreateTime``         or ``LogAppendTime``
+``message.timestamp.before.max.ms`` unbounded      a CreateTime this far behind the broker's
+                                                   clock is refused (INVALID_TIMESTAMP)
+``message.timestamp.after.max.ms``  unbounded      and this far ahead of it (KIP-937)
+``compression.type``        ``producer``           store batches as sent, or recompress them
+                                                   (``uncompressed``, ``gzip``, ``snappy``,
+                                                   ``lz4``, ``zstd``)
 ``flush.messages``          -1 (never by count)    fsync after this many records
 ``flush.ms``                -1 (never by time)     fsync when the oldest unflushed data is this old
 ``file.delete.delay.ms``    60000                  keep ``.deleted`` files this long
@@ -29,7 +37,9 @@ key                         default                meaning
 ``unclean.leader.election.enable`` false           elect an out-of-sync replica (cluster)
 ==========================  =====================  ===========================================
 
-Unknown keys and bad values raise ``InvalidConfigError`` naming the key and the reason.
+Unknown keys and bad values raise ``InvalidConfigError`` naming the key and the reason;
+Kafka's tiered-storage keys (``local.retention.ms``, ``local.retention.bytes``,
+``remote.storage.enable``...) are refused by name with the reason (``RESERVED_KEYS``).
 """
 
 from __future__ import annotations
@@ -41,12 +51,21 @@ from typing import Any
 
 from tidelog.storage.errors import InvalidConfigError
 
-__all__ = ["CLEANUP_POLICIES", "TIMESTAMP_TYPES", "LogConfig"]
+__all__ = [
+    "CLEANUP_POLICIES",
+    "COMPRESSION_TYPES",
+    "RESERVED_KEYS",
+    "TIMESTAMP_TYPES",
+    "UNBOUNDED_MS",
+    "LogConfig",
+]
 
 CLEANUP_POLICIES = frozenset({"delete", "compact", "compact,delete"})
 TIMESTAMP_TYPES = frozenset({"CreateTime", "LogAppendTime"})
+COMPRESSION_TYPES = frozenset({"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"})
 
 _DAY_MS = 24 * 60 * 60 * 1000
+UNBOUNDED_MS = 2**63 - 1  # Kafka's Long.MAX_VALUE: no bound
 
 
 def _parse_int(key: str, value: str | int, minimum: int) -> int:
@@ -90,6 +109,13 @@ def _parse_bool(key: str, value: str | bool) -> bool:
     return text == "true"
 
 
+def _parse_compression_type(key: str, value: str) -> str:
+    if value not in COMPRESSION_TYPES:
+        known = ", ".join(sorted(COMPRESSION_TYPES))
+        raise InvalidConfigError(f"{key}: must be one of {known}, got {value!r}")
+    return str(value)
+
+
 def _parse_timestamp_type(key: str, value: str) -> str:
     if value not in TIMESTAMP_TYPES:
         raise InvalidConfigError(f"{key}: must be CreateTime or LogAppendTime, got {value!r}")
@@ -108,14 +134,43 @@ _KEYS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "delete.retention.ms": ("delete_retention_ms", lambda k, v: _parse_int(k, v, 0)),
     "min.compaction.lag.ms": ("min_compaction_lag_ms", lambda k, v: _parse_int(k, v, 0)),
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _parse_ratio),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", lambda k, v: _parse_int(k, v, 1)),
     "max.message.bytes": ("max_message_bytes", lambda k, v: _parse_int(k, v, 0)),
     "message.timestamp.type": ("message_timestamp_type", _parse_timestamp_type),
+    "message.timestamp.before.max.ms": (
+        "message_timestamp_before_max_ms",
+        lambda k, v: _parse_int(k, v, 0),
+    ),
+    "message.timestamp.after.max.ms": (
+        "message_timestamp_after_max_ms",
+        lambda k, v: _parse_int(k, v, 0),
+    ),
+    "compression.type": ("compression_type", _parse_compression_type),
     "flush.messages": ("flush_messages", lambda k, v: _parse_int(k, v, -1)),
     "flush.ms": ("flush_ms", lambda k, v: _parse_int(k, v, -1)),
     "file.delete.delay.ms": ("file_delete_delay_ms", lambda k, v: _parse_int(k, v, 0)),
     "min.insync.replicas": ("min_insync_replicas", lambda k, v: _parse_int(k, v, 1)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _parse_bool),
 }
+
+
+# Kafka's tiered-storage keys (KIP-405). Tidelog keeps every segment on local disk, so
+# these would promise a split between local and remote retention that does not exist;
+# they are refused by name rather than as unknown keys, so the message says why.
+_TIERED = (
+    "tiered storage (KIP-405) is not supported: every segment stays on local disk, "
+    "so retention.ms / retention.bytes are the only retention"
+)
+RESERVED_KEYS: dict[str, str] = dict.fromkeys(
+    (
+        "local.retention.ms",
+        "local.retention.bytes",
+        "remote.storage.enable",
+        "remote.log.copy.disable",
+        "remote.log.delete.on.disable",
+    ),
+    _TIERED,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,8 +187,12 @@ class LogConfig:
     delete_retention_ms: int = _DAY_MS
     min_compaction_lag_ms: int = 0
     min_cleanable_dirty_ratio: float = 0.5
+    max_compaction_lag_ms: int = UNBOUNDED_MS
     max_message_bytes: int = 1024 * 1024 + 12
     message_timestamp_type: str = "CreateTime"
+    message_timestamp_before_max_ms: int = UNBOUNDED_MS
+    message_timestamp_after_max_ms: int = UNBOUNDED_MS
+    compression_type: str = "producer"
     flush_messages: int = -1
     flush_ms: int = -1
     file_delete_delay_ms: int = 60_000
@@ -160,6 +219,8 @@ class LogConfig:
         changes: dict[str, Any] = {}
         for key, value in overrides.items():
             entry = _KEYS.get(key)
+            if key in RESERVED_KEYS:
+                raise InvalidConfigError(f"{key}: {RESERVED_KEYS[key]}")
             if entry is None:
                 known = ", ".join(sorted(_KEYS))
                 raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}")
@@ -171,7 +232,9 @@ class LogConfig:
         """Every key with its effective value as a string (Kafka's textual forms)."""
         out: dict[str, str] = {}
         for key, (field, _) in sorted(_KEYS.items()):
-            out[key] = str(getattr(self, field))
+            value = getattr(self, field)
+            # Kafka's textual booleans are lower case ("false"), as its tools print them.
+            out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return out
 
     @property

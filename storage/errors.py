@@ -13,12 +13,15 @@ and this module, which import nothing else of ours).
     │   └── LogDirFullError               LOG_DIR_FULL         retriable
     ├── RequestError                      (the request is at fault; retrying it won't help)
     │   ├── CorruptRecordError            CORRUPT_MESSAGE
+    │   ├── InvalidRecordError            INVALID_RECORD (e.g. a key-less record, compacted topic)
+    │   ├── InvalidTimestampError         INVALID_TIMESTAMP (message.timestamp.before/after.max.ms)
     │   ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     │   ├── RequestTooLargeError          REQUEST_TOO_LARGE
     │   ├── UnsupportedCompressionTypeError  UNSUPPORTED_COMPRESSION_TYPE
     │   ├── InvalidTopicError             INVALID_TOPIC_EXCEPTION
     │   ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
     │   ├── InvalidConfigError            INVALID_CONFIG
+    │   ├── PolicyViolationError          POLICY_VIOLATION
     │   ├── InvalidRequestError           INVALID_REQUEST
     │   ├── InvalidPartitionsError        INVALID_PARTITIONS
     │   ├── InvalidReplicationFactorError  INVALID_REPLICATION_FACTOR
@@ -34,6 +37,8 @@ and this module, which import nothing else of ours).
     │   │   ├── UnknownMemberIdError      UNKNOWN_MEMBER_ID
     │   │   ├── FencedMemberEpochError    FENCED_MEMBER_EPOCH
     │   │   ├── StaleMemberEpochError     STALE_MEMBER_EPOCH
+    │   │   ├── FencedInstanceIdError     FENCED_INSTANCE_ID (a newer static incarnation)
+    │   │   ├── UnreleasedInstanceIdError UNRELEASED_INSTANCE_ID (a static member still in use)
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   │   └── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
@@ -100,9 +105,11 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
+    "InvalidRecordError",
     "InvalidReplicaAssignmentError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
+    "InvalidTimestampError",
     "InvalidTopicError",
     "KafkaTimeoutError",
     "LeaderNotAvailableError",
@@ -119,6 +126,7 @@ __all__ = [
     "OffsetNotAvailableError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "PolicyViolationError",
     "PreferredLeaderNotAvailableError",
     "QueuedMaxRequestBytesError",
     "QueuedMaxRequestsError",
@@ -182,6 +190,20 @@ class CorruptRecordError(RequestError):
     code = "CORRUPT_MESSAGE"
 
 
+class InvalidRecordError(RequestError):
+    """A well-formed record the topic does not accept (Kafka's ``InvalidRecordException``):
+    a record without a key sent to a compacted topic."""
+
+    code = "INVALID_RECORD"
+
+
+class InvalidTimestampError(RequestError):
+    """A record's CreateTime is further from the broker's clock than the topic allows
+    (``message.timestamp.before.max.ms`` / ``message.timestamp.after.max.ms``, KIP-937)."""
+
+    code = "INVALID_TIMESTAMP"
+
+
 class RecordTooLargeError(RequestError):
     """A batch is larger than ``max.message.bytes`` / ``message.max.bytes``."""
 
@@ -221,6 +243,13 @@ class InvalidConfigError(RequestError):
     """An unknown configuration key or a value out of range."""
 
     code = "INVALID_CONFIG"
+
+
+class PolicyViolationError(RequestError):
+    """A valid request a broker policy refuses (Kafka's ``PolicyViolationException``):
+    ``min.insync.replicas`` above a topic's replication factor."""
+
+    code = "POLICY_VIOLATION"
 
 
 class InvalidRequestError(RequestError):
@@ -307,6 +336,20 @@ class StaleMemberEpochError(GroupError):
     """An offset commit carried an epoch that no longer owns the partition."""
 
     code = "STALE_MEMBER_EPOCH"
+
+
+class FencedInstanceIdError(GroupError):
+    """A static member's instance id now belongs to another member id (a newer incarnation
+    of the same consumer joined): this one must stop, not rejoin."""
+
+    code = "FENCED_INSTANCE_ID"
+
+
+class UnreleasedInstanceIdError(GroupError):
+    """A static member joined with an instance id that a live member still uses (it has
+    not left with epoch -2): retry once the other has left, or pick another id."""
+
+    code = "UNRELEASED_INSTANCE_ID"
 
 
 class GroupNotEmptyError(GroupError):

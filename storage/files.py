@@ -146,17 +146,28 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
 
     Order: write ``path.tmp``, fsync it, ``os.replace`` onto ``path``, fsync the directory.
+    On failure (``OSError``, often ENOSPC) the old file is untouched and the temp file
+    removed.
     """
     target = Path(path)
     tmp = target.with_name(target.name + TMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        # A full disk (ENOSPC) is the usual cause: the partial temp file would hold the
+        # little space left until the next start's cleanup (issue #29's disk-full fault).
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(target.parent)

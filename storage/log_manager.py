@@ -35,6 +35,7 @@ them directly with a manual clock. Thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -515,6 +516,25 @@ class LogManager:
                 self._logs[(name, partition)].update_config(log_config)
             return new
 
+    def set_defaults(self, defaults: LogConfig) -> None:
+        """Make ``defaults`` the broker-level topic defaults (a dynamic broker config
+        changed): every topic's effective config is rebuilt from its overrides over them
+        and applied to its logs at once. Nothing is written: ``topics.json`` holds only
+        overrides, and the defaults' own store is the caller's.
+        """
+        with self._lock:
+            self._check_open()
+            self.config = dataclasses.replace(self.config, defaults=defaults)
+            for name, meta in list(self._topics.items()):
+                log_config = LogConfig.from_mapping(meta.overrides, defaults)
+                self._topics[name] = TopicMetadata(
+                    name, meta.partitions, meta.overrides, log_config, meta.internal
+                )
+                for partition in range(meta.partitions):
+                    partition_log = self._logs.get((name, partition))
+                    if partition_log is not None:
+                        partition_log.update_config(log_config)
+
     def get_log(self, topic: str, partition: int) -> PartitionLog:
         """The log of one partition. Raises ``UnknownTopicOrPartitionError``."""
         partition_log = self._logs.get((topic, partition))
@@ -599,6 +619,21 @@ class LogManager:
             except OSError as exc:
                 raise _storage_error(exc, "cannot write offset checkpoints") from exc
 
+    def checkpoint_log_start_offsets(self) -> None:
+        """Write ``log-start-offset-checkpoint`` now (atomically, fsynced), so that a log
+        start offset moved by DeleteRecords survives a crash before it is answered
+        (retention's moves need not wait: a restart finds them again from the first
+        segment's base offset). Raises ``StorageError``."""
+        with self._lock:  # see write_checkpoints: one writer, no stale entries
+            logs = list(self._logs.values())
+            try:
+                write_offsets(
+                    self.data_dir / LOG_START_OFFSET_CHECKPOINT,
+                    {(p.topic, p.partition): p.log_start_offset for p in logs},
+                )
+            except OSError as exc:
+                raise _storage_error(exc, "cannot write the log start offsets") from exc
+
     def start_background(self) -> None:
         """Start the scheduler and cleaner threads (daemon threads; ``close`` stops them)."""
         # Producers that went idle while the broker was down (or came back from the log
@@ -659,6 +694,10 @@ class LogManager:
                     did_work: object = None
                     try:
                         did_work = task()
+                    except LogDirFullError as exc:
+                        # Expected while the disk is full, retried next interval: one
+                        # line, no traceback (written to that full disk, often).
+                        log.warning("background task %s failed: %s", name, exc)
                     except Exception:
                         log.exception("background task %s failed", name)
                     # A task that did work (returned a positive count) runs again at

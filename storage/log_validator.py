@@ -5,7 +5,11 @@ under its partition lock, with the log end offset and the time it read.
 
 * ``check_produced_batch``: what a producer may not send (size, transactional or control
   batches, unsupported codecs, inconsistent counts; for compacted topics, records that do
-  not decode), checked before any state changes.
+  not decode or have no key), checked before any state changes.
+* ``recompress``: a topic whose ``compression.type`` names a codec stores every produced
+  batch in it (Kafka's ``LogValidator``): a batch in another codec is rebuilt, its
+  records, offsets deltas, timestamps and producer fields kept, its CRC recomputed;
+  ``producer`` keeps batches as sent.
 * ``assign_offsets``: a leader's append. Each batch gets its base offset written into its
   first 8 bytes (outside the CRC), the leader's epoch if given (also outside the CRC), and
   for LogAppendTime topics the broker's time (inside the CRC: those batches are copied and
@@ -26,11 +30,15 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tidelog.storage.batch_builder import BatchBuilder
 from tidelog.storage.batch_times import BatchTimes
-from tidelog.storage.config import LogConfig
+from tidelog.storage.compression import Compression
+from tidelog.storage.config import UNBOUNDED_MS, LogConfig
 from tidelog.storage.errors import (
     CorruptRecordError,
+    InvalidRecordError,
     InvalidRequestError,
+    InvalidTimestampError,
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
 )
@@ -39,6 +47,7 @@ from tidelog.storage.records import (
     SUPPORTED_COMPRESSION,
     BatchHeader,
     decode_batch,
+    iter_batch_headers,
     set_base_offset,
     set_log_append_time,
 )
@@ -51,6 +60,7 @@ __all__ = [
     "check_produced_batch",
     "follower_batch_times",
     "place_follower_batches",
+    "recompress",
 ]
 
 _BASE_OFFSET = struct.Struct(">q")  # a batch's first 8 bytes, outside its CRC
@@ -92,7 +102,9 @@ class FollowerBatches:
     max_timestamp: int
 
 
-def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig) -> None:
+def check_produced_batch(
+    records: bytes, batch: BatchPosition, config: LogConfig, now_ms: int
+) -> None:
     """Reject what a producer may not send (before any state changes).
 
     Raises:
@@ -101,6 +113,9 @@ def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig
         UnsupportedCompressionTypeError: a codec this broker does not store.
         CorruptRecordError: no records, a count that disagrees with the last offset
             delta, or (compacted topics) records that do not decode.
+        InvalidTimestampError: a CreateTime record outside ``now_ms`` minus
+            ``message.timestamp.before.max.ms`` to ``now_ms`` plus
+            ``message.timestamp.after.max.ms``.
     """
     header: BatchHeader = batch.header
     if header.size_bytes > config.max_message_bytes:
@@ -123,13 +138,119 @@ def check_produced_batch(records: bytes, batch: BatchPosition, config: LogConfig
             f"batch at position {batch.position}: last offset delta "
             f"{header.last_offset_delta} does not match {header.records_count} records"
         )
+    _check_timestamps(records, batch, config, now_ms)
     if config.compact:
         # The cleaner decodes every record of a compacted log, and one batch it cannot
         # decode sets the partition aside for good (never compacted again until a
         # restart): so a compacted topic takes only batches whose records decode. Kafka's
         # LogValidator decodes the records of compacted topics at produce too. Other
         # topics keep the rule of storing batches undecoded (readers refuse a bad one).
-        decode_batch(records, batch.position, validate=False)  # CRC checked already
+        _, decoded = decode_batch(records, batch.position, validate=False)  # CRC checked
+        # Kafka's rule: a compacted topic keeps the latest value *per key*, so a record
+        # without a key has no place in it (the cleaner would drop it silently). Checked
+        # on the live config, so a topic made compact refuses key-less records from then.
+        for record in decoded:
+            if record.key is None:
+                raise InvalidRecordError(
+                    f"batch at position {batch.position}: record at offset delta "
+                    f"{record.offset - header.base_offset} has no key; a compacted topic "
+                    "(cleanup.policy=compact) only accepts keyed records"
+                )
+
+
+_CODECS = {
+    "uncompressed": Compression.NONE,
+    "gzip": Compression.GZIP,
+    "snappy": Compression.SNAPPY,
+    "lz4": Compression.LZ4,
+    "zstd": Compression.ZSTD,
+}
+
+
+def recompress(
+    records: bytes, batches: list[BatchPosition], config: LogConfig
+) -> tuple[bytes, list[BatchPosition]]:
+    """``records`` with every batch in the topic's ``compression.type`` (unchanged when it
+    is ``producer`` or every batch is in that codec already), and the batches' positions
+    in the result. Call after ``check_produced_batch``.
+
+    Raises:
+        RecordTooLargeError: a rebuilt batch is larger than ``max.message.bytes``.
+        CorruptRecordError: records that do not decode.
+    """
+    target = _CODECS.get(config.compression_type)
+    if target is None or all(b.header.compression == target for b in batches):
+        return records, batches
+    pieces: list[bytes] = []
+    for batch in batches:
+        header = batch.header
+        data = records[batch.position : batch.position + header.size_bytes]
+        if header.compression != target:
+            data = _rebuilt(data, target)
+            if len(data) > config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch at position {batch.position} is {len(data)} bytes in "
+                    f"{config.compression_type} (compression.type); the limit "
+                    f"(max.message.bytes) is {config.max_message_bytes}"
+                )
+        pieces.append(data)
+    joined = b"".join(pieces)
+    return joined, [
+        BatchPosition(position, header)
+        for position, header in iter_batch_headers(joined, validate=False)
+    ]
+
+
+def _rebuilt(batch: bytes, codec: Compression) -> bytes:
+    header, decoded = decode_batch(batch, 0, validate=False)  # the CRC was checked
+    builder = BatchBuilder(
+        compression=codec,
+        timestamp_type=header.timestamp_type,
+        base_offset=header.base_offset,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        is_transactional=header.is_transactional,
+        partition_leader_epoch=header.partition_leader_epoch,
+        base_timestamp=header.base_timestamp,
+    )
+    for record in decoded:
+        builder.append(
+            record.timestamp_ms,
+            record.key,
+            record.value,
+            record.headers,
+            offset_delta=record.offset - header.base_offset,
+        )
+    return builder.build(
+        last_offset_delta=header.last_offset_delta, max_timestamp_ms=header.max_timestamp
+    )
+
+
+def _check_timestamps(records: bytes, batch: BatchPosition, config: LogConfig, now_ms: int) -> None:
+    """KIP-937's bounds on CreateTime records (skipped for LogAppendTime topics, whose
+    records take the broker's time, and for records without a timestamp). The header's
+    max timestamp decides the upper bound; the lower one decodes the records, only when
+    it is set."""
+    header = batch.header
+    if config.log_append_time:
+        return
+    before, after = config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms
+    if after < UNBOUNDED_MS and header.max_timestamp > now_ms + after:
+        raise InvalidTimestampError(
+            f"batch at position {batch.position}: timestamp {header.max_timestamp} is more "
+            f"than message.timestamp.after.max.ms ({after}) after the broker's time {now_ms}"
+        )
+    if before >= UNBOUNDED_MS:
+        return
+    _, decoded = decode_batch(records, batch.position, validate=False)  # CRC checked
+    for record in decoded:
+        if record.timestamp_ms != NO_TIMESTAMP and record.timestamp_ms < now_ms - before:
+            raise InvalidTimestampError(
+                f"batch at position {batch.position}: timestamp {record.timestamp_ms} of the "
+                f"record at offset delta {record.offset - header.base_offset} is more than "
+                f"message.timestamp.before.max.ms ({before}) before the broker's time {now_ms}"
+            )
 
 
 def assign_offsets(

@@ -7,7 +7,9 @@ segments and their file work (roll, read routing, truncation, retention's remova
 compaction swaps, log start/end offsets, recovery point). This module owns what sits above
 the segments and the lock that serialises them:
 
-* ``log_start_offset``: the first offset a reader may ask for (rises with retention);
+* ``log_start_offset``: the first offset a reader may ask for (rises with retention, and
+  with ``increase_log_start_offset``: DeleteRecords, or a follower learning its leader's;
+  the segments wholly below it then go at the next retention pass);
 * ``log_end_offset``: the offset the next appended record gets;
 * ``high_watermark``: what consumers may read. One broker, no replicas: equal to the log
   end offset (``acks`` decides when a producer hears back, not what readers see). A
@@ -64,7 +66,12 @@ from pathlib import Path
 from tidelog.storage.batch_times import BatchTimes, decode_wire
 from tidelog.storage.clock import Clock
 from tidelog.storage.config import LogConfig
-from tidelog.storage.errors import FencedLeaderEpochError, InvalidRequestError, StorageError
+from tidelog.storage.errors import (
+    FencedLeaderEpochError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
 from tidelog.storage.files import (
     CLEANED_SUFFIX,
     atomic_write,
@@ -80,6 +87,7 @@ from tidelog.storage.log_validator import (
     check_produced_batch,
     follower_batch_times,
     place_follower_batches,
+    recompress,
 )
 from tidelog.storage.producer_state import ProducerStateTable, ProducerSummary
 from tidelog.storage.records import iter_batch_headers
@@ -140,6 +148,9 @@ class PartitionLog:
         )
         self._producer_state = producer_state
         self._leader_epochs = leader_epochs or LeaderEpochCache()
+        # The checkpoint says more than the cache: a write after a truncation failed
+        # (a full disk). Written again before the next append, epoch or close.
+        self._epochs_stale = False
         # None: not replicated, the high watermark is the log end offset.
         self._high_watermark = high_watermark
         self._lock = threading.Lock()
@@ -317,12 +328,15 @@ class PartitionLog:
             BatchPosition(position, header)
             for position, header in iter_batch_headers(records, validate=True)
         ]
+        now_ms = self._clock.wall_ms()
         for batch in batches:
-            check_produced_batch(records, batch, config)
+            check_produced_batch(records, batch, config, now_ms)
+        records, batches = recompress(records, batches, config)
         with self._lock:
             if self._closed:
                 raise StorageError(f"{self} is closed")
             try:
+                self._rewrite_stale_epochs_locked()
                 return self._append_locked(records, batches, config, times, leader_epoch)
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise io_error(exc, f"{self}: append failed") from exc
@@ -411,6 +425,7 @@ class PartitionLog:
             now_ms = self._clock.wall_ms()
             times = follower_batch_times(times_by_offset, assigned)
             try:
+                self._rewrite_stale_epochs_locked()
                 for batch in assigned:
                     epoch = batch.header.partition_leader_epoch
                     if epoch >= 0 and epoch > self._leader_epochs.latest_epoch:
@@ -431,19 +446,49 @@ class PartitionLog:
             return self.log_end_offset
 
     def _assign_epoch_locked(self, epoch: int, start_offset: int) -> None:
+        """Record ``epoch`` from ``start_offset`` and write the checkpoint; when the write
+        fails (``OSError``) the cache is put back as it was, so it never holds an epoch
+        its checkpoint lacks: the batches of that epoch appended later would otherwise
+        be unknown to the cache after a clean restart, which trusts the checkpoint
+        (issue #29, disk-full)."""
+        before = self._leader_epochs.entries
         if self._leader_epochs.assign(epoch, start_offset):
+            try:
+                self._leader_epochs.write(self.directory)
+            except OSError:
+                self._leader_epochs = LeaderEpochCache(before)
+                raise
+            self._epochs_stale = False
+
+    def _write_epochs_locked(self) -> None:
+        """Write the leader-epoch checkpoint after the cache lost entries (truncation,
+        retention, a moved log start). When the write fails (``OSError``, raised) the
+        checkpoint still holds them: it is marked stale and written again before the
+        next append, epoch or close (``_rewrite_stale_epochs_locked``), so a clean
+        restart, which trusts it, never reads an epoch the log no longer holds; an
+        unclean one takes the epochs past its recovery point from the batches anyway."""
+        try:
             self._leader_epochs.write(self.directory)
+        except OSError:
+            self._epochs_stale = True
+            raise
+        self._epochs_stale = False
+
+    def _rewrite_stale_epochs_locked(self) -> None:
+        if self._epochs_stale:
+            self._write_epochs_locked()
 
     def begin_leader_epoch(self, epoch: int) -> None:
         """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
         ``becomeLeader``), so followers asking for the previous epoch learn where it ended
         even before the new leader writes anything. Raises ``StorageError``."""
         with self._lock:
-            if epoch > self._leader_epochs.latest_epoch:
-                try:
+            try:
+                self._rewrite_stale_epochs_locked()
+                if epoch > self._leader_epochs.latest_epoch:
                     self._assign_epoch_locked(epoch, self.log_end_offset)
-                except OSError as exc:
-                    raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
+            except OSError as exc:
+                raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
 
     @property
     def latest_epoch(self) -> int:
@@ -534,7 +579,15 @@ class PartitionLog:
             return self._local.active_segment
         # The snapshot's atomic write ends with an fsync of this directory, which also
         # makes the new segment's four files durable: a crash cannot lose them.
-        self._write_producer_snapshot_locked(base_offset)
+        try:
+            self._write_producer_snapshot_locked(base_offset)
+        except OSError as exc:
+            # A full disk: the roll stands (the segment is published and may already
+            # take this append), a snapshot only spares recovery replaying the headers.
+            # The new files' names must still be durable before anything in them is
+            # acknowledged; an fsync of the directory needs no space.
+            log.warning("%s: producer snapshot at %d not written: %s", self, base_offset, exc)
+            fsync_dir(self.directory)
         log.debug("%s: rolled to segment %d", self, base_offset)
         return segment
 
@@ -656,19 +709,28 @@ class PartitionLog:
             try:
                 # Renames, the cut (fsynced), the new view and recovery point.
                 self._local.truncate_to_locked(offset)
+            except OSError as exc:
+                raise io_error(exc, f"{self}: truncation failed") from exc
+            try:
                 if self._high_watermark is not None:
                     self._high_watermark = min(self._high_watermark, self.log_end_offset)
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_end(self.log_end_offset)
                 if self._leader_epochs.entries != before:
-                    self._leader_epochs.write(self.directory)
+                    self._write_epochs_locked()
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     if base_offset_from_name(snapshot.name) > self.log_end_offset:
                         unlink_if_exists(snapshot)
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: truncation failed") from exc
-            self._load_producer_state()
+            finally:
+                # The log is cut whatever failed after it (a full disk refusing the
+                # epoch checkpoint): the idempotence state must not remember batches
+                # that are gone, or their retries would be answered as duplicates
+                # and never stored. A stale checkpoint entry past the log end is cut
+                # when the log is next opened (``log_loader``).
+                self._load_producer_state()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop the whole log and start it empty at ``offset`` (Kafka's
@@ -688,13 +750,15 @@ class PartitionLog:
                 if self._high_watermark is not None:
                     self._high_watermark = offset
                 self._leader_epochs = LeaderEpochCache()
-                self._leader_epochs.write(self.directory)
+                self._producer_state = ProducerStateTable()
+                # Snapshots first: they need no space to go, and a checkpoint write that
+                # fails on a full disk must not leave one to reload the old state from.
                 for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
                     unlink_if_exists(snapshot)
+                self._write_epochs_locked()
                 fsync_dir(self.directory)
             except OSError as exc:
                 raise io_error(exc, f"{self}: full truncation failed") from exc
-            self._producer_state = ProducerStateTable()
         log.warning("%s: truncated fully; the log now starts empty at %d", self, offset)
 
     # ================================================================== retention
@@ -720,12 +784,15 @@ class PartitionLog:
             try:
                 # Epochs wholly below the new log start go; the one covering it starts
                 # there (Kafka's truncateFromStart), so leader and follower caches agree.
+                # The segments first: they left the view already, and a checkpoint
+                # write refused by a full disk must not leave them open and undeleted
+                # (a stale checkpoint entry below the log start is cut on open).
+                for segment in doomed:
+                    local.schedule_delete_locked(segment)
                 before = self._leader_epochs.entries
                 self._leader_epochs.truncate_from_start(local.log_start_offset)
                 if self._leader_epochs.entries != before:
-                    self._leader_epochs.write(self.directory)
-                for segment in doomed:
-                    local.schedule_delete_locked(segment)
+                    self._write_epochs_locked()
                 # Durable renames: after a crash a segment is either still in the log
                 # (and retention runs again) or .deleted (and open() removes it), never
                 # back under its name once the log start offset passed it.
@@ -739,6 +806,49 @@ class PartitionLog:
                 local.log_start_offset,
             )
             return count
+
+    def increase_log_start_offset(self, offset: int) -> bool:
+        """Move the log start offset up to ``offset`` (Kafka's
+        ``maybeIncrementLogStartOffset``, for DeleteRecords, KIP-107, and for a follower
+        that learns its leader's); whether it moved. An offset at or below the current
+        log start changes nothing.
+
+        Readers see it at once (one store of the published view): a read below it is
+        ``OFFSET_OUT_OF_RANGE`` and ListOffsets earliest answers it. It may fall inside
+        a batch, as Kafka's: that batch is still served whole, its records below the new
+        start skipped by the consumer. No file is touched but the leader-epoch checkpoint
+        (the epoch covering the new start now starts there, as retention does); the
+        segments wholly below it go at the next retention pass (``storage.retention``:
+        "below the log start"). Durability is the caller's: the log manager's
+        ``log-start-offset-checkpoint`` (``LogManager.checkpoint_log_start_offsets``);
+        until it is written a crash brings back the old start.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is above the high watermark (the log end on
+                an unreplicated log): only what readers could see may be deleted.
+            StorageError: the leader-epoch checkpoint cannot be written (the log start
+                has moved already).
+        """
+        with self._lock:
+            local = self._local
+            if offset <= local.log_start_offset:
+                return False
+            high_watermark = self.high_watermark
+            if offset > high_watermark:
+                raise OffsetOutOfRangeError(
+                    f"{self}: cannot move the log start offset to {offset}, above the "
+                    f"high watermark {high_watermark}"
+                )
+            local.set_segments_locked(local.segments, offset)
+            before = self._leader_epochs.entries
+            self._leader_epochs.truncate_from_start(offset)
+            if self._leader_epochs.entries != before:
+                try:
+                    self._write_epochs_locked()
+                except OSError as exc:
+                    raise io_error(exc, f"{self}: writing the leader epochs failed") from exc
+        log.info("%s: log start offset moved to %d", self, offset)
+        return True
 
     def delete_expired_files(self, *, force: bool = False) -> int:
         """Unlink ``.deleted`` segments whose delay has passed (all of them with ``force``)."""
@@ -782,6 +892,9 @@ class PartitionLog:
         with self._lock:
             self._closed = True
             try:
+                # A stale one that cannot be written fails the close: no clean-shutdown
+                # marker, so the next open takes the epochs from the batches.
+                self._rewrite_stale_epochs_locked()
                 self._write_producer_snapshot_locked(self.log_end_offset)
                 self._local.close_locked()
             except OSError as exc:

@@ -107,6 +107,8 @@ class Segment:
         self.first_batch_timestamp_ms = NO_TIMESTAMP
         self.bytes_since_last_index_entry = 0
         self.deleted = False
+        # Why appends are refused, once a failed append could not be undone.
+        self._unusable: str | None = None
 
     # ------------------------------------------------------------------ factories
 
@@ -299,23 +301,44 @@ class Segment:
         ``data`` is the bytes, or a list of consecutive pieces of them (written with one
         ``writev``, so a caller need not copy a large request to patch a few bytes).
         ``batches`` gives each batch's position within ``data`` and its header. ``times``:
-        the sent/received times of every batch (one value for all, or one per batch), written
-        to the ``.batchtimes`` sidecar after the batches; None writes no entries (times
-        unknown). On a failed write the file is cut back to its old size, so no partial
-        batch stays behind; a failed sidecar write leaves the batches without times.
+        the sent/received times of every batch (one value for all, or one per batch),
+        written to the ``.batchtimes`` sidecar; None writes no entries (times unknown).
+
+        All or nothing: when this raises, nothing of the append is visible and both files
+        are cut back to their old sizes, so the caller (which advances the producer state
+        only after a successful append) can let the producer retry without storing the
+        batch twice. The sidecar entries go first: until the batches land they name
+        positions past the log's end, which readers never ask for and recovery cuts
+        (``batch_times.valid_prefix``); nothing in memory (indexes, next offset, size)
+        changes before the batches are written whole. Issue #29: the opposite order left
+        the batches published when the sidecar write hit ENOSPC after them, the append
+        raised, and every idempotent retry was stored again. A cut-back that itself fails
+        leaves the segment refusing appends (``StorageError``) rather than writing after
+        bytes it disowned.
 
         Raises:
             LogDirFullError: the disk is full.
-            StorageError: any other I/O failure.
+            StorageError: any other I/O failure, or the segment is unusable after one.
         """
+        if self._unusable is not None:
+            raise StorageError(f"segment {self.log_path} refuses appends: {self._unusable}")
         start = self.size_bytes
+        if times is not None and batches:
+            if isinstance(times, BatchTimes):
+                times = [times] * len(batches)
+            # Cuts itself back on failure (LogDirFullError, StorageError): nothing written.
+            self.batch_times.append(
+                [
+                    BatchTimesEntry(
+                        b.header.last_offset, start + b.position, t.sent_ms, t.received_ms
+                    )
+                    for b, t in zip(batches, times, strict=True)
+                ]
+            )
         try:
             written = _write_all(self._fd, data)
         except OSError as exc:
-            try:
-                os.ftruncate(self._fd, start)
-            except OSError:
-                log.exception("segment %s: could not cut back a failed append", self.log_path)
+            self._cut_back(start)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise LogDirFullError(f"no space left appending to {self.log_path}") from exc
             raise StorageError(f"cannot append to {self.log_path}: {exc}") from exc
@@ -324,27 +347,25 @@ class Segment:
             if start + batch.position == 0:
                 self.first_batch_timestamp_ms = header.max_timestamp
             self._index_batch(start + batch.position, header)
+        # Published last: a lock-free reader bounded by size_bytes finds the batches'
+        # index entries and times already there; and the next offset (a single node's
+        # high watermark) only after the bytes, so no reader sees a new end before it
+        # can read up to it (a fetch that did parked as if it had read the records, and
+        # slept to its deadline: a 500 ms end-to-end p99.9).
+        self.size_bytes = start + written
+        if batches:
+            self.next_offset = batches[-1].header.next_offset
+
+    def _cut_back(self, size_bytes: int) -> None:
+        """Undo a failed append: the log and the sidecar back to a log of ``size_bytes``."""
         try:
-            if times is not None:
-                if isinstance(times, BatchTimes):
-                    times = [times] * len(batches)
-                self.batch_times.append(
-                    [
-                        BatchTimesEntry(
-                            b.header.last_offset, start + b.position, t.sent_ms, t.received_ms
-                        )
-                        for b, t in zip(batches, times, strict=True)
-                    ]
-                )
-        finally:
-            # Published last: a lock-free reader bounded by size_bytes finds the batches'
-            # index entries and times already there; and the next offset (a single node's
-            # high watermark) only after the bytes, so no reader sees a new end before it
-            # can read up to it (a fetch that did parked as if it had read the records, and
-            # slept to its deadline: a 500 ms end-to-end p99.9).
-            self.size_bytes = start + written
-            if batches:
-                self.next_offset = batches[-1].header.next_offset
+            os.ftruncate(self._fd, size_bytes)
+            self.batch_times.truncate_to_position(size_bytes)
+        except OSError as exc:
+            # O_APPEND would write the next batch after the disowned bytes, at a position
+            # the indexes and the sidecar do not expect: refuse appends from now on.
+            self._unusable = f"a failed append could not be cut back ({exc})"
+            log.exception("segment %s: %s", self.log_path, self._unusable)
 
     def _index_batch(self, position: int, header: BatchHeader) -> None:
         # Kafka's rule: an entry when more than index.interval.bytes were appended since the

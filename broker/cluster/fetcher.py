@@ -11,7 +11,9 @@ this broker still follows that leader at that epoch:
 
 * records: appended unchanged (``Partition.append_as_follower``: the leader's offsets,
   epochs and sent/received times), then the follower's high watermark becomes the
-  leader's, capped at its own log end;
+  leader's, capped at its own log end, and its log start moves up to the leader's
+  (DeleteRecords, retention), checkpointed; each fetch reports this log's start
+  (``log_start_offset``), which the leader's DeleteRecords waits for;
 * a divergence ``(epoch, end offset)``: the log is truncated where it stops agreeing with
   the leader's (``Partition.truncate_diverged``) and fetched again;
 * ``OFFSET_OUT_OF_RANGE`` with the leader's log start above this log's end (retention on
@@ -201,6 +203,8 @@ class _Fetcher:
                 fetch_offset=plog.log_end_offset,
                 partition_max_bytes=max_bytes,
                 current_leader_epoch=target.leader_epoch,
+                # Kafka's LogStartOffset: the leader's DeleteRecords waits for it.
+                log_start_offset=plog.log_start_offset,
             )
             epoch = plog.latest_epoch
             if epoch >= 0:
@@ -267,7 +271,12 @@ class _Fetcher:
                     )
                 return
             if partition.append_as_follower(
-                leader, epoch, result.records, result.batch_times, result.high_watermark
+                leader,
+                epoch,
+                result.records,
+                result.batch_times,
+                result.high_watermark,
+                result.log_start_offset,
             ):
                 pool.on_replicated(*key)
                 if target.throttled and pool.throttle_rate_bytes > 0 and result.records:

@@ -130,6 +130,11 @@ class ReplicaManager:
         self._on_leader = on_leader
         self._on_isr_change = on_isr_change
         self._lock = threading.Lock()
+        # Serialises ``apply`` (the metadata watcher) with its retries (the lag thread),
+        # so a retry never applies a view older than one applied since.
+        self._apply_lock = threading.Lock()
+        # The latest view, while a role it gives could not be taken (``apply``).
+        self._retry_view: ClusterMetadata | None = None
         # What the fetchers were told: -> (leader, epoch, whether it was live: fetching,
         # whether throttled: an adding replica of a reassignment)
         self._following: dict[TopicPartition, tuple[int, int, bool, bool]] = {}
@@ -157,11 +162,33 @@ class ReplicaManager:
     def apply(self, view: ClusterMetadata) -> None:
         """Take the roles ``view`` gives this broker (the metadata watcher's thread).
 
-        Errors are logged per partition; a partition whose log cannot be opened is skipped
-        until the next view. A partition this broker is no longer a replica of (or whose
-        topic is gone) resigns: its parked ``acks=all`` produces answer
-        ``NOT_LEADER_OR_FOLLOWER``.
+        Errors are logged per partition; a partition whose role cannot be taken (its log
+        cannot be opened, or a full disk refuses the new leader's epoch checkpoint) is
+        tried again with the same view every lag check (``retry_failed_roles``) until it
+        is taken or a newer view comes: the view that made this broker leader may be the
+        last for a long time, and a leader that never took its role leaves the partition
+        without one while the controller believes it has (issue #29, disk-full). A
+        partition this broker is no longer a replica of (or whose topic is gone) resigns:
+        its parked ``acks=all`` produces answer ``NOT_LEADER_OR_FOLLOWER``.
         """
+        with self._apply_lock:
+            failed = self._apply_locked(view)
+            self._retry_view = view if failed else None
+
+    def retry_failed_roles(self) -> None:
+        """Apply the latest view again if a role it gives was not taken (``apply``)."""
+        with self._apply_lock:
+            view = self._retry_view
+            if view is None:
+                return
+            failed = self._apply_locked(view)
+            self._retry_view = view if failed else None
+        if not failed:
+            log.info("every role of the latest view is taken now")
+
+    def _apply_locked(self, view: ClusterMetadata) -> bool:
+        """``apply``'s work, under ``_apply_lock``; whether a role could not be taken."""
+        failed = False
         me = self._settings.broker_id
         wanted: dict[TopicPartition, PartitionState] = {}
         for name, topic in view.topics.items():
@@ -178,6 +205,7 @@ class ReplicaManager:
                 else:
                     self._follow(tp, state, view)
             except Exception:
+                failed = True
                 log.exception("%s-%d: cannot take the role the cluster gives", *tp)
         with self._lock:
             gone = [tp for tp in self._following if tp not in wanted]
@@ -189,6 +217,7 @@ class ReplicaManager:
             if (hosted.topic, hosted.partition) not in wanted:
                 hosted.resign()
         self._delete_former_replicas(view, wanted)
+        return failed
 
     def _delete_former_replicas(
         self, view: ClusterMetadata, wanted: dict[TopicPartition, PartitionState]
@@ -338,6 +367,10 @@ class ReplicaManager:
                 self.check_lagging()
             except Exception:
                 log.exception("ISR lag check failed")
+            try:
+                self.retry_failed_roles()
+            except Exception:
+                log.exception("retrying the roles of the latest view failed")
 
     def check_lagging(self) -> None:
         """Ask to drop ISR members not caught up for ``replica.lag.time.max.ms``."""

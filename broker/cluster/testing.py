@@ -395,6 +395,10 @@ class LocalCluster:
         network: run each broker at an address of its own (``BrokerNetwork``), on fixed
             ports, connected to ``zookeeper`` directly; 127.0.0.1 behind proxies by
             default.
+        data_dirs: a data directory of the test's choosing per broker id (a small file
+            system a fault test fills, say); it is created if missing and never removed
+            by ``stop``. Brokers not named get one under the cluster's temporary
+            directory, as by default.
     """
 
     def __init__(
@@ -407,9 +411,14 @@ class LocalCluster:
         kafka: bool = False,
         zookeeper: ZooKeeperServer | None = None,
         network: BrokerNetwork | None = None,
+        data_dirs: Mapping[int, Path] | None = None,
         broker_settings: Mapping[int, Mapping[str, object]] | None = None,
     ) -> None:
         self.zookeeper = zookeeper or ZooKeeperServer()
+        self._data_dirs = dict(data_dirs or {})
+        unknown = set(self._data_dirs) - set(range(1, brokers + 1))
+        if unknown:
+            raise ValueError(f"data_dirs names brokers that do not exist: {sorted(unknown)}")
         self._broker_settings = {b: dict(s) for b, s in (broker_settings or {}).items()}
         self._network = network
         self._ids = list(range(1, brokers + 1))
@@ -453,6 +462,15 @@ class LocalCluster:
         """Every broker's Kafka listener, comma-separated (``bootstrap.servers`` of a Kafka
         client; ``kafka=True`` only)."""
         return ",".join(self.kafka_address(i) for i in self._ids)
+
+    def data_dir(self, broker_id: int) -> Path:
+        """Broker ``broker_id``'s data directory (``data_dirs``, or the cluster's own),
+        kept across restarts."""
+        chosen = self._data_dirs.get(broker_id)
+        if chosen is not None:
+            return chosen
+        assert self._directory is not None, "the cluster is not started"
+        return self._directory / f"broker-{broker_id}"
 
     def start(self) -> LocalCluster:
         self.zookeeper.start()
@@ -523,6 +541,8 @@ class LocalCluster:
             "zookeeper.session.timeout.ms": self._session_timeout_ms,
             "metrics.port": self.metrics_ports.get(broker_id, -1),
             "shutdown.grace.ms": 1_000,
+            # As InProcessBroker: a classic group's first rebalance does not wait.
+            "group.initial.rebalance.delay.ms": 0,
             **self._settings,
             **self._broker_settings.get(broker_id, {}),
         }
@@ -557,11 +577,6 @@ class LocalCluster:
             log_file.close()
         if wait:
             self.wait_ready(broker_id)
-
-    def data_dir(self, broker_id: int) -> Path:
-        """Broker ``broker_id``'s data directory (kept across restarts)."""
-        assert self._directory is not None
-        return self._directory / f"broker-{broker_id}"
 
     def _zookeeper_address(self, broker_id: int) -> str:
         if self._network is not None:

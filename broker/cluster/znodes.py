@@ -20,6 +20,8 @@ Kafka's ZooKeeper-era layout (``kafka.zk.ZkData``), trimmed to what Tidelog uses
                                                     "last_known_leader":L,
                                                     "brokers_zxid":Z}
     /config/topics/<t>                             {"version":1,"config":{...}}
+    /config/brokers/<default>                      {"version":1,"config":{...}} (dynamic
+    /config/brokers/<id>                            broker configs, broker.core.configs)
     /admin/delete_topics/<t>                       empty: the topic is being deleted
     /latest_producer_id_block                      {"version":1,"broker":N,"block_start":S,
                                                     "block_end":E}
@@ -85,6 +87,7 @@ from urllib.parse import quote
 __all__ = [
     "ACLS",
     "ADMIN_DELETE_TOPICS",
+    "BROKER_CONFIGS",
     "BROKER_IDS",
     "CLUSTER_ID",
     "CONTROLLER",
@@ -137,6 +140,7 @@ CONTROLLER_EPOCH = "/controller_epoch"
 ADMIN_DELETE_TOPICS = "/admin/delete_topics"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 PRODUCER_KEYS = "/tidelog/producer_keys"
+BROKER_CONFIGS = "/config/brokers"  # dynamic broker configs, Kafka's layout
 USERS_CONFIG = "/config/users"  # SCRAM credentials, Kafka's layout (broker.core.users)
 ACLS = "/tidelog/acls"  # every ACL binding, one JSON document (broker.core.acl_store)
 NO_LEADER = -1

@@ -255,6 +255,8 @@ class Authenticator:
         token = secrets.token_urlsafe(32)
         principal = f"User:{user}"
         lifetime_ms = self.config.sasl_session_lifetime_ms
+        if self.config.connections_max_reauth_ms > 0:  # KIP-368
+            lifetime_ms = min(lifetime_ms, self.config.connections_max_reauth_ms)
         now_ms = self._clock.monotonic_ms()
         with self._lock:
             self._sessions[token] = _Session(principal, caller.peer, now_ms + lifetime_ms)

@@ -37,6 +37,14 @@ from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
 from tidelog.broker.core.acl_store import Acls, LocalAclStore
 from tidelog.broker.core.auth import Authenticator
+from tidelog.broker.core.config_keys import ConfigEntry
+from tidelog.broker.core.configs import (
+    BrokerConfigStore,
+    ConfigChange,
+    Configs,
+    LocalBrokerConfigStore,
+    ResourceKind,
+)
 from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.fetch import (
     FetchPath,
@@ -56,6 +64,8 @@ from tidelog.broker.core.offsets import (
     OffsetQuery,
     Offsets,
     PartitionProducers,
+    RecordsDeleted,
+    RecordsToDelete,
 )
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.placement import (
@@ -83,7 +93,7 @@ from tidelog.broker.core.topics import (
     TopicView,
 )
 from tidelog.broker.core.users import FileUserStore
-from tidelog.broker.groups.coordinator import HeartbeatAnswer, HeartbeatRequest
+from tidelog.broker.groups.coordinator import GroupView, HeartbeatAnswer, HeartbeatRequest
 from tidelog.broker.groups.manager import (
     GroupDescription,
     GroupListing,
@@ -129,6 +139,7 @@ class BrokerCore:
         quotas: QuotaManager,
         authenticator: Authenticator | None,
         acls: Acls | None = None,
+        broker_configs: BrokerConfigStore | None = None,
     ) -> None:
         self.config = config
         # Placement, topic administration and producer ids: the broker's role, which
@@ -181,6 +192,15 @@ class BrokerCore:
         self._close_lock = threading.Lock()
         # The operations, by concept; the methods below delegate to them.
         self.topics = Topics(config, logs, membership, groups, metrics, self._gate)
+        # Dynamic configs (broker.core.configs): a single node's broker-configs.json, or
+        # ZooKeeper's /config/brokers once a cluster broker joined (``use_store``).
+        self.configs = Configs(
+            config,
+            logs,
+            self.topics,
+            membership,
+            broker_configs or LocalBrokerConfigStore.in_memory(),
+        )
         self.offsets = Offsets(partitions, membership, self._gate)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
@@ -257,6 +277,11 @@ class BrokerCore:
                     ProducerIdManager.open(logs.data_dir, clock, config.producer_id_expiration_ms),
                 )
             authenticator = Authenticator(config.security, membership.users(users), clock)
+            broker_configs = (
+                LocalBrokerConfigStore.open(logs.data_dir)
+                if config.zookeeper_connect is None
+                else LocalBrokerConfigStore.in_memory()
+            )
             groups = GroupManager.open(
                 logs,
                 clock,
@@ -285,6 +310,7 @@ class BrokerCore:
             quotas,
             authenticator,
             acls,
+            broker_configs,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -452,6 +478,27 @@ class BrokerCore:
         """``Topics.find_coordinator``."""
         return self.topics.find_coordinator(group_id)
 
+    def describe_configs(
+        self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
+    ) -> list[ConfigEntry]:
+        """``Configs.describe``."""
+        with self._gate.operation():
+            return self.configs.describe(kind, name, keys)
+
+    def alter_configs(
+        self,
+        kind: ResourceKind,
+        name: str,
+        changes: Sequence[ConfigChange],
+        *,
+        incremental: bool,
+        validate_only: bool = False,
+    ) -> None:
+        """``Configs.alter``."""
+        self.configs.alter(
+            kind, name, changes, incremental=incremental, validate_only=validate_only
+        )
+
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
     ) -> TopicView:
@@ -557,6 +604,12 @@ class BrokerCore:
         """``Offsets.describe_producers``."""
         return self.offsets.describe_producers(partitions, producer_id)
 
+    def delete_records(
+        self, requests: Sequence[RecordsToDelete], timeout_ms: int
+    ) -> list[RecordsDeleted]:
+        """``Offsets.delete_records`` (DeleteRecords, KIP-107)."""
+        return self.offsets.delete_records(requests, timeout_ms)
+
     # --- consumer groups (broker.groups.manager documents each) ---------------------------
 
     def consumer_group_heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
@@ -593,6 +646,13 @@ class BrokerCore:
         with self._operation():
             self._check_coordinator(group_id)
             return self._groups.describe_group(group_id)
+
+    def describe_consumer_group(self, group_id: str) -> GroupView:
+        """A KIP-848 group as Kafka's ConsumerGroupDescribe shows it
+        (``GroupManager.describe_consumer_group``), on its coordinator."""
+        with self._operation():
+            self._check_coordinator(group_id)
+            return self._groups.describe_consumer_group(group_id)
 
     def reset_group_offsets(
         self, group_id: str, selection: Selection | None, target: ResetTarget

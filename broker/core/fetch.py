@@ -81,6 +81,8 @@ class PartitionFetchSpec:
     current_leader_epoch: int = -1
     last_fetched_epoch: int = -1
     refused: BaseException | None = None  # the authorizer's answer: not read
+    # A follower's log start offset (-1: not given), which DeleteRecords waits for.
+    log_start_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +306,7 @@ class FetchPath:
                         p.fetch_offset,
                         p.current_leader_epoch,
                         p.last_fetched_epoch,
+                        p.log_start_offset,
                     )
                     if diverging is not None:
                         answers.append(

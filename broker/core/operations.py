@@ -36,6 +36,7 @@ alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 describe_producers         READ on each topic
 describe_log_dirs          DESCRIBE on the cluster
+delete_records             DELETE on each topic (DeleteRecords, KIP-107)
 find_coordinator           DESCRIBE on the group
 join_group, sync_group,    READ on the group
 heartbeat, leave_group,
@@ -176,6 +177,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
     "describe_log_dirs": Policy({_C: Operation.DESCRIBE}),
+    "delete_records": Policy({_T: Operation.DELETE}),
     "find_coordinator": Policy({_G: Operation.DESCRIBE}),
     "join_group": Policy({_G: Operation.READ}),
     "sync_group": Policy({_G: Operation.READ}),
@@ -227,20 +229,24 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     18: ("ApiVersions", "api_versions"),
     19: ("CreateTopics", "create_topics"),
     20: ("DeleteTopics", "delete_topics"),
+    21: ("DeleteRecords", "delete_records"),
     22: ("InitProducerId", "init_producer_id"),
     23: ("OffsetForLeaderEpoch", "offset_for_leader_epoch"),
     32: ("DescribeConfigs", "describe_configs"),
+    33: ("AlterConfigs", "alter_configs"),
     35: ("DescribeLogDirs", "describe_log_dirs"),
     36: ("SaslAuthenticate", "sasl_authenticate"),
     37: ("CreatePartitions", "create_partitions"),
     42: ("DeleteGroups", "delete_groups"),
     43: ("ElectLeaders", "elect_leaders"),
+    44: ("IncrementalAlterConfigs", "alter_configs"),
     45: ("AlterPartitionReassignments", "alter_partition_reassignments"),
     46: ("ListPartitionReassignments", "list_partition_reassignments"),
     47: ("OffsetDelete", "offset_delete"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
+    69: ("ConsumerGroupDescribe", "describe_groups"),
 }
 KAFKA_API_OPERATIONS: Mapping[int, str] = {key: op for key, (_, op) in KAFKA_APIS.items()}
 
@@ -251,6 +257,8 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "ListTopics": "metadata",
     "DescribeTopic": "metadata",
     "AlterTopicConfig": "alter_configs",
+    "DescribeConfigs": "describe_configs",
+    "IncrementalAlterConfigs": "alter_configs",
     "CreatePartitions": "create_partitions",
     "ElectLeaders": "elect_leaders",
     "AlterPartitionReassignments": "alter_partition_reassignments",
@@ -268,6 +276,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "InitProducerId": "init_producer_id",
     "DescribeProducers": "describe_producers",
     "DescribeLogDirs": "describe_log_dirs",
+    "DeleteRecords": "delete_records",
     "ConsumerGroupHeartbeat": "consumer_group_heartbeat",
     "OffsetCommit": "offset_commit",
     "OffsetFetch": "offset_fetch",

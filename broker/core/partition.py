@@ -43,6 +43,14 @@ Leader duties, as the replica manager had them (``docs/replication.md``):
   (``begin_isr_write`` / ``finish_isr_write``) and the new ISR takes effect once written.
 * **acks=all** (``ack_status``, ``wait_replicated``) and the consumer's epoch check
   (``check_epoch``, with the new leader's ``OFFSET_NOT_AVAILABLE`` window).
+* **DeleteRecords** (KIP-107, ``delete_records`` then ``wait_low_watermark``): the leader
+  moves its log start offset; each follower learns it from its next fetch answer
+  (``append_as_follower``'s ``leader_log_start``), moves its own, checkpoints it
+  (``checkpoint_log_start``) and reports it in its next fetch (``on_follower_fetch``'s
+  ``log_start_offset``); the low watermark is the smallest log start of the leader and
+  the ISR's followers (Kafka's ``lowWatermarkIfLeader`` counts every replica on a live
+  broker; the ISR is what this object knows of liveness, and a replica outside it
+  learns the new start when it fetches again).
 
 Every move of the high watermark or ISR and every loss of leadership calls ``on_progress``
 (the registry's listeners: the purgatories re-check what is parked on the partition).
@@ -76,6 +84,7 @@ from tidelog.storage.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetNotAvailableError,
+    OffsetOutOfRangeError,
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
@@ -99,6 +108,7 @@ class _Progress:
     """What the leader knows of one follower."""
 
     log_end_offset: int = -1
+    log_start_offset: int = -1  # as the follower last reported it (-1: not yet)
     caught_up_ms: int = 0
     last_fetch_ms: int = 0
     last_fetch_leader_end: int = -1
@@ -144,6 +154,7 @@ class Partition:
         replicated: bool,
         on_progress: Callable[[str, int], None],
         propose_isr: Callable[[Partition], None],
+        checkpoint_log_start: Callable[[], None] = lambda: None,
     ) -> None:
         self.log = log
         self.topic = log.topic
@@ -153,6 +164,8 @@ class Partition:
         self._clock = clock
         self._on_progress = on_progress
         self._propose_isr = propose_isr
+        # Makes a moved log start durable (the log manager's checkpoint; DeleteRecords).
+        self._checkpoint_log_start = checkpoint_log_start
         self._lock = threading.Lock()
         self._moved = threading.Condition()  # notified whenever the high watermark or ISR moves
         self._role: _Leading | Follower | None = (
@@ -417,11 +430,22 @@ class Partition:
     # --- follower: the fetcher's writes ---------------------------------------------------
 
     def append_as_follower(
-        self, leader: int, epoch: int, records: bytes, batch_times: bytes, high_watermark: int
+        self,
+        leader: int,
+        epoch: int,
+        records: bytes,
+        batch_times: bytes,
+        high_watermark: int,
+        leader_log_start: int = -1,
     ) -> bool:
         """Append what ``leader`` sent at ``epoch`` (the leader's offsets and epochs kept)
         and move the high watermark to the leader's, capped at this log's end; False, and
         nothing written, unless this broker still follows ``leader`` at ``epoch``.
+
+        The log start moves up to ``leader_log_start`` (DeleteRecords or retention on the
+        leader; -1: not known), capped at the new high watermark as Kafka's follower does,
+        and is checkpointed before this returns when it moved: the next fetch reports it
+        to the leader, whose DeleteRecords answer counts on it.
 
         Under the partition's lock, as Kafka appends a follower's records under
         ``leaderIsrUpdateLock``: no fetched batch lands after ``make_leader`` or
@@ -435,7 +459,12 @@ class Partition:
             if records:
                 log.append_as_follower(records, batch_times)
             log.set_high_watermark(min(high_watermark, log.log_end_offset))
-            return True
+            moved = leader_log_start > log.log_start_offset and log.increase_log_start_offset(
+                min(leader_log_start, log.high_watermark)
+            )
+        if moved:
+            self._checkpoint_log_start()
+        return True
 
     def truncate_diverged(
         self, leader: int, epoch: int, diverging_epoch: int, diverging_end_offset: int
@@ -494,9 +523,12 @@ class Partition:
         fetch_offset: int,
         current_leader_epoch: int = -1,
         last_fetched_epoch: int = -1,
+        log_start_offset: int = -1,
     ) -> tuple[int, int] | None:
         """Check and record one follower read: the divergence ``(epoch, end offset)`` to
         answer instead of records (the follower truncates), or None to read.
+        ``log_start_offset``: the follower's (-1: not reported), which DeleteRecords
+        waits on (``wait_low_watermark``).
 
         The follower's log end offset is its fetch offset. It counts as caught up now if
         it fetched from the leader's log end, else as of its previous fetch if it reached
@@ -538,6 +570,9 @@ class Partition:
             progress.last_fetch_leader_end = leader_end
             progress.last_fetch_ms = now
             progress.log_end_offset = fetch_offset
+            start_moved = log_start_offset > progress.log_start_offset
+            if start_moved:
+                progress.log_start_offset = log_start_offset
             if (
                 replica_id not in leading.isr
                 and leading.pending_isr is None
@@ -548,8 +583,75 @@ class Partition:
                 expand = True
         if expand:
             self._propose_isr(self)
+        if start_moved:
+            with self._moved:  # a DeleteRecords may be waiting on it
+                self._moved.notify_all()
         self.maybe_advance_high_watermark()
         return None
+
+    # --- DeleteRecords (KIP-107) ------------------------------------------------------------
+
+    def delete_records(self, offset: int) -> int:
+        """Leader: move the log start offset to ``offset`` (-1: the high watermark) and
+        checkpoint it; the offset the low watermark must reach (``wait_low_watermark``).
+        An offset at or below the log start changes nothing (and is answered at once).
+
+        Raises:
+            NotLeaderOrFollowerError: this broker does not lead the partition.
+            OffsetOutOfRangeError: ``offset`` is below -1 or above the high watermark.
+            StorageError: a checkpoint cannot be written.
+        """
+        with self._lock:
+            self._leading_locked()
+        log = self.log
+        target = log.high_watermark if offset == -1 else offset
+        if target < 0:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: cannot delete records before offset "
+                f"{offset}: give an offset >= 0, or -1 for the high watermark"
+            )
+        if log.increase_log_start_offset(target):
+            self._checkpoint_log_start()
+            with self._moved:
+                self._moved.notify_all()
+        return target
+
+    def low_watermark(self) -> int:
+        """Leader: the smallest log start offset of this log and of the ISR's followers
+        as they last reported it (-1 while one has not). Raises
+        ``NotLeaderOrFollowerError``."""
+        with self._lock:
+            leading = self._leading_locked()
+            starts = [
+                leading.followers[r].log_start_offset
+                for r in leading.isr
+                if r != self.broker_id and r in leading.followers
+            ]
+        return min([self.log.log_start_offset, *starts])
+
+    def wait_low_watermark(self, target: int, timeout_ms: int) -> int:
+        """Block until ``low_watermark`` reaches ``target`` and return it (every in-sync
+        replica deleted the records below it; Kafka's ``DelayedDeleteRecords``).
+
+        Raises:
+            NotLeaderOrFollowerError: this broker stopped leading meanwhile.
+            KafkaTimeoutError: not reached within ``timeout_ms`` (the leader's own log
+                start has moved, and the followers will follow).
+        """
+        deadline = time.monotonic() + timeout_ms / 1000
+        with self._moved:
+            while True:
+                low = self.low_watermark()
+                if low >= target:
+                    return low
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KafkaTimeoutError(
+                        f"{self.topic}-{self.partition}: the in-sync replicas' log start "
+                        f"offsets did not all reach {target} within {timeout_ms} ms "
+                        f"(lowest: {low})"
+                    )
+                self._moved.wait(min(remaining, 1.0))
 
     # --- high watermark ------------------------------------------------------------------
 

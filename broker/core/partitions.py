@@ -94,6 +94,7 @@ class PartitionRegistry:
                     replicated=self.replicated,
                     on_progress=self._progress,
                     propose_isr=self._isr_changes.put,
+                    checkpoint_log_start=self.logs.checkpoint_log_start_offsets,
                 )
                 self._partitions[(topic, partition)] = found
             return found

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.config_keys import check_replication_policy
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.membership import Membership
@@ -165,17 +166,20 @@ class Topics:
         factor None: ``default.replication.factor``).
 
         Raises ``InvalidReplicationFactorError`` for a factor a single node cannot keep
-        (more than 1), and in cluster mode ``NotControllerError`` on another broker than
+        (more than 1), ``PolicyViolationError`` for a ``min.insync.replicas`` above the
+        factor, and in cluster mode ``NotControllerError`` on another broker than
         the controller (the client retries there).
         """
         factor = replication_factor or self._config.default_replication_factor
         admin = self._membership.topic_admin
+        if admin is None and factor != 1:
+            raise InvalidReplicationFactorError(
+                f"replication factor {factor} needs {factor} brokers; this is a single "
+                "node (start brokers with zookeeper.connect for a cluster)"
+            )
+        # A topic's own min.insync.replicas above its factor: POLICY_VIOLATION.
+        check_replication_policy(config, factor, name)
         if admin is None:
-            if factor != 1:
-                raise InvalidReplicationFactorError(
-                    f"replication factor {factor} needs {factor} brokers; this is a single "
-                    "node (start brokers with zookeeper.connect for a cluster)"
-                )
             with self._gate.operation():
                 meta = self._logs.create_topic(name, partitions or None, config)
                 return self.view(meta)
@@ -328,6 +332,14 @@ class Topics:
         with self._gate.operation():
             self._membership.placement.check_joined()
             return self.view(self._logs.topic(name))
+
+    def topic_metadata(self, name: str) -> TopicMetadata:
+        """A topic's partition count, overrides and effective config; raises as
+        ``describe_topic``."""
+        validate_topic_name(name)
+        with self._gate.operation():
+            self._membership.placement.check_joined()
+            return self._logs.topic(name)
 
     def metadata(
         self, topics: Sequence[str], include_internal: bool

@@ -18,6 +18,11 @@ State per group, as in Kafka's ``GroupMetadata``::
 
 - A first JoinGroup without a member id gets a new id and ``MEMBER_ID_REQUIRED`` (v4+,
   KIP-394) and joins again with it; before v4 it joins at once.
+- The first rebalance of an empty group waits ``group.initial.rebalance.delay.ms``
+  (Kafka's ``InitialDelayedJoin``), so that members starting together get one assignment,
+  not one per arrival: once that delay has passed, the rebalance completes unless a new
+  member joined during it, in which case it waits one delay more, never past the largest
+  rebalance timeout (counted from the first join). The expiry pass ends the wait.
 - The rebalance completes once every member known when it began has joined again; a
   member that has not by the rebalance timeout (the largest any member gave) is removed.
   Completing bumps the generation and answers every waiting JoinGroup: the leader gets
@@ -38,6 +43,21 @@ keyed by member and completed by state changes of the group, never by a deadline
 own (the rebalance timeout removes the late members instead, which completes the others).
 A caller that gives up (its connection closed) cancels its future; a cancelled future
 counts as "not waiting", exactly as before the move.
+
+Static membership (KIP-345): a member with a ``group.instance.id`` joins without
+``MEMBER_ID_REQUIRED``. The group maps each instance id to the member id it has now. A
+JoinGroup without a member id for a known instance id is that member restarted: it gets a
+new member id that replaces the old one (the same member object, assignment kept), and
+every later request of the old id naming the instance is ``FENCED_INSTANCE_ID``, which is
+how a second live consumer with the same instance id fences the first. In a stable group,
+when neither the chosen protocol nor the member's metadata changed, the rejoin is answered
+at once with the current generation and nobody rebalances (Kafka's
+``updateStaticMemberAndRebalance``); otherwise the group rebalances. Heartbeat, SyncGroup,
+OffsetCommit and LeaveGroup naming an instance id are checked as Kafka's
+``validateMember`` does: unknown instance id, ``UNKNOWN_MEMBER_ID``; another member id,
+``FENCED_INSTANCE_ID``. A static member leaves by LeaveGroup (by instance id alone in a
+batch) or by its session timing out; Kafka's clients send no LeaveGroup when a static
+member closes, which is what lets it come back within its session unnoticed.
 
 Errors are ``ClassicError`` values named after Kafka's error names, which the Kafka
 adapter maps to its numbers.
@@ -75,6 +95,7 @@ from tidelog.storage.clock import Clock
 from tidelog.storage.errors import GroupNotEmptyError
 
 __all__ = [
+    "DEFAULT_INITIAL_REBALANCE_DELAY_MS",
     "MAX_SESSION_TIMEOUT_MS",
     "MIN_SESSION_TIMEOUT_MS",
     "ClassicError",
@@ -107,6 +128,7 @@ class ClassicError(enum.Enum):
     MEMBER_ID_REQUIRED = "MEMBER_ID_REQUIRED"
     INVALID_GROUP_ID = "INVALID_GROUP_ID"
     INVALID_SESSION_TIMEOUT = "INVALID_SESSION_TIMEOUT"
+    FENCED_INSTANCE_ID = "FENCED_INSTANCE_ID"
 
 
 _NONE = ClassicError.NONE
@@ -114,6 +136,10 @@ _UNKNOWN_MEMBER = ClassicError.UNKNOWN_MEMBER_ID
 _ILLEGAL_GENERATION = ClassicError.ILLEGAL_GENERATION
 _REBALANCING = ClassicError.REBALANCE_IN_PROGRESS
 _INCONSISTENT = ClassicError.INCONSISTENT_GROUP_PROTOCOL
+_FENCED = ClassicError.FENCED_INSTANCE_ID
+
+# Kafka's group.initial.rebalance.delay.ms default.
+DEFAULT_INITIAL_REBALANCE_DELAY_MS = 3_000
 
 
 class GroupState(enum.Enum):
@@ -242,6 +268,14 @@ class _Group:
     # Ids handed out with MEMBER_ID_REQUIRED, not joined yet -> when (monotonic ms).
     pending: dict[str, int] = field(default_factory=dict)
     rebalance_deadline_ms: int = 0
+    # Static members (KIP-345): group.instance.id -> its current member id.
+    static_members: dict[str, str] = field(default_factory=dict)
+    # group.initial.rebalance.delay.ms: the first rebalance of an empty group completes
+    # no sooner than this (0: no delay), extended while members keep arriving, up to
+    # the limit (module docstring).
+    initial_delay_until_ms: int = 0
+    initial_delay_limit_ms: int = 0
+    member_added_in_delay: bool = False
 
 
 _T = TypeVar("_T")
@@ -271,8 +305,13 @@ def _settle(future: concurrent.futures.Future[_T] | None, value: _T) -> None:
 class ClassicGroups:
     """Every classic group of this broker (see the module docstring). Thread-safe."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(
+        self, clock: Clock, *, initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS
+    ) -> None:
+        if initial_rebalance_delay_ms < 0:
+            raise ValueError("group.initial.rebalance.delay.ms must be >= 0")
         self._clock = clock
+        self._initial_delay_ms = initial_rebalance_delay_ms
         self._lock = threading.Lock()
         self._groups: dict[str, _Group] = {}
 
@@ -280,13 +319,15 @@ class ClassicGroups:
 
     def join(self, request: JoinRequest) -> concurrent.futures.Future[JoinResult]:
         """JoinGroup: a future completed when the rebalance completes (module docstring),
-        or at once with an error."""
+        or at once with an error, or at once with the current assignment's generation for
+        a static member rejoining a stable group unchanged."""
         if not request.group_id:
             return _done(JoinResult(ClassicError.INVALID_GROUP_ID))
         session_timeout_ms = request.session_timeout_ms
         if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             return _done(JoinResult(ClassicError.INVALID_SESSION_TIMEOUT))
         protocols = request.protocols
+        instance_id = request.group_instance_id
         with self._lock:
             group = self._groups.setdefault(request.group_id, _Group(request.group_id))
             if not protocols or (
@@ -294,22 +335,30 @@ class ClassicGroups:
             ):
                 return _done(JoinResult(_INCONSISTENT))
             member_id = request.member_id
-            if not self._supports_a_common_protocol(group, member_id, protocols):
+            replaced = group.static_members.get(instance_id) if instance_id is not None else None
+            # A static member coming back (new member id) is checked against the others,
+            # not against the incarnation it replaces.
+            if not self._supports_a_common_protocol(group, member_id or replaced or "", protocols):
                 return _done(JoinResult(_INCONSISTENT))
             now_ms = self._clock.monotonic_ms()
             if not member_id:
                 member_id = f"{request.client_id or 'member'}-{uuid.uuid4()}"
-                if request.require_known_member_id:
-                    # KIP-394: the client joins again with this id.
+                if replaced is not None:
+                    return self._replace_static_locked(group, replaced, member_id, request)
+                if request.require_known_member_id and instance_id is None:
+                    # KIP-394: the client joins again with this id. A static member
+                    # skips it (KIP-345): its instance id already names it.
                     group.pending[member_id] = now_ms
                     return _done(JoinResult(ClassicError.MEMBER_ID_REQUIRED, member_id=member_id))
+            elif replaced is not None and replaced != member_id:
+                return _done(JoinResult(_FENCED))  # another incarnation took the instance id
             elif member_id not in group.members and group.pending.pop(member_id, None) is None:
                 return _done(JoinResult(_UNKNOWN_MEMBER))
             member = group.members.get(member_id)
             if member is None:
                 member = _Member(
                     member_id,
-                    request.group_instance_id,
+                    instance_id,
                     request.client_id,
                     request.client_host,
                     session_timeout_ms,
@@ -319,6 +368,9 @@ class ClassicGroups:
                     now_ms,
                 )
                 group.members[member_id] = member
+                if instance_id is not None:
+                    group.static_members[instance_id] = member_id
+                group.member_added_in_delay = True
             else:
                 member.protocols = protocols
                 member.session_timeout_ms = session_timeout_ms
@@ -334,15 +386,80 @@ class ClassicGroups:
             self._maybe_complete_join_locked(group)
             return joined
 
+    def _replace_static_locked(
+        self, group: _Group, old_id: str, new_id: str, request: JoinRequest
+    ) -> concurrent.futures.Future[JoinResult]:
+        """A static member joining again without its member id (it restarted): its new
+        id replaces the old one, which is fenced; the member keeps its assignment.
+
+        As Kafka's ``updateStaticMemberAndRebalance``: in a stable group, when neither
+        the protocol the group would choose nor this member's metadata for it changed,
+        the join is answered at once with the current generation and the leader as it
+        was (so a member that led before does not compute an assignment a stable group
+        would never hand out), and its SyncGroup gets its assignment: nobody else
+        rebalances. Otherwise the group rebalances as for any join."""
+        member = group.members.pop(old_id)
+        log.info(
+            "group %s: static member %s rejoined as %s (was %s)",
+            group.group_id,
+            member.group_instance_id,
+            new_id,
+            old_id,
+        )
+        _settle(member.join, JoinResult(_FENCED))
+        _settle(member.sync, SyncResult(_FENCED))
+        leader_before = group.leader
+        metadata_before = self._metadata(member, group.protocol_name)
+        member.member_id = new_id
+        member.client_id = request.client_id
+        member.client_host = request.client_host
+        member.session_timeout_ms = request.session_timeout_ms
+        member.rebalance_timeout_ms = request.rebalance_timeout_ms
+        member.protocols = request.protocols
+        member.last_heartbeat_ms = self._clock.monotonic_ms()
+        group.members[new_id] = member
+        assert member.group_instance_id is not None
+        group.static_members[member.group_instance_id] = new_id
+        if group.leader == old_id:
+            group.leader = new_id
+        joined: concurrent.futures.Future[JoinResult] = concurrent.futures.Future()
+        member.join = joined
+        unchanged = (
+            group.protocol_name == self._select_protocol(group)
+            and self._metadata(member, group.protocol_name) == metadata_before
+        )
+        if group.state == GroupState.STABLE and unchanged:
+            _settle(
+                joined,
+                JoinResult(
+                    _NONE,
+                    group.generation_id,
+                    group.protocol_type,
+                    group.protocol_name,
+                    leader_before,
+                    new_id,
+                ),
+            )
+            return joined
+        self._prepare_rebalance_locked(group)
+        self._maybe_complete_join_locked(group)
+        return joined
+
     def sync(
-        self, group_id: str, member_id: str, generation_id: int, assignments: dict[str, bytes]
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        assignments: dict[str, bytes],
+        group_instance_id: str | None = None,
     ) -> concurrent.futures.Future[SyncResult]:
         """SyncGroup: the leader's assignments are stored and handed to every member; a
         future completed then (at once when the group is stable or on an error)."""
         with self._lock:
             group = self._groups.get(group_id)
-            if group is None or member_id not in group.members:
-                return _done(SyncResult(_UNKNOWN_MEMBER))
+            error = self._validate_member_locked(group, member_id, group_instance_id)
+            if error is not _NONE or group is None:
+                return _done(SyncResult(error))
             if generation_id != group.generation_id:
                 return _done(SyncResult(_ILLEGAL_GENERATION))
             member = group.members[member_id]
@@ -363,12 +480,20 @@ class ClassicGroups:
                         _settle(m.sync, self._sync_result(group, m))
             return synced
 
-    def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> ClassicError:
-        """Heartbeat: NONE, or the error telling the member to rejoin."""
+    def heartbeat(
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        group_instance_id: str | None = None,
+    ) -> ClassicError:
+        """Heartbeat: NONE, or the error telling the member to rejoin (or, for a static
+        member another incarnation replaced, that it is fenced)."""
         with self._lock:
             group = self._groups.get(group_id)
-            if group is None or member_id not in group.members:
-                return _UNKNOWN_MEMBER
+            error = self._validate_member_locked(group, member_id, group_instance_id)
+            if error is not _NONE or group is None:
+                return error
             group.members[member_id].last_heartbeat_ms = self._clock.monotonic_ms()
             if group.state == GroupState.PREPARING_REBALANCE:
                 return _REBALANCING
@@ -380,12 +505,21 @@ class ClassicGroups:
             # rebalance).
             return _NONE
 
-    def leave(self, group_id: str, member_id: str) -> ClassicError:
-        """LeaveGroup of one member: removed; the others rebalance."""
+    def leave(
+        self, group_id: str, member_id: str, group_instance_id: str | None = None
+    ) -> ClassicError:
+        """LeaveGroup of one member: removed; the others rebalance. A static member may
+        be named by its instance id alone (empty ``member_id``: KIP-345's batch leave,
+        as ``kafka-consumer-groups --delete`` of static members does)."""
         with self._lock:
             group = self._groups.get(group_id)
-            if group is None or member_id not in group.members:
-                return _UNKNOWN_MEMBER
+            if group is not None and not member_id and group_instance_id is not None:
+                member_id = group.static_members.get(group_instance_id, "")
+                if not member_id:
+                    return _UNKNOWN_MEMBER
+            error = self._validate_member_locked(group, member_id, group_instance_id)
+            if error is not _NONE or group is None:
+                return error
             self._remove_locked(group, member_id)
             return _NONE
 
@@ -395,12 +529,25 @@ class ClassicGroups:
             group = self._groups.get(group_id)
             return group is not None and member_id in group.members
 
-    def check_commit(self, group_id: str, member_id: str, generation_id: int) -> ClassicError:
+    def has_instance(self, group_id: str, group_instance_id: str) -> bool:
+        """Whether classic group ``group_id`` has a static member ``group_instance_id``."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            return group is not None and group_instance_id in group.static_members
+
+    def check_commit(
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        group_instance_id: str | None = None,
+    ) -> ClassicError:
         """Whether a classic member may commit now: NONE or Kafka's error."""
         with self._lock:
             group = self._groups.get(group_id)
-            if group is None or member_id not in group.members:
-                return _UNKNOWN_MEMBER
+            error = self._validate_member_locked(group, member_id, group_instance_id)
+            if error is not _NONE or group is None:
+                return error
             if generation_id != group.generation_id:
                 return _ILLEGAL_GENERATION
             # As Kafka: commits of the current generation are accepted while the group
@@ -409,6 +556,31 @@ class ClassicGroups:
             if group.state == GroupState.COMPLETING_REBALANCE:
                 return _REBALANCING
             return _NONE
+
+    @staticmethod
+    def _validate_member_locked(
+        group: _Group | None, member_id: str, group_instance_id: str | None
+    ) -> ClassicError:
+        """Kafka's ``validateMember``: a request naming an instance id must come from
+        the member id that instance id has now (else ``FENCED_INSTANCE_ID``: a newer
+        incarnation replaced it); one without must name a member."""
+        if group is None:
+            return _UNKNOWN_MEMBER
+        if group_instance_id is not None:
+            current = group.static_members.get(group_instance_id)
+            if current is None:
+                return _UNKNOWN_MEMBER
+            if current != member_id:
+                log.info(
+                    "group %s: member %s fenced: instance %s is member %s now",
+                    group.group_id,
+                    member_id,
+                    group_instance_id,
+                    current,
+                )
+                return _FENCED
+            return _NONE
+        return _NONE if member_id in group.members else _UNKNOWN_MEMBER
 
     # --- views ----------------------------------------------------------------------------
 
@@ -532,6 +704,7 @@ class ClassicGroups:
             assigned=assigned,
             revoking=frozenset(),
             target=assigned,
+            instance_id=member.group_instance_id,
         )
 
     # --- the state machine (callers hold the lock) -----------------------------------------
@@ -553,9 +726,18 @@ class ClassicGroups:
             for m in group.members.values():
                 if _waiting(m.sync):
                     _settle(m.sync, SyncResult(_REBALANCING))
+        now_ms = self._clock.monotonic_ms()
+        if group.state == GroupState.EMPTY and self._initial_delay_ms > 0:
+            # Kafka's InitialDelayedJoin: wait for the members starting together, one
+            # delay at a time while more arrive, never past the rebalance timeout.
+            delay_ms = self._initial_delay_ms
+            longest_ms = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
+            group.initial_delay_until_ms = now_ms + delay_ms
+            group.initial_delay_limit_ms = now_ms + max(longest_ms, delay_ms)
+            group.member_added_in_delay = False
         group.state = GroupState.PREPARING_REBALANCE
         timeout_ms = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
-        group.rebalance_deadline_ms = self._clock.monotonic_ms() + timeout_ms
+        group.rebalance_deadline_ms = now_ms + timeout_ms
 
     def _maybe_complete_join_locked(self, group: _Group) -> None:
         if group.state != GroupState.PREPARING_REBALANCE:
@@ -567,12 +749,13 @@ class ClassicGroups:
             group.protocol_type = group.protocol_name = None
             group.leader = ""
             return
+        if self._clock.monotonic_ms() < group.initial_delay_until_ms:
+            return  # a new group's first rebalance waits (group.initial.rebalance.delay.ms)
+        group.initial_delay_until_ms = 0
         group.generation_id += 1
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
-        leader = group.members[group.leader]
-        common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
-        group.protocol_name = next(name for name, _ in leader.protocols if name in common)
+        group.protocol_name = self._select_protocol(group)
         group.state = GroupState.COMPLETING_REBALANCE
         everyone = tuple(
             (m.member_id, m.group_instance_id, self._metadata(m, group.protocol_name))
@@ -595,6 +778,16 @@ class ClassicGroups:
             )
 
     @staticmethod
+    def _select_protocol(group: _Group) -> str | None:
+        """The first of the leader's protocols (the first member's, before one is
+        chosen) that every member supports."""
+        if not group.members:
+            return None
+        leader = group.members.get(group.leader) or next(iter(group.members.values()))
+        common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
+        return next((name for name, _ in leader.protocols if name in common), None)
+
+    @staticmethod
     def _metadata(member: _Member, protocol_name: str | None) -> bytes:
         for name, metadata in member.protocols:
             if name == protocol_name:
@@ -607,6 +800,9 @@ class ClassicGroups:
 
     def _remove_locked(self, group: _Group, member_id: str) -> None:
         member = group.members.pop(member_id)
+        instance_id = member.group_instance_id
+        if instance_id is not None and group.static_members.get(instance_id) == member_id:
+            del group.static_members[instance_id]
         if _waiting(member.join):
             _settle(member.join, JoinResult(_UNKNOWN_MEMBER))
         if _waiting(member.sync):
@@ -616,6 +812,7 @@ class ClassicGroups:
         if not group.members:
             group.state = GroupState.EMPTY
             group.protocol_type = group.protocol_name = None
+            group.initial_delay_until_ms = 0
             return
         self._prepare_rebalance_locked(group)
         self._maybe_complete_join_locked(group)
@@ -631,6 +828,18 @@ class ClassicGroups:
                 self._expire_locked(group, now_ms)
 
     def _expire_locked(self, group: _Group, now_ms: int) -> None:
+        if group.initial_delay_until_ms and now_ms >= group.initial_delay_until_ms:
+            if group.member_added_in_delay and group.initial_delay_until_ms < (
+                group.initial_delay_limit_ms
+            ):
+                # Members kept arriving: wait once more for the rest of them.
+                group.member_added_in_delay = False
+                group.initial_delay_until_ms = min(
+                    now_ms + self._initial_delay_ms, group.initial_delay_limit_ms
+                )
+            else:
+                group.initial_delay_until_ms = 0
+                self._maybe_complete_join_locked(group)
         for pending_id, since_ms in list(group.pending.items()):
             if now_ms - since_ms > MAX_SESSION_TIMEOUT_MS:
                 del group.pending[pending_id]

@@ -48,6 +48,15 @@ previous epoch with owned partitions all in its assignment (an answer was lost),
 ``UnknownMemberIdError``. Either way the client drops its partitions and rejoins with
 epoch 0.
 
+Static members (``instance_id``, KIP-848's form of KIP-345): the group maps each instance
+id to its member id. A static member leaving with epoch -2 (``LEAVE_STATIC_EPOCH``: a
+restart) stays, partitions and epoch kept, until its session ends; a join (epoch 0) under
+the same instance id then takes the member over with a new member id, its epoch and its
+partitions, without a new group epoch, so nobody else moves. A join while the instance id's
+member has not left is ``UnreleasedInstanceIdError``; a request naming an instance id from
+another member id than the one it has now is ``FencedInstanceIdError`` (the older of two
+consumers sharing an instance id); epoch -1 removes a static member at once.
+
 Expiry (``expire``): a member whose last heartbeat is ``session_timeout_ms`` old, or that
 has held partitions it was told to revoke for ``rebalance_timeout_ms``, is removed and its
 partitions go to the others. Membership lives only in memory; a group without members is
@@ -66,17 +75,20 @@ from dataclasses import dataclass, field
 
 from tidelog.broker.groups.assignor import Assignment, TopicPartition, assign
 from tidelog.storage.errors import (
+    FencedInstanceIdError,
     FencedMemberEpochError,
     GroupNotEmptyError,
     InvalidRequestError,
     StaleMemberEpochError,
     UnknownMemberIdError,
+    UnreleasedInstanceIdError,
 )
 
 __all__ = [
     "DEFAULT_REBALANCE_TIMEOUT_MS",
     "JOIN_EPOCH",
     "LEAVE_EPOCH",
+    "LEAVE_STATIC_EPOCH",
     "CoordinatorConfig",
     "GroupCoordinator",
     "GroupState",
@@ -92,6 +104,8 @@ log = logging.getLogger(__name__)
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
+# A static member leaving for now (a restart): it keeps its partitions for its session.
+LEAVE_STATIC_EPOCH = -2
 # Kafka's client sends max.poll.interval.ms (5 minutes) as the rebalance timeout.
 DEFAULT_REBALANCE_TIMEOUT_MS = 300_000
 MAX_MEMBER_ID_CHARS = 255
@@ -157,6 +171,7 @@ class HeartbeatRequest:
     session_timeout_ms: int = 0
     rebalance_timeout_ms: int = 0
     client_id: str = ""
+    instance_id: str | None = None  # a static member's group.instance.id (KIP-345)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +196,7 @@ class MemberView:
     assigned: Assignment
     revoking: Assignment
     target: Assignment
+    instance_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +207,7 @@ class GroupView:
     state: GroupState
     group_epoch: int
     members: tuple[MemberView, ...]
+    assignment_epoch: int = 0  # the epoch of the target assignment
 
 
 def owner_of(members: Sequence[MemberView], tp: TopicPartition) -> str:
@@ -223,6 +240,10 @@ class _Member:
     assigned: Assignment = frozenset()
     revoking: Assignment = frozenset()
     revocation_deadline_ms: int | None = None
+    instance_id: str | None = None
+    # Left with LEAVE_STATIC_EPOCH: keeps its partitions until its session ends, for the
+    # next incarnation of its instance id to take over.
+    left_static: bool = False
 
     def holds(self) -> Assignment:
         return self.assigned | self.revoking
@@ -237,6 +258,8 @@ class _Group:
     target: dict[str, Assignment] = field(default_factory=dict)
     # Partition counts of the subscribed topics the target was computed with.
     topic_counts: dict[str, int] = field(default_factory=dict)
+    # Static members: instance id -> the member id it has now.
+    static_members: dict[str, str] = field(default_factory=dict)
 
 
 class GroupCoordinator:
@@ -274,21 +297,25 @@ class GroupCoordinator:
             topics: partition count of every existing topic.
 
         Raises:
-            InvalidRequestError: no group id, an epoch below -1, a member id too long, or a
-                heartbeat (epoch > 0) without a member id.
+            InvalidRequestError: no group id, an epoch below -2, -2 without an instance id,
+                a member id too long, or a heartbeat (epoch > 0) without a member id.
             UnknownMemberIdError: epoch > 0 and the member is not in the group.
             FencedMemberEpochError: the epoch does not match the member's (rejoin).
+            FencedInstanceIdError: the instance id belongs to another member id now.
+            UnreleasedInstanceIdError: a join with an instance id a live member uses.
         """
         if not request.group_id:
             raise InvalidRequestError("group_id must not be empty")
-        if request.member_epoch < LEAVE_EPOCH:
+        if request.member_epoch < LEAVE_STATIC_EPOCH:
             raise InvalidRequestError(
-                f"member_epoch must be 0 (join), -1 (leave) or the member's epoch, "
-                f"got {request.member_epoch}"
+                f"member_epoch must be 0 (join), -1 (leave), -2 (a static member leaving "
+                f"for now) or the member's epoch, got {request.member_epoch}"
             )
+        if request.member_epoch == LEAVE_STATIC_EPOCH and request.instance_id is None:
+            raise InvalidRequestError("member_epoch -2 (leaving for now) needs an instance_id")
         if len(request.member_id) > MAX_MEMBER_ID_CHARS:
             raise InvalidRequestError(f"member_id longer than {MAX_MEMBER_ID_CHARS} characters")
-        if request.member_epoch == LEAVE_EPOCH:
+        if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
             return self._leave(request, topics)
         if request.member_epoch == JOIN_EPOCH:
             group, member = self._join(request, now_ms)
@@ -320,6 +347,10 @@ class GroupCoordinator:
         group = self._groups.get(request.group_id)
         if group is None:
             group = self._groups[request.group_id] = _Group(request.group_id)
+        instance_id = request.instance_id
+        previous = group.static_members.get(instance_id) if instance_id is not None else None
+        if previous is not None and previous != request.member_id:
+            return group, self._replace_static(group, previous, request, now_ms)
         member_id = request.member_id
         if member_id and member_id in group.members:
             # A known member rejoining (after being fenced, say) starts again from nothing:
@@ -339,7 +370,10 @@ class GroupCoordinator:
             session_timeout_ms=session_timeout_ms,
             rebalance_timeout_ms=_rebalance_timeout(request.rebalance_timeout_ms),
             session_deadline_ms=now_ms + session_timeout_ms,
+            instance_id=instance_id,
         )
+        if instance_id is not None:
+            group.static_members[instance_id] = member_id
         group.group_epoch += 1
         log.info(
             "group %s: member %s joined (epoch %d), subscribing to %s",
@@ -350,10 +384,52 @@ class GroupCoordinator:
         )
         return group, group.members[member_id]
 
+    def _replace_static(
+        self, group: _Group, previous_id: str, request: HeartbeatRequest, now_ms: int
+    ) -> _Member:
+        """A static member joining again under its instance id (KIP-848): if the previous
+        incarnation left with ``LEAVE_STATIC_EPOCH``, the new member id takes over its
+        epoch and partitions (no new group epoch: nobody else moves); if it is still
+        live, ``UnreleasedInstanceIdError``."""
+        member = group.members[previous_id]
+        if not member.left_static:
+            raise UnreleasedInstanceIdError(
+                f"instance {request.instance_id} of group {group.group_id} is still used "
+                f"by member {previous_id}"
+            )
+        member_id = request.member_id or self._new_member_id()
+        while member_id in group.members:
+            member_id = self._new_member_id()
+        del group.members[previous_id]
+        target = group.target.pop(previous_id, frozenset())
+        member.member_id = member_id
+        member.left_static = False
+        member.client_id = request.client_id or member.client_id
+        member.session_timeout_ms = self.config.session_timeout_for(request.session_timeout_ms)
+        member.rebalance_timeout_ms = _rebalance_timeout(request.rebalance_timeout_ms)
+        member.session_deadline_ms = now_ms + member.session_timeout_ms
+        group.members[member_id] = member
+        group.target[member_id] = target
+        assert request.instance_id is not None
+        group.static_members[request.instance_id] = member_id
+        if request.subscribed_topics != member.subscribed_topics:
+            member.subscribed_topics = request.subscribed_topics
+            group.group_epoch += 1
+        log.info(
+            "group %s: static member %s rejoined as %s (was %s)",
+            group.group_id,
+            request.instance_id,
+            member_id,
+            previous_id,
+        )
+        return member
+
     def _existing(self, request: HeartbeatRequest) -> tuple[_Group, _Member]:
         if not request.member_id:
             raise InvalidRequestError("a heartbeat with member_epoch > 0 needs a member_id")
         group = self._groups.get(request.group_id)
+        if group is not None:
+            _check_instance(group, request)
         member = group.members.get(request.member_id) if group is not None else None
         if group is None or member is None:
             raise UnknownMemberIdError(
@@ -377,12 +453,23 @@ class GroupCoordinator:
 
     def _leave(self, request: HeartbeatRequest, topics: Mapping[str, int]) -> HeartbeatAnswer:
         group = self._groups.get(request.group_id)
+        epoch = request.member_epoch
+        if group is not None and request.instance_id in group.static_members:
+            _check_instance(group, request)
+        member = group.members.get(request.member_id) if group is not None else None
         # Leaving is idempotent: a member the coordinator no longer knows is gone already.
-        if group is not None and request.member_id in group.members:
-            self._remove(group, request.member_id, topics)
-            log.info("group %s: member %s left", group.group_id, request.member_id)
+        if group is not None and member is not None:
+            if epoch == LEAVE_STATIC_EPOCH and member.instance_id is not None:
+                # For now: its partitions wait for its next incarnation, or its session's end.
+                member.left_static = True
+                log.info(
+                    "group %s: static member %s left for now", group.group_id, member.member_id
+                )
+            else:
+                self._remove(group, request.member_id, topics)
+                log.info("group %s: member %s left", group.group_id, request.member_id)
         return HeartbeatAnswer(
-            request.member_id, LEAVE_EPOCH, self.config.heartbeat_interval_ms, frozenset()
+            request.member_id, epoch, self.config.heartbeat_interval_ms, frozenset()
         )
 
     # --- target and reconciliation ---------------------------------------------------------
@@ -440,7 +527,12 @@ class GroupCoordinator:
             member.member_epoch = group.target_epoch
 
     def _remove(self, group: _Group, member_id: str, topics: Mapping[str, int]) -> None:
-        del group.members[member_id]
+        member = group.members.pop(member_id)
+        if (
+            member.instance_id is not None
+            and group.static_members.get(member.instance_id) == member_id
+        ):
+            del group.static_members[member.instance_id]
         group.target.pop(member_id, None)
         if not group.members:
             del self._groups[group.group_id]
@@ -554,6 +646,7 @@ class GroupCoordinator:
                 m.assigned,
                 m.revoking,
                 group.target.get(m.member_id, frozenset()),
+                m.instance_id,
             )
             for m in sorted(group.members.values(), key=lambda m: m.member_id)
         )
@@ -562,7 +655,28 @@ class GroupCoordinator:
             for m in members
         )
         state = GroupState.STABLE if stable else GroupState.RECONCILING
-        return GroupView(group_id, state, group.group_epoch, members)
+        return GroupView(group_id, state, group.group_epoch, members, group.target_epoch)
+
+    def has_group(self, group_id: str) -> bool:
+        """Whether ``group_id`` is a group with members here."""
+        return group_id in self._groups
+
+
+def _check_instance(group: _Group, request: HeartbeatRequest) -> None:
+    """A request naming an instance id must come from the member id it has now: unknown,
+    ``UnknownMemberIdError``; another, ``FencedInstanceIdError`` (a newer incarnation)."""
+    if request.instance_id is None:
+        return
+    current = group.static_members.get(request.instance_id)
+    if current is None:
+        raise UnknownMemberIdError(
+            f"instance {request.instance_id} is not in group {group.group_id}"
+        )
+    if current != request.member_id:
+        raise FencedInstanceIdError(
+            f"instance {request.instance_id} of group {group.group_id} is member {current} "
+            f"now, not {request.member_id}: another consumer with the same instance id joined"
+        )
 
 
 def _rebalance_timeout(requested_ms: int) -> int:

@@ -49,11 +49,12 @@ from dataclasses import dataclass, field
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
-from tidelog.broker.groups.classic import ClassicGroups
+from tidelog.broker.groups.classic import DEFAULT_INITIAL_REBALANCE_DELAY_MS, ClassicGroups
 from tidelog.broker.groups.coordinator import (
     CoordinatorConfig,
     GroupCoordinator,
     GroupState,
+    GroupView,
     HeartbeatAnswer,
     HeartbeatRequest,
     MemberView,
@@ -105,10 +106,15 @@ class GroupConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     offsets: OffsetStoreConfig = field(default_factory=OffsetStoreConfig)
     offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
+    # group.initial.rebalance.delay.ms: classic groups only (KIP-848 groups assign on
+    # every heartbeat, so a late member costs them no second rebalance of everyone).
+    initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS
 
     def __post_init__(self) -> None:
         if not 0 <= self.offset_metadata_max_bytes <= MAX_STRING_BYTES:
             raise ValueError(f"offset.metadata.max.bytes must be 0..{MAX_STRING_BYTES}")
+        if self.initial_rebalance_delay_ms < 0:
+            raise ValueError("group.initial.rebalance.delay.ms must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +224,9 @@ class GroupManager:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Kafka's classic-protocol groups (module docstring); their own lock.
-        self.classic = ClassicGroups(clock)
+        self.classic = ClassicGroups(
+            clock, initial_rebalance_delay_ms=config.initial_rebalance_delay_ms
+        )
 
     @classmethod
     def open(
@@ -436,6 +444,20 @@ class GroupManager:
             else:
                 listings.append(GroupListing(group_id, view.state.value, 0))
         return listings
+
+    def describe_consumer_group(self, group_id: str) -> GroupView:
+        """A KIP-848 group's membership as Kafka's ConsumerGroupDescribe shows it.
+
+        Raises:
+            GroupIdNotFoundError: no KIP-848 group of that id has members here (a classic
+                group, a group known by its committed offsets only, or none), as Kafka
+                answers for a group that is not a consumer group.
+        """
+        _check_group_id(group_id)
+        with self._lock:
+            if not self._coordinator.has_group(group_id):
+                raise GroupIdNotFoundError(f"{group_id!r} is not a consumer group with members")
+            return self._coordinator.view(group_id)
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """Members, assignment, and per partition the committed offset, log end and lag.

@@ -19,9 +19,12 @@ DescribeTopic           metadata                    the topic
 CreateTopic             create_topics               the topic (or CREATE on the cluster)
 DeleteTopic             delete_topics               the topic
 AlterTopicConfig        alter_configs               the topic
+DescribeConfigs         describe_configs            the topic, or the cluster (a broker)
+IncrementalAlterConfigs alter_configs               the topic, or the cluster (a broker)
 CreatePartitions        create_partitions           each topic
 InitProducerId          init_producer_id            the cluster (or WRITE on some topic)
 DescribeProducers       describe_producers          each topic
+DeleteRecords           delete_records              each topic
 ConsumerGroupHeartbeat  consumer_group_heartbeat    the group
 OffsetCommit            offset_commit               the group, then each topic
 OffsetFetch             offset_fetch                the group, then each topic named
@@ -84,6 +87,12 @@ def _topics(names: Iterable[str]) -> list[Resource]:
     return [topic(name) for name in names]
 
 
+def _config_resource(resource: Any) -> Resource:
+    # A broker resource (type 4, Kafka's BROKER) is the cluster's; anything else names a
+    # topic (an unknown type is refused by the handler after this check).
+    return cluster() if resource.type == 4 else topic(resource.name)
+
+
 def _group_and_topics(request: Any, names: Iterable[str]) -> list[Resource]:
     return [group(request.group_id), *_topics(names)]
 
@@ -94,11 +103,14 @@ _RESOURCES: dict[str, _Resources] = {
     "DeleteTopic": lambda r: [topic(r.name)],
     "DescribeTopic": lambda r: [topic(r.name)],
     "AlterTopicConfig": lambda r: [topic(r.name)],
+    "DescribeConfigs": lambda r: [_config_resource(r.resource)],
+    "IncrementalAlterConfigs": lambda r: [_config_resource(r.resource)],
     "CreatePartitions": lambda r: _topics(t.name for t in r.topics),
     "ListOffsets": lambda r: _topics(p.topic for p in r.partitions),
     "OffsetForLeaderEpoch": lambda r: _topics(p.topic for p in r.partitions),
     "InitProducerId": lambda r: [cluster()],
     "DescribeProducers": lambda r: _topics(t.topic for t in r.partitions),
+    "DeleteRecords": lambda r: _topics(p.topic for p in r.partitions),
     "ConsumerGroupHeartbeat": lambda r: [group(r.group_id)],
     "OffsetCommit": lambda r: _group_and_topics(r, (o.topic for o in r.offsets)),
     "OffsetFetch": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),

@@ -38,10 +38,11 @@ from tidelog.broker.core.acl import (
     parse_enum,
 )
 from tidelog.broker.core.acl_store import Acls
+from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
-from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
+from tidelog.broker.core.offsets import EpochQuery, OffsetQuery, RecordsToDelete
 from tidelog.broker.core.produce import PartitionProduced, PartitionRecords
 from tidelog.broker.core.topics import TopicView
 from tidelog.broker.groups.assignor import TopicPartition
@@ -177,6 +178,68 @@ def _alter_topic_config(
     return _topic_description(
         core.alter_topic_config(request.name, dict(request.set), list(request.delete))
     )
+
+
+def _config_kind(resource: pb.ConfigResource) -> ResourceKind:
+    try:
+        return ResourceKind(resource.type)
+    except ValueError:
+        raise InvalidRequestError(
+            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC or CONFIG_RESOURCE_TYPE_BROKER"
+        ) from None
+
+
+def _describe_configs(
+    core: BrokerCore, request: pb.DescribeConfigsRequest, context: RequestContext
+) -> pb.DescribeConfigsResponse:
+    entries = core.describe_configs(
+        _config_kind(request.resource), request.resource.name, list(request.keys) or None
+    )
+    return pb.DescribeConfigsResponse(
+        entries=[
+            pb.ConfigEntry(
+                name=e.name,
+                value=e.value,
+                source=pb.ConfigSource.Value(f"CONFIG_SOURCE_{e.source.name}"),
+                read_only=e.read_only,
+                sensitive=e.sensitive,
+                type=e.config_type.name,
+                documentation=e.documentation,
+                synonyms=[
+                    pb.ConfigSynonym(
+                        name=s.name,
+                        value=None if e.sensitive else s.value,
+                        source=pb.ConfigSource.Value(f"CONFIG_SOURCE_{s.source.name}"),
+                    )
+                    for s in e.synonyms
+                ],
+            )
+            for e in entries
+        ]
+    )
+
+
+def _incremental_alter_configs(
+    core: BrokerCore, request: pb.IncrementalAlterConfigsRequest, context: RequestContext
+) -> pb.IncrementalAlterConfigsResponse:
+    if any(a.operation not in AlterOp._value2member_map_ for a in request.alterations):
+        raise InvalidRequestError("unknown config operation (SET, DELETE, APPEND, SUBTRACT)")
+    changes = [
+        ConfigChange(
+            a.name,
+            AlterOp(a.operation),
+            None if a.operation == pb.CONFIG_OPERATION_DELETE else a.value,
+        )
+        for a in request.alterations
+    ]
+    core.alter_configs(
+        _config_kind(request.resource),
+        request.resource.name,
+        changes,
+        incremental=True,
+        validate_only=request.validate_only,
+    )
+    return pb.IncrementalAlterConfigsResponse()
 
 
 def _create_partitions(
@@ -417,6 +480,28 @@ def _describe_producers(
     )
 
 
+DEFAULT_DELETE_RECORDS_TIMEOUT_MS = 30_000  # a request's timeout_ms 0
+
+
+def _delete_records(
+    core: BrokerCore, request: pb.DeleteRecordsRequest, context: RequestContext
+) -> pb.DeleteRecordsResponse:
+    wanted = [RecordsToDelete(p.topic, p.partition, p.offset) for p in request.partitions]
+    timeout_ms = request.timeout_ms or DEFAULT_DELETE_RECORDS_TIMEOUT_MS
+    return pb.DeleteRecordsResponse(
+        results=[
+            pb.DeleteRecordsResult(
+                topic=a.topic,
+                partition=a.partition,
+                low_watermark=a.low_watermark,
+                error_code=a.error_code,
+                error_message=a.error_message,
+            )
+            for a in core.delete_records(wanted, timeout_ms)
+        ]
+    )
+
+
 # --- consumer groups ----------------------------------------------------------------------
 
 
@@ -433,6 +518,9 @@ def _consumer_group_heartbeat(
             session_timeout_ms=request.session_timeout_ms,
             rebalance_timeout_ms=request.rebalance_timeout_ms,
             client_id=request.client_id,
+            instance_id=(
+                request.group_instance_id if request.HasField("group_instance_id") else None
+            ),
         )
     )
     return pb.ConsumerGroupHeartbeatResponse(
@@ -626,6 +714,8 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "ListTopics": _list_topics,
     "DescribeTopic": _describe_topic,
     "AlterTopicConfig": _alter_topic_config,
+    "DescribeConfigs": _describe_configs,
+    "IncrementalAlterConfigs": _incremental_alter_configs,
     "CreatePartitions": _create_partitions,
     "ElectLeaders": _elect_leaders,
     "AlterPartitionReassignments": _alter_partition_reassignments,
@@ -639,6 +729,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "OffsetForLeaderEpoch": _offset_for_leader_epoch,
     "InitProducerId": _init_producer_id,
     "DescribeProducers": _describe_producers,
+    "DeleteRecords": _delete_records,
     "ConsumerGroupHeartbeat": _consumer_group_heartbeat,
     "OffsetCommit": _offset_commit,
     "OffsetFetch": _offset_fetch,
@@ -680,6 +771,7 @@ def fetch_spec(
                 p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
                 p.last_fetched_epoch if p.HasField("last_fetched_epoch") else -1,
                 None if gate is None else gate(p.topic),
+                p.log_start_offset if p.HasField("log_start_offset") else -1,
             )
             for p in request.partitions
         ],
@@ -892,6 +984,7 @@ def _group_description(group: GroupDescription) -> pb.DescribeGroupResponse:
                 subscribed_topic_names=sorted(m.subscribed_topics),
                 # What the member holds now, partitions it is still giving up included.
                 assignment=_topic_partitions(m.assigned | m.revoking),
+                group_instance_id=m.instance_id,
             )
             for m in group.members
         ],

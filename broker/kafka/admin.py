@@ -1,11 +1,15 @@
-"""Admin APIs over the core: DescribeConfigs, DescribeCluster, DescribeLogDirs and
-ElectLeaders.
+"""Config and cluster admin APIs over the core: DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs, DescribeCluster, DescribeLogDirs, ElectLeaders and DeleteRecords.
 
-DescribeConfigs answers a topic with every effective config key (Kafka's tools and test
-suites expect all of them, not only overrides): ``DYNAMIC_TOPIC_CONFIG`` (1) for the
-topic's overrides, ``DEFAULT_CONFIG`` (5) for the rest; a broker (resource type 4) with the
-broker's effective settings as ``STATIC_BROKER_CONFIG`` (4), values of keys that name a
-password or secret hidden (``is_sensitive``). Synonyms and documentation are not given.
+The configs are ``broker.core.configs``'s (listener-neutral); this module decodes, asks
+the policy table per resource (``ALTER_CONFIGS`` / ``DESCRIBE_CONFIGS`` on the topic, or
+on the cluster for a broker resource: refused ones answer ``TOPIC_AUTHORIZATION_FAILED``
+/ ``CLUSTER_AUTHORIZATION_FAILED``, the others are served), calls the core once per
+resource and encodes. DescribeConfigs answers every effective key with its source,
+synonyms when asked (``include_synonyms``), one line of documentation when asked
+(``include_documentation``, v3+) and its type (v3+); a sensitive broker value (a key
+naming a password, secret or key) is null. A resource type other than topic (2) or broker
+(4) is ``INVALID_REQUEST``; a resource named twice in one alter request too, as Kafka.
 
 DescribeLogDirs (v1-4): this broker's one data directory (``BrokerCore.describe_log_dirs``),
 with each partition asked for (``topics`` null: every one) that has a copy here, its size
@@ -20,90 +24,184 @@ Per partition ``ELECTION_NOT_NEEDED``, ``PREFERRED_LEADER_NOT_AVAILABLE``,
 null asks for every partition and the answer lists only those that needed an election. A
 broker that is not the controller answers ``NOT_CONTROLLER`` (for each named partition
 and, v1+, as the top-level error): Kafka's clients send ElectLeaders to the controller.
+
+DeleteRecords (v0-2, KIP-107): DELETE on each topic (a refused topic answers
+``TOPIC_AUTHORIZATION_FAILED`` per partition, the others are served), then the core's
+``delete_records``, the gRPC call's: per partition the low watermark, or
+``OFFSET_OUT_OF_RANGE`` (above the high watermark, below -1), ``UNKNOWN_TOPIC_OR_PARTITION``,
+``NOT_LEADER_OR_FOLLOWER``, ``REQUEST_TIMED_OUT`` (the followers did not follow within the
+request's ``timeout_ms``).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
+from tidelog.broker.core.config_keys import ConfigEntry
+from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
+from tidelog.broker.core.offsets import RecordsToDelete
+from tidelog.broker.core.operations import Resource, topic
 from tidelog.broker.core.operations import cluster as the_cluster
-from tidelog.broker.core.operations import topic
-from tidelog.broker.kafka.authz import denied, operations_bits
+from tidelog.broker.kafka.authz import denied, operations_bits, refusals
 from tidelog.broker.kafka.cluster import broker_entries
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.listener import Connection
-from tidelog.storage.errors import InvalidRequestError
 
-__all__ = ["describe_cluster", "describe_configs", "describe_log_dirs", "elect_leaders"]
+__all__ = [
+    "alter_configs",
+    "delete_records",
+    "describe_cluster",
+    "describe_configs",
+    "describe_log_dirs",
+    "elect_leaders",
+    "incremental_alter_configs",
+]
 
-TOPIC = 2
-BROKER = 4
-_DYNAMIC_TOPIC_CONFIG = 1
-_STATIC_BROKER_CONFIG = 4
-_DEFAULT_CONFIG = 5
+_KINDS = {int(k): k for k in ResourceKind}
 
 
-def _config(name: str, value: str | None, source: int, sensitive: bool = False) -> Plain:
+def _resource(kind: int, name: str) -> Resource:
+    return topic(name) if kind == ResourceKind.TOPIC else the_cluster()
+
+
+def _entry(entry: ConfigEntry, synonyms: bool, documentation: bool) -> Plain:
     return {
-        "name": name,
-        "value": None if sensitive else value,
-        "read_only": source == _STATIC_BROKER_CONFIG,
-        "config_source": source,
-        "is_sensitive": sensitive,
-        "synonyms": [],
-        "config_type": 0,
-        "documentation": None,
+        "name": entry.name,
+        "value": entry.value,
+        "read_only": entry.read_only,
+        "config_source": int(entry.source),
+        "is_sensitive": entry.sensitive,
+        "synonyms": [
+            {"name": s.name, "value": None if entry.sensitive else s.value, "source": int(s.source)}
+            for s in entry.synonyms
+        ]
+        if synonyms
+        else [],
+        "config_type": int(entry.config_type),
+        "documentation": entry.documentation if documentation else None,
     }
 
 
+def _unknown_kind(kind: int) -> tuple[int, str]:
+    return (
+        error_code_for("INVALID_REQUEST"),
+        f"resource type {kind} has no configs here (2: topic, 4: broker)",
+    )
+
+
+def _allowed(conn: Connection, resources: Sequence[Plain]) -> dict[Resource, int]:
+    named = [
+        _resource(r["resource_type"], r["resource_name"])
+        for r in resources
+        if r["resource_type"] in _KINDS
+    ]
+    return refusals(conn, named) if named else {}
+
+
 async def describe_configs(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """DescribeConfigs (v1-4): topics and this broker."""
+    """DescribeConfigs (v1-4): topics and brokers (this one, or ``""``: the cluster-wide
+    dynamic defaults)."""
+    synonyms = bool(request.get("include_synonyms", False))
+    documentation = bool(request.get("include_documentation", False))
+    decided = _allowed(conn, request["resources"])
     results = []
     for resource in request["resources"]:
         kind = resource["resource_type"]
         name = resource["resource_name"]
         wanted = resource.get("configuration_keys")
-        result: Plain = {"resource_type": kind, "resource_name": name, "error_code": NONE}
-        code = denied(conn, topic(name) if kind == TOPIC else the_cluster())
-        if code:
-            result.update(error_code=code, configs=[])
-            results.append(result)
-            continue
-        try:
-            configs = await conn.run(_configs, conn, kind, name)
-        except Exception as exc:
-            code, message = kafka_error(exc)
-            result.update(error_code=code, error_message=message, configs=[])
+        result: Plain = {"resource_type": kind, "resource_name": name, "configs": []}
+        if kind not in _KINDS:
+            code, message = _unknown_kind(kind)
+            result.update(error_code=code, error_message=message)
+        elif code := decided[_resource(kind, name)]:
+            result.update(error_code=code)
         else:
-            if configs is None:
-                result.update(
-                    error_code=error_code_for("INVALID_REQUEST"),
-                    error_message=f"resource type {kind} is not described here",
-                    configs=[],
-                )
+            try:
+                entries = await conn.run(conn.core.describe_configs, _KINDS[kind], name, wanted)
+            except Exception as exc:
+                code, message = kafka_error(exc)
+                result.update(error_code=code, error_message=message)
             else:
-                result["configs"] = [c for c in configs if wanted is None or c["name"] in wanted]
+                result.update(
+                    error_code=NONE,
+                    configs=[_entry(e, synonyms, documentation) for e in entries],
+                )
         results.append(result)
     return {"results": results}
 
 
-def _configs(conn: Connection, kind: int, name: str) -> list[Plain] | None:
-    core = conn.core
-    if kind == TOPIC:
-        view = core.describe_topic(name)
-        overrides = core.logs.topic(name).overrides
-        return [
-            _config(k, v, _DYNAMIC_TOPIC_CONFIG if k in overrides else _DEFAULT_CONFIG)
-            for k, v in sorted(view.config.items())
-        ]
-    if kind == BROKER:
-        if name not in ("", str(core.config.broker_id)):
-            raise InvalidRequestError(f"broker {name!r} is not this broker")
-        secret = ("password", "secret", "key")
-        return [
-            _config(k, v, _STATIC_BROKER_CONFIG, any(s in k for s in secret))
-            for k, v in sorted(core.config.to_mapping().items())
-        ]
-    return None
+async def alter_configs(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """AlterConfigs (v0-2): replace a resource's dynamic configs with those given."""
+    return await _alter(conn, request, incremental=False)
+
+
+async def incremental_alter_configs(
+    conn: Connection, header: RequestHeader, request: Plain
+) -> Plain:
+    """IncrementalAlterConfigs (v0-1): SET, DELETE, APPEND, SUBTRACT per key."""
+    return await _alter(conn, request, incremental=True)
+
+
+async def _alter(conn: Connection, request: Plain, *, incremental: bool) -> Plain:
+    validate_only = bool(request.get("validate_only", False))
+    resources = request["resources"]
+    decided = _allowed(conn, resources)
+    seen: dict[tuple[int, str], int] = {}
+    for r in resources:
+        key = (r["resource_type"], r["resource_name"])
+        seen[key] = seen.get(key, 0) + 1
+    responses = []
+    for resource in resources:
+        kind = resource["resource_type"]
+        name = resource["resource_name"]
+        answer: Plain = {"resource_type": kind, "resource_name": name, "error_code": NONE}
+        responses.append(answer)
+        if kind not in _KINDS:
+            code, message = _unknown_kind(kind)
+            answer.update(error_code=code, error_message=message)
+            continue
+        if code := decided[_resource(kind, name)]:
+            answer.update(error_code=code)
+            continue
+        if seen[(kind, name)] > 1:
+            answer.update(
+                error_code=error_code_for("INVALID_REQUEST"),
+                error_message=f"resource {name!r} (type {kind}) is named more than once",
+            )
+            continue
+        try:
+            changes = [
+                ConfigChange(
+                    c["name"],
+                    AlterOp(c["config_operation"]) if incremental else AlterOp.SET,
+                    c.get("value"),
+                )
+                for c in resource["configs"]
+            ]
+        except ValueError:
+            answer.update(
+                error_code=error_code_for("INVALID_REQUEST"),
+                error_message="config_operation must be 0 (SET), 1 (DELETE), 2 (APPEND) "
+                "or 3 (SUBTRACT)",
+            )
+            continue
+        try:
+            await conn.run(
+                functools.partial(
+                    conn.core.alter_configs,
+                    _KINDS[kind],
+                    name,
+                    changes,
+                    incremental=incremental,
+                    validate_only=validate_only,
+                )
+            )
+        except Exception as exc:
+            code, message = kafka_error(exc)
+            answer.update(error_code=code, error_message=message)
+    return {"responses": responses}
 
 
 async def describe_cluster(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
@@ -197,3 +295,37 @@ async def describe_log_dirs(conn: Connection, header: RequestHeader, request: Pl
             }
         ],
     }
+
+
+async def delete_records(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """DeleteRecords (v0-2): see the module docstring."""
+    decided = refusals(conn, [topic(t["name"]) for t in request["topics"]])
+    refused = {resource.name: code for resource, code in decided.items() if code}
+    wanted = [
+        RecordsToDelete(t["name"], p["partition_index"], p["offset"])
+        for t in request["topics"]
+        if t["name"] not in refused
+        for p in t["partitions"]
+    ]
+    timeout_ms = max(request["timeout"], 0)
+    answers = await conn.run(conn.core.delete_records, wanted, timeout_ms) if wanted else []
+    by_topic: dict[str, list[Plain]] = {}
+    for t in request["topics"]:
+        if t["name"] in refused:
+            by_topic.setdefault(t["name"], []).extend(
+                {
+                    "partition_index": p["partition_index"],
+                    "low_watermark": -1,
+                    "error_code": refused[t["name"]],
+                }
+                for p in t["partitions"]
+            )
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append(
+            {
+                "partition_index": a.partition,
+                "low_watermark": a.low_watermark,
+                "error_code": kafka_code(a.error_code),
+            }
+        )
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}

@@ -120,6 +120,7 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
         request["member_id"],
         request["generation_id"],
         {a["member_id"]: bytes(a["assignment"]) for a in request.get("assignments", [])},
+        request.get("group_instance_id"),  # v3+ (KIP-345)
     )
     result = await asyncio.wrap_future(synced)
     code = classic_error_code(result.error)
@@ -138,14 +139,18 @@ async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> 
     if code:
         return {"error_code": code}
     error = conn.core.groups.classic.heartbeat(
-        request["group_id"], request["member_id"], request["generation_id"]
+        request["group_id"],
+        request["member_id"],
+        request["generation_id"],
+        request.get("group_instance_id"),  # v3+ (KIP-345)
     )
     return {"error_code": classic_error_code(error)}
 
 
 async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+); READ on the group, as
-    Kafka's ``handleLeaveGroupRequest`` asks, before anything else is answered."""
+    """LeaveGroup (v0-4): one member (v0-2) or a batch (v3+, KIP-345: a static member may
+    be named by its ``group_instance_id`` alone); READ on the group, as Kafka's
+    ``handleLeaveGroupRequest`` asks, before anything else is answered."""
     classic = conn.core.groups.classic
     group_id = request["group_id"]
     code = denied(conn, group(group_id))
@@ -158,7 +163,9 @@ async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -
         {
             "member_id": m["member_id"],
             "group_instance_id": m.get("group_instance_id"),
-            "error_code": classic_error_code(classic.leave(group_id, m["member_id"])),
+            "error_code": classic_error_code(
+                classic.leave(group_id, m["member_id"], m.get("group_instance_id"))
+            ),
         }
         for m in request["members"]
     ]

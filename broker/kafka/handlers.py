@@ -22,10 +22,13 @@ from typing import Any
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
 from tidelog.broker.kafka.admin import (
+    alter_configs,
+    delete_records,
     describe_cluster,
     describe_configs,
     describe_log_dirs,
     elect_leaders,
+    incremental_alter_configs,
 )
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
 from tidelog.broker.kafka.cluster import broker_entries, partition_entry
@@ -48,7 +51,7 @@ from tidelog.broker.kafka.groups import (
     list_groups,
     sync_group,
 )
-from tidelog.broker.kafka.kip848 import consumer_group_heartbeat, topic_id
+from tidelog.broker.kafka.kip848 import consumer_group_describe, consumer_group_heartbeat, topic_id
 from tidelog.broker.kafka.listener import Connection, Handler
 from tidelog.broker.kafka.offsets import (
     find_coordinator,
@@ -323,20 +326,24 @@ HANDLERS: dict[int, Handler] = {
     18: api_versions,
     19: create_topics,
     20: delete_topics,
+    21: delete_records,
     22: init_producer_id,
     23: offset_for_leader_epoch,
     32: describe_configs,
+    33: alter_configs,
     35: describe_log_dirs,
     36: sasl_authenticate,
     37: create_partitions,
     42: delete_groups,
     43: elect_leaders,
+    44: incremental_alter_configs,
     45: alter_partition_reassignments,
     46: list_partition_reassignments,
     47: offset_delete,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,
+    69: consumer_group_describe,
 }
 
 # Handlers must not block the loop: every core call above goes through ``conn.run``.

@@ -138,6 +138,8 @@ class Connection:
         self.sasl_mechanism = ""
         self.handshake_id = ""
         self.raw_sasl = False  # after SaslHandshake v0: raw tokens, no Kafka headers
+        # KIP-368: when the authenticated session ends (time.monotonic(); None: never).
+        self.session_expires_at: float | None = None
         self.close_after_response = False  # a failed login: answer, then hang up
         # The request being handled: its api key (its operation: KAFKA_APIS) and the
         # longest throttle a quota asked for (ms).
@@ -436,6 +438,12 @@ class KafkaListener:
             raise _close(connection, f"api {key} v{version} is not advertised")
         if not connection.authenticated and key not in _BEFORE_AUTHENTICATION:
             raise _close(connection, f"api {key} before SASL authentication")
+        expires = connection.session_expires_at
+        if expires is not None and key not in _BEFORE_AUTHENTICATION and time.monotonic() > expires:
+            # KIP-368: the client did not re-authenticate in time; Kafka closes too.
+            raise _close(
+                connection, f"api {key} after the SASL session expired (no re-authentication)"
+            )
         handler = self.handlers.get(key)
         if handler is None:
             raise _close(connection, f"api {key} has no handler")

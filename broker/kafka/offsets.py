@@ -97,12 +97,22 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
     group_error = next((code for code in decided.values() if code), 0)
     # A KIP-848 member (ConsumerGroupHeartbeat) commits as itself, checked by the core;
     # a classic member is checked here and written as a simple commit; no member: simple.
+    # A static classic member (``group_instance_id``, v7+) is checked by its instance id:
+    # an incarnation another one replaced is answered FENCED_INSTANCE_ID (KIP-345).
     classic = conn.core.groups.classic
+    instance_id = request.get("group_instance_id")
     as_member, as_epoch = "", -1
-    if member_id and not classic.has_member(group_id, member_id) and header.api_version >= 9:
+    if (
+        member_id
+        and not classic.has_member(group_id, member_id)
+        and not (instance_id is not None and classic.has_instance(group_id, instance_id))
+        and header.api_version >= 9
+    ):
         as_member, as_epoch = member_id, generation
     elif not group_error and (member_id or generation >= 0):
-        group_error = classic_error_code(classic.check_commit(group_id, member_id, generation))
+        group_error = classic_error_code(
+            classic.check_commit(group_id, member_id, generation, instance_id)
+        )
     codes: list[int] = []
     if not group_error:
         entries = [

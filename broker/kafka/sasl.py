@@ -15,13 +15,20 @@ it, as Kafka does with ``ILLEGAL_SASL_STATE``). The flow (KIP-152):
 3. SaslHandshake v0 (before KIP-152): the tokens then come as raw size-prefixed frames
    without Kafka headers, answered the same way (``raw_token``).
 
-``session_lifetime_ms`` is 0: no re-authentication (KIP-368) is asked for; the connection
-stays authenticated for its life.
+Re-authentication (KIP-368): with ``connections.max.reauth.ms`` above 0, SaslAuthenticate
+v1+ answers the session's lifetime, and the client logs in again on the live connection
+(SaslHandshake, SaslAuthenticate) before it ends; a request other than those (and
+ApiVersions) after it ended closes the connection, as Kafka does (so do clients that
+cannot re-authenticate: SaslAuthenticate v0, or raw tokens). A re-authentication must keep
+the mechanism and the principal (``ILLEGAL_SASL_STATE`` /
+``SASL_AUTHENTICATION_FAILED``, connection closed). With 0 the session lasts as long as
+the connection.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
@@ -38,6 +45,9 @@ async def sasl_handshake(conn: Connection, header: RequestHeader, request: Plain
     mechanism = str(request["mechanism"]).upper()
     if authenticator is None or not conn.settings.sasl or mechanism not in enabled:
         return {"error_code": error_code_for("UNSUPPORTED_SASL_MECHANISM"), "mechanisms": enabled}
+    if conn.authenticated and mechanism != conn.sasl_mechanism:
+        conn.close_after_response = True  # KIP-368: a re-authentication keeps its mechanism
+        return {"error_code": error_code_for("ILLEGAL_SASL_STATE"), "mechanisms": enabled}
     conn.sasl_mechanism = mechanism
     conn.handshake_id = ""
     conn.raw_sasl = header.api_version == 0
@@ -47,11 +57,14 @@ async def sasl_handshake(conn: Connection, header: RequestHeader, request: Plain
 async def sasl_authenticate(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """SaslAuthenticate (v0-2): one step of the mechanism's exchange."""
     answer, code, message = await _step(conn, bytes(request["auth_bytes"]))
+    lifetime_ms = 0
+    if not code and conn.session_expires_at is not None:
+        lifetime_ms = max(int((conn.session_expires_at - time.monotonic()) * 1000), 1)
     return {
         "error_code": code,
         "error_message": message,
         "auth_bytes": answer,
-        "session_lifetime": 0,
+        "session_lifetime": lifetime_ms,
     }
 
 
@@ -83,8 +96,19 @@ async def _step(conn: Connection, auth_bytes: bytes) -> tuple[bytes, int, str | 
         code, message = kafka_error(exc)
         return b"", code, message
     if step.complete:
+        if conn.authenticated and step.principal != conn.context.principal:
+            conn.close_after_response = True
+            return (
+                b"",
+                error_code_for("SASL_AUTHENTICATION_FAILED"),
+                "a re-authentication cannot change the principal",
+            )
         conn.context = dataclasses.replace(conn.context, principal=step.principal)
         conn.authenticated = True
+        reauth_ms = authenticator.config.connections_max_reauth_ms
+        conn.session_expires_at = (
+            time.monotonic() + step.session_lifetime_ms / 1000 if reauth_ms > 0 else None
+        )
         conn.raw_sasl = False
         conn.handshake_id = ""
     else:

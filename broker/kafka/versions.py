@@ -39,20 +39,24 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
+    21: (0, 2),  # DeleteRecords (KIP-107)
     22: (0, 4),  # InitProducerId
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs
+    33: (0, 2),  # AlterConfigs
     35: (1, 4),  # DescribeLogDirs (one directory per broker)
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     43: (0, 2),  # ElectLeaders (KIP-460: preferred and unclean)
+    44: (0, 1),  # IncrementalAlterConfigs
     45: (0, 1),  # AlterPartitionReassignments (KIP-455; v1: allow_replication_factor_change)
     46: (0, 0),  # ListPartitionReassignments (KIP-455)
     47: (0, 0),  # OffsetDelete (KIP-496)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
+    69: (0, 0),  # ConsumerGroupDescribe (KIP-848)
 }
 
 

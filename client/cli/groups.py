@@ -119,18 +119,21 @@ def _groups_describe(args: argparse.Namespace) -> int:
     print(f"Group: {group.group_id}   State: {group.state}   Members: {len(group.members)}")
     print()
     if group.members:
+        # The INSTANCE column (static members' group.instance.id) only when one has it.
+        static = any(m.instance_id is not None for m in group.members)
         print_table(
-            ["MEMBER", "CLIENT", "EPOCH", "PARTITIONS"],
+            ["MEMBER", *(["INSTANCE"] if static else []), "CLIENT", "EPOCH", "PARTITIONS"],
             [
                 [
                     m.member_id,
+                    *([m.instance_id or "-"] if static else []),
                     m.client_id or "-",
                     str(m.member_epoch),
                     ",".join(str(tp) for tp in sorted(m.assignment)) or "-",
                 ]
                 for m in group.members
             ],
-            right={2},
+            right={3} if static else {2},
         )
         print()
     rows = [

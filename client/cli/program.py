@@ -24,6 +24,7 @@ from typing import Any
 from tidelog.client.cli import (
     acls,
     cluster,
+    configs,
     console,
     consume,
     groups,
@@ -60,6 +61,7 @@ _COMMAND_GROUPS = (
     cluster,
     reassign,
     topics,
+    configs,
     produce,
     consume,
     groups,

@@ -8,6 +8,7 @@
     tidelog topics alter NAME [--partitions N] [--set KEY=VALUE]... [--delete KEY]...
     tidelog topics delete NAME
     tidelog topics producers NAME [--partition P]...
+    tidelog topics delete-records NAME (--before OFFSET | --all) [--partition P]...
 
 Tables go to stdout, one-line summaries to stderr.
 """
@@ -24,11 +25,13 @@ from tidelog.client.cli.common import (
     admin_client,
     help_of,
     human_bytes,
+    non_negative_int,
     parse_pairs,
     positive_int,
     print_error,
     print_info,
     print_table,
+    timeout_ms,
 )
 from tidelog.client.types import TopicPartition
 
@@ -96,6 +99,33 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         help="only this partition (repeatable; default: every partition)",
     )
     producers.set_defaults(handler=_topics_producers)
+    delete_records = topic_commands.add_parser(
+        "delete-records",
+        parents=[common],
+        help="delete the records below an offset (DeleteRecords; Kafka's kafka-delete-records)",
+    )
+    delete_records.add_argument("name")
+    where = delete_records.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--before",
+        type=non_negative_int,
+        metavar="OFFSET",
+        help="delete every record below OFFSET: it becomes the partition's log start",
+    )
+    where.add_argument(
+        "--all",
+        action="store_true",
+        help="delete every record readable now (up to the high watermark)",
+    )
+    delete_records.add_argument(
+        "--partition",
+        type=non_negative_int,
+        action="append",
+        default=[],
+        metavar="P",
+        help="only this partition (repeatable; default: every partition)",
+    )
+    delete_records.set_defaults(handler=_topics_delete_records)
 
 
 def _topics_create(args: argparse.Namespace) -> int:
@@ -269,4 +299,23 @@ def _topics_producers(args: argparse.Namespace) -> int:
         rows,
         right={0, 1, 2, 3, 4, 5},
     )
+    return EXIT_OK
+
+
+def _topics_delete_records(args: argparse.Namespace) -> int:
+    offset = -1 if args.all else args.before
+    with admin_client(args) as admin:
+        partitions = args.partition or [
+            p.partition for p in admin.describe_topic(args.name).partitions
+        ]
+        low = admin.delete_records(
+            {TopicPartition(args.name, p): offset for p in sorted(set(partitions))},
+            timeout_ms=timeout_ms(args),
+        )
+    print_table(
+        ["PARTITION", "LOW WATERMARK"],
+        [[str(tp.partition), str(start)] for tp, start in sorted(low.items())],
+        right={0, 1},
+    )
+    print_info(f'Deleted the records of "{args.name}" below each partition\'s low watermark.')
     return EXIT_OK

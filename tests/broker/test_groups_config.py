@@ -17,6 +17,7 @@ def test_defaults_are_kafkas() -> None:
     assert groups.offsets.num_partitions == 5  # Kafka: 50 (docs/groups.md says why)
     assert groups.offsets.segment_bytes == 100 * 1024 * 1024
     assert groups.offset_metadata_max_bytes == 4_096
+    assert groups.initial_rebalance_delay_ms == 3_000  # group.initial.rebalance.delay.ms
 
 
 def test_settings_by_kafka_name_round_trip() -> None:
@@ -28,9 +29,11 @@ def test_settings_by_kafka_name_round_trip() -> None:
             "group.consumer.max.session.timeout.ms": 300,
             "offsets.topic.num.partitions": 1,
             "offset.metadata.max.bytes": 10,
+            "group.initial.rebalance.delay.ms": 0,
         }
     )
     groups = config.group_config()
+    assert groups.initial_rebalance_delay_ms == 0
     assert groups.coordinator.session_timeout_for(1_000) == 300
     assert groups.offsets.num_partitions == 1
     assert BrokerConfig.from_mapping(config.to_mapping()) == config
@@ -47,6 +50,7 @@ def test_settings_by_kafka_name_round_trip() -> None:
         ),
         ({"offsets.topic.num.partitions": 0}, "offsets.topic.num.partitions"),
         ({"offset.metadata.max.bytes": 40_000}, "offset.metadata.max.bytes"),
+        ({"group.initial.rebalance.delay.ms": -1}, "group.initial.rebalance.delay.ms"),
     ],
 )
 def test_inconsistent_settings_are_refused(settings: dict[str, object], key: str) -> None:

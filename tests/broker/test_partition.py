@@ -22,13 +22,16 @@ from tests.broker.conftest import make_batch
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
 from tidelog.broker.core.partition import Partition
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offsets
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
+    KafkaTimeoutError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
@@ -215,6 +218,55 @@ def test_wait_replicated_returns_once_the_followers_have_it(partition: Partition
     waiter.join(10)
     assert not waiter.is_alive()
     assert partition.log.high_watermark == 1
+
+
+def test_delete_records_waits_for_every_isr_members_log_start(
+    partition: Partition, logs: LogManager
+) -> None:
+    """The leader's start moves and is checkpointed at once; the answer waits for the
+    ISR's followers to report theirs (a replica outside the ISR is not waited for)."""
+    partition.make_leader(1, REPLICAS, (1, 2))
+    partition.append_as_leader(make_batch([b"a", b"b", b"c", b"d"]), acks_all=True)
+    partition.on_follower_fetch(2, 4)  # the high watermark reaches 4
+    with pytest.raises(OffsetOutOfRangeError, match="high watermark"):
+        partition.delete_records(5)
+    with pytest.raises(OffsetOutOfRangeError):
+        partition.delete_records(-2)
+    assert partition.delete_records(3) == 3
+    assert partition.log.log_start_offset == 3
+    checkpoint = read_offsets(logs.data_dir / LOG_START_OFFSET_CHECKPOINT)
+    assert checkpoint[(TOPIC, 0)] == 3
+    assert partition.low_watermark() == -1  # follower 2 has not reported one yet
+    with pytest.raises(KafkaTimeoutError, match="did not all reach 3"):
+        partition.wait_low_watermark(3, 50)
+    answered: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: answered.append(partition.wait_low_watermark(3, 10_000))
+    )
+    waiter.start()
+    partition.on_follower_fetch(2, 4, log_start_offset=3)
+    waiter.join(10)
+    assert answered == [3]
+    assert partition.delete_records(-1) == 4  # -1: the high watermark
+    partition.make_follower(2, 2)
+    with pytest.raises(NotLeaderOrFollowerError):
+        partition.delete_records(4)
+
+
+def test_a_follower_takes_its_leaders_log_start(
+    partition: Partition, logs: LogManager, tmp_path: Path, clock: ManualClock
+) -> None:
+    fetched = _leader_bytes(tmp_path / "leader", clock, 3, [b"a", b"b", b"c"])
+    partition.make_follower(2, 3)
+    # The leader's start (2) above this follower's high watermark (1): capped there.
+    assert partition.append_as_follower(2, 3, fetched, b"", 1, 2)
+    assert partition.log.log_start_offset == 1
+    assert partition.append_as_follower(2, 3, b"", b"", 3, 2)
+    assert partition.log.log_start_offset == 2
+    checkpoint = read_offsets(logs.data_dir / LOG_START_OFFSET_CHECKPOINT)
+    assert checkpoint[(TOPIC, 0)] == 2  # durable before the next fetch reports it
+    assert partition.append_as_follower(2, 3, b"", b"", 3, 1)  # never moves down
+    assert partition.log.log_start_offset == 2
 
 
 class PartitionMachine(RuleBasedStateMachine):

@@ -12,13 +12,9 @@ so that no client library adds requests of its own; the gRPC side uses the clien
 from __future__ import annotations
 
 import ast
-import base64
 import functools
-import hashlib
-import hmac
 import json
 import logging
-import os
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -32,6 +28,8 @@ from kafka.protocol.admin import (
     AlterPartitionReassignmentsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteRecordsRequest,
+    DeleteRecordsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
     DescribeGroupsRequest,
@@ -48,14 +46,8 @@ from kafka.protocol.admin import (
 from kafka.protocol.consumer import FetchResponse, OffsetCommitResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
-from kafka.protocol.sasl import (
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
-)
 
-from tests.kafka.raw import fetch_request, offset_commit_request, read_frame
+from tests.kafka.raw import SaslSession, fetch_request, offset_commit_request
 from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from tidelog.broker.core.audit import AUDIT_LOGGER_NAME
 from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
@@ -197,50 +189,15 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         yield Secure(broker, pki)
 
 
-class _KafkaSession:
+class _KafkaSession(SaslSession):
     """A raw Kafka connection over TLS, logged in with SCRAM-SHA-256."""
 
     def __init__(self, secure: Secure, client_id: str) -> None:
         context = ssl.create_default_context(cafile=str(secure.pki.ca_cert))
         raw = socket.create_connection(("127.0.0.1", secure.broker.server.kafka_port), 10)
-        self.sock = context.wrap_socket(raw, server_hostname="localhost")
-        self.client_id = client_id
-        self.correlation_id = 0
-        handshake = self.call(SaslHandshakeRequest[1](mechanism=MECHANISM), SaslHandshakeResponse)
-        assert handshake.error_code == 0
-        self._scram()
-
-    def call(self, request: Any, response_class: Any) -> Any:
-        self.correlation_id += 1
-        request.with_header(correlation_id=self.correlation_id, client_id=self.client_id)
-        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
-        answer = read_frame(self.sock)
-        assert answer is not None, "the broker hung up"
-        return response_class[request.version].decode(answer, header=True)
-
-    def _scram(self) -> None:
-        nonce = base64.b64encode(os.urandom(18)).decode()
-        first_bare = f"n={USER},r={nonce}"
-        server_first = self._authenticate(f"n,,{first_bare}".encode()).decode()
-        fields = dict(item.split("=", 1) for item in server_first.split(","))
-        salted = hashlib.pbkdf2_hmac(
-            "sha256", PASSWORD.encode(), base64.b64decode(fields["s"]), int(fields["i"])
-        )
-        client_key = hmac.digest(salted, b"Client Key", "sha256")
-        stored_key = hashlib.sha256(client_key).digest()
-        without_proof = f"c=biws,r={fields['r']}"
-        message = f"{first_bare},{server_first},{without_proof}".encode()
-        signature = hmac.digest(stored_key, message, "sha256")
-        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
-        self._authenticate(f"{without_proof},p={proof.decode()}".encode())
-
-    def _authenticate(self, token: bytes) -> bytes:
-        answer = self.call(SaslAuthenticateRequest[1](auth_bytes=token), SaslAuthenticateResponse)
+        super().__init__(context.wrap_socket(raw, server_hostname="localhost"), client_id)
+        answer = self.login(USER, PASSWORD, MECHANISM)
         assert answer.error_code == 0, answer.error_message
-        return bytes(answer.auth_bytes)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _grpc(secure: Secure) -> Transport:
@@ -403,6 +360,13 @@ class _Grpc:
         code, answer = self._code("DescribeProducers", request)
         return [code, *(p.error_code or "OK" for p in answer.partitions)] if answer else [code]
 
+    def delete_records(self, name: str) -> list[str]:
+        request = pb.DeleteRecordsRequest(
+            partitions=[pb.DeleteRecordsPartition(topic=name, partition=0, offset=0)]
+        )
+        code, answer = self._code("DeleteRecords", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)] if answer else [code]
+
     def list_groups(self) -> list[str]:
         code, answer = self._code("ListGroups", pb.ListGroupsRequest())
         return [code, *sorted(_either(g.group_id) for g in answer.groups)]
@@ -504,6 +468,20 @@ class _Kafka:
         answer = self.session.call(request, DescribeProducersResponse)
         return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
 
+    def delete_records(self, name: str) -> list[str]:
+        entry = DeleteRecordsRequest[0].DeleteRecordsTopic
+        request = DeleteRecordsRequest[0](
+            topics=[
+                entry(
+                    name=name,
+                    partitions=[entry.DeleteRecordsPartition(partition_index=0, offset=0)],
+                )
+            ],
+            timeout_ms=5_000,
+        )
+        answer = self.session.call(request, DeleteRecordsResponse)
+        return ["OK", *(error_name(p.error_code) for t in answer.topics for p in t.partitions)]
+
     def list_groups(self) -> list[str]:
         answer = self.session.call(ListGroupsRequest[4](states_filter=[]), ListGroupsResponse)
         return [
@@ -580,6 +558,13 @@ SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
         ["OK", "OK"],
         0,
         ("describe_producers", "OK"),
+    ),
+    (
+        "delete records",
+        lambda d, lst: d.delete_records(f"ok-{lst}-data"),
+        ["OK", "OK"],
+        0,
+        ("delete_records", "OK"),
     ),
     (
         "describe a group",
@@ -909,6 +894,112 @@ def test_batched_find_coordinator_refuses_each_key_on_its_own(
         ("DESCRIBE", "hidden-b")
     ]
     assert find("tx", key_type=1) == ["TRANSACTIONAL_ID_AUTHORIZATION_FAILED:-1:False"]
+
+
+def test_delete_records_needs_delete_on_the_topic(secure: Secure, both: dict[str, Any]) -> None:
+    """Kafka answers the refusal per partition, gRPC refuses the call; one audit line
+    each, the same decision logged."""
+    kafka = _observe(secure, "kafka", lambda: both["kafka"].delete_records("hidden-kafka"))
+    assert kafka.decision == ["OK", "TOPIC_AUTHORIZATION_FAILED"]
+    grpc = _observe(secure, "grpc", lambda: both["grpc"].delete_records("hidden-grpc"))
+    assert grpc.decision == ["TOPIC_AUTHORIZATION_FAILED"]
+    assert kafka.audit == grpc.audit
+    assert len(kafka.audit) == 1
+
+
+def test_configs_need_alter_configs_and_describe_configs(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """IncrementalAlterConfigs / DescribeConfigs (#27) on both listeners: ALTER_CONFIGS
+    or DESCRIBE_CONFIGS on the topic, or on the cluster for a broker; each refusal audited
+    once. Kafka answers per resource, gRPC refuses the call."""
+    from kafka.protocol.admin import (
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+    )
+
+    core = secure.broker.server.core
+    for operation in (Operation.ALTER_CONFIGS, Operation.DESCRIBE_CONFIGS):
+        core.acls.create(
+            [
+                AclBinding(
+                    f"User:{USER}", "*", operation, Permission.ALLOW, ResourceType.TOPIC,
+                    "cfg-", PatternType.PREFIXED,
+                )
+            ]
+        )  # fmt: skip
+    for listener in LISTENERS:
+        core.create_topic(f"cfg-{listener}", 1, {})
+    kafka: _Kafka = both["kafka"]
+    grpc: _Grpc = both["grpc"]
+    alter_class = IncrementalAlterConfigsRequest[1]
+
+    def kafka_alter(kind: int, name: str) -> list[str]:
+        request = alter_class(
+            resources=[
+                alter_class.AlterConfigsResource(
+                    resource_type=kind,
+                    resource_name=name,
+                    configs=[
+                        alter_class.AlterConfigsResource.AlterableConfig(
+                            name="retention.ms" if kind == 2 else "log.retention.ms",
+                            config_operation=0,
+                            value="60000",
+                        )
+                    ],
+                )
+            ],
+            validate_only=False,
+        )
+        answer = kafka.session.call(request, IncrementalAlterConfigsResponse)
+        return [error_name(r.error_code) for r in answer.responses]
+
+    def kafka_describe(kind: int, name: str) -> list[str]:
+        describe_class = DescribeConfigsRequest[2]
+        request = describe_class(
+            resources=[
+                describe_class.DescribeConfigsResource(
+                    resource_type=kind, resource_name=name, configuration_keys=None
+                )
+            ],
+            include_synonyms=True,
+        )
+        answer = kafka.session.call(request, DescribeConfigsResponse)
+        return [error_name(r.error_code) for r in answer.results]
+
+    def grpc_alter(kind: int, name: str) -> list[str]:
+        request = pb.IncrementalAlterConfigsRequest(
+            resource=pb.ConfigResource(type=kind, name=name),  # type: ignore[arg-type]
+            alterations=[
+                pb.ConfigAlteration(
+                    name="retention.ms" if kind == 2 else "log.retention.ms", value="60000"
+                )
+            ],
+        )
+        return [grpc._code("IncrementalAlterConfigs", request)[0]]
+
+    def grpc_describe(kind: int, name: str) -> list[str]:
+        request = pb.DescribeConfigsRequest(resource=pb.ConfigResource(type=kind, name=name))  # type: ignore[arg-type]
+        return [grpc._code("DescribeConfigs", request)[0]]
+
+    calls = {"grpc": (grpc_alter, grpc_describe), "kafka": (kafka_alter, kafka_describe)}
+    for listener, (alter, describe) in calls.items():
+        allowed = _observe(secure, listener, lambda: alter(2, f"cfg-{listener}"))  # noqa: B023
+        assert (allowed.decision, allowed.audit) == (["OK"], [])
+        assert core.logs.get_log(f"cfg-{listener}", 0).config.retention_ms == 60_000
+        assert describe(2, f"cfg-{listener}") == ["OK"]
+        refused = _observe(secure, listener, lambda: alter(2, f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["TOPIC_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        refused = _observe(secure, listener, lambda: describe(2, f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["TOPIC_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["DESCRIBE_CONFIGS"]
+        refused = _observe(secure, listener, lambda: alter(4, ""))  # noqa: B023
+        assert refused.decision == ["CLUSTER_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        assert describe(4, "0") == ["CLUSTER_AUTHORIZATION_FAILED"]
 
 
 # Reassignment (issue #27): a test of their own, so that the quota meters the main test

@@ -14,6 +14,7 @@ from tidelog.client import (
     InvalidConfigError,
     InvalidTopicError,
     OffsetAndTimestamp,
+    OffsetOutOfRangeError,
     Producer,
     TopicAlreadyExistsError,
     TopicPartition,
@@ -88,6 +89,29 @@ def test_list_offsets_max_timestamp(broker: InProcessBroker, admin: AdminClient)
         tp: OffsetAndTimestamp(1, 9_000),
         empty: None,
     }
+
+
+def test_delete_records(broker: InProcessBroker, admin: AdminClient) -> None:
+    admin.create_topic("admin-delete-records", 2)
+    with Producer(broker.address, linger_ms=0) as producer:
+        for i in range(10):
+            producer.send("admin-delete-records", b"v%d" % i, partition=0).result(10)
+    zero = TopicPartition("admin-delete-records", 0)
+    one = TopicPartition("admin-delete-records", 1)
+    assert admin.delete_records({zero: 4, one: -1}) == {zero: 4, one: 0}
+    assert admin.list_offsets({zero: "earliest"}) == {zero: OffsetAndTimestamp(4, -1)}
+    assert admin.describe_topic("admin-delete-records").partitions[0].log_start_offset == 4
+    assert admin.delete_records({zero: 2}) == {zero: 4}  # never moves down
+    assert admin.delete_records({zero: -1}) == {zero: 10}  # -1: the high watermark
+    assert admin.delete_records({}) == {}
+    with pytest.raises(OffsetOutOfRangeError, match="high watermark"):
+        admin.delete_records({zero: 11})
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.delete_records({TopicPartition("admin-delete-records", 9): 0})
+    with pytest.raises(ValueError, match="-1 for the high watermark"):
+        admin.delete_records({zero: -2})
+    with pytest.raises(TypeError):
+        admin.delete_records({zero: "3"})  # type: ignore[dict-item]
 
 
 def test_describe_producers(broker: InProcessBroker, admin: AdminClient) -> None:

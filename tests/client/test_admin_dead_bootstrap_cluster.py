@@ -22,6 +22,7 @@ from tests.client.test_cluster_client import eventually
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, Producer, TopicPartition
 from tidelog.client.acls import AclFilter
+from tidelog.client.types import AlterConfigOp, ConfigResource
 from tidelog.storage.errors import (
     BrokerUnavailableError,
     KafkaTimeoutError,
@@ -141,6 +142,10 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
         "create_topic": lambda: admin.create_topic("created", 1, replication_factor=2),
         "delete_topic": lambda: delete_topic(admin, "doomed"),
         "alter_topic_config": lambda: admin.alter_topic_config(TOPIC, {"retention.ms": 3_600_000}),
+        "describe_configs": lambda: admin.describe_configs(ConfigResource.topic(TOPIC)),
+        "incremental_alter_configs": lambda: admin.incremental_alter_configs(
+            ConfigResource.topic(TOPIC), [AlterConfigOp("retention.ms", "set", "7200000")]
+        ),
         "create_partitions": lambda: admin.create_partitions(GROWN, 4),
         "elect_preferred_leaders": lambda: admin.elect_preferred_leaders(),
         "elect_leaders": lambda: admin.elect_leaders("preferred", tps[:1]),
@@ -151,6 +156,7 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
         "list_partition_reassignments": lambda: admin.list_partition_reassignments(),
         "list_offsets": lambda: admin.list_offsets(dict.fromkeys(tps, "latest")),
         "describe_producers": lambda: admin.describe_producers(tps),
+        "delete_records": lambda: admin.delete_records({tps[2]: 0}),
         "list_groups": lambda: admin.list_groups(),
         "describe_group": lambda: admin.describe_group(GROUP),
         "list_group_offsets": lambda: admin.list_group_offsets(GROUP),
@@ -182,6 +188,8 @@ CALL_NAMES = [
     "create_topic",
     "delete_topic",
     "alter_topic_config",
+    "describe_configs",
+    "incremental_alter_configs",
     "create_partitions",
     "elect_preferred_leaders",
     "elect_leaders",
@@ -189,6 +197,7 @@ CALL_NAMES = [
     "list_partition_reassignments",
     "list_offsets",
     "describe_producers",
+    "delete_records",
     "list_groups",
     "describe_group",
     "list_group_offsets",

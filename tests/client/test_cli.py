@@ -10,28 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import ROOT, tidelog
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Producer
 from tidelog.client.types import QuotaEntity as ClientQuotaEntity
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def tidelog(
-    *args: str, stdin: str | None = None, timeout_s: float = 30
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TIDELOG_BOOTSTRAP", None)
-    return subprocess.run(
-        [sys.executable, "-m", "tidelog.client.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], status: int, text: str) -> None:
@@ -127,6 +109,44 @@ def test_topics_producers_lists_what_each_leader_remembers(broker: InProcessBrok
     assert "No producers" in only_zero.stderr
     missing = tidelog("topics", "producers", "cli-no-such-topic", "--bootstrap", address)
     assert_one_line_error(missing, 1, "cli-no-such-topic")
+
+
+def test_topics_delete_records(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address) as admin:
+        admin.create_topic("cli-delete-records", 2)
+    with Producer(address, linger_ms=0) as producer:
+        for i in range(6):
+            producer.send("cli-delete-records", b"v%d" % i, partition=i % 2).result(10)
+    before = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--before", "2", "--partition", "0",
+        "--bootstrap", address,
+    )  # fmt: skip
+    assert before.returncode == 0, before.stderr
+    assert [line.split() for line in before.stdout.splitlines()] == [
+        ["PARTITION", "LOW", "WATERMARK"],
+        ["0", "2"],
+    ]
+    everything = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--all", "--bootstrap", address
+    )
+    assert everything.returncode == 0, everything.stderr
+    assert [line.split() for line in everything.stdout.splitlines()][1:] == [["0", "3"], ["1", "3"]]
+    with AdminClient(address) as admin:
+        starts = [p.log_start_offset for p in admin.describe_topic("cli-delete-records").partitions]
+    assert starts == [3, 3]
+    above = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--before", "99", "--bootstrap", address
+    )
+    assert_one_line_error(above, 1, "high watermark")
+    missing = tidelog("topics", "delete-records", "cli-no-such", "--all", "--bootstrap", address)
+    assert_one_line_error(missing, 1, "cli-no-such")
+    negative = tidelog(
+        "topics", "delete-records", "cli-delete-records", "--before", "-1", "--bootstrap", address
+    )
+    assert negative.returncode == 2, negative.stderr
+    neither = tidelog("topics", "delete-records", "cli-delete-records", "--bootstrap", address)
+    assert neither.returncode == 2, neither.stderr
 
 
 def test_produce_lines_then_consume_them_with_a_format(broker: InProcessBroker) -> None:
@@ -352,3 +372,57 @@ def test_quotas_of_users_and_users_with_client_ids(broker: InProcessBroker) -> N
     with AdminClient(address) as admin:
         assert ClientQuotaEntity("alice", None) not in admin.describe_quotas()
         assert ClientQuotaEntity("<default>", "app") in admin.describe_quotas()
+
+
+def test_configs_describe_and_alter(broker: InProcessBroker) -> None:
+    address = broker.address
+    with AdminClient(address, request_timeout_ms=10_000) as admin:
+        admin.create_topic("cli-configs", 1)
+    altered = tidelog(
+        "configs", "alter", "--topic", "cli-configs", "--set", "retention.ms=60000",
+        "--append", "cleanup.policy=compact", "--bootstrap", address,
+    )  # fmt: skip
+    assert altered.returncode == 0, altered.stderr
+    assert "Changed 2 config key(s) of topic cli-configs" in altered.stderr
+    described = tidelog(
+        "configs", "describe", "--topic", "cli-configs", "retention.ms", "cleanup.policy",
+        "--synonyms", "--bootstrap", address,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    rows = [line.split() for line in described.stdout.splitlines()]
+    assert rows[0][:4] == ["KEY", "VALUE", "SOURCE", "SYNONYMS"]
+    assert rows[1][:3] == ["cleanup.policy", "compact,delete", "DYNAMIC_TOPIC_CONFIG"]
+    assert rows[2][:3] == ["retention.ms", "60000", "DYNAMIC_TOPIC_CONFIG"]
+    assert "log.retention.ms=604800000 (DEFAULT_CONFIG)" in described.stdout
+    defaults = tidelog(
+        "configs", "alter", "--broker-defaults", "--set", "log.retention.bytes=1048576",
+        "--bootstrap", address,
+    )  # fmt: skip
+    assert defaults.returncode == 0, defaults.stderr
+    shown = tidelog("configs", "describe", "--broker-defaults", "--bootstrap", address)
+    assert ["log.retention.bytes", "1048576", "DYNAMIC_DEFAULT_BROKER_CONFIG"] in [
+        line.split() for line in shown.stdout.splitlines()
+    ]
+    assert tidelog(
+        "configs", "alter", "--broker-defaults", "--delete", "log.retention.bytes",
+        "--bootstrap", address,
+    ).returncode == 0  # fmt: skip
+    assert_one_line_error(
+        tidelog(
+            "configs",
+            "alter",
+            "--broker",
+            "0",
+            "--set",
+            "num.partitions=3",
+            "--bootstrap",
+            address,
+        ),
+        1,
+        "cannot be changed while the broker runs",
+    )
+    assert_one_line_error(
+        tidelog("configs", "alter", "--topic", "cli-configs", "--bootstrap", address),
+        2,
+        "give at least one",
+    )

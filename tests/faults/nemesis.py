@@ -18,9 +18,11 @@ zk-cut             the target (the controller or a leader) cut from ZooKeeper on
                    and clients still reach it
 peers-cut          the reverse: the target cut from the other brokers, ZooKeeper and clients
                    still reach it
-netem              ``tc netem`` delay/jitter/loss/reordering on the target's interface (all
-                   its traffic, clients' included); without ``sch_netem`` in the kernel a
-                   ``tbf`` rate limit plus random loss (``netns.NamespaceNetwork.slow``)
+netem              delay/jitter/loss/reordering of everything the target sends (clients'
+                   traffic included): ``tc netem`` where the kernel has it, else the
+                   NFQUEUE ``delayer`` (seeded by the step's pick), else a ``tbf`` rate
+                   limit plus random loss (``netns.NamespaceNetwork.slow``); the report
+                   says which, and at heal what the delayer accepted, dropped, reordered
 kill               SIGKILL; heal restarts it (same port, same data)
 pause              SIGSTOP; heal sends SIGCONT
 restart            SIGTERM (a graceful shutdown, waited for up to ``GRACEFUL_STOP_S``, then
@@ -28,13 +30,20 @@ restart            SIGTERM (a graceful shutdown, waited for up to ``GRACEFUL_STO
 rolling-restart    every broker in turn SIGTERMed and restarted, spread over the step
 power-loss         the broker on the lossy file system SIGKILLed, the file system told to
                    forget every unsynced write (``lossyfs.LossyFs.crash``); heal restarts it
+disk-full          the data disk (``smalldisk``, a tmpfs) of a partition's leader or of one
+                   of its followers filled to the last page; heal deletes the filler. The
+                   broker keeps running: what it answers meanwhile is its business, what
+                   it acknowledged is the checker's
 =================  ===========================================================================
 
 Targets are resolved when the fault starts: ``controller`` from the cluster's metadata,
 ``leader`` as the leader of partition ``pick % partitions`` of the watched topic, ``any``
 as broker ``pick % n``; when the metadata cannot say (no controller during an election),
-``any``. Partition rules are placed in the brokers' namespaces only (one nftables table
-per broker, both directions unless one-way), so ZooKeeper's namespace is never touched.
+``any``. A ``disk-full`` step aims only at brokers with a small disk (the one on the lossy
+file system has none): the leader (or a follower) of the first partition, from ``pick``
+on, whose leader (a follower) has one, else such a broker by ``pick``. Partition rules
+are placed in the brokers' namespaces only (one nftables table per broker, both
+directions unless one-way), so ZooKeeper's namespace is never touched.
 
 ``heal_all()`` undoes everything whatever happened: every cut and netem queue removed,
 paused brokers continued, stopped brokers started again (retried). Not thread-safe: the
@@ -58,6 +67,7 @@ from tests.faults import netns
 from tests.faults.lossyfs import LossyFs
 from tests.faults.netns import NamespaceNetwork
 from tests.faults.schedule import Step
+from tests.faults.smalldisk import SmallDisks
 from tidelog.broker.cluster.testing import LocalCluster, zookeeper_available
 from tidelog.client import AdminClient
 
@@ -69,6 +79,7 @@ ZOOKEEPER = "zk"
 _ADMIN_TIMEOUT_MS = 5_000
 _RESTART_ATTEMPTS = 3
 GRACEFUL_STOP_S = 30.0
+_DELAYER_GRACE_S = 60.0
 
 
 def missing() -> str | None:
@@ -91,8 +102,8 @@ class Fault(Protocol):
         """Apply the fault; return what was done, for the report."""
         ...
 
-    def heal(self) -> None:
-        """Undo it (idempotent)."""
+    def heal(self) -> str | None:
+        """Undo it (idempotent); return a line for the report, if there is one."""
         ...
 
 
@@ -116,6 +127,7 @@ class Nemesis:
     topic: str
     partitions: int
     lossy: LossyBroker | None = None
+    disks: SmallDisks | None = None
     paused: set[int] = field(default_factory=set)
     events: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
@@ -129,6 +141,8 @@ class Nemesis:
             if self.lossy is None:
                 raise ValueError("a power-loss step needs a broker on the lossy file system")
             return self.lossy.broker_id
+        if step.kind == "disk-full":
+            return self._disk_target(step)
         found = -1
         try:
             with AdminClient(self.cluster.bootstrap, request_timeout_ms=_ADMIN_TIMEOUT_MS) as admin:
@@ -140,6 +154,39 @@ class Nemesis:
         except Exception as error:  # the metadata may be unavailable mid-fault: fall back
             log.warning("cannot resolve the %s for %s: %s", step.role, step.kind, error)
         return found if found in ids else ids[step.pick % len(ids)]
+
+    def _disk_target(self, step: Step) -> int:
+        """The broker a ``disk-full`` step fills (module docstring)."""
+        if self.disks is None or not self.disks.broker_ids:
+            raise ValueError("a disk-full step needs brokers on small disks")
+        with_disk = self.disks.broker_ids
+        try:
+            with AdminClient(self.cluster.bootstrap, request_timeout_ms=_ADMIN_TIMEOUT_MS) as admin:
+                described = admin.describe_topic(self.topic, timeout_ms=_ADMIN_TIMEOUT_MS)
+            partitions = described.partitions
+            first = step.pick % len(partitions)
+            for partition in [*partitions[first:], *partitions[:first]]:
+                if step.role == "leader" and partition.leader in with_disk:
+                    return partition.leader
+                if step.role == "follower":
+                    followers = [
+                        b for b in partition.replicas if b != partition.leader and b in with_disk
+                    ]
+                    if followers:
+                        return followers[step.pick % len(followers)]
+        except Exception as error:  # the metadata may be unavailable mid-fault: fall back
+            log.warning("cannot resolve the %s for %s: %s", step.role, step.kind, error)
+        return with_disk[step.pick % len(with_disk)]
+
+    def leads(self, broker_id: int) -> str:
+        """Which partitions of the watched topic ``broker_id`` leads, as text (report)."""
+        try:
+            with AdminClient(self.cluster.bootstrap, request_timeout_ms=_ADMIN_TIMEOUT_MS) as admin:
+                described = admin.describe_topic(self.topic, timeout_ms=_ADMIN_TIMEOUT_MS)
+        except Exception as error:
+            return f"leadership unknown ({error.__class__.__name__})"
+        led = [p.partition for p in described.partitions if p.leader == broker_id]
+        return f"leads {self.topic} {led}" if led else f"leads no {self.topic} partition"
 
     def others(self, target: int, step: Step) -> list[int]:
         """The other brokers, in an order drawn from ``step.pick`` (for sides)."""
@@ -153,8 +200,9 @@ class Nemesis:
         """The ``Fault`` for ``step`` (its target resolved when it starts)."""
         return _StepFault(self, step)
 
-    def apply(self, step: Step, target: int) -> tuple[str, Callable[[], None]]:
-        """Start ``step`` on ``target``: the report line and the heal."""
+    def apply(self, step: Step, target: int) -> tuple[str, Callable[[], object]]:
+        """Start ``step`` on ``target``: the report line and the heal (whose result, a
+        string, is a line for the report too)."""
         kind = step.kind
         brokers = [node(b) for b in self.others(target, step)]
         me = node(target)
@@ -200,6 +248,9 @@ class Nemesis:
                 jitter_ms=int(step.param("jitter_ms", "10")),
                 loss_percent=int(step.param("loss_percent", "0")),
                 reorder_percent=int(step.param("reorder_percent", "0")),
+                seed=step.pick,
+                # The delayer ends itself if the heal never comes (a harness crash).
+                deadline_s=step.duration_s + _DELAYER_GRACE_S,
             )
             return f"slow link on {me}: {applied}", lambda: self.network.unslow(me)
         if kind == "kill":
@@ -216,6 +267,15 @@ class Nemesis:
             order = [target, *self.others(target, step)]
             self.rolling_restart(order, step.duration_s)
             return f"rolling restart of {order}", lambda: None
+        if kind == "disk-full":
+            disks = self.disks
+            assert disks is not None  # _disk_target refused the step otherwise
+            taken = disks.fill(target)
+            return (
+                f"filled the disk of broker {target} ({step.role}; {self.leads(target)}; "
+                f"filler {taken // (1024 * 1024)} MiB)",
+                lambda: disks.free(target),
+            )
         if kind == "power-loss":
             assert self.lossy is not None
             self.cluster.kill(target)
@@ -306,6 +366,9 @@ class Nemesis:
         for name in [ZOOKEEPER, *(node(b) for b in self.cluster.broker_ids)]:
             self.network.heal(name)
             self.network.unslow(name)
+        if self.disks is not None:
+            for broker_id in self.disks.broker_ids:
+                self.disks.free(broker_id)
         for broker_id in list(self.paused):
             self.resume(broker_id)
         for broker_id in self.cluster.broker_ids:
@@ -316,27 +379,24 @@ class Nemesis:
 class _StepFault:
     nemesis: Nemesis
     step: Step
-    _heal: Callable[[], None] | None = None
+    _heal: Callable[[], object] | None = None
 
     def start(self) -> str:
         target = self.nemesis.target(self.step)
         text, self._heal = self.nemesis.apply(self.step, target)
         return text
 
-    def heal(self) -> None:
+    def heal(self) -> str | None:
         heal, self._heal = self._heal, None
-        if heal is not None:
-            heal()
+        said = heal() if heal is not None else None
+        return said if isinstance(said, str) and said else None
 
 
 def move_data_dir_onto(cluster: LocalCluster, broker_id: int, fs: LossyFs) -> None:
     """Put broker ``broker_id``'s data directory on ``fs`` (the broker must be stopped):
     its content is copied in and fsynced, the directory replaced by a symbolic link to
-    the mount. Uses ``LocalCluster``'s private directory: it has no hook for a data
-    directory of the test's choosing (a change for ``broker/cluster/testing.py``)."""
-    directory = cluster._directory  # see the docstring
-    assert directory is not None
-    data = directory / f"broker-{broker_id}"
+    the mount."""
+    data = cluster.data_dir(broker_id)
     if data.exists():
         shutil.copytree(data, fs.mountpoint, dirs_exist_ok=True)
         shutil.rmtree(data)

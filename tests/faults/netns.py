@@ -13,9 +13,10 @@ peers)`` drops every packet between ``node`` and ``peers`` in both directions wi
 nftables table in ``node``'s namespace (a silent blackhole, as a real partition: no
 reset), while the root namespace's clients still reach it; ``heal(node)`` deletes the
 table. ``cut(..., inbound=False)`` or ``cut(..., outbound=False)`` makes a one-way
-partition (only the other direction's packets are dropped). ``slow(node, ...)`` puts a
-``tc netem`` queue (delay, jitter, loss, reordering) on ``node``'s interface, for all its
-traffic, clients' included, or where the kernel has no netem a ``tbf`` rate limit and
+partition (only the other direction's packets are dropped). ``slow(node, ...)`` delays,
+jitters, drops and reorders every packet ``node`` sends, clients' included: with a ``tc
+netem`` queue on its interface, or where the kernel has no netem with the userspace
+``delayer`` on an NFQUEUE of its egress, or where it has neither a ``tbf`` rate limit and
 random loss with nftables; ``unslow(node)`` removes it. ``close`` removes the
 namespaces (their veth ends go with them) and the bridge, whatever happened before; the
 ``with`` block calls it.
@@ -36,12 +37,17 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
+from tests.faults.delayer import Delayer, DelayerUnavailableError, LinkShape
+
 __all__ = ["BrokerNodes", "NamespaceNetwork", "missing"]
 
 log = logging.getLogger(__name__)
 
 _CUT_TABLE = "tidelog_cut"
 _LOSS_TABLE = "tidelog_loss"
+_DELAY_TABLE = "tidelog_delay"
+_DELAY_QUEUE = 0  # one delayer per namespace, and queue numbers are per namespace
+_SLOW_METHODS = ("auto", "netem", "delayer", "tbf")
 _COMMAND_TIMEOUT_S = 20.0
 
 
@@ -87,6 +93,7 @@ class NamespaceNetwork:
         self._created: list[str] = []  # namespaces made so far, for close
         self._veths: list[str] = []  # outer veth ends made so far, for close
         self._bridge_made = False
+        self._delayers: dict[str, Delayer] = {}  # node -> its running delayer
 
     @property
     def client_address(self) -> str:
@@ -183,63 +190,200 @@ class NamespaceNetwork:
         loss_percent: int = 0,
         reorder_percent: int = 0,
         fallback_rate_kbit: int = 1_000,
+        seed: int = 0,
+        deadline_s: float = 600.0,
+        method: str = "auto",
     ) -> str:
         """Make ``node``'s link slow and lossy, for every packet it sends (to peers,
-        ZooKeeper and clients); return what was applied.
+        ZooKeeper and clients); return what was applied, for the report.
 
-        With the kernel's ``sch_netem``: ``tc qdisc ... netem delay D J distribution
-        normal loss L% 25% reorder R% 50%``. Kernels without it (the CI's Firecracker
-        kernel has no netem, fq, sfq or prio, but has tbf and htb): a ``tbf`` rate limit
-        of ``fallback_rate_kbit`` (queueing delay under load, no jitter or reordering)
-        and, for loss, an nftables rule dropping ``loss_percent`` of outgoing packets at
-        random (``numgen random``). ``unslow`` removes either.
+        ``method`` ``auto`` takes the first of these the host can do (or names one):
+
+        * ``netem``, the kernel's ``sch_netem``: ``tc qdisc ... netem delay D J
+          distribution normal loss L% 25% reorder R% 50%``;
+        * ``delayer``, where the kernel has no netem (the CI's Firecracker kernel has no
+          netem, fq, sfq or prio) but has NFQUEUE: ``delayer.Delayer`` in the namespace
+          (delay, normal jitter, loss and reordering drawn from ``seed``; it stops by
+          itself after ``deadline_s``) and an NFQUEUE rule with the bypass flag on the
+          node's egress (``_queue_rule``);
+        * ``tbf``, the last resort: a ``tbf`` rate limit of ``fallback_rate_kbit``
+          (queueing delay under load, no jitter or reordering) and, for loss, an
+          nftables rule dropping ``loss_percent`` of outgoing packets at random
+          (``numgen random``).
+
+        ``unslow`` removes any of them. Raises ``ValueError`` on a bad shape or method,
+        ``RuntimeError`` when a named method cannot be applied.
         """
+        shape = LinkShape(
+            delay_ms=delay_ms,
+            jitter_ms=jitter_ms,
+            loss_percent=loss_percent,
+            reorder_percent=reorder_percent,
+        )
+        if method not in _SLOW_METHODS:
+            raise ValueError(f"method must be one of {_SLOW_METHODS}: {method!r}")
         self.unslow(node)
-        device = self.interface(node)
-        netem = ["delay", f"{delay_ms}ms", f"{jitter_ms}ms", "distribution", "normal"]
-        if loss_percent:
-            netem += ["loss", f"{loss_percent}%", "25%"]
-        if reorder_percent:
-            netem += ["reorder", f"{reorder_percent}%", "50%"]
-        tc = self.wrap(node, ["tc", "qdisc", "replace", "dev", device, "root"])
-        try:
-            _run([*tc, "netem", *netem])
-            applied = "netem " + " ".join(netem)
-        except RuntimeError as error:
-            if "unknown" not in str(error):
-                raise
-            _run(
-                [
-                    *tc,
-                    "tbf",
-                    "rate",
-                    f"{fallback_rate_kbit}kbit",
-                    "burst",
-                    "16kbit",
-                    "latency",
-                    f"{max(delay_ms, 50)}ms",
-                ]
-            )
-            applied = f"tbf rate {fallback_rate_kbit}kbit (no sch_netem in this kernel)"
-            if loss_percent:
-                rules = (
-                    f"table inet {_LOSS_TABLE} {{\n"
-                    "  chain output { type filter hook output priority 0; policy accept;\n"
-                    f"    numgen random mod 100 < {loss_percent} drop\n  }}\n"
-                    "}\n"
-                )
-                _run(self.wrap(node, ["nft", "-f", "-"]), stdin=rules)
-                applied += f", nft drops {loss_percent}% of outgoing packets"
+        skipped: list[str] = []
+        if method in ("auto", "netem"):
+            try:
+                applied = self._netem(node, shape)
+            except _UnsupportedError as error:
+                if method == "netem":
+                    raise RuntimeError(f"no netem on {node}: {error}") from error
+                skipped.append(str(error))
+            else:
+                log.info("slow %s: %s", node, applied)
+                return applied
+        if method in ("auto", "delayer"):
+            try:
+                applied = self._delay(node, shape, seed=seed, deadline_s=deadline_s)
+            except DelayerUnavailableError as error:
+                if method == "delayer":
+                    raise
+                skipped.append(f"no NFQUEUE delayer: {error}")
+            else:
+                applied += "".join(f"; {reason}" for reason in skipped)
+                log.info("slow %s: %s", node, applied)
+                return applied
+        applied = self._tbf(node, shape, fallback_rate_kbit) + "".join(
+            f"; {reason}" for reason in skipped
+        )
         log.info("slow %s: %s", node, applied)
         return applied
 
-    def unslow(self, node: str) -> None:
-        """Undo ``slow(node, ...)``; nothing if there was none."""
+    def delayer(self, node: str) -> Delayer | None:
+        """The delayer ``slow`` started for ``node``, if it did (for tests)."""
+        return self._delayers.get(node)
+
+    def _netem(self, node: str, shape: LinkShape) -> str:
+        netem = [
+            "delay",
+            f"{shape.delay_ms}ms",
+            f"{shape.jitter_ms}ms",
+            "distribution",
+            "normal",
+        ]
+        if shape.loss_percent:
+            netem += ["loss", f"{shape.loss_percent}%", "25%"]
+        if shape.reorder_percent:
+            netem += ["reorder", f"{shape.reorder_percent}%", "50%"]
+        tc = self.wrap(node, ["tc", "qdisc", "replace", "dev", self.interface(node), "root"])
+        try:
+            _run([*tc, "netem", *netem])
+        except RuntimeError as error:
+            if "unknown" not in str(error):
+                raise
+            raise _UnsupportedError("no sch_netem in this kernel") from error
+        return "netem " + " ".join(netem)
+
+    def _delay(self, node: str, shape: LinkShape, *, seed: int, deadline_s: float) -> str:
+        delayer = Delayer(
+            lambda command: self.wrap(node, command),
+            shape,
+            seed=seed,
+            queue=_DELAY_QUEUE,
+            deadline_s=deadline_s,
+        )
+        delayer.start()
+        self._delayers[node] = delayer
+        try:
+            how = self._queue_rule(node)
+        except DelayerUnavailableError:
+            self._delayers.pop(node, None)
+            delayer.stop()
+            raise
+        return (
+            f"delayer {shape.describe()}, seed {seed}, on the egress of "
+            f"{self.interface(node)} through NFQUEUE {_DELAY_QUEUE} ({how}, bypass)"
+        )
+
+    def _queue_rule(self, node: str) -> str:
+        """Send ``node``'s egress packets to the delayer's queue, with ``bypass`` (a
+        queue nobody reads passes packets). nftables' own ``queue`` statement where
+        the kernel has ``nft_queue``; else iptables' NFQUEUE target (this kernel has
+        only that one, ``xt_NFQUEUE``, which iptables-nft reaches through
+        ``nft_compat``). Returns which; raises ``DelayerUnavailableError`` if neither."""
+        device = self.interface(node)
+        rules = (
+            f"table inet {_DELAY_TABLE} {{\n"
+            "  chain output { type filter hook output priority 10; policy accept;\n"
+            f'    oifname "{device}" queue num {_DELAY_QUEUE} bypass\n  }}\n'
+            "}\n"
+        )
+        try:
+            _run(self.wrap(node, ["nft", "-f", "-"]), stdin=rules)
+            return "nft queue"
+        except RuntimeError as nft_error:
+            if shutil.which("iptables") is None:
+                raise DelayerUnavailableError(
+                    f"no nft queue statement ({nft_error}) and no iptables "
+                    "(apt-get install iptables, `make venv` does it as root)"
+                ) from nft_error
+        try:
+            _run(self.wrap(node, ["iptables", "-A", *self._iptables_rule(node)]))
+        except RuntimeError as error:
+            raise DelayerUnavailableError(f"no NFQUEUE target: {error}") from error
+        return "iptables NFQUEUE"
+
+    def _iptables_rule(self, node: str) -> list[str]:
+        return [
+            "OUTPUT",
+            "-o",
+            self.interface(node),
+            "-j",
+            "NFQUEUE",
+            "--queue-num",
+            str(_DELAY_QUEUE),
+            "--queue-bypass",
+        ]
+
+    def _tbf(self, node: str, shape: LinkShape, rate_kbit: int) -> str:
+        tc = self.wrap(node, ["tc", "qdisc", "replace", "dev", self.interface(node), "root"])
+        latency_ms = max(shape.delay_ms, 50)
+        _run(
+            [
+                *tc,
+                "tbf",
+                "rate",
+                f"{rate_kbit}kbit",
+                "burst",
+                "16kbit",
+                "latency",
+                f"{latency_ms}ms",
+            ]
+        )
+        applied = f"tbf rate {rate_kbit}kbit (no delay, jitter or reordering)"
+        if shape.loss_percent:
+            rules = (
+                f"table inet {_LOSS_TABLE} {{\n"
+                "  chain output { type filter hook output priority 0; policy accept;\n"
+                f"    numgen random mod 100 < {shape.loss_percent} drop\n  }}\n"
+                "}\n"
+            )
+            _run(self.wrap(node, ["nft", "-f", "-"]), stdin=rules)
+            applied += f", nft drops {shape.loss_percent}% of outgoing packets"
+        return applied
+
+    def unslow(self, node: str) -> str | None:
+        """Undo ``slow(node, ...)``; nothing if there was none. Returns the delayer's
+        summary line (what it accepted, dropped and reordered) if one ran.
+
+        The queue rules go first, so new packets leave directly; then the delayer is
+        stopped, and it releases whatever it still holds before it exits."""
         _run(
             self.wrap(node, ["tc", "qdisc", "del", "dev", self.interface(node), "root"]),
             check=False,
         )
         _run(self.wrap(node, ["nft", "delete", "table", "inet", _LOSS_TABLE]), check=False)
+        _run(self.wrap(node, ["nft", "delete", "table", "inet", _DELAY_TABLE]), check=False)
+        delayer = self._delayers.pop(node, None)
+        if delayer is None:
+            return None
+        if shutil.which("iptables") is not None:
+            _run(self.wrap(node, ["iptables", "-D", *self._iptables_rule(node)]), check=False)
+        summary = delayer.stop()
+        log.info("delayer on %s stopped: %s", node, summary)
+        return f"delayer: {summary}"
 
     def heal(self, node: str) -> None:
         """Undo ``cut(node, ...)``; nothing if there was none."""
@@ -294,6 +438,10 @@ class NamespaceNetwork:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class _UnsupportedError(RuntimeError):
+    """This kernel lacks what a ``slow`` method needs."""
 
 
 class BrokerNodes:

@@ -3,6 +3,7 @@
 ::
 
     python -m tests.faults.run --duration 300 --seed 7 [--brokers 3] [--out DIR] [--lossy]
+        [--disk-mb 512] [--kinds disk-full,kill]
 
 Starts ZooKeeper and ``--brokers`` brokers, each in a network namespace of its own
 (``netns``), the clients in the root namespace; creates two topics of three partitions,
@@ -23,10 +24,15 @@ Exit status: 0 valid, 1 anomalies, 2 the harness itself failed (a final read cou
 not complete, a workload thread died, the host lacks root, ``ip``, ``nft``, ``tc`` or
 ZooKeeper).
 
-``--lossy`` puts broker 1's data directory on the lossy file system (``lossyfs``) and adds
-``power-loss`` to the fault kinds. ``run(...)`` is the same thing for tests. The
-namespaces, the mount and every process are removed whatever happens (``with`` blocks;
-children also die with this process).
+Each broker's data directory is on a small file system of its own (``smalldisk``: a
+tmpfs of ``--disk-mb`` MiB, mounted before the cluster starts, unmounted after it
+stops), which the ``disk-full`` fault fills and frees. ``--lossy`` puts broker 1's data
+directory on the lossy file system (``lossyfs``) instead and adds ``power-loss`` to the
+fault kinds (``disk-full`` then aims at the other brokers). ``run(...)`` is the same
+thing for tests. The namespaces, the mounts and every process are removed whatever
+happens (``with`` blocks; children also die with this process, and a tmpfs still in
+use is unmounted lazily). ``--kinds`` draws the schedule from the kinds named only
+(``--kinds netem`` for slow links alone).
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ from tests.faults.lossyfs import missing as lossyfs_missing
 from tests.faults.nemesis import LossyBroker, Nemesis, missing, move_data_dir_onto
 from tests.faults.netns import BrokerNodes, NamespaceNetwork
 from tests.faults.schedule import BASE_KINDS, FAULT_KINDS, Schedule, make_schedule
+from tests.faults.smalldisk import DEFAULT_SIZE_BYTES, SmallDisks
+from tests.faults.smalldisk import missing as smalldisk_missing
 from tests.faults.workloads import AppendWorkload, QueueWorkload, final_read
 from tidelog.broker.cluster.testing import LocalCluster, ZooKeeperServer
 from tidelog.client import AdminClient
@@ -88,9 +96,15 @@ class RunResult:
         return 0 if self.report.valid else 1
 
 
-def schedule_for(seed: int, duration_s: float, *, lossy: bool = False) -> Schedule:
-    """The schedule a run of ``duration_s`` with ``seed`` follows."""
-    kinds = FAULT_KINDS if lossy else BASE_KINDS
+def schedule_for(
+    seed: int, duration_s: float, *, lossy: bool = False, kinds: Sequence[str] | None = None
+) -> Schedule:
+    """The schedule a run of ``duration_s`` with ``seed`` follows: every kind the run can
+    apply, or only ``kinds`` (``power-loss`` needs ``lossy``). Raises ``ValueError``."""
+    if kinds is None:
+        kinds = FAULT_KINDS if lossy else BASE_KINDS
+    elif "power-loss" in kinds and not lossy:
+        raise ValueError("power-loss needs --lossy")
     if duration_s < SHORT_RUN_S:
         return make_schedule(
             seed, duration_s, kinds=kinds, fault_s=SHORT_FAULT_S, gap_s=SHORT_GAP_S
@@ -105,17 +119,19 @@ def run(
     brokers: int = 3,
     out: Path | None = None,
     lossy: bool = False,
+    disk_bytes: int = DEFAULT_SIZE_BYTES,
+    kinds: Sequence[str] | None = None,
     say: Callable[[str], object] = print,
 ) -> RunResult:
     """One run (module docstring); ``say`` gets every line of the report as it comes.
 
     Raises ``RuntimeError`` when the host cannot run it (``nemesis.missing``)."""
-    reason = missing() or (lossyfs_missing() if lossy else None)
+    reason = missing() or smalldisk_missing() or (lossyfs_missing() if lossy else None)
     if reason is not None:
         raise RuntimeError(reason)
     if brokers < 3:
         raise ValueError("the harness needs at least three brokers")
-    schedule = schedule_for(seed, duration_s, lossy=lossy)
+    schedule = schedule_for(seed, duration_s, lossy=lossy, kinds=kinds)
     out = out or Path(tempfile.mkdtemp(prefix=f"tidelog-faults-{seed}-"))
     out.mkdir(parents=True, exist_ok=True)
     result = RunResult(schedule, None, out)
@@ -127,6 +143,14 @@ def run(
     with contextlib.ExitStack() as stack:
         network = stack.enter_context(
             NamespaceNetwork(["zk", *(f"b{b}" for b in range(1, brokers + 1))])
+        )
+        # Entered before the cluster: unmounted after every broker stopped.
+        disks = stack.enter_context(
+            SmallDisks(
+                out / "disks",
+                [b for b in range(1, brokers + 1) if not (lossy and b == LOSSY_BROKER)],
+                disk_bytes,
+            )
         )
         zookeeper = ZooKeeperServer(
             host=network.address("zk"), port=2181, wrap=lambda c: network.wrap("zk", c)
@@ -143,6 +167,7 @@ def run(
                 session_timeout_ms=SESSION_TIMEOUT_MS,
                 zookeeper=zookeeper,
                 network=BrokerNodes(network),
+                data_dirs=disks.data_dirs(),
             )
         )
         stack.callback(_save_logs, cluster, out)
@@ -164,7 +189,9 @@ def run(
                     replication_factor=replication,
                     config={"min.insync.replicas": "2", "segment.bytes": str(1 << 20)},
                 )
-        nemesis = Nemesis(network, cluster, QUEUE_TOPIC, PARTITIONS, lossy=lossy_broker)
+        nemesis = Nemesis(
+            network, cluster, QUEUE_TOPIC, PARTITIONS, lossy=lossy_broker, disks=disks
+        )
         stack.callback(nemesis.heal_all)
         queue = QueueWorkload(recorder, cluster.bootstrap, QUEUE_TOPIC, PARTITIONS, seed=seed)
         append = AppendWorkload(recorder, cluster.bootstrap, APPEND_TOPIC, PARTITIONS)
@@ -233,12 +260,15 @@ def _follow(
         say(event)
         _note(recorder, event)
         time.sleep(max(0.0, began + step.end_s - time.monotonic()))
+        said = None
         try:
-            fault.heal()
+            said = fault.heal()
         except Exception as error:
             result.harness_errors.append(f"could not heal {step.kind}: {error!r}")
             nemesis.heal_all()
         event = f"{time.monotonic() - began:7.1f}s healed {step.kind}"
+        if said:
+            event += f" ({said})"
         result.events.append(event)
         _note(recorder, event)
     time.sleep(max(0.0, began + schedule.duration_s - time.monotonic()))
@@ -311,14 +341,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--brokers", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--lossy", action="store_true", help="add power-loss (lossyfs)")
+    parser.add_argument(
+        "--disk-mb",
+        type=int,
+        default=DEFAULT_SIZE_BYTES // (1024 * 1024),
+        help="size of each broker's small disk (tmpfs) for disk-full",
+    )
+    parser.add_argument(
+        "--kinds",
+        default=None,
+        help="only these fault kinds, comma-separated (default: every kind the run can apply)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     seed = args.seed if args.seed is not None else int(time.time()) % 1_000_000
     try:
-        result = run(args.duration, seed, brokers=args.brokers, out=args.out, lossy=args.lossy)
-    except RuntimeError as error:
+        result = run(
+            args.duration,
+            seed,
+            brokers=args.brokers,
+            out=args.out,
+            lossy=args.lossy,
+            disk_bytes=args.disk_mb * 1024 * 1024,
+            kinds=args.kinds.split(",") if args.kinds else None,
+        )
+    except (RuntimeError, ValueError) as error:
         print(f"cannot run: {error}", file=sys.stderr)  # noqa: T201  # the command line
         return 2
     return result.exit_status

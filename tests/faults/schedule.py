@@ -21,8 +21,9 @@ before ``duration_s``.
 
 Fault kinds (what each does: ``tests/faults/nemesis.py`` and ``docs/reliability.md``):
 ``isolate``, ``split``, ``bridge``, ``one-way``, ``zk-cut``, ``peers-cut``, ``netem``,
-``kill``, ``pause``, ``restart``, ``rolling-restart``, and ``power-loss`` when the run
-has a broker on the lossy file system.
+``kill``, ``pause``, ``restart``, ``rolling-restart``, ``disk-full`` (the brokers' data
+directories on small file systems, ``smalldisk``), and ``power-loss`` when the run has a
+broker on the lossy file system.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "pause",  # SIGSTOP, SIGCONT at heal
     "restart",  # SIGTERM (graceful), restarted at heal
     "rolling-restart",  # every broker gracefully restarted in turn
+    "disk-full",  # a partition's leader's or follower's data disk filled, freed at heal
     "power-loss",  # SIGKILL + the lossy file system forgets unsynced writes, restart
 )
 BASE_KINDS: tuple[str, ...] = tuple(k for k in FAULT_KINDS if k != "power-loss")
@@ -73,6 +75,7 @@ _ROLES: dict[str, tuple[str, ...]] = {
     "pause": ("controller", "leader", "any"),
     "restart": ("controller", "leader", "any"),
     "rolling-restart": ("any",),
+    "disk-full": ("leader", "follower"),
     "power-loss": ("lossy",),
 }
 
@@ -94,8 +97,9 @@ class Step:
     """One fault: start at ``at_s``, heal at ``at_s + duration_s``. Immutable.
 
     ``role`` says which broker the fault aims at (``controller``, ``leader`` of
-    partition ``pick % partitions`` of the queue topic, ``any`` broker ``pick % n``, or
-    ``lossy``: the broker on the lossy file system); ``pick`` also orders the other
+    partition ``pick % partitions`` of the queue topic, ``follower``: a replica of that
+    partition that does not lead it, ``any`` broker ``pick % n``, or ``lossy``: the
+    broker on the lossy file system); ``pick`` also orders the other
     brokers where a fault needs sides. ``params`` are ``(name, value)`` pairs.
     """
 

@@ -85,6 +85,15 @@ def test_the_lossy_kinds_include_power_loss(seed: int) -> None:
     assert power_loss.role == "lossy"
 
 
+def test_a_full_disk_aims_at_a_leader_or_a_follower_and_both_are_drawn() -> None:
+    roles = set()
+    for seed in range(20):
+        (step,) = [s for s in schedule_for(seed, 120).steps if s.kind == "disk-full"]
+        roles.add(step.role)
+    assert roles == {"leader", "follower"}
+    assert "disk-full" in schedule_for(SEED, CI_DURATION_S, lossy=True).kinds()
+
+
 @pytest.mark.parametrize("duration_s", [0.0, 5.0, MIN_STEP_S, 30.0, 60.0])
 def test_a_short_schedule_fits_what_it_can_of_distinct_kinds(duration_s: float) -> None:
     schedule = make_schedule(3, duration_s)
@@ -132,7 +141,7 @@ def test_bad_arguments_are_refused() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(330)
 def test_a_short_run_of_every_fault_kind_is_valid(tmp_path: Path) -> None:
-    """Every kind once, the power loss on the lossy file system included."""
+    """Every kind once, the power loss on the lossy file system and a full disk included."""
     _require(missing() or lossyfs_missing())
     lines: list[str] = []
     result = run(CI_DURATION_S, SEED, brokers=3, out=tmp_path / "run", lossy=True, say=lines.append)

@@ -3,6 +3,10 @@ sent (kafka-python's protocol classes build and decode the frames)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import os
 import socket
 import struct
 import time
@@ -15,6 +19,12 @@ from kafka.protocol.consumer import (
     OffsetForLeaderEpochRequest,
 )
 from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from tidelog.storage.records import BatchBuilder
 
@@ -161,3 +171,57 @@ def call(sock: socket.socket, request: Any, client_id: str) -> bytes | None:
     """One request on ``sock``; its response frame, or None if the broker hung up."""
     sock.sendall(frame(request, client_id))
     return read_frame(sock)
+
+
+class SaslSession:
+    """A raw Kafka connection (plain or TLS ``sock``) that logs in with SCRAM-SHA-256 or
+    -512 (SaslHandshake v1, SaslAuthenticate v1) and then sends decoded requests."""
+
+    def __init__(self, sock: socket.socket, client_id: str) -> None:
+        self.sock = sock
+        self.client_id = client_id
+        self.correlation_id = 0
+        self.session_lifetime_ms = 0  # the last login's answer (KIP-368)
+
+    def call(self, request: Any, response_class: Any) -> Any:
+        """One request, its decoded response; ``ConnectionError`` if the broker hung up."""
+        self.correlation_id += 1
+        request.with_header(correlation_id=self.correlation_id, client_id=self.client_id)
+        self.sock.sendall(bytes(request.encode(header=True, framed=True)))
+        answer = read_frame(self.sock)
+        if answer is None:
+            raise ConnectionError("the broker hung up")
+        return response_class[request.version].decode(answer, header=True)
+
+    def login(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> Any:
+        """SCRAM from the handshake on; the last SaslAuthenticate answer (its
+        ``error_code`` is 0 unless the server's last step refused)."""
+        handshake = self.call(SaslHandshakeRequest[1](mechanism=mechanism), SaslHandshakeResponse)
+        if handshake.error_code:
+            return handshake
+        digest = "sha256" if mechanism.endswith("256") else "sha512"
+        nonce = base64.b64encode(os.urandom(18)).decode()
+        first_bare = f"n={user},r={nonce}"
+        first = self._authenticate(f"n,,{first_bare}".encode())
+        if first.error_code:
+            return first
+        server_first = bytes(first.auth_bytes).decode()
+        fields = dict(item.split("=", 1) for item in server_first.split(","))
+        salted = hashlib.pbkdf2_hmac(
+            digest, password.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+        )
+        client_key = hmac.digest(salted, b"Client Key", digest)
+        stored_key = hashlib.new(digest, client_key).digest()
+        without_proof = f"c=biws,r={fields['r']}"
+        message = f"{first_bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(stored_key, message, digest)
+        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+        final = self._authenticate(f"{without_proof},p={proof.decode()}".encode())
+        self.session_lifetime_ms = final.session_lifetime_ms
+        return final
+
+    def _authenticate(self, token: bytes) -> Any:
+        return self.call(SaslAuthenticateRequest[1](auth_bytes=token), SaslAuthenticateResponse)
+
+    def close(self) -> None:
+        self.sock.close()

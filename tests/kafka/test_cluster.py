@@ -81,7 +81,9 @@ def create_topic(cluster: LocalCluster, name: str, partitions: int, factor: int)
     returns once every running broker's Metadata shows every partition with a leader (the
     controller answers once its own view has the topic; the others' views follow)."""
     admin = ConfluentAdmin({"bootstrap.servers": cluster.kafka_bootstrap})
-    topic = ConfluentTopic(name, partitions, factor, config={"min.insync.replicas": "2"})
+    # min.insync.replicas above the replication factor is refused (POLICY_VIOLATION).
+    config = {"min.insync.replicas": str(min(2, factor))}
+    topic = ConfluentTopic(name, partitions, factor, config=config)
     futures = admin.create_topics([topic], operation_timeout=TIMEOUT_S, request_timeout=TIMEOUT_S)
     futures[name].result(TIMEOUT_S)
 

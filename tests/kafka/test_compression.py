@@ -63,6 +63,32 @@ def _option(family: str, codec: str) -> dict[str, str]:
     )
 
 
+@pytest.mark.parametrize(
+    ("sent_as", "stored_as"), [("snappy", "zstd"), ("lz4", "uncompressed"), ("none", "gzip")]
+)
+def test_a_topics_compression_type_recompresses_what_producers_send(
+    kafka_broker: KafkaBroker, sent_as: str, stored_as: str
+) -> None:
+    """Kafka's ``compression.type``: the log holds the topic's codec whatever the
+    producer used, and every reader gets the records as sent."""
+    topic = unique(f"recompress-{stored_as}")
+    kafka_broker.broker.server.core.create_topic(topic, 1, {"compression.type": stored_as})
+    sent = _records(30)
+    produce(
+        "confluent-kafka",
+        kafka_broker.bootstrap,
+        kafka_broker.address,
+        topic,
+        sent,
+        **_option("confluent-kafka", sent_as),
+    )
+    codec = Compression.NONE if stored_as == "uncompressed" else Compression[stored_as.upper()]
+    assert _stored_codecs(kafka_broker, topic) == {codec}
+    for reader in ("tidelog", "kafka-python"):
+        got = consume(reader, kafka_broker.bootstrap, kafka_broker.address, topic, [0], 30)
+        assert _as_sent(got) == [(o.key, o.value, o.headers, o.timestamp_ms) for o in sent]
+
+
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("family", list(OTHER_READER))
 def test_compressed_batches_are_stored_as_sent_and_read_back_by_all(

@@ -4,9 +4,6 @@ directory, the file system's size and free space, and each partition copy's size
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +11,12 @@ import kafka
 import kafka.admin
 import pytest
 
+from tests.cli import tidelog
 from tests.kafka.clients import TIMEOUT_S
 from tests.kafka.conftest import KafkaBroker, unique
 from tidelog.client import AdminClient, Producer, TopicPartition
 
 pytestmark = pytest.mark.timeout(60)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _topic(broker: KafkaBroker, records: int) -> str:
@@ -65,16 +62,7 @@ def test_admin_client_and_cli(kafka_broker: KafkaBroker) -> None:
         assert only.replicas[TopicPartition(topic, p.partition)].size_bytes == p.size_bytes
     assert set(only.replicas) < set(everything.replicas)
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "tidelog.client.cli", "cluster", "log-dirs"]
-    shown = subprocess.run(
-        [*command, "--topic", topic, "--bootstrap", kafka_broker.address],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    shown = tidelog("cluster", "log-dirs", "--topic", topic, "--bootstrap", kafka_broker.address)
     assert shown.returncode == 0, shown.stderr
     header, *rows = shown.stdout.splitlines()
     assert header.split()[:3] == ["BROKER", "LOG", "DIR"]

@@ -8,13 +8,9 @@ leader among the live replicas. Brokers are stopped and restarted; every wait is
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import confluent_kafka
 import pytest
@@ -23,6 +19,7 @@ from confluent_kafka.admin import AdminClient as ConfluentAdmin
 from confluent_kafka.admin import NewTopic
 
 from tests.broker.cluster.conftest import require_zookeeper
+from tests.cli import tidelog
 from tests.kafka.conftest import unique
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, TopicPartition
@@ -32,7 +29,6 @@ from tidelog.storage.errors import ElectionNotNeededError, UnknownTopicOrPartiti
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TIMEOUT_S = 30.0
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +108,8 @@ def test_a_preferred_election_moves_the_leadership_back(cluster: LocalCluster) -
         # Other partitions (__consumer_offsets) moved off the stopped broker too: they
         # move back, until nothing is left to move.
         eventually(lambda: admin.elect_preferred_leaders() == 0, "every preferred leader")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "tidelog.client.cli", "leaders", "elect", "--preferred"]
-    shown = subprocess.run(
-        [*command, "--topic", topic, "--bootstrap", cluster.bootstrap],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
+    shown = tidelog(
+        "leaders", "elect", "--preferred", "--topic", topic, "--bootstrap", cluster.bootstrap
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.split()[-3:] == [topic, "0", "ELECTION_NOT_NEEDED"]

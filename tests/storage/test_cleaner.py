@@ -10,6 +10,7 @@ swap and reopen it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import struct
@@ -35,6 +36,7 @@ from tidelog.storage.compaction import (
     add_batch_to_offset_map,
     choose_log_to_clean,
     clean_batch,
+    compaction_delay_ms,
     group_segments,
     plan_cleanable_range,
     should_retain_record,
@@ -88,9 +90,22 @@ def append(
     *,
     timestamp_ms: int | None = None,
 ) -> int:
-    """Append one batch of ``(key, value)`` records; returns its base offset."""
+    """Append one batch of ``(key, value)`` records; returns its base offset.
+
+    A compacted log refuses key-less records (#27); they reach one only from before it
+    was made compact (a live ``cleanup.policy`` change), so such a batch is appended as
+    the log was then, and the cleaner still meets them.
+    """
     ts = clock.wall_ms() if timestamp_ms is None else timestamp_ms
-    return log.append(encode_batch([(ts, k, v) for k, v in records])).base_offset
+    batch = encode_batch([(ts, k, v) for k, v in records])
+    config = log.config
+    if not (config.compact and any(k is None for k, _ in records)):
+        return log.append(batch).base_offset
+    log.update_config(dataclasses.replace(config, cleanup_policy="delete"))
+    try:
+        return log.append(batch).base_offset
+    finally:
+        log.update_config(config)
 
 
 def read_batches(log: PartitionLog) -> list[tuple[BatchHeader, list[Record]]]:
@@ -293,9 +308,11 @@ def test_choose_log_to_clean() -> None:
     high = CleanableRange(0, 10, 100, 300)  # 0.75
     at_min = CleanableRange(0, 10, 100, 100)  # 0.5: not strictly above 0.5
     empty = CleanableRange(10, 10, 100, 0)
-    assert choose_log_to_clean([(low, 0.5), (high, 0.5), (at_min, 0.5)]) == 1
-    assert choose_log_to_clean([(low, 0.2), (at_min, 0.5), (empty, 0.0)]) == 0
-    assert choose_log_to_clean([(at_min, 0.5), (empty, 0.0)]) is None
+    assert choose_log_to_clean([(low, 0.5, False), (high, 0.5, False), (at_min, 0.5, False)]) == 1
+    assert choose_log_to_clean([(low, 0.2, False), (at_min, 0.5, False), (empty, 0.0, False)]) == 0
+    assert choose_log_to_clean([(at_min, 0.5, False), (empty, 0.0, False)]) is None
+    # KIP-354: past max.compaction.lag.ms a log is cleaned whatever its ratio, not if empty.
+    assert choose_log_to_clean([(at_min, 0.5, True), (empty, 0.0, True)]) == 0
 
 
 def test_group_segments() -> None:
@@ -590,6 +607,48 @@ def test_min_compaction_lag(tmp_path: Path, clock: ManualClock) -> None:
     assert second.first_uncleanable_offset == log.segments[-1].base_offset
     assert [r.value for r in read_all(log)] == [b"new10", b"new11", b"active"]
     log.close()
+
+
+def test_max_compaction_lag_cleans_a_log_below_its_dirty_ratio(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """KIP-354: once the oldest dirty record is older than max.compaction.lag.ms, the log
+    is cleaned (by ``clean_once`` and ``clean_log``) although its dirty ratio is below
+    min.cleanable.dirty.ratio; before that, not."""
+    config = compact_config(
+        **{
+            "min.cleanable.dirty.ratio": 0.99,
+            "max.compaction.lag.ms": 60_000,
+            "segment.bytes": 10_000,
+        }
+    )
+    log = open_log(tmp_path / "t-0", clock, config)
+    cleaner = LogCleaner(tmp_path, clock)
+    for i in range(20):
+        append(log, clock, [(b"k%d" % (i % 4), b"v%d" % i)])
+    log.roll()
+    assert cleaner.clean_once([log]) == 1  # never cleaned: ratio 1.0
+    append(log, clock, [(b"k0", b"late")])  # a little dirt: ratio far below 0.99
+    log.roll()
+    append(log, clock, [(b"x", b"active")])
+    assert cleaner.clean_once([log]) == 0
+    assert not cleaner.clean_log(log).cleaned
+    clock.advance(60_001)  # the dirty record is now older than max.compaction.lag.ms
+    assert cleaner.clean_once([log]) == 1
+    assert [r.value for r in read_all(log)] == [b"v17", b"v18", b"v19", b"late", b"active"]
+    log.close()
+
+
+def test_compaction_delay_ms() -> None:
+    segments = [
+        SegmentSummary(0, 10, 10, 100, T0, first_batch_timestamp_ms=T0 - 5_000),
+        SegmentSummary(10, 20, 20, 100, T0, first_batch_timestamp_ms=T0 - 2_000),
+        SegmentSummary(20, 25, 25, 50, T0, first_batch_timestamp_ms=T0 - 9_999),  # active
+    ]
+    assert compaction_delay_ms(segments, 0, T0, 1_000) == 4_000  # the oldest dirty: -5 s
+    assert compaction_delay_ms(segments, 10, T0, 1_000) == 1_000  # segment 0 clean
+    assert compaction_delay_ms(segments, 10, T0, 3_000) == 0  # not past the lag yet
+    assert compaction_delay_ms(segments, 20, T0, 0) == 0  # only the active one is dirty
 
 
 def test_tombstone_lifecycle(tmp_path: Path, clock: ManualClock) -> None:

@@ -732,7 +732,9 @@ def _fill_segments(log: PartitionLog, clock: ManualClock, count: int, per_segmen
     for k in range(count):
         for _ in range(per_segment):
             start = log.log_end_offset
-            log.append(make_batch(values(1, start), timestamp_ms=T0 + k * 1000))
+            # Keyed: a compacted log refuses key-less records (#27).
+            batch = make_batch(values(1, start), timestamp_ms=T0 + k * 1000, keys=[b"k%d" % start])
+            log.append(batch)
         if k < count - 1:
             log.roll()
     clock.advance(T0 + (count - 1) * 1000 - clock.wall_ms())
@@ -920,3 +922,48 @@ def test_concurrent_appends_reads_and_flushes(log_dir: Path, clock: ManualClock)
     assert log.segment_count > 3
     assert read_values(log) == values(total)
     log.close()
+
+
+# ---------------------------------------------------------------------- DeleteRecords
+
+
+def test_increase_log_start_offset_hides_and_then_retention_deletes(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """DeleteRecords (KIP-107): the log start moves at once (reads below it are out of
+    range), segments wholly below it go at the next retention pass, the new start
+    survives a crash once checkpointed, and it never moves down or past the log end."""
+    manager = LogManager.open(tmp_path, LogManagerConfig(), clock)
+    manager.create_topic("dr", 1, {"segment.bytes": "200", "retention.ms": "-1"})
+    log = manager.get_log("dr", 0)
+    for i in range(6):
+        log.append(make_batch(values(2, start=2 * i)))
+    segments_before = log.segment_count
+    assert segments_before > 2
+    middle = log.segments[2].base_offset + 1  # inside the third segment
+    assert log.increase_log_start_offset(middle)
+    assert log.log_start_offset == middle
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(middle - 1, 1000)
+    assert read_values(log, middle)[0] == b"v%d" % middle
+    assert not log.increase_log_start_offset(middle - 1)  # never moves down
+    assert log.log_start_offset == middle
+    with pytest.raises(OffsetOutOfRangeError, match="high watermark"):
+        log.increase_log_start_offset(log.log_end_offset + 1)
+    assert log.segment_count == segments_before  # nothing deleted yet
+    manager.checkpoint_log_start_offsets()
+    assert manager.run_retention() == 2  # the two segments wholly below it
+    assert log.segments[0].base_offset < middle
+    assert log.log_start_offset == middle
+    # A crash: only the checkpoint written above tells the next open where the log starts.
+    crash(tmp_path)
+    reopened = LogManager.open(tmp_path, LogManagerConfig(), clock)
+    again = reopened.get_log("dr", 0)
+    assert again.log_start_offset == middle
+    with pytest.raises(OffsetOutOfRangeError):
+        again.read(middle - 1, 1000)
+    assert read_values(again, middle) == [b"v%d" % n for n in range(middle, 12)]
+    # Up to the log end: everything deleted, appends continue at the same offsets.
+    assert again.increase_log_start_offset(again.log_end_offset)
+    assert again.append(make_batch([b"next"])).base_offset == 12
+    reopened.close()

@@ -21,6 +21,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -31,6 +32,72 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ConfigResourceType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigResourceTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigResourceType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_RESOURCE_TYPE_UNSPECIFIED: _ConfigResourceType.ValueType  # 0
+    CONFIG_RESOURCE_TYPE_TOPIC: _ConfigResourceType.ValueType  # 2
+    CONFIG_RESOURCE_TYPE_BROKER: _ConfigResourceType.ValueType  # 4
+    """name: a broker id, or "" for the cluster default"""
+
+class ConfigResourceType(_ConfigResourceType, metaclass=_ConfigResourceTypeEnumTypeWrapper):
+    """Configs (docs/configs.md). Kafka's numbers: resource types, sources and operations."""
+
+CONFIG_RESOURCE_TYPE_UNSPECIFIED: ConfigResourceType.ValueType  # 0
+CONFIG_RESOURCE_TYPE_TOPIC: ConfigResourceType.ValueType  # 2
+CONFIG_RESOURCE_TYPE_BROKER: ConfigResourceType.ValueType  # 4
+"""name: a broker id, or "" for the cluster default"""
+Global___ConfigResourceType: _TypeAlias = ConfigResourceType  # noqa: Y015
+
+class _ConfigSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_SOURCE_UNKNOWN: _ConfigSource.ValueType  # 0
+    CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: _ConfigSource.ValueType  # 1
+    CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: _ConfigSource.ValueType  # 2
+    CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: _ConfigSource.ValueType  # 3
+    CONFIG_SOURCE_STATIC_BROKER_CONFIG: _ConfigSource.ValueType  # 4
+    CONFIG_SOURCE_DEFAULT_CONFIG: _ConfigSource.ValueType  # 5
+
+class ConfigSource(_ConfigSource, metaclass=_ConfigSourceEnumTypeWrapper): ...
+
+CONFIG_SOURCE_UNKNOWN: ConfigSource.ValueType  # 0
+CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: ConfigSource.ValueType  # 1
+CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: ConfigSource.ValueType  # 2
+CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: ConfigSource.ValueType  # 3
+CONFIG_SOURCE_STATIC_BROKER_CONFIG: ConfigSource.ValueType  # 4
+CONFIG_SOURCE_DEFAULT_CONFIG: ConfigSource.ValueType  # 5
+Global___ConfigSource: _TypeAlias = ConfigSource  # noqa: Y015
+
+class _ConfigOperation:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigOperation.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_OPERATION_SET: _ConfigOperation.ValueType  # 0
+    CONFIG_OPERATION_DELETE: _ConfigOperation.ValueType  # 1
+    CONFIG_OPERATION_APPEND: _ConfigOperation.ValueType  # 2
+    """list-valued keys (cleanup.policy)"""
+    CONFIG_OPERATION_SUBTRACT: _ConfigOperation.ValueType  # 3
+    """list-valued keys"""
+
+class ConfigOperation(_ConfigOperation, metaclass=_ConfigOperationEnumTypeWrapper): ...
+
+CONFIG_OPERATION_SET: ConfigOperation.ValueType  # 0
+CONFIG_OPERATION_DELETE: ConfigOperation.ValueType  # 1
+CONFIG_OPERATION_APPEND: ConfigOperation.ValueType  # 2
+"""list-valued keys (cleanup.policy)"""
+CONFIG_OPERATION_SUBTRACT: ConfigOperation.ValueType  # 3
+"""list-valued keys"""
+Global___ConfigOperation: _TypeAlias = ConfigOperation  # noqa: Y015
 
 @_typing.final
 class CreateTopicRequest(_message.Message):
@@ -366,6 +433,217 @@ class AlterTopicConfigRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AlterTopicConfigRequest: _TypeAlias = AlterTopicConfigRequest  # noqa: Y015
+
+@_typing.final
+class ConfigResource(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    type: Global___ConfigResourceType.ValueType
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        type: Global___ConfigResourceType.ValueType = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigResource: _TypeAlias = ConfigResource  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def resource(self) -> Global___ConfigResource: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every key"""
+
+    def __init__(
+        self,
+        *,
+        resource: Global___ConfigResource | None = ...,
+        keys: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsRequest: _TypeAlias = DescribeConfigsRequest  # noqa: Y015
+
+@_typing.final
+class ConfigSynonym(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    source: Global___ConfigSource.ValueType
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str | None = ...,
+        source: Global___ConfigSource.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "name", b"name", "source", b"source", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___ConfigSynonym: _TypeAlias = ConfigSynonym  # noqa: Y015
+
+@_typing.final
+class ConfigEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    SENSITIVE_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    DOCUMENTATION_FIELD_NUMBER: _builtins.int
+    SYNONYMS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    value: _builtins.str
+    """unset: sensitive"""
+    source: Global___ConfigSource.ValueType
+    read_only: _builtins.bool
+    sensitive: _builtins.bool
+    type: _builtins.str
+    """Kafka's config type name: LONG, INT, STRING, LIST, BOOLEAN, DOUBLE"""
+    documentation: _builtins.str
+    @_builtins.property
+    def synonyms(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigSynonym]:
+        """most specific first, the value's own source first"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str | None = ...,
+        source: Global___ConfigSource.ValueType = ...,
+        read_only: _builtins.bool = ...,
+        sensitive: _builtins.bool = ...,
+        type: _builtins.str = ...,
+        documentation: _builtins.str = ...,
+        synonyms: _abc.Iterable[Global___ConfigSynonym] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "value", b"value"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_value", b"_value", "documentation", b"documentation", "name", b"name", "read_only", b"read_only", "sensitive", b"sensitive", "source", b"source", "synonyms", b"synonyms", "type", b"type", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__value: _TypeAlias = _typing.Literal["value"]  # noqa: Y015
+    _WhichOneofArgType__value: _TypeAlias = _typing.Literal["_value", b"_value"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__value) -> _WhichOneofReturnType__value | None: ...
+
+Global___ConfigEntry: _TypeAlias = ConfigEntry  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___ConfigEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsResponse: _TypeAlias = DescribeConfigsResponse  # noqa: Y015
+
+@_typing.final
+class ConfigAlteration(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    operation: Global___ConfigOperation.ValueType
+    value: _builtins.str
+    """ignored for DELETE"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        operation: Global___ConfigOperation.ValueType = ...,
+        value: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "operation", b"operation", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigAlteration: _TypeAlias = ConfigAlteration  # noqa: Y015
+
+@_typing.final
+class IncrementalAlterConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ALTERATIONS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """check everything, change nothing"""
+    @_builtins.property
+    def resource(self) -> Global___ConfigResource: ...
+    @_builtins.property
+    def alterations(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigAlteration]: ...
+    def __init__(
+        self,
+        *,
+        resource: Global___ConfigResource | None = ...,
+        alterations: _abc.Iterable[Global___ConfigAlteration] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncrementalAlterConfigsRequest: _TypeAlias = IncrementalAlterConfigsRequest  # noqa: Y015
+
+@_typing.final
+class IncrementalAlterConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IncrementalAlterConfigsResponse: _TypeAlias = IncrementalAlterConfigsResponse  # noqa: Y015
 
 @_typing.final
 class CreatePartitionsTopic(_message.Message):
@@ -1208,6 +1486,7 @@ class FetchPartition(_message.Message):
     PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
+    LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     fetch_offset: _builtins.int
@@ -1219,6 +1498,10 @@ class FetchPartition(_message.Message):
     """Followers: the epoch of the last batch they hold (Kafka's LastFetchedEpoch). The
     leader answers diverging_epoch instead of records when its log differs there.
     """
+    log_start_offset: _builtins.int
+    """Followers: their log start offset (Kafka's LogStartOffset), which the leader's
+    DeleteRecords waits for.
+    """
     def __init__(
         self,
         *,
@@ -1228,19 +1511,24 @@ class FetchPartition(_message.Message):
         partition_max_bytes: _builtins.int = ...,
         current_leader_epoch: _builtins.int | None = ...,
         last_fetched_epoch: _builtins.int | None = ...,
+        log_start_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "current_leader_epoch", b"current_leader_epoch", "last_fetched_epoch", b"last_fetched_epoch"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "_log_start_offset", b"_log_start_offset", "current_leader_epoch", b"current_leader_epoch", "last_fetched_epoch", b"last_fetched_epoch", "log_start_offset", b"log_start_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_last_fetched_epoch", b"_last_fetched_epoch", "_log_start_offset", b"_log_start_offset", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "log_start_offset", b"log_start_offset", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
     _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
     _WhichOneofReturnType__last_fetched_epoch: _TypeAlias = _typing.Literal["last_fetched_epoch"]  # noqa: Y015
     _WhichOneofArgType__last_fetched_epoch: _TypeAlias = _typing.Literal["_last_fetched_epoch", b"_last_fetched_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__log_start_offset: _TypeAlias = _typing.Literal["log_start_offset"]  # noqa: Y015
+    _WhichOneofArgType__log_start_offset: _TypeAlias = _typing.Literal["_log_start_offset", b"_log_start_offset"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_fetched_epoch) -> _WhichOneofReturnType__last_fetched_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__log_start_offset) -> _WhichOneofReturnType__log_start_offset | None: ...
 
 Global___FetchPartition: _TypeAlias = FetchPartition  # noqa: Y015
 
@@ -1800,6 +2088,116 @@ class DescribeProducersResponse(_message.Message):
 Global___DescribeProducersResponse: _TypeAlias = DescribeProducersResponse  # noqa: Y015
 
 @_typing.final
+class DeleteRecordsPartition(_message.Message):
+    """Delete every record below an offset (Kafka's DeleteRecords, KIP-107): the partition's
+    leader moves its log start offset there; reads below it answer OFFSET_OUT_OF_RANGE.
+    Answered once every in-sync replica's log start reached it (REQUEST_TIMED_OUT after
+    timeout_ms: the leader's has moved, the followers' follow). Errors are per partition:
+    OFFSET_OUT_OF_RANGE (above the high watermark, or below -1), UNKNOWN_TOPIC_OR_PARTITION,
+    NOT_LEADER_OR_FOLLOWER. DELETE on each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    offset: _builtins.int
+    """the new log start offset; -1: the high watermark"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsPartition: _TypeAlias = DeleteRecordsPartition  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    timeout_ms: _builtins.int
+    """0 = 30,000"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___DeleteRecordsPartition] | None = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsRequest: _TypeAlias = DeleteRecordsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LOW_WATERMARK_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    low_watermark: _builtins.int
+    """the smallest log start of the in-sync replicas; -1 on error"""
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        low_watermark: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "low_watermark", b"low_watermark", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsResult: _TypeAlias = DeleteRecordsResult  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___DeleteRecordsResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsResponse: _TypeAlias = DeleteRecordsResponse  # noqa: Y015
+
+@_typing.final
 class TopicPartitions(_message.Message):
     """---------------------------------------------------------------------------- groups"""
 
@@ -1841,6 +2239,7 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
     OWNED_PARTITIONS_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     member_id: _builtins.str
     """empty to join; the coordinator assigns one"""
@@ -1849,6 +2248,11 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
     rebalance_timeout_ms: _builtins.int
     session_timeout_ms: _builtins.int
     client_id: _builtins.str
+    group_instance_id: _builtins.str
+    """A static member's instance id (Kafka's group.instance.id, KIP-345): with it,
+    member_epoch -2 leaves for now and the next join with the same id takes the
+    member's partitions over without a rebalance.
+    """
     @_builtins.property
     def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -1866,12 +2270,15 @@ class ConsumerGroupHeartbeatRequest(_message.Message):
         subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
         owned_partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
         client_id: _builtins.str = ...,
+        group_instance_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "group_instance_id", b"group_instance_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "group_id", b"group_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "owned_partitions", b"owned_partitions", "rebalance_timeout_ms", b"rebalance_timeout_ms", "session_timeout_ms", b"session_timeout_ms", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "client_id", b"client_id", "group_id", b"group_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "owned_partitions", b"owned_partitions", "rebalance_timeout_ms", b"rebalance_timeout_ms", "session_timeout_ms", b"session_timeout_ms", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__group_instance_id: _TypeAlias = _typing.Literal["group_instance_id"]  # noqa: Y015
+    _WhichOneofArgType__group_instance_id: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_instance_id) -> _WhichOneofReturnType__group_instance_id | None: ...
 
 Global___ConsumerGroupHeartbeatRequest: _TypeAlias = ConsumerGroupHeartbeatRequest  # noqa: Y015
 
@@ -2147,9 +2554,12 @@ class GroupMember(_message.Message):
     MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
     SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     client_id: _builtins.str
     member_epoch: _builtins.int
+    group_instance_id: _builtins.str
+    """a static member's (KIP-345); unset: dynamic"""
     @_builtins.property
     def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -2162,12 +2572,15 @@ class GroupMember(_message.Message):
         member_epoch: _builtins.int = ...,
         subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
         assignment: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        group_instance_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "group_instance_id", b"group_instance_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "client_id", b"client_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "assignment", b"assignment", "client_id", b"client_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__group_instance_id: _TypeAlias = _typing.Literal["group_instance_id"]  # noqa: Y015
+    _WhichOneofArgType__group_instance_id: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_instance_id) -> _WhichOneofReturnType__group_instance_id | None: ...
 
 Global___GroupMember: _TypeAlias = GroupMember  # noqa: Y015
 

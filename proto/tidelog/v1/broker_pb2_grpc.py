@@ -59,6 +59,16 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterTopicConfigRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.TopicDescription.FromString,
                 _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeConfigs',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeConfigsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeConfigsResponse.FromString,
+                _registered_method=True)
+        self.IncrementalAlterConfigs = channel.unary_unary(
+                '/tidelog.v1.Broker/IncrementalAlterConfigs',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.FromString,
+                _registered_method=True)
         self.CreatePartitions = channel.unary_unary(
                 '/tidelog.v1.Broker/CreatePartitions',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.SerializeToString,
@@ -143,6 +153,11 @@ class BrokerStub:
                 '/tidelog.v1.Broker/DescribeProducers',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+                _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/tidelog.v1.Broker/DeleteRecords',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
         self.ConsumerGroupHeartbeat = channel.unary_unary(
                 '/tidelog.v1.Broker/ConsumerGroupHeartbeat',
@@ -260,6 +275,20 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeConfigs(self, request, context):
+        """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+        broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IncrementalAlterConfigs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreatePartitions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -359,6 +388,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DescribeProducers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRecords(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -492,6 +527,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterTopicConfigRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.TopicDescription.SerializeToString,
             ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeConfigsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeConfigsResponse.SerializeToString,
+            ),
+            'IncrementalAlterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.IncrementalAlterConfigs,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.SerializeToString,
+            ),
             'CreatePartitions': grpc.unary_unary_rpc_method_handler(
                     servicer.CreatePartitions,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.CreatePartitionsRequest.FromString,
@@ -576,6 +621,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeProducers,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteRecordsResponse.SerializeToString,
             ),
             'ConsumerGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.ConsumerGroupHeartbeat,
@@ -793,6 +843,60 @@ class Broker:
             '/tidelog.v1.Broker/AlterTopicConfig',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterTopicConfigRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.TopicDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeConfigs',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeConfigsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IncrementalAlterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/IncrementalAlterConfigs',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.IncrementalAlterConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1252,6 +1356,33 @@ class Broker:
             '/tidelog.v1.Broker/DescribeProducers',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DeleteRecords',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,11 @@ class BrokerStub:
     ListTopics: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]
     AlterTopicConfig: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]
+    DescribeConfigs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeConfigsRequest, _broker_pb2.DescribeConfigsResponse]
+    """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+    broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+    """
+    IncrementalAlterConfigs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.IncrementalAlterConfigsRequest, _broker_pb2.IncrementalAlterConfigsResponse]
     CreatePartitions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]
     AlterPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterPartitionReassignmentsRequest, _broker_pb2.AlterPartitionReassignmentsResponse]
@@ -70,6 +75,7 @@ class BrokerStub:
     OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
     InitProducerId: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]
     DescribeProducers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]
+    DeleteRecords: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteRecordsRequest, _broker_pb2.DeleteRecordsResponse]
     ConsumerGroupHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]
@@ -100,6 +106,11 @@ class BrokerAsyncStub(BrokerStub):
     ListTopics: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTopicsRequest, _broker_pb2.ListTopicsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTopicRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
     AlterTopicConfig: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterTopicConfigRequest, _broker_pb2.TopicDescription]  # type: ignore[assignment]
+    DescribeConfigs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeConfigsRequest, _broker_pb2.DescribeConfigsResponse]  # type: ignore[assignment]
+    """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+    broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+    """
+    IncrementalAlterConfigs: _aio.UnaryUnaryMultiCallable[_broker_pb2.IncrementalAlterConfigsRequest, _broker_pb2.IncrementalAlterConfigsResponse]  # type: ignore[assignment]
     CreatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreatePartitionsRequest, _broker_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_broker_pb2.ElectLeadersRequest, _broker_pb2.ElectLeadersResponse]  # type: ignore[assignment]
     AlterPartitionReassignments: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterPartitionReassignmentsRequest, _broker_pb2.AlterPartitionReassignmentsResponse]  # type: ignore[assignment]
@@ -119,6 +130,7 @@ class BrokerAsyncStub(BrokerStub):
     OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
     InitProducerId: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitProducerIdRequest, _broker_pb2.InitProducerIdResponse]  # type: ignore[assignment]
     DescribeProducers: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeProducersRequest, _broker_pb2.DescribeProducersResponse]  # type: ignore[assignment]
+    DeleteRecords: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteRecordsRequest, _broker_pb2.DeleteRecordsResponse]  # type: ignore[assignment]
     ConsumerGroupHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ConsumerGroupHeartbeatRequest, _broker_pb2.ConsumerGroupHeartbeatResponse]  # type: ignore[assignment]
     """--- consumer groups (KIP-848 style: the broker computes assignments) ---"""
     OffsetCommit: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetCommitRequest, _broker_pb2.OffsetCommitResponse]  # type: ignore[assignment]
@@ -176,6 +188,23 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.AlterTopicConfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.TopicDescription, _abc.Awaitable[_broker_pb2.TopicDescription]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeConfigs(
+        self,
+        request: _broker_pb2.DescribeConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeConfigsResponse, _abc.Awaitable[_broker_pb2.DescribeConfigsResponse]]:
+        """Kafka's DescribeConfigs and IncrementalAlterConfigs for one resource (a topic, a
+        broker or the cluster-wide broker default); broker.core.configs, docs/configs.md.
+        """
+
+    @_abc_1.abstractmethod
+    def IncrementalAlterConfigs(
+        self,
+        request: _broker_pb2.IncrementalAlterConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.IncrementalAlterConfigsResponse, _abc.Awaitable[_broker_pb2.IncrementalAlterConfigsResponse]]: ...
 
     @_abc_1.abstractmethod
     def CreatePartitions(
@@ -297,6 +326,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DescribeProducersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DescribeProducersResponse, _abc.Awaitable[_broker_pb2.DescribeProducersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteRecords(
+        self,
+        request: _broker_pb2.DeleteRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteRecordsResponse, _abc.Awaitable[_broker_pb2.DeleteRecordsResponse]]: ...
 
     @_abc_1.abstractmethod
     def ConsumerGroupHeartbeat(

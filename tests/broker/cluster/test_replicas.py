@@ -9,6 +9,8 @@ new-leader ``OFFSET_NOT_AVAILABLE`` window.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker.conftest import make_batch
+from tests.storage.conftest import fill_disk_completely, mount_tmpfs
 from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
 from tidelog.broker.cluster.metadata import ClusterMetadata, TopicMetadata
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
@@ -281,3 +284,42 @@ def test_a_follower_starts_fetching_once_its_leader_shows_up_in_the_view(
     finally:
         manager.stop()
         fetchers.stop()
+
+
+def test_a_leadership_refused_by_a_full_disk_is_taken_once_space_is_freed(
+    tmp_path: Path, clock: ManualClock, isr_writes: IsrWrites
+) -> None:
+    # Issue #29 (disk-full): the view making this broker leader may be the last one for
+    # a long time; a leader that could not record its epoch must not stay roleless.
+    mount_point = tmp_path / "disk"
+    reason = mount_tmpfs(mount_point, 1024 * 1024)
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(f"needs a tmpfs (run as root): {reason}")
+    manager = LogManager.open(mount_point / "data", LogManagerConfig(), clock)
+    partitions = PartitionRegistry(manager, ME, clock, replicated=True)
+    fetchers = FetcherPool(ME, partitions, lambda _b: None)
+    replicas = ReplicaManager(
+        ReplicaSettings(ME, replica_lag_time_max_ms=200), partitions, clock, isr_writes, fetchers
+    )
+    replicas.start()
+    fillers: list[Path] = []
+    try:
+        manager.create_topic(TOPIC, 1, {"min.insync.replicas": "1"})
+        replicas.apply(view(2, 1, (1, 2, 3)))  # a follower first
+        fillers = fill_disk_completely(mount_point)
+        replicas.apply(view(1, 2, (1, 2, 3)))  # the epoch checkpoint cannot be written
+        with pytest.raises(NotLeaderOrFollowerError):
+            replicas.leader_epoch_for_append(TOPIC, 0, acks_all=False, current_leader_epoch=-1)
+        for filler in fillers:
+            filler.unlink()
+        # No new view: the lag thread's retry takes the role.
+        eventually(lambda: partitions.get(TOPIC, 0).leader_epoch == 2)
+        assert manager.get_log(TOPIC, 0).latest_epoch == 2
+    finally:
+        for filler in fillers:
+            filler.unlink(missing_ok=True)
+        replicas.stop()
+        manager.close()
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
