@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[3]
 RACKS = {1: "a", 2: "a", 3: "b", 4: "b"}
 THROTTLE_BYTES = 100_000  # bytes/s an adding replica fetches
+RECORDS = 1_500  # of 1 KB: a throttled move of them lasts about 15 s
 _topics = itertools.count()
 
 
@@ -158,7 +159,7 @@ def test_the_next_controller_finishes_a_reassignment(cluster: LocalCluster) -> N
     topic = new_topic(cluster)
     value = b"x" * 1_000
     with Producer(cluster.bootstrap, acks="all") as producer:
-        for i in range(600):  # 600 KB: six seconds for a throttled adding replica
+        for i in range(RECORDS):  # 1.5 MB: about 15 s for a throttled adding replica
             producer.send(topic, value, key=str(i).encode())
         producer.flush(timeout_ms=60_000)
     before = partition(cluster, topic)
@@ -190,10 +191,10 @@ def test_the_next_controller_finishes_a_reassignment(cluster: LocalCluster) -> N
         consumer.assign([TopicPartition(topic, 0)])
         keys: list[bytes] = []
         deadline = time.monotonic() + 60
-        while len(keys) < 600:
-            assert time.monotonic() < deadline, f"read {len(keys)} of 600"
+        while len(keys) < RECORDS:
+            assert time.monotonic() < deadline, f"read {len(keys)} of {RECORDS}"
             keys += [r.key or b"" for r in consumer.poll(timeout_ms=500)]
-    assert keys == [str(i).encode() for i in range(600)]
+    assert keys == [str(i).encode() for i in range(RECORDS)]
 
 
 def test_kafka_errors_of_a_reassignment(cluster: LocalCluster) -> None:
@@ -270,3 +271,33 @@ def test_generate_execute_verify_and_decommission(cluster: LocalCluster, tmp_pat
     with Producer(cluster.bootstrap, acks="all") as producer:
         producer.send(topic, b"after", partition=0).result(timeout=30)
     cluster.start_broker(3)
+
+
+def test_a_cancelled_move_goes_back_to_the_old_replicas(cluster: LocalCluster) -> None:
+    topic = new_topic(cluster)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(RECORDS):  # the throttled adding replicas need seconds for this
+            producer.send(topic, b"y" * 1_000, key=str(i).encode())
+        producer.flush(timeout_ms=60_000)
+    before = partition(cluster, topic)
+    target = tuple(b for b in cluster.broker_ids if b not in before.replicas)
+    tp = TopicPartition(topic, 0)
+    with admin(cluster) as client:
+        assert client.alter_partition_reassignments({tp: target}) == {tp: None}
+        moving = client.list_partition_reassignments()
+    assert moving[tp].target == target
+    cancelled = tidelog(cluster, "reassign", "cancel")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert "cancelled" in cancelled.stdout
+    with admin(cluster) as client:
+        assert client.list_partition_reassignments() == {}
+        again = client.alter_partition_reassignments({tp: None})
+    assert again[tp] is not None
+    assert again[tp].code == "NO_REASSIGNMENT_IN_PROGRESS"
+    after = partition(cluster, topic)
+    assert tuple(after.replicas) == tuple(before.replicas)
+    assert set(after.isr) <= set(before.replicas)
+    assert after.leader in before.replicas
+    assert after.log_end_offset == RECORDS
+    for old in target:  # the adding replicas' partial copies go
+        eventually(lambda old=old: log_bytes(cluster, old, topic) == 0, 30)  # type: ignore[misc]
