@@ -30,6 +30,7 @@ from pathlib import Path
 
 import kafka.errors
 import pytest
+from confluent_kafka.admin import AdminClient as ConfluentAdmin
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import KafkaAdminClient
 
@@ -119,6 +120,10 @@ def test_racks_are_reported_and_spread(cluster: LocalCluster) -> None:
     finally:
         kafka_admin.close()
     assert {b["broker_id"]: b["rack"] for b in brokers} == RACKS
+    # confluent-kafka's describe_cluster asks DescribeCluster (API 60).
+    confluent = ConfluentAdmin({"bootstrap.servers": cluster.kafka_bootstrap})
+    nodes = confluent.describe_cluster(request_timeout=30).result(timeout=30).nodes
+    assert {n.id: n.rack for n in nodes} == RACKS
     shown = tidelog(cluster, "cluster", "describe")
     assert shown.returncode == 0, shown.stderr
     table = shown.stdout.splitlines()[2:]
