@@ -35,6 +35,7 @@ from tidelog.storage.errors import (
     NotLeaderOrFollowerError,
     OffsetNotAvailableError,
     UnknownLeaderEpochError,
+    UnknownTopicOrPartitionError,
 )
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
 
@@ -323,3 +324,27 @@ def test_a_leadership_refused_by_a_full_disk_is_taken_once_space_is_freed(
         replicas.stop()
         manager.close()
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_leader_learns_a_reassignment_s_replicas_after_its_epoch(
+    replicas: ReplicaManager, logs: LogManager
+) -> None:
+    """The metadata watcher reads the topic znode and the state znodes apart: a leader may
+    see a reassignment's new epoch with the old replica list, then the new list at the
+    same epoch. It must take the list: the adding replica 4's fetches are served (they
+    were refused for good before, and the move never completed)."""
+    brokers = {b: BrokerRegistration(b, "127.0.0.1", 9000 + b) for b in (1, 2, 3, 4)}
+
+    def moving(assignment: tuple[int, ...], adding: tuple[int, ...]) -> ClusterMetadata:
+        topic = TopicMetadata(
+            TopicAssignment(TOPIC, "id", {0: assignment}, {0: adding} if adding else {}),
+            {0: PartitionState(ME, 5, (1, 2, 3), 1)},
+            {},
+        )
+        return ClusterMetadata(brokers, 1, {TOPIC: topic})
+
+    replicas.apply(moving((1, 2, 3), ()))  # epoch 5 read before the new list
+    with pytest.raises(UnknownTopicOrPartitionError):
+        follower_fetch(replicas, logs, 4, 0)
+    replicas.apply(moving((4, 1, 2, 3), (4,)))  # the list, at the same epoch
+    assert follower_fetch(replicas, logs, 4, 0) is None
