@@ -528,8 +528,12 @@ class LocalCluster:
                         )
                     time.sleep(0.05)
 
-    def start_broker(self, broker_id: int, *, wait: bool = True) -> None:
-        """Start (or restart) broker ``broker_id`` on its port and data directory."""
+    def start_broker(
+        self, broker_id: int, *, wait: bool = True, timeout_s: float = _START_TIMEOUT_S
+    ) -> None:
+        """Start (or restart) broker ``broker_id`` on its port and data directory; with
+        ``wait``, until it serves (``timeout_s``: a broker recovering a large log after an
+        unclean stop, on a loaded machine, may need more than the default)."""
         assert self._directory is not None
         if broker_id in self._processes and self._processes[broker_id].poll() is None:
             raise RuntimeError(f"broker {broker_id} is running")
@@ -576,7 +580,7 @@ class LocalCluster:
         finally:
             log_file.close()
         if wait:
-            self.wait_ready(broker_id)
+            self.wait_ready(broker_id, timeout_s)
 
     def _zookeeper_address(self, broker_id: int) -> str:
         if self._network is not None:
@@ -599,12 +603,12 @@ class LocalCluster:
         """Let broker ``broker_id`` reach ZooKeeper again."""
         self._proxy(broker_id).heal()
 
-    def wait_ready(self, broker_id: int) -> None:
+    def wait_ready(self, broker_id: int, timeout_s: float = _START_TIMEOUT_S) -> None:
         """Block until broker ``broker_id`` (started with ``wait=False``) serves."""
         assert self._directory is not None
         ready = self._directory / f"broker-{broker_id}.ready"
         process = self._processes[broker_id]
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while not ready.exists():
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(

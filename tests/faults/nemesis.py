@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 ZOOKEEPER = "zk"
 _ADMIN_TIMEOUT_MS = 5_000
 _RESTART_ATTEMPTS = 3
+_RESTART_WAIT_S = 180.0
 GRACEFUL_STOP_S = 30.0
 _DELAYER_GRACE_S = 60.0
 
@@ -302,12 +303,18 @@ class Nemesis:
     # --- processes ------------------------------------------------------------------------
 
     def restart(self, broker_id: int) -> None:
-        """Start ``broker_id`` again if it is not running (retried: a port may linger)."""
+        """Start ``broker_id`` again if it is not running (retried: a port may linger).
+
+        Each attempt waits ``_RESTART_WAIT_S`` for it to serve: a broker recovering its
+        logs after a kill or a power loss (on the lossy FUSE file system, in Python) on a
+        loaded machine took over a minute in three 1,800 s runs side by side, and an
+        attempt cut short at 30 s killed it mid-recovery, so every attempt started the
+        recovery again and the run gave up (2026-11-29)."""
         for attempt in range(_RESTART_ATTEMPTS):
             if self.cluster.is_running(broker_id):
                 return
             try:
-                self.cluster.start_broker(broker_id)
+                self.cluster.start_broker(broker_id, timeout_s=_RESTART_WAIT_S)
                 self.events.append(f"broker {broker_id} restarted")
                 return
             except RuntimeError as error:
