@@ -235,6 +235,8 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     43: ("ElectLeaders", "elect_leaders"),
     44: ("IncrementalAlterConfigs", "alter_configs"),
     47: ("OffsetDelete", "offset_delete"),
+    50: ("DescribeUserScramCredentials", "describe_users"),
+    51: ("AlterUserScramCredentials", "alter_users"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),

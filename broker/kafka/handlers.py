@@ -60,6 +60,7 @@ from tidelog.broker.kafka.offsets import (
     offset_fetch,
 )
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
+from tidelog.broker.kafka.users import alter_user_scram_credentials, describe_user_scram_credentials
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
 
@@ -334,6 +335,8 @@ HANDLERS: dict[int, Handler] = {
     43: elect_leaders,
     44: incremental_alter_configs,
     47: offset_delete,
+    50: describe_user_scram_credentials,
+    51: alter_user_scram_credentials,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,

@@ -51,6 +51,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     43: (0, 2),  # ElectLeaders (KIP-460: preferred and unclean)
     44: (0, 1),  # IncrementalAlterConfigs
     47: (0, 0),  # OffsetDelete (KIP-496)
+    50: (0, 0),  # DescribeUserScramCredentials (KIP-554)
+    51: (0, 0),  # AlterUserScramCredentials (KIP-554)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
