@@ -279,7 +279,10 @@ def cluster_up(argv: Sequence[str]) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    # SIGHUP too: a closed terminal stops the cluster cleanly rather than leaving the
+    # children to die with this process (SIGKILL, ZooKeeper sessions left to expire).
+    stopping = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in stopping}
     try:
         sys.stdout.write(f"Starting ZooKeeper and {brokers} broker(s) in {cluster.data_dir}...\n")
         sys.stdout.flush()

@@ -33,7 +33,8 @@ with a directory of its own kept across runs, ZooKeeper's default tick (2 s) and
 
 Every child runs in a session of its own (a terminal's Ctrl-C reaches only this process,
 which then stops the children in order) and dies with this process if it is killed
-(``dying_with_parent``). Stopping: SIGTERM to every broker (each leaves the cluster with
+(``dying_with_parent``); a start after such a kill works, ZooKeeper expiring the old
+brokers' sessions first. Stopping: SIGTERM to every broker (each leaves the cluster with
 a controlled shutdown), a SIGKILL for any still running after ``stop_timeout_ms``, then
 ZooKeeper, last, since the brokers deregister through it.
 

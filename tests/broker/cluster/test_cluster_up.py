@@ -24,6 +24,7 @@ import pytest
 
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.kafka.clients import Out, consume, produce
+from tidelog.broker.cluster_up import ClusterUpError, LocalClusterProcesses, existing_broker_ids
 from tidelog.client import AdminClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -162,3 +163,36 @@ def test_cluster_up_serves_stops_and_comes_back_with_the_same_data(tmp_path: Pat
         status = second.stop()
     assert status == 0, "\n".join(second.lines)
     assert all(_gone(pid) for pid in children)
+
+
+def test_a_port_in_use_stops_the_start_before_anything_runs(tmp_path: Path) -> None:
+    """A second cluster on the same ports would otherwise find the first one's ZooKeeper
+    answering; nothing is started and the message names the port and its use."""
+    base = _free_block(1)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 11))
+        holder.listen()
+        cluster = LocalClusterProcesses(tmp_path / "d", brokers=1, base_port=base)
+        with pytest.raises(ClusterUpError, match=rf"{base + 11} \(broker 1's Kafka\)"):
+            cluster.start()
+    assert not (tmp_path / "d" / "zookeeper").exists()
+
+
+def test_one_directory_serves_one_cluster_at_a_time(tmp_path: Path) -> None:
+    first = LocalClusterProcesses(tmp_path, brokers=1, base_port=_free_block(1))
+    first._lock()  # what start does first
+    try:
+        second = LocalClusterProcesses(tmp_path, brokers=1, base_port=_free_block(1))
+        with pytest.raises(ClusterUpError, match="in use by another"):
+            second.start()
+    finally:
+        first.stop()
+
+
+def test_the_brokers_a_directory_holds(tmp_path: Path) -> None:
+    for name in ("broker-1", "broker-3", "broker-x", "zookeeper", "logs"):
+        (tmp_path / name).mkdir()
+    assert existing_broker_ids(tmp_path) == [1, 3]
+    assert existing_broker_ids(tmp_path / "missing") == []
+    with pytest.raises(ValueError, match="between 1024 and 65535"):
+        LocalClusterProcesses(tmp_path, brokers=3, base_port=65_510)
