@@ -2,6 +2,8 @@
 #   make test    lint + type check + generated-code check + the whole test suite
 #   make run     the broker with its embedded defaults (127.0.0.1:7410, ./tidelog-data),
 #                plus the Kafka protocol listener on 127.0.0.1:9092
+#   make cluster ZooKeeper and BROKERS (3) brokers on 127.0.0.1 in the foreground, kept in
+#                DATA_DIR (./tidelog-cluster): `tidelog cluster up` (BASE_PORT, default 7400)
 #   make console the web console on http://127.0.0.1:7480/ for the broker of `make run`
 #                (CONSOLE_ARGS="--bootstrap HOST:PORT,... --listen HOST:PORT" to change)
 #   make check   ruff, mypy and the protobuf check only
@@ -19,7 +21,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers faults clean
+.PHONY: all venv cluster console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers faults clean
 
 all: test
 
@@ -135,6 +137,15 @@ test-pure: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m tidelog.broker --set kafka.listen=127.0.0.1:9092
+
+# Needs Debian's ZooKeeper on Java 17; said plainly rather than failing inside the command.
+cluster: $(STAMP)
+	@if [ ! -f $(ZOOKEEPER_JAR) ] || ! command -v java >/dev/null; then \
+	  echo "make cluster needs ZooKeeper: $(ZOOKEEPER_JAR) (Debian's libzookeeper-java) and java."; \
+	  echo "Install it with: sudo apt-get install libzookeeper-java"; exit 1; \
+	fi
+	$(BIN)/tidelog cluster up --brokers $(or $(BROKERS),3) --data-dir $(or $(DATA_DIR),tidelog-cluster) \
+		--base-port $(or $(BASE_PORT),7400)
 
 CONSOLE_ARGS ?= --bootstrap 127.0.0.1:7410 --listen 127.0.0.1:7480
 console: $(STAMP)

@@ -7,6 +7,9 @@
     python -m broker healthcheck [--address HOST:PORT] [--timeout-ms MS] [--cafile CA.pem]
     python -m broker add-user NAME --data-dir DIR [--mechanism M]... [--iterations N]
                      (the password on stdin; ``tidelog users add --data-dir`` calls this)
+    python -m broker cluster-up [--brokers N] [--data-dir D] [--base-port B] [--set K=V]...
+                     (``tidelog cluster up``: ZooKeeper and N brokers in the foreground,
+                     ``broker.cluster_up``)
 
 Settings: the embedded defaults, then the TOML file, then each ``--set`` (Kafka's broker
 names, see ``broker.config``), then ``--data-dir`` / ``--listen``. ``--ready-file`` names a
@@ -22,14 +25,25 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidelog.broker.cluster.errors import StoreError
+from tidelog.broker.cluster.testing import ZOOKEEPER_JAR
+from tidelog.broker.cluster_up import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_BROKERS,
+    ClusterUpError,
+    LocalClusterProcesses,
+    existing_broker_ids,
+)
 from tidelog.broker.config import DEFAULT_LISTEN, BrokerConfig, load_toml
 from tidelog.broker.core.audit import audit
 from tidelog.broker.core.scram import MIN_ITERATIONS, ScramError, credential_from_password
@@ -189,10 +203,144 @@ def add_user(argv: Sequence[str]) -> int:
     return 0
 
 
+def _cluster_up_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidelog cluster up",
+        description=(
+            "Run a local cluster to try cluster mode: a ZooKeeper and N brokers on "
+            "127.0.0.1, in the foreground until Ctrl-C or SIGTERM. Everything is kept in "
+            "the data directory: the same --data-dir brings the same cluster back (same "
+            "broker ids, same data). ZooKeeper comes from Debian's libzookeeper-java "
+            f"({ZOOKEEPER_JAR}) on Java 17: apt-get install libzookeeper-java."
+        ),
+        epilog=(
+            "Ports from the base port B: ZooKeeper B; broker i's gRPC B+10*i, Kafka "
+            "B+10*i+1, metrics B+10*i+2."
+        ),
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        metavar="N",
+        help=f"how many brokers (ids 1..N); default: as many as DIR holds, else {DEFAULT_BROKERS}",
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        default="tidelog-cluster",
+        help="the cluster's directory (ZooKeeper's data, one per broker, logs); "
+        "default ./tidelog-cluster",
+    )
+    parser.add_argument(
+        "--base-port",
+        type=int,
+        default=DEFAULT_BASE_PORT,
+        metavar="B",
+        help=f"first port of the block the cluster uses (default {DEFAULT_BASE_PORT})",
+    )
+    parser.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a setting for every broker, by its Kafka name (repeatable)",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ERROR")
+    return parser
+
+
+def cluster_up(argv: Sequence[str]) -> int:
+    """``tidelog cluster up``: start, print the addresses, wait for SIGTERM/SIGINT, stop.
+
+    Exit status 0 after a clean stop, 1 when the cluster could not start, 2 bad arguments.
+    """
+    args = _cluster_up_parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            sys.stderr.write(f"tidelog cluster up: --set expects KEY=VALUE, got {item!r}\n")
+            return 2
+        settings[key.strip()] = value
+    data_dir = Path(args.data_dir)
+    brokers = args.brokers or len(existing_broker_ids(data_dir)) or DEFAULT_BROKERS
+    try:
+        cluster = LocalClusterProcesses(
+            data_dir, brokers=brokers, base_port=args.base_port, settings=settings
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"tidelog cluster up: {exc}\n")
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # SIGHUP too: a closed terminal stops the cluster cleanly rather than leaving the
+    # children to die with this process (SIGKILL, ZooKeeper sessions left to expire).
+    stopping = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in stopping}
+    try:
+        sys.stdout.write(f"Starting ZooKeeper and {brokers} broker(s) in {cluster.data_dir}...\n")
+        sys.stdout.flush()
+        try:
+            cluster.start()
+        except ClusterUpError as exc:
+            sys.stderr.write(f"tidelog cluster up: cannot start: {exc}\n")
+            return 1
+        _print_cluster(cluster)
+        left = [i for i in existing_broker_ids(data_dir) if i not in cluster.broker_ids]
+        if left:
+            sys.stderr.write(
+                f"note: {data_dir} also holds broker(s) {left}, not started (--brokers {brokers})\n"
+            )
+        reported: set[int] = set()
+        while not stop.wait(0.5):
+            for broker_id, code in cluster.exited().items():
+                if broker_id not in reported:
+                    reported.add(broker_id)
+                    log_file = cluster.addresses(broker_id).log_file
+                    sys.stderr.write(
+                        f"broker {broker_id} exited with status {code} (its log: {log_file})\n"
+                    )
+        sys.stdout.write("Stopping the brokers, then ZooKeeper...\n")
+        sys.stdout.flush()
+        cluster.stop()
+        sys.stdout.write(f"Stopped. The data stays in {cluster.data_dir}.\n")
+        return 0
+    finally:
+        cluster.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _print_cluster(cluster: LocalClusterProcesses) -> None:
+    lines = [f"ZooKeeper: {cluster.zookeeper_connect}"]
+    for broker_id in cluster.broker_ids:
+        a = cluster.addresses(broker_id)
+        lines.append(
+            f"broker {broker_id}: gRPC {a.grpc}  Kafka {a.kafka}  metrics {a.metrics}  "
+            f"data {a.data_dir}  log {a.log_file}"
+        )
+    lines += [
+        f"gRPC bootstrap: {cluster.bootstrap}",
+        f"Kafka bootstrap: {cluster.kafka_bootstrap}",
+        "Ctrl-C or SIGTERM stops the cluster; the same --data-dir starts it again.",
+        "",
+    ]
+    sys.stdout.write("\n".join(lines))
+    sys.stdout.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``[serve] ARGS``, ``healthcheck ARGS`` or ``add-user ARGS``; returns
-    the exit status."""
+    """Entry point: ``[serve] ARGS``, ``healthcheck ARGS``, ``add-user ARGS`` or
+    ``cluster-up ARGS``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "cluster-up":
+        return cluster_up(args[1:])
     if args and args[0] == "healthcheck":
         return healthcheck(args[1:])
     if args and args[0] == "add-user":

@@ -153,6 +153,10 @@ class ZooKeeperServer:
         host, port: where it listens: ``127.0.0.1`` and a free port by default; a network
             namespace's address and a fixed port for partition tests (``tests/faults``).
         wrap: turns the server's command into the one to run (``ip netns exec NS ...``).
+        directory: where the server keeps its files (``zoo.cfg``, ``data/``, its log),
+            created if missing and kept by ``stop``, so a later server on the same
+            directory serves the same data (``tidelog cluster up``); a temporary directory
+            that ``stop`` removes by default.
     """
 
     def __init__(
@@ -163,10 +167,12 @@ class ZooKeeperServer:
         host: str = "127.0.0.1",
         port: int = 0,
         wrap: Callable[[list[str]], list[str]] | None = None,
+        directory: Path | None = None,
     ) -> None:
         self._tick_ms = tick_ms
         self._max_session_timeout_ms = max_session_timeout_ms
-        self._directory: Path | None = None
+        self._directory: Path | None = directory
+        self._keeps_directory = directory is not None
         self._process: subprocess.Popen[bytes] | None = None
         self.host = host
         self.port = port
@@ -184,10 +190,12 @@ class ZooKeeperServer:
                 f"ZooKeeper is not installed: {ZOOKEEPER_JAR} or java is missing "
                 "(apt-get install libzookeeper-java; `make venv` does it as root)"
             )
-        if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix="tidelog-zk-"))
+        # A given directory gets its zoo.cfg written at every start: its port may differ.
+        if self._directory is None or self._keeps_directory:
+            if self._directory is None:
+                self._directory = Path(tempfile.mkdtemp(prefix="tidelog-zk-"))
             self.port = self.port or free_port()
-            (self._directory / "data").mkdir()
+            (self._directory / "data").mkdir(parents=True, exist_ok=True)
             config = "\n".join(
                 [
                     f"tickTime={self._tick_ms}",
@@ -263,9 +271,9 @@ class ZooKeeperServer:
         self.start()
 
     def stop(self) -> None:
-        """End the server and remove its directory. Idempotent."""
+        """End the server and remove its directory (unless given one). Idempotent."""
         self.kill()
-        if self._directory is not None:
+        if self._directory is not None and not self._keeps_directory:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
 

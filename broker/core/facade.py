@@ -92,6 +92,7 @@ from tidelog.broker.core.topics import (
     Topics,
     TopicView,
 )
+from tidelog.broker.core.user_admin import UserAdmin
 from tidelog.broker.core.users import FileUserStore
 from tidelog.broker.groups.coordinator import GroupView, HeartbeatAnswer, HeartbeatRequest
 from tidelog.broker.groups.manager import (
@@ -156,6 +157,9 @@ class BrokerCore:
         # Authentication (broker.core.auth): every listener asks it for each call's principal.
         # None (a core built without ``open``): every call is served unauthenticated.
         self.authenticator = authenticator
+        # SCRAM user administration over the authenticator's store (broker.core.user_admin):
+        # gRPC's user calls and Kafka's KIP-554 APIs both call it. None without one.
+        self.user_admin = UserAdmin(authenticator.users) if authenticator is not None else None
         self._groups = groups
         fetch_purgatory = delayed.fetch
         self._fetch_purgatory = fetch_purgatory

@@ -243,6 +243,8 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     45: ("AlterPartitionReassignments", "alter_partition_reassignments"),
     46: ("ListPartitionReassignments", "list_partition_reassignments"),
     47: ("OffsetDelete", "offset_delete"),
+    50: ("DescribeUserScramCredentials", "describe_users"),
+    51: ("AlterUserScramCredentials", "alter_users"),
     60: ("DescribeCluster", "describe_cluster"),
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),

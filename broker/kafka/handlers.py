@@ -64,6 +64,7 @@ from tidelog.broker.kafka.reassign import (
     list_partition_reassignments,
 )
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
+from tidelog.broker.kafka.users import alter_user_scram_credentials, describe_user_scram_credentials
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
 
@@ -340,6 +341,8 @@ HANDLERS: dict[int, Handler] = {
     45: alter_partition_reassignments,
     46: list_partition_reassignments,
     47: offset_delete,
+    50: describe_user_scram_credentials,
+    51: alter_user_scram_credentials,
     60: describe_cluster,
     61: describe_producers,
     68: consumer_group_heartbeat,

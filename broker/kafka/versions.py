@@ -53,6 +53,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     45: (0, 1),  # AlterPartitionReassignments (KIP-455; v1: allow_replication_factor_change)
     46: (0, 0),  # ListPartitionReassignments (KIP-455)
     47: (0, 0),  # OffsetDelete (KIP-496)
+    50: (0, 0),  # DescribeUserScramCredentials (KIP-554)
+    51: (0, 0),  # AlterUserScramCredentials (KIP-554)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)

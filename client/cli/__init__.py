@@ -24,6 +24,8 @@
     tidelog users list
     tidelog users delete NAME [--mechanism M]
     tidelog serve ...              (the broker daemon: see `tidelog serve --help`)
+    tidelog cluster up [--brokers N] [--data-dir D] [--base-port B]
+                                   (ZooKeeper and N brokers on 127.0.0.1, in the foreground)
     tidelog console [--listen 127.0.0.1:7480] [--refresh-ms MS] [--sample-ms MS]
                                    (the web console: docs/console.md)
 

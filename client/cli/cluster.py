@@ -2,6 +2,9 @@
 
 ::
 
+    tidelog cluster up [--brokers N] [--data-dir D] [--base-port B]
+                                        ZooKeeper and N brokers on this machine, in the
+                                        foreground (the broker's command line runs it)
     tidelog cluster describe            brokers and the controller
     tidelog cluster log-dirs [--broker ID]... [--topic T]...
                                         each broker's log directory (DescribeLogDirs)
@@ -35,6 +38,11 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     cluster = commands.add_parser("cluster", help="the brokers of the cluster")
     cluster.set_defaults(handler=help_of(cluster))
     cluster_commands = cluster.add_subparsers(title="cluster commands", metavar="ACTION")
+    # Only for the help: ``program.main`` hands ``cluster up`` to the broker's command
+    # line before parsing (``tidelog cluster up --help`` has the options).
+    cluster_commands.add_parser(
+        "up", help="run ZooKeeper and N brokers on this machine (see `tidelog cluster up --help`)"
+    )
     cluster_describe = cluster_commands.add_parser(
         "describe", parents=[common], help="brokers and the controller"
     )

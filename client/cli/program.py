@@ -5,9 +5,10 @@
 runs the chosen command's handler, turning what escapes it into an exit status and a
 one-line message: ``UsageError`` 2, ``TidelogError`` 1, Ctrl-C 130, a closed stdout 0.
 
-``serve`` belongs to the broker: ``main`` hands it to ``broker.cli.main`` through
-``_run_broker``, a lazy import, so the client never imports the broker package unless
-``tidelog serve`` runs (the ``serve`` entry in the parser exists only for the help).
+``serve`` and ``cluster up`` belong to the broker: ``main`` hands them to
+``broker.cli.main`` through ``_run_broker``, a lazy import, so the client never imports the
+broker package unless one of them runs (their entries in the parser exist only for the
+help).
 This module is where the environment is read (``TIDELOG_BOOTSTRAP``).
 """
 
@@ -80,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "serve":
-        return _run_broker(args_list[1:])
+        return _run_broker(["serve", *args_list[1:]])
+    if args_list[:2] == ["cluster", "up"]:
+        return _run_broker(["cluster-up", *args_list[2:]])
     parser = _parser()
     args = parser.parse_args(args_list)
     logging.basicConfig(
@@ -107,9 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_broker(argv: Sequence[str]) -> int:
-    """``tidelog serve``: the broker's own command line, imported only when asked for."""
+    """``tidelog serve`` and ``tidelog cluster up``: the broker's own command line,
+    imported only when asked for."""
     broker_cli: Any = importlib.import_module("tidelog.broker.cli")
-    status: int = broker_cli.main(["serve", *argv])
+    status: int = broker_cli.main(list(argv))
     return status
 
 
