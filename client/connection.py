@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tidelog.client.cluster import BrokerNode, ClusterMetadata, PartitionMetadata, TopicMetadata
 from tidelog.client.group_member import HeartbeatAnswer, HeartbeatRequest
@@ -464,6 +464,19 @@ def _topic_partitions(partitions: Iterable[TopicPartition]) -> list[pb.TopicPart
     return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in grouped.items()]
 
 
+def _partition_errors(results: Iterable[Any]) -> dict[TopicPartition, TidelogError | None]:
+    """Per partition of an admin answer (``topic``, ``partition``, ``error_code``): None,
+    or the error its code names."""
+    return {
+        TopicPartition(r.topic, r.partition): (
+            error_for_code(r.error_code, f"{r.topic}-{r.partition}: {r.error_code}")
+            if r.error_code
+            else None
+        )
+        for r in results
+    }
+
+
 class ConnectionFactory(Protocol):
     """Opens a ``Connection`` to one ``HOST:PORT`` (no I/O until the first call)."""
 
@@ -893,14 +906,7 @@ class GrpcConnection:
             what="ElectLeaders",
             timeout_ms=timeout_ms,
         )
-        return {
-            TopicPartition(r.topic, r.partition): (
-                error_for_code(r.error_code, f"{r.topic}-{r.partition}: {r.error_code}")
-                if r.error_code
-                else None
-            )
-            for r in answer.results
-        }
+        return _partition_errors(answer.results)
 
     def alter_partition_reassignments(
         self,
@@ -924,26 +930,14 @@ class GrpcConnection:
             what="AlterPartitionReassignments",
             timeout_ms=timeout_ms,
         )
-        return {
-            TopicPartition(r.topic, r.partition): (
-                error_for_code(r.error_code, f"{r.topic}-{r.partition}: {r.error_code}")
-                if r.error_code
-                else None
-            )
-            for r in answer.results
-        }
+        return _partition_errors(answer.results)
 
     def list_partition_reassignments(
         self, partitions: Iterable[TopicPartition] | None, *, timeout_ms: int | None
     ) -> dict[TopicPartition, PartitionReassignment]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions or ():
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         answer = self.transport.call(
             self.transport.stub.ListPartitionReassignments,
-            pb.ListPartitionReassignmentsRequest(
-                partitions=[pb.TopicPartitions(topic=t, partitions=p) for t, p in by_topic.items()]
-            ),
+            pb.ListPartitionReassignmentsRequest(partitions=_topic_partitions(partitions or ())),
             what="ListPartitionReassignments",
             timeout_ms=timeout_ms,
         )

@@ -34,6 +34,7 @@ from tidelog.storage.records import (
     NO_SEQUENCE,
     NO_TIMESTAMP,
     SUPPORTED_COMPRESSION,
+    BatchHeader,
     Compression,
     TimestampType,
 )
@@ -49,7 +50,7 @@ from tidelog.storage.varint import (
     encode_varlong,
 )
 
-__all__ = ["BatchBuilder", "encode_batch"]
+__all__ = ["BatchBuilder", "builder_like", "encode_batch"]
 
 
 class BatchBuilder:
@@ -398,6 +399,24 @@ def _rebase_timestamps(records: bytearray, shift: int) -> bytearray:
 def _check_range(name: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ValueError(f"{name} {value} is outside [{low}, {high}]")
+
+
+def builder_like(header: BatchHeader, compression: Compression) -> BatchBuilder:
+    """A builder for a stored batch rebuilt in ``compression`` (the cleaner's rounds, a
+    topic's ``compression.type``): ``header``'s base offset and timestamp, timestamp
+    type, producer id, epoch and base sequence, transactional flag and leader epoch.
+    Deltas against the original base timestamp keep every record's encoding."""
+    return BatchBuilder(
+        compression=compression,
+        timestamp_type=header.timestamp_type,
+        base_offset=header.base_offset,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        is_transactional=header.is_transactional,
+        partition_leader_epoch=header.partition_leader_epoch,
+        base_timestamp=header.base_timestamp,
+    )
 
 
 def encode_batch(

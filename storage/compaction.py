@@ -68,9 +68,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tidelog.storage.batch_builder import builder_like
 from tidelog.storage.records import (
     NO_PRODUCER_ID,
-    BatchBuilder,
     BatchHeader,
     Record,
     TimestampType,
@@ -436,19 +436,9 @@ def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
     if needs_horizon:
         horizon = rules.now_ms + rules.delete_retention_ms
     append_time = header.timestamp_type == TimestampType.LOG_APPEND_TIME
-    builder = BatchBuilder(
-        compression=header.compression,
-        timestamp_type=header.timestamp_type,
-        base_offset=header.base_offset,
-        producer_id=header.producer_id,
-        producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence,
-        is_transactional=header.is_transactional,
-        partition_leader_epoch=header.partition_leader_epoch,
-        # Deltas against the original base timestamp (the horizon, if set) keep every
-        # surviving record's encoding, so a batch only grows when a horizon is added.
-        base_timestamp=header.base_timestamp,
-    )
+    # Deltas against the original base timestamp (the horizon, if set) keep every
+    # surviving record's encoding, so a batch only grows when a horizon is added.
+    builder = builder_like(header, header.compression)
     base_offset = header.base_offset
     for record in kept:
         builder.append(

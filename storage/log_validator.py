@@ -30,7 +30,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tidelog.storage.batch_builder import BatchBuilder
+from tidelog.storage.batch_builder import builder_like
 from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.compression import Compression
 from tidelog.storage.config import UNBOUNDED_MS, LogConfig
@@ -203,17 +203,7 @@ def recompress(
 
 def _rebuilt(batch: bytes, codec: Compression) -> bytes:
     header, decoded = decode_batch(batch, 0, validate=False)  # the CRC was checked
-    builder = BatchBuilder(
-        compression=codec,
-        timestamp_type=header.timestamp_type,
-        base_offset=header.base_offset,
-        producer_id=header.producer_id,
-        producer_epoch=header.producer_epoch,
-        base_sequence=header.base_sequence,
-        is_transactional=header.is_transactional,
-        partition_leader_epoch=header.partition_leader_epoch,
-        base_timestamp=header.base_timestamp,
-    )
+    builder = builder_like(header, codec)
     for record in decoded:
         builder.append(
             record.timestamp_ms,
