@@ -66,11 +66,18 @@ def elect(cluster: LocalCluster, kind: ElectionType, topic: str, index: int = 0)
     return None if error is None else error.code()
 
 
+def _in_sync(cluster: LocalCluster, topic: str, factor: int) -> bool:
+    try:
+        return len(partition(cluster, topic).isr) == factor
+    except UnknownTopicOrPartitionError:
+        return False  # the broker asked has not seen the new topic yet
+
+
 def create(cluster: LocalCluster, topic: str, factor: int) -> PartitionDescription:
     new = NewTopic(topic, 1, factor)
     admin = confluent(cluster)
     admin.create_topics([new])[topic].result(TIMEOUT_S)
-    eventually(lambda: len(partition(cluster, topic).isr) == factor, f"{topic} fully in sync")
+    eventually(lambda: _in_sync(cluster, topic, factor), f"{topic} fully in sync")
     return partition(cluster, topic)
 
 
