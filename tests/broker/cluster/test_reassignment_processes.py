@@ -299,6 +299,9 @@ def test_a_cancelled_move_goes_back_to_the_old_replicas(cluster: LocalCluster) -
         again = client.alter_partition_reassignments({tp: None})
     assert again[tp] is not None
     assert again[tp].code == "NO_REASSIGNMENT_IN_PROGRESS"
+    # The controller has written the cancel; the broker answering metadata learns it by
+    # its ZooKeeper watch, a moment later (as a Kafka broker learns by UpdateMetadata).
+    eventually(lambda: tuple(partition(cluster, topic).replicas) == tuple(before.replicas), 30)
     after = partition(cluster, topic)
     assert tuple(after.replicas) == tuple(before.replicas)
     assert set(after.isr) <= set(before.replicas)
