@@ -9,8 +9,9 @@ bytes), ``varlong`` the 64-bit form (at most 10 bytes), as ``ByteUtils.writeVari
 
     0 -> 00        -1 -> 01        1 -> 02        300 -> D8 04        -2**31 -> FF FF FF FF 0F
 
-The wire protocol's *unsigned* varints (compact strings) are a different encoding and do
-not live here.
+The wire protocol's *unsigned* varints (compact strings and arrays, tagged fields) are plain
+LEB128 with no zigzag: ``encode_unsigned_varint`` / ``decode_unsigned_varint`` (used by the
+flexible record formats of the internal topics, e.g. ``__transaction_state``).
 
 Decoders are strict where Kafka is lenient: a varint longer than 5 (varlong: 10) bytes, or
 one whose value does not fit 32 (64) bits, is rejected rather than truncated, because no
@@ -31,8 +32,10 @@ __all__ = [
     "INT64_MAX",
     "INT64_MIN",
     "NONNEGATIVE_VARINTS",
+    "decode_unsigned_varint",
     "decode_varint",
     "decode_varlong",
+    "encode_unsigned_varint",
     "encode_varint",
     "encode_varlong",
 ]
@@ -76,6 +79,14 @@ def encode_varlong(value: int) -> bytes:
     return _encode_unsigned(((value << 1) ^ (value >> 63)) & 0xFFFFFFFFFFFFFFFF)
 
 
+def encode_unsigned_varint(value: int) -> bytes:
+    """Encode a non-negative 32-bit integer as an unsigned varint (Kafka's
+    ``ByteUtils.writeUnsignedVarint``: 1 to 5 bytes). Raises ``ValueError`` out of range."""
+    if not 0 <= value <= 0xFFFFFFFF:
+        raise ValueError(f"unsigned varint value {value} is outside [0, 2**32)")
+    return _encode_unsigned(value)
+
+
 def _decode_unsigned(buf: _Buffer, position: int, bits: int, kind: str) -> tuple[int, int]:
     max_bytes = (bits + 6) // 7
     end = len(buf)
@@ -104,6 +115,14 @@ def decode_varint(buf: _Buffer, position: int = 0) -> tuple[int, int]:
     """
     zz, pos = _decode_unsigned(buf, position, 32, "varint")
     return (zz >> 1) ^ -(zz & 1), pos
+
+
+def decode_unsigned_varint(buf: _Buffer, position: int = 0) -> tuple[int, int]:
+    """Decode the unsigned varint at ``position``; return ``(value, next_position)``.
+
+    Raises ``CorruptRecordError`` as ``decode_varint`` does.
+    """
+    return _decode_unsigned(buf, position, 32, "unsigned varint")
 
 
 def decode_varlong(buf: _Buffer, position: int = 0) -> tuple[int, int]:

@@ -40,7 +40,14 @@ from tidelog.storage.records import (
     split_whole_batches,
     validate_batch,
 )
-from tidelog.storage.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
+from tidelog.storage.varint import (
+    decode_unsigned_varint,
+    decode_varint,
+    decode_varlong,
+    encode_unsigned_varint,
+    encode_varint,
+    encode_varlong,
+)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -226,6 +233,23 @@ def test_varlong_extremes() -> None:
 def test_varint_round_trip(value: int, suffix: bytes) -> None:
     data = b"\xaa" + encode_varint(value) + suffix
     assert decode_varint(data, 1) == (value, len(data) - len(suffix))
+
+
+@given(st.integers(0, 2**32 - 1), st.binary(max_size=3))
+def test_unsigned_varint_round_trip_without_zigzag(value: int, suffix: bytes) -> None:
+    data = encode_unsigned_varint(value)
+    if value < 0x80:
+        assert data == bytes((value,))  # no zigzag: 1 stays 01, not 02
+    assert decode_unsigned_varint(data + suffix) == (value, len(data))
+    with pytest.raises(CorruptRecordError):
+        decode_unsigned_varint(data[:-1])
+
+
+def test_unsigned_varint_refuses_negatives_and_overflow() -> None:
+    with pytest.raises(ValueError, match="unsigned"):
+        encode_unsigned_varint(-1)
+    with pytest.raises(CorruptRecordError, match="overflows"):
+        decode_unsigned_varint(bytes.fromhex("ffffffff7f"))
 
 
 @given(st.integers(INT64_MIN, INT64_MAX))
