@@ -60,6 +60,14 @@ and this module, which import nothing else of ours).
     │   └── SaslAuthenticationError       SASL_AUTHENTICATION_FAILED (gRPC UNAUTHENTICATED)
     │       ├── SaslSessionExpiredError   SASL_SESSION_EXPIRED       retriable
     │       └── UnsupportedSaslMechanismError UNSUPPORTED_SASL_MECHANISM
+    │   └── TransactionError              (the transaction coordinator's answers, issue #28)
+    │       ├── ProducerFencedError       PRODUCER_FENCED (a newer instance of the transactional id)
+    │       ├── ConcurrentTransactionsError  CONCURRENT_TRANSACTIONS  retriable
+    │       ├── CoordinatorNotAvailableError COORDINATOR_NOT_AVAILABLE retriable
+    │       ├── InvalidProducerIdMappingError INVALID_PRODUCER_ID_MAPPING
+    │       ├── InvalidTransactionTimeoutError INVALID_TRANSACTION_TIMEOUT
+    │       ├── TransactionAbortableError TRANSACTION_ABORTABLE (abort, then go on)
+    │       └── TransactionalIdNotFoundError TRANSACTIONAL_ID_NOT_FOUND
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
     │   ├── MaxConnectionsPerIpError      MAX_CONNECTIONS_PER_IP_REACHED
@@ -90,7 +98,9 @@ __all__ = [
     "BrokerUnavailableError",
     "ClientError",
     "ClusterAuthorizationFailedError",
+    "ConcurrentTransactionsError",
     "CoordinatorLoadInProgressError",
+    "CoordinatorNotAvailableError",
     "CorruptRecordError",
     "ElectionNotNeededError",
     "EligibleLeadersNotAvailableError",
@@ -105,12 +115,14 @@ __all__ = [
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidProducerEpochError",
+    "InvalidProducerIdMappingError",
     "InvalidRecordError",
     "InvalidReplicaAssignmentError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTimestampError",
     "InvalidTopicError",
+    "InvalidTransactionTimeoutError",
     "KafkaTimeoutError",
     "LeaderNotAvailableError",
     "LogDirFullError",
@@ -128,6 +140,7 @@ __all__ = [
     "OutOfOrderSequenceError",
     "PolicyViolationError",
     "PreferredLeaderNotAvailableError",
+    "ProducerFencedError",
     "QueuedMaxRequestBytesError",
     "QueuedMaxRequestsError",
     "RecordTooLargeError",
@@ -142,6 +155,9 @@ __all__ = [
     "TidelogError",
     "TopicAlreadyExistsError",
     "TopicAuthorizationFailedError",
+    "TransactionAbortableError",
+    "TransactionError",
+    "TransactionalIdNotFoundError",
     "UnknownLeaderEpochError",
     "UnknownMemberIdError",
     "UnknownProducerIdError",
@@ -532,6 +548,64 @@ class SecurityDisabledError(RequestError):
 
 
 # --- limits: the broker is full right now; the same call later may well succeed -------
+
+
+# --- transactions: the coordinator's answers (issue #28) --------------------------------
+
+
+class TransactionError(RequestError):
+    """Base of the transaction coordinator's refusals."""
+
+    code = "TRANSACTION_ERROR"
+
+
+class ProducerFencedError(TransactionError):
+    """A newer instance initialised this transactional id (or a timeout aborted the
+    transaction under a bumped epoch): this producer must close."""
+
+    code = "PRODUCER_FENCED"
+
+
+class ConcurrentTransactionsError(TransactionError):
+    """Another transition of the transactional id is in flight, or its last transaction
+    is still completing: retry shortly."""
+
+    code = "CONCURRENT_TRANSACTIONS"
+    retriable = True
+
+
+class CoordinatorNotAvailableError(TransactionError):
+    """The coordinator could not make a transition durable (too few in-sync replicas,
+    or a timeout): retry."""
+
+    code = "COORDINATOR_NOT_AVAILABLE"
+    retriable = True
+
+
+class InvalidProducerIdMappingError(TransactionError):
+    """The producer id is not the transactional id's (or the id is unknown)."""
+
+    code = "INVALID_PRODUCER_ID_MAPPING"
+
+
+class InvalidTransactionTimeoutError(TransactionError):
+    """``transaction.timeout.ms`` is not positive or exceeds the broker's
+    ``transaction.max.timeout.ms``."""
+
+    code = "INVALID_TRANSACTION_TIMEOUT"
+
+
+class TransactionAbortableError(TransactionError):
+    """The transaction cannot go on (a partition was written to before it was added):
+    abort it, then begin again."""
+
+    code = "TRANSACTION_ABORTABLE"
+
+
+class TransactionalIdNotFoundError(TransactionError):
+    """No such transactional id (DescribeTransactions)."""
+
+    code = "TRANSACTIONAL_ID_NOT_FOUND"
 
 
 class BrokerBusyError(TidelogError):
