@@ -240,6 +240,7 @@ DOMAIN_MODULES = (
     "broker/core",
     "broker/groups",
     "broker/cluster",
+    "broker/transactions",
 )
 WIRE_IMPORTS = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "proto")
 WIRE_MODULES = ("broker.kafka.codec",)
