@@ -21,9 +21,12 @@ from kafka.admin import KafkaAdminClient
 from tests.cli import tidelog
 from tests.kafka.conftest import KafkaBroker, unique
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.client.transport import Transport
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -243,3 +246,27 @@ def test_the_command_line(kafka_broker: KafkaBroker, admin: AdminClient) -> None
     malformed = tidelog("topics", "create", unique("cli"), "--replica-assignment", "0:x")
     assert malformed.returncode == 2
     assert "must look like 1:2,2:3,3:1" in malformed.stderr
+
+
+def test_grpc_refuses_a_count_or_a_factor_beside_an_assignment(
+    kafka_broker: KafkaBroker, admin: AdminClient
+) -> None:
+    """The gRPC listener's 0 is Kafka's -1 (unset); anything else beside an assignment is
+    Kafka's INVALID_REQUEST, whatever client sends it."""
+    transport = Transport(kafka_broker.address, client_id="assign-grpc", request_timeout_ms=10_000)
+    try:
+        assignment = [pb.ReplicaList(brokers=[0])]
+        refused = {
+            "replication factor was not set to -1": pb.CreateTopicRequest(
+                name=unique("grpc"), replication_factor=1, replica_assignment=assignment
+            ),
+            "numPartitions was not set to -1": pb.CreateTopicRequest(
+                name=unique("grpc"), partitions=1, replica_assignment=assignment
+            ),
+        }
+        for message, request in refused.items():
+            with pytest.raises(InvalidRequestError, match=message):
+                transport.call(transport.stub.CreateTopic, request, what="CreateTopic")
+            assert request.name not in {t.name for t in admin.list_topics()}
+    finally:
+        transport.close()
