@@ -204,16 +204,27 @@ class AdminClient:
         config: Mapping[str, object] | None = None,
         *,
         replication_factor: int | None = None,
+        replica_assignment: Sequence[Sequence[int]] | None = None,
         timeout_ms: int | None = None,
     ) -> TopicDescription:
         """Create a topic; ``partitions`` None takes the broker's ``num.partitions``,
         ``replication_factor`` None its ``default.replication.factor``.
 
+        ``replica_assignment`` places the replicas by hand (Kafka's manual assignment, as
+        confluent-kafka's ``NewTopic(replica_assignment=...)``): entry i lists the broker
+        ids of partition i, its preferred leader (and first leader) first. The partition
+        count and replication factor come from it, so ``partitions`` and
+        ``replication_factor`` must be None. The broker refuses, with
+        ``InvalidReplicaAssignmentError``, lists of different lengths, a broker named
+        twice in a list, or a broker that is not registered (a single node is broker
+        0, or its ``broker.id``).
+
         Sent to the controller (retried there on ``NOT_CONTROLLER`` until the timeout).
         Config values may be given as numbers; they travel as text. Raises
         ``TopicAlreadyExistsError``, ``InvalidTopicError``, ``InvalidConfigError``,
         ``InvalidPartitionsError``, ``InvalidReplicationFactorError`` (more replicas than
-        brokers: a single node keeps 1).
+        brokers: a single node keeps 1), ``InvalidReplicaAssignmentError``; ``ValueError``
+        for an empty ``replica_assignment`` or one given with a count or a factor.
         """
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise ValueError(f"partitions must be a positive int, got {partitions!r}")
@@ -225,10 +236,21 @@ class AdminClient:
             raise ValueError(
                 f"replication_factor must be a positive int, got {replication_factor!r}"
             )
+        lists = _replica_lists(replica_assignment)
+        if replica_assignment is not None and (partitions is not None or replication_factor):
+            raise ValueError(
+                "replica_assignment gives the partition count and the replication factor: "
+                "leave partitions and replication_factor None"
+            )
         text = _text_config(config)
         return self._on_controller(
             lambda c, t: c.create_topic(
-                name, partitions or 0, replication_factor or 0, text, timeout_ms=t
+                name,
+                partitions or 0,
+                replication_factor or 0,
+                text,
+                replica_assignment=lists,
+                timeout_ms=t,
             ),
             f"CreateTopic {name}",
             timeout_ms,
@@ -535,6 +557,7 @@ class AdminClient:
         topic: str,
         total_count: int,
         *,
+        replica_assignment: Sequence[Sequence[int]] | None = None,
         validate_only: bool = False,
         timeout_ms: int | None = None,
     ) -> int:
@@ -547,16 +570,27 @@ class AdminClient:
         refresh (``metadata_max_age_ms``); consumer groups rebalance at their next
         heartbeat. ``validate_only`` checks the request and changes nothing.
 
-        Raises ``ValueError`` for a count below 1; ``UnknownTopicOrPartitionError`` for
-        no such topic; ``InvalidPartitionsError`` when ``total_count`` is not larger than
-        the current count or above the broker's limit; ``InvalidRequestError`` for an
-        internal topic (``__consumer_offsets``).
+        ``replica_assignment`` places the new partitions by hand (as confluent-kafka's
+        ``NewPartitions(replica_assignment=...)``): one broker-id list per *new*
+        partition, in order, each as long as the topic's replication factor, the
+        preferred leader first; ``InvalidReplicaAssignmentError`` otherwise (another
+        number of lists, another length, a broker twice or not registered).
+
+        Raises ``ValueError`` for a count below 1 or an empty ``replica_assignment``;
+        ``UnknownTopicOrPartitionError`` for no such topic; ``InvalidPartitionsError``
+        when ``total_count`` is not larger than the current count or above the broker's
+        limit; ``InvalidRequestError`` for an internal topic (``__consumer_offsets``).
         """
         if not isinstance(total_count, int) or isinstance(total_count, bool) or total_count < 1:
             raise ValueError(f"total_count must be a positive int, got {total_count!r}")
+        lists = _replica_lists(replica_assignment)
         return self._on_controller(
             lambda c, t: c.create_partitions(
-                topic, total_count, validate_only=validate_only, timeout_ms=t
+                topic,
+                total_count,
+                validate_only=validate_only,
+                replica_assignment=lists,
+                timeout_ms=t,
             ),
             f"CreatePartitions {topic}",
             timeout_ms,
@@ -979,6 +1013,20 @@ class AdminClient:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _replica_lists(assignment: Sequence[Sequence[int]] | None) -> list[list[int]]:
+    """A manual replica assignment as lists of ints (``[]``: none); ``ValueError`` for an
+    empty one or a broker id that is not an int (the broker checks the rest)."""
+    if assignment is None:
+        return []
+    lists = [list(replicas) for replicas in assignment]
+    if not lists:
+        raise ValueError("replica_assignment needs a list per partition (None: no assignment)")
+    for replicas in lists:
+        if any(not isinstance(b, int) or isinstance(b, bool) for b in replicas):
+            raise ValueError(f"broker ids must be ints, got {replicas!r}")
+    return lists
 
 
 def _text_config(config: Mapping[str, object] | None) -> dict[str, str]:

@@ -342,9 +342,12 @@ class Connection(Protocol):
         replication_factor: int,
         config: Mapping[str, str],
         *,
+        replica_assignment: Sequence[Sequence[int]] = (),
         timeout_ms: int | None,
     ) -> TopicDescription:
-        """``partitions`` 0 and ``replication_factor`` 0: the broker's defaults."""
+        """``partitions`` 0 and ``replication_factor`` 0: the broker's defaults.
+        ``replica_assignment``: partition i's brokers, preferred leader first (with it,
+        ``partitions`` and ``replication_factor`` are 0)."""
         ...
 
     def delete_topic(self, name: str, *, timeout_ms: int | None) -> None: ...
@@ -387,9 +390,16 @@ class Connection(Protocol):
     ) -> TopicDescription: ...
 
     def create_partitions(
-        self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
+        self,
+        topic: str,
+        total_count: int,
+        *,
+        validate_only: bool,
+        replica_assignment: Sequence[Sequence[int]] = (),
+        timeout_ms: int | None,
     ) -> int:
-        """Grow ``topic``; returns the new partition count."""
+        """Grow ``topic``; returns the new partition count. ``replica_assignment``: one
+        broker list per new partition (empty: placed by the broker)."""
         ...
 
     def describe_configs(
@@ -866,6 +876,7 @@ class GrpcConnection:
         replication_factor: int,
         config: Mapping[str, str],
         *,
+        replica_assignment: Sequence[Sequence[int]] = (),
         timeout_ms: int | None,
     ) -> TopicDescription:
         answer = self.transport.call(
@@ -875,6 +886,7 @@ class GrpcConnection:
                 partitions=partitions,
                 config=dict(config),
                 replication_factor=replication_factor,
+                replica_assignment=[pb.ReplicaList(brokers=r) for r in replica_assignment],
             ),
             what=f"CreateTopic {name}",
             timeout_ms=timeout_ms,
@@ -1019,12 +1031,24 @@ class GrpcConnection:
         )
 
     def create_partitions(
-        self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
+        self,
+        topic: str,
+        total_count: int,
+        *,
+        validate_only: bool,
+        replica_assignment: Sequence[Sequence[int]] = (),
+        timeout_ms: int | None,
     ) -> int:
         answer = self.transport.call(
             self.transport.stub.CreatePartitions,
             pb.CreatePartitionsRequest(
-                topics=[pb.CreatePartitionsTopic(name=topic, count=total_count)],
+                topics=[
+                    pb.CreatePartitionsTopic(
+                        name=topic,
+                        count=total_count,
+                        replica_assignment=[pb.ReplicaList(brokers=r) for r in replica_assignment],
+                    )
+                ],
                 validate_only=validate_only,
             ),
             what=f"CreatePartitions {topic}",

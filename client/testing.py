@@ -186,6 +186,18 @@ class InMemoryCluster:
             ]
         )
 
+    def _single_replicas_locked(self, assignment: Sequence[Sequence[int]]) -> list[int]:
+        """The brokers of a manual assignment, one per partition (this cluster keeps one
+        replica of each); ``InvalidReplicaAssignmentError`` for anything else."""
+        leaders = []
+        for replicas in assignment:
+            if len(replicas) != 1 or replicas[0] not in self.nodes:
+                raise InvalidReplicaAssignmentError(
+                    f"{list(replicas)}: the in-memory cluster keeps one replica, on a known node"
+                )
+            leaders.append(replicas[0])
+        return leaders
+
     def append(self, tp: TopicPartition, records: int) -> None:
         """Grow ``tp``'s log by ``records`` offsets."""
         with self._lock:
@@ -612,6 +624,7 @@ class InMemoryConnection:
         replication_factor: int,
         config: Mapping[str, str],
         *,
+        replica_assignment: Sequence[Sequence[int]] = (),
         timeout_ms: int | None,
     ) -> TopicDescription:
         cluster = self._cluster
@@ -623,7 +636,8 @@ class InMemoryConnection:
                 raise InvalidReplicationFactorError(
                     f"replication factor {replication_factor}: replicas are not kept here"
                 )
-            cluster._add_topic_locked(name, partitions or 1, ())
+            leaders = cluster._single_replicas_locked(replica_assignment)
+            cluster._add_topic_locked(name, len(leaders) or partitions or 1, leaders)
             cluster._topics[name].config.update(config)
             return cluster._description_locked(name)
 
@@ -743,7 +757,13 @@ class InMemoryConnection:
                     raise InvalidRequestError("the in-memory cluster only sets and deletes")
 
     def create_partitions(
-        self, topic: str, total_count: int, *, validate_only: bool, timeout_ms: int | None
+        self,
+        topic: str,
+        total_count: int,
+        *,
+        validate_only: bool,
+        replica_assignment: Sequence[Sequence[int]] = (),
+        timeout_ms: int | None,
     ) -> int:
         cluster = self._cluster
         with cluster._lock:
@@ -753,10 +773,16 @@ class InMemoryConnection:
                 raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
             if total_count <= len(found.partitions):
                 raise InvalidPartitionsError(f"{topic} has {len(found.partitions)} partitions")
+            given = cluster._single_replicas_locked(replica_assignment)
+            if given and len(given) != total_count - len(found.partitions):
+                raise InvalidReplicaAssignmentError(
+                    f"Attempted to add {total_count - len(found.partitions)} additional "
+                    f"partition(s), but only {len(given)} assignment(s) were specified."
+                )
             if not validate_only:
                 ids = sorted(i for i in cluster.nodes if i in cluster._alive)
-                for p in range(len(found.partitions), total_count):
-                    leader = ids[p % len(ids)]
+                for i, p in enumerate(range(len(found.partitions), total_count)):
+                    leader = given[i] if given else ids[p % len(ids)]
                     found.partitions.append(_Partition(leader=leader, replicas=(leader,)))
             return total_count
 

@@ -65,6 +65,7 @@ from tidelog.broker.cluster.store import (
     StoreError,
 )
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
+from tidelog.broker.core.replica_assignment import check_growth_assignment, check_topic_assignment
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     BrokerUnavailableError,
@@ -208,19 +209,37 @@ class Controller:
     # --- admin operations (any thread; run on the event thread) --------------------------
 
     def create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        assignment: Mapping[int, Sequence[int]] | None = None,
     ) -> TopicAssignment:
         """Place and create a topic. Raises ``NotControllerError``, ``TopicAlreadyExistsError``,
-        ``InvalidReplicationFactorError``, ``BrokerUnavailableError`` (timeout)."""
+        ``InvalidReplicationFactorError``, ``BrokerUnavailableError`` (timeout).
+
+        ``assignment`` (partition -> replicas, preferred leader first): written as given
+        instead of placed, once its brokers are checked against the live registrations
+        (``InvalidReplicaAssignmentError``, Kafka's rules: ``broker.core.replica_assignment``);
+        ``partitions`` and ``replication_factor`` are then the assignment's."""
+        manual = None if assignment is None else [(p, tuple(r)) for p, r in assignment.items()]
         return self._call(
-            lambda: self._create_topic(name, partitions, replication_factor, dict(config))
+            lambda: self._create_topic(name, partitions, replication_factor, dict(config), manual)
         )
 
     def delete_topic(self, name: str) -> None:
         self._call(lambda: self._delete_topic(name))
 
-    def create_partitions(self, name: str, total: int) -> TopicAssignment:
-        return self._call(lambda: self._create_partitions(name, total))
+    def create_partitions(
+        self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
+    ) -> TopicAssignment:
+        """Grow a topic to ``total`` partitions, placed by the round robin or (``assignment``,
+        one replica list per new partition) as given, checked as Kafka's
+        (``InvalidReplicaAssignmentError``)."""
+        manual = None if assignment is None else [tuple(r) for r in assignment]
+        return self._call(lambda: self._create_partitions(name, total, manual))
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         self._call(lambda: self._alter_config(name, dict(config)))
@@ -537,7 +556,12 @@ class Controller:
         return value.lower() == "true"
 
     def _create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: dict[str, str]
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: dict[str, str],
+        manual: list[tuple[int, tuple[int, ...]]] | None = None,
     ) -> TopicAssignment:
         lease = self._require_lease()
         if self._store.read_topic(name) is not None:
@@ -545,14 +569,20 @@ class Controller:
         view = self._store.live_brokers_view()
         brokers = sorted(view.epochs)
         count = max(len(brokers), 1)
-        placed = assign_replicas(
-            partitions,
-            replication_factor,
-            brokers,
-            start_index=self._rng.randrange(count),
-            replica_shift=self._rng.randrange(count),
-            racks={b: r.rack for b, r in view.registrations.items()},
-        )
+        placed: Mapping[int, Sequence[int]]
+        if manual:
+            # Registered is live here (registrations are ephemeral), so every replica
+            # starts in the ISR and the first leads, as Kafka's (ISR = active replicas).
+            placed = check_topic_assignment(manual, set(brokers))
+        else:
+            placed = assign_replicas(
+                partitions,
+                replication_factor,
+                brokers,
+                start_index=self._rng.randrange(count),
+                replica_shift=self._rng.randrange(count),
+                racks={b: r.rack for b, r in view.registrations.items()},
+            )
         assignment = TopicAssignment(
             name, str(uuid.uuid4()), {p: tuple(r) for p, r in placed.items()}
         )
@@ -574,7 +604,9 @@ class Controller:
         self._store.delete_topic(lease, name)
         log.info("deleted topic %s", name)
 
-    def _create_partitions(self, name: str, total: int) -> TopicAssignment:
+    def _create_partitions(
+        self, name: str, total: int, manual: list[tuple[int, ...]] | None = None
+    ) -> TopicAssignment:
         lease = self._require_lease()
         found = self._store.read_topic_versioned(name)
         if found is None:
@@ -588,19 +620,23 @@ class Controller:
         factor = len(assignment.replicas[0])
         view = self._store.live_brokers_view()
         brokers = sorted(view.epochs)
-        # Kafka continues from the first partition's leader, so growth keeps the pattern.
-        start = (
-            brokers.index(assignment.replicas[0][0]) if assignment.replicas[0][0] in brokers else 0
-        )
-        placed = assign_replicas(
-            total - current,
-            factor,
-            brokers,
-            start_index=start,
-            replica_shift=self._rng.randrange(max(len(brokers), 1)),
-            first_partition=current,
-            racks={b: r.rack for b, r in view.registrations.items()},
-        )
+        placed: Mapping[int, Sequence[int]]
+        if manual is not None:
+            placed = check_growth_assignment(
+                manual, set(brokers), current=current, total=total, replication_factor=factor
+            )
+        else:
+            # Kafka continues from the first partition's leader, so growth keeps the pattern.
+            first = assignment.replicas[0][0]
+            placed = assign_replicas(
+                total - current,
+                factor,
+                brokers,
+                start_index=brokers.index(first) if first in brokers else 0,
+                replica_shift=self._rng.randrange(max(len(brokers), 1)),
+                first_partition=current,
+                racks={b: r.rack for b, r in view.registrations.items()},
+            )
         grown = replace(  # keeps the lists of partitions being reassigned
             assignment,
             replicas={**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},

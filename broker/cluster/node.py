@@ -578,17 +578,27 @@ class ClusterNode:
             raise BrokerUnavailableError(f"{what}: this broker's view did not catch up in time")
 
     def create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        assignment: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
-        self._controller_or_raise().create_topic(name, partitions, replication_factor, config)
+        self._controller_or_raise().create_topic(
+            name, partitions, replication_factor, config, assignment=assignment
+        )
         self._await(lambda m: name in m.topics, f"creating {name}")
 
     def delete_topic(self, name: str) -> None:
         self._controller_or_raise().delete_topic(name)
         self._await(lambda m: name not in m.topics, f"deleting {name}")
 
-    def create_partitions(self, name: str, total: int) -> None:
-        self._controller_or_raise().create_partitions(name, total)
+    def create_partitions(
+        self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
+    ) -> None:
+        self._controller_or_raise().create_partitions(name, total, assignment=assignment)
         self._await(
             lambda m: name in m.topics and m.topics[name].assignment.partition_count == total,
             f"growing {name}",

@@ -420,10 +420,25 @@ class BrokerCore:
         config: Mapping[str, str],
         *,
         replication_factor: int | None = None,
+        assignment: Sequence[tuple[int, Sequence[int]]] | None = None,
     ) -> TopicView:
         """``Topics.create_topic``."""
         return self.topics.create_topic(
-            name, partitions, config, replication_factor=replication_factor
+            name, partitions, config, replication_factor=replication_factor, assignment=assignment
+        )
+
+    def validate_new_topic(
+        self,
+        name: str,
+        partitions: int | None,
+        config: Mapping[str, str],
+        *,
+        replication_factor: int | None = None,
+        assignment: Sequence[tuple[int, Sequence[int]]] | None = None,
+    ) -> tuple[int, int]:
+        """``Topics.validate_new_topic``."""
+        return self.topics.validate_new_topic(
+            name, partitions, config, replication_factor=replication_factor, assignment=assignment
         )
 
     def elect_preferred_leaders(self) -> int:
@@ -510,10 +525,16 @@ class BrokerCore:
         return self.topics.alter_topic_config(name, set_keys, delete_keys)
 
     def create_partitions(
-        self, counts: Sequence[tuple[str, int]], *, validate_only: bool = False
+        self,
+        counts: Sequence[tuple[str, int]],
+        *,
+        validate_only: bool = False,
+        assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
     ) -> list[PartitionCountResult]:
         """``Topics.create_partitions``."""
-        return self.topics.create_partitions(counts, validate_only=validate_only)
+        return self.topics.create_partitions(
+            counts, validate_only=validate_only, assignments=assignments
+        )
 
     # --- data -----------------------------------------------------------------------------
 

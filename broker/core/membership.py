@@ -53,12 +53,25 @@ class TopicAdmin(Protocol):
     """
 
     def create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
-    ) -> None: ...
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        assignment: Mapping[int, Sequence[int]] | None = None,
+    ) -> None:
+        """``assignment``: the replicas of partitions ``0..partitions-1`` as given
+        (checked for shape by the caller; the controller checks the brokers)."""
+        ...
 
     def delete_topic(self, name: str) -> None: ...
 
-    def create_partitions(self, name: str, total: int) -> None: ...
+    def create_partitions(
+        self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
+    ) -> None:
+        """``assignment``: one replica list per new partition, in order."""
+        ...
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None: ...
 

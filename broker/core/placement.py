@@ -192,14 +192,22 @@ class JoiningTopicAdmin:
         )
 
     def create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        assignment: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         raise self._refuse()
 
     def delete_topic(self, name: str) -> None:
         raise self._refuse()
 
-    def create_partitions(self, name: str, total: int) -> None:
+    def create_partitions(
+        self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
+    ) -> None:
         raise self._refuse()
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:

@@ -27,6 +27,7 @@ from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from tidelog.broker.core.replica_assignment import check_growth_assignment, check_topic_assignment
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
@@ -161,17 +162,82 @@ class Topics:
         config: Mapping[str, str],
         *,
         replication_factor: int | None = None,
+        assignment: Sequence[tuple[int, Sequence[int]]] | None = None,
     ) -> TopicView:
         """Create a topic (``partitions`` None or 0: ``num.partitions``; replication
         factor None: ``default.replication.factor``).
 
+        ``assignment``: a manual replica assignment, (partition, replicas) pairs with the
+        preferred leader first (``broker.core.replica_assignment`` has the rules; with it
+        ``partitions`` and ``replication_factor`` must be None, Kafka's -1). On a single
+        node only this broker's id may be named; in a cluster the controller writes the
+        lists as given (each partition led by its first replica).
+
         Raises ``InvalidReplicationFactorError`` for a factor a single node cannot keep
         (more than 1), ``PolicyViolationError`` for a ``min.insync.replicas`` above the
-        factor, and in cluster mode ``NotControllerError`` on another broker than
-        the controller (the client retries there).
+        factor, ``InvalidReplicaAssignmentError`` / ``InvalidRequestError`` for an
+        assignment Kafka would refuse, and in cluster mode ``NotControllerError`` on
+        another broker than the controller (the client retries there).
         """
-        factor = replication_factor or self._config.default_replication_factor
+        count, factor, placed = self._plan_new_topic(
+            name, partitions, config, replication_factor, assignment, validate_only=False
+        )
         admin = self._membership.topic_admin
+        if admin is None:
+            with self._gate.operation():
+                meta = self._logs.create_topic(name, count, config)
+                return self.view(meta)
+        admin.create_topic(name, count, factor, config, assignment=placed)
+        return self.describe_topic(name)
+
+    def validate_new_topic(
+        self,
+        name: str,
+        partitions: int | None,
+        config: Mapping[str, str],
+        *,
+        replication_factor: int | None = None,
+        assignment: Sequence[tuple[int, Sequence[int]]] | None = None,
+    ) -> tuple[int, int]:
+        """CreateTopics' ``validate_only``: every check ``create_topic`` makes, nothing
+        created; returns the (partition count, replication factor) it would have. In a
+        cluster an assignment's brokers are checked against this broker's view (the
+        controller is not asked). Raises as ``create_topic`` (but ``NotControllerError``)."""
+        count, factor, _ = self._plan_new_topic(
+            name, partitions, config, replication_factor, assignment, validate_only=True
+        )
+        return count, factor
+
+    def _plan_new_topic(
+        self,
+        name: str,
+        partitions: int | None,
+        config: Mapping[str, str],
+        replication_factor: int | None,
+        assignment: Sequence[tuple[int, Sequence[int]]] | None,
+        *,
+        validate_only: bool,
+    ) -> tuple[int, int, dict[int, tuple[int, ...]] | None]:
+        """(count, factor, manual placement or None) of a new topic, every check made."""
+        admin = self._membership.topic_admin
+        placed: dict[int, tuple[int, ...]] | None = None
+        if assignment:
+            # A single node knows its one broker; a broker of a cluster leaves the
+            # registration check to the controller (its view may lag a broker that just
+            # joined), but for validate_only, where its view is all there is.
+            registered: set[int] | None = None
+            if admin is None or validate_only:
+                registered = {b.broker_id for b in self._membership.placement.cluster().brokers}
+            placed = check_topic_assignment(
+                assignment,
+                registered,
+                partitions=partitions,
+                replication_factor=replication_factor,
+            )
+            count, factor = len(placed), len(placed[0])
+        else:
+            factor = replication_factor or self._config.default_replication_factor
+            count = partitions or self._config.num_partitions
         if admin is None and factor != 1:
             raise InvalidReplicationFactorError(
                 f"replication factor {factor} needs {factor} brokers; this is a single "
@@ -179,14 +245,8 @@ class Topics:
             )
         # A topic's own min.insync.replicas above its factor: POLICY_VIOLATION.
         check_replication_policy(config, factor, name)
-        if admin is None:
-            with self._gate.operation():
-                meta = self._logs.create_topic(name, partitions or None, config)
-                return self.view(meta)
-        count = partitions or self._config.num_partitions
         self._logs.validate_new_topic(name, count, config)
-        admin.create_topic(name, count, factor, config)
-        return self.describe_topic(name)
+        return count, factor, placed
 
     def elect_leaders(
         self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
@@ -413,16 +473,26 @@ class Topics:
         return self.describe_topic(name)
 
     def create_partitions(
-        self, counts: Sequence[tuple[str, int]], *, validate_only: bool = False
+        self,
+        counts: Sequence[tuple[str, int]],
+        *,
+        validate_only: bool = False,
+        assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
     ) -> list[PartitionCountResult]:
         """Grow each named topic to its new total count (Kafka's CreatePartitions).
 
         Answered per topic, in request order; a topic named twice is ``INVALID_REQUEST``
-        each time (as Kafka). The errors are ``LogManager.create_partitions``'s. Producers
-        and consumers see the new partitions at their next metadata refresh; the group
-        coordinator bumps the epoch of every group subscribed to a grown topic at the
-        group's next heartbeat (``docs/groups.md``), so the new partitions get owners.
+        each time (as Kafka). The errors are ``LogManager.create_partitions``'s, and for a
+        topic in ``assignments`` (one replica list per new partition, preferred leader
+        first) ``INVALID_REPLICA_ASSIGNMENT`` as Kafka's (``broker.core.replica_assignment``:
+        one list per new partition, each of the topic's replication factor, no broker
+        twice, every broker registered; checked by the controller in a cluster, and
+        against this broker's view with ``validate_only``). Producers and consumers see
+        the new partitions at their next metadata refresh; the group coordinator bumps
+        the epoch of every group subscribed to a grown topic at the group's next
+        heartbeat (``docs/groups.md``), so the new partitions get owners.
         """
+        wanted = assignments or {}
         with self._gate.operation():
             seen: dict[str, int] = {}
             for name, _ in counts:
@@ -433,9 +503,14 @@ class Topics:
                     if seen[name] > 1:
                         raise InvalidRequestError(f"topic {name!r} is named more than once")
                     meta = self._logs.create_partitions(name, count, validate_only=True)
+                    before = self._logs.topic(name).partitions
+                    lists = wanted.get(name)
+                    if lists is not None:
+                        self._check_growth(name, lists, before, count, validate_only)
                     if not validate_only:
-                        if self._membership.topic_admin is not None:
-                            self._membership.topic_admin.create_partitions(name, count)
+                        admin = self._membership.topic_admin
+                        if admin is not None:
+                            admin.create_partitions(name, count, assignment=lists)
                             meta = self._logs.topic(name)
                         else:
                             meta = self._logs.create_partitions(name, count)
@@ -447,6 +522,27 @@ class Topics:
                     continue
                 answers.append(PartitionCountResult(name, meta.partitions))
             return answers
+
+    def _check_growth(
+        self,
+        name: str,
+        lists: Sequence[Sequence[int]],
+        current: int,
+        total: int,
+        validate_only: bool,
+    ) -> None:
+        """A growth's manual assignment, checked here: in full on a single node (this
+        broker is the only one) and for validate_only (this broker's view), its shape
+        only otherwise (the controller checks the brokers against ZooKeeper's)."""
+        placement = self._membership.placement
+        single = self._membership.topic_admin is None
+        registered = (
+            {b.broker_id for b in placement.cluster().brokers} if single or validate_only else None
+        )
+        factor = 1 if single else len(placement.partition(name, 0).replicas)
+        check_growth_assignment(
+            lists, registered, current=current, total=total, replication_factor=factor
+        )
 
     def describe_log_dirs(self, partitions: Sequence[tuple[str, int]] | None) -> LogDirView:
         """Kafka's DescribeLogDirs on this broker: its one data directory, with the

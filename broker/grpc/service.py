@@ -138,12 +138,14 @@ def wait_cap_ms(time_remaining_s: float | None) -> int | None:
 def _create_topic(
     core: BrokerCore, request: pb.CreateTopicRequest, context: RequestContext
 ) -> pb.TopicDescription:
+    assignment = [(p, tuple(r.brokers)) for p, r in enumerate(request.replica_assignment)]
     return _topic_description(
         core.create_topic(
             request.name,
-            request.partitions,
+            request.partitions or None,
             dict(request.config),
             replication_factor=request.replication_factor or None,
+            assignment=assignment or None,
         )
     )
 
@@ -246,7 +248,13 @@ def _create_partitions(
     core: BrokerCore, request: pb.CreatePartitionsRequest, context: RequestContext
 ) -> pb.CreatePartitionsResponse:
     answers = core.create_partitions(
-        [(t.name, t.count) for t in request.topics], validate_only=request.validate_only
+        [(t.name, t.count) for t in request.topics],
+        validate_only=request.validate_only,
+        assignments={
+            t.name: [tuple(r.brokers) for r in t.replica_assignment]
+            for t in request.topics
+            if t.replica_assignment
+        },
     )
     return pb.CreatePartitionsResponse(
         results=[

@@ -15,9 +15,9 @@ are exactly ``versions.ADVERTISED``'s, which a test checks).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
-from typing import Any
 
 from tidelog.broker.core import operations
 from tidelog.broker.core.topics import MetadataTopic
@@ -187,7 +187,15 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
 
 
 async def create_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """CreateTopics: each topic created by the core (broker defaults for -1 counts)."""
+    """CreateTopics: each topic created by the core (broker defaults for -1 counts).
+
+    A topic's ``assignments`` (partition index -> broker ids, preferred leader first) is a
+    manual replica assignment (``broker.core.replica_assignment``): ``num_partitions`` and
+    ``replication_factor`` must then be -1 (``INVALID_REQUEST``), and a list Kafka would
+    refuse is ``INVALID_REPLICA_ASSIGNMENT`` with Kafka's message. ``validate_only`` makes
+    every check (the replication factor and the assignment's brokers included) and
+    creates nothing.
+    """
     results = []
     validate_only = bool(request.get("validate_only", False))
     for topic in request["topics"]:
@@ -195,6 +203,15 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
         count = topic["num_partitions"]
         factor = topic["replication_factor"]
         configs = {c["name"]: c["value"] for c in topic.get("configs", []) if c["value"]}
+        assignment = [
+            (a["partition_index"], tuple(a["broker_ids"])) for a in topic.get("assignments") or []
+        ]
+        if assignment:  # -1 is unset; anything else is refused by the core
+            partitions = None if count == -1 else count
+            replication = None if factor == -1 else factor
+        else:
+            partitions = count if count > 0 else None
+            replication = factor if factor > 0 else None
         result: Plain = {"name": name, "topic_id": _ZERO_UUID}
         # CREATE on the cluster, or else on the topic: only the topic's refusal is
         # audited (the policy table's ``or_on_cluster``).
@@ -203,17 +220,31 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
             results.append(result)
             continue
         try:
-            if topic.get("assignments"):
-                raise ValueError("manual replica assignments are not supported")
             if validate_only:
-                conn.core.logs.validate_new_topic(
-                    name, count if count > 0 else conn.core.config.num_partitions, configs
-                )
                 view = None
+                created, replicas = await conn.run(
+                    functools.partial(
+                        conn.core.validate_new_topic,
+                        name,
+                        partitions,
+                        configs,
+                        replication_factor=replication,
+                        assignment=assignment or None,
+                    )
+                )
             else:
                 view = await conn.run(
-                    _create, conn, name, count if count > 0 else None, configs, factor
+                    functools.partial(
+                        conn.core.create_topic,
+                        name,
+                        partitions,
+                        configs,
+                        replication_factor=replication,
+                        assignment=assignment or None,
+                    )
                 )
+                created = len(view.partitions)
+                replicas = len(view.partitions[0].replicas) if view.partitions else 1
         except ValueError as exc:
             result.update(error_code=error_code_for("INVALID_REQUEST"), error_message=str(exc))
         except Exception as exc:
@@ -223,8 +254,8 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
             result.update(
                 error_code=NONE,
                 topic_id=topic_id(name) if view is not None else _ZERO_UUID,
-                num_partitions=len(view.partitions) if view is not None else count,
-                replication_factor=factor if factor > 0 else 1,
+                num_partitions=created,
+                replication_factor=replicas,
                 configs=[]
                 if view is None
                 else [
@@ -240,14 +271,6 @@ async def create_topics(conn: Connection, header: RequestHeader, request: Plain)
             )
         results.append(result)
     return {"topics": results}
-
-
-def _create(
-    conn: Connection, name: str, count: int | None, configs: dict[str, str], factor: int
-) -> Any:
-    return conn.core.create_topic(
-        name, count, configs, replication_factor=factor if factor > 0 else None
-    )
 
 
 async def delete_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
@@ -280,19 +303,28 @@ async def delete_topics(conn: Connection, header: RequestHeader, request: Plain)
 
 
 async def create_partitions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """CreatePartitions: grow each topic to its new total count (ALTER on each topic)."""
+    """CreatePartitions: grow each topic to its new total count (ALTER on each topic).
+
+    A topic's ``assignments`` (one broker-id list per new partition, or null) places the
+    new partitions as given (``Topics.create_partitions``: Kafka's
+    ``INVALID_REPLICA_ASSIGNMENT`` for a list count, a length or a broker it refuses)."""
     results: list[Plain] = []
     counts = []
+    assignments: dict[str, list[tuple[int, ...]]] = {}
     for t in request["topics"]:
         code = denied(conn, operations.topic(t["name"]))
         if code:
             results.append({"name": t["name"], "error_code": code})
-        else:
-            counts.append((t["name"], t["count"]))
+            continue
+        counts.append((t["name"], t["count"]))
+        if t.get("assignments") is not None:
+            assignments[t["name"]] = [tuple(a["broker_ids"]) for a in t["assignments"]]
     validate_only = bool(request.get("validate_only", False))
     try:
         answers = await conn.run(
-            lambda: conn.core.create_partitions(counts, validate_only=validate_only)
+            lambda: conn.core.create_partitions(
+                counts, validate_only=validate_only, assignments=assignments
+            )
         )
     except UnknownTopicOrPartitionError as exc:
         code, message = kafka_error(exc)

@@ -3,14 +3,24 @@
 ::
 
     tidelog topics create NAME [--partitions N] [--replication-factor N] [--config KEY=VALUE]...
+    tidelog topics create NAME --replica-assignment 1:2,2:3,3:1 [--config KEY=VALUE]...
     tidelog topics list [--internal]
     tidelog topics describe NAME | --under-replicated [NAME]
-    tidelog topics alter NAME [--partitions N] [--set KEY=VALUE]... [--delete KEY]...
+    tidelog topics alter NAME [--partitions N [--replica-assignment A]] [--set KEY=VALUE]...
+                              [--delete KEY]...
     tidelog topics delete NAME
     tidelog topics producers NAME [--partition P]...
     tidelog topics delete-records NAME (--before OFFSET | --all) [--partition P]...
 
 Tables go to stdout, one-line summaries to stderr.
+
+``--replica-assignment`` is spelled as Kafka's ``kafka-topics.sh``: partitions separated by
+commas, each partition's broker ids by colons, the preferred leader first (``1:2,2:3,3:1``:
+partition 0 on brokers 1 and 2, led by 1...). With ``create`` it replaces ``--partitions``
+and ``--replication-factor``. With ``alter --partitions N`` it lists, as Kafka's, every
+partition of the grown topic, of which only the new ones are used (the existing
+partitions' lists are ignored: moving them is ``tidelog reassign``); a list of just the
+new partitions is taken as well (it cannot be mistaken for the other: it is shorter).
 """
 
 from __future__ import annotations
@@ -53,6 +63,13 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         help="copies of each partition (default: the broker's default.replication.factor)",
     )
     create.add_argument(
+        "--replica-assignment",
+        type=replica_assignment,
+        metavar="A",
+        help="the brokers of each partition, as Kafka's: 1:2,2:3,3:1 (partition 0 on 1 "
+        "and 2, led by 1...); replaces --partitions and --replication-factor",
+    )
+    create.add_argument(
         "--config", metavar="KEY=VALUE", action="append", default=[], help="topic setting"
     )
     create.set_defaults(handler=_topics_create)
@@ -77,6 +94,13 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="N",
         help="grow the topic to N partitions in total (partitions are never removed)",
+    )
+    alter.add_argument(
+        "--replica-assignment",
+        type=replica_assignment,
+        metavar="A",
+        help="with --partitions: the brokers of the partitions, as Kafka's (1:2,2:3,3:1), "
+        "of every partition (the existing ones' are ignored) or of the new ones only",
     )
     alter.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
     alter.add_argument("--delete", metavar="KEY", action="append", default=[])
@@ -128,11 +152,38 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     delete_records.set_defaults(handler=_topics_delete_records)
 
 
+def replica_assignment(text: str) -> list[list[int]]:
+    """An argparse type: Kafka's ``kafka-topics.sh`` replica assignment (``1:2,2:3``) as
+    one broker-id list per partition (``ArgumentTypeError`` for anything else; the broker
+    checks the lists themselves)."""
+    lists = []
+    for part in text.split(","):
+        try:
+            lists.append([int(b) for b in part.strip().split(":")])
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must look like 1:2,2:3,3:1 (broker ids, ':' between replicas, ',' between "
+                f"partitions), got {text!r}"
+            ) from None
+    return lists
+
+
 def _topics_create(args: argparse.Namespace) -> int:
     config = parse_pairs(args.config, "--config")
+    if args.replica_assignment is not None and (
+        args.partitions is not None or args.replication_factor is not None
+    ):
+        raise UsageError(
+            "topics create: --replica-assignment gives the partitions and their replicas; "
+            "leave out --partitions and --replication-factor"
+        )
     with admin_client(args) as admin:
         description = admin.create_topic(
-            args.name, args.partitions, config, replication_factor=args.replication_factor
+            args.name,
+            args.partitions,
+            config,
+            replication_factor=args.replication_factor,
+            replica_assignment=args.replica_assignment,
         )
     print_info(
         f'Created topic "{description.name}" with {len(description.partitions)} partition(s).'
@@ -255,10 +306,17 @@ def _topics_alter(args: argparse.Namespace) -> int:
         raise UsageError(
             "topics alter: give --partitions N, or at least one --set KEY=VALUE or --delete KEY"
         )
+    lists: list[list[int]] | None = args.replica_assignment
+    if lists is not None and partitions is None:
+        raise UsageError("topics alter: --replica-assignment needs --partitions N")
     with admin_client(args) as admin:
         # Partitions first: a refused count (the likelier mistake) leaves the config alone.
         if partitions is not None:
-            count = admin.create_partitions(args.name, partitions)
+            if lists is not None and len(lists) == partitions:
+                # Kafka's form: every partition's list; the new ones follow the existing.
+                current = len(admin.describe_topic(args.name).partitions)
+                lists = lists[current:] or None  # none new: the broker refuses the count
+            count = admin.create_partitions(args.name, partitions, replica_assignment=lists)
             print_info(f'Topic "{args.name}" now has {count} partition(s).')
         if updates or args.delete:
             admin.alter_topic_config(args.name, updates, args.delete)

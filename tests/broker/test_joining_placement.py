@@ -33,7 +33,13 @@ class _Admin:
         self.created: list[str] = []
 
     def create_topic(
-        self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: Mapping[str, str],
+        *,
+        assignment: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         self.created.append(name)
         self._core[0].logs.create_topic(name, partitions, config)
@@ -41,7 +47,9 @@ class _Admin:
     def delete_topic(self, name: str) -> None:
         raise NotImplementedError
 
-    def create_partitions(self, name: str, total: int) -> None:
+    def create_partitions(
+        self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
+    ) -> None:
         raise NotImplementedError
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:

@@ -26,6 +26,8 @@ import pytest
 from kafka.protocol.admin import (
     AlterPartitionReassignmentsRequest,
     AlterPartitionReassignmentsResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
     DeleteRecordsRequest,
@@ -308,6 +310,19 @@ class _Grpc:
     def delete_topic(self, name: str) -> list[str]:
         return [self._code("DeleteTopic", pb.DeleteTopicRequest(name=name))[0]]
 
+    def create_assigned(self, name: str, lists: list[list[int]]) -> list[str]:
+        assignment = [pb.ReplicaList(brokers=r) for r in lists]
+        request = pb.CreateTopicRequest(name=name, replica_assignment=assignment)
+        return [self._code("CreateTopic", request)[0]]
+
+    def grow_assigned(self, name: str, count: int, lists: list[list[int]]) -> list[str]:
+        topic = pb.CreatePartitionsTopic(
+            name=name, count=count, replica_assignment=[pb.ReplicaList(brokers=r) for r in lists]
+        )
+        code, answer = self._code("CreatePartitions", pb.CreatePartitionsRequest(topics=[topic]))
+        # The topic's answer: the call's refusal, or its result's.
+        return [r.error_code or "OK" for r in answer.results] if answer else [code]
+
     def produce(self, name: str) -> list[str]:
         request = pb.ProduceRequest(
             acks=-1,
@@ -391,6 +406,43 @@ class _Kafka:
         )
         answer = self.session.call(request, CreateTopicsResponse)
         return [error_name(t.error_code) for t in answer.topics]
+
+    def create_assigned(self, name: str, lists: list[list[int]]) -> list[str]:
+        topic = CreateTopicsRequest[5].CreatableTopic
+        request = CreateTopicsRequest[5](
+            topics=[
+                topic(
+                    name=name,
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=[
+                        topic.CreatableReplicaAssignment(partition_index=p, broker_ids=r)
+                        for p, r in enumerate(lists)
+                    ],
+                    configs=[],
+                )
+            ],
+            timeout_ms=10_000,
+            validate_only=False,
+        )
+        answer = self.session.call(request, CreateTopicsResponse)
+        return [error_name(t.error_code) for t in answer.topics]
+
+    def grow_assigned(self, name: str, count: int, lists: list[list[int]]) -> list[str]:
+        topic = CreatePartitionsRequest[1].CreatePartitionsTopic
+        request = CreatePartitionsRequest[1](
+            topics=[
+                topic(
+                    name=name,
+                    count=count,
+                    assignments=[topic.CreatePartitionsAssignment(broker_ids=r) for r in lists],
+                )
+            ],
+            timeout_ms=10_000,
+            validate_only=False,
+        )
+        answer = self.session.call(request, CreatePartitionsResponse)
+        return [error_name(r.error_code) for r in answer.results]
 
     def delete_topic(self, name: str) -> list[str]:
         request = DeleteTopicsRequest[4](topic_names=[name], timeout_ms=10_000)
@@ -1037,3 +1089,63 @@ def test_reassignments_are_refused_the_same_way_on_both_listeners(
             assert len(observed.audit) == audit_lines, (name, listener, observed.audit)
             assert observed.metrics == {counted: 1.0}, (name, listener, observed.metrics)
         assert seen["grpc"].audit == seen["kafka"].audit, name
+
+
+# Manual replica assignments (issue #27): the same answers, audit lines and counts on
+# both listeners. alice may create "ok-" topics but not ALTER them. A refusal fails a gRPC
+# call as a whole (counted with its code), while a Kafka CreateTopics answer carries it per
+# topic (counted OK), as ``observe`` says: the count is then per listener.
+_Counted = tuple[str, str] | dict[str, tuple[str, str]]
+ASSIGNMENT_SCENARIOS: list[tuple[str, _Action, list[str], int, _Counted]] = [
+    (
+        "create a topic with a manual assignment on this broker",
+        lambda d, lst: d.create_assigned(f"ok-{lst}-assigned", [[0], [0]]),
+        ["OK"],
+        0,
+        ("create_topics", "OK"),
+    ),
+    (
+        "a manual assignment naming a broker that is not registered",
+        lambda d, lst: d.create_assigned(f"ok-{lst}-unknown-broker", [[3]]),
+        ["INVALID_REPLICA_ASSIGNMENT"],
+        0,
+        {
+            "grpc": ("create_topics", "INVALID_REPLICA_ASSIGNMENT"),
+            "kafka": ("create_topics", "OK"),
+        },
+    ),
+    (
+        "grow with an assignment without ALTER on the topic",
+        lambda d, lst: d.grow_assigned(f"ok-{lst}-assigned", 3, [[0]]),
+        ["TOPIC_AUTHORIZATION_FAILED"],
+        1,
+        {
+            "grpc": ("create_partitions", "TOPIC_AUTHORIZATION_FAILED"),
+            "kafka": ("create_partitions", "OK"),
+        },
+    ),
+]
+
+
+def test_manual_assignments_answer_the_same_on_both_listeners(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    for name, action, decision, audit_lines, counted in ASSIGNMENT_SCENARIOS:
+        seen = {
+            listener: _observe(
+                secure, listener, functools.partial(action, both[listener], listener)
+            )
+            for listener in LISTENERS
+        }
+        for listener, observed in seen.items():
+            expected = counted[listener] if isinstance(counted, dict) else counted
+            assert observed.decision == decision, (name, listener, observed.decision)
+            assert len(observed.audit) == audit_lines, (name, listener, observed.audit)
+            assert observed.metrics == {expected: 1.0}, (name, listener, observed.metrics)
+        assert seen["grpc"].audit == seen["kafka"].audit, name
+    core = secure.broker.server.core
+    for listener in LISTENERS:
+        assert [p.replicas for p in core.describe_topic(f"ok-{listener}-assigned").partitions] == [
+            (0,),
+            (0,),
+        ]

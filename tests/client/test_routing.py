@@ -18,6 +18,7 @@ from tidelog.client.testing import InMemoryCluster
 from tidelog.client.types import TopicPartition
 from tidelog.storage.errors import (
     BrokerUnavailableError,
+    InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     KafkaTimeoutError,
     LeaderNotAvailableError,
@@ -180,6 +181,37 @@ def test_admin_calls_follow_the_controller() -> None:
     assert cluster.calls_to(2, "create_topic") == 1
     with pytest.raises(InvalidReplicationFactorError):
         create("c", 3)
+
+
+def test_the_in_memory_cluster_places_manual_assignments() -> None:
+    cluster = InMemoryCluster(3)
+    connections = _connections(cluster, ManualClock())
+
+    def on_controller(call: Callable[[Connection, int], Any]) -> Any:
+        return connections.run(connections.route_controller(), call, what="admin")
+
+    created = on_controller(
+        lambda c, t: c.create_topic("m", 0, 0, {}, replica_assignment=[[2], [1]], timeout_ms=t)
+    )
+    assert [p.leader for p in created.partitions] == [2, 1]
+    grown = on_controller(
+        lambda c, t: c.create_partitions(
+            "m", 3, validate_only=False, replica_assignment=[[0]], timeout_ms=t
+        )
+    )
+    assert grown == 3
+    described = on_controller(lambda c, t: c.describe_topic("m", timeout_ms=t))
+    assert [p.replicas for p in described.partitions] == [(2,), (1,), (0,)]
+    with pytest.raises(InvalidReplicaAssignmentError):
+        on_controller(
+            lambda c, t: c.create_topic("n", 0, 0, {}, replica_assignment=[[5]], timeout_ms=t)
+        )
+    with pytest.raises(InvalidReplicaAssignmentError, match="only 1 assignment"):
+        on_controller(
+            lambda c, t: c.create_partitions(
+                "m", 5, validate_only=False, replica_assignment=[[0]], timeout_ms=t
+            )
+        )
 
 
 def test_a_deadline_cutting_a_retry_short_raises_the_refusal_before_it() -> None:

@@ -129,6 +129,7 @@ class CreateTopicRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
     REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
+    REPLICA_ASSIGNMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     partitions: _builtins.int
     """0 = the broker's num.partitions"""
@@ -138,6 +139,15 @@ class CreateTopicRequest(_message.Message):
     def config(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Kafka topic config names"""
 
+    @_builtins.property
+    def replica_assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaList]:
+        """A manual replica assignment (Kafka's CreateTopics assignments): entry i lists the
+        brokers of partition i, its preferred leader first. With it, partitions and
+        replication_factor stay 0 (else INVALID_REQUEST): both come from the lists, which all
+        have the same length, name no broker twice and only registered brokers (else
+        INVALID_REPLICA_ASSIGNMENT).
+        """
+
     def __init__(
         self,
         *,
@@ -145,14 +155,37 @@ class CreateTopicRequest(_message.Message):
         partitions: _builtins.int = ...,
         config: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         replication_factor: _builtins.int = ...,
+        replica_assignment: _abc.Iterable[Global___ReplicaList] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions", "replication_factor", b"replication_factor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions", "replica_assignment", b"replica_assignment", "replication_factor", b"replication_factor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateTopicRequest: _TypeAlias = CreateTopicRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaList(_message.Message):
+    """The brokers holding one partition's replicas, the preferred leader first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def brokers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        brokers: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["brokers", b"brokers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaList: _TypeAlias = ReplicaList  # noqa: Y015
 
 @_typing.final
 class DeleteTopicRequest(_message.Message):
@@ -657,18 +690,27 @@ class CreatePartitionsTopic(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
+    REPLICA_ASSIGNMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     count: _builtins.int
     """the new total, larger than the current count"""
+    @_builtins.property
+    def replica_assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaList]:
+        """Optional: one replica list per new partition, in order, each as long as the topic's
+        replication factor (Kafka's CreatePartitions assignments; else
+        INVALID_REPLICA_ASSIGNMENT). Empty: placed by the broker.
+        """
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         count: _builtins.int = ...,
+        replica_assignment: _abc.Iterable[Global___ReplicaList] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "name", b"name", "replica_assignment", b"replica_assignment"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -710,6 +752,7 @@ class CreatePartitionsTopicResult(_message.Message):
     error_code: _builtins.str
     """UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS (not larger than now, above the
     broker's limit), INVALID_REQUEST (internal topic, duplicate), INVALID_TOPIC_EXCEPTION,
+    INVALID_REPLICA_ASSIGNMENT (a replica_assignment Kafka would refuse),
     KAFKA_STORAGE_ERROR / LOG_DIR_FULL (nothing changed).
     """
     error_message: _builtins.str
