@@ -279,8 +279,14 @@ class GroupManager:
     def reload_partition(self, partition: int) -> int:
         """This broker became the leader of offsets partition ``partition``: reload its
         committed offsets and rebuild its classic groups from their metadata records
-        (stale ones forgotten first). Returns records read. Raises ``StorageError``."""
+        (stale ones forgotten first). Returns records read. Raises ``StorageError``.
+
+        A broker that led the partition at the previous epoch too (an ISR change bumped
+        it) keeps its classic groups as they are: they are the partition's state, and a
+        rebuild from the records would cut short every rebalance in progress."""
         store = self._store
+        if store.led_without_a_break(partition):
+            return store.reload_partition(partition)
         floor = self.classic.unload(lambda group: store.partition_for(group) == partition)
         return store.reload_partition(partition, sequence_floor=floor, on_groups=self.classic.load)
 
@@ -296,11 +302,16 @@ class GroupManager:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the timer. Idempotent. KIP-848 membership is not persisted (members
-        rejoin); classic membership is (module docstring)."""
+        """Stop the timer and write the classic groups' queued records (the logs are
+        still open). Idempotent. KIP-848 membership is not persisted (members rejoin);
+        classic membership is (module docstring)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        try:
+            self.classic.flush_writes()
+        except Exception:
+            log.exception("writing the classic groups' last records failed")
 
     def _expiry_loop(self) -> None:
         # Real time on purpose: it only paces the checks; ``expire`` reads the clock.

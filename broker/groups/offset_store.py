@@ -386,6 +386,16 @@ class OffsetStore:
                 f" commits loaded (high watermark {high_watermark}, loaded to {loaded[1]})"
             )
 
+    def led_without_a_break(self, partition: int) -> bool:
+        """Whether this broker's cache of ``partition`` was loaded at the leader epoch just
+        before the one it leads at now: it led the partition through both (epochs go up
+        by one per election), so nobody else wrote to it in between and what it holds in
+        memory is still the partition's state (an ISR change alone bumps the epoch)."""
+        epoch = self._leader_epoch(partition)
+        with self._cache_lock:
+            loaded = self._loaded.get(partition)
+        return epoch is not None and loaded is not None and loaded[0] == epoch - 1
+
     def _offsets_of(self, group_id: str) -> dict[TopicPartition, OffsetValue]:
         """The cached offsets of ``group_id``, created empty (caller holds _cache_lock)."""
         return self._cache.setdefault(group_id, {})

@@ -396,6 +396,42 @@ def test_a_failed_store_answers_every_sync_and_rebalances() -> None:
     )
 
 
+def test_a_new_leader_rebuilds_its_groups_and_a_continuing_one_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """Cluster mode: a broker becoming leader of the offsets partition (after another
+    led it) rebuilds its classic groups from the records; one whose leader epoch was only
+    bumped (it led the epoch before too) keeps its in-memory groups, rebalance included."""
+    clock = ManualClock()
+    with _logs(tmp_path, clock) as logs:
+        registry = PartitionRegistry(logs, 1, clock, replicated=True)
+        config = GroupConfig(
+            offsets=OffsetStoreConfig(num_partitions=1), initial_rebalance_delay_ms=0
+        )
+        manager = GroupManager.open(logs, clock, config, registry=registry)
+        leadership = registry.get(OFFSETS_TOPIC, 0)
+        leadership.make_leader(3, (1,), (1,))
+        manager.reload_partition(0)
+        classic = manager.classic
+        a, b = _stable_pair(classic)
+        assert not manager.store.led_without_a_break(0)
+        leadership.make_leader(4, (1,), (1,))  # an ISR change: the same leader, epoch + 1
+        assert manager.store.led_without_a_break(0)
+        waiting = _join(classic, b.member_id)  # a rebalance in progress
+        manager.reload_partition(0)
+        assert not waiting.done()  # not cut short
+        assert classic.heartbeat(GROUP, a.member_id, a.generation_id, "a") is (
+            ClassicError.REBALANCE_IN_PROGRESS
+        )
+        leadership.make_follower(2, 5)
+        leadership.make_leader(6, (1,), (1,))  # led again after another broker did
+        assert not manager.store.led_without_a_break(0)
+        manager.reload_partition(0)
+        assert _done(waiting).error is ClassicError.NOT_COORDINATOR
+        # Back to the last record: Stable at the generation the leader's sync stored.
+        assert classic.heartbeat(GROUP, b.member_id, b.generation_id) is ClassicError.NONE
+
+
 def test_unload_forgets_stale_groups_and_answers_parked_requests() -> None:
     groups = ClassicGroups(ManualClock(), initial_rebalance_delay_ms=0)
     _done(_join(groups, instance_id="a"))
