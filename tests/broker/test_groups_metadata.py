@@ -39,6 +39,7 @@ from tidelog.broker.groups.offset_records import (
     encode_key,
 )
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore, OffsetStoreConfig
+from tidelog.storage.cleaner import LogCleaner
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import NotLeaderOrFollowerError
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
@@ -268,6 +269,29 @@ def test_a_reload_loads_group_metadata_and_fences_older_writes(tmp_path: Path) -
         assert not store.store_group(GROUP, _value(0, members=0), sequence=9)
         assert store.store_group(GROUP, _value(3), sequence=11)
         assert store.group_metadata(0) == {GROUP: _value(3)}
+
+
+def test_compaction_keeps_the_latest_group_record_beside_the_offsets(tmp_path: Path) -> None:
+    tp = TopicPartition("events", 0)
+    clock = ManualClock()
+    with _logs(tmp_path / "data", clock) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        for generation in range(1, 6):
+            store.commit(GROUP, {tp: OffsetValue(generation * 10, "", 1)})
+            store.store_group(GROUP, _value(generation), sequence=generation)
+        store.store_group("gone", _value(1), sequence=6)
+        store.delete("gone", [], group_sequence=7)
+        partition_log = logs.get_log(OFFSETS_TOPIC, 0)
+        partition_log.roll()  # only rolled segments are cleaned
+        result = LogCleaner(tmp_path, clock).clean_log(partition_log, force=True)
+        assert result.cleaned
+        # Of 5 commits, 5 group records, one group record and its tombstone: the latest
+        # commit, the latest group record (the tombstone stays until delete.retention.ms).
+        assert result.records_retained == 3
+    with _logs(tmp_path / "data", clock) as logs:
+        store = OffsetStore.open(logs)
+        assert store.group_metadata() == {GROUP: _value(5)}
+        assert store.offsets(GROUP) == {tp: OffsetValue(50, "", 1)}
 
 
 # --- the classic state machine ------------------------------------------------------------
