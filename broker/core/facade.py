@@ -320,10 +320,11 @@ class BrokerCore:
     # --- cluster mode: replication ----------------------------------------------------------
 
     def became_leader(self, topic: str, partition: int) -> None:
-        """This broker now leads the partition: an offsets partition's groups are loaded
-        from its replicated log (their coordinator moved here)."""
+        """This broker now leads the partition: an offsets partition's groups (committed
+        offsets and classic membership) are loaded from its replicated log (their
+        coordinator moved here)."""
         if topic == OFFSETS_TOPIC:
-            self._groups.store.reload_partition(partition)
+            self._groups.reload_partition(partition)
 
     @property
     def placement(self) -> Placement:
@@ -344,6 +345,15 @@ class BrokerCore:
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)
+
+    def check_group_loaded(self, group_id: str) -> None:
+        """Raise ``CoordinatorLoadInProgressError`` while this broker, leading the group's
+        offsets partition, still loads its groups (the classic protocol's handlers ask
+        before serving a member: until then its group is unknown here). A no-op on a
+        single node."""
+        if self.topic_admin is None:
+            return
+        self._groups.store.check_loaded(self._groups.store.partition_for(group_id))
 
     def _check_coordinator(self, group_id: str, *, confirm: bool = False) -> None:
         """Raise ``NotCoordinatorError`` unless this broker leads the group's offsets

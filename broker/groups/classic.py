@@ -62,8 +62,21 @@ member closes, which is what lets it come back within its session unnoticed.
 Errors are ``ClassicError`` values named after Kafka's error names, which the Kafka
 adapter maps to its numbers.
 
-Membership lives in memory, as KIP-848 membership does: after a restart members get
-``UNKNOWN_MEMBER_ID`` and rejoin; committed offsets are in the log.
+Persistence (issue #27, Kafka's ``GroupMetadataManager.storeGroup``): membership survives
+a restart and a coordinator move. The leader's SyncGroup writes the group's metadata record
+(``classic_state.record_of``: generation, protocol, leader, members with their metadata and
+new assignments) through the injected ``writer`` (``OffsetStore.store_group``: appended,
+fsynced and replicated like a commit) *before* anyone's SyncGroup is answered; the write
+runs outside the lock (the caller is a worker thread, never the listener's loop), the group
+staying in CompletingRebalance meanwhile. If the group moved on during the write (a rejoin,
+a leave) that change has answered everyone; if the write failed, everyone parked gets
+Kafka's mapping of the error (``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``) and the
+group rebalances. A group losing its last member, and a static member's new member id in a
+stable group, queue a record that ``flush_writes`` (the expiry thread) writes: nobody waits
+for those, as in Kafka. Every record carries a sequence number drawn under the lock, so the
+store never lets an older record overwrite a newer one. ``load`` rebuilds groups from the
+records of an offsets partition (``classic_state.group_from_record``: Stable, sessions
+restarted at the load) after ``unload`` forgot the stale ones.
 
 Thread-safe: one lock (``ClassicGroups._lock``) guards every classic group. It is held
 only for in-memory steps, never across I/O or a wait, and never together with the
@@ -77,22 +90,49 @@ threads (``snapshot``, ``list_groups``, ``describe``). Time is the injected cloc
 from __future__ import annotations
 
 import concurrent.futures
-import enum
 import logging
 import threading
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from tidelog.broker.groups.assignor import TopicPartition
-from tidelog.broker.groups.consumer_protocol import (
-    assigned_partitions,
-    parse_subscribed_topics,
-    subscribed_topics,
+from tidelog.broker.groups.classic_state import (
+    ClassicGroup,
+    ClassicMember,
+    description_of,
+    empty_record,
+    group_from_record,
+    metadata_of,
+    record_of,
+    select_protocol,
+    snapshot_of,
+    subscriptions_of,
+    supports_a_common_protocol,
 )
-from tidelog.broker.groups.coordinator import MemberView
+from tidelog.broker.groups.classic_types import (
+    DEFAULT_INITIAL_REBALANCE_DELAY_MS,
+    MAX_SESSION_TIMEOUT_MS,
+    MIN_SESSION_TIMEOUT_MS,
+    ClassicError,
+    ClassicGroupDescription,
+    ClassicGroupSnapshot,
+    ClassicMemberDescription,
+    ClassicSubscriptions,
+    GroupState,
+    JoinRequest,
+    JoinResult,
+    SyncResult,
+)
+from tidelog.broker.groups.offset_records import GroupMetadataValue
 from tidelog.storage.clock import Clock
-from tidelog.storage.errors import GroupNotEmptyError
+from tidelog.storage.errors import (
+    GroupNotEmptyError,
+    KafkaTimeoutError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    StorageError,
+    UnknownTopicOrPartitionError,
+)
 
 __all__ = [
     "DEFAULT_INITIAL_REBALANCE_DELAY_MS",
@@ -105,6 +145,7 @@ __all__ = [
     "ClassicMemberDescription",
     "ClassicSubscriptions",
     "GroupState",
+    "GroupWriter",
     "JoinRequest",
     "JoinResult",
     "SyncResult",
@@ -112,24 +153,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Kafka's group.min/max.session.timeout.ms defaults.
-MIN_SESSION_TIMEOUT_MS = 6_000
-MAX_SESSION_TIMEOUT_MS = 1_800_000
-
-
-class ClassicError(enum.Enum):
-    """A classic-protocol outcome, by Kafka's error name (``NONE``: success)."""
-
-    NONE = "NONE"
-    UNKNOWN_MEMBER_ID = "UNKNOWN_MEMBER_ID"
-    ILLEGAL_GENERATION = "ILLEGAL_GENERATION"
-    REBALANCE_IN_PROGRESS = "REBALANCE_IN_PROGRESS"
-    INCONSISTENT_GROUP_PROTOCOL = "INCONSISTENT_GROUP_PROTOCOL"
-    MEMBER_ID_REQUIRED = "MEMBER_ID_REQUIRED"
-    INVALID_GROUP_ID = "INVALID_GROUP_ID"
-    INVALID_SESSION_TIMEOUT = "INVALID_SESSION_TIMEOUT"
-    FENCED_INSTANCE_ID = "FENCED_INSTANCE_ID"
-
+# Stores a group's metadata record durably (None: a tombstone) unless superseded by a
+# later sequence: ``OffsetStore.store_group``. Raises when the write failed.
+GroupWriter = Callable[[str, GroupMetadataValue | None, int], object]
 
 _NONE = ClassicError.NONE
 _UNKNOWN_MEMBER = ClassicError.UNKNOWN_MEMBER_ID
@@ -137,146 +163,6 @@ _ILLEGAL_GENERATION = ClassicError.ILLEGAL_GENERATION
 _REBALANCING = ClassicError.REBALANCE_IN_PROGRESS
 _INCONSISTENT = ClassicError.INCONSISTENT_GROUP_PROTOCOL
 _FENCED = ClassicError.FENCED_INSTANCE_ID
-
-# Kafka's group.initial.rebalance.delay.ms default.
-DEFAULT_INITIAL_REBALANCE_DELAY_MS = 3_000
-
-
-class GroupState(enum.Enum):
-    """Kafka's classic group states (the names DescribeGroups reports)."""
-
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JoinRequest:
-    """A JoinGroup, decoded. ``require_known_member_id``: KIP-394 (JoinGroup v4+)."""
-
-    group_id: str
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: tuple[tuple[str, bytes], ...]
-    require_known_member_id: bool
-
-
-@dataclass(frozen=True, slots=True)
-class JoinResult:
-    """What a JoinGroup is answered with."""
-
-    error: ClassicError
-    generation_id: int = -1
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    member_id: str = ""
-    members: tuple[tuple[str, str | None, bytes], ...] = ()  # leader only
-
-
-@dataclass(frozen=True, slots=True)
-class SyncResult:
-    """What a SyncGroup is answered with."""
-
-    error: ClassicError
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    assignment: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class ClassicMemberDescription:
-    """One member as DescribeGroups shows it (metadata of the chosen protocol)."""
-
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    member_metadata: bytes
-    member_assignment: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ClassicGroupDescription:
-    """A classic group as DescribeGroups shows it."""
-
-    group_id: str
-    group_state: str
-    protocol_type: str
-    protocol_data: str
-    members: tuple[ClassicMemberDescription, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClassicGroupSnapshot:
-    """A classic group as ``GroupManager.describe_group`` shows it: state name,
-    generation and members (topics and partitions decoded for "consumer" groups)."""
-
-    group_id: str
-    state: str
-    generation: int
-    members: tuple[MemberView, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ClassicSubscriptions:
-    """A classic group's live members as OffsetDelete (KIP-496) sees them: how many, their
-    protocol type, and the topics they subscribe to (None: some member's subscription
-    does not parse, or the group's type is not "consumer": every topic, to be safe, as
-    Kafka's ``GroupMetadata.isSubscribedToTopic``)."""
-
-    members: int
-    protocol_type: str
-    topics: frozenset[str] | None
-
-    def subscribes_to(self, topic: str) -> bool:
-        """Whether a live member may be consuming ``topic``."""
-        return self.members > 0 and (self.topics is None or topic in self.topics)
-
-
-@dataclass(slots=True, eq=False)
-class _Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: tuple[tuple[str, bytes], ...]
-    last_heartbeat_ms: int
-    assignment: bytes = b""
-    join: concurrent.futures.Future[JoinResult] | None = None
-    sync: concurrent.futures.Future[SyncResult] | None = None
-
-
-@dataclass(slots=True, eq=False)
-class _Group:
-    group_id: str
-    state: GroupState = GroupState.EMPTY
-    generation_id: int = 0
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str = ""
-    members: dict[str, _Member] = field(default_factory=dict)
-    # Ids handed out with MEMBER_ID_REQUIRED, not joined yet -> when (monotonic ms).
-    pending: dict[str, int] = field(default_factory=dict)
-    rebalance_deadline_ms: int = 0
-    # Static members (KIP-345): group.instance.id -> its current member id.
-    static_members: dict[str, str] = field(default_factory=dict)
-    # group.initial.rebalance.delay.ms: the first rebalance of an empty group completes
-    # no sooner than this (0: no delay), extended while members keep arriving, up to
-    # the limit (module docstring).
-    initial_delay_until_ms: int = 0
-    initial_delay_limit_ms: int = 0
-    member_added_in_delay: bool = False
-
 
 _T = TypeVar("_T")
 
@@ -306,14 +192,26 @@ class ClassicGroups:
     """Every classic group of this broker (see the module docstring). Thread-safe."""
 
     def __init__(
-        self, clock: Clock, *, initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS
+        self,
+        clock: Clock,
+        *,
+        initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS,
+        writer: GroupWriter | None = None,
     ) -> None:
+        """``writer``: stores group metadata records (``OffsetStore.store_group``); None
+        keeps membership in memory only (unit tests of the protocol)."""
         if initial_rebalance_delay_ms < 0:
             raise ValueError("group.initial.rebalance.delay.ms must be >= 0")
         self._clock = clock
         self._initial_delay_ms = initial_rebalance_delay_ms
+        self._writer = writer
         self._lock = threading.Lock()
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, ClassicGroup] = {}
+        # Orders the group metadata writes (``OffsetStore.store_group``); under _lock.
+        self._sequence = 0
+        # Records to write that nobody waits for (an emptied group, a static member's
+        # new id): (group id, record, sequence), written by ``flush_writes``; under _lock.
+        self._queued: list[tuple[str, GroupMetadataValue, int]] = []
 
     # --- the protocol -------------------------------------------------------------------
 
@@ -329,7 +227,7 @@ class ClassicGroups:
         protocols = request.protocols
         instance_id = request.group_instance_id
         with self._lock:
-            group = self._groups.setdefault(request.group_id, _Group(request.group_id))
+            group = self._groups.setdefault(request.group_id, ClassicGroup(request.group_id))
             if not protocols or (
                 group.members and group.protocol_type not in (None, request.protocol_type)
             ):
@@ -338,7 +236,7 @@ class ClassicGroups:
             replaced = group.static_members.get(instance_id) if instance_id is not None else None
             # A static member coming back (new member id) is checked against the others,
             # not against the incarnation it replaces.
-            if not self._supports_a_common_protocol(group, member_id or replaced or "", protocols):
+            if not supports_a_common_protocol(group, member_id or replaced or "", protocols):
                 return _done(JoinResult(_INCONSISTENT))
             now_ms = self._clock.monotonic_ms()
             if not member_id:
@@ -356,7 +254,7 @@ class ClassicGroups:
                 return _done(JoinResult(_UNKNOWN_MEMBER))
             member = group.members.get(member_id)
             if member is None:
-                member = _Member(
+                member = ClassicMember(
                     member_id,
                     instance_id,
                     request.client_id,
@@ -387,7 +285,7 @@ class ClassicGroups:
             return joined
 
     def _replace_static_locked(
-        self, group: _Group, old_id: str, new_id: str, request: JoinRequest
+        self, group: ClassicGroup, old_id: str, new_id: str, request: JoinRequest
     ) -> concurrent.futures.Future[JoinResult]:
         """A static member joining again without its member id (it restarted): its new
         id replaces the old one, which is fenced; the member keeps its assignment.
@@ -409,7 +307,7 @@ class ClassicGroups:
         _settle(member.join, JoinResult(_FENCED))
         _settle(member.sync, SyncResult(_FENCED))
         leader_before = group.leader
-        metadata_before = self._metadata(member, group.protocol_name)
+        metadata_before = metadata_of(member, group.protocol_name)
         member.member_id = new_id
         member.client_id = request.client_id
         member.client_host = request.client_host
@@ -425,10 +323,14 @@ class ClassicGroups:
         joined: concurrent.futures.Future[JoinResult] = concurrent.futures.Future()
         member.join = joined
         unchanged = (
-            group.protocol_name == self._select_protocol(group)
-            and self._metadata(member, group.protocol_name) == metadata_before
+            group.protocol_name == select_protocol(group)
+            and metadata_of(member, group.protocol_name) == metadata_before
         )
         if group.state == GroupState.STABLE and unchanged:
+            # The new member id must survive a coordinator move (Kafka stores the group
+            # before answering; here the write is queued: a move before it lands makes
+            # this member rejoin, nothing worse).
+            self._queue_locked(group, record_of(group, None, self._clock.wall_ms()))
             _settle(
                 joined,
                 JoinResult(
@@ -468,17 +370,46 @@ class ClassicGroups:
                 return _done(SyncResult(_REBALANCING))
             if group.state == GroupState.STABLE:
                 return _done(self._sync_result(group, member))
-            # Completing the rebalance: the leader's answer completes everyone's.
+            # Completing the rebalance: the leader's answer completes everyone's, once
+            # the group's metadata is stored (module docstring, "Persistence").
             synced: concurrent.futures.Future[SyncResult] = concurrent.futures.Future()
             member.sync = synced
-            if member_id == group.leader:
-                for m in group.members.values():
-                    m.assignment = assignments.get(m.member_id, b"")
-                group.state = GroupState.STABLE
+            if member_id != group.leader or group.storing:
+                return synced
+            if self._writer is None:
+                self._complete_sync_locked(group, assignments)
+                return synced
+            group.storing = True
+            generation = group.generation_id
+            record = record_of(group, assignments, self._clock.wall_ms())
+            sequence = self._next_sequence_locked()
+        error = self._store(group_id, record, sequence)  # outside the lock: I/O
+        with self._lock:
+            group.storing = False
+            if (
+                self._groups.get(group_id) is not group
+                or group.state != GroupState.COMPLETING_REBALANCE
+                or group.generation_id != generation
+            ):
+                return synced  # the group moved on meanwhile: that change answered it
+            if error is _NONE:
+                self._complete_sync_locked(group, assignments)
+            else:
+                # Kafka's storeGroup callback: everyone parked gets the error, and the
+                # group rebalances (on a coordinator that moved: at the new one).
                 for m in group.members.values():
                     if _waiting(m.sync):
-                        _settle(m.sync, self._sync_result(group, m))
+                        _settle(m.sync, SyncResult(error))
+                self._prepare_rebalance_locked(group)
             return synced
+
+    def _complete_sync_locked(self, group: ClassicGroup, assignments: dict[str, bytes]) -> None:
+        for m in group.members.values():
+            m.assignment = assignments.get(m.member_id, b"")
+        group.state = GroupState.STABLE
+        for m in group.members.values():
+            if _waiting(m.sync):
+                _settle(m.sync, self._sync_result(group, m))
 
     def heartbeat(
         self,
@@ -559,7 +490,7 @@ class ClassicGroups:
 
     @staticmethod
     def _validate_member_locked(
-        group: _Group | None, member_id: str, group_instance_id: str | None
+        group: ClassicGroup | None, member_id: str, group_instance_id: str | None
     ) -> ClassicError:
         """Kafka's ``validateMember``: a request naming an instance id must come from
         the member id that instance id has now (else ``FENCED_INSTANCE_ID``: a newer
@@ -582,6 +513,93 @@ class ClassicGroups:
             return _NONE
         return _NONE if member_id in group.members else _UNKNOWN_MEMBER
 
+    # --- persistence (module docstring) ----------------------------------------------------
+
+    def _next_sequence_locked(self) -> int:
+        self._sequence += 1
+        return self._sequence
+
+    def draw_sequence(self) -> int:
+        """A sequence number later than every record built so far (a group deletion's
+        tombstone is ordered with them: ``OffsetStore.delete``)."""
+        with self._lock:
+            return self._next_sequence_locked()
+
+    def _queue_locked(self, group: ClassicGroup, record: GroupMetadataValue) -> None:
+        if self._writer is not None:
+            self._queued.append((group.group_id, record, self._next_sequence_locked()))
+
+    def _queue_empty_locked(self, group: ClassicGroup) -> None:
+        """The group just lost its last member: its record says so (queued)."""
+        self._queue_locked(
+            group, empty_record(group.protocol_type, group.generation_id, self._clock.wall_ms())
+        )
+
+    def _store(self, group_id: str, record: GroupMetadataValue, sequence: int) -> ClassicError:
+        """Write ``record`` (caller does not hold the lock); NONE or the error a SyncGroup
+        answers, as Kafka's ``storeGroup`` maps the append's errors."""
+        assert self._writer is not None
+        try:
+            self._writer(group_id, record, sequence)
+        except (NotLeaderOrFollowerError, StorageError) as exc:
+            log.info("group %s: metadata not stored (%s)", group_id, exc)
+            return ClassicError.NOT_COORDINATOR
+        except (UnknownTopicOrPartitionError, NotEnoughReplicasError, KafkaTimeoutError) as exc:
+            log.info("group %s: metadata not stored (%s)", group_id, exc)
+            return ClassicError.COORDINATOR_NOT_AVAILABLE
+        except Exception:
+            log.exception("group %s: storing its metadata failed", group_id)
+            return ClassicError.UNKNOWN_SERVER_ERROR
+        return _NONE
+
+    def flush_writes(self) -> int:
+        """Write the queued records (an emptied group, a static member's new id), oldest
+        first, outside the lock; returns how many were attempted. A failed one is logged
+        and dropped: on a coordinator that moved it is refused (the new coordinator
+        owns the group now), and a reload that brings back members which are gone only
+        costs them a session timeout."""
+        with self._lock:
+            queued, self._queued = self._queued, []
+        for group_id, record, sequence in queued:
+            if self._store(group_id, record, sequence) is not _NONE:
+                log.debug("group %s: queued metadata write %d dropped", group_id, sequence)
+        return len(queued)
+
+    def unload(self, owns: Callable[[str], bool]) -> int:
+        """Forget the groups ``owns`` selects (their offsets partition is about to be
+        reloaded) and their queued writes; parked requests are answered
+        ``NOT_COORDINATOR``. Returns the sequence floor for ``OffsetStore.reload_partition``:
+        any write drawn before now is from the state forgotten here."""
+        with self._lock:
+            for group_id in [g for g in self._groups if owns(g)]:
+                group = self._groups.pop(group_id)
+                for member in group.members.values():
+                    _settle(member.join, JoinResult(ClassicError.NOT_COORDINATOR))
+                    _settle(member.sync, SyncResult(ClassicError.NOT_COORDINATOR))
+            self._queued = [q for q in self._queued if not owns(q[0])]
+            return self._next_sequence_locked()
+
+    def load(self, records: Mapping[str, GroupMetadataValue]) -> int:
+        """Rebuild groups from their loaded metadata records (``classic_state``: Stable,
+        every session restarted now), replacing any group of the same id. Returns how
+        many groups with members were loaded."""
+        now_ms = self._clock.monotonic_ms()
+        loaded = 0
+        with self._lock:
+            for group_id, record in records.items():
+                group = group_from_record(group_id, record, now_ms)
+                self._groups.pop(group_id, None)
+                if group is not None:
+                    self._groups[group_id] = group
+                    loaded += 1
+                    log.info(
+                        "group %s: loaded at generation %d with %d member(s)",
+                        group_id,
+                        group.generation_id,
+                        len(group.members),
+                    )
+        return loaded
+
     # --- views ----------------------------------------------------------------------------
 
     def list_groups(self) -> list[tuple[str, str, str]]:
@@ -599,23 +617,7 @@ class ClassicGroups:
             group = self._groups.get(group_id)
             if group is None or not group.members:
                 return None
-            return ClassicGroupDescription(
-                group.group_id,
-                group.state.value,
-                group.protocol_type or "",
-                group.protocol_name or "",
-                tuple(
-                    ClassicMemberDescription(
-                        m.member_id,
-                        m.group_instance_id,
-                        m.client_id,
-                        m.client_host,
-                        self._metadata(m, group.protocol_name),
-                        m.assignment,
-                    )
-                    for m in group.members.values()
-                ),
-            )
+            return description_of(group)
 
     def snapshot(self, group_id: str | None = None) -> list[ClassicGroupSnapshot]:
         """Groups with members (one, with ``group_id``) as ``describe_group`` shows them."""
@@ -625,16 +627,7 @@ class ClassicGroups:
                 groups = [] if found is None else [found]
             else:
                 groups = list(self._groups.values())
-            return [
-                ClassicGroupSnapshot(
-                    g.group_id,
-                    g.state.value,
-                    g.generation_id,
-                    tuple(self._member_view(g, m) for m in g.members.values()),
-                )
-                for g in groups
-                if g.members
-            ]
+            return [snapshot_of(g) for g in groups if g.members]
 
     def subscriptions(self, group_id: str) -> ClassicSubscriptions | None:
         """The group's live members and their subscribed topics (``ClassicSubscriptions``),
@@ -643,30 +636,7 @@ class ClassicGroups:
         the first rebalance has chosen none."""
         with self._lock:
             group = self._groups.get(group_id)
-            if group is None:
-                return None
-            topics: set[str] | None = set()
-            if group.members and group.protocol_type != "consumer":
-                topics = None
-            for member in group.members.values():
-                if topics is None:
-                    break
-                offered = (
-                    [self._metadata(member, group.protocol_name)]
-                    if group.protocol_name is not None
-                    else [metadata for _, metadata in member.protocols]
-                )
-                for metadata in offered:
-                    parsed = parse_subscribed_topics(metadata)
-                    if parsed is None:
-                        topics = None
-                        break
-                    topics.update(parsed)
-            return ClassicSubscriptions(
-                len(group.members),
-                group.protocol_type or "",
-                None if topics is None else frozenset(topics),
-            )
+            return None if group is None else subscriptions_of(group)
 
     def delete(self, group_id: str) -> bool:
         """Forget an empty classic group (DeleteGroups); True if one was known here.
@@ -688,38 +658,11 @@ class ClassicGroups:
     def has_groups(self) -> bool:
         """Whether any classic group (or handed-out member id) is kept, so expiry matters."""
         with self._lock:
-            return bool(self._groups)
-
-    def _member_view(self, group: _Group, member: _Member) -> MemberView:
-        topics: frozenset[str] = frozenset()
-        assigned: frozenset[TopicPartition] = frozenset()
-        if group.protocol_type == "consumer":
-            topics = subscribed_topics(self._metadata(member, group.protocol_name))
-            assigned = assigned_partitions(member.assignment)
-        return MemberView(
-            member_id=member.member_id,
-            client_id=member.client_id,
-            member_epoch=group.generation_id,
-            subscribed_topics=topics,
-            assigned=assigned,
-            revoking=frozenset(),
-            target=assigned,
-            instance_id=member.group_instance_id,
-        )
+            return bool(self._groups) or bool(self._queued)
 
     # --- the state machine (callers hold the lock) -----------------------------------------
 
-    @staticmethod
-    def _supports_a_common_protocol(
-        group: _Group, member_id: str, protocols: tuple[tuple[str, bytes], ...]
-    ) -> bool:
-        names = {name for name, _ in protocols}
-        for other in group.members.values():
-            if other.member_id != member_id:
-                names &= {name for name, _ in other.protocols}
-        return bool(names)
-
-    def _prepare_rebalance_locked(self, group: _Group) -> None:
+    def _prepare_rebalance_locked(self, group: ClassicGroup) -> None:
         if group.state == GroupState.PREPARING_REBALANCE:
             return
         if group.state == GroupState.COMPLETING_REBALANCE:
@@ -739,7 +682,7 @@ class ClassicGroups:
         timeout_ms = max((m.rebalance_timeout_ms for m in group.members.values()), default=0)
         group.rebalance_deadline_ms = now_ms + timeout_ms
 
-    def _maybe_complete_join_locked(self, group: _Group) -> None:
+    def _maybe_complete_join_locked(self, group: ClassicGroup) -> None:
         if group.state != GroupState.PREPARING_REBALANCE:
             return
         if any(not _waiting(m.join) for m in group.members.values()):
@@ -755,10 +698,10 @@ class ClassicGroups:
         group.generation_id += 1
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
-        group.protocol_name = self._select_protocol(group)
+        group.protocol_name = select_protocol(group)
         group.state = GroupState.COMPLETING_REBALANCE
         everyone = tuple(
-            (m.member_id, m.group_instance_id, self._metadata(m, group.protocol_name))
+            (m.member_id, m.group_instance_id, metadata_of(m, group.protocol_name))
             for m in group.members.values()
         )
         now_ms = self._clock.monotonic_ms()
@@ -778,27 +721,10 @@ class ClassicGroups:
             )
 
     @staticmethod
-    def _select_protocol(group: _Group) -> str | None:
-        """The first of the leader's protocols (the first member's, before one is
-        chosen) that every member supports."""
-        if not group.members:
-            return None
-        leader = group.members.get(group.leader) or next(iter(group.members.values()))
-        common = set.intersection(*({n for n, _ in m.protocols} for m in group.members.values()))
-        return next((name for name, _ in leader.protocols if name in common), None)
-
-    @staticmethod
-    def _metadata(member: _Member, protocol_name: str | None) -> bytes:
-        for name, metadata in member.protocols:
-            if name == protocol_name:
-                return metadata
-        return b""
-
-    @staticmethod
-    def _sync_result(group: _Group, member: _Member) -> SyncResult:
+    def _sync_result(group: ClassicGroup, member: ClassicMember) -> SyncResult:
         return SyncResult(_NONE, group.protocol_type, group.protocol_name, member.assignment)
 
-    def _remove_locked(self, group: _Group, member_id: str) -> None:
+    def _remove_locked(self, group: ClassicGroup, member_id: str) -> None:
         member = group.members.pop(member_id)
         instance_id = member.group_instance_id
         if instance_id is not None and group.static_members.get(instance_id) == member_id:
@@ -810,6 +736,7 @@ class ClassicGroups:
         if group.leader == member_id:
             group.leader = ""
         if not group.members:
+            self._queue_empty_locked(group)
             group.state = GroupState.EMPTY
             group.protocol_type = group.protocol_name = None
             group.initial_delay_until_ms = 0
@@ -827,7 +754,7 @@ class ClassicGroups:
             for group in list(self._groups.values()):
                 self._expire_locked(group, now_ms)
 
-    def _expire_locked(self, group: _Group, now_ms: int) -> None:
+    def _expire_locked(self, group: ClassicGroup, now_ms: int) -> None:
         if group.initial_delay_until_ms and now_ms >= group.initial_delay_until_ms:
             if group.member_added_in_delay and group.initial_delay_until_ms < (
                 group.initial_delay_limit_ms

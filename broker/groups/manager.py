@@ -30,7 +30,16 @@ are in the same store; ``list_groups`` and ``describe_group`` show a classic gro
 members and assignment beside its committed offsets and lag, as Kafka's
 ``kafka-consumer-groups --describe`` shows classic and consumer groups alike. The expiry
 thread also expires classic members (at least every ``_CLASSIC_EXPIRY_WAIT_MS`` while
-classic groups exist, the pace the Kafka listener's reaper had).
+classic groups exist, the pace the Kafka listener's reaper had), and writes the classic
+groups' queued metadata records (``ClassicGroups.flush_writes``).
+
+Classic membership is durable (issue #27): ``ClassicGroups`` writes each group's metadata
+record through ``OffsetStore.store_group``. On a single node ``open`` rebuilds the classic
+groups from the records it loaded, so members of a broker restarted within their session
+keep their ids and assignments; in cluster mode a broker becoming the leader of an offsets
+partition calls ``reload_partition``, which reloads the offsets and rebuilds that
+partition's classic groups before the partition counts as loaded. Deleting a group
+tombstones its metadata with its offsets.
 
 Lag (``describe_group``, metrics): log end offset (the high watermark) minus the committed
 offset; a partition without a committed offset lags by log end - log start.
@@ -225,7 +234,9 @@ class GroupManager:
         self._thread: threading.Thread | None = None
         # Kafka's classic-protocol groups (module docstring); their own lock.
         self.classic = ClassicGroups(
-            clock, initial_rebalance_delay_ms=config.initial_rebalance_delay_ms
+            clock,
+            initial_rebalance_delay_ms=config.initial_rebalance_delay_ms,
+            writer=store.store_group,
         )
 
     @classmethod
@@ -253,12 +264,31 @@ class GroupManager:
             held_groups=store.group_ids(),
             hold_until_ms=clock.monotonic_ms() + config.coordinator.startup_grant_delay_ms,
         )
-        return cls(config, coordinator, store, logs, clock)
+        manager = cls(config, coordinator, store, logs, clock)
+        if registry is None or not registry.replicated:
+            # A single node coordinates every group; a cluster broker loads a partition's
+            # classic groups when it becomes its leader (reload_partition).
+            manager.classic.load(store.group_metadata())
+        return manager
 
     @property
     def store(self) -> OffsetStore:
         """The offset store (tests, tools)."""
         return self._store
+
+    def reload_partition(self, partition: int) -> int:
+        """This broker became the leader of offsets partition ``partition``: reload its
+        committed offsets and rebuild its classic groups from their metadata records
+        (stale ones forgotten first). Returns records read. Raises ``StorageError``.
+
+        A broker that led the partition at the previous epoch too (an ISR change bumped
+        it) keeps its classic groups as they are: they are the partition's state, and a
+        rebuild from the records would cut short every rebalance in progress."""
+        store = self._store
+        if store.led_without_a_break(partition):
+            return store.reload_partition(partition)
+        floor = self.classic.unload(lambda group: store.partition_for(group) == partition)
+        return store.reload_partition(partition, sequence_floor=floor, on_groups=self.classic.load)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -272,10 +302,16 @@ class GroupManager:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the timer. Idempotent. Membership is not persisted: members rejoin."""
+        """Stop the timer and write the classic groups' queued records (the logs are
+        still open). Idempotent. KIP-848 membership is not persisted (members rejoin);
+        classic membership is (module docstring)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        try:
+            self.classic.flush_writes()
+        except Exception:
+            log.exception("writing the classic groups' last records failed")
 
     def _expiry_loop(self) -> None:
         # Real time on purpose: it only paces the checks; ``expire`` reads the clock.
@@ -286,6 +322,7 @@ class GroupManager:
         while not self._stop.is_set():
             try:
                 self.expire()
+                self.classic.flush_writes()
             except Exception:
                 log.exception("group session expiry failed")
             with self._lock:
@@ -600,10 +637,12 @@ class GroupManager:
         with self._lock:
             self._coordinator.require_empty(group_id)
             committed = self._store.offsets(group_id)
-            if not committed and classic is None:
+            stored = group_id in self._store.group_metadata(self._store.partition_for(group_id))
+            if not committed and classic is None and not stored:
                 raise GroupIdNotFoundError(f"no group {group_id!r}")
-            if committed:
-                self._store.delete(group_id, committed)
+            # Ordered after any metadata record drawn before it (store_group).
+            sequence = self.classic.draw_sequence()
+            self._store.delete(group_id, committed, group_sequence=sequence)
         try:
             self.classic.delete(group_id)
         except GroupNotEmptyError:

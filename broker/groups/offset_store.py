@@ -38,8 +38,19 @@ log order, so that what a restart reloads is exactly what the cache held.
 
 Loading (``open``): every partition is read from its log start offset to its end through
 ``PartitionLog.read`` and ``decode_batch``; later records replace earlier ones and
-tombstones delete. Records that are not offset commits, or cannot be decoded, are logged
-and skipped.
+tombstones delete. Records that are neither offset commits nor group metadata, or cannot
+be decoded, are logged and skipped.
+
+Group metadata (issue #27): a classic group's membership is one record per group in the
+same partition (``offset_records``: Kafka's key version 2), written by ``store_group`` the
+same way as a commit (appended, fsynced, replicated, then cached) and loaded with the
+offsets; ``group_metadata`` returns what was loaded, which ``broker.groups.classic``
+rebuilds its groups from. Writes of one group are ordered by a sequence number its caller
+draws when it builds the record (``ClassicGroups``): a write older than one already made
+for the group, or older than the partition's last reload (``sequence_floor``: built from
+the state before the reload), is skipped, so a record built from stale state never
+overwrites a newer one, whichever thread reaches the write lock first. Deleting a group
+(``delete`` with ``group=True``) tombstones its metadata with its offsets.
 
 Thread-safe. Reads (``offsets``, ``group_ids``) take only the cache lock and never wait for
 an fsync.
@@ -55,9 +66,14 @@ from dataclasses import dataclass
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
+    GroupMetadataValue,
     OffsetValue,
+    decode_group_key,
+    decode_group_value,
     decode_key,
     decode_value,
+    encode_group_key,
+    encode_group_value,
     encode_key,
     encode_value,
     partition_for,
@@ -111,12 +127,19 @@ class OffsetStore:
         cache: dict[str, dict[TopicPartition, OffsetValue]],
         on_append: Callable[[str, int], None] | None,
         registry: PartitionRegistry,
+        groups: dict[str, GroupMetadataValue] | None = None,
     ) -> None:
         self._logs = logs
         self._partitions = partitions
         self._cache = cache
+        # Classic groups' metadata records (the latest of each group); _cache_lock.
+        self._groups = groups if groups is not None else {}
+        # Ordering of group metadata writes (module docstring); under the write locks.
+        self._group_sequences: dict[str, int] = {}
+        self._sequence_floors = [0] * partitions
         self._cache_lock = threading.Lock()
-        self._write_locks = [threading.Lock() for _ in range(partitions)]
+        # Reentrant: store_group checks its ordering and writes under the same lock.
+        self._write_locks = [threading.RLock() for _ in range(partitions)]
         self._on_append = on_append
         # The broker's partitions (replicated in cluster mode: roles from the replica
         # manager).
@@ -159,19 +182,22 @@ class OffsetStore:
         except TopicAlreadyExistsError:
             meta = logs.topic(OFFSETS_TOPIC)
         cache: dict[str, dict[TopicPartition, OffsetValue]] = {}
+        groups: dict[str, GroupMetadataValue] = {}
         records = 0
         for partition in range(meta.partitions):
-            records += _load_partition(logs.get_log(OFFSETS_TOPIC, partition), cache)
+            records += _load_partition(logs.get_log(OFFSETS_TOPIC, partition), cache, groups)
         log.info(
-            "loaded %d committed offset(s) of %d group(s) from %d record(s) of %s",
+            "loaded %d committed offset(s) of %d group(s) and %d group metadata record(s)"
+            " from %d record(s) of %s",
             sum(len(offsets) for offsets in cache.values()),
             len(cache),
+            len(groups),
             records,
             OFFSETS_TOPIC,
         )
         if registry is None:
             registry = PartitionRegistry(logs, 0, logs.clock, replicated=False)
-        return cls(logs, meta.partitions, cache, on_append, registry)
+        return cls(logs, meta.partitions, cache, on_append, registry, groups)
 
     @property
     def partitions(self) -> int:
@@ -194,6 +220,16 @@ class OffsetStore:
         with self._cache_lock:
             return sorted(self._cache)
 
+    def group_metadata(self, partition: int | None = None) -> dict[str, GroupMetadataValue]:
+        """Group id -> its latest group metadata record (of one offsets partition, or of
+        all); groups whose record was tombstoned are absent."""
+        with self._cache_lock:
+            return {
+                group: value
+                for group, value in self._groups.items()
+                if partition is None or self.partition_for(group) == partition
+            }
+
     def groups_with_topic(self, topic: str) -> dict[str, list[TopicPartition]]:
         """Group -> its committed partitions of ``topic``."""
         with self._cache_lock:
@@ -215,10 +251,19 @@ class OffsetStore:
         records: list[tuple[bytes, bytes | None]] = [
             (encode_key(group_id, tp), encode_value(v)) for tp, v in offsets.items()
         ]
-        self._write(group_id, records, lambda cached: cached.update(offsets))
+        self._write(group_id, records, lambda: self._offsets_of(group_id).update(offsets))
 
-    def delete(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
-        """Append tombstones for the group's offsets of ``partitions``, then forget them.
+    def delete(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        group_sequence: int | None = None,
+    ) -> None:
+        """Append tombstones for the group's offsets of ``partitions`` (and, with a
+        ``group_sequence``, for its group metadata if it has any, ordered as
+        ``store_group`` orders writes), then forget them. The tombstones are one write: a
+        restart or a coordinator move sees all or none.
 
         Raises:
             StorageError: the append or fsync failed; nothing was forgotten.
@@ -228,25 +273,87 @@ class OffsetStore:
             (encode_key(group_id, tp), None) for tp in doomed
         ]
 
-        def forget(cached: dict[TopicPartition, OffsetValue]) -> None:
+        def forget() -> None:
+            cached = self._offsets_of(group_id)
             for tp in doomed:
                 cached.pop(tp, None)
+            if group_sequence is not None:
+                self._groups.pop(group_id, None)
 
-        self._write(group_id, records, forget)
+        with self._write_locks[self.partition_for(group_id)]:
+            if group_sequence is not None:
+                with self._cache_lock:
+                    has_metadata = group_id in self._groups
+                if has_metadata:
+                    records.append((encode_group_key(group_id), None))
+            self._write(group_id, records, forget)
+            if group_sequence is not None:
+                previous = self._group_sequences.get(group_id, -1)
+                self._group_sequences[group_id] = max(previous, group_sequence)
 
-    def reload_partition(self, partition: int) -> int:
+    def store_group(self, group_id: str, value: GroupMetadataValue | None, sequence: int) -> bool:
+        """Write a classic group's metadata record (None: a tombstone) durably, as a
+        commit is written, unless a write of a later ``sequence`` was made for the group
+        or the partition was reloaded after ``sequence`` was drawn (module docstring).
+        Returns whether it was written.
+
+        Raises:
+            ValueError: a field too long or out of range for the record format.
+            NotLeaderOrFollowerError: cluster mode, this broker does not lead the group's
+                offsets partition (its coordinator moved).
+            StorageError: the append, fsync or replication failed; the cache is unchanged.
+        """
+        key = encode_group_key(group_id)
+        encoded = None if value is None else encode_group_value(value)
+        partition = self.partition_for(group_id)
+
+        def remember() -> None:
+            if value is None:
+                self._groups.pop(group_id, None)
+            else:
+                self._groups[group_id] = value
+
+        with self._write_locks[partition]:
+            if sequence < self._sequence_floors[partition] or sequence <= (
+                self._group_sequences.get(group_id, -1)
+            ):
+                log.debug("group %s: metadata write %d superseded", group_id, sequence)
+                return False
+            self._write(group_id, [(key, encoded)], remember)
+            self._group_sequences[group_id] = sequence
+        return True
+
+    def reload_partition(
+        self,
+        partition: int,
+        *,
+        sequence_floor: int = 0,
+        on_groups: Callable[[dict[str, GroupMetadataValue]], object] | None = None,
+    ) -> int:
         """Replace the cache of the groups stored in ``partition`` with what its log holds
         (cluster mode: this broker just became the partition's leader). Returns records
-        read. Raises ``StorageError``."""
+        read. Raises ``StorageError``.
+
+        ``sequence_floor``: group metadata writes drawn before it are skipped from now on
+        (built from the state before this load). ``on_groups``: called with the group
+        metadata loaded, before the partition counts as loaded (``check_loaded``), so no
+        request is served between the load and the classic groups' rebuild."""
         fresh: dict[str, dict[TopicPartition, OffsetValue]] = {}
+        fresh_groups: dict[str, GroupMetadataValue] = {}
         with self._write_locks[partition]:
+            self._sequence_floors[partition] = max(self._sequence_floors[partition], sequence_floor)
             epoch = self._leader_epoch(partition)
             partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
-            records = _load_partition(partition_log, fresh)
+            records = _load_partition(partition_log, fresh, fresh_groups)
+            if on_groups is not None:
+                on_groups(dict(fresh_groups))
             with self._cache_lock:
                 for group in [g for g in self._cache if self.partition_for(g) == partition]:
                     del self._cache[group]
                 self._cache.update(fresh)
+                for group in [g for g in self._groups if self.partition_for(g) == partition]:
+                    del self._groups[group]
+                self._groups.update(fresh_groups)
                 if epoch is not None:
                     self._loaded[partition] = (epoch, partition_log.log_end_offset)
         log.info(
@@ -279,6 +386,20 @@ class OffsetStore:
                 f" commits loaded (high watermark {high_watermark}, loaded to {loaded[1]})"
             )
 
+    def led_without_a_break(self, partition: int) -> bool:
+        """Whether this broker's cache of ``partition`` was loaded at the leader epoch just
+        before the one it leads at now: it led the partition through both (epochs go up
+        by one per election), so nobody else wrote to it in between and what it holds in
+        memory is still the partition's state (an ISR change alone bumps the epoch)."""
+        epoch = self._leader_epoch(partition)
+        with self._cache_lock:
+            loaded = self._loaded.get(partition)
+        return epoch is not None and loaded is not None and loaded[0] == epoch - 1
+
+    def _offsets_of(self, group_id: str) -> dict[TopicPartition, OffsetValue]:
+        """The cached offsets of ``group_id``, created empty (caller holds _cache_lock)."""
+        return self._cache.setdefault(group_id, {})
+
     def _leader_epoch(self, partition: int) -> int | None:
         """This broker's leader epoch of the offsets partition; None if it does not lead
         it (or on a single node)."""
@@ -288,8 +409,10 @@ class OffsetStore:
         self,
         group_id: str,
         records: list[tuple[bytes, bytes | None]],
-        apply: Callable[[dict[TopicPartition, OffsetValue]], None],
+        apply: Callable[[], None],
     ) -> None:
+        """Append ``records`` to the group's partition durably (module docstring), then
+        ``apply`` the change to the caches under the cache lock."""
         if not records:
             return
         partition = self.partition_for(group_id)
@@ -307,14 +430,13 @@ class OffsetStore:
                     self._on_append(OFFSETS_TOPIC, partition)  # wakes followers' fetches
                 target.wait_replicated(result.last_offset + 1, _REPLICATION_WAIT_MS)
             with self._cache_lock:
-                cached = self._cache.setdefault(group_id, {})
-                apply(cached)
-                if not cached:
+                apply()
+                if not self._cache.get(group_id, True):
                     del self._cache[group_id]
         if self._on_append is not None:
             self._on_append(OFFSETS_TOPIC, partition)
         log.debug(
-            "group %s: wrote %d offset record(s) to %s-%d at %d",
+            "group %s: wrote %d record(s) to %s-%d at %d",
             group_id,
             len(records),
             OFFSETS_TOPIC,
@@ -337,9 +459,12 @@ def _batches(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> by
 
 
 def _load_partition(
-    partition_log: PartitionLog, cache: dict[str, dict[TopicPartition, OffsetValue]]
+    partition_log: PartitionLog,
+    cache: dict[str, dict[TopicPartition, OffsetValue]],
+    groups: dict[str, GroupMetadataValue],
 ) -> int:
-    """Replay one offsets partition into ``cache``; returns the records read."""
+    """Replay one offsets partition into ``cache`` (offsets) and ``groups`` (group
+    metadata); returns the records read."""
     offset = partition_log.log_start_offset
     end = partition_log.log_end_offset
     count = 0
@@ -361,7 +486,7 @@ def _load_partition(
             for record in batch_records:
                 if record.offset >= offset:
                     count += 1
-                    _apply(partition_log, record.offset, record.key, record.value, cache)
+                    _apply(partition_log, record.offset, record.key, record.value, cache, groups)
             offset = max(offset, header.next_offset)
     return count
 
@@ -372,11 +497,22 @@ def _apply(
     key: bytes | None,
     value: bytes | None,
     cache: dict[str, dict[TopicPartition, OffsetValue]],
+    groups: dict[str, GroupMetadataValue],
 ) -> None:
     try:
         parsed = decode_key(key) if key is not None else None
         if parsed is None:
-            log.warning("%s: skipping record %d: not an offset commit", partition_log, offset)
+            group_id = decode_group_key(key) if key is not None else None
+            if group_id is None:
+                log.warning(
+                    "%s: skipping record %d: neither an offset commit nor group metadata",
+                    partition_log,
+                    offset,
+                )
+            elif value is None:
+                groups.pop(group_id, None)
+            else:
+                groups[group_id] = decode_group_value(value)
             return
         if value is None:
             group = cache.get(parsed.group_id)

@@ -10,6 +10,14 @@ Heartbeat and LeaveGroup reaching another broker answer ``NOT_COORDINATOR`` (and
 ``COORDINATOR_NOT_AVAILABLE`` while that partition has no leader), so the members find
 the coordinator again, as Kafka's do. Without it, members that found a new coordinator
 and members still on the old one would form two groups each owning every partition.
+While the coordinator still loads the group's offsets partition (its classic groups come
+back from their metadata records, issue #27), JoinGroup, SyncGroup and LeaveGroup answer
+``COORDINATOR_LOAD_IN_PROGRESS`` (clients retry) and a Heartbeat answers NONE, as Kafka's
+coordinator answers a heartbeat "blindly" while loading: the member keeps its session and
+its next heartbeat reaches the loaded group, instead of rejoining.
+
+SyncGroup runs on the listener's thread pool: the leader's stores the group's metadata
+record (fsync, replication) before anyone is answered.
 
 DeleteGroups deletes a group with neither classic nor KIP-848 members, and its committed
 offsets, one result per group.
@@ -30,7 +38,7 @@ from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visibl
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
 from tidelog.broker.kafka.listener import Connection
-from tidelog.storage.errors import LeaderNotAvailableError
+from tidelog.storage.errors import CoordinatorLoadInProgressError, LeaderNotAvailableError
 
 __all__ = [
     "classic_error_code",
@@ -58,18 +66,22 @@ def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
 
 
 async def _not_coordinator(conn: Connection, group_id: str) -> int:
-    """NONE if this broker coordinates ``group_id`` (always on a single node), else
-    Kafka's code telling the member to find the coordinator again."""
+    """NONE if this broker coordinates ``group_id`` (always on a single node) and has
+    loaded it, else Kafka's code telling the member to find the coordinator again or to
+    retry (``COORDINATOR_LOAD_IN_PROGRESS``)."""
     if conn.core.config.zookeeper_connect is None:
         return NONE  # a single node (a joining broker is not one: it coordinates nothing)
     try:
         coordinator = await conn.run(conn.core.find_coordinator, group_id)
+        if coordinator.broker_id != conn.core.config.broker_id:
+            return error_code_for("NOT_COORDINATOR")
+        await conn.run(conn.core.check_group_loaded, group_id)
     except LeaderNotAvailableError:
         return error_code_for("COORDINATOR_NOT_AVAILABLE")
+    except CoordinatorLoadInProgressError:
+        return error_code_for("COORDINATOR_LOAD_IN_PROGRESS")
     except Exception as exc:
         return kafka_error(exc)[0]
-    if coordinator.broker_id != conn.core.config.broker_id:
-        return error_code_for("NOT_COORDINATOR")
     return NONE
 
 
@@ -115,7 +127,9 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
     code = code or await _not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
-    synced = conn.core.groups.classic.sync(
+    # On the thread pool: the leader's SyncGroup writes the group's metadata record.
+    synced = await conn.run(
+        conn.core.groups.classic.sync,
         request["group_id"],
         request["member_id"],
         request["generation_id"],
@@ -133,9 +147,12 @@ async def sync_group(conn: Connection, header: RequestHeader, request: Plain) ->
 
 
 async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """Heartbeat (v0-4)."""
+    """Heartbeat (v0-4); NONE, unanswered by the group, while the coordinator loads it
+    (module docstring)."""
     code = denied(conn, group(request["group_id"]))
     code = code or await _not_coordinator(conn, request["group_id"])
+    if code == error_code_for("COORDINATOR_LOAD_IN_PROGRESS"):
+        return {"error_code": NONE}
     if code:
         return {"error_code": code}
     error = conn.core.groups.classic.heartbeat(
