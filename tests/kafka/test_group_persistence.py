@@ -12,6 +12,7 @@ session, an emptied group coming back empty) are in ``tests/broker/test_groups_m
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -108,7 +109,12 @@ def test_a_restarted_broker_brings_its_classic_group_back(broker: InProcessBroke
         b_id = _join(b_sock, group, "").member_id
         with ThreadPoolExecutor(1) as pool:
             b_joining = pool.submit(_join, b_sock, group, b_id)  # parked: "a" must rejoin
-            assert _heartbeat(a_sock, group, a_id, a.generation_id) == 27  # REBALANCE_IN_PROGRESS
+            # "a" learns of the rebalance from a heartbeat once b's JoinGroup has arrived
+            # (until then its heartbeats are answered NONE): REBALANCE_IN_PROGRESS.
+            deadline = time.monotonic() + TIMEOUT_S
+            while _heartbeat(a_sock, group, a_id, a.generation_id) != 27:
+                assert time.monotonic() < deadline, "b's JoinGroup never started a rebalance"
+                time.sleep(0.05)
             a = _join(a_sock, group, a_id)
             b = b_joining.result(TIMEOUT_S)
             assert (a.error_code, b.error_code) == (0, 0)
