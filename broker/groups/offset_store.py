@@ -37,7 +37,7 @@ acknowledgement was lost. Holding the partition lock through the fsync keeps the
 log order, so that what a restart reloads is exactly what the cache held.
 
 Loading (``open``): every partition is read from its log start offset to its end through
-``PartitionLog.read`` and ``decode_batch``; later records replace earlier ones and
+``broker.core.internal_topic.replay``; later records replace earlier ones and
 tombstones delete. Records that are neither offset commits nor group metadata, or cannot
 be decoded, are logged and skipped.
 
@@ -63,6 +63,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from tidelog.broker.core.internal_topic import record_batches, replay
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
@@ -80,21 +81,16 @@ from tidelog.broker.groups.offset_records import (
 )
 from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
-    CorruptRecordError,
     TopicAlreadyExistsError,
 )
 from tidelog.storage.log_manager import LogManager
 from tidelog.storage.partition_log import PartitionLog
-from tidelog.storage.records import BatchBuilder, decode_batch, iter_batch_headers
 
 __all__ = ["OFFSETS_TOPIC", "OffsetStore", "OffsetStoreConfig"]
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-_LOAD_READ_BYTES = 1 << 20
-# A commit of many partitions becomes several batches, each well under max.message.bytes.
-_BATCH_TARGET_BYTES = 256 * 1024
 
 
 _REPLICATION_WAIT_MS = 30_000
@@ -422,7 +418,7 @@ class OffsetStore:
         with self._write_locks[partition]:
             # Cluster mode: refused unless leading; stamped with the leader epoch; the
             # high watermark moves if the ISR allows.
-            result = target.append_as_leader(_batches(records, now_ms), acks_all=True)
+            result = target.append_as_leader(record_batches(records, now_ms), acks_all=True)
             # flush(n) makes the offsets below n durable.
             partition_log.flush(result.last_offset + 1)
             if target.replicated:
@@ -445,19 +441,6 @@ class OffsetStore:
         )
 
 
-def _batches(records: list[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
-    """Concatenated batches holding ``records``, each about ``_BATCH_TARGET_BYTES`` at most."""
-    out: list[bytes] = []
-    builder = BatchBuilder()
-    for key, value in records:
-        if builder.record_count and builder.estimated_size_bytes() >= _BATCH_TARGET_BYTES:
-            out.append(builder.build())
-            builder = BatchBuilder()
-        builder.append(timestamp_ms, key, value)
-    out.append(builder.build())
-    return b"".join(out)
-
-
 def _load_partition(
     partition_log: PartitionLog,
     cache: dict[str, dict[TopicPartition, OffsetValue]],
@@ -465,30 +448,10 @@ def _load_partition(
 ) -> int:
     """Replay one offsets partition into ``cache`` (offsets) and ``groups`` (group
     metadata); returns the records read."""
-    offset = partition_log.log_start_offset
-    end = partition_log.log_end_offset
-    count = 0
-    while offset < end:
-        data = partition_log.read(offset, _LOAD_READ_BYTES).records
-        if not data:
-            break
-        for position, header in iter_batch_headers(data):
-            try:
-                _, batch_records = decode_batch(data, position)
-            except CorruptRecordError as exc:
-                log.error(
-                    "%s: skipping undecodable batch at %d: %s",
-                    partition_log,
-                    header.base_offset,
-                    exc,
-                )
-                batch_records = []
-            for record in batch_records:
-                if record.offset >= offset:
-                    count += 1
-                    _apply(partition_log, record.offset, record.key, record.value, cache, groups)
-            offset = max(offset, header.next_offset)
-    return count
+    return replay(
+        partition_log,
+        lambda offset, key, value: _apply(partition_log, offset, key, value, cache, groups),
+    )
 
 
 def _apply(
