@@ -55,6 +55,12 @@ key                                   default          meaning
 ``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
 ``offsets.topic.replication.factor``  3                its replicas (at most the brokers)
 ``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
+``transaction.max.timeout.ms``        900000           longest ``transaction.timeout.ms`` granted
+``transactional.id.expiration.ms``    604800000        an idle transactional id is removed after
+``transaction.state.log.num.partitions`` 5             partitions of ``__transaction_state``
+``transaction.state.log.min.isr``     2                its ``min.insync.replicas`` (cluster)
+``transaction.abort.timed.out.transaction.cleanup.interval.ms`` 10000  timed-out
+                                                       transactions are looked for this often
 ``broker.id``                         0                this broker's id (unique in a cluster)
 ``broker.rack``                       (none)           rack (replicas spread over racks)
 ``follower.replication.throttled.rate`` 0              bytes/s an adding replica fetches (0: any)
@@ -331,6 +337,13 @@ class BrokerConfig:
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
     offsets_topic_replication_factor: int = 3
     offset_metadata_max_bytes: int = 4_096
+    # Transactions (issue #28, docs/transactions.md): Kafka's names and defaults, except 5
+    # partitions of __transaction_state (Kafka 50), as for the offsets topic.
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    transaction_state_log_num_partitions: int = 5
+    transaction_state_log_min_isr: int = 2
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     broker_id: int = 0
     broker_rack: str | None = None  # None: no rack (Kafka's broker.rack)
     # Bytes per second this broker fetches as an adding replica of a reassignment (0:
@@ -440,6 +453,17 @@ class BrokerConfig:
             ("offsets.topic.num.partitions", 1 <= self.offsets_topic_num_partitions <= 1_000),
             ("offsets.topic.segment.bytes", self.offsets_topic_segment_bytes >= 1024),
             ("offset.metadata.max.bytes", 0 <= self.offset_metadata_max_bytes <= 0x7FFF),
+            ("transaction.max.timeout.ms", self.transaction_max_timeout_ms >= 1),
+            ("transactional.id.expiration.ms", self.transactional_id_expiration_ms >= 1),
+            (
+                "transaction.state.log.num.partitions",
+                1 <= self.transaction_state_log_num_partitions <= 1_000,
+            ),
+            ("transaction.state.log.min.isr", self.transaction_state_log_min_isr >= 1),
+            (
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+                self.transaction_abort_timed_out_transaction_cleanup_interval_ms >= 1,
+            ),
         ]
         for key, ok in checks:
             if not ok:
@@ -752,6 +776,20 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         lambda k, v: _int(k, v, 1, 32),
     ),
     "offset.metadata.max.bytes": ("offset_metadata_max_bytes", lambda k, v: _int(k, v, 0, 0x7FFF)),
+    "transaction.max.timeout.ms": ("transaction_max_timeout_ms", lambda k, v: _int(k, v, 1)),
+    "transactional.id.expiration.ms": (
+        "transactional_id_expiration_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
+    "transaction.state.log.num.partitions": (
+        "transaction_state_log_num_partitions",
+        lambda k, v: _int(k, v, 1, 1_000),
+    ),
+    "transaction.state.log.min.isr": ("transaction_state_log_min_isr", lambda k, v: _int(k, v, 1)),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
+        "transaction_abort_timed_out_transaction_cleanup_interval_ms",
+        lambda k, v: _int(k, v, 1),
+    ),
     "broker.id": ("broker_id", lambda k, v: _int(k, v, 0, 2**31 - 1)),
     "broker.rack": ("broker_rack", _str),
     "follower.replication.throttled.rate": (

@@ -54,6 +54,7 @@ and this module, which import nothing else of ours).
     │   ├── NotAuthorizedError            NOT_AUTHORIZED
     │   │   ├── TopicAuthorizationFailedError    TOPIC_AUTHORIZATION_FAILED
     │   │   ├── GroupAuthorizationFailedError    GROUP_AUTHORIZATION_FAILED
+    │   │   ├── TransactionalIdAuthorizationFailedError  TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     │   │   └── ClusterAuthorizationFailedError  CLUSTER_AUTHORIZATION_FAILED
     │   ├── SecurityDisabledError         SECURITY_DISABLED
     │   ├── ResourceNotFoundError         RESOURCE_NOT_FOUND (e.g. an unknown SCRAM user)
@@ -157,6 +158,7 @@ __all__ = [
     "TopicAuthorizationFailedError",
     "TransactionAbortableError",
     "TransactionError",
+    "TransactionalIdAuthorizationFailedError",
     "TransactionalIdNotFoundError",
     "UnknownLeaderEpochError",
     "UnknownMemberIdError",
@@ -533,6 +535,12 @@ class GroupAuthorizationFailedError(NotAuthorizedError):
     """The principal may not do this to the consumer group."""
 
     code = "GROUP_AUTHORIZATION_FAILED"
+
+
+class TransactionalIdAuthorizationFailedError(NotAuthorizedError):
+    """The caller may not use (WRITE) or see (DESCRIBE) this transactional id."""
+
+    code = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
 
 
 class ClusterAuthorizationFailedError(NotAuthorizedError):

@@ -56,6 +56,7 @@ class ResourceType(enum.Enum):
     TOPIC = "TOPIC"
     GROUP = "GROUP"
     CLUSTER = "CLUSTER"
+    TRANSACTIONAL_ID = "TRANSACTIONAL_ID"  # a transactional producer's id (issue #28)
 
 
 class Operation(enum.Enum):

@@ -35,6 +35,7 @@ from tidelog.storage.errors import (
     SecurityDisabledError,
     StorageError,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
 )
 from tidelog.storage.files import atomic_write
 
@@ -140,6 +141,7 @@ _DENIED = {
     ResourceType.TOPIC: TopicAuthorizationFailedError,
     ResourceType.GROUP: GroupAuthorizationFailedError,
     ResourceType.CLUSTER: ClusterAuthorizationFailedError,
+    ResourceType.TRANSACTIONAL_ID: TransactionalIdAuthorizationFailedError,
 }
 
 

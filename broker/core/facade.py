@@ -106,6 +106,7 @@ from tidelog.broker.groups.manager import (
 )
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_coordinator
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
     InvalidRequestError,
@@ -141,8 +142,12 @@ class BrokerCore:
         authenticator: Authenticator | None,
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
+        transactions: TransactionCoordinator | None = None,
     ) -> None:
         self.config = config
+        # The transaction coordinator (broker.transactions, issue #28): a single node's;
+        # None in a cluster until its coordinator is built (answered COORDINATOR_NOT_AVAILABLE).
+        self.transactions = transactions
         # Placement, topic administration and producer ids: the broker's role, which
         # changes (joining -> joined) inside this one object (broker.core.membership).
         self.membership = membership
@@ -293,8 +298,22 @@ class BrokerCore:
                 on_append=appended,
                 registry=partitions,
             )
+            transactions = (
+                open_coordinator(
+                    config,
+                    partitions,
+                    clock,
+                    lambda: membership.producer_ids.init(-1, -1)[0],
+                    lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
+                    appended,
+                )
+                if config.zookeeper_connect is None
+                else None
+            )
             logs.start_background()
             groups.start()
+            if transactions is not None:
+                transactions.start()
             fetch_purgatory.start()
             group_fsync.start()
         except BaseException:
@@ -315,6 +334,7 @@ class BrokerCore:
             authenticator,
             acls,
             broker_configs,
+            transactions,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -416,6 +436,8 @@ class BrokerCore:
             log.error("closing with %d operations still in flight", self._gate.in_flight)
         self._group_fsync.close(timeout_ms)
         self._produce_purgatory.close()
+        if self.transactions is not None:
+            self.transactions.stop()
         self._groups.close()
         self._logs.close()
 

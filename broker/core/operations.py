@@ -34,10 +34,18 @@ create_partitions          ALTER on each topic
 describe_configs           DESCRIBE_CONFIGS on each topic or on the cluster (a broker)
 alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
+init_transactions          WRITE on the transactional id (InitProducerId with one)
+add_partitions_to_txn      WRITE on the transactional id and on each topic
+add_offsets_to_txn         WRITE on the transactional id, READ on the group
+end_txn                    WRITE on the transactional id
+txn_offset_commit          WRITE on the transactional id, READ on the group and each topic
+write_txn_markers          CLUSTER_ACTION on the cluster (between brokers)
+describe_transactions      DESCRIBE on each transactional id
+list_transactions          each transactional id filtered silently (DESCRIBE)
 describe_producers         READ on each topic
 describe_log_dirs          DESCRIBE on the cluster
 delete_records             DELETE on each topic (DeleteRecords, KIP-107)
-find_coordinator           DESCRIBE on the group
+find_coordinator           DESCRIBE on the group (a transaction coordinator: on the id)
 join_group, sync_group,    READ on the group
 heartbeat, leave_group,
 consumer_group_heartbeat
@@ -96,6 +104,7 @@ from tidelog.storage.errors import (
     GroupAuthorizationFailedError,
     NotAuthorizedError,
     TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailedError,
 )
 
 __all__ = [
@@ -113,6 +122,7 @@ __all__ = [
     "observe",
     "record_quota",
     "topic",
+    "transactional_id",
     "visible",
 ]
 
@@ -135,6 +145,10 @@ def group(name: str) -> Resource:
 
 def cluster() -> Resource:
     return Resource(ResourceType.CLUSTER, CLUSTER_NAME)
+
+
+def transactional_id(name: str) -> Resource:
+    return Resource(ResourceType.TRANSACTIONAL_ID, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +175,7 @@ class Policy:
 
 
 _T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+_X = ResourceType.TRANSACTIONAL_ID
 _PUBLIC = Policy()
 
 OPERATIONS: Mapping[str, Policy] = {
@@ -176,9 +191,17 @@ OPERATIONS: Mapping[str, Policy] = {
     "alter_configs": Policy({_T: Operation.ALTER_CONFIGS, _C: Operation.ALTER_CONFIGS}),
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
+    "init_transactions": Policy({_X: Operation.WRITE}),
+    "add_partitions_to_txn": Policy({_X: Operation.WRITE, _T: Operation.WRITE}),
+    "add_offsets_to_txn": Policy({_X: Operation.WRITE, _G: Operation.READ}),
+    "end_txn": Policy({_X: Operation.WRITE}),
+    "txn_offset_commit": Policy({_X: Operation.WRITE, _G: Operation.READ, _T: Operation.READ}),
+    "write_txn_markers": Policy({_C: Operation.CLUSTER_ACTION}),
+    "describe_transactions": Policy({_X: Operation.DESCRIBE}),
+    "list_transactions": Policy(lists=_X),
     "describe_log_dirs": Policy({_C: Operation.DESCRIBE}),
     "delete_records": Policy({_T: Operation.DELETE}),
-    "find_coordinator": Policy({_G: Operation.DESCRIBE}),
+    "find_coordinator": Policy({_G: Operation.DESCRIBE, _X: Operation.DESCRIBE}),
     "join_group": Policy({_G: Operation.READ}),
     "sync_group": Policy({_G: Operation.READ}),
     "heartbeat": Policy({_G: Operation.READ}),
@@ -301,6 +324,7 @@ _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {
     ResourceType.TOPIC: TopicAuthorizationFailedError,
     ResourceType.GROUP: GroupAuthorizationFailedError,
     ResourceType.CLUSTER: ClusterAuthorizationFailedError,
+    ResourceType.TRANSACTIONAL_ID: TransactionalIdAuthorizationFailedError,
 }
 
 
@@ -387,6 +411,7 @@ _SUPPORTED: Mapping[ResourceType, tuple[Operation, ...]] = {
         Operation.ALTER_CONFIGS,
     ),
     ResourceType.GROUP: (Operation.READ, Operation.DELETE, Operation.DESCRIBE),
+    ResourceType.TRANSACTIONAL_ID: (Operation.WRITE, Operation.DESCRIBE),
     ResourceType.CLUSTER: (
         Operation.CREATE,
         Operation.ALTER,

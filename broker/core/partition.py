@@ -380,6 +380,28 @@ class Partition:
             self.maybe_advance_high_watermark()
         return result
 
+    def append_marker_as_leader(
+        self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> int:
+        """Write a transaction marker as this partition's leader (WriteTxnMarkers): the
+        role checked as for an ``acks=all`` append, the marker stamped with this leader's
+        epoch (``PartitionLog.append_marker``), the high watermark moved if the ISR allows.
+        Returns the marker's offset. Raises what ``leader_epoch_for_append`` and
+        ``PartitionLog.append_marker`` raise (a stale stamp: ``NotLeaderOrFollowerError``).
+        """
+        epoch = self.leader_epoch_for_append(acks_all=True, current_leader_epoch=-1)
+        try:
+            offset = self.log.append_marker(
+                producer_id, producer_epoch, commit, coordinator_epoch, leader_epoch=epoch
+            )
+        except FencedLeaderEpochError as exc:
+            raise NotLeaderOrFollowerError(
+                f"{self.topic}-{self.partition}: the leader epoch moved; no marker appended"
+            ) from exc
+        if self.replicated:
+            self.maybe_advance_high_watermark()
+        return offset
+
     def ack_status(self, end_offset: int) -> str | BaseException:
         """``DURABLE`` once the high watermark reached ``end_offset`` with at least
         ``min.insync.replicas`` in sync, ``PENDING`` before, or the error to answer an

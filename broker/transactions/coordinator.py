@@ -50,11 +50,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.partitions import PartitionRegistry
-from tidelog.broker.core.producer_ids import ProducerIdSource
 from tidelog.broker.transactions import state as machine
+from tidelog.broker.transactions.markers import LocalMarkers
 from tidelog.broker.transactions.state import Answer, Decision, Refuse, TxnMetadata, TxnState, Write
-from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, TxnLog
+from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, TxnLog, TxnLogConfig
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     KafkaTimeoutError,
@@ -67,7 +68,12 @@ from tidelog.storage.errors import (
     error_for_code,
 )
 
-__all__ = ["MarkerWriter", "TransactionCoordinator", "TxnCoordinatorConfig"]
+__all__ = [
+    "MarkerWriter",
+    "TransactionCoordinator",
+    "TxnCoordinatorConfig",
+    "open_coordinator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +122,7 @@ class TransactionCoordinator:
     def __init__(
         self,
         txn_log: TxnLog,
-        producer_ids: ProducerIdSource,
+        allocate: Callable[[], int],
         markers: MarkerWriter,
         registry: PartitionRegistry,
         clock: Clock,
@@ -125,7 +131,7 @@ class TransactionCoordinator:
         group_partition: Callable[[str], TopicPartition],
     ) -> None:
         self._log = txn_log
-        self._producer_ids = producer_ids
+        self._allocate_id = allocate  # a fresh producer id (epoch 0), never handed out again
         self._markers = markers
         self._registry = registry
         self._clock = clock
@@ -361,8 +367,7 @@ class TransactionCoordinator:
             raise error_for_code("COORDINATOR_NOT_AVAILABLE", str(exc)) from exc
 
     def _allocate(self) -> int:
-        # A fresh id (epoch 0) from the broker's allocator, never handed out again.
-        return self._producer_ids.init(-1, -1)[0]
+        return self._allocate_id()
 
     # --- threads -----------------------------------------------------------------------
 
@@ -486,3 +491,39 @@ def _identity(decision: Decision) -> tuple[int, int]:
     if isinstance(decision, Refuse):  # _transit raised already
         raise error_for_code(decision.error, decision.message)
     return decision.producer_id, decision.producer_epoch
+
+
+def open_coordinator(
+    config: BrokerConfig,
+    registry: PartitionRegistry,
+    clock: Clock,
+    allocate: Callable[[], int],
+    group_partition: Callable[[str], TopicPartition],
+    on_append: Callable[[str, int], None],
+) -> TransactionCoordinator:
+    """A single node's coordinator: ``__transaction_state`` opened (created on the first
+    start) in the broker's data directory, markers written to its own partitions
+    (``LocalMarkers``); not started. Raises ``StorageError``."""
+    txn_log = TxnLog.open(
+        registry.logs,
+        TxnLogConfig(
+            num_partitions=config.transaction_state_log_num_partitions,
+            segment_bytes=config.offsets_topic_segment_bytes,
+            min_isr=config.transaction_state_log_min_isr,
+        ),
+        registry=registry,
+        on_append=on_append,
+    )
+    return TransactionCoordinator(
+        txn_log,
+        allocate,
+        LocalMarkers(registry, on_append),
+        registry,
+        clock,
+        TxnCoordinatorConfig(
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            id_expiration_ms=config.transactional_id_expiration_ms,
+            abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+        ),
+        group_partition=group_partition,
+    )

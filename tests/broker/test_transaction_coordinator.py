@@ -71,9 +71,10 @@ class Broker:
         path, clock, markers = self.path, self.clock, self.markers
         self.logs = LogManager.open(path, LogManagerConfig(cleaner_enabled=False), clock)
         self.txn_log = TxnLog.open(self.logs, TxnLogConfig(num_partitions=3))
+        ids = ProducerIdManager.open(path, clock, 86_400_000)
         self.coordinator = TransactionCoordinator(
             self.txn_log,
-            ProducerIdManager.open(path, clock, 86_400_000),
+            lambda: ids.init(-1, -1)[0],
             markers,
             PartitionRegistry(self.logs, 0, clock, replicated=False),
             clock,
