@@ -79,3 +79,18 @@ def read_committed(
             out.extend(r for r in records if r.offset >= offset)
         offset = upper
     return out
+
+
+def read_uncommitted(log: PartitionLog) -> list[Record]:
+    """Every data record up to the high watermark (control batches skipped)."""
+    offset, out = log.log_start_offset, []
+    while offset < log.high_watermark:
+        data = log.read(offset, 1 << 20, max_offset=log.high_watermark).records
+        whole = data[: split_whole_batches(data)]
+        headers = list(iter_batch_headers(whole, validate=True))
+        for position, header in headers:
+            if not header.is_control:
+                _, records = decode_batch(whole, position)
+                out.extend(r for r in records if r.offset >= offset)
+        offset = headers[-1][1].next_offset
+    return out
