@@ -18,6 +18,7 @@ import crc32c
 from tidelog.storage.compression import compress_records, max_compressed_bytes
 from tidelog.storage.native import NATIVE, native
 from tidelog.storage.records import (
+    _CONTROL_FLAG,
     _CRC_PREFIX,
     _CRC_TAIL,
     _DELETE_HORIZON_FLAG,
@@ -68,6 +69,7 @@ class BatchBuilder:
         "_buf",
         "_compression",
         "_count",
+        "_is_control",
         "_is_transactional",
         "_last_offset_delta",
         "_max_timestamp",
@@ -87,6 +89,7 @@ class BatchBuilder:
         producer_epoch: int = NO_PRODUCER_EPOCH,
         base_sequence: int = NO_SEQUENCE,
         is_transactional: bool = False,
+        is_control: bool = False,
         partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
         base_timestamp: int | None = None,
     ) -> None:
@@ -108,6 +111,8 @@ class BatchBuilder:
         self._producer_epoch = producer_epoch
         self._base_sequence = base_sequence
         self._is_transactional = is_transactional
+        # Control batches (transaction markers, ``storage.control``) are built by the broker.
+        self._is_control = is_control
         self._partition_leader_epoch = partition_leader_epoch
         self._base_timestamp = base_timestamp
         self._buf = bytearray()
@@ -324,7 +329,11 @@ class BatchBuilder:
                 raise ValueError(f"max_timestamp_ms {max_timestamp_ms} is below {max_timestamp}")
             _check_range("max_timestamp_ms", max_timestamp_ms, INT64_MIN, INT64_MAX)
             max_timestamp = max_timestamp_ms
-        attributes = self._timestamp_type << 3 | (_TRANSACTIONAL_FLAG * self._is_transactional)
+        attributes = (
+            self._timestamp_type << 3
+            | (_TRANSACTIONAL_FLAG * self._is_transactional)
+            | (_CONTROL_FLAG * self._is_control)
+        )
         records: bytes | bytearray = self._buf
         base_timestamp = self._base_timestamp if count else NO_TIMESTAMP
         assert base_timestamp is not None  # set by the first append
@@ -404,7 +413,7 @@ def _check_range(name: str, value: int, low: int, high: int) -> None:
 def builder_like(header: BatchHeader, compression: Compression) -> BatchBuilder:
     """A builder for a stored batch rebuilt in ``compression`` (the cleaner's rounds, a
     topic's ``compression.type``): ``header``'s base offset and timestamp, timestamp
-    type, producer id, epoch and base sequence, transactional flag and leader epoch.
+    type, producer id, epoch and base sequence, transactional and control flags and leader epoch.
     Deltas against the original base timestamp keep every record's encoding."""
     return BatchBuilder(
         compression=compression,
@@ -414,6 +423,7 @@ def builder_like(header: BatchHeader, compression: Compression) -> BatchBuilder:
         producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence,
         is_transactional=header.is_transactional,
+        is_control=header.is_control,
         partition_leader_epoch=header.partition_leader_epoch,
         base_timestamp=header.base_timestamp,
     )

@@ -38,6 +38,7 @@ from tidelog.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, 
 from tidelog.storage.clock import Clock
 from tidelog.storage.compaction import (
     OFFSET_MAP_ENTRY_BYTES,
+    AbortedTxnFilter,
     CleanableRange,
     CleaningRules,
     OffsetMap,
@@ -253,7 +254,9 @@ class LogCleaner:
             log_end_offset=log_end,
             now_ms=now_ms,
             min_compaction_lag_ms=partition_log.config.min_compaction_lag_ms,
-            high_watermark=partition_log.high_watermark,
+            # Never at or beyond the last stable offset (at most the high watermark):
+            # every transaction in the range is decided (``storage.compaction``).
+            high_watermark=partition_log.last_stable_offset,
         )
 
     @staticmethod
@@ -323,19 +326,27 @@ class LogCleaner:
         first_dirty = cleanable.first_dirty_offset
         first_uncleanable = cleanable.first_uncleanable_offset
 
-        # 1. The offset map over [first dirty, first uncleanable).
+        # 1. The offset map over [first dirty, first uncleanable), without aborted data.
         offset_map = OffsetMap(self._map_capacity)
         full = False
+        map_filter: AbortedTxnFilter | None = None
         for segment in segments[:-1]:
             if full or segment.base_offset >= first_uncleanable:
                 break
             if segment.next_offset <= first_dirty:
                 continue
+            if map_filter is None:
+                map_filter = AbortedTxnFilter(
+                    partition_log.aborted_transactions(segment.base_offset, first_uncleanable)
+                )
             for batch in _iter_segment_batches(segment):
                 header, records = decode_batch(batch)
+                aborted = map_filter.is_aborted(header, records)  # every batch, in order
                 if header.last_offset < first_dirty:
                     continue
-                if add_batch_to_offset_map(offset_map, header, records, first_dirty):
+                if add_batch_to_offset_map(
+                    offset_map, header, records, first_dirty, aborted=aborted
+                ):
                     full = True
                     break
         map_end = offset_map.end_offset(first_dirty)
@@ -358,6 +369,9 @@ class LogCleaner:
             delete_retention_ms=config.delete_retention_ms,
             max_batch_bytes=config.max_message_bytes,
             producer_last_offset=partition_log.producer_last_offset,
+            is_aborted=AbortedTxnFilter(
+                partition_log.aborted_transactions(old[0].base_offset, old[-1].next_offset)
+            ).is_aborted,
         )
 
         # 3. Write and fsync one .cleaned segment per group, then swap them all in at once.
@@ -467,6 +481,11 @@ def _write_cleaned_segment(
                     times = []
         if pending:
             cleaned.append(pending, positions, times)
+        # Every marker is kept (``storage.compaction``), so every aborted transaction's
+        # index entry moves with its marker into the cleaned segment.
+        for segment in group:
+            for entry in segment.txn_index.entries:
+                cleaned.txn_index.append(entry)
         cleaned.write_pending()
         cleaned.fsync()
         # Keep the replaced segments' age (Kafka copies the newest one's mtime): retention

@@ -44,6 +44,22 @@ A compacted log is a *clean* prefix (compacted before) and a *dirty* suffix. One
    per group, means a crash leaves the log either entirely before or entirely after the
    round, at the cost of holding the round's cleaned output on disk until the swap.
 
+**Transactions** (Kafka's cleaner rules, reference ``transactions.md`` section 8):
+
+* Nothing at or beyond the last stable offset is cleaned (the planner's bound is the LSO,
+  which is at most the high watermark), so every transaction the cleaner sees is decided
+  and the aborted ones are known from the ``.txnindex`` in advance.
+* ``AbortedTxnFilter`` walks a round's batches in offset order with the aborted
+  transactions (sorted by first offset): a transactional data batch of a producer whose
+  aborted transaction has begun and whose ABORT marker has not been passed yet belongs to
+  that aborted transaction. Its records are dropped whatever their keys, and never enter
+  the offset map: a committed or plain record is never shadowed by an aborted one.
+  Such a batch left empty is still kept when it is its producer's last batch.
+* Control batches are never compacted by key and are kept whole: every COMMIT and ABORT
+  marker stays (Kafka removes a marker once its data is gone and its delete horizon has
+  passed; Tidelog does not yet, which is safe: a reader ignores markers, and an ABORT
+  marker's ``.txnindex`` entry is carried into the cleaned segment with it).
+
 This module holds the decisions of steps 1-3, on integers, batch bytes and records only;
 ``storage.cleaner.LogCleaner`` reads and writes the files and does step 4. Thread-safe
 (pure functions and immutable values) except ``OffsetMap``, which one round owns.
@@ -69,6 +85,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tidelog.storage.batch_builder import builder_like
+from tidelog.storage.control import is_marker_batch, parse_marker
+from tidelog.storage.errors import CorruptRecordError
 from tidelog.storage.records import (
     NO_PRODUCER_ID,
     BatchHeader,
@@ -79,6 +97,7 @@ from tidelog.storage.records import (
 
 __all__ = [
     "OFFSET_MAP_ENTRY_BYTES",
+    "AbortedTxnFilter",
     "CleanableRange",
     "CleaningRules",
     "OffsetMap",
@@ -316,16 +335,54 @@ class OffsetMap:
         return max(self.latest_offset + 1, first_dirty_offset)
 
 
+class AbortedTxnFilter:
+    """Which batches of a round belong to aborted transactions (Kafka's
+    ``CleanedTransactionMetadata``). Feed it every batch of the range, in offset order.
+
+    ``aborted``: ``(producer_id, first_offset)`` of the aborted transactions overlapping
+    the range (``PartitionLog.aborted_transactions``). Not thread-safe; one pass owns it.
+    """
+
+    def __init__(self, aborted: Sequence[tuple[int, int]]) -> None:
+        self._pending = sorted(aborted, key=lambda t: t[1], reverse=True)
+        self._ongoing: set[int] = set()
+
+    def is_aborted(self, header: BatchHeader, records: Sequence[Record]) -> bool:
+        """Whether the batch ``header`` (with its decoded ``records``) is aborted data."""
+        while self._pending and self._pending[-1][1] <= header.last_offset:
+            self._ongoing.add(self._pending.pop()[0])
+        if header.is_control:
+            if is_marker_batch(header) and records:
+                try:
+                    marker = parse_marker(records[0].key, records[0].value)
+                except CorruptRecordError:
+                    marker = None
+                if marker is not None and not marker.commit:
+                    self._ongoing.discard(header.producer_id)
+            return False
+        return header.is_transactional and header.producer_id in self._ongoing
+
+
+def _never_aborted(header: BatchHeader, records: Sequence[Record]) -> bool:
+    return False
+
+
 def add_batch_to_offset_map(
-    offset_map: OffsetMap, header: BatchHeader, records: Sequence[Record], start_offset: int
+    offset_map: OffsetMap,
+    header: BatchHeader,
+    records: Sequence[Record],
+    start_offset: int,
+    *,
+    aborted: bool = False,
 ) -> bool:
     """Add the keyed records at or after ``start_offset`` of one batch to the map.
 
     Returns True if the map filled up before the batch was done: the map then covers the
     records up to the last one it took, and the round stops there
-    (``Cleaner.buildOffsetMapForSegment``). Control batches add nothing.
+    (``Cleaner.buildOffsetMapForSegment``). Control batches and ``aborted`` batches (of
+    an aborted transaction, ``AbortedTxnFilter``) add nothing.
     """
-    if not header.is_control:
+    if not header.is_control and not aborted:
         for record in records:
             if (
                 record.key is not None
@@ -376,7 +433,9 @@ class CleaningRules:
     ``producer_last_offset(pid)`` answers the last offset of producer ``pid``'s last batch
     if the partition's producer state still knows it, else None. ``round_end_offset`` is
     the next offset of the last batch being rewritten. ``max_batch_bytes`` caps a rebuilt
-    batch that grew (see ``clean_batch``).
+    batch that grew (see ``clean_batch``). ``is_aborted(header, records)``: whether a
+    batch is aborted transactional data (an ``AbortedTxnFilter``'s method: stateful, so
+    ``clean_batch`` must see every batch of the round in order).
     """
 
     offset_map: OffsetMap
@@ -386,6 +445,7 @@ class CleaningRules:
     delete_retention_ms: int
     max_batch_bytes: int
     producer_last_offset: Callable[[int], int | None] = _no_active_producer
+    is_aborted: Callable[[BatchHeader, Sequence[Record]], bool] = _never_aborted
 
 
 def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
@@ -408,13 +468,15 @@ def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
     Raises ``CorruptRecordError`` for a bad batch (records compressed past the limit too).
     """
     header, records = decode_batch(batch)
+    aborted = rules.is_aborted(header, records)
     if header.is_control:
-        return batch  # never produced here (appends reject them); never rewritten
+        return batch  # markers are kept whole (module docstring, "Transactions")
     horizon = header.delete_horizon_ms
     kept = [
         record
         for record in records
-        if should_retain_record(
+        if not aborted
+        and should_retain_record(
             record,
             offset_map=rules.offset_map,
             map_end_offset=rules.map_end_offset,

@@ -67,7 +67,9 @@ and this module, which import nothing else of ours).
     │       ├── CoordinatorNotAvailableError COORDINATOR_NOT_AVAILABLE retriable
     │       ├── InvalidProducerIdMappingError INVALID_PRODUCER_ID_MAPPING
     │       ├── InvalidTransactionTimeoutError INVALID_TRANSACTION_TIMEOUT
+    │       ├── InvalidTxnStateError      INVALID_TXN_STATE (a plain batch in a transaction)
     │       ├── TransactionAbortableError TRANSACTION_ABORTABLE (abort, then go on)
+    │       ├── TransactionCoordinatorFencedError TRANSACTION_COORDINATOR_FENCED
     │       └── TransactionalIdNotFoundError TRANSACTIONAL_ID_NOT_FOUND
     ├── BrokerBusyError                   (a broker limit refused the call at once) retriable
     │   ├── MaxConnectionsError           MAX_CONNECTIONS_REACHED
@@ -124,6 +126,7 @@ __all__ = [
     "InvalidTimestampError",
     "InvalidTopicError",
     "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
     "KafkaTimeoutError",
     "LeaderNotAvailableError",
     "LogDirFullError",
@@ -157,6 +160,7 @@ __all__ = [
     "TopicAlreadyExistsError",
     "TopicAuthorizationFailedError",
     "TransactionAbortableError",
+    "TransactionCoordinatorFencedError",
     "TransactionError",
     "TransactionalIdAuthorizationFailedError",
     "TransactionalIdNotFoundError",
@@ -601,6 +605,20 @@ class InvalidTransactionTimeoutError(TransactionError):
     ``transaction.max.timeout.ms``."""
 
     code = "INVALID_TRANSACTION_TIMEOUT"
+
+
+class InvalidTxnStateError(TransactionError):
+    """The request does not fit the transaction's state: on a partition, a
+    non-transactional batch from a producer whose transaction there is still open."""
+
+    code = "INVALID_TXN_STATE"
+
+
+class TransactionCoordinatorFencedError(TransactionError):
+    """An end-transaction marker carries a coordinator epoch older than the one the
+    partition already saw for that producer: a newer coordinator owns the transaction."""
+
+    code = "TRANSACTION_COORDINATOR_FENCED"
 
 
 class TransactionAbortableError(TransactionError):

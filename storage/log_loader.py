@@ -3,8 +3,9 @@
 This module owns the classmethod-factory side of a partition log: everything
 ``PartitionLog.open`` does before the log takes appends. ``load_log`` turns a directory into
 a ``LoadedLog`` value (its segments, log start offset, leader epochs and clamped high
-watermark); ``rebuild_producer_state`` rebuilds the idempotence table from the newest
-usable ``.snapshot`` plus the batch headers after it (``truncate_to`` calls it again).
+watermark); ``rebuild_producer_state`` rebuilds the producer table (idempotence and transactions)
+from the newest usable ``.snapshot`` plus the batches after it (``truncate_to`` calls it
+again), and the ``.txnindex`` of the segments recovery revalidated.
 
 Recovery, in order:
 
@@ -61,8 +62,10 @@ from tidelog.storage.files import (
 )
 from tidelog.storage.leader_epoch import LeaderEpochCache
 from tidelog.storage.local_log import unlink_if_exists
+from tidelog.storage.partition_txns import replay
 from tidelog.storage.producer_state import ProducerStateTable
 from tidelog.storage.segment import Segment
+from tidelog.storage.txn_index import TXN_INDEX_SUFFIX
 
 __all__ = [
     "SNAPSHOT_SUFFIX",
@@ -275,7 +278,7 @@ def clean_directory(directory: Path, config: LogConfig) -> list[int]:
     known = {offset_file_name(b, "") for b in bases}
     for name in names:
         if (
-            name.endswith((".index", ".timeindex", BATCH_TIMES_SUFFIX))
+            name.endswith((".index", ".timeindex", BATCH_TIMES_SUFFIX, TXN_INDEX_SUFFIX))
             and name.split(".", 1)[0] not in known
         ):
             unlink_if_exists(directory / name)
@@ -301,12 +304,19 @@ def _epochs_from_batches(
 def rebuild_producer_state(
     directory: Path, segments: list[Segment], log_end: int, owner: object
 ) -> ProducerStateTable:
-    """The idempotence table: newest usable snapshot, plus the batch headers after it.
+    """The producer table: newest usable snapshot, plus the batches after it.
 
     Snapshots above ``log_end`` (covering data recovery or truncation cut off) are
-    unlinked; unreadable ones are skipped with a warning naming ``owner``. No record is
-    decoded. Not thread-safe: the caller holds the partition lock (or owns the log alone).
+    unlinked; unreadable ones are skipped with a warning naming ``owner``. Only headers
+    are read, and each control batch's one record (``storage.partition_txns.replay``).
+    Segments whose ``.txnindex`` needs a rebuild (recovered after an unclean stop, or
+    damaged) get it rebuilt, with every later segment's: the replay then starts from a
+    snapshot at or below the first of them, so the transactions open there are known.
+    Not thread-safe: the caller holds the partition lock (or owns the log alone).
     """
+    rebuild = [s.base_offset for s in segments if s.txn_index.needs_rebuild]
+    index_from = min(rebuild) if rebuild else None
+    limit = log_end if index_from is None else min(log_end, index_from)
     snapshots = sorted(
         (base_offset_from_name(p.name), p) for p in directory.glob("*" + SNAPSHOT_SUFFIX)
     )
@@ -315,20 +325,14 @@ def rebuild_producer_state(
         if offset > log_end:
             unlink_if_exists(path)  # covers data that recovery cut off
             continue
+        if offset > limit:
+            continue  # newer than the first index to rebuild: replay from further back
         try:
             table, start = ProducerStateTable.from_bytes(path.read_bytes())
             break
         except (OSError, ValueError) as exc:
             log.warning("%s: ignoring producer snapshot %s: %s", owner, path, exc)
-    for segment in segments:
-        if segment.next_offset <= start:
-            continue
-        position = 0
-        if start > segment.base_offset:
-            position = segment.find_position(start) or 0
-        for batch in segment.iter_batches(position):
-            if batch.header.base_offset >= start:
-                table.update(batch.header, batch.header.max_timestamp)
+    replay(table, segments, start, index_from=index_from, owner=owner)
     return table
 
 

@@ -3,9 +3,10 @@
 Pure functions on bytes and integers, no file, lock or clock: ``PartitionLog`` calls them
 under its partition lock, with the log end offset and the time it read.
 
-* ``check_produced_batch``: what a producer may not send (size, transactional or control
-  batches, unsupported codecs, inconsistent counts; for compacted topics, records that do
-  not decode or have no key), checked before any state changes.
+* ``check_produced_batch``: what a producer may not send (size, control batches: markers
+  are the broker's, ``PartitionLog.append_marker``; unsupported codecs, inconsistent
+  counts; for compacted topics, records that do not decode or have no key), checked
+  before any state changes.
 * ``recompress``: a topic whose ``compression.type`` names a codec stores every produced
   batch in it (Kafka's ``LogValidator``): a batch in another codec is rebuilt, its
   records, offsets deltas, timestamps and producer fields kept, its CRC recomputed;
@@ -109,7 +110,8 @@ def check_produced_batch(
 
     Raises:
         RecordTooLargeError: larger than ``max.message.bytes``.
-        InvalidRequestError: a transactional or control batch.
+        InvalidRequestError: a control batch (end-transaction markers are written by the
+            partition's leader only, ``PartitionLog.append_marker``).
         UnsupportedCompressionTypeError: a codec this broker does not store.
         CorruptRecordError: no records, a count that disagrees with the last offset
             delta, or (compacted topics) records that do not decode.
@@ -123,8 +125,8 @@ def check_produced_batch(
             f"batch at position {batch.position} is {header.size_bytes} bytes; the limit "
             f"(max.message.bytes) is {config.max_message_bytes}"
         )
-    if header.is_transactional or header.is_control:
-        raise InvalidRequestError("transactional and control batches are not supported")
+    if header.is_control:
+        raise InvalidRequestError("control batches are written by the broker, not producers")
     codec = header.compression
     if codec not in SUPPORTED_COMPRESSION:
         raise UnsupportedCompressionTypeError(

@@ -24,8 +24,14 @@ the segments and the lock that serialises them:
   (``append_as_follower``) and truncates where its epochs diverge from the leader's;
 * ``recovery_point``: everything below it is fsynced; recovery after an unclean stop
   re-validates only the segments from the one holding it;
-* the idempotence state (``ProducerStateTable``) and its ``.snapshot`` files, written on
-  every roll and on close.
+* the producer state (``ProducerStateTable``: idempotence and transactions) and its
+  ``.snapshot`` files, written on every roll and on close;
+* transactions' partition side (``storage.partition_txns``): transactional batches open a
+  transaction, ``append_marker`` (the leader) and ``append_as_follower`` store COMMIT and
+  ABORT markers and index aborted transactions in the segments' ``.txnindex``;
+  ``last_stable_offset`` and ``aborted_transactions`` are what a read_committed fetch
+  needs (it reads with ``max_offset`` = the last stable offset and filters the aborted
+  transactions itself, as Kafka's consumers do).
 
 Appends validate each batch's framing, magic, CRC and size, check idempotent-producer
 sequences, assign offsets by rewriting each batch's 8-byte base offset (LogAppendTime
@@ -66,6 +72,7 @@ from pathlib import Path
 from tidelog.storage.batch_times import BatchTimes, decode_wire
 from tidelog.storage.clock import Clock
 from tidelog.storage.config import LogConfig
+from tidelog.storage.control import EndTxnMarker, build_marker
 from tidelog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
@@ -89,8 +96,14 @@ from tidelog.storage.log_validator import (
     place_follower_batches,
     recompress,
 )
+from tidelog.storage.partition_txns import (
+    apply_batches,
+    apply_marker,
+    collect_aborted,
+    last_stable_offset,
+)
 from tidelog.storage.producer_state import ProducerStateTable, ProducerSummary
-from tidelog.storage.records import iter_batch_headers
+from tidelog.storage.records import iter_batch_headers, read_header
 from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
@@ -316,8 +329,10 @@ class PartitionLog:
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
             RecordTooLargeError: a batch larger than ``max.message.bytes``.
-            InvalidRequestError: an empty request, or a transactional or control batch.
+            InvalidRequestError: an empty request, or a control batch.
             OutOfOrderSequenceError, InvalidProducerEpochError: idempotence violations.
+            InvalidTxnStateError: a non-transactional batch from a producer whose
+                transaction is open here.
             FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
             LogDirFullError, StorageError: the write failed; nothing was stored.
         """
@@ -390,6 +405,84 @@ class PartitionLog:
             self._unflushed_records = 0
         return result
 
+    # ================================================================== transactions
+
+    def append_marker(
+        self,
+        producer_id: int,
+        epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int | None = None,
+    ) -> int:
+        """Append a COMMIT (``commit``) or ABORT marker for ``producer_id``; its offset.
+
+        The leader's side of WriteTxnMarkers (``storage.control`` has the batch layout).
+        It ends the producer's open transaction here, if any; an ABORT then gets an entry
+        in the active segment's ``.txnindex``. A producer with no open transaction gets
+        the marker stored and nothing else (``storage.partition_txns``).
+
+        Raises:
+            InvalidProducerEpochError: ``epoch`` is older than the producer's.
+            TransactionCoordinatorFencedError: ``coordinator_epoch`` is older than the
+                last one that wrote this producer a marker here.
+            FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
+            LogDirFullError, StorageError: the write failed; nothing was stored.
+        """
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"{self} is closed")
+            if leader_epoch is not None and leader_epoch < self._leader_epochs.latest_epoch:
+                raise FencedLeaderEpochError(
+                    f"{self}: leader epoch {leader_epoch} is older than this log's "
+                    f"{self._leader_epochs.latest_epoch}; no marker appended"
+                )
+            self._producer_state.check_marker(producer_id, epoch, coordinator_epoch)
+            offset = self.log_end_offset
+            now_ms = self._clock.wall_ms()
+            batch = build_marker(
+                producer_id,
+                epoch,
+                commit=commit,
+                coordinator_epoch=coordinator_epoch,
+                timestamp_ms=now_ms,
+                base_offset=offset,
+                partition_leader_epoch=-1 if leader_epoch is None else leader_epoch,
+            )
+            header = read_header(batch)
+            try:
+                self._rewrite_stale_epochs_locked()
+                if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
+                    self._assign_epoch_locked(leader_epoch, offset)
+                segment = self._maybe_roll_locked(
+                    len(batch), offset, offset, now_ms, self._local.config
+                )
+                segment.append(batch, [BatchPosition(0, header)], None)
+            except OSError as exc:
+                raise io_error(exc, f"{self}: marker append failed") from exc
+            apply_marker(
+                self._producer_state, segment, header, EndTxnMarker(commit, coordinator_epoch)
+            )
+            self._unflushed_records += 1
+            return offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below it every transaction is decided: min(first unstable offset, high
+        watermark); the high watermark when no transaction is open or unreplicated."""
+        with self._lock:
+            return last_stable_offset(self._producer_state, self.high_watermark)
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """``(producer_id, first_offset)`` of the aborted transactions a read_committed
+        fetch of ``[fetch_offset, upper_bound)`` reports (Kafka's rule, in
+        ``storage.partition_txns.collect_aborted``), oldest marker first."""
+        with self._lock:
+            segments = self._local.segments
+            found = collect_aborted(segments, fetch_offset, upper_bound)
+        return [(t.producer_id, t.first_offset) for t in found]
+
     # ================================================================== replication
 
     def append_as_follower(self, records: bytes, batch_times: bytes = b"") -> int:
@@ -399,9 +492,10 @@ class PartitionLog:
         wire entries), kept for the batches they name. Batches wholly below the log end
         offset (a repeated fetch) are skipped; the first new batch must start at or after
         the log end (compaction may have left a gap on the leader). Sequences are not
-        checked (the leader did), but the idempotence state is updated, so a follower that
-        becomes leader still recognises retried batches. Epochs the batches carry extend
-        the leader-epoch cache.
+        checked (the leader did), but the producer state is updated, so a follower that
+        becomes leader still recognises retried batches; transactional batches and markers
+        move it as on the leader (``storage.partition_txns``), without the leader's epoch
+        checks. Epochs the batches carry extend the leader-epoch cache.
 
         Raises:
             CorruptRecordError: bad framing or CRC, or offsets that go backwards.
@@ -440,8 +534,11 @@ class PartitionLog:
                 segment.append([memoryview(records)[first:end]], assigned, times)
             except OSError as exc:
                 raise io_error(exc, f"{self}: follower append failed") from exc
+            # Data batches open transactions, markers end them (and index aborts).
+            apply_batches(
+                self._producer_state, segment, memoryview(records)[first:end], assigned, now_ms
+            )
             for batch in assigned:
-                self._producer_state.update(batch.header, now_ms)
                 self._unflushed_records += batch.header.records_count
             return self.log_end_offset
 

@@ -13,13 +13,39 @@ sequences ``[first, last]`` is
 A producer id this partition has never seen is accepted at any sequence (its state may have
 been removed by retention or expiry; Kafka since 2.5 does the same).
 
+Transactions (Kafka's ``ProducerStateManager`` and ``ProducerAppendInfo``, reference
+``transactions.md`` section 7.1): each producer also remembers the first offset of its
+open transaction on this partition (``current_txn_first_offset``, -1 when none) and the
+newest coordinator epoch that wrote it a marker.
+
+* A transactional data batch opens a transaction at its base offset unless one is open.
+* A non-transactional batch from a producer whose transaction is open is refused
+  (``InvalidTxnStateError``) on a leader's append (``check``).
+* An end-transaction marker (``complete_txn``) with an older producer epoch is
+  ``InvalidProducerEpochError``, with an older coordinator epoch
+  ``TransactionCoordinatorFencedError`` (both checked on a leader's append only; a
+  follower takes what its leader wrote). It ends the open transaction, if any, and
+  returns it as a ``CompletedTxn``; a marker with no open transaction (an empty
+  transaction on this partition) returns None and adds no index entry. Either way the
+  producer's epoch and coordinator epoch move to the marker's, as Kafka's
+  ``appendEndTxnMarker`` does (a marker's newer epoch, transactions v2's bump, starts the
+  producer's next epoch: its batches begin at sequence 0).
+* A completed transaction stays *unreplicated* until the high watermark passes its
+  marker. The first unstable offset is the smallest first offset of the open and the
+  unreplicated transactions; the last stable offset is that capped at the high watermark
+  (``first_unstable_offset``).
+* Producers with an open transaction never expire (``expire``).
+
 The table is pure: it works on batch headers and integers. ``PartitionLog`` calls it under
 its lock, snapshots it (``to_bytes``) when a segment rolls and at clean shutdown, and rebuilds
 it on load from the newest snapshot plus the batch headers after it; no record is decoded.
 
-Snapshot format: UTF-8 JSON ``{"version": 1, "offset": N, "producers": [[pid, epoch,
-last_timestamp_ms, [[first_seq, last_seq, base_offset, last_offset], ...]], ...]}`` where
-``N`` is the log end offset the snapshot covers.
+Snapshot format: UTF-8 JSON ``{"version": 2, "offset": N, "producers": [[pid, epoch,
+last_timestamp_ms, [[first_seq, last_seq, base_offset, last_offset], ...],
+coordinator_epoch, current_txn_first_offset], ...], "unreplicated": [[pid, first_offset,
+last_offset, aborted], ...]}`` where ``N`` is the log end offset the snapshot covers.
+Version 1 (no coordinator epoch, no transaction, no ``unreplicated``) is still read: its
+producers have no open transaction, as was true when only idempotent batches existed.
 """
 
 from __future__ import annotations
@@ -29,18 +55,28 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tidelog.storage.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+from tidelog.storage.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
+)
 from tidelog.storage.records import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader
 
 __all__ = [
     "BATCHES_KEPT",
+    "NO_TXN",
     "BatchMetadata",
+    "CompletedTxn",
     "ProducerEntry",
     "ProducerStateTable",
     "ProducerSummary",
 ]
 
 BATCHES_KEPT = 5
+NO_TXN = -1  # no open transaction (Kafka's empty currentTxnFirstOffset)
+NO_COORDINATOR_EPOCH = -1
+_SNAPSHOT_VERSION = 2
 _SEQUENCE_MODULUS = 2**31
 
 
@@ -63,6 +99,18 @@ class ProducerSummary:
     last_sequence: int  # NO_SEQUENCE (-1) when no sequenced batch is remembered
     last_timestamp_ms: int
     last_offset: int  # -1 when no batch is remembered
+    current_txn_start_offset: int = NO_TXN  # the open transaction's first offset
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction ended by a marker at ``last_offset``; ``aborted`` for ABORT."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
 
 
 @dataclass(slots=True)
@@ -73,6 +121,8 @@ class ProducerEntry:
     epoch: int
     last_timestamp_ms: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_KEPT))
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH
+    current_txn_first_offset: int = NO_TXN
 
     @property
     def last_sequence(self) -> int:
@@ -84,6 +134,10 @@ class ProducerStateTable:
 
     def __init__(self) -> None:
         self._entries: dict[int, ProducerEntry] = {}
+        # Open transactions: first offset -> producer id (one per producer at most).
+        self._ongoing: dict[int, int] = {}
+        # Transactions completed by a marker the high watermark has not passed yet.
+        self._unreplicated: list[CompletedTxn] = []
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -113,6 +167,8 @@ class ProducerStateTable:
                     NO_SEQUENCE if last is None else last.last_sequence,
                     entry.last_timestamp_ms,
                     -1 if last is None else last.last_offset,
+                    entry.current_txn_first_offset,
+                    entry.coordinator_epoch,
                 )
             )
         return out
@@ -124,19 +180,28 @@ class ProducerStateTable:
 
         Raises:
             InvalidProducerEpochError: the epoch is older than the stored one.
+            InvalidTxnStateError: a non-transactional batch while the producer's
+                transaction is open.
             OutOfOrderSequenceError: the sequence does not follow the stored one.
         """
-        if header.producer_id == NO_PRODUCER_ID or header.base_sequence == NO_SEQUENCE:
+        if header.producer_id == NO_PRODUCER_ID:
             return None
         entry = self._entries.get(header.producer_id)
         if entry is None:
             return None
-        first, last = header.base_sequence, header.last_sequence
         if header.producer_epoch < entry.epoch:
             raise InvalidProducerEpochError(
                 f"producer {header.producer_id} epoch {header.producer_epoch} is older than "
                 f"the current epoch {entry.epoch}"
             )
+        if not header.is_transactional and entry.current_txn_first_offset != NO_TXN:
+            raise InvalidTxnStateError(
+                f"producer {header.producer_id} sent a non-transactional batch while its "
+                f"transaction from offset {entry.current_txn_first_offset} is open"
+            )
+        if header.base_sequence == NO_SEQUENCE:
+            return None
+        first, last = header.base_sequence, header.last_sequence
         if header.producer_epoch > entry.epoch:
             if first != 0:
                 raise OutOfOrderSequenceError(
@@ -166,7 +231,7 @@ class ProducerStateTable:
         out: list[BatchMetadata | None] = []
         for header in headers:
             pid = header.producer_id
-            if pid == NO_PRODUCER_ID or header.base_sequence == NO_SEQUENCE:
+            if pid == NO_PRODUCER_ID:
                 out.append(None)
                 continue
             table = scratch if pid in scratch._entries else self
@@ -179,20 +244,26 @@ class ProducerStateTable:
                         entry.epoch,
                         entry.last_timestamp_ms,
                         deque(entry.batches, maxlen=BATCHES_KEPT),
+                        entry.coordinator_epoch,
+                        entry.current_txn_first_offset,
                     )
                 scratch.update(header, 0)
             out.append(found)
         return out
 
     def update(self, header: BatchHeader, timestamp_ms: int) -> None:
-        """Record a batch that was appended (its header carries the assigned offsets)."""
+        """Record a data batch that was appended (its header carries the assigned offsets);
+        a transactional one opens its producer's transaction if none is open. Control
+        batches go to ``complete_txn`` instead."""
         if header.producer_id == NO_PRODUCER_ID:
             return
         entry = self._entries.get(header.producer_id)
         if entry is None or header.producer_epoch > entry.epoch:
-            entry = ProducerEntry(header.producer_id, header.producer_epoch, timestamp_ms)
-            self._entries[header.producer_id] = entry
+            entry = self._new_epoch(header.producer_id, header.producer_epoch, timestamp_ms)
         entry.last_timestamp_ms = max(entry.last_timestamp_ms, timestamp_ms)
+        if header.is_transactional and entry.current_txn_first_offset == NO_TXN:
+            entry.current_txn_first_offset = header.base_offset
+            self._ongoing[header.base_offset] = header.producer_id
         if header.base_sequence != NO_SEQUENCE:
             entry.batches.append(
                 BatchMetadata(
@@ -203,12 +274,103 @@ class ProducerStateTable:
                 )
             )
 
+    def _new_epoch(self, producer_id: int, epoch: int, timestamp_ms: int) -> ProducerEntry:
+        """A fresh entry for a producer's newer epoch, keeping what survives an epoch bump
+        (its open transaction: under transactions v2 the marker itself brings the bump,
+        and Kafka keeps ``currentTxnFirstOffset`` across epochs; the coordinator epoch)."""
+        old = self._entries.get(producer_id)
+        entry = ProducerEntry(producer_id, epoch, timestamp_ms)
+        if old is not None:
+            entry.coordinator_epoch = old.coordinator_epoch
+            entry.current_txn_first_offset = old.current_txn_first_offset
+        self._entries[producer_id] = entry
+        return entry
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
+        """Whether a leader may append an end-transaction marker (before it is written).
+
+        Raises:
+            InvalidProducerEpochError: ``epoch`` is older than the producer's.
+            TransactionCoordinatorFencedError: ``coordinator_epoch`` is older than the
+                newest one that wrote this producer a marker here.
+        """
+        entry = self._entries.get(producer_id)
+        if entry is None:
+            return
+        if epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"marker for producer {producer_id} epoch {epoch} is older than the current "
+                f"epoch {entry.epoch}"
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"marker for producer {producer_id} from coordinator epoch "
+                f"{coordinator_epoch}, older than {entry.coordinator_epoch}"
+            )
+
+    def complete_txn(
+        self,
+        producer_id: int,
+        epoch: int,
+        coordinator_epoch: int,
+        marker_offset: int,
+        *,
+        commit: bool,
+        timestamp_ms: int,
+    ) -> CompletedTxn | None:
+        """Record an appended marker; the transaction it ended, or None if none was open.
+
+        Checks nothing (a leader calls ``check_marker`` first; a follower or a recovery
+        replays what is in the log). The completed transaction is unreplicated until the
+        high watermark passes ``marker_offset``.
+        """
+        entry = self._entries.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            entry = self._new_epoch(producer_id, epoch, timestamp_ms)
+        entry.last_timestamp_ms = max(entry.last_timestamp_ms, timestamp_ms)
+        entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
+        first = entry.current_txn_first_offset
+        if first == NO_TXN:
+            return None
+        entry.current_txn_first_offset = NO_TXN
+        self._ongoing.pop(first, None)
+        completed = CompletedTxn(producer_id, first, marker_offset, not commit)
+        self._unreplicated.append(completed)
+        return completed
+
+    def last_stable_offset_of(self, completed: CompletedTxn) -> int:
+        """The ``.txnindex`` entry's LSO field for ``completed`` (Kafka's
+        ``lastStableOffset(CompletedTxn)``): the first offset of the oldest open
+        transaction of another producer, else the marker's offset plus one."""
+        others = [f for f, pid in self._ongoing.items() if pid != completed.producer_id]
+        return min(others) if others else completed.last_offset + 1
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The smallest first offset of the open transactions and of the completed ones
+        whose marker is at or past ``high_watermark`` (None: no such transaction).
+
+        Completed transactions whose marker is below ``high_watermark`` are forgotten
+        here: the high watermark only rises (a truncation rebuilds the table).
+        """
+        if self._unreplicated:
+            self._unreplicated = [t for t in self._unreplicated if t.last_offset >= high_watermark]
+        firsts = [t.first_offset for t in self._unreplicated]
+        if self._ongoing:
+            firsts.append(min(self._ongoing))
+        return min(firsts) if firsts else None
+
+    def ongoing_first_offsets(self) -> dict[int, int]:
+        """Open transactions: first offset -> producer id (a copy)."""
+        return dict(self._ongoing)
+
     def expire(self, now_ms: int, expiration_ms: int) -> int:
-        """Forget producers idle for longer than ``expiration_ms``; returns how many."""
+        """Forget producers idle for longer than ``expiration_ms``, except those with an
+        open transaction (Kafka never expires them); returns how many."""
         stale = [
             pid
             for pid, entry in self._entries.items()
             if now_ms - entry.last_timestamp_ms > expiration_ms
+            and entry.current_txn_first_offset == NO_TXN
         ]
         for pid in stale:
             del self._entries[pid]
@@ -225,30 +387,54 @@ class ProducerStateTable:
                     [b.first_sequence, b.last_sequence, b.base_offset, b.last_offset]
                     for b in e.batches
                 ],
+                e.coordinator_epoch,
+                e.current_txn_first_offset,
             ]
             for e in self._entries.values()
         ]
-        return json.dumps({"version": 1, "offset": offset, "producers": producers}).encode()
+        unreplicated = [
+            [t.producer_id, t.first_offset, t.last_offset, t.aborted]
+            for t in self._unreplicated
+            if t.last_offset < offset
+        ]
+        document = {
+            "version": _SNAPSHOT_VERSION,
+            "offset": offset,
+            "producers": producers,
+            "unreplicated": unreplicated,
+        }
+        return json.dumps(document).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> tuple[ProducerStateTable, int]:
         """Parse a snapshot; returns the table and the offset it covers.
 
         Raises:
-            ValueError: the snapshot is not a version-1 snapshot (the caller rebuilds).
+            ValueError: not a version 1 or 2 snapshot (the caller rebuilds).
         """
         try:
             document = json.loads(data)
-            if document["version"] != 1:
-                raise ValueError(f"unknown snapshot version {document['version']}")
+            version = document["version"]
+            if version not in (1, _SNAPSHOT_VERSION):
+                raise ValueError(f"unknown snapshot version {version}")
             table = cls()
-            for pid, epoch, last_ts, batches in document["producers"]:
+            for fields in document["producers"]:
+                pid, epoch, last_ts, batches = fields[:4]
                 entry = ProducerEntry(int(pid), int(epoch), int(last_ts))
+                if version >= 2:
+                    entry.coordinator_epoch = int(fields[4])
+                    entry.current_txn_first_offset = int(fields[5])
                 for first, last, base, last_offset in batches:
                     entry.batches.append(
                         BatchMetadata(int(first), int(last), int(base), int(last_offset))
                     )
                 table._entries[entry.producer_id] = entry
+                if entry.current_txn_first_offset != NO_TXN:
+                    table._ongoing[entry.current_txn_first_offset] = entry.producer_id
+            for pid, first, last, aborted in document.get("unreplicated", []):
+                table._unreplicated.append(
+                    CompletedTxn(int(pid), int(first), int(last), bool(aborted))
+                )
             return table, int(document["offset"])
-        except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
             raise ValueError(f"unreadable producer snapshot: {exc}") from exc

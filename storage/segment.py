@@ -1,5 +1,6 @@
-"""One segment: a ``.log`` file of whole record batches, its two sparse indexes, and the
-``.batchtimes`` sidecar (``storage.batch_times``: each batch's sent and received times).
+"""One segment: a ``.log`` file of whole record batches, its two sparse indexes, the
+``.batchtimes`` sidecar (``storage.batch_times``: each batch's sent and received times) and
+the ``.txnindex`` of its aborted transactions (``storage.txn_index``, created lazily).
 
 A segment holds the batches whose offsets start at ``base_offset`` (the number in its file
 names) and end before the next segment's base offset. Batches are appended whole; the
@@ -53,6 +54,7 @@ from tidelog.storage.records import (
     split_whole_batches,
     validate_batch,
 )
+from tidelog.storage.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 __all__ = ["BatchPosition", "Segment"]
 
@@ -91,6 +93,7 @@ class Segment:
         suffix: str = "",
         index_interval_bytes: int,
         created_ms: int,
+        txn_index: TransactionIndex | None = None,
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
@@ -98,6 +101,10 @@ class Segment:
         self.offset_index = offset_index
         self.time_index = time_index
         self.batch_times = batch_times
+        # Entries are added by the partition (``storage.partition_txns``), not by append.
+        self.txn_index = txn_index or TransactionIndex(
+            self.paths(directory, base_offset, suffix)[4], base_offset
+        )
         self.index_interval_bytes = index_interval_bytes
         self.created_ms = created_ms
         self._fd = fd
@@ -113,14 +120,17 @@ class Segment:
     # ------------------------------------------------------------------ factories
 
     @staticmethod
-    def paths(directory: Path, base_offset: int, suffix: str = "") -> tuple[Path, Path, Path, Path]:
-        """The ``.log``, ``.index``, ``.timeindex`` and ``.batchtimes`` paths (each with
-        ``suffix`` appended)."""
+    def paths(
+        directory: Path, base_offset: int, suffix: str = ""
+    ) -> tuple[Path, Path, Path, Path, Path]:
+        """The ``.log``, ``.index``, ``.timeindex``, ``.batchtimes`` and ``.txnindex`` paths
+        (each with ``suffix`` appended)."""
         return (
             directory / (offset_file_name(base_offset, LOG_SUFFIX) + suffix),
             directory / (offset_file_name(base_offset, INDEX_SUFFIX) + suffix),
             directory / (offset_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
             directory / (offset_file_name(base_offset, BATCH_TIMES_SUFFIX) + suffix),
+            directory / (offset_file_name(base_offset, TXN_INDEX_SUFFIX) + suffix),
         )
 
     @classmethod
@@ -134,9 +144,13 @@ class Segment:
         now_ms: int,
         suffix: str = "",
     ) -> Segment:
-        """Create an empty segment (truncating any stale files of the same name)."""
-        log_path, index_path, time_path, times_path = cls.paths(directory, base_offset, suffix)
+        """Create an empty segment (truncating any stale files of the same name; a stale
+        ``.txnindex`` is removed: the new one is created by its first entry)."""
+        log_path, index_path, time_path, times_path, txn_path = cls.paths(
+            directory, base_offset, suffix
+        )
         fd = _open_log(log_path, truncate=True)
+        txn_path.unlink(missing_ok=True)
         batch_times = BatchTimesFile.create(times_path)
         offset_index = OffsetIndex(index_path, base_offset, index_max_bytes // OFFSET_ENTRY_BYTES)
         time_index = TimeIndex(time_path, base_offset, index_max_bytes // TIME_ENTRY_BYTES)
@@ -174,7 +188,9 @@ class Segment:
         truncated at the first invalid byte. Otherwise only the tail after the last index
         entry is scanned. ``contiguous_from``: see ``recover``.
         """
-        log_path, index_path, time_path, times_path = cls.paths(directory, base_offset, suffix)
+        log_path, index_path, time_path, times_path, txn_path = cls.paths(
+            directory, base_offset, suffix
+        )
         fd = _open_log(log_path, truncate=False)
         size = os.fstat(fd).st_size
         created_ms = int(os.stat(log_path).st_mtime * 1000)
@@ -205,6 +221,7 @@ class Segment:
         segment.size_bytes = size
         truncated = 0
         try:
+            segment.txn_index = TransactionIndex.open(txn_path, base_offset)
             if trust_indexes:
                 try:
                     segment._load_tail()
@@ -214,6 +231,9 @@ class Segment:
             if not trust_indexes:
                 # recover() resets both indexes before rebuilding them from the log.
                 truncated = segment.recover(max_message_bytes, contiguous_from=contiguous_from)
+                # Its aborted transactions are rebuilt from the log with the producer
+                # state, which a segment alone does not have (``storage.log_loader``).
+                segment.txn_index.needs_rebuild = True
             # Entries past the (recovered) log are cut; a missing file is an empty one.
             segment.batch_times = BatchTimesFile.open(
                 times_path, log_size=segment.size_bytes, next_offset=segment.next_offset
@@ -390,12 +410,13 @@ class Segment:
         self.time_index.write_pending()
 
     def fsync(self) -> None:
-        """Make the log, both indexes and the batch times durable. Call ``write_pending``
-        first (under lock)."""
+        """Make the log, both indexes, the batch times and the aborted transactions durable.
+        Call ``write_pending`` first (under lock)."""
         os.fsync(self._fd)
         self.offset_index.fsync()
         self.time_index.fsync()
         self.batch_times.fsync()
+        self.txn_index.fsync()
 
     def recover(self, max_message_bytes: int, *, contiguous_from: int | None = None) -> int:
         """Validate every batch, rebuild both indexes, cut the log at the first bad byte.
@@ -474,6 +495,7 @@ class Segment:
         self.offset_index.truncate_to(cut.header.base_offset)
         self.time_index.truncate_to(cut.header.base_offset)
         self.batch_times.truncate_to_position(position)
+        self.txn_index.truncate_to(cut.header.base_offset)
         self._load_tail()  # next offset, max timestamp, index counter from what remains
         return removed
 
@@ -599,8 +621,8 @@ class Segment:
     # ------------------------------------------------------------------ files
 
     def rename_suffix(self, suffix: str) -> None:
-        """Rename the four files to carry ``suffix`` (``""`` strips it)."""
-        new_log, new_index, new_time, new_times = self.paths(
+        """Rename the five files to carry ``suffix`` (``""`` strips it)."""
+        new_log, new_index, new_time, new_times, new_txn = self.paths(
             self.directory, self.base_offset, suffix
         )
         # The sidecar cannot be rebuilt from the log, unlike the indexes. Stripping a suffix
@@ -608,13 +630,17 @@ class Segment:
         # .log.swap that makes open() finish the swap, not a final .log whose leftover
         # .swap files are discarded. Adding one (.deleted, .swap) renames it last: a crash
         # leaves it beside a live log, not a live sidecar beside a doomed log.
+        # The aborted-transaction index is rebuilt from the log only with the producer
+        # state, after an unclean stop: it moves with the sidecar, for the same reasons.
         if not suffix:
+            self.txn_index.rename(new_txn)
             self.batch_times.rename(new_times)
         os.replace(self.log_path, new_log)
         self.offset_index.rename(new_index)
         self.time_index.rename(new_time)
         if suffix:
             self.batch_times.rename(new_times)
+            self.txn_index.rename(new_txn)
         self.suffix = suffix
 
     def close(self) -> None:
@@ -623,16 +649,18 @@ class Segment:
             self.offset_index.close()
             self.time_index.close()
             self.batch_times.close()
+            self.txn_index.close()
             os.close(self._fd)
             self._fd = -1
 
     def delete_files(self) -> None:
-        """Close and unlink the four files."""
+        """Close and unlink the five files."""
         path = self.log_path
         self.close()
         self.offset_index.delete()
         self.time_index.delete()
         self.batch_times.delete()
+        self.txn_index.delete()
         try:
             os.unlink(path)
         except FileNotFoundError:

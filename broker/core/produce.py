@@ -28,7 +28,10 @@ call on a single node, whose partitions are unreplicated leaders, and in cluster
 
 A failure is reported per partition; the other partitions of the request are unaffected.
 Internal topics (``__consumer_offsets``) refuse produce requests (``INVALID_TOPIC_EXCEPTION``,
-as Kafka): only the broker writes them.
+as Kafka): only the broker writes them. Transactional and control batches are refused
+here (``INVALID_REQUEST``) until the produce path verifies transactions (issue #28): the
+storage layer takes transactional batches since #28's partition step, but a transaction
+nobody coordinates would hold the partition's last stable offset back for good.
 The broker never decodes records here; it only counts batch bytes and records.
 """
 
@@ -50,12 +53,14 @@ from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
+    CorruptRecordError,
     InvalidRequestError,
     InvalidTopicError,
     KafkaTimeoutError,
     StorageError,
 )
 from tidelog.storage.partition_log import AppendResult, PartitionLog
+from tidelog.storage.records import iter_batch_headers
 
 __all__ = [
     "REPLICATION_WAIT_MS",
@@ -82,6 +87,20 @@ class Acks(enum.IntEnum):
     NONE = 0
     LEADER = 1
     ALL = -1
+
+
+def _refuse_transactional(records: bytes) -> None:
+    """``InvalidRequestError`` for a transactional or control batch (module docstring).
+
+    Reads the 61-byte headers only; damaged framing is left to the log's append, which
+    reports it as before.
+    """
+    try:
+        for _, header in iter_batch_headers(records, validate=False):
+            if header.is_transactional or header.is_control:
+                raise InvalidRequestError("transactional and control batches are not supported")
+    except CorruptRecordError:
+        return
 
 
 def parse_acks(value: int) -> Acks:
@@ -272,6 +291,7 @@ class ProducePath:
                 raise InvalidTopicError(f"cannot produce to internal topic {part.topic}")
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
+            _refuse_transactional(part.records)
             target = self._partitions.get(part.topic, part.partition)
             result = target.append_as_leader(
                 part.records,

@@ -28,6 +28,7 @@ from tests.storage.conftest import (
     values,
 )
 from tidelog.storage.clock import ManualClock
+from tidelog.storage.control import build_marker
 from tidelog.storage.errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
@@ -474,16 +475,16 @@ def test_corrupt_input_is_rejected_and_the_log_unchanged(
     log.close()
 
 
-def test_empty_and_transactional_requests_are_invalid(log_dir: Path, clock: ManualClock) -> None:
+def test_empty_requests_and_control_batches_are_invalid(log_dir: Path, clock: ManualClock) -> None:
+    """Producers never write markers: only ``append_marker`` (the leader) does."""
     log = open_log(log_dir, clock)
     log.append(make_batch([b"first"]))
     before = dir_state(log_dir)
     with pytest.raises(InvalidRequestError):
         log.append(b"")
-    builder = BatchBuilder(producer_id=1, producer_epoch=0, base_sequence=0, is_transactional=True)
-    builder.append(T0, None, b"t")
-    with pytest.raises(InvalidRequestError):
-        log.append(builder.build())
+    marker = build_marker(1, 0, commit=True, coordinator_epoch=0, timestamp_ms=T0)
+    with pytest.raises(InvalidRequestError, match="control batches"):
+        log.append(marker)
     assert_unchanged_and_appendable(log, before, [b"first"])
     log.close()
 
