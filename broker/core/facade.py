@@ -195,6 +195,7 @@ class BrokerCore:
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
             clock=clock,
+            verify=None if transactions is None else transactions.verify_partition,
         )
         self._gate = OperationGate()
         self._closed = threading.Event()
@@ -525,9 +526,9 @@ class BrokerCore:
         """``Topics.metadata``."""
         return self.topics.metadata(topics, include_internal)
 
-    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
+    def find_coordinator(self, key: str, *, transaction: bool = False) -> BrokerEndpoint:
         """``Topics.find_coordinator``."""
-        return self.topics.find_coordinator(group_id)
+        return self.topics.find_coordinator(key, transaction=transaction)
 
     def describe_configs(
         self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None

@@ -95,6 +95,9 @@ class FetchSpec:
     min_bytes: int = 0
     max_bytes: int = 0
     replica_id: int = -1
+    # Kafka's isolation level: 0 read_uncommitted (up to the high watermark), 1
+    # read_committed (up to the last stable offset, with the aborted transactions).
+    isolation_level: int = 0
 
     def validate(self) -> None:
         """Raise ``InvalidRequestError`` for negative limits."""
@@ -124,6 +127,27 @@ class PartitionFetched:
     batch_times: bytes = b""
     # A follower's log diverged: the leader's (epoch, end offset) to truncate by.
     diverging: tuple[int, int] | None = None
+    # Below it every transaction is decided (-1 unknown); for read_committed fetches, the
+    # aborted transactions (producer id, first offset) the records overlap (issue #28).
+    last_stable_offset: int = -1
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
+
+
+READ_COMMITTED = 1
+
+
+def _aborted(
+    partition_log: PartitionLog, fetch_offset: int, records: bytes
+) -> tuple[tuple[int, int], ...]:
+    """The aborted transactions a read_committed reader of ``records`` (read from
+    ``fetch_offset``) must know to filter them (Kafka's rule: up to the end of the
+    records returned)."""
+    if not records:
+        return ()
+    end = fetch_offset
+    for _, header in iter_batch_headers(records, validate=False):
+        end = header.next_offset
+    return tuple(partition_log.aborted_transactions(fetch_offset, end))
 
 
 class DelayedFetch(DelayedOperation):
@@ -338,10 +362,14 @@ class FetchPath:
                         )
                     )
                     continue
+                committed = spec.isolation_level == READ_COMMITTED and not replica
+                stable = partition_log.last_stable_offset
                 result = partition_log.read(
                     p.fetch_offset,
                     budget,
-                    max_offset=None if replica else partition_log.high_watermark,
+                    max_offset=(
+                        None if replica else stable if committed else partition_log.high_watermark
+                    ),
                 )
                 if throttled:
                     assert self._throttle is not None
@@ -384,6 +412,10 @@ class FetchPath:
                     result.high_watermark,
                     result.log_start_offset,
                     batch_times=times,
+                    last_stable_offset=stable,
+                    aborted_transactions=(
+                        _aborted(partition_log, p.fetch_offset, records) if committed else ()
+                    ),
                 )
             )
         return answers

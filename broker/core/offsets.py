@@ -61,6 +61,7 @@ class OffsetQuery:
     partition: int
     timestamp_ms: int
     current_leader_epoch: int = -1  # the client's view; -1: not checked
+    read_committed: bool = False  # latest is the last stable offset (issue #28)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,8 @@ class Offsets:
             if query.timestamp_ms == EARLIEST_TIMESTAMP:
                 return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
             if query.timestamp_ms == LATEST_TIMESTAMP:
-                return OffsetAnswer(query.topic, query.partition, plog.high_watermark)
+                latest = plog.last_stable_offset if query.read_committed else plog.high_watermark
+                return OffsetAnswer(query.topic, query.partition, latest)
             if query.timestamp_ms == MAX_TIMESTAMP:
                 found = plog.max_timestamp()  # below the high watermark already
             elif query.timestamp_ms < 0:

@@ -22,7 +22,8 @@ The rules follow Kafka's ``AclAuthorizer`` use in ``KafkaApis``:
 =========================  =================================================================
 operation                  needs
 =========================  =================================================================
-produce                    WRITE on each topic (refused partitions only are refused)
+produce                    WRITE on each topic (refused partitions only are refused); a
+                           transactional produce WRITE on its transactional id too
 fetch                      READ on each topic; a follower's CLUSTER_ACTION on the cluster
 list_offsets               DESCRIBE on each topic
 offset_for_leader_epoch    DESCRIBE on each topic; a follower's CLUSTER_ACTION
@@ -36,10 +37,7 @@ alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 init_transactions          WRITE on the transactional id (InitProducerId with one)
 add_partitions_to_txn      WRITE on the transactional id and on each topic
-add_offsets_to_txn         WRITE on the transactional id, READ on the group
 end_txn                    WRITE on the transactional id
-txn_offset_commit          WRITE on the transactional id, READ on the group and each topic
-write_txn_markers          CLUSTER_ACTION on the cluster (between brokers)
 describe_transactions      DESCRIBE on each transactional id
 list_transactions          each transactional id filtered silently (DESCRIBE)
 describe_producers         READ on each topic
@@ -111,6 +109,7 @@ __all__ = [
     "GRPC_METHOD_OPERATIONS",
     "KAFKA_APIS",
     "KAFKA_API_OPERATIONS",
+    "KAFKA_API_VARIANTS",
     "OPERATIONS",
     "Policy",
     "Resource",
@@ -179,7 +178,7 @@ _X = ResourceType.TRANSACTIONAL_ID
 _PUBLIC = Policy()
 
 OPERATIONS: Mapping[str, Policy] = {
-    "produce": Policy({_T: Operation.WRITE}),
+    "produce": Policy({_T: Operation.WRITE, _X: Operation.WRITE}),
     "fetch": Policy({_T: Operation.READ, _C: Operation.CLUSTER_ACTION}),
     "list_offsets": Policy({_T: Operation.DESCRIBE}),
     "offset_for_leader_epoch": Policy({_T: Operation.DESCRIBE, _C: Operation.CLUSTER_ACTION}),
@@ -193,10 +192,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "describe_producers": Policy({_T: Operation.READ}),
     "init_transactions": Policy({_X: Operation.WRITE}),
     "add_partitions_to_txn": Policy({_X: Operation.WRITE, _T: Operation.WRITE}),
-    "add_offsets_to_txn": Policy({_X: Operation.WRITE, _G: Operation.READ}),
     "end_txn": Policy({_X: Operation.WRITE}),
-    "txn_offset_commit": Policy({_X: Operation.WRITE, _G: Operation.READ, _T: Operation.READ}),
-    "write_txn_markers": Policy({_C: Operation.CLUSTER_ACTION}),
     "describe_transactions": Policy({_X: Operation.DESCRIBE}),
     "list_transactions": Policy(lists=_X),
     "describe_log_dirs": Policy({_C: Operation.DESCRIBE}),
@@ -272,7 +268,15 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     61: ("DescribeProducers", "describe_producers"),
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
     69: ("ConsumerGroupDescribe", "describe_groups"),
+    24: ("AddPartitionsToTxn", "add_partitions_to_txn"),
+    26: ("EndTxn", "end_txn"),
+    65: ("DescribeTransactions", "describe_transactions"),
+    66: ("ListTransactions", "list_transactions"),
 }
+# Operations a Kafka api serves besides its own, chosen by the request's content: an
+# InitProducerId naming a transactional id is ``init_transactions`` (WRITE on the id, as
+# Kafka's), not ``init_producer_id``.
+KAFKA_API_VARIANTS: Mapping[str, int] = {"init_transactions": 22}
 KAFKA_API_OPERATIONS: Mapping[int, str] = {key: op for key, (_, op) in KAFKA_APIS.items()}
 
 # Every method of ``tidelog.v1.Broker`` (the gRPC listener).

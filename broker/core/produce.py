@@ -28,10 +28,16 @@ call on a single node, whose partitions are unreplicated leaders, and in cluster
 
 A failure is reported per partition; the other partitions of the request are unaffected.
 Internal topics (``__consumer_offsets``) refuse produce requests (``INVALID_TOPIC_EXCEPTION``,
-as Kafka): only the broker writes them. Transactional and control batches are refused
-here (``INVALID_REQUEST``) until the produce path verifies transactions (issue #28): the
-storage layer takes transactional batches since #28's partition step, but a transaction
-nobody coordinates would hold the partition's last stable offset back for good.
+as Kafka): only the broker writes them. Control batches (transaction markers) are refused
+(``INVALID_REQUEST``): only the coordinator writes them. A transactional batch (issue #28)
+is appended only if the request names its transactional id and the coordinator confirms
+that the partition is in that producer's ongoing transaction (KIP-890 part 1's
+verification, asked of the local coordinator): a batch nobody's transaction covers would
+hold the partition's last stable offset back for good. The coordinator's refusals are
+answered as Kafka answers a produce: ``PRODUCER_FENCED`` as ``INVALID_PRODUCER_EPOCH``,
+``TRANSACTION_ABORTABLE`` as ``INVALID_TXN_STATE`` (Produce < v11),
+``CONCURRENT_TRANSACTIONS`` as ``NOT_ENOUGH_REPLICAS`` (retried by every client). Without a
+coordinator (a cluster's, not built yet) transactional batches are refused as before.
 The broker never decodes records here; it only counts batch bytes and records.
 """
 
@@ -54,9 +60,12 @@ from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
     CorruptRecordError,
+    InvalidProducerEpochError,
     InvalidRequestError,
     InvalidTopicError,
+    InvalidTxnStateError,
     KafkaTimeoutError,
+    NotEnoughReplicasError,
     StorageError,
 )
 from tidelog.storage.partition_log import AppendResult, PartitionLog
@@ -89,18 +98,45 @@ class Acks(enum.IntEnum):
     ALL = -1
 
 
-def _refuse_transactional(records: bytes) -> None:
-    """``InvalidRequestError`` for a transactional or control batch (module docstring).
+# The coordinator's verification: per (transactional id, producer id, epoch, partition)
+# "" or Kafka's error name (``TransactionCoordinator.verify_partitions``, one partition).
+Verify = Callable[[str, int, int, tuple[str, int]], str]
+_PRODUCE_ANSWERS = {
+    "PRODUCER_FENCED": InvalidProducerEpochError,
+    "TRANSACTION_ABORTABLE": InvalidTxnStateError,
+    "INVALID_PRODUCER_ID_MAPPING": InvalidTxnStateError,
+    "CONCURRENT_TRANSACTIONS": NotEnoughReplicasError,
+}
 
-    Reads the 61-byte headers only; damaged framing is left to the log's append, which
-    reports it as before.
-    """
+
+def _check_transactional(part: PartitionRecords, verify: Verify | None) -> None:
+    """Refuse control batches, and transactional ones the coordinator does not confirm
+    (module docstring). Reads the 61-byte headers only; damaged framing is left to the
+    log's append, which reports it as before."""
     try:
-        for _, header in iter_batch_headers(records, validate=False):
-            if header.is_transactional or header.is_control:
-                raise InvalidRequestError("transactional and control batches are not supported")
+        headers = [h for _, h in iter_batch_headers(part.records, validate=False)]
     except CorruptRecordError:
         return
+    checked: set[tuple[int, int]] = set()
+    for header in headers:
+        if header.is_control:
+            raise InvalidRequestError("control batches are written by the broker only")
+        if not header.is_transactional:
+            continue
+        if verify is None:
+            raise InvalidRequestError("transactional batches need a transaction coordinator")
+        if part.transactional_id is None:
+            raise InvalidRequestError("a transactional batch in a request without one")
+        identity = (header.producer_id, header.producer_epoch)
+        if identity in checked:
+            continue
+        checked.add(identity)
+        code = verify(part.transactional_id, *identity, (part.topic, part.partition))
+        if code:
+            raise _PRODUCE_ANSWERS.get(code, InvalidTxnStateError)(
+                f"{part.topic}-{part.partition} is not in the ongoing transaction of "
+                f"{part.transactional_id!r} (producer {identity[0]} epoch {identity[1]}): {code}"
+            )
 
 
 def parse_acks(value: int) -> Acks:
@@ -123,6 +159,7 @@ class PartitionRecords:
     acks_all: bool = False
     current_leader_epoch: int = -1  # the client's view of the leader epoch; -1: unchecked
     refused: BaseException | None = None  # the authorizer's answer: not written
+    transactional_id: str | None = None  # the request's, for transactional batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +295,11 @@ class ProducePath:
         *,
         batch_times: bool = True,
         clock: Clock | None = None,
+        verify: Verify | None = None,
     ) -> None:
         self._partitions = partitions
+        # Transactions: the coordinator's check of a transactional batch (None: refused).
+        self._verify = verify
         self._logs = partitions.logs
         self._clock = clock or SystemClock()
         # False (log.batch.times.enable): store no sent/received times at all.
@@ -291,7 +331,7 @@ class ProducePath:
                 raise InvalidTopicError(f"cannot produce to internal topic {part.topic}")
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
-            _refuse_transactional(part.records)
+            _check_transactional(part, self._verify)
             target = self._partitions.get(part.topic, part.partition)
             result = target.append_as_leader(
                 part.records,

@@ -31,6 +31,7 @@ from tidelog.broker.core.replica_assignment import check_growth_assignment, chec
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.storage.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
@@ -433,27 +434,34 @@ class Topics:
                 answers.append(MetadataTopic(name, "", tuple(placed), name in internal))
             return self._membership.placement.cluster(), answers
 
-    def find_coordinator(self, group_id: str) -> BrokerEndpoint:
-        """The broker coordinating ``group_id``: the leader of its offsets partition.
+    def find_coordinator(self, key: str, *, transaction: bool = False) -> BrokerEndpoint:
+        """The broker coordinating group ``key`` (the leader of its ``__consumer_offsets``
+        partition), or with ``transaction`` the transactional id ``key`` (the leader of its
+        ``__transaction_state`` partition).
 
         Raises:
-            LeaderNotAvailableError: that partition has no leader right now.
+            LeaderNotAvailableError: that partition (or the topic) has no leader right now.
         """
+        internal = TRANSACTION_STATE_TOPIC if transaction else OFFSETS_TOPIC
+        what = "transactional id" if transaction else "group"
         with self._gate.operation():
             known = self._membership.placement.topics()
             if known is None:
-                count = self._logs.topic(OFFSETS_TOPIC).partitions
+                try:
+                    count = self._logs.topic(internal).partitions
+                except UnknownTopicOrPartitionError:
+                    count = 0
             else:
-                count = known.get(OFFSETS_TOPIC, 0)
+                count = known.get(internal, 0)
             if count < 1:
-                raise LeaderNotAvailableError(f"{OFFSETS_TOPIC} does not exist yet")
-            partition = partition_for(group_id, count)
-            leader = self._membership.placement.partition(OFFSETS_TOPIC, partition).leader
+                raise LeaderNotAvailableError(f"{internal} does not exist yet")
+            partition = partition_for(key, count)
+            leader = self._membership.placement.partition(internal, partition).leader
             for endpoint in self._membership.placement.cluster().brokers:
                 if endpoint.broker_id == leader:
                     return endpoint
             raise LeaderNotAvailableError(
-                f"the coordinator of group {group_id!r} ({OFFSETS_TOPIC}-{partition}) has no "
+                f"the coordinator of {what} {key!r} ({internal}-{partition}) has no "
                 "leader right now"
             )
 

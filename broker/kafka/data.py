@@ -6,18 +6,19 @@ InitProducerId.
   keeps the ``acks`` promise: 0 answers nothing at all (the listener writes no response),
   1 once appended, -1 (all) from the produce purgatory once durable, without a thread
   waiting. Records from this listener carry no sent time (``BatchTimes.sent_ms`` -1) and
-  the broker's received time. A transactional produce is refused with
-  ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: transactions are not served.
+  the broker's received time. A transactional produce needs WRITE on its transactional id
+  too, and its batches are verified against the id's transaction (``broker.core.produce``).
 - Fetch: a long poll is parked in the core's fetch purgatory (``start_fetch`` /
   ``step_fetch``) and woken by an append through the pipeline's ``LoopBridge``; reads stop at
-  the high watermark. ``read_committed`` is answered with last stable offset = high
-  watermark and no aborted transactions (no transactions exist). v7+ keeps incremental
+  the high watermark; ``read_committed`` (``isolation_level`` 1) reads stop at the last
+  stable offset and the answer names the aborted transactions the records overlap
+  (``docs/transactions.md``), every answer carries the last stable offset. v7+ keeps incremental
   fetch sessions (KIP-227, ``broker.kafka.fetch_sessions``): an incremental fetch reads
   every partition of its session at the offsets last sent and is answered with those
   that have records, an error, or a high watermark or log start offset that moved.
-- ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 the record with
-  the largest timestamp below the high watermark (v7, KIP-734; the first of several
-  sharing it, as Kafka).
+- ListOffsets: -2 earliest, -1 latest (the last stable offset for ``read_committed``),
+  -3 the record with the largest timestamp below the high watermark (v7, KIP-734; the
+  first of several sharing it, as Kafka).
 - DescribeProducers (v0, KIP-664): what each partition's leader remembers of its
   idempotent producers (``BrokerCore.describe_producers``, the gRPC call's); READ on
   each topic; ``NOT_LEADER_OR_FOLLOWER`` on a follower. ``coordinator_epoch`` and
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
 from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
-from tidelog.broker.core.operations import cluster, topic
+from tidelog.broker.core.operations import cluster, topic, transactional_id
 from tidelog.broker.core.produce import Acks, PartitionProduced, PartitionRecords
 from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from tidelog.broker.kafka.authz import denied, gate, refusals
@@ -49,6 +50,7 @@ from tidelog.broker.kafka.fetch_sessions import (
     Update,
 )
 from tidelog.broker.kafka.listener import Connection
+from tidelog.broker.kafka.transactions import init_transactional_producer
 from tidelog.storage.batch_times import NO_TIME, BatchTimes
 
 __all__ = ["fetch", "init_producer_id", "list_offsets", "offset_for_leader_epoch", "produce"]
@@ -59,10 +61,13 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
     acks_value = request["acks"]
     topics = request["topic_data"]
     refused_code = 0
-    if request.get("transactional_id") is not None:
-        refused_code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-    elif acks_value not in (-1, 0, 1):
+    tid = request.get("transactional_id")
+    if acks_value not in (-1, 0, 1):
         refused_code = error_code_for("INVALID_REQUIRED_ACKS")
+    elif tid is not None:
+        # WRITE on the transactional id too (Kafka's rule); the batches are verified
+        # against its transaction by the core (broker.core.produce).
+        refused_code = denied(conn, transactional_id(tid))
     if refused_code:
         if acks_value == 0:
             return None
@@ -84,6 +89,7 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
             times,
             acks == Acks.ALL,
             refused=refuse(t["name"]),
+            transactional_id=tid,
         )
         for t in topics
         for p in t["partition_data"]
@@ -184,6 +190,7 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
         max_wait_ms=max(request["max_wait"], 0),
         min_bytes=max(request["min_bytes"], 0),
         max_bytes=max(request.get("max_bytes", 0), 0),
+        isolation_level=request.get("isolation_level", 0),
     )
     answers = await _fetch(conn, spec)
     conn.record_quota(CONSUMER_BYTE_RATE, sum(len(a.records or b"") for a in answers))
@@ -251,9 +258,15 @@ def _fetched(a: PartitionFetched) -> Plain:
         "partition_index": a.partition,
         "error_code": kafka_code(a.error_code),
         "high_watermark": a.high_watermark,
-        "last_stable_offset": a.high_watermark,
+        "last_stable_offset": a.last_stable_offset
+        if a.last_stable_offset >= 0
+        else a.high_watermark,
         "log_start_offset": a.log_start_offset,
-        "aborted_transactions": [] if not a.error_code else None,
+        "aborted_transactions": (
+            [{"producer_id": pid, "first_offset": first} for pid, first in a.aborted_transactions]
+            if not a.error_code
+            else None
+        ),
         "preferred_read_replica": -1,
         "records": a.records,
     }
@@ -263,7 +276,11 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
     """ListOffsets (v1-7): earliest, latest or by timestamp, per partition."""
     queries = [
         OffsetQuery(
-            t["name"], p["partition_index"], p["timestamp"], p.get("current_leader_epoch", -1)
+            t["name"],
+            p["partition_index"],
+            p["timestamp"],
+            p.get("current_leader_epoch", -1),
+            read_committed=request.get("isolation_level", 0) == 1,
         )
         for t in request["topics"]
         for p in t["partitions"]
@@ -342,15 +359,11 @@ async def offset_for_leader_epoch(conn: Connection, header: RequestHeader, reque
 async def init_producer_id(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """InitProducerId: a new idempotent producer id, or the epoch bumped (KIP-360).
 
-    A ``transactional_id`` gets ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, which clients
-    treat as fatal: transactions are not served.
+    With a ``transactional_id`` it is the transaction coordinator's
+    (``broker.kafka.transactions``).
     """
     if request.get("transactional_id") is not None:
-        return {
-            "error_code": error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
+        return await init_transactional_producer(conn, header, request)
     # IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic (the policy table).
     refused = denied(conn, cluster())
     if refused:

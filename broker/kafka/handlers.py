@@ -64,6 +64,12 @@ from tidelog.broker.kafka.reassign import (
     list_partition_reassignments,
 )
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
+from tidelog.broker.kafka.transactions import (
+    add_partitions_to_txn,
+    describe_transactions,
+    end_txn,
+    list_transactions,
+)
 from tidelog.broker.kafka.users import alter_user_scram_credentials, describe_user_scram_credentials
 from tidelog.broker.kafka.versions import ADVERTISED
 from tidelog.storage.errors import UnknownTopicOrPartitionError
@@ -361,6 +367,8 @@ HANDLERS: dict[int, Handler] = {
     20: delete_topics,
     21: delete_records,
     22: init_producer_id,
+    24: add_partitions_to_txn,
+    26: end_txn,
     23: offset_for_leader_epoch,
     32: describe_configs,
     33: alter_configs,
@@ -377,6 +385,8 @@ HANDLERS: dict[int, Handler] = {
     51: alter_user_scram_credentials,
     60: describe_cluster,
     61: describe_producers,
+    65: describe_transactions,
+    66: list_transactions,
     68: consumer_group_heartbeat,
     69: consumer_group_describe,
 }

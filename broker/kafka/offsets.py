@@ -9,13 +9,17 @@ Tidelog (KIP-848) member is in the group. A commit by a classic group member is 
 against its classic group first (``broker.groups.classic``: member known, generation
 current) and then written the same way.
 
-Transaction coordinators (FindCoordinator ``key_type`` 1) are refused with
-``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, which clients treat as a clean fatal error.
+A transaction coordinator (FindCoordinator ``key_type`` 1, DESCRIBE on the
+transactional id) is the leader of the id's ``__transaction_state`` partition; a broker
+without a coordinator (a cluster's, not built yet: ``docs/transactions.md``) answers
+``COORDINATOR_NOT_AVAILABLE``.
 """
 
 from __future__ import annotations
 
-from tidelog.broker.core.operations import group, topic
+import functools
+
+from tidelog.broker.core.operations import group, topic, transactional_id
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.manager import OffsetCommitEntry
 from tidelog.broker.kafka.authz import denied, refusals, visible
@@ -50,19 +54,22 @@ async def find_coordinator(conn: Connection, header: RequestHeader, request: Pla
 
 async def _coordinator_of(conn: Connection, key_type: int, key: str) -> Plain:
     """One key's answer: error code and message, node id, host and port."""
-    if key_type != 0:
-        code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-        message = "transactions are not supported"
-        if key_type != 1:
-            code = error_code_for("INVALID_REQUEST")
-            message = f"coordinator key type {key_type} is not supported (0: group)"
+    if key_type not in (0, 1):
+        message = f"coordinator key type {key_type} is not supported (0: group, 1: transaction)"
+        code = error_code_for("INVALID_REQUEST")
         return {"error_code": code, "error_message": message, **_NO_NODE}
-    code = denied(conn, group(key))
+    transaction = key_type == 1
+    code = denied(conn, transactional_id(key) if transaction else group(key))
     if code:
         return {"error_code": code, "error_message": None, **_NO_NODE}
     unavailable = error_code_for("COORDINATOR_NOT_AVAILABLE")
+    if transaction and conn.core.transactions is None:
+        message = "this cluster has no transaction coordinator yet (docs/transactions.md)"
+        return {"error_code": unavailable, "error_message": message, **_NO_NODE}
     try:
-        coordinator = await conn.run(conn.core.find_coordinator, key)
+        coordinator = await conn.run(
+            functools.partial(conn.core.find_coordinator, key, transaction=transaction)
+        )
     except LeaderNotAvailableError as exc:
         # Kafka's answer while the offsets partition has no leader.
         return {"error_code": unavailable, "error_message": str(exc), **_NO_NODE}

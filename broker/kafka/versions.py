@@ -11,7 +11,9 @@ client in scope (``reference/kafka-protocol.md`` section 2.3):
   compression off unless Produce v0 is in range (KAFKA-18659). No client sends v0-2 (they
   need RecordBatch v2); one that did would see its connection closed;
 - the maxima stay below topic-id versions (Fetch 13, Metadata 13) and below what is not
-  built yet. Transactions (24, 25, 26, 28) are not advertised.
+  built yet. Of the transaction APIs (issue #28), AddOffsetsToTxn (25), WriteTxnMarkers
+  (27) and TxnOffsetCommit (28) are not advertised yet, nor AddPartitionsToTxn v4+ (the
+  brokers' batched verification) and EndTxn v5 (transactions v2): docs/transactions.md.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     20: (1, 6),  # DeleteTopics
     21: (0, 2),  # DeleteRecords (KIP-107)
     22: (0, 4),  # InitProducerId
+    24: (0, 3),  # AddPartitionsToTxn (the clients' form)
+    26: (0, 3),  # EndTxn
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs
     33: (0, 2),  # AlterConfigs
@@ -57,6 +61,8 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     51: (0, 0),  # AlterUserScramCredentials (KIP-554)
     60: (0, 1),  # DescribeCluster
     61: (0, 0),  # DescribeProducers (KIP-664)
+    65: (0, 0),  # DescribeTransactions (KIP-664)
+    66: (0, 1),  # ListTransactions (KIP-664; v1: KIP-994's duration filter)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
     69: (0, 0),  # ConsumerGroupDescribe (KIP-848)
 }

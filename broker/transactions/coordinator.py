@@ -239,6 +239,17 @@ class TransactionCoordinator:
             self._log.get(transactional_id), producer_id, epoch, partitions
         )
 
+    def verify_partition(
+        self, transactional_id: str, producer_id: int, epoch: int, tp: TopicPartition
+    ) -> str:
+        """One partition's verification (the produce path's check of a transactional
+        batch): ``""`` or Kafka's error name; never raises (a coordinator that cannot
+        answer is ``NOT_COORDINATOR``'s or ``COORDINATOR_LOAD_IN_PROGRESS``'s name)."""
+        try:
+            return self.verify_partitions(transactional_id, producer_id, epoch, [tp])[tp]
+        except TidelogError as exc:
+            return exc.code
+
     def end_transaction(
         self,
         transactional_id: str,

@@ -52,7 +52,12 @@ from kafka.protocol.producer import ProduceResponse
 from tests.kafka.raw import SaslSession, fetch_request, offset_commit_request
 from tidelog.broker.core.acl import AclBinding, Operation, PatternType, Permission, ResourceType
 from tidelog.broker.core.audit import AUDIT_LOGGER_NAME
-from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, KAFKA_APIS, OPERATIONS
+from tidelog.broker.core.operations import (
+    GRPC_METHOD_OPERATIONS,
+    KAFKA_API_VARIANTS,
+    KAFKA_APIS,
+    OPERATIONS,
+)
 from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity
 from tidelog.broker.core.scram import credential_from_password
 from tidelog.broker.core.users import FileUserStore
@@ -95,7 +100,11 @@ def test_every_grpc_method_has_an_operation_a_policy_and_its_resources() -> None
 
 
 def test_every_operation_is_reached_from_some_listener() -> None:
-    reached = set(GRPC_METHOD_OPERATIONS.values()) | {op for _, op in KAFKA_APIS.values()}
+    reached = (
+        set(GRPC_METHOD_OPERATIONS.values())
+        | {op for _, op in KAFKA_APIS.values()}
+        | {op for op, key in KAFKA_API_VARIANTS.items() if key in KAFKA_APIS}
+    )
     assert reached == set(OPERATIONS)
 
 
