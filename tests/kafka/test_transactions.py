@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog.broker.testing import InProcessBroker
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -21,11 +22,11 @@ TIMEOUT_S = 30.0
 
 
 @pytest.fixture
-def topic(kafka_broker: KafkaBroker) -> Iterator[str]:
+def topic(kafka_broker: KafkaBroker) -> str:
     name = unique("txn")
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
     admin.create_topics([NewTopic(name, num_partitions=3)])[name].result(timeout=TIMEOUT_S)
-    yield name
+    return name
 
 
 def producer(kafka_broker: KafkaBroker, transactional_id: str) -> Producer:
@@ -101,9 +102,7 @@ def test_commit_abort_and_commit_again(kafka_broker: KafkaBroker, topic: str) ->
         [f"committed-{i}".encode() for i in range(9)] + [f"after-{i}".encode() for i in range(3)]
     )
     everything = read_all(kafka_broker, topic, "read_uncommitted", 18)
-    assert sorted(everything) == sorted(
-        committed + [f"aborted-{i}".encode() for i in range(6)]
-    )
+    assert sorted(everything) == sorted(committed + [f"aborted-{i}".encode() for i in range(6)])
 
 
 def test_an_open_transaction_is_invisible_to_read_committed(
@@ -150,3 +149,140 @@ def test_a_second_instance_fences_the_first(kafka_broker: KafkaBroker, topic: st
         KafkaError.INVALID_PRODUCER_EPOCH,
     ), error
     assert read_all(kafka_broker, topic, "read_committed", 1) == [b"fresh"]
+
+
+def test_transactions_are_described_and_listed(kafka_broker: KafkaBroker, topic: str) -> None:
+    """kafka-python's admin client (what ``kafka-transactions.sh`` does): DescribeTransactions
+    and ListTransactions through FindCoordinator's transaction key type."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import TransactionalIdNotFoundError
+
+    tid = unique("described")
+    tx = producer(kafka_broker, tid)
+    tx.begin_transaction()
+    tx.produce(topic, b"x", partition=2)
+    tx.flush(TIMEOUT_S)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+    try:
+        described = admin.describe_transactions([tid])[tid]
+        assert described.state.name.lower() == "ongoing", described
+        assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {(topic, 2)}
+        assert described.transaction_timeout_ms == 60_000
+        assert described.transaction_start_time_ms > 0
+        by_broker = admin.list_transactions(state_filters=["Ongoing"])
+        ongoing = {t.transactional_id: t for listed in by_broker.values() for t in listed}
+        assert ongoing[tid].producer_id == described.producer_id
+        idle = admin.list_transactions(state_filters=["CompleteCommit"])
+        assert tid not in {t.transactional_id for listed in idle.values() for t in listed}
+        with pytest.raises(TransactionalIdNotFoundError):
+            admin.describe_transactions([unique("nobody")])
+    finally:
+        admin.close()
+        tx.abort_transaction(TIMEOUT_S)
+
+
+@pytest.fixture
+def quick_aborts() -> Iterator[KafkaBroker]:
+    """A broker that looks for timed-out transactions every 200 ms."""
+    settings = {
+        "kafka.listen": "127.0.0.1:0",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200,
+    }
+    with InProcessBroker(settings=settings) as running:
+        port = running.server.kafka_port
+        assert port is not None
+        yield KafkaBroker(running, f"127.0.0.1:{port}", running.address)
+
+
+def test_an_abandoned_transaction_is_aborted_at_its_timeout(quick_aborts: KafkaBroker) -> None:
+    """A producer that stops mid-transaction (its process died) holds the last stable
+    offset back only until its transaction.timeout.ms: the coordinator aborts it, and the
+    partition's later committed records become readable."""
+    name = unique("abandoned")
+    admin = AdminClient({"bootstrap.servers": quick_aborts.bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=3)])[name].result(timeout=TIMEOUT_S)
+    abandoned = Producer(
+        {
+            "bootstrap.servers": quick_aborts.bootstrap,
+            "transactional.id": unique("dies"),
+            "transaction.timeout.ms": 1_000,
+        }
+    )
+    abandoned.init_transactions(TIMEOUT_S)
+    abandoned.begin_transaction()
+    abandoned.produce(name, b"never-committed", partition=0)
+    abandoned.flush(TIMEOUT_S)
+    survivor = producer(quick_aborts, unique("lives"))
+    survivor.begin_transaction()
+    survivor.produce(name, b"committed-after", partition=0)
+    survivor.commit_transaction(TIMEOUT_S)
+    # Readable only once the abandoned transaction before it is aborted (about 1 s).
+    assert read_all(quick_aborts, name, "read_committed", 1) == [b"committed-after"]
+    assert sorted(read_all(quick_aborts, name, "read_uncommitted", 2)) == [
+        b"committed-after",
+        b"never-committed",
+    ]
+
+
+def test_a_transactional_batch_outside_the_transaction_is_refused(
+    kafka_broker: KafkaBroker, topic: str
+) -> None:
+    """KIP-890 part 1: a transactional batch for a partition the producer's transaction
+    does not hold (a late write, or a client that skipped AddPartitionsToTxn) is refused
+    and stored nowhere, so it cannot hold the last stable offset back; control batches
+    from a producer are refused too."""
+    import socket
+
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+    from tests.kafka import raw
+    from tidelog.storage.records import BatchBuilder
+
+    tid = unique("app")
+    tx = producer(kafka_broker, tid)
+    tx.begin_transaction()
+    tx.produce(topic, b"in", partition=0)
+    tx.flush(TIMEOUT_S)  # the transaction holds partition 0 only
+    from kafka.admin import KafkaAdminClient
+
+    described = KafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+    try:
+        state = described.describe_transactions([tid])[tid]
+    finally:
+        described.close()
+
+    def send(partition: int, *, control: bool = False) -> int:
+        builder = BatchBuilder(
+            producer_id=state.producer_id,
+            producer_epoch=state.producer_epoch,
+            base_sequence=0 if not control else -1,
+            is_transactional=True,
+            is_control=control,
+        )
+        builder.append(int(time.time() * 1000), b"k", b"sneaked")
+        request = ProduceRequest[7](
+            transactional_id=tid,
+            acks=-1,
+            timeout_ms=5_000,
+            topic_data=[
+                ProduceRequest.TopicProduceData(
+                    name=topic,
+                    partition_data=[
+                        ProduceRequest.TopicProduceData.PartitionProduceData(
+                            index=partition, records=builder.build()
+                        )
+                    ],
+                )
+            ],
+        )
+        host, port = kafka_broker.bootstrap.split(":")
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+            answer = raw.call(sock, request, "sneaky")
+        assert answer is not None
+        decoded = ProduceResponse[7].decode(answer, header=True)
+        return int(decoded.responses[0].partition_responses[0].error_code)
+
+    assert send(1) == 48  # INVALID_TXN_STATE: partition 1 was never added
+    assert send(0, control=True) == 42  # INVALID_REQUEST: markers are the broker's
+    tx.abort_transaction(TIMEOUT_S)
+    assert read_all(kafka_broker, topic, "read_uncommitted", 1) == [b"in"]
