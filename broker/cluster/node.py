@@ -16,9 +16,14 @@
 
 Topic administration in cluster mode goes through the controller: the core's admin
 calls reach ``ClusterNode`` (the ``TopicAdmin`` seam), which runs them on the local
-controller if this broker holds the lease and otherwise raises ``NotControllerError``
-naming the controller, so the client retries there (Kafka's clients send these requests
-to the controller too). A call returns once this broker's own view shows the change, so
+controller if this broker holds the lease and otherwise forwards them to the controller
+(``broker.cluster.forwarding``, Kafka's KIP-590 idea): every call, on every broker, on
+both listeners. Decided per call: AlterConfigs / IncrementalAlterConfigs of a topic and
+Metadata's auto-creation reach any broker in Kafka (its clients send them to the least
+loaded broker), so they must be forwarded; CreateTopics, DeleteTopics, CreatePartitions,
+ElectLeaders and the reassignment calls go to the controller in Kafka's clients, and are
+forwarded all the same (harmless when they arrive there, and Tidelog's AdminClient needs
+no controller routing). A call returns once this broker's own view shows the change, so
 a describe that follows on the same broker sees it.
 
 Replication (``broker.cluster.replicas``, ``docs/replication.md``): every view also goes
@@ -46,13 +51,24 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from tidelog.broker.cluster.controller import Controller, ControllerSettings, Reassignments
 from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
+from tidelog.broker.cluster.forwarding import (
+    FORWARD_TIMEOUT_MS,
+    ControllerAddress,
+    ControllerClient,
+    ControllerMovedError,
+    decode_codes,
+    decode_reassignments,
+    encode_partitions,
+    encode_targets,
+    run_call,
+)
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
@@ -250,6 +266,7 @@ class ClusterNode:
         # What to register again after a lost session (None: never registered).
         self._registration = registration
         self._local = local  # its logs' clean-shutdown marker gets each new broker epoch
+        self._forwarder = ControllerClient(config.broker_id, InterBrokerChannels(config.security))
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
             target=self._run_session_events,
@@ -563,7 +580,7 @@ class ClusterNode:
         if reason is not None:
             raise NotControllerError(
                 f"broker {self._config.broker_id} cannot act as controller: {reason}; "
-                "send topic administration to another broker's controller"
+                "send topic administration to another broker"
             )
         if not self._controller.is_controller:
             controller_id = self._watcher.snapshot.controller_id
@@ -573,6 +590,76 @@ class ClusterNode:
             )
         return self._controller
 
+    def _on_controller(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """Run ``call`` on the controller: here if this broker is it, else forwarded
+        (``broker.cluster.forwarding``: one retry on the next controller, one deadline).
+
+        Cut off from ZooKeeper, ``NotControllerError`` at once: this broker's view (and
+        so where it would forward, and what it would wait for) cannot be trusted.
+        """
+        me = self._config.broker_id
+        deadline = time.monotonic() + FORWARD_TIMEOUT_MS / 1000
+        avoid: int | None = None  # the controller that just failed
+        last: NotControllerError | None = None
+        failures = 0
+        while failures < 2:
+            reason = self._fence.reason
+            if reason is not None:
+                raise NotControllerError(
+                    f"broker {me} cannot reach the controller: {reason}; ask another broker"
+                )
+            if avoid != me and self._controller.is_controller:
+                try:
+                    return run_call(self._controller, call, arguments)
+                except NotControllerError as exc:  # the lease went mid-call
+                    avoid, last, failures = me, exc, failures + 1
+                    continue
+            target = self._controller_address(avoid, deadline)
+            if target is None:
+                break
+            if target.broker_id == me:
+                # This broker was just elected (or just lost it): its lease follows the
+                # view in a moment, or the view moves on.
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+                continue
+            try:
+                return self._forwarder.send(
+                    target, call, arguments, max(deadline - time.monotonic(), 0.1)
+                )
+            except ControllerMovedError as exc:
+                log.info("broker %d: forwarding %s: %s", me, call, exc)
+                avoid, last, failures = target.broker_id, exc, failures + 1
+        raise NotControllerError(
+            f"broker {me} found no controller to run {call}"
+            + (f" (last: {last})" if last is not None else "")
+        )
+
+    def _controller_address(self, avoid: int | None, deadline: float) -> ControllerAddress | None:
+        """The controller of this broker's view, other than ``avoid``: waits (up to the
+        deadline) for the view to name one, None if it does not."""
+
+        def named(view: ClusterMetadata) -> bool:
+            found = view.controller_id
+            return found is not None and found != avoid and found in view.brokers
+
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+        if not self._watcher.wait_for(named, left_ms):
+            return None
+        view = self._watcher.snapshot
+        if view.controller_id is None or view.controller_id not in view.brokers:
+            return None
+        found = view.brokers[view.controller_id]
+        return ControllerAddress(found.broker_id, found.host, found.port)
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """The controller's half of a forwarded call (``Envelope``): run it here, or
+        ``NotControllerError`` if this broker is not the controller (the sender retries
+        on the next one). Does not wait for this broker's view: the sender waits for its
+        own."""
+        return run_call(self._controller_or_raise(), call, arguments)
+
     def _await(self, check: Callable[[ClusterMetadata], bool], what: str) -> None:
         if not self._watcher.wait_for(check, _VIEW_WAIT_MS):
             raise BrokerUnavailableError(f"{what}: this broker's view did not catch up in time")
@@ -580,22 +667,30 @@ class ClusterNode:
     def create_topic(
         self, name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
     ) -> None:
-        self._controller_or_raise().create_topic(name, partitions, replication_factor, config)
+        self._on_controller(
+            "create_topic",
+            {
+                "name": name,
+                "partitions": partitions,
+                "replication_factor": replication_factor,
+                "config": dict(config),
+            },
+        )
         self._await(lambda m: name in m.topics, f"creating {name}")
 
     def delete_topic(self, name: str) -> None:
-        self._controller_or_raise().delete_topic(name)
+        self._on_controller("delete_topic", {"name": name})
         self._await(lambda m: name not in m.topics, f"deleting {name}")
 
     def create_partitions(self, name: str, total: int) -> None:
-        self._controller_or_raise().create_partitions(name, total)
+        self._on_controller("create_partitions", {"name": name, "total": total})
         self._await(
             lambda m: name in m.topics and m.topics[name].assignment.partition_count == total,
             f"growing {name}",
         )
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
-        self._controller_or_raise().alter_topic_config(name, config)
+        self._on_controller("alter_topic_config", {"name": name, "config": dict(config)})
         self._await(
             lambda m: name in m.topics and dict(m.topics[name].config) == dict(config),
             f"configuring {name}",
@@ -604,17 +699,26 @@ class ClusterNode:
     def elect_leaders(
         self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
     ) -> dict[tuple[str, int], str]:
-        return self._controller_or_raise().elect_leaders(unclean, partitions)
+        answer = self._on_controller(
+            "elect_leaders", {"unclean": unclean, "partitions": encode_partitions(partitions)}
+        )
+        return decode_codes(answer)
 
     def alter_partition_reassignments(
         self, targets: Mapping[tuple[str, int], Sequence[int] | None]
     ) -> dict[tuple[str, int], str]:
-        return self._controller_or_raise().alter_partition_reassignments(targets)
+        answer = self._on_controller(
+            "alter_partition_reassignments", {"targets": encode_targets(targets)}
+        )
+        return decode_codes(answer)
 
     def list_partition_reassignments(
         self, partitions: Sequence[tuple[str, int]] | None
     ) -> Reassignments:
-        return self._controller_or_raise().list_partition_reassignments(partitions)
+        answer = self._on_controller(
+            "list_partition_reassignments", {"partitions": encode_partitions(partitions)}
+        )
+        return decode_reassignments(answer)
 
 
 def _start_replicas(

@@ -32,6 +32,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
@@ -451,6 +452,11 @@ class BrokerCore:
     def controlled_shutdown(self, broker_id: int) -> int:
         """``Topics.controlled_shutdown``."""
         return self.topics.controlled_shutdown(broker_id)
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """``Topics.run_forwarded``: a topic admin call forwarded to this controller."""
+        with self._gate.operation():
+            return self.topics.run_forwarded(call, arguments)
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """``Topics.apply_cluster_topics``."""
