@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,8 @@ from typing import Any
 import grpc
 
 from tidelog.broker.cluster.controller import Controller, Reassignments
+from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
+from tidelog.broker.cluster.session import SessionFence
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
@@ -66,6 +69,7 @@ __all__ = [
     "ControllerAddress",
     "ControllerClient",
     "ControllerMovedError",
+    "Forwarder",
     "decode_codes",
     "decode_reassignments",
     "encode_partitions",
@@ -258,3 +262,89 @@ def _rebuilt(exc: grpc.RpcError, target: ControllerAddress, call: str) -> Except
         return ControllerMovedError(f"{where} cannot be reached: {details}")
     log.warning("%s forwarded to %s failed: %s %s", call, where, status, details)
     return NotControllerError(f"{call} forwarded to {where} failed: {status}: {details}")
+
+
+class Forwarder:
+    """Runs a topic admin call on the controller: on the local one if this broker holds
+    the lease, else forwarded (the module docstring's rules). Thread-safe."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        channels: InterBrokerChannels,
+        controller: Controller,
+        fence: SessionFence,
+        watcher: MetadataWatcher,
+        timeout_ms: int = FORWARD_TIMEOUT_MS,
+    ) -> None:
+        self._broker_id = broker_id
+        self._client = ControllerClient(broker_id, channels)
+        self._controller = controller
+        self._fence = fence
+        self._watcher = watcher
+        self._timeout_ms = timeout_ms
+
+    def run(self, call: str, arguments: Mapping[str, Json]) -> Json:
+        """The controller's answer to ``call`` (JSON).
+
+        Cut off from ZooKeeper: ``NotControllerError`` at once (this broker's view, and
+        so where it would forward, cannot be trusted). Otherwise at most two failed
+        attempts (the first controller and the next), within one deadline; then
+        ``NotControllerError``. Other errors are the controller's, or
+        ``KafkaTimeoutError``.
+        """
+        me = self._broker_id
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        avoid: int | None = None  # the controller that just failed
+        last: NotControllerError | None = None
+        failures = 0
+        while failures < 2:
+            reason = self._fence.reason
+            if reason is not None:
+                raise NotControllerError(
+                    f"broker {me} cannot reach the controller: {reason}; ask another broker"
+                )
+            if avoid != me and self._controller.is_controller:
+                try:
+                    return run_call(self._controller, call, arguments)
+                except NotControllerError as exc:  # the lease went mid-call
+                    avoid, last, failures = me, exc, failures + 1
+                    continue
+            target = self._controller_address(avoid, deadline)
+            if target is None:
+                break
+            if target.broker_id == me:
+                # This broker was just elected (or just lost it): its lease follows the
+                # view in a moment, or the view moves on.
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+                continue
+            try:
+                return self._client.send(
+                    target, call, arguments, max(deadline - time.monotonic(), 0.1)
+                )
+            except ControllerMovedError as exc:
+                log.info("broker %d: forwarding %s: %s", me, call, exc)
+                avoid, last, failures = target.broker_id, exc, failures + 1
+        raise NotControllerError(
+            f"broker {me} found no controller to run {call}"
+            + (f" (last: {last})" if last is not None else "")
+        )
+
+    def _controller_address(self, avoid: int | None, deadline: float) -> ControllerAddress | None:
+        """The controller of this broker's view, other than ``avoid``: waits (up to the
+        deadline) for the view to name one; None if it does not."""
+
+        def named(view: ClusterMetadata) -> bool:
+            found = view.controller_id
+            return found is not None and found != avoid and found in view.brokers
+
+        left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
+        if not self._watcher.wait_for(named, left_ms):
+            return None
+        view = self._watcher.snapshot
+        if view.controller_id is None or view.controller_id not in view.brokers:
+            return None
+        found = view.brokers[view.controller_id]
+        return ControllerAddress(found.broker_id, found.host, found.port)

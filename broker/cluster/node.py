@@ -59,10 +59,7 @@ from tidelog.broker.cluster.controller import Controller, ControllerSettings, Re
 from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
 from tidelog.broker.cluster.forwarding import (
-    FORWARD_TIMEOUT_MS,
-    ControllerAddress,
-    ControllerClient,
-    ControllerMovedError,
+    Forwarder,
     decode_codes,
     decode_reassignments,
     encode_partitions,
@@ -266,7 +263,9 @@ class ClusterNode:
         # What to register again after a lost session (None: never registered).
         self._registration = registration
         self._local = local  # its logs' clean-shutdown marker gets each new broker epoch
-        self._forwarder = ControllerClient(config.broker_id, InterBrokerChannels(config.security))
+        self._forwarder = Forwarder(
+            config.broker_id, InterBrokerChannels(config.security), controller, fence, watcher
+        )
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
             target=self._run_session_events,
@@ -592,66 +591,8 @@ class ClusterNode:
 
     def _on_controller(self, call: str, arguments: Mapping[str, Any]) -> Any:
         """Run ``call`` on the controller: here if this broker is it, else forwarded
-        (``broker.cluster.forwarding``: one retry on the next controller, one deadline).
-
-        Cut off from ZooKeeper, ``NotControllerError`` at once: this broker's view (and
-        so where it would forward, and what it would wait for) cannot be trusted.
-        """
-        me = self._config.broker_id
-        deadline = time.monotonic() + FORWARD_TIMEOUT_MS / 1000
-        avoid: int | None = None  # the controller that just failed
-        last: NotControllerError | None = None
-        failures = 0
-        while failures < 2:
-            reason = self._fence.reason
-            if reason is not None:
-                raise NotControllerError(
-                    f"broker {me} cannot reach the controller: {reason}; ask another broker"
-                )
-            if avoid != me and self._controller.is_controller:
-                try:
-                    return run_call(self._controller, call, arguments)
-                except NotControllerError as exc:  # the lease went mid-call
-                    avoid, last, failures = me, exc, failures + 1
-                    continue
-            target = self._controller_address(avoid, deadline)
-            if target is None:
-                break
-            if target.broker_id == me:
-                # This broker was just elected (or just lost it): its lease follows the
-                # view in a moment, or the view moves on.
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-                continue
-            try:
-                return self._forwarder.send(
-                    target, call, arguments, max(deadline - time.monotonic(), 0.1)
-                )
-            except ControllerMovedError as exc:
-                log.info("broker %d: forwarding %s: %s", me, call, exc)
-                avoid, last, failures = target.broker_id, exc, failures + 1
-        raise NotControllerError(
-            f"broker {me} found no controller to run {call}"
-            + (f" (last: {last})" if last is not None else "")
-        )
-
-    def _controller_address(self, avoid: int | None, deadline: float) -> ControllerAddress | None:
-        """The controller of this broker's view, other than ``avoid``: waits (up to the
-        deadline) for the view to name one, None if it does not."""
-
-        def named(view: ClusterMetadata) -> bool:
-            found = view.controller_id
-            return found is not None and found != avoid and found in view.brokers
-
-        left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
-        if not self._watcher.wait_for(named, left_ms):
-            return None
-        view = self._watcher.snapshot
-        if view.controller_id is None or view.controller_id not in view.brokers:
-            return None
-        found = view.brokers[view.controller_id]
-        return ControllerAddress(found.broker_id, found.host, found.port)
+        (``broker.cluster.forwarding.Forwarder``)."""
+        return self._forwarder.run(call, arguments)
 
     def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
         """The controller's half of a forwarded call (``Envelope``): run it here, or
