@@ -77,6 +77,7 @@ from tidelog.broker.cluster.znodes import (
     ListenerEndpoint,
 )
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.configs import AppliedConfigs
 from tidelog.broker.core.meta_properties import ensure_meta_properties
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.partitions import PartitionRegistry
@@ -562,6 +563,17 @@ class ClusterNode:
 
     def controlled_shutdown(self, broker_id: int) -> int:
         return self._controller_or_raise().controlled_shutdown(broker_id)
+
+    def apply_dynamic_configs(self, applied: AppliedConfigs) -> None:
+        """This broker's dynamic configs changed (``broker.core.configs.on_applied``): the
+        fetchers' ``follower.replication.throttled.rate`` and the controller's election
+        defaults follow at once."""
+        if self.replicas is not None:
+            self.replicas.set_follower_throttle(applied.follower_replication_throttled_rate)
+        defaults = applied.topic_defaults
+        self._controller.set_topic_defaults(
+            defaults.min_insync_replicas, defaults.unclean_leader_election_enable
+        )
 
     @property
     def metadata(self) -> ClusterMetadata:
