@@ -32,6 +32,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
@@ -172,6 +173,9 @@ class BrokerCore:
         self._group_fsync = group_fsync
         # Authorization (broker.grpc.authorize): disabled unless authorizer.enabled.
         self.acls = acls or Acls(LocalAclStore.in_memory(), enabled=False)
+        self._replication_throttle = ReplicationThrottle(
+            config.leader_replication_throttled_rate, clock
+        )
         self._fetch = FetchPath(
             partitions,
             fetch_purgatory,
@@ -180,11 +184,8 @@ class BrokerCore:
             fetch_max_bytes=config.fetch_max_bytes,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
             check_leader=self._check_leader,
-            throttle=(
-                ReplicationThrottle(config.leader_replication_throttled_rate, clock)
-                if config.leader_replication_throttled_rate > 0
-                else None
-            ),
+            # leader.replication.throttled.rate, dynamic (``configs.on_applied`` below).
+            throttle=self._replication_throttle,
         )
         self._produce = ProducePath(
             partitions,
@@ -210,6 +211,11 @@ class BrokerCore:
             self.topics,
             membership,
             broker_configs or LocalBrokerConfigStore.in_memory(),
+        )
+        self.configs.on_applied(
+            lambda applied: self._replication_throttle.set_rate(
+                applied.leader_replication_throttled_rate
+            )
         )
         self.offsets = Offsets(partitions, membership, self._gate)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
@@ -499,6 +505,11 @@ class BrokerCore:
     def controlled_shutdown(self, broker_id: int) -> int:
         """``Topics.controlled_shutdown``."""
         return self.topics.controlled_shutdown(broker_id)
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """``Topics.run_forwarded``: a topic admin call forwarded to this controller."""
+        with self._gate.operation():
+            return self.topics.run_forwarded(call, arguments)
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """``Topics.apply_cluster_topics``."""

@@ -346,6 +346,7 @@ class FetchPath:
                 throttled = (
                     replica
                     and self._throttle is not None
+                    and self._throttle.active
                     and partition.throttled_follower(spec.replica_id)
                 )
                 if throttled and budget > 0:
