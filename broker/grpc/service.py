@@ -449,6 +449,7 @@ def _list_offsets(
             p.partition,
             p.timestamp_ms,
             p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+            read_committed=request.isolation_level == 1,
         )
         for p in request.partitions
     ]
@@ -813,6 +814,7 @@ def fetch_spec(
         min_bytes=request.min_bytes,
         max_bytes=request.max_bytes,
         replica_id=request.replica_id if request.HasField("replica_id") else -1,
+        isolation_level=request.isolation_level,
     )
 
 
@@ -928,6 +930,11 @@ def fetch_response(
                 if a.diverging is None
                 else pb.EpochEndOffset(epoch=a.diverging[0], end_offset=a.diverging[1])
             ),
+            last_stable_offset=a.last_stable_offset,
+            aborted_transactions=[
+                pb.AbortedTransaction(producer_id=pid, first_offset=first)
+                for pid, first in a.aborted_transactions
+            ],
         ).SerializeToString()
         records = a.records
         if records:

@@ -286,3 +286,50 @@ def test_a_transactional_batch_outside_the_transaction_is_refused(
     assert send(0, control=True) == 42  # INVALID_REQUEST: markers are the broker's
     tx.abort_transaction(TIMEOUT_S)
     assert read_all(kafka_broker, topic, "read_uncommitted", 1) == [b"in"]
+
+
+def test_the_grpc_listener_reads_committed_too(kafka_broker: KafkaBroker, topic: str) -> None:
+    """The same partition through Tidelog's gRPC Fetch and ListOffsets: read_committed
+    stops at the last stable offset and names the aborted transaction the records
+    overlap, read_uncommitted reads to the high watermark (both listeners, one core)."""
+    import grpc
+
+    from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+    from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+
+    tx = producer(kafka_broker, unique("app"))
+    tx.begin_transaction()
+    tx.produce(topic, b"aborted", partition=0)
+    tx.flush(TIMEOUT_S)
+    tx.abort_transaction(TIMEOUT_S)  # offsets 0 (data) and 1 (ABORT marker)
+    tx.begin_transaction()
+    tx.produce(topic, b"open", partition=0)  # offset 2, undecided
+    tx.flush(TIMEOUT_S)
+    with grpc.insecure_channel(kafka_broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+
+        def fetch(isolation: int) -> pb.FetchPartitionResult:
+            request = pb.FetchRequest(
+                partitions=[pb.FetchPartition(topic=topic, partition=0, fetch_offset=0)],
+                isolation_level=isolation,
+            )
+            (result,) = stub.Fetch(request, timeout=TIMEOUT_S).results
+            return result
+
+        def latest(isolation: int) -> int:
+            request = pb.ListOffsetsRequest(
+                partitions=[pb.ListOffsetsPartition(topic=topic, partition=0, timestamp_ms=-1)],
+                isolation_level=isolation,
+            )
+            return int(stub.ListOffsets(request, timeout=TIMEOUT_S).results[0].offset)
+
+        committed, uncommitted = fetch(1), fetch(0)
+        assert (committed.high_watermark, committed.last_stable_offset) == (3, 2)
+        producer_id = committed.aborted_transactions[0].producer_id
+        assert [(a.producer_id, a.first_offset) for a in committed.aborted_transactions] == [
+            (producer_id, 0)
+        ]
+        assert uncommitted.aborted_transactions == []
+        assert len(uncommitted.records) > len(committed.records)  # the open batch too
+        assert (latest(1), latest(0)) == (2, 3)
+    tx.commit_transaction(TIMEOUT_S)

@@ -1645,6 +1645,7 @@ class FetchRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
+    ISOLATION_LEVEL_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     max_wait_ms: _builtins.int
     """long poll: wait up to this long for min_bytes"""
@@ -1655,6 +1656,11 @@ class FetchRequest(_message.Message):
     """A follower broker's id (Kafka's ReplicaId): it reads up to the log end offset, not the
     high watermark, and its fetch offset tells the leader how far it has replicated.
     Unset for consumers.
+    """
+    isolation_level: _builtins.int
+    """Kafka's isolation level: 0 (unset) read_uncommitted, up to the high watermark; 1
+    read_committed, up to the last stable offset, with the aborted transactions named
+    (issue #28, docs/transactions.md).
     """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
@@ -1667,16 +1673,43 @@ class FetchRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         partitions: _abc.Iterable[Global___FetchPartition] | None = ...,
         replica_id: _builtins.int | None = ...,
+        isolation_level: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "replica_id", b"replica_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "correlation_id", b"correlation_id", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "correlation_id", b"correlation_id", "isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__replica_id: _TypeAlias = _typing.Literal["replica_id"]  # noqa: Y015
     _WhichOneofArgType__replica_id: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__replica_id) -> _WhichOneofReturnType__replica_id | None: ...
 
 Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
+
+@_typing.final
+class AbortedTransaction(_message.Message):
+    """A transaction that was aborted, as read_committed readers must skip it: the records of
+    producer_id from first_offset until its ABORT marker (Kafka's AbortedTransaction).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    first_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        first_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_offset", b"first_offset", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AbortedTransaction: _TypeAlias = AbortedTransaction  # noqa: Y015
 
 @_typing.final
 class EpochEndOffset(_message.Message):
@@ -1715,6 +1748,8 @@ class FetchPartitionResult(_message.Message):
     RECORDS_FIELD_NUMBER: _builtins.int
     BATCH_TIMES_FIELD_NUMBER: _builtins.int
     DIVERGING_EPOCH_FIELD_NUMBER: _builtins.int
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _builtins.int
+    ABORTED_TRANSACTIONS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     error_code: _builtins.str
@@ -1728,11 +1763,17 @@ class FetchPartitionResult(_message.Message):
     big-endian int64 (batch last offset, sent_ms, received_ms; -1 = unknown), in offset
     order. A batch without an entry has unknown times. See storage/batch_times.py.
     """
+    last_stable_offset: _builtins.int
+    """Below it every transaction is decided (-1: unknown); read_committed fetches stop there."""
     @_builtins.property
     def diverging_epoch(self) -> Global___EpochEndOffset:
         """Followers only: the log diverged from the leader's at last_fetched_epoch; truncate to
         at most end_offset (and to your own end of that epoch) and fetch again.
         """
+
+    @_builtins.property
+    def aborted_transactions(self) -> _containers.RepeatedCompositeFieldContainer[Global___AbortedTransaction]:
+        """read_committed fetches: the aborted transactions the records overlap."""
 
     def __init__(
         self,
@@ -1746,10 +1787,12 @@ class FetchPartitionResult(_message.Message):
         records: _builtins.bytes = ...,
         batch_times: _builtins.bytes = ...,
         diverging_epoch: Global___EpochEndOffset | None = ...,
+        last_stable_offset: _builtins.int = ...,
+        aborted_transactions: _abc.Iterable[Global___AbortedTransaction] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "diverging_epoch", b"diverging_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "batch_times", b"batch_times", "diverging_epoch", b"diverging_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "aborted_transactions", b"aborted_transactions", "batch_times", b"batch_times", "diverging_epoch", b"diverging_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "last_stable_offset", b"last_stable_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__diverging_epoch: _TypeAlias = _typing.Literal["diverging_epoch"]  # noqa: Y015
     _WhichOneofArgType__diverging_epoch: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch"]  # noqa: Y015
@@ -1823,16 +1866,20 @@ class ListOffsetsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    ISOLATION_LEVEL_FIELD_NUMBER: _builtins.int
+    isolation_level: _builtins.int
+    """1 read_committed: latest (-1) is the last stable offset"""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]: ...
     def __init__(
         self,
         *,
         partitions: _abc.Iterable[Global___ListOffsetsPartition] | None = ...,
+        isolation_level: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["isolation_level", b"isolation_level", "partitions", b"partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
