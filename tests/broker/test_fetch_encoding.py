@@ -26,6 +26,10 @@ _answers = st.lists(
         error_message=st.text(max_size=30),
         batch_times=st.binary(max_size=48),
         diverging=st.none() | st.tuples(st.integers(-1, 2**31 - 1), st.integers(-1, 2**62)),
+        last_stable_offset=st.integers(-1, 2**62),
+        aborted_transactions=st.lists(
+            st.tuples(st.integers(0, 2**62), st.integers(0, 2**62)), max_size=3
+        ).map(tuple),
     ),
     max_size=4,
 )
@@ -52,6 +56,11 @@ def _constructed(
                     if a.diverging is None
                     else pb.EpochEndOffset(epoch=a.diverging[0], end_offset=a.diverging[1])
                 ),
+                last_stable_offset=a.last_stable_offset,
+                aborted_transactions=[
+                    pb.AbortedTransaction(producer_id=pid, first_offset=first)
+                    for pid, first in a.aborted_transactions
+                ],
             )
             for a in answers
         ],
