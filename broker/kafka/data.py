@@ -21,8 +21,9 @@ InitProducerId.
   first of several sharing it, as Kafka).
 - DescribeProducers (v0, KIP-664): what each partition's leader remembers of its
   idempotent producers (``BrokerCore.describe_producers``, the gRPC call's); READ on
-  each topic; ``NOT_LEADER_OR_FOLLOWER`` on a follower. ``coordinator_epoch`` and
-  ``current_txn_start_offset`` are -1: no transactions.
+  each topic; ``NOT_LEADER_OR_FOLLOWER`` on a follower; with each producer's open
+  transaction's first offset and coordinator epoch (-1: none), which
+  ``kafka-transactions.sh find-hanging`` reads.
 - OffsetForLeaderEpoch (v2-4): where an epoch ends on the leader
   (``BrokerCore.offsets_for_leader_epochs``), which consumers use to detect a truncated
   log (KIP-320). Kafka's rule: DESCRIBE on the topic for a consumer, CLUSTER_ACTION for a
@@ -416,8 +417,8 @@ async def describe_producers(conn: Connection, header: RequestHeader, request: P
                         "producer_epoch": p.epoch,
                         "last_sequence": p.last_sequence,
                         "last_timestamp": p.last_timestamp_ms,
-                        "coordinator_epoch": -1,
-                        "current_txn_start_offset": -1,
+                        "coordinator_epoch": p.coordinator_epoch,
+                        "current_txn_start_offset": p.current_txn_start_offset,
                     }
                     for p in a.producers
                 ],

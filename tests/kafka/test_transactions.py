@@ -172,6 +172,13 @@ def test_transactions_are_described_and_listed(kafka_broker: KafkaBroker, topic:
         by_broker = admin.list_transactions(state_filters=["Ongoing"])
         ongoing = {t.transactional_id: t for listed in by_broker.values() for t in listed}
         assert ongoing[tid].producer_id == described.producer_id
+        # The partition's side (what find-hanging reads): the open transaction's start.
+        from kafka import TopicPartition as KafkaTopicPartition
+
+        tp = KafkaTopicPartition(topic, 2)
+        (active,) = admin.describe_producers([tp])[tp].active_producers
+        assert active.producer_id == described.producer_id
+        assert active.current_transaction_start_offset == 0
         idle = admin.list_transactions(state_filters=["CompleteCommit"])
         assert tid not in {t.transactional_id for listed in idle.values() for t in listed}
         with pytest.raises(TransactionalIdNotFoundError):
