@@ -99,12 +99,18 @@ def apply_batches(
     bytes at the batches' positions (a control batch's record is read from there).
 
     Data batches are recorded at ``now_ms`` (the broker's time, as the idempotence state
-    always was). Raises ``CorruptRecordError`` for a marker that does not decode.
+    always was). A marker whose record does not decode (its CRC was checked) ends nothing
+    and is logged: the batches are stored already, and raising would leave the producer
+    state behind the log.
     """
     for batch in batches:
         header = batch.header
         if is_marker_batch(header):
-            marker = read_marker(records, batch.position)
+            try:
+                marker = read_marker(records, batch.position)
+            except CorruptRecordError as exc:
+                log.warning("unreadable marker at offset %d: %s", header.base_offset, exc)
+                continue
             if marker is not None:
                 apply_marker(state, segment, header, marker)
         elif not header.is_control:
