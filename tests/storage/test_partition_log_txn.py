@@ -168,6 +168,17 @@ def test_retention_deletes_the_index_with_its_segment(log_dir: Path, clock: Manu
     log.close()
 
 
+def test_the_lso_never_falls_below_the_log_start(log_dir: Path, clock: ManualClock) -> None:
+    log = open_log(log_dir, clock)
+    log.append(make_batch([b"a", b"b"]))
+    log.append(txn_batch(PID, 0, 0, [b"open"]))  # 2, never ended
+    log.append(make_batch([b"c"]))
+    assert log.last_stable_offset == 2
+    log.increase_log_start_offset(3)  # DeleteRecords past the open transaction's start
+    assert log.last_stable_offset == 3
+    log.close()
+
+
 def test_a_follower_stores_markers_and_indexes_aborts(tmp_path: Path, clock: ManualClock) -> None:
     leader = open_log(tmp_path / "events-0", clock)
     follower = open_log(tmp_path / "copy" / "events-0", clock)
