@@ -38,11 +38,11 @@ from tidelog.storage.checkpoint import CLEANER_OFFSET_CHECKPOINT, read_offsets, 
 from tidelog.storage.clock import Clock
 from tidelog.storage.compaction import (
     OFFSET_MAP_ENTRY_BYTES,
-    AbortedTxnFilter,
     CleanableRange,
     CleaningRules,
     OffsetMap,
     SegmentSummary,
+    TxnCleaning,
     add_batch_to_offset_map,
     choose_log_to_clean,
     clean_batch,
@@ -54,6 +54,7 @@ from tidelog.storage.config import UNBOUNDED_MS
 from tidelog.storage.errors import CorruptRecordError, StorageError
 from tidelog.storage.index import OFFSET_ENTRY_BYTES, TIME_ENTRY_BYTES
 from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.partition_txns import collect_aborted
 from tidelog.storage.records import (
     NO_TIMESTAMP,
     decode_batch,
@@ -329,19 +330,20 @@ class LogCleaner:
         # 1. The offset map over [first dirty, first uncleanable), without aborted data.
         offset_map = OffsetMap(self._map_capacity)
         full = False
-        map_filter: AbortedTxnFilter | None = None
+        map_txns: TxnCleaning | None = None
         for segment in segments[:-1]:
             if full or segment.base_offset >= first_uncleanable:
                 break
             if segment.next_offset <= first_dirty:
                 continue
-            if map_filter is None:
-                map_filter = AbortedTxnFilter(
-                    partition_log.aborted_transactions(segment.base_offset, first_uncleanable)
+            if map_txns is None:
+                map_txns = TxnCleaning(
+                    collect_aborted(segments, segment.base_offset, first_uncleanable)
                 )
             for batch in _iter_segment_batches(segment):
                 header, records = decode_batch(batch)
-                aborted = map_filter.is_aborted(header, records)  # every batch, in order
+                # Every batch, in order: the verdicts depend on the batches before.
+                aborted = map_txns.on_batch(header, records).discard_data
                 if header.last_offset < first_dirty:
                     continue
                 if add_batch_to_offset_map(
@@ -369,9 +371,9 @@ class LogCleaner:
             delete_retention_ms=config.delete_retention_ms,
             max_batch_bytes=config.max_message_bytes,
             producer_last_offset=partition_log.producer_last_offset,
-            is_aborted=AbortedTxnFilter(
-                partition_log.aborted_transactions(old[0].base_offset, old[-1].next_offset)
-            ).is_aborted,
+            transactions=TxnCleaning(
+                collect_aborted(segments, old[0].base_offset, old[-1].next_offset)
+            ),
         )
 
         # 3. Write and fsync one .cleaned segment per group, then swap them all in at once.
@@ -481,11 +483,13 @@ def _write_cleaned_segment(
                     times = []
         if pending:
             cleaned.append(pending, positions, times)
-        # Every marker is kept (``storage.compaction``), so every aborted transaction's
-        # index entry moves with its marker into the cleaned segment.
+        # An ABORT marker kept because its data is still there keeps its index entry
+        # (``storage.compaction``); the group's batches were all seen by now.
+        carried = rules.transactions.carried
         for segment in group:
             for entry in segment.txn_index.entries:
-                cleaned.txn_index.append(entry)
+                if entry.last_offset in carried:
+                    cleaned.txn_index.append(entry)
         cleaned.write_pending()
         cleaned.fsync()
         # Keep the replaced segments' age (Kafka copies the newest one's mtime): retention

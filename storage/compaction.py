@@ -49,16 +49,20 @@ A compacted log is a *clean* prefix (compacted before) and a *dirty* suffix. One
 * Nothing at or beyond the last stable offset is cleaned (the planner's bound is the LSO,
   which is at most the high watermark), so every transaction the cleaner sees is decided
   and the aborted ones are known from the ``.txnindex`` in advance.
-* ``AbortedTxnFilter`` walks a round's batches in offset order with the aborted
-  transactions (sorted by first offset): a transactional data batch of a producer whose
-  aborted transaction has begun and whose ABORT marker has not been passed yet belongs to
-  that aborted transaction. Its records are dropped whatever their keys, and never enter
-  the offset map: a committed or plain record is never shadowed by an aborted one.
-  Such a batch left empty is still kept when it is its producer's last batch.
-* Control batches are never compacted by key and are kept whole: every COMMIT and ABORT
-  marker stays (Kafka removes a marker once its data is gone and its delete horizon has
-  passed; Tidelog does not yet, which is safe: a reader ignores markers, and an ABORT
-  marker's ``.txnindex`` entry is carried into the cleaned segment with it).
+* ``TxnCleaning`` walks a pass's batches in offset order with the aborted transactions
+  (sorted by first offset): a transactional data batch of a producer whose aborted
+  transaction has begun and whose ABORT marker has not been passed yet belongs to that
+  aborted transaction. Its records are dropped whatever their keys, and never enter the
+  offset map: a committed or plain record is never shadowed by an aborted one. Such a
+  batch left empty is still kept when it is its producer's last batch.
+* Control batches are never compacted by key. A marker is kept whole while the pass still
+  sees a data batch of its transaction; once none is left, the next pass gives it a
+  delete horizon (``now + delete.retention.ms``, the tombstone rule), and a pass after the
+  horizon drops it (Kafka's ``shouldDiscardBatch``). An ABORT marker kept with data still
+  there has its ``.txnindex`` entry carried into the cleaned segment; one whose data is
+  gone loses its entry (readers have nothing left to filter). A pass covers the log from
+  its start, so "no data seen" means none is left. The round's last batch is never
+  dropped (the round's end offset), a marker there waits for a later round.
 
 This module holds the decisions of steps 1-3, on integers, batch bytes and records only;
 ``storage.cleaner.LogCleaner`` reads and writes the files and does step 4. Thread-safe
@@ -82,7 +86,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tidelog.storage.batch_builder import builder_like
 from tidelog.storage.control import is_marker_batch, parse_marker
@@ -94,14 +99,16 @@ from tidelog.storage.records import (
     TimestampType,
     decode_batch,
 )
+from tidelog.storage.txn_index import AbortedTxn
 
 __all__ = [
     "OFFSET_MAP_ENTRY_BYTES",
-    "AbortedTxnFilter",
     "CleanableRange",
     "CleaningRules",
     "OffsetMap",
     "SegmentSummary",
+    "TxnCleaning",
+    "TxnVerdict",
     "add_batch_to_offset_map",
     "choose_log_to_clean",
     "clean_batch",
@@ -335,36 +342,71 @@ class OffsetMap:
         return max(self.latest_offset + 1, first_dirty_offset)
 
 
-class AbortedTxnFilter:
-    """Which batches of a round belong to aborted transactions (Kafka's
-    ``CleanedTransactionMetadata``). Feed it every batch of the range, in offset order.
+@dataclass(frozen=True, slots=True)
+class TxnVerdict:
+    """What ``TxnCleaning.on_batch`` decided for one batch."""
 
-    ``aborted``: ``(producer_id, first_offset)`` of the aborted transactions overlapping
-    the range (``PartitionLog.aborted_transactions``). Not thread-safe; one pass owns it.
+    discard_data: bool  # a data batch of an aborted transaction: drop its records
+    marker_removable: bool  # a marker whose transaction has no data left in the log
+
+
+_KEEP = TxnVerdict(False, False)
+
+
+class TxnCleaning:
+    """The transactional half of one pass over the log (Kafka's
+    ``CleanedTransactionMetadata``). Feed it every batch of the pass, in offset order.
+
+    ``aborted``: the ``.txnindex`` entries overlapping the pass
+    (``storage.partition_txns.collect_aborted``). A producer joins the aborted set when a
+    batch reaches its aborted transaction's first offset and leaves it at its ABORT marker;
+    its transactional data batches in between are aborted data. A marker is removable when
+    the pass saw no data batch of its transaction (all of it was removed by earlier passes);
+    an ABORT marker kept with data still present has its index entry carried into the
+    cleaned segment (``carried``, by marker offset). Not thread-safe; one pass owns it.
     """
 
-    def __init__(self, aborted: Sequence[tuple[int, int]]) -> None:
-        self._pending = sorted(aborted, key=lambda t: t[1], reverse=True)
-        self._ongoing: set[int] = set()
+    def __init__(self, aborted: Sequence[AbortedTxn] = ()) -> None:
+        self._pending = sorted(aborted, key=lambda t: t.first_offset, reverse=True)
+        # Producer -> [its aborted transaction's entry, whether the pass saw its data].
+        self._aborted: dict[int, list[Any]] = {}
+        self._committed: set[int] = set()  # producers whose open data the pass saw
+        self.carried: set[int] = set()
 
-    def is_aborted(self, header: BatchHeader, records: Sequence[Record]) -> bool:
-        """Whether the batch ``header`` (with its decoded ``records``) is aborted data."""
-        while self._pending and self._pending[-1][1] <= header.last_offset:
-            self._ongoing.add(self._pending.pop()[0])
+    def on_batch(self, header: BatchHeader, records: Sequence[Record]) -> TxnVerdict:
+        """The verdict for the next batch of the pass."""
+        while self._pending and self._pending[-1].first_offset <= header.last_offset:
+            entry = self._pending.pop()
+            self._aborted[entry.producer_id] = [entry, False]
+        pid = header.producer_id
         if header.is_control:
-            if is_marker_batch(header) and records:
-                try:
-                    marker = parse_marker(records[0].key, records[0].value)
-                except CorruptRecordError:
-                    marker = None
-                if marker is not None and not marker.commit:
-                    self._ongoing.discard(header.producer_id)
-            return False
-        return header.is_transactional and header.producer_id in self._ongoing
-
-
-def _never_aborted(header: BatchHeader, records: Sequence[Record]) -> bool:
-    return False
+            if not is_marker_batch(header):
+                return _KEEP
+            if not records:
+                return TxnVerdict(False, True)  # emptied before: nothing to keep
+            try:
+                marker = parse_marker(records[0].key, records[0].value)
+            except CorruptRecordError:
+                marker = None
+            if marker is None:
+                return _KEEP
+            if marker.commit:
+                saw_data = pid in self._committed
+                self._committed.discard(pid)
+                return TxnVerdict(False, not saw_data)
+            aborted = self._aborted.pop(pid, None)
+            if aborted is not None and aborted[1]:
+                self.carried.add(header.base_offset)
+                return _KEEP
+            return TxnVerdict(False, True)
+        if not header.is_transactional:
+            return _KEEP
+        aborted = self._aborted.get(pid)
+        if aborted is not None:
+            aborted[1] = True
+            return TxnVerdict(True, False)
+        self._committed.add(pid)
+        return _KEEP
 
 
 def add_batch_to_offset_map(
@@ -380,7 +422,7 @@ def add_batch_to_offset_map(
     Returns True if the map filled up before the batch was done: the map then covers the
     records up to the last one it took, and the round stops there
     (``Cleaner.buildOffsetMapForSegment``). Control batches and ``aborted`` batches (of
-    an aborted transaction, ``AbortedTxnFilter``) add nothing.
+    an aborted transaction, ``TxnCleaning``) add nothing.
     """
     if not header.is_control and not aborted:
         for record in records:
@@ -433,9 +475,9 @@ class CleaningRules:
     ``producer_last_offset(pid)`` answers the last offset of producer ``pid``'s last batch
     if the partition's producer state still knows it, else None. ``round_end_offset`` is
     the next offset of the last batch being rewritten. ``max_batch_bytes`` caps a rebuilt
-    batch that grew (see ``clean_batch``). ``is_aborted(header, records)``: whether a
-    batch is aborted transactional data (an ``AbortedTxnFilter``'s method: stateful, so
-    ``clean_batch`` must see every batch of the round in order).
+    batch that grew (see ``clean_batch``). ``transactions``: the pass's
+    ``TxnCleaning``, stateful, so ``clean_batch`` must see every batch of the round in
+    order (the default knows no aborted transaction).
     """
 
     offset_map: OffsetMap
@@ -445,7 +487,7 @@ class CleaningRules:
     delete_retention_ms: int
     max_batch_bytes: int
     producer_last_offset: Callable[[int], int | None] = _no_active_producer
-    is_aborted: Callable[[BatchHeader, Sequence[Record]], bool] = _never_aborted
+    transactions: TxnCleaning = field(default_factory=TxnCleaning)
 
 
 def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
@@ -468,9 +510,10 @@ def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
     Raises ``CorruptRecordError`` for a bad batch (records compressed past the limit too).
     """
     header, records = decode_batch(batch)
-    aborted = rules.is_aborted(header, records)
+    verdict = rules.transactions.on_batch(header, records)
     if header.is_control:
-        return batch  # markers are kept whole (module docstring, "Transactions")
+        return _clean_marker(batch, header, records, verdict, rules)
+    aborted = verdict.discard_data
     horizon = header.delete_horizon_ms
     kept = [
         record
@@ -526,3 +569,38 @@ def clean_batch(batch: bytes, rules: CleaningRules) -> bytes | None:
         )
         return batch
     return rebuilt
+
+
+def _clean_marker(
+    batch: bytes,
+    header: BatchHeader,
+    records: Sequence[Record],
+    verdict: TxnVerdict,
+    rules: CleaningRules,
+) -> bytes | None:
+    """A control batch: kept whole until its transaction has no data left, then given a
+    delete horizon (``now + delete.retention.ms``, as a tombstone), then dropped once the
+    horizon has passed. The round's last batch is kept whole (its offset ends the round)."""
+    if not verdict.marker_removable:
+        return batch
+    horizon = header.delete_horizon_ms
+    if horizon is None:
+        if not records:
+            return batch if header.next_offset == rules.round_end_offset else None
+        builder = builder_like(header, header.compression)
+        for record in records:
+            builder.append(
+                record.timestamp_ms,
+                record.key,
+                record.value,
+                record.headers,
+                offset_delta=record.offset - header.base_offset,
+            )
+        return builder.build(
+            last_offset_delta=header.last_offset_delta,
+            delete_horizon_ms=rules.now_ms + rules.delete_retention_ms,
+            max_timestamp_ms=header.max_timestamp,
+        )
+    if rules.now_ms >= horizon and header.next_offset != rules.round_end_offset:
+        return None
+    return batch

@@ -309,31 +309,48 @@ def rebuild_producer_state(
     Snapshots above ``log_end`` (covering data recovery or truncation cut off) are
     unlinked; unreadable ones are skipped with a warning naming ``owner``. Only headers
     are read, and each control batch's one record (``storage.partition_txns.replay``).
+
     Segments whose ``.txnindex`` needs a rebuild (recovered after an unclean stop, or
-    damaged) get it rebuilt, with every later segment's: the replay then starts from a
-    snapshot at or below the first of them, so the transactions open there are known.
-    Not thread-safe: the caller holds the partition lock (or owns the log alone).
+    damaged) get it rebuilt, with every later segment's, by a second replay from a
+    snapshot at or below the first of them (or from the first segment), so that the
+    transactions open there are known. The table returned still comes from the newest
+    snapshot: it may remember producers whose batches retention has deleted since,
+    which an older snapshot would not. Not thread-safe: the caller holds the partition
+    lock (or owns the log alone).
     """
     rebuild = [s.base_offset for s in segments if s.txn_index.needs_rebuild]
     index_from = min(rebuild) if rebuild else None
-    limit = log_end if index_from is None else min(log_end, index_from)
-    snapshots = sorted(
-        (base_offset_from_name(p.name), p) for p in directory.glob("*" + SNAPSHOT_SUFFIX)
-    )
-    table, start = ProducerStateTable(), segments[0].base_offset
-    for offset, path in reversed(snapshots):
+    for offset, path in _snapshots(directory):
         if offset > log_end:
             unlink_if_exists(path)  # covers data that recovery cut off
-            continue
-        if offset > limit:
-            continue  # newer than the first index to rebuild: replay from further back
-        try:
-            table, start = ProducerStateTable.from_bytes(path.read_bytes())
-            break
-        except (OSError, ValueError) as exc:
-            log.warning("%s: ignoring producer snapshot %s: %s", owner, path, exc)
+    table, start = _newest_snapshot(directory, log_end, owner, segments[0].base_offset)
+    if index_from is not None and start > index_from:
+        scratch, scratch_start = _newest_snapshot(
+            directory, index_from, owner, segments[0].base_offset
+        )
+        replay(scratch, segments, scratch_start, index_from=index_from, owner=owner)
+        index_from = None
     replay(table, segments, start, index_from=index_from, owner=owner)
     return table
+
+
+def _snapshots(directory: Path) -> list[tuple[int, Path]]:
+    return sorted((base_offset_from_name(p.name), p) for p in directory.glob("*" + SNAPSHOT_SUFFIX))
+
+
+def _newest_snapshot(
+    directory: Path, limit: int, owner: object, first_base: int
+) -> tuple[ProducerStateTable, int]:
+    """The newest readable snapshot at or below ``limit`` and its offset; an empty table
+    from ``first_base`` when there is none."""
+    for offset, path in reversed(_snapshots(directory)):
+        if offset > limit:
+            continue
+        try:
+            return ProducerStateTable.from_bytes(path.read_bytes())
+        except (OSError, ValueError) as exc:
+            log.warning("%s: ignoring producer snapshot %s: %s", owner, path, exc)
+    return ProducerStateTable(), first_base
 
 
 def _next_base(bases: list[int], base: int) -> int:

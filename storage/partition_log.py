@@ -472,7 +472,9 @@ class PartitionLog:
         """Below it every transaction is decided: min(first unstable offset, high
         watermark); the high watermark when no transaction is open or unreplicated."""
         with self._lock:
-            return last_stable_offset(self._producer_state, self.high_watermark)
+            return last_stable_offset(
+                self._producer_state, self.high_watermark, self._local.log_start_offset
+            )
 
     def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
         """``(producer_id, first_offset)`` of the aborted transactions a read_committed

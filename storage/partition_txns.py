@@ -12,7 +12,7 @@ as functions it calls under its lock:
   Kafka's: the oldest open transaction of another producer, else the marker's offset + 1.
   Leader appends, follower appends and recovery all go through it, so the three agree.
 * ``last_stable_offset``: min(first unstable offset, high watermark); the high watermark
-  when there are no transactions.
+  when there are no transactions; never below the log start offset.
 * ``collect_aborted``: Kafka's fetch rule. From the segment holding ``fetch_offset``, the
   entries with ``last_offset >= fetch_offset`` and ``first_offset < upper_bound``, going on
   into later segments until an entry's ``last_stable_offset >= upper_bound``.
@@ -99,22 +99,34 @@ def apply_batches(
     bytes at the batches' positions (a control batch's record is read from there).
 
     Data batches are recorded at ``now_ms`` (the broker's time, as the idempotence state
-    always was). Raises ``CorruptRecordError`` for a marker that does not decode.
+    always was). A marker whose record does not decode (its CRC was checked) ends nothing
+    and is logged: the batches are stored already, and raising would leave the producer
+    state behind the log.
     """
     for batch in batches:
         header = batch.header
         if is_marker_batch(header):
-            marker = read_marker(records, batch.position)
+            try:
+                marker = read_marker(records, batch.position)
+            except CorruptRecordError as exc:
+                log.warning("unreadable marker at offset %d: %s", header.base_offset, exc)
+                continue
             if marker is not None:
                 apply_marker(state, segment, header, marker)
         elif not header.is_control:
             state.update(header, now_ms)
 
 
-def last_stable_offset(state: ProducerStateTable, high_watermark: int) -> int:
-    """min(first unstable offset, ``high_watermark``)."""
+def last_stable_offset(
+    state: ProducerStateTable, high_watermark: int, log_start_offset: int = 0
+) -> int:
+    """min(first unstable offset, ``high_watermark``), the first unstable offset raised to
+    ``log_start_offset`` when retention or DeleteRecords passed it (Kafka's
+    ``maybeIncrementFirstUnstableOffset``: nothing below the log start can be read)."""
     first_unstable = state.first_unstable_offset(high_watermark)
-    return high_watermark if first_unstable is None else min(first_unstable, high_watermark)
+    if first_unstable is None:
+        return high_watermark
+    return min(max(first_unstable, log_start_offset), high_watermark)
 
 
 def collect_aborted(

@@ -25,8 +25,9 @@ from tidelog.broker.testing import InProcessBroker
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tidelog.storage.clock import ManualClock
+from tidelog.storage.control import build_marker
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
-from tidelog.storage.records import decode_records
+from tidelog.storage.records import BatchBuilder, decode_records
 
 
 def _values(stub: pb_grpc.BrokerStub, topic: str, partition: int = 0) -> list[bytes | None]:
@@ -256,3 +257,17 @@ def test_an_epoch_bump_during_the_append_answers_not_leader_and_appends_nothing(
         assert [r.value for r in decode_records(stored)] == [b"before"]
     finally:
         logs.close()
+
+
+def test_transactional_and_control_batches_are_still_refused(stub: pb_grpc.BrokerStub) -> None:
+    """Storage takes transactional batches since #28's partition step; the produce path
+    refuses them until it verifies transactions, and producers never write markers."""
+    create_topic(stub, "t")
+    builder = BatchBuilder(producer_id=1, producer_epoch=0, base_sequence=0, is_transactional=True)
+    builder.append(0, None, b"in a transaction")
+    marker = build_marker(1, 0, commit=True, coordinator_epoch=0, timestamp_ms=0)
+    for batch in (builder.build(), marker, make_batch([b"ok"]) + builder.build()):
+        result = produce(stub, "t", 0, batch)
+        assert result.error_code == "INVALID_REQUEST"
+        assert "transactional and control batches" in result.error_message
+    assert _values(stub, "t") == []

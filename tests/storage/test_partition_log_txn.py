@@ -25,6 +25,8 @@ from tidelog.storage.errors import (
     InvalidTxnStateError,
     TransactionCoordinatorFencedError,
 )
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import iter_batch_headers
 
 PID, OTHER = 7, 8
 
@@ -166,6 +168,17 @@ def test_retention_deletes_the_index_with_its_segment(log_dir: Path, clock: Manu
     log.close()
 
 
+def test_the_lso_never_falls_below_the_log_start(log_dir: Path, clock: ManualClock) -> None:
+    log = open_log(log_dir, clock)
+    log.append(make_batch([b"a", b"b"]))
+    log.append(txn_batch(PID, 0, 0, [b"open"]))  # 2, never ended
+    log.append(make_batch([b"c"]))
+    assert log.last_stable_offset == 2
+    log.increase_log_start_offset(3)  # DeleteRecords past the open transaction's start
+    assert log.last_stable_offset == 3
+    log.close()
+
+
 def test_a_follower_stores_markers_and_indexes_aborts(tmp_path: Path, clock: ManualClock) -> None:
     leader = open_log(tmp_path / "events-0", clock)
     follower = open_log(tmp_path / "copy" / "events-0", clock)
@@ -225,13 +238,52 @@ def _compact_and_check(tmp_path: Path, steps: list[tuple[str, int]]) -> None:
         else:
             aborted_values.add(value)
     log.roll()
-    LogCleaner(tmp_path, clock).clean_log(log, force=True)
-    seen: dict[bytes, bytes] = {}
-    for record in read_committed(log):
-        assert record.key is not None
-        assert record.value is not None
-        seen[record.key] = record.value
-    assert seen == latest
-    # Aborted records are gone whatever their keys (every segment was below the LSO).
-    assert not {r.value for r in read_uncommitted(log)} & aborted_values
+    cleaner = LogCleaner(tmp_path, clock)
+    for _ in range(3):  # markers go over later passes, past delete.retention.ms
+        cleaner.clean_log(log, force=True)
+        seen: dict[bytes, bytes] = {}
+        for record in read_committed(log):
+            assert record.key is not None
+            assert record.value is not None
+            seen[record.key] = record.value
+        assert seen == latest
+        # Aborted records are gone whatever their keys (every segment was below the LSO).
+        assert not {r.value for r in read_uncommitted(log)} & aborted_values
+        clock.advance(log.config.delete_retention_ms + 1)
+    log.close()
+
+
+def _control_batches(log: PartitionLog) -> list[int]:
+    data = log.read(log.log_start_offset, 1 << 20).records
+    return [h.base_offset for _, h in iter_batch_headers(data) if h.is_control]
+
+
+def test_markers_go_once_their_data_is_gone_and_their_horizon_passed(
+    log_dir: Path, clock: ManualClock
+) -> None:
+    config = log_config(cleanup_policy="compact", min_cleanable_dirty_ratio=0)
+    log = open_log(log_dir, clock, config)
+    log.append(txn_batch(PID, 0, 0, [b"aborted"], keys=[b"k1"]))  # 0
+    log.append_marker(PID, 0, False, 0)  # 1
+    log.append(txn_batch(PID, 0, 1, [b"old"], keys=[b"k2"]))  # 2
+    log.append_marker(PID, 0, True, 0)  # 3
+    log.append(txn_batch(PID, 0, 2, [b"new"], keys=[b"k2"]))  # 4
+    log.append_marker(PID, 0, True, 0)  # 5
+    log.append(make_batch([b"end"], keys=[b"k3"]))  # 6: ends every round
+    log.roll()
+    cleaner = LogCleaner(log_dir.parent, clock)
+    cleaner.clean_log(log, force=True)  # data removed; its markers saw it: kept
+    assert _control_batches(log) == [1, 3, 5]
+    assert log.aborted_transactions(0, 7) == [(PID, 0)]  # the entry moved with its marker
+    cleaner.clean_log(log, force=True)  # no data left: horizons set
+    assert _control_batches(log) == [1, 3, 5]
+    assert log.aborted_transactions(0, 7) == []
+    cleaner.clean_log(log, force=True)  # the horizon has not passed
+    assert _control_batches(log) == [1, 3, 5]
+    clock.advance(log.config.delete_retention_ms)
+    cleaner.clean_log(log, force=True)
+    assert _control_batches(log) == [5]  # the live transaction's marker stays
+    assert [(r.key, r.value) for r in read_committed(log)] == [(b"k2", b"new"), (b"k3", b"end")]
+    log = reopen_clean(log, clock)
+    assert _control_batches(log) == [5]
     log.close()
