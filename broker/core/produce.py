@@ -126,7 +126,9 @@ def _check_transactional(part: PartitionRecords, verify: Verify | None) -> None:
         if verify is None:
             raise InvalidRequestError("transactional batches need a transaction coordinator")
         if part.transactional_id is None:
-            raise InvalidRequestError("a transactional batch in a request without one")
+            raise InvalidRequestError(
+                "a transactional batch in a request without a transactional id"
+            )
         identity = (header.producer_id, header.producer_epoch)
         if identity in checked:
             continue
