@@ -54,6 +54,7 @@ import ssl
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -237,6 +238,9 @@ class KafkaListener:
             settings.fetch_session_eviction_ms,
             lambda: int(time.monotonic() * 1000),
         )
+        # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
+        # only; rebuilt from the topic list on a miss, ``broker.kafka.data``).
+        self.topic_names: dict[uuid.UUID, str] = {}
         self._loop = asyncio.new_event_loop()
         # Every request's steps (broker.core.pipeline): Kafka waits past queued.max.requests
         # and closes the connection on an error a handler did not put in its answer.
