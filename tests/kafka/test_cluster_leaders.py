@@ -256,11 +256,6 @@ def test_wrong_broker_and_stale_epochs_get_the_real_leader_and_are_fenced(
     assert _nodes(answer) == [_endpoint(cluster, new)]
 
 
-def test_a_topic_id_of_no_topic_is_unknown(cluster: LocalCluster) -> None:
-    found, _ = _fetched(cluster, 1, _fetch(unique("never"), -1))
-    assert found.error_code == 100  # UNKNOWN_TOPIC_ID
-
-
 def test_confluent_producer_and_aiokafka_group_go_on_across_a_leader_move(
     cluster: LocalCluster,
 ) -> None:
