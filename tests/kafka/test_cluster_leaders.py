@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -287,7 +288,10 @@ def test_confluent_producer_and_aiokafka_group_go_on_across_a_leader_move(
             time.sleep(0.005)  # spread over the move
         assert producer.flush(60) == 0, "records left undelivered"
 
-    async def run() -> list[bytes]:
+    read: list[bytes] = []
+    stop = threading.Event()
+
+    async def consume() -> None:
         consumer = aiokafka.AIOKafkaConsumer(
             topic,
             bootstrap_servers=cluster.kafka_bootstrap,
@@ -298,31 +302,36 @@ def test_confluent_producer_and_aiokafka_group_go_on_across_a_leader_move(
             session_timeout_ms=10_000,
             heartbeat_interval_ms=500,
         )
-        read: list[bytes] = []
         await consumer.start()
         try:
-
-            async def consume_until(count: int) -> None:
-                deadline = time.monotonic() + TIMEOUT_S
-                while len(set(read)) < count:
-                    assert time.monotonic() < deadline, f"read {len(set(read))} of {count}"
-                    batches = await consumer.getmany(timeout_ms=500)
-                    for records in batches.values():
-                        read.extend(r.value for r in records)
-
-            await asyncio.to_thread(produce, 0, 100)
-            await consume_until(100)
-            # Records produced while the leader moves: the producer follows it.
-            moving = asyncio.create_task(asyncio.to_thread(_move_leader, cluster, topic))
-            await asyncio.to_thread(produce, 100, 300)
-            await moving
-            await asyncio.to_thread(produce, 400, 100)
-            await consume_until(500)
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200)
+                for records in batches.values():
+                    read.extend(r.value for r in records)
         finally:
             await consumer.stop()
-        return read
 
-    read = asyncio.run(run())
+    def read_at_least(count: int) -> bool:
+        return len(set(read)) >= count
+
+    # The group consumes on a thread of its own; brokers are (re)started from this one:
+    # a broker dies with the thread that started it (``dying_with_parent``).
+    consuming = threading.Thread(target=asyncio.run, args=(consume(),), daemon=True)
+    consuming.start()
+    try:
+        produce(0, 100)
+        eventually(lambda: read_at_least(100), TIMEOUT_S)
+        # Records produced while the leader moves: the producer follows it.
+        producing = threading.Thread(target=produce, args=(100, 300), daemon=True)
+        producing.start()
+        _move_leader(cluster, topic)
+        producing.join(TIMEOUT_S * 2)
+        assert not producing.is_alive(), "the producer did not finish"
+        produce(400, 100)
+        eventually(lambda: read_at_least(500), TIMEOUT_S)
+    finally:
+        stop.set()
+        consuming.join(TIMEOUT_S)
     assert not failed, failed
     assert len(acknowledged) == 500
     # Idempotence and one partition: every acknowledged record, in order (a record read
