@@ -31,7 +31,8 @@ InitProducerId.
   KIP-853's replica directory ids (KRaft).
 - ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 the record with
   the largest timestamp below the high watermark (v7, KIP-734; the first of several
-  sharing it, as Kafka).
+  sharing it, as Kafka); v4+ with the leader epoch that wrote the offset found (latest:
+  the log's current epoch), which consumers keep to validate their position (KIP-320).
 - DescribeProducers (v0, KIP-664): what each partition's leader remembers of its
   idempotent producers (``BrokerCore.describe_producers``, the gRPC call's); READ on
   each topic; ``NOT_LEADER_OR_FOLLOWER`` on a follower. ``coordinator_epoch`` and
@@ -432,7 +433,7 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
                 "error_code": kafka_code(a.error_code),
                 "timestamp": a.timestamp_ms,
                 "offset": a.offset,
-                "leader_epoch": -1,
+                "leader_epoch": a.leader_epoch,
             }
         )
     return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}

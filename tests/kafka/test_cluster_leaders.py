@@ -6,7 +6,7 @@ listeners (``LocalCluster(kafka=True)``, racks r1-r3):
   partition's real leader and epoch and that leader's endpoint (``node_endpoints``);
 - KIP-320 fencing of the client's ``current_leader_epoch`` on Fetch, ListOffsets and
   OffsetForLeaderEpoch: older than the leader's ``FENCED_LEADER_EPOCH`` (74), newer
-  ``UNKNOWN_LEADER_EPOCH`` (75);
+  ``UNKNOWN_LEADER_EPOCH`` (75); ListOffsets names the epoch that wrote the offset;
 - a confluent-kafka idempotent producer and an aiokafka consumer group go on across a
   leader move (the leader's controlled shutdown and restart), losing nothing
   acknowledged;
@@ -151,9 +151,14 @@ def _fetched(cluster: LocalCluster, broker_id: int, request: Any) -> tuple[Any, 
     return found, answer
 
 
-def _list_offsets_error(
-    cluster: LocalCluster, broker_id: int, topic: str, current_leader_epoch: int
-) -> int:
+def _list_offsets(
+    cluster: LocalCluster,
+    broker_id: int,
+    topic: str,
+    current_leader_epoch: int,
+    timestamp: int = -1,
+) -> Any:
+    """ListOffsets v7 of partition 0 (-1 latest, -2 earliest, or a time): its answer."""
     request = ListOffsetsRequest[7](
         replica_id=-1,
         isolation_level=0,
@@ -162,14 +167,22 @@ def _list_offsets_error(
                 name=topic,
                 partitions=[
                     ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
-                        partition_index=0, current_leader_epoch=current_leader_epoch, timestamp=-1
+                        partition_index=0,
+                        current_leader_epoch=current_leader_epoch,
+                        timestamp=timestamp,
                     )
                 ],
             )
         ],
     )
     answer = _call(cluster, broker_id, request, ListOffsetsResponse)
-    return int(answer.topics[0].partitions[0].error_code)
+    return answer.topics[0].partitions[0]
+
+
+def _list_offsets_error(
+    cluster: LocalCluster, broker_id: int, topic: str, current_leader_epoch: int
+) -> int:
+    return int(_list_offsets(cluster, broker_id, topic, current_leader_epoch).error_code)
 
 
 def _epoch_end_error(
@@ -250,6 +263,12 @@ def test_wrong_broker_and_stale_epochs_get_the_real_leader_and_are_fenced(
     found, _ = _fetched(cluster, new, _fetch(topic, new_epoch))
     assert (found.error_code, found.high_watermark) == (0, 1)
     assert _list_offsets_error(cluster, new, topic, new_epoch) == 0
+    # ListOffsets v4+ names the epoch that wrote the offset (latest: the leader's now).
+    latest = _list_offsets(cluster, new, topic, new_epoch)
+    assert (latest.offset, latest.leader_epoch) == (1, new_epoch)
+    for timestamp in (-2, 0):  # earliest; the first record at or after time 0
+        found = _list_offsets(cluster, new, topic, new_epoch, timestamp)
+        assert (found.error_code, found.offset, found.leader_epoch) == (0, 0, epoch)
     assert _epoch_end_error(cluster, new, topic, new_epoch) == 0
     found, answer = _fetched(cluster, old, _fetch(topic, new_epoch))
     assert found.error_code == _NOT_LEADER_OR_FOLLOWER
