@@ -194,6 +194,10 @@ class PendingFetch:
     last_answers: list[PartitionFetched] = field(default_factory=list)
     cancelled: bool = False
 
+    def was_cancelled(self) -> bool:
+        """Whether ``FetchPath.cancel`` ran (read again: another thread may set it)."""
+        return self.cancelled
+
 
 class FetchPath:
     """Reads, and parks fetches in the fetch purgatory. Thread-safe (its parts are)."""
@@ -274,6 +278,10 @@ class FetchPath:
         )
         pending.operation = operation
         self._purgatory.try_complete_else_watch(operation, pending.keys)
+        if pending.was_cancelled():
+            # ``cancel`` ran on another thread between the check above and the parking
+            # (it saw no operation yet): forget it now, not at its deadline.
+            self._purgatory.cancel(operation)
         return None
 
     def _ends(self, spec: FetchSpec) -> list[tuple[PartitionLog, int]]:
