@@ -134,8 +134,12 @@ def test_a_second_instance_fences_the_first(kafka_broker: KafkaBroker, topic: st
     tid = unique("app")
     zombie = producer(kafka_broker, tid)
     zombie.begin_transaction()
-    zombie.produce(topic, b"zombie", partition=1)
+    delivered: list[object] = []
+    zombie.produce(
+        topic, b"zombie", partition=1, on_delivery=lambda err, _msg: delivered.append(err)
+    )
     zombie.flush(TIMEOUT_S)
+    assert delivered == [None]  # in the log, in the zombie's transaction
     fresh = producer(kafka_broker, tid)  # aborts the zombie's transaction, bumps the epoch
     fresh.begin_transaction()
     fresh.produce(topic, b"fresh", partition=1)
