@@ -147,7 +147,7 @@ class BrokerCore:
     ) -> None:
         self.config = config
         # The transaction coordinator (broker.transactions, issue #28): a single node's;
-        # None in a cluster until its coordinator is built (answered COORDINATOR_NOT_AVAILABLE).
+        # None in a cluster until its coordinator is built (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
         self.transactions = transactions
         # Placement, topic administration and producer ids: the broker's role, which
         # changes (joining -> joined) inside this one object (broker.core.membership).

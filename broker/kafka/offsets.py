@@ -12,7 +12,7 @@ current) and then written the same way.
 A transaction coordinator (FindCoordinator ``key_type`` 1, DESCRIBE on the
 transactional id) is the leader of the id's ``__transaction_state`` partition; a broker
 without a coordinator (a cluster's, not built yet: ``docs/transactions.md``) answers
-``COORDINATOR_NOT_AVAILABLE``.
+``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, which clients treat as fatal at once.
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ async def _coordinator_of(conn: Connection, key_type: int, key: str) -> Plain:
         return {"error_code": code, "error_message": None, **_NO_NODE}
     unavailable = error_code_for("COORDINATOR_NOT_AVAILABLE")
     if transaction and conn.core.transactions is None:
-        message = "this cluster has no transaction coordinator yet (docs/transactions.md)"
-        return {"error_code": unavailable, "error_message": message, **_NO_NODE}
+        message = "a cluster serves no transactions yet; a single node does"
+        code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+        return {"error_code": code, "error_message": message, **_NO_NODE}
     try:
         coordinator = await conn.run(
             functools.partial(conn.core.find_coordinator, key, transaction=transaction)

@@ -13,7 +13,7 @@ same way (fatal). AddPartitionsToTxn answers every partition: when some are refu
 (authorization) or unknown, those carry their error and the others
 ``OPERATION_NOT_ATTEMPTED``; otherwise every partition carries the coordinator's one
 answer. A broker without a coordinator (a cluster's, not built yet) answers
-``COORDINATOR_NOT_AVAILABLE``.
+``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, fatal for the clients at once.
 
 Not served yet (not advertised): AddOffsetsToTxn, TxnOffsetCommit (offsets in
 transactions), WriteTxnMarkers (between brokers), AddPartitionsToTxn v4+ (brokers'
@@ -32,7 +32,10 @@ from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
 from tidelog.broker.kafka.listener import Connection
 from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.broker.transactions.state import TxnMetadata
-from tidelog.storage.errors import CoordinatorNotAvailableError, UnknownTopicOrPartitionError
+from tidelog.storage.errors import (
+    TransactionalIdAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+)
 
 __all__ = [
     "add_partitions_to_txn",
@@ -49,8 +52,10 @@ _OLD_FENCED = error_code_for("INVALID_PRODUCER_EPOCH")
 def _coordinator(conn: Connection) -> TransactionCoordinator:
     found = conn.core.transactions
     if found is None:
-        raise CoordinatorNotAvailableError(
-            "this cluster has no transaction coordinator yet (docs/transactions.md)"
+        # Fatal for every client at once (as before transactions were built), rather than
+        # a retriable COORDINATOR_NOT_AVAILABLE a producer would retry until its timeout.
+        raise TransactionalIdAuthorizationFailedError(
+            "a cluster serves no transactions yet; a single node does (docs/transactions.md)"
         )
     return found
 

@@ -309,15 +309,3 @@ def test_describe_configs_with_confluent(kafka_broker: KafkaBroker) -> None:
         == confluent_kafka.admin.ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     )
     assert configs["retention.ms"].is_default
-
-
-def test_a_transactional_producer_gets_a_clean_fatal_error(kafka_broker: KafkaBroker) -> None:
-    # Transactions are not advertised; the transaction coordinator lookup answers
-    # TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which librdkafka makes a fatal error at once.
-    producer = confluent_kafka.Producer(
-        {"bootstrap.servers": kafka_broker.bootstrap, "transactional.id": unique("txn")}
-    )
-    with pytest.raises(confluent_kafka.KafkaException) as raised:
-        producer.init_transactions(TIMEOUT_S)
-    error = raised.value.args[0]
-    assert error.code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED

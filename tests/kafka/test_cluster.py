@@ -224,6 +224,24 @@ def test_every_broker_names_the_coordinators_kafka_endpoint(cluster: LocalCluste
         assert answer.error_code == expected, f"broker {broker_id}"
 
 
+def test_a_cluster_refuses_transactions_at_once(cluster: LocalCluster) -> None:
+    """A cluster serves no transactions yet (docs/transactions.md): a transactional
+    producer is refused at its first step with TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53),
+    fatal for every client at once, not a coordinator it would wait for until its timeout."""
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": unique("txn")}
+    )
+    with pytest.raises(confluent_kafka.KafkaException) as raised:
+        producer.init_transactions(30)
+    assert (
+        raised.value.args[0].code()
+        == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    )
+    request = FindCoordinatorRequest[1](key=unique("txn"), key_type=1)
+    answer = FindCoordinatorResponse[1].decode(_call(cluster, 1, request), header=True)
+    assert answer.error_code == 53
+
+
 def _coordinators(cluster: LocalCluster, broker_id: int, groups: list[str]) -> dict[str, int]:
     """Batched FindCoordinator v4 (KIP-699) asked of ``broker_id``: group -> node id."""
     request = FindCoordinatorRequest[4](key_type=0, coordinator_keys=groups)

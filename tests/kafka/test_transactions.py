@@ -344,3 +344,29 @@ def test_the_grpc_listener_reads_committed_too(kafka_broker: KafkaBroker, topic:
         assert len(uncommitted.records) > len(committed.records)  # the open batch too
         assert (latest(1), latest(0)) == (2, 3)
     tx.commit_transaction(TIMEOUT_S)
+
+
+def test_kafka_pythons_transactional_producer(kafka_broker: KafkaBroker, topic: str) -> None:
+    """kafka-python's transactional producer (its own InitProducerId, AddPartitionsToTxn
+    and EndTxn versions): an abort then a commit; read_committed sees the commit only."""
+    from kafka import KafkaProducer
+
+    tx = KafkaProducer(
+        bootstrap_servers=kafka_broker.bootstrap, transactional_id=unique("kafka-python")
+    )
+    try:
+        tx.init_transactions()
+        tx.begin_transaction()
+        for i in range(3):
+            tx.send(topic, f"dropped-{i}".encode(), partition=i)
+        tx.flush()
+        tx.abort_transaction()
+        tx.begin_transaction()
+        for i in range(3):
+            tx.send(topic, f"kept-{i}".encode(), partition=i)
+        tx.commit_transaction()
+    finally:
+        tx.close()
+    assert sorted(read_all(kafka_broker, topic, "read_committed", 3)) == [
+        f"kept-{i}".encode() for i in range(3)
+    ]
