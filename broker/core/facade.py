@@ -322,7 +322,7 @@ class BrokerCore:
     def became_leader(self, topic: str, partition: int) -> None:
         """This broker now leads the partition: an offsets partition's groups (committed
         offsets and classic membership) are loaded from its replicated log (their
-        coordinator moved here)."""
+        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse."""
         if topic == OFFSETS_TOPIC:
             self._groups.reload_partition(partition)
 
@@ -672,8 +672,11 @@ class BrokerCore:
             return self._groups.fetch_offsets(group_id, selection)
 
     def list_groups(self) -> list[GroupListing]:
-        """Every group with members or committed offsets."""
+        """Every group this broker coordinates with members or committed offsets;
+        ``CoordinatorLoadInProgressError`` while it still loads an offsets partition it
+        leads (cluster mode), as Kafka answers ListGroups then."""
         with self._operation():
+            self._groups.store.check_led_loaded()
             return self._groups.list_groups()
 
     def describe_group(self, group_id: str) -> GroupDescription:
