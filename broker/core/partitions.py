@@ -41,13 +41,18 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.partition import Partition
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import UnknownTopicOrPartitionError
 from tidelog.storage.log_manager import LogManager
 
-__all__ = ["PartitionListener", "PartitionRegistry"]
+if TYPE_CHECKING:  # broker.config imports the group manager, which imports this module
+    from tidelog.broker.config import BrokerConfig
+
+__all__ = ["PartitionListener", "PartitionRegistry", "open_partitions"]
 
 # (topic, partition): its high watermark, ISR or leadership moved.
 PartitionListener = Callable[[str, int], None]
@@ -128,3 +133,26 @@ class PartitionRegistry:
     def wake_isr_changes(self) -> None:
         """Make a ``next_isr_change`` waiting now return None (stopping)."""
         self._isr_changes.put(None)
+
+
+def open_partitions(
+    config: BrokerConfig, clock: Clock
+) -> tuple[PartitionRegistry, DelayedOperations]:
+    """Open (recovering) the data directory and build the broker's partitions over it,
+    telling the purgatories of every move: what ``BrokerCore.open`` takes, built before it
+    (``broker.assembly``). Replicated in cluster mode (``zookeeper.connect``): partitions
+    then have no role until the replica manager gives them one.
+
+    Raises:
+        StorageError: the data directory is unusable.
+    """
+    logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
+    delayed = DelayedOperations(clock)
+    registry = PartitionRegistry(
+        logs,
+        config.broker_id,
+        clock,
+        replicated=config.zookeeper_connect is not None,
+        listeners=(delayed.check_and_complete_all,),
+    )
+    return registry, delayed
