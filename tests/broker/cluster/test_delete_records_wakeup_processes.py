@@ -1,10 +1,10 @@
 """DeleteRecords (KIP-107) is answered as soon as the followers can follow, not when their
 parked fetches time out: three broker processes whose followers long-poll their leader for
-up to 30 s (``replica.fetch.wait.max.ms``), and DeleteRecords asked with a 10 s timeout,
+up to 20 s (``replica.fetch.wait.max.ms``), and DeleteRecords asked with an 8 s timeout,
 on both listeners. The leader's log start moving wakes the followers' parked fetches
 (``broker.core.fetch``); each learns the new start, checkpoints it and reports it in its
 next fetch, which completes the parked DeleteRecords (``broker.core.delete_records``).
-Without the wake-up the followers would learn it 30 s later and the answer would be
+Without the wake-up the followers would learn it 20 s later and the answer would be
 ``REQUEST_TIMED_OUT``: the test asserts the answers and every replica's checkpointed log
 start, never a duration.
 """
@@ -25,7 +25,8 @@ from tidelog.client import AdminClient, Producer, TopicPartition
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-DELETE_TIMEOUT_MS = 10_000
+FETCH_WAIT_S = 20
+DELETE_TIMEOUT_MS = 8_000
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
     settings = {
         # A caught-up follower's fetch waits this long at its leader's log end ...
-        "replica.fetch.wait.max.ms": 30_000,
+        "replica.fetch.wait.max.ms": FETCH_WAIT_S * 1000,
         # ... and stays in the ISR meanwhile.
         "replica.lag.time.max.ms": 120_000,
     }
@@ -46,7 +47,11 @@ def test_followers_parked_at_the_log_end_follow_a_delete_at_once(cluster: LocalC
     with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
         create_replicated(admin, TOPIC, 1, **{"min.insync.replicas": "2"})
         with Producer(cluster.bootstrap, acks="all", linger_ms=2) as producer:
-            for i in range(50):
+            # The first one waits until the followers' fetchers, parked on the other
+            # partitions they follow, come back and fetch the new one too (a fetcher
+            # does not cut its long poll short for a partition added meanwhile).
+            producer.send(TOPIC, b"first", partition=0).result(timeout=FETCH_WAIT_S * 2)
+            for i in range(1, 50):
                 producer.send(TOPIC, b"%d" % i, partition=0).result(timeout=30)
         # Every follower has it all (acks=all): their next fetches park at the log end.
         assert admin.delete_records({tp: 20}, timeout_ms=DELETE_TIMEOUT_MS) == {tp: 20}
