@@ -531,7 +531,7 @@ class Partition:
         """Check and record one follower read: the divergence ``(epoch, end offset)`` to
         answer instead of records (the follower truncates), or None to read.
         ``log_start_offset``: the follower's (-1: not reported), which DeleteRecords
-        waits on (``wait_low_watermark``).
+        waits on (``broker.core.delete_records``).
 
         The follower's log end offset is its fetch offset. It counts as caught up now if
         it fetched from the leader's log end, else as of its previous fetch if it reached
@@ -595,7 +595,7 @@ class Partition:
 
     def delete_records(self, offset: int) -> int:
         """Leader: move the log start offset to ``offset`` (-1: the high watermark) and
-        checkpoint it; the offset the low watermark must reach (``wait_low_watermark``).
+        checkpoint it; the offset the low watermark must reach (``low_watermark``).
         An offset at or below the log start changes nothing (and is answered at once).
 
         Raises:

@@ -1,10 +1,11 @@
 """Every partition this broker hosts, as ``Partition`` objects: Kafka's ``allPartitions``.
 
 The assembly (``broker.assembly``) builds one ``PartitionRegistry`` over the broker's
-``LogManager`` before the core, and hands the same registry to the core (its produce and
-fetch paths, the offset lookups and the group offset store) and, in cluster mode, to the
-replica manager (``broker.cluster.replicas``), which sets each partition's role from the
-cluster's views. Neither needs the other to be built first.
+``LogManager`` before the core (``open_partitions``, with the purgatories it tells), and
+hands the same registry to the core (its produce and fetch paths, the offset lookups and
+the group offset store) and, in cluster mode, to the replica manager
+(``broker.cluster.replicas``), which sets each partition's role from the cluster's views.
+Neither needs the other to be built first.
 
 Decisions where Kafka's shape meets this broker's:
 
@@ -27,7 +28,9 @@ Decisions where Kafka's shape meets this broker's:
   parked there (``broker.core.delayed.DelayedOperations``). Group loading when this broker
   becomes leader of an offsets partition is the replica manager's call, as in Kafka
   (``ReplicaManager`` calls ``onLeadershipChange`` after ``makeLeaders``): it is given to
-  the replica manager's constructor.
+  the replica manager's constructor. Unloading when it stops leading one is the group
+  manager's own (``GroupManager.unload_resigned`` reads the roles), as the replica
+  manager's constructor takes no second callback.
 * **ISR changes go through an outbox** (Kafka's ``AlterPartitionManager``): a partition
   that wants its ISR changed puts itself here (``propose_isr``); the replica manager's ISR
   thread takes them (``next_isr_change``) and writes ZooKeeper. A single node never
