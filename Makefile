@@ -21,7 +21,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv cluster console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers faults clean
+.PHONY: all venv cluster console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers faults kafka-python-suite clean
 
 all: test
 
@@ -163,6 +163,11 @@ bench-peers: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
 
+
+# kafka-python's own integration suite against a broker's Kafka listener (fetched with pip
+# at run time; not CI: docs/kafka.md says what fails and why). `make kafka-python-suite`.
+kafka-python-suite: $(STAMP)
+	$(BIN)/python -m tests.kafka.client_suite $(SUITE_ARGS)
 
 # The long fault run (issue #29, docs/reliability.md; needs root): DURATION seconds of a
 # seeded schedule of partitions, pauses, kills and power losses against three brokers,

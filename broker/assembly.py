@@ -428,4 +428,6 @@ def _join_cluster(
     core.configs.use_store(
         ZooKeeperBrokerConfigStore.open(node.store, (DEFAULT_ENTITY, str(config.broker_id)))
     )
+    # ... applied to the fetchers' throttle and the controller's elections as they change.
+    core.configs.on_applied(node.apply_dynamic_configs)
     return node

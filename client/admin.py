@@ -14,7 +14,11 @@ passes; the broker's refusals come back as their ``TidelogError`` classes
 (``TopicAlreadyExistsError``, ``InvalidConfigError``, ``UnknownTopicOrPartitionError``...).
 Protobuf types stop here: answers are the frozen dataclasses of ``client.types``.
 
-In a cluster (``client.routing``) topic changes go to the controller, offsets to each
+In a cluster (``client.routing``) topic creation, deletion, growth, elections and
+reassignments go to the controller (as Kafka's clients send them; any broker would
+forward them there, ``broker.cluster.forwarding``), a topic's config changes to any
+broker (as Kafka's clients send them; it forwards them), a broker's configs to that
+broker, offsets to each
 partition's leader, and group calls (``describe_group``, ``list_group_offsets``,
 ``alter_group_offsets``, ``reset_group_offsets``, ``delete_group``, ``delete_offsets``)
 to the group's
@@ -510,7 +514,7 @@ class AdminClient:
         return {
             e.name: e
             for e in self._connections.run(
-                self._config_route(resource, alter=False),
+                self._config_route(resource),
                 lambda c, t: c.describe_configs(resource, wanted, timeout_ms=t),
                 what=f"DescribeConfigs {resource.type} {resource.name!r}",
                 timeout_ms=timeout_ms,
@@ -534,7 +538,7 @@ class AdminClient:
         """
         ops = list(changes)
         self._connections.run(
-            self._config_route(resource, alter=True),
+            self._config_route(resource),
             lambda c, t: c.incremental_alter_configs(
                 resource, ops, validate_only=validate_only, timeout_ms=t
             ),
@@ -542,14 +546,12 @@ class AdminClient:
             timeout_ms=timeout_ms,
         )
 
-    def _config_route(
-        self, resource: ConfigResource, *, alter: bool
-    ) -> Callable[[int], Connection]:
+    def _config_route(self, resource: ConfigResource) -> Callable[[int], Connection]:
         if resource.type == "broker" and resource.name:
             broker_id = int(resource.name)
             return lambda t: self._connections.broker(broker_id, t)
-        if resource.type == "topic" and alter:
-            return self._connections.route_controller()  # topic changes: the controller's
+        # A topic's config change goes to any broker, as Kafka's clients send it: one that
+        # is not the controller forwards it (broker.cluster.forwarding).
         return self._connections.route_any()
 
     def create_partitions(

@@ -501,6 +501,12 @@ class PartitionLog:
         with self._lock:
             return self._leader_epochs.entries
 
+    def epoch_for_offset(self, offset: int) -> int:
+        """The leader epoch that wrote ``offset`` (-1 before every known epoch), as
+        Kafka's ``LeaderEpochFileCache.epochForOffset`` (ListOffsets' ``leader_epoch``)."""
+        with self._lock:
+            return self._leader_epochs.epoch_for_offset(offset)
+
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """Kafka's ``OffsetsForLeaderEpoch``: the largest epoch <= ``epoch`` this log knows
         and the offset where it ends (``(-1, -1)`` below every known epoch)."""

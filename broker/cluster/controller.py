@@ -283,6 +283,31 @@ class Controller:
         """Move leadership off ``broker_id``; returns the partitions it still leads."""
         return self._call(lambda: self._controlled_shutdown(broker_id))
 
+    def set_topic_defaults(self, min_insync_replicas: int, unclean_leader_election: bool) -> None:
+        """This broker's topic defaults changed (dynamic broker configs,
+        ``broker.core.configs``): the elections this controller runs read them from now on
+        for topics without their own value, as Kafka's controller reads its broker's
+        current config. A partition left without a leader gets another election at once
+        (unclean election may now be allowed: Kafka's ``UncleanLeaderElectionEnable``
+        event); a changed ``min.insync.replicas`` empties the ELRs of those topics
+        (KIP-966, as a topic's own change does). Any thread; the work is the event
+        thread's, and only while this broker is the controller."""
+        before = self._settings
+        if (before.min_insync_replicas, before.unclean_leader_election) == (
+            min_insync_replicas,
+            unclean_leader_election,
+        ):
+            return
+        # One reference swap: the event thread reads whole settings, old or new.
+        self._settings = replace(
+            before,
+            min_insync_replicas=min_insync_replicas,
+            unclean_leader_election=unclean_leader_election,
+        )
+        if min_insync_replicas != before.min_insync_replicas:
+            self._post("min_isr_default")
+        self._post("brokers")
+
     def _call(self, operation: Callable[[], _T]) -> _T:
         reason = self._fence.reason
         if reason is not None:  # at once: the event thread may be stuck on ZooKeeper
@@ -373,6 +398,13 @@ class Controller:
             self._progress_reassignments()
         elif event.kind == "reassign":
             self._progress_reassignments()
+        elif event.kind == "min_isr_default":
+            lease = self._require_lease()
+            for topic in self._store.topics():
+                assignment = self._store.read_topic(topic)
+                config = self._store.read_topic_config(topic)
+                if assignment is not None and "min.insync.replicas" not in config:
+                    self._clear_elr(topic, assignment, lease)
         elif event.kind == "rebalance":
             moved = sum(1 for code in self._elect_leaders(False, None).values() if not code)
             if moved:

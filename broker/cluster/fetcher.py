@@ -107,6 +107,13 @@ class _Fetcher:
             self._paused.pop(target.key, None)
             self._cond.notify_all()
 
+    def rethrottle(self) -> None:
+        """The throttle's rate changed: a fresh budget (the wait run up at the old rate
+        is not owed at the new one), fetching at once."""
+        with self._cond:
+            self._throttled_until = 0.0
+            self._cond.notify_all()
+
     def remove(self, key: TopicPartition) -> bool:
         with self._cond:
             found = self._targets.pop(key, None) is not None
@@ -331,13 +338,27 @@ class FetcherPool:
         self.fetch_max_bytes = fetch_max_bytes
         self.backoff_s = backoff_ms / 1000
         self.on_replicated = on_replicated
-        self.throttle_rate_bytes = throttle_rate_bytes  # follower.replication.throttled.rate
+        # follower.replication.throttled.rate (0: off); dynamic, ``set_throttle_rate``.
+        self.throttle_rate_bytes = throttle_rate_bytes
         self.clock = clock or time.monotonic
         self._num = max(num_fetchers, 1)
         self._lock = threading.Lock()
         self._fetchers: dict[tuple[int, int], _Fetcher] = {}
         self._owner: dict[TopicPartition, _Fetcher] = {}
         self._stopped = False
+
+    def set_throttle_rate(self, rate_bytes: int) -> None:
+        """A new ``follower.replication.throttled.rate`` (0: off), applied from each
+        fetcher's next fetch with a fresh budget (a dynamic broker config,
+        ``broker.core.configs``)."""
+        rate_bytes = max(rate_bytes, 0)
+        with self._lock:
+            if rate_bytes == self.throttle_rate_bytes:
+                return
+            self.throttle_rate_bytes = rate_bytes
+            fetchers = list(self._fetchers.values())
+        for fetcher in fetchers:
+            fetcher.rethrottle()
 
     def _index(self, key: TopicPartition) -> int:
         return zlib.crc32(f"{key[0]}-{key[1]}".encode()) % self._num

@@ -16,9 +16,14 @@
 
 Topic administration in cluster mode goes through the controller: the core's admin
 calls reach ``ClusterNode`` (the ``TopicAdmin`` seam), which runs them on the local
-controller if this broker holds the lease and otherwise raises ``NotControllerError``
-naming the controller, so the client retries there (Kafka's clients send these requests
-to the controller too). A call returns once this broker's own view shows the change, so
+controller if this broker holds the lease and otherwise forwards them to the controller
+(``broker.cluster.forwarding``, Kafka's KIP-590 idea): every call, on every broker, on
+both listeners. Decided per call: AlterConfigs / IncrementalAlterConfigs of a topic and
+Metadata's auto-creation reach any broker in Kafka (its clients send them to the least
+loaded broker), so they must be forwarded; CreateTopics, DeleteTopics, CreatePartitions,
+ElectLeaders and the reassignment calls go to the controller in Kafka's clients, and are
+forwarded all the same (harmless when they arrive there, and Tidelog's AdminClient needs
+no controller routing). A call returns once this broker's own view shows the change, so
 a describe that follows on the same broker sees it.
 
 Replication (``broker.cluster.replicas``, ``docs/replication.md``): every view also goes
@@ -46,13 +51,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from tidelog.broker.cluster.controller import Controller, ControllerSettings, Reassignments
 from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
+from tidelog.broker.cluster.forwarding import (
+    Forwarder,
+    decode_codes,
+    decode_reassignments,
+    encode_partitions,
+    encode_targets,
+    run_call,
+)
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
@@ -64,6 +77,7 @@ from tidelog.broker.cluster.znodes import (
     ListenerEndpoint,
 )
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.configs import AppliedConfigs
 from tidelog.broker.core.meta_properties import ensure_meta_properties
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.partitions import PartitionRegistry
@@ -250,6 +264,9 @@ class ClusterNode:
         # What to register again after a lost session (None: never registered).
         self._registration = registration
         self._local = local  # its logs' clean-shutdown marker gets each new broker epoch
+        self._forwarder = Forwarder(
+            config.broker_id, InterBrokerChannels(config.security), controller, fence, watcher
+        )
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
             target=self._run_session_events,
@@ -547,6 +564,17 @@ class ClusterNode:
     def controlled_shutdown(self, broker_id: int) -> int:
         return self._controller_or_raise().controlled_shutdown(broker_id)
 
+    def apply_dynamic_configs(self, applied: AppliedConfigs) -> None:
+        """This broker's dynamic configs changed (``broker.core.configs.on_applied``): the
+        fetchers' ``follower.replication.throttled.rate`` and the controller's election
+        defaults follow at once."""
+        if self.replicas is not None:
+            self.replicas.set_follower_throttle(applied.follower_replication_throttled_rate)
+        defaults = applied.topic_defaults
+        self._controller.set_topic_defaults(
+            defaults.min_insync_replicas, defaults.unclean_leader_election_enable
+        )
+
     @property
     def metadata(self) -> ClusterMetadata:
         return self._watcher.snapshot
@@ -563,7 +591,7 @@ class ClusterNode:
         if reason is not None:
             raise NotControllerError(
                 f"broker {self._config.broker_id} cannot act as controller: {reason}; "
-                "send topic administration to another broker's controller"
+                "send topic administration to another broker"
             )
         if not self._controller.is_controller:
             controller_id = self._watcher.snapshot.controller_id
@@ -572,6 +600,18 @@ class ClusterNode:
                 f"send topic administration to broker {controller_id}"
             )
         return self._controller
+
+    def _on_controller(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """Run ``call`` on the controller: here if this broker is it, else forwarded
+        (``broker.cluster.forwarding.Forwarder``)."""
+        return self._forwarder.run(call, arguments)
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """The controller's half of a forwarded call (``Envelope``): run it here, or
+        ``NotControllerError`` if this broker is not the controller (the sender retries
+        on the next one). Does not wait for this broker's view: the sender waits for its
+        own."""
+        return run_call(self._controller_or_raise(), call, arguments)
 
     def _await(self, check: Callable[[ClusterMetadata], bool], what: str) -> None:
         if not self._watcher.wait_for(check, _VIEW_WAIT_MS):
@@ -586,26 +626,44 @@ class ClusterNode:
         *,
         assignment: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
-        self._controller_or_raise().create_topic(
-            name, partitions, replication_factor, config, assignment=assignment
+        self._on_controller(
+            "create_topic",
+            {
+                "name": name,
+                "partitions": partitions,
+                "replication_factor": replication_factor,
+                "config": dict(config),
+                "assignment": (
+                    None
+                    if assignment is None
+                    else {str(p): list(replicas) for p, replicas in assignment.items()}
+                ),
+            },
         )
         self._await(lambda m: name in m.topics, f"creating {name}")
 
     def delete_topic(self, name: str) -> None:
-        self._controller_or_raise().delete_topic(name)
+        self._on_controller("delete_topic", {"name": name})
         self._await(lambda m: name not in m.topics, f"deleting {name}")
 
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
     ) -> None:
-        self._controller_or_raise().create_partitions(name, total, assignment=assignment)
+        self._on_controller(
+            "create_partitions",
+            {
+                "name": name,
+                "total": total,
+                "assignment": None if assignment is None else [list(r) for r in assignment],
+            },
+        )
         self._await(
             lambda m: name in m.topics and m.topics[name].assignment.partition_count == total,
             f"growing {name}",
         )
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
-        self._controller_or_raise().alter_topic_config(name, config)
+        self._on_controller("alter_topic_config", {"name": name, "config": dict(config)})
         self._await(
             lambda m: name in m.topics and dict(m.topics[name].config) == dict(config),
             f"configuring {name}",
@@ -614,17 +672,26 @@ class ClusterNode:
     def elect_leaders(
         self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
     ) -> dict[tuple[str, int], str]:
-        return self._controller_or_raise().elect_leaders(unclean, partitions)
+        answer = self._on_controller(
+            "elect_leaders", {"unclean": unclean, "partitions": encode_partitions(partitions)}
+        )
+        return decode_codes(answer)
 
     def alter_partition_reassignments(
         self, targets: Mapping[tuple[str, int], Sequence[int] | None]
     ) -> dict[tuple[str, int], str]:
-        return self._controller_or_raise().alter_partition_reassignments(targets)
+        answer = self._on_controller(
+            "alter_partition_reassignments", {"targets": encode_targets(targets)}
+        )
+        return decode_codes(answer)
 
     def list_partition_reassignments(
         self, partitions: Sequence[tuple[str, int]] | None
     ) -> Reassignments:
-        return self._controller_or_raise().list_partition_reassignments(partitions)
+        answer = self._on_controller(
+            "list_partition_reassignments", {"partitions": encode_partitions(partitions)}
+        )
+        return decode_reassignments(answer)
 
 
 def _start_replicas(

@@ -150,6 +150,11 @@ class ReplicaManager:
         self._isr_thread.start()
         self._lag_thread.start()
 
+    def set_follower_throttle(self, rate_bytes: int) -> None:
+        """A new ``follower.replication.throttled.rate`` for this broker's fetchers (0:
+        off; a dynamic broker config)."""
+        self._fetchers.set_throttle_rate(rate_bytes)
+
     def stop(self) -> None:
         self._stopped.set()
         self._partitions.wake_isr_changes()

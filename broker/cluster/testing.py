@@ -541,7 +541,12 @@ class LocalCluster:
     ) -> None:
         """Start (or restart) broker ``broker_id`` on its port and data directory; with
         ``wait``, until it serves (``timeout_s``: a broker recovering a large log after an
-        unclean stop, on a loaded machine, may need more than the default)."""
+        unclean stop, on a loaded machine, may need more than the default).
+
+        Call it from a thread that lives as long as the broker should: the broker dies
+        with the *thread* that started it (``dying_with_parent``: Linux's parent-death
+        signal follows the thread), so one started from ``asyncio.to_thread`` or a pool
+        is killed when that worker exits."""
         assert self._directory is not None
         if broker_id in self._processes and self._processes[broker_id].poll() is None:
             raise RuntimeError(f"broker {broker_id} is running")

@@ -6,15 +6,18 @@ Three things live here, each a table over Kafka's names:
   Kafka config type (DescribeConfigs v3+ ``config_type``), one line of documentation and
   its broker synonym: the broker key whose value is the topic's default (Kafka's
   ``LogConfig.TopicConfigSynonyms``: ``retention.ms`` <- ``log.retention.ms``).
-* ``DYNAMIC_BROKER_KEYS``: the broker keys an AlterConfigs / IncrementalAlterConfigs on a
-  broker resource may change without a restart. They are exactly the broker synonyms of
-  topic keys that Tidelog applies live by swapping the log manager's defaults
-  (``LogManager.set_defaults``): every topic without an override follows at once.
-  Kept out, although Kafka changes them dynamically: ``min.insync.replicas`` and
-  ``unclean.leader.election.enable`` (the controller reads the static values when it
-  elects, so a dynamic value would apply to produce but not to elections), and every
-  broker setting that is not a topic default (listeners, quotas, thread counts...):
-  those answer ``INVALID_CONFIG`` naming the keys that can change.
+* ``DYNAMIC_BROKER_KEYS``: the broker keys that are topic defaults and that an
+  AlterConfigs / IncrementalAlterConfigs on a broker resource may change without a
+  restart: every broker synonym of a topic key, applied live by swapping the log
+  manager's defaults (``LogManager.set_defaults``): every topic without an override
+  follows at once. ``min.insync.replicas`` and ``unclean.leader.election.enable`` are
+  among them, as in Kafka: the controller reads its own broker's current defaults at
+  every election (``broker.cluster.controller.Controller.set_topic_defaults``).
+* ``DYNAMIC_BROKER_SETTINGS``: the other broker keys that change live, as in Kafka:
+  ``leader.replication.throttled.rate`` (the leader's ``ReplicationThrottle``) and
+  ``follower.replication.throttled.rate`` (the replica fetchers). Every other broker
+  setting (listeners, quotas' windows, thread counts...) answers ``INVALID_CONFIG``
+  naming the keys that can change.
 * ``resolve_topic_key`` / ``resolve_broker_key``: Kafka's precedence, most specific first:
   a topic's override (``DYNAMIC_TOPIC_CONFIG``), this broker's dynamic value
   (``DYNAMIC_BROKER_CONFIG``), the cluster-wide dynamic default
@@ -39,6 +42,7 @@ from tidelog.storage.errors import InvalidConfigError, PolicyViolationError
 
 __all__ = [
     "DYNAMIC_BROKER_KEYS",
+    "DYNAMIC_BROKER_SETTINGS",
     "LIST_KEYS",
     "TOPIC_KEYS",
     "ConfigEntry",
@@ -49,6 +53,7 @@ __all__ = [
     "broker_key_info",
     "check_dynamic_broker_config",
     "check_replication_policy",
+    "dynamic_broker_settings",
     "dynamic_topic_defaults",
     "resolve_broker_key",
     "resolve_topic_key",
@@ -209,18 +214,33 @@ TOPIC_KEYS: dict[str, KeyInfo] = {
 # Keys whose value is a comma-separated list: the ones APPEND and SUBTRACT apply to.
 LIST_KEYS = frozenset({"cleanup.policy", "log.cleanup.policy"})
 
-_NOT_LIVE = frozenset({"min.insync.replicas", "unclean.leader.election.enable"})
-
 # Broker key -> the topic key it is the default of, for the keys changed without restart.
-DYNAMIC_BROKER_KEYS: dict[str, str] = {
-    info.broker_key: key for key, info in TOPIC_KEYS.items() if info.broker_key not in _NOT_LIVE
+DYNAMIC_BROKER_KEYS: dict[str, str] = {info.broker_key: key for key, info in TOPIC_KEYS.items()}
+
+# The dynamic broker keys that are not topic defaults: bytes per second, 0 (the built-in
+# default) for no throttle. Kafka's default is Long.MAX_VALUE, "no throttle" too.
+DYNAMIC_BROKER_SETTINGS: dict[str, KeyInfo] = {
+    "leader.replication.throttled.rate": KeyInfo(
+        _L,
+        "bytes/s a leader serves to a reassignment's adding replicas, for the whole "
+        "broker (0: no throttle)",
+        "leader.replication.throttled.rate",
+    ),
+    "follower.replication.throttled.rate": KeyInfo(
+        _L,
+        "bytes/s a reassignment's adding replica fetches, for the whole broker (0: no throttle)",
+        "follower.replication.throttled.rate",
+    ),
 }
+_SETTING_BUILT_IN = "0"
 
 _BUILT_IN = LogConfig().to_mapping()
 
 
 def broker_key_info(broker_key: str) -> KeyInfo | None:
-    """The type and documentation of a broker key that is a topic default, else None."""
+    """The type and documentation of a dynamic broker key, else None."""
+    if broker_key in DYNAMIC_BROKER_SETTINGS:
+        return DYNAMIC_BROKER_SETTINGS[broker_key]
     for info in TOPIC_KEYS.values():
         if info.broker_key == broker_key:
             return info
@@ -230,13 +250,47 @@ def broker_key_info(broker_key: str) -> KeyInfo | None:
 def check_dynamic_broker_config(configs: Mapping[str, str]) -> None:
     """Raise ``InvalidConfigError`` unless every key may change live and parses."""
     for key in configs:
-        if key not in DYNAMIC_BROKER_KEYS:
-            live = ", ".join(sorted(DYNAMIC_BROKER_KEYS))
+        if key not in DYNAMIC_BROKER_KEYS and key not in DYNAMIC_BROKER_SETTINGS:
+            live = ", ".join(sorted([*DYNAMIC_BROKER_KEYS, *DYNAMIC_BROKER_SETTINGS]))
             raise InvalidConfigError(
                 f"broker config {key!r} cannot be changed while the broker runs on Tidelog "
                 f"(set it in the settings file and restart); dynamic keys: {live}"
             )
-    LogConfig.from_mapping({DYNAMIC_BROKER_KEYS[k]: v for k, v in configs.items()})
+    LogConfig.from_mapping(
+        {DYNAMIC_BROKER_KEYS[k]: v for k, v in configs.items() if k in DYNAMIC_BROKER_KEYS}
+    )
+    for key, value in configs.items():
+        if key in DYNAMIC_BROKER_SETTINGS:
+            _parse_rate(key, value)
+
+
+def _parse_rate(key: str, value: str) -> int:
+    try:
+        rate = int(value)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"{key}: {value!r} is not a whole number of bytes/s") from None
+    if rate < 0:
+        raise InvalidConfigError(f"{key}: {rate} is negative (0: no throttle)")
+    return rate
+
+
+def dynamic_broker_settings(
+    static: Mapping[str, int], default: Mapping[str, str], this_broker: Mapping[str, str]
+) -> dict[str, int]:
+    """The values of ``DYNAMIC_BROKER_SETTINGS`` a broker applies: its own dynamic value,
+    else the cluster-wide dynamic default, else ``static`` (its settings file). A stored
+    value that does not parse is skipped (the next source applies)."""
+    out = {}
+    for key in DYNAMIC_BROKER_SETTINGS:
+        value = static.get(key, 0)
+        for source in (default, this_broker):
+            if key in source:
+                try:
+                    value = _parse_rate(key, source[key])
+                except InvalidConfigError:
+                    continue
+        out[key] = value
+    return out
 
 
 def dynamic_topic_defaults(
@@ -327,8 +381,9 @@ def resolve_broker_key(
     static settings say (read-only)."""
     topic_key = DYNAMIC_BROKER_KEYS.get(key)
     info = broker_key_info(key)
-    built_in = _BUILT_IN[topic_key] if topic_key is not None else None
-    if topic_key is None:
+    dynamic = topic_key is not None or key in DYNAMIC_BROKER_SETTINGS
+    built_in = _BUILT_IN[topic_key] if topic_key is not None else _SETTING_BUILT_IN
+    if not dynamic:
         chain = [ConfigSynonym(key, static_value, Source.STATIC_BROKER_CONFIG)]
     else:
         chain = _broker_chain(key, static_value, default, this_broker, built_in)
@@ -337,7 +392,7 @@ def resolve_broker_key(
         key,
         None if sensitive else first.value,
         first.source,
-        topic_key is None,
+        not dynamic,
         sensitive,
         info.config_type if info is not None else ConfigType.STRING,
         info.documentation if info is not None else "a broker setting (settings file, restart)",

@@ -9,17 +9,26 @@ the cleaner's next pass (it reads each log's config every pass) and at the next 
 compacted topic refuses key-less records, ``storage.log_validator``).
 
 Brokers: the dynamic broker configs are the topic defaults of ``config_keys.
-DYNAMIC_BROKER_KEYS``, for one broker (entity ``"<id>"``) or every broker (entity
+DYNAMIC_BROKER_KEYS`` and the replication throttles of ``DYNAMIC_BROKER_SETTINGS``, for one
+broker (entity ``"<id>"``) or every broker (entity
 ``DEFAULT_ENTITY``, resource name ``""``), kept in a ``BrokerConfigStore``: a single
 node's ``broker-configs.json`` in the data directory (``LocalBrokerConfigStore``), a
 cluster's ``/config/brokers/<entity>`` znodes (``broker.cluster.broker_configs``), which
 every broker watches. Whenever the store changes, the broker rebuilds its topic defaults
 (static settings under the dynamic default under its own dynamic values) and swaps them
-into the log manager (``LogManager.set_defaults``): no restart.
+into the log manager (``LogManager.set_defaults``), and tells whoever registered with
+``on_applied`` (``AppliedConfigs``): the leader's replication throttle, and in a cluster
+the replica fetchers' throttle and the controller's election defaults
+(``min.insync.replicas``, ``unclean.leader.election.enable``: Kafka's controller reads
+its own broker's config). No restart.
 
 A broker resource names this broker (its id) or the cluster default (``""``); another
-broker's id is ``INVALID_REQUEST``, as Kafka answers a request sent to the wrong broker
-(clients send a broker's resource to that broker). Validation, in order: unknown or
+broker's id is ``INVALID_REQUEST`` with Kafka's words, for describing and for altering
+alike, as Kafka's ZooKeeper-mode broker answers (``ConfigHelper.describeConfigs`` and
+``ZkAdminManager.getBrokerId``, apache/kafka ``core/src/main/scala/kafka/server/``:
+"Unexpected broker id, expected N[ or empty string], but received M"; a name that is not
+a number: "Broker id must be an integer, but it is: X"). Kafka's clients send a broker's
+resource to that broker; so does Tidelog's AdminClient. Validation, in order: unknown or
 non-dynamic keys and bad values ``INVALID_CONFIG``; APPEND/SUBTRACT on a key that is not
 a list ``INVALID_CONFIG``; a key named twice ``INVALID_REQUEST``; ``min.insync.replicas``
 above a topic's replication factor and an internal topic made non-compacted
@@ -44,11 +53,13 @@ from typing import Protocol
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.config_keys import (
     DYNAMIC_BROKER_KEYS,
+    DYNAMIC_BROKER_SETTINGS,
     LIST_KEYS,
     TOPIC_KEYS,
     ConfigEntry,
     check_dynamic_broker_config,
     check_replication_policy,
+    dynamic_broker_settings,
     dynamic_topic_defaults,
     resolve_broker_key,
     resolve_topic_key,
@@ -69,6 +80,7 @@ __all__ = [
     "BROKER_CONFIGS_FILE",
     "DEFAULT_ENTITY",
     "AlterOp",
+    "AppliedConfigs",
     "BrokerConfigStore",
     "ConfigChange",
     "Configs",
@@ -107,6 +119,15 @@ class ConfigChange:
     name: str
     op: AlterOp
     value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedConfigs:
+    """What a broker applies after a change of its dynamic configs."""
+
+    topic_defaults: LogConfig
+    leader_replication_throttled_rate: int
+    follower_replication_throttled_rate: int
 
 
 class BrokerConfigStore(Protocol):
@@ -254,8 +275,28 @@ class Configs:
         self._lock = threading.Lock()
         self._store = store
         self._entity = str(config.broker_id)
+        # The static topic defaults, with the broker-level unclean.leader.election.enable
+        # (a BrokerConfig field, not one of its log.* defaults).
+        self._static = dataclasses.replace(
+            config.log_defaults,
+            unclean_leader_election_enable=config.unclean_leader_election_enable,
+        )
+        static = config.to_mapping()
+        self._static_settings = {k: int(static.get(k, "0")) for k in DYNAMIC_BROKER_SETTINGS}
+        self._listeners: list[Callable[[AppliedConfigs], None]] = []
+        self._apply_lock = threading.RLock()
+        self._applied: AppliedConfigs | None = None
         store.on_change(self._apply_quietly)
         self._apply()
+
+    def on_applied(self, callback: Callable[[AppliedConfigs], None]) -> None:
+        """Call ``callback`` now with what is applied, and after every change of it."""
+        with self._apply_lock:
+            with self._lock:
+                self._listeners.append(callback)
+                applied = self._applied
+            if applied is not None:
+                callback(applied)
 
     def use_store(self, store: BrokerConfigStore) -> None:
         """Cluster mode, once joined: keep dynamic broker configs in ``store`` (watched)
@@ -273,14 +314,29 @@ class Configs:
             log.exception("cannot apply the dynamic broker configs; keeping the last ones")
 
     def _apply(self) -> None:
-        with self._lock:
-            store = self._store
-        defaults = dynamic_topic_defaults(
-            self._config.log_defaults, store.read(DEFAULT_ENTITY), store.read(self._entity)
-        )
-        if defaults != self._logs.config.defaults:
-            log.info("dynamic broker configs changed: applying the new topic defaults")
-            self._logs.set_defaults(defaults)
+        # One apply at a time, reads and notifications together: two threads (a watch and
+        # a writer) must not hand the listeners an older state after a newer one.
+        with self._apply_lock:
+            with self._lock:
+                store = self._store
+            default, this_broker = store.read(DEFAULT_ENTITY), store.read(self._entity)
+            defaults = dynamic_topic_defaults(self._static, default, this_broker)
+            if defaults != self._logs.config.defaults:
+                log.info("dynamic broker configs changed: applying the new topic defaults")
+                self._logs.set_defaults(defaults)
+            settings = dynamic_broker_settings(self._static_settings, default, this_broker)
+            applied = AppliedConfigs(
+                defaults,
+                settings["leader.replication.throttled.rate"],
+                settings["follower.replication.throttled.rate"],
+            )
+            with self._lock:
+                if applied == self._applied:
+                    return
+                self._applied = applied
+                listeners = list(self._listeners)
+            for listener in listeners:
+                listener(applied)
 
     # --- describe -------------------------------------------------------------------
 
@@ -307,19 +363,24 @@ class Configs:
     def _describe_topic(self, name: str) -> list[ConfigEntry]:
         overrides = self._topics.topic_metadata(name).overrides
         default, this_broker = self._dynamic()
-        static = self._config.log_defaults
+        static = self._static
         return [
             resolve_topic_key(key, overrides, static, default, this_broker)
             for key in sorted(TOPIC_KEYS)
         ]
 
     def _entity_of(self, name: str) -> str:
+        # Kafka's words (ConfigHelper.describeConfigs, ZkAdminManager.getBrokerId).
         if name == "":
             return DEFAULT_ENTITY
+        try:
+            int(name)
+        except ValueError:
+            raise InvalidRequestError(f"Broker id must be an integer, but it is: {name}") from None
         if name != self._entity:
             raise InvalidRequestError(
-                f"broker {name!r} is not this broker ({self._entity}); send a broker's "
-                'configs to that broker, or name "" for the cluster-wide default'
+                f"Unexpected broker id, expected {self._entity} or empty string, but "
+                f"received {name}: send a broker's configs to that broker"
             )
         return name
 
@@ -404,12 +465,12 @@ class Configs:
             store = self._store
         current = store.read(entity)
         if entity == DEFAULT_ENTITY:
-            defaults = dynamic_topic_defaults(self._config.log_defaults, current, {})
+            defaults = dynamic_topic_defaults(self._static, current, {})
         else:
             defaults = self._logs.config.defaults
         topic_values = defaults.to_mapping()
 
-        def effective(key: str) -> str | None:
+        def effective(key: str) -> str | None:  # APPEND/SUBTRACT start: list keys only
             topic_key = DYNAMIC_BROKER_KEYS.get(key)
             return None if topic_key is None else topic_values[topic_key]
 

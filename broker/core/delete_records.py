@@ -47,6 +47,7 @@ from tidelog.storage.errors import InvalidRequestError, KafkaTimeoutError
 
 __all__ = [
     "DelayedDeleteRecords",
+    "DeletionAnswer",
     "RecordDeletion",
     "RecordsDeleted",
     "RecordsToDelete",
@@ -79,6 +80,10 @@ class RecordsDeleted:
     error_message: str = ""
 
 
+# Gets a DeleteRecords' answers, in request order, once; must not block (module docstring).
+DeletionAnswer = Callable[[list[RecordsDeleted]], None]
+
+
 def _failed(topic: str, partition: int, exc: BaseException) -> RecordsDeleted:
     code, message = partition_error(exc)
     return RecordsDeleted(topic, partition, error_code=code, error_message=message)
@@ -107,7 +112,7 @@ class DelayedDeleteRecords(DelayedOperation):
         deadline_ms: int,
         answers: list[RecordsDeleted | None],
         waiting: list[tuple[int, Partition, int]],
-        deliver: Callable[[list[RecordsDeleted]], None],
+        deliver: DeletionAnswer,
     ) -> None:
         super().__init__(deadline_ms)
         self._answers = answers
@@ -160,7 +165,7 @@ class RecordDeletion:
         self,
         requests: Sequence[RecordsToDelete],
         timeout_ms: int,
-        deliver: Callable[[list[RecordsDeleted]], None],
+        deliver: DeletionAnswer,
     ) -> DelayedDeleteRecords:
         """Move every partition's log start now; ``deliver`` gets the answers once final
         or at ``timeout_ms`` (module docstring). Errors are per partition (a partition

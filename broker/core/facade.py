@@ -32,6 +32,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
@@ -46,6 +47,7 @@ from tidelog.broker.core.configs import (
     ResourceKind,
 )
 from tidelog.broker.core.delayed import DelayedOperations
+from tidelog.broker.core.delete_records import DeletionAnswer
 from tidelog.broker.core.fetch import (
     FetchPath,
     FetchSpec,
@@ -167,6 +169,9 @@ class BrokerCore:
         self._group_fsync = group_fsync
         # Authorization (broker.grpc.authorize): disabled unless authorizer.enabled.
         self.acls = acls or Acls(LocalAclStore.in_memory(), enabled=False)
+        self._replication_throttle = ReplicationThrottle(
+            config.leader_replication_throttled_rate, clock
+        )
         self._fetch = FetchPath(
             partitions,
             fetch_purgatory,
@@ -175,11 +180,8 @@ class BrokerCore:
             fetch_max_bytes=config.fetch_max_bytes,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
             check_leader=self._check_leader,
-            throttle=(
-                ReplicationThrottle(config.leader_replication_throttled_rate, clock)
-                if config.leader_replication_throttled_rate > 0
-                else None
-            ),
+            # leader.replication.throttled.rate, dynamic (``configs.on_applied`` below).
+            throttle=self._replication_throttle,
         )
         self._produce = ProducePath(
             partitions,
@@ -204,6 +206,11 @@ class BrokerCore:
             self.topics,
             membership,
             broker_configs or LocalBrokerConfigStore.in_memory(),
+        )
+        self.configs.on_applied(
+            lambda applied: self._replication_throttle.set_rate(
+                applied.leader_replication_throttled_rate
+            )
         )
         self._deletions = delayed.delete_records
         self.offsets = Offsets(partitions, membership, self._gate, self._deletions, clock)
@@ -480,6 +487,11 @@ class BrokerCore:
         """``Topics.controlled_shutdown``."""
         return self.topics.controlled_shutdown(broker_id)
 
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """``Topics.run_forwarded``: a topic admin call forwarded to this controller."""
+        with self._gate.operation():
+            return self.topics.run_forwarded(call, arguments)
+
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """``Topics.apply_cluster_topics``."""
         self.topics.apply_cluster_topics(topics)
@@ -650,10 +662,7 @@ class BrokerCore:
         return self.offsets.delete_records(requests, timeout_ms)
 
     def start_delete_records(
-        self,
-        requests: Sequence[RecordsToDelete],
-        timeout_ms: int,
-        deliver: Callable[[list[RecordsDeleted]], None],
+        self, requests: Sequence[RecordsToDelete], timeout_ms: int, deliver: DeletionAnswer
     ) -> None:
         """``Offsets.start_delete_records``: ``deliver`` gets the answers (must not block)."""
         self.offsets.start_delete_records(requests, timeout_ms, deliver)

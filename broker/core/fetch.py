@@ -181,6 +181,10 @@ class PendingFetch:
     # the leader's log start moved since.
     seen: list[tuple[PartitionLog, int, int]] = field(default_factory=list)
 
+    def was_cancelled(self) -> bool:
+        """Whether ``FetchPath.cancel`` ran (read again: another thread may set it)."""
+        return self.cancelled
+
 
 class FetchPath:
     """Reads, and parks fetches in the fetch purgatory. Thread-safe (its parts are)."""
@@ -264,6 +268,10 @@ class FetchPath:
         )
         pending.operation = operation
         self._purgatory.try_complete_else_watch(operation, pending.keys)
+        if pending.was_cancelled():
+            # ``cancel`` ran on another thread between the check above and the parking
+            # (it saw no operation yet): forget it now, not at its deadline.
+            self._purgatory.cancel(operation)
         return None
 
     def _ends(self, spec: FetchSpec) -> list[tuple[PartitionLog, int, int]]:
@@ -337,6 +345,7 @@ class FetchPath:
                 throttled = (
                     replica
                     and self._throttle is not None
+                    and self._throttle.active
                     and partition.throttled_follower(spec.replica_id)
                 )
                 if throttled and budget > 0:

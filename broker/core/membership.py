@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tidelog.broker.core.placement import (
     JoiningPlacement,
@@ -88,6 +88,12 @@ class TopicAdmin(Protocol):
     ) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]: ...
 
     def controlled_shutdown(self, broker_id: int) -> int: ...
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """The controller's half of a call another broker forwarded
+        (``broker.cluster.forwarding``): its JSON answer; ``NotControllerError`` if this
+        broker is not the controller."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

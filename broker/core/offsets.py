@@ -60,7 +60,10 @@ class OffsetQuery:
 
 @dataclass(frozen=True, slots=True)
 class OffsetAnswer:
-    """The found offset (-1 if none) and its record's timestamp (-1 for earliest/latest)."""
+    """The found offset (-1 if none), its record's timestamp (-1 for earliest/latest) and
+    ``leader_epoch``: the epoch that wrote it, for latest the log's current epoch (-1:
+    unknown), as Kafka's ListOffsets v4+ answers it (KIP-320: a consumer that resets its
+    position keeps the epoch to validate it after a leader change)."""
 
     topic: str
     partition: int
@@ -68,6 +71,7 @@ class OffsetAnswer:
     timestamp_ms: int = -1
     error_code: str = ""
     error_message: str = ""
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +148,17 @@ class Offsets:
         try:
             plog = self._leader_log(query.topic, query.partition, query.current_leader_epoch)
             if query.timestamp_ms == EARLIEST_TIMESTAMP:
-                return OffsetAnswer(query.topic, query.partition, plog.log_start_offset)
+                start = plog.log_start_offset
+                epoch = plog.epoch_for_offset(start)
+                return OffsetAnswer(query.topic, query.partition, start, leader_epoch=epoch)
             if query.timestamp_ms == LATEST_TIMESTAMP:
-                return OffsetAnswer(query.topic, query.partition, plog.high_watermark)
+                # Kafka answers the leader's current epoch with the high watermark.
+                return OffsetAnswer(
+                    query.topic,
+                    query.partition,
+                    plog.high_watermark,
+                    leader_epoch=plog.latest_epoch,
+                )
             if query.timestamp_ms == MAX_TIMESTAMP:
                 found = plog.max_timestamp()  # below the high watermark already
             elif query.timestamp_ms < 0:
@@ -165,7 +177,13 @@ class Offsets:
             found = None  # not replicated yet: consumers cannot read it
         if found is None:
             return OffsetAnswer(query.topic, query.partition)
-        return OffsetAnswer(query.topic, query.partition, found[0], found[1])
+        return OffsetAnswer(
+            query.topic,
+            query.partition,
+            found[0],
+            found[1],
+            leader_epoch=plog.epoch_for_offset(found[0]),
+        )
 
     def offsets_for_leader_epochs(self, queries: Sequence[EpochQuery]) -> list[EpochEndAnswer]:
         """Kafka's OffsetForLeaderEpoch (KIP-101, KIP-320), as a consumer asks it: per

@@ -57,6 +57,9 @@ reassignments
 list_partition_            DESCRIBE on the cluster
 reassignments
 controlled_shutdown        CLUSTER_ACTION on the cluster
+envelope                   CLUSTER_ACTION on the cluster (a topic admin call another
+                           broker forwarded to the controller, KIP-590; the original
+                           caller was authorized there)
 describe_acls              DESCRIBE on the cluster
 create_acls, delete_acls   ALTER on the cluster
 describe_users             DESCRIBE on the cluster (DescribeUserScramCredentials)
@@ -197,6 +200,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "alter_partition_reassignments": Policy({_C: Operation.ALTER}),
     "list_partition_reassignments": Policy({_C: Operation.DESCRIBE}),
     "controlled_shutdown": Policy({_C: Operation.CLUSTER_ACTION}),
+    "envelope": Policy({_C: Operation.CLUSTER_ACTION}),
     "describe_acls": Policy({_C: Operation.DESCRIBE}),
     "create_acls": Policy({_C: Operation.ALTER}),
     "delete_acls": Policy({_C: Operation.ALTER}),
@@ -266,6 +270,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "AlterPartitionReassignments": "alter_partition_reassignments",
     "ListPartitionReassignments": "list_partition_reassignments",
     "ControlledShutdown": "controlled_shutdown",
+    "Envelope": "envelope",
     "CreateAcls": "create_acls",
     "DescribeAcls": "describe_acls",
     "DeleteAcls": "delete_acls",

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tidelog.storage.errors import LeaderNotAvailableError, NotControllerError
 
@@ -229,4 +229,7 @@ class JoiningTopicAdmin:
         raise self._refuse()
 
     def controlled_shutdown(self, broker_id: int) -> int:
+        raise self._refuse()
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
         raise self._refuse()

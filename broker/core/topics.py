@@ -19,6 +19,7 @@ import logging
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.config_keys import check_replication_policy
@@ -319,6 +320,14 @@ class Topics:
         if admin is None:
             raise InvalidRequestError("a single node has no controller to hand leadership to")
         return admin.controlled_shutdown(broker_id)
+
+    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
+        """Run a topic admin call another broker forwarded to this one as controller
+        (``broker.cluster.forwarding``). ``InvalidRequestError`` on a single node."""
+        admin = self._membership.topic_admin
+        if admin is None:
+            raise InvalidRequestError("a single node has no controller to forward to")
+        return admin.run_forwarded(call, arguments)
 
     def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
         """Cluster mode: make the local logs match the controller's topics.

@@ -41,6 +41,7 @@ AlterPartitionReass...  alter_partition_reassignments  the cluster
 ListPartitionReass...   list_partition_reassignments   the cluster
 DescribeLogDirs         describe_log_dirs           the cluster
 ControlledShutdown      controlled_shutdown         the cluster
+Envelope                envelope                    the cluster (CLUSTER_ACTION: brokers only)
 CreateAcls, DeleteAcls  create_acls, delete_acls    the cluster
 DescribeAcls            describe_acls               the cluster
 UpsertUser, DeleteUser  alter_users                 the cluster
@@ -126,6 +127,7 @@ _RESOURCES: dict[str, _Resources] = {
     "ListPartitionReassignments": lambda r: [cluster()],
     "DescribeLogDirs": lambda r: [cluster()],
     "ControlledShutdown": lambda r: [cluster()],
+    "Envelope": lambda r: [cluster()],
     "CreateAcls": lambda r: [cluster()],
     "DeleteAcls": lambda r: [cluster()],
     "DescribeAcls": lambda r: [cluster()],

@@ -22,6 +22,8 @@ CommittedOffset's.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -81,6 +83,8 @@ __all__ = [
     "request_context",
     "wait_cap_ms",
 ]
+
+log = logging.getLogger(__name__)
 
 BROKER_SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Broker"].full_name
 CLIENT_ID_METADATA_KEY = "tidelog-client-id"
@@ -412,6 +416,27 @@ def _controlled_shutdown(
     return pb.ControlledShutdownResponse(moved=core.controlled_shutdown(request.broker_id))
 
 
+def _envelope(
+    core: BrokerCore, request: pb.EnvelopeRequest, context: RequestContext
+) -> pb.EnvelopeResponse:
+    # A topic admin call another broker forwarded to this controller (already authorized
+    # there for its caller; here the sender must be a broker: CLUSTER_ACTION).
+    try:
+        arguments = json.loads(request.arguments or b"{}")
+    except ValueError as exc:
+        raise InvalidRequestError(f"envelope arguments are not JSON: {exc}") from None
+    if not isinstance(arguments, dict):
+        raise InvalidRequestError("envelope arguments must be a JSON object")
+    log.info(
+        "running %s forwarded by broker %d for %s",
+        request.call,
+        request.broker_id,
+        request.principal or "an unauthenticated caller",
+    )
+    result = core.run_forwarded(request.call, arguments)
+    return pb.EnvelopeResponse(result=json.dumps(result).encode())
+
+
 # --- offsets and producer ids -------------------------------------------------------------
 
 
@@ -730,6 +755,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "ListPartitionReassignments": _list_partition_reassignments,
     "DescribeLogDirs": _describe_log_dirs,
     "ControlledShutdown": _controlled_shutdown,
+    "Envelope": _envelope,
     "CreateAcls": _create_acls,
     "DescribeAcls": _describe_acls,
     "DeleteAcls": _delete_acls,

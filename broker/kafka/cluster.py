@@ -18,6 +18,14 @@ metadata cache (``ZkMetadataCache.getPartitionMetadata``):
 - replicas and ISR are the cluster's, unfiltered (Kafka filters them for v0 only);
   ``offline_replicas`` are the replicas whose broker is not live;
 - the leader epoch is the cluster's, also when there is no leader.
+
+KIP-951 leader discovery (``leader_hint``): a Produce (v10+) or Fetch (v16+) answered
+``NOT_LEADER_OR_FOLLOWER`` (or, for Fetch, ``FENCED_LEADER_EPOCH``) carries the
+partition's current leader and epoch as this broker sees them, and the response lists
+that leader's Kafka endpoint (``node_endpoints``), so the client moves to it without a
+Metadata round trip. As Kafka's ``KafkaApis.getCurrentLeader``: the leader id and epoch
+are sent whatever they are (-1 when there is none); the endpoint only for a live leader
+with a Kafka listener (a leader the client could not reach is no hint).
 """
 
 from __future__ import annotations
@@ -28,7 +36,13 @@ from tidelog.broker.core.placement import NO_LEADER, PartitionPlacement
 from tidelog.broker.kafka.codec import Plain
 from tidelog.broker.kafka.errors import NONE, error_code_for
 
-__all__ = ["KafkaBrokers", "broker_entries", "coordinator_endpoint", "partition_entry"]
+__all__ = [
+    "KafkaBrokers",
+    "broker_entries",
+    "coordinator_endpoint",
+    "leader_hint",
+    "partition_entry",
+]
 
 KafkaBrokers = Mapping[int, tuple[str, int] | None]
 
@@ -88,3 +102,25 @@ def coordinator_endpoint(broker_id: int, brokers: KafkaBrokers) -> tuple[str, in
     Kafka listener (the caller answers ``COORDINATOR_NOT_AVAILABLE``, which clients
     retry)."""
     return brokers.get(broker_id)
+
+
+def leader_hint(
+    placement: PartitionPlacement,
+    brokers: KafkaBrokers,
+    racks: Mapping[int, str | None] | None = None,
+) -> tuple[Plain, Plain | None]:
+    """KIP-951 (module docstring): the ``current_leader`` of a partition answered
+    ``NOT_LEADER_OR_FOLLOWER``, and its leader's ``node_endpoints`` entry (None: not
+    live, or no Kafka listener)."""
+    leader = placement.leader
+    current = {"leader_id": leader, "leader_epoch": placement.leader_epoch}
+    endpoint = brokers.get(leader) if leader != NO_LEADER else None
+    if endpoint is None:
+        return current, None
+    node = {
+        "node_id": leader,
+        "host": endpoint[0],
+        "port": endpoint[1],
+        "rack": (racks or {}).get(leader),
+    }
+    return current, node

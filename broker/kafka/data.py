@@ -8,6 +8,12 @@ InitProducerId.
   waiting. Records from this listener carry no sent time (``BatchTimes.sent_ms`` -1) and
   the broker's received time. A transactional produce is refused with
   ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: transactions are not served.
+- Leader discovery (KIP-951): a Produce (v10+) partition answered
+  ``NOT_LEADER_OR_FOLLOWER``, or a Fetch (v16+) one answered that or
+  ``FENCED_LEADER_EPOCH``, carries ``current_leader`` (the leader id and epoch this
+  broker sees) and the response ``node_endpoints`` with that leader's Kafka endpoint
+  (``broker.kafka.cluster.leader_hint``). Produce stops at v10: v11 is KIP-890's
+  transactions v2, v12 its bump, v13 names topics by id.
 - Fetch: a long poll is parked in the core's fetch purgatory (``start_fetch`` /
   ``step_fetch``) and woken by an append through the pipeline's ``LoopBridge``; reads stop at
   the high watermark. ``read_committed`` is answered with last stable offset = high
@@ -15,9 +21,18 @@ InitProducerId.
   fetch sessions (KIP-227, ``broker.kafka.fetch_sessions``): an incremental fetch reads
   every partition of its session at the offsets last sent and is answered with those
   that have records, an error, or a high watermark or log start offset that moved.
+  v13+ names topics by id (KIP-516): the ids are the ones Metadata reports (derived from
+  the name, ``kip848.topic_id``), resolved through the listener's cache of the topic
+  list; an id no topic has answers ``UNKNOWN_TOPIC_ID`` per partition (also for a topic
+  deleted since the client learnt its id), forgotten ids of no topic are ignored. v14
+  only adds a tiered-storage error (none here), v15 moves a follower's ``replica_id``
+  into the ``replica_state`` tag (followers use the gRPC replication path: ignored, as
+  ``replica_id`` was), v16 adds the leader hints above. Stops at v16: v17 carries
+  KIP-853's replica directory ids (KRaft).
 - ListOffsets: -2 earliest, -1 latest (also for ``read_committed``), -3 the record with
   the largest timestamp below the high watermark (v7, KIP-734; the first of several
-  sharing it, as Kafka).
+  sharing it, as Kafka); v4+ with the leader epoch that wrote the offset found (latest:
+  the log's current epoch), which consumers keep to validate their position (KIP-320).
 - DescribeProducers (v0, KIP-664): what each partition's leader remembers of its
   idempotent producers (``BrokerCore.describe_producers``, the gRPC call's); READ on
   each topic; ``NOT_LEADER_OR_FOLLOWER`` on a follower. ``coordinator_epoch`` and
@@ -31,6 +46,8 @@ InitProducerId.
 from __future__ import annotations
 
 import asyncio
+import logging
+import uuid
 from collections.abc import Sequence
 
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
@@ -39,6 +56,7 @@ from tidelog.broker.core.operations import cluster, topic
 from tidelog.broker.core.produce import Acks, PartitionProduced, PartitionRecords
 from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from tidelog.broker.kafka.authz import denied, gate, refusals
+from tidelog.broker.kafka.cluster import leader_hint
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.fetch_sessions import (
@@ -48,10 +66,13 @@ from tidelog.broker.kafka.fetch_sessions import (
     SessionError,
     Update,
 )
+from tidelog.broker.kafka.kip848 import topic_id
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.batch_times import NO_TIME, BatchTimes
 
 __all__ = ["fetch", "init_producer_id", "list_offsets", "offset_for_leader_epoch", "produce"]
+
+log = logging.getLogger(__name__)
 
 
 async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Plain | None:
@@ -94,9 +115,55 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
     # queued.max.request.bytes: held from before the append until the answer.
     await conn.admit_bytes(size)
     try:
-        return await _append_and_answer(conn, parts, acks)
+        answer = await _append_and_answer(conn, parts, acks)
     finally:
         conn.release_bytes(size)
+    if answer is not None and header.api_version >= _FIRST_PRODUCE_HINT_VERSION:
+        _add_leader_hints(
+            conn,
+            answer,
+            [(t["name"], p) for t in answer["responses"] for p in t["partition_responses"]],
+            "index",
+            _PRODUCE_HINTED,
+        )
+    return answer
+
+
+_FIRST_PRODUCE_HINT_VERSION = 10
+_FIRST_FETCH_HINT_VERSION = 16
+_FIRST_TOPIC_ID_FETCH_VERSION = 13
+_NOT_LEADER_OR_FOLLOWER = error_code_for("NOT_LEADER_OR_FOLLOWER")
+_PRODUCE_HINTED = frozenset({_NOT_LEADER_OR_FOLLOWER})
+_FETCH_HINTED = frozenset({_NOT_LEADER_OR_FOLLOWER, error_code_for("FENCED_LEADER_EPOCH")})
+_UNKNOWN_TOPIC_ID = error_code_for("UNKNOWN_TOPIC_ID")
+_UNKNOWN_TOPIC_OR_PARTITION = error_code_for("UNKNOWN_TOPIC_OR_PARTITION")
+
+
+def _add_leader_hints(
+    conn: Connection,
+    answer: Plain,
+    partitions: Sequence[tuple[str, Plain]],
+    index_field: str,
+    hinted: frozenset[int],
+) -> None:
+    """KIP-951: ``current_leader`` on each ``(topic, partition answer)`` whose error is
+    in ``hinted``, and the leaders' endpoints in ``answer["node_endpoints"]``."""
+    wrong = [(name, part) for name, part in partitions if part["error_code"] in hinted]
+    if not wrong:
+        return
+    brokers, racks = conn.kafka_brokers(), conn.kafka_racks()
+    nodes: dict[int, Plain] = {}
+    for name, part in wrong:
+        try:
+            placement = conn.core.placement.partition(name, part[index_field])
+        except Exception as exc:  # a broker still joining knows no placement yet
+            log.debug("no leader hint for %s-%d: %r", name, part[index_field], exc)
+            continue
+        current, node = leader_hint(placement, brokers, racks)
+        part["current_leader"] = current
+        if node is not None:
+            nodes[node["node_id"]] = node
+    answer["node_endpoints"] = [nodes[node_id] for node_id in sorted(nodes)]
 
 
 async def _append_and_answer(
@@ -145,8 +212,23 @@ def _produce_response(parts: Sequence[tuple[str, int, Plain]]) -> Plain:
 
 
 async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """Fetch (v4-12): see the module docstring."""
+    """Fetch (v4-16): see the module docstring."""
     refuse = gate(conn)
+    topics: list[Plain] = request["topics"]
+    forgotten: list[Plain] = request.get("forgotten_topics_data") or []
+    unknown_ids: list[Plain] = []
+    by_id = header.api_version >= _FIRST_TOPIC_ID_FETCH_VERSION
+    if by_id:
+        names = await _topic_names(conn, [t["topic_id"] for t in topics + forgotten])
+        unknown_ids = [
+            {"topic_id": t["topic_id"], "partitions": [_unknown_id(p) for p in t["partitions"]]}
+            for t in topics
+            if t["topic_id"] not in names
+        ]
+        topics = [{**t, "topic": names[t["topic_id"]]} for t in topics if t["topic_id"] in names]
+        forgotten = [
+            {**t, "topic": names[t["topic_id"]]} for t in forgotten if t["topic_id"] in names
+        ]
     updates = [
         Update(
             (t["topic"], p["partition"]),
@@ -154,11 +236,11 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
             p.get("partition_max_bytes", 0),
             p.get("current_leader_epoch", -1),
         )
-        for t in request["topics"]
+        for t in topics
         for p in t["partitions"]
     ]
     try:
-        session, incremental = _session_of(conn, header, request, updates)
+        session, incremental = _session_of(conn, header, request, updates, forgotten)
     except SessionError as exc:
         return {"error_code": error_code_for(exc.code), "session_id": 0, "responses": []}
     wanted = (
@@ -195,20 +277,83 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
             if incremental and not (moved or a.records or a.error_code):
                 continue  # nothing new: left out of an incremental answer
         by_topic.setdefault(a.topic, []).append(_fetched(a))
-    return {
+    if by_id:
+        await _unknown_topic_ids(conn, by_topic)
+    answer: Plain = {
         "error_code": NONE,
         "session_id": session.session_id if session is not None else 0,
         "responses": [
-            {"topic": topic, "partitions": partitions} for topic, partitions in by_topic.items()
-        ],
+            {"topic": name, "topic_id": topic_id(name), "partitions": partitions}
+            for name, partitions in by_topic.items()
+        ]
+        + unknown_ids,
+    }
+    if header.api_version >= _FIRST_FETCH_HINT_VERSION:
+        _add_leader_hints(
+            conn,
+            answer,
+            [(name, p) for name, parts in by_topic.items() for p in parts],
+            "partition_index",
+            _FETCH_HINTED,
+        )
+    return answer
+
+
+async def _topic_names(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The topics ``ids`` name (Fetch v13+), those known; the listener's cache is
+    rebuilt from the topic list when one is missing (so a topic deleted since drops
+    out)."""
+    cache = conn.listener.topic_names
+    if any(i not in cache for i in ids):
+        listed = await conn.run(conn.core.list_topics, True)
+        cache.clear()
+        cache.update((topic_id(t.name), t.name) for t in listed)
+    return {i: cache[i] for i in ids if i in cache}
+
+
+async def _unknown_topic_ids(conn: Connection, by_topic: dict[str, list[Plain]]) -> None:
+    """Fetch v13+: a topic named by an id that is no longer any topic's (deleted since
+    the client learnt it) answers ``UNKNOWN_TOPIC_ID``, as Kafka; an unknown partition
+    of a live topic stays ``UNKNOWN_TOPIC_OR_PARTITION``."""
+    suspects = [
+        name
+        for name, parts in by_topic.items()
+        if any(p["error_code"] == _UNKNOWN_TOPIC_OR_PARTITION for p in parts)
+    ]
+    if not suspects:
+        return
+    listed = await conn.run(conn.core.list_topics, True)
+    live_names = {t.name for t in listed}
+    for name in suspects:
+        if name not in live_names:
+            for p in by_topic[name]:
+                if p["error_code"] == _UNKNOWN_TOPIC_OR_PARTITION:
+                    p["error_code"] = _UNKNOWN_TOPIC_ID
+
+
+def _unknown_id(p: Plain) -> Plain:
+    return {
+        "partition_index": p["partition"],
+        "error_code": _UNKNOWN_TOPIC_ID,
+        "high_watermark": -1,
+        "last_stable_offset": -1,
+        "log_start_offset": -1,
+        "aborted_transactions": None,
+        "preferred_read_replica": -1,
+        "records": None,
     }
 
 
 def _session_of(
-    conn: Connection, header: RequestHeader, request: Plain, updates: list[Update]
+    conn: Connection,
+    header: RequestHeader,
+    request: Plain,
+    updates: list[Update],
+    forgotten_topics: list[Plain],
 ) -> tuple[FetchSession | None, bool]:
     """The fetch's session (None: a full fetch without one) and whether the fetch is
-    incremental; raises ``SessionError`` for a session it may not use."""
+    incremental; raises ``SessionError`` for a session it may not use.
+    ``forgotten_topics``: the request's, each with its topic's name."""
     if header.api_version < 7:
         return None, False
     cache = conn.listener.fetch_sessions
@@ -222,9 +367,7 @@ def _session_of(
         if session_id:
             cache.close(session_id)
         return cache.create(updates), False
-    forgotten = [
-        (t["topic"], p) for t in request.get("forgotten_topics_data") or () for p in t["partitions"]
-    ]
+    forgotten = [(t["topic"], p) for t in forgotten_topics for p in t["partitions"]]
     return cache.continue_session(session_id, epoch, updates, forgotten), True
 
 
@@ -290,7 +433,7 @@ async def list_offsets(conn: Connection, header: RequestHeader, request: Plain) 
                 "error_code": kafka_code(a.error_code),
                 "timestamp": a.timestamp_ms,
                 "offset": a.offset,
-                "leader_epoch": -1,
+                "leader_epoch": a.leader_epoch,
             }
         )
     return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}

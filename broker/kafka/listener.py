@@ -54,6 +54,7 @@ import ssl
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -237,6 +238,9 @@ class KafkaListener:
             settings.fetch_session_eviction_ms,
             lambda: int(time.monotonic() * 1000),
         )
+        # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
+        # only; rebuilt from the topic list on a miss, ``broker.kafka.data``).
+        self.topic_names: dict[uuid.UUID, str] = {}
         self._loop = asyncio.new_event_loop()
         # Every request's steps (broker.core.pipeline): Kafka waits past queued.max.requests
         # and closes the connection on an error a handler did not put in its answer.
@@ -375,9 +379,10 @@ class KafkaListener:
         writer: asyncio.StreamWriter,
     ) -> None:
         limit = self.settings.max_frame_bytes
+        incoming = _Incoming(reader)
         while True:
             try:
-                prefix = await reader.readexactly(4)
+                prefix = await incoming.readexactly(4)
             except asyncio.IncompleteReadError:
                 return  # closed between requests: normal
             (size,) = struct.unpack(">i", prefix)
@@ -389,7 +394,7 @@ class KafkaListener:
                     limit,
                 )
                 return
-            frame = await reader.readexactly(size)
+            frame = await incoming.readexactly(size)
             if connection.raw_sasl:
                 # Imported here: broker.kafka.sasl imports this module.
                 from tidelog.broker.kafka.sasl import raw_token
@@ -398,6 +403,9 @@ class KafkaListener:
                 if answer is None:
                     return
                 response: bytes | None = struct.pack(">i", len(answer)) + answer
+            elif frame[:2] == _FETCH_KEY:
+                # A long poll: freed as soon as the client hangs up (below).
+                response = await incoming.unless_closed(self._respond(connection, frame))
             else:
                 response = await self._respond(connection, frame)
             if response is not None:
@@ -471,6 +479,81 @@ class KafkaListener:
         if connection.throttle_ms > 0 and response_has_field(key, "throttle_time"):
             answer["throttle_time"] = connection.throttle_ms
         return encode_response(key, version, header.correlation_id, answer)
+
+
+_FETCH_KEY = struct.pack(">h", 1)
+# What a hang-up watch reads at most at once (bytes of the client's next requests).
+_WATCH_BYTES = 64 * 1024
+
+
+class _Incoming:
+    """A connection's incoming bytes: the stream, and what the hang-up watch already read
+    from it (the client's next requests, pipelined), which is read first.
+
+    ``unless_closed`` runs one request's handling while watching the socket: a parked
+    Fetch of a client that hung up is freed at once, as the gRPC listener frees the call
+    of a client that cancelled, rather than at its deadline (``max_wait_ms``, up to
+    ``fetch.max.wait.ms``). Kafka mutes a connection while its request is in flight and
+    finds the hang-up only when it writes the answer; its purgatory holds the fetch until
+    then. Here the watch reads ahead instead of muting: the bytes it gets are kept for
+    the next frame; only an end of stream (the peer closed, or reset) counts. It stops
+    at the first bytes read: a client that pipelines a request behind its fetch is
+    plainly alive. Only Fetch is watched: the other requests either answer at once or
+    (a JoinGroup waiting for its rebalance, an ``acks=all`` produce) must run to their
+    end whether or not the client still listens, as in Kafka.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._ahead = bytearray()
+
+    async def readexactly(self, count: int) -> bytes:
+        """``count`` bytes (``asyncio.IncompleteReadError`` if the stream ends first)."""
+        if not self._ahead:
+            return await self._reader.readexactly(count)
+        taken = bytes(self._ahead[:count])
+        del self._ahead[:count]
+        if len(taken) < count:
+            try:
+                taken += await self._reader.readexactly(count - len(taken))
+            except asyncio.IncompleteReadError as exc:
+                raise asyncio.IncompleteReadError(taken + exc.partial, count) from None
+        return taken
+
+    async def unless_closed(self, handling: Awaitable[bytes | None]) -> bytes | None:
+        """``handling``'s answer; cancels it if the peer hangs up first.
+
+        Raises:
+            ConnectionError: the peer hung up while the request was handled.
+        """
+        task = asyncio.ensure_future(handling)
+        if self._ahead:
+            return await task  # already holds the next request: alive
+        watch = asyncio.ensure_future(self._reader.read(_WATCH_BYTES))
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            watch.cancel()
+            raise
+        if not watch.done():
+            # Cancelling a read that is still waiting loses nothing: bytes stay in the
+            # stream's buffer until a read returns them.
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            return await task
+        try:
+            data = watch.result()
+        except (ConnectionError, OSError):
+            data = b""  # reset by the peer: hung up as well
+        if data:
+            self._ahead += data
+            return await task
+        task.cancel()  # the handler's ``finally`` cancels its parked fetch
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ConnectionError("the client hung up while its request was handled")
 
 
 def _outcome(answer: Plain | None) -> str:

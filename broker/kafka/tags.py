@@ -14,6 +14,10 @@ Byte layout walked (flexible versions; a struct's tagged fields come after its f
     nullable struct          int8 -1 (null) or 1, then the struct
     tagged fields            uvarint count, then per field: uvarint tag, uvarint size, data
 
+A known tagged field that is a struct (or an array of structs) is walked too, and written
+again with its new size: the tags it carries that the schema does not know are dropped as
+well, as Kafka's generated readers skip them at every level.
+
 Pure: bytes in, bytes out.
 """
 
@@ -132,11 +136,34 @@ def _copy_struct(reader: _Reader, cls: type) -> None:
         tag, raw_tag = reader.uvarint()
         size, raw_size = reader.uvarint()
         data = reader.take(size)
-        if tag in tagged:
-            kept.append(raw_tag + raw_size + data)
+        known = tagged.get(tag)
+        if known is None:
+            continue
+        kafka_type, array, struct = known
+        if struct is not None:
+            # A known tagged struct may itself carry tags this schema does not know.
+            data = _copy_tagged_struct(data, array, struct)
+            raw_size = _encode_uvarint(len(data))
+        kept.append(raw_tag + raw_size + data)
     reader.out += _encode_uvarint(len(kept))
     for chunk in kept:
         reader.out += chunk
+
+
+def _copy_tagged_struct(data: bytes, array: bool, struct: type) -> bytes:
+    """A known tagged field's value (a struct, or an array of them), walked like the body
+    so the unknown tags inside it are dropped as well."""
+    reader = _Reader(data, 0)
+    if array:
+        count, raw = reader.uvarint()
+        reader.out += raw
+        for _ in range(max(count - 1, 0)):
+            _copy_struct(reader, struct)
+    else:
+        _copy_struct(reader, struct)
+    if reader.position != len(data):
+        raise ValueError("a tagged field's size does not match its value")
+    return bytes(reader.out)
 
 
 def _encode_uvarint(value: int) -> bytes:

@@ -10,8 +10,11 @@ client in scope (``reference/kafka-protocol.md`` section 2.3):
 - Produce advertises 0-2 although only 3+ is implemented: librdkafka <= 2.11.0 turns
   compression off unless Produce v0 is in range (KAFKA-18659). No client sends v0-2 (they
   need RecordBatch v2); one that did would see its connection closed;
-- the maxima stay below topic-id versions (Fetch 13, Metadata 13) and below what is not
-  built yet. Transactions (24, 25, 26, 28) are not advertised.
+- the maxima stay below what is not built yet: Produce 10 (KIP-951 leader hints; 11 is
+  KIP-890's transactions v2, 13 names topics by id), Fetch 16 (13+ names topics by id,
+  16 carries KIP-951 leader hints; 17 is KIP-853's KRaft directory ids), Metadata 12
+  (13 only adds a top-level error code, KIP-1102's request to rebootstrap: not built).
+  Transactions (24, 25, 26, 28) are not advertised.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ API_VERSIONS = 18
 
 # api key -> (min, max) advertised.
 ADVERTISED: dict[int, tuple[int, int]] = {
-    0: (0, 9),  # Produce (0-2 advertised, not served: see above)
-    1: (4, 12),  # Fetch
+    0: (0, 10),  # Produce (0-2 advertised, not served: see above; 10: KIP-951)
+    1: (4, 16),  # Fetch (13+: topic ids, 16: KIP-951)
     2: (1, 7),  # ListOffsets
     3: (0, 12),  # Metadata
     8: (2, 9),  # OffsetCommit (9: KIP-848 member epochs)

@@ -1149,3 +1149,17 @@ def test_manual_assignments_answer_the_same_on_both_listeners(
             (0,),
             (0,),
         ]
+
+
+def test_a_forwarded_admin_call_is_accepted_only_from_a_broker(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """``Envelope`` (KIP-590's idea, ``broker.cluster.forwarding``) is inter-broker only
+    (gRPC): the caller needs CLUSTER_ACTION on the cluster, as ``ControlledShutdown``;
+    a user with every topic right is refused before the call runs, and audited once."""
+    request = pb.EnvelopeRequest(
+        call="delete_topic", arguments=b'{"name": "ok-grpc-data"}', broker_id=7
+    )
+    refused = _observe(secure, "grpc", lambda: [both["grpc"]._code("Envelope", request)[0]])
+    assert refused.decision == ["CLUSTER_AUTHORIZATION_FAILED"]
+    assert len(refused.audit) == 1

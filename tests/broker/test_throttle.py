@@ -29,7 +29,25 @@ def test_the_budget_is_the_rate_with_a_second_of_credit() -> None:
     clock.advance(60_000)
     assert throttle.grant(5_000) == 1_000  # idle time does not pile up past the credit
     with pytest.raises(ValueError, match="positive"):
-        ReplicationThrottle(0, clock)
+        ReplicationThrottle(-1, clock)
+
+
+def test_a_rate_set_while_running_applies_at_once_and_zero_turns_it_off() -> None:
+    clock = ManualClock(monotonic_ms=10_000)
+    throttle = ReplicationThrottle(0, clock)  # the default: off
+    assert not throttle.active
+    assert throttle.grant(5_000) == 5_000
+    throttle.charge(5_000)  # nothing owed while off
+    throttle.set_rate(1_000)  # a dynamic leader.replication.throttled.rate
+    assert throttle.active
+    assert throttle.grant(5_000) == 1_000
+    throttle.charge(1_000)
+    assert throttle.grant(5_000) == 0
+    throttle.set_rate(2_000)  # a new rate starts with a fresh budget
+    assert throttle.grant(5_000) == 2_000
+    throttle.set_rate(0)
+    assert not throttle.active
+    assert throttle.grant(5_000) == 5_000
 
 
 def test_only_adding_replicas_of_a_led_partition_are_throttled(tmp_path: Path) -> None:

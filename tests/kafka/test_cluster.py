@@ -3,7 +3,8 @@ real ZooKeeper (``LocalCluster(kafka=True)``), driven by kafka-python and conflu
 
 Every broker's Metadata lists all three brokers' Kafka endpoints and the same leaders,
 replicas, ISR and epochs as the gRPC view; a non-leader answers a produce with
-``NOT_LEADER_OR_FOLLOWER``, a non-controller a CreateTopics with ``NOT_CONTROLLER``;
+``NOT_LEADER_OR_FOLLOWER``; a non-controller forwards a CreateTopics to the controller
+(``broker.cluster.forwarding``) and answers it;
 every broker names the same group coordinator's Kafka endpoint, and only it serves the
 group; and after the group's coordinator, which also leads a partition, is SIGKILLed, an
 idempotent ``acks=all`` producer and the consumer group follow the new leaders with
@@ -50,7 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 TIMEOUT_S = 20.0
 _NOT_LEADER_OR_FOLLOWER = 6
-_NOT_CONTROLLER = 41
+_TOPIC_ALREADY_EXISTS = 36
 _LEADER_NOT_AVAILABLE = 5
 _NOT_COORDINATOR = 16
 _UNKNOWN_MEMBER_ID = 25
@@ -171,7 +172,7 @@ def test_partitions_answer_the_clusters_leaders_replicas_isr_and_epochs(
         assert all(p.error_code == 0 and not p.offline_replicas for p in found.partitions)
 
 
-def test_non_leader_and_non_controller_answer_kafkas_errors(cluster: LocalCluster) -> None:
+def test_a_non_leader_refuses_and_a_non_controller_forwards(cluster: LocalCluster) -> None:
     topic = unique("wrong")
     create_topic(cluster, topic, 1, 2)
     (found,) = kafka_metadata(cluster, 1, topic).topics
@@ -183,10 +184,11 @@ def test_non_leader_and_non_controller_answer_kafkas_errors(cluster: LocalCluste
 
     controller = client.AdminClient(cluster.bootstrap).describe_cluster().controller_id
     other = next(b for b in cluster.broker_ids if b != controller)
+    elsewhere = unique("elsewhere")
     create = CreateTopicsRequest[4](
         topics=[
             CreateTopicsRequest.CreatableTopic(
-                name=unique("elsewhere"),
+                name=elsewhere,
                 num_partitions=1,
                 replication_factor=1,
                 assignments=[],
@@ -197,7 +199,11 @@ def test_non_leader_and_non_controller_answer_kafkas_errors(cluster: LocalCluste
         validate_only=False,
     )
     created = CreateTopicsResponse[4].decode(_call(cluster, other, create), header=True)
-    assert created.topics[0].error_code == _NOT_CONTROLLER
+    assert created.topics[0].error_code == 0  # forwarded (it answered NOT_CONTROLLER, 41)
+    (shown,) = kafka_metadata(cluster, other, elsewhere).topics
+    assert (shown.error_code, len(shown.partitions)) == (0, 1)
+    again = CreateTopicsResponse[4].decode(_call(cluster, other, create), header=True)
+    assert again.topics[0].error_code == _TOPIC_ALREADY_EXISTS  # the controller's refusal
 
 
 def test_every_broker_names_the_coordinators_kafka_endpoint(cluster: LocalCluster) -> None:

@@ -181,7 +181,8 @@ def test_kafka_python_alter_and_describe_topic_and_broker(kafka_broker: KafkaBro
 def test_the_cluster_wide_default_and_another_broker_raw(kafka_broker: KafkaBroker) -> None:
     """Resource name "" is the cluster-wide dynamic default (the admin clients refuse to
     send it, Kafka's kafka-configs.sh --entity-default does): raw requests. Another
-    broker's id is INVALID_REQUEST, a resource type without configs too."""
+    broker's id is INVALID_REQUEST with Kafka's message, to describe and to alter, as
+    Kafka's ZooKeeper-mode brokers answer; a resource type without configs too."""
     from kafka.protocol.admin import (
         DescribeConfigsRequest,
         DescribeConfigsResponse,
@@ -251,7 +252,13 @@ def test_the_cluster_wide_default_and_another_broker_raw(kafka_broker: KafkaBrok
         ]
         assert mine["num.partitions"].read_only
         assert change(4, "7", 0, "1") == [(error_code_for("INVALID_REQUEST"), "7")]
-        assert described("7").error_code == error_code_for("INVALID_REQUEST")
+        refused = described("7")
+        assert refused.error_code == error_code_for("INVALID_REQUEST")
+        # Kafka's words (ConfigHelper.describeConfigs, ZkAdminManager.getBrokerId).
+        assert refused.error_message.startswith(
+            "Unexpected broker id, expected 0 or empty string, but received 7"
+        )
+        assert described("seven").error_message == "Broker id must be an integer, but it is: seven"
         assert change(3, "g", 0, "1") == [(error_code_for("INVALID_REQUEST"), "g")]
     finally:
         change(4, "", 1, None)

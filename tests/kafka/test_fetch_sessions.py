@@ -18,6 +18,7 @@ from tests.kafka import raw
 from tests.kafka.clients import TIMEOUT_S
 from tests.kafka.conftest import KafkaBroker, unique
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache, SessionError, Update
+from tidelog.broker.kafka.kip848 import topic_id
 from tidelog.client import AdminClient, Producer
 
 pytestmark = pytest.mark.timeout(60)
@@ -98,7 +99,13 @@ def _fetch(
     epoch: int,
     offsets: dict[tuple[str, int], int],
     forgotten: dict[str, list[int]] | None = None,
+    version: int = 11,
 ) -> Any:
+    """Fetch ``version`` (11, or 13+: topics named by their ids)."""
+
+    def named(topic: str) -> dict[str, Any]:
+        return {"topic_id": topic_id(topic)} if version >= 13 else {"topic": topic}
+
     by_topic: dict[str, list[Any]] = {}
     for (name, partition), offset in offsets.items():
         by_topic.setdefault(name, []).append(
@@ -106,11 +113,12 @@ def _fetch(
                 partition=partition,
                 current_leader_epoch=-1,
                 fetch_offset=offset,
+                last_fetched_epoch=-1,
                 log_start_offset=-1,
                 partition_max_bytes=1 << 20,
             )
         )
-    request = FetchRequest[11](
+    request = FetchRequest[version](
         replica_id=-1,
         max_wait_ms=0,
         min_bytes=0,
@@ -118,16 +126,16 @@ def _fetch(
         isolation_level=0,
         session_id=session_id,
         session_epoch=epoch,
-        topics=[FetchRequest.FetchTopic(topic=t, partitions=ps) for t, ps in by_topic.items()],
+        topics=[FetchRequest.FetchTopic(**named(t), partitions=ps) for t, ps in by_topic.items()],
         forgotten_topics_data=[
-            FetchRequest.ForgottenTopic(topic=t, partitions=ps)
+            FetchRequest.ForgottenTopic(**named(t), partitions=ps)
             for t, ps in (forgotten or {}).items()
         ],
         rack_id="",
     )
     answer = raw.call(sock, request, "test-sessions")
     assert answer is not None, "the broker hung up"
-    return FetchResponse[11].decode(answer, header=True)
+    return FetchResponse[version].decode(answer, header=True)
 
 
 def _answered(response: Any) -> dict[int, tuple[int, bool]]:
@@ -139,42 +147,62 @@ def _answered(response: Any) -> dict[int, tuple[int, bool]]:
     }
 
 
+@pytest.mark.parametrize("version", [11, 16])
 def test_an_incremental_fetch_answers_only_what_changed(
-    kafka_broker: KafkaBroker, sock: socket.socket
+    kafka_broker: KafkaBroker, sock: socket.socket, version: int
 ) -> None:
+    """v16 names the topics by id (Metadata's), in the fetch, the answer and the
+    forgotten topics alike."""
     topic = unique("sessions")
     with AdminClient(kafka_broker.address) as admin:
         admin.create_topic(topic, 3)
     with Producer(kafka_broker.address, linger_ms=0) as producer:
         producer.send(topic, b"zero", partition=0).result(TIMEOUT_S)
 
-    first = _fetch(sock, 0, 0, {(topic, p): 0 for p in range(3)})
+    first = _fetch(sock, 0, 0, {(topic, p): 0 for p in range(3)}, version=version)
     assert first.error_code == 0
     assert first.session_id != 0
     assert _answered(first) == {0: (1, True), 1: (0, False), 2: (0, False)}
     session = first.session_id
 
     # Nothing new: partition 0 asked on from offset 1, the others unchanged.
-    quiet = _fetch(sock, session, 1, {(topic, 0): 1})
+    quiet = _fetch(sock, session, 1, {(topic, 0): 1}, version=version)
     assert (quiet.error_code, quiet.session_id, _answered(quiet)) == (0, session, {})
 
     with Producer(kafka_broker.address, linger_ms=0) as producer:
         producer.send(topic, b"two", partition=2).result(TIMEOUT_S)
-    moved = _fetch(sock, session, 2, {})
+    moved = _fetch(sock, session, 2, {}, version=version)
     assert _answered(moved) == {2: (1, True)}  # read from the offset the session keeps
 
     # Partition 2 forgotten: new records there are not answered any more.
     with Producer(kafka_broker.address, linger_ms=0) as producer:
         producer.send(topic, b"two again", partition=2).result(TIMEOUT_S)
-    dropped = _fetch(sock, session, 3, {}, forgotten={topic: [2]})
+    dropped = _fetch(sock, session, 3, {}, forgotten={topic: [2]}, version=version)
     assert _answered(dropped) == {}
 
-    stale = _fetch(sock, session, 3, {})
+    stale = _fetch(sock, session, 3, {}, version=version)
     assert (stale.error_code, stale.session_id, stale.responses) == (71, 0, [])
-    closed = _fetch(sock, session, -1, {(topic, 0): 0})
+    closed = _fetch(sock, session, -1, {(topic, 0): 0}, version=version)
     assert (closed.session_id, _answered(closed)) == (0, {0: (1, True)})
-    gone = _fetch(sock, session, 4, {})
+    gone = _fetch(sock, session, 4, {}, version=version)
     assert gone.error_code == 70  # FETCH_SESSION_ID_NOT_FOUND
+    if version >= 13:
+        assert {t.topic_id for t in first.responses} == {topic_id(topic)}
+
+
+def test_a_topic_id_of_no_topic_or_of_a_deleted_one_is_unknown(
+    kafka_broker: KafkaBroker, sock: socket.socket
+) -> None:
+    """Fetch v13+: ``UNKNOWN_TOPIC_ID`` (100) per partition, as Kafka answers."""
+    topic = unique("deleted")
+    with AdminClient(kafka_broker.address) as admin:
+        admin.create_topic(topic, 1)
+        assert _answered(_fetch(sock, 0, -1, {(topic, 0): 0}, version=16)) == {0: (0, False)}
+        admin.delete_topic(topic)
+    for name in (topic, unique("never")):
+        answer = _fetch(sock, 0, -1, {(name, 0): 0}, version=16)
+        ((found,),) = [t.partitions for t in answer.responses]
+        assert found.error_code == 100
 
 
 def test_kafka_python_reads_many_partitions_through_a_session(kafka_broker: KafkaBroker) -> None:

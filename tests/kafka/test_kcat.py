@@ -97,3 +97,46 @@ def test_kcat_consumes_in_a_group_and_commits(kafka_broker: KafkaBroker) -> None
     # kcat committed on its way out (auto-commit): the group's offsets are at the end.
     offsets = kafka_broker.broker.server.core.fetch_offsets(group, {topic: [0, 1]})
     assert [o.offset for o in offsets] == [4, 4]
+
+
+def test_kcat_produces_keys_and_headers_that_others_read(kafka_broker: KafkaBroker) -> None:
+    topic = _create(kafka_broker, 1)
+    _kcat(
+        kafka_broker,
+        "-P",
+        "-t",
+        topic,
+        "-p",
+        "0",
+        "-K",
+        ":",
+        "-H",
+        "trace=abc",
+        "-H",
+        "tenant=7",
+        stdin="k1:first\nk2:second\n",
+    )
+    got = consume("kafka-python", kafka_broker.bootstrap, kafka_broker.address, topic, [0], 2)
+    assert [(r.key, r.value, r.headers) for r in got] == [
+        (key, value, (("trace", b"abc"), ("tenant", b"7")))
+        for key, value in ((b"k1", b"first"), (b"k2", b"second"))
+    ]
+    out = _kcat(kafka_broker, "-C", "-t", topic, "-o", "beginning", "-e", "-f", "%k|%s|%h\n")
+    assert out.splitlines() == ["k1|first|trace=abc,tenant=7", "k2|second|trace=abc,tenant=7"]
+
+
+def test_kcat_starts_at_a_timestamp_and_queries_offsets_by_time(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """``-o s@TS`` and ``-Q`` resolve a timestamp to an offset (ListOffsets by time)."""
+    topic = _create(kafka_broker, 1)
+    base = 1_700_000_000_000
+    sent = [Out(None, b"t%d" % i, timestamp_ms=base + 1000 * i, partition=0) for i in range(5)]
+    produce("confluent-kafka", kafka_broker.bootstrap, kafka_broker.address, topic, sent)
+    out = _kcat(kafka_broker, "-C", "-t", topic, "-o", f"s@{base + 2500}", "-e", "-f", "%T %s\n")
+    assert out.splitlines() == [f"{base + 3000} t3", f"{base + 4000} t4"]
+    queried = _kcat(kafka_broker, "-Q", "-t", f"{topic}:0:{base + 1000}")
+    assert f"{topic} [0] offset 1" in queried
+    # A time after every record: the end of the log (-1 from the broker, kcat says so).
+    after = _kcat(kafka_broker, "-Q", "-t", f"{topic}:0:{base + 60_000}")
+    assert f"{topic} [0] offset -1" in after

@@ -9,10 +9,13 @@ import socket
 import struct
 
 import pytest
+from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
+from tests.kafka.clients import Out, produce
 from tests.kafka.conftest import KafkaBroker, unique
+from tidelog.broker.kafka.kip848 import topic_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -201,4 +204,43 @@ def test_unknown_tags_in_a_request_body_are_skipped(kafka_broker: KafkaBroker) -
         answer = _read_frame(sock)
     assert answer is not None
     assert struct.unpack_from(">i", answer)[0] == 8
+    _still_serving(kafka_broker)
+
+
+def _fetch_v16_body(topic: str, replica_state_tags: bytes) -> bytes:
+    """A Fetch v16 of partition 0 of ``topic`` (by its id) from offset 0, with a
+    ``replica_state`` tagged struct whose own tag section is ``replica_state_tags``."""
+    partition = struct.pack(">iiqiqi", 0, -1, 0, -1, -1, 1 << 20) + b"\0"
+    topics = b"\x02" + topic_id(topic).bytes + b"\x02" + partition + b"\0"
+    replica_state = struct.pack(">iq", -1, -1) + replica_state_tags
+    tags = b"\x01" + b"\x01" + bytes([len(replica_state)]) + replica_state
+    fixed = struct.pack(">iiibii", 0, 1, 1 << 20, 0, 0, -1)
+    return fixed + topics + b"\x01" + b"\x01" + tags
+
+
+def test_unknown_tags_inside_a_known_tagged_struct_are_skipped(kafka_broker: KafkaBroker) -> None:
+    """KIP-482 at every level: Fetch v16's ``replica_state`` (tag 1) carrying two tags
+    nobody defined (kio alone raises on them) is read, and the fetch answered."""
+    topic = unique("nested-tags")
+    core = kafka_broker.broker.server.core
+    core.create_topic(topic, 1, {})
+    produce(
+        "tidelog",
+        kafka_broker.bootstrap,
+        kafka_broker.address,
+        topic,
+        [Out(None, b"v", partition=0)],
+    )
+    unknown = b"\x02" + b"\x63\x03abc" + b"\x64\x00"  # tags 99 and 100
+    with _connect(kafka_broker) as sock:
+        for correlation_id, nested in ((5, b"\0"), (6, unknown)):
+            body = _fetch_v16_body(topic, nested)
+            sock.sendall(_frame(_header(1, 16, correlation_id, flexible=True) + body))
+            answer = _read_frame(sock)
+            assert answer is not None, "the broker closed the connection"
+            decoded = FetchResponse[16].decode(answer, header=True)
+            assert decoded.header.correlation_id == correlation_id
+            ((found,),) = [t.partitions for t in decoded.responses]
+            assert found.error_code == 0
+            assert found.high_watermark == 1
     _still_serving(kafka_broker)

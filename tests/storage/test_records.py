@@ -1017,8 +1017,10 @@ def test_public_names() -> None:
             "INT64_MAX",
             "INT64_MIN",
             "NONNEGATIVE_VARINTS",
+            "decode_unsigned_varint",
             "decode_varint",
             "decode_varlong",
+            "encode_unsigned_varint",
             "encode_varint",
             "encode_varlong",
         ]

@@ -1193,6 +1193,66 @@ class ControlledShutdownResponse(_message.Message):
 Global___ControlledShutdownResponse: _TypeAlias = ControlledShutdownResponse  # noqa: Y015
 
 @_typing.final
+class EnvelopeRequest(_message.Message):
+    """Broker to controller (Kafka's Envelope, KIP-590): one topic admin call (create_topic,
+    delete_topic, create_partitions, alter_topic_config, elect_leaders,
+    alter_partition_reassignments, list_partition_reassignments) that reached a broker
+    which is not the controller. The receiving broker authorized the original caller; the
+    controller accepts it only from a broker (CLUSTER_ACTION on the cluster). Arguments and
+    result are JSON objects (broker.cluster.forwarding): a call may gain arguments without a
+    new message. Errors travel as any call's (the status and "tidelog-error-code").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    call: _builtins.str
+    arguments: _builtins.bytes
+    """JSON object"""
+    principal: _builtins.str
+    """the original caller, for the controller's log"""
+    broker_id: _builtins.int
+    """the forwarding broker"""
+    def __init__(
+        self,
+        *,
+        call: _builtins.str = ...,
+        arguments: _builtins.bytes = ...,
+        principal: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "broker_id", b"broker_id", "call", b"call", "principal", b"principal"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvelopeRequest: _TypeAlias = EnvelopeRequest  # noqa: Y015
+
+@_typing.final
+class EnvelopeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_FIELD_NUMBER: _builtins.int
+    result: _builtins.bytes
+    """JSON value"""
+    def __init__(
+        self,
+        *,
+        result: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvelopeResponse: _TypeAlias = EnvelopeResponse  # noqa: Y015
+
+@_typing.final
 class AclBinding(_message.Message):
     """---------------------------------------------------------------------------- ACLs
     Kafka's names as text: resource_type TOPIC, GROUP or CLUSTER (named "kafka-cluster");

@@ -99,6 +99,11 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.FromString,
                 _registered_method=True)
+        self.Envelope = channel.unary_unary(
+                '/tidelog.v1.Broker/Envelope',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.EnvelopeRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.EnvelopeResponse.FromString,
+                _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/tidelog.v1.Broker/CreateAcls',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
@@ -321,6 +326,14 @@ class BrokerServicer:
 
     def ControlledShutdown(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Envelope(self, request, context):
+        """Broker to controller (Kafka's Envelope, KIP-590): a topic admin call that reached a
+        broker which is not the controller, forwarded; broker.cluster.forwarding.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -566,6 +579,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ControlledShutdown,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.SerializeToString,
+            ),
+            'Envelope': grpc.unary_unary_rpc_method_handler(
+                    servicer.Envelope,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.EnvelopeRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.EnvelopeResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
@@ -1059,6 +1077,33 @@ class Broker:
             '/tidelog.v1.Broker/ControlledShutdown',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ControlledShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Envelope(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/Envelope',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.EnvelopeRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.EnvelopeResponse.FromString,
             options,
             channel_credentials,
             insecure,

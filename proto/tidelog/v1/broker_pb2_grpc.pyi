@@ -62,6 +62,10 @@ class BrokerStub:
     ListPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListPartitionReassignmentsRequest, _broker_pb2.ListPartitionReassignmentsResponse]
     DescribeLogDirs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]
     ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]
+    Envelope: _grpc.UnaryUnaryMultiCallable[_broker_pb2.EnvelopeRequest, _broker_pb2.EnvelopeResponse]
+    """Broker to controller (Kafka's Envelope, KIP-590): a topic admin call that reached a
+    broker which is not the controller, forwarded; broker.cluster.forwarding.
+    """
     CreateAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]
     """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
     DescribeAcls: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DescribeAclsResponse]
@@ -117,6 +121,10 @@ class BrokerAsyncStub(BrokerStub):
     ListPartitionReassignments: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListPartitionReassignmentsRequest, _broker_pb2.ListPartitionReassignmentsResponse]  # type: ignore[assignment]
     DescribeLogDirs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]  # type: ignore[assignment]
     ControlledShutdown: _aio.UnaryUnaryMultiCallable[_broker_pb2.ControlledShutdownRequest, _broker_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
+    Envelope: _aio.UnaryUnaryMultiCallable[_broker_pb2.EnvelopeRequest, _broker_pb2.EnvelopeResponse]  # type: ignore[assignment]
+    """Broker to controller (Kafka's Envelope, KIP-590): a topic admin call that reached a
+    broker which is not the controller, forwarded; broker.cluster.forwarding.
+    """
     CreateAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.CreateAclsRequest, _broker_pb2.CreateAclsResponse]  # type: ignore[assignment]
     """Authorization (Kafka's CreateAcls, DescribeAcls, DeleteAcls)."""
     DescribeAcls: _aio.UnaryUnaryMultiCallable[_broker_pb2.AclFilter, _broker_pb2.DescribeAclsResponse]  # type: ignore[assignment]
@@ -247,6 +255,16 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ControlledShutdownRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ControlledShutdownResponse, _abc.Awaitable[_broker_pb2.ControlledShutdownResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Envelope(
+        self,
+        request: _broker_pb2.EnvelopeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.EnvelopeResponse, _abc.Awaitable[_broker_pb2.EnvelopeResponse]]:
+        """Broker to controller (Kafka's Envelope, KIP-590): a topic admin call that reached a
+        broker which is not the controller, forwarded; broker.cluster.forwarding.
+        """
 
     @_abc_1.abstractmethod
     def CreateAcls(
