@@ -298,17 +298,20 @@ class Purgatory(Generic[K]):
 
 
 class DelayedOperations:
-    """The broker's two purgatories of partition-keyed operations: parked fetches and
-    ``acks=all`` produces (Kafka's ``DelayedOperations``, which a ``Partition`` asks to
-    re-check what is parked on it). Built before the partition registry, whose listener
-    ``check_and_complete_all`` is; the core starts and closes them. Thread-safe."""
+    """The broker's purgatories of partition-keyed operations: parked fetches, ``acks=all``
+    produces and DeleteRecords waiting for the followers' log starts (Kafka's
+    ``DelayedOperations``, which a ``Partition`` asks to re-check what is parked on it).
+    Built before the partition registry, whose listener ``check_and_complete_all`` is; the
+    core starts and closes them. Thread-safe."""
 
     def __init__(self, clock: Clock) -> None:
         self.fetch: Purgatory[tuple[str, int]] = Purgatory("fetch", clock)
         self.produce: Purgatory[tuple[str, int]] = Purgatory("produce", clock)
+        self.delete_records: Purgatory[tuple[str, int]] = Purgatory("delete-records", clock)
 
     def check_and_complete_all(self, topic: str, partition: int) -> None:
-        """A high watermark, ISR or leadership moved: re-check the produces and the
-        consumer fetches parked on the partition."""
+        """A high watermark, ISR, leadership or log start moved: re-check the produces,
+        the fetches and the DeleteRecords parked on the partition."""
         self.produce.check_and_complete((topic, partition))
         self.fetch.check_and_complete((topic, partition))
+        self.delete_records.check_and_complete((topic, partition))

@@ -2,16 +2,16 @@
 plain Python values; no wire type here.
 
 ``BrokerCore`` builds and owns the log manager, the produce and fetch paths
-(``broker.core.produce``, ``broker.core.fetch``), the two purgatories of delayed
-operations (``broker.core.delayed``: parked fetches, ``acks=all`` produces waiting for the
-group fsync), the group coordinator (``broker.groups``), the quotas and the metrics; the
-broker's role (placement, topic administration, producer ids) is its
-``broker.core.membership``. The operations are grouped by concept in services the
-facade delegates to: topics (``broker.core.topics``), offsets and producers
+(``broker.core.produce``, ``broker.core.fetch``), the purgatories of delayed operations
+(``broker.core.delayed``: parked fetches, ``acks=all`` produces waiting for the group fsync,
+DeleteRecords waiting for the followers), the group coordinator (``broker.groups``), the
+quotas and the metrics; the broker's role (placement, topic administration, producer ids) is
+its ``broker.core.membership``. The operations are grouped by concept in services the facade
+delegates to: topics (``broker.core.topics``), offsets and producers
 (``broker.core.offsets``), groups (``broker.groups.manager``). It is listener-neutral:
 errors are ``TidelogError`` classes with stable codes that each listener renders once
-(``broker.core.errors``). The gRPC listener (``broker.grpc.service``) and the Kafka
-listener (``broker.kafka``) call the same methods through the request pipeline
+(``broker.core.errors``). The gRPC listener (``broker.grpc.service``) and the Kafka listener
+(``broker.kafka``) call the same methods through the request pipeline
 (``broker.core.pipeline``).
 
 Nothing here waits on a client's behalf. A fetch that must wait is parked
@@ -47,6 +47,7 @@ from tidelog.broker.core.configs import (
     ResourceKind,
 )
 from tidelog.broker.core.delayed import DelayedOperations
+from tidelog.broker.core.delete_records import DeletionAnswer
 from tidelog.broker.core.fetch import (
     FetchPath,
     FetchSpec,
@@ -68,7 +69,7 @@ from tidelog.broker.core.offsets import (
     RecordsDeleted,
     RecordsToDelete,
 )
-from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.partitions import PartitionRegistry, open_partitions
 from tidelog.broker.core.placement import (
     BrokerEndpoint,
     ClusterView,
@@ -217,7 +218,8 @@ class BrokerCore:
                 applied.leader_replication_throttled_rate
             )
         )
-        self.offsets = Offsets(partitions, membership, self._gate)
+        self._deletions = delayed.delete_records
+        self.offsets = Offsets(partitions, membership, self._gate, self._deletions, clock)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
 
@@ -322,6 +324,7 @@ class BrokerCore:
             if transactions is not None:
                 transactions.start()
             fetch_purgatory.start()
+            delayed.delete_records.start()
             group_fsync.start()
         except BaseException:
             fetch_purgatory.close()
@@ -349,7 +352,7 @@ class BrokerCore:
     def became_leader(self, topic: str, partition: int) -> None:
         """This broker now leads the partition: an offsets partition's groups (committed
         offsets and classic membership) are loaded from its replicated log (their
-        coordinator moved here)."""
+        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse."""
         if topic == OFFSETS_TOPIC:
             self._groups.reload_partition(partition)
 
@@ -427,6 +430,7 @@ class BrokerCore:
         """Refuse new operations and answer waiting long polls now. Idempotent."""
         self._gate.begin_close()
         self._fetch_purgatory.close()
+        self._deletions.close()  # waiting DeleteRecords answer as timed out
 
     def close(self, timeout_ms: int = 30_000) -> None:
         """``begin_close``, wait for work in flight, then close the logs. Idempotent.
@@ -647,6 +651,7 @@ class BrokerCore:
         return {
             "fetch": self._fetch_purgatory.parked(),
             "produce": self._produce_purgatory.parked(),
+            "delete_records": self._deletions.parked(),
         }
 
     def list_offsets(self, queries: Sequence[OffsetQuery]) -> list[OffsetAnswer]:
@@ -676,8 +681,14 @@ class BrokerCore:
     def delete_records(
         self, requests: Sequence[RecordsToDelete], timeout_ms: int
     ) -> list[RecordsDeleted]:
-        """``Offsets.delete_records`` (DeleteRecords, KIP-107)."""
+        """``Offsets.delete_records`` (DeleteRecords, KIP-107), blocking until answered."""
         return self.offsets.delete_records(requests, timeout_ms)
+
+    def start_delete_records(
+        self, requests: Sequence[RecordsToDelete], timeout_ms: int, deliver: DeletionAnswer
+    ) -> None:
+        """``Offsets.start_delete_records``: ``deliver`` gets the answers (must not block)."""
+        self.offsets.start_delete_records(requests, timeout_ms, deliver)
 
     # --- consumer groups (broker.groups.manager documents each) ---------------------------
 
@@ -706,8 +717,11 @@ class BrokerCore:
             return self._groups.fetch_offsets(group_id, selection)
 
     def list_groups(self) -> list[GroupListing]:
-        """Every group with members or committed offsets."""
+        """Every group this broker coordinates with members or committed offsets;
+        ``CoordinatorLoadInProgressError`` while it still loads an offsets partition it
+        leads (cluster mode), as Kafka answers ListGroups then."""
         with self._operation():
+            self._groups.store.check_led_loaded()
             return self._groups.list_groups()
 
     def describe_group(self, group_id: str) -> GroupDescription:
@@ -806,26 +820,3 @@ class BrokerCore:
             )
             for plog in self._logs.logs()
         ]
-
-
-def open_partitions(
-    config: BrokerConfig, clock: Clock
-) -> tuple[PartitionRegistry, DelayedOperations]:
-    """Open (recovering) the data directory and build the broker's partitions over it,
-    telling the purgatories of every move: what ``BrokerCore.open`` takes, built before it
-    (``broker.assembly``). Replicated in cluster mode (``zookeeper.connect``): partitions
-    then have no role until the replica manager gives them one.
-
-    Raises:
-        StorageError: the data directory is unusable.
-    """
-    logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
-    delayed = DelayedOperations(clock)
-    registry = PartitionRegistry(
-        logs,
-        config.broker_id,
-        clock,
-        replicated=config.zookeeper_connect is not None,
-        listeners=(delayed.check_and_complete_all,),
-    )
-    return registry, delayed

@@ -152,14 +152,19 @@ def _aborted(
 
 class DelayedFetch(DelayedOperation):
     """A fetch parked until what it may read of one of its partitions grows: the log end
-    offset for a follower, the high watermark for a consumer. Thread-safe."""
+    offset for a follower, the high watermark for a consumer; or, for a follower, until
+    the leader's log start offset moves (DeleteRecords: the follower must learn it now,
+    not at the fetch's deadline, for the leader's answer waits on it). Thread-safe.
+
+    ``seen``: each partition's log, what a read could reach and its log start offset
+    when the fetch read last."""
 
     __slots__ = ("_replica", "_seen", "_wake")
 
     def __init__(
         self,
         deadline_ms: int,
-        seen: Sequence[tuple[PartitionLog, int]],
+        seen: Sequence[tuple[PartitionLog, int, int]],
         wake: Callable[[], None],
         *,
         replica: bool = False,
@@ -171,8 +176,11 @@ class DelayedFetch(DelayedOperation):
 
     def is_satisfied(self) -> bool:
         if self._replica:
-            return any(plog.log_end_offset != end for plog, end in self._seen)
-        return any(plog.high_watermark != end for plog, end in self._seen)
+            return any(
+                plog.log_end_offset != end or plog.log_start_offset != start
+                for plog, end, start in self._seen
+            )
+        return any(plog.high_watermark != end for plog, end, _ in self._seen)
 
     def on_complete(self) -> None:
         self._wake()
@@ -193,6 +201,9 @@ class PendingFetch:
     operation: DelayedFetch | None = None
     last_answers: list[PartitionFetched] = field(default_factory=list)
     cancelled: bool = False
+    # What the last read saw (``FetchPath._ends``): a follower's fetch is answered once
+    # the leader's log start moved since.
+    seen: list[tuple[PartitionLog, int, int]] = field(default_factory=list)
 
     def was_cancelled(self) -> bool:
         """Whether ``FetchPath.cancel`` ran (read again: another thread may set it)."""
@@ -267,8 +278,11 @@ class FetchPath:
         seen = self._ends(pending.spec)
         answers = self._read_all(pending.spec)
         pending.last_answers = answers
+        start_moved = pending.spec.replica_id >= 0 and _start_moved(pending.seen, seen)
+        pending.seen = seen
         if (
             pending.cancelled
+            or start_moved
             or self._satisfied(pending.spec, answers)
             or self._clock.monotonic_ms() >= pending.deadline_ms
         ):
@@ -284,9 +298,9 @@ class FetchPath:
             self._purgatory.cancel(operation)
         return None
 
-    def _ends(self, spec: FetchSpec) -> list[tuple[PartitionLog, int]]:
-        """Each partition's log and what a read may reach now: the log end offset for a
-        follower, the high watermark for a consumer."""
+    def _ends(self, spec: FetchSpec) -> list[tuple[PartitionLog, int, int]]:
+        """Each partition's log, what a read may reach now (the log end offset for a
+        follower, the high watermark for a consumer) and its log start offset."""
         replica = spec.replica_id >= 0
         ends = []
         for p in spec.partitions:
@@ -295,7 +309,8 @@ class FetchPath:
             except Exception as exc:  # unknown or deleted: the read's answer says so
                 log.debug("%s-%d: not watched: %r", p.topic, p.partition, exc)
                 continue
-            ends.append((plog, plog.log_end_offset if replica else plog.high_watermark))
+            reach = plog.log_end_offset if replica else plog.high_watermark
+            ends.append((plog, reach, plog.log_start_offset))
         return ends
 
     def cancel(self, pending: PendingFetch) -> None:
@@ -443,3 +458,12 @@ class FetchPath:
                 continue
             self._metrics.records_out.labels(answer.topic).inc(count)
         return answers
+
+
+def _start_moved(
+    before: Sequence[tuple[PartitionLog, int, int]], now: Sequence[tuple[PartitionLog, int, int]]
+) -> bool:
+    """Whether a log start offset moved between two reads of the same fetch (nothing
+    moved before its first read)."""
+    starts = {id(plog): start for plog, _, start in before}
+    return any(id(plog) in starts and start != starts[id(plog)] for plog, _, start in now)

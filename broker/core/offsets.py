@@ -1,15 +1,9 @@
 """Offsets and producers of partitions: Kafka's ListOffsets, OffsetForLeaderEpoch,
 DescribeProducers and DeleteRecords (``BrokerCore`` delegates here).
 
-DeleteRecords (KIP-107) moves each partition's log start offset on its leader
-(``Partition.delete_records``: -1 is the high watermark; below -1 or above the high
-watermark is ``OFFSET_OUT_OF_RANGE``, as Kafka), checkpointed before the answer, then
-waits until every in-sync replica's log start reached it (``wait_low_watermark``; Kafka's
-``DelayedDeleteRecords`` purgatory). The wait blocks the calling thread (an executor
-thread of the listener), bounded by the request's ``timeout_ms``: DeleteRecords is a rare
-administrative call, and the followers report their log start in their next fetch, which
-the leader parks at most ``replica.fetch.wait.max.ms``. A partition not reached in time
-answers ``REQUEST_TIMED_OUT``; its leader's log start has moved all the same.
+DeleteRecords (KIP-107) moves each partition's log start offset on its leader and
+answers once every in-sync replica's followed, without a thread per waiting request
+(``broker.core.delete_records``).
 
 ListOffsets and OffsetForLeaderEpoch are answered by the partition's leader only, after
 the caller's ``current_leader_epoch`` check (KIP-320: ``FENCED_LEADER_EPOCH`` or
@@ -20,15 +14,16 @@ Thread-safe; every call runs inside the core's shutdown gate (``broker.core.gate
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tidelog.broker.core.delayed import Purgatory
+from tidelog.broker.core.delete_records import RecordDeletion, RecordsDeleted, RecordsToDelete
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.membership import Membership
-from tidelog.broker.core.partition import Partition
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.storage.clock import Clock
 from tidelog.storage.errors import InvalidRequestError
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.producer_state import ProducerSummary
@@ -115,34 +110,21 @@ class PartitionProducers:
     error_message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class RecordsToDelete:
-    """``DeleteRecords`` for one partition: every record below ``offset`` (-1: the high
-    watermark)."""
-
-    topic: str
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecordsDeleted:
-    """One partition's answer to ``delete_records``: the low watermark (the smallest log
-    start offset of the in-sync replicas), or an error (then -1)."""
-
-    topic: str
-    partition: int
-    low_watermark: int = -1
-    error_code: str = ""
-    error_message: str = ""
-
-
 class Offsets:
-    """The offset and producer lookups of one broker. Thread-safe."""
+    """The offset and producer lookups of one broker, and its DeleteRecords. Thread-safe.
+
+    ``purgatory`` parks DeleteRecords waiting for the followers (``broker.core.delayed``'s
+    ``delete_records``); ``clock`` dates their deadlines."""
 
     def __init__(
-        self, partitions: PartitionRegistry, membership: Membership, gate: OperationGate
+        self,
+        partitions: PartitionRegistry,
+        membership: Membership,
+        gate: OperationGate,
+        purgatory: Purgatory[tuple[str, int]],
+        clock: Clock,
     ) -> None:
+        self._deletion = RecordDeletion(partitions, membership, gate, purgatory, clock)
         self._partitions = partitions
         self._logs = partitions.logs
         self._membership = membership
@@ -257,40 +239,16 @@ class Offsets:
     def delete_records(
         self, requests: Sequence[RecordsToDelete], timeout_ms: int
     ) -> list[RecordsDeleted]:
-        """Kafka's DeleteRecords (KIP-107), per partition on its leader; see the module
-        docstring. Every partition's log start moves first, then the answers wait, all
-        within one ``timeout_ms`` (0: answer without waiting, ``REQUEST_TIMED_OUT`` where
-        a follower has not caught up yet, as Kafka's purgatory expiring at once). Errors
-        are per partition (a partition named twice is answered twice, the larger offset
-        winning). Raises ``InvalidRequestError`` for a negative ``timeout_ms``."""
-        if timeout_ms < 0:
-            raise InvalidRequestError(f"timeout_ms must not be negative, got {timeout_ms}")
-        deadline = time.monotonic() + timeout_ms / 1000
-        moved: list[tuple[RecordsToDelete, Partition | BaseException, int]] = []
-        with self._gate.operation():
-            for request in requests:
-                try:
-                    self._membership.placement.check_leader(request.topic, request.partition)
-                    leader = self._partitions.get(request.topic, request.partition)
-                    moved.append((request, leader, leader.delete_records(request.offset)))
-                except Exception as exc:
-                    moved.append((request, exc, -1))
-        # The wait runs outside the shutdown gate: a broker stopping resigns its
-        # partitions, which wakes it (NOT_LEADER_OR_FOLLOWER).
-        answers = []
-        for request, outcome, target in moved:
-            try:
-                if isinstance(outcome, BaseException):
-                    raise outcome
-                remaining_ms = max(int((deadline - time.monotonic()) * 1000), 0)
-                low = outcome.wait_low_watermark(target, remaining_ms)
-            except Exception as exc:
-                code, message = partition_error(exc)
-                answers.append(
-                    RecordsDeleted(
-                        request.topic, request.partition, error_code=code, error_message=message
-                    )
-                )
-                continue
-            answers.append(RecordsDeleted(request.topic, request.partition, low))
-        return answers
+        """Kafka's DeleteRecords (KIP-107), blocking the calling thread until answered
+        (``RecordDeletion.wait``; the module docstring of ``broker.core.delete_records``)."""
+        return self._deletion.wait(requests, timeout_ms)
+
+    def start_delete_records(
+        self,
+        requests: Sequence[RecordsToDelete],
+        timeout_ms: int,
+        deliver: Callable[[list[RecordsDeleted]], None],
+    ) -> None:
+        """DeleteRecords without blocking: ``deliver`` gets the answers once the in-sync
+        replicas followed, or at ``timeout_ms`` (``RecordDeletion.start``)."""
+        self._deletion.start(requests, timeout_ms, deliver)

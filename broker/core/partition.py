@@ -43,17 +43,20 @@ Leader duties, as the replica manager had them (``docs/replication.md``):
   (``begin_isr_write`` / ``finish_isr_write``) and the new ISR takes effect once written.
 * **acks=all** (``ack_status``, ``wait_replicated``) and the consumer's epoch check
   (``check_epoch``, with the new leader's ``OFFSET_NOT_AVAILABLE`` window).
-* **DeleteRecords** (KIP-107, ``delete_records`` then ``wait_low_watermark``): the leader
-  moves its log start offset; each follower learns it from its next fetch answer
-  (``append_as_follower``'s ``leader_log_start``), moves its own, checkpoints it
-  (``checkpoint_log_start``) and reports it in its next fetch (``on_follower_fetch``'s
-  ``log_start_offset``); the low watermark is the smallest log start of the leader and
-  the ISR's followers (Kafka's ``lowWatermarkIfLeader`` counts every replica on a live
-  broker; the ISR is what this object knows of liveness, and a replica outside it
-  learns the new start when it fetches again).
+* **DeleteRecords** (KIP-107, ``delete_records``, then ``low_watermark`` until it is
+  reached: ``broker.core.delete_records``): the leader moves its log start offset and
+  tells the listeners, which wakes the followers' parked fetches; each follower learns it
+  from that fetch answer (``append_as_follower``'s ``leader_log_start``), moves its own,
+  checkpoints it (``checkpoint_log_start``) and reports it in its next fetch
+  (``on_follower_fetch``'s ``log_start_offset``, which tells the listeners again); the
+  low watermark is the smallest log start of the leader and the ISR's followers
+  (Kafka's ``lowWatermarkIfLeader`` counts every replica on a live broker; the ISR is
+  what this object knows of liveness, and a replica outside it learns the new start
+  when it fetches again).
 
-Every move of the high watermark or ISR and every loss of leadership calls ``on_progress``
-(the registry's listeners: the purgatories re-check what is parked on the partition).
+Every move of the high watermark, ISR or log start offset and every loss of leadership
+calls ``on_progress`` (the registry's listeners: the purgatories re-check what is parked
+on the partition).
 
 A single node's partitions are *unreplicated* leaders (``replicated`` False), fixed at
 construction: they lead at epoch 0 with ISR {this broker} and never change role. So that
@@ -550,7 +553,7 @@ class Partition:
         """Check and record one follower read: the divergence ``(epoch, end offset)`` to
         answer instead of records (the follower truncates), or None to read.
         ``log_start_offset``: the follower's (-1: not reported), which DeleteRecords
-        waits on (``wait_low_watermark``).
+        waits on (``broker.core.delete_records``).
 
         The follower's log end offset is its fetch offset. It counts as caught up now if
         it fetched from the leader's log end, else as of its previous fetch if it reached
@@ -606,8 +609,7 @@ class Partition:
         if expand:
             self._propose_isr(self)
         if start_moved:
-            with self._moved:  # a DeleteRecords may be waiting on it
-                self._moved.notify_all()
+            self.notify_progress()  # a DeleteRecords may be parked on it
         self.maybe_advance_high_watermark()
         return None
 
@@ -615,7 +617,7 @@ class Partition:
 
     def delete_records(self, offset: int) -> int:
         """Leader: move the log start offset to ``offset`` (-1: the high watermark) and
-        checkpoint it; the offset the low watermark must reach (``wait_low_watermark``).
+        checkpoint it; the offset the low watermark must reach (``low_watermark``).
         An offset at or below the log start changes nothing (and is answered at once).
 
         Raises:
@@ -634,8 +636,9 @@ class Partition:
             )
         if log.increase_log_start_offset(target):
             self._checkpoint_log_start()
-            with self._moved:
-                self._moved.notify_all()
+            # Wakes the followers' parked fetches (broker.core.fetch): their answer
+            # carries the new start, which they report back in their next fetch.
+            self.notify_progress()
         return target
 
     def low_watermark(self) -> int:
@@ -650,30 +653,6 @@ class Partition:
                 if r != self.broker_id and r in leading.followers
             ]
         return min([self.log.log_start_offset, *starts])
-
-    def wait_low_watermark(self, target: int, timeout_ms: int) -> int:
-        """Block until ``low_watermark`` reaches ``target`` and return it (every in-sync
-        replica deleted the records below it; Kafka's ``DelayedDeleteRecords``).
-
-        Raises:
-            NotLeaderOrFollowerError: this broker stopped leading meanwhile.
-            KafkaTimeoutError: not reached within ``timeout_ms`` (the leader's own log
-                start has moved, and the followers will follow).
-        """
-        deadline = time.monotonic() + timeout_ms / 1000
-        with self._moved:
-            while True:
-                low = self.low_watermark()
-                if low >= target:
-                    return low
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise KafkaTimeoutError(
-                        f"{self.topic}-{self.partition}: the in-sync replicas' log start "
-                        f"offsets did not all reach {target} within {timeout_ms} ms "
-                        f"(lowest: {low})"
-                    )
-                self._moved.wait(min(remaining, 1.0))
 
     # --- high watermark ------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """Every partition this broker hosts, as ``Partition`` objects: Kafka's ``allPartitions``.
 
 The assembly (``broker.assembly``) builds one ``PartitionRegistry`` over the broker's
-``LogManager`` before the core, and hands the same registry to the core (its produce and
-fetch paths, the offset lookups and the group offset store) and, in cluster mode, to the
-replica manager (``broker.cluster.replicas``), which sets each partition's role from the
-cluster's views. Neither needs the other to be built first.
+``LogManager`` before the core (``open_partitions``, with the purgatories it tells), and
+hands the same registry to the core (its produce and fetch paths, the offset lookups and
+the group offset store) and, in cluster mode, to the replica manager
+(``broker.cluster.replicas``), which sets each partition's role from the cluster's views.
+Neither needs the other to be built first.
 
 Decisions where Kafka's shape meets this broker's:
 
@@ -27,7 +28,9 @@ Decisions where Kafka's shape meets this broker's:
   parked there (``broker.core.delayed.DelayedOperations``). Group loading when this broker
   becomes leader of an offsets partition is the replica manager's call, as in Kafka
   (``ReplicaManager`` calls ``onLeadershipChange`` after ``makeLeaders``): it is given to
-  the replica manager's constructor.
+  the replica manager's constructor. Unloading when it stops leading one is the group
+  manager's own (``GroupManager.unload_resigned`` reads the roles), as the replica
+  manager's constructor takes no second callback.
 * **ISR changes go through an outbox** (Kafka's ``AlterPartitionManager``): a partition
   that wants its ISR changed puts itself here (``propose_isr``); the replica manager's ISR
   thread takes them (``next_isr_change``) and writes ZooKeeper. A single node never
@@ -41,13 +44,18 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.partition import Partition
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import UnknownTopicOrPartitionError
 from tidelog.storage.log_manager import LogManager
 
-__all__ = ["PartitionListener", "PartitionRegistry"]
+if TYPE_CHECKING:  # broker.config imports the group manager, which imports this module
+    from tidelog.broker.config import BrokerConfig
+
+__all__ = ["PartitionListener", "PartitionRegistry", "open_partitions"]
 
 # (topic, partition): its high watermark, ISR or leadership moved.
 PartitionListener = Callable[[str, int], None]
@@ -128,3 +136,26 @@ class PartitionRegistry:
     def wake_isr_changes(self) -> None:
         """Make a ``next_isr_change`` waiting now return None (stopping)."""
         self._isr_changes.put(None)
+
+
+def open_partitions(
+    config: BrokerConfig, clock: Clock
+) -> tuple[PartitionRegistry, DelayedOperations]:
+    """Open (recovering) the data directory and build the broker's partitions over it,
+    telling the purgatories of every move: what ``BrokerCore.open`` takes, built before it
+    (``broker.assembly``). Replicated in cluster mode (``zookeeper.connect``): partitions
+    then have no role until the replica manager gives them one.
+
+    Raises:
+        StorageError: the data directory is unusable.
+    """
+    logs = LogManager.open(config.data_dir, config.log_manager_config(), clock)
+    delayed = DelayedOperations(clock)
+    registry = PartitionRegistry(
+        logs,
+        config.broker_id,
+        clock,
+        replicated=config.zookeeper_connect is not None,
+        listeners=(delayed.check_and_complete_all,),
+    )
+    return registry, delayed

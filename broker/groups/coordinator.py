@@ -661,6 +661,17 @@ class GroupCoordinator:
         """Whether ``group_id`` is a group with members here."""
         return group_id in self._groups
 
+    def unload(self, owns: Callable[[str], bool]) -> list[str]:
+        """Forget the groups ``owns`` selects, members, targets and deadlines with them
+        (this broker no longer coordinates them: Kafka's ``onResignation``). Their
+        members' next heartbeats reach a coordinator that does not know them
+        (``UNKNOWN_MEMBER_ID`` here, should it coordinate them again), and they rejoin.
+        Returns the ids forgotten, sorted."""
+        gone = sorted(g for g in self._groups if owns(g))
+        for group_id in gone:
+            del self._groups[group_id]
+        return gone
+
 
 def _check_instance(group: _Group, request: HeartbeatRequest) -> None:
     """A request naming an instance id must come from the member id it has now: unknown,

@@ -41,6 +41,22 @@ partition calls ``reload_partition``, which reloads the offsets and rebuilds tha
 partition's classic groups before the partition counts as loaded. Deleting a group
 tombstones its metadata with its offsets.
 
+Resignation (cluster mode; Kafka's ``onResignation`` / ``removeGroupsForPartition``): a
+broker that stops leading an offsets partition (a failover, a preferred election, a
+reassignment, a controlled shutdown, a lost ZooKeeper session) forgets that partition's
+classic and KIP-848 groups, their timers and its cached offsets (``unload_resigned``).
+As in Kafka, the unload is asynchronous: the expiry thread runs it before each pass (at
+least every second), and nothing waits for it, because what clients see does not depend
+on it: every group call is refused ``NOT_COORDINATOR`` by the leadership check before it
+reaches a group (``BrokerCore._check_coordinator``, the Kafka listener's
+``_not_coordinator``), and the listings (``list_groups``, ``lag``) show only the groups of
+partitions this broker leads and has loaded at its current epoch (``OffsetStore.serves``).
+The role change itself is not signalled to the manager: the replica manager's only
+callback is ``became_leader``, and polling the roles keeps the group layer free of the
+replication layer's wiring. ``reload_partition`` forgets a partition's KIP-848 groups too
+unless this broker led it without a break: members that lived on another coordinator
+meanwhile must not meet the epochs they had here before.
+
 Lag (``describe_group``, metrics): log end offset (the high watermark) minus the committed
 offset; a partition without a committed offset lags by log end - log start.
 
@@ -49,29 +65,37 @@ Thread-safe.
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
-from tidelog.broker.groups.classic import DEFAULT_INITIAL_REBALANCE_DELAY_MS, ClassicGroups
+from tidelog.broker.groups.classic import ClassicGroups
 from tidelog.broker.groups.coordinator import (
-    CoordinatorConfig,
     GroupCoordinator,
     GroupState,
     GroupView,
     HeartbeatAnswer,
     HeartbeatRequest,
-    MemberView,
     Removal,
     owner_of,
 )
+from tidelog.broker.groups.manager_types import (
+    GroupConfig,
+    GroupDescription,
+    GroupLag,
+    GroupListing,
+    OffsetCommitEntry,
+    OffsetResult,
+    PartitionLag,
+    ResetKind,
+    ResetTarget,
+    Selection,
+)
 from tidelog.broker.groups.offset_records import MAX_STRING_BYTES, NO_LEADER_EPOCH, OffsetValue
-from tidelog.broker.groups.offset_store import OffsetStore, OffsetStoreConfig
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC, OffsetStore
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     GroupIdNotFoundError,
@@ -99,115 +123,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# topic -> partitions; an empty list means "every partition" (see each method).
-Selection = Mapping[str, Sequence[int]]
-
 _MAX_EXPIRY_WAIT_MS = 1_000
 _MIN_EXPIRY_WAIT_MS = 10
 # While classic groups exist: their expiry has no deadline index, so poll (as before).
 _CLASSIC_EXPIRY_WAIT_MS = 200
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GroupConfig:
-    """Everything the group coordinator obeys (built from ``BrokerConfig``)."""
-
-    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
-    offsets: OffsetStoreConfig = field(default_factory=OffsetStoreConfig)
-    offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
-    # group.initial.rebalance.delay.ms: classic groups only (KIP-848 groups assign on
-    # every heartbeat, so a late member costs them no second rebalance of everyone).
-    initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.offset_metadata_max_bytes <= MAX_STRING_BYTES:
-            raise ValueError(f"offset.metadata.max.bytes must be 0..{MAX_STRING_BYTES}")
-        if self.initial_rebalance_delay_ms < 0:
-            raise ValueError("group.initial.rebalance.delay.ms must be >= 0")
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetCommitEntry:
-    """One partition of an ``OffsetCommit``: the next offset to read, free metadata and
-    the leader epoch of the last record consumed (KIP-320's ``committed_leader_epoch``;
-    -1 or any negative value: unknown, stored as -1)."""
-
-    tp: TopicPartition
-    offset: int
-    metadata: str = ""
-    leader_epoch: int = NO_LEADER_EPOCH
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetResult:
-    """One partition's committed offset (-1: none) with its leader epoch (-1: none or
-    unknown), or its error (``error_code`` set)."""
-
-    tp: TopicPartition
-    offset: int = -1
-    metadata: str = ""
-    error_code: str = ""
-    error_message: str = ""
-    leader_epoch: int = NO_LEADER_EPOCH
-
-
-@dataclass(frozen=True, slots=True)
-class GroupListing:
-    """A group as ``ListGroups`` shows it."""
-
-    group_id: str
-    state: str
-    members: int
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionLag:
-    """One partition of a group: committed offset (-1 none), log end, lag, owner ("")."""
-
-    tp: TopicPartition
-    committed_offset: int
-    log_start_offset: int
-    log_end_offset: int
-    lag: int
-    member_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
-    """A group as ``DescribeGroup`` shows it."""
-
-    group_id: str
-    state: str
-    group_epoch: int
-    members: tuple[MemberView, ...]
-    partitions: tuple[PartitionLag, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupLag:
-    """One partition's lag for the metrics."""
-
-    group_id: str
-    tp: TopicPartition
-    committed_offset: int
-    lag: int
-
-
-class ResetKind(enum.Enum):
-    """Where ``reset_offsets`` moves the committed offsets."""
-
-    EARLIEST = "earliest"
-    LATEST = "latest"
-    OFFSET = "offset"
-    TIMESTAMP = "timestamp"
-
-
-@dataclass(frozen=True, slots=True)
-class ResetTarget:
-    """A reset target; ``value`` is the offset or the timestamp (ms) for those kinds."""
-
-    kind: ResetKind
-    value: int = 0
 
 
 class GroupManager:
@@ -230,6 +149,8 @@ class GroupManager:
         self._logs = logs
         self._clock = clock
         self._lock = threading.Lock()
+        # Serialises loading and unloading offsets partitions (unload_resigned).
+        self._roles_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Kafka's classic-protocol groups (module docstring); their own lock.
@@ -269,6 +190,7 @@ class GroupManager:
             # A single node coordinates every group; a cluster broker loads a partition's
             # classic groups when it becomes its leader (reload_partition).
             manager.classic.load(store.group_metadata())
+        store.forget_unloaded()
         return manager
 
     @property
@@ -285,10 +207,57 @@ class GroupManager:
         it) keeps its classic groups as they are: they are the partition's state, and a
         rebuild from the records would cut short every rebalance in progress."""
         store = self._store
-        if store.led_without_a_break(partition):
-            return store.reload_partition(partition)
-        floor = self.classic.unload(lambda group: store.partition_for(group) == partition)
-        return store.reload_partition(partition, sequence_floor=floor, on_groups=self.classic.load)
+        with self._roles_lock:
+            if store.led_without_a_break(partition):
+                return store.reload_partition(partition)
+            floor = self._unload_groups(partition)
+            return store.reload_partition(
+                partition, sequence_floor=floor, on_groups=self.classic.load
+            )
+
+    def unload_resigned(self) -> list[int]:
+        """Cluster mode: forget the groups of every loaded offsets partition this broker
+        no longer leads (Kafka's ``onResignation``): classic groups (their parked
+        JoinGroup and SyncGroup answered ``NOT_COORDINATOR``, their queued writes
+        dropped), KIP-848 groups (members, deadlines), and the partition's cached offsets
+        and group metadata. Returns the partitions unloaded. Run by the expiry thread
+        before each pass, so no timer of a former coordinator fires on groups it no
+        longer owns; every request for them is refused before that by the leadership
+        check (``NOT_COORDINATOR``), whether or not the unload ran yet.
+
+        Under ``_roles_lock`` with ``reload_partition``, and leadership read under it: a
+        reload runs after its ``make_leader``, so an unload that saw "not leading" cannot
+        land after the reload of a later leadership."""
+        store = self._store
+        unloaded = []
+        for partition in store.loaded_partitions():
+            with self._roles_lock:
+                if store.leads(partition) or partition not in store.loaded_partitions():
+                    continue
+                self._unload_groups(partition)
+                forgotten = store.unload_partition(partition)
+            unloaded.append(partition)
+            log.info(
+                "%s-%d: no longer its leader; %d group(s) with offsets or metadata unloaded",
+                OFFSETS_TOPIC,
+                partition,
+                forgotten,
+            )
+        return unloaded
+
+    def _unload_groups(self, partition: int) -> int:
+        """Forget the classic and KIP-848 groups stored in ``partition``; the sequence
+        floor for ``OffsetStore.reload_partition`` (``ClassicGroups.unload``)."""
+
+        def owns(group: str) -> bool:
+            return self._store.partition_for(group) == partition
+
+        floor = self.classic.unload(owns)
+        with self._lock:
+            gone = self._coordinator.unload(owns)
+        if gone:
+            log.info("%s-%d: KIP-848 group(s) %s forgotten", OFFSETS_TOPIC, partition, gone)
+        return floor
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -321,6 +290,7 @@ class GroupManager:
         )
         while not self._stop.is_set():
             try:
+                self.unload_resigned()
                 self.expire()
                 self.classic.flush_writes()
             except Exception:
@@ -461,7 +431,8 @@ class GroupManager:
     # --- admin ------------------------------------------------------------------------------
 
     def list_groups(self) -> list[GroupListing]:
-        """Every group with members or committed offsets, sorted by id."""
+        """Every group this broker coordinates (``OffsetStore.serves``: all on a single
+        node) with members or committed offsets, sorted by id."""
         with self._lock:
             ids = set(self._coordinator.group_ids())
             views = {g: self._coordinator.view(g) for g in ids}
@@ -469,7 +440,7 @@ class GroupManager:
         classic = {g.group_id: g for g in self.classic.snapshot()}
         ids.update(classic)
         listings = []
-        for group_id in sorted(ids):
+        for group_id in sorted(filter(self._serves, ids)):
             view = views.get(group_id)
             other = classic.get(group_id)
             if view is not None and view.members:
@@ -481,6 +452,11 @@ class GroupManager:
             else:
                 listings.append(GroupListing(group_id, view.state.value, 0))
         return listings
+
+    def _serves(self, group_id: str) -> bool:
+        """Whether this broker coordinates ``group_id`` now (a group whose partition it
+        stopped leading is shown nowhere here, even before ``unload_resigned`` ran)."""
+        return self._store.serves(self._store.partition_for(group_id))
 
     def describe_consumer_group(self, group_id: str) -> GroupView:
         """A KIP-848 group's membership as Kafka's ConsumerGroupDescribe shows it.
@@ -730,7 +706,9 @@ class GroupManager:
     def lag(self) -> list[GroupLag]:
         """Lag of every committed or assigned partition of every group (scrape time)."""
         with self._lock:
-            views = [self._coordinator.view(g) for g in self._coordinator.group_ids()]
+            views = [
+                self._coordinator.view(g) for g in self._coordinator.group_ids() if self._serves(g)
+            ]
         out: list[GroupLag] = []
         seen: set[str] = set()
         for view in views:
@@ -740,7 +718,7 @@ class GroupManager:
             for member in view.members:
                 tps.update(member.assigned, member.revoking)
             out.extend(self._group_lag(view.group_id, tps, committed))
-        for group_id in self._store.group_ids():
+        for group_id in filter(self._serves, self._store.group_ids()):
             if group_id not in seen:
                 committed = self._store.offsets(group_id)
                 out.extend(self._group_lag(group_id, set(committed), committed))

@@ -24,7 +24,11 @@ would re-read and commit backwards), and a new leader's log may end with commits
 leader appended but never acknowledged; the cache must not show those until the in-sync
 replicas hold them, or a second failover before they are replicated would take them back
 (the committed offset seen going backwards). Kafka's new group coordinator has the same
-rule: it serves only state at or below the high watermark.
+rule: it serves only state at or below the high watermark. A broker that stops leading a
+partition forgets its groups (``unload_partition``, Kafka's ``removeGroupsAndOffsets``),
+so nothing it answers later comes from that state; ``open`` reads every partition (the
+group manager's startup hold needs the group ids), and ``forget_unloaded`` then drops
+what no leadership loaded.
 
 The append goes through the offsets partition's ``Partition`` (``append_as_leader``, from
 the registry the broker was built with): in cluster mode it is refused unless this broker
@@ -381,6 +385,64 @@ class OffsetStore:
                 f"{OFFSETS_TOPIC}-{partition}: waiting for the in-sync replicas to hold the"
                 f" commits loaded (high watermark {high_watermark}, loaded to {loaded[1]})"
             )
+
+    def unload_partition(self, partition: int) -> int:
+        """Forget what the cache holds of the groups stored in ``partition`` (cluster mode:
+        this broker stopped leading it; Kafka's ``removeGroupsAndOffsets``), and that it
+        was loaded, so ``check_loaded`` refuses it until a reload. Returns the groups
+        forgotten. The log is untouched: a reload reads it all again."""
+        with self._write_locks[partition], self._cache_lock:
+            gone = {g for g in self._cache if self.partition_for(g) == partition}
+            gone.update(g for g in self._groups if self.partition_for(g) == partition)
+            for group in gone:
+                self._cache.pop(group, None)
+                self._groups.pop(group, None)
+            self._loaded.pop(partition, None)
+        return len(gone)
+
+    def loaded_partitions(self) -> list[int]:
+        """Cluster mode: the offsets partitions whose groups were loaded (and not unloaded
+        since), sorted; empty on a single node."""
+        with self._cache_lock:
+            return sorted(self._loaded)
+
+    def forget_unloaded(self) -> None:
+        """Cluster mode: drop what ``open`` read of the partitions not loaded since (every
+        partition, right after ``open``): a broker shows only the groups of the
+        partitions it leads, each loaded when it became their leader. A no-op on a
+        single node, which coordinates every group."""
+        if not self._registry.replicated:
+            return
+        with self._cache_lock:
+            for cache in (self._cache, self._groups):
+                for group in [g for g in cache if self.partition_for(g) not in self._loaded]:
+                    del cache[group]
+
+    def leads(self, partition: int) -> bool:
+        """Whether this broker leads offsets partition ``partition`` now (always on a
+        single node)."""
+        return self._registry.get(OFFSETS_TOPIC, partition).is_leader
+
+    def serves(self, partition: int) -> bool:
+        """Whether this broker coordinates the groups of ``partition``: a single node
+        always; in cluster mode, it leads the partition and loaded it at its current
+        leader epoch (``check_loaded``'s first half: the views of ``list_groups``)."""
+        if not self._registry.replicated:
+            return True
+        epoch = self._leader_epoch(partition)
+        with self._cache_lock:
+            loaded = self._loaded.get(partition)
+        return epoch is not None and loaded is not None and loaded[0] == epoch
+
+    def check_led_loaded(self) -> None:
+        """Cluster mode: ``check_loaded`` for every offsets partition this broker leads
+        (ListGroups answers ``COORDINATOR_LOAD_IN_PROGRESS`` while one is loading, as
+        Kafka's does). A no-op on a single node."""
+        if not self._registry.replicated:
+            return
+        for partition in range(self._partitions):
+            if self._leader_epoch(partition) is not None:
+                self.check_loaded(partition)
 
     def led_without_a_break(self, partition: int) -> bool:
         """Whether this broker's cache of ``partition`` was loaded at the leader epoch just

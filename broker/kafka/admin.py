@@ -27,7 +27,9 @@ and, v1+, as the top-level error): Kafka's clients send ElectLeaders to the cont
 
 DeleteRecords (v0-2, KIP-107): DELETE on each topic (a refused topic answers
 ``TOPIC_AUTHORIZATION_FAILED`` per partition, the others are served), then the core's
-``delete_records``, the gRPC call's: per partition the low watermark, or
+``start_delete_records``, the gRPC call's without its blocking wait (the answer comes
+from the core's purgatory through the pipeline's bridge: no thread waits for the
+followers): per partition the low watermark, or
 ``OFFSET_OUT_OF_RANGE`` (above the high watermark, below -1), ``UNKNOWN_TOPIC_OR_PARTITION``,
 ``NOT_LEADER_OR_FOLLOWER``, ``REQUEST_TIMED_OUT`` (the followers did not follow within the
 request's ``timeout_ms``).
@@ -35,12 +37,13 @@ request's ``timeout_ms``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Sequence
 
 from tidelog.broker.core.config_keys import ConfigEntry
 from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
-from tidelog.broker.core.offsets import RecordsToDelete
+from tidelog.broker.core.offsets import RecordsDeleted, RecordsToDelete
 from tidelog.broker.core.operations import Resource, topic
 from tidelog.broker.core.operations import cluster as the_cluster
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals
@@ -308,7 +311,15 @@ async def delete_records(conn: Connection, header: RequestHeader, request: Plain
         for p in t["partitions"]
     ]
     timeout_ms = max(request["timeout"], 0)
-    answers = await conn.run(conn.core.delete_records, wanted, timeout_ms) if wanted else []
+    answers: list[RecordsDeleted] = []
+    if wanted:
+        # The log starts move on the executor; the wait for the followers holds no thread
+        # (the core's purgatory delivers through the pipeline's bridge).
+        bridge = conn.listener.pipeline.bridge
+        answered: asyncio.Future[list[RecordsDeleted]] = bridge.loop.create_future()
+        deliver = bridge.resolver(answered)
+        await conn.run(conn.core.start_delete_records, wanted, timeout_ms, deliver)
+        answers = await answered
     by_topic: dict[str, list[Plain]] = {}
     for t in request["topics"]:
         if t["name"] in refused:

@@ -22,10 +22,14 @@ record (fsync, replication) before anyone is answered.
 DeleteGroups deletes a group with neither classic nor KIP-848 members, and its committed
 offsets, one result per group.
 
-ListGroups lists the classic groups with members and the core's groups (Tidelog's own
-KIP-848 groups and groups with committed offsets only), each once. DescribeGroups answers
-a classic group from its state here; any other group from the core, as an ``Empty`` group
-when it has no classic members (its KIP-848 members are not shown through this API).
+ListGroups lists the groups the core lists (those this broker coordinates: classic groups
+with members, Tidelog's own KIP-848 groups and groups with committed offsets only), each
+once, a classic group with its protocol type and state. DescribeGroups answers
+``NOT_COORDINATOR`` (or ``COORDINATOR_LOAD_IN_PROGRESS``) off the group's coordinator, as
+Kafka's does, then a classic group from its state here; any other group from the core, as
+an ``Empty`` group when it has no classic members (its KIP-848 members are not shown
+through this API). A former coordinator therefore never answers from the groups it held
+before its offsets partition moved (``GroupManager.unload_resigned``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "join_group",
     "leave_group",
     "list_groups",
+    "not_coordinator",
     "sync_group",
 ]
 
@@ -65,7 +70,7 @@ def _protocol_type_check(request: Plain, actual: str | None, code: int) -> int:
     return code
 
 
-async def _not_coordinator(conn: Connection, group_id: str) -> int:
+async def not_coordinator(conn: Connection, group_id: str) -> int:
     """NONE if this broker coordinates ``group_id`` (always on a single node) and has
     loaded it, else Kafka's code telling the member to find the coordinator again or to
     retry (``COORDINATOR_LOAD_IN_PROGRESS``)."""
@@ -89,7 +94,7 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
     """JoinGroup (v0-7): waits for the rebalance (``ClassicGroups.join``)."""
     session_timeout_ms = int(request["session_timeout"])
     code = denied(conn, group(request["group_id"]))
-    code = code or await _not_coordinator(conn, request["group_id"])
+    code = code or await not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code, "generation_id": -1, "member_id": request["member_id"]}
     joined = conn.core.groups.classic.join(
@@ -124,7 +129,7 @@ async def join_group(conn: Connection, header: RequestHeader, request: Plain) ->
 async def sync_group(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """SyncGroup (v0-5): the leader's assignments out to every member."""
     code = denied(conn, group(request["group_id"]))
-    code = code or await _not_coordinator(conn, request["group_id"])
+    code = code or await not_coordinator(conn, request["group_id"])
     if code:
         return {"error_code": code}
     # On the thread pool: the leader's SyncGroup writes the group's metadata record.
@@ -150,7 +155,7 @@ async def heartbeat(conn: Connection, header: RequestHeader, request: Plain) -> 
     """Heartbeat (v0-4); NONE, unanswered by the group, while the coordinator loads it
     (module docstring)."""
     code = denied(conn, group(request["group_id"]))
-    code = code or await _not_coordinator(conn, request["group_id"])
+    code = code or await not_coordinator(conn, request["group_id"])
     if code == error_code_for("COORDINATOR_LOAD_IN_PROGRESS"):
         return {"error_code": NONE}
     if code:
@@ -171,7 +176,7 @@ async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -
     classic = conn.core.groups.classic
     group_id = request["group_id"]
     code = denied(conn, group(group_id))
-    code = code or await _not_coordinator(conn, group_id)
+    code = code or await not_coordinator(conn, group_id)
     if code:
         return {"error_code": code, "members": []}
     if "members" not in request:
@@ -205,6 +210,8 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
             "group_state": state,
         }
     for group_id, protocol_type, state in conn.core.groups.classic.list_groups():
+        if group_id not in groups:
+            continue  # not coordinated here (any more): the core lists every group it has
         groups[group_id] = {
             "group_id": group_id,
             "protocol_type": protocol_type,
@@ -228,7 +235,7 @@ async def describe_groups(conn: Connection, header: RequestHeader, request: Plai
     group carries the caller's authorized operations on it (KIP-430)."""
     answers = []
     for group_id in request["groups"]:
-        code = denied(conn, group(group_id))
+        code = denied(conn, group(group_id)) or await not_coordinator(conn, group_id)
         if code:
             answers.append({"error_code": code, "group_id": group_id, "members": []})
             continue

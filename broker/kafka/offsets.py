@@ -26,7 +26,7 @@ from tidelog.broker.kafka.authz import denied, refusals, visible
 from tidelog.broker.kafka.cluster import coordinator_endpoint
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
-from tidelog.broker.kafka.groups import classic_error_code
+from tidelog.broker.kafka.groups import classic_error_code, not_coordinator
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import LeaderNotAvailableError
 
@@ -118,7 +118,9 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
     ):
         as_member, as_epoch = member_id, generation
     elif not group_error and (member_id or generation >= 0):
-        group_error = classic_error_code(
+        # The coordinator first, as Kafka: a former coordinator's answer about the
+        # member would be stale (the member must find the new one).
+        group_error = await not_coordinator(conn, group_id) or classic_error_code(
             classic.check_commit(group_id, member_id, generation, instance_id)
         )
     codes: list[int] = []
