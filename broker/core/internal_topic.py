@@ -1,11 +1,20 @@
 """What every internal compacted topic's store does with its log: write a list of keyed
-records as batches, and replay a partition from its log start to rebuild a cache.
+records as batches, append them durably (and replicated), refuse to serve a partition
+until its cache is loaded, and replay a partition from its log start to rebuild a cache.
 
 ``__consumer_offsets`` (``broker.groups.offset_store``) and ``__transaction_state``
 (``broker.transactions.txn_log``) keep their state the same way, as Kafka's coordinators
 do: the log is the store, a cache in memory is what it says, and a broker that becomes a
 partition's leader replays the partition. The record formats are theirs; the batching and
 the replay loop are here, once.
+
+A write (``append_durably``) is appended as the partition's leader (refused elsewhere,
+stamped with the leader epoch), fsynced, and in cluster mode waited for until the in-sync
+replicas hold it (the high watermark passed it), before the store changes its cache and
+anyone acts on it. A store serves a partition (``check_loaded``) only once it loaded it at
+this broker's current leader epoch and the high watermark has reached what that load
+read: a new leader's log may end with records the old leader appended but never
+acknowledged, which a second failover could take back.
 
 Replay reads through ``PartitionLog.read`` and ``decode_batch``; a batch that cannot be
 decoded is logged and skipped (its records lost to this cache, never guessed at), control
@@ -18,17 +27,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from tidelog.storage.errors import CorruptRecordError
-from tidelog.storage.partition_log import PartitionLog
+from tidelog.broker.core.partition import Partition
+from tidelog.storage.errors import CoordinatorLoadInProgressError, CorruptRecordError
+from tidelog.storage.partition_log import AppendResult, PartitionLog
 from tidelog.storage.records import BatchBuilder, decode_batch, iter_batch_headers
 
-__all__ = ["BATCH_TARGET_BYTES", "record_batches", "replay"]
+__all__ = ["BATCH_TARGET_BYTES", "append_durably", "check_loaded", "record_batches", "replay"]
 
 log = logging.getLogger(__name__)
 
 # A write of many records becomes several batches, each well under max.message.bytes.
 BATCH_TARGET_BYTES = 256 * 1024
 _READ_BYTES = 1 << 20
+_REPLICATION_WAIT_MS = 30_000
 
 
 def record_batches(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
@@ -43,6 +54,45 @@ def record_batches(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: 
         builder.append(timestamp_ms, key, value)
     out.append(builder.build())
     return b"".join(out)
+
+
+def append_durably(
+    target: Partition,
+    records: Sequence[tuple[bytes, bytes | None]],
+    timestamp_ms: int,
+    on_append: Callable[[str, int], None] | None,
+) -> AppendResult:
+    """Append ``records`` to ``target`` as its leader, fsync them and, replicated, wait
+    until the in-sync replicas hold them; ``on_append`` (topic, partition) wakes the
+    followers' fetches meanwhile. Raises what the append, the fsync and the wait raise
+    (``NotLeaderOrFollowerError``, ``NotEnoughReplicasError``, ``KafkaTimeoutError``,
+    ``StorageError``)."""
+    result = target.append_as_leader(record_batches(records, timestamp_ms), acks_all=True)
+    target.log.flush(result.last_offset + 1)  # flush(n) makes the offsets below n durable
+    if target.replicated:
+        if on_append is not None:
+            on_append(target.topic, target.partition)
+        target.wait_replicated(result.last_offset + 1, _REPLICATION_WAIT_MS)
+    return result
+
+
+def check_loaded(target: Partition, loaded: tuple[int, int] | None, what: str) -> None:
+    """Cluster mode: ``CoordinatorLoadInProgressError`` unless ``loaded`` (the leader
+    epoch a store loaded ``target`` at, and the log end it read) is this broker's current
+    epoch and the high watermark has reached that end. A no-op on a single node.
+    ``what``: what the store keeps there (for the message)."""
+    if not target.replicated:
+        return
+    epoch = target.leader_epoch
+    name = f"{target.topic}-{target.partition}"
+    if epoch is None or loaded is None or loaded[0] != epoch:
+        raise CoordinatorLoadInProgressError(f"{name}: this broker is still loading its {what}")
+    high_watermark = target.log.high_watermark
+    if high_watermark < loaded[1]:
+        raise CoordinatorLoadInProgressError(
+            f"{name}: waiting for the in-sync replicas to hold the {what} loaded (high "
+            f"watermark {high_watermark}, loaded to {loaded[1]})"
+        )
 
 
 def replay(

@@ -67,7 +67,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from tidelog.broker.core.internal_topic import record_batches, replay
+from tidelog.broker.core.internal_topic import append_durably, check_loaded, replay
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
@@ -84,7 +84,6 @@ from tidelog.broker.groups.offset_records import (
     partition_for,
 )
 from tidelog.storage.errors import (
-    CoordinatorLoadInProgressError,
     TopicAlreadyExistsError,
 )
 from tidelog.storage.log_manager import LogManager
@@ -95,9 +94,6 @@ __all__ = ["OFFSETS_TOPIC", "OffsetStore", "OffsetStoreConfig"]
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
-
-
-_REPLICATION_WAIT_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -370,21 +366,9 @@ class OffsetStore:
         ``partition`` was loaded at this broker's current leader epoch and the high
         watermark has reached what that load read (see the module docstring). A no-op on a
         single node."""
-        if not self._registry.replicated:
-            return
-        epoch = self._leader_epoch(partition)
         with self._cache_lock:
             loaded = self._loaded.get(partition)
-        if epoch is None or loaded is None or loaded[0] != epoch:
-            raise CoordinatorLoadInProgressError(
-                f"{OFFSETS_TOPIC}-{partition}: this broker is still loading its groups"
-            )
-        high_watermark = self._logs.get_log(OFFSETS_TOPIC, partition).high_watermark
-        if high_watermark < loaded[1]:
-            raise CoordinatorLoadInProgressError(
-                f"{OFFSETS_TOPIC}-{partition}: waiting for the in-sync replicas to hold the"
-                f" commits loaded (high watermark {high_watermark}, loaded to {loaded[1]})"
-            )
+        check_loaded(self._registry.get(OFFSETS_TOPIC, partition), loaded, "groups")
 
     def unload_partition(self, partition: int) -> int:
         """Forget what the cache holds of the groups stored in ``partition`` (cluster mode:
@@ -475,18 +459,9 @@ class OffsetStore:
             return
         partition = self.partition_for(group_id)
         target = self._registry.get(OFFSETS_TOPIC, partition)
-        partition_log = target.log
         now_ms = self._logs.clock.wall_ms()
         with self._write_locks[partition]:
-            # Cluster mode: refused unless leading; stamped with the leader epoch; the
-            # high watermark moves if the ISR allows.
-            result = target.append_as_leader(record_batches(records, now_ms), acks_all=True)
-            # flush(n) makes the offsets below n durable.
-            partition_log.flush(result.last_offset + 1)
-            if target.replicated:
-                if self._on_append is not None:
-                    self._on_append(OFFSETS_TOPIC, partition)  # wakes followers' fetches
-                target.wait_replicated(result.last_offset + 1, _REPLICATION_WAIT_MS)
+            result = append_durably(target, records, now_ms, self._on_append)
             with self._cache_lock:
                 apply()
                 if not self._cache.get(group_id, True):

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidelog.broker.core.internal_topic import record_batches, replay
+from tidelog.broker.core.internal_topic import append_durably, check_loaded, replay
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.transactions.log_records import (
     decode_key,
@@ -43,7 +43,6 @@ from tidelog.broker.transactions.log_records import (
 )
 from tidelog.broker.transactions.state import TxnMetadata, from_log_value, to_log_value
 from tidelog.storage.errors import (
-    CoordinatorLoadInProgressError,
     CorruptRecordError,
     TopicAlreadyExistsError,
 )
@@ -54,7 +53,6 @@ __all__ = ["TRANSACTION_STATE_TOPIC", "TxnLog", "TxnLogConfig"]
 log = logging.getLogger(__name__)
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
-_REPLICATION_WAIT_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,14 +182,7 @@ class TxnLog:
         records = [(encode_key(tid), None if value is None else encode_value(value))]
         target = self._registry.get(TRANSACTION_STATE_TOPIC, partition)
         with self._write_locks[partition]:
-            result = target.append_as_leader(
-                record_batches(records, self._logs.clock.wall_ms()), acks_all=True
-            )
-            target.log.flush(result.last_offset + 1)
-            if target.replicated:
-                if self._on_append is not None:
-                    self._on_append(TRANSACTION_STATE_TOPIC, partition)  # wakes followers
-                target.wait_replicated(result.last_offset + 1, _REPLICATION_WAIT_MS)
+            append_durably(target, records, self._logs.clock.wall_ms(), self._on_append)
             with self._cache_lock:
                 if value is None:
                     self._cache.pop(tid, None)
@@ -235,21 +226,10 @@ class TxnLog:
         """Cluster mode: ``CoordinatorLoadInProgressError`` until ``partition`` was loaded
         at this broker's current leader epoch and its high watermark reached what that
         load read. A no-op on a single node."""
-        if not self._registry.replicated:
-            return
-        epoch = self._registry.get(TRANSACTION_STATE_TOPIC, partition).leader_epoch
         with self._cache_lock:
             loaded = self._loaded.get(partition)
-        if epoch is None or loaded is None or loaded[0] != epoch:
-            raise CoordinatorLoadInProgressError(
-                f"{TRANSACTION_STATE_TOPIC}-{partition}: this broker is still loading it"
-            )
-        high_watermark = self._logs.get_log(TRANSACTION_STATE_TOPIC, partition).high_watermark
-        if high_watermark < loaded[1]:
-            raise CoordinatorLoadInProgressError(
-                f"{TRANSACTION_STATE_TOPIC}-{partition}: waiting for the in-sync replicas "
-                f"(high watermark {high_watermark}, loaded to {loaded[1]})"
-            )
+        target = self._registry.get(TRANSACTION_STATE_TOPIC, partition)
+        check_loaded(target, loaded, "transactional ids")
 
 
 def _applier(cache: dict[str, TxnMetadata]) -> Callable[[int, bytes | None, bytes | None], None]:
