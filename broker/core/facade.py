@@ -315,6 +315,11 @@ class BrokerCore:
                     lambda: membership.producer_ids.init(-1, -1)[0],
                     lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
                     appended,
+                    lambda topic, partition, producer_id, commit: (
+                        groups.store.end_transaction(partition, producer_id, commit)
+                        if topic == OFFSETS_TOPIC
+                        else None
+                    ),
                 )
                 if config.zookeeper_connect is None
                 else None
@@ -709,6 +714,20 @@ class BrokerCore:
         with self._operation():
             self._check_coordinator(group_id)
             return self._groups.commit_offsets(group_id, member_id, member_epoch, entries)
+
+    def commit_transactional_offsets(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        entries: Sequence[OffsetCommitEntry],
+    ) -> list[OffsetResult]:
+        """TxnOffsetCommit: offsets pending in the producer's transaction (issue #28)."""
+        with self._operation():
+            self._check_coordinator(group_id)
+            return self._groups.commit_transactional_offsets(
+                group_id, producer_id, producer_epoch, entries
+            )
 
     def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
         """Committed offsets of a group (-1 where none)."""

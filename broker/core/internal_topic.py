@@ -28,11 +28,19 @@ import logging
 from collections.abc import Callable, Sequence
 
 from tidelog.broker.core.partition import Partition
+from tidelog.storage.control import read_marker
 from tidelog.storage.errors import CoordinatorLoadInProgressError, CorruptRecordError
 from tidelog.storage.partition_log import AppendResult, PartitionLog
 from tidelog.storage.records import BatchBuilder, decode_batch, iter_batch_headers
 
-__all__ = ["BATCH_TARGET_BYTES", "append_durably", "check_loaded", "record_batches", "replay"]
+__all__ = [
+    "BATCH_TARGET_BYTES",
+    "Entry",
+    "append_durably",
+    "check_loaded",
+    "record_batches",
+    "replay",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +50,30 @@ _READ_BYTES = 1 << 20
 _REPLICATION_WAIT_MS = 30_000
 
 
-def record_batches(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int) -> bytes:
+def record_batches(
+    records: Sequence[tuple[bytes, bytes | None]],
+    timestamp_ms: int,
+    transaction: tuple[int, int] | None = None,
+) -> bytes:
     """Concatenated batches holding ``records`` (key, value or None for a tombstone), each
-    about ``BATCH_TARGET_BYTES`` at most."""
+    about ``BATCH_TARGET_BYTES`` at most. ``transaction``: (producer id, epoch) of the
+    transaction they belong to (TxnOffsetCommit): transactional batches, no sequence."""
+
+    def builder() -> BatchBuilder:
+        if transaction is None:
+            return BatchBuilder()
+        return BatchBuilder(
+            producer_id=transaction[0], producer_epoch=transaction[1], is_transactional=True
+        )
+
     out: list[bytes] = []
-    builder = BatchBuilder()
+    current = builder()
     for key, value in records:
-        if builder.record_count and builder.estimated_size_bytes() >= BATCH_TARGET_BYTES:
-            out.append(builder.build())
-            builder = BatchBuilder()
-        builder.append(timestamp_ms, key, value)
-    out.append(builder.build())
+        if current.record_count and current.estimated_size_bytes() >= BATCH_TARGET_BYTES:
+            out.append(current.build())
+            current = builder()
+        current.append(timestamp_ms, key, value)
+    out.append(current.build())
     return b"".join(out)
 
 
@@ -61,13 +82,15 @@ def append_durably(
     records: Sequence[tuple[bytes, bytes | None]],
     timestamp_ms: int,
     on_append: Callable[[str, int], None] | None,
+    transaction: tuple[int, int] | None = None,
 ) -> AppendResult:
     """Append ``records`` to ``target`` as its leader, fsync them and, replicated, wait
     until the in-sync replicas hold them; ``on_append`` (topic, partition) wakes the
-    followers' fetches meanwhile. Raises what the append, the fsync and the wait raise
-    (``NotLeaderOrFollowerError``, ``NotEnoughReplicasError``, ``KafkaTimeoutError``,
-    ``StorageError``)."""
-    result = target.append_as_leader(record_batches(records, timestamp_ms), acks_all=True)
+    followers' fetches meanwhile; ``transaction`` as ``record_batches``. Raises what the
+    append, the fsync and the wait raise (``NotLeaderOrFollowerError``,
+    ``NotEnoughReplicasError``, ``KafkaTimeoutError``, ``StorageError``)."""
+    batches = record_batches(records, timestamp_ms, transaction)
+    result = target.append_as_leader(batches, acks_all=True)
     target.log.flush(result.last_offset + 1)  # flush(n) makes the offsets below n durable
     if target.replicated:
         if on_append is not None:
@@ -95,12 +118,22 @@ def check_loaded(target: Partition, loaded: tuple[int, int] | None, what: str) -
         )
 
 
+Entry = tuple[int, bytes | None, bytes | None]  # offset, key, value
+
+
 def replay(
     partition_log: PartitionLog,
     apply: Callable[[int, bytes | None, bytes | None], None],
+    pending: dict[int, list[Entry]] | None = None,
 ) -> int:
     """Feed every record of ``partition_log`` (offset, key, value) to ``apply``, oldest
-    first; returns how many records were read."""
+    first; returns how many records were read.
+
+    Records of transactional batches (TxnOffsetCommit's) are held per producer id until
+    that producer's marker: a COMMIT applies them then, in order, an ABORT drops them.
+    Those still undecided at the log end are left in ``pending`` (producer id -> its
+    records), for the store to hold as pending; without ``pending`` they are dropped."""
+    held: dict[int, list[Entry]] = {} if pending is None else pending
     offset = partition_log.log_start_offset
     end = partition_log.log_end_offset
     count = 0
@@ -110,6 +143,8 @@ def replay(
             break
         for position, header in iter_batch_headers(data):
             if header.is_control:
+                if header.next_offset > offset:
+                    _end_transaction(data, position, header.producer_id, held, apply)
                 offset = max(offset, header.next_offset)
                 continue
             try:
@@ -122,9 +157,32 @@ def replay(
                     exc,
                 )
                 batch_records = []
-            for record in batch_records:
-                if record.offset >= offset:
-                    count += 1
-                    apply(record.offset, record.key, record.value)
+            fresh = [(r.offset, r.key, r.value) for r in batch_records if r.offset >= offset]
+            count += len(fresh)
+            if header.is_transactional:
+                held.setdefault(header.producer_id, []).extend(fresh)
+            else:
+                for entry in fresh:
+                    apply(*entry)
             offset = max(offset, header.next_offset)
     return count
+
+
+def _end_transaction(
+    data: bytes,
+    position: int,
+    producer_id: int,
+    held: dict[int, list[Entry]],
+    apply: Callable[[int, bytes | None, bytes | None], None],
+) -> None:
+    try:
+        marker = read_marker(data, position)
+    except CorruptRecordError as exc:
+        log.error("skipping an undecodable control batch of producer %d: %s", producer_id, exc)
+        return
+    if marker is None:
+        return
+    entries = held.pop(producer_id, [])
+    if marker.commit:
+        for entry in entries:
+            apply(*entry)

@@ -37,6 +37,8 @@ alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 init_transactions          WRITE on the transactional id (InitProducerId with one)
 add_partitions_to_txn      WRITE on the transactional id and on each topic
+add_offsets_to_txn         WRITE on the transactional id, READ on the group
+txn_offset_commit          WRITE on the transactional id, READ on the group and each topic
 end_txn                    WRITE on the transactional id
 describe_transactions      DESCRIBE on each transactional id
 list_transactions          each transactional id filtered silently (DESCRIBE)
@@ -195,6 +197,8 @@ OPERATIONS: Mapping[str, Policy] = {
     "describe_producers": Policy({_T: Operation.READ}),
     "init_transactions": Policy({_X: Operation.WRITE}),
     "add_partitions_to_txn": Policy({_X: Operation.WRITE, _T: Operation.WRITE}),
+    "add_offsets_to_txn": Policy({_X: Operation.WRITE, _G: Operation.READ}),
+    "txn_offset_commit": Policy({_X: Operation.WRITE, _G: Operation.READ, _T: Operation.READ}),
     "end_txn": Policy({_X: Operation.WRITE}),
     "describe_transactions": Policy({_X: Operation.DESCRIBE}),
     "list_transactions": Policy(lists=_X),
@@ -273,7 +277,9 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     68: ("ConsumerGroupHeartbeat", "consumer_group_heartbeat"),
     69: ("ConsumerGroupDescribe", "describe_groups"),
     24: ("AddPartitionsToTxn", "add_partitions_to_txn"),
+    25: ("AddOffsetsToTxn", "add_offsets_to_txn"),
     26: ("EndTxn", "end_txn"),
+    28: ("TxnOffsetCommit", "txn_offset_commit"),
     65: ("DescribeTransactions", "describe_transactions"),
     66: ("ListTransactions", "list_transactions"),
 }

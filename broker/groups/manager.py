@@ -387,6 +387,35 @@ class GroupManager:
             for i, entry in enumerate(entries)
         ]
 
+    def commit_transactional_offsets(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        entries: Sequence[OffsetCommitEntry],
+    ) -> list[OffsetResult]:
+        """TxnOffsetCommit: the offsets, checked as a commit's, stored as records of the
+        producer's transaction, pending until its marker (``broker.groups.txn_offsets``);
+        the member (if any) was checked by the caller against its classic group."""
+        _check_group_id(group_id)
+        now_ms = self._clock.wall_ms()
+        errors = {i: e for i, entry in enumerate(entries) if (e := self._commit_error(entry))}
+        values = {
+            e.tp: OffsetValue(e.offset, e.metadata, now_ms, _epoch(e.leader_epoch))
+            for i, e in enumerate(entries)
+            if i not in errors
+        }
+        if values:
+            self._store.commit_transactional(group_id, producer_id, producer_epoch, values)
+        return [
+            _result(entry.tp, errors[i])
+            if i in errors
+            else OffsetResult(
+                entry.tp, entry.offset, entry.metadata, leader_epoch=_epoch(entry.leader_epoch)
+            )
+            for i, entry in enumerate(entries)
+        ]
+
     def _commit_error(self, entry: OffsetCommitEntry) -> BaseException | None:
         try:
             self._logs.get_log(entry.tp.topic, entry.tp.partition)

@@ -67,7 +67,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from tidelog.broker.core.internal_topic import append_durably, check_loaded, replay
+from tidelog.broker.core.internal_topic import Entry, append_durably, check_loaded, replay
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
@@ -83,6 +83,7 @@ from tidelog.broker.groups.offset_records import (
     encode_value,
     partition_for,
 )
+from tidelog.broker.groups.txn_offsets import PendingOffsets
 from tidelog.storage.errors import (
     TopicAlreadyExistsError,
 )
@@ -124,6 +125,7 @@ class OffsetStore:
         on_append: Callable[[str, int], None] | None,
         registry: PartitionRegistry,
         groups: dict[str, GroupMetadataValue] | None = None,
+        pending: PendingOffsets | None = None,
     ) -> None:
         self._logs = logs
         self._partitions = partitions
@@ -143,6 +145,9 @@ class OffsetStore:
         # Cluster mode: offsets partition -> (leader epoch the cache was loaded at, the log
         # end offset then); guarded by _cache_lock. See check_loaded.
         self._loaded: dict[int, tuple[int, int]] = {}
+        # Offsets committed in transactions not decided yet (broker.groups.txn_offsets);
+        # guarded by _cache_lock.
+        self._pending = pending if pending is not None else PendingOffsets()
 
     @classmethod
     def open(
@@ -179,9 +184,12 @@ class OffsetStore:
             meta = logs.topic(OFFSETS_TOPIC)
         cache: dict[str, dict[TopicPartition, OffsetValue]] = {}
         groups: dict[str, GroupMetadataValue] = {}
+        pending = PendingOffsets()
         records = 0
         for partition in range(meta.partitions):
-            records += _load_partition(logs.get_log(OFFSETS_TOPIC, partition), cache, groups)
+            records += _load_partition(
+                logs.get_log(OFFSETS_TOPIC, partition), cache, groups, pending
+            )
         log.info(
             "loaded %d committed offset(s) of %d group(s) and %d group metadata record(s)"
             " from %d record(s) of %s",
@@ -193,7 +201,7 @@ class OffsetStore:
         )
         if registry is None:
             registry = PartitionRegistry(logs, 0, logs.clock, replicated=False)
-        return cls(logs, meta.partitions, cache, on_append, registry, groups)
+        return cls(logs, meta.partitions, cache, on_append, registry, groups, pending)
 
     @property
     def partitions(self) -> int:
@@ -248,6 +256,41 @@ class OffsetStore:
             (encode_key(group_id, tp), encode_value(v)) for tp, v in offsets.items()
         ]
         self._write(group_id, records, lambda: self._offsets_of(group_id).update(offsets))
+
+    def commit_transactional(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        offsets: Mapping[TopicPartition, OffsetValue],
+    ) -> None:
+        """TxnOffsetCommit: store ``offsets`` durably as records of the producer's
+        transaction; they stay pending (invisible) until its marker lands on this
+        partition (``end_transaction``). Raises as ``commit``."""
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(group_id, tp), encode_value(v)) for tp, v in offsets.items()
+        ]
+        self._write(
+            group_id,
+            records,
+            lambda: self._pending.add(producer_id, group_id, offsets),
+            transaction=(producer_id, producer_epoch),
+        )
+
+    def end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction marker of ``producer_id`` was written (durably) to offsets
+        partition ``partition``: its pending offsets there become committed, or go."""
+        with self._cache_lock:
+            ended = self._pending.end(
+                producer_id, lambda g: self.partition_for(g) == partition, commit
+            )
+            for group_id, offsets in ended.items():
+                self._offsets_of(group_id).update(offsets)
+
+    def pending_partitions(self, group_id: str) -> set[TopicPartition]:
+        """The group's partitions with an offset pending in an undecided transaction."""
+        with self._cache_lock:
+            return self._pending.partitions_of(group_id)
 
     def delete(
         self,
@@ -336,11 +379,12 @@ class OffsetStore:
         request is served between the load and the classic groups' rebuild."""
         fresh: dict[str, dict[TopicPartition, OffsetValue]] = {}
         fresh_groups: dict[str, GroupMetadataValue] = {}
+        fresh_pending = PendingOffsets()
         with self._write_locks[partition]:
             self._sequence_floors[partition] = max(self._sequence_floors[partition], sequence_floor)
             epoch = self._leader_epoch(partition)
             partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
-            records = _load_partition(partition_log, fresh, fresh_groups)
+            records = _load_partition(partition_log, fresh, fresh_groups, fresh_pending)
             if on_groups is not None:
                 on_groups(dict(fresh_groups))
             with self._cache_lock:
@@ -350,6 +394,8 @@ class OffsetStore:
                 for group in [g for g in self._groups if self.partition_for(g) == partition]:
                     del self._groups[group]
                 self._groups.update(fresh_groups)
+                self._pending.forget(lambda g: self.partition_for(g) == partition)
+                self._pending.merge(fresh_pending)
                 if epoch is not None:
                     self._loaded[partition] = (epoch, partition_log.log_end_offset)
         log.info(
@@ -381,6 +427,7 @@ class OffsetStore:
             for group in gone:
                 self._cache.pop(group, None)
                 self._groups.pop(group, None)
+            self._pending.forget(lambda g: self.partition_for(g) == partition)
             self._loaded.pop(partition, None)
         return len(gone)
 
@@ -452,16 +499,19 @@ class OffsetStore:
         group_id: str,
         records: list[tuple[bytes, bytes | None]],
         apply: Callable[[], None],
+        *,
+        transaction: tuple[int, int] | None = None,
     ) -> None:
         """Append ``records`` to the group's partition durably (module docstring), then
-        ``apply`` the change to the caches under the cache lock."""
+        ``apply`` the change to the caches under the cache lock. ``transaction``: the
+        (producer id, epoch) whose transaction they belong to."""
         if not records:
             return
         partition = self.partition_for(group_id)
         target = self._registry.get(OFFSETS_TOPIC, partition)
         now_ms = self._logs.clock.wall_ms()
         with self._write_locks[partition]:
-            result = append_durably(target, records, now_ms, self._on_append)
+            result = append_durably(target, records, now_ms, self._on_append, transaction)
             with self._cache_lock:
                 apply()
                 if not self._cache.get(group_id, True):
@@ -482,13 +532,24 @@ def _load_partition(
     partition_log: PartitionLog,
     cache: dict[str, dict[TopicPartition, OffsetValue]],
     groups: dict[str, GroupMetadataValue],
+    pending: PendingOffsets,
 ) -> int:
-    """Replay one offsets partition into ``cache`` (offsets) and ``groups`` (group
-    metadata); returns the records read."""
-    return replay(
+    """Replay one offsets partition into ``cache`` (offsets), ``groups`` (group
+    metadata) and ``pending`` (offsets of transactions undecided at the log end); returns
+    the records read."""
+    undecided: dict[int, list[Entry]] = {}
+    count = replay(
         partition_log,
         lambda offset, key, value: _apply(partition_log, offset, key, value, cache, groups),
+        undecided,
     )
+    for producer_id, entries in undecided.items():
+        held: dict[str, dict[TopicPartition, OffsetValue]] = {}
+        for offset, key, value in entries:
+            _apply(partition_log, offset, key, value, held, {})
+        for group_id, offsets in held.items():
+            pending.add(producer_id, group_id, offsets)
+    return count
 
 
 def _apply(

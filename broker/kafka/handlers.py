@@ -65,10 +65,12 @@ from tidelog.broker.kafka.reassign import (
 )
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidelog.broker.kafka.transactions import (
+    add_offsets_to_txn,
     add_partitions_to_txn,
     describe_transactions,
     end_txn,
     list_transactions,
+    txn_offset_commit,
 )
 from tidelog.broker.kafka.users import alter_user_scram_credentials, describe_user_scram_credentials
 from tidelog.broker.kafka.versions import ADVERTISED
@@ -368,7 +370,9 @@ HANDLERS: dict[int, Handler] = {
     21: delete_records,
     22: init_producer_id,
     24: add_partitions_to_txn,
+    25: add_offsets_to_txn,
     26: end_txn,
+    28: txn_offset_commit,
     23: offset_for_leader_epoch,
     32: describe_configs,
     33: alter_configs,

@@ -1,5 +1,6 @@
 """Coordinators and committed offsets over the core: FindCoordinator, OffsetCommit,
-OffsetFetch, OffsetDelete.
+OffsetFetch, OffsetDelete. OffsetFetch's ``require_stable`` (v7+, KIP-447) answers
+``UNSTABLE_OFFSET_COMMIT`` for a partition whose offset is pending in a transaction.
 
 Committed offsets are the core's (``BrokerCore.commit_offsets`` / ``fetch_offsets``), the
 same ``__consumer_offsets`` the gRPC listener writes and reads, so a group's position is
@@ -162,17 +163,22 @@ class _RefusedError(Exception):
 async def offset_fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
     """OffsetFetch (v1-9): committed offsets, -1 where none; ``topics`` null: all. v8+
     asks for several groups at once (KIP-709)."""
+    stable = bool(request.get("require_stable", False))  # v7+ (KIP-447)
     if "groups" in request:
         groups = []
         for entry in request["groups"]:
-            answer = await _offsets_of(conn, header, entry["group_id"], entry.get("topics"))
+            answer = await _offsets_of(conn, header, entry["group_id"], entry.get("topics"), stable)
             groups.append({"group_id": entry["group_id"], **answer})
         return {"groups": groups}
-    return await _offsets_of(conn, header, request["group_id"], request.get("topics"))
+    return await _offsets_of(conn, header, request["group_id"], request.get("topics"), stable)
 
 
 async def _offsets_of(
-    conn: Connection, header: RequestHeader, group_id: str, topics: list[Plain] | None
+    conn: Connection,
+    header: RequestHeader,
+    group_id: str,
+    topics: list[Plain] | None,
+    stable: bool = False,
 ) -> Plain:
     selection = None if topics is None else {t["name"]: t["partition_indexes"] for t in topics}
     refused = denied(conn, group(group_id))
@@ -210,6 +216,9 @@ async def _offsets_of(
                 ]
             }
         return {"topics": [], "error_code": code}
+    # require_stable: a partition whose offset is pending in an undecided transaction
+    # answers UNSTABLE_OFFSET_COMMIT (retriable) rather than the offset before it.
+    unstable = conn.core.groups.store.pending_partitions(group_id) if stable else set()
     by_topic: dict[str, list[Plain]] = {}
     for t in topics or []:
         if t["name"] in hidden:
@@ -230,7 +239,11 @@ async def _offsets_of(
                 "committed_offset": r.offset,
                 "committed_leader_epoch": r.leader_epoch,  # v5+ (KIP-320)
                 "metadata": r.metadata,
-                "error_code": kafka_code(r.error_code),
+                "error_code": (
+                    error_code_for("UNSTABLE_OFFSET_COMMIT")
+                    if r.tp in unstable
+                    else kafka_code(r.error_code)
+                ),
             }
         )
     return {

@@ -15,9 +15,12 @@ same way (fatal). AddPartitionsToTxn answers every partition: when some are refu
 answer. A broker without a coordinator (a cluster's, not built yet) answers
 ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, fatal for the clients at once.
 
-Not served yet (not advertised): AddOffsetsToTxn, TxnOffsetCommit (offsets in
-transactions), WriteTxnMarkers (between brokers), AddPartitionsToTxn v4+ (brokers'
-verification, KIP-890), EndTxn v5 (transactions v2).
+AddOffsetsToTxn (READ on the group too) adds the group's ``__consumer_offsets`` partition;
+TxnOffsetCommit (sent to the group's coordinator) stores offsets pending in the
+transaction until its marker (``broker.groups.txn_offsets``).
+
+Not served yet (not advertised): WriteTxnMarkers (between brokers), AddPartitionsToTxn
+v4+ (brokers' verification, KIP-890), EndTxn v5 and TxnOffsetCommit v5 (transactions v2).
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from tidelog.broker.core.operations import topic, transactional_id
+from tidelog.broker.core.operations import group, topic, transactional_id
+from tidelog.broker.groups.assignor import TopicPartition
+from tidelog.broker.groups.manager import OffsetCommitEntry
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.kafka.authz import denied, refusals, visible
 from tidelog.broker.kafka.codec import Plain, RequestHeader
-from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_error
+from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
+from tidelog.broker.kafka.groups import classic_error_code, not_coordinator
 from tidelog.broker.kafka.listener import Connection
 from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.broker.transactions.state import TxnMetadata
@@ -38,11 +45,13 @@ from tidelog.storage.errors import (
 )
 
 __all__ = [
+    "add_offsets_to_txn",
     "add_partitions_to_txn",
     "describe_transactions",
     "end_txn",
     "init_transactional_producer",
     "list_transactions",
+    "txn_offset_commit",
 ]
 
 _FENCED = error_code_for("PRODUCER_FENCED")
@@ -251,3 +260,92 @@ async def list_transactions(conn: Connection, header: RequestHeader, request: Pl
             if m.transactional_id in shown
         ],
     }
+
+
+async def add_offsets_to_txn(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """AddOffsetsToTxn v0-3: the group's ``__consumer_offsets`` partition joins the
+    transaction (WRITE on the id, READ on the group)."""
+    tid = request["transactional_id"]
+    group_id = request["group_id"]
+    decided = refusals(conn, [transactional_id(tid), group(group_id)], whole=True)
+    refused = next((code for code in decided.values() if code), 0)
+    if refused:
+        return {"error_code": refused}
+    try:
+        await conn.run(
+            _coordinator(conn).add_offsets,
+            tid,
+            request["producer_id"],
+            request["producer_epoch"],
+            group_id,
+        )
+    except Exception as exc:
+        return {"error_code": _code(exc, header.api_version, 2)}
+    return {"error_code": NONE}
+
+
+async def txn_offset_commit(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
+    """TxnOffsetCommit v0-3, sent to the group's coordinator: the offsets, pending in the
+    producer's transaction until its marker (``broker.groups.txn_offsets``). The group's
+    partition must be in that transaction (AddOffsetsToTxn, verified with the transaction
+    coordinator: ``INVALID_TXN_STATE`` otherwise); v3's member and generation (KIP-447) are
+    checked as a classic OffsetCommit's, fencing a zombie consumer's producer."""
+    tid = request["transactional_id"]
+    group_id = request["group_id"]
+    topics = request["topics"]
+    decided = refusals(
+        conn,
+        [transactional_id(tid), group(group_id), *(topic(t["name"]) for t in topics)],
+        whole=True,
+    )
+    error = next((code for code in decided.values() if code), 0)
+    pid, epoch = request["producer_id"], request["producer_epoch"]
+    member_id = request.get("member_id") or ""
+    generation = request.get("generation_id", -1)
+    if not error:
+        error = await not_coordinator(conn, group_id)
+    if not error and (member_id or generation >= 0):
+        classic = conn.core.groups.classic
+        error = classic_error_code(
+            classic.check_commit(group_id, member_id, generation, request.get("group_instance_id"))
+        )
+    if not error:
+        offsets_partition = (OFFSETS_TOPIC, conn.core.groups.store.partition_for(group_id))
+        verified = await conn.run(
+            _coordinator(conn).verify_partition, tid, pid, epoch, offsets_partition
+        )
+        if verified:
+            error = error_code_for(
+                "INVALID_PRODUCER_EPOCH" if verified == "PRODUCER_FENCED" else "INVALID_TXN_STATE"
+            )
+    codes: list[int] = []
+    if not error:
+        entries = [
+            OffsetCommitEntry(
+                TopicPartition(t["name"], p["partition_index"]),
+                p["committed_offset"],
+                p.get("committed_metadata") or "",
+                p.get("committed_leader_epoch", -1),
+            )
+            for t in topics
+            for p in t["partitions"]
+        ]
+        try:
+            results = await conn.run(
+                conn.core.commit_transactional_offsets, group_id, pid, epoch, entries
+            )
+        except Exception as exc:
+            error, _ = kafka_error(exc)
+        else:
+            codes = [kafka_code(r.error_code) for r in results]
+    answer = []
+    index = 0
+    for t in topics:
+        partitions = []
+        for p in t["partitions"]:
+            partitions.append(
+                {"partition_index": p["partition_index"], "error_code": error or codes[index]}
+            )
+            index += 1
+        answer.append({"name": t["name"], "partitions": partitions})
+    return {"topics": answer}

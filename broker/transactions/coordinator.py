@@ -511,6 +511,7 @@ def open_coordinator(
     allocate: Callable[[], int],
     group_partition: Callable[[str], TopicPartition],
     on_append: Callable[[str, int], None],
+    on_marker: Callable[[str, int, int, bool], None] | None = None,
 ) -> TransactionCoordinator:
     """A single node's coordinator: ``__transaction_state`` opened (created on the first
     start) in the broker's data directory, markers written to its own partitions
@@ -528,7 +529,7 @@ def open_coordinator(
     return TransactionCoordinator(
         txn_log,
         allocate,
-        LocalMarkers(registry, on_append),
+        LocalMarkers(registry, on_append, on_marker),
         registry,
         clock,
         TxnCoordinatorConfig(

@@ -35,9 +35,17 @@ _REPLICATION_WAIT_MS = 30_000
 class LocalMarkers:
     """Writes markers to this broker's own partitions (a single node leads them all)."""
 
-    def __init__(self, registry: PartitionRegistry, on_append: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        registry: PartitionRegistry,
+        on_append: Callable[[str, int], None],
+        on_marker: Callable[[str, int, int, bool], None] | None = None,
+    ) -> None:
         self._registry = registry
         self._on_append = on_append
+        # (topic, partition, producer id, commit) once a marker is durable: the group
+        # coordinator makes the transaction's pending offsets committed (or drops them).
+        self._on_marker = on_marker
 
     def write_markers(
         self,
@@ -73,6 +81,8 @@ class LocalMarkers:
                 )
                 out[(topic, index)] = exc.code
                 continue
+            if self._on_marker is not None:
+                self._on_marker(topic, index, producer_id, commit)
             self._on_append(topic, index)
             out[(topic, index)] = ""
         return out

@@ -211,3 +211,33 @@ def test_a_single_node_coordinator_is_always_loaded(tmp_path: Path) -> None:
     with open_logs(tmp_path) as logs:
         store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
         store.check_loaded(0)
+
+
+def test_transactional_offsets_wait_for_their_marker_across_reopens(tmp_path: Path) -> None:
+    """TxnOffsetCommit's offsets (issue #28) are pending until the producer's marker on the
+    group's partition: COMMIT makes them the group's, ABORT drops them; a reopen replays
+    the same decisions, and an undecided transaction's offsets come back pending."""
+    committed_tp, aborted_tp, open_tp = (TopicPartition("in", p) for p in range(3))
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        plog = logs.get_log(OFFSETS_TOPIC, 0)
+        store.commit("g", {committed_tp: OffsetValue(1, "", 0)})
+        store.commit_transactional("g", 10, 0, {committed_tp: OffsetValue(7, "", 0)})
+        store.commit_transactional("g", 11, 0, {aborted_tp: OffsetValue(9, "", 0)})
+        store.commit_transactional("g", 12, 0, {open_tp: OffsetValue(5, "", 0)})
+        assert store.offsets("g") == {committed_tp: OffsetValue(1, "", 0)}
+        assert store.pending_partitions("g") == {committed_tp, aborted_tp, open_tp}
+        for producer_id, commit in ((10, True), (11, False)):
+            plog.append_marker(producer_id, 0, commit, 0)
+            store.end_transaction(0, producer_id, commit)
+        assert store.offsets("g")[committed_tp].offset == 7
+        assert aborted_tp not in store.offsets("g")
+        assert store.pending_partitions("g") == {open_tp}
+    with open_logs(tmp_path) as logs:
+        store = OffsetStore.open(logs, OffsetStoreConfig(num_partitions=1))
+        assert {tp: v.offset for tp, v in store.offsets("g").items()} == {committed_tp: 7}
+        assert store.pending_partitions("g") == {open_tp}
+        logs.get_log(OFFSETS_TOPIC, 0).append_marker(12, 0, True, 0)
+        store.end_transaction(0, 12, True)
+        assert store.offsets("g")[open_tp].offset == 5
+        assert store.pending_partitions("g") == set()

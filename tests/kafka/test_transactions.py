@@ -370,3 +370,115 @@ def test_kafka_pythons_transactional_producer(kafka_broker: KafkaBroker, topic: 
     assert sorted(read_all(kafka_broker, topic, "read_committed", 3)) == [
         f"kept-{i}".encode() for i in range(3)
     ]
+
+
+def _stable_offset_code(kafka_broker: KafkaBroker, group: str, topic: str) -> int:
+    """OffsetFetch v7 with require_stable, raw: partition 0's error code."""
+    import socket
+
+    from kafka.protocol.consumer import OffsetFetchResponse
+
+    from tests.kafka import raw
+
+    request = raw.offset_fetch_request(group, topic, [0], version=7)
+    request.require_stable = True
+    host, port = kafka_broker.bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+        answer = raw.call(sock, request, "stable")
+    assert answer is not None
+    decoded = OffsetFetchResponse[7].decode(answer, header=True)
+    return int(decoded.topics[0].partitions[0].error_code)
+
+
+def test_consume_transform_produce_commits_offsets_in_the_transaction(
+    kafka_broker: KafkaBroker, topic: str
+) -> None:
+    """Exactly once, Kafka's way: a consumer's offsets go into the producer's transaction
+    (AddOffsetsToTxn, TxnOffsetCommit): committed with its output, or not at all. While
+    the transaction is open they are pending: OffsetFetch with require_stable answers
+    UNSTABLE_OFFSET_COMMIT (88), a plain OffsetFetch the offset before it."""
+    source = topic
+    sink = unique("sink")
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.create_topics([NewTopic(sink, num_partitions=1)])[sink].result(timeout=TIMEOUT_S)
+    plain = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    for i in range(6):
+        plain.produce(source, f"in-{i}".encode(), partition=0)
+    plain.flush(TIMEOUT_S)
+    group = unique("copier")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition(source, 0, 0)])
+    tx = producer(kafka_broker, unique("copier"))
+    try:
+        taken: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(taken) < 6 and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                taken.append(message.value())
+        assert len(taken) == 6
+        # Aborted: the output goes and so do the offsets.
+        tx.begin_transaction()
+        for value in taken[:3]:
+            tx.produce(sink, value.upper(), partition=0)
+        tx.send_offsets_to_transaction(
+            [TopicPartition(source, 0, 3)], consumer.consumer_group_metadata(), TIMEOUT_S
+        )
+        assert _stable_offset_code(kafka_broker, group, source) == 88  # pending
+        tx.abort_transaction(TIMEOUT_S)
+        # Stable once the ABORT marker landed (the abort is answered before the markers,
+        # as Kafka's): a client retries 88 until then.
+        deadline = time.monotonic() + TIMEOUT_S
+        while _stable_offset_code(kafka_broker, group, source) == 88:
+            assert time.monotonic() < deadline, "the abort's marker never landed"
+            time.sleep(0.05)
+        assert _stable_offset_code(kafka_broker, group, source) == 0
+        (nothing,) = consumer.committed([TopicPartition(source, 0)], timeout=TIMEOUT_S)
+        assert nothing.offset < 0
+        # Committed: the output and the offsets together.
+        tx.begin_transaction()
+        for value in taken:
+            tx.produce(sink, value.upper(), partition=0)
+        tx.send_offsets_to_transaction(
+            [TopicPartition(source, 0, 6)], consumer.consumer_group_metadata(), TIMEOUT_S
+        )
+        tx.commit_transaction(TIMEOUT_S)
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:  # the markers, then the offsets, follow the commit's answer
+            (done,) = consumer.committed([TopicPartition(source, 0)], timeout=TIMEOUT_S)
+            if done.offset == 6 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert done.offset == 6
+    finally:
+        consumer.close()
+    copied = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "group.id": unique("check"),
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    copied.assign([TopicPartition(sink, 0, 0)])
+    values: list[bytes] = []
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            message = copied.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                break  # end of the partition
+            values.append(message.value())
+    finally:
+        copied.close()
+    assert values == [f"IN-{i}".encode() for i in range(6)]
