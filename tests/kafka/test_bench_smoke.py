@@ -48,3 +48,19 @@ def test_the_peer_comparison_runs_the_kafka_listener_peer(tmp_path: Path) -> Non
     assert not doc.get("errors"), doc.get("errors")
     measured = {r["workload"] for r in doc["results"] if r["peer"] == "tidelog-kafka"}
     assert measured == {"produce", "consume", "latency", "end_to_end"}
+
+
+@pytest.mark.timeout(120)
+def test_the_transactions_benchmark_reports_every_figure() -> None:
+    from benchmarks import transactions_bench  # (ROOT is on sys.path: see the top)
+
+    results = transactions_bench.main(["--records", "3000", "--txn-ms", "20"])
+    for key in (
+        "idempotent_produce_records_per_s",
+        "txn_produce_records_per_s",
+        "txn_over_idempotent_produce",
+        "read_uncommitted_consume_records_per_s",
+        "read_committed_consume_records_per_s",
+        "read_committed_over_uncommitted_consume",
+    ):
+        assert results[key] > 0, key
