@@ -45,14 +45,9 @@ from tidelog.client import group_admin
 from tidelog.client.acls import AclBinding, AclFilter
 from tidelog.client.cluster import BrokerNode
 from tidelog.client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from tidelog.client.connection import (
-    Connection,
-    ConnectionFactory,
-    GrpcConnection,
-    ProducerState,
-    grpc_connections,
-)
+from tidelog.client.connection import Connection, ConnectionFactory, ProducerState
 from tidelog.client.group_admin import ResetTarget
+from tidelog.client.grpc_connection import GrpcConnection, grpc_connections
 from tidelog.client.offsets import list_offsets
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity, salted_credential

@@ -57,11 +57,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
 from tidelog.client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
-from tidelog.client.connection import CommittedOffset, ConnectionFactory, grpc_connections
+from tidelog.client.connection import CommittedOffset, ConnectionFactory
 from tidelog.client.coordinator import ConsumerCoordinator
 from tidelog.client.errors import ClosedError, LogTruncationError
 from tidelog.client.fetch_session import FetchSession
 from tidelog.client.fetcher import SubscriptionState, check_position
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.offsets import (
     commit_offsets,
     fetch_committed_offsets,

@@ -467,7 +467,6 @@ OVERSIZED_ALLOWED: dict[str, str] = {
     "broker/cluster/controller.py": "seam: reassignment handling, election driving",
     "client/admin.py": "seam: the admin client's areas (groups, security, records)",
     "client/testing.py": "seam: InMemoryConnection and its streams",
-    "client/connection.py": "seam: the Connection protocol's values versus GrpcConnection",
     "client/consumer.py": "seam: position reset and validation",
     "client/console/app.py": "seam: rendering helpers, handlers by area",
     # Not in task H8's list (it grew past the limit since); seam: the produce link
