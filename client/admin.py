@@ -30,32 +30,29 @@ the client quota calls go to every live broker. An older broker without groups a
 (``delete_offsets``) is refused only for topics a live member subscribes to
 (``GroupSubscribedToTopicError``).
 
+The group calls are written in ``client.admin_groups`` and the ACL, SCRAM user and quota
+calls in ``client.admin_security``, mixed into ``AdminClient``: import everything from
+here.
+
 Thread-safe (the connections are); ``close`` when done.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
-from tidelog.client import group_admin
-from tidelog.client.acls import AclBinding, AclFilter
+from tidelog.client.admin_groups import GroupAdminCalls
+from tidelog.client.admin_security import SecurityAdminCalls
 from tidelog.client.cluster import BrokerNode
 from tidelog.client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
-from tidelog.client.connection import (
-    Connection,
-    ConnectionFactory,
-    GrpcConnection,
-    ProducerState,
-    grpc_connections,
-)
-from tidelog.client.group_admin import ResetTarget
+from tidelog.client.connection import Connection, ConnectionFactory, ProducerState
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.offsets import list_offsets
 from tidelog.client.routing import ClusterConnections
-from tidelog.client.security import ClientSecurity, salted_credential
+from tidelog.client.security import ClientSecurity
 from tidelog.client.types import (
     AlterConfigOp,
     ConfigEntry,
@@ -68,14 +65,11 @@ from tidelog.client.types import (
     OffsetAndTimestamp,
     PartitionDescription,
     PartitionReassignment,
-    QuotaEntity,
     TopicDescription,
     TopicPartition,
     TopicSummary,
 )
-from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
-    InvalidRequestError,
     LeaderNotAvailableError,
     NotLeaderOrFollowerError,
     TidelogError,
@@ -93,8 +87,6 @@ __all__ = [
     "OffsetSpec",
     "ProducerState",
 ]
-
-log = logging.getLogger(__name__)
 
 OffsetSpec = Literal["earliest", "latest", "max_timestamp"] | int
 """What ``list_offsets`` looks for: the log start, the log end, the largest timestamp, or
@@ -114,8 +106,12 @@ class ClusterDescription:
     brokers: tuple[BrokerNode, ...]
 
 
-class AdminClient:
+class AdminClient(GroupAdminCalls, SecurityAdminCalls):
     """Administers a broker or a cluster. Thread-safe.
+
+    The cluster, topic, config, reassignment and offset calls are here; the group calls
+    come from ``GroupAdminCalls`` (``client.admin_groups``), the ACL, user and quota
+    calls from ``SecurityAdminCalls`` (``client.admin_security``).
 
     Args:
         bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
@@ -341,48 +337,6 @@ class AdminClient:
             lambda c, t: c.list_partition_reassignments(wanted, timeout_ms=t),
             "ListPartitionReassignments",
             timeout_ms,
-        )
-
-    # --- ACLs ----------------------------------------------------------------------------
-
-    def create_acls(self, bindings: Iterable[AclBinding], *, timeout_ms: int | None = None) -> None:
-        """Add ACL bindings (kept if already there). Needs ALTER on the cluster; raises
-        ``SecurityDisabledError`` on a broker without an authorizer, ``InvalidRequestError``
-        for a malformed binding."""
-        request = pb.CreateAclsRequest(acls=[b.to_wire() for b in bindings])
-        self._on_any_grpc("CreateAcls", request, timeout_ms)
-
-    def describe_acls(
-        self, acl_filter: AclFilter | None = None, *, timeout_ms: int | None = None
-    ) -> list[AclBinding]:
-        """The bindings matching ``acl_filter`` (all without one). Needs DESCRIBE on the
-        cluster."""
-        request = (acl_filter or AclFilter()).to_wire()
-        answer = self._on_any_grpc("DescribeAcls", request, timeout_ms)
-        return [AclBinding.from_wire(b) for b in answer.acls]
-
-    def delete_acls(
-        self, acl_filter: AclFilter, *, timeout_ms: int | None = None
-    ) -> list[AclBinding]:
-        """Remove the bindings matching ``acl_filter``; returns them. Needs ALTER on the
-        cluster."""
-        answer = self._on_any_grpc("DeleteAcls", acl_filter.to_wire(), timeout_ms)
-        return [AclBinding.from_wire(b) for b in answer.deleted]
-
-    def _on_any_grpc(self, method: str, request: object, timeout_ms: int | None) -> Any:
-        """A call not in the ``Connection`` protocol yet (ACLs, users) on any broker (a
-        cluster shares them through ZooKeeper), over the connection's gRPC transport."""
-
-        def call(connection: Connection, timeout: int) -> Any:
-            if not isinstance(connection, GrpcConnection):
-                raise InvalidRequestError(f"{method} needs a gRPC connection")
-            transport = connection.transport
-            return transport.call(
-                getattr(transport.stub, method), request, what=method, timeout_ms=timeout
-            )
-
-        return self._connections.run(
-            self._connections.route_any(), call, what=method, timeout_ms=timeout_ms
         )
 
     def list_topics(
@@ -697,309 +651,7 @@ class AdminClient:
             timeout_ms=timeout_ms,
         )
 
-    # --- consumer groups ------------------------------------------------------------------
-
-    def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupSummary]:
-        """Every consumer group with its state and member count, sorted by id.
-
-        Each broker knows the groups it coordinates: every live broker is asked (a broker
-        that cannot be reached is asked again after a metadata refresh, until the timeout)
-        and the answers merged.
-        """
-        return group_admin.list_groups(self._connections, timeout_ms)
-
-    def describe_group(self, group_id: str, *, timeout_ms: int | None = None) -> GroupDescription:
-        """Members and assignment (from the group's coordinator), and per partition the
-        committed offset, the log end offset and the lag (from the partition's leader).
-
-        Raises ``GroupIdNotFoundError`` for a group with neither members nor committed
-        offsets. A partition without a leader shows log end and lag -1.
-        """
-        return group_admin.describe_group(self._connections, group_id, timeout_ms)
-
-    def list_group_offsets(
-        self,
-        group_id: str,
-        partitions: Iterable[TopicPartition] | None = None,
-        *,
-        timeout_ms: int | None = None,
-    ) -> dict[TopicPartition, int]:
-        """The group's committed offsets, sorted: of ``partitions`` (those without one are
-        left out), or of every partition it has committed (None). Kafka's
-        ``listConsumerGroupOffsets``; an unknown group has none."""
-        return group_admin.list_group_offsets(
-            self._connections, group_id, partitions, self._timeout(timeout_ms)
-        )
-
-    def alter_group_offsets(
-        self,
-        group_id: str,
-        offsets: Mapping[TopicPartition, int],
-        *,
-        timeout_ms: int | None = None,
-    ) -> None:
-        """Set an empty group's committed offsets (Kafka's ``alterConsumerGroupOffsets``).
-
-        Raises ``ValueError`` for a negative offset; ``GroupNotEmptyError`` while the group
-        has members; the first failed partition's error (``UnknownTopicOrPartitionError``)
-        after the others were committed.
-        """
-        for tp, offset in offsets.items():
-            if not isinstance(tp, TopicPartition):
-                raise TypeError(f"expected TopicPartition keys, got {tp!r}")
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-                raise ValueError(f"offset for {tp} must be a non-negative int, got {offset!r}")
-        group_admin.alter_group_offsets(
-            self._connections, group_id, dict(offsets), self._timeout(timeout_ms)
-        )
-
-    def reset_group_offsets(
-        self,
-        group_id: str,
-        partitions: str | Iterable[TopicPartition] | None = None,
-        *,
-        to_earliest: bool = False,
-        to_latest: bool = False,
-        to_offset: int | None = None,
-        to_timestamp_ms: int | None = None,
-        timeout_ms: int | None = None,
-    ) -> dict[TopicPartition, int]:
-        """Move an empty group's committed offsets; returns the new offset per partition.
-
-        The targets are looked up at each partition's leader and committed at the group's
-        coordinator (Kafka's ``kafka-consumer-groups --reset-offsets`` works the same way).
-
-        Args:
-            group_id: the group; it must have no members.
-            partitions: a topic name (all of its partitions), some partitions, or None
-                (every partition the group has committed).
-            to_earliest, to_latest, to_offset, to_timestamp_ms: exactly one target: the
-                log start, the log end, an offset (clamped to [log start, log end], as
-                Kafka's tool does), or the first offset with a timestamp at or after the
-                one given in ms (the log end if there is none).
-
-        Raises ``ValueError`` for no target, several, or a negative one;
-        ``GroupNotEmptyError`` while the group has members; a partition's error
-        (``UnknownTopicOrPartitionError``) after the other partitions were moved.
-        """
-        targets = {
-            "to_earliest": to_earliest or None,
-            "to_latest": to_latest or None,
-            "to_offset": to_offset,
-            "to_timestamp_ms": to_timestamp_ms,
-        }
-        chosen = {k: v for k, v in targets.items() if v is not None}
-        if len(chosen) != 1:
-            raise ValueError(
-                "reset_group_offsets takes exactly one of to_earliest, to_latest, to_offset, "
-                f"to_timestamp_ms; got {sorted(chosen) or 'none'}"
-            )
-        for name in ("to_offset", "to_timestamp_ms"):
-            value = chosen.get(name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        target: ResetTarget
-        if to_earliest:
-            target = ("earliest", 0)
-        elif to_latest:
-            target = ("latest", 0)
-        elif to_offset is not None:
-            target = ("offset", to_offset)
-        else:
-            assert to_timestamp_ms is not None
-            target = ("timestamp", to_timestamp_ms)
-        if partitions is not None and not isinstance(partitions, str):
-            partitions = list(partitions)
-            for tp in partitions:
-                if not isinstance(tp, TopicPartition):
-                    raise TypeError(f"expected TopicPartitions or a topic name, got {tp!r}")
-            if not partitions:
-                raise ValueError("no partitions given (None means every committed partition)")
-        return group_admin.reset_group_offsets(
-            self._connections, group_id, partitions, target, self._timeout(timeout_ms)
-        )
-
-    def delete_group(self, group_id: str, *, timeout_ms: int | None = None) -> None:
-        """Delete an empty group and its committed offsets.
-
-        Raises ``GroupNotEmptyError`` while it has members, ``GroupIdNotFoundError`` if
-        it has no committed offsets.
-        """
-        group_admin.delete_group(self._connections, group_id, timeout_ms)
-
-    def delete_offsets(
-        self,
-        group_id: str,
-        partitions: Iterable[TopicPartition],
-        *,
-        timeout_ms: int | None = None,
-    ) -> None:
-        """Delete some of a group's committed offsets (Kafka's
-        ``deleteConsumerGroupOffsets``, KIP-496). The group may have members, as long as
-        none subscribes to the topic of a partition given; a partition without a
-        committed offset is not an error.
-
-        Raises ``ValueError`` for no partitions, ``TypeError`` for anything but
-        ``TopicPartition``s; ``GroupIdNotFoundError`` for a group with neither members nor
-        committed offsets; the first failed partition's error, after the others were
-        deleted: ``GroupSubscribedToTopicError`` (a live member subscribes to its topic),
-        ``UnknownTopicOrPartitionError``.
-        """
-        wanted = list(dict.fromkeys(partitions))
-        for tp in wanted:
-            if not isinstance(tp, TopicPartition):
-                raise TypeError(f"expected TopicPartitions, got {tp!r}")
-        if not wanted:
-            raise ValueError("no partitions given")
-        answers = group_admin.delete_offsets(
-            self._connections, group_id, wanted, self._timeout(timeout_ms)
-        )
-        for tp in wanted:
-            error = answers.get(tp)
-            if error is not None:
-                raise error
-
-    def _timeout(self, timeout_ms: int | None) -> int:
-        return self.config.request_timeout_ms if timeout_ms is None else timeout_ms
-
     # --- lifecycle ------------------------------------------------------------------------
-
-    # --- client quotas --------------------------------------------------------------------
-
-    def alter_client_quotas(
-        self,
-        client_id: str | None = None,
-        quotas: Mapping[str, float] | None = None,
-        delete: Iterable[str] = (),
-        *,
-        user: str | None = None,
-        timeout_ms: int | None = None,
-    ) -> None:
-        """Set ``quotas`` and remove the ``delete`` ones of a client id, a user, or a user
-        with a client id (Kafka's ``AlterClientQuotas``; ``"<default>"`` in either place:
-        every client id or user without an entry of its own).
-
-        Quotas: ``producer_byte_rate`` and ``consumer_byte_rate`` (bytes per second),
-        ``request_percentage`` (percent of one broker storage thread). A client over a
-        quota gets its answers late by the throttle time. For each quota the most
-        specific entity that sets it applies, in Kafka's order (user and client id, user,
-        default user, client id, default client: ``docs/security.md``); the clients one
-        entity matches share its rate (a user's quota binds all its client ids together).
-        The user is the authenticated principal's name; without authentication it is
-        ``ANONYMOUS``. Raises ``InvalidRequestError`` for an unknown quota name, a value
-        that is not positive, or neither a user nor a client id.
-
-        As in Kafka a quota is a limit per broker: each broker throttles the traffic it
-        serves. In a cluster the change is sent to every live broker (asked again until
-        the timeout if one cannot be reached); each keeps it in its data directory. A
-        broker down at the time, or one that joins later, does not get it
-        (``docs/cluster.md``, "Known gaps"): set it again then.
-        """
-        if not client_id and not user:
-            raise InvalidRequestError("a quota needs a client id, a user, or both")
-        set_quotas = {k: float(v) for k, v in (quotas or {}).items()}
-        keys = list(delete)
-        entity = QuotaEntity(user, client_id)
-        self._connections.run_on_every_broker(
-            lambda connection, timeout: connection.alter_client_quotas(
-                client_id or "", set_quotas, keys, user=user or "", timeout_ms=timeout
-            ),
-            what=f"AlterClientQuotas {entity}",
-            timeout_ms=timeout_ms,
-        )
-
-    def describe_client_quotas(
-        self, client_id: str | None = None, *, timeout_ms: int | None = None
-    ) -> dict[str, dict[str, float]]:
-        """The quotas of client ids (entities without a user), by client id: one client
-        id's, or every one's if None. ``describe_quotas`` lists users' too."""
-        found = self.describe_quotas(client_id=client_id, users=False, timeout_ms=timeout_ms)
-        return {e.client_id: v for e, v in found.items() if e.client_id is not None}
-
-    def describe_quotas(
-        self,
-        *,
-        user: str | None = None,
-        client_id: str | None = None,
-        users: bool = True,
-        timeout_ms: int | None = None,
-    ) -> dict[QuotaEntity, dict[str, float]]:
-        """The quotas set, by entity: those of ``user`` and ``client_id`` when given
-        (``"<default>"`` names the default entity); ``users`` False leaves out entities
-        with a user part.
-
-        Every live broker is asked. Where brokers disagree (one missed a change while it
-        was down) the lowest broker id's quotas are shown and a warning is logged naming
-        the entity.
-        """
-        answers = self._connections.run_on_every_broker(
-            lambda connection, timeout: connection.describe_client_quotas(
-                client_id or "", user=user or "", include_users=users, timeout_ms=timeout
-            ),
-            what="DescribeClientQuotas",
-            timeout_ms=timeout_ms,
-        )
-        merged: dict[QuotaEntity, dict[str, float]] = {}
-        for _, quotas in sorted(answers.items()):
-            for entity, values in quotas.items():
-                if users or entity.user is None:
-                    merged.setdefault(entity, values)
-        for entity in merged:
-            if any(quotas.get(entity) != merged[entity] for quotas in answers.values()):
-                log.warning(
-                    "%s has different quotas on different brokers: %s",
-                    entity,
-                    {broker_id: quotas.get(entity, {}) for broker_id, quotas in answers.items()},
-                )
-        return dict(sorted(merged.items(), key=lambda item: _entity_order(item[0])))
-
-    # --- SCRAM users (docs/security.md) --------------------------------------------------
-
-    def upsert_user(
-        self,
-        name: str,
-        password: str,
-        mechanism: str = "SCRAM-SHA-256",
-        *,
-        iterations: int = 4096,
-        timeout_ms: int | None = None,
-    ) -> None:
-        """Create the user or replace its ``mechanism`` credential.
-
-        The password never leaves this process: a random salt and SaltedPassword
-        (PBKDF2, ``iterations`` >= 4096) are sent, from which the broker keeps StoredKey
-        and ServerKey (Kafka's AlterUserScramCredentials). Raises ``ValueError`` for a
-        bad mechanism or iteration count, ``InvalidRequestError`` for a bad name.
-        """
-        salt, salted = salted_credential(mechanism, password, iterations)
-        request = pb.UpsertUserRequest(
-            name=name,
-            mechanism=mechanism,
-            iterations=iterations,
-            salt=salt,
-            salted_password=salted,
-        )
-        self._on_any_grpc("UpsertUser", request, timeout_ms)
-
-    def delete_user(
-        self, name: str, mechanism: str | None = None, *, timeout_ms: int | None = None
-    ) -> None:
-        """Delete the user (every mechanism, or only ``mechanism``'s credential).
-
-        Raises ``ResourceNotFoundError`` if there is no such user (or credential).
-        """
-        request = pb.DeleteUserRequest(name=name, mechanism=mechanism or "")
-        self._on_any_grpc("DeleteUser", request, timeout_ms)
-
-    def list_users(self, *, timeout_ms: int | None = None) -> dict[str, dict[str, int]]:
-        """Every SCRAM user: name -> {mechanism: iterations}. No credential is shown."""
-        answer = self._on_any_grpc("ListUsers", pb.ListUsersRequest(), timeout_ms)
-        return {
-            user.name: dict(zip(user.mechanisms, user.iterations, strict=False))
-            for user in answer.users
-        }
 
     def close(self) -> None:
         """Close the connection. Idempotent."""
@@ -1043,8 +695,3 @@ def _text_config(config: Mapping[str, object] | None) -> dict[str, str]:
         else:
             out[key] = str(value)
     return out
-
-
-def _entity_order(entity: QuotaEntity) -> tuple[int, str, str]:
-    """Users first, then client ids; by name."""
-    return (entity.user is None, entity.user or "", entity.client_id or "")

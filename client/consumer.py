@@ -18,7 +18,8 @@ bounded prefetch; records decoded in ``poll`` on the caller's thread).
 Positions: a partition without a position gets one before it is fetched: the group's
 committed offset (with ``group_id``), else ``auto_offset_reset`` (ListOffsets earliest or
 latest; ``none`` raises ``OffsetOutOfRangeError``). ``OFFSET_OUT_OF_RANGE`` from a fetch
-resets the same way. ``seek_to_beginning``/``seek_to_end`` are resolved lazily.
+resets the same way. ``seek_to_beginning``/``seek_to_end`` are resolved lazily. The
+lookups and the validation below are ``client.positions``'s.
 
 Leader epochs (KIP-320, as Kafka's consumer): a commit stores, with each position, the
 leader epoch of the batch the last consumed record came from. A position taken from a
@@ -51,33 +52,36 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
 from tidelog.client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
-from tidelog.client.connection import CommittedOffset, ConnectionFactory, grpc_connections
+from tidelog.client.connection import ConnectionFactory
 from tidelog.client.coordinator import ConsumerCoordinator
-from tidelog.client.errors import ClosedError, LogTruncationError
+from tidelog.client.errors import ClosedError
 from tidelog.client.fetch_session import FetchSession
-from tidelog.client.fetcher import SubscriptionState, check_position
+from tidelog.client.fetcher import SubscriptionState
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.offsets import (
     commit_offsets,
-    fetch_committed_offsets,
     list_offsets,
-    offsets_for_leader_epochs,
     partitions_of,
+)
+from tidelog.client.positions import (
+    EARLIEST,
+    LATEST,
+    MISSING_TOPIC_RECHECK_MS,
+    PositionLookups,
+    monotonic_ms,
 )
 from tidelog.client.rebalance import GroupSubscription, PartitionsCallback
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity
-from tidelog.client.topic_errors import first_refusal, topic_errors
 from tidelog.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from tidelog.storage.columns import ColumnBuilder
 from tidelog.storage.errors import (
     InvalidRequestError,
-    OffsetOutOfRangeError,
     StaleMemberEpochError,
     TidelogError,
     UnknownTopicOrPartitionError,
@@ -87,14 +91,7 @@ __all__ = ["Consumer", "PartitionsCallback"]
 
 log = logging.getLogger(__name__)
 
-EARLIEST = -2
-LATEST = -1
-_MISSING_TOPIC_RECHECK_MS = 500
 _MIN_LOOKUP_MS = 200
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class Consumer:
@@ -142,9 +139,10 @@ class Consumer:
         )
         self._metadata_checked_ms = 0
         self._missing_topics: set[str] = set()
-        self._position_retry_at = 0
-        self._refusal_check_at = 0  # when to look again for assigned topics refused
-        self._next_auto_commit_ms = _monotonic_ms() + config.auto_commit_interval_ms
+        self._positions = PositionLookups(
+            config, self._connections, self._subscriptions, self._lock
+        )
+        self._next_auto_commit_ms = monotonic_ms() + config.auto_commit_interval_ms
         self._auto_commit = config.enable_auto_commit and config.group_id is not None
         self._iter_buffer: deque[ConsumerRecord] = deque()
         self._closed = False
@@ -256,9 +254,9 @@ class Consumer:
         names = self._subscriptions.subscription
         if names is None or self._group is not None:
             return  # a group member reads what the group assigns
-        now = _monotonic_ms()
+        now = monotonic_ms()
         interval = (
-            _MISSING_TOPIC_RECHECK_MS if self._missing_topics else self.config.metadata_max_age_ms
+            MISSING_TOPIC_RECHECK_MS if self._missing_topics else self.config.metadata_max_age_ms
         )
         if not force and now - self._metadata_checked_ms < interval:
             return
@@ -271,7 +269,7 @@ class Consumer:
             log.warning("could not look up the partitions of %s: %s", ", ".join(names), exc)
             # Ask again soon, not a whole metadata.max.age.ms later: nothing is read
             # until the lookup succeeds.
-            self._metadata_checked_ms = now - interval + _MISSING_TOPIC_RECHECK_MS
+            self._metadata_checked_ms = now - interval + MISSING_TOPIC_RECHECK_MS
             return
         with self._lock:
             if self._subscriptions.subscription == names:
@@ -342,9 +340,9 @@ class Consumer:
             if position is not None and not checking:
                 return position
             if position is None:
-                self._update_positions(deadline, raise_retriable=True)
+                self._positions.update(deadline, raise_retriable=True)
             else:
-                self._validate_positions(deadline, raise_retriable=True)
+                self._positions.validate(deadline, raise_retriable=True)
 
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark the last fetch of ``partition`` saw, None before one."""
@@ -367,191 +365,21 @@ class Consumer:
         with self._lock:
             return {tp for tp, s in self._subscriptions.partitions.items() if s.paused}
 
-    def _update_positions(self, deadline_ms: int, *, raise_retriable: bool) -> None:
-        """Give every partition without a position one (committed offset or reset)."""
-        with self._lock:
-            states = self._subscriptions.partitions
-            needs = {
-                tp: (states[tp].reset, states[tp].epoch)
-                for tp in self._subscriptions.needs_position()
-            }
-        if not needs:
-            return
-        timeout_ms = max(deadline_ms - _monotonic_ms(), 1)
-        try:
-            committed: dict[TopicPartition, CommittedOffset] = {}
-            undecided = [tp for tp, (reset, _) in needs.items() if reset is None]
-            if self.config.group_id is not None and undecided:
-                committed = self._fetch_committed(undecided, timeout_ms, tolerate_unsupported=True)
-            targets: dict[TopicPartition, int] = {}
-            for tp, (reset, _) in needs.items():
-                if reset is None and tp in committed:
-                    continue
-                strategy = reset or self.config.auto_offset_reset
-                if strategy == "none":
-                    raise OffsetOutOfRangeError(
-                        f"{tp} has no committed offset and auto_offset_reset is 'none'"
-                    )
-                targets[tp] = EARLIEST if strategy == "earliest" else LATEST
-            found = (
-                self._list_offsets(targets, max(deadline_ms - _monotonic_ms(), 1))
-                if targets
-                else {}
-            )
-        except TidelogError as exc:
-            if isinstance(exc, UnknownTopicOrPartitionError):
-                self._check_assigned_topics(_monotonic_ms(), timeout_ms)
-            if raise_retriable or not exc.retriable:
-                raise
-            log.info("could not look up positions yet: %s", exc)
-            self._position_retry_at = _monotonic_ms() + self.config.retry_backoff_ms
-            return
-        with self._lock:
-            for tp, (_, epoch) in needs.items():
-                state = self._subscriptions.partitions.get(tp)
-                if state is None or state.epoch != epoch or state.position is not None:
-                    continue  # reassigned or sought meanwhile
-                if tp in committed:
-                    # With its committed leader epoch, checked before it is fetched.
-                    at = committed[tp]
-                    self._subscriptions.seek(tp, at.offset, at.leader_epoch, validate=True)
-                    log.debug("position of %s set to %s", tp, at)
-                    continue
-                offset = found.get(tp)
-                if offset is None:
-                    continue
-                self._subscriptions.seek(tp, offset)
-                log.debug("position of %s set to %d", tp, offset)
-
-    def _validate_positions(self, deadline_ms: int, *, raise_retriable: bool) -> None:
-        """Check the positions awaiting validation against their leaders (KIP-320).
-
-        Valid ones are fetched again; a truncated one moves back to the first offset that
-        may differ (unknown: reset by ``auto_offset_reset``), or with ``'none'`` raises
-        ``LogTruncationError`` and stays awaiting validation until the application seeks.
-        """
-        with self._lock:
-            wanted = self._subscriptions.needs_validation()
-            versions = {tp: self._subscriptions.partitions[tp].epoch for tp in wanted}
-        if not wanted:
-            return
-        try:
-            answers = offsets_for_leader_epochs(
-                self._connections,
-                {tp: (epoch, -1) for tp, (_, epoch) in wanted.items()},
-                max(deadline_ms - _monotonic_ms(), 1),
-            )
-        except InvalidRequestError as exc:
-            # A broker from before OffsetForLeaderEpoch (UNIMPLEMENTED): the positions
-            # cannot be checked, so they are read on, as Kafka's consumer does with a
-            # broker that lacks the API.
-            log.warning("cannot validate positions (%s): reading on unchecked", exc)
-            with self._lock:
-                for tp in wanted:
-                    state = self._subscriptions.partitions.get(tp)
-                    if state is not None and state.epoch == versions[tp]:
-                        self._subscriptions.validated(tp)
-            return
-        except TidelogError as exc:
-            if raise_retriable or not exc.retriable:
-                raise
-            log.info("could not validate positions yet: %s", exc)
-            self._position_retry_at = _monotonic_ms() + self.config.retry_backoff_ms
-            return
-        strategy = self.config.auto_offset_reset
-        truncated: dict[TopicPartition, int | None] = {}
-        with self._lock:
-            for tp, answer in answers.items():
-                state = self._subscriptions.partitions.get(tp)
-                if state is None or state.epoch != versions[tp] or not state.awaiting_validation:
-                    continue  # reassigned, sought or validated meanwhile
-                position, _ = wanted[tp]
-                found = check_position(position, answer.leader_epoch, answer.end_offset)
-                if found is None:
-                    self._subscriptions.validated(tp)
-                elif strategy == "none":
-                    truncated[tp] = found.divergent_offset
-                elif found.divergent_offset is not None:
-                    log.warning(
-                        "%s: the log was truncated under offset %d; reading on from %d",
-                        tp,
-                        position,
-                        found.divergent_offset,
-                    )
-                    self._subscriptions.seek(tp, found.divergent_offset, found.divergent_epoch)
-                else:
-                    log.warning(
-                        "%s: the log was truncated under offset %d at an unknown offset; "
-                        "resetting to %s",
-                        tp,
-                        position,
-                        strategy,
-                    )
-                    self._subscriptions.request_reset(tp, strategy)
-        if truncated:
-            described = ", ".join(
-                f"{tp} at {wanted[tp][0]} (first divergent offset {offset})"
-                for tp, offset in sorted(truncated.items())
-            )
-            raise LogTruncationError(
-                f"the log was truncated under the position of {described} and "
-                "auto_offset_reset is 'none'; seek to go on",
-                dict(truncated),
-            )
-
-    def _check_assigned_topics(self, now: int, timeout_ms: int) -> None:
-        """Raise ``_raise_refused_topics``'s error for an assigned topic missing from the
-        metadata (its partitions are never fetched: no leader is known). Looked at every
-        ``_MISSING_TOPIC_RECHECK_MS`` (the cached metadata answers; a topic missing from
-        it costs one Metadata request by name each time)."""
-        if now < self._refusal_check_at:
-            return
-        self._refusal_check_at = now + _MISSING_TOPIC_RECHECK_MS
-        with self._lock:
-            topics = {tp.topic for tp in self._subscriptions.partitions}
-        if not topics:
-            return
-        try:
-            metadata = self._connections.metadata(timeout_ms=timeout_ms)
-        except TidelogError:
-            return  # the fetch path logs it and tries again
-        missing = {t for t in topics if metadata.partition_count(t) is None}
-        if missing:
-            self._raise_refused_topics(missing, timeout_ms)
-
-    def _raise_refused_topics(self, topics: set[str], timeout_ms: int) -> None:
-        """Raise why an assigned topic is missing from the metadata when no retry can
-        cure it: ``TopicAuthorizationFailedError`` (the principal may not describe it;
-        a listing of every topic leaves such topics out) or ``InvalidTopicError`` (an
-        illegal name), as Kafka's consumer raises them from ``poll``. A topic that just
-        does not exist (yet), or a lookup that fails, is left to the usual retries."""
-        try:
-            metadata = self._connections.metadata(timeout_ms=timeout_ms)
-            missing = sorted(t for t in topics if metadata.partition_count(t) is None)
-            refusal = first_refusal(topic_errors(self._connections, missing, timeout_ms=timeout_ms))
-        except TidelogError as exc:  # the caller goes on with the error it had
-            log.info("could not ask why %s are missing: %s", ", ".join(sorted(topics)), exc)
-            return
-        if refusal is not None:
-            raise refusal
-
-    def _list_offsets(
-        self, queries: Mapping[TopicPartition, int], timeout_ms: int
-    ) -> dict[TopicPartition, int]:
-        answers = list_offsets(self._connections, queries, timeout_ms)
-        return {tp: offset for tp, (offset, _) in answers.items()}
-
     def beginning_offsets(
         self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
     ) -> dict[TopicPartition, int]:
         """The log start offset of each partition."""
-        return self._list_offsets(dict.fromkeys(partitions, EARLIEST), self._timeout(timeout_ms))
+        return self._positions.list_offsets(
+            dict.fromkeys(partitions, EARLIEST), self._timeout(timeout_ms)
+        )
 
     def end_offsets(
         self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
     ) -> dict[TopicPartition, int]:
         """The log end offset (the offset the next record will get) of each partition."""
-        return self._list_offsets(dict.fromkeys(partitions, LATEST), self._timeout(timeout_ms))
+        return self._positions.list_offsets(
+            dict.fromkeys(partitions, LATEST), self._timeout(timeout_ms)
+        )
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout_ms: int | None = None
@@ -614,14 +442,14 @@ class Consumer:
                 offsets,
                 member_id=member_id,
                 member_epoch=member_epoch,
-                timeout_ms=max(deadline - _monotonic_ms(), 1),
+                timeout_ms=max(deadline - monotonic_ms(), 1),
                 leader_epochs=epochs,
             )
         except StaleMemberEpochError:
             if coordinator is None:
                 raise
             # The epoch moved since we read it: retry once with the next heartbeat's.
-            coordinator.wait_for_heartbeat(max(deadline - _monotonic_ms(), 1))
+            coordinator.wait_for_heartbeat(max(deadline - monotonic_ms(), 1))
             if self._group is not None:
                 self._group.check_not_lost()  # moved because the membership was lost
             held = coordinator.owned()
@@ -635,7 +463,7 @@ class Consumer:
                 offsets,
                 member_id=member_id,
                 member_epoch=member_epoch,
-                timeout_ms=max(deadline - _monotonic_ms(), 1),
+                timeout_ms=max(deadline - monotonic_ms(), 1),
                 leader_epochs=epochs,
             )
         if failed:
@@ -644,7 +472,7 @@ class Consumer:
     def committed(self, partition: TopicPartition, timeout_ms: int | None = None) -> int | None:
         """The group's committed offset for ``partition``, None if it has none."""
         self._require_group("committed")
-        found = self._fetch_committed([partition], self._timeout(timeout_ms))
+        found = self._positions.fetch_committed([partition], self._timeout(timeout_ms))
         return found[partition].offset if partition in found else None
 
     def _leader_epochs_of(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -659,25 +487,6 @@ class Consumer:
                 if state is not None and state.position == offset and state.position_epoch >= 0:
                     out[tp] = state.position_epoch
             return out
-
-    def _fetch_committed(
-        self,
-        partitions: Iterable[TopicPartition],
-        timeout_ms: int,
-        *,
-        tolerate_unsupported: bool = False,
-    ) -> dict[TopicPartition, CommittedOffset]:
-        group_id = self.config.group_id
-        assert group_id is not None
-        try:
-            return fetch_committed_offsets(self._connections, group_id, partitions, timeout_ms)
-        except InvalidRequestError as exc:
-            if not tolerate_unsupported:
-                raise
-            log.warning(
-                "no committed offsets for group %s (%s): using auto_offset_reset", group_id, exc
-            )
-            return {}
 
     def _consumed_positions(
         self, partitions: Iterable[TopicPartition] | None
@@ -811,23 +620,23 @@ class Consumer:
         ``collect`` returns how many records it gathered (0: none yet); so does this,
         after ``timeout_ms`` at the latest.
         """
-        deadline = _monotonic_ms() + max(timeout_ms, 0)
+        deadline = monotonic_ms() + max(timeout_ms, 0)
         while True:
-            now = _monotonic_ms()
+            now = monotonic_ms()
             # Lookups get what is left of the timeout, at least a short round trip's worth.
             lookup_ms = min(max(deadline - now, _MIN_LOOKUP_MS), self.config.request_timeout_ms)
             self._run_group_events()
             self._maybe_auto_commit(now, lookup_ms)
             self._refresh_subscription(timeout_ms=lookup_ms)
-            self._check_assigned_topics(now, lookup_ms)
-            if now >= self._position_retry_at:
-                self._update_positions(now + lookup_ms, raise_retriable=False)
-                self._validate_positions(now + lookup_ms, raise_retriable=False)
+            self._positions.check_assigned_topics(now, lookup_ms)
+            if now >= self._positions.retry_at:
+                self._positions.update(now + lookup_ms, raise_retriable=False)
+                self._positions.validate(now + lookup_ms, raise_retriable=False)
             collected = collect()
             self._fetches.maybe_fetch(lookup_ms)
             if collected:
                 return collected
-            now = _monotonic_ms()
+            now = monotonic_ms()
             if now >= deadline:
                 return 0
             with self._lock:
@@ -870,13 +679,13 @@ class Consumer:
         """How long poll may sleep before it has something to do besides waiting."""
         wait = self._fetches.wait_hint_ms(now)
         if self._subscriptions.needs_position() or self._subscriptions.needs_validation():
-            wait = min(wait, max(self._position_retry_at - now, 1))
+            wait = min(wait, max(self._positions.retry_at - now, 1))
         if self._auto_commit:
             wait = min(wait, max(self._next_auto_commit_ms - now, 1))
         if self._group is not None:  # a poll waiting for records still counts as polling
             wait = min(wait, self.config.max_poll_interval_ms // 2)
         if self._subscriptions.subscription is not None and self._missing_topics:
-            wait = min(wait, _MISSING_TOPIC_RECHECK_MS)
+            wait = min(wait, MISSING_TOPIC_RECHECK_MS)
         return max(wait, 1)
 
     # --- iteration and closing --------------------------------------------------------------
@@ -889,14 +698,14 @@ class Consumer:
         if self._iter_buffer:
             return self._iter_buffer.popleft()
         limit = self.config.consumer_timeout_ms
-        deadline = None if limit is None else _monotonic_ms() + limit
+        deadline = None if limit is None else monotonic_ms() + limit
         while True:
-            wait = 1_000 if deadline is None else max(deadline - _monotonic_ms(), 0)
+            wait = 1_000 if deadline is None else max(deadline - monotonic_ms(), 0)
             records = self.poll(timeout_ms=min(wait, 1_000))
             if records:
                 self._iter_buffer.extend(records)
                 return self._iter_buffer.popleft()
-            if deadline is not None and _monotonic_ms() >= deadline:
+            if deadline is not None and monotonic_ms() >= deadline:
                 raise StopIteration
 
     def close(self, timeout_ms: int | None = None, autocommit: bool = True) -> None:
@@ -939,4 +748,4 @@ class Consumer:
         return self.config.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
 
     def _deadline(self, timeout_ms: int | None) -> int:
-        return _monotonic_ms() + self._timeout(timeout_ms)
+        return monotonic_ms() + self._timeout(timeout_ms)

@@ -37,8 +37,8 @@ from tidelog.client.connection import (
     ConnectionFactory,
     PartitionProduceResult,
     ProduceCall,
-    grpc_connections,
 )
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
 from tidelog.client.security import ClientSecurity
 from tidelog.client.types import Header, TopicPartition

@@ -36,9 +36,10 @@ from typing import Any, Protocol
 
 from tidelog.client.accumulator import NEW_BATCH, NO_ROOM, RECORD_OVERHEAD_BYTES, RecordAccumulator
 from tidelog.client.config import DEFAULT_BOOTSTRAP, ProducerConfig, resolve_config
-from tidelog.client.connection import ConnectionFactory, grpc_connections
+from tidelog.client.connection import ConnectionFactory
 from tidelog.client.errors import BufferExhaustedError, ClosedError
 from tidelog.client.futures import RecordFuture
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.idempotence import SequenceTable
 from tidelog.client.offsets import partitions_of
 from tidelog.client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur2

@@ -449,3 +449,56 @@ class Core:
         "node.replicas",
         "core.attach_replication",
     ]
+
+
+# --- file sizes (STYLE.md: "split by concept past 800") ----------------------------------
+
+MAX_MODULE_LINES = 800
+SIZED_PACKAGES = ("broker", "storage", "client", "spark_sink")
+# Source modules allowed past the limit, each with its reason. The rule only ever narrows
+# this list: a module that drops under the limit must leave it (checked below).
+OVERSIZED_ALLOWED: dict[str, str] = {
+    # Being changed on other branches while the splits were made (2026-11-29): split them
+    # once those land rather than fight the merges.
+    "storage/partition_log.py": "in flight on another branch",
+    "broker/config.py": "in flight on another branch",
+    "broker/core/facade.py": "in flight on another branch",
+    # Not in task H8's list (the producer's sender; the transactions work is likely to
+    # change it next). Its natural seam: the produce links (open, read, answer) apart
+    # from collecting and expiring batches.
+    "client/sender.py": "not in H8's list; seam: the produce links",
+}
+
+
+def _line_count(path: Path) -> int:
+    with path.open("rb") as source:
+        return sum(1 for _ in source)
+
+
+def _sized_sources() -> list[Path]:
+    """The hand-written modules of the four source packages: generated protobuf code
+    (``proto/``, ``*_pb2*``) and tests are not held to the limit."""
+    return sorted(p for package in SIZED_PACKAGES for p in _sources(package))
+
+
+def test_source_modules_stay_under_the_size_limit() -> None:
+    too_long = [
+        f"{path.relative_to(ROOT).as_posix()}: {lines} lines"
+        for path in _sized_sources()
+        if (lines := _line_count(path)) > MAX_MODULE_LINES
+        and path.relative_to(ROOT).as_posix() not in OVERSIZED_ALLOWED
+    ]
+    assert not too_long, (
+        f"over {MAX_MODULE_LINES} lines; split by concept (STYLE.md):\n" + "\n".join(too_long)
+    )
+
+
+def test_the_size_allow_list_names_only_oversized_modules() -> None:
+    """An allowed module that was split, renamed or removed leaves the list, so the list
+    never hides a module that grows back."""
+    stale = [
+        name
+        for name in sorted(OVERSIZED_ALLOWED)
+        if not (ROOT / name).is_file() or _line_count(ROOT / name) <= MAX_MODULE_LINES
+    ]
+    assert stale == []

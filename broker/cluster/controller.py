@@ -4,8 +4,9 @@ Every broker runs a ``Controller``; it acts only while it holds the lease won in
 ``ClusterStore.try_become_controller`` (Kafka's ``/controller`` + ``/controller_epoch``).
 Its duties, as Kafka's ZooKeeper-era controller:
 
-* create, grow, configure and delete topics: placement by Kafka's round robin over the
-  live brokers (``assignment``), a fenced write of assignment, config and initial states;
+* create, grow, configure and delete topics (``broker.cluster.topic_changes``): placement
+  by Kafka's round robin over the live brokers (``assignment``), a fenced write of
+  assignment, config and initial states;
 * keep every partition led: when brokers come and go, elect leaders for partitions whose
   leader died (``election.reconcile``; offline with leader -1 when no replica may
   lead), take dead followers out of ISRs, and elect again when a broker returns;
@@ -16,9 +17,10 @@ Its duties, as Kafka's ZooKeeper-era controller:
   the ELR when no ISR member is live; empty the ELR when ``min.insync.replicas`` changes;
 * preferred-leader election on demand, and controlled shutdown (move leadership off a
   broker that is stopping);
-* partition reassignment (KIP-455, ``broker.cluster.reassignment``): start, complete and
-  cancel, with the state in the topic znodes, so a new controller resumes where the
-  old one stopped. While any is in progress a timer posts ``reassign`` events
+* partition reassignment (KIP-455, ``broker.cluster.reassignment`` decides,
+  ``broker.cluster.reassignment_driver`` reads and writes): start, complete and cancel,
+  with the state in the topic znodes, so a new controller resumes where the old one
+  stopped. While any is in progress a timer posts ``reassign`` events
   (``_REASSIGN_CHECK_S``): the controller does not watch every state znode for the ISR
   changes that let a reassignment complete, it re-reads the moving partitions' states.
 
@@ -38,13 +40,11 @@ import logging
 import queue
 import random
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from tidelog.broker.cluster.assignment import assign_replicas
 from tidelog.broker.cluster.election import (
     Elected,
     crashed_replicas,
@@ -54,7 +54,7 @@ from tidelog.broker.cluster.election import (
     reconcile,
     with_elr,
 )
-from tidelog.broker.cluster.reassignment import Move, cancel, complete, invalid_target, start
+from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
 from tidelog.broker.cluster.store import (
     ClusterStore,
@@ -64,15 +64,13 @@ from tidelog.broker.cluster.store import (
     StaleStateError,
     StoreError,
 )
+from tidelog.broker.cluster.topic_changes import TopicChanges
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
-from tidelog.broker.core.replica_assignment import check_growth_assignment, check_topic_assignment
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     BrokerUnavailableError,
-    InvalidPartitionsError,
     NotControllerError,
     TopicAlreadyExistsError,
-    UnknownTopicOrPartitionError,
 )
 
 __all__ = ["Controller", "ControllerSettings", "Reassignments"]
@@ -83,10 +81,6 @@ _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 _REASSIGN_CHECK_S = 0.25  # while a reassignment is in progress, re-read its ISRs this often
-_REASSIGN_ATTEMPTS = 3  # a topic's reassignment write retried after a concurrent ISR write
-
-# (topic, partition) -> (replicas, adding, removing), ListPartitionReassignments' answer.
-Reassignments = dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +130,10 @@ class Controller:
         self._rng = rng or random.Random()
         self._events: queue.Queue[_Event] = queue.Queue()
         self._lease: ControllerLease | None = None
+        self._topic_changes = TopicChanges(
+            store, self._rng, min_isr=self._min_isr, on_stale=lambda: self._post("brokers")
+        )
+        self._reassignments = ReassignmentDriver(store)
         # Whether a reassignment may be in progress (the event thread's; read by the timer).
         self._reassigning = False
         self._stopped = threading.Event()
@@ -226,11 +224,13 @@ class Controller:
         ``partitions`` and ``replication_factor`` are then the assignment's."""
         manual = None if assignment is None else [(p, tuple(r)) for p, r in assignment.items()]
         return self._call(
-            lambda: self._create_topic(name, partitions, replication_factor, dict(config), manual)
+            lambda: self._topic_changes.create(
+                self._require_lease(), name, partitions, replication_factor, dict(config), manual
+            )
         )
 
     def delete_topic(self, name: str) -> None:
-        self._call(lambda: self._delete_topic(name))
+        self._call(lambda: self._topic_changes.delete(self._require_lease(), name))
 
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
@@ -239,10 +239,14 @@ class Controller:
         one replica list per new partition) as given, checked as Kafka's
         (``InvalidReplicaAssignmentError``)."""
         manual = None if assignment is None else [tuple(r) for r in assignment]
-        return self._call(lambda: self._create_partitions(name, total, manual))
+        return self._call(
+            lambda: self._topic_changes.grow(self._require_lease(), name, total, manual)
+        )
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
-        self._call(lambda: self._alter_config(name, dict(config)))
+        self._call(
+            lambda: self._topic_changes.alter_config(self._require_lease(), name, dict(config))
+        )
 
     def elect_leaders(
         self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
@@ -404,7 +408,7 @@ class Controller:
                 assignment = self._store.read_topic(topic)
                 config = self._store.read_topic_config(topic)
                 if assignment is not None and "min.insync.replicas" not in config:
-                    self._clear_elr(topic, assignment, lease)
+                    self._topic_changes.clear_elr(lease, topic, assignment)
         elif event.kind == "rebalance":
             moved = sum(1 for code in self._elect_leaders(False, None).values() if not code)
             if moved:
@@ -445,7 +449,9 @@ class Controller:
             partitions, config = self._internal_topics[name]
             factor = max(1, min(wanted, live))
             try:
-                self._create_topic(name, partitions, factor, dict(config))
+                self._topic_changes.create(
+                    self._require_lease(), name, partitions, factor, dict(config)
+                )
             except TopicAlreadyExistsError:
                 continue
 
@@ -587,128 +593,6 @@ class Controller:
             return self._settings.unclean_leader_election
         return value.lower() == "true"
 
-    def _create_topic(
-        self,
-        name: str,
-        partitions: int,
-        replication_factor: int,
-        config: dict[str, str],
-        manual: list[tuple[int, tuple[int, ...]]] | None = None,
-    ) -> TopicAssignment:
-        lease = self._require_lease()
-        if self._store.read_topic(name) is not None:
-            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-        view = self._store.live_brokers_view()
-        brokers = sorted(view.epochs)
-        count = max(len(brokers), 1)
-        placed: Mapping[int, Sequence[int]]
-        if manual:
-            # Registered is live here (registrations are ephemeral), so every replica
-            # starts in the ISR and the first leads, as Kafka's (ISR = active replicas).
-            placed = check_topic_assignment(manual, set(brokers))
-        else:
-            placed = assign_replicas(
-                partitions,
-                replication_factor,
-                brokers,
-                start_index=self._rng.randrange(count),
-                replica_shift=self._rng.randrange(count),
-                racks={b: r.rack for b, r in view.registrations.items()},
-            )
-        assignment = TopicAssignment(
-            name, str(uuid.uuid4()), {p: tuple(r) for p, r in placed.items()}
-        )
-        states = {
-            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
-            for p, r in placed.items()
-        }
-        try:
-            self._store.create_topic(lease, assignment, config, states)
-        except StaleStateError:
-            raise TopicAlreadyExistsError(f"topic {name!r} already exists") from None
-        log.info("created topic %s: %s", name, dict(assignment.replicas))
-        return assignment
-
-    def _delete_topic(self, name: str) -> None:
-        lease = self._require_lease()
-        if self._store.read_topic(name) is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        self._store.delete_topic(lease, name)
-        log.info("deleted topic %s", name)
-
-    def _create_partitions(
-        self, name: str, total: int, manual: list[tuple[int, ...]] | None = None
-    ) -> TopicAssignment:
-        lease = self._require_lease()
-        found = self._store.read_topic_versioned(name)
-        if found is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        assignment, version = found
-        current = assignment.partition_count
-        if total <= current:
-            raise InvalidPartitionsError(
-                f"topic {name!r} has {current} partitions; it can only grow (asked for {total})"
-            )
-        factor = len(assignment.replicas[0])
-        view = self._store.live_brokers_view()
-        brokers = sorted(view.epochs)
-        placed: Mapping[int, Sequence[int]]
-        if manual is not None:
-            placed = check_growth_assignment(
-                manual, set(brokers), current=current, total=total, replication_factor=factor
-            )
-        else:
-            # Kafka continues from the first partition's leader, so growth keeps the pattern.
-            first = assignment.replicas[0][0]
-            placed = assign_replicas(
-                total - current,
-                factor,
-                brokers,
-                start_index=brokers.index(first) if first in brokers else 0,
-                replica_shift=self._rng.randrange(max(len(brokers), 1)),
-                first_partition=current,
-                racks={b: r.rack for b, r in view.registrations.items()},
-            )
-        grown = replace(  # keeps the lists of partitions being reassigned
-            assignment,
-            replicas={**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
-        )
-        states = {
-            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
-            for p, r in placed.items()
-        }
-        try:
-            self._store.add_partitions(lease, grown, version, states)
-        except StaleStateError:
-            raise InvalidPartitionsError(f"topic {name!r} changed meanwhile; retry") from None
-        return grown
-
-    def _alter_config(self, name: str, config: dict[str, str]) -> None:
-        lease = self._require_lease()
-        assignment = self._store.read_topic(name)
-        if assignment is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        before = self._min_isr(self._store.read_topic_config(name))
-        self._store.set_topic_config(lease, name, config)
-        if self._min_isr(config) != before:
-            self._clear_elr(name, assignment, lease)
-
-    def _clear_elr(self, name: str, assignment: TopicAssignment, lease: ControllerLease) -> None:
-        """KIP-966: a change of ``min.insync.replicas`` empties every ELR and last known
-        ELR of the topic (they were chosen by the old value). No epoch bump: the ISR and
-        the leader stay."""
-        for partition in assignment.replicas:
-            found = self._store.read_partition_state(name, partition)
-            if found is None or not (found[0].elr or found[0].last_known_elr):
-                continue
-            cleared = replace(found[0], elr=(), last_known_elr=(), controller_epoch=lease.epoch)
-            try:
-                self._store.set_partition_state(lease, name, partition, cleared, found[1])
-            except StaleStateError:
-                self._post("brokers")
-                continue
-            log.info("%s-%d: min.insync.replicas changed: ELR cleared", name, partition)
-
     def _partitions(self) -> Iterator[_Partition]:
         """Every partition with a state znode, with what its elections need: the live
         brokers less those that restarted uncleanly since the state was last reconciled
@@ -788,182 +672,28 @@ class Controller:
             return "PREFERRED_LEADER_NOT_AVAILABLE", None
         return "", p.with_elr(elected)
 
-    # --- reassignment (``broker.cluster.reassignment``) -------------------------------------
+    # --- reassignment (``broker.cluster.reassignment_driver``) -----------------------------
 
     def _alter_reassignments(
         self, wanted: Mapping[tuple[str, int], tuple[int, ...] | None]
     ) -> dict[tuple[str, int], str]:
-        self._require_lease()
-        by_topic: dict[str, dict[int, tuple[int, ...] | None]] = {}
-        for (topic, partition), target in wanted.items():
-            by_topic.setdefault(topic, {})[partition] = target
-        out: dict[tuple[str, int], str] = {}
-        for topic, targets in by_topic.items():
-            for attempt in range(_REASSIGN_ATTEMPTS):
-                try:
-                    out.update(self._alter_topic_reassignments(topic, targets))
-                    break
-                except StaleStateError:
-                    if attempt == _REASSIGN_ATTEMPTS - 1:
-                        out.update(
-                            dict.fromkeys(((topic, p) for p in targets), "REQUEST_TIMED_OUT")
-                        )
+        out = self._reassignments.alter(self._require_lease(), wanted)
         self._reassigning = True
         self._post("reassign")
         return out
-
-    def _alter_topic_reassignments(
-        self, topic: str, targets: Mapping[int, tuple[int, ...] | None]
-    ) -> dict[tuple[str, int], str]:
-        lease = self._require_lease()
-        found = self._store.read_topic_versioned(topic)
-        if found is None:
-            return {(topic, p): "UNKNOWN_TOPIC_OR_PARTITION" for p in targets}
-        assignment, version = found
-        live = self._live()
-        out: dict[tuple[str, int], str] = {}
-        moves: dict[int, tuple[Move, int]] = {}
-        for partition, target in targets.items():
-            key = (topic, partition)
-            read = (
-                self._store.read_partition_state(topic, partition)
-                if partition in assignment.replicas
-                else None
-            )
-            if read is None:
-                out[key] = "UNKNOWN_TOPIC_OR_PARTITION"
-                continue
-            state, state_version = read
-            replicas = assignment.replicas[partition]
-            if target is None:
-                if not assignment.reassigning(partition):
-                    out[key] = "NO_REASSIGNMENT_IN_PROGRESS"
-                    continue
-                move = cancel(
-                    replicas, assignment.adding.get(partition, ()), state, live, lease.epoch
-                )
-            else:
-                reason = invalid_target(target, live)
-                if reason is not None:
-                    log.info("%s-%d: reassignment refused: %s", topic, partition, reason)
-                    out[key] = "INVALID_REPLICA_ASSIGNMENT"
-                    continue
-                original = assignment.original(partition)
-                if tuple(target) == replicas and not assignment.reassigning(partition):
-                    out[key] = ""  # already there: nothing to move (Kafka answers success)
-                    continue
-                move = start(original, replicas, target, state, live, lease.epoch)
-            moves[partition] = (move, state_version)
-            out[key] = ""
-        if moves:
-            self._write_moves(assignment, version, moves)
-        return out
-
-    def _write_moves(
-        self, assignment: TopicAssignment, version: int, moves: Mapping[int, tuple[Move, int]]
-    ) -> None:
-        lease = self._require_lease()
-        adding = dict(assignment.adding)
-        removing = dict(assignment.removing)
-        replicas = dict(assignment.replicas)
-        for partition, (move, _) in moves.items():
-            replicas[partition] = move.replicas
-            adding.pop(partition, None)
-            removing.pop(partition, None)
-            if move.adding or move.removing:
-                adding[partition] = move.adding
-                removing[partition] = move.removing
-        changed = replace(assignment, replicas=replicas, adding=adding, removing=removing)
-        self._store.write_reassignment(
-            lease,
-            changed,
-            version,
-            {p: (move.state, state_version) for p, (move, state_version) in moves.items()},
-        )
-        for partition, (move, _) in moves.items():
-            state = move.state
-            if move.adding or move.removing:
-                log.info(
-                    "%s-%d: reassigning: replicas %s (adding %s, removing %s), leader %d epoch %d",
-                    assignment.name,
-                    partition,
-                    list(move.replicas),
-                    list(move.adding),
-                    list(move.removing),
-                    state.leader,
-                    state.leader_epoch,
-                )
-            else:
-                log.info(
-                    "%s-%d: reassignment done: replicas %s, leader %d epoch %d isr %s",
-                    assignment.name,
-                    partition,
-                    list(move.replicas),
-                    state.leader,
-                    state.leader_epoch,
-                    list(state.isr),
-                )
 
     def _progress_reassignments(self) -> None:
         """Complete every reassignment whose target replicas are all in the ISR."""
         if self._lease is None:
             return
-        live = self._live()
-        pending = False
-        try:
-            for topic in self._store.topics():
-                found = self._store.read_topic_versioned(topic)
-                if found is None:
-                    continue
-                assignment, version = found
-                moving = [p for p in assignment.replicas if assignment.reassigning(p)]
-                if not moving:
-                    continue
-                moves: dict[int, tuple[Move, int]] = {}
-                for partition in moving:
-                    read = self._store.read_partition_state(topic, partition)
-                    if read is None:
-                        continue
-                    move = complete(
-                        assignment.replicas[partition],
-                        assignment.removing.get(partition, ()),
-                        read[0],
-                        live,
-                        self._require_lease().epoch,
-                    )
-                    if move is None:
-                        pending = True
-                    else:
-                        moves[partition] = (move, read[1])
-                if moves:
-                    try:
-                        self._write_moves(assignment, version, moves)
-                    except StaleStateError:
-                        pending = True  # an ISR write in between: next time
-        except ControllerMovedError:
-            log.info("controller epoch was superseded during a reassignment step")
+        progress = self._reassignments.progress(self._lease)
+        if progress.superseded:
             self._lease = None
-        self._reassigning = pending
+        self._reassigning = progress.pending
 
     def _list_reassignments(self, wanted: Sequence[tuple[str, int]] | None) -> Reassignments:
         self._require_lease()
-        names = self._store.topics() if wanted is None else sorted({t for t, _ in wanted})
-        keys = None if wanted is None else set(wanted)
-        out: Reassignments = {}
-        for topic in names:
-            assignment = self._store.read_topic(topic)
-            if assignment is None:
-                continue
-            for partition, replicas in assignment.replicas.items():
-                if keys is not None and (topic, partition) not in keys:
-                    continue
-                if assignment.reassigning(partition):
-                    out[(topic, partition)] = (
-                        replicas,
-                        assignment.adding.get(partition, ()),
-                        assignment.removing.get(partition, ()),
-                    )
-        return out
+        return self._reassignments.in_progress(wanted)
 
     def _controlled_shutdown(self, broker_id: int) -> int:
         lease = self._require_lease()

@@ -1,11 +1,12 @@
 """The audit log: one JSON line per security event (who, what, when, from where).
 
 ``audit(event)`` is the one entry point, for every listener and every security
-component: authentication failures and user changes (``broker.core.auth``, ``broker.grpc.service``),
-and authorization denials and ACL changes (the authorizer). Each event is a flat dict; the
-function adds ``time`` (ISO 8601, UTC, milliseconds) when the event has none, and writes
-it as one JSON line (keys sorted) to the ``tidelog.audit`` logger at INFO. Events never
-carry a password or a credential: callers pass names, principals, addresses and outcomes.
+component: authentication failures and user changes (``broker.core.auth``,
+``broker.grpc.security_service``), and authorization denials and ACL changes (the
+authorizer). Each event is a flat dict; the function adds ``time`` (ISO 8601, UTC,
+milliseconds) when the event has none, and writes it as one JSON line (keys sorted) to
+the ``tidelog.audit`` logger at INFO. Events never carry a password or a credential:
+callers pass names, principals, addresses and outcomes.
 
 Conventional keys: ``event`` (``authentication_failed``, ``user_upserted``,
 ``user_deleted``, ``authorization_denied``, ``acl_created``, ``acl_deleted``), ``principal``

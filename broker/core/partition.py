@@ -386,12 +386,8 @@ class Partition:
     def append_marker_as_leader(
         self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
     ) -> int:
-        """Write a transaction marker as this partition's leader (WriteTxnMarkers): the
-        role checked as for an ``acks=all`` append, the marker stamped with this leader's
-        epoch (``PartitionLog.append_marker``), the high watermark moved if the ISR allows.
-        Returns the marker's offset. Raises what ``leader_epoch_for_append`` and
-        ``PartitionLog.append_marker`` raise (a stale stamp: ``NotLeaderOrFollowerError``).
-        """
+        """Write a transaction marker as the leader, checked and stamped as an ``acks=all``
+        append (``PartitionLog.append_marker``); its offset. Raises as ``append_as_leader``."""
         epoch = self.leader_epoch_for_append(acks_all=True, current_leader_epoch=-1)
         try:
             offset = self.log.append_marker(

@@ -80,16 +80,18 @@ from tidelog.broker.core.pipeline import LoopBridge, RequestPipeline, resolve
 from tidelog.broker.core.produce import Acks, PartitionProduced, parse_acks
 from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
 from tidelog.broker.grpc.authorize import resources_of
+from tidelog.broker.grpc.data_service import (
+    fetch_response,
+    fetch_spec,
+    produce_parts,
+    produce_response,
+)
 from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY, render
 from tidelog.broker.grpc.service import (
     BROKER_SERVICE_NAME,
     UnaryHandler,
     call_context,
-    fetch_response,
-    fetch_spec,
     generic_handler,
-    produce_parts,
-    produce_response,
     wait_cap_ms,
 )
 from tidelog.broker.loop_watchdog import LoopWatchdog

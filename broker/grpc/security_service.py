@@ -1,4 +1,5 @@
-"""The gRPC handlers of the security RPCs: ``Authenticate`` and the SCRAM user calls.
+"""The gRPC handlers of the security RPCs: ``Authenticate``, the SCRAM user calls and the
+ACL calls (``CreateAcls``, ``DescribeAcls``, ``DeleteAcls``).
 
 Plain functions ``(core, request, context) -> response`` like the rest of
 ``broker.grpc.service``'s table (which includes ``SECURITY_HANDLERS``): convert, call
@@ -8,8 +9,10 @@ changes are written to the audit log there, with who made them and from where; a
 credential never appears in a log or an answer
 (``ListUsers`` gives names, mechanisms and iteration counts only).
 
-Who may change users is the authorizer's business (``ALTER`` on the cluster); these
-handlers only do the work.
+Who may change users or ACLs is the authorizer's business (``ALTER`` on the cluster);
+these handlers only do the work. ACL changes go to ``core.acls`` (``broker.core.acl_store``)
+with the caller's principal, which it records; an empty or ``ANY`` field of a filter
+matches everything, and a new binding's pattern type defaults to LITERAL, as Kafka's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tidelog.broker.core.acl import (
+    AclBinding,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    parse_enum,
+)
 from tidelog.broker.core.auth import Authenticator
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
@@ -97,9 +109,76 @@ def _list_users(
     )
 
 
+def _acl_binding(binding: AclBinding) -> pb.AclBinding:
+    return pb.AclBinding(
+        resource_type=binding.resource_type.value,
+        resource_name=binding.resource_name,
+        pattern_type=binding.pattern_type.value,
+        principal=binding.principal,
+        host=binding.host,
+        operation=binding.operation.value,
+        permission=binding.permission.value,
+    )
+
+
+def _acl_filter(request: pb.AclFilter) -> AclFilter:
+    def pick(kind: Any, value: str, what: str) -> Any:
+        if not value or value.upper() == "ANY":
+            return None
+        return parse_enum(kind, value, what)
+
+    return AclFilter(
+        principal=request.principal or None,
+        host=request.host or None,
+        operation=pick(Operation, request.operation, "operation"),
+        permission=pick(Permission, request.permission, "permission"),
+        resource_type=pick(ResourceType, request.resource_type, "resource type"),
+        resource_name=request.resource_name or None,
+        pattern_type=pick(PatternType, request.pattern_type, "pattern type"),
+    )
+
+
+def _create_acls(
+    core: BrokerCore, request: pb.CreateAclsRequest, context: RequestContext
+) -> pb.CreateAclsResponse:
+    core.acls.create(
+        [
+            AclBinding.parse(
+                principal=a.principal,
+                host=a.host,
+                operation=a.operation,
+                permission=a.permission,
+                resource_type=a.resource_type,
+                resource_name=a.resource_name,
+                pattern_type=a.pattern_type or "LITERAL",
+            )
+            for a in request.acls
+        ],
+        context.principal,
+    )
+    return pb.CreateAclsResponse()
+
+
+def _describe_acls(
+    core: BrokerCore, request: pb.AclFilter, context: RequestContext
+) -> pb.DescribeAclsResponse:
+    found = core.acls.describe(_acl_filter(request))
+    return pb.DescribeAclsResponse(acls=[_acl_binding(b) for b in found])
+
+
+def _delete_acls(
+    core: BrokerCore, request: pb.AclFilter, context: RequestContext
+) -> pb.DeleteAclsResponse:
+    removed = core.acls.delete(_acl_filter(request), context.principal)
+    return pb.DeleteAclsResponse(deleted=[_acl_binding(b) for b in removed])
+
+
 SECURITY_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
     "Authenticate": _authenticate,
     "UpsertUser": _upsert_user,
     "DeleteUser": _delete_user,
     "ListUsers": _list_users,
+    "CreateAcls": _create_acls,
+    "DescribeAcls": _describe_acls,
+    "DeleteAcls": _delete_acls,
 }

@@ -27,33 +27,31 @@ Routes::
     POST /security/users  /security/users/delete  /security/acls  /security/acls/delete
     GET  /api/charts/overview  /api/charts/groups/{id}
     GET  /healthz
+
+The session middleware, the security headers and what a handler reads from an address
+are in ``client.console.http``; the templates' filters and the form fields' parsers in
+``client.console.formats``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import inspect
 import logging
-import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import quote, urlencode
 
-import jinja2
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tidelog.client.acls import AclBinding, AclFilter
-from tidelog.client.types import TopicDescription
 from tidelog.storage.errors import (
     BrokerUnavailableError,
     GroupIdNotFoundError,
@@ -65,9 +63,30 @@ from tidelog.storage.errors import (
 )
 
 from .config import ConsoleConfig
-from .history import History, Series
+from .formats import (
+    int_or_none,
+    last,
+    pairs,
+    parse_datetime_ms,
+    say,
+    series_json,
+    templates,
+    under_replicated,
+)
+from .history import History
+from .http import (
+    SessionMiddleware,
+    group_id_of,
+    group_path,
+    here,
+    no_such_topic_page,
+    prefixed,
+    run_blocking,
+    safe_next,
+    topic_name,
+)
 from .limits import LoginLimiter
-from .sessions import COOKIE_NAME, ConsoleSession, SessionStore
+from .sessions import ConsoleSession, SessionStore
 from .view import ClusterView, describe_error, total_lag
 
 __all__ = ["create_app"]
@@ -89,129 +108,6 @@ _RESET_TARGETS = ("earliest", "latest", "timestamp", "offset")
 _RENDER_MODES = ("auto", "utf-8", "json", "hex")
 
 
-def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(_PACKAGE / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["bytes"] = _human_bytes
-    env.filters["ms"] = _format_ms
-    env.filters["rate"] = lambda v: "\u2013" if v is None else f"{v:,.1f}/s"
-    env.filters["duration"] = _duration
-    env.filters["urlpart"] = lambda v: quote(str(v), safe="")
-    return env
-
-
-def _human_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} TiB"  # pragma: no cover - the loop returns at GiB
-
-
-def _format_ms(value: int | None) -> str:
-    if value is None or value < 0:
-        return "\u2013"
-    moment = datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{value % 1000:03d}Z"
-
-
-def _duration(text: str) -> str:
-    if not text.lstrip("-").isdigit():
-        return text or "\u2013"
-    ms = int(text)
-    if ms < 0:
-        return "forever"
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1_000)):
-        if ms >= size and ms % size == 0:
-            return f"{ms // size} {unit}"
-    return f"{ms} ms"
-
-
-def _parse_datetime_ms(text: str) -> int:
-    """An ISO date-time (a browser's ``datetime-local``: no zone means UTC) or ms."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    moment = datetime.datetime.fromisoformat(text)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return int(moment.timestamp() * 1000)
-
-
-def _int_or_none(text: str | None, what: str, *, minimum: int = 0) -> int | None:
-    if text is None or not text.strip():
-        return None
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError(f"{what} must be a whole number") from None
-    if value < minimum:
-        raise ValueError(f"{what} must be at least {minimum}")
-    return value
-
-
-def _pairs(text: str) -> dict[str, str]:
-    """``key=value`` lines (blank lines ignored). Raises ``ValueError``."""
-    pairs: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"expected key=value, got {line.strip()!r}")
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
-def _series_json(series: Series) -> dict[str, Any]:
-    return {
-        "name": series.name,
-        "points": [[p.time_ms / 1000, p.value] for p in series.points],
-    }
-
-
-class _SessionMiddleware(BaseHTTPMiddleware):
-    """Finds (or makes) the request's ``ConsoleSession``; sets the cookie when new."""
-
-    def __init__(self, app: Any, store: SessionStore) -> None:
-        super().__init__(app)
-        self.store = store
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.url.path.startswith("/static/") or request.url.path == "/healthz":
-            return await call_next(request)
-        session, created = self.store.get_or_create(request.cookies.get(COOKIE_NAME))
-        request.state.session = session
-        sid = session.session_id
-        response = await call_next(request)
-        # A login changes the id (``SessionStore.log_in``): send the new one.
-        if created or session.session_id != sid or request.cookies.get(COOKIE_NAME) != sid:
-            response.set_cookie(
-                COOKIE_NAME,
-                session.session_id,
-                httponly=True,
-                samesite="strict",
-                secure=request.url.scheme == "https",
-                path="/",
-            )
-        response.headers.setdefault("Cache-Control", "no-store")
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault(
-            "Content-Security-Policy",
-            "default-src 'self'; style-src 'self'; script-src 'self'; img-src 'self' data:; "
-            "frame-ancestors 'none'; form-action 'self'",
-        )
-        return response
-
-
 class _Console:
     """The handlers, sharing the config, the sessions and the templates."""
 
@@ -221,7 +117,7 @@ class _Console:
         self.limiter = LoginLimiter(
             max_failures=config.login_failures_max, window_ms=config.login_failure_window_ms
         )
-        self.templates = _templates()
+        self.templates = templates()
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -233,7 +129,7 @@ class _Console:
         """The session's view; a redirect to the login page without one."""
         view = self.session(request).view
         if view is None:
-            raise HTTPException(303, headers={"Location": "/login?next=" + quote(_here(request))})
+            raise HTTPException(303, headers={"Location": "/login?next=" + quote(here(request))})
         return view
 
     def render(
@@ -291,8 +187,8 @@ class _Console:
             "overview.html",
             {
                 "overview": overview,
-                "produce_now": _last(produce),
-                "consume_now": _last(consume),
+                "produce_now": last(produce),
+                "consume_now": last(consume),
             },
             title="Overview",
         )
@@ -303,7 +199,7 @@ class _Console:
         return self.render(
             request,
             "login.html",
-            {"next": _safe_next(request.query_params.get("next")), "error": None},
+            {"next": safe_next(request.query_params.get("next")), "error": None},
             title="Log in",
         )
 
@@ -313,7 +209,7 @@ class _Console:
             return RedirectResponse("/", status_code=303)
         username = str(form.get("username", "")).strip()
         password = str(form.get("password", ""))
-        next_url = _safe_next(str(form.get("next", "/")))
+        next_url = safe_next(str(form.get("next", "/")))
         status, headers = 401, {}
         error = None
         if not username or not password:
@@ -329,7 +225,7 @@ class _Console:
                 error = f"Too many failed logins from your address. Try again in {seconds} s."
                 status, headers = 429, {"Retry-After": str(seconds)}
             else:
-                error, refused = await _run(self._log_in, request, username, password)
+                error, refused = await run_blocking(self._log_in, request, username, password)
                 self.limiter.end(attempt, refused=refused)
         if error is not None:
             # The password is neither echoed nor logged; the user name is not logged.
@@ -413,23 +309,23 @@ class _Console:
         view = self.view(request)
         name = str(form.get("name", "")).strip()
         try:
-            partitions = _int_or_none(str(form.get("partitions", "")), "Partitions", minimum=1)
-            replication = _int_or_none(
+            partitions = int_or_none(str(form.get("partitions", "")), "Partitions", minimum=1)
+            replication = int_or_none(
                 str(form.get("replication_factor", "")), "Replication factor", minimum=1
             )
-            config = _pairs(str(form.get("config", "")))
+            config = pairs(str(form.get("config", "")))
             if not name:
                 raise ValueError("Give the topic a name.")
-            await _run(view.create_topic, name, partitions, replication, config)
+            await run_blocking(view.create_topic, name, partitions, replication, config)
         except (ValueError, TidelogError) as exc:
-            return self.redirect("/topics", request, "error", f"Not created: {_say(exc)}")
+            return self.redirect("/topics", request, "error", f"Not created: {say(exc)}")
         return self.redirect(
             f"/topics/{quote(name, safe='')}", request, "ok", f"Created topic {name}."
         )
 
     def topic(self, request: Request) -> Response:
         view = self.view(request)
-        name = _topic_name(request)
+        name = topic_name(request)
         description = view.topic(name)
         query = request.query_params
         partitions = [p.partition for p in description.partitions]
@@ -439,12 +335,12 @@ class _Console:
         if mode not in _RENDER_MODES:
             mode = "auto"
         try:
-            partition = _int_or_none(query.get("partition"), "Partition") or 0
+            partition = int_or_none(query.get("partition"), "Partition") or 0
             if partition not in partitions:
                 raise ValueError(f"no partition {partition}")
-            offset = _int_or_none(query.get("offset"), "Offset")
+            offset = int_or_none(query.get("offset"), "Offset")
             at = query.get("timestamp", "").strip()
-            timestamp_ms = _parse_datetime_ms(at) if at else None
+            timestamp_ms = parse_datetime_ms(at) if at else None
             page = view.browse(
                 name,
                 partition,
@@ -455,7 +351,7 @@ class _Console:
             )
         except (ValueError, TidelogError) as exc:
             partition = 0
-            browse_error = _say(exc)
+            browse_error = say(exc)
 
         def page_link(offset: int) -> str:
             return f"/topics/{quote(name, safe='')}?" + urlencode(
@@ -473,7 +369,7 @@ class _Console:
                 "modes": _RENDER_MODES,
                 "browse_error": browse_error,
                 "page_link": page_link,
-                "under_replicated": _under_replicated(description),
+                "under_replicated": under_replicated(description),
                 "offset_value": query.get("offset", ""),
                 "timestamp_value": query.get("timestamp", ""),
             },
@@ -483,14 +379,14 @@ class _Console:
     async def produce(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        name = _topic_name(request)
+        name = topic_name(request)
         back = f"/topics/{quote(name, safe='')}"
         try:
-            partition = _int_or_none(str(form.get("partition", "")), "Partition")
+            partition = int_or_none(str(form.get("partition", "")), "Partition")
             key = str(form.get("key", ""))
             value = str(form.get("value", ""))
-            headers = [(k, v.encode()) for k, v in _pairs(str(form.get("headers", ""))).items()]
-            landed, offset = await _run(
+            headers = [(k, v.encode()) for k, v in pairs(str(form.get("headers", ""))).items()]
+            landed, offset = await run_blocking(
                 view.produce,
                 name,
                 value=value.encode(),
@@ -499,7 +395,7 @@ class _Console:
                 headers=headers,
             )
         except (ValueError, TidelogError, TimeoutError) as exc:
-            return self.redirect(back, request, "error", f"Not sent: {_say(exc)}")
+            return self.redirect(back, request, "error", f"Not sent: {say(exc)}")
         return self.redirect(
             f"{back}?" + urlencode({"partition": landed, "offset": offset}),
             request,
@@ -510,21 +406,21 @@ class _Console:
     async def alter_config(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        name = _topic_name(request)
+        name = topic_name(request)
         back = f"/topics/{quote(name, safe='')}"
         try:
-            settings = _pairs(str(form.get("set", "")))
+            settings = pairs(str(form.get("set", "")))
             delete = [k.strip() for k in str(form.get("delete", "")).split(",") if k.strip()]
             if not settings and not delete:
                 raise ValueError("nothing to change")
-            await _run(view.alter_topic_config, name, settings, delete)
+            await run_blocking(view.alter_topic_config, name, settings, delete)
         except (ValueError, TidelogError) as exc:
-            return self.redirect(back, request, "error", f"Configs not changed: {_say(exc)}")
+            return self.redirect(back, request, "error", f"Configs not changed: {say(exc)}")
         return self.redirect(back, request, "ok", "Configs changed.")
 
     def confirm_delete(self, request: Request) -> Response:
         view = self.view(request)
-        name = _topic_name(request)
+        name = topic_name(request)
         description = view.topic(name)
         return self.render(
             request,
@@ -541,7 +437,7 @@ class _Console:
     async def delete_topic(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        name = _topic_name(request)
+        name = topic_name(request)
         if form.get("confirm_name") != name:
             return self.redirect(
                 f"/topics/{quote(name, safe='')}/delete",
@@ -550,9 +446,9 @@ class _Console:
                 "Type the topic's name to confirm.",
             )
         try:
-            await _run(view.delete_topic, name)
+            await run_blocking(view.delete_topic, name)
         except TidelogError as exc:
-            return self.redirect("/topics", request, "error", f"Not deleted: {_say(exc)}")
+            return self.redirect("/topics", request, "error", f"Not deleted: {say(exc)}")
         return self.redirect("/topics", request, "ok", f"Deleted topic {name}.")
 
     def groups(self, request: Request) -> Response:
@@ -561,7 +457,7 @@ class _Console:
 
     def group(self, request: Request) -> Response:
         view = self.view(request)
-        group_id = _group_id(request)
+        group_id = group_id_of(request)
         description = view.group(group_id)
         topics = sorted({p.tp.topic for p in description.partitions})
         return self.render(
@@ -583,24 +479,24 @@ class _Console:
         topic = str(values.get("topic", "")).strip() or None
         value: int | None = None
         if target == "offset":
-            value = _int_or_none(str(values.get("offset", "")), "Offset")
+            value = int_or_none(str(values.get("offset", "")), "Offset")
             if value is None:
                 raise ValueError("give the offset")
         elif target == "timestamp":
             text = str(values.get("timestamp", "")).strip()
             if not text:
                 raise ValueError("give the date and time")
-            value = _parse_datetime_ms(text)
+            value = parse_datetime_ms(text)
         return {"target": target, "topic": topic, "value": value}
 
     def confirm_reset(self, request: Request) -> Response:
         view = self.view(request)
-        group_id = _group_id(request)
+        group_id = group_id_of(request)
         back = f"/groups/{quote(group_id, safe='')}"
         try:
             reset = self._reset_request(request, request.query_params)
         except ValueError as exc:
-            return self.redirect(back, request, "error", f"Not reset: {_say(exc)}")
+            return self.redirect(back, request, "error", f"Not reset: {say(exc)}")
         description = view.group(group_id)
         if description.members:
             return self.redirect(
@@ -619,15 +515,15 @@ class _Console:
     async def reset(self, request: Request) -> Response:
         form = await self.form(request)
         view = self.view(request)
-        group_id = _group_id(request)
+        group_id = group_id_of(request)
         back = f"/groups/{quote(group_id, safe='')}"
         try:
             reset = self._reset_request(request, form)
-            moved = await _run(
+            moved = await run_blocking(
                 view.reset_group, group_id, reset["topic"], reset["target"], reset["value"]
             )
         except (ValueError, TidelogError) as exc:
-            return self.redirect(back, request, "error", f"Not reset: {_say(exc)}")
+            return self.redirect(back, request, "error", f"Not reset: {say(exc)}")
         return self.redirect(
             back, request, "ok", f"Reset {len(moved)} partition(s) of group {group_id}."
         )
@@ -645,9 +541,9 @@ class _Console:
         try:
             if not name or not password:
                 raise ValueError("give a name and a password")
-            await _run(view.admin.upsert_user, name, password, mechanism)
+            await run_blocking(view.admin.upsert_user, name, password, mechanism)
         except (ValueError, TidelogError) as exc:
-            return self.redirect("/security", request, "error", f"User not saved: {_say(exc)}")
+            return self.redirect("/security", request, "error", f"User not saved: {say(exc)}")
         return self.redirect("/security", request, "ok", f"Saved user {name} ({mechanism}).")
 
     async def delete_user(self, request: Request) -> Response:
@@ -655,9 +551,9 @@ class _Console:
         view = self.view(request)
         name = str(form.get("name", ""))
         try:
-            await _run(view.admin.delete_user, name)
+            await run_blocking(view.admin.delete_user, name)
         except TidelogError as exc:
-            return self.redirect("/security", request, "error", f"Not deleted: {_say(exc)}")
+            return self.redirect("/security", request, "error", f"Not deleted: {say(exc)}")
         return self.redirect("/security", request, "ok", f"Deleted user {name}.")
 
     async def add_acl(self, request: Request) -> Response:
@@ -673,9 +569,9 @@ class _Console:
                 permission=str(form.get("permission", "ALLOW")),
                 host=str(form.get("host", "*")).strip() or "*",
             )
-            await _run(view.admin.create_acls, [binding])
+            await run_blocking(view.admin.create_acls, [binding])
         except (ValueError, TidelogError) as exc:
-            return self.redirect("/security", request, "error", f"ACL not added: {_say(exc)}")
+            return self.redirect("/security", request, "error", f"ACL not added: {say(exc)}")
         return self.redirect("/security", request, "ok", "ACL added.")
 
     async def delete_acl(self, request: Request) -> Response:
@@ -691,9 +587,9 @@ class _Console:
             host=str(form.get("host", "")),
         )
         try:
-            removed = await _run(view.admin.delete_acls, acl_filter)
+            removed = await run_blocking(view.admin.delete_acls, acl_filter)
         except TidelogError as exc:
-            return self.redirect("/security", request, "error", f"Not removed: {_say(exc)}")
+            return self.redirect("/security", request, "error", f"Not removed: {say(exc)}")
         return self.redirect("/security", request, "ok", f"Removed {len(removed)} ACL(s).")
 
     # --- JSON for the charts ------------------------------------------------------------
@@ -705,8 +601,8 @@ class _Console:
         return JSONResponse(
             {
                 "series": [
-                    _series_json(view.history.produce_rate()),
-                    _series_json(view.history.consume_rate()),
+                    series_json(view.history.produce_rate()),
+                    series_json(view.history.consume_rate()),
                 ]
             }
         )
@@ -715,12 +611,12 @@ class _Console:
         view = self.session(request).view
         if view is None:
             return JSONResponse({"error": "log in"}, status_code=401)
-        group_id = _group_id(request)
-        return JSONResponse({"series": [_series_json(view.history.group_lag(group_id))]})
+        group_id = group_id_of(request)
+        return JSONResponse({"series": [series_json(view.history.group_lag(group_id))]})
 
     def group_get(self, request: Request) -> Response:
         """``GET /groups/ID`` and ``GET /groups/ID/reset`` (ID percent-encoded)."""
-        action = _group_path(request)[1]
+        action = group_path(request)[1]
         if action == "":
             return self.group(request)
         if action == "reset":
@@ -729,7 +625,7 @@ class _Console:
 
     async def group_post(self, request: Request) -> Response:
         """``POST /groups/ID/reset`` (ID percent-encoded)."""
-        if _group_path(request)[1] == "reset":
+        if group_path(request)[1] == "reset":
             return await self.reset(request)
         raise HTTPException(404, "No such page.")
 
@@ -773,106 +669,6 @@ class _Console:
         )
 
 
-async def _run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A blocking client call from an ``async`` handler, on Starlette's thread pool."""
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(function, *args, **kwargs)
-
-
-def _group_path(request: Request) -> tuple[str, str]:
-    """(group id, what follows it) of ``/groups/ID[/reset]`` or
-    ``/api/charts/groups/ID``. A group id may hold any character, ``/`` too: links
-    percent-encode it whole (``%2F``), so it is read from the raw, still encoded path,
-    where its ``/`` cannot be told from a separator. 404 when there is none; 400 when
-    its encoding is not UTF-8."""
-    path: str = request.scope["route_prefix"]
-    raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
-    encoded, _, action = raw[len(path) :].decode("latin-1").partition("/")
-    if not encoded:
-        raise HTTPException(404, "No group id in this address.")
-    try:
-        return unquote(encoded, errors="strict"), action
-    except UnicodeDecodeError:
-        raise HTTPException(400, "This group id is not valid UTF-8.") from None
-
-
-def _group_id(request: Request) -> str:
-    return _group_path(request)[0]
-
-
-# Kafka's rule (storage/files.py, which the console does not import: it uses the public
-# client API only): 1 to 249 of [A-Za-z0-9._-], and not "." or "..".
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def _topic_name(request: Request) -> str:
-    """The topic of ``/topics/NAME...``; 400 when it is no legal topic name."""
-    name: str = request.path_params["name"]
-    if _TOPIC_NAME.fullmatch(name) is None or name in (".", ".."):
-        raise HTTPException(
-            400,
-            f"{name!r} is not a topic name: topic names are 1 to 249 ASCII letters, "
-            "digits, '.', '_' and '-'.",
-        )
-    return name
-
-
-def _last(series: Series) -> float | None:
-    for point in reversed(series.points):
-        if point.value is not None:
-            return point.value
-    return None
-
-
-def _under_replicated(description: TopicDescription) -> int:
-    return sum(1 for p in description.partitions if len(p.isr) < len(p.replicas))
-
-
-def _say(exc: BaseException) -> str:
-    return describe_error(exc) if isinstance(exc, TidelogError) else str(exc)
-
-
-def _here(request: Request) -> str:
-    """The request's path as sent (still percent-encoded: a group id's ``%2F`` stays
-    one) and its query."""
-    raw: bytes = request.scope.get("raw_path") or request.url.path.encode()
-    path = raw.decode("latin-1")
-    return path + (f"?{request.url.query}" if request.url.query else "")
-
-
-def _safe_next(url: str | None) -> str:
-    """Only a path of this site: never an open redirect to another host."""
-    if not url or not url.startswith("/") or url.startswith("//") or "\\" in url:
-        return "/"
-    return url
-
-
-def _prefixed(handler: Callable[[Request], Any], prefix: str) -> Callable[[Request], Any]:
-    """``handler`` with the route's fixed prefix in ``scope["route_prefix"]``, for
-    ``_group_path``. Keeps the handler sync or async, as Starlette runs each."""
-    if inspect.iscoroutinefunction(handler):
-
-        async def run_async(request: Request) -> Any:
-            request.scope["route_prefix"] = prefix
-            return await handler(request)
-
-        return run_async
-
-    def run(request: Request) -> Any:
-        request.scope["route_prefix"] = prefix
-        return handler(request)
-
-    return run
-
-
-def _no_such_topic_page(request: Request) -> Response:
-    """``/topics/A/B``: topic names hold no ``/``."""
-    raise HTTPException(
-        404, "No such page: topic names are ASCII letters, digits, '.', '_' and '-' (no '/')."
-    )
-
-
 def create_app(config: ConsoleConfig) -> Starlette:
     """The console as an ASGI application (uvicorn serves it: ``client.console.serve``).
 
@@ -899,11 +695,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
         # Background sampling for the charts lives as long as the application: the
         # shared view's sampler starts now (its first look is made on the sampler's own
         # thread), a session's at its login; all stop here.
-        await _run(store.start)
+        await run_blocking(store.start)
         try:
             yield
         finally:
-            await _run(store.close)
+            await run_blocking(store.close)
 
     routes = [
         Route("/", console.overview, name="overview"),
@@ -917,12 +713,12 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/topics/{name}/delete", console.confirm_delete, methods=["GET"]),
         Route("/topics/{name}/delete", console.delete_topic, methods=["POST"]),
         Route("/topics/{name}", console.topic, methods=["GET"]),
-        Route("/topics/{rest:path}", _no_such_topic_page),
+        Route("/topics/{rest:path}", no_such_topic_page),
         Route("/groups", console.groups, methods=["GET"]),
         # A group id may contain "/": these take the rest of the path and read the id
-        # from the raw, percent-encoded one (``_group_path``).
-        Route("/groups/{rest:path}", _prefixed(console.group_get, "/groups/"), methods=["GET"]),
-        Route("/groups/{rest:path}", _prefixed(console.group_post, "/groups/"), methods=["POST"]),
+        # from the raw, percent-encoded one (``group_path``).
+        Route("/groups/{rest:path}", prefixed(console.group_get, "/groups/"), methods=["GET"]),
+        Route("/groups/{rest:path}", prefixed(console.group_post, "/groups/"), methods=["POST"]),
         Route("/security", console.security, methods=["GET"]),
         Route("/security/users", console.add_user, methods=["POST"]),
         Route("/security/users/delete", console.delete_user, methods=["POST"]),
@@ -931,14 +727,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/api/charts/overview", console.overview_chart),
         Route(
             "/api/charts/groups/{rest:path}",
-            _prefixed(console.group_chart, "/api/charts/groups/"),
+            prefixed(console.group_chart, "/api/charts/groups/"),
         ),
         Route("/healthz", console.health),
         Mount("/static", StaticFiles(directory=_PACKAGE / "static"), name="static"),
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(_SessionMiddleware, store=store)],
+        middleware=[Middleware(SessionMiddleware, store=store)],
         exception_handlers={
             TidelogError: console.broker_error,
             HTTPException: console.http_error,

@@ -1,4 +1,4 @@
-"""``broker.grpc.service.fetch_response`` splices the stored bytes into a hand-built
+"""``broker.grpc.data_service.fetch_response`` splices the stored bytes into a hand-built
 ``FetchResponse``: it must parse to exactly the message the protobuf constructor builds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidelog.broker.core.fetch import PartitionFetched
-from tidelog.broker.grpc.service import fetch_response
+from tidelog.broker.grpc.data_service import fetch_response
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
 _answers = st.lists(

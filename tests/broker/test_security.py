@@ -28,7 +28,7 @@ from tidelog.broker.core.users import CREDENTIALS_FILE, FileUserStore
 from tidelog.broker.testing import InProcessBroker
 from tidelog.broker.testing_tls import TestPki
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
-from tidelog.client.connection import GrpcConnection
+from tidelog.client.grpc_connection import GrpcConnection
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tidelog.storage.errors import (

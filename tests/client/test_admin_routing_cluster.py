@@ -17,7 +17,7 @@ import pytest
 from tests.client.test_cluster_client import create_spread_topic, eventually, read
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
-from tidelog.client.connection import grpc_connections
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.types import QuotaEntity
 from tidelog.storage.errors import GroupIdNotFoundError, GroupNotEmptyError, TidelogError
 

@@ -28,10 +28,11 @@ from tests.client.groups import (
 )
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Consumer, TopicPartition
-from tidelog.client.connection import Connection, grpc_connections
+from tidelog.client.connection import Connection
 from tidelog.client.coordinator import ConsumerCoordinator
 from tidelog.client.errors import ClosedError
 from tidelog.client.group_member import GroupMembership, HeartbeatAnswer, MemberEvent
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.types import ConsumerRecord
 from tidelog.storage.errors import (
     FencedMemberEpochError,

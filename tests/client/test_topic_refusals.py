@@ -26,7 +26,7 @@ from tidelog.broker.testing import InProcessBroker
 from tidelog.broker.testing_tls import TestPki
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
 from tidelog.client.acls import AclBinding
-from tidelog.client.connection import grpc_connections
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.security import ClientSecurity
 from tidelog.storage.errors import (
     InvalidTopicError,

@@ -16,7 +16,7 @@ from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, Producer, TopicPartition
-from tidelog.client.connection import grpc_connections
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.types import AlterConfigOp, ConfigResource
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc

@@ -27,7 +27,8 @@ from tests.broker.cluster.waiting import eventually
 from tests.kafka import raw
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, TopicPartition
-from tidelog.client.connection import Connection, grpc_connections
+from tidelog.client.connection import Connection
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.types import AlterConfigOp
 from tidelog.client.types import ConfigResource as TidelogResource
 from tidelog.storage.errors import (

@@ -1,0 +1,190 @@
+"""The controller's topic changes: create, grow, configure and delete topics.
+
+``TopicChanges`` places a topic's replicas (Kafka's round robin over the live brokers,
+rack-aware, ``broker.cluster.assignment``) or checks a placement given by the caller
+(``broker.core.replica_assignment``, Kafka's rules), and writes the assignment, the config
+and the partitions' initial states in one fenced transaction of the store: a controller
+that lost its lease cannot write (``ControllerMovedError``). A new partition starts with
+its replicas as the ISR and the first one leading at epoch 0, as Kafka's (a registered
+broker is a live one: registrations are ephemeral). A change of ``min.insync.replicas``
+empties the topic's ELRs (KIP-966: they were chosen by the old value) without a new
+leader epoch.
+
+It owns no thread and no lease: ``broker.cluster.controller.Controller`` calls it on its
+event thread with the lease it holds. ``min_isr`` reads a topic config's
+``min.insync.replicas`` with the broker's current default; ``on_stale`` is called when an
+ELR write met a concurrent one, so the controller decides again from a fresh read.
+
+Thread-safety: not thread-safe; the controller's event thread is its only caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from tidelog.broker.cluster.assignment import assign_replicas
+from tidelog.broker.cluster.store import ClusterStore, ControllerLease, StaleStateError
+from tidelog.broker.cluster.znodes import PartitionState, TopicAssignment
+from tidelog.broker.core.replica_assignment import check_growth_assignment, check_topic_assignment
+from tidelog.storage.errors import (
+    InvalidPartitionsError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = ["TopicChanges"]
+
+log = logging.getLogger(__name__)
+
+
+class TopicChanges:
+    """Topic creation, growth, configuration and deletion, written to ``store``."""
+
+    def __init__(
+        self,
+        store: ClusterStore,
+        rng: random.Random,
+        *,
+        min_isr: Callable[[Mapping[str, str]], int],
+        on_stale: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._rng = rng
+        self._min_isr = min_isr
+        self._on_stale = on_stale
+
+    def create(
+        self,
+        lease: ControllerLease,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: dict[str, str],
+        manual: list[tuple[int, tuple[int, ...]]] | None = None,
+    ) -> TopicAssignment:
+        """Place (Kafka's round robin over the live brokers, rack-aware) or check
+        (``manual``) and create a topic, every replica in the ISR and the first leading.
+        Raises ``TopicAlreadyExistsError``, ``InvalidReplicaAssignmentError``."""
+        if self._store.read_topic(name) is not None:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+        view = self._store.live_brokers_view()
+        brokers = sorted(view.epochs)
+        count = max(len(brokers), 1)
+        placed: Mapping[int, Sequence[int]]
+        if manual:
+            # Registered is live here (registrations are ephemeral), so every replica
+            # starts in the ISR and the first leads, as Kafka's (ISR = active replicas).
+            placed = check_topic_assignment(manual, set(brokers))
+        else:
+            placed = assign_replicas(
+                partitions,
+                replication_factor,
+                brokers,
+                start_index=self._rng.randrange(count),
+                replica_shift=self._rng.randrange(count),
+                racks={b: r.rack for b, r in view.registrations.items()},
+            )
+        assignment = TopicAssignment(
+            name, str(uuid.uuid4()), {p: tuple(r) for p, r in placed.items()}
+        )
+        states = {
+            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
+            for p, r in placed.items()
+        }
+        try:
+            self._store.create_topic(lease, assignment, config, states)
+        except StaleStateError:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists") from None
+        log.info("created topic %s: %s", name, dict(assignment.replicas))
+        return assignment
+
+    def delete(self, lease: ControllerLease, name: str) -> None:
+        """Delete a topic. Raises ``UnknownTopicOrPartitionError``."""
+        if self._store.read_topic(name) is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        self._store.delete_topic(lease, name)
+        log.info("deleted topic %s", name)
+
+    def grow(
+        self,
+        lease: ControllerLease,
+        name: str,
+        total: int,
+        manual: list[tuple[int, ...]] | None = None,
+    ) -> TopicAssignment:
+        """Grow a topic to ``total`` partitions, continuing the round robin from the first
+        partition's leader, or as ``manual`` gives. Raises ``UnknownTopicOrPartitionError``,
+        ``InvalidPartitionsError`` (not a growth, or the topic changed meanwhile)."""
+        found = self._store.read_topic_versioned(name)
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        assignment, version = found
+        current = assignment.partition_count
+        if total <= current:
+            raise InvalidPartitionsError(
+                f"topic {name!r} has {current} partitions; it can only grow (asked for {total})"
+            )
+        factor = len(assignment.replicas[0])
+        view = self._store.live_brokers_view()
+        brokers = sorted(view.epochs)
+        placed: Mapping[int, Sequence[int]]
+        if manual is not None:
+            placed = check_growth_assignment(
+                manual, set(brokers), current=current, total=total, replication_factor=factor
+            )
+        else:
+            # Kafka continues from the first partition's leader, so growth keeps the pattern.
+            first = assignment.replicas[0][0]
+            placed = assign_replicas(
+                total - current,
+                factor,
+                brokers,
+                start_index=brokers.index(first) if first in brokers else 0,
+                replica_shift=self._rng.randrange(max(len(brokers), 1)),
+                first_partition=current,
+                racks={b: r.rack for b, r in view.registrations.items()},
+            )
+        grown = replace(  # keeps the lists of partitions being reassigned
+            assignment,
+            replicas={**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
+        )
+        states = {
+            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
+            for p, r in placed.items()
+        }
+        try:
+            self._store.add_partitions(lease, grown, version, states)
+        except StaleStateError:
+            raise InvalidPartitionsError(f"topic {name!r} changed meanwhile; retry") from None
+        return grown
+
+    def alter_config(self, lease: ControllerLease, name: str, config: dict[str, str]) -> None:
+        """Replace a topic's config; a changed ``min.insync.replicas`` clears its ELRs.
+        Raises ``UnknownTopicOrPartitionError``."""
+        assignment = self._store.read_topic(name)
+        if assignment is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        before = self._min_isr(self._store.read_topic_config(name))
+        self._store.set_topic_config(lease, name, config)
+        if self._min_isr(config) != before:
+            self.clear_elr(lease, name, assignment)
+
+    def clear_elr(self, lease: ControllerLease, name: str, assignment: TopicAssignment) -> None:
+        """KIP-966: a change of ``min.insync.replicas`` empties every ELR and last known
+        ELR of the topic (they were chosen by the old value). No epoch bump: the ISR and
+        the leader stay."""
+        for partition in assignment.replicas:
+            found = self._store.read_partition_state(name, partition)
+            if found is None or not (found[0].elr or found[0].last_known_elr):
+                continue
+            cleared = replace(found[0], elr=(), last_known_elr=(), controller_epoch=lease.epoch)
+            try:
+                self._store.set_partition_state(lease, name, partition, cleared, found[1])
+            except StaleStateError:
+                self._on_stale()
+                continue
+            log.info("%s-%d: min.insync.replicas changed: ELR cleared", name, partition)
