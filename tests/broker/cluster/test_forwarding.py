@@ -98,6 +98,18 @@ def test_a_topics_incremental_alter_configs_through_a_non_controllers_kafka_list
     other = not_the_controller(cluster)
     with AdminClient(cluster.bootstrap, request_timeout_ms=TIMEOUT_MS) as admin:
         admin.create_topic("fwd-configs", 2, replication_factor=2)
+    # The broker computes the new config from its own view of the topic (its watch on
+    # ZooKeeper learns the creation a moment later), then forwards it.
+    with grpc_to(cluster, other) as connection:
+
+        def known(c: Connection = connection) -> bool:
+            try:
+                c.describe_topic("fwd-configs", timeout_ms=TIMEOUT_MS)
+            except UnknownTopicOrPartitionError:
+                return False
+            return True
+
+        eventually(known)
     # A raw IncrementalAlterConfigs v1 to that broker (it answered NOT_CONTROLLER before).
     alter = IncrementalAlterConfigsRequest[1]
     request = alter(
