@@ -160,6 +160,9 @@ class PartitionLog:
             recovery_point=recovery_point,
         )
         self._producer_state = producer_state
+        # An append of transactional batches is between publishing them and recording
+        # their transactions (read without the lock by ``last_stable_offset``).
+        self._opening = False
         self._leader_epochs = leader_epochs or LeaderEpochCache()
         # The checkpoint says more than the cache: a write after a truncation failed
         # (a full disk). Written again before the next append, epoch or close.
@@ -393,9 +396,13 @@ class PartitionLog:
         segment = self._maybe_roll_locked(
             placed.size_bytes, first_offset, offset - 1, placed.max_timestamp, config
         )
-        segment.append(placed.parts, assigned, times)
-        for batch in assigned:
-            self._producer_state.update(batch.header, now_ms)
+        self._opening = any(b.header.is_transactional for b in assigned)
+        try:
+            segment.append(placed.parts, assigned, times)
+            for batch in assigned:
+                self._producer_state.update(batch.header, now_ms)
+        finally:
+            self._opening = False
         self._unflushed_records += record_count
         result = AppendResult(first_offset, offset - 1, append_time, record_count, False)
         if config.flush_messages > 0 and self._unflushed_records >= config.flush_messages:
@@ -470,7 +477,17 @@ class PartitionLog:
     @property
     def last_stable_offset(self) -> int:
         """Below it every transaction is decided: min(first unstable offset, high
-        watermark); the high watermark when no transaction is open or unreplicated."""
+        watermark); the high watermark when no transaction is open or unreplicated.
+
+        Lock-free while the partition holds no undecided transaction (the fetch path
+        must not wait behind an append's fsync, ``tests/broker/test_slow_disk.py``): the
+        high watermark is read first, then whether a transaction is open or being opened
+        (``_opening``, set under the lock before transactional bytes are published and
+        cleared after the producer state has them). Whoever reads a high watermark that
+        includes such bytes therefore sees the transaction, and takes the lock."""
+        high_watermark = self.high_watermark
+        if not self._opening and not self._producer_state.has_undecided():
+            return high_watermark
         with self._lock:
             return last_stable_offset(
                 self._producer_state, self.high_watermark, self._local.log_start_offset
@@ -520,6 +537,7 @@ class PartitionLog:
             first, end, assigned = placed.start, placed.end, placed.batches
             now_ms = self._clock.wall_ms()
             times = follower_batch_times(times_by_offset, assigned)
+            self._opening = any(b.header.is_transactional for b in assigned)
             try:
                 self._rewrite_stale_epochs_locked()
                 for batch in assigned:
@@ -535,11 +553,15 @@ class PartitionLog:
                 )
                 segment.append([memoryview(records)[first:end]], assigned, times)
             except OSError as exc:
+                self._opening = False
                 raise io_error(exc, f"{self}: follower append failed") from exc
             # Data batches open transactions, markers end them (and index aborts).
-            apply_batches(
-                self._producer_state, segment, memoryview(records)[first:end], assigned, now_ms
-            )
+            try:
+                apply_batches(
+                    self._producer_state, segment, memoryview(records)[first:end], assigned, now_ms
+                )
+            finally:
+                self._opening = False
             for batch in assigned:
                 self._unflushed_records += batch.header.records_count
             return self.log_end_offset

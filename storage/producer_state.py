@@ -345,6 +345,11 @@ class ProducerStateTable:
         others = [f for f, pid in self._ongoing.items() if pid != completed.producer_id]
         return min(others) if others else completed.last_offset + 1
 
+    def has_undecided(self) -> bool:
+        """Whether a transaction is open or completed above a high watermark (safe to
+        call without the partition lock: two container sizes)."""
+        return bool(self._ongoing) or bool(self._unreplicated)
+
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         """The smallest first offset of the open transactions and of the completed ones
         whose marker is at or past ``high_watermark`` (None: no such transaction).
