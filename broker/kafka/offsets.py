@@ -31,7 +31,14 @@ from tidelog.broker.kafka.groups import classic_error_code, not_coordinator
 from tidelog.broker.kafka.listener import Connection
 from tidelog.storage.errors import LeaderNotAvailableError
 
-__all__ = ["find_coordinator", "offset_commit", "offset_delete", "offset_fetch"]
+__all__ = [
+    "commit_answer",
+    "commit_entries",
+    "find_coordinator",
+    "offset_commit",
+    "offset_delete",
+    "offset_fetch",
+]
 
 
 async def find_coordinator(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
@@ -126,16 +133,7 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
         )
     codes: list[int] = []
     if not group_error:
-        entries = [
-            OffsetCommitEntry(
-                TopicPartition(t["name"], p["partition_index"]),
-                p["committed_offset"],
-                p.get("committed_metadata") or "",
-                p.get("committed_leader_epoch", -1),  # v6+ (KIP-320)
-            )
-            for t in topics
-            for p in t["partitions"]
-        ]
+        entries = commit_entries(topics)
         try:
             results = await conn.run(
                 conn.core.commit_offsets, group_id, as_member, as_epoch, entries
@@ -144,12 +142,32 @@ async def offset_commit(conn: Connection, header: RequestHeader, request: Plain)
             group_error, _ = kafka_error(exc)
         else:
             codes = [kafka_code(r.error_code) for r in results]
+    return commit_answer(topics, group_error, codes)
+
+
+def commit_entries(topics: list[Plain]) -> list[OffsetCommitEntry]:
+    """An OffsetCommit's (or TxnOffsetCommit's) partitions as the core's entries."""
+    return [
+        OffsetCommitEntry(
+            TopicPartition(t["name"], p["partition_index"]),
+            p["committed_offset"],
+            p.get("committed_metadata") or "",
+            p.get("committed_leader_epoch", -1),  # v6+ (KIP-320)
+        )
+        for t in topics
+        for p in t["partitions"]
+    ]
+
+
+def commit_answer(topics: list[Plain], error: int, codes: list[int]) -> Plain:
+    """Every asked partition with ``error`` (a group-level refusal) or its own code, in
+    request order (``codes`` aligned with ``commit_entries``)."""
     answer = []
     index = 0
     for t in topics:
         partitions = []
         for p in t["partitions"]:
-            code = group_error or codes[index]
+            code = error or codes[index]
             index += 1
             partitions.append({"partition_index": p["partition_index"], "error_code": code})
         answer.append({"name": t["name"], "partitions": partitions})

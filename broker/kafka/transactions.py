@@ -29,14 +29,13 @@ import functools
 from collections.abc import Sequence
 
 from tidelog.broker.core.operations import group, topic, transactional_id
-from tidelog.broker.groups.assignor import TopicPartition
-from tidelog.broker.groups.manager import OffsetCommitEntry
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.kafka.authz import denied, refusals, visible
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
 from tidelog.broker.kafka.groups import classic_error_code, not_coordinator
 from tidelog.broker.kafka.listener import Connection
+from tidelog.broker.kafka.offsets import commit_answer, commit_entries
 from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.broker.transactions.state import TxnMetadata
 from tidelog.storage.errors import (
@@ -320,16 +319,7 @@ async def txn_offset_commit(conn: Connection, header: RequestHeader, request: Pl
             )
     codes: list[int] = []
     if not error:
-        entries = [
-            OffsetCommitEntry(
-                TopicPartition(t["name"], p["partition_index"]),
-                p["committed_offset"],
-                p.get("committed_metadata") or "",
-                p.get("committed_leader_epoch", -1),
-            )
-            for t in topics
-            for p in t["partitions"]
-        ]
+        entries = commit_entries(topics)
         try:
             results = await conn.run(
                 conn.core.commit_transactional_offsets, group_id, pid, epoch, entries
@@ -338,14 +328,4 @@ async def txn_offset_commit(conn: Connection, header: RequestHeader, request: Pl
             error, _ = kafka_error(exc)
         else:
             codes = [kafka_code(r.error_code) for r in results]
-    answer = []
-    index = 0
-    for t in topics:
-        partitions = []
-        for p in t["partitions"]:
-            partitions.append(
-                {"partition_index": p["partition_index"], "error_code": error or codes[index]}
-            )
-            index += 1
-        answer.append({"name": t["name"], "partitions": partitions})
-    return {"topics": answer}
+    return commit_answer(topics, error, codes)
