@@ -65,15 +65,19 @@ def name() -> str:
     return f"assigned-{next(_topics)}"
 
 
-def placement(cluster: LocalCluster, topic: str) -> list[tuple[int, tuple[int, ...]]]:
-    """(leader, replicas) of each partition, once every replica is in sync."""
+def placement(cluster: LocalCluster, topic: str, count: int) -> list[tuple[int, tuple[int, ...]]]:
+    """(leader, replicas) of each of the topic's ``count`` partitions, once the answering
+    broker's view has them all (it learns a growth by its watch, a moment after the
+    controller wrote it) and every replica is in sync."""
     with admin(cluster) as client:
-        eventually(
-            lambda: all(
-                set(p.isr) == set(p.replicas) for p in client.describe_topic(topic).partitions
-            ),
-            60,
-        )
+
+        def settled() -> bool:
+            partitions = client.describe_topic(topic).partitions
+            return len(partitions) == count and all(
+                set(p.isr) == set(p.replicas) for p in partitions
+            )
+
+        eventually(settled, 60)
         return [(p.leader, tuple(p.replicas)) for p in client.describe_topic(topic).partitions]
 
 
@@ -113,12 +117,12 @@ def test_confluent_places_a_topic_and_its_growth_where_it_says(cluster: LocalClu
     client = confluent(cluster)
     futures = client.create_topics([NewTopic(topic, 3, replica_assignment=lists)])
     assert futures[topic].result(timeout=TIMEOUT_S) is None
-    assert placement(cluster, topic) == [(r[0], tuple(r)) for r in lists]
+    assert placement(cluster, topic, len(lists)) == [(r[0], tuple(r)) for r in lists]
     grown = [[2, 3], [3, 1]]
     futures = client.create_partitions([NewPartitions(topic, 5, replica_assignment=grown)])
     assert futures[topic].result(timeout=TIMEOUT_S) is None
     lists += grown
-    assert placement(cluster, topic) == [(r[0], tuple(r)) for r in lists]
+    assert placement(cluster, topic, len(lists)) == [(r[0], tuple(r)) for r in lists]
     lands_on(cluster, topic, lists)
 
 
@@ -180,7 +184,7 @@ def test_confluent_gets_kafkas_refusals(cluster: LocalCluster) -> None:
     assert confluent_error(futures[topic]).code() == (
         confluent_kafka.KafkaError.INVALID_REPLICA_ASSIGNMENT
     )
-    assert placement(cluster, topic) == [(1, (1, 2))]
+    assert placement(cluster, topic, 1) == [(1, (1, 2))]
 
 
 def test_kafka_python_creates_and_grows(cluster: LocalCluster) -> None:
@@ -202,7 +206,7 @@ def test_kafka_python_creates_and_grows(cluster: LocalCluster) -> None:
         )
     ]
     lists = [[4, 3, 2], [1, 2, 3], [2, 4, 1]]
-    assert placement(cluster, topic) == [(r[0], tuple(r)) for r in lists]
+    assert placement(cluster, topic, len(lists)) == [(r[0], tuple(r)) for r in lists]
     lands_on(cluster, topic, lists)
 
 
@@ -227,7 +231,7 @@ def test_tidelogs_admin_client_and_command_line(cluster: LocalCluster) -> None:
             client.create_topic(name(), replica_assignment=[[6, 1]])
         with pytest.raises(InvalidReplicaAssignmentError, match="which have 2 replica"):
             client.create_partitions(topic, 4, replica_assignment=[[4]])
-    assert placement(cluster, topic) == [(3, (3, 1)), (1, (1, 4)), (4, (4, 2))]
+    assert placement(cluster, topic, 3) == [(3, (3, 1)), (1, (1, 4)), (4, (4, 2))]
 
     cli_topic = name()
     made = tidelog(cluster, "topics", "create", cli_topic, "--replica-assignment", "1:2,2:3,3:1")
@@ -238,7 +242,7 @@ def test_tidelogs_admin_client_and_command_line(cluster: LocalCluster) -> None:
     )  # fmt: skip
     assert grown.returncode == 0, grown.stderr
     lists = [[1, 2], [2, 3], [3, 1], [4, 3]]
-    assert placement(cluster, cli_topic) == [(r[0], tuple(r)) for r in lists]
+    assert placement(cluster, cli_topic, len(lists)) == [(r[0], tuple(r)) for r in lists]
     refused = tidelog(
         cluster, "topics", "alter", cli_topic, "--partitions", "5", "--replica-assignment", "4"
     )
