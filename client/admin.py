@@ -365,19 +365,24 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls):
         -1 for its offsets, size and segments.
         """
         left = self._connections.time_left(timeout_ms)
-        answered: list[str] = []
+        answered: list[str] = []  # the brokers asked, the one that answered last
 
         def describe(connection: Connection, timeout: int) -> TopicDescription:
-            description = connection.describe_topic(name, timeout_ms=timeout)
             answered.append(connection.address)
-            return description
+            return connection.describe_topic(name, timeout_ms=timeout)
 
-        description = self._connections.run(
-            self._connections.route_any(),
-            describe,
-            what=f"DescribeTopic {name}",
-            timeout_ms=left(),
-        )
+        try:
+            description = self._connections.run(
+                self._connections.route_any(),
+                describe,
+                what=f"DescribeTopic {name}",
+                timeout_ms=left(),
+            )
+        except UnknownTopicOrPartitionError:
+            # A broker learns a topic by its watch, after the controller made it: one
+            # that does not know it yet may be behind (a topic created a moment ago,
+            # CI). The controller's view decides.
+            description = self._confirm_on_controller(describe, answered, name, left())
         rows = {p.partition: p for p in description.partitions}
         metadata = self._connections.metadata(timeout_ms=left())
         elsewhere: dict[TopicPartition, int] = {}
@@ -427,7 +432,7 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls):
 
         if elsewhere:
             led = self._connections.run_per_leader(
-                elsewhere, from_leader, what=f"DescribeTopic {name}", timeout_ms=left()
+                elsewhere, from_leader, what=f"DescribeTopic {name}", timeout_ms=left(), known=True
             )
             for tp, row in led.items():
                 rows[tp.partition] = row
@@ -551,6 +556,22 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls):
             f"CreatePartitions {topic}",
             timeout_ms,
         )
+
+    def _confirm_on_controller(
+        self,
+        describe: Callable[[Connection, int], TopicDescription],
+        answered: list[str],
+        name: str,
+        timeout_ms: int,
+    ) -> TopicDescription:
+        """``describe`` asked again of the controller after another broker said the
+        topic is unknown; re-raises when that broker was the controller (or there is
+        none)."""
+        metadata = self._connections.metadata(timeout_ms=timeout_ms)
+        node = metadata.controller
+        if node is None or self._connections.address_of(node) in answered:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        return self._on_controller(describe, f"DescribeTopic {name}", timeout_ms)
 
     def _on_controller(
         self, call: Callable[[Connection, int], T], what: str, timeout_ms: int | None

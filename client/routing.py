@@ -491,6 +491,7 @@ class ClusterConnections:
         *,
         what: str,
         timeout_ms: int | None = None,
+        known: bool = False,
     ) -> dict[TopicPartition, R]:
         """One ``call`` per leader with its partitions' ``items``, until every one answered.
 
@@ -498,6 +499,9 @@ class ClusterConnections:
         ``TidelogError``. Partitions whose leader moved or is offline (a routing error,
         theirs or the call's) are sent again to their new leader after a backoff until
         ``timeout_ms``; then their error is raised. Any other error is raised at once.
+        ``known``: the partitions exist (a broker described them), so metadata that
+        lacks one comes from a broker whose view is behind (a topic created a moment
+        ago): asked again like an offline partition, not raised as unknown.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
         started = self._monotonic_ms()
@@ -515,6 +519,11 @@ class ClusterConnections:
                     connection = self.leader(tp, remaining)
                 except ROUTING_ERRORS as exc:
                     failed[tp] = exc
+                    continue
+                except UnknownTopicOrPartitionError as exc:
+                    if not known:
+                        raise
+                    failed[tp] = LeaderNotAvailableError(f"{tp}: the metadata is behind ({exc})")
                     continue
                 by_leader.setdefault(connection.address, (connection, {}))[1][tp] = item
             for connection, batch in by_leader.values():
