@@ -171,9 +171,10 @@ kafka-python-suite: $(STAMP)
 
 # The long fault run (issue #29, docs/reliability.md; needs root): DURATION seconds of a
 # seeded schedule of partitions, pauses, kills and power losses against three brokers,
-# then the history checker. `make faults DURATION=1800 SEED=7`.
+# then the history checker. `make faults DURATION=1800 SEED=7` (WORKLOADS=queue,append,txn
+# adds the transactional workload).
 faults: $(STAMP)
-	$(BIN)/python -m tests.faults.run --duration $(or $(DURATION),1800) $(if $(SEED),--seed $(SEED)) --brokers $(or $(BROKERS),3) --lossy --out $(or $(OUT),faults-out/$(or $(SEED),latest))
+	$(BIN)/python -m tests.faults.run --duration $(or $(DURATION),1800) $(if $(SEED),--seed $(SEED)) --brokers $(or $(BROKERS),3) $(if $(WORKLOADS),--workloads $(WORKLOADS)) --lossy --out $(or $(OUT),faults-out/$(or $(SEED),latest))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info storage/_native*.so
