@@ -43,10 +43,12 @@ from tidelog.storage.errors import TopicAlreadyExistsError
 __all__ = [
     "ChangeSink",
     "ProducerSink",
+    "StoredPosition",
     "decode_position",
     "encode_position",
     "ensure_compacted_topic",
     "read_position",
+    "read_positions",
 ]
 
 log = logging.getLogger(__name__)
@@ -118,11 +120,18 @@ def ensure_compacted_topic(admin: AdminClient, name: str, partitions: int) -> No
 def read_position(
     bootstrap: str, offsets_topic: str, name: str, security: Mapping[str, Any], timeout_ms: int
 ) -> StoredPosition | None:
-    """The connector ``name``'s last position in ``offsets_topic`` (None if none): the
-    topic read from its start to its end offset, the last value for the key winning."""
+    """The connector ``name``'s last position in ``offsets_topic`` (None if none)."""
+    return read_positions(bootstrap, offsets_topic, security, timeout_ms).get(name)
+
+
+def read_positions(
+    bootstrap: str, offsets_topic: str, security: Mapping[str, Any], timeout_ms: int
+) -> dict[str, StoredPosition]:
+    """Every connector's last position in ``offsets_topic``: the topic read from its start
+    to its end offset, the last value of each key winning (values that are not positions
+    are skipped with a warning)."""
     tp = TopicPartition(offsets_topic, 0)
-    key = name.encode()
-    found: bytes | None = None
+    found: dict[str, bytes] = {}
     with Consumer(
         bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **security
     ) as consumer:
@@ -131,9 +140,19 @@ def read_position(
         consumer.seek_to_beginning(tp)
         while consumer.position(tp, timeout_ms=timeout_ms) < end:
             for record in consumer.poll(timeout_ms=min(timeout_ms, 1_000)):
-                if record.key == key:
-                    found = record.value
-    return None if found is None else decode_position(found)
+                if record.key is None or record.offset >= end:
+                    continue
+                if record.value is None:
+                    found.pop(record.key.decode(), None)
+                else:
+                    found[record.key.decode()] = record.value
+    positions = {}
+    for name, value in found.items():
+        try:
+            positions[name] = decode_position(value)
+        except ValueError:
+            log.warning("offsets topic %s: key %r holds no CDC position", offsets_topic, name)
+    return positions
 
 
 class ProducerSink:
