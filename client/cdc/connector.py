@@ -59,6 +59,7 @@ from tidelog.client.cdc import catalog
 from tidelog.client.cdc.events import (
     CdcError,
     ChangeAssembler,
+    ChangeRecord,
     ChangeUnit,
     Position,
     TableShape,
@@ -68,7 +69,13 @@ from tidelog.client.cdc.events import (
     topic_for,
 )
 from tidelog.client.cdc.pgoutput import Relation, decode
-from tidelog.client.cdc.sink import ChangeSink, ProducerSink, ensure_compacted_topic, read_position
+from tidelog.client.cdc.sink import (
+    ChangeSink,
+    ProducerSink,
+    ensure_compacted_topic,
+    live_keys,
+    read_position,
+)
 
 __all__ = ["ConnectorConfig", "Lag", "PostgresConnector"]
 
@@ -271,6 +278,18 @@ class PostgresConnector:
         """Create the slot, read every table in its exported snapshot; returns the
         consistent point to stream from."""
         config = self.config
+        # Rows a previous, unfinished snapshot (or an older connector) left in the topics:
+        # each one this snapshot does not read gets a tombstone at its end, or a row
+        # deleted in between would stay in the compacted topic forever.
+        leftovers = {
+            shape: live_keys(
+                config.bootstrap_servers,
+                topic_for(config.topic_prefix, shape.schema, shape.name),
+                config.security,
+                config.request_timeout_ms,
+            )
+            for shape in shapes
+        }
         repl_cur.execute(
             sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT").format(
                 sql.Identifier(config.slot)
@@ -300,13 +319,22 @@ class PostgresConnector:
                     row = cur.fetchone()
                     estimates[shape] = max(0, int(row[0])) if row else 0
             for shape in shapes:
-                self._snapshot_table(reader, shape, lsn, started_ms, estimates[shape], sink)
+                self._snapshot_table(
+                    reader, shape, lsn, started_ms, estimates[shape], sink, leftovers[shape]
+                )
                 if self._stop.is_set():
                     raise CdcError("stopped during the snapshot: it starts over next time")
             reader.commit()
         finally:
             reader.close()
-        sink.write(ChangeUnit((), Position(lsn, True, 0)))
+        tombstones = tuple(
+            ChangeRecord(topic_for(config.topic_prefix, shape.schema, shape.name), key, None)
+            for shape, keys in leftovers.items()
+            for key in sorted(keys)
+        )
+        if tombstones:
+            log.info("CDC %s: %d rows gone since an earlier snapshot", config.slot, len(tombstones))
+        sink.write(ChangeUnit(tombstones, Position(lsn, True, 0)))
         return lsn
 
     def _snapshot_table(
@@ -317,7 +345,9 @@ class PostgresConnector:
         ts_ms: int,
         estimate: int,
         sink: ChangeSink,
+        leftovers: set[bytes],
     ) -> None:
+        """Read one table in chunks; keys read are taken out of ``leftovers``."""
         config = self.config
         columns = sql.SQL(", ").join(
             sql.SQL("{}::text").format(sql.Identifier(name)) for name, _ in shape.columns
@@ -334,6 +364,7 @@ class PostgresConnector:
                 if not rows:
                     break
                 records = read_records(config.topic_prefix, shape, rows, lsn, ts_ms)
+                leftovers.difference_update(r.key for r in records)
                 sink.write(ChangeUnit(tuple(records), None))
                 done += len(rows)
                 log.info(

@@ -47,6 +47,7 @@ __all__ = [
     "decode_position",
     "encode_position",
     "ensure_compacted_topic",
+    "live_keys",
     "read_position",
     "read_positions",
 ]
@@ -122,6 +123,31 @@ def read_position(
 ) -> StoredPosition | None:
     """The connector ``name``'s last position in ``offsets_topic`` (None if none)."""
     return read_positions(bootstrap, offsets_topic, security, timeout_ms).get(name)
+
+
+def live_keys(
+    bootstrap: str, topic: str, security: Mapping[str, Any], timeout_ms: int
+) -> set[bytes]:
+    """The keys whose latest record in ``topic`` (every partition, start to end offset)
+    is not a tombstone: the rows a previous run left there."""
+    keys: set[bytes] = set()
+    with Consumer(
+        bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **security
+    ) as consumer:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic, timeout_ms)]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps, timeout_ms=timeout_ms)
+        consumer.seek_to_beginning(*tps)
+        while any(consumer.position(tp, timeout_ms=timeout_ms) < ends[tp] for tp in tps):
+            for record in consumer.poll(timeout_ms=min(timeout_ms, 1_000)):
+                tp = TopicPartition(record.topic, record.partition)
+                if record.key is None or record.offset >= ends[tp]:
+                    continue
+                if record.value is None:
+                    keys.discard(record.key)
+                else:
+                    keys.add(record.key)
+    return keys
 
 
 def read_positions(
