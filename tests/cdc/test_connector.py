@@ -14,10 +14,16 @@ from contextlib import contextmanager
 import pytest
 
 from tests.broker.cluster.waiting import eventually
-from tests.cdc.topics import database_rows, execute, latest_rows, read_topic
+from tests.cdc.topics import (
+    confirmed_flush_lsn,
+    database_rows,
+    execute,
+    latest_rows,
+    read_topic,
+)
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client.cdc import CdcError, ConnectorConfig, PostgresConnector
-from tidelog.client.cdc.events import UNAVAILABLE_VALUE
+from tidelog.client.cdc.events import UNAVAILABLE_VALUE, parse_lsn
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -230,3 +236,26 @@ def test_schema_change_toast_key_change_and_delete(dsn: str, broker: InProcessBr
     full_update = json.loads(full[1].value)
     assert full_update["before"] == {"id": 1, "body": body, "n": None}
     assert full_update["after"] == {"id": 1, "body": body, "n": 1}
+
+
+def test_status_shows_the_position_and_lag(
+    dsn: str, broker: InProcessBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tidelog.client.cli import main
+
+    execute(dsn, "CREATE TABLE s (id int PRIMARY KEY)", "INSERT INTO s VALUES (1)")
+    with running(PostgresConnector(_config(dsn, broker, "stat", "public.s"))):
+        execute(dsn, "INSERT INTO s VALUES (2)")
+        eventually(lambda: len(read_topic(broker.address, "stat.public.s")) == 2, 30)
+    capsys.readouterr()
+    args = ["--bootstrap", broker.address, "cdc", "status", "--offsets-topic", "stat-offsets"]
+    assert main([*args, "--dsn", dsn]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == [
+        "CONNECTOR", "LSN", "SNAPSHOT", "LAG_BYTES", "LAG_MS", "WRITTEN_MS_AGO", "SLOT_LAG_BYTES"
+    ]  # fmt: skip
+    name, lsn, snapshot, *_ = row.split()
+    assert (name, snapshot) == ("stat", "done")
+    # The stored position is what PostgreSQL was told is flushed (or psycopg2 moved the
+    # slot on past WAL with nothing to send, which it does only once all is flushed).
+    assert 0 < parse_lsn(lsn) <= confirmed_flush_lsn(dsn, "stat")
