@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,18 @@ def _end_offset(bootstrap: str, topic: str) -> int:
         return consumer.end_offsets([tp], timeout_ms=10_000)[tp]
 
 
+@pytest.fixture
+def processes() -> Iterator[list[ConnectorProcess]]:
+    """Connector processes a test started: any still running at the end is killed."""
+    started: list[ConnectorProcess] = []
+    yield started
+    for process in started:
+        if process.process.poll() is None:
+            process.kill()
+
+
 def test_sigkill_at_three_points_loses_nothing(
-    dsn: str, broker: InProcessBroker, tmp_path: Path
+    dsn: str, broker: InProcessBroker, tmp_path: Path, processes: list[ConnectorProcess]
 ) -> None:
     _create_table(dsn, 5_000)
     workload = Workload(dsn, seed=7, ids=range(5_000))
@@ -67,7 +78,8 @@ def test_sigkill_at_three_points_loses_nothing(
     log_path = tmp_path / "connector.log"
 
     def start() -> ConnectorProcess:
-        return ConnectorProcess(args, log_path)
+        processes.append(ConnectorProcess(args, log_path))
+        return processes[-1]
 
     # 1. Killed during the snapshot (progress seen, snapshot not finished).
     first = start()
@@ -100,7 +112,6 @@ def test_sigkill_at_three_points_loses_nothing(
             60,
         )
     except AssertionError:
-        final.kill()
         got, want = latest_rows(read_topic(broker.address, topic)), database_rows(dsn, "t")
         wrong = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
         raise AssertionError(f"{len(wrong)} keys differ, e.g. {wrong[:5]}") from None
