@@ -70,12 +70,19 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "fuse3 could not be installed: the lost-unsynced-writes tests will say so"; \
 	  else echo "no fusermount3: install Debian's fuse3 for the lost-unsynced-writes tests"; fi; \
 	fi
+	@# The CDC tests (tests/cdc) run Debian's PostgreSQL 15 (initdb, postgres) as the postgres user.
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null) \
+	      || echo "postgresql could not be installed: the CDC tests will say so"; \
+	  else echo "no PostgreSQL: install Debian's postgresql for the CDC tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The plain editable install users type: pyproject.toml's package-dir makes it a path
 	# entry for the project root, not an import hook, so PySpark's pkgutil.iter_modules()
 	# finds pyspark_tidelog (format("tidelog")) from any directory.
-	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console]'
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console,cdc]'
 	touch $(STAMP)
 
 venv: $(STAMP) native

@@ -24,6 +24,7 @@ from typing import Any
 
 from tidelog.client.cli import (
     acls,
+    cdc,
     cluster,
     configs,
     console,
@@ -70,6 +71,7 @@ _COMMAND_GROUPS = (
     quotas,
     console,
     users,
+    cdc,
 )
 
 
