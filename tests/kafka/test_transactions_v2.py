@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +35,9 @@ from tests.broker.cluster.waiting import eventually
 from tests.kafka import raw
 from tests.kafka.conftest import KafkaBroker, unique
 from tests.kafka.test_transactions import read_all
+from tidelog.broker.core.scram import credential_from_password
+from tidelog.broker.core.users import FileUserStore
+from tidelog.broker.testing import InProcessBroker
 from tidelog.broker.transactions.state import TxnState
 from tidelog.storage.records import BatchBuilder
 
@@ -42,6 +46,7 @@ pytestmark = pytest.mark.timeout(120)
 TIMEOUT_S = 30.0
 NONE, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, INVALID_TXN_STATE = 0, 47, 49, 48
 PRODUCER_FENCED, TRANSACTION_ABORTABLE, NOT_ENOUGH_REPLICAS = 90, 120, 19
+CLUSTER_AUTHORIZATION_FAILED = 31
 
 
 class Wire:
@@ -237,7 +242,9 @@ def test_a_zombies_late_produce_and_end_txn_are_refused(
     assert wire.end(tid, first, commit=False).error_code == INVALID_TXN_STATE
     assert wire.describe(tid).transaction_state == "Ongoing"
     assert wire.end(tid, second, commit=True).error_code == NONE
-    # Once the second transaction is over too, the first epoch is simply fenced.
+    # Once the second transaction is over too (its markers written: CONCURRENT_TRANSACTIONS
+    # until then), the first epoch is simply fenced.
+    eventually(lambda: wire.describe(tid).transaction_state == "CompleteCommit")
     assert wire.end(tid, first, commit=True).error_code == PRODUCER_FENCED
     assert sorted(read_all(kafka_broker, topic, "read_committed", 2)) == [b"one", b"two"]
     assert wire.describe(tid).producer_epoch == first[1] + 2
@@ -508,3 +515,32 @@ def test_a_marker_landing_between_verification_and_append_voids_the_verification
 
 def _state(described: object) -> TxnState | None:
     return getattr(described, "state", None)
+
+
+def test_the_brokers_form_needs_cluster_action(tmp_path: Path) -> None:
+    """AddPartitionsToTxn v4+ is a broker's request: a client without CLUSTER_ACTION on
+    the cluster is refused as a whole (CLUSTER_AUTHORIZATION_FAILED, no results), as by
+    Kafka; a super user (brokers run as one) is answered per transaction."""
+    users = FileUserStore.open(tmp_path)
+    for name in ("admin", "bob"):
+        users.upsert(name, credential_from_password("SCRAM-SHA-256", f"{name}-secret"))
+    settings = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+        "authorizer.enabled": "true",
+        "super.users": "User:admin",
+        "kafka.listen": "127.0.0.1:0",
+    }
+    request = _brokers_add([("any", (1, 0), True, [("some-topic", 0)])], 5)
+    with InProcessBroker(tmp_path, settings=settings) as broker:
+        codes = {}
+        for user in ("bob", "admin"):
+            sock = socket.create_connection(("127.0.0.1", broker.server.kafka_port), TIMEOUT_S)
+            session = raw.SaslSession(sock, "tv2-authz")
+            try:
+                assert session.login(user, f"{user}-secret").error_code == NONE
+                answer = session.call(request, AddPartitionsToTxnResponse)
+            finally:
+                session.close()
+            codes[user] = (answer.error_code, len(answer.results_by_transaction))
+    assert codes == {"bob": (CLUSTER_AUTHORIZATION_FAILED, 0), "admin": (NONE, 1)}
