@@ -198,6 +198,7 @@ class BrokerCore:
             batch_times=config.batch_times_enabled,
             clock=clock,
             verify=None if transactions is None else transactions.verify_partition,
+            add_partition=None if transactions is None else transactions.add_partition,
         )
         self._gate = OperationGate()
         self._closed = threading.Event()

@@ -208,6 +208,13 @@ async def _offsets_of(
         decided = refusals(conn, [topic(name) for name in selection])
         hidden = {resource.name: code for resource, code in decided.items() if code}
         selection = {name: parts for name, parts in selection.items() if name not in hidden}
+    # require_stable: a partition whose offset is pending in an undecided transaction
+    # answers UNSTABLE_OFFSET_COMMIT (retriable) rather than the offset before it. Read
+    # before the offsets: a marker landing between the two reads then shows as unstable
+    # (the client asks again), never as the offset before the transaction's.
+    unstable = (
+        conn.core.groups.store.pending_partitions(group_id) if stable and not refused else set()
+    )
     try:
         if refused:
             raise _RefusedError
@@ -234,9 +241,6 @@ async def _offsets_of(
                 ]
             }
         return {"topics": [], "error_code": code}
-    # require_stable: a partition whose offset is pending in an undecided transaction
-    # answers UNSTABLE_OFFSET_COMMIT (retriable) rather than the offset before it.
-    unstable = conn.core.groups.store.pending_partitions(group_id) if stable else set()
     by_topic: dict[str, list[Plain]] = {}
     for t in topics or []:
         if t["name"] in hidden:

@@ -250,6 +250,19 @@ class TransactionCoordinator:
         except TidelogError as exc:
             return exc.code
 
+    def add_partition(
+        self, transactional_id: str, producer_id: int, epoch: int, tp: TopicPartition
+    ) -> str:
+        """A transactions v2 producer's implicit AddPartitionsToTxn (KIP-890 part 2: its
+        Produce v12 or TxnOffsetCommit v5 names a partition its transaction does not hold
+        yet): ``""`` once the partition is in, or Kafka's error name; never raises, as
+        ``verify_partition``."""
+        try:
+            self.add_partitions(transactional_id, producer_id, epoch, [tp])
+        except TidelogError as exc:
+            return exc.code
+        return ""
+
     def end_transaction(
         self,
         transactional_id: str,
