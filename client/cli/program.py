@@ -33,6 +33,7 @@ from tidelog.client.cli import (
     quotas,
     reassign,
     topics,
+    transactions,
     users,
 )
 from tidelog.client.cli.common import (
@@ -66,6 +67,7 @@ _COMMAND_GROUPS = (
     produce,
     consume,
     groups,
+    transactions,
     acls,
     quotas,
     console,
