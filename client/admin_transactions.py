@@ -21,10 +21,10 @@ from typing import Any
 from tidelog.client.cluster import BrokerNode
 from tidelog.client.connection import Connection
 from tidelog.client.grpc_connection import GrpcConnection
-from tidelog.client.routing import ClusterConnections
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
 from tidelog.client.types import TopicPartition, TransactionDescription, TransactionListing
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
-from tidelog.storage.errors import InvalidRequestError, error_for_code
+from tidelog.storage.errors import InvalidRequestError, TidelogError, error_for_code
 
 __all__ = ["TransactionAdminCalls"]
 
@@ -64,11 +64,22 @@ class TransactionAdminCalls:
         )
 
         def ask(connection: Connection, timeout: int) -> Any:
-            return _grpc(connection, "ListTransactions", request, timeout)
+            # A broker's refusal is kept for after the round (raised then, as Kafka's
+            # listing fails when a broker does), so every broker is asked and a dead one
+            # is noticed (routing errors are the round's own business).
+            try:
+                return _grpc(connection, "ListTransactions", request, timeout)
+            except ROUTING_ERRORS:
+                raise
+            except TidelogError as exc:
+                return exc
 
         answers = self._connections.run_on_every_broker(
             ask, what="ListTransactions", timeout_ms=timeout_ms
         )
+        for answer in answers.values():
+            if isinstance(answer, TidelogError):
+                raise answer
         found: dict[str, TransactionListing] = {}
         for answer in answers.values():
             if answer.unknown_state_filters:
