@@ -388,13 +388,8 @@ class GroupManager:
         ]
 
     def check_member(self, group_id: str, member_id: str, member_epoch: int) -> None:
-        """KIP-447's check of a transactional offset commit (gRPC's TxnOffsetCommit):
-        ``member_id`` is in the KIP-848 group with ``member_epoch`` as its epoch.
-
-        Raises:
-            UnknownMemberIdError, StaleMemberEpochError: it is not (a zombie consumer's
-                producer: its offsets are refused).
-        """
+        """KIP-447 (gRPC's TxnOffsetCommit): ``UnknownMemberIdError`` or
+        ``StaleMemberEpochError`` unless the KIP-848 member has that epoch."""
         _check_group_id(group_id)
         with self._lock:
             self._coordinator.check_commit(group_id, member_id, member_epoch, ())
