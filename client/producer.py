@@ -437,17 +437,15 @@ class Producer:
         txn.send_offsets(offsets_of(offsets), group_metadata_of(group_metadata), timeout)
 
     def commit_transaction(self, timeout_ms: int | None = None) -> None:
-        """Flush every record of the transaction, then commit it. Raises the error that
-        made the transaction abortable (a record failed: ``abort_transaction`` is the only
-        way on), ``ProducerFencedError`` (fatal), or ``KafkaTimeoutError`` after
+        """Flush every record of the transaction, then commit it. Raises
+        ``TransactionAbortableError`` (its ``__cause__`` the error that made the
+        transaction fail: a record refused, offsets refused; ``abort_transaction`` is the
+        only way on), ``ProducerFencedError`` (fatal), or ``KafkaTimeoutError`` after
         ``timeout_ms`` (default ``max_block_ms``; call it again to finish the commit)."""
         txn, timeout = self._transactions(timeout_ms)
         deadline = now_ms() + timeout
         if txn.begin_commit():
             self._flush_transaction(txn, deadline)
-        error = txn.error
-        if txn.state is TxnState.ABORTABLE_ERROR and error is not None:
-            raise type(error)(f"the transaction cannot commit, abort it: {error}")
         txn.end(True, max(deadline - now_ms(), 1))
 
     def abort_transaction(self, timeout_ms: int | None = None) -> None:

@@ -169,7 +169,7 @@ class TransactionManager:
             if state is TxnState.ABORTABLE_ERROR:
                 raise TransactionAbortableError(
                     f"cannot {action}: the transaction failed ({self._error}); abort it"
-                )
+                ) from self._error
             raise InvalidTxnStateError(f"cannot {action} in state {state.value}")
         return state
 
