@@ -15,7 +15,7 @@ import pytest
 
 from tests.broker.cluster.waiting import eventually
 from tests.kafka.conftest import KafkaBroker, kafka_broker, unique
-from tests.kafka.test_transactions import read_all
+from tests.kafka.test_transactions import quick_aborts, read_all
 from tidelog import (
     AdminClient,
     Consumer,
@@ -26,7 +26,6 @@ from tidelog import (
     TopicPartition,
     TransactionAbortedError,
 )
-from tidelog.broker.testing import InProcessBroker
 from tidelog.client.cli import main
 from tidelog.storage.errors import (
     InvalidProducerEpochError,
@@ -37,7 +36,8 @@ from tidelog.storage.errors import (
 
 pytestmark = pytest.mark.timeout(180)
 
-__all__ = ["kafka_broker"]  # the shared broker with a Kafka listener (tests/kafka)
+# The brokers of tests/kafka: the shared one, and one that aborts timed-out transactions soon.
+__all__ = ["kafka_broker", "quick_aborts"]
 
 TIMEOUT_MS = 30_000
 
@@ -235,19 +235,6 @@ def test_offsets_are_committed_only_with_the_transaction(
     assert sorted(read_all(kafka_broker, topic, "read_committed", 4)) == [
         f"copied-{i}".encode() for i in range(4)
     ]
-
-
-@pytest.fixture
-def quick_aborts() -> Iterator[KafkaBroker]:
-    """A broker that looks for timed-out transactions every 200 ms."""
-    settings = {
-        "kafka.listen": "127.0.0.1:0",
-        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200,
-    }
-    with InProcessBroker(settings=settings) as running:
-        port = running.server.kafka_port
-        assert port is not None
-        yield KafkaBroker(running, f"127.0.0.1:{port}", running.address)
 
 
 def test_an_abandoned_transaction_is_aborted_at_its_timeout(quick_aborts: KafkaBroker) -> None:
