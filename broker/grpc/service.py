@@ -1,8 +1,9 @@
 """The gRPC listener's half that knows no threading model: one handler per RPC.
 
 This module owns the table of unary handlers (``UNARY_HANDLERS``, gathered by area from
-``broker.grpc.admin_service``, ``broker.grpc.data_service``, ``broker.grpc.group_service``
-and ``broker.grpc.security_service``, plus ``Metadata`` here), the call context every
+``broker.grpc.admin_service``, ``broker.grpc.data_service``, ``broker.grpc.group_service``,
+``broker.grpc.security_service`` and ``broker.grpc.transaction_service``, plus ``Metadata``
+here), the call context every
 serving model builds, and ``generic_handler``, which registers the table and the four
 data-path methods. An RPC name appears in exactly one area's table.
 
