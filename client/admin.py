@@ -46,6 +46,7 @@ from typing import Literal, TypeVar
 
 from tidelog.client.admin_groups import GroupAdminCalls
 from tidelog.client.admin_security import SecurityAdminCalls
+from tidelog.client.admin_transactions import TransactionAdminCalls
 from tidelog.client.cluster import BrokerNode
 from tidelog.client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
 from tidelog.client.connection import Connection, ConnectionFactory, ProducerState
@@ -106,12 +107,13 @@ class ClusterDescription:
     brokers: tuple[BrokerNode, ...]
 
 
-class AdminClient(GroupAdminCalls, SecurityAdminCalls):
+class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
     """Administers a broker or a cluster. Thread-safe.
 
     The cluster, topic, config, reassignment and offset calls are here; the group calls
     come from ``GroupAdminCalls`` (``client.admin_groups``), the ACL, user and quota
-    calls from ``SecurityAdminCalls`` (``client.admin_security``).
+    calls from ``SecurityAdminCalls`` (``client.admin_security``), the transaction calls
+    from ``TransactionAdminCalls`` (``client.admin_transactions``).
 
     Args:
         bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.

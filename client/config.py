@@ -178,7 +178,10 @@ class ProducerConfig:
     - ``enable_idempotence``: the broker stores a retried batch once; needs
       ``max_in_flight_requests_per_connection <= 5`` and ``acks`` != 0 (the idempotent
       default ``acks="all"`` as Kafka's);
-    - ``max_request_size``: the largest request (and so the largest record) sent.
+    - ``max_request_size``: the largest request (and so the largest record) sent;
+    - ``transactional_id``: a transactional producer (``client.transactions``), which
+      needs ``enable_idempotence`` and ``acks="all"``; ``transaction_timeout_ms``: how long
+      the coordinator lets one of its transactions stay open before it aborts it.
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
@@ -204,6 +207,8 @@ class ProducerConfig:
     max_request_size: int = 1024 * 1024
     metadata_max_age_ms: int = 300_000
     reconnect_backoff_max_ms: int = 1_000
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60_000  # Kafka's default
     # Security (client.security, docs/security.md): kafka-python's names.
     security_protocol: str = "PLAINTEXT"
     ssl_cafile: str | None = None
@@ -232,8 +237,21 @@ class ProducerConfig:
                 "max_request_size": 1024,
                 "metadata_max_age_ms": 0,
                 "reconnect_backoff_max_ms": 1,
+                "transaction_timeout_ms": 1,
             },
         )
+        if self.transactional_id is not None:
+            _check(
+                "transactional_id",
+                isinstance(self.transactional_id, str) and bool(self.transactional_id),
+                "must be a non-empty string or None",
+                self.transactional_id,
+            )
+            # As Kafka's producer: a transactional producer is idempotent, with acks=all.
+            if not self.enable_idempotence:
+                raise ValueError("transactional_id needs enable_idempotence=True")
+            if self.acks != -1:
+                raise ValueError("transactional_id needs acks='all'")
         _check(
             "compression",
             self.compression in (None, "none", "gzip", "snappy", "lz4", "zstd"),

@@ -103,6 +103,8 @@ class ProduceCall:
     # The leader epoch the producer's metadata names per partition (Kafka's
     # CurrentLeaderEpoch): a broker at another epoch refuses, and the producer refreshes.
     leader_epochs: Mapping[TopicPartition, int] = field(default_factory=dict)
+    # A transactional producer's id (its batches are transactional; client.transactions).
+    transactional_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,12 @@ from tidelog.client.positions import (
 from tidelog.client.rebalance import GroupSubscription, PartitionsCallback
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity
-from tidelog.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+from tidelog.client.types import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 from tidelog.storage.columns import ColumnBuilder
 from tidelog.storage.errors import (
     InvalidRequestError,
@@ -403,6 +408,19 @@ class Consumer:
         return set(partitions_of(self._connections, topic, self._timeout(timeout_ms)))
 
     # --- committed offsets (consumer groups) ------------------------------------------------
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """What a transactional producer sends with this consumer's offsets
+        (``Producer.send_offsets_to_transaction``, KIP-447): the group, and the member's
+        id and epoch (its generation) as they are now; a consumer outside a group
+        (``assign``) has member id "" and generation -1. ``ValueError`` without a
+        ``group_id``."""
+        group_id = self._require_group("group_metadata")
+        coordinator = None if self._group is None else self._group.coordinator
+        member_id, member_epoch = ("", -1) if coordinator is None else coordinator.member()
+        return ConsumerGroupMetadata(
+            group_id, member_epoch, member_id, self.config.group_instance_id
+        )
 
     def commit(
         self, offsets: Mapping[TopicPartition, int] | None = None, timeout_ms: int | None = None

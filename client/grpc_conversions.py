@@ -100,6 +100,8 @@ def produce_request(call: ProduceCall) -> pb.ProduceRequest:
     )
     if call.sent_timestamp_ms is not None:
         request.sent_timestamp_ms = call.sent_timestamp_ms
+    if call.transactional_id is not None:
+        request.transactional_id = call.transactional_id
     return request
 
 

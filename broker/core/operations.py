@@ -336,6 +336,13 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "UpsertUser": "alter_users",
     "DeleteUser": "alter_users",
     "ListUsers": "describe_users",
+    "InitTransactions": "init_transactions",
+    "AddPartitionsToTxn": "add_partitions_to_txn",
+    "AddOffsetsToTxn": "add_offsets_to_txn",
+    "EndTxn": "end_txn",
+    "TxnOffsetCommit": "txn_offset_commit",
+    "DescribeTransactions": "describe_transactions",
+    "ListTransactions": "list_transactions",
 }
 
 _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {

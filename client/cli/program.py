@@ -34,6 +34,7 @@ from tidelog.client.cli import (
     quotas,
     reassign,
     topics,
+    transactions,
     users,
 )
 from tidelog.client.cli.common import (
@@ -67,6 +68,7 @@ _COMMAND_GROUPS = (
     produce,
     consume,
     groups,
+    transactions,
     acls,
     quotas,
     console,
