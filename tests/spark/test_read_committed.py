@@ -17,7 +17,9 @@ from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka.admin import AdminClient as KafkaAdmin
 from confluent_kafka.admin import NewTopic
 
+from tests.kafka.conftest import wait_until_decided
 from tidelog.broker.testing import InProcessBroker
+from tidelog.client import TopicPartition
 from tidelog.spark_sink.options import ReadOptions
 
 pytestmark = [pytest.mark.spark]
@@ -68,6 +70,8 @@ def test_read_committed_batches_end_at_the_last_stable_offset(
     _write(a, topic, b"c2")  # 2
     a.commit_transaction(TIMEOUT_S)  # 3
     b.abort_transaction(TIMEOUT_S)  # 4
+    # Both markers in (they are written after the answers) before the next write.
+    assert wait_until_decided(broker.address, TopicPartition(topic, 0)) == 5
     a.begin_transaction()
     _write(a, topic, b"open")  # 5: undecided: the last stable offset stays at 5
 
@@ -105,6 +109,7 @@ def test_read_committed_batches_end_at_the_last_stable_offset(
     ends = [p["sources"][0]["endOffset"] for p in first.recentProgress if p["numInputRows"]]
     assert [json.loads(end) for end in ends] == [{topic: {"0": 5}}]
     a.commit_transaction(TIMEOUT_S)  # 6
+    assert wait_until_decided(broker.address, TopicPartition(topic, 0)) == 7
     run()
     rows = spark.read.parquet(str(out)).collect()
     assert sorted((r.offset, bytes(r.value)) for r in rows) == [
