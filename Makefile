@@ -138,7 +138,8 @@ test: check native
 # The codec's tests again with the C extension switched off: the fallback a machine
 # without a compiler runs (the rest of the suite is codec-agnostic).
 PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py tests/storage/test_codecs.py \
-	tests/client/test_fetcher.py tests/client/test_partitioner.py tests/spark/test_arrow_columns.py
+	tests/client/test_fetcher.py tests/client/test_fetcher_txn.py tests/client/test_partitioner.py \
+	tests/spark/test_arrow_columns.py
 test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 

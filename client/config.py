@@ -25,6 +25,7 @@ from tidelog.client.security import check_settings as check_security_settings
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
+    "ISOLATION_LEVELS",
     "AdminConfig",
     "ConsumerConfig",
     "ProducerConfig",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7410"
+
+ISOLATION_LEVELS: dict[str, int] = {"read_uncommitted": 0, "read_committed": 1}
+"""Kafka's isolation levels by name, to the number Fetch and ListOffsets carry."""
 
 _INT32_MAX = 2**31 - 1
 
@@ -314,7 +318,14 @@ class ConsumerConfig:
     - ``group_instance_id``: a static member (Kafka's ``group.instance.id``, KIP-345):
       ``close`` keeps its partitions for ``session_timeout_ms`` and a consumer started
       again with the same id gets them back without a rebalance of the others; a second
-      live consumer with the same id fences the first (``FencedInstanceIdError``).
+      live consumer with the same id fences the first (``FencedInstanceIdError``);
+    - ``isolation_level``: ``read_uncommitted`` (default, as Kafka's Java client and
+      kafka-python; librdkafka defaults to read_committed) reads up to the high
+      watermark, the data records of open and aborted transactions included;
+      ``read_committed`` reads up to the last stable offset and never hands out a record
+      of an aborted transaction (``client.fetcher``); its ``end_offsets`` and
+      ``seek_to_end`` are the last stable offset (issue #28, ``docs/transactions.md``).
+      Control records (transaction markers) are never handed out at either level.
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
@@ -338,6 +349,7 @@ class ConsumerConfig:
     reconnect_backoff_max_ms: int = 1_000
     check_crcs: bool = True
     consumer_timeout_ms: int | None = None  # iteration stops after this long without records
+    isolation_level: str = "read_uncommitted"
     # Security (client.security, docs/security.md): kafka-python's names.
     security_protocol: str = "PLAINTEXT"
     ssl_cafile: str | None = None
@@ -375,6 +387,12 @@ class ConsumerConfig:
             self.auto_offset_reset in ("earliest", "latest", "none"),
             "must be 'earliest', 'latest' or 'none'",
             self.auto_offset_reset,
+        )
+        _check(
+            "isolation_level",
+            self.isolation_level in ISOLATION_LEVELS,
+            "must be 'read_uncommitted' or 'read_committed'",
+            self.isolation_level,
         )
         _check(
             "group_id",

@@ -154,7 +154,11 @@ class GrpcConnection:
         return BrokerNode(node.id, node.host, node.port)
 
     def list_offsets(
-        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+        self,
+        queries: Mapping[TopicPartition, int],
+        *,
+        timeout_ms: int | None,
+        isolation_level: int = 0,
     ) -> dict[TopicPartition, ListOffsetsResult]:
         response = self.transport.call(
             self.transport.stub.ListOffsets,
@@ -162,7 +166,8 @@ class GrpcConnection:
                 partitions=[
                     pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp_ms=ts)
                     for tp, ts in queries.items()
-                ]
+                ],
+                isolation_level=isolation_level,
             ),
             what="ListOffsets",
             timeout_ms=timeout_ms,

@@ -166,8 +166,13 @@ class InMemoryConnection:
             return cluster.nodes[broker_id]
 
     def list_offsets(
-        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+        self,
+        queries: Mapping[TopicPartition, int],
+        *,
+        timeout_ms: int | None,
+        isolation_level: int = 0,
     ) -> dict[TopicPartition, ListOffsetsResult]:
+        # No transactions here: the last stable offset is the log end at either level.
         cluster = self._cluster
         with cluster._lock:
             broker_id = self._enter("list_offsets")

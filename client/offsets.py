@@ -39,8 +39,13 @@ def list_offsets(
     connections: ClusterConnections,
     queries: Mapping[TopicPartition, int],
     timeout_ms: int | None,
+    *,
+    isolation_level: int = 0,
 ) -> dict[TopicPartition, tuple[int, int]]:
     """``(offset, timestamp_ms)`` per partition; offset -1 where no record is that recent.
+
+    Latest (-1) is the high watermark, or the last stable offset with ``isolation_level``
+    1 (read_committed), as Kafka's ListOffsets answers.
 
     Raises a partition's error (``UnknownTopicOrPartitionError``...; an offline
     partition's ``LeaderNotAvailableError`` once ``timeout_ms`` passed) or the call's.
@@ -49,7 +54,9 @@ def list_offsets(
     def ask(
         connection: Connection, batch: dict[TopicPartition, int], timeout: int
     ) -> dict[TopicPartition, tuple[int, int] | TidelogError]:
-        answers = connection.list_offsets(batch, timeout_ms=timeout)
+        answers = connection.list_offsets(
+            batch, timeout_ms=timeout, isolation_level=isolation_level
+        )
         return {
             tp: (r.offset, r.timestamp_ms) if r.error is None else r.error
             for tp, r in answers.items()

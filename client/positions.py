@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
-from tidelog.client.config import ConsumerConfig
+from tidelog.client.config import ISOLATION_LEVELS, ConsumerConfig
 from tidelog.client.connection import CommittedOffset
 from tidelog.client.errors import LogTruncationError
 from tidelog.client.fetcher import SubscriptionState, check_position
@@ -253,7 +253,14 @@ class PositionLookups:
     def list_offsets(
         self, queries: Mapping[TopicPartition, int], timeout_ms: int
     ) -> dict[TopicPartition, int]:
-        answers = list_offsets(self._connections, queries, timeout_ms)
+        # At the consumer's isolation level: a read_committed consumer's latest (its
+        # seek_to_end, its end_offsets) is the last stable offset, as Kafka's.
+        answers = list_offsets(
+            self._connections,
+            queries,
+            timeout_ms,
+            isolation_level=ISOLATION_LEVELS[self._config.isolation_level],
+        )
         return {tp: offset for tp, (offset, _) in answers.items()}
 
     def fetch_committed(
