@@ -262,9 +262,16 @@ class Connection(Protocol):
         ...
 
     def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None,
+        require_stable: bool = False,
     ) -> dict[TopicPartition, CommittedOffset]:
-        """``fetch_committed`` with each offset's committed leader epoch."""
+        """``fetch_committed`` with each offset's committed leader epoch.
+        ``require_stable``: ``UnstableOffsetCommitError`` for an offset pending in an
+        undecided transaction (KIP-447)."""
         ...
 
     def offsets_for_leader_epochs(

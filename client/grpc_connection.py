@@ -256,13 +256,19 @@ class GrpcConnection:
         return out
 
     def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None,
+        require_stable: bool = False,
     ) -> dict[TopicPartition, CommittedOffset]:
         response = self.transport.call(
             self.transport.stub.OffsetFetch,
             pb.OffsetFetchRequest(
                 group_id=group_id,
                 partitions=topic_partitions(partitions),
+                require_stable=require_stable,
             ),
             what="OffsetFetch",
             timeout_ms=timeout_ms,

@@ -208,7 +208,12 @@ class InMemoryConnection:
             return {}
 
     def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None,
+        require_stable: bool = False,  # no transactions in memory: always stable
     ) -> dict[TopicPartition, CommittedOffset]:
         found = self.fetch_committed(group_id, partitions, timeout_ms=timeout_ms)
         with self._cluster._lock:

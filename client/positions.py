@@ -273,7 +273,15 @@ class PositionLookups:
         group_id = self._config.group_id
         assert group_id is not None
         try:
-            return fetch_committed_offsets(self._connections, group_id, partitions, timeout_ms)
+            # A read_committed consumer waits out an offset pending in a transaction
+            # (KIP-447), as Kafka's: it must not resume before a committed input.
+            return fetch_committed_offsets(
+                self._connections,
+                group_id,
+                partitions,
+                timeout_ms,
+                require_stable=self._config.isolation_level == "read_committed",
+            )
         except InvalidRequestError as exc:
             if not tolerate_unsupported:
                 raise

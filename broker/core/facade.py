@@ -115,6 +115,7 @@ from tidelog.storage.errors import (
     LeaderNotAvailableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
+    UnstableOffsetCommitError,
 )
 from tidelog.storage.log_manager import LogManager, TopicMetadata
 from tidelog.storage.types import TopicPartition
@@ -730,11 +731,31 @@ class BrokerCore:
                 group_id, producer_id, producer_epoch, entries
             )
 
-    def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
-        """Committed offsets of a group (-1 where none)."""
+    def fetch_offsets(
+        self, group_id: str, selection: Selection | None, require_stable: bool = False
+    ) -> list[OffsetResult]:
+        """Committed offsets of a group (-1 where none). ``require_stable`` (KIP-447, what
+        a read_committed consumer asks): a partition whose offset is pending in an
+        undecided transaction answers ``UNSTABLE_OFFSET_COMMIT`` (retriable) instead of
+        the offset before the transaction's. The pending partitions are read before the
+        offsets: a marker landing between the two reads shows as unstable (the client
+        asks again), never as the older offset."""
         with self._operation():
             self._check_coordinator(group_id, confirm=True)
-            return self._groups.fetch_offsets(group_id, selection)
+            pending = self._groups.store.pending_partitions(group_id) if require_stable else ()
+            results = self._groups.fetch_offsets(group_id, selection)
+            if not pending:
+                return results
+            return [
+                OffsetResult(
+                    r.tp,
+                    error_code=UnstableOffsetCommitError.code,
+                    error_message=f"{r.tp}: the group's offset is pending in a transaction",
+                )
+                if r.tp in pending and not r.error_code
+                else r
+                for r in results
+            ]
 
     def list_groups(self) -> list[GroupListing]:
         """Every group this broker coordinates with members or committed offsets;

@@ -80,7 +80,9 @@ def _offset_commit(
 def _offset_fetch(
     core: BrokerCore, request: pb.OffsetFetchRequest, context: RequestContext
 ) -> pb.OffsetFetchResponse:
-    results = core.fetch_offsets(request.group_id, _selection(request.partitions))
+    results = core.fetch_offsets(
+        request.group_id, _selection(request.partitions), request.require_stable
+    )
     return pb.OffsetFetchResponse(offsets=_committed_offsets(results))
 
 

@@ -2588,7 +2588,12 @@ class OffsetFetchRequest(_message.Message):
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    REQUIRE_STABLE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
+    require_stable: _builtins.bool
+    """KIP-447 (a read_committed consumer sets it): a partition whose offset is pending in
+    an undecided transaction answers error_code UNSTABLE_OFFSET_COMMIT (retriable).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
         """empty = every committed partition"""
@@ -2598,10 +2603,11 @@ class OffsetFetchRequest(_message.Message):
         *,
         group_id: _builtins.str = ...,
         partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        require_stable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions", "require_stable", b"require_stable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
