@@ -47,8 +47,8 @@ from tests.faults import history as history_module
 from tests.faults.checker import Report, check
 from tests.faults.history import Note, Poll, Recorder, TxnCommit
 from tests.faults.txn_workload import TxnWorkload, final_read_committed
+from tests.kafka.broker_process import BrokerProcess
 from tests.kafka.raw import call
-from tests.kafka.test_transaction_crashes import BrokerProcess
 from tidelog.broker.cluster.testing import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)
