@@ -43,6 +43,7 @@ and this module, which import nothing else of ours).
     │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   │   ├── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
     │   │   └── UnstableOffsetCommitError UNSTABLE_OFFSET_COMMIT  retriable
+    │   ├── InvalidRecordStateError       INVALID_RECORD_STATE (share groups: not acquired by you)
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
@@ -121,6 +122,7 @@ __all__ = [
     "InvalidProducerEpochError",
     "InvalidProducerIdMappingError",
     "InvalidRecordError",
+    "InvalidRecordStateError",
     "InvalidReplicaAssignmentError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
@@ -401,6 +403,14 @@ class UnstableOffsetCommitError(GroupError):
 
     code = "UNSTABLE_OFFSET_COMMIT"
     retriable = True
+
+
+class InvalidRecordStateError(RequestError):
+    """A share-group acknowledgement of a record that is not acquired by that member
+    (never acquired, its lock expired, already acknowledged, or another member's): Kafka's
+    ``INVALID_RECORD_STATE`` (KIP-932). Nothing of that acknowledgement was applied."""
+
+    code = "INVALID_RECORD_STATE"
 
 
 class NotControllerError(RequestError):

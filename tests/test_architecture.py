@@ -245,6 +245,7 @@ DOMAIN_MODULES = (
     "broker/groups",
     "broker/cluster",
     "broker/transactions",
+    "broker/share",
 )
 WIRE_IMPORTS = ("grpc", "grpc_health", "grpc_reflection", "google.protobuf", "proto")
 WIRE_MODULES = ("broker.kafka.codec",)
