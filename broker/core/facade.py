@@ -28,6 +28,7 @@ closes the log manager, which flushes, writes checkpoints and the clean-shutdown
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -83,6 +84,7 @@ from tidelog.broker.core.produce import (
     PartitionProduced,
     PartitionRecords,
     ProducePath,
+    Verify,
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
@@ -109,6 +111,14 @@ from tidelog.broker.groups.manager import (
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_coordinator
+from tidelog.broker.transactions.markers import (
+    ClusterMarkers,
+    LocalMarkers,
+    RoutedVerify,
+    TxnMarker,
+    answers_by_marker,
+)
+from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
     InvalidRequestError,
@@ -145,11 +155,23 @@ class BrokerCore:
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
         transactions: TransactionCoordinator | None = None,
+        verify: Verify | None = None,
+        markers: LocalMarkers | None = None,
     ) -> None:
         self.config = config
-        # The transaction coordinator (broker.transactions, issue #28): a single node's;
-        # None in a cluster until its coordinator is built (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
+        # The transaction coordinator (broker.transactions, issue #28): of the
+        # __transaction_state partitions this broker leads (a single node: all). None: a
+        # core built without ``open`` (transactional requests refused).
         self.transactions = transactions
+        # The check of a transactional batch with its id's coordinator, wherever that is
+        # (broker.transactions.markers.RoutedVerify in a cluster); the markers this broker
+        # writes as a partition's leader (WriteTxnMarkers from a coordinator).
+        self._verify = (
+            verify
+            if verify is not None or transactions is None
+            else (transactions.verify_partition)
+        )
+        self._markers = markers
         # Placement, topic administration and producer ids: the broker's role, which
         # changes (joining -> joined) inside this one object (broker.core.membership).
         self.membership = membership
@@ -197,7 +219,7 @@ class BrokerCore:
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
             clock=clock,
-            verify=None if transactions is None else transactions.verify_partition,
+            verify=self._verify,
         )
         self._gate = OperationGate()
         self._closed = threading.Event()
@@ -307,23 +329,45 @@ class BrokerCore:
                 on_append=appended,
                 registry=partitions,
             )
-            transactions = (
-                open_coordinator(
-                    config,
-                    partitions,
-                    clock,
-                    lambda: membership.producer_ids.init(-1, -1)[0],
-                    lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
-                    appended,
-                    lambda topic, partition, producer_id, commit: (
-                        groups.store.end_transaction(partition, producer_id, commit)
-                        if topic == OFFSETS_TOPIC
-                        else None
-                    ),
-                )
-                if config.zookeeper_connect is None
-                else None
+            joined = membership
+            local_markers = LocalMarkers(
+                partitions,
+                appended,
+                lambda topic, partition, producer_id, commit: (
+                    groups.store.end_transaction(partition, producer_id, commit)
+                    if topic == OFFSETS_TOPIC
+                    else None
+                ),
             )
+            replicated = config.zookeeper_connect is not None
+            transactions = open_coordinator(
+                config,
+                partitions,
+                clock,
+                lambda: joined.producer_ids.init(-1, -1)[0],
+                lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
+                (
+                    ClusterMarkers(
+                        config.broker_id,
+                        local_markers,
+                        functools.partial(_leader_of, joined),
+                        lambda: joined.role.txn_peers,
+                    )
+                    if replicated
+                    else local_markers
+                ),
+                appended,
+            )
+            verify: Verify = transactions.verify_partition
+            if replicated:
+                verify = RoutedVerify(
+                    config.broker_id,
+                    transactions.partition_for,
+                    transactions.verify_partition,
+                    functools.partial(_leader_of, joined),
+                    lambda: joined.role.txn_peers,
+                    TRANSACTION_STATE_TOPIC,
+                )
             logs.start_background()
             groups.start()
             if transactions is not None:
@@ -350,6 +394,8 @@ class BrokerCore:
             acls,
             broker_configs,
             transactions,
+            verify,
+            local_markers,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -357,9 +403,51 @@ class BrokerCore:
     def became_leader(self, topic: str, partition: int) -> None:
         """This broker now leads the partition: an offsets partition's groups (committed
         offsets and classic membership) are loaded from its replicated log (their
-        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse."""
+        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse. A
+        ``__transaction_state`` partition's transactional ids likewise
+        (``TransactionCoordinator.load_partition``, which also finishes the prepared
+        commits and aborts; ``unload_resigned`` the reverse)."""
         if topic == OFFSETS_TOPIC:
             self._groups.reload_partition(partition)
+        elif topic == TRANSACTION_STATE_TOPIC and self.transactions is not None:
+            self.transactions.load_partition(partition)
+
+    # --- transactions between brokers -------------------------------------------------------
+
+    def verify_transactional(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
+    ) -> str:
+        """KIP-890's check that ``tp`` is in the producer's ongoing transaction, asked of
+        the id's coordinator wherever it is: ``""`` or Kafka's error name (a coordinator
+        that cannot answer: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``...)."""
+        if self._verify is None:
+            return "COORDINATOR_NOT_AVAILABLE"
+        with self._gate.operation():
+            return self._verify(transactional_id, producer_id, producer_epoch, tp)
+
+    def verify_txn_partition(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
+    ) -> str:
+        """The coordinator's half of a verification another broker asked for: this
+        broker's own answer (``NOT_COORDINATOR`` unless it coordinates the id)."""
+        if self.transactions is None:
+            return "NOT_COORDINATOR"
+        with self._gate.operation():
+            return self.transactions.verify_partition(
+                transactional_id, producer_id, producer_epoch, tp
+            )
+
+    def write_txn_markers(
+        self, markers: Sequence[TxnMarker]
+    ) -> list[Mapping[tuple[str, int], str]]:
+        """WriteTxnMarkers, the partition leader's side: each marker written (as an
+        ``acks=all`` append) to its partitions this broker leads; per marker, per partition
+        ``""`` or Kafka's error name (``NOT_LEADER_OR_FOLLOWER`` elsewhere,
+        ``TRANSACTION_COORDINATOR_FENCED`` for a deposed coordinator's marker...)."""
+        if self._markers is None:
+            return [dict.fromkeys(m.partitions, "NOT_LEADER_OR_FOLLOWER") for m in markers]
+        with self._gate.operation():
+            return answers_by_marker(self._markers, markers)
 
     @property
     def placement(self) -> Placement:
@@ -839,3 +927,16 @@ class BrokerCore:
             )
             for plog in self._logs.logs()
         ]
+
+
+def _leader_of(membership: Membership, topic: str, partition: int) -> int | None:
+    """The leader of a partition in this broker's view now: -1 for none (or while the
+    broker is still joining its cluster), None for a partition the view does not have
+    (its topic deleted)."""
+    role = membership.role
+    if not role.joined:
+        return -1
+    known = role.placement.topics()
+    if known is not None and not 0 <= partition < known.get(topic, 0):
+        return None
+    return role.placement.partition(topic, partition).leader

@@ -46,6 +46,8 @@ CreateAcls, DeleteAcls  create_acls, delete_acls    the cluster
 DescribeAcls            describe_acls               the cluster
 UpsertUser, DeleteUser  alter_users                 the cluster
 ListUsers               describe_users              the cluster
+WriteTxnMarkers         write_txn_markers           the cluster (CLUSTER_ACTION: brokers only)
+VerifyTxnPartition      verify_txn_partition        the cluster (CLUSTER_ACTION: brokers only)
 Authenticate            authenticate                none: anyone may log in
 ======================  ==========================  ========================================
 
@@ -134,6 +136,8 @@ _RESOURCES: dict[str, _Resources] = {
     "UpsertUser": lambda r: [cluster()],
     "DeleteUser": lambda r: [cluster()],
     "ListUsers": lambda r: [cluster()],
+    "WriteTxnMarkers": lambda r: [cluster()],
+    "VerifyTxnPartition": lambda r: [cluster()],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],

@@ -12,15 +12,17 @@ Errors as Kafka's ``KafkaApis`` answers them: ``PRODUCER_FENCED`` (90) is
 same way (fatal). AddPartitionsToTxn answers every partition: when some are refused
 (authorization) or unknown, those carry their error and the others
 ``OPERATION_NOT_ATTEMPTED``; otherwise every partition carries the coordinator's one
-answer. A broker without a coordinator (a cluster's, not built yet) answers
-``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, fatal for the clients at once.
+answer. In a cluster each broker coordinates the ids of the ``__transaction_state``
+partitions it leads; the others are ``NOT_COORDINATOR`` (``COORDINATOR_LOAD_IN_PROGRESS``
+while it loads them), and the clients find the right one again (FindCoordinator).
 
 AddOffsetsToTxn (READ on the group too) adds the group's ``__consumer_offsets`` partition;
 TxnOffsetCommit (sent to the group's coordinator) stores offsets pending in the
 transaction until its marker (``broker.groups.txn_offsets``).
 
-Not served yet (not advertised): WriteTxnMarkers (between brokers), AddPartitionsToTxn
-v4+ (brokers' verification, KIP-890), EndTxn v5 and TxnOffsetCommit v5 (transactions v2).
+WriteTxnMarkers (between brokers) is ``broker.kafka.txn_markers``. Not served yet (not
+advertised): AddPartitionsToTxn v4+ (brokers' verification, KIP-890), EndTxn v5 and
+TxnOffsetCommit v5 (transactions v2).
 """
 
 from __future__ import annotations
@@ -38,10 +40,7 @@ from tidelog.broker.kafka.listener import Connection
 from tidelog.broker.kafka.offsets import commit_answer, commit_entries
 from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.broker.transactions.state import TxnMetadata
-from tidelog.storage.errors import (
-    TransactionalIdAuthorizationFailedError,
-    UnknownTopicOrPartitionError,
-)
+from tidelog.storage.errors import CoordinatorNotAvailableError, UnknownTopicOrPartitionError
 
 __all__ = [
     "add_offsets_to_txn",
@@ -59,12 +58,8 @@ _OLD_FENCED = error_code_for("INVALID_PRODUCER_EPOCH")
 
 def _coordinator(conn: Connection) -> TransactionCoordinator:
     found = conn.core.transactions
-    if found is None:
-        # Fatal for every client at once (as before transactions were built), rather than
-        # a retriable COORDINATOR_NOT_AVAILABLE a producer would retry until its timeout.
-        raise TransactionalIdAuthorizationFailedError(
-            "a cluster serves no transactions yet; a single node does (docs/transactions.md)"
-        )
+    if found is None:  # a core built without one (tests of other layers)
+        raise CoordinatorNotAvailableError("this broker has no transaction coordinator")
     return found
 
 
@@ -310,8 +305,9 @@ async def txn_offset_commit(conn: Connection, header: RequestHeader, request: Pl
         )
     if not error:
         offsets_partition = (OFFSETS_TOPIC, conn.core.groups.store.partition_for(group_id))
+        # Asked of the id's coordinator wherever it is (a cluster: maybe another broker).
         verified = await conn.run(
-            _coordinator(conn).verify_partition, tid, pid, epoch, offsets_partition
+            conn.core.verify_transactional, tid, pid, epoch, offsets_partition
         )
         if verified:
             error = error_code_for(

@@ -14,9 +14,9 @@ client in scope (``reference/kafka-protocol.md`` section 2.3):
   KIP-890's transactions v2, 13 names topics by id), Fetch 16 (13+ names topics by id,
   16 carries KIP-951 leader hints; 17 is KIP-853's KRaft directory ids), Metadata 12
   (13 only adds a top-level error code, KIP-1102's request to rebootstrap: not built).
-  Of the transaction APIs (issue #28), WriteTxnMarkers (27) is not advertised yet,
-  nor AddPartitionsToTxn v4+ (the brokers' batched verification), EndTxn v5 and
-  TxnOffsetCommit v4+ (transactions v2): docs/transactions.md.
+  Of the transaction APIs (issue #28), not advertised yet: AddPartitionsToTxn v4+ (the
+  brokers' batched verification), EndTxn v5 and TxnOffsetCommit v4+ (transactions v2):
+  docs/transactions.md.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     24: (0, 3),  # AddPartitionsToTxn (the clients' form)
     25: (0, 3),  # AddOffsetsToTxn
     26: (0, 3),  # EndTxn
+    27: (1, 1),  # WriteTxnMarkers (between brokers; v0 removed by Kafka 4, no schema here)
     28: (0, 3),  # TxnOffsetCommit (3: KIP-447's member and generation)
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs

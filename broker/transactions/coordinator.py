@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -53,7 +54,6 @@ from typing import Protocol
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.transactions import state as machine
-from tidelog.broker.transactions.markers import LocalMarkers
 from tidelog.broker.transactions.state import Answer, Decision, Refuse, TxnMetadata, TxnState, Write
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, TxnLog, TxnLogConfig
 from tidelog.storage.clock import Clock
@@ -73,6 +73,7 @@ __all__ = [
     "TransactionCoordinator",
     "TxnCoordinatorConfig",
     "open_coordinator",
+    "txn_log_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 # Marker results that mean "someone newer owns this transaction": stop sending its markers.
 _FENCED = frozenset({"INVALID_PRODUCER_EPOCH", "TRANSACTION_COORDINATOR_FENCED"})
+# Cluster mode: how often the timer thread looks for partitions this broker stopped leading
+# (real time only paces it, as the groups' expiry thread).
+_RESIGN_CHECK_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +142,7 @@ class TransactionCoordinator:
         self._config = config or TxnCoordinatorConfig()
         self._group_partition = group_partition
         self._lock = threading.Lock()
+        self._roles_lock = threading.Lock()  # loading and unloading partitions
         self._pending: set[str] = set()  # ids with a transition being written
         self._completions: queue.Queue[str | None] = queue.Queue()
         self._stopped = threading.Event()
@@ -166,12 +171,43 @@ class TransactionCoordinator:
     def load_partition(self, partition: int) -> None:
         """This broker became the leader of ``__transaction_state`` partition ``partition``:
         load it and finish its prepared transactions. Raises ``StorageError``."""
-        for metadata in self._log.reload_partition(partition):
+        with self._roles_lock:
+            loaded = self._log.reload_partition(partition)
+        for metadata in loaded:
             if metadata.state.is_prepare:
                 self._completions.put(metadata.transactional_id)
 
     def unload_partition(self, partition: int) -> None:
-        self._log.unload_partition(partition)
+        with self._roles_lock:
+            self._log.unload_partition(partition)
+
+    def unload_resigned(self) -> list[int]:
+        """Cluster mode: forget the ids of every loaded partition this broker no longer
+        leads (Kafka's ``onResignation``); the partitions unloaded. As the groups do
+        (``GroupManager.unload_resigned``, whose rules this follows): run by the timer
+        thread at least every ``_RESIGN_CHECK_MS``, and nothing depends on it having run,
+        because every request about an id is refused ``NOT_COORDINATOR`` by the
+        leadership check first, and a queued completion of a resigned partition is
+        dropped when it comes up. Under ``_roles_lock`` with ``load_partition``, and
+        leadership read under it, so an unload that saw "not leading" never lands after
+        the load of a later leadership."""
+        unloaded = []
+        for partition in self._log.loaded_partitions():
+            with self._roles_lock:
+                if self._log.leads(partition) or partition not in self._log.loaded_partitions():
+                    continue
+                self._log.unload_partition(partition)
+            unloaded.append(partition)
+            log.info(
+                "%s-%d: no longer its leader; its transactional ids unloaded",
+                TRANSACTION_STATE_TOPIC,
+                partition,
+            )
+        return unloaded
+
+    def partition_for(self, transactional_id: str) -> int:
+        """The ``__transaction_state`` partition whose leader coordinates the id."""
+        return self._log.partition_for(transactional_id)
 
     # --- the client's calls ------------------------------------------------------------
 
@@ -321,7 +357,7 @@ class TransactionCoordinator:
     # --- transitions -------------------------------------------------------------------
 
     def _owns(self, partition: int) -> bool:
-        return self._registry.get(TRANSACTION_STATE_TOPIC, partition).is_leader
+        return self._log.leads(partition)
 
     def _check_coordinator(self, transactional_id: str) -> int:
         partition = self._log.partition_for(transactional_id)
@@ -432,11 +468,15 @@ class TransactionCoordinator:
             self._stopped.wait(self._config.marker_retry_backoff_ms / 1000)
 
     def _run_timers(self) -> None:
-        interval = self._config.abort_interval_ms / 1000
-        while not self._stopped.wait(interval):
+        interval_ms = self._config.abort_interval_ms
+        next_round = time.monotonic() + interval_ms / 1000
+        while not self._stopped.wait(min(interval_ms, _RESIGN_CHECK_MS) / 1000):
             try:
-                self.abort_timed_out()
-                self.expire_ids()
+                self.unload_resigned()
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + interval_ms / 1000
+                    self.abort_timed_out()
+                    self.expire_ids()
             except Exception:  # the next round tries again
                 log.exception("transaction timers failed; trying again next round")
 
@@ -510,26 +550,24 @@ def open_coordinator(
     clock: Clock,
     allocate: Callable[[], int],
     group_partition: Callable[[str], TopicPartition],
+    markers: MarkerWriter,
     on_append: Callable[[str, int], None],
-    on_marker: Callable[[str, int, int, bool], None] | None = None,
 ) -> TransactionCoordinator:
-    """A single node's coordinator: ``__transaction_state`` opened (created on the first
-    start) in the broker's data directory, markers written to its own partitions
-    (``LocalMarkers``); not started. Raises ``StorageError``."""
+    """A broker's coordinator: ``__transaction_state`` opened (created on the first start)
+    in the broker's data directory, markers written through ``markers`` (a single node's
+    ``LocalMarkers``, a cluster's ``ClusterMarkers``); not started. In cluster mode it
+    coordinates nothing until the broker leads a partition of the topic
+    (``load_partition``). Raises ``StorageError``."""
     txn_log = TxnLog.open(
         registry.logs,
-        TxnLogConfig(
-            num_partitions=config.transaction_state_log_num_partitions,
-            segment_bytes=config.offsets_topic_segment_bytes,
-            min_isr=config.transaction_state_log_min_isr,
-        ),
+        txn_log_config(config),
         registry=registry,
         on_append=on_append,
     )
     return TransactionCoordinator(
         txn_log,
         allocate,
-        LocalMarkers(registry, on_append, on_marker),
+        markers,
         registry,
         clock,
         TxnCoordinatorConfig(
@@ -538,4 +576,13 @@ def open_coordinator(
             abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
         ),
         group_partition=group_partition,
+    )
+
+
+def txn_log_config(config: BrokerConfig) -> TxnLogConfig:
+    """``__transaction_state``'s settings from the broker's (``transaction.state.log.*``)."""
+    return TxnLogConfig(
+        num_partitions=config.transaction_state_log_num_partitions,
+        segment_bytes=config.offsets_topic_segment_bytes,
+        min_isr=config.transaction_state_log_min_isr,
     )

@@ -100,6 +100,13 @@ class BrokerStub:
     UpsertUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpsertUserRequest, _broker_pb2.UpsertUserResponse]
     DeleteUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]
     ListUsers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListUsersRequest, _broker_pb2.ListUsersResponse]
+    WriteTxnMarkers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.WriteTxnMarkersRequest, _broker_pb2.WriteTxnMarkersResponse]
+    """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
+    coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
+    leader's check with a transactional id's coordinator that a partition is in the
+    producer's transaction (KIP-890 part 1's verification).
+    """
+    VerifyTxnPartition: _grpc.UnaryUnaryMultiCallable[_broker_pb2.VerifyTxnPartitionRequest, _broker_pb2.VerifyTxnPartitionResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -159,6 +166,13 @@ class BrokerAsyncStub(BrokerStub):
     UpsertUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpsertUserRequest, _broker_pb2.UpsertUserResponse]  # type: ignore[assignment]
     DeleteUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]  # type: ignore[assignment]
     ListUsers: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListUsersRequest, _broker_pb2.ListUsersResponse]  # type: ignore[assignment]
+    WriteTxnMarkers: _aio.UnaryUnaryMultiCallable[_broker_pb2.WriteTxnMarkersRequest, _broker_pb2.WriteTxnMarkersResponse]  # type: ignore[assignment]
+    """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
+    coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
+    leader's check with a transactional id's coordinator that a partition is in the
+    producer's transaction (KIP-890 part 1's verification).
+    """
+    VerifyTxnPartition: _aio.UnaryUnaryMultiCallable[_broker_pb2.VerifyTxnPartitionRequest, _broker_pb2.VerifyTxnPartitionResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -467,5 +481,24 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListUsersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListUsersResponse, _abc.Awaitable[_broker_pb2.ListUsersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WriteTxnMarkers(
+        self,
+        request: _broker_pb2.WriteTxnMarkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.WriteTxnMarkersResponse, _abc.Awaitable[_broker_pb2.WriteTxnMarkersResponse]]:
+        """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
+        coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
+        leader's check with a transactional id's coordinator that a partition is in the
+        producer's transaction (KIP-890 part 1's verification).
+        """
+
+    @_abc_1.abstractmethod
+    def VerifyTxnPartition(
+        self,
+        request: _broker_pb2.VerifyTxnPartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.VerifyTxnPartitionResponse, _abc.Awaitable[_broker_pb2.VerifyTxnPartitionResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
