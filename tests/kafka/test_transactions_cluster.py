@@ -85,24 +85,26 @@ def create_topic(cluster: LocalCluster, name: str, partitions: int, min_isr: int
     admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
     topic = NewTopic(name, partitions, 3, config={"min.insync.replicas": str(min_isr)})
     admin.create_topics([topic], operation_timeout=TIMEOUT_S)[name].result(TIMEOUT_S)
-    eventually(
-        lambda: all(
-            len(isr) == 3
-            for b in cluster.broker_ids
-            for _, isr in placement(cluster, b, name).values()
-        ),
-        TIMEOUT_S,
-    )
+
+    def everywhere() -> bool:
+        for broker_id in cluster.broker_ids:
+            found = placement(cluster, broker_id, name)
+            if len(found) != partitions or any(len(isr) != 3 for _, isr in found.values()):
+                return False
+        return True
+
+    eventually(everywhere, TIMEOUT_S)
 
 
 def placement(
     cluster: LocalCluster, broker_id: int, topic: str
 ) -> dict[int, tuple[int, list[int]]]:
-    """Partition -> (leader, ISR) in ``broker_id``'s Metadata."""
+    """Partition -> (leader, ISR) in ``broker_id``'s Metadata (empty while its view does
+    not have the topic yet)."""
     request = MetadataRequest[7](topics=[MetadataRequest.MetadataRequestTopic(name=topic)])
     (found,) = ask(cluster, broker_id, request, MetadataResponse).topics
-    assert found.error_code == 0
-    assert found.partitions
+    if found.error_code:
+        return {}
     return {p.partition_index: (p.leader_id, list(p.isr_nodes)) for p in found.partitions}
 
 
@@ -114,18 +116,11 @@ def coordinator_of(cluster: LocalCluster, broker_id: int, transactional_id: str)
     return int(answer.node_id) if answer.error_code == 0 else -1
 
 
-def id_coordinated_by(cluster: LocalCluster, broker_id: int) -> str:
-    """A fresh transactional id whose coordinator is ``broker_id`` (ids spread over the
-    ``__transaction_state`` partitions, whose leaders spread over the brokers)."""
-    found: dict[str, int] = {}
-
-    def one() -> bool:
-        tid = unique("txn")
-        found[tid] = coordinator_of(cluster, broker_id, tid)
-        return found[tid] == broker_id
-
-    eventually(one, TIMEOUT_S, interval_s=0)
-    return next(t for t, b in found.items() if b == broker_id)
+def new_id(cluster: LocalCluster) -> tuple[str, int]:
+    """A fresh transactional id and its coordinator, once one is named."""
+    tid = unique("txn")
+    eventually(lambda: coordinator_of(cluster, cluster.broker_ids[0], tid) >= 0, TIMEOUT_S)
+    return tid, coordinator_of(cluster, cluster.broker_ids[0], tid)
 
 
 def transaction_state(cluster: LocalCluster, broker_id: int, transactional_id: str) -> str:
@@ -196,9 +191,8 @@ def test_commit_and_abort_across_partitions_led_by_different_brokers(
     topic = unique("spread")
     create_topic(cluster, topic, 3, 2)
     leaders = {p: leader for p, (leader, _) in placement(cluster, 1, topic).items()}
-    assert len(set(leaders.values())) > 1, leaders  # markers go to other brokers
-    coordinator = next(b for b in cluster.broker_ids if b != leaders[0])
-    tid = id_coordinated_by(cluster, coordinator)
+    assert len(set(leaders.values())) == 3, leaders  # one partition per broker
+    tid, coordinator = new_id(cluster)  # the other two leaders get its markers
     for broker_id in cluster.broker_ids:  # every broker names the same coordinator
         assert coordinator_of(cluster, broker_id, tid) == coordinator
     tx = producer(cluster.kafka_bootstrap, tid)
@@ -240,10 +234,9 @@ def test_the_next_coordinator_completes_a_commit_its_predecessor_prepared(
     topic = unique("held")
     # min.insync.replicas 3: no marker can be written while one replica is stopped.
     create_topic(cluster, topic, 2, 3)
-    stopped = placement(cluster, 1, topic)[0][0]
-    coordinator = next(b for b in cluster.broker_ids if b != stopped)
+    tid, coordinator = new_id(cluster)
+    stopped = next(b for b in cluster.broker_ids if b != coordinator)
     successor = next(b for b in cluster.broker_ids if b not in (stopped, coordinator))
-    tid = id_coordinated_by(cluster, coordinator)
     tx = producer(cluster.kafka_bootstrap, tid)
     tx.begin_transaction()
     for i in range(10):
@@ -274,21 +267,23 @@ def test_a_partition_leader_killed_mid_transaction_leaves_all_or_nothing(
 ) -> None:
     cluster.wait_converged()
     topic = unique("lost")
-    create_topic(cluster, topic, 2, 2)
-    victim = placement(cluster, 1, topic)[0][0]
-    coordinator = next(b for b in cluster.broker_ids if b != victim)
-    tid = id_coordinated_by(cluster, coordinator)
+    create_topic(cluster, topic, 3, 2)  # one preferred leader per broker
+    tid, coordinator = new_id(cluster)
+    leaders = {p: leader for p, (leader, _) in placement(cluster, 1, topic).items()}
+    lost = next(p for p, leader in leaders.items() if leader != coordinator)
+    victim = leaders[lost]
+    kept = next(p for p in leaders if p != lost)
     tx = producer(cluster.kafka_bootstrap, tid)
     tx.begin_transaction()
     for i in range(10):
-        tx.produce(topic, f"before-{i}".encode(), partition=i % 2)
+        tx.produce(topic, f"before-{i}".encode(), partition=(lost, kept)[i % 2])
     tx.flush(TIMEOUT_S)
     cluster.kill(victim)
     try:
-        # The producer follows partition 0's new leader, which verifies the next batches
+        # The producer follows the partition's new leader, which verifies the next batches
         # with the coordinator and has the open transaction from the replicated log.
         for i in range(10):
-            tx.produce(topic, f"after-{i}".encode(), partition=i % 2)
+            tx.produce(topic, f"after-{i}".encode(), partition=(lost, kept)[i % 2])
         try:
             tx.commit_transaction(TIMEOUT_S * 2)
             outcome = "commit"
