@@ -28,7 +28,6 @@ closes the log manager, which flushes, writes checkpoints and the clean-shutdown
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -110,14 +109,8 @@ from tidelog.broker.groups.manager import (
 )
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
-from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_coordinator
-from tidelog.broker.transactions.markers import (
-    ClusterMarkers,
-    LocalMarkers,
-    RoutedVerify,
-    TxnMarker,
-    answers_by_marker,
-)
+from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_transactions
+from tidelog.broker.transactions.markers import LocalMarkers, TxnMarker, answers_by_marker
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
@@ -329,9 +322,12 @@ class BrokerCore:
                 on_append=appended,
                 registry=partitions,
             )
-            joined = membership
-            local_markers = LocalMarkers(
+            built = open_transactions(
+                config,
                 partitions,
+                clock,
+                membership,
+                lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
                 appended,
                 lambda topic, partition, producer_id, commit: (
                     groups.store.end_transaction(partition, producer_id, commit)
@@ -339,39 +335,10 @@ class BrokerCore:
                     else None
                 ),
             )
-            replicated = config.zookeeper_connect is not None
-            transactions = open_coordinator(
-                config,
-                partitions,
-                clock,
-                lambda: joined.producer_ids.init(-1, -1)[0],
-                lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
-                (
-                    ClusterMarkers(
-                        config.broker_id,
-                        local_markers,
-                        functools.partial(_leader_of, joined),
-                        lambda: joined.role.txn_peers,
-                    )
-                    if replicated
-                    else local_markers
-                ),
-                appended,
-            )
-            verify: Verify = transactions.verify_partition
-            if replicated:
-                verify = RoutedVerify(
-                    config.broker_id,
-                    transactions.partition_for,
-                    transactions.verify_partition,
-                    functools.partial(_leader_of, joined),
-                    lambda: joined.role.txn_peers,
-                    TRANSACTION_STATE_TOPIC,
-                )
+            transactions = built.coordinator
             logs.start_background()
             groups.start()
-            if transactions is not None:
-                transactions.start()
+            transactions.start()
             fetch_purgatory.start()
             delayed.delete_records.start()
             group_fsync.start()
@@ -394,8 +361,8 @@ class BrokerCore:
             acls,
             broker_configs,
             transactions,
-            verify,
-            local_markers,
+            built.verify,
+            built.markers,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -927,16 +894,3 @@ class BrokerCore:
             )
             for plog in self._logs.logs()
         ]
-
-
-def _leader_of(membership: Membership, topic: str, partition: int) -> int | None:
-    """The leader of a partition in this broker's view now: -1 for none (or while the
-    broker is still joining its cluster), None for a partition the view does not have
-    (its topic deleted)."""
-    role = membership.role
-    if not role.joined:
-        return -1
-    known = role.placement.topics()
-    if known is not None and not 0 <= partition < known.get(topic, 0):
-        return None
-    return role.placement.partition(topic, partition).leader

@@ -43,6 +43,7 @@ outside it (``TxnLog`` orders them per partition).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -52,8 +53,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.internal_topic import unload_resigned
+from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.transactions import state as machine
+from tidelog.broker.transactions.markers import ClusterMarkers, LocalMarkers, RoutedVerify, TxnPeers
 from tidelog.broker.transactions.state import Answer, Decision, Refuse, TxnMetadata, TxnState, Write
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, TxnLog, TxnLogConfig
 from tidelog.storage.clock import Clock
@@ -71,8 +75,9 @@ from tidelog.storage.errors import (
 __all__ = [
     "MarkerWriter",
     "TransactionCoordinator",
+    "Transactions",
     "TxnCoordinatorConfig",
-    "open_coordinator",
+    "open_transactions",
     "txn_log_config",
 ]
 
@@ -188,22 +193,22 @@ class TransactionCoordinator:
         thread at least every ``_RESIGN_CHECK_MS``, and nothing depends on it having run,
         because every request about an id is refused ``NOT_COORDINATOR`` by the
         leadership check first, and a queued completion of a resigned partition is
-        dropped when it comes up. Under ``_roles_lock`` with ``load_partition``, and
-        leadership read under it, so an unload that saw "not leading" never lands after
-        the load of a later leadership."""
-        unloaded = []
-        for partition in self._log.loaded_partitions():
-            with self._roles_lock:
-                if self._log.leads(partition) or partition not in self._log.loaded_partitions():
-                    continue
-                self._log.unload_partition(partition)
-            unloaded.append(partition)
+        dropped when it comes up. The one helper of both
+        (``broker.core.internal_topic.unload_resigned``), under ``_roles_lock`` with
+        ``load_partition``."""
+        unloaded = unload_resigned(
+            self._log.loaded_partitions,
+            self._log.leads,
+            self._roles_lock,
+            self._log.unload_partition,
+        )
+        for partition, _ in unloaded:
             log.info(
                 "%s-%d: no longer its leader; its transactional ids unloaded",
                 TRANSACTION_STATE_TOPIC,
                 partition,
             )
-        return unloaded
+        return [partition for partition, _ in unloaded]
 
     def partition_for(self, transactional_id: str) -> int:
         """The ``__transaction_state`` partition whose leader coordinates the id."""
@@ -544,29 +549,51 @@ def _identity(decision: Decision) -> tuple[int, int]:
     return decision.producer_id, decision.producer_epoch
 
 
-def open_coordinator(
+@dataclass(frozen=True, slots=True)
+class Transactions:
+    """A broker's transaction parts (``open_transactions``)."""
+
+    coordinator: TransactionCoordinator
+    # KIP-890's check of a transactional batch with its id's coordinator, wherever it is.
+    verify: Callable[[str, int, int, TopicPartition], str]
+    # The markers this broker writes as a partition's leader (WriteTxnMarkers).
+    markers: LocalMarkers
+
+
+def open_transactions(
     config: BrokerConfig,
     registry: PartitionRegistry,
     clock: Clock,
-    allocate: Callable[[], int],
+    membership: Membership,
     group_partition: Callable[[str], TopicPartition],
-    markers: MarkerWriter,
     on_append: Callable[[str, int], None],
-) -> TransactionCoordinator:
-    """A broker's coordinator: ``__transaction_state`` opened (created on the first start)
-    in the broker's data directory, markers written through ``markers`` (a single node's
-    ``LocalMarkers``, a cluster's ``ClusterMarkers``); not started. In cluster mode it
-    coordinates nothing until the broker leads a partition of the topic
-    (``load_partition``). Raises ``StorageError``."""
-    txn_log = TxnLog.open(
-        registry.logs,
-        txn_log_config(config),
-        registry=registry,
-        on_append=on_append,
-    )
-    return TransactionCoordinator(
-        txn_log,
-        allocate,
+    on_marker: Callable[[str, int, int, bool], None],
+) -> Transactions:
+    """A broker's coordinator (not started), its verification and its marker writer.
+
+    ``__transaction_state`` is opened (created on the first start) in the broker's data
+    directory. A single node writes markers to its own partitions (``LocalMarkers``) and
+    verifies with its own coordinator; a cluster broker (``zookeeper.connect``) sends
+    other leaders' markers to them and asks the id's coordinator wherever it is
+    (``ClusterMarkers``, ``RoutedVerify``: the leaders in ``membership``'s view now, the
+    calls through its ``txn_peers``), and coordinates nothing until it leads a partition
+    of the topic (``load_partition``). ``on_append`` wakes a partition's fetches;
+    ``on_marker`` (topic, partition, producer id, commit) follows a durable marker (the
+    group coordinator's pending offsets). Raises ``StorageError``.
+    """
+    local = LocalMarkers(registry, on_append, on_marker)
+    replicated = config.zookeeper_connect is not None
+    leader_of = functools.partial(_leader_of, membership)
+
+    def peers() -> TxnPeers | None:
+        return membership.role.txn_peers
+
+    markers: MarkerWriter = local
+    if replicated:
+        markers = ClusterMarkers(config.broker_id, local, leader_of, peers)
+    coordinator = TransactionCoordinator(
+        TxnLog.open(registry.logs, txn_log_config(config), registry=registry, on_append=on_append),
+        lambda: membership.producer_ids.init(-1, -1)[0],
         markers,
         registry,
         clock,
@@ -577,6 +604,30 @@ def open_coordinator(
         ),
         group_partition=group_partition,
     )
+    verify: Callable[[str, int, int, TopicPartition], str] = coordinator.verify_partition
+    if replicated:
+        verify = RoutedVerify(
+            config.broker_id,
+            coordinator.partition_for,
+            coordinator.verify_partition,
+            leader_of,
+            peers,
+            TRANSACTION_STATE_TOPIC,
+        )
+    return Transactions(coordinator, verify, local)
+
+
+def _leader_of(membership: Membership, topic: str, partition: int) -> int | None:
+    """The leader of a partition in this broker's view now: -1 for none (or while the
+    broker is still joining its cluster), None for a partition the view does not have
+    (its topic deleted)."""
+    role = membership.role
+    if not role.joined:
+        return -1
+    known = role.placement.topics()
+    if known is not None and not 0 <= partition < known.get(topic, 0):
+        return None
+    return role.placement.partition(topic, partition).leader
 
 
 def txn_log_config(config: BrokerConfig) -> TxnLogConfig:
