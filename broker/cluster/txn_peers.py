@@ -21,7 +21,8 @@ Decided:
   CLUSTER_ACTION, the broker closing) is that error's name for every partition.
 * One channel per destination address, kept open (a produce path that verifies every
   transactional batch must not pay a TCP and TLS handshake per batch); ``close`` closes
-  them.
+  them, and every call after that answers as if the other broker were unreachable (the
+  broker is stopping; its coordinator's marker thread may still be finishing a round).
 
 Thread-safe: the channel cache is guarded by one lock; gRPC channels are thread-safe.
 """
@@ -71,6 +72,7 @@ class GrpcTxnPeers:
         self._timeout_s = timeout_ms / 1000
         self._lock = threading.Lock()
         self._open: dict[str, grpc.Channel] = {}
+        self._closed = False  # closed: every call answers "unreachable"
 
     def write_txn_markers(
         self, broker_id: int, markers: Sequence[TxnMarker]
@@ -103,6 +105,8 @@ class GrpcTxnPeers:
             code = _answered_code(exc) or _MARKER_UNREACHABLE
             log.info("WriteTxnMarkers to broker %d failed: %s", broker_id, _describe(exc))
             return failed(code)
+        except ValueError:  # the channel was closed under the call (the broker stops)
+            return failed(_MARKER_UNREACHABLE)
         out: list[dict[TopicPartition, str]] = []
         for entry in answer.markers:
             out.append({(p.topic, p.partition): p.error_code for p in entry.partitions})
@@ -132,10 +136,13 @@ class GrpcTxnPeers:
         except grpc.RpcError as exc:
             log.info("VerifyTxnPartition at broker %d failed: %s", broker_id, _describe(exc))
             return _answered_code(exc) or _COORDINATOR_UNREACHABLE
+        except ValueError:  # the channel was closed under the call (the broker stops)
+            return _COORDINATOR_UNREACHABLE
         return str(answer.error_code)
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             found = list(self._open.values())
             self._open.clear()
         for channel in found:
@@ -146,6 +153,8 @@ class GrpcTxnPeers:
         if address is None:
             return None
         with self._lock:
+            if self._closed:
+                return None
             channel = self._open.get(address)
             if channel is None:
                 channel = self._channels.channel(address)

@@ -27,10 +27,17 @@ timeout are fenced and aborted (``fence_timed_out``: the epoch is bumped, so the
 producer's next call is ``PRODUCER_FENCED``), and ids idle past ``id_expiration_ms`` are
 removed (a tombstone).
 
-Failover: ``load_partition`` (this broker became the leader of a ``__transaction_state``
-partition) replays it and hands every prepared transaction to the marker thread, which
-finishes it; ``unload_partition`` forgets the partition's ids (their queued completions
-are dropped when they come up: the new coordinator finishes them).
+Failover (cluster mode): ``load_partition`` (this broker became the leader of a
+``__transaction_state`` partition: ``BrokerCore.became_leader``) replays it and hands every
+prepared transaction to the marker thread, which finishes it with the markers carrying
+the partition's new leader epoch as coordinator epoch; ``unload_resigned`` (the timer
+thread, at least every second) forgets the ids of partitions this broker stopped leading
+(their queued completions are dropped when they come up: the new coordinator finishes
+them). Requests about an id whose partition this broker does not lead are
+``NOT_COORDINATOR``, and ``COORDINATOR_LOAD_IN_PROGRESS`` until it has loaded it at its
+current leader epoch and the high watermark reached what it loaded. Markers go to each
+partition's leader (``broker.transactions.markers.ClusterMarkers``); a marker that fails
+with a retriable error is sent again, to whichever broker leads the partition then.
 
 Errors raised are ``storage.errors`` classes by Kafka's names (``error_for_code``). An
 append that fails is answered as Kafka maps it (``reference/transactions.md`` 9):

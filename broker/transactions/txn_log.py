@@ -8,13 +8,17 @@ the cache changes and the caller acts on it or answers. A crash or a failover ca
 therefore lose only a transition nobody was told about.
 
 The topic is created on the first start with Kafka's settings for it (``reference/
-transactions.md`` 2.1): compacted, uncompressed, unclean election off, and
-``min.insync.replicas`` = ``transaction.state.log.min.isr`` (applied in cluster mode, where
-the replication factor is ``transaction.state.log.replication.factor``). The partition
-count never changes after that: an id's partition must not move.
+transactions.md`` 2.1, ``topic_config``): compacted, uncompressed, unclean election off, and
+``min.insync.replicas`` = ``transaction.state.log.min.isr`` (applied in cluster mode). In
+a cluster the controller creates it in ZooKeeper too, as the offsets topic, with
+``transaction.state.log.replication.factor`` replicas (at most the live brokers), and
+every broker's local log follows that. The partition count never changes after that: an
+id's partition must not move.
 
-Cluster mode: only the leader of a partition coordinates its ids. A broker that becomes
-leader replays the partition (``reload_partition``); until that is done at its current
+Cluster mode: only the leader of a partition coordinates its ids. ``open`` reads
+nothing (what a log held from an earlier leadership is no one's state now); a broker that
+becomes leader replays the partition (``reload_partition``) and forgets it when it stops
+leading (``unload_partition``); until that is done at its current
 leader epoch and the high watermark has reached what it read, calls for the partition
 answer ``COORDINATOR_LOAD_IN_PROGRESS`` (``check_loaded``), for the reason the offsets
 store gives: a new leader's log may end with transitions that were never replicated.

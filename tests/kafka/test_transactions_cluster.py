@@ -5,8 +5,9 @@ read_committed consumers.
 - Commit and abort across partitions led by different brokers: the coordinator (leader
   of the id's ``__transaction_state`` partition) sends WriteTxnMarkers to the other
   leaders, and each leader verifies the transactional batches with the coordinator
-  (KIP-890 part 1, another broker's answer). Only the coordinator serves the id; the
-  others answer ``NOT_COORDINATOR``.
+  (KIP-890 part 1, another broker's answer); a group's offsets sent in the transaction
+  are committed by its group coordinator's marker. Only the coordinator serves the id;
+  the others answer ``NOT_COORDINATOR``.
 - The coordinator SIGKILLed between its PrepareCommit and the markers: the markers cannot
   be written while a replica of every data partition is SIGSTOPped (the topic's
   ``min.insync.replicas`` is 3), so the transaction is held in PrepareCommit; the
@@ -196,10 +197,15 @@ def test_commit_and_abort_across_partitions_led_by_different_brokers(
     for broker_id in cluster.broker_ids:  # every broker names the same coordinator
         assert coordinator_of(cluster, broker_id, tid) == coordinator
     tx = producer(cluster.kafka_bootstrap, tid)
+    group = unique("copier")  # its offsets commit with the first transaction
+    offsets = Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group})
     try:
         tx.begin_transaction()
         for i in range(9):
             tx.produce(topic, f"committed-{i}".encode(), partition=i % 3)
+        tx.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 7)], offsets.consumer_group_metadata(), TIMEOUT_S
+        )
         tx.commit_transaction(TIMEOUT_S)
         tx.begin_transaction()
         for i in range(6):
@@ -210,8 +216,15 @@ def test_commit_and_abort_across_partitions_led_by_different_brokers(
         for i in range(3):
             tx.produce(topic, f"after-{i}".encode(), partition=i % 3)
         tx.commit_transaction(TIMEOUT_S)
+        # The group's coordinator got the COMMIT marker of its __consumer_offsets
+        # partition from the transaction's coordinator (maybe another broker).
+        eventually(
+            lambda: offsets.committed([TopicPartition(topic, 0)], TIMEOUT_S)[0].offset == 7,
+            TIMEOUT_S,
+        )
     finally:
         tx.flush(TIMEOUT_S)
+        offsets.close()
     committed = read_all(cluster.kafka_bootstrap, topic, 3, "read_committed", 12)
     assert sorted(committed) == sorted(
         [f"committed-{i}".encode() for i in range(9)] + [f"after-{i}".encode() for i in range(3)]
