@@ -32,6 +32,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.admin import DescribeTransactionsRequest, DescribeTransactionsResponse
+from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata import (
     FindCoordinatorRequest,
     FindCoordinatorResponse,
@@ -45,11 +46,22 @@ from tests.broker.cluster.waiting import eventually
 from tests.kafka import raw
 from tests.kafka.conftest import unique
 from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.broker.transactions.log_records import partition_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TIMEOUT_S = 30.0
 _NOT_COORDINATOR = 16
+_TRANSACTION_COORDINATOR_FENCED = 52
+
+
+# kafka-python ships WriteTxnMarkers' schema but no classes for it (a broker-only API).
+class WriteTxnMarkersRequest(ApiMessage):
+    pass
+
+
+class WriteTxnMarkersResponse(ApiMessage):
+    pass
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +119,38 @@ def placement(
     if found.error_code:
         return {}
     return {p.partition_index: (p.leader_id, list(p.isr_nodes)) for p in found.partitions}
+
+
+def leader_epoch(cluster: LocalCluster, broker_id: int, topic: str, partition: int) -> int:
+    request = MetadataRequest[7](topics=[MetadataRequest.MetadataRequestTopic(name=topic)])
+    (found,) = ask(cluster, broker_id, request, MetadataResponse).topics
+    return int(next(p.leader_epoch for p in found.partitions if p.partition_index == partition))
+
+
+def write_marker(
+    cluster: LocalCluster,
+    broker_id: int,
+    producer_id: int,
+    producer_epoch: int,
+    tp: tuple[str, int],
+    coordinator_epoch: int,
+) -> int:
+    """An ABORT marker for ``tp`` sent as a coordinator would (WriteTxnMarkers v1 to the
+    Kafka listener of ``broker_id``, its leader); the partition's error code."""
+    marker = WriteTxnMarkersRequest[1].WritableTxnMarker
+    request = WriteTxnMarkersRequest[1](
+        markers=[
+            marker(
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                transaction_result=False,
+                topics=[marker.WritableTxnMarkerTopic(name=tp[0], partition_indexes=[tp[1]])],
+                coordinator_epoch=coordinator_epoch,
+            )
+        ]
+    )
+    (answer,) = ask(cluster, broker_id, request, WriteTxnMarkersResponse).markers
+    return int(answer.topics[0].partitions[0].error_code)
 
 
 def coordinator_of(cluster: LocalCluster, broker_id: int, transactional_id: str) -> int:
@@ -232,6 +276,24 @@ def test_commit_and_abort_across_partitions_led_by_different_brokers(
     everything = read_all(cluster.kafka_bootstrap, topic, 3, "read_uncommitted", 18)
     assert sorted(everything) == sorted(committed + [f"aborted-{i}".encode() for i in range(6)])
     eventually(lambda: transaction_state(cluster, coordinator, tid) == "CompleteCommit")
+    # A marker of an older coordinator epoch (a deposed coordinator's, late) is refused
+    # by the partition: the coordinator epoch is the __transaction_state partition's
+    # leader epoch, which the markers of this transaction carried.
+    state_partition = partition_for(tid, 5)  # transaction.state.log.num.partitions
+    coordinator_epoch = leader_epoch(cluster, coordinator, "__transaction_state", state_partition)
+    request = DescribeTransactionsRequest[0](transactional_ids=[tid])
+    (described,) = ask(
+        cluster, coordinator, request, DescribeTransactionsResponse
+    ).transaction_states
+    late = write_marker(
+        cluster,
+        leaders[0],
+        described.producer_id,
+        described.producer_epoch,
+        (topic, 0),
+        coordinator_epoch - 1,
+    )
+    assert late == _TRANSACTION_COORDINATOR_FENCED
     # Only the coordinator serves the id: elsewhere NOT_COORDINATOR (the client asks
     # FindCoordinator again), as Kafka's.
     for broker_id in cluster.broker_ids:
@@ -262,6 +324,8 @@ def test_the_next_coordinator_completes_a_commit_its_predecessor_prepared(
         # ISR; the client is answered then, before the markers, which cannot be written.
         tx.commit_transaction(TIMEOUT_S * 2)
         assert transaction_state(cluster, coordinator, tid) == "PrepareCommit"
+        state_partition = partition_for(tid, 5)  # transaction.state.log.num.partitions
+        old_epoch = leader_epoch(cluster, coordinator, "__transaction_state", state_partition)
         cluster.kill(coordinator)
         eventually(lambda: coordinator_of(cluster, successor, tid) == successor, TIMEOUT_S * 2)
     finally:
@@ -273,6 +337,16 @@ def test_the_next_coordinator_completes_a_commit_its_predecessor_prepared(
         lambda: transaction_state(cluster, successor, tid) == "CompleteCommit", TIMEOUT_S * 2
     )
     assert coordinator_of(cluster, successor, tid) == successor  # it did, not the restarted one
+    # Its markers carried its own coordinator epoch (the partition's new leader epoch): the
+    # old coordinator's epoch is fenced at the data partitions from now on.
+    assert leader_epoch(cluster, successor, "__transaction_state", state_partition) > old_epoch
+    request = DescribeTransactionsRequest[0](transactional_ids=[tid])
+    (described,) = ask(cluster, successor, request, DescribeTransactionsResponse).transaction_states
+    leader = placement(cluster, successor, topic)[0][0]
+    late = write_marker(
+        cluster, leader, described.producer_id, described.producer_epoch, (topic, 0), old_epoch
+    )
+    assert late == _TRANSACTION_COORDINATOR_FENCED
 
 
 def test_a_partition_leader_killed_mid_transaction_leaves_all_or_nothing(
