@@ -63,6 +63,7 @@ TopicPartition = tuple[str, int]
 _REPLICATION_WAIT_MS = 30_000
 _NO_LEADER = "NOT_LEADER_OR_FOLLOWER"  # retried by the coordinator on the next leader
 _NO_COORDINATOR = "COORDINATOR_NOT_AVAILABLE"
+_MAX_EPOCH = 32767  # a producer epoch is an int16, never negative in a marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +256,10 @@ def answers_by_marker(
     local: LocalMarkers, markers: Sequence[TxnMarker]
 ) -> list[Mapping[TopicPartition, str]]:
     """The leader's side of WriteTxnMarkers: each marker written to its partitions that
-    this broker leads (others: ``NOT_LEADER_OR_FOLLOWER``, from the partition)."""
+    this broker leads (others: ``NOT_LEADER_OR_FOLLOWER``, from the partition). A marker
+    no coordinator could have sent (a negative producer id, an epoch outside 0..32767, a
+    coordinator epoch outside int32) is ``INVALID_REQUEST`` for each of its partitions,
+    and written nowhere."""
     return [
         local.write_markers(
             m.producer_id,
@@ -265,5 +269,15 @@ def answers_by_marker(
             m.partitions,
             gone_is_written=False,
         )
+        if _well_formed(m)
+        else dict.fromkeys(m.partitions, "INVALID_REQUEST")
         for m in markers
     ]
+
+
+def _well_formed(marker: TxnMarker) -> bool:
+    return (
+        marker.producer_id >= 0
+        and 0 <= marker.producer_epoch <= _MAX_EPOCH
+        and -(2**31) <= marker.coordinator_epoch < 2**31
+    )
