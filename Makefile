@@ -70,12 +70,19 @@ $(STAMP): pyproject.toml setup.py
 	      || echo "fuse3 could not be installed: the lost-unsynced-writes tests will say so"; \
 	  else echo "no fusermount3: install Debian's fuse3 for the lost-unsynced-writes tests"; fi; \
 	fi
+	@# The CDC tests (tests/cdc) run Debian's PostgreSQL 15 (initdb, postgres) as the postgres user.
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null) \
+	      || echo "postgresql could not be installed: the CDC tests will say so"; \
+	  else echo "no PostgreSQL: install Debian's postgresql for the CDC tests"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The plain editable install users type: pyproject.toml's package-dir makes it a path
 	# entry for the project root, not an import hook, so PySpark's pkgutil.iter_modules()
 	# finds pyspark_tidelog (format("tidelog")) from any directory.
-	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console]'
+	$(BIN)/python -m pip install --quiet -e '.[spark,test,dev,console,cdc]'
 	touch $(STAMP)
 
 venv: $(STAMP) native
@@ -131,7 +138,8 @@ test: check native
 # The codec's tests again with the C extension switched off: the fallback a machine
 # without a compiler runs (the rest of the suite is codec-agnostic).
 PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py tests/storage/test_codecs.py \
-	tests/client/test_fetcher.py tests/client/test_partitioner.py tests/spark/test_arrow_columns.py
+	tests/client/test_fetcher.py tests/client/test_fetcher_txn.py tests/client/test_partitioner.py \
+	tests/spark/test_arrow_columns.py
 test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
@@ -171,9 +179,10 @@ kafka-python-suite: $(STAMP)
 
 # The long fault run (issue #29, docs/reliability.md; needs root): DURATION seconds of a
 # seeded schedule of partitions, pauses, kills and power losses against three brokers,
-# then the history checker. `make faults DURATION=1800 SEED=7`.
+# then the history checker. `make faults DURATION=1800 SEED=7` (WORKLOADS=queue,append,txn
+# adds the transactional workload).
 faults: $(STAMP)
-	$(BIN)/python -m tests.faults.run --duration $(or $(DURATION),1800) $(if $(SEED),--seed $(SEED)) --brokers $(or $(BROKERS),3) --lossy --out $(or $(OUT),faults-out/$(or $(SEED),latest))
+	$(BIN)/python -m tests.faults.run --duration $(or $(DURATION),1800) $(if $(SEED),--seed $(SEED)) --brokers $(or $(BROKERS),3) $(if $(WORKLOADS),--workloads $(WORKLOADS)) --lossy --out $(or $(OUT),faults-out/$(or $(SEED),latest))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info storage/_native*.so

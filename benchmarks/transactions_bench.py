@@ -19,6 +19,12 @@ after the other, on topics of 3 partitions:
    a consumer reads the transactional topic from offset zero at each isolation level;
 5. ``read_committed_over_uncommitted_consume``: their ratio (target: >= 0.95).
 
+Then the same produce pair with Tidelog's own client over the gRPC listener
+(``client.Producer``, ``acks="all"``, ``linger_ms=5``):
+``tidelog_idempotent_produce_records_per_s``, ``tidelog_txn_produce_records_per_s``
+(``transactional_id``, transactions of about ``--txn-ms``) and
+``tidelog_txn_over_idempotent_produce``.
+
 Each figure is the best of two rounds that alternate the two sides (A B A B). The
 machine is shared and noisy: compare figures of one run only. The last line printed
 is one JSON object.
@@ -97,6 +103,32 @@ def transactional_produce(bootstrap: str, topic: str, records: int, txn_ms: floa
     return records / (time.perf_counter() - started)
 
 
+def tidelog_produce(address: str, topic: str, records: int, txn_ms: float | None) -> float:
+    """Tidelog's producer: idempotent (``txn_ms`` None) or transactional."""
+    settings: dict[str, Any] = {"acks": "all", "linger_ms": 5}
+    if txn_ms is not None:
+        settings["transactional_id"] = f"bench-tidelog-{time.monotonic_ns()}"
+    value = b"v" * VALUE_BYTES
+    with client.Producer(address, **settings) as producer:
+        if txn_ms is not None:
+            producer.init_transactions(int(TIMEOUT_S * 1000))
+        started = time.perf_counter()
+        i = 0
+        while i < records:
+            if txn_ms is not None:
+                producer.begin_transaction()
+            ends = time.perf_counter() + (txn_ms or 1e9) / 1000
+            while i < records and time.perf_counter() < ends:
+                producer.send(
+                    topic, value, key=i.to_bytes(KEY_BYTES, "big"), partition=i % PARTITIONS
+                )
+                i += 1
+            if txn_ms is not None:
+                producer.commit_transaction(int(TIMEOUT_S * 1000))
+        producer.flush(int(TIMEOUT_S * 1000))
+        return records / (time.perf_counter() - started)
+
+
 def consume(bootstrap: str, topic: str, records: int, isolation: str) -> float:
     consumer = confluent_kafka.Consumer(
         {
@@ -141,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for round_ in range(ROUNDS):
                 admin.create_topic(f"idempotent-{round_}", PARTITIONS)
                 admin.create_topic(f"transactional-{round_}", PARTITIONS)
+                admin.create_topic(f"tidelog-idempotent-{round_}", PARTITIONS)
+                admin.create_topic(f"tidelog-transactional-{round_}", PARTITIONS)
         for round_ in range(ROUNDS):
             idem = max(idem, idempotent_produce(bootstrap, f"idempotent-{round_}", records))
             txn = max(
@@ -160,6 +194,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["read_uncommitted_consume_records_per_s"] = round(uncommitted)
         results["read_committed_consume_records_per_s"] = round(committed)
         results["read_committed_over_uncommitted_consume"] = round(committed / uncommitted, 3)
+        own_idem = own_txn = 0.0
+        for round_ in range(ROUNDS):
+            own_idem = max(
+                own_idem, tidelog_produce(address, f"tidelog-idempotent-{round_}", records, None)
+            )
+            own_txn = max(
+                own_txn,
+                tidelog_produce(address, f"tidelog-transactional-{round_}", records, args.txn_ms),
+            )
+        results["tidelog_idempotent_produce_records_per_s"] = round(own_idem)
+        results["tidelog_txn_produce_records_per_s"] = round(own_txn)
+        results["tidelog_txn_over_idempotent_produce"] = round(own_txn / own_idem, 3)
     finally:
         process.terminate()
         try:

@@ -17,9 +17,20 @@ from __future__ import annotations
 from tidelog.client.acls import AclBinding, AclFilter
 from tidelog.client.admin import AdminClient
 from tidelog.client.consumer import Consumer
-from tidelog.client.errors import BufferExhaustedError, ClosedError, LogTruncationError
+from tidelog.client.errors import (
+    BufferExhaustedError,
+    ClosedError,
+    LogTruncationError,
+    TransactionAbortedError,
+)
 from tidelog.client.producer import Producer
-from tidelog.client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
+from tidelog.client.types import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndTimestamp,
+    RecordMetadata,
+    TopicPartition,
+)
 from tidelog.storage.errors import (
     BrokerBusyError,
     BrokerUnavailableError,
@@ -31,9 +42,11 @@ from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidRequestError,
     InvalidTopicError,
+    InvalidTxnStateError,
     KafkaTimeoutError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
+    ProducerFencedError,
     RecordTooLargeError,
     RequestError,
     ResourceNotFoundError,
@@ -41,6 +54,7 @@ from tidelog.storage.errors import (
     TidelogError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
+    TransactionAbortableError,
     UnknownTopicOrPartitionError,
 )
 
@@ -55,6 +69,7 @@ __all__ = [
     "ClosedError",
     "ClusterAuthorizationFailedError",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "CorruptRecordError",
     "GroupAuthorizationFailedError",
@@ -62,12 +77,14 @@ __all__ = [
     "InvalidPartitionsError",
     "InvalidRequestError",
     "InvalidTopicError",
+    "InvalidTxnStateError",
     "KafkaTimeoutError",
     "LogTruncationError",
     "OffsetAndTimestamp",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "Producer",
+    "ProducerFencedError",
     "RecordMetadata",
     "RecordTooLargeError",
     "RequestError",
@@ -77,5 +94,7 @@ __all__ = [
     "TopicAlreadyExistsError",
     "TopicAuthorizationFailedError",
     "TopicPartition",
+    "TransactionAbortableError",
+    "TransactionAbortedError",
     "UnknownTopicOrPartitionError",
 ]

@@ -174,9 +174,12 @@ class RecordAccumulator(Generic[H]):
         compression: Compression = Compression.NONE,
         max_in_flight: int = 5,
         ordered_single_flight: bool = False,
+        transactional: bool = False,
     ) -> None:
         """``ordered_single_flight``: at most one batch in flight per partition (for
-        producers without idempotence), else up to ``max_in_flight``."""
+        producers without idempotence), else up to ``max_in_flight``. ``transactional``:
+        batches are encoded with the transactional attribute (a transactional producer)."""
+        self._transactional = transactional
         self._batch_size = batch_size
         self._buffer_memory = buffer_memory
         self._linger_ms = linger_ms
@@ -363,6 +366,7 @@ class RecordAccumulator(Generic[H]):
             producer_id=batch.producer_id,
             producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence,
+            is_transactional=self._transactional,
         )
         builder.extend(batch.timestamps, batch.keys, batch.values, batch.headers)
         batch.data = builder.build()

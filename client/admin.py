@@ -46,8 +46,9 @@ from typing import Literal, TypeVar
 
 from tidelog.client.admin_groups import GroupAdminCalls
 from tidelog.client.admin_security import SecurityAdminCalls
+from tidelog.client.admin_transactions import TransactionAdminCalls
 from tidelog.client.cluster import BrokerNode
-from tidelog.client.config import DEFAULT_BOOTSTRAP, AdminConfig, resolve_config
+from tidelog.client.config import DEFAULT_BOOTSTRAP, ISOLATION_LEVELS, AdminConfig, resolve_config
 from tidelog.client.connection import Connection, ConnectionFactory, ProducerState
 from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.offsets import list_offsets
@@ -106,12 +107,13 @@ class ClusterDescription:
     brokers: tuple[BrokerNode, ...]
 
 
-class AdminClient(GroupAdminCalls, SecurityAdminCalls):
+class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
     """Administers a broker or a cluster. Thread-safe.
 
     The cluster, topic, config, reassignment and offset calls are here; the group calls
     come from ``GroupAdminCalls`` (``client.admin_groups``), the ACL, user and quota
-    calls from ``SecurityAdminCalls`` (``client.admin_security``).
+    calls from ``SecurityAdminCalls`` (``client.admin_security``), the transaction calls
+    from ``TransactionAdminCalls`` (``client.admin_transactions``).
 
     Args:
         bootstrap_servers: ``HOST:PORT[,HOST:PORT...]``: any live broker of the cluster.
@@ -584,12 +586,19 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls):
     # --- offsets --------------------------------------------------------------------------
 
     def list_offsets(
-        self, queries: Mapping[TopicPartition, OffsetSpec], *, timeout_ms: int | None = None
+        self,
+        queries: Mapping[TopicPartition, OffsetSpec],
+        *,
+        timeout_ms: int | None = None,
+        isolation_level: str = "read_uncommitted",
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition: the log start (``"earliest"``), the log end (``"latest"``), the
         record with the largest timestamp (``"max_timestamp"``, the first of several that
         share it; KIP-734), or the first offset whose timestamp is at or after an int
         timestamp in ms.
+
+        ``isolation_level`` (Kafka's ``ListOffsetsOptions``): ``"read_committed"`` makes
+        ``"latest"`` the last stable offset instead of the high watermark.
 
         For earliest/latest the timestamp is -1. None where no record is that recent (or,
         for max_timestamp, where the partition holds no record).
@@ -610,7 +619,17 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls):
                     f"offset spec must be 'earliest', 'latest', 'max_timestamp' or ms, got {spec!r}"
                 )
             queries_ms[tp] = timestamp
-        answers = list_offsets(self._connections, queries_ms, timeout_ms)
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"isolation_level must be 'read_uncommitted' or 'read_committed', "
+                f"got {isolation_level!r}"
+            )
+        answers = list_offsets(
+            self._connections,
+            queries_ms,
+            timeout_ms,
+            isolation_level=ISOLATION_LEVELS[isolation_level],
+        )
         return {
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()

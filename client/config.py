@@ -25,6 +25,7 @@ from tidelog.client.security import check_settings as check_security_settings
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
+    "ISOLATION_LEVELS",
     "AdminConfig",
     "ConsumerConfig",
     "ProducerConfig",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7410"
+
+ISOLATION_LEVELS: dict[str, int] = {"read_uncommitted": 0, "read_committed": 1}
+"""Kafka's isolation levels by name, to the number Fetch and ListOffsets carry."""
 
 _INT32_MAX = 2**31 - 1
 
@@ -178,7 +182,10 @@ class ProducerConfig:
     - ``enable_idempotence``: the broker stores a retried batch once; needs
       ``max_in_flight_requests_per_connection <= 5`` and ``acks`` != 0 (the idempotent
       default ``acks="all"`` as Kafka's);
-    - ``max_request_size``: the largest request (and so the largest record) sent.
+    - ``max_request_size``: the largest request (and so the largest record) sent;
+    - ``transactional_id``: a transactional producer (``client.transactions``), which
+      needs ``enable_idempotence`` and ``acks="all"``; ``transaction_timeout_ms``: how long
+      the coordinator lets one of its transactions stay open before it aborts it.
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
@@ -204,6 +211,8 @@ class ProducerConfig:
     max_request_size: int = 1024 * 1024
     metadata_max_age_ms: int = 300_000
     reconnect_backoff_max_ms: int = 1_000
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60_000  # Kafka's default
     # Security (client.security, docs/security.md): kafka-python's names.
     security_protocol: str = "PLAINTEXT"
     ssl_cafile: str | None = None
@@ -232,8 +241,21 @@ class ProducerConfig:
                 "max_request_size": 1024,
                 "metadata_max_age_ms": 0,
                 "reconnect_backoff_max_ms": 1,
+                "transaction_timeout_ms": 1,
             },
         )
+        if self.transactional_id is not None:
+            _check(
+                "transactional_id",
+                isinstance(self.transactional_id, str) and bool(self.transactional_id),
+                "must be a non-empty string or None",
+                self.transactional_id,
+            )
+            # As Kafka's producer: a transactional producer is idempotent, with acks=all.
+            if not self.enable_idempotence:
+                raise ValueError("transactional_id needs enable_idempotence=True")
+            if self.acks != -1:
+                raise ValueError("transactional_id needs acks='all'")
         _check(
             "compression",
             self.compression in (None, "none", "gzip", "snappy", "lz4", "zstd"),
@@ -296,7 +318,14 @@ class ConsumerConfig:
     - ``group_instance_id``: a static member (Kafka's ``group.instance.id``, KIP-345):
       ``close`` keeps its partitions for ``session_timeout_ms`` and a consumer started
       again with the same id gets them back without a rebalance of the others; a second
-      live consumer with the same id fences the first (``FencedInstanceIdError``).
+      live consumer with the same id fences the first (``FencedInstanceIdError``);
+    - ``isolation_level``: ``read_uncommitted`` (default, as Kafka's Java client and
+      kafka-python; librdkafka defaults to read_committed) reads up to the high
+      watermark, the data records of open and aborted transactions included;
+      ``read_committed`` reads up to the last stable offset and never hands out a record
+      of an aborted transaction (``client.fetcher``); its ``end_offsets`` and
+      ``seek_to_end`` are the last stable offset (issue #28, ``docs/transactions.md``).
+      Control records (transaction markers) are never handed out at either level.
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
@@ -320,6 +349,7 @@ class ConsumerConfig:
     reconnect_backoff_max_ms: int = 1_000
     check_crcs: bool = True
     consumer_timeout_ms: int | None = None  # iteration stops after this long without records
+    isolation_level: str = "read_uncommitted"
     # Security (client.security, docs/security.md): kafka-python's names.
     security_protocol: str = "PLAINTEXT"
     ssl_cafile: str | None = None
@@ -357,6 +387,12 @@ class ConsumerConfig:
             self.auto_offset_reset in ("earliest", "latest", "none"),
             "must be 'earliest', 'latest' or 'none'",
             self.auto_offset_reset,
+        )
+        _check(
+            "isolation_level",
+            self.isolation_level in ISOLATION_LEVELS,
+            "must be 'read_uncommitted' or 'read_committed'",
+            self.isolation_level,
         )
         _check(
             "group_id",

@@ -103,6 +103,8 @@ class ProduceCall:
     # The leader epoch the producer's metadata names per partition (Kafka's
     # CurrentLeaderEpoch): a broker at another epoch refuses, and the producer refreshes.
     leader_epochs: Mapping[TopicPartition, int] = field(default_factory=dict)
+    # A transactional producer's id (its batches are transactional; client.transactions).
+    transactional_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,9 @@ class FetchCall:
     partitions: Sequence[tuple[TopicPartition, int, int]]
     # As ``ProduceCall.leader_epochs``: fences a consumer reading with stale metadata.
     leader_epochs: Mapping[TopicPartition, int] = field(default_factory=dict)
+    # Kafka's isolation level (``config.ISOLATION_LEVELS``): 1 read_committed reads up to
+    # the last stable offset and is told the aborted transactions (issue #28).
+    isolation_level: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,11 @@ class FetchResult:
     # Each returned batch's (last offset, sent ms, received ms), packed
     # (storage.batch_times's wire entries): the three timestamps.
     batch_times: bytes = b""
+    # Below it every transaction is decided (-1: unknown); read_committed fetches stop there.
+    last_stable_offset: int = -1
+    # read_committed fetches: (producer id, first offset) of each aborted transaction the
+    # records overlap, which the consumer skips (``client.fetcher``).
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,9 +230,14 @@ class Connection(Protocol):
         ...
 
     def list_offsets(
-        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+        self,
+        queries: Mapping[TopicPartition, int],
+        *,
+        timeout_ms: int | None,
+        isolation_level: int = 0,
     ) -> dict[TopicPartition, ListOffsetsResult]:
-        """Per partition -2 earliest, -1 latest, else a timestamp in ms."""
+        """Per partition -2 earliest, -1 latest, else a timestamp in ms. Latest is the high
+        watermark, or the last stable offset with ``isolation_level`` 1 (read_committed)."""
         ...
 
     def commit_offsets(
@@ -247,9 +262,16 @@ class Connection(Protocol):
         ...
 
     def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None,
+        require_stable: bool = False,
     ) -> dict[TopicPartition, CommittedOffset]:
-        """``fetch_committed`` with each offset's committed leader epoch."""
+        """``fetch_committed`` with each offset's committed leader epoch.
+        ``require_stable``: ``UnstableOffsetCommitError`` for an offset pending in an
+        undecided transaction (KIP-447)."""
         ...
 
     def offsets_for_leader_epochs(

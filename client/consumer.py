@@ -56,7 +56,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import TracebackType
 
-from tidelog.client.config import DEFAULT_BOOTSTRAP, ConsumerConfig, resolve_config
+from tidelog.client.config import (
+    DEFAULT_BOOTSTRAP,
+    ISOLATION_LEVELS,
+    ConsumerConfig,
+    resolve_config,
+)
 from tidelog.client.connection import ConnectionFactory
 from tidelog.client.coordinator import ConsumerCoordinator
 from tidelog.client.errors import ClosedError
@@ -78,7 +83,12 @@ from tidelog.client.positions import (
 from tidelog.client.rebalance import GroupSubscription, PartitionsCallback
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity
-from tidelog.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+from tidelog.client.types import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 from tidelog.storage.columns import ColumnBuilder
 from tidelog.storage.errors import (
     InvalidRequestError,
@@ -350,6 +360,23 @@ class Consumer:
             value = self._subscriptions.state(partition).high_watermark
         return None if value < 0 else value
 
+    def current_lag(self, partition: TopicPartition) -> int | None:
+        """How many offsets ``partition``'s position is behind the end the last fetch saw
+        (Kafka's ``currentLag``, KIP-695): the high watermark, or under read_committed the
+        last stable offset, as Kafka's consumer lag. No network call; None before a fetch
+        answered or while the position is unknown. Offsets, not records: markers and
+        aborted records count until the position passes them."""
+        with self._lock:
+            state = self._subscriptions.state(partition)
+            end = (
+                state.last_stable_offset
+                if self.config.isolation_level == "read_committed"
+                else state.high_watermark
+            )
+            if end < 0 or state.position is None:
+                return None
+            return max(end - state.position, 0)
+
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop fetching these partitions until ``resume``; positions are kept."""
         with self._lock:
@@ -376,7 +403,9 @@ class Consumer:
     def end_offsets(
         self, partitions: Iterable[TopicPartition], timeout_ms: int | None = None
     ) -> dict[TopicPartition, int]:
-        """The log end offset (the offset the next record will get) of each partition."""
+        """The end of each partition as this consumer reads it: the high watermark (the
+        offset the next record will get), or under read_committed the last stable offset
+        (where the first undecided transaction starts), as Kafka's ``endOffsets``."""
         return self._positions.list_offsets(
             dict.fromkeys(partitions, LATEST), self._timeout(timeout_ms)
         )
@@ -392,7 +421,12 @@ class Consumer:
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or ts < 0:
                 raise ValueError(f"timestamp for {tp} must be a non-negative int, got {ts!r}")
-        answers = list_offsets(self._connections, dict(timestamps), self._timeout(timeout_ms))
+        answers = list_offsets(
+            self._connections,
+            dict(timestamps),
+            self._timeout(timeout_ms),
+            isolation_level=ISOLATION_LEVELS[self.config.isolation_level],
+        )
         return {
             tp: None if offset < 0 else OffsetAndTimestamp(offset, timestamp)
             for tp, (offset, timestamp) in answers.items()
@@ -403,6 +437,19 @@ class Consumer:
         return set(partitions_of(self._connections, topic, self._timeout(timeout_ms)))
 
     # --- committed offsets (consumer groups) ------------------------------------------------
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """What a transactional producer sends with this consumer's offsets
+        (``Producer.send_offsets_to_transaction``, KIP-447): the group, and the member's
+        id and epoch (its generation) as they are now; a consumer outside a group
+        (``assign``) has member id "" and generation -1. ``ValueError`` without a
+        ``group_id``."""
+        group_id = self._require_group("group_metadata")
+        coordinator = None if self._group is None else self._group.coordinator
+        member_id, member_epoch = ("", -1) if coordinator is None else coordinator.member()
+        return ConsumerGroupMetadata(
+            group_id, member_epoch, member_id, self.config.group_instance_id
+        )
 
     def commit(
         self, offsets: Mapping[TopicPartition, int] | None = None, timeout_ms: int | None = None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from tidelog.client.types import TopicPartition
 from tidelog.storage.errors import ClientError, OffsetOutOfRangeError
 
-__all__ = ["BufferExhaustedError", "ClosedError", "LogTruncationError"]
+__all__ = ["BufferExhaustedError", "ClosedError", "LogTruncationError", "TransactionAbortedError"]
 
 
 class ClosedError(ClientError):
@@ -25,6 +25,14 @@ class BufferExhaustedError(ClientError):
 
     code = "BUFFER_EXHAUSTED"
     retriable = True
+
+
+class TransactionAbortedError(ClientError):
+    """The record was not sent: its transaction was aborted first (``abort_transaction``,
+    or an earlier failure that made the transaction abortable). Kafka's
+    ``TransactionAbortedException``."""
+
+    code = "TRANSACTION_ABORTED"
 
 
 class LogTruncationError(OffsetOutOfRangeError):

@@ -24,6 +24,12 @@ newer leader epoch puts its position under validation (KIP-320, ``client.fetcher
 ``Consumer`` asks OffsetForLeaderEpoch) and it is not fetched until then; each handed-out
 record's batch epoch becomes the position's epoch.
 
+Isolation (issue #28): fetches carry the consumer's ``isolation_level``; under
+read_committed the broker answers up to the last stable offset with the aborted
+transactions the records overlap, and ``CompletedFetch`` drops those (``client.fetcher``).
+The position moves past aborted batches and markers all the same, so it reaches the last
+stable offset once everything decided below it was read.
+
 Thread-safety: shares the consumer's lock and ``SubscriptionState``; the reader thread
 only touches them under that lock. ``collect`` belongs to the polling thread.
 """
@@ -39,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tidelog.client.cluster import ClusterMetadata
-from tidelog.client.config import ConsumerConfig
+from tidelog.client.config import ISOLATION_LEVELS, ConsumerConfig
 from tidelog.client.connection import FetchAnswer, FetchCall, FetchResult, FetchStream
 from tidelog.client.fetcher import (
     CompletedFetch,
@@ -116,6 +122,8 @@ class FetchSession:
         self._metadata_wanted = True
         self._correlation_id = 0
         self._closed = False
+        self._isolation_level = ISOLATION_LEVELS[config.isolation_level]
+        self._read_committed = config.isolation_level == "read_committed"
 
     # --- for the polling thread -----------------------------------------------------------
 
@@ -409,6 +417,7 @@ class FetchSession:
                     (t.tp, t.fetch_offset, config.max_partition_fetch_bytes) for t in group
                 ],
                 leader_epochs=self._leader_epochs_locked(group),
+                isolation_level=self._isolation_level,
             )
             for target in group:
                 self._subscriptions.partitions[target.tp].in_flight = True
@@ -520,6 +529,7 @@ class FetchSession:
                     got_data = True
                     continue
                 state.high_watermark = result.high_watermark
+                state.last_stable_offset = result.last_stable_offset
                 state.log_start_offset = result.log_start_offset
                 if not whole:
                     continue
@@ -534,6 +544,11 @@ class FetchSession:
                         whole_bytes=whole,
                         check_crcs=self.config.check_crcs,
                         batch_times=result.batch_times,
+                        # Filtered only at our level: a broker answering a read_committed
+                        # fetch names the aborted transactions, and only then.
+                        aborted_transactions=(
+                            result.aborted_transactions if self._read_committed else None
+                        ),
                     )
                 )
                 state.buffered += 1

@@ -31,12 +31,23 @@ returns whole batches, so the first one may start before the fetch offset), cont
 batches are skipped, and after a batch the position moves to the batch's next offset,
 which steps over offsets that compaction removed (gaps) and over emptied batches.
 
+read_committed (issue #28): the broker serves only offsets below the last stable offset
+and names the aborted transactions the answer overlaps, ``(producer id, first offset)``;
+``AbortedFilter`` drops their batches with Kafka's algorithm (Java's ``CompletedFetch``,
+reference ``transactions.md`` 7.3): walking the batches in offset order, a transaction
+whose first offset is at or below a batch's last offset makes its producer "aborted"
+until that producer's ABORT marker; a transactional data batch of an aborted producer is
+skipped whole, and the position steps over it as over a control batch. The decision is
+made on batch headers (and the marker's key), before any record is decoded, so it holds
+alike for the C codec and the pure-Python one, for ``take`` and ``take_columns``.
+
 Pure and not thread-safe: the consumer guards ``SubscriptionState`` with its lock; a
 ``CompletedFetch`` belongs to the thread that polls.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,8 +55,11 @@ from dataclasses import dataclass
 from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.storage.batch_times import decode_wire
 from tidelog.storage.columns import ColumnBuilder, decode_batch_into
+from tidelog.storage.control import read_marker
 from tidelog.storage.errors import TidelogError
 from tidelog.storage.records import (
+    NO_PRODUCER_ID,
+    BatchHeader,
     decode_batch_as,
     iter_batch_headers,
     read_header,
@@ -53,6 +67,7 @@ from tidelog.storage.records import (
 )
 
 __all__ = [
+    "AbortedFilter",
     "CompletedFetch",
     "FetchTarget",
     "PartitionState",
@@ -75,6 +90,7 @@ class PartitionState:
     reset: str | None = None  # a pending "earliest"/"latest" reset
     epoch: int = 0
     high_watermark: int = -1
+    last_stable_offset: int = -1  # as the last fetch saw it; -1 unknown
     log_start_offset: int = -1
     in_flight: bool = False
     paused: bool = False
@@ -251,14 +267,59 @@ def next_fetch_offset(records: bytes, fetch_offset: int) -> tuple[int, int]:
     return next_offset, whole
 
 
+class AbortedFilter:
+    """Which batches of one read_committed fetch answer belong to aborted transactions.
+
+    Built from the answer's ``aborted_transactions`` (``(producer id, first offset)``);
+    ``skips`` is asked about every batch of the answer in offset order (asking again
+    about the same batch, as a decode retried after an error does, answers the same).
+    Kafka's rule, reference ``transactions.md`` 7.3. Not thread-safe.
+    """
+
+    __slots__ = ("_aborted_pids", "_pending")
+
+    def __init__(self, aborted_transactions: Iterable[tuple[int, int]]) -> None:
+        # A min-heap by first offset: a transaction counts from the first batch that
+        # reaches its first offset.
+        self._pending = [(first, pid) for pid, first in aborted_transactions]
+        heapq.heapify(self._pending)
+        self._aborted_pids: set[int] = set()
+
+    def skips(self, data: bytes, position: int, header: BatchHeader) -> bool:
+        """Whether the batch at ``position`` of ``data`` (its ``header``) is aborted data.
+
+        A control batch is never "skipped" here (the caller never hands one out anyway);
+        its ABORT marker ends its producer's aborted transaction, so that producer's
+        later transactions count again. Raises ``CorruptRecordError`` for a marker whose
+        record does not decode.
+        """
+        pid = header.producer_id
+        if pid == NO_PRODUCER_ID:
+            return False
+        pending = self._pending
+        while pending and pending[0][0] <= header.last_offset:
+            self._aborted_pids.add(heapq.heappop(pending)[1])
+        if pid not in self._aborted_pids:
+            return False
+        if header.is_control:
+            marker = read_marker(data, position)
+            if marker is not None and not marker.commit:
+                self._aborted_pids.discard(pid)
+            return False
+        return header.is_transactional
+
+
 class CompletedFetch:
     """One partition's answer to one fetch: records handed out lazily. Not thread-safe.
 
     ``error`` set means the fetch failed (e.g. ``OffsetOutOfRangeError``); it is seen in
-    order, after the answers fetched before it.
+    order, after the answers fetched before it. ``aborted_transactions`` (read_committed
+    answers only; None reads everything, as read_uncommitted): the batches of those
+    transactions are skipped (``AbortedFilter``).
     """
 
     __slots__ = (
+        "_aborted",
         "_batch_next_offset",
         "_check_crcs",
         "_cursor",
@@ -289,8 +350,11 @@ class CompletedFetch:
         check_crcs: bool = True,
         error: TidelogError | None = None,
         batch_times: bytes = b"",
+        aborted_transactions: Iterable[tuple[int, int]] | None = None,
     ) -> None:
         self.tp = tp
+        # Nothing to filter without an aborted transaction in the answer.
+        self._aborted = AbortedFilter(aborted_transactions) if aborted_transactions else None
         # Batch last offset -> (sent_ms, received_ms), from the fetch answer's batch_times.
         self._times = decode_wire(batch_times) if batch_times else {}
         self.epoch = epoch
@@ -349,10 +413,12 @@ class CompletedFetch:
                 break
             header = read_header(data, self._cursor)
             batch_next = header.base_offset + header.last_offset_delta + 1
+            # Asked of every batch, in order: the filter's state follows the markers.
+            aborted = self._aborted is not None and self._aborted.skips(data, self._cursor, header)
             if batch_next <= position:
                 self._cursor += header.batch_length + 12  # wholly before the position
                 continue
-            if header.is_control or header.records_count == 0:
+            if header.is_control or header.records_count == 0 or aborted:
                 self._cursor += header.batch_length + 12
                 position = batch_next  # nothing for the application: step over it
                 continue
@@ -415,10 +481,11 @@ class CompletedFetch:
         while builder.rows - start_rows < max_records and self._cursor < self._end:
             header = read_header(data, self._cursor)
             batch_next = header.base_offset + header.last_offset_delta + 1
+            aborted = self._aborted is not None and self._aborted.skips(data, self._cursor, header)
             if batch_next <= position:
                 self._cursor += header.batch_length + 12  # wholly before the position
                 continue
-            if header.is_control or header.records_count == 0:
+            if header.is_control or header.records_count == 0 or aborted:
                 self._cursor += header.batch_length + 12
                 position = batch_next  # nothing for the application: step over it
                 continue

@@ -154,7 +154,11 @@ class GrpcConnection:
         return BrokerNode(node.id, node.host, node.port)
 
     def list_offsets(
-        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+        self,
+        queries: Mapping[TopicPartition, int],
+        *,
+        timeout_ms: int | None,
+        isolation_level: int = 0,
     ) -> dict[TopicPartition, ListOffsetsResult]:
         response = self.transport.call(
             self.transport.stub.ListOffsets,
@@ -162,7 +166,8 @@ class GrpcConnection:
                 partitions=[
                     pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp_ms=ts)
                     for tp, ts in queries.items()
-                ]
+                ],
+                isolation_level=isolation_level,
             ),
             what="ListOffsets",
             timeout_ms=timeout_ms,
@@ -251,13 +256,19 @@ class GrpcConnection:
         return out
 
     def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None,
+        require_stable: bool = False,
     ) -> dict[TopicPartition, CommittedOffset]:
         response = self.transport.call(
             self.transport.stub.OffsetFetch,
             pb.OffsetFetchRequest(
                 group_id=group_id,
                 partitions=topic_partitions(partitions),
+                require_stable=require_stable,
             ),
             what="OffsetFetch",
             timeout_ms=timeout_ms,

@@ -100,6 +100,8 @@ def produce_request(call: ProduceCall) -> pb.ProduceRequest:
     )
     if call.sent_timestamp_ms is not None:
         request.sent_timestamp_ms = call.sent_timestamp_ms
+    if call.transactional_id is not None:
+        request.transactional_id = call.transactional_id
     return request
 
 
@@ -195,6 +197,7 @@ class GrpcFetchStream:
                     _fetch_partition(tp, offset, max_bytes, call.leader_epochs.get(tp))
                     for tp, offset, max_bytes in call.partitions
                 ],
+                isolation_level=call.isolation_level,
             )
         )
 
@@ -211,7 +214,14 @@ class GrpcFetchStream:
                 # r.records: the one copy out of protobuf; the consumer keeps this object.
                 results.append(
                     FetchResult(
-                        tp, r.records, r.high_watermark, r.log_start_offset, error, r.batch_times
+                        tp,
+                        r.records,
+                        r.high_watermark,
+                        r.log_start_offset,
+                        error,
+                        r.batch_times,
+                        r.last_stable_offset,
+                        tuple((a.producer_id, a.first_offset) for a in r.aborted_transactions),
                     )
                 )
             yield FetchAnswer(response.correlation_id, results)

@@ -68,9 +68,13 @@ class _PartitionSequences:
 class SequenceTable:
     """Per-partition producer identity and sequences of one idempotent producer."""
 
-    __slots__ = ("_epoch", "_partitions", "_producer_id", "_stale_ids")
+    __slots__ = ("_epoch", "_external", "_partitions", "_producer_id", "_stale_ids")
 
-    def __init__(self) -> None:
+    def __init__(self, *, external_identity: bool = False) -> None:
+        """``external_identity``: the identity is set by its owner (a transactional
+        producer's ``client.transactions``), never asked for by the sender: the table
+        never reports ``needs_producer_id``, and the owner decides when a batch may go."""
+        self._external = external_identity
         self._producer_id = -1
         self._epoch = -1
         self._partitions: dict[TopicPartition, _PartitionSequences] = {}
@@ -86,12 +90,21 @@ class SequenceTable:
     @property
     def needs_producer_id(self) -> bool:
         """True until ``InitProducerId`` answered, and after a partition started over."""
+        if self._external:
+            return False
         return self._producer_id < 0 or self._producer_id in self._stale_ids
 
     def set_producer_id(self, producer_id: int, epoch: int) -> None:
         """The identity that partitions without sequences yet will use."""
         self._producer_id = producer_id
         self._epoch = epoch
+
+    def restart(self, producer_id: int, epoch: int) -> None:
+        """A new identity for every partition, each from sequence 0 (a transactional
+        producer's epoch bump): everything known of the old one is forgotten."""
+        self._partitions.clear()
+        self._stale_ids.clear()
+        self.set_producer_id(producer_id, epoch)
 
     # --- sending ------------------------------------------------------------------------
 

@@ -166,8 +166,13 @@ class InMemoryConnection:
             return cluster.nodes[broker_id]
 
     def list_offsets(
-        self, queries: Mapping[TopicPartition, int], *, timeout_ms: int | None
+        self,
+        queries: Mapping[TopicPartition, int],
+        *,
+        timeout_ms: int | None,
+        isolation_level: int = 0,
     ) -> dict[TopicPartition, ListOffsetsResult]:
+        # No transactions here: the last stable offset is the log end at either level.
         cluster = self._cluster
         with cluster._lock:
             broker_id = self._enter("list_offsets")
@@ -203,7 +208,12 @@ class InMemoryConnection:
             return {}
 
     def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition], *, timeout_ms: int | None
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        timeout_ms: int | None,
+        require_stable: bool = False,  # no transactions in memory: always stable
     ) -> dict[TopicPartition, CommittedOffset]:
         found = self.fetch_committed(group_id, partitions, timeout_ms=timeout_ms)
         with self._cluster._lock:

@@ -18,12 +18,13 @@ Stateless and thread-safe.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 from tidelog.client.connection import CommittedOffset, Connection, EpochEndResult
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.types import TopicPartition
-from tidelog.storage.errors import TidelogError
+from tidelog.storage.errors import TidelogError, UnstableOffsetCommitError
 
 __all__ = [
     "commit_offsets",
@@ -34,13 +35,22 @@ __all__ = [
     "partitions_of",
 ]
 
+# How long a read_committed consumer waits before asking again for an offset pending in
+# a transaction (Kafka's consumer: retry.backoff.ms, 100 ms).
+_UNSTABLE_BACKOFF_S = 0.1
+
 
 def list_offsets(
     connections: ClusterConnections,
     queries: Mapping[TopicPartition, int],
     timeout_ms: int | None,
+    *,
+    isolation_level: int = 0,
 ) -> dict[TopicPartition, tuple[int, int]]:
     """``(offset, timestamp_ms)`` per partition; offset -1 where no record is that recent.
+
+    Latest (-1) is the high watermark, or the last stable offset with ``isolation_level``
+    1 (read_committed), as Kafka's ListOffsets answers.
 
     Raises a partition's error (``UnknownTopicOrPartitionError``...; an offline
     partition's ``LeaderNotAvailableError`` once ``timeout_ms`` passed) or the call's.
@@ -49,7 +59,9 @@ def list_offsets(
     def ask(
         connection: Connection, batch: dict[TopicPartition, int], timeout: int
     ) -> dict[TopicPartition, tuple[int, int] | TidelogError]:
-        answers = connection.list_offsets(batch, timeout_ms=timeout)
+        answers = connection.list_offsets(
+            batch, timeout_ms=timeout, isolation_level=isolation_level
+        )
         return {
             tp: (r.offset, r.timestamp_ms) if r.error is None else r.error
             for tp, r in answers.items()
@@ -137,15 +149,33 @@ def fetch_committed_offsets(
     group_id: str,
     partitions: Iterable[TopicPartition],
     timeout_ms: int,
+    *,
+    require_stable: bool = False,
 ) -> dict[TopicPartition, CommittedOffset]:
-    """``fetch_committed`` with each offset's committed leader epoch (-1: unknown)."""
+    """``fetch_committed`` with each offset's committed leader epoch (-1: unknown).
+
+    ``require_stable`` (KIP-447; a read_committed consumer's, as Kafka's consumer sets
+    it): while the group's offset of a partition is pending in an undecided transaction
+    the coordinator answers ``UNSTABLE_OFFSET_COMMIT``, and the call is made again every
+    ``_UNSTABLE_BACKOFF_S`` until the marker is written or ``timeout_ms`` passes (then the
+    error is raised). Without it a consumer that takes over right after a transaction's
+    commit could start from the offset before it and process its input twice.
+    """
     wanted = list(partitions)
-    return connections.run(
-        connections.route_coordinator(group_id),
-        lambda connection, timeout: connection.fetch_committed_offsets(
-            group_id, wanted, timeout_ms=timeout
-        ),
-        what=f"OffsetFetch {group_id}",
-        timeout_ms=timeout_ms,
-        group_id=group_id,
-    )
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        left = max(int((deadline - time.monotonic()) * 1000), 1)
+        try:
+            return connections.run(
+                connections.route_coordinator(group_id),
+                lambda connection, timeout: connection.fetch_committed_offsets(
+                    group_id, wanted, timeout_ms=timeout, require_stable=require_stable
+                ),
+                what=f"OffsetFetch {group_id}",
+                timeout_ms=left,
+                group_id=group_id,
+            )
+        except UnstableOffsetCommitError:
+            if time.monotonic() + _UNSTABLE_BACKOFF_S >= deadline:
+                raise
+            time.sleep(_UNSTABLE_BACKOFF_S)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
-from tidelog.client.config import ConsumerConfig
+from tidelog.client.config import ISOLATION_LEVELS, ConsumerConfig
 from tidelog.client.connection import CommittedOffset
 from tidelog.client.errors import LogTruncationError
 from tidelog.client.fetcher import SubscriptionState, check_position
@@ -253,7 +253,14 @@ class PositionLookups:
     def list_offsets(
         self, queries: Mapping[TopicPartition, int], timeout_ms: int
     ) -> dict[TopicPartition, int]:
-        answers = list_offsets(self._connections, queries, timeout_ms)
+        # At the consumer's isolation level: a read_committed consumer's latest (its
+        # seek_to_end, its end_offsets) is the last stable offset, as Kafka's.
+        answers = list_offsets(
+            self._connections,
+            queries,
+            timeout_ms,
+            isolation_level=ISOLATION_LEVELS[self._config.isolation_level],
+        )
         return {tp: offset for tp, (offset, _) in answers.items()}
 
     def fetch_committed(
@@ -266,7 +273,15 @@ class PositionLookups:
         group_id = self._config.group_id
         assert group_id is not None
         try:
-            return fetch_committed_offsets(self._connections, group_id, partitions, timeout_ms)
+            # A read_committed consumer waits out an offset pending in a transaction
+            # (KIP-447), as Kafka's: it must not resume before a committed input.
+            return fetch_committed_offsets(
+                self._connections,
+                group_id,
+                partitions,
+                timeout_ms,
+                require_stable=self._config.isolation_level == "read_committed",
+            )
         except InvalidRequestError as exc:
             if not tolerate_unsupported:
                 raise

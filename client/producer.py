@@ -18,6 +18,19 @@ retries what fails retriably, and completes the futures. With ``enable_idempoten
 (the default) every batch carries a producer id and sequence numbers, so a retry is
 stored once, and records of a partition are stored in the order they were sent.
 
+Transactions (``transactional_id=...``, kafka-python's names; ``client.transactions``)::
+
+    producer = Producer("127.0.0.1:7410", transactional_id="copier-1")
+    producer.init_transactions()            # fences older instances of "copier-1"
+    producer.begin_transaction()
+    producer.send("out", b"...")
+    producer.send_offsets_to_transaction({tp: next_offset}, consumer.group_metadata())
+    producer.commit_transaction()           # or abort_transaction()
+
+Every record sent between ``begin_transaction`` and ``commit_transaction`` (to any
+partitions), and the offsets sent with it, is visible to ``read_committed`` consumers if
+and only if the transaction commits.
+
 Thread-safe: any number of threads may ``send`` at once. Callbacks (``callback=`` or
 ``future.add_done_callback``) run on the producer's I/O thread: keep them short and do
 not call ``flush``/``close`` from them.
@@ -46,8 +59,15 @@ from tidelog.client.partitioner import NATIVE_MURMUR2, StickyPartitioner, murmur
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity
 from tidelog.client.sender import ParkedRecord, Sender, now_ms
-from tidelog.client.types import Header, RecordMetadata, TopicPartition
+from tidelog.client.transactions import (
+    TransactionManager,
+    TxnState,
+    group_metadata_of,
+    offsets_of,
+)
+from tidelog.client.types import ConsumerGroupMetadata, Header, RecordMetadata, TopicPartition
 from tidelog.storage.errors import (
+    InvalidTxnStateError,
     KafkaTimeoutError,
     RecordTooLargeError,
     TidelogError,
@@ -126,17 +146,36 @@ class Producer:
             compression=compression,
             max_in_flight=config.max_in_flight_requests_per_connection,
             ordered_single_flight=not config.enable_idempotence,
+            transactional=config.transactional_id is not None,
+        )
+        self._txn = (
+            None
+            if config.transactional_id is None
+            else TransactionManager(
+                config.transactional_id,
+                config.transaction_timeout_ms,
+                self._connections,
+                request_timeout_ms=config.request_timeout_ms,
+                retry_backoff_ms=config.retry_backoff_ms,
+            )
+        )
+        # A transactional producer's identity is the transaction manager's to set.
+        self._sequences = (
+            SequenceTable(external_identity=self._txn is not None)
+            if config.enable_idempotence
+            else None
         )
         self._partitioner = StickyPartitioner(batch_size)
         self._sender = Sender(
             config,
             self._connections,
             self._accumulator,
-            SequenceTable() if config.enable_idempotence else None,
+            self._sequences,
             self._partitioner,
             self._lock,
             self._futures_condition,
             wall_clock=wall_clock or now_ms,
+            transactions=self._txn,
         )
         # The largest record that can travel alone: a batch header plus the record must
         # fit in one request, and in the buffer.
@@ -188,6 +227,8 @@ class Producer:
         fatal = self._sender.fatal_error
         if fatal is not None:
             raise _fatal_copy(fatal)
+        if self._txn is not None:
+            self._txn.check_send()
         if topic.__class__ is not str or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
         size = RECORD_OVERHEAD_BYTES
@@ -353,6 +394,89 @@ class Producer:
             if not sender.memory_waiters:
                 accumulator.waiting_for_memory = False
 
+    # --- transactions (client.transactions) ----------------------------------------------
+
+    def _transactions(self, timeout_ms: int | None) -> tuple[TransactionManager, int]:
+        if self._txn is None:
+            raise InvalidTxnStateError("not a transactional producer (no transactional_id)")
+        if self._closed:
+            raise ClosedError("the producer is closed")
+        return self._txn, self.config.max_block_ms if timeout_ms is None else timeout_ms
+
+    def init_transactions(self, timeout_ms: int | None = None) -> None:
+        """Register the transactional id with its coordinator, once, before the first
+        transaction: an older producer with the same id is fenced (its next call fails
+        with ``ProducerFencedError``) and a transaction it left open is aborted.
+
+        Raises ``KafkaTimeoutError`` after ``timeout_ms`` (default ``max_block_ms``; may
+        be called again), ``TransactionalIdAuthorizationFailedError`` (fatal)."""
+        txn, timeout = self._transactions(timeout_ms)
+        producer_id, epoch = txn.init(timeout)
+        with self._lock:
+            assert self._sequences is not None
+            self._sequences.restart(producer_id, epoch)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: records sent from now on belong to it. Raises
+        ``InvalidTxnStateError`` before ``init_transactions`` or inside a transaction."""
+        txn, _ = self._transactions(None)
+        txn.begin()
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        group_metadata: ConsumerGroupMetadata | str,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Commit a consumer group's ``offsets`` (each the next offset to read) as part
+        of the transaction: they become the group's committed offsets if and only if it
+        commits. ``group_metadata``: the consumer's ``group_metadata()`` (a zombie
+        member's offsets are refused, KIP-447), or a bare group id (no member check).
+        A refusal makes the transaction abortable (``ProducerFencedError``: fatal)."""
+        txn, timeout = self._transactions(timeout_ms)
+        txn.send_offsets(offsets_of(offsets), group_metadata_of(group_metadata), timeout)
+
+    def commit_transaction(self, timeout_ms: int | None = None) -> None:
+        """Flush every record of the transaction, then commit it. Raises
+        ``TransactionAbortableError`` (its ``__cause__`` the error that made the
+        transaction fail: a record refused, offsets refused; ``abort_transaction`` is the
+        only way on), ``ProducerFencedError`` (fatal), or ``KafkaTimeoutError`` after
+        ``timeout_ms`` (default ``max_block_ms``; call it again to finish the commit)."""
+        txn, timeout = self._transactions(timeout_ms)
+        deadline = now_ms() + timeout
+        if txn.begin_commit():
+            self._flush_transaction(txn, deadline)
+        txn.end(True, max(deadline - now_ms(), 1))
+
+    def abort_transaction(self, timeout_ms: int | None = None) -> None:
+        """Abort the transaction: records not sent yet fail with
+        ``TransactionAbortedError``, the ones in flight are waited for, and nothing of the
+        transaction becomes visible to ``read_committed`` consumers. Then the epoch is
+        bumped (every partition's sequence starts again). Raises ``ProducerFencedError``
+        (fatal) or ``KafkaTimeoutError`` after ``timeout_ms`` (call it again)."""
+        txn, timeout = self._transactions(timeout_ms)
+        deadline = now_ms() + timeout
+        txn.begin_abort()
+        self._flush_transaction(txn, deadline)
+        txn.end(False, max(deadline - now_ms(), 1))
+        producer_id, epoch = txn.bump_epoch(max(deadline - now_ms(), 1))
+        with self._lock:
+            assert self._sequences is not None
+            self._sequences.restart(producer_id, epoch)
+
+    def _flush_transaction(self, txn: TransactionManager, deadline: int) -> None:
+        """Wait until every record sent is stored or failed (the sender fails the unsent
+        ones of a transaction that is aborting or abortable at once)."""
+        with self._lock:
+            self._sender.wakeup.notify()
+        try:
+            self.flush(max(deadline - now_ms(), 0))
+        except KafkaTimeoutError as exc:
+            raise KafkaTimeoutError(
+                f"the records of transactional id {txn.transactional_id!r} were not all "
+                f"sent in time: {exc}"
+            ) from exc
+
     # --- metadata -------------------------------------------------------------------------
 
     def partitions_for(self, topic: str, timeout_ms: int | None = None) -> set[int]:
@@ -409,6 +533,16 @@ class Producer:
         with self._close_lock:
             if self._closed:
                 return
+            txn = self._txn
+            if txn is not None and txn.state in (TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR):
+                # As Kafka's producer: a transaction left open at close is aborted rather
+                # than left to hold the partitions' last stable offset until its timeout.
+                try:
+                    self.abort_transaction(
+                        self.config.max_block_ms if timeout_ms is None else timeout_ms
+                    )
+                except TidelogError as exc:
+                    log.warning("closing: the open transaction was not aborted: %s", exc)
             self._closed = True
             sender = self._sender
             sender.begin_close()

@@ -53,6 +53,7 @@ from tidelog.client.idempotence import Decision, ResetMode, SequenceTable
 from tidelog.client.partitioner import StickyPartitioner, partition_for_key
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
 from tidelog.client.topic_errors import topic_errors
+from tidelog.client.transactions import TransactionManager
 from tidelog.client.types import Header, TopicPartition
 from tidelog.storage.errors import (
     BrokerUnavailableError,
@@ -147,6 +148,7 @@ class Sender:
         futures_condition: threading.Condition,
         *,
         wall_clock: Callable[[], int] = now_ms,
+        transactions: TransactionManager | None = None,
     ) -> None:
         # Stamps each request's send time (the device's clock, which may be wrong: the
         # broker's received time minus it is how consumers correct record timestamps).
@@ -155,6 +157,9 @@ class Sender:
         self._connections = connections
         self._accumulator = accumulator
         self._sequences = sequences
+        # A transactional producer's state (client.transactions): which partitions may
+        # send, the transactional id on each request, and failures that make it abortable.
+        self._txn = transactions
         self._partitioner = partitioner
         self._lock = lock
         self._futures_condition = futures_condition
@@ -297,8 +302,10 @@ class Sender:
         switch interval (5 ms) waiting for the GIL afterwards.
         """
         sequences = self._sequences
+        txn = self._txn
         return (
-            bool(self._parked)
+            (txn is not None and txn.has_pending_adds(now_ms()))
+            or bool(self._parked)
             or self._metadata_wanted
             or (sequences is not None and sequences.needs_producer_id)
             or now_ms() >= self._next_metadata_refresh_ms
@@ -338,6 +345,8 @@ class Sender:
         if need_id:
             assert sequences is not None
             self._init_producer_id(sequences)
+        if self._txn is not None and self._txn.has_pending_adds(now):
+            self._txn.add_pending(now)
         if topics or wanted:
             self._refresh_metadata(topics)
 
@@ -523,6 +532,11 @@ class Sender:
             sequences = self._sequences
             for batch in accumulator.expire(now, config.delivery_timeout_ms):
                 self._expire_locked(batch, now, settlements)
+            aborted = None if self._txn is None else self._txn.undrained_error()
+            if aborted is not None:  # the transaction ends unsent batches (transactions.py)
+                for batch in accumulator.abort_all():
+                    accumulator.deallocate(batch)
+                    settlements.fail(batch.handles, aborted)
             if sequences is not None:
                 self._finish_resets_locked(sequences, settlements)
             wait_ms: int | None = None
@@ -571,6 +585,8 @@ class Sender:
                     wait_ms = _min(wait_ms, record.deadline_ms - now)
             if sequences is not None and sequences.needs_producer_id:
                 wait_ms = _min(wait_ms, max(self._producer_id_backoff_until - now, 1))
+            if self._txn is not None and self._txn.has_pending_adds():
+                wait_ms = _min(wait_ms, max(self._txn.add_retry_at_ms - now, 1))
             if self._parked:
                 wait_ms = _min(wait_ms, max(self._metadata_backoff_until - now, 1))
             if settlements:
@@ -593,10 +609,13 @@ class Sender:
         without a known leader are added to ``leaderless`` (the lock is held)."""
         sequences = self._sequences
         sequence_check = None if sequences is None else sequences.can_send
+        txn_check = None if self._txn is None else self._txn.can_send
         links = self._links
         limit = self._config.max_in_flight_requests_per_connection
 
         def can_send(tp: TopicPartition, flying: int) -> bool:
+            if txn_check is not None and not txn_check(tp):
+                return False
             if sequence_check is not None and not sequence_check(tp, flying):
                 return False
             leader = self._leader_locked(tp)
@@ -625,6 +644,8 @@ class Sender:
             self._reset_errors.setdefault(tp, error)
         self._accumulator.deallocate(batch)
         settlements.fail(batch.handles, error)
+        if self._txn is not None:
+            self._txn.batch_failed(error)
 
     def _finish_resets_locked(self, sequences: SequenceTable, settlements: _Settlements) -> None:
         for tp in sequences.resetting():
@@ -668,6 +689,7 @@ class Sender:
             self._config.request_timeout_ms,
             encoded,
             leader_epochs=epochs,
+            transactional_id=None if self._txn is None else self._txn.transactional_id,
         )
         settlements = _Settlements()
         stream: ProduceStream | None = None
@@ -837,6 +859,8 @@ class Sender:
         else:
             self._accumulator.complete(batch)
             settlements.fail(batch.handles, error)
+            if self._txn is not None:
+                self._txn.batch_failed(error)
 
     def _detach_locked(
         self, broker_id: int, error: TidelogError, settlements: _Settlements

@@ -23,6 +23,7 @@ __all__ = [
     "ConfigEntry",
     "ConfigResource",
     "ConfigSynonym",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "GroupDescription",
     "GroupMember",
@@ -39,6 +40,8 @@ __all__ = [
     "TopicDescription",
     "TopicPartition",
     "TopicSummary",
+    "TransactionDescription",
+    "TransactionListing",
 ]
 
 Header = tuple[str, bytes | None]
@@ -306,3 +309,43 @@ class GroupDescription:
     group_epoch: int
     members: tuple[GroupMember, ...]
     partitions: tuple[GroupPartitionLag, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupMetadata:
+    """What a transactional producer needs of the consumer whose offsets it commits
+    (``Consumer.group_metadata()``, Kafka's ``ConsumerGroupMetadata``, KIP-447): the
+    group, the member's generation (its member epoch; -1 outside a group) and id ("" for
+    none), and its static instance id. The broker refuses the offsets of a member that is
+    no longer the group's at that generation: a zombie consumer's output cannot commit."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionListing:
+    """``AdminClient.list_transactions``: one transactional id a coordinator knows."""
+
+    transactional_id: str
+    producer_id: int
+    state: str  # Kafka's names: Empty, Ongoing, PrepareCommit, CompleteCommit, ...
+    coordinator_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    """``AdminClient.describe_transactions``: a transactional id's state (Kafka's
+    ``kafka-transactions.sh describe``). ``transaction_start_time_ms`` is -1 when no
+    transaction is open; ``partitions`` are those of the open (or completing) one."""
+
+    transactional_id: str
+    coordinator_id: int
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int
+    partitions: tuple[TopicPartition, ...]

@@ -1,8 +1,12 @@
 """What the driver asks the broker: which partitions a query reads, and their offsets.
 
 ``BrokerView`` resolves ``subscribe`` / ``subscribePattern`` / ``assign`` into
-topic-partitions with their log start offset, high watermark (the readable end) and
-timestamp type, and resolves starting timestamps. It runs on the driver only (inside the
+topic-partitions with their log start offset, readable end and timestamp type, and
+resolves starting timestamps. The readable end is the high watermark, or under
+``isolation.level=read_committed`` the last stable offset (ListOffsets latest at that
+level): a micro-batch never ends inside an undecided transaction, so a batch's records
+are the same whenever it is read (re-run after a failure included), as Spark's Kafka
+source under read_committed. It runs on the driver only (inside the
 stream reader's planning calls); its ``AdminClient`` opens on first use, never in a
 constructor, and is dropped when the object is pickled.
 
@@ -31,7 +35,7 @@ class PartitionInfo:
     """One partition as the broker describes it now."""
 
     log_start_offset: int
-    high_watermark: int
+    high_watermark: int  # the readable end: the last stable offset under read_committed
     timestamp_type: int  # 0 CreateTime, 1 LogAppendTime (Spark's timestampType column)
 
 
@@ -98,7 +102,9 @@ class BrokerView:
         # only the leader knows a partition's log start and high watermark, and a batch's
         # end must never pass the high watermark the leader reported.
         earliest = self.admin.list_offsets(dict.fromkeys(found, "earliest"))
-        latest = self.admin.list_offsets(dict.fromkeys(found, "latest"))
+        latest = self.admin.list_offsets(
+            dict.fromkeys(found, "latest"), isolation_level=self._options.isolation_level
+        )
         out: dict[TopicPartition, PartitionInfo] = {}
         for tp, timestamp_type in found.items():
             start, end = earliest.get(tp), latest.get(tp)

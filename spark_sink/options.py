@@ -42,6 +42,8 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:7410"
 # Keys Spark itself may put into a data source's options; accepted and ignored.
 _SPARK_KEYS = frozenset({"path", "checkpointlocation"})
 _BOOTSTRAP_KEYS = ("bootstrap.servers", "kafka.bootstrap.servers")
+_ISOLATION_KEYS = ("isolation.level", "kafka.isolation.level")
+_ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 _MAX_EPOCH_SPAN = 32767
 _LATEST = OffsetSpec("latest")
 
@@ -147,9 +149,23 @@ _READ_KEYS = frozenset(
         "maxrecordsperpartition",
         "requesttimeoutms",
         "fetchmaxbytes",
+        *_ISOLATION_KEYS,
         *_SECURITY_KEYS,
     }
 )
+
+
+def _isolation_level(options: Mapping[str, str]) -> str:
+    """``isolation.level`` or Spark's ``kafka.isolation.level`` (they must agree)."""
+    given = {options[k].strip().lower() for k in _ISOLATION_KEYS if k in options}
+    if len(given) > 1:
+        raise ValueError("options isolation.level and kafka.isolation.level disagree")
+    level = given.pop() if given else "read_uncommitted"
+    if level not in _ISOLATION_LEVELS:
+        raise ValueError(
+            f"option isolation.level must be read_uncommitted or read_committed, got {level!r}"
+        )
+    return level
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +181,11 @@ class ReadOptions:
     - ``fail_on_data_loss``: raise when retention deleted offsets a batch needs, or else
       skip to the log start and log a warning;
     - ``min_partitions`` / ``max_records_per_partition``: how offset ranges are cut into
-      Spark input partitions.
+      Spark input partitions;
+    - ``isolation_level`` (``isolation.level`` or ``kafka.isolation.level``):
+      ``read_uncommitted`` (default, as Spark's Kafka source) reads up to the high
+      watermark; ``read_committed`` ends every batch at the last stable offset and skips
+      the records of aborted transactions (issue #28).
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
@@ -185,6 +205,7 @@ class ReadOptions:
     max_records_per_partition: int = 1_000_000
     request_timeout_ms: int = 30_000
     fetch_max_bytes: int = 4 * 1024 * 1024
+    isolation_level: str = "read_uncommitted"
     security: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     @property
@@ -207,6 +228,8 @@ class ReadOptions:
             raise ValueError("option maxRecordsPerPartition must be >= 1")
         if self.ending.kind == "earliest":
             raise ValueError("option endingOffsets cannot be earliest")
+        if self.isolation_level not in _ISOLATION_LEVELS:
+            raise ValueError(f"option isolation.level cannot be {self.isolation_level!r}")
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -255,6 +278,7 @@ class ReadOptions:
             ),
             request_timeout_ms=_int("requestTimeoutMs", o.get("requesttimeoutms", "30000"), 1),
             fetch_max_bytes=_int("fetchMaxBytes", o.get("fetchmaxbytes", str(4 << 20)), 1024),
+            isolation_level=_isolation_level(o),
             security=_security(o),
         )
 

@@ -12,8 +12,9 @@ compiler, ``TIDELOG_PURE_PYTHON=1``) it polls records and converts them, as befo
 
 Edge cases:
 
-- compaction leaves gaps: the consumer's position moves past a batch's last offset, so
-  a range may hold fewer records than ``end - start``; reading stops at the first record
+- compaction leaves gaps, and so do transaction markers and (read_committed) aborted
+  records: the consumer's position moves past a batch's last offset, so a range may
+  hold fewer records than ``end - start`` (or none); reading stops at the first record
   at or past ``end`` or when the position reaches ``end`` (after a batch the position
   moves to the batch's last offset + 1, which compaction keeps even when it empties the
   batch);
@@ -96,6 +97,7 @@ def _read_range(
         max_partition_fetch_bytes=options.fetch_max_bytes,
         fetch_max_wait_ms=_POLL_MS,
         request_timeout_ms=options.request_timeout_ms,
+        isolation_level=options.isolation_level,
         **options.security_settings,
     )
     rows = _new_rows(
@@ -105,6 +107,7 @@ def _read_range(
         consumer.assign([tp])
         consumer.seek(tp, offset_range.start)
         idle_since = time.monotonic()
+        progress = offset_range.start
         while True:
             try:
                 added = rows.poll(consumer)
@@ -122,9 +125,11 @@ def _read_range(
                     yield batch
             if done:
                 break
-            if added:
-                idle_since = time.monotonic()
             position = consumer.position(tp)
+            if added or position > progress:
+                # Progress: records, or (read_committed) aborted ones and markers passed.
+                idle_since = time.monotonic()
+                progress = position
             if position >= end:
                 break
             highwater = consumer.highwater(tp)

@@ -41,7 +41,8 @@ and this module, which import nothing else of ours).
     │   │   ├── UnreleasedInstanceIdError UNRELEASED_INSTANCE_ID (a static member still in use)
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
-    │   │   └── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
+    │   │   ├── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
+    │   │   └── UnstableOffsetCommitError UNSTABLE_OFFSET_COMMIT  retriable
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
@@ -168,6 +169,7 @@ __all__ = [
     "UnknownMemberIdError",
     "UnknownProducerIdError",
     "UnknownTopicOrPartitionError",
+    "UnstableOffsetCommitError",
     "UnsupportedCompressionTypeError",
     "UnsupportedSaslMechanismError",
     "error_for_code",
@@ -391,6 +393,14 @@ class GroupSubscribedToTopicError(GroupError):
     topic (Kafka's OffsetDelete, KIP-496)."""
 
     code = "GROUP_SUBSCRIBED_TO_TOPIC"
+
+
+class UnstableOffsetCommitError(GroupError):
+    """The group's offset of a partition is pending in an undecided transaction
+    (OffsetFetch with ``require_stable``, KIP-447): ask again once its marker is written."""
+
+    code = "UNSTABLE_OFFSET_COMMIT"
+    retriable = True
 
 
 class NotControllerError(RequestError):

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +102,11 @@ from tidelog.storage.partition_txns import (
     collect_aborted,
     last_stable_offset,
 )
-from tidelog.storage.producer_state import ProducerStateTable, ProducerSummary
+from tidelog.storage.producer_state import (
+    ProducerStateTable,
+    ProducerSummary,
+    VerificationGuard,
+)
 from tidelog.storage.records import iter_batch_headers, read_header
 from tidelog.storage.segment import BatchPosition, Segment
 
@@ -319,7 +323,12 @@ class PartitionLog:
     # ================================================================== append
 
     def append(
-        self, records: bytes, times: BatchTimes | None = None, *, leader_epoch: int | None = None
+        self,
+        records: bytes,
+        times: BatchTimes | None = None,
+        *,
+        leader_epoch: int | None = None,
+        verification: Mapping[int, VerificationGuard | None] | None = None,
     ) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
 
@@ -327,7 +336,11 @@ class PartitionLog:
         (broker clock), kept for every batch in the segment's ``.batchtimes`` sidecar
         (None: nothing is stored; readers see unknown times). ``leader_epoch``: a
         replicated partition's leader stamps its epoch into every batch (None: the
-        producer's value is kept, as on a single node).
+        producer's value is kept, as on a single node). ``verification``: the produce
+        path verified the transactional batches with the coordinator, starting with these
+        guards (producer id -> ``start_verification``'s answer); each is checked under the
+        lock (``ProducerStateTable.check_verified``). None: an unverified append (tests,
+        internal writers), as Kafka's with verification off.
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -335,7 +348,8 @@ class PartitionLog:
             InvalidRequestError: an empty request, or a control batch.
             OutOfOrderSequenceError, InvalidProducerEpochError: idempotence violations.
             InvalidTxnStateError: a non-transactional batch from a producer whose
-                transaction is open here.
+                transaction is open here, or a verified transactional batch whose guard is
+                no longer held.
             FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
             LogDirFullError, StorageError: the write failed; nothing was stored.
         """
@@ -355,7 +369,9 @@ class PartitionLog:
                 raise StorageError(f"{self} is closed")
             try:
                 self._rewrite_stale_epochs_locked()
-                return self._append_locked(records, batches, config, times, leader_epoch)
+                return self._append_locked(
+                    records, batches, config, times, leader_epoch, verification
+                )
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise io_error(exc, f"{self}: append failed") from exc
 
@@ -366,6 +382,7 @@ class PartitionLog:
         config: LogConfig,
         times: BatchTimes | None,
         leader_epoch: int | None,
+        verification: Mapping[int, VerificationGuard | None] | None = None,
     ) -> AppendResult:
         if leader_epoch is not None and leader_epoch < self._leader_epochs.latest_epoch:
             # The leader moved to a newer epoch between the produce path's check and this
@@ -384,6 +401,8 @@ class PartitionLog:
             )
         # Keep only the new batches; duplicates among them are already stored.
         kept = [b for b, d in zip(batches, duplicates, strict=True) if d is None]
+        if verification is not None:
+            state.check_verified([b.header for b in kept], verification)
         now_ms = self._clock.wall_ms()
         append_time = now_ms if config.log_append_time else -1
         placed = assign_offsets(
@@ -413,6 +432,23 @@ class PartitionLog:
         return result
 
     # ================================================================== transactions
+
+    def start_verification(
+        self, producer_id: int, epoch: int, *, epoch_bump: bool = False
+    ) -> VerificationGuard | None:
+        """Before the coordinator is asked about a transactional batch of ``producer_id``:
+        its guard, or None if its transaction is open here (``storage.producer_state``).
+
+        Raises:
+            InvalidProducerEpochError: ``epoch`` is older than the producer's here.
+            StorageError: the log is closed.
+        """
+        with self._lock:
+            if self._closed:
+                raise StorageError(f"{self} is closed")
+            return self._producer_state.start_verification(
+                producer_id, epoch, epoch_bump=epoch_bump, now_ms=self._clock.wall_ms()
+            )
 
     def append_marker(
         self,

@@ -36,6 +36,24 @@ newest coordinator epoch that wrote it a marker.
   (``first_unstable_offset``).
 * Producers with an open transaction never expire (``expire``).
 
+Verification guards (KIP-890 part 1, Kafka's ``VerificationStateEntry``). A leader asks
+the transaction coordinator whether a partition is in a producer's transaction before it
+appends that producer's first transactional batch of a transaction here; the answer can
+be stale by the time the batch is appended (the transaction ended, and its marker landed,
+in between: the batch would open a transaction nobody will ever end). So the leader first
+takes a ``VerificationGuard`` from this table (``start_verification``, under the partition
+lock), asks the coordinator outside the lock, then appends with the guard; the append
+(``check_verified``, under the lock again) accepts a transactional batch of a producer
+with no open transaction at that epoch only if the table still holds that very guard
+object. A marker for the producer removes it (``complete_txn``), as does the producer's
+first transactional batch (the transaction is then open, and later batches need no
+guard), so a verification that a marker overtook can never be used. The one exception
+is Kafka's: under transactions v2 (a guard taken for Produce v12+, ``epoch_bump``) a
+marker carrying the guard's own epoch is the previous transaction's (v2 markers carry
+the bumped epoch the next transaction runs under), so it leaves the guard alone. Guards
+live in memory only (a restarted or new leader has none: an in-flight append is refused
+and the client aborts) and are dropped with ``expire`` once as old as an idle producer.
+
 The table is pure: it works on batch headers and integers. ``PartitionLog`` calls it under
 its lock, snapshots it (``to_bytes``) when a segment rolls and at clean shutdown, and rebuilds
 it on load from the newest snapshot plus the batch headers after it; no record is decoded.
@@ -52,7 +70,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tidelog.storage.errors import (
@@ -71,6 +89,7 @@ __all__ = [
     "ProducerEntry",
     "ProducerStateTable",
     "ProducerSummary",
+    "VerificationGuard",
 ]
 
 BATCHES_KEPT = 5
@@ -129,11 +148,29 @@ class ProducerEntry:
         return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
 
 
+class VerificationGuard:
+    """A token proving that the coordinator was asked after it was taken (module
+    docstring). Compared by identity: only the object the table holds is valid."""
+
+    __slots__ = ("created_ms", "epoch", "epoch_bump", "producer_id")
+
+    def __init__(self, producer_id: int, epoch: int, epoch_bump: bool, created_ms: int) -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.epoch_bump = epoch_bump  # taken for a transactions v2 producer
+        self.created_ms = created_ms
+
+    def __repr__(self) -> str:
+        return f"VerificationGuard(producer {self.producer_id} epoch {self.epoch})"
+
+
 class ProducerStateTable:
     """Producer id -> ``ProducerEntry`` for one partition. Not thread-safe."""
 
     def __init__(self) -> None:
         self._entries: dict[int, ProducerEntry] = {}
+        # Verification guards by producer id (leaders only, memory only).
+        self._guards: dict[int, VerificationGuard] = {}
         # Open transactions: first offset -> producer id (one per producer at most).
         self._ongoing: dict[int, int] = {}
         # Transactions completed by a marker the high watermark has not passed yet.
@@ -251,6 +288,71 @@ class ProducerStateTable:
             out.append(found)
         return out
 
+    def has_ongoing_txn(self, producer_id: int, epoch: int) -> bool:
+        """Whether ``producer_id`` has a transaction open here under ``epoch`` (a newer
+        epoch's batch needs a guard: its transaction may have ended since)."""
+        entry = self._entries.get(producer_id)
+        return (
+            entry is not None and entry.epoch == epoch and entry.current_txn_first_offset != NO_TXN
+        )
+
+    def start_verification(
+        self, producer_id: int, epoch: int, *, epoch_bump: bool, now_ms: int
+    ) -> VerificationGuard | None:
+        """Before the coordinator is asked about a transactional batch: the producer's
+        guard (taken now, or the one an earlier request of the same epoch took), or None
+        if its transaction is open here already (no guard needed).
+
+        Raises:
+            InvalidProducerEpochError: ``epoch`` is older than the stored one (refused
+                before the coordinator is asked, as Kafka's).
+        """
+        entry = self._entries.get(producer_id)
+        if entry is not None and epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"producer {producer_id} epoch {epoch} is older than the current epoch "
+                f"{entry.epoch}"
+            )
+        if self.has_ongoing_txn(producer_id, epoch):
+            return None
+        guard = self._guards.get(producer_id)
+        if guard is None or guard.epoch != epoch:
+            guard = VerificationGuard(producer_id, epoch, epoch_bump, now_ms)
+            self._guards[producer_id] = guard
+        return guard
+
+    def guard(self, producer_id: int) -> VerificationGuard | None:
+        """The guard held for ``producer_id``, if any."""
+        return self._guards.get(producer_id)
+
+    def check_verified(
+        self,
+        headers: Sequence[BatchHeader],
+        guards: Mapping[int, VerificationGuard | None],
+    ) -> None:
+        """At a verified append, under the partition lock: every transactional data batch
+        of a producer with no transaction open here at its epoch must come with the guard
+        this table holds for it (``guards``: producer id -> the guard the verification
+        started with).
+
+        Raises:
+            InvalidTxnStateError: no guard, or not the one held (a marker landed since
+                the verification began, or the guard expired): nothing is appended.
+        """
+        for header in headers:
+            if not header.is_transactional or header.is_control:
+                continue
+            pid = header.producer_id
+            if self.has_ongoing_txn(pid, header.producer_epoch):
+                continue
+            given = guards.get(pid)
+            if given is None or self._guards.get(pid) is not given:
+                raise InvalidTxnStateError(
+                    f"producer {pid} epoch {header.producer_epoch}: the record was not part "
+                    "of an ongoing transaction (its verification is no longer valid: the "
+                    "transaction ended while it ran)"
+                )
+
     def update(self, header: BatchHeader, timestamp_ms: int) -> None:
         """Record a data batch that was appended (its header carries the assigned offsets);
         a transactional one opens its producer's transaction if none is open. Control
@@ -264,6 +366,8 @@ class ProducerStateTable:
         if header.is_transactional and entry.current_txn_first_offset == NO_TXN:
             entry.current_txn_first_offset = header.base_offset
             self._ongoing[header.base_offset] = header.producer_id
+        if header.is_transactional:
+            self._guards.pop(header.producer_id, None)  # the transaction is open now
         if header.base_sequence != NO_SEQUENCE:
             entry.batches.append(
                 BatchMetadata(
@@ -329,6 +433,10 @@ class ProducerStateTable:
             entry = self._new_epoch(producer_id, epoch, timestamp_ms)
         entry.last_timestamp_ms = max(entry.last_timestamp_ms, timestamp_ms)
         entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
+        guard = self._guards.get(producer_id)
+        if guard is not None and not (guard.epoch_bump and guard.epoch == epoch):
+            # A verification begun before this marker is void (module docstring).
+            del self._guards[producer_id]
         first = entry.current_txn_first_offset
         if first == NO_TXN:
             return None
@@ -379,6 +487,9 @@ class ProducerStateTable:
         ]
         for pid in stale:
             del self._entries[pid]
+        for pid, guard in list(self._guards.items()):
+            if now_ms - guard.created_ms > expiration_ms:
+                del self._guards[pid]
         return len(stale)
 
     def to_bytes(self, offset: int) -> bytes:

@@ -42,6 +42,9 @@ CLIENT_STORAGE_ALLOWED = {
     # The fetch answer's batch times: a wire format storage defines next to the sidecar
     # it is read from, as records.py defines the batches (pure, no file or lock used).
     "storage.batch_times",
+    # The control batch (end-transaction marker) format: a read_committed consumer reads
+    # the ABORT marker's key to end a producer's aborted transaction (pure, on bytes).
+    "storage.control",
 }
 
 
@@ -227,6 +230,7 @@ def test_importing_the_client_leaves_the_storage_engine_unloaded() -> None:
         "storage.compression",
         "storage.columns",
         "storage.batch_times",
+        "storage.control",
         "storage.native",
         "storage._native",
     }, loaded

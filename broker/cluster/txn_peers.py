@@ -119,6 +119,8 @@ class GrpcTxnPeers:
         producer_id: int,
         producer_epoch: int,
         tp: TopicPartition,
+        *,
+        add: bool = False,
     ) -> str:
         stub = self._stub(broker_id)
         if stub is None:
@@ -130,6 +132,7 @@ class GrpcTxnPeers:
             topic=tp[0],
             partition=tp[1],
             broker_id=self._broker_id,
+            add=add,
         )
         try:
             answer = stub.VerifyTxnPartition(request, timeout=self._timeout_s)

@@ -83,7 +83,6 @@ from tidelog.broker.core.produce import (
     PartitionProduced,
     PartitionRecords,
     ProducePath,
-    Verify,
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
@@ -109,8 +108,8 @@ from tidelog.broker.groups.manager import (
 )
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
-from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_transactions
-from tidelog.broker.transactions.markers import LocalMarkers, TxnMarker, answers_by_marker
+from tidelog.broker.transactions.coordinator import Transactions, open_transactions
+from tidelog.broker.transactions.markers import TxnMarker, answers_by_marker
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
@@ -118,6 +117,7 @@ from tidelog.storage.errors import (
     LeaderNotAvailableError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
+    UnstableOffsetCommitError,
 )
 from tidelog.storage.log_manager import LogManager, TopicMetadata
 from tidelog.storage.types import TopicPartition
@@ -147,24 +147,17 @@ class BrokerCore:
         authenticator: Authenticator | None,
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
-        transactions: TransactionCoordinator | None = None,
-        verify: Verify | None = None,
-        markers: LocalMarkers | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
         self.config = config
-        # The transaction coordinator (broker.transactions, issue #28): of the
-        # __transaction_state partitions this broker leads (a single node: all). None: a
-        # core built without ``open`` (transactional requests refused).
-        self.transactions = transactions
-        # The check of a transactional batch with its id's coordinator, wherever that is
-        # (broker.transactions.markers.RoutedVerify in a cluster); the markers this broker
-        # writes as a partition's leader (WriteTxnMarkers from a coordinator).
-        self._verify = (
-            verify
-            if verify is not None or transactions is None
-            else (transactions.verify_partition)
-        )
-        self._markers = markers
+        # Transactions (broker.transactions, issue #28): the coordinator of the
+        # __transaction_state partitions this broker leads (a single node: all); the check
+        # (or v2's implicit add) of a transactional batch with its id's coordinator,
+        # wherever that is (``RoutedVerify`` in a cluster); the markers this broker writes
+        # as a partition's leader. None: a core built without ``open`` (transactional
+        # requests refused).
+        self._txn = transactions
+        self.transactions = None if transactions is None else transactions.coordinator
         # Placement, topic administration and producer ids: the broker's role, which
         # changes (joining -> joined) inside this one object (broker.core.membership).
         self.membership = membership
@@ -212,7 +205,8 @@ class BrokerCore:
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
             clock=clock,
-            verify=self._verify,
+            verify=None if transactions is None else transactions.verify,
+            add_partition=None if transactions is None else transactions.add,
         )
         self._gate = OperationGate()
         self._closed = threading.Event()
@@ -335,10 +329,10 @@ class BrokerCore:
                     else None
                 ),
             )
-            transactions = built.coordinator
+            transactions = built
             logs.start_background()
             groups.start()
-            transactions.start()
+            transactions.coordinator.start()
             fetch_purgatory.start()
             delayed.delete_records.start()
             group_fsync.start()
@@ -361,8 +355,6 @@ class BrokerCore:
             acls,
             broker_configs,
             transactions,
-            built.verify,
-            built.markers,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -387,22 +379,39 @@ class BrokerCore:
         """KIP-890's check that ``tp`` is in the producer's ongoing transaction, asked of
         the id's coordinator wherever it is: ``""`` or Kafka's error name (a coordinator
         that cannot answer: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``...)."""
-        if self._verify is None:
+        if self._txn is None:
             return "COORDINATOR_NOT_AVAILABLE"
         with self._gate.operation():
-            return self._verify(transactional_id, producer_id, producer_epoch, tp)
+            return self._txn.verify(transactional_id, producer_id, producer_epoch, tp)
 
-    def verify_txn_partition(
+    def add_transactional(
         self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
     ) -> str:
-        """The coordinator's half of a verification another broker asked for: this
-        broker's own answer (``NOT_COORDINATOR`` unless it coordinates the id)."""
+        """Transactions v2's implicit AddPartitionsToTxn (KIP-890 part 2: a Produce v12 or
+        TxnOffsetCommit v5 naming a partition), asked of the id's coordinator wherever it
+        is: ``""`` once ``tp`` is in the transaction, or Kafka's error name."""
+        if self._txn is None:
+            return "COORDINATOR_NOT_AVAILABLE"
+        with self._gate.operation():
+            return self._txn.add(transactional_id, producer_id, producer_epoch, tp)
+
+    def verify_txn_partition(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        tp: tuple[str, int],
+        *,
+        add: bool = False,
+    ) -> str:
+        """The coordinator's half of a verification (``add``: v2's implicit add) another
+        broker asked for: this broker's own answer (``NOT_COORDINATOR`` unless it
+        coordinates the id)."""
         if self.transactions is None:
             return "NOT_COORDINATOR"
         with self._gate.operation():
-            return self.transactions.verify_partition(
-                transactional_id, producer_id, producer_epoch, tp
-            )
+            check = self.transactions.add_partition if add else self.transactions.verify_partition
+            return check(transactional_id, producer_id, producer_epoch, tp)
 
     def write_txn_markers(
         self, markers: Sequence[TxnMarker]
@@ -411,10 +420,10 @@ class BrokerCore:
         ``acks=all`` append) to its partitions this broker leads; per marker, per partition
         ``""`` or Kafka's error name (``NOT_LEADER_OR_FOLLOWER`` elsewhere,
         ``TRANSACTION_COORDINATOR_FENCED`` for a deposed coordinator's marker...)."""
-        if self._markers is None:
+        if self._txn is None:
             return [dict.fromkeys(m.partitions, "NOT_LEADER_OR_FOLLOWER") for m in markers]
         with self._gate.operation():
-            return answers_by_marker(self._markers, markers)
+            return answers_by_marker(self._txn.markers, markers)
 
     @property
     def placement(self) -> Placement:
@@ -784,11 +793,31 @@ class BrokerCore:
                 group_id, producer_id, producer_epoch, entries
             )
 
-    def fetch_offsets(self, group_id: str, selection: Selection | None) -> list[OffsetResult]:
-        """Committed offsets of a group (-1 where none)."""
+    def fetch_offsets(
+        self, group_id: str, selection: Selection | None, require_stable: bool = False
+    ) -> list[OffsetResult]:
+        """Committed offsets of a group (-1 where none). ``require_stable`` (KIP-447, what
+        a read_committed consumer asks): a partition whose offset is pending in an
+        undecided transaction answers ``UNSTABLE_OFFSET_COMMIT`` (retriable) instead of
+        the offset before the transaction's. The pending partitions are read before the
+        offsets: a marker landing between the two reads shows as unstable (the client
+        asks again), never as the older offset."""
         with self._operation():
             self._check_coordinator(group_id, confirm=True)
-            return self._groups.fetch_offsets(group_id, selection)
+            pending = self._groups.store.pending_partitions(group_id) if require_stable else ()
+            results = self._groups.fetch_offsets(group_id, selection)
+            if not pending:
+                return results
+            return [
+                OffsetResult(
+                    r.tp,
+                    error_code=UnstableOffsetCommitError.code,
+                    error_message=f"{r.tp}: the group's offset is pending in a transaction",
+                )
+                if r.tp in pending and not r.error_code
+                else r
+                for r in results
+            ]
 
     def list_groups(self) -> list[GroupListing]:
         """Every group this broker coordinates with members or committed offsets;

@@ -36,7 +36,8 @@ describe_configs           DESCRIBE_CONFIGS on each topic or on the cluster (a b
 alter_configs              ALTER_CONFIGS on each topic or on the cluster
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 init_transactions          WRITE on the transactional id (InitProducerId with one)
-add_partitions_to_txn      WRITE on the transactional id and on each topic
+add_partitions_to_txn      WRITE on the transactional id and on each topic; the brokers'
+                           batched form (v4+, KIP-890) CLUSTER_ACTION on the cluster
 add_offsets_to_txn         WRITE on the transactional id, READ on the group
 txn_offset_commit          WRITE on the transactional id, READ on the group and each topic
 end_txn                    WRITE on the transactional id
@@ -200,7 +201,9 @@ OPERATIONS: Mapping[str, Policy] = {
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
     "init_transactions": Policy({_X: Operation.WRITE}),
-    "add_partitions_to_txn": Policy({_X: Operation.WRITE, _T: Operation.WRITE}),
+    "add_partitions_to_txn": Policy(
+        {_X: Operation.WRITE, _T: Operation.WRITE, _C: Operation.CLUSTER_ACTION}
+    ),
     "add_offsets_to_txn": Policy({_X: Operation.WRITE, _G: Operation.READ}),
     "txn_offset_commit": Policy({_X: Operation.WRITE, _G: Operation.READ, _T: Operation.READ}),
     "end_txn": Policy({_X: Operation.WRITE}),
@@ -340,6 +343,13 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "UpsertUser": "alter_users",
     "DeleteUser": "alter_users",
     "ListUsers": "describe_users",
+    "InitTransactions": "init_transactions",
+    "AddPartitionsToTxn": "add_partitions_to_txn",
+    "AddOffsetsToTxn": "add_offsets_to_txn",
+    "EndTxn": "end_txn",
+    "TxnOffsetCommit": "txn_offset_commit",
+    "DescribeTransactions": "describe_transactions",
+    "ListTransactions": "list_transactions",
     "WriteTxnMarkers": "write_txn_markers",
     "VerifyTxnPartition": "verify_txn_partition",
 }

@@ -73,7 +73,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
@@ -92,6 +92,7 @@ from tidelog.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.storage.partition_log import AppendResult, PartitionLog
+from tidelog.storage.producer_state import VerificationGuard
 
 __all__ = ["Follower", "IsrChange", "Partition"]
 
@@ -358,9 +359,11 @@ class Partition:
         *,
         acks_all: bool,
         current_leader_epoch: int = -1,
+        verification: Mapping[int, VerificationGuard | None] | None = None,
     ) -> AppendResult:
         """Check the role (``leader_epoch_for_append``), append stamped with this leader's
-        epoch, and move the high watermark if the ISR allows it.
+        epoch, and move the high watermark if the ISR allows it. ``verification``: the
+        transactional batches' guards (``PartitionLog.append``).
 
         Raises what ``leader_epoch_for_append`` and ``PartitionLog.append`` raise, except
         that a stamp the log refuses as stale (this broker's leadership moved to a newer
@@ -373,7 +376,7 @@ class Partition:
             acks_all=acks_all, current_leader_epoch=current_leader_epoch
         )
         try:
-            result = self.log.append(records, times, leader_epoch=epoch)
+            result = self.log.append(records, times, leader_epoch=epoch, verification=verification)
         except FencedLeaderEpochError as exc:
             raise NotLeaderOrFollowerError(
                 f"{self.topic}-{self.partition}: the leader epoch moved during the "

@@ -35,14 +35,20 @@ that the partition is in that producer's ongoing transaction (KIP-890 part 1's
 verification, asked of the id's coordinator: this broker's own on a single node, in a
 cluster whichever broker leads the id's ``__transaction_state`` partition now,
 ``broker.transactions.markers.RoutedVerify``): a batch nobody's transaction covers would
-hold the partition's last stable offset back for good. The coordinator's refusals are
-answered as Kafka answers a produce: ``PRODUCER_FENCED`` as ``INVALID_PRODUCER_EPOCH``,
-``TRANSACTION_ABORTABLE`` as ``INVALID_TXN_STATE`` (Produce < v11), and
-``CONCURRENT_TRANSACTIONS`` and a coordinator that cannot answer now (``NOT_COORDINATOR``,
-``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``: it moved, is loading, or
-cannot be reached) as ``NOT_ENOUGH_REPLICAS``, retried by every client, as Kafka's
-``AddPartitionsToTxnManager`` answers them. Without a coordinator (a core built without
-one) transactional batches are refused.
+hold the partition's last stable offset back for good. A transactions v2 producer
+(Produce v12+, KIP-890 part 2) sends no AddPartitionsToTxn: its partitions are added to
+its transaction by the coordinator here instead (``add_partition``, routed the same way).
+Before the coordinator is asked, the partition's producer state hands out a verification
+guard, and the append checks it under the partition lock: a marker that lands between
+the answer and the append voids it (``storage.producer_state``), so a verified batch can
+never open a transaction that has just ended. The coordinator's refusals are answered as
+Kafka answers a produce: ``PRODUCER_FENCED`` as ``INVALID_PRODUCER_EPOCH``,
+``TRANSACTION_ABORTABLE`` as itself (the Kafka listener answers ``INVALID_TXN_STATE`` to
+Produce < v11), and ``CONCURRENT_TRANSACTIONS`` and a coordinator that cannot answer now
+(``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``: it
+moved, is loading, or cannot be reached) as ``NOT_ENOUGH_REPLICAS``, retried by every
+client, as Kafka's ``AddPartitionsToTxnManager`` answers them. Without a coordinator (a
+core built without one) transactional batches are refused.
 The broker never decodes records here; it only counts batch bytes and records.
 """
 
@@ -72,8 +78,10 @@ from tidelog.storage.errors import (
     KafkaTimeoutError,
     NotEnoughReplicasError,
     StorageError,
+    TransactionAbortableError,
 )
 from tidelog.storage.partition_log import AppendResult, PartitionLog
+from tidelog.storage.producer_state import VerificationGuard
 from tidelog.storage.records import iter_batch_headers
 
 __all__ = [
@@ -108,7 +116,9 @@ class Acks(enum.IntEnum):
 Verify = Callable[[str, int, int, tuple[str, int]], str]
 _PRODUCE_ANSWERS = {
     "PRODUCER_FENCED": InvalidProducerEpochError,
-    "TRANSACTION_ABORTABLE": InvalidTxnStateError,
+    # TRANSACTION_ABORTABLE is answered as INVALID_TXN_STATE to Produce < v11 by the
+    # Kafka listener (the only one that takes transactional batches).
+    "TRANSACTION_ABORTABLE": TransactionAbortableError,
     "INVALID_PRODUCER_ID_MAPPING": InvalidTxnStateError,
     "CONCURRENT_TRANSACTIONS": NotEnoughReplicasError,
     "NOT_COORDINATOR": NotEnoughReplicasError,
@@ -117,21 +127,28 @@ _PRODUCE_ANSWERS = {
 }
 
 
-def _check_transactional(part: PartitionRecords, verify: Verify | None) -> None:
+def _check_transactional(
+    part: PartitionRecords, log: PartitionLog, verify: Verify | None, add: Verify | None
+) -> dict[int, VerificationGuard | None] | None:
     """Refuse control batches, and transactional ones the coordinator does not confirm
-    (module docstring). Reads the 61-byte headers only; damaged framing is left to the
-    log's append, which reports it as before."""
+    (module docstring); the verification guards to append with (None: no transactional
+    batch). Each producer's guard is taken before the coordinator is asked, so that a
+    marker landing before the append voids the answer (``storage.producer_state``).
+    Reads the 61-byte headers only; damaged framing is left to the log's append, which
+    reports it as before."""
     try:
         headers = [h for _, h in iter_batch_headers(part.records, validate=False)]
     except CorruptRecordError:
-        return
+        return None
+    guards: dict[int, VerificationGuard | None] = {}
     checked: set[tuple[int, int]] = set()
     for header in headers:
         if header.is_control:
             raise InvalidRequestError("control batches are written by the broker only")
         if not header.is_transactional:
             continue
-        if verify is None:
+        check = add if part.transaction_v2 else verify
+        if check is None:
             raise InvalidRequestError("transactional batches need a transaction coordinator")
         if part.transactional_id is None:
             raise InvalidRequestError(
@@ -141,12 +158,16 @@ def _check_transactional(part: PartitionRecords, verify: Verify | None) -> None:
         if identity in checked:
             continue
         checked.add(identity)
-        code = verify(part.transactional_id, *identity, (part.topic, part.partition))
+        guards[header.producer_id] = log.start_verification(
+            *identity, epoch_bump=part.transaction_v2
+        )
+        code = check(part.transactional_id, *identity, (part.topic, part.partition))
         if code:
             raise _PRODUCE_ANSWERS.get(code, InvalidTxnStateError)(
                 f"{part.topic}-{part.partition} is not in the ongoing transaction of "
                 f"{part.transactional_id!r} (producer {identity[0]} epoch {identity[1]}): {code}"
             )
+    return guards if checked else None
 
 
 def parse_acks(value: int) -> Acks:
@@ -170,6 +191,9 @@ class PartitionRecords:
     current_leader_epoch: int = -1  # the client's view of the leader epoch; -1: unchecked
     refused: BaseException | None = None  # the authorizer's answer: not written
     transactional_id: str | None = None  # the request's, for transactional batches
+    # Produce v12+ (KIP-890 part 2): a transactions v2 producer, whose partitions join
+    # its transaction implicitly (the coordinator adds rather than verifies them).
+    transaction_v2: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,10 +330,13 @@ class ProducePath:
         batch_times: bool = True,
         clock: Clock | None = None,
         verify: Verify | None = None,
+        add_partition: Verify | None = None,
     ) -> None:
         self._partitions = partitions
-        # Transactions: the coordinator's check of a transactional batch (None: refused).
+        # Transactions: the coordinator's check of a transactional batch (None: refused),
+        # and for a transactions v2 producer its implicit AddPartitionsToTxn.
         self._verify = verify
+        self._add_partition = add_partition
         self._logs = partitions.logs
         self._clock = clock or SystemClock()
         # False (log.batch.times.enable): store no sent/received times at all.
@@ -341,13 +368,14 @@ class ProducePath:
                 raise InvalidTopicError(f"cannot produce to internal topic {part.topic}")
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
-            _check_transactional(part, self._verify)
             target = self._partitions.get(part.topic, part.partition)
+            guards = _check_transactional(part, target.log, self._verify, self._add_partition)
             result = target.append_as_leader(
                 part.records,
                 part.times if self._batch_times else None,
                 acks_all=part.acks_all,
                 current_leader_epoch=part.current_leader_epoch,
+                verification=guards,
             )
         except Exception as exc:
             code, _ = partition_error(exc)

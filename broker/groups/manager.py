@@ -387,6 +387,13 @@ class GroupManager:
             for i, entry in enumerate(entries)
         ]
 
+    def check_member(self, group_id: str, member_id: str, member_epoch: int) -> None:
+        """KIP-447 (gRPC's TxnOffsetCommit): ``UnknownMemberIdError`` or
+        ``StaleMemberEpochError`` unless the KIP-848 member has that epoch."""
+        _check_group_id(group_id)
+        with self._lock:
+            self._coordinator.check_commit(group_id, member_id, member_epoch, ())
+
     def commit_transactional_offsets(
         self,
         group_id: str,

@@ -311,6 +311,7 @@ def _verify_txn_partition(
         request.producer_id,
         request.producer_epoch,
         (request.topic, request.partition),
+        add=request.add,
     )
     return pb.VerifyTxnPartitionResponse(error_code=code)
 

@@ -49,7 +49,19 @@ ListUsers               describe_users              the cluster
 WriteTxnMarkers         write_txn_markers           the cluster (CLUSTER_ACTION: brokers only)
 VerifyTxnPartition      verify_txn_partition        the cluster (CLUSTER_ACTION: brokers only)
 Authenticate            authenticate                none: anyone may log in
+InitTransactions        init_transactions           the transactional id
+AddPartitionsToTxn      add_partitions_to_txn       the transactional id, then each topic
+AddOffsetsToTxn         add_offsets_to_txn          the transactional id, then the group
+EndTxn                  end_txn                     the transactional id
+TxnOffsetCommit         txn_offset_commit           the transactional id, the group, then
+                                                    each topic
+DescribeTransactions    describe_transactions       each transactional id
+ListTransactions        list_transactions           a listing (filtered silently)
 ======================  ==========================  ========================================
+
+A transactional Produce (``transactional_id`` set) needs WRITE on the id as well, refused
+for every partition of the request (``transactional_gate``), as the Kafka listener does;
+FindCoordinator with ``key_type`` 1 needs DESCRIBE on the transactional id.
 
 A refused unary call is refused by the request pipeline (``broker.core.pipeline``, resources from
 ``resources_of``) with the first refused resource's ``*AuthorizationFailedError``.
@@ -70,6 +82,7 @@ from tidelog.broker.core.operations import (
     cluster,
     group,
     topic,
+    transactional_id,
     visible,
 )
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
@@ -81,6 +94,7 @@ __all__ = [
     "replica_gate",
     "resources_of",
     "topic_gate",
+    "transactional_gate",
 ]
 
 _Resources = Callable[[Any], list[Resource]]
@@ -117,7 +131,9 @@ _RESOURCES: dict[str, _Resources] = {
     "ConsumerGroupHeartbeat": lambda r: [group(r.group_id)],
     "OffsetCommit": lambda r: _group_and_topics(r, (o.topic for o in r.offsets)),
     "OffsetFetch": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
-    "FindCoordinator": lambda r: [group(r.group_id)],
+    "FindCoordinator": lambda r: [
+        transactional_id(r.group_id) if r.key_type == 1 else group(r.group_id)
+    ],
     "DescribeGroup": lambda r: [group(r.group_id)],
     "ResetGroupOffsets": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
     "DeleteGroup": lambda r: [group(r.group_id)],
@@ -136,12 +152,26 @@ _RESOURCES: dict[str, _Resources] = {
     "UpsertUser": lambda r: [cluster()],
     "DeleteUser": lambda r: [cluster()],
     "ListUsers": lambda r: [cluster()],
+    "InitTransactions": lambda r: [transactional_id(r.transactional_id)],
+    "AddPartitionsToTxn": lambda r: [
+        transactional_id(r.transactional_id),
+        *_topics(t.topic for t in r.partitions),
+    ],
+    "AddOffsetsToTxn": lambda r: [transactional_id(r.transactional_id), group(r.group_id)],
+    "EndTxn": lambda r: [transactional_id(r.transactional_id)],
+    "TxnOffsetCommit": lambda r: [
+        transactional_id(r.transactional_id),
+        group(r.group_id),
+        *_topics(o.topic for o in r.offsets),
+    ],
+    "DescribeTransactions": lambda r: [transactional_id(t) for t in r.transactional_ids],
     "WriteTxnMarkers": lambda r: [cluster()],
     "VerifyTxnPartition": lambda r: [cluster()],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],
     "ListGroups": lambda r: [],
+    "ListTransactions": lambda r: [],
     "Metadata": lambda r: [],
     "Produce": lambda r: [],
     "ProduceStream": lambda r: [],
@@ -228,6 +258,17 @@ def topic_gate(
         return decided[name]
 
     return gate
+
+
+def transactional_gate(
+    acls: Acls | None, context: RequestContext | None, transactional_id_name: str | None
+) -> NotAuthorizedError | None:
+    """For a transactional produce: WRITE on its transactional id (Kafka's rule), decided
+    and audited once per request; None when allowed, not transactional, or unchecked."""
+    if transactional_id_name is None or acls is None or context is None or not acls.enabled:
+        return None
+    resource = transactional_id(transactional_id_name)
+    return authorize(acls, context, "Produce", "produce", [resource])[resource]
 
 
 def replica_gate(acls: Acls | None, context: RequestContext | None) -> NotAuthorizedError | None:

@@ -30,6 +30,7 @@ from tidelog.broker.core.produce import PartitionProduced, PartitionRecords
 from tidelog.broker.grpc.authorize import (
     replica_gate,
     topic_gate,
+    transactional_gate,
 )
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.batch_times import NO_TIME, BatchTimes
@@ -211,10 +212,15 @@ def produce_parts(
     """The request's partitions, each with the request's sent time (the producer's clock,
     -1 when the request has none) and ``received_ms`` (the broker's clock on arrival).
     With ``context`` and an enabled ``acls``, a topic the caller may not WRITE is refused
-    per partition (``PartitionRecords.refused``)."""
+    per partition (``PartitionRecords.refused``); a transactional request
+    (``transactional_id``) the caller may not WRITE on its id is refused for every
+    partition. The core verifies each transactional batch against the id's transaction
+    (``broker.core.produce``)."""
     sent_ms = request.sent_timestamp_ms if request.HasField("sent_timestamp_ms") else NO_TIME
     times = BatchTimes(sent_ms, received_ms)
     acks_all = request.acks == -1
+    tid = request.transactional_id if request.HasField("transactional_id") else None
+    id_refused = transactional_gate(acls, context, tid)
     gate = topic_gate(acls, context, Operation.WRITE, "Produce")
     return [
         PartitionRecords(
@@ -224,7 +230,8 @@ def produce_parts(
             times,
             acks_all,
             part.current_leader_epoch if part.HasField("current_leader_epoch") else -1,
-            None if gate is None else gate(topic.topic),
+            id_refused or (None if gate is None else gate(topic.topic)),
+            tid,
         )
         for topic in request.topics
         for part in topic.partitions

@@ -80,7 +80,9 @@ def _offset_commit(
 def _offset_fetch(
     core: BrokerCore, request: pb.OffsetFetchRequest, context: RequestContext
 ) -> pb.OffsetFetchResponse:
-    results = core.fetch_offsets(request.group_id, _selection(request.partitions))
+    results = core.fetch_offsets(
+        request.group_id, _selection(request.partitions), request.require_stable
+    )
     return pb.OffsetFetchResponse(offsets=_committed_offsets(results))
 
 
@@ -138,7 +140,10 @@ def _offset_delete(
 def _find_coordinator(
     core: BrokerCore, request: pb.FindCoordinatorRequest, context: RequestContext
 ) -> pb.FindCoordinatorResponse:
-    endpoint = core.find_coordinator(request.group_id)
+    if request.key_type not in (0, 1):
+        raise InvalidRequestError(f"unknown coordinator key type {request.key_type}")
+    transaction = request.key_type == 1
+    endpoint = core.find_coordinator(request.group_id, transaction=transaction)
     return pb.FindCoordinatorResponse(
         coordinator=pb.BrokerEndpoint(id=endpoint.broker_id, host=endpoint.host, port=endpoint.port)
     )

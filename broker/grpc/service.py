@@ -1,8 +1,9 @@
 """The gRPC listener's half that knows no threading model: one handler per RPC.
 
 This module owns the table of unary handlers (``UNARY_HANDLERS``, gathered by area from
-``broker.grpc.admin_service``, ``broker.grpc.data_service``, ``broker.grpc.group_service``
-and ``broker.grpc.security_service``, plus ``Metadata`` here), the call context every
+``broker.grpc.admin_service``, ``broker.grpc.data_service``, ``broker.grpc.group_service``,
+``broker.grpc.security_service`` and ``broker.grpc.transaction_service``, plus ``Metadata``
+here), the call context every
 serving model builds, and ``generic_handler``, which registers the table and the four
 data-path methods. An RPC name appears in exactly one area's table.
 
@@ -41,6 +42,7 @@ from tidelog.broker.grpc.data_service import DATA_HANDLERS
 from tidelog.broker.grpc.group_service import GROUP_HANDLERS
 from tidelog.broker.grpc.parse import DEFAULT_MAX_ENTRIES, parsing_handler
 from tidelog.broker.grpc.security_service import SECURITY_HANDLERS
+from tidelog.broker.grpc.transaction_service import TRANSACTION_HANDLERS, filter_transactions
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
 __all__ = [
@@ -151,6 +153,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     **GROUP_HANDLERS,  # consumer groups and their coordinator (broker.grpc.group_service)
     "Metadata": _metadata,
     **SECURITY_HANDLERS,  # Authenticate, SCRAM users, ACLs (broker.grpc.security_service)
+    **TRANSACTION_HANDLERS,  # the transaction coordinator (broker.grpc.transaction_service)
 }
 
 
@@ -167,6 +170,8 @@ def _authorized(method: str, handler: UnaryHandler) -> UnaryHandler:
         response = handler(core, request, context)
         if method == "Metadata":
             return filter_metadata(acls, request, response, context)
+        if method == "ListTransactions":
+            return filter_transactions(acls, response, context)
         return filter_response(acls, method, response, context)
 
     return run

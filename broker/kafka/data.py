@@ -12,8 +12,11 @@ InitProducerId.
   ``NOT_LEADER_OR_FOLLOWER``, or a Fetch (v16+) one answered that or
   ``FENCED_LEADER_EPOCH``, carries ``current_leader`` (the leader id and epoch this
   broker sees) and the response ``node_endpoints`` with that leader's Kafka endpoint
-  (``broker.kafka.cluster.leader_hint``). Produce stops at v10: v11 is KIP-890's
-  transactions v2, v12 its bump, v13 names topics by id.
+  (``broker.kafka.cluster.leader_hint``). Produce v11 (KIP-890 part 1) answers a
+  transactional batch the coordinator did not verify ``TRANSACTION_ABORTABLE`` (before
+  v11: ``INVALID_TXN_STATE``); v12 (KIP-890 part 2, transactions v2) changes no field: a
+  transactional batch of a v12 request joins its producer's transaction implicitly
+  (``PartitionRecords.transaction_v2``). Produce stops at v12: v13 names topics by id.
 - Fetch: a long poll is parked in the core's fetch purgatory (``start_fetch`` /
   ``step_fetch``) and woken by an append through the pipeline's ``LoopBridge``; reads stop at
   the high watermark; ``read_committed`` (``isolation_level`` 1) reads stop at the last
@@ -113,6 +116,7 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
             acks == Acks.ALL,
             refused=refuse(t["name"]),
             transactional_id=tid,
+            transaction_v2=header.api_version >= _FIRST_IMPLICIT_ADD_PRODUCE_VERSION,
         )
         for t in topics
         for p in t["partition_data"]
@@ -123,7 +127,7 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
     # queued.max.request.bytes: held from before the append until the answer.
     await conn.admit_bytes(size)
     try:
-        answer = await _append_and_answer(conn, parts, acks)
+        answer = await _append_and_answer(conn, parts, acks, header.api_version)
     finally:
         conn.release_bytes(size)
     if answer is not None and header.api_version >= _FIRST_PRODUCE_HINT_VERSION:
@@ -135,6 +139,21 @@ async def produce(conn: Connection, header: RequestHeader, request: Plain) -> Pl
             _PRODUCE_HINTED,
         )
     return answer
+
+
+_FIRST_ABORTABLE_PRODUCE_VERSION = 11  # KIP-890: TRANSACTION_ABORTABLE answered as itself
+_FIRST_IMPLICIT_ADD_PRODUCE_VERSION = 12  # KIP-890 part 2: transactions v2
+_TRANSACTION_ABORTABLE = error_code_for("TRANSACTION_ABORTABLE")
+_INVALID_TXN_STATE = error_code_for("INVALID_TXN_STATE")
+
+
+def _produce_code(name: str, version: int) -> int:
+    """A partition's error code as Produce ``version`` answers it: a failed verification
+    (``TRANSACTION_ABORTABLE``) is ``INVALID_TXN_STATE`` before v11, as Kafka's."""
+    code = kafka_code(name)
+    if code == _TRANSACTION_ABORTABLE and version < _FIRST_ABORTABLE_PRODUCE_VERSION:
+        return _INVALID_TXN_STATE
+    return code
 
 
 _FIRST_PRODUCE_HINT_VERSION = 10
@@ -175,7 +194,7 @@ def _add_leader_hints(
 
 
 async def _append_and_answer(
-    conn: Connection, parts: list[PartitionRecords], acks: Acks
+    conn: Connection, parts: list[PartitionRecords], acks: Acks, version: int
 ) -> Plain | None:
     appends = await conn.run(conn.core.append, parts)
     bridge = conn.listener.pipeline.bridge
@@ -193,7 +212,7 @@ async def _append_and_answer(
                 a.topic,
                 a.partition,
                 {
-                    "error_code": kafka_code(a.error_code),
+                    "error_code": _produce_code(a.error_code, version),
                     "error_message": a.error_message or None,
                     "base_offset": a.base_offset,
                     "log_append_time": a.log_append_time_ms,

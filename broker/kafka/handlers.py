@@ -74,7 +74,12 @@ from tidelog.broker.kafka.transactions import (
 )
 from tidelog.broker.kafka.txn_markers import write_txn_markers
 from tidelog.broker.kafka.users import alter_user_scram_credentials, describe_user_scram_credentials
-from tidelog.broker.kafka.versions import ADVERTISED
+from tidelog.broker.kafka.versions import (
+    ADVERTISED,
+    FINALIZED_FEATURES,
+    FINALIZED_FEATURES_EPOCH,
+    SUPPORTED_FEATURES,
+)
 from tidelog.storage.errors import UnknownTopicOrPartitionError
 
 __all__ = ["HANDLERS"]
@@ -85,14 +90,23 @@ _ZERO_UUID = uuid.UUID(int=0)
 
 
 async def api_versions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """ApiVersions: every advertised range (``versions.ADVERTISED``)."""
+    """ApiVersions: every advertised range (``versions.ADVERTISED``) and, v3+, the
+    features (``transaction.version``: which transaction protocol clients may use)."""
     return {
         "error_code": NONE,
         "api_keys": [
             {"api_key": key, "min_version": low, "max_version": high}
             for key, (low, high) in sorted(ADVERTISED.items())
         ],
-        "finalized_features_epoch": -1,
+        "supported_features": [
+            {"name": name, "min_version": low, "max_version": high}
+            for name, (low, high) in sorted(SUPPORTED_FEATURES.items())
+        ],
+        "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
+        "finalized_features": [
+            {"name": name, "min_version_level": level, "max_version_level": level}
+            for name, level in sorted(FINALIZED_FEATURES.items())
+        ],
     }
 
 

@@ -210,7 +210,8 @@ async def _offsets_of(
         if selection is not None and not selection and hidden:
             results = []  # every named topic refused: nothing to ask the core
         else:
-            results = await conn.run(conn.core.fetch_offsets, group_id, selection)
+            # require_stable: UNSTABLE_OFFSET_COMMIT per pending partition (the core's).
+            results = await conn.run(conn.core.fetch_offsets, group_id, selection, stable)
         if topics is None:
             shown = set(visible(conn, sorted({r.tp.topic for r in results})))
             results = [r for r in results if r.tp.topic in shown]
@@ -230,9 +231,6 @@ async def _offsets_of(
                 ]
             }
         return {"topics": [], "error_code": code}
-    # require_stable: a partition whose offset is pending in an undecided transaction
-    # answers UNSTABLE_OFFSET_COMMIT (retriable) rather than the offset before it.
-    unstable = conn.core.groups.store.pending_partitions(group_id) if stable else set()
     by_topic: dict[str, list[Plain]] = {}
     for t in topics or []:
         if t["name"] in hidden:
@@ -253,11 +251,7 @@ async def _offsets_of(
                 "committed_offset": r.offset,
                 "committed_leader_epoch": r.leader_epoch,  # v5+ (KIP-320)
                 "metadata": r.metadata,
-                "error_code": (
-                    error_code_for("UNSTABLE_OFFSET_COMMIT")
-                    if r.tp in unstable
-                    else kafka_code(r.error_code)
-                ),
+                "error_code": kafka_code(r.error_code),
             }
         )
     return {

@@ -298,6 +298,19 @@ class TransactionCoordinator:
         except TidelogError as exc:
             return exc.code
 
+    def add_partition(
+        self, transactional_id: str, producer_id: int, epoch: int, tp: TopicPartition
+    ) -> str:
+        """A transactions v2 producer's implicit AddPartitionsToTxn (KIP-890 part 2: its
+        Produce v12 or TxnOffsetCommit v5 names a partition its transaction does not hold
+        yet): ``""`` once the partition is in, or Kafka's error name; never raises, as
+        ``verify_partition``."""
+        try:
+            self.add_partitions(transactional_id, producer_id, epoch, [tp])
+        except TidelogError as exc:
+            return exc.code
+        return ""
+
     def end_transaction(
         self,
         transactional_id: str,
@@ -561,8 +574,10 @@ class Transactions:
     """A broker's transaction parts (``open_transactions``)."""
 
     coordinator: TransactionCoordinator
-    # KIP-890's check of a transactional batch with its id's coordinator, wherever it is.
+    # KIP-890's check of a transactional batch with its id's coordinator, wherever it is,
+    # and transactions v2's implicit add of its partition (part 2).
     verify: Callable[[str, int, int, TopicPartition], str]
+    add: Callable[[str, int, int, TopicPartition], str]
     # The markers this broker writes as a partition's leader (WriteTxnMarkers).
     markers: LocalMarkers
 
@@ -611,17 +626,30 @@ def open_transactions(
         ),
         group_partition=group_partition,
     )
-    verify: Callable[[str, int, int, TopicPartition], str] = coordinator.verify_partition
-    if replicated:
-        verify = RoutedVerify(
+    if not replicated:
+        return Transactions(
+            coordinator, coordinator.verify_partition, coordinator.add_partition, local
+        )
+
+    def routed(
+        local_check: Callable[[str, int, int, TopicPartition], str], add: bool
+    ) -> RoutedVerify:
+        return RoutedVerify(
             config.broker_id,
             coordinator.partition_for,
-            coordinator.verify_partition,
+            local_check,
             leader_of,
             peers,
             TRANSACTION_STATE_TOPIC,
+            add=add,
         )
-    return Transactions(coordinator, verify, local)
+
+    return Transactions(
+        coordinator,
+        routed(coordinator.verify_partition, False),
+        routed(coordinator.add_partition, True),
+        local,
+    )
 
 
 def _leader_of(membership: Membership, topic: str, partition: int) -> int | None:

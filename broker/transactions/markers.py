@@ -95,9 +95,12 @@ class TxnPeers(Protocol):
         producer_id: int,
         producer_epoch: int,
         tp: TopicPartition,
+        *,
+        add: bool = False,
     ) -> str:
         """The coordinator ``broker_id``'s verification of ``tp`` in the producer's
-        transaction: ``""`` or Kafka's error name."""
+        transaction (``add``: transactions v2's implicit add of it): ``""`` or Kafka's
+        error name."""
         ...
 
 
@@ -218,8 +221,9 @@ class ClusterMarkers:
 
 
 class RoutedVerify:
-    """Cluster mode's verification of a transactional batch (module docstring): a
-    callable for ``ProducePath`` and TxnOffsetCommit. Thread-safe."""
+    """Cluster mode's verification of a transactional batch (module docstring), or with
+    ``add`` transactions v2's implicit add (KIP-890 part 2): a callable for
+    ``ProducePath`` and TxnOffsetCommit. Thread-safe."""
 
     def __init__(
         self,
@@ -229,8 +233,11 @@ class RoutedVerify:
         leader_of: Callable[[str, int], int | None],
         peers: Callable[[], TxnPeers | None],
         state_topic: str,
+        *,
+        add: bool = False,
     ) -> None:
         self._broker_id = broker_id
+        self._add = add  # transactions v2: the coordinator adds the partition if missing
         self._partition_for = partition_for  # the id's __transaction_state partition
         self._local = local  # this broker's coordinator's answer
         self._leader_of = leader_of
@@ -248,7 +255,7 @@ class RoutedVerify:
         if coordinator is None or coordinator < 0 or peers is None:
             return _NO_COORDINATOR
         return peers.verify_txn_partition(
-            coordinator, transactional_id, producer_id, producer_epoch, tp
+            coordinator, transactional_id, producer_id, producer_epoch, tp, add=self._add
         )
 
 

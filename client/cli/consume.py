@@ -5,11 +5,14 @@
     tidelog consume TOPIC [--from-beginning] [--partition P [--offset N|earliest|latest]]
                           [--max-messages N] [--format FMT] [--print-timestamps]
                           [--idle-timeout-ms MS] [--group G]
+                          [--isolation-level read_uncommitted|read_committed]
 
 Records go to stdout, the closing count to stderr. Without ``--partition`` the consumer
 subscribes (with ``--group``: joins the group and commits what was printed); with it, the
 consumer is assigned that one partition. Ctrl-C ends the command with status 0; a reader
-that goes away (``| head``) ends it quietly.
+that goes away (``| head``) ends it quietly. ``--isolation-level read_committed`` prints
+only records of committed transactions (and non-transactional ones), up to the last
+stable offset; the default, as Kafka's console consumer, is read_uncommitted.
 """
 
 from __future__ import annotations
@@ -91,6 +94,13 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         help="join this consumer group (share the partitions, commit what was printed); "
         "with --partition: read outside the group, from its committed offset",
     )
+    consume.add_argument(
+        "--isolation-level",
+        choices=("read_uncommitted", "read_committed"),
+        default="read_uncommitted",
+        help="read_committed: only records of committed transactions, up to the last "
+        "stable offset (default read_uncommitted: every data record)",
+    )
     consume.set_defaults(handler=_consume)
 
 
@@ -107,6 +117,7 @@ def _consume(args: argparse.Namespace) -> int:
             group_id=args.group,
             auto_offset_reset="earliest" if args.from_beginning else "latest",
             enable_auto_commit=args.group is not None,
+            isolation_level=args.isolation_level,
             request_timeout_ms=max(timeout_ms(args), 1_000),
             **security_settings(args),
         )

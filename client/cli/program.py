@@ -24,6 +24,7 @@ from typing import Any
 
 from tidelog.client.cli import (
     acls,
+    cdc,
     cluster,
     configs,
     console,
@@ -33,6 +34,7 @@ from tidelog.client.cli import (
     quotas,
     reassign,
     topics,
+    transactions,
     users,
 )
 from tidelog.client.cli.common import (
@@ -66,10 +68,12 @@ _COMMAND_GROUPS = (
     produce,
     consume,
     groups,
+    transactions,
     acls,
     quotas,
     console,
     users,
+    cdc,
 )
 
 

@@ -50,6 +50,12 @@ def test_package_exports() -> None:
         "ClusterAuthorizationFailedError",
         "AclBinding",
         "AclFilter",
+        # transactions (docs/transactions.md; DESIGN.md: Kafka's error names)
+        "ConsumerGroupMetadata",
+        "ProducerFencedError",
+        "InvalidTxnStateError",
+        "TransactionAbortableError",
+        "TransactionAbortedError",
     }
     from tidelog.client import errors as client_errors
     from tidelog.storage import errors

@@ -23,7 +23,10 @@ Anomalies (``Anomaly.kind``):
   read) at an offset that a final read covers but holds no record at (its value neither
   transactional nor from a send that definitely failed: those are the kinds below),
   consumers reading committed records only; or a transaction that is
-  acknowledged, or of which some value was read, whose values are all definitely absent.
+  acknowledged, or of which some value was read, whose values are all definitely absent;
+  or a send of a committed transaction (effective outcome ok) acknowledged at an offset
+  that a final read covers, where that final read holds another value, or holds its
+  value at another offset (its absence alone is the transaction's anomaly, below).
 * ``divergent-offset``: two reads of one topic-partition-offset with different values.
 * ``reorder``: two sends A and B of one producer to one partition, both with outcome ok,
   where A precedes B but ``offset(A) > offset(B)``. *Precedes* means in real time
@@ -50,6 +53,11 @@ Anomalies (``Anomaly.kind``):
   value is read (by a poll, or in a final read).
 * ``partial-transaction``: a transaction not definitely aborted of which some value is in
   a final read and another is definitely absent.
+* ``uncommitted-read``: a poll returned a transactional value and ended before its
+  transaction's ``TxnCommit`` started (whatever that commit's outcome): a read_committed
+  consumer saw a record before anyone asked to commit it. (A read of a transaction that
+  ended with a definite abort is an ``aborted-read``; one ended by an abort that may not
+  have happened, or not ended at all, is not judged here.)
 
 Out of scope (the workload must avoid them): compacted topics, records deleted at the
 head by anything other than retention (reads below a final read's start are never
@@ -91,6 +99,7 @@ AnomalyKind: TypeAlias = Literal[
     "phantom-write",
     "aborted-read",
     "partial-transaction",
+    "uncommitted-read",
 ]
 Tp: TypeAlias = tuple[str, int]
 Txn: TypeAlias = TxnCommit | TxnAbort
@@ -268,6 +277,7 @@ def check(history: History) -> Report:
     _check_sends(index, effective, anomalies, tally)
     _check_reads(index, effective, anomalies, tally)
     _check_transactions(index, anomalies)
+    _check_uncommitted_reads(history, index, anomalies)
     _check_order(index, anomalies)
     _check_commits(index, anomalies)
     _check_streams(index, anomalies)
@@ -301,6 +311,8 @@ def _check_sends(
             tally["acknowledged"] += 1
             if not send.transactional:
                 _check_acknowledged(index, send, out, tally)
+            else:
+                _check_committed_offset(index, send, out)
 
 
 def _check_acknowledged(
@@ -323,6 +335,26 @@ def _check_acknowledged(
                 Anomaly(
                     "lost-write",
                     f"{send.value!r} acknowledged at {_name(_tp(send))}@{send.offset}; the final "
+                    f"read has {found!r} there (value read at offsets {sorted(where)})",
+                    (send, final.read),
+                )
+            )
+
+
+def _check_committed_offset(index: _Index, send: Send, out: list[Anomaly]) -> None:
+    """A committed transactional send: its value where it was acknowledged, if at all (a
+    value missing is left to ``_check_transactions``, which judges its transaction whole)."""
+    assert send.offset is not None  # outcome ok
+    for final in index.finals.get(_tp(send), []):
+        if not final.covers(send.offset):
+            continue
+        found = final.by_offset.get(send.offset)
+        if found != send.value and (found is not None or send.value in final.values):
+            where = [p for (tp, p) in index.positions.get(send.value, {}) if tp == _tp(send)]
+            out.append(
+                Anomaly(
+                    "lost-write",
+                    f"{send.value!r} committed at {_name(_tp(send))}@{send.offset}; the final "
                     f"read has {found!r} there (value read at offsets {sorted(where)})",
                     (send, final.read),
                 )
@@ -406,6 +438,25 @@ def _check_transactions(index: _Index, out: list[Anomaly]) -> None:
                     (txn,),
                 )
             )
+
+
+def _check_uncommitted_reads(history: History, index: _Index, out: list[Anomaly]) -> None:
+    reported: set[str] = set()
+    for op in history:
+        if not isinstance(op, Poll):
+            continue
+        for offset, value in op.records:
+            txn = index.txn_of.get(value)
+            if isinstance(txn, TxnCommit) and op.end_ns < txn.start_ns and value not in reported:
+                reported.add(value)
+                out.append(
+                    Anomaly(
+                        "uncommitted-read",
+                        f"{op.consumer} read {value!r} at {_name(_tp(op))}@{offset} before "
+                        f"{txn.producer_id} asked to commit it",
+                        (index.sends[value], op, txn),
+                    )
+                )
 
 
 def _check_order(index: _Index, out: list[Anomaly]) -> None:

@@ -3,7 +3,7 @@
 ::
 
     python -m tests.faults.run --duration 300 --seed 7 [--brokers 3] [--out DIR] [--lossy]
-        [--disk-mb 512] [--kinds disk-full,kill]
+        [--disk-mb 512] [--kinds disk-full,kill] [--workloads queue,append,txn]
 
 Starts ZooKeeper and ``--brokers`` brokers, each in a network namespace of its own
 (``netns``), the clients in the root namespace; creates two topics of three partitions,
@@ -33,6 +33,13 @@ thing for tests. The namespaces, the mounts and every process are removed whatev
 happens (``with`` blocks; children also die with this process, and a tmpfs still in
 use is unmounted lazily). ``--kinds`` draws the schedule from the kinds named only
 (``--kinds netem`` for slow links alone).
+
+``--workloads`` picks the workloads (default ``queue,append``). ``txn`` adds the
+transactional one (``txn_workload``: confluent-kafka transactional producers and
+read_committed consumers through each broker's Kafka listener, on a topic ``txn`` of
+three partitions, RF 3), whose partitions are read back read_committed once no
+transaction is open on them. The ``queue`` topic is created whatever is picked: the
+nemesis aims at its leaders.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from tests.faults.netns import BrokerNodes, NamespaceNetwork
 from tests.faults.schedule import BASE_KINDS, FAULT_KINDS, Schedule, make_schedule
 from tests.faults.smalldisk import DEFAULT_SIZE_BYTES, SmallDisks
 from tests.faults.smalldisk import missing as smalldisk_missing
+from tests.faults.txn_workload import TxnWorkload, final_read_committed
 from tests.faults.workloads import AppendWorkload, QueueWorkload, final_read
 from tidelog.broker.cluster.testing import LocalCluster, ZooKeeperServer
 from tidelog.client import AdminClient
@@ -67,6 +75,9 @@ log = logging.getLogger(__name__)
 
 QUEUE_TOPIC = "queue"
 APPEND_TOPIC = "append"
+TXN_TOPIC = "txn"
+WORKLOADS = ("queue", "append", "txn")
+DEFAULT_WORKLOADS = ("queue", "append")
 PARTITIONS = 3
 SESSION_TIMEOUT_MS = 6_000
 WARMUP_S = 5.0
@@ -121,11 +132,17 @@ def run(
     lossy: bool = False,
     disk_bytes: int = DEFAULT_SIZE_BYTES,
     kinds: Sequence[str] | None = None,
+    workloads: Sequence[str] = DEFAULT_WORKLOADS,
     say: Callable[[str], object] = print,
 ) -> RunResult:
     """One run (module docstring); ``say`` gets every line of the report as it comes.
 
-    Raises ``RuntimeError`` when the host cannot run it (``nemesis.missing``)."""
+    Raises ``RuntimeError`` when the host cannot run it (``nemesis.missing``), and
+    ``ValueError`` for an unknown workload."""
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown or not workloads:
+        raise ValueError(f"workloads are some of {', '.join(WORKLOADS)}, not {sorted(unknown)}")
+    topics = [QUEUE_TOPIC, *(t for w, t in _TOPICS.items() if w in workloads and t != QUEUE_TOPIC)]
     reason = missing() or smalldisk_missing() or (lossyfs_missing() if lossy else None)
     if reason is not None:
         raise RuntimeError(reason)
@@ -168,6 +185,7 @@ def run(
                 zookeeper=zookeeper,
                 network=BrokerNodes(network),
                 data_dirs=disks.data_dirs(),
+                kafka="txn" in workloads,
             )
         )
         stack.callback(_save_logs, cluster, out)
@@ -182,7 +200,7 @@ def run(
             lossy_broker = LossyBroker(LOSSY_BROKER, fs)
         with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
             _eventually(lambda: len(admin.describe_cluster().brokers) == brokers, 60)
-            for topic in (QUEUE_TOPIC, APPEND_TOPIC):
+            for topic in topics:
                 admin.create_topic(
                     topic,
                     PARTITIONS,
@@ -193,10 +211,19 @@ def run(
             network, cluster, QUEUE_TOPIC, PARTITIONS, lossy=lossy_broker, disks=disks
         )
         stack.callback(nemesis.heal_all)
-        queue = QueueWorkload(recorder, cluster.bootstrap, QUEUE_TOPIC, PARTITIONS, seed=seed)
-        append = AppendWorkload(recorder, cluster.bootstrap, APPEND_TOPIC, PARTITIONS)
-        queue.start()
-        append.start()
+        running: list[QueueWorkload | AppendWorkload | TxnWorkload] = []
+        if "queue" in workloads:
+            running.append(
+                QueueWorkload(recorder, cluster.bootstrap, QUEUE_TOPIC, PARTITIONS, seed=seed)
+            )
+        if "append" in workloads:
+            running.append(AppendWorkload(recorder, cluster.bootstrap, APPEND_TOPIC, PARTITIONS))
+        if "txn" in workloads:
+            running.append(
+                TxnWorkload(recorder, cluster.kafka_bootstrap, TXN_TOPIC, PARTITIONS, seed=seed)
+            )
+        for workload in running:
+            workload.start()
         try:
             time.sleep(WARMUP_S)
             _follow(schedule, nemesis, recorder, result, say)
@@ -205,17 +232,28 @@ def run(
             try:
                 nemesis.heal_all()
             finally:
-                _settle(cluster, result, say)
+                _settle(cluster, topics, result, say)
                 say("stopping the workloads")
-                for workload in (queue, append):
+                for workload in running:
                     stuck = workload.stop()
                     result.harness_errors += [f"thread {name} did not end" for name in stuck]
                     result.harness_errors += workload.errors
-        _settle(cluster, result, say)
-        for topic in (QUEUE_TOPIC, APPEND_TOPIC):
+                    if isinstance(workload, TxnWorkload):
+                        say(f"transactions: {workload.stats}")
+                        if not workload.stats.committed:  # nothing to check: a failed run
+                            result.harness_errors.append("no transaction committed")
+        _settle(cluster, topics, result, say)
+        for topic in topics:
+            if topic == QUEUE_TOPIC and "queue" not in workloads:
+                continue
             for partition in range(PARTITIONS):
                 try:
-                    final_read(cluster.bootstrap, topic, partition, recorder, timeout_s=60)
+                    if topic == TXN_TOPIC:
+                        final_read_committed(
+                            cluster.kafka_bootstrap, topic, partition, recorder, timeout_s=60
+                        )
+                    else:
+                        final_read(cluster.bootstrap, topic, partition, recorder, timeout_s=60)
                 except (TimeoutError, ValueError) as error:
                     result.harness_errors.append(str(error))
     history = recorder.history()
@@ -235,6 +273,9 @@ def run(
     for line in tail:
         say(line)
     return result
+
+
+_TOPICS = {"queue": QUEUE_TOPIC, "append": APPEND_TOPIC, "txn": TXN_TOPIC}
 
 
 def _follow(
@@ -274,8 +315,13 @@ def _follow(
     time.sleep(max(0.0, began + schedule.duration_s - time.monotonic()))
 
 
-def _settle(cluster: LocalCluster, result: RunResult, say: Callable[[str], object]) -> None:
-    """Wait (bounded) until every replica of both topics is in sync again."""
+def _settle(
+    cluster: LocalCluster,
+    topics: Sequence[str],
+    result: RunResult,
+    say: Callable[[str], object],
+) -> None:
+    """Wait (bounded) until every replica of ``topics`` is in sync again."""
     began = time.monotonic()
     try:
         cluster.wait_converged(SETTLE_TIMEOUT_S)
@@ -284,7 +330,7 @@ def _settle(cluster: LocalCluster, result: RunResult, say: Callable[[str], objec
             def in_sync() -> bool:
                 return all(
                     set(p.isr) == set(p.replicas) and p.leader >= 0
-                    for topic in (QUEUE_TOPIC, APPEND_TOPIC)
+                    for topic in topics
                     for p in admin.describe_topic(topic).partitions
                 )
 
@@ -352,6 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="only these fault kinds, comma-separated (default: every kind the run can apply)",
     )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"comma-separated, some of {','.join(WORKLOADS)} (txn: transactions)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -366,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lossy=args.lossy,
             disk_bytes=args.disk_mb * 1024 * 1024,
             kinds=args.kinds.split(",") if args.kinds else None,
+            workloads=[w for w in args.workloads.split(",") if w],
         )
     except (RuntimeError, ValueError) as error:
         print(f"cannot run: {error}", file=sys.stderr)  # noqa: T201  # the command line

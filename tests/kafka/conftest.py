@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.broker.cluster.waiting import eventually
 from tidelog.broker.testing import InProcessBroker
+from tidelog.client import AdminClient, TopicPartition
 
 
 @dataclass(frozen=True)
@@ -38,3 +40,25 @@ def kafka_broker() -> Iterator[KafkaBroker]:
 def unique(prefix: str) -> str:
     """A topic or group name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def wait_until_decided(address: str, tp: TopicPartition, timeout_s: float = 30.0) -> int:
+    """Wait until every transaction on ``tp`` is decided and its marker written (the last
+    stable offset reaches the high watermark), through the gRPC listener at ``address``;
+    returns that offset. A committed or aborted transaction's answer comes before its
+    markers are written (Kafka's EndTxn does the same), so a test that needs them in the
+    log waits here."""
+    found: list[int] = []
+    with AdminClient(address) as admin:
+
+        def decided() -> bool:
+            ends = [
+                admin.list_offsets({tp: "latest"}, isolation_level=level)[tp]
+                for level in ("read_committed", "read_uncommitted")
+            ]
+            offsets = {-1 if end is None else end.offset for end in ends}
+            found[:] = sorted(offsets)
+            return len(offsets) == 1
+
+        eventually(decided, timeout_s)
+    return found[0]

@@ -1476,6 +1476,7 @@ class ProduceRequest(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     TOPICS_FIELD_NUMBER: _builtins.int
     SENT_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     """echoed in the answer (streams)"""
     acks: _builtins.int
@@ -1484,6 +1485,11 @@ class ProduceRequest(_message.Message):
     sent_timestamp_ms: _builtins.int
     """The producer's wall clock (ms) as it writes this request to the wire: every batch of
     the request gets it as its sent time. Unset (older clients): no sent time.
+    """
+    transactional_id: _builtins.str
+    """The transactional id of the producer whose transactional batches this carries
+    (Kafka's Produce transactional_id): needs WRITE on it, and each transactional batch's
+    partition must be in that producer's ongoing transaction (KIP-890 verification).
     """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProduceTopicData]: ...
@@ -1495,14 +1501,20 @@ class ProduceRequest(_message.Message):
         timeout_ms: _builtins.int = ...,
         topics: _abc.Iterable[Global___ProduceTopicData] | None = ...,
         sent_timestamp_ms: _builtins.int | None = ...,
+        transactional_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms", "sent_timestamp_ms", b"sent_timestamp_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms", "_transactional_id", b"_transactional_id", "sent_timestamp_ms", b"sent_timestamp_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms", "acks", b"acks", "correlation_id", b"correlation_id", "sent_timestamp_ms", b"sent_timestamp_ms", "timeout_ms", b"timeout_ms", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms", "_transactional_id", b"_transactional_id", "acks", b"acks", "correlation_id", b"correlation_id", "sent_timestamp_ms", b"sent_timestamp_ms", "timeout_ms", b"timeout_ms", "topics", b"topics", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__sent_timestamp_ms: _TypeAlias = _typing.Literal["sent_timestamp_ms"]  # noqa: Y015
     _WhichOneofArgType__sent_timestamp_ms: _TypeAlias = _typing.Literal["_sent_timestamp_ms", b"_sent_timestamp_ms"]  # noqa: Y015
+    _WhichOneofReturnType__transactional_id: _TypeAlias = _typing.Literal["transactional_id"]  # noqa: Y015
+    _WhichOneofArgType__transactional_id: _TypeAlias = _typing.Literal["_transactional_id", b"_transactional_id"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__sent_timestamp_ms) -> _WhichOneofReturnType__sent_timestamp_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__transactional_id) -> _WhichOneofReturnType__transactional_id | None: ...
 
 Global___ProduceRequest: _TypeAlias = ProduceRequest  # noqa: Y015
 
@@ -2576,7 +2588,12 @@ class OffsetFetchRequest(_message.Message):
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    REQUIRE_STABLE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
+    require_stable: _builtins.bool
+    """KIP-447 (a read_committed consumer sets it): a partition whose offset is pending in
+    an undecided transaction answers error_code UNSTABLE_OFFSET_COMMIT (retriable).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
         """empty = every committed partition"""
@@ -2586,10 +2603,11 @@ class OffsetFetchRequest(_message.Message):
         *,
         group_id: _builtins.str = ...,
         partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        require_stable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions", "require_stable", b"require_stable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3321,15 +3339,20 @@ class FindCoordinatorRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
+    KEY_TYPE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
+    """the key: a group id, or with key_type 1 a transactional id"""
+    key_type: _builtins.int
+    """0: a consumer group (default), 1: a transaction (Kafka's)"""
     def __init__(
         self,
         *,
         group_id: _builtins.str = ...,
+        key_type: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "key_type", b"key_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3583,6 +3606,472 @@ class ListUsersResponse(_message.Message):
 Global___ListUsersResponse: _TypeAlias = ListUsersResponse  # noqa: Y015
 
 @_typing.final
+class InitTransactionsRequest(_message.Message):
+    """------------------------------------------------------------------------ transactions
+    A call's error (PRODUCER_FENCED, CONCURRENT_TRANSACTIONS, INVALID_TXN_STATE,
+    NOT_COORDINATOR, ...) travels as the status and its code string, as every other RPC's.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    transaction_timeout_ms: _builtins.int
+    """at most the broker's transaction.max.timeout.ms"""
+    producer_id: _builtins.int
+    """KIP-360: the identity the producer holds, to bump its epoch after an abortable error
+    rather than be fenced; absent (or -1): a new instance, fencing any older one.
+    """
+    producer_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        transaction_timeout_ms: _builtins.int = ...,
+        producer_id: _builtins.int | None = ...,
+        producer_epoch: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__producer_epoch: _TypeAlias = _typing.Literal["producer_epoch"]  # noqa: Y015
+    _WhichOneofArgType__producer_epoch: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__producer_id: _TypeAlias = _typing.Literal["producer_id"]  # noqa: Y015
+    _WhichOneofArgType__producer_id: _TypeAlias = _typing.Literal["_producer_id", b"_producer_id"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_epoch) -> _WhichOneofReturnType__producer_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_id) -> _WhichOneofReturnType__producer_id | None: ...
+
+Global___InitTransactionsRequest: _TypeAlias = InitTransactionsRequest  # noqa: Y015
+
+@_typing.final
+class InitTransactionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InitTransactionsResponse: _TypeAlias = InitTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class AddPartitionsToTxnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddPartitionsToTxnRequest: _TypeAlias = AddPartitionsToTxnRequest  # noqa: Y015
+
+@_typing.final
+class AddPartitionsToTxnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddPartitionsToTxnResponse: _TypeAlias = AddPartitionsToTxnResponse  # noqa: Y015
+
+@_typing.final
+class AddOffsetsToTxnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    group_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        group_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddOffsetsToTxnRequest: _TypeAlias = AddOffsetsToTxnRequest  # noqa: Y015
+
+@_typing.final
+class AddOffsetsToTxnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddOffsetsToTxnResponse: _TypeAlias = AddOffsetsToTxnResponse  # noqa: Y015
+
+@_typing.final
+class EndTxnRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    commit: _builtins.bool
+    """false: abort"""
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        commit: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTxnRequest: _TypeAlias = EndTxnRequest  # noqa: Y015
+
+@_typing.final
+class EndTxnResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTxnResponse: _TypeAlias = EndTxnResponse  # noqa: Y015
+
+@_typing.final
+class TxnOffsetCommitRequest(_message.Message):
+    """Offsets committed in a transaction (sent to the group's coordinator): pending until
+    the transaction's COMMIT marker, dropped by its ABORT. The consumer's group metadata
+    (KIP-447) fences a zombie: a member id with a generation (its member epoch) that is
+    not the member's current one is refused.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    GENERATION_ID_FIELD_NUMBER: _builtins.int
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    group_id: _builtins.str
+    member_id: _builtins.str
+    """empty: no member check"""
+    generation_id: _builtins.int
+    """the member's epoch (-1: none)"""
+    group_instance_id: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommittedOffset]: ...
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        group_id: _builtins.str = ...,
+        member_id: _builtins.str = ...,
+        generation_id: _builtins.int = ...,
+        group_instance_id: _builtins.str | None = ...,
+        offsets: _abc.Iterable[Global___CommittedOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "group_instance_id", b"group_instance_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id", "generation_id", b"generation_id", "group_id", b"group_id", "group_instance_id", b"group_instance_id", "member_id", b"member_id", "offsets", b"offsets", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__group_instance_id: _TypeAlias = _typing.Literal["group_instance_id"]  # noqa: Y015
+    _WhichOneofArgType__group_instance_id: _TypeAlias = _typing.Literal["_group_instance_id", b"_group_instance_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_instance_id) -> _WhichOneofReturnType__group_instance_id | None: ...
+
+Global___TxnOffsetCommitRequest: _TypeAlias = TxnOffsetCommitRequest  # noqa: Y015
+
+@_typing.final
+class TxnOffsetCommitResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommittedOffset]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CommittedOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TxnOffsetCommitResponse: _TypeAlias = TxnOffsetCommitResponse  # noqa: Y015
+
+@_typing.final
+class DescribeTransactionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def transactional_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        transactional_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactional_ids", b"transactional_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeTransactionsRequest: _TypeAlias = DescribeTransactionsRequest  # noqa: Y015
+
+@_typing.final
+class TransactionTopic(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionTopic: _TypeAlias = TransactionTopic  # noqa: Y015
+
+@_typing.final
+class TransactionDescription(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    TRANSACTION_START_TIME_MS_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    COORDINATOR_ID_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    error_code: _builtins.str
+    """empty, or TRANSACTIONAL_ID_NOT_FOUND, NOT_COORDINATOR..."""
+    error_message: _builtins.str
+    state: _builtins.str
+    """Kafka's names: Empty, Ongoing, PrepareCommit, ..."""
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    transaction_timeout_ms: _builtins.int
+    transaction_start_time_ms: _builtins.int
+    """-1 when no transaction is open"""
+    coordinator_id: _builtins.int
+    """the broker that answered"""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TransactionTopic]: ...
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        state: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+        transaction_timeout_ms: _builtins.int = ...,
+        transaction_start_time_ms: _builtins.int = ...,
+        topics: _abc.Iterable[Global___TransactionTopic] | None = ...,
+        coordinator_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_id", b"coordinator_id", "error_code", b"error_code", "error_message", b"error_message", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "state", b"state", "topics", b"topics", "transaction_start_time_ms", b"transaction_start_time_ms", "transaction_timeout_ms", b"transaction_timeout_ms", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionDescription: _TypeAlias = TransactionDescription  # noqa: Y015
+
+@_typing.final
+class DescribeTransactionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def transactions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TransactionDescription]: ...
+    def __init__(
+        self,
+        *,
+        transactions: _abc.Iterable[Global___TransactionDescription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactions", b"transactions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeTransactionsResponse: _TypeAlias = DescribeTransactionsResponse  # noqa: Y015
+
+@_typing.final
+class ListTransactionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FILTERS_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FILTERS_FIELD_NUMBER: _builtins.int
+    DURATION_FILTER_MS_FIELD_NUMBER: _builtins.int
+    duration_filter_ms: _builtins.int
+    """> 0: only transactions open at least this long"""
+    @_builtins.property
+    def state_filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Kafka's state names; empty: every state"""
+
+    @_builtins.property
+    def producer_id_filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """empty: every producer"""
+
+    def __init__(
+        self,
+        *,
+        state_filters: _abc.Iterable[_builtins.str] | None = ...,
+        producer_id_filters: _abc.Iterable[_builtins.int] | None = ...,
+        duration_filter_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_filter_ms", b"duration_filter_ms", "producer_id_filters", b"producer_id_filters", "state_filters", b"state_filters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTransactionsRequest: _TypeAlias = ListTransactionsRequest  # noqa: Y015
+
+@_typing.final
+class TransactionListing(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONAL_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    COORDINATOR_ID_FIELD_NUMBER: _builtins.int
+    transactional_id: _builtins.str
+    producer_id: _builtins.int
+    state: _builtins.str
+    coordinator_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        transactional_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        state: _builtins.str = ...,
+        coordinator_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_id", b"coordinator_id", "producer_id", b"producer_id", "state", b"state", "transactional_id", b"transactional_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionListing: _TypeAlias = TransactionListing  # noqa: Y015
+
+@_typing.final
+class ListTransactionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSACTIONS_FIELD_NUMBER: _builtins.int
+    UNKNOWN_STATE_FILTERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def transactions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TransactionListing]: ...
+    @_builtins.property
+    def unknown_state_filters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        transactions: _abc.Iterable[Global___TransactionListing] | None = ...,
+        unknown_state_filters: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["transactions", b"transactions", "unknown_state_filters", b"unknown_state_filters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTransactionsResponse: _TypeAlias = ListTransactionsResponse  # noqa: Y015
+
+@_typing.final
 class TxnMarkerPartition(_message.Message):
     """------------------------------------------------------ transactions between brokers
 
@@ -3701,6 +4190,7 @@ class VerifyTxnPartitionRequest(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
     BROKER_ID_FIELD_NUMBER: _builtins.int
+    ADD_FIELD_NUMBER: _builtins.int
     transactional_id: _builtins.str
     producer_id: _builtins.int
     producer_epoch: _builtins.int
@@ -3708,6 +4198,8 @@ class VerifyTxnPartitionRequest(_message.Message):
     partition: _builtins.int
     broker_id: _builtins.int
     """the partition leader asking (for the log)"""
+    add: _builtins.bool
+    """transactions v2 (KIP-890 part 2): add it if missing"""
     def __init__(
         self,
         *,
@@ -3717,10 +4209,11 @@ class VerifyTxnPartitionRequest(_message.Message):
         topic: _builtins.str = ...,
         partition: _builtins.int = ...,
         broker_id: _builtins.int = ...,
+        add: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "partition", b"partition", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "topic", b"topic", "transactional_id", b"transactional_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add", b"add", "broker_id", b"broker_id", "partition", b"partition", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "topic", b"topic", "transactional_id", b"transactional_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

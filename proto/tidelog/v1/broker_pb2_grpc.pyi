@@ -100,6 +100,18 @@ class BrokerStub:
     UpsertUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.UpsertUserRequest, _broker_pb2.UpsertUserResponse]
     DeleteUser: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]
     ListUsers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListUsersRequest, _broker_pb2.ListUsersResponse]
+    InitTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitTransactionsRequest, _broker_pb2.InitTransactionsResponse]
+    """Transactions (issue #28, docs/transactions.md), served by the transaction
+    coordinator of the id (FindCoordinator with key_type 1): Kafka's InitProducerId with
+    a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn; TxnOffsetCommit at
+    the group's coordinator; DescribeTransactions and ListTransactions for the admin.
+    """
+    AddPartitionsToTxn: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AddPartitionsToTxnRequest, _broker_pb2.AddPartitionsToTxnResponse]
+    AddOffsetsToTxn: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AddOffsetsToTxnRequest, _broker_pb2.AddOffsetsToTxnResponse]
+    EndTxn: _grpc.UnaryUnaryMultiCallable[_broker_pb2.EndTxnRequest, _broker_pb2.EndTxnResponse]
+    TxnOffsetCommit: _grpc.UnaryUnaryMultiCallable[_broker_pb2.TxnOffsetCommitRequest, _broker_pb2.TxnOffsetCommitResponse]
+    DescribeTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTransactionsRequest, _broker_pb2.DescribeTransactionsResponse]
+    ListTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsResponse]
     WriteTxnMarkers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.WriteTxnMarkersRequest, _broker_pb2.WriteTxnMarkersResponse]
     """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
     coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
@@ -166,6 +178,18 @@ class BrokerAsyncStub(BrokerStub):
     UpsertUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpsertUserRequest, _broker_pb2.UpsertUserResponse]  # type: ignore[assignment]
     DeleteUser: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteUserRequest, _broker_pb2.DeleteUserResponse]  # type: ignore[assignment]
     ListUsers: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListUsersRequest, _broker_pb2.ListUsersResponse]  # type: ignore[assignment]
+    InitTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitTransactionsRequest, _broker_pb2.InitTransactionsResponse]  # type: ignore[assignment]
+    """Transactions (issue #28, docs/transactions.md), served by the transaction
+    coordinator of the id (FindCoordinator with key_type 1): Kafka's InitProducerId with
+    a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn; TxnOffsetCommit at
+    the group's coordinator; DescribeTransactions and ListTransactions for the admin.
+    """
+    AddPartitionsToTxn: _aio.UnaryUnaryMultiCallable[_broker_pb2.AddPartitionsToTxnRequest, _broker_pb2.AddPartitionsToTxnResponse]  # type: ignore[assignment]
+    AddOffsetsToTxn: _aio.UnaryUnaryMultiCallable[_broker_pb2.AddOffsetsToTxnRequest, _broker_pb2.AddOffsetsToTxnResponse]  # type: ignore[assignment]
+    EndTxn: _aio.UnaryUnaryMultiCallable[_broker_pb2.EndTxnRequest, _broker_pb2.EndTxnResponse]  # type: ignore[assignment]
+    TxnOffsetCommit: _aio.UnaryUnaryMultiCallable[_broker_pb2.TxnOffsetCommitRequest, _broker_pb2.TxnOffsetCommitResponse]  # type: ignore[assignment]
+    DescribeTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTransactionsRequest, _broker_pb2.DescribeTransactionsResponse]  # type: ignore[assignment]
+    ListTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsResponse]  # type: ignore[assignment]
     WriteTxnMarkers: _aio.UnaryUnaryMultiCallable[_broker_pb2.WriteTxnMarkersRequest, _broker_pb2.WriteTxnMarkersResponse]  # type: ignore[assignment]
     """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
     coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
@@ -481,6 +505,60 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListUsersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListUsersResponse, _abc.Awaitable[_broker_pb2.ListUsersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def InitTransactions(
+        self,
+        request: _broker_pb2.InitTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.InitTransactionsResponse, _abc.Awaitable[_broker_pb2.InitTransactionsResponse]]:
+        """Transactions (issue #28, docs/transactions.md), served by the transaction
+        coordinator of the id (FindCoordinator with key_type 1): Kafka's InitProducerId with
+        a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn; TxnOffsetCommit at
+        the group's coordinator; DescribeTransactions and ListTransactions for the admin.
+        """
+
+    @_abc_1.abstractmethod
+    def AddPartitionsToTxn(
+        self,
+        request: _broker_pb2.AddPartitionsToTxnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AddPartitionsToTxnResponse, _abc.Awaitable[_broker_pb2.AddPartitionsToTxnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AddOffsetsToTxn(
+        self,
+        request: _broker_pb2.AddOffsetsToTxnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AddOffsetsToTxnResponse, _abc.Awaitable[_broker_pb2.AddOffsetsToTxnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTxn(
+        self,
+        request: _broker_pb2.EndTxnRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.EndTxnResponse, _abc.Awaitable[_broker_pb2.EndTxnResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TxnOffsetCommit(
+        self,
+        request: _broker_pb2.TxnOffsetCommitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.TxnOffsetCommitResponse, _abc.Awaitable[_broker_pb2.TxnOffsetCommitResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeTransactions(
+        self,
+        request: _broker_pb2.DescribeTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeTransactionsResponse, _abc.Awaitable[_broker_pb2.DescribeTransactionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListTransactions(
+        self,
+        request: _broker_pb2.ListTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ListTransactionsResponse, _abc.Awaitable[_broker_pb2.ListTransactionsResponse]]: ...
 
     @_abc_1.abstractmethod
     def WriteTxnMarkers(

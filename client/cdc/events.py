@@ -1,0 +1,373 @@
+"""Change events: PostgreSQL rows as Debezium-style JSON records, one unit per transaction.
+
+Pure: decoded pgoutput messages (``client.cdc.pgoutput``) and snapshot rows in, records
+out; no socket, no clock. The format is DESIGN.md's CDC contract (docs/cdc.md has the
+whole story):
+
+- topic ``PREFIX.SCHEMA.TABLE``; key = the primary key as a JSON object (``{"id": 7}``,
+  ``json.dumps`` with its default separators, columns in the key's order), so a key's
+  bytes never change and compaction and the partitioner see one key per row;
+- value = ``{"op": "c"|"u"|"d"|"r", "before": {...}|null, "after": {...}|null,
+  "source": {"lsn": "0/16B3748", "txid": 123, "ts_ms": ..., "schema": ..., "table": ...,
+  "snapshot": bool}}``; ``lsn`` is the transaction's commit LSN (the snapshot's
+  consistent point for ``r``), ``txid`` its xid (null for ``r``), ``ts_ms`` its commit
+  time (the snapshot's start for ``r``);
+- a delete is followed by a tombstone (same key, null value) so compaction drops the row;
+- an UPDATE that changes the primary key is a delete of the old key (and its tombstone)
+  then a create of the new one (Debezium's convention);
+- ``before`` is the whole old row only with REPLICA IDENTITY FULL; with the default
+  identity an update has ``before: null`` and a delete's ``before`` holds the key columns;
+- a TOASTed value an UPDATE did not change (pgoutput sends no value for it) is taken from
+  the old row when REPLICA IDENTITY FULL sent one, else it is ``UNAVAILABLE_VALUE``
+  (Debezium's placeholder);
+- TRUNCATE is not an event (Debezium's default): compaction could not drop keys it was
+  never told, so it is logged, and docs/cdc.md says to re-snapshot;
+- column values are JSON scalars from PostgreSQL's text output: booleans, integers,
+  floats (NaN and infinities as strings), numeric as a number only when a double holds
+  it exactly (else the string), timestamps ISO 8601 (the connector's sessions run with
+  DateStyle ISO and TimeZone UTC), everything else the text itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypeAlias
+
+from tidelog.client.cdc.pgoutput import (
+    Begin,
+    Binary,
+    Commit,
+    Delete,
+    Insert,
+    Message,
+    Origin,
+    Relation,
+    Toast,
+    Truncate,
+    TupleData,
+    Type,
+    Update,
+    pg_time_to_ms,
+)
+
+__all__ = [
+    "UNAVAILABLE_VALUE",
+    "CdcError",
+    "ChangeAssembler",
+    "ChangeRecord",
+    "ChangeUnit",
+    "JsonValue",
+    "Position",
+    "TableShape",
+    "column_json",
+    "format_lsn",
+    "parse_lsn",
+    "read_records",
+    "topic_for",
+]
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+"""Stands for an unchanged TOASTed value PostgreSQL did not send (Debezium's placeholder)."""
+
+JsonValue: TypeAlias = bool | int | float | str | None
+
+_BOOL, _INT8, _INT2, _INT4, _OID = 16, 20, 21, 23, 26
+_FLOAT4, _FLOAT8, _NUMERIC = 700, 701, 1700
+_TIMESTAMP, _TIMESTAMPTZ = 1114, 1184
+_EXACT_INT_LIMIT = 2**53
+_OFFSET = re.compile(r"([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?$")
+
+
+class CdcError(Exception):
+    """The connector cannot go on: a table without a primary key, a dropped slot, a
+    malformed stream. The message says what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """What the connector records in its offsets topic once a unit is durable.
+
+    ``lsn``: the commit end LSN of the last stored transaction (the consistent point right
+    after a snapshot); ``snapshot_done``: the initial snapshot is wholly stored;
+    ``commit_ts_ms``: that transaction's commit time (0 for a snapshot).
+    """
+
+    lsn: int
+    snapshot_done: bool
+    commit_ts_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    topic: str
+    key: bytes
+    value: bytes | None  # None: a tombstone
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeUnit:
+    """What a ``ChangeSink`` stores as one: a PostgreSQL transaction's records (or one
+    chunk of a snapshot), in commit order, and the position to record after them
+    (None for snapshot chunks before the last)."""
+
+    records: tuple[ChangeRecord, ...]
+    position: Position | None
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """A table as the events see it: its columns (name, type OID) and primary key."""
+
+    schema: str
+    name: str
+    columns: tuple[tuple[str, int], ...]
+    primary_key: tuple[str, ...]
+
+
+def format_lsn(lsn: int) -> str:
+    """``0x16B3748`` as ``"0/16B3748"``: PostgreSQL's spelling (high/low 32 bits, hex)."""
+    return f"{lsn >> 32:X}/{lsn & 0xFFFF_FFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    """``"0/16B3748"`` as an integer. Raises ``ValueError`` for anything else."""
+    high, sep, low = text.partition("/")
+    if not sep or not high or not low:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def topic_for(prefix: str, schema: str, table: str) -> str:
+    return f"{prefix}.{schema}.{table}"
+
+
+def column_json(type_oid: int, text: str) -> JsonValue:
+    """One column's text output as a JSON scalar (the module docstring's rules)."""
+    if type_oid == _BOOL:
+        return text == "t"
+    if type_oid in (_INT2, _INT4, _INT8, _OID):
+        return int(text)
+    if type_oid in (_FLOAT4, _FLOAT8):
+        value = float(text)
+        return value if value == value and abs(value) != float("inf") else text
+    if type_oid == _NUMERIC:
+        return _numeric(text)
+    if type_oid == _TIMESTAMP and text[:1].isdigit():
+        return text.replace(" ", "T", 1)
+    if type_oid == _TIMESTAMPTZ and text[:1].isdigit():
+        return _iso_offset(text.replace(" ", "T", 1))
+    return text
+
+
+def _numeric(text: str) -> JsonValue:
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        return text
+    if not number.is_finite():
+        return text
+    if number == number.to_integral_value():
+        integral = int(number)
+        return integral if abs(integral) < _EXACT_INT_LIMIT else text
+    as_float = float(number)
+    return as_float if Decimal(as_float) == number else text
+
+
+def _iso_offset(text: str) -> str:
+    """``...+00`` as ``...+00:00`` (ISO 8601 wants minutes in the offset)."""
+    match = _OFFSET.search(text)
+    if match is None:
+        return text
+    sign, hours, minutes, seconds = match.groups()
+    offset = f"{sign}{hours}:{minutes or '00'}" + (f":{seconds}" if seconds else "")
+    return text[: match.start()] + offset
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
+def _key(shape: TableShape, row: dict[str, JsonValue]) -> bytes:
+    missing = [c for c in shape.primary_key if c not in row]
+    if missing:
+        raise CdcError(
+            f"{shape.schema}.{shape.name}: the change lacks primary-key columns {missing} "
+            "(is the replica identity an index other than the primary key?)"
+        )
+    return _dumps({c: row[c] for c in shape.primary_key})
+
+
+def _value(
+    shape: TableShape,
+    op: str,
+    before: dict[str, JsonValue] | None,
+    after: dict[str, JsonValue] | None,
+    source: dict[str, Any],
+) -> bytes:
+    return _dumps(
+        {
+            "op": op,
+            "before": before,
+            "after": after,
+            "source": {**source, "schema": shape.schema, "table": shape.name},
+        }
+    )
+
+
+def read_records(
+    prefix: str,
+    shape: TableShape,
+    rows: Sequence[Sequence[str | None]],
+    lsn: int,
+    ts_ms: int,
+) -> list[ChangeRecord]:
+    """Snapshot rows (each column's text output, in ``shape.columns`` order) as ``r``
+    events at the snapshot's consistent point ``lsn``."""
+    topic = topic_for(prefix, shape.schema, shape.name)
+    source = {"lsn": format_lsn(lsn), "txid": None, "ts_ms": ts_ms, "snapshot": True}
+    records = []
+    for texts in rows:
+        row = {
+            name: None if text is None else column_json(type_oid, text)
+            for (name, type_oid), text in zip(shape.columns, texts, strict=True)
+        }
+        records.append(ChangeRecord(topic, _key(shape, row), _value(shape, "r", None, row, source)))
+    return records
+
+
+PrimaryKeyOf: TypeAlias = Callable[[Relation], tuple[str, ...]]
+"""The primary-key columns of a Relation; raises ``CdcError`` when it has none."""
+
+
+class ChangeAssembler:
+    """Turns a stream of pgoutput messages into ``ChangeUnit``s, one per transaction.
+
+    ``feed`` returns the unit when a Commit arrives, None otherwise. Relations are kept
+    by OID and replaced whenever a new Relation message arrives (a schema change: later
+    rows carry the new columns). ``primary_key`` is asked once per Relation message.
+    Not thread-safe (one reader).
+    """
+
+    def __init__(self, prefix: str, primary_key: PrimaryKeyOf) -> None:
+        self._prefix = prefix
+        self._primary_key = primary_key
+        self._shapes: dict[int, TableShape] = {}
+        self._records: list[ChangeRecord] = []
+        self._begin: Begin | None = None
+
+    def feed(self, message: Message) -> ChangeUnit | None:
+        """Take one message; returns the finished unit on Commit.
+
+        Raises:
+            CdcError: a change outside Begin/Commit, of an unknown relation, or of a
+                table without a primary key.
+        """
+        if isinstance(message, Begin):
+            self._begin = message
+            self._records = []
+        elif isinstance(message, Commit):
+            if self._begin is None:
+                raise CdcError("Commit without Begin in the replication stream")
+            unit = ChangeUnit(
+                tuple(self._records),
+                Position(message.end_lsn, True, pg_time_to_ms(message.commit_time_us)),
+            )
+            self._begin = None
+            self._records = []
+            return unit
+        elif isinstance(message, Relation):
+            columns = tuple((c.name, c.type_oid) for c in message.columns)
+            key = self._primary_key(message)
+            self._shapes[message.oid] = TableShape(message.schema, message.name, columns, key)
+        elif isinstance(message, Insert | Update | Delete):
+            self._change(message)
+        elif isinstance(message, Truncate):
+            names = [self._shape(oid) for oid in message.relation_oids]
+            log.warning(
+                "TRUNCATE of %s is not captured: re-snapshot to drop the rows from the topics",
+                ", ".join(f"{s.schema}.{s.name}" for s in names),
+            )
+        elif isinstance(message, Origin | Type):
+            pass  # nothing an event needs: types come as text, origins are not filtered
+        return None
+
+    def _shape(self, oid: int) -> TableShape:
+        shape = self._shapes.get(oid)
+        if shape is None:
+            raise CdcError(f"a change to relation {oid} came before its Relation message")
+        return shape
+
+    def _change(self, message: Insert | Update | Delete) -> None:
+        begin = self._begin
+        if begin is None:
+            raise CdcError(f"{type(message).__name__} outside a transaction")
+        shape = self._shape(message.relation_oid)
+        topic = topic_for(self._prefix, shape.schema, shape.name)
+        source = {
+            "lsn": format_lsn(begin.final_lsn),
+            "txid": begin.xid,
+            "ts_ms": pg_time_to_ms(begin.commit_time_us),
+            "snapshot": False,
+        }
+        add = self._records.append
+        if isinstance(message, Insert):
+            after = _row(shape, message.new, None)
+            add(ChangeRecord(topic, _key(shape, after), _value(shape, "c", None, after, source)))
+        elif isinstance(message, Delete):
+            deleted = _row(shape, message.old, None, key_only=message.old_kind == "K")
+            key = _key(shape, deleted)
+            add(ChangeRecord(topic, key, _value(shape, "d", deleted, None, source)))
+            add(ChangeRecord(topic, key, None))
+        else:
+            old_full = message.old if message.old_kind == "O" else None
+            after = _row(shape, message.new, old_full)
+            key = _key(shape, after)
+            before: dict[str, JsonValue] | None = None
+            if old_full is not None:
+                before = _row(shape, old_full, None)
+            old = message.old
+            if old is not None:
+                old_row = before if before is not None else _row(shape, old, None, True)
+                old_key = _key(shape, old_row)
+                if old_key != key:
+                    # The primary key changed: delete the old row, create the new one.
+                    add(ChangeRecord(topic, old_key, _value(shape, "d", old_row, None, source)))
+                    add(ChangeRecord(topic, old_key, None))
+                    add(ChangeRecord(topic, key, _value(shape, "c", None, after, source)))
+                    return
+            add(ChangeRecord(topic, key, _value(shape, "u", before, after, source)))
+
+
+def _row(
+    shape: TableShape, data: TupleData, old: TupleData | None, key_only: bool = False
+) -> dict[str, JsonValue]:
+    """A tuple as ``{column: value}``; an unchanged TOASTed value is taken from ``old``
+    (REPLICA IDENTITY FULL's old row) or becomes ``UNAVAILABLE_VALUE``. ``key_only``: an
+    old-key image ('K'), whose other columns are not values (pgoutput sends them null)."""
+    if len(data) != len(shape.columns):
+        raise CdcError(
+            f"{shape.schema}.{shape.name}: a change with {len(data)} columns, "
+            f"its Relation has {len(shape.columns)}"
+        )
+    row: dict[str, JsonValue] = {}
+    for index, ((name, type_oid), value) in enumerate(zip(shape.columns, data, strict=True)):
+        if key_only and name not in shape.primary_key:
+            continue
+        if value is Toast.UNCHANGED and old is not None:
+            value = old[index]
+        if value is None:
+            row[name] = None
+        elif isinstance(value, Toast):
+            row[name] = UNAVAILABLE_VALUE
+        elif isinstance(value, Binary):
+            row[name] = value.data.hex()
+        else:
+            row[name] = column_json(type_oid, value.decode("utf-8"))
+    return row

@@ -1,0 +1,331 @@
+"""A decoder for PostgreSQL's ``pgoutput`` logical replication messages, protocol version 1.
+
+Pure: bytes in, frozen dataclasses out; no socket, no clock. ``decode(payload)`` takes the
+body of one XLogData CopyData message (psycopg2's ``ReplicationMessage.payload`` with
+``decode=False``) and returns one message. Integers are big-endian, strings are
+NUL-terminated (UTF-8: the connector requires a UTF-8 database), times are microseconds
+since 2000-01-01 (``pg_time_to_ms`` converts them).
+
+Layout, one message per payload, first byte the message type:
+
+====  ==========  ==============================================================================
+byte  message     fields
+====  ==========  ==============================================================================
+B     Begin       int64 final (commit) LSN, int64 commit time, int32 xid
+C     Commit      int8 flags (0), int64 commit LSN, int64 end LSN, int64 commit time
+O     Origin      int64 origin commit LSN, string origin name
+R     Relation    int32 relation OID, string schema ("" = pg_catalog), string name,
+                  int8 replica identity ('d','n','f','i'), int16 ncols, then per column:
+                  int8 flags (1 = part of the replica identity), string name,
+                  int32 type OID, int32 type modifier
+Y     Type        int32 type OID, string schema, string name
+I     Insert      int32 relation OID, 'N', TupleData
+U     Update      int32 relation OID, optional 'K' (old key) or 'O' (old row) + TupleData,
+                  'N' + TupleData
+D     Delete      int32 relation OID, 'K' or 'O' + TupleData
+T     Truncate    int32 nrels, int8 options (1 CASCADE, 2 RESTART IDENTITY), int32 OID x nrels
+====  ==========  ==============================================================================
+
+TupleData: int16 ncols, then per column a kind byte: 'n' NULL, 'u' an unchanged TOASTed
+value (no value sent), 't' int32 length + text bytes, 'b' int32 length + binary bytes.
+
+Decision: protocol version 1 only. Version 2 adds streamed in-progress transactions (an
+int32 xid before most messages, and Stream Start/Stop/Commit/Abort), 3 two-phase commit,
+4 parallel streaming; the connector never asks for them (no ``streaming`` option), so a
+large transaction arrives whole after its commit, and any other message type is a
+``PgOutputError``, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import TypeAlias
+
+__all__ = [
+    "PG_EPOCH_MS",
+    "Begin",
+    "Binary",
+    "Column",
+    "Commit",
+    "Delete",
+    "Insert",
+    "Message",
+    "Origin",
+    "PgOutputError",
+    "Relation",
+    "Toast",
+    "Truncate",
+    "TupleData",
+    "TupleValue",
+    "Type",
+    "Update",
+    "decode",
+    "pg_time_to_ms",
+]
+
+PG_EPOCH_MS = 946_684_800_000
+"""2000-01-01T00:00:00Z in ms since the Unix epoch: PostgreSQL's time zero."""
+
+
+class PgOutputError(ValueError):
+    """A payload that is not a well-formed protocol-1 pgoutput message."""
+
+
+class Toast(enum.Enum):
+    """The value of a column stored out of line and not changed by this UPDATE ('u')."""
+
+    UNCHANGED = "u"
+
+
+@dataclass(frozen=True, slots=True)
+class Binary:
+    """A column value in the type's binary send format ('b'; only with ``binary 'on'``)."""
+
+    data: bytes
+
+
+TupleValue: TypeAlias = bytes | Binary | Toast | None
+"""One column: text bytes ('t'), ``Binary`` ('b'), ``Toast.UNCHANGED`` ('u'), None ('n')."""
+TupleData: TypeAlias = tuple[TupleValue, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a Relation; ``key`` is flag bit 1 (part of the replica identity)."""
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    key: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int
+    commit_time_us: int
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    flags: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    commit_lsn: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    """A table's shape. Sent before its first change and again after any change to it."""
+
+    oid: int
+    schema: str
+    name: str
+    replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Type:
+    oid: int
+    schema: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    relation_oid: int
+    new: TupleData
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """``old_kind`` is 'K' (old key columns), 'O' (whole old row) or None (no old image)."""
+
+    relation_oid: int
+    old_kind: str | None
+    old: TupleData | None
+    new: TupleData
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    relation_oid: int
+    old_kind: str
+    old: TupleData
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    options: int
+    relation_oids: tuple[int, ...]
+
+
+Message: TypeAlias = Begin | Commit | Origin | Relation | Type | Insert | Update | Delete | Truncate
+
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_BEGIN = struct.Struct(">QqI")
+_COMMIT = struct.Struct(">bQQq")
+
+
+def pg_time_to_ms(time_us: int) -> int:
+    """A PostgreSQL timestamp (µs since 2000-01-01) as ms since the Unix epoch."""
+    return PG_EPOCH_MS + time_us // 1000
+
+
+class _Reader:
+    """A cursor over one payload; every read checks the bounds."""
+
+    __slots__ = ("data", "position")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.position = 0
+
+    def take(self, size: int) -> bytes:
+        end = self.position + size
+        if size < 0 or end > len(self.data):
+            raise PgOutputError(f"message ends early at byte {self.position} (needs {size} more)")
+        chunk = self.data[self.position : end]
+        self.position = end
+        return chunk
+
+    def unpack(self, layout: struct.Struct) -> tuple[int, ...]:
+        values: tuple[int, ...] = layout.unpack(self.take(layout.size))
+        return values
+
+    def int(self, layout: struct.Struct) -> int:
+        return self.unpack(layout)[0]
+
+    def byte(self) -> str:
+        return chr(self.take(1)[0])
+
+    def string(self) -> str:
+        end = self.data.find(b"\0", self.position)
+        if end < 0:
+            raise PgOutputError(f"string at byte {self.position} has no terminator")
+        text = self.data[self.position : end].decode("utf-8")
+        self.position = end + 1
+        return text
+
+    def tuple_data(self) -> TupleData:
+        count = self.int(_I16)
+        if count < 0:
+            raise PgOutputError(f"negative column count {count}")
+        values: list[TupleValue] = []
+        for _ in range(count):
+            kind = self.byte()
+            if kind == "n":
+                values.append(None)
+            elif kind == "u":
+                values.append(Toast.UNCHANGED)
+            elif kind in ("t", "b"):
+                length = self.int(_I32)
+                data = self.take(length)
+                values.append(data if kind == "t" else Binary(data))
+            else:
+                raise PgOutputError(f"unknown column kind {kind!r}")
+        return tuple(values)
+
+    def finish(self, message: Message) -> Message:
+        if self.position != len(self.data):
+            raise PgOutputError(
+                f"{type(message).__name__} has {len(self.data) - self.position} trailing bytes"
+            )
+        return message
+
+
+def decode(payload: bytes) -> Message:
+    """Decode one pgoutput message (protocol version 1).
+
+    Raises:
+        PgOutputError: an unknown message type, a short or over-long payload, an unknown
+            column kind or tuple marker.
+    """
+    if not payload:
+        raise PgOutputError("empty message")
+    reader = _Reader(bytes(payload))
+    kind = reader.byte()
+    message: Message
+    if kind == "B":
+        final_lsn, commit_time_us, xid = reader.unpack(_BEGIN)
+        message = Begin(final_lsn, commit_time_us, xid)
+    elif kind == "C":
+        flags, commit_lsn, end_lsn, commit_time_us = reader.unpack(_COMMIT)
+        message = Commit(flags, commit_lsn, end_lsn, commit_time_us)
+    elif kind == "O":
+        origin_lsn = reader.int(_U64)
+        message = Origin(origin_lsn, reader.string())
+    elif kind == "R":
+        message = _relation(reader)
+    elif kind == "Y":
+        message = Type(reader.int(_U32), reader.string(), reader.string())
+    elif kind == "I":
+        oid = reader.int(_U32)
+        marker = reader.byte()
+        if marker != "N":
+            raise PgOutputError(f"Insert: expected 'N', got {marker!r}")
+        message = Insert(oid, reader.tuple_data())
+    elif kind == "U":
+        message = _update(reader)
+    elif kind == "D":
+        oid = reader.int(_U32)
+        marker = reader.byte()
+        if marker not in ("K", "O"):
+            raise PgOutputError(f"Delete: expected 'K' or 'O', got {marker!r}")
+        message = Delete(oid, marker, reader.tuple_data())
+    elif kind == "T":
+        count = reader.int(_I32)
+        if count < 0:
+            raise PgOutputError(f"Truncate: negative relation count {count}")
+        options = reader.int(_I8)
+        oids = tuple(reader.int(_U32) for _ in range(count))
+        message = Truncate(options, oids)
+    else:
+        raise PgOutputError(f"unsupported pgoutput message type {kind!r} (protocol version 1)")
+    return reader.finish(message)
+
+
+def _relation(reader: _Reader) -> Relation:
+    oid = reader.int(_U32)
+    schema = reader.string()
+    name = reader.string()
+    identity = reader.byte()
+    count = reader.int(_I16)
+    if count < 0:
+        raise PgOutputError(f"Relation: negative column count {count}")
+    columns = []
+    for _ in range(count):
+        flags = reader.int(_I8)
+        column_name = reader.string()
+        type_oid = reader.int(_U32)
+        modifier = reader.int(_I32)
+        columns.append(Column(column_name, type_oid, modifier, bool(flags & 1)))
+    # "" is how pgoutput names pg_catalog (proto.c, logicalrep_write_namespace).
+    return Relation(oid, schema or "pg_catalog", name, identity, tuple(columns))
+
+
+def _update(reader: _Reader) -> Update:
+    oid = reader.int(_U32)
+    marker = reader.byte()
+    old_kind: str | None = None
+    old: TupleData | None = None
+    if marker in ("K", "O"):
+        old_kind = marker
+        old = reader.tuple_data()
+        marker = reader.byte()
+    if marker != "N":
+        raise PgOutputError(f"Update: expected 'N', got {marker!r}")
+    return Update(oid, old_kind, old, reader.tuple_data())
