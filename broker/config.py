@@ -59,6 +59,7 @@ key                                   default          meaning
 ``transactional.id.expiration.ms``    604800000        an idle transactional id is removed after
 ``transaction.state.log.num.partitions`` 5             partitions of ``__transaction_state``
 ``transaction.state.log.min.isr``     2                its ``min.insync.replicas`` (cluster)
+``transaction.state.log.replication.factor`` 3         its replicas (cluster; at most the brokers)
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms`` 10000  timed-out
                                                        transactions are looked for this often
 ``broker.id``                         0                this broker's id (unique in a cluster)
@@ -343,6 +344,7 @@ class BrokerConfig:
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     transaction_state_log_num_partitions: int = 5
     transaction_state_log_min_isr: int = 2
+    transaction_state_log_replication_factor: int = 3
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     broker_id: int = 0
     broker_rack: str | None = None  # None: no rack (Kafka's broker.rack)
@@ -786,6 +788,10 @@ _BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
         lambda k, v: _int(k, v, 1, 1_000),
     ),
     "transaction.state.log.min.isr": ("transaction_state_log_min_isr", lambda k, v: _int(k, v, 1)),
+    "transaction.state.log.replication.factor": (
+        "transaction_state_log_replication_factor",
+        lambda k, v: _int(k, v, 1, 32),
+    ),
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
         "transaction_abort_timed_out_transaction_cleanup_interval_ms",
         lambda k, v: _int(k, v, 1),

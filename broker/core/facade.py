@@ -108,7 +108,9 @@ from tidelog.broker.groups.manager import (
 )
 from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
-from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_coordinator
+from tidelog.broker.transactions.coordinator import Transactions, open_transactions
+from tidelog.broker.transactions.markers import TxnMarker, answers_by_marker
+from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
     InvalidRequestError,
@@ -145,12 +147,17 @@ class BrokerCore:
         authenticator: Authenticator | None,
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
-        transactions: TransactionCoordinator | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
         self.config = config
-        # The transaction coordinator (broker.transactions, issue #28): a single node's;
-        # None in a cluster until its coordinator is built (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
-        self.transactions = transactions
+        # Transactions (broker.transactions, issue #28): the coordinator of the
+        # __transaction_state partitions this broker leads (a single node: all); the check
+        # (or v2's implicit add) of a transactional batch with its id's coordinator,
+        # wherever that is (``RoutedVerify`` in a cluster); the markers this broker writes
+        # as a partition's leader. None: a core built without ``open`` (transactional
+        # requests refused).
+        self._txn = transactions
+        self.transactions = None if transactions is None else transactions.coordinator
         # Placement, topic administration and producer ids: the broker's role, which
         # changes (joining -> joined) inside this one object (broker.core.membership).
         self.membership = membership
@@ -198,8 +205,8 @@ class BrokerCore:
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
             clock=clock,
-            verify=None if transactions is None else transactions.verify_partition,
-            add_partition=None if transactions is None else transactions.add_partition,
+            verify=None if transactions is None else transactions.verify,
+            add_partition=None if transactions is None else transactions.add,
         )
         self._gate = OperationGate()
         self._closed = threading.Event()
@@ -309,27 +316,23 @@ class BrokerCore:
                 on_append=appended,
                 registry=partitions,
             )
-            transactions = (
-                open_coordinator(
-                    config,
-                    partitions,
-                    clock,
-                    lambda: membership.producer_ids.init(-1, -1)[0],
-                    lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
-                    appended,
-                    lambda topic, partition, producer_id, commit: (
-                        groups.store.end_transaction(partition, producer_id, commit)
-                        if topic == OFFSETS_TOPIC
-                        else None
-                    ),
-                )
-                if config.zookeeper_connect is None
-                else None
+            built = open_transactions(
+                config,
+                partitions,
+                clock,
+                membership,
+                lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
+                appended,
+                lambda topic, partition, producer_id, commit: (
+                    groups.store.end_transaction(partition, producer_id, commit)
+                    if topic == OFFSETS_TOPIC
+                    else None
+                ),
             )
+            transactions = built
             logs.start_background()
             groups.start()
-            if transactions is not None:
-                transactions.start()
+            transactions.coordinator.start()
             fetch_purgatory.start()
             delayed.delete_records.start()
             group_fsync.start()
@@ -359,9 +362,68 @@ class BrokerCore:
     def became_leader(self, topic: str, partition: int) -> None:
         """This broker now leads the partition: an offsets partition's groups (committed
         offsets and classic membership) are loaded from its replicated log (their
-        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse."""
+        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse. A
+        ``__transaction_state`` partition's transactional ids likewise
+        (``TransactionCoordinator.load_partition``, which also finishes the prepared
+        commits and aborts; ``unload_resigned`` the reverse)."""
         if topic == OFFSETS_TOPIC:
             self._groups.reload_partition(partition)
+        elif topic == TRANSACTION_STATE_TOPIC and self.transactions is not None:
+            self.transactions.load_partition(partition)
+
+    # --- transactions between brokers -------------------------------------------------------
+
+    def verify_transactional(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
+    ) -> str:
+        """KIP-890's check that ``tp`` is in the producer's ongoing transaction, asked of
+        the id's coordinator wherever it is: ``""`` or Kafka's error name (a coordinator
+        that cannot answer: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``...)."""
+        if self._txn is None:
+            return "COORDINATOR_NOT_AVAILABLE"
+        with self._gate.operation():
+            return self._txn.verify(transactional_id, producer_id, producer_epoch, tp)
+
+    def add_transactional(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
+    ) -> str:
+        """Transactions v2's implicit AddPartitionsToTxn (KIP-890 part 2: a Produce v12 or
+        TxnOffsetCommit v5 naming a partition), asked of the id's coordinator wherever it
+        is: ``""`` once ``tp`` is in the transaction, or Kafka's error name."""
+        if self._txn is None:
+            return "COORDINATOR_NOT_AVAILABLE"
+        with self._gate.operation():
+            return self._txn.add(transactional_id, producer_id, producer_epoch, tp)
+
+    def verify_txn_partition(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        tp: tuple[str, int],
+        *,
+        add: bool = False,
+    ) -> str:
+        """The coordinator's half of a verification (``add``: v2's implicit add) another
+        broker asked for: this broker's own answer (``NOT_COORDINATOR`` unless it
+        coordinates the id)."""
+        if self.transactions is None:
+            return "NOT_COORDINATOR"
+        with self._gate.operation():
+            check = self.transactions.add_partition if add else self.transactions.verify_partition
+            return check(transactional_id, producer_id, producer_epoch, tp)
+
+    def write_txn_markers(
+        self, markers: Sequence[TxnMarker]
+    ) -> list[Mapping[tuple[str, int], str]]:
+        """WriteTxnMarkers, the partition leader's side: each marker written (as an
+        ``acks=all`` append) to its partitions this broker leads; per marker, per partition
+        ``""`` or Kafka's error name (``NOT_LEADER_OR_FOLLOWER`` elsewhere,
+        ``TRANSACTION_COORDINATOR_FENCED`` for a deposed coordinator's marker...)."""
+        if self._txn is None:
+            return [dict.fromkeys(m.partitions, "NOT_LEADER_OR_FOLLOWER") for m in markers]
+        with self._gate.operation():
+            return answers_by_marker(self._txn.markers, markers)
 
     @property
     def placement(self) -> Placement:

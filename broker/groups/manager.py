@@ -70,6 +70,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.classic import ClassicGroups
@@ -229,21 +230,20 @@ class GroupManager:
         reload runs after its ``make_leader``, so an unload that saw "not leading" cannot
         land after the reload of a later leadership."""
         store = self._store
-        unloaded = []
-        for partition in store.loaded_partitions():
-            with self._roles_lock:
-                if store.leads(partition) or partition not in store.loaded_partitions():
-                    continue
-                self._unload_groups(partition)
-                forgotten = store.unload_partition(partition)
-            unloaded.append(partition)
+
+        def unload(partition: int) -> int:
+            self._unload_groups(partition)
+            return store.unload_partition(partition)
+
+        unloaded = unload_resigned(store.loaded_partitions, store.leads, self._roles_lock, unload)
+        for partition, forgotten in unloaded:
             log.info(
                 "%s-%d: no longer its leader; %d group(s) with offsets or metadata unloaded",
                 OFFSETS_TOPIC,
                 partition,
                 forgotten,
             )
-        return unloaded
+        return [partition for partition, _ in unloaded]
 
     def _unload_groups(self, partition: int) -> int:
         """Forget the classic and KIP-848 groups stored in ``partition``; the sequence
