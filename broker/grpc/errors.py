@@ -53,6 +53,7 @@ from tidelog.storage.errors import (
     InvalidProducerEpochError,
     InvalidProducerIdMappingError,
     InvalidRecordError,
+    InvalidRecordStateError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidRequestError,
@@ -102,6 +103,7 @@ from tidelog.storage.errors import (
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
     UnreleasedInstanceIdError,
+    UnstableOffsetCommitError,
     UnsupportedCompressionTypeError,
     UnsupportedSaslMechanismError,
 )
@@ -152,6 +154,8 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     GroupNotEmptyError: grpc.StatusCode.FAILED_PRECONDITION,
     GroupIdNotFoundError: grpc.StatusCode.NOT_FOUND,
     GroupSubscribedToTopicError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnstableOffsetCommitError: grpc.StatusCode.UNAVAILABLE,  # retriable: its marker comes
+    InvalidRecordStateError: grpc.StatusCode.FAILED_PRECONDITION,
     TransactionError: grpc.StatusCode.FAILED_PRECONDITION,
     ProducerFencedError: grpc.StatusCode.FAILED_PRECONDITION,
     ConcurrentTransactionsError: grpc.StatusCode.UNAVAILABLE,

@@ -1,8 +1,9 @@
 """A broker process (``python -m tidelog.broker``) with a Kafka listener on a fixed port,
 killed with SIGKILL and restarted on the same data directory: the crash tests of
-transactions (tests/kafka/test_transaction_crashes.py) and the transactional workload
-under kills (tests/faults/test_transactions_under_kills.py). The gRPC listener takes a
-fresh port at each start; clients that must survive a restart use the Kafka one."""
+transactions (tests/kafka/test_transaction_crashes.py), the transactional workload under
+kills (tests/faults/test_transactions_under_kills.py), hanging transactions
+(tests/client/test_hanging_transactions.py). Both listeners keep their ports across
+restarts."""
 
 from __future__ import annotations
 
@@ -27,12 +28,15 @@ def _free_port() -> int:
 
 
 class BrokerProcess:
-    """``python -m tidelog.broker`` on fixed ports, restartable on its data directory."""
+    """``python -m tidelog.broker`` on fixed ports (``bootstrap`` the Kafka listener's,
+    ``address`` the gRPC one's), restartable on its data directory."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.kafka_port = _free_port()
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
+        self.grpc_port = _free_port()
+        self.address = f"127.0.0.1:{self.grpc_port}"  # Tidelog's own clients, the CLI
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -41,7 +45,7 @@ class BrokerProcess:
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "tidelog.broker", "--data-dir", str(self.data_dir),
-                "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
+                "--listen", self.address, "--ready-file", str(ready), "--log-level", "WARNING",
                 "--set", "metrics.port=-1",
                 "--set", f"kafka.listen=127.0.0.1:{self.kafka_port}",
                 "--set", "transaction.abort.timed.out.transaction.cleanup.interval.ms=200",

@@ -2173,6 +2173,8 @@ class ProducerState(_message.Message):
     LAST_SEQUENCE_FIELD_NUMBER: _builtins.int
     LAST_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     LAST_OFFSET_FIELD_NUMBER: _builtins.int
+    COORDINATOR_EPOCH_FIELD_NUMBER: _builtins.int
+    CURRENT_TXN_START_OFFSET_FIELD_NUMBER: _builtins.int
     producer_id: _builtins.int
     producer_epoch: _builtins.int
     last_sequence: _builtins.int
@@ -2180,6 +2182,12 @@ class ProducerState(_message.Message):
     last_timestamp_ms: _builtins.int
     last_offset: _builtins.int
     """offset of the last record of its last batch, -1 if none"""
+    coordinator_epoch: _builtins.int
+    """The coordinator epoch of its last transaction marker here (-1: none), and the first
+    offset of its open transaction (-1: none open): what an abort of a hanging
+    transaction (WriteTxnMarkers, `tidelog transactions abort`) needs.
+    """
+    current_txn_start_offset: _builtins.int
     def __init__(
         self,
         *,
@@ -2188,10 +2196,12 @@ class ProducerState(_message.Message):
         last_sequence: _builtins.int = ...,
         last_timestamp_ms: _builtins.int = ...,
         last_offset: _builtins.int = ...,
+        coordinator_epoch: _builtins.int = ...,
+        current_txn_start_offset: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_offset", b"last_offset", "last_sequence", b"last_sequence", "last_timestamp_ms", b"last_timestamp_ms", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coordinator_epoch", b"coordinator_epoch", "current_txn_start_offset", b"current_txn_start_offset", "last_offset", b"last_offset", "last_sequence", b"last_sequence", "last_timestamp_ms", b"last_timestamp_ms", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
