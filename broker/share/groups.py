@@ -213,12 +213,25 @@ class ShareGroupManager:
             self._stop.wait(wait_ms / 1000.0)
 
     def expire(self) -> list[ShareRemoval]:
-        """Remove every member whose session ended (one pass); returns who."""
+        """Remove every member whose session ended (one pass, a group at a time, each
+        group's records written before the next is touched); returns who. A group whose
+        write fails keeps its members (``_write_locked``) and the pass goes on; the first
+        failure is raised at the end."""
         topics = self._topic_counts()
+        removed: list[ShareRemoval] = []
+        failure: Exception | None = None
         with self._lock:
-            removed, changes = self._coordinator.expire(self._clock.monotonic_ms(), topics)
-            for group_id, records in changes.items():
-                self._write_locked(group_id, records)
+            now_ms = self._clock.monotonic_ms()
+            for group_id in self._coordinator.group_ids():
+                gone, changes = self._coordinator.expire(now_ms, topics, group_id)
+                try:
+                    self._write_locked(group_id, changes.get(group_id, {}))
+                except Exception as exc:  # StorageError, NotLeaderOrFollowerError...
+                    failure = failure or exc
+                    continue
+                removed.extend(gone)
+        if failure is not None:
+            raise failure
         return removed
 
     # --- membership -----------------------------------------------------------------------
@@ -248,7 +261,8 @@ class ShareGroupManager:
 
     def _write_locked(self, group_id: str, changes: Changes) -> None:
         """Store a group's changed records; on failure rebuild the group from its
-        durable records and raise."""
+        durable records (the change undone; its members' sessions start again, as after
+        any load) and raise."""
         if not changes:
             return
         try:

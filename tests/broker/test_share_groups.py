@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.cluster.waiting import eventually
 from tidelog.broker.groups.classic_types import ClassicError, JoinRequest
 from tidelog.broker.groups.coordinator import HeartbeatRequest
 from tidelog.broker.groups.manager import GroupManager, OffsetCommitEntry
@@ -216,6 +217,16 @@ def test_members_whose_session_ends_are_removed(tmp_path: Path, clock: ManualClo
         assert len(answer.assignment) == 2
         with pytest.raises(UnknownMemberIdError):
             b.beat("a", survivor.member_epoch)
+
+
+def test_the_timer_removes_members_whose_session_ended(tmp_path: Path, clock: ManualClock) -> None:
+    with broker(tmp_path, clock) as b:
+        b.logs.create_topic(TOPIC, 1)
+        b.beat("a", 0)
+        b.shares.start()
+        clock.advance(SESSION_MS)
+        eventually(lambda: not b.shares.describe_group(GROUP).members, timeout_s=10)
+        assert b.shares.describe_group(GROUP).group_epoch == 2
 
 
 def test_the_group_size_is_bounded(tmp_path: Path, clock: ManualClock) -> None:

@@ -123,6 +123,10 @@ def test_a_coordinator_that_may_not_write_changes_nothing_and_a_new_leader_reloa
             shares.heartbeat(ShareHeartbeatRequest(GROUP, "a", first.member_epoch, None))
         # The refused heartbeat moved "a" to epoch 2 in memory only: undone.
         assert shares.describe_group(GROUP) == before
+        clock.advance(45_000)
+        with pytest.raises(NotLeaderOrFollowerError):
+            shares.expire()  # the sessions ended, but the removals cannot be stored
+        assert shares.describe_group(GROUP) == before
         assert shares.unload_partition(0) == [GROUP]
         with pytest.raises(GroupIdNotFoundError):
             shares.describe_group(GROUP)
