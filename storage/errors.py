@@ -42,6 +42,7 @@ and this module, which import nothing else of ours).
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   │   ├── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
+    │   │   ├── GroupMaxSizeReachedError  GROUP_MAX_SIZE_REACHED (group.share.max.size)
     │   │   └── UnstableOffsetCommitError UNSTABLE_OFFSET_COMMIT  retriable
     │   ├── InvalidRecordStateError       INVALID_RECORD_STATE (share groups: not acquired by you)
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
@@ -114,6 +115,7 @@ __all__ = [
     "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
+    "GroupMaxSizeReachedError",
     "GroupNotEmptyError",
     "GroupSubscribedToTopicError",
     "InternalError",
@@ -395,6 +397,13 @@ class GroupSubscribedToTopicError(GroupError):
     topic (Kafka's OffsetDelete, KIP-496)."""
 
     code = "GROUP_SUBSCRIBED_TO_TOPIC"
+
+
+class GroupMaxSizeReachedError(GroupError):
+    """A new member would take the group past its maximum size (``group.share.max.size``
+    for a share group, issue #32)."""
+
+    code = "GROUP_MAX_SIZE_REACHED"
 
 
 class UnstableOffsetCommitError(GroupError):

@@ -159,6 +159,7 @@ class GroupManager:
             clock,
             initial_rebalance_delay_ms=config.initial_rebalance_delay_ms,
             writer=store.store_group,
+            foreign=store.is_share_group,
         )
 
     @classmethod
@@ -317,12 +318,13 @@ class GroupManager:
     # --- membership -------------------------------------------------------------------------
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
-        """Join, heartbeat or leave (see ``GroupCoordinator.heartbeat`` for the errors).
-
-        The group's overdue members are expired first, so a heartbeat never waits for the
-        timer to hand it the partitions of a dead member.
-        """
+        """Join, heartbeat or leave (see ``GroupCoordinator.heartbeat`` for the errors; a
+        share group's id is ``GroupIdNotFoundError``). The group's overdue members are
+        expired first, so a heartbeat never waits for the timer to hand it the partitions
+        of a dead member."""
         _check_group_id(request.group_id)
+        if self._store.is_share_group(request.group_id):  # issue #32, as Kafka answers
+            raise GroupIdNotFoundError(f"Group {request.group_id} is not a consumer group.")
         topics = self._topic_counts()
         with self._lock:
             now_ms = self._clock.monotonic_ms()

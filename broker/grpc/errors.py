@@ -45,6 +45,7 @@ from tidelog.storage.errors import (
     GroupAuthorizationFailedError,
     GroupError,
     GroupIdNotFoundError,
+    GroupMaxSizeReachedError,
     GroupNotEmptyError,
     GroupSubscribedToTopicError,
     InternalError,
@@ -156,6 +157,7 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     GroupSubscribedToTopicError: grpc.StatusCode.FAILED_PRECONDITION,
     UnstableOffsetCommitError: grpc.StatusCode.UNAVAILABLE,  # retriable: its marker comes
     InvalidRecordStateError: grpc.StatusCode.FAILED_PRECONDITION,
+    GroupMaxSizeReachedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TransactionError: grpc.StatusCode.FAILED_PRECONDITION,
     ProducerFencedError: grpc.StatusCode.FAILED_PRECONDITION,
     ConcurrentTransactionsError: grpc.StatusCode.UNAVAILABLE,
