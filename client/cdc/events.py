@@ -262,6 +262,11 @@ class ChangeAssembler:
         self._records: list[ChangeRecord] = []
         self._begin: Begin | None = None
 
+    @property
+    def idle(self) -> bool:
+        """No transaction is half received (between Begin and Commit)."""
+        return self._begin is None
+
     def feed(self, message: Message) -> ChangeUnit | None:
         """Take one message; returns the finished unit on Commit.
 
