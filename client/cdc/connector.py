@@ -460,7 +460,7 @@ class PostgresConnector:
         )
         if tombstones:
             log.info("CDC %s: %d rows gone since an earlier snapshot", config.slot, len(tombstones))
-        sink.write(ChangeUnit(tombstones, Position(lsn, True, 0)))
+        sink.write(ChangeUnit(tombstones, Position(lsn, True, 0), snapshot=True))
         return lsn
 
     def _snapshot_table(
@@ -491,7 +491,7 @@ class PostgresConnector:
                     break
                 records = read_records(config.topic_prefix, shape, rows, lsn, ts_ms)
                 leftovers.difference_update(r.key for r in records)
-                sink.write(ChangeUnit(tuple(records), None))
+                sink.write(ChangeUnit(tuple(records), None, snapshot=True))
                 done += len(rows)
                 log.info(
                     "CDC snapshot %s.%s: %d of ~%d rows", shape.schema, shape.name, done, estimate

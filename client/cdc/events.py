@@ -115,10 +115,12 @@ class ChangeRecord:
 class ChangeUnit:
     """What a ``ChangeSink`` stores as one: a PostgreSQL transaction's records (or one
     chunk of a snapshot), in commit order, and the position to record after them
-    (None for snapshot chunks before the last)."""
+    (None for snapshot chunks before the last). ``snapshot``: a part of the initial
+    snapshot (its last unit carries the ``snapshot_done`` position)."""
 
     records: tuple[ChangeRecord, ...]
     position: Position | None
+    snapshot: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,16 +143,18 @@ class TransactionalSink:
 
     def write(self, unit: ChangeUnit) -> None:
         """Add ``unit`` to the open transaction (beginning one if none is open); commit
-        when the batch is due. A unit without a position is a snapshot chunk."""
+        when the batch is due, or, for the snapshot, at its last unit."""
         if not self._open:
-            self._begin(snapshot=unit.position is None)
+            self._begin(snapshot=unit.snapshot)
+        elif unit.snapshot != self._snapshot:
+            raise CdcError("a snapshot unit and a streaming unit in one transaction")
         producer = self._live_producer()
         for record in unit.records:
             producer.send(record.topic, value=record.value, key=record.key)
         self._records += len(unit.records)
         if unit.position is None:
             if not self._snapshot:
-                raise CdcError("a unit without a position in a streaming transaction")
+                raise CdcError("a streaming unit without a position")
             stop_point("snapshot", prepare=self._flush_sends)
             return
         self._position = unit.position
