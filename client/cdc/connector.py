@@ -296,8 +296,8 @@ class PostgresConnector:
                 try:
                     self._stream(sql_conn, repl_cur, sink, start_lsn)
                     return
-                except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                    if self._stop.is_set():
+                except psycopg2.DatabaseError as exc:
+                    if self._stop.is_set() or not _connection_lost(exc):
                         raise
                     log.warning("CDC %s: PostgreSQL connection lost: %s", config.slot, exc)
                     self.streaming.clear()
@@ -596,6 +596,15 @@ class PostgresConnector:
             while self._unconfirmed and self._unconfirmed[0][0] <= durable:
                 self._unconfirmed.popleft()
         return durable
+
+
+def _connection_lost(exc: psycopg2.DatabaseError) -> bool:
+    """A PostgreSQL error that means the session is gone, not that a statement failed:
+    a broken connection, the server shutting down (57P01), or the server ending the
+    replication COPY (psycopg2: "no COPY in progress", no SQLSTATE)."""
+    return (
+        isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError) or exc.pgcode is None
+    )
 
 
 def _qualified(shape: TableShape) -> str:
