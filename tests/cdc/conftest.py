@@ -8,6 +8,9 @@ refuses to run as root, in a directory that user owns. Start is bounded
 directory removed at the end. PostgreSQL missing is a failure (``make venv`` and
 ``.ci/run`` install it), never a skip.
 
+``postgres.restart()`` stops the server (fast shutdown: sessions are cut) and starts it
+again on the same port and data, for the tests of a restart under a running connector.
+
 ``database`` gives each test a fresh database (``dsn``), so slots and publications of one
 test never meet another's; ``broker`` is one in-process broker per module.
 """
@@ -25,8 +28,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg2
@@ -44,9 +47,16 @@ class Postgres:
     host: str
     port: int
     user: str
+    restarter: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host={self.host} port={self.port} user={self.user} dbname={dbname}"
+
+    def restart(self) -> None:
+        """Fast shutdown, then start again (same port, same data); returns once it
+        accepts connections."""
+        assert self.restarter is not None
+        self.restarter()
 
 
 def _binaries() -> Path:
@@ -112,28 +122,43 @@ def postgres() -> Iterator[Postgres]:
     args = [str(bindir / "postgres"), "-D", str(data)]
     for name, value in settings.items():
         args += ["-c", f"{name}={value}"]
-    log = open(root / "postgres.log", "wb")  # noqa: SIM115 (closed at the end)
-    server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **user_kwargs)  # type: ignore[call-overload]
-    info = Postgres("127.0.0.1", port, "postgres")
-    try:
+    log = open(root / "postgres.log", "ab")  # noqa: SIM115 (closed at the end)
+    servers: list[subprocess.Popen[bytes]] = []
+    plain = Postgres("127.0.0.1", port, "postgres")
+
+    def start() -> None:
+        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **user_kwargs)  # type: ignore[call-overload]
+        servers.append(server)
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
             try:
-                psycopg2.connect(info.dsn(), connect_timeout=2).close()
+                psycopg2.connect(plain.dsn(), connect_timeout=2).close()
                 break
             except psycopg2.OperationalError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     tail = (root / "postgres.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"PostgreSQL did not start:\n{tail}") from None
                 time.sleep(0.1)
-        yield info
-    finally:
+
+    def stop() -> None:
+        server = servers[-1]
         server.send_signal(signal.SIGINT)  # fast shutdown
         try:
             server.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+    def restart() -> None:
+        stop()
+        start()
+
+    try:
+        start()
+        yield Postgres("127.0.0.1", port, "postgres", restart)
+    finally:
+        if servers:
+            stop()
         log.close()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -146,9 +171,13 @@ def dsn(postgres: Postgres) -> Iterator[str]:
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name}")
+    admin.close()
     try:
         yield postgres.dsn(name)
     finally:
+        # A new session: the server may have been restarted meanwhile.
+        admin = psycopg2.connect(postgres.dsn())
+        admin.autocommit = True
         with admin.cursor() as cur:
             cur.execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
