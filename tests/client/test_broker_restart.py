@@ -1,6 +1,7 @@
 """A broker killed (SIGKILL) and restarted under a running producer and consumer.
 
-The broker runs as a subprocess (``python -m broker``) so that it can really be killed.
+The broker runs as a subprocess (``tests.kafka.broker_process.BrokerProcess``) so that it
+can really be killed.
 The idempotent producer must deliver every record exactly once: requests in flight when
 the broker died are retried with the same bytes and sequence numbers, and the restarted
 broker (which rebuilt its producer state from the log) answers a batch it already stored
@@ -10,10 +11,6 @@ with the original offsets instead of storing it again.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -21,56 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka.broker_process import BrokerProcess
 from tidelog.client import AdminClient, Consumer, OutOfOrderSequenceError, Producer, TopicPartition
 from tidelog.client.types import ConsumerRecord
 from tidelog.storage.records import iter_batch_headers
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class BrokerProcess:
-    """``python -m broker`` on 127.0.0.1, killable, restartable on the same port."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = 0
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        ready = self.data_dir.parent / "ready"
-        ready.unlink(missing_ok=True)
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "tidelog.broker", "--data-dir", str(self.data_dir),
-                "--listen", f"127.0.0.1:{self.port}", "--ready-file", str(ready),
-                "--log-level", "WARNING", "--set", "metrics.port=-1",
-            ],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the broker did not start")
-            time.sleep(0.02)
-        self.port = int(ready.read_text().strip().rpartition(":")[2])
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @pytest.fixture
