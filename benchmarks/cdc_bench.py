@@ -82,7 +82,12 @@ MARKER = "end-of-round"
 
 # PostgreSQL for a benchmark: no checkpoint in the middle of a round, nothing vacuuming
 # beside the load, a walsender never timing out on a reader that is not reading yet.
+# ``synchronous_commit`` back on (the test server turns it off): a walsender decodes only
+# flushed WAL, and with it off a commit waits for the WAL writer's next round
+# (``wal_writer_delay``, 200 ms) before any reader can see it. ``fsync`` stays off: the
+# disk's flush time would be pgbench's, not the readers'.
 SERVER_SETTINGS = {
+    "synchronous_commit": "on",
     "max_wal_size": "4GB",
     "checkpoint_timeout": "1h",
     "autovacuum": "off",

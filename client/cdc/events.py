@@ -210,10 +210,20 @@ def _key(shape: TableShape, row: dict[str, JsonValue]) -> bytes:
         ) from None
 
 
+def _source_head(source: dict[str, Any]) -> bytes:
+    """``source`` (without schema and table) encoded up to where the schema goes: once a
+    transaction (or snapshot chunk), shared by its records; ``_source_tail`` ends it."""
+    return _dumps(source)[:-1] + b', "schema": '
+
+
+def _source_tail(shape: TableShape) -> bytes:
+    """The end of a ``source`` object: schema and table, once a Relation."""
+    return _dumps(shape.schema) + b', "table": ' + _dumps(shape.name) + b"}"
+
+
 def _source_json(shape: TableShape, source: dict[str, Any]) -> bytes:
-    """A value's ``source`` object, encoded once for all the records that share it (a
-    transaction's changes to one table, a snapshot chunk)."""
-    return _dumps({**source, "schema": shape.schema, "table": shape.name})
+    """``json.dumps({**source, "schema": ..., "table": ...})``, in its two parts."""
+    return _source_head(source) + _source_tail(shape)
 
 
 def _value(
@@ -226,9 +236,7 @@ def _value(
     after, "source": source})`` gives, with ``source`` already encoded."""
     return b"".join(
         (
-            b'{"op": "',
-            op.encode(),
-            b'", "before": ',
+            _OP_HEADS[op],
             b"null" if before is None else _dumps(before),
             b', "after": ',
             b"null" if after is None else _dumps(after),
@@ -238,6 +246,8 @@ def _value(
         )
     )
 
+
+_OP_HEADS = {op: b'{"op": "%s", "before": ' % op.encode() for op in "cudr"}
 
 Converter: TypeAlias = Callable[[bytes], JsonValue]
 """One column's text bytes as its JSON scalar (``column_json`` for its type)."""
@@ -265,6 +275,17 @@ class _Table:
     topic: str
     names: tuple[str, ...]
     converters: tuple[Converter, ...]
+    source_tail: bytes
+    key_column: str | None  # the key's one column, when it has one
+    key_head: bytes  # ``{"id": `` for it
+
+    def key(self, row: dict[str, JsonValue]) -> bytes:
+        """``_key(self.shape, row)``; an integer key of one column without the encoder."""
+        if self.key_column is not None:
+            value = row.get(self.key_column)
+            if type(value) is int:
+                return self.key_head + b"%d}" % value
+        return _key(self.shape, row)
 
 
 def read_records(
@@ -306,7 +327,7 @@ class ChangeAssembler:
         self._prefix = prefix
         self._primary_key = primary_key
         self._tables: dict[int, _Table] = {}
-        self._sources: dict[int, bytes] = {}  # this transaction's source JSON, per table
+        self._source_head: bytes | None = None  # this transaction's, made at its 1st change
         self._records: list[ChangeRecord] = []
         self._begin: Begin | None = None
 
@@ -320,7 +341,7 @@ class ChangeAssembler:
         if isinstance(message, Begin):
             self._begin = message
             self._records = []
-            self._sources = {}
+            self._source_head = None
         elif isinstance(message, Commit):
             if self._begin is None:
                 raise CdcError("Commit without Begin in the replication stream")
@@ -335,13 +356,16 @@ class ChangeAssembler:
             columns = tuple((c.name, c.type_oid) for c in message.columns)
             key = self._primary_key(message)
             shape = TableShape(message.schema, message.name, columns, key)
+            single = key[0] if len(key) == 1 else None
             self._tables[message.oid] = _Table(
                 shape,
                 topic_for(self._prefix, shape.schema, shape.name),
                 tuple(name for name, _ in columns),
                 tuple(_converter(type_oid) for _, type_oid in columns),
+                _source_tail(shape),
+                single,
+                b"{" + _dumps(single) + b": " if single is not None else b"",
             )
-            self._sources.pop(message.oid, None)
         elif isinstance(message, Insert | Update | Delete):
             self._change(message)
         elif isinstance(message, Truncate):
@@ -366,38 +390,38 @@ class ChangeAssembler:
             raise CdcError(f"{type(message).__name__} outside a transaction")
         oid = message.relation_oid
         table = self._table(oid)
-        shape, topic = table.shape, table.topic
-        source = self._sources.get(oid)
-        if source is None:
-            source = self._sources[oid] = _source_json(
-                shape,
+        topic = table.topic
+        head = self._source_head
+        if head is None:
+            head = self._source_head = _source_head(
                 {
                     "lsn": format_lsn(begin.final_lsn),
                     "txid": begin.xid,
                     "ts_ms": pg_time_to_ms(begin.commit_time_us),
                     "snapshot": False,
-                },
+                }
             )
+        source = head + table.source_tail
         add = self._records.append
         if isinstance(message, Insert):
             after = _row(table, message.new, None)
-            add(ChangeRecord(topic, _key(shape, after), _value("c", None, after, source)))
+            add(ChangeRecord(topic, table.key(after), _value("c", None, after, source)))
         elif isinstance(message, Delete):
             deleted = _row(table, message.old, None, key_only=message.old_kind == "K")
-            key = _key(shape, deleted)
+            key = table.key(deleted)
             add(ChangeRecord(topic, key, _value("d", deleted, None, source)))
             add(ChangeRecord(topic, key, None))
         else:
             old_full = message.old if message.old_kind == "O" else None
             after = _row(table, message.new, old_full)
-            key = _key(shape, after)
+            key = table.key(after)
             before: dict[str, JsonValue] | None = None
             if old_full is not None:
                 before = _row(table, old_full, None)
             old = message.old
             if old is not None:
                 old_row = before if before is not None else _row(table, old, None, True)
-                old_key = _key(shape, old_row)
+                old_key = table.key(old_row)
                 if old_key != key:
                     # The primary key changed: delete the old row, create the new one.
                     add(ChangeRecord(topic, old_key, _value("d", old_row, None, source)))

