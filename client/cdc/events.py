@@ -321,6 +321,12 @@ class ChangeAssembler:
     by OID and replaced whenever a new Relation message arrives (a schema change: later
     rows carry the new columns). ``primary_key`` is asked once per Relation message.
     Not thread-safe (one reader).
+
+    Decision (issue #30's benchmark, ``benchmarks/cdc_bench.py``): every change passes
+    here, so what can be done once is: per Relation the topic, each column's converter
+    and the end of the ``source`` object (``_Table``); per transaction the start of the
+    ``source`` object; the value is joined from those parts and the encoded rows, byte
+    for byte what ``json.dumps`` of the whole event gives.
     """
 
     def __init__(self, prefix: str, primary_key: PrimaryKeyOf) -> None:
@@ -338,7 +344,10 @@ class ChangeAssembler:
             CdcError: a change outside Begin/Commit, of an unknown relation, or of a
                 table without a primary key.
         """
-        if isinstance(message, Begin):
+        kind = type(message)
+        if kind is Update or kind is Insert or kind is Delete:  # most messages: first
+            self._change(message)  # type: ignore[arg-type]
+        elif isinstance(message, Begin):
             self._begin = message
             self._records = []
             self._source_head = None
@@ -366,8 +375,6 @@ class ChangeAssembler:
                 single,
                 b"{" + _dumps(single) + b": " if single is not None else b"",
             )
-        elif isinstance(message, Insert | Update | Delete):
-            self._change(message)
         elif isinstance(message, Truncate):
             names = [self._table(oid).shape for oid in message.relation_oids]
             log.warning(
