@@ -24,8 +24,12 @@ a C client writing to /dev/null).
    start to the last change readable: ``pg_recvlogical --endpos`` (the WAL position after
    the marker) exits; the connector (a warm worker process, imports done, told "go") has
    put every change in the topics, as a read_committed consumer's end offsets say. Rows
-   = row changes in PostgreSQL (a delete's tombstone is not counted). Rounds alternate
-   the order (A B, B A) and each side keeps its best.
+   = row changes in PostgreSQL (a delete's tombstone is not counted). Two more readers,
+   each on its own slot, say where the connector's time goes: ``psycopg2_read_rows_per_s``
+   (psycopg2's ``read_message`` alone, in this process) and
+   ``psycopg2_decode_rows_per_s`` (with ``pgoutput.decode`` and ``ChangeAssembler``, the
+   records built, no broker). Rounds alternate the order (A B C D, D C B A) and each
+   reader keeps its best.
 2. **Steady** (``commit_to_visible_p50_ms`` / ``_p99_ms``, target p99 <= 200 at 5,000
    changes/s): the connector runs, pgbench holds ``--rate`` changes/s (``-R``) for
    ``--seconds``; a read_committed consumer on the history topic takes, for each insert,
@@ -45,6 +49,7 @@ import argparse
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import statistics
@@ -62,6 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import psycopg2  # noqa: E402 - after the path entry above
+import psycopg2.extras  # noqa: E402
 
 from benchmarks.kafka_bench import start_broker  # noqa: E402
 from tests.cdc.postgres import Postgres, running_postgres  # noqa: E402
@@ -72,6 +78,8 @@ DATABASE = "bench"
 PUBLICATION = "bench_pub"
 CONNECTOR_SLOT = "tidelog_bench"
 RECV_SLOT = "recvlogical_bench"
+READ_SLOT = "python_read_bench"  # psycopg2 reading, nothing else
+DECODE_SLOT = "python_decode_bench"  # psycopg2, pgoutput.decode and ChangeAssembler
 PREFIX = "bench"
 TABLES = ("bench_accounts", "bench_tellers", "bench_branches", "bench_history")
 CHANGES_PER_TXN = 5
@@ -211,13 +219,59 @@ def _recvlogical_args(server: Postgres) -> list[str]:
     ]  # fmt: skip
 
 
-def create_recv_slot(server: Postgres) -> None:
+def create_reader_slots(server: Postgres, dsn: str) -> None:
+    """``pg_recvlogical``'s slot (made by it) and the two Python readers' slots."""
     subprocess.run(
         [*_recvlogical_args(server), "--create-slot", "-P", "pgoutput"],
         check=True,
         capture_output=True,
         timeout=60,
     )
+    for slot in (READ_SLOT, DECODE_SLOT):
+        _sql(dsn, f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+
+
+def python_drain(dsn: str, slot: str, endpos: str, assemble: bool) -> float:
+    """psycopg2 reads ``slot`` up to ``endpos`` (the marker's commit: its XLogData starts
+    there), decoding and assembling each message when ``assemble``; seconds taken. The
+    breakdown of the connector's time: what psycopg2 costs alone, what decoding adds."""
+    from tidelog.client.cdc.events import ChangeAssembler, parse_lsn
+    from tidelog.client.cdc.pgoutput import decode
+
+    end = parse_lsn(endpos)
+    keys = {"bench_accounts": ("aid",), "bench_tellers": ("tid",), "bench_branches": ("bid",),
+            "bench_history": ("hid",)}  # fmt: skip
+    assembler = ChangeAssembler(PREFIX, lambda relation: keys[relation.name])
+    started = time.perf_counter()
+    conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        cur = conn.cursor()
+        cur.start_replication(
+            slot_name=slot,
+            slot_type=psycopg2.extras.REPLICATION_LOGICAL,
+            options={"proto_version": "1", "publication_names": PUBLICATION},
+            decode=False,
+        )
+        idle_since = None
+        while True:
+            message = cur.read_message()
+            if message is None:
+                # Something wrote WAL after the marker before endpos was read: the
+                # server's end passed endpos and nothing more comes (rare; slower, not faster).
+                now = time.monotonic()
+                idle_since = idle_since or now
+                if cur.wal_end >= end and now - idle_since > 1:
+                    break
+                select.select([cur], [], [], 0.1)
+                continue
+            idle_since = None
+            if assemble:
+                assembler.feed(decode(message.payload))
+            if message.data_start >= end:
+                break
+        return time.perf_counter() - started
+    finally:
+        conn.close()
 
 
 def recvlogical_drain(server: Postgres, endpos: str) -> float:
@@ -381,19 +435,23 @@ def flat_out_round(
     profile = args.profile if args.profile and round_ == 0 else None
     worker_ = ConnectorWorker(dsn, bootstrap, args.delivery, profile)
     timings: dict[str, float] = {}
+    sides = ["recv", "read", "decode", "cdc"]
     try:
-        for side in ("recv", "cdc") if round_ % 2 == 0 else ("cdc", "recv"):
+        for side in sides if round_ % 2 == 0 else reversed(sides):
             if side == "recv":
-                timings["recv"] = recvlogical_drain(server, endpos)
+                timings[side] = recvlogical_drain(server, endpos)
+            elif side == "read":
+                timings[side] = python_drain(dsn, READ_SLOT, endpos, assemble=False)
+            elif side == "decode":
+                timings[side] = python_drain(dsn, DECODE_SLOT, endpos, assemble=True)
             else:
-                timings["cdc"] = connector_drain(worker_, consumer, expected)
+                timings[side] = connector_drain(worker_, consumer, expected)
     finally:
         worker_.stop()
     return {
         "changes": changes,
         "pgbench_rows_per_s": tps * changes / max(1, done),
-        "cdc_rows_per_s": changes / timings["cdc"],
-        "recv_rows_per_s": changes / timings["recv"],
+        **{f"{side}_rows_per_s": changes / seconds for side, seconds in timings.items()},
     }
 
 
@@ -499,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             first.go()
             first.wait_streaming()
             first.stop()
-            create_recv_slot(server)
+            create_reader_slots(server, dsn)
             best: dict[str, float] = {}
             with Consumer(
                 bootstrap, enable_auto_commit=False, isolation_level="read_committed"
@@ -511,6 +569,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["flat_out_changes"] = int(best["changes"])
             results["pgbench_rows_per_s"] = round(best["pgbench_rows_per_s"])
             results["pg_recvlogical_rows_per_s"] = round(best["recv_rows_per_s"])
+            results["psycopg2_read_rows_per_s"] = round(best["read_rows_per_s"])
+            results["psycopg2_decode_rows_per_s"] = round(best["decode_rows_per_s"])
             results["cdc_rows_per_s"] = round(best["cdc_rows_per_s"])
             results["cdc_over_pg_recvlogical"] = round(
                 best["cdc_rows_per_s"] / best["recv_rows_per_s"], 3
