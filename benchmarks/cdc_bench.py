@@ -29,7 +29,9 @@ a C client writing to /dev/null).
    (psycopg2's ``read_message`` alone, in this process) and
    ``psycopg2_decode_rows_per_s`` (with ``pgoutput.decode`` and ``ChangeAssembler``, the
    records built, no broker). Rounds alternate the order (A B C D, D C B A) and each
-   reader keeps its best.
+   reader keeps its best. ``connector_cpu_us_per_row`` and ``broker_cpu_us_per_row``: the
+   CPU time the connector's and the broker's processes used in the connector's drain,
+   a row (the best round).
 2. **Steady** (``commit_to_visible_p50_ms`` / ``_p99_ms``, target p99 <= 200 at 5,000
    changes/s): the connector runs, pgbench holds ``--rate`` changes/s (``-R``) for
    ``--seconds``; a read_committed consumer on the history topic takes, for each insert,
@@ -389,17 +391,32 @@ def _ends(consumer: Consumer) -> dict[TopicPartition, int]:
     return consumer.end_offsets(_topics(), timeout_ms=30_000)
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def connector_drain(
-    worker_: ConnectorWorker, consumer: Consumer, expected: dict[TopicPartition, int]
-) -> float:
-    """``go``, then until every topic's read_committed end offset reaches ``expected``."""
+    worker_: ConnectorWorker,
+    consumer: Consumer,
+    expected: dict[TopicPartition, int],
+    broker_pid: int,
+) -> tuple[float, float, float]:
+    """``go``, then until every topic's read_committed end offset reaches ``expected``;
+    (seconds, the connector's CPU seconds, the broker's CPU seconds)."""
+    cpu = _cpu_s(worker_.process.pid), _cpu_s(broker_pid)
     started = time.perf_counter()
     worker_.go()
     deadline = time.monotonic() + TIMEOUT_S
     while True:
         ends = _ends(consumer)
         if all(ends[tp] >= expected[tp] for tp in expected):
-            return time.perf_counter() - started
+            return (
+                time.perf_counter() - started,
+                _cpu_s(worker_.process.pid) - cpu[0],
+                _cpu_s(broker_pid) - cpu[1],
+            )
         if worker_.process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the connector stopped short: {ends} of {expected}")
         time.sleep(0.01)
@@ -414,7 +431,7 @@ def flat_out_round(
     script: Path,
     args: argparse.Namespace,
     consumer: Consumer,
-    bootstrap: str,
+    broker: tuple[str, int],
     round_: int,
 ) -> dict[str, float]:
     """One backlog, drained by both readers (order by ``round_``); their seconds."""
@@ -433,8 +450,9 @@ def flat_out_round(
         history: before_ends[history] + done + 1 + 2 * deletes,
     }
     profile = args.profile if args.profile and round_ == 0 else None
-    worker_ = ConnectorWorker(dsn, bootstrap, args.delivery, profile)
+    worker_ = ConnectorWorker(dsn, broker[0], args.delivery, profile)
     timings: dict[str, float] = {}
+    cpu = (0.0, 0.0)
     sides = ["recv", "read", "decode", "cdc"]
     try:
         for side in sides if round_ % 2 == 0 else reversed(sides):
@@ -445,13 +463,16 @@ def flat_out_round(
             elif side == "decode":
                 timings[side] = python_drain(dsn, DECODE_SLOT, endpos, assemble=True)
             else:
-                timings[side] = connector_drain(worker_, consumer, expected)
+                timings[side], *cpu = connector_drain(worker_, consumer, expected, broker[1])
     finally:
         worker_.stop()
     return {
         "changes": changes,
         "pgbench_rows_per_s": tps * changes / max(1, done),
         **{f"{side}_rows_per_s": changes / seconds for side, seconds in timings.items()},
+        # Negated so that the best round's (the most rows a CPU second) is the max.
+        "neg_connector_cpu_us_per_row": -cpu[0] / changes * 1e6,
+        "neg_broker_cpu_us_per_row": -cpu[1] / changes * 1e6,
     }
 
 
@@ -508,11 +529,12 @@ def steady(
 
 
 @contextmanager
-def _broker() -> Iterator[str]:
+def _broker() -> Iterator[tuple[str, int]]:
+    """The broker process: its address and pid."""
     work = Path(tempfile.mkdtemp(prefix="tidelog-cdc-bench-"))
     process, address, _ = start_broker(work)
     try:
-        yield address
+        yield address, process.pid
     finally:
         process.terminate()
         try:
@@ -550,7 +572,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     script = work / "tpcb-like.sql"
     script.write_text(PGBENCH_SCRIPT)
     try:
-        with running_postgres(SERVER_SETTINGS) as server, _broker() as bootstrap:
+        with running_postgres(SERVER_SETTINGS) as server, _broker() as broker:
+            bootstrap = broker[0]
             dsn = create_schema(server, args.accounts)
             # The connector's first start: the publication's topics, the snapshot, its slot.
             first = ConnectorWorker(dsn, bootstrap, args.delivery, None)
@@ -563,9 +586,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 bootstrap, enable_auto_commit=False, isolation_level="read_committed"
             ) as consumer:
                 for round_ in range(args.rounds):
-                    got = flat_out_round(server, dsn, script, args, consumer, bootstrap, round_)
+                    got = flat_out_round(server, dsn, script, args, consumer, broker, round_)
                     for key, value in got.items():
-                        best[key] = max(best.get(key, 0.0), value)
+                        best[key] = max(best[key], value) if key in best else value
             results["flat_out_changes"] = int(best["changes"])
             results["pgbench_rows_per_s"] = round(best["pgbench_rows_per_s"])
             results["pg_recvlogical_rows_per_s"] = round(best["recv_rows_per_s"])
@@ -575,6 +598,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["cdc_over_pg_recvlogical"] = round(
                 best["cdc_rows_per_s"] / best["recv_rows_per_s"], 3
             )
+            results["connector_cpu_us_per_row"] = round(-best["neg_connector_cpu_us_per_row"], 1)
+            results["broker_cpu_us_per_row"] = round(-best["neg_broker_cpu_us_per_row"], 1)
             results.update(steady(server, dsn, script, args, bootstrap))
             results["delivery"] = args.delivery or _default_delivery()
     finally:

@@ -25,6 +25,8 @@ def test_the_cdc_benchmark_reports_every_figure() -> None:
     for key in (
         "pgbench_rows_per_s",
         "pg_recvlogical_rows_per_s",
+        "psycopg2_read_rows_per_s",
+        "psycopg2_decode_rows_per_s",
         "cdc_rows_per_s",
         "cdc_over_pg_recvlogical",
         "steady_rows_per_s",
