@@ -39,12 +39,13 @@ RUN apt-get update \
     && chown tidelog /data
 
 # --- Spark jobs: a JRE for the Spark JVM, pyspark/pyarrow/pandas, the examples ---------
+# (and psycopg2, the `cdc` extra: the CDC connector and examples/cdc run from this image)
 FROM base AS spark
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/* \
-    && pip install ".[spark]" \
+    && pip install ".[spark,cdc]" \
     && mkdir -p /checkpoints \
     && chown tidelog /checkpoints
 COPY examples/ examples/

@@ -53,6 +53,8 @@ from tidelog.broker.kafka import KafkaListener, ListenerSettings
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.broker.security_config import SecurityConfig
 from tidelog.broker.tls import ServerTls
+from tidelog.broker.transactions.coordinator import txn_log_config
+from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, topic_config
 from tidelog.storage.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
@@ -381,9 +383,11 @@ def _join_cluster(
     kafka: KafkaListener | None = None,
 ) -> ClusterNode:
     """Cluster mode: register (the gRPC endpoint, and the Kafka listener's if it runs),
-    start the controller candidate, route by the cluster's view, draw producer ids from
-    ZooKeeper (``broker.cluster.producer_ids``) and users from ZooKeeper's
-    ``/config/users`` (``broker.core.users``): ``membership`` joins.
+    start the controller candidate (which creates the offsets topic and
+    ``__transaction_state`` when missing), route by the cluster's view, draw producer ids
+    from ZooKeeper (``broker.cluster.producer_ids``) and users from ZooKeeper's
+    ``/config/users`` (``broker.core.users``), send transaction calls to other brokers
+    (``broker.cluster.txn_peers``): ``membership`` joins.
 
     Raises ``StoreError`` (ZooKeeper unreachable, the broker id taken) or
     ``InvalidConfigError`` (the data directory belongs to another broker or cluster).
@@ -410,7 +414,15 @@ def _join_cluster(
         core,
         clock,
         endpoint,
-        internal_topics={OFFSETS_TOPIC: (config.offsets_topic_num_partitions, offsets_config)},
+        internal_topics={
+            OFFSETS_TOPIC: (config.offsets_topic_num_partitions, None, offsets_config),
+            # Kafka's transaction.state.log.* (reference/transactions.md 2.1).
+            TRANSACTION_STATE_TOPIC: (
+                config.transaction_state_log_num_partitions,
+                config.transaction_state_log_replication_factor,
+                topic_config(txn_log_config(config), replicated=True),
+            ),
+        },
         listeners=listeners,
     )
     # Ids unique across the cluster: blocks and keys in ZooKeeper, on the node's session.
@@ -421,7 +433,7 @@ def _join_cluster(
         config.producer_id_expiration_ms,
         sweep_interval_ms=config.producer_id_expiration_check_interval_ms,
     )
-    membership.join(node.placement, node, producer_ids, node.store)
+    membership.join(node.placement, node, producer_ids, node.store, node.txn_peers)
     # ACLs shared by the cluster: one watched document in ZooKeeper.
     core.acls.use_store(ZooKeeperAclStore.open(node.store))
     # Dynamic broker configs: /config/brokers/<default> and /config/brokers/<id>, watched.

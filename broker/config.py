@@ -6,145 +6,43 @@ arrive here as one flat mapping of Kafka-style names to values (``from_mapping``
 may write the names as dotted keys (``log.retention.ms = 3600000``, which TOML reads as
 nested tables) or quoted (``"log.retention.ms" = 3600000``), and ``load_toml`` flattens both.
 
-Broker keys (Kafka's names where Kafka has one):
-
-====================================  ===============  =============================================
-key                                   default          meaning
-====================================  ===============  =============================================
-``listeners``                         127.0.0.1:7410   ``HOST:PORT`` or ``PROTOCOL://HOST:PORT``
-                                                       (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
-``log.dirs`` (or ``log.dir``)         ./tidelog-data   the data directory (exactly one)
-``num.partitions``                    1                partitions of a topic created without a count
-``message.max.bytes``                 1048588          default ``max.message.bytes`` of every topic
-``socket.request.max.bytes``          104857600        largest gRPC message the broker receives
-``fetch.max.bytes``                   57671680         cap on the bytes of one fetch answer
-``fetch.max.wait.ms``                 30000            cap on a fetch's ``max_wait_ms`` (long poll)
-``num.io.threads``                    64               storage threads (the listener's executor)
-``max.connections``                   20000            connections served at once (``limits.py``)
-``max.connections.per.ip``            20000            the same, per remote address
-``queued.max.requests``               500              requests waiting for or on a storage thread
-``queued.max.request.bytes``          268435456        produce bytes received and not yet answered
-``max.request.partition.size.limit``  20000            entries (partitions, names...) of a request
-``quota.window.num``                  11               samples of a client's quota rate
-``quota.window.size.seconds``         1                the time each sample spans
-``shutdown.grace.ms``                 5000             how long a clean stop lets calls finish
-``connections.keepalive.time.ms``     30000            ping a connection idle this long (see below)
-``connections.keepalive.timeout.ms``  20000            close it if the ping has no answer by then
-``connections.max.idle.ms``           600000           close a connection without a call this long
-``socket.connection.setup.timeout.ms`` 10000           close a connection still not set up by then
-``producer.id.expiration.ms``         86400000         forget an idle producer id (epoch, sequences)
-``producer.id.expiration.check.interval.ms`` 600000    how often idle producers are forgotten
-``metrics.port``                      listen + 1000    Prometheus HTTP port; 0 any free port, -1 off
-``metrics.host``                      127.0.0.1        address the metrics endpoint binds
-``log.retention.check.interval.ms``   300000           how often retention runs
-``log.cleaner.enable``                true             run the compaction thread
-``log.batch.times.enable``            true             keep each batch's sent/received times
-                                                       (``storage.batch_times``); false: none
-                                                       are stored (readers get None), for
-                                                       the benchmark's plain baseline
-``log.cleaner.backoff.ms``            15000            cleaner sleep when there is nothing to do
-``log.flush.scheduler.interval.ms``   1000             how often the flusher checks ``flush.ms``
-``log.flush.offset.checkpoint.interval.ms`` 60000      how often recovery checkpoints are written
-``group.consumer.heartbeat.interval.ms``  5000         heartbeat interval the coordinator dictates
-``group.consumer.session.timeout.ms``     45000        session timeout when none is asked for
-``group.consumer.min.session.timeout.ms`` 45000        smallest session timeout granted
-``group.consumer.max.session.timeout.ms`` 60000        largest session timeout granted
-``group.initial.rebalance.delay.ms``  3000             a new classic group's first rebalance
-                                                       waits this long for more members
-``offsets.topic.num.partitions``      5                partitions of the offsets topic (at creation)
-``offsets.topic.segment.bytes``       104857600        its ``segment.bytes`` (at creation)
-``offsets.topic.replication.factor``  3                its replicas (at most the brokers)
-``offset.metadata.max.bytes``         4096             longest metadata string of a committed offset
-``transaction.max.timeout.ms``        900000           longest ``transaction.timeout.ms`` granted
-``transactional.id.expiration.ms``    604800000        an idle transactional id is removed after
-``transaction.state.log.num.partitions`` 5             partitions of ``__transaction_state``
-``transaction.state.log.min.isr``     2                its ``min.insync.replicas`` (cluster)
-``transaction.abort.timed.out.transaction.cleanup.interval.ms`` 10000  timed-out
-                                                       transactions are looked for this often
-``broker.id``                         0                this broker's id (unique in a cluster)
-``broker.rack``                       (none)           rack (replicas spread over racks)
-``follower.replication.throttled.rate`` 0              bytes/s an adding replica fetches (0: any)
-``leader.replication.throttled.rate`` 0                bytes/s a leader serves adding replicas
-``zookeeper.connect``                 (none)           ``HOST:PORT[,...][/chroot]``: cluster mode
-``zookeeper.session.timeout.ms``      18000            ZooKeeper session: a dead broker's timeout
-``zookeeper.connection.timeout.ms``   15000            how long to wait for ZooKeeper at start
-``advertised.listeners``              (listen address) ``HOST:PORT`` other brokers and clients use
-``kafka.listen``                      (off)            ``HOST:PORT`` of the Kafka protocol listener
-``kafka.advertised.listen``           (kafka.listen)   ``HOST:PORT`` Kafka clients dial (Metadata)
-``max.incremental.fetch.session.cache.slots`` 1000     Kafka fetch sessions kept (KIP-227; 0: none)
-``min.incremental.fetch.session.eviction.ms`` 120000   idle time before a session may be evicted
-``auto.create.topics.enable``         false            Kafka Metadata may create topics it names
-``default.replication.factor``        1                replicas of a topic created without a factor
-``unclean.leader.election.enable``    false            elect an out-of-ISR replica rather than none
-``controlled.shutdown.enable``        true             move leadership away before a clean stop
-``authorizer.enabled``                false            check every request against the ACLs
-``super.users``                       (none)           ``User:A;User:B``: allowed everything
-``allow.everyone.if.no.acl.found``    false            allow a resource no ACL names
-``auto.leader.rebalance.enable``      true             give leadership back to preferred replicas
-``leader.imbalance.check.interval.seconds`` 300        how often the controller does that
-``min.insync.replicas``               1                in-sync replicas acks=all needs
-``num.replica.fetchers``              1                fetcher threads per source broker
-``replica.fetch.wait.max.ms``         500              a follower's fetch long-poll on the leader
-``replica.fetch.max.bytes``           1048576          bytes per partition of a follower's fetch
-``replica.fetch.backoff.ms``          1000             pause after a failed follower fetch
-``replica.lag.time.max.ms``           30000            a follower behind this long leaves the ISR
-====================================  ===============  =============================================
-
-The two ``connections.keepalive`` settings have no Kafka equivalent. The broker pings a
-connection that was quiet for the time and closes it if the answer takes longer than the
-timeout, so a client whose host vanished without closing its connection is noticed within
-time + timeout and its calls are cancelled, freeing their parked operations and the
-connection's place in ``max.connections``.
-Clients may ping as often as every 10 s, or every ``connections.keepalive.time.ms`` if
-that is shorter (``broker/server.py``, ``docs/broker.md``).
-
-The group settings keep Kafka's names and defaults, except ``offsets.topic.num.partitions``
-(Kafka: 50; one broker needs few). A requested session timeout is clamped to [min, max]; the
-heartbeat interval must be below the minimum session timeout.
-
-Topic defaults, each the broker-wide default of the topic key in brackets (see
-``storage/config.py``): ``log.segment.bytes`` [segment.bytes], ``log.roll.ms`` /
-``log.roll.hours`` [segment.ms], ``log.index.size.max.bytes`` [segment.index.bytes],
-``log.index.interval.bytes`` [index.interval.bytes], ``log.retention.ms`` /
-``log.retention.minutes`` / ``log.retention.hours`` [retention.ms] (the finest unit given
-wins, as in Kafka), ``log.retention.bytes`` [retention.bytes], ``log.cleanup.policy``
-[cleanup.policy], ``log.cleaner.delete.retention.ms`` [delete.retention.ms],
-``log.cleaner.min.compaction.lag.ms`` [min.compaction.lag.ms],
-``log.cleaner.min.cleanable.ratio`` [min.cleanable.dirty.ratio],
-``log.cleaner.max.compaction.lag.ms`` [max.compaction.lag.ms], ``message.max.bytes``
-[max.message.bytes], ``log.message.timestamp.type`` [message.timestamp.type],
-``compression.type`` [compression.type], ``log.message.timestamp.before.max.ms`` /
-``log.message.timestamp.after.max.ms`` [message.timestamp.before/after.max.ms],
-``log.flush.interval.messages`` [flush.messages], ``log.flush.interval.ms`` [flush.ms],
-``log.segment.delete.delay.ms`` [file.delete.delay.ms].
+Broker keys (Kafka's names where Kafka has one), their defaults and meaning, the topic
+defaults a broker key sets and the removed keys are in ``broker.config_table``, next to
+the table that defines them.
 
 Security settings (``security.protocol``, ``ssl.*``, ``sasl.*``, ``audit.log.file``,
 ``metrics.ssl.enable``, ``inter.broker.sasl.*``) are ``broker.security_config``'s; the
 config holds them as ``security``.
 
 Unknown keys and bad values raise ``InvalidConfigError`` naming the key. So does a removed
-key (``_REMOVED_KEYS``), whatever its value, with a message that says why it went: a
-setting that no longer does anything must not be accepted silently, and an unknown-key
-error listing every setting would not tell the user what happened to theirs.
-``server.io.model`` was removed (issue #26): the threaded serving model is gone and the
-asynchronous one (``grpc.aio``, ``broker.grpc.listener``) is the only one, so even
-``server.io.model=async`` is refused; delete the line.
+key (``broker.config_table.REMOVED_KEYS``), whatever its value, with a message that says
+why it went.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidelog.broker.config_table import (
+    BROKER_FIELDS,
+    GRPC_INT_MAX,
+    REMOVED_KEYS,
+    TIME_UNIT_KEYS,
+    TOPIC_DEFAULT_KEYS,
+    broker_keys,
+    parse_int,
+    parse_str,
+)
 from tidelog.broker.core.limits import LimitsConfig
 from tidelog.broker.groups.coordinator import CoordinatorConfig
 from tidelog.broker.groups.manager import GroupConfig
 from tidelog.broker.groups.offset_store import OffsetStoreConfig
-from tidelog.broker.security_config import PROTOCOLS, SECURITY_KEYS, SecurityConfig
+from tidelog.broker.security_config import PROTOCOLS, SecurityConfig
 from tidelog.storage.config import LogConfig
 from tidelog.storage.errors import InvalidConfigError
 from tidelog.storage.log_manager import LogManagerConfig
@@ -160,68 +58,6 @@ __all__ = [
 
 DEFAULT_LISTEN = "127.0.0.1:7410"
 DEFAULT_DATA_DIR = "./tidelog-data"
-
-_HOUR_MS = 60 * 60 * 1000
-_MINUTE_MS = 60 * 1000
-_GRPC_INT_MAX = 2**31 - 1  # gRPC channel arguments are C ints
-
-# Broker key -> topic key of the LogConfig default it sets, for the keys that map 1:1.
-_TOPIC_DEFAULT_KEYS: dict[str, str] = {
-    "log.segment.bytes": "segment.bytes",
-    "log.index.size.max.bytes": "segment.index.bytes",
-    "log.index.interval.bytes": "index.interval.bytes",
-    "log.retention.bytes": "retention.bytes",
-    "log.cleanup.policy": "cleanup.policy",
-    "log.cleaner.delete.retention.ms": "delete.retention.ms",
-    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
-    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
-    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
-    "message.max.bytes": "max.message.bytes",
-    "log.message.timestamp.type": "message.timestamp.type",
-    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
-    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
-    "compression.type": "compression.type",
-    "log.flush.interval.messages": "flush.messages",
-    "log.flush.interval.ms": "flush.ms",
-    "log.segment.delete.delay.ms": "file.delete.delay.ms",
-    "min.insync.replicas": "min.insync.replicas",
-}
-# Keys in a time unit other than ms: (broker key, topic key, ms per unit), finest first so
-# that the finest unit given wins (Kafka: log.retention.ms > .minutes > .hours).
-_TIME_UNIT_KEYS: tuple[tuple[str, str, int], ...] = (
-    ("log.retention.ms", "retention.ms", 1),
-    ("log.retention.minutes", "retention.ms", _MINUTE_MS),
-    ("log.retention.hours", "retention.ms", _HOUR_MS),
-    ("log.roll.ms", "segment.ms", 1),
-    ("log.roll.hours", "segment.ms", _HOUR_MS),
-)
-
-
-def _int(key: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InvalidConfigError(f"{key}: expected an integer, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidConfigError(f"{key}: expected an integer, got {value!r}") from None
-    if number < minimum or (maximum is not None and number > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise InvalidConfigError(f"{key}: must be {bound}, got {number}")
-    return number
-
-
-def _bool(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise InvalidConfigError(f"{key}: expected true or false, got {value!r}")
-
-
-def _str(key: str, value: object) -> str:
-    if not isinstance(value, str | int) or isinstance(value, bool) or str(value) == "":
-        raise InvalidConfigError(f"{key}: expected a non-empty string, got {value!r}")
-    return str(value)
 
 
 _METRICS_PORT_OFFSET = 1_000
@@ -247,7 +83,7 @@ def parse_listen(value: str, key: str = "listeners") -> tuple[str, int]:
         raise InvalidConfigError(f"{key}: expected HOST:PORT, got {value!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host, _int(key, port_text, 0, 65535)
+    return host, parse_int(key, port_text, 0, 65535)
 
 
 def listener_protocol(value: str) -> str | None:
@@ -343,6 +179,7 @@ class BrokerConfig:
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     transaction_state_log_num_partitions: int = 5
     transaction_state_log_min_isr: int = 2
+    transaction_state_log_replication_factor: int = 3
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     broker_id: int = 0
     broker_rack: str | None = None  # None: no rack (Kafka's broker.rack)
@@ -407,16 +244,16 @@ class BrokerConfig:
             ("shutdown.grace.ms", self.shutdown_grace_ms >= 0),
             (
                 "connections.keepalive.time.ms",
-                1 <= self.connections_keepalive_time_ms <= _GRPC_INT_MAX,
+                1 <= self.connections_keepalive_time_ms <= GRPC_INT_MAX,
             ),
             (
                 "connections.keepalive.timeout.ms",
-                1 <= self.connections_keepalive_timeout_ms <= _GRPC_INT_MAX,
+                1 <= self.connections_keepalive_timeout_ms <= GRPC_INT_MAX,
             ),
-            ("connections.max.idle.ms", 1 <= self.connections_max_idle_ms <= _GRPC_INT_MAX),
+            ("connections.max.idle.ms", 1 <= self.connections_max_idle_ms <= GRPC_INT_MAX),
             (
                 "socket.connection.setup.timeout.ms",
-                1 <= self.socket_connection_setup_timeout_ms <= _GRPC_INT_MAX,
+                1 <= self.socket_connection_setup_timeout_ms <= GRPC_INT_MAX,
             ),
             ("producer.id.expiration.ms", self.producer_id_expiration_ms >= 1),
             (
@@ -600,10 +437,10 @@ class BrokerConfig:
                 removed key (the message says what replaced it) or a bad value (the message
                 names the key).
         """
-        removed = sorted(set(settings) & _REMOVED_KEYS.keys())
+        removed = sorted(set(settings) & REMOVED_KEYS.keys())
         if removed:
             key = removed[0]
-            raise InvalidConfigError(f"broker setting {key!r} was removed: {_REMOVED_KEYS[key]}")
+            raise InvalidConfigError(f"broker setting {key!r} was removed: {REMOVED_KEYS[key]}")
         unknown = sorted(set(settings) - broker_keys())
         if unknown:
             known = ", ".join(sorted(broker_keys()))
@@ -611,26 +448,26 @@ class BrokerConfig:
                 f"unknown broker setting {unknown[0]!r}; known settings: {known}"
             )
         changes: dict[str, Any] = {}
-        for key, (name, parse) in _BROKER_FIELDS.items():
+        for key, (name, parse) in BROKER_FIELDS.items():
             if key in settings:
                 changes[name] = parse(key, settings[key])
         if "log.dirs" in settings and "log.dir" in settings:
             raise InvalidConfigError("give log.dirs or log.dir, not both")
         for key in ("log.dirs", "log.dir"):
             if key in settings:
-                text = _str(key, settings[key])
+                text = parse_str(key, settings[key])
                 if "," in text:
                     raise InvalidConfigError(
                         f"{key}: exactly one data directory is supported, got {text!r}"
                     )
                 changes["data_dir"] = Path(text)
         if "listeners" in settings:
-            host, port = parse_listen(_str("listeners", settings["listeners"]))
+            host, port = parse_listen(parse_str("listeners", settings["listeners"]))
             changes["listen_host"], changes["listen_port"] = host, port
         changes["log_defaults"] = _log_defaults(settings)
         protocol = None
         if "listeners" in settings:
-            protocol = listener_protocol(_str("listeners", settings["listeners"]))
+            protocol = listener_protocol(parse_str("listeners", settings["listeners"]))
         changes["security"] = SecurityConfig.from_mapping(settings, protocol)
         try:
             return dataclasses.replace(cls(), **changes)
@@ -640,12 +477,12 @@ class BrokerConfig:
     def to_mapping(self) -> dict[str, str]:
         """The effective settings as Kafka-named strings (topic defaults included)."""
         out = {"listeners": self.listen_address, "log.dirs": str(self.data_dir)}
-        for key, (name, _) in _BROKER_FIELDS.items():
+        for key, (name, _) in BROKER_FIELDS.items():
             value = getattr(self, name)
             if value is not None:  # metrics.host/port unset: follow the listen address
                 out[key] = str(value).lower() if isinstance(value, bool) else str(value)
         topic_values = self.log_defaults.to_mapping()
-        for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():
+        for broker_key, topic_key in TOPIC_DEFAULT_KEYS.items():
             out[broker_key] = topic_values[topic_key]
         out["log.retention.ms"] = topic_values["retention.ms"]
         out["log.roll.ms"] = topic_values["segment.ms"]
@@ -657,12 +494,12 @@ class BrokerConfig:
 def _log_defaults(settings: Mapping[str, object]) -> LogConfig:
     """Translate the broker's ``log.*`` defaults into a ``LogConfig``."""
     topic: dict[str, object] = {}
-    for broker_key, topic_key in _TOPIC_DEFAULT_KEYS.items():
+    for broker_key, topic_key in TOPIC_DEFAULT_KEYS.items():
         if broker_key in settings:
             topic[topic_key] = settings[broker_key]
-    for broker_key, topic_key, unit_ms in _TIME_UNIT_KEYS:
+    for broker_key, topic_key, unit_ms in TIME_UNIT_KEYS:
         if broker_key in settings and topic_key not in topic:
-            value = _int(broker_key, settings[broker_key], -1)
+            value = parse_int(broker_key, settings[broker_key], -1)
             topic[topic_key] = value if value < 0 else value * unit_ms
     try:
         return LogConfig.from_mapping(topic)
@@ -670,183 +507,10 @@ def _log_defaults(settings: Mapping[str, object]) -> LogConfig:
         # Name the broker key the user wrote, not the topic key it became.
         message = str(exc)
         for broker_key, topic_key in [
-            *_TOPIC_DEFAULT_KEYS.items(),
-            *((b, t) for b, t, _ in _TIME_UNIT_KEYS),
+            *TOPIC_DEFAULT_KEYS.items(),
+            *((b, t) for b, t, _ in TIME_UNIT_KEYS),
         ]:
             if broker_key in settings and message.startswith(f"{topic_key}:"):
                 message = f"{broker_key}{message[len(topic_key) :]}"
                 break
         raise InvalidConfigError(message) from None
-
-
-_Parser = Callable[[str, object], Any]
-
-# Keys that were settings once -> why they went and what to do instead. Refused whatever
-# their value (see the module docstring).
-_REMOVED_KEYS: dict[str, str] = {
-    "server.io.model": (
-        "the threaded serving model was retired (issue #26) and the asyncio model "
-        "(grpc.aio) is the only one; delete the setting"
-    ),
-}
-
-# Broker key -> (BrokerConfig field, parser) for the plain one-to-one keys.
-_BROKER_FIELDS: dict[str, tuple[str, _Parser]] = {
-    "num.partitions": ("num_partitions", lambda k, v: _int(k, v, 1)),
-    "socket.request.max.bytes": ("socket_request_max_bytes", lambda k, v: _int(k, v, 1024)),
-    "fetch.max.bytes": ("fetch_max_bytes", lambda k, v: _int(k, v, 1)),
-    "fetch.max.wait.ms": ("fetch_max_wait_ms", lambda k, v: _int(k, v, 0)),
-    "num.io.threads": ("num_io_threads", lambda k, v: _int(k, v, 1, 10_000)),
-    "max.connections": ("max_connections", lambda k, v: _int(k, v, 1)),
-    "max.connections.per.ip": ("max_connections_per_ip", lambda k, v: _int(k, v, 1)),
-    "queued.max.requests": ("queued_max_requests", lambda k, v: _int(k, v, 1)),
-    "queued.max.request.bytes": ("queued_max_request_bytes", lambda k, v: _int(k, v, 1)),
-    "max.request.partition.size.limit": (
-        "max_request_partition_size_limit",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "quota.window.num": ("quota_window_num", lambda k, v: _int(k, v, 2)),
-    "quota.window.size.seconds": ("quota_window_size_seconds", lambda k, v: _int(k, v, 1)),
-    "shutdown.grace.ms": ("shutdown_grace_ms", lambda k, v: _int(k, v, 0)),
-    "connections.keepalive.time.ms": (
-        "connections_keepalive_time_ms",
-        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
-    ),
-    "connections.keepalive.timeout.ms": (
-        "connections_keepalive_timeout_ms",
-        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
-    ),
-    "connections.max.idle.ms": (
-        "connections_max_idle_ms",
-        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
-    ),
-    "socket.connection.setup.timeout.ms": (
-        "socket_connection_setup_timeout_ms",
-        lambda k, v: _int(k, v, 1, _GRPC_INT_MAX),
-    ),
-    "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda k, v: _int(k, v, 1)),
-    "producer.id.expiration.check.interval.ms": (
-        "producer_id_expiration_check_interval_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "metrics.port": ("metrics_port", lambda k, v: _int(k, v, -1, 65535)),
-    "metrics.host": ("metrics_host", _str),
-    "log.retention.check.interval.ms": (
-        "retention_check_interval_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "log.cleaner.enable": ("cleaner_enabled", _bool),
-    "log.batch.times.enable": ("batch_times_enabled", _bool),
-    "log.cleaner.backoff.ms": ("cleaner_backoff_ms", lambda k, v: _int(k, v, 0)),
-    "log.flush.scheduler.interval.ms": (
-        "flush_scheduler_interval_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "log.flush.offset.checkpoint.interval.ms": (
-        "flush_offset_checkpoint_interval_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "group.consumer.heartbeat.interval.ms": (
-        "group_consumer_heartbeat_interval_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "group.consumer.session.timeout.ms": (
-        "group_consumer_session_timeout_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "group.consumer.min.session.timeout.ms": (
-        "group_consumer_min_session_timeout_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "group.consumer.max.session.timeout.ms": (
-        "group_consumer_max_session_timeout_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "group.initial.rebalance.delay.ms": (
-        "group_initial_rebalance_delay_ms",
-        lambda k, v: _int(k, v, 0),
-    ),
-    "offsets.topic.num.partitions": (
-        "offsets_topic_num_partitions",
-        lambda k, v: _int(k, v, 1, 1_000),
-    ),
-    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", lambda k, v: _int(k, v, 1024)),
-    "offsets.topic.replication.factor": (
-        "offsets_topic_replication_factor",
-        lambda k, v: _int(k, v, 1, 32),
-    ),
-    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", lambda k, v: _int(k, v, 0, 0x7FFF)),
-    "transaction.max.timeout.ms": ("transaction_max_timeout_ms", lambda k, v: _int(k, v, 1)),
-    "transactional.id.expiration.ms": (
-        "transactional_id_expiration_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "transaction.state.log.num.partitions": (
-        "transaction_state_log_num_partitions",
-        lambda k, v: _int(k, v, 1, 1_000),
-    ),
-    "transaction.state.log.min.isr": ("transaction_state_log_min_isr", lambda k, v: _int(k, v, 1)),
-    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
-        "transaction_abort_timed_out_transaction_cleanup_interval_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "broker.id": ("broker_id", lambda k, v: _int(k, v, 0, 2**31 - 1)),
-    "broker.rack": ("broker_rack", _str),
-    "follower.replication.throttled.rate": (
-        "follower_replication_throttled_rate",
-        lambda k, v: _int(k, v, 0),
-    ),
-    "leader.replication.throttled.rate": (
-        "leader_replication_throttled_rate",
-        lambda k, v: _int(k, v, 0),
-    ),
-    "zookeeper.connect": ("zookeeper_connect", _str),
-    "zookeeper.session.timeout.ms": ("zookeeper_session_timeout_ms", lambda k, v: _int(k, v, 1)),
-    "zookeeper.connection.timeout.ms": (
-        "zookeeper_connection_timeout_ms",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "advertised.listeners": ("advertised_listeners", _str),
-    "kafka.listen": ("kafka_listen", _str),
-    "kafka.advertised.listen": ("kafka_advertised_listen", _str),
-    "max.incremental.fetch.session.cache.slots": (
-        "max_incremental_fetch_session_cache_slots",
-        lambda k, v: _int(k, v, 0),
-    ),
-    "min.incremental.fetch.session.eviction.ms": (
-        "min_incremental_fetch_session_eviction_ms",
-        lambda k, v: _int(k, v, 0),
-    ),
-    "auto.create.topics.enable": ("auto_create_topics_enable", _bool),
-    "default.replication.factor": ("default_replication_factor", lambda k, v: _int(k, v, 1)),
-    "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
-    "controlled.shutdown.enable": ("controlled_shutdown_enable", _bool),
-    "authorizer.enabled": ("authorizer_enabled", _bool),
-    "super.users": ("super_users", _str),
-    "allow.everyone.if.no.acl.found": ("allow_everyone_if_no_acl_found", _bool),
-    "auto.leader.rebalance.enable": ("auto_leader_rebalance_enable", _bool),
-    "leader.imbalance.check.interval.seconds": (
-        "leader_imbalance_check_interval_seconds",
-        lambda k, v: _int(k, v, 1),
-    ),
-    "num.replica.fetchers": ("num_replica_fetchers", lambda k, v: _int(k, v, 1, 64)),
-    "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", lambda k, v: _int(k, v, 0)),
-    "replica.fetch.max.bytes": ("replica_fetch_max_bytes", lambda k, v: _int(k, v, 1024)),
-    "replica.fetch.backoff.ms": ("replica_fetch_backoff_ms", lambda k, v: _int(k, v, 0)),
-    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", lambda k, v: _int(k, v, 1)),
-}
-
-
-def broker_keys() -> frozenset[str]:
-    """Every setting name ``BrokerConfig.from_mapping`` accepts."""
-    return frozenset(
-        {
-            "listeners",
-            "log.dirs",
-            "log.dir",
-            *_BROKER_FIELDS,
-            *_TOPIC_DEFAULT_KEYS,
-            *(key for key, _, _ in _TIME_UNIT_KEYS),
-            *SECURITY_KEYS,
-        }
-    )

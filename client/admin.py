@@ -39,6 +39,7 @@ Thread-safe (the connections are); ``close`` when done.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -222,6 +223,10 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
         0, or its ``broker.id``).
 
         Sent to the controller (retried there on ``NOT_CONTROLLER`` until the timeout).
+        In a cluster it then waits, within the same timeout, until the metadata this
+        client routes by shows every partition with a leader (brokers learn a topic by
+        their watch, after the controller made it): the next call on the topic from this
+        client finds it. Past the timeout it returns anyway (the topic exists).
         Config values may be given as numbers; they travel as text. Raises
         ``TopicAlreadyExistsError``, ``InvalidTopicError``, ``InvalidConfigError``,
         ``InvalidPartitionsError``, ``InvalidReplicationFactorError`` (more replicas than
@@ -245,7 +250,8 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
                 "leave partitions and replication_factor None"
             )
         text = _text_config(config)
-        return self._on_controller(
+        left = self._connections.time_left(timeout_ms)
+        created = self._on_controller(
             lambda c, t: c.create_topic(
                 name,
                 partitions or 0,
@@ -255,8 +261,28 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
                 timeout_ms=t,
             ),
             f"CreateTopic {name}",
-            timeout_ms,
+            left(),
         )
+        self._await_leaders(name, len(created.partitions), left)
+        return created
+
+    def _await_leaders(self, name: str, count: int, left: Callable[[], int]) -> None:
+        """Refresh the metadata until it shows ``count`` partitions of ``name``, each with
+        a leader, or the time ``left`` is out (then return: the caller's call succeeded)."""
+        backoff_s = 0.05
+        while True:
+            try:
+                metadata = self._connections.metadata(timeout_ms=left(), force=True)
+            except TidelogError:
+                return  # no broker answered: the next call will say so itself
+            if metadata.partition_count(name) == count and all(
+                metadata.leader_for(TopicPartition(name, p)) is not None for p in range(count)
+            ):
+                return
+            if left() <= int(backoff_s * 1000):
+                return
+            time.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 0.5)
 
     def delete_topic(self, name: str, *, timeout_ms: int | None = None) -> None:
         """Delete a topic and its data. ``UnknownTopicOrPartitionError`` if there is none."""

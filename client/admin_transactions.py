@@ -1,6 +1,17 @@
-"""The transaction calls of ``AdminClient`` (``client.admin``): ``list_transactions`` and
-``describe_transactions``, Kafka's ``Admin.listTransactions``/``describeTransactions``
-(what ``kafka-transactions.sh list|describe`` shows; ``tidelog transactions``).
+"""The transaction calls of ``AdminClient`` (``client.admin``): ``list_transactions``,
+``describe_transactions`` and ``abort_transaction``, Kafka's
+``Admin.listTransactions``/``describeTransactions``/``abortTransaction`` (what
+``kafka-transactions.sh list|describe|abort`` do; ``tidelog transactions``).
+
+``abort_transaction`` is the operator's way out of a *hanging* transaction: one a
+partition holds open (its last stable offset stuck, read_committed consumers stalled)
+while its coordinator no longer knows it (its state lost, or a client bug before KIP-890).
+It writes an ABORT marker straight to the partition's leader (WriteTxnMarkers, as Kafka's
+admin client: the caller needs CLUSTER_ACTION on the cluster), with the producer id and
+epoch and the coordinator epoch ``describe_producers`` shows. Aborting a transaction its
+coordinator still runs is the operator's mistake to avoid (the coordinator's own markers
+come later and change nothing there; that part of the transaction is lost), which is why
+``tidelog transactions find-hanging`` checks the coordinators first.
 
 ``TransactionAdminCalls`` is mixed into ``AdminClient`` and is not used alone. Each
 broker coordinates the transactional ids of the ``__transaction_state`` partitions it
@@ -22,7 +33,12 @@ from tidelog.client.cluster import BrokerNode
 from tidelog.client.connection import Connection
 from tidelog.client.grpc_connection import GrpcConnection
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
-from tidelog.client.types import TopicPartition, TransactionDescription, TransactionListing
+from tidelog.client.types import (
+    AbortTransactionSpec,
+    TopicPartition,
+    TransactionDescription,
+    TransactionListing,
+)
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import InvalidRequestError, TidelogError, error_for_code
 
@@ -125,6 +141,45 @@ class TransactionAdminCalls:
                 ),
             )
         return out
+
+    def abort_transaction(
+        self, spec: AbortTransactionSpec, *, timeout_ms: int | None = None
+    ) -> None:
+        """Abort ``spec``'s open transaction on its partition: an ABORT marker written by
+        the partition's leader (replicated before it answers), so the last stable offset
+        moves past it and read_committed consumers never see its records. Raises the
+        partition's error: ``InvalidProducerEpochError`` (the producer has a newer
+        epoch there), ``TransactionCoordinatorFencedError`` (a newer coordinator epoch
+        wrote there since), ``ClusterAuthorizationFailedError``, ``InvalidRequestError``
+        for ids no producer could have. A producer with no open transaction there is
+        answered as done (the marker changes nothing)."""
+        tp = spec.partition
+        request = pb.WriteTxnMarkersRequest(
+            markers=[
+                pb.TxnMarkerEntry(
+                    producer_id=spec.producer_id,
+                    producer_epoch=spec.producer_epoch,
+                    commit=False,
+                    coordinator_epoch=spec.coordinator_epoch,
+                    partitions=[pb.TxnMarkerPartition(topic=tp.topic, partition=tp.partition)],
+                )
+            ],
+            broker_id=-1,  # an operator's, not a coordinator's
+        )
+
+        def ask(connection: Connection, timeout: int) -> None:
+            answer = _grpc(connection, "WriteTxnMarkers", request, timeout)
+            for marker in answer.markers:
+                for part in marker.partitions:
+                    if part.error_code:
+                        raise error_for_code(part.error_code, f"{tp}: abort of {spec}")
+
+        self._connections.run(
+            self._connections.route_leader(tp),
+            ask,
+            what=f"WriteTxnMarkers {tp}",
+            timeout_ms=timeout_ms,
+        )
 
     def _coordinator_of(self, transactional_id: str) -> Any:
         """A route to ``transactional_id``'s coordinator (asked again on every attempt:

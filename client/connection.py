@@ -130,13 +130,17 @@ class ProduceAnswer:
 class ProducerState:
     """What a partition remembers of one idempotent producer (``DescribeProducers``):
     its epoch, the sequence of its last record (-1: none remembered), the broker's time of
-    its last append and the offset of its last record (-1 where not known)."""
+    its last append and the offset of its last record (-1 where not known); for a
+    transactional producer the coordinator epoch of its last marker here (-1: none) and
+    the first offset of its open transaction (-1: none open)."""
 
     producer_id: int
     producer_epoch: int
     last_sequence: int
     last_timestamp_ms: int = -1
     last_offset: int = -1
+    coordinator_epoch: int = -1
+    current_txn_start_offset: int = -1
 
 
 class ProduceStream(Protocol):

@@ -737,6 +737,8 @@ class GrpcConnection:
                         s.last_sequence,
                         s.last_timestamp_ms,
                         s.last_offset,
+                        s.coordinator_epoch,
+                        s.current_txn_start_offset,
                     )
                     for s in part.producers
                 ]

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from tidelog.storage.types import TopicPartition
 
 __all__ = [
+    "AbortTransactionSpec",
     "AlterConfigOp",
     "ConfigEntry",
     "ConfigResource",
@@ -333,6 +334,18 @@ class TransactionListing:
     producer_id: int
     state: str  # Kafka's names: Empty, Ongoing, PrepareCommit, CompleteCommit, ...
     coordinator_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTransactionSpec:
+    """``AdminClient.abort_transaction``: the open transaction of one producer on one
+    partition, as ``describe_producers`` shows it (Kafka's ``AbortTransactionSpec``):
+    its producer id and epoch and the coordinator epoch of its last marker there."""
+
+    partition: TopicPartition
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,9 @@ and this module, which import nothing else of ours).
     │   │   ├── GroupNotEmptyError        NON_EMPTY_GROUP
     │   │   ├── GroupIdNotFoundError      GROUP_ID_NOT_FOUND
     │   │   ├── GroupSubscribedToTopicError  GROUP_SUBSCRIBED_TO_TOPIC
+    │   │   ├── GroupMaxSizeReachedError  GROUP_MAX_SIZE_REACHED (group.share.max.size)
     │   │   └── UnstableOffsetCommitError UNSTABLE_OFFSET_COMMIT  retriable
+    │   ├── InvalidRecordStateError       INVALID_RECORD_STATE (share groups: not acquired by you)
     │   ├── NotControllerError            NOT_CONTROLLER       retriable
     │   ├── NotLeaderOrFollowerError      NOT_LEADER_OR_FOLLOWER  retriable
     │   ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE    retriable
@@ -113,6 +115,7 @@ __all__ = [
     "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
+    "GroupMaxSizeReachedError",
     "GroupNotEmptyError",
     "GroupSubscribedToTopicError",
     "InternalError",
@@ -121,6 +124,7 @@ __all__ = [
     "InvalidProducerEpochError",
     "InvalidProducerIdMappingError",
     "InvalidRecordError",
+    "InvalidRecordStateError",
     "InvalidReplicaAssignmentError",
     "InvalidReplicationFactorError",
     "InvalidRequestError",
@@ -395,12 +399,27 @@ class GroupSubscribedToTopicError(GroupError):
     code = "GROUP_SUBSCRIBED_TO_TOPIC"
 
 
+class GroupMaxSizeReachedError(GroupError):
+    """A new member would take the group past its maximum size (``group.share.max.size``
+    for a share group, issue #32)."""
+
+    code = "GROUP_MAX_SIZE_REACHED"
+
+
 class UnstableOffsetCommitError(GroupError):
     """The group's offset of a partition is pending in an undecided transaction
     (OffsetFetch with ``require_stable``, KIP-447): ask again once its marker is written."""
 
     code = "UNSTABLE_OFFSET_COMMIT"
     retriable = True
+
+
+class InvalidRecordStateError(RequestError):
+    """A share-group acknowledgement of a record that is not acquired by that member
+    (never acquired, its lock expired, already acknowledged, or another member's): Kafka's
+    ``INVALID_RECORD_STATE`` (KIP-932). Nothing of that acknowledgement was applied."""
+
+    code = "INVALID_RECORD_STATE"
 
 
 class NotControllerError(RequestError):

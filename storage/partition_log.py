@@ -33,6 +33,14 @@ the segments and the lock that serialises them:
   needs (it reads with ``max_offset`` = the last stable offset and filters the aborted
   transactions itself, as Kafka's consumers do).
 
+Two parts of the class live in their own modules and are mixed in, because each is a
+concept of its own on top of the append path: the replication side
+(``storage.partition_log_replication.ReplicationCalls``: follower appends, the leader-epoch
+cache and checkpoint, the tracked high watermark, truncation) and the transaction side
+(``storage.partition_log_txns.TransactionCalls``: verification, markers, the last stable
+offset, aborted transactions). They share this class's lock and state; this module keeps
+opening, appends, rolls, reads, flushes, retention, compaction support and closing.
+
 Appends validate each batch's framing, magic, CRC and size, check idempotent-producer
 sequences, assign offsets by rewriting each batch's 8-byte base offset (LogAppendTime
 topics also get the broker's time, which means a CRC recomputation) and write the bytes;
@@ -69,10 +77,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog.storage.batch_times import BatchTimes, decode_wire
+from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import Clock
 from tidelog.storage.config import LogConfig
-from tidelog.storage.control import EndTxnMarker, build_marker
 from tidelog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
@@ -86,28 +93,22 @@ from tidelog.storage.files import (
     fsync_dir,
     offset_file_name,
 )
-from tidelog.storage.leader_epoch import UNDEFINED_EPOCH, EpochEntry, LeaderEpochCache
+from tidelog.storage.leader_epoch import LeaderEpochCache
 from tidelog.storage.local_log import LocalLog, ReadResult, io_error, unlink_if_exists
 from tidelog.storage.log_loader import SNAPSHOT_SUFFIX, load_log, rebuild_producer_state
 from tidelog.storage.log_validator import (
     assign_offsets,
     check_produced_batch,
-    follower_batch_times,
-    place_follower_batches,
     recompress,
 )
-from tidelog.storage.partition_txns import (
-    apply_batches,
-    apply_marker,
-    collect_aborted,
-    last_stable_offset,
-)
+from tidelog.storage.partition_log_replication import ReplicationCalls
+from tidelog.storage.partition_log_txns import TransactionCalls
 from tidelog.storage.producer_state import (
     ProducerStateTable,
     ProducerSummary,
     VerificationGuard,
 )
-from tidelog.storage.records import iter_batch_headers, read_header
+from tidelog.storage.records import iter_batch_headers
 from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
@@ -130,8 +131,12 @@ class AppendResult:
     duplicate: bool
 
 
-class PartitionLog:
-    """The log of one topic-partition. Thread-safe."""
+class PartitionLog(TransactionCalls, ReplicationCalls):
+    """The log of one topic-partition. Thread-safe.
+
+    The transaction methods come from ``TransactionCalls`` (``storage.partition_log_txns``),
+    the replication and truncation methods from ``ReplicationCalls``
+    (``storage.partition_log_replication``)."""
 
     def __init__(
         self,
@@ -431,289 +436,6 @@ class PartitionLog:
             self._unflushed_records = 0
         return result
 
-    # ================================================================== transactions
-
-    def start_verification(
-        self, producer_id: int, epoch: int, *, epoch_bump: bool = False
-    ) -> VerificationGuard | None:
-        """Before the coordinator is asked about a transactional batch of ``producer_id``:
-        its guard, or None if its transaction is open here (``storage.producer_state``).
-
-        Raises:
-            InvalidProducerEpochError: ``epoch`` is older than the producer's here.
-            StorageError: the log is closed.
-        """
-        with self._lock:
-            if self._closed:
-                raise StorageError(f"{self} is closed")
-            return self._producer_state.start_verification(
-                producer_id, epoch, epoch_bump=epoch_bump, now_ms=self._clock.wall_ms()
-            )
-
-    def append_marker(
-        self,
-        producer_id: int,
-        epoch: int,
-        commit: bool,
-        coordinator_epoch: int,
-        *,
-        leader_epoch: int | None = None,
-    ) -> int:
-        """Append a COMMIT (``commit``) or ABORT marker for ``producer_id``; its offset.
-
-        The leader's side of WriteTxnMarkers (``storage.control`` has the batch layout).
-        It ends the producer's open transaction here, if any; an ABORT then gets an entry
-        in the active segment's ``.txnindex``. A producer with no open transaction gets
-        the marker stored and nothing else (``storage.partition_txns``).
-
-        Raises:
-            InvalidProducerEpochError: ``epoch`` is older than the producer's.
-            TransactionCoordinatorFencedError: ``coordinator_epoch`` is older than the
-                last one that wrote this producer a marker here.
-            FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
-            LogDirFullError, StorageError: the write failed; nothing was stored.
-        """
-        with self._lock:
-            if self._closed:
-                raise StorageError(f"{self} is closed")
-            if leader_epoch is not None and leader_epoch < self._leader_epochs.latest_epoch:
-                raise FencedLeaderEpochError(
-                    f"{self}: leader epoch {leader_epoch} is older than this log's "
-                    f"{self._leader_epochs.latest_epoch}; no marker appended"
-                )
-            self._producer_state.check_marker(producer_id, epoch, coordinator_epoch)
-            offset = self.log_end_offset
-            now_ms = self._clock.wall_ms()
-            batch = build_marker(
-                producer_id,
-                epoch,
-                commit=commit,
-                coordinator_epoch=coordinator_epoch,
-                timestamp_ms=now_ms,
-                base_offset=offset,
-                partition_leader_epoch=-1 if leader_epoch is None else leader_epoch,
-            )
-            header = read_header(batch)
-            try:
-                self._rewrite_stale_epochs_locked()
-                if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
-                    self._assign_epoch_locked(leader_epoch, offset)
-                segment = self._maybe_roll_locked(
-                    len(batch), offset, offset, now_ms, self._local.config
-                )
-                segment.append(batch, [BatchPosition(0, header)], None)
-            except OSError as exc:
-                raise io_error(exc, f"{self}: marker append failed") from exc
-            apply_marker(
-                self._producer_state, segment, header, EndTxnMarker(commit, coordinator_epoch)
-            )
-            self._unflushed_records += 1
-            return offset
-
-    @property
-    def last_stable_offset(self) -> int:
-        """Below it every transaction is decided: min(first unstable offset, high
-        watermark); the high watermark when no transaction is open or unreplicated.
-
-        Lock-free while the partition holds no undecided transaction (the fetch path
-        must not wait behind an append's fsync, ``tests/broker/test_slow_disk.py``): the
-        high watermark is read first, then whether a transaction is open or being opened
-        (``_opening``, set under the lock before transactional bytes are published and
-        cleared after the producer state has them). Whoever reads a high watermark that
-        includes such bytes therefore sees the transaction, and takes the lock."""
-        high_watermark = self.high_watermark
-        if not self._opening and not self._producer_state.has_undecided():
-            return high_watermark
-        with self._lock:
-            return last_stable_offset(
-                self._producer_state, self.high_watermark, self._local.log_start_offset
-            )
-
-    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
-        """``(producer_id, first_offset)`` of the aborted transactions a read_committed
-        fetch of ``[fetch_offset, upper_bound)`` reports (Kafka's rule, in
-        ``storage.partition_txns.collect_aborted``), oldest marker first."""
-        with self._lock:
-            segments = self._local.segments
-            found = collect_aborted(segments, fetch_offset, upper_bound)
-        return [(t.producer_id, t.first_offset) for t in found]
-
-    # ================================================================== replication
-
-    def append_as_follower(self, records: bytes, batch_times: bytes = b"") -> int:
-        """Append a leader's batches unchanged (offsets, epochs, CRCs); the new log end.
-
-        ``batch_times``: the fetch answer's sent/received times (``storage.batch_times``
-        wire entries), kept for the batches they name. Batches wholly below the log end
-        offset (a repeated fetch) are skipped; the first new batch must start at or after
-        the log end (compaction may have left a gap on the leader). Sequences are not
-        checked (the leader did), but the producer state is updated, so a follower that
-        becomes leader still recognises retried batches; transactional batches and markers
-        move it as on the leader (``storage.partition_txns``), without the leader's epoch
-        checks. Epochs the batches carry extend the leader-epoch cache.
-
-        Raises:
-            CorruptRecordError: bad framing or CRC, or offsets that go backwards.
-            LogDirFullError, StorageError: the write failed; nothing was stored.
-        """
-        if not records:
-            return self.log_end_offset
-        batches = [
-            BatchPosition(position, header)
-            for position, header in iter_batch_headers(records, validate=True)
-        ]
-        times_by_offset = decode_wire(batch_times) if batch_times else {}
-        with self._lock:
-            if self._closed:
-                raise StorageError(f"{self} is closed")
-            log_end = self.log_end_offset
-            placed = place_follower_batches(batches, log_end, self)
-            if placed is None:
-                return log_end
-            first, end, assigned = placed.start, placed.end, placed.batches
-            now_ms = self._clock.wall_ms()
-            times = follower_batch_times(times_by_offset, assigned)
-            self._opening = any(b.header.is_transactional for b in assigned)
-            try:
-                self._rewrite_stale_epochs_locked()
-                for batch in assigned:
-                    epoch = batch.header.partition_leader_epoch
-                    if epoch >= 0 and epoch > self._leader_epochs.latest_epoch:
-                        self._assign_epoch_locked(epoch, batch.header.base_offset)
-                segment = self._maybe_roll_locked(
-                    end - first,
-                    assigned[0].header.base_offset,
-                    assigned[-1].header.last_offset,
-                    placed.max_timestamp,
-                    self._local.config,
-                )
-                segment.append([memoryview(records)[first:end]], assigned, times)
-            except OSError as exc:
-                self._opening = False
-                raise io_error(exc, f"{self}: follower append failed") from exc
-            # Data batches open transactions, markers end them (and index aborts).
-            try:
-                apply_batches(
-                    self._producer_state, segment, memoryview(records)[first:end], assigned, now_ms
-                )
-            finally:
-                self._opening = False
-            for batch in assigned:
-                self._unflushed_records += batch.header.records_count
-            return self.log_end_offset
-
-    def _assign_epoch_locked(self, epoch: int, start_offset: int) -> None:
-        """Record ``epoch`` from ``start_offset`` and write the checkpoint; when the write
-        fails (``OSError``) the cache is put back as it was, so it never holds an epoch
-        its checkpoint lacks: the batches of that epoch appended later would otherwise
-        be unknown to the cache after a clean restart, which trusts the checkpoint
-        (issue #29, disk-full)."""
-        before = self._leader_epochs.entries
-        if self._leader_epochs.assign(epoch, start_offset):
-            try:
-                self._leader_epochs.write(self.directory)
-            except OSError:
-                self._leader_epochs = LeaderEpochCache(before)
-                raise
-            self._epochs_stale = False
-
-    def _write_epochs_locked(self) -> None:
-        """Write the leader-epoch checkpoint after the cache lost entries (truncation,
-        retention, a moved log start). When the write fails (``OSError``, raised) the
-        checkpoint still holds them: it is marked stale and written again before the
-        next append, epoch or close (``_rewrite_stale_epochs_locked``), so a clean
-        restart, which trusts it, never reads an epoch the log no longer holds; an
-        unclean one takes the epochs past its recovery point from the batches anyway."""
-        try:
-            self._leader_epochs.write(self.directory)
-        except OSError:
-            self._epochs_stale = True
-            raise
-        self._epochs_stale = False
-
-    def _rewrite_stale_epochs_locked(self) -> None:
-        if self._epochs_stale:
-            self._write_epochs_locked()
-
-    def begin_leader_epoch(self, epoch: int) -> None:
-        """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
-        ``becomeLeader``), so followers asking for the previous epoch learn where it ended
-        even before the new leader writes anything. Raises ``StorageError``."""
-        with self._lock:
-            try:
-                self._rewrite_stale_epochs_locked()
-                if epoch > self._leader_epochs.latest_epoch:
-                    self._assign_epoch_locked(epoch, self.log_end_offset)
-            except OSError as exc:
-                raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
-
-    @property
-    def latest_epoch(self) -> int:
-        """The newest leader epoch in this log (-1 if none)."""
-        with self._lock:
-            return self._leader_epochs.latest_epoch
-
-    def epoch_entries(self) -> list[EpochEntry]:
-        """The leader-epoch cache, oldest first (a copy)."""
-        with self._lock:
-            return self._leader_epochs.entries
-
-    def epoch_for_offset(self, offset: int) -> int:
-        """The leader epoch that wrote ``offset`` (-1 before every known epoch), as
-        Kafka's ``LeaderEpochFileCache.epochForOffset`` (ListOffsets' ``leader_epoch``)."""
-        with self._lock:
-            return self._leader_epochs.epoch_for_offset(offset)
-
-    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
-        """Kafka's ``OffsetsForLeaderEpoch``: the largest epoch <= ``epoch`` this log knows
-        and the offset where it ends (``(-1, -1)`` below every known epoch)."""
-        with self._lock:
-            if epoch == UNDEFINED_EPOCH:
-                return UNDEFINED_EPOCH, UNDEFINED_EPOCH
-            return self._leader_epochs.end_offset_for(epoch, self.log_end_offset)
-
-    def divergence_offset(self, leader_epoch: int, leader_end_offset: int) -> int:
-        """Where a follower cuts its log after its leader answered that the follower's
-        last epoch diverged: ``(leader_epoch, leader_end_offset)`` is the largest epoch the
-        leader has at or below the follower's, and where it ends on the leader (KIP-279).
-        The cut is the smaller of that end and this log's own end of the same epoch; with
-        no common epoch at all (``leader_epoch`` -1), the high watermark."""
-        if leader_epoch < 0:
-            return self.high_watermark
-        own_epoch, own_end = self.end_offset_for_epoch(leader_epoch)
-        if own_epoch == leader_epoch:
-            return min(leader_end_offset, own_end)
-        return min(leader_end_offset, own_end if own_end >= 0 else self.high_watermark)
-
-    def track_high_watermark(self, initial: int | None = None) -> int:
-        """Start tracking the high watermark (replicated); returns it.
-
-        It starts at ``initial`` (a checkpoint) or at what is tracked already, else at the
-        log start offset, clamped to ``[log start, log end]``.
-        """
-        with self._lock:
-            current = self._high_watermark
-            start = initial if initial is not None else current
-            if start is None:
-                start = self._local.log_start_offset
-            self._high_watermark = min(
-                max(start, self._local.log_start_offset), self.log_end_offset
-            )
-            return self._high_watermark
-
-    def set_high_watermark(self, offset: int) -> bool:
-        """Move a tracked high watermark up to ``offset`` (capped at the log end offset);
-        whether it moved. It never moves down here (only truncation lowers it)."""
-        with self._lock:
-            current = self._high_watermark
-            if current is None:
-                raise StorageError(f"{self}: the high watermark is not tracked")
-            target = min(offset, self.log_end_offset)
-            if target <= current:
-                return False
-            self._high_watermark = target
-            return True
-
     # ================================================================== roll
 
     def _maybe_roll_locked(
@@ -853,76 +575,6 @@ class PartitionLog:
             return
         if self._clock.monotonic_ms() - self._last_flush_ms >= flush_ms:
             self.flush()
-
-    # ================================================================== truncation
-
-    def truncate_to(self, offset: int) -> None:
-        """Remove every batch holding an offset >= ``offset`` (batch granularity, as
-        Kafka's ``truncateTo``: a batch straddling ``offset`` goes whole, so the log end
-        ends at or below ``offset``).
-
-        Used by recovery tools and tests (and, with replication, by followers); producer
-        state is rebuilt from what remains. Whole segments past ``offset`` are renamed
-        ``.deleted`` and unlinked after ``file.delete.delay.ms``, as retention does, so a
-        reader holding a snapshot of the segment list can finish. Waits for a flush in
-        progress (``_flush_lock``), so a flush can never move the recovery point past
-        the cut.
-        """
-        with self._flush_lock, self._lock:
-            try:
-                # Renames, the cut (fsynced), the new view and recovery point.
-                self._local.truncate_to_locked(offset)
-            except OSError as exc:
-                raise io_error(exc, f"{self}: truncation failed") from exc
-            try:
-                if self._high_watermark is not None:
-                    self._high_watermark = min(self._high_watermark, self.log_end_offset)
-                before = self._leader_epochs.entries
-                self._leader_epochs.truncate_from_end(self.log_end_offset)
-                if self._leader_epochs.entries != before:
-                    self._write_epochs_locked()
-                for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
-                    if base_offset_from_name(snapshot.name) > self.log_end_offset:
-                        unlink_if_exists(snapshot)
-                fsync_dir(self.directory)
-            except OSError as exc:
-                raise io_error(exc, f"{self}: truncation failed") from exc
-            finally:
-                # The log is cut whatever failed after it (a full disk refusing the
-                # epoch checkpoint): the idempotence state must not remember batches
-                # that are gone, or their retries would be answered as duplicates
-                # and never stored. A stale checkpoint entry past the log end is cut
-                # when the log is next opened (``log_loader``).
-                self._load_producer_state()
-
-    def truncate_fully_and_start_at(self, offset: int) -> None:
-        """Drop the whole log and start it empty at ``offset`` (Kafka's
-        ``truncateFullyAndStartAt``).
-
-        A follower whose log ends below its leader's log start (retention deleted on the
-        leader what the follower never fetched) cannot continue where it is: nothing it
-        could fetch joins its log. Every segment is scheduled for deletion as
-        ``truncate_to`` does; the new empty segment's base makes ``offset`` the log start,
-        log end, high watermark and recovery point; the epoch cache and producer state are
-        cleared (what the leader sends next rebuilds them).
-        """
-        with self._flush_lock, self._lock:
-            try:
-                # Renames, the new empty segment, the new view and recovery point; no fsync.
-                self._local.truncate_fully_locked(offset)
-                if self._high_watermark is not None:
-                    self._high_watermark = offset
-                self._leader_epochs = LeaderEpochCache()
-                self._producer_state = ProducerStateTable()
-                # Snapshots first: they need no space to go, and a checkpoint write that
-                # fails on a full disk must not leave one to reload the old state from.
-                for snapshot in self.directory.glob("*" + SNAPSHOT_SUFFIX):
-                    unlink_if_exists(snapshot)
-                self._write_epochs_locked()
-                fsync_dir(self.directory)
-            except OSError as exc:
-                raise io_error(exc, f"{self}: full truncation failed") from exc
-        log.warning("%s: truncated fully; the log now starts empty at %d", self, offset)
 
     # ================================================================== retention
 

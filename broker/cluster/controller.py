@@ -73,7 +73,7 @@ from tidelog.storage.errors import (
     TopicAlreadyExistsError,
 )
 
-__all__ = ["Controller", "ControllerSettings", "Reassignments"]
+__all__ = ["Controller", "ControllerSettings", "InternalTopic", "Reassignments"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,12 @@ class ControllerSettings:
     min_insync_replicas: int = 1
 
 
+# An internal topic the controller creates when missing: its partition count, its
+# replication factor (None: ``ControllerSettings.internal_replication_factor``) and its
+# config.
+InternalTopic = tuple[int, int | None, Mapping[str, str]]
+
+
 @dataclass(slots=True)
 class _Event:
     kind: str
@@ -119,7 +125,7 @@ class Controller:
         clock: Clock,
         *,
         rng: random.Random | None = None,
-        internal_topics: Mapping[str, tuple[int, Mapping[str, str]]] | None = None,
+        internal_topics: Mapping[str, InternalTopic] | None = None,
         fence: SessionFence | None = None,
     ) -> None:
         self._store = store
@@ -427,9 +433,11 @@ class Controller:
         self._progress_reassignments()
 
     def _ensure_internal_topics(self) -> None:
-        """Create the internal topics (the offsets topic) if they are missing.
+        """Create the internal topics (the offsets topic, ``__transaction_state``) if they
+        are missing.
 
-        With their full replication factor once that many brokers are live; a controller
+        Each with its full replication factor (``InternalTopic.replication_factor``, or
+        ``internal_replication_factor``) once that many brokers are live; a controller
         that has waited ``_INTERNAL_TOPIC_GRACE_MS`` for them creates them with the brokers
         it has (a cluster smaller than the factor still gets its groups working).
         """
@@ -437,7 +445,7 @@ class Controller:
         if not missing:
             return
         live = len(self._live())
-        wanted = self._settings.internal_replication_factor
+        wanted = max(self._factor(name) for name in missing)
         waited = self._clock.monotonic_ms() - self._lease_ms
         if live < wanted and waited < _INTERNAL_TOPIC_GRACE_MS:
             delay = (_INTERNAL_TOPIC_GRACE_MS - waited) / 1000 + 0.1
@@ -446,14 +454,18 @@ class Controller:
             timer.start()
             return
         for name in missing:
-            partitions, config = self._internal_topics[name]
-            factor = max(1, min(wanted, live))
+            partitions, _, config = self._internal_topics[name]
+            factor = max(1, min(self._factor(name), live))
             try:
                 self._topic_changes.create(
                     self._require_lease(), name, partitions, factor, dict(config)
                 )
             except TopicAlreadyExistsError:
                 continue
+
+    def _factor(self, internal_topic: str) -> int:
+        own = self._internal_topics[internal_topic][1]
+        return own if own is not None else self._settings.internal_replication_factor
 
     # --- duties --------------------------------------------------------------------------
 

@@ -55,7 +55,12 @@ from typing import Any, Protocol
 
 import grpc
 
-from tidelog.broker.cluster.controller import Controller, ControllerSettings, Reassignments
+from tidelog.broker.cluster.controller import (
+    Controller,
+    ControllerSettings,
+    InternalTopic,
+    Reassignments,
+)
 from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
 from tidelog.broker.cluster.forwarding import (
@@ -70,6 +75,7 @@ from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
 from tidelog.broker.cluster.store import ClusterStore, StoreError
+from tidelog.broker.cluster.txn_peers import GrpcTxnPeers
 from tidelog.broker.cluster.znodes import (
     KAFKA_LISTENER,
     NO_LEADER,
@@ -267,6 +273,11 @@ class ClusterNode:
         self._forwarder = Forwarder(
             config.broker_id, InterBrokerChannels(config.security), controller, fence, watcher
         )
+        # Transaction calls to other brokers (markers, KIP-890 verification): the
+        # membership's ``txn_peers`` once the broker joined.
+        self.txn_peers = GrpcTxnPeers(
+            config.broker_id, InterBrokerChannels(config.security), self._grpc_address
+        )
         self._session_events: queue.Queue[str] = queue.Queue()
         self._session_thread = threading.Thread(
             target=self._run_session_events,
@@ -282,15 +293,16 @@ class ClusterNode:
         clock: Clock,
         endpoint: tuple[str, int],
         *,
-        internal_topics: Mapping[str, tuple[int, Mapping[str, str]]],
+        internal_topics: Mapping[str, InternalTopic],
         listeners: Sequence[ListenerEndpoint] = (),
     ) -> ClusterNode:
         """Join the cluster (steps 1-4 above). Raises ``StoreError`` or ``InvalidConfigError``.
 
         ``endpoint`` is the gRPC listener's advertised address; ``listeners`` the broker's
         other bound listeners (the Kafka listener), registered beside it (``znodes``).
-        ``internal_topics`` (the offsets topic) are created in ZooKeeper by the controller
-        if missing, with these partition counts and configs.
+        ``internal_topics`` (the offsets topic, ``__transaction_state``) are created in
+        ZooKeeper by the controller if missing, with these partition counts, replication
+        factors and configs.
         """
         assert config.zookeeper_connect is not None
         store = ClusterStore.connect(
@@ -508,7 +520,13 @@ class ClusterNode:
             self.replicas.resign_all("the broker is stopping")
             self.replicas.stop()
         self._session_events.put("stop")
+        self.txn_peers.close()
         self._store.close()
+
+    def _grpc_address(self, broker_id: int) -> str | None:
+        """Broker ``broker_id``'s gRPC ``HOST:PORT`` in this broker's view now."""
+        found = self._watcher.snapshot.brokers.get(broker_id)
+        return None if found is None else f"{found.host}:{found.port}"
 
     def _controlled_shutdown(self) -> None:
         me = self._config.broker_id

@@ -8,7 +8,11 @@ DeleteRecords waiting for the followers), the group coordinator (``broker.groups
 quotas and the metrics; the broker's role (placement, topic administration, producer ids) is
 its ``broker.core.membership``. The operations are grouped by concept in services the facade
 delegates to: topics (``broker.core.topics``), offsets and producers
-(``broker.core.offsets``), groups (``broker.groups.manager``). It is listener-neutral:
+(``broker.core.offsets``), groups (``broker.groups.manager``). The facade's topic and
+config calls (``TopicCalls``, ``broker.core.facade_topics``) and its group operations
+(``GroupCalls``, ``broker.core.facade_groups``) are mixed in from their own modules; this
+one keeps construction, the data path, transactions between brokers, quotas, metrics and
+shutdown. It is listener-neutral:
 errors are ``TidelogError`` classes with stable codes that each listener renders once
 (``broker.core.errors``). The gRPC listener (``broker.grpc.service``) and the Kafka listener
 (``broker.kafka``) call the same methods through the request pipeline
@@ -30,24 +34,22 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
 
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.acl import parse_principals
 from tidelog.broker.core.acl_store import Acls, LocalAclStore
 from tidelog.broker.core.auth import Authenticator
-from tidelog.broker.core.config_keys import ConfigEntry
 from tidelog.broker.core.configs import (
     BrokerConfigStore,
-    ConfigChange,
     Configs,
     LocalBrokerConfigStore,
-    ResourceKind,
 )
 from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.delete_records import DeletionAnswer
+from tidelog.broker.core.facade_groups import GroupCalls
+from tidelog.broker.core.facade_topics import TopicCalls
 from tidelog.broker.core.fetch import (
     FetchPath,
     FetchSpec,
@@ -71,8 +73,6 @@ from tidelog.broker.core.offsets import (
 )
 from tidelog.broker.core.partitions import PartitionRegistry, open_partitions
 from tidelog.broker.core.placement import (
-    BrokerEndpoint,
-    ClusterView,
     LocalPlacement,
     Placement,
 )
@@ -88,47 +88,34 @@ from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
 from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.broker.core.topics import (
-    LogDirView,
-    MetadataTopic,
-    PartitionCountResult,
     Topics,
-    TopicView,
 )
 from tidelog.broker.core.user_admin import UserAdmin
 from tidelog.broker.core.users import FileUserStore
-from tidelog.broker.groups.coordinator import GroupView, HeartbeatAnswer, HeartbeatRequest
 from tidelog.broker.groups.manager import (
-    GroupDescription,
-    GroupListing,
     GroupManager,
-    OffsetCommitEntry,
-    OffsetResult,
-    ResetTarget,
-    Selection,
 )
-from tidelog.broker.groups.offset_records import partition_for
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
-from tidelog.broker.transactions.coordinator import TransactionCoordinator, open_coordinator
+from tidelog.broker.transactions.coordinator import Transactions, open_transactions
+from tidelog.broker.transactions.markers import TxnMarker, answers_by_marker
+from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.storage.clock import Clock, SystemClock
 from tidelog.storage.errors import (
     InvalidRequestError,
-    LeaderNotAvailableError,
-    NotCoordinatorError,
-    NotLeaderOrFollowerError,
-    UnstableOffsetCommitError,
 )
-from tidelog.storage.log_manager import LogManager, TopicMetadata
-from tidelog.storage.types import TopicPartition
+from tidelog.storage.log_manager import LogManager
 
 __all__ = ["BrokerCore", "TopicAdmin", "open_partitions"]
 
 log = logging.getLogger(__name__)
 
 
-class BrokerCore:
+class BrokerCore(TopicCalls, GroupCalls):
     """Everything a broker does, minus the network. Thread-safe.
 
-    Build with ``open``; ``close`` once.
+    Build with ``open``; ``close`` once. The topic and config calls come from
+    ``TopicCalls`` (``broker.core.facade_topics``), the group operations from
+    ``GroupCalls`` (``broker.core.facade_groups``).
     """
 
     def __init__(
@@ -145,12 +132,17 @@ class BrokerCore:
         authenticator: Authenticator | None,
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
-        transactions: TransactionCoordinator | None = None,
+        transactions: Transactions | None = None,
     ) -> None:
         self.config = config
-        # The transaction coordinator (broker.transactions, issue #28): a single node's;
-        # None in a cluster until its coordinator is built (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
-        self.transactions = transactions
+        # Transactions (broker.transactions, issue #28): the coordinator of the
+        # __transaction_state partitions this broker leads (a single node: all); the check
+        # (or v2's implicit add) of a transactional batch with its id's coordinator,
+        # wherever that is (``RoutedVerify`` in a cluster); the markers this broker writes
+        # as a partition's leader. None: a core built without ``open`` (transactional
+        # requests refused).
+        self._txn = transactions
+        self.transactions = None if transactions is None else transactions.coordinator
         # Placement, topic administration and producer ids: the broker's role, which
         # changes (joining -> joined) inside this one object (broker.core.membership).
         self.membership = membership
@@ -198,8 +190,8 @@ class BrokerCore:
             check_leader=self._check_leader,
             batch_times=config.batch_times_enabled,
             clock=clock,
-            verify=None if transactions is None else transactions.verify_partition,
-            add_partition=None if transactions is None else transactions.add_partition,
+            verify=None if transactions is None else transactions.verify,
+            add_partition=None if transactions is None else transactions.add,
         )
         self._gate = OperationGate()
         self._closed = threading.Event()
@@ -309,27 +301,23 @@ class BrokerCore:
                 on_append=appended,
                 registry=partitions,
             )
-            transactions = (
-                open_coordinator(
-                    config,
-                    partitions,
-                    clock,
-                    lambda: membership.producer_ids.init(-1, -1)[0],
-                    lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
-                    appended,
-                    lambda topic, partition, producer_id, commit: (
-                        groups.store.end_transaction(partition, producer_id, commit)
-                        if topic == OFFSETS_TOPIC
-                        else None
-                    ),
-                )
-                if config.zookeeper_connect is None
-                else None
+            built = open_transactions(
+                config,
+                partitions,
+                clock,
+                membership,
+                lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
+                appended,
+                lambda topic, partition, producer_id, commit: (
+                    groups.store.end_transaction(partition, producer_id, commit)
+                    if topic == OFFSETS_TOPIC
+                    else None
+                ),
             )
+            transactions = built
             logs.start_background()
             groups.start()
-            if transactions is not None:
-                transactions.start()
+            transactions.coordinator.start()
             fetch_purgatory.start()
             delayed.delete_records.start()
             group_fsync.start()
@@ -359,9 +347,68 @@ class BrokerCore:
     def became_leader(self, topic: str, partition: int) -> None:
         """This broker now leads the partition: an offsets partition's groups (committed
         offsets and classic membership) are loaded from its replicated log (their
-        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse."""
+        coordinator moved here); ``GroupManager.unload_resigned`` does the reverse. A
+        ``__transaction_state`` partition's transactional ids likewise
+        (``TransactionCoordinator.load_partition``, which also finishes the prepared
+        commits and aborts; ``unload_resigned`` the reverse)."""
         if topic == OFFSETS_TOPIC:
             self._groups.reload_partition(partition)
+        elif topic == TRANSACTION_STATE_TOPIC and self.transactions is not None:
+            self.transactions.load_partition(partition)
+
+    # --- transactions between brokers -------------------------------------------------------
+
+    def verify_transactional(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
+    ) -> str:
+        """KIP-890's check that ``tp`` is in the producer's ongoing transaction, asked of
+        the id's coordinator wherever it is: ``""`` or Kafka's error name (a coordinator
+        that cannot answer: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``...)."""
+        if self._txn is None:
+            return "COORDINATOR_NOT_AVAILABLE"
+        with self._gate.operation():
+            return self._txn.verify(transactional_id, producer_id, producer_epoch, tp)
+
+    def add_transactional(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, tp: tuple[str, int]
+    ) -> str:
+        """Transactions v2's implicit AddPartitionsToTxn (KIP-890 part 2: a Produce v12 or
+        TxnOffsetCommit v5 naming a partition), asked of the id's coordinator wherever it
+        is: ``""`` once ``tp`` is in the transaction, or Kafka's error name."""
+        if self._txn is None:
+            return "COORDINATOR_NOT_AVAILABLE"
+        with self._gate.operation():
+            return self._txn.add(transactional_id, producer_id, producer_epoch, tp)
+
+    def verify_txn_partition(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        tp: tuple[str, int],
+        *,
+        add: bool = False,
+    ) -> str:
+        """The coordinator's half of a verification (``add``: v2's implicit add) another
+        broker asked for: this broker's own answer (``NOT_COORDINATOR`` unless it
+        coordinates the id)."""
+        if self.transactions is None:
+            return "NOT_COORDINATOR"
+        with self._gate.operation():
+            check = self.transactions.add_partition if add else self.transactions.verify_partition
+            return check(transactional_id, producer_id, producer_epoch, tp)
+
+    def write_txn_markers(
+        self, markers: Sequence[TxnMarker]
+    ) -> list[Mapping[tuple[str, int], str]]:
+        """WriteTxnMarkers, the partition leader's side: each marker written (as an
+        ``acks=all`` append) to its partitions this broker leads; per marker, per partition
+        ``""`` or Kafka's error name (``NOT_LEADER_OR_FOLLOWER`` elsewhere,
+        ``TRANSACTION_COORDINATOR_FENCED`` for a deposed coordinator's marker...)."""
+        if self._txn is None:
+            return [dict.fromkeys(m.partitions, "NOT_LEADER_OR_FOLLOWER") for m in markers]
+        with self._gate.operation():
+            return answers_by_marker(self._txn.markers, markers)
 
     @property
     def placement(self) -> Placement:
@@ -382,35 +429,6 @@ class BrokerCore:
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self.placement.check_leader(topic, partition)
-
-    def check_group_loaded(self, group_id: str) -> None:
-        """Raise ``CoordinatorLoadInProgressError`` while this broker, leading the group's
-        offsets partition, still loads its groups (the classic protocol's handlers ask
-        before serving a member: until then its group is unknown here). A no-op on a
-        single node."""
-        if self.topic_admin is None:
-            return
-        self._groups.store.check_loaded(self._groups.store.partition_for(group_id))
-
-    def _check_coordinator(self, group_id: str, *, confirm: bool = False) -> None:
-        """Raise ``NotCoordinatorError`` unless this broker leads the group's offsets
-        partition (always true on a single node), ``CoordinatorLoadInProgressError`` while
-        it is still loading that partition's groups. ``confirm``: ask ZooKeeper too, not
-        only this broker's view (committed offsets must never be read stale: a consumer
-        resuming from an old one would commit backwards)."""
-        if self.topic_admin is None:
-            return
-        partition = partition_for(group_id, self._logs.topic(OFFSETS_TOPIC).partitions)
-        try:
-            if confirm:
-                self.placement.confirm_leader(OFFSETS_TOPIC, partition)
-            else:
-                self.placement.check_leader(OFFSETS_TOPIC, partition)
-        except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
-            raise NotCoordinatorError(f"group {group_id!r}: {exc}") from None
-        # Leading is not enough: the groups must be loaded at this epoch and what was
-        # loaded replicated (COORDINATOR_LOAD_IN_PROGRESS until then; offset_store).
-        self._groups.store.check_loaded(partition)
 
     @property
     def partitions(self) -> PartitionRegistry:
@@ -458,138 +476,6 @@ class BrokerCore:
             self.transactions.stop()
         self._groups.close()
         self._logs.close()
-
-    # --- topics ---------------------------------------------------------------------------
-
-    # --- topics (broker.core.topics) -------------------------------------------------------
-
-    def create_topic(
-        self,
-        name: str,
-        partitions: int | None,
-        config: Mapping[str, str],
-        *,
-        replication_factor: int | None = None,
-        assignment: Sequence[tuple[int, Sequence[int]]] | None = None,
-    ) -> TopicView:
-        """``Topics.create_topic``."""
-        return self.topics.create_topic(
-            name, partitions, config, replication_factor=replication_factor, assignment=assignment
-        )
-
-    def validate_new_topic(
-        self,
-        name: str,
-        partitions: int | None,
-        config: Mapping[str, str],
-        *,
-        replication_factor: int | None = None,
-        assignment: Sequence[tuple[int, Sequence[int]]] | None = None,
-    ) -> tuple[int, int]:
-        """``Topics.validate_new_topic``."""
-        return self.topics.validate_new_topic(
-            name, partitions, config, replication_factor=replication_factor, assignment=assignment
-        )
-
-    def elect_preferred_leaders(self) -> int:
-        """``Topics.elect_preferred_leaders``."""
-        return self.topics.elect_preferred_leaders()
-
-    def elect_leaders(
-        self, unclean: bool, partitions: Sequence[tuple[str, int]] | None
-    ) -> dict[tuple[str, int], str]:
-        """``Topics.elect_leaders``."""
-        return self.topics.elect_leaders(unclean, partitions)
-
-    def alter_partition_reassignments(
-        self, targets: Mapping[tuple[str, int], Sequence[int] | None]
-    ) -> dict[tuple[str, int], str]:
-        """``Topics.alter_partition_reassignments``."""
-        return self.topics.alter_partition_reassignments(targets)
-
-    def list_partition_reassignments(
-        self, partitions: Sequence[tuple[str, int]] | None
-    ) -> dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
-        """``Topics.list_partition_reassignments``."""
-        return self.topics.list_partition_reassignments(partitions)
-
-    def controlled_shutdown(self, broker_id: int) -> int:
-        """``Topics.controlled_shutdown``."""
-        return self.topics.controlled_shutdown(broker_id)
-
-    def run_forwarded(self, call: str, arguments: Mapping[str, Any]) -> Any:
-        """``Topics.run_forwarded``: a topic admin call forwarded to this controller."""
-        with self._gate.operation():
-            return self.topics.run_forwarded(call, arguments)
-
-    def apply_cluster_topics(self, topics: Mapping[str, tuple[int, Mapping[str, str]]]) -> None:
-        """``Topics.apply_cluster_topics``."""
-        self.topics.apply_cluster_topics(topics)
-
-    def delete_topic(self, name: str) -> None:
-        """``Topics.delete_topic``."""
-        self.topics.delete_topic(name)
-
-    def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
-        """``Topics.list_topics``."""
-        return self.topics.list_topics(include_internal)
-
-    def describe_topic(self, name: str) -> TopicView:
-        """``Topics.describe_topic``."""
-        return self.topics.describe_topic(name)
-
-    def describe_log_dirs(self, partitions: Sequence[tuple[str, int]] | None) -> LogDirView:
-        """``Topics.describe_log_dirs``."""
-        return self.topics.describe_log_dirs(partitions)
-
-    def metadata(
-        self, topics: Sequence[str], include_internal: bool
-    ) -> tuple[ClusterView, list[MetadataTopic]]:
-        """``Topics.metadata``."""
-        return self.topics.metadata(topics, include_internal)
-
-    def find_coordinator(self, key: str, *, transaction: bool = False) -> BrokerEndpoint:
-        """``Topics.find_coordinator``."""
-        return self.topics.find_coordinator(key, transaction=transaction)
-
-    def describe_configs(
-        self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
-    ) -> list[ConfigEntry]:
-        """``Configs.describe``."""
-        with self._gate.operation():
-            return self.configs.describe(kind, name, keys)
-
-    def alter_configs(
-        self,
-        kind: ResourceKind,
-        name: str,
-        changes: Sequence[ConfigChange],
-        *,
-        incremental: bool,
-        validate_only: bool = False,
-    ) -> None:
-        """``Configs.alter``."""
-        self.configs.alter(
-            kind, name, changes, incremental=incremental, validate_only=validate_only
-        )
-
-    def alter_topic_config(
-        self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]
-    ) -> TopicView:
-        """``Topics.alter_topic_config``."""
-        return self.topics.alter_topic_config(name, set_keys, delete_keys)
-
-    def create_partitions(
-        self,
-        counts: Sequence[tuple[str, int]],
-        *,
-        validate_only: bool = False,
-        assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
-    ) -> list[PartitionCountResult]:
-        """``Topics.create_partitions``."""
-        return self.topics.create_partitions(
-            counts, validate_only=validate_only, assignments=assignments
-        )
 
     # --- data -----------------------------------------------------------------------------
 
@@ -696,109 +582,6 @@ class BrokerCore:
     ) -> None:
         """``Offsets.start_delete_records``: ``deliver`` gets the answers (must not block)."""
         self.offsets.start_delete_records(requests, timeout_ms, deliver)
-
-    # --- consumer groups (broker.groups.manager documents each) ---------------------------
-
-    def consumer_group_heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
-        """Join, heartbeat or leave a group; answers epoch, interval and assignment."""
-        with self._operation():
-            self._check_coordinator(request.group_id)
-            return self._groups.heartbeat(request)
-
-    def commit_offsets(
-        self,
-        group_id: str,
-        member_id: str,
-        member_epoch: int,
-        entries: Sequence[OffsetCommitEntry],
-    ) -> list[OffsetResult]:
-        """Commit offsets as a member, or as an admin of an empty group (no member id)."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            return self._groups.commit_offsets(group_id, member_id, member_epoch, entries)
-
-    def commit_transactional_offsets(
-        self,
-        group_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        entries: Sequence[OffsetCommitEntry],
-    ) -> list[OffsetResult]:
-        """TxnOffsetCommit: offsets pending in the producer's transaction (issue #28)."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            return self._groups.commit_transactional_offsets(
-                group_id, producer_id, producer_epoch, entries
-            )
-
-    def fetch_offsets(
-        self, group_id: str, selection: Selection | None, require_stable: bool = False
-    ) -> list[OffsetResult]:
-        """Committed offsets of a group (-1 where none). ``require_stable`` (KIP-447, what
-        a read_committed consumer asks): a partition whose offset is pending in an
-        undecided transaction answers ``UNSTABLE_OFFSET_COMMIT`` (retriable) instead of
-        the offset before the transaction's. The pending partitions are read before the
-        offsets: a marker landing between the two reads shows as unstable (the client
-        asks again), never as the older offset."""
-        with self._operation():
-            self._check_coordinator(group_id, confirm=True)
-            pending = self._groups.store.pending_partitions(group_id) if require_stable else ()
-            results = self._groups.fetch_offsets(group_id, selection)
-            if not pending:
-                return results
-            return [
-                OffsetResult(
-                    r.tp,
-                    error_code=UnstableOffsetCommitError.code,
-                    error_message=f"{r.tp}: the group's offset is pending in a transaction",
-                )
-                if r.tp in pending and not r.error_code
-                else r
-                for r in results
-            ]
-
-    def list_groups(self) -> list[GroupListing]:
-        """Every group this broker coordinates with members or committed offsets;
-        ``CoordinatorLoadInProgressError`` while it still loads an offsets partition it
-        leads (cluster mode), as Kafka answers ListGroups then."""
-        with self._operation():
-            self._groups.store.check_led_loaded()
-            return self._groups.list_groups()
-
-    def describe_group(self, group_id: str) -> GroupDescription:
-        """Members, assignment and per-partition lag of a group."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            return self._groups.describe_group(group_id)
-
-    def describe_consumer_group(self, group_id: str) -> GroupView:
-        """A KIP-848 group as Kafka's ConsumerGroupDescribe shows it
-        (``GroupManager.describe_consumer_group``), on its coordinator."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            return self._groups.describe_consumer_group(group_id)
-
-    def reset_group_offsets(
-        self, group_id: str, selection: Selection | None, target: ResetTarget
-    ) -> list[OffsetResult]:
-        """Move an empty group's committed offsets."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            return self._groups.reset_offsets(group_id, selection, target)
-
-    def delete_group(self, group_id: str) -> None:
-        """Delete an empty group's committed offsets."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            self._groups.delete_group(group_id)
-
-    def delete_offsets(
-        self, group_id: str, partitions: Sequence[TopicPartition]
-    ) -> list[OffsetResult]:
-        """Delete some of a group's committed offsets (OffsetDelete, KIP-496)."""
-        with self._operation():
-            self._check_coordinator(group_id)
-            return self._groups.delete_offsets(group_id, partitions)
 
     # --- client quotas (broker.core.quotas) ------------------------------------------------
 

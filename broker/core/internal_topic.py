@@ -16,6 +16,13 @@ this broker's current leader epoch and the high watermark has reached what that 
 read: a new leader's log may end with records the old leader appended but never
 acknowledged, which a second failover could take back.
 
+Resignation (``unload_resigned``): a broker that stops leading a partition forgets what
+its store loaded of it (Kafka's ``onResignation``). The role change is not signalled to
+the stores: each polls its loaded partitions against the leadership from a thread of
+its own, and nothing depends on the unload having run, because every request is refused
+by the leadership check first. The groups (``GroupManager``) and the transaction
+coordinator use the one helper.
+
 Replay reads through ``PartitionLog.read`` and ``decode_batch``; a batch that cannot be
 decoded is logged and skipped (its records lost to this cache, never guessed at), control
 batches (transaction markers) are skipped, and each record goes to the caller's ``apply``
@@ -25,7 +32,9 @@ in offset order. Pure apart from reading the log; thread-safe if ``apply`` is.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from tidelog.broker.core.partition import Partition
 from tidelog.storage.control import read_marker
@@ -40,7 +49,10 @@ __all__ = [
     "check_loaded",
     "record_batches",
     "replay",
+    "unload_resigned",
 ]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +128,28 @@ def check_loaded(target: Partition, loaded: tuple[int, int] | None, what: str) -
             f"{name}: waiting for the in-sync replicas to hold the {what} loaded (high "
             f"watermark {high_watermark}, loaded to {loaded[1]})"
         )
+
+
+def unload_resigned(
+    loaded: Callable[[], Sequence[int]],
+    leads: Callable[[int], bool],
+    roles_lock: threading.Lock,
+    unload: Callable[[int], _T],
+) -> list[tuple[int, _T]]:
+    """Cluster mode: ``unload`` every partition in ``loaded()`` that this broker no longer
+    ``leads``; each unloaded partition with what ``unload`` returned.
+
+    Each check and unload runs under ``roles_lock``, which the store's loads (on
+    becoming leader) hold too, and leadership is read under it: a load runs after its
+    ``make_leader``, so an unload that saw "not leading" cannot land after the load of a
+    later leadership."""
+    unloaded = []
+    for partition in loaded():
+        with roles_lock:
+            if leads(partition) or partition not in loaded():
+                continue
+            unloaded.append((partition, unload(partition)))
+    return unloaded
 
 
 Entry = tuple[int, bytes | None, bytes | None]  # offset, key, value

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from tidelog.broker.cluster.store import ClusterStore
     from tidelog.broker.core.scram import ScramCredential
     from tidelog.broker.core.users import FileUserStore
+    from tidelog.broker.transactions.markers import TxnPeers
 
 __all__ = ["Membership", "Role", "TopicAdmin"]
 
@@ -99,13 +100,16 @@ class TopicAdmin(Protocol):
 @dataclass(frozen=True, slots=True)
 class Role:
     """One state of the membership. ``topic_admin`` None: a single node, which
-    administers its own topics; ``cluster_store`` None: users from the data directory."""
+    administers its own topics; ``cluster_store`` None: users from the data directory;
+    ``txn_peers`` None: no other broker to send transaction calls to (a single node, or
+    a cluster broker still joining)."""
 
     placement: Placement
     topic_admin: TopicAdmin | None
     producer_ids: ProducerIdSource
     cluster_store: ClusterStore | None = None
     joined: bool = True
+    txn_peers: TxnPeers | None = None
 
 
 class Membership:
@@ -140,16 +144,20 @@ class Membership:
         topic_admin: TopicAdmin,
         producer_ids: ProducerIdSource,
         cluster_store: ClusterStore | None,
+        txn_peers: TxnPeers | None = None,
     ) -> None:
         """The broker has joined: serve the cluster's role from now on. Once.
-        ``cluster_store``: where the cluster's users are (None: the data directory's).
+        ``cluster_store``: where the cluster's users are (None: the data directory's);
+        ``txn_peers``: the transaction calls to other brokers (markers, verification).
 
         Raises ``ValueError`` on a single node or when already joined.
         """
         with self._lock:
             if self._role.joined:
                 raise ValueError("this broker's membership has already joined (or is a node)")
-            self._role = Role(placement, topic_admin, producer_ids, cluster_store)
+            self._role = Role(
+                placement, topic_admin, producer_ids, cluster_store, txn_peers=txn_peers
+            )
 
     def advertise(self, host: str, port: int) -> None:
         """A single node's client address, known once its listener is bound; nothing in a

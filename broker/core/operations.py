@@ -69,6 +69,10 @@ controlled_shutdown        CLUSTER_ACTION on the cluster
 envelope                   CLUSTER_ACTION on the cluster (a topic admin call another
                            broker forwarded to the controller, KIP-590; the original
                            caller was authorized there)
+write_txn_markers          CLUSTER_ACTION on the cluster (a transaction coordinator's
+                           markers to a partition leader: brokers only, as Kafka's)
+verify_txn_partition       CLUSTER_ACTION on the cluster (a leader's KIP-890 check with a
+                           transactional id's coordinator: brokers only)
 describe_acls              DESCRIBE on the cluster
 create_acls, delete_acls   ALTER on the cluster
 describe_users             DESCRIBE on the cluster (DescribeUserScramCredentials)
@@ -227,6 +231,8 @@ OPERATIONS: Mapping[str, Policy] = {
     "list_partition_reassignments": Policy({_C: Operation.DESCRIBE}),
     "controlled_shutdown": Policy({_C: Operation.CLUSTER_ACTION}),
     "envelope": Policy({_C: Operation.CLUSTER_ACTION}),
+    "write_txn_markers": Policy({_C: Operation.CLUSTER_ACTION}),
+    "verify_txn_partition": Policy({_C: Operation.CLUSTER_ACTION}),
     "describe_acls": Policy({_C: Operation.DESCRIBE}),
     "create_acls": Policy({_C: Operation.ALTER}),
     "delete_acls": Policy({_C: Operation.ALTER}),
@@ -285,6 +291,7 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     28: ("TxnOffsetCommit", "txn_offset_commit"),
     65: ("DescribeTransactions", "describe_transactions"),
     66: ("ListTransactions", "list_transactions"),
+    27: ("WriteTxnMarkers", "write_txn_markers"),
 }
 # Operations a Kafka api serves besides its own, chosen by the request's content: an
 # InitProducerId naming a transactional id is ``init_transactions`` (WRITE on the id, as
@@ -343,6 +350,8 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "TxnOffsetCommit": "txn_offset_commit",
     "DescribeTransactions": "describe_transactions",
     "ListTransactions": "list_transactions",
+    "WriteTxnMarkers": "write_txn_markers",
+    "VerifyTxnPartition": "verify_txn_partition",
 }
 
 _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {

@@ -32,19 +32,23 @@ as Kafka): only the broker writes them. Control batches (transaction markers) ar
 (``INVALID_REQUEST``): only the coordinator writes them. A transactional batch (issue #28)
 is appended only if the request names its transactional id and the coordinator confirms
 that the partition is in that producer's ongoing transaction (KIP-890 part 1's
-verification, asked of the local coordinator): a batch nobody's transaction covers would
+verification, asked of the id's coordinator: this broker's own on a single node, in a
+cluster whichever broker leads the id's ``__transaction_state`` partition now,
+``broker.transactions.markers.RoutedVerify``): a batch nobody's transaction covers would
 hold the partition's last stable offset back for good. A transactions v2 producer
 (Produce v12+, KIP-890 part 2) sends no AddPartitionsToTxn: its partitions are added to
-its transaction by the coordinator here instead (``add_partition``). Before the
-coordinator is asked, the partition's producer state hands out a verification guard, and
-the append checks it under the partition lock: a marker that lands between the answer and
-the append voids it (``storage.producer_state``), so a verified batch can never open a
-transaction that has just ended. The coordinator's refusals are
-answered as Kafka answers a produce: ``PRODUCER_FENCED`` as ``INVALID_PRODUCER_EPOCH``,
+its transaction by the coordinator here instead (``add_partition``, routed the same way).
+Before the coordinator is asked, the partition's producer state hands out a verification
+guard, and the append checks it under the partition lock: a marker that lands between
+the answer and the append voids it (``storage.producer_state``), so a verified batch can
+never open a transaction that has just ended. The coordinator's refusals are answered as
+Kafka answers a produce: ``PRODUCER_FENCED`` as ``INVALID_PRODUCER_EPOCH``,
 ``TRANSACTION_ABORTABLE`` as itself (the Kafka listener answers ``INVALID_TXN_STATE`` to
-Produce < v11), ``CONCURRENT_TRANSACTIONS`` as ``NOT_ENOUGH_REPLICAS`` (retried by every
-client). Without a
-coordinator (a cluster's, not built yet) transactional batches are refused as before.
+Produce < v11), and ``CONCURRENT_TRANSACTIONS`` and a coordinator that cannot answer now
+(``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE``, ``COORDINATOR_LOAD_IN_PROGRESS``: it
+moved, is loading, or cannot be reached) as ``NOT_ENOUGH_REPLICAS``, retried by every
+client, as Kafka's ``AddPartitionsToTxnManager`` answers them. Without a coordinator (a
+core built without one) transactional batches are refused.
 The broker never decodes records here; it only counts batch bytes and records.
 """
 
@@ -117,6 +121,9 @@ _PRODUCE_ANSWERS = {
     "TRANSACTION_ABORTABLE": TransactionAbortableError,
     "INVALID_PRODUCER_ID_MAPPING": InvalidTxnStateError,
     "CONCURRENT_TRANSACTIONS": NotEnoughReplicasError,
+    "NOT_COORDINATOR": NotEnoughReplicasError,
+    "COORDINATOR_NOT_AVAILABLE": NotEnoughReplicasError,
+    "COORDINATOR_LOAD_IN_PROGRESS": NotEnoughReplicasError,
 }
 
 

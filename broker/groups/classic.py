@@ -197,14 +197,18 @@ class ClassicGroups:
         *,
         initial_rebalance_delay_ms: int = DEFAULT_INITIAL_REBALANCE_DELAY_MS,
         writer: GroupWriter | None = None,
+        foreign: Callable[[str], bool] | None = None,
     ) -> None:
         """``writer``: stores group metadata records (``OffsetStore.store_group``); None
-        keeps membership in memory only (unit tests of the protocol)."""
+        keeps membership in memory only (unit tests of the protocol). ``foreign``: whether
+        a group id belongs to another kind of group (a share group, issue #32), which a
+        JoinGroup is refused with ``INCONSISTENT_GROUP_PROTOCOL``, as Kafka refuses it."""
         if initial_rebalance_delay_ms < 0:
             raise ValueError("group.initial.rebalance.delay.ms must be >= 0")
         self._clock = clock
         self._initial_delay_ms = initial_rebalance_delay_ms
         self._writer = writer
+        self._foreign = foreign
         self._lock = threading.Lock()
         self._groups: dict[str, ClassicGroup] = {}
         # Orders the group metadata writes (``OffsetStore.store_group``); under _lock.
@@ -226,6 +230,8 @@ class ClassicGroups:
             return _done(JoinResult(ClassicError.INVALID_SESSION_TIMEOUT))
         protocols = request.protocols
         instance_id = request.group_instance_id
+        if self._foreign is not None and self._foreign(request.group_id):
+            return _done(JoinResult(_INCONSISTENT))
         with self._lock:
             group = self._groups.setdefault(request.group_id, ClassicGroup(request.group_id))
             if not protocols or (

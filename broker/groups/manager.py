@@ -70,6 +70,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from tidelog.broker.core.errors import partition_error
+from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.classic import ClassicGroups
@@ -158,6 +159,7 @@ class GroupManager:
             clock,
             initial_rebalance_delay_ms=config.initial_rebalance_delay_ms,
             writer=store.store_group,
+            foreign=store.is_share_group,
         )
 
     @classmethod
@@ -229,21 +231,20 @@ class GroupManager:
         reload runs after its ``make_leader``, so an unload that saw "not leading" cannot
         land after the reload of a later leadership."""
         store = self._store
-        unloaded = []
-        for partition in store.loaded_partitions():
-            with self._roles_lock:
-                if store.leads(partition) or partition not in store.loaded_partitions():
-                    continue
-                self._unload_groups(partition)
-                forgotten = store.unload_partition(partition)
-            unloaded.append(partition)
+
+        def unload(partition: int) -> int:
+            self._unload_groups(partition)
+            return store.unload_partition(partition)
+
+        unloaded = unload_resigned(store.loaded_partitions, store.leads, self._roles_lock, unload)
+        for partition, forgotten in unloaded:
             log.info(
                 "%s-%d: no longer its leader; %d group(s) with offsets or metadata unloaded",
                 OFFSETS_TOPIC,
                 partition,
                 forgotten,
             )
-        return unloaded
+        return [partition for partition, _ in unloaded]
 
     def _unload_groups(self, partition: int) -> int:
         """Forget the classic and KIP-848 groups stored in ``partition``; the sequence
@@ -317,12 +318,13 @@ class GroupManager:
     # --- membership -------------------------------------------------------------------------
 
     def heartbeat(self, request: HeartbeatRequest) -> HeartbeatAnswer:
-        """Join, heartbeat or leave (see ``GroupCoordinator.heartbeat`` for the errors).
-
-        The group's overdue members are expired first, so a heartbeat never waits for the
-        timer to hand it the partitions of a dead member.
-        """
+        """Join, heartbeat or leave (see ``GroupCoordinator.heartbeat`` for the errors; a
+        share group's id is ``GroupIdNotFoundError``). The group's overdue members are
+        expired first, so a heartbeat never waits for the timer to hand it the partitions
+        of a dead member."""
         _check_group_id(request.group_id)
+        if self._store.is_share_group(request.group_id):  # issue #32, as Kafka answers
+            raise GroupIdNotFoundError(f"Group {request.group_id} is not a consumer group.")
         topics = self._topic_counts()
         with self._lock:
             now_ms = self._clock.monotonic_ms()

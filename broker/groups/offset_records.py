@@ -31,6 +31,10 @@ them. A *tombstone*, the key with a null value, deletes the committed offset (a 
 group, or a deleted topic); compaction keeps only the latest record of each key and later
 drops the tombstones, so the topic stays about as large as the set of live offsets.
 
+Other record types (issue #32) belong to the other group kinds and are kept by the store as
+bytes (``offset_store``); ``SHARE_GROUP_METADATA_TYPE`` is the one the consumer-group side
+reads: a group id with that record is a share group's, which no consumer group may use.
+
 A group's records all go to one partition, ``crc32(group id as UTF-8) % partitions`` (a
 stable hash: Python's own ``hash`` of a string changes between processes).
 
@@ -85,6 +89,7 @@ __all__ = [
     "KEY_VERSION",
     "MAX_STRING_BYTES",
     "NO_LEADER_EPOCH",
+    "SHARE_GROUP_METADATA_TYPE",
     "VALUE_VERSION",
     "GroupMemberMetadata",
     "GroupMetadataValue",
@@ -108,6 +113,8 @@ GROUP_METADATA_KEY_VERSION = 2
 GROUP_METADATA_VALUE_VERSION = 3  # Kafka's: the highest non-flexible version
 _FLEXIBLE_GROUP_VALUE_VERSION = 4
 MAX_STRING_BYTES = 0x7FFF  # an int16 length
+# Kafka's ShareGroupMetadataKey record type: the group id is a share group's (issue #32).
+SHARE_GROUP_METADATA_TYPE = 11
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")

@@ -56,6 +56,15 @@ the state before the reload), is skipped, so a record built from stale state nev
 overwrites a newer one, whichever thread reaches the write lock first. Deleting a group
 (``delete`` with ``group=True``) tombstones its metadata with its offsets.
 
+Records of the other group kinds (issue #32: share groups, their members, assignments and
+group configs, ``broker.share.groups_records``): every key whose record type (its leading
+int16) is neither an offset commit nor a classic group's metadata is kept as bytes, per
+group id (the string that follows the type in every key of this topic), latest value per
+key, a tombstone deleting it. ``write_records`` stores such records as a commit is stored
+(appended, fsynced, replicated, then cached); ``records_of`` and ``groups_with_records``
+return them for their owner to decode; reload, unload and ``forget_unloaded`` treat them as
+the offsets of their group. The store never interprets them.
+
 Thread-safe. Reads (``offsets``, ``group_ids``) take only the cache lock and never wait for
 an fsync.
 """
@@ -71,6 +80,8 @@ from tidelog.broker.core.internal_topic import Entry, append_durably, check_load
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.offset_records import (
+    MAX_STRING_BYTES,
+    SHARE_GROUP_METADATA_TYPE,
     GroupMetadataValue,
     OffsetValue,
     decode_group_key,
@@ -90,7 +101,7 @@ from tidelog.storage.errors import (
 from tidelog.storage.log_manager import LogManager
 from tidelog.storage.partition_log import PartitionLog
 
-__all__ = ["OFFSETS_TOPIC", "OffsetStore", "OffsetStoreConfig"]
+__all__ = ["OFFSETS_TOPIC", "OffsetStore", "OffsetStoreConfig", "record_key_group"]
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +137,16 @@ class OffsetStore:
         registry: PartitionRegistry,
         groups: dict[str, GroupMetadataValue] | None = None,
         pending: PendingOffsets | None = None,
+        extra: dict[str, dict[bytes, bytes]] | None = None,
     ) -> None:
         self._logs = logs
         self._partitions = partitions
         self._cache = cache
         # Classic groups' metadata records (the latest of each group); _cache_lock.
         self._groups = groups if groups is not None else {}
+        # Records of the other group kinds: group id -> key -> value (module docstring);
+        # _cache_lock.
+        self._extra = extra if extra is not None else {}
         # Ordering of group metadata writes (module docstring); under the write locks.
         self._group_sequences: dict[str, int] = {}
         self._sequence_floors = [0] * partitions
@@ -185,10 +200,11 @@ class OffsetStore:
         cache: dict[str, dict[TopicPartition, OffsetValue]] = {}
         groups: dict[str, GroupMetadataValue] = {}
         pending = PendingOffsets()
+        extra: dict[str, dict[bytes, bytes]] = {}
         records = 0
         for partition in range(meta.partitions):
             records += _load_partition(
-                logs.get_log(OFFSETS_TOPIC, partition), cache, groups, pending
+                logs.get_log(OFFSETS_TOPIC, partition), cache, groups, pending, extra
             )
         log.info(
             "loaded %d committed offset(s) of %d group(s) and %d group metadata record(s)"
@@ -201,7 +217,7 @@ class OffsetStore:
         )
         if registry is None:
             registry = PartitionRegistry(logs, 0, logs.clock, replicated=False)
-        return cls(logs, meta.partitions, cache, on_append, registry, groups, pending)
+        return cls(logs, meta.partitions, cache, on_append, registry, groups, pending, extra)
 
     @property
     def partitions(self) -> int:
@@ -231,6 +247,29 @@ class OffsetStore:
             return {
                 group: value
                 for group, value in self._groups.items()
+                if partition is None or self.partition_for(group) == partition
+            }
+
+    def records_of(self, group_id: str) -> dict[bytes, bytes]:
+        """The group's records of the other group kinds (key -> value; a copy)."""
+        with self._cache_lock:
+            return dict(self._extra.get(group_id, {}))
+
+    def is_share_group(self, group_id: str) -> bool:
+        """Whether ``group_id`` is a share group's (issue #32): it has a share group
+        metadata record (``SHARE_GROUP_METADATA_TYPE``). Neither consumer-group protocol
+        may join such a group."""
+        with self._cache_lock:
+            keys = list(self._extra.get(group_id, ()))
+        return any(record_key_group(key)[0] == SHARE_GROUP_METADATA_TYPE for key in keys)
+
+    def groups_with_records(self, partition: int | None = None) -> dict[str, dict[bytes, bytes]]:
+        """Group id -> its records of the other group kinds (of one offsets partition, or
+        of all); groups without any are absent."""
+        with self._cache_lock:
+            return {
+                group: dict(records)
+                for group, records in self._extra.items()
                 if partition is None or self.partition_for(group) == partition
             }
 
@@ -330,6 +369,35 @@ class OffsetStore:
                 previous = self._group_sequences.get(group_id, -1)
                 self._group_sequences[group_id] = max(previous, group_sequence)
 
+    def write_records(self, group_id: str, records: Mapping[bytes, bytes | None]) -> None:
+        """Store records of another group kind (key -> value, None a tombstone) durably,
+        in one write, then cache them (module docstring). Every key must name
+        ``group_id`` (``record_key_group``). Nothing to do if empty.
+
+        Raises:
+            ValueError: a key of an offset commit or of group metadata, or of another group.
+            NotLeaderOrFollowerError: cluster mode, this broker does not lead the group's
+                offsets partition.
+            StorageError: the append, fsync or replication failed; the cache is unchanged.
+        """
+        for key in records:
+            record_type, owner = record_key_group(key)
+            if record_type <= GROUP_METADATA_TYPE or owner != group_id:
+                raise ValueError(f"record key {key!r} is not another kind's key of {group_id}")
+        changes = dict(records)
+
+        def remember() -> None:
+            cached = self._extra.setdefault(group_id, {})
+            for key, value in changes.items():
+                if value is None:
+                    cached.pop(key, None)
+                else:
+                    cached[key] = value
+            if not cached:
+                del self._extra[group_id]
+
+        self._write(group_id, list(changes.items()), remember)
+
     def store_group(self, group_id: str, value: GroupMetadataValue | None, sequence: int) -> bool:
         """Write a classic group's metadata record (None: a tombstone) durably, as a
         commit is written, unless a write of a later ``sequence`` was made for the group
@@ -380,11 +448,14 @@ class OffsetStore:
         fresh: dict[str, dict[TopicPartition, OffsetValue]] = {}
         fresh_groups: dict[str, GroupMetadataValue] = {}
         fresh_pending = PendingOffsets()
+        fresh_extra: dict[str, dict[bytes, bytes]] = {}
         with self._write_locks[partition]:
             self._sequence_floors[partition] = max(self._sequence_floors[partition], sequence_floor)
             epoch = self._leader_epoch(partition)
             partition_log = self._logs.get_log(OFFSETS_TOPIC, partition)
-            records = _load_partition(partition_log, fresh, fresh_groups, fresh_pending)
+            records = _load_partition(
+                partition_log, fresh, fresh_groups, fresh_pending, fresh_extra
+            )
             if on_groups is not None:
                 on_groups(dict(fresh_groups))
             with self._cache_lock:
@@ -394,6 +465,9 @@ class OffsetStore:
                 for group in [g for g in self._groups if self.partition_for(g) == partition]:
                     del self._groups[group]
                 self._groups.update(fresh_groups)
+                for group in [g for g in self._extra if self.partition_for(g) == partition]:
+                    del self._extra[group]
+                self._extra.update(fresh_extra)
                 self._pending.forget(lambda g: self.partition_for(g) == partition)
                 self._pending.merge(fresh_pending)
                 if epoch is not None:
@@ -424,9 +498,11 @@ class OffsetStore:
         with self._write_locks[partition], self._cache_lock:
             gone = {g for g in self._cache if self.partition_for(g) == partition}
             gone.update(g for g in self._groups if self.partition_for(g) == partition)
+            gone.update(g for g in self._extra if self.partition_for(g) == partition)
             for group in gone:
                 self._cache.pop(group, None)
                 self._groups.pop(group, None)
+                self._extra.pop(group, None)
             self._pending.forget(lambda g: self.partition_for(g) == partition)
             self._loaded.pop(partition, None)
         return len(gone)
@@ -445,7 +521,7 @@ class OffsetStore:
         if not self._registry.replicated:
             return
         with self._cache_lock:
-            for cache in (self._cache, self._groups):
+            for cache in (self._cache, self._groups, self._extra):
                 for group in [g for g in cache if self.partition_for(g) not in self._loaded]:
                     del cache[group]
 
@@ -533,6 +609,7 @@ def _load_partition(
     cache: dict[str, dict[TopicPartition, OffsetValue]],
     groups: dict[str, GroupMetadataValue],
     pending: PendingOffsets,
+    extra: dict[str, dict[bytes, bytes]],
 ) -> int:
     """Replay one offsets partition into ``cache`` (offsets), ``groups`` (group
     metadata) and ``pending`` (offsets of transactions undecided at the log end); returns
@@ -540,13 +617,13 @@ def _load_partition(
     undecided: dict[int, list[Entry]] = {}
     count = replay(
         partition_log,
-        lambda offset, key, value: _apply(partition_log, offset, key, value, cache, groups),
+        lambda offset, key, value: _apply(partition_log, offset, key, value, cache, groups, extra),
         undecided,
     )
     for producer_id, entries in undecided.items():
         held: dict[str, dict[TopicPartition, OffsetValue]] = {}
         for offset, key, value in entries:
-            _apply(partition_log, offset, key, value, held, {})
+            _apply(partition_log, offset, key, value, held, {}, {})
         for group_id, offsets in held.items():
             pending.add(producer_id, group_id, offsets)
     return count
@@ -559,12 +636,15 @@ def _apply(
     value: bytes | None,
     cache: dict[str, dict[TopicPartition, OffsetValue]],
     groups: dict[str, GroupMetadataValue],
+    extra: dict[str, dict[bytes, bytes]],
 ) -> None:
     try:
         parsed = decode_key(key) if key is not None else None
         if parsed is None:
             group_id = decode_group_key(key) if key is not None else None
-            if group_id is None:
+            if group_id is None and key is not None:
+                _apply_extra(key, value, extra)
+            elif group_id is None:
                 log.warning(
                     "%s: skipping record %d: neither an offset commit nor group metadata",
                     partition_log,
@@ -585,3 +665,38 @@ def _apply(
         cache.setdefault(parsed.group_id, {})[parsed.tp] = decode_value(value)
     except ValueError as exc:
         log.warning("%s: skipping record %d: %s", partition_log, offset, exc)
+
+
+GROUP_METADATA_TYPE = 2  # a classic group's metadata key version; below it, offset commits
+
+
+def record_key_group(key: bytes) -> tuple[int, str]:
+    """The record type (a key's leading int16) and the group id (the string after it) of
+    a ``__consumer_offsets`` key: every kind of key there starts so (Kafka's coordinator
+    record keys). Raises ``ValueError`` for a key too short for both."""
+    if len(key) < 4:
+        raise ValueError("offsets record key shorter than its type and group id")
+    record_type = int.from_bytes(key[:2], "big", signed=True)
+    length = int.from_bytes(key[2:4], "big", signed=True)
+    if not 0 <= length <= MAX_STRING_BYTES or 4 + length > len(key):
+        raise ValueError(f"offsets record key has a bad group id length {length}")
+    try:
+        return record_type, key[4 : 4 + length].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("offsets record key's group id is not UTF-8") from None
+
+
+def _apply_extra(key: bytes, value: bytes | None, extra: dict[str, dict[bytes, bytes]]) -> None:
+    """Keep (or, a tombstone, drop) a record of another group kind; raises ``ValueError``
+    for a key that names no group (logged and skipped by the caller)."""
+    record_type, group_id = record_key_group(key)
+    if record_type <= GROUP_METADATA_TYPE:
+        raise ValueError(f"a record of type {record_type} that does not decode")
+    if value is None:
+        records = extra.get(group_id)
+        if records is not None:
+            records.pop(key, None)
+            if not records:
+                del extra[group_id]
+    else:
+        extra.setdefault(group_id, {})[key] = value

@@ -1,6 +1,7 @@
 """The gRPC handlers of cluster administration: topics, configs, partitions, elections,
-reassignments, log directories, client quotas, controlled shutdown and the controller's
-``Envelope`` of forwarded calls.
+reassignments, log directories, client quotas, controlled shutdown, the controller's
+``Envelope`` of forwarded calls, and the transaction calls between brokers
+(``WriteTxnMarkers``, ``VerifyTxnPartition``: ``broker.transactions.markers``).
 
 Plain functions ``(core, request, context) -> response`` like the rest of
 ``broker.grpc.service``'s table (which includes ``ADMIN_HANDLERS``): convert the request,
@@ -23,6 +24,7 @@ from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.topics import TopicView
+from tidelog.broker.transactions.markers import TxnMarker
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import InvalidRequestError
 
@@ -265,6 +267,55 @@ def _envelope(
     return pb.EnvelopeResponse(result=json.dumps(result).encode())
 
 
+def _write_txn_markers(
+    core: BrokerCore, request: pb.WriteTxnMarkersRequest, context: RequestContext
+) -> pb.WriteTxnMarkersResponse:
+    # A transaction coordinator's markers for partitions this broker leads (issue #28;
+    # the sender is a broker: CLUSTER_ACTION). The same core call as Kafka's api 27.
+    markers = [
+        TxnMarker(
+            m.producer_id,
+            m.producer_epoch,
+            m.commit,
+            m.coordinator_epoch,
+            tuple((p.topic, p.partition) for p in m.partitions),
+        )
+        for m in request.markers
+    ]
+    answers = core.write_txn_markers(markers)
+    return pb.WriteTxnMarkersResponse(
+        markers=[
+            pb.TxnMarkerEntry(
+                producer_id=m.producer_id,
+                producer_epoch=m.producer_epoch,
+                commit=m.commit,
+                coordinator_epoch=m.coordinator_epoch,
+                partitions=[
+                    pb.TxnMarkerPartition(
+                        topic=t, partition=p, error_code=codes.get((t, p), "UNKNOWN_SERVER_ERROR")
+                    )
+                    for t, p in m.partitions
+                ],
+            )
+            for m, codes in zip(markers, answers, strict=True)
+        ]
+    )
+
+
+def _verify_txn_partition(
+    core: BrokerCore, request: pb.VerifyTxnPartitionRequest, context: RequestContext
+) -> pb.VerifyTxnPartitionResponse:
+    # A partition leader's KIP-890 check with this broker as the id's coordinator.
+    code = core.verify_txn_partition(
+        request.transactional_id,
+        request.producer_id,
+        request.producer_epoch,
+        (request.topic, request.partition),
+        add=request.add,
+    )
+    return pb.VerifyTxnPartitionResponse(error_code=code)
+
+
 def _alter_client_quotas(
     core: BrokerCore, request: pb.AlterClientQuotasRequest, context: RequestContext
 ) -> pb.AlterClientQuotasResponse:
@@ -332,6 +383,8 @@ ADMIN_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
     "DescribeLogDirs": _describe_log_dirs,
     "ControlledShutdown": _controlled_shutdown,
     "Envelope": _envelope,
+    "WriteTxnMarkers": _write_txn_markers,
+    "VerifyTxnPartition": _verify_txn_partition,
     "AlterClientQuotas": _alter_client_quotas,
     "DescribeClientQuotas": _describe_client_quotas,
 }

@@ -46,6 +46,8 @@ CreateAcls, DeleteAcls  create_acls, delete_acls    the cluster
 DescribeAcls            describe_acls               the cluster
 UpsertUser, DeleteUser  alter_users                 the cluster
 ListUsers               describe_users              the cluster
+WriteTxnMarkers         write_txn_markers           the cluster (CLUSTER_ACTION: brokers only)
+VerifyTxnPartition      verify_txn_partition        the cluster (CLUSTER_ACTION: brokers only)
 Authenticate            authenticate                none: anyone may log in
 InitTransactions        init_transactions           the transactional id
 AddPartitionsToTxn      add_partitions_to_txn       the transactional id, then each topic
@@ -163,6 +165,8 @@ _RESOURCES: dict[str, _Resources] = {
         *_topics(o.topic for o in r.offsets),
     ],
     "DescribeTransactions": lambda r: [transactional_id(t) for t in r.transactional_ids],
+    "WriteTxnMarkers": lambda r: [cluster()],
+    "VerifyTxnPartition": lambda r: [cluster()],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],

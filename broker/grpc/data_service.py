@@ -138,6 +138,8 @@ def _describe_producers(
                         last_sequence=p.last_sequence,
                         last_timestamp_ms=p.last_timestamp_ms,
                         last_offset=p.last_offset,
+                        coordinator_epoch=p.coordinator_epoch,
+                        current_txn_start_offset=p.current_txn_start_offset,
                     )
                     for p in a.producers
                 ],

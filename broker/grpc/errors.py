@@ -45,6 +45,7 @@ from tidelog.storage.errors import (
     GroupAuthorizationFailedError,
     GroupError,
     GroupIdNotFoundError,
+    GroupMaxSizeReachedError,
     GroupNotEmptyError,
     GroupSubscribedToTopicError,
     InternalError,
@@ -53,6 +54,7 @@ from tidelog.storage.errors import (
     InvalidProducerEpochError,
     InvalidProducerIdMappingError,
     InvalidRecordError,
+    InvalidRecordStateError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidRequestError,
@@ -102,6 +104,7 @@ from tidelog.storage.errors import (
     UnknownProducerIdError,
     UnknownTopicOrPartitionError,
     UnreleasedInstanceIdError,
+    UnstableOffsetCommitError,
     UnsupportedCompressionTypeError,
     UnsupportedSaslMechanismError,
 )
@@ -152,6 +155,9 @@ STATUS_BY_ERROR: dict[type[TidelogError], grpc.StatusCode] = {
     GroupNotEmptyError: grpc.StatusCode.FAILED_PRECONDITION,
     GroupIdNotFoundError: grpc.StatusCode.NOT_FOUND,
     GroupSubscribedToTopicError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnstableOffsetCommitError: grpc.StatusCode.UNAVAILABLE,  # retriable: its marker comes
+    InvalidRecordStateError: grpc.StatusCode.FAILED_PRECONDITION,
+    GroupMaxSizeReachedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TransactionError: grpc.StatusCode.FAILED_PRECONDITION,
     ProducerFencedError: grpc.StatusCode.FAILED_PRECONDITION,
     ConcurrentTransactionsError: grpc.StatusCode.UNAVAILABLE,

@@ -27,7 +27,7 @@ from tidelog.broker.groups.manager import (
     ResetTarget,
 )
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
-from tidelog.storage.errors import InvalidRequestError, TransactionalIdAuthorizationFailedError
+from tidelog.storage.errors import InvalidRequestError
 
 __all__ = ["GROUP_HANDLERS"]
 
@@ -143,11 +143,6 @@ def _find_coordinator(
     if request.key_type not in (0, 1):
         raise InvalidRequestError(f"unknown coordinator key type {request.key_type}")
     transaction = request.key_type == 1
-    if transaction and core.transactions is None:
-        # As the Kafka listener: fatal for a transactional producer at once.
-        raise TransactionalIdAuthorizationFailedError(
-            "a cluster serves no transactions yet; a single node does (docs/transactions.md)"
-        )
     endpoint = core.find_coordinator(request.group_id, transaction=transaction)
     return pb.FindCoordinatorResponse(
         coordinator=pb.BrokerEndpoint(id=endpoint.broker_id, host=endpoint.host, port=endpoint.port)

@@ -26,9 +26,9 @@ Decisions where gRPC differs from Kafka's wire, as every other gRPC call:
   ``STALE_MEMBER_EPOCH``; an empty member id commits without a member check (Kafka's
   ``ConsumerGroupMetadata(groupId)``). The group's ``__consumer_offsets`` partition must be
   in the transaction (AddOffsetsToTxn first): ``INVALID_TXN_STATE`` otherwise.
-- A broker without a coordinator (a cluster's, until it has one) refuses with
-  ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, fatal for a producer at once, as the Kafka
-  listener does.
+- In a cluster each broker coordinates the ids of the ``__transaction_state`` partitions
+  it leads (``NOT_COORDINATOR`` elsewhere, as the Kafka listener answers); TxnOffsetCommit
+  asks the id's coordinator wherever it is (``BrokerCore.verify_transactional``).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.broker.transactions.state import TxnMetadata
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
+    CoordinatorNotAvailableError,
     InvalidTxnStateError,
     TidelogError,
-    TransactionalIdAuthorizationFailedError,
     UnknownTopicOrPartitionError,
     error_for_code,
 )
@@ -72,10 +72,8 @@ _STATES = frozenset(
 
 def _coordinator(core: BrokerCore) -> TransactionCoordinator:
     found = core.transactions
-    if found is None:
-        raise TransactionalIdAuthorizationFailedError(
-            "a cluster serves no transactions yet; a single node does (docs/transactions.md)"
-        )
+    if found is None:  # a core built without one (tests of other layers)
+        raise CoordinatorNotAvailableError("this broker has no transaction coordinator")
     return found
 
 
@@ -143,11 +141,11 @@ def _txn_offset_commit(
 ) -> pb.TxnOffsetCommitResponse:
     group_id = request.group_id
     pid, epoch = request.producer_id, request.producer_epoch
-    coordinator = _coordinator(core)
     if request.member_id:
         core.groups.check_member(group_id, request.member_id, request.generation_id)
     offsets_partition = (OFFSETS_TOPIC, core.groups.store.partition_for(group_id))
-    verified = coordinator.verify_partition(request.transactional_id, pid, epoch, offsets_partition)
+    # Asked of the id's coordinator wherever it is (a cluster: maybe another broker).
+    verified = core.verify_transactional(request.transactional_id, pid, epoch, offsets_partition)
     if verified == "TRANSACTION_ABORTABLE":
         raise InvalidTxnStateError(
             f"{OFFSETS_TOPIC}-{offsets_partition[1]} (group {group_id!r}) is not in the "

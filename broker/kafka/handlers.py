@@ -72,6 +72,7 @@ from tidelog.broker.kafka.transactions import (
     list_transactions,
     txn_offset_commit,
 )
+from tidelog.broker.kafka.txn_markers import write_txn_markers
 from tidelog.broker.kafka.users import alter_user_scram_credentials, describe_user_scram_credentials
 from tidelog.broker.kafka.versions import (
     ADVERTISED,
@@ -386,6 +387,7 @@ HANDLERS: dict[int, Handler] = {
     24: add_partitions_to_txn,
     25: add_offsets_to_txn,
     26: end_txn,
+    27: write_txn_markers,
     28: txn_offset_commit,
     23: offset_for_leader_epoch,
     32: describe_configs,

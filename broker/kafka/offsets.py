@@ -11,9 +11,9 @@ against its classic group first (``broker.groups.classic``: member known, genera
 current) and then written the same way.
 
 A transaction coordinator (FindCoordinator ``key_type`` 1, DESCRIBE on the
-transactional id) is the leader of the id's ``__transaction_state`` partition; a broker
-without a coordinator (a cluster's, not built yet: ``docs/transactions.md``) answers
-``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, which clients treat as fatal at once.
+transactional id) is the leader of the id's ``__transaction_state`` partition, in a
+cluster as on a single node (``COORDINATOR_NOT_AVAILABLE`` while the topic or that
+partition has no leader).
 """
 
 from __future__ import annotations
@@ -71,10 +71,6 @@ async def _coordinator_of(conn: Connection, key_type: int, key: str) -> Plain:
     if code:
         return {"error_code": code, "error_message": None, **_NO_NODE}
     unavailable = error_code_for("COORDINATOR_NOT_AVAILABLE")
-    if transaction and conn.core.transactions is None:
-        message = "a cluster serves no transactions yet; a single node does"
-        code = error_code_for("TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
-        return {"error_code": code, "error_message": message, **_NO_NODE}
     try:
         coordinator = await conn.run(
             functools.partial(conn.core.find_coordinator, key, transaction=transaction)

@@ -16,8 +16,10 @@ same way (fatal); ``TRANSACTION_ABORTABLE`` (120) is ``INVALID_TXN_STATE`` (48) 
 AddPartitionsToTxn < 5 and TxnOffsetCommit < 4. AddPartitionsToTxn answers every
 partition: when some are refused (authorization) or unknown, those carry their error and
 the others ``OPERATION_NOT_ATTEMPTED``; otherwise every partition carries the
-coordinator's one answer. A broker without a coordinator (a cluster's, not built yet)
-answers ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, fatal for the clients at once.
+coordinator's one answer. In a cluster each broker coordinates the ids of the
+``__transaction_state`` partitions it leads; the others are ``NOT_COORDINATOR``
+(``COORDINATOR_LOAD_IN_PROGRESS`` while it loads them), and the clients find the right
+one again (FindCoordinator).
 
 AddOffsetsToTxn (READ on the group too) adds the group's ``__consumer_offsets`` partition;
 TxnOffsetCommit (sent to the group's coordinator) stores offsets pending in the
@@ -29,8 +31,8 @@ sends no AddPartitionsToTxn or AddOffsetsToTxn (its Produce v12 and TxnOffsetCom
 add the partitions implicitly) and ends with EndTxn v5, which bumps its epoch; every
 other client keeps the v1 protocol against the same coordinator.
 
-Not served yet (not advertised): WriteTxnMarkers (between brokers); InitProducerId v6
-(KIP-939's two-phase commit, unshipped in Kafka).
+WriteTxnMarkers (between brokers) is ``broker.kafka.txn_markers``. Not served yet (not
+advertised): InitProducerId v6 (KIP-939's two-phase commit, unshipped in Kafka).
 """
 
 from __future__ import annotations
@@ -49,10 +51,7 @@ from tidelog.broker.kafka.listener import Connection
 from tidelog.broker.kafka.offsets import commit_answer, commit_entries
 from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.broker.transactions.state import TRANSACTIONS_V2, TxnMetadata
-from tidelog.storage.errors import (
-    TransactionalIdAuthorizationFailedError,
-    UnknownTopicOrPartitionError,
-)
+from tidelog.storage.errors import CoordinatorNotAvailableError, UnknownTopicOrPartitionError
 
 __all__ = [
     "add_offsets_to_txn",
@@ -79,12 +78,8 @@ _ADD_RETRY_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 def _coordinator(conn: Connection) -> TransactionCoordinator:
     found = conn.core.transactions
-    if found is None:
-        # Fatal for every client at once (as before transactions were built), rather than
-        # a retriable COORDINATOR_NOT_AVAILABLE a producer would retry until its timeout.
-        raise TransactionalIdAuthorizationFailedError(
-            "a cluster serves no transactions yet; a single node does (docs/transactions.md)"
-        )
+    if found is None:  # a core built without one (tests of other layers)
+        raise CoordinatorNotAvailableError("this broker has no transaction coordinator")
     return found
 
 
@@ -442,12 +437,12 @@ async def _offsets_partition_checked(
     transaction (v0-4: AddOffsetsToTxn added it), or added now (v5, transactions v2: no
     AddOffsetsToTxn is sent), retrying ``CONCURRENT_TRANSACTIONS`` for a short while.
     ``""`` or Kafka's error name."""
-    coordinator = _coordinator(conn)
+    # Asked of the id's coordinator wherever it is (a cluster: maybe another broker).
     if version < _FIRST_V2_OFFSETS_VERSION:
-        return str(await conn.run(coordinator.verify_partition, tid, pid, epoch, tp))
+        return str(await conn.run(conn.core.verify_transactional, tid, pid, epoch, tp))
     answer = ""
     for pause in (*_ADD_RETRY_S, None):
-        answer = await conn.run(coordinator.add_partition, tid, pid, epoch, tp)
+        answer = await conn.run(conn.core.add_transactional, tid, pid, epoch, tp)
         if answer != "CONCURRENT_TRANSACTIONS" or pause is None:
             break
         await asyncio.sleep(pause)

@@ -15,8 +15,8 @@ client in scope (``reference/kafka-protocol.md`` section 2.3):
   by id, 16 carries KIP-951 leader hints; 17 is KIP-853's KRaft directory ids),
   Metadata 12 (13 only adds a top-level error code, KIP-1102's request to rebootstrap:
   not built), InitProducerId 5 (6 is KIP-939's two-phase commit, unshipped in Kafka).
-  Of the transaction APIs (issue #28), WriteTxnMarkers (27) is not advertised yet:
-  docs/transactions.md.
+  WriteTxnMarkers (27, issue #28) is served from v1 (Kafka 4 removed v0): a transaction
+  coordinator's call to a partition leader (docs/transactions.md).
 
 Features (ApiVersions v3+, KIP-584): ``transaction.version`` is finalized at 2, so a
 Kafka 4.x Java client runs transactions v2 (KIP-890 part 2: its ``TransactionManager``
@@ -67,6 +67,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     24: (0, 5),  # AddPartitionsToTxn (0-3 the clients' form, 4-5 the brokers', KIP-890)
     25: (0, 3),  # AddOffsetsToTxn
     26: (0, 5),  # EndTxn (5: transactions v2, the bumped identity answered)
+    27: (1, 1),  # WriteTxnMarkers (between brokers; v0 removed by Kafka 4, no schema here)
     28: (0, 5),  # TxnOffsetCommit (3: KIP-447's member and generation; 5: v2's implicit add)
     23: (2, 4),  # OffsetForLeaderEpoch (KIP-320 position validation; librdkafka sends v2)
     32: (1, 4),  # DescribeConfigs

@@ -27,10 +27,17 @@ timeout are fenced and aborted (``fence_timed_out``: the epoch is bumped, so the
 producer's next call is ``PRODUCER_FENCED``), and ids idle past ``id_expiration_ms`` are
 removed (a tombstone).
 
-Failover: ``load_partition`` (this broker became the leader of a ``__transaction_state``
-partition) replays it and hands every prepared transaction to the marker thread, which
-finishes it; ``unload_partition`` forgets the partition's ids (their queued completions
-are dropped when they come up: the new coordinator finishes them).
+Failover (cluster mode): ``load_partition`` (this broker became the leader of a
+``__transaction_state`` partition: ``BrokerCore.became_leader``) replays it and hands every
+prepared transaction to the marker thread, which finishes it with the markers carrying
+the partition's new leader epoch as coordinator epoch; ``unload_resigned`` (the timer
+thread, at least every second) forgets the ids of partitions this broker stopped leading
+(their queued completions are dropped when they come up: the new coordinator finishes
+them). Requests about an id whose partition this broker does not lead are
+``NOT_COORDINATOR``, and ``COORDINATOR_LOAD_IN_PROGRESS`` until it has loaded it at its
+current leader epoch and the high watermark reached what it loaded. Markers go to each
+partition's leader (``broker.transactions.markers.ClusterMarkers``); a marker that fails
+with a retriable error is sent again, to whichever broker leads the partition then.
 
 Errors raised are ``storage.errors`` classes by Kafka's names (``error_for_code``). An
 append that fails is answered as Kafka maps it (``reference/transactions.md`` 9):
@@ -43,17 +50,21 @@ outside it (``TxnLog`` orders them per partition).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.internal_topic import unload_resigned
+from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.transactions import state as machine
-from tidelog.broker.transactions.markers import LocalMarkers
+from tidelog.broker.transactions.markers import ClusterMarkers, LocalMarkers, RoutedVerify, TxnPeers
 from tidelog.broker.transactions.state import Answer, Decision, Refuse, TxnMetadata, TxnState, Write
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, TxnLog, TxnLogConfig
 from tidelog.storage.clock import Clock
@@ -71,8 +82,10 @@ from tidelog.storage.errors import (
 __all__ = [
     "MarkerWriter",
     "TransactionCoordinator",
+    "Transactions",
     "TxnCoordinatorConfig",
-    "open_coordinator",
+    "open_transactions",
+    "txn_log_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,6 +93,9 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 # Marker results that mean "someone newer owns this transaction": stop sending its markers.
 _FENCED = frozenset({"INVALID_PRODUCER_EPOCH", "TRANSACTION_COORDINATOR_FENCED"})
+# Cluster mode: how often the timer thread looks for partitions this broker stopped leading
+# (real time only paces it, as the groups' expiry thread).
+_RESIGN_CHECK_MS = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +154,7 @@ class TransactionCoordinator:
         self._config = config or TxnCoordinatorConfig()
         self._group_partition = group_partition
         self._lock = threading.Lock()
+        self._roles_lock = threading.Lock()  # loading and unloading partitions
         self._pending: set[str] = set()  # ids with a transition being written
         self._completions: queue.Queue[str | None] = queue.Queue()
         self._stopped = threading.Event()
@@ -166,12 +183,43 @@ class TransactionCoordinator:
     def load_partition(self, partition: int) -> None:
         """This broker became the leader of ``__transaction_state`` partition ``partition``:
         load it and finish its prepared transactions. Raises ``StorageError``."""
-        for metadata in self._log.reload_partition(partition):
+        with self._roles_lock:
+            loaded = self._log.reload_partition(partition)
+        for metadata in loaded:
             if metadata.state.is_prepare:
                 self._completions.put(metadata.transactional_id)
 
     def unload_partition(self, partition: int) -> None:
-        self._log.unload_partition(partition)
+        with self._roles_lock:
+            self._log.unload_partition(partition)
+
+    def unload_resigned(self) -> list[int]:
+        """Cluster mode: forget the ids of every loaded partition this broker no longer
+        leads (Kafka's ``onResignation``); the partitions unloaded. As the groups do
+        (``GroupManager.unload_resigned``, whose rules this follows): run by the timer
+        thread at least every ``_RESIGN_CHECK_MS``, and nothing depends on it having run,
+        because every request about an id is refused ``NOT_COORDINATOR`` by the
+        leadership check first, and a queued completion of a resigned partition is
+        dropped when it comes up. The one helper of both
+        (``broker.core.internal_topic.unload_resigned``), under ``_roles_lock`` with
+        ``load_partition``."""
+        unloaded = unload_resigned(
+            self._log.loaded_partitions,
+            self._log.leads,
+            self._roles_lock,
+            self._log.unload_partition,
+        )
+        for partition, _ in unloaded:
+            log.info(
+                "%s-%d: no longer its leader; its transactional ids unloaded",
+                TRANSACTION_STATE_TOPIC,
+                partition,
+            )
+        return [partition for partition, _ in unloaded]
+
+    def partition_for(self, transactional_id: str) -> int:
+        """The ``__transaction_state`` partition whose leader coordinates the id."""
+        return self._log.partition_for(transactional_id)
 
     # --- the client's calls ------------------------------------------------------------
 
@@ -334,7 +382,7 @@ class TransactionCoordinator:
     # --- transitions -------------------------------------------------------------------
 
     def _owns(self, partition: int) -> bool:
-        return self._registry.get(TRANSACTION_STATE_TOPIC, partition).is_leader
+        return self._log.leads(partition)
 
     def _check_coordinator(self, transactional_id: str) -> int:
         partition = self._log.partition_for(transactional_id)
@@ -445,11 +493,15 @@ class TransactionCoordinator:
             self._stopped.wait(self._config.marker_retry_backoff_ms / 1000)
 
     def _run_timers(self) -> None:
-        interval = self._config.abort_interval_ms / 1000
-        while not self._stopped.wait(interval):
+        interval_ms = self._config.abort_interval_ms
+        next_round = time.monotonic() + interval_ms / 1000
+        while not self._stopped.wait(min(interval_ms, _RESIGN_CHECK_MS) / 1000):
             try:
-                self.abort_timed_out()
-                self.expire_ids()
+                self.unload_resigned()
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + interval_ms / 1000
+                    self.abort_timed_out()
+                    self.expire_ids()
             except Exception:  # the next round tries again
                 log.exception("transaction timers failed; trying again next round")
 
@@ -517,32 +569,54 @@ def _identity(decision: Decision) -> tuple[int, int]:
     return decision.producer_id, decision.producer_epoch
 
 
-def open_coordinator(
+@dataclass(frozen=True, slots=True)
+class Transactions:
+    """A broker's transaction parts (``open_transactions``)."""
+
+    coordinator: TransactionCoordinator
+    # KIP-890's check of a transactional batch with its id's coordinator, wherever it is,
+    # and transactions v2's implicit add of its partition (part 2).
+    verify: Callable[[str, int, int, TopicPartition], str]
+    add: Callable[[str, int, int, TopicPartition], str]
+    # The markers this broker writes as a partition's leader (WriteTxnMarkers).
+    markers: LocalMarkers
+
+
+def open_transactions(
     config: BrokerConfig,
     registry: PartitionRegistry,
     clock: Clock,
-    allocate: Callable[[], int],
+    membership: Membership,
     group_partition: Callable[[str], TopicPartition],
     on_append: Callable[[str, int], None],
-    on_marker: Callable[[str, int, int, bool], None] | None = None,
-) -> TransactionCoordinator:
-    """A single node's coordinator: ``__transaction_state`` opened (created on the first
-    start) in the broker's data directory, markers written to its own partitions
-    (``LocalMarkers``); not started. Raises ``StorageError``."""
-    txn_log = TxnLog.open(
-        registry.logs,
-        TxnLogConfig(
-            num_partitions=config.transaction_state_log_num_partitions,
-            segment_bytes=config.offsets_topic_segment_bytes,
-            min_isr=config.transaction_state_log_min_isr,
-        ),
-        registry=registry,
-        on_append=on_append,
-    )
-    return TransactionCoordinator(
-        txn_log,
-        allocate,
-        LocalMarkers(registry, on_append, on_marker),
+    on_marker: Callable[[str, int, int, bool], None],
+) -> Transactions:
+    """A broker's coordinator (not started), its verification and its marker writer.
+
+    ``__transaction_state`` is opened (created on the first start) in the broker's data
+    directory. A single node writes markers to its own partitions (``LocalMarkers``) and
+    verifies with its own coordinator; a cluster broker (``zookeeper.connect``) sends
+    other leaders' markers to them and asks the id's coordinator wherever it is
+    (``ClusterMarkers``, ``RoutedVerify``: the leaders in ``membership``'s view now, the
+    calls through its ``txn_peers``), and coordinates nothing until it leads a partition
+    of the topic (``load_partition``). ``on_append`` wakes a partition's fetches;
+    ``on_marker`` (topic, partition, producer id, commit) follows a durable marker (the
+    group coordinator's pending offsets). Raises ``StorageError``.
+    """
+    local = LocalMarkers(registry, on_append, on_marker)
+    replicated = config.zookeeper_connect is not None
+    leader_of = functools.partial(_leader_of, membership)
+
+    def peers() -> TxnPeers | None:
+        return membership.role.txn_peers
+
+    markers: MarkerWriter = local
+    if replicated:
+        markers = ClusterMarkers(config.broker_id, local, leader_of, peers)
+    coordinator = TransactionCoordinator(
+        TxnLog.open(registry.logs, txn_log_config(config), registry=registry, on_append=on_append),
+        lambda: membership.producer_ids.init(-1, -1)[0],
+        markers,
         registry,
         clock,
         TxnCoordinatorConfig(
@@ -551,4 +625,50 @@ def open_coordinator(
             abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
         ),
         group_partition=group_partition,
+    )
+    if not replicated:
+        return Transactions(
+            coordinator, coordinator.verify_partition, coordinator.add_partition, local
+        )
+
+    def routed(
+        local_check: Callable[[str, int, int, TopicPartition], str], add: bool
+    ) -> RoutedVerify:
+        return RoutedVerify(
+            config.broker_id,
+            coordinator.partition_for,
+            local_check,
+            leader_of,
+            peers,
+            TRANSACTION_STATE_TOPIC,
+            add=add,
+        )
+
+    return Transactions(
+        coordinator,
+        routed(coordinator.verify_partition, False),
+        routed(coordinator.add_partition, True),
+        local,
+    )
+
+
+def _leader_of(membership: Membership, topic: str, partition: int) -> int | None:
+    """The leader of a partition in this broker's view now: -1 for none (or while the
+    broker is still joining its cluster), None for a partition the view does not have
+    (its topic deleted)."""
+    role = membership.role
+    if not role.joined:
+        return -1
+    known = role.placement.topics()
+    if known is not None and not 0 <= partition < known.get(topic, 0):
+        return None
+    return role.placement.partition(topic, partition).leader
+
+
+def txn_log_config(config: BrokerConfig) -> TxnLogConfig:
+    """``__transaction_state``'s settings from the broker's (``transaction.state.log.*``)."""
+    return TxnLogConfig(
+        num_partitions=config.transaction_state_log_num_partitions,
+        segment_bytes=config.offsets_topic_segment_bytes,
+        min_isr=config.transaction_state_log_min_isr,
     )

@@ -8,13 +8,17 @@ the cache changes and the caller acts on it or answers. A crash or a failover ca
 therefore lose only a transition nobody was told about.
 
 The topic is created on the first start with Kafka's settings for it (``reference/
-transactions.md`` 2.1): compacted, uncompressed, unclean election off, and
-``min.insync.replicas`` = ``transaction.state.log.min.isr`` (applied in cluster mode, where
-the replication factor is ``transaction.state.log.replication.factor``). The partition
-count never changes after that: an id's partition must not move.
+transactions.md`` 2.1, ``topic_config``): compacted, uncompressed, unclean election off, and
+``min.insync.replicas`` = ``transaction.state.log.min.isr`` (applied in cluster mode). In
+a cluster the controller creates it in ZooKeeper too, as the offsets topic, with
+``transaction.state.log.replication.factor`` replicas (at most the live brokers), and
+every broker's local log follows that. The partition count never changes after that: an
+id's partition must not move.
 
-Cluster mode: only the leader of a partition coordinates its ids. A broker that becomes
-leader replays the partition (``reload_partition``); until that is done at its current
+Cluster mode: only the leader of a partition coordinates its ids. ``open`` reads
+nothing (what a log held from an earlier leadership is no one's state now); a broker that
+becomes leader replays the partition (``reload_partition``) and forgets it when it stops
+leading (``unload_partition``); until that is done at its current
 leader epoch and the high watermark has reached what it read, calls for the partition
 answer ``COORDINATOR_LOAD_IN_PROGRESS`` (``check_loaded``), for the reason the offsets
 store gives: a new leader's log may end with transitions that were never replicated.
@@ -48,7 +52,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.log_manager import LogManager
 
-__all__ = ["TRANSACTION_STATE_TOPIC", "TxnLog", "TxnLogConfig"]
+__all__ = ["TRANSACTION_STATE_TOPIC", "TxnLog", "TxnLogConfig", "topic_config"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,20 @@ class TxnLogConfig:
             raise ValueError("transaction.state.log.num.partitions must be at least 1")
         if self.min_isr < 1:
             raise ValueError("transaction.state.log.min.isr must be at least 1")
+
+
+def topic_config(config: TxnLogConfig, *, replicated: bool) -> dict[str, str]:
+    """``__transaction_state``'s topic config, as Kafka enforces it at creation (the local
+    log's, and in cluster mode the controller's in ZooKeeper): compacted, uncompressed,
+    unclean election off, ``min.insync.replicas`` = ``transaction.state.log.min.isr``
+    (1 on a single node, whose partitions are unreplicated)."""
+    return {
+        "cleanup.policy": "compact",
+        "compression.type": "uncompressed",
+        "unclean.leader.election.enable": "false",
+        "segment.bytes": str(config.segment_bytes),
+        "min.insync.replicas": str(config.min_isr if replicated else 1),
+    }
 
 
 class TxnLog:
@@ -115,19 +133,18 @@ class TxnLog:
             meta = logs.create_topic(
                 TRANSACTION_STATE_TOPIC,
                 config.num_partitions,
-                {
-                    "cleanup.policy": "compact",
-                    "compression.type": "uncompressed",
-                    "unclean.leader.election.enable": "false",
-                    "segment.bytes": str(config.segment_bytes),
-                    "min.insync.replicas": str(config.min_isr if registry.replicated else 1),
-                },
+                topic_config(config, replicated=registry.replicated),
                 internal=True,
             )
             log.info("created %s with %d partition(s)", TRANSACTION_STATE_TOPIC, meta.partitions)
         except TopicAlreadyExistsError:
             meta = logs.topic(TRANSACTION_STATE_TOPIC)
         cache: dict[str, TxnMetadata] = {}
+        if registry.replicated:
+            # A cluster broker coordinates only the partitions it leads, each loaded when
+            # it becomes their leader (``reload_partition``): what its log held from an
+            # earlier leadership is no one's state now.
+            return cls(logs, meta.partitions, cache, registry, on_append)
         records = sum(
             replay(logs.get_log(TRANSACTION_STATE_TOPIC, p), _applier(cache))
             for p in range(meta.partitions)
@@ -221,6 +238,16 @@ class TxnLog:
             for tid in [t for t in self._cache if self.partition_for(t) == partition]:
                 del self._cache[tid]
             self._loaded.pop(partition, None)
+
+    def loaded_partitions(self) -> list[int]:
+        """Cluster mode: the partitions loaded (``reload_partition``) and not unloaded
+        since, sorted; empty on a single node."""
+        with self._cache_lock:
+            return sorted(self._loaded)
+
+    def leads(self, partition: int) -> bool:
+        """Whether this broker leads ``partition`` now (always on a single node)."""
+        return self._registry.get(TRANSACTION_STATE_TOPIC, partition).is_leader
 
     def check_loaded(self, partition: int) -> None:
         """Cluster mode: ``CoordinatorLoadInProgressError`` until ``partition`` was loaded

@@ -25,9 +25,29 @@ What ``run`` does (docs/cdc.md has the operator's view):
    log. Then ``START_REPLICATION`` from the slot's consistent point: every transaction
    committed after the snapshot, none before. No gap, no overlap.
 4. Streaming: pgoutput protocol version 1 (``client.cdc.pgoutput``); one transaction =
-   one ``ChangeUnit`` handed to the ``ChangeSink``; the slot's flush LSN is confirmed only
-   up to ``sink.durable_lsn()``. Transactions at or below the recorded position (the slot
-   can resend them after a PostgreSQL crash) are skipped.
+   one ``ChangeUnit`` handed to the ``ChangeSink``; whenever no message is waiting the
+   sink is flushed (the transactional sink commits its batch); the slot's flush LSN is
+   confirmed only up to ``sink.durable_lsn()``. Transactions at or below the recorded
+   position (the slot's confirmed LSN can be behind it: killed between commit and
+   confirmation, or a PostgreSQL crash rewinding the slot) are skipped.
+5. PostgreSQL going away while streaming (restarted, a connection cut) is survived: the
+   sink is flushed (whole transactions only), the connector reconnects for up to
+   ``reconnect_timeout_ms`` and streams again from its durable position; a slot that is
+   gone then is a ``CdcError``. During the snapshot it is not: the snapshot's exported
+   snapshot died with the connection, so the connector stops and the next start takes
+   the snapshot again.
+
+Delivery: ``delivery="exactly-once"`` (the default) uses ``TransactionalSink``
+(``client.cdc.txn_sink``: a batch of whole PostgreSQL transactions and the position in one
+Tidelog transaction, the snapshot as one transaction; it fences an older connector of the
+same name when it is built, before the position is read, and the position is read
+read_committed). ``delivery="at-least-once"`` keeps ``ProducerSink``: no transactions, so
+consumers need not read read_committed and pay no commit per batch, but a restart can
+repeat changes.
+
+Lag (``lag()``, ``metrics()``): bytes from the connector's durable position (or, when it
+holds nothing unstored, the WAL end PostgreSQL last reported) to the server's current WAL
+LSN, asked every second; ms since the oldest commit received and not yet stored.
 
 Why pgoutput and not wal2json: it is built into PostgreSQL (nothing to install on the
 database server), filters by publication on the server, and is what PostgreSQL's own
@@ -76,12 +96,16 @@ from tidelog.client.cdc.sink import (
     live_keys,
     read_position,
 )
+from tidelog.client.cdc.txn_sink import TransactionalSink
 
 __all__ = ["ConnectorConfig", "Lag", "PostgresConnector"]
 
 log = logging.getLogger(__name__)
 
 _SLOT_BUSY_WAIT_MS = 30_000  # a killed predecessor's walsender takes a moment to notice
+_SERVER_LSN_INTERVAL_S = 1.0  # how often the server's current WAL LSN is asked (lag)
+_RECONNECT_BACKOFF_S = 0.5
+DELIVERIES = ("exactly-once", "at-least-once")
 
 
 def _wall_ms() -> int:
@@ -101,7 +125,11 @@ class ConnectorConfig:
     - ``offsets_topic``: the compacted topic of positions; ``topic_partitions``: the
       partition count of the topics the connector creates;
     - ``snapshot_chunk_rows``: rows per snapshot read (and per unit handed to the sink);
-    - ``security``: producer/consumer/admin security settings (kafka-python's names).
+    - ``security``: producer/consumer/admin security settings (kafka-python's names);
+    - ``delivery``: ``exactly-once`` (``TransactionalSink``) or ``at-least-once``
+      (``ProducerSink``); ``commit_interval_ms``: the longest a transactional batch stays
+      open; ``snapshot_timeout_ms``: the snapshot transaction's timeout;
+    - ``reconnect_timeout_ms``: how long a lost PostgreSQL connection is retried.
     """
 
     dsn: str
@@ -115,8 +143,14 @@ class ConnectorConfig:
     snapshot_chunk_rows: int = 2_000
     request_timeout_ms: int = 30_000
     security: Mapping[str, Any] = field(default_factory=dict)
+    delivery: str = "exactly-once"
+    commit_interval_ms: int = 50
+    snapshot_timeout_ms: int = 900_000
+    reconnect_timeout_ms: int = 60_000
 
     def __post_init__(self) -> None:
+        if self.delivery not in DELIVERIES:
+            raise ValueError(f"delivery: one of {DELIVERIES}, got {self.delivery!r}")
         if not self.tables and not self.publication:
             raise ValueError("give tables, a publication, or both")
         if not self.slot or not all(c.isalnum() or c == "_" for c in self.slot):
@@ -126,6 +160,8 @@ class ConnectorConfig:
         for name, value in (
             ("topic_partitions", self.topic_partitions),
             ("snapshot_chunk_rows", self.snapshot_chunk_rows),
+            ("commit_interval_ms", self.commit_interval_ms),
+            ("snapshot_timeout_ms", self.snapshot_timeout_ms),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -137,8 +173,9 @@ class ConnectorConfig:
 
 @dataclass(frozen=True, slots=True)
 class Lag:
-    """How far the stored position is behind: WAL bytes behind the server's WAL end
-    as last heard, and ms since the oldest commit not yet durably stored (0 if none)."""
+    """How far the stored position is behind: WAL bytes behind the server's current WAL
+    LSN (asked every second), and ms since the oldest commit received and not yet durably
+    stored (0 if none)."""
 
     bytes: int
     ms: int
@@ -153,7 +190,8 @@ class PostgresConnector:
 
     Args:
         config: the settings.
-        sink: where units go; the at-least-once ``ProducerSink`` if None.
+        sink: where units go; if None, the one ``config.delivery`` names (built in
+            ``run``, after the topics, before the position is read).
         on_progress: snapshot progress, called after every chunk.
         now_ms: the wall clock (ms), injected for positions and lag.
     """
@@ -173,8 +211,12 @@ class PostgresConnector:
         self._stop = threading.Event()
         self.streaming = threading.Event()  # set once START_REPLICATION succeeded
         self._lock = threading.Lock()
-        self._wal_end = 0
+        self._wal_end = 0  # the server's WAL end as last reported in the stream
+        self._server_lsn = 0  # pg_current_wal_lsn() as last asked
+        self._caught_up = 0  # a WAL end up to which everything received is stored
         self._durable = 0
+        self._transactions = 0
+        self._reconnects = 0
         self._unconfirmed: deque[tuple[int, int]] = deque()  # (end LSN, commit ms)
 
     # --- control ---------------------------------------------------------------------------
@@ -185,9 +227,25 @@ class PostgresConnector:
 
     def lag(self) -> Lag:
         with self._lock:
-            behind = max(0, self._wal_end - self._durable)
+            server = max(self._server_lsn, self._wal_end)
+            behind = max(0, server - max(self._durable, self._caught_up))
             oldest = self._unconfirmed[0][1] if self._unconfirmed else None
         return Lag(behind, 0 if oldest is None else max(0, self._now_ms() - oldest))
+
+    def metrics(self) -> dict[str, int]:
+        """The running connector's gauges and counters: ``lag_bytes``, ``lag_ms``,
+        ``durable_lsn`` and ``server_lsn`` (as integers), ``transactions`` (PostgreSQL
+        transactions handed to the sink), ``reconnects`` (to PostgreSQL)."""
+        lag = self.lag()
+        with self._lock:
+            return {
+                "lag_bytes": lag.bytes,
+                "lag_ms": lag.ms,
+                "durable_lsn": self._durable,
+                "server_lsn": max(self._server_lsn, self._wal_end),
+                "transactions": self._transactions,
+                "reconnects": self._reconnects,
+            }
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -202,13 +260,9 @@ class PostgresConnector:
         try:
             shapes = self._prepare(sql_conn)
             if sink is None:
-                sink = ProducerSink(
-                    config.bootstrap_servers,
-                    config.slot,
-                    config.offsets_topic,
-                    config.security,
-                    self._now_ms,
-                )
+                # Before the position is read: the transactional sink fences a zombie
+                # and its open transaction is aborted, so nobody moves the position on.
+                sink = self._default_sink()
             stored = read_position(
                 config.bootstrap_servers,
                 config.offsets_topic,
@@ -238,13 +292,85 @@ class PostgresConnector:
                 start_lsn = self._snapshot(sql_conn, repl_cur, shapes, sink)
             with self._lock:
                 self._durable = start_lsn
-            self._stream(sql_conn, repl_cur, sink, start_lsn)
+            while True:
+                try:
+                    self._stream(sql_conn, repl_cur, sink, start_lsn)
+                    return
+                except psycopg2.DatabaseError as exc:
+                    if self._stop.is_set() or not _connection_lost(exc):
+                        raise
+                    log.warning("CDC %s: PostgreSQL connection lost: %s", config.slot, exc)
+                    self.streaming.clear()
+                    # Whole transactions received so far are stored; the rest comes again.
+                    start_lsn = max(start_lsn, sink.flush(config.request_timeout_ms) or 0)
+                    with self._lock:
+                        self._durable = max(self._durable, start_lsn)
+                        self._unconfirmed.clear()
+                    for conn in (repl_conn, sql_conn):
+                        conn.close()
+                    sql_conn, repl_conn = self._reconnect()
+                    repl_cur = repl_conn.cursor()
         finally:
             if sink is not None and self._sink is None:
                 sink.close()
             if repl_conn is not None:
                 repl_conn.close()
             sql_conn.close()
+
+    def _default_sink(self) -> ChangeSink:
+        config = self.config
+        if config.delivery == "at-least-once":
+            return ProducerSink(
+                config.bootstrap_servers,
+                config.slot,
+                config.offsets_topic,
+                config.security,
+                self._now_ms,
+            )
+        return TransactionalSink(
+            config.bootstrap_servers,
+            config.slot,
+            config.offsets_topic,
+            config.security,
+            self._now_ms,
+            commit_interval_ms=config.commit_interval_ms,
+            snapshot_timeout_ms=config.snapshot_timeout_ms,
+            request_timeout_ms=config.request_timeout_ms,
+        )
+
+    def _reconnect(self) -> tuple[Any, Any]:
+        """Both connections again, retried for ``reconnect_timeout_ms``; the slot must
+        still be there (``CdcError`` if not: the changes since are lost)."""
+        config = self.config
+        deadline = time.monotonic() + config.reconnect_timeout_ms / 1000
+        while True:
+            try:
+                sql_conn = self._connect()
+                sql_conn.autocommit = True
+                try:
+                    has_slot = catalog.slot_exists(sql_conn, config.slot)
+                    repl_conn = self._connect(psycopg2.extras.LogicalReplicationConnection)
+                except BaseException:
+                    sql_conn.close()
+                    raise
+                break
+            except psycopg2.OperationalError as exc:
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                log.info("CDC %s: reconnecting to PostgreSQL: %s", config.slot, exc)
+                time.sleep(_RECONNECT_BACKOFF_S)
+        if not has_slot:
+            repl_conn.close()
+            sql_conn.close()
+            raise CdcError(
+                f"replication slot {config.slot!r} was dropped while the connector ran: "
+                "changes since its position are lost; drop the connector's position "
+                "(or use a new slot name) to snapshot again"
+            )
+        with self._lock:
+            self._reconnects += 1
+        log.info("CDC %s: reconnected to PostgreSQL", config.slot)
+        return sql_conn, repl_conn
 
     def _connect(self, factory: Any = None) -> Any:
         kwargs: dict[str, Any] = {"options": catalog.SESSION_OPTIONS}
@@ -334,7 +460,7 @@ class PostgresConnector:
         )
         if tombstones:
             log.info("CDC %s: %d rows gone since an earlier snapshot", config.slot, len(tombstones))
-        sink.write(ChangeUnit(tombstones, Position(lsn, True, 0)))
+        sink.write(ChangeUnit(tombstones, Position(lsn, True, 0), snapshot=True))
         return lsn
 
     def _snapshot_table(
@@ -365,7 +491,7 @@ class PostgresConnector:
                     break
                 records = read_records(config.topic_prefix, shape, rows, lsn, ts_ms)
                 leftovers.difference_update(r.key for r in records)
-                sink.write(ChangeUnit(tuple(records), None))
+                sink.write(ChangeUnit(tuple(records), None, snapshot=True))
                 done += len(rows)
                 log.info(
                     "CDC snapshot %s.%s: %d of ~%d rows", shape.schema, shape.name, done, estimate
@@ -376,6 +502,7 @@ class PostgresConnector:
                     return
 
     def _stream(self, sql_conn: Any, repl_cur: Any, sink: ChangeSink, start_lsn: int) -> None:
+        """Stream from ``start_lsn`` until ``stop``; transactions at or below it are skipped."""
         config = self.config
         self._start_replication(repl_cur, start_lsn)
         self.streaming.set()
@@ -386,10 +513,18 @@ class PostgresConnector:
         assembler = ChangeAssembler(config.topic_prefix, key_of)
         confirmed = 0
         handled = 0
+        asked_server = 0.0
         while not self._stop.is_set():
+            if time.monotonic() - asked_server >= _SERVER_LSN_INTERVAL_S:
+                self._ask_server_lsn(sql_conn, sink)
+                asked_server = time.monotonic()
             message = repl_cur.read_message()
             if message is None:
+                # Drained: store the batch now (the transactional sink commits it).
+                sink.flush(config.request_timeout_ms)
                 confirmed = self._confirm(repl_cur, sink, confirmed)
+                if assembler.idle:
+                    self._note_caught_up(int(repl_cur.wal_end))
                 select.select([repl_cur], [], [], 0.2)
                 continue
             with self._lock:
@@ -399,16 +534,34 @@ class PostgresConnector:
                 if unit.position.lsn <= start_lsn:
                     log.debug("CDC: skipping %s, already stored", format_lsn(unit.position.lsn))
                 else:
-                    sink.write(unit)
                     with self._lock:
                         self._unconfirmed.append((unit.position.lsn, unit.position.commit_ts_ms))
+                        self._transactions += 1
+                    sink.write(unit)
             handled += 1
             if handled % 256 == 0:
                 confirmed = self._confirm(repl_cur, sink, confirmed)
         durable = sink.flush(config.request_timeout_ms)
-        if durable is not None and durable > confirmed:
-            repl_cur.send_feedback(flush_lsn=durable, force=True)
+        if durable is not None:
+            repl_cur.send_feedback(flush_lsn=max(durable, confirmed), force=True)
             log.info("CDC %s: stopped at %s", config.slot, format_lsn(durable))
+
+    def _ask_server_lsn(self, sql_conn: Any, sink: ChangeSink) -> None:
+        """The server's current WAL LSN, for the lag (and written with the positions)."""
+        with sql_conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            row = cur.fetchone()
+        server = parse_lsn(str(row[0])) if row else 0
+        with self._lock:
+            self._server_lsn = max(self._server_lsn, server)
+        if isinstance(sink, ProducerSink | TransactionalSink):
+            sink.server_wal_end = max(server, self._wal_end)
+
+    def _note_caught_up(self, wal_end: int) -> None:
+        """Nothing received is unstored: the connector is as far as the WAL end heard."""
+        with self._lock:
+            if not self._unconfirmed:
+                self._caught_up = max(self._caught_up, wal_end)
 
     def _start_replication(self, repl_cur: Any, lsn: int) -> None:
         """START_REPLICATION, retried while a killed predecessor's walsender still holds
@@ -432,18 +585,26 @@ class PostgresConnector:
                 time.sleep(0.2)
 
     def _confirm(self, repl_cur: Any, sink: ChangeSink, confirmed: int) -> int:
-        """Confirm the sink's durable LSN to PostgreSQL if it moved; returns the new one."""
+        """Confirm the sink's durable LSN to PostgreSQL if it moved (at once: the slot
+        may free WAL); returns the new one."""
         durable = sink.durable_lsn()
-        if isinstance(sink, ProducerSink):
-            sink.server_wal_end = self._wal_end
         if durable is None or durable <= confirmed:
             return confirmed
-        repl_cur.send_feedback(flush_lsn=durable)
+        repl_cur.send_feedback(flush_lsn=durable, force=True)
         with self._lock:
             self._durable = max(self._durable, durable)
             while self._unconfirmed and self._unconfirmed[0][0] <= durable:
                 self._unconfirmed.popleft()
         return durable
+
+
+def _connection_lost(exc: psycopg2.DatabaseError) -> bool:
+    """A PostgreSQL error that means the session is gone, not that a statement failed:
+    a broken connection, the server shutting down (57P01), or the server ending the
+    replication COPY (psycopg2: "no COPY in progress", no SQLSTATE)."""
+    return (
+        isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError) or exc.pgcode is None
+    )
 
 
 def _qualified(shape: TableShape) -> str:

@@ -115,10 +115,12 @@ class ChangeRecord:
 class ChangeUnit:
     """What a ``ChangeSink`` stores as one: a PostgreSQL transaction's records (or one
     chunk of a snapshot), in commit order, and the position to record after them
-    (None for snapshot chunks before the last)."""
+    (None for snapshot chunks before the last). ``snapshot``: a part of the initial
+    snapshot (its last unit carries the ``snapshot_done`` position)."""
 
     records: tuple[ChangeRecord, ...]
     position: Position | None
+    snapshot: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +338,11 @@ class ChangeAssembler:
         self._source_head: bytes | None = None  # this transaction's, made at its 1st change
         self._records: list[ChangeRecord] = []
         self._begin: Begin | None = None
+
+    @property
+    def idle(self) -> bool:
+        """No transaction is half received (between Begin and Commit)."""
+        return self._begin is None
 
     def feed(self, message: Message) -> ChangeUnit | None:
         """Take one message; returns the finished unit on Commit.

@@ -1,4 +1,5 @@
-"""Where change units go: the ``ChangeSink`` seam and its at-least-once implementation.
+"""Where change units go: the ``ChangeSink`` seam, its at-least-once implementation, and
+reading positions back.
 
 One PostgreSQL transaction is one ``ChangeUnit`` (``client.cdc.events``). The connector
 hands units to a sink in commit order with ``write`` and asks ``durable_lsn`` which
@@ -14,11 +15,12 @@ acknowledged the position is durable. Records of one partition are stored in sen
 (idempotence), so a restart from the recorded position can repeat the units after it but
 never skip one: duplicates, no gaps.
 
-The exactly-once sink that issue #30 wants replaces this with one Tidelog transaction per
-unit (records and position record in the same transaction, ``durable_lsn`` moving when
-``commit_transaction`` returns); docs/cdc.md says exactly what changes. The seam is made
-for it: ``write`` may block until the unit is durable, and nothing else in the connector
-changes.
+The exactly-once sink is ``client.cdc.txn_sink.TransactionalSink`` (the connector's
+default): batches of whole units and the position in one Tidelog transaction.
+
+Positions are read back read_committed (``read_positions``, ``live_keys``): a position
+or a row in a transaction that is open or aborted is never taken for stored; for the
+at-least-once sink, which writes no transactions, that reads the same as read_uncommitted.
 
 Not thread-safe: one connector thread calls every method.
 """
@@ -68,7 +70,9 @@ class ChangeSink(Protocol):
         ...
 
     def flush(self, timeout_ms: int) -> int | None:
-        """Wait until everything written is durable; returns ``durable_lsn()``."""
+        """Make everything written durable now and wait for it; returns
+        ``durable_lsn()``. The connector calls it whenever the replication stream is
+        drained (so it is the transactional sink's commit point) and before it stops."""
         ...
 
     def close(self) -> None: ...
@@ -128,11 +132,15 @@ def read_position(
 def live_keys(
     bootstrap: str, topic: str, security: Mapping[str, Any], timeout_ms: int
 ) -> set[bytes]:
-    """The keys whose latest record in ``topic`` (every partition, start to end offset)
-    is not a tombstone: the rows a previous run left there."""
+    """The keys whose latest committed record in ``topic`` (every partition, start to the
+    last stable offset) is not a tombstone: the rows a previous run left there."""
     keys: set[bytes] = set()
     with Consumer(
-        bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **security
+        bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        **security,
     ) as consumer:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic, timeout_ms)]
         consumer.assign(tps)
@@ -153,13 +161,17 @@ def live_keys(
 def read_positions(
     bootstrap: str, offsets_topic: str, security: Mapping[str, Any], timeout_ms: int
 ) -> dict[str, StoredPosition]:
-    """Every connector's last position in ``offsets_topic``: the topic read from its start
-    to its end offset, the last value of each key winning (values that are not positions
-    are skipped with a warning)."""
+    """Every connector's last committed position in ``offsets_topic``: the topic read
+    read_committed from its start to its last stable offset, the last value of each key
+    winning (values that are not positions are skipped with a warning)."""
     tp = TopicPartition(offsets_topic, 0)
     found: dict[str, bytes] = {}
     with Consumer(
-        bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **security
+        bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        **security,
     ) as consumer:
         consumer.assign([tp])
         end = consumer.end_offsets([tp], timeout_ms=timeout_ms)[tp]

@@ -4,11 +4,14 @@
 
     tidelog cdc postgres --dsn DSN [--tables s.t,...] [--publication P] [--slot NAME]
                          [--topic-prefix PREFIX] [--offsets-topic T] [--partitions N]
-                         [--chunk-rows N]
+                         [--chunk-rows N] [--delivery exactly-once|at-least-once]
+                         [--commit-interval-ms MS]
     tidelog cdc status [--offsets-topic T] [--dsn DSN]
 
 ``postgres`` runs the connector in the foreground until SIGTERM or Ctrl-C, which store
-and confirm what was read, then exit 0; snapshot progress goes to stderr. ``status``
+and confirm what was read, then exit 0; snapshot progress goes to stderr. ``--delivery``
+(default ``exactly-once``: Tidelog transactions, read the topics read_committed) picks the
+sink (docs/cdc.md). ``status``
 lists every connector's position from the offsets topic, with its lag (WAL bytes and ms
 behind) as of the last position written; with ``--dsn`` also the slot's live lag
 (``pg_current_wal_lsn()`` minus its confirmed flush LSN). The ``client.cdc`` package is
@@ -55,6 +58,15 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     postgres.add_argument("--offsets-topic", default=_DEFAULT_OFFSETS_TOPIC)
     postgres.add_argument("--partitions", type=positive_int, default=1)
     postgres.add_argument("--chunk-rows", type=positive_int, default=2_000)
+    postgres.add_argument(
+        "--delivery", choices=("exactly-once", "at-least-once"), default="exactly-once"
+    )
+    postgres.add_argument(
+        "--commit-interval-ms",
+        type=positive_int,
+        default=50,
+        help="longest a transactional batch stays open (exactly-once)",
+    )
     postgres.set_defaults(handler=_postgres)
     status = actions.add_parser("status", parents=[common], help="positions and lag")
     status.add_argument("--offsets-topic", default=_DEFAULT_OFFSETS_TOPIC)
@@ -83,6 +95,8 @@ def _postgres(args: argparse.Namespace) -> int:
             offsets_topic=args.offsets_topic,
             topic_partitions=args.partitions,
             snapshot_chunk_rows=args.chunk_rows,
+            delivery=args.delivery,
+            commit_interval_ms=args.commit_interval_ms,
             request_timeout_ms=args.timeout_ms or 30_000,
             security=security_settings(args),
         )

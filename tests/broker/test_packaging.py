@@ -51,7 +51,19 @@ def test_compose_runs_zookeeper_and_three_brokers_in_a_cluster() -> None:
         assert f'"broker.id={broker_id}"' in text
         assert f'"advertised.listeners=broker-{broker_id}:7410"' in text
     assert text.count('"zookeeper.connect=zookeeper:2181/tidelog"') == 3
-    assert text.count('"broker-1:7410,broker-2:7410,broker-3:7410"') == 2  # producer, Spark
+    # The demo producer, the Spark job, the CDC connector, the CDC view, the search index.
+    assert text.count('"broker-1:7410,broker-2:7410,broker-3:7410"') == 5
+
+
+def test_compose_runs_postgres_the_cdc_connector_and_the_derived_views() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "image: postgres:15" in text
+    assert '"wal_level=logical"' in text
+    assert '"cdc"\n      - "postgres"' in text
+    for script in ("shop.py", "orders_view.py", "search_index.py"):
+        assert f'"examples/cdc/{script}"' in text
+        assert (ROOT / "examples" / "cdc" / script).is_file()
+    assert 'pip install ".[spark,cdc]"' in (ROOT / "Dockerfile").read_text()
 
 
 def test_the_ci_script_parses_and_ends_with_the_readmes_test_command() -> None:

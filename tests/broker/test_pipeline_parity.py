@@ -45,6 +45,7 @@ from kafka.protocol.admin import (
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
 )
+from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer import FetchResponse, OffsetCommitResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceResponse
@@ -74,6 +75,16 @@ from tidelog.storage.errors import TidelogError
 from tidelog.storage.records import BatchBuilder
 
 pytestmark = pytest.mark.timeout(120)
+
+
+# kafka-python ships WriteTxnMarkers' schema but no classes for it (a broker-only API).
+class WriteTxnMarkersRequest(ApiMessage):
+    pass
+
+
+class WriteTxnMarkersResponse(ApiMessage):
+    pass
+
 
 LISTENERS = ("grpc", "kafka")
 USER = "alice"
@@ -371,6 +382,20 @@ class _Grpc:
     def describe_log_dirs(self) -> list[str]:
         return [self._code("DescribeLogDirs", pb.DescribeLogDirsRequest())[0]]
 
+    def write_txn_markers(self, name: str) -> list[str]:
+        entry = pb.TxnMarkerEntry(
+            producer_id=1,
+            producer_epoch=0,
+            commit=False,
+            coordinator_epoch=0,
+            partitions=[pb.TxnMarkerPartition(topic=name, partition=0)],
+        )
+        request = pb.WriteTxnMarkersRequest(markers=[entry], broker_id=7)
+        code, answer = self._code("WriteTxnMarkers", request)
+        if answer is None:
+            return [code]
+        return [p.error_code or "OK" for m in answer.markers for p in m.partitions]
+
     def alter_reassignments(self, name: str) -> list[str]:
         target = pb.ReassignmentTarget(topic=name, partition=0, cancel=True)
         request = pb.AlterPartitionReassignmentsRequest(partitions=[target])
@@ -510,6 +535,24 @@ class _Kafka:
     def describe_log_dirs(self) -> list[str]:
         answer = self.session.call(DescribeLogDirsRequest[4](topics=None), DescribeLogDirsResponse)
         return [error_name(answer.error_code), *(error_name(r.error_code) for r in answer.results)]
+
+    def write_txn_markers(self, name: str) -> list[str]:
+        marker = WriteTxnMarkersRequest[1].WritableTxnMarker
+        request = WriteTxnMarkersRequest[1](
+            markers=[
+                marker(
+                    producer_id=1,
+                    producer_epoch=0,
+                    transaction_result=False,
+                    topics=[marker.WritableTxnMarkerTopic(name=name, partition_indexes=[0])],
+                    coordinator_epoch=0,
+                )
+            ]
+        )
+        answer = self.session.call(request, WriteTxnMarkersResponse)
+        return [
+            error_name(p.error_code) for m in answer.markers for t in m.topics for p in t.partitions
+        ]
 
     def alter_reassignments(self, name: str) -> list[str]:
         topic = AlterPartitionReassignmentsRequest[0].ReassignableTopic
@@ -1419,3 +1462,38 @@ def test_transactions_leave_the_same_trace_on_both_listeners(
                 f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
             )
     assert not failures, "\n".join(failures)
+
+
+def test_transaction_markers_are_accepted_only_from_a_broker(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """WriteTxnMarkers (Kafka's api 27, gRPC's ``WriteTxnMarkers``; issue #28) is a
+    coordinator's call to a partition leader: the caller needs CLUSTER_ACTION on the
+    cluster on both listeners, is refused before anything is written, and audited the same
+    way. (Counted as each listener counts a refusal: gRPC refuses the call, Kafka answers
+    every partition, WriteTxnMarkers having no top-level error.) The gRPC-only
+    ``VerifyTxnPartition`` is refused the same way."""
+    core = secure.broker.server.core
+    core.create_topic("ok-markers", 1, {})
+    before = core.logs.get_log("ok-markers", 0).log_end_offset
+    seen = {
+        listener: _observe(
+            secure, listener, functools.partial(both[listener].write_txn_markers, "ok-markers")
+        )
+        for listener in LISTENERS
+    }
+    for listener, observed in seen.items():
+        assert observed.decision == ["CLUSTER_AUTHORIZATION_FAILED"], listener
+        assert len(observed.audit) == 1, (listener, observed.audit)
+    assert seen["grpc"].audit == seen["kafka"].audit
+    assert seen["grpc"].metrics == {("write_txn_markers", "CLUSTER_AUTHORIZATION_FAILED"): 1.0}
+    assert seen["kafka"].metrics == {("write_txn_markers", "OK"): 1.0}
+    assert core.logs.get_log("ok-markers", 0).log_end_offset == before  # no marker
+    request = pb.VerifyTxnPartitionRequest(
+        transactional_id="someone", producer_id=1, topic="ok-markers", broker_id=7
+    )
+    refused = _observe(
+        secure, "grpc", lambda: [both["grpc"]._code("VerifyTxnPartition", request)[0]]
+    )
+    assert refused.decision == ["CLUSTER_AUTHORIZATION_FAILED"]
+    assert len(refused.audit) == 1

@@ -5,6 +5,10 @@
 127.0.0.1 on a free port, run as the ``postgres`` user when we are root. PostgreSQL
 missing is a failure (``make venv`` and ``.ci/run`` install it), never a skip.
 
+``postgres.restart()`` (``tests.cdc.postgres.Postgres.restart``) stops the server (fast
+shutdown: sessions are cut) and starts it again on the same port and data, for the tests
+of a restart under a running connector.
+
 ``database`` gives each test a fresh database (``dsn``), so slots and publications of one
 test never meet another's; ``broker`` is one in-process broker per module.
 """
@@ -40,9 +44,13 @@ def dsn(postgres: Postgres) -> Iterator[str]:
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f"CREATE DATABASE {name}")
+    admin.close()
     try:
         yield postgres.dsn(name)
     finally:
+        # A new session: the server may have been restarted meanwhile.
+        admin = psycopg2.connect(postgres.dsn())
+        admin.autocommit = True
         with admin.cursor() as cur:
             cur.execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "

@@ -7,6 +7,9 @@ directory that user owns. Start is bounded (``START_TIMEOUT_S``); the server is 
 (fast shutdown, then SIGKILL) and the directory removed when the context ends. PostgreSQL
 missing is an ``AssertionError`` (``make venv`` and ``.ci/run`` install it), never a skip.
 
+``Postgres.restart()`` stops the server (fast shutdown: sessions are cut) and starts it
+again on the same port and data, for the tests of a restart under a running connector.
+
 ``settings`` override or extend the defaults (a test server: ``fsync`` off, because
 durability is not under test and fsync costs seconds). ``bindir`` is where the server's
 programs are (``pgbench``, ``pg_recvlogical`` live there too); ``run_as`` gives
@@ -25,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +58,16 @@ class Postgres:
     user: str
     bindir: Path = field(default=Path("/usr/bin"), compare=False)
     root: Path = field(default=Path("/tmp"), compare=False)
+    restarter: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
     def dsn(self, dbname: str = "postgres") -> str:
         return f"host={self.host} port={self.port} user={self.user} dbname={dbname}"
+
+    def restart(self) -> None:
+        """Fast shutdown, then start again (same port, same data); returns once it
+        accepts connections."""
+        assert self.restarter is not None
+        self.restarter()
 
 
 def binaries() -> Path:
@@ -124,27 +134,42 @@ def running_postgres(settings: Mapping[str, str] | None = None) -> Iterator[Post
     args = [str(bindir / "postgres"), "-D", str(data)]
     for name, value in merged.items():
         args += ["-c", f"{name}={value}"]
-    log = open(root / "postgres.log", "wb")  # noqa: SIM115 (closed at the end)
-    server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **user_kwargs)
-    info = Postgres("127.0.0.1", port, "postgres", bindir, root)
-    try:
+    log = open(root / "postgres.log", "ab")  # noqa: SIM115 (closed at the end)
+    servers: list[subprocess.Popen[bytes]] = []
+    plain = Postgres("127.0.0.1", port, "postgres")
+
+    def start() -> None:
+        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **user_kwargs)
+        servers.append(server)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
-                psycopg2.connect(info.dsn(), connect_timeout=2).close()
+                psycopg2.connect(plain.dsn(), connect_timeout=2).close()
                 break
             except psycopg2.OperationalError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     tail = (root / "postgres.log").read_text(errors="replace")[-3000:]
                     raise RuntimeError(f"PostgreSQL did not start:\n{tail}") from None
                 time.sleep(0.1)
-        yield info
-    finally:
+
+    def stop() -> None:
+        server = servers[-1]
         server.send_signal(signal.SIGINT)  # fast shutdown
         try:
             server.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+    def restart() -> None:
+        stop()
+        start()
+
+    try:
+        start()
+        yield Postgres("127.0.0.1", port, "postgres", bindir, root, restart)
+    finally:
+        if servers:
+            stop()
         log.close()
         shutil.rmtree(root, ignore_errors=True)

@@ -68,7 +68,8 @@ def _config(dsn: str, broker: InProcessBroker, slot: str, *tables: str) -> Conne
 class Workload:
     """Seeded mixed transactions on ``t(id int primary key, v int, name text)``; every
     committed row version is remembered as (id, v) so the stream can be checked for
-    gaps. ``v`` is unique across the run, so a version names one change."""
+    gaps, and each key's changes in commit order as (op, v) in ``history``. ``v`` is
+    unique across the run, so a version names one change."""
 
     def __init__(self, dsn: str, seed: int, ids: range) -> None:
         self.dsn = dsn
@@ -77,6 +78,7 @@ class Workload:
         self.next_id = ids.stop
         self.next_v = 1_000_000
         self.versions: set[tuple[int, int]] = {(i, i) for i in ids}
+        self.history: dict[int, list[tuple[str, int | None]]] = {}
 
     def run(self, transactions: int) -> None:
         import psycopg2
@@ -101,14 +103,17 @@ class Workload:
             execute_("INSERT INTO t VALUES (%s, %s, %s)", (row_id, v, f"new-{row_id}"))
             self.live.add(row_id)
             self.versions.add((row_id, v))
+            self.history.setdefault(row_id, []).append(("c", v))
         elif choice < 0.8:
             row_id = self.random.choice(sorted(self.live))
             execute_("UPDATE t SET v = %s WHERE id = %s", (v, row_id))
             self.versions.add((row_id, v))
+            self.history.setdefault(row_id, []).append(("u", v))
         else:
             row_id = self.random.choice(sorted(self.live))
             execute_("DELETE FROM t WHERE id = %s", (row_id,))
             self.live.discard(row_id)
+            self.history.setdefault(row_id, []).append(("d", None))
 
 
 def _create_table(dsn: str, rows: int) -> None:

@@ -11,11 +11,19 @@ from tidelog.client.consumer import Consumer
 from tidelog.client.types import ConsumerRecord, TopicPartition
 
 
-def read_topic(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    """Every record of ``topic`` (one partition) from its start to its end offset now."""
+def read_topic(
+    bootstrap: str, topic: str, isolation_level: str = "read_uncommitted"
+) -> list[ConsumerRecord]:
+    """Every record of ``topic`` (one partition) from its start to its end offset now
+    (its last stable offset, read_committed)."""
     tp = TopicPartition(topic, 0)
     records: list[ConsumerRecord] = []
-    with Consumer(bootstrap, enable_auto_commit=False, auto_offset_reset="earliest") as consumer:
+    with Consumer(
+        bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level=isolation_level,
+    ) as consumer:
         consumer.assign([tp])
         end = consumer.end_offsets([tp], timeout_ms=10_000)[tp]
         consumer.seek_to_beginning(tp)

@@ -22,13 +22,14 @@ from tests.client.test_cluster_client import eventually
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.client import AdminClient, Producer, TopicPartition
 from tidelog.client.acls import AclFilter
-from tidelog.client.types import AlterConfigOp, ConfigResource
+from tidelog.client.types import AbortTransactionSpec, AlterConfigOp, ConfigResource
 from tidelog.storage.errors import (
     BrokerUnavailableError,
     KafkaTimeoutError,
     ResourceNotFoundError,
     SecurityDisabledError,
     TidelogError,
+    TopicAlreadyExistsError,
     TransactionalIdAuthorizationFailedError,
     TransactionalIdNotFoundError,
 )
@@ -141,6 +142,16 @@ def txn_call(call: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+def abort_transaction(admin: AdminClient, name: str) -> None:
+    """An operator's abort on a topic of its own (the marker of a producer with nothing
+    open there: written, changing nothing)."""
+    try:
+        admin.create_topic(name, 1, replication_factor=2)
+    except TopicAlreadyExistsError:
+        pass  # the second run of the call
+    admin.abort_transaction(AbortTransactionSpec(TopicPartition(name, 0), 4242, 0, 0))
+
+
 def delete_topic(admin: AdminClient, name: str) -> None:
     admin.create_topic(name, 1, replication_factor=2)
     admin.delete_topic(name)
@@ -197,6 +208,7 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
         "delete_user": acl_call(lambda: admin.delete_user("carol")),
         "list_transactions": txn_call(lambda: admin.list_transactions()),
         "describe_transactions": txn_call(lambda: admin.describe_transactions(["nobody"])),
+        "abort_transaction": lambda: abort_transaction(admin, "aborted"),
     }
 
 
@@ -238,6 +250,7 @@ CALL_NAMES = [
     "delete_user",
     "list_transactions",
     "describe_transactions",
+    "abort_transaction",
 ]
 
 

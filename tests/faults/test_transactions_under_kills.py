@@ -10,13 +10,12 @@ present, no read before its transaction's commit was asked for.
 
 Targets (the ``target`` fixture):
 
-* ``single-node``: one broker process (``tests.kafka.test_transaction_crashes``'s
-  ``BrokerProcess``) killed and restarted ``KILLS`` times on its data directory; RF 1.
+* ``single-node``: one broker process (``tests.kafka.broker_process.BrokerProcess``)
+  killed and restarted ``KILLS`` times on its data directory; RF 1.
 * ``cluster``: ``LocalCluster`` of three brokers and ZooKeeper, RF 3,
   ``min.insync.replicas=2``; each kill picks, in turn, the transaction coordinator of a
   producer's ``transactional.id`` (FindCoordinator, key type 1) and the leader of a
-  partition of the topic. Expected to fail until the cluster's transaction coordinator
-  lands (a cluster refuses transactional producers today), hence ``xfail``.
+  partition of the topic.
 
 The kills come 2-4 s apart; the broker stays down under a second, except the last time:
 7 s, past the workload's call timeout, so commits time out and are retried, records time
@@ -47,8 +46,8 @@ from tests.faults import history as history_module
 from tests.faults.checker import Report, check
 from tests.faults.history import Note, Poll, Recorder, TxnCommit
 from tests.faults.txn_workload import TxnWorkload, final_read_committed
+from tests.kafka.broker_process import BrokerProcess
 from tests.kafka.raw import call
-from tests.kafka.test_transaction_crashes import BrokerProcess
 from tidelog.broker.cluster.testing import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -63,7 +62,6 @@ DOWN_S = (0.3, 1.0)  # between a kill and the restart
 # time out and are retried, some records time out, and outcomes become unknown.
 LONG_DOWN_S = 7.0
 FIRST_COMMITS_TIMEOUT_S = 30.0
-CLUSTER_REASON = "cluster transaction coordinator lands with t1-cluster"
 
 
 class Target(Protocol):
@@ -160,7 +158,7 @@ def single_node(tmp_path: Path) -> Iterator[SingleNode]:
 @pytest.fixture(
     params=[
         "single-node",
-        pytest.param("cluster", marks=pytest.mark.xfail(reason=CLUSTER_REASON, strict=False)),
+        "cluster",
     ]
 )
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:

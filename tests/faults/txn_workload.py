@@ -34,7 +34,10 @@ end decides whether it counts). Each transaction ends with one record:
 
 A fatal error (fenced, an unsupported feature, a cluster refusing transactions) closes
 the producer and starts the next generation after a pause. Every blocking call has a
-timeout; every thread ends within about ``txn_deadline_s`` + 10 s of ``stop()``.
+timeout; a thread stopped at the worst moment (a commit retried to ``txn_deadline_s``, its
+last attempt's ``call_timeout_s``, the abort after it, the closing flush) ends within
+``txn_deadline_s`` + 4 ``call_timeout_s``, and ``stop()`` waits that and 10 s more (a
+CI run at 35 s was seen cut short under load; the hung thread's stack is logged).
 Thread-safe as ``workloads``: ``start``/``stop`` from the owning thread.
 """
 
@@ -201,7 +204,8 @@ class TxnWorkload:
 
     def stop(self) -> list[str]:
         """Stop and wait; the names of threads that did not end (none, normally)."""
-        return self._workers.stop(self.settings.txn_deadline_s + 15)
+        settings = self.settings
+        return self._workers.stop(settings.txn_deadline_s + 4 * settings.call_timeout_s + 10)
 
     def _count(self, field: str) -> None:
         with self._stats_lock:

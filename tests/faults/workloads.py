@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -103,7 +105,13 @@ class _Workers:
         deadline = time.monotonic() + timeout_s
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return [t.name for t in self.threads if t.is_alive()]
+        stuck = [t for t in self.threads if t.is_alive()]
+        frames = sys._current_frames()
+        for thread in stuck:  # where it hangs, for the report (a CI failure is read once)
+            frame = frames.get(thread.ident or -1)
+            where = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+            log.error("%s did not end within %.0f s; its stack:\n%s", thread.name, timeout_s, where)
+        return [t.name for t in stuck]
 
 
 class _Sender:

@@ -224,22 +224,43 @@ def test_every_broker_names_the_coordinators_kafka_endpoint(cluster: LocalCluste
         assert answer.error_code == expected, f"broker {broker_id}"
 
 
-def test_a_cluster_refuses_transactions_at_once(cluster: LocalCluster) -> None:
-    """A cluster serves no transactions yet (docs/transactions.md): a transactional
-    producer is refused at its first step with TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53),
-    fatal for every client at once, not a coordinator it would wait for until its timeout."""
+def test_a_cluster_serves_transactions(cluster: LocalCluster) -> None:
+    """Every broker names the same transaction coordinator (FindCoordinator key type 1:
+    the leader of the id's ``__transaction_state`` partition, which the controller
+    created) and a transactional producer commits through it
+    (``tests/kafka/test_transactions_cluster.py`` has the failure cases)."""
+    tid = unique("txn")
+
+    def named() -> set[int]:
+        found = set()
+        for broker_id in cluster.broker_ids:
+            request = FindCoordinatorRequest[1](key=tid, key_type=1)
+            frame = _call(cluster, broker_id, request)
+            answer = FindCoordinatorResponse[1].decode(frame, header=True)
+            found.add(answer.node_id if answer.error_code == 0 else -1)
+        return found
+
+    # COORDINATOR_NOT_AVAILABLE until the controller created the topic and its leaders.
+    eventually(lambda: len(named()) == 1 and -1 not in named(), "one coordinator named")
+    topic = unique("txn-data")
+    create_topic(cluster, topic, 1, 3)
     producer = confluent_kafka.Producer(
-        {"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": unique("txn")}
+        {"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": tid}
     )
-    with pytest.raises(confluent_kafka.KafkaException) as raised:
-        producer.init_transactions(30)
-    assert (
-        raised.value.args[0].code()
-        == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    producer.init_transactions(TIMEOUT_S)
+    producer.begin_transaction()
+    producer.produce(topic, b"atomic")
+    producer.commit_transaction(TIMEOUT_S)
+    admin = KafkaAdminClient(
+        bootstrap_servers=cluster.kafka_bootstrap, request_timeout_ms=int(TIMEOUT_S * 1000)
     )
-    request = FindCoordinatorRequest[1](key=unique("txn"), key_type=1)
-    answer = FindCoordinatorResponse[1].decode(_call(cluster, 1, request), header=True)
-    assert answer.error_code == 53
+    try:
+        eventually(
+            lambda: admin.describe_transactions([tid])[tid].state.value == "CompleteCommit",
+            "the commit completed",
+        )
+    finally:
+        admin.close()
 
 
 def _coordinators(cluster: LocalCluster, broker_id: int, groups: list[str]) -> dict[str, int]:

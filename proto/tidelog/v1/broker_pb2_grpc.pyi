@@ -112,6 +112,13 @@ class BrokerStub:
     TxnOffsetCommit: _grpc.UnaryUnaryMultiCallable[_broker_pb2.TxnOffsetCommitRequest, _broker_pb2.TxnOffsetCommitResponse]
     DescribeTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeTransactionsRequest, _broker_pb2.DescribeTransactionsResponse]
     ListTransactions: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsResponse]
+    WriteTxnMarkers: _grpc.UnaryUnaryMultiCallable[_broker_pb2.WriteTxnMarkersRequest, _broker_pb2.WriteTxnMarkersResponse]
+    """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
+    coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
+    leader's check with a transactional id's coordinator that a partition is in the
+    producer's transaction (KIP-890 part 1's verification).
+    """
+    VerifyTxnPartition: _grpc.UnaryUnaryMultiCallable[_broker_pb2.VerifyTxnPartitionRequest, _broker_pb2.VerifyTxnPartitionResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -183,6 +190,13 @@ class BrokerAsyncStub(BrokerStub):
     TxnOffsetCommit: _aio.UnaryUnaryMultiCallable[_broker_pb2.TxnOffsetCommitRequest, _broker_pb2.TxnOffsetCommitResponse]  # type: ignore[assignment]
     DescribeTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeTransactionsRequest, _broker_pb2.DescribeTransactionsResponse]  # type: ignore[assignment]
     ListTransactions: _aio.UnaryUnaryMultiCallable[_broker_pb2.ListTransactionsRequest, _broker_pb2.ListTransactionsResponse]  # type: ignore[assignment]
+    WriteTxnMarkers: _aio.UnaryUnaryMultiCallable[_broker_pb2.WriteTxnMarkersRequest, _broker_pb2.WriteTxnMarkersResponse]  # type: ignore[assignment]
+    """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
+    coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
+    leader's check with a transactional id's coordinator that a partition is in the
+    producer's transaction (KIP-890 part 1's verification).
+    """
+    VerifyTxnPartition: _aio.UnaryUnaryMultiCallable[_broker_pb2.VerifyTxnPartitionRequest, _broker_pb2.VerifyTxnPartitionResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -545,5 +559,24 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ListTransactionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ListTransactionsResponse, _abc.Awaitable[_broker_pb2.ListTransactionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WriteTxnMarkers(
+        self,
+        request: _broker_pb2.WriteTxnMarkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.WriteTxnMarkersResponse, _abc.Awaitable[_broker_pb2.WriteTxnMarkersResponse]]:
+        """Transactions between brokers (issue #28; brokers only: CLUSTER_ACTION). A transaction
+        coordinator's markers to a partition's leader (Kafka's WriteTxnMarkers), and a
+        leader's check with a transactional id's coordinator that a partition is in the
+        producer's transaction (KIP-890 part 1's verification).
+        """
+
+    @_abc_1.abstractmethod
+    def VerifyTxnPartition(
+        self,
+        request: _broker_pb2.VerifyTxnPartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.VerifyTxnPartitionResponse, _abc.Awaitable[_broker_pb2.VerifyTxnPartitionResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,508 @@
+"""One share partition's delivery state on the partition leader (KIP-932's
+``SharePartition``): which records of a topic partition a share group has handed out, to
+whom, until when, how often, and which are done.
+
+The model, in Kafka's words:
+
+* the **share-partition start offset** (SPSO): below it every record is done
+  (acknowledged or archived) or gone from the log;
+* the **share-partition end offset** (SPEO): the first offset never handed out. Tidelog's
+  is exclusive, as every end offset in Tidelog is (Kafka reports the last in-flight
+  offset, inclusive: ours minus one);
+* between them, the **in-flight records**, each in one state: Available (may be handed
+  out), Acquired (by one member, until its lock deadline), Acknowledged, Archived (never
+  delivered again) with a **delivery count** (how often it was acquired).
+
+Transitions (Kafka's ``RecordState`` ids 0, 1, 2, 4 and ``AcknowledgeType`` ids):
+
+* ``acquire``: Available records in the window first (redeliveries, oldest first), then
+  new records from the log at SPEO (``RecordSource``: only up to the high watermark, or
+  the last stable offset and without aborted transactions for ``read_committed``), at most
+  ``max_records`` and never more than ``max_record_locks`` records in the window
+  (``share.partition.max.record.locks``; Kafka may overshoot by one batch, Tidelog
+  stops at the limit). Each acquisition counts as a delivery.
+* ``acknowledge`` of records acquired by that member: ACCEPT -> Acknowledged, REJECT and
+  GAP -> Archived, RELEASE -> Available (delivery count kept). Anything else in the ranges
+  (not acquired, acquired by another member, lock expired) fails the whole call with
+  ``INVALID_RECORD_STATE`` and changes nothing.
+* lock expiry (``expire``, and first thing in every operation, at the ``now_ms`` passed
+  in) and ``release_member`` (the member left or was fenced): Acquired -> Available.
+* A record released or expired with ``delivery_count >= delivery_count_limit``
+  (``share.delivery.count.limit``) is Archived instead: it was delivered that often.
+* SPSO moves forward over the done prefix, and to the log start offset when retention,
+  DeleteRecords or truncation removed records (``follow_log_start``: what is below is
+  gone, so archived); an admin reset (``reset_start_offset``) moves it anywhere and drops
+  every in-flight record.
+
+Offsets in the window that are not records a consumer sees (control batches, offsets
+compacted away, records of aborted transactions under ``read_committed``) are **gaps**:
+never handed out, held as no entry at all (so a compacted topic's holes cost nothing),
+and treated as done. Kafka hands such offsets to the client, which acknowledges them as
+GAP; Tidelog archives them itself, and accepts a GAP for them.
+
+Every operation is **planned, then applied**: it returns a ``Transition`` (the new state
+of the records it touched, the new offsets, what was acquired, and ``durable``: the state
+batches whose persisted form changed) without changing anything, and ``apply`` makes it
+current. The caller writes ``durable`` to ``__share_group_state`` between the two
+(``broker.share.partition_manager``), so no acknowledgement is answered, and no record is
+handed out, before the state saying so is durable: a crash loses only what nobody was
+told. Acquisitions are persisted too (as Available with the incremented delivery count):
+a restarted or new leader redelivers what was in flight with its delivery count kept.
+Kafka 4.1 persists a delivery only when the record's state next changes, so its counts can
+fall behind after a failover; Tidelog's never do (one write per acquire is the price).
+
+Pure: no I/O (the log is read through the ``RecordSource`` passed in), no clock (``now_ms``
+is passed in). Not thread-safe: one lock per share partition is the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tidelog.broker.share.records import (
+    ACKNOWLEDGED,
+    ARCHIVED,
+    AVAILABLE,
+    ShareSnapshot,
+    StateBatch,
+    coalesce,
+)
+from tidelog.storage.errors import InvalidRecordStateError, InvalidRequestError
+
+__all__ = [
+    "ACCEPT",
+    "ACQUIRED",
+    "GAP",
+    "REJECT",
+    "RELEASE",
+    "Acknowledgement",
+    "AcquiredRange",
+    "InFlight",
+    "RecordSource",
+    "Scan",
+    "SharePartition",
+    "SharePartitionConfig",
+    "Transition",
+]
+
+ACQUIRED = 1  # Kafka's RecordState id; the others are records.AVAILABLE/ACKNOWLEDGED/ARCHIVED
+
+# Kafka's AcknowledgeType ids.
+GAP = 0
+ACCEPT = 1
+RELEASE = 2
+REJECT = 3
+_KINDS = (GAP, ACCEPT, RELEASE, REJECT)
+_DONE = (ACKNOWLEDGED, ARCHIVED)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharePartitionConfig:
+    """A share group's settings for its partitions, Kafka's names and defaults:
+    ``share.record.lock.duration.ms`` 30,000, ``share.delivery.count.limit`` 5,
+    ``share.partition.max.record.locks`` 2,000 (Kafka 4.1's broker default for
+    ``group.share.partition.max.record.locks``), ``share.auto.offset.reset`` latest,
+    ``share.isolation.level`` read_uncommitted."""
+
+    record_lock_duration_ms: int = 30_000
+    delivery_count_limit: int = 5
+    max_record_locks: int = 2_000
+    auto_offset_reset: str = "latest"
+    isolation_level: str = "read_uncommitted"
+
+    def __post_init__(self) -> None:
+        if self.record_lock_duration_ms < 1:
+            raise ValueError("share.record.lock.duration.ms must be at least 1")
+        if not 1 <= self.delivery_count_limit <= 0x7FFF:
+            raise ValueError("share.delivery.count.limit must be in [1, 32767]")
+        if self.max_record_locks < 1:
+            raise ValueError("share.partition.max.record.locks must be at least 1")
+        if self.auto_offset_reset not in ("latest", "earliest"):
+            raise ValueError("share.auto.offset.reset must be latest or earliest")
+        if self.isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError("share.isolation.level must be read_uncommitted or read_committed")
+
+    @property
+    def read_committed(self) -> bool:
+        return self.isolation_level == "read_committed"
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a ``RecordSource`` found from an offset: the offsets of deliverable records
+    (ascending), and ``next_offset``: everything below it was looked at, so an offset
+    in the scanned range that is not in ``offsets`` is a gap."""
+
+    offsets: tuple[int, ...]
+    next_offset: int
+
+
+class RecordSource(Protocol):
+    """The partition log, as a share partition reads it
+    (``broker.share.partition_source.LogRecordSource`` over a real log)."""
+
+    def log_start_offset(self) -> int:
+        """The first offset the log still holds."""
+        ...
+
+    def limit_offset(self) -> int:
+        """How far records may be handed out: the high watermark, or the last stable
+        offset for read_committed."""
+        ...
+
+    def scan(self, from_offset: int, max_count: int) -> Scan:
+        """Up to ``max_count`` deliverable offsets from ``from_offset`` (at or above the
+        log start) below ``limit_offset``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """One in-flight record: its state, delivery count, and while Acquired, by whom and
+    until when (``deadline_ms``, on the caller's clock)."""
+
+    state: int
+    delivery_count: int
+    member_id: str = ""
+    deadline_ms: int = 0
+
+    @property
+    def persisted_state(self) -> int:
+        """The state as ``__share_group_state`` keeps it: an acquisition's lock is
+        memory only, so Acquired is kept as Available."""
+        return AVAILABLE if self.state == ACQUIRED else self.state
+
+
+@dataclass(frozen=True, slots=True)
+class AcquiredRange:
+    """Consecutive records handed to a member by one ``acquire``, all with one delivery
+    count (Kafka's ShareFetch ``AcquiredRecords``); gaps split ranges."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledgement:
+    """``first_offset``..``last_offset`` (inclusive) acknowledged as ``kind`` (ACCEPT,
+    RELEASE, REJECT or GAP)."""
+
+    first_offset: int
+    last_offset: int
+    kind: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A planned change of one share partition (see the module docstring): apply it with
+    ``SharePartition.apply`` after writing ``durable`` (and ``start_offset`` when
+    ``start_moved``)."""
+
+    base_version: int
+    records: Mapping[int, InFlight | None]  # offset -> new state (None: dropped)
+    start_offset: int
+    end_offset: int
+    acquired: tuple[AcquiredRange, ...]
+    durable: tuple[StateBatch, ...]
+    start_moved: bool
+    reset: bool = False
+
+    @property
+    def needs_write(self) -> bool:
+        """Whether the persisted state changes (else nothing need be written)."""
+        return bool(self.durable) or self.start_moved or self.reset
+
+
+class SharePartition:
+    """One share partition's in-flight state. Not thread-safe (see the module docstring).
+    Build with ``new`` or ``from_snapshot``."""
+
+    def __init__(
+        self,
+        config: SharePartitionConfig,
+        start_offset: int,
+        end_offset: int,
+        records: dict[int, InFlight],
+    ) -> None:
+        self.config = config
+        self._start = start_offset
+        self._end = end_offset
+        self._records = records
+        self._version = 0
+
+    @classmethod
+    def new(cls, config: SharePartitionConfig, start_offset: int) -> SharePartition:
+        """A share partition nothing was delivered from yet, starting at ``start_offset``
+        (the auto offset reset's answer, or an admin's)."""
+        return cls(config, start_offset, start_offset, {})
+
+    @classmethod
+    def from_snapshot(cls, config: SharePartitionConfig, snapshot: ShareSnapshot) -> SharePartition:
+        """The state ``snapshot`` describes (a reload): every record Available,
+        Acknowledged or Archived with its delivery count (Available at the delivery
+        limit: Archived); SPEO after the last batch."""
+        records: dict[int, InFlight] = {}
+        end = snapshot.start_offset
+        limit = config.delivery_count_limit
+        for batch in snapshot.batches:
+            state = batch.delivery_state
+            if state == AVAILABLE and batch.delivery_count >= limit:
+                # In flight at its last delivery when the leader went: that delivery
+                # ended as an expired lock would, so the record is archived.
+                state = ARCHIVED
+            for offset in range(
+                max(batch.first_offset, snapshot.start_offset), batch.last_offset + 1
+            ):
+                records[offset] = InFlight(state, batch.delivery_count)
+            end = max(end, batch.last_offset + 1)
+        partition = cls(config, snapshot.start_offset, end, records)
+        start = partition._first_undone(records, snapshot.start_offset, end)
+        for offset in [o for o in records if o < start]:
+            del records[offset]
+        partition._start = start
+        return partition
+
+    # --- reads ----------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """SPSO: every offset below it is done or gone."""
+        return self._start
+
+    @property
+    def end_offset(self) -> int:
+        """SPEO (exclusive): the first offset never handed out."""
+        return self._end
+
+    def records(self) -> dict[int, InFlight]:
+        """A copy of the in-flight records by offset (gaps have no entry)."""
+        return dict(self._records)
+
+    def persisted_view(self) -> tuple[int, tuple[StateBatch, ...]]:
+        """``(SPSO, state batches)`` as ``__share_group_state`` would hold them: what a
+        reload rebuilds (acquisitions as Available)."""
+        return self._start, _batches(self._records.items())
+
+    def acquired_count(self) -> int:
+        return sum(1 for r in self._records.values() if r.state == ACQUIRED)
+
+    # --- operations (planned; see apply) ---------------------------------------------
+
+    def acquire(
+        self, member_id: str, max_records: int, now_ms: int, source: RecordSource
+    ) -> Transition:
+        """Hand up to ``max_records`` records to ``member_id``, locked until ``now_ms`` +
+        the lock duration; locks past their deadline expire first, and SPSO follows the
+        log start. Raises ``ValueError`` for a bad ``max_records`` or member id."""
+        if max_records < 1:
+            raise ValueError("max_records must be at least 1")
+        if not member_id:
+            raise ValueError("a member id is required")
+        work = _Work(self, now_ms)
+        work.follow_log_start(source.log_start_offset())
+        deadline = now_ms + self.config.record_lock_duration_ms
+        taken: list[tuple[int, int]] = []
+        for offset in sorted(o for o, r in work.items() if r.state == AVAILABLE):
+            if len(taken) == max_records:
+                break
+            record = work.get(offset)
+            assert record is not None
+            count = record.delivery_count + 1
+            work.set(offset, InFlight(ACQUIRED, count, member_id, deadline))
+            taken.append((offset, count))
+        room = min(max_records - len(taken), self.config.max_record_locks - work.size())
+        if room > 0 and work.end < source.limit_offset():
+            scan = source.scan(work.end, room)
+            for offset in scan.offsets:
+                work.set(offset, InFlight(ACQUIRED, 1, member_id, deadline))
+                taken.append((offset, 1))
+            work.end = max(work.end, scan.next_offset)
+        return work.finish(_ranges(taken))
+
+    def acknowledge(
+        self, member_id: str, acknowledgements: Sequence[Acknowledgement], now_ms: int
+    ) -> Transition:
+        """Apply ``member_id``'s acknowledgements, all or none.
+
+        Raises:
+            InvalidRequestError: a range is empty or backwards, ranges overlap or are out
+                of order, or a kind is unknown.
+            InvalidRecordStateError: an offset in a range is not a record acquired by
+                ``member_id`` whose lock is live at ``now_ms`` (gaps in the window excepted).
+        """
+        previous = -1
+        for ack in acknowledgements:
+            if ack.kind not in _KINDS:
+                raise InvalidRequestError(f"unknown acknowledge type {ack.kind}")
+            if ack.first_offset < 0 or ack.last_offset < ack.first_offset:
+                raise InvalidRequestError(
+                    f"bad acknowledgement range {ack.first_offset}..{ack.last_offset}"
+                )
+            if ack.first_offset <= previous:
+                raise InvalidRequestError("acknowledgement ranges overlap or are out of order")
+            previous = ack.last_offset
+        work = _Work(self, now_ms)
+        limit = self.config.delivery_count_limit
+        for ack in acknowledgements:
+            if ack.first_offset < work.start or ack.last_offset >= work.end:
+                raise InvalidRecordStateError(
+                    f"offsets {ack.first_offset}..{ack.last_offset} are not all in flight "
+                    f"(in flight: {work.start}..{work.end - 1})"
+                )
+            for offset in range(ack.first_offset, ack.last_offset + 1):
+                record = work.get(offset)
+                if record is None:
+                    continue  # a gap: never handed out, already done
+                if record.state != ACQUIRED or record.member_id != member_id:
+                    raise InvalidRecordStateError(
+                        f"offset {offset} is not acquired by member {member_id}"
+                    )
+                work.set(offset, _after(record, ack.kind, limit))
+        return work.finish(())
+
+    def release_member(self, member_id: str, now_ms: int) -> Transition:
+        """Give back every record ``member_id`` holds (it left or was fenced): Available,
+        delivery count kept, or Archived at the delivery limit."""
+        work = _Work(self, now_ms)
+        limit = self.config.delivery_count_limit
+        for offset, record in list(work.items()):
+            if record.state == ACQUIRED and record.member_id == member_id:
+                work.set(offset, _after(record, RELEASE, limit))
+        return work.finish(())
+
+    def expire(self, now_ms: int, log_start_offset: int | None = None) -> Transition:
+        """Expire the locks past their deadline at ``now_ms`` (and, given the log start
+        offset, follow it: records below it are gone)."""
+        work = _Work(self, now_ms)
+        if log_start_offset is not None:
+            work.follow_log_start(log_start_offset)
+        return work.finish(())
+
+    def reset_start_offset(self, offset: int) -> Transition:
+        """An admin reset (alter share group offsets): SPSO = SPEO = ``offset``, every
+        in-flight record dropped; written as a new snapshot with the next state epoch.
+        That the group has no member is the caller's check (Kafka: ``NON_EMPTY_GROUP``)."""
+        if offset < 0:
+            raise ValueError("a start offset cannot be negative")
+        dropped: dict[int, InFlight | None] = dict.fromkeys(self._records)
+        return Transition(self._version, dropped, offset, offset, (), (), True, reset=True)
+
+    def apply(self, transition: Transition) -> None:
+        """Make ``transition`` current. Raises ``ValueError`` if the state changed since it
+        was planned (a bug: plan and apply under one lock)."""
+        if transition.base_version != self._version:
+            raise ValueError("a share partition transition applied out of turn")
+        for offset, record in transition.records.items():
+            if record is None or offset < transition.start_offset:
+                self._records.pop(offset, None)
+            else:
+                self._records[offset] = record
+        for offset in [o for o in self._records if o < transition.start_offset]:
+            del self._records[offset]
+        self._start = transition.start_offset
+        self._end = transition.end_offset
+        self._version += 1
+
+    @staticmethod
+    def _first_undone(records: Mapping[int, InFlight], start: int, end: int) -> int:
+        undone = [o for o, r in records.items() if o >= start and r.state not in _DONE]
+        return min(undone) if undone else max(start, end)
+
+
+class _Work:
+    """An overlay on a share partition while an operation is planned: reads see the
+    changes made so far; ``finish`` turns them into a ``Transition``."""
+
+    def __init__(self, partition: SharePartition, now_ms: int) -> None:
+        self._partition = partition
+        self._base = partition._records
+        self._changes: dict[int, InFlight | None] = {}
+        self.start = partition._start
+        self.end = partition._end
+        self._start_moved = False
+        limit = partition.config.delivery_count_limit
+        for offset, record in partition._records.items():
+            if record.state == ACQUIRED and record.deadline_ms <= now_ms:
+                self.set(offset, _after(record, RELEASE, limit))
+
+    def get(self, offset: int) -> InFlight | None:
+        if offset in self._changes:
+            return self._changes[offset]
+        return self._base.get(offset)
+
+    def set(self, offset: int, record: InFlight | None) -> None:
+        self._changes[offset] = record
+
+    def items(self) -> Iterable[tuple[int, InFlight]]:
+        offsets = set(self._base) | set(self._changes)
+        for offset in offsets:
+            record = self.get(offset)
+            if record is not None and offset >= self.start:
+                yield offset, record
+
+    def size(self) -> int:
+        return sum(1 for _ in self.items())
+
+    def follow_log_start(self, log_start_offset: int) -> None:
+        if log_start_offset > self.start:
+            for offset, _ in list(self.items()):
+                if offset < log_start_offset:
+                    self.set(offset, None)
+            self.start = log_start_offset
+            self.end = max(self.end, log_start_offset)
+            self._start_moved = True
+
+    def finish(self, acquired: tuple[AcquiredRange, ...]) -> Transition:
+        current = dict(self.items())
+        start = SharePartition._first_undone(current, self.start, self.end)
+        start_moved = self._start_moved or start != self._partition._start
+        durable: list[tuple[int, InFlight]] = []
+        for offset, record in self._changes.items():
+            if record is None or offset < start:
+                continue
+            before = self._base.get(offset)
+            if before is None or (before.persisted_state, before.delivery_count) != (
+                record.persisted_state,
+                record.delivery_count,
+            ):
+                durable.append((offset, record))
+        return Transition(
+            self._partition._version,
+            dict(self._changes),
+            start,
+            self.end,
+            acquired,
+            _batches(durable),
+            start_moved,
+        )
+
+
+def _after(record: InFlight, kind: int, limit: int) -> InFlight:
+    """An acquired record once acknowledged as ``kind`` (or its lock expired: RELEASE)."""
+    if kind == ACCEPT:
+        return InFlight(ACKNOWLEDGED, record.delivery_count)
+    if kind in (REJECT, GAP) or record.delivery_count >= limit:
+        return InFlight(ARCHIVED, record.delivery_count)
+    return InFlight(AVAILABLE, record.delivery_count)
+
+
+def _batches(records: Iterable[tuple[int, InFlight]]) -> tuple[StateBatch, ...]:
+    singles = [
+        StateBatch(o, o, r.persisted_state, r.delivery_count)
+        for o, r in sorted(records, key=lambda item: item[0])
+    ]
+    return coalesce(singles)
+
+
+def _ranges(taken: Sequence[tuple[int, int]]) -> tuple[AcquiredRange, ...]:
+    out: list[AcquiredRange] = []
+    for offset, count in sorted(taken):
+        last = out[-1] if out else None
+        if last is not None and last.last_offset + 1 == offset and last.delivery_count == count:
+            out[-1] = AcquiredRange(last.first_offset, offset, count)
+        else:
+            out.append(AcquiredRange(offset, offset, count))
+    return tuple(out)

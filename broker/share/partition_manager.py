@@ -1,0 +1,219 @@
+"""Every share partition this broker leads (Kafka's ``SharePartitionManager``, minus the
+fetch sessions a later step adds): each one's state in memory, loaded from
+``__share_group_state`` on first use, and every change written there before it is acted on.
+
+For one share partition (group, topic, partition) an operation runs under that share
+partition's lock: plan it (``SharePartition``), write what it changes durably
+(``ShareStateLog.write``), apply it, answer. A write that fails leaves the state as it was
+and raises to the caller, who answers with the error: nothing was handed out or
+acknowledged.
+
+**First use.** A share partition with no stored state starts where the group's
+``share.auto.offset.reset`` says: ``latest`` at the high watermark (the last stable
+offset for read_committed), ``earliest`` at the log start. That start is written as a
+snapshot at once, so a restart before anything is delivered keeps it (records produced
+meanwhile are not skipped).
+
+**Leadership.** State is memory only on the leader of the topic partition: ``unload``
+forgets a share partition (this broker stopped leading it, or the state partition moved),
+and the next use loads it from the store again: whatever was acquired comes back
+Available, delivery counts kept, nothing acknowledged comes back.
+
+Topic ids: ``__share_group_state`` keys name a topic by id, as Kafka's do; the caller
+passes the function that gives a topic's id (the listener's ``kip848.topic_id``).
+
+Thread-safe: one lock for the table, one per share partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tidelog.broker.share.partition import (
+    Acknowledgement,
+    AcquiredRange,
+    SharePartition,
+    SharePartitionConfig,
+    Transition,
+)
+from tidelog.broker.share.partition_source import LogRecordSource
+from tidelog.broker.share.records import ShareStateKey
+from tidelog.broker.share.state_log import ShareStateLog
+from tidelog.storage.log_manager import LogManager
+
+__all__ = ["SharePartitionManager"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """One loaded share partition and its lock."""
+
+    partition: SharePartition
+    source: LogRecordSource
+    state_key: ShareStateKey
+    leader_epoch: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SharePartitionManager:
+    """The share partitions this broker leads. Thread-safe."""
+
+    def __init__(
+        self,
+        logs: LogManager,
+        store: ShareStateLog,
+        *,
+        topic_id: Callable[[str], uuid.UUID],
+        group_config: Callable[[str], SharePartitionConfig],
+    ) -> None:
+        """``group_config``: a share group's settings (its ``share.*`` group configs over
+        the broker's defaults)."""
+        self._logs = logs
+        self._store = store
+        self._topic_id = topic_id
+        self._group_config = group_config
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, str, int], _Held] = {}
+
+    # --- operations -----------------------------------------------------------------
+
+    def acquire(
+        self, group_id: str, topic: str, partition: int, member_id: str, max_records: int
+    ) -> tuple[AcquiredRange, ...]:
+        """Hand up to ``max_records`` records of ``topic``-``partition`` to ``member_id``
+        of ``group_id``; durable before returned. Raises what the log and the store raise
+        (``UnknownTopicOrPartitionError``, ``NotLeaderOrFollowerError``, ``StorageError``...)."""
+        held = self._get(group_id, topic, partition)
+        now_ms = self._logs.clock.monotonic_ms()
+        with held.lock:
+            transition = held.partition.acquire(member_id, max_records, now_ms, held.source)
+            self._commit(held, transition)
+        return transition.acquired
+
+    def acknowledge(
+        self,
+        group_id: str,
+        topic: str,
+        partition: int,
+        member_id: str,
+        acknowledgements: Sequence[Acknowledgement],
+    ) -> None:
+        """Apply ``member_id``'s acknowledgements, all or none, durably before returning.
+        Raises ``InvalidRecordStateError``, ``InvalidRequestError`` (see
+        ``SharePartition.acknowledge``) and what the store raises."""
+        held = self._get(group_id, topic, partition)
+        now_ms = self._logs.clock.monotonic_ms()
+        with held.lock:
+            transition = held.partition.acknowledge(member_id, acknowledgements, now_ms)
+            self._commit(held, transition)
+
+    def release_member(self, group_id: str, member_id: str) -> None:
+        """Give back every record ``member_id`` of ``group_id`` holds on this broker (it
+        left, or its session expired)."""
+        now_ms = self._logs.clock.monotonic_ms()
+        for held in self._loaded(group_id):
+            with held.lock:
+                self._commit(held, held.partition.release_member(member_id, now_ms))
+
+    def expire_locks(self) -> None:
+        """Expire every acquisition lock past its deadline, and let every share partition
+        follow its log's start offset (retention, DeleteRecords). Run by a timer."""
+        now_ms = self._logs.clock.monotonic_ms()
+        for held in self._loaded(None):
+            with held.lock:
+                start = held.source.log_start_offset()
+                self._commit(held, held.partition.expire(now_ms, start))
+
+    def reset_start_offset(self, group_id: str, topic: str, partition: int, offset: int) -> None:
+        """Alter share group offsets: the share partition starts over at ``offset``. The
+        group must have no member (the caller's check, ``NON_EMPTY_GROUP``)."""
+        held = self._get(group_id, topic, partition)
+        with held.lock:
+            self._commit(held, held.partition.reset_start_offset(offset))
+
+    def describe(self, group_id: str, topic: str, partition: int) -> SharePartition:
+        """A copy of the share partition's state (loading it if needed)."""
+        held = self._get(group_id, topic, partition)
+        with held.lock:
+            current = held.partition
+            copy = SharePartition(
+                current.config, current.start_offset, current.end_offset, current.records()
+            )
+        return copy
+
+    def unload(self, topic: str, partition: int) -> None:
+        """This broker stopped leading ``topic``-``partition``: forget its share
+        partitions (the next leader loads them from the store)."""
+        with self._lock:
+            for key in [k for k in self._held if k[1:] == (topic, partition)]:
+                del self._held[key]
+
+    def unload_all(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+    # --- internals ------------------------------------------------------------------
+
+    def _commit(self, held: _Held, transition: Transition) -> None:
+        if transition.reset:
+            self._store.initialize(held.state_key, transition.start_offset, held.leader_epoch)
+        elif transition.needs_write:
+            start = transition.start_offset if transition.start_moved else -1
+            self._store.write(held.state_key, held.leader_epoch, start, transition.durable)
+        held.partition.apply(transition)
+
+    def _loaded(self, group_id: str | None) -> list[_Held]:
+        with self._lock:
+            return [h for k, h in self._held.items() if group_id is None or k[0] == group_id]
+
+    def _get(self, group_id: str, topic: str, partition: int) -> _Held:
+        key = (group_id, topic, partition)
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None:
+                return held
+            # Loading under the table lock keeps one load per share partition; loads are
+            # rare (first use, leader change) and read memory only, except a first use's
+            # one snapshot write.
+            held = self._load(group_id, topic, partition)
+            self._held[key] = held
+            return held
+
+    def _load(self, group_id: str, topic: str, partition: int) -> _Held:
+        config = self._group_config(group_id)
+        partition_log = self._logs.get_log(topic, partition)
+        source = LogRecordSource(partition_log, read_committed=config.read_committed)
+        state_key = ShareStateKey(group_id, self._topic_id(topic), partition)
+        leader_epoch = max(partition_log.latest_epoch, 0)
+        snapshot = self._store.read(state_key)
+        if snapshot is not None:
+            share = SharePartition.from_snapshot(config, snapshot)
+            log.info(
+                "share group %s: loaded %s-%d at start offset %d",
+                group_id,
+                topic,
+                partition,
+                share.start_offset,
+            )
+        else:
+            if config.auto_offset_reset == "earliest":
+                start = source.log_start_offset()
+            else:
+                start = source.limit_offset()
+            self._store.initialize(state_key, start, leader_epoch)
+            share = SharePartition.new(config, start)
+            log.info(
+                "share group %s: %s-%d starts at %d (%s)",
+                group_id,
+                topic,
+                partition,
+                start,
+                config.auto_offset_reset,
+            )
+        return _Held(share, source, state_key, leader_epoch)

@@ -1,0 +1,386 @@
+"""Share-partition state: the internal topic ``__share_group_state`` and its cache (the
+share coordinator's store, Kafka's ``ShareCoordinatorShard`` with its persister).
+
+The log is the store, as for committed offsets and transactions
+(``broker.core.internal_topic``, whose machinery this reuses): every change is appended to
+the share partition's state partition, fsynced, and in cluster mode replicated to the
+in-sync replicas *before* the cache changes and the caller acts on it (hands records out,
+answers an acknowledgement). A crash or failover loses only a change nobody was told of.
+
+**Snapshots and updates, as Kafka's.** A share partition's first write, an admin reset
+and every ``snapshot_update_records_per_snapshot``-th write after a snapshot (Kafka's
+``share.coordinator.snapshot.update.records.per.snapshot``, 500) are written as a
+snapshot of the whole merged state; the writes between are updates holding only the
+batches that changed. A reload replays the partition: a snapshot replaces the key's
+state, an update merges into it (``records.apply_update``).
+
+**Not compacted.** Updates of one share partition share one key, so compaction would keep
+only the latest and lose the others; the topic is therefore ``cleanup.policy=delete``
+with no time or size retention, as Kafka creates it, and ``prune`` deletes the records
+before the oldest snapshot any share partition of that state partition still needs
+(Kafka's "last redundant offset", by DeleteRecords on the leader).
+
+Cluster mode: only the leader of a state partition serves its keys; ``reload_partition``
+and ``check_loaded`` as the transaction log's (``COORDINATOR_LOAD_IN_PROGRESS`` until the
+load at the current leader epoch is replicated).
+
+Thread-safe: one write lock per state partition (its records are appended in the order
+the cache takes them), one cache lock for reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tidelog.broker.core.internal_topic import append_durably, check_loaded, replay
+from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.share.records import (
+    SNAPSHOT,
+    UPDATE,
+    ShareSnapshot,
+    ShareStateKey,
+    ShareUpdate,
+    StateBatch,
+    apply_update,
+    decode_key,
+    decode_snapshot,
+    decode_update,
+    encode_key,
+    encode_snapshot,
+    encode_update,
+    merge,
+    partition_for,
+)
+from tidelog.storage.errors import CorruptRecordError, TopicAlreadyExistsError
+from tidelog.storage.log_manager import LogManager
+
+__all__ = ["SHARE_STATE_TOPIC", "ShareStateLog", "ShareStateLogConfig"]
+
+log = logging.getLogger(__name__)
+
+SHARE_STATE_TOPIC = "__share_group_state"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareStateLogConfig:
+    """How ``__share_group_state`` is created and written (Kafka's
+    ``share.coordinator.*``). Kafka's default is 50 partitions; Tidelog's is 5, as for the
+    other internal topics (a single node's default should stay small)."""
+
+    num_partitions: int = 5
+    segment_bytes: int = 100 * 1024 * 1024
+    min_isr: int = 2
+    snapshot_update_records_per_snapshot: int = 500
+
+    def __post_init__(self) -> None:
+        if self.num_partitions < 1:
+            raise ValueError("share.coordinator.state.topic.num.partitions must be at least 1")
+        if self.min_isr < 1:
+            raise ValueError("share.coordinator.state.topic.min.isr must be at least 1")
+        if not 0 <= self.snapshot_update_records_per_snapshot <= 500:
+            raise ValueError(
+                "share.coordinator.snapshot.update.records.per.snapshot must be in [0, 500]"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One share partition's durable state, and where its latest snapshot is."""
+
+    state: ShareSnapshot
+    updates_since_snapshot: int
+    snapshot_offset: int
+
+
+class ShareStateLog:
+    """Every share partition's durable state, in ``__share_group_state``. Build with
+    ``open``. Thread-safe."""
+
+    def __init__(
+        self,
+        logs: LogManager,
+        config: ShareStateLogConfig,
+        partitions: int,
+        cache: dict[ShareStateKey, _Entry],
+        registry: PartitionRegistry,
+        on_append: Callable[[str, int], None] | None,
+    ) -> None:
+        self._logs = logs
+        self._config = config
+        self._partitions = partitions
+        self._cache = cache
+        self._registry = registry
+        self._on_append = on_append
+        self._cache_lock = threading.Lock()
+        self._write_locks = [threading.Lock() for _ in range(partitions)]
+        self._loaded: dict[int, tuple[int, int]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        logs: LogManager,
+        config: ShareStateLogConfig | None = None,
+        *,
+        registry: PartitionRegistry | None = None,
+        on_append: Callable[[str, int], None] | None = None,
+    ) -> ShareStateLog:
+        """Create ``__share_group_state`` if needed and load every share partition's
+        state. ``registry`` and ``on_append`` as ``TxnLog.open``'s. Raises
+        ``StorageError``."""
+        config = config or ShareStateLogConfig()
+        registry = registry or PartitionRegistry(logs, 0, logs.clock, replicated=False)
+        try:
+            meta = logs.create_topic(
+                SHARE_STATE_TOPIC,
+                config.num_partitions,
+                {
+                    "cleanup.policy": "delete",
+                    "retention.ms": "-1",
+                    "retention.bytes": "-1",
+                    "compression.type": "uncompressed",
+                    "unclean.leader.election.enable": "false",
+                    "segment.bytes": str(config.segment_bytes),
+                    "min.insync.replicas": str(config.min_isr if registry.replicated else 1),
+                },
+                internal=True,
+            )
+            log.info("created %s with %d partition(s)", SHARE_STATE_TOPIC, meta.partitions)
+        except TopicAlreadyExistsError:
+            meta = logs.topic(SHARE_STATE_TOPIC)
+        cache: dict[ShareStateKey, _Entry] = {}
+        records = sum(
+            replay(logs.get_log(SHARE_STATE_TOPIC, p), _applier(cache))
+            for p in range(meta.partitions)
+        )
+        log.info(
+            "loaded %d share partition(s) from %d record(s) of %s",
+            len(cache),
+            records,
+            SHARE_STATE_TOPIC,
+        )
+        return cls(logs, config, meta.partitions, cache, registry, on_append)
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    def partition_for(self, key: ShareStateKey) -> int:
+        """The ``__share_group_state`` partition holding ``key``."""
+        return partition_for(key, self._partitions)
+
+    # --- reads ----------------------------------------------------------------------
+
+    def read(self, key: ShareStateKey) -> ShareSnapshot | None:
+        """``key``'s durable state (snapshot and updates merged), None if never written."""
+        with self._cache_lock:
+            entry = self._cache.get(key)
+        return None if entry is None else entry.state
+
+    def keys(self) -> list[ShareStateKey]:
+        with self._cache_lock:
+            return sorted(self._cache)
+
+    # --- writes ---------------------------------------------------------------------
+
+    def initialize(self, key: ShareStateKey, start_offset: int, leader_epoch: int) -> ShareSnapshot:
+        """Write a fresh snapshot of ``key``: start at ``start_offset``, nothing in flight,
+        the next state epoch (0 for a new share partition). For a new share partition
+        (its auto offset reset) and an admin reset. Raises as ``append_durably``."""
+        previous = self.read(key)
+        now_ms = self._logs.clock.wall_ms()
+        snapshot = ShareSnapshot(
+            snapshot_epoch=0 if previous is None else previous.snapshot_epoch + 1,
+            state_epoch=0 if previous is None else previous.state_epoch + 1,
+            leader_epoch=leader_epoch,
+            start_offset=start_offset,
+            create_timestamp_ms=now_ms,
+            write_timestamp_ms=now_ms,
+            batches=(),
+        )
+        self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0)
+        return snapshot
+
+    def write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+    ) -> ShareSnapshot:
+        """Persist a change of ``key``: the ``batches`` that changed, and ``start_offset``
+        (-1: unchanged). Written as an update, or as a snapshot of the merged state when
+        none exists yet or ``snapshot_update_records_per_snapshot`` updates followed the
+        last one. Returns the merged state. Raises as ``append_durably``; the cache is
+        unchanged then."""
+        previous_entry = self._entry(key)
+        update = ShareUpdate(
+            snapshot_epoch=0 if previous_entry is None else previous_entry.state.snapshot_epoch,
+            leader_epoch=leader_epoch,
+            start_offset=start_offset,
+            batches=batches,
+        )
+        if previous_entry is None:
+            start = max(start_offset, 0)
+            now_ms = self._logs.clock.wall_ms()
+            merged = ShareSnapshot(
+                0, 0, leader_epoch, start, now_ms, now_ms, merge((), batches, start)
+            )
+            self._append(key, SNAPSHOT, encode_snapshot(merged), merged, 0)
+            return merged
+        merged = apply_update(previous_entry.state, update)
+        if (
+            previous_entry.updates_since_snapshot
+            >= self._config.snapshot_update_records_per_snapshot
+        ):
+            snapshot = ShareSnapshot(
+                merged.snapshot_epoch + 1,
+                merged.state_epoch,
+                merged.leader_epoch,
+                merged.start_offset,
+                merged.create_timestamp_ms,
+                self._logs.clock.wall_ms(),
+                merged.batches,
+            )
+            self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0)
+            return snapshot
+        count = previous_entry.updates_since_snapshot + 1
+        self._append(key, UPDATE, encode_update(update), merged, count)
+        return merged
+
+    def delete(self, key: ShareStateKey) -> None:
+        """Forget ``key`` (its group or topic was deleted): tombstones for its snapshot
+        and update keys. Raises as ``append_durably``."""
+        partition = self.partition_for(key)
+        records: list[tuple[bytes, bytes | None]] = [
+            (encode_key(SNAPSHOT, key), None),
+            (encode_key(UPDATE, key), None),
+        ]
+        target = self._registry.get(SHARE_STATE_TOPIC, partition)
+        with self._write_locks[partition]:
+            append_durably(target, records, self._logs.clock.wall_ms(), self._on_append)
+            with self._cache_lock:
+                self._cache.pop(key, None)
+
+    def prune(self, partition: int) -> int:
+        """Delete the records of state partition ``partition`` that no reload needs: those
+        before the oldest latest-snapshot of its share partitions (all of them when it
+        holds none). Returns the new log start offset. Raises as
+        ``Partition.delete_records``."""
+        target = self._registry.get(SHARE_STATE_TOPIC, partition)
+        with self._write_locks[partition]:
+            with self._cache_lock:
+                needed = [
+                    e.snapshot_offset
+                    for k, e in self._cache.items()
+                    if self.partition_for(k) == partition
+                ]
+            end = target.log.high_watermark
+            offset = min([*needed, end])
+            if offset <= target.log.log_start_offset:
+                return target.log.log_start_offset
+            target.delete_records(offset)
+        log.info("%s-%d: pruned records before %d", SHARE_STATE_TOPIC, partition, offset)
+        return offset
+
+    def _entry(self, key: ShareStateKey) -> _Entry | None:
+        with self._cache_lock:
+            return self._cache.get(key)
+
+    def _append(
+        self, key: ShareStateKey, record_type: int, value: bytes, state: ShareSnapshot, count: int
+    ) -> None:
+        partition = self.partition_for(key)
+        target = self._registry.get(SHARE_STATE_TOPIC, partition)
+        with self._write_locks[partition]:
+            result = append_durably(
+                target,
+                [(encode_key(record_type, key), value)],
+                self._logs.clock.wall_ms(),
+                self._on_append,
+            )
+            with self._cache_lock:
+                previous = self._cache.get(key)
+                snapshot_offset = (
+                    result.last_offset
+                    if record_type == SNAPSHOT or previous is None
+                    else previous.snapshot_offset
+                )
+                self._cache[key] = _Entry(state, count, snapshot_offset)
+
+    # --- leadership -----------------------------------------------------------------
+
+    def reload_partition(self, partition: int) -> list[ShareStateKey]:
+        """Replace the cache of ``partition``'s share partitions with what its log holds
+        (this broker became its leader); returns their keys. Raises ``StorageError``."""
+        fresh: dict[ShareStateKey, _Entry] = {}
+        with self._write_locks[partition]:
+            epoch = self._registry.get(SHARE_STATE_TOPIC, partition).leader_epoch
+            partition_log = self._logs.get_log(SHARE_STATE_TOPIC, partition)
+            records = replay(partition_log, _applier(fresh))
+            with self._cache_lock:
+                for key in [k for k in self._cache if self.partition_for(k) == partition]:
+                    del self._cache[key]
+                self._cache.update(fresh)
+                if epoch is not None:
+                    self._loaded[partition] = (epoch, partition_log.log_end_offset)
+        log.info(
+            "%s-%d: reloaded %d share partition(s) from %d record(s)",
+            SHARE_STATE_TOPIC,
+            partition,
+            len(fresh),
+            records,
+        )
+        return sorted(fresh)
+
+    def unload_partition(self, partition: int) -> None:
+        """This broker stopped leading ``partition``: forget its share partitions."""
+        with self._cache_lock:
+            for key in [k for k in self._cache if self.partition_for(k) == partition]:
+                del self._cache[key]
+            self._loaded.pop(partition, None)
+
+    def check_loaded(self, partition: int) -> None:
+        """Cluster mode: ``CoordinatorLoadInProgressError`` until ``partition`` was loaded
+        at this broker's current leader epoch and replicated. A no-op on a single node."""
+        with self._cache_lock:
+            loaded = self._loaded.get(partition)
+        target = self._registry.get(SHARE_STATE_TOPIC, partition)
+        check_loaded(target, loaded, "share-group state")
+
+
+def _applier(
+    cache: dict[ShareStateKey, _Entry],
+) -> Callable[[int, bytes | None, bytes | None], None]:
+    def apply(offset: int, key: bytes | None, value: bytes | None) -> None:
+        try:
+            if key is None:
+                raise ValueError("a record without a key")
+            record_type, state_key = decode_key(key)
+            if value is None:
+                cache.pop(state_key, None)
+            elif record_type == SNAPSHOT:
+                cache[state_key] = _Entry(decode_snapshot(value), 0, offset)
+            else:
+                update = decode_update(value)
+                previous = cache.get(state_key)
+                if previous is None:
+                    # Its snapshot was pruned or never written: start from the update
+                    # (Kafka's coordinator does the same).
+                    start = max(update.start_offset, 0)
+                    empty = ShareSnapshot(0, 0, update.leader_epoch, start, 0, 0, ())
+                    cache[state_key] = _Entry(apply_update(empty, update), 0, offset)
+                else:
+                    cache[state_key] = _Entry(
+                        apply_update(previous.state, update),
+                        previous.updates_since_snapshot + 1,
+                        previous.snapshot_offset,
+                    )
+        except (ValueError, CorruptRecordError) as exc:
+            # Only a bug writes such a record (its batch passed its CRC); the broker keeps
+            # serving the other share partitions rather than refusing to start.
+            log.error("%s: skipping record %d: %s", SHARE_STATE_TOPIC, offset, exc)
+
+    return apply
