@@ -192,35 +192,102 @@ def _iso_offset(text: str) -> str:
     return text[: match.start()] + offset
 
 
+# One encoder for every record (``json.dumps`` with an option builds a new one a call);
+# rows are flat dicts of scalars, so there is no cycle to check for.
+_encode = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
+
+
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+    return _encode(value).encode("utf-8")
 
 
 def _key(shape: TableShape, row: dict[str, JsonValue]) -> bytes:
-    missing = [c for c in shape.primary_key if c not in row]
-    if missing:
+    try:
+        return _dumps({c: row[c] for c in shape.primary_key})
+    except KeyError:
+        missing = [c for c in shape.primary_key if c not in row]
         raise CdcError(
             f"{shape.schema}.{shape.name}: the change lacks primary-key columns {missing} "
             "(is the replica identity an index other than the primary key?)"
-        )
-    return _dumps({c: row[c] for c in shape.primary_key})
+        ) from None
+
+
+def _source_head(source: dict[str, Any]) -> bytes:
+    """``source`` (without schema and table) encoded up to where the schema goes: once a
+    transaction (or snapshot chunk), shared by its records; ``_source_tail`` ends it."""
+    return _dumps(source)[:-1] + b', "schema": '
+
+
+def _source_tail(shape: TableShape) -> bytes:
+    """The end of a ``source`` object: schema and table, once a Relation."""
+    return _dumps(shape.schema) + b', "table": ' + _dumps(shape.name) + b"}"
+
+
+def _source_json(shape: TableShape, source: dict[str, Any]) -> bytes:
+    """``json.dumps({**source, "schema": ..., "table": ...})``, in its two parts."""
+    return _source_head(source) + _source_tail(shape)
 
 
 def _value(
-    shape: TableShape,
     op: str,
     before: dict[str, JsonValue] | None,
     after: dict[str, JsonValue] | None,
-    source: dict[str, Any],
+    source_json: bytes,
 ) -> bytes:
-    return _dumps(
-        {
-            "op": op,
-            "before": before,
-            "after": after,
-            "source": {**source, "schema": shape.schema, "table": shape.name},
-        }
+    """The event, byte for byte what ``json.dumps({"op": op, "before": before, "after":
+    after, "source": source})`` gives, with ``source`` already encoded."""
+    return b"".join(
+        (
+            _OP_HEADS[op],
+            b"null" if before is None else _dumps(before),
+            b', "after": ',
+            b"null" if after is None else _dumps(after),
+            b', "source": ',
+            source_json,
+            b"}",
+        )
     )
+
+
+_OP_HEADS = {op: b'{"op": "%s", "before": ' % op.encode() for op in "cudr"}
+
+Converter: TypeAlias = Callable[[bytes], JsonValue]
+"""One column's text bytes as its JSON scalar (``column_json`` for its type)."""
+
+
+def _converter(type_oid: int) -> Converter:
+    """``column_json(type_oid, text.decode())`` without the decode and the type tests
+    where the type allows: integers parse from bytes, most types are their text."""
+    if type_oid in (_INT2, _INT4, _INT8, _OID):
+        return int
+    if type_oid in (_BOOL, _FLOAT4, _FLOAT8, _NUMERIC, _TIMESTAMP, _TIMESTAMPTZ):
+        return lambda data: column_json(type_oid, data.decode("utf-8"))
+    return _text
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A Relation as the assembler uses it: its shape, topic and column converters."""
+
+    shape: TableShape
+    topic: str
+    names: tuple[str, ...]
+    converters: tuple[Converter, ...]
+    source_tail: bytes
+    key_column: str | None  # the key's one column, when it has one
+    key_head: bytes  # ``{"id": `` for it
+
+    def key(self, row: dict[str, JsonValue]) -> bytes:
+        """``_key(self.shape, row)``; an integer key of one column without the encoder."""
+        if self.key_column is not None:
+            value = row.get(self.key_column)
+            if type(value) is int:
+                return self.key_head + b"%d}" % value
+        return _key(self.shape, row)
 
 
 def read_records(
@@ -234,13 +301,14 @@ def read_records(
     events at the snapshot's consistent point ``lsn``."""
     topic = topic_for(prefix, shape.schema, shape.name)
     source = {"lsn": format_lsn(lsn), "txid": None, "ts_ms": ts_ms, "snapshot": True}
+    source_json = _source_json(shape, source)
     records = []
     for texts in rows:
         row = {
             name: None if text is None else column_json(type_oid, text)
             for (name, type_oid), text in zip(shape.columns, texts, strict=True)
         }
-        records.append(ChangeRecord(topic, _key(shape, row), _value(shape, "r", None, row, source)))
+        records.append(ChangeRecord(topic, _key(shape, row), _value("r", None, row, source_json)))
     return records
 
 
@@ -255,12 +323,19 @@ class ChangeAssembler:
     by OID and replaced whenever a new Relation message arrives (a schema change: later
     rows carry the new columns). ``primary_key`` is asked once per Relation message.
     Not thread-safe (one reader).
+
+    Decision (issue #30's benchmark, ``benchmarks/cdc_bench.py``): every change passes
+    here, so what can be done once is: per Relation the topic, each column's converter
+    and the end of the ``source`` object (``_Table``); per transaction the start of the
+    ``source`` object; the value is joined from those parts and the encoded rows, byte
+    for byte what ``json.dumps`` of the whole event gives.
     """
 
     def __init__(self, prefix: str, primary_key: PrimaryKeyOf) -> None:
         self._prefix = prefix
         self._primary_key = primary_key
-        self._shapes: dict[int, TableShape] = {}
+        self._tables: dict[int, _Table] = {}
+        self._source_head: bytes | None = None  # this transaction's, made at its 1st change
         self._records: list[ChangeRecord] = []
         self._begin: Begin | None = None
 
@@ -276,9 +351,13 @@ class ChangeAssembler:
             CdcError: a change outside Begin/Commit, of an unknown relation, or of a
                 table without a primary key.
         """
-        if isinstance(message, Begin):
+        kind = type(message)
+        if kind is Update or kind is Insert or kind is Delete:  # most messages: first
+            self._change(message)  # type: ignore[arg-type]
+        elif isinstance(message, Begin):
             self._begin = message
             self._records = []
+            self._source_head = None
         elif isinstance(message, Commit):
             if self._begin is None:
                 raise CdcError("Commit without Begin in the replication stream")
@@ -292,11 +371,19 @@ class ChangeAssembler:
         elif isinstance(message, Relation):
             columns = tuple((c.name, c.type_oid) for c in message.columns)
             key = self._primary_key(message)
-            self._shapes[message.oid] = TableShape(message.schema, message.name, columns, key)
-        elif isinstance(message, Insert | Update | Delete):
-            self._change(message)
+            shape = TableShape(message.schema, message.name, columns, key)
+            single = key[0] if len(key) == 1 else None
+            self._tables[message.oid] = _Table(
+                shape,
+                topic_for(self._prefix, shape.schema, shape.name),
+                tuple(name for name, _ in columns),
+                tuple(_converter(type_oid) for _, type_oid in columns),
+                _source_tail(shape),
+                single,
+                b"{" + _dumps(single) + b": " if single is not None else b"",
+            )
         elif isinstance(message, Truncate):
-            names = [self._shape(oid) for oid in message.relation_oids]
+            names = [self._table(oid).shape for oid in message.relation_oids]
             log.warning(
                 "TRUNCATE of %s is not captured: re-snapshot to drop the rows from the topics",
                 ", ".join(f"{s.schema}.{s.name}" for s in names),
@@ -305,76 +392,88 @@ class ChangeAssembler:
             pass  # nothing an event needs: types come as text, origins are not filtered
         return None
 
-    def _shape(self, oid: int) -> TableShape:
-        shape = self._shapes.get(oid)
-        if shape is None:
+    def _table(self, oid: int) -> _Table:
+        table = self._tables.get(oid)
+        if table is None:
             raise CdcError(f"a change to relation {oid} came before its Relation message")
-        return shape
+        return table
 
     def _change(self, message: Insert | Update | Delete) -> None:
         begin = self._begin
         if begin is None:
             raise CdcError(f"{type(message).__name__} outside a transaction")
-        shape = self._shape(message.relation_oid)
-        topic = topic_for(self._prefix, shape.schema, shape.name)
-        source = {
-            "lsn": format_lsn(begin.final_lsn),
-            "txid": begin.xid,
-            "ts_ms": pg_time_to_ms(begin.commit_time_us),
-            "snapshot": False,
-        }
+        oid = message.relation_oid
+        table = self._table(oid)
+        topic = table.topic
+        head = self._source_head
+        if head is None:
+            head = self._source_head = _source_head(
+                {
+                    "lsn": format_lsn(begin.final_lsn),
+                    "txid": begin.xid,
+                    "ts_ms": pg_time_to_ms(begin.commit_time_us),
+                    "snapshot": False,
+                }
+            )
+        source = head + table.source_tail
         add = self._records.append
         if isinstance(message, Insert):
-            after = _row(shape, message.new, None)
-            add(ChangeRecord(topic, _key(shape, after), _value(shape, "c", None, after, source)))
+            after = _row(table, message.new, None)
+            add(ChangeRecord(topic, table.key(after), _value("c", None, after, source)))
         elif isinstance(message, Delete):
-            deleted = _row(shape, message.old, None, key_only=message.old_kind == "K")
-            key = _key(shape, deleted)
-            add(ChangeRecord(topic, key, _value(shape, "d", deleted, None, source)))
+            deleted = _row(table, message.old, None, key_only=message.old_kind == "K")
+            key = table.key(deleted)
+            add(ChangeRecord(topic, key, _value("d", deleted, None, source)))
             add(ChangeRecord(topic, key, None))
         else:
             old_full = message.old if message.old_kind == "O" else None
-            after = _row(shape, message.new, old_full)
-            key = _key(shape, after)
+            after = _row(table, message.new, old_full)
+            key = table.key(after)
             before: dict[str, JsonValue] | None = None
             if old_full is not None:
-                before = _row(shape, old_full, None)
+                before = _row(table, old_full, None)
             old = message.old
             if old is not None:
-                old_row = before if before is not None else _row(shape, old, None, True)
-                old_key = _key(shape, old_row)
+                old_row = before if before is not None else _row(table, old, None, True)
+                old_key = table.key(old_row)
                 if old_key != key:
                     # The primary key changed: delete the old row, create the new one.
-                    add(ChangeRecord(topic, old_key, _value(shape, "d", old_row, None, source)))
+                    add(ChangeRecord(topic, old_key, _value("d", old_row, None, source)))
                     add(ChangeRecord(topic, old_key, None))
-                    add(ChangeRecord(topic, key, _value(shape, "c", None, after, source)))
+                    add(ChangeRecord(topic, key, _value("c", None, after, source)))
                     return
-            add(ChangeRecord(topic, key, _value(shape, "u", before, after, source)))
+            add(ChangeRecord(topic, key, _value("u", before, after, source)))
 
 
 def _row(
-    shape: TableShape, data: TupleData, old: TupleData | None, key_only: bool = False
+    table: _Table, data: TupleData, old: TupleData | None, key_only: bool = False
 ) -> dict[str, JsonValue]:
     """A tuple as ``{column: value}``; an unchanged TOASTed value is taken from ``old``
     (REPLICA IDENTITY FULL's old row) or becomes ``UNAVAILABLE_VALUE``. ``key_only``: an
-    old-key image ('K'), whose other columns are not values (pgoutput sends them null)."""
-    if len(data) != len(shape.columns):
+    old-key image ('K'), whose other columns are not values (pgoutput sends them null).
+
+    The loop runs once per column of every change: text values (nearly all) take the
+    first branch, through the column's converter (``_converter``)."""
+    names = table.names
+    if len(data) != len(names):
+        shape = table.shape
         raise CdcError(
             f"{shape.schema}.{shape.name}: a change with {len(data)} columns, "
-            f"its Relation has {len(shape.columns)}"
+            f"its Relation has {len(names)}"
         )
+    if old is not None and Toast.UNCHANGED in data:
+        data = tuple(o if v is Toast.UNCHANGED else v for v, o in zip(data, old, strict=True))
+    key = table.shape.primary_key if key_only else None
     row: dict[str, JsonValue] = {}
-    for index, ((name, type_oid), value) in enumerate(zip(shape.columns, data, strict=True)):
-        if key_only and name not in shape.primary_key:
+    for name, convert, value in zip(names, table.converters, data, strict=True):
+        if key is not None and name not in key:
             continue
-        if value is Toast.UNCHANGED and old is not None:
-            value = old[index]
-        if value is None:
+        if type(value) is bytes:
+            row[name] = convert(value)
+        elif value is None:
             row[name] = None
         elif isinstance(value, Toast):
             row[name] = UNAVAILABLE_VALUE
         elif isinstance(value, Binary):
             row[name] = value.data.hex()
-        else:
-            row[name] = column_json(type_oid, value.decode("utf-8"))
     return row

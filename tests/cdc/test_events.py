@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidelog.client.cdc.events import column_json, format_lsn, parse_lsn
+from tidelog.client.cdc.events import ChangeAssembler, column_json, format_lsn, parse_lsn
+from tidelog.client.cdc.pgoutput import (
+    PG_EPOCH_MS,
+    Begin,
+    Column,
+    Commit,
+    Delete,
+    Insert,
+    Relation,
+    Toast,
+    Update,
+)
 
 
 @given(st.integers(0, 2**64 - 1))
@@ -47,3 +60,49 @@ def test_lsn_is_spelled_as_postgresql_does() -> None:
 def test_column_values(type_oid: int, text: str, value: object) -> None:
     assert column_json(type_oid, text) == value
     assert type(column_json(type_oid, text)) is type(value)
+
+
+def _relation(oid: int, name: str, columns: list[tuple[str, int]]) -> Relation:
+    return Relation(oid, "public", name, "d", tuple(Column(c, t, -1, False) for c, t in columns))
+
+
+def test_assembled_events_are_exactly_what_json_dumps_gives() -> None:
+    """The assembler joins each value from pre-encoded parts (docstring's decision): every
+    key and value must equal ``json.dumps`` of the same object, byte for byte."""
+    keys = {"orders": ("id",), "lines": ("order_id", "line"), "tags": ("tag",)}
+    assembler = ChangeAssembler("pg", lambda relation: keys[relation.name])
+    feed = [
+        _relation(1, "orders", [("id", 23), ("total", 1700), ("paid", 16), ("note", 25)]),
+        _relation(2, "lines", [("order_id", 20), ("line", 21), ("sku", 25)]),
+        _relation(3, "tags", [("tag", 25), ("at", 1184)]),
+        Begin(0x16B3748, 820_000_000_000_000, 77),
+        Insert(1, (b"7", b"12.30", b"t", 'Grüße "quoted" \\ ✓'.encode())),
+        Update(1, None, None, (b"7", b"0.5", b"f", None)),
+        Update(1, "K", (b"7", None, None, None), (b"8", b"1", b"t", Toast.UNCHANGED)),
+        Insert(2, (b"7", b"1", b"A-1")),
+        Delete(2, "K", (b"7", b"1", None)),
+        Insert(3, (b"new", b"2026-01-02 03:04:05+00")),
+        Delete(1, "K", (b"8", None, None, None)),
+    ]
+    units = [unit for message in feed if (unit := assembler.feed(message)) is not None]
+    assert units == []
+    unit = assembler.feed(Commit(0, 0x16B3748, 0x16B3800, 820_000_000_000_000))
+    assert unit is not None
+    # 1 + 1 + (d, tombstone, c: the key changed) + 1 + (d, tombstone) + 1 + (d, tombstone)
+    assert len(unit.records) == 11
+    for record in unit.records:
+        assert record.key == json.dumps(json.loads(record.key), ensure_ascii=False).encode()
+        if record.value is not None:
+            event = json.loads(record.value)
+            assert record.value == json.dumps(event, ensure_ascii=False).encode()
+            assert list(event) == ["op", "before", "after", "source"]
+            assert event["source"] == {
+                "lsn": "0/16B3748", "txid": 77, "ts_ms": PG_EPOCH_MS + 820_000_000_000,
+                "snapshot": False, "schema": "public", "table": record.topic.split(".")[-1],
+            }  # fmt: skip
+    first = json.loads(unit.records[0].value or b"")
+    note = 'Grüße "quoted" \\ ✓'
+    assert first["after"] == {"id": 7, "total": "12.30", "paid": True, "note": note}
+    assert [json.loads(r.key) for r in unit.records[5:7]] == [{"order_id": 7, "line": 1}] * 2
+    assert json.loads(unit.records[8].key) == {"tag": "new"}
+    assert json.loads(unit.records[8].value or b"")["after"]["at"] == "2026-01-02T03:04:05+00:00"

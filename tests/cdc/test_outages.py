@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 
 from tests.broker.cluster.waiting import eventually
-from tests.cdc.conftest import Postgres
+from tests.cdc.postgres import Postgres
 from tests.cdc.test_connector import Workload, _config, _create_table, running
 from tests.cdc.test_connector_kill import Writer, _check_exactly_once
 from tests.cdc.topics import current_wal_lsn, database_rows, execute, latest_rows, read_topic
