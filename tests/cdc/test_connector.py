@@ -74,7 +74,9 @@ class Workload:
     def __init__(self, dsn: str, seed: int, ids: range) -> None:
         self.dsn = dsn
         self.random = random.Random(seed)
-        self.live = set(ids)
+        self.live: list[int] = list(ids)  # random choice and removal in O(1)
+        self._where = {row_id: i for i, row_id in enumerate(self.live)}
+        self.changes = 0
         self.next_id = ids.stop
         self.next_v = 1_000_000
         self.versions: set[tuple[int, int]] = {(i, i) for i in ids}
@@ -95,25 +97,35 @@ class Workload:
     def _one(self, cur: object) -> None:
         execute_ = cur.execute  # type: ignore[attr-defined]
         choice = self.random.random()
+        self.changes += 1
         self.next_v += 1
         v = self.next_v
         if choice < 0.35 or not self.live:
             row_id = self.next_id
             self.next_id += 1
             execute_("INSERT INTO t VALUES (%s, %s, %s)", (row_id, v, f"new-{row_id}"))
-            self.live.add(row_id)
+            self._where[row_id] = len(self.live)
+            self.live.append(row_id)
             self.versions.add((row_id, v))
             self.history.setdefault(row_id, []).append(("c", v))
         elif choice < 0.8:
-            row_id = self.random.choice(sorted(self.live))
+            row_id = self.random.choice(self.live)
             execute_("UPDATE t SET v = %s WHERE id = %s", (v, row_id))
             self.versions.add((row_id, v))
             self.history.setdefault(row_id, []).append(("u", v))
         else:
-            row_id = self.random.choice(sorted(self.live))
+            row_id = self.random.choice(self.live)
             execute_("DELETE FROM t WHERE id = %s", (row_id,))
-            self.live.discard(row_id)
+            self._drop(row_id)
             self.history.setdefault(row_id, []).append(("d", None))
+
+    def _drop(self, row_id: int) -> None:
+        """Take ``row_id`` out of ``live``: the last id moves into its place."""
+        at = self._where.pop(row_id)
+        last = self.live.pop()
+        if last != row_id:
+            self.live[at] = last
+            self._where[last] = at
 
 
 def _create_table(dsn: str, rows: int) -> None:
@@ -152,16 +164,17 @@ def test_snapshot_then_stream_then_restart_matches_the_table(
 
     connector = PostgresConnector(config, on_progress=lambda *p: progress.append(p))
     with running(connector):
-        workload.run(150)  # while streaming
+        workload.run(2_000)  # about 7,000 changes while streaming
         eventually(matches, 60)
     # The snapshot read in chunks with progress.
     assert [p[1] for p in progress] == list(range(1_000, 10_001, 1_000))
     assert {p[0] for p in progress} == {"public.t"}
 
-    workload.run(50)  # while the connector is down
+    workload.run(300)  # while the connector is down
     with running(PostgresConnector(config)):
-        workload.run(100)
+        workload.run(800)
         eventually(matches, 60)
+    assert workload.changes >= 10_000  # the issue's 10,000 mixed changes
 
     records = read_topic(broker.address, topic)
     seen = _check_stream(records, workload)
