@@ -268,7 +268,21 @@ class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
 
     def _await_leaders(self, name: str, count: int, left: Callable[[], int]) -> None:
         """Refresh the metadata until it shows ``count`` partitions of ``name``, each with
-        a leader, or the time ``left`` is out (then return: the caller's call succeeded)."""
+        a leader, or the time ``left`` is out (then return: the caller's call succeeded).
+
+        First the controller is asked: it made the topic, so a view of its without the
+        topic means the caller may not DESCRIBE it (metadata hides it), and no broker's
+        view will ever show it: nothing to wait for."""
+        try:
+            seen = self._on_controller(
+                lambda c, t: c.metadata([name], include_internal=True, timeout_ms=t),
+                f"Metadata {name}",
+                left(),
+            )
+        except TidelogError:
+            return  # not described to this caller (or no answer): do not wait
+        if seen.partition_count(name) is None:
+            return
         backoff_s = 0.05
         while True:
             try:
