@@ -146,6 +146,7 @@ from tidelog.broker.groups.coordinator import CoordinatorConfig
 from tidelog.broker.groups.manager import GroupConfig
 from tidelog.broker.groups.offset_store import OffsetStoreConfig
 from tidelog.broker.security_config import PROTOCOLS, SECURITY_KEYS, SecurityConfig
+from tidelog.broker.share.settings import SHARE_KEYS, ShareSettings
 from tidelog.storage.config import LogConfig
 from tidelog.storage.errors import InvalidConfigError
 from tidelog.storage.log_manager import LogManagerConfig
@@ -378,6 +379,9 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = 30_000
     log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
     security: SecurityConfig = field(default_factory=lambda: SecurityConfig())
+    # Share groups (issue #32, broker.share.settings: the group.share.* and
+    # share.coordinator.* keys, Kafka's names and defaults).
+    share: ShareSettings = field(default_factory=lambda: ShareSettings())
 
     def __post_init__(self) -> None:
         if self.advertised_listeners:
@@ -634,6 +638,7 @@ class BrokerConfig:
         if "listeners" in settings:
             protocol = listener_protocol(_str("listeners", settings["listeners"]))
         changes["security"] = SecurityConfig.from_mapping(settings, protocol)
+        changes["share"] = ShareSettings.from_mapping(settings)
         try:
             return dataclasses.replace(cls(), **changes)
         except ValueError as exc:
@@ -653,6 +658,8 @@ class BrokerConfig:
         out["log.roll.ms"] = topic_values["segment.ms"]
         if self.security != SecurityConfig():
             out.update(self.security.to_mapping())
+        if self.share != ShareSettings():
+            out.update(self.share.to_mapping())
         return dict(sorted(out.items()))
 
 
@@ -854,5 +861,6 @@ def broker_keys() -> frozenset[str]:
             *_TOPIC_DEFAULT_KEYS,
             *(key for key, _, _ in _TIME_UNIT_KEYS),
             *SECURITY_KEYS,
+            *SHARE_KEYS,
         }
     )

@@ -86,6 +86,7 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from tidelog.broker.core.share_ops import ShareOps, ShareParts, open_share_parts
 from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.broker.core.topics import (
     LogDirView,
@@ -148,6 +149,7 @@ class BrokerCore:
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
         transactions: Transactions | None = None,
+        shares: ShareParts | None = None,
     ) -> None:
         self.config = config
         # Transactions (broker.transactions, issue #28): the coordinator of the
@@ -231,6 +233,15 @@ class BrokerCore:
         self.offsets = Offsets(partitions, membership, self._gate, self._deletions, clock)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
+        # Share groups (issue #32, broker.core.share_ops): None for a core built without
+        # ``open`` (share requests refused). Its timer starts here and stops in ``close``.
+        self.shares = (
+            None
+            if shares is None
+            else ShareOps(
+                shares, config, partitions, membership, groups, self._gate, fetch_purgatory, clock
+            )
+        )
 
     @classmethod
     def open(
@@ -330,6 +341,7 @@ class BrokerCore:
                 ),
             )
             transactions = built
+            shares = open_share_parts(config, partitions, clock, groups, appended)
             logs.start_background()
             groups.start()
             transactions.coordinator.start()
@@ -355,6 +367,7 @@ class BrokerCore:
             acls,
             broker_configs,
             transactions,
+            shares,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -370,6 +383,8 @@ class BrokerCore:
             self._groups.reload_partition(partition)
         elif topic == TRANSACTION_STATE_TOPIC and self.transactions is not None:
             self.transactions.load_partition(partition)
+        if self.shares is not None:
+            self.shares.became_leader(topic, partition)
 
     # --- transactions between brokers -------------------------------------------------------
 
@@ -518,6 +533,8 @@ class BrokerCore:
         self._produce_purgatory.close()
         if self.transactions is not None:
             self.transactions.stop()
+        if self.shares is not None:
+            self.shares.close()
         self._groups.close()
         self._logs.close()
 
