@@ -62,6 +62,7 @@ key                                   default          meaning
 ``transaction.state.log.replication.factor`` 3         its replicas (cluster; at most the brokers)
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms`` 10000  timed-out
                                                        transactions are looked for this often
+``group.share.*``, ``share.coordinator.*``  (Kafka's)  share groups: ``broker.share.settings``
 ``broker.id``                         0                this broker's id (unique in a cluster)
 ``broker.rack``                       (none)           rack (replicas spread over racks)
 ``follower.replication.throttled.rate`` 0              bytes/s an adding replica fetches (0: any)

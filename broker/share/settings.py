@@ -18,6 +18,8 @@ key                                                             default  meaning
 ``share.coordinator.state.topic.num.partitions``                5        of ``__share_group_state``
                                                                          (Kafka 50), at creation
 ``share.coordinator.state.topic.min.isr``                       2        its ``min.insync.replicas``
+``share.coordinator.state.topic.replication.factor``            3        its replicas (cluster; at
+                                                                         most the brokers)
 ``share.coordinator.snapshot.update.records.per.snapshot``      500      updates between snapshots
 ``share.coordinator.state.topic.prune.interval.ms``             300000   how often its records no
                                                                          reload needs are deleted
@@ -54,7 +56,15 @@ _STATE_PARTITIONS = "share.coordinator.state.topic.num.partitions"
 _STATE_MIN_ISR = "share.coordinator.state.topic.min.isr"
 _PER_SNAPSHOT = "share.coordinator.snapshot.update.records.per.snapshot"
 _PRUNE_INTERVAL = "share.coordinator.state.topic.prune.interval.ms"
-_OWN_KEYS = (_MAX_RECORD_LOCKS, _STATE_PARTITIONS, _STATE_MIN_ISR, _PER_SNAPSHOT, _PRUNE_INTERVAL)
+_STATE_RF = "share.coordinator.state.topic.replication.factor"
+_OWN_KEYS = (
+    _MAX_RECORD_LOCKS,
+    _STATE_PARTITIONS,
+    _STATE_MIN_ISR,
+    _PER_SNAPSHOT,
+    _PRUNE_INTERVAL,
+    _STATE_RF,
+)
 
 SHARE_KEYS = frozenset({*GROUP_KEYS, *_OWN_KEYS})
 
@@ -67,8 +77,11 @@ class ShareSettings:
     max_record_locks: int = 2_000
     state_log: ShareStateLogConfig = field(default_factory=ShareStateLogConfig)
     prune_interval_ms: int = 300_000
+    state_replication_factor: int = 3
 
     def __post_init__(self) -> None:
+        if self.state_replication_factor < 1:
+            raise InvalidConfigError(f"{_STATE_RF} must be at least 1")
         if not 100 <= self.max_record_locks <= 10_000:
             # Kafka's bounds for group.share.partition.max.record.locks.
             raise InvalidConfigError(f"{_MAX_RECORD_LOCKS} must be within 100 and 10000")
@@ -112,6 +125,8 @@ class ShareSettings:
             own["max_record_locks"] = _int(_MAX_RECORD_LOCKS, settings[_MAX_RECORD_LOCKS])
         if _PRUNE_INTERVAL in settings:
             own["prune_interval_ms"] = _int(_PRUNE_INTERVAL, settings[_PRUNE_INTERVAL])
+        if _STATE_RF in settings:
+            own["state_replication_factor"] = _int(_STATE_RF, settings[_STATE_RF])
         return cls(groups=groups, state_log=state_log, **own)
 
     def to_mapping(self) -> dict[str, str]:
@@ -134,6 +149,7 @@ class ShareSettings:
             _STATE_MIN_ISR: str(self.state_log.min_isr),
             _PER_SNAPSHOT: str(self.state_log.snapshot_update_records_per_snapshot),
             _PRUNE_INTERVAL: str(self.prune_interval_ms),
+            _STATE_RF: str(self.state_replication_factor),
         }
 
 
