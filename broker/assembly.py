@@ -52,6 +52,7 @@ from tidelog.broker.grpc.listener import AsyncListener
 from tidelog.broker.kafka import KafkaListener, ListenerSettings
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.broker.security_config import SecurityConfig
+from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, state_topic_config
 from tidelog.broker.tls import ServerTls
 from tidelog.broker.transactions.coordinator import txn_log_config
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC, topic_config
@@ -421,6 +422,12 @@ def _join_cluster(
                 config.transaction_state_log_num_partitions,
                 config.transaction_state_log_replication_factor,
                 topic_config(txn_log_config(config), replicated=True),
+            ),
+            # Share groups' state (issue #32; Kafka's share.coordinator.state.topic.*).
+            SHARE_STATE_TOPIC: (
+                config.share.state_log.num_partitions,
+                config.share.state_replication_factor,
+                state_topic_config(config.share.state_log, replicated=True),
             ),
         },
         listeners=listeners,

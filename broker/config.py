@@ -43,6 +43,7 @@ from tidelog.broker.groups.coordinator import CoordinatorConfig
 from tidelog.broker.groups.manager import GroupConfig
 from tidelog.broker.groups.offset_store import OffsetStoreConfig
 from tidelog.broker.security_config import PROTOCOLS, SecurityConfig
+from tidelog.broker.share.settings import ShareSettings
 from tidelog.storage.config import LogConfig
 from tidelog.storage.errors import InvalidConfigError
 from tidelog.storage.log_manager import LogManagerConfig
@@ -213,6 +214,9 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = 30_000
     log_defaults: LogConfig = field(default_factory=lambda: LogConfig())
     security: SecurityConfig = field(default_factory=lambda: SecurityConfig())
+    # Share groups (issue #32, broker.share.settings: the group.share.* and
+    # share.coordinator.* keys, Kafka's names and defaults).
+    share: ShareSettings = field(default_factory=lambda: ShareSettings())
 
     def __post_init__(self) -> None:
         if self.advertised_listeners:
@@ -469,6 +473,7 @@ class BrokerConfig:
         if "listeners" in settings:
             protocol = listener_protocol(parse_str("listeners", settings["listeners"]))
         changes["security"] = SecurityConfig.from_mapping(settings, protocol)
+        changes["share"] = ShareSettings.from_mapping(settings)
         try:
             return dataclasses.replace(cls(), **changes)
         except ValueError as exc:
@@ -488,6 +493,8 @@ class BrokerConfig:
         out["log.roll.ms"] = topic_values["segment.ms"]
         if self.security != SecurityConfig():
             out.update(self.security.to_mapping())
+        if self.share != ShareSettings():
+            out.update(self.share.to_mapping())
         return dict(sorted(out.items()))
 
 

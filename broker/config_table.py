@@ -66,6 +66,7 @@ key                                   default          meaning
 ``transaction.state.log.replication.factor`` 3         its replicas (cluster; at most the brokers)
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms`` 10000  timed-out
                                                        transactions are looked for this often
+``group.share.*``, ``share.coordinator.*``  (Kafka's)  share groups: ``broker.share.settings``
 ``broker.id``                         0                this broker's id (unique in a cluster)
 ``broker.rack``                       (none)           rack (replicas spread over racks)
 ``follower.replication.throttled.rate`` 0              bytes/s an adding replica fetches (0: any)
@@ -138,6 +139,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidelog.broker.security_config import SECURITY_KEYS
+from tidelog.broker.share.settings import SHARE_KEYS
 from tidelog.storage.errors import InvalidConfigError
 
 __all__ = [
@@ -406,5 +408,6 @@ def broker_keys() -> frozenset[str]:
             *TOPIC_DEFAULT_KEYS,
             *(key for key, _, _ in TIME_UNIT_KEYS),
             *SECURITY_KEYS,
+            *SHARE_KEYS,
         }
     )

@@ -24,6 +24,7 @@ from tidelog.client.errors import (
     TransactionAbortedError,
 )
 from tidelog.client.producer import Producer
+from tidelog.client.share_consumer import ShareConsumer
 from tidelog.client.types import (
     ConsumerGroupMetadata,
     ConsumerRecord,
@@ -90,6 +91,7 @@ __all__ = [
     "RequestError",
     "ResourceNotFoundError",
     "SaslAuthenticationError",
+    "ShareConsumer",
     "TidelogError",
     "TopicAlreadyExistsError",
     "TopicAuthorizationFailedError",

@@ -86,6 +86,7 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from tidelog.broker.core.share_ops import ShareOps, ShareParts, open_share_parts
 from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.broker.core.topics import (
     Topics,
@@ -133,6 +134,7 @@ class BrokerCore(TopicCalls, GroupCalls):
         acls: Acls | None = None,
         broker_configs: BrokerConfigStore | None = None,
         transactions: Transactions | None = None,
+        shares: ShareParts | None = None,
     ) -> None:
         self.config = config
         # Transactions (broker.transactions, issue #28): the coordinator of the
@@ -216,6 +218,15 @@ class BrokerCore(TopicCalls, GroupCalls):
         self.offsets = Offsets(partitions, membership, self._gate, self._deletions, clock)
         metrics.add_partition_collector(self._partition_gauges, fetch_purgatory.parked)
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
+        # Share groups (issue #32, broker.core.share_ops): None for a core built without
+        # ``open`` (share requests refused). Its timer starts here and stops in ``close``.
+        self.shares = (
+            None
+            if shares is None
+            else ShareOps(
+                shares, config, partitions, membership, groups, self._gate, fetch_purgatory, clock
+            )
+        )
 
     @classmethod
     def open(
@@ -315,6 +326,7 @@ class BrokerCore(TopicCalls, GroupCalls):
                 ),
             )
             transactions = built
+            shares = open_share_parts(config, partitions, clock, groups, appended)
             logs.start_background()
             groups.start()
             transactions.coordinator.start()
@@ -340,6 +352,7 @@ class BrokerCore(TopicCalls, GroupCalls):
             acls,
             broker_configs,
             transactions,
+            shares,
         )
 
     # --- cluster mode: replication ----------------------------------------------------------
@@ -355,6 +368,8 @@ class BrokerCore(TopicCalls, GroupCalls):
             self._groups.reload_partition(partition)
         elif topic == TRANSACTION_STATE_TOPIC and self.transactions is not None:
             self.transactions.load_partition(partition)
+        if self.shares is not None:
+            self.shares.became_leader(topic, partition)
 
     # --- transactions between brokers -------------------------------------------------------
 
@@ -474,6 +489,8 @@ class BrokerCore(TopicCalls, GroupCalls):
         self._produce_purgatory.close()
         if self.transactions is not None:
             self.transactions.stop()
+        if self.shares is not None:
+            self.shares.close()
         self._groups.close()
         self._logs.close()
 

@@ -58,6 +58,10 @@ list_groups                DESCRIBE on the cluster, or else each group filtered 
 describe_groups            DESCRIBE on each group
 delete_groups              DELETE on each group
 offset_delete              DELETE on the group, READ on each topic (refused per topic)
+share_group_heartbeat      READ on the group and on each subscribed topic (issue #32)
+share_fetch,               READ on the group and on each topic named (KIP-932's
+share_acknowledge          ShareFetch / ShareAcknowledge)
+describe_share_group       DESCRIBE on the group
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
@@ -224,6 +228,10 @@ OPERATIONS: Mapping[str, Policy] = {
     "describe_groups": Policy({_G: Operation.DESCRIBE}),
     "delete_groups": Policy({_G: Operation.DELETE}),
     "offset_delete": Policy({_G: Operation.DELETE, _T: Operation.READ}),
+    "share_group_heartbeat": Policy({_G: Operation.READ, _T: Operation.READ}),
+    "share_fetch": Policy({_G: Operation.READ, _T: Operation.READ}),
+    "share_acknowledge": Policy({_G: Operation.READ, _T: Operation.READ}),
+    "describe_share_group": Policy({_G: Operation.DESCRIBE}),
     "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
     "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
     "elect_leaders": Policy({_C: Operation.ALTER}),
@@ -352,6 +360,10 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "ListTransactions": "list_transactions",
     "WriteTxnMarkers": "write_txn_markers",
     "VerifyTxnPartition": "verify_txn_partition",
+    "ShareGroupHeartbeat": "share_group_heartbeat",
+    "ShareFetch": "share_fetch",
+    "ShareAcknowledge": "share_acknowledge",
+    "DescribeShareGroup": "describe_share_group",
 }
 
 _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {

@@ -57,6 +57,11 @@ TxnOffsetCommit         txn_offset_commit           the transactional id, the gr
                                                     each topic
 DescribeTransactions    describe_transactions       each transactional id
 ListTransactions        list_transactions           a listing (filtered silently)
+ShareGroupHeartbeat     share_group_heartbeat       the group, then each subscribed topic
+ShareFetch              share_fetch                 the group, then each topic fetched or
+                                                    acknowledged
+ShareAcknowledge        share_acknowledge           the group, then each topic acknowledged
+DescribeShareGroup      describe_share_group        the group
 ======================  ==========================  ========================================
 
 A transactional Produce (``transactional_id`` set) needs WRITE on the id as well, refused
@@ -167,6 +172,12 @@ _RESOURCES: dict[str, _Resources] = {
     "DescribeTransactions": lambda r: [transactional_id(t) for t in r.transactional_ids],
     "WriteTxnMarkers": lambda r: [cluster()],
     "VerifyTxnPartition": lambda r: [cluster()],
+    "ShareGroupHeartbeat": lambda r: _group_and_topics(r, r.subscribed_topic_names),
+    "ShareFetch": lambda r: _group_and_topics(
+        r, [*(t.topic for t in r.partitions), *(a.topic for a in r.acknowledgements)]
+    ),
+    "ShareAcknowledge": lambda r: _group_and_topics(r, (a.topic for a in r.acknowledgements)),
+    "DescribeShareGroup": lambda r: [group(r.group_id)],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],

@@ -42,6 +42,7 @@ from tidelog.broker.grpc.data_service import DATA_HANDLERS
 from tidelog.broker.grpc.group_service import GROUP_HANDLERS
 from tidelog.broker.grpc.parse import DEFAULT_MAX_ENTRIES, parsing_handler
 from tidelog.broker.grpc.security_service import SECURITY_HANDLERS
+from tidelog.broker.grpc.share_service import SHARE_HANDLERS
 from tidelog.broker.grpc.transaction_service import TRANSACTION_HANDLERS, filter_transactions
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
@@ -154,6 +155,7 @@ UNARY_HANDLERS: dict[str, UnaryHandler] = {
     "Metadata": _metadata,
     **SECURITY_HANDLERS,  # Authenticate, SCRAM users, ACLs (broker.grpc.security_service)
     **TRANSACTION_HANDLERS,  # the transaction coordinator (broker.grpc.transaction_service)
+    **SHARE_HANDLERS,  # share groups, issue #32 (broker.grpc.share_service)
 }
 
 

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tidelog.broker.core.operations import group
+from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.assignor import TopicPartition
 from tidelog.broker.groups.coordinator import HeartbeatRequest
 from tidelog.broker.kafka.authz import denied, operations_bits
@@ -46,13 +47,7 @@ from tidelog.broker.kafka.listener import Connection
 
 __all__ = ["MemberMemory", "consumer_group_describe", "consumer_group_heartbeat", "topic_id"]
 
-_NAMESPACE = uuid.UUID("5f0c1a4e-6d1b-4a8e-9a57-1d0e7c4b2f11")  # Tidelog topic ids
 _LEAVE_EPOCHS = (-1, -2)
-
-
-def topic_id(name: str) -> uuid.UUID:
-    """The id Kafka clients see for topic ``name`` (stable, never all zero)."""
-    return uuid.uuid5(_NAMESPACE, name)
 
 
 @dataclass(frozen=True, slots=True)

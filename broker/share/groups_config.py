@@ -43,6 +43,7 @@ from tidelog.storage.files import validate_topic_name
 
 __all__ = [
     "AUTO_OFFSET_RESET",
+    "BROKER_KEYS",
     "DEAD_LETTER_TOPIC",
     "DELIVERY_COUNT_LIMIT",
     "GROUP_CONFIG_NAMES",
@@ -98,6 +99,8 @@ _BROKER_KEYS = {
     "group.share.max.record.lock.duration.ms": ("max_record_lock_duration_ms", 1),
     "group.share.delivery.count.limit": ("delivery_count_limit", 2),
 }
+# The broker keys ``ShareGroupConfig.from_mapping`` takes (``broker.share.settings``).
+BROKER_KEYS = frozenset(_BROKER_KEYS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -113,22 +113,53 @@ class SharePartitionManager:
             transition = held.partition.acknowledge(member_id, acknowledgements, now_ms)
             self._commit(held, transition)
 
-    def release_member(self, group_id: str, member_id: str) -> None:
+    def release_member(self, group_id: str, member_id: str) -> list[tuple[str, int]]:
         """Give back every record ``member_id`` of ``group_id`` holds on this broker (it
-        left, or its session expired)."""
+        left, or its session expired). Returns the topic partitions where records became
+        available again (for waiting fetches to look again)."""
         now_ms = self._logs.clock.monotonic_ms()
-        for held in self._loaded(group_id):
+        changed: list[tuple[str, int]] = []
+        for key, held in self._loaded_items(group_id):
             with held.lock:
-                self._commit(held, held.partition.release_member(member_id, now_ms))
+                transition = held.partition.release_member(member_id, now_ms)
+                self._commit(held, transition)
+            if transition.records:
+                changed.append(key[1:])
+        return changed
 
-    def expire_locks(self) -> None:
+    def expire_locks(self) -> list[tuple[str, str, int]]:
         """Expire every acquisition lock past its deadline, and let every share partition
-        follow its log's start offset (retention, DeleteRecords). Run by a timer."""
+        follow its log's start offset (retention, DeleteRecords). Run by a timer. Returns
+        the share partitions (group, topic, partition) whose records changed. A share
+        partition whose write fails is logged and left for the next pass."""
         now_ms = self._logs.clock.monotonic_ms()
-        for held in self._loaded(None):
-            with held.lock:
-                start = held.source.log_start_offset()
-                self._commit(held, held.partition.expire(now_ms, start))
+        changed: list[tuple[str, str, int]] = []
+        for key, held in self._loaded_items(None):
+            try:
+                with held.lock:
+                    start = held.source.log_start_offset()
+                    transition = held.partition.expire(now_ms, start)
+                    self._commit(held, transition)
+            except Exception:  # StorageError, NotLeaderOrFollowerError: retried next pass
+                log.warning("share partition %s: expiring locks failed", key, exc_info=True)
+                continue
+            if transition.records:
+                changed.append(key)
+        return changed
+
+    def loaded(self) -> list[tuple[str, str, int]]:
+        """The share partitions (group, topic, partition) in memory here."""
+        with self._lock:
+            return list(self._held)
+
+    def unload_state_partition(
+        self, partition: int, partition_of: Callable[[ShareStateKey], int]
+    ) -> None:
+        """Forget the share partitions whose state lives in ``__share_group_state``
+        partition ``partition`` (this broker stopped leading it)."""
+        with self._lock:
+            for key in [k for k, h in self._held.items() if partition_of(h.state_key) == partition]:
+                del self._held[key]
 
     def reset_start_offset(self, group_id: str, topic: str, partition: int, offset: int) -> None:
         """Alter share group offsets: the share partition starts over at ``offset``. The
@@ -168,9 +199,9 @@ class SharePartitionManager:
             self._store.write(held.state_key, held.leader_epoch, start, transition.durable)
         held.partition.apply(transition)
 
-    def _loaded(self, group_id: str | None) -> list[_Held]:
+    def _loaded_items(self, group_id: str | None) -> list[tuple[tuple[str, str, int], _Held]]:
         with self._lock:
-            return [h for k, h in self._held.items() if group_id is None or k[0] == group_id]
+            return [(k, h) for k, h in self._held.items() if group_id is None or k[0] == group_id]
 
     def _get(self, group_id: str, topic: str, partition: int) -> _Held:
         key = (group_id, topic, partition)

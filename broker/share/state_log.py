@@ -57,7 +57,7 @@ from tidelog.broker.share.records import (
 from tidelog.storage.errors import CorruptRecordError, TopicAlreadyExistsError
 from tidelog.storage.log_manager import LogManager
 
-__all__ = ["SHARE_STATE_TOPIC", "ShareStateLog", "ShareStateLogConfig"]
+__all__ = ["SHARE_STATE_TOPIC", "ShareStateLog", "ShareStateLogConfig", "state_topic_config"]
 
 log = logging.getLogger(__name__)
 
@@ -136,15 +136,7 @@ class ShareStateLog:
             meta = logs.create_topic(
                 SHARE_STATE_TOPIC,
                 config.num_partitions,
-                {
-                    "cleanup.policy": "delete",
-                    "retention.ms": "-1",
-                    "retention.bytes": "-1",
-                    "compression.type": "uncompressed",
-                    "unclean.leader.election.enable": "false",
-                    "segment.bytes": str(config.segment_bytes),
-                    "min.insync.replicas": str(config.min_isr if registry.replicated else 1),
-                },
+                state_topic_config(config, replicated=registry.replicated),
                 internal=True,
             )
             log.info("created %s with %d partition(s)", SHARE_STATE_TOPIC, meta.partitions)
@@ -349,6 +341,20 @@ class ShareStateLog:
             loaded = self._loaded.get(partition)
         target = self._registry.get(SHARE_STATE_TOPIC, partition)
         check_loaded(target, loaded, "share-group state")
+
+
+def state_topic_config(config: ShareStateLogConfig, *, replicated: bool) -> dict[str, str]:
+    """The topic configs of ``__share_group_state`` (module docstring: not compacted, no
+    retention; the cluster's controller creates it with these too)."""
+    return {
+        "cleanup.policy": "delete",
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "compression.type": "uncompressed",
+        "unclean.leader.election.enable": "false",
+        "segment.bytes": str(config.segment_bytes),
+        "min.insync.replicas": str(config.min_isr if replicated else 1),
+    }
 
 
 def _applier(

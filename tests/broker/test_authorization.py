@@ -214,3 +214,48 @@ def tidelog(*args: str) -> subprocess.CompletedProcess[str]:
         cwd=ROOT,
         check=False,
     )
+
+
+def test_share_groups_need_read_on_the_group_and_the_topics(secured: InProcessBroker) -> None:
+    def refusal(call: object) -> str:
+        with pytest.raises(grpc.RpcError) as caught:
+            call()  # type: ignore[operator]
+        return error_code(caught.value)
+
+    join = pb.ShareGroupHeartbeatRequest(
+        group_id="q", member_id="m", member_epoch=0, subscribed_topic_names=["jobs"]
+    )
+    fetch = pb.ShareFetchRequest(
+        group_id="q", member_id="m", partitions=[pb.TopicPartitions(topic="jobs", partitions=[0])]
+    )
+    ack = pb.ShareAcknowledgeRequest(
+        group_id="q",
+        member_id="m",
+        acknowledgements=[pb.ShareAcknowledgement(topic="jobs", partition=0, kind=1)],
+    )
+    describe = pb.DescribeShareGroupRequest(group_id="q")
+    with secured.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        # Raw: AdminClient.create_topic would wait for a topic it may not describe.
+        stub.CreateTopic(pb.CreateTopicRequest(name="jobs", partitions=1), timeout=10)
+        for call in (
+            lambda: stub.ShareGroupHeartbeat(join, timeout=10),
+            lambda: stub.ShareFetch(fetch, timeout=10),
+            lambda: stub.ShareAcknowledge(ack, timeout=10),
+            lambda: stub.DescribeShareGroup(describe, timeout=10),
+        ):
+            assert refusal(call) == "GROUP_AUTHORIZATION_FAILED"
+        with AdminClient(secured.address) as admin:
+            admin.create_acls([AclBinding(ME, "READ", resource_type="GROUP", resource_name="q")])
+        for call in (
+            lambda: stub.ShareGroupHeartbeat(join, timeout=10),
+            lambda: stub.ShareFetch(fetch, timeout=10),
+            lambda: stub.ShareAcknowledge(ack, timeout=10),
+        ):
+            assert refusal(call) == "TOPIC_AUTHORIZATION_FAILED"
+        with AdminClient(secured.address) as admin:
+            allow(admin, "READ", "jobs")
+        assert stub.ShareGroupHeartbeat(join, timeout=10).assignment[0].topic == "jobs"
+        assert not stub.ShareFetch(fetch, timeout=10).partitions[0].error_code
+        # READ on the group allows DESCRIBE (Kafka's implication).
+        assert stub.DescribeShareGroup(describe, timeout=10).members[0].member_id == "m"

@@ -56,6 +56,8 @@ def test_package_exports() -> None:
         "InvalidTxnStateError",
         "TransactionAbortableError",
         "TransactionAbortedError",
+        # share groups (issue #32, docs/share-groups.md)
+        "ShareConsumer",
     }
     from tidelog.client import errors as client_errors
     from tidelog.storage import errors

@@ -4247,3 +4247,461 @@ class VerifyTxnPartitionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___VerifyTxnPartitionResponse: _TypeAlias = VerifyTxnPartitionResponse  # noqa: Y015
+
+@_typing.final
+class ShareGroupHeartbeatRequest(_message.Message):
+    """----------------------------------------------------------------------- share groups
+
+    Kafka's ShareGroupHeartbeat: member_id is the client's own (a UUID it keeps across
+    rejoins); member_epoch 0 joins (subscribed_topic_names required), -1 leaves.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
+    SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
+    RACK_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    member_id: _builtins.str
+    member_epoch: _builtins.int
+    rack_id: _builtins.str
+    client_id: _builtins.str
+    @_builtins.property
+    def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty after the join: unchanged"""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        member_id: _builtins.str = ...,
+        member_epoch: _builtins.int = ...,
+        subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
+        rack_id: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "group_id", b"group_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "rack_id", b"rack_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareGroupHeartbeatRequest: _TypeAlias = ShareGroupHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class ShareGroupHeartbeatResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_CHANGED_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    member_id: _builtins.str
+    member_epoch: _builtins.int
+    heartbeat_interval_ms: _builtins.int
+    assignment_changed: _builtins.bool
+    """assignment holds the whole new set"""
+    @_builtins.property
+    def assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        member_id: _builtins.str = ...,
+        member_epoch: _builtins.int = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
+        assignment_changed: _builtins.bool = ...,
+        assignment: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "assignment_changed", b"assignment_changed", "heartbeat_interval_ms", b"heartbeat_interval_ms", "member_epoch", b"member_epoch", "member_id", b"member_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareGroupHeartbeatResponse: _TypeAlias = ShareGroupHeartbeatResponse  # noqa: Y015
+
+@_typing.final
+class ShareAcknowledgement(_message.Message):
+    """One acknowledgement: kind 0 GAP, 1 ACCEPT, 2 RELEASE, 3 REJECT (Kafka's
+    AcknowledgeType) for offsets first_offset..last_offset.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_OFFSET_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    first_offset: _builtins.int
+    last_offset: _builtins.int
+    kind: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        first_offset: _builtins.int = ...,
+        last_offset: _builtins.int = ...,
+        kind: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_offset", b"first_offset", "kind", b"kind", "last_offset", b"last_offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareAcknowledgement: _TypeAlias = ShareAcknowledgement  # noqa: Y015
+
+@_typing.final
+class ShareAcknowledgeResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    """"": applied (all or nothing per partition)"""
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareAcknowledgeResult: _TypeAlias = ShareAcknowledgeResult  # noqa: Y015
+
+@_typing.final
+class ShareFetchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGEMENTS_FIELD_NUMBER: _builtins.int
+    MAX_RECORDS_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    member_id: _builtins.str
+    max_records: _builtins.int
+    """over every partition; 0: 500"""
+    max_wait_ms: _builtins.int
+    """long poll while nothing can be handed out"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
+        """the member's assignment led by this broker"""
+
+    @_builtins.property
+    def acknowledgements(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareAcknowledgement]:
+        """applied before acquiring"""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        member_id: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        acknowledgements: _abc.Iterable[Global___ShareAcknowledgement] | None = ...,
+        max_records: _builtins.int = ...,
+        max_wait_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "group_id", b"group_id", "max_records", b"max_records", "max_wait_ms", b"max_wait_ms", "member_id", b"member_id", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareFetchRequest: _TypeAlias = ShareFetchRequest  # noqa: Y015
+
+@_typing.final
+class ShareAcquiredRange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_OFFSET_FIELD_NUMBER: _builtins.int
+    DELIVERY_COUNT_FIELD_NUMBER: _builtins.int
+    first_offset: _builtins.int
+    last_offset: _builtins.int
+    delivery_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        first_offset: _builtins.int = ...,
+        last_offset: _builtins.int = ...,
+        delivery_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_count", b"delivery_count", "first_offset", b"first_offset", "last_offset", b"last_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareAcquiredRange: _TypeAlias = ShareAcquiredRange  # noqa: Y015
+
+@_typing.final
+class ShareFetchPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    ACQUIRED_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    records: _builtins.bytes
+    """whole stored batches covering them"""
+    @_builtins.property
+    def acquired(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareAcquiredRange]:
+        """the records this member now holds"""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        acquired: _abc.Iterable[Global___ShareAcquiredRange] | None = ...,
+        records: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired", b"acquired", "error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareFetchPartition: _TypeAlias = ShareFetchPartition  # noqa: Y015
+
+@_typing.final
+class ShareFetchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGEMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareFetchPartition]: ...
+    @_builtins.property
+    def acknowledgements(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareAcknowledgeResult]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___ShareFetchPartition] | None = ...,
+        acknowledgements: _abc.Iterable[Global___ShareAcknowledgeResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareFetchResponse: _TypeAlias = ShareFetchResponse  # noqa: Y015
+
+@_typing.final
+class ShareAcknowledgeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGEMENTS_FIELD_NUMBER: _builtins.int
+    CLOSE_SESSION_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    member_id: _builtins.str
+    close_session: _builtins.bool
+    """then release all the member holds here"""
+    @_builtins.property
+    def acknowledgements(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareAcknowledgement]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        member_id: _builtins.str = ...,
+        acknowledgements: _abc.Iterable[Global___ShareAcknowledgement] | None = ...,
+        close_session: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledgements", b"acknowledgements", "close_session", b"close_session", "group_id", b"group_id", "member_id", b"member_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareAcknowledgeRequest: _TypeAlias = ShareAcknowledgeRequest  # noqa: Y015
+
+@_typing.final
+class ShareAcknowledgeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareAcknowledgeResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ShareAcknowledgeResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareAcknowledgeResponse: _TypeAlias = ShareAcknowledgeResponse  # noqa: Y015
+
+@_typing.final
+class DescribeShareGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeShareGroupRequest: _TypeAlias = DescribeShareGroupRequest  # noqa: Y015
+
+@_typing.final
+class ShareGroupMember(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEMBER_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_HOST_FIELD_NUMBER: _builtins.int
+    RACK_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
+    SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    member_id: _builtins.str
+    client_id: _builtins.str
+    client_host: _builtins.str
+    rack_id: _builtins.str
+    member_epoch: _builtins.int
+    @_builtins.property
+    def subscribed_topic_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
+    def __init__(
+        self,
+        *,
+        member_id: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        client_host: _builtins.str = ...,
+        rack_id: _builtins.str = ...,
+        member_epoch: _builtins.int = ...,
+        subscribed_topic_names: _abc.Iterable[_builtins.str] | None = ...,
+        assignment: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "client_host", b"client_host", "client_id", b"client_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "rack_id", b"rack_id", "subscribed_topic_names", b"subscribed_topic_names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareGroupMember: _TypeAlias = ShareGroupMember  # noqa: Y015
+
+@_typing.final
+class SharePartitionSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    ACQUIRED_FIELD_NUMBER: _builtins.int
+    AVAILABLE_FIELD_NUMBER: _builtins.int
+    ARCHIVED_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    start_offset: _builtins.int
+    """below it: every record done or gone"""
+    end_offset: _builtins.int
+    """the first offset never handed out"""
+    acquired: _builtins.int
+    available: _builtins.int
+    archived: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+        acquired: _builtins.int = ...,
+        available: _builtins.int = ...,
+        archived: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired", b"acquired", "archived", b"archived", "available", b"available", "end_offset", b"end_offset", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharePartitionSummary: _TypeAlias = SharePartitionSummary  # noqa: Y015
+
+@_typing.final
+class DescribeShareGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    GROUP_EPOCH_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_EPOCH_FIELD_NUMBER: _builtins.int
+    ASSIGNOR_NAME_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    state: _builtins.str
+    """Empty, Stable"""
+    group_epoch: _builtins.int
+    assignment_epoch: _builtins.int
+    assignor_name: _builtins.str
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareGroupMember]: ...
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SharePartitionSummary]:
+        """those led by the coordinator"""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        group_epoch: _builtins.int = ...,
+        assignment_epoch: _builtins.int = ...,
+        assignor_name: _builtins.str = ...,
+        members: _abc.Iterable[Global___ShareGroupMember] | None = ...,
+        partitions: _abc.Iterable[Global___SharePartitionSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment_epoch", b"assignment_epoch", "assignor_name", b"assignor_name", "group_epoch", b"group_epoch", "group_id", b"group_id", "members", b"members", "partitions", b"partitions", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeShareGroupResponse: _TypeAlias = DescribeShareGroupResponse  # noqa: Y015

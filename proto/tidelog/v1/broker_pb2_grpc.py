@@ -289,6 +289,26 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.VerifyTxnPartitionRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.VerifyTxnPartitionResponse.FromString,
                 _registered_method=True)
+        self.ShareGroupHeartbeat = channel.unary_unary(
+                '/tidelog.v1.Broker/ShareGroupHeartbeat',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupHeartbeatRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.ShareFetch = channel.unary_unary(
+                '/tidelog.v1.Broker/ShareFetch',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchResponse.FromString,
+                _registered_method=True)
+        self.ShareAcknowledge = channel.unary_unary(
+                '/tidelog.v1.Broker/ShareAcknowledge',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeResponse.FromString,
+                _registered_method=True)
+        self.DescribeShareGroup = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeShareGroup',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -619,6 +639,33 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShareGroupHeartbeat(self, request, context):
+        """Share groups (issue #32, KIP-932 "queues for Kafka"; docs/share-groups.md): the
+        heartbeat and describe at the group's coordinator, fetch and acknowledge at each
+        partition's leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareFetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareAcknowledge(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeShareGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -876,6 +923,26 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.VerifyTxnPartition,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.VerifyTxnPartitionRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.VerifyTxnPartitionResponse.SerializeToString,
+            ),
+            'ShareGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareGroupHeartbeat,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupHeartbeatRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupHeartbeatResponse.SerializeToString,
+            ),
+            'ShareFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareFetch,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchResponse.SerializeToString,
+            ),
+            'ShareAcknowledge': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareAcknowledge,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeResponse.SerializeToString,
+            ),
+            'DescribeShareGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeShareGroup,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2255,6 +2322,114 @@ class Broker:
             '/tidelog.v1.Broker/VerifyTxnPartition',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.VerifyTxnPartitionRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.VerifyTxnPartitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareGroupHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ShareGroupHeartbeat',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupHeartbeatRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ShareFetch',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareAcknowledge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ShareAcknowledge',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeShareGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeShareGroup',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -119,6 +119,14 @@ class BrokerStub:
     producer's transaction (KIP-890 part 1's verification).
     """
     VerifyTxnPartition: _grpc.UnaryUnaryMultiCallable[_broker_pb2.VerifyTxnPartitionRequest, _broker_pb2.VerifyTxnPartitionResponse]
+    ShareGroupHeartbeat: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareGroupHeartbeatRequest, _broker_pb2.ShareGroupHeartbeatResponse]
+    """Share groups (issue #32, KIP-932 "queues for Kafka"; docs/share-groups.md): the
+    heartbeat and describe at the group's coordinator, fetch and acknowledge at each
+    partition's leader.
+    """
+    ShareFetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]
+    ShareAcknowledge: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]
+    DescribeShareGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -197,6 +205,14 @@ class BrokerAsyncStub(BrokerStub):
     producer's transaction (KIP-890 part 1's verification).
     """
     VerifyTxnPartition: _aio.UnaryUnaryMultiCallable[_broker_pb2.VerifyTxnPartitionRequest, _broker_pb2.VerifyTxnPartitionResponse]  # type: ignore[assignment]
+    ShareGroupHeartbeat: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareGroupHeartbeatRequest, _broker_pb2.ShareGroupHeartbeatResponse]  # type: ignore[assignment]
+    """Share groups (issue #32, KIP-932 "queues for Kafka"; docs/share-groups.md): the
+    heartbeat and describe at the group's coordinator, fetch and acknowledge at each
+    partition's leader.
+    """
+    ShareFetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]  # type: ignore[assignment]
+    ShareAcknowledge: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]  # type: ignore[assignment]
+    DescribeShareGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -578,5 +594,37 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.VerifyTxnPartitionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.VerifyTxnPartitionResponse, _abc.Awaitable[_broker_pb2.VerifyTxnPartitionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ShareGroupHeartbeat(
+        self,
+        request: _broker_pb2.ShareGroupHeartbeatRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ShareGroupHeartbeatResponse, _abc.Awaitable[_broker_pb2.ShareGroupHeartbeatResponse]]:
+        """Share groups (issue #32, KIP-932 "queues for Kafka"; docs/share-groups.md): the
+        heartbeat and describe at the group's coordinator, fetch and acknowledge at each
+        partition's leader.
+        """
+
+    @_abc_1.abstractmethod
+    def ShareFetch(
+        self,
+        request: _broker_pb2.ShareFetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ShareFetchResponse, _abc.Awaitable[_broker_pb2.ShareFetchResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ShareAcknowledge(
+        self,
+        request: _broker_pb2.ShareAcknowledgeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ShareAcknowledgeResponse, _abc.Awaitable[_broker_pb2.ShareAcknowledgeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeShareGroup(
+        self,
+        request: _broker_pb2.DescribeShareGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeShareGroupResponse, _abc.Awaitable[_broker_pb2.DescribeShareGroupResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

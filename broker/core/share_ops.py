@@ -1,0 +1,594 @@
+"""Share groups served (issue #32, step 3): the core's share operations, listener-neutral.
+
+``ShareOps`` puts the two libraries of ``broker/share/`` behind the request pipeline: the
+share-group coordinator (``ShareGroupManager``: membership and assignment, records in
+``__consumer_offsets``) and the share partitions this broker leads
+(``SharePartitionManager`` over ``ShareStateLog``, ``__share_group_state``). The core
+(``broker.core.facade``) builds it with the rest (``open_share_parts``) and delegates; the
+operations are:
+
+* ``heartbeat``: ShareGroupHeartbeat, on the group's coordinator (the leader of its
+  ``__consumer_offsets`` partition). A member that leaves gives back, at once, every
+  record it holds on this broker.
+* ``fetch``: ShareFetch, on the topic partitions' leader. Acknowledgements piggy-backed
+  on the request are applied first (per partition, all or nothing, as
+  ``SharePartitionManager.acknowledge``), then records are acquired for the member from
+  the partitions it names (its assignment; the leader does not ask the coordinator, as
+  Kafka's does not), at most ``max_records`` in all, round-robin from a rotating first
+  partition so no partition starves. With nothing to hand out it waits up to
+  ``max_wait_ms`` (a long poll): parked on the fetch purgatory under the partitions'
+  keys, woken by an append (the high watermark moved), by records becoming available
+  again here (a RELEASE, an expired lock, a member leaving) or by the broker closing.
+  The waiting occupies the calling thread (the gRPC executor's), so the wait is capped
+  (``MAX_SHARE_WAIT_MS``).
+* ``acknowledge``: ShareAcknowledge (ACCEPT / RELEASE / REJECT / GAP per offset range).
+  ``close_session`` (Kafka's share-session epoch -1): the member is done with this
+  broker, so every record it still holds here is released now, not at its lock's expiry.
+* ``describe``: ShareGroupDescribe's view, plus the state of each assigned share
+  partition this broker leads (start and end offsets, records in flight by state).
+* ``list_groups``: every group with its type (ListGroups v5).
+
+Decisions:
+
+* **The records of an answer are whole stored batches** covering the acquired ranges
+  (as Kafka's ShareFetch): the client keeps only the records inside ``acquired`` and
+  skips control batches. A range whose records retention removed meanwhile is simply
+  absent (its records are archived when the share partition follows the log start).
+* **Per-partition errors** (not the leader, unknown topic, a failed state write) answer
+  that partition and let the others through; a whole-call error (the group id empty) is
+  the call's.
+* **Timers.** One thread (``share-timer``) expires members' sessions (their records are
+  released here), expires acquisition locks, prunes ``__share_group_state`` every
+  ``share.coordinator.state.topic.prune.interval.ms``, and in a cluster unloads what this
+  broker stopped leading (offsets partitions' share groups, state partitions, share
+  partitions of topic partitions it no longer leads: ``internal_topic.unload_resigned``
+  rules). It stops with the core (``close``), before the logs close.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.delayed import DelayedOperation, Purgatory
+from tidelog.broker.core.errors import classify
+from tidelog.broker.core.gate import OperationGate
+from tidelog.broker.core.internal_topic import unload_resigned
+from tidelog.broker.core.membership import Membership
+from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.topic_ids import topic_id
+from tidelog.broker.groups.manager import GroupManager
+from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.share.groups import ShareGroupManager, TypedGroupListing, list_all_groups
+from tidelog.broker.share.groups_coordinator import (
+    LEAVE_EPOCH,
+    ShareGroupView,
+    ShareHeartbeatAnswer,
+    ShareHeartbeatRequest,
+)
+from tidelog.broker.share.partition import (
+    ACQUIRED,
+    RELEASE,
+    Acknowledgement,
+    AcquiredRange,
+)
+from tidelog.broker.share.partition_manager import SharePartitionManager
+from tidelog.broker.share.records import ARCHIVED, AVAILABLE
+from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog
+from tidelog.storage.clock import Clock
+from tidelog.storage.errors import (
+    CoordinatorLoadInProgressError,
+    InvalidRequestError,
+    LeaderNotAvailableError,
+    NotCoordinatorError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+)
+from tidelog.storage.partition_log import PartitionLog
+from tidelog.storage.records import iter_batch_headers
+from tidelog.storage.types import TopicPartition
+
+__all__ = [
+    "MAX_SHARE_WAIT_MS",
+    "ShareAckRange",
+    "ShareAcknowledged",
+    "ShareFetchSpec",
+    "ShareFetched",
+    "ShareGroupDescription",
+    "ShareOps",
+    "SharePartitionState",
+    "ShareParts",
+    "open_share_parts",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_SHARE_WAIT_MS = 30_000
+_READ_BYTES = 1 << 20
+_TIMER_MAX_WAIT_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class ShareAckRange:
+    """One acknowledgement: ``kind`` (``broker.share.partition`` GAP/ACCEPT/RELEASE/REJECT)
+    for the offsets ``first_offset..last_offset`` of ``topic``-``partition``."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    kind: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetchSpec:
+    """One ShareFetch."""
+
+    group_id: str
+    member_id: str
+    partitions: tuple[TopicPartition, ...]
+    acknowledgements: tuple[ShareAckRange, ...] = ()
+    max_records: int = 500
+    max_wait_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShareAcknowledged:
+    """The outcome of one partition's acknowledgements (``error_code`` "" applied)."""
+
+    topic: str
+    partition: int
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetched:
+    """One partition's answer: the acquired ranges and whole batches covering them."""
+
+    topic: str
+    partition: int
+    acquired: tuple[AcquiredRange, ...] = ()
+    records: bytes = b""
+    error_code: str = ""
+    error_message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionState:
+    """A share partition as describe shows it."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    acquired: int
+    available: int
+    archived: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupDescription:
+    """ShareGroupDescribe's view plus the share partitions led here."""
+
+    view: ShareGroupView
+    partitions: tuple[SharePartitionState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareParts:
+    """What ``BrokerCore.open`` builds for the share groups (before the core exists)."""
+
+    store: ShareStateLog
+    groups: ShareGroupManager
+
+
+def open_share_parts(
+    config: BrokerConfig,
+    registry: PartitionRegistry,
+    clock: Clock,
+    groups: GroupManager,
+    on_append: Callable[[str, int], None],
+) -> ShareParts:
+    """Open ``__share_group_state`` (created on the first start) and rebuild the share
+    groups from the offset store's records. Raises ``StorageError``."""
+    store = ShareStateLog.open(
+        registry.logs, config.share.state_log, registry=registry, on_append=on_append
+    )
+    share_groups = ShareGroupManager.open(registry.logs, clock, groups, config.share.groups)
+    return ShareParts(store, share_groups)
+
+
+class _ShareWait(DelayedOperation):
+    """A ShareFetch waiting for something to hand out."""
+
+    __slots__ = ("_event", "_probe")
+
+    def __init__(self, deadline_ms: int, probe: Callable[[], bool]) -> None:
+        super().__init__(deadline_ms)
+        self._probe = probe
+        self._event = threading.Event()
+
+    def is_satisfied(self) -> bool:
+        return self._probe()
+
+    def on_complete(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout_s: float) -> None:
+        self._event.wait(timeout_s)
+
+
+@dataclass(slots=True)
+class _Generations:
+    """Per topic partition, how often records became available again here."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def bump(self, key: tuple[str, int]) -> None:
+        with self.lock:
+            self.counts[key] = self.counts.get(key, 0) + 1
+
+    def get(self, key: tuple[str, int]) -> int:
+        with self.lock:
+            return self.counts.get(key, 0)
+
+
+class ShareOps:
+    """The share operations of one broker. Starts its timer thread when built; ``close``
+    once (the core's close does)."""
+
+    def __init__(
+        self,
+        parts: ShareParts,
+        config: BrokerConfig,
+        registry: PartitionRegistry,
+        membership: Membership,
+        groups: GroupManager,
+        gate: OperationGate,
+        purgatory: Purgatory[tuple[str, int]],
+        clock: Clock,
+    ) -> None:
+        self._config = config
+        self._registry = registry
+        self._logs = registry.logs
+        self._membership = membership
+        self._groups = groups
+        self._gate = gate
+        self._purgatory = purgatory
+        self._clock = clock
+        self.store = parts.store
+        self.share_groups = parts.groups
+        self.partitions = SharePartitionManager(
+            self._logs,
+            parts.store,
+            topic_id=topic_id,
+            group_config=lambda g: config.share.partition_config(parts.groups.settings(g)),
+        )
+        self._generations = _Generations()
+        self._rotation = 0
+        self._roles_lock = threading.Lock()
+        replicated = registry.replicated
+        # Cluster mode: what this broker loaded as a leader (unloaded when it resigns).
+        offsets_partitions = self._logs.topic(OFFSETS_TOPIC).partitions
+        self._offsets_loaded: set[int] = set() if replicated else set(range(offsets_partitions))
+        self._state_loaded: set[int] = set() if replicated else set(range(self.store.partitions))
+        self._stop = threading.Event()
+        self._next_prune_ms = clock.monotonic_ms() + config.share.prune_interval_ms
+        self._thread = threading.Thread(target=self._run, name="share-timer", daemon=True)
+        self._thread.start()
+
+    # --- membership (on the group's coordinator) ----------------------------------------
+
+    def heartbeat(self, request: ShareHeartbeatRequest) -> ShareHeartbeatAnswer:
+        """ShareGroupHeartbeat (``ShareGroupManager.heartbeat``'s errors, plus
+        ``NotCoordinatorError`` / ``CoordinatorLoadInProgressError`` off the coordinator)."""
+        with self._gate.operation():
+            self._check_coordinator(request.group_id)
+            answer = self.share_groups.heartbeat(request)
+            if request.member_epoch == LEAVE_EPOCH:
+                self._release(request.group_id, request.member_id)
+            return answer
+
+    def describe(self, group_id: str) -> ShareGroupDescription:
+        """ShareGroupDescribe, with the state of each assigned share partition led here."""
+        with self._gate.operation():
+            self._check_coordinator(group_id)
+            view = self.share_groups.describe_group(group_id)
+            assigned = sorted({tp for m in view.members for tp in m.assignment})
+            states = []
+            for tp in assigned:
+                if not self._leads(tp.topic, tp.partition):
+                    continue
+                share = self.partitions.describe(group_id, tp.topic, tp.partition)
+                records = share.records().values()
+                states.append(
+                    SharePartitionState(
+                        tp.topic,
+                        tp.partition,
+                        share.start_offset,
+                        share.end_offset,
+                        sum(r.state == ACQUIRED for r in records),
+                        sum(r.state == AVAILABLE for r in records),
+                        sum(r.state == ARCHIVED for r in records),
+                    )
+                )
+            return ShareGroupDescription(view, tuple(states))
+
+    def list_groups(self) -> list[TypedGroupListing]:
+        """Every group coordinated here, of every type (ListGroups v5)."""
+        with self._gate.operation():
+            self._groups.store.check_led_loaded()
+            return list_all_groups(self._groups, self.share_groups)
+
+    # --- records (on the partitions' leaders) -----------------------------------------
+
+    def acknowledge(
+        self,
+        group_id: str,
+        member_id: str,
+        acknowledgements: Sequence[ShareAckRange],
+        *,
+        close_session: bool = False,
+    ) -> list[ShareAcknowledged]:
+        """ShareAcknowledge: one outcome per partition named. ``close_session``: release
+        every record the member still holds here afterwards."""
+        _check_ids(group_id, member_id)
+        with self._gate.operation():
+            results = self._acknowledge(group_id, member_id, acknowledgements)
+            if close_session:
+                self._release(group_id, member_id)
+            return results
+
+    def fetch(self, spec: ShareFetchSpec) -> tuple[list[ShareFetched], list[ShareAcknowledged]]:
+        """ShareFetch: acknowledgements first, then records for the member (long poll up
+        to ``max_wait_ms``, capped at ``MAX_SHARE_WAIT_MS``)."""
+        _check_ids(spec.group_id, spec.member_id)
+        if spec.max_records < 1:
+            raise InvalidRequestError("max_records must be at least 1")
+        with self._gate.operation():
+            acks = self._acknowledge(spec.group_id, spec.member_id, spec.acknowledgements)
+            tps = list(dict.fromkeys(spec.partitions))
+            deadline = self._clock.monotonic_ms() + max(min(spec.max_wait_ms, MAX_SHARE_WAIT_MS), 0)
+            while True:
+                baseline = self._marks(tps)
+                fetched = self._acquire(spec, tps)
+                now = self._clock.monotonic_ms()
+                if any(f.acquired for f in fetched) or now >= deadline or self._purgatory.closed:
+                    return fetched, acks
+                wait = _ShareWait(deadline, self._moved(tps, baseline))
+                if not self._purgatory.try_complete_else_watch(
+                    wait, [(tp.topic, tp.partition) for tp in tps]
+                ):
+                    wait.wait((deadline - now) / 1000.0 + 0.05)
+                    self._purgatory.cancel(wait)
+
+    def _acknowledge(
+        self, group_id: str, member_id: str, acknowledgements: Sequence[ShareAckRange]
+    ) -> list[ShareAcknowledged]:
+        by_partition: dict[tuple[str, int], list[Acknowledgement]] = {}
+        for a in acknowledgements:
+            by_partition.setdefault((a.topic, a.partition), []).append(
+                Acknowledgement(a.first_offset, a.last_offset, a.kind)
+            )
+        results = []
+        for (topic, partition), acks in by_partition.items():
+            try:
+                self._check_leader(topic, partition)
+                self.partitions.acknowledge(group_id, topic, partition, member_id, acks)
+            except Exception as exc:
+                outcome = classify(exc)
+                results.append(
+                    ShareAcknowledged(topic, partition, outcome.code or "", outcome.message)
+                )
+                continue
+            results.append(ShareAcknowledged(topic, partition))
+            if any(a.kind == RELEASE for a in acks):
+                self._available_again(topic, partition)
+        return results
+
+    def _acquire(self, spec: ShareFetchSpec, tps: list[TopicPartition]) -> list[ShareFetched]:
+        if not tps:
+            return []
+        start = self._rotation % len(tps)
+        self._rotation += 1
+        order = tps[start:] + tps[:start]
+        budget = spec.max_records
+        out: dict[TopicPartition, ShareFetched] = {}
+        for tp in order:
+            if budget <= 0:
+                out[tp] = ShareFetched(tp.topic, tp.partition)
+                continue
+            try:
+                self._check_leader(tp.topic, tp.partition)
+                ranges = self.partitions.acquire(
+                    spec.group_id, tp.topic, tp.partition, spec.member_id, budget
+                )
+                records = _read_ranges(self._logs.get_log(tp.topic, tp.partition), ranges)
+            except Exception as exc:
+                outcome = classify(exc)
+                out[tp] = ShareFetched(
+                    tp.topic,
+                    tp.partition,
+                    error_code=outcome.code or "",
+                    error_message=outcome.message,
+                )
+                continue
+            budget -= sum(r.last_offset - r.first_offset + 1 for r in ranges)
+            out[tp] = ShareFetched(tp.topic, tp.partition, ranges, records)
+        return [out[tp] for tp in tps]
+
+    def _marks(self, tps: list[TopicPartition]) -> list[tuple[int, int]]:
+        """What a waiting fetch watches: each partition's high watermark and how often
+        its records became available again here."""
+        marks = []
+        for tp in tps:
+            try:
+                high_watermark = self._logs.get_log(tp.topic, tp.partition).high_watermark
+            except Exception:
+                high_watermark = -1
+            marks.append((high_watermark, self._generations.get((tp.topic, tp.partition))))
+        return marks
+
+    def _moved(
+        self, tps: list[TopicPartition], baseline: list[tuple[int, int]]
+    ) -> Callable[[], bool]:
+        return lambda: self._marks(tps) != baseline
+
+    def _available_again(self, topic: str, partition: int) -> None:
+        self._generations.bump((topic, partition))
+        self._purgatory.check_and_complete((topic, partition))
+
+    def _release(self, group_id: str, member_id: str) -> None:
+        try:
+            changed = self.partitions.release_member(group_id, member_id)
+        except Exception:  # a failed state write: the locks expire instead
+            log.warning("share group %s: releasing %s failed", group_id, member_id, exc_info=True)
+            return
+        for topic, partition in changed:
+            self._available_again(topic, partition)
+
+    # --- checks -------------------------------------------------------------------------
+
+    def _check_leader(self, topic: str, partition: int) -> None:
+        self._membership.placement.check_leader(topic, partition)
+
+    def _leads(self, topic: str, partition: int) -> bool:
+        try:
+            self._membership.placement.check_leader(topic, partition)
+        except (NotLeaderOrFollowerError, LeaderNotAvailableError):
+            return False
+        return True
+
+    def _check_coordinator(self, group_id: str) -> None:
+        if self._membership.topic_admin is None:
+            return
+        store = self._groups.store
+        partition = store.partition_for(group_id)
+        try:
+            self._membership.placement.check_leader(OFFSETS_TOPIC, partition)
+        except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
+            raise NotCoordinatorError(f"group {group_id!r}: {exc}") from None
+        store.check_loaded(partition)
+        with self._roles_lock:
+            if partition not in self._offsets_loaded:
+                raise CoordinatorLoadInProgressError(
+                    f"group {group_id!r}: its share groups are still loading"
+                )
+
+    # --- leadership (cluster mode) ------------------------------------------------------
+
+    def became_leader(self, topic: str, partition: int) -> None:
+        """This broker now leads ``topic``-``partition``: an offsets partition's share
+        groups are rebuilt from the records the group store just reloaded; a state
+        partition's share-partition states are reloaded from its log."""
+        with self._roles_lock:
+            if topic == OFFSETS_TOPIC:
+                loaded = self.share_groups.load_partition(partition)
+                self._offsets_loaded.add(partition)
+                if loaded:
+                    log.info("%s-%d: %d share group(s) loaded", topic, partition, loaded)
+            elif topic == SHARE_STATE_TOPIC:
+                self.partitions.unload_state_partition(partition, self.store.partition_for)
+                self.store.reload_partition(partition)
+                self._state_loaded.add(partition)
+
+    def _unload_resigned(self) -> None:
+        if not self._registry.replicated:
+            return
+
+        def leads_offsets(partition: int) -> bool:
+            return self._registry.get(OFFSETS_TOPIC, partition).is_leader
+
+        def leads_state(partition: int) -> bool:
+            return self._registry.get(SHARE_STATE_TOPIC, partition).is_leader
+
+        def unload_offsets(partition: int) -> list[str]:
+            self._offsets_loaded.discard(partition)
+            return self.share_groups.unload_partition(partition)
+
+        def unload_state(partition: int) -> None:
+            self._state_loaded.discard(partition)
+            self.partitions.unload_state_partition(partition, self.store.partition_for)
+            self.store.unload_partition(partition)
+
+        unload_resigned(
+            lambda: sorted(self._offsets_loaded), leads_offsets, self._roles_lock, unload_offsets
+        )
+        unload_resigned(
+            lambda: sorted(self._state_loaded), leads_state, self._roles_lock, unload_state
+        )
+        for _, topic, partition in self.partitions.loaded():
+            if not self._registry.get(topic, partition).is_leader:
+                self.partitions.unload(topic, partition)
+
+    # --- the timer ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._unload_resigned()
+                for removal in self.share_groups.expire():
+                    self._release(removal.group_id, removal.member_id)
+            except Exception:
+                log.exception("share group session expiry failed")
+            try:
+                for _, topic, partition in self.partitions.expire_locks():
+                    self._available_again(topic, partition)
+            except Exception:
+                log.exception("share partition lock expiry failed")
+            if self._clock.monotonic_ms() >= self._next_prune_ms:
+                self._prune()
+            self._stop.wait(_TIMER_MAX_WAIT_S)
+
+    def _prune(self) -> None:
+        self._next_prune_ms = self._clock.monotonic_ms() + self._config.share.prune_interval_ms
+        with self._roles_lock:
+            partitions = sorted(self._state_loaded)
+        for partition in partitions:
+            try:
+                self.store.prune(partition)
+            except Exception:
+                log.warning("%s-%d: pruning failed", SHARE_STATE_TOPIC, partition, exc_info=True)
+
+    def close(self) -> None:
+        """Stop the timer. Idempotent."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def _check_ids(group_id: str, member_id: str) -> None:
+    if not group_id:
+        raise InvalidRequestError("group_id must not be empty")
+    if not member_id:
+        raise InvalidRequestError("member_id must not be empty")
+
+
+def _read_ranges(partition_log: PartitionLog, ranges: Sequence[AcquiredRange]) -> bytes:
+    """Whole stored batches covering every offset of ``ranges`` (each batch once)."""
+    out: list[bytes] = []
+    covered = -1
+    for r in sorted(ranges, key=lambda r: r.first_offset):
+        offset = max(r.first_offset, covered)
+        while offset <= r.last_offset:
+            try:
+                data = partition_log.read(offset, _READ_BYTES, max_offset=r.last_offset + 1).records
+            except OffsetOutOfRangeError:
+                break  # retention removed them: the share partition follows the log start
+            if not data:
+                break
+            next_offset = offset
+            for _, header in iter_batch_headers(data):
+                next_offset = max(next_offset, header.next_offset)
+            if next_offset <= offset:
+                break
+            out.append(data)
+            offset = covered = next_offset
+    return b"".join(out)

@@ -1,0 +1,176 @@
+"""The gRPC handlers of share groups (issue #32): ShareGroupHeartbeat and
+DescribeShareGroup at the group's coordinator, ShareFetch and ShareAcknowledge at each
+partition's leader. Thin: protobuf to the core's values (``broker.core.share_ops``) and
+back. A core built without share groups refuses them (``INVALID_REQUEST``).
+
+ShareFetch long-polls on the executor thread that runs it (``ShareOps.fetch``), so its
+``max_wait_ms`` is capped there; the client keeps it below its call's timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tidelog.broker.core.context import RequestContext
+from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.share_ops import ShareAcknowledged, ShareAckRange, ShareFetchSpec, ShareOps
+from tidelog.broker.share.groups_coordinator import ShareHeartbeatRequest
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import InvalidRequestError
+from tidelog.storage.types import TopicPartition
+
+__all__ = ["SHARE_HANDLERS"]
+
+_DEFAULT_MAX_RECORDS = 500
+
+
+def _shares(core: BrokerCore) -> ShareOps:
+    if core.shares is None:
+        raise InvalidRequestError("this broker serves no share groups")
+    return core.shares
+
+
+def _topic_partitions(partitions: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def _acks(acks: Iterable[pb.ShareAcknowledgement]) -> tuple[ShareAckRange, ...]:
+    return tuple(
+        ShareAckRange(a.topic, a.partition, a.first_offset, a.last_offset, a.kind) for a in acks
+    )
+
+
+def _ack_results(results: Iterable[ShareAcknowledged]) -> list[pb.ShareAcknowledgeResult]:
+    return [
+        pb.ShareAcknowledgeResult(
+            topic=r.topic,
+            partition=r.partition,
+            error_code=r.error_code,
+            error_message=r.error_message,
+        )
+        for r in results
+    ]
+
+
+def _heartbeat(
+    core: BrokerCore, request: pb.ShareGroupHeartbeatRequest, context: RequestContext
+) -> pb.ShareGroupHeartbeatResponse:
+    topics = frozenset(request.subscribed_topic_names)
+    answer = _shares(core).heartbeat(
+        ShareHeartbeatRequest(
+            group_id=request.group_id,
+            member_id=request.member_id,
+            member_epoch=request.member_epoch,
+            subscribed_topics=topics or None,
+            rack_id=request.rack_id or None,
+            client_id=request.client_id or context.client_id,
+            client_host=context.peer,
+        )
+    )
+    return pb.ShareGroupHeartbeatResponse(
+        member_id=answer.member_id,
+        member_epoch=answer.member_epoch,
+        heartbeat_interval_ms=answer.heartbeat_interval_ms,
+        assignment_changed=answer.assignment_changed,
+        assignment=_topic_partitions(answer.assignment),
+    )
+
+
+def _fetch(
+    core: BrokerCore, request: pb.ShareFetchRequest, context: RequestContext
+) -> pb.ShareFetchResponse:
+    fetched, acks = _shares(core).fetch(
+        ShareFetchSpec(
+            group_id=request.group_id,
+            member_id=request.member_id,
+            partitions=tuple(
+                TopicPartition(t.topic, p) for t in request.partitions for p in t.partitions
+            ),
+            acknowledgements=_acks(request.acknowledgements),
+            max_records=request.max_records or _DEFAULT_MAX_RECORDS,
+            max_wait_ms=request.max_wait_ms,
+        )
+    )
+    return pb.ShareFetchResponse(
+        partitions=[
+            pb.ShareFetchPartition(
+                topic=f.topic,
+                partition=f.partition,
+                error_code=f.error_code,
+                error_message=f.error_message,
+                acquired=[
+                    pb.ShareAcquiredRange(
+                        first_offset=r.first_offset,
+                        last_offset=r.last_offset,
+                        delivery_count=r.delivery_count,
+                    )
+                    for r in f.acquired
+                ],
+                records=f.records,
+            )
+            for f in fetched
+        ],
+        acknowledgements=_ack_results(acks),
+    )
+
+
+def _acknowledge(
+    core: BrokerCore, request: pb.ShareAcknowledgeRequest, context: RequestContext
+) -> pb.ShareAcknowledgeResponse:
+    results = _shares(core).acknowledge(
+        request.group_id,
+        request.member_id,
+        _acks(request.acknowledgements),
+        close_session=request.close_session,
+    )
+    return pb.ShareAcknowledgeResponse(results=_ack_results(results))
+
+
+def _describe(
+    core: BrokerCore, request: pb.DescribeShareGroupRequest, context: RequestContext
+) -> pb.DescribeShareGroupResponse:
+    described = _shares(core).describe(request.group_id)
+    view = described.view
+    return pb.DescribeShareGroupResponse(
+        group_id=view.group_id,
+        state=view.state.value,
+        group_epoch=view.group_epoch,
+        assignment_epoch=view.assignment_epoch,
+        assignor_name=view.assignor_name,
+        members=[
+            pb.ShareGroupMember(
+                member_id=m.member_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                rack_id=m.rack_id or "",
+                member_epoch=m.member_epoch,
+                subscribed_topic_names=sorted(m.subscribed_topics),
+                assignment=_topic_partitions(m.assignment),
+            )
+            for m in view.members
+        ],
+        partitions=[
+            pb.SharePartitionSummary(
+                topic=p.topic,
+                partition=p.partition,
+                start_offset=p.start_offset,
+                end_offset=p.end_offset,
+                acquired=p.acquired,
+                available=p.available,
+                archived=p.archived,
+            )
+            for p in described.partitions
+        ],
+    )
+
+
+SHARE_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
+    "ShareGroupHeartbeat": _heartbeat,
+    "ShareFetch": _fetch,
+    "ShareAcknowledge": _acknowledge,
+    "DescribeShareGroup": _describe,
+}

@@ -1,0 +1,597 @@
+"""``ShareConsumer``: a member of a share group (issue #32, KIP-932 "queues for Kafka").
+
+::
+
+    consumer = ShareConsumer("127.0.0.1:7410", "jobs")
+    consumer.subscribe(["work"])
+    while True:
+        for record in consumer.poll(timeout_ms=1000):
+            handle(record)              # implicit mode: accepted on the next poll/commit
+    consumer.close()
+
+    # explicit mode, from the first acknowledge() on:
+    for record in consumer.poll(timeout_ms=1000):
+        try:
+            handle(record)
+            consumer.acknowledge(record)                  # ACCEPT
+        except Retryable:
+            consumer.acknowledge(record, kind="release")  # to anyone, at once
+        except Poison:
+            consumer.acknowledge(record, kind="reject")   # never again
+    consumer.commit_sync()
+
+The shape of Kafka's ``KafkaShareConsumer``. Members of a share group read the same
+partitions cooperatively: the broker hands each record to one member at a time under a
+lock (``group.share.record.lock.duration.ms``), and redelivers what is released, whose
+lock expired, or whose member left, up to ``group.share.delivery.count.limit`` deliveries
+(``delivery_count(record)`` says which delivery this is).
+
+**Acknowledgement modes, as Kafka's.** Implicit until ``acknowledge`` is first called:
+every record of a ``poll`` is acknowledged as ACCEPT by the next ``poll``,
+``commit_sync``, ``commit_async`` or ``close``. Explicit from then on: only what
+``acknowledge`` names is acknowledged, and a record left unacknowledged stays locked to
+this member until its lock expires (Kafka 4.1 refuses the next ``poll`` instead; Tidelog
+lets the lock do its work). Acknowledgements travel with the next ``poll``'s fetch
+(``ShareFetch``) or, on a commit, alone (``ShareAcknowledge``); ``commit_sync`` returns
+each partition's outcome.
+
+**Membership.** A heartbeat thread keeps the member in the group (ShareGroupHeartbeat to
+the coordinator, every ``heartbeat_interval_ms`` the broker dictates) and holds its
+assignment; ``poll`` fetches the assigned partitions from their leaders (one ShareFetch
+per leader, long-polling up to ``fetch_max_wait_ms`` when one leader serves them all).
+A fenced or unknown member rejoins with its own member id (a UUID kept for its life).
+
+**Close** accepts the last poll's records (implicit mode), sends what is pending, closes
+the share session at every leader it fetched from (the broker releases whatever it still
+holds at once, for the others), leaves the group, and stops the thread. A consumer that
+dies without closing has its records redelivered when their locks expire.
+
+Every blocking call takes a ``timeout_ms`` (default ``request_timeout_ms``). Not
+thread-safe, as Kafka's: use it from one thread (the heartbeat thread is internal).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from tidelog.client.config import DEFAULT_BOOTSTRAP
+from tidelog.client.connection import Connection
+from tidelog.client.errors import ClosedError
+from tidelog.client.grpc_connection import GrpcConnection, grpc_connections
+from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.types import ConsumerRecord, TopicPartition
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.storage.errors import (
+    FencedMemberEpochError,
+    InvalidRequestError,
+    TidelogError,
+    UnknownMemberIdError,
+    error_for_code,
+)
+from tidelog.storage.records import decode_batch_as, iter_batch_headers
+
+__all__ = ["ACKNOWLEDGE_KINDS", "ShareConsumer"]
+
+log = logging.getLogger(__name__)
+
+# Kafka's AcknowledgeType ids.
+ACKNOWLEDGE_KINDS: Mapping[str, int] = {"accept": 1, "release": 2, "reject": 3}
+_ACCEPT = 1
+_JOIN_EPOCH = 0
+_LEAVE_EPOCH = -1
+_RETRY_BACKOFF_MS = 100
+_POLL_SLICE_MS = 100
+
+_Pending = dict[TopicPartition, dict[int, int]]  # partition -> offset -> kind
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class ShareConsumer:
+    """One member of a share group. Not thread-safe (module docstring).
+
+    Args:
+        bootstrap_servers: ``"host:port[,host:port]"``.
+        group_id: the share group.
+        client_id: how the broker names this client in descriptions and logs.
+        max_poll_records: records one ``poll`` returns at most.
+        fetch_max_wait_ms: how long a fetch waits at the broker for records.
+        acknowledgement_mode: ``implicit`` (the default; explicit from the first
+            ``acknowledge``) or ``explicit`` (Kafka 4.1's ``share.acknowledgement.mode``).
+        request_timeout_ms: the default timeout of every blocking call.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str = DEFAULT_BOOTSTRAP,
+        group_id: str = "",
+        *,
+        client_id: str = "tidelog-share-consumer",
+        max_poll_records: int = 500,
+        fetch_max_wait_ms: int = 500,
+        request_timeout_ms: int = 30_000,
+        reconnect_backoff_max_ms: int = 1_000,
+        acknowledgement_mode: str = "implicit",
+    ) -> None:
+        if not group_id:
+            raise ValueError("a ShareConsumer needs a group_id")
+        if max_poll_records < 1:
+            raise ValueError("max_poll_records must be at least 1")
+        if acknowledgement_mode not in ("implicit", "explicit"):
+            raise ValueError("acknowledgement_mode must be implicit or explicit")
+        if fetch_max_wait_ms < 0 or request_timeout_ms < 1:
+            raise ValueError("fetch_max_wait_ms must be >= 0 and request_timeout_ms >= 1")
+        self.group_id = group_id
+        self.member_id = str(uuid.uuid4())
+        self.client_id = client_id
+        self.max_poll_records = max_poll_records
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.request_timeout_ms = request_timeout_ms
+        self._connections = ClusterConnections(
+            bootstrap_servers,
+            grpc_connections(
+                client_id=client_id,
+                request_timeout_ms=request_timeout_ms,
+                reconnect_backoff_max_ms=reconnect_backoff_max_ms,
+            ),
+            request_timeout_ms=request_timeout_ms,
+        )
+        self._lock = threading.Condition()
+        # Under _lock: membership as the heartbeat thread keeps it.
+        self._subscription: frozenset[str] = frozenset()
+        self._subscription_sent = False
+        self._epoch = _JOIN_EPOCH
+        self._assignment: frozenset[TopicPartition] = frozenset()
+        self._interval_ms = 1_000
+        self._member_error: TidelogError | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        # The application's side (one thread).
+        self._explicit = acknowledgement_mode == "explicit"
+        self._delivered: dict[tuple[TopicPartition, int], int] = {}  # -> delivery count
+        self._pending: _Pending = {}
+        self._leaders: set[str] = set()  # addresses fetched from (sessions to close)
+        self._async: ThreadPoolExecutor | None = None
+        self._async_lock = threading.Lock()  # one acknowledgement send at a time
+        self._closed = False
+
+    # --- membership -----------------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Join the group for ``topics`` (replaces the subscription; empty: leave)."""
+        self._check_open()
+        names = frozenset(topics)
+        if not names:
+            self.unsubscribe()
+            return
+        with self._lock:
+            self._subscription = names
+            self._subscription_sent = False
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._heartbeat_loop, name=f"share-heartbeat-{self.group_id}", daemon=True
+            )
+            self._thread.start()
+        self._wake.set()
+
+    def subscription(self) -> set[str]:
+        with self._lock:
+            return set(self._subscription)
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions the coordinator gave this member (shared with others)."""
+        with self._lock:
+            return set(self._assignment)
+
+    def unsubscribe(self, timeout_ms: int | None = None) -> None:
+        """Leave the group (records still held are released by the broker)."""
+        self._release_sessions(self._timeout(timeout_ms))
+        self._stop_heartbeats(self._timeout(timeout_ms))
+        with self._lock:
+            self._subscription = frozenset()
+            self._assignment = frozenset()
+        self._stop = threading.Event()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                epoch, topics, sent = self._epoch, self._subscription, self._subscription_sent
+            try:
+                answer = self._heartbeat(epoch, topics if not sent or epoch == 0 else None)
+            except (UnknownMemberIdError, FencedMemberEpochError) as exc:
+                log.warning("share group %s: %s; rejoining", self.group_id, exc)
+                with self._lock:
+                    self._epoch = _JOIN_EPOCH
+                    self._assignment = frozenset()
+                continue
+            except ClosedError:
+                return
+            except TidelogError as exc:
+                log.info("share group %s: heartbeat failed: %s", self.group_id, exc)
+                with self._lock:
+                    self._member_error = exc
+                self._wake.wait(_RETRY_BACKOFF_MS / 1000)
+                self._wake.clear()
+                continue
+            with self._lock:
+                self._member_error = None
+                self._epoch = answer.member_epoch
+                if topics is not None and topics == self._subscription:
+                    self._subscription_sent = True
+                self._interval_ms = max(answer.heartbeat_interval_ms, 10)
+                if answer.assignment_changed:
+                    self._assignment = frozenset(
+                        TopicPartition(t.topic, p) for t in answer.assignment for p in t.partitions
+                    )
+                self._lock.notify_all()
+                interval = self._interval_ms
+            self._wake.wait(interval / 1000)
+            self._wake.clear()
+
+    def _heartbeat(self, epoch: int, topics: frozenset[str] | None) -> Any:
+        request = pb.ShareGroupHeartbeatRequest(
+            group_id=self.group_id,
+            member_id=self.member_id,
+            member_epoch=epoch,
+            subscribed_topic_names=sorted(topics or ()),
+            client_id=self.client_id,
+        )
+        return self._connections.run(
+            self._connections.route_coordinator(self.group_id),
+            lambda c, t: _call(c, "ShareGroupHeartbeat", request, t),
+            what=f"share group {self.group_id} heartbeat",
+            timeout_ms=self.request_timeout_ms,
+            group_id=self.group_id,
+        )
+
+    def _stop_heartbeats(self, timeout_ms: int) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        thread.join(timeout_ms / 1000)
+        self._thread = None
+        with self._lock:
+            epoch = self._epoch
+        if epoch > 0:
+            try:
+                self._connections.run(
+                    self._connections.route_coordinator(self.group_id),
+                    lambda c, t: _call(
+                        c,
+                        "ShareGroupHeartbeat",
+                        pb.ShareGroupHeartbeatRequest(
+                            group_id=self.group_id,
+                            member_id=self.member_id,
+                            member_epoch=_LEAVE_EPOCH,
+                        ),
+                        t,
+                    ),
+                    what=f"share group {self.group_id} leave",
+                    timeout_ms=timeout_ms,
+                    group_id=self.group_id,
+                )
+            except TidelogError as exc:
+                log.warning("share group %s: leaving failed: %s", self.group_id, exc)
+        with self._lock:
+            self._epoch = _JOIN_EPOCH
+
+    # --- records --------------------------------------------------------------------------
+
+    def poll(self, timeout_ms: int = 0) -> list[ConsumerRecord]:
+        """Records acquired for this member (at most ``max_poll_records``), waiting up to
+        ``timeout_ms`` for some. Implicit mode: the previous poll's records are accepted
+        first. Never raises for a broker that is down: returns nothing at the timeout."""
+        self._check_open()
+        self._implicit_accept()
+        deadline = _monotonic_ms() + max(timeout_ms, 0)
+        while True:
+            records = self._fetch_once(max(deadline - _monotonic_ms(), 0))
+            if records or _monotonic_ms() >= deadline:
+                return records
+
+    def _fetch_once(self, budget_ms: int) -> list[ConsumerRecord]:
+        with self._lock:
+            assignment = sorted(self._assignment)
+            if not assignment and budget_ms > 0:
+                self._lock.wait(min(budget_ms, _POLL_SLICE_MS) / 1000)
+                assignment = sorted(self._assignment)
+        if not assignment:
+            self._send_pending(self.request_timeout_ms)  # acknowledgements still count
+            return []
+        by_leader: dict[str, tuple[Connection, list[TopicPartition]]] = {}
+        for tp in assignment:
+            try:
+                connection = self._connections.leader(tp, self.request_timeout_ms)
+            except TidelogError as exc:
+                log.info("share group %s: no leader for %s: %s", self.group_id, tp, exc)
+                continue
+            by_leader.setdefault(connection.address, (connection, []))[1].append(tp)
+        if not by_leader:
+            time.sleep(min(budget_ms, _RETRY_BACKOFF_MS) / 1000)
+            return []
+        wait_ms = min(budget_ms, self.fetch_max_wait_ms) if len(by_leader) == 1 else 0
+        records: list[ConsumerRecord] = []
+        pending = self._take_pending()
+        for address, (connection, tps) in by_leader.items():
+            acks = {tp: offsets for tp, offsets in pending.items() if tp in tps}
+            for tp in acks:
+                del pending[tp]
+            room = self.max_poll_records - len(records)
+            if room <= 0:
+                self._restore_pending(acks)
+                continue
+            records.extend(self._fetch_from(address, connection, tps, acks, room, wait_ms))
+        if pending:  # partitions no longer assigned or led by another broker now
+            self._restore_pending(pending)
+            self._send_pending(self.request_timeout_ms)
+        if not records and len(by_leader) > 1 and budget_ms > 0:
+            time.sleep(min(budget_ms, _RETRY_BACKOFF_MS) / 1000)
+        return records
+
+    def _fetch_from(
+        self,
+        address: str,
+        connection: Connection,
+        tps: list[TopicPartition],
+        acks: _Pending,
+        room: int,
+        wait_ms: int,
+    ) -> list[ConsumerRecord]:
+        by_topic: dict[str, list[int]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        request = pb.ShareFetchRequest(
+            group_id=self.group_id,
+            member_id=self.member_id,
+            partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
+            acknowledgements=_ack_messages(acks),
+            max_records=room,
+            max_wait_ms=wait_ms,
+        )
+        self._leaders.add(address)
+        try:
+            answer = _call(connection, "ShareFetch", request, wait_ms + self.request_timeout_ms)
+        except TidelogError as exc:
+            log.info("share group %s: fetch from %s failed: %s", self.group_id, address, exc)
+            self._connections.mark_stale()
+            self._restore_pending(acks)  # acknowledged with the next request
+            return []
+        for result in answer.acknowledgements:
+            if result.error_code:
+                log.warning(
+                    "share group %s: acknowledging %s-%d failed: %s %s",
+                    self.group_id,
+                    result.topic,
+                    result.partition,
+                    result.error_code,
+                    result.error_message,
+                )
+        out: list[ConsumerRecord] = []
+        for part in answer.partitions:
+            if part.error_code:
+                error = error_for_code(part.error_code, part.error_message)
+                if isinstance(error, ROUTING_ERRORS):
+                    self._connections.mark_stale()
+                log.info(
+                    "share group %s: %s-%d: %s", self.group_id, part.topic, part.partition, error
+                )
+                continue
+            out.extend(self._records_of(part))
+        return out
+
+    def _records_of(self, part: Any) -> list[ConsumerRecord]:
+        tp = TopicPartition(part.topic, part.partition)
+        counts: dict[int, int] = {}
+        for r in part.acquired:
+            for offset in range(r.first_offset, r.last_offset + 1):
+                counts[offset] = r.delivery_count
+        out: list[ConsumerRecord] = []
+        data = part.records
+        for position, header in iter_batch_headers(data):
+            if header.is_control or header.records_count == 0:
+                continue
+            _, decoded = decode_batch_as(data, position, ConsumerRecord, (tp.topic, tp.partition))
+            for record in decoded:
+                count = counts.get(record.offset)
+                if count is not None:
+                    out.append(record)
+                    self._delivered[(tp, record.offset)] = count
+        return out
+
+    def delivery_count(self, record: ConsumerRecord) -> int:
+        """Which delivery of ``record`` this is (1 the first); 0 if it is not held."""
+        return self._delivered.get(
+            (TopicPartition(record.topic, record.partition), record.offset), 0
+        )
+
+    # --- acknowledgements -----------------------------------------------------------------
+
+    def acknowledge(self, record: ConsumerRecord, kind: str = "accept") -> None:
+        """Acknowledge one record of the last poll (switches to explicit mode): ``accept``
+        (done), ``release`` (to any member, at once, its delivery counted) or ``reject``
+        (never again). Sent with the next poll or commit. Raises ``ValueError`` for an
+        unknown kind or a record this consumer does not hold."""
+        self._check_open()
+        code = ACKNOWLEDGE_KINDS.get(kind)
+        if code is None:
+            raise ValueError(f"kind must be one of {sorted(ACKNOWLEDGE_KINDS)}, not {kind!r}")
+        tp = TopicPartition(record.topic, record.partition)
+        if (tp, record.offset) not in self._delivered:
+            raise ValueError(f"{tp}@{record.offset} is not held by this consumer")
+        self._explicit = True
+        del self._delivered[(tp, record.offset)]
+        self._pending.setdefault(tp, {})[record.offset] = code
+
+    def commit_sync(
+        self, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Send every pending acknowledgement now and wait for the answers: each
+        partition's outcome (None: applied)."""
+        self._check_open()
+        self._implicit_accept()
+        return self._send_pending(self._timeout(timeout_ms))
+
+    def commit_async(
+        self,
+        callback: Callable[[dict[TopicPartition, TidelogError | None]], None] | None = None,
+    ) -> Future[dict[TopicPartition, TidelogError | None]]:
+        """``commit_sync`` on a background thread; the future (and ``callback``) get its
+        outcomes."""
+        self._check_open()
+        self._implicit_accept()
+        pending = self._take_pending()
+        if self._async is None:
+            self._async = ThreadPoolExecutor(1, thread_name_prefix="share-commit")
+
+        def send() -> dict[TopicPartition, TidelogError | None]:
+            self._restore_pending(pending)
+            result = self._send_pending(self.request_timeout_ms)
+            if callback is not None:
+                callback(result)
+            return result
+
+        return self._async.submit(send)
+
+    def _implicit_accept(self) -> None:
+        if self._explicit:
+            return
+        for tp, offset in self._delivered:
+            self._pending.setdefault(tp, {})[offset] = _ACCEPT
+        self._delivered.clear()
+
+    def _take_pending(self) -> _Pending:
+        with self._async_lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def _restore_pending(self, pending: _Pending) -> None:
+        with self._async_lock:
+            for tp, offsets in pending.items():
+                self._pending.setdefault(tp, {}).update(offsets)
+
+    def _send_pending(
+        self, timeout_ms: int, *, close_session: bool = False
+    ) -> dict[TopicPartition, TidelogError | None]:
+        pending = self._take_pending()
+        outcomes: dict[TopicPartition, TidelogError | None] = {}
+        by_leader: dict[str, tuple[Connection, _Pending]] = {}
+        for tp, offsets in pending.items():
+            try:
+                connection = self._connections.leader(tp, timeout_ms)
+            except TidelogError as exc:
+                outcomes[tp] = exc
+                continue
+            by_leader.setdefault(connection.address, (connection, {}))[1][tp] = offsets
+        if close_session:
+            for address in self._leaders:
+                if address not in by_leader:
+                    by_leader[address] = (self._connections.connection_to(address), {})
+        for connection, acks in by_leader.values():
+            request = pb.ShareAcknowledgeRequest(
+                group_id=self.group_id,
+                member_id=self.member_id,
+                acknowledgements=_ack_messages(acks),
+                close_session=close_session,
+            )
+            try:
+                answer = _call(connection, "ShareAcknowledge", request, timeout_ms)
+            except TidelogError as exc:
+                outcomes.update(dict.fromkeys(acks, exc))
+                continue
+            for r in answer.results:
+                tp = TopicPartition(r.topic, r.partition)
+                outcomes[tp] = (
+                    error_for_code(r.error_code, r.error_message) if r.error_code else None
+                )
+        return outcomes
+
+    def _release_sessions(self, timeout_ms: int) -> None:
+        """Send what is pending and close the share session at every leader fetched from
+        (the broker releases what this member still holds there)."""
+        self._implicit_accept()
+        outcomes = self._send_pending(timeout_ms, close_session=True)
+        for tp, error in outcomes.items():
+            if error is not None:
+                log.warning("share group %s: acknowledging %s failed: %s", self.group_id, tp, error)
+        self._leaders.clear()
+        self._delivered.clear()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self, timeout_ms: int | None = None) -> None:
+        """Acknowledge (implicit mode: accept the last poll's records), release what is
+        still held, leave the group and stop. Idempotent."""
+        if self._closed:
+            return
+        timeout = self._timeout(timeout_ms)
+        try:
+            self._release_sessions(timeout)
+            self._stop_heartbeats(timeout)
+            if self._async is not None:
+                self._async.shutdown(wait=True)
+        finally:
+            self._closed = True
+            self._connections.close()
+
+    def __enter__(self) -> ShareConsumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the share consumer is closed")
+
+    def _timeout(self, timeout_ms: int | None) -> int:
+        return self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
+
+
+def _ack_messages(acks: _Pending) -> list[pb.ShareAcknowledgement]:
+    """Pending acknowledgements as ranges of consecutive offsets of one kind."""
+    out: list[pb.ShareAcknowledgement] = []
+    for tp, offsets in acks.items():
+        first = last = kind = -1
+        for offset in sorted(offsets):
+            if offset == last + 1 and offsets[offset] == kind:
+                last = offset
+                continue
+            if first >= 0:
+                out.append(_ack(tp, first, last, kind))
+            first = last = offset
+            kind = offsets[offset]
+        if first >= 0:
+            out.append(_ack(tp, first, last, kind))
+    return out
+
+
+def _ack(tp: TopicPartition, first: int, last: int, kind: int) -> pb.ShareAcknowledgement:
+    return pb.ShareAcknowledgement(
+        topic=tp.topic, partition=tp.partition, first_offset=first, last_offset=last, kind=kind
+    )
+
+
+def _call(connection: Connection, method: str, request: Any, timeout_ms: int) -> Any:
+    if not isinstance(connection, GrpcConnection):
+        raise InvalidRequestError(f"{method} needs a gRPC connection")
+    transport = connection.transport
+    return transport.call(
+        getattr(transport.stub, method), request, what=method, timeout_ms=timeout_ms
+    )
