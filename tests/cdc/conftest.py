@@ -12,7 +12,9 @@ directory removed at the end. PostgreSQL missing is a failure (``make venv`` and
 again on the same port and data, for the tests of a restart under a running connector.
 
 ``database`` gives each test a fresh database (``dsn``), so slots and publications of one
-test never meet another's; ``broker`` is one in-process broker per module.
+test never meet another's; ``broker`` is one in-process broker per module. A failed test
+that used a ``LocalCluster`` reports the end of every broker's log (the cluster tests'
+hook, imported).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests.broker.cluster.conftest import pytest_runtest_makereport  # noqa: F401 (the hook)
 from tidelog.broker.testing import InProcessBroker
 
 _START_TIMEOUT_S = 60

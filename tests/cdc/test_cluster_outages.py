@@ -44,6 +44,7 @@ pytestmark = pytest.mark.timeout(180)
 
 NAME = "clustered"
 TOPIC = f"{NAME}.public.t"
+OFFSETS = f"{NAME}-offsets"
 # Long enough to show commits going on without the victim; bounded by the outage budget.
 PROGRESS_TIMEOUT_S = 60
 
@@ -77,6 +78,25 @@ def _coordinator(cluster: LocalCluster) -> int:
     return coordinator_of(cluster, _asked(cluster), transactional_id_for(NAME))
 
 
+def _restart(cluster: LocalCluster, broker_id: int) -> None:
+    """Start ``broker_id`` again and wait until it is back in the in-sync replicas of
+    every partition the connector writes (its table's, its offsets', the transaction
+    state's): RF=3 with min.insync.replicas 2 survives one broker down at a time, so the
+    next kill must find three in sync."""
+    cluster.start_broker(broker_id)
+    cluster.wait_converged()
+
+    def in_sync() -> bool:
+        asked = _asked(cluster)
+        for topic in (TOPIC, OFFSETS, "__transaction_state"):
+            found = placement(cluster, asked, topic)
+            if not found or any(broker_id not in isr for _, isr in found.values()):
+                return False
+        return True
+
+    eventually(in_sync, 60)
+
+
 def _commits_past(connector: PostgresConnector, dsn: str) -> None:
     """Wait until a PostgreSQL transaction committed from now on (the load runs) is in
     the connector's committed position: the connector committed a Tidelog transaction
@@ -96,7 +116,7 @@ def test_leader_and_coordinator_killed_under_the_connector(dsn: str, cluster: Lo
         tables=("public.t",),
         slot=NAME,
         topic_prefix=NAME,
-        offsets_topic=f"{NAME}-offsets",
+        offsets_topic=OFFSETS,
         snapshot_chunk_rows=250,
         # Shorter than a leader's failover (the session timeout, then an election): a
         # commit in flight at a kill times out and is retried by the sink.
@@ -114,8 +134,7 @@ def test_leader_and_coordinator_killed_under_the_connector(dsn: str, cluster: Lo
         cluster.kill(leader)
         eventually(lambda: _leader(cluster) not in (leader, -1), PROGRESS_TIMEOUT_S)
         _commits_past(connector, dsn)  # with the victim down
-        cluster.start_broker(leader)
-        cluster.wait_converged()
+        _restart(cluster, leader)
         _commits_past(connector, dsn)
 
         # 2. The transaction coordinator of the connector's transactional id.
@@ -123,8 +142,7 @@ def test_leader_and_coordinator_killed_under_the_connector(dsn: str, cluster: Lo
         cluster.kill(coordinator)
         eventually(lambda: _coordinator(cluster) not in (coordinator, -1), PROGRESS_TIMEOUT_S)
         _commits_past(connector, dsn)  # with the victim down
-        cluster.start_broker(coordinator)
-        cluster.wait_converged()
+        _restart(cluster, coordinator)
         _commits_past(connector, dsn)
 
         writer.stop()
