@@ -154,6 +154,7 @@ class TransactionalSink:
         self._records = 0
         self._position: Position | None = None
         self._durable: int | None = None
+        self._rewrites = 0  # the open transaction's rewrites since the last commit
         self.commits = 0  # Tidelog transactions committed (a metric)
         self.server_wal_end = 0  # the connector's latest view, written with positions
         self._ensure_producer(transaction_timeout_ms)  # fences the zombie
@@ -323,6 +324,7 @@ class TransactionalSink:
                 self._write_again(exc, deadline, position=True)
         self._open = False
         self._units = []
+        self._rewrites = 0
         self._durable = position.lsn
         self.commits += 1
         log.debug("CDC position %s committed", format_lsn(position.lsn))
@@ -336,6 +338,11 @@ class TransactionalSink:
             if _monotonic_ms() > deadline:
                 raise cause
             log.warning("CDC %s: transaction aborted (%s); writing it again", self._name, cause)
+            # Consecutive failures back off (a record refused until an operator acts
+            # would otherwise cost an abort and an epoch bump in a tight loop).
+            if self._rewrites:
+                time.sleep(min(0.05 * 2 ** min(self._rewrites, 5), 1.0))
+            self._rewrites += 1
             self._abort(deadline)
             try:
                 self._rewrite(position)
