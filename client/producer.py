@@ -444,8 +444,13 @@ class Producer:
         ``timeout_ms`` (default ``max_block_ms``; call it again to finish the commit)."""
         txn, timeout = self._transactions(timeout_ms)
         deadline = now_ms() + timeout
-        if txn.begin_commit():
-            self._flush_transaction(txn, deadline)
+        txn.begin_commit()
+        # Flushed on every call, a retried one too: a commit that timed out in its flush
+        # still has records in flight, and an EndTxn sent before they are stored would
+        # commit the transaction without them (they land after its marker, refused or in
+        # no transaction). Kafka's sender likewise holds EndTxn while batches are
+        # incomplete. Once the records are done, flushing again costs nothing.
+        self._flush_transaction(txn, deadline)
         txn.end(True, max(deadline - now_ms(), 1))
 
     def abort_transaction(self, timeout_ms: int | None = None) -> None:

@@ -292,8 +292,8 @@ class TransactionManager:
             raise
 
     def begin_commit(self) -> bool:
-        """Enter COMMITTING; False if already there (a commit retried after a timeout:
-        its records were flushed then)."""
+        """Enter COMMITTING; False if already there (a commit retried after a timeout,
+        whose records the producer flushes again before EndTxn)."""
         with self._lock:
             state = self._require(
                 "commit_transaction", TxnState.IN_TRANSACTION, TxnState.COMMITTING

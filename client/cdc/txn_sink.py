@@ -35,14 +35,29 @@ Decisions:
   see nothing until it commits. The producer is re-created with that timeout for the
   snapshot and with ``transaction_timeout_ms`` (Kafka's 60,000) for streaming, so a dead
   connector that nobody restarts holds the last stable offset for a minute, not fifteen.
-- **Failures.** A commit that times out (the brokers unreachable) is retried; a
-  transaction made abortable (a record refused, a restarted leader refusing an in-flight
-  batch) is aborted and its units written again in a new transaction; both for up to
-  ``outage_timeout_ms`` (default 120,000), then the sink raises and the connector stops
-  (a restart resumes from the last commit). A fenced producer raises ``CdcError`` at once:
-  another connector with the same name took over. A failed snapshot transaction is not
-  retried (its chunks are not kept): the connector stops and the next start snapshots
-  again.
+- **Failures.** Each for up to ``outage_timeout_ms`` (default 120,000), then the sink
+  raises and the connector stops (a restart resumes from the last commit):
+
+  - a commit that times out (brokers unreachable, a leader moving, the coordinator
+    moving: ``NOT_COORDINATOR``, ``COORDINATOR_NOT_AVAILABLE`` and
+    ``CONCURRENT_TRANSACTIONS`` are retried inside each call until its
+    ``request_timeout_ms``) is called again; the producer flushes again before it sends
+    EndTxn, so a commit whose flush timed out never decides the transaction with a
+    record still in flight;
+  - a transaction made abortable (a record refused, a restarted leader refusing an
+    in-flight batch), found at the commit or at a send, is aborted and its units written
+    again in a new transaction; a send that blocks past its timeout likewise;
+  - ``init_transactions`` that times out (no coordinator yet) is called again;
+  - an abort that times out is called again; one the producer refuses (a retried abort
+    whose EndTxn went through but whose epoch bump did not) replaces the producer: the
+    new one's InitProducerId fences the old and aborts whatever it left open.
+
+  ``PRODUCER_FENCED`` or ``INVALID_PRODUCER_EPOCH`` from the coordinator raises
+  ``CdcError`` ("fenced") at once: another connector with the same name took over (or
+  an outage outlived the transaction timeout and the coordinator aborted the
+  transaction, bumping the epoch: a restart resumes). A failed snapshot transaction is
+  not retried (its chunks are not kept): the connector stops and the next start
+  snapshots again.
 
 Not thread-safe: one connector thread calls every method.
 """
@@ -59,6 +74,7 @@ from tidelog.client.cdc.sink import encode_position
 from tidelog.client.cdc.testhooks import stop_point
 from tidelog.client.producer import Producer
 from tidelog.storage.errors import (
+    InvalidProducerEpochError,
     KafkaTimeoutError,
     ProducerFencedError,
     TidelogError,
@@ -68,6 +84,9 @@ from tidelog.storage.errors import (
 __all__ = ["TransactionalSink", "transactional_id_for"]
 
 log = logging.getLogger(__name__)
+
+# The coordinator's answers that mean a newer instance of the transactional id exists.
+_FENCED = (ProducerFencedError, InvalidProducerEpochError)
 
 
 def transactional_id_for(name: str) -> str:
@@ -135,6 +154,7 @@ class TransactionalSink:
         self._records = 0
         self._position: Position | None = None
         self._durable: int | None = None
+        self._rewrites = 0  # the open transaction's rewrites since the last commit
         self.commits = 0  # Tidelog transactions committed (a metric)
         self.server_wal_end = 0  # the connector's latest view, written with positions
         self._ensure_producer(transaction_timeout_ms)  # fences the zombie
@@ -148,20 +168,26 @@ class TransactionalSink:
             self._begin(snapshot=unit.snapshot)
         elif unit.snapshot != self._snapshot:
             raise CdcError("a snapshot unit and a streaming unit in one transaction")
-        producer = self._live_producer()
-        for record in unit.records:
-            producer.send(record.topic, value=record.value, key=record.key)
-        self._records += len(unit.records)
-        if unit.position is None:
-            if not self._snapshot:
-                raise CdcError("a streaming unit without a position")
-            stop_point("snapshot", prepare=self._flush_sends)
-            return
-        self._position = unit.position
         if self._snapshot:
+            # A failure here stops the connector: the snapshot is taken again (its
+            # chunks are not kept to be written twice).
+            self._send_records(unit)
+            if unit.position is None:
+                stop_point("snapshot", prepare=self._flush_sends)
+                return
+            self._position = unit.position
             self._commit()  # the snapshot's last unit: the whole snapshot becomes visible
             return
+        if unit.position is None:
+            raise CdcError("a streaming unit without a position")
         self._units.append(unit)
+        self._position = unit.position
+        try:
+            self._send_records(unit)
+        except (TransactionAbortableError, KafkaTimeoutError) as exc:
+            # A batch of the open transaction failed (or a send blocked past its
+            # timeout while a leader moved): abort and write its units again.
+            self._write_again(exc, _monotonic_ms() + self._outage_timeout_ms, position=False)
         if (
             self._records >= self._max_records
             or _monotonic_ms() - self._opened_ms >= self._commit_interval_ms
@@ -209,13 +235,41 @@ class TransactionalSink:
             max_block_ms=self._request_timeout_ms,
             **self._security,
         )
+        deadline = _monotonic_ms() + self._outage_timeout_ms
         try:
-            producer.init_transactions()
+            while True:
+                try:
+                    producer.init_transactions(self._request_timeout_ms)
+                    break
+                except KafkaTimeoutError:
+                    # No coordinator yet (brokers down, its partition moving): the call
+                    # may be made again.
+                    if _monotonic_ms() > deadline:
+                        raise
+                    log.warning("CDC %s: init_transactions timed out; retrying", self._name)
+        except _FENCED as exc:
+            producer.close(timeout_ms=0)
+            raise self._fenced(exc) from exc
         except BaseException:
             producer.close(timeout_ms=0)
             raise
         self._producer = producer
         self._producer_timeout_ms = timeout_ms
+
+    def _replace_producer(self) -> None:
+        """A new producer in place of one that cannot go on: its InitProducerId fences the
+        old one (whose late batches are refused) and aborts the transaction it left open."""
+        timeout_ms = self._producer_timeout_ms
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            producer.close(timeout_ms=0)
+        self._ensure_producer(timeout_ms)
+
+    def _fenced(self, exc: BaseException) -> CdcError:
+        return CdcError(
+            f"fenced: another connector named {self._name!r} "
+            f"(transactional id {self.transactional_id!r}) took over ({exc})"
+        )
 
     def _begin(self, *, snapshot: bool) -> None:
         self._ensure_producer(self._snapshot_timeout_ms if snapshot else self._streaming_timeout_ms)
@@ -226,6 +280,12 @@ class TransactionalSink:
         self._units = []
         self._records = 0
         self._position = None
+
+    def _send_records(self, unit: ChangeUnit) -> None:
+        producer = self._live_producer()
+        for record in unit.records:
+            producer.send(record.topic, value=record.value, key=record.key)
+        self._records += len(unit.records)
 
     def _flush_sends(self) -> None:
         self._live_producer().flush(self._request_timeout_ms)
@@ -248,50 +308,79 @@ class TransactionalSink:
         while True:
             producer = self._live_producer()
             try:
+                # Called again after a timeout it flushes first (the producer's rule), so
+                # EndTxn never goes out with a record of the transaction in flight.
                 producer.commit_transaction(self._request_timeout_ms)
                 break
-            except ProducerFencedError as exc:
-                raise CdcError(
-                    f"fenced: another connector named {self._name!r} "
-                    f"(transactional id {self.transactional_id!r}) took over"
-                ) from exc
+            except _FENCED as exc:
+                raise self._fenced(exc) from exc
             except KafkaTimeoutError:
                 if _monotonic_ms() > deadline:
                     raise
                 log.warning("CDC %s: commit timed out; retrying", self._name)
             except TransactionAbortableError as exc:
-                if self._snapshot or _monotonic_ms() > deadline:
+                if self._snapshot:
                     raise
-                log.warning("CDC %s: transaction aborted (%s); writing it again", self._name, exc)
-                self._abort(deadline)
-                self._rewrite(position)
+                self._write_again(exc, deadline, position=True)
         self._open = False
         self._units = []
+        self._rewrites = 0
         self._durable = position.lsn
         self.commits += 1
         log.debug("CDC position %s committed", format_lsn(position.lsn))
         stop_point("after_commit")
 
+    def _write_again(self, cause: BaseException, deadline: int, *, position: bool) -> None:
+        """The open (streaming) transaction failed: abort it and write its units (and,
+        with ``position``, the position) in a new one, until that succeeds or
+        ``deadline`` passes (then ``cause``'s kind is raised)."""
+        while True:
+            if _monotonic_ms() > deadline:
+                raise cause
+            log.warning("CDC %s: transaction aborted (%s); writing it again", self._name, cause)
+            # Consecutive failures back off (a record refused until an operator acts
+            # would otherwise cost an abort and an epoch bump in a tight loop).
+            if self._rewrites:
+                time.sleep(min(0.05 * 2 ** min(self._rewrites, 5), 1.0))
+            self._rewrites += 1
+            self._abort(deadline)
+            try:
+                self._rewrite(position)
+                return
+            except (TransactionAbortableError, KafkaTimeoutError) as exc:
+                cause = exc
+
     def _abort(self, deadline: int) -> None:
+        """Abort the open transaction. A timeout is retried; a producer that cannot abort
+        (say a retried abort whose EndTxn went through but whose epoch bump did not, so
+        there is nothing left to abort in its eyes) is replaced by a new one, whose
+        InitProducerId aborts whatever the old one left open."""
         while True:
             try:
                 self._live_producer().abort_transaction(self._request_timeout_ms)
                 return
-            except (KafkaTimeoutError, TidelogError) as exc:
-                if isinstance(exc, ProducerFencedError) or _monotonic_ms() > deadline:
+            except _FENCED as exc:
+                raise self._fenced(exc) from exc
+            except KafkaTimeoutError as exc:
+                if _monotonic_ms() > deadline:
                     raise
-                log.warning("CDC %s: abort failed (%s); retrying", self._name, exc)
-                time.sleep(0.2)
+                log.warning("CDC %s: abort timed out (%s); retrying", self._name, exc)
+            except TidelogError as exc:
+                if _monotonic_ms() > deadline:
+                    raise
+                log.warning("CDC %s: abort failed (%s); a new producer", self._name, exc)
+                self._replace_producer()
+                return
 
-    def _rewrite(self, position: Position) -> None:
-        """The aborted transaction's units again, in a new transaction."""
+    def _rewrite(self, position: bool) -> None:
+        """The aborted transaction's units again, in a new transaction (and the
+        position, for a commit)."""
         units = self._units
+        stored = self._position
         self._begin(snapshot=False)
-        producer = self._live_producer()
-        for unit in units:
-            for record in unit.records:
-                producer.send(record.topic, value=record.value, key=record.key)
-            self._records += len(unit.records)
         self._units = units
-        self._position = position
-        self._send_position(position)
+        self._position = stored
+        for unit in units:
+            self._send_records(unit)
+        if position and stored is not None:
+            self._send_position(stored)

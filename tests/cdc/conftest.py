@@ -10,7 +10,9 @@ shutdown: sessions are cut) and starts it again on the same port and data, for t
 of a restart under a running connector.
 
 ``database`` gives each test a fresh database (``dsn``), so slots and publications of one
-test never meet another's; ``broker`` is one in-process broker per module.
+test never meet another's; ``broker`` is one in-process broker per module. A failed test
+that used a ``LocalCluster`` reports the end of every broker's log (the cluster tests'
+hook, imported).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 import psycopg2
 import pytest
 
+from tests.broker.cluster.conftest import pytest_runtest_makereport  # noqa: F401 (the hook)
 from tests.cdc.postgres import Postgres, running_postgres
 from tidelog.broker.testing import InProcessBroker
 

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 @contextmanager
 def running(connector: PostgresConnector) -> Iterator[PostgresConnector]:
     """``connector.run`` on a thread; stopped (gracefully) and joined at the end; an error
-    it raised is raised here."""
+    it raised is raised here (also when the body failed first, say waiting for progress
+    the dead connector could not make: the body's error is its context)."""
     errors: list[BaseException] = []
 
     def target() -> None:
@@ -50,7 +51,7 @@ def running(connector: PostgresConnector) -> Iterator[PostgresConnector]:
         connector.stop()
         thread.join(60)
         assert not thread.is_alive(), "the connector did not stop"
-    assert not errors, errors
+        assert not errors, errors
 
 
 def _config(dsn: str, broker: InProcessBroker, slot: str, *tables: str) -> ConnectorConfig:

@@ -27,20 +27,18 @@ from pathlib import Path
 import pytest
 
 from tests.broker.cluster.waiting import eventually
+from tests.cdc.checks import Writer, check_exactly_once, compacted_differences
 from tests.cdc.test_connector import Workload, _create_table
 from tests.cdc.topics import (
     confirmed_flush_lsn,
-    database_rows,
     execute,
-    latest_rows,
     read_topic,
 )
 from tidelog.broker.testing import InProcessBroker
-from tidelog.client.cdc.events import parse_lsn
 from tidelog.client.cdc.sink import decode_position, read_positions
 from tidelog.client.cdc.testhooks import ENV
 from tidelog.client.consumer import Consumer
-from tidelog.client.types import ConsumerRecord, TopicPartition
+from tidelog.client.types import TopicPartition
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -95,33 +93,6 @@ def processes() -> Iterator[list[ConnectorProcess]]:
             process.kill()
 
 
-class Writer:
-    """The workload on a thread, one small transaction after another, until ``stop``."""
-
-    def __init__(self, workload: Workload) -> None:
-        self.workload = workload
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cdc-writer", daemon=True)
-        self.errors: list[BaseException] = []
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self.workload.run(5)
-                time.sleep(0.01)
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-        assert not self._thread.is_alive(), "the writer did not stop"
-        assert not self.errors, self.errors
-
-
 def _stored_lsn(bootstrap: str, offsets_topic: str, name: str, level: str) -> int:
     """The connector's latest position in the offsets topic read at ``level``."""
     positions = [
@@ -130,33 +101,6 @@ def _stored_lsn(bootstrap: str, offsets_topic: str, name: str, level: str) -> in
         if r.key == name.encode() and r.value is not None
     ]
     return positions[-1] if positions else 0
-
-
-def _check_exactly_once(records: list[ConsumerRecord], workload: Workload, initial: range) -> None:
-    """Each key's events (a tombstone as ("-", None)) are exactly its snapshot row then
-    its committed changes in commit order: no duplicate, no gap, no reordering; and the
-    source LSNs never go back (one partition: offset order is commit order)."""
-    got: dict[int, list[tuple[str, int | None]]] = {}
-    lsn = 0
-    for record in records:
-        assert record.key is not None
-        key = json.loads(record.key)["id"]
-        if record.value is None:
-            got.setdefault(key, []).append(("-", None))
-            continue
-        event = json.loads(record.value)
-        row = event["after"]
-        got.setdefault(key, []).append((event["op"], None if row is None else row["v"]))
-        assert parse_lsn(event["source"]["lsn"]) >= lsn, "commit order broken"
-        lsn = parse_lsn(event["source"]["lsn"])
-    want: dict[int, list[tuple[str, int | None]]] = {i: [("r", i)] for i in initial}
-    for key, changes in workload.history.items():
-        for op, v in changes:
-            want.setdefault(key, []).append((op, v))
-            if op == "d":
-                want[key].append(("-", None))
-    wrong = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
-    assert not wrong, [(k, got.get(k), want.get(k)) for k in wrong[:3]]
 
 
 def test_sigkill_five_times_exactly_once(
@@ -227,21 +171,13 @@ def test_sigkill_five_times_exactly_once(
     time.sleep(0.5)
     writer.stop()
     try:
-        eventually(
-            lambda: (
-                latest_rows(read_topic(broker.address, topic, "read_committed"))
-                == database_rows(dsn, "t")
-            ),
-            60,
-        )
+        eventually(lambda: not compacted_differences(broker.address, topic, dsn), 60)
     except AssertionError:
-        got = latest_rows(read_topic(broker.address, topic, "read_committed"))
-        want = database_rows(dsn, "t")
-        wrong = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+        wrong = compacted_differences(broker.address, topic, dsn)
         raise AssertionError(f"{len(wrong)} keys differ, e.g. {wrong[:5]}") from None
     assert final.terminate() == 0, final.log_text()[-3000:]
     assert sum(len(h) for h in workload.history.values()) > 100, "too few changes to matter"
-    _check_exactly_once(read_topic(broker.address, topic, "read_committed"), workload, initial)
+    check_exactly_once(read_topic(broker.address, topic, "read_committed"), workload, initial)
 
 
 def test_a_multi_table_transaction_is_atomic(

@@ -12,18 +12,14 @@ import psycopg2
 import pytest
 
 from tests.broker.cluster.waiting import eventually
+from tests.cdc.checks import Writer, check_exactly_once, compacted_matches
 from tests.cdc.postgres import Postgres
 from tests.cdc.test_connector import Workload, _config, _create_table, running
-from tests.cdc.test_connector_kill import Writer, _check_exactly_once
-from tests.cdc.topics import current_wal_lsn, database_rows, execute, latest_rows, read_topic
+from tests.cdc.topics import current_wal_lsn, execute, read_topic
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client.cdc import CdcError, ChangeUnit, PostgresConnector, TransactionalSink
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _matches(bootstrap: str, topic: str, dsn: str) -> bool:
-    return latest_rows(read_topic(bootstrap, topic, "read_committed")) == database_rows(dsn, "t")
 
 
 def _drop_slot(dsn: str, slot: str) -> None:
@@ -68,13 +64,13 @@ def test_postgres_restarted_while_streaming(
     topic = "pgrestart.public.t"
     with running(connector):
         workload.run(30)
-        eventually(lambda: _matches(broker.address, topic, dsn), 30)
+        eventually(lambda: compacted_matches(broker.address, topic, dsn), 30)
         postgres.restart()
         workload.run(30)  # committed while the connector reconnects
         eventually(lambda: connector.metrics()["reconnects"] == 1, 60)
         workload.run(30)
-        eventually(lambda: _matches(broker.address, topic, dsn), 60)
-    _check_exactly_once(read_topic(broker.address, topic, "read_committed"), workload, initial)
+        eventually(lambda: compacted_matches(broker.address, topic, dsn), 60)
+    check_exactly_once(read_topic(broker.address, topic, "read_committed"), workload, initial)
 
 
 def test_broker_restarted_while_streaming(dsn: str, own_broker: InProcessBroker) -> None:
@@ -91,8 +87,8 @@ def test_broker_restarted_while_streaming(dsn: str, own_broker: InProcessBroker)
         before = connector.metrics()["transactions"]
         eventually(lambda: connector.metrics()["transactions"] >= before + 20, 60)
         writer.stop()
-        eventually(lambda: _matches(own_broker.address, topic, dsn), 60)
-    _check_exactly_once(read_topic(own_broker.address, topic, "read_committed"), workload, initial)
+        eventually(lambda: compacted_matches(own_broker.address, topic, dsn), 60)
+    check_exactly_once(read_topic(own_broker.address, topic, "read_committed"), workload, initial)
 
 
 def test_a_dropped_slot_stops_the_connector(dsn: str, broker: InProcessBroker) -> None:

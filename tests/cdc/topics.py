@@ -84,6 +84,22 @@ def current_wal_lsn(dsn: str) -> int:
         conn.close()
 
 
+def wal_insert_lsn(dsn: str) -> int:
+    """``pg_current_wal_insert_lsn()``: every transaction that commits from now on has a
+    commit LSN above it (``pg_current_wal_lsn()``, the write position, can be behind
+    commits already made when ``synchronous_commit`` is off, as in these tests)."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            row = cur.fetchone()
+            assert row is not None
+            high, _, low = str(row[0]).partition("/")
+            return (int(high, 16) << 32) | int(low, 16)
+    finally:
+        conn.close()
+
+
 def confirmed_flush_lsn(dsn: str, slot: str) -> int:
     conn = psycopg2.connect(dsn)
     try:
