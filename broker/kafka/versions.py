@@ -89,6 +89,10 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     66: (0, 1),  # ListTransactions (KIP-664; v1: KIP-994's duration filter)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
     69: (0, 0),  # ConsumerGroupDescribe (KIP-848)
+    76: (1, 1),  # ShareGroupHeartbeat (KIP-932; Kafka 4.1 serves v1 only, as below)
+    77: (1, 1),  # ShareGroupDescribe
+    78: (1, 1),  # ShareFetch (v2 is Kafka 4.2's KIP-1222 lock renewal)
+    79: (1, 1),  # ShareAcknowledge
 }
 
 # Feature name -> (min, max) level this broker supports, and the finalized levels.
