@@ -57,7 +57,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     13: (0, 4),  # LeaveGroup
     14: (0, 5),  # SyncGroup
     15: (0, 5),  # DescribeGroups
-    16: (0, 4),  # ListGroups
+    16: (0, 5),  # ListGroups (5: group types, share groups listed)
     17: (0, 1),  # SaslHandshake (0: raw tokens follow; librdkafka <= 2.11.0 checks 0)
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics

@@ -64,6 +64,9 @@ class Wire:
     def call(self, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
         return self.session.call_plain(api_key, 1, body)
 
+    def call_v(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        return self.session.call_plain(api_key, version, body)
+
     def join(self, *topics: str) -> dict[str, Any]:
         return self.heartbeat(0, list(topics))
 
@@ -369,4 +372,27 @@ def test_a_wire_consumer_and_a_share_consumer_share_one_group(broker: InProcessB
         assert (state.start_offset, state.acquired, state.available) == (40, 0, 0)
     finally:
         consumer.close()
+        wire.close()
+
+
+def test_list_groups_v5_gives_types_and_lists_share_groups(broker: InProcessBroker) -> None:
+    name = _topic(broker)
+    wire = Wire(broker, unique("share-listed"))
+    try:
+        assert wire.join(name)["error_code"] == NONE
+        share_only = wire.call_v(16, 5, {"states_filter": [], "types_filter": ["share"]})
+        listed = {g["group_id"]: g for g in share_only["groups"]}
+        assert wire.group in listed
+        assert (listed[wire.group]["group_type"], listed[wire.group]["protocol_type"]) == (
+            "share",
+            "share",
+        )
+        assert all(g["group_type"] == "share" for g in share_only["groups"])
+        everything = wire.call_v(16, 5, {"states_filter": [], "types_filter": []})
+        assert wire.group in {g["group_id"] for g in everything["groups"]}
+        consumers = wire.call_v(16, 5, {"states_filter": [], "types_filter": ["consumer"]})
+        assert wire.group not in {g["group_id"] for g in consumers["groups"]}
+        older = wire.call_v(16, 4, {"states_filter": []})  # no types before v5
+        assert wire.group not in {g["group_id"] for g in older["groups"]}
+    finally:
         wire.close()
