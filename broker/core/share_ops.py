@@ -321,6 +321,11 @@ class ShareOps:
                 )
             return ShareGroupDescription(view, tuple(states))
 
+    def lock_duration_ms(self, group_id: str) -> int:
+        """The acquisition lock duration of ``group_id``'s records (its settings')."""
+        settings = self.share_groups.settings(group_id)
+        return self._config.share.partition_config(settings).record_lock_duration_ms
+
     def list_groups(self) -> list[TypedGroupListing]:
         """Every group coordinated here, of every type (ListGroups v5)."""
         with self._gate.operation():

@@ -24,7 +24,10 @@ offsets, one result per group.
 
 ListGroups lists the groups the core lists (those this broker coordinates: classic groups
 with members, Tidelog's own KIP-848 groups and groups with committed offsets only), each
-once, a classic group with its protocol type and state. DescribeGroups answers
+once, a classic group with its protocol type and state. v5 (KIP-848's group types)
+gives each group's type (``classic``, ``consumer``, ``share``) and filters on
+``types_filter``; only v5 lists share groups too (protocol type ``share``), since an
+older client would take them for consumer groups. DescribeGroups answers
 ``NOT_COORDINATOR`` (or ``COORDINATOR_LOAD_IN_PROGRESS``) off the group's coordinator, as
 Kafka's does, then a classic group from its state here; any other group from the core, as
 an ``Empty`` group when it has no classic members (its KIP-848 members are not shown
@@ -195,20 +198,33 @@ async def leave_group(conn: Connection, header: RequestHeader, request: Plain) -
 
 
 async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """ListGroups (v0-4): classic groups and the core's groups; ``states_filter`` (v4)."""
+    """ListGroups (v0-5): classic groups and the core's groups; ``states_filter`` (v4),
+    ``types_filter`` and share groups (v5)."""
     groups: dict[str, Plain] = {}
+    shares = conn.core.shares if header.api_version >= 5 else None
     try:
         listed = await conn.run(conn.core.list_groups)
+        typed = await conn.run(shares.list_groups) if shares is not None else []
     except Exception as exc:
         code, _ = kafka_error(exc)
         return {"error_code": code, "groups": []}
+    types = {g.group_id: g.group_type for g in typed}
     for g in listed:
         state = "Stable" if g.members else "Empty"
         groups[g.group_id] = {
             "group_id": g.group_id,
             "protocol_type": "consumer",
             "group_state": state,
+            "group_type": types.get(g.group_id, "consumer"),
         }
+    for t in typed:
+        if t.group_type == "share":
+            groups[t.group_id] = {
+                "group_id": t.group_id,
+                "protocol_type": "share",
+                "group_state": t.state,
+                "group_type": "share",
+            }
     for group_id, protocol_type, state in conn.core.groups.classic.list_groups():
         if group_id not in groups:
             continue  # not coordinated here (any more): the core lists every group it has
@@ -216,16 +232,21 @@ async def list_groups(conn: Connection, header: RequestHeader, request: Plain) -
             "group_id": group_id,
             "protocol_type": protocol_type,
             "group_state": state,
+            "group_type": "classic",
         }
     # A listing: DESCRIBE on the cluster shows every group, else each group the caller
     # may describe; the others are left out silently, as Kafka does (no audit line).
     shown = set(visible(conn, list(groups)))
     groups = {group_id: g for group_id, g in groups.items() if group_id in shown}
     wanted = {s.lower() for s in request.get("states_filter") or []}
+    kinds = {t.lower() for t in request.get("types_filter") or []}
     return {
         "error_code": NONE,
         "groups": [
-            g for _, g in sorted(groups.items()) if not wanted or g["group_state"].lower() in wanted
+            g
+            for _, g in sorted(groups.items())
+            if (not wanted or g["group_state"].lower() in wanted)
+            and (not kinds or g["group_type"] in kinds)
         ],
     }
 

@@ -64,6 +64,12 @@ from tidelog.broker.kafka.reassign import (
     list_partition_reassignments,
 )
 from tidelog.broker.kafka.sasl import sasl_authenticate, sasl_handshake
+from tidelog.broker.kafka.share import (
+    share_acknowledge,
+    share_fetch,
+    share_group_describe,
+    share_group_heartbeat,
+)
 from tidelog.broker.kafka.transactions import (
     add_offsets_to_txn,
     add_partitions_to_txn,
@@ -409,6 +415,10 @@ HANDLERS: dict[int, Handler] = {
     66: list_transactions,
     68: consumer_group_heartbeat,
     69: consumer_group_describe,
+    76: share_group_heartbeat,
+    77: share_group_describe,
+    78: share_fetch,
+    79: share_acknowledge,
 }
 
 # Handlers must not block the loop: every core call above goes through ``conn.run``.

@@ -76,6 +76,7 @@ from tidelog.broker.kafka.codec import (
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
+from tidelog.broker.kafka.share_sessions import ShareSessions
 from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.broker.tls import principal_from_peer_certificate
@@ -238,6 +239,8 @@ class KafkaListener:
             settings.fetch_session_eviction_ms,
             lambda: int(time.monotonic() * 1000),
         )
+        # KIP-932 share sessions (loop's thread only; broker.kafka.share).
+        self.share_sessions = ShareSessions()
         # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
         # only; rebuilt from the topic list on a miss, ``broker.kafka.data``).
         self.topic_names: dict[uuid.UUID, str] = {}

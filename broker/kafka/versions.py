@@ -57,7 +57,7 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     13: (0, 4),  # LeaveGroup
     14: (0, 5),  # SyncGroup
     15: (0, 5),  # DescribeGroups
-    16: (0, 4),  # ListGroups
+    16: (0, 5),  # ListGroups (5: group types, share groups listed)
     17: (0, 1),  # SaslHandshake (0: raw tokens follow; librdkafka <= 2.11.0 checks 0)
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
@@ -89,6 +89,10 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     66: (0, 1),  # ListTransactions (KIP-664; v1: KIP-994's duration filter)
     68: (0, 1),  # ConsumerGroupHeartbeat (KIP-848; librdkafka's group.protocol=consumer)
     69: (0, 0),  # ConsumerGroupDescribe (KIP-848)
+    76: (1, 1),  # ShareGroupHeartbeat (KIP-932; Kafka 4.1 serves v1 only, as below)
+    77: (1, 1),  # ShareGroupDescribe
+    78: (1, 1),  # ShareFetch (v2 is Kafka 4.2's KIP-1222 lock renewal)
+    79: (1, 1),  # ShareAcknowledge
 }
 
 # Feature name -> (min, max) level this broker supports, and the finalized levels.

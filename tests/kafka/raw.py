@@ -1,11 +1,14 @@
 """Kafka requests on raw sockets, for tests that must see what the listener answers as
-sent (kafka-python's protocol classes build and decode the frames)."""
+sent (kafka-python's protocol classes build and decode the frames; for the APIs
+kafka-python lacks, such as KIP-932's share groups, ``kio_frame``/``kio_answer`` use the
+listener's own kio codec with plain values)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+import io
 import os
 import socket
 import struct
@@ -25,7 +28,11 @@ from kafka.protocol.sasl import (
     SaslHandshakeRequest,
     SaslHandshakeResponse,
 )
+from kio.serial import entity_reader, entity_writer
 
+from tidelog.broker.kafka.codec import _request_schema as request_schema
+from tidelog.broker.kafka.codec import _response_schema as response_schema
+from tidelog.broker.kafka.codec import build, to_plain
 from tidelog.storage.records import BatchBuilder
 
 
@@ -145,6 +152,30 @@ def frame(request: Any, client_id: str, correlation_id: int = 1) -> bytes:
     return bytes(request.encode(header=True, framed=True))
 
 
+def kio_frame(
+    api_key: int, version: int, body: dict[str, Any], client_id: str, correlation_id: int = 1
+) -> bytes:
+    """A flexible request (header v2) of ``api_key`` ``version`` built from plain values
+    by the listener's codec, framed."""
+    out = io.BytesIO()
+    name = client_id.encode()
+    out.write(struct.pack(">hhih", api_key, version, correlation_id, len(name)) + name + b"\0")
+    entity_writer(request_schema(api_key, version))(
+        out, build(request_schema(api_key, version), body)
+    )
+    data = out.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def kio_answer(api_key: int, version: int, answer: bytes) -> dict[str, Any]:
+    """A flexible response frame (header v1: correlation id, no tags) as plain values."""
+    assert answer[4] == 0, "a response header with tags"
+    entity, _ = entity_reader(response_schema(api_key, version))(answer, 5)
+    plain = to_plain(entity)
+    assert isinstance(plain, dict)
+    return plain
+
+
 def read_exactly(sock: socket.socket, count: int) -> bytes | None:
     """``count`` bytes from ``sock``, or None if the peer hung up first."""
     data = b""
@@ -192,6 +223,16 @@ class SaslSession:
         if answer is None:
             raise ConnectionError("the broker hung up")
         return response_class[request.version].decode(answer, header=True)
+
+    def call_plain(self, api_key: int, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        """One request built by the listener's codec (``kio_frame``), its plain answer."""
+        self.correlation_id += 1
+        self.sock.sendall(kio_frame(api_key, version, body, self.client_id, self.correlation_id))
+        answer = read_frame(self.sock)
+        if answer is None:
+            raise ConnectionError("the broker hung up")
+        assert struct.unpack(">i", answer[:4])[0] == self.correlation_id
+        return kio_answer(api_key, version, answer)
 
     def login(self, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> Any:
         """SCRAM from the handshake on; the last SaslAuthenticate answer (its
