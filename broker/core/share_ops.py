@@ -19,8 +19,9 @@ operations are:
   ``max_wait_ms`` (a long poll): parked on the fetch purgatory under the partitions'
   keys, woken by an append (the high watermark moved), by records becoming available
   again here (a RELEASE, an expired lock, a member leaving) or by the broker closing.
-  The waiting occupies the calling thread (the gRPC executor's), so the wait is capped
-  (``MAX_SHARE_WAIT_MS``).
+  The waiting occupies the calling thread (the gRPC executor's), so the wait is capped,
+  by the broker's ``fetch.max.wait.ms`` as a Fetch's is, and never past
+  ``MAX_SHARE_WAIT_MS``.
 * ``acknowledge``: ShareAcknowledge (ACCEPT / RELEASE / REJECT / GAP per offset range).
   ``close_session`` (Kafka's share-session epoch -1): the member is done with this
   broker, so every record it still holds here is released now, not at its lock's expiry.
@@ -360,7 +361,10 @@ class ShareOps:
         with self._gate.operation():
             acks = self._acknowledge(spec.group_id, spec.member_id, spec.acknowledgements)
             tps = list(dict.fromkeys(spec.partitions))
-            deadline = self._clock.monotonic_ms() + max(min(spec.max_wait_ms, MAX_SHARE_WAIT_MS), 0)
+            # Capped as a Fetch's long poll is (``fetch.max.wait.ms``) and never past
+            # ``MAX_SHARE_WAIT_MS``: the wait holds a thread.
+            cap = min(self._config.fetch_max_wait_ms, MAX_SHARE_WAIT_MS)
+            deadline = self._clock.monotonic_ms() + max(min(spec.max_wait_ms, cap), 0)
             while True:
                 baseline = self._marks(tps)
                 fetched = self._acquire(spec, tps)
