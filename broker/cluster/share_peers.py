@@ -211,7 +211,12 @@ def state_from_pb(answer: pb.ShareGroupStateResponse) -> ShareSnapshot:
 
 
 def key_from_pb(ref: pb.ShareStateKeyRef) -> tuple[ShareStateKey, int]:
-    """The key and the leader epoch a request names. Raises ``ValueError`` for a topic id
-    that is not 16 bytes."""
+    """The key and the leader epoch a request names. Raises ``ValueError`` for a key no
+    share partition has (an empty or too long group id, a topic id not 16 bytes, a
+    negative partition or epoch)."""
+    if not ref.group_id or len(ref.group_id.encode()) > 0x7FFF:
+        raise ValueError("the group id must be 1 to 32,767 bytes of UTF-8")
+    if ref.partition < 0 or ref.leader_epoch < 0:
+        raise ValueError("the partition and the leader epoch must not be negative")
     key = ShareStateKey(ref.group_id, uuid.UUID(bytes=ref.topic_id), ref.partition)
     return key, ref.leader_epoch

@@ -191,6 +191,8 @@ def _initialize_state(
 ) -> pb.ShareGroupStateResponse:
     key, epoch = _key(request.key)
     start = request.start_offset
+    if start < 0:
+        raise InvalidRequestError("start_offset must not be negative")
     return _state_call(core, key, lambda s: s.initialize(key, start, epoch))
 
 
@@ -203,6 +205,8 @@ def _write_state(
     except ValueError as exc:
         raise InvalidRequestError(f"bad share state batch: {exc}") from None
     start = request.start_offset
+    if start < -1:
+        raise InvalidRequestError("start_offset must be -1 (unchanged) or an offset")
     return _state_call(core, key, lambda s: s.write(key, epoch, start, batches))
 
 
