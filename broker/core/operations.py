@@ -62,6 +62,9 @@ share_group_heartbeat      READ on the group and on each subscribed topic (issue
 share_fetch,               READ on the group and on each topic named (KIP-932's
 share_acknowledge          ShareFetch / ShareAcknowledge)
 describe_share_group       DESCRIBE on the group
+share_group_state          CLUSTER_ACTION on the cluster (a share partition's leader reads
+                           and writes its state at the share coordinator: brokers only, as
+                           Kafka's Read/Initialize/WriteShareGroupState)
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
@@ -232,6 +235,7 @@ OPERATIONS: Mapping[str, Policy] = {
     "share_fetch": Policy({_G: Operation.READ, _T: Operation.READ}),
     "share_acknowledge": Policy({_G: Operation.READ, _T: Operation.READ}),
     "describe_share_group": Policy({_G: Operation.DESCRIBE}),
+    "share_group_state": Policy({_C: Operation.CLUSTER_ACTION}),
     "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
     "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
     "elect_leaders": Policy({_C: Operation.ALTER}),
@@ -368,6 +372,9 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "ShareFetch": "share_fetch",
     "ShareAcknowledge": "share_acknowledge",
     "DescribeShareGroup": "describe_share_group",
+    "ReadShareGroupState": "share_group_state",
+    "InitializeShareGroupState": "share_group_state",
+    "WriteShareGroupState": "share_group_state",
 }
 
 _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {

@@ -28,6 +28,9 @@ operations are:
 * ``describe``: ShareGroupDescribe's view, plus the state of each assigned share
   partition this broker leads (start and end offsets, records in flight by state).
 * ``list_groups``: every group with its type (ListGroups v5).
+* ``serve_state``: the share coordinator's side of ReadShareGroupState,
+  InitializeShareGroupState and WriteShareGroupState (another broker's share partition
+  leader calls it; this broker's own calls it directly), ``broker.core.share_state_routing``.
 
 Decisions:
 
@@ -55,6 +58,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tidelog.broker.cluster.share_peers import GrpcSharePeers
 from tidelog.broker.config import BrokerConfig
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import classify
@@ -62,6 +66,7 @@ from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
@@ -79,8 +84,9 @@ from tidelog.broker.share.partition import (
     AcquiredRange,
 )
 from tidelog.broker.share.partition_manager import SharePartitionManager
-from tidelog.broker.share.records import ARCHIVED, AVAILABLE
+from tidelog.broker.share.records import ARCHIVED, AVAILABLE, ShareSnapshot, ShareStateKey
 from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog
+from tidelog.broker.tls import InterBrokerChannels
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
@@ -266,16 +272,26 @@ class ShareOps:
         self._clock = clock
         self.store = parts.store
         self.share_groups = parts.groups
+        replicated = registry.replicated
+        # Cluster mode: state calls to the other brokers' share coordinators.
+        self._peers = (
+            GrpcSharePeers(config.broker_id, InterBrokerChannels(config.security), self._address)
+            if replicated
+            else None
+        )
+        routed = RoutedShareState(
+            parts.store, config.broker_id, self._leader_of, self._serve_state, self._peers
+        )
         self.partitions = SharePartitionManager(
             self._logs,
-            parts.store,
+            routed,
             topic_id=topic_id,
             group_config=lambda g: config.share.partition_config(parts.groups.settings(g)),
+            leader_epoch=self._leader_epoch if replicated else None,
         )
         self._generations = _Generations()
         self._rotation = 0
         self._roles_lock = threading.Lock()
-        replicated = registry.replicated
         # Cluster mode: what this broker loaded as a leader (unloaded when it resigns).
         offsets_partitions = self._logs.topic(OFFSETS_TOPIC).partitions
         self._offsets_loaded: set[int] = set() if replicated else set(range(offsets_partitions))
@@ -332,6 +348,43 @@ class ShareOps:
         with self._gate.operation():
             self._groups.store.check_led_loaded()
             return list_all_groups(self._groups, self.share_groups)
+
+    # --- the share coordinator (on the state partitions' leaders) -----------------------
+
+    def serve_state(self, key: ShareStateKey, call: StateCall) -> ShareSnapshot | None:
+        """Another broker's Read/Initialize/WriteShareGroupState for ``key``: ``call`` on
+        the local store once this broker is the key's coordinator (``_serve_state``)."""
+        with self._gate.operation():
+            return self._serve_state(key, call)
+
+    def _serve_state(self, key: ShareStateKey, call: StateCall) -> ShareSnapshot | None:
+        partition = self.store.partition_for(key)
+        try:
+            self._check_leader(SHARE_STATE_TOPIC, partition)
+        except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
+            raise NotCoordinatorError(f"share-group state of {key.group_id!r}: {exc}") from None
+        self.store.check_loaded(partition)
+        with self._roles_lock:
+            if partition not in self._state_loaded:
+                raise CoordinatorLoadInProgressError(
+                    f"{SHARE_STATE_TOPIC}-{partition}: still loading its share-group state"
+                )
+        return call(self.store)
+
+    def _leader_of(self, topic: str, partition: int) -> int:
+        try:
+            return self._membership.placement.partition(topic, partition).leader
+        except Exception:  # not in the view yet: no coordinator known
+            return -1
+
+    def _leader_epoch(self, topic: str, partition: int) -> int | None:
+        return self._registry.get(topic, partition).leader_epoch
+
+    def _address(self, broker_id: int) -> str | None:
+        for broker in self._membership.placement.cluster().brokers:
+            if broker.broker_id == broker_id:
+                return f"{broker.host}:{broker.port}"
+        return None
 
     # --- records (on the partitions' leaders) -----------------------------------------
 
@@ -504,7 +557,8 @@ class ShareOps:
                 if loaded:
                     log.info("%s-%d: %d share group(s) loaded", topic, partition, loaded)
             elif topic == SHARE_STATE_TOPIC:
-                self.partitions.unload_state_partition(partition, self.store.partition_for)
+                # The share partitions whose state lives there stay loaded: their leader's
+                # memory holds only what a write made durable, which the reload reads.
                 self.store.reload_partition(partition)
                 self._state_loaded.add(partition)
 
@@ -524,7 +578,6 @@ class ShareOps:
 
         def unload_state(partition: int) -> None:
             self._state_loaded.discard(partition)
-            self.partitions.unload_state_partition(partition, self.store.partition_for)
             self.store.unload_partition(partition)
 
         unload_resigned(
@@ -571,6 +624,8 @@ class ShareOps:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if self._peers is not None:
+            self._peers.close()
 
 
 def _check_ids(group_id: str, member_id: str) -> None:

@@ -62,6 +62,9 @@ ShareFetch              share_fetch                 the group, then each topic f
                                                     acknowledged
 ShareAcknowledge        share_acknowledge           the group, then each topic acknowledged
 DescribeShareGroup      describe_share_group        the group
+ReadShareGroupState,    share_group_state           the cluster (CLUSTER_ACTION: brokers only)
+InitializeShareGr...,
+WriteShareGroupState
 ======================  ==========================  ========================================
 
 A transactional Produce (``transactional_id`` set) needs WRITE on the id as well, refused
@@ -178,6 +181,9 @@ _RESOURCES: dict[str, _Resources] = {
     ),
     "ShareAcknowledge": lambda r: _group_and_topics(r, (a.topic for a in r.acknowledgements)),
     "DescribeShareGroup": lambda r: [group(r.group_id)],
+    "ReadShareGroupState": lambda r: [cluster()],
+    "InitializeShareGroupState": lambda r: [cluster()],
+    "WriteShareGroupState": lambda r: [cluster()],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],

@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tidelog.broker.cluster.share_peers import batches_from_pb, key_from_pb, state_to_pb
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.share_ops import ShareAcknowledged, ShareAckRange, ShareFetchSpec, ShareOps
+from tidelog.broker.core.share_state_routing import StateCall
 from tidelog.broker.share.groups_coordinator import ShareHeartbeatRequest
+from tidelog.broker.share.records import ShareStateKey
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import InvalidRequestError
 from tidelog.storage.types import TopicPartition
@@ -168,9 +171,58 @@ def _describe(
     )
 
 
+def _state_call(
+    core: BrokerCore, key: ShareStateKey, call: StateCall
+) -> pb.ShareGroupStateResponse:
+    # Another broker's share partition leader at this broker as the key's share
+    # coordinator (CLUSTER_ACTION; broker.core.share_state_routing).
+    return state_to_pb(_shares(core).serve_state(key, call))
+
+
+def _read_state(
+    core: BrokerCore, request: pb.ReadShareGroupStateRequest, context: RequestContext
+) -> pb.ShareGroupStateResponse:
+    key, epoch = _key(request.key)
+    return _state_call(core, key, lambda s: s.read_state(key, epoch))
+
+
+def _initialize_state(
+    core: BrokerCore, request: pb.InitializeShareGroupStateRequest, context: RequestContext
+) -> pb.ShareGroupStateResponse:
+    key, epoch = _key(request.key)
+    start = request.start_offset
+    if start < 0:
+        raise InvalidRequestError("start_offset must not be negative")
+    return _state_call(core, key, lambda s: s.initialize(key, start, epoch))
+
+
+def _write_state(
+    core: BrokerCore, request: pb.WriteShareGroupStateRequest, context: RequestContext
+) -> pb.ShareGroupStateResponse:
+    key, epoch = _key(request.key)
+    try:
+        batches = batches_from_pb(request.batches)
+    except ValueError as exc:
+        raise InvalidRequestError(f"bad share state batch: {exc}") from None
+    start = request.start_offset
+    if start < -1:
+        raise InvalidRequestError("start_offset must be -1 (unchanged) or an offset")
+    return _state_call(core, key, lambda s: s.write(key, epoch, start, batches))
+
+
+def _key(ref: pb.ShareStateKeyRef) -> tuple[ShareStateKey, int]:
+    try:
+        return key_from_pb(ref)
+    except ValueError as exc:
+        raise InvalidRequestError(f"bad share state key: {exc}") from None
+
+
 SHARE_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
     "ShareGroupHeartbeat": _heartbeat,
     "ShareFetch": _fetch,
     "ShareAcknowledge": _acknowledge,
     "DescribeShareGroup": _describe,
+    "ReadShareGroupState": _read_state,
+    "InitializeShareGroupState": _initialize_state,
+    "WriteShareGroupState": _write_state,
 }

@@ -17,7 +17,16 @@ meanwhile are not skipped).
 **Leadership.** State is memory only on the leader of the topic partition: ``unload``
 forgets a share partition (this broker stopped leading it, or the state partition moved),
 and the next use loads it from the store again: whatever was acquired comes back
-Available, delivery counts kept, nothing acknowledged comes back.
+Available, delivery counts kept, nothing acknowledged comes back. Every use compares the
+leader epoch the share partition was loaded at with the topic partition's now
+(``leader_epoch``, as Kafka's ``SharePartitionManager``): a broker that lost and regained
+the leadership between two passes of the unloading timer reloads rather than serve its
+stale memory (the leader between may have delivered and acknowledged records).
+
+**The store** (``ShareStateStore``) is the share coordinator of each key: the local
+``ShareStateLog`` on a single node; in a cluster the leader of the key's
+``__share_group_state`` partition, wherever it is (``broker.core.share_state_routing``).
+Every call names the leader epoch, so a deposed leader's writes are fenced there.
 
 Topic ids: ``__share_group_state`` keys name a topic by id, as Kafka's do; the caller
 passes the function that gives a topic's id (the listener's ``kip848.topic_id``).
@@ -32,6 +41,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tidelog.broker.share.partition import (
     Acknowledgement,
@@ -41,13 +51,32 @@ from tidelog.broker.share.partition import (
     Transition,
 )
 from tidelog.broker.share.partition_source import LogRecordSource
-from tidelog.broker.share.records import ShareStateKey
-from tidelog.broker.share.state_log import ShareStateLog
+from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
 from tidelog.storage.log_manager import LogManager
 
-__all__ = ["SharePartitionManager"]
+__all__ = ["SharePartitionManager", "ShareStateStore"]
 
 log = logging.getLogger(__name__)
+
+
+class ShareStateStore(Protocol):
+    """The share coordinator's calls (Kafka's Read/Initialize/WriteShareGroupState), as
+    ``ShareStateLog`` serves them. Each raises ``FencedLeaderEpochError`` for an epoch
+    older than the state's, and what the store or the call to it raises."""
+
+    def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareSnapshot | None: ...
+
+    def initialize(
+        self, key: ShareStateKey, start_offset: int, leader_epoch: int
+    ) -> ShareSnapshot: ...
+
+    def write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+    ) -> ShareSnapshot: ...
 
 
 @dataclass(slots=True, eq=False)
@@ -67,17 +96,21 @@ class SharePartitionManager:
     def __init__(
         self,
         logs: LogManager,
-        store: ShareStateLog,
+        store: ShareStateStore,
         *,
         topic_id: Callable[[str], uuid.UUID],
         group_config: Callable[[str], SharePartitionConfig],
+        leader_epoch: Callable[[str, int], int | None] | None = None,
     ) -> None:
         """``group_config``: a share group's settings (its ``share.*`` group configs over
-        the broker's defaults)."""
+        the broker's defaults). ``leader_epoch``: the epoch this broker leads a topic
+        partition at now (None: not known, the log's latest epoch is used: a single
+        node)."""
         self._logs = logs
         self._store = store
         self._topic_id = topic_id
         self._group_config = group_config
+        self._leader_epoch = leader_epoch or (lambda topic, partition: None)
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str, int], _Held] = {}
 
@@ -136,6 +169,9 @@ class SharePartitionManager:
         changed: list[tuple[str, str, int]] = []
         for key, held in self._loaded_items(None):
             try:
+                if held.leader_epoch != self._current_epoch(key[1], key[2]):
+                    self._drop(key, held)  # led again at a new epoch: reloaded on next use
+                    continue
                 with held.lock:
                     start = held.source.log_start_offset()
                     transition = held.partition.expire(now_ms, start)
@@ -151,15 +187,6 @@ class SharePartitionManager:
         """The share partitions (group, topic, partition) in memory here."""
         with self._lock:
             return list(self._held)
-
-    def unload_state_partition(
-        self, partition: int, partition_of: Callable[[ShareStateKey], int]
-    ) -> None:
-        """Forget the share partitions whose state lives in ``__share_group_state``
-        partition ``partition`` (this broker stopped leading it)."""
-        with self._lock:
-            for key in [k for k, h in self._held.items() if partition_of(h.state_key) == partition]:
-                del self._held[key]
 
     def reset_start_offset(self, group_id: str, topic: str, partition: int, offset: int) -> None:
         """Alter share group offsets: the share partition starts over at ``offset``. The
@@ -199,30 +226,51 @@ class SharePartitionManager:
             self._store.write(held.state_key, held.leader_epoch, start, transition.durable)
         held.partition.apply(transition)
 
+    def _drop(self, key: tuple[str, str, int], held: _Held) -> None:
+        with self._lock:
+            if self._held.get(key) is held:
+                del self._held[key]
+
     def _loaded_items(self, group_id: str | None) -> list[tuple[tuple[str, str, int], _Held]]:
         with self._lock:
             return [(k, h) for k, h in self._held.items() if group_id is None or k[0] == group_id]
 
     def _get(self, group_id: str, topic: str, partition: int) -> _Held:
         key = (group_id, topic, partition)
+        epoch = self._current_epoch(topic, partition)
         with self._lock:
             held = self._held.get(key)
-            if held is not None:
+            if held is not None and held.leader_epoch == epoch:
                 return held
+            if held is not None:
+                log.info(
+                    "share group %s: %s-%d reloaded (leader epoch %d, loaded at %d)",
+                    group_id,
+                    topic,
+                    partition,
+                    epoch,
+                    held.leader_epoch,
+                )
+                del self._held[key]
             # Loading under the table lock keeps one load per share partition; loads are
-            # rare (first use, leader change) and read memory only, except a first use's
-            # one snapshot write.
-            held = self._load(group_id, topic, partition)
+            # rare (first use, leader change): one read of the store, and a first use's
+            # or a new leader epoch's one write.
+            held = self._load(group_id, topic, partition, epoch)
             self._held[key] = held
             return held
 
-    def _load(self, group_id: str, topic: str, partition: int) -> _Held:
+    def _current_epoch(self, topic: str, partition: int) -> int:
+        epoch = self._leader_epoch(topic, partition)
+        if epoch is None:
+            epoch = max(self._logs.get_log(topic, partition).latest_epoch, 0)
+        return epoch
+
+    def _load(self, group_id: str, topic: str, partition: int, leader_epoch: int) -> _Held:
         config = self._group_config(group_id)
         partition_log = self._logs.get_log(topic, partition)
         source = LogRecordSource(partition_log, read_committed=config.read_committed)
         state_key = ShareStateKey(group_id, self._topic_id(topic), partition)
-        leader_epoch = max(partition_log.latest_epoch, 0)
-        snapshot = self._store.read(state_key)
+        snapshot = self._store.read_state(state_key, leader_epoch)
         if snapshot is not None:
             share = SharePartition.from_snapshot(config, snapshot)
             log.info(

@@ -20,9 +20,19 @@ with no time or size retention, as Kafka creates it, and ``prune`` deletes the r
 before the oldest snapshot any share partition of that state partition still needs
 (Kafka's "last redundant offset", by DeleteRecords on the leader).
 
-Cluster mode: only the leader of a state partition serves its keys; ``reload_partition``
-and ``check_loaded`` as the transaction log's (``COORDINATOR_LOAD_IN_PROGRESS`` until the
-load at the current leader epoch is replicated).
+Cluster mode: only the leader of a state partition serves its keys (the share
+coordinator of those keys; other brokers call it, ``broker.core.share_state_routing``);
+``reload_partition`` and ``check_loaded`` as the transaction log's
+(``COORDINATOR_LOAD_IN_PROGRESS`` until the load at the current leader epoch is
+replicated).
+
+**Leader-epoch fencing, as Kafka's share coordinator.** Every state carries the leader
+epoch of the topic partition whose leader last wrote or read it. A write or initialize
+naming an older epoch raises ``FencedLeaderEpochError`` (a deposed leader that has not
+noticed yet must not overwrite what the new one acts on), and a read naming a newer
+epoch (``read_state``: a new leader loading) first writes that epoch, so the old
+leader is fenced from then on (Kafka's ``readStateAndMaybeUpdateLeaderEpoch``). The check
+runs under the state partition's write lock, so it and the append are one step.
 
 Thread-safe: one write lock per state partition (its records are appended in the order
 the cache takes them), one cache lock for reads.
@@ -54,7 +64,11 @@ from tidelog.broker.share.records import (
     merge,
     partition_for,
 )
-from tidelog.storage.errors import CorruptRecordError, TopicAlreadyExistsError
+from tidelog.storage.errors import (
+    CorruptRecordError,
+    FencedLeaderEpochError,
+    TopicAlreadyExistsError,
+)
 from tidelog.storage.log_manager import LogManager
 
 __all__ = ["SHARE_STATE_TOPIC", "ShareStateLog", "ShareStateLogConfig", "state_topic_config"]
@@ -171,6 +185,18 @@ class ShareStateLog:
             entry = self._cache.get(key)
         return None if entry is None else entry.state
 
+    def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareSnapshot | None:
+        """``key``'s state for the topic partition's leader at ``leader_epoch`` (it loads
+        the share partition): None if never written; a newer epoch than the stored one is
+        written first (module docstring), an older one raises ``FencedLeaderEpochError``.
+        Raises as ``append_durably`` too."""
+        state = self.read(key)
+        if state is None or leader_epoch == state.leader_epoch:
+            return state
+        if leader_epoch < state.leader_epoch:
+            raise _fenced(key, leader_epoch, state.leader_epoch)
+        return self.write(key, leader_epoch, -1, ())
+
     def keys(self) -> list[ShareStateKey]:
         with self._cache_lock:
             return sorted(self._cache)
@@ -192,7 +218,7 @@ class ShareStateLog:
             write_timestamp_ms=now_ms,
             batches=(),
         )
-        self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0)
+        self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0, leader_epoch)
         return snapshot
 
     def write(
@@ -205,7 +231,8 @@ class ShareStateLog:
         """Persist a change of ``key``: the ``batches`` that changed, and ``start_offset``
         (-1: unchanged). Written as an update, or as a snapshot of the merged state when
         none exists yet or ``snapshot_update_records_per_snapshot`` updates followed the
-        last one. Returns the merged state. Raises as ``append_durably``; the cache is
+        last one. Returns the merged state. Raises ``FencedLeaderEpochError`` for a
+        ``leader_epoch`` older than the state's, and as ``append_durably``; the cache is
         unchanged then."""
         previous_entry = self._entry(key)
         update = ShareUpdate(
@@ -220,7 +247,7 @@ class ShareStateLog:
             merged = ShareSnapshot(
                 0, 0, leader_epoch, start, now_ms, now_ms, merge((), batches, start)
             )
-            self._append(key, SNAPSHOT, encode_snapshot(merged), merged, 0)
+            self._append(key, SNAPSHOT, encode_snapshot(merged), merged, 0, leader_epoch)
             return merged
         merged = apply_update(previous_entry.state, update)
         if (
@@ -236,10 +263,10 @@ class ShareStateLog:
                 self._logs.clock.wall_ms(),
                 merged.batches,
             )
-            self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0)
+            self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0, leader_epoch)
             return snapshot
         count = previous_entry.updates_since_snapshot + 1
-        self._append(key, UPDATE, encode_update(update), merged, count)
+        self._append(key, UPDATE, encode_update(update), merged, count, leader_epoch)
         return merged
 
     def delete(self, key: ShareStateKey) -> None:
@@ -282,11 +309,20 @@ class ShareStateLog:
             return self._cache.get(key)
 
     def _append(
-        self, key: ShareStateKey, record_type: int, value: bytes, state: ShareSnapshot, count: int
+        self,
+        key: ShareStateKey,
+        record_type: int,
+        value: bytes,
+        state: ShareSnapshot,
+        count: int,
+        leader_epoch: int,
     ) -> None:
         partition = self.partition_for(key)
         target = self._registry.get(SHARE_STATE_TOPIC, partition)
         with self._write_locks[partition]:
+            current = self._entry(key)
+            if current is not None and leader_epoch < current.state.leader_epoch:
+                raise _fenced(key, leader_epoch, current.state.leader_epoch)
             result = append_durably(
                 target,
                 [(encode_key(record_type, key), value)],
@@ -341,6 +377,13 @@ class ShareStateLog:
             loaded = self._loaded.get(partition)
         target = self._registry.get(SHARE_STATE_TOPIC, partition)
         check_loaded(target, loaded, "share-group state")
+
+
+def _fenced(key: ShareStateKey, asked: int, stored: int) -> FencedLeaderEpochError:
+    return FencedLeaderEpochError(
+        f"share partition {key.group_id}:{key.topic_id}:{key.partition}: leader epoch "
+        f"{asked} is older than the state's {stored} (another broker leads it now)"
+    )
 
 
 def state_topic_config(config: ShareStateLogConfig, *, replicated: bool) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -259,3 +260,41 @@ def test_share_groups_need_read_on_the_group_and_the_topics(secured: InProcessBr
         assert not stub.ShareFetch(fetch, timeout=10).partitions[0].error_code
         # READ on the group allows DESCRIBE (Kafka's implication).
         assert stub.DescribeShareGroup(describe, timeout=10).members[0].member_id == "m"
+
+
+def test_the_share_coordinator_calls_are_for_brokers_only(secured: InProcessBroker) -> None:
+    """ReadShareGroupState, InitializeShareGroupState and WriteShareGroupState (a share
+    partition's leader at its share coordinator) need CLUSTER_ACTION; granted, they read
+    and write ``__share_group_state`` and fence an older leader epoch."""
+    key = pb.ShareStateKeyRef(
+        group_id="q", topic_id=uuid.uuid4().bytes, partition=0, leader_epoch=3, broker_id=7
+    )
+    old = pb.ShareStateKeyRef(
+        group_id="q", topic_id=key.topic_id, partition=0, leader_epoch=2, broker_id=8
+    )
+    read = pb.ReadShareGroupStateRequest(key=key)
+    init = pb.InitializeShareGroupStateRequest(key=key, start_offset=5)
+    batch = pb.ShareStateBatch(first_offset=5, last_offset=6, delivery_state=2, delivery_count=1)
+    write = pb.WriteShareGroupStateRequest(key=key, start_offset=-1, batches=[batch])
+    stale = pb.WriteShareGroupStateRequest(key=old, start_offset=-1, batches=[batch])
+    with secured.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        calls = (
+            lambda: stub.ReadShareGroupState(read, timeout=10),
+            lambda: stub.InitializeShareGroupState(init, timeout=10),
+            lambda: stub.WriteShareGroupState(write, timeout=10),
+        )
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert error_code(caught.value) == "CLUSTER_AUTHORIZATION_FAILED"
+        with AdminClient(secured.address) as admin:
+            allow(admin, "CLUSTER_ACTION", CLUSTER, resource_type="CLUSTER")
+        assert not stub.ReadShareGroupState(read, timeout=10).found
+        assert stub.InitializeShareGroupState(init, timeout=10).start_offset == 5
+        written = stub.WriteShareGroupState(write, timeout=10)
+        assert (written.leader_epoch, list(written.batches)) == (3, [batch])
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.WriteShareGroupState(stale, timeout=10)
+        assert error_code(caught.value) == "FENCED_LEADER_EPOCH"
+        assert list(stub.ReadShareGroupState(read, timeout=10).batches) == [batch]

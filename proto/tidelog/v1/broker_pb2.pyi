@@ -4705,3 +4705,188 @@ class DescribeShareGroupResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeShareGroupResponse: _TypeAlias = DescribeShareGroupResponse  # noqa: Y015
+
+@_typing.final
+class ShareStateKeyRef(_message.Message):
+    """------------------------------------------------------- share coordinator (brokers)
+
+    One share partition's key in `__share_group_state`, and the asking leader's epoch of
+    the topic partition (a write from an older epoch than the state's is fenced).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    topic_id: _builtins.bytes
+    """16 bytes (UUID)"""
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    broker_id: _builtins.int
+    """the share partition's leader (for the log)"""
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        topic_id: _builtins.bytes = ...,
+        partition: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "group_id", b"group_id", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic_id", b"topic_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareStateKeyRef: _TypeAlias = ShareStateKeyRef  # noqa: Y015
+
+@_typing.final
+class ShareStateBatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRST_OFFSET_FIELD_NUMBER: _builtins.int
+    LAST_OFFSET_FIELD_NUMBER: _builtins.int
+    DELIVERY_STATE_FIELD_NUMBER: _builtins.int
+    DELIVERY_COUNT_FIELD_NUMBER: _builtins.int
+    first_offset: _builtins.int
+    last_offset: _builtins.int
+    delivery_state: _builtins.int
+    """0 Available, 2 Acknowledged, 4 Archived"""
+    delivery_count: _builtins.int
+    def __init__(
+        self,
+        *,
+        first_offset: _builtins.int = ...,
+        last_offset: _builtins.int = ...,
+        delivery_state: _builtins.int = ...,
+        delivery_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_count", b"delivery_count", "delivery_state", b"delivery_state", "first_offset", b"first_offset", "last_offset", b"last_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareStateBatch: _TypeAlias = ShareStateBatch  # noqa: Y015
+
+@_typing.final
+class ReadShareGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> Global___ShareStateKeyRef: ...
+    def __init__(
+        self,
+        *,
+        key: Global___ShareStateKeyRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadShareGroupStateRequest: _TypeAlias = ReadShareGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class InitializeShareGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    start_offset: _builtins.int
+    @_builtins.property
+    def key(self) -> Global___ShareStateKeyRef: ...
+    def __init__(
+        self,
+        *,
+        key: Global___ShareStateKeyRef | None = ...,
+        start_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "start_offset", b"start_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InitializeShareGroupStateRequest: _TypeAlias = InitializeShareGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class WriteShareGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    start_offset: _builtins.int
+    """-1: unchanged"""
+    @_builtins.property
+    def key(self) -> Global___ShareStateKeyRef: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareStateBatch]:
+        """the batches that changed"""
+
+    def __init__(
+        self,
+        *,
+        key: Global___ShareStateKeyRef | None = ...,
+        start_offset: _builtins.int = ...,
+        batches: _abc.Iterable[Global___ShareStateBatch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "key", b"key", "start_offset", b"start_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WriteShareGroupStateRequest: _TypeAlias = WriteShareGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class ShareGroupStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_EPOCH_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    CREATE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    WRITE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """false: never written (a read only)"""
+    snapshot_epoch: _builtins.int
+    state_epoch: _builtins.int
+    leader_epoch: _builtins.int
+    start_offset: _builtins.int
+    create_timestamp_ms: _builtins.int
+    write_timestamp_ms: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareStateBatch]:
+        """the merged state"""
+
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        snapshot_epoch: _builtins.int = ...,
+        state_epoch: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        create_timestamp_ms: _builtins.int = ...,
+        write_timestamp_ms: _builtins.int = ...,
+        batches: _abc.Iterable[Global___ShareStateBatch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "create_timestamp_ms", b"create_timestamp_ms", "found", b"found", "leader_epoch", b"leader_epoch", "snapshot_epoch", b"snapshot_epoch", "start_offset", b"start_offset", "state_epoch", b"state_epoch", "write_timestamp_ms", b"write_timestamp_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareGroupStateResponse: _TypeAlias = ShareGroupStateResponse  # noqa: Y015

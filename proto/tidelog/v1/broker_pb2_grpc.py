@@ -309,6 +309,21 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
                 _registered_method=True)
+        self.ReadShareGroupState = channel.unary_unary(
+                '/tidelog.v1.Broker/ReadShareGroupState',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
+        self.InitializeShareGroupState = channel.unary_unary(
+                '/tidelog.v1.Broker/InitializeShareGroupState',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.InitializeShareGroupStateRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
+        self.WriteShareGroupState = channel.unary_unary(
+                '/tidelog.v1.Broker/WriteShareGroupState',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.WriteShareGroupStateRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -666,6 +681,28 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadShareGroupState(self, request, context):
+        """The share coordinator between brokers (issue #32 step 2b; brokers only:
+        CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
+        the leader of its `__share_group_state` partition (Kafka's ReadShareGroupState,
+        InitializeShareGroupState, WriteShareGroupState).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InitializeShareGroupState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteShareGroupState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -943,6 +980,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeShareGroup,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.SerializeToString,
+            ),
+            'ReadShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadShareGroupState,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.SerializeToString,
+            ),
+            'InitializeShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitializeShareGroupState,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.InitializeShareGroupStateRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.SerializeToString,
+            ),
+            'WriteShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteShareGroupState,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.WriteShareGroupStateRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2430,6 +2482,87 @@ class Broker:
             '/tidelog.v1.Broker/DescribeShareGroup',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ReadShareGroupState',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitializeShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/InitializeShareGroupState',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.InitializeShareGroupStateRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/WriteShareGroupState',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.WriteShareGroupStateRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -127,6 +127,14 @@ class BrokerStub:
     ShareFetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]
     ShareAcknowledge: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]
     DescribeShareGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]
+    ReadShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
+    """The share coordinator between brokers (issue #32 step 2b; brokers only:
+    CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
+    the leader of its `__share_group_state` partition (Kafka's ReadShareGroupState,
+    InitializeShareGroupState, WriteShareGroupState).
+    """
+    InitializeShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitializeShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
+    WriteShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.WriteShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -213,6 +221,14 @@ class BrokerAsyncStub(BrokerStub):
     ShareFetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]  # type: ignore[assignment]
     ShareAcknowledge: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]  # type: ignore[assignment]
     DescribeShareGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]  # type: ignore[assignment]
+    ReadShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
+    """The share coordinator between brokers (issue #32 step 2b; brokers only:
+    CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
+    the leader of its `__share_group_state` partition (Kafka's ReadShareGroupState,
+    InitializeShareGroupState, WriteShareGroupState).
+    """
+    InitializeShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitializeShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
+    WriteShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.WriteShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -626,5 +642,31 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DescribeShareGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DescribeShareGroupResponse, _abc.Awaitable[_broker_pb2.DescribeShareGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReadShareGroupState(
+        self,
+        request: _broker_pb2.ReadShareGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ShareGroupStateResponse, _abc.Awaitable[_broker_pb2.ShareGroupStateResponse]]:
+        """The share coordinator between brokers (issue #32 step 2b; brokers only:
+        CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
+        the leader of its `__share_group_state` partition (Kafka's ReadShareGroupState,
+        InitializeShareGroupState, WriteShareGroupState).
+        """
+
+    @_abc_1.abstractmethod
+    def InitializeShareGroupState(
+        self,
+        request: _broker_pb2.InitializeShareGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ShareGroupStateResponse, _abc.Awaitable[_broker_pb2.ShareGroupStateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WriteShareGroupState(
+        self,
+        request: _broker_pb2.WriteShareGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ShareGroupStateResponse, _abc.Awaitable[_broker_pb2.ShareGroupStateResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,222 @@
+"""Share-coordinator calls from this broker to another (issue #32 step 2b): a share
+partition's leader reads, initializes and writes its state at the leader of the key's
+``__share_group_state`` partition (Kafka's ReadShareGroupState, InitializeShareGroupState
+and WriteShareGroupState between brokers), over the inter-broker channel
+(``InterBrokerChannels``, as ``broker.cluster.txn_peers``; CLUSTER_ACTION there).
+
+Decided:
+
+* Unlike the transaction peers' calls, these raise: the caller
+  (``SharePartitionManager``) must not act on a state it could not make durable, and
+  answers the share partition's error. The other broker's answered error is raised as
+  itself (``error_for_code``: ``NOT_COORDINATOR``, ``COORDINATOR_LOAD_IN_PROGRESS``,
+  ``FENCED_LEADER_EPOCH``...); a broker not in the view, not reachable or not answering
+  within ``CALL_TIMEOUT_MS`` raises ``CoordinatorNotAvailableError`` (retriable: the
+  client asks again, by then the view may name a new coordinator).
+* A write that timed out may have been applied. Nothing was handed out or answered on
+  it; the state it wrote is one the leader would write again (the next write of those
+  offsets carries the same or later states), and a reload reads whichever landed.
+* One channel per destination address, kept open; ``close`` closes them and every call
+  after raises ``CoordinatorNotAvailableError``.
+
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
+from tidelog.broker.tls import InterBrokerChannels
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
+from tidelog.storage.errors import CoordinatorNotAvailableError, TidelogError, error_for_code
+
+__all__ = [
+    "CALL_TIMEOUT_MS",
+    "GrpcSharePeers",
+    "batches_from_pb",
+    "batches_to_pb",
+    "key_from_pb",
+    "state_from_pb",
+    "state_to_pb",
+]
+
+log = logging.getLogger(__name__)
+
+# Below the client's share-fetch call timeout, so a stuck coordinator answers the
+# partition's error rather than failing the whole call.
+CALL_TIMEOUT_MS = 10_000
+_ERROR_CODE_KEY = "tidelog-error-code"  # broker.grpc.errors.ERROR_CODE_METADATA_KEY
+
+
+class GrpcSharePeers:
+    """The share coordinator's calls to another broker (module docstring)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        channels: InterBrokerChannels,
+        address_of: Callable[[int], str | None],
+        timeout_ms: int = CALL_TIMEOUT_MS,
+    ) -> None:
+        self._broker_id = broker_id
+        self._channels = channels
+        self._address_of = address_of  # a broker's gRPC HOST:PORT in the view now
+        self._timeout_s = timeout_ms / 1000
+        self._lock = threading.Lock()
+        self._open: dict[str, grpc.Channel] = {}
+        self._closed = False
+
+    def read_state(
+        self, coordinator: int, key: ShareStateKey, leader_epoch: int
+    ) -> ShareSnapshot | None:
+        request = pb.ReadShareGroupStateRequest(key=self._key(key, leader_epoch))
+        answer = self._call(coordinator, "ReadShareGroupState", request)
+        return state_from_pb(answer) if answer.found else None
+
+    def initialize(
+        self, coordinator: int, key: ShareStateKey, start_offset: int, leader_epoch: int
+    ) -> ShareSnapshot:
+        request = pb.InitializeShareGroupStateRequest(
+            key=self._key(key, leader_epoch), start_offset=start_offset
+        )
+        return state_from_pb(self._call(coordinator, "InitializeShareGroupState", request))
+
+    def write(
+        self,
+        coordinator: int,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+    ) -> ShareSnapshot:
+        request = pb.WriteShareGroupStateRequest(
+            key=self._key(key, leader_epoch),
+            start_offset=start_offset,
+            batches=batches_to_pb(batches),
+        )
+        return state_from_pb(self._call(coordinator, "WriteShareGroupState", request))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            found = list(self._open.values())
+            self._open.clear()
+        for channel in found:
+            channel.close()
+
+    def _key(self, key: ShareStateKey, leader_epoch: int) -> pb.ShareStateKeyRef:
+        return pb.ShareStateKeyRef(
+            group_id=key.group_id,
+            topic_id=key.topic_id.bytes,
+            partition=key.partition,
+            leader_epoch=leader_epoch,
+            broker_id=self._broker_id,
+        )
+
+    def _call(self, coordinator: int, method: str, request: Any) -> pb.ShareGroupStateResponse:
+        stub = self._stub(coordinator)
+        if stub is None:
+            raise CoordinatorNotAvailableError(
+                f"share coordinator {coordinator} is not in this broker's view"
+            )
+        try:
+            answer: pb.ShareGroupStateResponse = getattr(stub, method)(
+                request, timeout=self._timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise _raised(exc, coordinator, method) from None
+        except ValueError:  # the channel was closed under the call (the broker stops)
+            raise CoordinatorNotAvailableError("this broker is stopping") from None
+        return answer
+
+    def _stub(self, broker_id: int) -> pb_grpc.BrokerStub | None:
+        address = self._address_of(broker_id)
+        if address is None:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            channel = self._open.get(address)
+            if channel is None:
+                channel = self._channels.channel(address)
+                self._open[address] = channel
+        return pb_grpc.BrokerStub(channel)
+
+
+def _raised(exc: grpc.RpcError, coordinator: int, method: str) -> TidelogError:
+    failed: Any = exc  # failed calls are both RpcError and Call (the stubs cannot say so)
+    details = failed.details() if hasattr(failed, "details") else repr(exc)
+    metadata = failed.trailing_metadata() if hasattr(failed, "trailing_metadata") else None
+    for key, value in metadata or ():
+        if key == _ERROR_CODE_KEY:
+            code = value if isinstance(value, str) else bytes(value).decode()
+            return error_for_code(code, str(details or ""))
+    log.info("%s at broker %d failed: %s", method, coordinator, details)
+    return CoordinatorNotAvailableError(f"share coordinator {coordinator}: {details}")
+
+
+def batches_to_pb(batches: tuple[StateBatch, ...]) -> list[pb.ShareStateBatch]:
+    return [
+        pb.ShareStateBatch(
+            first_offset=b.first_offset,
+            last_offset=b.last_offset,
+            delivery_state=b.delivery_state,
+            delivery_count=b.delivery_count,
+        )
+        for b in batches
+    ]
+
+
+def batches_from_pb(batches: Any) -> tuple[StateBatch, ...]:
+    """Raises ``ValueError`` for a batch ``StateBatch`` refuses."""
+    return tuple(
+        StateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+        for b in batches
+    )
+
+
+def state_to_pb(state: ShareSnapshot | None) -> pb.ShareGroupStateResponse:
+    if state is None:
+        return pb.ShareGroupStateResponse(found=False)
+    return pb.ShareGroupStateResponse(
+        found=True,
+        snapshot_epoch=state.snapshot_epoch,
+        state_epoch=state.state_epoch,
+        leader_epoch=state.leader_epoch,
+        start_offset=state.start_offset,
+        create_timestamp_ms=state.create_timestamp_ms,
+        write_timestamp_ms=state.write_timestamp_ms,
+        batches=batches_to_pb(state.batches),
+    )
+
+
+def state_from_pb(answer: pb.ShareGroupStateResponse) -> ShareSnapshot:
+    return ShareSnapshot(
+        answer.snapshot_epoch,
+        answer.state_epoch,
+        answer.leader_epoch,
+        answer.start_offset,
+        answer.create_timestamp_ms,
+        answer.write_timestamp_ms,
+        batches_from_pb(answer.batches),
+    )
+
+
+def key_from_pb(ref: pb.ShareStateKeyRef) -> tuple[ShareStateKey, int]:
+    """The key and the leader epoch a request names. Raises ``ValueError`` for a key no
+    share partition has (an empty or too long group id, a topic id not 16 bytes, a
+    negative partition or epoch)."""
+    if not ref.group_id or len(ref.group_id.encode()) > 0x7FFF:
+        raise ValueError("the group id must be 1 to 32,767 bytes of UTF-8")
+    if ref.partition < 0 or ref.leader_epoch < 0:
+        raise ValueError("the partition and the leader epoch must not be negative")
+    key = ShareStateKey(ref.group_id, uuid.UUID(bytes=ref.topic_id), ref.partition)
+    return key, ref.leader_epoch

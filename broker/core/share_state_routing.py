@@ -1,0 +1,131 @@
+"""Where a share partition's state is read and written (issue #32 step 2b): at its share
+coordinator, the leader of the key's ``__share_group_state`` partition, as Kafka's share
+partition leader does through its persister.
+
+Decided (docs/share-groups.md "Cluster"):
+
+* **Always through the coordinator of the key.** ``RoutedShareState`` is the
+  ``ShareStateStore`` the share-partition manager writes through: when this broker leads
+  the key's state partition it serves the call itself (``serve``: the coordinator's
+  checks, then the local ``ShareStateLog``); otherwise it sends it to that partition's
+  leader in this broker's view (``GrpcSharePeers``; the other broker runs the same
+  ``serve``). The two sides of the check are one function, so a call is served the same
+  way whoever sends it. Co-locating the two leaderships instead would tie every topic
+  partition's leadership to an internal topic's, which elections and reassignments do
+  not know about; Kafka does not either.
+* **The coordinator's checks** (``ShareOps.serve_state``): this broker leads the state
+  partition (else ``NOT_COORDINATOR``), its load at the current leader epoch is
+  replicated (else ``COORDINATOR_LOAD_IN_PROGRESS``), then the store's leader-epoch fence
+  (``FENCED_LEADER_EPOCH``). All are retriable for the client; the share partition's
+  operation fails whole, nothing is handed out or acknowledged.
+* **No coordinator known** (the state partition has no leader, or no peers: the broker
+  is still joining): ``COORDINATOR_NOT_AVAILABLE``.
+* **A single node** has no peers and leads every state partition: every call is local.
+
+Thread-safe: holds nothing but its collaborators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
+from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog
+from tidelog.storage.errors import CoordinatorNotAvailableError
+
+__all__ = ["RoutedShareState", "SharePeers", "StateCall"]
+
+# One of the coordinator's calls on its local store (read, initialize or write).
+StateCall = Callable[[ShareStateLog], ShareSnapshot | None]
+
+
+class SharePeers(Protocol):
+    """The calls to another broker's share coordinator (``broker.cluster.share_peers``)."""
+
+    def read_state(
+        self, coordinator: int, key: ShareStateKey, leader_epoch: int
+    ) -> ShareSnapshot | None: ...
+
+    def initialize(
+        self, coordinator: int, key: ShareStateKey, start_offset: int, leader_epoch: int
+    ) -> ShareSnapshot: ...
+
+    def write(
+        self,
+        coordinator: int,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+    ) -> ShareSnapshot: ...
+
+
+class RoutedShareState:
+    """A ``ShareStateStore`` that calls the coordinator of each key (module docstring)."""
+
+    def __init__(
+        self,
+        store: ShareStateLog,
+        broker_id: int,
+        leader_of: Callable[[str, int], int],
+        serve: Callable[[ShareStateKey, StateCall], ShareSnapshot | None],
+        peers: SharePeers | None,
+    ) -> None:
+        """``leader_of``: a partition's leader in this broker's view (-1: none);
+        ``serve``: the coordinator's side, run here when this broker leads the key's state
+        partition; ``peers``: None on a single node (every call is served here)."""
+        self._store = store
+        self._broker_id = broker_id
+        self._leader_of = leader_of
+        self._serve = serve
+        self._peers = peers
+
+    def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareSnapshot | None:
+        coordinator = self._coordinator(key)
+        if coordinator is None:
+            return self._serve(key, lambda s: s.read_state(key, leader_epoch))
+        assert self._peers is not None
+        return self._peers.read_state(coordinator, key, leader_epoch)
+
+    def initialize(self, key: ShareStateKey, start_offset: int, leader_epoch: int) -> ShareSnapshot:
+        coordinator = self._coordinator(key)
+        if coordinator is None:
+            return _found(self._serve(key, lambda s: s.initialize(key, start_offset, leader_epoch)))
+        assert self._peers is not None
+        return self._peers.initialize(coordinator, key, start_offset, leader_epoch)
+
+    def write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+    ) -> ShareSnapshot:
+        coordinator = self._coordinator(key)
+        if coordinator is None:
+            return _found(
+                self._serve(key, lambda s: s.write(key, leader_epoch, start_offset, batches))
+            )
+        assert self._peers is not None
+        return self._peers.write(coordinator, key, leader_epoch, start_offset, batches)
+
+    def _coordinator(self, key: ShareStateKey) -> int | None:
+        """The broker to call, None: this one."""
+        if self._peers is None:
+            return None
+        leader = self._leader_of(SHARE_STATE_TOPIC, self._store.partition_for(key))
+        if leader == self._broker_id:
+            return None
+        if leader < 0:
+            raise CoordinatorNotAvailableError(
+                f"share partition {key.group_id}:{key.topic_id}:{key.partition}: its "
+                f"{SHARE_STATE_TOPIC} partition has no leader"
+            )
+        return leader
+
+
+def _found(state: ShareSnapshot | None) -> ShareSnapshot:
+    if state is None:  # initialize and write always return the state they wrote
+        raise AssertionError("the share state store returned no state for a write")
+    return state
