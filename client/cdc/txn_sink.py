@@ -301,10 +301,20 @@ class TransactionalSink:
         position = self._position
         assert self._open
         assert position is not None
-        self._send_position(position)
+        deadline = _monotonic_ms() + self._outage_timeout_ms
+        try:
+            self._send_position(position)
+        except _FENCED as exc:
+            raise self._fenced(exc) from exc
+        except TransactionAbortableError as exc:
+            # A record of the transaction already failed (a newer instance's epoch
+            # refusing it, say): abort and write again; an abort refused as fenced
+            # raises ``CdcError`` ("fenced") there (CI).
+            if self._snapshot:
+                raise
+            self._write_again(exc, deadline, position=True)
         if not self._snapshot:
             stop_point("mid_transaction", prepare=self._flush_sends)
-        deadline = _monotonic_ms() + self._outage_timeout_ms
         while True:
             producer = self._live_producer()
             try:
