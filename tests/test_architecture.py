@@ -252,7 +252,7 @@ WIRE_MODULES = ("broker.kafka.codec",)
 # The cluster's gRPC adapters: the inter-broker client of the replica fetcher, the
 # node's channels to the controller (controlled shutdown, forwarded admin calls) and the
 # transaction calls between brokers (markers, verification), the share-group state calls
-# to a key's share coordinator; and the
+# to a key's share coordinator, the peer channels both share; and the
 # test harness (LocalCluster asks each broker's Metadata over gRPC until the brokers
 # agree). Listed, not exempted by folder, so a new module of broker/cluster/ falls under
 # the rule.
@@ -260,6 +260,7 @@ DOMAIN_WIRE_ADAPTERS = {
     "broker/cluster/fetcher.py",
     "broker/cluster/forwarding.py",
     "broker/cluster/node.py",
+    "broker/cluster/peer_stubs.py",
     "broker/cluster/share_peers.py",
     "broker/cluster/testing.py",
     "broker/cluster/txn_peers.py",

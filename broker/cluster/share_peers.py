@@ -25,17 +25,16 @@ Thread-safe.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
+from tidelog.broker.cluster.peer_stubs import PeerStubs, answered_code
 from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
-from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tidelog.storage.errors import CoordinatorNotAvailableError, TidelogError, error_for_code
 
 __all__ = [
@@ -53,7 +52,6 @@ log = logging.getLogger(__name__)
 # Below the client's share-fetch call timeout, so a stuck coordinator answers the
 # partition's error rather than failing the whole call.
 CALL_TIMEOUT_MS = 10_000
-_ERROR_CODE_KEY = "tidelog-error-code"  # broker.grpc.errors.ERROR_CODE_METADATA_KEY
 
 
 class GrpcSharePeers:
@@ -67,12 +65,10 @@ class GrpcSharePeers:
         timeout_ms: int = CALL_TIMEOUT_MS,
     ) -> None:
         self._broker_id = broker_id
-        self._channels = channels
-        self._address_of = address_of  # a broker's gRPC HOST:PORT in the view now
         self._timeout_s = timeout_ms / 1000
-        self._lock = threading.Lock()
-        self._open: dict[str, grpc.Channel] = {}
-        self._closed = False
+        # After close every lookup is None: each call answers "unreachable".
+        self._stubs = PeerStubs(channels, address_of)
+        self._stub = self._stubs.stub
 
     def read_state(
         self, coordinator: int, key: ShareStateKey, leader_epoch: int
@@ -105,12 +101,7 @@ class GrpcSharePeers:
         return state_from_pb(self._call(coordinator, "WriteShareGroupState", request))
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            found = list(self._open.values())
-            self._open.clear()
-        for channel in found:
-            channel.close()
+        self._stubs.close()
 
     def _key(self, key: ShareStateKey, leader_epoch: int) -> pb.ShareStateKeyRef:
         return pb.ShareStateKeyRef(
@@ -137,28 +128,13 @@ class GrpcSharePeers:
             raise CoordinatorNotAvailableError("this broker is stopping") from None
         return answer
 
-    def _stub(self, broker_id: int) -> pb_grpc.BrokerStub | None:
-        address = self._address_of(broker_id)
-        if address is None:
-            return None
-        with self._lock:
-            if self._closed:
-                return None
-            channel = self._open.get(address)
-            if channel is None:
-                channel = self._channels.channel(address)
-                self._open[address] = channel
-        return pb_grpc.BrokerStub(channel)
-
 
 def _raised(exc: grpc.RpcError, coordinator: int, method: str) -> TidelogError:
     failed: Any = exc  # failed calls are both RpcError and Call (the stubs cannot say so)
     details = failed.details() if hasattr(failed, "details") else repr(exc)
-    metadata = failed.trailing_metadata() if hasattr(failed, "trailing_metadata") else None
-    for key, value in metadata or ():
-        if key == _ERROR_CODE_KEY:
-            code = value if isinstance(value, str) else bytes(value).decode()
-            return error_for_code(code, str(details or ""))
+    code = answered_code(exc)
+    if code is not None:
+        return error_for_code(code, str(details or ""))
     log.info("%s at broker %d failed: %s", method, coordinator, details)
     return CoordinatorNotAvailableError(f"share coordinator {coordinator}: {details}")
 

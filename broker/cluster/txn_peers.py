@@ -30,16 +30,15 @@ Thread-safe: the channel cache is guarded by one lock; gRPC channels are thread-
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
+from tidelog.broker.cluster.peer_stubs import PeerStubs, answered_code
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.broker.transactions.markers import TxnMarker
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
-from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 __all__ = ["CALL_TIMEOUT_MS", "GrpcTxnPeers"]
 
@@ -49,7 +48,6 @@ log = logging.getLogger(__name__)
 # replicas, but a stopped leader would hold the coordinator's marker thread as long, so
 # the coordinator asks again sooner.
 CALL_TIMEOUT_MS = 15_000
-_ERROR_CODE_KEY = "tidelog-error-code"  # broker.grpc.errors.ERROR_CODE_METADATA_KEY
 _MARKER_UNREACHABLE = "NOT_LEADER_OR_FOLLOWER"
 _COORDINATOR_UNREACHABLE = "COORDINATOR_NOT_AVAILABLE"
 
@@ -67,12 +65,10 @@ class GrpcTxnPeers:
         timeout_ms: int = CALL_TIMEOUT_MS,
     ) -> None:
         self._broker_id = broker_id
-        self._channels = channels
-        self._address_of = address_of  # a broker's gRPC HOST:PORT in the view now
         self._timeout_s = timeout_ms / 1000
-        self._lock = threading.Lock()
-        self._open: dict[str, grpc.Channel] = {}
-        self._closed = False  # closed: every call answers "unreachable"
+        # After close every lookup is None: each call answers "unreachable".
+        self._stubs = PeerStubs(channels, address_of)
+        self._stub = self._stubs.stub
 
     def write_txn_markers(
         self, broker_id: int, markers: Sequence[TxnMarker]
@@ -102,7 +98,7 @@ class GrpcTxnPeers:
         try:
             answer = stub.WriteTxnMarkers(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            code = _answered_code(exc) or _MARKER_UNREACHABLE
+            code = answered_code(exc) or _MARKER_UNREACHABLE
             log.info("WriteTxnMarkers to broker %d failed: %s", broker_id, _describe(exc))
             return failed(code)
         except ValueError:  # the channel was closed under the call (the broker stops)
@@ -138,42 +134,13 @@ class GrpcTxnPeers:
             answer = stub.VerifyTxnPartition(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             log.info("VerifyTxnPartition at broker %d failed: %s", broker_id, _describe(exc))
-            return _answered_code(exc) or _COORDINATOR_UNREACHABLE
+            return answered_code(exc) or _COORDINATOR_UNREACHABLE
         except ValueError:  # the channel was closed under the call (the broker stops)
             return _COORDINATOR_UNREACHABLE
         return str(answer.error_code)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            found = list(self._open.values())
-            self._open.clear()
-        for channel in found:
-            channel.close()
-
-    def _stub(self, broker_id: int) -> pb_grpc.BrokerStub | None:
-        address = self._address_of(broker_id)
-        if address is None:
-            return None
-        with self._lock:
-            if self._closed:
-                return None
-            channel = self._open.get(address)
-            if channel is None:
-                channel = self._channels.channel(address)
-                self._open[address] = channel
-        return pb_grpc.BrokerStub(channel)
-
-
-def _answered_code(exc: grpc.RpcError) -> str | None:
-    """The error code the other broker answered with (trailing metadata), if any."""
-    failed: Any = exc  # failed calls are both RpcError and Call (the stubs cannot say so)
-    if not hasattr(failed, "trailing_metadata"):
-        return None
-    for key, value in failed.trailing_metadata() or ():
-        if key == _ERROR_CODE_KEY:
-            return value if isinstance(value, str) else bytes(value).decode()
-    return None
+        self._stubs.close()
 
 
 def _describe(exc: grpc.RpcError) -> str:
