@@ -100,5 +100,15 @@ def test_a_retried_commit_waits_for_the_records_in_flight(cluster: LocalCluster)
         producer.commit_transaction(30_000)
     finally:
         producer.close(timeout_ms=1_000)
-    values = [r.value for r in read_topic(cluster.bootstrap, TOPIC, "read_committed")]
-    assert values == [b"a", b"b", b"c"]
+    # The commit answers once the coordinator has decided; the markers that make c
+    # visible to read_committed readers are written after (as Kafka's), so wait for them.
+    seen: list[list[bytes | None]] = []
+
+    def all_visible() -> bool:
+        seen.append([r.value for r in read_topic(cluster.bootstrap, TOPIC, "read_committed")])
+        return seen[-1] == [b"a", b"b", b"c"]
+
+    try:
+        eventually(all_visible, 30)
+    finally:
+        assert seen and seen[-1] == [b"a", b"b", b"c"], seen[-3:]
