@@ -84,6 +84,7 @@ __all__ = [
     "Scan",
     "SharePartition",
     "SharePartitionConfig",
+    "SharePartitionStats",
     "Transition",
 ]
 
@@ -216,6 +217,23 @@ class Transition:
         return bool(self.durable) or self.start_moved or self.reset
 
 
+@dataclass(frozen=True, slots=True)
+class SharePartitionStats:
+    """What an admin sees of one share partition (``SharePartition.stats``): SPSO, SPEO,
+    the in-flight records by state, ``delivery_counts`` (delivery count -> records in the
+    window with it, ascending) and ``dead_lettered`` (records copied to the group's
+    dead-letter topic since this share partition was loaded here)."""
+
+    start_offset: int
+    end_offset: int
+    acquired: int
+    available: int
+    acknowledged: int
+    archived: int
+    delivery_counts: tuple[tuple[int, int], ...]
+    dead_lettered: int
+
+
 class SharePartition:
     """One share partition's in-flight state. Not thread-safe (see the module docstring).
     Build with ``new`` or ``from_snapshot``."""
@@ -232,6 +250,9 @@ class SharePartition:
         self._end = end_offset
         self._records = records
         self._version = 0
+        # Records copied to the dead-letter topic (its writer counts them here); memory
+        # only, like the lock deadlines: a reload starts it at 0 (stats only).
+        self.dead_lettered = 0
 
     @classmethod
     def new(cls, config: SharePartitionConfig, start_offset: int) -> SharePartition:
@@ -285,6 +306,25 @@ class SharePartition:
         """``(SPSO, state batches)`` as ``__share_group_state`` would hold them: what a
         reload rebuilds (acquisitions as Available)."""
         return self._start, _batches(self._records.items())
+
+    def stats(self) -> SharePartitionStats:
+        """The admin's view: counts by state and the delivery-count histogram of the
+        records in the window (gaps have no entry, so count nowhere)."""
+        by_state = dict.fromkeys((ACQUIRED, AVAILABLE, ACKNOWLEDGED, ARCHIVED), 0)
+        histogram: dict[int, int] = {}
+        for record in self._records.values():
+            by_state[record.state] = by_state.get(record.state, 0) + 1
+            histogram[record.delivery_count] = histogram.get(record.delivery_count, 0) + 1
+        return SharePartitionStats(
+            self._start,
+            self._end,
+            by_state[ACQUIRED],
+            by_state[AVAILABLE],
+            by_state[ACKNOWLEDGED],
+            by_state[ARCHIVED],
+            tuple(sorted(histogram.items())),
+            self.dead_lettered,
+        )
 
     def acquired_count(self) -> int:
         return sum(1 for r in self._records.values() if r.state == ACQUIRED)
