@@ -35,6 +35,11 @@ Decided, as Kafka 4.1 where it says:
 * **DeleteGroups** of a share group: empty groups only (``NON_EMPTY_GROUP``); its share
   state goes first, then its membership records and configs. A crash between leaves an
   empty group without state: deleting it again finishes the job.
+* **Empty, then changed: not one step.** The check that the group has no member and the
+  change of each share partition are separate (each share partition's change runs under
+  its own lock). A member joining in between and fetching before the change sees its
+  records dropped by it (its acknowledgements then fail ``INVALID_RECORD_STATE`` and the
+  records come again from the new start): the admin asked for exactly that start.
 * **Statistics** (``stats``): per share partition led here, ``SharePartition.stats``:
   start and end offsets, acquired (in flight), available, acknowledged and archived
   counts, the delivery-count histogram of the window and ``dead_lettered``.
