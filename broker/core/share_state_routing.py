@@ -119,19 +119,20 @@ class RoutedShareState:
         self,
         key: ShareStateKey,
         leader_epoch: int,
+        start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
     ) -> None:
-        """``batches`` written as a record of ``transaction`` (producer id, epoch),
-        pending at the coordinator until its marker (``ShareStateLog.write``). Local only
-        (module docstring)."""
+        """``start_offset`` and ``batches`` written as a record of ``transaction``
+        (producer id, epoch), pending at the coordinator until its marker
+        (``ShareStateLog.write``). Local only (module docstring)."""
         if self._coordinator(key) is not None:
             raise CoordinatorNotAvailableError(
                 f"share partition {key.group_id}:{key.topic_id}:{key.partition}: its share "
                 "coordinator is another broker, and a transactional state write is served "
                 "only where it is local (cluster dead-letter topics are not built yet)"
             )
-        self._serve(key, lambda s: s.write(key, leader_epoch, -1, batches, transaction))
+        self._serve(key, lambda s: s.write(key, leader_epoch, start_offset, batches, transaction))
 
     def state_partition(self, key: ShareStateKey) -> int:
         """The ``__share_group_state`` partition of ``key``."""

@@ -102,11 +102,13 @@ class ShareStateStore(Protocol):
         self,
         key: ShareStateKey,
         leader_epoch: int,
+        start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
     ) -> None:
-        """``batches`` as a record of ``transaction`` (producer id, epoch), pending until
-        its marker (``ShareStateLog.write``)."""
+        """``start_offset`` (-1: unchanged) and ``batches`` as a record of
+        ``transaction`` (producer id, epoch), pending until its marker
+        (``ShareStateLog.write``)."""
         ...
 
     def state_partition(self, key: ShareStateKey) -> int:
@@ -293,8 +295,11 @@ class SharePartitionManager:
 
         def archive(transaction: tuple[int, int]) -> None:
             nonlocal written
+            # The start offset too: archiving a prefix moves it, and the batches below
+            # it are then not in ``durable`` (they are done).
+            start = transition.start_offset if transition.start_moved else -1
             self._store.write_transactional(
-                held.state_key, held.leader_epoch, transition.durable, transaction
+                held.state_key, held.leader_epoch, start, transition.durable, transaction
             )
             written = True
 

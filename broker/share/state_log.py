@@ -45,9 +45,9 @@ log end comes back pending. While a share partition has a pending write, ``read_
 answers ``COORDINATOR_LOAD_IN_PROGRESS`` (retriable): a leader loading it then would
 see the records to be dead-lettered as not yet archived, and copy them again once the
 transaction commits (read_committed, as KIP-447's ``require_stable``). A pending update
-carries no start offset (-1), so a later plain write that moved the start past its
-records is not undone when it lands (``records.apply_update`` never moves the start
-back), and ``prune`` keeps every record from the first pending one on.
+landing after a later plain write cannot undo it: ``records.apply_update`` never moves
+the start back, and what it archives is final. ``prune`` keeps every record from the
+first pending one on.
 
 Thread-safe: one write lock per state partition (its records are appended in the order
 the cache takes them), one cache lock for reads.
@@ -267,13 +267,13 @@ class ShareStateLog:
         """Persist a change of ``key``: the ``batches`` that changed, and ``start_offset``
         (-1: unchanged). With ``transaction`` (producer id, epoch; the partition already
         in that transaction): an update, pending until the transaction's marker (module
-        docstring), ``start_offset`` ignored; returns None. Otherwise written as an
+        docstring); returns None. Otherwise written as an
         update, or as a snapshot of the merged state when none exists yet or
         ``snapshot_update_records_per_snapshot`` updates followed the last one; returns
         the merged state. Raises ``FencedLeaderEpochError`` for a ``leader_epoch`` older
         than the state's, and as ``append_durably``; the cache is unchanged then."""
         if transaction is not None:
-            self._append_transactional(key, leader_epoch, batches, transaction)
+            self._append_transactional(key, leader_epoch, start_offset, batches, transaction)
             return None
         previous_entry = self._entry(key)
         update = ShareUpdate(
@@ -314,6 +314,7 @@ class ShareStateLog:
         self,
         key: ShareStateKey,
         leader_epoch: int,
+        start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
     ) -> None:
@@ -321,7 +322,7 @@ class ShareStateLog:
         update = ShareUpdate(
             snapshot_epoch=0 if previous is None else previous.state.snapshot_epoch,
             leader_epoch=leader_epoch,
-            start_offset=-1,
+            start_offset=start_offset,
             batches=batches,
         )
         record = (encode_key(UPDATE, key), encode_update(update))
@@ -360,11 +361,12 @@ class ShareStateLog:
         self,
         key: ShareStateKey,
         leader_epoch: int,
+        start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
     ) -> None:
         """``write`` with ``transaction`` (the ``ShareStateStore`` call)."""
-        self.write(key, leader_epoch, -1, batches, transaction)
+        self.write(key, leader_epoch, start_offset, batches, transaction)
 
     def state_partition(self, key: ShareStateKey) -> int:
         """``partition_for`` (the ``ShareStateStore`` call)."""

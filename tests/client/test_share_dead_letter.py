@@ -118,8 +118,13 @@ def _headers(record: ConsumerRecord) -> dict[str, bytes | None]:
 
 
 def test_reject_and_the_delivery_limit_dead_letter_exactly_once_with_headers(
-    broker: InProcessBroker,
+    tmp_path: Path,
 ) -> None:
+    with InProcessBroker(tmp_path / "data", settings=COMMON) as broker:
+        _dead_letter_twice_and_restart(broker)
+
+
+def _dead_letter_twice_and_restart(broker: InProcessBroker) -> None:
     topic, dlq = "jobs-a", "jobs-a-dlq"
     with AdminClient(broker.address) as admin:
         admin.create_topic(topic, 1)
@@ -170,6 +175,13 @@ def test_reject_and_the_delivery_limit_dead_letter_exactly_once_with_headers(
         }
     # Nothing else was written there, committed or not: one transaction, committed.
     assert len(_read_all(broker.address, dlq, "read_uncommitted")) == 2
+    # The archiving was durable with the copies: reloaded, 0..3 are done, nothing is left
+    # to dead-letter (a second copy would need a record to be dead-lettered).
+    broker.restart()
+    shares = broker.server.core.shares
+    assert shares is not None
+    reloaded = shares.partitions.describe("dlq-a", topic, 0)
+    assert (reloaded.start_offset, reloaded.records()) == (4, {})
 
 
 def test_a_group_without_a_dead_letter_topic_archives_only(broker: InProcessBroker) -> None:
