@@ -6,11 +6,12 @@ manager is built with).
 Per transaction: InitProducerId for the share partition's transactional id (a new epoch
 every time: it fences and aborts anything an earlier attempt or leader left open, and
 sequences start at 0), AddPartitionsToTxn of the dead-letter partition and the share
-partition's ``__share_group_state`` partition, the copies appended as one transactional
-batch through the produce path (the coordinator's verification included, ``acks=all``),
-the archiving written by the caller's ``archive`` (a transactional state write), then
-EndTxn(commit). A failure before EndTxn answered aborts (best effort: an abort that fails
-is left to the transaction timeout or the next InitProducerId of the id) and raises.
+partition's ``__share_group_state`` partition, the copies appended as transactional
+batches (about 256 KiB each) in one append through the produce path (the coordinator's
+verification included, ``acks=all``), the archiving written by the caller's ``archive``
+(a transactional state write), then EndTxn(commit). A failure before EndTxn answered
+aborts (best effort: an abort that fails is left to the transaction timeout or the next
+InitProducerId of the id) and raises.
 InitProducerId and AddPartitionsToTxn answered ``CONCURRENT_TRANSACTIONS`` (the previous
 transaction's markers still being written) are retried for up to
 ``_CONCURRENT_RETRY_MS``.
@@ -47,7 +48,7 @@ from typing import TypeVar
 
 from tidelog.broker.core.produce import Acks, PartitionRecords, ProducePath
 from tidelog.broker.core.topics import Topics
-from tidelog.broker.share.dead_letter import DeadLetterBatch, copy_batch
+from tidelog.broker.share.dead_letter import DeadLetterBatch, copy_batches
 from tidelog.broker.share.state_log import SHARE_STATE_TOPIC
 from tidelog.broker.transactions.coordinator import TransactionCoordinator
 from tidelog.storage.errors import (
@@ -98,7 +99,7 @@ class CoreDeadLetters:
                     tid, producer_id, epoch, [target, (SHARE_STATE_TOPIC, batch.state_partition)]
                 )
             )
-            data = copy_batch(batch, producer_id, epoch, 0)
+            data = copy_batches(batch, producer_id, epoch, 0)
             if data:
                 self._append(tid, target, data)
             archive((producer_id, epoch))

@@ -90,7 +90,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterBatch",
     "DeadLetterSink",
-    "copy_batch",
+    "copy_batches",
     "dead_letter_headers",
     "read_originals",
     "reason_of",
@@ -111,6 +111,9 @@ LOUD_AFTER_FAILURES = 5
 _FIRST_BACKOFF_MS = 200
 _MAX_BACKOFF_MS = 30_000
 _READ_BYTES = 1 << 20
+# Copies are cut into batches of about this size (as the internal topics' writes are),
+# so many copies never make one batch past the topic's max.message.bytes.
+_BATCH_TARGET_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,27 +185,41 @@ def dead_letter_headers(
     ]
 
 
-def copy_batch(
+def copy_batches(
     batch: DeadLetterBatch, producer_id: int, producer_epoch: int, base_sequence: int
 ) -> bytes:
-    """One transactional RecordBatch of ``batch``'s copies (those with a record), empty
-    bytes when none has. The copies keep the originals' timestamps."""
-    builder = BatchBuilder(
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        is_transactional=True,
-    )
+    """Concatenated transactional RecordBatches of ``batch``'s copies (those with a
+    record), each about ``_BATCH_TARGET_BYTES`` at most, sequences consecutive from
+    ``base_sequence``; empty bytes when no letter has a record. The copies keep the
+    originals' timestamps."""
+    out: list[bytes] = []
+    sequence = base_sequence
+
+    def builder() -> BatchBuilder:
+        return BatchBuilder(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=sequence,
+            is_transactional=True,
+        )
+
+    current = builder()
     for letter in batch.letters:
         record = letter.record
         if record is None:
             continue
+        if current.record_count and current.estimated_size_bytes() >= _BATCH_TARGET_BYTES:
+            out.append(current.build())
+            sequence += current.record_count
+            current = builder()
         headers = [
             *record.headers,
             *dead_letter_headers(batch.group_id, batch.topic, batch.partition, letter),
         ]
-        builder.append(record.timestamp_ms, record.key, record.value, headers)
-    return builder.build() if builder.record_count else b""
+        current.append(record.timestamp_ms, record.key, record.value, headers)
+    if current.record_count:
+        out.append(current.build())
+    return b"".join(out)
 
 
 def read_originals(partition_log: PartitionLog, offsets: Sequence[int]) -> dict[int, Record]:

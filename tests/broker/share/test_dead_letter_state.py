@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tidelog.broker.share.dead_letter import DeadLetter, DeadLetterBatch, copy_batches
 from tidelog.broker.share.partition import (
     REJECT,
     RELEASE,
@@ -29,6 +30,7 @@ from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog, Sha
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import CoordinatorLoadInProgressError
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
+from tidelog.storage.records import Record, decode_batch, iter_batch_headers
 
 KEY = ShareStateKey("workers", uuid.uuid5(uuid.NAMESPACE_URL, "jobs"), 0)
 PRODUCER = 7
@@ -126,3 +128,31 @@ def test_a_transactional_write_is_pending_until_its_marker_across_restarts(
             logs, store = _open(tmp_path, clock)
     finally:
         logs.close()
+
+
+def test_copies_are_cut_into_batches_with_consecutive_sequences() -> None:
+    letters = tuple(
+        DeadLetter(o, "rejected", 1, Record(o, 1_000 + o, b"k", b"x" * 100_000, (("h", b"v"),)))
+        for o in range(10)
+    )
+    gone = DeadLetter(10, "delivery-limit", 5, None)  # retention took it: no copy
+    batch = DeadLetterBatch("g", "jobs", 3, "dlq", (*letters, gone), 0)
+    data = copy_batches(batch, PRODUCER, 2, 0)
+    headers = [h for _, h in iter_batch_headers(data)]
+    assert len(headers) > 1  # ~1 MB of copies: several batches
+    assert all(h.is_transactional and h.producer_id == PRODUCER for h in headers)
+    sequences = [h.base_sequence for h in headers]
+    counts = [h.records_count for h in headers]
+    assert sequences == [sum(counts[:i]) for i in range(len(counts))]
+    copies = [r for at, _ in iter_batch_headers(data) for r in decode_batch(data, at)[1]]
+    assert [r.timestamp_ms for r in copies] == [1_000 + o for o in range(10)]
+    assert dict(copies[4].headers) == {
+        "h": b"v",
+        "tidelog.dlq.group": b"g",
+        "tidelog.dlq.topic": b"jobs",
+        "tidelog.dlq.partition": b"3",
+        "tidelog.dlq.offset": b"4",
+        "tidelog.dlq.reason": b"rejected",
+        "tidelog.dlq.delivery.count": b"1",
+    }
+    assert copy_batches(DeadLetterBatch("g", "jobs", 3, "dlq", (gone,), 0), 1, 0, 0) == b""
