@@ -8,7 +8,9 @@ missing, and are never delivered again; a broker SIGKILLed between a dead-letter
 transaction's copy and its commit (the ``TIDELOG_DLQ_TEST_STOP_AT`` hook) neither loses
 nor duplicates a dead-lettered record after its restart (the copy it had written is
 aborted, visible to read_uncommitted only); a group without a dead-letter topic archives
-only.
+only; a dead-letter write that keeps failing (every copy too large for the topic) is
+logged at ERROR, stalls none of the partition's other records, loses nothing, and the
+record is dead-lettered once the topic takes it.
 
 Group configs are set in the broker's process (``ShareGroupManager.alter_group_configs``,
 stored in ``__consumer_offsets``): no listener serves GROUP configs yet.
@@ -33,6 +35,7 @@ from tidelog.client import (
     ShareConsumer,
     TopicPartition,
 )
+from tidelog.client.types import AlterConfigOp, ConfigResource
 
 LONG_LOCK_MS = 600_000
 COMMON = {
@@ -259,3 +262,50 @@ def test_a_broker_killed_between_copy_and_commit_neither_loses_nor_duplicates(
         assert len(_read_all(daemon.address, dlq, "read_uncommitted")) == 6
     finally:
         daemon.kill()
+
+
+def test_a_dead_letter_write_that_keeps_failing_stalls_nothing_and_loses_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic, dlq = "jobs-d", "jobs-d-dlq"
+    with InProcessBroker(tmp_path / "data", settings=COMMON) as broker:
+        with AdminClient(broker.address) as admin:
+            admin.create_topic(topic, 1)
+            # Every copy of the record below is too large for it: each write fails.
+            admin.create_topic(dlq, 1, config={"max.message.bytes": "1024"})
+        _set_group_configs(broker, "dlq-d", {DLQ_CONFIG: dlq})
+        consumer = _consumer(broker.address, "dlq-d", topic)
+        try:
+            with Producer(broker.address) as producer:
+                producer.send(topic, value=b"x" * 4_000)  # offset 0
+                producer.flush()
+            [poison] = _poll_until(consumer, {0}).values()
+            consumer.acknowledge(poison, "reject")
+            assert set(consumer.commit_sync().values()) == {None}
+
+            def loud() -> bool:
+                return any(
+                    r.levelname == "ERROR"
+                    and "dead-lettering offsets 0..0 to jobs-d-dlq" in r.message
+                    for r in caplog.records
+                )
+
+            eventually(loud, 60)  # the failures in a row reached the loud threshold
+            # The partition is not stalled: later records are delivered and acknowledged.
+            _produce(broker.address, topic, 2, first=1)
+            later = _poll_until(consumer, {1, 2})
+            assert sorted(later) == [1, 2]  # offset 0 is not redelivered
+            for record in later.values():
+                consumer.acknowledge(record, "accept")
+            assert set(consumer.commit_sync().values()) == {None}
+            # Nor lost: once the topic takes it, the record is dead-lettered.
+            with AdminClient(broker.address) as admin:
+                admin.incremental_alter_configs(
+                    ConfigResource.topic(dlq),
+                    [AlterConfigOp("max.message.bytes", "set", "1048576")],
+                )
+            eventually(lambda: len(_read_all(broker.address, dlq, "read_committed")) == 1, 60)
+            [copy] = _read_all(broker.address, dlq, "read_committed")
+            assert (copy.value, _headers(copy)["tidelog.dlq.offset"]) == (b"x" * 4_000, b"0")
+        finally:
+            consumer.close()
