@@ -416,9 +416,11 @@ class SharePartitionManager:
         try:
             snapshot = self._store.read_state(state_key, leader_epoch)
         except CoordinatorLoadInProgressError:
-            if self._dead_letters is not None:
-                # A dead-letter transaction of it is undecided: abort it now if open
-                # (a prepared one completes on its own); the client retries.
+            if self._dead_letters is not None and config.dead_letter:
+                # Maybe a dead-letter transaction of it is undecided (else the state
+                # partition is loading): abort it now if open (a prepared one completes
+                # on its own; without a dead-letter topic any more, its timeout does);
+                # the client retries.
                 self._dead_letters.fence(transactional_id(group_id, topic, partition))
             raise
         if snapshot is not None:
