@@ -42,7 +42,9 @@ Decisions:
   that partition and let the others through; a whole-call error (the group id empty) is
   the call's.
 * **Timers.** One thread (``share-timer``) expires members' sessions (their records are
-  released here), expires acquisition locks, prunes ``__share_group_state`` every
+  released here), expires acquisition locks, dead-letters the records to be
+  dead-lettered (``SharePartitionManager.dead_letter_pass``), prunes
+  ``__share_group_state`` every
   ``share.coordinator.state.topic.prune.interval.ms``, and in a cluster unloads what this
   broker stopped leading (offsets partitions' share groups, state partitions, share
   partitions of topic partitions it no longer leads: ``internal_topic.unload_resigned``
@@ -70,6 +72,7 @@ from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.share.dead_letter import DeadLetterSink
 from tidelog.broker.share.groups import ShareGroupManager, TypedGroupListing, list_all_groups
 from tidelog.broker.share.groups_coordinator import (
     LEAVE_EPOCH,
@@ -177,6 +180,9 @@ class SharePartitionState:
     acquired: int
     available: int
     archived: int
+    # Records archived by a committed dead-letter transaction since this leader loaded
+    # the share partition (broker.share.dead_letter).
+    dead_lettered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +267,11 @@ class ShareOps:
         gate: OperationGate,
         purgatory: Purgatory[tuple[str, int]],
         clock: Clock,
+        *,
+        dead_letters: DeadLetterSink | None = None,
     ) -> None:
+        """``dead_letters``: runs the share groups' dead-letter transactions
+        (``broker.core.share_dlq``); None: records to be dead-lettered wait."""
         self._config = config
         self._registry = registry
         self._logs = registry.logs
@@ -288,6 +298,7 @@ class ShareOps:
             topic_id=topic_id,
             group_config=lambda g: config.share.partition_config(parts.groups.settings(g)),
             leader_epoch=self._leader_epoch if replicated else None,
+            dead_letters=dead_letters,
         )
         self._generations = _Generations()
         self._rotation = 0
@@ -334,6 +345,7 @@ class ShareOps:
                         sum(r.state == ACQUIRED for r in records),
                         sum(r.state == AVAILABLE for r in records),
                         sum(r.state == ARCHIVED for r in records),
+                        dead_lettered=share.dead_lettered,
                     )
                 )
             return ShareGroupDescription(view, tuple(states))
@@ -605,6 +617,7 @@ class ShareOps:
                     self._available_again(topic, partition)
             except Exception:
                 log.exception("share partition lock expiry failed")
+            self.partitions.dead_letter_pass()  # never raises: logs and retries
             if self._clock.monotonic_ms() >= self._next_prune_ms:
                 self._prune()
             self._stop.wait(_TIMER_MAX_WAIT_S)
