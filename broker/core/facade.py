@@ -86,6 +86,7 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
+from tidelog.broker.core.share_dlq import CoreDeadLetters
 from tidelog.broker.core.share_ops import ShareOps, ShareParts, open_share_parts
 from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.broker.core.topics import (
@@ -97,6 +98,7 @@ from tidelog.broker.groups.manager import (
     GroupManager,
 )
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.share.state_log import SHARE_STATE_TOPIC
 from tidelog.broker.transactions.coordinator import Transactions, open_transactions
 from tidelog.broker.transactions.markers import TxnMarker, answers_by_marker
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
@@ -224,7 +226,19 @@ class BrokerCore(TopicCalls, GroupCalls):
             None
             if shares is None
             else ShareOps(
-                shares, config, partitions, membership, groups, self._gate, fetch_purgatory, clock
+                shares,
+                config,
+                partitions,
+                membership,
+                groups,
+                self._gate,
+                fetch_purgatory,
+                clock,
+                dead_letters=(
+                    None
+                    if self.transactions is None
+                    else CoreDeadLetters(self.transactions, self._produce, self.topics, logs)
+                ),
             )
         )
 
@@ -312,6 +326,17 @@ class BrokerCore(TopicCalls, GroupCalls):
                 on_append=appended,
                 registry=partitions,
             )
+            shares = open_share_parts(config, partitions, clock, groups, appended)
+            share_store = shares.store
+
+            def marker_written(topic: str, partition: int, producer_id: int, commit: bool) -> None:
+                # A durable marker ends what a transaction wrote to an internal topic:
+                # TxnOffsetCommit's offsets, a dead-letter transaction's share state.
+                if topic == OFFSETS_TOPIC:
+                    groups.store.end_transaction(partition, producer_id, commit)
+                elif topic == SHARE_STATE_TOPIC:
+                    share_store.end_transaction(partition, producer_id, commit)
+
             built = open_transactions(
                 config,
                 partitions,
@@ -319,14 +344,9 @@ class BrokerCore(TopicCalls, GroupCalls):
                 membership,
                 lambda group: (OFFSETS_TOPIC, groups.store.partition_for(group)),
                 appended,
-                lambda topic, partition, producer_id, commit: (
-                    groups.store.end_transaction(partition, producer_id, commit)
-                    if topic == OFFSETS_TOPIC
-                    else None
-                ),
+                marker_written,
             )
             transactions = built
-            shares = open_share_parts(config, partitions, clock, groups, appended)
             logs.start_background()
             groups.start()
             transactions.coordinator.start()

@@ -15,9 +15,10 @@ Decided, as Kafka 4.1 where it says:
   Tidelog reads it off the state store's keys, which are the same set.
 * **Describe offsets** answers, per share partition, its start offset (SPSO) and its lag:
   the high watermark minus SPSO minus the records of the window already done
-  (acknowledged or archived); offsets that are no record (control batches, compacted-away
-  offsets) count as lag until SPSO passes them. A partition named that the group never
-  read answers start offset -1 and lag -1 (Kafka's "uninitialized"), without creating it.
+  (acknowledged or archived, or waiting for their dead-letter copy); offsets that are no
+  record (control batches, compacted-away offsets) count as lag until SPSO passes them.
+  A partition named that the group never read answers start offset -1 and lag -1
+  (Kafka's "uninitialized"), without creating it.
   ``leader_epoch`` is the topic partition's current epoch (0 on a single node).
 * **Alter offsets** only while the group is empty (``NON_EMPTY_GROUP`` for the whole
   call, as Kafka): each share partition named starts over at the offset given (SPSO =
@@ -66,7 +67,13 @@ from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.share.groups import ShareGroupManager, is_consumer_group
 from tidelog.broker.share.partition import SharePartitionStats
 from tidelog.broker.share.partition_manager import SharePartitionManager
-from tidelog.broker.share.records import ACKNOWLEDGED, ARCHIVED, ShareSnapshot, ShareStateKey
+from tidelog.broker.share.records import (
+    ACKNOWLEDGED,
+    ARCHIVED,
+    DEAD_LETTER_STATES,
+    ShareSnapshot,
+    ShareStateKey,
+)
 from tidelog.broker.share.state_log import ShareStateLog
 from tidelog.storage.errors import (
     GroupIdNotFoundError,
@@ -302,5 +309,6 @@ def _done(snapshot: ShareSnapshot) -> int:
     return sum(
         b.last_offset - max(b.first_offset, snapshot.start_offset) + 1
         for b in snapshot.batches
-        if b.delivery_state in (ACKNOWLEDGED, ARCHIVED) and b.last_offset >= snapshot.start_offset
+        if b.delivery_state in (ACKNOWLEDGED, ARCHIVED, *DEAD_LETTER_STATES)
+        and b.last_offset >= snapshot.start_offset
     )

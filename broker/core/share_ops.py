@@ -44,7 +44,9 @@ Decisions:
   that partition and let the others through; a whole-call error (the group id empty) is
   the call's.
 * **Timers.** One thread (``share-timer``) expires members' sessions (their records are
-  released here), expires acquisition locks, prunes ``__share_group_state`` every
+  released here), expires acquisition locks, dead-letters the records to be
+  dead-lettered (``SharePartitionManager.dead_letter_pass``), prunes
+  ``__share_group_state`` every
   ``share.coordinator.state.topic.prune.interval.ms``, and in a cluster unloads what this
   broker stopped leading (offsets partitions' share groups, state partitions, share
   partitions of topic partitions it no longer leads: ``internal_topic.unload_resigned``
@@ -73,6 +75,7 @@ from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
+from tidelog.broker.share.dead_letter import DeadLetterSink
 from tidelog.broker.share.groups import ShareGroupManager, TypedGroupListing, list_all_groups
 from tidelog.broker.share.groups_coordinator import (
     LEAVE_EPOCH,
@@ -181,6 +184,8 @@ class SharePartitionState:
     archived: int
     acknowledged: int = 0
     delivery_counts: tuple[tuple[int, int], ...] = ()
+    # Records archived by a committed dead-letter transaction since this leader loaded
+    # the share partition (broker.share.dead_letter).
     dead_lettered: int = 0
 
 
@@ -266,7 +271,11 @@ class ShareOps(ShareAdminCalls):
         gate: OperationGate,
         purgatory: Purgatory[tuple[str, int]],
         clock: Clock,
+        *,
+        dead_letters: DeadLetterSink | None = None,
     ) -> None:
+        """``dead_letters``: runs the share groups' dead-letter transactions
+        (``broker.core.share_dlq``); None: records to be dead-lettered wait."""
         self._config = config
         self._registry = registry
         self._logs = registry.logs
@@ -293,6 +302,7 @@ class ShareOps(ShareAdminCalls):
             topic_id=topic_id,
             group_config=lambda g: config.share.partition_config(parts.groups.settings(g)),
             leader_epoch=self._leader_epoch if replicated else None,
+            dead_letters=dead_letters,
         )
         self._generations = _Generations()
         self._rotation = 0
@@ -613,6 +623,7 @@ class ShareOps(ShareAdminCalls):
                     self._available_again(topic, partition)
             except Exception:
                 log.exception("share partition lock expiry failed")
+            self.partitions.dead_letter_pass()  # never raises: logs and retries
             if self._clock.monotonic_ms() >= self._next_prune_ms:
                 self._prune()
             self._stop.wait(_TIMER_MAX_WAIT_S)

@@ -21,6 +21,11 @@ Decided (docs/share-groups.md "Cluster"):
 * **No coordinator known** (the state partition has no leader, or no peers: the broker
   is still joining): ``COORDINATOR_NOT_AVAILABLE``.
 * **A single node** has no peers and leads every state partition: every call is local.
+* **Transactional writes** (a dead-letter transaction's archiving,
+  ``broker.share.dead_letter``) are served only where this broker is the key's share
+  coordinator: the inter-broker WriteShareGroupState carries no transaction yet, so
+  elsewhere they are ``COORDINATOR_NOT_AVAILABLE`` (retried by the dead-letter pass; the
+  records stay to be dead-lettered, nothing is copied without its archiving).
 
 Thread-safe: holds nothing but its collaborators.
 """
@@ -109,6 +114,29 @@ class RoutedShareState:
             )
         assert self._peers is not None
         return self._peers.write(coordinator, key, leader_epoch, start_offset, batches)
+
+    def write_transactional(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        transaction: tuple[int, int],
+    ) -> None:
+        """``start_offset`` and ``batches`` written as a record of ``transaction``
+        (producer id, epoch), pending at the coordinator until its marker
+        (``ShareStateLog.write``). Local only (module docstring)."""
+        if self._coordinator(key) is not None:
+            raise CoordinatorNotAvailableError(
+                f"share partition {key.group_id}:{key.topic_id}:{key.partition}: its share "
+                "coordinator is another broker, and a transactional state write is served "
+                "only where it is local (cluster dead-letter topics are not built yet)"
+            )
+        self._serve(key, lambda s: s.write(key, leader_epoch, start_offset, batches, transaction))
+
+    def state_partition(self, key: ShareStateKey) -> int:
+        """The ``__share_group_state`` partition of ``key``."""
+        return self._store.partition_for(key)
 
     def _coordinator(self, key: ShareStateKey) -> int | None:
         """The broker to call, None: this one."""

@@ -19,8 +19,8 @@ override them per group, plus two settings that exist only per group::
     share.heartbeat.interval.ms      within group.share.min/max.heartbeat.interval.ms
     share.record.lock.duration.ms    within group.share.min/max.record.lock.duration.ms
     share.delivery.count.limit       2 .. 10 (Kafka 4.2's group config)
-    errors.deadletterqueue.topic.name  a topic name, or "" for none (Kafka 4.4's name;
-                                     issue #32's dead-letter topic)
+    errors.deadletterqueue.topic.name  a topic name, not internal (``__``), or "" for
+                                     none (KIP-1191's name; ``broker.share.dead_letter``)
 
 Where they live: Kafka keeps group configs in its metadata log (ConfigRecord). Tidelog
 stores them with the group's records in ``__consumer_offsets`` (record type 1000,
@@ -230,6 +230,12 @@ def validate_group_configs(configs: Mapping[str, str], broker: ShareGroupConfig)
             validate_topic_name(topic)
         except InvalidTopicError as exc:
             raise InvalidConfigError(f"{DEAD_LETTER_TOPIC}: {exc}") from None
+        if topic.startswith("__"):
+            # The internal topics (__consumer_offsets, __transaction_state,
+            # __share_group_state) and any later one: the broker's own, never a sink.
+            raise InvalidConfigError(
+                f"{DEAD_LETTER_TOPIC}: {topic!r} is an internal topic name (starts with __)"
+            )
 
 
 def parse_duration_ms(text: str) -> int:

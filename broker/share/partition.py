@@ -29,6 +29,13 @@ Transitions (Kafka's ``RecordState`` ids 0, 1, 2, 4 and ``AcknowledgeType`` ids)
   in) and ``release_member`` (the member left or was fenced): Acquired -> Available.
 * A record released or expired with ``delivery_count >= delivery_count_limit``
   (``share.delivery.count.limit``) is Archived instead: it was delivered that often.
+* With a dead-letter topic (``SharePartitionConfig.dead_letter``), a REJECT and the
+  delivery limit do not archive: the record becomes **to be dead-lettered** (Tidelog's
+  own states ``records.DEAD_LETTER_REJECTED`` / ``DEAD_LETTER_LIMIT``, persisted with the
+  reason), neither deliverable nor done (SPSO stays below it). ``dead_letter_pending``
+  lists such records and ``archive_dead_lettered`` plans their archiving, which the
+  caller writes in the same transaction as their copies (``broker.share.dead_letter``).
+  A GAP always archives (nothing was delivered).
 * SPSO moves forward over the done prefix, and to the log start offset when retention,
   DeleteRecords or truncation removed records (``follow_log_start``: what is below is
   gone, so archived); an admin reset (``reset_start_offset``) moves it anywhere and drops
@@ -65,6 +72,9 @@ from tidelog.broker.share.records import (
     ACKNOWLEDGED,
     ARCHIVED,
     AVAILABLE,
+    DEAD_LETTER_LIMIT,
+    DEAD_LETTER_REJECTED,
+    DEAD_LETTER_STATES,
     ShareSnapshot,
     StateBatch,
     coalesce,
@@ -105,13 +115,15 @@ class SharePartitionConfig:
     ``share.record.lock.duration.ms`` 30,000, ``share.delivery.count.limit`` 5,
     ``share.partition.max.record.locks`` 2,000 (Kafka 4.1's broker default for
     ``group.share.partition.max.record.locks``), ``share.auto.offset.reset`` latest,
-    ``share.isolation.level`` read_uncommitted."""
+    ``share.isolation.level`` read_uncommitted; ``dead_letter_topic``: the group's
+    ``errors.deadletterqueue.topic.name`` (Tidelog's own; "" for none)."""
 
     record_lock_duration_ms: int = 30_000
     delivery_count_limit: int = 5
     max_record_locks: int = 2_000
     auto_offset_reset: str = "latest"
     isolation_level: str = "read_uncommitted"
+    dead_letter_topic: str = ""
 
     def __post_init__(self) -> None:
         if self.record_lock_duration_ms < 1:
@@ -128,6 +140,11 @@ class SharePartitionConfig:
     @property
     def read_committed(self) -> bool:
         return self.isolation_level == "read_committed"
+
+    @property
+    def dead_letter(self) -> bool:
+        """Whether the group has a dead-letter topic."""
+        return bool(self.dead_letter_topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +227,7 @@ class Transition:
     durable: tuple[StateBatch, ...]
     start_moved: bool
     reset: bool = False
+    dead_lettered: int = 0  # records archived by their dead-letter transaction
 
     @property
     def needs_write(self) -> bool:
@@ -250,8 +268,8 @@ class SharePartition:
         self._end = end_offset
         self._records = records
         self._version = 0
-        # Records copied to the dead-letter topic (its writer counts them here); memory
-        # only, like the lock deadlines: a reload starts it at 0 (stats only).
+        # Records archived by a committed dead-letter transaction since this share
+        # partition was loaded here (memory only: the partition's ``dead_lettered`` stat).
         self.dead_lettered = 0
 
     @classmethod
@@ -264,7 +282,10 @@ class SharePartition:
     def from_snapshot(cls, config: SharePartitionConfig, snapshot: ShareSnapshot) -> SharePartition:
         """The state ``snapshot`` describes (a reload): every record Available,
         Acknowledged or Archived with its delivery count (Available at the delivery
-        limit: Archived); SPEO after the last batch."""
+        limit: Archived, or to be dead-lettered with a dead-letter topic); SPEO after the
+        last batch. A record persisted as to be dead-lettered stays so (its transaction
+        never committed: it is dead-lettered again), or, once the group has no
+        dead-letter topic any more, is archived."""
         records: dict[int, InFlight] = {}
         end = snapshot.start_offset
         limit = config.delivery_count_limit
@@ -273,6 +294,8 @@ class SharePartition:
             if state == AVAILABLE and batch.delivery_count >= limit:
                 # In flight at its last delivery when the leader went: that delivery
                 # ended as an expired lock would, so the record is archived.
+                state = DEAD_LETTER_LIMIT if config.dead_letter else ARCHIVED
+            elif state in DEAD_LETTER_STATES and not config.dead_letter:
                 state = ARCHIVED
             for offset in range(
                 max(batch.first_offset, snapshot.start_offset), batch.last_offset + 1
@@ -309,11 +332,13 @@ class SharePartition:
 
     def stats(self) -> SharePartitionStats:
         """The admin's view: counts by state and the delivery-count histogram of the
-        records in the window (gaps have no entry, so count nowhere)."""
+        records in the window (gaps have no entry, so count nowhere). A record waiting for
+        its dead-letter copy counts as archived: it is never delivered again."""
         by_state = dict.fromkeys((ACQUIRED, AVAILABLE, ACKNOWLEDGED, ARCHIVED), 0)
         histogram: dict[int, int] = {}
         for record in self._records.values():
-            by_state[record.state] = by_state.get(record.state, 0) + 1
+            state = ARCHIVED if record.state in DEAD_LETTER_STATES else record.state
+            by_state[state] = by_state.get(state, 0) + 1
             histogram[record.delivery_count] = histogram.get(record.delivery_count, 0) + 1
         return SharePartitionStats(
             self._start,
@@ -328,6 +353,11 @@ class SharePartition:
 
     def acquired_count(self) -> int:
         return sum(1 for r in self._records.values() if r.state == ACQUIRED)
+
+    def dead_letter_pending(self, max_records: int) -> list[tuple[int, InFlight]]:
+        """Up to ``max_records`` records to be dead-lettered, oldest first."""
+        pending = sorted((o, r) for o, r in self._records.items() if r.state in DEAD_LETTER_STATES)
+        return pending[:max_records]
 
     # --- operations (planned; see apply) ---------------------------------------------
 
@@ -385,7 +415,6 @@ class SharePartition:
                 raise InvalidRequestError("acknowledgement ranges overlap or are out of order")
             previous = ack.last_offset
         work = _Work(self, now_ms)
-        limit = self.config.delivery_count_limit
         for ack in acknowledgements:
             if ack.first_offset < work.start or ack.last_offset >= work.end:
                 raise InvalidRecordStateError(
@@ -400,17 +429,16 @@ class SharePartition:
                     raise InvalidRecordStateError(
                         f"offset {offset} is not acquired by member {member_id}"
                     )
-                work.set(offset, _after(record, ack.kind, limit))
+                work.set(offset, _after(record, ack.kind, self.config))
         return work.finish(())
 
     def release_member(self, member_id: str, now_ms: int) -> Transition:
         """Give back every record ``member_id`` holds (it left or was fenced): Available,
         delivery count kept, or Archived at the delivery limit."""
         work = _Work(self, now_ms)
-        limit = self.config.delivery_count_limit
         for offset, record in list(work.items()):
             if record.state == ACQUIRED and record.member_id == member_id:
-                work.set(offset, _after(record, RELEASE, limit))
+                work.set(offset, _after(record, RELEASE, self.config))
         return work.finish(())
 
     def expire(self, now_ms: int, log_start_offset: int | None = None) -> Transition:
@@ -420,6 +448,28 @@ class SharePartition:
         if log_start_offset is not None:
             work.follow_log_start(log_start_offset)
         return work.finish(())
+
+    def archive_dead_lettered(self, offsets: Sequence[int], now_ms: int) -> Transition:
+        """Plan the archiving of ``offsets`` (records to be dead-lettered) once their
+        copies are in the dead-letter topic: written in the copies' transaction, applied
+        once it committed. Raises ``ValueError`` for an offset not to be dead-lettered."""
+        work = _Work(self, now_ms)
+        for offset in offsets:
+            record = work.get(offset)
+            if record is None or record.state not in DEAD_LETTER_STATES:
+                raise ValueError(f"offset {offset} is not to be dead-lettered")
+            work.set(offset, InFlight(ARCHIVED, record.delivery_count))
+        finished = work.finish(())
+        return Transition(
+            finished.base_version,
+            finished.records,
+            finished.start_offset,
+            finished.end_offset,
+            (),
+            finished.durable,
+            finished.start_moved,
+            dead_lettered=len(offsets),
+        )
 
     def reset_start_offset(self, offset: int) -> Transition:
         """An admin reset (alter share group offsets): SPSO = SPEO = ``offset``, every
@@ -445,6 +495,7 @@ class SharePartition:
         self._start = transition.start_offset
         self._end = transition.end_offset
         self._version += 1
+        self.dead_lettered += transition.dead_lettered
 
     @staticmethod
     def _first_undone(records: Mapping[int, InFlight], start: int, end: int) -> int:
@@ -463,10 +514,10 @@ class _Work:
         self.start = partition._start
         self.end = partition._end
         self._start_moved = False
-        limit = partition.config.delivery_count_limit
+        config = partition.config
         for offset, record in partition._records.items():
             if record.state == ACQUIRED and record.deadline_ms <= now_ms:
-                self.set(offset, _after(record, RELEASE, limit))
+                self.set(offset, _after(record, RELEASE, config))
 
     def get(self, offset: int) -> InFlight | None:
         if offset in self._changes:
@@ -520,13 +571,20 @@ class _Work:
         )
 
 
-def _after(record: InFlight, kind: int, limit: int) -> InFlight:
-    """An acquired record once acknowledged as ``kind`` (or its lock expired: RELEASE)."""
+def _after(record: InFlight, kind: int, config: SharePartitionConfig) -> InFlight:
+    """An acquired record once acknowledged as ``kind`` (or its lock expired: RELEASE);
+    with a dead-letter topic, a REJECT or the delivery limit makes it to be dead-lettered
+    (REJECT wins as the reason when both hold: the consumer said why)."""
+    count = record.delivery_count
     if kind == ACCEPT:
-        return InFlight(ACKNOWLEDGED, record.delivery_count)
-    if kind in (REJECT, GAP) or record.delivery_count >= limit:
-        return InFlight(ARCHIVED, record.delivery_count)
-    return InFlight(AVAILABLE, record.delivery_count)
+        return InFlight(ACKNOWLEDGED, count)
+    if kind == GAP:
+        return InFlight(ARCHIVED, count)
+    if kind == REJECT:
+        return InFlight(DEAD_LETTER_REJECTED if config.dead_letter else ARCHIVED, count)
+    if count >= config.delivery_count_limit:
+        return InFlight(DEAD_LETTER_LIMIT if config.dead_letter else ARCHIVED, count)
+    return InFlight(AVAILABLE, count)
 
 
 def _batches(records: Iterable[tuple[int, InFlight]]) -> tuple[StateBatch, ...]:

@@ -28,6 +28,14 @@ stale memory (the leader between may have delivered and acknowledged records).
 ``__share_group_state`` partition, wherever it is (``broker.core.share_state_routing``).
 Every call names the leader epoch, so a deposed leader's writes are fenced there.
 
+**Dead-letter topic** (``broker.share.dead_letter``): ``dead_letter_pass`` (the share
+timer's) copies each loaded share partition's records to be dead-lettered to its group's
+dead-letter topic and archives them, in one transaction through the ``DeadLetterSink``
+given, under the share partition's lock (its acquisitions and acknowledgements wait for
+the transaction: one local transaction is a few fsyncs). A load that finds a
+dead-letter transaction still pending at the share coordinator fences its id (so an
+open one aborts now) and fails retriably.
+
 Topic ids: ``__share_group_state`` keys name a topic by id, as Kafka's do; the caller
 passes the function that gives a topic's id (the listener's ``kip848.topic_id``).
 
@@ -43,6 +51,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tidelog.broker.share.dead_letter import (
+    LOUD_AFTER_FAILURES,
+    MAX_RECORDS_PER_TRANSACTION,
+    Backoff,
+    DeadLetter,
+    DeadLetterBatch,
+    DeadLetterSink,
+    read_originals,
+    reason_of,
+    transactional_id,
+)
 from tidelog.broker.share.partition import (
     Acknowledgement,
     AcquiredRange,
@@ -53,6 +72,7 @@ from tidelog.broker.share.partition import (
 )
 from tidelog.broker.share.partition_source import LogRecordSource
 from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
+from tidelog.storage.errors import CoordinatorLoadInProgressError
 from tidelog.storage.log_manager import LogManager
 
 __all__ = ["SharePartitionManager", "ShareStateStore"]
@@ -79,6 +99,23 @@ class ShareStateStore(Protocol):
         batches: tuple[StateBatch, ...],
     ) -> ShareSnapshot: ...
 
+    def write_transactional(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        transaction: tuple[int, int],
+    ) -> None:
+        """``start_offset`` (-1: unchanged) and ``batches`` as a record of
+        ``transaction`` (producer id, epoch), pending until its marker
+        (``ShareStateLog.write``)."""
+        ...
+
+    def state_partition(self, key: ShareStateKey) -> int:
+        """The ``__share_group_state`` partition of ``key``."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class _Held:
@@ -102,18 +139,24 @@ class SharePartitionManager:
         topic_id: Callable[[str], uuid.UUID],
         group_config: Callable[[str], SharePartitionConfig],
         leader_epoch: Callable[[str, int], int | None] | None = None,
+        dead_letters: DeadLetterSink | None = None,
     ) -> None:
         """``group_config``: a share group's settings (its ``share.*`` group configs over
         the broker's defaults). ``leader_epoch``: the epoch this broker leads a topic
         partition at now (None: not known, the log's latest epoch is used: a single
-        node)."""
+        node). ``dead_letters``: runs dead-letter transactions (None: records to be
+        dead-lettered wait)."""
         self._logs = logs
+        self._dead_letters = dead_letters
         self._store = store
         self._topic_id = topic_id
         self._group_config = group_config
         self._leader_epoch = leader_epoch or (lambda topic, partition: None)
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str, int], _Held] = {}
+        # Dead-letter retries per share partition (kept across reloads, so the failures
+        # in a row are counted right); only the timer thread's dead_letter_pass uses it.
+        self._backoffs: dict[tuple[str, str, int], Backoff] = {}
 
     # --- operations -----------------------------------------------------------------
 
@@ -184,6 +227,105 @@ class SharePartitionManager:
                 changed.append(key)
         return changed
 
+    def dead_letter_pass(self) -> int:
+        """Copy every loaded share partition's records to be dead-lettered to its
+        group's dead-letter topic and archive them, one transaction per share partition
+        (module docstring of ``broker.share.dead_letter``); a share partition whose last
+        attempt failed waits out its backoff. Returns the records dead-lettered. Never
+        raises: a failure is logged and retried."""
+        if self._dead_letters is None:
+            return 0
+        done = 0
+        for key, held in self._loaded_items(None):
+            with held.lock:
+                config = held.partition.config
+                if not config.dead_letter:
+                    continue
+                pending = held.partition.dead_letter_pending(MAX_RECORDS_PER_TRANSACTION)
+                if not pending:
+                    continue
+                now_ms = self._logs.clock.monotonic_ms()
+                backoff = self._backoffs.setdefault(key, Backoff())
+                if not backoff.due(now_ms):
+                    continue
+                try:
+                    done += self._dead_letter(key, held, [o for o, _ in pending], now_ms)
+                    del self._backoffs[key]
+                except Exception as exc:
+                    failures = backoff.failed(now_ms)
+                    log.log(
+                        logging.ERROR if failures >= LOUD_AFTER_FAILURES else logging.WARNING,
+                        "share group %s: %s-%d: dead-lettering offsets %d..%d to %s failed "
+                        "(%d time(s) in a row): %s; they stay to be dead-lettered and are "
+                        "retried in %d ms",
+                        key[0],
+                        key[1],
+                        key[2],
+                        pending[0][0],
+                        pending[-1][0],
+                        config.dead_letter_topic,
+                        failures,
+                        exc,
+                        backoff.next_ms - now_ms,
+                    )
+        return done
+
+    def _dead_letter(
+        self, key: tuple[str, str, int], held: _Held, offsets: list[int], now_ms: int
+    ) -> int:
+        assert self._dead_letters is not None
+        group_id, topic, partition = key
+        share = held.partition
+        records = share.records()
+        originals = read_originals(self._logs.get_log(topic, partition), offsets)
+        letters = tuple(
+            DeadLetter(o, reason_of(records[o].state), records[o].delivery_count, originals.get(o))
+            for o in offsets
+        )
+        transition = share.archive_dead_lettered(offsets, now_ms)
+        batch = DeadLetterBatch(
+            group_id,
+            topic,
+            partition,
+            share.config.dead_letter_topic,
+            letters,
+            self._store.state_partition(held.state_key),
+        )
+
+        written = False
+
+        def archive(transaction: tuple[int, int]) -> None:
+            nonlocal written
+            # The start offset too: archiving a prefix moves it, and the batches below
+            # it are then not in ``durable`` (they are done).
+            start = transition.start_offset if transition.start_moved else -1
+            self._store.write_transactional(
+                held.state_key, held.leader_epoch, start, transition.durable, transaction
+            )
+            written = True
+
+        try:
+            self._dead_letters.write(batch, archive)
+        except BaseException:
+            if written:
+                # The outcome may still be a commit (an EndTxn that failed after its
+                # Prepare landed): forget the memory, the next use reloads the truth
+                # (read_committed at the share coordinator).
+                self._drop(key, held)
+            raise
+        share.apply(transition)  # the commit is decided: the coordinator finishes it
+        log.info(
+            "share group %s: %s-%d: dead-lettered %d record(s) (offsets %d..%d) to %s",
+            group_id,
+            topic,
+            partition,
+            len(offsets),
+            offsets[0],
+            offsets[-1],
+            share.config.dead_letter_topic,
+        )
+        return len(offsets)
+
     def loaded(self) -> list[tuple[str, str, int]]:
         """The share partitions (group, topic, partition) in memory here."""
         with self._lock:
@@ -204,6 +346,7 @@ class SharePartitionManager:
             copy = SharePartition(
                 current.config, current.start_offset, current.end_offset, current.records()
             )
+            copy.dead_lettered = current.dead_lettered
         return copy
 
     def stats(self, group_id: str, topic: str, partition: int) -> SharePartitionStats:
@@ -283,7 +426,16 @@ class SharePartitionManager:
         partition_log = self._logs.get_log(topic, partition)
         source = LogRecordSource(partition_log, read_committed=config.read_committed)
         state_key = ShareStateKey(group_id, self._topic_id(topic), partition)
-        snapshot = self._store.read_state(state_key, leader_epoch)
+        try:
+            snapshot = self._store.read_state(state_key, leader_epoch)
+        except CoordinatorLoadInProgressError:
+            if self._dead_letters is not None and config.dead_letter:
+                # Maybe a dead-letter transaction of it is undecided (else the state
+                # partition is loading): abort it now if open (a prepared one completes
+                # on its own; without a dead-letter topic any more, its timeout does);
+                # the client retries.
+                self._dead_letters.fence(transactional_id(group_id, topic, partition))
+            raise
         if snapshot is not None:
             share = SharePartition.from_snapshot(config, snapshot)
             log.info(

@@ -31,7 +31,12 @@ Update value (version 0, flexible)::
     DeliveryCompleteCount: skipped when read, never written)
 
 Delivery states, as Kafka persists them: 0 Available, 2 Acknowledged, 4 Archived (an
-acquired record is persisted as Available: its lock dies with the leader). A record that
+acquired record is persisted as Available: its lock dies with the leader); and two of
+Tidelog's own (Kafka 4.1 has no dead-letter topic; ``broker.share.dead_letter``): 16 to be
+dead-lettered, rejected, and 17 to be dead-lettered, delivery limit reached. A record in
+either is durably out of delivery but not done: a transaction copies it to the group's
+dead-letter topic and archives it (4) at once. The ids stay clear of Kafka's (its byte
+may gain states between 5 and 15). A record that
 cannot be read raises ``CorruptRecordError`` naming what is wrong (a cut record too): a
 loading share coordinator must not guess.
 
@@ -57,6 +62,9 @@ __all__ = [
     "ACKNOWLEDGED",
     "ARCHIVED",
     "AVAILABLE",
+    "DEAD_LETTER_LIMIT",
+    "DEAD_LETTER_REJECTED",
+    "DEAD_LETTER_STATES",
     "SNAPSHOT",
     "UPDATE",
     "ShareSnapshot",
@@ -83,7 +91,11 @@ VALUE_VERSION = 0
 AVAILABLE = 0
 ACKNOWLEDGED = 2
 ARCHIVED = 4
-_PERSISTED_STATES = (AVAILABLE, ACKNOWLEDGED, ARCHIVED)
+# Tidelog's own (module docstring): to be dead-lettered, and why.
+DEAD_LETTER_REJECTED = 16
+DEAD_LETTER_LIMIT = 17
+DEAD_LETTER_STATES = (DEAD_LETTER_REJECTED, DEAD_LETTER_LIMIT)
+_PERSISTED_STATES = (AVAILABLE, ACKNOWLEDGED, ARCHIVED, *DEAD_LETTER_STATES)
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
@@ -115,7 +127,7 @@ class StateBatch:
         if self.first_offset < 0 or self.last_offset < self.first_offset:
             raise ValueError(f"bad state batch offsets {self.first_offset}..{self.last_offset}")
         if self.delivery_state not in _PERSISTED_STATES:
-            raise ValueError(f"delivery state {self.delivery_state} is not 0, 2 or 4")
+            raise ValueError(f"delivery state {self.delivery_state} is not 0, 2, 4, 16 or 17")
         if not 0 <= self.delivery_count <= 0x7FFF:
             raise ValueError(f"delivery count {self.delivery_count} out of range")
 

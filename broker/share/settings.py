@@ -99,6 +99,7 @@ class ShareSettings:
             max_record_locks=self.max_record_locks,
             auto_offset_reset=reset if reset in ("latest", "earliest") else "latest",
             isolation_level=group.isolation_level,
+            dead_letter_topic=group.dead_letter_topic,
         )
 
     @classmethod

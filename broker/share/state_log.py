@@ -34,6 +34,21 @@ epoch (``read_state``: a new leader loading) first writes that epoch, so the old
 leader is fenced from then on (Kafka's ``readStateAndMaybeUpdateLeaderEpoch``). The check
 runs under the state partition's write lock, so it and the append are one step.
 
+**Transactional writes (the dead-letter topic, ``broker.share.dead_letter``).** A write
+may belong to a Tidelog transaction (``write(..., transaction=(producer id, epoch))``):
+its update is appended as a transactional record of that producer and held *pending*,
+per state partition and producer, out of the cache, as ``broker.groups.txn_offsets``
+holds offsets. The transaction's COMMIT marker on that partition (``end_transaction``,
+the markers' ``on_marker`` hook) applies it to the cache; an ABORT drops it. A reload
+replays the same way (``internal_topic.replay``): a transaction still undecided at the
+log end comes back pending. While a share partition has a pending write, ``read_state``
+answers ``COORDINATOR_LOAD_IN_PROGRESS`` (retriable): a leader loading it then would
+see the records to be dead-lettered as not yet archived, and copy them again once the
+transaction commits (read_committed, as KIP-447's ``require_stable``). A pending update
+landing after a later plain write cannot undo it: ``records.apply_update`` never moves
+the start back, and what it archives is final. ``prune`` keeps every record from the
+first pending one on.
+
 Thread-safe: one write lock per state partition (its records are appended in the order
 the cache takes them), one cache lock for reads.
 """
@@ -45,7 +60,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidelog.broker.core.internal_topic import append_durably, check_loaded, replay
+from tidelog.broker.core.internal_topic import Entry, append_durably, check_loaded, replay
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.share.records import (
     SNAPSHOT,
@@ -65,6 +80,7 @@ from tidelog.broker.share.records import (
     partition_for,
 )
 from tidelog.storage.errors import (
+    CoordinatorLoadInProgressError,
     CorruptRecordError,
     FencedLeaderEpochError,
     TopicAlreadyExistsError,
@@ -121,6 +137,7 @@ class ShareStateLog:
         cache: dict[ShareStateKey, _Entry],
         registry: PartitionRegistry,
         on_append: Callable[[str, int], None] | None,
+        pending: dict[int, dict[int, list[Entry]]] | None = None,
     ) -> None:
         self._logs = logs
         self._config = config
@@ -131,6 +148,9 @@ class ShareStateLog:
         self._cache_lock = threading.Lock()
         self._write_locks = [threading.Lock() for _ in range(partitions)]
         self._loaded: dict[int, tuple[int, int]] = {}
+        # Transactional writes not decided yet: state partition -> producer id -> its
+        # records (module docstring); guarded by _cache_lock.
+        self._pending: dict[int, dict[int, list[Entry]]] = pending or {}
 
     @classmethod
     def open(
@@ -157,17 +177,20 @@ class ShareStateLog:
         except TopicAlreadyExistsError:
             meta = logs.topic(SHARE_STATE_TOPIC)
         cache: dict[ShareStateKey, _Entry] = {}
-        records = sum(
-            replay(logs.get_log(SHARE_STATE_TOPIC, p), _applier(cache))
-            for p in range(meta.partitions)
-        )
+        pending: dict[int, dict[int, list[Entry]]] = {}
+        records = 0
+        for p in range(meta.partitions):
+            undecided: dict[int, list[Entry]] = {}
+            records += replay(logs.get_log(SHARE_STATE_TOPIC, p), _applier(cache), undecided)
+            if undecided:
+                pending[p] = undecided
         log.info(
             "loaded %d share partition(s) from %d record(s) of %s",
             len(cache),
             records,
             SHARE_STATE_TOPIC,
         )
-        return cls(logs, config, meta.partitions, cache, registry, on_append)
+        return cls(logs, config, meta.partitions, cache, registry, on_append, pending)
 
     @property
     def partitions(self) -> int:
@@ -190,12 +213,24 @@ class ShareStateLog:
         the share partition): None if never written; a newer epoch than the stored one is
         written first (module docstring), an older one raises ``FencedLeaderEpochError``.
         Raises as ``append_durably`` too."""
+        if self.has_pending(key):
+            raise CoordinatorLoadInProgressError(
+                f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
+                "dead-letter transaction of it is not decided yet"
+            )
         state = self.read(key)
         if state is None or leader_epoch == state.leader_epoch:
             return state
         if leader_epoch < state.leader_epoch:
             raise _fenced(key, leader_epoch, state.leader_epoch)
         return self.write(key, leader_epoch, -1, ())
+
+    def has_pending(self, key: ShareStateKey) -> bool:
+        """Whether a transactional write of ``key`` awaits its transaction's marker."""
+        partition = self.partition_for(key)
+        with self._cache_lock:
+            held = self._pending.get(partition, {})
+            return any(_key_of(entry) == key for entries in held.values() for entry in entries)
 
     def keys(self) -> list[ShareStateKey]:
         with self._cache_lock:
@@ -227,13 +262,19 @@ class ShareStateLog:
         leader_epoch: int,
         start_offset: int,
         batches: tuple[StateBatch, ...],
-    ) -> ShareSnapshot:
+        transaction: tuple[int, int] | None = None,
+    ) -> ShareSnapshot | None:
         """Persist a change of ``key``: the ``batches`` that changed, and ``start_offset``
-        (-1: unchanged). Written as an update, or as a snapshot of the merged state when
-        none exists yet or ``snapshot_update_records_per_snapshot`` updates followed the
-        last one. Returns the merged state. Raises ``FencedLeaderEpochError`` for a
-        ``leader_epoch`` older than the state's, and as ``append_durably``; the cache is
-        unchanged then."""
+        (-1: unchanged). With ``transaction`` (producer id, epoch; the partition already
+        in that transaction): an update, pending until the transaction's marker (module
+        docstring); returns None. Otherwise written as an
+        update, or as a snapshot of the merged state when none exists yet or
+        ``snapshot_update_records_per_snapshot`` updates followed the last one; returns
+        the merged state. Raises ``FencedLeaderEpochError`` for a ``leader_epoch`` older
+        than the state's, and as ``append_durably``; the cache is unchanged then."""
+        if transaction is not None:
+            self._append_transactional(key, leader_epoch, start_offset, batches, transaction)
+            return None
         previous_entry = self._entry(key)
         update = ShareUpdate(
             snapshot_epoch=0 if previous_entry is None else previous_entry.state.snapshot_epoch,
@@ -269,6 +310,68 @@ class ShareStateLog:
         self._append(key, UPDATE, encode_update(update), merged, count, leader_epoch)
         return merged
 
+    def _append_transactional(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        transaction: tuple[int, int],
+    ) -> None:
+        previous = self._entry(key)
+        update = ShareUpdate(
+            snapshot_epoch=0 if previous is None else previous.state.snapshot_epoch,
+            leader_epoch=leader_epoch,
+            start_offset=start_offset,
+            batches=batches,
+        )
+        record = (encode_key(UPDATE, key), encode_update(update))
+        partition = self.partition_for(key)
+        target = self._registry.get(SHARE_STATE_TOPIC, partition)
+        with self._write_locks[partition]:
+            current = self._entry(key)
+            if current is not None and leader_epoch < current.state.leader_epoch:
+                raise _fenced(key, leader_epoch, current.state.leader_epoch)
+            result = append_durably(
+                target,
+                [record],
+                self._logs.clock.wall_ms(),
+                self._on_append,
+                transaction=transaction,
+            )
+            with self._cache_lock:
+                held = self._pending.setdefault(partition, {}).setdefault(transaction[0], [])
+                held.append((result.base_offset, *record))
+
+    def end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A marker of ``producer_id``'s transaction was written (durably) to state
+        partition ``partition``: its pending writes there go to the cache (``commit``)
+        or are dropped."""
+        with self._write_locks[partition], self._cache_lock:
+            held = self._pending.get(partition, {})
+            entries = held.pop(producer_id, [])
+            if not held:
+                self._pending.pop(partition, None)
+            if commit:
+                apply = _applier(self._cache)
+                for entry in entries:
+                    apply(*entry)
+
+    def write_transactional(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        transaction: tuple[int, int],
+    ) -> None:
+        """``write`` with ``transaction`` (the ``ShareStateStore`` call)."""
+        self.write(key, leader_epoch, start_offset, batches, transaction)
+
+    def state_partition(self, key: ShareStateKey) -> int:
+        """``partition_for`` (the ``ShareStateStore`` call)."""
+        return self.partition_for(key)
+
     def delete(self, key: ShareStateKey) -> None:
         """Forget ``key`` (its group or topic was deleted): tombstones for its snapshot
         and update keys. Raises as ``append_durably``."""
@@ -295,6 +398,11 @@ class ShareStateLog:
                     e.snapshot_offset
                     for k, e in self._cache.items()
                     if self.partition_for(k) == partition
+                ]
+                needed += [
+                    entries[0][0]
+                    for entries in self._pending.get(partition, {}).values()
+                    if entries
                 ]
             end = target.log.high_watermark
             offset = min([*needed, end])
@@ -347,11 +455,15 @@ class ShareStateLog:
         with self._write_locks[partition]:
             epoch = self._registry.get(SHARE_STATE_TOPIC, partition).leader_epoch
             partition_log = self._logs.get_log(SHARE_STATE_TOPIC, partition)
-            records = replay(partition_log, _applier(fresh))
+            undecided: dict[int, list[Entry]] = {}
+            records = replay(partition_log, _applier(fresh), undecided)
             with self._cache_lock:
                 for key in [k for k in self._cache if self.partition_for(k) == partition]:
                     del self._cache[key]
                 self._cache.update(fresh)
+                self._pending.pop(partition, None)
+                if undecided:
+                    self._pending[partition] = undecided
                 if epoch is not None:
                     self._loaded[partition] = (epoch, partition_log.log_end_offset)
         log.info(
@@ -369,6 +481,7 @@ class ShareStateLog:
             for key in [k for k in self._cache if self.partition_for(k) == partition]:
                 del self._cache[key]
             self._loaded.pop(partition, None)
+            self._pending.pop(partition, None)
 
     def check_loaded(self, partition: int) -> None:
         """Cluster mode: ``CoordinatorLoadInProgressError`` until ``partition`` was loaded
@@ -398,6 +511,14 @@ def state_topic_config(config: ShareStateLogConfig, *, replicated: bool) -> dict
         "segment.bytes": str(config.segment_bytes),
         "min.insync.replicas": str(config.min_isr if replicated else 1),
     }
+
+
+def _key_of(entry: Entry) -> ShareStateKey | None:
+    """The share partition a held record is about (None: not decodable)."""
+    try:
+        return decode_key(entry[1])[1] if entry[1] is not None else None
+    except (ValueError, CorruptRecordError):
+        return None
 
 
 def _applier(

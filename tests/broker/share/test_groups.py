@@ -345,6 +345,7 @@ def test_group_configs_are_validated_stored_and_obeyed(tmp_path: Path, clock: Ma
             {"share.session.timeout.ms": "1000"},  # below group.share.min.session.timeout.ms
             {"share.heartbeat.interval.ms": "16000"},
             {"errors.deadletterqueue.topic.name": "no/slashes"},
+            {"errors.deadletterqueue.topic.name": "__consumer_offsets"},  # internal
             {"no.such.config": "1"},
         ):
             with pytest.raises(InvalidConfigError):
