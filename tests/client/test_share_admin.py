@@ -240,3 +240,40 @@ def test_groups_commands_on_a_share_group(
         status, _, err = cli(capsys, "groups", "delete", group, "--bootstrap", address)
         assert status == 0, err
         assert group not in {g.group_id for g in admin.list_groups()}
+
+
+def test_describe_counts_dead_lettered_records(
+    broker: InProcessBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rejected record of a group with a dead-letter topic (step 5) shows in
+    ``dead_lettered`` once copied, through the AdminClient and ``tidelog groups``."""
+    with AdminClient(broker.address) as admin:
+        topic = _topic(admin)
+        group = f"{topic}-dlq"
+        # The group config through the core, as tests/client/test_share_dead_letter.py
+        # does: AdminClient's ConfigResource has no GROUP type yet.
+        shares = broker.server.core.shares
+        assert shares is not None
+        shares.share_groups.alter_group_configs(
+            group, {"errors.deadletterqueue.topic.name": f"{topic}-dead"}
+        )
+        consumer = _joined(broker, group, topic)
+        try:
+            _produce(broker, topic, 2)
+            records = _poll(consumer, 2)
+            consumer.acknowledge(records[0], "reject")
+            consumer.acknowledge(records[1], "accept")
+            assert set(consumer.commit_sync().values()) == {None}
+
+            def copied() -> bool:
+                [stats] = admin.describe_share_group(group).partitions
+                return stats.dead_lettered == 1
+
+            eventually(copied, 20)
+            status, out, _ = cli(capsys, "groups", "describe", group, "--bootstrap", broker.address)
+            assert status == 0
+            rows = table(out)
+            assert rows[-1][0] == topic
+            assert rows[-1][-1] == "1"  # DEAD-LETTERED
+        finally:
+            consumer.close()
