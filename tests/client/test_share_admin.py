@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from tests.broker.cluster.waiting import eventually
@@ -15,6 +16,8 @@ from tests.client.test_group_admin_cli import cli, table
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Consumer, Producer, ShareConsumer, TopicPartition
 from tidelog.client.types import ConsumerRecord
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 from tidelog.storage.errors import GroupIdNotFoundError, GroupNotEmptyError
 
 pytestmark = pytest.mark.timeout(120)
@@ -170,6 +173,16 @@ def test_list_groups_by_type_and_a_consumer_group_is_no_share_group(
             consumers = {g.group_id for g in admin.list_groups(types=["consumer"])}
             assert consumer_group in consumers
             assert share_group not in consumers
+            # gRPC ListGroups itself: each group's type, and the type filter (KIP-848's
+            # ListGroups v5 types_filter).
+            with grpc.insecure_channel(broker.address) as channel:
+                stub = pb_grpc.BrokerStub(channel)
+                answer = stub.ListGroups(pb.ListGroupsRequest(types=["share"]), timeout=10)
+                assert {g.type for g in answer.groups} == {"share"}
+                assert share_group in {g.group_id for g in answer.groups}
+                answer = stub.ListGroups(pb.ListGroupsRequest(), timeout=10)
+                typed = {g.group_id: g.type for g in answer.groups}
+                assert (typed[share_group], typed[consumer_group]) == ("share", "consumer")
             with pytest.raises(GroupIdNotFoundError, match="not a share group"):
                 admin.list_share_group_offsets(consumer_group)
             with pytest.raises(ValueError, match="unknown group types"):
