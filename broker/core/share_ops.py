@@ -28,6 +28,8 @@ operations are:
 * ``describe``: ShareGroupDescribe's view, plus the state of each assigned share
   partition this broker leads (start and end offsets, records in flight by state).
 * ``list_groups``: every group with its type (ListGroups v5).
+* the admin calls (``broker.core.share_admin``, mixed in): DescribeShareGroupOffsets,
+  AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups of a share group.
 * ``serve_state``: the share coordinator's side of ReadShareGroupState,
   InitializeShareGroupState and WriteShareGroupState (another broker's share partition
   leader calls it; this broker's own calls it directly), ``broker.core.share_state_routing``.
@@ -68,6 +70,7 @@ from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.share_admin import ShareAdminCalls
 from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
@@ -81,13 +84,12 @@ from tidelog.broker.share.groups_coordinator import (
     ShareHeartbeatRequest,
 )
 from tidelog.broker.share.partition import (
-    ACQUIRED,
     RELEASE,
     Acknowledgement,
     AcquiredRange,
 )
 from tidelog.broker.share.partition_manager import SharePartitionManager
-from tidelog.broker.share.records import ARCHIVED, AVAILABLE, ShareSnapshot, ShareStateKey
+from tidelog.broker.share.records import ShareSnapshot, ShareStateKey
 from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.storage.clock import Clock
@@ -171,7 +173,7 @@ class ShareFetched:
 
 @dataclass(frozen=True, slots=True)
 class SharePartitionState:
-    """A share partition as describe shows it."""
+    """A share partition as describe shows it (``SharePartition.stats``)."""
 
     topic: str
     partition: int
@@ -180,6 +182,8 @@ class SharePartitionState:
     acquired: int
     available: int
     archived: int
+    acknowledged: int = 0
+    delivery_counts: tuple[tuple[int, int], ...] = ()
     # Records archived by a committed dead-letter transaction since this leader loaded
     # the share partition (broker.share.dead_letter).
     dead_lettered: int = 0
@@ -253,7 +257,7 @@ class _Generations:
             return self.counts.get(key, 0)
 
 
-class ShareOps:
+class ShareOps(ShareAdminCalls):
     """The share operations of one broker. Starts its timer thread when built; ``close``
     once (the core's close does)."""
 
@@ -325,27 +329,29 @@ class ShareOps:
             return answer
 
     def describe(self, group_id: str) -> ShareGroupDescription:
-        """ShareGroupDescribe, with the state of each assigned share partition led here."""
+        """ShareGroupDescribe, with the statistics of each share partition led here that
+        is assigned or has state (an empty group still shows where it stands)."""
         with self._gate.operation():
             self._check_coordinator(group_id)
             view = self.share_groups.describe_group(group_id)
-            assigned = sorted({tp for m in view.members for tp in m.assignment})
+            assigned = {tp for m in view.members for tp in m.assignment}
             states = []
-            for tp in assigned:
+            for tp in sorted(assigned.union(self.share_partitions(group_id))):
                 if not self._leads(tp.topic, tp.partition):
                     continue
-                share = self.partitions.describe(group_id, tp.topic, tp.partition)
-                records = share.records().values()
+                stats = self.stats(group_id, tp)
                 states.append(
                     SharePartitionState(
                         tp.topic,
                         tp.partition,
-                        share.start_offset,
-                        share.end_offset,
-                        sum(r.state == ACQUIRED for r in records),
-                        sum(r.state == AVAILABLE for r in records),
-                        sum(r.state == ARCHIVED for r in records),
-                        dead_lettered=share.dead_lettered,
+                        stats.start_offset,
+                        stats.end_offset,
+                        stats.acquired,
+                        stats.available,
+                        stats.archived,
+                        stats.acknowledged,
+                        stats.delivery_counts,
+                        stats.dead_lettered,
                     )
                 )
             return ShareGroupDescription(view, tuple(states))

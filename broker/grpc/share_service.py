@@ -1,7 +1,9 @@
-"""The gRPC handlers of share groups (issue #32): ShareGroupHeartbeat and
-DescribeShareGroup at the group's coordinator, ShareFetch and ShareAcknowledge at each
-partition's leader. Thin: protobuf to the core's values (``broker.core.share_ops``) and
-back. A core built without share groups refuses them (``INVALID_REQUEST``).
+"""The gRPC handlers of share groups (issue #32): ShareGroupHeartbeat, DescribeShareGroup
+and the offset admin (DescribeShareGroupOffsets, AlterShareGroupOffsets,
+DeleteShareGroupOffsets; ``broker.core.share_admin``) at the group's coordinator,
+ShareFetch and ShareAcknowledge at each partition's leader. Thin: protobuf to the core's
+values (``broker.core.share_ops``) and back. A core built without share groups refuses
+them (``INVALID_REQUEST``).
 
 ShareFetch long-polls on the executor thread that runs it (``ShareOps.fetch``), so its
 ``max_wait_ms`` is capped there; the client keeps it below its call's timeout.
@@ -165,9 +167,68 @@ def _describe(
                 acquired=p.acquired,
                 available=p.available,
                 archived=p.archived,
+                acknowledged=p.acknowledged,
+                delivery_counts=[
+                    pb.DeliveryCountBucket(delivery_count=count, records=records)
+                    for count, records in p.delivery_counts
+                ],
+                dead_lettered=p.dead_lettered,
             )
             for p in described.partitions
         ],
+    )
+
+
+def _describe_offsets(
+    core: BrokerCore, request: pb.DescribeShareGroupOffsetsRequest, context: RequestContext
+) -> pb.DescribeShareGroupOffsetsResponse:
+    named = [TopicPartition(t.topic, p) for t in request.partitions for p in t.partitions]
+    offsets = _shares(core).describe_offsets(request.group_id, named or None)
+    return pb.DescribeShareGroupOffsetsResponse(
+        offsets=[
+            pb.ShareGroupOffset(
+                topic=o.tp.topic,
+                partition=o.tp.partition,
+                start_offset=o.start_offset,
+                leader_epoch=o.leader_epoch,
+                lag=o.lag,
+                error_code=o.error_code,
+                error_message=o.error_message,
+            )
+            for o in offsets
+        ]
+    )
+
+
+def _alter_offsets(
+    core: BrokerCore, request: pb.AlterShareGroupOffsetsRequest, context: RequestContext
+) -> pb.AlterShareGroupOffsetsResponse:
+    offsets = {TopicPartition(o.topic, o.partition): o.start_offset for o in request.offsets}
+    results = _shares(core).alter_offsets(request.group_id, offsets)
+    return pb.AlterShareGroupOffsetsResponse(
+        results=[
+            pb.SharePartitionResult(
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+                error_code=r.error_code,
+                error_message=r.error_message,
+            )
+            for r in results
+        ]
+    )
+
+
+def _delete_offsets(
+    core: BrokerCore, request: pb.DeleteShareGroupOffsetsRequest, context: RequestContext
+) -> pb.DeleteShareGroupOffsetsResponse:
+    results = _shares(core).delete_offsets(request.group_id, list(request.topics))
+    return pb.DeleteShareGroupOffsetsResponse(
+        results=[
+            pb.ShareTopicResult(
+                topic=r.topic, error_code=r.error_code, error_message=r.error_message
+            )
+            for r in results
+        ]
     )
 
 
@@ -222,6 +283,9 @@ SHARE_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
     "ShareFetch": _fetch,
     "ShareAcknowledge": _acknowledge,
     "DescribeShareGroup": _describe,
+    "DescribeShareGroupOffsets": _describe_offsets,
+    "AlterShareGroupOffsets": _alter_offsets,
+    "DeleteShareGroupOffsets": _delete_offsets,
     "ReadShareGroupState": _read_state,
     "InitializeShareGroupState": _initialize_state,
     "WriteShareGroupState": _write_state,

@@ -67,6 +67,7 @@ from tidelog.broker.share.partition import (
     AcquiredRange,
     SharePartition,
     SharePartitionConfig,
+    SharePartitionStats,
     Transition,
 )
 from tidelog.broker.share.partition_source import LogRecordSource
@@ -347,6 +348,18 @@ class SharePartitionManager:
             )
             copy.dead_lettered = current.dead_lettered
         return copy
+
+    def stats(self, group_id: str, topic: str, partition: int) -> SharePartitionStats:
+        """The share partition's statistics (loading it if needed)."""
+        held = self._get(group_id, topic, partition)
+        with held.lock:
+            return held.partition.stats()
+
+    def forget(self, group_id: str, topic: str, partition: int) -> None:
+        """Drop one share partition from memory (its state was deleted: the group or its
+        offsets for that topic). Its next use starts it afresh."""
+        with self._lock:
+            self._held.pop((group_id, topic, partition), None)
 
     def unload(self, topic: str, partition: int) -> None:
         """This broker stopped leading ``topic``-``partition``: forget its share

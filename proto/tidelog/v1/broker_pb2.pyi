@@ -2647,12 +2647,19 @@ Global___OffsetFetchResponse: _TypeAlias = OffsetFetchResponse  # noqa: Y015
 class ListGroupsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    TYPES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"classic", "consumer", "share" (Kafka's ListGroups v5"""
+
     def __init__(
         self,
+        *,
+        types: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["types", b"types"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2665,20 +2672,24 @@ class GroupSummary(_message.Message):
     GROUP_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     state: _builtins.str
     """Empty, Stable, Reconciling, Dead"""
     members: _builtins.int
+    type: _builtins.str
+    """classic, consumer or share"""
     def __init__(
         self,
         *,
         group_id: _builtins.str = ...,
         state: _builtins.str = ...,
         members: _builtins.int = ...,
+        type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "members", b"members", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "members", b"members", "state", b"state", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -4636,6 +4647,9 @@ class SharePartitionSummary(_message.Message):
     ACQUIRED_FIELD_NUMBER: _builtins.int
     AVAILABLE_FIELD_NUMBER: _builtins.int
     ARCHIVED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    DELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERED_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     start_offset: _builtins.int
@@ -4643,8 +4657,16 @@ class SharePartitionSummary(_message.Message):
     end_offset: _builtins.int
     """the first offset never handed out"""
     acquired: _builtins.int
+    """in flight: locked to a member"""
     available: _builtins.int
     archived: _builtins.int
+    acknowledged: _builtins.int
+    dead_lettered: _builtins.int
+    """copied to the dead-letter topic"""
+    @_builtins.property
+    def delivery_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliveryCountBucket]:
+        """records in the window, by count"""
+
     def __init__(
         self,
         *,
@@ -4655,14 +4677,299 @@ class SharePartitionSummary(_message.Message):
         acquired: _builtins.int = ...,
         available: _builtins.int = ...,
         archived: _builtins.int = ...,
+        acknowledged: _builtins.int = ...,
+        delivery_counts: _abc.Iterable[Global___DeliveryCountBucket] | None = ...,
+        dead_lettered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired", b"acquired", "archived", b"archived", "available", b"available", "end_offset", b"end_offset", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "acquired", b"acquired", "archived", b"archived", "available", b"available", "dead_lettered", b"dead_lettered", "delivery_counts", b"delivery_counts", "end_offset", b"end_offset", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SharePartitionSummary: _TypeAlias = SharePartitionSummary  # noqa: Y015
+
+@_typing.final
+class DeliveryCountBucket(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_COUNT_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    delivery_count: _builtins.int
+    records: _builtins.int
+    def __init__(
+        self,
+        *,
+        delivery_count: _builtins.int = ...,
+        records: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_count", b"delivery_count", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliveryCountBucket: _TypeAlias = DeliveryCountBucket  # noqa: Y015
+
+@_typing.final
+class DescribeShareGroupOffsetsRequest(_message.Message):
+    """Kafka's DescribeShareGroupOffsets: per share partition its start offset (-1: the group
+    never read it) and lag. Errors per partition in error_code; whole-call ones
+    (GROUP_ID_NOT_FOUND, NOT_COORDINATOR...) as the call's status. Needs DESCRIBE on the
+    group and on each topic named.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
+        """empty: every share partition of the group"""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeShareGroupOffsetsRequest: _TypeAlias = DescribeShareGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class ShareGroupOffset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    LAG_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    start_offset: _builtins.int
+    leader_epoch: _builtins.int
+    lag: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        lag: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "lag", b"lag", "leader_epoch", b"leader_epoch", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareGroupOffset: _TypeAlias = ShareGroupOffset  # noqa: Y015
+
+@_typing.final
+class DescribeShareGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareGroupOffset]: ...
+    def __init__(
+        self,
+        *,
+        offsets: _abc.Iterable[Global___ShareGroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeShareGroupOffsetsResponse: _TypeAlias = DescribeShareGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class ShareStartOffset(_message.Message):
+    """Kafka's AlterShareGroupOffsets: the group must be empty (NON_EMPTY_GROUP); each share
+    partition named starts over at start_offset. Needs READ on the group and each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    start_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareStartOffset: _TypeAlias = ShareStartOffset  # noqa: Y015
+
+@_typing.final
+class AlterShareGroupOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareStartOffset]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___ShareStartOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterShareGroupOffsetsRequest: _TypeAlias = AlterShareGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class SharePartitionResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharePartitionResult: _TypeAlias = SharePartitionResult  # noqa: Y015
+
+@_typing.final
+class AlterShareGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SharePartitionResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SharePartitionResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterShareGroupOffsetsResponse: _TypeAlias = AlterShareGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupOffsetsRequest(_message.Message):
+    """Kafka's DeleteShareGroupOffsets: the group must be empty; each topic's share partitions
+    forget their state. Needs DELETE on the group and READ on each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupOffsetsRequest: _TypeAlias = DeleteShareGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class ShareTopicResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareTopicResult: _TypeAlias = ShareTopicResult  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareTopicResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ShareTopicResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupOffsetsResponse: _TypeAlias = DeleteShareGroupOffsetsResponse  # noqa: Y015
 
 @_typing.final
 class DescribeShareGroupResponse(_message.Message):

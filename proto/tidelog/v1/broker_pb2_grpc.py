@@ -309,6 +309,21 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
                 _registered_method=True)
+        self.DescribeShareGroupOffsets = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeShareGroupOffsets',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.AlterShareGroupOffsets = channel.unary_unary(
+                '/tidelog.v1.Broker/AlterShareGroupOffsets',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.DeleteShareGroupOffsets = channel.unary_unary(
+                '/tidelog.v1.Broker/DeleteShareGroupOffsets',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
         self.ReadShareGroupState = channel.unary_unary(
                 '/tidelog.v1.Broker/ReadShareGroupState',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateRequest.SerializeToString,
@@ -681,6 +696,27 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeShareGroupOffsets(self, request, context):
+        """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+        (the group empty) and delete (the group empty) each share partition's start offset.
+        DeleteGroup deletes an empty share group with its share state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadShareGroupState(self, request, context):
         """The share coordinator between brokers (issue #32 step 2b; brokers only:
         CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
@@ -980,6 +1016,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeShareGroup,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.SerializeToString,
+            ),
+            'DescribeShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeShareGroupOffsets,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsResponse.SerializeToString,
+            ),
+            'AlterShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterShareGroupOffsets,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsResponse.SerializeToString,
+            ),
+            'DeleteShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteShareGroupOffsets,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsResponse.SerializeToString,
             ),
             'ReadShareGroupState': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadShareGroupState,
@@ -2482,6 +2533,87 @@ class Broker:
             '/tidelog.v1.Broker/DescribeShareGroup',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeShareGroupOffsets',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/AlterShareGroupOffsets',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DeleteShareGroupOffsets',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

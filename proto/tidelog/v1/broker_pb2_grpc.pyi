@@ -127,6 +127,13 @@ class BrokerStub:
     ShareFetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]
     ShareAcknowledge: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]
     DescribeShareGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]
+    DescribeShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupOffsetsRequest, _broker_pb2.DescribeShareGroupOffsetsResponse]
+    """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+    (the group empty) and delete (the group empty) each share partition's start offset.
+    DeleteGroup deletes an empty share group with its share state.
+    """
+    AlterShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterShareGroupOffsetsRequest, _broker_pb2.AlterShareGroupOffsetsResponse]
+    DeleteShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupOffsetsRequest, _broker_pb2.DeleteShareGroupOffsetsResponse]
     ReadShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
     """The share coordinator between brokers (issue #32 step 2b; brokers only:
     CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
@@ -221,6 +228,13 @@ class BrokerAsyncStub(BrokerStub):
     ShareFetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]  # type: ignore[assignment]
     ShareAcknowledge: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]  # type: ignore[assignment]
     DescribeShareGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]  # type: ignore[assignment]
+    DescribeShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupOffsetsRequest, _broker_pb2.DescribeShareGroupOffsetsResponse]  # type: ignore[assignment]
+    """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+    (the group empty) and delete (the group empty) each share partition's start offset.
+    DeleteGroup deletes an empty share group with its share state.
+    """
+    AlterShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterShareGroupOffsetsRequest, _broker_pb2.AlterShareGroupOffsetsResponse]  # type: ignore[assignment]
+    DeleteShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupOffsetsRequest, _broker_pb2.DeleteShareGroupOffsetsResponse]  # type: ignore[assignment]
     ReadShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
     """The share coordinator between brokers (issue #32 step 2b; brokers only:
     CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
@@ -642,6 +656,31 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.DescribeShareGroupRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DescribeShareGroupResponse, _abc.Awaitable[_broker_pb2.DescribeShareGroupResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeShareGroupOffsets(
+        self,
+        request: _broker_pb2.DescribeShareGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeShareGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.DescribeShareGroupOffsetsResponse]]:
+        """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+        (the group empty) and delete (the group empty) each share partition's start offset.
+        DeleteGroup deletes an empty share group with its share state.
+        """
+
+    @_abc_1.abstractmethod
+    def AlterShareGroupOffsets(
+        self,
+        request: _broker_pb2.AlterShareGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AlterShareGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.AlterShareGroupOffsetsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteShareGroupOffsets(
+        self,
+        request: _broker_pb2.DeleteShareGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteShareGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.DeleteShareGroupOffsetsResponse]]: ...
 
     @_abc_1.abstractmethod
     def ReadShareGroupState(
