@@ -502,8 +502,8 @@ class FencedLeaderEpochError(RequestError):
 class FencedStateEpochError(RequestError):
     """A share partition's state was reset or deleted by an admin (its state epoch moved
     on) after its leader loaded it: the leader drops its memory and reloads. Kafka's
-    ``FENCED_STATE_EPOCH``; retriable here, since the next call finds the reloaded state
-    (the leader reloads, so a retry finds the current state)."""
+    ``FENCED_STATE_EPOCH``; retriable here: the leader reloads, so a retry finds the
+    current state."""
 
     code = "FENCED_STATE_EPOCH"
     retriable = True
