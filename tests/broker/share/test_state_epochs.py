@@ -185,5 +185,10 @@ def test_an_open_dead_letter_write_refuses_a_reset_and_a_delete(logs: LogManager
     logs.get_log(SHARE_STATE_TOPIC, 0).append_marker(PRODUCER, 0, True, 0)
     store.end_transaction(0, PRODUCER, commit=True)
     assert store.initialize(KEY, 3, 0, 1).start_offset == 3
+    # A dead-letter transaction begun on memory from before the reset: its archiving is
+    # fenced (it aborts; the leader reloads the reset state).
+    with pytest.raises(FencedStateEpochError):
+        store.write_transactional(KEY, 0, -1, (StateBatch(3, 3, ARCHIVED, 1),), (PRODUCER, 1), 0)
+    assert not store.has_pending(KEY)
     store.delete(KEY)
     assert store.read(KEY) is None
