@@ -9,7 +9,8 @@ alter or a delete made stale).
 
 What is proven, through ``AdminClient`` and once through the Kafka listener's own codec:
 describe (start offset, lag, the leader's statistics), alter (a reset to the earliest
-offset redelivers every record from the start to the next member), delete offsets (the
+offset redelivers every record from the start to the next member; an alter to an
+offset), delete offsets (the
 group has no share partition left) and delete group (its state gone at the share
 coordinator).
 """
@@ -176,9 +177,10 @@ def test_describe_alter_and_delete_a_share_group_across_three_brokers(
             0,
         )
 
-        # Alter: back to the start. The leader drops its memory, the next member gets
-        # every record again.
-        admin.alter_share_group_offsets(group, {TP: 0})
+        # Alter: reset to the earliest offset (resolved at the leader, then altered at
+        # the share coordinator). The leader drops its memory; the next member gets every
+        # record again.
+        assert admin.reset_share_group_offsets(group, TOPIC, to_earliest=True) == {TP: 0}
         offset = admin.list_share_group_offsets(group)[TP]
         assert (offset.start_offset, offset.lag) == (0, RECORDS)
         (stats,) = admin.describe_share_group(group).partitions
