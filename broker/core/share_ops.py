@@ -347,13 +347,17 @@ class ShareOps(ShareAdminCalls):
                 self._release(request.group_id, request.member_id)
             return answer
 
-    def describe(self, group_id: str) -> ShareGroupDescription:
-        """ShareGroupDescribe, with the statistics of each share partition that is
+    def describe(self, group_id: str, statistics: bool = True) -> ShareGroupDescription:
+        """ShareGroupDescribe, with (``statistics``) those of each share partition that is
         assigned or has state (an empty group still shows where it stands), from its
-        leader; one whose leader cannot answer is left out."""
+        leader; one whose leader cannot answer is left out. The Kafka listener's
+        ShareGroupDescribe carries none, so asks none (in a cluster they cost a call per
+        state partition and per partition)."""
         with self._gate.operation():
             self._check_coordinator(group_id)
             view = self.share_groups.describe_group(group_id)
+            if not statistics:
+                return ShareGroupDescription(view, ())
             assigned = {tp for m in view.members for tp in m.assignment}
             states = []
             for tp, stats in self.partition_stats(group_id, assigned):
