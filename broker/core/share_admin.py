@@ -55,6 +55,9 @@ coordinator and its topic partition's leader may be three brokers):
   topic (delete) answers its retriable error, the state being changed already; the
   leader's memory is then fenced at its next write (``FENCED_STATE_EPOCH``, it reloads:
   ``broker.share.partition_manager``), and until then can hand out only what it held.
+  An alter of a share partition with no state (never read, or deleted) starts state
+  epochs over at 0, so it first has the leader drop whatever it holds (memory from
+  before a delete could be at epoch 0 too), and changes nothing if that fails.
 * **Statistics** (describe): each share partition's are asked of its leader, naming the
   state epoch the summary gave (memory older than a reset is reloaded first); a
   partition whose leader cannot answer is left out of the answer (logged), as before
@@ -432,6 +435,11 @@ class ShareAdminCalls:
             summary = self._summary(key)
             state_epoch = 0 if summary is None else summary.state_epoch + 1
             leader_epoch = 0 if summary is None else summary.leader_epoch
+            if summary is None:
+                # No state (never read, or deleted): state epochs start over at 0, so
+                # memory the leader may still hold from before a delete, at any epoch,
+                # goes first; the alter is refused if the leader cannot be told.
+                self._tell_leader(group_id, tp, -1, changed=False)
             try:
                 self._routed.initialize(key, offset, leader_epoch, state_epoch)
             except (FencedStateEpochError, FencedLeaderEpochError):
@@ -445,12 +453,19 @@ class ShareAdminCalls:
         self._routed.delete(self._key(group_id, tp))
         self._tell_leader(group_id, tp, -1)
 
-    def _tell_leader(self, group_id: str, tp: TopicPartition, state_epoch: int) -> None:
+    def _tell_leader(
+        self, group_id: str, tp: TopicPartition, state_epoch: int, *, changed: bool = True
+    ) -> None:
         """The leader drops memory loaded at another state epoch (module docstring)."""
         try:
             self._at_leader(group_id, tp, state_epoch, with_stats=False)
         except Exception as exc:
             code, message = _failed(exc)
+            if not changed:
+                raise LeaderNotAvailableError(
+                    f"{tp}: its leader could not be told to drop its memory ({code}: "
+                    f"{message}); nothing was changed"
+                ) from None
             raise LeaderNotAvailableError(
                 f"{tp}: its share state was changed, but its leader could not be told "
                 f"({code}: {message}); it reloads at its next write"
