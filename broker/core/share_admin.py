@@ -67,8 +67,8 @@ coordinator and its topic partition's leader may be three brokers):
   member's heartbeat (epoch 0) takes the same lock (``ShareOps.heartbeat``): a member
   cannot join in between, so it never fetches records the change then drops. A join
   waits up to ``ADMIN_WAIT_MS`` for the admin to finish, then answers
-  ``COORDINATOR_LOAD_IN_PROGRESS`` (retriable). Kafka gets the same by running the check
-  and the state change in the group coordinator's shard.
+  ``COORDINATOR_LOAD_IN_PROGRESS`` (retriable). The lock is striped (64 by group id):
+  groups that share a stripe wait for each other's admin calls, never for long.
 * **An open dead-letter transaction** on a share partition (its archiving pending at the
   share coordinator, ``broker.share.state_log``) refuses an alter or a delete of that
   share partition with ``CONCURRENT_TRANSACTIONS`` (retriable: the transaction commits
