@@ -75,9 +75,11 @@ def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
     return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
 
 
-def _three_roles(cluster: LocalCluster, admin: AdminClient) -> tuple[int, int, int, str]:
-    """(group coordinator, partition leader, share coordinator, group id), all three
-    brokers different."""
+def _three_roles(
+    cluster: LocalCluster, admin: AdminClient, topic: str = TOPIC
+) -> tuple[int, int, int, str]:
+    """Create ``topic``: (group coordinator, partition leader, share coordinator, group
+    id), all three brokers different."""
     eventually(lambda: len(admin.describe_cluster().brokers) == 3, 60)
     eventually(lambda: -1 not in _leaders(admin, OFFSETS_TOPIC).values(), 60)
     eventually(lambda: -1 not in _leaders(admin, SHARE_STATE_TOPIC).values(), 60)
@@ -85,16 +87,16 @@ def _three_roles(cluster: LocalCluster, admin: AdminClient) -> tuple[int, int, i
     others = [b for b in cluster.broker_ids if b != coordinator]
     # The partition's preferred leader is a broker that does not coordinate the group.
     admin.create_topic(
-        TOPIC, None, {"min.insync.replicas": "2"}, replica_assignment=[[*others, coordinator]]
+        topic, None, {"min.insync.replicas": "2"}, replica_assignment=[[*others, coordinator]]
     )
-    eventually(lambda: len(admin.describe_topic(TOPIC).partitions[0].isr) == 3, 60)
-    eventually(lambda: _leaders(admin, TOPIC)[0] == others[0], 60)
+    eventually(lambda: len(admin.describe_topic(topic).partitions[0].isr) == 3, 60)
+    eventually(lambda: _leaders(admin, topic)[0] == others[0], 60)
     leader = others[0]
     state_leaders = _leaders(admin, SHARE_STATE_TOPIC)
     for n in range(1_000):
-        group = f"admins-{n}"
+        group = f"{topic}-admins-{n}"
         state = state_leaders[
-            partition_for(ShareStateKey(group, topic_id(TOPIC), 0), STATE_PARTITIONS)
+            partition_for(ShareStateKey(group, topic_id(topic), 0), STATE_PARTITIONS)
         ]
         if state not in (coordinator, leader, -1):
             return coordinator, leader, state, group
@@ -122,7 +124,7 @@ def _consume_all(consumer: ShareConsumer, expected: set[bytes]) -> list[bytes]:
     return delivered
 
 
-def _member(cluster: LocalCluster, group: str) -> ShareConsumer:
+def _member(cluster: LocalCluster, group: str, topic: str = TOPIC) -> ShareConsumer:
     consumer = ShareConsumer(
         cluster.bootstrap,
         group,
@@ -130,7 +132,7 @@ def _member(cluster: LocalCluster, group: str) -> ShareConsumer:
         request_timeout_ms=15_000,
         acknowledgement_mode="explicit",
     )
-    consumer.subscribe([TOPIC])
+    consumer.subscribe([topic])
     return consumer
 
 
@@ -239,3 +241,58 @@ def test_describe_alter_and_delete_a_share_group_across_three_brokers(
             timeout=10,
         )
     assert list(summary.states) == []
+
+
+def test_a_leader_whose_memory_predates_a_reset_is_fenced_and_reloads(
+    cluster: LocalCluster,
+) -> None:
+    """The state-epoch fence across brokers, without the admin's notice to the leader: the
+    share coordinator's state is reset behind the leader's back (InitializeShareGroupState
+    with the next state epoch, as an admin's alter writes it); the leader's next write
+    (an acquisition) names the epoch it loaded at, is refused (FENCED_STATE_EPOCH), and
+    the leader reloads and hands out from the new start."""
+    topic = "fenced"
+    tp = TopicPartition(topic, 0)
+    with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
+        _, _, share_coordinator, group = _three_roles(cluster, admin, topic)
+        member = _member(cluster, group, topic)
+        try:
+
+            def initialized() -> bool:
+                member.poll(200)
+                return tp in admin.list_share_group_offsets(group)
+
+            eventually(initialized, 60)
+            values = [b"old-%d" % i for i in range(5)]
+            with Producer(cluster.bootstrap, acks="all") as producer:
+                for value in values:
+                    producer.send(topic, value, partition=0).result(timeout=30)
+                _consume_all(member, set(values))
+                assert admin.list_share_group_offsets(group)[tp].start_offset == 5
+
+                key = ShareStateKey(group, topic_id(topic), 0)
+                with _stub(cluster, share_coordinator) as stub:
+                    (summary,) = stub.ReadShareGroupStateSummary(
+                        pb.ReadShareGroupStateSummaryRequest(
+                            group_id=group, state_partition=partition_for(key, STATE_PARTITIONS)
+                        ),
+                        timeout=10,
+                    ).states
+                    ref = pb.ShareStateKeyRef(
+                        group_id=group,
+                        topic_id=key.topic_id.bytes,
+                        partition=0,
+                        leader_epoch=summary.leader_epoch,
+                        state_epoch=summary.state_epoch + 1,
+                    )
+                    reset = stub.InitializeShareGroupState(
+                        pb.InitializeShareGroupStateRequest(key=ref, start_offset=0), timeout=10
+                    )
+                assert (reset.start_offset, reset.state_epoch) == (0, summary.state_epoch + 1)
+                # The leader still holds everything as acknowledged; a new record makes it
+                # write, from memory older than the reset.
+                producer.send(topic, b"new", partition=0).result(timeout=30)
+            again = _consume_all(member, {*values, b"new"})
+        finally:
+            member.close()
+    assert set(values) <= set(again)
