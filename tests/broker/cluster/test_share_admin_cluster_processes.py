@@ -12,7 +12,8 @@ describe (start offset, lag, the leader's statistics), alter (a reset to the ear
 offset redelivers every record from the start to the next member; an alter to an
 offset), delete offsets (the
 group has no share partition left) and delete group (its state gone at the share
-coordinator).
+coordinator); and, with the state reset at the share coordinator behind the leader's
+back, the leader's next write fenced by the state epoch and the share partition reloaded.
 """
 
 from __future__ import annotations
