@@ -70,7 +70,9 @@ delete_share_group_        DELETE on the group, READ on each topic (refused per 
 offsets                    Kafka's AuthorizerIntegrationTest's table for 90-92)
 share_group_state          CLUSTER_ACTION on the cluster (a share partition's leader reads
                            and writes its state at the share coordinator: brokers only, as
-                           Kafka's Read/Initialize/WriteShareGroupState)
+                           Kafka's Read/Initialize/WriteShareGroupState; the group's
+                           coordinator's ReadShareGroupStateSummary, DeleteShareGroupState
+                           and DescribeSharePartition at a leader: issue #32's admin)
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
@@ -392,6 +394,9 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "ReadShareGroupState": "share_group_state",
     "InitializeShareGroupState": "share_group_state",
     "WriteShareGroupState": "share_group_state",
+    "ReadShareGroupStateSummary": "share_group_state",
+    "DeleteShareGroupState": "share_group_state",
+    "DescribeSharePartition": "share_group_state",
 }
 
 _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {

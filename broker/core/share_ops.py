@@ -25,14 +25,17 @@ operations are:
 * ``acknowledge``: ShareAcknowledge (ACCEPT / RELEASE / REJECT / GAP per offset range).
   ``close_session`` (Kafka's share-session epoch -1): the member is done with this
   broker, so every record it still holds here is released now, not at its lock's expiry.
-* ``describe``: ShareGroupDescribe's view, plus the state of each assigned share
-  partition this broker leads (start and end offsets, records in flight by state).
+* ``describe``: ShareGroupDescribe's view, plus the state of each share partition
+  assigned or with state, asked of its leader wherever it is (start and end offsets,
+  records in flight by state; ``broker.core.share_admin``).
 * ``list_groups``: every group with its type (ListGroups v5).
 * the admin calls (``broker.core.share_admin``, mixed in): DescribeShareGroupOffsets,
   AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups of a share group.
 * ``serve_state``: the share coordinator's side of ReadShareGroupState,
   InitializeShareGroupState and WriteShareGroupState (another broker's share partition
-  leader calls it; this broker's own calls it directly), ``broker.core.share_state_routing``.
+  leader calls it; this broker's own calls it directly), ``broker.core.share_state_routing``;
+  ``serve_summaries`` (ReadShareGroupStateSummary) and ``describe_partition_here`` (a
+  share partition at its leader), the admin's calls between brokers.
 
 Decisions:
 
@@ -78,6 +81,7 @@ from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.share.dead_letter import DeadLetterSink
 from tidelog.broker.share.groups import ShareGroupManager, TypedGroupListing, list_all_groups
 from tidelog.broker.share.groups_coordinator import (
+    JOIN_EPOCH,
     LEAVE_EPOCH,
     ShareGroupView,
     ShareHeartbeatAnswer,
@@ -294,8 +298,15 @@ class ShareOps(ShareAdminCalls):
             else None
         )
         routed = RoutedShareState(
-            parts.store, config.broker_id, self._leader_of, self._serve_state, self._peers
+            parts.store,
+            config.broker_id,
+            self._leader_of,
+            self._serve_state,
+            self._peers,
+            summarize=self._summarize,
         )
+        self._routed = routed
+        self._init_admin()
         self.partitions = SharePartitionManager(
             self._logs,
             routed,
@@ -323,23 +334,33 @@ class ShareOps(ShareAdminCalls):
         ``NotCoordinatorError`` / ``CoordinatorLoadInProgressError`` off the coordinator)."""
         with self._gate.operation():
             self._check_coordinator(request.group_id)
-            answer = self.share_groups.heartbeat(request)
+            if request.member_epoch == JOIN_EPOCH:
+                # Not while an admin changes the group's offsets (share_admin: one step).
+                lock = self._wait_admin(request.group_id)
+                try:
+                    answer = self.share_groups.heartbeat(request)
+                finally:
+                    lock.release()
+            else:
+                answer = self.share_groups.heartbeat(request)
             if request.member_epoch == LEAVE_EPOCH:
                 self._release(request.group_id, request.member_id)
             return answer
 
-    def describe(self, group_id: str) -> ShareGroupDescription:
-        """ShareGroupDescribe, with the statistics of each share partition led here that
-        is assigned or has state (an empty group still shows where it stands)."""
+    def describe(self, group_id: str, statistics: bool = True) -> ShareGroupDescription:
+        """ShareGroupDescribe, with (``statistics``) those of each share partition that is
+        assigned or has state (an empty group still shows where it stands), from its
+        leader; one whose leader cannot answer is left out. The Kafka listener's
+        ShareGroupDescribe carries none, so asks none (in a cluster they cost a call per
+        state partition and per partition)."""
         with self._gate.operation():
             self._check_coordinator(group_id)
             view = self.share_groups.describe_group(group_id)
+            if not statistics:
+                return ShareGroupDescription(view, ())
             assigned = {tp for m in view.members for tp in m.assignment}
             states = []
-            for tp in sorted(assigned.union(self.share_partitions(group_id))):
-                if not self._leads(tp.topic, tp.partition):
-                    continue
-                stats = self.stats(group_id, tp)
+            for tp, stats in self.partition_stats(group_id, assigned):
                 states.append(
                     SharePartitionState(
                         tp.topic,
@@ -377,17 +398,22 @@ class ShareOps(ShareAdminCalls):
 
     def _serve_state(self, key: ShareStateKey, call: StateCall) -> ShareSnapshot | None:
         partition = self.store.partition_for(key)
+        self._check_state_coordinator(partition, f"share-group state of {key.group_id!r}")
+        return call(self.store)
+
+    def _check_state_coordinator(self, partition: int, what: str) -> None:
+        """Raise unless this broker is the share coordinator of state partition
+        ``partition`` (leads it, loaded at the current epoch)."""
         try:
             self._check_leader(SHARE_STATE_TOPIC, partition)
         except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
-            raise NotCoordinatorError(f"share-group state of {key.group_id!r}: {exc}") from None
+            raise NotCoordinatorError(f"{what}: {exc}") from None
         self.store.check_loaded(partition)
         with self._roles_lock:
             if partition not in self._state_loaded:
                 raise CoordinatorLoadInProgressError(
                     f"{SHARE_STATE_TOPIC}-{partition}: still loading its share-group state"
                 )
-        return call(self.store)
 
     def _leader_of(self, topic: str, partition: int) -> int:
         try:
@@ -538,13 +564,6 @@ class ShareOps(ShareAdminCalls):
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self._membership.placement.check_leader(topic, partition)
-
-    def _leads(self, topic: str, partition: int) -> bool:
-        try:
-            self._membership.placement.check_leader(topic, partition)
-        except (NotLeaderOrFollowerError, LeaderNotAvailableError):
-            return False
-        return True
 
     def _check_coordinator(self, group_id: str) -> None:
         if self._membership.topic_admin is None:

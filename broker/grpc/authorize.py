@@ -67,7 +67,10 @@ AlterShareGroupOffsets  alter_share_group_offsets   the group, then each topic n
 DeleteShareGroupOff...  delete_share_group_offsets  the group, then each topic named
 ReadShareGroupState,    share_group_state           the cluster (CLUSTER_ACTION: brokers only)
 InitializeShareGr...,
-WriteShareGroupState
+WriteShareGroupState,
+ReadShareGroupStat...,
+DeleteShareGroupState,
+DescribeSharePartition
 ======================  ==========================  ========================================
 
 A transactional Produce (``transactional_id`` set) needs WRITE on the id as well, refused
@@ -190,6 +193,9 @@ _RESOURCES: dict[str, _Resources] = {
     "ReadShareGroupState": lambda r: [cluster()],
     "InitializeShareGroupState": lambda r: [cluster()],
     "WriteShareGroupState": lambda r: [cluster()],
+    "ReadShareGroupStateSummary": lambda r: [cluster()],
+    "DeleteShareGroupState": lambda r: [cluster()],
+    "DescribeSharePartition": lambda r: [cluster()],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],

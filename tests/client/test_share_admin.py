@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from tests.broker.cluster.waiting import eventually
+from tests.broker.conftest import error_code
 from tests.client.test_group_admin_cli import cli, table
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Consumer, Producer, ShareConsumer, TopicPartition
@@ -290,3 +291,25 @@ def test_describe_counts_dead_lettered_records(
             assert rows[-1][-1] == "1"  # DEAD-LETTERED
         finally:
             consumer.close()
+
+
+def test_a_member_cannot_join_while_an_admin_changes_the_group(broker: InProcessBroker) -> None:
+    """The emptiness check and the change are one step (``broker.core.share_admin``): while
+    an admin call holds the group's admin lock (as an alter holds it from its emptiness
+    check to its last change), a joining member's heartbeat waits and is then refused
+    retriably (``COORDINATOR_LOAD_IN_PROGRESS``); once the admin is done it joins."""
+    shares = broker.server.core.shares
+    assert shares is not None
+    with AdminClient(broker.address) as admin:
+        topic = _topic(admin)
+    group = f"{topic}-g"
+    join = pb.ShareGroupHeartbeatRequest(
+        group_id=group, member_id="m", member_epoch=0, subscribed_topic_names=[topic]
+    )
+    with grpc.insecure_channel(broker.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        with shares._admin(group):  # an admin call in progress
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ShareGroupHeartbeat(join, timeout=30)
+            assert error_code(caught.value) == "COORDINATOR_LOAD_IN_PROGRESS"
+        assert stub.ShareGroupHeartbeat(join, timeout=30).member_epoch > 0

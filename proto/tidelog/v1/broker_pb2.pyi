@@ -5028,6 +5028,7 @@ class ShareStateKeyRef(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     BROKER_ID_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     topic_id: _builtins.bytes
     """16 bytes (UUID)"""
@@ -5035,6 +5036,11 @@ class ShareStateKeyRef(_message.Message):
     leader_epoch: _builtins.int
     broker_id: _builtins.int
     """the share partition's leader (for the log)"""
+    state_epoch: _builtins.int
+    """The state epoch: a leader's write names the one it loaded at (another is
+    FENCED_STATE_EPOCH: an admin reset or deleted the state); an initialize names the
+    new one, which must be newer than the stored one. Unset: not checked.
+    """
     def __init__(
         self,
         *,
@@ -5043,12 +5049,15 @@ class ShareStateKeyRef(_message.Message):
         partition: _builtins.int = ...,
         leader_epoch: _builtins.int = ...,
         broker_id: _builtins.int = ...,
+        state_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "state_epoch", b"state_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "group_id", b"group_id", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "broker_id", b"broker_id", "group_id", b"group_id", "leader_epoch", b"leader_epoch", "partition", b"partition", "state_epoch", b"state_epoch", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__state_epoch: _TypeAlias = _typing.Literal["state_epoch"]  # noqa: Y015
+    _WhichOneofArgType__state_epoch: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__state_epoch) -> _WhichOneofReturnType__state_epoch | None: ...
 
 Global___ShareStateKeyRef: _TypeAlias = ShareStateKeyRef  # noqa: Y015
 
@@ -5197,3 +5206,192 @@ class ShareGroupStateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShareGroupStateResponse: _TypeAlias = ShareGroupStateResponse  # noqa: Y015
+
+@_typing.final
+class ReadShareGroupStateSummaryRequest(_message.Message):
+    """------------------------------------------- share-group admin in a cluster (brokers)
+
+    The share partitions of `group_id` whose state the share coordinator's state partition
+    `state_partition` holds (NOT_COORDINATOR where it does not lead it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    STATE_PARTITION_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    state_partition: _builtins.int
+    broker_id: _builtins.int
+    """the asking group coordinator (for the log)"""
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        state_partition: _builtins.int = ...,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "group_id", b"group_id", "state_partition", b"state_partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadShareGroupStateSummaryRequest: _TypeAlias = ReadShareGroupStateSummaryRequest  # noqa: Y015
+
+@_typing.final
+class ShareStateSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    DONE_RECORDS_FIELD_NUMBER: _builtins.int
+    topic_id: _builtins.bytes
+    """16 bytes (UUID)"""
+    partition: _builtins.int
+    start_offset: _builtins.int
+    state_epoch: _builtins.int
+    leader_epoch: _builtins.int
+    done_records: _builtins.int
+    """at or above start_offset, done (for lag)"""
+    def __init__(
+        self,
+        *,
+        topic_id: _builtins.bytes = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        state_epoch: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        done_records: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done_records", b"done_records", "leader_epoch", b"leader_epoch", "partition", b"partition", "start_offset", b"start_offset", "state_epoch", b"state_epoch", "topic_id", b"topic_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareStateSummary: _TypeAlias = ShareStateSummary  # noqa: Y015
+
+@_typing.final
+class ReadShareGroupStateSummaryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def states(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareStateSummary]: ...
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[Global___ShareStateSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadShareGroupStateSummaryResponse: _TypeAlias = ReadShareGroupStateSummaryResponse  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> Global___ShareStateKeyRef: ...
+    def __init__(
+        self,
+        *,
+        key: Global___ShareStateKeyRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupStateRequest: _TypeAlias = DeleteShareGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupStateResponse: _TypeAlias = DeleteShareGroupStateResponse  # noqa: Y015
+
+@_typing.final
+class DescribeSharePartitionRequest(_message.Message):
+    """A topic partition at its leader (NOT_LEADER_OR_FOLLOWER elsewhere): its high
+    watermark and leader epoch and, `with_stats`, the share partition's statistics (loaded
+    if needed; `state_epoch` set: memory loaded at another state epoch is reloaded first).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
+    WITH_STATS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    topic: _builtins.str
+    partition: _builtins.int
+    state_epoch: _builtins.int
+    with_stats: _builtins.bool
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        state_epoch: _builtins.int | None = ...,
+        with_stats: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "state_epoch", b"state_epoch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "group_id", b"group_id", "partition", b"partition", "state_epoch", b"state_epoch", "topic", b"topic", "with_stats", b"with_stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__state_epoch: _TypeAlias = _typing.Literal["state_epoch"]  # noqa: Y015
+    _WhichOneofArgType__state_epoch: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__state_epoch) -> _WhichOneofReturnType__state_epoch | None: ...
+
+Global___DescribeSharePartitionRequest: _TypeAlias = DescribeSharePartitionRequest  # noqa: Y015
+
+@_typing.final
+class DescribeSharePartitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
+    high_watermark: _builtins.int
+    leader_epoch: _builtins.int
+    @_builtins.property
+    def stats(self) -> Global___SharePartitionSummary:
+        """set when asked"""
+
+    def __init__(
+        self,
+        *,
+        high_watermark: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        stats: Global___SharePartitionSummary | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "stats", b"stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeSharePartitionResponse: _TypeAlias = DescribeSharePartitionResponse  # noqa: Y015

@@ -142,6 +142,16 @@ class BrokerStub:
     """
     InitializeShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitializeShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
     WriteShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.WriteShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
+    ReadShareGroupStateSummary: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateSummaryRequest, _broker_pb2.ReadShareGroupStateSummaryResponse]
+    """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+    coordinator reads the summaries of a group's share partitions at a share coordinator
+    (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+    (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+    newer state epoch. DescribeSharePartition asks a partition's leader for the share
+    partition's statistics (Tidelog's own).
+    """
+    DeleteShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupStateRequest, _broker_pb2.DeleteShareGroupStateResponse]
+    DescribeSharePartition: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeSharePartitionRequest, _broker_pb2.DescribeSharePartitionResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -243,6 +253,16 @@ class BrokerAsyncStub(BrokerStub):
     """
     InitializeShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitializeShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
     WriteShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.WriteShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
+    ReadShareGroupStateSummary: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateSummaryRequest, _broker_pb2.ReadShareGroupStateSummaryResponse]  # type: ignore[assignment]
+    """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+    coordinator reads the summaries of a group's share partitions at a share coordinator
+    (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+    (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+    newer state epoch. DescribeSharePartition asks a partition's leader for the share
+    partition's statistics (Tidelog's own).
+    """
+    DeleteShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupStateRequest, _broker_pb2.DeleteShareGroupStateResponse]  # type: ignore[assignment]
+    DescribeSharePartition: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeSharePartitionRequest, _broker_pb2.DescribeSharePartitionResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -707,5 +727,33 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.WriteShareGroupStateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ShareGroupStateResponse, _abc.Awaitable[_broker_pb2.ShareGroupStateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReadShareGroupStateSummary(
+        self,
+        request: _broker_pb2.ReadShareGroupStateSummaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ReadShareGroupStateSummaryResponse, _abc.Awaitable[_broker_pb2.ReadShareGroupStateSummaryResponse]]:
+        """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+        coordinator reads the summaries of a group's share partitions at a share coordinator
+        (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+        (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+        newer state epoch. DescribeSharePartition asks a partition's leader for the share
+        partition's statistics (Tidelog's own).
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteShareGroupState(
+        self,
+        request: _broker_pb2.DeleteShareGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteShareGroupStateResponse, _abc.Awaitable[_broker_pb2.DeleteShareGroupStateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeSharePartition(
+        self,
+        request: _broker_pb2.DescribeSharePartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeSharePartitionResponse, _abc.Awaitable[_broker_pb2.DescribeSharePartitionResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
