@@ -4,7 +4,7 @@ of the same members on the same partitions, in the same run.
 ::
 
     python benchmarks/share_bench.py [--members 8] [--work-ms 5] [--seconds 10]
-                                     [--backlog 20000] [--flat-backlog 100000] [--quick]
+                                     [--backlog 20000] [--flat-backlog 300000] [--quick]
 
 One broker process (``kafka_bench.start_broker``: 127.0.0.1, a temporary data directory,
 heartbeats every 200 ms so groups settle quickly), a two-partition topic per phase, and
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--work-ms", type=int, default=5, help="sleep per record, slow phases")
     p.add_argument("--seconds", type=float, default=10.0, help="each phase's window at most")
     p.add_argument("--backlog", type=int, default=20_000, help="records, slow phases")
-    p.add_argument("--flat-backlog", type=int, default=100_000, help="records, no-work phases")
+    p.add_argument("--flat-backlog", type=int, default=300_000, help="records, no-work phases")
     p.add_argument("--max-poll-records", type=int, default=10, help="slow phases")
     p.add_argument("--flat-max-poll-records", type=int, default=500, help="no-work phases")
     p.add_argument("--quick", action="store_true", help="3 members, 2 s, small backlogs")
@@ -442,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "members": args.members,
         "partitions": PARTITIONS,
         "work_ms": args.work_ms,
+        "max_poll_records": args.max_poll_records,
         "seconds": args.seconds,
         "loadavg_start": round(os.getloadavg()[0], 2),
     }
