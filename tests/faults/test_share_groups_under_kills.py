@@ -11,8 +11,9 @@ runs; marked xfail until the broker is fixed).
 Short share-group timings (locks of ``LOCK_MS``, delivery limit ``LIMIT``); a
 two-partition topic; an idempotent producer (``QueueWorkload`` without consumers) and
 three share consumers (``share_workload``: accept, release and reject at random, stall
-past a lock now and then, leave now and then). A broker is SIGKILLed ``KILLS`` times on a seeded schedule
-and restarted on its data directory (down under a second, the last time past a lock).
+past a lock now and then, leave now and then). A broker is SIGKILLed ``KILLS`` times on
+a seeded schedule and restarted on its data directory (down under a second, the last
+time past a lock).
 After the last restart an acknowledgement must be applied again; then the workload
 stops, a last member drains what is left, and ``share_checker`` judges the history:
 every record ends acknowledged or archived, none is acknowledged twice or by a member
