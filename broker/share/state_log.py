@@ -146,7 +146,10 @@ class ShareStateLog:
         self._registry = registry
         self._on_append = on_append
         self._cache_lock = threading.Lock()
-        self._write_locks = [threading.Lock() for _ in range(partitions)]
+        # Reentrant: a write reads the state it merges into under the lock its append
+        # takes, so no concurrent write lands between (a reload's read_state beside an
+        # operation still in flight lost acknowledgements from the served state).
+        self._write_locks = [threading.RLock() for _ in range(partitions)]
         self._loaded: dict[int, tuple[int, int]] = {}
         # Transactional writes not decided yet: state partition -> producer id -> its
         # records (module docstring); guarded by _cache_lock.
@@ -213,17 +216,18 @@ class ShareStateLog:
         the share partition): None if never written; a newer epoch than the stored one is
         written first (module docstring), an older one raises ``FencedLeaderEpochError``.
         Raises as ``append_durably`` too."""
-        if self.has_pending(key):
-            raise CoordinatorLoadInProgressError(
-                f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
-                "dead-letter transaction of it is not decided yet"
-            )
-        state = self.read(key)
-        if state is None or leader_epoch == state.leader_epoch:
-            return state
-        if leader_epoch < state.leader_epoch:
-            raise _fenced(key, leader_epoch, state.leader_epoch)
-        return self.write(key, leader_epoch, -1, ())
+        with self._write_locks[self.partition_for(key)]:
+            if self.has_pending(key):
+                raise CoordinatorLoadInProgressError(
+                    f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
+                    "dead-letter transaction of it is not decided yet"
+                )
+            state = self.read(key)
+            if state is None or leader_epoch == state.leader_epoch:
+                return state
+            if leader_epoch < state.leader_epoch:
+                raise _fenced(key, leader_epoch, state.leader_epoch)
+            return self.write(key, leader_epoch, -1, ())
 
     def has_pending(self, key: ShareStateKey) -> bool:
         """Whether a transactional write of ``key`` awaits its transaction's marker."""
@@ -242,6 +246,12 @@ class ShareStateLog:
         """Write a fresh snapshot of ``key``: start at ``start_offset``, nothing in flight,
         the next state epoch (0 for a new share partition). For a new share partition
         (its auto offset reset) and an admin reset. Raises as ``append_durably``."""
+        with self._write_locks[self.partition_for(key)]:
+            return self._initialize(key, start_offset, leader_epoch)
+
+    def _initialize(
+        self, key: ShareStateKey, start_offset: int, leader_epoch: int
+    ) -> ShareSnapshot:
         previous = self.read(key)
         now_ms = self._logs.clock.wall_ms()
         snapshot = ShareSnapshot(
@@ -272,6 +282,17 @@ class ShareStateLog:
         ``snapshot_update_records_per_snapshot`` updates followed the last one; returns
         the merged state. Raises ``FencedLeaderEpochError`` for a ``leader_epoch`` older
         than the state's, and as ``append_durably``; the cache is unchanged then."""
+        with self._write_locks[self.partition_for(key)]:
+            return self._write(key, leader_epoch, start_offset, batches, transaction)
+
+    def _write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        transaction: tuple[int, int] | None,
+    ) -> ShareSnapshot | None:
         if transaction is not None:
             self._append_transactional(key, leader_epoch, start_offset, batches, transaction)
             return None
