@@ -5,8 +5,8 @@ Targets (the ``target`` fixture): ``single-node``, one broker process
 (``tests.kafka.broker_process.BrokerProcess``) killed and restarted on its data
 directory; ``cluster``, three brokers on ZooKeeper, RF 3, each kill in turn of the share
 coordinator of a share partition (the leader of its ``__share_group_state`` partition)
-or of a topic partition's leader. The cluster case fails today (``CLUSTER_BUG``, most
-runs; marked xfail until the broker is fixed).
+or of a topic partition's leader. The cluster case fails now and then (``CLUSTER_BUG``;
+marked xfail until the broker is fixed).
 
 Short share-group timings (locks of ``LOCK_MS``, delivery limit ``LIMIT``); a
 two-partition topic; an idempotent producer (``QueueWorkload`` without consumers) and
@@ -183,8 +183,7 @@ CLUSTER_BUG = (
     "a leader-epoch bump without a leader change (the controller takes a broker restarted "
     "after an unclean shutdown out of the ISR) makes the partition leader reload its share "
     "partitions: records its members still hold under lock go to others at once "
-    "(early-redelivery), and acknowledged records come back (acknowledged-twice); "
-    "see docs/share-groups.md, 'Proof'"
+    "(early-redelivery; about 1 run in 6); docs/share-groups.md, 'Proof'"
 )
 
 
