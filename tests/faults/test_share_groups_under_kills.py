@@ -183,7 +183,7 @@ CLUSTER_BUG = (
     "a leader-epoch bump without a leader change (the controller takes a broker restarted "
     "after an unclean shutdown out of the ISR) makes the partition leader reload its share "
     "partitions: records its members still hold under lock go to others at once "
-    "(early-redelivery; about 1 run in 6); docs/share-groups.md, 'Proof'"
+    "(early-redelivery; 1 run in 8 after the state store's fix); docs/share-groups.md, 'Proof'"
 )
 
 
