@@ -4,7 +4,9 @@ of the same members on the same partitions, in the same run.
 ::
 
     python benchmarks/share_bench.py [--members 8] [--work-ms 5] [--seconds 10]
-                                     [--backlog 20000] [--flat-backlog 300000] [--quick]
+                                     [--backlog 20000] [--flat-backlog 300000]
+                                     [--max-poll-records 10] [--flat-max-poll-records 500]
+                                     [--quick] [--profile FILE]
 
 One broker process (``kafka_bench.start_broker``: 127.0.0.1, a temporary data directory,
 heartbeats every 200 ms so groups settle quickly), a two-partition topic per phase, and
@@ -32,13 +34,17 @@ Every phase runs the same way: the members start, join and settle (the consumer 
 described with every member at the group's epoch and the two partitions held once; the
 share group: each partition shared by ``ceil(members / 2)`` members, as the share
 assignor spreads them, each having fetched once, which sets the share partitions' start
-at the empty log's end); then they are told to hold (stop polling),
-the backlog is produced (100-byte values, half to each partition), and "go". A member
-reports each completed batch with its time (``time.monotonic``, one clock for every
-process on Linux). Rate = records completed by the end of the window / the window, where
-the window ends ``--seconds`` after "go" or when the backlog is done, whichever is first.
-``*_member_cpu_s`` and ``*_broker_cpu_s``: the CPU time the members and the broker used in
-the phase (from go to stop), to say where time goes.
+at the empty log's end); then they are told to hold (stop polling), the backlog is
+produced (100-byte values, half to each partition), and "go". Both sides poll at most
+``--max-poll-records`` (slow phases) or ``--flat-max-poll-records`` (no-work phases). A
+member reports each completed batch with its time (``time.monotonic``, one clock for
+every process on Linux) and how long its poll and its commit took (``*_poll_ms``,
+``*_commit_ms``, means). Rate = records completed by the end of the window / the window,
+where the window ends ``--seconds`` after "go" or when the backlog is done, whichever is
+first. ``*_member_cpu_s`` and ``*_broker_cpu_s``: the CPU time the members and the broker
+used in the window, to say where time goes; ``fsync_p50_ms``: a 100-byte append and
+fsync in the broker's directory, the floor of every durable write. ``--profile FILE``
+samples the broker with py-spy in the slow share phase (collapsed stacks, GIL holders).
 
 **Members are processes, not threads**, one interpreter each, as deployed consumers are.
 In threads of one process the members' own Python work (gRPC calls, decoding, the
