@@ -21,7 +21,9 @@ Available, delivery counts kept, nothing acknowledged comes back. Every use comp
 leader epoch the share partition was loaded at with the topic partition's now
 (``leader_epoch``, as Kafka's ``SharePartitionManager``): a broker that lost and regained
 the leadership between two passes of the unloading timer reloads rather than serve its
-stale memory (the leader between may have delivered and acknowledged records).
+stale memory (the leader between may have delivered and acknowledged records). The next
+epoch, led by this broker too, is no change of leader (an ISR shrink: ``_continues``), so
+the memory is kept and records under lock stay locked.
 
 **The store** (``ShareStateStore``) is the share coordinator of each key: the local
 ``ShareStateLog`` on a single node; in a cluster the leader of the key's
@@ -147,6 +149,22 @@ class _Held:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _continues(held: _Held, epoch: int) -> bool:
+    """Whether ``held``, loaded at its leader epoch, may serve at ``epoch``, the topic
+    partition's leader epoch now with this broker its leader: the same epoch, or the next
+    one, which this broker leads too, so no other broker led in between (the controller
+    bumps the epoch by one when it takes a replica out of the ISR and leaves the leader as
+    it was, as ZooKeeper-era Kafka's does). Its memory stays authoritative then, and its
+    next write names the new epoch; reloading would hand out at once the records it has
+    under lock. Any other epoch: reload."""
+    if epoch == held.leader_epoch:
+        return True
+    if epoch == held.leader_epoch + 1:
+        held.leader_epoch = epoch
+        return True
+    return False
+
+
 class SharePartitionManager:
     """The share partitions this broker leads. Thread-safe."""
 
@@ -239,7 +257,7 @@ class SharePartitionManager:
         changed: list[tuple[str, str, int]] = []
         for key, held in self._loaded_items(None):
             try:
-                if held.leader_epoch != self._current_epoch(key[1], key[2]):
+                if not _continues(held, self._current_epoch(key[1], key[2])):
                     self._drop(key, held)  # led again at a new epoch: reloaded on next use
                     continue
                 with held.lock:
@@ -477,7 +495,7 @@ class SharePartitionManager:
                 )
                 del self._held[key]
                 held = None
-            if held is not None and held.leader_epoch == epoch:
+            if held is not None and _continues(held, epoch):
                 return held
             if held is not None:
                 log.info(

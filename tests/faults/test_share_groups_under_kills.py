@@ -5,8 +5,10 @@ Targets (the ``target`` fixture): ``single-node``, one broker process
 (``tests.kafka.broker_process.BrokerProcess``) killed and restarted on its data
 directory; ``cluster``, three brokers on ZooKeeper, RF 3, each kill in turn of the share
 coordinator of a share partition (the leader of its ``__share_group_state`` partition)
-or of a topic partition's leader. The cluster case fails now and then (``CLUSTER_BUG``;
-marked xfail until the broker is fixed).
+or of a topic partition's leader. (It found that a leader-epoch bump without a change of
+leader, the controller taking a restarted broker out of the ISR, made the leader reload its
+share partitions and hand records under lock to others at once: fixed in
+``broker.share.partition_manager._continues``.)
 
 Short share-group timings (locks of ``LOCK_MS``, delivery limit ``LIMIT``); a
 two-partition topic; an idempotent producer (``QueueWorkload`` without consumers) and
@@ -179,20 +181,12 @@ def single_node(tmp_path: Path) -> Iterator[SingleNode]:
         process.stop()
 
 
-CLUSTER_BUG = (
-    "a leader-epoch bump without a leader change (the controller takes a broker restarted "
-    "after an unclean shutdown out of the ISR) makes the partition leader reload its share "
-    "partitions: records its members still hold under lock go to others at once "
-    "(early-redelivery; 1 run in 8 after the state store's fix); docs/share-groups.md, 'Proof'"
-)
 
 
 @pytest.fixture(
     params=[
         "single-node",
-        pytest.param(
-            "cluster", marks=[pytest.mark.slow, pytest.mark.xfail(reason=CLUSTER_BUG, strict=False)]
-        ),
+        pytest.param("cluster", marks=pytest.mark.slow),
     ]
 )
 def target(request: pytest.FixtureRequest) -> Iterator[Target]:

@@ -113,3 +113,27 @@ def test_a_leader_that_lost_and_regained_the_partition_reloads_its_share_partiti
     assert _offsets(this_broker, "c") == [3, 4, 5]
     described = this_broker.describe(G, T, 0)
     assert described.start_offset == 3
+
+
+def test_the_next_epoch_led_by_the_same_broker_keeps_its_locks(logs: LogManager) -> None:
+    # The controller takes a restarted follower out of the ISR by bumping the leader epoch
+    # by one and leaving the leader as it was: no other broker led, so the records this
+    # leader has under lock stay locked (reloading handed them to other members at once,
+    # found by the fault harness's share workload), and its writes name the new epoch.
+    store = _store(logs)
+    epoch = [1]
+    manager = _manager(logs, store, epoch)
+    assert _offsets(manager, "a", 3) == [0, 1, 2]
+
+    epoch[0] = 2
+    assert _offsets(manager, "b") == [3, 4, 5]
+    manager.acknowledge(G, T, 0, "a", [Acknowledgement(0, 2, ACCEPT)])
+    state = store.read(KEY)
+    assert state is not None
+    assert state.leader_epoch == 2
+    with pytest.raises(FencedLeaderEpochError):
+        store.write(KEY, 1, -1, (StateBatch(3, 3, ACKNOWLEDGED, 1),))
+
+    # Two epochs on, another broker may have led in between: reload.
+    epoch[0] = 4
+    assert _offsets(manager, "c") == [3, 4, 5]
