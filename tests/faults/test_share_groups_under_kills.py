@@ -181,8 +181,6 @@ def single_node(tmp_path: Path) -> Iterator[SingleNode]:
         process.stop()
 
 
-
-
 @pytest.fixture(
     params=[
         "single-node",
