@@ -16,6 +16,11 @@ Decided:
 * A write that timed out may have been applied. Nothing was handed out or answered on
   it; the state it wrote is one the leader would write again (the next write of those
   offsets carries the same or later states), and a reload reads whichever landed.
+* **A group's configs** (``group_configs``): a share partition's leader that is not its
+  group's coordinator reads the group's configs there when it loads a share partition
+  (DescribeConfigs of the GROUP resource: the configs live with the group's records at
+  its coordinator, ``broker.core.group_configs``), so a dead-letter topic or a delivery
+  limit set on the group holds on every broker.
 * One channel per destination address, kept open; ``close`` closes them and every call
   after raises ``CoordinatorNotAvailableError``.
 
@@ -74,7 +79,7 @@ class GrpcSharePeers:
         self, coordinator: int, key: ShareStateKey, leader_epoch: int
     ) -> ShareSnapshot | None:
         request = pb.ReadShareGroupStateRequest(key=self._key(key, leader_epoch))
-        answer = self._call(coordinator, "ReadShareGroupState", request)
+        answer: pb.ShareGroupStateResponse = self._call(coordinator, "ReadShareGroupState", request)
         return state_from_pb(answer) if answer.found else None
 
     def initialize(
@@ -92,13 +97,35 @@ class GrpcSharePeers:
         leader_epoch: int,
         start_offset: int,
         batches: tuple[StateBatch, ...],
-    ) -> ShareSnapshot:
+        *,
+        transaction: tuple[int, int] | None = None,
+    ) -> ShareSnapshot | None:
+        """``transaction`` (producer id, epoch): written as a record of that transaction
+        (a dead-letter transaction's archiving), pending at the coordinator until its
+        marker; answered None."""
         request = pb.WriteShareGroupStateRequest(
             key=self._key(key, leader_epoch),
             start_offset=start_offset,
             batches=batches_to_pb(batches),
         )
-        return state_from_pb(self._call(coordinator, "WriteShareGroupState", request))
+        if transaction is not None:
+            request.producer_id, request.producer_epoch = transaction
+        answer = self._call(coordinator, "WriteShareGroupState", request)
+        return None if transaction is not None else state_from_pb(answer)
+
+    def group_configs(self, coordinator: int, group_id: str) -> dict[str, str]:
+        """The configs set on ``group_id`` at its coordinator (DescribeConfigs of the
+        GROUP resource; the entries the group set), for a share partition's leader
+        loading one of its share partitions."""
+        request = pb.DescribeConfigsRequest(
+            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=group_id)
+        )
+        answer: pb.DescribeConfigsResponse = self._call(coordinator, "DescribeConfigs", request)
+        return {
+            e.name: e.value
+            for e in answer.entries
+            if e.source == pb.CONFIG_SOURCE_GROUP_CONFIG and e.HasField("value")
+        }
 
     def close(self) -> None:
         self._stubs.close()
@@ -112,16 +139,14 @@ class GrpcSharePeers:
             broker_id=self._broker_id,
         )
 
-    def _call(self, coordinator: int, method: str, request: Any) -> pb.ShareGroupStateResponse:
+    def _call(self, coordinator: int, method: str, request: Any) -> Any:
         stub = self._stub(coordinator)
         if stub is None:
             raise CoordinatorNotAvailableError(
                 f"share coordinator {coordinator} is not in this broker's view"
             )
         try:
-            answer: pb.ShareGroupStateResponse = getattr(stub, method)(
-                request, timeout=self._timeout_s
-            )
+            answer = getattr(stub, method)(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise _raised(exc, coordinator, method) from None
         except ValueError:  # the channel was closed under the call (the broker stops)

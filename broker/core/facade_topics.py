@@ -21,6 +21,7 @@ from tidelog.broker.core.config_keys import ConfigEntry
 from tidelog.broker.core.configs import ConfigChange, Configs, ResourceKind
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.placement import BrokerEndpoint, ClusterView
+from tidelog.broker.core.share_ops import ShareOps
 from tidelog.broker.core.topics import (
     LogDirView,
     MetadataTopic,
@@ -28,6 +29,7 @@ from tidelog.broker.core.topics import (
     Topics,
     TopicView,
 )
+from tidelog.storage.errors import InvalidRequestError
 from tidelog.storage.log_manager import TopicMetadata
 
 __all__ = ["TopicCalls"]
@@ -39,6 +41,7 @@ class TopicCalls:
 
     topics: Topics
     configs: Configs
+    shares: ShareOps | None
     _gate: OperationGate
 
     def create_topic(
@@ -133,7 +136,9 @@ class TopicCalls:
     def describe_configs(
         self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
     ) -> list[ConfigEntry]:
-        """``Configs.describe``."""
+        """``Configs.describe``; a GROUP resource ``ShareOps.describe_group_configs``."""
+        if kind == ResourceKind.GROUP:
+            return self._group_configs().describe_group_configs(name, keys)
         with self._gate.operation():
             return self.configs.describe(kind, name, keys)
 
@@ -146,10 +151,20 @@ class TopicCalls:
         incremental: bool,
         validate_only: bool = False,
     ) -> None:
-        """``Configs.alter``."""
+        """``Configs.alter``; a GROUP resource ``ShareOps.alter_group_configs``."""
+        if kind == ResourceKind.GROUP:
+            self._group_configs().alter_group_configs(
+                name, changes, incremental=incremental, validate_only=validate_only
+            )
+            return
         self.configs.alter(
             kind, name, changes, incremental=incremental, validate_only=validate_only
         )
+
+    def _group_configs(self) -> ShareOps:
+        if self.shares is None:
+            raise InvalidRequestError("this broker serves no share groups: no group configs")
+        return self.shares
 
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]

@@ -62,9 +62,12 @@ from dataclasses import dataclass, field
 
 from tidelog.broker.cluster.share_peers import GrpcSharePeers
 from tidelog.broker.config import BrokerConfig
+from tidelog.broker.core.config_keys import ConfigEntry
+from tidelog.broker.core.configs import ConfigChange
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import classify
 from tidelog.broker.core.gate import OperationGate
+from tidelog.broker.core.group_configs import altered_group_configs, describe_group_configs
 from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
@@ -74,6 +77,7 @@ from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.share.dead_letter import DeadLetterSink
 from tidelog.broker.share.groups import ShareGroupManager, TypedGroupListing, list_all_groups
+from tidelog.broker.share.groups_config import ShareGroupSettings, resolve_settings
 from tidelog.broker.share.groups_coordinator import (
     LEAVE_EPOCH,
     ShareGroupView,
@@ -93,6 +97,7 @@ from tidelog.broker.tls import InterBrokerChannels
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
     InvalidRequestError,
     LeaderNotAvailableError,
     NotCoordinatorError,
@@ -296,7 +301,7 @@ class ShareOps:
             self._logs,
             routed,
             topic_id=topic_id,
-            group_config=lambda g: config.share.partition_config(parts.groups.settings(g)),
+            group_config=lambda g: config.share.partition_config(self._group_settings(g)),
             leader_epoch=self._leader_epoch if replicated else None,
             dead_letters=dead_letters,
         )
@@ -323,6 +328,41 @@ class ShareOps:
             if request.member_epoch == LEAVE_EPOCH:
                 self._release(request.group_id, request.member_id)
             return answer
+
+    def describe_group_configs(
+        self, group_id: str, keys: Sequence[str] | None = None
+    ) -> list[ConfigEntry]:
+        """DescribeConfigs of a GROUP resource, on the group's coordinator
+        (``broker.core.group_configs``; ``NotCoordinatorError`` /
+        ``CoordinatorLoadInProgressError`` elsewhere)."""
+        with self._gate.operation():
+            self._check_coordinator(group_id)
+            configs = self.share_groups.group_configs(group_id)
+            return describe_group_configs(configs, self.share_groups.config, keys)
+
+    def alter_group_configs(
+        self,
+        group_id: str,
+        changes: Sequence[ConfigChange],
+        *,
+        incremental: bool,
+        validate_only: bool = False,
+    ) -> None:
+        """IncrementalAlterConfigs / AlterConfigs of a GROUP resource, on the group's
+        coordinator: validated whole, then stored durably (``validate_only``: not
+        stored). Raises ``InvalidConfigError``, ``InvalidRequestError``, and as
+        ``describe_group_configs``."""
+        with self._gate.operation():
+            self._check_coordinator(group_id)
+            current = self.share_groups.group_configs(group_id)
+            configs = altered_group_configs(
+                current, changes, self.share_groups.config, incremental=incremental
+            )
+            if validate_only or configs == current:
+                return
+            self.share_groups.alter_group_configs(
+                group_id, {name: configs.get(name) for name in {*current, *configs}}
+            )
 
     def describe(self, group_id: str) -> ShareGroupDescription:
         """ShareGroupDescribe, with the state of each assigned share partition led here."""
@@ -382,6 +422,27 @@ class ShareOps:
                     f"{SHARE_STATE_TOPIC}-{partition}: still loading its share-group state"
                 )
         return call(self.store)
+
+    def _group_settings(self, group_id: str) -> ShareGroupSettings:
+        """A share partition's leader loading one: its group's settings, from the
+        configs at the group's coordinator (here, or asked there: ``share_peers``).
+        Raises ``CoordinatorNotAvailableError`` / ``CoordinatorLoadInProgressError``
+        (the load fails, retriable) rather than load with configs it could not read."""
+        if self._peers is None:
+            return self.share_groups.settings(group_id)
+        partition = self._groups.store.partition_for(group_id)
+        coordinator = self._leader_of(OFFSETS_TOPIC, partition)
+        if coordinator == self._config.broker_id:
+            with self._roles_lock:
+                if partition not in self._offsets_loaded:
+                    raise CoordinatorLoadInProgressError(
+                        f"group {group_id!r}: its configs are still loading"
+                    )
+            return self.share_groups.settings(group_id)
+        if coordinator < 0:
+            raise CoordinatorNotAvailableError(f"group {group_id!r} has no coordinator")
+        configs = self._peers.group_configs(coordinator, group_id)
+        return resolve_settings(configs, self.share_groups.config)
 
     def _leader_of(self, topic: str, partition: int) -> int:
         try:

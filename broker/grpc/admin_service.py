@@ -85,7 +85,8 @@ def _config_kind(resource: pb.ConfigResource) -> ResourceKind:
         return ResourceKind(resource.type)
     except ValueError:
         raise InvalidRequestError(
-            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC or CONFIG_RESOURCE_TYPE_BROKER"
+            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC, CONFIG_RESOURCE_TYPE_BROKER "
+            "or CONFIG_RESOURCE_TYPE_GROUP"
         ) from None
 
 

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from tidelog.broker.core.config_keys import ConfigEntry
 from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
 from tidelog.broker.core.offsets import RecordsDeleted, RecordsToDelete
-from tidelog.broker.core.operations import Resource, topic
+from tidelog.broker.core.operations import Resource, group, topic
 from tidelog.broker.core.operations import cluster as the_cluster
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals
 from tidelog.broker.kafka.cluster import broker_entries
@@ -66,6 +66,8 @@ _KINDS = {int(k): k for k in ResourceKind}
 
 
 def _resource(kind: int, name: str) -> Resource:
+    if kind == ResourceKind.GROUP:
+        return group(name)
     return topic(name) if kind == ResourceKind.TOPIC else the_cluster()
 
 
@@ -90,7 +92,7 @@ def _entry(entry: ConfigEntry, synonyms: bool, documentation: bool) -> Plain:
 def _unknown_kind(kind: int) -> tuple[int, str]:
     return (
         error_code_for("INVALID_REQUEST"),
-        f"resource type {kind} has no configs here (2: topic, 4: broker)",
+        f"resource type {kind} has no configs here (2: topic, 4: broker, 32: group)",
     )
 
 
