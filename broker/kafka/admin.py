@@ -1,15 +1,17 @@
 """Config and cluster admin APIs over the core: DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs, DescribeCluster, DescribeLogDirs, ElectLeaders and DeleteRecords.
 
-The configs are ``broker.core.configs``'s (listener-neutral); this module decodes, asks
-the policy table per resource (``ALTER_CONFIGS`` / ``DESCRIBE_CONFIGS`` on the topic, or
-on the cluster for a broker resource: refused ones answer ``TOPIC_AUTHORIZATION_FAILED``
-/ ``CLUSTER_AUTHORIZATION_FAILED``, the others are served), calls the core once per
+The configs are ``broker.core.configs``'s and a group's ``broker.core.group_configs``'
+(listener-neutral); this module decodes, asks the policy table per resource
+(``ALTER_CONFIGS`` / ``DESCRIBE_CONFIGS`` on the topic, on the cluster for a broker
+resource, on the group for a GROUP one (32, Kafka 4.x): refused ones answer
+``TOPIC_AUTHORIZATION_FAILED`` / ``CLUSTER_AUTHORIZATION_FAILED`` /
+``GROUP_AUTHORIZATION_FAILED``, the others are served), calls the core once per
 resource and encodes. DescribeConfigs answers every effective key with its source,
 synonyms when asked (``include_synonyms``), one line of documentation when asked
 (``include_documentation``, v3+) and its type (v3+); a sensitive broker value (a key
-naming a password, secret or key) is null. A resource type other than topic (2) or broker
-(4) is ``INVALID_REQUEST``; a resource named twice in one alter request too, as Kafka.
+naming a password, secret or key) is null. A resource type other than topic (2), broker
+(4) or group (32) is ``INVALID_REQUEST``; a resource named twice in one alter request too, as Kafka.
 
 DescribeLogDirs (v1-4): this broker's one data directory (``BrokerCore.describe_log_dirs``),
 with each partition asked for (``topics`` null: every one) that has a copy here, its size
