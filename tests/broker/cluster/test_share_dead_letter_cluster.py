@@ -8,6 +8,9 @@ partition's ``__share_group_state`` partition) are three different brokers.
 
 Proven:
 
+* The group's configs, set with the AdminClient (routed to the group's coordinator), are
+  described there and refused elsewhere (``NOT_COORDINATOR``), and reach the share
+  partition's leader on another broker.
 * With the share partition's leader also the transaction coordinator (so the copies go
   to another broker's Produce and the archiving to another broker's transactional
   WriteShareGroupState), REJECTed records and one released at the delivery limit are in
@@ -25,10 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tidelog.broker.cluster.peer_stubs import answered_code
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.broker.core.share_dlq import STOP_ENV
 from tidelog.broker.core.topic_ids import topic_id
@@ -48,6 +53,8 @@ from tidelog.client import (
     TopicPartition,
 )
 from tidelog.client.types import AlterConfigOp, ConfigResource
+from tidelog.proto.tidelog.v1 import broker_pb2 as pb
+from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -229,6 +236,22 @@ def test_dead_letters_exactly_once_with_each_role_on_another_broker(
         _configure(admin, roles.group, dlq)
     assert len({roles.transactions, dead_letter_leader, roles.state}) == 3
     assert roles.coordinator != leader
+    # The configs live at the group's coordinator: another broker answers NOT_COORDINATOR
+    # (the AdminClient above found the coordinator), the coordinator describes them.
+    resource = pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=roles.group)
+    with (
+        grpc.insecure_channel(cluster.address(leader)) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        pb_grpc.BrokerStub(channel).DescribeConfigs(
+            pb.DescribeConfigsRequest(resource=resource), timeout=20
+        )
+    assert answered_code(refused.value) == "NOT_COORDINATOR"
+    with grpc.insecure_channel(cluster.address(roles.coordinator)) as channel:
+        answer = pb_grpc.BrokerStub(channel).DescribeConfigs(
+            pb.DescribeConfigsRequest(resource=resource), timeout=20
+        )
+    assert {e.name: e.value for e in answer.entries}["errors.deadletterqueue.topic.name"] == dlq
 
     _produce(cluster.bootstrap, topic, 6)  # 0-2 rejected, 3 released twice, 4-5 accepted
     consumer = _share_consumer(cluster.bootstrap, roles.group, topic)
