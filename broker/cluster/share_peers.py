@@ -16,11 +16,14 @@ Decided:
 * A write that timed out may have been applied. Nothing was handed out or answered on
   it; the state it wrote is one the leader would write again (the next write of those
   offsets carries the same or later states), and a reload reads whichever landed.
-* **A group's configs** (``group_configs``): a share partition's leader that is not its
-  group's coordinator reads the group's configs there when it loads a share partition
-  (DescribeConfigs of the GROUP resource: the configs live with the group's records at
-  its coordinator, ``broker.core.group_configs``), so a dead-letter topic or a delivery
-  limit set on the group holds on every broker.
+* **A group's configs** live with the group's records at its coordinator
+  (``broker.core.group_configs``). A share partition's leader that is not the
+  coordinator reads them there when it loads a share partition (``group_configs``), so
+  a dead-letter topic or a delivery limit set on the group holds on every broker; a
+  GROUP resource's DescribeConfigs / IncrementalAlterConfigs / AlterConfigs that
+  reached another broker is forwarded there (``describe_group_configs``,
+  ``alter_group_configs``, marked ``forwarded``: the coordinator answers, never forwards
+  again).
 * One channel per destination address, kept open; ``close`` closes them and every call
   after raises ``CoordinatorNotAvailableError``.
 
@@ -31,12 +34,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
 from tidelog.broker.cluster.peer_stubs import PeerStubs, answered_code
+from tidelog.broker.core.config_keys import ConfigEntry, ConfigSynonym, ConfigType, Source
+from tidelog.broker.core.configs import ConfigChange
 from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
@@ -114,18 +119,52 @@ class GrpcSharePeers:
         return None if transaction is not None else state_from_pb(answer)
 
     def group_configs(self, coordinator: int, group_id: str) -> dict[str, str]:
-        """The configs set on ``group_id`` at its coordinator (DescribeConfigs of the
-        GROUP resource; the entries the group set), for a share partition's leader
-        loading one of its share partitions."""
-        request = pb.DescribeConfigsRequest(
-            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=group_id)
-        )
-        answer: pb.DescribeConfigsResponse = self._call(coordinator, "DescribeConfigs", request)
+        """The configs set on ``group_id`` at its coordinator (the GROUP resource's
+        entries the group set), for a share partition's leader loading one of its share
+        partitions."""
         return {
             e.name: e.value
-            for e in answer.entries
-            if e.source == pb.CONFIG_SOURCE_GROUP_CONFIG and e.HasField("value")
+            for e in self.describe_group_configs(coordinator, group_id, None)
+            if e.source == Source.GROUP_CONFIG and e.value is not None
         }
+
+    def describe_group_configs(
+        self, coordinator: int, group_id: str, keys: Sequence[str] | None
+    ) -> list[ConfigEntry]:
+        """DescribeConfigs of the GROUP resource at the group's coordinator (a forwarded
+        call: answered there, never forwarded again)."""
+        request = pb.DescribeConfigsRequest(
+            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=group_id),
+            keys=list(keys or ()),
+            forwarded=True,
+        )
+        answer: pb.DescribeConfigsResponse = self._call(coordinator, "DescribeConfigs", request)
+        return [_entry_from_pb(e) for e in answer.entries]
+
+    def alter_group_configs(
+        self,
+        coordinator: int,
+        group_id: str,
+        changes: Sequence[ConfigChange],
+        *,
+        validate_only: bool,
+    ) -> None:
+        """IncrementalAlterConfigs of the GROUP resource at the group's coordinator (a
+        forwarded call, as ``describe_group_configs``)."""
+        request = pb.IncrementalAlterConfigsRequest(
+            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=group_id),
+            alterations=[
+                pb.ConfigAlteration(
+                    name=c.name,
+                    operation=int(c.op),  # type: ignore[arg-type]
+                    value=c.value or "",
+                )
+                for c in changes
+            ],
+            validate_only=validate_only,
+            forwarded=True,
+        )
+        self._call(coordinator, "IncrementalAlterConfigs", request)
 
     def close(self) -> None:
         self._stubs.close()
@@ -162,6 +201,26 @@ def _raised(exc: grpc.RpcError, coordinator: int, method: str) -> TidelogError:
         return error_for_code(code, str(details or ""))
     log.info("%s at broker %d failed: %s", method, coordinator, details)
     return CoordinatorNotAvailableError(f"share coordinator {coordinator}: {details}")
+
+
+def _entry_from_pb(entry: Any) -> ConfigEntry:
+    try:
+        config_type = ConfigType[entry.type]
+    except KeyError:
+        config_type = ConfigType.UNKNOWN
+    return ConfigEntry(
+        entry.name,
+        entry.value if entry.HasField("value") else None,
+        Source(entry.source),
+        entry.read_only,
+        entry.sensitive,
+        config_type,
+        entry.documentation,
+        tuple(
+            ConfigSynonym(s.name, s.value if s.HasField("value") else None, Source(s.source))
+            for s in entry.synonyms
+        ),
+    )
 
 
 def batches_to_pb(batches: tuple[StateBatch, ...]) -> list[pb.ShareStateBatch]:

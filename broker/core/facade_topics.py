@@ -134,11 +134,17 @@ class TopicCalls:
         return self.topics.find_coordinator(key, transaction=transaction)
 
     def describe_configs(
-        self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
+        self,
+        kind: ResourceKind,
+        name: str,
+        keys: Sequence[str] | None = None,
+        *,
+        forwarded: bool = False,
     ) -> list[ConfigEntry]:
-        """``Configs.describe``; a GROUP resource ``ShareOps.describe_group_configs``."""
+        """``Configs.describe``; a GROUP resource ``ShareOps.describe_group_configs``
+        (``forwarded``: another broker forwarded it, so it is not forwarded again)."""
         if kind == ResourceKind.GROUP:
-            return self._group_configs().describe_group_configs(name, keys)
+            return self._group_configs().describe_group_configs(name, keys, forward=not forwarded)
         with self._gate.operation():
             return self.configs.describe(kind, name, keys)
 
@@ -150,11 +156,17 @@ class TopicCalls:
         *,
         incremental: bool,
         validate_only: bool = False,
+        forwarded: bool = False,
     ) -> None:
-        """``Configs.alter``; a GROUP resource ``ShareOps.alter_group_configs``."""
+        """``Configs.alter``; a GROUP resource ``ShareOps.alter_group_configs`` (as
+        ``describe_configs``)."""
         if kind == ResourceKind.GROUP:
             self._group_configs().alter_group_configs(
-                name, changes, incremental=incremental, validate_only=validate_only
+                name,
+                changes,
+                incremental=incremental,
+                validate_only=validate_only,
+                forward=not forwarded,
             )
             return
         self.configs.alter(

@@ -24,6 +24,15 @@ Decided:
   an unknown key, a bad value, a value outside the broker's bounds, an internal topic as
   the dead-letter topic: ``INVALID_CONFIG``), then stored; ``validate_only`` stores
   nothing. A key named twice is ``INVALID_REQUEST`` (``apply_changes``).
+* **Sent to another broker** (Kafka's admin clients send a GROUP resource to any broker:
+  Kafka keeps group configs in its metadata log), a call is forwarded to the group's
+  coordinator in this broker's view (``GrpcSharePeers``, the inter-broker channel, the
+  request marked ``forwarded``), whose answer is the caller's; a forwarded call that
+  does not find the coordinator there is ``NOT_COORDINATOR`` (retriable), never
+  forwarded again. The caller was authorized where it called; the coordinator authorizes
+  the inter-broker user (DESCRIBE_CONFIGS / ALTER_CONFIGS on the group) as any caller.
+  A forwarded AlterConfigs goes as the incremental changes with the same result
+  (``as_incremental``).
 * **When a change applies**: the coordinator's heartbeat settings from the next
   heartbeat; a share partition takes the group's settings when its leader loads it
   (a new leader, a restart), as ``SharePartitionManager`` documents.
@@ -36,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tidelog.broker.core.config_keys import ConfigEntry, ConfigSynonym, ConfigType, Source
-from tidelog.broker.core.configs import ConfigChange, apply_changes
+from tidelog.broker.core.configs import AlterOp, ConfigChange, apply_changes
 from tidelog.broker.share.groups_config import (
     AUTO_OFFSET_RESET,
     DEAD_LETTER_TOPIC,
@@ -51,7 +60,7 @@ from tidelog.broker.share.groups_config import (
     validate_group_configs,
 )
 
-__all__ = ["altered_group_configs", "describe_group_configs"]
+__all__ = ["altered_group_configs", "as_incremental", "describe_group_configs"]
 
 # Group key -> (type, documentation, the broker setting it falls back to or "").
 _KEYS: Mapping[str, tuple[ConfigType, str, str]] = {
@@ -146,6 +155,19 @@ def altered_group_configs(
     configs = apply_changes(current, changes, incremental=incremental, current_value=_no_list)
     validate_group_configs(configs, broker)
     return configs
+
+
+def as_incremental(changes: Sequence[ConfigChange]) -> list[ConfigChange]:
+    """Legacy AlterConfigs' ``changes`` (the group's configs to be exactly those with a
+    value) as incremental changes with the same result: SET each, DELETE every other
+    group key (a forwarded AlterConfigs: the inter-broker call is incremental). Keys that
+    are not group keys are kept as given, to be refused where they are applied."""
+    given = [c for c in changes if c.value is not None]
+    kept = {c.name for c in given}
+    return [
+        *(ConfigChange(c.name, AlterOp.SET, c.value) for c in given),
+        *(ConfigChange(name, AlterOp.DELETE) for name in sorted(GROUP_CONFIG_NAMES - kept)),
+    ]
 
 
 def _no_list(key: str) -> str | None:

@@ -67,7 +67,11 @@ from tidelog.broker.core.configs import ConfigChange
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import classify
 from tidelog.broker.core.gate import OperationGate
-from tidelog.broker.core.group_configs import altered_group_configs, describe_group_configs
+from tidelog.broker.core.group_configs import (
+    altered_group_configs,
+    as_incremental,
+    describe_group_configs,
+)
 from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
@@ -330,13 +334,16 @@ class ShareOps:
             return answer
 
     def describe_group_configs(
-        self, group_id: str, keys: Sequence[str] | None = None
+        self, group_id: str, keys: Sequence[str] | None = None, *, forward: bool = True
     ) -> list[ConfigEntry]:
-        """DescribeConfigs of a GROUP resource, on the group's coordinator
-        (``broker.core.group_configs``; ``NotCoordinatorError`` /
-        ``CoordinatorLoadInProgressError`` elsewhere)."""
+        """DescribeConfigs of a GROUP resource, at the group's coordinator
+        (``broker.core.group_configs``): here, or (``forward``, in a cluster) forwarded
+        there; ``NotCoordinatorError`` / ``CoordinatorLoadInProgressError`` otherwise."""
         with self._gate.operation():
-            self._check_coordinator(group_id)
+            elsewhere = self._group_configs_at(group_id, forward)
+            if elsewhere is not None:
+                assert self._peers is not None
+                return self._peers.describe_group_configs(elsewhere, group_id, keys)
             configs = self.share_groups.group_configs(group_id)
             return describe_group_configs(configs, self.share_groups.config, keys)
 
@@ -347,13 +354,24 @@ class ShareOps:
         *,
         incremental: bool,
         validate_only: bool = False,
+        forward: bool = True,
     ) -> None:
         """IncrementalAlterConfigs / AlterConfigs of a GROUP resource, on the group's
         coordinator: validated whole, then stored durably (``validate_only``: not
         stored). Raises ``InvalidConfigError``, ``InvalidRequestError``, and as
-        ``describe_group_configs``."""
+        ``describe_group_configs`` (a forwarded AlterConfigs goes as the incremental
+        changes that replace every group key, ``as_incremental``)."""
         with self._gate.operation():
-            self._check_coordinator(group_id)
+            elsewhere = self._group_configs_at(group_id, forward)
+            if elsewhere is not None:
+                assert self._peers is not None
+                self._peers.alter_group_configs(
+                    elsewhere,
+                    group_id,
+                    changes if incremental else as_incremental(changes),
+                    validate_only=validate_only,
+                )
+                return
             current = self.share_groups.group_configs(group_id)
             configs = altered_group_configs(
                 current, changes, self.share_groups.config, incremental=incremental
@@ -363,6 +381,21 @@ class ShareOps:
             self.share_groups.alter_group_configs(
                 group_id, {name: configs.get(name) for name in {*current, *configs}}
             )
+
+    def _group_configs_at(self, group_id: str, forward: bool) -> int | None:
+        """Where a GROUP resource's call is served: None here (this broker coordinates
+        the group), else the coordinator to forward it to (``forward``, in a cluster, one
+        known); raises as ``_check_coordinator`` otherwise."""
+        try:
+            self._check_coordinator(group_id)
+            return None
+        except NotCoordinatorError:
+            if not forward or self._peers is None:
+                raise
+            coordinator = self._leader_of(OFFSETS_TOPIC, self._groups.store.partition_for(group_id))
+            if coordinator < 0 or coordinator == self._config.broker_id:
+                raise
+            return coordinator
 
     def describe(self, group_id: str) -> ShareGroupDescription:
         """ShareGroupDescribe, with the state of each assigned share partition led here."""

@@ -507,6 +507,12 @@ class DescribeConfigsRequest(_message.Message):
 
     RESOURCE_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
+    FORWARDED_FIELD_NUMBER: _builtins.int
+    forwarded: _builtins.bool
+    """Set by a broker that forwards a GROUP resource's call to the group's coordinator
+    (where the group's configs live): the receiver answers, NOT_COORDINATOR if it is not
+    the coordinator either, and never forwards again.
+    """
     @_builtins.property
     def resource(self) -> Global___ConfigResource: ...
     @_builtins.property
@@ -518,10 +524,11 @@ class DescribeConfigsRequest(_message.Message):
         *,
         resource: Global___ConfigResource | None = ...,
         keys: _abc.Iterable[_builtins.str] | None = ...,
+        forwarded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "resource", b"resource"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forwarded", b"forwarded", "keys", b"keys", "resource", b"resource"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -654,8 +661,11 @@ class IncrementalAlterConfigsRequest(_message.Message):
     RESOURCE_FIELD_NUMBER: _builtins.int
     ALTERATIONS_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    FORWARDED_FIELD_NUMBER: _builtins.int
     validate_only: _builtins.bool
     """check everything, change nothing"""
+    forwarded: _builtins.bool
+    """as DescribeConfigsRequest's"""
     @_builtins.property
     def resource(self) -> Global___ConfigResource: ...
     @_builtins.property
@@ -666,10 +676,11 @@ class IncrementalAlterConfigsRequest(_message.Message):
         resource: Global___ConfigResource | None = ...,
         alterations: _abc.Iterable[Global___ConfigAlteration] | None = ...,
         validate_only: _builtins.bool = ...,
+        forwarded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "forwarded", b"forwarded", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

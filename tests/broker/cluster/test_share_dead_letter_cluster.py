@@ -8,9 +8,10 @@ partition's ``__share_group_state`` partition) are three different brokers.
 
 Proven:
 
-* The group's configs, set with the AdminClient (routed to the group's coordinator), are
-  described there and refused elsewhere (``NOT_COORDINATOR``), and reach the share
-  partition's leader on another broker.
+* The group's configs, set on another broker's Kafka listener (as Kafka's tools send
+  them: forwarded to the group's coordinator) or with the AdminClient (sent there), are
+  described at the coordinator, and reach the share partition's leader on another
+  broker; a call already forwarded is ``NOT_COORDINATOR`` elsewhere.
 * With the share partition's leader also the transaction coordinator (so the copies go
   to another broker's Produce and the archiving to another broker's transactional
   WriteShareGroupState), REJECTed records and one released at the delivery limit are in
@@ -26,13 +27,16 @@ Proven:
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from kafka.protocol.admin import IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse
 
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tests.kafka import raw
 from tidelog.broker.cluster.peer_stubs import answered_code
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.broker.core.share_dlq import STOP_ENV
@@ -82,6 +86,7 @@ def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
     with LocalCluster(
         brokers=3,
+        kafka=True,
         session_timeout_ms=3_000,
         settings=SETTINGS,
         broker_env={KILLED: {STOP_ENV: "after_copy"}},
@@ -147,15 +152,45 @@ def _create(admin: AdminClient, topic: str, leader: int) -> None:
     eventually(lambda: len(admin.describe_topic(topic).partitions[0].isr) == 3, 60)
 
 
+def _group_configs(dlq: str) -> dict[str, str]:
+    return {
+        "errors.deadletterqueue.topic.name": dlq,
+        "share.delivery.count.limit": "2",
+        "share.auto.offset.reset": "earliest",
+    }
+
+
 def _configure(admin: AdminClient, group: str, dlq: str) -> None:
+    """With Tidelog's AdminClient (gRPC, sent to the group's coordinator)."""
     admin.incremental_alter_configs(
         ConfigResource.group(group),
-        [
-            AlterConfigOp("errors.deadletterqueue.topic.name", "set", dlq),
-            AlterConfigOp("share.delivery.count.limit", "set", "2"),
-            AlterConfigOp("share.auto.offset.reset", "set", "earliest"),
-        ],
+        [AlterConfigOp(k, "set", v) for k, v in _group_configs(dlq).items()],
     )
+
+
+def _configure_on_kafka(address: str, group: str, dlq: str) -> None:
+    """As ``kafka-configs.sh --entity-type groups`` does: IncrementalAlterConfigs of a
+    GROUP resource (32) to whichever broker ``address`` is (the Kafka listener)."""
+    alter = IncrementalAlterConfigsRequest[1]
+    request = alter(
+        resources=[
+            alter.AlterConfigsResource(
+                resource_type=32,
+                resource_name=group,
+                configs=[
+                    alter.AlterConfigsResource.AlterableConfig(name=k, config_operation=0, value=v)
+                    for k, v in _group_configs(dlq).items()
+                ],
+            )
+        ],
+        validate_only=False,
+    )
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        answer = raw.call(sock, request, "test-dlq-cluster")
+    assert answer is not None
+    (result,) = IncrementalAlterConfigsResponse[1].decode(answer, header=True).responses
+    assert result.error_code == 0, result.error_message
 
 
 def _produce(bootstrap: str, topic: str, count: int) -> None:
@@ -233,25 +268,26 @@ def test_dead_letters_exactly_once_with_each_role_on_another_broker(
         (dead_letter_leader,) = BROKERS - {roles.state, roles.transactions}
         _create(admin, topic, leader)
         _create(admin, dlq, dead_letter_leader)
-        _configure(admin, roles.group, dlq)
     assert len({roles.transactions, dead_letter_leader, roles.state}) == 3
     assert roles.coordinator != leader
-    # The configs live at the group's coordinator: another broker answers NOT_COORDINATOR
-    # (the AdminClient above found the coordinator), the coordinator describes them.
+    # The configs live at the group's coordinator; sent to another broker's Kafka
+    # listener (as Kafka's tools send them anywhere), they are forwarded there.
+    _configure_on_kafka(cluster.kafka_address(leader), roles.group, dlq)
     resource = pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=roles.group)
-    with (
-        grpc.insecure_channel(cluster.address(leader)) as channel,
-        pytest.raises(grpc.RpcError) as refused,
-    ):
-        pb_grpc.BrokerStub(channel).DescribeConfigs(
-            pb.DescribeConfigsRequest(resource=resource), timeout=20
-        )
-    assert answered_code(refused.value) == "NOT_COORDINATOR"
     with grpc.insecure_channel(cluster.address(roles.coordinator)) as channel:
         answer = pb_grpc.BrokerStub(channel).DescribeConfigs(
             pb.DescribeConfigsRequest(resource=resource), timeout=20
         )
     assert {e.name: e.value for e in answer.entries}["errors.deadletterqueue.topic.name"] == dlq
+    # A call already forwarded is answered where it lands: NOT_COORDINATOR elsewhere.
+    with (
+        grpc.insecure_channel(cluster.address(leader)) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        pb_grpc.BrokerStub(channel).DescribeConfigs(
+            pb.DescribeConfigsRequest(resource=resource, forwarded=True), timeout=20
+        )
+    assert answered_code(refused.value) == "NOT_COORDINATOR"
 
     _produce(cluster.bootstrap, topic, 6)  # 0-2 rejected, 3 released twice, 4-5 accepted
     consumer = _share_consumer(cluster.bootstrap, roles.group, topic)
