@@ -55,6 +55,7 @@ from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.offsets import list_offsets
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.security import ClientSecurity
+from tidelog.client.share_admin import ShareGroupAdminCalls
 from tidelog.client.types import (
     AlterConfigOp,
     ConfigEntry,
@@ -108,7 +109,7 @@ class ClusterDescription:
     brokers: tuple[BrokerNode, ...]
 
 
-class AdminClient(GroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
+class AdminClient(GroupAdminCalls, ShareGroupAdminCalls, SecurityAdminCalls, TransactionAdminCalls):
     """Administers a broker or a cluster. Thread-safe.
 
     The cluster, topic, config, reassignment and offset calls are here; the group calls

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Mapping
 
 from tidelog.client import group_admin
 from tidelog.client.config import AdminConfig
-from tidelog.client.group_admin import ResetTarget
 from tidelog.client.routing import ClusterConnections
 from tidelog.client.types import (
     GroupDescription,
@@ -36,14 +35,25 @@ class GroupAdminCalls:
     config: AdminConfig
     _connections: ClusterConnections
 
-    def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupSummary]:
-        """Every consumer group with its state and member count, sorted by id.
+    def list_groups(
+        self, *, types: Iterable[str] | None = None, timeout_ms: int | None = None
+    ) -> list[GroupSummary]:
+        """Every group with its state, member count and type (``consumer``, ``classic``,
+        ``share``), sorted by id; ``types``: only groups of those types (Kafka's
+        ``ListGroupsOptions.withTypes``).
 
         Each broker knows the groups it coordinates: every live broker is asked (a broker
         that cannot be reached is asked again after a metadata refresh, until the timeout)
         and the answers merged.
         """
-        return group_admin.list_groups(self._connections, timeout_ms)
+        wanted = None
+        if types is not None:
+            wanted = {t.lower() for t in types}
+            unknown = wanted - {"consumer", "classic", "share"}
+            if unknown:
+                raise ValueError(f"unknown group types {sorted(unknown)}")
+        groups = group_admin.list_groups(self._connections, timeout_ms)
+        return [g for g in groups if wanted is None or g.group_type in wanted]
 
     def describe_group(self, group_id: str, *, timeout_ms: int | None = None) -> GroupDescription:
         """Members and assignment (from the group's coordinator), and per partition the
@@ -119,34 +129,12 @@ class GroupAdminCalls:
         ``GroupNotEmptyError`` while the group has members; a partition's error
         (``UnknownTopicOrPartitionError``) after the other partitions were moved.
         """
-        targets = {
-            "to_earliest": to_earliest or None,
-            "to_latest": to_latest or None,
-            "to_offset": to_offset,
-            "to_timestamp_ms": to_timestamp_ms,
-        }
-        chosen = {k: v for k, v in targets.items() if v is not None}
-        if len(chosen) != 1:
-            raise ValueError(
-                "reset_group_offsets takes exactly one of to_earliest, to_latest, to_offset, "
-                f"to_timestamp_ms; got {sorted(chosen) or 'none'}"
-            )
-        for name in ("to_offset", "to_timestamp_ms"):
-            value = chosen.get(name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 0
-            ):
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        target: ResetTarget
-        if to_earliest:
-            target = ("earliest", 0)
-        elif to_latest:
-            target = ("latest", 0)
-        elif to_offset is not None:
-            target = ("offset", to_offset)
-        else:
-            assert to_timestamp_ms is not None
-            target = ("timestamp", to_timestamp_ms)
+        target = group_admin.reset_target(
+            to_earliest=to_earliest,
+            to_latest=to_latest,
+            to_offset=to_offset,
+            to_timestamp_ms=to_timestamp_ms,
+        )
         if partitions is not None and not isinstance(partitions, str):
             partitions = list(partitions)
             for tp in partitions:

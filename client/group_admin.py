@@ -235,10 +235,79 @@ def reset_group_offsets(
     Raises ``GroupNotEmptyError`` while the group has members (nothing moves).
     """
     left = connections.time_left(timeout_ms)
-    unknown: TidelogError | None = None
+    chosen: str | list[TopicPartition]
     if partitions is None:
         chosen = sorted(fetch_committed(connections, group_id, [], left()))
-    elif isinstance(partitions, str):
+    else:
+        chosen = partitions if isinstance(partitions, str) else list(partitions)
+    offsets, unknown = _resolve(connections, chosen, target, left())
+    alter_group_offsets(connections, group_id, offsets, left())
+    if unknown is not None:
+        raise unknown
+    return dict(sorted(offsets.items()))
+
+
+def reset_target(
+    *,
+    to_earliest: bool = False,
+    to_latest: bool = False,
+    to_offset: int | None = None,
+    to_timestamp_ms: int | None = None,
+) -> ResetTarget:
+    """The one reset target given. Raises ``ValueError`` for none, several, or a negative
+    offset or timestamp."""
+    targets = {
+        "to_earliest": to_earliest or None,
+        "to_latest": to_latest or None,
+        "to_offset": to_offset,
+        "to_timestamp_ms": to_timestamp_ms,
+    }
+    chosen = {k: v for k, v in targets.items() if v is not None}
+    if len(chosen) != 1:
+        raise ValueError(
+            "a reset takes exactly one of to_earliest, to_latest, to_offset, "
+            f"to_timestamp_ms; got {sorted(chosen) or 'none'}"
+        )
+    for name in ("to_offset", "to_timestamp_ms"):
+        value = chosen.get(name)
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 0
+        ):
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if to_earliest:
+        return ("earliest", 0)
+    if to_latest:
+        return ("latest", 0)
+    if to_offset is not None:
+        return ("offset", to_offset)
+    assert to_timestamp_ms is not None
+    return ("timestamp", to_timestamp_ms)
+
+
+def resolve_reset(
+    connections: ClusterConnections,
+    partitions: str | list[TopicPartition],
+    target: ResetTarget,
+    timeout_ms: int,
+) -> dict[TopicPartition, int]:
+    """The offset ``target`` means on each partition (a topic: all of its partitions),
+    resolved at the partitions' leaders, sorted. Raises ``UnknownTopicOrPartitionError``
+    for a partition the cluster does not know."""
+    offsets, unknown = _resolve(connections, partitions, target, timeout_ms)
+    if unknown is not None:
+        raise unknown
+    return offsets
+
+
+def _resolve(
+    connections: ClusterConnections,
+    partitions: str | list[TopicPartition],
+    target: ResetTarget,
+    timeout_ms: int,
+) -> tuple[dict[TopicPartition, int], TidelogError | None]:
+    left = connections.time_left(timeout_ms)
+    unknown: TidelogError | None = None
+    if isinstance(partitions, str):
         count = connections.metadata(timeout_ms=left(), force=True).partition_count(partitions)
         if count is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {partitions!r}")
@@ -269,10 +338,7 @@ def reset_group_offsets(
         )
         for tp in chosen
     }
-    alter_group_offsets(connections, group_id, offsets, left())
-    if unknown is not None:
-        raise unknown
-    return dict(sorted(offsets.items()))
+    return dict(sorted(offsets.items())), unknown
 
 
 def _leader_offsets(

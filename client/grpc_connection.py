@@ -336,7 +336,10 @@ class GrpcConnection:
             what="ListGroups",
             timeout_ms=timeout_ms,
         )
-        return [GroupSummary(g.group_id, g.state, g.members) for g in answer.groups]
+        return [
+            GroupSummary(g.group_id, g.state, g.members, g.type or "consumer")
+            for g in answer.groups
+        ]
 
     def describe_group(self, group_id: str, *, timeout_ms: int | None) -> GroupDescription:
         answer = self.transport.call(

@@ -276,11 +276,13 @@ class QuotaEntity:
 
 @dataclass(frozen=True, slots=True)
 class GroupSummary:
-    """One group of ``list_groups``: its state and member count."""
+    """One group of ``list_groups``: its state, member count and type (``consumer``,
+    ``classic`` or ``share``, as Kafka's ListGroups v5)."""
 
     group_id: str
     state: str
     members: int
+    group_type: str = "consumer"
 
 
 @dataclass(frozen=True, slots=True)

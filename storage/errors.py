@@ -51,6 +51,7 @@ and this module, which import nothing else of ours).
     │   ├── NotCoordinatorError           NOT_COORDINATOR      retriable
     │   ├── CoordinatorLoadInProgressError  COORDINATOR_LOAD_IN_PROGRESS  retriable
     │   ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH  retriable
+    │   ├── FencedStateEpochError         FENCED_STATE_EPOCH   retriable (share state reset)
     │   ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH retriable
     │   ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS  retriable
     │   ├── NotEnoughReplicasAfterAppendError  NOT_ENOUGH_REPLICAS_AFTER_APPEND  retriable
@@ -112,6 +113,7 @@ __all__ = [
     "EligibleLeadersNotAvailableError",
     "FencedLeaderEpochError",
     "FencedMemberEpochError",
+    "FencedStateEpochError",
     "GroupAuthorizationFailedError",
     "GroupError",
     "GroupIdNotFoundError",
@@ -494,6 +496,16 @@ class FencedLeaderEpochError(RequestError):
     is stale. Refresh it and retry."""
 
     code = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+
+class FencedStateEpochError(RequestError):
+    """A share partition's state was reset or deleted by an admin (its state epoch moved
+    on) after its leader loaded it: the leader drops its memory and reloads. Kafka's
+    ``FENCED_STATE_EPOCH``; retriable here: the leader reloads, so a retry finds the
+    current state."""
+
+    code = "FENCED_STATE_EPOCH"
     retriable = True
 
 

@@ -42,6 +42,7 @@ from tidelog.storage.types import TopicPartition
 if TYPE_CHECKING:
     from tidelog.broker.core.membership import TopicAdmin
     from tidelog.broker.core.placement import Placement
+    from tidelog.broker.core.share_ops import ShareOps
 
 __all__ = ["GroupCalls"]
 
@@ -52,6 +53,7 @@ class GroupCalls:
 
     _groups: GroupManager
     _logs: LogManager
+    shares: ShareOps | None
 
     if TYPE_CHECKING:
         # BrokerCore's, used here.
@@ -180,7 +182,11 @@ class GroupCalls:
             return self._groups.reset_offsets(group_id, selection, target)
 
     def delete_group(self, group_id: str) -> None:
-        """Delete an empty group's committed offsets."""
+        """Delete an empty group's committed offsets; a share group (issue #32) with its
+        share state (``ShareOps.delete_share_group``)."""
+        if self.shares is not None and self.shares.share_groups.is_share_group(group_id):
+            self.shares.delete_share_group(group_id)
+            return
         with self._operation():
             self._check_coordinator(group_id)
             self._groups.delete_group(group_id)

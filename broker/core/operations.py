@@ -63,9 +63,17 @@ share_group_heartbeat      READ on the group and on each subscribed topic (issue
 share_fetch,               READ on the group and on each topic named (KIP-932's
 share_acknowledge          ShareFetch / ShareAcknowledge)
 describe_share_group       DESCRIBE on the group
+describe_share_group_      DESCRIBE on the group and on each topic named (refused per
+offsets                    topic); every share partition: topics the caller may not
+                           describe left out silently
+alter_share_group_offsets  READ on the group and on each topic (refused per topic)
+delete_share_group_        DELETE on the group, READ on each topic (refused per topic;
+offsets                    Kafka's AuthorizerIntegrationTest's table for 90-92)
 share_group_state          CLUSTER_ACTION on the cluster (a share partition's leader reads
                            and writes its state at the share coordinator: brokers only, as
-                           Kafka's Read/Initialize/WriteShareGroupState)
+                           Kafka's Read/Initialize/WriteShareGroupState; the group's
+                           coordinator's ReadShareGroupStateSummary, DeleteShareGroupState
+                           and DescribeSharePartition at a leader: issue #32's admin)
 describe_client_quotas     DESCRIBE_CONFIGS on the cluster
 alter_client_quotas        ALTER_CONFIGS on the cluster
 elect_leaders              ALTER on the cluster
@@ -244,6 +252,11 @@ OPERATIONS: Mapping[str, Policy] = {
     "share_fetch": Policy({_G: Operation.READ, _T: Operation.READ}),
     "share_acknowledge": Policy({_G: Operation.READ, _T: Operation.READ}),
     "describe_share_group": Policy({_G: Operation.DESCRIBE}),
+    "describe_share_group_offsets": Policy(
+        {_G: Operation.DESCRIBE, _T: Operation.DESCRIBE}, lists=_T
+    ),
+    "alter_share_group_offsets": Policy({_G: Operation.READ, _T: Operation.READ}),
+    "delete_share_group_offsets": Policy({_G: Operation.DELETE, _T: Operation.READ}),
     "share_group_state": Policy({_C: Operation.CLUSTER_ACTION}),
     "describe_client_quotas": Policy({_C: Operation.DESCRIBE_CONFIGS}),
     "alter_client_quotas": Policy({_C: Operation.ALTER_CONFIGS}),
@@ -310,6 +323,9 @@ KAFKA_APIS: Mapping[int, tuple[str, str]] = {
     77: ("ShareGroupDescribe", "describe_share_group"),
     78: ("ShareFetch", "share_fetch"),
     79: ("ShareAcknowledge", "share_acknowledge"),
+    90: ("DescribeShareGroupOffsets", "describe_share_group_offsets"),
+    91: ("AlterShareGroupOffsets", "alter_share_group_offsets"),
+    92: ("DeleteShareGroupOffsets", "delete_share_group_offsets"),
     24: ("AddPartitionsToTxn", "add_partitions_to_txn"),
     25: ("AddOffsetsToTxn", "add_offsets_to_txn"),
     26: ("EndTxn", "end_txn"),
@@ -381,9 +397,15 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "ShareFetch": "share_fetch",
     "ShareAcknowledge": "share_acknowledge",
     "DescribeShareGroup": "describe_share_group",
+    "DescribeShareGroupOffsets": "describe_share_group_offsets",
+    "AlterShareGroupOffsets": "alter_share_group_offsets",
+    "DeleteShareGroupOffsets": "delete_share_group_offsets",
     "ReadShareGroupState": "share_group_state",
     "InitializeShareGroupState": "share_group_state",
     "WriteShareGroupState": "share_group_state",
+    "ReadShareGroupStateSummary": "share_group_state",
+    "DeleteShareGroupState": "share_group_state",
+    "DescribeSharePartition": "share_group_state",
 }
 
 _ERRORS: Mapping[ResourceType, type[NotAuthorizedError]] = {

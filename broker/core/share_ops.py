@@ -25,12 +25,17 @@ operations are:
 * ``acknowledge``: ShareAcknowledge (ACCEPT / RELEASE / REJECT / GAP per offset range).
   ``close_session`` (Kafka's share-session epoch -1): the member is done with this
   broker, so every record it still holds here is released now, not at its lock's expiry.
-* ``describe``: ShareGroupDescribe's view, plus the state of each assigned share
-  partition this broker leads (start and end offsets, records in flight by state).
+* ``describe``: ShareGroupDescribe's view, plus the state of each share partition
+  assigned or with state, asked of its leader wherever it is (start and end offsets,
+  records in flight by state; ``broker.core.share_admin``).
 * ``list_groups``: every group with its type (ListGroups v5).
+* the admin calls (``broker.core.share_admin``, mixed in): DescribeShareGroupOffsets,
+  AlterShareGroupOffsets, DeleteShareGroupOffsets, DeleteGroups of a share group.
 * ``serve_state``: the share coordinator's side of ReadShareGroupState,
   InitializeShareGroupState and WriteShareGroupState (another broker's share partition
-  leader calls it; this broker's own calls it directly), ``broker.core.share_state_routing``.
+  leader calls it; this broker's own calls it directly), ``broker.core.share_state_routing``;
+  ``serve_summaries`` (ReadShareGroupStateSummary) and ``describe_partition_here`` (a
+  share partition at its leader), the admin's calls between brokers.
 
 Decisions:
 
@@ -62,46 +67,39 @@ from dataclasses import dataclass, field
 
 from tidelog.broker.cluster.share_peers import GrpcSharePeers
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.core.config_keys import ConfigEntry
-from tidelog.broker.core.configs import ConfigChange
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import classify
 from tidelog.broker.core.gate import OperationGate
-from tidelog.broker.core.group_configs import (
-    altered_group_configs,
-    as_incremental,
-    describe_group_configs,
-)
 from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.share_admin import ShareAdminCalls
+from tidelog.broker.core.share_group_configs import ShareGroupConfigCalls
 from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.share.dead_letter import DeadLetterSink
 from tidelog.broker.share.groups import ShareGroupManager, TypedGroupListing, list_all_groups
-from tidelog.broker.share.groups_config import ShareGroupSettings, resolve_settings
 from tidelog.broker.share.groups_coordinator import (
+    JOIN_EPOCH,
     LEAVE_EPOCH,
     ShareGroupView,
     ShareHeartbeatAnswer,
     ShareHeartbeatRequest,
 )
 from tidelog.broker.share.partition import (
-    ACQUIRED,
     RELEASE,
     Acknowledgement,
     AcquiredRange,
 )
 from tidelog.broker.share.partition_manager import SharePartitionManager
-from tidelog.broker.share.records import ARCHIVED, AVAILABLE, ShareSnapshot, ShareStateKey
+from tidelog.broker.share.records import ShareSnapshot, ShareStateKey
 from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
-    CoordinatorNotAvailableError,
     InvalidRequestError,
     LeaderNotAvailableError,
     NotCoordinatorError,
@@ -180,7 +178,7 @@ class ShareFetched:
 
 @dataclass(frozen=True, slots=True)
 class SharePartitionState:
-    """A share partition as describe shows it."""
+    """A share partition as describe shows it (``SharePartition.stats``)."""
 
     topic: str
     partition: int
@@ -189,6 +187,8 @@ class SharePartitionState:
     acquired: int
     available: int
     archived: int
+    acknowledged: int = 0
+    delivery_counts: tuple[tuple[int, int], ...] = ()
     # Records archived by a committed dead-letter transaction since this leader loaded
     # the share partition (broker.share.dead_letter).
     dead_lettered: int = 0
@@ -262,7 +262,7 @@ class _Generations:
             return self.counts.get(key, 0)
 
 
-class ShareOps:
+class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
     """The share operations of one broker. Starts its timer thread when built; ``close``
     once (the core's close does)."""
 
@@ -299,8 +299,15 @@ class ShareOps:
             else None
         )
         routed = RoutedShareState(
-            parts.store, config.broker_id, self._leader_of, self._serve_state, self._peers
+            parts.store,
+            config.broker_id,
+            self._leader_of,
+            self._serve_state,
+            self._peers,
+            summarize=self._summarize,
         )
+        self._routed = routed
+        self._init_admin()
         self.partitions = SharePartitionManager(
             self._logs,
             routed,
@@ -328,97 +335,45 @@ class ShareOps:
         ``NotCoordinatorError`` / ``CoordinatorLoadInProgressError`` off the coordinator)."""
         with self._gate.operation():
             self._check_coordinator(request.group_id)
-            answer = self.share_groups.heartbeat(request)
+            if request.member_epoch == JOIN_EPOCH:
+                # Not while an admin changes the group's offsets (share_admin: one step).
+                lock = self._wait_admin(request.group_id)
+                try:
+                    answer = self.share_groups.heartbeat(request)
+                finally:
+                    lock.release()
+            else:
+                answer = self.share_groups.heartbeat(request)
             if request.member_epoch == LEAVE_EPOCH:
                 self._release(request.group_id, request.member_id)
             return answer
 
-    def describe_group_configs(
-        self, group_id: str, keys: Sequence[str] | None = None, *, forward: bool = True
-    ) -> list[ConfigEntry]:
-        """DescribeConfigs of a GROUP resource, at the group's coordinator
-        (``broker.core.group_configs``): here, or (``forward``, in a cluster) forwarded
-        there; ``NotCoordinatorError`` / ``CoordinatorLoadInProgressError`` otherwise."""
-        with self._gate.operation():
-            elsewhere = self._group_configs_at(group_id, forward)
-            if elsewhere is not None:
-                assert self._peers is not None
-                return self._peers.describe_group_configs(elsewhere, group_id, keys)
-            configs = self.share_groups.group_configs(group_id)
-            return describe_group_configs(configs, self.share_groups.config, keys)
-
-    def alter_group_configs(
-        self,
-        group_id: str,
-        changes: Sequence[ConfigChange],
-        *,
-        incremental: bool,
-        validate_only: bool = False,
-        forward: bool = True,
-    ) -> None:
-        """IncrementalAlterConfigs / AlterConfigs of a GROUP resource, on the group's
-        coordinator: validated whole, then stored durably (``validate_only``: not
-        stored). Raises ``InvalidConfigError``, ``InvalidRequestError``, and as
-        ``describe_group_configs`` (a forwarded AlterConfigs goes as the incremental
-        changes that replace every group key, ``as_incremental``)."""
-        with self._gate.operation():
-            elsewhere = self._group_configs_at(group_id, forward)
-            if elsewhere is not None:
-                assert self._peers is not None
-                self._peers.alter_group_configs(
-                    elsewhere,
-                    group_id,
-                    changes if incremental else as_incremental(changes),
-                    validate_only=validate_only,
-                )
-                return
-            current = self.share_groups.group_configs(group_id)
-            configs = altered_group_configs(
-                current, changes, self.share_groups.config, incremental=incremental
-            )
-            if validate_only or configs == current:
-                return
-            self.share_groups.alter_group_configs(
-                group_id, {name: configs.get(name) for name in {*current, *configs}}
-            )
-
-    def _group_configs_at(self, group_id: str, forward: bool) -> int | None:
-        """Where a GROUP resource's call is served: None here (this broker coordinates
-        the group), else the coordinator to forward it to (``forward``, in a cluster, one
-        known); raises as ``_check_coordinator`` otherwise."""
-        try:
-            self._check_coordinator(group_id)
-            return None
-        except NotCoordinatorError:
-            if not forward or self._peers is None:
-                raise
-            coordinator = self._leader_of(OFFSETS_TOPIC, self._groups.store.partition_for(group_id))
-            if coordinator < 0 or coordinator == self._config.broker_id:
-                raise
-            return coordinator
-
-    def describe(self, group_id: str) -> ShareGroupDescription:
-        """ShareGroupDescribe, with the state of each assigned share partition led here."""
+    def describe(self, group_id: str, statistics: bool = True) -> ShareGroupDescription:
+        """ShareGroupDescribe, with (``statistics``) those of each share partition that is
+        assigned or has state (an empty group still shows where it stands), from its
+        leader; one whose leader cannot answer is left out. The Kafka listener's
+        ShareGroupDescribe carries none, so asks none (in a cluster they cost a call per
+        state partition and per partition)."""
         with self._gate.operation():
             self._check_coordinator(group_id)
             view = self.share_groups.describe_group(group_id)
-            assigned = sorted({tp for m in view.members for tp in m.assignment})
+            if not statistics:
+                return ShareGroupDescription(view, ())
+            assigned = {tp for m in view.members for tp in m.assignment}
             states = []
-            for tp in assigned:
-                if not self._leads(tp.topic, tp.partition):
-                    continue
-                share = self.partitions.describe(group_id, tp.topic, tp.partition)
-                records = share.records().values()
+            for tp, stats in self.partition_stats(group_id, assigned):
                 states.append(
                     SharePartitionState(
                         tp.topic,
                         tp.partition,
-                        share.start_offset,
-                        share.end_offset,
-                        sum(r.state == ACQUIRED for r in records),
-                        sum(r.state == AVAILABLE for r in records),
-                        sum(r.state == ARCHIVED for r in records),
-                        dead_lettered=share.dead_lettered,
+                        stats.start_offset,
+                        stats.end_offset,
+                        stats.acquired,
+                        stats.available,
+                        stats.archived,
+                        stats.acknowledged,
+                        stats.delivery_counts,
+                        stats.dead_lettered,
                     )
                 )
             return ShareGroupDescription(view, tuple(states))
@@ -444,38 +399,22 @@ class ShareOps:
 
     def _serve_state(self, key: ShareStateKey, call: StateCall) -> ShareSnapshot | None:
         partition = self.store.partition_for(key)
+        self._check_state_coordinator(partition, f"share-group state of {key.group_id!r}")
+        return call(self.store)
+
+    def _check_state_coordinator(self, partition: int, what: str) -> None:
+        """Raise unless this broker is the share coordinator of state partition
+        ``partition`` (leads it, loaded at the current epoch)."""
         try:
             self._check_leader(SHARE_STATE_TOPIC, partition)
         except (NotLeaderOrFollowerError, LeaderNotAvailableError) as exc:
-            raise NotCoordinatorError(f"share-group state of {key.group_id!r}: {exc}") from None
+            raise NotCoordinatorError(f"{what}: {exc}") from None
         self.store.check_loaded(partition)
         with self._roles_lock:
             if partition not in self._state_loaded:
                 raise CoordinatorLoadInProgressError(
                     f"{SHARE_STATE_TOPIC}-{partition}: still loading its share-group state"
                 )
-        return call(self.store)
-
-    def _group_settings(self, group_id: str) -> ShareGroupSettings:
-        """A share partition's leader loading one: its group's settings, from the
-        configs at the group's coordinator (here, or asked there: ``share_peers``).
-        Raises ``CoordinatorNotAvailableError`` / ``CoordinatorLoadInProgressError``
-        (the load fails, retriable) rather than load with configs it could not read."""
-        if self._peers is None:
-            return self.share_groups.settings(group_id)
-        partition = self._groups.store.partition_for(group_id)
-        coordinator = self._leader_of(OFFSETS_TOPIC, partition)
-        if coordinator == self._config.broker_id:
-            with self._roles_lock:
-                if partition not in self._offsets_loaded:
-                    raise CoordinatorLoadInProgressError(
-                        f"group {group_id!r}: its configs are still loading"
-                    )
-            return self.share_groups.settings(group_id)
-        if coordinator < 0:
-            raise CoordinatorNotAvailableError(f"group {group_id!r} has no coordinator")
-        configs = self._peers.group_configs(coordinator, group_id)
-        return resolve_settings(configs, self.share_groups.config)
 
     def _leader_of(self, topic: str, partition: int) -> int:
         try:
@@ -626,13 +565,6 @@ class ShareOps:
 
     def _check_leader(self, topic: str, partition: int) -> None:
         self._membership.placement.check_leader(topic, partition)
-
-    def _leads(self, topic: str, partition: int) -> bool:
-        try:
-            self._membership.placement.check_leader(topic, partition)
-        except (NotLeaderOrFollowerError, LeaderNotAvailableError):
-            return False
-        return True
 
     def _check_coordinator(self, group_id: str) -> None:
         if self._membership.topic_admin is None:

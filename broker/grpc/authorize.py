@@ -62,9 +62,15 @@ ShareFetch              share_fetch                 the group, then each topic f
                                                     acknowledged
 ShareAcknowledge        share_acknowledge           the group, then each topic acknowledged
 DescribeShareGroup      describe_share_group        the group
+DescribeShareGroupOf... describe_share_group_offsets  the group, then each topic named
+AlterShareGroupOffsets  alter_share_group_offsets   the group, then each topic named
+DeleteShareGroupOff...  delete_share_group_offsets  the group, then each topic named
 ReadShareGroupState,    share_group_state           the cluster (CLUSTER_ACTION: brokers only)
 InitializeShareGr...,
-WriteShareGroupState
+WriteShareGroupState,
+ReadShareGroupStat...,
+DeleteShareGroupState,
+DescribeSharePartition
 ======================  ==========================  ========================================
 
 A transactional Produce (``transactional_id`` set) needs WRITE on the id as well, refused
@@ -184,9 +190,15 @@ _RESOURCES: dict[str, _Resources] = {
     ),
     "ShareAcknowledge": lambda r: _group_and_topics(r, (a.topic for a in r.acknowledgements)),
     "DescribeShareGroup": lambda r: [group(r.group_id)],
+    "DescribeShareGroupOffsets": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),
+    "AlterShareGroupOffsets": lambda r: _group_and_topics(r, (o.topic for o in r.offsets)),
+    "DeleteShareGroupOffsets": lambda r: _group_and_topics(r, r.topics),
     "ReadShareGroupState": lambda r: [cluster()],
     "InitializeShareGroupState": lambda r: [cluster()],
     "WriteShareGroupState": lambda r: [cluster()],
+    "ReadShareGroupStateSummary": lambda r: [cluster()],
+    "DeleteShareGroupState": lambda r: [cluster()],
+    "DescribeSharePartition": lambda r: [cluster()],
     # Listings are filtered (filter_response, filter_metadata); the data path decides per
     # topic (topic_gate, replica_gate); Authenticate: anyone may log in.
     "ListTopics": lambda r: [],
@@ -210,7 +222,8 @@ def resources_of(method: str, request: Any) -> list[Resource]:
 
 def filter_response(acls: Acls, method: str, response: Any, context: RequestContext) -> Any:
     """Leave out of a listing what the caller may not describe (ListTopics, ListGroups,
-    OffsetFetch's committed partitions), silently."""
+    OffsetFetch's committed partitions, DescribeShareGroupOffsets' share partitions),
+    silently."""
     if not acls.enabled:
         return response
     if method == "ListTopics":
@@ -225,6 +238,15 @@ def filter_response(acls: Acls, method: str, response: Any, context: RequestCont
         kept_offsets = [o for o in response.offsets if o.topic in topics]
         del response.offsets[:]
         response.offsets.extend(kept_offsets)
+    elif method == "DescribeShareGroupOffsets":
+        topics = set(
+            visible(
+                acls, context, "describe_share_group_offsets", [o.topic for o in response.offsets]
+            )
+        )
+        kept_share = [o for o in response.offsets if o.topic in topics]
+        del response.offsets[:]
+        response.offsets.extend(kept_share)
     elif method == "ListGroups":
         ids = set(visible(acls, context, "list_groups", [g.group_id for g in response.groups]))
         kept = [g for g in response.groups if g.group_id in ids]

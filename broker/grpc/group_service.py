@@ -89,10 +89,18 @@ def _offset_fetch(
 def _list_groups(
     core: BrokerCore, request: pb.ListGroupsRequest, context: RequestContext
 ) -> pb.ListGroupsResponse:
+    # Every type, as Kafka's ListGroups v5 (a core without share groups: consumer
+    # groups only); ``types`` filters, as its ``types_filter``.
+    if core.shares is not None:
+        typed = [(g.group_id, g.group_type, g.state, g.members) for g in core.shares.list_groups()]
+    else:
+        typed = [(g.group_id, "consumer", g.state, g.members) for g in core.list_groups()]
+    wanted = {t.lower() for t in request.types}
     return pb.ListGroupsResponse(
         groups=[
-            pb.GroupSummary(group_id=g.group_id, state=g.state, members=g.members)
-            for g in core.list_groups()
+            pb.GroupSummary(group_id=g, state=state, members=members, type=kind)
+            for g, kind, state, members in typed
+            if not wanted or kind in wanted
         ]
     )
 

@@ -1,7 +1,11 @@
-"""The gRPC handlers of share groups (issue #32): ShareGroupHeartbeat and
-DescribeShareGroup at the group's coordinator, ShareFetch and ShareAcknowledge at each
-partition's leader. Thin: protobuf to the core's values (``broker.core.share_ops``) and
-back. A core built without share groups refuses them (``INVALID_REQUEST``).
+"""The gRPC handlers of share groups (issue #32): ShareGroupHeartbeat, DescribeShareGroup
+and the offset admin (DescribeShareGroupOffsets, AlterShareGroupOffsets,
+DeleteShareGroupOffsets; ``broker.core.share_admin``) at the group's coordinator,
+ShareFetch and ShareAcknowledge at each partition's leader; between brokers the share
+coordinator's calls (Read/Initialize/WriteShareGroupState, ReadShareGroupStateSummary,
+DeleteShareGroupState) and DescribeSharePartition at a leader. Thin: protobuf to the core's
+values (``broker.core.share_ops``) and back. A core built without share groups refuses
+them (``INVALID_REQUEST``).
 
 ShareFetch long-polls on the executor thread that runs it (``ShareOps.fetch``), so its
 ``max_wait_ms`` is capped there; the client keeps it below its call's timeout.
@@ -12,13 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tidelog.broker.cluster.share_peers import batches_from_pb, key_from_pb, state_to_pb
+from tidelog.broker.cluster.share_peers import (
+    batches_from_pb,
+    key_from_pb,
+    state_epoch_of,
+    state_to_pb,
+    stats_to_pb,
+    summary_to_pb,
+)
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.share_ops import ShareAcknowledged, ShareAckRange, ShareFetchSpec, ShareOps
 from tidelog.broker.core.share_state_routing import StateCall
 from tidelog.broker.share.groups_coordinator import ShareHeartbeatRequest
 from tidelog.broker.share.records import ShareStateKey
+from tidelog.broker.share.state_log import ShareStateLog
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import InvalidRequestError
 from tidelog.storage.types import TopicPartition
@@ -165,9 +177,68 @@ def _describe(
                 acquired=p.acquired,
                 available=p.available,
                 archived=p.archived,
+                acknowledged=p.acknowledged,
+                delivery_counts=[
+                    pb.DeliveryCountBucket(delivery_count=count, records=records)
+                    for count, records in p.delivery_counts
+                ],
+                dead_lettered=p.dead_lettered,
             )
             for p in described.partitions
         ],
+    )
+
+
+def _describe_offsets(
+    core: BrokerCore, request: pb.DescribeShareGroupOffsetsRequest, context: RequestContext
+) -> pb.DescribeShareGroupOffsetsResponse:
+    named = [TopicPartition(t.topic, p) for t in request.partitions for p in t.partitions]
+    offsets = _shares(core).describe_offsets(request.group_id, named or None)
+    return pb.DescribeShareGroupOffsetsResponse(
+        offsets=[
+            pb.ShareGroupOffset(
+                topic=o.tp.topic,
+                partition=o.tp.partition,
+                start_offset=o.start_offset,
+                leader_epoch=o.leader_epoch,
+                lag=o.lag,
+                error_code=o.error_code,
+                error_message=o.error_message,
+            )
+            for o in offsets
+        ]
+    )
+
+
+def _alter_offsets(
+    core: BrokerCore, request: pb.AlterShareGroupOffsetsRequest, context: RequestContext
+) -> pb.AlterShareGroupOffsetsResponse:
+    offsets = {TopicPartition(o.topic, o.partition): o.start_offset for o in request.offsets}
+    results = _shares(core).alter_offsets(request.group_id, offsets)
+    return pb.AlterShareGroupOffsetsResponse(
+        results=[
+            pb.SharePartitionResult(
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+                error_code=r.error_code,
+                error_message=r.error_message,
+            )
+            for r in results
+        ]
+    )
+
+
+def _delete_offsets(
+    core: BrokerCore, request: pb.DeleteShareGroupOffsetsRequest, context: RequestContext
+) -> pb.DeleteShareGroupOffsetsResponse:
+    results = _shares(core).delete_offsets(request.group_id, list(request.topics))
+    return pb.DeleteShareGroupOffsetsResponse(
+        results=[
+            pb.ShareTopicResult(
+                topic=r.topic, error_code=r.error_code, error_message=r.error_message
+            )
+            for r in results
+        ]
     )
 
 
@@ -193,7 +264,8 @@ def _initialize_state(
     start = request.start_offset
     if start < 0:
         raise InvalidRequestError("start_offset must not be negative")
-    return _state_call(core, key, lambda s: s.initialize(key, start, epoch))
+    state_epoch = state_epoch_of(request.key)
+    return _state_call(core, key, lambda s: s.initialize(key, start, epoch, state_epoch))
 
 
 def _write_state(
@@ -207,6 +279,7 @@ def _write_state(
     start = request.start_offset
     if start < -1:
         raise InvalidRequestError("start_offset must be -1 (unchanged) or an offset")
+    state_epoch = state_epoch_of(request.key)
     if request.HasField("producer_id") != request.HasField("producer_epoch"):
         raise InvalidRequestError("set both producer_id and producer_epoch, or neither")
     if request.HasField("producer_id"):
@@ -214,8 +287,51 @@ def _write_state(
         transaction = (request.producer_id, request.producer_epoch)
         if transaction[0] < 0 or not 0 <= transaction[1] <= 0x7FFF:
             raise InvalidRequestError("a transactional write needs a producer id and epoch")
-        return _state_call(core, key, lambda s: s.write(key, epoch, start, batches, transaction))
-    return _state_call(core, key, lambda s: s.write(key, epoch, start, batches))
+        return _state_call(
+            core,
+            key,
+            lambda s: s.write(key, epoch, start, batches, transaction, state_epoch),
+        )
+    return _state_call(
+        core, key, lambda s: s.write(key, epoch, start, batches, state_epoch=state_epoch)
+    )
+
+
+def _read_summary(
+    core: BrokerCore, request: pb.ReadShareGroupStateSummaryRequest, context: RequestContext
+) -> pb.ReadShareGroupStateSummaryResponse:
+    # The share-group admin in a cluster (CLUSTER_ACTION; broker.core.share_admin).
+    if not request.group_id:
+        raise InvalidRequestError("group_id must not be empty")
+    summaries = _shares(core).serve_summaries(request.group_id, request.state_partition)
+    return pb.ReadShareGroupStateSummaryResponse(states=[summary_to_pb(s) for s in summaries])
+
+
+def _delete_state(
+    core: BrokerCore, request: pb.DeleteShareGroupStateRequest, context: RequestContext
+) -> pb.DeleteShareGroupStateResponse:
+    key, _ = _key(request.key)
+
+    def delete(store: ShareStateLog) -> None:
+        store.delete(key)
+
+    _shares(core).serve_state(key, delete)
+    return pb.DeleteShareGroupStateResponse()
+
+
+def _describe_partition(
+    core: BrokerCore, request: pb.DescribeSharePartitionRequest, context: RequestContext
+) -> pb.DescribeSharePartitionResponse:
+    state_epoch = request.state_epoch if request.HasField("state_epoch") else None
+    at = _shares(core).describe_partition_here(
+        request.group_id, request.topic, request.partition, state_epoch, request.with_stats
+    )
+    answer = pb.DescribeSharePartitionResponse(
+        high_watermark=at.high_watermark, leader_epoch=at.leader_epoch
+    )
+    if at.stats is not None:
+        answer.stats.CopyFrom(stats_to_pb(request.topic, request.partition, at.stats))
+    return answer
 
 
 def _key(ref: pb.ShareStateKeyRef) -> tuple[ShareStateKey, int]:
@@ -230,7 +346,13 @@ SHARE_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
     "ShareFetch": _fetch,
     "ShareAcknowledge": _acknowledge,
     "DescribeShareGroup": _describe,
+    "DescribeShareGroupOffsets": _describe_offsets,
+    "AlterShareGroupOffsets": _alter_offsets,
+    "DeleteShareGroupOffsets": _delete_offsets,
     "ReadShareGroupState": _read_state,
     "InitializeShareGroupState": _initialize_state,
     "WriteShareGroupState": _write_state,
+    "ReadShareGroupStateSummary": _read_summary,
+    "DeleteShareGroupState": _delete_state,
+    "DescribeSharePartition": _describe_partition,
 }

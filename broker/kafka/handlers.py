@@ -70,6 +70,11 @@ from tidelog.broker.kafka.share import (
     share_group_describe,
     share_group_heartbeat,
 )
+from tidelog.broker.kafka.share_admin import (
+    alter_share_group_offsets,
+    delete_share_group_offsets,
+    describe_share_group_offsets,
+)
 from tidelog.broker.kafka.transactions import (
     add_offsets_to_txn,
     add_partitions_to_txn,
@@ -419,6 +424,9 @@ HANDLERS: dict[int, Handler] = {
     77: share_group_describe,
     78: share_fetch,
     79: share_acknowledge,
+    90: describe_share_group_offsets,
+    91: alter_share_group_offsets,
+    92: delete_share_group_offsets,
 }
 
 # Handlers must not block the loop: every core call above goes through ``conn.run``.

@@ -159,7 +159,8 @@ async def share_group_describe(conn: Connection, header: RequestHeader, request:
             groups.append(_described_error(group_id, refused, None))
             continue
         try:
-            described = await conn.run(_shares(conn).describe, group_id)
+            # No statistics: ShareGroupDescribe has no field for them.
+            described = await conn.run(_shares(conn).describe, group_id, False)
         except Exception as exc:
             groups.append(_described_error(group_id, *kafka_error(exc)))
             continue

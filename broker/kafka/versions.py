@@ -93,6 +93,9 @@ ADVERTISED: dict[int, tuple[int, int]] = {
     77: (1, 1),  # ShareGroupDescribe
     78: (1, 1),  # ShareFetch (v2 is Kafka 4.2's KIP-1222 lock renewal)
     79: (1, 1),  # ShareAcknowledge
+    90: (0, 1),  # DescribeShareGroupOffsets (Kafka 4.1: v0-1; v1 adds the lag)
+    91: (0, 0),  # AlterShareGroupOffsets
+    92: (0, 0),  # DeleteShareGroupOffsets
 }
 
 # Feature name -> (min, max) level this broker supports, and the finalized levels.

@@ -94,6 +94,7 @@ __all__ = [
     "Scan",
     "SharePartition",
     "SharePartitionConfig",
+    "SharePartitionStats",
     "Transition",
 ]
 
@@ -234,6 +235,23 @@ class Transition:
         return bool(self.durable) or self.start_moved or self.reset
 
 
+@dataclass(frozen=True, slots=True)
+class SharePartitionStats:
+    """What an admin sees of one share partition (``SharePartition.stats``): SPSO, SPEO,
+    the in-flight records by state, ``delivery_counts`` (delivery count -> records in the
+    window with it, ascending) and ``dead_lettered`` (records copied to the group's
+    dead-letter topic since this share partition was loaded here)."""
+
+    start_offset: int
+    end_offset: int
+    acquired: int
+    available: int
+    acknowledged: int
+    archived: int
+    delivery_counts: tuple[tuple[int, int], ...]
+    dead_lettered: int
+
+
 class SharePartition:
     """One share partition's in-flight state. Not thread-safe (see the module docstring).
     Build with ``new`` or ``from_snapshot``."""
@@ -311,6 +329,27 @@ class SharePartition:
         """``(SPSO, state batches)`` as ``__share_group_state`` would hold them: what a
         reload rebuilds (acquisitions as Available)."""
         return self._start, _batches(self._records.items())
+
+    def stats(self) -> SharePartitionStats:
+        """The admin's view: counts by state and the delivery-count histogram of the
+        records in the window (gaps have no entry, so count nowhere). A record waiting for
+        its dead-letter copy counts as archived: it is never delivered again."""
+        by_state = dict.fromkeys((ACQUIRED, AVAILABLE, ACKNOWLEDGED, ARCHIVED), 0)
+        histogram: dict[int, int] = {}
+        for record in self._records.values():
+            state = ARCHIVED if record.state in DEAD_LETTER_STATES else record.state
+            by_state[state] = by_state.get(state, 0) + 1
+            histogram[record.delivery_count] = histogram.get(record.delivery_count, 0) + 1
+        return SharePartitionStats(
+            self._start,
+            self._end,
+            by_state[ACQUIRED],
+            by_state[AVAILABLE],
+            by_state[ACKNOWLEDGED],
+            by_state[ARCHIVED],
+            tuple(sorted(histogram.items())),
+            self.dead_lettered,
+        )
 
     def acquired_count(self) -> int:
         return sum(1 for r in self._records.values() if r.state == ACQUIRED)

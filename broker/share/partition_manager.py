@@ -36,6 +36,17 @@ the transaction: one local transaction is a few fsyncs). A load that finds a
 dead-letter transaction still pending at the share coordinator fences its id (so an
 open one aborts now) and fails retriably.
 
+**State epochs** (an admin's reset or delete in a cluster, ``broker.core.share_admin``):
+each share partition remembers the state epoch it loaded at and names it on every write;
+the share coordinator refuses a write from memory that predates a reset or a delete
+(``FencedStateEpochError``), and the share partition is dropped, so its next use reloads
+(Kafka's behaviour). An acquisition so refused is retried once on the reloaded state (a
+fetch right after a reset gets records, not an error); an acknowledgement is not (the
+records it named were dropped by the reset: the member sees the error, the records come
+again from the new start). A first use initializes at state epoch 0, which the
+coordinator refuses if a state exists meanwhile (an admin's alter won): it reads that
+instead.
+
 Topic ids: ``__share_group_state`` keys name a topic by id, as Kafka's do; the caller
 passes the function that gives a topic's id (the listener's ``kip848.topic_id``).
 
@@ -67,11 +78,12 @@ from tidelog.broker.share.partition import (
     AcquiredRange,
     SharePartition,
     SharePartitionConfig,
+    SharePartitionStats,
     Transition,
 )
 from tidelog.broker.share.partition_source import LogRecordSource
 from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
-from tidelog.storage.errors import CoordinatorLoadInProgressError
+from tidelog.storage.errors import CoordinatorLoadInProgressError, FencedStateEpochError
 from tidelog.storage.log_manager import LogManager
 
 __all__ = ["SharePartitionManager", "ShareStateStore"]
@@ -87,7 +99,11 @@ class ShareStateStore(Protocol):
     def read_state(self, key: ShareStateKey, leader_epoch: int) -> ShareSnapshot | None: ...
 
     def initialize(
-        self, key: ShareStateKey, start_offset: int, leader_epoch: int
+        self,
+        key: ShareStateKey,
+        start_offset: int,
+        leader_epoch: int,
+        state_epoch: int | None = None,
     ) -> ShareSnapshot: ...
 
     def write(
@@ -96,6 +112,7 @@ class ShareStateStore(Protocol):
         leader_epoch: int,
         start_offset: int,
         batches: tuple[StateBatch, ...],
+        state_epoch: int | None = None,
     ) -> ShareSnapshot: ...
 
     def write_transactional(
@@ -105,6 +122,7 @@ class ShareStateStore(Protocol):
         start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
+        state_epoch: int | None = None,
     ) -> None:
         """``start_offset`` (-1: unchanged) and ``batches`` as a record of
         ``transaction`` (producer id, epoch), pending until its marker
@@ -124,6 +142,8 @@ class _Held:
     source: LogRecordSource
     state_key: ShareStateKey
     leader_epoch: int
+    state_epoch: int  # the state's when loaded (module docstring: state epochs)
+    key: tuple[str, str, int]  # (group, topic, partition)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -165,12 +185,19 @@ class SharePartitionManager:
         """Hand up to ``max_records`` records of ``topic``-``partition`` to ``member_id``
         of ``group_id``; durable before returned. Raises what the log and the store raise
         (``UnknownTopicOrPartitionError``, ``NotLeaderOrFollowerError``, ``StorageError``...)."""
-        held = self._get(group_id, topic, partition)
-        now_ms = self._logs.clock.monotonic_ms()
-        with held.lock:
-            transition = held.partition.acquire(member_id, max_records, now_ms, held.source)
-            self._commit(held, transition)
-        return transition.acquired
+        for attempt in (1, 2):
+            held = self._get(group_id, topic, partition)
+            now_ms = self._logs.clock.monotonic_ms()
+            try:
+                with held.lock:
+                    transition = held.partition.acquire(member_id, max_records, now_ms, held.source)
+                    self._commit(held, transition)
+            except FencedStateEpochError:
+                if attempt == 2:
+                    raise
+                continue  # dropped by _commit: reloaded at the new state epoch
+            return transition.acquired
+        raise AssertionError("unreachable")
 
     def acknowledge(
         self,
@@ -299,17 +326,22 @@ class SharePartitionManager:
             # it are then not in ``durable`` (they are done).
             start = transition.start_offset if transition.start_moved else -1
             self._store.write_transactional(
-                held.state_key, held.leader_epoch, start, transition.durable, transaction
+                held.state_key,
+                held.leader_epoch,
+                start,
+                transition.durable,
+                transaction,
+                held.state_epoch,
             )
             written = True
 
         try:
             self._dead_letters.write(batch, archive)
-        except BaseException:
-            if written:
+        except BaseException as exc:
+            if written or isinstance(exc, FencedStateEpochError):
                 # The outcome may still be a commit (an EndTxn that failed after its
-                # Prepare landed): forget the memory, the next use reloads the truth
-                # (read_committed at the share coordinator).
+                # Prepare landed), or an admin reset the state: forget the memory, the
+                # next use reloads the truth (read_committed at the share coordinator).
                 self._drop(key, held)
             raise
         share.apply(transition)  # the commit is decided: the coordinator finishes it
@@ -348,6 +380,39 @@ class SharePartitionManager:
             copy.dead_lettered = current.dead_lettered
         return copy
 
+    def stats(
+        self, group_id: str, topic: str, partition: int, state_epoch: int | None = None
+    ) -> SharePartitionStats:
+        """The share partition's statistics (loading it if needed). ``state_epoch``: the
+        state's at its share coordinator, as an admin read it; memory loaded at another
+        is reloaded first (it predates a reset or a delete that no write found yet)."""
+        held = self._get(group_id, topic, partition, state_epoch)
+        with held.lock:
+            return held.partition.stats()
+
+    def invalidate(self, group_id: str, topic: str, partition: int, state_epoch: int) -> None:
+        """Drop the share partition from memory if it was loaded at another state epoch
+        than ``state_epoch`` (an admin reset it; -1: deleted it): its next use reloads."""
+        key = (group_id, topic, partition)
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and held.state_epoch != state_epoch:
+                del self._held[key]
+                log.info(
+                    "share group %s: %s-%d dropped (state epoch %d, loaded at %d)",
+                    group_id,
+                    topic,
+                    partition,
+                    state_epoch,
+                    held.state_epoch,
+                )
+
+    def forget(self, group_id: str, topic: str, partition: int) -> None:
+        """Drop one share partition from memory (its state was deleted: the group or its
+        offsets for that topic). Its next use starts it afresh."""
+        with self._lock:
+            self._held.pop((group_id, topic, partition), None)
+
     def unload(self, topic: str, partition: int) -> None:
         """This broker stopped leading ``topic``-``partition``: forget its share
         partitions (the next leader loads them from the store)."""
@@ -362,11 +427,27 @@ class SharePartitionManager:
     # --- internals ------------------------------------------------------------------
 
     def _commit(self, held: _Held, transition: Transition) -> None:
-        if transition.reset:
-            self._store.initialize(held.state_key, transition.start_offset, held.leader_epoch)
-        elif transition.needs_write:
-            start = transition.start_offset if transition.start_moved else -1
-            self._store.write(held.state_key, held.leader_epoch, start, transition.durable)
+        try:
+            if transition.reset:
+                state = self._store.initialize(
+                    held.state_key,
+                    transition.start_offset,
+                    held.leader_epoch,
+                    held.state_epoch + 1,
+                )
+                held.state_epoch = state.state_epoch
+            elif transition.needs_write:
+                start = transition.start_offset if transition.start_moved else -1
+                self._store.write(
+                    held.state_key,
+                    held.leader_epoch,
+                    start,
+                    transition.durable,
+                    state_epoch=held.state_epoch,
+                )
+        except FencedStateEpochError:
+            self._drop(held.key, held)  # memory older than the state: the next use reloads
+            raise
         held.partition.apply(transition)
 
     def _drop(self, key: tuple[str, str, int], held: _Held) -> None:
@@ -378,11 +459,24 @@ class SharePartitionManager:
         with self._lock:
             return [(k, h) for k, h in self._held.items() if group_id is None or k[0] == group_id]
 
-    def _get(self, group_id: str, topic: str, partition: int) -> _Held:
+    def _get(
+        self, group_id: str, topic: str, partition: int, state_epoch: int | None = None
+    ) -> _Held:
         key = (group_id, topic, partition)
         epoch = self._current_epoch(topic, partition)
         with self._lock:
             held = self._held.get(key)
+            if held is not None and state_epoch is not None and held.state_epoch != state_epoch:
+                log.info(
+                    "share group %s: %s-%d reloaded (state epoch %d, loaded at %d)",
+                    group_id,
+                    topic,
+                    partition,
+                    state_epoch,
+                    held.state_epoch,
+                )
+                del self._held[key]
+                held = None
             if held is not None and held.leader_epoch == epoch:
                 return held
             if held is not None:
@@ -423,28 +517,37 @@ class SharePartitionManager:
                 # the client retries.
                 self._dead_letters.fence(transactional_id(group_id, topic, partition))
             raise
-        if snapshot is not None:
-            share = SharePartition.from_snapshot(config, snapshot)
-            log.info(
-                "share group %s: loaded %s-%d at start offset %d",
-                group_id,
-                topic,
-                partition,
-                share.start_offset,
-            )
-        else:
+        if snapshot is None:
             if config.auto_offset_reset == "earliest":
                 start = source.log_start_offset()
             else:
                 start = source.limit_offset()
-            self._store.initialize(state_key, start, leader_epoch)
-            share = SharePartition.new(config, start)
-            log.info(
-                "share group %s: %s-%d starts at %d (%s)",
-                group_id,
-                topic,
-                partition,
-                start,
-                config.auto_offset_reset,
-            )
-        return _Held(share, source, state_key, leader_epoch)
+            try:
+                # State epoch 0: refused if an admin's alter wrote a state meanwhile.
+                self._store.initialize(state_key, start, leader_epoch, 0)
+            except FencedStateEpochError:
+                snapshot = self._store.read_state(state_key, leader_epoch)
+                if snapshot is None:
+                    raise
+            else:
+                log.info(
+                    "share group %s: %s-%d starts at %d (%s)",
+                    group_id,
+                    topic,
+                    partition,
+                    start,
+                    config.auto_offset_reset,
+                )
+                share = SharePartition.new(config, start)
+                key = (group_id, topic, partition)
+                return _Held(share, source, state_key, leader_epoch, 0, key)
+        share = SharePartition.from_snapshot(config, snapshot)
+        log.info(
+            "share group %s: loaded %s-%d at start offset %d",
+            group_id,
+            topic,
+            partition,
+            share.start_offset,
+        )
+        key = (group_id, topic, partition)
+        return _Held(share, source, state_key, leader_epoch, snapshot.state_epoch, key)

@@ -34,6 +34,19 @@ epoch (``read_state``: a new leader loading) first writes that epoch, so the old
 leader is fenced from then on (Kafka's ``readStateAndMaybeUpdateLeaderEpoch``). The check
 runs under the state partition's write lock, so it and the append are one step.
 
+**State-epoch fencing, as Kafka's share coordinator** (issue #32, the admin in a
+cluster). Every state carries a state epoch, which only ``initialize`` moves: 0 for a
+share partition's first state, and an admin's reset (AlterShareGroupOffsets, naming the
+epoch it read plus one) writes a newer one; one naming an epoch not newer than the
+stored one raises ``FencedStateEpochError`` (another reset won). A leader's
+``write`` names the state epoch it loaded at, and anything but the stored one (or no
+state at all: an admin deleted it) raises ``FencedStateEpochError``: its memory predates
+the reset or the delete, so it drops it and reloads. A leader's first-use ``initialize``
+names epoch 0, so it cannot overwrite a state an admin wrote meanwhile. A reset or a
+delete of a share partition with a pending dead-letter write (below) raises
+``ConcurrentTransactionsError`` (retriable): the transaction decides first. The checks
+run under the state partition's write lock with the append.
+
 **Transactional writes (the dead-letter topic, ``broker.share.dead_letter``).** A write
 may belong to a Tidelog transaction (``write(..., transaction=(producer id, epoch))``):
 its update is appended as a transactional record of that producer and held *pending*,
@@ -80,9 +93,11 @@ from tidelog.broker.share.records import (
     partition_for,
 )
 from tidelog.storage.errors import (
+    ConcurrentTransactionsError,
     CoordinatorLoadInProgressError,
     CorruptRecordError,
     FencedLeaderEpochError,
+    FencedStateEpochError,
     TopicAlreadyExistsError,
 )
 from tidelog.storage.log_manager import LogManager
@@ -236,25 +251,83 @@ class ShareStateLog:
         with self._cache_lock:
             return sorted(self._cache)
 
+    def group_states(
+        self, group_id: str, partition: int
+    ) -> list[tuple[ShareStateKey, ShareSnapshot]]:
+        """Every share partition of ``group_id`` whose state state partition ``partition``
+        holds, with its state (ReadShareGroupStateSummary's answer)."""
+        with self._cache_lock:
+            return sorted(
+                (k, e.state)
+                for k, e in self._cache.items()
+                if k.group_id == group_id and self.partition_for(k) == partition
+            )
+
     # --- writes ---------------------------------------------------------------------
 
-    def initialize(self, key: ShareStateKey, start_offset: int, leader_epoch: int) -> ShareSnapshot:
-        """Write a fresh snapshot of ``key``: start at ``start_offset``, nothing in flight,
-        the next state epoch (0 for a new share partition). For a new share partition
-        (its auto offset reset) and an admin reset. Raises as ``append_durably``."""
+    def initialize(
+        self,
+        key: ShareStateKey,
+        start_offset: int,
+        leader_epoch: int,
+        state_epoch: int | None = None,
+    ) -> ShareSnapshot:
+        """Write a fresh snapshot of ``key``: start at ``start_offset``, nothing in flight.
+        ``state_epoch``: the new state epoch, which must be newer than the stored one
+        (module docstring; a leader's first use names 0, an admin's reset the epoch it
+        read plus one), else ``FencedStateEpochError``; with a pending dead-letter write,
+        ``ConcurrentTransactionsError``. None: the next state epoch, unchecked (0 for a
+        new share partition). Raises as ``append_durably`` too."""
         previous = self.read(key)
         now_ms = self._logs.clock.wall_ms()
+        if state_epoch is None:
+            state_epoch = 0 if previous is None else previous.state_epoch + 1
+            check = None
+        else:
+            check = self._newer_state_check(key, state_epoch)
         snapshot = ShareSnapshot(
             snapshot_epoch=0 if previous is None else previous.snapshot_epoch + 1,
-            state_epoch=0 if previous is None else previous.state_epoch + 1,
+            state_epoch=state_epoch,
             leader_epoch=leader_epoch,
             start_offset=start_offset,
             create_timestamp_ms=now_ms,
             write_timestamp_ms=now_ms,
             batches=(),
         )
-        self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0, leader_epoch)
+        self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0, leader_epoch, check)
         return snapshot
+
+    def _newer_state_check(self, key: ShareStateKey, state_epoch: int) -> Callable[[], None]:
+        def check() -> None:  # under the write lock
+            if self.has_pending(key):
+                raise ConcurrentTransactionsError(
+                    f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
+                    "dead-letter transaction of it is not decided yet; retry"
+                )
+            current = self._entry(key)
+            if current is not None and current.state.state_epoch >= state_epoch:
+                raise FencedStateEpochError(
+                    f"share partition {key.group_id}:{key.topic_id}:{key.partition}: state "
+                    f"epoch {state_epoch} is not newer than the state's "
+                    f"{current.state.state_epoch} (it was initialized or reset meanwhile)"
+                )
+
+        return check
+
+    def _same_state_check(self, key: ShareStateKey, state_epoch: int | None) -> Callable[[], None]:
+        def check() -> None:  # under the write lock
+            if state_epoch is None:
+                return
+            current = self._entry(key)
+            if current is None or current.state.state_epoch != state_epoch:
+                stored = "none (deleted)" if current is None else current.state.state_epoch
+                raise FencedStateEpochError(
+                    f"share partition {key.group_id}:{key.topic_id}:{key.partition}: "
+                    f"loaded at state epoch {state_epoch}, the state's is {stored} (an "
+                    "admin reset or deleted it): reload"
+                )
+
+        return check
 
     def write(
         self,
@@ -263,6 +336,7 @@ class ShareStateLog:
         start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int] | None = None,
+        state_epoch: int | None = None,
     ) -> ShareSnapshot | None:
         """Persist a change of ``key``: the ``batches`` that changed, and ``start_offset``
         (-1: unchanged). With ``transaction`` (producer id, epoch; the partition already
@@ -271,9 +345,12 @@ class ShareStateLog:
         update, or as a snapshot of the merged state when none exists yet or
         ``snapshot_update_records_per_snapshot`` updates followed the last one; returns
         the merged state. Raises ``FencedLeaderEpochError`` for a ``leader_epoch`` older
-        than the state's, and as ``append_durably``; the cache is unchanged then."""
+        than the state's, ``FencedStateEpochError`` for a ``state_epoch`` (the one the
+        leader loaded at; None: unchecked) not the state's, and as ``append_durably``;
+        the cache is unchanged then."""
+        check = self._same_state_check(key, state_epoch)
         if transaction is not None:
-            self._append_transactional(key, leader_epoch, start_offset, batches, transaction)
+            self._append_transactional(key, leader_epoch, start_offset, batches, transaction, check)
             return None
         previous_entry = self._entry(key)
         update = ShareUpdate(
@@ -288,7 +365,7 @@ class ShareStateLog:
             merged = ShareSnapshot(
                 0, 0, leader_epoch, start, now_ms, now_ms, merge((), batches, start)
             )
-            self._append(key, SNAPSHOT, encode_snapshot(merged), merged, 0, leader_epoch)
+            self._append(key, SNAPSHOT, encode_snapshot(merged), merged, 0, leader_epoch, check)
             return merged
         merged = apply_update(previous_entry.state, update)
         if (
@@ -304,10 +381,10 @@ class ShareStateLog:
                 self._logs.clock.wall_ms(),
                 merged.batches,
             )
-            self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0, leader_epoch)
+            self._append(key, SNAPSHOT, encode_snapshot(snapshot), snapshot, 0, leader_epoch, check)
             return snapshot
         count = previous_entry.updates_since_snapshot + 1
-        self._append(key, UPDATE, encode_update(update), merged, count, leader_epoch)
+        self._append(key, UPDATE, encode_update(update), merged, count, leader_epoch, check)
         return merged
 
     def _append_transactional(
@@ -317,6 +394,7 @@ class ShareStateLog:
         start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
+        check: Callable[[], None],
     ) -> None:
         previous = self._entry(key)
         update = ShareUpdate(
@@ -332,6 +410,7 @@ class ShareStateLog:
             current = self._entry(key)
             if current is not None and leader_epoch < current.state.leader_epoch:
                 raise _fenced(key, leader_epoch, current.state.leader_epoch)
+            check()
             result = append_durably(
                 target,
                 [record],
@@ -364,9 +443,10 @@ class ShareStateLog:
         start_offset: int,
         batches: tuple[StateBatch, ...],
         transaction: tuple[int, int],
+        state_epoch: int | None = None,
     ) -> None:
         """``write`` with ``transaction`` (the ``ShareStateStore`` call)."""
-        self.write(key, leader_epoch, start_offset, batches, transaction)
+        self.write(key, leader_epoch, start_offset, batches, transaction, state_epoch)
 
     def state_partition(self, key: ShareStateKey) -> int:
         """``partition_for`` (the ``ShareStateStore`` call)."""
@@ -374,7 +454,8 @@ class ShareStateLog:
 
     def delete(self, key: ShareStateKey) -> None:
         """Forget ``key`` (its group or topic was deleted): tombstones for its snapshot
-        and update keys. Raises as ``append_durably``."""
+        and update keys. Raises ``ConcurrentTransactionsError`` while a dead-letter write
+        of it is pending (module docstring), and as ``append_durably``."""
         partition = self.partition_for(key)
         records: list[tuple[bytes, bytes | None]] = [
             (encode_key(SNAPSHOT, key), None),
@@ -382,6 +463,11 @@ class ShareStateLog:
         ]
         target = self._registry.get(SHARE_STATE_TOPIC, partition)
         with self._write_locks[partition]:
+            if self.has_pending(key):
+                raise ConcurrentTransactionsError(
+                    f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
+                    "dead-letter transaction of it is not decided yet; retry"
+                )
             append_durably(target, records, self._logs.clock.wall_ms(), self._on_append)
             with self._cache_lock:
                 self._cache.pop(key, None)
@@ -424,6 +510,7 @@ class ShareStateLog:
         state: ShareSnapshot,
         count: int,
         leader_epoch: int,
+        check: Callable[[], None] | None = None,
     ) -> None:
         partition = self.partition_for(key)
         target = self._registry.get(SHARE_STATE_TOPIC, partition)
@@ -431,6 +518,8 @@ class ShareStateLog:
             current = self._entry(key)
             if current is not None and leader_epoch < current.state.leader_epoch:
                 raise _fenced(key, leader_epoch, current.state.leader_epoch)
+            if check is not None:
+                check()
             result = append_durably(
                 target,
                 [(encode_key(record_type, key), value)],

@@ -1,4 +1,5 @@
-"""``tidelog groups``: consumer groups, their members and lag, and their committed offsets.
+"""``tidelog groups``: consumer and share groups, their members and lag, and their
+committed offsets (a share group's: its start offsets, as ``kafka-share-groups.sh``).
 
 ::
 
@@ -9,7 +10,13 @@
     tidelog groups reset-offsets GROUP (--topic T [--partition P]... | --all-topics)
                    (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO)
 
-Tables go to stdout, one-line summaries to stderr.
+Tables go to stdout, one-line summaries to stderr. ``list`` shows each group's type;
+``describe``, ``reset-offsets``, ``delete-offsets`` and ``delete`` find out whether the
+group is a share group (from the listing) and act as ``kafka-share-groups.sh`` does then:
+describe shows the members and, per share partition, its start offset, in-flight
+(acquired), available and archived counts, the delivery-count histogram and the
+dead-lettered count; reset-offsets moves the start offsets of an empty share group;
+delete-offsets forgets an empty share group's state on a whole topic.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 
+from tidelog.client.admin import AdminClient
 from tidelog.client.cli.common import (
     EXIT_OK,
     Subcommands,
@@ -34,7 +42,7 @@ __all__ = ["register"]
 
 def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     """Add ``groups`` and its actions to ``commands``; ``common`` is every action's parent."""
-    groups = commands.add_parser("groups", help="consumer groups and their lag")
+    groups = commands.add_parser("groups", help="consumer and share groups, their lag")
     groups.set_defaults(handler=help_of(groups))
     group_commands = groups.add_subparsers(title="group commands", metavar="ACTION")
     group_list = group_commands.add_parser("list", parents=[common], help="list groups")
@@ -103,18 +111,82 @@ def _groups_list(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         groups = admin.list_groups()
     if not groups:
-        print_info("No consumer groups.")
+        print_info("No groups.")
         return EXIT_OK
     print_table(
-        ["GROUP", "STATE", "MEMBERS"],
-        [[g.group_id, g.state, str(g.members)] for g in groups],
-        right={2},
+        ["GROUP", "TYPE", "STATE", "MEMBERS"],
+        [[g.group_id, g.group_type, g.state, str(g.members)] for g in groups],
+        right={3},
+    )
+    return EXIT_OK
+
+
+def _is_share_group(admin: AdminClient, group_id: str) -> bool:
+    return any(g.group_id == group_id and g.group_type == "share" for g in admin.list_groups())
+
+
+def _share_describe(admin: AdminClient, group_id: str) -> int:
+    group = admin.describe_share_group(group_id)
+    print(f"Share group: {group.group_id}   State: {group.state}   Members: {len(group.members)}")
+    print()
+    if group.members:
+        print_table(
+            ["MEMBER", "CLIENT", "HOST", "EPOCH", "PARTITIONS"],
+            [
+                [
+                    m.member_id,
+                    m.client_id or "-",
+                    m.client_host or "-",
+                    str(m.member_epoch),
+                    ",".join(str(tp) for tp in sorted(m.assignment)) or "-",
+                ]
+                for m in group.members
+            ],
+            right={3},
+        )
+        print()
+    offsets = admin.list_share_group_offsets(group_id)
+    rows = []
+    for p in sorted(group.partitions, key=lambda p: p.tp):
+        offset = offsets.get(p.tp)
+        histogram = " ".join(f"{count}:{n}" for count, n in sorted(p.delivery_counts.items()))
+        rows.append(
+            [
+                p.tp.topic,
+                str(p.tp.partition),
+                str(p.start_offset),
+                str(p.end_offset),
+                "-" if offset is None or offset.lag < 0 else str(offset.lag),
+                str(p.acquired),
+                str(p.available),
+                str(p.archived),
+                histogram or "-",
+                str(p.dead_lettered),
+            ]
+        )
+    print_table(
+        [
+            "TOPIC",
+            "PARTITION",
+            "START",
+            "END",
+            "LAG",
+            "IN-FLIGHT",
+            "AVAILABLE",
+            "ARCHIVED",
+            "DELIVERIES (count:records)",
+            "DEAD-LETTERED",
+        ],
+        rows,
+        right={1, 2, 3, 4, 5, 6, 7, 9},
     )
     return EXIT_OK
 
 
 def _groups_describe(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
+        if _is_share_group(admin, args.group):
+            return _share_describe(admin, args.group)
         group = admin.describe_group(args.group)
     print(f"Group: {group.group_id}   State: {group.state}   Members: {len(group.members)}")
     print()
@@ -156,12 +228,18 @@ def _groups_describe(args: argparse.Namespace) -> int:
 def _groups_delete(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
         admin.delete_group(args.group)
-    print_info(f'Deleted group "{args.group}".')
+    print_info(f'Deleted group "{args.group}".')  # a share group with its share state
     return EXIT_OK
 
 
 def _groups_delete_offsets(args: argparse.Namespace) -> int:
     with admin_client(args) as admin:
+        if _is_share_group(admin, args.group):
+            if args.partition:
+                raise UsageError("a share group's offsets are deleted per topic: no --partition")
+            admin.delete_share_group_offsets(args.group, [args.topic])
+            print_info(f'Deleted the share offsets of group "{args.group}" for {args.topic}.')
+            return EXIT_OK
         partitions = list(dict.fromkeys(args.partition))
         if not partitions:
             partitions = list(range(len(admin.describe_topic(args.topic).partitions)))
@@ -185,7 +263,12 @@ def _groups_reset_offsets(args: argparse.Namespace) -> int:
         )
     timestamp_ms = None if args.to_datetime is None else _parse_datetime_ms(args.to_datetime)
     with admin_client(args) as admin:
-        moved = admin.reset_group_offsets(
+        reset = (
+            admin.reset_share_group_offsets
+            if _is_share_group(admin, args.group)
+            else admin.reset_group_offsets
+        )
+        moved = reset(
             args.group,
             partitions,
             to_earliest=args.to_earliest,

@@ -458,6 +458,14 @@ class _Console:
     def group(self, request: Request) -> Response:
         view = self.view(request)
         group_id = group_id_of(request)
+        if view.is_share_group(group_id):
+            shared, offsets = view.share_group(group_id)
+            return self.render(
+                request,
+                "share_group.html",
+                {"group": shared, "offsets": offsets},
+                title=f"Share group {group_id}",
+            )
         description = view.group(group_id)
         topics = sorted({p.tp.topic for p in description.partitions})
         return self.render(

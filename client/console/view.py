@@ -29,6 +29,7 @@ from tidelog.client.acls import AclBinding, AclFilter
 from tidelog.client.admin import AdminClient
 from tidelog.client.consumer import Consumer
 from tidelog.client.producer import Producer
+from tidelog.client.share_admin import ShareGroupDescription, ShareOffset
 from tidelog.client.types import (
     ConsumerRecord,
     GroupDescription,
@@ -536,8 +537,22 @@ class ClusterView:
     # --- groups -----------------------------------------------------------------------
 
     def groups(self) -> list[GroupSummary]:
-        """Every consumer group, by id."""
+        """Every group (consumer, classic, share), by id."""
         return self.admin.list_groups()
+
+    def is_share_group(self, group_id: str) -> bool:
+        """Whether ``group_id`` is a share group (issue #32), from the listing."""
+        return any(g.group_id == group_id and g.group_type == "share" for g in self.groups())
+
+    def share_group(
+        self, group_id: str
+    ) -> tuple[ShareGroupDescription, dict[TopicPartition, ShareOffset]]:
+        """A share group: members, per-partition statistics, and its start offsets with
+        their lag."""
+        return (
+            self.admin.describe_share_group(group_id),
+            self.admin.list_share_group_offsets(group_id),
+        )
 
     def group(self, group_id: str) -> GroupDescription:
         """One group: members, assignment, committed offsets and lag. Sampled for the
@@ -552,6 +567,8 @@ class ClusterView:
         lags: dict[str, int] = {}
         try:
             for summary in self.admin.list_groups():
+                if summary.group_type == "share":
+                    continue  # no committed offsets: its lag is on its own page
                 try:
                     description = self.admin.describe_group(summary.group_id)
                 except TidelogError:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.broker.conftest import error_code, make_batch
 from tidelog.broker.core.acl import AclBinding as BrokerBinding
+from tidelog.broker.share.records import ShareStateKey, partition_for
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
 from tidelog.client.acls import CLUSTER, AclBinding, AclFilter
@@ -298,3 +299,49 @@ def test_the_share_coordinator_calls_are_for_brokers_only(secured: InProcessBrok
             stub.WriteShareGroupState(stale, timeout=10)
         assert error_code(caught.value) == "FENCED_LEADER_EPOCH"
         assert list(stub.ReadShareGroupState(read, timeout=10).batches) == [batch]
+
+
+def test_the_share_admin_calls_between_brokers_are_for_brokers_only(
+    secured: InProcessBroker,
+) -> None:
+    """ReadShareGroupStateSummary, DeleteShareGroupState (at a share coordinator) and
+    DescribeSharePartition (at a leader), the group coordinator's calls of the share-group
+    admin in a cluster, need CLUSTER_ACTION; granted, an admin's initialize with a newer
+    state epoch fences a write from the older one (FENCED_STATE_EPOCH), the summary shows
+    it, and a delete leaves nothing."""
+    topic = uuid.uuid4()
+    key = pb.ShareStateKeyRef(group_id="q", topic_id=topic.bytes, partition=0, state_epoch=0)
+    reset = pb.ShareStateKeyRef(group_id="q", topic_id=topic.bytes, partition=0, state_epoch=1)
+    state_partition = partition_for(ShareStateKey("q", topic, 0), 5)
+    summary = pb.ReadShareGroupStateSummaryRequest(group_id="q", state_partition=state_partition)
+    delete = pb.DeleteShareGroupStateRequest(key=key)
+    describe = pb.DescribeSharePartitionRequest(group_id="q", topic="jobs", partition=0)
+    batch = pb.ShareStateBatch(first_offset=0, last_offset=0, delivery_state=2, delivery_count=1)
+    with secured.channel() as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        calls = (
+            lambda: stub.ReadShareGroupStateSummary(summary, timeout=10),
+            lambda: stub.DeleteShareGroupState(delete, timeout=10),
+            lambda: stub.DescribeSharePartition(describe, timeout=10),
+        )
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert error_code(caught.value) == "CLUSTER_AUTHORIZATION_FAILED"
+        with AdminClient(secured.address) as admin:
+            allow(admin, "CLUSTER_ACTION", CLUSTER, resource_type="CLUSTER")
+        stub.CreateTopic(pb.CreateTopicRequest(name="jobs", partitions=1), timeout=10)
+        init = pb.InitializeShareGroupStateRequest(key=key, start_offset=0)
+        assert stub.InitializeShareGroupState(init, timeout=10).state_epoch == 0
+        admin_reset = pb.InitializeShareGroupStateRequest(key=reset, start_offset=7)
+        assert stub.InitializeShareGroupState(admin_reset, timeout=10).state_epoch == 1
+        stale = pb.WriteShareGroupStateRequest(key=key, start_offset=-1, batches=[batch])
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.WriteShareGroupState(stale, timeout=10)
+        assert error_code(caught.value) == "FENCED_STATE_EPOCH"
+        (state,) = stub.ReadShareGroupStateSummary(summary, timeout=10).states
+        assert (state.topic_id, state.start_offset, state.state_epoch) == (topic.bytes, 7, 1)
+        stub.DeleteShareGroupState(delete, timeout=10)
+        assert list(stub.ReadShareGroupStateSummary(summary, timeout=10).states) == []
+        at_leader = stub.DescribeSharePartition(describe, timeout=10)
+        assert (at_leader.high_watermark, at_leader.HasField("stats")) == (0, False)

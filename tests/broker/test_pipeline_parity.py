@@ -1779,3 +1779,159 @@ def test_share_groups_leave_the_same_trace_on_both_listeners(
                 f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
             )
     assert not failures, "\n".join(failures)
+
+
+def test_share_group_offset_admin_leaves_the_same_trace_on_both_listeners(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """The share-group offset admin (issue #32): gRPC's DescribeShareGroupOffsets,
+    AlterShareGroupOffsets, DeleteShareGroupOffsets and the Kafka listener's 90-92 (built
+    by its codec): the same decisions and audit lines. A refused topic refuses the gRPC
+    call and only that topic's partitions on Kafka (as Kafka's ``KafkaApis``)."""
+    import uuid
+
+    grpc: _Grpc = both["grpc"]
+    kafka: _Kafka = both["kafka"]
+    # An empty share group per listener: a member joins and leaves.
+    for listener in LISTENERS:
+        member = str(uuid.uuid4())
+        for epoch in (0, -1):
+            request = pb.ShareGroupHeartbeatRequest(
+                group_id=f"ok-{listener}-admin",
+                member_id=member,
+                member_epoch=epoch,
+                subscribed_topic_names=[f"ok-{listener}-data"],
+            )
+            assert grpc._code("ShareGroupHeartbeat", request)[0] == "OK"
+
+    def grpc_describe(group: str, name: str) -> list[str]:
+        request = pb.DescribeShareGroupOffsetsRequest(
+            group_id=group, partitions=[pb.TopicPartitions(topic=name, partitions=[0])]
+        )
+        code, answer = grpc._code("DescribeShareGroupOffsets", request)
+        return [code, *(o.error_code or "OK" for o in answer.offsets)] if answer else [code]
+
+    def kafka_describe(group: str, name: str) -> list[str]:
+        asked = {"group_id": group, "topics": [{"topic_name": name, "partitions": [0]}]}
+        answer = kafka.session.call_plain(90, 1, {"groups": [asked]})
+        [g] = answer["groups"]
+        return [
+            error_name(g["error_code"]),
+            *(error_name(p["error_code"]) for t in g["topics"] for p in t["partitions"]),
+        ]
+
+    def grpc_alter(group: str, name: str) -> list[str]:
+        request = pb.AlterShareGroupOffsetsRequest(
+            group_id=group,
+            offsets=[pb.ShareStartOffset(topic=name, partition=0, start_offset=0)],
+        )
+        code, answer = grpc._code("AlterShareGroupOffsets", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)] if answer else [code]
+
+    def kafka_alter(group: str, name: str) -> list[str]:
+        topics = [{"topic_name": name, "partitions": [{"partition_index": 0, "start_offset": 0}]}]
+        answer = kafka.session.call_plain(91, 0, {"group_id": group, "topics": topics})
+        return [
+            error_name(answer["error_code"]),
+            *(error_name(p["error_code"]) for t in answer["responses"] for p in t["partitions"]),
+        ]
+
+    def grpc_delete(group: str, name: str) -> list[str]:
+        request = pb.DeleteShareGroupOffsetsRequest(group_id=group, topics=[name])
+        code, answer = grpc._code("DeleteShareGroupOffsets", request)
+        return [code, *(r.error_code or "OK" for r in answer.results)] if answer else [code]
+
+    def kafka_delete(group: str, name: str) -> list[str]:
+        answer = kafka.session.call_plain(
+            92, 0, {"group_id": group, "topics": [{"topic_name": name}]}
+        )
+        return [
+            error_name(answer["error_code"]),
+            *(error_name(t["error_code"]) for t in answer["responses"]),
+        ]
+
+    group_refused, topic_refused = "GROUP_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"
+    describe, alter, delete = (
+        "describe_share_group_offsets",
+        "alter_share_group_offsets",
+        "delete_share_group_offsets",
+    )
+    # (what, gRPC's call, Kafka's call, decision (gRPC, Kafka), audit lines, counted
+    # operation and outcome (gRPC, Kafka))
+    steps: list[tuple[str, Any, Any, tuple[list[str], list[str]], int, tuple[Any, Any]]] = [
+        (
+            "describe the offsets of a group she may not describe",
+            lambda: grpc_describe("hidden-grpc-admin", "ok-grpc-data"),
+            lambda: kafka_describe("hidden-kafka-admin", "ok-kafka-data"),
+            ([group_refused], [group_refused]),
+            1,
+            ((describe, group_refused), (describe, "OK")),
+        ),
+        (
+            "describe offsets",
+            lambda: grpc_describe("ok-grpc-admin", "ok-grpc-data"),
+            lambda: kafka_describe("ok-kafka-admin", "ok-kafka-data"),
+            (["OK", "OK"], ["OK", "OK"]),
+            0,
+            ((describe, "OK"), (describe, "OK")),
+        ),
+        (
+            "describe the offsets of a topic she may not describe",
+            lambda: grpc_describe("ok-grpc-admin", "hidden-grpc"),
+            lambda: kafka_describe("ok-kafka-admin", "hidden-kafka"),
+            ([topic_refused], ["OK", topic_refused]),
+            1,
+            ((describe, topic_refused), (describe, "OK")),
+        ),
+        (
+            "alter offsets",
+            lambda: grpc_alter("ok-grpc-admin", "ok-grpc-data"),
+            lambda: kafka_alter("ok-kafka-admin", "ok-kafka-data"),
+            (["OK", "OK"], ["OK", "OK"]),
+            0,
+            ((alter, "OK"), (alter, "OK")),
+        ),
+        (
+            "alter the offsets of a topic she may not read",
+            lambda: grpc_alter("ok-grpc-admin", "hidden-grpc"),
+            lambda: kafka_alter("ok-kafka-admin", "hidden-kafka"),
+            ([topic_refused], ["OK", topic_refused]),
+            1,
+            ((alter, topic_refused), (alter, "OK")),
+        ),
+        (
+            "delete the offsets of a group she may not delete",
+            lambda: grpc_delete("ok-grpc-admin", "ok-grpc-data"),
+            lambda: kafka_delete("ok-kafka-admin", "ok-kafka-data"),
+            ([group_refused], [group_refused, group_refused]),
+            1,
+            ((delete, group_refused), (delete, group_refused)),
+        ),
+        (
+            "delete the offsets of a share group that does not exist",
+            lambda: grpc_delete("del-grpc-admin", "ok-grpc-data"),
+            lambda: kafka_delete("del-kafka-admin", "ok-kafka-data"),
+            (["GROUP_ID_NOT_FOUND"], ["GROUP_ID_NOT_FOUND", "GROUP_ID_NOT_FOUND"]),
+            0,
+            ((delete, "GROUP_ID_NOT_FOUND"), (delete, "GROUP_ID_NOT_FOUND")),
+        ),
+    ]
+    failures = []
+    for name, on_grpc, on_kafka, decisions, audit_lines, counted in steps:
+        seen = {
+            "grpc": _observe(secure, "grpc", on_grpc),
+            "kafka": _observe(secure, "kafka", on_kafka),
+        }
+        for index, listener in enumerate(LISTENERS):
+            observed = seen[listener]
+            if observed.decision != decisions[index]:
+                failures.append(f"{name}: {listener} decided {observed.decision}")
+            if len(observed.audit) != audit_lines:
+                failures.append(f"{name}: {listener} audited {observed.audit}")
+            if observed.metrics != {counted[index]: 1.0}:
+                failures.append(f"{name}: {listener} counted {observed.metrics}")
+        if seen["grpc"].audit != seen["kafka"].audit:
+            failures.append(
+                f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
+            )
+    assert not failures, "\n".join(failures)

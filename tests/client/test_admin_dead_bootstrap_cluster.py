@@ -25,6 +25,7 @@ from tidelog.client.acls import AclFilter
 from tidelog.client.types import AbortTransactionSpec, AlterConfigOp, ConfigResource
 from tidelog.storage.errors import (
     BrokerUnavailableError,
+    GroupIdNotFoundError,
     KafkaTimeoutError,
     ResourceNotFoundError,
     SecurityDisabledError,
@@ -142,6 +143,22 @@ def txn_call(call: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+SHARE_GROUP = "no-share-group"
+
+
+def share_call(call: Callable[[], Any]) -> Callable[[], Any]:
+    """A share-group call on a share group that does not exist: its coordinator answers
+    GROUP_ID_NOT_FOUND at once, an answer from a live broker as good as any."""
+
+    def run() -> Any:
+        try:
+            return call()
+        except GroupIdNotFoundError as exc:
+            return exc
+
+    return run
+
+
 def abort_transaction(admin: AdminClient, name: str) -> None:
     """An operator's abort on a topic of its own (the marker of a producer with nothing
     open there: written, changing nothing)."""
@@ -195,6 +212,17 @@ def calls(admin: AdminClient) -> dict[str, Callable[[], Any]]:
         "reset_group_offsets": lambda: admin.reset_group_offsets(GROUP, TOPIC, to_earliest=True),
         "delete_group": lambda: delete_group(admin, "short-lived", tps[1]),
         "delete_offsets": lambda: admin.delete_offsets(GROUP, [tps[2]]),
+        "describe_share_group": share_call(lambda: admin.describe_share_group(SHARE_GROUP)),
+        "list_share_group_offsets": share_call(lambda: admin.list_share_group_offsets(SHARE_GROUP)),
+        "alter_share_group_offsets": share_call(
+            lambda: admin.alter_share_group_offsets(SHARE_GROUP, {tps[0]: 0})
+        ),
+        "reset_share_group_offsets": share_call(
+            lambda: admin.reset_share_group_offsets(SHARE_GROUP, TOPIC, to_earliest=True)
+        ),
+        "delete_share_group_offsets": share_call(
+            lambda: admin.delete_share_group_offsets(SHARE_GROUP, [TOPIC])
+        ),
         "alter_client_quotas": lambda: admin.alter_client_quotas(
             "reporting", {"producer_byte_rate": 1_048_576}
         ),
@@ -239,6 +267,11 @@ CALL_NAMES = [
     "reset_group_offsets",
     "delete_group",
     "delete_offsets",
+    "describe_share_group",
+    "list_share_group_offsets",
+    "alter_share_group_offsets",
+    "reset_share_group_offsets",
+    "delete_share_group_offsets",
     "alter_client_quotas",
     "describe_client_quotas",
     "describe_quotas",
@@ -266,7 +299,7 @@ def test_every_public_call_is_exercised(admin: AdminClient) -> None:
 def test_call_reaches_a_live_broker_promptly(clients: dict[str, AdminClient], name: str) -> None:
     elapsed, result = timed(calls(clients[name])[name])
     assert not isinstance(result, TidelogError) or isinstance(
-        result, (SecurityDisabledError, ResourceNotFoundError, *TXN_ANSWERS)
+        result, (SecurityDisabledError, ResourceNotFoundError, GroupIdNotFoundError, *TXN_ANSWERS)
     )
     assert elapsed < PROMPT_S, f"{name} took {elapsed:.1f} s"
     # And again: the dead broker is not tried first. (A second create may be refused,

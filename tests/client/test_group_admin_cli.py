@@ -128,7 +128,7 @@ def test_groups_commands(group_broker: InProcessBroker, capsys: pytest.CaptureFi
 
         status, out, _ = cli(capsys, "groups", "list", "--bootstrap", address)
         assert status == 0
-        assert ["cli-g", "Stable", "1"] in table(out)
+        assert ["cli-g", "consumer", "Stable", "1"] in table(out)
         status, out, _ = cli(capsys, "groups", "describe", "cli-g", "--bootstrap", address)
         assert status == 0
         rows = table(out)

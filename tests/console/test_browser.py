@@ -402,10 +402,10 @@ def test_labels_keyboard_and_a_phone_screen(
     page.goto(console_url + "/topics")
     for _ in range(8):
         page.keyboard.press("Tab")
-        if page.evaluate("document.activeElement.textContent") == "Consumer groups":
+        if page.evaluate("document.activeElement.textContent") == "Groups":
             break
     page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Consumer groups")
+    expect(page.locator("h1")).to_have_text("Groups")
     # A phone-sized screen: nothing wider than the screen but the tables' own scrollers.
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto(console_url + "/")

@@ -2670,12 +2670,19 @@ Global___OffsetFetchResponse: _TypeAlias = OffsetFetchResponse  # noqa: Y015
 class ListGroupsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    TYPES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"classic", "consumer", "share" (Kafka's ListGroups v5"""
+
     def __init__(
         self,
+        *,
+        types: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["types", b"types"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2688,20 +2695,24 @@ class GroupSummary(_message.Message):
     GROUP_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     state: _builtins.str
     """Empty, Stable, Reconciling, Dead"""
     members: _builtins.int
+    type: _builtins.str
+    """classic, consumer or share"""
     def __init__(
         self,
         *,
         group_id: _builtins.str = ...,
         state: _builtins.str = ...,
         members: _builtins.int = ...,
+        type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "members", b"members", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "members", b"members", "state", b"state", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -4659,6 +4670,9 @@ class SharePartitionSummary(_message.Message):
     ACQUIRED_FIELD_NUMBER: _builtins.int
     AVAILABLE_FIELD_NUMBER: _builtins.int
     ARCHIVED_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    DELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERED_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     start_offset: _builtins.int
@@ -4666,8 +4680,16 @@ class SharePartitionSummary(_message.Message):
     end_offset: _builtins.int
     """the first offset never handed out"""
     acquired: _builtins.int
+    """in flight: locked to a member"""
     available: _builtins.int
     archived: _builtins.int
+    acknowledged: _builtins.int
+    dead_lettered: _builtins.int
+    """copied to the dead-letter topic"""
+    @_builtins.property
+    def delivery_counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliveryCountBucket]:
+        """records in the window, by count"""
+
     def __init__(
         self,
         *,
@@ -4678,14 +4700,299 @@ class SharePartitionSummary(_message.Message):
         acquired: _builtins.int = ...,
         available: _builtins.int = ...,
         archived: _builtins.int = ...,
+        acknowledged: _builtins.int = ...,
+        delivery_counts: _abc.Iterable[Global___DeliveryCountBucket] | None = ...,
+        dead_lettered: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acquired", b"acquired", "archived", b"archived", "available", b"available", "end_offset", b"end_offset", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged", b"acknowledged", "acquired", b"acquired", "archived", b"archived", "available", b"available", "dead_lettered", b"dead_lettered", "delivery_counts", b"delivery_counts", "end_offset", b"end_offset", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SharePartitionSummary: _TypeAlias = SharePartitionSummary  # noqa: Y015
+
+@_typing.final
+class DeliveryCountBucket(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_COUNT_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    delivery_count: _builtins.int
+    records: _builtins.int
+    def __init__(
+        self,
+        *,
+        delivery_count: _builtins.int = ...,
+        records: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery_count", b"delivery_count", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliveryCountBucket: _TypeAlias = DeliveryCountBucket  # noqa: Y015
+
+@_typing.final
+class DescribeShareGroupOffsetsRequest(_message.Message):
+    """Kafka's DescribeShareGroupOffsets: per share partition its start offset (-1: the group
+    never read it) and lag. Errors per partition in error_code; whole-call ones
+    (GROUP_ID_NOT_FOUND, NOT_COORDINATOR...) as the call's status. Needs DESCRIBE on the
+    group and on each topic named.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
+        """empty: every share partition of the group"""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeShareGroupOffsetsRequest: _TypeAlias = DescribeShareGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class ShareGroupOffset(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    LAG_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    start_offset: _builtins.int
+    leader_epoch: _builtins.int
+    lag: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        lag: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "lag", b"lag", "leader_epoch", b"leader_epoch", "partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareGroupOffset: _TypeAlias = ShareGroupOffset  # noqa: Y015
+
+@_typing.final
+class DescribeShareGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareGroupOffset]: ...
+    def __init__(
+        self,
+        *,
+        offsets: _abc.Iterable[Global___ShareGroupOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeShareGroupOffsetsResponse: _TypeAlias = DescribeShareGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class ShareStartOffset(_message.Message):
+    """Kafka's AlterShareGroupOffsets: the group must be empty (NON_EMPTY_GROUP); each share
+    partition named starts over at start_offset. Needs READ on the group and each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    start_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "start_offset", b"start_offset", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareStartOffset: _TypeAlias = ShareStartOffset  # noqa: Y015
+
+@_typing.final
+class AlterShareGroupOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareStartOffset]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___ShareStartOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterShareGroupOffsetsRequest: _TypeAlias = AlterShareGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class SharePartitionResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SharePartitionResult: _TypeAlias = SharePartitionResult  # noqa: Y015
+
+@_typing.final
+class AlterShareGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SharePartitionResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SharePartitionResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterShareGroupOffsetsResponse: _TypeAlias = AlterShareGroupOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupOffsetsRequest(_message.Message):
+    """Kafka's DeleteShareGroupOffsets: the group must be empty; each topic's share partitions
+    forget their state. Needs DELETE on the group and READ on each topic.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupOffsetsRequest: _TypeAlias = DeleteShareGroupOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class ShareTopicResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    error_code: _builtins.str
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareTopicResult: _TypeAlias = ShareTopicResult  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareTopicResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ShareTopicResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupOffsetsResponse: _TypeAlias = DeleteShareGroupOffsetsResponse  # noqa: Y015
 
 @_typing.final
 class DescribeShareGroupResponse(_message.Message):
@@ -4744,6 +5051,7 @@ class ShareStateKeyRef(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     BROKER_ID_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     topic_id: _builtins.bytes
     """16 bytes (UUID)"""
@@ -4751,6 +5059,11 @@ class ShareStateKeyRef(_message.Message):
     leader_epoch: _builtins.int
     broker_id: _builtins.int
     """the share partition's leader (for the log)"""
+    state_epoch: _builtins.int
+    """The state epoch: a leader's write names the one it loaded at (another is
+    FENCED_STATE_EPOCH: an admin reset or deleted the state); an initialize names the
+    new one, which must be newer than the stored one. Unset: not checked.
+    """
     def __init__(
         self,
         *,
@@ -4759,12 +5072,15 @@ class ShareStateKeyRef(_message.Message):
         partition: _builtins.int = ...,
         leader_epoch: _builtins.int = ...,
         broker_id: _builtins.int = ...,
+        state_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "state_epoch", b"state_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "group_id", b"group_id", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "broker_id", b"broker_id", "group_id", b"group_id", "leader_epoch", b"leader_epoch", "partition", b"partition", "state_epoch", b"state_epoch", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__state_epoch: _TypeAlias = _typing.Literal["state_epoch"]  # noqa: Y015
+    _WhichOneofArgType__state_epoch: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__state_epoch) -> _WhichOneofReturnType__state_epoch | None: ...
 
 Global___ShareStateKeyRef: _TypeAlias = ShareStateKeyRef  # noqa: Y015
 
@@ -4930,3 +5246,192 @@ class ShareGroupStateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ShareGroupStateResponse: _TypeAlias = ShareGroupStateResponse  # noqa: Y015
+
+@_typing.final
+class ReadShareGroupStateSummaryRequest(_message.Message):
+    """------------------------------------------- share-group admin in a cluster (brokers)
+
+    The share partitions of `group_id` whose state the share coordinator's state partition
+    `state_partition` holds (NOT_COORDINATOR where it does not lead it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    STATE_PARTITION_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    state_partition: _builtins.int
+    broker_id: _builtins.int
+    """the asking group coordinator (for the log)"""
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        state_partition: _builtins.int = ...,
+        broker_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "group_id", b"group_id", "state_partition", b"state_partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadShareGroupStateSummaryRequest: _TypeAlias = ReadShareGroupStateSummaryRequest  # noqa: Y015
+
+@_typing.final
+class ShareStateSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    START_OFFSET_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    DONE_RECORDS_FIELD_NUMBER: _builtins.int
+    topic_id: _builtins.bytes
+    """16 bytes (UUID)"""
+    partition: _builtins.int
+    start_offset: _builtins.int
+    state_epoch: _builtins.int
+    leader_epoch: _builtins.int
+    done_records: _builtins.int
+    """at or above start_offset, done (for lag)"""
+    def __init__(
+        self,
+        *,
+        topic_id: _builtins.bytes = ...,
+        partition: _builtins.int = ...,
+        start_offset: _builtins.int = ...,
+        state_epoch: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        done_records: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done_records", b"done_records", "leader_epoch", b"leader_epoch", "partition", b"partition", "start_offset", b"start_offset", "state_epoch", b"state_epoch", "topic_id", b"topic_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareStateSummary: _TypeAlias = ShareStateSummary  # noqa: Y015
+
+@_typing.final
+class ReadShareGroupStateSummaryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def states(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShareStateSummary]: ...
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[Global___ShareStateSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReadShareGroupStateSummaryResponse: _TypeAlias = ReadShareGroupStateSummaryResponse  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> Global___ShareStateKeyRef: ...
+    def __init__(
+        self,
+        *,
+        key: Global___ShareStateKeyRef | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupStateRequest: _TypeAlias = DeleteShareGroupStateRequest  # noqa: Y015
+
+@_typing.final
+class DeleteShareGroupStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteShareGroupStateResponse: _TypeAlias = DeleteShareGroupStateResponse  # noqa: Y015
+
+@_typing.final
+class DescribeSharePartitionRequest(_message.Message):
+    """A topic partition at its leader (NOT_LEADER_OR_FOLLOWER elsewhere): its high
+    watermark and leader epoch and, `with_stats`, the share partition's statistics (loaded
+    if needed; `state_epoch` set: memory loaded at another state epoch is reloaded first).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    STATE_EPOCH_FIELD_NUMBER: _builtins.int
+    WITH_STATS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    topic: _builtins.str
+    partition: _builtins.int
+    state_epoch: _builtins.int
+    with_stats: _builtins.bool
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        state_epoch: _builtins.int | None = ...,
+        with_stats: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "state_epoch", b"state_epoch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch", "group_id", b"group_id", "partition", b"partition", "state_epoch", b"state_epoch", "topic", b"topic", "with_stats", b"with_stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__state_epoch: _TypeAlias = _typing.Literal["state_epoch"]  # noqa: Y015
+    _WhichOneofArgType__state_epoch: _TypeAlias = _typing.Literal["_state_epoch", b"_state_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__state_epoch) -> _WhichOneofReturnType__state_epoch | None: ...
+
+Global___DescribeSharePartitionRequest: _TypeAlias = DescribeSharePartitionRequest  # noqa: Y015
+
+@_typing.final
+class DescribeSharePartitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
+    high_watermark: _builtins.int
+    leader_epoch: _builtins.int
+    @_builtins.property
+    def stats(self) -> Global___SharePartitionSummary:
+        """set when asked"""
+
+    def __init__(
+        self,
+        *,
+        high_watermark: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        stats: Global___SharePartitionSummary | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "stats", b"stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeSharePartitionResponse: _TypeAlias = DescribeSharePartitionResponse  # noqa: Y015

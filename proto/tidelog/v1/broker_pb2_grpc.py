@@ -309,6 +309,21 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.FromString,
                 _registered_method=True)
+        self.DescribeShareGroupOffsets = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeShareGroupOffsets',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.AlterShareGroupOffsets = channel.unary_unary(
+                '/tidelog.v1.Broker/AlterShareGroupOffsets',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
+        self.DeleteShareGroupOffsets = channel.unary_unary(
+                '/tidelog.v1.Broker/DeleteShareGroupOffsets',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsResponse.FromString,
+                _registered_method=True)
         self.ReadShareGroupState = channel.unary_unary(
                 '/tidelog.v1.Broker/ReadShareGroupState',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateRequest.SerializeToString,
@@ -323,6 +338,21 @@ class BrokerStub:
                 '/tidelog.v1.Broker/WriteShareGroupState',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.WriteShareGroupStateRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+                _registered_method=True)
+        self.ReadShareGroupStateSummary = channel.unary_unary(
+                '/tidelog.v1.Broker/ReadShareGroupStateSummary',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateSummaryRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateSummaryResponse.FromString,
+                _registered_method=True)
+        self.DeleteShareGroupState = channel.unary_unary(
+                '/tidelog.v1.Broker/DeleteShareGroupState',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupStateRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupStateResponse.FromString,
+                _registered_method=True)
+        self.DescribeSharePartition = channel.unary_unary(
+                '/tidelog.v1.Broker/DescribeSharePartition',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeSharePartitionRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeSharePartitionResponse.FromString,
                 _registered_method=True)
 
 
@@ -681,6 +711,27 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeShareGroupOffsets(self, request, context):
+        """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+        (the group empty) and delete (the group empty) each share partition's start offset.
+        DeleteGroup deletes an empty share group with its share state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteShareGroupOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadShareGroupState(self, request, context):
         """The share coordinator between brokers (issue #32 step 2b; brokers only:
         CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
@@ -698,6 +749,30 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WriteShareGroupState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadShareGroupStateSummary(self, request, context):
+        """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+        coordinator reads the summaries of a group's share partitions at a share coordinator
+        (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+        (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+        newer state epoch. DescribeSharePartition asks a partition's leader for the share
+        partition's statistics (Tidelog's own).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteShareGroupState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeSharePartition(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -981,6 +1056,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupResponse.SerializeToString,
             ),
+            'DescribeShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeShareGroupOffsets,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsResponse.SerializeToString,
+            ),
+            'AlterShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterShareGroupOffsets,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsResponse.SerializeToString,
+            ),
+            'DeleteShareGroupOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteShareGroupOffsets,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsResponse.SerializeToString,
+            ),
             'ReadShareGroupState': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadShareGroupState,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateRequest.FromString,
@@ -995,6 +1085,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.WriteShareGroupState,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.WriteShareGroupStateRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.SerializeToString,
+            ),
+            'ReadShareGroupStateSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadShareGroupStateSummary,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateSummaryRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateSummaryResponse.SerializeToString,
+            ),
+            'DeleteShareGroupState': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteShareGroupState,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupStateRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupStateResponse.SerializeToString,
+            ),
+            'DescribeSharePartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeSharePartition,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeSharePartitionRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeSharePartitionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2493,6 +2598,87 @@ class Broker:
             _registered_method=True)
 
     @staticmethod
+    def DescribeShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeShareGroupOffsets',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/AlterShareGroupOffsets',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.AlterShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteShareGroupOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DeleteShareGroupOffsets',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ReadShareGroupState(request,
             target,
             options=(),
@@ -2563,6 +2749,87 @@ class Broker:
             '/tidelog.v1.Broker/WriteShareGroupState',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.WriteShareGroupStateRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadShareGroupStateSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/ReadShareGroupStateSummary',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateSummaryRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ReadShareGroupStateSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteShareGroupState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DeleteShareGroupState',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupStateRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DeleteShareGroupStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeSharePartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Broker/DescribeSharePartition',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeSharePartitionRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeSharePartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -127,6 +127,13 @@ class BrokerStub:
     ShareFetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]
     ShareAcknowledge: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]
     DescribeShareGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]
+    DescribeShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupOffsetsRequest, _broker_pb2.DescribeShareGroupOffsetsResponse]
+    """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+    (the group empty) and delete (the group empty) each share partition's start offset.
+    DeleteGroup deletes an empty share group with its share state.
+    """
+    AlterShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.AlterShareGroupOffsetsRequest, _broker_pb2.AlterShareGroupOffsetsResponse]
+    DeleteShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupOffsetsRequest, _broker_pb2.DeleteShareGroupOffsetsResponse]
     ReadShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
     """The share coordinator between brokers (issue #32 step 2b; brokers only:
     CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
@@ -135,6 +142,16 @@ class BrokerStub:
     """
     InitializeShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.InitializeShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
     WriteShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.WriteShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]
+    ReadShareGroupStateSummary: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateSummaryRequest, _broker_pb2.ReadShareGroupStateSummaryResponse]
+    """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+    coordinator reads the summaries of a group's share partitions at a share coordinator
+    (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+    (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+    newer state epoch. DescribeSharePartition asks a partition's leader for the share
+    partition's statistics (Tidelog's own).
+    """
+    DeleteShareGroupState: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupStateRequest, _broker_pb2.DeleteShareGroupStateResponse]
+    DescribeSharePartition: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeSharePartitionRequest, _broker_pb2.DescribeSharePartitionResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -221,6 +238,13 @@ class BrokerAsyncStub(BrokerStub):
     ShareFetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]  # type: ignore[assignment]
     ShareAcknowledge: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]  # type: ignore[assignment]
     DescribeShareGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]  # type: ignore[assignment]
+    DescribeShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupOffsetsRequest, _broker_pb2.DescribeShareGroupOffsetsResponse]  # type: ignore[assignment]
+    """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+    (the group empty) and delete (the group empty) each share partition's start offset.
+    DeleteGroup deletes an empty share group with its share state.
+    """
+    AlterShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.AlterShareGroupOffsetsRequest, _broker_pb2.AlterShareGroupOffsetsResponse]  # type: ignore[assignment]
+    DeleteShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupOffsetsRequest, _broker_pb2.DeleteShareGroupOffsetsResponse]  # type: ignore[assignment]
     ReadShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
     """The share coordinator between brokers (issue #32 step 2b; brokers only:
     CLUSTER_ACTION): a share partition's leader reads, initializes and writes its state at
@@ -229,6 +253,16 @@ class BrokerAsyncStub(BrokerStub):
     """
     InitializeShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.InitializeShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
     WriteShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.WriteShareGroupStateRequest, _broker_pb2.ShareGroupStateResponse]  # type: ignore[assignment]
+    ReadShareGroupStateSummary: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReadShareGroupStateSummaryRequest, _broker_pb2.ReadShareGroupStateSummaryResponse]  # type: ignore[assignment]
+    """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+    coordinator reads the summaries of a group's share partitions at a share coordinator
+    (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+    (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+    newer state epoch. DescribeSharePartition asks a partition's leader for the share
+    partition's statistics (Tidelog's own).
+    """
+    DeleteShareGroupState: _aio.UnaryUnaryMultiCallable[_broker_pb2.DeleteShareGroupStateRequest, _broker_pb2.DeleteShareGroupStateResponse]  # type: ignore[assignment]
+    DescribeSharePartition: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeSharePartitionRequest, _broker_pb2.DescribeSharePartitionResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -644,6 +678,31 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.DescribeShareGroupResponse, _abc.Awaitable[_broker_pb2.DescribeShareGroupResponse]]: ...
 
     @_abc_1.abstractmethod
+    def DescribeShareGroupOffsets(
+        self,
+        request: _broker_pb2.DescribeShareGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeShareGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.DescribeShareGroupOffsetsResponse]]:
+        """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
+        (the group empty) and delete (the group empty) each share partition's start offset.
+        DeleteGroup deletes an empty share group with its share state.
+        """
+
+    @_abc_1.abstractmethod
+    def AlterShareGroupOffsets(
+        self,
+        request: _broker_pb2.AlterShareGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.AlterShareGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.AlterShareGroupOffsetsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteShareGroupOffsets(
+        self,
+        request: _broker_pb2.DeleteShareGroupOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteShareGroupOffsetsResponse, _abc.Awaitable[_broker_pb2.DeleteShareGroupOffsetsResponse]]: ...
+
+    @_abc_1.abstractmethod
     def ReadShareGroupState(
         self,
         request: _broker_pb2.ReadShareGroupStateRequest,
@@ -668,5 +727,33 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.WriteShareGroupStateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ShareGroupStateResponse, _abc.Awaitable[_broker_pb2.ShareGroupStateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReadShareGroupStateSummary(
+        self,
+        request: _broker_pb2.ReadShareGroupStateSummaryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ReadShareGroupStateSummaryResponse, _abc.Awaitable[_broker_pb2.ReadShareGroupStateSummaryResponse]]:
+        """Share-group admin in a cluster (issue #32; brokers only: CLUSTER_ACTION): the group's
+        coordinator reads the summaries of a group's share partitions at a share coordinator
+        (Kafka's ReadShareGroupStateSummary) and deletes a share partition's state there
+        (Kafka's DeleteShareGroupState); an admin's reset is InitializeShareGroupState with a
+        newer state epoch. DescribeSharePartition asks a partition's leader for the share
+        partition's statistics (Tidelog's own).
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteShareGroupState(
+        self,
+        request: _broker_pb2.DeleteShareGroupStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DeleteShareGroupStateResponse, _abc.Awaitable[_broker_pb2.DeleteShareGroupStateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeSharePartition(
+        self,
+        request: _broker_pb2.DescribeSharePartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeSharePartitionResponse, _abc.Awaitable[_broker_pb2.DescribeSharePartitionResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
