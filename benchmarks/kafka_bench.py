@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +57,19 @@ def _free_port() -> int:
         return port
 
 
-def start_broker(work: Path) -> tuple[subprocess.Popen[str], str, str]:
-    """The broker process, its gRPC address and its Kafka bootstrap address."""
+def start_broker(
+    work: Path, settings: Mapping[str, object] | None = None
+) -> tuple[subprocess.Popen[str], str, str]:
+    """The broker process, its gRPC address and its Kafka bootstrap address; ``settings``
+    are more broker keys (``--set``)."""
     ready = work / "ready"
     kafka_port = _free_port()
+    extra = [arg for key, value in (settings or {}).items() for arg in ("--set", f"{key}={value}")]
     process = subprocess.Popen(
         [
             sys.executable, "-m", "tidelog.broker", "--data-dir", str(work / "data"),
             "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
-            "--set", "metrics.port=-1", "--set", f"kafka.listen=127.0.0.1:{kafka_port}",
+            "--set", "metrics.port=-1", "--set", f"kafka.listen=127.0.0.1:{kafka_port}", *extra,
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

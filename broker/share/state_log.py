@@ -161,7 +161,10 @@ class ShareStateLog:
         self._registry = registry
         self._on_append = on_append
         self._cache_lock = threading.Lock()
-        self._write_locks = [threading.Lock() for _ in range(partitions)]
+        # Reentrant: a write reads the state it merges into under the lock its append
+        # takes, so no concurrent write lands between (a reload's read_state beside an
+        # operation still in flight lost acknowledgements from the served state).
+        self._write_locks = [threading.RLock() for _ in range(partitions)]
         self._loaded: dict[int, tuple[int, int]] = {}
         # Transactional writes not decided yet: state partition -> producer id -> its
         # records (module docstring); guarded by _cache_lock.
@@ -228,17 +231,18 @@ class ShareStateLog:
         the share partition): None if never written; a newer epoch than the stored one is
         written first (module docstring), an older one raises ``FencedLeaderEpochError``.
         Raises as ``append_durably`` too."""
-        if self.has_pending(key):
-            raise CoordinatorLoadInProgressError(
-                f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
-                "dead-letter transaction of it is not decided yet"
-            )
-        state = self.read(key)
-        if state is None or leader_epoch == state.leader_epoch:
-            return state
-        if leader_epoch < state.leader_epoch:
-            raise _fenced(key, leader_epoch, state.leader_epoch)
-        return self.write(key, leader_epoch, -1, ())
+        with self._write_locks[self.partition_for(key)]:
+            if self.has_pending(key):
+                raise CoordinatorLoadInProgressError(
+                    f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
+                    "dead-letter transaction of it is not decided yet"
+                )
+            state = self.read(key)
+            if state is None or leader_epoch == state.leader_epoch:
+                return state
+            if leader_epoch < state.leader_epoch:
+                raise _fenced(key, leader_epoch, state.leader_epoch)
+            return self.write(key, leader_epoch, -1, ())
 
     def has_pending(self, key: ShareStateKey) -> bool:
         """Whether a transactional write of ``key`` awaits its transaction's marker."""
@@ -278,6 +282,12 @@ class ShareStateLog:
         read plus one), else ``FencedStateEpochError``; with a pending dead-letter write,
         ``ConcurrentTransactionsError``. None: the next state epoch, unchecked (0 for a
         new share partition). Raises as ``append_durably`` too."""
+        with self._write_locks[self.partition_for(key)]:
+            return self._initialize(key, start_offset, leader_epoch, state_epoch)
+
+    def _initialize(
+        self, key: ShareStateKey, start_offset: int, leader_epoch: int, state_epoch: int | None
+    ) -> ShareSnapshot:
         previous = self.read(key)
         now_ms = self._logs.clock.wall_ms()
         if state_epoch is None:
@@ -348,6 +358,18 @@ class ShareStateLog:
         than the state's, ``FencedStateEpochError`` for a ``state_epoch`` (the one the
         leader loaded at; None: unchecked) not the state's, and as ``append_durably``;
         the cache is unchanged then."""
+        with self._write_locks[self.partition_for(key)]:
+            return self._write(key, leader_epoch, start_offset, batches, transaction, state_epoch)
+
+    def _write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        transaction: tuple[int, int] | None,
+        state_epoch: int | None,
+    ) -> ShareSnapshot | None:
         check = self._same_state_check(key, state_epoch)
         if transaction is not None:
             self._append_transactional(key, leader_epoch, start_offset, batches, transaction, check)

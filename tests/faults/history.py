@@ -26,6 +26,13 @@ Operations (all frozen, keyword-only dataclasses, so immutable and safe to share
   ``log_start_offset``, ``log_end_offset`` and every record between them.
 * ``TxnCommit`` / ``TxnAbort``: the end of a transaction, naming the values it sent.
 * ``Note``: free text for people (the seed, the fault schedule); the checker ignores it.
+* Share groups (issue #32; ``tests.faults.share_checker`` judges them, the checker above
+  ignores them): ``ShareGroupSettings`` (the group's lock duration and delivery limit),
+  ``ShareFetch`` (the records of one partition one share consumer's poll acquired, with
+  each one's delivery count), ``ShareAck`` (one acknowledgement kind for some offsets of
+  one partition, with its outcome: ``failed`` when the broker refused it, which applies
+  none of it), ``ShareLeave`` (a member closed: the broker releases what it held) and
+  ``Crash`` (a broker, ``target="broker"``, or a member was killed).
 
 Workload assumptions the checker relies on: every value is a string sent by exactly one
 ``Send`` (values are unique across the run); each consumer and each producer is driven by
@@ -178,7 +185,80 @@ class Note:
     end_ns: int
 
 
-Op: TypeAlias = Send | Poll | Seek | Commit | FinalRead | TxnCommit | TxnAbort | Note
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareGroupSettings:
+    """The share group's settings the share checker judges redeliveries by."""
+
+    group: str
+    lock_ms: int
+    delivery_limit: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareFetch:
+    """The records of one partition that one share consumer's poll acquired, as
+    ``(offset, value)``, and each one's delivery count (1 the first)."""
+
+    member: str
+    topic: str
+    partition: int
+    records: tuple[Record, ...]
+    delivery_counts: tuple[int, ...]
+    start_ns: int
+    end_ns: int
+
+    def __post_init__(self) -> None:
+        if len(self.records) != len(self.delivery_counts):
+            raise ValueError(f"a delivery count for every record: {self}")
+
+
+ShareKind: TypeAlias = Literal["accept", "release", "reject"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareAck:
+    """One acknowledgement kind for ``offsets`` of one partition, by one member."""
+
+    member: str
+    topic: str
+    partition: int
+    offsets: tuple[int, ...]
+    kind: ShareKind
+    outcome: Outcome
+    start_ns: int
+    end_ns: int
+
+    def __post_init__(self) -> None:
+        _check_outcome(self.outcome)
+        if self.kind not in ("accept", "release", "reject"):
+            raise ValueError(f"unknown acknowledgement kind {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareLeave:
+    """A share consumer closed (its records released by the broker at once)."""
+
+    member: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Crash:
+    """``target`` (``"broker"``, or a member's name) was killed at ``start_ns``; up again
+    (a broker) at ``end_ns``."""
+
+    target: str
+    start_ns: int
+    end_ns: int
+
+
+Op: TypeAlias = (
+    Send | Poll | Seek | Commit | FinalRead | TxnCommit | TxnAbort | Note
+    | ShareGroupSettings | ShareFetch | ShareAck | ShareLeave | Crash
+)  # fmt: skip
 History: TypeAlias = Sequence[Op]
 
 _NAMES: dict[type[Any], str] = {
@@ -190,9 +270,14 @@ _NAMES: dict[type[Any], str] = {
     TxnCommit: "txn-commit",
     TxnAbort: "txn-abort",
     Note: "note",
+    ShareGroupSettings: "share-group",
+    ShareFetch: "share-fetch",
+    ShareAck: "share-ack",
+    ShareLeave: "share-leave",
+    Crash: "crash",
 }
 _CLASSES: dict[str, type[Any]] = {name: cls for cls, name in _NAMES.items()}
-_TUPLE_FIELDS = frozenset({"records", "values"})
+_TUPLE_FIELDS = frozenset({"records", "values", "offsets", "delivery_counts"})
 
 
 def _check_outcome(outcome: str) -> None:
@@ -248,6 +333,9 @@ def from_json(obj: dict[str, Any]) -> Op:
         fields["records"] = tuple((int(offset), str(value)) for offset, value in fields["records"])
     if "values" in fields:
         fields["values"] = tuple(str(value) for value in fields["values"])
+    for name_ in ("offsets", "delivery_counts"):
+        if name_ in fields:
+            fields[name_] = tuple(int(number) for number in fields[name_])
     try:
         op: Op = cls(**fields)
     except TypeError as error:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["BrokerProcess"]
@@ -31,8 +32,10 @@ class BrokerProcess:
     """``python -m tidelog.broker`` on fixed ports (``bootstrap`` the Kafka listener's,
     ``address`` the gRPC one's), restartable on its data directory."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, settings: Mapping[str, object] | None = None) -> None:
+        """``settings``: more broker keys (``--set``), kept across restarts."""
         self.data_dir = data_dir
+        self.settings = dict(settings or {})
         self.kafka_port = _free_port()
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
         self.grpc_port = _free_port()
@@ -49,6 +52,7 @@ class BrokerProcess:
                 "--set", "metrics.port=-1",
                 "--set", f"kafka.listen=127.0.0.1:{self.kafka_port}",
                 "--set", "transaction.abort.timed.out.transaction.cleanup.interval.ms=200",
+                *(arg for k, v in self.settings.items() for arg in ("--set", f"{k}={v}")),
             ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
