@@ -505,12 +505,14 @@ class AdminClient(GroupAdminCalls, ShareGroupAdminCalls, SecurityAdminCalls, Tra
         *,
         timeout_ms: int | None = None,
     ) -> dict[str, ConfigEntry]:
-        """Every config key of a topic or a broker (``ConfigResource.topic(name)``,
+        """Every config key of a topic, a broker or a group (``ConfigResource.topic(name)``,
         ``ConfigResource.broker(id)``, ``ConfigResource.broker()`` for the cluster-wide
-        dynamic defaults), or only ``keys``, by name: effective value, where it comes
-        from (``source``) and every synonym, most specific first (``docs/configs.md``).
+        dynamic defaults, ``ConfigResource.group(group_id)``), or only ``keys``, by name:
+        effective value, where it comes from (``source``) and every synonym, most specific
+        first (``docs/configs.md``).
 
-        A broker's configs are asked of that broker; a topic's of any broker.
+        A broker's configs are asked of that broker; a group's of its coordinator; a
+        topic's of any broker.
         """
         wanted = list(keys or ())
         return {
@@ -531,12 +533,14 @@ class AdminClient(GroupAdminCalls, ShareGroupAdminCalls, SecurityAdminCalls, Tra
         validate_only: bool = False,
         timeout_ms: int | None = None,
     ) -> None:
-        """Change a topic's or a broker's dynamic configs, key by key (Kafka's
+        """Change a topic's, a broker's or a group's dynamic configs, key by key (Kafka's
         IncrementalAlterConfigs): ``AlterConfigOp("retention.ms", "set", "60000")``,
         ``AlterConfigOp("retention.ms", "delete")``, ``AlterConfigOp("cleanup.policy",
         "append", "compact")``. All or nothing per call; ``validate_only`` checks without
         changing. A broker accepts only the keys it can apply live (``docs/configs.md``);
-        others raise ``InvalidConfigError``.
+        others raise ``InvalidConfigError``. A group takes ``set`` and ``delete`` of its
+        ``share.*`` configs and ``errors.deadletterqueue.topic.name``
+        (``docs/share-groups.md``); anything else raises ``InvalidConfigError``.
         """
         ops = list(changes)
         self._connections.run(
@@ -552,6 +556,9 @@ class AdminClient(GroupAdminCalls, ShareGroupAdminCalls, SecurityAdminCalls, Tra
         if resource.type == "broker" and resource.name:
             broker_id = int(resource.name)
             return lambda t: self._connections.broker(broker_id, t)
+        if resource.type == "group":
+            # Kept with the group's records, at its coordinator (FindCoordinator).
+            return self._connections.route_coordinator(resource.name)
         # A topic's config change goes to any broker, as Kafka's clients send it: one that
         # is not the controller forwards it (broker.cluster.forwarding).
         return self._connections.route_any()

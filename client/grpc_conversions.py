@@ -142,12 +142,12 @@ class GrpcProduceStream:
 
 
 def config_resource(resource: ConfigResource) -> pb.ConfigResource:
-    kind = (
-        pb.CONFIG_RESOURCE_TYPE_TOPIC
-        if resource.type == "topic"
-        else pb.CONFIG_RESOURCE_TYPE_BROKER
-    )
-    return pb.ConfigResource(type=kind, name=resource.name)
+    kinds = {
+        "topic": pb.CONFIG_RESOURCE_TYPE_TOPIC,
+        "broker": pb.CONFIG_RESOURCE_TYPE_BROKER,
+        "group": pb.CONFIG_RESOURCE_TYPE_GROUP,
+    }
+    return pb.ConfigResource(type=kinds[resource.type], name=resource.name)
 
 
 def source_name(source: int) -> str:

@@ -189,15 +189,19 @@ class LogDirDescription:
 
 @dataclass(frozen=True, slots=True)
 class ConfigResource:
-    """What configs belong to: a topic, a broker (``name`` its id as text), or every
-    broker (type ``"broker"``, name ``""``: the cluster-wide dynamic default)."""
+    """What configs belong to: a topic, a broker (``name`` its id as text), every
+    broker (type ``"broker"``, name ``""``: the cluster-wide dynamic default), or a group
+    (Kafka 4.x's GROUP resource: a share group's ``share.*`` configs and
+    ``errors.deadletterqueue.topic.name``)."""
 
-    type: str  # "topic" or "broker"
+    type: str  # "topic", "broker" or "group"
     name: str
 
     def __post_init__(self) -> None:
-        if self.type not in ("topic", "broker"):
-            raise ValueError(f"ConfigResource type must be 'topic' or 'broker', not {self.type!r}")
+        if self.type not in ("topic", "broker", "group"):
+            raise ValueError(
+                f"ConfigResource type must be 'topic', 'broker' or 'group', not {self.type!r}"
+            )
 
     @classmethod
     def topic(cls, name: str) -> ConfigResource:
@@ -207,6 +211,11 @@ class ConfigResource:
     def broker(cls, broker_id: int | None = None) -> ConfigResource:
         """One broker's configs, or (None) the cluster-wide broker default."""
         return cls("broker", "" if broker_id is None else str(broker_id))
+
+    @classmethod
+    def group(cls, group_id: str) -> ConfigResource:
+        """A group's configs (asked of the group's coordinator)."""
+        return cls("group", group_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,11 +252,13 @@ WIRE_MODULES = ("broker.kafka.codec",)
 # The cluster's gRPC adapters: the inter-broker client of the replica fetcher, the
 # node's channels to the controller (controlled shutdown, forwarded admin calls) and the
 # transaction calls between brokers (markers, verification), the share-group state calls
-# to a key's share coordinator, the peer channels both share; and the
+# to a key's share coordinator, a share group's dead-letter transaction calls, the peer
+# channels they share; and the
 # test harness (LocalCluster asks each broker's Metadata over gRPC until the brokers
 # agree). Listed, not exempted by folder, so a new module of broker/cluster/ falls under
 # the rule.
 DOMAIN_WIRE_ADAPTERS = {
+    "broker/cluster/dlq_peers.py",
     "broker/cluster/fetcher.py",
     "broker/cluster/forwarding.py",
     "broker/cluster/node.py",

@@ -16,6 +16,14 @@ Decided:
 * A write that timed out may have been applied. Nothing was handed out or answered on
   it; the state it wrote is one the leader would write again (the next write of those
   offsets carries the same or later states), and a reload reads whichever landed.
+* **A group's configs** live with the group's records at its coordinator
+  (``broker.core.group_configs``). A share partition's leader that is not the
+  coordinator reads them there when it loads a share partition (``group_configs``), so
+  a dead-letter topic or a delivery limit set on the group holds on every broker; a
+  GROUP resource's DescribeConfigs / IncrementalAlterConfigs / AlterConfigs that
+  reached another broker is forwarded there (``describe_group_configs``,
+  ``alter_group_configs``, marked ``forwarded``: the coordinator answers, never forwards
+  again).
 * One channel per destination address, kept open; ``close`` closes them and every call
   after raises ``CoordinatorNotAvailableError``.
 * The share-group admin in a cluster (``broker.core.share_admin``) adds three:
@@ -33,13 +41,15 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from tidelog.broker.cluster.peer_stubs import PeerStubs, answered_code
+from tidelog.broker.core.config_keys import ConfigEntry, ConfigSynonym, ConfigType, Source
+from tidelog.broker.core.configs import ConfigChange
 from tidelog.broker.share.partition import SharePartitionStats
 from tidelog.broker.share.records import (
     ACKNOWLEDGED,
@@ -103,7 +113,7 @@ class GrpcSharePeers:
         self, coordinator: int, key: ShareStateKey, leader_epoch: int
     ) -> ShareSnapshot | None:
         request = pb.ReadShareGroupStateRequest(key=self._key(key, leader_epoch))
-        answer = self._call(coordinator, "ReadShareGroupState", request)
+        answer: pb.ShareGroupStateResponse = self._call(coordinator, "ReadShareGroupState", request)
         return state_from_pb(answer) if answer.found else None
 
     def initialize(
@@ -127,13 +137,21 @@ class GrpcSharePeers:
         start_offset: int,
         batches: tuple[StateBatch, ...],
         state_epoch: int | None = None,
-    ) -> ShareSnapshot:
+        *,
+        transaction: tuple[int, int] | None = None,
+    ) -> ShareSnapshot | None:
+        """``transaction`` (producer id, epoch): written as a record of that transaction
+        (a dead-letter transaction's archiving), pending at the coordinator until its
+        marker; answered None."""
         request = pb.WriteShareGroupStateRequest(
             key=self._key(key, leader_epoch, state_epoch),
             start_offset=start_offset,
             batches=batches_to_pb(batches),
         )
-        return state_from_pb(self._call(coordinator, "WriteShareGroupState", request))
+        if transaction is not None:
+            request.producer_id, request.producer_epoch = transaction
+        answer = self._call(coordinator, "WriteShareGroupState", request)
+        return None if transaction is not None else state_from_pb(answer)
 
     def read_summaries(
         self, coordinator: int, group_id: str, state_partition: int
@@ -184,6 +202,54 @@ class GrpcSharePeers:
             stats_from_pb(answer.stats) if answer.HasField("stats") else None,
         )
 
+    def group_configs(self, coordinator: int, group_id: str) -> dict[str, str]:
+        """The configs set on ``group_id`` at its coordinator (the GROUP resource's
+        entries the group set), for a share partition's leader loading one of its share
+        partitions."""
+        return {
+            e.name: e.value
+            for e in self.describe_group_configs(coordinator, group_id, None)
+            if e.source == Source.GROUP_CONFIG and e.value is not None
+        }
+
+    def describe_group_configs(
+        self, coordinator: int, group_id: str, keys: Sequence[str] | None
+    ) -> list[ConfigEntry]:
+        """DescribeConfigs of the GROUP resource at the group's coordinator (a forwarded
+        call: answered there, never forwarded again)."""
+        request = pb.DescribeConfigsRequest(
+            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=group_id),
+            keys=list(keys or ()),
+            forwarded=True,
+        )
+        answer: pb.DescribeConfigsResponse = self._invoke(coordinator, "DescribeConfigs", request)
+        return [_entry_from_pb(e) for e in answer.entries]
+
+    def alter_group_configs(
+        self,
+        coordinator: int,
+        group_id: str,
+        changes: Sequence[ConfigChange],
+        *,
+        validate_only: bool,
+    ) -> None:
+        """IncrementalAlterConfigs of the GROUP resource at the group's coordinator (a
+        forwarded call, as ``describe_group_configs``)."""
+        request = pb.IncrementalAlterConfigsRequest(
+            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=group_id),
+            alterations=[
+                pb.ConfigAlteration(
+                    name=c.name,
+                    operation=int(c.op),  # type: ignore[arg-type]
+                    value=c.value or "",
+                )
+                for c in changes
+            ],
+            validate_only=validate_only,
+            forwarded=True,
+        )
+        self._invoke(coordinator, "IncrementalAlterConfigs", request)
+
     def close(self) -> None:
         self._stubs.close()
 
@@ -226,6 +292,26 @@ def _raised(exc: grpc.RpcError, coordinator: int, method: str) -> TidelogError:
         return error_for_code(code, str(details or ""))
     log.info("%s at broker %d failed: %s", method, coordinator, details)
     return CoordinatorNotAvailableError(f"share coordinator {coordinator}: {details}")
+
+
+def _entry_from_pb(entry: Any) -> ConfigEntry:
+    try:
+        config_type = ConfigType[entry.type]
+    except KeyError:
+        config_type = ConfigType.UNKNOWN
+    return ConfigEntry(
+        entry.name,
+        entry.value if entry.HasField("value") else None,
+        Source(entry.source),
+        entry.read_only,
+        entry.sensitive,
+        config_type,
+        entry.documentation,
+        tuple(
+            ConfigSynonym(s.name, s.value if s.HasField("value") else None, Source(s.source))
+            for s in entry.synonyms
+        ),
+    )
 
 
 def batches_to_pb(batches: tuple[StateBatch, ...]) -> list[pb.ShareStateBatch]:

@@ -391,6 +391,9 @@ class LocalCluster:
         settings: extra broker settings for every broker (``--set KEY=VALUE``).
         broker_settings: settings of single brokers by id (``broker.rack``...), over
             ``settings``.
+        broker_env: environment variables of single brokers' processes by id, over this
+            process's (a test hook such as ``TIDELOG_DLQ_TEST_STOP_AT`` on one broker),
+            at every start of that broker.
         session_timeout_ms: ``zookeeper.session.timeout.ms``: how soon a killed broker is
             noticed.
         metrics: serve each broker's Prometheus metrics on a port of its own
@@ -421,6 +424,7 @@ class LocalCluster:
         network: BrokerNetwork | None = None,
         data_dirs: Mapping[int, Path] | None = None,
         broker_settings: Mapping[int, Mapping[str, object]] | None = None,
+        broker_env: Mapping[int, Mapping[str, str]] | None = None,
     ) -> None:
         self.zookeeper = zookeeper or ZooKeeperServer()
         self._data_dirs = dict(data_dirs or {})
@@ -428,6 +432,7 @@ class LocalCluster:
         if unknown:
             raise ValueError(f"data_dirs names brokers that do not exist: {sorted(unknown)}")
         self._broker_settings = {b: dict(s) for b, s in (broker_settings or {}).items()}
+        self._broker_env = {b: dict(e) for b, e in (broker_env or {}).items()}
         self._network = network
         self._ids = list(range(1, brokers + 1))
         self._settings = dict(settings or {})
@@ -584,8 +589,10 @@ class LocalCluster:
                 command = self._network.wrap(broker_id, dying_with_parent(command))
             else:
                 command = dying_with_parent(command)
+            env = self._broker_env.get(broker_id)
             self._processes[broker_id] = subprocess.Popen(
                 command,
+                env=None if env is None else {**os.environ, **env},
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

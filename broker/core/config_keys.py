@@ -69,6 +69,7 @@ class Source(enum.IntEnum):
     DYNAMIC_DEFAULT_BROKER_CONFIG = 3
     STATIC_BROKER_CONFIG = 4
     DEFAULT_CONFIG = 5
+    GROUP_CONFIG = 8  # set on a group (Kafka 4.x, KIP-848)
 
 
 class ConfigType(enum.IntEnum):

@@ -101,6 +101,7 @@ class ResourceKind(enum.IntEnum):
 
     TOPIC = 2
     BROKER = 4
+    GROUP = 32  # a group's configs, at its coordinator (``broker.core.group_configs``)
 
 
 class AlterOp(enum.IntEnum):

@@ -86,7 +86,7 @@ from tidelog.broker.core.produce import (
 )
 from tidelog.broker.core.producer_ids import ProducerIdManager, ProducerIdSource
 from tidelog.broker.core.quotas import QuotaEntity, QuotaManager, QuotaWindow
-from tidelog.broker.core.share_dlq import CoreDeadLetters
+from tidelog.broker.core.share_dlq import CoreDeadLetters, cluster_routes
 from tidelog.broker.core.share_ops import ShareOps, ShareParts, open_share_parts
 from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.broker.core.topics import (
@@ -99,6 +99,7 @@ from tidelog.broker.groups.manager import (
 )
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.share.state_log import SHARE_STATE_TOPIC
+from tidelog.broker.tls import InterBrokerChannels
 from tidelog.broker.transactions.coordinator import Transactions, open_transactions
 from tidelog.broker.transactions.markers import TxnMarker, answers_by_marker
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
@@ -222,6 +223,21 @@ class BrokerCore(TopicCalls, GroupCalls):
         metrics.add_group_collector(self._group_lag_gauges, self._group_members)
         # Share groups (issue #32, broker.core.share_ops): None for a core built without
         # ``open`` (share requests refused). Its timer starts here and stops in ``close``.
+        # The dead-letter transactions (broker.core.share_dlq); in a cluster their steps
+        # go to the brokers that serve them. Closed with the shares.
+        self._dead_letters = (
+            None
+            if self.transactions is None or shares is None
+            else CoreDeadLetters(
+                self.transactions,
+                self._produce,
+                self.topics,
+                logs,
+                cluster_routes(config.broker_id, membership, InterBrokerChannels(config.security))
+                if partitions.replicated
+                else None,
+            )
+        )
         self.shares = (
             None
             if shares is None
@@ -234,11 +250,7 @@ class BrokerCore(TopicCalls, GroupCalls):
                 self._gate,
                 fetch_purgatory,
                 clock,
-                dead_letters=(
-                    None
-                    if self.transactions is None
-                    else CoreDeadLetters(self.transactions, self._produce, self.topics, logs)
-                ),
+                dead_letters=self._dead_letters,
             )
         )
 
@@ -511,6 +523,8 @@ class BrokerCore(TopicCalls, GroupCalls):
             self.transactions.stop()
         if self.shares is not None:
             self.shares.close()
+        if self._dead_letters is not None:
+            self._dead_letters.close()
         self._groups.close()
         self._logs.close()
 

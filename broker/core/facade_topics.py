@@ -21,6 +21,7 @@ from tidelog.broker.core.config_keys import ConfigEntry
 from tidelog.broker.core.configs import ConfigChange, Configs, ResourceKind
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.placement import BrokerEndpoint, ClusterView
+from tidelog.broker.core.share_ops import ShareOps
 from tidelog.broker.core.topics import (
     LogDirView,
     MetadataTopic,
@@ -28,6 +29,7 @@ from tidelog.broker.core.topics import (
     Topics,
     TopicView,
 )
+from tidelog.storage.errors import InvalidRequestError
 from tidelog.storage.log_manager import TopicMetadata
 
 __all__ = ["TopicCalls"]
@@ -39,6 +41,7 @@ class TopicCalls:
 
     topics: Topics
     configs: Configs
+    shares: ShareOps | None
     _gate: OperationGate
 
     def create_topic(
@@ -131,9 +134,17 @@ class TopicCalls:
         return self.topics.find_coordinator(key, transaction=transaction)
 
     def describe_configs(
-        self, kind: ResourceKind, name: str, keys: Sequence[str] | None = None
+        self,
+        kind: ResourceKind,
+        name: str,
+        keys: Sequence[str] | None = None,
+        *,
+        forwarded: bool = False,
     ) -> list[ConfigEntry]:
-        """``Configs.describe``."""
+        """``Configs.describe``; a GROUP resource ``ShareOps.describe_group_configs``
+        (``forwarded``: another broker forwarded it, so it is not forwarded again)."""
+        if kind == ResourceKind.GROUP:
+            return self._group_configs().describe_group_configs(name, keys, forward=not forwarded)
         with self._gate.operation():
             return self.configs.describe(kind, name, keys)
 
@@ -145,11 +156,27 @@ class TopicCalls:
         *,
         incremental: bool,
         validate_only: bool = False,
+        forwarded: bool = False,
     ) -> None:
-        """``Configs.alter``."""
+        """``Configs.alter``; a GROUP resource ``ShareOps.alter_group_configs`` (as
+        ``describe_configs``)."""
+        if kind == ResourceKind.GROUP:
+            self._group_configs().alter_group_configs(
+                name,
+                changes,
+                incremental=incremental,
+                validate_only=validate_only,
+                forward=not forwarded,
+            )
+            return
         self.configs.alter(
             kind, name, changes, incremental=incremental, validate_only=validate_only
         )
+
+    def _group_configs(self) -> ShareOps:
+        if self.shares is None:
+            raise InvalidRequestError("this broker serves no share groups: no group configs")
+        return self.shares
 
     def alter_topic_config(
         self, name: str, set_keys: Mapping[str, str], delete_keys: Iterable[str]

@@ -32,8 +32,9 @@ metadata                   DESCRIBE on each named topic (TOPIC_AUTHORIZATION_FAI
 create_topics              CREATE on the cluster, or else on the topic
 delete_topics              DELETE on each topic
 create_partitions          ALTER on each topic
-describe_configs           DESCRIBE_CONFIGS on each topic or on the cluster (a broker)
-alter_configs              ALTER_CONFIGS on each topic or on the cluster
+describe_configs           DESCRIBE_CONFIGS on each topic, on the cluster (a broker) or on
+                           the group (a GROUP resource, as Kafka 4.x)
+alter_configs              ALTER_CONFIGS on each topic, on the cluster or on the group
 init_producer_id           IDEMPOTENT_WRITE on the cluster, or else WRITE on some topic
 init_transactions          WRITE on the transactional id (InitProducerId with one)
 add_partitions_to_txn      WRITE on the transactional id and on each topic; the brokers'
@@ -211,8 +212,16 @@ OPERATIONS: Mapping[str, Policy] = {
     "create_topics": Policy({_T: Operation.CREATE}, or_on_cluster=Operation.CREATE),
     "delete_topics": Policy({_T: Operation.DELETE}),
     "create_partitions": Policy({_T: Operation.ALTER}),
-    "describe_configs": Policy({_T: Operation.DESCRIBE_CONFIGS, _C: Operation.DESCRIBE_CONFIGS}),
-    "alter_configs": Policy({_T: Operation.ALTER_CONFIGS, _C: Operation.ALTER_CONFIGS}),
+    "describe_configs": Policy(
+        {
+            _T: Operation.DESCRIBE_CONFIGS,
+            _C: Operation.DESCRIBE_CONFIGS,
+            _G: Operation.DESCRIBE_CONFIGS,
+        }
+    ),
+    "alter_configs": Policy(
+        {_T: Operation.ALTER_CONFIGS, _C: Operation.ALTER_CONFIGS, _G: Operation.ALTER_CONFIGS}
+    ),
     "init_producer_id": Policy({_C: Operation.IDEMPOTENT_WRITE}, or_on_any_topic=Operation.WRITE),
     "describe_producers": Policy({_T: Operation.READ}),
     "init_transactions": Policy({_X: Operation.WRITE}),

@@ -74,6 +74,7 @@ from tidelog.broker.core.internal_topic import unload_resigned
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.share_admin import ShareAdminCalls
+from tidelog.broker.core.share_group_configs import ShareGroupConfigCalls
 from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
@@ -261,7 +262,7 @@ class _Generations:
             return self.counts.get(key, 0)
 
 
-class ShareOps(ShareAdminCalls):
+class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
     """The share operations of one broker. Starts its timer thread when built; ``close``
     once (the core's close does)."""
 
@@ -311,7 +312,7 @@ class ShareOps(ShareAdminCalls):
             self._logs,
             routed,
             topic_id=topic_id,
-            group_config=lambda g: config.share.partition_config(parts.groups.settings(g)),
+            group_config=lambda g: config.share.partition_config(self._group_settings(g)),
             leader_epoch=self._leader_epoch if replicated else None,
             dead_letters=dead_letters,
         )

@@ -29,10 +29,10 @@ Decided (docs/share-groups.md "Cluster"):
   ``state_epoch`` on a write is the leader's loaded one (``FENCED_STATE_EPOCH`` after a
   reset or delete: ``broker.share.state_log``).
 * **Transactional writes** (a dead-letter transaction's archiving,
-  ``broker.share.dead_letter``) are served only where this broker is the key's share
-  coordinator: the inter-broker WriteShareGroupState carries no transaction yet, so
-  elsewhere they are ``COORDINATOR_NOT_AVAILABLE`` (retried by the dead-letter pass; the
-  records stay to be dead-lettered, nothing is copied without its archiving).
+  ``broker.share.dead_letter``) go the same way: the inter-broker WriteShareGroupState
+  carries the producer id and epoch, and the coordinator holds the write pending until
+  the transaction's marker reaches its state partition (the partition joined the
+  transaction before, at the id's transaction coordinator).
 
 Thread-safe: holds nothing but its collaborators.
 """
@@ -77,7 +77,11 @@ class SharePeers(Protocol):
         start_offset: int,
         batches: tuple[StateBatch, ...],
         state_epoch: int | None = None,
-    ) -> ShareSnapshot: ...
+        *,
+        transaction: tuple[int, int] | None = None,
+    ) -> ShareSnapshot | None:
+        """``transaction`` (producer id, epoch): a transactional write, answered None."""
+        ...
 
     def read_summaries(
         self, coordinator: int, group_id: str, state_partition: int
@@ -154,7 +158,9 @@ class RoutedShareState:
                 )
             )
         assert self._peers is not None
-        return self._peers.write(coordinator, key, leader_epoch, start_offset, batches, state_epoch)
+        return _found(
+            self._peers.write(coordinator, key, leader_epoch, start_offset, batches, state_epoch)
+        )
 
     def write_transactional(
         self,
@@ -167,16 +173,25 @@ class RoutedShareState:
     ) -> None:
         """``start_offset`` and ``batches`` written as a record of ``transaction``
         (producer id, epoch), pending at the coordinator until its marker
-        (``ShareStateLog.write``). Local only (module docstring)."""
-        if self._coordinator(key) is not None:
-            raise CoordinatorNotAvailableError(
-                f"share partition {key.group_id}:{key.topic_id}:{key.partition}: its share "
-                "coordinator is another broker, and a transactional state write is served "
-                "only where it is local (cluster dead-letter topics are not built yet)"
+        (``ShareStateLog.write``), wherever the coordinator is."""
+        coordinator = self._coordinator(key)
+        if coordinator is None:
+            self._serve(
+                key,
+                lambda s: s.write(
+                    key, leader_epoch, start_offset, batches, transaction, state_epoch
+                ),
             )
-        self._serve(
+            return
+        assert self._peers is not None
+        self._peers.write(
+            coordinator,
             key,
-            lambda s: s.write(key, leader_epoch, start_offset, batches, transaction, state_epoch),
+            leader_epoch,
+            start_offset,
+            batches,
+            state_epoch,
+            transaction=transaction,
         )
 
     def summaries(self, group_id: str, state_partition: int) -> list[ShareStateSummary]:

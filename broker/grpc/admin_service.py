@@ -85,7 +85,8 @@ def _config_kind(resource: pb.ConfigResource) -> ResourceKind:
         return ResourceKind(resource.type)
     except ValueError:
         raise InvalidRequestError(
-            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC or CONFIG_RESOURCE_TYPE_BROKER"
+            "resource type must be CONFIG_RESOURCE_TYPE_TOPIC, CONFIG_RESOURCE_TYPE_BROKER "
+            "or CONFIG_RESOURCE_TYPE_GROUP"
         ) from None
 
 
@@ -93,7 +94,10 @@ def _describe_configs(
     core: BrokerCore, request: pb.DescribeConfigsRequest, context: RequestContext
 ) -> pb.DescribeConfigsResponse:
     entries = core.describe_configs(
-        _config_kind(request.resource), request.resource.name, list(request.keys) or None
+        _config_kind(request.resource),
+        request.resource.name,
+        list(request.keys) or None,
+        forwarded=request.forwarded,
     )
     return pb.DescribeConfigsResponse(
         entries=[
@@ -138,6 +142,7 @@ def _incremental_alter_configs(
         changes,
         incremental=True,
         validate_only=request.validate_only,
+        forwarded=request.forwarded,
     )
     return pb.IncrementalAlterConfigsResponse()
 

@@ -19,8 +19,8 @@ DescribeTopic           metadata                    the topic
 CreateTopic             create_topics               the topic (or CREATE on the cluster)
 DeleteTopic             delete_topics               the topic
 AlterTopicConfig        alter_configs               the topic
-DescribeConfigs         describe_configs            the topic, or the cluster (a broker)
-IncrementalAlterConfigs alter_configs               the topic, or the cluster (a broker)
+DescribeConfigs         describe_configs            the topic, the cluster (a broker) or the group
+IncrementalAlterConfigs alter_configs               the topic, the cluster (a broker) or the group
 CreatePartitions        create_partitions           each topic
 InitProducerId          init_producer_id            the cluster (or WRITE on some topic)
 DescribeProducers       describe_producers          each topic
@@ -119,8 +119,11 @@ def _topics(names: Iterable[str]) -> list[Resource]:
 
 
 def _config_resource(resource: Any) -> Resource:
-    # A broker resource (type 4, Kafka's BROKER) is the cluster's; anything else names a
-    # topic (an unknown type is refused by the handler after this check).
+    # A broker resource (type 4, Kafka's BROKER) is the cluster's, a GROUP (32) the
+    # group's; anything else names a topic (an unknown type is refused by the handler
+    # after this check).
+    if resource.type == 32:
+        return group(resource.name)
     return cluster() if resource.type == 4 else topic(resource.name)
 
 

@@ -280,6 +280,18 @@ def _write_state(
     if start < -1:
         raise InvalidRequestError("start_offset must be -1 (unchanged) or an offset")
     state_epoch = state_epoch_of(request.key)
+    if request.HasField("producer_id") != request.HasField("producer_epoch"):
+        raise InvalidRequestError("set both producer_id and producer_epoch, or neither")
+    if request.HasField("producer_id"):
+        # A dead-letter transaction's archiving: pending here until its marker.
+        transaction = (request.producer_id, request.producer_epoch)
+        if transaction[0] < 0 or not 0 <= transaction[1] <= 0x7FFF:
+            raise InvalidRequestError("a transactional write needs a producer id and epoch")
+        return _state_call(
+            core,
+            key,
+            lambda s: s.write(key, epoch, start, batches, transaction, state_epoch),
+        )
     return _state_call(
         core, key, lambda s: s.write(key, epoch, start, batches, state_epoch=state_epoch)
     )

@@ -1,15 +1,17 @@
 """Config and cluster admin APIs over the core: DescribeConfigs, AlterConfigs,
 IncrementalAlterConfigs, DescribeCluster, DescribeLogDirs, ElectLeaders and DeleteRecords.
 
-The configs are ``broker.core.configs``'s (listener-neutral); this module decodes, asks
-the policy table per resource (``ALTER_CONFIGS`` / ``DESCRIBE_CONFIGS`` on the topic, or
-on the cluster for a broker resource: refused ones answer ``TOPIC_AUTHORIZATION_FAILED``
-/ ``CLUSTER_AUTHORIZATION_FAILED``, the others are served), calls the core once per
+The configs are ``broker.core.configs``'s and a group's ``broker.core.group_configs``'
+(listener-neutral); this module decodes, asks the policy table per resource
+(``ALTER_CONFIGS`` / ``DESCRIBE_CONFIGS`` on the topic, on the cluster for a broker
+resource, on the group for a GROUP one (32, Kafka 4.x): refused ones answer
+``TOPIC_AUTHORIZATION_FAILED`` / ``CLUSTER_AUTHORIZATION_FAILED`` /
+``GROUP_AUTHORIZATION_FAILED``, the others are served), calls the core once per
 resource and encodes. DescribeConfigs answers every effective key with its source,
 synonyms when asked (``include_synonyms``), one line of documentation when asked
 (``include_documentation``, v3+) and its type (v3+); a sensitive broker value (a key
-naming a password, secret or key) is null. A resource type other than topic (2) or broker
-(4) is ``INVALID_REQUEST``; a resource named twice in one alter request too, as Kafka.
+naming a password, secret or key) is null. A resource type other than topic (2), broker
+(4) or group (32) is ``INVALID_REQUEST``; a resource named twice in one alter request too, as Kafka.
 
 DescribeLogDirs (v1-4): this broker's one data directory (``BrokerCore.describe_log_dirs``),
 with each partition asked for (``topics`` null: every one) that has a copy here, its size
@@ -44,7 +46,7 @@ from collections.abc import Sequence
 from tidelog.broker.core.config_keys import ConfigEntry
 from tidelog.broker.core.configs import AlterOp, ConfigChange, ResourceKind
 from tidelog.broker.core.offsets import RecordsDeleted, RecordsToDelete
-from tidelog.broker.core.operations import Resource, topic
+from tidelog.broker.core.operations import Resource, group, topic
 from tidelog.broker.core.operations import cluster as the_cluster
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals
 from tidelog.broker.kafka.cluster import broker_entries
@@ -66,6 +68,8 @@ _KINDS = {int(k): k for k in ResourceKind}
 
 
 def _resource(kind: int, name: str) -> Resource:
+    if kind == ResourceKind.GROUP:
+        return group(name)
     return topic(name) if kind == ResourceKind.TOPIC else the_cluster()
 
 
@@ -90,7 +94,7 @@ def _entry(entry: ConfigEntry, synonyms: bool, documentation: bool) -> Plain:
 def _unknown_kind(kind: int) -> tuple[int, str]:
     return (
         error_code_for("INVALID_REQUEST"),
-        f"resource type {kind} has no configs here (2: topic, 4: broker)",
+        f"resource type {kind} has no configs here (2: topic, 4: broker, 32: group)",
     )
 
 

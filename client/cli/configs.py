@@ -1,19 +1,20 @@
-"""``tidelog configs``: describe and change topic and broker configs (Kafka's
-``kafka-configs.sh``).
+"""``tidelog configs``: describe and change topic, broker and group configs (Kafka's
+``kafka-configs.sh``; ``--group`` is its ``--entity-type groups``).
 
 ::
 
-    tidelog configs describe (--topic T | --broker ID | --broker-defaults)
+    tidelog configs describe (--topic T | --broker ID | --broker-defaults | --group G)
                              [--synonyms] [--docs] [KEY]...
-    tidelog configs alter (--topic T | --broker ID | --broker-defaults)
+    tidelog configs alter (--topic T | --broker ID | --broker-defaults | --group G)
                           [--set KEY=VALUE]... [--delete KEY]... [--append KEY=VALUE]...
                           [--subtract KEY=VALUE]... [--validate-only]
 
 ``describe`` prints KEY, VALUE, SOURCE (where the value comes from: a topic's own, this
 broker's dynamic value, the cluster-wide dynamic default, the settings file, or the
 built-in default) and, with ``--synonyms``, every place it could come from, most specific
-first. A broker takes only the keys it applies live (``docs/configs.md``). Tables go to
-stdout, one-line summaries to stderr.
+first. A broker takes only the keys it applies live (``docs/configs.md``); a group its
+``share.*`` configs and ``errors.deadletterqueue.topic.name`` (``docs/share-groups.md``),
+set and deleted. Tables go to stdout, one-line summaries to stderr.
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the cluster-wide dynamic broker defaults",
     )
+    target.add_argument("--group", metavar="G", help="a group's configs (share groups)")
 
 
 def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
     """Add ``configs`` and its actions to ``commands``; ``common`` is every action's parent."""
-    configs = commands.add_parser("configs", help="describe and change topic and broker configs")
+    configs = commands.add_parser(
+        "configs", help="describe and change topic, broker and group configs"
+    )
     configs.set_defaults(handler=help_of(configs))
     actions = configs.add_subparsers(title="config commands", metavar="ACTION")
     describe = actions.add_parser(
@@ -81,12 +85,14 @@ def _resource(args: argparse.Namespace) -> ConfigResource:
         return ConfigResource.topic(args.topic)
     if args.broker is not None:
         return ConfigResource.broker(args.broker)
+    if args.group is not None:
+        return ConfigResource.group(args.group)
     return ConfigResource.broker(None)
 
 
 def _label(resource: ConfigResource) -> str:
-    if resource.type == "topic":
-        return f"topic {resource.name}"
+    if resource.type in ("topic", "group"):
+        return f"{resource.type} {resource.name}"
     return f"broker {resource.name}" if resource.name else "the broker defaults"
 
 

@@ -1109,6 +1109,90 @@ def test_configs_need_alter_configs_and_describe_configs(
         assert describe(4, "0") == ["CLUSTER_AUTHORIZATION_FAILED"]
 
 
+def test_group_configs_need_alter_configs_and_describe_configs_on_the_group(
+    secure: Secure, both: dict[str, Any]
+) -> None:
+    """A GROUP config resource (type 32, Kafka 4.x) on both listeners: ALTER_CONFIGS or
+    DESCRIBE_CONFIGS on the group, as Kafka's; each refusal audited once (Kafka answers
+    per resource, gRPC refuses the call)."""
+    from kafka.protocol.admin import (
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+    )
+
+    core = secure.broker.server.core
+    shares = core.shares
+    assert shares is not None
+    for operation in (Operation.ALTER_CONFIGS, Operation.DESCRIBE_CONFIGS):
+        core.acls.create(
+            [
+                AclBinding(
+                    f"User:{USER}", "*", operation, Permission.ALLOW, ResourceType.GROUP,
+                    "gcfg-", PatternType.PREFIXED,
+                )
+            ]
+        )  # fmt: skip
+    kafka: _Kafka = both["kafka"]
+    grpc: _Grpc = both["grpc"]
+    alter_class = IncrementalAlterConfigsRequest[1]
+    describe_class = DescribeConfigsRequest[2]
+    key = "share.delivery.count.limit"
+
+    def kafka_alter(name: str) -> list[str]:
+        config = alter_class.AlterConfigsResource.AlterableConfig(
+            name=key, config_operation=0, value="3"
+        )
+        request = alter_class(
+            resources=[
+                alter_class.AlterConfigsResource(
+                    resource_type=32, resource_name=name, configs=[config]
+                )
+            ],
+            validate_only=False,
+        )
+        answer = kafka.session.call(request, IncrementalAlterConfigsResponse)
+        return [error_name(r.error_code) for r in answer.responses]
+
+    def kafka_describe(name: str) -> list[str]:
+        request = describe_class(
+            resources=[
+                describe_class.DescribeConfigsResource(
+                    resource_type=32, resource_name=name, configuration_keys=None
+                )
+            ],
+            include_synonyms=True,
+        )
+        answer = kafka.session.call(request, DescribeConfigsResponse)
+        return [error_name(r.error_code) for r in answer.results]
+
+    def grpc_alter(name: str) -> list[str]:
+        request = pb.IncrementalAlterConfigsRequest(
+            resource=pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=name),
+            alterations=[pb.ConfigAlteration(name=key, value="3")],
+        )
+        return [grpc._code("IncrementalAlterConfigs", request)[0]]
+
+    def grpc_describe(name: str) -> list[str]:
+        resource = pb.ConfigResource(type=pb.CONFIG_RESOURCE_TYPE_GROUP, name=name)
+        return [grpc._code("DescribeConfigs", pb.DescribeConfigsRequest(resource=resource))[0]]
+
+    calls = {"grpc": (grpc_alter, grpc_describe), "kafka": (kafka_alter, kafka_describe)}
+    for listener, (alter, describe) in calls.items():
+        allowed = _observe(secure, listener, lambda: alter(f"gcfg-{listener}"))  # noqa: B023
+        assert (allowed.decision, allowed.audit) == (["OK"], [])
+        assert shares.share_groups.settings(f"gcfg-{listener}").delivery_count_limit == 3
+        assert describe(f"gcfg-{listener}") == ["OK"]
+        refused = _observe(secure, listener, lambda: alter(f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["GROUP_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["ALTER_CONFIGS"]
+        refused = _observe(secure, listener, lambda: describe(f"ro-{listener}"))  # noqa: B023
+        assert refused.decision == ["GROUP_AUTHORIZATION_FAILED"], listener
+        assert [line["operation"] for line in refused.audit] == ["DESCRIBE_CONFIGS"]
+        assert shares.share_groups.group_configs(f"ro-{listener}") == {}
+
+
 # Reassignment (issue #27): a test of their own, so that the quota meters the main test
 # compares keep their timing (they measure over a live window).
 REASSIGNMENT_SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [

@@ -12,8 +12,8 @@ only; a dead-letter write that keeps failing (every copy too large for the topic
 logged at ERROR, stalls none of the partition's other records, loses nothing, and the
 record is dead-lettered once the topic takes it.
 
-Group configs are set in the broker's process (``ShareGroupManager.alter_group_configs``,
-stored in ``__consumer_offsets``): no listener serves GROUP configs yet.
+Group configs are set over the wire (``AdminClient.incremental_alter_configs`` on a
+``ConfigResource.group``, stored at the group's coordinator in ``__consumer_offsets``).
 """
 
 from __future__ import annotations
@@ -57,9 +57,10 @@ def broker() -> Iterator[InProcessBroker]:
 
 
 def _set_group_configs(broker: InProcessBroker, group: str, configs: dict[str, str]) -> None:
-    shares = broker.server.core.shares
-    assert shares is not None
-    shares.share_groups.alter_group_configs(group, dict(configs))
+    with AdminClient(broker.address) as admin:
+        admin.incremental_alter_configs(
+            ConfigResource.group(group), [AlterConfigOp(k, "set", v) for k, v in configs.items()]
+        )
 
 
 def _consumer(address: str, group: str, topic: str) -> ShareConsumer:

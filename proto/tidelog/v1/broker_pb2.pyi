@@ -43,6 +43,10 @@ class _ConfigResourceTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Co
     CONFIG_RESOURCE_TYPE_TOPIC: _ConfigResourceType.ValueType  # 2
     CONFIG_RESOURCE_TYPE_BROKER: _ConfigResourceType.ValueType  # 4
     """name: a broker id, or "" for the cluster default"""
+    CONFIG_RESOURCE_TYPE_GROUP: _ConfigResourceType.ValueType  # 32
+    """A group's configs (Kafka 4.x's GROUP, KIP-848/932: share.*, and Tidelog's
+    errors.deadletterqueue.topic.name), served by the group's coordinator.
+    """
 
 class ConfigResourceType(_ConfigResourceType, metaclass=_ConfigResourceTypeEnumTypeWrapper):
     """Configs (docs/configs.md). Kafka's numbers: resource types, sources and operations."""
@@ -51,6 +55,10 @@ CONFIG_RESOURCE_TYPE_UNSPECIFIED: ConfigResourceType.ValueType  # 0
 CONFIG_RESOURCE_TYPE_TOPIC: ConfigResourceType.ValueType  # 2
 CONFIG_RESOURCE_TYPE_BROKER: ConfigResourceType.ValueType  # 4
 """name: a broker id, or "" for the cluster default"""
+CONFIG_RESOURCE_TYPE_GROUP: ConfigResourceType.ValueType  # 32
+"""A group's configs (Kafka 4.x's GROUP, KIP-848/932: share.*, and Tidelog's
+errors.deadletterqueue.topic.name), served by the group's coordinator.
+"""
 Global___ConfigResourceType: _TypeAlias = ConfigResourceType  # noqa: Y015
 
 class _ConfigSource:
@@ -65,6 +73,8 @@ class _ConfigSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigSo
     CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: _ConfigSource.ValueType  # 3
     CONFIG_SOURCE_STATIC_BROKER_CONFIG: _ConfigSource.ValueType  # 4
     CONFIG_SOURCE_DEFAULT_CONFIG: _ConfigSource.ValueType  # 5
+    CONFIG_SOURCE_GROUP_CONFIG: _ConfigSource.ValueType  # 8
+    """set on the group (Kafka's GROUP_CONFIG)"""
 
 class ConfigSource(_ConfigSource, metaclass=_ConfigSourceEnumTypeWrapper): ...
 
@@ -74,6 +84,8 @@ CONFIG_SOURCE_DYNAMIC_BROKER_CONFIG: ConfigSource.ValueType  # 2
 CONFIG_SOURCE_DYNAMIC_DEFAULT_BROKER_CONFIG: ConfigSource.ValueType  # 3
 CONFIG_SOURCE_STATIC_BROKER_CONFIG: ConfigSource.ValueType  # 4
 CONFIG_SOURCE_DEFAULT_CONFIG: ConfigSource.ValueType  # 5
+CONFIG_SOURCE_GROUP_CONFIG: ConfigSource.ValueType  # 8
+"""set on the group (Kafka's GROUP_CONFIG)"""
 Global___ConfigSource: _TypeAlias = ConfigSource  # noqa: Y015
 
 class _ConfigOperation:
@@ -495,6 +507,12 @@ class DescribeConfigsRequest(_message.Message):
 
     RESOURCE_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
+    FORWARDED_FIELD_NUMBER: _builtins.int
+    forwarded: _builtins.bool
+    """Set by a broker that forwards a GROUP resource's call to the group's coordinator
+    (where the group's configs live): the receiver answers, NOT_COORDINATOR if it is not
+    the coordinator either, and never forwards again.
+    """
     @_builtins.property
     def resource(self) -> Global___ConfigResource: ...
     @_builtins.property
@@ -506,10 +524,11 @@ class DescribeConfigsRequest(_message.Message):
         *,
         resource: Global___ConfigResource | None = ...,
         keys: _abc.Iterable[_builtins.str] | None = ...,
+        forwarded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "resource", b"resource"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forwarded", b"forwarded", "keys", b"keys", "resource", b"resource"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -642,8 +661,11 @@ class IncrementalAlterConfigsRequest(_message.Message):
     RESOURCE_FIELD_NUMBER: _builtins.int
     ALTERATIONS_FIELD_NUMBER: _builtins.int
     VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    FORWARDED_FIELD_NUMBER: _builtins.int
     validate_only: _builtins.bool
     """check everything, change nothing"""
+    forwarded: _builtins.bool
+    """as DescribeConfigsRequest's"""
     @_builtins.property
     def resource(self) -> Global___ConfigResource: ...
     @_builtins.property
@@ -654,10 +676,11 @@ class IncrementalAlterConfigsRequest(_message.Message):
         resource: Global___ConfigResource | None = ...,
         alterations: _abc.Iterable[Global___ConfigAlteration] | None = ...,
         validate_only: _builtins.bool = ...,
+        forwarded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resource", b"resource"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alterations", b"alterations", "forwarded", b"forwarded", "resource", b"resource", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -5140,8 +5163,16 @@ class WriteShareGroupStateRequest(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     START_OFFSET_FIELD_NUMBER: _builtins.int
     BATCHES_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
     start_offset: _builtins.int
     """-1: unchanged"""
+    producer_id: _builtins.int
+    """Set both: a write of that transaction (a dead-letter transaction's archiving,
+    broker.share.dead_letter), pending at the coordinator until the transaction's marker;
+    its state partition is already in the transaction. The answer is then `found` false.
+    """
+    producer_epoch: _builtins.int
     @_builtins.property
     def key(self) -> Global___ShareStateKeyRef: ...
     @_builtins.property
@@ -5154,12 +5185,21 @@ class WriteShareGroupStateRequest(_message.Message):
         key: Global___ShareStateKeyRef | None = ...,
         start_offset: _builtins.int = ...,
         batches: _abc.Iterable[Global___ShareStateBatch] | None = ...,
+        producer_id: _builtins.int | None = ...,
+        producer_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "key", b"key", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "key", b"key", "start_offset", b"start_offset"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch", "_producer_id", b"_producer_id", "batches", b"batches", "key", b"key", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id", "start_offset", b"start_offset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__producer_epoch: _TypeAlias = _typing.Literal["producer_epoch"]  # noqa: Y015
+    _WhichOneofArgType__producer_epoch: _TypeAlias = _typing.Literal["_producer_epoch", b"_producer_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__producer_id: _TypeAlias = _typing.Literal["producer_id"]  # noqa: Y015
+    _WhichOneofArgType__producer_id: _TypeAlias = _typing.Literal["_producer_id", b"_producer_id"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_epoch) -> _WhichOneofReturnType__producer_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__producer_id) -> _WhichOneofReturnType__producer_id | None: ...
 
 Global___WriteShareGroupStateRequest: _TypeAlias = WriteShareGroupStateRequest  # noqa: Y015
 
