@@ -31,6 +31,7 @@ from tidelog.broker.core.placement import (
     JoiningPlacement,
     JoiningTopicAdmin,
     LocalPlacement,
+    NewTopic,
     Placement,
 )
 from tidelog.broker.core.producer_ids import ProducerIdSource, UnavailableProducerIds
@@ -67,6 +68,19 @@ class TopicAdmin(Protocol):
         ...
 
     def delete_topic(self, name: str) -> None: ...
+
+    def create_topics(
+        self, specs: Sequence[NewTopic], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics in one batch: per topic None (created, and every partition led in
+        this broker's view, unless ``timeout_ms <= 0``) or its error
+        (``KafkaTimeoutError`` for one still pending at ``timeout_ms``)."""
+        ...
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        """Many topics in one batch: per topic None (gone from this broker's view,
+        unless ``timeout_ms <= 0``) or its error."""
+        ...
 
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None

@@ -36,6 +36,7 @@ __all__ = [
     "JoiningPlacement",
     "JoiningTopicAdmin",
     "LocalPlacement",
+    "NewTopic",
     "PartitionPlacement",
     "Placement",
 ]
@@ -177,6 +178,19 @@ class JoiningPlacement:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """A topic to create in a cluster (``TopicAdmin.create_topics``): its partition
+    count and replication factor, placed by the controller's round robin, or ``manual``,
+    (partition, replicas) pairs with the preferred leader first, written as given."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str]
+    manual: list[tuple[int, tuple[int, ...]]] | None = None
+
+
 class JoiningTopicAdmin:
     """Cluster mode's topic administration until the broker has joined: every call is
     refused with ``NotControllerError`` (retriable: clients ask the controller they find
@@ -203,6 +217,14 @@ class JoiningTopicAdmin:
         raise self._refuse()
 
     def delete_topic(self, name: str) -> None:
+        raise self._refuse()
+
+    def create_topics(
+        self, specs: Sequence[NewTopic], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        raise self._refuse()
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
         raise self._refuse()
 
     def create_partitions(
