@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,16 +16,23 @@ from dataclasses import dataclass
 import pytest
 
 from tidelog.broker.cluster.controller import Controller, ControllerSettings
-from tidelog.broker.cluster.metadata import MetadataWatcher
+from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.store import ClusterStore
 from tidelog.broker.cluster.testing import ZooKeeperServer
-from tidelog.broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
+from tidelog.broker.cluster.znodes import (
+    NO_LEADER,
+    BrokerRegistration,
+    PartitionState,
+    TopicAssignment,
+)
+from tidelog.broker.core.placement import NewTopic
 from tidelog.storage.clock import SystemClock
 from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     NotControllerError,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
 )
 
 _chroots = itertools.count()
@@ -285,3 +293,70 @@ def test_leaderships_granted_before_the_whole_cluster_restarted_are_granted_agai
     for p, old in before.items():
         eventually(lambda p=p, old=old: state(second, "b", p).leader_epoch > old.leader_epoch)
         assert state(second, "b", p).leader in (1, 2, 3)
+
+
+def test_a_batch_creates_and_deletes_many_topics_with_an_answer_for_each(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("there", 1, 1, {})
+    names = [f"batch-{i}" for i in range(30)]
+    specs = [NewTopic(n, 4, 3, {"retention.ms": "60000"}) for n in names]
+    specs += [NewTopic("there", 1, 1, {}), NewTopic("big", 1, 4, {})]
+    watcher = MetadataWatcher(brokers[0].store)
+    watcher.start()
+    try:
+        answer = controller.controller.create_topics(specs)
+        assert isinstance(answer.pop("there"), TopicAlreadyExistsError)
+        assert isinstance(answer.pop("big"), InvalidReplicationFactorError)
+        assert sorted(answer) == sorted(names)
+        for name, assignment in answer.items():
+            assert isinstance(assignment, TopicAssignment)
+            for partition, replicas in assignment.replicas.items():
+                assert sorted(replicas) == [1, 2, 3]
+                assert state(controller, name, partition).leader == replicas[0]
+
+        def every_partition_led(view: ClusterMetadata) -> bool:
+            return all(
+                name in view.topics
+                and all(view.leader(name, p) != NO_LEADER for p in range(4))
+                and view.topics[name].config == {"retention.ms": "60000"}
+                for name in names
+            )
+
+        assert watcher.wait_for(every_partition_led, 10_000)
+
+        gone = controller.controller.delete_topics([*names, "nope"])
+        assert isinstance(gone.pop("nope"), UnknownTopicOrPartitionError)
+        assert gone == dict.fromkeys(names)
+        assert controller.store.topics() == ["there"]
+        assert watcher.wait_for(lambda view: sorted(view.topics) == ["there"], 10_000)
+    finally:
+        watcher.stop()
+
+
+def test_callers_creating_the_same_topic_at_once_get_one_success(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2)]
+    controller = controller_of(brokers).controller
+    answers: list[dict[str, object]] = []
+    lock = threading.Lock()
+
+    def create(own: str) -> None:
+        found = controller.create_topics([NewTopic(own, 1, 2, {}), NewTopic("shared", 2, 2, {})])
+        with lock:
+            answers.append(found)
+
+    threads = [threading.Thread(target=create, args=(f"own-{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(answers) == 8
+    shared = [a["shared"] for a in answers]
+    assert sum(isinstance(s, TopicAssignment) for s in shared) == 1
+    assert sum(isinstance(s, TopicAlreadyExistsError) for s in shared) == 7
+    owns = {name for a in answers for name, v in a.items() if isinstance(v, TopicAssignment)}
+    assert owns == {"shared", *(f"own-{i}" for i in range(8))}
