@@ -401,7 +401,8 @@ class Controller:
             except BaseException as exc:  # the thread must survive anything
                 if event.kind == "call" or event.kind in BATCHED:
                     for each in event.merged or [event]:
-                        each.result.set_exception(exc)
+                        if not each.result.done():
+                            each.result.set_exception(exc)
                 elif isinstance(exc, StoreError):
                     log.warning("controller: %s failed: %s", event.kind, exc)
                 else:
