@@ -10,15 +10,18 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from tidelog.broker.cluster.controller import Controller, ControllerSettings
+from tidelog.broker.cluster.forwarding import run_call
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.store import ClusterStore
 from tidelog.broker.cluster.testing import ZooKeeperServer
+from tidelog.broker.cluster.topic_batches import TopicBatches
 from tidelog.broker.cluster.znodes import (
     NO_LEADER,
     BrokerRegistration,
@@ -30,6 +33,7 @@ from tidelog.storage.clock import SystemClock
 from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    KafkaTimeoutError,
     NotControllerError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -360,3 +364,36 @@ def test_callers_creating_the_same_topic_at_once_get_one_success(
     assert sum(isinstance(s, TopicAlreadyExistsError) for s in shared) == 7
     owns = {name for a in answers for name, v in a.items() if isinstance(v, TopicAssignment)}
     assert owns == {"shared", *(f"own-{i}" for i in range(8))}
+
+
+def test_topics_still_pending_at_the_timeout_answer_request_timed_out_and_stay_created(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    """``TopicBatches`` (the receiving broker's half): a view that never catches up (a
+    watcher not started) leaves every created topic pending at ``timeout_ms``: each
+    answers ``REQUEST_TIMED_OUT`` (Kafka's), the controller's own errors stay, and the
+    topics exist all the same."""
+    brokers = [cluster(i) for i in (1, 2)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("there", 1, 1, {})
+    stale_view = MetadataWatcher(controller.store)
+
+    def on_controller(call: str, arguments: Mapping[str, Any]) -> Any:
+        return run_call(controller.controller, call, arguments)
+
+    batches = TopicBatches(on_controller, stale_view)
+    specs = [
+        NewTopic("late-1", 2, 2, {}),
+        NewTopic("late-2", 2, 2, {}),
+        NewTopic("there", 1, 1, {}),
+    ]
+    answer = batches.create_topics(specs, timeout_ms=200)
+    assert isinstance(answer["there"], TopicAlreadyExistsError)
+    assert isinstance(answer["late-1"], KafkaTimeoutError)
+    assert isinstance(answer["late-2"], KafkaTimeoutError)
+    assert controller.store.topics() == ["late-1", "late-2", "there"]
+    assert batches.create_topics([NewTopic("at-once", 1, 1, {})], timeout_ms=0) == {"at-once": None}
+    gone = batches.delete_topics(["late-1", "nope"], timeout_ms=200)
+    assert gone["late-1"] is None  # a view that never had it shows it gone
+    assert isinstance(gone["nope"], UnknownTopicOrPartitionError)
+    assert "late-1" not in controller.store.topics()
