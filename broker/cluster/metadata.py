@@ -7,7 +7,8 @@ push that can be lost or arrive out of order. What the controller pushed in Kafk
 
 An in-memory image, updated by watches (issue #34): every topic's assignment, config and
 partition state znode is read with a one-shot ZooKeeper watch and kept until that watch
-fires; a change then re-reads only the znodes whose watches fired and those not yet read
+fires; a change then re-reads only the topics whose znodes' watches fired (a topic's
+assignment and states together: one transaction writes them) and what was not yet read
 (new topics, new partitions), each level in one pipelined round of asynchronous reads
 (``broker.cluster.store_batch``), never one synchronous round trip per znode. The
 registrations, the topic list and ``/controller`` are read on every re-read (a handful
@@ -87,18 +88,25 @@ class _Image:
             del self.states[key]
 
     def forget(self, paths: set[str]) -> None:
-        """The znodes at ``paths`` changed (or went): read them again."""
+        """The znodes at ``paths`` changed (or went): read them again. A topic's
+        assignment and its states are forgotten together, whichever fired: the
+        controller writes them in one transaction (a reassignment's replica lists with
+        the states that go with them, ``ClusterStore.write_reassignment``), and a view
+        must not pair a new replica list with a cached old state, or the reverse."""
         for path in paths:
             if path.startswith(TOPIC_CONFIGS + "/"):
                 self.configs.pop(path[len(TOPIC_CONFIGS) + 1 :], None)
-                continue
-            if not path.startswith(TOPICS + "/"):
-                continue
-            parts = path[len(TOPICS) + 1 :].split("/")
-            if len(parts) == 1:
-                self.assignments.pop(parts[0], None)
-            elif len(parts) == 4 and parts[1] == "partitions" and parts[2].isdigit():
-                self.states.pop((parts[0], int(parts[2])), None)
+            elif path.startswith(TOPICS + "/"):
+                self._forget_topic(path[len(TOPICS) + 1 :].split("/")[0])
+
+    def _forget_topic(self, name: str) -> None:
+        assignment = self.assignments.pop(name, None)
+        if assignment is not None:  # partitions are never removed but with their topic
+            for partition in assignment.replicas:
+                self.states.pop((name, partition), None)
+            return
+        for key in [k for k in self.states if k[0] == name]:
+            del self.states[key]
 
 
 @dataclass(frozen=True, slots=True)
