@@ -71,8 +71,9 @@ from tidelog.broker.cluster.store import (
     StateRead,
     StoreError,
 )
-from tidelog.broker.cluster.topic_changes import NewTopic, TopicChanges
+from tidelog.broker.cluster.topic_changes import TopicChanges
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
+from tidelog.broker.core.placement import Growth, NewTopic
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     BrokerUnavailableError,
@@ -253,6 +254,13 @@ class Controller:
         ``create_topics``. Per topic None or its error (``UnknownTopicOrPartitionError``)."""
         return cast("dict[str, Exception | None]", self._batch("delete_topics", list(names)))
 
+    def create_partitions_many(
+        self, growths: Sequence[Growth]
+    ) -> dict[str, TopicAssignment | Exception]:
+        """Grow many topics in one batch (``TopicChanges.grow_many``), merged as
+        ``create_topics``."""
+        return self._batch("create_partitions", list(growths))
+
     def _batch(self, kind: str, items: list[Any]) -> dict[str, Any]:
         return cast("dict[str, Any]", self._wait(Event(kind, items=items)))
 
@@ -262,6 +270,8 @@ class Controller:
         results: Mapping[str, Any]
         if event.kind == "create_topics":
             results = self._topic_changes.create_many(lease, event.items)
+        elif event.kind == "create_partitions":
+            results = self._topic_changes.grow_many(lease, event.items)
         else:
             results = self._topic_changes.delete_many(lease, event.items)
         answer_merged(event, results)

@@ -12,7 +12,8 @@ event thread takes everything queued at once (``take_burst``) and coalesces it
   run re-reads everything from ZooKeeper, so the last one sees all that the earlier
   ones would have (Kafka coalesces its ``BrokerChange`` and ``TopicChange`` events the
   same way: the handler reads the current children, not the event's);
-* adjacent batchable calls of the same kind (``create_topics``, ``delete_topics``) are
+* adjacent batchable calls of the same kind (``create_topics``, ``delete_topics``,
+  ``create_partitions``) are
   merged into one, whose items are the union in order: one pipelined read, one
   round of transactions (``broker.cluster.topic_changes``), each caller answered with
   its own items' results. Only adjacent ones: a call never moves past another event, so
@@ -31,13 +32,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidelog.storage.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from tidelog.storage.errors import (
+    InvalidPartitionsError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 
 __all__ = ["BATCHED", "Event", "answer_merged", "coalesce", "take_burst"]
 
 # Call kinds whose items a merged event handles together; any other kind but "call" and
 # "stop" is a re-read-and-decide event.
-BATCHED = frozenset({"create_topics", "delete_topics"})
+BATCHED = frozenset({"create_topics", "delete_topics", "create_partitions"})
 
 
 @dataclass(slots=True)
@@ -100,12 +105,18 @@ def answer_merged(event: Event, results: Mapping[str, Any]) -> None:
             if name in answer:
                 continue  # named twice by one caller: one answer (its handler refuses it)
             if name in claimed:
-                answer[name] = (
-                    TopicAlreadyExistsError(f"topic {name!r} already exists")
-                    if event.kind == "create_topics"
-                    else UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-                )
+                answer[name] = _contested(event.kind, name)
             else:
                 answer[name] = results.get(name)
         claimed.update(answer)
         each.result.set_result(answer)
+
+
+def _contested(kind: str, name: str) -> Exception:
+    """What a caller gets for a topic an earlier caller of the same batch named: what
+    its request would have met right after the other's."""
+    if kind == "create_topics":
+        return TopicAlreadyExistsError(f"topic {name!r} already exists")
+    if kind == "delete_topics":
+        return UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+    return InvalidPartitionsError(f"topic {name!r} was grown by another request meanwhile; retry")

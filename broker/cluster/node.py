@@ -77,7 +77,6 @@ from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
 from tidelog.broker.cluster.store import ClusterStore, StoreError
 from tidelog.broker.cluster.topic_batches import TopicBatches
-from tidelog.broker.cluster.topic_changes import NewTopic
 from tidelog.broker.cluster.txn_peers import GrpcTxnPeers
 from tidelog.broker.cluster.znodes import (
     KAFKA_LISTENER,
@@ -90,7 +89,13 @@ from tidelog.broker.core.configs import AppliedConfigs
 from tidelog.broker.core.meta_properties import ensure_meta_properties
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.partitions import PartitionRegistry
-from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from tidelog.broker.core.placement import (
+    BrokerEndpoint,
+    ClusterView,
+    Growth,
+    NewTopic,
+    PartitionPlacement,
+)
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
@@ -673,18 +678,16 @@ class ClusterNode:
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
     ) -> None:
-        self._on_controller(
-            "create_partitions",
-            {
-                "name": name,
-                "total": total,
-                "assignment": None if assignment is None else [list(r) for r in assignment],
-            },
-        )
-        self._await(
-            lambda m: name in m.topics and m.topics[name].assignment.partition_count == total,
-            f"growing {name}",
-        )
+        manual = None if assignment is None else [tuple(r) for r in assignment]
+        error = self.create_partitions_many([Growth(name, total, manual)], FORWARD_TIMEOUT_MS)[name]
+        if error is not None:
+            raise error
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics grown in one controller batch (``broker.cluster.topic_batches``)."""
+        return self._batches.create_partitions(growths, timeout_ms)
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         self._on_controller("alter_topic_config", {"name": name, "config": dict(config)})

@@ -221,6 +221,28 @@ class BatchOps:
             transactions.append((f"creating topic {name}", name, transaction))
         return self._commit_all(transactions, exists_is_stale=True)
 
+    def add_partitions_many(
+        self,
+        lease: Any,
+        growths: Sequence[tuple[TopicAssignment, int, Mapping[int, PartitionState]]],
+    ) -> dict[str, Exception | None]:
+        """Grow each topic (its new assignment at the version read, its new partitions'
+        states) in its own fenced transaction, all committed together; per topic None,
+        ``StaleStateError`` (it changed meanwhile) or ``StoreError``. Raises
+        ``ControllerMovedError``."""
+        transactions = []
+        for assignment, version, states in growths:
+            name = assignment.name
+            transaction = self._fenced(lease)
+            transaction.set_data(topic_path(name), encode_topic(assignment), version=version)
+            for partition, state in states.items():
+                transaction.create(f"{partitions_path(name)}/{partition}", b"")
+                transaction.create(
+                    partition_state_path(name, partition), encode_partition_state(state)
+                )
+            transactions.append((f"growing topic {name}", name, transaction))
+        return self._commit_all(transactions, exists_is_stale=True)
+
     def delete_topics(
         self, lease: Any, assignments: Sequence[TopicAssignment]
     ) -> dict[str, Exception | None]:

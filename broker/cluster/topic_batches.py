@@ -1,4 +1,5 @@
-"""CreateTopics and DeleteTopics of many topics, on any broker of a cluster (issue #34).
+"""CreateTopics, DeleteTopics and CreatePartitions of many topics, on any broker of a
+cluster (issue #34).
 
 ``ClusterNode.create_topics`` / ``delete_topics`` (the core's ``TopicAdmin`` seam) hand
 the whole request to the controller as **one** call (here, or forwarded as one
@@ -33,8 +34,8 @@ from typing import Any
 
 from tidelog.broker.cluster.controller import Controller
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
-from tidelog.broker.cluster.topic_changes import NewTopic
 from tidelog.broker.cluster.znodes import NO_LEADER
+from tidelog.broker.core.placement import Growth, NewTopic
 from tidelog.storage.errors import (
     KafkaTimeoutError,
     NotControllerError,
@@ -46,6 +47,7 @@ __all__ = [
     "TopicBatches",
     "decode_outcomes",
     "encode_new_topics",
+    "run_create_partitions",
     "run_create_topics",
     "run_delete_topics",
 ]
@@ -110,14 +112,29 @@ def run_create_topics(controller: Controller, a: Mapping[str, Json]) -> Json:
     return _encode_outcomes(controller.create_topics(_decode_new_topics(a["topics"])))
 
 
+def run_create_partitions(controller: Controller, a: Mapping[str, Json]) -> Json:
+    """The controller's half of a (forwarded) ``create_partitions_many``."""
+    growths = [
+        Growth(
+            str(g["name"]),
+            int(g["total"]),
+            None
+            if g.get("assignment") is None
+            else [tuple(int(b) for b in r) for r in g["assignment"]],
+        )
+        for g in a["growths"]
+    ]
+    return _encode_outcomes(controller.create_partitions_many(growths))
+
+
 def run_delete_topics(controller: Controller, a: Mapping[str, Json]) -> Json:
     """The controller's half of a (forwarded) ``delete_topics``."""
     return _encode_outcomes(controller.delete_topics([str(n) for n in a["names"]]))
 
 
-def _led(view: ClusterMetadata, name: str) -> bool:
+def _led(view: ClusterMetadata, name: str, total: int = 0) -> bool:
     topic = view.topics.get(name)
-    if topic is None:
+    if topic is None or topic.assignment.partition_count < total:
         return False
     return all(
         topic.states.get(p) is not None and topic.leader(p) != NO_LEADER
@@ -148,6 +165,31 @@ class TopicBatches:
         created = [name for name, error in answer.items() if error is None]
         if timeout_ms > 0:
             self._wait(created, lambda view, name: _led(view, name), deadline, answer, "led")
+        return answer
+
+    def create_partitions(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Per topic None (grown, every partition led here unless ``timeout_ms <= 0``)
+        or its error."""
+        deadline = time.monotonic() + max(timeout_ms, 0) / 1000
+        encoded = [
+            {
+                "name": g.name,
+                "total": g.total,
+                "assignment": None if g.manual is None else [list(r) for r in g.manual],
+            }
+            for g in growths
+        ]
+        answer = decode_outcomes(
+            self._on_controller("create_partitions_many", {"growths": encoded})
+        )
+        totals = {g.name: g.total for g in growths}
+        grown = [name for name, error in answer.items() if error is None]
+        if timeout_ms > 0:
+            self._wait(
+                grown, lambda view, name: _led(view, name, totals[name]), deadline, answer, "grown"
+            )
         return answer
 
     def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:

@@ -30,7 +30,7 @@ from tidelog.broker.cluster.assignment import assign_replicas
 from tidelog.broker.cluster.store import ClusterStore, ControllerLease, StaleStateError
 from tidelog.broker.cluster.store_batch import NewTopicWrite
 from tidelog.broker.cluster.znodes import PartitionState, TopicAssignment
-from tidelog.broker.core.placement import NewTopic
+from tidelog.broker.core.placement import Growth, NewTopic
 from tidelog.broker.core.replica_assignment import check_growth_assignment, check_topic_assignment
 from tidelog.storage.errors import (
     InvalidPartitionsError,
@@ -186,48 +186,83 @@ class TopicChanges:
         """Grow a topic to ``total`` partitions, continuing the round robin from the first
         partition's leader, or as ``manual`` gives. Raises ``UnknownTopicOrPartitionError``,
         ``InvalidPartitionsError`` (not a growth, or the topic changed meanwhile)."""
-        found = self._store.read_topic_versioned(name)
-        if found is None:
-            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        assignment, version = found
-        current = assignment.partition_count
-        if total <= current:
-            raise InvalidPartitionsError(
-                f"topic {name!r} has {current} partitions; it can only grow (asked for {total})"
-            )
-        factor = len(assignment.replicas[0])
+        outcome = self.grow_many(lease, [Growth(name, total, manual)])[name]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def grow_many(
+        self, lease: ControllerLease, growths: Sequence[Growth]
+    ) -> dict[str, TopicAssignment | Exception]:
+        """Grow every topic of ``growths`` in one batch: one pipelined read of their
+        assignments, one of the live brokers, one fenced transaction per topic (its new
+        assignment at the version read and its new states), committed together. Per
+        topic the grown assignment or the error ``grow`` raises."""
+        out: dict[str, TopicAssignment | Exception] = {}
+        found = self._store.read_topics(dict.fromkeys(g.name for g in growths))
         view = self._store.live_brokers_view()
         brokers = sorted(view.epochs)
-        placed: Mapping[int, Sequence[int]]
-        if manual is not None:
-            placed = check_growth_assignment(
-                manual, set(brokers), current=current, total=total, replication_factor=factor
+        racks = {b: r.rack for b, r in view.registrations.items()}
+        writes = []
+        grown_by_name: dict[str, TopicAssignment] = {}
+        for growth in growths:
+            name, total = growth.name, growth.total
+            read = found.get(name)
+            if read is None:
+                out[name] = UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+                continue
+            assignment, version = read[0], read[1]
+            current = assignment.partition_count
+            try:
+                if total <= current or name in grown_by_name:
+                    raise InvalidPartitionsError(
+                        f"topic {name!r} has {current} partitions; it can only grow "
+                        f"(asked for {total})"
+                    )
+                factor = len(assignment.replicas[0])
+                placed: Mapping[int, Sequence[int]]
+                if growth.manual is not None:
+                    placed = check_growth_assignment(
+                        growth.manual,
+                        set(brokers),
+                        current=current,
+                        total=total,
+                        replication_factor=factor,
+                    )
+                else:
+                    # Kafka continues from the first partition's leader, so growth keeps
+                    # the pattern.
+                    first = assignment.replicas[0][0]
+                    placed = assign_replicas(
+                        total - current,
+                        factor,
+                        brokers,
+                        start_index=brokers.index(first) if first in brokers else 0,
+                        replica_shift=self._rng.randrange(max(len(brokers), 1)),
+                        first_partition=current,
+                        racks=racks,
+                    )
+            except TidelogError as exc:
+                out[name] = exc
+                continue
+            grown = replace(  # keeps the lists of partitions being reassigned
+                assignment,
+                replicas={**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
             )
-        else:
-            # Kafka continues from the first partition's leader, so growth keeps the pattern.
-            first = assignment.replicas[0][0]
-            placed = assign_replicas(
-                total - current,
-                factor,
-                brokers,
-                start_index=brokers.index(first) if first in brokers else 0,
-                replica_shift=self._rng.randrange(max(len(brokers), 1)),
-                first_partition=current,
-                racks={b: r.rack for b, r in view.registrations.items()},
-            )
-        grown = replace(  # keeps the lists of partitions being reassigned
-            assignment,
-            replicas={**assignment.replicas, **{p: tuple(r) for p, r in placed.items()}},
-        )
-        states = {
-            p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
-            for p, r in placed.items()
-        }
-        try:
-            self._store.add_partitions(lease, grown, version, states)
-        except StaleStateError:
-            raise InvalidPartitionsError(f"topic {name!r} changed meanwhile; retry") from None
-        return grown
+            states = {
+                p: PartitionState(r[0], 0, tuple(r), lease.epoch, brokers_zxid=view.brokers_zxid)
+                for p, r in placed.items()
+            }
+            grown_by_name[name] = grown
+            writes.append((grown, version, states))
+        for name, error in self._store.add_partitions_many(lease, writes).items():
+            if isinstance(error, StaleStateError):
+                out[name] = InvalidPartitionsError(f"topic {name!r} changed meanwhile; retry")
+            elif error is not None:
+                out[name] = error
+            else:
+                out[name] = grown_by_name[name]
+        return out
 
     def alter_config(self, lease: ControllerLease, name: str, config: dict[str, str]) -> None:
         """Replace a topic's config; a changed ``min.insync.replicas`` clears its ELRs.

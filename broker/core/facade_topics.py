@@ -174,8 +174,9 @@ class TopicCalls:
         *,
         validate_only: bool = False,
         assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
+        timeout_ms: int = 30_000,
     ) -> list[PartitionCountResult]:
         """``Topics.create_partitions``."""
         return self.topics.create_partitions(
-            counts, validate_only=validate_only, assignments=assignments
+            counts, validate_only=validate_only, assignments=assignments, timeout_ms=timeout_ms
         )

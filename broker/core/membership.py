@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidelog.broker.core.placement import (
+    Growth,
     JoiningPlacement,
     JoiningTopicAdmin,
     LocalPlacement,
@@ -80,6 +81,13 @@ class TopicAdmin(Protocol):
     def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
         """Many topics in one batch: per topic None (gone from this broker's view,
         unless ``timeout_ms <= 0``) or its error."""
+        ...
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics grown in one batch: per topic None (grown, and every new partition
+        led in this broker's view, unless ``timeout_ms <= 0``) or its error."""
         ...
 
     def create_partitions(

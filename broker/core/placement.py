@@ -33,6 +33,7 @@ from tidelog.storage.errors import LeaderNotAvailableError, NotControllerError
 __all__ = [
     "BrokerEndpoint",
     "ClusterView",
+    "Growth",
     "JoiningPlacement",
     "JoiningTopicAdmin",
     "LocalPlacement",
@@ -191,6 +192,17 @@ class NewTopic:
     manual: list[tuple[int, tuple[int, ...]]] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """A topic to grow to ``total`` partitions (``TopicAdmin.create_partitions_many``),
+    placed by the controller's round robin or ``manual``: one replica list per new
+    partition, in order."""
+
+    name: str
+    total: int
+    manual: list[tuple[int, ...]] | None = None
+
+
 class JoiningTopicAdmin:
     """Cluster mode's topic administration until the broker has joined: every call is
     refused with ``NotControllerError`` (retriable: clients ask the controller they find
@@ -225,6 +237,11 @@ class JoiningTopicAdmin:
         raise self._refuse()
 
     def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        raise self._refuse()
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
         raise self._refuse()
 
     def create_partitions(

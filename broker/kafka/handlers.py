@@ -374,7 +374,9 @@ async def delete_topics(conn: Connection, header: RequestHeader, request: Plain)
 
 
 async def create_partitions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """CreatePartitions: grow each topic to its new total count (ALTER on each topic).
+    """CreatePartitions: grow each topic to its new total count (ALTER on each topic), in
+    a cluster as one controller batch answered when led or at ``timeout_ms``
+    (``REQUEST_TIMED_OUT``) like CreateTopics.
 
     A topic's ``assignments`` (one broker-id list per new partition, or null) places the
     new partitions as given (``Topics.create_partitions``: Kafka's
@@ -391,10 +393,11 @@ async def create_partitions(conn: Connection, header: RequestHeader, request: Pl
         if t.get("assignments") is not None:
             assignments[t["name"]] = [tuple(a["broker_ids"]) for a in t["assignments"]]
     validate_only = bool(request.get("validate_only", False))
+    timeout_ms = int(request.get("timeout", 60_000))  # kio's name for timeout_ms
     try:
         answers = await conn.run(
             lambda: conn.core.create_partitions(
-                counts, validate_only=validate_only, assignments=assignments
+                counts, validate_only=validate_only, assignments=assignments, timeout_ms=timeout_ms
             )
         )
     except UnknownTopicOrPartitionError as exc:

@@ -6,10 +6,10 @@ topic ``_TIMED_OUT``: each topic cost the controller an event, a transaction and
 and every broker re-read the whole cluster one znode at a time after each. Here the same
 request, from confluent-kafka and from kafka-python, is answered within the clients' 30 s
 request timeout with every topic created, and every partition is then led in the
-answering broker's own view (the batch answers only once it is); DeleteTopics of the
-100 likewise. A request answered by a broker other than the controller (forwarded as one
-call) is led there when answered; ``timeout_ms`` 0 answers at once, as Kafka's; a topic
-named twice is ``INVALID_REQUEST``.
+answering broker's own view (the batch answers only once it is); CreatePartitions and
+DeleteTopics of the 100 likewise. A request answered by a broker other than the
+controller (forwarded as one call) is led there when answered; ``timeout_ms`` 0 answers
+at once, as Kafka's; a topic named twice is ``INVALID_REQUEST``.
 
 Real broker processes on a real ZooKeeper (``LocalCluster(kafka=True)``); every wait is
 bounded.
@@ -72,10 +72,12 @@ def _metadata(cluster: LocalCluster, broker_id: int) -> dict[str, list[Any]]:
     return {t.name: list(t.partitions) for t in found.topics if not t.error_code}
 
 
-def _all_led(cluster: LocalCluster, broker_id: int, names: list[str]) -> bool:
+def _all_led(
+    cluster: LocalCluster, broker_id: int, names: list[str], partitions: int = PARTITIONS
+) -> bool:
     shown = _metadata(cluster, broker_id)
     return all(
-        len(shown.get(n, [])) == PARTITIONS
+        len(shown.get(n, [])) == partitions
         and all(not p.error_code and p.leader_id >= 0 for p in shown[n])
         for n in names
     )
@@ -129,7 +131,7 @@ def test_confluent_creates_and_deletes_100_topics_in_one_request_each(
         eventually(lambda b=broker_id: _none_listed(cluster, b, names))
 
 
-def test_kafka_python_creates_100_topics_led_when_answered_and_deletes_them(
+def test_kafka_python_creates_grows_and_deletes_100_topics_led_when_answered(
     cluster: LocalCluster,
 ) -> None:
     names = _names("kpython")
@@ -145,6 +147,13 @@ def test_kafka_python_creates_100_topics_led_when_answered_and_deletes_them(
         # kafka-python sent it to the controller, whose view had every partition led
         # before it answered.
         assert _all_led(cluster, _controller(cluster), names)
+
+        # One CreatePartitions growing all 100 to twice the partitions: one batch too.
+        grown = admin.create_partitions(
+            dict.fromkeys(names, 2 * PARTITIONS), timeout_ms=CLIENT_TIMEOUT_S * 1000
+        )
+        assert {r.name: r.error_code for r in grown.results} == dict.fromkeys(names, 0)
+        assert _all_led(cluster, _controller(cluster), names, 2 * PARTITIONS)
 
         deleted = admin.delete_topics(names, timeout_ms=CLIENT_TIMEOUT_S * 1000)
         assert {t["name"]: t["error_code"] for t in deleted["topics"]} == dict.fromkeys(names, 0)
