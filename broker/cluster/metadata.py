@@ -262,8 +262,8 @@ class MetadataWatcher:
         # Read before the states: a broker registering after this read has epoch greater
         # than any state read below, and its leaderships are caught on the next re-read
         # (its registration is a child change of /brokers/ids: a watch fires).
-        brokers, broker_epochs = store.live_brokers_with_epochs()
-        names = store.topics()
+        roots = store.read_roots()
+        brokers, broker_epochs, names = roots.registrations, roots.epochs, roots.topics
         image.keep_topics(set(names))
         wanted_topics = [n for n in names if n not in image.assignments]
         wanted_configs = [n for n in names if n not in image.configs]
@@ -318,7 +318,7 @@ class MetadataWatcher:
                     state = old_state  # a stale read: never move leadership backwards
                 states[partition] = state
             topics[name] = TopicMetadata(assignment, states, image.configs.get(name, {}))
-        return ClusterMetadata(brokers, store.controller_id(), topics)
+        return ClusterMetadata(brokers, roots.controller_id, topics)
 
     def _publish(self, snapshot: ClusterMetadata, *, force: bool = False, read: int = 0) -> None:
         if snapshot == self._snapshot and not force:

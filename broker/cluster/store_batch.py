@@ -39,10 +39,16 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from tidelog.broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
 from tidelog.broker.cluster.znodes import (
+    BROKER_IDS,
+    CONTROLLER,
     CONTROLLER_EPOCH,
     TOPICS,
+    BrokerRegistration,
     PartitionState,
     TopicAssignment,
+    broker_path,
+    decode_broker,
+    decode_controller,
     decode_partition_state,
     decode_topic,
     decode_topic_config,
@@ -55,7 +61,7 @@ from tidelog.broker.cluster.znodes import (
     topic_path,
 )
 
-__all__ = ["BatchOps", "ClusterRead", "NewTopicWrite", "Watch", "raise_for_fenced"]
+__all__ = ["BatchOps", "ClusterRead", "NewTopicWrite", "Roots", "Watch", "raise_for_fenced"]
 
 _CHUNK = 2_000  # requests in flight at once
 _TIMEOUT_S = 30.0  # one answer's wait (the session's own timeouts end it sooner)
@@ -124,6 +130,43 @@ class BatchOps:
                     raise StoreError(f"reading {path}: {exc!r}") from exc
                 out[path] = (bytes(data), stat)
         return out
+
+    def read_roots(self) -> Roots:
+        """The registrations (with their epochs), the topic list and the controller, in
+        two pipelined rounds: the metadata watcher's fixed reads, which one at a time
+        cost it about eight round trips per re-read. Raises ``StoreError``."""
+        try:
+            pending = (
+                self._client.get_children_async(BROKER_IDS),
+                self._client.get_children_async(TOPICS),
+                self._client.get_async(CONTROLLER),
+            )
+        except Exception as exc:
+            raise StoreError(f"reading the cluster's roots: {exc}") from exc
+        answers: list[Any] = []
+        for answer in pending:
+            try:
+                answers.append(answer.get(timeout=_TIMEOUT_S))
+            except NoNodeError:
+                answers.append(None)
+            except Exception as exc:
+                raise StoreError(f"reading the cluster's roots: {exc!r}") from exc
+        ids, topics, controller = answers
+        wanted = sorted(int(c) for c in ids or () if c.isdigit())
+        found = self.get_many(broker_path(b) for b in wanted)
+        registrations: dict[int, BrokerRegistration] = {}
+        epochs: dict[int, int] = {}
+        for broker_id in wanted:
+            read = found[broker_path(broker_id)]
+            if read is not None:  # it went while read
+                registrations[broker_id] = decode_broker(broker_id, read[0])
+                epochs[broker_id] = int(read[1].czxid)
+        return Roots(
+            registrations,
+            epochs,
+            sorted(topics or ()),
+            None if controller is None else decode_controller(bytes(controller[0])),
+        )
 
     def topic_names(self, watch: Watch | None = None) -> list[str]:
         """The children of ``/brokers/topics``, sorted; ``watch`` fires on a change."""
@@ -288,6 +331,16 @@ class BatchOps:
         if moved is not None:
             raise moved
         return out
+
+
+class Roots(NamedTuple):
+    """``BatchOps.read_roots``: live registrations and their epochs (czxid), the topics
+    listed, the controller's id (None: none now)."""
+
+    registrations: dict[int, BrokerRegistration]
+    epochs: dict[int, int]
+    topics: list[str]
+    controller_id: int | None
 
 
 class ClusterRead(NamedTuple):
