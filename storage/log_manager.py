@@ -43,8 +43,8 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
@@ -66,6 +66,7 @@ from tidelog.storage.errors import (
     InvalidRequestError,
     LogDirFullError,
     StorageError,
+    TidelogError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
@@ -78,6 +79,7 @@ from tidelog.storage.files import (
     partition_dir_name,
 )
 from tidelog.storage.files import validate_topic_name as _validate_topic_name
+from tidelog.storage.log_manager_config import LogManagerConfig, TopicMetadata
 from tidelog.storage.partition_log import PartitionLog
 
 __all__ = ["Cleaner", "LogManager", "LogManagerConfig", "TopicMetadata"]
@@ -88,51 +90,7 @@ TOPICS_FILE = "topics.json"
 MAX_PARTITIONS = 10_000
 _DELETE_DIR_SUFFIX = "-delete"
 _MAX_DIR_NAME_BYTES = 255  # NAME_MAX of Linux file systems
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LogManagerConfig:
-    """Broker-level storage settings (Kafka's broker names in the comments)."""
-
-    defaults: LogConfig = field(default_factory=LogConfig)  # log.retention.ms, ...
-    num_partitions: int = 1  # num.partitions
-    retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
-    cleaner_enabled: bool = True  # log.cleaner.enable
-    cleaner_backoff_ms: int = 15_000  # log.cleaner.backoff.ms
-    flush_scheduler_interval_ms: int = 1_000  # log.flush.scheduler.interval.ms
-    flush_offset_checkpoint_interval_ms: int = 60_000  # log.flush.offset.checkpoint.interval.ms
-    file_delete_check_interval_ms: int = 1_000
-    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
-    # producer.id.expiration.check.interval.ms
-    producer_id_expiration_check_interval_ms: int = 600_000
-
-    def __post_init__(self) -> None:
-        if self.num_partitions < 1:
-            raise InvalidConfigError(
-                f"num.partitions must be at least 1, got {self.num_partitions}"
-            )
-        for name in (
-            "retention_check_interval_ms",
-            "cleaner_backoff_ms",
-            "flush_scheduler_interval_ms",
-            "flush_offset_checkpoint_interval_ms",
-            "file_delete_check_interval_ms",
-            "producer_id_expiration_ms",
-            "producer_id_expiration_check_interval_ms",
-        ):
-            if getattr(self, name) < 1:
-                raise InvalidConfigError(f"{name} must be at least 1 ms")
-
-
-@dataclass(frozen=True, slots=True)
-class TopicMetadata:
-    """A topic: its partition count, the config keys set on it, and the effective config."""
-
-    name: str
-    partitions: int
-    overrides: Mapping[str, str]
-    config: LogConfig
-    internal: bool
+_OPEN_THREADS = 8  # new partition logs opened at once by create_topics
 
 
 class LogManager:
@@ -286,45 +244,103 @@ class LogManager:
             InvalidTopicError, TopicAlreadyExistsError, InvalidConfigError,
             InvalidPartitionsError, StorageError.
         """
-        count, overrides, log_config = self._check_new_topic(name, partitions, config)
+        created = self.create_topics([(name, partitions, config)], internal=internal)[name]
+        if isinstance(created, Exception):
+            raise created
+        return created
+
+    def create_topics(
+        self,
+        topics: Sequence[tuple[str, int | None, Mapping[str, str] | None]],
+        *,
+        internal: bool = False,
+    ) -> dict[str, TopicMetadata | TidelogError]:
+        """Create many topics at once (a cluster's burst, issue #34): ``topics.json``
+        written once for all of them, and their partition logs opened by up to
+        ``_OPEN_THREADS`` threads, whose fsyncs the disk overlaps (Kafka's
+        ``num.recovery.threads.per.data.dir`` idea) instead of one after another. Per
+        topic its metadata or what ``create_topic`` raises; one that fails is undone
+        alone.
+
+        Metadata first: a crash before the directories exist leaves a topic whose empty
+        logs are created on the next open; the reverse would leave orphans.
+        """
+        out: dict[str, TopicMetadata | TidelogError] = {}
+        new: dict[str, TopicMetadata] = {}
+        for name, partitions, config in topics:
+            try:
+                count, overrides, log_config = self._check_new_topic(name, partitions, config)
+            except TidelogError as exc:
+                out[name] = exc
+                continue
+            overrides_view = MappingProxyType(overrides)
+            new[name] = TopicMetadata(name, count, overrides_view, log_config, internal)
         with self._lock:
             self._check_open()
-            if name in self._topics:
-                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-            meta = TopicMetadata(name, count, MappingProxyType(overrides), log_config, internal)
-            # Metadata first: a crash before the directories exist leaves a topic whose
-            # empty logs are created on the next open; the reverse would leave orphans.
-            self._topics[name] = meta
-            metadata_written = False
+            for name in [n for n in new if n in self._topics]:
+                out[name] = TopicAlreadyExistsError(f"topic {name!r} already exists")
+                del new[name]
+            if not new:
+                return out
+            self._topics.update(new)
             try:
                 self._write_topics_locked()
-                metadata_written = True
-                for partition in range(count):
-                    self._logs[(name, partition)] = PartitionLog.open(
-                        self.data_dir / partition_dir_name(name, partition),
-                        name,
-                        partition,
-                        log_config,
-                        self.clock,
-                    )
-            except (OSError, StorageError) as exc:
+            except OSError as exc:
+                for name in new:
+                    self._topics.pop(name, None)
+                    out[name] = _storage_error(exc, f"cannot create topic {name!r}")
+                return out
+            keys = [(m, p) for m in new.values() for p in range(m.partitions)]
+            try:
+                # Every new directory's name made durable by one fsync of the data
+                # directory, not one each (``make_dir_durable`` finds them there).
+                for meta, partition in keys:
+                    (self.data_dir / partition_dir_name(meta.name, partition)).mkdir(exist_ok=True)
+                fsync_dir(self.data_dir)
+            except OSError as exc:  # each open below tries again and reports its own
+                log.warning("cannot pre-create the new topics' directories: %s", exc)
+            with ThreadPoolExecutor(min(_OPEN_THREADS, len(keys))) as pool:
+                opened = list(pool.map(self._open_new, keys))
+            failed: dict[str, TidelogError] = {}
+            for (meta, partition), result in zip(keys, opened, strict=True):
+                if isinstance(result, PartitionLog):
+                    self._logs[(meta.name, partition)] = result
+                else:
+                    failed.setdefault(meta.name, result)
+            for name, error in failed.items():
                 # Undo it all: a failed create must not leave a listed topic without logs.
-                self._topics.pop(name, None)
-                for partition in range(count):
+                meta = self._topics.pop(name)
+                for partition in range(meta.partitions):
                     created = self._logs.pop((name, partition), None)
                     if created is not None:
                         created.delete()
+                out[name] = error
+            if failed:
                 try:
-                    if metadata_written:
-                        self._write_topics_locked()
+                    self._write_topics_locked()
                 except OSError:
-                    # The next open creates the topic's missing logs; harmless.
-                    log.exception("cannot roll back topic %s in %s", name, TOPICS_FILE)
-                if isinstance(exc, StorageError):
-                    raise
-                raise _storage_error(exc, f"cannot create topic {name!r}") from exc
-            log.info("created topic %s with %d partition(s)", name, count)
-            return meta
+                    # The next open creates the topics' missing logs; harmless.
+                    log.exception("cannot roll back topics %s in %s", sorted(failed), TOPICS_FILE)
+            for name, meta in new.items():
+                if name not in failed:
+                    out[name] = meta
+                    log.info("created topic %s with %d partition(s)", name, meta.partitions)
+            return out
+
+    def _open_new(self, key: tuple[TopicMetadata, int]) -> PartitionLog | TidelogError:
+        meta, partition = key
+        try:
+            return PartitionLog.open(
+                self.data_dir / partition_dir_name(meta.name, partition),
+                meta.name,
+                partition,
+                meta.config,
+                self.clock,
+            )
+        except StorageError as exc:
+            return exc
+        except OSError as exc:
+            return _storage_error(exc, f"cannot create topic {meta.name!r}")
 
     def validate_new_topic(
         self, name: str, partitions: int | None, config: Mapping[str, str] | None
@@ -364,20 +380,31 @@ class LogManager:
         Raises:
             UnknownTopicOrPartitionError: no such topic.
         """
+        self.delete_topics([name])
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        """Delete topics and all their data, ``topics.json`` and the checkpoints written
+        once for all of them (a cluster's burst, issue #34).
+
+        Raises:
+            UnknownTopicOrPartitionError: one is unknown (then none is deleted).
+        """
         with self._lock:
             self._check_open()
-            meta = self.topic(name)
-            del self._topics[name]
+            metas = [self.topic(name) for name in dict.fromkeys(names)]
+            for meta in metas:
+                del self._topics[meta.name]
             self._write_topics_locked()
-            logs = [self._logs.pop((name, p)) for p in range(meta.partitions)]
-            # Drop the topic's checkpoint entries before anything can re-create it: a new
-            # topic of the same name must not inherit the old log start offset or
+            logs = [self._logs.pop((m.name, p)) for m in metas for p in range(m.partitions)]
+            # Drop the topics' checkpoint entries before anything can re-create them: a
+            # new topic of the same name must not inherit the old log start offset or
             # recovery point after a crash (the log start would wipe its data).
             self.write_checkpoints()
         for partition_log in logs:
             partition_log.close()
             self._remove_dir(partition_log.directory)
-        log.info("deleted topic %s", name)
+        for meta in metas:
+            log.info("deleted topic %s", meta.name)
 
     def create_partitions(
         self, name: str, count: int, *, validate_only: bool = False

@@ -41,10 +41,16 @@ import queue
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
+from tidelog.broker.cluster.controller_events import (
+    BATCHED,
+    Event,
+    answer_merged,
+    coalesce,
+    take_burst,
+)
 from tidelog.broker.cluster.election import (
     Elected,
     crashed_replicas,
@@ -62,10 +68,12 @@ from tidelog.broker.cluster.store import (
     ControllerMovedError,
     LiveBrokers,
     StaleStateError,
+    StateRead,
     StoreError,
 )
 from tidelog.broker.cluster.topic_changes import TopicChanges
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
+from tidelog.broker.core.placement import Growth, NewTopic
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
     BrokerUnavailableError,
@@ -108,13 +116,6 @@ class ControllerSettings:
 InternalTopic = tuple[int, int | None, Mapping[str, str]]
 
 
-@dataclass(slots=True)
-class _Event:
-    kind: str
-    run: Callable[[], Any] | None = None
-    result: Future[Any] = field(default_factory=Future)
-
-
 class Controller:
     """Controller duties of one broker. Build, ``start``, ``stop``."""
 
@@ -134,7 +135,7 @@ class Controller:
         self._settings = settings
         self._clock = clock
         self._rng = rng or random.Random()
-        self._events: queue.Queue[_Event] = queue.Queue()
+        self._events: queue.Queue[Event] = queue.Queue()
         self._lease: ControllerLease | None = None
         self._topic_changes = TopicChanges(
             store, self._rng, min_isr=self._min_isr, on_stale=lambda: self._post("brokers")
@@ -169,7 +170,7 @@ class Controller:
     def stop(self, timeout_ms: int = 5_000) -> None:
         """Resign (if controller) and end the event thread."""
         self._stopped.set()
-        self._events.put(_Event("stop"))
+        self._events.put(Event("stop"))
         self._thread.join(timeout_ms / 1000)
 
     def _run_rebalance_timer(self) -> None:
@@ -237,6 +238,43 @@ class Controller:
 
     def delete_topic(self, name: str) -> None:
         self._call(lambda: self._topic_changes.delete(self._require_lease(), name))
+
+    def create_topics(self, specs: Sequence[NewTopic]) -> dict[str, TopicAssignment | Exception]:
+        """Create many topics in one batch (``TopicChanges.create_many``), merged with
+        other callers' creations queued beside it (``controller_events``). Per topic its
+        assignment or its error; a topic another caller of the same batch named first
+        gets ``TopicAlreadyExistsError``. Raises ``NotControllerError``,
+        ``BrokerUnavailableError`` (no answer within the admin timeout)."""
+        return cast(
+            "dict[str, TopicAssignment | Exception]", self._batch("create_topics", list(specs))
+        )
+
+    def delete_topics(self, names: Sequence[str]) -> dict[str, Exception | None]:
+        """Delete many topics in one batch (``TopicChanges.delete_many``), merged as
+        ``create_topics``. Per topic None or its error (``UnknownTopicOrPartitionError``)."""
+        return cast("dict[str, Exception | None]", self._batch("delete_topics", list(names)))
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth]
+    ) -> dict[str, TopicAssignment | Exception]:
+        """Grow many topics in one batch (``TopicChanges.grow_many``), merged as
+        ``create_topics``."""
+        return self._batch("create_partitions", list(growths))
+
+    def _batch(self, kind: str, items: list[Any]) -> dict[str, Any]:
+        return cast("dict[str, Any]", self._wait(Event(kind, items=items)))
+
+    def _run_batch(self, event: Event) -> None:
+        """Run a (merged) batched event; each caller gets its own items' answers."""
+        lease = self._require_lease()
+        results: Mapping[str, Any]
+        if event.kind == "create_topics":
+            results = self._topic_changes.create_many(lease, event.items)
+        elif event.kind == "create_partitions":
+            results = self._topic_changes.grow_many(lease, event.items)
+        else:
+            results = self._topic_changes.delete_many(lease, event.items)
+        answer_merged(event, results)
 
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
@@ -319,15 +357,17 @@ class Controller:
         self._post("brokers")
 
     def _call(self, operation: Callable[[], _T]) -> _T:
+        return cast(_T, self._wait(Event("call", operation)))
+
+    def _wait(self, event: Event) -> Any:
         reason = self._fence.reason
         if reason is not None:  # at once: the event thread may be stuck on ZooKeeper
             raise NotControllerError(
                 f"broker {self._settings.broker_id} cannot act as controller: {reason}"
             )
-        event = _Event("call", operation)
         self._events.put(event)
         try:
-            return cast(_T, event.result.result(timeout=self._settings.admin_timeout_ms / 1000))
+            return event.result.result(timeout=self._settings.admin_timeout_ms / 1000)
         except TimeoutError:
             raise BrokerUnavailableError(
                 f"the controller did not answer within {self._settings.admin_timeout_ms} ms"
@@ -335,7 +375,7 @@ class Controller:
 
     def _post(self, kind: str) -> None:
         if not self._stopped.is_set():
-            self._events.put(_Event(kind))
+            self._events.put(Event(kind))
 
     # --- the event thread ----------------------------------------------------------------
 
@@ -343,23 +383,17 @@ class Controller:
         self._post("election")
         while True:
             try:
-                event = self._events.get(timeout=_ELECTION_RETRY_S)
+                first = self._events.get(timeout=_ELECTION_RETRY_S)
             except queue.Empty:
                 if self._lease is None:
-                    event = _Event("election")
+                    first = Event("election")
                 else:
                     continue
-            if event.kind == "stop":
+            # Everything queued now, coalesced (``controller_events``): a burst of topic
+            # calls is one batch, a burst of broker changes one re-read.
+            burst = coalesce(take_burst(self._events, first))
+            if self._handle_burst(burst):
                 break
-            try:
-                self._handle(event)
-            except BaseException as exc:  # the thread must survive anything
-                if event.kind == "call":
-                    event.result.set_exception(exc)
-                elif isinstance(exc, StoreError):
-                    log.warning("controller: %s failed: %s", event.kind, exc)
-                else:
-                    log.exception("controller: %s failed", event.kind)
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
@@ -367,17 +401,37 @@ class Controller:
             except StoreError as exc:
                 log.warning("controller: could not resign: %s", exc)
 
-    def _handle(self, event: _Event) -> None:
+    def _handle_burst(self, burst: list[Event]) -> bool:
+        """Handle each event in order; whether a ``stop`` ended the burst."""
+        for event in burst:
+            if event.kind == "stop":
+                return True
+            try:
+                self._handle(event)
+            except BaseException as exc:  # the thread must survive anything
+                if event.kind == "call" or event.kind in BATCHED:
+                    for each in event.merged or [event]:
+                        if not each.result.done():
+                            each.result.set_exception(exc)
+                elif isinstance(exc, StoreError):
+                    log.warning("controller: %s failed: %s", event.kind, exc)
+                else:
+                    log.exception("controller: %s failed", event.kind)
+        return False
+
+    def _handle(self, event: Event) -> None:
         reason = self._fence.reason
         if reason is not None:
             # Cut off: every ZooKeeper call would fail or hang; ``session_restored`` posts
             # an election once back, which re-reads everything.
-            if event.kind == "call":
+            if event.kind == "call" or event.kind in BATCHED:
                 raise NotControllerError(
                     f"broker {self._settings.broker_id} cannot act as controller: {reason}"
                 )
             return
-        if event.kind == "call":
+        if event.kind in BATCHED:
+            event.run = lambda: self._run_batch(event)
+        if event.kind == "call" or event.kind in BATCHED:
             if self._lease is None:
                 try:
                     self._try_elect()
@@ -390,7 +444,9 @@ class Controller:
                 )
             assert event.run is not None
             try:
-                event.result.set_result(event.run())
+                answer = event.run()
+                if event.kind == "call":
+                    event.result.set_result(answer)
             except ControllerMovedError:
                 self._lease = None
                 raise NotControllerError("the controller moved during the operation") from None
@@ -524,18 +580,21 @@ class Controller:
         return self._lease
 
     def _reconcile(self) -> None:
-        """Re-read everything; elect where a leader is gone; drop dead followers and
-        replicas that restarted uncleanly (``election.reconcile``)."""
+        """Re-read everything (three pipelined rounds, ``store_batch.read_cluster``);
+        elect where a leader is gone; drop dead followers and replicas that restarted
+        uncleanly (``election.reconcile``)."""
         lease = self._require_lease()
         brokers = self._store.live_brokers_view()
+        cluster = self._store.read_cluster()
         try:
-            for topic in self._store.topics():
-                assignment = self._store.read_topic(topic)
-                if assignment is None:
+            for (topic, partition), found in cluster.states.items():
+                assignment = cluster.assignments[topic]
+                replicas = assignment.replicas.get(partition)
+                if replicas is None:
                     continue
-                config = self._store.read_topic_config(topic)
-                for partition, replicas in assignment.replicas.items():
-                    self._reconcile_partition(topic, partition, replicas, brokers, config, lease)
+                config = cluster.configs.get(topic, {})
+                read = StateRead(*found)
+                self._reconcile_partition(topic, partition, replicas, brokers, config, lease, read)
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
             self._lease = None
@@ -548,10 +607,8 @@ class Controller:
         brokers: LiveBrokers,
         config: Mapping[str, str],
         lease: ControllerLease,
+        found: StateRead,
     ) -> None:
-        found = self._store.read_partition_state_written(topic, partition)
-        if found is None:
-            return
         state, version = found.state, found.version
         try:
             bounced = leadership_predates_leader(state, found.written_zxid, brokers.epochs)
@@ -611,26 +668,22 @@ class Controller:
         (``election.crashed_replicas``: ``_reconcile`` handles them first; until then they
         are not candidates), and the topic's ``min.insync.replicas``."""
         brokers = self._store.live_brokers_view()
-        for topic in self._store.topics():
-            assignment = self._store.read_topic(topic)
-            if assignment is None:
+        cluster = self._store.read_cluster()
+        for (topic, partition), read in cluster.states.items():
+            replicas = cluster.assignments[topic].replicas.get(partition)
+            if replicas is None:
                 continue
-            min_isr = self._min_isr(self._store.read_topic_config(topic))
-            for partition, replicas in assignment.replicas.items():
-                found = self._store.read_partition_state_written(topic, partition)
-                if found is None:
-                    continue
-                crashed = crashed_replicas(
-                    replicas,
-                    found.state,
-                    found.written_zxid,
-                    brokers.epochs,
-                    brokers.uncleanly_restarted,
-                )
-                live = set(brokers.epochs) - crashed
-                yield _Partition(
-                    topic, partition, replicas, found.state, found.version, live, min_isr
-                )
+            found = StateRead(*read)
+            min_isr = self._min_isr(cluster.configs.get(topic, {}))
+            crashed = crashed_replicas(
+                replicas,
+                found.state,
+                found.written_zxid,
+                brokers.epochs,
+                brokers.uncleanly_restarted,
+            )
+            live = set(brokers.epochs) - crashed
+            yield _Partition(topic, partition, replicas, found.state, found.version, live, min_isr)
 
     def _elect_leaders(
         self, unclean: bool, wanted: Sequence[tuple[str, int]] | None

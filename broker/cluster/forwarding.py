@@ -11,11 +11,13 @@ do), or a Metadata that auto-creates a topic, succeeds on any broker.
 The calls (``CALLS``), each a name plus a JSON object of arguments, so that a call gains
 an argument without a new message: ``create_topic``, ``delete_topic``,
 ``create_partitions``, ``alter_topic_config``, ``elect_leaders``,
-``alter_partition_reassignments``, ``list_partition_reassignments``. Kafka's clients send
-CreateTopics, DeleteTopics, CreatePartitions, ElectLeaders and the reassignment calls to
-the controller anyway; forwarding them too costs nothing when they arrive there and
-makes every broker answer them (Tidelog's own AdminClient needs no controller routing).
-``controlled_shutdown`` is not forwarded: it has its own RPC.
+``alter_partition_reassignments``, ``list_partition_reassignments``, and the batches
+``create_topics``, ``delete_topics`` and ``create_partitions_many`` (a whole CreateTopics,
+DeleteTopics or CreatePartitions request as one call, ``broker.cluster.topic_batches``).
+Kafka's clients send CreateTopics, DeleteTopics, CreatePartitions, ElectLeaders and the
+reassignment calls to the controller anyway; forwarding them too costs nothing when they
+arrive there and makes every broker answer them (Tidelog's own AdminClient needs no
+controller routing). ``controlled_shutdown`` is not forwarded: it has its own RPC.
 
 Decided:
 
@@ -53,6 +55,11 @@ import grpc
 from tidelog.broker.cluster.controller import Controller, Reassignments
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.session import SessionFence
+from tidelog.broker.cluster.topic_batches import (
+    run_create_partitions,
+    run_create_topics,
+    run_delete_topics,
+)
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
@@ -188,6 +195,9 @@ CALLS: dict[str, Callable[[Controller, Mapping[str, Json]], Json]] = {
     "elect_leaders": _elect_leaders,
     "alter_partition_reassignments": _alter_reassignments,
     "list_partition_reassignments": _list_reassignments,
+    "create_topics": run_create_topics,
+    "delete_topics": run_delete_topics,
+    "create_partitions_many": run_create_partitions,
 }
 
 

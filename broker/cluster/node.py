@@ -64,6 +64,7 @@ from tidelog.broker.cluster.controller import (
 from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
 from tidelog.broker.cluster.forwarding import (
+    FORWARD_TIMEOUT_MS,
     Forwarder,
     decode_codes,
     decode_reassignments,
@@ -75,6 +76,7 @@ from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
 from tidelog.broker.cluster.store import ClusterStore, StoreError
+from tidelog.broker.cluster.topic_batches import TopicBatches
 from tidelog.broker.cluster.txn_peers import GrpcTxnPeers
 from tidelog.broker.cluster.znodes import (
     KAFKA_LISTENER,
@@ -87,7 +89,13 @@ from tidelog.broker.core.configs import AppliedConfigs
 from tidelog.broker.core.meta_properties import ensure_meta_properties
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.partitions import PartitionRegistry
-from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from tidelog.broker.core.placement import (
+    BrokerEndpoint,
+    ClusterView,
+    Growth,
+    NewTopic,
+    PartitionPlacement,
+)
 from tidelog.broker.tls import InterBrokerChannels
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
@@ -273,6 +281,7 @@ class ClusterNode:
         self._forwarder = Forwarder(
             config.broker_id, InterBrokerChannels(config.security), controller, fence, watcher
         )
+        self._batches = TopicBatches(self._forwarder.run, watcher)
         # Transaction calls to other brokers (markers, KIP-890 verification): the
         # membership's ``txn_peers`` once the broker joined.
         self.txn_peers = GrpcTxnPeers(
@@ -644,41 +653,41 @@ class ClusterNode:
         *,
         assignment: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
-        self._on_controller(
-            "create_topic",
-            {
-                "name": name,
-                "partitions": partitions,
-                "replication_factor": replication_factor,
-                "config": dict(config),
-                "assignment": (
-                    None
-                    if assignment is None
-                    else {str(p): list(replicas) for p, replicas in assignment.items()}
-                ),
-            },
-        )
-        self._await(lambda m: name in m.topics, f"creating {name}")
+        """One topic through ``create_topics``: answered once it is led here."""
+        manual = None if assignment is None else [(p, tuple(r)) for p, r in assignment.items()]
+        spec = NewTopic(name, partitions, replication_factor, dict(config), manual)
+        error = self.create_topics([spec], FORWARD_TIMEOUT_MS)[name]
+        if error is not None:
+            raise error
+
+    def create_topics(
+        self, specs: Sequence[NewTopic], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics in one controller batch (``broker.cluster.topic_batches``)."""
+        return self._batches.create_topics(specs, timeout_ms)
 
     def delete_topic(self, name: str) -> None:
-        self._on_controller("delete_topic", {"name": name})
-        self._await(lambda m: name not in m.topics, f"deleting {name}")
+        error = self.delete_topics([name], FORWARD_TIMEOUT_MS)[name]
+        if error is not None:
+            raise error
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        """Many topics in one controller batch (``broker.cluster.topic_batches``)."""
+        return self._batches.delete_topics(names, timeout_ms)
 
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None
     ) -> None:
-        self._on_controller(
-            "create_partitions",
-            {
-                "name": name,
-                "total": total,
-                "assignment": None if assignment is None else [list(r) for r in assignment],
-            },
-        )
-        self._await(
-            lambda m: name in m.topics and m.topics[name].assignment.partition_count == total,
-            f"growing {name}",
-        )
+        manual = None if assignment is None else [tuple(r) for r in assignment]
+        error = self.create_partitions_many([Growth(name, total, manual)], FORWARD_TIMEOUT_MS)[name]
+        if error is not None:
+            raise error
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics grown in one controller batch (``broker.cluster.topic_batches``)."""
+        return self._batches.create_partitions(growths, timeout_ms)
 
     def alter_topic_config(self, name: str, config: Mapping[str, str]) -> None:
         self._on_controller("alter_topic_config", {"name": name, "config": dict(config)})

@@ -70,6 +70,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
@@ -83,6 +84,7 @@ from tidelog.storage.partition_log import PartitionLog
 __all__ = ["IsrWriter", "ReplicaManager", "ReplicaSettings"]
 
 log = logging.getLogger(__name__)
+_ROLE_THREADS = 8  # new leaderships of one view taken at once (their fsyncs overlap)
 
 TopicPartition = tuple[str, int]
 # (topic, partition, leader id, leader epoch, new ISR) -> whether it was written.
@@ -201,12 +203,18 @@ class ReplicaManager:
                 state = topic.states.get(partition)
                 if me in replicas and state is not None:
                     wanted[(name, partition)] = state
+        taken = self._take_leads(
+            {tp: state for tp, state in wanted.items() if state.leader == me}, view
+        )
         for tp, state in wanted.items():
             replicas = view.topics[tp[0]].assignment.replicas[tp[1]]
             try:
                 if state.leader == me:
                     adding = view.topics[tp[0]].assignment.adding.get(tp[1], ())
-                    self._lead(tp, state, replicas, adding)
+                    outcome = taken.get(tp)
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                    self._lead(tp, state, replicas, adding, taken=outcome)
                 else:
                     self._follow(tp, state, view)
             except Exception:
@@ -248,15 +256,55 @@ class ReplicaManager:
                         "%s-%d: cannot delete the log of a former replica", name, partition
                     )
 
+    def _take_leads(
+        self, leads: dict[TopicPartition, PartitionState], view: ClusterMetadata
+    ) -> dict[TopicPartition, bool | Exception]:
+        """LeaderAndIsr-style (issue #34): the new leaderships of one view taken at once,
+        ``Partition.make_leader`` (its leader-epoch checkpoint's fsyncs) on up to
+        ``_ROLE_THREADS`` threads, each partition under its own lock. Per partition what
+        ``make_leader`` answered (or raised); ``_lead`` does the rest in order (the
+        core's ``became_leader`` loads groups and transactions: one at a time). Only
+        for two or more: one is taken in ``_lead`` itself."""
+        todo = [
+            (tp, state)
+            for tp, state in leads.items()
+            if self._partitions.get(*tp).leader_epoch != state.leader_epoch
+        ]
+        if len(todo) < 2:
+            return {}
+
+        def take(item: tuple[TopicPartition, PartitionState]) -> bool | Exception:
+            tp, state = item
+            assignment = view.topics[tp[0]].assignment
+            try:
+                self._fetchers.remove(tp)
+                return self._partitions.get(*tp).make_leader(
+                    state.leader_epoch,
+                    assignment.replicas[tp[1]],
+                    state.isr,
+                    assignment.adding.get(tp[1], ()),
+                )
+            except Exception as exc:
+                return exc
+
+        with ThreadPoolExecutor(min(_ROLE_THREADS, len(todo))) as pool:
+            return dict(zip([tp for tp, _ in todo], pool.map(take, todo), strict=True))
+
     def _lead(
         self,
         tp: TopicPartition,
         state: PartitionState,
         replicas: tuple[int, ...],
         adding: tuple[int, ...] = (),
+        *,
+        taken: bool | None = None,
     ) -> None:
+        """Lead ``tp`` at ``state``'s epoch; ``taken``: ``make_leader``'s answer when
+        ``_take_leads`` called it already."""
         partition = self._partitions.get(*tp)
-        if partition.leader_epoch == state.leader_epoch:
+        if taken is False:
+            return
+        if taken is None and partition.leader_epoch == state.leader_epoch:
             # Same term: this leader owns the ISR (the controller bumps the epoch when it
             # changes it); ``make_leader`` checks again under the partition's lock. The
             # replica list may still arrive after the epoch (a reassignment's topic znode
@@ -264,9 +312,10 @@ class ReplicaManager:
             if partition.update_replicas(state.leader_epoch, replicas, adding):
                 log.info("%s-%d: replicas now %s", *tp, list(replicas))
             return
-        self._fetchers.remove(tp)
-        if not partition.make_leader(state.leader_epoch, replicas, state.isr, adding):
-            return
+        if taken is None:
+            self._fetchers.remove(tp)
+            if not partition.make_leader(state.leader_epoch, replicas, state.isr, adding):
+                return
         with self._lock:
             self._following.pop(tp, None)
         log.info(

@@ -26,6 +26,10 @@ do not (a create or a transaction retried after a lost connection may have happe
 Callbacks registered with ``watch_*`` run on kazoo's event thread: they must only hand
 the event on (the controller's single event thread re-reads the state).
 
+Reads and writes of many znodes at once (the metadata watcher's image, the controller's
+batches of topics) are ``store_batch.BatchOps``', which this class inherits: pipelined
+asynchronous calls instead of a round trip each (issue #34).
+
 Thread-safe: kazoo's client is, and this class keeps no other mutable state.
 """
 
@@ -43,6 +47,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
 from tidelog.broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
+from tidelog.broker.cluster.store_batch import BatchOps, raise_for_fenced
 from tidelog.broker.cluster.znodes import (
     ADMIN_DELETE_TOPICS,
     BROKER_IDS,
@@ -159,7 +164,7 @@ def reconnect_retry(session_timeout_ms: int) -> KazooRetry:
     )
 
 
-class ClusterStore:
+class ClusterStore(BatchOps):
     """The cluster's znodes through one kazoo session. Build with ``connect``."""
 
     def __init__(self, client: KazooClient, retry: KazooRetry) -> None:
@@ -712,11 +717,6 @@ class ClusterStore:
         except Exception as exc:
             raise StoreError(f"listing {path}: {exc}") from exc
 
-    def _fenced(self, lease: ControllerLease) -> Any:  # kazoo's TransactionRequest
-        transaction = self._client.transaction()
-        transaction.check(CONTROLLER_EPOCH, lease.epoch_version)
-        return transaction
-
     def _commit(self, transaction: Any, what: str) -> list[object]:
         try:
             return list(transaction.commit())
@@ -726,18 +726,4 @@ class ClusterStore:
     def _commit_fenced(
         self, transaction: object, what: str, *, exists_is_stale: bool = False
     ) -> None:
-        results = self._commit(transaction, what)
-        if not any(isinstance(r, Exception) for r in results):
-            return
-        if isinstance(results[0], BadVersionError):
-            raise ControllerMovedError(f"{what}: the controller epoch moved on")
-        failure = next(
-            r
-            for r in results
-            if isinstance(r, Exception) and r.__class__.__name__ != "RolledBackError"
-        )
-        if isinstance(failure, (BadVersionError, NoNodeError)) or (
-            exists_is_stale and isinstance(failure, NodeExistsError)
-        ):
-            raise StaleStateError(f"{what}: {failure!r}")
-        raise StoreError(f"{what}: {failure!r}")
+        raise_for_fenced(self._commit(transaction, what), what, exists_is_stale=exists_is_stale)

@@ -26,6 +26,7 @@ from tidelog.broker.core.topics import (
     LogDirView,
     MetadataTopic,
     PartitionCountResult,
+    TopicRequest,
     Topics,
     TopicView,
 )
@@ -57,6 +58,16 @@ class TopicCalls:
         return self.topics.create_topic(
             name, partitions, config, replication_factor=replication_factor, assignment=assignment
         )
+
+    def create_topics(
+        self, requests: Sequence[TopicRequest], timeout_ms: int
+    ) -> dict[str, TopicView | Exception | None]:
+        """``Topics.create_topics``: CreateTopics of many topics, one batch."""
+        return self.topics.create_topics(requests, timeout_ms)
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        """``Topics.delete_topics``: DeleteTopics of many topics, one batch."""
+        return self.topics.delete_topics(names, timeout_ms)
 
     def validate_new_topic(
         self,
@@ -190,8 +201,9 @@ class TopicCalls:
         *,
         validate_only: bool = False,
         assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
+        timeout_ms: int = 30_000,
     ) -> list[PartitionCountResult]:
         """``Topics.create_partitions``."""
         return self.topics.create_partitions(
-            counts, validate_only=validate_only, assignments=assignments
+            counts, validate_only=validate_only, assignments=assignments, timeout_ms=timeout_ms
         )

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidelog.broker.core.placement import (
+    Growth,
     JoiningPlacement,
     JoiningTopicAdmin,
     LocalPlacement,
+    NewTopic,
     Placement,
 )
 from tidelog.broker.core.producer_ids import ProducerIdSource, UnavailableProducerIds
@@ -67,6 +69,26 @@ class TopicAdmin(Protocol):
         ...
 
     def delete_topic(self, name: str) -> None: ...
+
+    def create_topics(
+        self, specs: Sequence[NewTopic], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics in one batch: per topic None (created, and every partition led in
+        this broker's view, unless ``timeout_ms <= 0``) or its error
+        (``KafkaTimeoutError`` for one still pending at ``timeout_ms``)."""
+        ...
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        """Many topics in one batch: per topic None (gone from this broker's view,
+        unless ``timeout_ms <= 0``) or its error."""
+        ...
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        """Many topics grown in one batch: per topic None (grown, and every new partition
+        led in this broker's view, unless ``timeout_ms <= 0``) or its error."""
+        ...
 
     def create_partitions(
         self, name: str, total: int, *, assignment: Sequence[Sequence[int]] | None = None

@@ -33,9 +33,11 @@ from tidelog.storage.errors import LeaderNotAvailableError, NotControllerError
 __all__ = [
     "BrokerEndpoint",
     "ClusterView",
+    "Growth",
     "JoiningPlacement",
     "JoiningTopicAdmin",
     "LocalPlacement",
+    "NewTopic",
     "PartitionPlacement",
     "Placement",
 ]
@@ -177,6 +179,30 @@ class JoiningPlacement:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """A topic to create in a cluster (``TopicAdmin.create_topics``): its partition
+    count and replication factor, placed by the controller's round robin, or ``manual``,
+    (partition, replicas) pairs with the preferred leader first, written as given."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str]
+    manual: list[tuple[int, tuple[int, ...]]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """A topic to grow to ``total`` partitions (``TopicAdmin.create_partitions_many``),
+    placed by the controller's round robin or ``manual``: one replica list per new
+    partition, in order."""
+
+    name: str
+    total: int
+    manual: list[tuple[int, ...]] | None = None
+
+
 class JoiningTopicAdmin:
     """Cluster mode's topic administration until the broker has joined: every call is
     refused with ``NotControllerError`` (retriable: clients ask the controller they find
@@ -203,6 +229,19 @@ class JoiningTopicAdmin:
         raise self._refuse()
 
     def delete_topic(self, name: str) -> None:
+        raise self._refuse()
+
+    def create_topics(
+        self, specs: Sequence[NewTopic], timeout_ms: int
+    ) -> dict[str, Exception | None]:
+        raise self._refuse()
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        raise self._refuse()
+
+    def create_partitions_many(
+        self, growths: Sequence[Growth], timeout_ms: int
+    ) -> dict[str, Exception | None]:
         raise self._refuse()
 
     def create_partitions(

@@ -27,7 +27,13 @@ from tidelog.broker.core.errors import partition_error
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.membership import Membership
 from tidelog.broker.core.metrics import BrokerMetrics
-from tidelog.broker.core.placement import BrokerEndpoint, ClusterView, PartitionPlacement
+from tidelog.broker.core.placement import (
+    BrokerEndpoint,
+    ClusterView,
+    Growth,
+    NewTopic,
+    PartitionPlacement,
+)
 from tidelog.broker.core.replica_assignment import check_growth_assignment, check_topic_assignment
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_records import partition_for
@@ -49,11 +55,23 @@ __all__ = [
     "MetadataTopic",
     "PartitionCountResult",
     "PartitionView",
+    "TopicRequest",
     "TopicView",
     "Topics",
 ]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRequest:
+    """One topic of a CreateTopics request, as ``Topics.create_topic`` takes it."""
+
+    name: str
+    partitions: int | None
+    config: Mapping[str, str]
+    replication_factor: int | None = None
+    assignment: Sequence[tuple[int, Sequence[int]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +209,57 @@ class Topics:
                 return self.view(meta)
         admin.create_topic(name, count, factor, config, assignment=placed)
         return self.describe_topic(name)
+
+    def create_topics(
+        self, requests: Sequence[TopicRequest], timeout_ms: int
+    ) -> dict[str, TopicView | Exception | None]:
+        """CreateTopics of many topics: per topic its view, its error, or None (created
+        in a cluster with ``timeout_ms <= 0``: not waited for, as Kafka's).
+
+        Each topic is checked as ``create_topic`` does; in a cluster the valid ones go to
+        the controller as one batch and are answered once every partition is led in
+        this broker's view, or at ``timeout_ms`` with ``KafkaTimeoutError``
+        (``REQUEST_TIMED_OUT``) for those still pending (``broker.cluster.topic_batches``).
+        A failure of the whole batch (``NotControllerError``) is raised.
+        """
+        out: dict[str, TopicView | Exception | None] = {}
+        admin = self._membership.topic_admin
+        specs: list[NewTopic] = []
+        for r in requests:
+            try:
+                if admin is None:
+                    out[r.name] = self.create_topic(
+                        r.name,
+                        r.partitions,
+                        r.config,
+                        replication_factor=r.replication_factor,
+                        assignment=r.assignment,
+                    )
+                    continue
+                count, factor, placed = self._plan_new_topic(
+                    r.name,
+                    r.partitions,
+                    r.config,
+                    r.replication_factor,
+                    r.assignment,
+                    validate_only=False,
+                )
+            except Exception as exc:  # the topic's own answer (ValueError: INVALID_REQUEST)
+                out[r.name] = exc
+                continue
+            manual = None if placed is None else sorted(placed.items())
+            specs.append(NewTopic(r.name, count, factor, dict(r.config), manual))
+        if admin is None or not specs:
+            return out
+        for name, error in admin.create_topics(specs, timeout_ms).items():
+            if error is not None or timeout_ms <= 0:
+                out[name] = error
+                continue
+            try:
+                out[name] = self.describe_topic(name)
+            except Exception as exc:
+                out[name] = exc
+        return out
 
     def validate_new_topic(
         self,
@@ -335,22 +404,33 @@ class Topics:
 
         Creates missing topics, grows and reconfigures changed ones, deletes local topics
         the cluster no longer has (internal ones are left alone). Called by the metadata
-        watcher after every change; errors are logged per topic, never raised.
+        watcher after every change; errors are logged per topic, never raised. A burst
+        of new (or deleted) topics is one ``LogManager.create_topics`` (or
+        ``delete_topics``): ``topics.json`` written once, the logs opened in parallel
+        (issue #34: one by one, 250 topics took this broker 25 s).
         """
         with self._gate.operation():
             local = {t.name: t for t in self._logs.topics()}
+            missing = [(n, c, cfg) for n, (c, cfg) in topics.items() if n not in local]
+            if missing:
+                for name, outcome in self._logs.create_topics(missing).items():
+                    if isinstance(outcome, Exception):
+                        log.error("cannot apply the cluster's topic %s locally: %s", name, outcome)
             for name, (count, config) in topics.items():
+                if name not in local:
+                    continue
                 try:
-                    self._apply_cluster_topic(name, count, config, local.get(name))
+                    self._apply_cluster_topic(name, count, config, local[name])
                 except Exception:
                     log.exception("cannot apply the cluster's topic %s locally", name)
-            for name, meta in local.items():
-                if name not in topics and not meta.internal:
-                    try:
-                        self._logs.delete_topic(name)
-                        self._groups.forget_topic(name)
-                    except Exception:
-                        log.exception("cannot delete local topic %s", name)
+            gone = [n for n, meta in local.items() if n not in topics and not meta.internal]
+            if gone:
+                try:
+                    self._logs.delete_topics(gone)
+                except Exception:
+                    log.exception("cannot delete local topics %s", gone)
+                for name in gone:
+                    self._groups.forget_topic(name)
                     self._metrics.forget_topic(name)
 
     def _apply_cluster_topic(
@@ -384,6 +464,36 @@ class Topics:
         if admin is not None:
             admin.delete_topic(name)  # the local logs go when this broker's view shows it
         self._metrics.forget_topic(name)
+
+    def delete_topics(self, names: Sequence[str], timeout_ms: int) -> dict[str, Exception | None]:
+        """DeleteTopics of many topics: per topic None or its error. In a cluster the
+        topics go to the controller as one batch, answered once gone from this broker's
+        view or at ``timeout_ms`` with ``KafkaTimeoutError`` for those still pending."""
+        admin = self._membership.topic_admin
+        out: dict[str, Exception | None] = {}
+        batch: list[str] = []
+        for name in names:
+            try:
+                if admin is None:
+                    self.delete_topic(name)
+                    out[name] = None
+                    continue
+                with self._gate.operation():
+                    if self._logs.topic(name).internal:
+                        raise InvalidRequestError(
+                            f"{name} is an internal topic and cannot be deleted"
+                        )
+            except Exception as exc:
+                out[name] = exc
+                continue
+            batch.append(name)
+        if admin is None or not batch:
+            return out
+        for name, error in admin.delete_topics(batch, timeout_ms).items():
+            out[name] = error
+            if error is None:
+                self._metrics.forget_topic(name)
+        return out
 
     def list_topics(self, include_internal: bool) -> list[TopicMetadata]:
         """Every topic, sorted by name; internal ones only if asked."""
@@ -495,8 +605,13 @@ class Topics:
         *,
         validate_only: bool = False,
         assignments: Mapping[str, Sequence[Sequence[int]]] | None = None,
+        timeout_ms: int = 30_000,
     ) -> list[PartitionCountResult]:
         """Grow each named topic to its new total count (Kafka's CreatePartitions).
+
+        In a cluster the topics go to the controller as one batch, answered once every
+        partition is led in this broker's view, or at ``timeout_ms`` with
+        ``REQUEST_TIMED_OUT`` for those still pending (``broker.cluster.topic_batches``).
 
         Answered per topic, in request order; a topic named twice is ``INVALID_REQUEST``
         each time (as Kafka). The errors are ``LogManager.create_partitions``'s, and for a
@@ -510,11 +625,13 @@ class Topics:
         heartbeat (``docs/groups.md``), so the new partitions get owners.
         """
         wanted = assignments or {}
+        admin = self._membership.topic_admin
         with self._gate.operation():
             seen: dict[str, int] = {}
             for name, _ in counts:
                 seen[name] = seen.get(name, 0) + 1
-            answers = []
+            answers: dict[str, PartitionCountResult] = {}
+            growths: list[Growth] = []
             for name, count in counts:
                 try:
                     if seen[name] > 1:
@@ -524,21 +641,36 @@ class Topics:
                     lists = wanted.get(name)
                     if lists is not None:
                         self._check_growth(name, lists, before, count, validate_only)
+                    if not validate_only and admin is not None:
+                        manual = None if lists is None else [tuple(r) for r in lists]
+                        growths.append(Growth(name, count, manual))
+                        continue
                     if not validate_only:
-                        admin = self._membership.topic_admin
-                        if admin is not None:
-                            admin.create_partitions(name, count, assignment=lists)
-                            meta = self._logs.topic(name)
-                        else:
-                            meta = self._logs.create_partitions(name, count)
+                        meta = self._logs.create_partitions(name, count)
                 except Exception as exc:
                     code, message = partition_error(exc)
-                    answers.append(
-                        PartitionCountResult(name, error_code=code, error_message=message)
+                    answers[name] = PartitionCountResult(
+                        name, error_code=code, error_message=message
                     )
                     continue
-                answers.append(PartitionCountResult(name, meta.partitions))
-            return answers
+                answers[name] = PartitionCountResult(name, meta.partitions)
+        if growths:
+            assert admin is not None
+            # One controller batch for every topic (issue #34), as create_topics: not
+            # counted by the gate (a close must not wait on the controller's answer).
+            try:
+                grown = admin.create_partitions_many(growths, timeout_ms)
+            except Exception as exc:
+                grown = {g.name: exc for g in growths}
+            for name, error in grown.items():
+                if error is None:
+                    answers[name] = PartitionCountResult(name, self._logs.topic(name).partitions)
+                else:
+                    code, message = partition_error(error)
+                    answers[name] = PartitionCountResult(
+                        name, error_code=code, error_message=message
+                    )
+        return [answers[name] for name, _ in counts]
 
     def _check_growth(
         self,

@@ -20,7 +20,7 @@ import logging
 import uuid
 
 from tidelog.broker.core import operations
-from tidelog.broker.core.topics import MetadataTopic
+from tidelog.broker.core.topics import MetadataTopic, TopicRequest, TopicView
 from tidelog.broker.kafka.admin import (
     alter_configs,
     delete_records,
@@ -221,97 +221,131 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
 
 
 async def create_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """CreateTopics: each topic created by the core (broker defaults for -1 counts).
+    """CreateTopics: the authorized topics created by the core in one batch (broker
+    defaults for -1 counts), answered when every partition has a leader, or at the
+    request's ``timeout_ms`` with ``REQUEST_TIMED_OUT`` for each topic still pending
+    (``Topics.create_topics``; ``timeout_ms <= 0`` answers without waiting, as Kafka).
 
     A topic's ``assignments`` (partition index -> broker ids, preferred leader first) is a
     manual replica assignment (``broker.core.replica_assignment``): ``num_partitions`` and
     ``replication_factor`` must then be -1 (``INVALID_REQUEST``), and a list Kafka would
     refuse is ``INVALID_REPLICA_ASSIGNMENT`` with Kafka's message. ``validate_only`` makes
     every check (the replication factor and the assignment's brokers included) and
-    creates nothing.
+    creates nothing. A topic named twice in one request is ``INVALID_REQUEST`` for each
+    entry, as Kafka's.
     """
-    results = []
     validate_only = bool(request.get("validate_only", False))
+    names = [t["name"] for t in request["topics"]]
+    dupes = {n for n in names if names.count(n) > 1}
+    results: list[Plain] = []
+    batch: list[TopicRequest] = []
     for topic in request["topics"]:
         name = topic["name"]
-        count = topic["num_partitions"]
-        factor = topic["replication_factor"]
-        configs = {c["name"]: c["value"] for c in topic.get("configs", []) if c["value"]}
-        assignment = [
-            (a["partition_index"], tuple(a["broker_ids"])) for a in topic.get("assignments") or []
-        ]
-        if assignment:  # -1 is unset; anything else is refused by the core
-            partitions = None if count == -1 else count
-            replication = None if factor == -1 else factor
-        else:
-            partitions = count if count > 0 else None
-            replication = factor if factor > 0 else None
         result: Plain = {"name": name, "topic_id": _ZERO_UUID}
+        results.append(result)
+        if name in dupes:
+            result.update(
+                error_code=error_code_for("INVALID_REQUEST"),
+                error_message="Found multiple entries for this topic.",
+            )
+            continue
         # CREATE on the cluster, or else on the topic: only the topic's refusal is
         # audited (the policy table's ``or_on_cluster``).
         if code := denied(conn, operations.topic(name)):
             result.update(error_code=code)
-            results.append(result)
+            continue
+        wanted = _topic_request(topic)
+        if not validate_only:
+            batch.append(wanted)
             continue
         try:
-            if validate_only:
-                view = None
-                created, replicas = await conn.run(
-                    functools.partial(
-                        conn.core.validate_new_topic,
-                        name,
-                        partitions,
-                        configs,
-                        replication_factor=replication,
-                        assignment=assignment or None,
-                    )
+            created, replicas = await conn.run(
+                functools.partial(
+                    conn.core.validate_new_topic,
+                    name,
+                    wanted.partitions,
+                    wanted.config,
+                    replication_factor=wanted.replication_factor,
+                    assignment=wanted.assignment,
                 )
-            else:
-                view = await conn.run(
-                    functools.partial(
-                        conn.core.create_topic,
-                        name,
-                        partitions,
-                        configs,
-                        replication_factor=replication,
-                        assignment=assignment or None,
-                    )
-                )
-                created = len(view.partitions)
-                replicas = len(view.partitions[0].replicas) if view.partitions else 1
-        except ValueError as exc:
-            result.update(error_code=error_code_for("INVALID_REQUEST"), error_message=str(exc))
-        except Exception as exc:
-            code, message = kafka_error(exc)
-            result.update(error_code=code, error_message=message)
-        else:
-            result.update(
-                error_code=NONE,
-                topic_id=topic_id(name) if view is not None else _ZERO_UUID,
-                num_partitions=created,
-                replication_factor=replicas,
-                configs=[]
-                if view is None
-                else [
-                    {
-                        "name": k,
-                        "value": v,
-                        "read_only": False,
-                        "config_source": 5,
-                        "is_sensitive": False,
-                    }
-                    for k, v in sorted(view.config.items())
-                ],
             )
-        results.append(result)
+        except Exception as exc:
+            _topic_failed(result, exc)
+        else:
+            result.update(error_code=NONE, num_partitions=created, replication_factor=replicas)
+            result.update(configs=[])
+    if batch:
+        timeout_ms = int(request.get("timeout", 60_000))  # kio names it "timeout" (ms)
+        try:
+            answers = await conn.run(conn.core.create_topics, batch, timeout_ms)
+        except Exception as exc:
+            answers = {r.name: exc for r in batch}
+        by_name = {r["name"]: r for r in results}
+        for name, answer in answers.items():
+            _topic_answered(by_name[name], name, answer)
     return {"topics": results}
 
 
+def _topic_request(topic: Plain) -> TopicRequest:
+    count = topic["num_partitions"]
+    factor = topic["replication_factor"]
+    configs = {c["name"]: c["value"] for c in topic.get("configs", []) if c["value"]}
+    assignment = [
+        (a["partition_index"], tuple(a["broker_ids"])) for a in topic.get("assignments") or []
+    ]
+    if assignment:  # -1 is unset; anything else is refused by the core
+        partitions = None if count == -1 else count
+        replication = None if factor == -1 else factor
+    else:
+        partitions = count if count > 0 else None
+        replication = factor if factor > 0 else None
+    return TopicRequest(topic["name"], partitions, configs, replication, assignment or None)
+
+
+def _topic_failed(result: Plain, exc: BaseException) -> None:
+    if isinstance(exc, ValueError):
+        result.update(error_code=error_code_for("INVALID_REQUEST"), error_message=str(exc))
+    else:
+        code, message = kafka_error(exc)
+        result.update(error_code=code, error_message=message)
+
+
+def _topic_answered(result: Plain, name: str, answer: TopicView | Exception | None) -> None:
+    """One topic's CreateTopics result from the core's answer (None: created, not waited
+    for: the counts are -1, as Kafka's when it has none to give)."""
+    if isinstance(answer, Exception):
+        _topic_failed(result, answer)
+        return
+    if answer is None:
+        result.update(error_code=NONE, num_partitions=-1, replication_factor=-1, configs=[])
+        return
+    result.update(
+        error_code=NONE,
+        topic_id=topic_id(name),
+        num_partitions=len(answer.partitions),
+        replication_factor=len(answer.partitions[0].replicas) if answer.partitions else 1,
+        configs=[
+            {
+                "name": k,
+                "value": v,
+                "read_only": False,
+                "config_source": 5,
+                "is_sensitive": False,
+            }
+            for k, v in sorted(answer.config.items())
+        ],
+    )
+
+
 async def delete_topics(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """DeleteTopics: by name (v1-5 ``topic_names``, v6 ``topics``); ids are refused."""
+    """DeleteTopics: by name (v1-5 ``topic_names``, v6 ``topics``); ids are refused. The
+    authorized topics are deleted by the core in one batch, answered when gone, or at
+    ``timeout_ms`` with ``REQUEST_TIMED_OUT`` for each still pending
+    (``Topics.delete_topics``)."""
     names: list[str | None] = list(request.get("topic_names") or [])
     names += [t.get("name") for t in request.get("topics") or []]
-    responses = []
+    responses: list[Plain] = []
+    batch: list[str] = []
     for name in names:
         if not name:
             responses.append(
@@ -322,22 +356,32 @@ async def delete_topics(conn: Connection, header: RequestHeader, request: Plain)
                 }
             )
             continue
+        response: Plain = {"name": name, "error_code": NONE}
+        responses.append(response)
         code = denied(conn, operations.topic(name))
         if code:
-            responses.append({"name": name, "error_code": code})
-            continue
+            response["error_code"] = code
+        elif name not in batch:
+            batch.append(name)
+    if batch:
+        timeout_ms = int(request.get("timeout", 60_000))  # kio names it "timeout" (ms)
+        answers: dict[str, Exception | None]
         try:
-            await conn.run(conn.core.delete_topic, name)
+            answers = await conn.run(conn.core.delete_topics, batch, timeout_ms)
         except Exception as exc:
-            code, message = kafka_error(exc)
-            responses.append({"name": name, "error_code": code, "error_message": message})
-        else:
-            responses.append({"name": name, "error_code": NONE})
+            answers = dict.fromkeys(batch, exc)
+        for response in responses:
+            error = answers.get(response["name"]) if response["error_code"] == NONE else None
+            if error is not None:
+                code, message = kafka_error(error)
+                response.update(error_code=code, error_message=message)
     return {"responses": responses}
 
 
 async def create_partitions(conn: Connection, header: RequestHeader, request: Plain) -> Plain:
-    """CreatePartitions: grow each topic to its new total count (ALTER on each topic).
+    """CreatePartitions: grow each topic to its new total count (ALTER on each topic), in
+    a cluster as one controller batch answered when led or at ``timeout_ms``
+    (``REQUEST_TIMED_OUT``) like CreateTopics.
 
     A topic's ``assignments`` (one broker-id list per new partition, or null) places the
     new partitions as given (``Topics.create_partitions``: Kafka's
@@ -354,10 +398,11 @@ async def create_partitions(conn: Connection, header: RequestHeader, request: Pl
         if t.get("assignments") is not None:
             assignments[t["name"]] = [tuple(a["broker_ids"]) for a in t["assignments"]]
     validate_only = bool(request.get("validate_only", False))
+    timeout_ms = int(request.get("timeout", 60_000))  # kio's name for timeout_ms
     try:
         answers = await conn.run(
             lambda: conn.core.create_partitions(
-                counts, validate_only=validate_only, assignments=assignments
+                counts, validate_only=validate_only, assignments=assignments, timeout_ms=timeout_ms
             )
         )
     except UnknownTopicOrPartitionError as exc:

@@ -8,23 +8,35 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from tidelog.broker.cluster.controller import Controller, ControllerSettings
-from tidelog.broker.cluster.metadata import MetadataWatcher
+from tidelog.broker.cluster.forwarding import run_call
+from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
 from tidelog.broker.cluster.store import ClusterStore
 from tidelog.broker.cluster.testing import ZooKeeperServer
-from tidelog.broker.cluster.znodes import NO_LEADER, BrokerRegistration, PartitionState
+from tidelog.broker.cluster.topic_batches import TopicBatches
+from tidelog.broker.cluster.znodes import (
+    NO_LEADER,
+    BrokerRegistration,
+    PartitionState,
+    TopicAssignment,
+)
+from tidelog.broker.core.placement import NewTopic
 from tidelog.storage.clock import SystemClock
 from tidelog.storage.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    KafkaTimeoutError,
     NotControllerError,
     TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
 )
 
 _chroots = itertools.count()
@@ -285,3 +297,103 @@ def test_leaderships_granted_before_the_whole_cluster_restarted_are_granted_agai
     for p, old in before.items():
         eventually(lambda p=p, old=old: state(second, "b", p).leader_epoch > old.leader_epoch)
         assert state(second, "b", p).leader in (1, 2, 3)
+
+
+def test_a_batch_creates_and_deletes_many_topics_with_an_answer_for_each(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("there", 1, 1, {})
+    names = [f"batch-{i}" for i in range(30)]
+    specs = [NewTopic(n, 4, 3, {"retention.ms": "60000"}) for n in names]
+    specs += [NewTopic("there", 1, 1, {}), NewTopic("big", 1, 4, {})]
+    watcher = MetadataWatcher(brokers[0].store)
+    watcher.start()
+    try:
+        answer = controller.controller.create_topics(specs)
+        assert isinstance(answer.pop("there"), TopicAlreadyExistsError)
+        assert isinstance(answer.pop("big"), InvalidReplicationFactorError)
+        assert sorted(answer) == sorted(names)
+        for name, assignment in answer.items():
+            assert isinstance(assignment, TopicAssignment)
+            for partition, replicas in assignment.replicas.items():
+                assert sorted(replicas) == [1, 2, 3]
+                assert state(controller, name, partition).leader == replicas[0]
+
+        def every_partition_led(view: ClusterMetadata) -> bool:
+            return all(
+                name in view.topics
+                and all(view.leader(name, p) != NO_LEADER for p in range(4))
+                and view.topics[name].config == {"retention.ms": "60000"}
+                for name in names
+            )
+
+        assert watcher.wait_for(every_partition_led, 10_000)
+
+        gone = controller.controller.delete_topics([*names, "nope"])
+        assert isinstance(gone.pop("nope"), UnknownTopicOrPartitionError)
+        assert gone == dict.fromkeys(names)
+        assert controller.store.topics() == ["there"]
+        assert watcher.wait_for(lambda view: sorted(view.topics) == ["there"], 10_000)
+    finally:
+        watcher.stop()
+
+
+def test_callers_creating_the_same_topic_at_once_get_one_success(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    brokers = [cluster(i) for i in (1, 2)]
+    controller = controller_of(brokers).controller
+    answers: list[dict[str, object]] = []
+    lock = threading.Lock()
+
+    def create(own: str) -> None:
+        found = controller.create_topics([NewTopic(own, 1, 2, {}), NewTopic("shared", 2, 2, {})])
+        with lock:
+            answers.append(found)
+
+    threads = [threading.Thread(target=create, args=(f"own-{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(answers) == 8
+    shared = [a["shared"] for a in answers]
+    assert sum(isinstance(s, TopicAssignment) for s in shared) == 1
+    assert sum(isinstance(s, TopicAlreadyExistsError) for s in shared) == 7
+    owns = {name for a in answers for name, v in a.items() if isinstance(v, TopicAssignment)}
+    assert owns == {"shared", *(f"own-{i}" for i in range(8))}
+
+
+def test_topics_still_pending_at_the_timeout_answer_request_timed_out_and_stay_created(
+    cluster: Callable[[int], FakeBroker],
+) -> None:
+    """``TopicBatches`` (the receiving broker's half): a view that never catches up (a
+    watcher not started) leaves every created topic pending at ``timeout_ms``: each
+    answers ``REQUEST_TIMED_OUT`` (Kafka's), the controller's own errors stay, and the
+    topics exist all the same."""
+    brokers = [cluster(i) for i in (1, 2)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("there", 1, 1, {})
+    stale_view = MetadataWatcher(controller.store)
+
+    def on_controller(call: str, arguments: Mapping[str, Any]) -> Any:
+        return run_call(controller.controller, call, arguments)
+
+    batches = TopicBatches(on_controller, stale_view)
+    specs = [
+        NewTopic("late-1", 2, 2, {}),
+        NewTopic("late-2", 2, 2, {}),
+        NewTopic("there", 1, 1, {}),
+    ]
+    answer = batches.create_topics(specs, timeout_ms=200)
+    assert isinstance(answer["there"], TopicAlreadyExistsError)
+    assert isinstance(answer["late-1"], KafkaTimeoutError)
+    assert isinstance(answer["late-2"], KafkaTimeoutError)
+    assert controller.store.topics() == ["late-1", "late-2", "there"]
+    assert batches.create_topics([NewTopic("at-once", 1, 1, {})], timeout_ms=0) == {"at-once": None}
+    gone = batches.delete_topics(["late-1", "nope"], timeout_ms=200)
+    assert gone["late-1"] is None  # a view that never had it shows it gone
+    assert isinstance(gone["nope"], UnknownTopicOrPartitionError)
+    assert "late-1" not in controller.store.topics()

@@ -19,6 +19,7 @@ from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher, To
 from tidelog.broker.cluster.node import ClusterNode, ClusterPlacement
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
 from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.store_batch import Roots
 from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog.broker.config import BrokerConfig
 from tidelog.storage.clock import SystemClock
@@ -197,16 +198,10 @@ class FakeStore:
         self.gate = threading.Event()
         self.gate.set()
 
-    def live_brokers_with_epochs(self) -> tuple[dict[int, BrokerRegistration], dict[int, int]]:
+    def read_roots(self) -> Roots:
         self.gate.wait(5)
         self.reads += 1
-        return {1: BrokerRegistration(1, "h", 1)}, {1: 1}
-
-    def topics(self) -> list[str]:
-        return []
-
-    def controller_id(self) -> int:
-        return 1
+        return Roots({1: BrokerRegistration(1, "h", 1)}, {1: 1}, [], 1)
 
     def watch_children(self, path: str, callback: Any) -> None:
         pass

@@ -1,0 +1,144 @@
+"""Cluster metadata at scale (issue #34): how fast a cluster creates and leads partitions.
+
+::
+
+    python benchmarks/metadata_bench.py [--topics 250] [--partitions 4]
+
+On one three-broker cluster (``LocalCluster(kafka=True)``: a throwaway ZooKeeper and
+three broker processes on 127.0.0.1), confluent-kafka's AdminClient sends **one**
+CreateTopics of ``--topics`` topics of ``--partitions`` partitions at replication
+factor 3 (``operation_timeout`` 120 s, so the broker answers when the topics are led),
+and the clock runs from the request until a Metadata from the client shows every
+partition with a leader. ``create_partitions_per_s`` is the partitions over that time
+(target: at least 200). Then one DeleteTopics of all of them, timed until Metadata
+lists none (``delete_topics_s``).
+
+The issue's other keys (Metadata at 10,000 partitions, controller failover, broker
+restart and controlled shutdown at 10,000 partitions) are step 2 of #34 and are printed
+as ``"not measured yet"``, never estimated.
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from tidelog.broker.cluster.testing import LocalCluster  # noqa: E402
+
+_NOT_YET = "not measured yet"
+_WAIT_S = 300.0
+
+
+def _led(admin: AdminClient, names: list[str], partitions: int) -> bool:
+    found = admin.list_topics(timeout=30).topics
+    for name in names:
+        topic = found.get(name)
+        if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+            return False
+        if any(p.leader < 0 for p in topic.partitions.values()):
+            return False
+    return True
+
+
+def _gone(admin: AdminClient, names: list[str]) -> bool:
+    found = admin.list_topics(timeout=30).topics
+    return not any(name in found for name in names)
+
+
+def _errors(futures: dict[str, object]) -> dict[str, str]:
+    out = {}
+    for name, future in futures.items():
+        try:
+            future.result()  # type: ignore[attr-defined]
+        except Exception as exc:
+            out[name] = str(exc)
+    return out
+
+
+def _until(check: object, started: float) -> float:
+    while not check():  # type: ignore[operator]
+        if time.monotonic() - started > _WAIT_S:
+            raise SystemExit(f"not done after {_WAIT_S:.0f} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def measure(topics: int, partitions: int, data_root: Path | None = None) -> dict[str, object]:
+    names = [f"meta-{i:05d}" for i in range(topics)]
+    root = None if data_root is None else Path(tempfile.mkdtemp(dir=data_root))
+    dirs = None if root is None else {b: root / f"broker-{b}" for b in (1, 2, 3)}
+    try:
+        return _measure(names, partitions, dirs)
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(names: list[str], partitions: int, dirs: dict[int, Path] | None) -> dict[str, object]:
+    topics = len(names)
+    with LocalCluster(3, kafka=True, data_dirs=dirs) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+        admin.list_topics(timeout=30)  # connected before the clock starts
+        started = time.monotonic()
+        futures = admin.create_topics(
+            [NewTopic(n, partitions, 3) for n in names],
+            request_timeout=120,
+            operation_timeout=120,
+        )
+        failed = _errors(futures)
+        answered_s = time.monotonic() - started
+        if failed:
+            raise SystemExit(f"{len(failed)} topics failed, e.g. {next(iter(failed.items()))}")
+        led_s = _until(lambda: _led(admin, names, partitions), started)
+        started = time.monotonic()
+        failed = _errors(admin.delete_topics(names, request_timeout=120, operation_timeout=120))
+        deleted_answered_s = time.monotonic() - started
+        if failed:
+            raise SystemExit(f"{len(failed)} deletions failed, e.g. {next(iter(failed.items()))}")
+        deleted_s = _until(lambda: _gone(admin, names), started)
+    return {
+        "topics": topics,
+        "partitions_per_topic": partitions,
+        "replication_factor": 3,
+        "create_answered_s": round(answered_s, 2),
+        "create_led_s": round(led_s, 2),
+        "create_partitions_per_s": round(topics * partitions / led_s, 1),
+        "delete_answered_s": round(deleted_answered_s, 2),
+        "delete_topics_s": round(deleted_s, 2),
+        "metadata_p99_ms_at_10k": _NOT_YET,
+        "controller_failover_s_at_10k": _NOT_YET,
+        "broker_restart_s_at_10k": _NOT_YET,
+        "controlled_shutdown_s_at_10k": _NOT_YET,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topics", type=int, default=250)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        help="where the brokers' data directories go (default: the system's temp "
+        "directory); /dev/shm (tmpfs) shows what the run costs without the disk's fsyncs",
+    )
+    args = parser.parse_args()
+    result = measure(args.topics, args.partitions, args.data_root)
+    result["data_root"] = str(args.data_root or tempfile.gettempdir())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
