@@ -375,6 +375,31 @@ class SharePartitionManager:
         )
         return len(offsets)
 
+    def reconfigure(self, group_id: str, config: SharePartitionConfig) -> int:
+        """Apply ``group_id``'s changed settings to its share partitions loaded here (its
+        group configs changed: ``broker.core.share_group_configs``), as Kafka reads a
+        group's configs anew on every use. From now on: the lock duration of each
+        acquisition, the delivery limit and dead-letter topic of each delivery that ends,
+        the isolation level of each read. What already happened stays (a lock keeps its
+        deadline; an Available record past a lowered limit is delivered once more and
+        then archived); ``auto_offset_reset`` only places share partitions not yet
+        started. Returns the share partitions changed."""
+        changed = 0
+        for key, held in self._loaded_items(group_id):
+            with held.lock:
+                old = held.partition.config
+                if old == config:
+                    continue
+                held.partition.config = config
+                if old.read_committed != config.read_committed:
+                    held.source = LogRecordSource(
+                        self._logs.get_log(key[1], key[2]), read_committed=config.read_committed
+                    )
+            changed += 1
+        if changed:
+            log.info("share group %s: new settings for %d share partition(s)", group_id, changed)
+        return changed
+
     def loaded(self) -> list[tuple[str, str, int]]:
         """The share partitions (group, topic, partition) in memory here."""
         with self._lock:
