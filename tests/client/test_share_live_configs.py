@@ -7,7 +7,9 @@ Proven: after IncrementalAlterConfigs lowers ``share.record.lock.duration.ms`` f
 minutes and ``share.delivery.count.limit`` from five, with no restart, a record acquired
 after the change comes back once its short lock expires, while one acquired before keeps
 its ten-minute lock; a RELEASE at the new limit archives the record (never delivered
-again), which the broker's default limit would have made available.
+again), which the broker's default limit would have made available. A dead-letter topic
+removed archives at once the record that waited to be copied there (its copies failed),
+so the share partition's start moves past it.
 """
 
 from __future__ import annotations
@@ -108,5 +110,43 @@ def test_a_changed_lock_duration_and_delivery_limit_apply_without_a_restart(
             _produce(broker.address, topic, 1)
             after = _poll_until(consumer, lambda now: len(now) >= 1)
             assert [r.offset for r, _ in after] == [2]  # offset 1 was not delivered again
+        finally:
+            consumer.close()
+
+
+def test_a_removed_dead_letter_topic_archives_what_waited_for_it(
+    broker: InProcessBroker,
+) -> None:
+    """Copies into a compacted dead-letter topic fail (the records have no key), so a
+    rejected record waits to be dead-lettered and holds the share partition's start;
+    removing the group's dead-letter topic archives it at once, no restart."""
+    topic, group, dlq = "live-dlq", "live-dlq-workers", "live-dlq-compacted"
+    with AdminClient(broker.address) as admin:
+        admin.create_topic(topic, 1)
+        admin.create_topic(dlq, 1, {"cleanup.policy": "compact"})
+        resource = ConfigResource.group(group)
+        admin.incremental_alter_configs(
+            resource, [AlterConfigOp("errors.deadletterqueue.topic.name", "set", dlq)]
+        )
+        consumer = ShareConsumer(
+            broker.address, group, acknowledgement_mode="explicit", request_timeout_ms=10_000
+        )
+        try:
+            consumer.subscribe([topic])
+            eventually(lambda: bool(consumer.assignment()), 20)
+            assert consumer.poll(timeout_ms=0) == []
+            _produce(broker.address, topic, 2)
+            got = _poll_until(consumer, lambda seen: len(seen) >= 2)
+            consumer.acknowledge(got[0][0], kind="reject")
+            consumer.acknowledge(got[1][0])
+            assert set(consumer.commit_sync().values()) == {None}
+            (stats,) = admin.describe_share_group(group).partitions
+            assert (stats.start_offset, stats.archived, stats.dead_lettered) == (0, 1, 0)
+
+            admin.incremental_alter_configs(
+                resource, [AlterConfigOp("errors.deadletterqueue.topic.name", "delete")]
+            )
+            (stats,) = admin.describe_share_group(group).partitions
+            assert (stats.start_offset, stats.dead_lettered) == (2, 0)
         finally:
             consumer.close()
