@@ -46,6 +46,20 @@ the share session at every leader it fetched from (the broker releases whatever 
 holds at once, for the others), leaves the group, and stops the thread. A consumer that
 dies without closing has its records redelivered when their locks expire.
 
+**Acknowledgements that fail** (as Kafka's ``KafkaShareConsumer``): a retriable failure
+(the leader unreachable or moved, a broker restarting, a state write that failed) keeps
+them, and they go again with the next fetch or acknowledge of their partition;
+``commit_sync`` retries them until its timeout. Whether the member still holds the records
+is the broker's to say: one that no longer does (its lock expired, the leader changed and
+reloaded the share partition, the member was fenced) answers with a non-retriable error
+(``InvalidRecordStateError``...), and the acknowledgements are dropped then. Every
+outcome, success or failure, reaches the acknowledgement commit callback
+(``acknowledgement_commit_callback`` / ``set_acknowledgement_commit_callback``: ``{partition:
+offsets}`` and the error or None), run on the application's thread in ``poll``,
+``commit_sync`` and ``close``, as Kafka's; ``commit_sync`` returns each partition's
+outcome (a retriable error there means its acknowledgements are still kept); ``close``
+reports what it could not send as failed.
+
 Every blocking call takes a ``timeout_ms`` (default ``request_timeout_ms``). Not
 thread-safe, as Kafka's: use it from one thread (the heartbeat thread is internal).
 """
@@ -77,7 +91,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.records import decode_batch_as, iter_batch_headers
 
-__all__ = ["ACKNOWLEDGE_KINDS", "ShareConsumer"]
+__all__ = ["ACKNOWLEDGE_KINDS", "AcknowledgementCommitCallback", "ShareConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +104,11 @@ _RETRY_BACKOFF_MS = 100
 _POLL_SLICE_MS = 100
 
 _Pending = dict[TopicPartition, dict[int, int]]  # partition -> offset -> kind
+# Kafka's AcknowledgementCommitCallback.onComplete: the offsets of one partition whose
+# acknowledgements completed, and their error (None: applied).
+AcknowledgementCommitCallback = Callable[
+    [dict[TopicPartition, set[int]], TidelogError | None], None
+]
 
 
 def _monotonic_ms() -> int:
@@ -108,6 +127,8 @@ class ShareConsumer:
         acknowledgement_mode: ``implicit`` (the default; explicit from the first
             ``acknowledge``) or ``explicit`` (Kafka 4.1's ``share.acknowledgement.mode``).
         request_timeout_ms: the default timeout of every blocking call.
+        acknowledgement_commit_callback: told of every acknowledgement's outcome
+            (module docstring).
     """
 
     def __init__(
@@ -121,6 +142,7 @@ class ShareConsumer:
         request_timeout_ms: int = 30_000,
         reconnect_backoff_max_ms: int = 1_000,
         acknowledgement_mode: str = "implicit",
+        acknowledgement_commit_callback: AcknowledgementCommitCallback | None = None,
     ) -> None:
         if not group_id:
             raise ValueError("a ShareConsumer needs a group_id")
@@ -163,6 +185,9 @@ class ShareConsumer:
         self._leaders: set[str] = set()  # addresses fetched from (sessions to close)
         self._async: ThreadPoolExecutor | None = None
         self._async_lock = threading.Lock()  # one acknowledgement send at a time
+        self._callback = acknowledgement_commit_callback
+        # Outcomes for the callback, run on the application's thread (under _async_lock).
+        self._completed: list[tuple[dict[TopicPartition, set[int]], TidelogError | None]] = []
         self._closed = False
 
     # --- membership -----------------------------------------------------------------------
@@ -295,11 +320,52 @@ class ShareConsumer:
         first. Never raises for a broker that is down: returns nothing at the timeout."""
         self._check_open()
         self._implicit_accept()
+        self._run_callbacks()  # commit_async's, before anything else
         deadline = _monotonic_ms() + max(timeout_ms, 0)
         while True:
             records = self._fetch_once(max(deadline - _monotonic_ms(), 0))
             if records or _monotonic_ms() >= deadline:
+                self._run_callbacks()  # the outcomes of the acknowledgements it carried
                 return records
+
+    def set_acknowledgement_commit_callback(
+        self, callback: AcknowledgementCommitCallback | None
+    ) -> None:
+        """Kafka's ``setAcknowledgementCommitCallback`` (module docstring)."""
+        self._callback = callback
+
+    def _run_callbacks(self) -> None:
+        with self._async_lock:
+            completed, self._completed = self._completed, []
+        if self._callback is None:
+            return
+        for offsets, error in completed:
+            self._callback(offsets, error)
+
+    def _settle(
+        self,
+        acks: _Pending,
+        outcomes: Mapping[TopicPartition, TidelogError | None],
+        *,
+        keep: bool = True,
+    ) -> None:
+        """Acknowledgements sent (``acks``) and their outcomes (a partition absent: applied):
+        a retriable failure is kept to go again (``keep``), the rest go to the callback."""
+        for tp, offsets in acks.items():
+            error = outcomes.get(tp)
+            if error is not None and error.retriable and keep:
+                log.info(
+                    "share group %s: acknowledging %s failed (%s): sent again",
+                    self.group_id,
+                    tp,
+                    error,
+                )
+                self._restore_pending({tp: offsets})
+                continue
+            if error is not None:
+                log.warning("share group %s: acknowledging %s failed: %s", self.group_id, tp, error)
+            with self._async_lock:
+                self._completed.append(({tp: set(offsets)}, error))
 
     def _fetch_once(self, budget_ms: int) -> list[ConsumerRecord]:
         with self._lock:
@@ -366,18 +432,16 @@ class ShareConsumer:
         except TidelogError as exc:
             log.info("share group %s: fetch from %s failed: %s", self.group_id, address, exc)
             self._connections.mark_stale()
-            self._restore_pending(acks)  # acknowledged with the next request
+            self._settle(acks, dict.fromkeys(acks, exc))  # retriable: with the next request
             return []
-        for result in answer.acknowledgements:
-            if result.error_code:
-                log.warning(
-                    "share group %s: acknowledging %s-%d failed: %s %s",
-                    self.group_id,
-                    result.topic,
-                    result.partition,
-                    result.error_code,
-                    result.error_message,
-                )
+        self._settle(
+            acks,
+            {
+                TopicPartition(r.topic, r.partition): error_for_code(r.error_code, r.error_message)
+                for r in answer.acknowledgements
+                if r.error_code
+            },
+        )
         out: list[ConsumerRecord] = []
         for part in answer.partitions:
             if part.error_code:
@@ -441,7 +505,17 @@ class ShareConsumer:
         partition's outcome (None: applied)."""
         self._check_open()
         self._implicit_accept()
-        return self._send_pending(self._timeout(timeout_ms))
+        deadline = _monotonic_ms() + self._timeout(timeout_ms)
+        outcomes: dict[TopicPartition, TidelogError | None] = {}
+        while True:
+            outcomes.update(self._send_pending(max(deadline - _monotonic_ms(), 1)))
+            retry = [e for e in outcomes.values() if e is not None and e.retriable]
+            remaining = deadline - _monotonic_ms()
+            if not retry or remaining <= 0:
+                break
+            time.sleep(min(remaining, _RETRY_BACKOFF_MS) / 1000)
+        self._run_callbacks()
+        return outcomes
 
     def commit_async(
         self,
@@ -477,15 +551,34 @@ class ShareConsumer:
         return pending
 
     def _restore_pending(self, pending: _Pending) -> None:
+        """Put back acknowledgements taken and not applied; one acknowledged again since
+        (a later delivery of the record) is newer and stays."""
         with self._async_lock:
             for tp, offsets in pending.items():
-                self._pending.setdefault(tp, {}).update(offsets)
+                kept = self._pending.setdefault(tp, {})
+                for offset, kind in offsets.items():
+                    kept.setdefault(offset, kind)
 
     def _send_pending(
         self, timeout_ms: int, *, close_session: bool = False
     ) -> dict[TopicPartition, TidelogError | None]:
+        """Send every pending acknowledgement (ShareAcknowledge to each leader); each
+        partition's outcome, settled (``_settle``: kept when retriable, unless closing)."""
         pending = self._take_pending()
         outcomes: dict[TopicPartition, TidelogError | None] = {}
+        try:
+            self._send(pending, outcomes, timeout_ms, close_session)
+        finally:
+            self._settle(pending, outcomes, keep=not close_session)
+        return {tp: outcomes.get(tp) for tp in pending} | outcomes
+
+    def _send(
+        self,
+        pending: _Pending,
+        outcomes: dict[TopicPartition, TidelogError | None],
+        timeout_ms: int,
+        close_session: bool,
+    ) -> None:
         by_leader: dict[str, tuple[Connection, _Pending]] = {}
         for tp, offsets in pending.items():
             try:
@@ -508,6 +601,8 @@ class ShareConsumer:
             try:
                 answer = _call(connection, "ShareAcknowledge", request, timeout_ms)
             except TidelogError as exc:
+                if isinstance(exc, ROUTING_ERRORS):
+                    self._connections.mark_stale()
                 outcomes.update(dict.fromkeys(acks, exc))
                 continue
             for r in answer.results:
@@ -515,16 +610,12 @@ class ShareConsumer:
                 outcomes[tp] = (
                     error_for_code(r.error_code, r.error_message) if r.error_code else None
                 )
-        return outcomes
 
     def _release_sessions(self, timeout_ms: int) -> None:
         """Send what is pending and close the share session at every leader fetched from
         (the broker releases what this member still holds there)."""
         self._implicit_accept()
-        outcomes = self._send_pending(timeout_ms, close_session=True)
-        for tp, error in outcomes.items():
-            if error is not None:
-                log.warning("share group %s: acknowledging %s failed: %s", self.group_id, tp, error)
+        self._send_pending(timeout_ms, close_session=True)  # failures: to the callback
         self._leaders.clear()
         self._delivered.clear()
 
@@ -537,10 +628,11 @@ class ShareConsumer:
             return
         timeout = self._timeout(timeout_ms)
         try:
+            if self._async is not None:
+                self._async.shutdown(wait=True)  # its retriable failures: sent below
             self._release_sessions(timeout)
             self._stop_heartbeats(timeout)
-            if self._async is not None:
-                self._async.shutdown(wait=True)
+            self._run_callbacks()
         finally:
             self._closed = True
             self._connections.close()

@@ -5,11 +5,33 @@ kept with the group's records, forwarded there from any other broker; and the se
 share partition's leader loads its share partitions with, read at the coordinator
 wherever it is.
 
+**Changes apply live** (issue #32's loose end), as Kafka's: its share partitions read the
+group's configs anew on every use (``ShareGroupConfigProvider`` over each broker's
+``GroupConfigManager``, which the metadata log keeps current). Here the share partitions
+already loaded take a change as ``SharePartitionManager.reconfigure`` says (the lock
+duration and delivery limit of what is acquired after it, the dead-letter topic, the
+isolation level; ``share.auto.offset.reset`` only for share partitions not yet started;
+the session timeout and heartbeat interval at the coordinator's next heartbeat). How
+the leaders learn of it:
+
+* on the coordinator, at once: the alter reconfigures this broker's share partitions of
+  the group once its configs are stored (a single node: every one);
+* on every other broker, by re-reading: the share timer asks the coordinator for the
+  configs of each group with share partitions loaded here at most every
+  ``GROUP_CONFIG_REFRESH_MS`` (2 s; one DescribeConfigs per group and broker). Kafka
+  spreads configs through its metadata log; Tidelog's group configs live with the
+  group in ``__consumer_offsets`` (``broker.share.groups_config``), and a pull needs
+  no new inter-broker call and heals itself (a broker that was down or missed a
+  change catches up at its next pass; a coordinator that moved is found again). A
+  change reaches another broker's share partitions within about that interval; a
+  failed read keeps the settings they have and is retried at the next pass.
+
 Thread-safe, as ``ShareOps``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -28,13 +50,20 @@ from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
 from tidelog.broker.share.groups import ShareGroupManager
 from tidelog.broker.share.groups_config import ShareGroupSettings, resolve_settings
+from tidelog.broker.share.partition_manager import SharePartitionManager
 from tidelog.storage.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     NotCoordinatorError,
 )
 
-__all__ = ["ShareGroupConfigCalls"]
+__all__ = ["GROUP_CONFIG_REFRESH_MS", "ShareGroupConfigCalls"]
+
+log = logging.getLogger(__name__)
+
+# How often a share partition leader re-reads the configs of a group it serves from the
+# group's coordinator (module docstring).
+GROUP_CONFIG_REFRESH_MS = 2_000
 
 
 class ShareGroupConfigCalls:
@@ -48,6 +77,8 @@ class ShareGroupConfigCalls:
     _peers: GrpcSharePeers | None
     _roles_lock: threading.Lock
     _offsets_loaded: set[int]
+    _config_refreshed: dict[str, int]  # group -> when its configs were last read (ms)
+    partitions: SharePartitionManager
 
     if TYPE_CHECKING:
         # ShareOps', used here.
@@ -103,6 +134,33 @@ class ShareGroupConfigCalls:
             self.share_groups.alter_group_configs(
                 group_id, {name: configs.get(name) for name in {*current, *configs}}
             )
+            # Live here at once; the other brokers' share partitions at their next
+            # refresh (module docstring).
+            settings = self.share_groups.settings(group_id)
+            self.partitions.reconfigure(group_id, self._config.share.partition_config(settings))
+
+    def refresh_group_configs(self, now_ms: int) -> None:
+        """The share timer's: re-read the configs of each group with share partitions
+        loaded here, at most every ``GROUP_CONFIG_REFRESH_MS`` per group, and apply any
+        change to them (``SharePartitionManager.reconfigure``). Never raises: a group
+        whose configs cannot be read now keeps its settings and is retried next pass."""
+        now = now_ms
+        groups = {group for group, _, _ in self.partitions.loaded()}
+        for group in list(self._config_refreshed):
+            if group not in groups:
+                del self._config_refreshed[group]
+        for group in sorted(groups):
+            if now - self._config_refreshed.get(group, now - GROUP_CONFIG_REFRESH_MS) < (
+                GROUP_CONFIG_REFRESH_MS
+            ):
+                continue
+            self._config_refreshed[group] = now
+            try:
+                settings = self._group_settings(group)
+            except Exception as exc:  # not reachable, loading, stopping: next pass
+                log.debug("share group %s: re-reading its configs failed: %s", group, exc)
+                continue
+            self.partitions.reconfigure(group, self._config.share.partition_config(settings))
 
     def _group_configs_at(self, group_id: str, forward: bool) -> int | None:
         """Where a GROUP resource's call is served: None here (this broker coordinates

@@ -48,7 +48,8 @@ Decisions:
   the call's.
 * **Timers.** One thread (``share-timer``) expires members' sessions (their records are
   released here), expires acquisition locks, dead-letters the records to be
-  dead-lettered (``SharePartitionManager.dead_letter_pass``), prunes
+  dead-lettered (``SharePartitionManager.dead_letter_pass``), re-reads the group
+  configs of the share partitions it leads (``refresh_group_configs``), prunes
   ``__share_group_state`` every
   ``share.coordinator.state.topic.prune.interval.ms``, and in a cluster unloads what this
   broker stopped leading (offsets partitions' share groups, state partitions, share
@@ -319,6 +320,7 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
         self._generations = _Generations()
         self._rotation = 0
         self._roles_lock = threading.Lock()
+        self._config_refreshed: dict[str, int] = {}
         # Cluster mode: what this broker loaded as a leader (unloaded when it resigns).
         offsets_partitions = self._logs.topic(OFFSETS_TOPIC).partitions
         self._offsets_loaded: set[int] = set() if replicated else set(range(offsets_partitions))
@@ -644,6 +646,7 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
             except Exception:
                 log.exception("share partition lock expiry failed")
             self.partitions.dead_letter_pass()  # never raises: logs and retries
+            self.refresh_group_configs(self._clock.monotonic_ms())  # never raises
             if self._clock.monotonic_ms() >= self._next_prune_ms:
                 self._prune()
             self._stop.wait(_TIMER_MAX_WAIT_S)

@@ -57,6 +57,7 @@ Thread-safe: one lock for the table, one per share partition.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -374,6 +375,48 @@ class SharePartitionManager:
             share.config.dead_letter_topic,
         )
         return len(offsets)
+
+    def reconfigure(self, group_id: str, config: SharePartitionConfig) -> int:
+        """Apply ``group_id``'s changed settings to its share partitions loaded here (its
+        group configs changed: ``broker.core.share_group_configs``), as Kafka reads a
+        group's configs anew on every use. From now on: the lock duration of each
+        acquisition, the delivery limit and dead-letter topic of each delivery that ends,
+        the isolation level of each read (records waiting to be dead-lettered when the
+        dead-letter topic is removed are archived now). What already happened stays (a
+        lock keeps its deadline; an Available record past a lowered limit is delivered
+        once more and then archived); ``auto_offset_reset`` only places share partitions not yet
+        started. Returns the share partitions changed."""
+        changed = 0
+        for key, held in self._loaded_items(group_id):
+            with held.lock:
+                old = held.partition.config
+                if old == config:
+                    continue
+                held.partition.config = config
+                if old.read_committed != config.read_committed:
+                    held.source = LogRecordSource(
+                        self._logs.get_log(key[1], key[2]), read_committed=config.read_committed
+                    )
+                if old.dead_letter and not config.dead_letter:
+                    self._archive_undead(key, held)
+            changed += 1
+        if changed:
+            log.info("share group %s: new settings for %d share partition(s)", group_id, changed)
+        return changed
+
+    def _archive_undead(self, key: tuple[str, str, int], held: _Held) -> None:
+        """The group's dead-letter topic was removed: archive what waited to be copied
+        there (as a reload would, ``SharePartition.from_snapshot``), durably. A failed
+        write is logged; the next load archives them then."""
+        share = held.partition
+        offsets = [o for o, _ in share.dead_letter_pending(share.config.max_record_locks * 2)]
+        if not offsets:
+            return
+        transition = share.archive_dead_lettered(offsets, self._logs.clock.monotonic_ms())
+        try:
+            self._commit(held, dataclasses.replace(transition, dead_lettered=0))
+        except Exception:
+            log.warning("share partition %s: archiving without a dead-letter topic failed", key)
 
     def loaded(self) -> list[tuple[str, str, int]]:
         """The share partitions (group, topic, partition) in memory here."""
