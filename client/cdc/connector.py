@@ -128,8 +128,9 @@ class ConnectorConfig:
     - ``snapshot_chunk_rows``: rows per snapshot read (and per unit handed to the sink);
     - ``security``: producer/consumer/admin security settings (kafka-python's names);
     - ``delivery``: ``exactly-once`` (``TransactionalSink``) or ``at-least-once``
-      (``ProducerSink``); ``commit_interval_ms``: the longest a transactional batch stays
-      open; ``snapshot_timeout_ms``: the snapshot transaction's timeout;
+      (``ProducerSink``); ``commit_interval_ms``: the longest a received transaction
+      waits before the Tidelog transaction holding it begins; ``snapshot_timeout_ms``:
+      the snapshot transaction's timeout;
     - ``reconnect_timeout_ms``: how long a lost PostgreSQL connection is retried.
     """
 

@@ -121,8 +121,9 @@ class TransactionalSink:
         offsets_topic: the compacted topic of positions (created by the connector).
         security: producer security settings (kafka-python's names).
         now_ms: the wall clock for ``written_ms`` (injected).
-        commit_interval_ms, max_records: when an open transaction is committed at the
-            latest (it is committed sooner when the stream is drained).
+        commit_interval_ms, max_records: when queued units are taken into a transaction
+            at the latest (sooner when the stream is drained); ``max_records`` also
+            caps a transaction (a single larger unit still goes whole).
         transaction_timeout_ms, snapshot_timeout_ms: the coordinator's timeout for
             streaming transactions and for the snapshot's.
         request_timeout_ms: the longest one commit call blocks.
