@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from types import TracebackType
@@ -309,92 +309,6 @@ class Producer:
         finally:
             lock.release()
         return future
-
-    def send_batch(
-        self, records: Sequence[tuple[str, bytes | None, bytes | None]]
-    ) -> list[Future[RecordMetadata]]:
-        """Queue ``(topic, key, value)`` records in order, as ``send`` of each would (the
-        key's partition, the timestamp now, no headers, no callback), taking the
-        producer's lock once for all of them: for a caller that has many records at once
-        (the CDC connector's transactions), about half of ``send``'s cost a record. A
-        record for a topic whose partition count is not known yet sends the whole list
-        through ``send``, one by one (same order, same outcome). Raises as ``send``; a
-        record refused by a check raises before any record is queued."""
-        if self._closed:
-            raise ClosedError("the producer is closed")
-        fatal = self._sender.fatal_error
-        if fatal is not None:
-            raise _fatal_copy(fatal)
-        if self._txn is not None:
-            self._txn.check_send()
-        known = self._topic_partitions
-        limit = self._max_record_bytes
-        key_hashes = self._key_hashes
-        # Checked and placed first, outside the lock: (tp, key, value, size) a record.
-        placed: list[tuple[TopicPartition, bytes | None, bytes | None, int]] = []
-        for topic, key, value in records:
-            tps = known.get(topic)
-            if tps is None or topic.__class__ is not str:
-                return [self.send(t, value=v, key=k) for t, k, v in records]
-            size = RECORD_OVERHEAD_BYTES
-            if key is not None:
-                if key.__class__ is not bytes:
-                    key = _as_bytes(key, "key")
-                size += len(key)
-            if value is not None:
-                if value.__class__ is not bytes:
-                    value = _as_bytes(value, "value")
-                size += len(value)
-            if size > limit:
-                raise RecordTooLargeError(
-                    f"a record of about {size} bytes exceeds the limit of {limit} "
-                    "(max_request_size and buffer_memory)"
-                )
-            count = len(tps)
-            if key is None:
-                partition = -1  # the sticky partition, chosen under the lock
-            elif count == 1:
-                partition = 0
-            elif NATIVE_MURMUR2:
-                partition = (murmur2(key) & 0x7FFFFFFF) % count
-            else:
-                hashed = key_hashes.get(key)
-                partition = (self._hash_key(key) if hashed is None else hashed) % count
-            placed.append((tps[partition] if partition >= 0 else tps[0], key, value, size))
-        now = _time_ns() // 1_000_000
-        timestamp_ms = now if self._wall_clock is None else self._wall_clock()
-        new_future = self._new_future
-        futures: list[Future[RecordMetadata]] = []
-        accumulator = self._accumulator
-        append = accumulator.append
-        lock = self._lock
-        if not lock.acquire(False):
-            self._sender.lock_wanted = True  # as send: the sender hands the GIL over
-            lock.acquire()
-        try:
-            if self._closed:
-                raise ClosedError("the producer is closed")
-            opened = False
-            for (tp, key, value, size), (topic, _, _) in zip(placed, records, strict=True):
-                if key is None:
-                    tps = known[topic]
-                    tp = tps[self._partitioner.partition(topic, len(tps), size)]
-                future = new_future()
-                status = append(tp, timestamp_ms, key, value, (), size, future, now)
-                if status == NEW_BATCH:
-                    opened = True
-                elif status == NO_ROOM:
-                    self._wait_for_memory_locked(
-                        lambda tp=tp, key=key, value=value, size=size, future=future: append(
-                            tp, timestamp_ms, key, value, (), size, future, now_ms()
-                        )
-                    )
-                futures.append(future)
-            if opened:
-                self._sender.wakeup.notify()
-        finally:
-            lock.release()
-        return futures
 
     def _hash_key(self, key: bytes) -> int:
         hashed = murmur2(key) & 0x7FFFFFFF

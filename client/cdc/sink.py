@@ -232,7 +232,8 @@ class ProducerSink:
         self.server_wal_end = 0  # the connector's latest view, written with positions
 
     def write(self, unit: ChangeUnit) -> None:
-        futures = self._producer.send_batch([(r.topic, r.key, r.value) for r in unit.records])
+        send = self._producer.send
+        futures = [send(r.topic, value=r.value, key=r.key) for r in unit.records]
         self._sent.append((futures, unit.position))
         self._advance()
 

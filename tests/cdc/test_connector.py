@@ -197,9 +197,9 @@ def test_snapshot_then_stream_then_restart_matches_the_table(
 
 
 def test_at_least_once_delivery_streams_and_restarts(dsn: str, broker: InProcessBroker) -> None:
-    """``delivery="at-least-once"`` (``ProducerSink``, records sent with ``send_batch``):
-    the topic equals the table after streaming and after a graceful restart, every
-    committed version is there, and a graceful stop stored everything (nothing twice)."""
+    """``delivery="at-least-once"`` (``ProducerSink``): the topic equals the table after
+    streaming and after a graceful restart, every committed version is there, and a
+    graceful stop stored everything (nothing twice)."""
     _create_table(dsn, 2_000)
     workload = Workload(dsn, seed=31, ids=range(2_000))
     config = dataclasses.replace(_config(dsn, broker, "alo", "public.t"), delivery="at-least-once")

@@ -63,44 +63,6 @@ def test_keys_land_on_kafkas_murmur2_partition(
             assert future.result(timeout=10).partition == partition_for_key(key, 5)
 
 
-def test_send_batch_places_and_orders_records_as_send_does(
-    broker: InProcessBroker, new_topic: TopicFactory
-) -> None:
-    """``send_batch``: each record on its key's partition (a keyless one sticky), in the
-    list's order within a partition, one future each; a topic not known yet (the first
-    batch to it) goes through ``send`` and lands the same; a record too large refuses
-    the whole list before any record is queued."""
-    first, second = new_topic(partitions=3), new_topic(partitions=1)
-    records = [
-        (first if i % 3 else second, f"k{i % 7}".encode() if i % 5 else None, b"%d" % i)
-        for i in range(60)
-    ]
-    with Producer(broker.address, max_request_size=10_000) as producer:
-        futures = producer.send_batch(records)  # neither topic is known yet: via send
-        futures += producer.send_batch(records)  # known now: under one lock
-        metadata = [future.result(10) for future in futures]
-        with pytest.raises(RecordTooLargeError):
-            producer.send_batch([(first, b"k", b"small"), (first, b"k", b"x" * 20_000)])
-    for (topic, key, _), meta in zip(records * 2, metadata, strict=True):
-        assert meta.topic == topic
-        if key is not None:
-            assert meta.partition == partition_for_key(key, 3 if topic == first else 1)
-    stored = read_all(broker.address, first, 3, 80) + read_all(broker.address, second, 1, 40)
-    assert sorted((r.topic, r.partition, r.offset) for r in stored) == sorted(
-        (m.topic, m.partition, m.offset) for m in metadata
-    )
-    by_partition: dict[tuple[str, int], list[bytes | None]] = defaultdict(list)
-    for record in sorted(stored, key=lambda r: r.offset):
-        by_partition[(record.topic, record.partition)].append(record.value)
-    for (topic, partition), values in by_partition.items():
-        sent = [
-            value
-            for (t, _, value), meta in zip(records * 2, metadata, strict=True)
-            if (t, meta.partition) == (topic, partition)
-        ]
-        assert values == sent
-
-
 def test_explicit_partition_and_keyless_records(
     broker: InProcessBroker, new_topic: TopicFactory
 ) -> None:
