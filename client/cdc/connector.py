@@ -514,6 +514,7 @@ class PostgresConnector:
         confirmed = 0
         handled = 0
         asked_server = 0.0
+        wal_end = 0  # the latest WAL end heard in the stream
         while not self._stop.is_set():
             if time.monotonic() - asked_server >= _SERVER_LSN_INTERVAL_S:
                 self._ask_server_lsn(sql_conn, sink)
@@ -522,19 +523,23 @@ class PostgresConnector:
             if message is None:
                 # Drained: store the batch now (the transactional sink commits it).
                 sink.flush(config.request_timeout_ms)
+                with self._lock:
+                    self._wal_end = max(self._wal_end, wal_end, int(repl_cur.wal_end))
                 confirmed = self._confirm(repl_cur, sink, confirmed)
                 if assembler.idle:
                     self._note_caught_up(int(repl_cur.wal_end))
                 select.select([repl_cur], [], [], 0.2)
                 continue
-            with self._lock:
-                self._wal_end = max(self._wal_end, int(message.wal_end))
+            # Published to ``lag()`` once a unit (and when drained), not once a message:
+            # the lock per message cost more than the lag needs.
+            wal_end = message.wal_end
             unit = assembler.feed(decode(message.payload))
             if unit is not None and unit.position is not None:
                 if unit.position.lsn <= start_lsn:
                     log.debug("CDC: skipping %s, already stored", format_lsn(unit.position.lsn))
                 else:
                     with self._lock:
+                        self._wal_end = max(self._wal_end, wal_end)
                         self._unconfirmed.append((unit.position.lsn, unit.position.commit_ts_ms))
                         self._transactions += 1
                     sink.write(unit)

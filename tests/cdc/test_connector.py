@@ -4,6 +4,7 @@ missing, and each edge case's defined outcome (docs/cdc.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import threading
@@ -193,6 +194,29 @@ def test_snapshot_then_stream_then_restart_matches_the_table(
     streamed = [e for e in events if not e["source"]["snapshot"]]
     assert all(e["source"]["txid"] > 0 and e["source"]["ts_ms"] > 0 for e in streamed)
     assert {(e["source"]["schema"], e["source"]["table"]) for e in events} == {("public", "t")}
+
+
+def test_at_least_once_delivery_streams_and_restarts(dsn: str, broker: InProcessBroker) -> None:
+    """``delivery="at-least-once"`` (``ProducerSink``): the topic equals the table after
+    streaming and after a graceful restart, every committed version is there, and a
+    graceful stop stored everything (nothing twice)."""
+    _create_table(dsn, 2_000)
+    workload = Workload(dsn, seed=31, ids=range(2_000))
+    config = dataclasses.replace(_config(dsn, broker, "alo", "public.t"), delivery="at-least-once")
+    topic = "alo.public.t"
+
+    def matches() -> bool:
+        return latest_rows(read_topic(broker.address, topic)) == database_rows(dsn, "t")
+
+    with running(PostgresConnector(config)):
+        workload.run(400)
+        eventually(matches, 60)
+    workload.run(100)  # while the connector is down
+    with running(PostgresConnector(config)):
+        workload.run(200)
+        eventually(matches, 60)
+    seen = _check_stream(read_topic(broker.address, topic), workload)
+    assert max(seen.values()) == 1
 
 
 def test_a_table_without_a_primary_key_is_refused(dsn: str, broker: InProcessBroker) -> None:
