@@ -21,7 +21,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv cluster console native asan test-pure check lint format typecheck proto proto-check test run bench bench-peers faults kafka-python-suite clean
+.PHONY: all venv cluster console native asan test-pure test-extended check lint format typecheck proto proto-check test run bench bench-peers faults kafka-python-suite clean
 
 all: test
 
@@ -140,6 +140,11 @@ test: check native
 PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py tests/storage/test_codecs.py \
 	tests/client/test_fetcher.py tests/client/test_fetcher_txn.py tests/client/test_partitioner.py \
 	tests/spark/test_arrow_columns.py
+# The cases `make test` deselects (pytest's -m 'not extended' in pyproject.toml): more
+# bootstrap positions, kill variants and fault runs of tests it runs once. Outside CI.
+test-extended: $(STAMP)
+	$(BIN)/python -m pytest -m extended $(PYTEST_ARGS)
+
 test-pure: $(STAMP)
 	TIDELOG_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(PURE_TESTS)
 

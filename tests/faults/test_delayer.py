@@ -351,7 +351,7 @@ def test_auto_takes_netem_or_the_delayer_never_the_rate_limit_here(
 # --- a short fault run of netem steps -------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # the fault schedule's run (test_schedule.py) has slow links too
 @pytest.mark.timeout(240)
 def test_a_short_run_of_slow_links_is_valid(tmp_path: Path) -> None:
     _require(harness_missing())

@@ -172,7 +172,12 @@ def _to_lossy_fs(cluster: LocalCluster, broker_id: int, fs: LossyFs) -> None:
     data_dir.symlink_to(target)
 
 
-@pytest.mark.parametrize("lossy", [False, True], ids=["kill", "kill-and-lose-unsynced"])
+@pytest.mark.parametrize(
+    "lossy",
+    # The lossy case is the stronger one; the plain kill runs with ``make test-extended``.
+    [pytest.param(False, marks=pytest.mark.extended), True],
+    ids=["kill", "kill-and-lose-unsynced"],
+)
 def test_the_last_replica_standing_does_not_lead_after_an_unclean_shutdown(
     cluster: LocalCluster, store: ClusterStore, tmp_path: Path, lossy: bool
 ) -> None:
