@@ -4,8 +4,16 @@ share coordinator's store, Kafka's ``ShareCoordinatorShard`` with its persister)
 The log is the store, as for committed offsets and transactions
 (``broker.core.internal_topic``, whose machinery this reuses): every change is appended to
 the share partition's state partition, fsynced, and in cluster mode replicated to the
-in-sync replicas *before* the cache changes and the caller acts on it (hands records out,
-answers an acknowledgement). A crash or failover loses only a change nobody was told of.
+in-sync replicas *before* the caller acts on it (hands records out, answers an
+acknowledgement). A crash or failover loses only a change nobody was told of.
+
+**Group commit** (``begin_write``): the checks, the append and the cache change run under
+the state partition's write lock; the fsync and the replication wait after it, so
+writers that arrive meanwhile share them (``PartitionLog.flush`` joins a writer to the
+running or next fsync). The cache may so hold an append not durable yet; every answer
+read from it (``read_state``, ``initialize``, ``write``) first waits until the state
+partition is durable through its last append. Transactional writes, deletes and
+``prune`` stay whole under the lock.
 
 **Snapshots and updates, as Kafka's.** A share partition's first write, an admin reset
 and every ``snapshot_update_records_per_snapshot``-th write after a snapshot (Kafka's
