@@ -599,7 +599,8 @@ class ShareConsumer:
                 close_session=close_session,
             )
             try:
-                answer = _call(connection, "ShareAcknowledge", request, timeout_ms)
+                # Not tried again on UNAVAILABLE: the outcome is then unknown (``_call``).
+                answer = _call(connection, "ShareAcknowledge", request, timeout_ms, retry=not acks)
             except TidelogError as exc:
                 if isinstance(exc, ROUTING_ERRORS):
                     self._connections.mark_stale()
@@ -680,10 +681,22 @@ def _ack(tp: TopicPartition, first: int, last: int, kind: int) -> pb.ShareAcknow
     )
 
 
-def _call(connection: Connection, method: str, request: Any, timeout_ms: int) -> Any:
+def _call(
+    connection: Connection, method: str, request: Any, timeout_ms: int, *, retry: bool = True
+) -> Any:
+    """One call. ``retry`` False: not tried again when the broker answers ``UNAVAILABLE``
+    (``Transport.call``'s ``retry_unavailable``): a ShareAcknowledge the broker applied
+    before it died, tried again on its successor or restart, is refused as not held any
+    more, and that refusal would be reported as the outcome (the fault harness's checker
+    caught such an ACCEPT reported failed and never redelivered). Its outcome is then the
+    ``BrokerUnavailableError``: unknown."""
     if not isinstance(connection, GrpcConnection):
         raise InvalidRequestError(f"{method} needs a gRPC connection")
     transport = connection.transport
     return transport.call(
-        getattr(transport.stub, method), request, what=method, timeout_ms=timeout_ms
+        getattr(transport.stub, method),
+        request,
+        what=method,
+        timeout_ms=timeout_ms,
+        retry_unavailable=retry,
     )

@@ -306,6 +306,7 @@ class Transport:
         *,
         what: str,
         timeout_ms: int | None = None,
+        retry_unavailable: bool = True,
     ) -> ResponseT:
         """Make one unary call within ``timeout_ms``; raise the mapped ``TidelogError``.
 
@@ -319,6 +320,11 @@ class Transport:
         waited and the first failure's cause (a TLS mismatch, a refused connection). A
         broker that does not answer in time gives ``KafkaTimeoutError``; after ``close``,
         ``ClosedError``.
+
+        ``retry_unavailable`` False: ``BrokerUnavailableError`` at once, no second try. For
+        a call that is not idempotent (a share acknowledgement): a broker that dies while
+        serving it also answers ``UNAVAILABLE``, though it may have applied it, and the
+        second try's answer ("not held any more") would then be taken for the outcome.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
         started = time.monotonic()
@@ -353,7 +359,7 @@ class Transport:
                 self._session.invalidate(token)
                 if deadline - time.monotonic() > 0:
                     continue
-            if not isinstance(error, BrokerUnavailableError):
+            if not isinstance(error, BrokerUnavailableError) or not retry_unavailable:
                 raise error
             remaining = unavailable_deadline - time.monotonic()
             if remaining <= 0:

@@ -52,6 +52,12 @@ class _IndexFile:
         self._entry_bytes = entry_bytes
         self._pending = bytearray()
         self._fd = -1
+        # Whether bytes were written through _fd since its last fsync. A flush fsyncs
+        # every dirty segment's files, and most flushes add no index entry (one per
+        # index.interval.bytes): an fsync of a file with nothing written since the last
+        # one makes nothing more durable, so it is skipped (it cost a third of a share
+        # state write's flush, docs/share-groups.md).
+        self._unsynced = False
 
     def _open(self) -> int:
         if self._fd < 0:
@@ -75,12 +81,14 @@ class _IndexFile:
             # A nearly full disk accepts part of a write: keep the rest pending, so the
             # file never holds a torn entry followed by misaligned ones.
             while self._pending:
+                self._unsynced = True
                 written = os.write(fd, self._pending)
                 del self._pending[:written]
 
     def fsync(self) -> None:
-        if self._fd >= 0:
+        if self._fd >= 0 and self._unsynced:
             os.fsync(self._fd)
+            self._unsynced = False  # only once the fsync succeeded
 
     def rewrite(self, content: bytes) -> None:
         """Replace the file's content (after truncation or a rebuild)."""

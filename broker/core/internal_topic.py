@@ -46,7 +46,9 @@ __all__ = [
     "BATCH_TARGET_BYTES",
     "Entry",
     "append_durably",
+    "append_unsynced",
     "check_loaded",
+    "make_durable",
     "record_batches",
     "replay",
     "unload_resigned",
@@ -101,14 +103,35 @@ def append_durably(
     followers' fetches meanwhile; ``transaction`` as ``record_batches``. Raises what the
     append, the fsync and the wait raise (``NotLeaderOrFollowerError``,
     ``NotEnoughReplicasError``, ``KafkaTimeoutError``, ``StorageError``)."""
+    result = append_unsynced(target, records, timestamp_ms, transaction)
+    make_durable(target, result.last_offset + 1, on_append)
+    return result
+
+
+def append_unsynced(
+    target: Partition,
+    records: Sequence[tuple[bytes, bytes | None]],
+    timestamp_ms: int,
+    transaction: tuple[int, int] | None = None,
+) -> AppendResult:
+    """The first half of ``append_durably``: append ``records`` to ``target`` as its
+    leader, nothing more. A store that appends under a lock and makes the append durable
+    after releasing it (``make_durable``) lets writers that arrive meanwhile share one
+    fsync and one replication wait (group commit, ``broker.share.state_log``)."""
     batches = record_batches(records, timestamp_ms, transaction)
-    result = target.append_as_leader(batches, acks_all=True)
-    target.log.flush(result.last_offset + 1)  # flush(n) makes the offsets below n durable
+    return target.append_as_leader(batches, acks_all=True)
+
+
+def make_durable(target: Partition, end: int, on_append: Callable[[str, int], None] | None) -> None:
+    """The second half of ``append_durably``: fsync ``target`` below offset ``end`` and,
+    replicated, wait until the in-sync replicas hold it. ``PartitionLog.flush`` is a group
+    commit already: a caller that arrives while an fsync runs waits for it and usually
+    finds its offsets covered by the next one, or by that one."""
+    target.log.flush(end)  # flush(n) makes the offsets below n durable
     if target.replicated:
         if on_append is not None:
             on_append(target.topic, target.partition)
-        target.wait_replicated(result.last_offset + 1, _REPLICATION_WAIT_MS)
-    return result
+        target.wait_replicated(end, _REPLICATION_WAIT_MS)
 
 
 def check_loaded(target: Partition, loaded: tuple[int, int] | None, what: str) -> None:

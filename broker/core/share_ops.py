@@ -127,6 +127,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_SHARE_WAIT_MS = 30_000
+
+# Acknowledgements appended, not yet known durable: per (topic, partition), the wait for
+# their durability and whether they released records (``ShareOps._begin_acknowledge``).
+_Durable = dict[tuple[str, int], tuple[Callable[[], None], bool]]
 _READ_BYTES = 1 << 20
 _TIMER_MAX_WAIT_S = 0.2
 
@@ -459,7 +463,11 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
         if spec.max_records < 1:
             raise InvalidRequestError("max_records must be at least 1")
         with self._gate.operation():
-            acks = self._acknowledge(spec.group_id, spec.member_id, spec.acknowledgements)
+            # The acknowledgements' appends first, their durability after the first
+            # acquisitions' appends: one fsync serves both (group commit).
+            acks, durable = self._begin_acknowledge(
+                spec.group_id, spec.member_id, spec.acknowledgements
+            )
             tps = list(dict.fromkeys(spec.partitions))
             # Capped as a Fetch's long poll is (``fetch.max.wait.ms``) and never past
             # ``MAX_SHARE_WAIT_MS``: the wait holds a thread.
@@ -468,6 +476,8 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
             while True:
                 baseline = self._marks(tps)
                 fetched = self._acquire(spec, tps)
+                if durable:
+                    acks, durable = self._await_acknowledged(acks, durable), {}
                 now = self._clock.monotonic_ms()
                 if any(f.acquired for f in fetched) or now >= deadline or self._purgatory.closed:
                     return fetched, acks
@@ -481,16 +491,28 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
     def _acknowledge(
         self, group_id: str, member_id: str, acknowledgements: Sequence[ShareAckRange]
     ) -> list[ShareAcknowledged]:
+        begun, durable = self._begin_acknowledge(group_id, member_id, acknowledgements)
+        return self._await_acknowledged(begun, durable)
+
+    def _begin_acknowledge(
+        self, group_id: str, member_id: str, acknowledgements: Sequence[ShareAckRange]
+    ) -> tuple[list[ShareAcknowledged], _Durable]:
+        """Each partition's acknowledgements applied and appended, not yet known durable:
+        the outcomes so far, and per partition appended, its wait and whether it released
+        records (``_await_acknowledged`` finishes them)."""
         by_partition: dict[tuple[str, int], list[Acknowledgement]] = {}
         for a in acknowledgements:
             by_partition.setdefault((a.topic, a.partition), []).append(
                 Acknowledgement(a.first_offset, a.last_offset, a.kind)
             )
         results = []
+        durable: _Durable = {}
         for (topic, partition), acks in by_partition.items():
             try:
                 self._check_leader(topic, partition)
-                self.partitions.acknowledge(group_id, topic, partition, member_id, acks)
+                wait = self.partitions.begin_acknowledge(
+                    group_id, topic, partition, member_id, acks
+                )
             except Exception as exc:
                 outcome = classify(exc)
                 results.append(
@@ -498,8 +520,34 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
                 )
                 continue
             results.append(ShareAcknowledged(topic, partition))
-            if any(a.kind == RELEASE for a in acks):
-                self._available_again(topic, partition)
+            durable[(topic, partition)] = (wait, any(a.kind == RELEASE for a in acks))
+        return results, durable
+
+    def _await_acknowledged(
+        self, begun: list[ShareAcknowledged], durable: _Durable
+    ) -> list[ShareAcknowledged]:
+        """The outcomes of ``_begin_acknowledge`` once durable: a partition whose wait
+        fails answers its error (its share partition was dropped from memory)."""
+        results = []
+        for result in begun:
+            pending = durable.get((result.topic, result.partition))
+            if pending is None:
+                results.append(result)
+                continue
+            wait, released = pending
+            try:
+                wait()
+            except Exception as exc:
+                outcome = classify(exc)
+                results.append(
+                    ShareAcknowledged(
+                        result.topic, result.partition, outcome.code or "", outcome.message
+                    )
+                )
+                continue
+            results.append(result)
+            if released:
+                self._available_again(result.topic, result.partition)
         return results
 
     def _acquire(self, spec: ShareFetchSpec, tps: list[TopicPartition]) -> list[ShareFetched]:

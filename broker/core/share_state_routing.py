@@ -44,7 +44,7 @@ from typing import Protocol
 
 from tidelog.broker.cluster.share_peers import ShareStateSummary, summary_of
 from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
-from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog
+from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, PendingWrite, ShareStateLog
 from tidelog.storage.errors import CoordinatorNotAvailableError
 
 __all__ = ["RoutedShareState", "SharePeers", "StateCall"]
@@ -162,6 +162,37 @@ class RoutedShareState:
             self._peers.write(coordinator, key, leader_epoch, start_offset, batches, state_epoch)
         )
 
+    def begin_write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        state_epoch: int | None = None,
+    ) -> PendingWrite:
+        """``write`` in two halves (``ShareStateLog.begin_write``) when this broker is the
+        key's coordinator: appended now, durable in ``wait``, so the writers of one state
+        partition share an fsync and a replication wait. At another broker's coordinator
+        the call is made whole now (``wait`` has nothing left to do): one
+        WriteShareGroupState per change, each served as a group commit there."""
+        coordinator = self._coordinator(key)
+        if coordinator is None:
+            begun: list[PendingWrite] = []
+
+            def begin(store: ShareStateLog) -> ShareSnapshot:
+                begun.append(
+                    store.begin_write(key, leader_epoch, start_offset, batches, state_epoch)
+                )
+                return begun[0].state
+
+            self._serve(key, begin)
+            return begun[0]
+        assert self._peers is not None
+        state = _found(
+            self._peers.write(coordinator, key, leader_epoch, start_offset, batches, state_epoch)
+        )
+        return PendingWrite(state, _done)
+
     def write_transactional(
         self,
         key: ShareStateKey,
@@ -242,6 +273,10 @@ class RoutedShareState:
                 f"{what}: its {SHARE_STATE_TOPIC} partition has no leader"
             )
         return leader
+
+
+def _done() -> None:
+    """A ``PendingWrite``'s wait for a write already durable."""
 
 
 def _found(state: ShareSnapshot | None) -> ShareSnapshot:

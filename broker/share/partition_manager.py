@@ -3,8 +3,9 @@ fetch sessions a later step adds): each one's state in memory, loaded from
 ``__share_group_state`` on first use, and every change written there before it is acted on.
 
 For one share partition (group, topic, partition) an operation runs under that share
-partition's lock: plan it (``SharePartition``), write what it changes durably
-(``ShareStateLog.write``), apply it, answer. A write that fails leaves the state as it was
+partition's lock: plan it (``SharePartition``), append what it changes
+(``ShareStateLog.begin_write``), apply it; then, the lock released, it waits until the
+change is durable and answers ("Group commit" below). A write that fails leaves the state as it was
 and raises to the caller, who answers with the error: nothing was handed out or
 acknowledged.
 
@@ -49,6 +50,26 @@ again from the new start). A first use initializes at state epoch 0, which the
 coordinator refuses if a state exists meanwhile (an admin's alter won): it reads that
 instead.
 
+**Group commit** (issue #32's throughput). An acquisition or an acknowledgement holds
+the share partition's lock only to plan, append its change at the share coordinator
+(``ShareStateStore.begin_write``: the checks and the append, in the order of the lock)
+and apply it to memory; it waits for the fsync (and the replication) after releasing
+the lock, and answers only then. The members of one share partition, and the share
+partitions of one state partition, so share an fsync and a replication wait
+(``PartitionLog.flush`` is a group commit: a writer that arrives while an fsync runs
+joins the next one), as Kafka's persister batches the writes going to one coordinator.
+Memory may therefore be ahead of what is durable, never of what is appended, and
+nothing is answered from it before it is durable: an operation planned on another's
+change that is not durable yet appends after it, so its own durability covers that
+change. A wait that fails drops the share partition from memory (the next use reloads
+what the coordinator holds, which may include the change: "a write that timed out may
+have landed"); the caller answers the error. The dead-letter transaction, releases,
+lock expiry and resets wait under the lock, as before. At another broker's share
+coordinator a change is one WriteShareGroupState call made under the lock
+(``RoutedShareState.begin_write``): the coordinator's group commit shares its fsync
+among share partitions, not among one share partition's members (one call carrying
+many share partitions' changes is to do).
+
 Topic ids: ``__share_group_state`` keys name a topic by id, as Kafka's do; the caller
 passes the function that gives a topic's id (the listener's ``kip848.topic_id``).
 
@@ -86,6 +107,7 @@ from tidelog.broker.share.partition import (
 )
 from tidelog.broker.share.partition_source import LogRecordSource
 from tidelog.broker.share.records import ShareSnapshot, ShareStateKey, StateBatch
+from tidelog.broker.share.state_log import PendingWrite
 from tidelog.storage.errors import CoordinatorLoadInProgressError, FencedStateEpochError
 from tidelog.storage.log_manager import LogManager
 
@@ -118,6 +140,18 @@ class ShareStateStore(Protocol):
         state_epoch: int | None = None,
     ) -> ShareSnapshot: ...
 
+    def begin_write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        state_epoch: int | None = None,
+    ) -> PendingWrite:
+        """``write`` whose checks and append happen now, in the order of the calls, and
+        whose durability ``wait`` awaits (``ShareStateLog.begin_write``)."""
+        ...
+
     def write_transactional(
         self,
         key: ShareStateKey,
@@ -148,6 +182,10 @@ class _Held:
     state_epoch: int  # the state's when loaded (module docstring: state epochs)
     key: tuple[str, str, int]  # (group, topic, partition)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _already_durable() -> None:
+    """The wait of a transition with nothing to write (or written whole already)."""
 
 
 def _continues(held: _Held, epoch: int) -> bool:
@@ -210,11 +248,12 @@ class SharePartitionManager:
             try:
                 with held.lock:
                     transition = held.partition.acquire(member_id, max_records, now_ms, held.source)
-                    self._commit(held, transition)
+                    durable = self._begin(held, transition)
             except FencedStateEpochError:
                 if attempt == 2:
                     raise
-                continue  # dropped by _commit: reloaded at the new state epoch
+                continue  # dropped by _begin: reloaded at the new state epoch
+            self._await(held, durable)
             return transition.acquired
         raise AssertionError("unreachable")
 
@@ -229,11 +268,27 @@ class SharePartitionManager:
         """Apply ``member_id``'s acknowledgements, all or none, durably before returning.
         Raises ``InvalidRecordStateError``, ``InvalidRequestError`` (see
         ``SharePartition.acknowledge``) and what the store raises."""
+        self.begin_acknowledge(group_id, topic, partition, member_id, acknowledgements)()
+
+    def begin_acknowledge(
+        self,
+        group_id: str,
+        topic: str,
+        partition: int,
+        member_id: str,
+        acknowledgements: Sequence[Acknowledgement],
+    ) -> Callable[[], None]:
+        """``acknowledge`` without its wait for durability, which the returned callable
+        does (raising what the store's wait raises; the acknowledgement must not be
+        answered before it returns). ShareFetch appends its acquisitions before waiting
+        for its piggy-backed acknowledgements, so both share one fsync. Raises as
+        ``acknowledge``."""
         held = self._get(group_id, topic, partition)
         now_ms = self._logs.clock.monotonic_ms()
         with held.lock:
             transition = held.partition.acknowledge(member_id, acknowledgements, now_ms)
-            self._commit(held, transition)
+            durable = self._begin(held, transition)
+        return lambda: self._await(held, durable)
 
     def release_member(self, group_id: str, member_id: str) -> list[tuple[str, int]]:
         """Give back every record ``member_id`` of ``group_id`` holds on this broker (it
@@ -488,6 +543,15 @@ class SharePartitionManager:
     # --- internals ------------------------------------------------------------------
 
     def _commit(self, held: _Held, transition: Transition) -> None:
+        """Write ``transition`` durably and apply it (under ``held.lock``)."""
+        self._await(held, self._begin(held, transition))
+
+    def _begin(self, held: _Held, transition: Transition) -> Callable[[], None]:
+        """Under ``held.lock``: append ``transition``'s durable part at the share
+        coordinator and apply it to memory; returns what waits for its durability
+        (``_await``, module docstring "Group commit"). Raises, with memory unchanged,
+        what the store's checks and append raise."""
+        durable: Callable[[], None] = _already_durable
         try:
             if transition.reset:
                 state = self._store.initialize(
@@ -499,17 +563,28 @@ class SharePartitionManager:
                 held.state_epoch = state.state_epoch
             elif transition.needs_write:
                 start = transition.start_offset if transition.start_moved else -1
-                self._store.write(
+                durable = self._store.begin_write(
                     held.state_key,
                     held.leader_epoch,
                     start,
                     transition.durable,
                     state_epoch=held.state_epoch,
-                )
+                ).wait
         except FencedStateEpochError:
             self._drop(held.key, held)  # memory older than the state: the next use reloads
             raise
         held.partition.apply(transition)
+        return durable
+
+    def _await(self, held: _Held, durable: Callable[[], None]) -> None:
+        """Wait until a write ``_begin`` appended is durable. If that fails, memory is
+        ahead of what is known durable: it is dropped (the next use reloads what the
+        share coordinator holds) and the error raised to the caller, who answers it."""
+        try:
+            durable()
+        except BaseException:
+            self._drop(held.key, held)
+            raise
 
     def _drop(self, key: tuple[str, str, int], held: _Held) -> None:
         with self._lock:

@@ -4,8 +4,16 @@ share coordinator's store, Kafka's ``ShareCoordinatorShard`` with its persister)
 The log is the store, as for committed offsets and transactions
 (``broker.core.internal_topic``, whose machinery this reuses): every change is appended to
 the share partition's state partition, fsynced, and in cluster mode replicated to the
-in-sync replicas *before* the cache changes and the caller acts on it (hands records out,
-answers an acknowledgement). A crash or failover loses only a change nobody was told of.
+in-sync replicas *before* the caller acts on it (hands records out, answers an
+acknowledgement). A crash or failover loses only a change nobody was told of.
+
+**Group commit** (``begin_write``): the checks, the append and the cache change run under
+the state partition's write lock; the fsync and the replication wait after it, so
+writers that arrive meanwhile share them (``PartitionLog.flush`` joins a writer to the
+running or next fsync). The cache may so hold an append not durable yet; every answer
+read from it (``read_state``, ``initialize``, ``write``) first waits until the state
+partition is durable through its last append. Transactional writes, deletes and
+``prune`` stay whole under the lock.
 
 **Snapshots and updates, as Kafka's.** A share partition's first write, an admin reset
 and every ``snapshot_update_records_per_snapshot``-th write after a snapshot (Kafka's
@@ -73,7 +81,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tidelog.broker.core.internal_topic import Entry, append_durably, check_loaded, replay
+from tidelog.broker.core.internal_topic import (
+    Entry,
+    append_durably,
+    append_unsynced,
+    check_loaded,
+    make_durable,
+    replay,
+)
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.share.records import (
     SNAPSHOT,
@@ -102,7 +117,13 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.log_manager import LogManager
 
-__all__ = ["SHARE_STATE_TOPIC", "ShareStateLog", "ShareStateLogConfig", "state_topic_config"]
+__all__ = [
+    "SHARE_STATE_TOPIC",
+    "PendingWrite",
+    "ShareStateLog",
+    "ShareStateLogConfig",
+    "state_topic_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +150,16 @@ class ShareStateLogConfig:
             raise ValueError(
                 "share.coordinator.snapshot.update.records.per.snapshot must be in [0, 500]"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWrite:
+    """A write appended to its state partition and in the cache, not yet known durable
+    (``ShareStateLog.begin_write``): ``wait`` returns once it is fsynced (and replicated),
+    or raises as ``append_durably``'s fsync and replication wait do."""
+
+    state: ShareSnapshot
+    wait: Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +197,9 @@ class ShareStateLog:
         # operation still in flight lost acknowledgements from the served state).
         self._write_locks = [threading.RLock() for _ in range(partitions)]
         self._loaded: dict[int, tuple[int, int]] = {}
+        # Per state partition, the end of the last append the cache reflects (guarded by
+        # its write lock): every answer is made durable up to it first (group commit).
+        self._appended = [0] * partitions
         # Transactional writes not decided yet: state partition -> producer id -> its
         # records (module docstring); guarded by _cache_lock.
         self._pending: dict[int, dict[int, list[Entry]]] = pending or {}
@@ -231,18 +265,21 @@ class ShareStateLog:
         the share partition): None if never written; a newer epoch than the stored one is
         written first (module docstring), an older one raises ``FencedLeaderEpochError``.
         Raises as ``append_durably`` too."""
-        with self._write_locks[self.partition_for(key)]:
+        partition = self.partition_for(key)
+        with self._write_locks[partition]:
             if self.has_pending(key):
                 raise CoordinatorLoadInProgressError(
                     f"share partition {key.group_id}:{key.topic_id}:{key.partition}: a "
                     "dead-letter transaction of it is not decided yet"
                 )
             state = self.read(key)
-            if state is None or leader_epoch == state.leader_epoch:
-                return state
-            if leader_epoch < state.leader_epoch:
+            if state is not None and leader_epoch < state.leader_epoch:
                 raise _fenced(key, leader_epoch, state.leader_epoch)
-            return self.write(key, leader_epoch, -1, ())
+            if state is not None and leader_epoch != state.leader_epoch:
+                state = self._write(key, leader_epoch, -1, (), None, None)
+            end = self._appended[partition]
+        self._sync(partition, end)  # the state read may be an append not durable yet
+        return state
 
     def has_pending(self, key: ShareStateKey) -> bool:
         """Whether a transactional write of ``key`` awaits its transaction's marker."""
@@ -282,8 +319,12 @@ class ShareStateLog:
         read plus one), else ``FencedStateEpochError``; with a pending dead-letter write,
         ``ConcurrentTransactionsError``. None: the next state epoch, unchecked (0 for a
         new share partition). Raises as ``append_durably`` too."""
-        with self._write_locks[self.partition_for(key)]:
-            return self._initialize(key, start_offset, leader_epoch, state_epoch)
+        partition = self.partition_for(key)
+        with self._write_locks[partition]:
+            state = self._initialize(key, start_offset, leader_epoch, state_epoch)
+            end = self._appended[partition]
+        self._sync(partition, end)
+        return state
 
     def _initialize(
         self, key: ShareStateKey, start_offset: int, leader_epoch: int, state_epoch: int | None
@@ -358,8 +399,38 @@ class ShareStateLog:
         than the state's, ``FencedStateEpochError`` for a ``state_epoch`` (the one the
         leader loaded at; None: unchecked) not the state's, and as ``append_durably``;
         the cache is unchanged then."""
-        with self._write_locks[self.partition_for(key)]:
-            return self._write(key, leader_epoch, start_offset, batches, transaction, state_epoch)
+        if transaction is not None:  # durable when _append_transactional returns
+            with self._write_locks[self.partition_for(key)]:
+                return self._write(
+                    key, leader_epoch, start_offset, batches, transaction, state_epoch
+                )
+        pending = self.begin_write(key, leader_epoch, start_offset, batches, state_epoch)
+        pending.wait()
+        return pending.state
+
+    def begin_write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        state_epoch: int | None = None,
+    ) -> PendingWrite:
+        """``write`` (not transactional) in two halves, for group commit: the checks,
+        the append and the cache change now, under the state partition's write lock;
+        the fsync and the replication wait in ``wait``, after the lock is released, so
+        writers of other share partitions (and this one's next, see
+        ``SharePartitionManager``) append meanwhile and share them. Raises as ``write``
+        (fencing: the cache is unchanged then); ``wait`` raises as ``append_durably``.
+        The cache may so hold an append not durable yet: every answer that reads it
+        (``read_state``, ``initialize``, ``write``) waits for the state partition's
+        last append first."""
+        partition = self.partition_for(key)
+        with self._write_locks[partition]:
+            state = self._write(key, leader_epoch, start_offset, batches, None, state_epoch)
+            end = self._appended[partition]
+        assert state is not None  # not transactional
+        return PendingWrite(state, lambda: self._sync(partition, end))
 
     def _write(
         self,
@@ -520,6 +591,14 @@ class ShareStateLog:
         log.info("%s-%d: pruned records before %d", SHARE_STATE_TOPIC, partition, offset)
         return offset
 
+    def _sync(self, partition: int, end: int) -> None:
+        """Make state partition ``partition`` durable below ``end`` (fsync, and replicated
+        the in-sync replicas' copies): one fsync serves every writer waiting for it."""
+        if end <= 0:
+            return
+        target = self._registry.get(SHARE_STATE_TOPIC, partition)
+        make_durable(target, end, self._on_append)
+
     def _entry(self, key: ShareStateKey) -> _Entry | None:
         with self._cache_lock:
             return self._cache.get(key)
@@ -542,12 +621,10 @@ class ShareStateLog:
                 raise _fenced(key, leader_epoch, current.state.leader_epoch)
             if check is not None:
                 check()
-            result = append_durably(
-                target,
-                [(encode_key(record_type, key), value)],
-                self._logs.clock.wall_ms(),
-                self._on_append,
+            result = append_unsynced(
+                target, [(encode_key(record_type, key), value)], self._logs.clock.wall_ms()
             )
+            self._appended[partition] = result.last_offset + 1  # made durable by _sync
             with self._cache_lock:
                 previous = self._cache.get(key)
                 snapshot_offset = (
@@ -577,6 +654,7 @@ class ShareStateLog:
                     self._pending[partition] = undecided
                 if epoch is not None:
                     self._loaded[partition] = (epoch, partition_log.log_end_offset)
+            self._appended[partition] = partition_log.log_end_offset
         log.info(
             "%s-%d: reloaded %d share partition(s) from %d record(s)",
             SHARE_STATE_TOPIC,

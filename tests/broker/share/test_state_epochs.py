@@ -16,7 +16,12 @@ import pytest
 from tidelog.broker.share.partition import ACCEPT, Acknowledgement, SharePartitionConfig
 from tidelog.broker.share.partition_manager import SharePartitionManager, ShareStateStore
 from tidelog.broker.share.records import ARCHIVED, ShareSnapshot, ShareStateKey, StateBatch
-from tidelog.broker.share.state_log import SHARE_STATE_TOPIC, ShareStateLog, ShareStateLogConfig
+from tidelog.broker.share.state_log import (
+    SHARE_STATE_TOPIC,
+    PendingWrite,
+    ShareStateLog,
+    ShareStateLogConfig,
+)
 from tidelog.storage.batch_builder import BatchBuilder
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import ConcurrentTransactionsError, FencedStateEpochError
@@ -151,6 +156,16 @@ class _AdminBetweenReadAndInitialize:
         state = self.store.write(key, leader_epoch, start_offset, batches, state_epoch=state_epoch)
         assert state is not None
         return state
+
+    def begin_write(
+        self,
+        key: ShareStateKey,
+        leader_epoch: int,
+        start_offset: int,
+        batches: tuple[StateBatch, ...],
+        state_epoch: int | None = None,
+    ) -> PendingWrite:
+        return self.store.begin_write(key, leader_epoch, start_offset, batches, state_epoch)
 
     def write_transactional(
         self,
