@@ -66,9 +66,10 @@ SERVED = [
 # their second codec in tests/kafka is librdkafka itself (test_groups.py's
 # group.protocol=consumer tests, test_consumer_group_describe.py); here the heartbeat is
 # checked as a kio round trip (test_kip848_heartbeat_round_trips). Nor has it the share
-# group APIs (76-79, KIP-932): test_share_groups.py checks a request and its answer byte
-# by byte against the published schema.
-VERSIONS = [(key, version) for key, version in SERVED if key not in (68, 69, 76, 77, 78, 79)]
+# group APIs (76-79, KIP-932) and their offset admin (90-92): test_share_groups.py and
+# test_share_admin.py check requests and answers byte by byte against the published schemas.
+NOT_IN_KAFKA_PYTHON = (68, 69, 76, 77, 78, 79, 90, 91, 92)
+VERSIONS = [(key, version) for key, version in SERVED if key not in NOT_IN_KAFKA_PYTHON]
 
 
 def _kafka_python_classes() -> dict[tuple[int, bool], type]:
