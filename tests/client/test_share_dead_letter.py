@@ -91,15 +91,18 @@ def _produce(address: str, topic: str, count: int, first: int = 0) -> None:
         producer.flush()
 
 
-def _end_offset(address: str, topic: str) -> int:
-    with AdminClient(address) as admin:
+def _end_offset(address: str, topic: str, request_timeout_ms: int = 30_000) -> int:
+    with AdminClient(address, request_timeout_ms=request_timeout_ms) as admin:
         [partition] = admin.describe_topic(topic).partitions
     return partition.log_end_offset
 
 
-def _read_all(address: str, topic: str, isolation_level: str) -> list[ConsumerRecord]:
-    """Everything ``topic``-0 holds up to its log end (every transaction there decided)."""
-    end = _end_offset(address, topic)
+def read_all(
+    address: str, topic: str, isolation_level: str, *, timeout_s: float = 20
+) -> list[ConsumerRecord]:
+    """Everything ``topic``-0 holds up to its log end (every transaction there decided);
+    also the cluster test's (``tests/broker/cluster/test_share_dead_letter_cluster.py``)."""
+    end = _end_offset(address, topic, 20_000)
     out: list[ConsumerRecord] = []
     consumer = Consumer(address, isolation_level=isolation_level)
     try:
@@ -111,7 +114,7 @@ def _read_all(address: str, topic: str, isolation_level: str) -> list[ConsumerRe
             out.extend(consumer.poll(timeout_ms=200))
             return consumer.position(tp) >= end
 
-        eventually(done, 20, interval_s=0)
+        eventually(done, timeout_s, interval_s=0)
     finally:
         consumer.close()
     return out
@@ -160,7 +163,7 @@ def _dead_letter_twice_and_restart(broker: InProcessBroker) -> None:
         consumer.commit_sync()
     finally:
         consumer.close()
-    copies = _read_all(broker.address, dlq, "read_committed")
+    copies = read_all(broker.address, dlq, "read_committed")
     assert len(copies) == 2
     by_offset = {int(_headers(c)["tidelog.dlq.offset"] or b""): c for c in copies}
     assert sorted(by_offset) == [0, 1]
@@ -178,7 +181,7 @@ def _dead_letter_twice_and_restart(broker: InProcessBroker) -> None:
             "tidelog.dlq.delivery.count": count,
         }
     # Nothing else was written there, committed or not: one transaction, committed.
-    assert len(_read_all(broker.address, dlq, "read_uncommitted")) == 2
+    assert len(read_all(broker.address, dlq, "read_uncommitted")) == 2
     # The archiving was durable with the copies: reloaded, 0..3 are done, nothing is left
     # to dead-letter (a second copy would need a record to be dead-lettered).
     broker.restart()
@@ -255,12 +258,12 @@ def test_a_broker_killed_between_copy_and_commit_neither_loses_nor_duplicates(
             eventually(copied, 60, interval_s=0)
         finally:
             consumer.close()
-        copies = _read_all(daemon.address, dlq, "read_committed")
+        copies = read_all(daemon.address, dlq, "read_committed")
         assert sorted(int(_headers(c)["tidelog.dlq.offset"] or b"") for c in copies) == [0, 1, 2]
         assert {_headers(c)["tidelog.dlq.reason"] for c in copies} == {b"rejected"}
         # The killed transaction's copies are in the log, aborted: read_uncommitted sees
         # both attempts, read_committed only the committed one.
-        assert len(_read_all(daemon.address, dlq, "read_uncommitted")) == 6
+        assert len(read_all(daemon.address, dlq, "read_uncommitted")) == 6
     finally:
         daemon.kill()
 
@@ -305,8 +308,8 @@ def test_a_dead_letter_write_that_keeps_failing_stalls_nothing_and_loses_nothing
                     ConfigResource.topic(dlq),
                     [AlterConfigOp("max.message.bytes", "set", "1048576")],
                 )
-            eventually(lambda: len(_read_all(broker.address, dlq, "read_committed")) == 1, 60)
-            [copy] = _read_all(broker.address, dlq, "read_committed")
+            eventually(lambda: len(read_all(broker.address, dlq, "read_committed")) == 1, 60)
+            [copy] = read_all(broker.address, dlq, "read_committed")
             assert (copy.value, _headers(copy)["tidelog.dlq.offset"]) == (b"x" * 4_000, b"0")
         finally:
             consumer.close()

@@ -36,6 +36,7 @@ from kafka.protocol.admin import IncrementalAlterConfigsRequest, IncrementalAlte
 
 from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
+from tests.client.test_share_dead_letter import read_all
 from tests.kafka import raw
 from tidelog.broker.cluster.peer_stubs import answered_code
 from tidelog.broker.cluster.testing import LocalCluster
@@ -50,11 +51,9 @@ from tidelog.broker.transactions.log_records import partition_for as txn_partiti
 from tidelog.broker.transactions.txn_log import TRANSACTION_STATE_TOPIC
 from tidelog.client import (
     AdminClient,
-    Consumer,
     ConsumerRecord,
     Producer,
     ShareConsumer,
-    TopicPartition,
 )
 from tidelog.client.types import AlterConfigOp, ConfigResource
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
@@ -220,29 +219,8 @@ def _poll_until(consumer: ShareConsumer, offsets: set[int]) -> dict[int, Consume
     return got
 
 
-def _read_all(bootstrap: str, topic: str, isolation_level: str) -> list[ConsumerRecord]:
-    """Everything ``topic``-0 holds up to its log end now."""
-    with AdminClient(bootstrap, request_timeout_ms=20_000) as admin:
-        end = admin.describe_topic(topic).partitions[0].log_end_offset
-    out: list[ConsumerRecord] = []
-    consumer = Consumer(bootstrap, isolation_level=isolation_level)
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning()
-
-        def done() -> bool:
-            out.extend(consumer.poll(timeout_ms=500))
-            return consumer.position(tp) >= end
-
-        eventually(done, 60, interval_s=0)
-    finally:
-        consumer.close()
-    return out
-
-
 def _copied_offsets(bootstrap: str, dlq: str) -> list[int]:
-    copies = _read_all(bootstrap, dlq, "read_committed")
+    copies = read_all(bootstrap, dlq, "read_committed", timeout_s=60)
     return sorted(int(dict(c.headers)["tidelog.dlq.offset"] or b"-1") for c in copies)
 
 
@@ -310,7 +288,7 @@ def test_dead_letters_exactly_once_with_each_role_on_another_broker(
     finally:
         consumer.close()
 
-    copies = _read_all(cluster.bootstrap, dlq, "read_committed")
+    copies = read_all(cluster.bootstrap, dlq, "read_committed", timeout_s=60)
     assert len(copies) == 4
     for copy in copies:
         headers = dict(copy.headers)
@@ -321,7 +299,7 @@ def test_dead_letters_exactly_once_with_each_role_on_another_broker(
         assert headers["tidelog.dlq.reason"] == (b"delivery-limit" if offset == 3 else b"rejected")
         assert headers["tidelog.dlq.delivery.count"] == (b"2" if offset == 3 else b"1")
     # No attempt was aborted on the way: nothing else was written there at all.
-    assert len(_read_all(cluster.bootstrap, dlq, "read_uncommitted")) == 4
+    assert len(read_all(cluster.bootstrap, dlq, "read_uncommitted", timeout_s=60)) == 4
 
 
 def test_a_leader_killed_between_copy_and_commit_loses_and_duplicates_nothing(
@@ -374,7 +352,7 @@ def test_a_leader_killed_between_copy_and_commit_loses_and_duplicates_nothing(
     finally:
         consumer.close()
 
-    copies = _read_all(cluster.bootstrap, dlq, "read_committed")
+    copies = read_all(cluster.bootstrap, dlq, "read_committed", timeout_s=60)
     assert sorted((c.key, c.value) for c in copies) == [(b"k%d" % i, b"v%d" % i) for i in range(3)]
     # The killed leader's copies were written (and aborted): read_uncommitted sees both.
-    assert len(_read_all(cluster.bootstrap, dlq, "read_uncommitted")) == 6
+    assert len(read_all(cluster.bootstrap, dlq, "read_uncommitted", timeout_s=60)) == 6
