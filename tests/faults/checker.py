@@ -72,7 +72,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 from tests.faults.history import (
     Commit,
@@ -619,18 +619,35 @@ def _name(tp: Tp) -> str:
     return f"{tp[0]}-{tp[1]}"
 
 
-def main(argv: Sequence[str], write: Callable[[str], object] = sys.stdout.write) -> int:
-    """``python -m tests.faults.checker HISTORY.jsonl``: print the report; 0 if valid."""
+class _Checked(Protocol):
+    valid: bool
+
+    def summary(self) -> str: ...
+
+
+def run_checker(
+    module: str,
+    checker: Callable[[History], _Checked],
+    argv: Sequence[str],
+    write: Callable[[str], object],
+) -> int:
+    """``python -m MODULE HISTORY.jsonl`` for a checker: print its report; 0 if valid, 1
+    if not, 2 for a bad command line or an unreadable history."""
     if len(argv) != 1:
-        write("usage: python -m tests.faults.checker HISTORY.jsonl\n")
+        write(f"usage: python -m {module} HISTORY.jsonl\n")
         return 2
     try:
-        report = check(load(Path(argv[0])))
+        report = checker(load(Path(argv[0])))
     except (OSError, ValueError) as error:
         write(f"cannot check {argv[0]}: {error}\n")
         return 2
     write(report.summary() + "\n")
     return 0 if report.valid else 1
+
+
+def main(argv: Sequence[str], write: Callable[[str], object] = sys.stdout.write) -> int:
+    """``python -m tests.faults.checker HISTORY.jsonl``: print the report; 0 if valid."""
+    return run_checker("tests.faults.checker", check, argv, write)
 
 
 if __name__ == "__main__":

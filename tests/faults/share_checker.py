@@ -52,8 +52,8 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from tests.faults.checker import run_checker
 from tests.faults.history import (
     Crash,
     History,
@@ -63,7 +63,6 @@ from tests.faults.history import (
     ShareFetch,
     ShareGroupSettings,
     ShareLeave,
-    load,
 )
 
 __all__ = ["ShareAnomaly", "ShareReport", "check_share"]
@@ -304,16 +303,7 @@ def _name(key: _Key) -> str:
 
 def main(argv: Sequence[str], write: Callable[[str], object] = sys.stdout.write) -> int:
     """``python -m tests.faults.share_checker HISTORY.jsonl``: the report; 0 if valid."""
-    if len(argv) != 1:
-        write("usage: python -m tests.faults.share_checker HISTORY.jsonl\n")
-        return 2
-    try:
-        report = check_share(load(Path(argv[0])))
-    except (OSError, ValueError) as error:
-        write(f"cannot check {argv[0]}: {error}\n")
-        return 2
-    write(report.summary() + "\n")
-    return 0 if report.valid else 1
+    return run_checker("tests.faults.share_checker", check_share, argv, write)
 
 
 if __name__ == "__main__":
