@@ -155,18 +155,7 @@ def single_node(tmp_path: Path) -> Iterator[SingleNode]:
         broker.stop()
 
 
-@pytest.fixture(
-    params=[
-        # Extended (``make test-extended``) until its harness hang is understood: in two
-        # full CI runs (never alone, 8 of 8 here) a confluent-kafka producer thread of the
-        # workload stayed blocked for 50 s in ``flush`` -> its delivery callback ->
-        # ``_Transaction.end``'s lock after the last kill, so the run ended before its
-        # history was checked. The cluster case runs in CI with the same workload and
-        # checker.
-        pytest.param("single-node", marks=pytest.mark.extended),
-        "cluster",
-    ]
-)
+@pytest.fixture(params=["single-node", "cluster"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     if request.param == "single-node":
         yield request.getfixturevalue("single_node")

@@ -107,25 +107,30 @@ def _error_of(exception: KafkaException) -> KafkaError | None:
 
 
 class _Transaction:
-    """One open transaction's sends, each recorded exactly once. Thread-safe (delivery
-    reports arrive on whichever thread serves the producer's callbacks)."""
+    """One open transaction's sends, each recorded exactly once.
+
+    No lock: ``begin``, ``end`` and ``abandon`` run on the producer's thread (librdkafka
+    serves delivery reports inside its ``poll``/``flush``), and the once-only rule rests on
+    ``dict.pop``, atomic under the GIL whichever thread calls it. A lock here was the one
+    place two full CI runs saw a producer thread stay blocked (``flush`` -> delivery report
+    -> ``end`` waiting on this lock, held by no other code path): a report served
+    re-entrantly (a finalizer run by the garbage collector inside ``begin``) would wait on
+    its own thread forever; without the lock there is nothing to wait on.
+    """
 
     def __init__(self, recorder: Recorder, producer_id: str, topic: str) -> None:
         self.recorder = recorder
         self.producer_id = producer_id
         self.topic = topic
         self.values: list[str] = []
-        self._lock = threading.Lock()
         self._pending: dict[str, tuple[int, int]] = {}  # value -> (partition, start_ns)
 
     def begin(self, value: str, partition: int) -> None:
-        with self._lock:
-            self.values.append(value)
-            self._pending[value] = (partition, self.recorder.now_ns())
+        self.values.append(value)
+        self._pending[value] = (partition, self.recorder.now_ns())
 
     def end(self, value: str, offset: int | None, *, raised: bool = False) -> None:
-        with self._lock:
-            found = self._pending.pop(value, None)
+        found = self._pending.pop(value, None)
         if found is None:
             return
         partition, start = found
@@ -147,9 +152,7 @@ class _Transaction:
 
     def abandon(self) -> None:
         """Record every send never reported as ``unknown``."""
-        with self._lock:
-            left = list(self._pending)
-        for value in left:
+        for value in list(self._pending):
             self.end(value, None)
 
 

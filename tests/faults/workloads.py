@@ -111,6 +111,12 @@ class _Workers:
             frame = frames.get(thread.ident or -1)
             where = "".join(traceback.format_stack(frame)) if frame is not None else "?"
             log.error("%s did not end within %.0f s; its stack:\n%s", thread.name, timeout_s, where)
+        if stuck:  # and every other thread's: the one holding what a stuck thread waits on
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in frames.items():
+                if ident not in {t.ident for t in stuck}:
+                    where = "".join(traceback.format_stack(frame))
+                    log.error("thread %s:\n%s", names.get(ident, ident), where)
         return [t.name for t in stuck]
 
 
