@@ -3,7 +3,8 @@ read_committed costs a consumer, each against its baseline in the same run.
 
 ::
 
-    python benchmarks/transactions_bench.py [--records 100000] [--txn-ms 100] [--quick]
+    python benchmarks/transactions_bench.py [--records 100000] [--txn-ms 100] [--small 100]
+        [--quick]
 
 One broker process (``kafka_bench.start_broker``: a temporary data directory, 127.0.0.1,
 the Kafka listener on a free port). With confluent-kafka through the Kafka listener, one
@@ -18,6 +19,11 @@ after the other, on topics of 3 partitions:
 4. ``read_uncommitted_consume_records_per_s`` / ``read_committed_consume_records_per_s``:
    a consumer reads the transactional topic from offset zero at each isolation level;
 5. ``read_committed_over_uncommitted_consume``: their ratio (target: >= 0.95).
+6. ``txn_small_ms_1_partition`` / ``txn_small_ms_6_partitions``: the median ms of a small
+   transaction (one record on each partition, committed, the next begun at once: it waits
+   for the previous one's markers), on one and on six partitions, ``--small`` of each a
+   round, and ``txn_small_6_over_1_partition`` (what more partitions cost: markers written
+   together, it stays near 1; one after the other it grows with the partitions).
 
 Then the same produce pair with Tidelog's own client over the gRPC listener
 (``client.Producer``, ``acks="all"``, ``linger_ms=5``):
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +58,7 @@ from tidelog import client  # noqa: E402
 
 PARTITIONS = 3
 ROUNDS = 2
+PARTITIONS_SMALL = 6  # the small transactions' partitions (and one)
 
 
 def _send(producer: confluent_kafka.Producer, topic: str, i: int, value: bytes) -> None:
@@ -101,6 +109,29 @@ def transactional_produce(bootstrap: str, topic: str, records: int, txn_ms: floa
                 producer.poll(0)
         producer.commit_transaction(TIMEOUT_S)
     return records / (time.perf_counter() - started)
+
+
+def small_transactions(bootstrap: str, topic: str, partitions: int, count: int) -> float:
+    """Median ms of one small transaction (begin, one record on each of ``partitions``,
+    commit), one after the other: the next one's AddPartitionsToTxn waits for the previous
+    one's markers (``CONCURRENT_TRANSACTIONS``), so this is the markers' cost."""
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"bench-small-{time.monotonic_ns()}",
+            "linger.ms": 0,
+        }
+    )
+    producer.init_transactions(TIMEOUT_S)
+    took: list[float] = []
+    for i in range(count):
+        started = time.perf_counter()
+        producer.begin_transaction()
+        for partition in range(partitions):
+            producer.produce(topic, b"v", key=b"%d" % i, partition=partition)
+        producer.commit_transaction(TIMEOUT_S)
+        took.append((time.perf_counter() - started) * 1000)
+    return statistics.median(took[count // 10 :])
 
 
 def tidelog_produce(address: str, topic: str, records: int, txn_ms: float | None) -> float:
@@ -159,6 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--txn-ms", type=float, default=100.0)
+    p.add_argument("--small", type=int, default=100, help="small transactions a round")
     p.add_argument("--quick", action="store_true", help="20,000 records")
     args = p.parse_args(argv)
     records = 20_000 if args.quick else args.records
@@ -175,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 admin.create_topic(f"transactional-{round_}", PARTITIONS)
                 admin.create_topic(f"tidelog-idempotent-{round_}", PARTITIONS)
                 admin.create_topic(f"tidelog-transactional-{round_}", PARTITIONS)
+            admin.create_topic("small", PARTITIONS_SMALL)
         for round_ in range(ROUNDS):
             idem = max(idem, idempotent_produce(bootstrap, f"idempotent-{round_}", records))
             txn = max(
@@ -194,6 +227,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["read_uncommitted_consume_records_per_s"] = round(uncommitted)
         results["read_committed_consume_records_per_s"] = round(committed)
         results["read_committed_over_uncommitted_consume"] = round(committed / uncommitted, 3)
+        one = many = float("inf")
+        for _ in range(ROUNDS):
+            one = min(one, small_transactions(bootstrap, "small", 1, args.small))
+            many = min(many, small_transactions(bootstrap, "small", PARTITIONS_SMALL, args.small))
+        results["txn_small_ms_1_partition"] = round(one, 2)
+        results[f"txn_small_ms_{PARTITIONS_SMALL}_partitions"] = round(many, 2)
+        results[f"txn_small_{PARTITIONS_SMALL}_over_1_partition"] = round(many / one, 3)
         own_idem = own_txn = 0.0
         for round_ in range(ROUNDS):
             own_idem = max(

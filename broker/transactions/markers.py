@@ -4,16 +4,18 @@ the partitions this broker leads, ``ClusterMarkers`` (cluster mode) sends each o
 partition's marker to its leader, where ``LocalMarkers`` writes it.
 
 For each partition: the marker is appended as the leader (``Partition.
-append_marker_as_leader``: role and leader epoch checked, epoch stamped), fsynced, and in
-cluster mode waited for until the in-sync replicas hold it (the high watermark passed
-it), as an ``acks=all`` write; then the partition's readers are woken (``on_append``: a
-read_committed fetch parked at the last stable offset may move on), and for a
-``__consumer_offsets`` partition the group coordinator makes the transaction's pending
-offsets committed or drops them (``on_marker``). A marker is idempotent for the
-coordinator: a second COMMIT of a transaction the partition already closed changes
-nothing but one more control record. A marker whose coordinator epoch is older than one
-the partition saw for that producer is refused ``TRANSACTION_COORDINATOR_FENCED`` by the
-partition's producer state (a deposed coordinator's late marker).
+append_marker_as_leader``: role and leader epoch checked, epoch stamped), fsynced, and
+in cluster mode waited for until the in-sync replicas hold it (the high watermark passed
+it), as an ``acks=all`` write (each step for all the transaction's partitions before the
+next: the fsyncs run in parallel, the replication waits overlap); then the partition's
+readers are woken (``on_append``: a read_committed fetch parked at the last stable
+offset may move on), and for a ``__consumer_offsets`` partition the group coordinator
+makes the transaction's pending offsets committed or drops them (``on_marker``). A
+marker is idempotent for the coordinator: a second COMMIT of a transaction the partition
+already closed changes nothing but one more control record. A marker whose coordinator
+epoch is older than one the partition saw for that producer is refused
+``TRANSACTION_COORDINATOR_FENCED`` by the partition's producer state (a deposed
+coordinator's late marker).
 
 Per partition the answer is ``""`` (written, or the topic is gone: Kafka's coordinator
 drops a deleted partition from the pending set too) or the error's Kafka name, which the
@@ -45,6 +47,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from tidelog.broker.core.group_fsync import flush_all, fsync_pool
+from tidelog.broker.core.partition import Partition
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.errors import TidelogError, UnknownTopicOrPartitionError
 
@@ -115,6 +119,7 @@ class LocalMarkers:
     ) -> None:
         self._registry = registry
         self._on_append = on_append
+        self._pool = fsync_pool("tidelog-marker-fsync")
         # (topic, partition, producer id, commit) once a marker is durable: the group
         # coordinator makes the transaction's pending offsets committed (or drops them).
         self._on_marker = on_marker
@@ -133,6 +138,7 @@ class LocalMarkers:
         node: its topic was deleted); False on a leader asked by another broker, whose
         view may be ahead of this one's (``NOT_LEADER_OR_FOLLOWER``: retried)."""
         out: dict[TopicPartition, str] = {}
+        appended: list[tuple[TopicPartition, Partition, int]] = []
         for topic, index in sorted(partitions):
             try:
                 partition = self._registry.get(topic, index)
@@ -144,26 +150,54 @@ class LocalMarkers:
                 offset = partition.append_marker_as_leader(
                     producer_id, producer_epoch, commit, coordinator_epoch
                 )
-                partition.log.flush(offset + 1)
-                if partition.replicated:
-                    self._on_append(topic, index)  # wakes the followers' fetches
-                    partition.wait_replicated(offset + 1, _REPLICATION_WAIT_MS)
             except TidelogError as exc:
-                log.info(
-                    "%s-%d: %s marker of producer %d refused: %s",
-                    topic,
-                    index,
-                    "COMMIT" if commit else "ABORT",
-                    producer_id,
-                    exc,
-                )
-                out[(topic, index)] = exc.code
+                self._refused((topic, index), producer_id, commit, exc, out)
                 continue
+            appended.append(((topic, index), partition, offset))
+        # Every marker appended first, then made durable together (one round of
+        # parallel fsyncs), then waited for by the replicas together: a transaction's
+        # markers cost about one partition's wait, not one per partition.
+        failures = flush_all([(p.log, offset + 1) for _, p, offset in appended], self._pool)
+        durable: list[tuple[TopicPartition, Partition, int]] = []
+        for (tp, partition, offset), failed in zip(appended, failures, strict=True):
+            if isinstance(failed, TidelogError):
+                self._refused(tp, producer_id, commit, failed, out)
+            elif failed is not None:
+                raise failed
+            else:
+                durable.append((tp, partition, offset))
+                if partition.replicated:
+                    self._on_append(*tp)  # wakes the followers' fetches
+        for tp, partition, offset in durable:
+            if partition.replicated:
+                try:
+                    partition.wait_replicated(offset + 1, _REPLICATION_WAIT_MS)
+                except TidelogError as exc:
+                    self._refused(tp, producer_id, commit, exc, out)
+                    continue
             if self._on_marker is not None:
-                self._on_marker(topic, index, producer_id, commit)
-            self._on_append(topic, index)
-            out[(topic, index)] = ""
+                self._on_marker(tp[0], tp[1], producer_id, commit)
+            self._on_append(*tp)
+            out[tp] = ""
         return out
+
+    @staticmethod
+    def _refused(
+        tp: TopicPartition,
+        producer_id: int,
+        commit: bool,
+        exc: TidelogError,
+        out: dict[TopicPartition, str],
+    ) -> None:
+        log.info(
+            "%s-%d: %s marker of producer %d refused: %s",
+            tp[0],
+            tp[1],
+            "COMMIT" if commit else "ABORT",
+            producer_id,
+            exc,
+        )
+        out[tp] = exc.code
 
 
 class ClusterMarkers:

@@ -54,7 +54,7 @@ def test_the_peer_comparison_runs_the_kafka_listener_peer(tmp_path: Path) -> Non
 def test_the_transactions_benchmark_reports_every_figure() -> None:
     from benchmarks import transactions_bench  # (ROOT is on sys.path: see the top)
 
-    results = transactions_bench.main(["--records", "3000", "--txn-ms", "20"])
+    results = transactions_bench.main(["--records", "3000", "--txn-ms", "20", "--small", "10"])
     for key in (
         "idempotent_produce_records_per_s",
         "txn_produce_records_per_s",
@@ -62,5 +62,8 @@ def test_the_transactions_benchmark_reports_every_figure() -> None:
         "read_uncommitted_consume_records_per_s",
         "read_committed_consume_records_per_s",
         "read_committed_over_uncommitted_consume",
+        "txn_small_ms_1_partition",
+        "txn_small_ms_6_partitions",
+        "txn_small_6_over_1_partition",
     ):
         assert results[key] > 0, key
