@@ -12,7 +12,7 @@ core call). For each request about a transactional id it
    replicated (``TxnLog.write``) before it answers: the cache and the caller only ever
    see transitions that survive a failover.
 
-Completion. A Prepare state, once written, is handed to the marker thread: it writes the
+Completion. A Prepare state, once written, is handed to a marker thread: it writes the
 COMMIT or ABORT marker to every partition of the transaction through a ``MarkerWriter``
 (the local partition logs on a single node; WriteTxnMarkers to the leaders in a cluster),
 retrying the partitions that fail with a retriable error until all are done, then writes
@@ -20,7 +20,12 @@ the Complete state. EndTxn is answered after the Prepare write, before the marke
 Kafka's. Markers are idempotent on the partitions, so a marker written twice (a retry, or
 a new coordinator finishing the work after a failover) changes nothing. The transaction
 stays in its Prepare state until the Complete write, so a new InitProducerId or EndTxn in
-the meantime is ``CONCURRENT_TRANSACTIONS`` (retriable).
+the meantime is ``CONCURRENT_TRANSACTIONS`` (retriable). ``marker_threads`` (4) threads
+complete transactions, so a leader slow to take one transaction's marker does not hold
+up the others' (Kafka sends markers asynchronously per destination broker); one id is
+never on two of them at once: a late duplicate could otherwise write a finished
+transaction's marker after the next transaction of the same epoch began on a partition
+(transactions v1), closing that one there.
 
 Timers (one thread): every ``abort_interval_ms`` the Ongoing transactions past their
 timeout are fenced and aborted (``fence_timed_out``: the epoch is bumped, so the
@@ -107,9 +112,11 @@ class TxnCoordinatorConfig:
     # transaction.abort.timed.out.transaction.cleanup.interval.ms
     abort_interval_ms: int = 10_000
     marker_retry_backoff_ms: int = 100
+    # Transactions completed at once (threads writing markers; one id on one at a time).
+    marker_threads: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("max_timeout_ms", "id_expiration_ms", "abort_interval_ms"):
+        for name in ("max_timeout_ms", "id_expiration_ms", "abort_interval_ms", "marker_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
 
@@ -157,6 +164,9 @@ class TransactionCoordinator:
         self._roles_lock = threading.Lock()  # loading and unloading partitions
         self._pending: set[str] = set()  # ids with a transition being written
         self._completions: queue.Queue[str | None] = queue.Queue()
+        # Ids a marker thread is completing now -> whether it was asked again meanwhile
+        # (then it goes back on the queue when that thread is done: never two at once).
+        self._completing: dict[str, bool] = {}
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -168,14 +178,16 @@ class TransactionCoordinator:
         for metadata in self._log.all():
             if metadata.state.is_prepare:
                 self._completions.put(metadata.transactional_id)
-        for name, target in (("markers", self._run_markers), ("timers", self._run_timers)):
+        threads = [(f"markers-{i}", self._run_markers) for i in range(self._config.marker_threads)]
+        for name, target in [*threads, ("timers", self._run_timers)]:
             thread = threading.Thread(target=target, name=f"tidelog-txn-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
     def stop(self) -> None:
         self._stopped.set()
-        self._completions.put(None)
+        for _ in range(self._config.marker_threads):
+            self._completions.put(None)
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
@@ -448,12 +460,21 @@ class TransactionCoordinator:
             tid = self._completions.get()
             if tid is None:
                 return
+            with self._lock:
+                if tid in self._completing:  # another thread has it: it goes again after
+                    self._completing[tid] = True
+                    continue
+                self._completing[tid] = False
             try:
                 self._complete(tid)
             except Exception:  # the thread must outlive one failure
                 log.exception("transaction %s: completing failed; retrying later", tid)
                 self._stopped.wait(self._config.marker_retry_backoff_ms / 1000)
                 self._completions.put(tid)
+            finally:
+                with self._lock:
+                    if self._completing.pop(tid):
+                        self._completions.put(tid)
 
     def _complete(self, tid: str) -> None:
         """Write the markers of ``tid``'s prepared transaction, then its Complete state."""

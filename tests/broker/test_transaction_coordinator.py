@@ -256,3 +256,69 @@ def test_an_idle_id_expires_and_is_gone_after_a_restart(broker: Broker) -> None:
     broker.restart()
     assert broker.state("app") is None
     assert broker.coordinator.init_producer_id("app", 60_000)[0] != pid
+
+
+class StuckMarkers(Markers):
+    """Markers whose partition ``stuck`` does not answer until ``release`` is set (a
+    leader that hangs); records which ids' markers were being written at once."""
+
+    def __init__(self, stuck: tuple[str, int]) -> None:
+        super().__init__()
+        self.stuck = stuck
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.active: dict[int, int] = {}
+        self.overlapped: set[int] = set()
+
+    def write_markers(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        partitions: Collection[tuple[str, int]],
+    ) -> Mapping[tuple[str, int], str]:
+        with self._lock:
+            if self.active.get(producer_id):
+                self.overlapped.add(producer_id)
+            self.active[producer_id] = self.active.get(producer_id, 0) + 1
+        try:
+            if self.stuck in partitions:
+                self.entered.set()
+                self.release.wait(10)
+            return super().write_markers(
+                producer_id, producer_epoch, commit, coordinator_epoch, partitions
+            )
+        finally:
+            with self._lock:
+                self.active[producer_id] -= 1
+
+
+def test_a_hanging_leader_holds_up_only_its_own_transactions_markers(tmp_path: Path) -> None:
+    stuck = ("slow", 0)
+    markers = StuckMarkers(stuck)
+    broker = Broker(tmp_path, ManualClock(), markers)
+    try:
+        coordinator = broker.coordinator
+        slow_pid, slow_epoch = coordinator.init_producer_id("slow-app", 60_000)
+        coordinator.add_partitions("slow-app", slow_pid, slow_epoch, [stuck])
+        coordinator.end_transaction("slow-app", slow_pid, slow_epoch, commit=True)
+        assert markers.entered.wait(10)
+        # While that leader hangs, other transactions complete.
+        for i in range(6):
+            tid = f"app-{i}"
+            pid, epoch = coordinator.init_producer_id(tid, 60_000)
+            coordinator.add_partitions(tid, pid, epoch, [A, B])
+            coordinator.end_transaction(tid, pid, epoch, commit=True)
+            broker.wait_state(tid, TxnState.COMPLETE_COMMIT)
+        assert broker.state("slow-app").state is TxnState.PREPARE_COMMIT  # type: ignore[union-attr]
+        # Asked again for the stuck id meanwhile (a reload would): still one at a time.
+        coordinator._completions.put("slow-app")
+        coordinator._completions.put("slow-app")
+        time.sleep(0.2)
+        markers.release.set()
+        broker.wait_state("slow-app", TxnState.COMPLETE_COMMIT)
+        assert markers.overlapped == set()
+    finally:
+        markers.release.set()
+        broker.close()
