@@ -12,8 +12,12 @@ again on the same port and data, for the tests of a restart under a running conn
 
 ``settings`` override or extend the defaults (a test server: ``fsync`` off, because
 durability is not under test and fsync costs seconds). ``bindir`` is where the server's
-programs are (``pgbench``, ``pg_recvlogical`` live there too); ``run_as`` gives
-``subprocess`` the keyword arguments that run a program as the server's user.
+programs are (``pgbench``, ``pg_recvlogical`` live there too); ``as_server_user`` prefixes
+a command so that it runs as the server's user: util-linux's ``setpriv``, not
+``subprocess``'s ``user``/``group`` arguments, because with those CPython forks the whole
+multithreaded test process (``vfork`` is only used without a change of user), running
+every library's at-fork handlers in the child; two CI runs saw such a child abort
+("Fatal Python error: Aborted") while PostgreSQL was restarted under a connector.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psycopg2
 
@@ -82,12 +85,25 @@ def binaries() -> Path:
     return Path(found[-1]).parent
 
 
-def run_as() -> dict[str, Any]:
-    """``subprocess`` keyword arguments that run a program as ``postgres`` when we are root."""
+def as_server_user(command: list[str]) -> list[str]:
+    """``command`` run as ``postgres`` when we are root (module docstring), else as is."""
     if os.geteuid() != 0:
-        return {}
+        return command
     account = pwd.getpwnam("postgres")  # created by Debian's postgresql package
-    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+    return [
+        "setpriv",
+        f"--reuid={account.pw_uid}",
+        f"--regid={account.pw_gid}",
+        "--clear-groups",
+        *command,
+    ]
+
+
+def _server_owner() -> tuple[int, int] | None:
+    if os.geteuid() != 0:
+        return None
+    account = pwd.getpwnam("postgres")
+    return account.pw_uid, account.pw_gid
 
 
 def free_port() -> int:
@@ -102,27 +118,28 @@ def running_postgres(settings: Mapping[str, str] | None = None) -> Iterator[Post
     """A started server for the ``with`` block; stopped and removed after it."""
     bindir = binaries()
     root = Path(tempfile.mkdtemp(prefix="tidelog-pg-"))
-    user_kwargs = run_as()
-    if user_kwargs:
-        os.chown(root, user_kwargs["user"], user_kwargs["group"])
+    owner = _server_owner()
+    if owner is not None:
+        os.chown(root, *owner)
     data = root / "data"
     subprocess.run(
-        [
-            str(bindir / "initdb"),
-            "-D",
-            str(data),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--locale=C.UTF-8",
-            "--no-sync",
-        ],
+        as_server_user(
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ]
+        ),
         check=True,
         capture_output=True,
         timeout=START_TIMEOUT_S,
-        **user_kwargs,
     )
     port = free_port()
     merged = {
@@ -139,7 +156,7 @@ def running_postgres(settings: Mapping[str, str] | None = None) -> Iterator[Post
     plain = Postgres("127.0.0.1", port, "postgres")
 
     def start() -> None:
-        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **user_kwargs)
+        server = subprocess.Popen(as_server_user(args), stdout=log, stderr=subprocess.STDOUT)
         servers.append(server)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
