@@ -107,7 +107,7 @@ authorizer off, every one.
 
 Where each listener's requests map: ``KAFKA_API_OPERATIONS`` (api key -> operation) and
 ``GRPC_METHOD_OPERATIONS`` (method -> operation); a test fails when an advertised API or
-a service method has no entry (``tests/broker/test_pipeline_parity.py``).
+a service method has no entry (``tests/broker/parity/test_tables.py``).
 
 Thread-safe: the tables are read-only; the functions hold no state.
 """

@@ -182,7 +182,7 @@ class _AsyncService:
         return await self._pipeline.run(caller, function, *args)
 
     def _observe(self, method: str, code: str, started: float) -> None:
-        # Every method has an operation (tests/broker/test_pipeline_parity.py).
+        # Every method has an operation (tests/broker/parity/test_tables.py).
         operation = GRPC_METHOD_OPERATIONS.get(method, method)
         self._pipeline.finish(method, operation, code, started)
 

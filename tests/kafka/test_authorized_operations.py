@@ -1,7 +1,7 @@
 """KIP-430 authorized operations over the Kafka listener, with no authorizer: every
 operation Kafka supports on the resource's kind, reported only when asked for
 (confluent-kafka's ``include_authorized_operations``). With ACLs:
-``tests/broker/test_pipeline_parity.py::test_authorized_operations_follow_the_acls``."""
+``tests/broker/parity/test_operations.py::test_authorized_operations_follow_the_acls``."""
 
 from __future__ import annotations
 
