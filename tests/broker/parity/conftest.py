@@ -2,11 +2,8 @@
 on (``secure``), and a driver per listener logged in as alice (``both``), built once for
 the whole package, as they were for the single module the package was split from.
 
-The tests share that broker, each on names of its own. One order matters: the first test
-of ``test_operations.py`` lists the groups alice may describe and expects only its own,
-so no test that makes an "ok-" group may run before it. pytest runs the files in name
-order (``test_operations.py`` first of those that touch the broker, ``test_tables.py``
-touches none) and the tests of a file in file order.
+The tests share that broker, each on names of its own, in any order (the listing of
+groups looks only at its own).
 """
 
 from __future__ import annotations

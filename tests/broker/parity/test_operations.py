@@ -33,6 +33,13 @@ from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 pytestmark = pytest.mark.timeout(120)
 
 
+def _this_scenarios_groups(listing: list[str]) -> list[str]:
+    """A ListGroups answer (its code, then the group names) cut to this scenario's groups:
+    the ones it commits and the hidden ones it may not describe. The package's other
+    tests make groups of their own on the same broker, in any order."""
+    return listing[:1] + [g for g in listing[1:] if g in ("ok-L-group", "hidden-L-group")]
+
+
 # (name, the call on a listener's driver given the listener's name, expected decision,
 # expected audit lines (normalised), the operation and outcome counted)
 SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
@@ -66,7 +73,7 @@ SCENARIOS: list[tuple[str, _Action, list[str], int, tuple[str, str]]] = [
     ),
     (
         "list groups: the hidden one left out silently",
-        lambda d, lst: d.list_groups(),
+        lambda d, lst: _this_scenarios_groups(d.list_groups()),
         ["OK", "ok-L-group", "ok-L-group"],
         0,
         ("list_groups", "OK"),

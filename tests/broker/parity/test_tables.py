@@ -53,6 +53,7 @@ def test_no_authorization_decision_is_written_outside_the_policy_table() -> None
     only ``broker.core.operations`` asks the ACLs (``Acls.allowed``, ``allowed_any``,
     ``check``) or writes an ``authorization_denied`` audit line."""
     broker = Path(__file__).resolve().parents[3] / "broker"
+    assert (broker / "core" / "operations.py").is_file(), broker  # the scan must see something
     allowed_here = {broker / "core" / "operations.py", broker / "core" / "acl_store.py"}
     offenders = []
     for path in sorted(broker.rglob("*.py")):
