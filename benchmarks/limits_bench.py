@@ -1,0 +1,421 @@
+"""How close Tidelog's Kafka listener comes to the machine's own limits (issue #31).
+
+::
+
+    python benchmarks/limits_bench.py [--mb 256] [--records 200000] [--samples 1000]
+                                      [--peers redis] [--quick] [--set key=value ...]
+
+``make bench-limits`` installs what it needs first (Debian's iperf3 and redis-server with
+apt-get as root, the ``bench`` extra) and runs this with ``BENCH_ARGS``.
+
+Everything is measured in one run, one step after the other, on the same machine state,
+so the ratios compare like with like (the machine is shared and noisy: compare the
+figures of one run only, never across runs):
+
+1. the machine's ceilings:
+
+   - ``loopback_mb_per_s``: one TCP stream over 127.0.0.1 (``iperf3 -c ... -t 3``; without
+     iperf3, ``loopback_tool`` says ``socketpair``: one Python thread ``sendall``-ing 1 MiB
+     buffers to another ``recv_into``-ing them, where the syscalls dominate);
+   - ``disk_mb_per_s``: sequential ``write`` + ``os.fsync`` of ``disk_batch_bytes`` at a
+     time, in the broker's data directory, as a segment flush fsyncs (the batch size is
+     the mean stored batch of the 1 KiB ``acks=all`` produce run, read back from its log);
+   - ``fsync_p50_ms``: one small append and ``os.fsync`` there (what ``acks=all`` must pay);
+   - ``echo_p50_ms`` / ``echo_p99_ms``: a bare asyncio TCP echo server in its own process
+     (``asyncio.start_server``), 116 bytes (a 100 B record's key and value) there and back
+     from a blocking socket, one at a time;
+
+2. Tidelog (one broker process, ``benchmarks/kafka_bench.start_broker``) through its Kafka
+   listener with confluent-kafka, whose client work is C (librdkafka), so the broker is
+   what is measured:
+
+   - ``kafka_consume_1k_mb_per_s`` (1 partition) and ``kafka_consume_1k_4p_mb_per_s`` (4):
+     ``--mb`` of 1 KiB values read by one consumer (assign from 0, timed from the first
+     record's arrival); their ratios to the
+     loopback ceiling are ``kafka_consume_1k_over_loopback`` and ``..._4p_over_loopback``
+     (target >= 0.5);
+   - ``kafka_produce_1k_mb_per_s``: the same bytes produced with ``acks=all``
+     (``linger.ms`` 5), over the disk ceiling: ``kafka_produce_1k_over_disk`` (>= 0.5);
+   - ``kafka_produce_100b_records_per_s`` / ``kafka_consume_100b_records_per_s``: the
+     peers' workloads (``benchmarks/peers/tidelog_kafka_peer``, 16 B key, 100 B value,
+     ``acks=all``), and with ``--peers redis`` the same workloads against Redis Streams
+     (``benchmarks/peers/redis_peer``) and the ratios ``..._over_redis``;
+   - ``kafka_p50_acks1_ms`` / ``kafka_p99_acks1_ms``: one 100 B record at a time,
+     ``acks=1``, ``linger.ms`` 0, each flushed; over the echo round trip:
+     ``kafka_p50_acks1_over_echo`` (<= 3) and ``kafka_p99_acks1_over_echo`` (<= 5);
+   - ``kafka_p50_acksall_ms`` and ``kafka_p50_acksall_minus_fsync_ms``: the same with
+     ``acks=all``, less one fsync's p50: what ``acks=all`` costs beyond its fsync.
+
+MB is 10^6 bytes of record payload (key + value). The last line printed is one JSON
+object; ``load_avg`` (taken before and after) says how busy the machine was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import confluent_kafka  # noqa: E402 - after the path entry above
+
+from benchmarks.kafka_bench import start_broker  # noqa: E402
+from benchmarks.peers import redis_peer, tidelog_kafka_peer  # noqa: E402
+from benchmarks.peers.common import Workload, free_port  # noqa: E402
+from tidelog import client  # noqa: E402
+from tidelog.storage.records import iter_batch_headers  # noqa: E402
+
+TIMEOUT_S = 120.0
+ONE_KIB = 1024
+SMALL_VALUE = 100
+KEY_BYTES = 16
+_MB = 1e6
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---------------------------------------------------------------- the machine's ceilings
+
+
+def loopback_ceiling(seconds: float) -> tuple[float, str]:
+    """MB/s of one TCP stream over 127.0.0.1, and the tool that measured it."""
+    iperf = shutil.which("iperf3")
+    if iperf is not None:
+        port = free_port()
+        server = subprocess.Popen(
+            [iperf, "-s", "-p", str(port), "-B", "127.0.0.1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(50):  # until the server listens (a refused client exits at once)
+                out = subprocess.run(
+                    [iperf, "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-J"],
+                    capture_output=True,
+                    text=True,
+                    timeout=seconds + 30,
+                    check=False,
+                )
+                if out.returncode == 0:
+                    break
+                time.sleep(0.1)
+            report = json.loads(out.stdout)
+            bits = report["end"]["sum_received"]["bits_per_second"]
+            return bits / 8 / _MB, "iperf3"
+        except (json.JSONDecodeError, KeyError, subprocess.TimeoutExpired):
+            pass  # measured below instead
+        finally:
+            server.kill()
+            server.wait()
+    return _socketpair_ceiling(seconds), "socketpair"
+
+
+def _socketpair_ceiling(seconds: float) -> float:
+    left, right = socket.socketpair(socket.AF_INET, socket.SOCK_STREAM)
+    received = 0
+    done = threading.Event()
+
+    def drain() -> None:
+        nonlocal received
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        while True:
+            n = right.recv_into(view)
+            if not n:
+                break
+            received += n
+        done.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    chunk = b"\0" * (1 << 20)
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        left.sendall(chunk)
+    left.shutdown(socket.SHUT_WR)
+    done.wait(30)
+    elapsed = time.perf_counter() - started
+    left.close()
+    right.close()
+    return received / elapsed / _MB
+
+
+def disk_ceiling(directory: Path, batch_bytes: int, total_bytes: int) -> float:
+    """MB/s of sequential ``batch_bytes`` writes, each followed by ``os.fsync``."""
+    path = directory / "limits-disk-ceiling.tmp"
+    chunk = os.urandom(batch_bytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        started = time.perf_counter()
+        while written < total_bytes:
+            written += os.write(fd, chunk)
+            os.fsync(fd)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return written / elapsed / _MB
+
+
+def fsync_latency(directory: Path, samples: int) -> list[float]:
+    """Milliseconds of one small append plus ``os.fsync``, ``samples`` times."""
+    path = directory / "limits-fsync.tmp"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    out = []
+    try:
+        record = b"x" * (KEY_BYTES + SMALL_VALUE + 70)  # a one-record batch's size
+        for _ in range(samples):
+            started = time.perf_counter()
+            os.write(fd, record)
+            os.fsync(fd)
+            out.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return out
+
+
+_ECHO_SERVER = """
+import asyncio, sys
+async def echo(reader, writer):
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+async def main():
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def echo_latency(samples: int) -> list[float]:
+    """Milliseconds of 116 bytes to an asyncio echo server (its own process) and back."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", _ECHO_SERVER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        payload = b"e" * (KEY_BYTES + SMALL_VALUE)
+        out = []
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for i in range(200 + samples):
+                started = time.perf_counter()
+                sock.sendall(payload)
+                got = 0
+                while got < len(payload):
+                    got += len(sock.recv(65536))
+                if i >= 200:
+                    out.append((time.perf_counter() - started) * 1000)
+        return out
+    finally:
+        server.kill()
+        server.wait()
+
+
+# ---------------------------------------------------------------- Tidelog through Kafka
+
+
+def produce_values(bootstrap: str, topic: str, partitions: int, count: int, acks: str) -> float:
+    """Seconds to produce ``count`` 1 KiB values round-robin over ``partitions``."""
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5}
+    )
+    value = os.urandom(ONE_KIB)
+    started = time.perf_counter()
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    left = producer.flush(TIMEOUT_S)
+    elapsed = time.perf_counter() - started
+    if left:
+        raise RuntimeError(f"{left} records not delivered")
+    return elapsed
+
+
+def consume_values(bootstrap: str, topic: str, partitions: int, count: int) -> float:
+    """Seconds for one consumer to read ``count`` records of ``partitions`` from 0, from
+    the first record's arrival."""
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "limits",
+            "enable.auto.commit": False,
+            "fetch.queue.backoff.ms": 10,  # as benchmarks/peers/tidelog_kafka_peer
+        }
+    )
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
+        got = 0
+        started = 0.0
+        deadline = time.monotonic() + TIMEOUT_S
+        while got < count and time.monotonic() < deadline:
+            batch = consumer.consume(10_000, 0.5)
+            if not got and batch:
+                # Timed from the first record: the connection, metadata and the first
+                # fetch's setup are not the steady rate being compared with loopback.
+                started = time.perf_counter()
+                batch = batch[1:]
+                got = 1
+            got += sum(1 for m in batch if m.error() is None)
+        elapsed = time.perf_counter() - started
+    finally:
+        consumer.close()
+    if got < count:
+        raise RuntimeError(f"read {got} of {count} records of {topic}")
+    return elapsed
+
+
+def single_record_latency(bootstrap: str, topic: str, acks: str, samples: int) -> list[float]:
+    """Milliseconds per 100 B record (16 B key), ``linger.ms`` 0, each flushed."""
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 0}
+    )
+    value = os.urandom(SMALL_VALUE)
+    out = []
+    for i in range(200 + samples):
+        started = time.perf_counter()
+        producer.produce(topic, value=value, key=i.to_bytes(KEY_BYTES, "big"), partition=0)
+        if producer.flush(TIMEOUT_S):
+            raise RuntimeError("a record was not delivered")
+        if i >= 200:
+            out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def mean_batch_bytes(topic_dir: Path) -> int:
+    """The mean size of the batches stored in a partition's ``.log`` files."""
+    sizes = []
+    for log_file in sorted(topic_dir.glob("*.log")):
+        data = log_file.read_bytes()
+        sizes += [h.size_bytes for _, h in iter_batch_headers(data, validate=False)]
+    return int(statistics.fmean(sizes)) if sizes else 16 * ONE_KIB
+
+
+def _redis_figures(work: Path, records: int) -> dict[str, float]:
+    server = redis_peer.start(work / "redis")
+    try:
+        produced = redis_peer.run(Workload("produce", "limits", SMALL_VALUE, records=records),
+                                  server.address)  # fmt: skip
+        consumed = redis_peer.run(Workload("consume", "limits", SMALL_VALUE, records=records),
+                                  server.address)  # fmt: skip
+    finally:
+        server.stop()
+    return {"produce": produced["records_per_s"], "consume": consumed["records_per_s"]}
+
+
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=256, help="MB of 1 KiB records per run")
+    parser.add_argument("--records", type=int, default=200_000, help="100 B records per run")
+    parser.add_argument("--samples", type=int, default=1_000, help="latency samples")
+    parser.add_argument("--peers", default="", help="comma-separated: redis")
+    parser.add_argument("--quick", action="store_true", help="32 MB, 20,000 records, 200 samples")
+    parser.add_argument("--set", action="append", default=[], help="a broker key=value")
+    args = parser.parse_args(argv)
+    mb, records, samples = (32, 20_000, 200) if args.quick else (args.mb, args.records,
+                                                                 args.samples)  # fmt: skip
+    count = mb * 1_000_000 // ONE_KIB
+    settings = dict(item.split("=", 1) for item in args.set)
+    results: dict[str, Any] = {"load_avg_before": _load(), "mb": mb, "records": records,
+                               "samples": samples, "broker_settings": settings}  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="tidelog-limits-"))
+    try:
+        loopback, tool = loopback_ceiling(3.0)
+        results["loopback_mb_per_s"], results["loopback_tool"] = round(loopback), tool
+        echo = echo_latency(samples)
+        results["echo_p50_ms"] = round(statistics.median(echo), 3)
+        results["echo_p99_ms"] = round(_percentile(echo, 0.99), 3)
+        process, address, bootstrap = start_broker(work, settings)
+        try:
+            with client.AdminClient(address) as admin:
+                for topic, partitions in (("c1", 1), ("c4", 4), ("lat1", 1), ("latall", 1)):
+                    admin.create_topic(topic, partitions)
+                for topic in ("p100", "c100"):
+                    admin.create_topic(topic, 1)
+            data_dir = work / "data"
+            # 1 KiB, acks=all: produced into c1 (its stored batches size the disk ceiling).
+            seconds = produce_values(bootstrap, "c1", 1, count, "all")
+            results["kafka_produce_1k_mb_per_s"] = round(count * ONE_KIB / seconds / _MB)
+            produce_values(bootstrap, "c4", 4, count, "1")
+            batch = mean_batch_bytes(next(data_dir.rglob("c1-0")))
+            disk = disk_ceiling(data_dir, batch, min(count * ONE_KIB, 512 * 1024 * 1024))
+            results["disk_batch_bytes"], results["disk_mb_per_s"] = batch, round(disk)
+            fsync = fsync_latency(data_dir, 200)
+            results["fsync_p50_ms"] = round(statistics.median(fsync), 3)
+            for topic, partitions, key in (("c1", 1, "1k"), ("c4", 4, "1k_4p")):
+                seconds = consume_values(bootstrap, topic, partitions, count)
+                results[f"kafka_consume_{key}_mb_per_s"] = round(count * ONE_KIB / seconds / _MB)
+            # 100 B records, the peers' workloads.
+            produced = tidelog_kafka_peer.run(
+                Workload("produce", "p100", SMALL_VALUE, records=records), bootstrap
+            )
+            consumed = tidelog_kafka_peer.run(
+                Workload("consume", "p100", SMALL_VALUE, records=records), bootstrap
+            )
+            results["kafka_produce_100b_records_per_s"] = round(produced["records_per_s"])
+            results["kafka_consume_100b_records_per_s"] = round(consumed["records_per_s"])
+            acks1 = single_record_latency(bootstrap, "lat1", "1", samples)
+            acksall = single_record_latency(bootstrap, "latall", "all", samples)
+            results["kafka_p50_acks1_ms"] = round(statistics.median(acks1), 3)
+            results["kafka_p99_acks1_ms"] = round(_percentile(acks1, 0.99), 3)
+            results["kafka_p50_acksall_ms"] = round(statistics.median(acksall), 3)
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if "redis" in args.peers.split(","):
+            if shutil.which("redis-server") is None:
+                results["redis"] = "redis-server is not installed: no ratios"
+            else:
+                redis = _redis_figures(work, records)
+                results["redis_produce_100b_records_per_s"] = round(redis["produce"])
+                results["redis_consume_100b_records_per_s"] = round(redis["consume"])
+                for kind in ("produce", "consume"):
+                    ours = results[f"kafka_{kind}_100b_records_per_s"]
+                    results[f"kafka_{kind}_100b_over_redis"] = round(ours / redis[kind], 3)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    r = results
+    r["kafka_consume_1k_over_loopback"] = round(r["kafka_consume_1k_mb_per_s"] / loopback, 3)
+    r["kafka_consume_1k_4p_over_loopback"] = round(r["kafka_consume_1k_4p_mb_per_s"] / loopback, 3)
+    r["kafka_produce_1k_over_disk"] = round(r["kafka_produce_1k_mb_per_s"] / disk, 3)
+    r["kafka_p50_acks1_over_echo"] = round(r["kafka_p50_acks1_ms"] / r["echo_p50_ms"], 3)
+    r["kafka_p99_acks1_over_echo"] = round(r["kafka_p99_acks1_ms"] / r["echo_p99_ms"], 3)
+    r["kafka_p50_acksall_minus_fsync_ms"] = round(r["kafka_p50_acksall_ms"] - r["fsync_p50_ms"], 3)
+    r["load_avg_after"] = _load()
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
