@@ -4,6 +4,7 @@
 
     python benchmarks/limits_bench.py [--mb 256] [--records 200000] [--samples 1000]
                                       [--peers redis] [--quick] [--set key=value ...]
+    python benchmarks/limits_bench.py --profile consume|produce [--mb 64] [--set ...]
 
 ``make bench-limits`` installs what it needs first (Debian's iperf3 and redis-server with
 apt-get as root, the ``bench`` extra) and runs this with ``BENCH_ARGS``.
@@ -33,7 +34,16 @@ figures of one run only, never across runs):
      ``--mb`` of 1 KiB values read by one consumer (assign from 0, timed from the first
      record's arrival); their ratios to the
      loopback ceiling are ``kafka_consume_1k_over_loopback`` and ``..._4p_over_loopback``
-     (target >= 0.5);
+     (target >= 0.5); ``..._broker_cpu_ms_per_mb``: the broker process's CPU time (all
+     its threads, user and system) per MB consumed, which a busy machine disturbs less
+     than the rates;
+   - ``kafka_fetch_1k_raw_mb_per_s`` / ``..._4p_raw_...`` and ``..._raw_over_loopback``:
+     the same records read by a minimal Fetch client (``raw_fetch_values``: one socket,
+     one reused buffer, framing parsed only), which leaves the broker as the bottleneck
+     where confluent-kafka's Python loop (one ``Message`` object per record) is one;
+   - the same four consume figures again with the suffix ``_copying``, from a second
+     broker over the same data directory with ``kafka.zero.copy.fetch=false``: zero
+     copy against the copying path in one run (skipped when the run sets it off);
    - ``kafka_produce_1k_mb_per_s``: the same bytes produced with ``acks=all``
      (``linger.ms`` 5), over the disk ceiling: ``kafka_produce_1k_over_disk`` (>= 0.5);
    - ``kafka_produce_100b_records_per_s`` / ``kafka_consume_100b_records_per_s``: the
@@ -58,6 +68,7 @@ import os
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -73,7 +84,7 @@ import confluent_kafka  # noqa: E402 - after the path entry above
 
 from benchmarks.kafka_bench import start_broker  # noqa: E402
 from benchmarks.peers import redis_peer, tidelog_kafka_peer  # noqa: E402
-from benchmarks.peers.common import Workload, free_port  # noqa: E402
+from benchmarks.peers.common import Workload, free_port, process_cpu_s  # noqa: E402
 from tidelog import client  # noqa: E402
 from tidelog.storage.records import iter_batch_headers  # noqa: E402
 
@@ -289,6 +300,75 @@ def consume_values(bootstrap: str, topic: str, partitions: int, count: int) -> f
     return elapsed
 
 
+def raw_fetch_values(bootstrap: str, topic: str, partitions: int, count: int) -> float:
+    """Seconds for a minimal Fetch client to read ``count`` records of ``partitions``
+    from 0: Fetch v4 (1 MiB per partition) on one blocking socket, each answer read into
+    one reused buffer (``recv_into``) and parsed only for its framing and each
+    partition's last batch header (the next offset); nothing is decoded or copied beyond
+    the kernel's copy into the buffer. So the broker's serving rate is measured, not a
+    client's per-record work (confluent-kafka's Python ``Message`` objects)."""
+    host, port = bootstrap.rsplit(":", 1)
+    name = topic.encode()
+    offsets = [0] * partitions
+    got = [0] * partitions
+    buf = bytearray(64 << 20)
+    view = memoryview(buf)
+    started = time.perf_counter()
+    deadline = time.monotonic() + TIMEOUT_S
+    with socket.create_connection((host, int(port))) as sock:
+        while sum(got) < count and time.monotonic() < deadline:
+            body = struct.pack(">iiiibih", -1, 500, 1, 64 << 20, 0, 1, len(name)) + name
+            body += struct.pack(">i", partitions)
+            body += b"".join(struct.pack(">iqi", p, offsets[p], 1 << 20) for p in range(partitions))
+            header = struct.pack(">hhih", 1, 4, 1, 6) + b"limits"
+            request = header + body
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            size = struct.unpack(">i", _recv_exactly(sock, view, 4))[0]
+            frame = _recv_exactly(sock, view, size)
+            # correlation id, throttle, one topic (its name), its partitions.
+            position = 4 + 4 + 4
+            (name_len,) = struct.unpack_from(">h", frame, position)
+            position += 2 + name_len
+            (answered,) = struct.unpack_from(">i", frame, position)
+            position += 4
+            for _ in range(answered):
+                partition, error = struct.unpack_from(">ih", frame, position)
+                position += 4 + 2 + 8 + 8
+                (aborted,) = struct.unpack_from(">i", frame, position)
+                position += 4 + max(aborted, 0) * 16
+                (length,) = struct.unpack_from(">i", frame, position)
+                position += 4
+                if error:
+                    raise RuntimeError(f"fetch of {topic}-{partition} answered error {error}")
+                end = position + max(length, 0)
+                batch = position
+                while batch + 61 <= end:  # whole batches: the next offset, the records
+                    base, batch_length = struct.unpack_from(">qi", frame, batch)
+                    if batch + 12 + batch_length > end:
+                        break
+                    (delta,) = struct.unpack_from(">i", frame, batch + 23)
+                    (records,) = struct.unpack_from(">i", frame, batch + 57)
+                    if base + delta >= offsets[partition]:
+                        got[partition] += records
+                        offsets[partition] = base + delta + 1
+                    batch += 12 + batch_length
+                position = end
+    elapsed = time.perf_counter() - started
+    if sum(got) < count:
+        raise RuntimeError(f"raw fetch read {sum(got)} of {count} records of {topic}")
+    return elapsed
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview, count: int) -> memoryview:
+    got = 0
+    while got < count:
+        n = sock.recv_into(view[got:count])
+        if not n:
+            raise ConnectionError("the broker hung up")
+        got += n
+    return view[:count]
+
+
 def single_record_latency(bootstrap: str, topic: str, acks: str, samples: int) -> list[float]:
     """Milliseconds per 100 B record (16 B key), ``linger.ms`` 0, each flushed."""
     producer = confluent_kafka.Producer(
@@ -327,6 +407,82 @@ def _redis_figures(work: Path, records: int) -> dict[str, float]:
     return {"produce": produced["records_per_s"], "consume": consumed["records_per_s"]}
 
 
+def profile(kind: str, mb: int, settings: dict[str, str], top: int) -> str:
+    """cProfile of the broker, in this process (``InProcessBroker``), while confluent-kafka
+    produces (``acks=all``) or consumes ``mb`` MB of 1 KiB records: every Python thread
+    the broker starts is profiled (``threading.setprofile`` enables a profiler in each),
+    and the merged statistics, by own time, are returned as text. For ``consume`` the
+    records are produced by an unprofiled broker first, and a second one, profiled from
+    its start, serves them from the same data directory. librdkafka's threads are C and
+    are not profiled; profiling slows Python code down several times, so the shares
+    matter, not the times."""
+    import cProfile
+    import io
+    import pstats
+
+    from tidelog.broker.testing import InProcessBroker
+
+    profiles: list[cProfile.Profile] = []
+
+    def start_profiling(*_: object) -> None:
+        sys.setprofile(None)  # this thread's hook: replaced by its own profiler
+        profiler = cProfile.Profile()
+        profiles.append(profiler)
+        profiler.enable()
+
+    count = mb * 1_000_000 // ONE_KIB
+    broker_settings = {"kafka.listen": "127.0.0.1:0", "metrics.port": -1, **settings}
+    data_dir = Path(tempfile.mkdtemp(prefix="tidelog-limits-profile-"))
+    try:
+        if kind == "consume":
+            with InProcessBroker(data_dir=data_dir, settings=broker_settings) as broker:
+                broker.server.core.create_topic("profiled", 1, {})
+                produce_values(f"127.0.0.1:{broker.server.kafka_port}", "profiled", 1, count, "1")
+        threading.setprofile(start_profiling)
+        try:
+            with InProcessBroker(data_dir=data_dir, settings=broker_settings) as broker:
+                bootstrap = f"127.0.0.1:{broker.server.kafka_port}"
+                if kind == "consume":
+                    consume_values(bootstrap, "profiled", 1, count)
+                else:
+                    broker.server.core.create_topic("profiled", 1, {})
+                    produce_values(bootstrap, "profiled", 1, count, "all")
+                for profiler in profiles:
+                    profiler.disable()
+        finally:
+            threading.setprofile(None)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    out = io.StringIO()
+    if profiles:
+        pstats.Stats(*profiles, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def consume_steps(bootstrap: str, pid: int, count: int, suffix: str) -> dict[str, Any]:
+    """The 1 KiB consume figures of topics ``c1`` and ``c4`` (keys end in ``suffix``):
+    confluent-kafka's rate, the raw Fetch client's, and the broker's CPU for each."""
+    out: dict[str, Any] = {}
+    moved_mb = count * ONE_KIB / _MB
+    for topic, partitions, key in (("c1", 1, "1k"), ("c4", 4, "1k_4p")):
+        for name, run in (("consume", consume_values), ("fetch", raw_fetch_values)):
+            label = f"kafka_{name}_{key}" + ("_raw" if name == "fetch" else "") + suffix
+            cpu_before = process_cpu_s(pid)
+            seconds = run(bootstrap, topic, partitions, count)
+            cpu_ms = (process_cpu_s(pid) - cpu_before) * 1000
+            out[f"{label}_mb_per_s"] = round(moved_mb / seconds)
+            out[f"{label}_broker_cpu_ms_per_mb"] = round(cpu_ms / moved_mb, 3)
+    return out
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 def _load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -339,11 +495,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--peers", default="", help="comma-separated: redis")
     parser.add_argument("--quick", action="store_true", help="32 MB, 20,000 records, 200 samples")
     parser.add_argument("--set", action="append", default=[], help="a broker key=value")
+    parser.add_argument("--profile", choices=("consume", "produce"),
+                        help="print the broker's cProfile for one path and stop")  # fmt: skip
     args = parser.parse_args(argv)
     mb, records, samples = (32, 20_000, 200) if args.quick else (args.mb, args.records,
                                                                  args.samples)  # fmt: skip
     count = mb * 1_000_000 // ONE_KIB
     settings = dict(item.split("=", 1) for item in args.set)
+    if args.profile:
+        print(profile(args.profile, mb, settings, 30))
+        return {}
     results: dict[str, Any] = {"load_avg_before": _load(), "mb": mb, "records": records,
                                "samples": samples, "broker_settings": settings}  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="tidelog-limits-"))
@@ -370,9 +531,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["disk_batch_bytes"], results["disk_mb_per_s"] = batch, round(disk)
             fsync = fsync_latency(data_dir, 200)
             results["fsync_p50_ms"] = round(statistics.median(fsync), 3)
-            for topic, partitions, key in (("c1", 1, "1k"), ("c4", 4, "1k_4p")):
-                seconds = consume_values(bootstrap, topic, partitions, count)
-                results[f"kafka_consume_{key}_mb_per_s"] = round(count * ONE_KIB / seconds / _MB)
+            results.update(consume_steps(bootstrap, process.pid, count, ""))
             # 100 B records, the peers' workloads.
             produced = tidelog_kafka_peer.run(
                 Workload("produce", "p100", SMALL_VALUE, records=records), bootstrap
@@ -388,11 +547,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results["kafka_p99_acks1_ms"] = round(_percentile(acks1, 0.99), 3)
             results["kafka_p50_acksall_ms"] = round(statistics.median(acksall), 3)
         finally:
-            process.terminate()
+            _stop(process)
+        if settings.get("kafka.zero.copy.fetch", "true") == "true":
+            # The same records served by the copying path: a broker over the same data
+            # directory with zero copy off (the A/B of issue #31, in one run).
+            (work / "ready").unlink()
+            process, _, bootstrap = start_broker(work, {**settings, "kafka.zero.copy.fetch": False})
             try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+                results.update(consume_steps(bootstrap, process.pid, count, "_copying"))
+            finally:
+                _stop(process)
         if "redis" in args.peers.split(","):
             if shutil.which("redis-server") is None:
                 results["redis"] = "redis-server is not installed: no ratios"
@@ -408,6 +572,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     r = results
     r["kafka_consume_1k_over_loopback"] = round(r["kafka_consume_1k_mb_per_s"] / loopback, 3)
     r["kafka_consume_1k_4p_over_loopback"] = round(r["kafka_consume_1k_4p_mb_per_s"] / loopback, 3)
+    r["kafka_fetch_1k_raw_over_loopback"] = round(r["kafka_fetch_1k_raw_mb_per_s"] / loopback, 3)
+    r["kafka_fetch_1k_4p_raw_over_loopback"] = round(
+        r["kafka_fetch_1k_4p_raw_mb_per_s"] / loopback, 3
+    )
     r["kafka_produce_1k_over_disk"] = round(r["kafka_produce_1k_mb_per_s"] / disk, 3)
     r["kafka_p50_acks1_over_echo"] = round(r["kafka_p50_acks1_ms"] / r["echo_p50_ms"], 3)
     r["kafka_p99_acks1_over_echo"] = round(r["kafka_p99_acks1_ms"] / r["echo_p99_ms"], 3)
