@@ -114,31 +114,36 @@ def loopback_ceiling(seconds: float) -> tuple[float, str]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        why = "iperf3 did not answer"
         try:
-            for _ in range(50):  # until the server listens (a refused client exits at once)
+            deadline = time.monotonic() + 30  # until the server listens (a busy machine)
+            while time.monotonic() < deadline:
                 out = subprocess.run(
-                    [iperf, "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-J"],
+                    [iperf, "-c", "127.0.0.1", "-p", str(port), "-t", str(int(seconds)), "-J"],
                     capture_output=True,
                     text=True,
                     timeout=seconds + 30,
                     check=False,
                 )
                 if out.returncode == 0:
-                    break
-                time.sleep(0.1)
-            report = json.loads(out.stdout)
-            bits = report["end"]["sum_received"]["bits_per_second"]
-            return bits / 8 / _MB, "iperf3"
-        except (json.JSONDecodeError, KeyError, subprocess.TimeoutExpired):
-            pass  # measured below instead
+                    report = json.loads(out.stdout)
+                    bits = report["end"]["sum_received"]["bits_per_second"]
+                    return bits / 8 / _MB, "iperf3"
+                why = (out.stderr or out.stdout).strip()[-200:]
+                time.sleep(0.2)
+        except (json.JSONDecodeError, KeyError, subprocess.TimeoutExpired) as exc:
+            why = repr(exc)
         finally:
             server.kill()
             server.wait()
+        return _socketpair_ceiling(seconds), f"socketpair (iperf3 failed: {why})"
     return _socketpair_ceiling(seconds), "socketpair"
 
 
 def _socketpair_ceiling(seconds: float) -> float:
-    left, right = socket.socketpair(socket.AF_INET, socket.SOCK_STREAM)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        left = socket.create_connection(server.getsockname())
+        right, _ = server.accept()
     received = 0
     done = threading.Event()
 
