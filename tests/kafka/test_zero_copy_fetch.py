@@ -32,6 +32,7 @@ from tests.kafka.conftest import KafkaBroker, unique, wait_until_decided
 from tests.kafka.raw import frame, kio_frame, read_frame
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec, release
 from tidelog.broker.kafka.kip848 import topic_id
+from tidelog.broker.testing import InProcessBroker
 from tidelog.client import Producer, TopicPartition
 from tidelog.storage.records import iter_batch_headers
 
@@ -371,3 +372,26 @@ def test_a_connection_keeps_serving_after_zero_copy_answers(
         assert answer == _answer(kafka_broker, fetch)
         (correlation,) = struct.unpack_from(">i", answer, 0)
         assert correlation == 1
+
+
+def test_kafka_zero_copy_fetch_false_serves_fetches_by_copying() -> None:
+    """The switch, end to end: a broker started with ``kafka.zero.copy.fetch=false``
+    answers fetches with the records read and copied (nothing through sendfile)."""
+    settings = {"kafka.listen": "127.0.0.1:0", "kafka.zero.copy.fetch": "false"}
+    with InProcessBroker(settings=settings) as broker:
+        listener = broker.server.kafka
+        assert listener is not None
+        assert not listener.settings.zero_copy_fetch
+        topic = unique("zc-off")
+        broker.server.core.create_topic(topic, 1, {})
+        with Producer(broker.address, acks="all", linger_ms=0) as producer:
+            for i in range(5):
+                producer.send(topic, b"value-%d" % i, partition=0).result(TIMEOUT_S)
+        host, port = "127.0.0.1", broker.server.kafka_port
+        assert port is not None
+        with socket.create_connection((host, port), timeout=TIMEOUT_S) as sock:
+            sock.sendall(_fetch_v11(topic, [0], 1 << 20, 1 << 20, 0))
+            answer = read_frame(sock)
+        assert answer is not None
+        assert b"value-4" in answer  # the records were answered
+        assert listener.sendfile_bytes == 0
