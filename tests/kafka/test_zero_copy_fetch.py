@@ -19,6 +19,7 @@ while a region may be open), aborted transactions read with ``read_committed``, 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 import struct
@@ -32,6 +33,7 @@ from tests.kafka.conftest import KafkaBroker, unique, wait_until_decided
 from tests.kafka.raw import frame, kio_frame, read_frame
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec, release
 from tidelog.broker.kafka.kip848 import topic_id
+from tidelog.broker.kafka.listener import Connection
 from tidelog.broker.testing import InProcessBroker
 from tidelog.client import Producer, TopicPartition
 from tidelog.storage.records import iter_batch_headers
@@ -395,3 +397,36 @@ def test_kafka_zero_copy_fetch_false_serves_fetches_by_copying() -> None:
         assert answer is not None
         assert b"value-4" in answer  # the records were answered
         assert listener.sendfile_bytes == 0
+
+
+def test_a_region_truncated_before_it_is_sent_closes_the_connection(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """The one change a region cannot survive: its file cut below its end (a follower
+    truncating a diverged log) after the read. ``sendfile`` sends short, and the
+    listener closes the connection rather than answer a frame shorter than its size."""
+    topic = unique("zc-cut")
+    core = kafka_broker.broker.server.core
+    core.create_topic(topic, 1, {})
+    _produce(kafka_broker, topic, 0, 20, 100)
+    [zero] = _core_fetch(kafka_broker, FetchSpec([PartitionFetchSpec(topic, 0, 0)], zero_copy=True))
+    region = zero.region
+    assert region is not None
+    core.logs.get_log(topic, 0).truncate_to(5)  # the file now ends inside the region
+    listener = kafka_broker.broker.server.kafka
+    assert listener is not None
+    left, right = socket.socketpair()
+
+    async def send() -> None:
+        _, writer = await asyncio.open_connection(sock=left)
+        try:
+            await listener._send_parts(Connection(listener, "test"), writer, [b"head", region])
+        finally:
+            writer.close()
+
+    with right:
+        future = asyncio.run_coroutine_threadsafe(send(), listener._loop)
+        with pytest.raises(ConnectionError, match=r"sent \d+ of \d+ bytes"):
+            future.result(TIMEOUT_S)
+    with pytest.raises(ValueError, match="closed"):
+        region.fileno()  # closed by the listener, sent or not
