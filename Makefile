@@ -14,6 +14,8 @@
 #   make bench   the benchmarks (see README for each one's figures)
 #   make bench-peers  Tidelog against NATS JetStream and Redis Streams (docs/benchmarks.md);
 #                installs the bench extra, and nats-server/redis-server with apt-get as root
+#   make bench-limits  the Kafka listener against the machine's limits (issue #31,
+#                docs/performance.md); installs iperf3 and redis-server with apt-get as root
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
@@ -21,7 +23,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: all venv cluster console native asan test-pure test-extended check lint format typecheck proto proto-check test run bench bench-peers faults kafka-python-suite clean
+.PHONY: all venv cluster console native asan test-pure test-extended check lint format typecheck proto proto-check test run bench bench-peers bench-limits faults kafka-python-suite clean
 
 all: test
 
@@ -175,6 +177,20 @@ BENCH_ARGS ?=
 bench-peers: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/run.py $(BENCH_ARGS)
+
+# Loopback (iperf3), disk, an asyncio echo, and the Kafka listener in one run; Redis
+# Streams for the 100 B ratios. `make bench-limits BENCH_ARGS=--quick`.
+LIMITS_ARGS ?= --peers redis
+bench-limits: $(STAMP)
+	@if ! command -v iperf3 >/dev/null || ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends iperf3 redis-server >/dev/null) \
+	      || echo "iperf3/redis-server could not be installed: the benchmark says what it used"; \
+	  else echo "no iperf3 or redis-server: the benchmark falls back (socketpair, no ratios)"; fi; \
+	fi
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/limits_bench.py $(LIMITS_ARGS) $(BENCH_ARGS)
 
 
 # kafka-python's own integration suite against a broker's Kafka listener (fetched with pip

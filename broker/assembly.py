@@ -290,6 +290,7 @@ def _start_kafka(config: BrokerConfig, core: BrokerCore, admission: Admission) -
         sasl=security.sasl,
         fetch_session_slots=config.max_incremental_fetch_session_cache_slots,
         fetch_session_eviction_ms=config.min_incremental_fetch_session_eviction_ms,
+        zero_copy_fetch=config.kafka_zero_copy_fetch,
     )
     try:
         return KafkaListener.start(core, settings, admission)

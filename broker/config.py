@@ -196,6 +196,8 @@ class BrokerConfig:
     advertised_listeners: str | None = None
     kafka_listen: str | None = None  # None: no Kafka listener (broker/kafka)
     kafka_advertised_listen: str | None = None
+    # Fetch records sent with sendfile on plaintext Kafka connections (broker.kafka.listener).
+    kafka_zero_copy_fetch: bool = True
     max_incremental_fetch_session_cache_slots: int = 1_000
     min_incremental_fetch_session_eviction_ms: int = 120_000
     auto_create_topics_enable: bool = False

@@ -77,6 +77,7 @@ key                                   default          meaning
 ``advertised.listeners``              (listen address) ``HOST:PORT`` other brokers and clients use
 ``kafka.listen``                      (off)            ``HOST:PORT`` of the Kafka protocol listener
 ``kafka.advertised.listen``           (kafka.listen)   ``HOST:PORT`` Kafka clients dial (Metadata)
+``kafka.zero.copy.fetch``             true             Fetch records sent with sendfile (plaintext)
 ``max.incremental.fetch.session.cache.slots`` 1000     Kafka fetch sessions kept (KIP-227; 0: none)
 ``min.incremental.fetch.session.eviction.ms`` 120000   idle time before a session may be evicted
 ``auto.create.topics.enable``         false            Kafka Metadata may create topics it names
@@ -369,6 +370,7 @@ BROKER_FIELDS: dict[str, tuple[str, Parser]] = {
     "advertised.listeners": ("advertised_listeners", parse_str),
     "kafka.listen": ("kafka_listen", parse_str),
     "kafka.advertised.listen": ("kafka_advertised_listen", parse_str),
+    "kafka.zero.copy.fetch": ("kafka_zero_copy_fetch", parse_bool),
     "max.incremental.fetch.session.cache.slots": (
         "max_incremental_fetch_session_cache_slots",
         lambda k, v: parse_int(k, v, 0),

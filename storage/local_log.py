@@ -51,6 +51,7 @@ from typing import NamedTuple
 from tidelog.storage.clock import Clock
 from tidelog.storage.config import LogConfig
 from tidelog.storage.errors import LogDirFullError, OffsetOutOfRangeError, StorageError
+from tidelog.storage.file_region import FileRegion
 from tidelog.storage.files import DELETED_SUFFIX, SWAP_SUFFIX, fsync_dir
 from tidelog.storage.records import NO_TIMESTAMP
 from tidelog.storage.retention import SegmentInfo, plan_retention
@@ -80,6 +81,14 @@ class ReadResult:
     log_start_offset: int
     # The returned batches' sent/received times, ``storage.batch_times`` wire entries.
     batch_times: bytes = b""
+    # A zero-copy read (``zero_copy``): where the batches are, ``records`` is empty and
+    # ``batch_times`` too (the caller closes the region, ``storage.file_region``).
+    region: FileRegion | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of batches returned, in ``records`` or in ``region``."""
+        return self.region.length if self.region is not None else len(self.records)
 
 
 class LocalLog:
@@ -209,11 +218,13 @@ class LocalLog:
         *,
         max_offset: int | None,
         high_watermark: Callable[[], int],
+        zero_copy: bool = False,
     ) -> ReadResult:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` of them.
 
         No lock (see the module docstring). ``high_watermark`` is called once, after the
-        range check, for the value the result carries. The rest of the contract is
+        range check, for the value the result carries. ``zero_copy``: the same batches as
+        a ``FileRegion`` (``Segment.read_region``), not read. The rest of the contract is
         ``PartitionLog.read``'s. Raises ``OffsetOutOfRangeError``.
         """
         # No lock: the partition lock is held across appends, rolls and the directory
@@ -249,6 +260,11 @@ class LocalLog:
             limit = active_size if j == len(segments) - 1 else None
             if j == stop - 1 and stop_position is not None:
                 limit = stop_position if limit is None else min(limit, stop_position)
+            if zero_copy:
+                region = segment.read_region(offset, max_bytes, limit)
+                if region is not None:
+                    return ReadResult(b"", hw, log_start, region=region)
+                continue
             data, times = segment.read_with_times(offset, max_bytes, limit)
             if data:
                 return ReadResult(data, hw, log_start, times)

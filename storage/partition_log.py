@@ -488,20 +488,33 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
 
     # ================================================================== read
 
-    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        zero_copy: bool = False,
+    ) -> ReadResult:
         """Whole batches from the one holding ``offset``, about ``max_bytes`` of them.
 
         The first batch is returned whole even if larger than ``max_bytes``. Reading at the
         log end offset returns no bytes. Offsets that compaction removed are skipped: the
         read starts at the next surviving batch. ``max_offset``: return only batches that
         start below it (consumers pass the high watermark; an offset between it and the
-        log end reads nothing, as Kafka's fetch does). Takes no lock (``LocalLog.read``).
+        log end reads nothing, as Kafka's fetch does). ``zero_copy``: the result's
+        ``region`` says where the same batches are instead (``storage.file_region``; the
+        caller closes it) and ``records`` is empty. Takes no lock (``LocalLog.read``).
 
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
         """
         return self._local.read(
-            offset, max_bytes, max_offset=max_offset, high_watermark=self._current_high_watermark
+            offset,
+            max_bytes,
+            max_offset=max_offset,
+            high_watermark=self._current_high_watermark,
+            zero_copy=zero_copy,
         )
 
     def _current_high_watermark(self) -> int:

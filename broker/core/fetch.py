@@ -24,6 +24,14 @@ a consumer always progresses past a batch larger than its limits. A later partit
 first batch does not fit what is left gets no bytes this time (its offsets are still
 answered). Bytes are returned as stored: the first batch may start before the fetch offset.
 
+Zero copy (issue #31, ``docs/performance.md``): a fetch with ``FetchSpec.zero_copy`` (the
+Kafka listener's on plaintext connections) reads no records: each partition's answer
+carries a ``FileRegion`` (``storage.file_region``) naming the same whole batches in the
+segment file, with the same limits applied, and the listener sends them with
+``sendfile``. The regions are the answer's to close: this module closes those it drops
+(a read superseded by the next one of a parked fetch, a partition past the limits), the
+listener those it answers with.
+
 Per-partition failures (unknown partition, ``OFFSET_OUT_OF_RANGE`` for an offset below the
 log start or past the log end, negative offsets included) are answered per partition.
 
@@ -50,6 +58,7 @@ from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.throttle import ReplicationThrottle
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import CorruptRecordError, InvalidRequestError, OffsetOutOfRangeError
+from tidelog.storage.file_region import FileRegion
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import iter_batch_headers
 
@@ -61,6 +70,7 @@ __all__ = [
     "PartitionFetchSpec",
     "PartitionFetched",
     "PendingFetch",
+    "release",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,6 +108,8 @@ class FetchSpec:
     # Kafka's isolation level: 0 read_uncommitted (up to the high watermark), 1
     # read_committed (up to the last stable offset, with the aborted transactions).
     isolation_level: int = 0
+    # Answer with file regions, not bytes (module docstring; consumers only).
+    zero_copy: bool = False
 
     def validate(self) -> None:
         """Raise ``InvalidRequestError`` for negative limits."""
@@ -131,17 +143,33 @@ class PartitionFetched:
     # aborted transactions (producer id, first offset) the records overlap (issue #28).
     last_stable_offset: int = -1
     aborted_transactions: tuple[tuple[int, int], ...] = ()
+    # A zero-copy read's batches (``FetchSpec.zero_copy``; ``records`` is then empty).
+    region: FileRegion | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of batches answered, in ``records`` or in ``region``."""
+        return self.region.length if self.region is not None else len(self.records)
 
 
 READ_COMMITTED = 1
 
 
+def release(answers: Sequence[PartitionFetched]) -> None:
+    """Close the file regions of ``answers`` (answers that will not be sent)."""
+    for answer in answers:
+        if answer.region is not None:
+            answer.region.close()
+
+
 def _aborted(
-    partition_log: PartitionLog, fetch_offset: int, records: bytes
+    partition_log: PartitionLog, fetch_offset: int, records: bytes, region: FileRegion | None
 ) -> tuple[tuple[int, int], ...]:
-    """The aborted transactions a read_committed reader of ``records`` (read from
-    ``fetch_offset``) must know to filter them (Kafka's rule: up to the end of the
-    records returned)."""
+    """The aborted transactions a read_committed reader of ``records`` or ``region``
+    (read from ``fetch_offset``) must know to filter them (Kafka's rule: up to the end of
+    the records returned)."""
+    if region is not None:
+        return tuple(partition_log.aborted_transactions(fetch_offset, region.next_offset))
     if not records:
         return ()
     end = fetch_offset
@@ -277,6 +305,7 @@ class FetchPath:
         # taken here is never ahead of what the read can reach.)
         seen = self._ends(pending.spec)
         answers = self._read_all(pending.spec)
+        release(pending.last_answers)  # superseded: never sent
         pending.last_answers = answers
         start_moved = pending.spec.replica_id >= 0 and _start_moved(pending.seen, seen)
         pending.seen = seen
@@ -287,6 +316,11 @@ class FetchPath:
             or self._clock.monotonic_ms() >= pending.deadline_ms
         ):
             return self._count_out(answers)
+        if pending.spec.zero_copy:
+            # Parked, a fetch holds no descriptors: its next step reads again anyway (and
+            # one stopped by the broker closing answers empty).
+            release(answers)
+            pending.last_answers = []
         operation = DelayedFetch(
             pending.deadline_ms, seen, pending.wake, replica=pending.spec.replica_id >= 0
         )
@@ -328,7 +362,7 @@ class FetchPath:
         # As Kafka: min_bytes 0 or max_wait_ms 0 answer at once; so does any error.
         if spec.max_wait_ms <= 0 or spec.min_bytes <= 0 or any(a.error_code for a in answers):
             return True
-        return sum(len(a.records) for a in answers) >= spec.min_bytes
+        return sum(a.size for a in answers) >= spec.min_bytes
 
     def _read_all(self, spec: FetchSpec) -> list[PartitionFetched]:
         remaining = min(spec.max_bytes or self._fetch_max_bytes, self._fetch_max_bytes)
@@ -394,10 +428,11 @@ class FetchPath:
                     max_offset=(
                         None if replica else stable if committed else partition_log.high_watermark
                     ),
+                    zero_copy=spec.zero_copy and not replica,
                 )
                 if throttled:
                     assert self._throttle is not None
-                    self._throttle.charge(len(result.records))
+                    self._throttle.charge(result.size)
             except Exception as exc:
                 code, message = partition_error(exc)
                 where = (
@@ -419,15 +454,21 @@ class FetchPath:
                 )
                 continue
             records = result.records
-            if len(records) > budget and have_data:
+            region = result.region
+            size = result.size
+            if size > budget and have_data:
                 # Only the first batch of the whole answer may exceed the limits.
                 records = b""
                 times = b""
+                if region is not None:
+                    region.close()
+                    region = None
+                size = 0
             else:
                 times = result.batch_times
-            if records:
+            if size:
                 have_data = True
-                remaining -= len(records)
+                remaining -= size
             answers.append(
                 PartitionFetched(
                     p.topic,
@@ -438,14 +479,21 @@ class FetchPath:
                     batch_times=times,
                     last_stable_offset=stable,
                     aborted_transactions=(
-                        _aborted(partition_log, p.fetch_offset, records) if committed else ()
+                        _aborted(partition_log, p.fetch_offset, records, region)
+                        if committed
+                        else ()
                     ),
+                    region=region,
                 )
             )
         return answers
 
     def _count_out(self, answers: list[PartitionFetched]) -> list[PartitionFetched]:
         for answer in answers:
+            if answer.region is not None:
+                self._metrics.bytes_out.labels(answer.topic).inc(answer.region.length)
+                self._metrics.records_out.labels(answer.topic).inc(answer.region.records_count)
+                continue
             if not answer.records:
                 continue
             self._metrics.bytes_out.labels(answer.topic).inc(len(answer.records))

@@ -42,6 +42,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from tidelog.broker.kafka.tags import strip_unknown_tags
+from tidelog.storage.file_region import FileRegion
 
 __all__ = [
     "CodecError",
@@ -49,6 +50,7 @@ __all__ = [
     "build",
     "decode_request",
     "encode_response",
+    "encode_response_parts",
     "is_flexible",
     "parse_header",
     "response_header_bytes",
@@ -194,6 +196,64 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: P
     return bytes(data)
 
 
+class _RegionBytes(bytes):
+    """A ``FileRegion`` where kio's writer expects records: it is written as the region's
+    length (``len``) followed by no bytes, and ``_Parts.write`` puts the region in their
+    place. Empty bytes in every other respect."""
+
+    region: FileRegion
+
+    def __new__(cls, region: FileRegion) -> _RegionBytes:
+        instance = super().__new__(cls)
+        instance.region = region
+        return instance
+
+    def __len__(self) -> int:
+        return self.region.length
+
+
+class _Parts:
+    """kio's output stream for ``encode_response_parts``: bytes, and regions between."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | FileRegion] = []
+        self._bytes = bytearray()
+
+    def write(self, data: bytes) -> int:
+        if isinstance(data, _RegionBytes):
+            self.parts.append(bytes(self._bytes))
+            self.parts.append(data.region)
+            self._bytes.clear()
+            return 0
+        self._bytes += data
+        return len(data)
+
+    def finish(self) -> list[bytes | FileRegion]:
+        self.parts.append(bytes(self._bytes))
+        return [p for p in self.parts if len(p)]
+
+
+def encode_response_parts(
+    api_key: int, api_version: int, correlation_id: int, body: Plain
+) -> list[bytes | FileRegion]:
+    """The whole response frame for plain values ``body`` whose records fields may hold
+    ``FileRegion``s (a zero-copy Fetch, ``broker.kafka.data``): the frame's bytes in
+    order, with each region in the place of its bytes, which are never read (the
+    listener sends them from the file). The size prefix counts the regions' lengths.
+    ``encode_response`` for a body without regions gives the same bytes joined."""
+    schema = _response_schema(api_key, api_version)
+    out = _Parts()
+    out.write(b"\0\0\0\0")
+    out.write(response_header_bytes(api_key, api_version, correlation_id))
+    entity_writer(schema)(out, build(schema, body, api_key))  # type: ignore[arg-type]
+    parts = out.finish()
+    first = parts[0]
+    assert isinstance(first, bytes)  # the size prefix and header: never a region
+    size = sum(len(p) for p in parts) - 4
+    parts[0] = struct.pack(">i", size) + first[4:]
+    return parts
+
+
 def to_plain(value: Any) -> Any:
     """kio values -> plain values (module docstring)."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -269,6 +329,8 @@ def _scalar(kafka_type: str | None, value: Any) -> Any:
         return datetime.timedelta(milliseconds=value or 0)
     if kafka_type == "datetime_i64":
         return _EPOCH + datetime.timedelta(milliseconds=value or 0)
+    if kafka_type == "records" and isinstance(value, FileRegion):
+        return _RegionBytes(value)
     if kafka_type in ("bytes", "records"):
         return bytes(value) if value is not None else b""
     if kafka_type == "bool":

@@ -32,7 +32,10 @@ InitProducerId.
   only adds a tiered-storage error (none here), v15 moves a follower's ``replica_id``
   into the ``replica_state`` tag (followers use the gRPC replication path: ignored, as
   ``replica_id`` was), v16 adds the leader hints above. Stops at v16: v17 carries
-  KIP-853's replica directory ids (KRaft).
+  KIP-853's replica directory ids (KRaft). On a plaintext connection (and
+  ``kafka.zero.copy.fetch``, on by default) the records are not read: each partition
+  answers a ``FileRegion`` that the listener sends with ``sendfile`` (issue #31,
+  ``docs/performance.md``); a TLS connection reads and copies them.
 - ListOffsets: -2 earliest, -1 latest (the last stable offset for
   ``read_committed``), -3 the record with
   the largest timestamp below the high watermark (v7, KIP-734; the first of several
@@ -56,7 +59,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec, release
 from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
 from tidelog.broker.core.operations import cluster, topic, transactional_id
 from tidelog.broker.core.produce import Acks, PartitionProduced, PartitionRecords
@@ -294,16 +297,18 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
         min_bytes=max(request["min_bytes"], 0),
         max_bytes=max(request.get("max_bytes", 0), 0),
         isolation_level=request.get("isolation_level", 0),
+        # Plaintext connections send the records with sendfile (broker.kafka.listener).
+        zero_copy=conn.settings.zero_copy_fetch and not conn.tls,
     )
     answers = await _fetch(conn, spec)
-    conn.record_quota(CONSUMER_BYTE_RATE, sum(len(a.records or b"") for a in answers))
+    conn.record_quota(CONSUMER_BYTE_RATE, sum(a.size for a in answers))
     by_topic: dict[str, list[Plain]] = {}
     for a in answers:
         if session is not None:
             cached = session.partitions.get((a.topic, a.partition))
             moved = cached is None or cached.changed(a.high_watermark, a.log_start_offset)
-            if incremental and not (moved or a.records or a.error_code):
-                continue  # nothing new: left out of an incremental answer
+            if incremental and not (moved or a.size or a.error_code):
+                continue  # nothing new: left out of an incremental answer (no region)
         by_topic.setdefault(a.topic, []).append(_fetched(a))
     if by_id:
         await _unknown_topic_ids(conn, by_topic)
@@ -413,6 +418,9 @@ async def _fetch(conn: Connection, spec: FetchSpec) -> list[PartitionFetched]:
             if answers is not None:
                 return answers
             await woken.wait()
+    except BaseException:
+        release(pending.last_answers)
+        raise
     finally:
         core.cancel_fetch(pending)
 
@@ -432,7 +440,8 @@ def _fetched(a: PartitionFetched) -> Plain:
             else None
         ),
         "preferred_read_replica": -1,
-        "records": a.records,
+        # A region is encoded as its length and sent from the file (broker.kafka.codec).
+        "records": a.region if a.region is not None else a.records,
     }
 
 

@@ -40,6 +40,17 @@ is not advertised (except ApiVersions, answered with ``UNSUPPORTED_VERSION`` in 
 form so the client can retry lower, KIP-511), or a body that does not parse. The broker
 keeps serving every other connection.
 
+Zero-copy fetch (issue #31, ``docs/performance.md``): on a plaintext listener a Fetch
+answer's records are ``FileRegion``s (``broker.core.fetch``), not bytes. The answer is
+encoded around them (``encode_response_parts``: the size prefix, header and each
+partition's fields as bytes, each region as its length) and written piece by piece: the
+bytes with ``transport.write``, each region with ``loop.sendfile`` (``os.sendfile``:
+from the page cache to the socket, never through the broker's memory). A region that
+sends short (its file truncated since the read) closes the connection, as Kafka does,
+since the frame's size is already promised. A TLS listener reads and copies the records
+(``sendfile`` cannot encrypt; kTLS would let it, but Python's ``ssl`` does not offer it:
+``docs/performance.md``). ``kafka.zero.copy.fetch=false`` turns zero copy off.
+
 Thread-safe: ``start`` and ``stop`` may be called from any thread.
 """
 
@@ -71,6 +82,7 @@ from tidelog.broker.kafka.codec import (
     RequestHeader,
     decode_request,
     encode_response,
+    encode_response_parts,
     parse_header,
     response_has_field,
 )
@@ -81,6 +93,7 @@ from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.broker.tls import principal_from_peer_certificate
 from tidelog.storage.errors import BrokerBusyError
+from tidelog.storage.file_region import FileRegion
 
 if TYPE_CHECKING:
     from tidelog.broker.kafka.kip848 import MemberMemory
@@ -92,6 +105,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _STOP_TIMEOUT_S = 10.0
+
+# A response: a frame's bytes, a zero-copy Fetch's pieces (``_send_parts``), or none.
+_Response = bytes | list[bytes | FileRegion] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +125,8 @@ class ListenerSettings:
         sasl: connections must authenticate first (SASL_PLAINTEXT, SASL_SSL).
         fetch_session_slots, fetch_session_eviction_ms: the fetch session cache
             (``broker.kafka.fetch_sessions``).
+        zero_copy_fetch: send Fetch records with ``sendfile`` on plaintext connections
+            (``kafka.zero.copy.fetch``; the module docstring).
     """
 
     host: str
@@ -122,6 +140,7 @@ class ListenerSettings:
     sasl: bool = False
     fetch_session_slots: int = 1_000
     fetch_session_eviction_ms: int = 120_000
+    zero_copy_fetch: bool = True
 
 
 class Connection:
@@ -239,6 +258,10 @@ class KafkaListener:
             settings.fetch_session_eviction_ms,
             lambda: int(time.monotonic() * 1000),
         )
+        # Bytes handed to sendfile from segment files, and in how many regions (zero-copy
+        # fetch; loop's thread only; read by tests).
+        self.sendfile_bytes = 0
+        self.sendfile_regions = 0
         # KIP-932 share sessions (loop's thread only; broker.kafka.share).
         self.share_sessions = ShareSessions()
         # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
@@ -405,13 +428,15 @@ class KafkaListener:
                 answer = await raw_token(connection, frame)
                 if answer is None:
                     return
-                response: bytes | None = struct.pack(">i", len(answer)) + answer
+                response: _Response = struct.pack(">i", len(answer)) + answer
             elif frame[:2] == _FETCH_KEY:
                 # A long poll: freed as soon as the client hangs up (below).
                 response = await incoming.unless_closed(self._respond(connection, frame))
             else:
                 response = await self._respond(connection, frame)
-            if response is not None:
+            if isinstance(response, list):
+                await self._send_parts(connection, writer, response)
+            elif response is not None:
                 writer.write(response)
                 await writer.drain()
             if connection.close_after_response:
@@ -420,8 +445,57 @@ class KafkaListener:
                 # Muted for the throttle time (KIP-219), answer or not (acks=0).
                 await asyncio.sleep(connection.throttle_ms / 1000)
 
-    async def _respond(self, connection: Connection, frame: bytes) -> bytes | None:
-        """The response frame for one request frame, None for no response.
+    async def _send_parts(
+        self,
+        connection: Connection,
+        writer: asyncio.StreamWriter,
+        parts: list[bytes | FileRegion],
+    ) -> None:
+        """Write a zero-copy answer: bytes as bytes, regions with ``sendfile`` (the module
+        docstring); every region is closed, sent or not.
+
+        Raises:
+            ConnectionError: a region sent short, or the connection closed meanwhile.
+        """
+        try:
+            for part in parts:
+                if isinstance(part, bytes):
+                    writer.write(part)
+                    continue
+                # Counted before sending: a client that has the whole answer knows the
+                # count is up to date (the tests rely on it).
+                self.sendfile_bytes += part.length
+                self.sendfile_regions += 1
+                try:
+                    sent = await self._loop.sendfile(
+                        writer.transport,
+                        part,  # type: ignore[arg-type]  # fileno() and seek() suffice
+                        part.position,
+                        part.length,
+                        fallback=False,
+                    )
+                except asyncio.SendfileNotAvailableError:
+                    self.sendfile_bytes -= part.length
+                    self.sendfile_regions -= 1
+                    writer.write(part.read())  # not a plain socket: copied after all
+                    continue
+                except RuntimeError as exc:  # "Transport is closing"
+                    raise ConnectionError(str(exc)) from None
+                if sent != part.length:
+                    raise _close(
+                        connection,
+                        f"a fetched file region sent {sent} of {part.length} bytes "
+                        "(truncated since it was read)",
+                    )
+            await writer.drain()
+        finally:
+            for part in parts:
+                if isinstance(part, FileRegion):
+                    part.close()
+
+    async def _respond(self, connection: Connection, frame: bytes) -> _Response:
+        """The response frame for one request frame, None for no response; a list of
+        bytes and file regions for a zero-copy Fetch (``_send_parts``).
 
         Raises:
             ConnectionError: close the connection (reason logged).
@@ -481,10 +555,24 @@ class KafkaListener:
             return None
         if connection.throttle_ms > 0 and response_has_field(key, "throttle_time"):
             answer["throttle_time"] = connection.throttle_ms
+        if key == _FETCH_API and _has_regions(answer):
+            return encode_response_parts(key, version, header.correlation_id, answer)
         return encode_response(key, version, header.correlation_id, answer)
 
 
-_FETCH_KEY = struct.pack(">h", 1)
+_FETCH_API = 1
+_FETCH_KEY = struct.pack(">h", _FETCH_API)
+
+
+def _has_regions(answer: Plain) -> bool:
+    """Whether a Fetch answer holds a zero-copy region (``broker.kafka.data``)."""
+    return any(
+        isinstance(p.get("records"), FileRegion)
+        for t in answer.get("responses") or ()
+        for p in t.get("partitions") or ()
+    )
+
+
 # What a hang-up watch reads at most at once (bytes of the client's next requests).
 _WATCH_BYTES = 64 * 1024
 
@@ -523,7 +611,7 @@ class _Incoming:
                 raise asyncio.IncompleteReadError(taken + exc.partial, count) from None
         return taken
 
-    async def unless_closed(self, handling: Awaitable[bytes | None]) -> bytes | None:
+    async def unless_closed(self, handling: Awaitable[_Response]) -> _Response:
         """``handling``'s answer; cancels it if the peer hangs up first.
 
         Raises:
