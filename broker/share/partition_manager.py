@@ -300,7 +300,7 @@ class SharePartitionManager:
             with held.lock:
                 transition = held.partition.release_member(member_id, now_ms)
                 self._commit(held, transition)
-            if transition.records:
+            if transition.changed:
                 changed.append(key[1:])
         return changed
 
@@ -323,7 +323,7 @@ class SharePartitionManager:
             except Exception:  # StorageError, NotLeaderOrFollowerError: retried next pass
                 log.warning("share partition %s: expiring locks failed", key, exc_info=True)
                 continue
-            if transition.records:
+            if transition.changed:
                 changed.append(key)
         return changed
 
@@ -491,7 +491,7 @@ class SharePartitionManager:
         with held.lock:
             current = held.partition
             copy = SharePartition(
-                current.config, current.start_offset, current.end_offset, current.records()
+                current.config, current.start_offset, current.end_offset, current.runs()
             )
             copy.dead_lettered = current.dead_lettered
         return copy
