@@ -47,16 +47,25 @@ never handed out, held as no entry at all (so a compacted topic's holes cost not
 and treated as done. Kafka hands such offsets to the client, which acknowledges them as
 GAP; Tidelog archives them itself, and accepts a GAP for them.
 
-Every operation is **planned, then applied**: it returns a ``Transition`` (the new state
-of the records it touched, the new offsets, what was acquired, and ``durable``: the state
-batches whose persisted form changed) without changing anything, and ``apply`` makes it
-current. The caller writes ``durable`` to ``__share_group_state`` between the two
-(``broker.share.partition_manager``), so no acknowledgement is answered, and no record is
-handed out, before the state saying so is durable: a crash loses only what nobody was
-told. Acquisitions are persisted too (as Available with the incremented delivery count):
-a restarted or new leader redelivers what was in flight with its delivery count kept.
-Kafka 4.1 persists a delivery only when the record's state next changes, so its counts can
-fall behind after a failover; Tidelog's never do (one write per acquire is the price).
+The in-flight records are held as **runs** (``broker.share.runs``): ranges of
+consecutive offsets in one state, with one delivery count and, while acquired, one member
+and deadline. An operation costs by the runs it touches, never by the window's offsets: an
+acquisition of 500 new records is one run, an acknowledgement range rewrites the runs it
+covers (splitting at most the two at its ends), lock expiry is not looked for before the
+earliest deadline. ``records()`` still gives one ``InFlight`` an offset, for admins and
+tests.
+
+Every operation is **planned, then applied**: it returns a ``Transition`` (the window's
+runs after it, the new offsets, what was acquired, and ``durable``: the state batches
+whose persisted form changed, found by one walk over the runs before and after) without
+changing anything, and ``apply`` makes it current. The caller writes ``durable`` to
+``__share_group_state`` between the two (``broker.share.partition_manager``), so no
+acknowledgement is answered, and no record is handed out, before the state saying so is
+durable: a crash loses only what nobody was told. Acquisitions are persisted too (as
+Available with the incremented delivery count): a restarted or new leader redelivers what
+was in flight with its delivery count kept. Kafka 4.1 persists a delivery only when the
+record's state next changes, so its counts can fall behind after a failover; Tidelog's
+never do (one write per acquire is the price).
 
 Pure: no I/O (the log is read through the ``RecordSource`` passed in), no clock (``now_ms``
 is passed in). Not thread-safe: one lock per share partition is the caller's.
