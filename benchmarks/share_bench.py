@@ -7,6 +7,7 @@ of the same members on the same partitions, in the same run.
                                      [--backlog 20000] [--flat-backlog 300000]
                                      [--max-poll-records 10] [--flat-max-poll-records 500]
                                      [--quick] [--profile FILE]
+                                     [--profile-phase share|share_flat] [--profile-native]
 
 One broker process (``kafka_bench.start_broker``: 127.0.0.1, a temporary data directory,
 heartbeats every 200 ms so groups settle quickly), a two-partition topic per phase, and
@@ -44,7 +45,9 @@ where the window ends ``--seconds`` after "go" or when the backlog is done, whic
 first. ``*_member_cpu_s`` and ``*_broker_cpu_s``: the CPU time the members and the broker
 used in the window, to say where time goes; ``fsync_p50_ms``: a 100-byte append and
 fsync in the broker's directory, the floor of every durable write. ``--profile FILE``
-samples the broker with py-spy in the slow share phase (collapsed stacks, GIL holders).
+samples the broker with py-spy (``pip install py-spy``) in the slow share phase, or with
+``--profile-phase share_flat`` the no-work one (collapsed stacks, GIL holders;
+``--profile-native`` adds C frames).
 
 **Members are processes, not threads**, one interpreter each, as deployed consumers are.
 In threads of one process the members' own Python work (gRPC calls, decoding, the
@@ -269,12 +272,15 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
-def _py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy sampling the broker for ``seconds`` (collapsed stacks, GIL holders only)."""
+def _py_spy(pid: int, seconds: float, out: Path, native: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy sampling the broker for ``seconds`` (collapsed stacks, GIL holders only;
+    ``native``: with C frames, which showed where the no-work phase's time outside Python
+    goes: gRPC's own syscalls, made with the GIL held)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
         [spy, "record", "-p", str(pid), "-d", str(max(int(seconds), 1)), "-f", "raw",
-         "-o", str(out), "--gil", "-r", "200"],
+         "-o", str(out), "--gil", "-r", "100" if native else "200",
+         *(["--native"] if native else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -331,6 +337,7 @@ def run_phase(
     seconds: float,
     max_poll_records: int,
     profile: Path | None = None,
+    profile_native: bool = False,
 ) -> dict[str, float]:
     """One phase (module docstring): records/s over the window, and the CPU it took."""
     topic = group = f"{name}-{kind}"
@@ -366,7 +373,7 @@ def run_phase(
         for m in procs:
             m.send("go")
         end = go + seconds
-        spy = _py_spy(broker_pid, seconds, profile) if profile is not None else None
+        spy = None if profile is None else _py_spy(broker_pid, seconds, profile, profile_native)
 
         def completed() -> int:
             return sum(n for m in procs for n, t in list(m.done) if t <= end)
@@ -435,7 +442,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--flat-max-poll-records", type=int, default=500, help="no-work phases")
     p.add_argument("--quick", action="store_true", help="3 members, 2 s, small backlogs")
     p.add_argument("--profile", type=Path, default=None,
-                   help="py-spy the broker in the slow share phase (collapsed stacks)")  # fmt: skip
+                   help="py-spy the broker in a share phase (collapsed stacks)")  # fmt: skip
+    p.add_argument("--profile-phase", choices=("share", "share_flat"), default="share",
+                   help="what --profile samples: slow (share) or no-work (share_flat)")  # fmt: skip
+    p.add_argument("--profile-native", action="store_true", help="--profile with C frames")
     p.add_argument("--member", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.member:
@@ -456,16 +466,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_poll_records": args.max_poll_records}  # fmt: skip
     flat = {"work_ms": 0, "backlog": args.flat_backlog, "seconds": args.seconds,
             "max_poll_records": args.flat_max_poll_records}  # fmt: skip
+    profiles: dict[str, Path | None] = {"share": None, "share_flat": None}
+    profiles[args.profile_phase] = args.profile
     with _broker() as (address, pid, work):
         results["fsync_p50_ms"] = round(fsync_ms(work), 3)
         phases = {
             "group": run_phase(address, pid, name="slow", kind="group",
                                members=args.members, **slow),
-            "share": run_phase(address, pid, name="slow", kind="share",
-                               members=args.members, profile=args.profile, **slow),
+            "share": run_phase(address, pid, name="slow", kind="share", members=args.members,
+                               profile=profiles["share"], profile_native=args.profile_native,
+                               **slow),
             "group_flat": run_phase(address, pid, name="flat", kind="group", members=1, **flat),
             "share_flat": run_phase(address, pid, name="flat", kind="share",
-                                    members=args.members, **flat),
+                                    members=args.members, profile=profiles["share_flat"],
+                                    profile_native=args.profile_native, **flat),
         }  # fmt: skip
     for phase, figures in phases.items():
         results[f"{phase}_records_per_s"] = round(figures["records_per_s"])

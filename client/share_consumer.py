@@ -180,8 +180,13 @@ class ShareConsumer:
         self._thread: threading.Thread | None = None
         # The application's side (one thread).
         self._explicit = acknowledgement_mode == "explicit"
-        self._delivered: dict[tuple[TopicPartition, int], int] = {}  # -> delivery count
+        # (topic, partition, offset) -> delivery count: plain tuples, hashed in C (a
+        # TopicPartition's hash is Python code, and this is a lookup a record).
+        self._delivered: dict[tuple[str, int, int], int] = {}
         self._pending: _Pending = {}
+        # The last partition ``acknowledge`` wrote to: (topic, partition), the ``_pending``
+        # it wrote into and that partition's offsets there (one dict lookup a batch).
+        self._acking: tuple[tuple[str, int], _Pending, dict[int, int]] | None = None
         self._leaders: set[str] = set()  # addresses fetched from (sessions to close)
         self._async: ThreadPoolExecutor | None = None
         self._async_lock = threading.Lock()  # one acknowledgement send at a time
@@ -456,29 +461,44 @@ class ShareConsumer:
         return out
 
     def _records_of(self, part: Any) -> list[ConsumerRecord]:
-        tp = TopicPartition(part.topic, part.partition)
-        counts: dict[int, int] = {}
-        for r in part.acquired:
-            for offset in range(r.first_offset, r.last_offset + 1):
-                counts[offset] = r.delivery_count
+        """The records of ``part`` inside its acquired ranges (the broker sends whole
+        stored batches): a batch outside every range is not decoded, and records are
+        matched to ranges by one walk over both (both ascending), not a lookup an
+        offset."""
+        topic, partition = part.topic, part.partition
+        ranges = sorted((r.first_offset, r.last_offset, r.delivery_count) for r in part.acquired)
+        if not ranges:
+            return []
         out: list[ConsumerRecord] = []
+        delivered = self._delivered
         data = part.records
+        i = 0
         for position, header in iter_batch_headers(data):
             if header.is_control or header.records_count == 0:
                 continue
-            _, decoded = decode_batch_as(data, position, ConsumerRecord, (tp.topic, tp.partition))
+            last_offset = header.base_offset + header.last_offset_delta
+            while i < len(ranges) and ranges[i][1] < header.base_offset:
+                i += 1
+            if i == len(ranges):
+                break
+            if ranges[i][0] > last_offset:
+                continue  # no acquired offset in this batch
+            _, decoded = decode_batch_as(data, position, ConsumerRecord, (topic, partition))
             for record in decoded:
-                count = counts.get(record.offset)
-                if count is not None:
+                offset = record.offset
+                while i < len(ranges) and ranges[i][1] < offset:
+                    i += 1
+                if i == len(ranges):
+                    break
+                first, _, count = ranges[i]
+                if offset >= first:
                     out.append(record)
-                    self._delivered[(tp, record.offset)] = count
+                    delivered[(topic, partition, offset)] = count
         return out
 
     def delivery_count(self, record: ConsumerRecord) -> int:
         """Which delivery of ``record`` this is (1 the first); 0 if it is not held."""
-        return self._delivered.get(
-            (TopicPartition(record.topic, record.partition), record.offset), 0
-        )
+        return self._delivered.get((record.topic, record.partition, record.offset), 0)
 
     # --- acknowledgements -----------------------------------------------------------------
 
@@ -491,12 +511,17 @@ class ShareConsumer:
         code = ACKNOWLEDGE_KINDS.get(kind)
         if code is None:
             raise ValueError(f"kind must be one of {sorted(ACKNOWLEDGE_KINDS)}, not {kind!r}")
-        tp = TopicPartition(record.topic, record.partition)
-        if (tp, record.offset) not in self._delivered:
+        key = (record.topic, record.partition)
+        if self._delivered.pop((*key, record.offset), None) is None:
+            tp = TopicPartition(*key)
             raise ValueError(f"{tp}@{record.offset} is not held by this consumer")
         self._explicit = True
-        del self._delivered[(tp, record.offset)]
-        self._pending.setdefault(tp, {})[record.offset] = code
+        acking = self._acking
+        if acking is None or acking[0] != key or acking[1] is not self._pending:
+            pending = self._pending
+            acking = (key, pending, pending.setdefault(TopicPartition(*key), {}))
+            self._acking = acking
+        acking[2][record.offset] = code
 
     def commit_sync(
         self, timeout_ms: int | None = None
@@ -541,8 +566,11 @@ class ShareConsumer:
     def _implicit_accept(self) -> None:
         if self._explicit:
             return
-        for tp, offset in self._delivered:
-            self._pending.setdefault(tp, {})[offset] = _ACCEPT
+        by_partition: dict[tuple[str, int], dict[int, int]] = {}
+        for topic, partition, offset in self._delivered:
+            by_partition.setdefault((topic, partition), {})[offset] = _ACCEPT
+        for (topic, partition), offsets in by_partition.items():
+            self._pending.setdefault(TopicPartition(topic, partition), {}).update(offsets)
         self._delivered.clear()
 
     def _take_pending(self) -> _Pending:

@@ -18,7 +18,10 @@ operations are:
   partition so no partition starves. With nothing to hand out it waits up to
   ``max_wait_ms`` (a long poll): parked on the fetch purgatory under the partitions'
   keys, woken by an append (the high watermark moved), by records becoming available
-  again here (a RELEASE, an expired lock, a member leaving) or by the broker closing.
+  again here (a RELEASE, an expired lock, a member leaving), by an acknowledgement that
+  moved the share-partition start offset (a full in-flight window has room again: as
+  Kafka completes its delayed share fetches on acknowledgements; before, such a fetch
+  slept out its whole wait while the window was free) or by the broker closing.
   The waiting occupies the calling thread (the gRPC executor's), so the wait is capped,
   by the broker's ``fetch.max.wait.ms`` as a Fetch's is, and never past
   ``MAX_SHARE_WAIT_MS``.
@@ -129,7 +132,8 @@ log = logging.getLogger(__name__)
 MAX_SHARE_WAIT_MS = 30_000
 
 # Acknowledgements appended, not yet known durable: per (topic, partition), the wait for
-# their durability and whether they released records (``ShareOps._begin_acknowledge``).
+# their durability and whether waiting fetches should look again (records released, or
+# the start offset moved: room in a full window; ``ShareOps._begin_acknowledge``).
 _Durable = dict[tuple[str, int], tuple[Callable[[], None], bool]]
 _READ_BYTES = 1 << 20
 _TIMER_MAX_WAIT_S = 0.2
@@ -510,7 +514,7 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
         for (topic, partition), acks in by_partition.items():
             try:
                 self._check_leader(topic, partition)
-                wait = self.partitions.begin_acknowledge(
+                wait, moved = self.partitions.begin_acknowledge(
                     group_id, topic, partition, member_id, acks
                 )
             except Exception as exc:
@@ -520,7 +524,8 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
                 )
                 continue
             results.append(ShareAcknowledged(topic, partition))
-            durable[(topic, partition)] = (wait, any(a.kind == RELEASE for a in acks))
+            # Records available again, or room in a full window: waiting fetches look.
+            durable[(topic, partition)] = (wait, moved or any(a.kind == RELEASE for a in acks))
         return results, durable
 
     def _await_acknowledged(

@@ -47,16 +47,25 @@ never handed out, held as no entry at all (so a compacted topic's holes cost not
 and treated as done. Kafka hands such offsets to the client, which acknowledges them as
 GAP; Tidelog archives them itself, and accepts a GAP for them.
 
-Every operation is **planned, then applied**: it returns a ``Transition`` (the new state
-of the records it touched, the new offsets, what was acquired, and ``durable``: the state
-batches whose persisted form changed) without changing anything, and ``apply`` makes it
-current. The caller writes ``durable`` to ``__share_group_state`` between the two
-(``broker.share.partition_manager``), so no acknowledgement is answered, and no record is
-handed out, before the state saying so is durable: a crash loses only what nobody was
-told. Acquisitions are persisted too (as Available with the incremented delivery count):
-a restarted or new leader redelivers what was in flight with its delivery count kept.
-Kafka 4.1 persists a delivery only when the record's state next changes, so its counts can
-fall behind after a failover; Tidelog's never do (one write per acquire is the price).
+The in-flight records are held as **runs** (``broker.share.runs``): ranges of
+consecutive offsets in one state, with one delivery count and, while acquired, one member
+and deadline. An operation costs by the runs it touches, never by the window's offsets: an
+acquisition of 500 new records is one run, an acknowledgement range rewrites the runs it
+covers (splitting at most the two at its ends), lock expiry is not looked for before the
+earliest deadline. ``records()`` still gives one ``InFlight`` an offset, for admins and
+tests.
+
+Every operation is **planned, then applied**: it returns a ``Transition`` (the window's
+runs after it, the new offsets, what was acquired, and ``durable``: the state batches
+whose persisted form changed, found by one walk over the runs before and after) without
+changing anything, and ``apply`` makes it current. The caller writes ``durable`` to
+``__share_group_state`` between the two (``broker.share.partition_manager``), so no
+acknowledgement is answered, and no record is handed out, before the state saying so is
+durable: a crash loses only what nobody was told. Acquisitions are persisted too (as
+Available with the incremented delivery count): a restarted or new leader redelivers what
+was in flight with its delivery count kept. Kafka 4.1 persists a delivery only when the
+record's state next changes, so its counts can fall behind after a failover; Tidelog's
+never do (one write per acquire is the price).
 
 Pure: no I/O (the log is read through the ``RecordSource`` passed in), no clock (``now_ms``
 is passed in). Not thread-safe: one lock per share partition is the caller's.
@@ -64,7 +73,9 @@ is passed in). Not thread-safe: one lock per share partition is the caller's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,6 +88,15 @@ from tidelog.broker.share.records import (
     DEAD_LETTER_STATES,
     ShareSnapshot,
     StateBatch,
+    merge,
+)
+from tidelog.broker.share.runs import (
+    ACQUIRED,
+    Run,
+    diff_durable,
+    join,
+    persisted_batches,
+    split_at,
 )
 from tidelog.storage.errors import InvalidRecordStateError, InvalidRequestError
 
@@ -90,14 +110,13 @@ __all__ = [
     "AcquiredRange",
     "InFlight",
     "RecordSource",
+    "Run",
     "Scan",
     "SharePartition",
     "SharePartitionConfig",
     "SharePartitionStats",
     "Transition",
 ]
-
-ACQUIRED = 1  # Kafka's RecordState id; the others are records.AVAILABLE/ACKNOWLEDGED/ARCHIVED
 
 # Kafka's AcknowledgeType ids.
 GAP = 0
@@ -216,15 +235,17 @@ class Acknowledgement:
 class Transition:
     """A planned change of one share partition (see the module docstring): apply it with
     ``SharePartition.apply`` after writing ``durable`` (and ``start_offset`` when
-    ``start_moved``)."""
+    ``start_moved``). ``runs``: the whole window after it (``broker.share.runs``);
+    ``changed``: whether any record's state, or the window, changed."""
 
     base_version: int
-    records: Mapping[int, InFlight | None]  # offset -> new state (None: dropped)
+    runs: tuple[Run, ...]
     start_offset: int
     end_offset: int
     acquired: tuple[AcquiredRange, ...]
     durable: tuple[StateBatch, ...]
     start_moved: bool
+    changed: bool
     reset: bool = False
     dead_lettered: int = 0  # records archived by their dead-letter transaction
 
@@ -252,20 +273,22 @@ class SharePartitionStats:
 
 
 class SharePartition:
-    """One share partition's in-flight state. Not thread-safe (see the module docstring).
-    Build with ``new`` or ``from_snapshot``."""
+    """One share partition's in-flight state, as runs (``broker.share.runs``). Not
+    thread-safe (see the module docstring). Build with ``new`` or ``from_snapshot``."""
 
     def __init__(
         self,
         config: SharePartitionConfig,
         start_offset: int,
         end_offset: int,
-        records: dict[int, InFlight],
+        runs: Sequence[Run] = (),
     ) -> None:
+        """``runs``: the in-flight records (sorted, disjoint, within the window)."""
         self.config = config
         self._start = start_offset
         self._end = end_offset
-        self._records = records
+        self._runs: tuple[Run, ...] = tuple(runs)
+        self._next_deadline = _next_deadline(self._runs)
         self._version = 0
         # Records archived by a committed dead-letter transaction since this share
         # partition was loaded here (memory only: the partition's ``dead_lettered`` stat).
@@ -275,7 +298,7 @@ class SharePartition:
     def new(cls, config: SharePartitionConfig, start_offset: int) -> SharePartition:
         """A share partition nothing was delivered from yet, starting at ``start_offset``
         (the auto offset reset's answer, or an admin's)."""
-        return cls(config, start_offset, start_offset, {})
+        return cls(config, start_offset, start_offset)
 
     @classmethod
     def from_snapshot(cls, config: SharePartitionConfig, snapshot: ShareSnapshot) -> SharePartition:
@@ -285,10 +308,11 @@ class SharePartition:
         last batch. A record persisted as to be dead-lettered stays so (its transaction
         never committed: it is dead-lettered again), or, once the group has no
         dead-letter topic any more, is archived."""
-        records: dict[int, InFlight] = {}
-        end = snapshot.start_offset
+        start = snapshot.start_offset
+        runs: list[Run] = []
+        end = start
         limit = config.delivery_count_limit
-        for batch in snapshot.batches:
+        for batch in merge((), snapshot.batches, start):  # sorted, disjoint, cut at start
             state = batch.delivery_state
             if state == AVAILABLE and batch.delivery_count >= limit:
                 # In flight at its last delivery when the leader went: that delivery
@@ -296,17 +320,13 @@ class SharePartition:
                 state = DEAD_LETTER_LIMIT if config.dead_letter else ARCHIVED
             elif state in DEAD_LETTER_STATES and not config.dead_letter:
                 state = ARCHIVED
-            for offset in range(
-                max(batch.first_offset, snapshot.start_offset), batch.last_offset + 1
-            ):
-                records[offset] = InFlight(state, batch.delivery_count)
+            runs.append(Run(batch.first_offset, batch.last_offset, state, batch.delivery_count))
             end = max(end, batch.last_offset + 1)
-        partition = cls(config, snapshot.start_offset, end, records)
-        start = partition._first_undone(records, snapshot.start_offset, end)
-        for offset in [o for o in records if o < start]:
-            del records[offset]
-        partition._start = start
-        return partition
+        for batch in snapshot.batches:  # SPEO: after every batch, even those below SPSO
+            end = max(end, batch.last_offset + 1)
+        runs = join(runs)
+        first = _first_undone(runs, start, end)
+        return cls(config, first, end, [r for r in runs if r.last >= first])
 
     # --- reads ----------------------------------------------------------------------
 
@@ -320,14 +340,26 @@ class SharePartition:
         """SPEO (exclusive): the first offset never handed out."""
         return self._end
 
+    def runs(self) -> tuple[Run, ...]:
+        """The in-flight records as runs (sorted, disjoint; gaps are in none)."""
+        return self._runs
+
     def records(self) -> dict[int, InFlight]:
-        """A copy of the in-flight records by offset (gaps have no entry)."""
-        return dict(self._records)
+        """The in-flight records by offset (gaps have no entry): one object an offset,
+        for admins and tests, never on the hot path."""
+        out: dict[int, InFlight] = {}
+        for run in self._runs:
+            record = InFlight(run.state, run.deliveries, run.member, run.deadline)
+            for offset in range(run.first, run.last + 1):
+                out[offset] = record
+        return out
 
     def persisted_view(self) -> tuple[int, tuple[StateBatch, ...]]:
         """``(SPSO, state batches)`` as ``__share_group_state`` would hold them: what a
         reload rebuilds (acquisitions as Available)."""
-        return self._start, _batches(self._records.items())
+        return self._start, persisted_batches(
+            (r.first, r.last, r.persisted_state, r.deliveries) for r in self._runs
+        )
 
     def stats(self) -> SharePartitionStats:
         """The admin's view: counts by state and the delivery-count histogram of the
@@ -335,10 +367,10 @@ class SharePartition:
         its dead-letter copy counts as archived: it is never delivered again."""
         by_state = dict.fromkeys((ACQUIRED, AVAILABLE, ACKNOWLEDGED, ARCHIVED), 0)
         histogram: dict[int, int] = {}
-        for record in self._records.values():
-            state = ARCHIVED if record.state in DEAD_LETTER_STATES else record.state
-            by_state[state] = by_state.get(state, 0) + 1
-            histogram[record.delivery_count] = histogram.get(record.delivery_count, 0) + 1
+        for run in self._runs:
+            state = ARCHIVED if run.state in DEAD_LETTER_STATES else run.state
+            by_state[state] = by_state.get(state, 0) + run.size
+            histogram[run.deliveries] = histogram.get(run.deliveries, 0) + run.size
         return SharePartitionStats(
             self._start,
             self._end,
@@ -351,12 +383,19 @@ class SharePartition:
         )
 
     def acquired_count(self) -> int:
-        return sum(1 for r in self._records.values() if r.state == ACQUIRED)
+        return sum(r.size for r in self._runs if r.state == ACQUIRED)
 
     def dead_letter_pending(self, max_records: int) -> list[tuple[int, InFlight]]:
         """Up to ``max_records`` records to be dead-lettered, oldest first."""
-        pending = sorted((o, r) for o, r in self._records.items() if r.state in DEAD_LETTER_STATES)
-        return pending[:max_records]
+        pending: list[tuple[int, InFlight]] = []
+        for run in self._runs:
+            if run.state in DEAD_LETTER_STATES:
+                record = InFlight(run.state, run.deliveries)
+                for offset in range(run.first, run.last + 1):
+                    if len(pending) == max_records:
+                        return pending
+                    pending.append((offset, record))
+        return pending
 
     # --- operations (planned; see apply) ---------------------------------------------
 
@@ -373,28 +412,35 @@ class SharePartition:
         work = _Work(self, now_ms)
         work.follow_log_start(source.log_start_offset())
         deadline = now_ms + self.config.record_lock_duration_ms
-        taken: list[tuple[int, int]] = []
-        for offset in sorted(o for o, r in work.items() if r.state == AVAILABLE):
-            if len(taken) == max_records:
-                break
-            record = work.get(offset)
-            assert record is not None
-            count = record.delivery_count + 1
-            work.set(offset, InFlight(ACQUIRED, count, member_id, deadline))
-            taken.append((offset, count))
-        room = min(max_records - len(taken), self.config.max_record_locks - work.size())
+        runs = work.runs
+        taken: list[AcquiredRange] = []
+        left = max_records
+        i = 0
+        while left and i < len(runs):  # redeliveries first, oldest first
+            run = runs[i]
+            if run.state == AVAILABLE:
+                if run.size > left:
+                    split_at(runs, run.first + left)
+                    run = runs[i]
+                count = run.deliveries + 1
+                runs[i] = Run(run.first, run.last, ACQUIRED, count, member_id, deadline)
+                taken.append(AcquiredRange(run.first, run.last, count))
+                left -= run.size
+            i += 1
+        room = min(left, self.config.max_record_locks - sum(r.size for r in runs))
         if room > 0 and work.end < source.limit_offset():
             scan = source.scan(work.end, room)
-            for offset in scan.offsets:
-                work.set(offset, InFlight(ACQUIRED, 1, member_id, deadline))
-                taken.append((offset, 1))
+            for first, last in _consecutive(scan.offsets):
+                runs.append(Run(first, last, ACQUIRED, 1, member_id, deadline))
+                taken.append(AcquiredRange(first, last, 1))
             work.end = max(work.end, scan.next_offset)
         return work.finish(_ranges(taken))
 
     def acknowledge(
         self, member_id: str, acknowledgements: Sequence[Acknowledgement], now_ms: int
     ) -> Transition:
-        """Apply ``member_id``'s acknowledgements, all or none.
+        """Apply ``member_id``'s acknowledgements, all or none (each range applied to the
+        runs it covers, splitting only at its ends).
 
         Raises:
             InvalidRequestError: a range is empty or backwards, ranges overlap or are out
@@ -414,30 +460,33 @@ class SharePartition:
                 raise InvalidRequestError("acknowledgement ranges overlap or are out of order")
             previous = ack.last_offset
         work = _Work(self, now_ms)
+        runs = work.runs
+        config = self.config
         for ack in acknowledgements:
             if ack.first_offset < work.start or ack.last_offset >= work.end:
                 raise InvalidRecordStateError(
                     f"offsets {ack.first_offset}..{ack.last_offset} are not all in flight "
                     f"(in flight: {work.start}..{work.end - 1})"
                 )
-            for offset in range(ack.first_offset, ack.last_offset + 1):
-                record = work.get(offset)
-                if record is None:
-                    continue  # a gap: never handed out, already done
-                if record.state != ACQUIRED or record.member_id != member_id:
+            i = split_at(runs, ack.first_offset)
+            j = split_at(runs, ack.last_offset + 1)
+            for k in range(i, j):  # gaps between the runs: never handed out, done
+                run = runs[k]
+                if run.state != ACQUIRED or run.member != member_id:
                     raise InvalidRecordStateError(
-                        f"offset {offset} is not acquired by member {member_id}"
+                        f"offset {run.first} is not acquired by member {member_id}"
                     )
-                work.set(offset, _after(record, ack.kind, self.config))
+                runs[k] = _after(run, ack.kind, config)
         return work.finish(())
 
     def release_member(self, member_id: str, now_ms: int) -> Transition:
         """Give back every record ``member_id`` holds (it left or was fenced): Available,
         delivery count kept, or Archived at the delivery limit."""
         work = _Work(self, now_ms)
-        for offset, record in list(work.items()):
-            if record.state == ACQUIRED and record.member_id == member_id:
-                work.set(offset, _after(record, RELEASE, self.config))
+        runs = work.runs
+        for i, run in enumerate(runs):
+            if run.state == ACQUIRED and run.member == member_id:
+                runs[i] = _after(run, RELEASE, self.config)
         return work.finish(())
 
     def expire(self, now_ms: int, log_start_offset: int | None = None) -> Transition:
@@ -453,22 +502,21 @@ class SharePartition:
         copies are in the dead-letter topic: written in the copies' transaction, applied
         once it committed. Raises ``ValueError`` for an offset not to be dead-lettered."""
         work = _Work(self, now_ms)
-        for offset in offsets:
-            record = work.get(offset)
-            if record is None or record.state not in DEAD_LETTER_STATES:
-                raise ValueError(f"offset {offset} is not to be dead-lettered")
-            work.set(offset, InFlight(ARCHIVED, record.delivery_count))
+        runs = work.runs
+        for first, last in _consecutive(sorted(set(offsets))):
+            i = split_at(runs, first)
+            j = split_at(runs, last + 1)
+            expected = first
+            for k in range(i, j):
+                run = runs[k]
+                if run.first != expected or run.state not in DEAD_LETTER_STATES:
+                    raise ValueError(f"offset {expected} is not to be dead-lettered")
+                runs[k] = Run(run.first, run.last, ARCHIVED, run.deliveries)
+                expected = run.last + 1
+            if expected != last + 1:
+                raise ValueError(f"offset {expected} is not to be dead-lettered")
         finished = work.finish(())
-        return Transition(
-            finished.base_version,
-            finished.records,
-            finished.start_offset,
-            finished.end_offset,
-            (),
-            finished.durable,
-            finished.start_moved,
-            dead_lettered=len(offsets),
-        )
+        return dataclasses.replace(finished, dead_lettered=len(offsets))
 
     def reset_start_offset(self, offset: int) -> Transition:
         """An admin reset (alter share group offsets): SPSO = SPEO = ``offset``, every
@@ -476,137 +524,126 @@ class SharePartition:
         That the group has no member is the caller's check (Kafka: ``NON_EMPTY_GROUP``)."""
         if offset < 0:
             raise ValueError("a start offset cannot be negative")
-        dropped: dict[int, InFlight | None] = dict.fromkeys(self._records)
-        return Transition(self._version, dropped, offset, offset, (), (), True, reset=True)
+        return Transition(self._version, (), offset, offset, (), (), True, True, reset=True)
 
     def apply(self, transition: Transition) -> None:
         """Make ``transition`` current. Raises ``ValueError`` if the state changed since it
         was planned (a bug: plan and apply under one lock)."""
         if transition.base_version != self._version:
             raise ValueError("a share partition transition applied out of turn")
-        for offset, record in transition.records.items():
-            if record is None or offset < transition.start_offset:
-                self._records.pop(offset, None)
-            else:
-                self._records[offset] = record
-        for offset in [o for o in self._records if o < transition.start_offset]:
-            del self._records[offset]
+        self._runs = transition.runs
+        self._next_deadline = _next_deadline(self._runs)
         self._start = transition.start_offset
         self._end = transition.end_offset
         self._version += 1
         self.dead_lettered += transition.dead_lettered
 
-    @staticmethod
-    def _first_undone(records: Mapping[int, InFlight], start: int, end: int) -> int:
-        undone = [o for o, r in records.items() if o >= start and r.state not in _DONE]
-        return min(undone) if undone else max(start, end)
-
 
 class _Work:
-    """An overlay on a share partition while an operation is planned: reads see the
-    changes made so far; ``finish`` turns them into a ``Transition``."""
+    """An operation being planned: a copy of the share partition's runs (locks past
+    their deadline already expired), changed in place; ``finish`` turns it into a
+    ``Transition`` (the partition itself is untouched until ``apply``)."""
 
     def __init__(self, partition: SharePartition, now_ms: int) -> None:
         self._partition = partition
-        self._base = partition._records
-        self._changes: dict[int, InFlight | None] = {}
+        self.runs = list(partition._runs)
         self.start = partition._start
         self.end = partition._end
         self._start_moved = False
-        config = partition.config
-        for offset, record in partition._records.items():
-            if record.state == ACQUIRED and record.deadline_ms <= now_ms:
-                self.set(offset, _after(record, RELEASE, config))
-
-    def get(self, offset: int) -> InFlight | None:
-        if offset in self._changes:
-            return self._changes[offset]
-        return self._base.get(offset)
-
-    def set(self, offset: int, record: InFlight | None) -> None:
-        self._changes[offset] = record
-
-    def items(self) -> Iterable[tuple[int, InFlight]]:
-        offsets = set(self._base) | set(self._changes)
-        for offset in offsets:
-            record = self.get(offset)
-            if record is not None and offset >= self.start:
-                yield offset, record
-
-    def size(self) -> int:
-        return sum(1 for _ in self.items())
+        if partition._next_deadline <= now_ms:  # else no lock can have expired
+            config = partition.config
+            for i, run in enumerate(self.runs):
+                if run.state == ACQUIRED and run.deadline <= now_ms:
+                    self.runs[i] = _after(run, RELEASE, config)
 
     def follow_log_start(self, log_start_offset: int) -> None:
         if log_start_offset > self.start:
-            for offset, _ in list(self.items()):
-                if offset < log_start_offset:
-                    self.set(offset, None)
+            i = split_at(self.runs, log_start_offset)
+            del self.runs[:i]
             self.start = log_start_offset
             self.end = max(self.end, log_start_offset)
             self._start_moved = True
 
     def finish(self, acquired: tuple[AcquiredRange, ...]) -> Transition:
-        current = dict(self.items())
-        start = SharePartition._first_undone(current, self.start, self.end)
-        start_moved = self._start_moved or start != self._partition._start
-        durable: list[tuple[int, InFlight]] = []
-        for offset, record in self._changes.items():
-            if record is None or offset < start:
-                continue
-            before = self._base.get(offset)
-            if before is None or (before.persisted_state, before.delivery_count) != (
-                record.persisted_state,
-                record.delivery_count,
-            ):
-                durable.append((offset, record))
+        partition = self._partition
+        runs = join(self.runs)
+        start = _first_undone(runs, self.start, self.end)
+        if runs and runs[0].last < start:
+            runs = [r for r in runs if r.last >= start]  # the done prefix: below SPSO
+        before = partition._runs
+        new = tuple(runs)
         return Transition(
-            self._partition._version,
-            dict(self._changes),
+            partition._version,
+            new,
             start,
             self.end,
             acquired,
-            _batches(durable),
-            start_moved,
+            diff_durable(before, new, start),
+            self._start_moved or start != partition._start,
+            new != before or start != partition._start or self.end != partition._end,
         )
 
 
-def _after(record: InFlight, kind: int, config: SharePartitionConfig) -> InFlight:
-    """An acquired record once acknowledged as ``kind`` (or its lock expired: RELEASE);
+def _first_undone(runs: Sequence[Run], start: int, end: int) -> int:
+    """SPSO: the first record at or above ``start`` not done, else ``max(start, end)``."""
+    for run in runs:
+        if run.last >= start and run.state not in _DONE:
+            return max(run.first, start)
+    return max(start, end)
+
+
+def _next_deadline(runs: Iterable[Run]) -> float:
+    """The earliest lock deadline among ``runs`` (infinity: none acquired)."""
+    return min((r.deadline for r in runs if r.state == ACQUIRED), default=math.inf)
+
+
+def _after(run: Run, kind: int, config: SharePartitionConfig) -> Run:
+    """An acquired run once acknowledged as ``kind`` (or its lock expired: RELEASE);
     with a dead-letter topic, a REJECT or the delivery limit makes it to be dead-lettered
     (REJECT wins as the reason when both hold: the consumer said why)."""
-    count = record.delivery_count
+    count = run.deliveries
     if kind == ACCEPT:
-        return InFlight(ACKNOWLEDGED, count)
-    if kind == GAP:
-        return InFlight(ARCHIVED, count)
-    if kind == REJECT:
-        return InFlight(DEAD_LETTER_REJECTED if config.dead_letter else ARCHIVED, count)
-    if count >= config.delivery_count_limit:
-        return InFlight(DEAD_LETTER_LIMIT if config.dead_letter else ARCHIVED, count)
-    return InFlight(AVAILABLE, count)
+        state = ACKNOWLEDGED
+    elif kind == GAP:
+        state = ARCHIVED
+    elif kind == REJECT:
+        state = DEAD_LETTER_REJECTED if config.dead_letter else ARCHIVED
+    elif count >= config.delivery_count_limit:
+        state = DEAD_LETTER_LIMIT if config.dead_letter else ARCHIVED
+    else:
+        state = AVAILABLE
+    return Run(run.first, run.last, state, count)
 
 
-def _batches(records: Iterable[tuple[int, InFlight]]) -> tuple[StateBatch, ...]:
-    """``records`` as state batches, neighbours of equal state and count joined
-    (``records.coalesce`` of one batch a record, without building those: in the no-work benchmark
-    this was a fifth of the broker's GIL-held samples, py-spy)."""
-    runs: list[list[int]] = []  # first, last, state, count
-    for offset, record in sorted(records, key=lambda item: item[0]):
-        state, count = record.persisted_state, record.delivery_count
-        last = runs[-1] if runs else None
-        if last is not None and last[1] + 1 == offset and last[2] == state and last[3] == count:
-            last[1] = offset
-        else:
-            runs.append([offset, offset, state, count])
-    return tuple(StateBatch(*run) for run in runs)
+def _consecutive(offsets: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending ``offsets`` as ``(first, last)`` ranges of consecutive offsets (one
+    comparison when they are all consecutive, as a producer's batches are)."""
+    if not offsets:
+        return []
+    if offsets[-1] - offsets[0] + 1 == len(offsets):
+        return [(offsets[0], offsets[-1])]
+    out: list[tuple[int, int]] = []
+    first = last = offsets[0]
+    for offset in offsets[1:]:
+        if offset != last + 1:
+            out.append((first, last))
+            first = offset
+        last = offset
+    out.append((first, last))
+    return out
 
 
-def _ranges(taken: Sequence[tuple[int, int]]) -> tuple[AcquiredRange, ...]:
+def _ranges(taken: Sequence[AcquiredRange]) -> tuple[AcquiredRange, ...]:
+    """Acquired ranges sorted, contiguous neighbours with one delivery count joined."""
     out: list[AcquiredRange] = []
-    for offset, count in sorted(taken):
+    for r in sorted(taken, key=lambda r: r.first_offset):
         last = out[-1] if out else None
-        if last is not None and last.last_offset + 1 == offset and last.delivery_count == count:
-            out[-1] = AcquiredRange(last.first_offset, offset, count)
+        if (
+            last is not None
+            and last.last_offset + 1 == r.first_offset
+            and last.delivery_count == r.delivery_count
+        ):
+            out[-1] = AcquiredRange(last.first_offset, r.last_offset, r.delivery_count)
         else:
-            out.append(AcquiredRange(offset, offset, count))
+            out.append(r)
     return tuple(out)

@@ -268,7 +268,7 @@ class SharePartitionManager:
         """Apply ``member_id``'s acknowledgements, all or none, durably before returning.
         Raises ``InvalidRecordStateError``, ``InvalidRequestError`` (see
         ``SharePartition.acknowledge``) and what the store raises."""
-        self.begin_acknowledge(group_id, topic, partition, member_id, acknowledgements)()
+        self.begin_acknowledge(group_id, topic, partition, member_id, acknowledgements)[0]()
 
     def begin_acknowledge(
         self,
@@ -277,7 +277,7 @@ class SharePartitionManager:
         partition: int,
         member_id: str,
         acknowledgements: Sequence[Acknowledgement],
-    ) -> Callable[[], None]:
+    ) -> tuple[Callable[[], None], bool]:
         """``acknowledge`` without its wait for durability, which the returned callable
         does (raising what the store's wait raises; the acknowledgement must not be
         answered before it returns). ShareFetch appends its acquisitions before waiting
@@ -288,7 +288,7 @@ class SharePartitionManager:
         with held.lock:
             transition = held.partition.acknowledge(member_id, acknowledgements, now_ms)
             durable = self._begin(held, transition)
-        return lambda: self._await(held, durable)
+        return (lambda: self._await(held, durable)), transition.start_moved
 
     def release_member(self, group_id: str, member_id: str) -> list[tuple[str, int]]:
         """Give back every record ``member_id`` of ``group_id`` holds on this broker (it
@@ -300,7 +300,7 @@ class SharePartitionManager:
             with held.lock:
                 transition = held.partition.release_member(member_id, now_ms)
                 self._commit(held, transition)
-            if transition.records:
+            if transition.changed:
                 changed.append(key[1:])
         return changed
 
@@ -323,7 +323,7 @@ class SharePartitionManager:
             except Exception:  # StorageError, NotLeaderOrFollowerError: retried next pass
                 log.warning("share partition %s: expiring locks failed", key, exc_info=True)
                 continue
-            if transition.records:
+            if transition.changed:
                 changed.append(key)
         return changed
 
@@ -491,7 +491,7 @@ class SharePartitionManager:
         with held.lock:
             current = held.partition
             copy = SharePartition(
-                current.config, current.start_offset, current.end_offset, current.records()
+                current.config, current.start_offset, current.end_offset, current.runs()
             )
             copy.dead_lettered = current.dead_lettered
         return copy
