@@ -139,7 +139,22 @@ def running_postgres(settings: Mapping[str, str] | None = None) -> Iterator[Post
     plain = Postgres("127.0.0.1", port, "postgres")
 
     def start() -> None:
-        server = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, **user_kwargs)
+        # The server is started (and restarted, mid-test) from a process whose gRPC
+        # clients and broker are busy: ``Popen(user=...)`` would fork() (CPython uses
+        # vfork() only without a uid/gid change), running gRPC's fork handlers in the
+        # child, which aborted it now and then ("ev_epoll1_linux.cc ... Check failed:
+        # next_worker->state == KICKED": PostgreSQL never started). ``setpriv`` makes the
+        # change after exec instead, so the child runs no Python or gRPC code at all.
+        command = args
+        if user_kwargs:
+            command = [
+                "setpriv",
+                f"--reuid={user_kwargs['user']}",
+                f"--regid={user_kwargs['group']}",
+                "--clear-groups",
+                *args,
+            ]
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         servers.append(server)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
