@@ -60,6 +60,7 @@ Thread-safety: ``run`` on one thread; ``stop`` and ``lag`` from any.
 from __future__ import annotations
 
 import logging
+import os
 import select
 import threading
 import time
@@ -127,8 +128,9 @@ class ConnectorConfig:
     - ``snapshot_chunk_rows``: rows per snapshot read (and per unit handed to the sink);
     - ``security``: producer/consumer/admin security settings (kafka-python's names);
     - ``delivery``: ``exactly-once`` (``TransactionalSink``) or ``at-least-once``
-      (``ProducerSink``); ``commit_interval_ms``: the longest a transactional batch stays
-      open; ``snapshot_timeout_ms``: the snapshot transaction's timeout;
+      (``ProducerSink``); ``commit_interval_ms``: the longest a received transaction
+      waits before the Tidelog transaction holding it begins; ``snapshot_timeout_ms``:
+      the snapshot transaction's timeout;
     - ``reconnect_timeout_ms``: how long a lost PostgreSQL connection is retried.
     """
 
@@ -514,26 +516,38 @@ class PostgresConnector:
         confirmed = 0
         handled = 0
         asked_server = 0.0
-        wal_end = 0  # the latest WAL end heard in the stream
+        wal_end = 0  # the latest WAL end heard, published to ``lag()`` once a unit
+        read_message = repl_cur.read_message
+        feed = assembler.feed
+        drained = getattr(sink, "drained", None)
+        wakeup = getattr(sink, "wakeup_fd", None)
+        waits: list[Any] = [repl_cur] if wakeup is None else [repl_cur, wakeup()]
         while not self._stop.is_set():
             if time.monotonic() - asked_server >= _SERVER_LSN_INTERVAL_S:
                 self._ask_server_lsn(sql_conn, sink)
                 asked_server = time.monotonic()
-            message = repl_cur.read_message()
+            message = read_message()
             if message is None:
-                # Drained: store the batch now (the transactional sink commits it).
-                sink.flush(config.request_timeout_ms)
+                # Drained: store the batch now (the transactional sink commits it in the
+                # background; another sink stores it before this returns).
+                if drained is not None:
+                    drained()
+                else:
+                    sink.flush(config.request_timeout_ms)
+                wal_end = max(wal_end, int(repl_cur.wal_end))
                 with self._lock:
-                    self._wal_end = max(self._wal_end, wal_end, int(repl_cur.wal_end))
+                    self._wal_end = max(self._wal_end, wal_end)
                 confirmed = self._confirm(repl_cur, sink, confirmed)
                 if assembler.idle:
                     self._note_caught_up(int(repl_cur.wal_end))
-                select.select([repl_cur], [], [], 0.2)
+                ready, _, _ = select.select(waits, [], [], 0.2)
+                if len(waits) > 1 and waits[1] in ready:
+                    _drain_pipe(waits[1])
                 continue
             # Published to ``lag()`` once a unit (and when drained), not once a message:
             # the lock per message cost more than the lag needs.
             wal_end = message.wal_end
-            unit = assembler.feed(decode(message.payload))
+            unit = feed(decode(message.payload))
             if unit is not None and unit.position is not None:
                 if unit.position.lsn <= start_lsn:
                     log.debug("CDC: skipping %s, already stored", format_lsn(unit.position.lsn))
@@ -605,6 +619,15 @@ class PostgresConnector:
             while self._unconfirmed and self._unconfirmed[0][0] <= durable:
                 self._unconfirmed.popleft()
         return durable
+
+
+def _drain_pipe(fd: int) -> None:
+    """Read a sink's wake-up pipe empty (non-blocking)."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _connection_lost(exc: psycopg2.DatabaseError) -> bool:

@@ -58,7 +58,13 @@ log = logging.getLogger(__name__)
 
 
 class ChangeSink(Protocol):
-    """Stores change units durably, in order."""
+    """Stores change units durably, in order.
+
+    Two optional methods, looked up by the connector: ``drained()``, called instead of
+    ``flush`` when the replication stream is drained, asks the sink to store what it has
+    without waiting (``durable_lsn`` follows); ``wakeup_fd()`` a file descriptor that
+    becomes readable when ``durable_lsn`` moves, which the connector waits on beside the
+    replication socket (``TransactionalSink`` has both)."""
 
     def write(self, unit: ChangeUnit) -> None:
         """Take the next unit (commit order). May return before it is durable."""

@@ -7,6 +7,15 @@ stopped at POINT`` to stderr (flushed) and sends itself SIGSTOP; the test waits 
 line and SIGKILLs the process, which then dies exactly there (nothing runs between the
 line and the stop that could change what is stored).
 
+The SIGSTOP is sent to the calling thread (``pthread_kill``), not to the process: the
+kernel hands a process-directed signal to the main thread, and a point reached on another
+thread (the pipelined sink's committer reaches ``mid_transaction``) ran on until the main
+thread got a CPU to stop the group, long enough on a loaded machine to send the EndTxn
+the test then found committed (docs/cdc.md, "Performance"). A thread-directed SIGSTOP is
+taken by the caller on its way out of the system call, so the caller stops before it
+runs another instruction of its own; the other threads stop with it (a stop is for the
+whole process).
+
 Points (``client.cdc.txn_sink`` and ``connector``):
 
 - ``snapshot``: a snapshot chunk's records are sent and stored in the broker's log, inside
@@ -25,6 +34,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable
 
@@ -58,4 +68,5 @@ def stop_point(point: str, prepare: Callable[[], None] | None = None) -> None:
         prepare()
     sys.stderr.write(f"CDC test hook: stopped at {point}\n")
     sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGSTOP)
+    # Directed at this thread, not the process (module docstring).
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)

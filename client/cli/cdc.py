@@ -65,7 +65,7 @@ def register(commands: Subcommands, common: argparse.ArgumentParser) -> None:
         "--commit-interval-ms",
         type=positive_int,
         default=50,
-        help="longest a transactional batch stays open (exactly-once)",
+        help="longest a change waits before its transaction begins (exactly-once)",
     )
     postgres.set_defaults(handler=_postgres)
     status = actions.add_parser("status", parents=[common], help="positions and lag")
