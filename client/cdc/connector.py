@@ -364,11 +364,7 @@ class PostgresConnector:
         if not has_slot:
             repl_conn.close()
             sql_conn.close()
-            raise CdcError(
-                f"replication slot {config.slot!r} was dropped while the connector ran: "
-                "changes since its position are lost; drop the connector's position "
-                "(or use a new slot name) to snapshot again"
-            )
+            raise _slot_dropped(config.slot)
         with self._lock:
             self._reconnects += 1
         log.info("CDC %s: reconnected to PostgreSQL", config.slot)
@@ -606,6 +602,8 @@ class PostgresConnector:
                 if time.monotonic() > deadline or self._stop.is_set():
                     raise
                 time.sleep(0.2)
+            except psycopg2.errors.UndefinedObject as exc:  # dropped since it was checked
+                raise _slot_dropped(config.slot) from exc
 
     def _confirm(self, repl_cur: Any, sink: ChangeSink, confirmed: int) -> int:
         """Confirm the sink's durable LSN to PostgreSQL if it moved (at once: the slot
@@ -628,6 +626,14 @@ def _drain_pipe(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+def _slot_dropped(slot: str) -> CdcError:
+    return CdcError(
+        f"replication slot {slot!r} was dropped while the connector ran: changes since "
+        "its position are lost; drop the connector's position (or use a new slot name) "
+        "to snapshot again"
+    )
 
 
 def _connection_lost(exc: psycopg2.DatabaseError) -> bool:
