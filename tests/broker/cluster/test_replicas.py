@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from tests.broker.conftest import make_batch
 from tests.storage.conftest import fill_disk_completely, mount_tmpfs
 from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
 from tidelog.broker.cluster.metadata import ClusterMetadata, TopicMetadata
-from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from tidelog.broker.cluster.replicas import IsrProposal, ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog.broker.core.fetch import PartitionFetchSpec
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
@@ -52,14 +52,12 @@ class IsrWrites:
         self.hold: threading.Event | None = None
         self.started = threading.Event()
 
-    def __call__(
-        self, topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
-    ) -> bool:
+    def __call__(self, proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], bool]:
         self.started.set()
         if self.hold is not None:
             assert self.hold.wait(10), "the test never released the ISR write"
-        self.writes.append((epoch, isr))
-        return self.accept
+        self.writes.extend((epoch, isr) for _t, _p, _leader, epoch, isr in proposals)
+        return {(t, p): self.accept for t, p, *_ in proposals}
 
 
 @pytest.fixture
