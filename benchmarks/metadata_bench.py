@@ -20,7 +20,9 @@ topics of 50; ``benchmarks/metadata_scale.py`` says how each is timed):
 ``controlled_shutdown_s_at_10k`` (<= 30 s), with the brokers' open files and memory per
 partition. At another partition count the ``_at_10k`` keys say so and the plain keys
 (``metadata_p99_ms``...) hold the figures: never extrapolated. ``--scale-partitions 0``
-skips it; ``--scale-only`` skips the creation run.
+skips it; ``--scale-only`` skips the creation run. ``election_writes_serial_s`` and
+``election_writes_batched_s`` time one broker's share of elections (``--election-writes``
+partitions) in ZooKeeper alone, one transaction at a time and pipelined.
 
 The last line is one JSON object.
 """
@@ -40,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from benchmarks.metadata_scale import measure_scale  # noqa: E402
+from benchmarks.metadata_scale import measure_election_writes, measure_scale  # noqa: E402
 from tidelog.broker.cluster.testing import LocalCluster  # noqa: E402
 
 _NOT_YET = "not measured"
@@ -165,10 +167,19 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100, help="Metadata requests timed")
     parser.add_argument("--session-timeout-ms", type=int, default=4_000)
     parser.add_argument("--scale-only", action="store_true")
+    parser.add_argument(
+        "--election-writes",
+        type=int,
+        default=3_000,
+        help="partitions whose elections are timed in ZooKeeper alone, serial and batched "
+        "(a third of 9,000: one broker's share; 0 skips)",
+    )
     args = parser.parse_args()
     result: dict[str, object] = {}
     if not args.scale_only:
         result.update(measure(args.topics, args.partitions, args.data_root))
+    if args.election_writes > 0:
+        result.update(measure_election_writes(args.election_writes))
     result.update(
         scale(args.scale_partitions, args.samples, args.session_timeout_ms, args.data_root)
     )

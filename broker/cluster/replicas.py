@@ -226,8 +226,7 @@ class ReplicaManager:
             gone = [tp for tp in self._following if tp not in wanted]
             for tp in gone:
                 del self._following[tp]
-        for tp in gone:
-            self._fetchers.remove(tp)
+        self._fetchers.remove_many(gone)
         for hosted in self._partitions.partitions():
             if (hosted.topic, hosted.partition) not in wanted:
                 hosted.resign()
@@ -274,12 +273,14 @@ class ReplicaManager:
         ]
         if len(todo) < 2:
             return {}
+        # Stopped fetching first, all at once (``FetcherPool.remove_many``: one wait per
+        # fetcher thread for an answer it is applying, not one per partition).
+        self._fetchers.remove_many(tp for tp, _ in todo)
 
         def take(item: tuple[TopicPartition, PartitionState]) -> bool | Exception:
             tp, state = item
             assignment = view.topics[tp[0]].assignment
             try:
-                self._fetchers.remove(tp)
                 return self._partitions.get(*tp).make_leader(
                     state.leader_epoch,
                     assignment.replicas[tp[1]],
@@ -368,8 +369,7 @@ class ReplicaManager:
         with self._lock:
             followed = list(self._following)
             self._following.clear()
-        for tp in followed:
-            self._fetchers.remove(tp)
+        self._fetchers.remove_many(followed)
         led = [p for p in self._partitions.partitions() if p.resign()]
         if led or followed:
             log.warning(

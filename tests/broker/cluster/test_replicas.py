@@ -346,3 +346,31 @@ def test_a_leader_learns_a_reassignment_s_replicas_after_its_epoch(
         follower_fetch(replicas, logs, 4, 0)
     replicas.apply(moving((4, 1, 2, 3), (4,)))  # the list, at the same epoch
     assert follower_fetch(replicas, logs, 4, 0) is None
+
+
+def test_many_followed_partitions_stop_with_one_wait_per_fetcher(
+    logs: LogManager, clock: ManualClock
+) -> None:
+    """Issue #34: a broker resigning 9,000 followed partitions waited, per partition, for
+    the answer its fetcher was applying; ``remove_many`` waits once per fetcher, and
+    still only returns when no answer for any of them is being applied."""
+    partitions = PartitionRegistry(logs, ME, clock, replicated=True)
+    pool = FetcherPool(ME, partitions, lambda _b: None)
+    try:
+        keys = [(f"t{i}", 0) for i in range(50)]
+        for topic, partition in keys:
+            pool.add(FetchTarget(topic, partition, 2, 0))
+        fetcher = pool._owner[keys[0]]
+        assert all(pool._owner[key] is fetcher for key in keys)
+        fetcher.applying.acquire()  # an answer is being applied
+        done = threading.Event()
+        stopper = threading.Thread(target=lambda: (pool.remove_many(keys), done.set()))
+        stopper.start()
+        assert not done.wait(0.3)  # still waiting for the answer being applied
+        fetcher.applying.release()
+        assert done.wait(5)
+        stopper.join()
+        assert not any(key in pool._owner for key in keys)
+        assert fetcher._targets == {}
+    finally:
+        pool.stop()
