@@ -106,7 +106,11 @@ def measure_scale(
 
 def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str, object]) -> None:
     topics = len(names)
-    admin = AdminClient({"bootstrap.servers": cluster.kafka_bootstrap})
+    # librdkafka ends any request after socket.timeout.ms (60 s by default, 300 s at most)
+    # whatever the call's own timeout: a loaded machine took over 60 s to create 9,000.
+    admin = AdminClient(
+        {"bootstrap.servers": cluster.kafka_bootstrap, "socket.timeout.ms": 300_000}
+    )
     _metadata(admin)
     # Before: each broker's files and memory with no topic (internal topics aside).
     before = {b: _proc_figures(cluster.pid(b)) for b in cluster.broker_ids}
