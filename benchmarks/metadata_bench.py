@@ -13,9 +13,16 @@ partition with a leader. ``create_partitions_per_s`` is the partitions over that
 (target: at least 200). Then one DeleteTopics of all of them, timed until Metadata
 lists none (``delete_topics_s``).
 
-The issue's other keys (Metadata at 10,000 partitions, controller failover, broker
-restart and controlled shutdown at 10,000 partitions) are step 2 of #34 and are printed
-as ``"not measured yet"``, never estimated.
+Then, on a fresh cluster of ``--scale-partitions`` partitions (default 10,000, RF=3,
+topics of 50; ``benchmarks/metadata_scale.py`` says how each is timed):
+``metadata_p99_ms_at_10k`` (target <= 100), ``controller_failover_s_at_10k`` (target
+<= the session timeout + 5 s), ``broker_restart_s_at_10k`` (<= 60 s) and
+``controlled_shutdown_s_at_10k`` (<= 30 s), with the brokers' open files and memory per
+partition. At another partition count the ``_at_10k`` keys say so and the plain keys
+(``metadata_p99_ms``...) hold the figures: never extrapolated. ``--scale-partitions 0``
+skips it; ``--scale-only`` skips the creation run. ``election_writes_serial_s`` and
+``election_writes_batched_s`` time one broker's share of elections (``--election-writes``
+partitions) in ZooKeeper alone, one transaction at a time and pipelined.
 
 The last line is one JSON object.
 """
@@ -35,9 +42,16 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from benchmarks.metadata_scale import measure_election_writes, measure_scale  # noqa: E402
 from tidelog.broker.cluster.testing import LocalCluster  # noqa: E402
 
-_NOT_YET = "not measured yet"
+_NOT_YET = "not measured"
+_AT_10K = {
+    "metadata_p99_ms_at_10k": "metadata_p99_ms",
+    "controller_failover_s_at_10k": "controller_failover_s",
+    "broker_restart_s_at_10k": "broker_restart_s",
+    "controlled_shutdown_s_at_10k": "controlled_shutdown_s",
+}
 _WAIT_S = 300.0
 
 
@@ -117,11 +131,26 @@ def _measure(names: list[str], partitions: int, dirs: dict[int, Path] | None) ->
         "create_partitions_per_s": round(topics * partitions / led_s, 1),
         "delete_answered_s": round(deleted_answered_s, 2),
         "delete_topics_s": round(deleted_s, 2),
-        "metadata_p99_ms_at_10k": _NOT_YET,
-        "controller_failover_s_at_10k": _NOT_YET,
-        "broker_restart_s_at_10k": _NOT_YET,
-        "controlled_shutdown_s_at_10k": _NOT_YET,
     }
+
+
+def scale(
+    partitions: int, samples: int, session_timeout_ms: int, data_root: Path | None
+) -> dict[str, object]:
+    """``metadata_scale.measure_scale`` with the ``_at_10k`` keys filled honestly."""
+    if partitions <= 0:
+        return dict.fromkeys(_AT_10K, _NOT_YET)
+    root = None if data_root is None else Path(tempfile.mkdtemp(dir=data_root))
+    dirs = None if root is None else {b: root / f"scale-broker-{b}" for b in (1, 2, 3)}
+    try:
+        out = measure_scale(partitions, samples, dirs, session_timeout_ms)
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+    at = out["scale_partitions"]
+    for key, plain in _AT_10K.items():
+        out[key] = out[plain] if at == 10_000 else f"not measured at 10,000 ({plain} at {at})"
+    return out
 
 
 def main() -> None:
@@ -134,8 +163,26 @@ def main() -> None:
         help="where the brokers' data directories go (default: the system's temp "
         "directory); /dev/shm (tmpfs) shows what the run costs without the disk's fsyncs",
     )
+    parser.add_argument("--scale-partitions", type=int, default=10_000)
+    parser.add_argument("--samples", type=int, default=100, help="Metadata requests timed")
+    parser.add_argument("--session-timeout-ms", type=int, default=4_000)
+    parser.add_argument("--scale-only", action="store_true")
+    parser.add_argument(
+        "--election-writes",
+        type=int,
+        default=3_000,
+        help="partitions whose elections are timed in ZooKeeper alone, serial and batched "
+        "(a third of 9,000: one broker's share; 0 skips)",
+    )
     args = parser.parse_args()
-    result = measure(args.topics, args.partitions, args.data_root)
+    result: dict[str, object] = {}
+    if not args.scale_only:
+        result.update(measure(args.topics, args.partitions, args.data_root))
+    if args.election_writes > 0:
+        result.update(measure_election_writes(args.election_writes))
+    result.update(
+        scale(args.scale_partitions, args.samples, args.session_timeout_ms, args.data_root)
+    )
     result["data_root"] = str(args.data_root or tempfile.gettempdir())
     print(json.dumps(result))
 

@@ -19,13 +19,13 @@ crash leaves at worst missing (empty) logs that the next open creates.
 
 Opening: if the clean-shutdown marker is there it is deleted at once (a crash while loading
 must count as unclean next time) and recovery is skipped; otherwise every log re-validates
-its unflushed tail. The marker also carries the broker epoch of the last cluster
-registration (``record_broker_epoch``; Kafka's ``.kafka_cleanshutdown``, KIP-966): after an
-open, ``previous_broker_epoch`` is that epoch, 0 for a clean stop that recorded none
-(single-node mode, an older marker), -1 if the last stop was not clean; a cluster broker
-reports it when it registers, and its controller does not count on the log tails of a
-broker that says -1. Partition directories of unknown topics (a crash during delete) and
-``*-delete`` directories are removed.
+its unflushed tail; ``_OPEN_THREADS`` threads open (and close) the logs. The marker also
+carries the broker epoch of the last cluster registration (``record_broker_epoch``; Kafka's
+``.kafka_cleanshutdown``, KIP-966): after an open, ``previous_broker_epoch`` is that epoch,
+0 for a clean stop that recorded none (single-node mode, an older marker), -1 if the last
+stop was not clean; a cluster broker reports it when it registers, and its controller
+does not count on the log tails of a broker that says -1. Partition directories of unknown
+topics (a crash during delete) and ``*-delete`` directories are removed.
 
 Background work runs on two daemon threads once ``start_background`` is called: a
 scheduler (retention, flushing sealed segments and by ``flush.ms``, unlinking ``.deleted``
@@ -90,7 +90,7 @@ TOPICS_FILE = "topics.json"
 MAX_PARTITIONS = 10_000
 _DELETE_DIR_SUFFIX = "-delete"
 _MAX_DIR_NAME_BYTES = 255  # NAME_MAX of Linux file systems
-_OPEN_THREADS = 8  # new partition logs opened at once by create_topics
+_OPEN_THREADS = 8  # logs opened or closed at once: fsyncs overlap (num.recovery.threads...)
 
 
 class LogManager:
@@ -164,20 +164,23 @@ class LogManager:
             if meta is None or partition >= meta.partitions:
                 log.warning("removing %s: it belongs to no known topic", full)
                 self._remove_dir(full)
-        for meta in self._topics.values():
-            for partition in range(meta.partitions):
-                key = (meta.name, partition)
-                self._logs[key] = PartitionLog.open(
-                    self.data_dir / partition_dir_name(meta.name, partition),
-                    meta.name,
-                    partition,
-                    meta.config,
-                    self.clock,
-                    log_start_offset=log_starts.get(key, 0),
-                    recovery_point=recovery_points.get(key, 0),
-                    had_clean_shutdown=clean and key in recovery_points,
-                    high_watermark=high_watermarks.get(key),
-                )
+
+        def open_one(key: tuple[str, int]) -> PartitionLog:
+            return PartitionLog.open(
+                self.data_dir / partition_dir_name(*key),
+                key[0],
+                key[1],
+                self._topics[key[0]].config,
+                self.clock,
+                log_start_offset=log_starts.get(key, 0),
+                recovery_point=recovery_points.get(key, 0),
+                had_clean_shutdown=clean and key in recovery_points,
+                high_watermark=high_watermarks.get(key),
+            )
+
+        keys = [(m.name, p) for m in self._topics.values() for p in range(m.partitions)]
+        with ThreadPoolExecutor(max(1, min(_OPEN_THREADS, len(keys)))) as pool:
+            self._logs.update(zip(keys, pool.map(open_one, keys), strict=True))
         log.info(
             "opened %s: %d topic(s), %d partition(s), %s shutdown",
             self.data_dir,
@@ -757,8 +760,8 @@ class LogManager:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
-        for partition_log in self.logs():
-            partition_log.close()
+        with ThreadPoolExecutor(_OPEN_THREADS) as pool:  # their fsyncs overlap, as opening's
+            list(pool.map(PartitionLog.close, self.logs()))
         self.write_checkpoints()
         marker = {"version": 0, "broker_epoch": self._broker_epoch}
         atomic_write(self.data_dir / CLEAN_SHUTDOWN_MARKER, json.dumps(marker).encode() + b"\n")

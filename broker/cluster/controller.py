@@ -60,6 +60,7 @@ from tidelog.broker.cluster.election import (
     reconcile,
     with_elr,
 )
+from tidelog.broker.cluster.election_writes import Decision, write_elections
 from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
 from tidelog.broker.cluster.store import (
@@ -530,49 +531,13 @@ class Controller:
     def _live(self) -> set[int]:
         return set(self._store.live_brokers())
 
-    def _write(self, topic: str, partition: int, elected: Elected, version: int) -> None:
-        lease = self._require_lease()
-        if elected.unclean:
-            log.warning(
-                "%s-%d: UNCLEAN election of broker %d: records acknowledged only by the old "
-                "in-sync replicas may be lost",
-                topic,
-                partition,
-                elected.state.leader,
-            )
-        if elected.last_known_leader:
-            log.warning(
-                "%s-%d: no in-sync or eligible replica left (all restarted uncleanly): "
-                "electing the last known leader %d, which may have lost records too",
-                topic,
-                partition,
-                elected.state.leader,
-            )
-        self._store.set_partition_state(lease, topic, partition, elected.state, version)
-        state = elected.state
-        if state.leader == NO_LEADER:
-            log.warning(
-                "%s-%d is offline (epoch %d): no live in-sync or eligible replica; isr %s "
-                "elr %s last known elr %s",
-                topic,
-                partition,
-                state.leader_epoch,
-                list(state.isr),
-                list(state.elr),
-                list(state.last_known_elr),
-            )
-            return
-        log.info(
-            "%s-%d: leader %d epoch %d isr %s%s",
-            topic,
-            partition,
-            state.leader,
-            state.leader_epoch,
-            list(state.isr),
-            f" elr {list(state.elr)} last known elr {list(state.last_known_elr)}"
-            if state.elr or state.last_known_elr
-            else "",
-        )
+    def _write_all(self, decisions: list[Decision]) -> dict[tuple[str, int], Exception | None]:
+        """Every decision written at once (``election_writes``); a partition another
+        writer changed meanwhile gets a fresh read and decision (a ``brokers`` event)."""
+        outcome = write_elections(self._store, self._require_lease(), decisions)
+        if any(isinstance(failure, StaleStateError) for failure in outcome.values()):
+            self._post("brokers")
+        return outcome
 
     def _require_lease(self) -> ControllerLease:
         if self._lease is None:
@@ -582,19 +547,25 @@ class Controller:
     def _reconcile(self) -> None:
         """Re-read everything (three pipelined rounds, ``store_batch.read_cluster``);
         elect where a leader is gone; drop dead followers and replicas that restarted
-        uncleanly (``election.reconcile``)."""
+        uncleanly (``election.reconcile``); write every change at once."""
         lease = self._require_lease()
         brokers = self._store.live_brokers_view()
         cluster = self._store.read_cluster()
+        decisions: list[Decision] = []
+        for (topic, partition), found in cluster.states.items():
+            assignment = cluster.assignments[topic]
+            replicas = assignment.replicas.get(partition)
+            if replicas is None:
+                continue
+            config = cluster.configs.get(topic, {})
+            read = StateRead(*found)
+            elected = self._reconcile_partition(
+                topic, partition, replicas, brokers, config, lease, read
+            )
+            if elected is not None:
+                decisions.append((topic, partition, elected, read.version))
         try:
-            for (topic, partition), found in cluster.states.items():
-                assignment = cluster.assignments[topic]
-                replicas = assignment.replicas.get(partition)
-                if replicas is None:
-                    continue
-                config = cluster.configs.get(topic, {})
-                read = StateRead(*found)
-                self._reconcile_partition(topic, partition, replicas, brokers, config, lease, read)
+            self._write_all(decisions)
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
             self._lease = None
@@ -608,46 +579,42 @@ class Controller:
         config: Mapping[str, str],
         lease: ControllerLease,
         found: StateRead,
-    ) -> None:
-        state, version = found.state, found.version
-        try:
-            bounced = leadership_predates_leader(state, found.written_zxid, brokers.epochs)
-            if bounced:
-                # The leader restarted since this was written: elect again, as for an
-                # offline partition (it is live and may be chosen), at a new epoch.
-                log.info(
-                    "%s-%d: leader %d registered again since epoch %d was granted",
-                    topic,
-                    partition,
-                    state.leader,
-                    state.leader_epoch,
-                )
-            crashed = crashed_replicas(
-                replicas, state, found.written_zxid, brokers.epochs, brokers.uncleanly_restarted
+    ) -> Elected | None:
+        """What to write for one partition (None: nothing)."""
+        state = found.state
+        bounced = leadership_predates_leader(state, found.written_zxid, brokers.epochs)
+        if bounced:
+            # The leader restarted since this was written: elect again, as for an
+            # offline partition (it is live and may be chosen), at a new epoch.
+            log.info(
+                "%s-%d: leader %d registered again since epoch %d was granted",
+                topic,
+                partition,
+                state.leader,
+                state.leader_epoch,
             )
-            if crashed:
-                log.warning(
-                    "%s-%d: broker(s) %s restarted after an unclean shutdown (they may have "
-                    "lost unsynced records): out of the ISR and the ELR",
-                    topic,
-                    partition,
-                    sorted(crashed),
-                )
-            elected = reconcile(
-                replicas,
-                state,
-                set(brokers.epochs),
-                crashed=crashed,
-                leader_bounced=bounced,
-                min_isr=self._min_isr(config),
-                unclean_allowed=self._unclean_allowed(config),
-                controller_epoch=lease.epoch,
-                brokers_zxid=brokers.brokers_zxid,
+        crashed = crashed_replicas(
+            replicas, state, found.written_zxid, brokers.epochs, brokers.uncleanly_restarted
+        )
+        if crashed:
+            log.warning(
+                "%s-%d: broker(s) %s restarted after an unclean shutdown (they may have "
+                "lost unsynced records): out of the ISR and the ELR",
+                topic,
+                partition,
+                sorted(crashed),
             )
-            if elected is not None:
-                self._write(topic, partition, elected, version)
-        except StaleStateError:
-            self._post("brokers")  # someone wrote in between: decide again from a fresh read
+        return reconcile(
+            replicas,
+            state,
+            set(brokers.epochs),
+            crashed=crashed,
+            leader_bounced=bounced,
+            min_isr=self._min_isr(config),
+            unclean_allowed=self._unclean_allowed(config),
+            controller_epoch=lease.epoch,
+            brokers_zxid=brokers.brokers_zxid,
+        )
 
     def _min_isr(self, config: Mapping[str, str]) -> int:
         value = config.get("min.insync.replicas")
@@ -692,6 +659,7 @@ class Controller:
         found = {(p.topic, p.partition): p for p in self._partitions()}
         keys = list(found) if wanted is None else list(dict.fromkeys(wanted))
         out: dict[tuple[str, int], str] = {}
+        decisions: list[Decision] = []
         for key in keys:
             p = found.get(key)
             if p is None:
@@ -699,16 +667,15 @@ class Controller:
                 continue
             code, elected = self._election_for(p, unclean, lease)
             if elected is not None:
-                try:
-                    self._write(p.topic, p.partition, elected, p.version)
-                except StaleStateError:
-                    # Written in between (a broker came or went): the next reconcile
-                    # decides from a fresh read; the caller may ask again.
-                    self._post("brokers")
-                    code = "NOT_CONTROLLER" if self._lease is None else "REQUEST_TIMED_OUT"
+                decisions.append((p.topic, p.partition, elected, p.version))
             if wanted is None and code == "ELECTION_NOT_NEEDED":
                 continue
             out[key] = code
+        for key, failure in self._write_all(decisions).items():
+            if failure is not None:
+                # Written in between (a broker came or went): the next reconcile decides
+                # from a fresh read; the caller may ask again.
+                out[key] = "NOT_CONTROLLER" if self._lease is None else "REQUEST_TIMED_OUT"
         return out
 
     @staticmethod
@@ -761,22 +728,23 @@ class Controller:
         return self._reassignments.in_progress(wanted)
 
     def _controlled_shutdown(self, broker_id: int) -> int:
+        """Move leadership and ISR membership off ``broker_id`` for every partition, in
+        one batch of writes; how many partitions it still leads."""
         lease = self._require_lease()
-        still_leading = 0
+        leaders: dict[tuple[str, int], int] = {}
+        decisions: list[Decision] = []
         for p in self._partitions():
+            leaders[(p.topic, p.partition)] = p.state.leader
             elected = elect_for_shutdown(
                 p.replicas, p.state, p.live, {broker_id}, controller_epoch=lease.epoch
             )
-            leader = p.state.leader
             if elected is not None:
-                try:
-                    self._write(p.topic, p.partition, p.with_elr(elected), p.version)
-                    leader = elected.state.leader
-                except StaleStateError:
-                    pass
-            if leader == broker_id:
-                still_leading += 1
-        return still_leading
+                decisions.append((p.topic, p.partition, p.with_elr(elected), p.version))
+        outcome = self._write_all(decisions)
+        for topic, partition, elected, _ in decisions:
+            if outcome.get((topic, partition)) is None:
+                leaders[(topic, partition)] = elected.state.leader
+        return sum(1 for leader in leaders.values() if leader == broker_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -115,11 +115,17 @@ class _Fetcher:
             self._cond.notify_all()
 
     def remove(self, key: TopicPartition) -> bool:
+        return self.remove_many((key,))
+
+    def remove_many(self, keys: Iterable[TopicPartition]) -> bool:
+        """Stop fetching ``keys``; once, wait out an answer being applied right now."""
+        found = False
         with self._cond:
-            found = self._targets.pop(key, None) is not None
-            self._paused.pop(key, None)
+            for key in keys:
+                found = self._targets.pop(key, None) is not None or found
+                self._paused.pop(key, None)
         if found:
-            with self.applying:  # wait out an answer being applied right now
+            with self.applying:
                 pass
         return found
 
@@ -380,10 +386,22 @@ class FetcherPool:
 
     def remove(self, key: TopicPartition) -> None:
         """Stop fetching ``key``; returns once no answer for it is being applied."""
+        self.remove_many((key,))
+
+    def remove_many(self, keys: Iterable[TopicPartition]) -> None:
+        """Stop fetching every key of ``keys``; returns once no answer for any of them is
+        being applied. One wait per fetcher thread, not one per partition: a fetcher
+        applies one answer for all its partitions under its ``applying`` lock, and a
+        broker stopping or cut off (``ReplicaManager.resign_all``) with 9,000 followed
+        partitions waited for up to one whole answer per partition (issue #34: minutes)."""
+        owned: dict[_Fetcher, list[TopicPartition]] = {}
         with self._lock:
-            fetcher = self._owner.pop(key, None)
-        if fetcher is not None:
-            fetcher.remove(key)
+            for key in keys:
+                fetcher = self._owner.pop(key, None)
+                if fetcher is not None:
+                    owned.setdefault(fetcher, []).append(key)
+        for fetcher, its_keys in owned.items():
+            fetcher.remove_many(its_keys)
 
     def stop(self) -> None:
         with self._lock:

@@ -61,7 +61,6 @@ from tidelog.broker.cluster.controller import (
     InternalTopic,
     Reassignments,
 )
-from tidelog.broker.cluster.election import with_elr
 from tidelog.broker.cluster.fetcher import FetcherPool
 from tidelog.broker.cluster.forwarding import (
     FORWARD_TIMEOUT_MS,
@@ -72,8 +71,9 @@ from tidelog.broker.cluster.forwarding import (
     encode_targets,
     run_call,
 )
+from tidelog.broker.cluster.isr_writes import write_isr_batch
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
-from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from tidelog.broker.cluster.replicas import IsrProposal, ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.session import SessionFence, step_down_delay_ms
 from tidelog.broker.cluster.store import ClusterStore, StoreError
 from tidelog.broker.cluster.topic_batches import TopicBatches
@@ -735,25 +735,11 @@ def _start_replicas(
         found = watcher.snapshot.brokers.get(broker_id)
         return None if found is None else f"{found.host}:{found.port}"
 
-    def write_isr(
-        topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
-    ) -> bool:
-        # Only while the znode still names this broker leader at this epoch (a leader the
-        # controller replaced must not write), and at the version read (CAS).
-        found = store.read_partition_state_written(topic, partition)
-        if found is None:
-            return False
-        state, version = found.state, found.version
-        if state.leader != leader or state.leader_epoch != epoch:
-            return False
-        # KIP-966: the ELR follows the ISR change (``election.with_elr``). The
-        # registrations bound is carried, never advanced: only the controller, which
-        # handles unclean restarts, may say it has seen a registration (a state from
-        # before the bound existed gets its last write's zxid, what it meant then).
-        min_isr = local.logs.get_log(topic, partition).config.min_insync_replicas
-        after = replace(state, isr=isr, brokers_zxid=state.brokers_zxid or found.written_zxid)
-        store.update_isr(topic, partition, with_elr(state, after, min_isr), version)
-        return True
+    def write_isr(proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], bool]:
+        def min_isr_of(topic: str, partition: int) -> int:
+            return local.logs.get_log(topic, partition).config.min_insync_replicas
+
+        return write_isr_batch(store, min_isr_of, proposals)
 
     def count_isr_change(shrunk: int, expanded: int) -> None:
         local.metrics.isr_shrinks.inc(shrunk)

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -81,14 +81,16 @@ from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.storage.clock import Clock
 from tidelog.storage.partition_log import PartitionLog
 
-__all__ = ["IsrWriter", "ReplicaManager", "ReplicaSettings"]
+__all__ = ["IsrProposal", "IsrWriter", "ReplicaManager", "ReplicaSettings"]
 
 log = logging.getLogger(__name__)
 _ROLE_THREADS = 8  # new leaderships of one view taken at once (their fsyncs overlap)
 
 TopicPartition = tuple[str, int]
-# (topic, partition, leader id, leader epoch, new ISR) -> whether it was written.
-IsrWriter = Callable[[str, int, int, int, tuple[int, ...]], bool]
+# A proposed ISR change: (topic, partition, leader id, leader epoch, new ISR).
+IsrProposal = tuple[str, int, int, int, tuple[int, ...]]
+# Writes a batch of proposals; -> whether each partition's was written (absent: not).
+IsrWriter = Callable[[Sequence[IsrProposal]], Mapping[TopicPartition, bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +226,7 @@ class ReplicaManager:
             gone = [tp for tp in self._following if tp not in wanted]
             for tp in gone:
                 del self._following[tp]
-        for tp in gone:
-            self._fetchers.remove(tp)
+        self._fetchers.remove_many(gone)
         for hosted in self._partitions.partitions():
             if (hosted.topic, hosted.partition) not in wanted:
                 hosted.resign()
@@ -272,12 +273,14 @@ class ReplicaManager:
         ]
         if len(todo) < 2:
             return {}
+        # Stopped fetching first, all at once (``FetcherPool.remove_many``: one wait per
+        # fetcher thread for an answer it is applying, not one per partition).
+        self._fetchers.remove_many(tp for tp, _ in todo)
 
         def take(item: tuple[TopicPartition, PartitionState]) -> bool | Exception:
             tp, state = item
             assignment = view.topics[tp[0]].assignment
             try:
-                self._fetchers.remove(tp)
                 return self._partitions.get(*tp).make_leader(
                     state.leader_epoch,
                     assignment.replicas[tp[1]],
@@ -366,8 +369,7 @@ class ReplicaManager:
         with self._lock:
             followed = list(self._following)
             self._following.clear()
-        for tp in followed:
-            self._fetchers.remove(tp)
+        self._fetchers.remove_many(followed)
         led = [p for p in self._partitions.partitions() if p.resign()]
         if led or followed:
             log.warning(
@@ -434,25 +436,34 @@ class ReplicaManager:
             partition.maybe_shrink_isr(now, limit)
 
     def _run_isr_changes(self) -> None:
+        """Write the ISR changes the partitions propose, everything queued at once as one
+        batch (``IsrWriter``: pipelined reads and compare-and-sets): a broker coming back
+        rejoins thousands of ISRs within moments, which one round trip each would
+        serialise (issue #34)."""
         while True:
-            partition = self._partitions.next_isr_change()
-            if partition is None or self._stopped.is_set():
+            taken = self._partitions.next_isr_changes()
+            if None in taken or self._stopped.is_set():
                 return
-            change = partition.begin_isr_write()
-            if change is None:
+            changes = []
+            for partition in dict.fromkeys(p for p in taken if p is not None):
+                change = partition.begin_isr_write()
+                if change is not None:
+                    changes.append((partition, change))
+            if not changes:
                 continue
-            tp = (partition.topic, partition.partition)
-            written = False
+            me = self._settings.broker_id
+            proposals = [(p.topic, p.partition, me, c.epoch, c.isr) for p, c in changes]
             try:
-                written = self._write_isr(
-                    tp[0], tp[1], self._settings.broker_id, change.epoch, change.isr
-                )
+                written = self._write_isr(proposals)
             except Exception as exc:
-                log.warning("%s-%d: ISR change to %s failed: %s", *tp, list(change.isr), exc)
-            moved = partition.finish_isr_write(change, written)
-            if moved is not None:
-                self._on_isr_change(*moved)
-                log.info("%s-%d: ISR now %s", *tp, list(change.isr))
+                log.warning("%d ISR change(s) failed: %s", len(changes), exc)
+                written = {}
+            for partition, change in changes:
+                tp = (partition.topic, partition.partition)
+                moved = partition.finish_isr_write(change, written.get(tp, False))
+                if moved is not None:
+                    self._on_isr_change(*moved)
+                    log.info("%s-%d: ISR now %s", *tp, list(change.isr))
 
     # --- observability ---------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ Thread-safe: kazoo's client is, and nothing else is kept.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -61,7 +61,15 @@ from tidelog.broker.cluster.znodes import (
     topic_path,
 )
 
-__all__ = ["BatchOps", "ClusterRead", "NewTopicWrite", "Roots", "Watch", "raise_for_fenced"]
+__all__ = [
+    "BatchOps",
+    "ClusterRead",
+    "NewTopicWrite",
+    "Roots",
+    "StateWrite",
+    "Watch",
+    "raise_for_fenced",
+]
 
 _CHUNK = 2_000  # requests in flight at once
 _TIMEOUT_S = 30.0  # one answer's wait (the session's own timeouts end it sooner)
@@ -71,6 +79,11 @@ Watch = Callable[[Any], None]
 
 # What a new topic writes: its assignment, its config and its partitions' first states.
 NewTopicWrite = tuple[TopicAssignment, Mapping[str, str], Mapping[int, PartitionState]]
+
+# One partition's state to write: topic, partition, the state, the znode version read.
+StateWrite = tuple[str, int, PartitionState, int]
+
+_K = TypeVar("_K")  # what ``_commit_all`` answers per: a topic name, a partition
 
 
 def raise_for_fenced(results: Sequence[object], what: str, *, exists_is_stale: bool) -> None:
@@ -305,10 +318,65 @@ class BatchOps:
             transactions.append((f"deleting topic {name}", name, transaction))
         return self._commit_all(transactions, exists_is_stale=False)
 
+    # --- partition states of many partitions (elections, ISR changes) ---------------------
+
+    def set_partition_states(
+        self, lease: Any, writes: Sequence[StateWrite]
+    ) -> dict[tuple[str, int], Exception | None]:
+        """The controller's elections for many partitions (a broker failure, a controlled
+        shutdown, a preferred election): each partition's state written at the version
+        read in its own fenced transaction, all sent before any answer is awaited.
+
+        Per partition None, ``StaleStateError`` (its znode moved on or went: only it is
+        decided again) or ``StoreError``. Raises ``ControllerMovedError`` if the lease is
+        no longer current (then nothing was written). Kafka's ``updateLeaderAndIsr``
+        does the same (a pipelined multi of the epoch check and the ``setData`` per
+        partition): one multi for all would let one stale partition fail every other,
+        and would pass ``jute.maxbuffer`` (1 MB) at a few thousand partitions.
+        """
+        transactions = []
+        for topic, partition, state, version in writes:
+            transaction = self._fenced(lease)
+            transaction.set_data(
+                partition_state_path(topic, partition), encode_partition_state(state), version
+            )
+            transactions.append((f"electing {topic}-{partition}", (topic, partition), transaction))
+        return self._commit_all(transactions, exists_is_stale=False)
+
+    def update_isr_many(
+        self, writes: Sequence[StateWrite]
+    ) -> dict[tuple[str, int], Exception | None]:
+        """Leaders' ISR changes for many partitions: each a compare-and-set of its state
+        znode at the version read, all sent before any answer is awaited. Per partition
+        None, ``StaleStateError`` (moved on or gone: its writer re-reads) or
+        ``StoreError``. Not fenced: a leader is not the controller; the version read,
+        which named it leader at its epoch, is its fence."""
+        out: dict[tuple[str, int], Exception | None] = {}
+        for start in range(0, len(writes), _CHUNK):
+            pending = []
+            for topic, partition, state, version in writes[start : start + _CHUNK]:
+                path = partition_state_path(topic, partition)
+                try:
+                    answer = self._client.set_async(path, encode_partition_state(state), version)
+                except Exception as exc:
+                    out[(topic, partition)] = StoreError(f"writing {path}: {exc}")
+                    continue
+                pending.append((topic, partition, path, answer))
+            for topic, partition, path, answer in pending:
+                try:
+                    answer.get(timeout=_TIMEOUT_S)
+                except (BadVersionError, NoNodeError) as exc:
+                    out[(topic, partition)] = StaleStateError(f"{path} moved on: {exc!r}")
+                except Exception as exc:
+                    out[(topic, partition)] = StoreError(f"writing {path}: {exc!r}")
+                else:
+                    out[(topic, partition)] = None
+        return out
+
     def _commit_all(
-        self, transactions: Sequence[tuple[str, str, Any]], *, exists_is_stale: bool
-    ) -> dict[str, Exception | None]:
-        out: dict[str, Exception | None] = {}
+        self, transactions: Sequence[tuple[str, _K, Any]], *, exists_is_stale: bool
+    ) -> dict[_K, Exception | None]:
+        out: dict[_K, Exception | None] = {}
         moved: ControllerMovedError | None = None
         pending = []
         for what, name, transaction in transactions:

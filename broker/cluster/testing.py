@@ -643,6 +643,11 @@ class LocalCluster:
         path = self._directory / f"broker-{broker_id}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def pid(self, broker_id: int) -> int:
+        """Broker ``broker_id``'s process id (its current life): what a benchmark reads
+        ``/proc/<pid>`` of, or signals itself without waiting."""
+        return self._processes[broker_id].pid
+
     def is_running(self, broker_id: int) -> bool:
         process = self._processes.get(broker_id)
         return process is not None and process.poll() is None

@@ -133,6 +133,17 @@ class PartitionRegistry:
         """Block until a partition proposes an ISR change (None: ``wake_isr_changes``)."""
         return self._isr_changes.get()
 
+    def next_isr_changes(self) -> list[Partition | None]:
+        """Block until a partition proposes an ISR change, then take every proposal queued
+        by then too (a None among them: ``wake_isr_changes``): the replica manager writes
+        them as one batch (issue #34)."""
+        taken = [self._isr_changes.get()]
+        while True:
+            try:
+                taken.append(self._isr_changes.get_nowait())
+            except queue.Empty:
+                return taken
+
     def wake_isr_changes(self) -> None:
         """Make a ``next_isr_change`` waiting now return None (stopping)."""
         self._isr_changes.put(None)

@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from tests.broker.conftest import make_batch
 from tests.storage.conftest import fill_disk_completely, mount_tmpfs
 from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
 from tidelog.broker.cluster.metadata import ClusterMetadata, TopicMetadata
-from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
+from tidelog.broker.cluster.replicas import IsrProposal, ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog.broker.core.fetch import PartitionFetchSpec
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
@@ -52,14 +52,12 @@ class IsrWrites:
         self.hold: threading.Event | None = None
         self.started = threading.Event()
 
-    def __call__(
-        self, topic: str, partition: int, leader: int, epoch: int, isr: tuple[int, ...]
-    ) -> bool:
+    def __call__(self, proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], bool]:
         self.started.set()
         if self.hold is not None:
             assert self.hold.wait(10), "the test never released the ISR write"
-        self.writes.append((epoch, isr))
-        return self.accept
+        self.writes.extend((epoch, isr) for _t, _p, _leader, epoch, isr in proposals)
+        return {(t, p): self.accept for t, p, *_ in proposals}
 
 
 @pytest.fixture
@@ -348,3 +346,31 @@ def test_a_leader_learns_a_reassignment_s_replicas_after_its_epoch(
         follower_fetch(replicas, logs, 4, 0)
     replicas.apply(moving((4, 1, 2, 3), (4,)))  # the list, at the same epoch
     assert follower_fetch(replicas, logs, 4, 0) is None
+
+
+def test_many_followed_partitions_stop_with_one_wait_per_fetcher(
+    logs: LogManager, clock: ManualClock
+) -> None:
+    """Issue #34: a broker resigning 9,000 followed partitions waited, per partition, for
+    the answer its fetcher was applying; ``remove_many`` waits once per fetcher, and
+    still only returns when no answer for any of them is being applied."""
+    partitions = PartitionRegistry(logs, ME, clock, replicated=True)
+    pool = FetcherPool(ME, partitions, lambda _b: None)
+    try:
+        keys = [(f"t{i}", 0) for i in range(50)]
+        for topic, partition in keys:
+            pool.add(FetchTarget(topic, partition, 2, 0))
+        fetcher = pool._owner[keys[0]]
+        assert all(pool._owner[key] is fetcher for key in keys)
+        fetcher.applying.acquire()  # an answer is being applied
+        done = threading.Event()
+        stopper = threading.Thread(target=lambda: (pool.remove_many(keys), done.set()))
+        stopper.start()
+        assert not done.wait(0.3)  # still waiting for the answer being applied
+        fetcher.applying.release()
+        assert done.wait(5)
+        stopper.join()
+        assert not any(key in pool._owner for key in keys)
+        assert fetcher._targets == {}
+    finally:
+        pool.stop()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tidelog.broker.cluster.isr_writes import write_isr_batch
 from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerMovedError,
@@ -149,3 +150,87 @@ def test_watches_fire_now_and_after_each_change(connect: str, stores: list[Clust
         time.sleep(0.02)
     assert seen[0] == []
     assert seen[-1] == ["5"]
+
+
+def test_elections_of_many_partitions_are_written_together_each_fenced_and_compared(
+    connect: str, stores: list[ClusterStore]
+) -> None:
+    """Issue #34: a broker failure's elections go out as one pipelined batch; a partition
+    written meanwhile fails alone, and a deposed controller writes none of them."""
+    one, two = _open(connect, stores), _open(connect, stores)
+    lease = one.try_become_controller(1, now_ms=0)
+    assert lease is not None
+    assignment = TopicAssignment("t", "id-t", dict.fromkeys(range(50), (1, 2, 3)))
+    first = {p: PartitionState(1, 0, (1, 2, 3), lease.epoch) for p in assignment.replicas}
+    one.create_topic(lease, assignment, {}, first)
+    read = one.read_partition_states(("t", p) for p in range(50))
+    versions = {key: found[1] for key, found in read.items() if found is not None}
+    one.update_isr("t", 7, PartitionState(1, 0, (1, 3), lease.epoch), versions[("t", 7)])
+    elected = PartitionState(2, 1, (2, 3), lease.epoch)
+    outcome = one.set_partition_states(
+        lease, [("t", p, elected, versions[("t", p)]) for p in range(50)]
+    )
+    assert isinstance(outcome.pop(("t", 7)), StaleStateError)
+    assert set(outcome.values()) == {None}
+    assert len(outcome) == 49
+    after = one.read_partition_states(("t", p) for p in range(50))
+    assert all(after[("t", p)][0] == elected for p in range(50) if p != 7)  # type: ignore[index]
+    assert after[("t", 7)][0] == PartitionState(1, 0, (1, 3), lease.epoch)  # type: ignore[index]
+
+    one.resign(lease)
+    assert two.try_become_controller(2, now_ms=0) is not None
+    stale = {key: found[1] for key, found in after.items() if found is not None}
+    with pytest.raises(ControllerMovedError):
+        one.set_partition_states(
+            lease,
+            [("t", p, PartitionState(3, 2, (3,), lease.epoch), v) for (_, p), v in stale.items()],
+        )
+    assert one.read_partition_states(stale) == after  # nothing written
+
+
+def test_isr_changes_of_many_partitions_are_compared_each(
+    connect: str, stores: list[ClusterStore]
+) -> None:
+    store = _open(connect, stores)
+    lease = store.try_become_controller(1, now_ms=0)
+    assert lease is not None
+    assignment = TopicAssignment("t", "id", dict.fromkeys(range(20), (1, 2, 3)))
+    store.create_topic(
+        lease, assignment, {}, {p: PartitionState(1, 0, (1, 2, 3), 1) for p in range(20)}
+    )
+    shrunk = PartitionState(1, 0, (1, 2), 1)
+    writes = [("t", p, shrunk, 0) for p in range(20)] + [("t", 99, shrunk, 0)]
+    store.update_isr("t", 3, PartitionState(1, 0, (1, 3), 1), 0)
+    outcome = store.update_isr_many(writes)
+    assert isinstance(outcome.pop(("t", 3)), StaleStateError)
+    assert isinstance(outcome.pop(("t", 99)), StaleStateError)  # no such partition
+    assert set(outcome.values()) == {None}
+    assert store.read_partition_state("t", 0) == (shrunk, 1)
+    assert store.read_partition_state("t", 3) == (PartitionState(1, 0, (1, 3), 1), 1)
+
+
+def test_a_batch_of_isr_proposals_writes_only_those_whose_leadership_holds(
+    connect: str, stores: list[ClusterStore]
+) -> None:
+    store = _open(connect, stores)
+    lease = store.try_become_controller(1, now_ms=0)
+    assert lease is not None
+    assignment = TopicAssignment("t", "id", dict.fromkeys(range(3), (1, 2, 3)))
+    store.create_topic(
+        lease, assignment, {}, {p: PartitionState(1, 4, (1, 2, 3), 1) for p in range(3)}
+    )
+    written = write_isr_batch(
+        store,
+        lambda _t, _p: 1,
+        [
+            ("t", 0, 1, 4, (1, 2)),  # holds
+            ("t", 1, 1, 3, (1, 2)),  # an older epoch: the leader was replaced since
+            ("t", 2, 2, 4, (2,)),  # not the leader
+            ("gone", 0, 1, 4, (1,)),  # no such partition
+        ],
+    )
+    assert written == {("t", 0): True, ("t", 1): False, ("t", 2): False, ("gone", 0): False}
+    state, _ = store.read_partition_state("t", 0) or (None, -1)
+    assert state is not None
+    assert state.isr == (1, 2)
+    assert store.read_partition_state("t", 1) == (PartitionState(1, 4, (1, 2, 3), 1), 0)
