@@ -88,7 +88,7 @@ from tidelog.client.cdc.events import (
     read_records,
     topic_for,
 )
-from tidelog.client.cdc.pgoutput import Relation, decode
+from tidelog.client.cdc.pgoutput import Relation
 from tidelog.client.cdc.sink import (
     ChangeSink,
     ProducerSink,
@@ -533,7 +533,7 @@ class PostgresConnector:
             # Published to ``lag()`` once a unit (and when drained), not once a message:
             # the lock per message cost more than the lag needs.
             wal_end = message.wal_end
-            unit = assembler.feed(decode(message.payload))
+            unit = assembler.feed_payload(message.payload)
             if unit is not None and unit.position is not None:
                 if unit.position.lsn <= start_lsn:
                     log.debug("CDC: skipping %s, already stored", format_lsn(unit.position.lsn))
