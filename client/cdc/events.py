@@ -368,7 +368,9 @@ class ChangeAssembler:
     here, so what can be done once is: per Relation the topic, each column's converter
     and the end of the ``source`` object (``_Table``); per transaction the start of the
     ``source`` object; the value is joined from those parts and the encoded rows, byte
-    for byte what ``json.dumps`` of the whole event gives.
+    for byte what ``json.dumps`` of the whole event gives. Past that, the common changes
+    go from bytes to records in C (``feed_payload``; ``client/cdc/_pgnative.c``), this
+    class staying the reference and the fallback (``tests/cdc/test_pgnative.py``).
     """
 
     def __init__(self, prefix: str, primary_key: PrimaryKeyOf, *, native: bool = True) -> None:
