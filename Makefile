@@ -7,7 +7,8 @@
 #   make console the web console on http://127.0.0.1:7480/ for the broker of `make run`
 #                (CONSOLE_ARGS="--bootstrap HOST:PORT,... --listen HOST:PORT" to change)
 #   make check   ruff, mypy and the protobuf check only
-#   make native  rebuild the optional C extension storage._native in place after an edit
+#   make native  rebuild the optional C extensions (storage._native, client.cdc._pgnative)
+#                in place after an edit
 #                (pip install -e builds it too; without a C compiler both go on without it)
 #   make asan    the codec's fuzz and differential tests against an AddressSanitizer build
 #   make test-pure  the codec's tests with TIDELOG_PURE_PYTHON=1 (part of make test)
@@ -92,9 +93,16 @@ venv: $(STAMP) native
 # Rebuilt when the source is newer than the built module. `optional` as in setup.py: a
 # failed build warns and leaves the pure-Python codec in charge.
 NATIVE_SO = $(firstword $(wildcard storage/_native*.so) storage/_native.so)
-native: $(NATIVE_SO)
+CDC_NATIVE_SO = $(firstword $(wildcard client/cdc/_pgnative*.so) client/cdc/_pgnative.so)
+native: $(NATIVE_SO) $(CDC_NATIVE_SO)
+# build_ext rebuilds only the extensions whose sources changed; the touch marks a module
+# it found up to date (e.g. after an edit of setup.py) as such for make too.
 $(NATIVE_SO): storage/_native.c setup.py $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace || echo "storage._native not built: the pure-Python codec runs"
+	@if [ -f $@ ]; then touch $@; fi
+$(CDC_NATIVE_SO): client/cdc/_pgnative.c setup.py $(STAMP)
+	$(BIN)/python setup.py --quiet build_ext --inplace || echo "client.cdc._pgnative not built: the pure-Python CDC path runs"
+	@if [ -f $@ ]; then touch $@; fi
 
 # AddressSanitizer: a copy of the tree with the extension built -fsanitize=address, and
 # the codec tests (differential, fuzz, corrupt batches) run against it. PYTHONMALLOC=malloc
@@ -206,4 +214,4 @@ faults: $(STAMP)
 	$(BIN)/python -m tests.faults.run --duration $(or $(DURATION),1800) $(if $(SEED),--seed $(SEED)) --brokers $(or $(BROKERS),3) $(if $(WORKLOADS),--workloads $(WORKLOADS)) --lossy --out $(or $(OUT),faults-out/$(or $(SEED),latest))
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info storage/_native*.so
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info storage/_native*.so client/cdc/_pgnative*.so

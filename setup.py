@@ -1,4 +1,5 @@
-"""The optional C extension ``storage._native``; everything else is in pyproject.toml.
+"""The optional C extensions ``storage._native`` and ``client.cdc._pgnative``; everything
+else is in pyproject.toml.
 
 ``optional=True``: when the extension does not build (no C compiler, no Python headers)
 setuptools prints a warning and the install goes on without it, and Tidelog runs the
@@ -8,19 +9,23 @@ place with the image's compiler; ``make native`` rebuilds it after an edit.
 
 from setuptools import Extension, setup
 
+_FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+
 setup(
     ext_modules=[
         Extension(
             "tidelog.storage._native",
             sources=["storage/_native.c"],
-            extra_compile_args=[
-                "-O2",
-                "-std=c11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-missing-field-initializers",
-            ],
+            extra_compile_args=_FLAGS,
             optional=True,
-        )
+        ),
+        # The CDC connector's pgoutput-to-records path (client.cdc.events is the reference
+        # and the fallback, exactly as above).
+        Extension(
+            "tidelog.client.cdc._pgnative",
+            sources=["client/cdc/_pgnative.c"],
+            extra_compile_args=_FLAGS,
+            optional=True,
+        ),
     ]
 )

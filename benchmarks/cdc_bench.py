@@ -238,7 +238,6 @@ def python_drain(dsn: str, slot: str, endpos: str, assemble: bool) -> float:
     there), decoding and assembling each message when ``assemble``; seconds taken. The
     breakdown of the connector's time: what psycopg2 costs alone, what decoding adds."""
     from tidelog.client.cdc.events import ChangeAssembler, parse_lsn
-    from tidelog.client.cdc.pgoutput import decode
 
     end = parse_lsn(endpos)
     keys = {"bench_accounts": ("aid",), "bench_tellers": ("tid",), "bench_branches": ("bid",),
@@ -268,7 +267,7 @@ def python_drain(dsn: str, slot: str, endpos: str, assemble: bool) -> float:
                 continue
             idle_since = None
             if assemble:
-                assembler.feed(decode(message.payload))
+                assembler.feed_payload(message.payload)
             if message.data_start >= end:
                 break
         return time.perf_counter() - started

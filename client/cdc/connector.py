@@ -89,7 +89,7 @@ from tidelog.client.cdc.events import (
     read_records,
     topic_for,
 )
-from tidelog.client.cdc.pgoutput import Relation, decode
+from tidelog.client.cdc.pgoutput import Relation
 from tidelog.client.cdc.sink import (
     ChangeSink,
     ProducerSink,
@@ -514,7 +514,7 @@ class PostgresConnector:
         asked_server = 0.0
         wal_end = 0  # the latest WAL end heard, published to ``lag()`` once a unit
         read_message = repl_cur.read_message
-        feed = assembler.feed
+        feed_payload = assembler.feed_payload
         drained = getattr(sink, "drained", None)
         wakeup = getattr(sink, "wakeup_fd", None)
         waits: list[Any] = [repl_cur] if wakeup is None else [repl_cur, wakeup()]
@@ -543,7 +543,7 @@ class PostgresConnector:
             # Published to ``lag()`` once a unit (and when drained), not once a message:
             # the lock per message cost more than the lag needs.
             wal_end = message.wal_end
-            unit = feed(decode(message.payload))
+            unit = feed_payload(message.payload)
             if unit is not None and unit.position is not None:
                 if unit.position.lsn <= start_lsn:
                     log.debug("CDC: skipping %s, already stored", format_lsn(unit.position.lsn))

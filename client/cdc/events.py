@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tidelog.client.cdc.pgoutput import (
     Begin,
@@ -52,10 +53,15 @@ from tidelog.client.cdc.pgoutput import (
     TupleData,
     Type,
     Update,
+    decode,
     pg_time_to_ms,
 )
 
+if TYPE_CHECKING:
+    from tidelog.client.cdc import _pgnative
+
 __all__ = [
+    "NATIVE",
     "UNAVAILABLE_VALUE",
     "CdcError",
     "ChangeAssembler",
@@ -251,6 +257,26 @@ def _value(
 
 _OP_HEADS = {op: b'{"op": "%s", "before": ' % op.encode() for op in "cudr"}
 
+
+def _load_native() -> _pgnative.EncodeChange | None:
+    """The C extension's ``encode_change`` (``client/cdc/_pgnative.c``), or None: not built
+    (no compiler at install), or ``TIDELOG_PURE_PYTHON`` set as for ``storage.native``, or
+    ``TIDELOG_CDC_PURE_PYTHON`` (this extension only: ``benchmarks/cdc_bench.py`` compares
+    the two paths with the rest of the process unchanged)."""
+    for variable in ("TIDELOG_PURE_PYTHON", "TIDELOG_CDC_PURE_PYTHON"):
+        if os.environ.get(variable, "") not in ("", "0"):
+            return None
+    try:
+        from tidelog.client.cdc import _pgnative
+    except ImportError:
+        return None
+    return _pgnative.encode_change
+
+
+_NATIVE_ENCODE = _load_native()
+NATIVE: bool = _NATIVE_ENCODE is not None
+"""True when ``ChangeAssembler.feed_payload`` takes the C path for the common changes."""
+
 Converter: TypeAlias = Callable[[bytes], JsonValue]
 """One column's text bytes as its JSON scalar (``column_json`` for its type)."""
 
@@ -260,9 +286,23 @@ def _converter(type_oid: int) -> Converter:
     where the type allows: integers parse from bytes, most types are their text."""
     if type_oid in (_INT2, _INT4, _INT8, _OID):
         return int
-    if type_oid in (_BOOL, _FLOAT4, _FLOAT8, _NUMERIC, _TIMESTAMP, _TIMESTAMPTZ):
+    if type_oid == _TIMESTAMPTZ:
+        return _timestamptz
+    if type_oid in (_BOOL, _FLOAT4, _FLOAT8, _NUMERIC, _TIMESTAMP):
         return lambda data: column_json(type_oid, data.decode("utf-8"))
     return _text
+
+
+def _timestamptz(data: bytes) -> JsonValue:
+    """``column_json(_TIMESTAMPTZ, ...)``; the offset ``+00`` (the sessions' TimeZone is
+    UTC, so nearly every value) is completed without the regular expression: a text that
+    ends in ``+00`` is one the expression matches at that ``+`` (an earlier sign's match
+    would have to run through it)."""
+    text = data.decode("utf-8")
+    if text[:1].isdigit():
+        text = text.replace(" ", "T", 1)
+        return text + ":00" if text.endswith("+00") else _iso_offset(text)
+    return text
 
 
 def _text(data: bytes) -> str:
@@ -328,13 +368,18 @@ class ChangeAssembler:
     here, so what can be done once is: per Relation the topic, each column's converter
     and the end of the ``source`` object (``_Table``); per transaction the start of the
     ``source`` object; the value is joined from those parts and the encoded rows, byte
-    for byte what ``json.dumps`` of the whole event gives.
+    for byte what ``json.dumps`` of the whole event gives. Past that, the common changes
+    go from bytes to records in C (``feed_payload``; ``client/cdc/_pgnative.c``), this
+    class staying the reference and the fallback (``tests/cdc/test_pgnative.py``).
     """
 
-    def __init__(self, prefix: str, primary_key: PrimaryKeyOf) -> None:
+    def __init__(self, prefix: str, primary_key: PrimaryKeyOf, *, native: bool = True) -> None:
         self._prefix = prefix
         self._primary_key = primary_key
         self._tables: dict[int, _Table] = {}
+        # ``native=False``: the pure-Python path only (the reference the tests compare with).
+        self._encode = _NATIVE_ENCODE if native else None
+        self._specs: dict[int, _NativeSpec] = {}  # by OID: what the C path needs of a _Table
         self._source_head: bytes | None = None  # this transaction's, made at its 1st change
         self._records: list[ChangeRecord] = []
         self._begin: Begin | None = None
@@ -343,6 +388,28 @@ class ChangeAssembler:
     def idle(self) -> bool:
         """No transaction is half received (between Begin and Commit)."""
         return self._begin is None
+
+    def feed_payload(self, payload: bytes) -> ChangeUnit | None:
+        """``feed(decode(payload))``: one pgoutput message's bytes. Where the C extension
+        is built (``NATIVE``), an Insert, an Update without an old image and a Delete of a
+        known relation go through it: the same records, byte for byte, with no message
+        object, no row dict and no encoder call. It declines anything else (other shapes,
+        malformed payloads, values it cannot write as ``json`` would), which then takes
+        the Python path and its errors.
+
+        Raises:
+            PgOutputError: a malformed payload.
+            CdcError: as ``feed``.
+        """
+        encode = self._encode
+        begin = self._begin
+        if encode is not None and begin is not None:
+            head = self._source_head
+            if head is None:
+                head = self._source_head = _begin_head(begin)
+            if encode(payload, self._specs, head, self._records):
+                return None
+        return self.feed(decode(payload))
 
     def feed(self, message: Message) -> ChangeUnit | None:
         """Take one message; returns the finished unit on Commit.
@@ -373,7 +440,7 @@ class ChangeAssembler:
             key = self._primary_key(message)
             shape = TableShape(message.schema, message.name, columns, key)
             single = key[0] if len(key) == 1 else None
-            self._tables[message.oid] = _Table(
+            table = self._tables[message.oid] = _Table(
                 shape,
                 topic_for(self._prefix, shape.schema, shape.name),
                 tuple(name for name, _ in columns),
@@ -382,6 +449,11 @@ class ChangeAssembler:
                 single,
                 b"{" + _dumps(single) + b": " if single is not None else b"",
             )
+            spec = _native_spec(table)
+            if spec is None:
+                self._specs.pop(message.oid, None)
+            else:
+                self._specs[message.oid] = spec
         elif isinstance(message, Truncate):
             names = [self._table(oid).shape for oid in message.relation_oids]
             log.warning(
@@ -407,14 +479,7 @@ class ChangeAssembler:
         topic = table.topic
         head = self._source_head
         if head is None:
-            head = self._source_head = _source_head(
-                {
-                    "lsn": format_lsn(begin.final_lsn),
-                    "txid": begin.xid,
-                    "ts_ms": pg_time_to_ms(begin.commit_time_us),
-                    "snapshot": False,
-                }
-            )
+            head = self._source_head = _begin_head(begin)
         source = head + table.source_tail
         add = self._records.append
         if isinstance(message, Insert):
@@ -443,6 +508,48 @@ class ChangeAssembler:
                     add(ChangeRecord(topic, key, _value("c", None, after, source)))
                     return
             add(ChangeRecord(topic, key, _value("u", before, after, source)))
+
+
+def _begin_head(begin: Begin) -> bytes:
+    """A transaction's ``source`` object up to its schema: ``_source_head`` of ``{"lsn":
+    ..., "txid": ..., "ts_ms": ..., "snapshot": False}``, formatted directly (an LSN's
+    spelling, hex digits and "/", and integers need no escaping; tested equal)."""
+    return b'{"lsn": "%s", "txid": %d, "ts_ms": %d, "snapshot": false, "schema": ' % (
+        format_lsn(begin.final_lsn).encode(),
+        begin.xid,
+        pg_time_to_ms(begin.commit_time_us),
+    )
+
+
+_NativeSpec: TypeAlias = tuple[
+    str, bytes, tuple[bytes, ...], bytes, tuple[Converter, ...], tuple[int, ...], type
+]
+"""A ``_Table`` as ``_pgnative.encode_change`` takes it (its module docstring): topic,
+source tail, each column's ``"name": ``, kinds, converters, the key's column indexes,
+the record class."""
+
+
+def _native_spec(table: _Table) -> _NativeSpec | None:
+    """The C path's view of ``table``; None when a key column is not a column (the
+    Python path then raises ``CdcError`` for its changes). Kinds: ``i`` the integer
+    types (``int``: canonical text is its JSON), ``s`` the types read as their text
+    (``_text``), ``o`` the rest, through their converter."""
+    names = table.names
+    if any(column not in names for column in table.shape.primary_key):
+        return None
+    kinds = bytes(
+        ord("i") if convert is int else ord("s") if convert is _text else ord("o")
+        for convert in table.converters
+    )
+    return (
+        table.topic,
+        table.source_tail,
+        tuple(_dumps(name) + b": " for name in names),
+        kinds,
+        table.converters,
+        tuple(names.index(column) for column in table.shape.primary_key),
+        ChangeRecord,
+    )
 
 
 def _row(

@@ -284,6 +284,8 @@ class _Reader:
 
 
 _TEXT, _BINARY, _NULL, _UNCHANGED = b"t"[0], b"b"[0], b"n"[0], b"u"[0]
+_B, _C = b"B"[0], b"C"[0]
+_BEGIN_SIZE, _COMMIT_SIZE = 1 + _BEGIN.size, 1 + _COMMIT.size
 
 
 def decode(payload: bytes) -> Message:
@@ -295,6 +297,13 @@ def decode(payload: bytes) -> Message:
     """
     if not payload:
         raise PgOutputError("empty message")
+    # Begin and Commit (two of a transaction's messages) at their exact sizes without the
+    # reader: the same result; any other size takes the checked path and its errors.
+    kind = payload[0]
+    if kind == _B and len(payload) == _BEGIN_SIZE:
+        return Begin(*_BEGIN.unpack_from(payload, 1))
+    if kind == _C and len(payload) == _COMMIT_SIZE:
+        return Commit(*_COMMIT.unpack_from(payload, 1))
     reader = _Reader(bytes(payload))
     reader.position = 1
     decoder = _DECODERS.get(payload[0])

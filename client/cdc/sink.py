@@ -226,6 +226,7 @@ class ProducerSink:
         )
         # Units sent, oldest first: (their record futures, the position to record after).
         self._sent: deque[tuple[list[Future[RecordMetadata]], Position | None]] = deque()
+        self._settled = 0  # how many of the oldest unit's futures are known done
         # Position writes in flight, oldest first.
         self._positions: deque[tuple[Future[RecordMetadata], Position]] = deque()
         self._durable: int | None = None
@@ -254,12 +255,29 @@ class ProducerSink:
     def _advance(self) -> None:
         """Move acknowledged units into a position write, acknowledged positions into
         ``_durable``. A failed record or position write raises (the connector stops;
-        a restart repeats from the last durable position)."""
+        a restart repeats from the last durable position).
+
+        Decision (issue #30's benchmark, cProfile): this runs on every ``write``, so each
+        future is asked ``done()`` (a lock) once it is done and not again: ``_settled``
+        keeps how far into the oldest unit the futures are done; and a done future's
+        error is read with ``exception()``, which builds no ``RecordMetadata``."""
         latest: Position | None = None
-        while self._sent and all(f.done() for f in self._sent[0][0]):
-            futures, position = self._sent.popleft()
+        sent = self._sent
+        while sent:
+            futures, position = sent[0]
+            settled = self._settled
+            count = len(futures)
+            while settled < count and futures[settled].done():
+                settled += 1
+            if settled < count:
+                self._settled = settled
+                break
+            sent.popleft()
+            self._settled = 0
             for future in futures:
-                future.result()  # raises the delivery error
+                error = future.exception()
+                if error is not None:
+                    raise error  # the delivery error
             if position is not None:
                 latest = position
         if latest is not None:

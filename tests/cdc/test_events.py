@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidelog.client.cdc import events
 from tidelog.client.cdc.events import ChangeAssembler, column_json, format_lsn, parse_lsn
 from tidelog.client.cdc.pgoutput import (
     PG_EPOCH_MS,
@@ -19,6 +20,7 @@ from tidelog.client.cdc.pgoutput import (
     Relation,
     Toast,
     Update,
+    pg_time_to_ms,
 )
 
 
@@ -106,3 +108,31 @@ def test_assembled_events_are_exactly_what_json_dumps_gives() -> None:
     assert [json.loads(r.key) for r in unit.records[5:7]] == [{"order_id": 7, "line": 1}] * 2
     assert json.loads(unit.records[8].key) == {"tag": "new"}
     assert json.loads(unit.records[8].value or b"")["after"]["at"] == "2026-01-02T03:04:05+00:00"
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**32 - 1))
+def test_a_transactions_source_head_is_what_json_dumps_gives(
+    lsn: int, time_us: int, xid: int
+) -> None:
+    source = {
+        "lsn": format_lsn(lsn),
+        "txid": xid,
+        "ts_ms": pg_time_to_ms(time_us),
+        "snapshot": False,
+    }
+    assert events._begin_head(Begin(lsn, time_us, xid)) == events._source_head(source)
+
+
+timestamps = st.one_of(
+    st.text(),
+    st.builds(
+        "{}{}".format,
+        st.sampled_from(["2026-01-02 03:04:05", "2026-01-02 03:04:05.123456", "1-2", "-00"]),
+        st.sampled_from(["+00", "-00", "+05:30", "+0530", "-12:+00", "+00 BC", ""]),
+    ),
+)
+
+
+@given(timestamps)
+def test_the_timestamptz_converter_is_column_json(text: str) -> None:
+    assert events._timestamptz(text.encode()) == column_json(1184, text)
