@@ -467,3 +467,33 @@ class _Kafka:
 
 # The call on a listener's driver given the listener's name (the scenario tables').
 _Action = Callable[[Any, str], list[str]]
+
+
+# One scenario step: its name, the call through the gRPC listener and through the Kafka
+# listener, each side's expected decision, how many audit lines each leaves, and the
+# (operation, code) request-metric sample each counts.
+TraceStep = tuple[str, Any, Any, tuple[list[str], list[str]], int, tuple[Any, Any]]
+
+
+def check_steps(secure: Secure, steps: list[TraceStep]) -> None:
+    """Run every step through both listeners; assert each decided, audited and counted as
+    expected, and that both wrote the same audit lines (all failures reported at once)."""
+    failures = []
+    for name, on_grpc, on_kafka, decisions, audit_lines, counted in steps:
+        seen = {
+            "grpc": _observe(secure, "grpc", on_grpc),
+            "kafka": _observe(secure, "kafka", on_kafka),
+        }
+        for index, listener in enumerate(LISTENERS):
+            observed = seen[listener]
+            if observed.decision != decisions[index]:
+                failures.append(f"{name}: {listener} decided {observed.decision}")
+            if len(observed.audit) != audit_lines:
+                failures.append(f"{name}: {listener} audited {observed.audit}")
+            if observed.metrics != {counted[index]: 1.0}:
+                failures.append(f"{name}: {listener} counted {observed.metrics}")
+        if seen["grpc"].audit != seen["kafka"].audit:
+            failures.append(
+                f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
+            )
+    assert not failures, "\n".join(failures)

@@ -11,9 +11,10 @@ import pytest
 from tests.broker.parity.support import (
     LISTENERS,
     Secure,
+    TraceStep,
     _Grpc,
     _Kafka,
-    _observe,
+    check_steps,
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
@@ -132,7 +133,7 @@ def test_share_groups_leave_the_same_trace_on_both_listeners(
     group_refused, topic_refused = "GROUP_AUTHORIZATION_FAILED", "TOPIC_AUTHORIZATION_FAILED"
     # (what, gRPC's call, Kafka's call, decision (gRPC, Kafka), audit lines, counted
     # operation and outcome (gRPC, Kafka))
-    steps: list[tuple[str, Any, Any, tuple[list[str], list[str]], int, tuple[Any, Any]]] = [
+    steps: list[TraceStep] = [
         (
             "join a group she may not read",
             lambda: grpc_join("hidden-grpc-share", "ok-grpc-data"),
@@ -198,25 +199,7 @@ def test_share_groups_leave_the_same_trace_on_both_listeners(
             (("describe_share_group", group_refused), ("describe_share_group", "OK")),
         ),
     ]
-    failures = []
-    for name, on_grpc, on_kafka, decisions, audit_lines, counted in steps:
-        seen = {
-            "grpc": _observe(secure, "grpc", on_grpc),
-            "kafka": _observe(secure, "kafka", on_kafka),
-        }
-        for index, listener in enumerate(LISTENERS):
-            observed = seen[listener]
-            if observed.decision != decisions[index]:
-                failures.append(f"{name}: {listener} decided {observed.decision}")
-            if len(observed.audit) != audit_lines:
-                failures.append(f"{name}: {listener} audited {observed.audit}")
-            if observed.metrics != {counted[index]: 1.0}:
-                failures.append(f"{name}: {listener} counted {observed.metrics}")
-        if seen["grpc"].audit != seen["kafka"].audit:
-            failures.append(
-                f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
-            )
-    assert not failures, "\n".join(failures)
+    check_steps(secure, steps)
 
 
 def test_share_group_offset_admin_leaves_the_same_trace_on_both_listeners(
@@ -296,7 +279,7 @@ def test_share_group_offset_admin_leaves_the_same_trace_on_both_listeners(
     )
     # (what, gRPC's call, Kafka's call, decision (gRPC, Kafka), audit lines, counted
     # operation and outcome (gRPC, Kafka))
-    steps: list[tuple[str, Any, Any, tuple[list[str], list[str]], int, tuple[Any, Any]]] = [
+    steps: list[TraceStep] = [
         (
             "describe the offsets of a group she may not describe",
             lambda: grpc_describe("hidden-grpc-admin", "ok-grpc-data"),
@@ -354,22 +337,4 @@ def test_share_group_offset_admin_leaves_the_same_trace_on_both_listeners(
             ((delete, "GROUP_ID_NOT_FOUND"), (delete, "GROUP_ID_NOT_FOUND")),
         ),
     ]
-    failures = []
-    for name, on_grpc, on_kafka, decisions, audit_lines, counted in steps:
-        seen = {
-            "grpc": _observe(secure, "grpc", on_grpc),
-            "kafka": _observe(secure, "kafka", on_kafka),
-        }
-        for index, listener in enumerate(LISTENERS):
-            observed = seen[listener]
-            if observed.decision != decisions[index]:
-                failures.append(f"{name}: {listener} decided {observed.decision}")
-            if len(observed.audit) != audit_lines:
-                failures.append(f"{name}: {listener} audited {observed.audit}")
-            if observed.metrics != {counted[index]: 1.0}:
-                failures.append(f"{name}: {listener} counted {observed.metrics}")
-        if seen["grpc"].audit != seen["kafka"].audit:
-            failures.append(
-                f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
-            )
-    assert not failures, "\n".join(failures)
+    check_steps(secure, steps)

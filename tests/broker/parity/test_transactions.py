@@ -14,10 +14,12 @@ from tests.broker.parity.support import (
     LISTENERS,
     RECORDS,
     Secure,
+    TraceStep,
     _either,
     _Grpc,
     _Kafka,
     _observe,
+    check_steps,
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
@@ -171,7 +173,7 @@ def test_transactions_leave_the_same_trace_on_both_listeners(
     refused_id = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
     # (what, gRPC's call, Kafka's call, decision (gRPC, Kafka), audit lines, gRPC's and
     # Kafka's counted operation and outcome)
-    steps: list[tuple[str, Any, Any, tuple[list[str], list[str]], int, tuple[Any, Any]]] = [
+    steps: list[TraceStep] = [
         (
             "init without WRITE on the id",
             lambda: grpc_init("hidden-grpc-other"),
@@ -248,25 +250,7 @@ def test_transactions_leave_the_same_trace_on_both_listeners(
             (("list_transactions", "OK"), ("list_transactions", "OK")),
         ),
     ]
-    failures = []
-    for name, on_grpc, on_kafka, decisions, audit_lines, counted in steps:
-        seen = {
-            "grpc": _observe(secure, "grpc", on_grpc),
-            "kafka": _observe(secure, "kafka", on_kafka),
-        }
-        for index, listener in enumerate(LISTENERS):
-            observed = seen[listener]
-            if observed.decision != decisions[index]:
-                failures.append(f"{name}: {listener} decided {observed.decision}")
-            if len(observed.audit) != audit_lines:
-                failures.append(f"{name}: {listener} audited {observed.audit}")
-            if observed.metrics != {counted[index]: 1.0}:
-                failures.append(f"{name}: {listener} counted {observed.metrics}")
-        if seen["grpc"].audit != seen["kafka"].audit:
-            failures.append(
-                f"{name}: audit lines differ: {seen['grpc'].audit} != {seen['kafka'].audit}"
-            )
-    assert not failures, "\n".join(failures)
+    check_steps(secure, steps)
 
 
 def test_transaction_markers_are_accepted_only_from_a_broker(
