@@ -36,14 +36,24 @@ from tidelog.broker.kafka.codec import build, to_plain
 from tidelog.storage.records import BatchBuilder
 
 
-def fetch_request(topic: str, *, max_wait_ms: int = 0, max_bytes: int = 1 << 20) -> Any:
-    """Fetch v11 of partition 0 of ``topic`` from offset 0."""
+def fetch_request(
+    topic: str,
+    *,
+    max_wait_ms: int = 0,
+    max_bytes: int = 1 << 20,
+    offsets: list[int] | None = None,
+    partition_max_bytes: int | None = None,
+    isolation_level: int = 0,
+) -> Any:
+    """Fetch v11 of ``topic``: partition ``i`` from ``offsets[i]`` (default: partition 0
+    from offset 0), each up to ``partition_max_bytes`` (default ``max_bytes``)."""
+    per_partition = max_bytes if partition_max_bytes is None else partition_max_bytes
     return FetchRequest[11](
         replica_id=-1,
         max_wait_ms=max_wait_ms,
         min_bytes=1,
         max_bytes=max_bytes,
-        isolation_level=0,
+        isolation_level=isolation_level,
         session_id=0,
         session_epoch=-1,
         topics=[
@@ -51,12 +61,13 @@ def fetch_request(topic: str, *, max_wait_ms: int = 0, max_bytes: int = 1 << 20)
                 topic=topic,
                 partitions=[
                     FetchRequest.FetchTopic.FetchPartition(
-                        partition=0,
+                        partition=partition,
                         current_leader_epoch=-1,
-                        fetch_offset=0,
+                        fetch_offset=offset,
                         log_start_offset=-1,
-                        partition_max_bytes=max_bytes,
+                        partition_max_bytes=per_partition,
                     )
+                    for partition, offset in enumerate(offsets or [0])
                 ],
             )
         ],

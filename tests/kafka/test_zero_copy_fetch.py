@@ -30,7 +30,7 @@ import pytest
 from confluent_kafka import Producer as KafkaProducer
 
 from tests.kafka.conftest import KafkaBroker, unique, wait_until_decided
-from tests.kafka.raw import frame, kio_frame, read_frame
+from tests.kafka.raw import fetch_request, frame, kio_frame, read_frame
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec, release
 from tidelog.broker.kafka.kip848 import topic_id
 from tidelog.broker.kafka.listener import Connection
@@ -247,33 +247,12 @@ def switch(kafka_broker: KafkaBroker) -> Iterator[Any]:
 
 def _fetch_v11(topic: str, offsets: list[int], max_bytes: int, partition_max: int,
                isolation: int) -> bytes:  # fmt: skip
-    from kafka.protocol.consumer import FetchRequest
-
-    request = FetchRequest[11](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=1,
+    request = fetch_request(
+        topic,
         max_bytes=max_bytes,
+        offsets=offsets,
+        partition_max_bytes=partition_max,
         isolation_level=isolation,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            FetchRequest.FetchTopic(
-                topic=topic,
-                partitions=[
-                    FetchRequest.FetchTopic.FetchPartition(
-                        partition=p,
-                        current_leader_epoch=-1,
-                        fetch_offset=o,
-                        log_start_offset=-1,
-                        partition_max_bytes=partition_max,
-                    )
-                    for p, o in enumerate(offsets)
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
     )
     return frame(request, "zero-copy-test")
 
