@@ -116,6 +116,7 @@ __all__ = [
     "SharePartitionConfig",
     "SharePartitionStats",
     "Transition",
+    "check_acknowledgements",
 ]
 
 # Kafka's AcknowledgeType ids.
@@ -448,17 +449,7 @@ class SharePartition:
             InvalidRecordStateError: an offset in a range is not a record acquired by
                 ``member_id`` whose lock is live at ``now_ms`` (gaps in the window excepted).
         """
-        previous = -1
-        for ack in acknowledgements:
-            if ack.kind not in _KINDS:
-                raise InvalidRequestError(f"unknown acknowledge type {ack.kind}")
-            if ack.first_offset < 0 or ack.last_offset < ack.first_offset:
-                raise InvalidRequestError(
-                    f"bad acknowledgement range {ack.first_offset}..{ack.last_offset}"
-                )
-            if ack.first_offset <= previous:
-                raise InvalidRequestError("acknowledgement ranges overlap or are out of order")
-            previous = ack.last_offset
+        check_acknowledgements(acknowledgements)
         work = _Work(self, now_ms)
         runs = work.runs
         config = self.config
@@ -647,3 +638,23 @@ def _ranges(taken: Sequence[AcquiredRange]) -> tuple[AcquiredRange, ...]:
         else:
             out.append(r)
     return tuple(out)
+
+
+def check_acknowledgements(acknowledgements: Sequence[Acknowledgement]) -> None:
+    """Refuse a malformed ShareAcknowledge before anything is applied.
+
+    Raises:
+        InvalidRequestError: a kind is unknown, a range is empty or backwards, or the
+            ranges overlap or are out of order.
+    """
+    previous = -1
+    for ack in acknowledgements:
+        if ack.kind not in _KINDS:
+            raise InvalidRequestError(f"unknown acknowledge type {ack.kind}")
+        if ack.first_offset < 0 or ack.last_offset < ack.first_offset:
+            raise InvalidRequestError(
+                f"bad acknowledgement range {ack.first_offset}..{ack.last_offset}"
+            )
+        if ack.first_offset <= previous:
+            raise InvalidRequestError("acknowledgement ranges overlap or are out of order")
+        previous = ack.last_offset

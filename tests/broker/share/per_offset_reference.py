@@ -20,6 +20,7 @@ from tidelog.broker.share.partition import (
     RecordSource,
     SharePartitionConfig,
     SharePartitionStats,
+    check_acknowledgements,
 )
 from tidelog.broker.share.records import (
     ACKNOWLEDGED,
@@ -31,9 +32,8 @@ from tidelog.broker.share.records import (
     ShareSnapshot,
     StateBatch,
 )
-from tidelog.storage.errors import InvalidRecordStateError, InvalidRequestError
+from tidelog.storage.errors import InvalidRecordStateError
 
-_KINDS = (GAP, ACCEPT, RELEASE, REJECT)
 _DONE = (ACKNOWLEDGED, ARCHIVED)
 
 
@@ -210,17 +210,7 @@ class SharePartition:
             InvalidRecordStateError: an offset in a range is not a record acquired by
                 ``member_id`` whose lock is live at ``now_ms`` (gaps in the window excepted).
         """
-        previous = -1
-        for ack in acknowledgements:
-            if ack.kind not in _KINDS:
-                raise InvalidRequestError(f"unknown acknowledge type {ack.kind}")
-            if ack.first_offset < 0 or ack.last_offset < ack.first_offset:
-                raise InvalidRequestError(
-                    f"bad acknowledgement range {ack.first_offset}..{ack.last_offset}"
-                )
-            if ack.first_offset <= previous:
-                raise InvalidRequestError("acknowledgement ranges overlap or are out of order")
-            previous = ack.last_offset
+        check_acknowledgements(acknowledgements)
         work = _Work(self, now_ms)
         for ack in acknowledgements:
             if ack.first_offset < work.start or ack.last_offset >= work.end:
