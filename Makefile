@@ -111,13 +111,21 @@ $(CDC_NATIVE_SO): client/cdc/_pgnative.c setup.py $(STAMP)
 # CPython's own allocations at exit would drown the report.
 ASAN_DIR := build/asan
 ASAN_TESTS ?= tests/storage/test_native.py tests/storage/test_records.py tests/storage/test_codecs.py \
-	tests/client/test_partitioner.py
+	tests/client/test_partitioner.py tests/cdc/test_pgnative.py
+# The whole checkout is copied (symbolic links kept: tidelog/ links to the layers), so that
+# `tidelog.storage._native` and `tidelog.client.cdc._pgnative` resolve to the sanitized
+# builds here, ahead of the editable install's; the check after the build says which
+# files were loaded, and fails if either is the normal build.
 asan: $(STAMP)
 	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR)
-	git ls-files -z storage tests setup.py pyproject.toml README.md | xargs -0 cp --parents -t $(ASAN_DIR)
-	cp -r storage/*.pyi $(ASAN_DIR)/storage/ 2>/dev/null || true
+	git ls-files -z | xargs -0 cp -P --parents -t $(ASAN_DIR)
 	cd $(ASAN_DIR) && CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" \
 		LDFLAGS="-fsanitize=address" ../../$(BIN)/python setup.py --quiet build_ext --inplace
+	cd $(ASAN_DIR) && PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+		PYTHONPATH=. ../../$(BIN)/python -c "import os, tidelog.storage._native as a, \
+		tidelog.client.cdc._pgnative as b; here = os.getcwd(); \
+		[print('asan build:', m.__file__) for m in (a, b)]; \
+		assert all(os.path.realpath(m.__file__).startswith(here) for m in (a, b)), 'not the ASan build'"
 	cd $(ASAN_DIR) && PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
 		TIDELOG_FUZZ_EXAMPLES=$${TIDELOG_FUZZ_EXAMPLES:-2000} PYTHONPATH=. \
 		../../$(BIN)/python -m pytest -p no:cacheprovider -q $(ASAN_TESTS)
