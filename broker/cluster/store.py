@@ -47,7 +47,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
 from tidelog.broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
-from tidelog.broker.cluster.store_batch import BatchOps, raise_for_fenced
+from tidelog.broker.cluster.store_batch import BatchOps, raise_for_fenced, stage_topic_creation
 from tidelog.broker.cluster.znodes import (
     ADMIN_DELETE_TOPICS,
     BROKER_IDS,
@@ -397,16 +397,8 @@ class ClusterStore(BatchOps):
             StaleStateError: the topic exists.
         """
         transaction = self._fenced(lease)
-        name = assignment.name
-        transaction.create(topic_path(name), encode_topic(assignment))
-        transaction.create(partitions_path(name), b"")
-        for partition in assignment.replicas:
-            transaction.create(f"{partitions_path(name)}/{partition}", b"")
-            transaction.create(
-                partition_state_path(name, partition), encode_partition_state(states[partition])
-            )
-        transaction.create(topic_config_path(name), encode_topic_config(config))
-        self._commit_fenced(transaction, f"creating topic {name}", exists_is_stale=True)
+        stage_topic_creation(transaction, assignment, config, states)
+        self._commit_fenced(transaction, f"creating topic {assignment.name}", exists_is_stale=True)
 
     def add_partitions(
         self,

@@ -69,6 +69,7 @@ __all__ = [
     "StateWrite",
     "Watch",
     "raise_for_fenced",
+    "stage_topic_creation",
 ]
 
 _CHUNK = 2_000  # requests in flight at once
@@ -265,15 +266,8 @@ class BatchOps:
         transactions = []
         for assignment, config, states in topics:
             transaction = self._fenced(lease)
+            stage_topic_creation(transaction, assignment, config, states)
             name = assignment.name
-            transaction.create(topic_path(name), encode_topic(assignment))
-            transaction.create(partitions_path(name), b"")
-            for partition in assignment.replicas:
-                transaction.create(f"{partitions_path(name)}/{partition}", b"")
-                transaction.create(
-                    partition_state_path(name, partition), encode_partition_state(states[partition])
-                )
-            transaction.create(topic_config_path(name), encode_topic_config(config))
             transactions.append((f"creating topic {name}", name, transaction))
         return self._commit_all(transactions, exists_is_stale=True)
 
@@ -418,3 +412,22 @@ class ClusterRead(NamedTuple):
     assignments: dict[str, TopicAssignment]
     configs: dict[str, dict[str, str]]
     states: dict[tuple[str, int], tuple[PartitionState, int, int]]
+
+
+def stage_topic_creation(
+    transaction: Any,
+    assignment: TopicAssignment,
+    config: Mapping[str, str],
+    states: Mapping[int, PartitionState],
+) -> None:
+    """Add a topic's creation to a (fenced) ZooKeeper transaction: its assignment, its
+    partitions' znodes and states, its config."""
+    name = assignment.name
+    transaction.create(topic_path(name), encode_topic(assignment))
+    transaction.create(partitions_path(name), b"")
+    for partition in assignment.replicas:
+        transaction.create(f"{partitions_path(name)}/{partition}", b"")
+        transaction.create(
+            partition_state_path(name, partition), encode_partition_state(states[partition])
+        )
+    transaction.create(topic_config_path(name), encode_topic_config(config))
