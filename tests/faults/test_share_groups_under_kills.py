@@ -42,7 +42,7 @@ from typing import Protocol
 
 import pytest
 
-from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.conftest import partition_leaders, require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.faults.history import (
     Crash,
@@ -134,10 +134,10 @@ class Cluster:
             if self.kills % 2 == 0:
                 key = ShareStateKey(GROUP, topic_id(TOPIC), partition)
                 state = partition_for(key, STATE_PARTITIONS)
-                victim = _leaders(admin, SHARE_STATE_TOPIC)[state]
+                victim = partition_leaders(admin, SHARE_STATE_TOPIC)[state]
                 what = f"the share coordinator of {TOPIC}-{partition}"
             else:
-                victim = _leaders(admin, TOPIC)[partition]
+                victim = partition_leaders(admin, TOPIC)[partition]
                 what = f"the leader of {TOPIC}-{partition}"
             leaders = self._leaders(admin)
         self.kills += 1
@@ -152,7 +152,8 @@ class Cluster:
 
     def _leaders(self, admin: AdminClient) -> str:
         """The leaders of the topic's and the state topic's partitions, for the history."""
-        return f"{_leaders(admin, TOPIC)}, state {_leaders(admin, SHARE_STATE_TOPIC)}"
+        state = partition_leaders(admin, SHARE_STATE_TOPIC)
+        return f"{partition_leaders(admin, TOPIC)}, state {state}"
 
     def restart(self) -> None:
         assert self.killed is not None
@@ -163,10 +164,6 @@ class Cluster:
         except RuntimeError as error:
             tail = self.cluster.output(self.killed)[-3_000:]
             raise RuntimeError(f"{error}; broker {self.killed} logged:\n{tail}") from error
-
-
-def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
-    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
 
 
 @pytest.fixture
@@ -206,7 +203,7 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
         with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
             eventually(lambda: len(admin.describe_cluster().brokers) == 3, 60)
             admin.create_topic(TOPIC, PARTITIONS, replication_factor=3)
-            eventually(lambda: -1 not in _leaders(admin, SHARE_STATE_TOPIC).values(), 60)
+            eventually(lambda: -1 not in partition_leaders(admin, SHARE_STATE_TOPIC).values(), 60)
         yield Cluster(cluster)
 
 

@@ -12,8 +12,14 @@ from collections.abc import Iterator
 import pytest
 
 from tidelog.broker.cluster.testing import LocalCluster, ZooKeeperServer, zookeeper_available
+from tidelog.client import AdminClient
 
 _LOG_TAIL_CHARS = 6_000
+
+
+def partition_leaders(admin: AdminClient, topic: str) -> dict[int, int]:
+    """Each partition of ``topic`` -> its leader's id (-1: none), as ``admin`` sees it now."""
+    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
 
 
 def require_zookeeper() -> None:

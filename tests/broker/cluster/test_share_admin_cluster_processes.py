@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.conftest import partition_leaders, require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.kafka import raw
 from tidelog.broker.cluster.testing import LocalCluster
@@ -72,28 +72,24 @@ def _stub(cluster: LocalCluster, broker_id: int) -> Iterator[pb_grpc.BrokerStub]
         yield pb_grpc.BrokerStub(channel)
 
 
-def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
-    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
-
-
 def _three_roles(
     cluster: LocalCluster, admin: AdminClient, topic: str = TOPIC
 ) -> tuple[int, int, int, str]:
     """Create ``topic``: (group coordinator, partition leader, share coordinator, group
     id), all three brokers different."""
     eventually(lambda: len(admin.describe_cluster().brokers) == 3, 60)
-    eventually(lambda: -1 not in _leaders(admin, OFFSETS_TOPIC).values(), 60)
-    eventually(lambda: -1 not in _leaders(admin, SHARE_STATE_TOPIC).values(), 60)
-    coordinator = _leaders(admin, OFFSETS_TOPIC)[0]
+    eventually(lambda: -1 not in partition_leaders(admin, OFFSETS_TOPIC).values(), 60)
+    eventually(lambda: -1 not in partition_leaders(admin, SHARE_STATE_TOPIC).values(), 60)
+    coordinator = partition_leaders(admin, OFFSETS_TOPIC)[0]
     others = [b for b in cluster.broker_ids if b != coordinator]
     # The partition's preferred leader is a broker that does not coordinate the group.
     admin.create_topic(
         topic, None, {"min.insync.replicas": "2"}, replica_assignment=[[*others, coordinator]]
     )
     eventually(lambda: len(admin.describe_topic(topic).partitions[0].isr) == 3, 60)
-    eventually(lambda: _leaders(admin, topic)[0] == others[0], 60)
+    eventually(lambda: partition_leaders(admin, topic)[0] == others[0], 60)
     leader = others[0]
-    state_leaders = _leaders(admin, SHARE_STATE_TOPIC)
+    state_leaders = partition_leaders(admin, SHARE_STATE_TOPIC)
     for n in range(1_000):
         group = f"{topic}-admins-{n}"
         state = state_leaders[

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.conftest import partition_leaders, require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.broker.core.topic_ids import topic_id
@@ -50,10 +50,6 @@ def cluster() -> Iterator[LocalCluster]:
     require_zookeeper()
     with LocalCluster(brokers=3, session_timeout_ms=3_000, settings=SETTINGS) as running:
         yield running
-
-
-def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
-    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
 
 
 def _group_coordinated_elsewhere(state_leaders: dict[int, int], leader: int) -> str:
@@ -94,9 +90,9 @@ def test_acknowledgements_survive_a_partition_leader_sigkill_with_a_remote_coord
         eventually(lambda: len(admin.describe_cluster().brokers) == 3, 60)
         admin.create_topic(TOPIC, 1, {"min.insync.replicas": "2"}, replication_factor=3)
         eventually(lambda: len(admin.describe_topic(TOPIC).partitions[0].isr) == 3, 60)
-        eventually(lambda: -1 not in _leaders(admin, SHARE_STATE_TOPIC).values(), 60)
-        leader = _leaders(admin, TOPIC)[0]
-        state_leaders = _leaders(admin, SHARE_STATE_TOPIC)
+        eventually(lambda: -1 not in partition_leaders(admin, SHARE_STATE_TOPIC).values(), 60)
+        leader = partition_leaders(admin, TOPIC)[0]
+        state_leaders = partition_leaders(admin, SHARE_STATE_TOPIC)
     group = _group_coordinated_elsewhere(state_leaders, leader)
     coordinator = state_leaders[
         partition_for(ShareStateKey(group, topic_id(TOPIC), 0), STATE_PARTITIONS)
@@ -145,7 +141,7 @@ def test_acknowledgements_survive_a_partition_leader_sigkill_with_a_remote_coord
 
         cluster.kill(leader)
         with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
-            eventually(lambda: _leaders(admin, TOPIC)[0] not in (leader, -1), 60)
+            eventually(lambda: partition_leaders(admin, TOPIC)[0] not in (leader, -1), 60)
 
         # The survivors finish the work: each record not yet acknowledged comes back
         # (the in-flight ones from the reload, not a lock expiry), none acknowledged does.

@@ -34,7 +34,7 @@ import grpc
 import pytest
 from kafka.protocol.admin import IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse
 
-from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.conftest import partition_leaders, require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.client.test_share_dead_letter import read_all
 from tests.kafka import raw
@@ -114,17 +114,13 @@ class Roles:
         ]
 
 
-def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
-    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
-
-
 def _internal_leaders(admin: AdminClient) -> dict[str, dict[int, int]]:
     found: dict[str, dict[int, int]] = {}
 
     def all_led() -> bool:
         try:
             for topic in PARTITIONS:
-                found[topic] = _leaders(admin, topic)
+                found[topic] = partition_leaders(admin, topic)
         except Exception:  # not created yet
             return False
         return all(
@@ -147,7 +143,7 @@ def _group(admin: AdminClient, prefix: str, topic: str, fits: Callable[[Roles], 
 def _create(admin: AdminClient, topic: str, leader: int) -> None:
     others = sorted(BROKERS - {leader})
     admin.create_topic(topic, replica_assignment=[[leader, *others]])
-    eventually(lambda: _leaders(admin, topic)[0] == leader, 60)
+    eventually(lambda: partition_leaders(admin, topic)[0] == leader, 60)
     eventually(lambda: len(admin.describe_topic(topic).partitions[0].isr) == 3, 60)
 
 
@@ -339,8 +335,8 @@ def test_a_leader_killed_between_copy_and_commit_loses_and_duplicates_nothing(
         eventually(lambda: not cluster.is_running(KILLED), 60)
         assert "DLQ test hook: killed at after_copy" in cluster.output(KILLED)
         with AdminClient(cluster.bootstrap, request_timeout_ms=20_000) as admin:
-            eventually(lambda: _leaders(admin, topic)[0] not in (KILLED, -1), 60)
-            eventually(lambda: _leaders(admin, dlq)[0] not in (KILLED, -1), 60)
+            eventually(lambda: partition_leaders(admin, topic)[0] not in (KILLED, -1), 60)
+            eventually(lambda: partition_leaders(admin, dlq)[0] not in (KILLED, -1), 60)
 
         # The new leader loads the share partition when a member fetches (the open
         # transaction fenced and aborted), then dead-letters the records again.

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.broker.cluster.conftest import require_zookeeper
+from tests.broker.cluster.conftest import partition_leaders, require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.broker.groups.offset_records import partition_for as offsets_partition_for
@@ -52,16 +52,12 @@ def cluster() -> Iterator[LocalCluster]:
         yield running
 
 
-def _leaders(admin: AdminClient, topic: str) -> dict[int, int]:
-    return {p.partition: p.leader for p in admin.describe_topic(topic).partitions}
-
-
 def _coordinator(admin: AdminClient, group: str) -> int:
     found: dict[int, int] = {}
 
     def led() -> bool:
         try:
-            found.update(_leaders(admin, OFFSETS_TOPIC))
+            found.update(partition_leaders(admin, OFFSETS_TOPIC))
         except Exception:  # not created yet
             return False
         return len(found) == OFFSETS_PARTITIONS and -1 not in found.values()
@@ -83,7 +79,7 @@ def test_changed_configs_reach_a_leader_that_is_not_the_coordinator(
         coordinator = _coordinator(admin, group)
         leader = min(BROKERS - {coordinator})
         admin.create_topic(topic, replica_assignment=[[leader, *sorted(BROKERS - {leader})]])
-        eventually(lambda: _leaders(admin, topic)[0] == leader, 60)
+        eventually(lambda: partition_leaders(admin, topic)[0] == leader, 60)
         consumer = ShareConsumer(
             cluster.bootstrap, group, acknowledgement_mode="explicit", request_timeout_ms=15_000
         )
