@@ -52,6 +52,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TIMEOUT_S = 30.0
 _NOT_COORDINATOR = 16
+_NOT_ENOUGH_REPLICAS = 19
 _TRANSACTION_COORDINATOR_FENCED = 52
 
 
@@ -136,7 +137,33 @@ def write_marker(
     coordinator_epoch: int,
 ) -> int:
     """An ABORT marker for ``tp`` sent as a coordinator would (WriteTxnMarkers v1 to the
-    Kafka listener of ``broker_id``, its leader); the partition's error code."""
+    Kafka listener of ``broker_id``, its leader); the partition's error code.
+
+    Markers are written with acks=all, and the leader checks the partition's ISR against
+    ``min.insync.replicas`` before the producer's state (as Kafka's
+    ``Partition.appendRecordsToLeader`` does before ``appendAsLeader``): while a restarted
+    replica is not back in the ISR the answer is NOT_ENOUGH_REPLICAS whatever the epochs.
+    A refused marker writes nothing, so it is sent again until the ISR is back.
+    """
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        code = _write_marker_once(
+            cluster, broker_id, producer_id, producer_epoch, tp, coordinator_epoch
+        )
+        if code != _NOT_ENOUGH_REPLICAS or time.monotonic() > deadline:
+            return code
+        time.sleep(0.2)
+
+
+def _write_marker_once(
+    cluster: LocalCluster,
+    broker_id: int,
+    producer_id: int,
+    producer_epoch: int,
+    tp: tuple[str, int],
+    coordinator_epoch: int,
+) -> int:
+    """One WriteTxnMarkers request; the partition's error code."""
     marker = WriteTxnMarkersRequest[1].WritableTxnMarker
     request = WriteTxnMarkersRequest[1](
         markers=[
