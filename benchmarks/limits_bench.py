@@ -478,6 +478,54 @@ def profile(kind: str, mb: int, settings: dict[str, str], top: int) -> str:
     return out.getvalue()
 
 
+def latency_figures(bootstrap: str, data_dir: Path, samples: int) -> dict[str, float]:
+    """The single-record figures of a running broker (topics ``lat1`` and ``latall``
+    exist): ``acks=1`` and ``acks=all`` percentiles and one fsync's p50 in its data
+    directory, taken between them."""
+    acks1 = single_record_latency(bootstrap, "lat1", "1", samples)
+    fsync = fsync_latency(data_dir, 200)
+    acksall = single_record_latency(bootstrap, "latall", "all", samples)
+    return {
+        "kafka_p50_acks1_ms": round(statistics.median(acks1), 3),
+        "kafka_p99_acks1_ms": round(_percentile(acks1, 0.99), 3),
+        "fsync_p50_ms": round(statistics.median(fsync), 3),
+        "kafka_p50_acksall_ms": round(statistics.median(acksall), 3),
+        "kafka_p99_acksall_ms": round(_percentile(acksall, 0.99), 3),
+    }
+
+
+def _latency_ratios(r: dict[str, Any]) -> None:
+    r["kafka_p50_acks1_over_echo"] = round(r["kafka_p50_acks1_ms"] / r["echo_p50_ms"], 3)
+    r["kafka_p99_acks1_over_echo"] = round(r["kafka_p99_acks1_ms"] / r["echo_p99_ms"], 3)
+    r["kafka_p50_acksall_minus_fsync_ms"] = round(r["kafka_p50_acksall_ms"] - r["fsync_p50_ms"], 3)
+
+
+def latency_only(samples: int, settings: dict[str, str]) -> dict[str, Any]:
+    """``--latency``: the echo round trip and the single-record figures alone (a quick
+    before/after of the latency work; the same steps as the full run)."""
+    results: dict[str, Any] = {"load_avg_before": _load(), "samples": samples,
+                               "broker_settings": settings}  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="tidelog-limits-"))
+    try:
+        echo = echo_latency(samples)
+        results["echo_p50_ms"] = round(statistics.median(echo), 3)
+        results["echo_p99_ms"] = round(_percentile(echo, 0.99), 3)
+        process, address, bootstrap = start_broker(work, settings)
+        try:
+            with client.AdminClient(address) as admin:
+                for topic in ("lat1", "latall"):
+                    admin.create_topic(topic, 1)
+            results.update(latency_figures(bootstrap, work / "data", samples))
+        finally:
+            _stop(process)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _latency_ratios(results)
+    results["load_avg_after"] = _load()
+    print(json.dumps(results))
+    return results
+
+
 def consume_steps(bootstrap: str, pid: int, count: int, suffix: str) -> dict[str, Any]:
     """The 1 KiB consume figures of topics ``c1`` and ``c4`` (keys end in ``suffix``):
     confluent-kafka's rate, the raw Fetch client's, and the broker's CPU for each."""
@@ -519,6 +567,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--set", action="append", default=[], help="a broker key=value")
     parser.add_argument("--profile", choices=("consume", "produce"),
                         help="print the broker's cProfile for one path and stop")  # fmt: skip
+    parser.add_argument("--latency", action="store_true",
+                        help="only the echo, fsync and single-record latency figures")  # fmt: skip
     args = parser.parse_args(argv)
     mb, records, samples = (32, 20_000, 200) if args.quick else (args.mb, args.records,
                                                                  args.samples)  # fmt: skip
@@ -527,6 +577,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.profile:
         print(profile(args.profile, mb, settings, 30))
         return {}
+    if args.latency:
+        return latency_only(samples, settings)
     results: dict[str, Any] = {"load_avg_before": _load(), "mb": mb, "records": records,
                                "samples": samples, "broker_settings": settings}  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="tidelog-limits-"))

@@ -113,11 +113,19 @@ from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
 # split (issue #26); they stay importable from here.
-__all__ = ["AppendResult", "PartitionLog", "ReadResult"]
+__all__ = ["AppendResult", "AppendWouldBlockError", "PartitionLog", "ReadResult"]
 
 log = logging.getLogger(__name__)
 
 _SNAPSHOTS_KEPT = 2
+
+
+class AppendWouldBlockError(Exception):
+    """A non-blocking append (``PartitionLog.append(blocking=False)``) would have waited:
+    the partition lock is held, or the append needs a roll, a ``flush.messages`` fsync or
+    a checkpoint rewrite (file work that may wait for the disk). Nothing was appended and
+    nothing changed; append again, blocking, on a thread that may wait. An internal
+    signal, never an answer to a client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +342,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         *,
         leader_epoch: int | None = None,
         verification: Mapping[int, VerificationGuard | None] | None = None,
+        blocking: bool = True,
     ) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
 
@@ -345,7 +354,11 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         path verified the transactional batches with the coordinator, starting with these
         guards (producer id -> ``start_verification``'s answer); each is checked under the
         lock (``ProducerStateTable.check_verified``). None: an unverified append (tests,
-        internal writers), as Kafka's with verification off.
+        internal writers), as Kafka's with verification off. ``blocking`` False: for an
+        event loop's thread (issue #31's inline produce), raise ``AppendWouldBlockError``
+        rather than wait for the lock or do file work beyond the write itself (a roll, a
+        ``flush.messages`` fsync, a stale checkpoint's rewrite); the batches are
+        validated (CRC included) either way, before the lock.
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -357,6 +370,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
                 no longer held.
             FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
             LogDirFullError, StorageError: the write failed; nothing was stored.
+            AppendWouldBlockError: only with ``blocking`` False; nothing was stored.
         """
         if not records:
             raise InvalidRequestError("no record batches to append")
@@ -369,16 +383,22 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         for batch in batches:
             check_produced_batch(records, batch, config, now_ms)
         records, batches = recompress(records, batches, config)
-        with self._lock:
+        if not self._lock.acquire(blocking=blocking):
+            raise AppendWouldBlockError(f"{self}: the partition lock is held")
+        try:
             if self._closed:
                 raise StorageError(f"{self} is closed")
+            if not blocking and (self._epochs_stale or config.flush_messages > 0):
+                raise AppendWouldBlockError(f"{self}: the append needs file work")
             try:
                 self._rewrite_stale_epochs_locked()
                 return self._append_locked(
-                    records, batches, config, times, leader_epoch, verification
+                    records, batches, config, times, leader_epoch, verification, blocking
                 )
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise io_error(exc, f"{self}: append failed") from exc
+        finally:
+            self._lock.release()
 
     def _append_locked(
         self,
@@ -388,6 +408,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         times: BatchTimes | None,
         leader_epoch: int | None,
         verification: Mapping[int, VerificationGuard | None] | None = None,
+        blocking: bool = True,
     ) -> AppendResult:
         if leader_epoch is not None and leader_epoch < self._leader_epochs.latest_epoch:
             # The leader moved to a newer epoch between the produce path's check and this
@@ -415,6 +436,10 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         )
         assigned, offset, record_count = placed.batches, placed.next_offset, placed.record_count
         first_offset = assigned[0].header.base_offset
+        if not blocking and self._local.should_roll_locked(
+            placed.size_bytes, offset - 1, placed.max_timestamp, config
+        ):
+            raise AppendWouldBlockError(f"{self}: the append needs a roll")
         if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
             self._assign_epoch_locked(leader_epoch, first_offset)
         segment = self._maybe_roll_locked(

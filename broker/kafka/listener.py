@@ -175,6 +175,15 @@ class Connection:
         self.throttle_ms = max(self.throttle_ms, throttle_ms)
         return result
 
+    def run_inline(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` on the loop's own thread (work that never blocks: the inline
+        produce, ``broker.kafka.data``); its time counts against ``request_percentage``
+        as ``run``'s does. It takes no ``queued.max.requests`` slot: that limit counts
+        requests waiting for the thread pool, and this one never does."""
+        result, throttle_ms = self.listener.pipeline.run_inline(self.context, call, *args)
+        self.throttle_ms = max(self.throttle_ms, throttle_ms)
+        return result
+
     async def admit_bytes(self, size: int) -> None:
         """Count ``size`` produced bytes against ``queued.max.request.bytes`` (waiting
         until they fit); the caller releases them with ``release_bytes`` once answered."""
@@ -262,6 +271,10 @@ class KafkaListener:
         # fetch; loop's thread only; read by tests).
         self.sendfile_bytes = 0
         self.sendfile_regions = 0
+        # Partitions a produce appended on the loop's thread, and on the thread pool
+        # (broker.kafka.data's inline produce; loop's thread only; read by tests).
+        self.inline_appends = 0
+        self.pool_appends = 0
         # KIP-932 share sessions (loop's thread only; broker.kafka.share).
         self.share_sessions = ShareSessions()
         # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
