@@ -582,6 +582,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
             with self._lock:
                 end = self.log_end_offset
                 dirty = local.dirty_segments_locked()
+                active = local.active_segment
                 try:
                     for segment in dirty:
                         segment.write_pending()
@@ -590,7 +591,9 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
                 self._unflushed_records = 0
             try:
                 for segment in dirty:
-                    segment.fsync()
+                    # The active segment's indexes are rebuilt by recovery, not synced
+                    # here (``Segment.fsync``): the log and its batch times are.
+                    segment.fsync(indexes=segment is not active)
             except OSError as exc:
                 raise io_error(exc, f"{self}: fsync failed") from exc
             with self._lock:
@@ -745,6 +748,11 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         with self._lock:
             self._closed = True
             try:
+                # A clean restart trusts every index, the active segment's too, which
+                # the produce path's flushes leave unsynced (``Segment.fsync``).
+                active = self._local.active_segment
+                active.write_pending()
+                active.fsync_indexes()
                 # A stale one that cannot be written fails the close: no clean-shutdown
                 # marker, so the next open takes the epochs from the batches.
                 self._rewrite_stale_epochs_locked()
