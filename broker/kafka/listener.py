@@ -88,6 +88,7 @@ from tidelog.broker.kafka.codec import (
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
+from tidelog.broker.kafka.produce_codec import decode_produce, encode_produce_response
 from tidelog.broker.kafka.share_sessions import ShareSessions
 from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from tidelog.broker.loop_watchdog import LoopWatchdog
@@ -545,10 +546,13 @@ class KafkaListener:
         handler = self.handlers.get(key)
         if handler is None:
             raise _close(connection, f"api {key} has no handler")
-        try:
-            request = decode_request(key, version, frame, header.body_offset)
-        except CodecError as exc:
-            raise _close(connection, str(exc)) from None
+        # Produce's own codec first (issue #31's lean path), kio for what it leaves.
+        request = decode_produce(version, frame, header.body_offset) if key == _PRODUCE else None
+        if request is None:
+            try:
+                request = decode_request(key, version, frame, header.body_offset)
+            except CodecError as exc:
+                raise _close(connection, str(exc)) from None
         if header.client_id != connection.context.client_id:
             connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
         connection.throttle_ms = 0
@@ -570,9 +574,14 @@ class KafkaListener:
             answer["throttle_time"] = connection.throttle_ms
         if key == _FETCH_API and _has_regions(answer):
             return encode_response_parts(key, version, header.correlation_id, answer)
+        if key == _PRODUCE:
+            encoded = encode_produce_response(version, header.correlation_id, answer)
+            if encoded is not None:
+                return encoded
         return encode_response(key, version, header.correlation_id, answer)
 
 
+_PRODUCE = 0
 _FETCH_API = 1
 _FETCH_KEY = struct.pack(">h", _FETCH_API)
 
