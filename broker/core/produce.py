@@ -424,8 +424,7 @@ class ProducePath:
             log.debug("produce to %s-%d refused: %s", part.topic, part.partition, code)
             return PartitionAppend(part.topic, part.partition, None, exc, None)
         if not result.duplicate:
-            self._metrics.bytes_in.labels(part.topic).inc(len(part.records))
-            self._metrics.records_in.labels(part.topic).inc(result.record_count)
+            self._metrics.count_in(part.topic, len(part.records), result.record_count)
             self._on_append(part.topic, part.partition)
         return PartitionAppend(part.topic, part.partition, result, None, target)
 
