@@ -99,6 +99,7 @@ from tidelog.storage.log_loader import SNAPSHOT_SUFFIX, load_log, rebuild_produc
 from tidelog.storage.log_validator import (
     assign_offsets,
     check_produced_batch,
+    decompresses,
     recompress,
 )
 from tidelog.storage.partition_log_replication import ReplicationCalls
@@ -123,7 +124,8 @@ _SNAPSHOTS_KEPT = 2
 class AppendWouldBlockError(Exception):
     """A non-blocking append (``PartitionLog.append(blocking=False)``) would have waited:
     the partition lock is held, or the append needs a roll, a ``flush.messages`` fsync or
-    a checkpoint rewrite (file work that may wait for the disk). Nothing was appended and
+    a checkpoint rewrite (file work that may wait for the disk), or decompresses batches
+    (work of unbounded size). Nothing was appended and
     nothing changed; append again, blocking, on a thread that may wait. An internal
     signal, never an answer to a client."""
 
@@ -356,9 +358,10 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         lock (``ProducerStateTable.check_verified``). None: an unverified append (tests,
         internal writers), as Kafka's with verification off. ``blocking`` False: for an
         event loop's thread (issue #31's inline produce), raise ``AppendWouldBlockError``
-        rather than wait for the lock or do file work beyond the write itself (a roll, a
-        ``flush.messages`` fsync, a stale checkpoint's rewrite); the batches are
-        validated (CRC included) either way, before the lock.
+        rather than wait for the lock, do file work beyond the write itself (a roll, a
+        ``flush.messages`` fsync, a stale checkpoint's rewrite) or decompress batches
+        (``log_validator.decompresses``); the batches are validated (CRC included) either
+        way.
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -379,6 +382,8 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
             BatchPosition(position, header)
             for position, header in iter_batch_headers(records, validate=True)
         ]
+        if not blocking and decompresses(batches, config):
+            raise AppendWouldBlockError(f"{self}: the append decompresses batches")
         now_ms = self._clock.wall_ms()
         for batch in batches:
             check_produced_batch(records, batch, config, now_ms)

@@ -26,12 +26,13 @@ Step 1 may run on a listener's event loop (``append_inline``, issue #31): a smal
 id, is appended there, saving the two thread hand-offs (loop -> I/O pool -> loop) that
 cost more than the append itself. Only what cannot wait: each partition's append is
 non-blocking (``PartitionLog.append(blocking=False)``: a held partition lock, a roll, a
-``flush.messages`` fsync or a checkpoint rewrite make it give up before changing
-anything), and a transactional batch (a coordinator round trip) or a replicated partition
-(its leader state and followers' locks) is never tried. The partitions it could not
-append, from the first one on, are appended by ``append`` on a thread as before, so the
-request's order holds. The batches are validated (framing, CRC, sequences) the same way
-on either thread: only where the work runs differs.
+``flush.messages`` fsync, a checkpoint rewrite, or decompressing batches (a compacted
+topic's keys, a topic codec's rebuild: a few KiB can hold megabytes) make it give up
+before changing anything), and a transactional batch (a coordinator round trip) or a
+replicated partition (its leader state and followers' locks) is never tried. The
+partitions it could not append, from the first one on, are appended by ``append`` on a
+thread as before, so the request's order holds. The batches are validated (framing, CRC,
+sequences) the same way on either thread: only where the work runs differs.
 
 Each partition is appended through its ``Partition`` (``broker.core.partition``:
 ``append_as_leader`` checks the role, the client's leader epoch and

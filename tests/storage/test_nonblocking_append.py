@@ -14,6 +14,7 @@ from tests.storage.conftest import log_config, make_batch, open_log, read_values
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import CorruptRecordError
 from tidelog.storage.partition_log import AppendWouldBlockError
+from tidelog.storage.records import Compression
 
 
 def test_a_nonblocking_append_is_an_append(log_dir: Path, clock: ManualClock) -> None:
@@ -85,3 +86,24 @@ def test_a_nonblocking_append_checks_the_crc(log_dir: Path, clock: ManualClock) 
         log.append(bytes(damaged), blocking=False)
     assert log.log_end_offset == 0
     log.close()
+
+
+def test_decompression_is_left_to_a_blocking_append(log_dir: Path, clock: ManualClock) -> None:
+    """A few KiB of compressed records can hold megabytes: a compressed batch to a
+    compacted topic (keys checked) and one the topic's ``compression.type`` rebuilds are
+    appended blocking; an uncompressed one to a compacted topic is checked inline."""
+    keyed = {"keys": [b"k"]}
+    gzip = make_batch([b"v"], compression=Compression.GZIP, **keyed)  # type: ignore[arg-type]
+    plain = make_batch([b"v"], **keyed)  # type: ignore[arg-type]
+    compacted = open_log(log_dir / "compacted", clock, log_config(cleanup_policy="compact"))
+    with pytest.raises(AppendWouldBlockError):
+        compacted.append(gzip, blocking=False)
+    assert compacted.append(plain, blocking=False).base_offset == 0
+    assert compacted.append(gzip).base_offset == 1
+    compacted.close()
+    rebuilt = open_log(log_dir / "rebuilt", clock, log_config(compression_type="zstd"))
+    with pytest.raises(AppendWouldBlockError):
+        rebuilt.append(plain, blocking=False)
+    assert rebuilt.log_end_offset == 0
+    assert rebuilt.append(plain).base_offset == 0
+    rebuilt.close()
