@@ -27,7 +27,8 @@ id, is appended there, saving the two thread hand-offs (loop -> I/O pool -> loop
 cost more than the append itself. Only what cannot wait: each partition's append is
 non-blocking (``PartitionLog.append(blocking=False)``: a held partition lock, a roll, a
 ``flush.messages`` fsync, a checkpoint rewrite, or decompressing batches (a compacted
-topic's keys, a topic codec's rebuild: a few KiB can hold megabytes) make it give up
+topic's keys, per-record timestamp bounds, a topic codec's rebuild: a few KiB can hold
+megabytes) make it give up
 before changing anything), and a transactional batch (a coordinator round trip) or a
 replicated partition (its leader state and followers' locks) is never tried. The
 partitions it could not append, from the first one on, are appended by ``append`` on a

@@ -101,6 +101,13 @@ def test_decompression_is_left_to_a_blocking_append(log_dir: Path, clock: Manual
     assert compacted.append(plain, blocking=False).base_offset == 0
     assert compacted.append(gzip).base_offset == 1
     compacted.close()
+    bounded = open_log(
+        log_dir / "bounded", clock, log_config(message_timestamp_before_max_ms=10**12)
+    )
+    with pytest.raises(AppendWouldBlockError):
+        bounded.append(gzip, blocking=False)  # the lower bound decodes every record
+    assert bounded.append(plain, blocking=False).base_offset == 0
+    bounded.close()
     rebuilt = open_log(log_dir / "rebuilt", clock, log_config(compression_type="zstd"))
     with pytest.raises(AppendWouldBlockError):
         rebuilt.append(plain, blocking=False)
