@@ -56,7 +56,16 @@ figures of one run only, never across runs):
      ``acks=1``, ``linger.ms`` 0, each flushed; over the echo round trip:
      ``kafka_p50_acks1_over_echo`` (<= 3) and ``kafka_p99_acks1_over_echo`` (<= 5);
    - ``kafka_p50_acksall_ms`` and ``kafka_p50_acksall_minus_fsync_ms``: the same with
-     ``acks=all``, less one fsync's p50: what ``acks=all`` costs beyond its fsync.
+     ``acks=all``, less one fsync's p50 (``fsync_interleaved_p50_ms``: fsyncs in the data
+     directory taken between the timed produces, ``FsyncProbe``): what ``acks=all`` costs
+     beyond its fsync;
+   - ``kafka_raw_p50_acks1_ms`` / ``kafka_raw_p50_acksall_ms`` and
+     ``kafka_raw_p50_acks1_over_echo``: the same single records from a minimal Produce
+     client (``raw_produce_latency``: one socket, a request framed once), which leaves
+     out librdkafka's hand-offs between its own threads.
+
+``--latency`` runs only the echo and the single-record figures (and one fsync's p50,
+taken in the broker's data directory between them): a quick before/after.
 
 MB is 10^6 bytes of record payload (key + value). The last line printed is one JSON
 object; ``load_avg`` (taken before and after) says how busy the machine was.
@@ -76,6 +85,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +98,7 @@ from benchmarks.kafka_bench import start_broker  # noqa: E402
 from benchmarks.peers import redis_peer, tidelog_kafka_peer  # noqa: E402
 from benchmarks.peers.common import Workload, free_port, process_cpu_split_s  # noqa: E402
 from tidelog import client  # noqa: E402
-from tidelog.storage.records import iter_batch_headers  # noqa: E402
+from tidelog.storage.records import BatchBuilder, iter_batch_headers  # noqa: E402
 
 TIMEOUT_S = 120.0
 ONE_KIB = 1024
@@ -207,6 +217,30 @@ def fsync_latency(directory: Path, samples: int) -> list[float]:
         os.close(fd)
         path.unlink()
     return out
+
+
+class FsyncProbe:
+    """One small append and ``os.fsync`` in ``directory`` per call, timed (ms, in
+    ``samples``): run between the timed produces of ``single_record_latency``, so that
+    the fsync a produce is compared with saw the same disk, at the same moments (a
+    separate run of ``fsync_latency`` on this shared machine moved 0.12-2.8 ms between
+    runs while the produces did not)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._path = directory / "limits-fsync-probe.tmp"
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        self._record = b"x" * (KEY_BYTES + SMALL_VALUE + 70)
+        self.samples: list[float] = []
+
+    def __call__(self) -> None:
+        started = time.perf_counter()
+        os.write(self._fd, self._record)
+        os.fsync(self._fd)
+        self.samples.append((time.perf_counter() - started) * 1000)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self._path.unlink()
 
 
 _ECHO_SERVER = """
@@ -376,8 +410,15 @@ def _recv_exactly(sock: socket.socket, view: memoryview, count: int) -> memoryvi
     return view[:count]
 
 
-def single_record_latency(bootstrap: str, topic: str, acks: str, samples: int) -> list[float]:
-    """Milliseconds per 100 B record (16 B key), ``linger.ms`` 0, each flushed."""
+def single_record_latency(
+    bootstrap: str,
+    topic: str,
+    acks: str,
+    samples: int,
+    between: Callable[[], None] | None = None,
+) -> list[float]:
+    """Milliseconds per 100 B record (16 B key), ``linger.ms`` 0, each flushed;
+    ``between`` runs after each timed sample, untimed (``FsyncProbe``)."""
     producer = confluent_kafka.Producer(
         {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 0}
     )
@@ -390,6 +431,36 @@ def single_record_latency(bootstrap: str, topic: str, acks: str, samples: int) -
             raise RuntimeError("a record was not delivered")
         if i >= 200:
             out.append((time.perf_counter() - started) * 1000)
+            if between is not None:
+                between()
+    return out
+
+
+def raw_produce_latency(bootstrap: str, topic: str, acks: int, samples: int) -> list[float]:
+    """Milliseconds per Produce (v3) of one 100 B record (16 B key) to partition 0 from a
+    minimal client: one blocking socket, the request framed once with ``struct``, the
+    answer read whole and not parsed. What the broker adds to an echo round trip, without
+    librdkafka's own hand-offs between its threads (``single_record_latency``)."""
+    builder = BatchBuilder()
+    builder.append(int(time.time() * 1000), b"k" * KEY_BYTES, os.urandom(SMALL_VALUE))
+    records = builder.build()
+    name = topic.encode()
+    body = struct.pack(">hhi", -1, acks, 30_000) + struct.pack(">ih", 1, len(name)) + name
+    body += struct.pack(">iii", 1, 0, len(records)) + records
+    request = struct.pack(">hhih", 0, 3, 1, 6) + b"limits" + body
+    framed = struct.pack(">i", len(request)) + request
+    host, port = bootstrap.rsplit(":", 1)
+    view = memoryview(bytearray(1 << 16))
+    out = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(200 + samples):
+            started = time.perf_counter()
+            sock.sendall(framed)
+            size = struct.unpack(">i", _recv_exactly(sock, view, 4))[0]
+            _recv_exactly(sock, view, size)
+            if i >= 200:
+                out.append((time.perf_counter() - started) * 1000)
     return out
 
 
@@ -478,6 +549,69 @@ def profile(kind: str, mb: int, settings: dict[str, str], top: int) -> str:
     return out.getvalue()
 
 
+def latency_figures(bootstrap: str, data_dir: Path, samples: int) -> dict[str, float]:
+    """The single-record figures of a running broker (topics ``lat1`` and ``latall``
+    exist): ``acks=1`` and ``acks=all`` percentiles and one fsync's p50 in its data
+    directory, taken between them."""
+    acks1 = single_record_latency(bootstrap, "lat1", "1", samples)
+    raw1 = raw_produce_latency(bootstrap, "lat1", 1, samples)
+    fsync = fsync_latency(data_dir, 200)
+    probe = FsyncProbe(data_dir)
+    try:
+        acksall = single_record_latency(bootstrap, "latall", "all", samples, probe)
+    finally:
+        probe.close()
+    rawall = raw_produce_latency(bootstrap, "latall", -1, samples)
+    return {
+        "fsync_interleaved_p50_ms": round(statistics.median(probe.samples), 3),
+        "kafka_p50_acks1_ms": round(statistics.median(acks1), 3),
+        "kafka_p99_acks1_ms": round(_percentile(acks1, 0.99), 3),
+        "kafka_raw_p50_acks1_ms": round(statistics.median(raw1), 3),
+        "kafka_raw_p99_acks1_ms": round(_percentile(raw1, 0.99), 3),
+        "fsync_p50_ms": round(statistics.median(fsync), 3),
+        "kafka_p50_acksall_ms": round(statistics.median(acksall), 3),
+        "kafka_p99_acksall_ms": round(_percentile(acksall, 0.99), 3),
+        "kafka_raw_p50_acksall_ms": round(statistics.median(rawall), 3),
+    }
+
+
+def _latency_ratios(r: dict[str, Any]) -> None:
+    r["kafka_p50_acks1_over_echo"] = round(r["kafka_p50_acks1_ms"] / r["echo_p50_ms"], 3)
+    r["kafka_p99_acks1_over_echo"] = round(r["kafka_p99_acks1_ms"] / r["echo_p99_ms"], 3)
+    # The fsync sampled between the acks=all produces (FsyncProbe) where there is one.
+    fsync = r.get("fsync_interleaved_p50_ms", r["fsync_p50_ms"])
+    r["kafka_p50_acksall_minus_fsync_ms"] = round(r["kafka_p50_acksall_ms"] - fsync, 3)
+    if "kafka_raw_p50_acks1_ms" in r:
+        raw = r["kafka_raw_p50_acks1_ms"]
+        r["kafka_raw_p50_acks1_over_echo"] = round(raw / r["echo_p50_ms"], 3)
+
+
+def latency_only(samples: int, settings: dict[str, str]) -> dict[str, Any]:
+    """``--latency``: the echo round trip and the single-record figures alone (a quick
+    before/after of the latency work; the same steps as the full run)."""
+    results: dict[str, Any] = {"load_avg_before": _load(), "samples": samples,
+                               "broker_settings": settings}  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="tidelog-limits-"))
+    try:
+        echo = echo_latency(samples)
+        results["echo_p50_ms"] = round(statistics.median(echo), 3)
+        results["echo_p99_ms"] = round(_percentile(echo, 0.99), 3)
+        process, address, bootstrap = start_broker(work, settings)
+        try:
+            with client.AdminClient(address) as admin:
+                for topic in ("lat1", "latall"):
+                    admin.create_topic(topic, 1)
+            results.update(latency_figures(bootstrap, work / "data", samples))
+        finally:
+            _stop(process)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _latency_ratios(results)
+    results["load_avg_after"] = _load()
+    print(json.dumps(results))
+    return results
+
+
 def consume_steps(bootstrap: str, pid: int, count: int, suffix: str) -> dict[str, Any]:
     """The 1 KiB consume figures of topics ``c1`` and ``c4`` (keys end in ``suffix``):
     confluent-kafka's rate, the raw Fetch client's, and the broker's CPU for each."""
@@ -519,6 +653,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--set", action="append", default=[], help="a broker key=value")
     parser.add_argument("--profile", choices=("consume", "produce"),
                         help="print the broker's cProfile for one path and stop")  # fmt: skip
+    parser.add_argument("--latency", action="store_true",
+                        help="only the echo, fsync and single-record latency figures")  # fmt: skip
     args = parser.parse_args(argv)
     mb, records, samples = (32, 20_000, 200) if args.quick else (args.mb, args.records,
                                                                  args.samples)  # fmt: skip
@@ -527,6 +663,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.profile:
         print(profile(args.profile, mb, settings, 30))
         return {}
+    if args.latency:
+        return latency_only(samples, settings)
     results: dict[str, Any] = {"load_avg_before": _load(), "mb": mb, "records": records,
                                "samples": samples, "broker_settings": settings}  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="tidelog-limits-"))
@@ -563,11 +701,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
             results["kafka_produce_100b_records_per_s"] = round(produced["records_per_s"])
             results["kafka_consume_100b_records_per_s"] = round(consumed["records_per_s"])
-            acks1 = single_record_latency(bootstrap, "lat1", "1", samples)
-            acksall = single_record_latency(bootstrap, "latall", "all", samples)
-            results["kafka_p50_acks1_ms"] = round(statistics.median(acks1), 3)
-            results["kafka_p99_acks1_ms"] = round(_percentile(acks1, 0.99), 3)
-            results["kafka_p50_acksall_ms"] = round(statistics.median(acksall), 3)
+            latency = latency_figures(bootstrap, data_dir, samples)
+            # One fsync's p50 is the figure taken above, beside the disk ceiling.
+            latency.pop("fsync_p50_ms")
+            results.update(latency)
         finally:
             _stop(process)
         if settings.get("kafka.zero.copy.fetch", "true") == "true":
@@ -603,9 +740,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["kafka_fetch_1k_4p_raw_mb_per_s"] / loopback, 3
     )
     r["kafka_produce_1k_over_disk"] = round(r["kafka_produce_1k_mb_per_s"] / disk, 3)
-    r["kafka_p50_acks1_over_echo"] = round(r["kafka_p50_acks1_ms"] / r["echo_p50_ms"], 3)
-    r["kafka_p99_acks1_over_echo"] = round(r["kafka_p99_acks1_ms"] / r["echo_p99_ms"], 3)
-    r["kafka_p50_acksall_minus_fsync_ms"] = round(r["kafka_p50_acksall_ms"] - r["fsync_p50_ms"], 3)
+    _latency_ratios(r)
     r["load_avg_after"] = _load()
     print(json.dumps(results))
     return results

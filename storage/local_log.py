@@ -205,6 +205,10 @@ class LocalLog:
         if active.is_empty:
             return None
         active.write_pending()
+        # Sealed segments' indexes are durable: recovery trusts them once the recovery
+        # point passes the segment, while the produce path's flushes skip the active
+        # segment's (``Segment.fsync``). Two fsyncs a roll, once per segment.bytes.
+        active.fsync_indexes()
         segment = self.create_segment(base_offset)
         self.set_segments_locked([*self._view.segments, segment])
         return segment
@@ -320,9 +324,10 @@ class LocalLog:
         """fsync every dirty segment now, under the lock (``flush.messages``), and move
         the recovery point to the log end. Every segment, not only the active one: a roll
         may have sealed one since the last flush. Raises ``OSError``."""
+        active = self._view.segments[-1]
         for dirty in self.dirty_segments_locked():
             dirty.write_pending()
-            dirty.fsync()
+            dirty.fsync(indexes=dirty is not active)  # the active's: Segment.fsync
         self.recovery_point = self.log_end_offset
 
     # ================================================================== truncation

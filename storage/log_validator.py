@@ -169,6 +169,21 @@ _CODECS = {
 }
 
 
+def decompresses(batches: list[BatchPosition], config: LogConfig) -> bool:
+    """Whether validating or storing ``batches`` decompresses any of them: a compressed
+    batch whose records ``check_produced_batch`` decodes (a compacted topic's keys,
+    ``message.timestamp.before.max.ms``'s lower bound) or one ``recompress`` rebuilds in
+    the topic's codec. A few KiB of compressed records can hold megabytes: the inline
+    produce leaves such work to a thread (issue #31)."""
+    decodes = config.compact or (
+        not config.log_append_time and config.message_timestamp_before_max_ms < UNBOUNDED_MS
+    )
+    if decodes and any(b.header.compression != Compression.NONE for b in batches):
+        return True
+    target = _CODECS.get(config.compression_type)
+    return target is not None and any(b.header.compression != target for b in batches)
+
+
 def recompress(
     records: bytes, batches: list[BatchPosition], config: LogConfig
 ) -> tuple[bytes, list[BatchPosition]]:

@@ -99,6 +99,7 @@ from tidelog.storage.log_loader import SNAPSHOT_SUFFIX, load_log, rebuild_produc
 from tidelog.storage.log_validator import (
     assign_offsets,
     check_produced_batch,
+    decompresses,
     recompress,
 )
 from tidelog.storage.partition_log_replication import ReplicationCalls
@@ -113,11 +114,20 @@ from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
 # split (issue #26); they stay importable from here.
-__all__ = ["AppendResult", "PartitionLog", "ReadResult"]
+__all__ = ["AppendResult", "AppendWouldBlockError", "PartitionLog", "ReadResult"]
 
 log = logging.getLogger(__name__)
 
 _SNAPSHOTS_KEPT = 2
+
+
+class AppendWouldBlockError(Exception):
+    """A non-blocking append (``PartitionLog.append(blocking=False)``) would have waited:
+    the partition lock is held, or the append needs a roll, a ``flush.messages`` fsync or
+    a checkpoint rewrite (file work that may wait for the disk), or decompresses batches
+    (work of unbounded size). Nothing was appended and
+    nothing changed; append again, blocking, on a thread that may wait. An internal
+    signal, never an answer to a client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +344,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         *,
         leader_epoch: int | None = None,
         verification: Mapping[int, VerificationGuard | None] | None = None,
+        blocking: bool = True,
     ) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
 
@@ -345,7 +356,12 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         path verified the transactional batches with the coordinator, starting with these
         guards (producer id -> ``start_verification``'s answer); each is checked under the
         lock (``ProducerStateTable.check_verified``). None: an unverified append (tests,
-        internal writers), as Kafka's with verification off.
+        internal writers), as Kafka's with verification off. ``blocking`` False: for an
+        event loop's thread (issue #31's inline produce), raise ``AppendWouldBlockError``
+        rather than wait for the lock, do file work beyond the write itself (a roll, a
+        ``flush.messages`` fsync, a stale checkpoint's rewrite) or decompress batches
+        (``log_validator.decompresses``); the batches are validated (CRC included) either
+        way.
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -357,6 +373,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
                 no longer held.
             FencedLeaderEpochError: ``leader_epoch`` is older than the log's newest epoch.
             LogDirFullError, StorageError: the write failed; nothing was stored.
+            AppendWouldBlockError: only with ``blocking`` False; nothing was stored.
         """
         if not records:
             raise InvalidRequestError("no record batches to append")
@@ -365,20 +382,28 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
             BatchPosition(position, header)
             for position, header in iter_batch_headers(records, validate=True)
         ]
+        if not blocking and decompresses(batches, config):
+            raise AppendWouldBlockError(f"{self}: the append decompresses batches")
         now_ms = self._clock.wall_ms()
         for batch in batches:
             check_produced_batch(records, batch, config, now_ms)
         records, batches = recompress(records, batches, config)
-        with self._lock:
+        if not self._lock.acquire(blocking=blocking):
+            raise AppendWouldBlockError(f"{self}: the partition lock is held")
+        try:
             if self._closed:
                 raise StorageError(f"{self} is closed")
+            if not blocking and (self._epochs_stale or config.flush_messages > 0):
+                raise AppendWouldBlockError(f"{self}: the append needs file work")
             try:
                 self._rewrite_stale_epochs_locked()
                 return self._append_locked(
-                    records, batches, config, times, leader_epoch, verification
+                    records, batches, config, times, leader_epoch, verification, blocking
                 )
             except OSError as exc:  # a roll's file work, or a flush.messages flush
                 raise io_error(exc, f"{self}: append failed") from exc
+        finally:
+            self._lock.release()
 
     def _append_locked(
         self,
@@ -388,6 +413,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         times: BatchTimes | None,
         leader_epoch: int | None,
         verification: Mapping[int, VerificationGuard | None] | None = None,
+        blocking: bool = True,
     ) -> AppendResult:
         if leader_epoch is not None and leader_epoch < self._leader_epochs.latest_epoch:
             # The leader moved to a newer epoch between the produce path's check and this
@@ -415,6 +441,10 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         )
         assigned, offset, record_count = placed.batches, placed.next_offset, placed.record_count
         first_offset = assigned[0].header.base_offset
+        if not blocking and self._local.should_roll_locked(
+            placed.size_bytes, offset - 1, placed.max_timestamp, config
+        ):
+            raise AppendWouldBlockError(f"{self}: the append needs a roll")
         if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
             self._assign_epoch_locked(leader_epoch, first_offset)
         segment = self._maybe_roll_locked(
@@ -557,6 +587,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
             with self._lock:
                 end = self.log_end_offset
                 dirty = local.dirty_segments_locked()
+                active = local.active_segment
                 try:
                     for segment in dirty:
                         segment.write_pending()
@@ -565,7 +596,9 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
                 self._unflushed_records = 0
             try:
                 for segment in dirty:
-                    segment.fsync()
+                    # The active segment's indexes are rebuilt by recovery, not synced
+                    # here (``Segment.fsync``): the log and its batch times are.
+                    segment.fsync(indexes=segment is not active)
             except OSError as exc:
                 raise io_error(exc, f"{self}: fsync failed") from exc
             with self._lock:
@@ -720,6 +753,11 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         with self._lock:
             self._closed = True
             try:
+                # A clean restart trusts every index, the active segment's too, which
+                # the produce path's flushes leave unsynced (``Segment.fsync``).
+                active = self._local.active_segment
+                active.write_pending()
+                active.fsync_indexes()
                 # A stale one that cannot be written fails the close: no clean-shutdown
                 # marker, so the next open takes the epochs from the batches.
                 self._rewrite_stale_epochs_locked()

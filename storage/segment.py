@@ -412,14 +412,28 @@ class Segment:
         self.offset_index.write_pending()
         self.time_index.write_pending()
 
-    def fsync(self) -> None:
-        """Make the log, both indexes, the batch times and the aborted transactions durable.
-        Call ``write_pending`` first (under lock)."""
+    def fsync(self, *, indexes: bool = True) -> None:
+        """Make the log, the batch times, the aborted transactions and (``indexes``) both
+        indexes durable. Call ``write_pending`` first (under lock).
+
+        ``indexes`` False is the produce path's flush of the active segment (issue #31):
+        its offset and time indexes are derived data, rebuilt from the log by recovery
+        after an unclean stop (the active segment always holds or follows the recovery
+        point, so ``storage.log_loader`` recovers it), and fsynced when the segment is
+        sealed (``fsync_indexes`` at the roll) or the log closes cleanly. The batch times
+        and the aborted-transaction index cannot be rebuilt from the log: always synced.
+        """
         os.fsync(self._fd)
-        self.offset_index.fsync()
-        self.time_index.fsync()
+        if indexes:
+            self.fsync_indexes()
         self.batch_times.fsync()
         self.txn_index.fsync()
+
+    def fsync_indexes(self) -> None:
+        """Make both indexes durable (a file with nothing written since its last fsync
+        costs nothing). Call ``write_pending`` first (under lock)."""
+        self.offset_index.fsync()
+        self.time_index.fsync()
 
     def recover(self, max_message_bytes: int, *, contiguous_from: int | None = None) -> int:
         """Validate every batch, rebuild both indexes, cut the log at the first bad byte.

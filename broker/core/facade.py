@@ -547,6 +547,13 @@ class BrokerCore(TopicCalls, GroupCalls):
         with self._operation():
             return self._produce.append(partitions)
 
+    def append_inline(self, partitions: Sequence[PartitionRecords]) -> list[PartitionAppend]:
+        """Step 1 on the caller's thread (an event loop) for the leading partitions that
+        can be appended without blocking; the caller appends the rest with ``append``
+        (``ProducePath.append_inline``)."""
+        with self._operation():
+            return self._produce.append_inline(partitions)
+
     def complete(self, appends: Sequence[PartitionAppend], acks: Acks, deliver: Deliver) -> None:
         """Step 2 of a produce: ``deliver`` gets the answers once durable per ``acks``.
 

@@ -360,10 +360,11 @@ class Partition:
         acks_all: bool,
         current_leader_epoch: int = -1,
         verification: Mapping[int, VerificationGuard | None] | None = None,
+        blocking: bool = True,
     ) -> AppendResult:
         """Check the role (``leader_epoch_for_append``), append stamped with this leader's
         epoch, and move the high watermark if the ISR allows it. ``verification``: the
-        transactional batches' guards (``PartitionLog.append``).
+        transactional batches' guards, ``blocking``: as ``PartitionLog.append``.
 
         Raises what ``leader_epoch_for_append`` and ``PartitionLog.append`` raise, except
         that a stamp the log refuses as stale (this broker's leadership moved to a newer
@@ -376,7 +377,9 @@ class Partition:
             acks_all=acks_all, current_leader_epoch=current_leader_epoch
         )
         try:
-            result = self.log.append(records, times, leader_epoch=epoch, verification=verification)
+            result = self.log.append(
+                records, times, leader_epoch=epoch, verification=verification, blocking=blocking
+            )
         except FencedLeaderEpochError as exc:
             raise NotLeaderOrFollowerError(
                 f"{self.topic}-{self.partition}: the leader epoch moved during the "

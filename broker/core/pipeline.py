@@ -92,19 +92,35 @@ class LoopBridge:
     def waker(self, event: asyncio.Event) -> Callable[[], None]:
         """A callable that sets ``event`` on the loop (a parked fetch's wake-up)."""
 
+        loop = self.loop
+
         def wake() -> None:
-            self.post(event.set)
+            if _running_loop() is loop:
+                event.set()  # an inline append on the loop's thread: no wake-up needed
+            else:
+                self.post(event.set)
 
         return wake
 
     def resolver(self, future: asyncio.Future[T]) -> Callable[[T], None]:
         """A callable that sets ``future``'s result on the loop (once; later calls and a
-        cancelled future are ignored)."""
+        cancelled future are ignored). Called on the loop's own thread (an ``acks=1``
+        produce's answer, delivered by ``complete`` there), it sets the result at once:
+        posting it would cost a write to the loop's wake-up socket and a loop iteration
+        for nothing. ``set_result`` runs no callback inline, so this is safe under the
+        caller's locks too."""
+        loop = self.loop
 
         def deliver(value: T) -> None:
-            self.post(resolve, future, value)
+            if _running_loop() is loop:
+                resolve(future, value)
+            else:
+                self.post(resolve, future, value)
 
         return deliver
+
+
+_running_loop = asyncio._get_running_loop  # None off a loop's thread (no exception)
 
 
 def resolve(future: asyncio.Future[T], value: T) -> None:

@@ -21,6 +21,20 @@ A produce request is split in two steps so that a stream can pipeline them:
      least ``min.insync.replicas`` in sync (``Partition.ack_status``), and gives up after
      ``REPLICATION_WAIT_MS`` (``REQUEST_TIMED_OUT``, retriable).
 
+Step 1 may run on a listener's event loop (``append_inline``, issue #31): a small request
+(``INLINE_APPEND_MAX_BYTES`` in all) to unreplicated partitions, without a transactional
+id, is appended there, saving the two thread hand-offs (loop -> I/O pool -> loop) that
+cost more than the append itself. Only what cannot wait: each partition's append is
+non-blocking (``PartitionLog.append(blocking=False)``: a held partition lock, a roll, a
+``flush.messages`` fsync, a checkpoint rewrite, or decompressing batches (a compacted
+topic's keys, per-record timestamp bounds, a topic codec's rebuild: a few KiB can hold
+megabytes) make it give up
+before changing anything), and a transactional batch (a coordinator round trip) or a
+replicated partition (its leader state and followers' locks) is never tried. The
+partitions it could not append, from the first one on, are appended by ``append`` on a
+thread as before, so the request's order holds. The batches are validated (framing, CRC,
+sequences) the same way on either thread: only where the work runs differs.
+
 Each partition is appended through its ``Partition`` (``broker.core.partition``:
 ``append_as_leader`` checks the role, the client's leader epoch and
 ``min.insync.replicas``, stamps the leader epoch and moves the high watermark), the same
@@ -80,11 +94,12 @@ from tidelog.storage.errors import (
     StorageError,
     TransactionAbortableError,
 )
-from tidelog.storage.partition_log import AppendResult, PartitionLog
+from tidelog.storage.partition_log import AppendResult, AppendWouldBlockError, PartitionLog
 from tidelog.storage.producer_state import VerificationGuard
 from tidelog.storage.records import iter_batch_headers
 
 __all__ = [
+    "INLINE_APPEND_MAX_BYTES",
     "REPLICATION_WAIT_MS",
     "Acks",
     "DelayedProduce",
@@ -101,6 +116,12 @@ log = logging.getLogger(__name__)
 # How long an acks=all produce waits for its followers (Kafka's produce request timeout;
 # the producer's own delivery timeout is the bound the user sets).
 REPLICATION_WAIT_MS = 30_000
+
+# The largest request (records bytes, all partitions) ``append_inline`` appends on the
+# caller's thread: a few batches of small records, whose validation and write take tens
+# of microseconds. Larger requests go to a thread: their CRC and copy take longer than a
+# hand-off, and an event loop must not be held that long.
+INLINE_APPEND_MAX_BYTES = 64 * 1024
 
 
 class Acks(enum.IntEnum):
@@ -358,8 +379,25 @@ class ProducePath:
         """Step 1: append each partition's batches, in request order; never raises."""
         return [self._append_one(p) for p in partitions]
 
-    def _append_one(self, part: PartitionRecords) -> PartitionAppend:
+    def append_inline(self, partitions: Sequence[PartitionRecords]) -> list[PartitionAppend]:
+        """Step 1 for the leading partitions of a request that can be appended without
+        blocking (module docstring), in request order; the caller appends the rest
+        (``partitions[len(answer):]``) with ``append`` on a thread that may wait. Never
+        raises; an empty list when the request is too large to try."""
+        if sum(len(p.records) for p in partitions) > INLINE_APPEND_MAX_BYTES:
+            return []
+        out = []
+        for part in partitions:
+            try:
+                out.append(self._append_one(part, blocking=False))
+            except AppendWouldBlockError:
+                break
+        return out
+
+    def _append_one(self, part: PartitionRecords, *, blocking: bool = True) -> PartitionAppend:
         try:
+            if not blocking and part.transactional_id is not None:
+                raise AppendWouldBlockError("a transactional request asks its coordinator")
             if part.refused is not None:
                 raise part.refused
             # Internal topics (__consumer_offsets) are written by the broker only; the
@@ -369,6 +407,8 @@ class ProducePath:
             if self._check_leader is not None:
                 self._check_leader(part.topic, part.partition)
             target = self._partitions.get(part.topic, part.partition)
+            if not blocking and target.replicated:
+                raise AppendWouldBlockError("a replicated partition is appended on a thread")
             guards = _check_transactional(part, target.log, self._verify, self._add_partition)
             result = target.append_as_leader(
                 part.records,
@@ -376,15 +416,17 @@ class ProducePath:
                 acks_all=part.acks_all,
                 current_leader_epoch=part.current_leader_epoch,
                 verification=guards,
+                blocking=blocking,
             )
+        except AppendWouldBlockError:
+            raise  # nothing appended: the caller appends this partition on a thread
         except Exception as exc:
             code, _ = partition_error(exc)
             self._metrics.produce_errors.labels(code).inc()
             log.debug("produce to %s-%d refused: %s", part.topic, part.partition, code)
             return PartitionAppend(part.topic, part.partition, None, exc, None)
         if not result.duplicate:
-            self._metrics.bytes_in.labels(part.topic).inc(len(part.records))
-            self._metrics.records_in.labels(part.topic).inc(result.record_count)
+            self._metrics.count_in(part.topic, len(part.records), result.record_count)
             self._on_append(part.topic, part.partition)
         return PartitionAppend(part.topic, part.partition, result, None, target)
 

@@ -2,7 +2,9 @@
 InitProducerId.
 
 - Produce: the RecordBatch v2 bytes the client sent are appended unchanged
-  (``BrokerCore.append``, on the listener's thread pool), then ``BrokerCore.complete``
+  (``BrokerCore.append_inline`` on the loop's thread for a small request to unreplicated
+  partitions when no append of it would wait, issue #31, else ``BrokerCore.append`` on
+  the listener's thread pool), then ``BrokerCore.complete``
   keeps the ``acks`` promise: 0 answers nothing at all (the listener writes no response),
   1 once appended, -1 (all) from the produce purgatory once durable, without a thread
   waiting. Records from this listener carry no sent time (``BatchTimes.sent_ms`` -1) and
@@ -199,7 +201,14 @@ def _add_leader_hints(
 async def _append_and_answer(
     conn: Connection, parts: list[PartitionRecords], acks: Acks, version: int
 ) -> Plain | None:
-    appends = await conn.run(conn.core.append, parts)
+    # Inline where the append cannot block (``ProducePath.append_inline``), the rest on
+    # the thread pool, in request order.
+    appends = conn.run_inline(conn.core.append_inline, parts)
+    conn.listener.inline_appends += len(appends)
+    if len(appends) < len(parts):
+        rest = parts[len(appends) :]
+        appends += await conn.run(conn.core.append, rest)
+        conn.listener.pool_appends += len(rest)
     bridge = conn.listener.pipeline.bridge
     answered: asyncio.Future[list[PartitionProduced]] = bridge.loop.create_future()
     # Delivered on this thread (acks 0/1) or the group fsync thread (acks=all), through

@@ -88,6 +88,7 @@ from tidelog.broker.kafka.codec import (
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
+from tidelog.broker.kafka.produce_codec import decode_produce, encode_produce_response
 from tidelog.broker.kafka.share_sessions import ShareSessions
 from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
 from tidelog.broker.loop_watchdog import LoopWatchdog
@@ -172,6 +173,15 @@ class Connection:
         there counts against the caller's ``request_percentage`` quota."""
         # The pipeline's core step (waits past queued.max.requests, as Kafka does).
         result, throttle_ms = await self.listener.pipeline.run(self.context, call, *args)
+        self.throttle_ms = max(self.throttle_ms, throttle_ms)
+        return result
+
+    def run_inline(self, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)`` on the loop's own thread (work that never blocks: the inline
+        produce, ``broker.kafka.data``); its time counts against ``request_percentage``
+        as ``run``'s does. It takes no ``queued.max.requests`` slot: that limit counts
+        requests waiting for the thread pool, and this one never does."""
+        result, throttle_ms = self.listener.pipeline.run_inline(self.context, call, *args)
         self.throttle_ms = max(self.throttle_ms, throttle_ms)
         return result
 
@@ -262,6 +272,10 @@ class KafkaListener:
         # fetch; loop's thread only; read by tests).
         self.sendfile_bytes = 0
         self.sendfile_regions = 0
+        # Partitions a produce appended on the loop's thread, and on the thread pool
+        # (broker.kafka.data's inline produce; loop's thread only; read by tests).
+        self.inline_appends = 0
+        self.pool_appends = 0
         # KIP-932 share sessions (loop's thread only; broker.kafka.share).
         self.share_sessions = ShareSessions()
         # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
@@ -532,10 +546,13 @@ class KafkaListener:
         handler = self.handlers.get(key)
         if handler is None:
             raise _close(connection, f"api {key} has no handler")
-        try:
-            request = decode_request(key, version, frame, header.body_offset)
-        except CodecError as exc:
-            raise _close(connection, str(exc)) from None
+        # Produce's own codec first (issue #31's lean path), kio for what it leaves.
+        request = decode_produce(version, frame, header.body_offset) if key == _PRODUCE else None
+        if request is None:
+            try:
+                request = decode_request(key, version, frame, header.body_offset)
+            except CodecError as exc:
+                raise _close(connection, str(exc)) from None
         if header.client_id != connection.context.client_id:
             connection.context = dataclasses.replace(connection.context, client_id=header.client_id)
         connection.throttle_ms = 0
@@ -557,9 +574,14 @@ class KafkaListener:
             answer["throttle_time"] = connection.throttle_ms
         if key == _FETCH_API and _has_regions(answer):
             return encode_response_parts(key, version, header.correlation_id, answer)
+        if key == _PRODUCE:
+            encoded = encode_produce_response(version, header.correlation_id, answer)
+            if encoded is not None:
+                return encoded
         return encode_response(key, version, header.correlation_id, answer)
 
 
+_PRODUCE = 0
 _FETCH_API = 1
 _FETCH_KEY = struct.pack(">h", _FETCH_API)
 
