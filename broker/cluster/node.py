@@ -373,6 +373,7 @@ class ClusterNode:
                 clock,
                 internal_topics=internal_topics,
                 fence=fence,
+                image=watcher.image_read,
             )
             watcher.start()
             controller.start()
