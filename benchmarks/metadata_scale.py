@@ -204,6 +204,14 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
     out["controlled_shutdown_still_leading"] = sum(
         1 for n in names for p in view.topics[n].partitions.values() if p.leader == stopping
     )
+    # What the stopping broker logged: its controlled shutdown moved the leaderships, or
+    # failed (bounded at 15 s, ``broker.cluster.node``) and its session's end moved them.
+    said = [
+        line.split("tidelog.broker.cluster.node: ", 1)[-1]
+        for line in cluster.output(stopping).splitlines()
+        if "controlled shutdown" in line
+    ]
+    out["controlled_shutdown_logged"] = said[-1] if said else "nothing"
 
 
 def measure_election_writes(partitions: int) -> dict[str, object]:
