@@ -27,6 +27,7 @@ partition, ``docs/cluster.md`` "Known gaps"): ``docs/cluster.md`` reports them.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
@@ -163,6 +164,7 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
         if p.leader == controller
     ]
     started = time.monotonic()
+    killed_at = datetime.datetime.now()
     cluster.kill(controller)
 
     def moved() -> bool:
@@ -171,6 +173,8 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
 
     out["controller_failover_s"] = round(_until(moved, started, "failover"), 2)
     out["controller_failover_partitions"] = len(led_by)
+    survivors = [b for b in cluster.broker_ids if b != controller]
+    out.update(_failover_steps(cluster, survivors, killed_at))
 
     # Broker restart (the old controller).
     started = time.monotonic()
@@ -212,6 +216,40 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
         if "controlled shutdown" in line
     ]
     out["controlled_shutdown_logged"] = said[-1] if said else "nothing"
+
+
+def _logged_at(line: str) -> datetime.datetime | None:
+    """When a broker logged ``line`` (its ``%(asctime)s`` prefix), None if it has none."""
+    try:
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+
+
+def _failover_steps(
+    cluster: LocalCluster, survivors: list[int], killed_at: datetime.datetime
+) -> dict[str, object]:
+    """Where a failover's time went, from the survivors' logs (seconds after the kill):
+    a new controller elected (``is the controller``: the session timeout is most of
+    it), and the last new leadership a survivor took (``leader at epoch``: the
+    controller's reconciliation and writes, and the brokers applying the view)."""
+    elected: list[float] = []
+    led: list[float] = []
+    for broker_id in survivors:
+        for line in cluster.output(broker_id).splitlines():
+            at = _logged_at(line)
+            if at is None or at < killed_at:
+                continue
+            seconds = (at - killed_at).total_seconds()
+            if "is the controller (epoch" in line:
+                elected.append(seconds)
+            elif ": leader at epoch" in line:
+                led.append(seconds)
+    return {
+        "failover_controller_elected_s": round(min(elected), 2) if elected else None,
+        "failover_first_leadership_s": round(min(led), 2) if led else None,
+        "failover_last_leadership_s": round(max(led), 2) if led else None,
+    }
 
 
 def measure_election_writes(partitions: int) -> dict[str, object]:
