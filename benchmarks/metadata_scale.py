@@ -210,12 +210,13 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
     )
     # What the stopping broker logged: its controlled shutdown moved the leaderships, or
     # failed (bounded at 15 s, ``broker.cluster.node``) and its session's end moved them.
-    said = [
-        line.split("tidelog.broker.cluster.node: ", 1)[-1]
-        for line in cluster.output(stopping).splitlines()
-        if "controlled shutdown" in line
-    ]
-    out["controlled_shutdown_logged"] = said[-1] if said else "nothing"
+    lines = cluster.output(stopping).splitlines()
+    said = [i for i, line in enumerate(lines) if "controlled shutdown" in line]
+    out["controlled_shutdown_logged"] = (
+        " ".join(line.strip() for line in lines[said[-1] : said[-1] + 4]).split(": ", 1)[-1]
+        if said
+        else "nothing"
+    )
 
 
 def _logged_at(line: str) -> datetime.datetime | None:

@@ -7,7 +7,9 @@ wires them.
   (``store_batch.read_cluster``: assignments, configs, states with version and zxid);
 - a failover decided from it elects the same way;
 - an image older than ZooKeeper (an ISR a leader shrank since) cannot undo that change:
-  the compare-and-set fails for that partition and a fresh read decides it.
+  the compare-and-set fails for that partition and a fresh read decides it;
+- the placements Metadata reads (``ClusterPlacement.partition``) are the same objects
+  while nothing of their partition changed, and follow every change.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import pytest
 from tests.broker.cluster.waiting import eventually
 from tidelog.broker.cluster.controller import Controller, ControllerSettings
 from tidelog.broker.cluster.metadata import MetadataWatcher
+from tidelog.broker.cluster.node import ClusterPlacement
+from tidelog.broker.cluster.session import SessionFence
 from tidelog.broker.cluster.store import ClusterStore
 from tidelog.broker.cluster.store_batch import ClusterRead
 from tidelog.broker.cluster.testing import ZooKeeperServer
@@ -194,3 +198,43 @@ def test_an_image_older_than_zookeeper_cannot_undo_a_newer_isr(
     # Broker 1 (dead) is out of every ISR; the shrink is kept, not undone by the image.
     eventually(lambda: _state(second, "s", partition).isr == (2,), 10.0)
     assert all(1 not in _state(second, "s", p).isr for p in range(6))
+
+
+def test_a_placement_is_the_same_object_until_its_partition_changes(
+    start: Callable[..., Broker],
+) -> None:
+    """``ClusterPlacement.partition`` hands out one object while nothing of the
+    partition changed (Metadata compares them by identity), and a new one when its
+    state or this broker's cut-off from ZooKeeper does."""
+    brokers = [start(i) for i in (1, 2, 3)]
+    controller = _controller(brokers)
+    controller.controller.create_topic("p", 3, 3, {})
+    watcher = brokers[0].watcher
+    assert watcher.wait_for(
+        lambda m: "p" in m.topics and all(s is not None for s in m.topics["p"].states.values()),
+        _WAIT_MS,
+    )
+    fence = SessionFence()
+    placement = ClusterPlacement(1, "cluster", watcher, brokers[0].store, fence)
+    first = [placement.partition("p", p) for p in range(3)]
+    controller.controller.create_topic("other", 1, 1, {})  # a re-read, "p" unchanged
+    assert watcher.wait_for(lambda m: "other" in m.topics, _WAIT_MS)
+    assert all(placement.partition("p", p) is first[p] for p in range(3))
+
+    led_by_1 = [p for p in range(3) if first[p].leader == 1]
+    assert led_by_1, "broker 1 leads nothing"
+    fence.cut("a test")
+    cut = placement.partition("p", led_by_1[0])
+    assert cut.leader == -1  # cut off: it vouches for no leadership of its own
+    fence.restore()
+    assert placement.partition("p", led_by_1[0]).leader == 1
+
+    victim = next(b for b in brokers if b.broker_id == 3)
+    victim.die()
+    assert watcher.wait_for(
+        lambda m: all(3 not in s.isr for s in m.topics["p"].states.values() if s is not None),
+        _WAIT_MS,
+    )
+    after = [placement.partition("p", p) for p in range(3)]
+    assert all(3 not in a.isr for a in after)
+    assert all(a is not f for a, f in zip(after, first, strict=True))
