@@ -10,12 +10,16 @@ AdminClient, Metadata from a live broker) sees its effect, polling every 50 ms:
   broker's time);
 * ``controller_failover_s``: SIGKILL the controller; until every partition it led shows
   another leader (the ZooKeeper session timeout, ``session_timeout_ms``, is most of it:
-  only then is the broker's registration gone);
+  only then is the broker's registration gone); ``failover_controller_elected_s``,
+  ``failover_first_leadership_s`` and ``failover_last_leadership_s`` say where the time
+  went, from the survivors' logs (a new controller; the first and the last new
+  leadership a survivor took, ``Partition.make_leader`` done);
 * ``broker_restart_s``: the same broker started again; until it serves (its ready file)
   and it is back in the ISR of every partition it is a replica of;
 * ``controlled_shutdown_s``: SIGTERM a broker that leads partitions and is not the
   controller; until its process has exited (its controlled shutdown moves its
-  leaderships first, ``broker.cluster.node``).
+  leaderships first, ``broker.cluster.node``); ``controlled_shutdown_logged`` is what it
+  logged of that (moved, or failed at its 15 s bound and stopped anyway).
 
 Besides, each broker's open files and resident memory with every partition led (from
 ``/proc``), per partition it holds a log of (every broker keeps a log of every
