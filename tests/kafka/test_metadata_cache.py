@@ -25,9 +25,11 @@ from tests.broker.cluster.waiting import eventually
 from tests.kafka import raw
 from tests.kafka.conftest import unique
 from tidelog.broker.cluster.testing import LocalCluster
+from tidelog.broker.core.placement import PartitionPlacement
+from tidelog.broker.core.topics import MetadataTopic
+from tidelog.broker.kafka.codec import EncodedItems, build, encode_response, is_flexible, to_plain
 from tidelog.broker.kafka.codec import _request_schema as request_schema
 from tidelog.broker.kafka.codec import _response_schema as response_schema
-from tidelog.broker.kafka.codec import build, is_flexible, to_plain
 from tidelog.broker.kafka.listener import KafkaListener
 from tidelog.broker.kafka.metadata_cache import TopicEntries
 from tidelog.broker.kafka.versions import ADVERTISED
@@ -171,3 +173,28 @@ def test_the_same_bytes_as_uncached_across_a_leader_change() -> None:
                 timeout_s=_TIMEOUT_S,
             )
             assert _compare(listener, address, [topic]) > 0
+
+
+@pytest.mark.parametrize("count", [0, 1, 130])
+def test_spliced_entries_encode_as_kio_would(count: int) -> None:
+    """The splice itself (``codec.EncodedItems``), no broker: at every version, with no
+    topic, one, and enough that a compact array's length takes two varint bytes."""
+    placement = PartitionPlacement(2, 4, (2, 1, 3), (2, 1), ())
+    topics = [
+        MetadataTopic(f"t{i}", "", (placement,) * (i % 3), internal=i == 0) for i in range(count)
+    ]
+    brokers = {1: ("h1", 9092), 2: ("h2", 9093)}
+    operations = [-2147483648 if i % 2 else 0b1000 for i in range(count)]
+    for version in range(_LOW, _HIGH + 1):
+        body = {
+            "brokers": [{"node_id": 1, "host": "h1", "port": 9092, "rack": None}],
+            "cluster_id": "c",
+            "controller_id": 1,
+            "cluster_authorized_operations": 7,
+            "throttle_time": 3,
+        }
+        plain = TopicEntries(enabled=False).answer(topics, operations, brokers, version)
+        spliced = TopicEntries().answer(topics, operations, brokers, version)
+        assert isinstance(spliced, EncodedItems)
+        expected = encode_response(_METADATA, version, 9, {**body, "topics": plain})
+        assert encode_response(_METADATA, version, 9, {**body, "topics": spliced}) == expected
