@@ -559,9 +559,9 @@ class Controller:
         partitions as this broker's metadata image holds them, when it is current
         (``MetadataWatcher.image_read``), instead of reading them all again; Kafka's
         controller, too, decides a failover from its in-memory context. Only then:
-        leaders are moved by the controller alone, and the previous one has been gone
-        for at least a session timeout, so the image has every leader it wrote (a
-        watch fires within milliseconds). The live brokers are read fresh either way.
+        leaders are moved by the controller alone, and a crashed previous one has been
+        gone for a session timeout, so the image has every leader it wrote (a watch
+        fires within milliseconds). The live brokers are read fresh either way.
         Each write is a compare-and-set at the image's version: an ISR a leader changed
         since fails alone, and the ``brokers`` event that failure posts reads ZooKeeper.
         A ``brokers`` event is posted anyway, so a reconcile from ZooKeeper follows the
