@@ -10,12 +10,16 @@ AdminClient, Metadata from a live broker) sees its effect, polling every 50 ms:
   broker's time);
 * ``controller_failover_s``: SIGKILL the controller; until every partition it led shows
   another leader (the ZooKeeper session timeout, ``session_timeout_ms``, is most of it:
-  only then is the broker's registration gone);
+  only then is the broker's registration gone); ``failover_controller_elected_s``,
+  ``failover_first_leadership_s`` and ``failover_last_leadership_s`` say where the time
+  went, from the survivors' logs (a new controller; the first and the last new
+  leadership a survivor took, ``Partition.make_leader`` done);
 * ``broker_restart_s``: the same broker started again; until it serves (its ready file)
   and it is back in the ISR of every partition it is a replica of;
 * ``controlled_shutdown_s``: SIGTERM a broker that leads partitions and is not the
   controller; until its process has exited (its controlled shutdown moves its
-  leaderships first, ``broker.cluster.node``).
+  leaderships first, ``broker.cluster.node``); ``controlled_shutdown_logged`` is what it
+  logged of that (moved, or failed at its 15 s bound and stopped anyway).
 
 Besides, each broker's open files and resident memory with every partition led (from
 ``/proc``), per partition it holds a log of (every broker keeps a log of every
@@ -27,6 +31,7 @@ partition, ``docs/cluster.md`` "Known gaps"): ``docs/cluster.md`` reports them.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
@@ -163,6 +168,7 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
         if p.leader == controller
     ]
     started = time.monotonic()
+    killed_at = datetime.datetime.now()
     cluster.kill(controller)
 
     def moved() -> bool:
@@ -171,6 +177,8 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
 
     out["controller_failover_s"] = round(_until(moved, started, "failover"), 2)
     out["controller_failover_partitions"] = len(led_by)
+    survivors = [b for b in cluster.broker_ids if b != controller]
+    out.update(_failover_steps(cluster, survivors, killed_at))
 
     # Broker restart (the old controller).
     started = time.monotonic()
@@ -204,6 +212,49 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
     out["controlled_shutdown_still_leading"] = sum(
         1 for n in names for p in view.topics[n].partitions.values() if p.leader == stopping
     )
+    # What the stopping broker logged: its controlled shutdown moved the leaderships, or
+    # failed (bounded at 15 s, ``broker.cluster.node``) and its session's end moved them.
+    lines = cluster.output(stopping).splitlines()
+    said = [i for i, line in enumerate(lines) if "controlled shutdown" in line]
+    out["controlled_shutdown_logged"] = (
+        " ".join(line.strip() for line in lines[said[-1] : said[-1] + 4]).split(": ", 1)[-1]
+        if said
+        else "nothing"
+    )
+
+
+def _logged_at(line: str) -> datetime.datetime | None:
+    """When a broker logged ``line`` (its ``%(asctime)s`` prefix), None if it has none."""
+    try:
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+
+
+def _failover_steps(
+    cluster: LocalCluster, survivors: list[int], killed_at: datetime.datetime
+) -> dict[str, object]:
+    """Where a failover's time went, from the survivors' logs (seconds after the kill):
+    a new controller elected (``is the controller``: the session timeout is most of
+    it), and the last new leadership a survivor took (``leader at epoch``: the
+    controller's reconciliation and writes, and the brokers applying the view)."""
+    elected: list[float] = []
+    led: list[float] = []
+    for broker_id in survivors:
+        for line in cluster.output(broker_id).splitlines():
+            at = _logged_at(line)
+            if at is None or at < killed_at:
+                continue
+            seconds = (at - killed_at).total_seconds()
+            if "is the controller (epoch" in line:
+                elected.append(seconds)
+            elif ": leader at epoch" in line:
+                led.append(seconds)
+    return {
+        "failover_controller_elected_s": round(min(elected), 2) if elected else None,
+        "failover_first_leadership_s": round(min(led), 2) if led else None,
+        "failover_last_leadership_s": round(max(led), 2) if led else None,
+    }
 
 
 def measure_election_writes(partitions: int) -> dict[str, object]:

@@ -72,6 +72,7 @@ from tidelog.broker.cluster.store import (
     StateRead,
     StoreError,
 )
+from tidelog.broker.cluster.store_batch import ClusterRead
 from tidelog.broker.cluster.topic_changes import TopicChanges
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
 from tidelog.broker.core.placement import Growth, NewTopic
@@ -88,6 +89,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
+_IMAGE_WAIT_MS = 2_000  # how long a new controller waits for its image to settle
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 _REASSIGN_CHECK_S = 0.25  # while a reassignment is in progress, re-read its ISRs this often
 
@@ -129,8 +131,12 @@ class Controller:
         rng: random.Random | None = None,
         internal_topics: Mapping[str, InternalTopic] | None = None,
         fence: SessionFence | None = None,
+        image: Callable[[int], ClusterRead | None] | None = None,
     ) -> None:
+        """``image``: the broker's metadata image (``MetadataWatcher.image_read``), which
+        a newly elected controller reconciles from instead of reading every znode."""
         self._store = store
+        self._image = image
         self._fence = fence or SessionFence()
         self._internal_topics = dict(internal_topics or {})
         self._settings = settings
@@ -485,7 +491,7 @@ class Controller:
         self._lease_ms = self._clock.monotonic_ms()
         log.info("broker %d is the controller (epoch %d)", lease.broker_id, lease.epoch)
         self._ensure_internal_topics()
-        self._reconcile()
+        self._reconcile(from_image=True)
         # A reassignment the previous controller started resumes from ZooKeeper.
         self._progress_reassignments()
 
@@ -544,13 +550,36 @@ class Controller:
             raise NotControllerError(f"broker {self._settings.broker_id} is not the controller")
         return self._lease
 
-    def _reconcile(self) -> None:
+    def _reconcile(self, *, from_image: bool = False) -> None:
         """Re-read everything (three pipelined rounds, ``store_batch.read_cluster``);
         elect where a leader is gone; drop dead followers and replicas that restarted
-        uncleanly (``election.reconcile``); write every change at once."""
+        uncleanly (``election.reconcile``); write every change at once.
+
+        ``from_image`` (the first reconcile of a new controller, a failover): the
+        partitions as this broker's metadata image holds them, when it is current
+        (``MetadataWatcher.image_read``), instead of reading them all again; Kafka's
+        controller, too, decides a failover from its in-memory context. Only then:
+        leaders are moved by the controller alone, and a crashed previous one has been
+        gone for a session timeout, so the image has every leader it wrote (a watch
+        fires within milliseconds). The live brokers are read fresh either way.
+        Each write is a compare-and-set at the image's version: an ISR a leader changed
+        since fails alone, and the ``brokers`` event that failure posts reads ZooKeeper.
+        A ``brokers`` event is posted anyway, so a reconcile from ZooKeeper follows the
+        failover's writes (an entry the image lacked, or a previous controller that
+        resigned milliseconds ago, is then caught); it no longer holds the elections up.
+        Later reconciles read ZooKeeper: this controller's own recent writes may not be
+        in the image yet."""
         lease = self._require_lease()
         brokers = self._store.live_brokers_view()
-        cluster = self._store.read_cluster()
+        cluster = None
+        if from_image and self._image is not None:
+            cluster = self._image(_IMAGE_WAIT_MS)
+            if cluster is None:
+                log.info("the metadata image is not current: reading every partition")
+            else:
+                self._post("brokers")
+        if cluster is None:
+            cluster = self._store.read_cluster()
         decisions: list[Decision] = []
         for (topic, partition), found in cluster.states.items():
             assignment = cluster.assignments[topic]

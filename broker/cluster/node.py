@@ -116,6 +116,7 @@ log = logging.getLogger(__name__)
 _NO_PLACEMENT = PartitionPlacement(NO_LEADER, -1, (), ())
 _VIEW_WAIT_MS = 10_000  # how long an admin call waits for this broker's view to catch up
 _SHUTDOWN_WAIT_MS = 15_000  # how long a controlled shutdown may take before stopping anyway
+_MAX_PLACEMENTS = 200_000  # ClusterPlacement's memo, emptied when it reaches this
 
 
 class LocalTopics(Protocol):
@@ -154,6 +155,8 @@ class ClusterPlacement:
         self._watcher = watcher
         self._store = store
         self._fence = fence or SessionFence()
+        # (topic, partition) -> (state, replicas, cut off, placement): ``partition``.
+        self._placements: dict[tuple[str, int], tuple[Any, Any, bool, PartitionPlacement]] = {}
 
     def cluster(self) -> ClusterView:
         """Cut off from ZooKeeper (``broker.cluster.session``), the controller is -1 (this
@@ -181,27 +184,35 @@ class ClusterPlacement:
         }
 
     def partition(self, topic: str, partition: int) -> PartitionPlacement:
+        """The same object while the state, replicas and cut-off are (issue #34: Metadata
+        for every partition builds none anew, and ``broker.kafka.metadata_cache`` then
+        compares by identity). The image keeps an unchanged state's object across
+        re-reads; the memo holds it, so ``is`` cannot meet a reused id."""
         found = self._watcher.snapshot.topics.get(topic)
         if found is None or partition not in found.assignment.replicas:
             return _NO_PLACEMENT
         state = found.states.get(partition)
         replicas = found.assignment.replicas[partition]
+        cut_off = self._fence.cut_off
+        key = (topic, partition)
+        memo = self._placements.get(key)
+        if memo is not None and memo[0] is state and memo[1] is replicas and memo[2] == cut_off:
+            return memo[3]
+        placed = self._place(state, replicas, cut_off)
+        if len(self._placements) >= _MAX_PLACEMENTS:
+            self._placements.clear()  # deleted topics' entries: dropped now and then
+        self._placements[key] = (state, replicas, cut_off, placed)
+        return placed
+
+    def _place(self, state: Any, replicas: tuple[int, ...], cut_off: bool) -> PartitionPlacement:
         if state is None:
             return PartitionPlacement(NO_LEADER, -1, replicas, ())
-        if state.leader == self._broker_id and self._fence.cut_off:
-            # Issue #33: cut off from ZooKeeper, this broker cannot vouch for its own
-            # leadership (another may have been elected): no leader, LEADER_NOT_AVAILABLE.
-            # Others' leaderships stay as last seen: elected by others, the best guess.
-            return PartitionPlacement(
-                NO_LEADER,
-                state.leader_epoch,
-                replicas,
-                state.isr,
-                state.elr,
-                state.last_known_elr,
-            )
+        # Issue #33: cut off from ZooKeeper, this broker cannot vouch for its own
+        # leadership (another may have been elected): no leader, LEADER_NOT_AVAILABLE.
+        # Others' leaderships stay as last seen: elected by others, the best guess.
+        leader = NO_LEADER if state.leader == self._broker_id and cut_off else state.leader
         return PartitionPlacement(
-            state.leader, state.leader_epoch, replicas, state.isr, state.elr, state.last_known_elr
+            leader, state.leader_epoch, replicas, state.isr, state.elr, state.last_known_elr
         )
 
     def check_leader(self, topic: str, partition: int) -> None:
@@ -373,6 +384,7 @@ class ClusterNode:
                 clock,
                 internal_topics=internal_topics,
                 fence=fence,
+                image=watcher.image_read,
             )
             watcher.start()
             controller.start()

@@ -46,9 +46,11 @@ from tidelog.storage.file_region import FileRegion
 
 __all__ = [
     "CodecError",
+    "EncodedItems",
     "RequestHeader",
     "build",
     "decode_request",
+    "encode_item",
     "encode_response",
     "encode_response_parts",
     "is_flexible",
@@ -185,8 +187,14 @@ def decode_request(api_key: int, api_version: int, frame: bytes, offset: int) ->
 
 
 def encode_response(api_key: int, api_version: int, correlation_id: int, body: Plain) -> bytes:
-    """The whole response frame (size prefix, header, body) for plain values ``body``."""
+    """The whole response frame (size prefix, header, body) for plain values ``body``.
+
+    A top-level array given as ``EncodedItems`` (its items already encoded for this api
+    key and version, ``encode_item``) is written as those bytes (``_splice``)."""
     schema = _response_schema(api_key, api_version)
+    spliced = [name for name, value in body.items() if isinstance(value, EncodedItems)]
+    if spliced:
+        return _splice(schema, api_key, api_version, correlation_id, body, spliced)
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     out.write(response_header_bytes(api_key, api_version, correlation_id))
@@ -194,6 +202,127 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: P
     data = out.getbuffer()
     struct.pack_into(">i", data, 0, len(data) - 4)
     return bytes(data)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedItems:
+    """A top-level array field's items, each already encoded (``encode_item``) for the
+    response's api key and version: ``encode_response`` writes the array's length and
+    then these bytes, as kio would have written the items themselves. Lets a handler
+    keep the encoding of pieces that rarely change (Metadata's topics,
+    ``broker.kafka.metadata_cache``) instead of building them for every answer."""
+
+    items: tuple[bytes, ...]
+
+
+def encode_item(api_key: int, api_version: int, field_name: str, item: Plain) -> bytes:
+    """One item of the top-level array ``field_name`` of the response, encoded alone
+    (what kio writes for it inside the array: the struct, its tags included)."""
+    cls = _item_class(api_key, api_version, field_name)
+    out = io.BytesIO()
+    entity_writer(cls)(out, build(cls, item, api_key))
+    return out.getvalue()
+
+
+@functools.cache
+def _item_class(api_key: int, api_version: int, field_name: str) -> type:
+    plans, _ = _plan(_response_schema(api_key, api_version))
+    for plan in plans:
+        if plan.name == field_name and plan.array and plan.struct is not None:
+            return plan.struct
+    raise ValueError(f"api {api_key} v{api_version}: no top-level array of structs {field_name}")
+
+
+# Encoded widths of the fixed-size kafka types (a field after a spliced array must be one).
+_FIXED_WIDTH = {
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float64": 8,
+    "bool": 1,
+    "error_code": 2,
+    "uuid": 16,
+    "timedelta_i32": 4,
+    "timedelta_i64": 8,
+    "datetime_i64": 8,
+}
+
+
+@functools.cache
+def _tail_width(api_key: int, api_version: int, field_name: str) -> int:
+    """How many bytes kio writes after array ``field_name`` of the response: the
+    fields after it, all fixed-size (checked), and a flexible version's tag section,
+    empty (checked: the schema has no top-level tagged field). Anything else is a
+    ``ValueError``: splicing is only for the shapes it is proven on."""
+    schema = _response_schema(api_key, api_version)
+    plans, _ = _plan(schema)
+    names = [p.name for p in plans]
+    if field_name not in names:
+        raise ValueError(f"api {api_key} v{api_version} has no field {field_name}")
+    width = 0
+    for f in fields(schema):
+        if f.metadata.get("tag") is not None:
+            raise ValueError(f"api {api_key} v{api_version}: top-level tagged fields")
+    for plan in plans[names.index(field_name) + 1 :]:
+        fixed = _FIXED_WIDTH.get(plan.kafka_type or "")
+        if fixed is None or plan.array or plan.struct is not None or plan.nullable:
+            raise ValueError(f"api {api_key} v{api_version}: {plan.name} is not fixed-size")
+        width += fixed
+    if schema.__flexible__:
+        width += 1  # zero tagged fields
+    return width
+
+
+def _array_length(flexible: bool, count: int) -> bytes:
+    if not flexible:
+        return struct.pack(">i", count)
+    value = count + 1  # compact arrays: length + 1, unsigned varint
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _splice(
+    schema: Any,
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    body: Plain,
+    spliced: list[str],
+) -> bytes:
+    """``encode_response`` of a body whose top-level array holds ``EncodedItems``: kio
+    encodes the body with that array empty; its empty length is then replaced by the
+    real length and the items' bytes. The array's place is found from the end (the
+    fixed-size fields after it, ``_tail_width``), so only one such field is allowed."""
+    if len(spliced) != 1:
+        raise ValueError(f"at most one spliced array per response, got {spliced}")
+    (name,) = spliced
+    encoded: EncodedItems = body[name]
+    flexible = bool(schema.__flexible__)
+    empty = len(_array_length(flexible, 0))
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    out.write(response_header_bytes(api_key, api_version, correlation_id))
+    entity_writer(schema)(out, build(schema, {**body, name: ()}, api_key))
+    data = out.getvalue()
+    cut = len(data) - _tail_width(api_key, api_version, name)
+    frame = b"".join(
+        (
+            data[: cut - empty],
+            _array_length(flexible, len(encoded.items)),
+            *encoded.items,
+            data[cut:],
+        )
+    )
+    return struct.pack(">i", len(frame) - 4) + frame[4:]
 
 
 class _RegionBytes(bytes):

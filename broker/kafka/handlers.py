@@ -31,7 +31,7 @@ from tidelog.broker.kafka.admin import (
     incremental_alter_configs,
 )
 from tidelog.broker.kafka.authz import denied, operations_bits, refusals, visible
-from tidelog.broker.kafka.cluster import broker_entries, partition_entry
+from tidelog.broker.kafka.cluster import broker_entries
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.data import (
     describe_producers,
@@ -190,28 +190,21 @@ async def metadata(conn: Connection, header: RequestHeader, request: Plain) -> P
         MetadataTopic(t.name, "TOPIC_AUTHORIZATION_FAILED") if t.name in refused else t
         for t in topics
     ]
+    bits = [
+        operations_bits(
+            conn,
+            operations.topic(t.name),
+            topic_operations and t.error_code != "TOPIC_AUTHORIZATION_FAILED",
+        )
+        for t in topics
+    ]
     return {
         "brokers": broker_entries(brokers, racks=conn.kafka_racks()),
         "cluster_id": cluster.cluster_id,
         "controller_id": cluster.controller_id,
-        "topics": [
-            {
-                "error_code": kafka_code(t.error_code),
-                "name": t.name,
-                "topic_id": _ZERO_UUID if t.error_code else topic_id(t.name),
-                "is_internal": t.internal,
-                "partitions": [
-                    partition_entry(index, p, brokers, header.api_version)
-                    for index, p in enumerate(t.partitions)
-                ],
-                "topic_authorized_operations": operations_bits(
-                    conn,
-                    operations.topic(t.name),
-                    topic_operations and t.error_code != "TOPIC_AUTHORIZATION_FAILED",
-                ),
-            }
-            for t in topics
-        ],
+        # Each topic's entry encoded once while it is unchanged (``broker.kafka.
+        # metadata_cache``): authorization above and the bits are still per request.
+        "topics": conn.listener.metadata_entries.answer(topics, bits, brokers, header.api_version),
         "cluster_authorized_operations": operations_bits(
             conn,
             operations.cluster(),

@@ -88,6 +88,7 @@ from tidelog.broker.kafka.codec import (
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
+from tidelog.broker.kafka.metadata_cache import TopicEntries
 from tidelog.broker.kafka.produce_codec import decode_produce, encode_produce_response
 from tidelog.broker.kafka.share_sessions import ShareSessions
 from tidelog.broker.kafka.versions import ADVERTISED, API_VERSIONS, supported
@@ -281,6 +282,9 @@ class KafkaListener:
         # Topic names by their derived ids (Fetch v13+ names topics by id; loop's thread
         # only; rebuilt from the topic list on a miss, ``broker.kafka.data``).
         self.topic_names: dict[uuid.UUID, str] = {}
+        # Metadata's topic entries, encoded once while unchanged (loop's thread only;
+        # ``broker.kafka.metadata_cache``).
+        self.metadata_entries = TopicEntries()
         self._loop = asyncio.new_event_loop()
         # Every request's steps (broker.core.pipeline): Kafka waits past queued.max.requests
         # and closes the connection on an error a handler did not put in its answer.
