@@ -12,6 +12,8 @@
 #                (pip install -e builds it too; without a C compiler both go on without it)
 #   make asan    the codec's fuzz and differential tests against an AddressSanitizer build
 #   make test-pure  the codec's tests with TIDELOG_PURE_PYTHON=1 (part of make test)
+#   make test-extended  the tests `make test` leaves out (marked extended: longer and repeated
+#                variants of tests CI runs in a shorter form; docs/testing.md)
 #   make bench   the benchmarks (see README for each one's figures)
 #   make bench-peers  Tidelog against NATS JetStream and Redis Streams (docs/benchmarks.md);
 #                installs the bench extra, and nats-server/redis-server with apt-get as root
@@ -159,7 +161,8 @@ PURE_TESTS := tests/storage/test_records.py tests/storage/test_native.py tests/s
 	tests/client/test_fetcher.py tests/client/test_fetcher_txn.py tests/client/test_partitioner.py \
 	tests/spark/test_arrow_columns.py
 # The cases `make test` deselects (pytest's -m 'not extended' in pyproject.toml): more
-# bootstrap positions, kill variants and fault runs of tests it runs once. Outside CI.
+# bootstrap positions, kill variants and fault runs of tests it runs once, the fuzz
+# test's full run and the longer soak. Outside CI (docs/testing.md lists them).
 test-extended: $(STAMP)
 	$(BIN)/python -m pytest -m extended $(PYTEST_ARGS)
 

@@ -3,10 +3,14 @@ shared by the tests of a module; each test uses its own topics and groups."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import confluent_kafka
 import pytest
 
 from tests.broker.cluster.waiting import eventually
@@ -62,3 +66,30 @@ def wait_until_decided(address: str, tp: TopicPartition, timeout_s: float = 30.0
 
         eventually(decided, timeout_s)
     return found[0]
+
+
+def kafka_login_works(config: dict[str, Any], timeout_s: float = 5.0) -> bool:
+    """Whether librdkafka logs in with ``config`` and gets an answer (list_topics).
+
+    A refused login is known at librdkafka's first ``_AUTHENTICATION`` error: librdkafka
+    keeps retrying it, and a single ``list_topics(timeout=5)`` waited the whole 5 s for
+    every wrong password. Any other failure waits up to ``timeout_s``."""
+    refused = threading.Event()
+
+    def on_error(error: confluent_kafka.KafkaError) -> None:
+        if error.code() == confluent_kafka.KafkaError._AUTHENTICATION:
+            refused.set()
+
+    producer = confluent_kafka.Producer({**config, "error_cb": on_error})
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                producer.list_topics(timeout=0.5)
+                return True
+            except confluent_kafka.KafkaException:
+                producer.poll(0)  # serves error_cb
+                if refused.is_set() or time.monotonic() >= deadline:
+                    return False
+    finally:
+        producer.flush(1)

@@ -40,6 +40,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i32
 
+from tests.kafka.conftest import kafka_login_works
 from tests.kafka.raw import SaslSession, read_frame
 from tidelog import client
 from tidelog.broker.core.scram import credential_from_password
@@ -88,15 +89,7 @@ def _admin(broker: InProcessBroker, user: str = "admin") -> kadmin.AdminClient:
 
 def _kafka_login_works(broker: InProcessBroker, user: str, password: str, mechanism: str) -> bool:
     """Whether librdkafka logs in as ``user`` and gets an answer (list_topics)."""
-    config = {**_kafka(broker, user, password, mechanism), "error_cb": lambda error: None}
-    producer = confluent_kafka.Producer(config)
-    try:
-        producer.list_topics(timeout=5)
-        return True
-    except confluent_kafka.KafkaException:
-        return False
-    finally:
-        producer.flush(1)
+    return kafka_login_works(_kafka(broker, user, password, mechanism))
 
 
 def _grpc_login_works(broker: InProcessBroker, user: str, password: str, mechanism: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 import crc32c
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from hypothesis import reject
 from hypothesis import strategies as st
 
@@ -255,12 +255,33 @@ _BY_NAME: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
+# The most a repeated field's copies add up to: past the broker's largest request
+# (socket.request.max.bytes, 100 MiB) a larger one is refused the same way. Uncapped, 2,000
+# copies of 2 MB of record bytes made one Produce request of 4 GB, which this test
+# process built, serialized and broke three ways (5-12 GiB of RSS).
+LIST_BYTES_CAP = 128 * 1024 * 1024
+
+
+def _byte_size(element: Any) -> int:
+    if isinstance(element, (bytes, str)):
+        return len(element)
+    if isinstance(element, Message):
+        return int(element.ByteSize())
+    return 10  # a number or an enum: a varint at most
+
+
+def _repeated(pair: tuple[Any, int]) -> list[Any]:
+    element, count = pair
+    return [element] * max(1, min(count, LIST_BYTES_CAP // max(1, _byte_size(element))))
+
+
 def _lists(single: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
     """A few elements, or one element repeated an absurd number of times (drawing
-    thousands of distinct elements would cost hypothesis more than the broker)."""
+    thousands of distinct elements would cost hypothesis more than the broker), up to
+    ``LIST_BYTES_CAP`` bytes of copies."""
     return st.one_of(
         st.lists(single, max_size=3),
-        st.tuples(single, st.sampled_from([50, 2_000])).map(lambda pair: [pair[0]] * pair[1]),
+        st.tuples(single, st.sampled_from([50, 2_000])).map(_repeated),
     )
 
 

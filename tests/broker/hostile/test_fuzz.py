@@ -1,7 +1,7 @@
 """Fuzz a live broker with malformed requests (issue 15, "Hostile input").
 
 One broker process (``python -m broker``, ``127.0.0.1:0``, a temporary data directory)
-takes at least ``MIN_CALLS`` generated calls per run: every RPC's request built field by
+takes at least ``Budget.min_calls`` generated calls per run: every RPC's request built field by
 field from the ``.proto`` (``strategies.requests``), produce requests with truncated,
 bit-flipped and lying record batches, streams mixing good and malformed messages, and
 raw garbage bodies sent to every method. Meanwhile a correct client (``Canary``)
@@ -18,6 +18,12 @@ produces and consumes. Then:
 - the broker's RSS grew by less than ``RSS_GROWTH_BOUND_BYTES`` over the run;
 - the correct client got every value acknowledged and read it back, in order.
 
+Two sizes of the same run (``Budget``): CI's (``[ci]``, ``CI_SHARE`` of every family,
+about 5,800 calls in 20-35 s: every RPC still gets up to 20 generated requests, each sent
+as is and as 3 broken encodings, and 12 garbage bodies; both streams 30 streams; 300
+hostile produce batches) and the full one (``[full]``, about 29,000 calls, at least
+10,000, in 100-220 s), marked ``extended``: ``make test-extended`` runs it, CI does not.
+
 Reproducible: hypothesis runs ``derandomize=True`` with no example database, so a run
 sends the same inputs every time (set ``TIDELOG_FUZZ_RANDOM=1`` to explore new ones).
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -44,7 +51,6 @@ from tidelog.proto.tidelog.v1 import broker_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(600)
 
-MIN_CALLS = 10_000
 # The broker keeps up to TRIM_THRESHOLD_BYTES (256 MiB) of freed heap on purpose
 # (broker.malloc: large messages then cost no page faults), so RSS after a burst of large
 # requests is their high-water mark, not a leak; the bound allows that plus 64 MiB.
@@ -55,14 +61,40 @@ METHODS = list(pb.DESCRIPTOR.services_by_name["Broker"].methods_by_name)
 STREAMS = ("ProduceStream", "FetchStream")
 UNARY = [m for m in METHODS if m not in STREAMS]
 
-# Examples per generated family; together well over MIN_CALLS calls (streams send
-# several messages per example).
-# TIDELOG_FUZZ_SCALE shrinks a run while working on the suite (CI runs it at 1).
+# TIDELOG_FUZZ_SCALE shrinks (or grows) both sizes while working on the suite.
 SCALE = float(os.environ.get("TIDELOG_FUZZ_SCALE", "1"))
-EXAMPLES_PER_RPC = int(100 * SCALE)  # each sent as is and as 3 broken encodings
-EXAMPLES_PRODUCE_BATCHES = int(1_500 * SCALE)
-EXAMPLES_PER_STREAM = int(150 * SCALE)
-EXAMPLES_GARBAGE_PER_RPC = int(60 * SCALE)
+# CI's share of the full run: every request kind, broken encoding and garbage family
+# still many times over, in about a third of the time (the full run is `extended`).
+CI_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Examples per generated family at ``scale`` (1: the full run); together well over
+    ``min_calls`` calls (streams send several messages per example)."""
+
+    scale: float
+
+    @property
+    def per_rpc(self) -> int:  # each sent as is and as 3 broken encodings
+        return max(1, int(100 * self.scale))
+
+    @property
+    def produce_batches(self) -> int:
+        return max(1, int(1_500 * self.scale))
+
+    @property
+    def per_stream(self) -> int:
+        return max(1, int(150 * self.scale))
+
+    @property
+    def garbage_per_rpc(self) -> int:
+        return max(1, int(60 * self.scale))
+
+    @property
+    def min_calls(self) -> int:
+        return int(10_000 * self.scale)
+
 
 BROKER_SETTINGS: dict[str, object] = {
     # A long poll is capped short, so a fuzzed max_wait_ms cannot hold a run for 30 s.
@@ -87,7 +119,7 @@ def _settings(max_examples: int) -> settings:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root = tmp_path_factory.mktemp("fuzz")
     broker = BrokerProcess(root / "data", root / "broker.log", BROKER_SETTINGS)
@@ -114,7 +146,16 @@ def _create_topics(stub: pb_grpc.BrokerStub) -> None:
         )
 
 
-def test_fuzzed_requests_are_answered_and_hurt_nothing(target: BrokerProcess) -> None:
+@pytest.mark.parametrize(
+    "budget",
+    [
+        pytest.param(Budget(CI_SHARE * SCALE), id="ci"),
+        pytest.param(Budget(SCALE), id="full", marks=pytest.mark.extended),
+    ],
+)
+def test_fuzzed_requests_are_answered_and_hurt_nothing(
+    target: BrokerProcess, budget: Budget
+) -> None:
     started = time.monotonic()
     options = [("grpc.max_receive_message_length", 128 * 1024 * 1024)]
     tally = Tally()
@@ -128,10 +169,10 @@ def test_fuzzed_requests_are_answered_and_hurt_nothing(target: BrokerProcess) ->
         sender = Sender(tally)
         stop_probing = target.dump_stacks_when_stalled()
         try:
-            _fuzz_produce_batches(stub, sender)
-            _fuzz_unary(channel, sender)
-            _fuzz_streams(channel, tally)
-            _fuzz_garbage(channel, sender)
+            _fuzz_produce_batches(stub, sender, budget)
+            _fuzz_unary(channel, sender, budget)
+            _fuzz_streams(channel, tally, budget)
+            _fuzz_garbage(channel, sender, budget)
         finally:
             sender.close()
             stop_probing()
@@ -155,13 +196,13 @@ def test_fuzzed_requests_are_answered_and_hurt_nothing(target: BrokerProcess) ->
     assert read_back.problems == [], "\n".join(read_back.problems[:40])
     assert canary_problems == [], [*canary_problems, stalls]
     assert rss_after - rss_before < RSS_GROWTH_BOUND_BYTES, report
-    assert tally.calls >= MIN_CALLS * SCALE, report
+    assert tally.calls >= budget.min_calls, report
 
 
-def _fuzz_produce_batches(stub: pb_grpc.BrokerStub, sender: Sender) -> None:
+def _fuzz_produce_batches(stub: pb_grpc.BrokerStub, sender: Sender, budget: Budget) -> None:
     """Hostile record bytes to the known topics (first: later stages may alter them)."""
 
-    @_settings(EXAMPLES_PRODUCE_BATCHES)
+    @_settings(budget.produce_batches)
     @given(
         topic=st.sampled_from(KNOWN_TOPICS),
         partition=st.integers(-1, 3),
@@ -184,12 +225,13 @@ def _fuzz_produce_batches(stub: pb_grpc.BrokerStub, sender: Sender) -> None:
                 f" ({len(records)} bytes))"
             ),
             lambda: stub.Produce(request, timeout=CALL_TIMEOUT_S),
+            len(records),
         )
 
     fuzz()
 
 
-def _fuzz_unary(channel: grpc.Channel, sender: Sender) -> None:
+def _fuzz_unary(channel: grpc.Channel, sender: Sender, budget: Budget) -> None:
     """Every unary RPC: each generated request as it is, then three broken encodings."""
     for method in UNARY:
         typed = channel.unary_unary(
@@ -198,38 +240,42 @@ def _fuzz_unary(channel: grpc.Channel, sender: Sender) -> None:
             response_deserializer=_response_type(method).FromString,
         )
         raw = channel.unary_unary(SERVICE + method)
-        _fuzz_one_unary(method, typed, raw, sender)
+        _fuzz_one_unary(method, typed, raw, sender, budget.per_rpc)
 
 
-def _fuzz_one_unary(method: str, typed: Any, raw: Any, sender: Sender) -> None:
-    @_settings(EXAMPLES_PER_RPC)
+def _fuzz_one_unary(method: str, typed: Any, raw: Any, sender: Sender, examples: int) -> None:
+    @_settings(examples)
     @given(request=requests(method))
     def fuzz(request: Any) -> None:
         # The fuzz fixture's topics stay: they are read back at the end.
         assume(not (method == "DeleteTopic" and request.name in KNOWN_TOPICS))
+        serialized = request.SerializeToString()
         sender.send(
-            lambda: f"{method}({request!r:.300})", lambda: typed(request, timeout=CALL_TIMEOUT_S)
+            lambda: f"{method}({request!r:.300})",
+            lambda: typed(request, timeout=CALL_TIMEOUT_S),
+            len(serialized),
         )
-        for body in mutations(request.SerializeToString()):
+        for body in mutations(serialized):
             sender.send(
                 lambda body=body: f"{method} raw {body[:200]!r}",
                 lambda body=body: raw(body, timeout=CALL_TIMEOUT_S),
+                len(body),
             )
 
     fuzz()
 
 
-def _fuzz_streams(channel: grpc.Channel, tally: Tally) -> None:
+def _fuzz_streams(channel: grpc.Channel, tally: Tally, budget: Budget) -> None:
     for method in STREAMS:
-        _fuzz_one_stream(method, channel.stream_stream(SERVICE + method), tally)
+        _fuzz_one_stream(method, channel.stream_stream(SERVICE + method), tally, budget.per_stream)
 
 
-def _fuzz_one_stream(method: str, call: Any, tally: Tally) -> None:
+def _fuzz_one_stream(method: str, call: Any, tally: Tally, examples: int) -> None:
     """Streams of raw bodies: valid-typed requests with garbage mixed in."""
     response_type = _response_type(method)
     body = st.one_of(requests(method).map(lambda m: m.SerializeToString()), garbage())
 
-    @_settings(EXAMPLES_PER_STREAM)
+    @_settings(examples)
     @given(bodies=st.lists(body, min_size=1, max_size=4))
     def fuzz(bodies: list[bytes]) -> None:
         def run() -> list[Any]:
@@ -245,17 +291,19 @@ def _fuzz_one_stream(method: str, call: Any, tally: Tally) -> None:
     fuzz()
 
 
-def _fuzz_garbage(channel: grpc.Channel, sender: Sender) -> None:
+def _fuzz_garbage(channel: grpc.Channel, sender: Sender, budget: Budget) -> None:
     for method in UNARY:  # streams had garbage mixed in above
-        _fuzz_one_garbage(method, channel.unary_unary(SERVICE + method), sender)
+        _fuzz_one_garbage(method, channel.unary_unary(SERVICE + method), sender, budget)
 
 
-def _fuzz_one_garbage(method: str, call: Any, sender: Sender) -> None:
-    @_settings(EXAMPLES_GARBAGE_PER_RPC)
+def _fuzz_one_garbage(method: str, call: Any, sender: Sender, budget: Budget) -> None:
+    @_settings(budget.garbage_per_rpc)
     @given(body=garbage())
     def fuzz(body: bytes) -> None:
         sender.send(
-            lambda: f"{method} raw {body[:200]!r}", lambda: call(body, timeout=CALL_TIMEOUT_S)
+            lambda: f"{method} raw {body[:200]!r}",
+            lambda: call(body, timeout=CALL_TIMEOUT_S),
+            len(body),
         )
 
     fuzz()

@@ -97,24 +97,49 @@ def check_call(tally: Tally, what: Callable[[], str], call: Callable[[], Any]) -
     tally.record("OK", [f"{what()}: {fault}" for fault in faults])
 
 
+# Request bytes outstanding at most (a larger request goes alone). Calls of a few huge
+# requests (a 70,000-character name repeated 2,000 times, and its three broken copies)
+# held in a window of 64 took this test process past 8 GiB on a loaded machine, where
+# the broker answers them slowly (tests/conftest.py's watchdog stopped it).
+WINDOW_BYTES = 256 * 1024 * 1024
+
+
 class Sender:
     """Calls made on a few threads while hypothesis draws the next inputs (drawing costs
-    as much as a call). At most ``window`` calls are outstanding. Not thread-safe: one
-    thread sends."""
+    as much as a call). At most ``window`` calls, and ``window_bytes`` of their requests,
+    are outstanding. Not thread-safe: one thread sends."""
 
-    def __init__(self, tally: Tally, *, workers: int = 4, window: int = 64) -> None:
+    def __init__(
+        self, tally: Tally, *, workers: int = 4, window: int = 64, window_bytes: int = WINDOW_BYTES
+    ) -> None:
         self._tally = tally
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fuzz")
-        self._slots = threading.BoundedSemaphore(window)
+        self._window = window
+        self._window_bytes = window_bytes
+        self._room = threading.Condition()
+        self._calls = 0
+        self._bytes = 0
 
-    def send(self, what: Callable[[], str], call: Callable[[], Any]) -> None:
-        self._slots.acquire()
+    def send(self, what: Callable[[], str], call: Callable[[], Any], size_bytes: int = 0) -> None:
+        """Send ``call`` (its request ``size_bytes`` long) once there is room for it."""
+        with self._room:
+            self._room.wait_for(
+                lambda: (
+                    self._calls < self._window
+                    and (self._calls == 0 or self._bytes + size_bytes <= self._window_bytes)
+                )
+            )
+            self._calls += 1
+            self._bytes += size_bytes
 
         def run() -> None:
             try:
                 check_call(self._tally, what, call)
             finally:
-                self._slots.release()
+                with self._room:
+                    self._calls -= 1
+                    self._bytes -= size_bytes
+                    self._room.notify_all()
 
         self._pool.submit(run)
 
