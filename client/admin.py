@@ -427,18 +427,25 @@ class AdminClient(GroupAdminCalls, ShareGroupAdminCalls, SecurityAdminCalls, Tra
             # CI). The controller's view decides.
             description = self._confirm_on_controller(describe, answered, name, left())
         rows = {p.partition: p for p in description.partitions}
+
+        def offline(tp: TopicPartition) -> PartitionDescription:
+            """The row of a partition no live broker leads: offsets, size and segments
+            unknown (-1), as the describing broker's row said otherwise."""
+            return replace(
+                rows[tp.partition],
+                leader=-1,
+                log_start_offset=-1,
+                log_end_offset=-1,
+                high_watermark=-1,
+                size_bytes=-1,
+                segments=-1,
+            )
+
         metadata = self._connections.metadata(timeout_ms=left())
         elsewhere: dict[TopicPartition, int] = {}
         for p in description.partitions:
             if p.leader < 0:
-                rows[p.partition] = replace(
-                    p,
-                    log_start_offset=-1,
-                    log_end_offset=-1,
-                    high_watermark=-1,
-                    size_bytes=-1,
-                    segments=-1,
-                )
+                rows[p.partition] = offline(TopicPartition(name, p.partition))
                 continue
             node = metadata.brokers.get(p.leader)
             if node is None or self._connections.address_of(node) != answered[-1]:
@@ -474,8 +481,15 @@ class AdminClient(GroupAdminCalls, ShareGroupAdminCalls, SecurityAdminCalls, Tra
             return out
 
         if elsewhere:
+            # A leader that died since the describing broker answered: asked again until
+            # the metadata names its successor, or no live leader (offline: -1 at once).
             led = self._connections.run_per_leader(
-                elsewhere, from_leader, what=f"DescribeTopic {name}", timeout_ms=left(), known=True
+                elsewhere,
+                from_leader,
+                what=f"DescribeTopic {name}",
+                timeout_ms=left(),
+                known=True,
+                offline=offline,
             )
             for tp, row in led.items():
                 rows[tp.partition] = row

@@ -492,6 +492,7 @@ class ClusterConnections:
         what: str,
         timeout_ms: int | None = None,
         known: bool = False,
+        offline: Callable[[TopicPartition], R] | None = None,
     ) -> dict[TopicPartition, R]:
         """One ``call`` per leader with its partitions' ``items``, until every one answered.
 
@@ -502,6 +503,9 @@ class ClusterConnections:
         ``known``: the partitions exist (a broker described them), so metadata that
         lacks one comes from a broker whose view is behind (a topic created a moment
         ago): asked again like an offline partition, not raised as unknown.
+        ``offline``: the answer for a partition the metadata shows without a live leader
+        (a describe reports it as it is, as Kafka's ``describeTopics`` does), instead of
+        asking again until the timeout for a leader to come back.
         """
         timeout = self.request_timeout_ms if timeout_ms is None else timeout_ms
         started = self._monotonic_ms()
@@ -517,6 +521,12 @@ class ClusterConnections:
             for tp, item in pending.items():
                 try:
                     connection = self.leader(tp, remaining)
+                except LeaderNotAvailableError as exc:
+                    if offline is not None:
+                        out[tp] = offline(tp)
+                    else:
+                        failed[tp] = exc
+                    continue
                 except ROUTING_ERRORS as exc:
                     failed[tp] = exc
                     continue
