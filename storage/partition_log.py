@@ -109,16 +109,42 @@ from tidelog.storage.producer_state import (
     ProducerSummary,
     VerificationGuard,
 )
-from tidelog.storage.records import iter_batch_headers
+from tidelog.storage.records import validate_batch
 from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
 # split (issue #26); they stay importable from here.
-__all__ = ["AppendResult", "AppendWouldBlockError", "PartitionLog", "ReadResult"]
+__all__ = [
+    "AppendResult",
+    "AppendWouldBlockError",
+    "PartitionLog",
+    "ReadResult",
+    "validated_batches",
+]
 
 log = logging.getLogger(__name__)
 
 _SNAPSHOTS_KEPT = 2
+
+
+def validated_batches(records: bytes) -> list[BatchPosition]:
+    """Each of the concatenated batches in ``records`` with its header, every batch
+    validated (``records.validate_batch``: framing, magic, CRC-32C, codec, counts), as
+    ``PartitionLog.append`` needs them. A loop rather than ``iter_batch_headers``'
+    generator: this runs once per produced partition (issue #31's per-request Python).
+
+    Raises:
+        CorruptRecordError: as ``validate_batch``, for the first bad batch; also for
+            empty ``records`` (``append`` refuses those as an invalid request first).
+    """
+    out = []
+    position, end = 0, len(records)
+    while True:
+        header = validate_batch(records, position)
+        out.append(BatchPosition(position, header))
+        position += header.size_bytes
+        if position >= end:
+            return out
 
 
 class AppendWouldBlockError(Exception):
@@ -345,6 +371,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         leader_epoch: int | None = None,
         verification: Mapping[int, VerificationGuard | None] | None = None,
         blocking: bool = True,
+        batches: list[BatchPosition] | None = None,
     ) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
 
@@ -361,7 +388,10 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         rather than wait for the lock, do file work beyond the write itself (a roll, a
         ``flush.messages`` fsync, a stale checkpoint's rewrite) or decompress batches
         (``log_validator.decompresses``); the batches are validated (CRC included) either
-        way.
+        way. ``batches``: ``records``' batches as ``validated_batches(records)`` returned
+        them, for a caller that read the headers already (the produce path, issue #31:
+        one walk of the headers a request, not two); None: read and validated here.
+        Nothing else may be passed: the CRC-32C check is in ``validated_batches``.
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -378,10 +408,8 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         if not records:
             raise InvalidRequestError("no record batches to append")
         config = self._local.config
-        batches = [
-            BatchPosition(position, header)
-            for position, header in iter_batch_headers(records, validate=True)
-        ]
+        if batches is None:
+            batches = validated_batches(records)
         if not blocking and decompresses(batches, config):
             raise AppendWouldBlockError(f"{self}: the append decompresses batches")
         now_ms = self._clock.wall_ms()
@@ -441,15 +469,15 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         )
         assigned, offset, record_count = placed.batches, placed.next_offset, placed.record_count
         first_offset = assigned[0].header.base_offset
-        if not blocking and self._local.should_roll_locked(
+        # Asked once: the answer decides both a non-blocking append's give-up and the roll.
+        roll = self._local.should_roll_locked(
             placed.size_bytes, offset - 1, placed.max_timestamp, config
-        ):
+        )
+        if roll and not blocking:
             raise AppendWouldBlockError(f"{self}: the append needs a roll")
         if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
             self._assign_epoch_locked(leader_epoch, first_offset)
-        segment = self._maybe_roll_locked(
-            placed.size_bytes, first_offset, offset - 1, placed.max_timestamp, config
-        )
+        segment = self._roll_locked(first_offset) if roll else self._local.active_segment
         self._opening = any(b.header.is_transactional for b in assigned)
         try:
             segment.append(placed.parts, assigned, times)

@@ -93,6 +93,7 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.partition_log import AppendResult, PartitionLog
 from tidelog.storage.producer_state import VerificationGuard
+from tidelog.storage.segment import BatchPosition
 
 __all__ = ["Follower", "IsrChange", "Partition"]
 
@@ -361,10 +362,12 @@ class Partition:
         current_leader_epoch: int = -1,
         verification: Mapping[int, VerificationGuard | None] | None = None,
         blocking: bool = True,
+        batches: list[BatchPosition] | None = None,
     ) -> AppendResult:
         """Check the role (``leader_epoch_for_append``), append stamped with this leader's
         epoch, and move the high watermark if the ISR allows it. ``verification``: the
-        transactional batches' guards, ``blocking``: as ``PartitionLog.append``.
+        transactional batches' guards, ``blocking`` and ``batches`` (the headers read
+        already): as ``PartitionLog.append``.
 
         Raises what ``leader_epoch_for_append`` and ``PartitionLog.append`` raise, except
         that a stamp the log refuses as stale (this broker's leadership moved to a newer
@@ -378,7 +381,12 @@ class Partition:
         )
         try:
             result = self.log.append(
-                records, times, leader_epoch=epoch, verification=verification, blocking=blocking
+                records,
+                times,
+                leader_epoch=epoch,
+                verification=verification,
+                blocking=blocking,
+                batches=batches,
             )
         except FencedLeaderEpochError as exc:
             raise NotLeaderOrFollowerError(
