@@ -453,13 +453,16 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
             )
         state = self._producer_state
         duplicates = state.check_all([b.header for b in batches])
-        if all(d is not None for d in duplicates):
+        if all(d is None for d in duplicates):
+            kept = batches  # the usual append: nothing here was stored before
+        elif all(d is not None for d in duplicates):
             originals = [d for d in duplicates if d is not None]
             return AppendResult(
                 originals[0].base_offset, originals[-1].last_offset, -1, 0, duplicate=True
             )
-        # Keep only the new batches; duplicates among them are already stored.
-        kept = [b for b, d in zip(batches, duplicates, strict=True) if d is None]
+        else:
+            # Keep only the new batches; duplicates among them are already stored.
+            kept = [b for b, d in zip(batches, duplicates, strict=True) if d is None]
         if verification is not None:
             state.check_verified([b.header for b in kept], verification)
         now_ms = self._clock.wall_ms()
