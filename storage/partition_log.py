@@ -101,6 +101,7 @@ from tidelog.storage.log_validator import (
     check_produced_batch,
     decompresses,
     recompress,
+    validated_batches,
 )
 from tidelog.storage.partition_log_replication import ReplicationCalls
 from tidelog.storage.partition_log_txns import TransactionCalls
@@ -109,42 +110,15 @@ from tidelog.storage.producer_state import (
     ProducerSummary,
     VerificationGuard,
 )
-from tidelog.storage.records import validate_batch
 from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
 # split (issue #26); they stay importable from here.
-__all__ = [
-    "AppendResult",
-    "AppendWouldBlockError",
-    "PartitionLog",
-    "ReadResult",
-    "validated_batches",
-]
+__all__ = ["AppendResult", "AppendWouldBlockError", "PartitionLog", "ReadResult"]
 
 log = logging.getLogger(__name__)
 
 _SNAPSHOTS_KEPT = 2
-
-
-def validated_batches(records: bytes) -> list[BatchPosition]:
-    """Each of the concatenated batches in ``records`` with its header, every batch
-    validated (``records.validate_batch``: framing, magic, CRC-32C, codec, counts), as
-    ``PartitionLog.append`` needs them. A loop rather than ``iter_batch_headers``'
-    generator: this runs once per produced partition (issue #31's per-request Python).
-
-    Raises:
-        CorruptRecordError: as ``validate_batch``, for the first bad batch; also for
-            empty ``records`` (``append`` refuses those as an invalid request first).
-    """
-    out = []
-    position, end = 0, len(records)
-    while True:
-        header = validate_batch(records, position)
-        out.append(BatchPosition(position, header))
-        position += header.size_bytes
-        if position >= end:
-            return out
 
 
 class AppendWouldBlockError(Exception):
@@ -388,10 +362,8 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         rather than wait for the lock, do file work beyond the write itself (a roll, a
         ``flush.messages`` fsync, a stale checkpoint's rewrite) or decompress batches
         (``log_validator.decompresses``); the batches are validated (CRC included) either
-        way. ``batches``: ``records``' batches as ``validated_batches(records)`` returned
-        them, for a caller that read the headers already (the produce path, issue #31:
-        one walk of the headers a request, not two); None: read and validated here.
-        Nothing else may be passed: the CRC-32C check is in ``validated_batches``.
+        way. ``batches``: ``log_validator.validated_batches(records)``'s answer, from a
+        caller that read it already (the produce path: one header walk, not two).
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.

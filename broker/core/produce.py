@@ -35,7 +35,7 @@ partitions it could not append, from the first one on, are appended by ``append`
 thread as before, so the request's order holds. The batches are validated (framing, CRC,
 sequences) the same way on either thread: only where the work runs differs. Each
 partition's headers are read once, every batch's CRC-32C checked, and shared by the
-transactional check and the append (``storage.partition_log.validated_batches``): a
+transactional check and the append (``storage.log_validator.validated_batches``): a
 damaged batch is answered ``CORRUPT_MESSAGE`` by the append, after the partition's own
 checks as before, and its coordinator is never asked about it: bytes that fail their
 CRC cannot be trusted to name a producer, so they neither verify nor (transactions v2)
@@ -101,12 +101,8 @@ from tidelog.storage.errors import (
     StorageError,
     TransactionAbortableError,
 )
-from tidelog.storage.partition_log import (
-    AppendResult,
-    AppendWouldBlockError,
-    PartitionLog,
-    validated_batches,
-)
+from tidelog.storage.log_validator import validated_batches
+from tidelog.storage.partition_log import AppendResult, AppendWouldBlockError, PartitionLog
 from tidelog.storage.producer_state import VerificationGuard
 from tidelog.storage.segment import BatchPosition
 
