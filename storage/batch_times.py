@@ -172,7 +172,15 @@ class BatchTimesFile:
         """
         if not entries:
             return
-        data = encode_entries(entries)
+        if len(entries) == 1:  # one batch: a produce's usual append, packed directly
+            e = entries[0]
+            data = ENTRY.pack(e.last_offset, e.position, e.sent_ms, e.received_ms)
+            wire = WIRE_ENTRY.pack(e.last_offset, e.sent_ms, e.received_ms)
+        else:
+            data = encode_entries(entries)
+            wire = b"".join(
+                WIRE_ENTRY.pack(e.last_offset, e.sent_ms, e.received_ms) for e in entries
+            )
         start = len(self._positions) * ENTRY.size
         try:
             written = 0
@@ -187,9 +195,7 @@ class BatchTimesFile:
                 raise LogDirFullError(f"no space left appending to {self.path}") from exc
             raise StorageError(f"cannot append to {self.path}: {exc}") from exc
         # Wire bytes first: a reader bisects positions, then slices the wire bytes.
-        self._wire += b"".join(
-            WIRE_ENTRY.pack(e.last_offset, e.sent_ms, e.received_ms) for e in entries
-        )
+        self._wire += wire
         self._positions.extend(e.position for e in entries)
 
     def wire_entries(self, start_position: int, end_position: int) -> bytes:

@@ -51,6 +51,7 @@ from tidelog.storage.records import (
     iter_batch_headers,
     set_base_offset,
     set_log_append_time,
+    validate_batch,
 )
 from tidelog.storage.segment import BatchPosition
 
@@ -62,6 +63,7 @@ __all__ = [
     "follower_batch_times",
     "place_follower_batches",
     "recompress",
+    "validated_batches",
 ]
 
 _BASE_OFFSET = struct.Struct(">q")  # a batch's first 8 bytes, outside its CRC
@@ -258,6 +260,27 @@ def _check_timestamps(records: bytes, batch: BatchPosition, config: LogConfig, n
                 f"record at offset delta {record.offset - header.base_offset} is more than "
                 f"message.timestamp.before.max.ms ({before}) before the broker's time {now_ms}"
             )
+
+
+def validated_batches(records: bytes) -> list[BatchPosition]:
+    """Each of the concatenated batches in ``records`` with its header, every batch
+    validated (``records.validate_batch``: framing, magic, CRC-32C, codec, counts), as
+    ``PartitionLog.append`` needs them (or takes them from a caller that read them). A
+    loop rather than ``iter_batch_headers``' generator: this runs once per produced
+    partition (issue #31's per-request Python).
+
+    Raises:
+        CorruptRecordError: as ``validate_batch``, for the first bad batch; also for
+            empty ``records`` (``append`` refuses those as an invalid request first).
+    """
+    out = []
+    position, end = 0, len(records)
+    while True:
+        header = validate_batch(records, position)
+        out.append(BatchPosition(position, header))
+        position += header.size_bytes
+        if position >= end:
+            return out
 
 
 def assign_offsets(

@@ -101,6 +101,7 @@ from tidelog.storage.log_validator import (
     check_produced_batch,
     decompresses,
     recompress,
+    validated_batches,
 )
 from tidelog.storage.partition_log_replication import ReplicationCalls
 from tidelog.storage.partition_log_txns import TransactionCalls
@@ -109,7 +110,6 @@ from tidelog.storage.producer_state import (
     ProducerSummary,
     VerificationGuard,
 )
-from tidelog.storage.records import iter_batch_headers
 from tidelog.storage.segment import BatchPosition, Segment
 
 # ReadResult and SNAPSHOT_SUFFIX live in storage.local_log and storage.log_loader since the
@@ -345,6 +345,7 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         leader_epoch: int | None = None,
         verification: Mapping[int, VerificationGuard | None] | None = None,
         blocking: bool = True,
+        batches: list[BatchPosition] | None = None,
     ) -> AppendResult:
         """Validate, assign offsets to and store one or more concatenated batches.
 
@@ -361,7 +362,8 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         rather than wait for the lock, do file work beyond the write itself (a roll, a
         ``flush.messages`` fsync, a stale checkpoint's rewrite) or decompress batches
         (``log_validator.decompresses``); the batches are validated (CRC included) either
-        way.
+        way. ``batches``: ``log_validator.validated_batches(records)``'s answer, from a
+        caller that read it already (the produce path: one header walk, not two).
 
         Raises:
             CorruptRecordError: bad framing, magic, CRC, or inconsistent header fields.
@@ -378,10 +380,8 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         if not records:
             raise InvalidRequestError("no record batches to append")
         config = self._local.config
-        batches = [
-            BatchPosition(position, header)
-            for position, header in iter_batch_headers(records, validate=True)
-        ]
+        if batches is None:
+            batches = validated_batches(records)
         if not blocking and decompresses(batches, config):
             raise AppendWouldBlockError(f"{self}: the append decompresses batches")
         now_ms = self._clock.wall_ms()
@@ -425,13 +425,16 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
             )
         state = self._producer_state
         duplicates = state.check_all([b.header for b in batches])
-        if all(d is not None for d in duplicates):
+        if all(d is None for d in duplicates):
+            kept = batches  # the usual append: nothing here was stored before
+        elif all(d is not None for d in duplicates):
             originals = [d for d in duplicates if d is not None]
             return AppendResult(
                 originals[0].base_offset, originals[-1].last_offset, -1, 0, duplicate=True
             )
-        # Keep only the new batches; duplicates among them are already stored.
-        kept = [b for b, d in zip(batches, duplicates, strict=True) if d is None]
+        else:
+            # Keep only the new batches; duplicates among them are already stored.
+            kept = [b for b, d in zip(batches, duplicates, strict=True) if d is None]
         if verification is not None:
             state.check_verified([b.header for b in kept], verification)
         now_ms = self._clock.wall_ms()
@@ -441,15 +444,15 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
         )
         assigned, offset, record_count = placed.batches, placed.next_offset, placed.record_count
         first_offset = assigned[0].header.base_offset
-        if not blocking and self._local.should_roll_locked(
+        # Asked once: the answer decides both a non-blocking append's give-up and the roll.
+        roll = self._local.should_roll_locked(
             placed.size_bytes, offset - 1, placed.max_timestamp, config
-        ):
+        )
+        if roll and not blocking:
             raise AppendWouldBlockError(f"{self}: the append needs a roll")
         if leader_epoch is not None and leader_epoch > self._leader_epochs.latest_epoch:
             self._assign_epoch_locked(leader_epoch, first_offset)
-        segment = self._maybe_roll_locked(
-            placed.size_bytes, first_offset, offset - 1, placed.max_timestamp, config
-        )
+        segment = self._roll_locked(first_offset) if roll else self._local.active_segment
         self._opening = any(b.header.is_transactional for b in assigned)
         try:
             segment.append(placed.parts, assigned, times)

@@ -264,8 +264,10 @@ class ProducerStateTable:
         stored, so one request may carry several consecutive batches of a producer.
         Raises as ``check`` does (for the first offending batch).
         """
-        scratch = ProducerStateTable()
         out: list[BatchMetadata | None] = []
+        if all(h.producer_id == NO_PRODUCER_ID for h in headers):
+            return [None] * len(headers)  # no idempotent producer: nothing to check
+        scratch = ProducerStateTable()
         for header in headers:
             pid = header.producer_id
             if pid == NO_PRODUCER_ID:

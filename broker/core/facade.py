@@ -48,6 +48,7 @@ from tidelog.broker.core.configs import (
 )
 from tidelog.broker.core.delayed import DelayedOperations
 from tidelog.broker.core.delete_records import DeletionAnswer
+from tidelog.broker.core.errors import ShuttingDownError
 from tidelog.broker.core.facade_groups import GroupCalls
 from tidelog.broker.core.facade_topics import TopicCalls
 from tidelog.broker.core.fetch import (
@@ -550,9 +551,15 @@ class BrokerCore(TopicCalls, GroupCalls):
     def append_inline(self, partitions: Sequence[PartitionRecords]) -> list[PartitionAppend]:
         """Step 1 on the caller's thread (an event loop) for the leading partitions that
         can be appended without blocking; the caller appends the rest with ``append``
-        (``ProducePath.append_inline``)."""
-        with self._operation():
+        (``ProducePath.append_inline``). The gate is entered directly, not through
+        ``_operation``'s context manager: this runs once a small produce, on the loop."""
+        gate = self._gate
+        if not gate.try_enter():
+            raise ShuttingDownError("the broker is shutting down")
+        try:
             return self._produce.append_inline(partitions)
+        finally:
+            gate.leave()
 
     def complete(self, appends: Sequence[PartitionAppend], acks: Acks, deliver: Deliver) -> None:
         """Step 2 of a produce: ``deliver`` gets the answers once durable per ``acks``.

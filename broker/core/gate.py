@@ -53,7 +53,9 @@ class OperationGate:
         """An operation counted by ``try_enter`` ended."""
         with self._condition:
             self._in_flight -= 1
-            if self._in_flight == 0:
+            # Only ``wait_idle`` waits, and only after ``begin_close`` (both under the
+            # condition): an operation ending before that wakes nobody.
+            if self._in_flight == 0 and self._closing:
                 self._condition.notify_all()
 
     def begin_close(self) -> None:

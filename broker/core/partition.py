@@ -74,9 +74,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.broker.core.partition_roles import Follower, FollowerProgress, IsrChange, Leading
 from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
@@ -93,54 +93,11 @@ from tidelog.storage.errors import (
 )
 from tidelog.storage.partition_log import AppendResult, PartitionLog
 from tidelog.storage.producer_state import VerificationGuard
+from tidelog.storage.segment import BatchPosition
 
 __all__ = ["Follower", "IsrChange", "Partition"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Follower:
-    """The follower role: who leads, at which epoch."""
-
-    leader: int
-    epoch: int
-
-
-@dataclass(slots=True)
-class _Progress:
-    """What the leader knows of one follower."""
-
-    log_end_offset: int = -1
-    log_start_offset: int = -1  # as the follower last reported it (-1: not yet)
-    caught_up_ms: int = 0
-    last_fetch_ms: int = 0
-    last_fetch_leader_end: int = -1
-
-
-@dataclass(slots=True, eq=False)
-class _Leading:
-    """The leader role; mutated under the partition's lock only."""
-
-    epoch: int
-    replicas: tuple[int, ...]
-    isr: frozenset[int]
-    epoch_start: int
-    followers: dict[int, _Progress] = field(default_factory=dict)
-    pending_isr: tuple[int, ...] | None = None
-    isr_before: frozenset[int] | None = None
-    # A reassignment's adding replicas: their reads go through the leader's throttle.
-    adding: frozenset[int] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class IsrChange:
-    """An ISR change being written: the proposed ISR at the leader epoch it was made in.
-    ``term`` is the leadership it belongs to (a later one ignores its outcome)."""
-
-    term: object
-    epoch: int
-    isr: tuple[int, ...]
 
 
 class Partition:
@@ -172,10 +129,10 @@ class Partition:
         self._checkpoint_log_start = checkpoint_log_start
         self._lock = threading.Lock()
         self._moved = threading.Condition()  # notified whenever the high watermark or ISR moves
-        self._role: _Leading | Follower | None = (
+        self._role: Leading | Follower | None = (
             None
             if replicated
-            else _Leading(0, (broker_id,), frozenset((broker_id,)), log.log_start_offset)
+            else Leading(0, (broker_id,), frozenset((broker_id,)), log.log_start_offset)
         )
 
     def __repr__(self) -> str:
@@ -188,11 +145,11 @@ class Partition:
         """The epoch this broker leads at; None unless it is a replicated partition's
         leader."""
         role = self._role
-        return role.epoch if self.replicated and isinstance(role, _Leading) else None
+        return role.epoch if self.replicated and isinstance(role, Leading) else None
 
     @property
     def is_leader(self) -> bool:
-        return isinstance(self._role, _Leading)
+        return isinstance(self._role, Leading)
 
     def make_leader(
         self,
@@ -215,18 +172,18 @@ class Partition:
         self._check_replicated()
         with self._lock:
             current = self._role
-            if isinstance(current, _Leading) and current.epoch == epoch:
+            if isinstance(current, Leading) and current.epoch == epoch:
                 return False
             self.log.track_high_watermark()
             self.log.begin_leader_epoch(epoch)
             now = self._clock.monotonic_ms()
-            self._role = _Leading(
+            self._role = Leading(
                 epoch,
                 replicas,
                 frozenset(isr),
                 self.log.log_end_offset,
                 {
-                    r: _Progress(caught_up_ms=now if r in isr else 0)
+                    r: FollowerProgress(caught_up_ms=now if r in isr else 0)
                     for r in replicas
                     if r != self.broker_id
                 },
@@ -246,7 +203,7 @@ class Partition:
         self._check_replicated()
         with self._lock:
             role = self._role
-            if not isinstance(role, _Leading) or role.epoch != epoch:
+            if not isinstance(role, Leading) or role.epoch != epoch:
                 return False
             if role.replicas == replicas and role.adding == frozenset(adding):
                 return False
@@ -254,7 +211,7 @@ class Partition:
             role.adding = frozenset(adding)
             for r in replicas:
                 if r != self.broker_id and r not in role.followers:
-                    role.followers[r] = _Progress()
+                    role.followers[r] = FollowerProgress()
             for r in list(role.followers):
                 if r not in replicas:
                     del role.followers[r]
@@ -264,7 +221,7 @@ class Partition:
         """Whether ``replica_id`` is an adding replica of a reassignment of this partition,
         which this broker leads (its reads go through ``leader.replication.throttled.rate``)."""
         role = self._role
-        return isinstance(role, _Leading) and replica_id in role.adding
+        return isinstance(role, Leading) and replica_id in role.adding
 
     def make_follower(self, leader: int, epoch: int) -> bool:
         """Follow ``leader`` at ``epoch`` (the high watermark is tracked from now on);
@@ -278,7 +235,7 @@ class Partition:
                 return False
             self._role = followed
             self.log.track_high_watermark()
-        was_leading = isinstance(current, _Leading)
+        was_leading = isinstance(current, Leading)
         if was_leading:
             self.notify_progress()
         return was_leading
@@ -290,7 +247,7 @@ class Partition:
         with self._lock:
             current = self._role
             self._role = None
-        was_leading = isinstance(current, _Leading)
+        was_leading = isinstance(current, Leading)
         if was_leading:
             self.notify_progress()
         return was_leading
@@ -316,9 +273,9 @@ class Partition:
         if not self.replicated:
             raise ValueError(f"{self.topic}-{self.partition}: an unreplicated partition leads")
 
-    def _leading_locked(self) -> _Leading:
+    def _leading_locked(self) -> Leading:
         role = self._role
-        if not isinstance(role, _Leading):
+        if not isinstance(role, Leading):
             raise NotLeaderOrFollowerError(
                 f"broker {self.broker_id} does not lead {self.topic}-{self.partition}"
             )
@@ -361,10 +318,12 @@ class Partition:
         current_leader_epoch: int = -1,
         verification: Mapping[int, VerificationGuard | None] | None = None,
         blocking: bool = True,
+        batches: list[BatchPosition] | None = None,
     ) -> AppendResult:
         """Check the role (``leader_epoch_for_append``), append stamped with this leader's
         epoch, and move the high watermark if the ISR allows it. ``verification``: the
-        transactional batches' guards, ``blocking``: as ``PartitionLog.append``.
+        transactional batches' guards, ``blocking`` and ``batches`` (the headers read
+        already): as ``PartitionLog.append``.
 
         Raises what ``leader_epoch_for_append`` and ``PartitionLog.append`` raise, except
         that a stamp the log refuses as stale (this broker's leadership moved to a newer
@@ -378,7 +337,12 @@ class Partition:
         )
         try:
             result = self.log.append(
-                records, times, leader_epoch=epoch, verification=verification, blocking=blocking
+                records,
+                times,
+                leader_epoch=epoch,
+                verification=verification,
+                blocking=blocking,
+                batches=batches,
             )
         except FencedLeaderEpochError as exc:
             raise NotLeaderOrFollowerError(
@@ -417,8 +381,8 @@ class Partition:
             return DURABLE
         with self._lock:
             role = self._role
-            isr_size = len(role.isr) if isinstance(role, _Leading) else 0
-        if not isinstance(role, _Leading):
+            isr_size = len(role.isr) if isinstance(role, Leading) else 0
+        if not isinstance(role, Leading):
             return NotLeaderOrFollowerError(
                 f"broker {self.broker_id} stopped leading {self.topic}-{self.partition} "
                 "before the write was replicated; it may or may not be stored"
@@ -533,7 +497,7 @@ class Partition:
             return
         with self._lock:
             role = self._role
-            if not isinstance(role, _Leading):
+            if not isinstance(role, Leading):
                 return
             epoch, epoch_start = role.epoch, role.epoch_start
         _check_epoch(self, epoch, current_leader_epoch)
@@ -666,7 +630,7 @@ class Partition:
             return False
         with self._lock:
             leading = self._role
-            if not isinstance(leading, _Leading):
+            if not isinstance(leading, Leading):
                 return False
             # The maximal ISR (Kafka's, KIP-497): the written ISR plus a member whose
             # joining is being written. Once that write lands, the controller may elect
@@ -709,7 +673,7 @@ class Partition:
             return False
         with self._lock:
             leading = self._role
-            if not isinstance(leading, _Leading) or leading.pending_isr is not None:
+            if not isinstance(leading, Leading) or leading.pending_isr is not None:
                 return False
             lagging = {
                 r
@@ -734,7 +698,7 @@ class Partition:
         """The proposed ISR change to write now (None: none, or no longer leading)."""
         with self._lock:
             leading = self._role
-            if not isinstance(leading, _Leading) or leading.pending_isr is None:
+            if not isinstance(leading, Leading) or leading.pending_isr is None:
                 return None
             leading.isr_before = leading.isr
             return IsrChange(leading, leading.epoch, leading.pending_isr)
@@ -744,7 +708,7 @@ class Partition:
         leadership still holds), the high watermark may move and the listeners hear of
         it. Returns (members dropped, members added) when written, else None."""
         leading = change.term
-        assert isinstance(leading, _Leading)
+        assert isinstance(leading, Leading)
         with self._lock:
             if self._role is leading:
                 leading.pending_isr = None
@@ -770,7 +734,7 @@ class Partition:
         """(leading, under-replicated: its ISR is below its replicas)."""
         with self._lock:
             role = self._role
-            if not isinstance(role, _Leading):
+            if not isinstance(role, Leading):
                 return False, False
             return True, len(role.isr) < len(role.replicas)
 
@@ -778,7 +742,7 @@ class Partition:
         """Leader side: ``follower -> records behind`` (-1: unknown); empty unless leading."""
         with self._lock:
             role = self._role
-            if not isinstance(role, _Leading):
+            if not isinstance(role, Leading):
                 return {}
             ends = {r: p.log_end_offset for r, p in role.followers.items()}
         end = self.log.log_end_offset

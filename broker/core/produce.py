@@ -33,7 +33,14 @@ before changing anything), and a transactional batch (a coordinator round trip) 
 replicated partition (its leader state and followers' locks) is never tried. The
 partitions it could not append, from the first one on, are appended by ``append`` on a
 thread as before, so the request's order holds. The batches are validated (framing, CRC,
-sequences) the same way on either thread: only where the work runs differs.
+sequences) the same way on either thread: only where the work runs differs. Each
+partition's headers are read once, every batch's CRC-32C checked, and shared by the
+transactional check and the append (``storage.log_validator.validated_batches``): a
+damaged batch is answered ``CORRUPT_MESSAGE`` by the append, after the partition's own
+checks as before, and its coordinator is never asked about it: bytes that fail their
+CRC cannot be trusted to name a producer, so they neither verify nor (transactions v2)
+add a partition to anyone's transaction. (Kafka's verification runs before its
+``LogValidator``'s CRC check; nothing is gained by following that order here.)
 
 Each partition is appended through its ``Partition`` (``broker.core.partition``:
 ``append_as_leader`` checks the role, the client's leader epoch and
@@ -94,9 +101,10 @@ from tidelog.storage.errors import (
     StorageError,
     TransactionAbortableError,
 )
+from tidelog.storage.log_validator import validated_batches
 from tidelog.storage.partition_log import AppendResult, AppendWouldBlockError, PartitionLog
 from tidelog.storage.producer_state import VerificationGuard
-from tidelog.storage.records import iter_batch_headers
+from tidelog.storage.segment import BatchPosition
 
 __all__ = [
     "INLINE_APPEND_MAX_BYTES",
@@ -149,21 +157,24 @@ _PRODUCE_ANSWERS = {
 
 
 def _check_transactional(
-    part: PartitionRecords, log: PartitionLog, verify: Verify | None, add: Verify | None
+    part: PartitionRecords,
+    batches: list[BatchPosition] | None,
+    log: PartitionLog,
+    verify: Verify | None,
+    add: Verify | None,
 ) -> dict[int, VerificationGuard | None] | None:
     """Refuse control batches, and transactional ones the coordinator does not confirm
     (module docstring); the verification guards to append with (None: no transactional
     batch). Each producer's guard is taken before the coordinator is asked, so that a
     marker landing before the append voids the answer (``storage.producer_state``).
-    Reads the 61-byte headers only; damaged framing is left to the log's append, which
-    reports it as before."""
-    try:
-        headers = [h for _, h in iter_batch_headers(part.records, validate=False)]
-    except CorruptRecordError:
+    ``batches``: the request's validated headers (None: damaged, left to the log's
+    append, which reports it as before)."""
+    if batches is None:
         return None
     guards: dict[int, VerificationGuard | None] = {}
     checked: set[tuple[int, int]] = set()
-    for header in headers:
+    for batch in batches:
+        header = batch.header
         if header.is_control:
             raise InvalidRequestError("control batches are written by the broker only")
         if not header.is_transactional:
@@ -409,7 +420,16 @@ class ProducePath:
             target = self._partitions.get(part.topic, part.partition)
             if not blocking and target.replicated:
                 raise AppendWouldBlockError("a replicated partition is appended on a thread")
-            guards = _check_transactional(part, target.log, self._verify, self._add_partition)
+            # One walk of the headers (CRC-32C included) for the transactional check and
+            # the append. Damaged batches are reported by the append, after the
+            # partition's own checks (role, leader epoch, min ISR), as before.
+            try:
+                batches: list[BatchPosition] | None = validated_batches(part.records)
+            except CorruptRecordError:
+                batches = None
+            guards = _check_transactional(
+                part, batches, target.log, self._verify, self._add_partition
+            )
             result = target.append_as_leader(
                 part.records,
                 part.times if self._batch_times else None,
@@ -417,6 +437,7 @@ class ProducePath:
                 current_leader_epoch=part.current_leader_epoch,
                 verification=guards,
                 blocking=blocking,
+                batches=batches,
             )
         except AppendWouldBlockError:
             raise  # nothing appended: the caller appends this partition on a thread

@@ -209,15 +209,22 @@ async def _append_and_answer(
         rest = parts[len(appends) :]
         appends += await conn.run(conn.core.append, rest)
         conn.listener.pool_appends += len(rest)
-    bridge = conn.listener.pipeline.bridge
-    answered: asyncio.Future[list[PartitionProduced]] = bridge.loop.create_future()
-    # Delivered on this thread (acks 0/1) or the group fsync thread (acks=all), through
-    # the pipeline's one bridge back to the loop: never blocks, never raises into the
-    # fsync thread (the listener may have stopped meanwhile).
-    conn.core.complete(appends, acks, bridge.resolver(answered))
-    if acks == Acks.NONE:
-        return None
-    answers = await answered
+    if acks != Acks.ALL:
+        # acks 0/1: ``complete`` delivers on this thread before it returns (its
+        # contract), so no future is made, resolved and awaited for it.
+        delivered: list[list[PartitionProduced]] = []
+        conn.core.complete(appends, acks, delivered.append)
+        if acks == Acks.NONE:
+            return None
+        answers = delivered[0]
+    else:
+        bridge = conn.listener.pipeline.bridge
+        answered: asyncio.Future[list[PartitionProduced]] = bridge.loop.create_future()
+        # Delivered on the group fsync thread (or this one, when durable already),
+        # through the pipeline's one bridge back to the loop: never blocks, never raises
+        # into the fsync thread (the listener may have stopped meanwhile).
+        conn.core.complete(appends, acks, bridge.resolver(answered))
+        answers = await answered
     return _produce_response(
         [
             (

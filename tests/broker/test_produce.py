@@ -279,3 +279,57 @@ def test_markers_and_unverified_transactional_batches_are_refused(
         assert result.error_code == "INVALID_REQUEST"
         assert why in result.error_message
     assert _values(stub, "t") == []
+
+
+@pytest.mark.parametrize("transaction_v2", [False, True])
+def test_a_damaged_transactional_batch_is_refused_before_its_coordinator_is_asked(
+    tmp_path: Path, transaction_v2: bool
+) -> None:
+    """The produce path reads a request's headers once, CRC-32C included (issue #31),
+    for the transactional check and the append: a transactional batch whose CRC does not
+    match is answered ``CORRUPT_MESSAGE`` without asking its coordinator to verify it or
+    (transactions v2) to add the partition to the transaction; nothing is stored. The same
+    batch undamaged is verified, then appended."""
+    clock = ManualClock()
+    logs = LogManager.open(tmp_path, LogManagerConfig(), clock)
+    asked: list[tuple[str, int, int, tuple[str, int]]] = []
+
+    def coordinator(tid: str, pid: int, epoch: int, tp: tuple[str, int]) -> str:
+        asked.append((tid, pid, epoch, tp))
+        return ""
+
+    try:
+        logs.create_topic("t", 1, {})
+        path = ProducePath(
+            PartitionRegistry(logs, 1, clock, replicated=False),
+            lambda _t, _p: None,
+            Purgatory("produce", clock),
+            GroupFsync(lambda _t, _p: None),
+            BrokerMetrics(),
+            clock=clock,
+            verify=coordinator,
+            add_partition=coordinator,
+        )
+        builder = BatchBuilder(
+            producer_id=7, producer_epoch=0, base_sequence=0, is_transactional=True
+        )
+        builder.append(0, None, b"in a transaction")
+        batch = builder.build()
+        damaged = bytearray(batch)
+        damaged[-1] ^= 0xFF  # inside the CRC-covered records
+        v2 = transaction_v2
+        [refused] = path.produce(
+            [PartitionRecords("t", 0, bytes(damaged), transactional_id="tx", transaction_v2=v2)],
+            Acks.LEADER,
+        )
+        assert refused.error_code == "CORRUPT_MESSAGE", refused
+        assert asked == []
+        assert logs.get_log("t", 0).log_end_offset == 0
+        [stored] = path.produce(
+            [PartitionRecords("t", 0, batch, transactional_id="tx", transaction_v2=v2)],
+            Acks.LEADER,
+        )
+        assert (stored.error_code, stored.base_offset) == ("", 0)
+        assert asked == [("tx", 7, 0, ("t", 0))]
+    finally:
+        logs.close()

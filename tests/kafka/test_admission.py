@@ -36,7 +36,9 @@ def broker() -> Iterator[InProcessBroker]:
 
 def _held_then_answered(broker: InProcessBroker, release: object) -> None:
     topic = unique("queued")
-    broker.server.core.create_topic(topic, 1, {})
+    # flush.messages: an append that fsyncs is never appended on the loop (issue #31's
+    # inline produce, which takes no queued.max.requests slot): it waits for the pool.
+    broker.server.core.create_topic(topic, 1, {"flush.messages": "1"})
     port = broker.server.kafka_port
     assert port is not None
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
