@@ -80,6 +80,7 @@ from tidelog.client.connection import Connection
 from tidelog.client.errors import ClosedError
 from tidelog.client.grpc_connection import GrpcConnection, grpc_connections
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.share_links import ShareLinks
 from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
@@ -98,6 +99,7 @@ log = logging.getLogger(__name__)
 # Kafka's AcknowledgeType ids.
 ACKNOWLEDGE_KINDS: Mapping[str, int] = {"accept": 1, "release": 2, "reject": 3}
 _ACCEPT = 1
+_RELEASE = 2
 _JOIN_EPOCH = 0
 _LEAVE_EPOCH = -1
 _RETRY_BACKOFF_MS = 100
@@ -129,6 +131,8 @@ class ShareConsumer:
         request_timeout_ms: the default timeout of every blocking call.
         acknowledgement_commit_callback: told of every acknowledgement's outcome
             (module docstring).
+        share_fetch_stream: fetch and acknowledge over one ``ShareFetchStream`` per
+            leader (module docstring); False: unary ShareFetch / ShareAcknowledge calls.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class ShareConsumer:
         reconnect_backoff_max_ms: int = 1_000,
         acknowledgement_mode: str = "implicit",
         acknowledgement_commit_callback: AcknowledgementCommitCallback | None = None,
+        share_fetch_stream: bool = True,
     ) -> None:
         if not group_id:
             raise ValueError("a ShareConsumer needs a group_id")
@@ -194,6 +199,10 @@ class ShareConsumer:
         # Outcomes for the callback, run on the application's thread (under _async_lock).
         self._completed: list[tuple[dict[TopicPartition, set[int]], TidelogError | None]] = []
         self._closed = False
+        self._links = ShareLinks(streams=share_fetch_stream)
+        # Records acquired ahead by the last acknowledgement's request (``_prefetch``),
+        # handed out by the next ``poll``: (record, delivery count).
+        self._prefetched: list[tuple[ConsumerRecord, int]] = []
 
     # --- membership -----------------------------------------------------------------------
 
@@ -326,6 +335,15 @@ class ShareConsumer:
         self._check_open()
         self._implicit_accept()
         self._run_callbacks()  # commit_async's, before anything else
+        if self._prefetched:
+            # Acquired ahead by the last acknowledgement's request: handed out now, and
+            # what is pending goes with a request that may fetch the next poll's.
+            records = self._hand_out(self._prefetched)
+            self._prefetched = []
+            if self._pending:
+                self._send_pending(self.request_timeout_ms, prefetch=True)
+            self._run_callbacks()
+            return records
         deadline = _monotonic_ms() + max(timeout_ms, 0)
         while True:
             records = self._fetch_once(max(deadline - _monotonic_ms(), 0))
@@ -433,7 +451,7 @@ class ShareConsumer:
         )
         self._leaders.add(address)
         try:
-            answer = _call(connection, "ShareFetch", request, wait_ms + self.request_timeout_ms)
+            answer = self._links.fetch(connection, request, wait_ms + self.request_timeout_ms)
         except TidelogError as exc:
             log.info("share group %s: fetch from %s failed: %s", self.group_id, address, exc)
             self._connections.mark_stale()
@@ -447,7 +465,12 @@ class ShareConsumer:
                 if r.error_code
             },
         )
-        out: list[ConsumerRecord] = []
+        return self._hand_out(self._acquired(answer))
+
+    def _acquired(self, answer: Any) -> list[tuple[ConsumerRecord, int]]:
+        """The records a ShareFetch answer hands this member, with their delivery counts
+        (a partition's error logged, and the leaders looked up again if it moved)."""
+        out: list[tuple[ConsumerRecord, int]] = []
         for part in answer.partitions:
             if part.error_code:
                 error = error_for_code(part.error_code, part.error_message)
@@ -460,7 +483,15 @@ class ShareConsumer:
             out.extend(self._records_of(part))
         return out
 
-    def _records_of(self, part: Any) -> list[ConsumerRecord]:
+    def _hand_out(self, acquired: list[tuple[ConsumerRecord, int]]) -> list[ConsumerRecord]:
+        """The records given to the application: held (``delivery_count``, ``acknowledge``,
+        implicit acceptance) from now on."""
+        delivered = self._delivered
+        for record, count in acquired:
+            delivered[(record.topic, record.partition, record.offset)] = count
+        return [record for record, _ in acquired]
+
+    def _records_of(self, part: Any) -> list[tuple[ConsumerRecord, int]]:
         """The records of ``part`` inside its acquired ranges (the broker sends whole
         stored batches): a batch outside every range is not decoded, and records are
         matched to ranges by one walk over both (both ascending), not a lookup an
@@ -469,8 +500,7 @@ class ShareConsumer:
         ranges = sorted((r.first_offset, r.last_offset, r.delivery_count) for r in part.acquired)
         if not ranges:
             return []
-        out: list[ConsumerRecord] = []
-        delivered = self._delivered
+        out: list[tuple[ConsumerRecord, int]] = []
         data = part.records
         i = 0
         for position, header in iter_batch_headers(data):
@@ -492,8 +522,7 @@ class ShareConsumer:
                     break
                 first, _, count = ranges[i]
                 if offset >= first:
-                    out.append(record)
-                    delivered[(topic, partition, offset)] = count
+                    out.append((record, count))
         return out
 
     def delivery_count(self, record: ConsumerRecord) -> int:
@@ -533,7 +562,7 @@ class ShareConsumer:
         deadline = _monotonic_ms() + self._timeout(timeout_ms)
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         while True:
-            outcomes.update(self._send_pending(max(deadline - _monotonic_ms(), 1)))
+            outcomes.update(self._send_pending(max(deadline - _monotonic_ms(), 1), prefetch=True))
             retry = [e for e in outcomes.values() if e is not None and e.retriable]
             remaining = deadline - _monotonic_ms()
             if not retry or remaining <= 0:
@@ -588,14 +617,16 @@ class ShareConsumer:
                     kept.setdefault(offset, kind)
 
     def _send_pending(
-        self, timeout_ms: int, *, close_session: bool = False
+        self, timeout_ms: int, *, close_session: bool = False, prefetch: bool = False
     ) -> dict[TopicPartition, TidelogError | None]:
-        """Send every pending acknowledgement (ShareAcknowledge to each leader); each
-        partition's outcome, settled (``_settle``: kept when retriable, unless closing)."""
+        """Send every pending acknowledgement (to each leader: on its share fetch stream,
+        or a ShareAcknowledge); each partition's outcome, settled (``_settle``: kept when
+        retriable, unless closing). ``prefetch`` (the application's thread only): the
+        requests also acquire the next poll's records (``_prefetch_request``)."""
         pending = self._take_pending()
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         try:
-            self._send(pending, outcomes, timeout_ms, close_session)
+            self._send(pending, outcomes, timeout_ms, close_session, prefetch)
         finally:
             self._settle(pending, outcomes, keep=not close_session)
         return {tp: outcomes.get(tp) for tp in pending} | outcomes
@@ -606,6 +637,7 @@ class ShareConsumer:
         outcomes: dict[TopicPartition, TidelogError | None],
         timeout_ms: int,
         close_session: bool,
+        prefetch: bool = False,
     ) -> None:
         by_leader: dict[str, tuple[Connection, _Pending]] = {}
         for tp, offsets in pending.items():
@@ -619,7 +651,10 @@ class ShareConsumer:
             for address in self._leaders:
                 if address not in by_leader:
                     by_leader[address] = (self._connections.connection_to(address), {})
-        for connection, acks in by_leader.values():
+        for address, (connection, acks) in by_leader.items():
+            if not close_session:
+                self._send_on_stream(address, connection, acks, outcomes, timeout_ms, prefetch)
+                continue
             request = pb.ShareAcknowledgeRequest(
                 group_id=self.group_id,
                 member_id=self.member_id,
@@ -640,6 +675,70 @@ class ShareConsumer:
                     error_for_code(r.error_code, r.error_message) if r.error_code else None
                 )
 
+    def _send_on_stream(
+        self,
+        address: str,
+        connection: Connection,
+        acks: _Pending,
+        outcomes: dict[TopicPartition, TidelogError | None],
+        timeout_ms: int,
+        prefetch: bool,
+    ) -> None:
+        """``acks`` as a ShareFetch on the leader's stream (a ShareFetch naming no
+        partitions only acknowledges), which may also fetch ahead (``_prefetch_request``);
+        not tried again on ``UNAVAILABLE``, as a ShareAcknowledge."""
+        request = pb.ShareFetchRequest(
+            group_id=self.group_id,
+            member_id=self.member_id,
+            acknowledgements=_ack_messages(acks),
+        )
+        # Not with a RELEASE: released records go to the lowest offsets available, and
+        # the request would hand them straight back to the member that gave them up.
+        if prefetch and not any(_RELEASE in offsets.values() for offsets in acks.values()):
+            self._prefetch_request(request, address, timeout_ms)
+        try:
+            answer = self._links.fetch(connection, request, timeout_ms, retry=False)
+        except TidelogError as exc:
+            if isinstance(exc, ROUTING_ERRORS):
+                self._connections.mark_stale()
+            outcomes.update(dict.fromkeys(acks, exc))
+            return
+        for r in answer.acknowledgements:
+            tp = TopicPartition(r.topic, r.partition)
+            outcomes[tp] = error_for_code(r.error_code, r.error_message) if r.error_code else None
+        if request.partitions:
+            self._prefetched.extend(self._acquired(answer))
+
+    def _prefetch_request(
+        self, request: pb.ShareFetchRequest, address: str, timeout_ms: int
+    ) -> None:
+        """Make ``request`` (acknowledgements to ``address``'s broker) also acquire the
+        next poll's records from the assigned partitions it leads, without waiting: at
+        most ``max_poll_records`` less what is already fetched ahead, so nothing is
+        acquired more than one poll before the application can take it (the locks run
+        from the acquisition, as Kafka's share consumer's fetched-ahead records' do)."""
+        room = self.max_poll_records - len(self._prefetched)
+        if room <= 0:
+            return
+        with self._lock:
+            assignment = sorted(self._assignment)
+        by_topic: dict[str, list[int]] = {}
+        for tp in assignment:
+            try:
+                if self._connections.leader(tp, timeout_ms).address != address:
+                    continue
+            except TidelogError:
+                continue
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        if not by_topic:
+            return
+        request.partitions.extend(
+            pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+        )
+        request.max_records = room
+        request.max_wait_ms = 0
+        self._leaders.add(address)
+
     def _release_sessions(self, timeout_ms: int) -> None:
         """Send what is pending and close the share session at every leader fetched from
         (the broker releases what this member still holds there)."""
@@ -647,6 +746,7 @@ class ShareConsumer:
         self._send_pending(timeout_ms, close_session=True)  # failures: to the callback
         self._leaders.clear()
         self._delivered.clear()
+        self._prefetched = []  # released by the closed sessions
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -664,6 +764,7 @@ class ShareConsumer:
             self._run_callbacks()
         finally:
             self._closed = True
+            self._links.close()
             self._connections.close()
 
     def __enter__(self) -> ShareConsumer:

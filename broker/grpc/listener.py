@@ -94,6 +94,7 @@ from tidelog.broker.grpc.service import (
     generic_handler,
     wait_cap_ms,
 )
+from tidelog.broker.grpc.share_stream import ShareFetchStreams
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
@@ -148,10 +149,20 @@ class _AsyncService:
         # What ends each open produce stream when the broker stops (``end_streams``).
         self._stream_enders: set[Callable[[], None]] = set()
         self._closing = False
+        self._share_streams = ShareFetchStreams(
+            self._pipeline,
+            self._open,
+            self._admission.close_call,
+            self._call,
+            _render,
+            self._stream_enders,
+            lambda: self._closing,
+        )
 
     def end_streams(self) -> None:
-        """The broker is stopping: every open produce stream reads no more requests,
-        answers what it read and ends ``UNAVAILABLE``; one opened later ends at once."""
+        """The broker is stopping: every open produce (and share fetch) stream reads no
+        more requests, answers what it read and ends ``UNAVAILABLE``; one opened later
+        ends at once."""
         self._closing = True
         for end in list(self._stream_enders):
             end()
@@ -163,6 +174,7 @@ class _AsyncService:
             self.fetch,
             self.produce_stream,
             self.fetch_stream,
+            share_fetch_stream=self._share_streams.serve,
             max_request_entries=self._core.config.max_request_partition_size_limit,
         )
 
