@@ -81,6 +81,7 @@ from tidelog.client.errors import ClosedError
 from tidelog.client.grpc_connection import GrpcConnection, grpc_connections
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
 from tidelog.client.share_links import ShareLinks
+from tidelog.client.share_wire import Pending, ack_messages, acquired_records
 from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
@@ -90,7 +91,6 @@ from tidelog.storage.errors import (
     UnknownMemberIdError,
     error_for_code,
 )
-from tidelog.storage.records import decode_batch_as, iter_batch_headers
 
 __all__ = ["ACKNOWLEDGE_KINDS", "AcknowledgementCommitCallback", "ShareConsumer"]
 
@@ -105,7 +105,7 @@ _LEAVE_EPOCH = -1
 _RETRY_BACKOFF_MS = 100
 _POLL_SLICE_MS = 100
 
-_Pending = dict[TopicPartition, dict[int, int]]  # partition -> offset -> kind
+_Pending = Pending
 # Kafka's AcknowledgementCommitCallback.onComplete: the offsets of one partition whose
 # acknowledgements completed, and their error (None: applied).
 AcknowledgementCommitCallback = Callable[
@@ -445,7 +445,7 @@ class ShareConsumer:
             group_id=self.group_id,
             member_id=self.member_id,
             partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
-            acknowledgements=_ack_messages(acks),
+            acknowledgements=ack_messages(acks),
             max_records=room,
             max_wait_ms=wait_ms,
         )
@@ -480,7 +480,7 @@ class ShareConsumer:
                     "share group %s: %s-%d: %s", self.group_id, part.topic, part.partition, error
                 )
                 continue
-            out.extend(self._records_of(part))
+            out.extend(acquired_records(part))
         return out
 
     def _hand_out(self, acquired: list[tuple[ConsumerRecord, int]]) -> list[ConsumerRecord]:
@@ -490,40 +490,6 @@ class ShareConsumer:
         for record, count in acquired:
             delivered[(record.topic, record.partition, record.offset)] = count
         return [record for record, _ in acquired]
-
-    def _records_of(self, part: Any) -> list[tuple[ConsumerRecord, int]]:
-        """The records of ``part`` inside its acquired ranges (the broker sends whole
-        stored batches): a batch outside every range is not decoded, and records are
-        matched to ranges by one walk over both (both ascending), not a lookup an
-        offset."""
-        topic, partition = part.topic, part.partition
-        ranges = sorted((r.first_offset, r.last_offset, r.delivery_count) for r in part.acquired)
-        if not ranges:
-            return []
-        out: list[tuple[ConsumerRecord, int]] = []
-        data = part.records
-        i = 0
-        for position, header in iter_batch_headers(data):
-            if header.is_control or header.records_count == 0:
-                continue
-            last_offset = header.base_offset + header.last_offset_delta
-            while i < len(ranges) and ranges[i][1] < header.base_offset:
-                i += 1
-            if i == len(ranges):
-                break
-            if ranges[i][0] > last_offset:
-                continue  # no acquired offset in this batch
-            _, decoded = decode_batch_as(data, position, ConsumerRecord, (topic, partition))
-            for record in decoded:
-                offset = record.offset
-                while i < len(ranges) and ranges[i][1] < offset:
-                    i += 1
-                if i == len(ranges):
-                    break
-                first, _, count = ranges[i]
-                if offset >= first:
-                    out.append((record, count))
-        return out
 
     def delivery_count(self, record: ConsumerRecord) -> int:
         """Which delivery of ``record`` this is (1 the first); 0 if it is not held."""
@@ -658,7 +624,7 @@ class ShareConsumer:
             request = pb.ShareAcknowledgeRequest(
                 group_id=self.group_id,
                 member_id=self.member_id,
-                acknowledgements=_ack_messages(acks),
+                acknowledgements=ack_messages(acks),
                 close_session=close_session,
             )
             try:
@@ -690,7 +656,7 @@ class ShareConsumer:
         request = pb.ShareFetchRequest(
             group_id=self.group_id,
             member_id=self.member_id,
-            acknowledgements=_ack_messages(acks),
+            acknowledgements=ack_messages(acks),
         )
         # Not with a RELEASE: released records go to the lowest offsets available, and
         # the request would hand them straight back to the member that gave them up.
@@ -784,30 +750,6 @@ class ShareConsumer:
 
     def _timeout(self, timeout_ms: int | None) -> int:
         return self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
-
-
-def _ack_messages(acks: _Pending) -> list[pb.ShareAcknowledgement]:
-    """Pending acknowledgements as ranges of consecutive offsets of one kind."""
-    out: list[pb.ShareAcknowledgement] = []
-    for tp, offsets in acks.items():
-        first = last = kind = -1
-        for offset in sorted(offsets):
-            if offset == last + 1 and offsets[offset] == kind:
-                last = offset
-                continue
-            if first >= 0:
-                out.append(_ack(tp, first, last, kind))
-            first = last = offset
-            kind = offsets[offset]
-        if first >= 0:
-            out.append(_ack(tp, first, last, kind))
-    return out
-
-
-def _ack(tp: TopicPartition, first: int, last: int, kind: int) -> pb.ShareAcknowledgement:
-    return pb.ShareAcknowledgement(
-        topic=tp.topic, partition=tp.partition, first_offset=first, last_offset=last, kind=kind
-    )
 
 
 def _call(
