@@ -4,6 +4,8 @@ of an answer inside its acquired ranges, and pending acknowledgements as ranges.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from operator import itemgetter
 from typing import Any
 
 from tidelog.client.types import ConsumerRecord, TopicPartition
@@ -13,14 +15,17 @@ from tidelog.storage.records import decode_batch_as, iter_batch_headers
 __all__ = ["Pending", "ack_messages", "acquired_records"]
 
 Pending = dict[TopicPartition, dict[int, int]]  # partition -> offset -> kind
+_OFFSET = itemgetter(2)  # a ConsumerRecord's offset (topic, partition, offset, ...)
 
 
 def acquired_records(part: Any) -> list[tuple[ConsumerRecord, int]]:
     """The records of ``part`` (a ``ShareFetchPartition``) inside its acquired ranges,
-    with their delivery counts (the broker sends whole stored batches): a batch outside
-    every range is not decoded, a batch inside one range is taken whole, and otherwise
-    records are matched to ranges by one walk over both (both ascending), not a lookup
-    an offset."""
+    with their delivery counts. The broker sends whole stored batches, which may hold
+    many times the records acquired (a producer's batch of 2,000 records shared by four
+    members taking 500 each): a batch outside every range is not decoded, and the
+    records of each range are cut out of a decoded batch by two binary searches on the
+    offsets (ascending in a batch), so the records of the batch that are not this
+    member's cost no Python work."""
     topic, partition = part.topic, part.partition
     ranges = sorted((r.first_offset, r.last_offset, r.delivery_count) for r in part.acquired)
     if not ranges:
@@ -39,19 +44,14 @@ def acquired_records(part: Any) -> list[tuple[ConsumerRecord, int]]:
         if ranges[i][0] > last_offset:
             continue  # no acquired offset in this batch
         _, decoded = decode_batch_as(data, position, ConsumerRecord, (topic, partition))
-        first, last, count = ranges[i]
-        if first <= header.base_offset and last_offset <= last:
-            out.extend([(record, count) for record in decoded])  # the whole batch
-            continue
-        for record in decoded:
-            offset = record.offset
-            while i < len(ranges) and ranges[i][1] < offset:
-                i += 1
-            if i == len(ranges):
-                break
-            first, _, count = ranges[i]
-            if offset >= first:
-                out.append((record, count))
+        while i < len(ranges) and ranges[i][0] <= last_offset:
+            first, last, count = ranges[i]
+            low = bisect_left(decoded, first, key=_OFFSET)
+            high = bisect_right(decoded, last, key=_OFFSET)
+            out.extend([(record, count) for record in decoded[low:high]])
+            if last > last_offset:
+                break  # the range goes on in the next batch
+            i += 1
     return out
 
 
