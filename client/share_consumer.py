@@ -32,8 +32,24 @@ every record of a ``poll`` is acknowledged as ACCEPT by the next ``poll``,
 ``acknowledge`` names is acknowledged, and a record left unacknowledged stays locked to
 this member until its lock expires (Kafka 4.1 refuses the next ``poll`` instead; Tidelog
 lets the lock do its work). Acknowledgements travel with the next ``poll``'s fetch
-(``ShareFetch``) or, on a commit, alone (``ShareAcknowledge``); ``commit_sync`` returns
-each partition's outcome.
+or with a commit's request; ``commit_sync`` returns each partition's outcome.
+
+**One stream per leader** (``client.share_links``, docs/share-groups.md "The share fetch
+stream"): fetches and acknowledgements go as ``ShareFetch`` requests on one open
+``ShareFetchStream`` to each leader, not as a unary call each (gRPC's price per call was
+most of what the share group's acknowledgement cost); a request naming no partitions
+only acknowledges. ``share_fetch_stream=False``, or a broker without the method, uses
+the unary ``ShareFetch`` / ``ShareAcknowledge``.
+
+**One poll ahead.** The request of a ``commit_sync`` (and of a ``poll`` that hands out
+records fetched ahead and has acknowledgements to send) also acquires, without waiting,
+the next poll's records from the assigned partitions that leader leads: at most
+``max_poll_records`` less what is already fetched ahead, so nothing is acquired more
+than one poll before the application can take it; the next ``poll`` hands them out
+without a call. Their locks run from the acquisition, as the records of any fetch.
+Not with a RELEASE among the acknowledgements (released records go to the lowest
+offsets available, and the request would hand them straight back to the member that
+gave them up); ``close`` releases what was fetched ahead with the share session.
 
 **Membership.** A heartbeat thread keeps the member in the group (ShareGroupHeartbeat to
 the coordinator, every ``heartbeat_interval_ms`` the broker dictates) and holds its

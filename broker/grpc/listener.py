@@ -27,7 +27,7 @@ Streams: ``ProduceStream`` appends request N+1 while request N waits for its fsy
 reader task that hands whatever arrived during the previous append to the executor in one
 job, the job's end a callback on the loop, the handler answering in order);
 ``FetchStream`` answers its requests one after the other, each parked as long as it has
-to. The end of a call
+to; ``ShareFetchStream`` likewise (``broker.grpc.share_stream``). The end of a call
 (client gone, cancelled, keepalive failed) cancels the handler's task, whose ``finally``
 cancels its parked operation. When the broker stops (``AsyncListener.stop``), every
 produce stream reads no more requests, answers those it read (an ``acks=all`` one once
