@@ -41,15 +41,18 @@ most of what the share group's acknowledgement cost); a request naming no partit
 only acknowledges. ``share_fetch_stream=False``, or a broker without the method, uses
 the unary ``ShareFetch`` / ``ShareAcknowledge``.
 
-**One poll ahead.** The request of a ``commit_sync`` (and of a ``poll`` that hands out
-records fetched ahead and has acknowledgements to send) also acquires, without waiting,
-the next poll's records from the assigned partitions that leader leads: at most
-``max_poll_records`` less what is already fetched ahead, so nothing is acquired more
-than one poll before the application can take it; the next ``poll`` hands them out
-without a call. Their locks run from the acquisition, as the records of any fetch.
-Not with a RELEASE among the acknowledgements (released records go to the lowest
-offsets available, and the request would hand them straight back to the member that
-gave them up); ``close`` releases what was fetched ahead with the share session.
+**One poll ahead** (``fetch_ahead=True``; off by default). The request of a
+``commit_sync`` (and of a ``poll`` that hands out records fetched ahead and has
+acknowledgements to send) also acquires, without waiting, the next poll's records from
+the assigned partitions that leader leads: at most ``max_poll_records`` less what is
+already fetched ahead, so nothing is acquired more than one poll before the application
+can take it; the next ``poll`` hands them out without a call. Their locks run from the
+acquisition. Not with a RELEASE among the acknowledgements (released records go to the
+lowest offsets available, and would go straight back to the member that gave them up);
+``close`` releases what was fetched ahead with the share session. Off by default: an
+acknowledgement a broker applied just before it died is sent again and refused after
+the restart, reported failed though applied (a hole of the retry design, widened by the
+longer commit: docs/share-groups.md).
 
 **Membership.** A heartbeat thread keeps the member in the group (ShareGroupHeartbeat to
 the coordinator, every ``heartbeat_interval_ms`` the broker dictates) and holds its
@@ -149,6 +152,8 @@ class ShareConsumer:
             (module docstring).
         share_fetch_stream: fetch and acknowledge over one ``ShareFetchStream`` per
             leader (module docstring); False: unary ShareFetch / ShareAcknowledge calls.
+        fetch_ahead: a commit's request also acquires the next poll's records ("One poll
+            ahead" in the module docstring). Off by default (see there).
     """
 
     def __init__(
@@ -164,6 +169,7 @@ class ShareConsumer:
         acknowledgement_mode: str = "implicit",
         acknowledgement_commit_callback: AcknowledgementCommitCallback | None = None,
         share_fetch_stream: bool = True,
+        fetch_ahead: bool = False,
     ) -> None:
         if not group_id:
             raise ValueError("a ShareConsumer needs a group_id")
@@ -216,6 +222,7 @@ class ShareConsumer:
         self._completed: list[tuple[dict[TopicPartition, set[int]], TidelogError | None]] = []
         self._closed = False
         self._links = ShareLinks(streams=share_fetch_stream)
+        self._fetch_ahead = fetch_ahead
         # Records acquired ahead by the last acknowledgement's request (``_prefetch``),
         # handed out by the next ``poll``: (record, delivery count).
         self._prefetched: list[tuple[ConsumerRecord, int]] = []
@@ -676,7 +683,11 @@ class ShareConsumer:
         )
         # Not with a RELEASE: released records go to the lowest offsets available, and
         # the request would hand them straight back to the member that gave them up.
-        if prefetch and not any(_RELEASE in offsets.values() for offsets in acks.values()):
+        if (
+            prefetch
+            and self._fetch_ahead
+            and not any(_RELEASE in offsets.values() for offsets in acks.values())
+        ):
             self._prefetch_request(request, address, timeout_ms)
         try:
             answer = self._links.fetch(connection, request, timeout_ms, retry=False)

@@ -8,9 +8,9 @@ acknowledgements again are refused, the describe shows each record acknowledged 
 a stream broken while a long poll is parked loses nothing and acknowledges nothing
 twice: what the request carried was applied, what the member still held comes back to
 another member after the lock (a second delivery), the broken member's acknowledgements
-of it are refused afterwards. Through ``ShareConsumer``: ``commit_sync`` fetches the next
-poll's records ahead (never more than ``max_poll_records``), the next ``poll`` hands them
-out, and a ``close`` releases what was fetched ahead at once; the unary calls
+of it are refused afterwards. Through ``ShareConsumer(fetch_ahead=True)``: ``commit_sync``
+fetches the next poll's records ahead (never more than ``max_poll_records``), the next
+``poll`` hands them out, and a ``close`` releases what was fetched ahead at once; the unary calls
 (``share_fetch_stream=False``) still serve the same consumer.
 """
 
@@ -232,6 +232,7 @@ def test_commit_sync_fetches_one_poll_ahead_and_close_releases_it(
         max_poll_records=3,
         acknowledgement_mode="explicit",
         request_timeout_ms=10_000,
+        fetch_ahead=True,
     )
     try:
         first.subscribe([topic])
