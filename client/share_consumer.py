@@ -32,8 +32,27 @@ every record of a ``poll`` is acknowledged as ACCEPT by the next ``poll``,
 ``acknowledge`` names is acknowledged, and a record left unacknowledged stays locked to
 this member until its lock expires (Kafka 4.1 refuses the next ``poll`` instead; Tidelog
 lets the lock do its work). Acknowledgements travel with the next ``poll``'s fetch
-(``ShareFetch``) or, on a commit, alone (``ShareAcknowledge``); ``commit_sync`` returns
-each partition's outcome.
+or with a commit's request; ``commit_sync`` returns each partition's outcome.
+
+**One stream per leader** (``client.share_links``, docs/share-groups.md "The share fetch
+stream"): fetches and acknowledgements go as ``ShareFetch`` requests on one open
+``ShareFetchStream`` to each leader, not as a unary call each (gRPC's price per call was
+most of what the share group's acknowledgement cost); a request naming no partitions
+only acknowledges. ``share_fetch_stream=False``, or a broker without the method, uses
+the unary ``ShareFetch`` / ``ShareAcknowledge``.
+
+**One poll ahead** (``fetch_ahead=True``; off by default). The request of a
+``commit_sync`` (and of a ``poll`` that hands out records fetched ahead and has
+acknowledgements to send) also acquires, without waiting, the next poll's records from
+the assigned partitions that leader leads: at most ``max_poll_records`` less what is
+already fetched ahead, so nothing is acquired more than one poll before the application
+can take it; the next ``poll`` hands them out without a call. Their locks run from the
+acquisition. Not with a RELEASE among the acknowledgements (released records go to the
+lowest offsets available, and would go straight back to the member that gave them up);
+``close`` releases what was fetched ahead with the share session. Off by default: an
+acknowledgement a broker applied just before it died is sent again and refused after
+the restart, reported failed though applied (a hole of the retry design, widened by the
+longer commit: docs/share-groups.md).
 
 **Membership.** A heartbeat thread keeps the member in the group (ShareGroupHeartbeat to
 the coordinator, every ``heartbeat_interval_ms`` the broker dictates) and holds its
@@ -80,6 +99,8 @@ from tidelog.client.connection import Connection
 from tidelog.client.errors import ClosedError
 from tidelog.client.grpc_connection import GrpcConnection, grpc_connections
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
+from tidelog.client.share_links import ShareLinks
+from tidelog.client.share_wire import Pending, ack_messages, acquired_records
 from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
@@ -89,7 +110,6 @@ from tidelog.storage.errors import (
     UnknownMemberIdError,
     error_for_code,
 )
-from tidelog.storage.records import decode_batch_as, iter_batch_headers
 
 __all__ = ["ACKNOWLEDGE_KINDS", "AcknowledgementCommitCallback", "ShareConsumer"]
 
@@ -98,12 +118,13 @@ log = logging.getLogger(__name__)
 # Kafka's AcknowledgeType ids.
 ACKNOWLEDGE_KINDS: Mapping[str, int] = {"accept": 1, "release": 2, "reject": 3}
 _ACCEPT = 1
+_RELEASE = 2
 _JOIN_EPOCH = 0
 _LEAVE_EPOCH = -1
 _RETRY_BACKOFF_MS = 100
 _POLL_SLICE_MS = 100
 
-_Pending = dict[TopicPartition, dict[int, int]]  # partition -> offset -> kind
+_Pending = Pending
 # Kafka's AcknowledgementCommitCallback.onComplete: the offsets of one partition whose
 # acknowledgements completed, and their error (None: applied).
 AcknowledgementCommitCallback = Callable[
@@ -129,6 +150,10 @@ class ShareConsumer:
         request_timeout_ms: the default timeout of every blocking call.
         acknowledgement_commit_callback: told of every acknowledgement's outcome
             (module docstring).
+        share_fetch_stream: fetch and acknowledge over one ``ShareFetchStream`` per
+            leader (module docstring); False: unary ShareFetch / ShareAcknowledge calls.
+        fetch_ahead: a commit's request also acquires the next poll's records ("One poll
+            ahead" in the module docstring). Off by default (see there).
     """
 
     def __init__(
@@ -143,6 +168,8 @@ class ShareConsumer:
         reconnect_backoff_max_ms: int = 1_000,
         acknowledgement_mode: str = "implicit",
         acknowledgement_commit_callback: AcknowledgementCommitCallback | None = None,
+        share_fetch_stream: bool = True,
+        fetch_ahead: bool = False,
     ) -> None:
         if not group_id:
             raise ValueError("a ShareConsumer needs a group_id")
@@ -194,6 +221,11 @@ class ShareConsumer:
         # Outcomes for the callback, run on the application's thread (under _async_lock).
         self._completed: list[tuple[dict[TopicPartition, set[int]], TidelogError | None]] = []
         self._closed = False
+        self._links = ShareLinks(streams=share_fetch_stream)
+        self._fetch_ahead = fetch_ahead
+        # Records acquired ahead by the last acknowledgement's request (``_prefetch``),
+        # handed out by the next ``poll``: (record, delivery count).
+        self._prefetched: list[tuple[ConsumerRecord, int]] = []
 
     # --- membership -----------------------------------------------------------------------
 
@@ -326,6 +358,15 @@ class ShareConsumer:
         self._check_open()
         self._implicit_accept()
         self._run_callbacks()  # commit_async's, before anything else
+        if self._prefetched:
+            # Acquired ahead by the last acknowledgement's request: handed out now, and
+            # what is pending goes with a request that may fetch the next poll's.
+            records = self._hand_out(self._prefetched)
+            self._prefetched = []
+            if self._pending:
+                self._send_pending(self.request_timeout_ms, prefetch=True)
+            self._run_callbacks()
+            return records
         deadline = _monotonic_ms() + max(timeout_ms, 0)
         while True:
             records = self._fetch_once(max(deadline - _monotonic_ms(), 0))
@@ -427,13 +468,13 @@ class ShareConsumer:
             group_id=self.group_id,
             member_id=self.member_id,
             partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
-            acknowledgements=_ack_messages(acks),
+            acknowledgements=ack_messages(acks),
             max_records=room,
             max_wait_ms=wait_ms,
         )
         self._leaders.add(address)
         try:
-            answer = _call(connection, "ShareFetch", request, wait_ms + self.request_timeout_ms)
+            answer = self._links.fetch(connection, request, wait_ms + self.request_timeout_ms)
         except TidelogError as exc:
             log.info("share group %s: fetch from %s failed: %s", self.group_id, address, exc)
             self._connections.mark_stale()
@@ -447,7 +488,12 @@ class ShareConsumer:
                 if r.error_code
             },
         )
-        out: list[ConsumerRecord] = []
+        return self._hand_out(self._acquired(answer))
+
+    def _acquired(self, answer: Any) -> list[tuple[ConsumerRecord, int]]:
+        """The records a ShareFetch answer hands this member, with their delivery counts
+        (a partition's error logged, and the leaders looked up again if it moved)."""
+        out: list[tuple[ConsumerRecord, int]] = []
         for part in answer.partitions:
             if part.error_code:
                 error = error_for_code(part.error_code, part.error_message)
@@ -457,44 +503,16 @@ class ShareConsumer:
                     "share group %s: %s-%d: %s", self.group_id, part.topic, part.partition, error
                 )
                 continue
-            out.extend(self._records_of(part))
+            out.extend(acquired_records(part))
         return out
 
-    def _records_of(self, part: Any) -> list[ConsumerRecord]:
-        """The records of ``part`` inside its acquired ranges (the broker sends whole
-        stored batches): a batch outside every range is not decoded, and records are
-        matched to ranges by one walk over both (both ascending), not a lookup an
-        offset."""
-        topic, partition = part.topic, part.partition
-        ranges = sorted((r.first_offset, r.last_offset, r.delivery_count) for r in part.acquired)
-        if not ranges:
-            return []
-        out: list[ConsumerRecord] = []
+    def _hand_out(self, acquired: list[tuple[ConsumerRecord, int]]) -> list[ConsumerRecord]:
+        """The records given to the application: held (``delivery_count``, ``acknowledge``,
+        implicit acceptance) from now on."""
         delivered = self._delivered
-        data = part.records
-        i = 0
-        for position, header in iter_batch_headers(data):
-            if header.is_control or header.records_count == 0:
-                continue
-            last_offset = header.base_offset + header.last_offset_delta
-            while i < len(ranges) and ranges[i][1] < header.base_offset:
-                i += 1
-            if i == len(ranges):
-                break
-            if ranges[i][0] > last_offset:
-                continue  # no acquired offset in this batch
-            _, decoded = decode_batch_as(data, position, ConsumerRecord, (topic, partition))
-            for record in decoded:
-                offset = record.offset
-                while i < len(ranges) and ranges[i][1] < offset:
-                    i += 1
-                if i == len(ranges):
-                    break
-                first, _, count = ranges[i]
-                if offset >= first:
-                    out.append(record)
-                    delivered[(topic, partition, offset)] = count
-        return out
+        for record, count in acquired:
+            delivered[(record.topic, record.partition, record.offset)] = count
+        return [record for record, _ in acquired]
 
     def delivery_count(self, record: ConsumerRecord) -> int:
         """Which delivery of ``record`` this is (1 the first); 0 if it is not held."""
@@ -533,7 +551,7 @@ class ShareConsumer:
         deadline = _monotonic_ms() + self._timeout(timeout_ms)
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         while True:
-            outcomes.update(self._send_pending(max(deadline - _monotonic_ms(), 1)))
+            outcomes.update(self._send_pending(max(deadline - _monotonic_ms(), 1), prefetch=True))
             retry = [e for e in outcomes.values() if e is not None and e.retriable]
             remaining = deadline - _monotonic_ms()
             if not retry or remaining <= 0:
@@ -588,14 +606,16 @@ class ShareConsumer:
                     kept.setdefault(offset, kind)
 
     def _send_pending(
-        self, timeout_ms: int, *, close_session: bool = False
+        self, timeout_ms: int, *, close_session: bool = False, prefetch: bool = False
     ) -> dict[TopicPartition, TidelogError | None]:
-        """Send every pending acknowledgement (ShareAcknowledge to each leader); each
-        partition's outcome, settled (``_settle``: kept when retriable, unless closing)."""
+        """Send every pending acknowledgement (to each leader: on its share fetch stream,
+        or a ShareAcknowledge); each partition's outcome, settled (``_settle``: kept when
+        retriable, unless closing). ``prefetch`` (the application's thread only): the
+        requests also acquire the next poll's records (``_prefetch_request``)."""
         pending = self._take_pending()
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         try:
-            self._send(pending, outcomes, timeout_ms, close_session)
+            self._send(pending, outcomes, timeout_ms, close_session, prefetch)
         finally:
             self._settle(pending, outcomes, keep=not close_session)
         return {tp: outcomes.get(tp) for tp in pending} | outcomes
@@ -606,6 +626,7 @@ class ShareConsumer:
         outcomes: dict[TopicPartition, TidelogError | None],
         timeout_ms: int,
         close_session: bool,
+        prefetch: bool = False,
     ) -> None:
         by_leader: dict[str, tuple[Connection, _Pending]] = {}
         for tp, offsets in pending.items():
@@ -619,11 +640,14 @@ class ShareConsumer:
             for address in self._leaders:
                 if address not in by_leader:
                     by_leader[address] = (self._connections.connection_to(address), {})
-        for connection, acks in by_leader.values():
+        for address, (connection, acks) in by_leader.items():
+            if not close_session:
+                self._send_on_stream(address, connection, acks, outcomes, timeout_ms, prefetch)
+                continue
             request = pb.ShareAcknowledgeRequest(
                 group_id=self.group_id,
                 member_id=self.member_id,
-                acknowledgements=_ack_messages(acks),
+                acknowledgements=ack_messages(acks),
                 close_session=close_session,
             )
             try:
@@ -640,6 +664,74 @@ class ShareConsumer:
                     error_for_code(r.error_code, r.error_message) if r.error_code else None
                 )
 
+    def _send_on_stream(
+        self,
+        address: str,
+        connection: Connection,
+        acks: _Pending,
+        outcomes: dict[TopicPartition, TidelogError | None],
+        timeout_ms: int,
+        prefetch: bool,
+    ) -> None:
+        """``acks`` as a ShareFetch on the leader's stream (a ShareFetch naming no
+        partitions only acknowledges), which may also fetch ahead (``_prefetch_request``);
+        not tried again on ``UNAVAILABLE``, as a ShareAcknowledge."""
+        request = pb.ShareFetchRequest(
+            group_id=self.group_id,
+            member_id=self.member_id,
+            acknowledgements=ack_messages(acks),
+        )
+        # Not with a RELEASE: released records go to the lowest offsets available, and
+        # the request would hand them straight back to the member that gave them up.
+        if (
+            prefetch
+            and self._fetch_ahead
+            and not any(_RELEASE in offsets.values() for offsets in acks.values())
+        ):
+            self._prefetch_request(request, address, timeout_ms)
+        try:
+            answer = self._links.fetch(connection, request, timeout_ms, retry=False)
+        except TidelogError as exc:
+            if isinstance(exc, ROUTING_ERRORS):
+                self._connections.mark_stale()
+            outcomes.update(dict.fromkeys(acks, exc))
+            return
+        for r in answer.acknowledgements:
+            tp = TopicPartition(r.topic, r.partition)
+            outcomes[tp] = error_for_code(r.error_code, r.error_message) if r.error_code else None
+        if request.partitions:
+            self._prefetched.extend(self._acquired(answer))
+
+    def _prefetch_request(
+        self, request: pb.ShareFetchRequest, address: str, timeout_ms: int
+    ) -> None:
+        """Make ``request`` (acknowledgements to ``address``'s broker) also acquire the
+        next poll's records from the assigned partitions it leads, without waiting: at
+        most ``max_poll_records`` less what is already fetched ahead, so nothing is
+        acquired more than one poll before the application can take it (the locks run
+        from the acquisition, as Kafka's share consumer's fetched-ahead records' do)."""
+        room = self.max_poll_records - len(self._prefetched)
+        if room <= 0:
+            return
+        with self._lock:
+            assignment = sorted(self._assignment)
+        by_topic: dict[str, list[int]] = {}
+        for tp in assignment:
+            try:
+                if self._connections.leader(tp, timeout_ms).address != address:
+                    continue
+            except TidelogError:
+                continue
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        if not by_topic:
+            return
+        request.partitions.extend(
+            pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
+        )
+        request.max_records = room
+        request.max_wait_ms = 0
+        self._leaders.add(address)
+
     def _release_sessions(self, timeout_ms: int) -> None:
         """Send what is pending and close the share session at every leader fetched from
         (the broker releases what this member still holds there)."""
@@ -647,6 +739,7 @@ class ShareConsumer:
         self._send_pending(timeout_ms, close_session=True)  # failures: to the callback
         self._leaders.clear()
         self._delivered.clear()
+        self._prefetched = []  # released by the closed sessions
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -664,6 +757,7 @@ class ShareConsumer:
             self._run_callbacks()
         finally:
             self._closed = True
+            self._links.close()
             self._connections.close()
 
     def __enter__(self) -> ShareConsumer:
@@ -683,30 +777,6 @@ class ShareConsumer:
 
     def _timeout(self, timeout_ms: int | None) -> int:
         return self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
-
-
-def _ack_messages(acks: _Pending) -> list[pb.ShareAcknowledgement]:
-    """Pending acknowledgements as ranges of consecutive offsets of one kind."""
-    out: list[pb.ShareAcknowledgement] = []
-    for tp, offsets in acks.items():
-        first = last = kind = -1
-        for offset in sorted(offsets):
-            if offset == last + 1 and offsets[offset] == kind:
-                last = offset
-                continue
-            if first >= 0:
-                out.append(_ack(tp, first, last, kind))
-            first = last = offset
-            kind = offsets[offset]
-        if first >= 0:
-            out.append(_ack(tp, first, last, kind))
-    return out
-
-
-def _ack(tp: TopicPartition, first: int, last: int, kind: int) -> pb.ShareAcknowledgement:
-    return pb.ShareAcknowledgement(
-        topic=tp.topic, partition=tp.partition, first_offset=first, last_offset=last, kind=kind
-    )
 
 
 def _call(

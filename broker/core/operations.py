@@ -395,6 +395,7 @@ GRPC_METHOD_OPERATIONS: Mapping[str, str] = {
     "VerifyTxnPartition": "verify_txn_partition",
     "ShareGroupHeartbeat": "share_group_heartbeat",
     "ShareFetch": "share_fetch",
+    "ShareFetchStream": "share_fetch",
     "ShareAcknowledge": "share_acknowledge",
     "DescribeShareGroup": "describe_share_group",
     "DescribeShareGroupOffsets": "describe_share_group_offsets",

@@ -118,6 +118,7 @@ __all__ = [
     "MAX_SHARE_WAIT_MS",
     "ShareAckRange",
     "ShareAcknowledged",
+    "ShareFetchCancel",
     "ShareFetchSpec",
     "ShareFetched",
     "ShareGroupDescription",
@@ -151,9 +152,43 @@ class ShareAckRange:
     kind: int
 
 
+class ShareFetchCancel:
+    """Set when whoever asked is gone (a share fetch stream ended,
+    ``broker.grpc.share_stream``): a ShareFetch parked for it wakes at once and acquires
+    nothing more. Without it a fetch parked for a broken stream would wait out its
+    ``max_wait_ms`` and could acquire records for a client that will never see them
+    (they would come back only after another lock duration). Thread-safe."""
+
+    __slots__ = ("_cancelled", "_lock", "_wait")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._wait: _ShareWait | None = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            wait, self._wait = self._wait, None
+        if wait is not None:
+            wait.force_complete()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def watch(self, wait: _ShareWait) -> bool:
+        """Wake ``wait`` on ``cancel``; False: cancelled already (do not wait)."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            self._wait = wait
+            return True
+
+
 @dataclass(frozen=True, slots=True)
 class ShareFetchSpec:
-    """One ShareFetch."""
+    """One ShareFetch. ``cancel``: its caller may go away while it waits (a stream)."""
 
     group_id: str
     member_id: str
@@ -161,6 +196,7 @@ class ShareFetchSpec:
     acknowledgements: tuple[ShareAckRange, ...] = ()
     max_records: int = 500
     max_wait_ms: int = 0
+    cancel: ShareFetchCancel | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,19 +513,29 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
             # ``MAX_SHARE_WAIT_MS``: the wait holds a thread.
             cap = min(self._config.fetch_max_wait_ms, MAX_SHARE_WAIT_MS)
             deadline = self._clock.monotonic_ms() + max(min(spec.max_wait_ms, cap), 0)
+            cancel = spec.cancel
             while True:
                 baseline = self._marks(tps)
-                fetched = self._acquire(spec, tps)
+                # The caller gone (its stream ended): its acknowledgements stand, and
+                # nothing more is acquired for it.
+                gone = cancel is not None and cancel.cancelled
+                fetched = [] if gone else self._acquire(spec, tps)
                 if durable:
                     acks, durable = self._await_acknowledged(acks, durable), {}
                 now = self._clock.monotonic_ms()
-                if any(f.acquired for f in fetched) or now >= deadline or self._purgatory.closed:
+                if (
+                    gone
+                    or any(f.acquired for f in fetched)
+                    or now >= deadline
+                    or self._purgatory.closed
+                ):
                     return fetched, acks
                 wait = _ShareWait(deadline, self._moved(tps, baseline))
                 if not self._purgatory.try_complete_else_watch(
                     wait, [(tp.topic, tp.partition) for tp in tps]
                 ):
-                    wait.wait((deadline - now) / 1000.0 + 0.05)
+                    if cancel is None or cancel.watch(wait):
+                        wait.wait((deadline - now) / 1000.0 + 0.05)
                     self._purgatory.cancel(wait)
 
     def _acknowledge(

@@ -60,6 +60,7 @@ ListTransactions        list_transactions           a listing (filtered silently
 ShareGroupHeartbeat     share_group_heartbeat       the group, then each subscribed topic
 ShareFetch              share_fetch                 the group, then each topic fetched or
                                                     acknowledged
+ShareFetchStream        share_fetch                 each request as a ShareFetch
 ShareAcknowledge        share_acknowledge           the group, then each topic acknowledged
 DescribeShareGroup      describe_share_group        the group
 DescribeShareGroupOf... describe_share_group_offsets  the group, then each topic named
@@ -188,6 +189,8 @@ _RESOURCES: dict[str, _Resources] = {
     "ShareFetch": lambda r: _group_and_topics(
         r, [*(t.topic for t in r.partitions), *(a.topic for a in r.acknowledgements)]
     ),
+    # Each request of the stream (broker.grpc.share_stream asks for it per request).
+    "ShareFetchStream": lambda r: _RESOURCES["ShareFetch"](r),
     "ShareAcknowledge": lambda r: _group_and_topics(r, (a.topic for a in r.acknowledgements)),
     "DescribeShareGroup": lambda r: [group(r.group_id)],
     "DescribeShareGroupOffsets": lambda r: _group_and_topics(r, (t.topic for t in r.partitions)),

@@ -27,7 +27,7 @@ Streams: ``ProduceStream`` appends request N+1 while request N waits for its fsy
 reader task that hands whatever arrived during the previous append to the executor in one
 job, the job's end a callback on the loop, the handler answering in order);
 ``FetchStream`` answers its requests one after the other, each parked as long as it has
-to. The end of a call
+to; ``ShareFetchStream`` likewise (``broker.grpc.share_stream``). The end of a call
 (client gone, cancelled, keepalive failed) cancels the handler's task, whose ``finally``
 cancels its parked operation. When the broker stops (``AsyncListener.stop``), every
 produce stream reads no more requests, answers those it read (an ``acks=all`` one once
@@ -94,6 +94,7 @@ from tidelog.broker.grpc.service import (
     generic_handler,
     wait_cap_ms,
 )
+from tidelog.broker.grpc.share_stream import ShareFetchStreams
 from tidelog.broker.loop_watchdog import LoopWatchdog
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
@@ -148,10 +149,20 @@ class _AsyncService:
         # What ends each open produce stream when the broker stops (``end_streams``).
         self._stream_enders: set[Callable[[], None]] = set()
         self._closing = False
+        self._share_streams = ShareFetchStreams(
+            self._pipeline,
+            self._open,
+            self._admission.close_call,
+            self._call,
+            _render,
+            self._stream_enders,
+            lambda: self._closing,
+        )
 
     def end_streams(self) -> None:
-        """The broker is stopping: every open produce stream reads no more requests,
-        answers what it read and ends ``UNAVAILABLE``; one opened later ends at once."""
+        """The broker is stopping: every open produce (and share fetch) stream reads no
+        more requests, answers what it read and ends ``UNAVAILABLE``; one opened later
+        ends at once."""
         self._closing = True
         for end in list(self._stream_enders):
             end()
@@ -163,6 +174,7 @@ class _AsyncService:
             self.fetch,
             self.produce_stream,
             self.fetch_stream,
+            share_fetch_stream=self._share_streams.serve,
             max_request_entries=self._core.config.max_request_partition_size_limit,
         )
 

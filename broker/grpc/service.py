@@ -186,6 +186,7 @@ def generic_handler(
     produce_stream: Any,
     fetch_stream: Any,
     *,
+    share_fetch_stream: Any = None,
     max_request_entries: int = DEFAULT_MAX_ENTRIES,
 ) -> grpc.GenericRpcHandler:
     """The ``grpc.GenericRpcHandler`` of ``tidelog.v1.Broker`` for one serving model.
@@ -218,6 +219,20 @@ def generic_handler(
             pb.ProduceResponse.SerializeToString,
         ),
         ("FetchStream", fetch_stream, True, pb.FetchRequest, None),
+        # Share groups' fetch stream (broker.grpc.share_stream), when the model has one.
+        *(
+            ()
+            if share_fetch_stream is None
+            else (
+                (
+                    "ShareFetchStream",
+                    share_fetch_stream,
+                    True,
+                    pb.ShareFetchRequest,
+                    pb.ShareFetchResponse.SerializeToString,
+                ),
+            )
+        ),
     ):
         make = (
             grpc.stream_stream_rpc_method_handler

@@ -26,7 +26,13 @@ from tidelog.broker.cluster.share_peers import (
 )
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
-from tidelog.broker.core.share_ops import ShareAcknowledged, ShareAckRange, ShareFetchSpec, ShareOps
+from tidelog.broker.core.share_ops import (
+    ShareAcknowledged,
+    ShareAckRange,
+    ShareFetchCancel,
+    ShareFetchSpec,
+    ShareOps,
+)
 from tidelog.broker.core.share_state_routing import StateCall
 from tidelog.broker.share.groups_coordinator import ShareHeartbeatRequest
 from tidelog.broker.share.records import ShareStateKey
@@ -35,7 +41,7 @@ from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import InvalidRequestError
 from tidelog.storage.types import TopicPartition
 
-__all__ = ["SHARE_HANDLERS"]
+__all__ = ["SHARE_HANDLERS", "share_fetch"]
 
 _DEFAULT_MAX_RECORDS = 500
 
@@ -95,9 +101,14 @@ def _heartbeat(
     )
 
 
-def _fetch(
-    core: BrokerCore, request: pb.ShareFetchRequest, context: RequestContext
+def share_fetch(
+    core: BrokerCore,
+    request: pb.ShareFetchRequest,
+    context: RequestContext,
+    cancel: ShareFetchCancel | None = None,
 ) -> pb.ShareFetchResponse:
+    """ShareFetch, unary or one request of a ``ShareFetchStream`` (``cancel``: set when
+    the stream ends, ``broker.grpc.share_stream``)."""
     fetched, acks = _shares(core).fetch(
         ShareFetchSpec(
             group_id=request.group_id,
@@ -108,6 +119,7 @@ def _fetch(
             acknowledgements=_acks(request.acknowledgements),
             max_records=request.max_records or _DEFAULT_MAX_RECORDS,
             max_wait_ms=request.max_wait_ms,
+            cancel=cancel,
         )
     )
     return pb.ShareFetchResponse(
@@ -343,7 +355,7 @@ def _key(ref: pb.ShareStateKeyRef) -> tuple[ShareStateKey, int]:
 
 SHARE_HANDLERS: dict[str, Callable[[BrokerCore, Any, RequestContext], Any]] = {
     "ShareGroupHeartbeat": _heartbeat,
-    "ShareFetch": _fetch,
+    "ShareFetch": share_fetch,
     "ShareAcknowledge": _acknowledge,
     "DescribeShareGroup": _describe,
     "DescribeShareGroupOffsets": _describe_offsets,

@@ -243,6 +243,7 @@ def test_share_groups_need_read_on_the_group_and_the_topics(secured: InProcessBr
         for call in (
             lambda: stub.ShareGroupHeartbeat(join, timeout=10),
             lambda: stub.ShareFetch(fetch, timeout=10),
+            lambda: next(stub.ShareFetchStream(iter([fetch]), timeout=10)),
             lambda: stub.ShareAcknowledge(ack, timeout=10),
             lambda: stub.DescribeShareGroup(describe, timeout=10),
         ):
@@ -252,6 +253,7 @@ def test_share_groups_need_read_on_the_group_and_the_topics(secured: InProcessBr
         for call in (
             lambda: stub.ShareGroupHeartbeat(join, timeout=10),
             lambda: stub.ShareFetch(fetch, timeout=10),
+            lambda: next(stub.ShareFetchStream(iter([fetch]), timeout=10)),
             lambda: stub.ShareAcknowledge(ack, timeout=10),
         ):
             assert refusal(call) == "TOPIC_AUTHORIZATION_FAILED"
@@ -259,6 +261,8 @@ def test_share_groups_need_read_on_the_group_and_the_topics(secured: InProcessBr
             allow(admin, "READ", "jobs")
         assert stub.ShareGroupHeartbeat(join, timeout=10).assignment[0].topic == "jobs"
         assert not stub.ShareFetch(fetch, timeout=10).partitions[0].error_code
+        # The stream's requests are authorized as ShareFetch's, one by one.
+        assert not next(stub.ShareFetchStream(iter([fetch]), timeout=10)).partitions[0].error_code
         # READ on the group allows DESCRIBE (Kafka's implication).
         assert stub.DescribeShareGroup(describe, timeout=10).members[0].member_id == "m"
 

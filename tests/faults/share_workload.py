@@ -78,6 +78,10 @@ class ShareWorkload:
         self._workers = _Workers()
         self._ready: set[int] = set()
         self._ready_lock = threading.Lock()
+        # Per member name, when its last commit_sync began: that request may acquire the
+        # next poll's records ahead (``ShareConsumer``'s prefetch), so a poll's records
+        # were acquired no earlier than this (a delivery starts there, not at the poll).
+        self._committed_at: dict[str, int] = {}
 
     @property
     def errors(self) -> list[str]:
@@ -150,6 +154,7 @@ class ShareWorkload:
     def poll(self, consumer: ShareConsumer, name: str, timeout_ms: int) -> list[ConsumerRecord]:
         """One poll, its records recorded per partition."""
         started = self.recorder.now_ns()
+        started = min(started, self._committed_at.pop(name, started))
         records = consumer.poll(timeout_ms=timeout_ms)
         ended = self.recorder.now_ns()
         by_partition: dict[int, list[ConsumerRecord]] = defaultdict(list)
@@ -180,6 +185,7 @@ class ShareWorkload:
         for record in records:
             consumer.acknowledge(record, kinds[(record.partition, record.offset)])
         started = self.recorder.now_ns()
+        self._committed_at[name] = started
         try:
             outcomes = {tp.partition: error for tp, error in consumer.commit_sync().items()}
         except TidelogError as error:

@@ -304,6 +304,11 @@ class BrokerStub:
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeRequest.SerializeToString,
                 response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeResponse.FromString,
                 _registered_method=True)
+        self.ShareFetchStream = channel.stream_stream(
+                '/tidelog.v1.Broker/ShareFetchStream',
+                request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchRequest.SerializeToString,
+                response_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchResponse.FromString,
+                _registered_method=True)
         self.DescribeShareGroup = channel.unary_unary(
                 '/tidelog.v1.Broker/DescribeShareGroup',
                 request_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.DescribeShareGroupRequest.SerializeToString,
@@ -705,6 +710,17 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShareFetchStream(self, request_iterator, context):
+        """A member's share fetches and acknowledgements on one open stream to a leader, answered
+        one after the other in order (each request as a unary ShareFetch: its acknowledgements
+        applied first, then records acquired; a request naming no partitions only
+        acknowledges). What a unary call costs per request (HTTP/2 stream, headers, trailers)
+        is paid once per stream (docs/share-groups.md "The share fetch stream").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeShareGroup(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -1050,6 +1066,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ShareAcknowledge,
                     request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeRequest.FromString,
                     response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeResponse.SerializeToString,
+            ),
+            'ShareFetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ShareFetchStream,
+                    request_deserializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchRequest.FromString,
+                    response_serializer=tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchResponse.SerializeToString,
             ),
             'DescribeShareGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeShareGroup,
@@ -2560,6 +2581,33 @@ class Broker:
             '/tidelog.v1.Broker/ShareAcknowledge',
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeRequest.SerializeToString,
             tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareAcknowledgeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareFetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tidelog.v1.Broker/ShareFetchStream',
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchRequest.SerializeToString,
+            tidelog_dot_proto_dot_tidelog_dot_v1_dot_broker__pb2.ShareFetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

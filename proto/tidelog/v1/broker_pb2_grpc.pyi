@@ -126,6 +126,13 @@ class BrokerStub:
     """
     ShareFetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]
     ShareAcknowledge: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]
+    ShareFetchStream: _grpc.StreamStreamMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]
+    """A member's share fetches and acknowledgements on one open stream to a leader, answered
+    one after the other in order (each request as a unary ShareFetch: its acknowledgements
+    applied first, then records acquired; a request naming no partitions only
+    acknowledges). What a unary call costs per request (HTTP/2 stream, headers, trailers)
+    is paid once per stream (docs/share-groups.md "The share fetch stream").
+    """
     DescribeShareGroup: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]
     DescribeShareGroupOffsets: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupOffsetsRequest, _broker_pb2.DescribeShareGroupOffsetsResponse]
     """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
@@ -237,6 +244,13 @@ class BrokerAsyncStub(BrokerStub):
     """
     ShareFetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]  # type: ignore[assignment]
     ShareAcknowledge: _aio.UnaryUnaryMultiCallable[_broker_pb2.ShareAcknowledgeRequest, _broker_pb2.ShareAcknowledgeResponse]  # type: ignore[assignment]
+    ShareFetchStream: _aio.StreamStreamMultiCallable[_broker_pb2.ShareFetchRequest, _broker_pb2.ShareFetchResponse]  # type: ignore[assignment]
+    """A member's share fetches and acknowledgements on one open stream to a leader, answered
+    one after the other in order (each request as a unary ShareFetch: its acknowledgements
+    applied first, then records acquired; a request naming no partitions only
+    acknowledges). What a unary call costs per request (HTTP/2 stream, headers, trailers)
+    is paid once per stream (docs/share-groups.md "The share fetch stream").
+    """
     DescribeShareGroup: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupRequest, _broker_pb2.DescribeShareGroupResponse]  # type: ignore[assignment]
     DescribeShareGroupOffsets: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeShareGroupOffsetsRequest, _broker_pb2.DescribeShareGroupOffsetsResponse]  # type: ignore[assignment]
     """Share-group offset admin at the group's coordinator (Kafka's 90-92): describe, alter
@@ -669,6 +683,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.ShareAcknowledgeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.ShareAcknowledgeResponse, _abc.Awaitable[_broker_pb2.ShareAcknowledgeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ShareFetchStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broker_pb2.ShareFetchRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.ShareFetchResponse], _abc.AsyncIterator[_broker_pb2.ShareFetchResponse]]:
+        """A member's share fetches and acknowledgements on one open stream to a leader, answered
+        one after the other in order (each request as a unary ShareFetch: its acknowledgements
+        applied first, then records acquired; a request naming no partitions only
+        acknowledges). What a unary call costs per request (HTTP/2 stream, headers, trailers)
+        is paid once per stream (docs/share-groups.md "The share fetch stream").
+        """
 
     @_abc_1.abstractmethod
     def DescribeShareGroup(
