@@ -145,25 +145,6 @@ def write_marker(
     replica is not back in the ISR the answer is NOT_ENOUGH_REPLICAS whatever the epochs.
     A refused marker writes nothing, so it is sent again until the ISR is back.
     """
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        code = _write_marker_once(
-            cluster, broker_id, producer_id, producer_epoch, tp, coordinator_epoch
-        )
-        if code != _NOT_ENOUGH_REPLICAS or time.monotonic() > deadline:
-            return code
-        time.sleep(0.2)
-
-
-def _write_marker_once(
-    cluster: LocalCluster,
-    broker_id: int,
-    producer_id: int,
-    producer_epoch: int,
-    tp: tuple[str, int],
-    coordinator_epoch: int,
-) -> int:
-    """One WriteTxnMarkers request; the partition's error code."""
     marker = WriteTxnMarkersRequest[1].WritableTxnMarker
     request = WriteTxnMarkersRequest[1](
         markers=[
@@ -176,8 +157,13 @@ def _write_marker_once(
             )
         ]
     )
-    (answer,) = ask(cluster, broker_id, request, WriteTxnMarkersResponse).markers
-    return int(answer.topics[0].partitions[0].error_code)
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        (answer,) = ask(cluster, broker_id, request, WriteTxnMarkersResponse).markers
+        code = int(answer.topics[0].partitions[0].error_code)
+        if code != _NOT_ENOUGH_REPLICAS or time.monotonic() > deadline:
+            return code
+        time.sleep(0.2)
 
 
 def coordinator_of(cluster: LocalCluster, broker_id: int, transactional_id: str) -> int:
