@@ -18,6 +18,7 @@ from tidelog.client.acls import AclBinding, AclFilter
 from tidelog.client.admin import AdminClient
 from tidelog.client.consumer import Consumer
 from tidelog.client.errors import (
+    AcknowledgementOutcomeUnknownError,
     BufferExhaustedError,
     ClosedError,
     LogTruncationError,
@@ -60,6 +61,7 @@ from tidelog.storage.errors import (
 )
 
 __all__ = [
+    "AcknowledgementOutcomeUnknownError",
     "AclBinding",
     "AclFilter",
     "AdminClient",

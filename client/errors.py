@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from tidelog.client.types import TopicPartition
 from tidelog.storage.errors import ClientError, OffsetOutOfRangeError
 
-__all__ = ["BufferExhaustedError", "ClosedError", "LogTruncationError", "TransactionAbortedError"]
+__all__ = [
+    "AcknowledgementOutcomeUnknownError",
+    "BufferExhaustedError",
+    "ClosedError",
+    "LogTruncationError",
+    "TransactionAbortedError",
+]
 
 
 class ClosedError(ClientError):
@@ -33,6 +39,18 @@ class TransactionAbortedError(ClientError):
     ``TransactionAbortedException``."""
 
     code = "TRANSACTION_ABORTED"
+
+
+class AcknowledgementOutcomeUnknownError(ClientError):
+    """A share consumer's acknowledgements may or may not have been applied: a request
+    carrying them got no answer (the broker died, the stream broke, the call timed out)
+    and the broker refused them when they went again (``InvalidRecordStateError``: the
+    member no longer holds the records), which is what it says of acknowledgements it
+    applied the first time too. Not retriable: sending them again cannot tell. The
+    error of the unanswered request is ``__cause__``. Kafka's share consumer reports the
+    refusal itself; Tidelog does not claim "not applied" where it cannot know."""
+
+    code = "ACKNOWLEDGEMENT_OUTCOME_UNKNOWN"
 
 
 class LogTruncationError(OffsetOutOfRangeError):

@@ -71,8 +71,10 @@ them, and they go again with the next fetch or acknowledge of their partition;
 ``commit_sync`` retries them until its timeout. Whether the member still holds the records
 is the broker's to say: one that no longer does (its lock expired, the leader changed and
 reloaded the share partition, the member was fenced) answers with a non-retriable error
-(``InvalidRecordStateError``...), and the acknowledgements are dropped then. Every
-outcome, success or failure, reaches the acknowledgement commit callback
+(``InvalidRecordStateError``...), and the acknowledgements are dropped then; if an
+earlier request carrying them got no answer, that refusal is reported as
+``AcknowledgementOutcomeUnknownError`` (they may have been applied: ``share_outcomes``).
+Every outcome, success or failure, reaches the acknowledgement commit callback
 (``acknowledgement_commit_callback`` / ``set_acknowledgement_commit_callback``: ``{partition:
 offsets}`` and the error or None), run on the application's thread in ``poll``,
 ``commit_sync`` and ``close``, as Kafka's; ``commit_sync`` returns each partition's
@@ -97,15 +99,16 @@ from typing import Any
 from tidelog.client.config import DEFAULT_BOOTSTRAP
 from tidelog.client.connection import Connection
 from tidelog.client.errors import ClosedError
-from tidelog.client.grpc_connection import GrpcConnection, grpc_connections
+from tidelog.client.grpc_connection import grpc_connections
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
-from tidelog.client.share_links import ShareLinks
+from tidelog.client.share_links import ShareLinks, share_call
+from tidelog.client.share_outcomes import UnsureAcknowledgements
 from tidelog.client.share_wire import Pending, ack_messages, acquired_records
 from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
+    ClientError,
     FencedMemberEpochError,
-    InvalidRequestError,
     TidelogError,
     UnknownMemberIdError,
     error_for_code,
@@ -211,6 +214,7 @@ class ShareConsumer:
         # TopicPartition's hash is Python code, and this is a lookup a record).
         self._delivered: dict[tuple[str, int, int], int] = {}
         self._pending: _Pending = {}
+        self._unsure = UnsureAcknowledgements()  # under _async_lock
         # The last partition ``acknowledge`` wrote to: (topic, partition), the ``_pending``
         # it wrote into and that partition's offsets there (one dict lookup a batch).
         self._acking: tuple[tuple[str, int], _Pending, dict[int, int]] | None = None
@@ -310,7 +314,7 @@ class ShareConsumer:
         )
         return self._connections.run(
             self._connections.route_coordinator(self.group_id),
-            lambda c, t: _call(c, "ShareGroupHeartbeat", request, t),
+            lambda c, t: share_call(c, "ShareGroupHeartbeat", request, t),
             what=f"share group {self.group_id} heartbeat",
             timeout_ms=self.request_timeout_ms,
             group_id=self.group_id,
@@ -330,7 +334,7 @@ class ShareConsumer:
             try:
                 self._connections.run(
                     self._connections.route_coordinator(self.group_id),
-                    lambda c, t: _call(
+                    lambda c, t: share_call(
                         c,
                         "ShareGroupHeartbeat",
                         pb.ShareGroupHeartbeatRequest(
@@ -391,14 +395,21 @@ class ShareConsumer:
     def _settle(
         self,
         acks: _Pending,
-        outcomes: Mapping[TopicPartition, TidelogError | None],
+        outcomes: dict[TopicPartition, TidelogError | None],
         *,
         keep: bool = True,
+        unanswered: Iterable[TopicPartition] = (),
     ) -> None:
         """Acknowledgements sent (``acks``) and their outcomes (a partition absent: applied):
-        a retriable failure is kept to go again (``keep``), the rest go to the callback."""
+        a retriable failure is kept to go again (``keep``), the rest go to the callback.
+        ``unanswered``: partitions whose request got no answer (``share_outcomes``: a
+        later refusal of them is reported unknown, in ``outcomes`` too)."""
+        unsure = set(unanswered)
         for tp, offsets in acks.items():
             error = outcomes.get(tp)
+            if tp in unsure and error is not None:
+                with self._async_lock:
+                    self._unsure.unanswered(tp, offsets, error)
             if error is not None and error.retriable and keep:
                 log.info(
                     "share group %s: acknowledging %s failed (%s): sent again",
@@ -408,10 +419,12 @@ class ShareConsumer:
                 )
                 self._restore_pending({tp: offsets})
                 continue
-            if error is not None:
-                log.warning("share group %s: acknowledging %s failed: %s", self.group_id, tp, error)
             with self._async_lock:
+                error = self._unsure.outcome(tp, offsets, error)
                 self._completed.append(({tp: set(offsets)}, error))
+            if error is not None:
+                outcomes[tp] = error
+                log.warning("share group %s: acknowledging %s failed: %s", self.group_id, tp, error)
 
     def _fetch_once(self, budget_ms: int) -> list[ConsumerRecord]:
         with self._lock:
@@ -478,7 +491,8 @@ class ShareConsumer:
         except TidelogError as exc:
             log.info("share group %s: fetch from %s failed: %s", self.group_id, address, exc)
             self._connections.mark_stale()
-            self._settle(acks, dict.fromkeys(acks, exc))  # retriable: with the next request
+            # Retriable: with the next request (unanswered: it may have been applied).
+            self._settle(acks, dict.fromkeys(acks, exc), unanswered=acks)
             return []
         self._settle(
             acks,
@@ -614,16 +628,18 @@ class ShareConsumer:
         requests also acquire the next poll's records (``_prefetch_request``)."""
         pending = self._take_pending()
         outcomes: dict[TopicPartition, TidelogError | None] = {}
+        unanswered: set[TopicPartition] = set()
         try:
-            self._send(pending, outcomes, timeout_ms, close_session, prefetch)
+            self._send(pending, outcomes, unanswered, timeout_ms, close_session, prefetch)
         finally:
-            self._settle(pending, outcomes, keep=not close_session)
+            self._settle(pending, outcomes, keep=not close_session, unanswered=unanswered)
         return {tp: outcomes.get(tp) for tp in pending} | outcomes
 
     def _send(
         self,
         pending: _Pending,
         outcomes: dict[TopicPartition, TidelogError | None],
+        unanswered: set[TopicPartition],
         timeout_ms: int,
         close_session: bool,
         prefetch: bool = False,
@@ -643,6 +659,7 @@ class ShareConsumer:
         for address, (connection, acks) in by_leader.items():
             if not close_session:
                 self._send_on_stream(address, connection, acks, outcomes, timeout_ms, prefetch)
+                unanswered.update(tp for tp in acks if isinstance(outcomes.get(tp), ClientError))
                 continue
             request = pb.ShareAcknowledgeRequest(
                 group_id=self.group_id,
@@ -651,12 +668,15 @@ class ShareConsumer:
                 close_session=close_session,
             )
             try:
-                # Not tried again on UNAVAILABLE: the outcome is then unknown (``_call``).
-                answer = _call(connection, "ShareAcknowledge", request, timeout_ms, retry=not acks)
+                # Not tried again on UNAVAILABLE: the outcome is then unknown (``share_call``).
+                answer = share_call(
+                    connection, "ShareAcknowledge", request, timeout_ms, retry=not acks
+                )
             except TidelogError as exc:
                 if isinstance(exc, ROUTING_ERRORS):
                     self._connections.mark_stale()
                 outcomes.update(dict.fromkeys(acks, exc))
+                unanswered.update(acks)
                 continue
             for r in answer.results:
                 tp = TopicPartition(r.topic, r.partition)
@@ -777,24 +797,3 @@ class ShareConsumer:
 
     def _timeout(self, timeout_ms: int | None) -> int:
         return self.request_timeout_ms if timeout_ms is None else max(timeout_ms, 1)
-
-
-def _call(
-    connection: Connection, method: str, request: Any, timeout_ms: int, *, retry: bool = True
-) -> Any:
-    """One call. ``retry`` False: not tried again when the broker answers ``UNAVAILABLE``
-    (``Transport.call``'s ``retry_unavailable``): a ShareAcknowledge the broker applied
-    before it died, tried again on its successor or restart, is refused as not held any
-    more, and that refusal would be reported as the outcome (the fault harness's checker
-    caught such an ACCEPT reported failed and never redelivered). Its outcome is then the
-    ``BrokerUnavailableError``: unknown."""
-    if not isinstance(connection, GrpcConnection):
-        raise InvalidRequestError(f"{method} needs a gRPC connection")
-    transport = connection.transport
-    return transport.call(
-        getattr(transport.stub, method),
-        request,
-        what=method,
-        timeout_ms=timeout_ms,
-        retry_unavailable=retry,
-    )

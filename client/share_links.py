@@ -45,7 +45,7 @@ from tidelog.storage.errors import (
     TidelogError,
 )
 
-__all__ = ["ShareLinks"]
+__all__ = ["ShareLinks", "share_call"]
 
 _WATCH_S = 0.05
 _METHOD = "ShareFetchStream"
@@ -183,3 +183,24 @@ def _unary(
         retry_unavailable=retry,
     )
     return answer
+
+
+def share_call(
+    connection: Connection, method: str, request: Any, timeout_ms: int, *, retry: bool = True
+) -> Any:
+    """One call. ``retry`` False: not tried again when the broker answers ``UNAVAILABLE``
+    (``Transport.call``'s ``retry_unavailable``): a ShareAcknowledge the broker applied
+    before it died, tried again on its successor or restart, is refused as not held any
+    more, and that refusal would be reported as the outcome (the fault harness's checker
+    caught such an ACCEPT reported failed and never redelivered). Its outcome is then the
+    ``BrokerUnavailableError``: unknown."""
+    if not isinstance(connection, GrpcConnection):
+        raise InvalidRequestError(f"{method} needs a gRPC connection")
+    transport = connection.transport
+    return transport.call(
+        getattr(transport.stub, method),
+        request,
+        what=method,
+        timeout_ms=timeout_ms,
+        retry_unavailable=retry,
+    )

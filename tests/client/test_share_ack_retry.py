@@ -12,7 +12,11 @@ Proven:
 * The broker restarted in between (which released the records it had handed out: the
   member holds them no more): the kept acknowledgements go again with the next poll's
   fetch, the broker refuses them (``InvalidRecordStateError``), the callback is told,
-  and the records are delivered again.
+  and the records are delivered again. The request the stopped broker did not answer
+  might have been applied as far as the client can tell (gRPC's ``UNAVAILABLE`` is the
+  same for a connection refused and an answer lost), so the refusal is reported as
+  ``AcknowledgementOutcomeUnknownError`` caused by that error, not as "not applied"
+  (``client.share_outcomes``; the pure rules in ``test_share_outcomes.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ import pytest
 from tests.broker.cluster.waiting import eventually
 from tidelog.broker.cluster.testing import TcpProxy, free_port
 from tidelog.broker.testing import InProcessBroker
-from tidelog.client import AdminClient, ConsumerRecord, Producer, ShareConsumer, TopicPartition
-from tidelog.storage.errors import InvalidRecordStateError, TidelogError
+from tidelog.client import (
+    AcknowledgementOutcomeUnknownError,
+    AdminClient,
+    ConsumerRecord,
+    Producer,
+    ShareConsumer,
+    TopicPartition,
+)
+from tidelog.storage.errors import TidelogError
 
 LONG_LOCK_MS = 600_000
 SETTINGS = {
@@ -136,7 +147,10 @@ def test_acknowledgements_kept_across_a_restart_are_refused_and_reported(tmp_pat
             assert len(outcomes) == 1
             offsets, error = outcomes[0]
             assert offsets == {tp: {0, 1, 2, 3, 4}}
-            assert isinstance(error, InvalidRecordStateError)
+            assert isinstance(error, AcknowledgementOutcomeUnknownError), error
+            assert isinstance(error.__cause__, TidelogError)
+            assert error.__cause__.retriable  # the request the stopped broker did not answer
+            assert "is not acquired by member" in str(error)  # the refusal, quoted
             assert sorted(r.offset for r in again) == [0, 1, 2, 3, 4]
             assert {consumer.delivery_count(r) for r in again} == {2}
         finally:
