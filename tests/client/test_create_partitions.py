@@ -156,8 +156,14 @@ def test_a_consumer_without_group_reads_new_partitions_of_its_subscription(
     )
     try:
         consumer.subscribe([topic])
-        consumer.poll(timeout_ms=100)
-        assert consumer.assignment() == {TopicPartition(topic, 0)}
+
+        def assigned() -> bool:
+            # A poll's own lookup may give up on a slow metadata answer (it logs it and
+            # the next poll asks again): polled until the one partition is assigned.
+            assert consumer.poll(timeout_ms=100) == []
+            return consumer.assignment() == {TopicPartition(topic, 0)}
+
+        _wait_for(assigned, "the topic's one partition assigned")
         admin.create_partitions(topic, 3)
         with Producer(broker.address, linger_ms=0) as producer:
             for partition in (0, 1, 2):

@@ -8,6 +8,7 @@ leader from there (``tests/client/test_share_stream.py`` has the single node's c
 from __future__ import annotations
 
 import queue
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -69,6 +70,14 @@ def test_a_stream_to_a_broker_that_does_not_lead_answers_not_leader(
         for acks in (False, True):  # the stream stays open after the partition's error
             requests.put(_request(group, member, topic, acks))
             answer: pb.ShareFetchResponse = next(answers)
+            behind = time.monotonic() + 30
+            while answer.partitions[0].error_code == "UNKNOWN_TOPIC_OR_PARTITION":
+                # Broker 2's watched metadata may not have the new topic yet (the test
+                # waited for its leader through any broker): asked again on the same stream.
+                assert time.monotonic() < behind, "broker 2 never learned the topic"
+                time.sleep(0.1)
+                requests.put(_request(group, member, topic, acks))
+                answer = next(answers)
             assert [(p.topic, p.error_code) for p in answer.partitions] == [
                 (topic, "NOT_LEADER_OR_FOLLOWER")
             ]
