@@ -58,6 +58,7 @@ def test_package_exports() -> None:
         "TransactionAbortedError",
         # share groups (issue #32, docs/share-groups.md)
         "ShareConsumer",
+        "AcknowledgementOutcomeUnknownError",  # an acknowledgement that may have applied
     }
     from tidelog.client import errors as client_errors
     from tidelog.storage import errors
