@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import struct
 
-from tidelog.broker.kafka.codec import Plain, response_header_bytes
+from tidelog.broker.kafka.codec import CodecError, Plain, response_header_bytes
+from tidelog.broker.kafka.codec import _read_uvarint as _uvarint
 
 __all__ = ["decode_produce", "encode_produce_response"]
 
@@ -51,19 +52,6 @@ class _UnusualError(Exception):
     """Not for this codec: kio decodes the frame."""
 
 
-def _uvarint(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, position
-        shift += 7
-        if shift > 28:
-            raise _UnusualError("varint too long")
-
-
 def _no_tags(data: bytes, position: int) -> int:
     if data[position] != 0:
         raise _UnusualError("a tag section that is not empty")
@@ -80,7 +68,7 @@ def decode_produce(version: int, frame: bytes, offset: int) -> Plain | None:
             plain, end = _decode_flexible(frame, offset)
         else:
             plain, end = _decode_classic(frame, offset)
-    except (_UnusualError, IndexError, struct.error, UnicodeDecodeError):
+    except (_UnusualError, CodecError, IndexError, struct.error, UnicodeDecodeError):
         return None
     return plain if end == len(frame) else None
 
