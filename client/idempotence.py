@@ -14,9 +14,10 @@ Kafka's rules (reference section 4), kept per partition:
 - Once a batch with a sequence fails for good, every later sequence of that partition is
   unusable (the broker would wait for the missing one forever). As Kafka since KIP-360,
   the partition starts over with a fresh producer identity: batches the broker cannot
-  have stored (answered ``OUT_OF_ORDER_SEQUENCE_NUMBER``, or never sent) are given new
-  sequences; batches whose fate is unknown (timed out) fail with the first one, because
-  resending them under a new identity could store them twice.
+  have stored (answered ``OUT_OF_ORDER_SEQUENCE_NUMBER`` or a request error, which is
+  decided before the append, or never sent) are given new sequences; batches whose fate
+  is unknown (timed out, an internal error) fail with the first one, because resending
+  them under a new identity could store them twice.
 
 Tidelog hands out producer ids cheaply, so a partition starts over under a *new producer
 id* (epoch 0), which the broker accepts at any sequence, rather than by bumping the epoch
@@ -32,7 +33,7 @@ import enum
 from dataclasses import dataclass
 
 from tidelog.client.types import TopicPartition
-from tidelog.storage.errors import OutOfOrderSequenceError, TidelogError
+from tidelog.storage.errors import OutOfOrderSequenceError, RequestError, TidelogError
 
 __all__ = ["Decision", "ResetMode", "SequenceTable"]
 
@@ -195,9 +196,16 @@ class SequenceTable:
             # Its fate is unknown (it may be stored): it and everything after it fail.
             state.reset = ResetMode.FAIL
             return Decision.FAIL
-        # Refused for good (too large, corrupt, fenced...): not stored, so neither are
-        # the batches after it; they get new sequences.
-        state.reset = ResetMode.RESEQUENCE
+        if isinstance(error, RequestError):
+            # Refused for good (too large, corrupt, fenced...): a request error is decided
+            # before the append, so it was not stored, and neither were the batches after
+            # it; they get new sequences.
+            state.reset = ResetMode.RESEQUENCE
+            return Decision.FAIL
+        # Anything else final (an internal error) may have come after the append: its
+        # fate is unknown, so it and everything after it fail rather than be resent
+        # under a new identity.
+        state.reset = ResetMode.FAIL
         return Decision.FAIL
 
     def expired(self, tp: TopicPartition, producer_id: int, base_sequence: int) -> None:

@@ -9,7 +9,7 @@ and this module, which import nothing else of ours).
 ::
 
     TidelogError(code, retriable)
-    ├── StorageError                      STORAGE_ERROR        (details never reach clients)
+    ├── StorageError                      KAFKA_STORAGE_ERROR  retriable (no details to clients)
     │   └── LogDirFullError               LOG_DIR_FULL         retriable
     ├── RequestError                      (the request is at fault; retrying it won't help)
     │   ├── CorruptRecordError            CORRUPT_MESSAGE
@@ -193,9 +193,16 @@ class TidelogError(Exception):
 
 
 class StorageError(TidelogError):
-    """The broker could not read or write its log directory."""
+    """The broker could not read or write its log directory.
+
+    Retriable, as Kafka's ``KafkaStorageException``: a write answered with it may or may
+    not be stored (appended, then the fsync failed or the broker stopped), so a producer
+    sends the same bytes again (to the partition's next leader, which recognises a stored
+    batch by its sequence) rather than treating it as refused.
+    """
 
     code = "KAFKA_STORAGE_ERROR"
+    retriable = True
 
 
 class LogDirFullError(StorageError):

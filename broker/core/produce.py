@@ -318,10 +318,16 @@ class DelayedProduce(DelayedOperation):
         self._started = time.perf_counter()
 
     def _status(self, partition: Partition, end: int) -> str | BaseException:
+        # The replication answer first: a leader that stopped leading (a reassignment
+        # deletes its log, so the fsync never comes) answers NOT_LEADER_OR_FOLLOWER, whose
+        # outcome the producer knows is unknown, not a storage error.
+        acked = partition.ack_status(end)
+        if isinstance(acked, BaseException):
+            return acked
         status = self._fsync.status(partition.log, end)
         if status != DURABLE:
             return status
-        return partition.ack_status(end)
+        return acked
 
     def is_satisfied(self) -> bool:
         return all(

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.broker.conftest import make_batch
-from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.broker.core.group_fsync import DURABLE, PENDING, GroupFsync
 from tidelog.broker.core.partition import Partition
 from tidelog.broker.core.partitions import PartitionRegistry
+from tidelog.broker.core.produce import DelayedProduce, PartitionAppend, PartitionProduced
 from tidelog.storage.checkpoint import LOG_START_OFFSET_CHECKPOINT, read_offsets
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import (
@@ -451,3 +452,30 @@ def test_a_former_replica_deletes_its_records_only_once_resigned(
     assert partition.delete_replica_data()
     assert (partition.log.log_start_offset, partition.log.log_end_offset) == (0, 0)
     assert not partition.delete_replica_data()  # nothing left
+
+
+def test_a_parked_acks_all_write_whose_leader_resigned_before_its_fsync_is_not_leader(
+    partition: Partition,
+) -> None:
+    """A reassignment resigns the leader and deletes its log while an ``acks=all`` write
+    waits for its fsync, which then never comes. The answer is NOT_LEADER_OR_FOLLOWER
+    (retriable, outcome unknown: the new leader may hold the batch, and recognises its
+    sequence when it comes again), at once; it was a storage error, which the producer took
+    for a refusal and resent under a new producer id, storing a record twice (CI)."""
+    assert partition.make_leader(1, REPLICAS, REPLICAS)
+    result = partition.append_as_leader(make_batch([b"a"]), acks_all=True)
+    end = result.last_offset + 1
+    fsync = GroupFsync(lambda _topic, _partition: None)  # never started: no fsync comes
+    answers: list[list[PartitionProduced]] = []
+    appended = PartitionAppend(TOPIC, 0, result, None, partition)
+    parked = DelayedProduce(
+        [appended], {id(partition): (partition, end)}, fsync, answers.append, lambda _s: None
+    )
+    assert fsync.status(partition.log, end) == PENDING
+    assert not parked.is_satisfied()
+    assert partition.resign()
+    assert partition.delete_replica_data()
+    assert parked.is_satisfied()
+    parked.on_complete()
+    [[answer]] = answers
+    assert answer.error_code == NotLeaderOrFollowerError.code, answer

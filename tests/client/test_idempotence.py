@@ -8,8 +8,10 @@ from tidelog.client.idempotence import Decision, ResetMode, SequenceTable
 from tidelog.client.types import TopicPartition
 from tidelog.storage.errors import (
     BrokerUnavailableError,
+    InternalError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    StorageError,
 )
 
 TP = TopicPartition("t", 0)
@@ -81,6 +83,26 @@ def test_a_batch_refused_for_good_makes_its_followers_resequence() -> None:
     assert table.decide_error(TP, 7, first, too_large, can_retry=True) is Decision.FAIL
     behind = OutOfOrderSequenceError("expected 0")
     assert table.decide_error(TP, 7, second, behind, can_retry=True) is Decision.REQUEUE_FRESH
+
+
+def test_a_storage_error_is_retried_with_the_same_sequence() -> None:
+    # A leader answers it when its log went away before the fsync (a reassignment): the
+    # batch may be stored, on the next leader too, which recognises the same sequence.
+    table = _table()
+    _, _, first = table.assign(TP, 1)
+    error = StorageError("the broker stopped before the fsync")
+    assert table.decide_error(TP, 7, first, error, can_retry=True) is Decision.RETRY
+    assert table.reset_mode(TP) is None
+
+
+def test_a_final_error_after_the_append_fails_the_followers_instead_of_resending() -> None:
+    table = _table()
+    _, _, first = table.assign(TP, 1)
+    _, _, second = table.assign(TP, 1)
+    internal = InternalError("unexpected")
+    assert table.decide_error(TP, 7, first, internal, can_retry=True) is Decision.FAIL
+    assert table.reset_mode(TP) is ResetMode.FAIL
+    assert table.decide_error(TP, 7, second, internal, can_retry=True) is Decision.FAIL
 
 
 def test_out_of_retries_with_an_unknown_outcome_fails_the_followers_too() -> None:

@@ -3,9 +3,10 @@
 A hypothesis state machine plays the producer's sender loop with its pure parts (the
 ``RecordAccumulator`` and the ``SequenceTable``, exactly as ``client.sender`` drives them)
 against real ``PartitionLog``s, over a simulated stream: requests in flight are delivered
-in order, each batch stored, refused before the append (a retriable error), or stored
-with its answer lost; the stream may break, failing everything in flight. Whatever the
-interleaving:
+in order, each batch stored, refused before the append (a retriable error), stored
+with its answer lost, or stored and answered ``KAFKA_STORAGE_ERROR`` (a leader whose log
+was deleted by a reassignment before its fsync); the stream may break, failing everything
+in flight. Whatever the interleaving:
 
 * the log never stores a producer's batch whose first sequence does not directly follow
   the last one it stored for that producer (the broker refuses it);
@@ -18,6 +19,10 @@ Before issue 11's fix the last one failed: the first batch of a partition was re
 retriably while the next one, pipelined behind it, was stored under a producer id the log
 had never seen (accepted at any sequence), so the first could never follow it and was
 retried until its delivery timeout.
+
+Before the storage-error outcome was added, that answer counted as "refused for good": the
+partition started over under a new producer id and resent the batches behind it, which a
+reassignment in CI caught storing a record twice.
 """
 
 from __future__ import annotations
@@ -37,7 +42,12 @@ from tidelog.client.idempotence import Decision, SequenceTable
 from tidelog.client.types import TopicPartition
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.config import LogConfig
-from tidelog.storage.errors import BrokerUnavailableError, LogDirFullError, TidelogError
+from tidelog.storage.errors import (
+    BrokerUnavailableError,
+    LogDirFullError,
+    StorageError,
+    TidelogError,
+)
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import NO_PRODUCER_ID, decode_records, iter_batch_headers
 
@@ -45,7 +55,8 @@ TPS = [TopicPartition("t", 0), TopicPartition("t", 1)]
 MAX_IN_FLIGHT = 5
 RETRIES = 1_000  # the sender's default is effectively unbounded within delivery time
 
-Outcome = Literal["stored", "refused", "answer_lost"]
+Outcome = Literal["stored", "refused", "answer_lost", "stored_storage_error"]
+OUTCOMES: list[Outcome] = ["stored", "refused", "answer_lost", "stored_storage_error"]
 
 
 class SenderAgainstLog(RuleBasedStateMachine):
@@ -109,7 +120,7 @@ class SenderAgainstLog(RuleBasedStateMachine):
             self.stream.append([(b, self.accumulator.encode(b)) for b in batches])
 
     @precondition(lambda self: bool(self.stream))
-    @rule(outcomes=st.lists(st.sampled_from(["stored", "refused", "answer_lost"]), min_size=2))
+    @rule(outcomes=st.lists(st.sampled_from(OUTCOMES), min_size=2))
     def deliver_oldest_request(self, outcomes: list[Outcome]) -> None:
         request = self.stream.popleft()
         for index, (batch, data) in enumerate(request):
@@ -124,6 +135,9 @@ class SenderAgainstLog(RuleBasedStateMachine):
                 continue
             if outcome == "answer_lost":
                 self._failed(batch, BrokerUnavailableError("answer lost"))
+                continue
+            if outcome == "stored_storage_error":
+                self._failed(batch, StorageError("the broker stopped before the fsync"))
                 continue
             del result
             self.sequences.acked(batch.tp, batch.producer_id, batch.last_sequence)

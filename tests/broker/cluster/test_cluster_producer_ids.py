@@ -118,6 +118,10 @@ def test_a_keyed_producer_has_one_id_whichever_broker_it_asks(cluster: LocalClus
         eventually(lambda: len(admin.describe_cluster().brokers) == 3)
         admin.create_topic("keyed", 1, replication_factor=1)
         eventually(lambda: admin.describe_topic("keyed").partitions[0].leader > 0)
+    # Broker 3 answers metadata from its own view, which may learn the topic a moment
+    # later (UNKNOWN_TOPIC_OR_PARTITION until then, retriable, as Kafka's); CI caught it.
+    with AdminClient(cluster.address(3), request_timeout_ms=20_000) as admin:
+        eventually(lambda: admin.describe_topic("keyed").partitions[0].leader > 0)
     tp = TopicPartition("keyed", 0)
     records = [ProducerRecord(None, b"%d" % n) for n in range(5)]
     with KeyedProducer(cluster.address(1), key) as first:
