@@ -41,17 +41,18 @@ most of what the share group's acknowledgement cost); a request naming no partit
 only acknowledges. ``share_fetch_stream=False``, or a broker without the method, uses
 the unary ``ShareFetch`` / ``ShareAcknowledge``.
 
-**One poll ahead** (``fetch_ahead=True``; off by default). The request of a
+**One poll ahead** (``fetch_ahead``, on by default). The request of a
 ``commit_sync`` (and of a ``poll`` that hands out records fetched ahead and has
 acknowledgements to send) also acquires, without waiting, the next poll's records from
 the assigned partitions that leader leads: at most ``max_poll_records`` less what is
 already fetched ahead, so nothing is acquired more than one poll before the application
 can take it; the next ``poll`` hands them out without a call. Their locks run from the
 acquisition. Not with a RELEASE among the acknowledgements (released records go to the
-lowest offsets available, and would go straight back to the member that gave them up);
-``close`` releases what was fetched ahead with the share session. Off by default: with
-it on, the fault harness's single-node kill test still finds a record left unfinished
-(delivered, never acknowledged nor archived) about one run in six (docs/share-groups.md).
+lowest offsets available, and would go straight back to the member that gave them up).
+``close`` gives what was fetched ahead back as RETURN (Tidelog's own acknowledgement
+kind, gRPC only): Available again with the delivery count the acquisition added taken
+back, so a member that closes burns no delivery of records it never handed out (the
+share session's release would count them as delivered, and archive them at the limit).
 
 **Membership.** A heartbeat thread keeps the member in the group (ShareGroupHeartbeat to
 the coordinator, every ``heartbeat_interval_ms`` the broker dictates) and holds its
@@ -121,6 +122,7 @@ log = logging.getLogger(__name__)
 ACKNOWLEDGE_KINDS: Mapping[str, int] = {"accept": 1, "release": 2, "reject": 3}
 _ACCEPT = 1
 _RELEASE = 2
+_RETURN = 100  # Tidelog's own: a record fetched ahead given back unseen (broker.share.partition)
 _JOIN_EPOCH = 0
 _LEAVE_EPOCH = -1
 _RETRY_BACKOFF_MS = 100
@@ -155,7 +157,7 @@ class ShareConsumer:
         share_fetch_stream: fetch and acknowledge over one ``ShareFetchStream`` per
             leader (module docstring); False: unary ShareFetch / ShareAcknowledge calls.
         fetch_ahead: a commit's request also acquires the next poll's records ("One poll
-            ahead" in the module docstring). Off by default (see there).
+            ahead" in the module docstring); on by default, False: every poll asks.
     """
 
     def __init__(
@@ -171,7 +173,7 @@ class ShareConsumer:
         acknowledgement_mode: str = "implicit",
         acknowledgement_commit_callback: AcknowledgementCommitCallback | None = None,
         share_fetch_stream: bool = True,
-        fetch_ahead: bool = False,
+        fetch_ahead: bool = True,
     ) -> None:
         if not group_id:
             raise ValueError("a ShareConsumer needs a group_id")
@@ -619,17 +621,29 @@ class ShareConsumer:
                     kept.setdefault(offset, kind)
 
     def _send_pending(
-        self, timeout_ms: int, *, close_session: bool = False, prefetch: bool = False
+        self,
+        timeout_ms: int,
+        *,
+        close_session: bool = False,
+        prefetch: bool = False,
+        returns: _Pending | None = None,
     ) -> dict[TopicPartition, TidelogError | None]:
         """Send every pending acknowledgement (to each leader: on its share fetch stream,
         or a ShareAcknowledge); each partition's outcome, settled (``_settle``: kept when
         retriable, unless closing). ``prefetch`` (the application's thread only): the
-        requests also acquire the next poll's records (``_prefetch_request``)."""
+        requests also acquire the next poll's records (``_prefetch_request``).
+        ``returns``: RETURNs of records never handed out, sent along, never reported to
+        the application's callback (it never saw them)."""
         pending = self._take_pending()
+        sent = pending
+        if returns:
+            sent = {tp: dict(offsets) for tp, offsets in pending.items()}
+            for tp, offsets in returns.items():
+                sent.setdefault(tp, {}).update(offsets)
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         unanswered: set[TopicPartition] = set()
         try:
-            self._send(pending, outcomes, unanswered, timeout_ms, close_session, prefetch)
+            self._send(sent, outcomes, unanswered, timeout_ms, close_session, prefetch)
         finally:
             self._settle(pending, outcomes, keep=not close_session, unanswered=unanswered)
         return {tp: outcomes.get(tp) for tp in pending} | outcomes
@@ -755,10 +769,16 @@ class ShareConsumer:
         """Send what is pending and close the share session at every leader fetched from
         (the broker releases what this member still holds there)."""
         self._implicit_accept()
-        self._send_pending(timeout_ms, close_session=True)  # failures: to the callback
+        # Records fetched ahead and never handed out go back as RETURN: not a delivery,
+        # their counts as before (the closed sessions would release them as delivered).
+        returns: _Pending = {}
+        for record, _count in self._prefetched:
+            tp = TopicPartition(record.topic, record.partition)
+            returns.setdefault(tp, {})[record.offset] = _RETURN
+        self._prefetched = []
+        self._send_pending(timeout_ms, close_session=True, returns=returns)  # to the callback
         self._leaders.clear()
         self._delivered.clear()
-        self._prefetched = []  # released by the closed sessions
 
     # --- lifecycle ------------------------------------------------------------------------
 

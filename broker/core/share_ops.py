@@ -25,7 +25,8 @@ operations are:
   The waiting occupies the calling thread (the gRPC executor's), so the wait is capped,
   by the broker's ``fetch.max.wait.ms`` as a Fetch's is, and never past
   ``MAX_SHARE_WAIT_MS``.
-* ``acknowledge``: ShareAcknowledge (ACCEPT / RELEASE / REJECT / GAP per offset range).
+* ``acknowledge``: ShareAcknowledge (ACCEPT / RELEASE / REJECT / GAP per offset range;
+  RETURN, Tidelog's own, from the gRPC listener).
   ``close_session`` (Kafka's share-session epoch -1): the member is done with this
   broker, so every record it still holds here is released now, not at its lock's expiry.
 * ``describe``: ShareGroupDescribe's view, plus the state of each share partition
@@ -94,6 +95,7 @@ from tidelog.broker.share.groups_coordinator import (
 )
 from tidelog.broker.share.partition import (
     RELEASE,
+    RETURN,
     Acknowledgement,
     AcquiredRange,
 )
@@ -142,7 +144,8 @@ _TIMER_MAX_WAIT_S = 0.2
 
 @dataclass(frozen=True, slots=True)
 class ShareAckRange:
-    """One acknowledgement: ``kind`` (``broker.share.partition`` GAP/ACCEPT/RELEASE/REJECT)
+    """One acknowledgement: ``kind`` (``broker.share.partition`` GAP/ACCEPT/RELEASE/REJECT,
+    or RETURN on the gRPC listener)
     for the offsets ``first_offset..last_offset`` of ``topic``-``partition``."""
 
     topic: str
@@ -571,7 +574,10 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
                 continue
             results.append(ShareAcknowledged(topic, partition))
             # Records available again, or room in a full window: waiting fetches look.
-            durable[(topic, partition)] = (wait, moved or any(a.kind == RELEASE for a in acks))
+            durable[(topic, partition)] = (
+                wait,
+                moved or any(a.kind in (RELEASE, RETURN) for a in acks),
+            )
         return results, durable
 
     def _await_acknowledged(

@@ -22,7 +22,14 @@ Transitions (Kafka's ``RecordState`` ids 0, 1, 2, 4 and ``AcknowledgeType`` ids)
   (``share.partition.max.record.locks``; Kafka may overshoot by one batch, Tidelog
   stops at the limit). Each acquisition counts as a delivery.
 * ``acknowledge`` of records acquired by that member: ACCEPT -> Acknowledged, REJECT and
-  GAP -> Archived, RELEASE -> Available (delivery count kept). Anything else in the ranges
+  GAP -> Archived, RELEASE -> Available (delivery count kept), and Tidelog's own RETURN
+  (gRPC only, never on the Kafka listener) -> Available with the delivery count the
+  acquisition added taken back: a record a consumer fetched ahead and gives back unseen
+  (it closes) was not delivered, so it neither counts towards the delivery limit nor is
+  archived by it (Kafka 4.1 did the same for every record a closing share session
+  released, KAFKA-17541, and went back to counting them, KAFKA-19972, because its
+  consumer does not fetch ahead; Tidelog's does, and its client knows which records it
+  never handed out). Anything else in the ranges
   (not acquired, acquired by another member, lock expired) fails the whole call with
   ``INVALID_RECORD_STATE`` and changes nothing.
 * lock expiry (``expire``, and first thing in every operation, at the ``now_ms`` passed
@@ -106,6 +113,7 @@ __all__ = [
     "GAP",
     "REJECT",
     "RELEASE",
+    "RETURN",
     "Acknowledgement",
     "AcquiredRange",
     "InFlight",
@@ -124,7 +132,10 @@ GAP = 0
 ACCEPT = 1
 RELEASE = 2
 REJECT = 3
-_KINDS = (GAP, ACCEPT, RELEASE, REJECT)
+# Tidelog's own: given back unseen (module docstring). Far from Kafka's ids (4 is KIP-1222's
+# RENEW) so that a later Kafka type never means something else here.
+RETURN = 100
+_KINDS = (GAP, ACCEPT, RELEASE, REJECT, RETURN)
 _DONE = (ACKNOWLEDGED, ARCHIVED)
 
 
@@ -593,6 +604,8 @@ def _after(run: Run, kind: int, config: SharePartitionConfig) -> Run:
     with a dead-letter topic, a REJECT or the delivery limit makes it to be dead-lettered
     (REJECT wins as the reason when both hold: the consumer said why)."""
     count = run.deliveries
+    if kind == RETURN:
+        return Run(run.first, run.last, AVAILABLE, max(count - 1, 0))
     if kind == ACCEPT:
         state = ACKNOWLEDGED
     elif kind == GAP:

@@ -264,6 +264,51 @@ def test_commit_sync_fetches_one_poll_ahead_and_close_releases_it(
         assert sorted(offsets) == [3, 4, 5, 6, 7, 8, 9]
 
 
+def test_records_fetched_ahead_and_never_handed_out_go_back_uncounted(
+    long_lock: InProcessBroker,
+) -> None:
+    """``close`` gives back what a commit fetched ahead as RETURN: the next member gets
+    those records as their first delivery (a member closing burns no delivery of records
+    it never handed out; released with the session they came back as the second, and a
+    record at its last delivery was archived unseen: the fault harness's kill test)."""
+    topic, group = _topic(long_lock), f"g-{uuid.uuid4()}"
+    first = ShareConsumer(
+        long_lock.address,
+        group,
+        max_poll_records=3,
+        acknowledgement_mode="explicit",
+        request_timeout_ms=10_000,
+        fetch_ahead=True,
+    )
+    try:
+        first.subscribe([topic])
+        eventually(lambda: bool(first.assignment()), 30)
+        first.poll(timeout_ms=0)  # the share partition starts at the log end
+        _produce(long_lock, topic, 6)
+        got: list[Any] = []
+        eventually(lambda: bool(got.extend(first.poll(200)) or got), 30)
+        assert [r.offset for r in got] == [0, 1, 2]
+        for record in got:
+            first.acknowledge(record)
+        assert list(first.commit_sync().values()) == [None]  # and 3-5 fetched ahead
+        assert _stats(long_lock, group).acquired == 3
+    finally:
+        first.close()
+    stats = _stats(long_lock, group)
+    assert (stats.start_offset, stats.acquired, stats.available) == (3, 0, 3)
+    with ShareConsumer(long_lock.address, group, request_timeout_ms=10_000) as second:
+        second.subscribe([topic])
+        counts: dict[int, int] = {}
+
+        def take() -> bool:
+            for record in second.poll(200):
+                counts[record.offset] = second.delivery_count(record)
+            return len(counts) >= 3
+
+        eventually(take, 30, interval_s=0)
+        assert counts == {3: 1, 4: 1, 5: 1}
+
+
 def test_the_unary_calls_still_serve_a_consumer(long_lock: InProcessBroker) -> None:
     topic, group = _topic(long_lock), f"g-{uuid.uuid4()}"
     with ShareConsumer(

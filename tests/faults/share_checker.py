@@ -37,8 +37,18 @@ Anomalies (``ShareAnomaly.kind``):
   not end acknowledged or archived: no applied terminal acknowledgement; no terminal
   acknowledgement of unknown outcome after its last delivery (which may have applied:
   counted as ``unconfirmed``); and its last delivery count below the limit (at the
-  limit, a release or an expiry archives it). A record acknowledged as sent and never
-  delivered at all is ``unfinished`` too (lost by the share group).
+  limit, a release or an expiry archives it), even counting the deliveries nobody saw
+  (below). A record acknowledged as sent and never delivered at all is ``unfinished``
+  too (lost by the share group).
+
+*Unseen deliveries.* An acquisition whose answer is lost counts as a delivery (the broker
+made it durable before answering; Kafka counts it too) that no ``ShareFetch`` records: a
+broker crash can lose one, and so can a member's acknowledgement of unknown outcome,
+whose request may have fetched ahead (``ShareConsumer(fetch_ahead=True)``: a commit
+acquires the next poll's records). Each such event after a record's last recorded
+delivery may have added one delivery to it (a record is acquired by one request at a
+time), so a record whose last recorded count plus those events reaches the limit may
+have been archived unseen: counted as ``archived_unseen``, not ``unfinished``.
 
 Counts: records, deliveries and redeliveries, each redelivery's first possible cause
 (``by_release``, ``by_leave``, ``by_crash``, ``by_expiry``), how records ended
@@ -48,6 +58,7 @@ refused (``acks_failed``).
 
 from __future__ import annotations
 
+import bisect
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -127,6 +138,8 @@ def check_share(history: History) -> ShareReport:
     unknown_sends = 0
     leaves: dict[str, list[ShareLeave | Crash]] = defaultdict(list)
     broker_crashes: list[Crash] = []
+    # Requests whose answer may have been lost, by (member, start): their end.
+    lost_answers: dict[tuple[str, int], int] = {}
     for op in history:
         if isinstance(op, ShareFetch):
             for (offset, value), count in zip(op.records, op.delivery_counts, strict=True):
@@ -135,6 +148,8 @@ def check_share(history: History) -> ShareReport:
         elif isinstance(op, ShareAck):
             for offset in op.offsets:
                 records[(op.topic, op.partition, offset)].acks.append(op)
+            if op.outcome == "unknown":
+                lost_answers[(op.member, op.start_ns)] = op.end_ns
         elif isinstance(op, Send):
             if op.outcome == "ok":
                 assert op.offset is not None
@@ -146,11 +161,13 @@ def check_share(history: History) -> ShareReport:
         elif isinstance(op, Crash):
             if op.target == "broker":
                 broker_crashes.append(op)
+                lost_answers[("broker", op.start_ns)] = op.end_ns
             else:
                 leaves[op.target].append(op)
     out: list[ShareAnomaly] = []
     tally: dict[str, int] = defaultdict(int)
     tally["unknown_sends"] = unknown_sends
+    lost = sorted(lost_answers.values())
     for key in sorted(records.keys() | sends.keys()):
         record = records[key]
         record.deliveries.sort(key=lambda d: (d.fetch.end_ns, d.fetch.start_ns))
@@ -183,7 +200,7 @@ def check_share(history: History) -> ShareReport:
                 (over[0].fetch,),
             ))  # fmt: skip
         _check_acks(key, record, out, tally)
-        _check_end(key, record, key in sends, limit, out, tally)
+        _check_end(key, record, key in sends, limit, lost, out, tally)
     return ShareReport(tuple(out), dict(tally))
 
 
@@ -269,9 +286,12 @@ def _check_end(
     record: _Record,
     sent: bool,
     limit: int,
+    lost_answers: list[int],
     out: list[ShareAnomaly],
     tally: dict[str, int],
 ) -> None:
+    """``lost_answers``: the end of every event that may have lost an acquisition's
+    answer, sorted (module docstring, "Unseen deliveries")."""
     applied = [a for a in record.acks if a.outcome == "ok" and a.kind in _TERMINAL]
     if applied:
         tally["accepted" if applied[0].kind == "accept" else "rejected"] += 1
@@ -288,6 +308,11 @@ def _check_end(
         tally["unconfirmed"] += 1
     elif last.count >= limit:
         tally["archived_at_limit"] += 1
+    elif (
+        last.count + len(lost_answers) - bisect.bisect_right(lost_answers, last.fetch.start_ns)
+        >= limit
+    ):
+        tally["archived_unseen"] += 1
     else:
         out.append(ShareAnomaly(
             "unfinished",

@@ -60,6 +60,7 @@ class ShareWorkload:
         leave_probability: float = 0.01,
         max_poll_records: int = 20,
         request_timeout_ms: int = 5_000,
+        fetch_ahead: bool = True,
         seed: int = 0,
     ) -> None:
         self.recorder = recorder
@@ -74,6 +75,7 @@ class ShareWorkload:
         self.leave_probability = leave_probability
         self.max_poll_records = max_poll_records
         self.request_timeout_ms = request_timeout_ms
+        self.fetch_ahead = fetch_ahead
         self.seed = seed
         self._workers = _Workers()
         self._ready: set[int] = set()
@@ -108,6 +110,7 @@ class ShareWorkload:
             max_poll_records=self.max_poll_records,
             request_timeout_ms=self.request_timeout_ms,
             fetch_max_wait_ms=200,
+            fetch_ahead=self.fetch_ahead,
         )
         consumer.subscribe([self.topic])
         return consumer

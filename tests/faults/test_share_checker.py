@@ -148,6 +148,22 @@ def test_end_states() -> None:
     assert check_share(unsure).counts["unconfirmed"] == 1
 
 
+def test_deliveries_nobody_saw_may_archive_a_record() -> None:
+    # Delivered at 1 of 3, released, then two requests of unknown outcome (a commit that
+    # fetched ahead, a broker crash): each may have acquired it once more, unseen, so it
+    # may have reached the limit and been archived. One such event is not enough.
+    released = (_fetch("m1", 10, (0, "a", 1)), _ack("m1", 12, "release", 0))
+    commit = _ack("m2", 14, "accept", 1, outcome="unknown")
+    crash = Crash(target="broker", start_ns=16 * MS, end_ns=18 * MS)
+    report = check_share((SETTINGS, *released, commit, crash))
+    assert report.valid, report.summary()
+    assert report.counts["archived_unseen"] == 1
+    assert _kinds(*released, commit) == {"unfinished"}
+    # Events before the last delivery cannot have added to it.
+    early = _ack("m2", 5, "accept", 1, outcome="unknown")
+    assert _kinds(early, crash, *released) == {"unfinished"}
+
+
 def test_records_and_counts() -> None:
     assert _kinds(_send("a", 0), _fetch("m1", 10, (0, "b", 1)), _ack("m1", 12, "accept", 0)) == {
         "divergent-record"

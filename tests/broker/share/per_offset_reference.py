@@ -1,7 +1,7 @@
 """The share partition as it was before runs (``broker.share.runs``): one ``InFlight``
 an offset, every operation over the whole window. Slow and obviously right: the reference
 ``test_partition_runs.py`` checks the run-based ``SharePartition`` against, operation by
-operation. Kept as it was (only its imports changed)."""
+operation. Kept as it was (only its imports changed, and RETURN added with the kind)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tidelog.broker.share.partition import (
     GAP,
     REJECT,
     RELEASE,
+    RETURN,
     Acknowledgement,
     AcquiredRange,
     InFlight,
@@ -373,6 +374,8 @@ def _after(record: InFlight, kind: int, config: SharePartitionConfig) -> InFligh
     with a dead-letter topic, a REJECT or the delivery limit makes it to be dead-lettered
     (REJECT wins as the reason when both hold: the consumer said why)."""
     count = record.delivery_count
+    if kind == RETURN:  # given back unseen: the acquisition's delivery taken back
+        return InFlight(AVAILABLE, max(count - 1, 0))
     if kind == ACCEPT:
         return InFlight(ACKNOWLEDGED, count)
     if kind == GAP:

@@ -27,12 +27,13 @@ from tidelog.broker.share.partition import (
     GAP,
     REJECT,
     RELEASE,
+    RETURN,
     Acknowledgement,
     Scan,
     SharePartition,
     SharePartitionConfig,
 )
-from tidelog.broker.share.records import ShareSnapshot
+from tidelog.broker.share.records import ARCHIVED, AVAILABLE, ShareSnapshot
 
 MEMBERS = ("m1", "m2", "m3")
 LOCK_MS = 1_000
@@ -74,7 +75,7 @@ class FakeLog:
         return Scan(tuple(found), max(self.limit, from_offset))
 
 
-KINDS = st.sampled_from((ACCEPT, RELEASE, REJECT, GAP))
+KINDS = st.sampled_from((ACCEPT, RELEASE, REJECT, GAP, RETURN))
 OPS = st.one_of(
     st.tuples(st.just("produce"), st.integers(1, 8), st.sets(st.integers(0, 7), max_size=3)),
     st.tuples(st.just("acquire"), st.sampled_from(MEMBERS), st.integers(1, 9)),
@@ -206,3 +207,37 @@ def test_runs_agree_with_the_per_offset_reference(
             after = (old.start_offset, old.end_offset, old.records())
             assert got_new[1].changed == (after != before)
         _same_state(new, old)
+
+
+def test_a_record_returned_unseen_is_not_counted_as_delivered() -> None:
+    """RETURN (Tidelog's own kind, a consumer giving back records it fetched ahead and
+    never handed out): Available again with the acquisition's delivery taken back, so it
+    is not archived by the limit and its next delivery has the count it would have had."""
+    config = CONFIGS[0]  # delivery limit 2
+    log = FakeLog(limit=3)
+    partition = SharePartition.new(config, 0)
+
+    def acquire(member: str) -> list[tuple[int, int, int]]:
+        transition = partition.acquire(member, 3, 0, log)
+        partition.apply(transition)
+        return [(r.first_offset, r.last_offset, r.delivery_count) for r in transition.acquired]
+
+    def ack(member: str, kind: int) -> None:
+        partition.apply(partition.acknowledge(member, [Acknowledgement(0, 2, kind)], 0))
+
+    assert acquire("m1") == [(0, 2, 1)]
+    ack("m1", RETURN)
+    assert {
+        o: (r.state, r.delivery_count) for o, r in partition.records().items()
+    } == dict.fromkeys(range(3), (AVAILABLE, 0))
+    assert acquire("m2") == [(0, 2, 1)]  # the first delivery still
+    ack("m2", RELEASE)
+    assert acquire("m1") == [(0, 2, 2)]  # at the limit now
+    ack("m1", RETURN)  # unseen: back to 1, Available, not archived
+    assert {r.state for r in partition.records().values()} == {AVAILABLE}
+    assert acquire("m3") == [(0, 2, 2)]
+    ack("m3", RELEASE)  # seen at the limit: archived
+    assert {r.state for r in partition.records().values()} <= {ARCHIVED}
+    start, batches = partition.persisted_view()
+    assert start == 3
+    assert not batches
