@@ -149,10 +149,11 @@ class _AsyncService:
         # What ends each open produce stream when the broker stops (``end_streams``).
         self._stream_enders: set[Callable[[], None]] = set()
         self._closing = False
+        self._calls: dict[int, str] = {}  # open calls: id of their context -> method
         self._share_streams = ShareFetchStreams(
             self._pipeline,
             self._open,
-            self._admission.close_call,
+            self._close,
             self._call,
             _render,
             self._stream_enders,
@@ -183,7 +184,20 @@ class _AsyncService:
     def _open(self, context: aio.ServicerContext[Any, Any], method: str) -> RequestContext:
         request = call_context(self._core, context, method)
         self._admission.open_call(request)
+        self._calls[id(request)] = method
         return request
+
+    def _close(self, caller: RequestContext) -> None:
+        """The call opened by ``_open`` ended."""
+        self._calls.pop(id(caller), None)
+        self._admission.close_call(caller)
+
+    def calls_in_flight(self) -> dict[str, int]:
+        """Open calls by method (what holds a graceful stop, when one does)."""
+        counts: dict[str, int] = {}
+        for method in list(self._calls.values()):
+            counts[method] = counts.get(method, 0) + 1
+        return counts
 
     async def _run(
         self, caller: RequestContext, function: Callable[..., T], *args: Any
@@ -232,7 +246,7 @@ class _AsyncService:
                     resources=lambda: resources_of(name, request),
                 )
             finally:
-                self._admission.close_call(caller)
+                self._close(caller)
             if result.error is not None:
                 await _render(context, result.error)
                 return None
@@ -279,7 +293,7 @@ class _AsyncService:
                 caller, "Produce", "produce", lambda: self._produce_call(caller, request)
             )
         finally:
-            self._admission.close_call(caller)
+            self._close(caller)
         if served.error is not None:
             await _render(context, served.error)
             return None
@@ -452,7 +466,7 @@ class _AsyncService:
             reader.cancel()
             if state.in_flight_bytes:
                 self._admission.release_bytes(state.in_flight_bytes)
-            self._admission.close_call(caller)
+            self._close(caller)
 
     # --- fetch --------------------------------------------------------------------------
 
@@ -514,7 +528,7 @@ class _AsyncService:
                 caller, "Fetch", "fetch", lambda: self._fetch_one(caller, request, context)
             )
         finally:
-            self._admission.close_call(caller)
+            self._close(caller)
         if served.error is not None:
             await _render(context, served.error)
             return None
@@ -549,7 +563,7 @@ class _AsyncService:
         except Exception as exc:  # the stream itself (a body that does not parse)
             error = self._pipeline.fail("FetchStream", "fetch", exc, started)
         finally:
-            self._admission.close_call(caller)
+            self._close(caller)
         if error is not None:  # rendered outside the try: abort raises
             await _render(context, error)
 
@@ -777,9 +791,18 @@ class AsyncListener:
         Returns False if the server did not stop within grace + margin.
         """
 
+        def report() -> None:
+            held = self._service.calls_in_flight()
+            if held:
+                log.warning("gRPC calls still in flight half-way into the stop: %s", held)
+
         async def stop() -> None:
             self._service.end_streams()
-            await self._server.stop(grace_ms / 1000.0)
+            check = self._loop.call_later(grace_ms / 2000.0, report)
+            try:
+                await self._server.stop(grace_ms / 1000.0)
+            finally:
+                check.cancel()
 
         future = asyncio.run_coroutine_threadsafe(stop(), self._loop)
         try:
