@@ -57,8 +57,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,6 +103,17 @@ from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 __all__ = ["AsyncListener"]
 
 log = logging.getLogger(__name__)
+
+
+def _thread_stacks(limit: int = 6) -> str:
+    """Every thread's innermost ``limit`` frames (a stop held by a call: where it waits)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame, limit=limit))
+        out.append(f"--- {names.get(ident, ident)}\n{stack}")
+    return "\n".join(out)
+
 
 T = TypeVar("T")
 
@@ -794,7 +807,11 @@ class AsyncListener:
         def report() -> None:
             held = self._service.calls_in_flight()
             if held:
-                log.warning("gRPC calls still in flight half-way into the stop: %s", held)
+                log.warning(
+                    "gRPC calls still in flight half-way into the stop: %s; threads:\n%s",
+                    held,
+                    _thread_stacks(),
+                )
 
         async def stop() -> None:
             self._service.end_streams()
