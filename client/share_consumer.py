@@ -41,18 +41,11 @@ most of what the share group's acknowledgement cost); a request naming no partit
 only acknowledges. ``share_fetch_stream=False``, or a broker without the method, uses
 the unary ``ShareFetch`` / ``ShareAcknowledge``.
 
-**One poll ahead** (``fetch_ahead``, on by default). The request of a
-``commit_sync`` (and of a ``poll`` that hands out records fetched ahead and has
-acknowledgements to send) also acquires, without waiting, the next poll's records from
-the assigned partitions that leader leads: at most ``max_poll_records`` less what is
-already fetched ahead, so nothing is acquired more than one poll before the application
-can take it; the next ``poll`` hands them out without a call. Their locks run from the
-acquisition. Not with a RELEASE among the acknowledgements (released records go to the
-lowest offsets available, and would go straight back to the member that gave them up).
-``close`` gives what was fetched ahead back as RETURN (Tidelog's own acknowledgement
-kind, gRPC only): Available again with the delivery count the acquisition added taken
-back, so a member that closes burns no delivery of records it never handed out (the
-share session's release would count them as delivered, and archive them at the limit).
+**One poll ahead** (``fetch_ahead``, on by default; docs/share-groups.md): a commit's
+request (and a ``poll``'s that hands out records fetched ahead with acknowledgements to
+send) also acquires the next poll's records, at most ``max_poll_records`` less what is
+already ahead, never with a RELEASE aboard (those records would come straight back);
+``close`` gives back what it never handed out as RETURN, its delivery not counted.
 
 **Membership.** A heartbeat thread keeps the member in the group (ShareGroupHeartbeat to
 the coordinator, every ``heartbeat_interval_ms`` the broker dictates) and holds its
@@ -100,10 +93,18 @@ from tidelog.client.config import DEFAULT_BOOTSTRAP
 from tidelog.client.connection import Connection
 from tidelog.client.errors import ClosedError
 from tidelog.client.grpc_connection import grpc_connections
+from tidelog.client.positions import monotonic_ms
 from tidelog.client.routing import ROUTING_ERRORS, ClusterConnections
 from tidelog.client.share_links import ShareLinks, share_call
 from tidelog.client.share_outcomes import UnsureAcknowledgements
-from tidelog.client.share_wire import Pending, ack_messages, acquired_records
+from tidelog.client.share_wire import (
+    Pending,
+    ack_messages,
+    acquired_records,
+    returns_of,
+    topic_partitions,
+    with_returns,
+)
 from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.errors import (
@@ -122,22 +123,16 @@ log = logging.getLogger(__name__)
 ACKNOWLEDGE_KINDS: Mapping[str, int] = {"accept": 1, "release": 2, "reject": 3}
 _ACCEPT = 1
 _RELEASE = 2
-_RETURN = 100  # Tidelog's own: a record fetched ahead given back unseen (broker.share.partition)
 _JOIN_EPOCH = 0
 _LEAVE_EPOCH = -1
 _RETRY_BACKOFF_MS = 100
 _POLL_SLICE_MS = 100
 
-_Pending = Pending
 # Kafka's AcknowledgementCommitCallback.onComplete: the offsets of one partition whose
 # acknowledgements completed, and their error (None: applied).
 AcknowledgementCommitCallback = Callable[
     [dict[TopicPartition, set[int]], TidelogError | None], None
 ]
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class ShareConsumer:
@@ -214,11 +209,11 @@ class ShareConsumer:
         # (topic, partition, offset) -> delivery count: plain tuples, hashed in C (a
         # TopicPartition's hash is Python code, and this is a lookup a record).
         self._delivered: dict[tuple[str, int, int], int] = {}
-        self._pending: _Pending = {}
+        self._pending: Pending = {}
         self._unsure = UnsureAcknowledgements()  # under _async_lock
         # The last partition ``acknowledge`` wrote to: (topic, partition), the ``_pending``
         # it wrote into and that partition's offsets there (one dict lookup a batch).
-        self._acking: tuple[tuple[str, int], _Pending, dict[int, int]] | None = None
+        self._acking: tuple[tuple[str, int], Pending, dict[int, int]] | None = None
         self._leaders: set[str] = set()  # addresses fetched from (sessions to close)
         self._async: ThreadPoolExecutor | None = None
         self._async_lock = threading.Lock()  # one acknowledgement send at a time
@@ -372,10 +367,10 @@ class ShareConsumer:
                 self._send_pending(self.request_timeout_ms, prefetch=True)
             self._run_callbacks()
             return records
-        deadline = _monotonic_ms() + max(timeout_ms, 0)
+        deadline = monotonic_ms() + max(timeout_ms, 0)
         while True:
-            records = self._fetch_once(max(deadline - _monotonic_ms(), 0))
-            if records or _monotonic_ms() >= deadline:
+            records = self._fetch_once(max(deadline - monotonic_ms(), 0))
+            if records or monotonic_ms() >= deadline:
                 self._run_callbacks()  # the outcomes of the acknowledgements it carried
                 return records
 
@@ -395,7 +390,7 @@ class ShareConsumer:
 
     def _settle(
         self,
-        acks: _Pending,
+        acks: Pending,
         outcomes: dict[TopicPartition, TidelogError | None],
         *,
         keep: bool = True,
@@ -471,17 +466,14 @@ class ShareConsumer:
         address: str,
         connection: Connection,
         tps: list[TopicPartition],
-        acks: _Pending,
+        acks: Pending,
         room: int,
         wait_ms: int,
     ) -> list[ConsumerRecord]:
-        by_topic: dict[str, list[int]] = {}
-        for tp in tps:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         request = pb.ShareFetchRequest(
             group_id=self.group_id,
             member_id=self.member_id,
-            partitions=[pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()],
+            partitions=topic_partitions(tps),
             acknowledgements=ack_messages(acks),
             max_records=room,
             max_wait_ms=wait_ms,
@@ -563,12 +555,12 @@ class ShareConsumer:
         partition's outcome (None: applied)."""
         self._check_open()
         self._implicit_accept()
-        deadline = _monotonic_ms() + self._timeout(timeout_ms)
+        deadline = monotonic_ms() + self._timeout(timeout_ms)
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         while True:
-            outcomes.update(self._send_pending(max(deadline - _monotonic_ms(), 1), prefetch=True))
+            outcomes.update(self._send_pending(max(deadline - monotonic_ms(), 1), prefetch=True))
             retry = [e for e in outcomes.values() if e is not None and e.retriable]
-            remaining = deadline - _monotonic_ms()
+            remaining = deadline - monotonic_ms()
             if not retry or remaining <= 0:
                 break
             time.sleep(min(remaining, _RETRY_BACKOFF_MS) / 1000)
@@ -606,12 +598,12 @@ class ShareConsumer:
             self._pending.setdefault(TopicPartition(topic, partition), {}).update(offsets)
         self._delivered.clear()
 
-    def _take_pending(self) -> _Pending:
+    def _take_pending(self) -> Pending:
         with self._async_lock:
             pending, self._pending = self._pending, {}
         return pending
 
-    def _restore_pending(self, pending: _Pending) -> None:
+    def _restore_pending(self, pending: Pending) -> None:
         """Put back acknowledgements taken and not applied; one acknowledged again since
         (a later delivery of the record) is newer and stays."""
         with self._async_lock:
@@ -626,7 +618,7 @@ class ShareConsumer:
         *,
         close_session: bool = False,
         prefetch: bool = False,
-        returns: _Pending | None = None,
+        returns: Pending | None = None,
     ) -> dict[TopicPartition, TidelogError | None]:
         """Send every pending acknowledgement (to each leader: on its share fetch stream,
         or a ShareAcknowledge); each partition's outcome, settled (``_settle``: kept when
@@ -635,11 +627,7 @@ class ShareConsumer:
         ``returns``: RETURNs of records never handed out, sent along, never reported to
         the application's callback (it never saw them)."""
         pending = self._take_pending()
-        sent = pending
-        if returns:
-            sent = {tp: dict(offsets) for tp, offsets in pending.items()}
-            for tp, offsets in returns.items():
-                sent.setdefault(tp, {}).update(offsets)
+        sent = with_returns(pending, returns)
         outcomes: dict[TopicPartition, TidelogError | None] = {}
         unanswered: set[TopicPartition] = set()
         try:
@@ -650,14 +638,14 @@ class ShareConsumer:
 
     def _send(
         self,
-        pending: _Pending,
+        pending: Pending,
         outcomes: dict[TopicPartition, TidelogError | None],
         unanswered: set[TopicPartition],
         timeout_ms: int,
         close_session: bool,
         prefetch: bool = False,
     ) -> None:
-        by_leader: dict[str, tuple[Connection, _Pending]] = {}
+        by_leader: dict[str, tuple[Connection, Pending]] = {}
         for tp, offsets in pending.items():
             try:
                 connection = self._connections.leader(tp, timeout_ms)
@@ -701,7 +689,7 @@ class ShareConsumer:
         self,
         address: str,
         connection: Connection,
-        acks: _Pending,
+        acks: Pending,
         outcomes: dict[TopicPartition, TidelogError | None],
         timeout_ms: int,
         prefetch: bool,
@@ -748,22 +736,19 @@ class ShareConsumer:
             return
         with self._lock:
             assignment = sorted(self._assignment)
-        by_topic: dict[str, list[int]] = {}
-        for tp in assignment:
-            try:
-                if self._connections.leader(tp, timeout_ms).address != address:
-                    continue
-            except TidelogError:
-                continue
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
-        if not by_topic:
+        led = [tp for tp in assignment if self._leader_address(tp, timeout_ms) == address]
+        if not led:
             return
-        request.partitions.extend(
-            pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()
-        )
+        request.partitions.extend(topic_partitions(led))
         request.max_records = room
         request.max_wait_ms = 0
         self._leaders.add(address)
+
+    def _leader_address(self, tp: TopicPartition, timeout_ms: int) -> str | None:
+        try:
+            return self._connections.leader(tp, timeout_ms).address
+        except TidelogError:
+            return None
 
     def _release_sessions(self, timeout_ms: int) -> None:
         """Send what is pending and close the share session at every leader fetched from
@@ -771,10 +756,7 @@ class ShareConsumer:
         self._implicit_accept()
         # Records fetched ahead and never handed out go back as RETURN: not a delivery,
         # their counts as before (the closed sessions would release them as delivered).
-        returns: _Pending = {}
-        for record, _count in self._prefetched:
-            tp = TopicPartition(record.topic, record.partition)
-            returns.setdefault(tp, {})[record.offset] = _RETURN
+        returns = returns_of(self._prefetched)
         self._prefetched = []
         self._send_pending(timeout_ms, close_session=True, returns=returns)  # to the callback
         self._leaders.clear()

@@ -12,9 +12,49 @@ from tidelog.client.types import ConsumerRecord, TopicPartition
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 from tidelog.storage.records import decode_batch_as, iter_batch_headers
 
-__all__ = ["Pending", "ack_messages", "acquired_records"]
+__all__ = [
+    "RETURN",
+    "Pending",
+    "ack_messages",
+    "acquired_records",
+    "returns_of",
+    "topic_partitions",
+    "with_returns",
+]
 
 Pending = dict[TopicPartition, dict[int, int]]  # partition -> offset -> kind
+# Tidelog's own acknowledgement kind: a record fetched ahead given back unseen, its
+# delivery not counted (``broker.share.partition``).
+RETURN = 100
+
+
+def topic_partitions(tps: list[TopicPartition]) -> list[pb.TopicPartitions]:
+    """``tps`` as a request's per-topic partition lists."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in tps:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]
+
+
+def returns_of(records: list[tuple[ConsumerRecord, int]]) -> Pending:
+    """RETURNs of records fetched ahead and never handed out."""
+    out: Pending = {}
+    for record, _count in records:
+        out.setdefault(TopicPartition(record.topic, record.partition), {})[record.offset] = RETURN
+    return out
+
+
+def with_returns(pending: Pending, returns: Pending | None) -> Pending:
+    """``pending`` with ``returns`` added (their offsets never overlap: a record fetched
+    ahead was never handed out, so never acknowledged); ``pending`` itself unchanged."""
+    if not returns:
+        return pending
+    out = {tp: dict(offsets) for tp, offsets in pending.items()}
+    for tp, offsets in returns.items():
+        out.setdefault(tp, {}).update(offsets)
+    return out
+
+
 _OFFSET = itemgetter(2)  # a ConsumerRecord's offset (topic, partition, offset, ...)
 
 

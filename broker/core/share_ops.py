@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 
 from tidelog.broker.cluster.share_peers import GrpcSharePeers
 from tidelog.broker.config import BrokerConfig
-from tidelog.broker.core.delayed import DelayedOperation, Purgatory
+from tidelog.broker.core.delayed import Purgatory
 from tidelog.broker.core.errors import classify
 from tidelog.broker.core.gate import OperationGate
 from tidelog.broker.core.internal_topic import unload_resigned
@@ -81,6 +81,7 @@ from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.core.share_admin import ShareAdminCalls
 from tidelog.broker.core.share_group_configs import ShareGroupConfigCalls
 from tidelog.broker.core.share_state_routing import RoutedShareState, StateCall
+from tidelog.broker.core.share_wait import ShareFetchCancel, ShareWait
 from tidelog.broker.core.topic_ids import topic_id
 from tidelog.broker.groups.manager import GroupManager
 from tidelog.broker.groups.offset_store import OFFSETS_TOPIC
@@ -153,40 +154,6 @@ class ShareAckRange:
     first_offset: int
     last_offset: int
     kind: int
-
-
-class ShareFetchCancel:
-    """Set when whoever asked is gone (a share fetch stream ended,
-    ``broker.grpc.share_stream``): a ShareFetch parked for it wakes at once and acquires
-    nothing more. Without it a fetch parked for a broken stream would wait out its
-    ``max_wait_ms`` and could acquire records for a client that will never see them
-    (they would come back only after another lock duration). Thread-safe."""
-
-    __slots__ = ("_cancelled", "_lock", "_wait")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._wait: _ShareWait | None = None
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            wait, self._wait = self._wait, None
-        if wait is not None:
-            wait.force_complete()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def watch(self, wait: _ShareWait) -> bool:
-        """Wake ``wait`` on ``cancel``; False: cancelled already (do not wait)."""
-        with self._lock:
-            if self._cancelled:
-                return False
-            self._wait = wait
-            return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,26 +239,6 @@ def open_share_parts(
     )
     share_groups = ShareGroupManager.open(registry.logs, clock, groups, config.share.groups)
     return ShareParts(store, share_groups)
-
-
-class _ShareWait(DelayedOperation):
-    """A ShareFetch waiting for something to hand out."""
-
-    __slots__ = ("_event", "_probe")
-
-    def __init__(self, deadline_ms: int, probe: Callable[[], bool]) -> None:
-        super().__init__(deadline_ms)
-        self._probe = probe
-        self._event = threading.Event()
-
-    def is_satisfied(self) -> bool:
-        return self._probe()
-
-    def on_complete(self) -> None:
-        self._event.set()
-
-    def wait(self, timeout_s: float) -> None:
-        self._event.wait(timeout_s)
 
 
 @dataclass(slots=True)
@@ -533,7 +480,7 @@ class ShareOps(ShareAdminCalls, ShareGroupConfigCalls):
                     or self._purgatory.closed
                 ):
                     return fetched, acks
-                wait = _ShareWait(deadline, self._moved(tps, baseline))
+                wait = ShareWait(deadline, self._moved(tps, baseline))
                 if not self._purgatory.try_complete_else_watch(
                     wait, [(tp.topic, tp.partition) for tp in tps]
                 ):

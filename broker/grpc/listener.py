@@ -78,14 +78,14 @@ from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
 from tidelog.broker.core.limits import Admission
 from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, record_quota
-from tidelog.broker.core.pipeline import LoopBridge, RequestPipeline, resolve
+from tidelog.broker.core.pipeline import RequestPipeline
 from tidelog.broker.core.produce import Acks, PartitionProduced, parse_acks
 from tidelog.broker.core.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE
+from tidelog.broker.grpc.append_job import AppendJob, produce_bytes
 from tidelog.broker.grpc.authorize import resources_of
 from tidelog.broker.grpc.data_service import (
     fetch_response,
     fetch_spec,
-    produce_parts,
     produce_response,
 )
 from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY, render
@@ -280,7 +280,7 @@ class _AsyncService:
     ) -> tuple[asyncio.Future[list[PartitionProduced]], int]:
         """Append (on the executor); the future of the answers and the throttle time."""
         received_ms = self._core.wall_ms()  # the request's received time, on arrival
-        job = _AppendJob(
+        job = AppendJob(
             self._core,
             self._bridge,
             [(request, received_ms, parse_acks(request.acks))],
@@ -318,7 +318,7 @@ class _AsyncService:
         """A unary produce's core step: queued bytes, the append, the answer once durable
         per its acks, the throttle. Partitions the caller may not WRITE are refused in the
         answer (``produce_parts``), so the pipeline gets no resources to refuse."""
-        size = _produce_bytes(request)
+        size = produce_bytes(request)
         self._admission.admit_bytes(size, caller)
         try:
             future, throttle_ms = await self._produce_one(caller, request, size)
@@ -359,7 +359,7 @@ class _AsyncService:
             # On the loop: everything read so far, in one executor job.
             batch = waiting.copy()
             waiting.clear()
-            job = _AppendJob(
+            job = AppendJob(
                 self._core,
                 bridge,
                 [(item.request, item.received_ms, item.acks) for item in batch],
@@ -383,7 +383,7 @@ class _AsyncService:
             work.add_done_callback(lambda done: bridge.post(finish_job, done, job, batch))
 
         def finish_job(
-            done: Future[tuple[None, float]], job: _AppendJob, batch: list[_Incoming]
+            done: Future[tuple[None, float]], job: AppendJob, batch: list[_Incoming]
         ) -> None:
             # On the loop, once the job has run.
             self._admission.release_request()
@@ -411,7 +411,7 @@ class _AsyncService:
                     received_ms = self._core.wall_ms()  # before any wait for a slot
                     await slots.acquire()
                     acks = parse_acks(request.acks)
-                    size = _produce_bytes(request)
+                    size = produce_bytes(request)
                     self._admission.admit_bytes(size, caller)
                     state.in_flight_bytes += size
                     # The byte rate is counted here, not after the append, so the mute
@@ -643,73 +643,6 @@ def _fail(batch: list[_Incoming], error: Exception) -> None:
         if not item.answer.done():
             item.answer.set_exception(error)
             item.answer.exception()  # retrieved: only the first one is awaited
-
-
-class _AppendJob:
-    """Produce requests appended in one executor job, in order, each handed to
-    ``BrokerCore.complete`` right there (so an ``acks=all`` fsync is asked for before the
-    event loop even hears of the append). Built and resolved on the loop; ``run`` on the
-    executor. Thread-safe where it has to be (``_deliver``).
-
-    Answers delivered while the job runs (``acks`` 0 and 1 always, ``acks=all`` when the
-    data was durable already) are kept and set by ``resolve_early`` once the job is back
-    on the loop: no ``LoopBridge.post`` (a write to the loop's self-pipe and a wake-up
-    of the loop) per request. Only answers delivered after the job ended (``acks=all``,
-    from the group fsync thread) are handed to the loop one by one.
-
-    An append never raises for a partition's fault (each answer carries its own); one
-    that raises (shutdown) fails the whole job.
-    """
-
-    __slots__ = ("_bridge", "_caller", "_core", "_early", "_lock", "_running", "_work", "futures")
-
-    def __init__(
-        self,
-        core: BrokerCore,
-        bridge: LoopBridge,
-        work: list[tuple[pb.ProduceRequest, int, Acks]],
-        futures: list[asyncio.Future[list[PartitionProduced]]],
-        caller: RequestContext | None = None,
-    ) -> None:
-        self._core = core
-        self._caller = caller  # whose requests (the authorizer's WRITE check)
-        self._bridge = bridge
-        self._work = work
-        self.futures = futures
-        self._lock = threading.Lock()
-        self._running = True
-        self._early: list[tuple[int, list[PartitionProduced]]] = []
-
-    def run(self) -> None:
-        """Append and complete every request (on the executor)."""
-        core = self._core
-        try:
-            for index, (request, received_ms, acks) in enumerate(self._work):
-                parts = produce_parts(request, received_ms, self._caller, core.acls)
-                appends = core.append(parts)
-                core.complete(appends, acks, functools.partial(self._deliver, index))
-        finally:
-            with self._lock:
-                self._running = False
-
-    def _deliver(self, index: int, answers: list[PartitionProduced]) -> None:
-        # Any thread, once per request: the executor's during run, the fsync thread's
-        # during or after it.
-        with self._lock:
-            if self._running:
-                self._early.append((index, answers))
-                return
-        self._bridge.post(resolve, self.futures[index], answers)
-
-    def resolve_early(self) -> None:
-        """Set the answers delivered while the job ran (on the loop, after ``run``)."""
-        for index, answers in self._early:
-            resolve(self.futures[index], answers)
-        self._early.clear()
-
-
-def _produce_bytes(request: pb.ProduceRequest) -> int:
-    return sum(len(p.records) for t in request.topics for p in t.partitions)
 
 
 class AsyncListener:
