@@ -8,6 +8,16 @@ flight): responses leave in request order, and the produces of one connection ar
 in order, which idempotent sequence checks depend on. Clients pipeline requests; they wait
 in the socket buffer meanwhile.
 
+Except Produce (issue #31), when no quota is configured: once a Produce's batches are
+appended the next request is read while it waits to be durable (``acks=all``: its
+fsync), so one group fsync covers several requests of a connection, as the gRPC
+listener's ``ProduceStream`` takes its requests ahead. Appends stay in request order (the
+next request is read only after the append), answers leave in request order
+(``_InOrder``), at most 8 Produce answers are outstanding, and any other request waits
+until every answer before it is written, then runs alone as above. Kafka itself needs no
+such thing: it answers ``acks=all`` without an fsync. With a quota configured requests go
+one at a time, because a throttle belongs to the connection (the mute after an answer).
+
 Blocking core calls (appends, admin, group commits) run on a small thread pool, never on
 the loop. Waiting costs no thread: a long-poll Fetch is parked in the core's fetch
 purgatory (``BrokerCore.start_fetch``/``step_fetch``) and woken through
@@ -57,6 +67,7 @@ Thread-safe: ``start`` and ``stop`` may be called from any thread.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -168,6 +179,16 @@ class Connection:
         # longest throttle a quota asked for (ms).
         self.api_key = -1
         self.throttle_ms = 0
+        # Set while a pipelined Produce runs (``_serve_connection``): resolved once its
+        # batches are appended, so the next request may be read while it waits to be
+        # durable.
+        self.appended: asyncio.Future[None] | None = None
+
+    def mark_appended(self) -> None:
+        """The running Produce appended its batches (``broker.kafka.data``)."""
+        appended = self.appended
+        if appended is not None and not appended.done():
+            appended.set_result(None)
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the listener's thread pool (blocking core calls); its time
@@ -424,11 +445,26 @@ class KafkaListener:
     ) -> None:
         limit = self.settings.max_frame_bytes
         incoming = _Incoming(reader)
+        answers = _InOrder(self, connection, writer)
+        try:
+            await self._read_requests(connection, incoming, writer, answers, limit)
+        finally:
+            answers.cancel()
+
+    async def _read_requests(
+        self,
+        connection: Connection,
+        incoming: _Incoming,
+        writer: asyncio.StreamWriter,
+        answers: _InOrder,
+        limit: int,
+    ) -> None:
         while True:
             try:
                 prefix = await incoming.readexactly(4)
             except asyncio.IncompleteReadError:
-                return  # closed between requests: normal
+                await answers.drain()  # closed between requests: what is left, answered
+                return
             (size,) = struct.unpack(">i", prefix)
             if size < 10 or size > limit:
                 log.info(
@@ -439,6 +475,10 @@ class KafkaListener:
                 )
                 return
             frame = await incoming.readexactly(size)
+            if self._pipelines(connection, frame):
+                await answers.produce(frame)
+                continue
+            await answers.drain()  # anything else after the pipelined answers, as before
             if connection.raw_sasl:
                 # Imported here: broker.kafka.sasl imports this module.
                 from tidelog.broker.kafka.sasl import raw_token
@@ -462,6 +502,20 @@ class KafkaListener:
             if connection.throttle_ms > 0:
                 # Muted for the throttle time (KIP-219), answer or not (acks=0).
                 await asyncio.sleep(connection.throttle_ms / 1000)
+
+    def _pipelines(self, connection: Connection, frame: bytes) -> bool:
+        """Whether this request is a Produce read while earlier ones wait to be durable.
+
+        Only without quotas: a throttle is the connection's (``Connection.throttle_ms``,
+        the mute after an answer), which requests answered out of their reading order
+        would mix up; with any quota configured every request goes one at a time.
+        """
+        return (
+            frame[:2] == _PRODUCE_KEY
+            and not connection.raw_sasl
+            and not connection.close_after_response
+            and not self.core.quotas.configured
+        )
 
     async def _send_parts(
         self,
@@ -586,8 +640,111 @@ class KafkaListener:
 
 
 _PRODUCE = 0
+_PRODUCE_KEY = struct.pack(">h", _PRODUCE)
 _FETCH_API = 1
 _FETCH_KEY = struct.pack(">h", _FETCH_API)
+# Produce requests of one connection appended ahead of their answers (as the gRPC
+# listener's ProduceStream takes 8 ahead).
+_PIPELINED_PRODUCES = 8
+
+
+class _InOrder:
+    """A connection's pipelined Produce answers, written in the order their requests came.
+
+    Kafka's rule is one answer per request, in request order. A Produce is appended in
+    order (the reader waits for its append before reading on: ``Connection.appended``),
+    then waits for its fsync (``acks=all``) while the next requests are read and
+    appended, so one group fsync covers several of them. Its answer is written once it
+    and every answer before it are ready. Any other request first waits for every
+    pipelined answer to be written (``drain``) and then runs alone, as before.
+    """
+
+    def __init__(
+        self, listener: KafkaListener, connection: Connection, writer: asyncio.StreamWriter
+    ) -> None:
+        self._listener = listener
+        self._connection = connection
+        self._writer = writer
+        self._tasks: collections.deque[asyncio.Task[_Response]] = collections.deque()
+        self._waiters: list[asyncio.Future[None]] = []  # woken whenever an answer is written
+        self._sender: asyncio.Task[None] | None = None
+
+    async def produce(self, frame: bytes) -> None:
+        """Start ``frame`` (a Produce); return once it is appended (or answered)."""
+        connection = self._connection
+        loop = asyncio.get_running_loop()
+        appended: asyncio.Future[None] = loop.create_future()
+        connection.appended = appended
+        task = loop.create_task(self._listener._respond(connection, frame))
+        self._tasks.append(task)
+        if self._sender is None:
+            self._sender = loop.create_task(self._send())
+        else:
+            self._wake()
+        try:
+            await asyncio.wait((task, appended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            connection.appended = None
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            await self.drain()  # its error ends the connection, after what came before
+        while len(self._tasks) > _PIPELINED_PRODUCES:
+            await self._written()
+
+    async def drain(self) -> None:
+        """Return once every pipelined answer is written; raise what ended the
+        connection if the sender failed."""
+        while self._tasks:
+            await self._written()
+        self._check_sender()
+
+    async def _written(self) -> None:
+        """Wait until the sender writes an answer (or fails: raised)."""
+        sender = self._sender
+        assert sender is not None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await asyncio.wait((waiter, sender), return_when=asyncio.FIRST_COMPLETED)
+        self._check_sender()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _check_sender(self) -> None:
+        sender = self._sender
+        if sender is not None and sender.done() and not sender.cancelled():
+            error = sender.exception()
+            if error is not None:
+                raise error
+
+    async def _send(self) -> None:
+        tasks, writer, connection = self._tasks, self._writer, self._connection
+        while True:
+            if not tasks:
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+                continue
+            response = await tasks[0]  # its error ends the connection (raised)
+            if isinstance(response, list):
+                await self._listener._send_parts(connection, writer, response)
+            elif response is not None:
+                writer.write(response)
+                await writer.drain()
+            tasks.popleft()
+            self._wake()
+
+    def cancel(self) -> None:
+        """The connection ends: stop the sender and every answer still waited for."""
+        for task in self._tasks:
+            task.cancel()
+        sender = self._sender
+        if sender is not None:
+            if sender.done() and not sender.cancelled():
+                sender.exception()  # retrieved: raised to the reader already, or moot
+            sender.cancel()
 
 
 def _has_regions(answer: Plain) -> bool:
