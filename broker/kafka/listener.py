@@ -13,7 +13,7 @@ appended the next request is read while it waits to be durable (``acks=all``: it
 fsync), so one group fsync covers several requests of a connection, as the gRPC
 listener's ``ProduceStream`` takes its requests ahead. Appends stay in request order (the
 next request is read only after the append), answers leave in request order
-(``_InOrder``), at most 8 Produce answers are outstanding, and any other request waits
+(``broker.kafka.in_order``), at most 8 Produce answers are outstanding, and any other request waits
 until every answer before it is written, then runs alone as above. Kafka itself needs no
 such thing: it answers ``acks=all`` without an fsync. With a quota configured requests go
 one at a time, because a throttle belongs to the connection (the mute after an answer).
@@ -67,7 +67,6 @@ Thread-safe: ``start`` and ``stop`` may be called from any thread.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -99,6 +98,7 @@ from tidelog.broker.kafka.codec import (
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
+from tidelog.broker.kafka.in_order import InOrder
 from tidelog.broker.kafka.metadata_cache import TopicEntries
 from tidelog.broker.kafka.produce_codec import decode_produce, encode_produce_response
 from tidelog.broker.kafka.share_sessions import ShareSessions
@@ -119,8 +119,8 @@ T = TypeVar("T")
 
 _STOP_TIMEOUT_S = 10.0
 
-# A response: a frame's bytes, a zero-copy Fetch's pieces (``_send_parts``), or none.
-_Response = bytes | list[bytes | FileRegion] | None
+# A response: a frame's bytes, a zero-copy Fetch's pieces (``send_parts``), or none.
+Response = bytes | list[bytes | FileRegion] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +445,7 @@ class KafkaListener:
     ) -> None:
         limit = self.settings.max_frame_bytes
         incoming = _Incoming(reader)
-        answers = _InOrder(self, connection, writer)
+        answers = InOrder(self, connection, writer)
         try:
             await self._read_requests(connection, incoming, writer, answers, limit)
         finally:
@@ -456,7 +456,7 @@ class KafkaListener:
         connection: Connection,
         incoming: _Incoming,
         writer: asyncio.StreamWriter,
-        answers: _InOrder,
+        answers: InOrder,
         limit: int,
     ) -> None:
         while True:
@@ -486,14 +486,14 @@ class KafkaListener:
                 answer = await raw_token(connection, frame)
                 if answer is None:
                     return
-                response: _Response = struct.pack(">i", len(answer)) + answer
+                response: Response = struct.pack(">i", len(answer)) + answer
             elif frame[:2] == _FETCH_KEY:
                 # A long poll: freed as soon as the client hangs up (below).
-                response = await incoming.unless_closed(self._respond(connection, frame))
+                response = await incoming.unless_closed(self.respond(connection, frame))
             else:
-                response = await self._respond(connection, frame)
+                response = await self.respond(connection, frame)
             if isinstance(response, list):
-                await self._send_parts(connection, writer, response)
+                await self.send_parts(connection, writer, response)
             elif response is not None:
                 writer.write(response)
                 await writer.drain()
@@ -517,7 +517,7 @@ class KafkaListener:
             and not self.core.quotas.configured
         )
 
-    async def _send_parts(
+    async def send_parts(
         self,
         connection: Connection,
         writer: asyncio.StreamWriter,
@@ -565,9 +565,9 @@ class KafkaListener:
                 if isinstance(part, FileRegion):
                     part.close()
 
-    async def _respond(self, connection: Connection, frame: bytes) -> _Response:
+    async def respond(self, connection: Connection, frame: bytes) -> Response:
         """The response frame for one request frame, None for no response; a list of
-        bytes and file regions for a zero-copy Fetch (``_send_parts``).
+        bytes and file regions for a zero-copy Fetch (``send_parts``).
 
         Raises:
             ConnectionError: close the connection (reason logged).
@@ -643,108 +643,6 @@ _PRODUCE = 0
 _PRODUCE_KEY = struct.pack(">h", _PRODUCE)
 _FETCH_API = 1
 _FETCH_KEY = struct.pack(">h", _FETCH_API)
-# Produce requests of one connection appended ahead of their answers (as the gRPC
-# listener's ProduceStream takes 8 ahead).
-_PIPELINED_PRODUCES = 8
-
-
-class _InOrder:
-    """A connection's pipelined Produce answers, written in the order their requests came.
-
-    Kafka's rule is one answer per request, in request order. A Produce is appended in
-    order (the reader waits for its append before reading on: ``Connection.appended``),
-    then waits for its fsync (``acks=all``) while the next requests are read and
-    appended, so one group fsync covers several of them. Its answer is written once it
-    and every answer before it are ready. Any other request first waits for every
-    pipelined answer to be written (``drain``) and then runs alone, as before.
-    """
-
-    def __init__(
-        self, listener: KafkaListener, connection: Connection, writer: asyncio.StreamWriter
-    ) -> None:
-        self._listener = listener
-        self._connection = connection
-        self._writer = writer
-        self._tasks: collections.deque[asyncio.Task[_Response]] = collections.deque()
-        self._waiters: list[asyncio.Future[None]] = []  # woken whenever an answer is written
-        self._sender: asyncio.Task[None] | None = None
-
-    async def produce(self, frame: bytes) -> None:
-        """Start ``frame`` (a Produce); return once it is appended (or answered)."""
-        connection = self._connection
-        loop = asyncio.get_running_loop()
-        appended: asyncio.Future[None] = loop.create_future()
-        connection.appended = appended
-        task = loop.create_task(self._listener._respond(connection, frame))
-        self._tasks.append(task)
-        if self._sender is None:
-            self._sender = loop.create_task(self._send())
-        else:
-            self._wake()
-        try:
-            await asyncio.wait((task, appended), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            connection.appended = None
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            await self.drain()  # its error ends the connection, after what came before
-        while len(self._tasks) > _PIPELINED_PRODUCES:
-            await self._written()
-
-    async def drain(self) -> None:
-        """Return once every pipelined answer is written; raise what ended the
-        connection if the sender failed."""
-        while self._tasks:
-            await self._written()
-        self._check_sender()
-
-    async def _written(self) -> None:
-        """Wait until the sender writes an answer (or fails: raised)."""
-        sender = self._sender
-        assert sender is not None
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        await asyncio.wait((waiter, sender), return_when=asyncio.FIRST_COMPLETED)
-        self._check_sender()
-
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def _check_sender(self) -> None:
-        sender = self._sender
-        if sender is not None and sender.done() and not sender.cancelled():
-            error = sender.exception()
-            if error is not None:
-                raise error
-
-    async def _send(self) -> None:
-        tasks, writer, connection = self._tasks, self._writer, self._connection
-        while True:
-            if not tasks:
-                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                await waiter
-                continue
-            response = await tasks[0]  # its error ends the connection (raised)
-            if isinstance(response, list):
-                await self._listener._send_parts(connection, writer, response)
-            elif response is not None:
-                writer.write(response)
-                await writer.drain()
-            tasks.popleft()
-            self._wake()
-
-    def cancel(self) -> None:
-        """The connection ends: stop the sender and every answer still waited for."""
-        for task in self._tasks:
-            task.cancel()
-        sender = self._sender
-        if sender is not None:
-            if sender.done() and not sender.cancelled():
-                sender.exception()  # retrieved: raised to the reader already, or moot
-            sender.cancel()
 
 
 def _has_regions(answer: Plain) -> bool:
@@ -794,7 +692,7 @@ class _Incoming:
                 raise asyncio.IncompleteReadError(taken + exc.partial, count) from None
         return taken
 
-    async def unless_closed(self, handling: Awaitable[_Response]) -> _Response:
+    async def unless_closed(self, handling: Awaitable[Response]) -> Response:
         """``handling``'s answer; cancels it if the peer hangs up first.
 
         Raises:

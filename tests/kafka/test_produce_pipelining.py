@@ -1,5 +1,5 @@
-"""Produce requests pipelined on one Kafka connection (issue #31, ``broker.kafka.listener``
-``_InOrder``): the listener reads the next request once a Produce is appended, while that
+"""Produce requests pipelined on one Kafka connection (issue #31, ``broker.kafka.in_order``
+``InOrder``): the listener reads the next request once a Produce is appended, while that
 one waits for its fsync, and still answers every request once, in request order, with
 the offsets of the order the requests came in; any other request is answered after the
 Produce answers before it. With a quota configured requests go one at a time, as before.
