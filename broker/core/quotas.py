@@ -307,6 +307,12 @@ class QuotaManager:
 
     # --- enforcement --------------------------------------------------------------------
 
+    @property
+    def configured(self) -> bool:
+        """Whether any quota is set (for anyone)."""
+        with self._lock:
+            return bool(self._quotas)
+
     def record(self, client_id: str, quota: str, value: float, *, user: str | None = None) -> int:
         """Count ``value`` against the ``quota`` of ``user`` (None: ``ANONYMOUS``) with
         ``client_id``; the throttle time in ms (0 when within the quota or without one)."""

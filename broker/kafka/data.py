@@ -209,6 +209,7 @@ async def _append_and_answer(
         rest = parts[len(appends) :]
         appends += await conn.run(conn.core.append, rest)
         conn.listener.pool_appends += len(rest)
+    conn.mark_appended()  # a pipelined connection reads its next request now
     if acks != Acks.ALL:
         # acks 0/1: ``complete`` delivers on this thread before it returns (its
         # contract), so no future is made, resolved and awaited for it.

@@ -8,6 +8,16 @@ flight): responses leave in request order, and the produces of one connection ar
 in order, which idempotent sequence checks depend on. Clients pipeline requests; they wait
 in the socket buffer meanwhile.
 
+Except Produce (issue #31), when no quota is configured: once a Produce's batches are
+appended the next request is read while it waits to be durable (``acks=all``: its
+fsync), so one group fsync covers several requests of a connection, as the gRPC
+listener's ``ProduceStream`` takes its requests ahead. Appends stay in request order (the
+next request is read only after the append), answers leave in request order
+(``broker.kafka.in_order``), at most 8 Produce answers are outstanding, and any other request waits
+until every answer before it is written, then runs alone as above. Kafka itself needs no
+such thing: it answers ``acks=all`` without an fsync. With a quota configured requests go
+one at a time, because a throttle belongs to the connection (the mute after an answer).
+
 Blocking core calls (appends, admin, group commits) run on a small thread pool, never on
 the loop. Waiting costs no thread: a long-poll Fetch is parked in the core's fetch
 purgatory (``BrokerCore.start_fetch``/``step_fetch``) and woken through
@@ -88,6 +98,7 @@ from tidelog.broker.kafka.codec import (
 )
 from tidelog.broker.kafka.errors import error_name
 from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
+from tidelog.broker.kafka.in_order import InOrder
 from tidelog.broker.kafka.metadata_cache import TopicEntries
 from tidelog.broker.kafka.produce_codec import decode_produce, encode_produce_response
 from tidelog.broker.kafka.share_sessions import ShareSessions
@@ -108,8 +119,8 @@ T = TypeVar("T")
 
 _STOP_TIMEOUT_S = 10.0
 
-# A response: a frame's bytes, a zero-copy Fetch's pieces (``_send_parts``), or none.
-_Response = bytes | list[bytes | FileRegion] | None
+# A response: a frame's bytes, a zero-copy Fetch's pieces (``send_parts``), or none.
+Response = bytes | list[bytes | FileRegion] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +179,16 @@ class Connection:
         # longest throttle a quota asked for (ms).
         self.api_key = -1
         self.throttle_ms = 0
+        # Set while a pipelined Produce runs (``_serve_connection``): resolved once its
+        # batches are appended, so the next request may be read while it waits to be
+        # durable.
+        self.appended: asyncio.Future[None] | None = None
+
+    def mark_appended(self) -> None:
+        """The running Produce appended its batches (``broker.kafka.data``)."""
+        appended = self.appended
+        if appended is not None and not appended.done():
+            appended.set_result(None)
 
     async def run(self, call: Callable[..., T], *args: Any) -> T:
         """``call(*args)`` on the listener's thread pool (blocking core calls); its time
@@ -424,11 +445,26 @@ class KafkaListener:
     ) -> None:
         limit = self.settings.max_frame_bytes
         incoming = _Incoming(reader)
+        answers = InOrder(self, connection, writer)
+        try:
+            await self._read_requests(connection, incoming, writer, answers, limit)
+        finally:
+            answers.cancel()
+
+    async def _read_requests(
+        self,
+        connection: Connection,
+        incoming: _Incoming,
+        writer: asyncio.StreamWriter,
+        answers: InOrder,
+        limit: int,
+    ) -> None:
         while True:
             try:
                 prefix = await incoming.readexactly(4)
             except asyncio.IncompleteReadError:
-                return  # closed between requests: normal
+                await answers.drain()  # closed between requests: what is left, answered
+                return
             (size,) = struct.unpack(">i", prefix)
             if size < 10 or size > limit:
                 log.info(
@@ -439,6 +475,10 @@ class KafkaListener:
                 )
                 return
             frame = await incoming.readexactly(size)
+            if self._pipelines(connection, frame):
+                await answers.produce(frame)
+                continue
+            await answers.drain()  # anything else after the pipelined answers, as before
             if connection.raw_sasl:
                 # Imported here: broker.kafka.sasl imports this module.
                 from tidelog.broker.kafka.sasl import raw_token
@@ -446,14 +486,14 @@ class KafkaListener:
                 answer = await raw_token(connection, frame)
                 if answer is None:
                     return
-                response: _Response = struct.pack(">i", len(answer)) + answer
+                response: Response = struct.pack(">i", len(answer)) + answer
             elif frame[:2] == _FETCH_KEY:
                 # A long poll: freed as soon as the client hangs up (below).
-                response = await incoming.unless_closed(self._respond(connection, frame))
+                response = await incoming.unless_closed(self.respond(connection, frame))
             else:
-                response = await self._respond(connection, frame)
+                response = await self.respond(connection, frame)
             if isinstance(response, list):
-                await self._send_parts(connection, writer, response)
+                await self.send_parts(connection, writer, response)
             elif response is not None:
                 writer.write(response)
                 await writer.drain()
@@ -463,7 +503,21 @@ class KafkaListener:
                 # Muted for the throttle time (KIP-219), answer or not (acks=0).
                 await asyncio.sleep(connection.throttle_ms / 1000)
 
-    async def _send_parts(
+    def _pipelines(self, connection: Connection, frame: bytes) -> bool:
+        """Whether this request is a Produce read while earlier ones wait to be durable.
+
+        Only without quotas: a throttle is the connection's (``Connection.throttle_ms``,
+        the mute after an answer), which requests answered out of their reading order
+        would mix up; with any quota configured every request goes one at a time.
+        """
+        return (
+            frame[:2] == _PRODUCE_KEY
+            and not connection.raw_sasl
+            and not connection.close_after_response
+            and not self.core.quotas.configured
+        )
+
+    async def send_parts(
         self,
         connection: Connection,
         writer: asyncio.StreamWriter,
@@ -511,9 +565,9 @@ class KafkaListener:
                 if isinstance(part, FileRegion):
                     part.close()
 
-    async def _respond(self, connection: Connection, frame: bytes) -> _Response:
+    async def respond(self, connection: Connection, frame: bytes) -> Response:
         """The response frame for one request frame, None for no response; a list of
-        bytes and file regions for a zero-copy Fetch (``_send_parts``).
+        bytes and file regions for a zero-copy Fetch (``send_parts``).
 
         Raises:
             ConnectionError: close the connection (reason logged).
@@ -586,6 +640,7 @@ class KafkaListener:
 
 
 _PRODUCE = 0
+_PRODUCE_KEY = struct.pack(">h", _PRODUCE)
 _FETCH_API = 1
 _FETCH_KEY = struct.pack(">h", _FETCH_API)
 
@@ -637,7 +692,7 @@ class _Incoming:
                 raise asyncio.IncompleteReadError(taken + exc.partial, count) from None
         return taken
 
-    async def unless_closed(self, handling: Awaitable[_Response]) -> _Response:
+    async def unless_closed(self, handling: Awaitable[Response]) -> Response:
         """``handling``'s answer; cancels it if the peer hangs up first.
 
         Raises:

@@ -399,7 +399,7 @@ def test_a_region_truncated_before_it_is_sent_closes_the_connection(
     async def send() -> None:
         _, writer = await asyncio.open_connection(sock=left)
         try:
-            await listener._send_parts(Connection(listener, "test"), writer, [b"head", region])
+            await listener.send_parts(Connection(listener, "test"), writer, [b"head", region])
         finally:
             writer.close()
 
