@@ -15,7 +15,7 @@ import pytest
 
 from tests.broker.cluster.waiting import eventually
 from tidelog.broker.testing import InProcessBroker
-from tidelog.client import AdminClient, TopicPartition
+from tidelog.client import AdminClient, Consumer, TopicPartition
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,20 @@ def kafka_broker() -> Iterator[KafkaBroker]:
 def unique(prefix: str) -> str:
     """A topic or group name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def stored_values(address: str, topic: str, partition: int, count: int) -> list[bytes]:
+    """Up to ``count`` values of ``topic``-``partition`` from offset 0, read through
+    Tidelog's own client at ``address`` (30 s at most)."""
+    tp = TopicPartition(topic, partition)
+    with Consumer(address) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30.0
+        while len(got) < count and time.monotonic() < deadline:
+            got += [r.value for r in consumer.poll(timeout_ms=500) if r.value is not None]
+    return got
 
 
 def wait_until_decided(address: str, tp: TopicPartition, timeout_s: float = 30.0) -> int:

@@ -15,10 +15,9 @@ import pytest
 from confluent_kafka import Producer as KafkaProducer
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
-from tests.kafka.conftest import KafkaBroker, unique
+from tests.kafka.conftest import KafkaBroker, stored_values, unique
 from tests.kafka.raw import frame, read_frame
 from tidelog.broker.core.produce import INLINE_APPEND_MAX_BYTES
-from tidelog.client import Consumer, TopicPartition
 from tidelog.storage.records import BatchBuilder
 
 pytestmark = pytest.mark.timeout(120)
@@ -61,18 +60,6 @@ def _produce(bootstrap: str, topic: str, values: dict[int, bytes], acks: int) ->
     ]
 
 
-def _values(address: str, topic: str, partition: int, count: int) -> list[bytes]:
-    tp = TopicPartition(topic, partition)
-    with Consumer(address) as consumer:
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-        got: list[bytes] = []
-        deadline = time.monotonic() + TIMEOUT_S
-        while len(got) < count and time.monotonic() < deadline:
-            got += [r.value for r in consumer.poll(timeout_ms=500) if r.value is not None]
-    return got
-
-
 def test_small_produces_are_appended_on_the_loop(kafka_broker: KafkaBroker) -> None:
     topic = unique("inline")
     kafka_broker.broker.server.core.create_topic(topic, 1, {})
@@ -89,7 +76,7 @@ def test_small_produces_are_appended_on_the_loop(kafka_broker: KafkaBroker) -> N
     # The pool takes one only when the log's own periodic work (the log manager's flush
     # and checkpoint rounds) happens to hold the partition lock at that moment.
     assert inlined > pooled
-    assert _values(kafka_broker.address, topic, 0, 20) == [b"v%d" % i for i in range(20)]
+    assert stored_values(kafka_broker.address, topic, 0, 20) == [b"v%d" % i for i in range(20)]
 
 
 def test_a_large_request_is_appended_on_the_pool(kafka_broker: KafkaBroker) -> None:
@@ -100,7 +87,7 @@ def test_a_large_request_is_appended_on_the_pool(kafka_broker: KafkaBroker) -> N
     value = b"L" * (INLINE_APPEND_MAX_BYTES + 1)
     assert _produce(kafka_broker.bootstrap, topic, {0: value}, 1) == [(0, 0, 0)]
     assert (listener.inline_appends - inline, listener.pool_appends - pooled) == (0, 1)
-    assert _values(kafka_broker.address, topic, 0, 1) == [value]
+    assert stored_values(kafka_broker.address, topic, 0, 1) == [value]
 
 
 def test_a_held_partition_goes_to_the_pool_in_request_order(kafka_broker: KafkaBroker) -> None:
@@ -131,7 +118,7 @@ def test_a_held_partition_goes_to_the_pool_in_request_order(kafka_broker: KafkaB
     inlined, pooled = listener.inline_appends - inline, listener.pool_appends - pooled
     assert (inlined + pooled, min(pooled, 2)) == (3, 2)  # 1 and 2 on the pool, in order
     for partition, value in enumerate((b"a", b"b", b"c")):
-        assert _values(kafka_broker.address, topic, partition, 1) == [value]
+        assert stored_values(kafka_broker.address, topic, partition, 1) == [value]
         # acks=all answered: fsynced past the record, whichever thread appended it.
         assert core.logs.get_log(topic, partition).recovery_point >= 1
 
@@ -147,5 +134,5 @@ def test_an_idempotent_producer_keeps_its_order_inline(kafka_broker: KafkaBroker
         if i % 7 == 0:
             assert producer.flush(TIMEOUT_S) == 0
     assert producer.flush(TIMEOUT_S) == 0
-    got = _values(kafka_broker.address, topic, 0, 50)
+    got = stored_values(kafka_broker.address, topic, 0, 50)
     assert [struct.unpack(">i", v)[0] for v in got] == list(range(50))

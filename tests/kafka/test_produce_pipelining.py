@@ -13,35 +13,14 @@ from typing import Any
 
 import pytest
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.protocol.producer import ProduceResponse
 
-from tests.kafka.conftest import KafkaBroker, unique
-from tests.kafka.raw import frame, read_frame
-from tidelog.client import Consumer, TopicPartition
-from tidelog.storage.records import BatchBuilder
+from tests.kafka.conftest import KafkaBroker, stored_values, unique
+from tests.kafka.raw import frame, produce_request, read_frame
 
 pytestmark = pytest.mark.timeout(120)
 
 TIMEOUT_S = 30.0
-
-
-def _produce(topic: str, value: bytes, acks: int) -> Any:
-    builder = BatchBuilder()
-    builder.append(int(time.time() * 1000), None, value)
-    return ProduceRequest[7](
-        acks=acks,
-        timeout_ms=5_000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name=topic,
-                partition_data=[
-                    ProduceRequest.TopicProduceData.PartitionProduceData(
-                        index=0, records=builder.build()
-                    )
-                ],
-            )
-        ],
-    )
 
 
 def _send_all(bootstrap: str, frames: list[bytes], answers: int) -> list[bytes]:
@@ -61,18 +40,6 @@ def _correlation(answer: bytes) -> int:
     return int.from_bytes(answer[:4], "big", signed=True)
 
 
-def _stored(address: str, topic: str, count: int) -> list[bytes]:
-    tp = TopicPartition(topic, 0)
-    with Consumer(address) as consumer:
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-        got: list[bytes] = []
-        deadline = time.monotonic() + TIMEOUT_S
-        while len(got) < count and time.monotonic() < deadline:
-            got += [r.value for r in consumer.poll(timeout_ms=500) if r.value is not None]
-    return got
-
-
 @pytest.mark.parametrize("acks", [-1, 1])
 def test_pipelined_produces_are_answered_once_in_order(
     kafka_broker: KafkaBroker, acks: int
@@ -80,7 +47,9 @@ def test_pipelined_produces_are_answered_once_in_order(
     topic = unique("pipelined")
     kafka_broker.broker.server.core.create_topic(topic, 1, {})
     count = 40  # past the 8 taken ahead: the reader waits for answers to be written
-    frames = [frame(_produce(topic, b"v%d" % i, acks), "pipe", i + 1) for i in range(count)]
+    frames = [
+        frame(produce_request(topic, b"v%d" % i, acks=acks), "pipe", i + 1) for i in range(count)
+    ]
     # A Metadata request after them: answered after every Produce answer before it.
     frames.append(frame(MetadataRequest[1](topics=[topic]), "pipe", count + 1))
     answers = _send_all(kafka_broker.bootstrap, frames, count + 1)
@@ -94,7 +63,9 @@ def test_pipelined_produces_are_answered_once_in_order(
     assert offsets == list(range(count))  # appended in the order the requests came
     metadata = MetadataResponse[1].decode(answers[count][4:])
     assert [t.name for t in metadata.topics] == [topic]
-    assert _stored(kafka_broker.address, topic, count) == [b"v%d" % i for i in range(count)]
+    assert stored_values(kafka_broker.address, topic, 0, count) == [
+        b"v%d" % i for i in range(count)
+    ]
     if acks == -1:
         # Every acks=all answer came after its fsync.
         log = kafka_broker.broker.server.core.logs.get_log(topic, 0)
@@ -105,13 +76,13 @@ def test_acks_zero_between_pipelined_produces_gets_no_answer(kafka_broker: Kafka
     topic = unique("pipelined-acks0")
     kafka_broker.broker.server.core.create_topic(topic, 1, {})
     frames = [
-        frame(_produce(topic, b"a", -1), "pipe", 1),
-        frame(_produce(topic, b"b", 0), "pipe", 2),
-        frame(_produce(topic, b"c", -1), "pipe", 3),
+        frame(produce_request(topic, b"a", acks=-1), "pipe", 1),
+        frame(produce_request(topic, b"b", acks=0), "pipe", 2),
+        frame(produce_request(topic, b"c", acks=-1), "pipe", 3),
     ]
     answers = _send_all(kafka_broker.bootstrap, frames, 2)
     assert [_correlation(a) for a in answers] == [1, 3]
-    assert _stored(kafka_broker.address, topic, 3) == [b"a", b"b", b"c"]
+    assert stored_values(kafka_broker.address, topic, 0, 3) == [b"a", b"b", b"c"]
 
 
 def test_a_refused_produce_in_the_pipeline_is_answered_in_its_place(
@@ -120,9 +91,9 @@ def test_a_refused_produce_in_the_pipeline_is_answered_in_its_place(
     topic = unique("pipelined-refused")
     kafka_broker.broker.server.core.create_topic(topic, 1, {})
     frames = [
-        frame(_produce(topic, b"a", -1), "pipe", 1),
-        frame(_produce(unique("missing"), b"x", -1), "pipe", 2),
-        frame(_produce(topic, b"c", -1), "pipe", 3),
+        frame(produce_request(topic, b"a", acks=-1), "pipe", 1),
+        frame(produce_request(unique("missing"), b"x", acks=-1), "pipe", 2),
+        frame(produce_request(topic, b"c", acks=-1), "pipe", 3),
     ]
     answers = _send_all(kafka_broker.bootstrap, frames, 3)
     assert [_correlation(a) for a in answers] == [1, 2, 3]
@@ -132,7 +103,7 @@ def test_a_refused_produce_in_the_pipeline_is_answered_in_its_place(
     ]
     assert codes[0] == codes[2] == 0
     assert codes[1] != 0  # UNKNOWN_TOPIC_OR_PARTITION (or a refusal): in its place
-    assert _stored(kafka_broker.address, topic, 2) == [b"a", b"c"]
+    assert stored_values(kafka_broker.address, topic, 0, 2) == [b"a", b"c"]
 
 
 def _two_with_fsync_held(kafka_broker: KafkaBroker, topic: str, wait_s: float) -> int:
@@ -149,8 +120,8 @@ def _two_with_fsync_held(kafka_broker: KafkaBroker, topic: str, wait_s: float) -
     try:
         with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
             sock.sendall(
-                frame(_produce(topic, b"a", -1), "pipe", 1)
-                + frame(_produce(topic, b"b", -1), "pipe", 2)
+                frame(produce_request(topic, b"a", acks=-1), "pipe", 1)
+                + frame(produce_request(topic, b"b", acks=-1), "pipe", 2)
             )
             deadline = time.monotonic() + wait_s
             while log.log_end_offset < 2 and time.monotonic() < deadline:
