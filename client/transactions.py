@@ -530,14 +530,24 @@ class TransactionManager:
                 self._coordinator = node
         return self._connections.connection_to(self._connections.address_of(node))
 
-    @staticmethod
-    def _call(connection: Connection, method: str, request: Any, timeout_ms: int) -> Any:
+    def _call(self, connection: Connection, method: str, request: Any, timeout_ms: int) -> Any:
+        """``method`` on ``connection``. A failure is reported to the routing
+        (``report_failure``: an unreachable broker is asked last from then on, and a
+        routing error marks the metadata stale), or FindCoordinator would ask the same
+        dead broker again and again: a connector's commits once stalled for a minute
+        after its coordinator was SIGKILLed (the CDC cluster test)."""
         if not isinstance(connection, GrpcConnection):
             raise InvalidRequestError(f"{method} needs a gRPC connection")
         transport = connection.transport
-        return transport.call(
-            getattr(transport.stub, method), request, what=method, timeout_ms=timeout_ms
-        )
+        try:
+            return transport.call(
+                getattr(transport.stub, method), request, what=method, timeout_ms=timeout_ms
+            )
+        except TidelogError as exc:
+            self._connections.report_failure(connection.address, exc)
+            if isinstance(exc, ROUTING_ERRORS):
+                self._connections.mark_stale()
+            raise
 
 
 def group_metadata_of(group: ConsumerGroupMetadata | str) -> ConsumerGroupMetadata:
