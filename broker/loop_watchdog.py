@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import TextIO
 
-__all__ = ["LoopWatchdog", "ProcessStallDump", "register_dump_signal"]
+__all__ = ["LoopWatchdog", "ProcessStallDump", "register_dump_signal", "thread_stacks"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,17 @@ class LoopWatchdog:
         if frame is None:
             return "  (the loop thread is gone)"
         return "".join(traceback.format_stack(frame)).rstrip()
+
+
+def thread_stacks(limit: int = 6) -> str:
+    """Every thread's innermost ``limit`` frames, named (a stop held by a call: where
+    each thread waits)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame, limit=limit))
+        out.append(f"--- {names.get(ident, ident)}\n{stack}")
+    return "\n".join(out)
 
 
 class ProcessStallDump:

@@ -55,12 +55,11 @@ classified once per call by the driver and rendered by ``_render`` (``broker.grp
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
-import sys
 import threading
 import time
-import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,22 +96,12 @@ from tidelog.broker.grpc.service import (
     wait_cap_ms,
 )
 from tidelog.broker.grpc.share_stream import ShareFetchStreams
-from tidelog.broker.loop_watchdog import LoopWatchdog
+from tidelog.broker.loop_watchdog import LoopWatchdog, thread_stacks
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
 
 __all__ = ["AsyncListener"]
 
 log = logging.getLogger(__name__)
-
-
-def _thread_stacks(limit: int = 6) -> str:
-    """Every thread's innermost ``limit`` frames (a stop held by a call: where it waits)."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    out = []
-    for ident, frame in sys._current_frames().items():
-        stack = "".join(traceback.format_stack(frame, limit=limit))
-        out.append(f"--- {names.get(ident, ident)}\n{stack}")
-    return "\n".join(out)
 
 
 T = TypeVar("T")
@@ -207,10 +196,7 @@ class _AsyncService:
 
     def calls_in_flight(self) -> dict[str, int]:
         """Open calls by method (what holds a graceful stop, when one does)."""
-        counts: dict[str, int] = {}
-        for method in list(self._calls.values()):
-            counts[method] = counts.get(method, 0) + 1
-        return counts
+        return dict(collections.Counter(self._calls.values()))
 
     async def _run(
         self, caller: RequestContext, function: Callable[..., T], *args: Any
@@ -743,7 +729,7 @@ class AsyncListener:
                 log.warning(
                     "gRPC calls still in flight half-way into the stop: %s; threads:\n%s",
                     held,
-                    _thread_stacks(),
+                    thread_stacks(),
                 )
 
         async def stop() -> None:
