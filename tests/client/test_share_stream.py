@@ -222,12 +222,14 @@ def test_a_stream_broken_mid_poll_loses_nothing_and_acknowledges_nothing_twice(
     assert (stats.start_offset, stats.acquired, stats.available, stats.archived) == (5, 0, 0, 0)
 
 
-def test_commit_sync_fetches_one_poll_ahead_and_close_releases_it(
-    long_lock: InProcessBroker,
-) -> None:
-    topic, group = _topic(long_lock), f"g-{uuid.uuid4()}"
+def _commit_first_three(
+    broker: InProcessBroker, topic: str, group: str, records: int
+) -> ShareConsumer:
+    """A member (``max_poll_records`` 3, fetch-ahead on) that polled and accepted the
+    first three of ``records`` produced; its ``commit_sync`` fetched the next three ahead.
+    The caller closes it."""
     first = ShareConsumer(
-        long_lock.address,
+        broker.address,
         group,
         max_poll_records=3,
         acknowledgement_mode="explicit",
@@ -238,7 +240,7 @@ def test_commit_sync_fetches_one_poll_ahead_and_close_releases_it(
         first.subscribe([topic])
         eventually(lambda: bool(first.assignment()), 30)
         first.poll(timeout_ms=0)  # the share partition starts at the log end
-        _produce(long_lock, topic, 10)
+        _produce(broker, topic, records)
         got: list[Any] = []
         eventually(lambda: bool(got.extend(first.poll(200)) or got), 30)
         assert [r.offset for r in got] == [0, 1, 2]
@@ -246,6 +248,18 @@ def test_commit_sync_fetches_one_poll_ahead_and_close_releases_it(
             first.acknowledge(record)
         # commit_sync: 0-2 accepted, and the next poll's three acquired with them.
         assert list(first.commit_sync().values()) == [None]
+    except BaseException:
+        first.close()
+        raise
+    return first
+
+
+def test_commit_sync_fetches_one_poll_ahead_and_close_releases_it(
+    long_lock: InProcessBroker,
+) -> None:
+    topic, group = _topic(long_lock), f"g-{uuid.uuid4()}"
+    first = _commit_first_three(long_lock, topic, group, 10)
+    try:
         stats = _stats(long_lock, group)
         assert (stats.start_offset, stats.acquired) == (3, 3)
         # The next poll hands them out without asking the broker for more.
@@ -272,26 +286,9 @@ def test_records_fetched_ahead_and_never_handed_out_go_back_uncounted(
     it never handed out; released with the session they came back as the second, and a
     record at its last delivery was archived unseen: the fault harness's kill test)."""
     topic, group = _topic(long_lock), f"g-{uuid.uuid4()}"
-    first = ShareConsumer(
-        long_lock.address,
-        group,
-        max_poll_records=3,
-        acknowledgement_mode="explicit",
-        request_timeout_ms=10_000,
-        fetch_ahead=True,
-    )
+    first = _commit_first_three(long_lock, topic, group, 6)
     try:
-        first.subscribe([topic])
-        eventually(lambda: bool(first.assignment()), 30)
-        first.poll(timeout_ms=0)  # the share partition starts at the log end
-        _produce(long_lock, topic, 6)
-        got: list[Any] = []
-        eventually(lambda: bool(got.extend(first.poll(200)) or got), 30)
-        assert [r.offset for r in got] == [0, 1, 2]
-        for record in got:
-            first.acknowledge(record)
-        assert list(first.commit_sync().values()) == [None]  # and 3-5 fetched ahead
-        assert _stats(long_lock, group).acquired == 3
+        assert _stats(long_lock, group).acquired == 3  # 3-5 fetched ahead
     finally:
         first.close()
     stats = _stats(long_lock, group)
