@@ -74,7 +74,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     _current["test"] = "(between tests)"
 
 
-_LOG_TAIL_CHARS = 6_000
+# TIDELOG_LOG_TAIL_CHARS widens it when chasing a failure locally.
+_LOG_TAIL_CHARS = int(os.environ.get("TIDELOG_LOG_TAIL_CHARS", "6000"))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -268,9 +268,25 @@ def test_a_follower_left_below_the_leaders_log_start_starts_over_there(
                 )
         finally:
             cluster.kill(follower, signal.SIGCONT)
+        # Paused past its ZooKeeper session, the follower registers again on resuming; the
+        # controller that took over may have read the live brokers before that and the ISR
+        # after the leader re-added it, and then takes it out as dead (a new leader epoch,
+        # as Kafka's ZooKeeper-era controller does for a broker it saw fail). Wait until
+        # every broker sees every other, then for a full ISR that stays put at one leader
+        # epoch for longer than the controller's events take.
+        cluster.wait_converged()
         # The leader's answer: the resumed broker's own view is stale for a moment.
         with AdminClient(cluster.address(leader), request_timeout_ms=5_000) as direct:
-            eventually(lambda: len(direct.describe_topic("behind").partitions[0].isr) == 3, 60)
+
+            def full_isr_held() -> bool:
+                first = direct.describe_topic("behind").partitions[0]
+                if len(first.isr) != 3:
+                    return False
+                time.sleep(3)
+                again = direct.describe_topic("behind").partitions[0]
+                return len(again.isr) == 3 and again.leader_epoch == first.leader_epoch
+
+            eventually(full_isr_held, 60)
             start = direct.describe_topic("behind").partitions[0].log_start_offset
     # The follower must now hold the records itself: make it the only one left to lead.
     cluster.kill(leader)
