@@ -40,7 +40,13 @@ from tidelog.client.types import (
     TransactionListing,
 )
 from tidelog.proto.tidelog.v1 import broker_pb2 as pb
-from tidelog.storage.errors import InvalidRequestError, TidelogError, error_for_code
+from tidelog.storage.errors import (
+    InvalidRequestError,
+    LeaderNotAvailableError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
 
 __all__ = ["TransactionAdminCalls"]
 
@@ -152,7 +158,8 @@ class TransactionAdminCalls:
         epoch there), ``TransactionCoordinatorFencedError`` (a newer coordinator epoch
         wrote there since), ``ClusterAuthorizationFailedError``, ``InvalidRequestError``
         for ids no producer could have. A producer with no open transaction there is
-        answered as done (the marker changes nothing)."""
+        answered as done (the marker changes nothing). A leader that moved, or that does
+        not know the partition yet, is looked up and asked again until ``timeout_ms``."""
         tp = spec.partition
         request = pb.WriteTxnMarkersRequest(
             markers=[
@@ -171,8 +178,18 @@ class TransactionAdminCalls:
             answer = _grpc(connection, "WriteTxnMarkers", request, timeout)
             for marker in answer.markers:
                 for part in marker.partitions:
-                    if part.error_code:
-                        raise error_for_code(part.error_code, f"{tp}: abort of {spec}")
+                    if not part.error_code:
+                        continue
+                    error = error_for_code(part.error_code, f"{tp}: abort of {spec}")
+                    if isinstance(error, UnknownTopicOrPartitionError):
+                        # The metadata named this broker the leader, so the partition
+                        # exists: the broker's own view is behind (a topic created a
+                        # moment ago). Kafka's AbortTransactionHandler looks the leader
+                        # up again too.
+                        raise LeaderNotAvailableError(
+                            f"{tp}: the leader does not know the partition yet ({error})"
+                        )
+                    raise error
 
         self._connections.run(
             self._connections.route_leader(tp),

@@ -69,6 +69,7 @@ from tidelog.storage.errors import (
     NotControllerError,
     NotCoordinatorError,
     NotLeaderOrFollowerError,
+    OffsetNotAvailableError,
     TidelogError,
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
@@ -93,6 +94,11 @@ ROUTING_ERRORS: tuple[type[TidelogError], ...] = (
     BrokerUnavailableError,
 )
 """Errors that mean "ask someone else": refresh the metadata and try again."""
+
+_LATER_ERRORS: tuple[type[TidelogError], ...] = (OffsetNotAvailableError,)
+"""Per-partition answers that mean "ask the same leader again soon": a new leader whose
+high watermark is not established yet (Kafka's admin and consumer retry
+``OFFSET_NOT_AVAILABLE`` the same way). Not the broker's fault: it is not reported."""
 
 # Refusals that say the refusing broker's view, or the view of the broker whose metadata
 # routed the call, is wrong: both are asked for metadata after the others next time.
@@ -499,7 +505,9 @@ class ClusterConnections:
         ``call`` returns a value per partition, or for a partition that failed its
         ``TidelogError``. Partitions whose leader moved or is offline (a routing error,
         theirs or the call's) are sent again to their new leader after a backoff until
-        ``timeout_ms``; then their error is raised. Any other error is raised at once.
+        ``timeout_ms``; then their error is raised. So are partitions answered
+        ``OFFSET_NOT_AVAILABLE`` (``_LATER_ERRORS``: a new leader's high watermark is
+        not known yet). Any other error is raised at once.
         ``known``: the partitions exist (a broker described them), so metadata that
         lacks one comes from a broker whose view is behind (a topic created a moment
         ago): asked again like an offline partition, not raised as unknown.
@@ -543,12 +551,17 @@ class ClusterConnections:
                     self.report_failure(connection.address, exc)
                     failed.update(dict.fromkeys(batch, exc))
                     continue
+                except _LATER_ERRORS as exc:
+                    failed.update(dict.fromkeys(batch, exc))
+                    continue
                 for tp in batch:
                     if tp not in answers:
                         raise InternalError(f"{what}: the broker did not answer for {tp}")
                     answer = answers[tp]
                     if isinstance(answer, ROUTING_ERRORS):
                         self.report_failure(connection.address, answer)
+                        failed[tp] = answer
+                    elif isinstance(answer, _LATER_ERRORS):
                         failed[tp] = answer
                     elif isinstance(answer, TidelogError):
                         raise answer

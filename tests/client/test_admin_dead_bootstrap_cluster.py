@@ -42,7 +42,6 @@ from tidelog.storage.errors import (
     TopicAlreadyExistsError,
     TransactionalIdAuthorizationFailedError,
     TransactionalIdNotFoundError,
-    UnknownTopicOrPartitionError,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -218,18 +217,9 @@ def abort_transaction(admin: AdminClient, name: str) -> None:
         pass  # the second run of the call
     spec = AbortTransactionSpec(TopicPartition(name, 0), 4242, 0, 0)
     # A partition created a moment ago may not have reached its leader yet, with the
-    # other calls running at once (answers): asked again, as Kafka's admin client
-    # does itself for UNKNOWN_TOPIC_OR_PARTITION (AbortTransactionHandler), within the
-    # call's time.
-    deadline = time.monotonic() + PROMPT_S
-    while True:
-        try:
-            admin.abort_transaction(spec)
-            return
-        except UnknownTopicOrPartitionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    # other calls running at once: the admin client asks the leader again itself (as
+    # Kafka's AbortTransactionHandler does for UNKNOWN_TOPIC_OR_PARTITION).
+    admin.abort_transaction(spec)
 
 
 def delete_topic(admin: AdminClient, name: str) -> None:

@@ -23,6 +23,7 @@ from tidelog.storage.errors import (
     KafkaTimeoutError,
     LeaderNotAvailableError,
     NotCoordinatorError,
+    OffsetNotAvailableError,
     UnknownTopicOrPartitionError,
 )
 
@@ -479,3 +480,31 @@ def test_broker_avoidance_orders_good_then_suspected_then_backing_off() -> None:
     assert avoidance.order(addresses, 10_000) == ["a", "c", "d", "b"]
     with pytest.raises(ValueError, match="initial_backoff_ms"):
         BrokerAvoidance(initial_backoff_ms=0)
+
+
+def test_offset_not_available_is_asked_again_of_the_same_leader() -> None:
+    """A new leader answers OFFSET_NOT_AVAILABLE until its high watermark is known:
+    asked again after a backoff (as Kafka's admin client and consumer do), not raised,
+    and the broker is not blamed for it."""
+    cluster = InMemoryCluster(2)
+    cluster.add_topic("t", 1, leaders=[1])
+    tp = TopicPartition("t", 0)
+    cluster.append(tp, 7)
+    clock = ManualClock()
+    connections = _connections(cluster, clock)
+    cluster.fail_next("list_offsets", OffsetNotAvailableError("t-0: not yet"), times=2)
+    assert list_offsets(connections, {tp: -1}, 5_000) == {tp: (7, -1)}
+    assert clock.slept == [100, 200]
+    assert cluster.calls_to(1, "list_offsets") == 3
+    assert cluster.calls_to(0, "list_offsets") == 0
+
+
+def test_offset_not_available_past_the_timeout_is_raised() -> None:
+    cluster = InMemoryCluster(1)
+    cluster.add_topic("t", 1)
+    clock = ManualClock()
+    connections = _connections(cluster, clock)
+    cluster.fail_next("list_offsets", OffsetNotAvailableError("t-0: not yet"), times=100)
+    with pytest.raises(OffsetNotAvailableError, match="gave up after 2000 ms"):
+        list_offsets(connections, {TopicPartition("t", 0): -1}, 2_000)
+    assert clock.now_ms == 2_000
