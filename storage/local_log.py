@@ -406,6 +406,11 @@ class LocalLog:
         deadline = self._clock.monotonic_ms() + self.config.file_delete_delay_ms
         self._pending_deletes.append((deadline, segment))
 
+    @property
+    def has_pending_deletes(self) -> bool:
+        """Whether any segment waits for its delete (a read without the lock: a hint)."""
+        return bool(self._pending_deletes)
+
     def take_due_deletes_locked(self, now_ms: int, *, force: bool) -> list[Segment]:
         """Remove from the pending list, and return, the segments whose delay passed by
         monotonic ``now_ms`` (all of them with ``force``)."""

@@ -716,6 +716,11 @@ class PartitionLog(TransactionCalls, ReplicationCalls):
 
     def delete_expired_files(self, *, force: bool = False) -> int:
         """Unlink ``.deleted`` segments whose delay has passed (all of them with ``force``)."""
+        if not self._local.has_pending_deletes:
+            # The scheduler asks every log every file.delete check: most have nothing
+            # pending, and the lock would contend with the fetches for nothing. A delete
+            # queued right after this check waits for the next pass.
+            return 0
         now = self._clock.monotonic_ms()
         with self._lock:
             due = self._local.take_due_deletes_locked(now, force=force)
