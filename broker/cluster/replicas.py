@@ -266,13 +266,20 @@ class ReplicaManager:
         ``make_leader`` answered (or raised); ``_lead`` does the rest in order (the
         core's ``became_leader`` loads groups and transactions: one at a time). Only
         for two or more: one is taken in ``_lead`` itself."""
-        todo = [
-            (tp, state)
-            for tp, state in leads.items()
-            if self._partitions.get(*tp).leader_epoch != state.leader_epoch
-        ]
+        todo = []
+        refused: dict[TopicPartition, bool | Exception] = {}
+        for tp, state in leads.items():
+            try:
+                if self._partitions.get(*tp).leader_epoch != state.leader_epoch:
+                    todo.append((tp, state))
+            except Exception as exc:
+                # No local log (it could not be created: a full disk, the open-file
+                # limit): this partition's role fails alone and is retried with the view
+                # (``retry_failed_roles``); the others are taken. Raised here, it ended
+                # the whole view's apply.
+                refused[tp] = exc
         if len(todo) < 2:
-            return {}
+            return refused
         # Stopped fetching first, all at once (``FetcherPool.remove_many``: one wait per
         # fetcher thread for an answer it is applying, not one per partition).
         self._fetchers.remove_many(tp for tp, _ in todo)
@@ -291,7 +298,8 @@ class ReplicaManager:
                 return exc
 
         with ThreadPoolExecutor(min(_ROLE_THREADS, len(todo))) as pool:
-            return dict(zip([tp for tp, _ in todo], pool.map(take, todo), strict=True))
+            taken = dict(zip([tp for tp, _ in todo], pool.map(take, todo), strict=True))
+        return {**refused, **taken}
 
     def _lead(
         self,

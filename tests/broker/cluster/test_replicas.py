@@ -374,3 +374,40 @@ def test_many_followed_partitions_stop_with_one_wait_per_fetcher(
         assert fetcher._targets == {}
     finally:
         pool.stop()
+
+
+def test_a_partition_without_a_local_log_fails_alone_and_is_taken_once_it_has_one(
+    logs: LogManager, clock: ManualClock, isr_writes: IsrWrites
+) -> None:
+    """A topic whose local log could not be created (the open-file limit at 10,000
+    partitions, a full disk) made the whole view's apply raise: no other partition of it
+    took its role. Now that partition fails alone and is retried with the view."""
+    logs.create_topic("other", 2, {"min.insync.replicas": "1"})
+    brokers = {b: BrokerRegistration(b, "127.0.0.1", 1000 + b) for b in (1, 2, 3)}
+
+    def led_topic(name: str, partitions: int) -> TopicMetadata:
+        return TopicMetadata(
+            TopicAssignment(name, name, dict.fromkeys(range(partitions), (1, 2, 3))),
+            {p: PartitionState(ME, 1, (1, 2, 3), 1) for p in range(partitions)},
+            {},
+        )
+
+    partitions = PartitionRegistry(logs, ME, clock, replicated=True)
+    replicas = ReplicaManager(
+        ReplicaSettings(ME, replica_lag_time_max_ms=200),
+        partitions,
+        clock,
+        isr_writes,
+        FetcherPool(ME, partitions, lambda _b: None),
+    )
+    replicas.start()
+    try:
+        # "missing" is in the cluster's metadata but has no log on this broker (yet).
+        topics = {"other": led_topic("other", 2), "missing": led_topic("missing", 1)}
+        replicas.apply(ClusterMetadata(brokers, 1, topics))
+        assert [partitions.get("other", p).leader_epoch for p in range(2)] == [1, 1]
+        logs.create_topic("missing", 1, {"min.insync.replicas": "1"})
+        # No new view: the lag thread's retry takes the role.
+        eventually(lambda: partitions.get("missing", 0).leader_epoch == 1)
+    finally:
+        replicas.stop()
