@@ -570,7 +570,8 @@ class ClusterConnections:
             if not failed:
                 self.confirmed()
                 return out
-            self.mark_stale()
+            if not all(isinstance(e, _LATER_ERRORS) for e in failed.values()):
+                self.mark_stale()  # a leader moved; not for "same leader, later"
             pending = {tp: pending[tp] for tp in failed}
             last = next(iter(failed.values()))
             first = first or last
