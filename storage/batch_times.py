@@ -30,6 +30,14 @@ On the wire (a fetch answer's ``batch_times``) entries are 24 bytes: the same fi
 ``BatchTimesFile`` is not thread-safe for writers (the owning ``Segment``'s caller holds
 the partition lock); readers may call ``wire_entries`` concurrently with an append, because
 its in-memory lists are only appended to, and replaced whole (copy-on-write) on truncation.
+
+Open files (issue #34): reads come from memory, so the file's descriptor is needed only to
+write. It is opened by the first write (an append or a truncation) and kept until the
+segment closes; ``create`` and ``open`` leave it closed. An empty partition's active
+segment and every sealed segment read back at start hold none: one descriptor per
+partition less (at 10,000 partitions, 10,000 of a broker's 20,000 here). ``fsync`` of a
+file never opened since it was read or created has nothing to sync (``create`` writes no
+bytes; ``open``'s truncation is fsynced there).
 """
 
 from __future__ import annotations
@@ -130,9 +138,9 @@ class BatchTimesFile:
     Not thread-safe for writers; see the module docstring for readers.
     """
 
-    def __init__(self, path: Path, fd: int, entries: Sequence[BatchTimesEntry]) -> None:
+    def __init__(self, path: Path, entries: Sequence[BatchTimesEntry]) -> None:
         self.path = path
-        self._fd = fd
+        self._fd = -1  # opened by the first write (``_writable``)
         self._positions = [e.position for e in entries]
         self._wire = bytearray(
             b"".join(WIRE_ENTRY.pack(e.last_offset, e.sent_ms, e.received_ms) for e in entries)
@@ -140,12 +148,14 @@ class BatchTimesFile:
 
     @classmethod
     def create(cls, path: Path) -> BatchTimesFile:
-        """An empty file (truncating a stale one of the same name)."""
-        return cls(path, _open(path, truncate=True), [])
+        """An empty file (truncating a stale one of the same name); no descriptor held."""
+        os.close(_open(path, truncate=True))
+        return cls(path, [])
 
     @classmethod
     def open(cls, path: Path, *, log_size: int, next_offset: int) -> BatchTimesFile:
-        """Open an existing file (creating it if missing) and cut it to its valid prefix."""
+        """Read an existing file (creating it if missing) and cut it to its valid prefix;
+        no descriptor held after."""
         fd = _open(path, truncate=False)
         try:
             size = os.fstat(fd).st_size
@@ -153,10 +163,18 @@ class BatchTimesFile:
             entries = valid_prefix(data, log_size=log_size, next_offset=next_offset)
             if len(entries) * ENTRY.size != size:
                 os.ftruncate(fd, len(entries) * ENTRY.size)
+                os.fsync(fd)  # the descriptor closes here: nothing else would sync it
         except OSError as exc:
-            os.close(fd)
             raise StorageError(f"cannot read {path}: {exc}") from exc
-        return cls(path, fd, entries)
+        finally:
+            os.close(fd)
+        return cls(path, entries)
+
+    def _writable(self) -> int:
+        """The descriptor, opened now if this is the first write since ``create``/``open``."""
+        if self._fd < 0:
+            self._fd = _open(self.path, truncate=False)
+        return self._fd
 
     def times_by_last_offset(self) -> dict[int, BatchTimes]:
         """Last offset -> times of every entry (the cleaner carries them over)."""
@@ -182,13 +200,14 @@ class BatchTimesFile:
                 WIRE_ENTRY.pack(e.last_offset, e.sent_ms, e.received_ms) for e in entries
             )
         start = len(self._positions) * ENTRY.size
+        fd = self._writable()
         try:
             written = 0
             while written < len(data):
-                written += os.pwrite(self._fd, data[written:], start + written)
+                written += os.pwrite(fd, data[written:], start + written)
         except OSError as exc:
             try:
-                os.ftruncate(self._fd, start)
+                os.ftruncate(fd, start)
             except OSError:
                 pass
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -211,13 +230,19 @@ class BatchTimesFile:
         keep = bisect.bisect_left(self._positions, position)
         if keep == len(self._positions):
             return
-        os.ftruncate(self._fd, keep * ENTRY.size)
+        os.ftruncate(self._writable(), keep * ENTRY.size)
         # Copy-on-write: a concurrent reader keeps the lists it already holds.
         self._positions = self._positions[:keep]
         self._wire = bytearray(self._wire[: keep * WIRE_ENTRY.size])
 
     def fsync(self) -> None:
-        os.fsync(self._fd)
+        """Make the writes durable; a file not written since ``create``/``open`` has none.
+
+        The descriptor is read once: the flush path calls this outside the partition lock,
+        and an append opening the file meanwhile wrote past what that flush covers."""
+        fd = self._fd
+        if fd >= 0:
+            os.fsync(fd)
 
     def rename(self, path: Path) -> None:
         os.replace(self.path, path)

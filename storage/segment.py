@@ -216,7 +216,7 @@ class Segment:
             offset_index,
             time_index,
             # Replaced below, once the log's valid size and next offset are known.
-            BatchTimesFile(times_path, -1, []),
+            BatchTimesFile(times_path, []),
             suffix=suffix,
             index_interval_bytes=index_interval_bytes,
             created_ms=created_ms,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -244,3 +245,48 @@ def test_crash_cut_of_the_sidecar_at_any_byte_keeps_a_prefix(
             last: ((i, i + 1) if i < whole else (None, None)) for i, last in enumerate(lasts)
         }
         reopened.close()
+
+
+def _held(directory: Path, suffix: str) -> int:
+    """Descriptors this process holds on ``directory``'s files ending in ``suffix``."""
+    root = str(directory.resolve())
+    held = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        held += target.startswith(root + os.sep) and target.endswith(suffix)
+    return held
+
+
+def test_the_sidecar_holds_a_descriptor_only_once_written(tmp_path: Path) -> None:
+    """Issue #34: an empty partition and a log read back at start hold no ``.batchtimes``
+    descriptor; the first write opens it, and what it writes after is durable."""
+    clock = ManualClock(wall_ms=T0)
+    directory = tmp_path / "t-0"
+    config = _config()
+    log = _open(directory, clock, config)
+    assert (directory / "00000000000000000000.batchtimes").exists()
+    assert (_held(directory, ".log"), _held(directory, ".batchtimes")) == (1, 0)
+    log.flush()  # nothing written: nothing to sync, nothing opened
+    assert _held(directory, ".batchtimes") == 0
+    lasts = [_append(log, b"a%d" % i, BatchTimes(i, i)) for i in range(12)]
+    assert log.segment_count > 2
+    assert _held(directory, ".batchtimes") == log.segment_count
+    log.close()
+    reopened = _open(directory, clock, config, had_clean_shutdown=True)
+    assert _held(directory, ".batchtimes") == 0
+    # A truncation is the first write of a file read back: it opens it, cuts it, and a
+    # crash after the flush keeps the cut and the times appended after it.
+    reopened.truncate_to(lasts[-2] + 1)
+    assert _held(directory, ".batchtimes") == 1
+    new_last = _append(reopened, b"b", BatchTimes(99, 100))
+    reopened.flush()
+    crash(directory)
+    after = _open(directory, clock, config)
+    assert _times_by_offset(after) == {
+        **{last: (i, i) for i, last in enumerate(lasts[:-1])},
+        new_last: (99, 100),
+    }
+    after.close()

@@ -20,6 +20,7 @@ from tests.storage.conftest import (
     read_values,
     reopen_clean,
 )
+from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.partition_log import PartitionLog
 
@@ -40,7 +41,7 @@ def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def _fill(log: PartitionLog, start: int, count: int) -> None:
     for i in range(start, start + count):
-        log.append(make_batch([b"value-%04d" % i]))
+        log.append(make_batch([b"value-%04d" % i]), BatchTimes(i, i))
 
 
 def _config(**overrides: object) -> object:
