@@ -228,3 +228,18 @@ def test_python_m_broker_help_lists_the_flags() -> None:
     ).stdout.decode()
     for flag in ("--data-dir", "--listen", "--config", "--set"):
         assert flag in out
+
+
+def test_the_daemon_freezes_its_loaded_objects_out_of_the_collector(
+    tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """``broker.gc_freeze`` runs in the daemon's process (issue #34)."""
+    daemon = Daemon(tmp_path / "data", "--log-level", "INFO")
+    daemons.append(daemon)
+    with grpc.insecure_channel(daemon.address) as channel:
+        create_topic(pb_grpc.BrokerStub(channel), "t")
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.process.wait(15) == 0, daemon.output()
+    froze = [line for line in daemon.output().splitlines() if "gc: froze" in line]
+    assert len(froze) == 1, daemon.output()
+    assert int(froze[0].split("gc: froze ")[1].split()[0]) > 10_000, froze
