@@ -48,6 +48,7 @@ from kazoo.retry import KazooRetry
 
 from tidelog.broker.cluster.errors import ControllerMovedError, StaleStateError, StoreError
 from tidelog.broker.cluster.store_batch import BatchOps, raise_for_fenced, stage_topic_creation
+from tidelog.broker.cluster.zk_handler import PollingHandler
 from tidelog.broker.cluster.znodes import (
     ADMIN_DELETE_TOPICS,
     BROKER_IDS,
@@ -184,7 +185,9 @@ class ClusterStore(BatchOps):
         hosts, chroot = split_connect_string(connect)
         timeout_s = connect_timeout_ms / 1000
         if chroot:
-            bootstrap = KazooClient(hosts=hosts, timeout=session_timeout_ms / 1000)
+            bootstrap = KazooClient(
+                hosts=hosts, timeout=session_timeout_ms / 1000, handler=PollingHandler()
+            )
             try:
                 bootstrap.start(timeout=timeout_s)
                 bootstrap.ensure_path(chroot)
@@ -197,6 +200,7 @@ class ClusterStore(BatchOps):
             hosts=hosts + chroot,
             timeout=session_timeout_ms / 1000,
             connection_retry=reconnect_retry(session_timeout_ms),
+            handler=PollingHandler(),
         )
         try:
             client.start(timeout=timeout_s)
