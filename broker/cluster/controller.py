@@ -54,15 +54,14 @@ from tidelog.broker.cluster.controller_events import (
 from tidelog.broker.cluster.election import (
     Elected,
     crashed_replicas,
-    elect_for_shutdown,
     elect_preferred,
     leadership_predates_leader,
     reconcile,
-    with_elr,
 )
 from tidelog.broker.cluster.election_writes import Decision, write_elections
 from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
+from tidelog.broker.cluster.shutdown_moves import PartitionView, move_off
 from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerLease,
@@ -74,7 +73,7 @@ from tidelog.broker.cluster.store import (
 )
 from tidelog.broker.cluster.store_batch import ClusterRead
 from tidelog.broker.cluster.topic_changes import TopicChanges
-from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState, TopicAssignment
+from tidelog.broker.cluster.znodes import NO_LEADER, TopicAssignment
 from tidelog.broker.core.placement import Growth, NewTopic
 from tidelog.storage.clock import Clock
 from tidelog.storage.errors import (
@@ -658,15 +657,18 @@ class Controller:
             return self._settings.unclean_leader_election
         return value.lower() == "true"
 
-    def _partitions(self) -> Iterator[_Partition]:
-        """Every partition with a state znode, with what its elections need: the live
-        brokers less those that restarted uncleanly since the state was last reconciled
-        (``election.crashed_replicas``: ``_reconcile`` handles them first; until then they
-        are not candidates), and the topic's ``min.insync.replicas``."""
+    def _partitions(self, cluster: ClusterRead | None = None) -> Iterator[PartitionView]:
+        """Every partition with a state znode (in ``cluster``, else read from ZooKeeper),
+        with what its elections need: the live brokers less those that restarted
+        uncleanly since the state was last reconciled (``election.crashed_replicas``:
+        ``_reconcile`` handles them first; until then they are not candidates), and the
+        topic's ``min.insync.replicas``."""
         brokers = self._store.live_brokers_view()
-        cluster = self._store.read_cluster()
+        if cluster is None:
+            cluster = self._store.read_cluster()
         for (topic, partition), read in cluster.states.items():
-            replicas = cluster.assignments[topic].replicas.get(partition)
+            assignment = cluster.assignments.get(topic)
+            replicas = None if assignment is None else assignment.replicas.get(partition)
             if replicas is None:
                 continue
             found = StateRead(*read)
@@ -679,7 +681,9 @@ class Controller:
                 brokers.uncleanly_restarted,
             )
             live = set(brokers.epochs) - crashed
-            yield _Partition(topic, partition, replicas, found.state, found.version, live, min_isr)
+            yield PartitionView(
+                topic, partition, replicas, found.state, found.version, live, min_isr
+            )
 
     def _elect_leaders(
         self, unclean: bool, wanted: Sequence[tuple[str, int]] | None
@@ -709,7 +713,7 @@ class Controller:
 
     @staticmethod
     def _election_for(
-        p: _Partition, unclean: bool, lease: ControllerLease
+        p: PartitionView, unclean: bool, lease: ControllerLease
     ) -> tuple[str, Elected | None]:
         """(Kafka's error name or "", the state to write) for one partition."""
         if unclean:
@@ -757,37 +761,16 @@ class Controller:
         return self._reassignments.in_progress(wanted)
 
     def _controlled_shutdown(self, broker_id: int) -> int:
-        """Move leadership and ISR membership off ``broker_id`` for every partition, in
-        one batch of writes; how many partitions it still leads."""
+        """``shutdown_moves.move_off``: how many partitions ``broker_id`` still leads."""
         lease = self._require_lease()
-        leaders: dict[tuple[str, int], int] = {}
-        decisions: list[Decision] = []
-        for p in self._partitions():
-            leaders[(p.topic, p.partition)] = p.state.leader
-            elected = elect_for_shutdown(
-                p.replicas, p.state, p.live, {broker_id}, controller_epoch=lease.epoch
-            )
-            if elected is not None:
-                decisions.append((p.topic, p.partition, p.with_elr(elected), p.version))
-        outcome = self._write_all(decisions)
-        for topic, partition, elected, _ in decisions:
-            if outcome.get((topic, partition)) is None:
-                leaders[(topic, partition)] = elected.state.leader
-        return sum(1 for leader in leaders.values() if leader == broker_id)
-
-
-@dataclass(frozen=True, slots=True)
-class _Partition:
-    """One partition as ``Controller._partitions`` reads it."""
-
-    topic: str
-    partition: int
-    replicas: tuple[int, ...]
-    state: PartitionState
-    version: int
-    live: set[int]
-    min_isr: int
-
-    def with_elr(self, elected: Elected) -> Elected:
-        """``elected`` with KIP-966's ELR bookkeeping for its ISR change."""
-        return replace(elected, state=with_elr(self.state, elected.state, self.min_isr))
+        started_ms = self._clock.monotonic_ms()
+        image = None if self._image is None else self._image(_IMAGE_WAIT_MS)
+        still, rounds = move_off(broker_id, lease.epoch, image, self._partitions, self._write_all)
+        log.info(
+            "controlled shutdown of broker %d: %s; it still leads %d (%d ms)",
+            broker_id,
+            "; ".join(rounds),
+            still,
+            self._clock.monotonic_ms() - started_ms,
+        )
+        return still

@@ -554,7 +554,7 @@ class ClusterNode:
         deadline = time.monotonic() + _SHUTDOWN_WAIT_MS / 1000
         while True:
             try:
-                moved = self._ask_controller_to_move(me, deadline)
+                remaining = self._ask_controller_to_move(me, deadline)
                 break
             except NotControllerError:
                 if time.monotonic() > deadline:
@@ -577,8 +577,8 @@ class ClusterNode:
 
         done = self._watcher.wait_for(leads_nothing_movable, left_ms)
         log.info(
-            "controlled shutdown: %d leadership(s) moved%s",
-            moved,
+            "controlled shutdown: done, the controller left %d leadership(s) here%s",
+            remaining,
             "" if done else " (this broker's view did not show all of it in time)",
         )
 

@@ -1201,7 +1201,7 @@ class ControlledShutdownResponse(_message.Message):
 
     MOVED_FIELD_NUMBER: _builtins.int
     moved: _builtins.int
-    """leaderships moved away"""
+    """partitions the broker still leads once moved (Kafka's remaining partitions)"""
     def __init__(
         self,
         *,

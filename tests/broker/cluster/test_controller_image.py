@@ -15,6 +15,7 @@ wires them.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -239,3 +240,39 @@ def test_a_placement_is_the_same_object_until_its_partition_changes(
     after = [placement.partition("p", p) for p in range(3)]
     assert all(3 not in a.isr for a in after)
     assert all(a is not f for a, f in zip(after, first, strict=True))
+
+
+def test_a_controlled_shutdown_from_a_stale_image_decides_the_changed_partition_again(
+    start: Callable[..., Broker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``shutdown_moves.move_off``: decided from the image, the partition whose ISR a
+    leader shrank since fails its compare-and-set and is moved in the round read from
+    ZooKeeper, keeping the shrink; every other one is moved from the image."""
+    held: list[ClusterRead] = []
+
+    def stale(_watcher: MetadataWatcher) -> Image:
+        return lambda _timeout_ms: held[0] if held else None
+
+    first = start(1, image=stale)
+    _controller([first])
+    brokers = [first, start(2), start(3)]
+    eventually(lambda: len(first.store.live_brokers_view().epochs) == 3, 10.0)
+    first.controller.create_topic("c", 6, 3, {})
+    led_by_2 = [p for p in range(6) if _state(first, "c", p).leader == 2]
+    assert led_by_2, "broker 2 leads nothing"
+    partition = led_by_2[0]
+    held.append(first.store.read_cluster())
+    found = first.store.read_partition_state("c", partition)
+    assert found is not None
+    state, version = found
+    first.store.update_isr("c", partition, replace(state, isr=(2, 1)), version)
+
+    with caplog.at_level(logging.INFO, logger="tidelog.broker.cluster.controller"):
+        assert first.controller.controlled_shutdown(2) == 0
+    # Every partition has broker 2 in its ISR: six decisions, the changed one again.
+    assert "image: 6 written, 1 failed; zookeeper: 1 written, 0 failed" in caplog.text
+    states = [_state(first, "c", p) for p in range(6)]
+    assert all(s.leader != 2 and 2 not in s.isr for s in states), states
+    assert states[partition].leader == 1
+    assert states[partition].isr == (1,)  # broker 3 stays out: the shrink was kept
+    assert brokers[1].controller.is_controller is False

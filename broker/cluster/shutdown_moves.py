@@ -1,0 +1,84 @@
+"""A controlled shutdown's leadership and ISR moves, as the controller decides them.
+
+``Controller.controlled_shutdown`` (asked by a stopping broker, ``ClusterNode.stop``)
+moves leadership and ISR membership off that broker for every partition, in one batch of
+writes (``election_writes``), and answers how many partitions it still leads.
+
+Decided from the controller's metadata image when it is current, as a failover's first
+reconcile: reading every state again took most of the stopping broker's 15 s bound at
+10,000 partitions (issue #34). Each write is a compare-and-set at the version decided
+from, so an image behind ZooKeeper cannot write a stale state: the partitions whose
+write failed are decided again from ZooKeeper, in a second round. A partition created
+in the last milliseconds, not in the image yet, is not moved: its leadership moves when
+the stopping broker's session ends, as for any broker that stops without a controlled
+shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from tidelog.broker.cluster.election import Elected, elect_for_shutdown, with_elr
+from tidelog.broker.cluster.election_writes import Decision
+from tidelog.broker.cluster.store_batch import ClusterRead
+from tidelog.broker.cluster.znodes import PartitionState
+
+__all__ = ["PartitionView", "move_off"]
+
+log = logging.getLogger("tidelog.broker.cluster.controller")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """One partition as the controller's elections see it (``Controller._partitions``)."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    state: PartitionState
+    version: int
+    live: set[int]
+    min_isr: int
+
+    def with_elr(self, elected: Elected) -> Elected:
+        """``elected`` with KIP-966's ELR bookkeeping for its ISR change."""
+        return replace(elected, state=with_elr(self.state, elected.state, self.min_isr))
+
+
+def move_off(
+    broker_id: int,
+    controller_epoch: int,
+    image: ClusterRead | None,
+    partitions: Callable[[ClusterRead | None], Iterable[PartitionView]],
+    write: Callable[[list[Decision]], Mapping[tuple[str, int], Exception | None]],
+) -> tuple[int, list[str]]:
+    """Move everything off ``broker_id``: from ``image`` first if given, then from
+    ZooKeeper (``partitions(None)``) for the partitions whose write failed. Returns how
+    many partitions it still leads and one line per round (for the log)."""
+    leaders: dict[tuple[str, int], int] = {}
+    rounds: list[str] = []
+    retry: set[tuple[str, int]] | None = None
+    for cluster in (image, None) if image is not None else (None,):
+        decisions: list[Decision] = []
+        for p in partitions(cluster):
+            key = (p.topic, p.partition)
+            if retry is not None and key not in retry:
+                continue
+            leaders[key] = p.state.leader
+            elected = elect_for_shutdown(
+                p.replicas, p.state, p.live, {broker_id}, controller_epoch=controller_epoch
+            )
+            if elected is not None:
+                decisions.append((p.topic, p.partition, p.with_elr(elected), p.version))
+        outcome = write(decisions)
+        for topic, partition, elected, _ in decisions:
+            if outcome.get((topic, partition)) is None:
+                leaders[(topic, partition)] = elected.state.leader
+        retry = {key for key, failure in outcome.items() if failure is not None}
+        source = "zookeeper" if cluster is None else "image"
+        rounds.append(f"{source}: {len(decisions)} written, {len(retry)} failed")
+        if not retry:
+            break
+    return sum(1 for leader in leaders.values() if leader == broker_id), rounds
