@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
+_SLOW_EVENT_MS = 1_000  # an event taking this long is logged with its time
 _IMAGE_WAIT_MS = 2_000  # how long a new controller waits for its image to settle
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 _REASSIGN_CHECK_S = 0.25  # while a reassignment is in progress, re-read its ISRs this often
@@ -412,6 +413,7 @@ class Controller:
         for event in burst:
             if event.kind == "stop":
                 return True
+            started_ms = self._clock.monotonic_ms()
             try:
                 self._handle(event)
             except BaseException as exc:  # the thread must survive anything
@@ -423,6 +425,9 @@ class Controller:
                     log.warning("controller: %s failed: %s", event.kind, exc)
                 else:
                     log.exception("controller: %s failed", event.kind)
+            took_ms = self._clock.monotonic_ms() - started_ms
+            if took_ms >= _SLOW_EVENT_MS:  # what a queued call waited behind
+                log.info("controller: %s event took %d ms", event.kind, took_ms)
         return False
 
     def _handle(self, event: Event) -> None:

@@ -102,12 +102,20 @@ class _Image:
         assignment and its states are forgotten together, whichever fired: the
         controller writes them in one transaction (a reassignment's replica lists with
         the states that go with them, ``ClusterStore.write_reassignment``), and a view
-        must not pair a new replica list with a cached old state, or the reverse."""
+        must not pair a new replica list with a cached old state, or the reverse.
+
+        Each topic once, however many of its paths fired: a topic already forgotten has
+        no assignment cached, and forgetting it again scanned every cached state (a
+        failover at 10,000 partitions fired 3,333 state paths of 200 topics: 33 million
+        key comparisons before the new view, issue #34)."""
+        topics: set[str] = set()
         for path in paths:
             if path.startswith(TOPIC_CONFIGS + "/"):
                 self.configs.pop(path[len(TOPIC_CONFIGS) + 1 :], None)
             elif path.startswith(TOPICS + "/"):
-                self._forget_topic(path[len(TOPICS) + 1 :].split("/")[0])
+                topics.add(path[len(TOPICS) + 1 :].split("/")[0])
+        for name in topics:
+            self._forget_topic(name)
 
     def _forget_topic(self, name: str) -> None:
         assignment = self.assignments.pop(name, None)
