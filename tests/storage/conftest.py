@@ -171,25 +171,33 @@ def reopen_unclean(
     )
 
 
-def crash(directory: Path) -> int:
-    """Close every descriptor this process has open on a file under ``directory``.
-
-    This is what the kernel does to a dying process; see the module docstring. Returns how
-    many descriptors were closed.
-    """
+def open_descriptors(directory: Path) -> dict[int, str]:
+    """This process's descriptors open on ``directory`` or a file under it -> the path."""
     root = str(directory.resolve())
-    closed = 0
+    found = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # the descriptor that listed the directory, already gone
         if target == root or target.startswith(root + os.sep):
-            try:
-                os.close(int(name))
-                closed += 1
-            except OSError:
-                pass
+            found[int(name)] = target
+    return found
+
+
+def crash(directory: Path) -> int:
+    """Close every descriptor this process has open on a file under ``directory``.
+
+    This is what the kernel does to a dying process; see the module docstring. Returns how
+    many descriptors were closed.
+    """
+    closed = 0
+    for fd in open_descriptors(directory):
+        try:
+            os.close(fd)
+            closed += 1
+        except OSError:
+            pass
     return closed
 
 

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.storage.conftest import T0, crash, scratch_dir
+from tests.storage.conftest import T0, crash, open_descriptors, scratch_dir
 from tidelog.storage.batch_times import (
     ENTRY,
     WIRE_ENTRY,
@@ -249,15 +248,7 @@ def test_crash_cut_of_the_sidecar_at_any_byte_keeps_a_prefix(
 
 def _held(directory: Path, suffix: str) -> int:
     """Descriptors this process holds on ``directory``'s files ending in ``suffix``."""
-    root = str(directory.resolve())
-    held = 0
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        held += target.startswith(root + os.sep) and target.endswith(suffix)
-    return held
+    return sum(path.endswith(suffix) for path in open_descriptors(directory).values())
 
 
 def test_the_sidecar_holds_a_descriptor_only_once_written(tmp_path: Path) -> None:
