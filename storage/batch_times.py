@@ -141,6 +141,7 @@ class BatchTimesFile:
     def __init__(self, path: Path, entries: Sequence[BatchTimesEntry]) -> None:
         self.path = path
         self._fd = -1  # opened by the first write (``_writable``)
+        self._closed = False
         self._positions = [e.position for e in entries]
         self._wire = bytearray(
             b"".join(WIRE_ENTRY.pack(e.last_offset, e.sent_ms, e.received_ms) for e in entries)
@@ -171,7 +172,10 @@ class BatchTimesFile:
         return cls(path, entries)
 
     def _writable(self) -> int:
-        """The descriptor, opened now if this is the first write since ``create``/``open``."""
+        """The descriptor, opened now if this is the first write since ``create``/``open``;
+        ``StorageError`` once closed (a late write must not create the file again)."""
+        if self._closed:
+            raise StorageError(f"{self.path} is closed")
         if self._fd < 0:
             self._fd = _open(self.path, truncate=False)
         return self._fd
@@ -249,6 +253,7 @@ class BatchTimesFile:
         self.path = path
 
     def close(self) -> None:
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from tidelog.storage.batch_times import (
     WIRE_ENTRY,
     BatchTimes,
     BatchTimesEntry,
+    BatchTimesFile,
     decode_wire,
     encode_entries,
     valid_prefix,
@@ -21,6 +23,7 @@ from tidelog.storage.batch_times import (
 from tidelog.storage.cleaner import LogCleaner
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.config import LogConfig
+from tidelog.storage.errors import StorageError
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import encode_batch, iter_batch_headers
 
@@ -281,3 +284,13 @@ def test_the_sidecar_holds_a_descriptor_only_once_written(tmp_path: Path) -> Non
         new_last: (99, 100),
     }
     after.close()
+
+
+def test_a_write_after_close_is_refused_and_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "00000000000000000000.batchtimes"
+    sidecar = BatchTimesFile.create(path)
+    sidecar.close()
+    path.unlink()
+    with pytest.raises(StorageError, match="closed"):
+        sidecar.append([BatchTimesEntry(0, 0, 1, 2)])
+    assert not path.exists()
