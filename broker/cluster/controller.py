@@ -47,6 +47,7 @@ from typing import Any, TypeVar, cast
 from tidelog.broker.cluster.controller_events import (
     BATCHED,
     Event,
+    UrgentLane,
     answer_merged,
     coalesce,
     take_burst,
@@ -61,7 +62,7 @@ from tidelog.broker.cluster.election import (
 from tidelog.broker.cluster.election_writes import Decision, write_elections
 from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
-from tidelog.broker.cluster.shutdown_moves import PartitionView, move_off
+from tidelog.broker.cluster.shutdown_moves import PartitionView, move_off, partition_views
 from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerLease,
@@ -88,6 +89,9 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usually fires first)
+# Election writes per round; the urgent calls are served between rounds (about 0.7 s
+# apart at 10,000 partitions here).
+_WRITE_CHUNK = 1_000
 _SLOW_EVENT_MS = 1_000  # an event taking this long is logged with its time
 _IMAGE_WAIT_MS = 2_000  # how long a new controller waits for its image to settle
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
@@ -143,6 +147,8 @@ class Controller:
         self._clock = clock
         self._rng = rng or random.Random()
         self._events: queue.Queue[Event] = queue.Queue()
+        self._urgent = UrgentLane(self._events)
+        self._serving_urgent = False
         self._lease: ControllerLease | None = None
         self._topic_changes = TopicChanges(
             store, self._rng, min_isr=self._min_isr, on_stale=lambda: self._post("brokers")
@@ -336,7 +342,7 @@ class Controller:
 
     def controlled_shutdown(self, broker_id: int) -> int:
         """Move leadership off ``broker_id``; returns the partitions it still leads."""
-        return self._call(lambda: self._controlled_shutdown(broker_id))
+        return self._call(lambda: self._controlled_shutdown(broker_id), urgent=True)
 
     def set_topic_defaults(self, min_insync_replicas: int, unclean_leader_election: bool) -> None:
         """This broker's topic defaults changed (dynamic broker configs,
@@ -363,16 +369,19 @@ class Controller:
             self._post("min_isr_default")
         self._post("brokers")
 
-    def _call(self, operation: Callable[[], _T]) -> _T:
-        return cast(_T, self._wait(Event("call", operation)))
+    def _call(self, operation: Callable[[], _T], *, urgent: bool = False) -> _T:
+        return cast(_T, self._wait(Event("call", operation), urgent=urgent))
 
-    def _wait(self, event: Event) -> Any:
+    def _wait(self, event: Event, *, urgent: bool = False) -> Any:
         reason = self._fence.reason
         if reason is not None:  # at once: the event thread may be stuck on ZooKeeper
             raise NotControllerError(
                 f"broker {self._settings.broker_id} cannot act as controller: {reason}"
             )
-        self._events.put(event)
+        if urgent:
+            self._urgent.put(event)
+        else:
+            self._events.put(event)
         try:
             return event.result.result(timeout=self._settings.admin_timeout_ms / 1000)
         except TimeoutError:
@@ -401,6 +410,7 @@ class Controller:
             burst = coalesce(take_burst(self._events, first))
             if self._handle_burst(burst):
                 break
+            self._serve_urgent()  # a burst of wake-ups alone
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
@@ -413,6 +423,7 @@ class Controller:
         for event in burst:
             if event.kind == "stop":
                 return True
+            self._serve_urgent()
             started_ms = self._clock.monotonic_ms()
             try:
                 self._handle(event)
@@ -429,6 +440,18 @@ class Controller:
             if took_ms >= _SLOW_EVENT_MS:  # what a queued call waited behind
                 log.info("controller: %s event took %d ms", event.kind, took_ms)
         return False
+
+    def _serve_urgent(self) -> None:
+        """Handle the urgent calls queued now (``controller_events.UrgentLane``): before
+        each event, and between the write rounds of a long one (``_write_all``)."""
+        if self._serving_urgent:
+            return  # an urgent call's own writes
+        self._serving_urgent = True
+        try:
+            for event in self._urgent.take():
+                self._handle_burst([event])
+        finally:
+            self._serving_urgent = False
 
     def _handle(self, event: Event) -> None:
         reason = self._fence.reason
@@ -544,7 +567,13 @@ class Controller:
     def _write_all(self, decisions: list[Decision]) -> dict[tuple[str, int], Exception | None]:
         """Every decision written at once (``election_writes``); a partition another
         writer changed meanwhile gets a fresh read and decision (a ``brokers`` event)."""
-        outcome = write_elections(self._store, self._require_lease(), decisions)
+        outcome = write_elections(
+            self._store,
+            self._require_lease(),
+            decisions,
+            chunk=_WRITE_CHUNK,
+            between=self._serve_urgent,
+        )
         if any(isinstance(failure, StaleStateError) for failure in outcome.values()):
             self._post("brokers")
         return outcome
@@ -663,32 +692,8 @@ class Controller:
         return value.lower() == "true"
 
     def _partitions(self, cluster: ClusterRead | None = None) -> Iterator[PartitionView]:
-        """Every partition with a state znode (in ``cluster``, else read from ZooKeeper),
-        with what its elections need: the live brokers less those that restarted
-        uncleanly since the state was last reconciled (``election.crashed_replicas``:
-        ``_reconcile`` handles them first; until then they are not candidates), and the
-        topic's ``min.insync.replicas``."""
-        brokers = self._store.live_brokers_view()
-        if cluster is None:
-            cluster = self._store.read_cluster()
-        for (topic, partition), read in cluster.states.items():
-            assignment = cluster.assignments.get(topic)
-            replicas = None if assignment is None else assignment.replicas.get(partition)
-            if replicas is None:
-                continue
-            found = StateRead(*read)
-            min_isr = self._min_isr(cluster.configs.get(topic, {}))
-            crashed = crashed_replicas(
-                replicas,
-                found.state,
-                found.written_zxid,
-                brokers.epochs,
-                brokers.uncleanly_restarted,
-            )
-            live = set(brokers.epochs) - crashed
-            yield PartitionView(
-                topic, partition, replicas, found.state, found.version, live, min_isr
-            )
+        """``shutdown_moves.partition_views`` (read from ZooKeeper unless ``cluster``)."""
+        return partition_views(self._store, cluster, self._min_isr)
 
     def _elect_leaders(
         self, unclean: bool, wanted: Sequence[tuple[str, int]] | None

@@ -21,6 +21,17 @@ event thread takes everything queued at once (``take_burst``) and coalesces it
 
 ``stop`` ends the burst: what follows it is not handled.
 
+**Urgent calls** (``UrgentLane``): a controlled shutdown is asked by a broker that stops
+within its 15 s bound whatever the answer (``ClusterNode.stop``). At 10,000 partitions a
+``brokers`` event after a restart ran 13-40 s (issue #34): a shutdown queued behind it
+always timed out and its leaderships moved only when the broker's session ended. Urgent
+calls go to their own lane, which the event thread serves before each event and between
+the write rounds of a long one (``election_writes``). Safe because what they decide is
+written by compare-and-set at the versions they read: an event's remaining writes for a
+partition an urgent call changed meanwhile fail alone and are decided again from a fresh
+read (a ``brokers`` event), as any concurrent change. Kafka's ZooKeeper-era controller
+queues ``ControlledShutdown`` with its other events; its events are shorter.
+
 Not thread-safe by itself: the controller's event thread is its only user.
 """
 
@@ -38,11 +49,13 @@ from tidelog.storage.errors import (
     UnknownTopicOrPartitionError,
 )
 
-__all__ = ["BATCHED", "Event", "answer_merged", "coalesce", "take_burst"]
+__all__ = ["BATCHED", "URGENT", "Event", "UrgentLane", "answer_merged", "coalesce", "take_burst"]
 
 # Call kinds whose items a merged event handles together; any other kind but "call" and
 # "stop" is a re-read-and-decide event.
 BATCHED = frozenset({"create_topics", "delete_topics", "create_partitions"})
+# The wake-up an urgent call leaves in the main queue (the call itself is in the lane).
+URGENT = "urgent"
 
 
 @dataclass(slots=True)
@@ -58,9 +71,27 @@ class Event:
     merged: list[Event] = field(default_factory=list)
 
 
-def take_burst(events: queue.Queue[Event], first: Event) -> list[Event]:
-    """``first`` and everything queued behind it now."""
-    burst = [first]
+class UrgentLane:
+    """Urgent calls, taken ahead of the main queue's events (the module docstring).
+    Thread-safe: any thread puts, the event thread takes."""
+
+    def __init__(self, events: queue.Queue[Event]) -> None:
+        self._events = events
+        self._urgent: queue.Queue[Event] = queue.Queue()
+
+    def put(self, event: Event) -> None:
+        """Queue ``event`` (a ``call``) and wake the event thread if it is idle."""
+        self._urgent.put(event)
+        self._events.put(Event(URGENT))
+
+    def take(self) -> list[Event]:
+        """Every urgent call queued now, oldest first."""
+        return take_burst(self._urgent, None)
+
+
+def take_burst(events: queue.Queue[Event], first: Event | None) -> list[Event]:
+    """``first`` (if any) and everything queued behind it now."""
+    burst = [] if first is None else [first]
     while True:
         try:
             burst.append(events.get_nowait())
@@ -70,6 +101,7 @@ def take_burst(events: queue.Queue[Event], first: Event) -> list[Event]:
 
 def coalesce(burst: list[Event]) -> list[Event]:
     """The burst as it is handled (the module docstring's rules)."""
+    burst = [e for e in burst if e.kind != URGENT]  # wake-ups: the lane is served first
     if any(e.kind == "stop" for e in burst):
         burst = burst[: next(i for i, e in enumerate(burst) if e.kind == "stop") + 1]
     last_at = {e.kind: i for i, e in enumerate(burst) if _is_decide(e.kind)}

@@ -21,7 +21,7 @@ written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tidelog.broker.cluster.election import Elected
 from tidelog.broker.cluster.store import ClusterStore, ControllerLease, StaleStateError
@@ -36,10 +36,19 @@ Decision = tuple[str, int, Elected, int]
 
 
 def write_elections(
-    store: ClusterStore, lease: ControllerLease, decisions: Sequence[Decision]
+    store: ClusterStore,
+    lease: ControllerLease,
+    decisions: Sequence[Decision],
+    *,
+    chunk: int = 0,
+    between: Callable[[], None] | None = None,
 ) -> dict[tuple[str, int], Exception | None]:
-    """Write every decision at once (pipelined fenced transactions); per partition None
+    """Write every decision (pipelined fenced transactions); per partition None
     (written) or the ``StaleStateError`` / ``StoreError`` it got.
+
+    ``chunk`` > 0: in rounds of that many, calling ``between`` after each round but the
+    last (the controller serves its urgent calls there, ``controller_events``); a
+    decision a ``between`` made stale fails its compare-and-set alone.
 
     Raises ``ControllerMovedError`` if the lease is no longer current.
     """
@@ -47,9 +56,17 @@ def write_elections(
         return {}
     for topic, partition, elected, _ in decisions:
         _warn_before(topic, partition, elected)
-    outcome = store.set_partition_states(
-        lease, [(t, p, elected.state, version) for t, p, elected, version in decisions]
-    )
+    size = chunk if chunk > 0 else len(decisions)
+    outcome: dict[tuple[str, int], Exception | None] = {}
+    for start in range(0, len(decisions), size):
+        if start and between is not None:
+            between()
+        outcome.update(
+            store.set_partition_states(
+                lease,
+                [(t, p, e.state, version) for t, p, e, version in decisions[start : start + size]],
+            )
+        )
     for topic, partition, elected, _ in decisions:
         failure = outcome.get((topic, partition))
         if failure is None:

@@ -17,15 +17,21 @@ shutdown.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from tidelog.broker.cluster.election import Elected, elect_for_shutdown, with_elr
+from tidelog.broker.cluster.election import (
+    Elected,
+    crashed_replicas,
+    elect_for_shutdown,
+    with_elr,
+)
 from tidelog.broker.cluster.election_writes import Decision
+from tidelog.broker.cluster.store import ClusterStore, StateRead
 from tidelog.broker.cluster.store_batch import ClusterRead
 from tidelog.broker.cluster.znodes import PartitionState
 
-__all__ = ["PartitionView", "move_off"]
+__all__ = ["PartitionView", "move_off", "partition_views"]
 
 log = logging.getLogger("tidelog.broker.cluster.controller")
 
@@ -45,6 +51,37 @@ class PartitionView:
     def with_elr(self, elected: Elected) -> Elected:
         """``elected`` with KIP-966's ELR bookkeeping for its ISR change."""
         return replace(elected, state=with_elr(self.state, elected.state, self.min_isr))
+
+
+def partition_views(
+    store: ClusterStore, cluster: ClusterRead | None, min_isr: Callable[[Mapping[str, str]], int]
+) -> Iterator[PartitionView]:
+    """Every partition with a state znode (in ``cluster``, else read from ZooKeeper),
+    with what its elections need: the live brokers less those that restarted uncleanly
+    since the state was last reconciled (``election.crashed_replicas``: the controller's
+    reconcile handles them first; until then they are not candidates), and the topic's
+    ``min.insync.replicas`` (``min_isr`` of its config)."""
+    brokers = store.live_brokers_view()
+    if cluster is None:
+        cluster = store.read_cluster()
+    for (topic, partition), read in cluster.states.items():
+        assignment = cluster.assignments.get(topic)
+        replicas = None if assignment is None else assignment.replicas.get(partition)
+        if replicas is None:
+            continue
+        found = StateRead(*read)
+        crashed = crashed_replicas(
+            replicas, found.state, found.written_zxid, brokers.epochs, brokers.uncleanly_restarted
+        )
+        yield PartitionView(
+            topic,
+            partition,
+            replicas,
+            found.state,
+            found.version,
+            set(brokers.epochs) - crashed,
+            min_isr(cluster.configs.get(topic, {})),
+        )
 
 
 def move_off(

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import queue
 
-from tidelog.broker.cluster.controller_events import Event, answer_merged, coalesce, take_burst
+from tidelog.broker.cluster.controller_events import (
+    URGENT,
+    Event,
+    UrgentLane,
+    answer_merged,
+    coalesce,
+    take_burst,
+)
 from tidelog.broker.core.placement import NewTopic
 from tidelog.storage.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
@@ -79,3 +86,18 @@ def test_take_burst_takes_what_is_queued_now() -> None:
     first = Event("election")
     assert take_burst(events, first) == [first, *later]
     assert events.empty()
+
+
+def test_urgent_calls_wait_in_their_lane_and_their_wake_ups_are_not_handled() -> None:
+    events: queue.Queue[Event] = queue.Queue()
+    lane = UrgentLane(events)
+    ordinary = Event("brokers")
+    events.put(ordinary)
+    urgent = [Event("call", lambda: 1), Event("call", lambda: 2)]
+    for call in urgent:
+        lane.put(call)
+    assert lane.take() == urgent
+    assert lane.take() == []
+    burst = take_burst(events, events.get_nowait())
+    assert [e.kind for e in burst] == ["brokers", URGENT, URGENT]  # the idle thread woke
+    assert coalesce(burst) == [ordinary]

@@ -14,15 +14,20 @@ wires them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import random
-from collections.abc import Callable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
 from tests.broker.cluster.waiting import eventually
+from tidelog.broker.cluster import controller as controller_module
 from tidelog.broker.cluster.controller import Controller, ControllerSettings
 from tidelog.broker.cluster.metadata import MetadataWatcher
 from tidelog.broker.cluster.node import ClusterPlacement
@@ -62,9 +67,11 @@ def start(zookeeper: ZooKeeperServer) -> Iterator[Callable[..., Broker]]:
     started: list[Broker] = []
 
     def start_broker(
-        broker_id: int, image: Callable[[MetadataWatcher], Image] | None = None
+        broker_id: int,
+        image: Callable[[MetadataWatcher], Image] | None = None,
+        store_class: type[ClusterStore] = ClusterStore,
     ) -> Broker:
-        store = ClusterStore.connect(connect, session_timeout_ms=4_000)
+        store = store_class.connect(connect, session_timeout_ms=4_000)
         store.register_broker(
             BrokerRegistration(broker_id, "127.0.0.1", 7000 + broker_id), timeout_ms=5_000
         )
@@ -276,3 +283,60 @@ def test_a_controlled_shutdown_from_a_stale_image_decides_the_changed_partition_
     assert states[partition].leader == 1
     assert states[partition].isr == (1,)  # broker 3 stays out: the shrink was kept
     assert brokers[1].controller.is_controller is False
+
+
+class _HeldReconcileStore(ClusterStore):
+    """Holds the reconcile that takes broker 3 out of the ISRs: its first round of
+    election writes until ``release_first``, every later round until ``release_rest``
+    (``set_partition_states`` is where a round is written)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_entered = threading.Event()
+        self.release_first = threading.Event()
+        self.release_rest = threading.Event()
+        self.rounds = 0
+
+    def set_partition_states(self, lease: Any, writes: Sequence[Any]) -> Any:
+        if any(3 not in w[2].isr and 2 in w[2].isr for w in writes):  # the reconcile's
+            self.rounds += 1
+            held = self.release_first if self.rounds == 1 else self.release_rest
+            self.first_entered.set()
+            assert held.wait(20), "never released"
+        return super().set_partition_states(lease, writes)
+
+
+def test_a_controlled_shutdown_is_served_between_the_write_rounds_of_a_long_event(
+    start: Callable[..., Broker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``controller_events.UrgentLane``: a controlled shutdown asked while the controller
+    writes a reconcile's elections is answered after the round in progress, not after
+    the whole event (at 10,000 partitions those ran 13-40 s, past the stopping broker's
+    15 s bound); the reconcile's later rounds then fail where it moved something, and
+    are decided again."""
+    monkeypatch.setattr(controller_module, "_WRITE_CHUNK", 1)
+    first = start(1, store_class=_HeldReconcileStore)
+    store = first.store
+    assert isinstance(store, _HeldReconcileStore)
+    _controller([first])
+    second, third = start(2), start(3)
+    eventually(lambda: len(store.live_brokers_view().epochs) == 3, 10.0)
+    first.controller.create_topic("u", 4, 3, {})
+    eventually(lambda: all(len(_state(first, "u", p).isr) == 3 for p in range(4)), 10.0)
+    third.die()  # a brokers event: a reconcile of four writes, one per round
+    assert store.first_entered.wait(10)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(first.controller.controlled_shutdown, 2)
+        time.sleep(0.3)  # queued in the lane (a put) before the first round is written
+        store.release_first.set()
+        try:
+            assert answer.result(10) == 0  # while the reconcile's other rounds are held
+        finally:
+            store.release_rest.set()
+    states = [_state(first, "u", p) for p in range(4)]
+    assert all(s.leader != 2 and 2 not in s.isr for s in states), states
+    # The reconcile decided again what the shutdown made stale: broker 1 leads each
+    # partition (broker 3's too), broker 3 out of every ISR.
+    eventually(lambda: all(_state(first, "u", p).isr == (1,) for p in range(4)), 10.0)
+    assert all(_state(first, "u", p).leader == 1 for p in range(4))
+    assert second.controller.is_controller is False
