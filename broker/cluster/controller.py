@@ -603,6 +603,7 @@ class Controller:
         Later reconciles read ZooKeeper: this controller's own recent writes may not be
         in the image yet."""
         lease = self._require_lease()
+        started_ms = self._clock.monotonic_ms()
         brokers = self._store.live_brokers_view()
         cluster = None
         if from_image and self._image is not None:
@@ -613,6 +614,7 @@ class Controller:
                 self._post("brokers")
         if cluster is None:
             cluster = self._store.read_cluster()
+        read_ms = self._clock.monotonic_ms()
         decisions: list[Decision] = []
         for (topic, partition), found in cluster.states.items():
             assignment = cluster.assignments[topic]
@@ -626,11 +628,21 @@ class Controller:
             )
             if elected is not None:
                 decisions.append((topic, partition, elected, read.version))
+        decided_ms = self._clock.monotonic_ms()
         try:
             self._write_all(decisions)
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
             self._lease = None
+        if self._clock.monotonic_ms() - started_ms >= _SLOW_EVENT_MS:
+            log.info(
+                "reconcile: %d states read in %d ms, decided in %d ms, %d written in %d ms",
+                len(cluster.states),
+                read_ms - started_ms,
+                decided_ms - read_ms,
+                len(decisions),
+                self._clock.monotonic_ms() - decided_ms,
+            )
 
     def _reconcile_partition(
         self,
