@@ -62,7 +62,7 @@ from tidelog.broker.cluster.election import (
 from tidelog.broker.cluster.election_writes import Decision, write_elections
 from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
-from tidelog.broker.cluster.shutdown_moves import PartitionView, move_off, partition_views
+from tidelog.broker.cluster.shutdown_moves import PartitionView, partition_views, shutdown_round
 from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerLease,
@@ -783,16 +783,14 @@ class Controller:
         return self._reassignments.in_progress(wanted)
 
     def _controlled_shutdown(self, broker_id: int) -> int:
-        """``shutdown_moves.move_off``: how many partitions ``broker_id`` still leads."""
-        lease = self._require_lease()
-        started_ms = self._clock.monotonic_ms()
-        image = None if self._image is None else self._image(_IMAGE_WAIT_MS)
-        still, rounds = move_off(broker_id, lease.epoch, image, self._partitions, self._write_all)
-        log.info(
-            "controlled shutdown of broker %d: %s; it still leads %d (%d ms)",
-            broker_id,
-            "; ".join(rounds),
-            still,
-            self._clock.monotonic_ms() - started_ms,
-        )
+        """``shutdown_moves``: the leaderships now, the followed ISRs right after."""
+        still = self._shutdown_round(broker_id, leading=True)
+        self._urgent.put(Event("call", lambda: self._shutdown_round(broker_id, leading=False)))
         return still
+
+    def _shutdown_round(self, broker_id: int, *, leading: bool) -> int:
+        lease = self._require_lease()
+        image = None if self._image is None else self._image(_IMAGE_WAIT_MS)
+        return shutdown_round(
+            broker_id, lease.epoch, image, self._partitions, self._write_all, leading=leading
+        )
