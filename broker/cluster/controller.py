@@ -62,7 +62,7 @@ from tidelog.broker.cluster.election import (
 from tidelog.broker.cluster.election_writes import Decision, write_elections
 from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
-from tidelog.broker.cluster.shutdown_moves import PartitionView, partition_views, shutdown_round
+from tidelog.broker.cluster.shutdown_moves import PartitionView, move_off, partition_views
 from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerLease,
@@ -791,6 +791,6 @@ class Controller:
     def _shutdown_round(self, broker_id: int, *, leading: bool) -> int:
         lease = self._require_lease()
         image = None if self._image is None else self._image(_IMAGE_WAIT_MS)
-        return shutdown_round(
+        return move_off(
             broker_id, lease.epoch, image, self._partitions, self._write_all, leading=leading
         )

@@ -41,7 +41,7 @@ from tidelog.broker.cluster.store import ClusterStore, StateRead
 from tidelog.broker.cluster.store_batch import ClusterRead
 from tidelog.broker.cluster.znodes import PartitionState
 
-__all__ = ["PartitionView", "move_off", "partition_views", "shutdown_round"]
+__all__ = ["PartitionView", "move_off", "partition_views"]
 
 log = logging.getLogger("tidelog.broker.cluster.controller")
 
@@ -102,11 +102,13 @@ def move_off(
     write: Callable[[list[Decision]], Mapping[tuple[str, int], Exception | None]],
     *,
     leading: bool,
-) -> tuple[int, list[str]]:
+) -> int:
     """Move ``broker_id`` off the partitions it leads (``leading``) or off the ISRs of
     those it follows (not ``leading``): from ``image`` first if given, then from
-    ZooKeeper (``partitions(None)``) for the partitions whose write failed. Returns how
-    many partitions it still leads (of those considered) and one line per round."""
+    ZooKeeper (``partitions(None)``) for the partitions whose write failed. Logs each
+    round and the time; returns how many partitions it still leads (of those considered).
+    """
+    started = time.monotonic()
     leaders: dict[tuple[str, int], int] = {}
     rounds: list[str] = []
     retry: set[tuple[str, int]] | None = None
@@ -131,21 +133,7 @@ def move_off(
         rounds.append(f"{source}: {len(decisions)} written, {len(retry)} failed")
         if not retry:
             break
-    return sum(1 for leader in leaders.values() if leader == broker_id), rounds
-
-
-def shutdown_round(
-    broker_id: int,
-    controller_epoch: int,
-    image: ClusterRead | None,
-    partitions: Callable[[ClusterRead | None], Iterable[PartitionView]],
-    write: Callable[[list[Decision]], Mapping[tuple[str, int], Exception | None]],
-    *,
-    leading: bool,
-) -> int:
-    """``move_off``, logged with its rounds and time; how many partitions it still leads."""
-    started = time.monotonic()
-    still, rounds = move_off(broker_id, controller_epoch, image, partitions, write, leading=leading)
+    still = sum(1 for leader in leaders.values() if leader == broker_id)
     log.info(
         "controlled shutdown of broker %d: %s %s; it still leads %d (%d ms)",
         broker_id,
