@@ -21,9 +21,11 @@ AdminClient, Metadata from a live broker) sees its effect, polling every 50 ms:
   leaderships first, ``broker.cluster.node``); ``controlled_shutdown_logged`` is what it
   logged of that (moved, or failed at its 15 s bound and stopped anyway).
 
-Besides, each broker's open files and resident memory with every partition led (from
-``/proc``), per partition it holds a log of (every broker keeps a log of every
-partition, ``docs/cluster.md`` "Known gaps"): ``docs/cluster.md`` reports them.
+Besides, ``idle_cpu_per_broker``: the busiest broker's CPU (a fraction of one core) over
+10 s with every partition led and no client traffic; and each broker's open files and
+resident memory with every partition led (from ``/proc``), per partition it holds a log
+of (every broker keeps a log of every partition, ``docs/cluster.md`` "Known gaps"):
+``docs/cluster.md`` reports them.
 
 ``measure_election_writes`` times one broker failure's elections in ZooKeeper alone
 (no broker running): one fenced transaction at a time, and as one pipelined batch.
@@ -76,6 +78,23 @@ def _proc_figures(pid: int) -> tuple[int, int]:
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1])
     return files, rss
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far, from ``/proc``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_cpu(cluster: LocalCluster, window_s: float = 10.0) -> float:
+    """The busiest broker's CPU (a fraction of one core) over ``window_s`` of no client
+    traffic: what holding the partitions costs (replica fetches, background scans)."""
+    pids = [cluster.pid(b) for b in cluster.broker_ids]
+    before = [_cpu_s(pid) for pid in pids]
+    started = time.monotonic()
+    time.sleep(window_s)
+    elapsed = time.monotonic() - started
+    return round(max(_cpu_s(pid) - b for pid, b in zip(pids, before, strict=True)) / elapsed, 3)
 
 
 def _mmaps(pid: int) -> int:
@@ -148,6 +167,7 @@ def _steps(cluster: LocalCluster, names: list[str], samples: int, out: dict[str,
     out["rss_kib_per_partition"] = round(max((after[b][1] - before[b][1]) / held for b in after), 1)
     out["rss_mib_per_broker"] = round(max(after[b][1] for b in after) / 1024, 1)
     out["log_file_mmaps_per_broker"] = max(_mmaps(cluster.pid(b)) for b in after)
+    out["idle_cpu_per_broker"] = _idle_cpu(cluster)
 
     timings = []
     for _ in range(samples):

@@ -34,6 +34,16 @@ does not; each is asked for at most a quarter of a second's worth per fetch (at 
 one batch comes anyway). A follower replicating less than the rate never waits, so it
 can reach the log end and join the ISR. Other partitions are never slowed down.
 
+**Incremental fetch sessions** (Kafka's KIP-227, ``broker.core.fetch_sessions``): each
+fetcher opens a session with its leader by a full fetch (``session_epoch`` 0) and then
+names only the partitions whose fetch offset, epochs, log start or size limit changed
+(and the ones it stopped fetching as forgotten); the leader answers only the partitions
+with news and skips reading the idle ones (``broker.core.fetch``). A session the leader
+lost (restarted, evicted for want of slots: ``FETCH_SESSION_ID_NOT_FOUND``), a refused
+epoch or a failed call ends it, and the next fetch opens a new one; a leader with no
+slot free (or one without sessions) answers session id 0, and the fetcher goes on with
+full fetches.
+
 ``num.replica.fetchers`` threads serve each source broker, a partition always the same
 one. ``remove`` returns only once no answer for that partition is being applied, and the
 partition's role check refuses a late one besides: once a broker becomes leader no
@@ -48,6 +58,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 
@@ -82,6 +93,21 @@ class FetchTarget:
         return (self.topic, self.partition)
 
 
+class _Entry(NamedTuple):
+    """One partition as a follower's fetch names it."""
+
+    fetch_offset: int
+    max_bytes: int
+    leader_epoch: int
+    last_epoch: int  # of its last batch (-1: empty)
+    log_start_offset: int
+
+
+def _next_epoch(epoch: int) -> int:
+    # Kafka's session epochs wrap from Integer.MAX_VALUE to 1 (0 and -1 are reserved).
+    return 1 if epoch >= 0x7FFFFFFF else epoch + 1
+
+
 class _Fetcher:
     """One thread fetching a set of partitions from one leader."""
 
@@ -96,6 +122,12 @@ class _Fetcher:
         self._stopped = False
         self._channel: grpc.Channel | None = None
         self._address: str | None = None
+        # The incremental fetch session with the leader (KIP-227): its id (0: none), the
+        # next fetch's epoch (0: open one with a full fetch) and what the leader's session
+        # holds of each partition (``_Entry``), as last sent.
+        self._session_id = 0
+        self._session_epoch = 0
+        self._sent: dict[TopicPartition, _Entry] = {}
         self._thread = threading.Thread(
             target=self._run, name=f"tidelog-replica-fetcher-{leader}-{index}", daemon=True
         )
@@ -185,23 +217,43 @@ class _Fetcher:
             if stub is None:
                 self._pause([t.key for t in targets])
                 continue
-            request = self._request(targets)
-            if not request.partitions:
+            entries = self._entries(targets)
+            if not entries:
                 self._pause([t.key for t in targets])
                 continue
             try:
-                response = stub.Fetch(request, timeout=pool.wait_s + _RPC_SLACK_S)
+                response = stub.Fetch(self._request(entries), timeout=pool.wait_s + _RPC_SLACK_S)
             except grpc.RpcError as exc:
                 log.debug("fetch from broker %d failed: %s", self.leader, exc)
+                self._end_session()
                 self._pause([t.key for t in targets])
                 continue
+            if response.error_code:
+                # The leader lost the session (restarted, evicted it) or the epochs
+                # disagree: a full fetch opens a new one, at once.
+                log.debug("fetch session with broker %d: %s", self.leader, response.error_message)
+                self._end_session()
+                continue
+            if response.session_id:
+                if response.session_id != self._session_id:
+                    self._session_epoch = 0
+                self._session_id = response.session_id
+                self._session_epoch = _next_epoch(self._session_epoch)
+                self._sent = entries
+            else:
+                self._end_session()  # the leader keeps none (no slot): full fetches
             with self.applying:
                 for result in response.results:
                     self._apply(result)
 
-    def _request(self, targets: list[FetchTarget]) -> pb.FetchRequest:
+    def _end_session(self) -> None:
+        self._session_id = self._session_epoch = 0
+        self._sent = {}
+
+    def _entries(self, targets: list[FetchTarget]) -> dict[TopicPartition, _Entry]:
+        """What each partition's fetch names now (the hosted ones)."""
         pool = self._pool
-        partitions = []
+        entries = {}
         for target in targets:
             try:
                 plog = pool.partitions.get(target.topic, target.partition).log
@@ -210,25 +262,49 @@ class _Fetcher:
             max_bytes = pool.fetch_max_bytes
             if target.throttled and pool.throttle_rate_bytes > 0:
                 max_bytes = max(min(max_bytes, pool.throttle_rate_bytes // 4), 1)
-            part = pb.FetchPartition(
-                topic=target.topic,
-                partition=target.partition,
-                fetch_offset=plog.log_end_offset,
-                partition_max_bytes=max_bytes,
-                current_leader_epoch=target.leader_epoch,
-                # Kafka's LogStartOffset: the leader's DeleteRecords waits for it.
-                log_start_offset=plog.log_start_offset,
+            # Kafka's LogStartOffset: the leader's DeleteRecords waits for it.
+            entries[target.key] = _Entry(
+                plog.log_end_offset,
+                max_bytes,
+                target.leader_epoch,
+                plog.latest_epoch,
+                plog.log_start_offset,
             )
-            epoch = plog.latest_epoch
-            if epoch >= 0:
-                part.last_fetched_epoch = epoch
+        return entries
+
+    def _request(self, entries: dict[TopicPartition, _Entry]) -> pb.FetchRequest:
+        """A full fetch opening a session (epoch 0), or an incremental one naming only
+        the partitions whose entry changed since the leader's session took it, and the
+        ones it holds that are no longer fetched as forgotten."""
+        pool = self._pool
+        sent = self._sent if self._session_epoch else {}
+        partitions = []
+        for (topic, partition), entry in entries.items():
+            if sent.get((topic, partition)) == entry:
+                continue
+            part = pb.FetchPartition(
+                topic=topic,
+                partition=partition,
+                fetch_offset=entry.fetch_offset,
+                partition_max_bytes=entry.max_bytes,
+                current_leader_epoch=entry.leader_epoch,
+                log_start_offset=entry.log_start_offset,
+            )
+            if entry.last_epoch >= 0:
+                part.last_fetched_epoch = entry.last_epoch
             partitions.append(part)
+        forgotten: dict[str, list[int]] = {}
+        for topic, partition in sent.keys() - entries.keys():
+            forgotten.setdefault(topic, []).append(partition)
         return pb.FetchRequest(
             replica_id=pool.broker_id,
             max_wait_ms=pool.wait_ms,
             min_bytes=1,
             max_bytes=max(pool.fetch_max_bytes, 1),
             partitions=partitions,
+            session_id=self._session_id,
+            session_epoch=self._session_epoch,
+            forgotten=[pb.TopicPartitions(topic=t, partitions=p) for t, p in forgotten.items()],
         )
 
     def _apply(self, result: pb.FetchPartitionResult) -> None:

@@ -35,6 +35,18 @@ listener those it answers with.
 Per-partition failures (unknown partition, ``OFFSET_OUT_OF_RANGE`` for an offset below the
 log start or past the log end, negative offsets included) are answered per partition.
 
+Incremental fetch sessions (KIP-227, ``broker.core.fetch_sessions``): a fetch with
+``FetchSpec.session`` reads the partitions its request named (``partitions``) at its first
+step, and every other partition of the session at the offsets the session holds, and is
+parked under all of them. A follower's session skips a read where the follower is idle
+(``Partition.follower_idle``: in the ISR of the epoch it names, fetching from the log end,
+the high watermark and log start as last answered): a few attribute reads, and the
+follower counted caught up as the read would have, instead of the per-partition
+bookkeeping, leader check and empty read (at 10,000 partitions, the idle brokers' main
+cost: issue #34, ``docs/replication.md``). A partition the follower is not idle on (new
+records, a moved high watermark or log start, a leadership changed, a member outside the
+ISR to be proposed for it) is read as it would be without a session.
+
 Each partition is read through its ``Partition`` (``broker.core.partition``, from the
 registry the core was built with). Replicated partitions (cluster mode,
 ``docs/replication.md``): a consumer reads below the high watermark only, after
@@ -50,6 +62,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tidelog.broker.core.delayed import DelayedOperation, Purgatory
 from tidelog.broker.core.errors import partition_error
@@ -61,6 +74,9 @@ from tidelog.storage.errors import CorruptRecordError, InvalidRequestError, Offs
 from tidelog.storage.file_region import FileRegion
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import iter_batch_headers
+
+if TYPE_CHECKING:
+    from tidelog.broker.core.fetch_sessions import FetchSession
 
 __all__ = [
     "DEFAULT_PARTITION_MAX_BYTES",
@@ -110,6 +126,9 @@ class FetchSpec:
     isolation_level: int = 0
     # Answer with file regions, not bytes (module docstring; consumers only).
     zero_copy: bool = False
+    # An incremental fetch session's (module docstring): ``partitions`` are the ones the
+    # request named (read at its first step); the session's others are read unless idle.
+    session: FetchSession | None = None
 
     def validate(self) -> None:
         """Raise ``InvalidRequestError`` for negative limits."""
@@ -232,6 +251,7 @@ class PendingFetch:
     # What the last read saw (``FetchPath._ends``): a follower's fetch is answered once
     # the leader's log start moved since.
     seen: list[tuple[PartitionLog, int, int]] = field(default_factory=list)
+    reads: int = 0  # steps that read
 
     def was_cancelled(self) -> bool:
         """Whether ``FetchPath.cancel`` ran (read again: another thread may set it)."""
@@ -283,7 +303,10 @@ class FetchPath:
         wait_ms = min(spec.max_wait_ms, self._fetch_max_wait_ms)
         if wait_cap_ms is not None:
             wait_ms = min(wait_ms, wait_cap_ms)
-        keys = tuple(dict.fromkeys((p.topic, p.partition) for p in spec.partitions))
+        watched = dict.fromkeys((p.topic, p.partition) for p in spec.partitions)
+        if spec.session is not None:
+            watched.update(dict.fromkeys(spec.session.partitions))
+        keys = tuple(watched)
         return PendingFetch(spec, self._clock.monotonic_ms() + wait_ms, wake, keys)
 
     def step(
@@ -303,8 +326,13 @@ class FetchPath:
         # counted as seen without being read, and the fetch slept to its deadline. (An
         # append publishes its end offset after its bytes, ``Segment.append``, so an end
         # taken here is never ahead of what the read can reach.)
-        seen = self._ends(pending.spec)
-        answers = self._read_all(pending.spec)
+        idle: list[tuple[PartitionLog, int, int]] = []
+        parts: Sequence[PartitionFetchSpec] = pending.spec.partitions
+        if pending.spec.session is not None:
+            parts, idle = self._session_parts(pending)
+        seen = self._ends(parts, pending.spec.replica_id >= 0) + idle
+        answers = self._read_all(pending.spec, parts)
+        pending.reads += 1
         release(pending.last_answers)  # superseded: never sent
         pending.last_answers = answers
         start_moved = pending.spec.replica_id >= 0 and _start_moved(pending.seen, seen)
@@ -332,12 +360,50 @@ class FetchPath:
             self._purgatory.cancel(operation)
         return None
 
-    def _ends(self, spec: FetchSpec) -> list[tuple[PartitionLog, int, int]]:
+    def _session_parts(
+        self, pending: PendingFetch
+    ) -> tuple[list[PartitionFetchSpec], list[tuple[PartitionLog, int, int]]]:
+        """A session fetch's partitions to read, and what the idle ones' reads would
+        have seen (``_ends``). The partitions the request named are read at the first
+        step; every other one is read unless the fetch is a follower's and the
+        follower is idle on it (``Partition.follower_idle``: in the ISR, at the log
+        end, the high watermark and log start as last answered), which costs a few
+        attribute reads instead of a read (issue #34: 3,333 partitions per follower)."""
+        spec = pending.spec
+        assert spec.session is not None
+        first = pending.reads == 0
+        parts = list(spec.partitions) if first else []
+        named = {(p.topic, p.partition) for p in parts}
+        idle: list[tuple[PartitionLog, int, int]] = []
+        replica = spec.replica_id
+        get = self._partitions.get
+        for key, c in list(spec.session.partitions.items()):
+            if key in named:
+                continue
+            if replica >= 0:
+                try:
+                    plog = get(*key).follower_idle(
+                        replica,
+                        c.fetch_offset,
+                        c.current_leader_epoch,
+                        c.high_watermark,
+                        c.log_start_offset,
+                    )
+                except Exception:  # gone: the read answers why
+                    plog = None
+                if plog is not None:
+                    idle.append((plog, c.fetch_offset, c.log_start_offset))
+                    continue
+            parts.append(c.spec(key))
+        return parts, idle
+
+    def _ends(
+        self, parts: Sequence[PartitionFetchSpec], replica: bool
+    ) -> list[tuple[PartitionLog, int, int]]:
         """Each partition's log, what a read may reach now (the log end offset for a
         follower, the high watermark for a consumer) and its log start offset."""
-        replica = spec.replica_id >= 0
         ends = []
-        for p in spec.partitions:
+        for p in parts:
             try:
                 plog = self._logs.get_log(p.topic, p.partition)
             except Exception as exc:  # unknown or deleted: the read's answer says so
@@ -364,12 +430,14 @@ class FetchPath:
             return True
         return sum(a.size for a in answers) >= spec.min_bytes
 
-    def _read_all(self, spec: FetchSpec) -> list[PartitionFetched]:
+    def _read_all(
+        self, spec: FetchSpec, parts: Sequence[PartitionFetchSpec]
+    ) -> list[PartitionFetched]:
         remaining = min(spec.max_bytes or self._fetch_max_bytes, self._fetch_max_bytes)
         answers = []
         have_data = False
         replica = spec.replica_id >= 0
-        for p in spec.partitions:
+        for p in parts:
             budget = min(p.max_bytes or DEFAULT_PARTITION_MAX_BYTES, remaining)
             partition_log: PartitionLog | None = None
             try:

@@ -579,6 +579,28 @@ class Partition:
         self.maybe_advance_high_watermark()
         return None
 
+    def follower_idle(
+        self, replica_id: int, fetch_offset: int, epoch: int, high_watermark: int, start: int
+    ) -> PartitionLog | None:
+        """A session's shortcut for ``on_follower_fetch`` (``broker.core.fetch``): if
+        ``replica_id`` is in the ISR of this leadership at ``epoch``, fetches from the log
+        end and was last answered this ``high_watermark`` and log ``start``, record it
+        caught up now, as that fetch would, and return the log (nothing to read); else None.
+        No lock: a role replaced meanwhile only gets its old progress refreshed."""
+        role = self._role
+        if not isinstance(role, Leading) or role.epoch != epoch or replica_id not in role.isr:
+            return None
+        progress = role.followers.get(replica_id)
+        plog = self.log
+        end = plog.log_end_offset
+        if progress is None or fetch_offset != end or plog.high_watermark != high_watermark:
+            return None
+        if plog.log_start_offset != start:
+            return None
+        progress.caught_up_ms = progress.last_fetch_ms = self._clock.monotonic_ms()
+        progress.last_fetch_leader_end = end
+        return plog
+
     # --- DeleteRecords (KIP-107) ------------------------------------------------------------
 
     def delete_records(self, offset: int) -> int:

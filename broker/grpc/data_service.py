@@ -5,16 +5,19 @@ OffsetForLeaderEpoch, InitProducerId, DescribeProducers, DeleteRecords).
 Produce and Fetch (unary and streams) park work in the core's purgatories, so the serving
 model (``broker.grpc.listener``) drives them itself with the conversions here:
 ``produce_parts`` and ``fetch_spec`` turn requests into the core's frozen values, refusing
-per partition a topic the caller may not WRITE or READ; ``produce_response`` and
-``fetch_response`` turn the answers back. Record bytes pass through untouched in both
-directions, and ``fetch_response`` splices them into the serialized answer so they are
-copied once. The unary handlers are plain functions ``(core, request, context) ->
-response`` in ``broker.grpc.service``'s table (which includes ``DATA_HANDLERS``). An absent
-optional field (a leader epoch, a producer id) means "not given" (-1 to the core), never 0.
+per partition a topic the caller may not WRITE or READ; ``session_fetch`` puts a
+follower's fetch in its incremental fetch session (``broker.core.fetch_sessions``);
+``produce_response`` and ``fetch_response`` turn the answers back. Record bytes pass
+through untouched in both directions, and ``fetch_response`` splices them into the
+serialized answer so they are copied once. The unary handlers are plain functions
+``(core, request, context) -> response`` in ``broker.grpc.service``'s table (which includes
+``DATA_HANDLERS``). An absent optional field (a leader epoch, a producer id) means "not
+given" (-1 to the core), never 0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +28,7 @@ from tidelog.broker.core.acl_store import Acls
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec
+from tidelog.broker.core.fetch_sessions import FetchSession, FetchSessionCache, Update
 from tidelog.broker.core.offsets import EpochQuery, OffsetQuery, RecordsToDelete
 from tidelog.broker.core.produce import PartitionProduced, PartitionRecords
 from tidelog.broker.grpc.authorize import (
@@ -43,6 +47,7 @@ __all__ = [
     "fetch_spec",
     "produce_parts",
     "produce_response",
+    "session_fetch",
 ]
 
 
@@ -178,6 +183,10 @@ def fetch_spec(
     ``acls``, a topic the caller may not READ (a follower: CLUSTER_ACTION) is refused per
     partition (``PartitionFetchSpec.refused``)."""
     gate: Callable[[str], BaseException | None] | None
+    if request.HasField("session_epoch") and not request.HasField("replica_id"):
+        raise InvalidRequestError(
+            "fetch sessions are for followers (replica_id): fetch without session_epoch"
+        )
     if request.HasField("replica_id"):
         refused = replica_gate(acls, context)
         gate = None if refused is None else (lambda _topic: refused)
@@ -203,6 +212,50 @@ def fetch_spec(
         replica_id=request.replica_id if request.HasField("replica_id") else -1,
         isolation_level=request.isolation_level,
     )
+
+
+def session_fetch(
+    request: pb.FetchRequest,
+    spec: FetchSpec,
+    sessions: FetchSessionCache,
+    context: RequestContext | None = None,
+    acls: Acls | None = None,
+) -> tuple[FetchSpec, FetchSession | None, bool]:
+    """A follower's fetch in its session, by Kafka's rules (``broker.core.fetch_sessions``):
+    the spec to read (carrying the session), the session (None: a fetch without one)
+    and whether the fetch is incremental. Loop thread only (``sessions`` is the
+    listener's).
+
+    Raises:
+        SessionError: ``FETCH_SESSION_ID_NOT_FOUND`` or ``INVALID_FETCH_SESSION_EPOCH``.
+        NotAuthorizedError: a session's fetch from a caller without CLUSTER_ACTION (its
+            partitions are not all named: no answer per partition).
+    """
+    if not request.HasField("session_epoch"):
+        return spec, None, False
+    refused = replica_gate(acls, context)
+    if refused is not None:
+        raise refused
+    updates = [
+        Update(
+            (p.topic, p.partition),
+            p.fetch_offset,
+            p.max_bytes,
+            p.current_leader_epoch,
+            p.last_fetched_epoch,
+            p.log_start_offset,
+        )
+        for p in spec.partitions
+    ]
+    session, incremental = sessions.resolve(
+        request.session_id,
+        request.session_epoch,
+        updates,
+        lambda: [(t.topic, p) for t in request.forgotten for p in t.partitions],
+    )
+    if session is None:
+        return spec, None, False
+    return dataclasses.replace(spec, session=session), session, incremental
 
 
 def produce_parts(
@@ -263,7 +316,10 @@ def produce_response(
 
 
 def fetch_response(
-    correlation_id: int, answers: Sequence[PartitionFetched], throttle_time_ms: int = 0
+    correlation_id: int,
+    answers: Sequence[PartitionFetched],
+    throttle_time_ms: int = 0,
+    session_id: int = 0,
 ) -> bytes:
     """The serialized ``FetchResponse``, with each partition's stored bytes spliced in.
 
@@ -278,7 +334,7 @@ def fetch_response(
     exactly the message the plain constructor builds.
     """
     head = pb.FetchResponse(
-        correlation_id=correlation_id, throttle_time_ms=throttle_time_ms
+        correlation_id=correlation_id, throttle_time_ms=throttle_time_ms, session_id=session_id
     ).SerializeToString()
     parts = [head]
     for a in answers:

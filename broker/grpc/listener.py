@@ -75,6 +75,7 @@ from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.errors import Outcome, ShuttingDownError
 from tidelog.broker.core.facade import BrokerCore
 from tidelog.broker.core.fetch import DEFAULT_PARTITION_MAX_BYTES, PartitionFetched, PendingFetch
+from tidelog.broker.core.fetch_sessions import FetchSessionCache, SessionError, answered
 from tidelog.broker.core.limits import Admission
 from tidelog.broker.core.operations import GRPC_METHOD_OPERATIONS, record_quota
 from tidelog.broker.core.pipeline import RequestPipeline
@@ -86,6 +87,7 @@ from tidelog.broker.grpc.data_service import (
     fetch_response,
     fetch_spec,
     produce_response,
+    session_fetch,
 )
 from tidelog.broker.grpc.errors import ERROR_CODE_METADATA_KEY, render
 from tidelog.broker.grpc.service import (
@@ -148,6 +150,13 @@ class _AsyncService:
             rpc_metrics=True,  # the older tidelog_requests_total, for existing dashboards
         )
         self._bridge = self._pipeline.bridge
+        # Followers' incremental fetch sessions (KIP-227; loop's thread only).
+        config = core.config
+        self._fetch_sessions = FetchSessionCache(
+            config.max_incremental_fetch_session_cache_slots,
+            config.min_incremental_fetch_session_eviction_ms,
+            lambda: int(time.monotonic() * 1000),
+        )
         # What ends each open produce stream when the broker stops (``end_streams``).
         self._stream_enders: set[Callable[[], None]] = set()
         self._closing = False
@@ -476,8 +485,17 @@ class _AsyncService:
         context: aio.ServicerContext[Any, Any],
     ) -> bytes:
         woken = asyncio.Event()
+        acls = self._core.acls
+        try:
+            spec, session, incremental = session_fetch(
+                request, fetch_spec(request, caller, acls), self._fetch_sessions, caller, acls
+            )
+        except SessionError as exc:
+            return pb.FetchResponse(
+                correlation_id=request.correlation_id, error_code=exc.code, error_message=str(exc)
+            ).SerializeToString()
         pending = self._core.start_fetch(
-            fetch_spec(request, caller, self._core.acls),
+            spec,
             wake=self._bridge.waker(woken),
             wait_cap_ms=wait_cap_ms(context.time_remaining()),
         )
@@ -504,7 +522,12 @@ class _AsyncService:
             bytes_throttle_ms = record_quota(self._quotas, caller, CONSUMER_BYTE_RATE, size)
             throttle_ms = max(throttle_ms, bytes_throttle_ms)
         await _hold_back(throttle_ms)
-        return fetch_response(request.correlation_id, answers, throttle_ms)
+        return fetch_response(
+            request.correlation_id,
+            answered(session, answers, incremental),
+            throttle_ms,
+            0 if session is None else session.session_id,
+        )
 
     def _step_inline(
         self, caller: RequestContext, pending: PendingFetch

@@ -24,7 +24,7 @@ InitProducerId.
   the high watermark; ``read_committed`` (``isolation_level`` 1) reads stop at the last
   stable offset and the answer names the aborted transactions the records overlap
   (``docs/transactions.md``), every answer carries the last stable offset. v7+ keeps incremental
-  fetch sessions (KIP-227, ``broker.kafka.fetch_sessions``): an incremental fetch reads
+  fetch sessions (KIP-227, ``broker.core.fetch_sessions``): an incremental fetch reads
   every partition of its session at the offsets last sent and is answered with those
   that have records, an error, or a high watermark or log start offset that moved.
   v13+ names topics by id (KIP-516): the ids are the ones Metadata reports (derived from
@@ -62,6 +62,13 @@ import uuid
 from collections.abc import Sequence
 
 from tidelog.broker.core.fetch import FetchSpec, PartitionFetched, PartitionFetchSpec, release
+from tidelog.broker.core.fetch_sessions import (
+    FINAL_EPOCH,
+    FetchSession,
+    SessionError,
+    Update,
+    answered,
+)
 from tidelog.broker.core.offsets import EpochQuery, OffsetQuery
 from tidelog.broker.core.operations import cluster, topic, transactional_id
 from tidelog.broker.core.produce import Acks, PartitionProduced, PartitionRecords
@@ -70,13 +77,6 @@ from tidelog.broker.kafka.authz import denied, gate, refusals
 from tidelog.broker.kafka.cluster import leader_hint
 from tidelog.broker.kafka.codec import Plain, RequestHeader
 from tidelog.broker.kafka.errors import NONE, error_code_for, kafka_code, kafka_error
-from tidelog.broker.kafka.fetch_sessions import (
-    FINAL_EPOCH,
-    INITIAL_EPOCH,
-    FetchSession,
-    SessionError,
-    Update,
-)
 from tidelog.broker.kafka.kip848 import topic_id
 from tidelog.broker.kafka.listener import Connection
 from tidelog.broker.kafka.transactions import init_transactional_producer
@@ -320,12 +320,7 @@ async def fetch(conn: Connection, header: RequestHeader, request: Plain) -> Plai
     answers = await _fetch(conn, spec)
     conn.record_quota(CONSUMER_BYTE_RATE, sum(a.size for a in answers))
     by_topic: dict[str, list[Plain]] = {}
-    for a in answers:
-        if session is not None:
-            cached = session.partitions.get((a.topic, a.partition))
-            moved = cached is None or cached.changed(a.high_watermark, a.log_start_offset)
-            if incremental and not (moved or a.size or a.error_code):
-                continue  # nothing new: left out of an incremental answer (no region)
+    for a in answered(session, answers, incremental):
         by_topic.setdefault(a.topic, []).append(_fetched(a))
     if by_id:
         await _unknown_topic_ids(conn, by_topic)
@@ -406,19 +401,12 @@ def _session_of(
     ``forgotten_topics``: the request's, each with its topic's name."""
     if header.api_version < 7:
         return None, False
-    cache = conn.listener.fetch_sessions
-    session_id = request.get("session_id", 0)
-    epoch = request.get("session_epoch", FINAL_EPOCH)
-    if epoch == FINAL_EPOCH:
-        if session_id:
-            cache.close(session_id)
-        return None, False
-    if epoch == INITIAL_EPOCH:
-        if session_id:
-            cache.close(session_id)
-        return cache.create(updates), False
-    forgotten = [(t["topic"], p) for t in forgotten_topics for p in t["partitions"]]
-    return cache.continue_session(session_id, epoch, updates, forgotten), True
+    return conn.listener.fetch_sessions.resolve(
+        request.get("session_id", 0),
+        request.get("session_epoch", FINAL_EPOCH),
+        updates,
+        lambda: [(t["topic"], p) for t in forgotten_topics for p in t["partitions"]],
+    )
 
 
 async def _fetch(conn: Connection, spec: FetchSpec) -> list[PartitionFetched]:

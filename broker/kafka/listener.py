@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tidelog.broker.core.context import RequestContext
 from tidelog.broker.core.facade import BrokerCore
+from tidelog.broker.core.fetch_sessions import FetchSessionCache
 from tidelog.broker.core.limits import Admission
 from tidelog.broker.core.operations import KAFKA_APIS, record_quota
 from tidelog.broker.core.pipeline import RequestPipeline
@@ -97,7 +98,6 @@ from tidelog.broker.kafka.codec import (
     response_has_field,
 )
 from tidelog.broker.kafka.errors import error_name
-from tidelog.broker.kafka.fetch_sessions import FetchSessionCache
 from tidelog.broker.kafka.in_order import InOrder
 from tidelog.broker.kafka.metadata_cache import TopicEntries
 from tidelog.broker.kafka.produce_codec import decode_produce, encode_produce_response
@@ -137,7 +137,7 @@ class ListenerSettings:
         ssl_context: TLS for every connection (``security.protocol`` SSL, SASL_SSL).
         sasl: connections must authenticate first (SASL_PLAINTEXT, SASL_SSL).
         fetch_session_slots, fetch_session_eviction_ms: the fetch session cache
-            (``broker.kafka.fetch_sessions``).
+            (``broker.core.fetch_sessions``).
         zero_copy_fetch: send Fetch records with ``sendfile`` on plaintext connections
             (``kafka.zero.copy.fetch``; the module docstring).
     """

@@ -36,11 +36,12 @@ _answers = st.lists(
 
 
 def _constructed(
-    correlation_id: int, answers: list[PartitionFetched], throttle_ms: int
+    correlation_id: int, answers: list[PartitionFetched], throttle_ms: int, session_id: int = 0
 ) -> pb.FetchResponse:
     return pb.FetchResponse(
         correlation_id=correlation_id,
         throttle_time_ms=throttle_ms,
+        session_id=session_id,
         results=[
             pb.FetchPartitionResult(
                 topic=a.topic,
@@ -72,12 +73,14 @@ def _constructed(
     correlation_id=st.integers(-(2**63), 2**63 - 1),
     answers=_answers,
     throttle_ms=st.integers(0, 2**31 - 1),
+    session_id=st.integers(0, 2**31 - 1),
 )
 def test_spliced_answer_parses_to_the_constructed_message(
-    correlation_id: int, answers: list[PartitionFetched], throttle_ms: int
+    correlation_id: int, answers: list[PartitionFetched], throttle_ms: int, session_id: int
 ) -> None:
-    wire = fetch_response(correlation_id, answers, throttle_ms)
-    assert pb.FetchResponse.FromString(wire) == _constructed(correlation_id, answers, throttle_ms)
+    wire = fetch_response(correlation_id, answers, throttle_ms, session_id)
+    constructed = _constructed(correlation_id, answers, throttle_ms, session_id)
+    assert pb.FetchResponse.FromString(wire) == constructed
 
 
 def test_a_one_mebibyte_answer_round_trips() -> None:

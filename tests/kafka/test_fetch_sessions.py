@@ -17,7 +17,7 @@ from kafka.protocol.consumer import FetchRequest, FetchResponse
 from tests.kafka import raw
 from tests.kafka.clients import TIMEOUT_S
 from tests.kafka.conftest import KafkaBroker, unique
-from tidelog.broker.kafka.fetch_sessions import FetchSessionCache, SessionError, Update
+from tidelog.broker.core.fetch_sessions import FetchSessionCache, SessionError, Update
 from tidelog.broker.kafka.kip848 import topic_id
 from tidelog.client import AdminClient, Producer
 

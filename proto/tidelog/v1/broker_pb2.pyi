@@ -1681,6 +1681,9 @@ class FetchRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     ISOLATION_LEVEL_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SESSION_EPOCH_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     max_wait_ms: _builtins.int
     """long poll: wait up to this long for min_bytes"""
@@ -1697,8 +1700,20 @@ class FetchRequest(_message.Message):
     read_committed, up to the last stable offset, with the aborted transactions named
     (issue #28, docs/transactions.md).
     """
+    session_id: _builtins.int
+    """Incremental fetch sessions (Kafka's KIP-227; followers use them, consumers may):
+    session_epoch unset or -1 fetches without a session (closing session_id if given);
+    0 opens one (closing session_id if given) and names every partition; 1, 2, ...
+    continue session_id, naming only the partitions whose fields changed or are new, and
+    in forgotten those to drop. An incremental answer holds only the partitions with
+    records, an error, a divergence, or a high watermark or log start offset that moved.
+    docs/replication.md.
+    """
+    session_epoch: _builtins.int
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
+    @_builtins.property
+    def forgotten(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]: ...
     def __init__(
         self,
         *,
@@ -1709,14 +1724,22 @@ class FetchRequest(_message.Message):
         partitions: _abc.Iterable[Global___FetchPartition] | None = ...,
         replica_id: _builtins.int | None = ...,
         isolation_level: _builtins.int = ...,
+        session_id: _builtins.int = ...,
+        session_epoch: _builtins.int | None = ...,
+        forgotten: _abc.Iterable[Global___TopicPartitions] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "replica_id", b"replica_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "_session_epoch", b"_session_epoch", "replica_id", b"replica_id", "session_epoch", b"session_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "correlation_id", b"correlation_id", "isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "_session_epoch", b"_session_epoch", "correlation_id", b"correlation_id", "forgotten", b"forgotten", "isolation_level", b"isolation_level", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "replica_id", b"replica_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__replica_id: _TypeAlias = _typing.Literal["replica_id"]  # noqa: Y015
     _WhichOneofArgType__replica_id: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id"]  # noqa: Y015
+    _WhichOneofReturnType__session_epoch: _TypeAlias = _typing.Literal["session_epoch"]  # noqa: Y015
+    _WhichOneofArgType__session_epoch: _TypeAlias = _typing.Literal["_session_epoch", b"_session_epoch"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__replica_id) -> _WhichOneofReturnType__replica_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__session_epoch) -> _WhichOneofReturnType__session_epoch | None: ...
 
 Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
@@ -1842,9 +1865,19 @@ class FetchResponse(_message.Message):
     CORRELATION_ID_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
     THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     throttle_time_ms: _builtins.int
     """as in ProduceResponse"""
+    session_id: _builtins.int
+    """The session this fetch belongs to (0: none, also when the broker has no slot free)."""
+    error_code: _builtins.str
+    """FETCH_SESSION_ID_NOT_FOUND or INVALID_FETCH_SESSION_EPOCH (no results then): the
+    follower opens a new session with a full fetch.
+    """
+    error_message: _builtins.str
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartitionResult]: ...
     def __init__(
@@ -1853,10 +1886,13 @@ class FetchResponse(_message.Message):
         correlation_id: _builtins.int = ...,
         results: _abc.Iterable[Global___FetchPartitionResult] | None = ...,
         throttle_time_ms: _builtins.int = ...,
+        session_id: _builtins.int = ...,
+        error_code: _builtins.str = ...,
+        error_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "results", b"results", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "error_code", b"error_code", "error_message", b"error_message", "results", b"results", "session_id", b"session_id", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

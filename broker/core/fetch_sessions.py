@@ -1,13 +1,18 @@
-"""Incremental fetch sessions (Kafka's KIP-227) for the Kafka listener's Fetch (v7+).
+"""Incremental fetch sessions (Kafka's KIP-227), for both listeners' Fetch.
 
-A consumer that fetches many partitions sends every one of them, with its fetch offset,
+A client that fetches many partitions sends every one of them, with its fetch offset,
 in every Fetch unless the broker keeps a session: then the first fetch (``session_epoch``
 0) names every partition and gets a ``session_id``; each later fetch (epoch 1, 2, ...)
-names only the partitions whose fetch offset changed or that are new, lists the ones to
-drop in ``forgotten_topics_data``, and is answered with only the partitions that have
-something to say: records, an error, or a high watermark or log start offset that moved
-since the last answer. A fetch with epoch -1 closes its session (a full fetch without
-one follows).
+names only the partitions whose fetch offset (or another field) changed or that are new,
+lists the ones to drop as forgotten, and is answered with only the partitions that have
+something to say (``answered``): records, an error, a divergence, or a high watermark or
+log start offset that moved since the last answer. A fetch with epoch -1 closes its
+session (a full fetch without one follows).
+
+Kafka consumers use them through the Kafka listener (v7+); followers use them through
+the gRPC listener (``broker.cluster.fetcher``), where the session also spares the
+leader's reads: an incremental follower fetch skips every partition the follower is
+caught up on and nothing moved for (``broker.core.fetch``).
 
 Kafka's rules, kept here:
 
@@ -29,8 +34,8 @@ sessions; one size fits here.
 Sessions belong to the listener, not to a connection (a client may reconnect and go on
 with its session, as in Kafka), and are touched only on the listener's event loop: no
 lock. A session remembers, per partition, the fetch offset, partition max bytes and
-current leader epoch the client last sent, and the high watermark and log start offset
-last answered.
+current leader epoch the client last sent (a follower's also its last fetched epoch and
+log start offset), and the high watermark and log start offset last answered.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from tidelog.broker.core.fetch import PartitionFetched, PartitionFetchSpec
+
 __all__ = [
     "FINAL_EPOCH",
     "INITIAL_EPOCH",
@@ -48,6 +55,7 @@ __all__ = [
     "FetchSessionCache",
     "SessionError",
     "Update",
+    "answered",
 ]
 
 INITIAL_EPOCH = 0
@@ -63,9 +71,25 @@ class CachedPartition:
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int
+    # A follower's: the epoch of its last batch and its log start offset (-1: not given).
+    last_fetched_epoch: int = -1
+    follower_log_start: int = -1
     # Last answered; -1 before the first answer, so a new partition is always answered.
     high_watermark: int = -1
     log_start_offset: int = -1
+
+    def spec(self, key: Key) -> PartitionFetchSpec:
+        """The partition as a read names it."""
+        return PartitionFetchSpec(
+            key[0],
+            key[1],
+            self.fetch_offset,
+            self.max_bytes,
+            self.current_leader_epoch,
+            self.last_fetched_epoch,
+            None,
+            self.follower_log_start,
+        )
 
     def changed(self, high_watermark: int, log_start_offset: int) -> bool:
         """Whether the answer's offsets differ from the last ones answered; remembers
@@ -102,6 +126,17 @@ class Update:
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int
+    last_fetched_epoch: int = -1
+    follower_log_start: int = -1
+
+    def cached(self) -> CachedPartition:
+        return CachedPartition(
+            self.fetch_offset,
+            self.max_bytes,
+            self.current_leader_epoch,
+            self.last_fetched_epoch,
+            self.follower_log_start,
+        )
 
 
 class FetchSessionCache:
@@ -141,11 +176,33 @@ class FetchSessionCache:
             session_id = self._random.randint(1, 0x7FFFFFFF)
         session = FetchSession(session_id, INITIAL_EPOCH + 1, last_used_ms=now)
         for u in updates:
-            session.partitions[u.key] = CachedPartition(
-                u.fetch_offset, u.max_bytes, u.current_leader_epoch
-            )
+            session.partitions[u.key] = u.cached()
         self._sessions[session_id] = session
         return session
+
+    def resolve(
+        self,
+        session_id: int,
+        epoch: int,
+        updates: Sequence[Update],
+        forgotten: Callable[[], Iterable[Key]],
+    ) -> tuple[FetchSession | None, bool]:
+        """The session a fetch asks for, by the rules above (None: a full fetch without
+        one), and whether the fetch is incremental. ``forgotten``: the request's, read
+        only for an incremental fetch.
+
+        Raises:
+            SessionError: ``FETCH_SESSION_ID_NOT_FOUND`` or ``INVALID_FETCH_SESSION_EPOCH``.
+        """
+        if epoch == FINAL_EPOCH:
+            if session_id:
+                self.close(session_id)
+            return None, False
+        if epoch == INITIAL_EPOCH:
+            if session_id:
+                self.close(session_id)
+            return self.create(updates), False
+        return self.continue_session(session_id, epoch, updates, forgotten()), True
 
     def continue_session(
         self, session_id: int, epoch: int, updates: Sequence[Update], forgotten: Iterable[Key]
@@ -169,19 +226,40 @@ class FetchSessionCache:
         for u in updates:
             cached = session.partitions.get(u.key)
             if cached is None:
-                session.partitions[u.key] = CachedPartition(
-                    u.fetch_offset, u.max_bytes, u.current_leader_epoch
-                )
+                session.partitions[u.key] = u.cached()
             else:
                 cached.fetch_offset = u.fetch_offset
                 cached.max_bytes = u.max_bytes
                 cached.current_leader_epoch = u.current_leader_epoch
+                cached.last_fetched_epoch = u.last_fetched_epoch
+                cached.follower_log_start = u.follower_log_start
         for key in forgotten:
             session.partitions.pop(key, None)
         session.next_epoch = _next_epoch(session.next_epoch)
         session.last_used_ms = self._clock_ms()
         self._sessions.move_to_end(session_id)
         return session
+
+
+def answered(
+    session: FetchSession | None, answers: Sequence[PartitionFetched], incremental: bool
+) -> list[PartitionFetched]:
+    """What to answer of ``answers``: all of a full fetch, only the partitions with
+    something to say of an incremental one (the others' regions closed: never sent).
+    Remembers each partition's offsets as answered."""
+    if session is None:
+        return list(answers)
+    kept = []
+    cached_of = session.partitions.get
+    for a in answers:
+        cached = cached_of((a.topic, a.partition))
+        moved = cached is None or cached.changed(a.high_watermark, a.log_start_offset)
+        if incremental and not (moved or a.size or a.error_code or a.diverging is not None):
+            if a.region is not None:
+                a.region.close()
+            continue
+        kept.append(a)
+    return kept
 
 
 def _next_epoch(epoch: int) -> int:
