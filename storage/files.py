@@ -20,8 +20,11 @@ perhaps a ``*.tmp`` that recovery removes.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from tidelog.storage.errors import InvalidTopicError
@@ -117,6 +120,32 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def sync_file_system(path: str | os.PathLike[str]) -> None:
+    """Make everything written on the file system holding the directory ``path`` durable,
+    in one call (Linux ``syncfs(2)``; ``os.sync`` where it is missing): many files written
+    with ``atomic_write(sync=False)`` for the price of one flush, not two fsyncs each.
+    Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        syncfs = _syncfs()
+        if syncfs is None:
+            os.sync()
+        elif syncfs(fd) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno), os.fspath(path))
+    finally:
+        os.close(fd)
+
+
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    try:
+        syncfs: Callable[[int], int] = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    return syncfs
+
+
 def make_dir_durable(path: str | os.PathLike[str]) -> bool:
     """Create the directory ``path`` and its missing parents so that their names survive a
     crash; returns whether any was created (False: it existed already).
@@ -142,12 +171,15 @@ def make_dir_durable(path: str | os.PathLike[str]) -> bool:
     return bool(missing)
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, sync: bool = True) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
 
     Order: write ``path.tmp``, fsync it, ``os.replace`` onto ``path``, fsync the directory.
     On failure (``OSError``, often ENOSPC) the old file is untouched and the temp file
-    removed.
+    removed. ``sync`` False skips both fsyncs: the caller makes the file durable itself
+    (``sync_file_system``, once for many files) before anything relies on it; an OS crash
+    before then may leave the old file, the new one, or an unreadable one (a process
+    crash loses nothing: the page cache survives it).
     """
     target = Path(path)
     tmp = target.with_name(target.name + TMP_SUFFIX)
@@ -158,7 +190,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, target)
@@ -170,4 +203,5 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(target.parent)
+    if sync:
+        fsync_dir(target.parent)

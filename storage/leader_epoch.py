@@ -143,8 +143,9 @@ class LeaderEpochCache:
                 raise ValueError("leader-epoch-checkpoint entries are not increasing")
         return cls(entries)
 
-    def write(self, directory: Path) -> None:
-        atomic_write(directory / LEADER_EPOCH_CHECKPOINT, self.to_text().encode())
+    def write(self, directory: Path, *, sync: bool = True) -> None:
+        """Replace the checkpoint (``atomic_write``; ``sync`` False: not yet durable)."""
+        atomic_write(directory / LEADER_EPOCH_CHECKPOINT, self.to_text().encode(), sync=sync)
 
     @classmethod
     def read(cls, directory: Path) -> LeaderEpochCache | None:

@@ -60,7 +60,7 @@ from tidelog.storage.files import (
     make_dir_durable,
     offset_file_name,
 )
-from tidelog.storage.leader_epoch import LeaderEpochCache
+from tidelog.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from tidelog.storage.local_log import unlink_if_exists
 from tidelog.storage.partition_txns import replay
 from tidelog.storage.producer_state import ProducerStateTable
@@ -195,6 +195,14 @@ def load_log(
     epochs = LeaderEpochCache.read(directory)
     if epochs is None:
         epochs = LeaderEpochCache()
+        if (directory / LEADER_EPOCH_CHECKPOINT).exists():
+            # There but unreadable: an OS crash after an unsynced write (a new leader's,
+            # made durable by one flush for a whole view, ``begin_leader_epoch``). The
+            # batches hold every epoch that wrote a record.
+            log.warning(
+                "%s: unreadable leader-epoch checkpoint; rebuilt from the batches", directory
+            )
+            _epochs_from_batches(epochs, segments, 0)
     elif not had_clean_shutdown:
         _epochs_from_batches(epochs, segments, recovery_point)
     epochs.truncate_from_end(log_end)

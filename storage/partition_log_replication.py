@@ -149,7 +149,7 @@ class ReplicationCalls:
                 self._unflushed_records += batch.header.records_count
             return self.log_end_offset
 
-    def _assign_epoch_locked(self, epoch: int, start_offset: int) -> None:
+    def _assign_epoch_locked(self, epoch: int, start_offset: int, *, sync: bool = True) -> None:
         """Record ``epoch`` from ``start_offset`` and write the checkpoint; when the write
         fails (``OSError``) the cache is put back as it was, so it never holds an epoch
         its checkpoint lacks: the batches of that epoch appended later would otherwise
@@ -158,7 +158,7 @@ class ReplicationCalls:
         before = self._leader_epochs.entries
         if self._leader_epochs.assign(epoch, start_offset):
             try:
-                self._leader_epochs.write(self.directory)
+                self._leader_epochs.write(self.directory, sync=sync)
             except OSError:
                 self._leader_epochs = LeaderEpochCache(before)
                 raise
@@ -182,15 +182,20 @@ class ReplicationCalls:
         if self._epochs_stale:
             self._write_epochs_locked()
 
-    def begin_leader_epoch(self, epoch: int) -> None:
+    def begin_leader_epoch(self, epoch: int, *, sync: bool = True) -> None:
         """This broker leads from now on at ``epoch``: record it at the log end (Kafka's
         ``becomeLeader``), so followers asking for the previous epoch learn where it ended
-        even before the new leader writes anything. Raises ``StorageError``."""
+        even before the new leader writes anything. Raises ``StorageError``.
+
+        ``sync`` False: the checkpoint is written but not fsynced; the caller makes it
+        durable (``storage.files.sync_file_system``, once for a batch of new leaders)
+        before any record of ``epoch`` can be appended, which is what the checkpoint's
+        durability protects (``broker.cluster.replicas``: new leaderships of one view)."""
         with self._lock:
             try:
                 self._rewrite_stale_epochs_locked()
                 if epoch > self._leader_epochs.latest_epoch:
-                    self._assign_epoch_locked(epoch, self.log_end_offset)
+                    self._assign_epoch_locked(epoch, self.log_end_offset, sync=sync)
             except OSError as exc:
                 raise io_error(exc, f"{self}: writing the leader-epoch checkpoint") from exc
 

@@ -586,7 +586,7 @@ class Controller:
     def _reconcile(self, *, from_image: bool = False) -> None:
         """Re-read everything (three pipelined rounds, ``store_batch.read_cluster``);
         elect where a leader is gone; drop dead followers and replicas that restarted
-        uncleanly (``election.reconcile``); write every change at once.
+        uncleanly (``election.reconcile``); write every change at once, new leaders first.
 
         ``from_image`` (the first reconcile of a new controller, a failover): the
         partitions as this broker's metadata image holds them, when it is current
@@ -616,6 +616,7 @@ class Controller:
             cluster = self._store.read_cluster()
         read_ms = self._clock.monotonic_ms()
         decisions: list[Decision] = []
+        shrinks: list[Decision] = []  # the same leader: written after every new leader
         for (topic, partition), found in cluster.states.items():
             assignment = cluster.assignments[topic]
             replicas = assignment.replicas.get(partition)
@@ -627,7 +628,9 @@ class Controller:
                 topic, partition, replicas, brokers, config, lease, read
             )
             if elected is not None:
-                decisions.append((topic, partition, elected, read.version))
+                moved = elected.state.leader != read.state.leader
+                (decisions if moved else shrinks).append((topic, partition, elected, read.version))
+        decisions += shrinks  # Kafka's order: offline partitions elected, then ISRs shrunk
         decided_ms = self._clock.monotonic_ms()
         try:
             self._write_all(decisions)

@@ -15,7 +15,8 @@ answer is in).
 
 Logging is per partition, as Kafka's state-change log: an unclean election, a last-known
 leader and an offline partition are warnings, a new leader is info, each logged once
-written.
+written; more than ten written at once are one info line (the count and the first
+three) and a debug line each (a failover at 10,000 partitions writes 10,000 states).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from tidelog.broker.cluster.store import ClusterStore, ControllerLease, StaleSta
 from tidelog.broker.cluster.znodes import NO_LEADER
 
 __all__ = ["Decision", "write_elections"]
+
+_WRITTEN_LINES = 10  # more states written at once are logged summed up (DEBUG each)
 
 log = logging.getLogger("tidelog.broker.cluster.controller")
 
@@ -67,14 +70,24 @@ def write_elections(
                 [(t, p, e.state, version) for t, p, e, version in decisions[start : start + size]],
             )
         )
+    written: list[str] = []
     for topic, partition, elected, _ in decisions:
         failure = outcome.get((topic, partition))
         if failure is None:
-            _log_written(topic, partition, elected)
+            line = _written(topic, partition, elected)
+            if line is not None:
+                written.append(line)
         elif isinstance(failure, StaleStateError):
             log.info("%s-%d: changed meanwhile, decided again: %s", topic, partition, failure)
         else:
             log.warning("%s-%d: election not written: %s", topic, partition, failure)
+    if len(written) <= _WRITTEN_LINES:
+        for line in written:
+            log.info("%s", line)
+    else:
+        for line in written:
+            log.debug("%s", line)
+        log.info("%d partition state(s) written: %s; ...", len(written), "; ".join(written[:3]))
     return outcome
 
 
@@ -97,7 +110,8 @@ def _warn_before(topic: str, partition: int, elected: Elected) -> None:
         )
 
 
-def _log_written(topic: str, partition: int, elected: Elected) -> None:
+def _written(topic: str, partition: int, elected: Elected) -> str | None:
+    """The info line of a state written (None: an offline partition, warned here)."""
     state = elected.state
     if state.leader == NO_LEADER:
         log.warning(
@@ -110,15 +124,13 @@ def _log_written(topic: str, partition: int, elected: Elected) -> None:
             list(state.elr),
             list(state.last_known_elr),
         )
-        return
-    log.info(
-        "%s-%d: leader %d epoch %d isr %s%s",
-        topic,
-        partition,
-        state.leader,
-        state.leader_epoch,
-        list(state.isr),
+        return None
+    elr = (
         f" elr {list(state.elr)} last known elr {list(state.last_known_elr)}"
         if state.elr or state.last_known_elr
-        else "",
+        else ""
+    )
+    return (
+        f"{topic}-{partition}: leader {state.leader} epoch {state.leader_epoch} "
+        f"isr {list(state.isr)}{elr}"
     )

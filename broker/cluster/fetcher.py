@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import grpc
 
+from tidelog.broker.core.fetch_sessions import next_epoch
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.security_config import SecurityConfig
 from tidelog.broker.tls import InterBrokerChannels
@@ -75,6 +76,7 @@ log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 _RPC_SLACK_S = 10.0  # the fetch call's deadline beyond the long poll
+_REFUSED_LINES = 3  # an answer refusing more partitions with one error logs them summed up
 _THROTTLE_BURST_S = 1.0  # the follower throttle lets this much of its rate through at once
 
 
@@ -101,11 +103,6 @@ class _Entry(NamedTuple):
     leader_epoch: int
     last_epoch: int  # of its last batch (-1: empty)
     log_start_offset: int
-
-
-def _next_epoch(epoch: int) -> int:
-    # Kafka's session epochs wrap from Integer.MAX_VALUE to 1 (0 and -1 are reserved).
-    return 1 if epoch >= 0x7FFFFFFF else epoch + 1
 
 
 class _Fetcher:
@@ -238,13 +235,15 @@ class _Fetcher:
                 if response.session_id != self._session_id:
                     self._session_epoch = 0
                 self._session_id = response.session_id
-                self._session_epoch = _next_epoch(self._session_epoch)
+                self._session_epoch = next_epoch(self._session_epoch)
                 self._sent = entries
             else:
                 self._end_session()  # the leader keeps none (no slot): full fetches
+            refused: dict[str, list[pb.FetchPartitionResult]] = {}
             with self.applying:
                 for result in response.results:
-                    self._apply(result)
+                    self._apply(result, refused)
+            self._log_refused(refused)
 
     def _end_session(self) -> None:
         self._session_id = self._session_epoch = 0
@@ -307,7 +306,33 @@ class _Fetcher:
             forgotten=[pb.TopicPartitions(topic=t, partitions=p) for t, p in forgotten.items()],
         )
 
-    def _apply(self, result: pb.FetchPartitionResult) -> None:
+    def _log_refused(self, refused: dict[str, list[pb.FetchPartitionResult]]) -> None:
+        """The partitions of one answer the leader refused, by error: a line each when
+        few, else one line per error (a failover's new epochs are refused for thousands
+        of partitions at once until the leader took them)."""
+        for code, results in refused.items():
+            if len(results) <= _REFUSED_LINES:
+                for r in results:
+                    log.info(
+                        "%s-%d: leader %d answered %s: %s",
+                        r.topic,
+                        r.partition,
+                        self.leader,
+                        code,
+                        r.error_message,
+                    )
+                continue
+            log.info(
+                "leader %d answered %s for %d partition(s), paused: %s; ...",
+                self.leader,
+                code,
+                len(results),
+                "; ".join(r.error_message for r in results[:3]),
+            )
+
+    def _apply(
+        self, result: pb.FetchPartitionResult, refused: dict[str, list[pb.FetchPartitionResult]]
+    ) -> None:
         key = (result.topic, result.partition)
         with self._cond:
             target = self._targets.get(key)
@@ -336,13 +361,7 @@ class _Fetcher:
                     )
                 return
             if result.error_code:
-                log.info(
-                    "%s-%d: leader %d answered %s: %s",
-                    *key,
-                    self.leader,
-                    result.error_code,
-                    result.error_message,
-                )
+                refused.setdefault(result.error_code, []).append(result)
                 self._pause([key])
                 return
             if result.HasField("diverging_epoch"):
@@ -351,7 +370,10 @@ class _Fetcher:
                     leader, epoch, diverging.epoch, diverging.end_offset
                 )
                 if cut is not None:
-                    log.warning(
+                    # Nothing cut (an empty log whose epochs the leader no longer has, after
+                    # a restart): only the epoch cache changed, not worth a warning each.
+                    log.log(
+                        logging.WARNING if cut[0] != cut[1] else logging.DEBUG,
                         "%s-%d: log diverged from leader %d at epoch %d; truncated %d -> %d",
                         *key,
                         leader,

@@ -8,7 +8,8 @@ partitions it depends on. Nothing waits on its behalf: it completes when
 - an event on one of its keys makes it satisfiable: the code that caused the event calls
   ``check_and_complete(key)`` (an append for fetches; the group fsync for produces; later
   high-watermark moves for both), which asks each operation watched there
-  ``is_satisfied()`` and completes those that are;
+  ``is_satisfied_by(key)`` (``is_satisfied()`` unless the operation can answer for one
+  key alone) and completes those that are;
 - its deadline passes: the purgatory's timer (a heap ordered by deadline, driven by one
   reaper thread per purgatory, or by ``expire_due`` in tests on a manual clock) completes
   it with ``expired`` set;
@@ -76,6 +77,14 @@ class DelayedOperation(ABC):
     @abstractmethod
     def is_satisfied(self) -> bool:
         """Whether the operation can complete now. Cheap, non-blocking, no lock held."""
+
+    def is_satisfied_by(self, key: Any) -> bool:
+        """Whether an event on ``key`` (one of the operation's keys) let it complete: by
+        default ``is_satisfied``. An operation watched under many keys whose satisfaction
+        is per key overrides it, so one event costs one key's check, not all of them
+        (a follower's fetch parks under every partition of its session: a failover's
+        1,667 new leaderships each checked all 3,333 of it)."""
+        return self.is_satisfied()
 
     @abstractmethod
     def on_complete(self) -> None:
@@ -186,7 +195,7 @@ class Purgatory(Generic[K]):
             candidates = list(watchers)
         completed = 0
         for operation in candidates:
-            if not operation.done and operation.is_satisfied() and operation.force_complete():
+            if not operation.done and operation.is_satisfied_by(key) and operation.force_complete():
                 completed += 1
                 self._unwatch(operation)
         return completed

@@ -206,7 +206,7 @@ class DelayedFetch(DelayedOperation):
     ``seen``: each partition's log, what a read could reach and its log start offset
     when the fetch read last."""
 
-    __slots__ = ("_replica", "_seen", "_wake")
+    __slots__ = ("_by_key", "_replica", "_seen", "_wake")
 
     def __init__(
         self,
@@ -220,14 +220,22 @@ class DelayedFetch(DelayedOperation):
         self._seen = seen
         self._wake = wake
         self._replica = replica
+        self._by_key: dict[tuple[str, int], tuple[PartitionLog, int, int]] | None = None
 
     def is_satisfied(self) -> bool:
+        return any(self._moved(*entry) for entry in self._seen)
+
+    def is_satisfied_by(self, key: tuple[str, int]) -> bool:
+        by_key = self._by_key
+        if by_key is None:  # built at the first event: most parked fetches see none
+            by_key = self._by_key = {(e[0].topic, e[0].partition): e for e in self._seen}
+        entry = by_key.get(key)
+        return entry is not None and self._moved(*entry)
+
+    def _moved(self, plog: PartitionLog, end: int, start: int) -> bool:
         if self._replica:
-            return any(
-                plog.log_end_offset != end or plog.log_start_offset != start
-                for plog, end, start in self._seen
-            )
-        return any(plog.high_watermark != end for plog, end, _ in self._seen)
+            return plog.log_end_offset != end or plog.log_start_offset != start
+        return plog.high_watermark != end
 
     def on_complete(self) -> None:
         self._wake()

@@ -56,6 +56,7 @@ __all__ = [
     "SessionError",
     "Update",
     "answered",
+    "next_epoch",
 ]
 
 INITIAL_EPOCH = 0
@@ -235,7 +236,7 @@ class FetchSessionCache:
                 cached.follower_log_start = u.follower_log_start
         for key in forgotten:
             session.partitions.pop(key, None)
-        session.next_epoch = _next_epoch(session.next_epoch)
+        session.next_epoch = next_epoch(session.next_epoch)
         session.last_used_ms = self._clock_ms()
         self._sessions.move_to_end(session_id)
         return session
@@ -262,6 +263,7 @@ def answered(
     return kept
 
 
-def _next_epoch(epoch: int) -> int:
-    # Kafka's epochs wrap from Integer.MAX_VALUE to 1 (0 and -1 are reserved).
+def next_epoch(epoch: int) -> int:
+    """The session epoch after ``epoch``: Kafka's wrap from Integer.MAX_VALUE to 1 (0 and
+    -1 are reserved)."""
     return 1 if epoch >= 0x7FFFFFFF else epoch + 1

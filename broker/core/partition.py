@@ -15,11 +15,12 @@ The role changes under one lock (``_lock``, Kafka's ``leaderIsrUpdateLock``), an
 the things that read it to decide: ``make_leader`` records the new epoch in the log
 (``PartitionLog.begin_leader_epoch``) *and* sets the role under it, so an append that
 reads the role sees either the old role with the log at the old epoch or the new role with
-the log at the new epoch, never the new epoch in the log with the old (or no) role: once
-``make_leader`` returns, every produce is checked against the new epoch. An append that
-read the old role just before is refused by the log's own check of the epoch it stamps
-(``FencedLeaderEpochError``, answered ``NOT_LEADER_OR_FOLLOWER``, which clients retry),
-never stored under the old epoch past the new one's start.
+the log at the new epoch: once ``make_leader`` returns, every produce is checked against
+the new epoch. (A view's batch of new leaderships records the epochs in the logs first,
+for one flush of them all, ``broker.cluster.replicas``.) An append that read the old role
+is refused by the log's own check of the epoch it stamps (``FencedLeaderEpochError``,
+answered ``NOT_LEADER_OR_FOLLOWER``, which clients retry), never stored under the old
+epoch past the new one's start.
 
 A plain lock, held briefly, not Kafka's read-write lock: nothing slow runs under it on a
 leader (a follower's fetched batches are written under it: no producer appends there). The

@@ -7,7 +7,7 @@ nothing sleeps to wait for a deadline (the reaper is not started; ``expire_due``
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -197,8 +197,10 @@ def test_an_append_between_the_read_and_the_park_still_wakes_the_fetch(
     fetch_path = core._fetch
     read_all = fetch_path._read_all
 
-    def read_then_append(spec: FetchSpec) -> list[PartitionFetched]:
-        answers = read_all(spec)
+    def read_then_append(
+        spec: FetchSpec, parts: Sequence[PartitionFetchSpec]
+    ) -> list[PartitionFetched]:
+        answers = read_all(spec, parts)
         monkeypatch.setattr(fetch_path, "_read_all", read_all)  # once
         core.produce([PartitionRecords("t", 0, make_batch([b"late"]))], Acks.LEADER)
         return answers

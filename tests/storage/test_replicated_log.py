@@ -20,6 +20,7 @@ from tidelog.storage.cleaner import summarize_segments
 from tidelog.storage.clock import ManualClock
 from tidelog.storage.compaction import plan_cleanable_range
 from tidelog.storage.errors import FencedLeaderEpochError
+from tidelog.storage.files import sync_file_system
 from tidelog.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import iter_batch_headers, split_whole_batches
@@ -283,3 +284,48 @@ def test_after_an_unclean_stop_the_epochs_past_the_recovery_point_are_the_batche
     (tmp_path / "p" / LEADER_EPOCH_CHECKPOINT).write_text("0\n2\n3 0\n4 5\n")
     clean = open_log(tmp_path / "p", clock, recovery_point=10, had_clean_shutdown=True)
     assert clean.epoch_entries() == [EpochEntry(3, 0), EpochEntry(4, 5)]
+
+
+def test_an_epoch_recorded_unsynced_is_written_and_made_durable_by_one_flush(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """``begin_leader_epoch(sync=False)`` (a view's batch of new leaderships): the
+    checkpoint is there at once, ``sync_file_system`` makes it durable for all of them,
+    and the role's own ``begin_leader_epoch`` then finds the epoch and writes nothing."""
+    logs = [open_replica(tmp_path / f"p{i}", clock) for i in range(3)]
+    for plog in logs:
+        plog.begin_leader_epoch(7, sync=False)
+    sync_file_system(tmp_path)
+    for plog in logs:
+        checkpoint = plog.directory / LEADER_EPOCH_CHECKPOINT
+        assert checkpoint.read_text() == "0\n1\n7 0\n"
+        written = checkpoint.stat().st_mtime_ns
+        plog.begin_leader_epoch(7)
+        assert checkpoint.stat().st_mtime_ns == written
+        assert plog.epoch_entries() == [EpochEntry(7, 0)]
+    with pytest.raises(NotADirectoryError):
+        sync_file_system(logs[0].directory / LEADER_EPOCH_CHECKPOINT)
+
+
+def test_an_unreadable_epoch_checkpoint_is_rebuilt_from_every_batch(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """What an OS crash may leave of a checkpoint written unsynced: a file there but not
+    readable. Reopened (even after a clean stop, below the recovery point), the epochs of
+    every batch are known again; an empty cache would answer OffsetForLeaderEpoch as if
+    the log had none."""
+    plog = open_replica(tmp_path / "p", clock)
+    plog.begin_leader_epoch(2)
+    plog.append(make_batch(values(3)), leader_epoch=2)
+    plog.begin_leader_epoch(5)
+    plog.append(make_batch(values(2)), leader_epoch=5)
+    plog.flush(5)
+    plog.close()
+    (tmp_path / "p" / LEADER_EPOCH_CHECKPOINT).write_bytes(b"\x00" * 9)
+    again = open_log(tmp_path / "p", clock, recovery_point=5, had_clean_shutdown=True)
+    assert again.epoch_entries() == [EpochEntry(2, 0), EpochEntry(5, 3)]
+    assert again.end_offset_for_epoch(2) == (2, 3)
+    again.close()
+    # A log that never had one (a new log, or an unreplicated one) reads no batch for it.
+    fresh = open_log(tmp_path / "q", clock)
+    assert fresh.epoch_entries() == []

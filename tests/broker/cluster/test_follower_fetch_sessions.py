@@ -23,7 +23,13 @@ from tidelog.broker.cluster.metadata import ClusterMetadata, TopicMetadata
 from tidelog.broker.cluster.replicas import ReplicaManager, ReplicaSettings
 from tidelog.broker.cluster.znodes import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog.broker.core.delayed import Purgatory
-from tidelog.broker.core.fetch import FetchPath, FetchSpec, PartitionFetched, PartitionFetchSpec
+from tidelog.broker.core.fetch import (
+    DelayedFetch,
+    FetchPath,
+    FetchSpec,
+    PartitionFetched,
+    PartitionFetchSpec,
+)
 from tidelog.broker.core.fetch_sessions import FetchSession, FetchSessionCache, Update, answered
 from tidelog.broker.core.metrics import BrokerMetrics
 from tidelog.broker.core.partitions import PartitionRegistry
@@ -233,3 +239,17 @@ def test_a_caught_up_follower_outside_the_isr_is_proposed_until_it_joins(
     eventually(lambda: len(leader.isr_writes.writes) == 2 * PARTITIONS)
     eventually(lambda: leader.replicas.counts() == (0, PARTITIONS))  # none under-replicated
     assert {isr for _epoch, isr in leader.isr_writes.writes} == {(ME, FOLLOWER)}
+
+
+def test_a_parked_fetch_answers_an_event_for_the_key_it_names(leader: Leader) -> None:
+    """``DelayedFetch.is_satisfied_by``: an event on one partition checks that partition
+    alone (a session's fetch parks under every partition it holds); the whole check
+    still sees every partition."""
+    logs = [leader.logs.get_log(TOPIC, p) for p in range(PARTITIONS)]
+    seen = [(plog, plog.log_end_offset, plog.log_start_offset) for plog in logs]
+    parked = DelayedFetch(None, seen, lambda: None, replica=True)
+    leader.logs.get_log(TOPIC, 2).append(make_batch([b"x"]), leader_epoch=ME)
+    assert parked.is_satisfied()
+    assert parked.is_satisfied_by((TOPIC, 2))
+    assert not parked.is_satisfied_by((TOPIC, 1))
+    assert not parked.is_satisfied_by(("other", 2))

@@ -37,6 +37,7 @@ from tidelog.storage.errors import (
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
+from tidelog.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT
 from tidelog.storage.log_manager import LogManager, LogManagerConfig
 
 TOPIC = "t"
@@ -411,3 +412,40 @@ def test_a_partition_without_a_local_log_fails_alone_and_is_taken_once_it_has_on
         eventually(lambda: partitions.get("missing", 0).leader_epoch == 1)
     finally:
         replicas.stop()
+
+
+def test_a_views_new_leaderships_are_taken_with_their_epochs_checkpointed(
+    tmp_path: Path, clock: ManualClock, isr_writes: IsrWrites
+) -> None:
+    """Issue #34: a view's new leaderships record their epochs first (unsynced), one flush
+    of the file system makes them all durable, then the roles are taken. Each log's
+    checkpoint names its new epoch, and a second view with new epochs (the controller's
+    ISR shrink bumps them for partitions already led) moves every one on."""
+    manager = LogManager.open(tmp_path / "data", LogManagerConfig(), clock)
+    try:
+        manager.create_topic("many", 6, {})
+        partitions = PartitionRegistry(manager, ME, clock, replicated=True)
+        replicas = ReplicaManager(
+            ReplicaSettings(ME),
+            partitions,
+            clock,
+            isr_writes,
+            FetcherPool(ME, partitions, lambda _b: None),
+        )
+        brokers = {b: BrokerRegistration(b, "127.0.0.1", 1000 + b) for b in (1, 2, 3)}
+        for epoch in (4, 5):
+            topic = TopicMetadata(
+                TopicAssignment("many", "id", dict.fromkeys(range(6), (1, 2, 3))),
+                {p: PartitionState(ME, epoch, (1, 2, 3), 1) for p in range(6)},
+                {},
+            )
+            replicas.apply(ClusterMetadata(brokers, 1, {"many": topic}))
+            for p in range(6):
+                assert partitions.get("many", p).leader_epoch == epoch
+                plog = manager.get_log("many", p)
+                assert plog.latest_epoch == epoch
+                checkpoint = (plog.directory / LEADER_EPOCH_CHECKPOINT).read_text()
+                assert checkpoint.splitlines()[-1] == f"{epoch} 0"
+        assert replicas.counts() == (0, 6)
+    finally:
+        manager.close()
