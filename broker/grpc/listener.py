@@ -500,7 +500,10 @@ class _AsyncService:
             wait_cap_ms=wait_cap_ms(context.time_remaining()),
         )
         throttle_ms = 0
-        inline = _answer_bytes_at_most(request) <= _INLINE_READ_MAX_BYTES
+        # A session's answer may hold partitions the request does not name: only its
+        # max_bytes bounds it then.
+        most = _answer_bytes_at_most(request) if session is None else request.max_bytes or 1 << 62
+        inline = most <= _INLINE_READ_MAX_BYTES
         try:
             while True:
                 woken.clear()
