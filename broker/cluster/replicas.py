@@ -114,8 +114,9 @@ _LED, _FOLLOWING, _LEADERLESS = "leaderships taken", "followerships taken", "lea
 
 
 class _RoleLog:
-    """The role changes of one ``apply``: a line each when few; when many, one line per
-    kind with the count and the first few, and a line each at DEBUG. (A failover at
+    """The role changes of one ``apply`` (or the ISR changes of one write): a line each
+    when few; when many, one line per kind with the count and the first few, and a line
+    each at DEBUG. (A failover at
     10,000 partitions changed 5,000 roles per broker: 5,000 INFO lines cost the brokers
     CPU they needed then, and buried the rest of the log.)"""
 
@@ -536,12 +537,14 @@ class ReplicaManager:
             except Exception as exc:
                 log.warning("%d ISR change(s) failed: %s", len(changes), exc)
                 written = {}
+            isr_log = _RoleLog()
             for partition, change in changes:
                 tp = (partition.topic, partition.partition)
                 moved = partition.finish_isr_write(change, written.get(tp, False))
                 if moved is not None:
                     self._on_isr_change(*moved)
-                    log.info("%s-%d: ISR now %s", *tp, list(change.isr))
+                    isr_log.add("ISR changes", f"{tp[0]}-{tp[1]}: ISR now {list(change.isr)}")
+            isr_log.flush()
 
     # --- observability ---------------------------------------------------------------------
 
