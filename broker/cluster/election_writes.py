@@ -15,8 +15,8 @@ answer is in).
 
 Logging is per partition, as Kafka's state-change log: an unclean election, a last-known
 leader and an offline partition are warnings, a new leader is info, each logged once
-written; more than ten written at once are one info line (the count and the first
-three) and a debug line each (a failover at 10,000 partitions writes 10,000 states).
+written; more than ten written at once are summed up (``summed_log``: a failover at
+10,000 partitions writes 10,000 states).
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ from collections.abc import Callable, Sequence
 
 from tidelog.broker.cluster.election import Elected
 from tidelog.broker.cluster.store import ClusterStore, ControllerLease, StaleStateError
+from tidelog.broker.cluster.summed_log import SummedLog
 from tidelog.broker.cluster.znodes import NO_LEADER
 
 __all__ = ["Decision", "write_elections"]
-
-_WRITTEN_LINES = 10  # more states written at once are logged summed up (DEBUG each)
 
 log = logging.getLogger("tidelog.broker.cluster.controller")
 
@@ -70,24 +69,18 @@ def write_elections(
                 [(t, p, e.state, version) for t, p, e, version in decisions[start : start + size]],
             )
         )
-    written: list[str] = []
+    written = SummedLog(log)
     for topic, partition, elected, _ in decisions:
         failure = outcome.get((topic, partition))
         if failure is None:
             line = _written(topic, partition, elected)
             if line is not None:
-                written.append(line)
+                written.add("partition states written", line)
         elif isinstance(failure, StaleStateError):
             log.info("%s-%d: changed meanwhile, decided again: %s", topic, partition, failure)
         else:
             log.warning("%s-%d: election not written: %s", topic, partition, failure)
-    if len(written) <= _WRITTEN_LINES:
-        for line in written:
-            log.info("%s", line)
-    else:
-        for line in written:
-            log.debug("%s", line)
-        log.info("%d partition state(s) written: %s; ...", len(written), "; ".join(written[:3]))
+    written.flush()
     return outcome
 
 

@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import grpc
 
+from tidelog.broker.cluster.summed_log import SummedLog
 from tidelog.broker.core.fetch_sessions import next_epoch
 from tidelog.broker.core.partitions import PartitionRegistry
 from tidelog.broker.security_config import SecurityConfig
@@ -76,7 +77,7 @@ log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 _RPC_SLACK_S = 10.0  # the fetch call's deadline beyond the long poll
-_REFUSED_LINES = 3  # an answer refusing more partitions with one error logs them summed up
+_REFUSED_LINES = 3  # an answer refusing more partitions with one error sums them up
 _THROTTLE_BURST_S = 1.0  # the follower throttle lets this much of its rate through at once
 
 
@@ -232,18 +233,19 @@ class _Fetcher:
                 self._end_session()
                 continue
             if response.session_id:
-                if response.session_id != self._session_id:
-                    self._session_epoch = 0
+                opened = response.session_id != self._session_id
+                self._session_epoch = 1 if opened else next_epoch(self._session_epoch)
                 self._session_id = response.session_id
-                self._session_epoch = next_epoch(self._session_epoch)
                 self._sent = entries
             else:
                 self._end_session()  # the leader keeps none (no slot): full fetches
-            refused: dict[str, list[pb.FetchPartitionResult]] = {}
+            # The partitions the leader refused, by error (a failover's new epochs are
+            # refused for thousands at once until the leader took them).
+            refused = SummedLog(log, _REFUSED_LINES)
             with self.applying:
                 for result in response.results:
                     self._apply(result, refused)
-            self._log_refused(refused)
+            refused.flush()
 
     def _end_session(self) -> None:
         self._session_id = self._session_epoch = 0
@@ -276,7 +278,7 @@ class _Fetcher:
         the partitions whose entry changed since the leader's session took it, and the
         ones it holds that are no longer fetched as forgotten."""
         pool = self._pool
-        sent = self._sent if self._session_epoch else {}
+        sent = self._sent  # empty without a session
         partitions = []
         for (topic, partition), entry in entries.items():
             if sent.get((topic, partition)) == entry:
@@ -306,33 +308,7 @@ class _Fetcher:
             forgotten=[pb.TopicPartitions(topic=t, partitions=p) for t, p in forgotten.items()],
         )
 
-    def _log_refused(self, refused: dict[str, list[pb.FetchPartitionResult]]) -> None:
-        """The partitions of one answer the leader refused, by error: a line each when
-        few, else one line per error (a failover's new epochs are refused for thousands
-        of partitions at once until the leader took them)."""
-        for code, results in refused.items():
-            if len(results) <= _REFUSED_LINES:
-                for r in results:
-                    log.info(
-                        "%s-%d: leader %d answered %s: %s",
-                        r.topic,
-                        r.partition,
-                        self.leader,
-                        code,
-                        r.error_message,
-                    )
-                continue
-            log.info(
-                "leader %d answered %s for %d partition(s), paused: %s; ...",
-                self.leader,
-                code,
-                len(results),
-                "; ".join(r.error_message for r in results[:3]),
-            )
-
-    def _apply(
-        self, result: pb.FetchPartitionResult, refused: dict[str, list[pb.FetchPartitionResult]]
-    ) -> None:
+    def _apply(self, result: pb.FetchPartitionResult, refused: SummedLog) -> None:
         key = (result.topic, result.partition)
         with self._cond:
             target = self._targets.get(key)
@@ -361,7 +337,11 @@ class _Fetcher:
                     )
                 return
             if result.error_code:
-                refused.setdefault(result.error_code, []).append(result)
+                refused.add(
+                    f"leader {self.leader} answered {result.error_code}, paused",
+                    f"{key[0]}-{key[1]}: leader {self.leader} answered {result.error_code}: "
+                    f"{result.error_message}",
+                )
                 self._pause([key])
                 return
             if result.HasField("diverging_epoch"):

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 
 from tidelog.broker.cluster.fetcher import FetcherPool, FetchTarget
 from tidelog.broker.cluster.metadata import ClusterMetadata
+from tidelog.broker.cluster.summed_log import SummedLog
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
 from tidelog.broker.core.fetch import PartitionFetchSpec
 from tidelog.broker.core.partitions import PartitionRegistry
@@ -109,33 +110,7 @@ class ReplicaSettings:
 
 
 _SLOW_ROLES_S = 1.0  # a batch of new leaderships taking longer logs where its time went
-_ROLE_LINES = 10  # an apply changing more roles of one kind logs them summed up
 _LED, _FOLLOWING, _LEADERLESS = "leaderships taken", "followerships taken", "leaderless"
-
-
-class _RoleLog:
-    """The role changes of one ``apply`` (or the ISR changes of one write): a line each
-    when few; when many, one line per kind with the count and the first few, and a line
-    each at DEBUG. (A failover at
-    10,000 partitions changed 5,000 roles per broker: 5,000 INFO lines cost the brokers
-    CPU they needed then, and buried the rest of the log.)"""
-
-    def __init__(self) -> None:
-        self._lines: dict[str, list[str]] = {}
-
-    def add(self, kind: str, line: str) -> None:
-        self._lines.setdefault(kind, []).append(line)
-
-    def flush(self) -> None:
-        for kind, lines in self._lines.items():
-            if len(lines) <= _ROLE_LINES:
-                for line in lines:
-                    log.info("%s", line)
-                continue
-            for line in lines:
-                log.debug("%s", line)
-            log.info("%s: %d partition(s): %s; ...", kind, len(lines), "; ".join(lines[:3]))
-        self._lines.clear()
 
 
 class ReplicaManager:
@@ -241,7 +216,7 @@ class ReplicaManager:
         taken = self._take_leads(
             {tp: state for tp, state in wanted.items() if state.leader == me}, view
         )
-        roles = _RoleLog()
+        roles = SummedLog(log)
         for tp, state in wanted.items():
             replicas = view.topics[tp[0]].assignment.replicas[tp[1]]
             try:
@@ -372,7 +347,7 @@ class ReplicaManager:
         tp: TopicPartition,
         state: PartitionState,
         replicas: tuple[int, ...],
-        roles: _RoleLog,
+        roles: SummedLog,
         adding: tuple[int, ...] = (),
         *,
         taken: bool | None = None,
@@ -409,7 +384,7 @@ class ReplicaManager:
         partition.notify_progress()
 
     def _follow(
-        self, tp: TopicPartition, state: PartitionState, view: ClusterMetadata, roles: _RoleLog
+        self, tp: TopicPartition, state: PartitionState, view: ClusterMetadata, roles: SummedLog
     ) -> None:
         # The leader's liveness is part of what is followed: a view that named the leader
         # before this broker's view had its registration (a cluster starting, a leader
@@ -537,7 +512,7 @@ class ReplicaManager:
             except Exception as exc:
                 log.warning("%d ISR change(s) failed: %s", len(changes), exc)
                 written = {}
-            isr_log = _RoleLog()
+            isr_log = SummedLog(log)
             for partition, change in changes:
                 tp = (partition.topic, partition.partition)
                 moved = partition.finish_isr_write(change, written.get(tp, False))
