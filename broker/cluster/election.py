@@ -2,8 +2,15 @@
 
 Pure: a partition's assignment, its current state and the live brokers in, the new state
 (or None: no change possible) out. The controller writes the result to ZooKeeper with a
-fenced compare-and-set; every new leader, and every ISR change the controller makes,
-bumps the leader epoch, so brokers and clients holding the old epoch are fenced.
+fenced compare-and-set; every new leader bumps the leader epoch, so brokers and clients
+holding the old epoch are fenced. Removing a dead follower from the ISR does not (KRaft's
+rule since KAFKA-15021; the ZooKeeper-era controller bumped it): the epoch orders
+leaderships, which log truncation relies on, and an ISR change is not one. The leader
+takes the smaller ISR from its view (``Partition.update_isr``), ordered by the state
+znode's version (the partition epoch), and its own ISR writes are refused while made
+from an ISR that is no longer the znode's (``broker.cluster.isr_writes``). At 10,000
+partitions on three brokers a broker's death shrinks 6,700 ISRs: with a bump each, every
+survivor took a new leadership and re-followed at a new epoch for each (issue #34).
 
 * **Offline** (the leader died, or the partition is new): the first replica in
   assignment order that is alive and in the ISR. With unclean election allowed and no
@@ -13,7 +20,8 @@ bumps the leader epoch, so brokers and clients holding the old epoch are fenced.
 * **Preferred**: the first replica of the assignment, if alive and in the ISR.
 * **Controlled shutdown**: the first live ISR member that is not shutting down; the
   shutting-down broker leaves the ISR.
-* **A follower died**: it leaves the ISR (the leader stays; the epoch moves).
+* **A follower died** (or restarted uncleanly, below): it leaves the ISR (the leader and
+  its epoch stay).
 * **A leader from a previous life** (``leadership_predates_leader``): the state names a
   live leader whose registration (broker epoch: the creation zxid of its
   ``/brokers/ids/<id>``, KIP-380) is newer than the state's last write. The broker
@@ -47,7 +55,7 @@ local loss became a global one. The rules that close it:
    ``crashed_replicas``: a replica whose registration says -1 and was created after the
    registrations the state's last controller write took into account
    (``PartitionState.brokers_zxid``) has memberships from before a crash: the
-   controller (``reconcile``) takes it out of the ISR (a bumped epoch) and the ELR (into
+   controller (``reconcile``) takes it out of the ISR and the ELR (into
    ``last_known_elr``), and records the registrations it saw, so each restart is handled
    once per partition. Kafka removes it from the ELR only; here it leaves the ISR too,
    because ZooKeeper mode keeps a dead last ISR member in the ISR (below) where KRaft
@@ -134,7 +142,10 @@ def elect_for_shutdown(
 
     None when nothing changes, or when no other ISR member can lead (the partition keeps
     its leader until the broker actually stops; Kafka does the same rather than go
-    offline early).
+    offline early). A follower leaving the ISR bumps the epoch here (unlike a dead one
+    in ``reconcile``): the stopping broker still fetches, and its fetches at the old
+    epoch are fenced rather than bring it back into the ISR (why the ZooKeeper-era
+    controller bumped it; KRaft rejects a shutting-down broker's ISR join instead).
     """
     leaving = set(shutting_down)
     new_isr = [r for r in state.isr if r not in leaving]
@@ -236,8 +247,8 @@ def reconcile(
       with its last known leader remembered;
     * otherwise dead followers leave the ISR.
 
-    Every change of leader or ISR bumps the leader epoch; a change of ELR, last known
-    ELR or ``brokers_zxid`` alone does not.
+    Every change of leader bumps the leader epoch; an ISR shrink under the same leader,
+    and a change of ELR, last known ELR or ``brokers_zxid`` alone, do not.
     """
     live = set(live)
     crashed = set(crashed)
@@ -290,9 +301,10 @@ def reconcile(
             # Still offline, the ISR unchanged: the ELR change alone (same epoch).
             return Elected(_same_epoch(state, min_isr, crashed, controller_epoch, seen))
         return Elected(bumped(NO_LEADER, isr))
-    new_isr = [r for r in isr if r in live]
-    if tuple(new_isr) != state.isr:
-        return Elected(bumped(state.leader, new_isr))
+    new_isr = tuple(r for r in isr if r in live)
+    if new_isr != state.isr:
+        after = replace(state, isr=new_isr, controller_epoch=controller_epoch, brokers_zxid=seen)
+        return Elected(with_elr(state, after, min_isr, crashed))
     if crashed:
         return Elected(_same_epoch(state, min_isr, crashed, controller_epoch, seen))
     return None

@@ -12,7 +12,10 @@ them in another (``BatchOps.read_partition_states``, ``BatchOps.update_isr_many`
 
 Per partition the rules are the single write's (``broker.cluster.replicas``): only while
 the znode still names this broker leader at the proposal's epoch (a leader the
-controller replaced must not write), at the version read (compare-and-set), with
+controller replaced must not write) and holds the ISR the proposal changes (the
+controller removes dead followers from the ISR at the same leader epoch,
+``broker.cluster.election``: a leader that has not seen that yet must not write them
+back), at the version read (compare-and-set), with
 KIP-966's ELR following the ISR (``election.with_elr``); a partition whose znode moved on
 is not written and proposes again at the next check. The registrations bound in the state
 is carried, never advanced: only the controller, which handles unclean restarts, may say
@@ -38,22 +41,21 @@ def write_isr_batch(
     store: ClusterStore,
     min_isr_of: Callable[[str, int], int],
     proposals: Sequence[IsrProposal],
-) -> dict[tuple[str, int], bool]:
-    """Write every proposal that still applies; whether each partition's was written.
+) -> dict[tuple[str, int], int]:
+    """Write every proposal that still applies; per partition written, the znode version
+    written (its new partition epoch; absent: not written).
 
     ``min_isr_of(topic, partition)`` is the partition's ``min.insync.replicas`` (the ELR
     rules depend on it). Raises ``StoreError`` when the reads fail (nothing written).
     """
     found = store.read_partition_states((t, p) for t, p, *_ in proposals)
-    out: dict[tuple[str, int], bool] = {}
     writes: list[tuple[str, int, PartitionState, int]] = []
-    for topic, partition, leader, epoch, isr in proposals:
+    for topic, partition, leader, epoch, isr, base in proposals:
         read = found.get((topic, partition))
-        out[(topic, partition)] = False
         if read is None:
             continue
         state, version, written_zxid = read
-        if state.leader != leader or state.leader_epoch != epoch:
+        if state.leader != leader or state.leader_epoch != epoch or set(state.isr) != set(base):
             continue
         try:
             min_isr = min_isr_of(topic, partition)
@@ -61,6 +63,8 @@ def write_isr_batch(
             continue
         after = replace(state, isr=isr, brokers_zxid=state.brokers_zxid or written_zxid)
         writes.append((topic, partition, with_elr(state, after, min_isr), version))
-    for key, failure in store.update_isr_many(writes).items():
-        out[key] = failure is None
-    return out
+    return {
+        key: written
+        for key, written in store.update_isr_many(writes).items()
+        if isinstance(written, int)
+    }

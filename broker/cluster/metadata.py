@@ -22,7 +22,8 @@ after another cost each broker O(N^2) round trips (60 topics of 4 partitions: 49
 ``MetadataWatcher`` keeps an immutable ``ClusterMetadata`` snapshot, replaced whole after
 each re-read; ``listener(snapshot)`` is called on the watcher's own thread after every
 change, in order. Fencing as Kafka: a partition state with an older leader epoch than
-one already seen is ignored (a slow read never moves leadership backwards). A state that
+one already seen, or the same epoch at an older znode version (partition epoch), is
+ignored (a slow read never moves leadership or the ISR backwards). A state that
 names a leader registered after the state was written (the leader restarted since) is
 shown without a leader until the controller elects again
 (``broker.cluster.election.leadership_predates_leader``).
@@ -349,9 +350,10 @@ class MetadataWatcher:
                 if (
                     state is not None
                     and old_state is not None
-                    and state.leader_epoch < old_state.leader_epoch
+                    and (state.leader_epoch, state.partition_epoch)
+                    < (old_state.leader_epoch, old_state.partition_epoch)
                 ):
-                    state = old_state  # a stale read: never move leadership backwards
+                    state = old_state  # a stale read: never move leadership or ISR backwards
                 states[partition] = state
             topics[name] = TopicMetadata(assignment, states, image.configs.get(name, {}))
         self._built = ClusterRead(

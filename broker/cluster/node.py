@@ -747,7 +747,7 @@ def _start_replicas(
         found = watcher.snapshot.brokers.get(broker_id)
         return None if found is None else f"{found.host}:{found.port}"
 
-    def write_isr(proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], bool]:
+    def write_isr(proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], int]:
         def min_isr_of(topic: str, partition: int) -> int:
             return local.logs.get_log(topic, partition).config.min_insync_replicas
 

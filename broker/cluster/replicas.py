@@ -42,17 +42,22 @@ to ZooKeeper. What follows is the behaviour of the two together:
   the start of the current leader epoch; an ISR member not caught up for
   ``replica.lag.time.max.ms`` is removed. The leader writes each change to the partition's
   state znode by compare-and-set at the version it read, only while that znode still
-  names it leader at its epoch (so a deposed leader cannot write), on one thread of its
-  own so no request waits for ZooKeeper. The new ISR takes effect locally once written.
+  names it leader at its epoch (so a deposed leader cannot write) and holds the ISR the
+  change was made from, on one thread of its own so no request waits for ZooKeeper. The
+  new ISR takes effect locally once written. The controller, too, removes dead followers
+  from the ISR, at the same leader epoch (KRaft's rule since KAFKA-15021,
+  ``broker.cluster.election``): ``apply`` hands a leader the ISR of a view of its own
+  epoch when the view is newer than what it knows (``Partition.update_isr``, ordered by
+  the partition epoch, the znode's version).
 * **acks=all** (``ack_status``): answered once the high watermark passed the batch; with
   fewer in-sync replicas than ``min.insync.replicas`` at any point before that answer,
   ``NOT_ENOUGH_REPLICAS_AFTER_APPEND`` at once (the high watermark would not move:
   Kafka 4.x lets such a produce wait for its timeout instead); refused before the append
   with ``NOT_ENOUGH_REPLICAS`` when the ISR is already too small.
 * **ELR.** The leader's ISR writes (``IsrWriter``, ``broker.cluster.node``) also keep the
-  state's eligible leader replicas (``election.with_elr``). A state change at the same
+  state's eligible leader replicas (``election.with_elr``). An ELR-only change at the same
   leader epoch (the controller moving a replica from the ELR to the last known ELR, or
-  emptying both) changes nothing here: ``apply`` ignores a view at the epoch it leads.
+  emptying both) moves only the partition epoch the leader knows.
 
 A leader cut off from ZooKeeper cannot change the ISR, so once its followers stop fetching
 (they follow the new leader) its high watermark cannot pass what they had, and ``acks=all``
@@ -91,10 +96,11 @@ log = logging.getLogger(__name__)
 _ROLE_THREADS = 8  # new leaderships of one view taken at once (their fsyncs overlap)
 
 TopicPartition = tuple[str, int]
-# A proposed ISR change: (topic, partition, leader id, leader epoch, new ISR).
-IsrProposal = tuple[str, int, int, int, tuple[int, ...]]
-# Writes a batch of proposals; -> whether each partition's was written (absent: not).
-IsrWriter = Callable[[Sequence[IsrProposal]], Mapping[TopicPartition, bool]]
+# A proposed ISR change: (topic, partition, leader id, leader epoch, new ISR, the ISR it
+# changes).
+IsrProposal = tuple[str, int, int, int, tuple[int, ...], tuple[int, ...]]
+# Writes a batch of proposals; -> the znode version each written one got (absent: not).
+IsrWriter = Callable[[Sequence[IsrProposal]], Mapping[TopicPartition, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,7 @@ class ReplicaSettings:
 
 _SLOW_ROLES_S = 1.0  # a batch of new leaderships taking longer logs where its time went
 _LED, _FOLLOWING, _LEADERLESS = "leaderships taken", "followerships taken", "leaderless"
+_ISR_TAKEN = "ISRs taken from the controller"
 
 
 class ReplicaManager:
@@ -310,6 +317,7 @@ class ReplicaManager:
                     assignment.replicas[tp[1]],
                     state.isr,
                     assignment.adding.get(tp[1], ()),
+                    state.partition_epoch,
                 )
             except Exception as exc:
                 return exc
@@ -358,16 +366,21 @@ class ReplicaManager:
         if taken is False:
             return
         if taken is None and partition.leader_epoch == state.leader_epoch:
-            # Same term: this leader owns the ISR (the controller bumps the epoch when it
-            # changes it); ``make_leader`` checks again under the partition's lock. The
+            # Same term (``make_leader`` checks again under the partition's lock). The
             # replica list may still arrive after the epoch (a reassignment's topic znode
-            # read after its state): take it.
+            # read after its state): take it. The controller may have shrunk the ISR at
+            # this epoch (a follower died): taken if the view is newer than the leader's
+            # own last write.
             if partition.update_replicas(state.leader_epoch, replicas, adding):
                 log.info("%s-%d: replicas now %s", *tp, list(replicas))
+            if partition.update_isr(state.leader_epoch, state.isr, state.partition_epoch):
+                roles.add(_ISR_TAKEN, f"{tp[0]}-{tp[1]}: ISR now {sorted(state.isr)}")
             return
         if taken is None:
             self._fetchers.remove(tp)
-            if not partition.make_leader(state.leader_epoch, replicas, state.isr, adding):
+            if not partition.make_leader(
+                state.leader_epoch, replicas, state.isr, adding, state.partition_epoch
+            ):
                 return
         with self._lock:
             self._following.pop(tp, None)
@@ -506,7 +519,10 @@ class ReplicaManager:
             if not changes:
                 continue
             me = self._settings.broker_id
-            proposals = [(p.topic, p.partition, me, c.epoch, c.isr) for p, c in changes]
+            proposals = [
+                (p.topic, p.partition, me, c.epoch, c.isr, tuple(sorted(c.base)))
+                for p, c in changes
+            ]
             try:
                 written = self._write_isr(proposals)
             except Exception as exc:
@@ -515,7 +531,10 @@ class ReplicaManager:
             isr_log = SummedLog(log)
             for partition, change in changes:
                 tp = (partition.topic, partition.partition)
-                moved = partition.finish_isr_write(change, written.get(tp, False))
+                version = written.get(tp)
+                moved = partition.finish_isr_write(
+                    change, version is not None, -1 if version is None else version
+                )
                 if moved is not None:
                     self._on_isr_change(*moved)
                     isr_log.add("ISR changes", f"{tp[0]}-{tp[1]}: ISR now {list(change.isr)}")

@@ -505,7 +505,8 @@ class ClusterStore(BatchOps):
             data, stat = self._read(path)
         except NoNodeError:
             return None
-        return StateRead(decode_partition_state(data, path), int(stat.version), int(stat.mzxid))
+        version = int(stat.version)
+        return StateRead(decode_partition_state(data, path, version), version, int(stat.mzxid))
 
     def set_partition_state(
         self,

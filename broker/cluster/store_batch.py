@@ -234,7 +234,7 @@ class BatchOps:
                 None
                 if read is None
                 else (
-                    decode_partition_state(read[0], path),
+                    decode_partition_state(read[0], path, int(read[1].version)),
                     int(read[1].version),
                     int(read[1].mzxid),
                 )
@@ -339,13 +339,13 @@ class BatchOps:
 
     def update_isr_many(
         self, writes: Sequence[StateWrite]
-    ) -> dict[tuple[str, int], Exception | None]:
+    ) -> dict[tuple[str, int], Exception | int]:
         """Leaders' ISR changes for many partitions: each a compare-and-set of its state
         znode at the version read, all sent before any answer is awaited. Per partition
-        None, ``StaleStateError`` (moved on or gone: its writer re-reads) or
-        ``StoreError``. Not fenced: a leader is not the controller; the version read,
-        which named it leader at its epoch, is its fence."""
-        out: dict[tuple[str, int], Exception | None] = {}
+        the version written (its new partition epoch), ``StaleStateError`` (moved on or
+        gone: its writer re-reads) or ``StoreError``. Not fenced: a leader is not the
+        controller; the version read, which named it leader at its epoch, is its fence."""
+        out: dict[tuple[str, int], Exception | int] = {}
         for start in range(0, len(writes), _CHUNK):
             pending = []
             for topic, partition, state, version in writes[start : start + _CHUNK]:
@@ -358,13 +358,13 @@ class BatchOps:
                 pending.append((topic, partition, path, answer))
             for topic, partition, path, answer in pending:
                 try:
-                    answer.get(timeout=_TIMEOUT_S)
+                    stat = answer.get(timeout=_TIMEOUT_S)
                 except (BadVersionError, NoNodeError) as exc:
                     out[(topic, partition)] = StaleStateError(f"{path} moved on: {exc!r}")
                 except Exception as exc:
                     out[(topic, partition)] = StoreError(f"writing {path}: {exc!r}")
                 else:
-                    out[(topic, partition)] = None
+                    out[(topic, partition)] = int(stat.version)
         return out
 
     def _commit_all(

@@ -232,6 +232,10 @@ class PartitionState:
     the ones that lost that standing by an unclean shutdown, ``last_known_leader`` the
     leader before the partition went offline (-1: none), ``brokers_zxid`` the
     registrations the controller knew of when it wrote this (0: not recorded).
+
+    ``partition_epoch``: the znode version it was read at (KRaft's partition epoch; -1:
+    not read from ZooKeeper). Not stored in the znode, not compared: it orders the views
+    of one leader epoch, whose ISR the controller may shrink (``broker.cluster.election``).
     """
 
     leader: int
@@ -242,6 +246,7 @@ class PartitionState:
     last_known_elr: tuple[int, ...] = ()
     last_known_leader: int = NO_LEADER
     brokers_zxid: int = 0
+    partition_epoch: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,7 +500,10 @@ def encode_partition_state(state: PartitionState) -> bytes:
     return _dump(document)
 
 
-def decode_partition_state(data: bytes, what: str = "partition state") -> PartitionState:
+def decode_partition_state(
+    data: bytes, what: str = "partition state", version: int = -1
+) -> PartitionState:
+    """The state in ``data``, read at znode ``version`` (its ``partition_epoch``)."""
     document = _load(data, what)
     return PartitionState(
         _int(document, "leader", what),
@@ -506,6 +514,7 @@ def decode_partition_state(data: bytes, what: str = "partition state") -> Partit
         _ints(document.get("last_known_elr", []), what),
         _int(document, "last_known_leader", what) if "last_known_leader" in document else NO_LEADER,
         _int(document, "brokers_zxid", what) if "brokers_zxid" in document else 0,
+        version,
     )
 
 

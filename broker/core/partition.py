@@ -77,6 +77,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from tidelog.broker.core.group_fsync import DURABLE, PENDING
+from tidelog.broker.core.partition_isr import IsrChanges, ordered
 from tidelog.broker.core.partition_roles import Follower, FollowerProgress, IsrChange, Leading
 from tidelog.storage.batch_times import BatchTimes
 from tidelog.storage.clock import Clock
@@ -101,7 +102,7 @@ __all__ = ["Follower", "IsrChange", "Partition"]
 log = logging.getLogger(__name__)
 
 
-class Partition:
+class Partition(IsrChanges):
     """One hosted partition: log, role, epoch, ISR, high watermark. Thread-safe.
 
     Built by ``broker.core.partitions.PartitionRegistry``.
@@ -158,13 +159,13 @@ class Partition:
         replicas: tuple[int, ...],
         isr: tuple[int, ...],
         adding: tuple[int, ...] = (),
+        partition_epoch: int = -1,
     ) -> bool:
         """Lead at ``epoch``: record it at the log end and take the role, under the one
         lock. False (nothing done) if already leading at ``epoch``: the same term, whose
-        ISR this leader owns (a view's ISR may be older than its own last write, and
-        adopting a smaller one would let the high watermark pass a member the controller
-        may still elect). Old follower progress is forgotten; the ISR members count as
-        caught up now.
+        ISR changes only as ``update_isr`` allows. Old follower progress is forgotten;
+        the ISR members count as caught up now. ``partition_epoch``: the state znode's
+        version ``isr`` was read at.
 
         Raises:
             StorageError: the leader-epoch checkpoint cannot be written (role unchanged).
@@ -189,6 +190,7 @@ class Partition:
                     if r != self.broker_id
                 },
                 adding=frozenset(adding),
+                partition_epoch=partition_epoch,
             )
         return True
 
@@ -571,7 +573,7 @@ class Partition:
                 and fetch_offset >= plog.high_watermark
                 and fetch_offset >= leading.epoch_start
             ):
-                leading.pending_isr = _ordered(leading.replicas, leading.isr | {replica_id})
+                leading.pending_isr = ordered(leading.replicas, leading.isr | {replica_id})
                 expand = True
         if expand:
             self._propose_isr(self)
@@ -693,70 +695,6 @@ class Partition:
             self._moved.notify_all()
         self._on_progress(self.topic, self.partition)
 
-    # --- ISR changes ---------------------------------------------------------------------
-
-    def maybe_shrink_isr(self, now_ms: int, lag_time_max_ms: int) -> bool:
-        """Propose dropping the ISR members not caught up for ``lag_time_max_ms``
-        (unless a change is being written already); whether one was proposed."""
-        if not self.replicated:
-            return False
-        with self._lock:
-            leading = self._role
-            if not isinstance(leading, Leading) or leading.pending_isr is not None:
-                return False
-            lagging = {
-                r
-                for r in leading.isr
-                if r in leading.followers
-                and now_ms - leading.followers[r].caught_up_ms > lag_time_max_ms
-            }
-            if not lagging:
-                return False
-            leading.pending_isr = _ordered(leading.replicas, leading.isr - lagging)
-        log.warning(
-            "%s-%d: shrinking the ISR: %s not caught up for %d ms",
-            self.topic,
-            self.partition,
-            sorted(lagging),
-            lag_time_max_ms,
-        )
-        self._propose_isr(self)
-        return True
-
-    def begin_isr_write(self) -> IsrChange | None:
-        """The proposed ISR change to write now (None: none, or no longer leading)."""
-        with self._lock:
-            leading = self._role
-            if not isinstance(leading, Leading) or leading.pending_isr is None:
-                return None
-            leading.isr_before = leading.isr
-            return IsrChange(leading, leading.epoch, leading.pending_isr)
-
-    def finish_isr_write(self, change: IsrChange, written: bool) -> tuple[int, int] | None:
-        """The write of ``change`` ended: if ``written`` the new ISR takes effect (if this
-        leadership still holds), the high watermark may move and the listeners hear of
-        it. Returns (members dropped, members added) when written, else None."""
-        leading = change.term
-        assert isinstance(leading, Leading)
-        with self._lock:
-            if self._role is leading:
-                leading.pending_isr = None
-                if written:
-                    leading.isr = frozenset(change.isr)
-                    now = self._clock.monotonic_ms()
-                    for r in change.isr:
-                        if r in leading.followers:
-                            leading.followers[r].caught_up_ms = max(
-                                leading.followers[r].caught_up_ms, now
-                            )
-            before = leading.isr_before if leading.isr_before is not None else frozenset()
-        if not written:
-            return None
-        self.maybe_advance_high_watermark()
-        self.notify_progress()
-        members = set(change.isr)
-        return len(before - members), len(members - before)
-
     # --- observability -------------------------------------------------------------------
 
     def replication_state(self) -> tuple[bool, bool]:
@@ -790,7 +728,3 @@ def _check_epoch(partition: Partition, mine: int, theirs: int) -> None:
         f"{partition.topic}-{partition.partition}: leader epoch {theirs} is newer than "
         f"this broker's {mine}"
     )
-
-
-def _ordered(replicas: tuple[int, ...], members: frozenset[int]) -> tuple[int, ...]:
-    return tuple(r for r in replicas if r in members)

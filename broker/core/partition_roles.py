@@ -45,13 +45,17 @@ class Leading:
     isr_before: frozenset[int] | None = None
     # A reassignment's adding replicas: their reads go through the leader's throttle.
     adding: frozenset[int] = frozenset()
+    # The state znode's version the ISR is from (KRaft's partition epoch; -1: unknown).
+    partition_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class IsrChange:
-    """An ISR change being written: the proposed ISR at the leader epoch it was made in.
-    ``term`` is the leadership it belongs to (a later one ignores its outcome)."""
+    """An ISR change being written: the proposed ISR at the leader epoch it was made in,
+    from the ISR ``base``. ``term`` is the leadership it belongs to (a later one ignores
+    its outcome)."""
 
     term: object
     epoch: int
     isr: tuple[int, ...]
+    base: frozenset[int] = frozenset()

@@ -277,7 +277,9 @@ class PartitionMachine(RuleBasedStateMachine):
         self.partition = PartitionRegistry(self.logs, ME, self.clock, replicated=True).get(TOPIC, 0)
         self.epoch = -1
         self.leading = False
-        self.isr: set[int] = set()
+        self.isr: set[int] = set()  # the written ISR (the state znode's)
+        self.version = 0  # the state znode's version (the partition epoch)
+        self.views: list[tuple[int, int, tuple[int, ...]]] = []  # (epoch, version, ISR)
         self.ends: dict[int, int] = {}
         self.high_watermark = 0
 
@@ -291,8 +293,11 @@ class PartitionMachine(RuleBasedStateMachine):
 
     def elect(self, isr: set[int]) -> None:
         self.epoch += 1
+        self.version += 1
         self.isr = {ME, *isr}
-        assert self.partition.make_leader(self.epoch, REPLICAS, tuple(sorted(self.isr)))
+        assert self.partition.make_leader(
+            self.epoch, REPLICAS, tuple(sorted(self.isr)), (), self.version
+        )
         self.leading = True
         self.ends = {}
 
@@ -336,9 +341,29 @@ class PartitionMachine(RuleBasedStateMachine):
         change = self.partition.begin_isr_write()
         if change is None:
             return
-        self.partition.finish_isr_write(change, written)
-        if written:
+        # ZooKeeper refuses a change made from an ISR it no longer holds (isr_writes).
+        if written and set(change.base) == self.isr:
+            self.version += 1
             self.isr = set(change.isr)
+            self.views.append((self.epoch, self.version, change.isr))
+            self.partition.finish_isr_write(change, True, self.version)
+        else:
+            self.partition.finish_isr_write(change, False)
+
+    @precondition(lambda self: self.leading and len(self.isr) == 3)
+    @rule(dead=st.sampled_from((2, 3)))
+    def controller_drops_a_dead_follower(self, dead: int) -> None:
+        # At the same leader epoch (KAFKA-15021); the leader hears of it from a view.
+        self.version += 1
+        self.isr.discard(dead)
+        self.views.append((self.epoch, self.version, tuple(sorted(self.isr))))
+
+    @precondition(lambda self: self.leading and bool(self.views))
+    @rule(data=st.data())
+    def a_view_arrives(self, data: st.DataObject) -> None:
+        # Any view the watcher read, possibly older than the leader's own last write.
+        epoch, version, isr = data.draw(st.sampled_from(self.views))
+        self.partition.update_isr(epoch, isr, version)
 
     @precondition(lambda self: self.leading)
     @rule()
@@ -479,3 +504,59 @@ def test_a_parked_acks_all_write_whose_leader_resigned_before_its_fsync_is_not_l
     parked.on_complete()
     [[answer]] = answers
     assert answer.error_code == NotLeaderOrFollowerError.code, answer
+
+
+# --- the controller's ISR shrink at the same leader epoch (KAFKA-15021) ----------------------
+
+
+def test_the_leader_takes_the_controllers_smaller_isr_and_never_an_older_view(
+    partition: Partition,
+) -> None:
+    """The controller drops dead 3 at epoch 1 (version 2): the leader takes it from the
+    view and the high watermark stops waiting for 3. 3 comes back and joins (the leader's
+    write, version 3); the watcher's older view (version 2, without 3) arriving after
+    that is ignored: taken, it would let the high watermark pass 3, which the controller
+    may elect."""
+    partition.make_leader(1, REPLICAS, REPLICAS, (), 1)
+    partition.append_as_leader(make_batch([b"a"]), acks_all=True)
+    partition.on_follower_fetch(2, 1)
+    assert partition.log.high_watermark == 0  # 3 is in the ISR and has nothing
+    assert not partition.update_isr(0, (1, 2), 2)  # another epoch's view: ignored
+    assert partition.update_isr(1, (1, 2), 2)
+    assert partition.log.high_watermark == 1
+    assert partition.replication_state() == (True, True)
+    assert not partition.update_isr(1, (1, 2), 2)  # the same view again: nothing new
+    # 3 catches up and is proposed; the write is made from the ISR the leader now holds.
+    partition.on_follower_fetch(3, 1)
+    change = partition.begin_isr_write()
+    assert change is not None
+    assert (change.isr, change.base) == ((1, 2, 3), frozenset({1, 2}))
+    assert partition.finish_isr_write(change, True, 3) == (0, 1)
+    assert not partition.update_isr(1, (1, 2), 2)  # older than the leader's own write
+    partition.append_as_leader(make_batch([b"b"]), acks_all=True)
+    partition.on_follower_fetch(2, 2)
+    assert partition.log.high_watermark == 1  # waits for 3, in the ISR
+    partition.on_follower_fetch(3, 2)
+    assert partition.log.high_watermark == 2
+
+
+def test_a_leader_write_that_lands_after_a_newer_view_does_not_undo_it(
+    partition: Partition, clock: ManualClock
+) -> None:
+    """The leader's write dropping lagging 2 (version 2: ISR 1, 3) is answered after the
+    controller's next change (version 3: dead 3 dropped too, ISR 1) was taken from a
+    view: the ISR stays the newer one, below min ISR (2)."""
+    partition.make_leader(1, REPLICAS, REPLICAS, (), 1)
+    clock.advance(5_000)
+    partition.on_follower_fetch(3, 0)
+    assert partition.maybe_shrink_isr(clock.monotonic_ms(), 1_000)
+    change = partition.begin_isr_write()
+    assert change is not None
+    assert change.isr == (1, 3)
+    assert partition.update_isr(1, (1,), 3)
+    assert partition.finish_isr_write(change, True, 2) == (1, 0)  # what the write did
+    with pytest.raises(NotEnoughReplicasError):  # ISR {1}, not {1, 3}
+        partition.append_as_leader(make_batch([b"a"]), acks_all=True)
+    assert not partition.update_isr(1, (1, 3), 2)  # the write's own view, older
+    with pytest.raises(NotEnoughReplicasError):
+        partition.append_as_leader(make_batch([b"a"]), acks_all=True)

@@ -60,10 +60,12 @@ def test_controlled_shutdown_moves_leadership_and_membership() -> None:
     assert alone is None  # nobody in the ISR to take over: keep leading until it stops
 
 
-def test_a_dead_follower_leaves_the_isr() -> None:
+def test_a_dead_follower_leaves_the_isr_at_the_same_leader_epoch() -> None:
+    # KRaft's rule (KAFKA-15021): only a new leader bumps the epoch; the leader takes the
+    # smaller ISR from its view (Partition.update_isr).
     shrunk = reconcile(REPLICAS, state(1, 1, 2, 3), {1, 2}, controller_epoch=8)
     assert shrunk is not None
-    assert shrunk.state == PartitionState(1, 5, (1, 2), 8)
+    assert shrunk.state == PartitionState(1, 4, (1, 2), 8)
     assert reconcile(REPLICAS, state(1, 1, 2), {1, 2}, controller_epoch=8) is None
 
 

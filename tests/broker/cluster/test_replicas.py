@@ -52,13 +52,15 @@ class IsrWrites:
         self.accept = True
         self.hold: threading.Event | None = None
         self.started = threading.Event()
+        self.version = 0
 
-    def __call__(self, proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], bool]:
+    def __call__(self, proposals: Sequence[IsrProposal]) -> dict[tuple[str, int], int]:
         self.started.set()
         if self.hold is not None:
             assert self.hold.wait(10), "the test never released the ISR write"
-        self.writes.extend((epoch, isr) for _t, _p, _leader, epoch, isr in proposals)
-        return {(t, p): self.accept for t, p, *_ in proposals}
+        self.writes.extend((epoch, isr) for _t, _p, _leader, epoch, isr, _base in proposals)
+        self.version += 1  # the znode version each written state gets
+        return {(t, p): self.version for t, p, *_ in proposals} if self.accept else {}
 
 
 @pytest.fixture

@@ -204,7 +204,7 @@ def test_isr_changes_of_many_partitions_are_compared_each(
     outcome = store.update_isr_many(writes)
     assert isinstance(outcome.pop(("t", 3)), StaleStateError)
     assert isinstance(outcome.pop(("t", 99)), StaleStateError)  # no such partition
-    assert set(outcome.values()) == {None}
+    assert set(outcome.values()) == {1}  # the version each written state got
     assert store.read_partition_state("t", 0) == (shrunk, 1)
     assert store.read_partition_state("t", 3) == (PartitionState(1, 0, (1, 3), 1), 1)
 
@@ -215,22 +215,26 @@ def test_a_batch_of_isr_proposals_writes_only_those_whose_leadership_holds(
     store = _open(connect, stores)
     lease = store.try_become_controller(1, now_ms=0)
     assert lease is not None
-    assignment = TopicAssignment("t", "id", dict.fromkeys(range(3), (1, 2, 3)))
-    store.create_topic(
-        lease, assignment, {}, {p: PartitionState(1, 4, (1, 2, 3), 1) for p in range(3)}
-    )
+    assignment = TopicAssignment("t", "id", dict.fromkeys(range(4), (1, 2, 3)))
+    states = {p: PartitionState(1, 4, (1, 2, 3), 1) for p in range(3)}
+    states[3] = PartitionState(1, 4, (1, 2), 1)  # the controller dropped 3 at epoch 4
+    store.create_topic(lease, assignment, {}, states)
     written = write_isr_batch(
         store,
         lambda _t, _p: 1,
         [
-            ("t", 0, 1, 4, (1, 2)),  # holds
-            ("t", 1, 1, 3, (1, 2)),  # an older epoch: the leader was replaced since
-            ("t", 2, 2, 4, (2,)),  # not the leader
-            ("gone", 0, 1, 4, (1,)),  # no such partition
+            ("t", 0, 1, 4, (1, 2), (1, 2, 3)),  # holds
+            ("t", 1, 1, 3, (1, 2), (1, 2, 3)),  # an older epoch: the leader was replaced since
+            ("t", 2, 2, 4, (2,), (1, 2, 3)),  # not the leader
+            ("gone", 0, 1, 4, (1,), (1,)),  # no such partition
+            # Made from an ISR the znode no longer holds (the leader has not seen the
+            # controller's shrink yet): it would put the dead 3 back.
+            ("t", 3, 1, 4, (1, 3), (1, 2, 3)),
         ],
     )
-    assert written == {("t", 0): True, ("t", 1): False, ("t", 2): False, ("gone", 0): False}
+    assert written == {("t", 0): 1}  # the version written
     state, _ = store.read_partition_state("t", 0) or (None, -1)
     assert state is not None
     assert state.isr == (1, 2)
     assert store.read_partition_state("t", 1) == (PartitionState(1, 4, (1, 2, 3), 1), 0)
+    assert store.read_partition_state("t", 3) == (states[3], 0)
