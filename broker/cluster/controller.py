@@ -54,12 +54,16 @@ from tidelog.broker.cluster.controller_events import (
 )
 from tidelog.broker.cluster.election import (
     Elected,
-    crashed_replicas,
     elect_preferred,
-    leadership_predates_leader,
     reconcile,
 )
-from tidelog.broker.cluster.election_writes import Decision, write_elections
+from tidelog.broker.cluster.election_writes import (
+    Decision,
+    ViewWait,
+    decide_reconcile,
+    wait_until_seen,
+    write_elections,
+)
 from tidelog.broker.cluster.reassignment_driver import ReassignmentDriver, Reassignments
 from tidelog.broker.cluster.session import SessionFence
 from tidelog.broker.cluster.shutdown_moves import PartitionView, move_off, partition_views
@@ -67,7 +71,6 @@ from tidelog.broker.cluster.store import (
     ClusterStore,
     ControllerLease,
     ControllerMovedError,
-    LiveBrokers,
     StaleStateError,
     StateRead,
     StoreError,
@@ -94,6 +97,7 @@ _ELECTION_RETRY_S = 1.0  # without a lease, try again this often (the watch usua
 _WRITE_CHUNK = 1_000
 _SLOW_EVENT_MS = 1_000  # an event taking this long is logged with its time
 _IMAGE_WAIT_MS = 2_000  # how long a new controller waits for its image to settle
+_SEEN_WAIT_MS = 5_000  # how long a reconcile's ISR shrinks wait for its elections to be seen
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 _REASSIGN_CHECK_S = 0.25  # while a reassignment is in progress, re-read its ISRs this often
 
@@ -136,11 +140,14 @@ class Controller:
         internal_topics: Mapping[str, InternalTopic] | None = None,
         fence: SessionFence | None = None,
         image: Callable[[int], ClusterRead | None] | None = None,
+        view_wait: ViewWait | None = None,
     ) -> None:
         """``image``: the broker's metadata image (``MetadataWatcher.image_read``), which
-        a newly elected controller reconciles from instead of reading every znode."""
+        a newly elected controller reconciles from instead of reading every znode;
+        ``view_wait``: the broker's ``MetadataWatcher.wait_for`` (``_reconcile``)."""
         self._store = store
         self._image = image
+        self._view_wait = view_wait
         self._fence = fence or SessionFence()
         self._internal_topics = dict(internal_topics or {})
         self._settings = settings
@@ -624,74 +631,52 @@ class Controller:
                 continue
             config = cluster.configs.get(topic, {})
             read = StateRead(*found)
-            elected = self._reconcile_partition(
-                topic, partition, replicas, brokers, config, lease, read
+            elected = decide_reconcile(
+                topic,
+                partition,
+                replicas,
+                brokers,
+                read,
+                min_isr=self._min_isr(config),
+                unclean_allowed=self._unclean_allowed(config),
+                controller_epoch=lease.epoch,
             )
             if elected is not None:
                 moved = elected.state.leader != read.state.leader
                 (decisions if moved else shrinks).append((topic, partition, elected, read.version))
-        decisions += shrinks  # Kafka's order: offline partitions elected, then ISRs shrunk
-        decided_ms = self._clock.monotonic_ms()
+        decided_ms = elected_ms = seen_ms = self._clock.monotonic_ms()
         try:
-            self._write_all(decisions)
+            # Kafka's order: offline partitions elected, then ISRs shrunk; the shrinks
+            # wait (bounded) until this broker's view holds the new leaders, which the
+            # other brokers' watchers are then reading without them (``election_writes.
+            # wait_until_seen``; a failover at 10,000 partitions writes 3,300 elections
+            # and 6,700 shrinks, and until its election is seen a partition has no
+            # leader, while a shrink's partition is led and only its acks=all waits).
+            outcome = self._write_all(decisions)
+            elected_ms = seen_ms = self._clock.monotonic_ms()
+            if shrinks:
+                if decisions and self._view_wait is not None:
+                    wait_until_seen(
+                        self._view_wait, decisions, outcome, _SEEN_WAIT_MS, self._serve_urgent
+                    )
+                    seen_ms = self._clock.monotonic_ms()
+                self._write_all(shrinks)
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
             self._lease = None
         if self._clock.monotonic_ms() - started_ms >= _SLOW_EVENT_MS:
             log.info(
-                "reconcile: %d states read in %d ms, decided in %d ms, %d written in %d ms",
+                "reconcile: %d states read in %d ms, decided in %d ms; %d elections written "
+                "in %d ms, seen here in %d ms; %d other changes written in %d ms",
                 len(cluster.states),
                 read_ms - started_ms,
                 decided_ms - read_ms,
                 len(decisions),
-                self._clock.monotonic_ms() - decided_ms,
+                elected_ms - decided_ms,
+                seen_ms - elected_ms,
+                len(shrinks),
+                self._clock.monotonic_ms() - seen_ms,
             )
-
-    def _reconcile_partition(
-        self,
-        topic: str,
-        partition: int,
-        replicas: tuple[int, ...],
-        brokers: LiveBrokers,
-        config: Mapping[str, str],
-        lease: ControllerLease,
-        found: StateRead,
-    ) -> Elected | None:
-        """What to write for one partition (None: nothing)."""
-        state = found.state
-        bounced = leadership_predates_leader(state, found.written_zxid, brokers.epochs)
-        if bounced:
-            # The leader restarted since this was written: elect again, as for an
-            # offline partition (it is live and may be chosen), at a new epoch.
-            log.info(
-                "%s-%d: leader %d registered again since epoch %d was granted",
-                topic,
-                partition,
-                state.leader,
-                state.leader_epoch,
-            )
-        crashed = crashed_replicas(
-            replicas, state, found.written_zxid, brokers.epochs, brokers.uncleanly_restarted
-        )
-        if crashed:
-            log.warning(
-                "%s-%d: broker(s) %s restarted after an unclean shutdown (they may have "
-                "lost unsynced records): out of the ISR and the ELR",
-                topic,
-                partition,
-                sorted(crashed),
-            )
-        return reconcile(
-            replicas,
-            state,
-            set(brokers.epochs),
-            crashed=crashed,
-            leader_bounced=bounced,
-            min_isr=self._min_isr(config),
-            unclean_allowed=self._unclean_allowed(config),
-            controller_epoch=lease.epoch,
-            brokers_zxid=brokers.brokers_zxid,
-        )
 
     def _min_isr(self, config: Mapping[str, str]) -> int:
         value = config.get("min.insync.replicas")

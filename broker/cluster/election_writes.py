@@ -23,18 +23,128 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from tidelog.broker.cluster.election import Elected
-from tidelog.broker.cluster.store import ClusterStore, ControllerLease, StaleStateError
+from tidelog.broker.cluster.election import (
+    Elected,
+    crashed_replicas,
+    leadership_predates_leader,
+    reconcile,
+)
+from tidelog.broker.cluster.store import (
+    ClusterStore,
+    ControllerLease,
+    LiveBrokers,
+    StaleStateError,
+    StateRead,
+)
 from tidelog.broker.cluster.summed_log import SummedLog
 from tidelog.broker.cluster.znodes import NO_LEADER
 
-__all__ = ["Decision", "write_elections"]
+if TYPE_CHECKING:
+    from tidelog.broker.cluster.metadata import ClusterMetadata
+
+__all__ = ["Decision", "ViewWait", "decide_reconcile", "wait_until_seen", "write_elections"]
 
 log = logging.getLogger("tidelog.broker.cluster.controller")
 
 # One election to write: topic, partition, what was elected, the state znode's version read.
 Decision = tuple[str, int, Elected, int]
+# ``MetadataWatcher.wait_for``: block until a check holds of the broker's view, or a
+# timeout in ms passes; whether it held.
+ViewWait = Callable[[Callable[["ClusterMetadata"], bool], int], bool]
+_SEEN_SLICE_MS = 100  # ``wait_until_seen`` calls ``between`` this often
+
+
+def decide_reconcile(
+    topic: str,
+    partition: int,
+    replicas: tuple[int, ...],
+    brokers: LiveBrokers,
+    found: StateRead,
+    *,
+    min_isr: int,
+    unclean_allowed: bool,
+    controller_epoch: int,
+) -> Elected | None:
+    """The controller's reconcile decision for one partition (``election.reconcile``,
+    None: nothing to write), with a restarted leader (``leadership_predates_leader``)
+    and uncleanly restarted replicas (``crashed_replicas``) found and logged."""
+    state = found.state
+    bounced = leadership_predates_leader(state, found.written_zxid, brokers.epochs)
+    if bounced:
+        # The leader restarted since this was written: elect again, as for an
+        # offline partition (it is live and may be chosen), at a new epoch.
+        log.info(
+            "%s-%d: leader %d registered again since epoch %d was granted",
+            topic,
+            partition,
+            state.leader,
+            state.leader_epoch,
+        )
+    crashed = crashed_replicas(
+        replicas, state, found.written_zxid, brokers.epochs, brokers.uncleanly_restarted
+    )
+    if crashed:
+        log.warning(
+            "%s-%d: broker(s) %s restarted after an unclean shutdown (they may have "
+            "lost unsynced records): out of the ISR and the ELR",
+            topic,
+            partition,
+            sorted(crashed),
+        )
+    return reconcile(
+        replicas,
+        state,
+        set(brokers.epochs),
+        crashed=crashed,
+        leader_bounced=bounced,
+        min_isr=min_isr,
+        unclean_allowed=unclean_allowed,
+        controller_epoch=controller_epoch,
+        brokers_zxid=brokers.brokers_zxid,
+    )
+
+
+def wait_until_seen(
+    view_wait: ViewWait,
+    decisions: Sequence[Decision],
+    outcome: dict[tuple[str, int], Exception | None],
+    timeout_ms: int,
+    between: Callable[[], None] | None = None,
+) -> bool:
+    """Block until this broker's metadata view holds the leader epoch of every decision
+    written (``outcome`` None; a topic deleted meanwhile counts as seen), up to
+    ``timeout_ms``, calling ``between`` every ``_SEEN_SLICE_MS``; whether it did.
+
+    The controller's reconcile writes a failover's elections, waits here, then its ISR
+    shrinks: every broker learns the states by watching them (``broker.cluster.
+    metadata``), one watch and one read each, so the shrinks written at once compete
+    with the elections for the brokers' watchers (and this broker's CPU), while every
+    partition waiting for its election has no leader. Its own view is the proxy for
+    the others' (the same watch-and-read path, on the same machine's ZooKeeper).
+    """
+    wanted = [
+        (t, p, e.state.leader_epoch)
+        for t, p, e, _ in decisions
+        if (t, p) in outcome and outcome[(t, p)] is None
+    ]
+
+    def seen(view: ClusterMetadata) -> bool:
+        for topic, partition, epoch in wanted:
+            found = view.topics.get(topic)
+            state = None if found is None else found.states.get(partition)
+            if found is not None and (state is None or state.leader_epoch < epoch):
+                return False
+        return True
+
+    for _ in range(max(1, timeout_ms // _SEEN_SLICE_MS)):
+        if view_wait(seen, _SEEN_SLICE_MS):
+            return True
+        if between is not None:
+            between()
+    log.info("%d new leader(s) not yet seen here after %d ms: going on", len(wanted), timeout_ms)
+    return False
 
 
 def write_elections(

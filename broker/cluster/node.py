@@ -385,6 +385,7 @@ class ClusterNode:
                 internal_topics=internal_topics,
                 fence=fence,
                 image=watcher.image_read,
+                view_wait=watcher.wait_for,
             )
             watcher.start()
             controller.start()

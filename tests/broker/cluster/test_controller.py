@@ -11,15 +11,17 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from tidelog.broker.cluster.controller import Controller, ControllerSettings
+from tidelog.broker.cluster.election import Elected
+from tidelog.broker.cluster.election_writes import wait_until_seen
 from tidelog.broker.cluster.forwarding import run_call
 from tidelog.broker.cluster.metadata import ClusterMetadata, MetadataWatcher
-from tidelog.broker.cluster.store import ClusterStore
+from tidelog.broker.cluster.store import ClusterStore, StaleStateError
 from tidelog.broker.cluster.testing import ZooKeeperServer
 from tidelog.broker.cluster.topic_batches import TopicBatches
 from tidelog.broker.cluster.znodes import (
@@ -50,11 +52,15 @@ class FakeBroker:
     connect: str
 
     dead: bool = False
+    watcher: MetadataWatcher | None = None
+    views: list[ClusterMetadata] | None = None  # every view its watcher published
 
     def die(self) -> None:
         if not self.dead:
             self.dead = True
             self.controller.stop()
+            if self.watcher is not None:
+                self.watcher.stop()
             self.store.close()
 
 
@@ -63,11 +69,15 @@ def cluster(zookeeper: ZooKeeperServer) -> Iterator[Callable[..., FakeBroker]]:
     connect = f"{zookeeper.connect_string}/controller-{next(_chroots)}"
     started: list[FakeBroker] = []
 
-    def start(broker_id: int, rebalance_ms: int = 0) -> FakeBroker:
+    def start(broker_id: int, rebalance_ms: int = 0, watch: bool = False) -> FakeBroker:
+        """``watch``: with a metadata watcher recording its views, as a broker's (the
+        controller then waits on it, ``view_wait``)."""
         store = ClusterStore.connect(connect, session_timeout_ms=4_000)
         store.register_broker(
             BrokerRegistration(broker_id, "127.0.0.1", 7000 + broker_id), timeout_ms=5_000
         )
+        views: list[ClusterMetadata] = []
+        watcher = MetadataWatcher(store, views.append) if watch else None
         controller = Controller(
             store,
             ControllerSettings(
@@ -75,9 +85,12 @@ def cluster(zookeeper: ZooKeeperServer) -> Iterator[Callable[..., FakeBroker]]:
             ),
             SystemClock(),
             rng=random.Random(1),
+            view_wait=None if watcher is None else watcher.wait_for,
         )
+        if watcher is not None:
+            watcher.start()
         controller.start()
-        broker = FakeBroker(broker_id, store, controller, connect)
+        broker = FakeBroker(broker_id, store, controller, connect, watcher=watcher, views=views)
         started.append(broker)
         return broker
 
@@ -161,6 +174,70 @@ def test_controller_failover_and_replicated_elections(
         )
         assert first.broker_id not in state(second, "r", partition).isr
     assert second.controller.elect_preferred_leaders() == 0  # preferred ones may be dead
+
+
+def test_a_dead_brokers_isr_shrinks_wait_until_its_elections_are_seen(
+    cluster: Callable[..., FakeBroker],
+) -> None:
+    """The partitions a dead broker led get new leaders (a new epoch each); those it
+    followed lose it from the ISR at the same epoch (KAFKA-15021), written only once the
+    controller's own view holds every new leader (``election_writes.wait_until_seen``):
+    some view there shows the elections without any shrink."""
+    brokers = [cluster(i, watch=True) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("w", 6, 3, {})
+    victim = next(b for b in brokers if b is not controller)
+    before = {p: state(controller, "w", p) for p in range(6)}
+    led = [p for p in range(6) if before[p].leader == victim.broker_id]
+    followed = [p for p in range(6) if p not in led]
+    assert led
+    assert followed
+    victim.die()
+    eventually(lambda: all(victim.broker_id not in state(controller, "w", p).isr for p in range(6)))
+    after = {p: state(controller, "w", p) for p in range(6)}
+    assert all(after[p].leader_epoch == before[p].leader_epoch + 1 for p in led)
+    assert all(after[p].leader != victim.broker_id for p in led)
+    assert all(after[p].leader == before[p].leader for p in followed)
+    assert all(after[p].leader_epoch == before[p].leader_epoch for p in followed)
+
+    def elected(view: ClusterMetadata) -> bool:
+        states = view.topics["w"].states
+        return all(
+            (s := states[p]) is not None and s.leader_epoch > before[p].leader_epoch for p in led
+        )
+
+    def shrunk(view: ClusterMetadata) -> bool:
+        states = view.topics["w"].states
+        return any((s := states[p]) is not None and len(s.isr) < 3 for p in followed)
+
+    views = [v for v in controller.views or [] if "w" in v.topics]
+    assert any(elected(v) and not shrunk(v) for v in views)
+
+
+def test_waiting_for_elections_to_be_seen_is_bounded(
+    cluster: Callable[..., FakeBroker],
+) -> None:
+    """``wait_until_seen`` against a real watcher: True once the view holds the written
+    decisions' epochs (a decision not written is not waited for); False after its bound
+    when the view never will (calling ``between`` meanwhile)."""
+    broker = cluster(1, watch=True)
+    controller_of([broker]).controller.create_topic("b", 2, 1, {})
+    assert broker.watcher is not None
+    assert broker.watcher.wait_for(lambda v: "b" in v.topics, 10_000)
+    now = state(broker, "b", 0)
+    seen = Elected(now)
+    later = Elected(replace(now, leader_epoch=now.leader_epoch + 1))
+    calls: list[int] = []
+    written: dict[tuple[str, int], Exception | None] = {("b", 0): None, ("b", 1): None}
+    assert wait_until_seen(broker.watcher.wait_for, [("b", 0, seen, 0)], written, 5_000)
+    not_written: dict[tuple[str, int], Exception | None] = {("b", 1): StaleStateError("moved")}
+    assert wait_until_seen(broker.watcher.wait_for, [("b", 1, later, 0)], not_written, 5_000)
+    started = time.monotonic()
+    assert not wait_until_seen(
+        broker.watcher.wait_for, [("b", 0, later, 0)], written, 300, lambda: calls.append(1)
+    )
+    assert 0.25 < time.monotonic() - started < 5
+    assert len(calls) >= 2
 
 
 def test_controlled_shutdown_moves_leadership_away(cluster: Callable[[int], FakeBroker]) -> None:
