@@ -221,7 +221,9 @@ class _Fetcher:
                 continue
             try:
                 response = stub.Fetch(self._request(entries), timeout=pool.wait_s + _RPC_SLACK_S)
-            except grpc.RpcError as exc:
+            except (grpc.RpcError, ValueError) as exc:
+                # ValueError: ``stop`` closed the channel after ``_wanted`` returned (grpc
+                # refuses a call on a closed channel); the next ``_wanted`` returns None.
                 log.debug("fetch from broker %d failed: %s", self.leader, exc)
                 self._end_session()
                 self._pause([t.key for t in targets])

@@ -10,6 +10,7 @@ new-leader ``OFFSET_NOT_AVAILABLE`` window.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -451,3 +452,40 @@ def test_a_views_new_leaderships_are_taken_with_their_epochs_checkpointed(
         assert replicas.counts() == (0, 6)
     finally:
         manager.close()
+
+
+def test_a_fetch_on_a_channel_closed_meanwhile_does_not_end_the_fetcher(
+    logs: LogManager, clock: ManualClock
+) -> None:
+    """``FetcherPool.stop`` closes a fetcher's channel from another thread; a fetch the
+    thread was about to send then meets a closed channel (grpc raises ``ValueError``,
+    not an ``RpcError``), which ended the thread with a traceback in a stopping broker's
+    log (seen at 10,000 partitions). Here the channel is closed just before the fetch
+    (from ``address_of``, which the thread calls right before it): the thread goes on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"  # nothing listens there
+    partitions = PartitionRegistry(logs, ME, clock, replicated=True)
+    close_next = threading.Event()
+    calls: list[int] = []
+
+    def address_of(_broker: int) -> str:
+        calls.append(1)
+        fetcher = pool._owner.get((TOPIC, 0))
+        if close_next.is_set() and fetcher is not None and fetcher._channel is not None:
+            close_next.clear()
+            fetcher._channel.close()
+        return address
+
+    pool = FetcherPool(ME, partitions, address_of, backoff_ms=20)
+    try:
+        pool.add(FetchTarget(TOPIC, 0, 2, 0))
+        fetcher = pool._owner[(TOPIC, 0)]
+        eventually(lambda: fetcher._channel is not None)
+        close_next.set()
+        eventually(lambda: not close_next.is_set())
+        seen = len(calls)
+        eventually(lambda: len(calls) > seen + 1)  # still fetching
+        assert fetcher._thread.is_alive()
+    finally:
+        pool.stop()
