@@ -139,19 +139,39 @@ class Purgatory(Generic[K]):
         self._watchers: dict[K, set[DelayedOperation]] = {}
         self._timers: list[tuple[int, int, DelayedOperation]] = []
         self._sequence = itertools.count()
+        # The latest event's stamp (``check_and_complete``; ``stamp``): each event takes
+        # a new one from ``_stamps`` before it looks for watchers.
+        self._stamps = itertools.count(1)
+        self._stamp = 0
         self._parked = 0  # operations watched and not done
         self._closed = False
         self._reaper: threading.Thread | None = None
 
     # --- parking ------------------------------------------------------------------------
 
-    def try_complete_else_watch(self, operation: DelayedOperation, keys: Iterable[K]) -> bool:
+    @property
+    def stamp(self) -> int:
+        """The latest event's stamp: unchanged since a caller read it, no
+        ``check_and_complete`` began meanwhile (``try_complete_else_watch``'s
+        ``quiet_since``)."""
+        return self._stamp
+
+    def try_complete_else_watch(
+        self, operation: DelayedOperation, keys: Iterable[K], *, quiet_since: int | None = None
+    ) -> bool:
         """Complete ``operation`` now if it can; otherwise park it under ``keys``.
+
+        ``quiet_since``: the ``stamp`` read before the state the operation compares with
+        was taken. While the stamp is still that, no event began since, so nothing the
+        operation watches moved (every change is followed by its event, which stamps
+        before it looks for watchers): its checks here are skipped. A parked fetch of
+        3,333 partitions (a follower's session, issue #34) walked them all twice here,
+        twice a second per follower, on the event loop.
 
         Returns True if it completed (here, or concurrently before this returned); False
         if it is parked. After ``close`` it completes at once as expired.
         """
-        if operation.is_satisfied() and operation.force_complete():
+        if self._stamp != quiet_since and operation.is_satisfied() and operation.force_complete():
             return True
         watched = tuple(dict.fromkeys(keys))
         with self._lock:
@@ -173,8 +193,10 @@ class Purgatory(Generic[K]):
         if closed:
             operation.force_complete(expired=True)
             return True
-        # Check again: an event between the first check and the watch found no watcher.
-        if operation.is_satisfied() and operation.force_complete():
+        # Check again: an event between the first check and the watch found no watcher
+        # (an event stamps before it looks: if the stamp is unchanged now, any event
+        # after this point finds the watch).
+        if self._stamp != quiet_since and operation.is_satisfied() and operation.force_complete():
             self._unwatch(operation)
             return True
         if operation.done:  # completed concurrently by an event or the timer
@@ -188,6 +210,7 @@ class Purgatory(Generic[K]):
         Called by whatever changes the state the key stands for (an append, an fsync).
         Cheap when nothing waits there. Returns how many completed.
         """
+        self._stamp = next(self._stamps)  # before the lookup (``try_complete_else_watch``)
         with self._lock:
             watchers = self._watchers.get(key)
             if not watchers:

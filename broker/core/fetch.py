@@ -333,7 +333,9 @@ class FetchPath:
         # holds its records). Taken after the read, an append between the two was
         # counted as seen without being read, and the fetch slept to its deadline. (An
         # append publishes its end offset after its bytes, ``Segment.append``, so an end
-        # taken here is never ahead of what the read can reach.)
+        # taken here is never ahead of what the read can reach.) The purgatory's stamp
+        # first: unchanged at the park, nothing moved since (``try_complete_else_watch``).
+        stamp = self._purgatory.stamp
         idle: list[tuple[PartitionLog, int, int]] = []
         parts: Sequence[PartitionFetchSpec] = pending.spec.partitions
         if pending.spec.session is not None:
@@ -361,7 +363,7 @@ class FetchPath:
             pending.deadline_ms, seen, pending.wake, replica=pending.spec.replica_id >= 0
         )
         pending.operation = operation
-        self._purgatory.try_complete_else_watch(operation, pending.keys)
+        self._purgatory.try_complete_else_watch(operation, pending.keys, quiet_since=stamp)
         if pending.was_cancelled():
             # ``cancel`` ran on another thread between the check above and the parking
             # (it saw no operation yet): forget it now, not at its deadline.

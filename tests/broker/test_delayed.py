@@ -271,3 +271,50 @@ def test_acks_1_is_answered_on_the_calling_thread(core: BrokerCore) -> None:
     box: list[list[PartitionProduced]] = []
     core.complete(appends, Acks.LEADER, box.append)
     assert [(a.error_code, a.base_offset) for a in box[0]] == [("", 0)]
+
+
+class CountedFlag(Flag):
+    """A ``Flag`` that counts its full checks."""
+
+    def __init__(self, deadline_ms: int | None) -> None:
+        super().__init__(deadline_ms)
+        self.checks = 0
+
+    def is_satisfied(self) -> bool:
+        self.checks += 1
+        return super().is_satisfied()
+
+
+def test_a_park_with_no_event_since_the_state_was_taken_skips_its_checks(
+    purgatory: Purgatory[str],
+) -> None:
+    """``quiet_since``: the stamp read before the operation's state was taken. No event
+    since: nothing it watches moved, its full checks are skipped (a follower's parked
+    session fetch walked 3,333 partitions twice per park, issue #34), and a later event
+    still completes it through the watch."""
+    stamp = purgatory.stamp
+    op = CountedFlag(deadline_ms=100)
+    assert not purgatory.try_complete_else_watch(op, ["a", "b"], quiet_since=stamp)
+    assert op.checks == 0
+    op.ready = True
+    assert purgatory.check_and_complete("b") == 1
+    assert op.completions == [False]
+
+
+def test_an_event_after_the_state_was_taken_makes_the_park_check(
+    purgatory: Purgatory[str],
+) -> None:
+    """An event between taking the state and parking (on any key: its watcher was not
+    there yet) changes the stamp: the park checks, and completes what moved."""
+    stamp = purgatory.stamp
+    op = CountedFlag(deadline_ms=100)
+    op.ready = True  # the state moved after it was taken...
+    assert purgatory.check_and_complete("a") == 0  # ...and its event found no watcher
+    assert purgatory.try_complete_else_watch(op, ["a"], quiet_since=stamp)
+    assert op.checks == 1
+    assert op.completions == [False]
+    assert purgatory.parked() == 0
+    # Without a stamp (quiet_since None) the checks always run.
+    other = CountedFlag(deadline_ms=100)
+    assert not purgatory.try_complete_else_watch(other, ["c"])
+    assert other.checks == 2
