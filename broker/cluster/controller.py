@@ -98,6 +98,7 @@ _WRITE_CHUNK = 1_000
 _SLOW_EVENT_MS = 1_000  # an event taking this long is logged with its time
 _IMAGE_WAIT_MS = 2_000  # how long a new controller waits for its image to settle
 _SEEN_WAIT_MS = 5_000  # how long a reconcile's ISR shrinks wait for its elections to be seen
+_Write = Callable[[list[Decision]], Mapping[tuple[str, int], Exception | None]]
 _INTERNAL_TOPIC_GRACE_MS = 10_000  # how long a new controller waits for enough brokers
 _REASSIGN_CHECK_S = 0.25  # while a reassignment is in progress, re-read its ISRs this often
 
@@ -771,14 +772,26 @@ class Controller:
         return self._reassignments.in_progress(wanted)
 
     def _controlled_shutdown(self, broker_id: int) -> int:
-        """``shutdown_moves``: the leaderships now, the followed ISRs right after."""
-        still = self._shutdown_round(broker_id, leading=True)
-        self._urgent.put(Event("call", lambda: self._shutdown_round(broker_id, leading=False)))
+        """``shutdown_moves``: the leaderships now, the followed ISRs right after. The
+        stopping broker is answered once this broker's view holds the new leaders
+        (bounded, ``wait_until_seen``), as Kafka's controller tells every broker before
+        it answers: at 10,000 partitions views lagged the writes by a second or more,
+        and clients were sent to the stopped broker meanwhile."""
+        written: list[tuple[list[Decision], dict[tuple[str, int], Exception | None]]] = []
+
+        def write(decisions: list[Decision]) -> dict[tuple[str, int], Exception | None]:
+            written.append((decisions, self._write_all(decisions)))
+            return written[-1][1]
+
+        still = self._shutdown_round(broker_id, True, write)
+        for decisions, outcome in written:
+            if self._view_wait is not None:
+                wait_until_seen(self._view_wait, decisions, outcome, _SEEN_WAIT_MS)
+        self._urgent.put(Event("call", lambda: self._shutdown_round(broker_id, False)))
         return still
 
-    def _shutdown_round(self, broker_id: int, *, leading: bool) -> int:
+    def _shutdown_round(self, broker_id: int, leading: bool, write: _Write | None = None) -> int:
         lease = self._require_lease()
         image = None if self._image is None else self._image(_IMAGE_WAIT_MS)
-        return move_off(
-            broker_id, lease.epoch, image, self._partitions, self._write_all, leading=leading
-        )
+        write = write or self._write_all
+        return move_off(broker_id, lease.epoch, image, self._partitions, write, leading=leading)

@@ -255,6 +255,34 @@ def test_controlled_shutdown_moves_leadership_away(cluster: Callable[[int], Fake
     assert all(state(controller, "s", p).leader != leaving.broker_id for p in range(6))
 
 
+def test_a_controlled_shutdown_is_answered_once_the_controllers_view_has_the_new_leaders(
+    cluster: Callable[..., FakeBroker],
+) -> None:
+    """As Kafka's controller tells every broker before it answers the stopping one: the
+    answer comes once this broker's view (the proxy for the others') shows none of the
+    stopping broker's leaderships, so clients are not sent to it after it stops."""
+    brokers = [cluster(i, watch=True) for i in (1, 2, 3)]
+    controller = controller_of(brokers)
+    controller.controller.create_topic("v", 12, 3, {})
+    leaving = next(b for b in brokers if b is not controller)
+    assert controller.watcher is not None
+    assert controller.watcher.wait_for(
+        lambda v: (
+            "v" in v.topics
+            and any(
+                s is not None and s.leader == leaving.broker_id
+                for s in v.topics["v"].states.values()
+            )
+        ),
+        10_000,
+    )
+    assert controller.controller.controlled_shutdown(leaving.broker_id) == 0
+    view = controller.watcher.snapshot
+    assert all(
+        s is not None and s.leader != leaving.broker_id for s in view.topics["v"].states.values()
+    )
+
+
 def test_every_broker_sees_leaders_change(cluster: Callable[[int], FakeBroker]) -> None:
     brokers = [cluster(i) for i in (1, 2, 3)]
     controller = controller_of(brokers)
