@@ -661,6 +661,7 @@ class Controller:
                         self._view_wait, decisions, outcome, _SEEN_WAIT_MS, self._serve_urgent
                     )
                     seen_ms = self._clock.monotonic_ms()
+                self._serve_urgent()  # between two rounds of writes, as ``_write_all``'s
                 self._write_all(shrinks)
         except ControllerMovedError:
             log.info("controller epoch %d was superseded", lease.epoch)
