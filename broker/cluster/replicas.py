@@ -214,6 +214,7 @@ class ReplicaManager:
         """``apply``'s work, under ``_apply_lock``; whether a role could not be taken."""
         failed = False
         me = self._settings.broker_id
+        self._partitions.live_brokers = frozenset(view.brokers)
         wanted: dict[TopicPartition, PartitionState] = {}
         for name, topic in view.topics.items():
             for partition, replicas in topic.assignment.replicas.items():

@@ -118,6 +118,7 @@ class Partition(IsrChanges):
         on_progress: Callable[[str, int], None],
         propose_isr: Callable[[Partition], None],
         checkpoint_log_start: Callable[[], None] = lambda: None,
+        isr_eligible: Callable[[int], bool] = lambda _replica: True,
     ) -> None:
         self.log = log
         self.topic = log.topic
@@ -129,6 +130,8 @@ class Partition(IsrChanges):
         self._propose_isr = propose_isr
         # Makes a moved log start durable (the log manager's checkpoint; DeleteRecords).
         self._checkpoint_log_start = checkpoint_log_start
+        # Whether a follower may join the ISR: registered in this broker's view (KIP-841).
+        self._isr_eligible = isr_eligible
         self._lock = threading.Lock()
         self._moved = threading.Condition()  # notified whenever the high watermark or ISR moves
         self._role: Leading | Follower | None = (
@@ -572,6 +575,7 @@ class Partition(IsrChanges):
                 and leading.pending_isr is None
                 and fetch_offset >= plog.high_watermark
                 and fetch_offset >= leading.epoch_start
+                and self._isr_eligible(replica_id)
             ):
                 leading.pending_isr = ordered(leading.replicas, leading.isr | {replica_id})
                 expand = True

@@ -81,6 +81,17 @@ class PartitionRegistry:
         self._lock = threading.Lock()
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._isr_changes: queue.Queue[Partition | None] = queue.Queue()
+        # The brokers registered in this broker's cluster view (None: no view, any
+        # follower may join an ISR); set by the replica manager with each view.
+        self.live_brokers: frozenset[int] | None = None
+
+    def _isr_eligible(self, replica_id: int) -> bool:
+        """KIP-841's rule: a follower joins an ISR only while registered. A broker back
+        from a lost ZooKeeper session (a long pause) fetches before it registers again;
+        taken back into the ISR then, it was dropped again by a controller that had read
+        it as dead (``docs/cluster.md``, "Known gaps")."""
+        live = self.live_brokers
+        return live is None or replica_id in live
 
     def get(self, topic: str, partition: int) -> Partition:
         """The partition, wrapping its current log (created on first use).
@@ -103,6 +114,7 @@ class PartitionRegistry:
                     on_progress=self._progress,
                     propose_isr=self._isr_changes.put,
                     checkpoint_log_start=self.logs.checkpoint_log_start_offsets,
+                    isr_eligible=self._isr_eligible,
                 )
                 self._partitions[(topic, partition)] = found
             return found

@@ -100,8 +100,10 @@ def replicas(
     manager.stop()
 
 
-def view(leader: int, epoch: int, isr: tuple[int, ...]) -> ClusterMetadata:
-    brokers = {b: BrokerRegistration(b, "127.0.0.1", 1000 + b) for b in (1, 2, 3)}
+def view(
+    leader: int, epoch: int, isr: tuple[int, ...], registered: tuple[int, ...] = (1, 2, 3)
+) -> ClusterMetadata:
+    brokers = {b: BrokerRegistration(b, "127.0.0.1", 1000 + b) for b in registered}
     topic = TopicMetadata(
         TopicAssignment(TOPIC, "id", {0: (1, 2, 3)}),
         {0: PartitionState(leader, epoch, isr, 1)},
@@ -489,3 +491,23 @@ def test_a_fetch_on_a_channel_closed_meanwhile_does_not_end_the_fetcher(
         assert fetcher._thread.is_alive()
     finally:
         pool.stop()
+
+
+def test_a_follower_not_registered_in_the_view_does_not_join_the_isr(
+    replicas: ReplicaManager, logs: LogManager, clock: ManualClock, isr_writes: IsrWrites
+) -> None:
+    """KIP-841's rule: a caught-up follower is proposed for the ISR only while the
+    leader's view has it registered (a broker back from a lost ZooKeeper session fetches
+    before it registers again; the controller would drop it again as dead)."""
+    replicas.apply(view(ME, 1, (1, 2)))
+    plog = logs.get_log(TOPIC, 0)
+    plog.append(make_batch([b"a"]), leader_epoch=1)
+    follower_fetch(replicas, logs, 2, 1)
+    assert plog.high_watermark == 1
+    replicas.apply(view(ME, 1, (1, 2), registered=(1, 2)))
+    follower_fetch(replicas, logs, 3, 1)  # caught up, but not registered
+    time.sleep(0.2)
+    assert isr_writes.writes == []
+    replicas.apply(view(ME, 1, (1, 2)))  # registered again
+    follower_fetch(replicas, logs, 3, 1)
+    eventually(lambda: isr_writes.writes == [(1, (1, 2, 3))])
