@@ -52,7 +52,9 @@ Anomalies (``Anomaly.kind``):
 * ``aborted-read``: a transactional send whose effective outcome is failed, yet its
   value is read (by a poll, or in a final read).
 * ``partial-transaction``: a transaction not definitely aborted of which some value is in
-  a final read and another is definitely absent.
+  a final read and another is definitely absent. A send that definitely failed
+  (``produce`` raised: nothing was queued) is no part of what the transaction commits,
+  and its absence counts for nothing here.
 * ``uncommitted-read``: a poll returned a transactional value and ended before its
   transaction's ``TxnCommit`` started (whatever that commit's outcome): a read_committed
   consumer saw a record before anyone asked to commit it. (A read of a transaction that
@@ -402,6 +404,12 @@ def _check_reads(
             tally["duplicates_allowed"] += 1
 
 
+def _described(send: Send) -> str:
+    """A send for an anomaly's sentence: value, outcome and where it was acknowledged."""
+    where = "" if send.offset is None else f" at {_name(_tp(send))}@{send.offset}"
+    return f"{send.value!r} ({send.outcome}{where})"
+
+
 def _check_transactions(index: _Index, out: list[Anomaly]) -> None:
     for txn in index.txns:
         if (isinstance(txn, TxnAbort) and txn.outcome == "ok") or (
@@ -415,15 +423,19 @@ def _check_transactions(index: _Index, out: list[Anomaly]) -> None:
             finals = index.finals.get(_tp(send), [])
             if any(value in final.values for final in finals):
                 visible.append(value)
+            elif send.outcome == "failed":
+                continue  # never queued (``produce`` raised): nothing of it to commit
             elif any(final.covers(send.offset) for final in finals):
                 absent.append(value)
         if not absent:
             continue
         if visible:
+            missing = ", ".join(_described(index.sends[value]) for value in absent)
             out.append(
                 Anomaly(
                     "partial-transaction",
-                    f"transaction of {txn.producer_id}: {visible} in the final reads, {absent} not",
+                    f"transaction of {txn.producer_id} ({type(txn).__name__} {txn.outcome}): "
+                    f"{visible} in the final reads, not {missing}",
                     (txn, *(index.sends[value] for value in absent)),
                 )
             )

@@ -93,6 +93,22 @@ def test_a_committed_record_away_from_its_acknowledged_offset_by_hand() -> None:
     assert missing.kinds() == {"partial-transaction"}, missing.summary()
 
 
+def test_a_send_that_failed_is_no_part_of_its_committed_transaction() -> None:
+    # ``produce`` raised (a full queue): nothing was queued, the rest commits without it.
+    a = _send("a", 0, (0, 1), transactional=True)
+    gone = _send("b", None, (2, 3), "failed", transactional=True)
+    commit = _txn(TxnCommit, "ok", "a", "b")
+    assert check([a, gone, commit, _final((0, "a"))]).valid
+    # Acknowledged instead, and absent: the transaction is partial, and the detail says
+    # which send, how it ended and where it was acknowledged.
+    acked = _send("b", 1, (2, 3), transactional=True)
+    report = check([a, acked, commit, _final((0, "a"), end=2)])
+    assert report.kinds() == {"partial-transaction"}, report.summary()
+    assert "'b' (ok at t-0@1)" in report.anomalies[0].detail
+    # A failed send read all the same was written after all: an aborted read.
+    assert check([a, gone, commit, _final((0, "a"), (1, "b"))]).kinds() == {"aborted-read"}
+
+
 def test_a_transaction_not_committed_is_not_held_to_its_offsets() -> None:
     # Records of an abort or an undecided commit are not acknowledged: where they are, if
     # anywhere, is judged by all-or-nothing only.
