@@ -44,7 +44,8 @@ from tests.broker.cluster.conftest import require_zookeeper
 from tests.broker.cluster.waiting import eventually
 from tests.faults import history as history_module
 from tests.faults.checker import Report, check
-from tests.faults.history import Note, Poll, Recorder, TxnCommit
+from tests.faults.history import Note, Poll, Recorder, Send, TxnCommit
+from tests.faults.log_dump import describe_partition
 from tests.faults.txn_workload import TxnWorkload, final_read_committed
 from tests.kafka.broker_process import BrokerProcess
 from tests.kafka.raw import call
@@ -78,6 +79,10 @@ class Target(Protocol):
         """Start the broker killed last again, on its data directory; wait until it serves."""
         ...
 
+    def data_dirs(self) -> list[Path]:
+        """Every broker's data directory (what a failure message describes)."""
+        ...
+
 
 class SingleNode:
     """One broker process; every kill is of it."""
@@ -94,6 +99,9 @@ class SingleNode:
 
     def restart(self) -> None:
         self.broker.start()
+
+    def data_dirs(self) -> list[Path]:
+        return [self.broker.data_dir]
 
 
 class Cluster:
@@ -126,6 +134,9 @@ class Cluster:
         # From the test's own thread: a broker dies with the thread that started it.
         self.cluster.start_broker(self.killed)
         self.cluster.wait_converged()
+
+    def data_dirs(self) -> list[Path]:
+        return [self.cluster.data_dir(b) for b in self.cluster.broker_ids]
 
     def _coordinator(self, transactional_id: str) -> int:
         request = FindCoordinatorRequest[1](key=transactional_id, key_type=1)
@@ -199,6 +210,20 @@ def _finish(workload: TxnWorkload, bootstrap: str, recorder: Recorder, out: Path
     return check(history)
 
 
+def _stored(target: Target, report: Report) -> str:
+    """What the brokers stored at the offsets the anomalies name (``log_dump``)."""
+    offsets: dict[int, set[int]] = {}
+    for anomaly in report.anomalies:
+        for op in anomaly.evidence:
+            if isinstance(op, Send) and op.offset is not None:
+                offsets.setdefault(op.partition, set()).add(op.offset)
+    return "\n".join(
+        describe_partition(data_dir / f"{TOPIC}-{partition}", near)
+        for partition, near in sorted(offsets.items())
+        for data_dir in target.data_dirs()
+    )
+
+
 def _first_commits(workload: TxnWorkload) -> None:
     """Transactions commit before any fault, or the run would check nothing. Fails at once
     when every producer met a fatal error first (a target refusing transactions)."""
@@ -238,7 +263,7 @@ def test_transactions_hold_under_broker_kills(target: Target, tmp_path: Path) ->
     finally:
         report = _finish(workload, target.bootstrap, recorder, tmp_path)
     print(report.summary())  # noqa: T201  # shown with -s, and with a failure's output
-    assert report.valid, report.summary()
+    assert report.valid, report.summary() + "\n" + _stored(target, report)
     stats = workload.stats
     assert stats.committed >= 5, stats
     assert stats.aborted >= 1, stats
