@@ -48,6 +48,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -101,6 +102,33 @@ class TxnStats:
     fatal_errors: int = 0
 
 
+class _Client:
+    """A ``Producer`` whose calls raise a fatal error as the ``KafkaException`` it is.
+
+    confluent-kafka raises a fatal error from inside ``poll``/``flush`` (never through
+    ``error_cb``) and then goes on serving delivery reports with that exception set: the
+    report's first call into C fails with ``SystemError``, the fatal error its cause (seen
+    under kills: a retried batch answered OUT_OF_ORDER_SEQUENCE_NUMBER). Unwrapped here,
+    it takes the workload's fatal-error path (a new generation) as any other.
+    """
+
+    def __init__(self, producer: _Client) -> None:
+        self._producer = producer
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._producer, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except SystemError as error:
+                if isinstance(error.__cause__, KafkaException):
+                    raise error.__cause__ from None
+                raise
+
+        return call
+
+
 def _error_of(exception: KafkaException) -> KafkaError | None:
     error = exception.args[0] if exception.args else None
     return error if isinstance(error, KafkaError) else None
@@ -111,11 +139,12 @@ class _Transaction:
 
     No lock: ``begin``, ``end`` and ``abandon`` run on the producer's thread (librdkafka
     serves delivery reports inside its ``poll``/``flush``), and the once-only rule rests on
-    ``dict.pop``, atomic under the GIL whichever thread calls it. A lock here was the one
-    place two full CI runs saw a producer thread stay blocked (``flush`` -> delivery report
-    -> ``end`` waiting on this lock, held by no other code path): a report served
-    re-entrantly (a finalizer run by the garbage collector inside ``begin``) would wait on
-    its own thread forever; without the lock there is nothing to wait on.
+    the send leaving ``_pending`` (a ``dict.pop``, atomic under the GIL) once recorded. A
+    lock here was the one place two full CI runs saw a producer thread stay blocked
+    (``flush`` -> delivery report -> ``end`` waiting on this lock, held by no other code
+    path): a report served re-entrantly (a finalizer run by the garbage collector inside
+    ``begin``) would wait on its own thread forever; without the lock there is nothing to
+    wait on.
     """
 
     def __init__(self, recorder: Recorder, producer_id: str, topic: str) -> None:
@@ -130,7 +159,10 @@ class _Transaction:
         self._pending[value] = (partition, self.recorder.now_ns())
 
     def end(self, value: str, offset: int | None, *, raised: bool = False) -> None:
-        found = self._pending.pop(value, None)
+        # Taken off only once recorded: a report served while confluent-kafka holds a
+        # fatal error fails in its first call (``_Client``) and leaves the send pending,
+        # for ``abandon`` to record as unknown.
+        found = self._pending.get(value)
         if found is None:
             return
         partition, start = found
@@ -149,6 +181,7 @@ class _Transaction:
                 transactional=True,
             )
         )
+        self._pending.pop(value, None)
 
     def abandon(self) -> None:
         """Record every send never reported as ``unknown``."""
@@ -216,18 +249,20 @@ class TxnWorkload:
 
     # --- producers ------------------------------------------------------------------------
 
-    def _producer(self, index: int, client_id: str) -> Producer:
+    def _producer(self, index: int, client_id: str) -> _Client:
         settings = self.settings
-        return Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "client.id": client_id,
-                "transactional.id": self.transactional_id(index),
-                "transaction.timeout.ms": settings.transaction_timeout_ms,
-                "message.timeout.ms": settings.message_timeout_ms,
-                "socket.timeout.ms": settings.socket_timeout_ms,
-                "linger.ms": 5,
-            }
+        return _Client(
+            Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "client.id": client_id,
+                    "transactional.id": self.transactional_id(index),
+                    "transaction.timeout.ms": settings.transaction_timeout_ms,
+                    "message.timeout.ms": settings.message_timeout_ms,
+                    "socket.timeout.ms": settings.socket_timeout_ms,
+                    "linger.ms": 5,
+                }
+            )
         )
 
     def _produce(self, index: int) -> None:
@@ -254,7 +289,7 @@ class TxnWorkload:
             generation += 1
             stopping.wait(_REPLACE_BACKOFF_S)
 
-    def _initialise(self, producer: Producer, producer_id: str) -> bool:
+    def _initialise(self, producer: _Client, producer_id: str) -> bool:
         """``init_transactions``, retried while retriable; False when stopping first."""
         stopping = self._workers.stopping
         while not stopping.is_set():
@@ -268,7 +303,7 @@ class TxnWorkload:
                 log.info("%s: init_transactions: %s", producer_id, error)
         return False
 
-    def _transactions(self, producer: Producer, producer_id: str, rng: random.Random) -> None:
+    def _transactions(self, producer: _Client, producer_id: str, rng: random.Random) -> None:
         settings = self.settings
         stopping = self._workers.stopping
         sequence = 0
@@ -297,7 +332,7 @@ class TxnWorkload:
             self._end(producer, txn, "abort" if abort else "commit", start)
             stopping.wait(settings.txn_interval_s)
 
-    def _send(self, producer: Producer, txn: _Transaction, value: str, partition: int) -> None:
+    def _send(self, producer: _Client, txn: _Transaction, value: str, partition: int) -> None:
         txn.begin(value, partition)
 
         def delivered(error: KafkaError | None, message: Any, value: str = value) -> None:
@@ -311,7 +346,7 @@ class TxnWorkload:
             txn.end(value, None, raised=True)
             raise
 
-    def _end(self, producer: Producer, txn: _Transaction, how: str, start_ns: int) -> None:
+    def _end(self, producer: _Client, txn: _Transaction, how: str, start_ns: int) -> None:
         """Commit or abort ``txn`` and record how it ended (module docstring).
 
         Raises ``KafkaException`` on a fatal error, after recording the end as unknown.
@@ -343,7 +378,11 @@ class TxnWorkload:
         else:
             # Written first, so the log holds the aborted records that read_committed
             # must hide (abort_transaction alone would purge most of them unsent).
-            producer.flush(settings.call_timeout_s)
+            try:
+                producer.flush(settings.call_timeout_s)
+            except KafkaException:  # fatal: the abort will not happen here
+                self._record(TxnAbort, txn, "unknown", start_ns, "unknown")
+                raise
         while True:
             try:
                 producer.abort_transaction(settings.call_timeout_s)
@@ -359,7 +398,7 @@ class TxnWorkload:
                     raise
                 log.info("%s: abort retried: %s", txn.producer_id, error)
 
-    def _abort_quietly(self, producer: Producer, txn: _Transaction) -> None:
+    def _abort_quietly(self, producer: _Client, txn: _Transaction) -> None:
         """After an undecided commit: leave the producer usable if it can be (the outcome
         is already recorded as unknown, whatever this does)."""
         try:
