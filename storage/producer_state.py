@@ -4,7 +4,10 @@ Kafka's rules (reference section 4): a batch from producer id ``P`` with epoch `
 sequences ``[first, last]`` is
 
 * a **duplicate** if ``(first, last)`` equals one of the last five batches stored for
-  ``(P, E)``: it is not stored again and the original offsets are returned;
+  ``(P, E)``: it is not stored again and the original offsets are returned. For a
+  transactional batch, only a batch of the transaction open here counts (one stored
+  since ``current_txn_first_offset``): a transaction's end closes its duplicate window
+  (below);
 * **fenced** (``InvalidProducerEpochError``) if ``E`` is older than the stored epoch;
 * **in order** if ``E`` is newer and ``first == 0``, or ``E`` is the same and ``first`` is
   the stored last sequence plus one (sequences wrap at 2**31); anything else is
@@ -35,6 +38,21 @@ newest coordinator epoch that wrote it a marker.
   unreplicated transactions; the last stable offset is that capped at the high watermark
   (``first_unstable_offset``).
 * Producers with an open transaction never expire (``expire``).
+* **A transaction's end closes its duplicate window.** Once a marker ended P's
+  transaction here, a transactional batch repeating the sequences of one of that
+  transaction's batches is no retry the client can still be waiting for (a commit
+  follows its acknowledgements, an abort purges what was unanswered), so it is not
+  answered as a duplicate: it is checked as a new batch, and its sequence, at or below
+  the stored last one, is ``OutOfOrderSequenceError``. Kafka answers it with the ended
+  batch's offsets, and then the new records are lost without a word: librdkafka 2.16
+  (transactions v1) sends exactly that after aborting a transaction whose in-flight
+  batch a broker restart left "possibly persisted": it purges the batch, keeps its
+  epoch and reuses the batch's sequences in the next transaction (seen in
+  ``tests/faults/test_transactions_under_kills.py``, a committed transaction missing
+  the records of one partition). Refused instead, the client fails that transaction
+  (librdkafka: a fatal sequence desynchronization) and nothing it commits is missing.
+  Under transactions v2 every marker starts a new epoch, which opens a new window
+  anyway; non-transactional idempotent producers are unchanged.
 
 Verification guards (KIP-890 part 1, Kafka's ``VerificationStateEntry``). A leader asks
 the transaction coordinator whether a partition is in a producer's transaction before it
@@ -148,6 +166,20 @@ class ProducerEntry:
         return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
 
 
+# check_all's stand-in for the first offset of a transaction its request opens.
+_PAST_EVERY_OFFSET = 2**63 - 1
+
+
+def _in_duplicate_window(entry: ProducerEntry, stored: BatchMetadata, header: BatchHeader) -> bool:
+    """Whether ``header`` may be a retry of ``stored``: always for a non-transactional
+    batch; for a transactional one, only while the transaction ``stored`` belongs to is
+    still open here (module docstring)."""
+    if not header.is_transactional:
+        return True
+    first = entry.current_txn_first_offset
+    return first != NO_TXN and stored.base_offset >= first
+
+
 class VerificationGuard:
     """A token proving that the coordinator was asked after it was taken (module
     docstring). Compared by identity: only the object the table holds is valid."""
@@ -247,7 +279,11 @@ class ProducerStateTable:
                 )
             return None
         for batch in entry.batches:
-            if batch.first_sequence == first and batch.last_sequence == last:
+            if (
+                batch.first_sequence == first
+                and batch.last_sequence == last
+                and _in_duplicate_window(entry, batch, header)
+            ):
                 return batch
         expected = (entry.last_sequence + 1) % _SEQUENCE_MODULUS
         if entry.last_sequence != NO_SEQUENCE and first != expected:
@@ -286,7 +322,14 @@ class ProducerStateTable:
                         entry.coordinator_epoch,
                         entry.current_txn_first_offset,
                     )
+                copied = scratch._entries.get(pid)
+                was_open = copied is not None and copied.current_txn_first_offset != NO_TXN
                 scratch.update(header, 0)
+                if header.is_transactional and not was_open:
+                    # The transaction this batch opens starts past everything stored (its
+                    # offsets are not assigned yet): the ended transactions' batches stay
+                    # out of its duplicate window.
+                    scratch._entries[pid].current_txn_first_offset = _PAST_EVERY_OFFSET
             out.append(found)
         return out
 

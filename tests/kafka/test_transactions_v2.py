@@ -544,3 +544,66 @@ def test_the_brokers_form_needs_cluster_action(tmp_path: Path) -> None:
                 session.close()
             codes[user] = (answer.error_code, len(answer.results_by_transaction))
     assert codes == {"bob": (CLUSTER_AUTHORIZATION_FAILED, 0), "admin": (NONE, 1)}
+
+
+OUT_OF_ORDER_SEQUENCE_NUMBER, CONCURRENT_TRANSACTIONS = 45, 51
+
+
+def test_a_v1_transaction_reusing_an_ended_batchs_sequences_is_refused_not_lost(
+    wire: Wire, topic: str, kafka_broker: KafkaBroker
+) -> None:
+    """What librdkafka 2.16 (transactions v1) sends after aborting a transaction whose
+    batch a broker restart left "possibly persisted": the same epoch, the batch's
+    sequences again, in the next transaction. Answered as a duplicate of the aborted
+    batch (Kafka's answer), the next transaction would commit without these records and
+    no one would know; a transaction's end closes its duplicate window
+    (``storage.producer_state``), so the batch is out of order and the client fails the
+    transaction instead."""
+    tid = unique("tv1")
+    identity = wire.init(tid)
+
+    def add() -> int:
+        request_class = AddPartitionsToTxnRequest[3]
+        for _ in range(100):
+            answer = wire.call(
+                request_class(
+                    v3_and_below_transactional_id=tid,
+                    v3_and_below_producer_id=identity[0],
+                    v3_and_below_producer_epoch=identity[1],
+                    v3_and_below_topics=[
+                        request_class.AddPartitionsToTxnTopic(name=topic, partitions=[0])
+                    ],
+                ),
+                AddPartitionsToTxnResponse,
+            )
+            (topic_result,) = answer.results_by_topic_v3_and_below
+            code = int(topic_result.results_by_partition[0].partition_error_code)
+            if code != CONCURRENT_TRANSACTIONS:  # the previous one still completing
+                return code
+            time.sleep(0.05)
+        raise AssertionError("the previous transaction never completed")
+
+    def end(commit: bool) -> int:
+        answer = wire.call(
+            EndTxnRequest[3](
+                transactional_id=tid,
+                producer_id=identity[0],
+                producer_epoch=identity[1],
+                committed=commit,
+            ),
+            EndTxnResponse,
+        )
+        return int(answer.error_code)
+
+    assert add() == NONE
+    assert wire.produce(tid, identity, topic, 0, [b"aborted-1", b"aborted-2"], version=9) == NONE
+    assert end(commit=False) == NONE
+    assert add() == NONE
+    reused = wire.produce(tid, identity, topic, 0, [b"lost-1", b"lost-2"], version=9)
+    assert reused == OUT_OF_ORDER_SEQUENCE_NUMBER
+    # The client aborts; sequences that follow on are taken, and commit.
+    assert end(commit=False) == NONE
+    assert add() == NONE
+    assert wire.produce(tid, identity, topic, 0, [b"kept"], sequence=2, version=9) == NONE
+    assert end(commit=True) == NONE
+    assert read_all(kafka_broker, topic, "read_committed", 1) == [b"kept"]

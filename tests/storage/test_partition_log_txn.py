@@ -23,6 +23,7 @@ from tidelog.storage.clock import ManualClock
 from tidelog.storage.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
+    OutOfOrderSequenceError,
     TransactionCoordinatorFencedError,
 )
 from tidelog.storage.partition_log import PartitionLog
@@ -286,4 +287,28 @@ def test_markers_go_once_their_data_is_gone_and_their_horizon_passed(
     assert [(r.key, r.value) for r in read_committed(log)] == [(b"k2", b"new"), (b"k3", b"end")]
     log = reopen_clean(log, clock)
     assert _control_batches(log) == [5]
+    log.close()
+
+
+@pytest.mark.parametrize("reopen", ["none", "clean", "unclean"])
+def test_an_ended_transactions_sequences_are_no_duplicates_after_a_restart(
+    log_dir: Path, clock: ManualClock, reopen: str
+) -> None:
+    """A transaction's end closes its duplicate window (``storage.producer_state``), and
+    the rebuilt table (a snapshot, or a replay after a crash) knows it too: the reused
+    sequences are refused with nothing stored, not answered with the aborted offsets."""
+    log = open_log(log_dir, clock)
+    log.append(txn_batch(PID, 2, 0, [b"aborted-1", b"aborted-2"]))  # 0-1
+    log.append_marker(PID, 2, False, 0)  # 2
+    if reopen == "clean":
+        log = reopen_clean(log, clock)
+    elif reopen == "unclean":
+        log = reopen_unclean(log, clock)
+    end = log.log_end_offset
+    with pytest.raises(OutOfOrderSequenceError):
+        log.append(txn_batch(PID, 2, 0, [b"lost-1", b"lost-2"]))
+    assert log.log_end_offset == end
+    log.append(txn_batch(PID, 2, 2, [b"kept"]))
+    log.append_marker(PID, 2, True, 0)
+    assert _values(log) == [b"kept"]
     log.close()

@@ -11,6 +11,7 @@ from tests.storage.txn_reader import txn_batch
 from tidelog.storage.errors import (
     InvalidProducerEpochError,
     InvalidTxnStateError,
+    OutOfOrderSequenceError,
     TransactionCoordinatorFencedError,
 )
 from tidelog.storage.producer_state import NO_TXN, CompletedTxn, ProducerStateTable
@@ -41,6 +42,58 @@ def test_a_plain_batch_inside_an_open_transaction_is_invalid_txn_state() -> None
         table.check(plain)
     with pytest.raises(InvalidTxnStateError):
         table.check_all([plain])
+
+
+def test_a_retry_inside_the_open_transaction_is_a_duplicate() -> None:
+    table = ProducerStateTable()
+    _append(table, txn_batch(7, 2, 0, [b"a", b"b", b"c"]), 57)  # the transaction's first
+    _append(table, txn_batch(7, 2, 3, [b"d", b"e"]), 65)
+    for sequence, offset in ((0, 57), (3, 65)):
+        retry = read_header(txn_batch(7, 2, sequence, [b"x"] * (3 if sequence == 0 else 2)))
+        found = table.check(retry)
+        assert found is not None
+        assert found.base_offset == offset
+        assert table.check_all([retry]) == [found]
+
+
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_transaction_end_closes_its_duplicate_window(commit: bool) -> None:
+    """librdkafka after aborting a transaction whose batch a restart left possibly
+    persisted: same epoch, the batch's sequences reused by the next transaction. Answered
+    as a duplicate, those new records would be lost without a word; they are out of order
+    instead (the client fails the transaction)."""
+    table = ProducerStateTable()
+    _append(table, txn_batch(7, 2, 0, [b"a", b"b", b"c"]), 57)
+    table.complete_txn(7, 2, 0, 60, commit=True, timestamp_ms=0)
+    _append(table, txn_batch(7, 2, 3, [b"t2.1-11", b"t2.1-12"]), 65)
+    table.complete_txn(7, 2, 0, 68, commit=commit, timestamp_ms=0)
+    reused = read_header(txn_batch(7, 2, 3, [b"t2.1-15", b"t2.1-16"]))
+    with pytest.raises(OutOfOrderSequenceError):
+        table.check(reused)
+    with pytest.raises(OutOfOrderSequenceError):
+        table.check_all([reused])
+    # A batch of the earlier transaction likewise (a stale retry), and the next sequence
+    # is what follows them all: the sequences go on across transactions (v1).
+    with pytest.raises(OutOfOrderSequenceError):
+        table.check(read_header(txn_batch(7, 2, 0, [b"a", b"b", b"c"])))
+    _append(table, txn_batch(7, 2, 5, [b"next"]), 70)
+    # Non-transactional idempotent producers keep their window: no transactions end it.
+    plain = ProducerStateTable()
+    _append(plain, txn_batch(8, 0, 0, [b"a"], transactional=False), 0)
+    again = read_header(txn_batch(8, 0, 0, [b"a"], transactional=False))
+    assert plain.check(again) is not None
+
+
+def test_a_request_opening_a_transaction_gets_no_duplicate_of_an_ended_one() -> None:
+    # check_all: the batch that opens the request's transaction has no offsets yet; the
+    # window it opens must still exclude the ended transaction's batches.
+    table = ProducerStateTable()
+    _append(table, txn_batch(7, 2, 0, [b"a", b"b"]), 10)
+    table.complete_txn(7, 2, 0, 12, commit=False, timestamp_ms=0)
+    first = read_header(txn_batch(7, 2, 2, [b"c"]))
+    stale = read_header(txn_batch(7, 2, 0, [b"x", b"y"]))
+    with pytest.raises(OutOfOrderSequenceError):
+        table.check_all([first, stale])
 
 
 def test_markers_check_epochs_and_end_the_transaction() -> None:

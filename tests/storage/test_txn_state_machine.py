@@ -1,9 +1,11 @@
 """A partition log driven with idempotent and transactional producers, against a model.
 
 Rules write plain, idempotent and transactional batches, commit and abort (markers through
-``append_marker``, also for producers with nothing open), roll, truncate at a batch
-boundary (a follower's divergence), and reopen cleanly and uncleanly (from the log start or
-from a flushed recovery point). After every step:
+``append_marker``, also for producers with nothing open), send a producer's last
+transactional batch again (a retry: a duplicate while its transaction is open, out of
+order once a marker ended it), roll, truncate at a batch boundary (a follower's
+divergence), and reopen cleanly and uncleanly (from the log start or from a flushed
+recovery point). After every step:
 
 * the last stable offset is the first offset of the oldest open transaction, else the log
   end (one node: the high watermark is the log end);
@@ -24,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -31,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from tests.storage.conftest import T0, crash, log_config, open_log, reopen_clean, reopen_unclean
 from tests.storage.txn_reader import read_committed, read_uncommitted, txn_batch
 from tidelog.storage.clock import ManualClock
+from tidelog.storage.errors import OutOfOrderSequenceError
 from tidelog.storage.partition_log import PartitionLog
 from tidelog.storage.records import BatchBuilder
 
@@ -50,6 +54,18 @@ class ModelBatch:
     commit: bool | None = None
 
 
+@dataclass
+class Sent:
+    """A producer's last transactional batch: what a retry repeats, and whether the
+    transaction it belongs to is still open."""
+
+    epoch: int
+    first_sequence: int
+    count: int
+    base: int
+    open: bool = True
+
+
 class TxnLogMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -60,6 +76,7 @@ class TxnLogMachine(RuleBasedStateMachine):
         self.epochs = dict.fromkeys((IDEMPOTENT, *TRANSACTIONAL), 0)
         self.sequences = dict.fromkeys((IDEMPOTENT, *TRANSACTIONAL), 0)
         self.counter = 0
+        self.last_sent: dict[int, Sent] = {}
         self.log: PartitionLog
 
     @initialize(segment_bytes=st.integers(250, 1200))
@@ -129,16 +146,35 @@ class TxnLogMachine(RuleBasedStateMachine):
     def write_transactional(self, pid: int, count: int) -> None:
         values = self._values(count)
         batch = txn_batch(pid, self.epochs[pid], self.sequences[pid], values)
+        sent = Sent(self.epochs[pid], self.sequences[pid], count, self.end)
         self.sequences[pid] += count
         result = self.log.append(batch)
         assert result.base_offset == self.end
         self.batches.append(ModelBatch(result.base_offset, result.last_offset, pid, True, values))
+        self.last_sent[pid] = sent
+
+    @rule(pid=st.sampled_from(TRANSACTIONAL))
+    def retry_last_batch(self, pid: int) -> None:
+        sent = self.last_sent.get(pid)
+        if sent is None:
+            return
+        batch = txn_batch(pid, sent.epoch, sent.first_sequence, [b"retry"] * sent.count)
+        if sent.open:
+            result = self.log.append(batch)
+            assert result.duplicate
+            assert result.base_offset == sent.base
+        else:  # a transaction's end closes its duplicate window
+            with pytest.raises(OutOfOrderSequenceError):
+                self.log.append(batch)
+        assert self.log.log_end_offset == self.end
 
     @rule(pid=st.sampled_from(TRANSACTIONAL), commit=st.booleans())
     def end_transaction(self, pid: int, commit: bool) -> None:
         offset = self.log.append_marker(pid, self.epochs[pid], commit, 0)
         assert offset == self.end
         self.batches.append(ModelBatch(offset, offset, pid, True, [], commit))
+        if pid in self.last_sent:
+            self.last_sent[pid].open = False
 
     @rule()
     def roll(self) -> None:
@@ -168,6 +204,7 @@ class TxnLogMachine(RuleBasedStateMachine):
         for pid in self.epochs:  # producers start a new epoch after their leader moved
             self.epochs[pid] += 1
             self.sequences[pid] = 0
+        self.last_sent.clear()
 
     # ------------------------------------------------------------------ checks
 
