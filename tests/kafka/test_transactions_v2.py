@@ -47,6 +47,7 @@ TIMEOUT_S = 30.0
 NONE, INVALID_PRODUCER_EPOCH, INVALID_PRODUCER_ID_MAPPING, INVALID_TXN_STATE = 0, 47, 49, 48
 PRODUCER_FENCED, TRANSACTION_ABORTABLE, NOT_ENOUGH_REPLICAS = 90, 120, 19
 CLUSTER_AUTHORIZATION_FAILED = 31
+OUT_OF_ORDER_SEQUENCE_NUMBER, CONCURRENT_TRANSACTIONS = 45, 51
 
 
 class Wire:
@@ -140,6 +141,42 @@ class Wire:
             ),
             EndTxnResponse,
         )
+
+    def add_v1(self, tid: str, identity: tuple[int, int], topic: str, partition: int) -> int:
+        """AddPartitionsToTxn v3 (a transactions v1 client's), the partition's error code;
+        retried while the previous transaction completes (``CONCURRENT_TRANSACTIONS``)."""
+        request_class = AddPartitionsToTxnRequest[3]
+        for _ in range(100):
+            answer = self.call(
+                request_class(
+                    v3_and_below_transactional_id=tid,
+                    v3_and_below_producer_id=identity[0],
+                    v3_and_below_producer_epoch=identity[1],
+                    v3_and_below_topics=[
+                        request_class.AddPartitionsToTxnTopic(name=topic, partitions=[partition])
+                    ],
+                ),
+                AddPartitionsToTxnResponse,
+            )
+            (topic_result,) = answer.results_by_topic_v3_and_below
+            code = int(topic_result.results_by_partition[0].partition_error_code)
+            if code != CONCURRENT_TRANSACTIONS:
+                return code
+            time.sleep(0.05)
+        raise AssertionError("the previous transaction never completed")
+
+    def end_v1(self, tid: str, identity: tuple[int, int], *, commit: bool) -> int:
+        """EndTxn v3 (transactions v1: the epoch stays); its error code."""
+        answer = self.call(
+            EndTxnRequest[3](
+                transactional_id=tid,
+                producer_id=identity[0],
+                producer_epoch=identity[1],
+                committed=commit,
+            ),
+            EndTxnResponse,
+        )
+        return int(answer.error_code)
 
     def describe(self, tid: str) -> Any:
         answer = self.call(
@@ -265,26 +302,9 @@ def test_a_v1_style_produce_without_add_is_refused_as_its_version_spells_it(
 def test_end_txn_before_v5_keeps_the_epoch(wire: Wire, topic: str) -> None:
     tid = unique("tv1")
     pid, epoch = wire.init(tid)
-    added = wire.call(
-        AddPartitionsToTxnRequest[3](
-            v3_and_below_transactional_id=tid,
-            v3_and_below_producer_id=pid,
-            v3_and_below_producer_epoch=epoch,
-            v3_and_below_topics=[
-                AddPartitionsToTxnRequest[3].AddPartitionsToTxnTopic(name=topic, partitions=[0])
-            ],
-        ),
-        AddPartitionsToTxnResponse,
-    )
-    assert added.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+    assert wire.add_v1(tid, (pid, epoch), topic, 0) == NONE
     assert wire.produce(tid, (pid, epoch), topic, 0, [b"v1"], version=9) == NONE
-    ended = wire.call(
-        EndTxnRequest[3](
-            transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True
-        ),
-        EndTxnResponse,
-    )
-    assert ended.error_code == NONE
+    assert wire.end_v1(tid, (pid, epoch), commit=True) == NONE
     assert wire.describe(tid).producer_epoch == epoch
 
 
@@ -546,9 +566,6 @@ def test_the_brokers_form_needs_cluster_action(tmp_path: Path) -> None:
     assert codes == {"bob": (CLUSTER_AUTHORIZATION_FAILED, 0), "admin": (NONE, 1)}
 
 
-OUT_OF_ORDER_SEQUENCE_NUMBER, CONCURRENT_TRANSACTIONS = 45, 51
-
-
 def test_a_v1_transaction_reusing_an_ended_batchs_sequences_is_refused_not_lost(
     wire: Wire, topic: str, kafka_broker: KafkaBroker
 ) -> None:
@@ -561,49 +578,15 @@ def test_a_v1_transaction_reusing_an_ended_batchs_sequences_is_refused_not_lost(
     transaction instead."""
     tid = unique("tv1")
     identity = wire.init(tid)
-
-    def add() -> int:
-        request_class = AddPartitionsToTxnRequest[3]
-        for _ in range(100):
-            answer = wire.call(
-                request_class(
-                    v3_and_below_transactional_id=tid,
-                    v3_and_below_producer_id=identity[0],
-                    v3_and_below_producer_epoch=identity[1],
-                    v3_and_below_topics=[
-                        request_class.AddPartitionsToTxnTopic(name=topic, partitions=[0])
-                    ],
-                ),
-                AddPartitionsToTxnResponse,
-            )
-            (topic_result,) = answer.results_by_topic_v3_and_below
-            code = int(topic_result.results_by_partition[0].partition_error_code)
-            if code != CONCURRENT_TRANSACTIONS:  # the previous one still completing
-                return code
-            time.sleep(0.05)
-        raise AssertionError("the previous transaction never completed")
-
-    def end(commit: bool) -> int:
-        answer = wire.call(
-            EndTxnRequest[3](
-                transactional_id=tid,
-                producer_id=identity[0],
-                producer_epoch=identity[1],
-                committed=commit,
-            ),
-            EndTxnResponse,
-        )
-        return int(answer.error_code)
-
-    assert add() == NONE
+    assert wire.add_v1(tid, identity, topic, 0) == NONE
     assert wire.produce(tid, identity, topic, 0, [b"aborted-1", b"aborted-2"], version=9) == NONE
-    assert end(commit=False) == NONE
-    assert add() == NONE
+    assert wire.end_v1(tid, identity, commit=False) == NONE
+    assert wire.add_v1(tid, identity, topic, 0) == NONE
     reused = wire.produce(tid, identity, topic, 0, [b"lost-1", b"lost-2"], version=9)
     assert reused == OUT_OF_ORDER_SEQUENCE_NUMBER
     # The client aborts; sequences that follow on are taken, and commit.
-    assert end(commit=False) == NONE
-    assert add() == NONE
+    assert wire.end_v1(tid, identity, commit=False) == NONE
+    assert wire.add_v1(tid, identity, topic, 0) == NONE
     assert wire.produce(tid, identity, topic, 0, [b"kept"], sequence=2, version=9) == NONE
-    assert end(commit=True) == NONE
+    assert wire.end_v1(tid, identity, commit=True) == NONE
     assert read_all(kafka_broker, topic, "read_committed", 1) == [b"kept"]
