@@ -41,7 +41,7 @@ from tidelog.broker.cluster.testing import LocalCluster
 from tidelog.broker.cluster.znodes import NO_LEADER, PartitionState
 from tidelog.client import AdminClient, Consumer, Producer, TopicPartition
 from tidelog.client.types import PartitionDescription
-from tidelog.storage.errors import NotEnoughReplicasError
+from tidelog.storage.errors import NotEnoughReplicasAfterAppendError, NotEnoughReplicasError
 from tidelog.storage.files import fsync_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -134,8 +134,13 @@ def test_below_min_isr_the_high_watermark_stops_and_the_elr_is_recorded(
     assert shrunk.elr == (two,)
     assert shrunk.leader == leader
 
-    with pytest.raises(NotEnoughReplicasError):
+    with pytest.raises((NotEnoughReplicasError, NotEnoughReplicasAfterAppendError)) as refused:
         produce(cluster, "shrink", [b"refused"], "all", retries=0)
+    # Refused before the append once the leader holds the ISR it shrank; a produce that
+    # races the leader's own shrink (in ZooKeeper already, not yet taken in memory: CI
+    # saw it once) is appended, then refused: stored, never acknowledged, and served once
+    # the high watermark passes it. Kafka answers that race the same way.
+    stored = [b"refused"] if isinstance(refused.value, NotEnoughReplicasAfterAppendError) else []
     during = [f"during-{i}".encode() for i in range(5)]
     produce(cluster, "shrink", during, 1)  # stored, but the high watermark stays
     assert read(cluster, "shrink", len(before) + 1, timeout_s=3) == before
@@ -147,7 +152,7 @@ def test_below_min_isr_the_high_watermark_stops_and_the_elr_is_recorded(
     back = partition_state(store, "shrink")
     assert back.elr == ()
     assert back.last_known_elr == ()
-    assert read(cluster, "shrink", len(before + during)) == before + during
+    assert read(cluster, "shrink", len(before + stored + during)) == before + stored + during
 
 
 def _to_lossy_fs(cluster: LocalCluster, broker_id: int, fs: LossyFs) -> None:
