@@ -112,7 +112,7 @@ class _Client:
     it takes the workload's fatal-error path (a new generation) as any other.
     """
 
-    def __init__(self, producer: _Client) -> None:
+    def __init__(self, producer: Producer) -> None:
         self._producer = producer
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
