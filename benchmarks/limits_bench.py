@@ -20,7 +20,10 @@ figures of one run only, never across runs):
      buffers to another ``recv_into``-ing them, where the syscalls dominate);
    - ``disk_mb_per_s``: sequential ``write`` + ``os.fsync`` of ``disk_batch_bytes`` at a
      time, in the broker's data directory, as a segment flush fsyncs (the batch size is
-     the mean stored batch of the 1 KiB ``acks=all`` produce run, read back from its log);
+     the mean stored batch of a short 1 KiB ``acks=all`` pilot run, read back from its
+     log); the mean of ``disk_before_mb_per_s`` and ``disk_after_mb_per_s``, taken right
+     before and right after the 1 KiB ``acks=all`` produce it is compared with (a
+     virtual disk's rate depends on what was written just before it);
    - ``fsync_p50_ms``: one small append and ``os.fsync`` there (what ``acks=all`` must pay);
    - ``echo_p50_ms`` / ``echo_p99_ms``: a bare asyncio TCP echo server in its own process
      (``asyncio.start_server``), 116 bytes (a 100 B record's key and value) there and back
@@ -38,6 +41,11 @@ figures of one run only, never across runs):
      its threads, user and system) per MB consumed, which a busy machine disturbs less
      than the rates, and ``..._broker_user_ms_per_mb`` its user part (the rest is the
      kernel, loopback's TCP included: a sender's CPU pays for delivering to the receiver);
+     ``..._client_cpu_ms_per_mb``: the benchmark process's CPU (the client's, every
+     thread) per MB, and ``..._cpu_bound_mb_per_s`` the rate at which that client and the
+     broker together would keep every core busy (``os.cpu_count()`` over the two CPU
+     costs added), over loopback as ``kafka_consume_1k_cpu_bound_over_loopback`` and
+     ``..._4p_...``: what no consumer of the kind could pass on this machine;
    - ``kafka_fetch_1k_raw_mb_per_s`` / ``..._4p_raw_...`` and ``..._raw_over_loopback``:
      the same records read by a minimal Fetch client (``raw_fetch_values``: one socket,
      one reused buffer, framing parsed only), which leaves the broker as the bottleneck
@@ -48,6 +56,8 @@ figures of one run only, never across runs):
      path in one run, on the same footing (skipped when the run sets it off);
    - ``kafka_produce_1k_mb_per_s``: the same bytes produced with ``acks=all``
      (``linger.ms`` 5), over the disk ceiling: ``kafka_produce_1k_over_disk`` (>= 0.5);
+     its ``_client_cpu_ms_per_mb``, ``_broker_cpu_ms_per_mb`` and ``_cpu_bound_mb_per_s``
+     as for consuming, and ``kafka_produce_1k_cpu_bound_over_disk``;
    - ``kafka_produce_100b_records_per_s`` / ``kafka_consume_100b_records_per_s``: the
      peers' workloads (``benchmarks/peers/tidelog_kafka_peer``, 16 B key, 100 B value,
      ``acks=all``), and with ``--peers redis`` the same workloads against Redis Streams
@@ -76,6 +86,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -137,10 +148,15 @@ def loopback_ceiling(seconds: float) -> tuple[float, str]:
                     check=False,
                 )
                 if out.returncode == 0:
+                    # A run can end "successfully" with an error report and no sums
+                    # (the server not yet listening): try again, as for a failure.
                     report = json.loads(out.stdout)
-                    bits = report["end"]["sum_received"]["bits_per_second"]
-                    return bits / 8 / _MB, "iperf3"
-                why = (out.stderr or out.stdout).strip()[-200:]
+                    received = report.get("end", {}).get("sum_received")
+                    if received is not None:
+                        return received["bits_per_second"] / 8 / _MB, "iperf3"
+                    why = str(report.get("error", "no sum_received in iperf3's report"))
+                else:
+                    why = (out.stderr or out.stdout).strip()[-200:]
                 time.sleep(0.2)
         except (json.JSONDecodeError, KeyError, subprocess.TimeoutExpired) as exc:
             why = repr(exc)
@@ -621,14 +637,36 @@ def consume_steps(bootstrap: str, pid: int, count: int, suffix: str) -> dict[str
         for name, run in (("consume", consume_values), ("fetch", raw_fetch_values)):
             label = f"kafka_{name}_{key}" + ("_raw" if name == "fetch" else "") + suffix
             user_before, system_before = process_cpu_split_s(pid)
+            client_before = _own_cpu_s()
             seconds = run(bootstrap, topic, partitions, count)
+            client_s = _own_cpu_s() - client_before
             user_after, system_after = process_cpu_split_s(pid)
-            user_ms = (user_after - user_before) * 1000
-            system_ms = (system_after - system_before) * 1000
+            user_s = user_after - user_before
+            broker_s = user_s + system_after - system_before
             out[f"{label}_mb_per_s"] = round(moved_mb / seconds)
-            out[f"{label}_broker_cpu_ms_per_mb"] = round((user_ms + system_ms) / moved_mb, 3)
-            out[f"{label}_broker_user_ms_per_mb"] = round(user_ms / moved_mb, 3)
+            out.update(_cpu_figures(label, count, client_s, broker_s))
+            out[f"{label}_broker_user_ms_per_mb"] = round(user_s * 1000 / moved_mb, 3)
     return out
+
+
+def _cpu_figures(label: str, count: int, client_s: float, broker_s: float) -> dict[str, Any]:
+    """CPU ms per MB of ``count`` 1 KiB records for the client (this process) and the
+    broker, and ``..._cpu_bound_mb_per_s``: the rate at which the two together would
+    keep every core of the machine busy, which no client of the kind can pass here."""
+    moved_mb = count * ONE_KIB / _MB
+    both_ms = (client_s + broker_s) * 1000 / moved_mb
+    return {
+        f"{label}_broker_cpu_ms_per_mb": round(broker_s * 1000 / moved_mb, 3),
+        f"{label}_client_cpu_ms_per_mb": round(client_s * 1000 / moved_mb, 3),
+        f"{label}_cpu_bound_mb_per_s": round((os.cpu_count() or 1) * 1000 / both_ms),
+    }
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds (user and system, every thread) of this process: the client's, while
+    one client runs in it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -677,18 +715,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         process, address, bootstrap = start_broker(work, settings)
         try:
             with client.AdminClient(address) as admin:
-                for topic, partitions in (("c1", 1), ("c4", 4), ("lat1", 1), ("latall", 1)):
+                for topic, partitions in (
+                    ("c1", 1),
+                    ("c4", 4),
+                    ("lat1", 1),
+                    ("latall", 1),
+                    ("pilot", 1),
+                ):
                     admin.create_topic(topic, partitions)
                 for topic in ("p100", "c100"):
                     admin.create_topic(topic, 1)
             data_dir = work / "data"
-            # 1 KiB, acks=all: produced into c1 (its stored batches size the disk ceiling).
+            # The disk ceiling at the batch size the producer stores (a short pilot
+            # run's mean batch), measured right before and right after the 1 KiB
+            # acks=all produce into c1, which is compared with their mean: a virtual
+            # disk's rate depends on how much was written just before (its host's
+            # cache), so one ceiling taken after the produce favours the produce, or
+            # the ceiling, by chance.
+            produce_values(bootstrap, "pilot", 1, min(count, 16_384), "all")
+            batch = mean_batch_bytes(next(data_dir.rglob("pilot-0")))
+            disk_bytes = min(count * ONE_KIB, 512 * 1024 * 1024)
+            disk_before = disk_ceiling(data_dir, batch, disk_bytes)
+            broker_before, client_before = sum(process_cpu_split_s(process.pid)), _own_cpu_s()
             seconds = produce_values(bootstrap, "c1", 1, count, "all")
+            client_s = _own_cpu_s() - client_before
+            broker_s = sum(process_cpu_split_s(process.pid)) - broker_before
+            disk_after = disk_ceiling(data_dir, batch, disk_bytes)
+            results.update(_cpu_figures("kafka_produce_1k", count, client_s, broker_s))
+            disk = (disk_before + disk_after) / 2
             results["kafka_produce_1k_mb_per_s"] = round(count * ONE_KIB / seconds / _MB)
-            produce_values(bootstrap, "c4", 4, count, "1")
-            batch = mean_batch_bytes(next(data_dir.rglob("c1-0")))
-            disk = disk_ceiling(data_dir, batch, min(count * ONE_KIB, 512 * 1024 * 1024))
             results["disk_batch_bytes"], results["disk_mb_per_s"] = batch, round(disk)
+            results["disk_before_mb_per_s"] = round(disk_before)
+            results["disk_after_mb_per_s"] = round(disk_after)
+            results["kafka_produce_1k_mean_batch_bytes"] = mean_batch_bytes(
+                next(data_dir.rglob("c1-0"))
+            )
+            produce_values(bootstrap, "c4", 4, count, "1")
             fsync = fsync_latency(data_dir, 200)
             results["fsync_p50_ms"] = round(statistics.median(fsync), 3)
             results.update(consume_steps(bootstrap, process.pid, count, ""))
@@ -740,6 +802,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["kafka_fetch_1k_4p_raw_mb_per_s"] / loopback, 3
     )
     r["kafka_produce_1k_over_disk"] = round(r["kafka_produce_1k_mb_per_s"] / disk, 3)
+    r["kafka_produce_1k_cpu_bound_over_disk"] = round(
+        r["kafka_produce_1k_cpu_bound_mb_per_s"] / disk, 3
+    )
+    for key in ("1k", "1k_4p"):
+        r[f"kafka_consume_{key}_cpu_bound_over_loopback"] = round(
+            r[f"kafka_consume_{key}_cpu_bound_mb_per_s"] / loopback, 3
+        )
     _latency_ratios(r)
     r["load_avg_after"] = _load()
     print(json.dumps(results))
