@@ -46,6 +46,16 @@ test can kill the broker and then crash the file system. Control is a Unix socke
 abstract namespace (no path-length limit, nothing to clean up): one command per
 connection, ``crash`` or ``stats``, answered with one JSON line.
 
+Slow fsyncs (``slow_fsyncs P MIN_S MAX_S SEED``, ``LossyFs.slow_fsyncs``): from then
+on each file fsync first stalls, with probability ``P``, for a time drawn between
+``MIN_S`` and ``MAX_S`` (a seeded draw); ``P`` 0 turns it off. The file system runs
+single threaded, so a stall holds every operation behind it, as a disk that stops for a
+few seconds does; the fsync then completes as usual. A broker killed during a stall has
+appended what it was about to acknowledge and answered nothing: the window in which a
+client must decide whether a batch was stored (it found a silent loss in session 23,
+``docs/transactions.md``). ``stats`` counts the stalls (``slow_fsyncs``,
+``slow_fsync_s``).
+
 ``crash`` and ``stats`` report what a crash undoes (``entries_dropped``: names that
 vanish; ``entries_restored``: unlinked or renamed-away names that come back;
 ``files_rolled_back``: files whose content goes back to its last fsync); ``stats`` also
@@ -68,6 +78,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -139,7 +150,11 @@ class LossyOperations:
             "fsync_copied_bytes": 0,
             "fsyncdirs": 0,
             "crashes": 0,
+            "slow_fsyncs": 0,
+            "slow_fsync_s": 0.0,
         }
+        self._slow: tuple[float, float, float] | None = None  # probability, min s, max s
+        self._slow_rng = random.Random(0)
         self._last_crash: dict[str, Any] = {}
         self.shadow.mkdir(parents=True, exist_ok=True)
         self._adopt(_ROOT_ID, self.backing)
@@ -342,7 +357,9 @@ class LossyOperations:
         return 0
 
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
-        """Copy the file's whole content to its shadow: that is now what survives a crash."""
+        """Copy the file's whole content to its shadow: that is now what survives a crash
+        (after a stall first, when slow fsyncs are on and the draw says so)."""
+        self._maybe_stall()
         with self._mutex:
             fd = self._fd(fh)
             identity = self._handles[fh]
@@ -359,7 +376,32 @@ class LossyOperations:
             self._counters["fsync_copied_bytes"] += size
         return 0
 
+    def _maybe_stall(self) -> None:
+        with self._mutex:
+            slow = self._slow
+            if slow is None or self._slow_rng.random() >= slow[0]:
+                return
+            delay = self._slow_rng.uniform(slow[1], slow[2])
+            self._counters["slow_fsyncs"] += 1
+            self._counters["slow_fsync_s"] += delay
+        log.info("stalling an fsync for %.2f s", delay)
+        time.sleep(delay)  # outside the lock: the control socket still answers
+
     # --- control ------------------------------------------------------------------------------
+
+    def slow_fsyncs(
+        self, probability: float, min_s: float, max_s: float, seed: int
+    ) -> dict[str, Any]:
+        """Stall each later file fsync with ``probability`` for ``min_s``..``max_s``
+        seconds (``random.Random(seed)``); ``probability`` 0 turns stalls off."""
+        if not 0 <= probability <= 1:
+            raise ValueError(f"probability {probability} is outside [0, 1]")
+        if not 0 <= min_s <= max_s <= 60:
+            raise ValueError(f"stall range [{min_s}, {max_s}] s is not within [0, 60]")
+        with self._mutex:
+            self._slow = (probability, min_s, max_s) if probability > 0 else None
+            self._slow_rng = random.Random(seed)
+        return {"probability": probability, "min_s": min_s, "max_s": max_s, "seed": seed}
 
     def crash(self) -> dict[str, Any]:
         """Forget everything not durable; return what was dropped."""
@@ -473,6 +515,12 @@ def _serve_control(operations: LossyOperations, address: str, ready: threading.E
                     answer: dict[str, Any] = {"ok": True, **operations.crash()}
                 elif command == "stats":
                     answer = {"ok": True, **operations.stats()}
+                elif command.startswith("slow_fsyncs "):
+                    p, low, high, seed = command.split()[1:]
+                    answer = {
+                        "ok": True,
+                        **operations.slow_fsyncs(float(p), float(low), float(high), int(seed)),
+                    }
                 else:
                     answer = {"ok": False, "error": f"unknown command {command!r}"}
             except Exception as exc:  # the answer carries it; the server goes on
@@ -610,7 +658,8 @@ class LossyFs:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
 
     def command(self, name: str) -> dict[str, Any]:
-        """Send ``crash`` or ``stats``; return the decoded answer (raises if not ok)."""
+        """Send a command (``crash``, ``stats``, ``slow_fsyncs ...``); return the decoded
+        answer (raises if not ok)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.settimeout(_COMMAND_TIMEOUT_S)
             connection.connect("\0" + self.control)
@@ -626,6 +675,12 @@ class LossyFs:
 
     def stats(self) -> dict[str, Any]:
         return self.command("stats")
+
+    def slow_fsyncs(
+        self, probability: float, min_s: float = 0.0, max_s: float = 0.0, seed: int = 0
+    ) -> dict[str, Any]:
+        """Stall later fsyncs (module docstring); ``probability`` 0 turns them off."""
+        return self.command(f"slow_fsyncs {probability!r} {min_s!r} {max_s!r} {seed:d}")
 
     def close(self) -> None:
         """Unmount and end the process; each step time-bounded, later ones as fallbacks."""

@@ -209,6 +209,39 @@ def test_a_killed_writer_loses_nothing_without_a_crash(fs: LossyFs) -> None:
     assert stats["pending"]["entries_dropped"] == ["/killed"]
 
 
+def test_slow_fsyncs_stall_and_then_make_the_file_durable(fs: LossyFs) -> None:
+    path = fs.mountpoint / "slow"
+    _write(path, b"x", sync=True)  # the file exists, its first fsync at full speed
+    fs.slow_fsyncs(1.0, 0.4, 0.4, seed=1)
+
+    started = time.monotonic()
+    _append(path, b"y", sync=True)
+    stalled_s = time.monotonic() - started
+
+    assert stalled_s >= 0.4
+    stats = fs.stats()
+    assert stats["slow_fsyncs"] == 1
+    assert stats["slow_fsync_s"] == pytest.approx(0.4)
+    fs.slow_fsyncs(0.0)
+    started = time.monotonic()
+    _append(path, b"z", sync=True)
+    assert time.monotonic() - started < 0.4
+    assert fs.stats()["slow_fsyncs"] == 1
+    fsync_dir(fs.mountpoint)
+    fs.crash()
+    assert path.read_bytes() == b"xyz"  # the stalled fsync still made its bytes durable
+
+
+def test_slow_fsyncs_refuse_a_probability_or_range_out_of_bounds(fs: LossyFs) -> None:
+    with pytest.raises(AssertionError, match="outside"):
+        fs.slow_fsyncs(1.5, 0.1, 0.2)
+    with pytest.raises(AssertionError, match="not within"):
+        fs.slow_fsyncs(0.5, 2.0, 1.0)
+    with pytest.raises(AssertionError, match="unknown command"):
+        fs.command("slow fsyncs please")
+    assert fs.stats()["slow_fsyncs"] == 0
+
+
 # --- a broker on it --------------------------------------------------------------------------
 
 
