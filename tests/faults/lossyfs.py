@@ -48,9 +48,13 @@ connection, ``crash`` or ``stats``, answered with one JSON line.
 
 Slow fsyncs (``slow_fsyncs P MIN_S MAX_S SEED``, ``LossyFs.slow_fsyncs``): from then
 on each file fsync first stalls, with probability ``P``, for a time drawn between
-``MIN_S`` and ``MAX_S`` (a seeded draw); ``P`` 0 turns it off. The file system runs
-single threaded, so a stall holds every operation behind it, as a disk that stops for a
-few seconds does; the fsync then completes as usual. A broker killed during a stall has
+``MIN_S`` and ``MAX_S`` (a seeded draw); ``P`` 0 turns it off; the fsync then
+completes as usual. Single threaded, a stall holds every operation behind it, as a disk
+that stops for a few seconds does. With ``--threads`` (``LossyFs(threads=True)``) the
+FUSE loop runs a thread per request: every operation still holds the one lock, so they
+apply one at a time as before, but a stall waits outside it and holds only its caller,
+as one slow fsync on a working disk does (writes go on meanwhile; what the fsync makes
+durable is the content when it ends). A broker killed during a stall has
 appended what it was about to acknowledge and answered nothing: the window in which a
 client must decide whether a batch was stored (it found a silent loss in session 23,
 ``docs/transactions.md``). ``stats`` counts the stalls (``slow_fsyncs``,
@@ -543,7 +547,14 @@ def _unmount_when_orphaned(parent_pid: int, mountpoint: Path) -> None:
     )
 
 
-def serve(backing: Path, shadow: Path, mountpoint: Path, control: str, parent_pid: int) -> None:
+def serve(
+    backing: Path,
+    shadow: Path,
+    mountpoint: Path,
+    control: str,
+    parent_pid: int,
+    threads: bool = False,
+) -> None:
     """Mount and serve until unmounted (blocks). The process entry point's body."""
     # Imported here, not at the top: mfusepy raises at import on a host without libfuse,
     # and the test process only needs LossyFs and missing().
@@ -560,7 +571,7 @@ def serve(backing: Path, shadow: Path, mountpoint: Path, control: str, parent_pi
         operations,
         str(mountpoint),
         foreground=True,
-        nothreads=True,
+        nothreads=not threads,
         fsname="lossyfs",
         hard_remove=True,
         entry_timeout=0,
@@ -576,12 +587,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mountpoint", type=Path, required=True)
     parser.add_argument("--control", required=True, help="abstract Unix socket name")
     parser.add_argument("--parent-pid", type=int, default=os.getppid())
+    parser.add_argument("--threads", action="store_true", help="a thread per request")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, os.environ.get("LOSSYFS_LOG", "WARNING")),
         format="lossyfs %(levelname)s %(message)s",
     )
-    serve(args.backing, args.shadow, args.mountpoint, args.control, args.parent_pid)
+    serve(args.backing, args.shadow, args.mountpoint, args.control, args.parent_pid, args.threads)
 
 
 # --- the test's handle ------------------------------------------------------------------------
@@ -595,8 +607,10 @@ class LossyFs:
     system is unmounted and its process ended on exit, whatever happened.
     """
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, threads: bool = False) -> None:
+        """``threads``: a FUSE thread per request (module docstring, slow fsyncs)."""
         self.workdir = workdir
+        self.threads = threads
         self.backing = workdir / "backing"
         self.shadow = workdir / "durable"
         self.mountpoint = workdir / "mnt"
@@ -635,6 +649,7 @@ class LossyFs:
                     self.control,
                     "--parent-pid",
                     str(os.getpid()),
+                    *(["--threads"] if self.threads else []),
                 ],
                 cwd=ROOT,
                 stdout=output,

@@ -232,6 +232,30 @@ def test_slow_fsyncs_stall_and_then_make_the_file_durable(fs: LossyFs) -> None:
     assert path.read_bytes() == b"xyz"  # the stalled fsync still made its bytes durable
 
 
+def test_with_threads_a_stalled_fsync_holds_only_its_caller(tmp_path: Path) -> None:
+    _require()
+    with LossyFs(tmp_path / "lossyfs", threads=True) as fs:
+        slow, other = fs.mountpoint / "slow", fs.mountpoint / "other"
+        _write(slow, b"a", sync=True)
+        _write(other, b"", sync=True)
+        fs.slow_fsyncs(1.0, 1.0, 1.0)
+        syncing = threading.Thread(target=_append, args=(slow, b"b"), kwargs={"sync": True})
+        started = time.monotonic()
+        syncing.start()
+        while fs.stats()["slow_fsyncs"] == 0:  # the stall has begun
+            assert time.monotonic() - started < 5
+            time.sleep(0.01)
+        _append(other, b"written during the stall", sync=False)
+        assert other.read_bytes() == b"written during the stall"
+        during_s = time.monotonic() - started
+        syncing.join(5)
+        assert during_s < 0.9  # the write did not wait for the stalled fsync
+        assert time.monotonic() - started >= 1.0
+        fsync_dir(fs.mountpoint)
+        fs.crash()
+        assert slow.read_bytes() == b"ab"
+
+
 def test_slow_fsyncs_refuse_a_probability_or_range_out_of_bounds(fs: LossyFs) -> None:
     with pytest.raises(AssertionError, match="outside"):
         fs.slow_fsyncs(1.5, 0.1, 0.2)
