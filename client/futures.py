@@ -13,6 +13,15 @@ object:
 - what settling writes lives in slots: settling allocates nothing per record (an
   instance dictionary per future doubled both the settle's cost and the objects the
   collector tracks per record in flight);
+- a pending future is left out of the garbage collector's lists (made by the C
+  extension's ``new_untracked``) and handed back when its batch settles (``track_all``,
+  before anything is written to it). Until then it refers only to class attributes and
+  to what a caller attaches; a cycle through a callback or an attribute set meanwhile
+  is found once the future settles, and every future settles (close fails the rest).
+  The collector's young-generation passes over the futures in flight, and their
+  promotion into the old generation, were ~6% of the producer's CPU (ABBA rounds,
+  1,000,000 records of 100 B: +6% records/s). Without the extension futures are
+  ordinary objects;
 - the result is the batch's ``BatchOutcome`` plus the record's index, and the
   ``RecordMetadata`` tuple is built when ``result()`` asks for it, so a fire-and-forget
   ``send`` never builds one.
@@ -42,6 +51,7 @@ from functools import partial
 from typing import Any
 
 from tidelog.client.types import RecordMetadata
+from tidelog.storage.native import NATIVE, native
 
 __all__ = ["BatchOutcome", "RecordFuture", "settle_failure", "settle_success"]
 
@@ -139,6 +149,8 @@ class RecordFuture(Future[RecordMetadata]):
             (cls,),
             {"_condition": condition, "__module__": __name__, "__slots__": ()},
         )
+        if NATIVE:
+            return partial(native.new_untracked, shared)
         return partial(object.__new__, shared)
 
     # The stock implementation appends to these; they exist once something is attached.
@@ -215,6 +227,8 @@ def settle_success(
     condition: threading.Condition, futures: Sequence[RecordFuture], outcome: BatchOutcome
 ) -> None:
     """Complete ``futures`` (one batch, in record order) with ``outcome``: one lock round."""
+    if NATIVE:
+        native.track_all(futures)
     with condition:
         for index, future in enumerate(futures):
             future._settled_result = outcome
@@ -233,6 +247,8 @@ def settle_failure(
     condition: threading.Condition, futures: Sequence[RecordFuture], error: BaseException
 ) -> None:
     """Fail every future in ``futures`` with ``error``."""
+    if NATIVE:
+        native.track_all(futures)
     with condition:
         for future in futures:
             future._settled_error = error

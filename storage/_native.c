@@ -1508,6 +1508,59 @@ murmur2_partitions(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* --- objects the garbage collector need not watch ------------------------------------- */
+
+PyDoc_STRVAR(new_untracked_doc,
+"new_untracked(cls) -> object\n\n"
+"object.__new__(cls), left out of the garbage collector's lists until track_all.\n"
+"The producer's futures: one per record, alive for the milliseconds its batch is in\n"
+"flight, holding nothing that could close a cycle until it settles.");
+
+static PyObject *
+new_untracked(PyObject *module, PyObject *cls)
+{
+    (void)module;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "new_untracked takes a class");
+        return NULL;
+    }
+    PyObject *no_args = PyTuple_New(0); /* the empty tuple: a singleton, nothing made */
+    if (no_args == NULL) {
+        return NULL;
+    }
+    PyObject *obj = PyBaseObject_Type.tp_new((PyTypeObject *)cls, no_args, NULL);
+    Py_DECREF(no_args);
+    if (obj != NULL && PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj)) {
+        PyObject_GC_UnTrack(obj);
+    }
+    return obj;
+}
+
+PyDoc_STRVAR(track_all_doc,
+"track_all(objects) -> None\n\n"
+"Hand every untracked collectable object of the list or tuple back to the collector.");
+
+static PyObject *
+track_all(PyObject *module, PyObject *objects)
+{
+    (void)module;
+    PyObject *seq = PySequence_Fast(objects, "track_all takes a sequence");
+    if (seq == NULL) {
+        return NULL;
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = items[i];
+        /* Tracking a tracked object is a fatal error: ask first. */
+        if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj)) {
+            PyObject_GC_Track(obj);
+        }
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
 /* --- the module ----------------------------------------------------------------------- */
 
 static PyMethodDef native_methods[] = {
@@ -1516,6 +1569,8 @@ static PyMethodDef native_methods[] = {
     {"encode_records_into", (PyCFunction)(void (*)(void))encode_records_into, METH_FASTCALL,
      encode_records_into_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
+    {"new_untracked", (PyCFunction)new_untracked, METH_O, new_untracked_doc},
+    {"track_all", (PyCFunction)track_all, METH_O, track_all_doc},
     {"murmur2_partitions", (PyCFunction)(void (*)(void))murmur2_partitions, METH_FASTCALL,
      murmur2_partitions_doc},
     {NULL, NULL, 0, NULL},
