@@ -167,8 +167,8 @@ def test_pending_futures_are_left_out_of_the_collector_until_settled() -> None:
 
 @pytest.mark.parametrize("outcome", ["success", "failure"])
 def test_a_cycle_made_while_pending_is_collected_once_settled(outcome: str) -> None:
-    # A callback that refers to its own future (or an error whose traceback does) closes
-    # a cycle the collector must still find: settling tracks the future again first.
+    # A callback that refers to its own future, or an attribute set on it, closes a
+    # cycle the collector must still find: settling tracks the future again first.
     condition = threading.Condition()
     future = RecordFuture.factory(condition)()
     future.add_done_callback(lambda f, me=future: None)  # future -> callbacks -> future
